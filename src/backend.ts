@@ -1,0 +1,317 @@
+/**
+ * The backend contract: what a durability backend must provide so that the
+ * engine can keep the inbox/outbox guarantees. Every backend (memory, file,
+ * SQLite, Postgres, Redis, events journal, or the generic {@link DurableKv}
+ * one) implements {@link DurabilityBackend} and passes the shared conformance
+ * suite (`runDurabilityConformance` in `@botmesh/durable/testing`).
+ *
+ * Rules every implementation keeps:
+ * - Times are decided by the backend's own clock (a shared backend uses its
+ *   server's clock). Callers pass durations (`leaseMs`, `retryInMs`), never
+ *   absolute times.
+ * - Every claim issues a new fencing token, strictly greater than every token
+ *   issued before for that record. Completions, failures and heartbeats carry
+ *   the token and are checked atomically by the backend; a stale one throws
+ *   {@link StaleLeaseError} (heartbeats return `false`) and changes nothing.
+ * - Due scans (`claimDue`) cost O(due), not O(all records): settled records
+ *   (`done`, `sent`, `dead`, `unknown`) are never scanned by them.
+ *
+ * @module
+ */
+
+/** A JSON value as stored in a journal. */
+export type JsonValue =
+  | string
+  | number
+  | boolean
+  | null
+  | JsonValue[]
+  | { [key: string]: JsonValue };
+
+/** The two kinds of inbound records. */
+export type InboundKind = "message" | "interaction";
+
+/**
+ * Inbound record states.
+ * `pending` admitted, not yet claimed; `processing` leased to an instance;
+ * `failed` the handler threw, retried at `nextAttemptAt`; `done`; `dead` (inbound DLQ).
+ */
+export type InboundState = "pending" | "processing" | "failed" | "done" | "dead";
+
+/**
+ * Outbox entry states.
+ * `queued` journaled, waiting for the worker; `sending` leased, the provider
+ * call may be under way; `sent`; `failed` retried at `nextAttemptAt`; `dead`
+ * (outbound DLQ); `unknown` the owner died while sending (ambiguous).
+ */
+export type OutboxState = "queued" | "sending" | "sent" | "failed" | "dead" | "unknown";
+
+/** The lease an instance holds on a record while it works on it. */
+export interface Lease {
+  /** The `instanceId` of the holder. */
+  owner: string;
+  /** Random id of the holder's process incarnation (one per `Bot` start). */
+  incarnation: string;
+  /** Fencing token: strictly increasing per record, checked on every completion. */
+  token: number;
+  /** Backend-clock time (ms since epoch) at which the lease lapses. */
+  expiresAt: number;
+}
+
+/** What an inbound record holds when it is admitted. */
+export interface NewInboundRecord {
+  /** The provider's message id (also the record id). */
+  id: string;
+  kind: InboundKind;
+  chatId: string;
+  /** The provider's name. */
+  provider: string;
+  /** The inbound message as JSON. */
+  payload: JsonValue;
+  /** When the bot received it (ms since epoch). */
+  receivedAt: number;
+}
+
+/** An inbound record as journaled. */
+export interface InboundRecord extends NewInboundRecord {
+  state: InboundState;
+  /** How many times it was claimed. */
+  attempts: number;
+  /** For `failed`: when it may be claimed again (backend clock). */
+  nextAttemptAt: number | null;
+  /** Set while `processing`. */
+  lease: Lease | null;
+  /** The last fencing token issued for this record (0 before the first claim). */
+  fence: number;
+  /** The last handler error, as text. */
+  error: string | null;
+  /** Backend-clock time of the last change. */
+  updatedAt: number;
+}
+
+/** What an outbox entry holds when it is reserved. */
+export interface NewOutboxEntry {
+  /** The idempotency key (the entry's id). */
+  key: string;
+  chatId: string;
+  /** The content as JSON (binary already encoded as base64). */
+  content: JsonValue;
+  /** A hash of `content`, used to detect a reused key with different content. */
+  contentHash: string;
+  /** The inbound record this send was made for, if any. */
+  inboundId: string | null;
+}
+
+/** An outbox entry as journaled. */
+export interface OutboxEntry extends NewOutboxEntry {
+  state: OutboxState;
+  /** Provider calls started for this entry. */
+  attempts: number;
+  /** For `queued`/`failed`: when it may be claimed (backend clock). */
+  nextAttemptAt: number | null;
+  /** Set while `sending`. */
+  lease: Lease | null;
+  fence: number;
+  /** The provider's message id once `sent`. */
+  messageId: string | null;
+  error: string | null;
+  /** Order of reservation; sends of one chat leave in this order. */
+  seq: number;
+  createdAt: number;
+  updatedAt: number;
+}
+
+/** Who claims, and for how long. */
+export interface ClaimOptions {
+  /** The claimer's `instanceId`. */
+  owner: string;
+  /** The claimer's incarnation id. */
+  incarnation: string;
+  /** Lease length in ms (backend clock). */
+  leaseMs: number;
+  /**
+   * Also take records leased by `owner` under another incarnation, whatever
+   * their expiry (the first sweep after a restart with the same instanceId).
+   * Records leased by this very incarnation are never taken.
+   */
+  reclaimOwn?: boolean;
+}
+
+/** A due scan: at most `limit` records. */
+export interface ClaimDueOptions extends ClaimOptions {
+  limit: number;
+}
+
+/** How a failure is recorded: retry after a delay, or dead. */
+export type FailOutcome =
+  | { error: string; retryInMs: number; dead?: false }
+  | { error: string; dead: true };
+
+/** A filter for `list`. */
+export interface ListOptions<S extends string> {
+  /** One state or several; all states when omitted. */
+  state?: S | readonly S[];
+  chatId?: string;
+  /** At most this many (default 100). */
+  limit?: number;
+}
+
+/** The inbound journal. */
+export interface InboxJournal {
+  /**
+   * Journal a new inbound record: `pending`, or with `lease` already leased
+   * to the caller (`processing`, attempts 1, fencing token 1) so that no other
+   * instance takes it while it waits in the caller's per-chat queue.
+   * @returns the new record, or `null` when a record with this id exists (nothing changes).
+   */
+  admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null>;
+  /**
+   * Lease one record: `pending`, `failed` and due, `processing` with a lapsed
+   * lease, or reclaimable under `reclaimOwn`. Increments `attempts` and issues
+   * a new fencing token.
+   * @returns the leased record, or `null` when it is not claimable.
+   */
+  claim(id: string, options: ClaimOptions): Promise<InboundRecord | null>;
+  /** Lease up to `limit` claimable records, oldest `receivedAt` first. O(due). */
+  claimDue(options: ClaimDueOptions): Promise<InboundRecord[]>;
+  /** Extend a lease. @returns `false` when `token` is no longer the holder's. */
+  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean>;
+  /** `processing` → `done`. @throws {StaleLeaseError} when `token` is stale. */
+  complete(id: string, token: number): Promise<void>;
+  /** `processing` → `failed` or `dead`. @throws {StaleLeaseError} when `token` is stale. */
+  fail(id: string, token: number, outcome: FailOutcome): Promise<void>;
+  get(id: string): Promise<InboundRecord | null>;
+  /** Records in receipt order. */
+  list(options?: ListOptions<InboundState>): Promise<InboundRecord[]>;
+  /**
+   * Make a `done`, `failed` or `dead` record `pending` again (attempts reset);
+   * a `processing` record is left alone.
+   * @returns whether the record was made pending.
+   */
+  replay(id: string): Promise<boolean>;
+  /** Delete `done` records last changed more than `olderThanMs` ago. @returns how many. */
+  purge(olderThanMs: number): Promise<number>;
+}
+
+/** What {@link OutboxJournal.reserve} did. */
+export type ReserveResult =
+  /** New entry, leased to the caller (`sending`): call the provider now. */
+  | { status: "leased"; entry: OutboxEntry }
+  /** New entry, `queued`: an earlier send of the chat is unsettled, or no lease was asked. */
+  | { status: "queued"; entry: OutboxEntry }
+  /** The key was already journaled; nothing changed. */
+  | { status: "exists"; entry: OutboxEntry };
+
+/** What {@link OutboxJournal.claimDue} found. */
+export interface OutboxClaim {
+  /** Entries leased to the caller (`sending`), to send now. */
+  due: OutboxEntry[];
+  /**
+   * `sending` entries whose owner lost them (lease lapsed, or own previous
+   * incarnation under `reclaimOwn`). Each was moved to `unknown` by this call,
+   * exactly once across all claimers, or — with `resendAmbiguous` — leased to
+   * the caller again and returned here as well as in `due`.
+   */
+  ambiguous: OutboxEntry[];
+}
+
+/** The outbound journal. */
+export interface OutboxJournal {
+  /**
+   * Journal a send under its idempotency key, before the provider is called.
+   * With `lease`, the entry is leased to the caller at once unless an earlier
+   * entry of the same chat is `queued`, `sending` or `failed`.
+   */
+  reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult>;
+  /**
+   * Lease up to `limit` due `queued`/`failed` entries that are first in their
+   * chat (no earlier `queued`/`sending`/`failed` entry), and resolve abandoned
+   * `sending` entries (see {@link OutboxClaim.ambiguous}). O(due).
+   */
+  claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim>;
+  /** Extend a lease. @returns `false` when `token` is no longer the holder's. */
+  heartbeat(key: string, token: number, leaseMs: number): Promise<boolean>;
+  /** `sending` → `sent`. @throws {StaleLeaseError} when `token` is stale. */
+  markSent(key: string, token: number, messageId: string): Promise<void>;
+  /** `sending` → `failed` or `dead`. @throws {StaleLeaseError} when `token` is stale. */
+  markFailed(key: string, token: number, outcome: FailOutcome): Promise<void>;
+  get(key: string): Promise<OutboxEntry | null>;
+  /** Entries in reservation order. */
+  list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]>;
+  /**
+   * Make a `dead`, `failed` or `unknown` entry `queued` and due now (attempts reset).
+   * @returns whether it was requeued.
+   */
+  retry(key: string): Promise<boolean>;
+  /** Forget an entry that is not `sending`. @returns whether it was deleted. */
+  discard(key: string): Promise<boolean>;
+  /** Delete `sent` entries last changed more than `olderThanMs` ago. @returns how many. */
+  purge(olderThanMs: number): Promise<number>;
+}
+
+/**
+ * Who can share one backend: `process` (memory, file), `host` (SQLite, shared
+ * file), `shared` (Postgres, Redis: many hosts). A shared backend gets a
+ * per-boot suffix on the default `instanceId`.
+ */
+export type BackendScope = "process" | "host" | "shared";
+
+/** A durability backend: an inbox and an outbox journal. */
+export interface DurabilityBackend {
+  /** A short name used in errors (`'memory'`, `'postgres'`, …). */
+  readonly name: string;
+  readonly scope: BackendScope;
+  readonly inbox: InboxJournal;
+  readonly outbox: OutboxJournal;
+  /** Called by `bot.start()` before the first sweep. */
+  open?(): Promise<void>;
+  /** Called by `bot.stop()` after in-flight work finished. */
+  close?(): Promise<void>;
+}
+
+/** A versioned value of a {@link DurableKv}. */
+export interface KvEntry<T = JsonValue> {
+  key: string;
+  value: T;
+  /** Opaque version; changes on every write. */
+  version: string;
+}
+
+/**
+ * A small versioned key-value store. Give one to `kvDurability()` and get an
+ * inbox and outbox with the full contract, built on compare-and-set alone.
+ */
+export interface DurableKv {
+  readonly name: string;
+  readonly scope: BackendScope;
+  get(key: string): Promise<KvEntry | null>;
+  /**
+   * Write `value` if the current version is `expectVersion` (`null`: the key
+   * must not exist; `undefined`: unconditional).
+   * @returns the new version, or `null` when the condition failed.
+   */
+  set(key: string, value: JsonValue, expectVersion?: string | null): Promise<string | null>;
+  /** Delete if the version matches (unconditional when `undefined`). @returns whether a key was deleted. */
+  delete(key: string, expectVersion?: string): Promise<boolean>;
+  /**
+   * Keys with `prefix`, in ascending key order (byte-wise), starting after
+   * `after` when given, at most `limit`.
+   */
+  list(prefix: string, options?: { after?: string; limit?: number }): Promise<KvEntry[]>;
+  /** The store's clock (ms since epoch); a shared store uses its server's. */
+  now(): Promise<number>;
+}
+
+/** A completion, failure or heartbeat carried a fencing token that is no longer current. */
+export class StaleLeaseError extends Error {
+  /** The record id or outbox key. */
+  readonly id: string;
+  /** The token the caller held. */
+  readonly token: number;
+  constructor(kind: "inbox" | "outbox", id: string, token: number) {
+    super(`Stale lease on ${kind} record "${id}": fencing token ${token} is no longer current`);
+    this.name = "StaleLeaseError";
+    this.id = id;
+    this.token = token;
+  }
+}

@@ -1,0 +1,210 @@
+/**
+ * The state rules of the contract as pure functions, shared by backends that
+ * keep records as objects (memory, the generic kv, file). SQL and Lua backends
+ * restate them in their own language; the conformance suite keeps them equal.
+ *
+ * @module
+ */
+import type {
+  ClaimOptions,
+  FailOutcome,
+  InboundRecord,
+  InboundState,
+  Lease,
+  ListOptions,
+  NewInboundRecord,
+  NewOutboxEntry,
+  OutboxEntry,
+  OutboxState,
+} from "./backend.ts";
+
+/** Outbox states that hold back later sends of the same chat. */
+export const BLOCKING_OUTBOX_STATES: readonly OutboxState[] = ["queued", "sending", "failed"];
+/** Inbox states that are still to be worked on. */
+export const ACTIVE_INBOX_STATES: readonly InboundState[] = ["pending", "processing", "failed"];
+
+/** A new lease for `options` with fencing token `token`, at backend time `now`. */
+export function newLease(options: ClaimOptions, token: number, now: number): Lease {
+  return { owner: options.owner, incarnation: options.incarnation, token, expiresAt: now + options.leaseMs };
+}
+
+/** Whether `lease` was lost by its holder: lapsed, or reclaimable by its own next incarnation. */
+export function isLeaseAbandoned(lease: Lease | null, now: number, options: ClaimOptions): boolean {
+  if (!lease) return true;
+  if (lease.owner === options.owner && lease.incarnation === options.incarnation) return false;
+  if (lease.expiresAt <= now) return true;
+  return options.reclaimOwn === true && lease.owner === options.owner;
+}
+
+/** Whether an inbox record may be claimed now under `options`. */
+export function isInboxClaimable(record: InboundRecord, now: number, options: ClaimOptions): boolean {
+  switch (record.state) {
+    case "pending":
+      return true;
+    case "failed":
+      return (record.nextAttemptAt ?? 0) <= now;
+    case "processing":
+      return isLeaseAbandoned(record.lease, now, options);
+    default:
+      return false;
+  }
+}
+
+/** When an active inbox record next becomes claimable by a due scan (`null`: never by time). */
+export function inboxDueAt(record: InboundRecord): number | null {
+  switch (record.state) {
+    case "pending":
+      return record.receivedAt;
+    case "failed":
+      return record.nextAttemptAt ?? 0;
+    case "processing":
+      return record.lease ? record.lease.expiresAt : 0;
+    default:
+      return null;
+  }
+}
+
+/** When an outbox entry next needs the worker (`null`: settled, or held by a live lease forever). */
+export function outboxDueAt(entry: OutboxEntry): number | null {
+  switch (entry.state) {
+    case "queued":
+    case "failed":
+      return entry.nextAttemptAt ?? 0;
+    case "sending":
+      return entry.lease ? entry.lease.expiresAt : 0;
+    default:
+      return null;
+  }
+}
+
+/** A fresh inbox record, leased when `lease` is given. */
+export function newInboundRecord(
+  input: NewInboundRecord,
+  now: number,
+  lease?: ClaimOptions,
+): InboundRecord {
+  return {
+    id: input.id,
+    kind: input.kind,
+    chatId: input.chatId,
+    provider: input.provider,
+    payload: input.payload,
+    receivedAt: input.receivedAt,
+    state: lease ? "processing" : "pending",
+    attempts: lease ? 1 : 0,
+    nextAttemptAt: null,
+    lease: lease ? newLease(lease, 1, now) : null,
+    fence: lease ? 1 : 0,
+    error: null,
+    updatedAt: now,
+  };
+}
+
+/** `record` claimed under `options`: a copy with a new lease and token. */
+export function claimedInbound(record: InboundRecord, now: number, options: ClaimOptions): InboundRecord {
+  const token = record.fence + 1;
+  return {
+    ...record,
+    state: "processing",
+    attempts: record.attempts + 1,
+    nextAttemptAt: null,
+    lease: newLease(options, token, now),
+    fence: token,
+    updatedAt: now,
+  };
+}
+
+/** A fresh outbox entry with sequence `seq`: leased when `lease` is given and the chat is clear. */
+export function newOutboxEntry(
+  input: NewOutboxEntry,
+  seq: number,
+  now: number,
+  lease: ClaimOptions | undefined,
+): OutboxEntry {
+  return {
+    key: input.key,
+    chatId: input.chatId,
+    content: input.content,
+    contentHash: input.contentHash,
+    inboundId: input.inboundId,
+    state: lease ? "sending" : "queued",
+    attempts: lease ? 1 : 0,
+    nextAttemptAt: lease ? null : now,
+    lease: lease ? newLease(lease, 1, now) : null,
+    fence: lease ? 1 : 0,
+    messageId: null,
+    error: null,
+    seq,
+    createdAt: now,
+    updatedAt: now,
+  };
+}
+
+/** `entry` leased for a provider call under `options`. */
+export function claimedOutbox(entry: OutboxEntry, now: number, options: ClaimOptions): OutboxEntry {
+  const token = entry.fence + 1;
+  return {
+    ...entry,
+    state: "sending",
+    attempts: entry.attempts + 1,
+    nextAttemptAt: null,
+    lease: newLease(options, token, now),
+    fence: token,
+    updatedAt: now,
+  };
+}
+
+/** `entry` whose sender was lost: `unknown`, lease dropped. */
+export function ambiguousOutbox(entry: OutboxEntry, now: number): OutboxEntry {
+  return {
+    ...entry,
+    state: "unknown",
+    lease: null,
+    nextAttemptAt: null,
+    error: entry.error ?? "the sender was lost during the provider call",
+    updatedAt: now,
+  };
+}
+
+/** The state and timing fields of a failure outcome at backend time `now`. */
+export function failedFields(
+  outcome: FailOutcome,
+  now: number,
+): { state: "failed" | "dead"; nextAttemptAt: number | null; error: string; lease: null; updatedAt: number } {
+  return outcome.dead
+    ? { state: "dead", nextAttemptAt: null, error: outcome.error, lease: null, updatedAt: now }
+    : {
+      state: "failed",
+      nextAttemptAt: now + Math.max(0, outcome.retryInMs),
+      error: outcome.error,
+      lease: null,
+      updatedAt: now,
+    };
+}
+
+/** Whether a fenced operation with `token` may change `lease`'s record (not lapsed-and-retaken). */
+export function holdsLease(lease: Lease | null, token: number): boolean {
+  return lease !== null && lease.token === token;
+}
+
+/** `list` options with defaults applied: a state set (or null for all) and a limit. */
+export function normalizeList<S extends string>(
+  options: ListOptions<S> | undefined,
+): { states: ReadonlySet<S> | null; chatId: string | undefined; limit: number } {
+  const state = options?.state;
+  const states = state === undefined ? null : new Set<S>(typeof state === "string" ? [state as S] : state);
+  const limit = options?.limit ?? 100;
+  if (!Number.isInteger(limit) || limit < 0) {
+    throw new RangeError(`List option "limit" must be a non-negative integer, got ${JSON.stringify(limit)}`);
+  }
+  return { states, chatId: options?.chatId, limit };
+}
+
+/** Whether `item` passes a normalized list filter. */
+export function matchesList<S extends string>(
+  item: { state: S; chatId: string },
+  filter: { states: ReadonlySet<S> | null; chatId: string | undefined },
+): boolean {
+  return (filter.states === null || filter.states.has(item.state)) &&
+    (filter.chatId === undefined || item.chatId === filter.chatId);
+}
