@@ -1,0 +1,71 @@
+/**
+ * The export maps of package.json (npm, built files in dist/), jsr.json and
+ * deno.json (JSR/Deno, source files) must describe the same package.
+ */
+import { describe, expect, test } from "bun:test";
+import { existsSync, readFileSync } from "node:fs";
+import { fileURLToPath } from "node:url";
+
+const root: string = fileURLToPath(new URL("..", import.meta.url));
+
+interface Manifest {
+  name?: string;
+  version?: string;
+  exports?: string | Record<string, unknown>;
+}
+
+function load(file: string): Manifest {
+  return JSON.parse(readFileSync(root + file, "utf8")) as Manifest;
+}
+
+/** Normalizes an exports field to a subpath → target map. */
+function exportMap(file: string, m: Manifest): Record<string, unknown> {
+  if (m.exports === undefined) throw new Error(`${file} has no "exports"`);
+  return typeof m.exports === "string" ? { ".": m.exports } : m.exports;
+}
+
+/** `./dist/testing.js` → `./testing.ts` */
+function sourceOf(distPath: string): string {
+  const m = /^\.\/dist\/(.+)\.js$/.exec(distPath);
+  if (!m) throw new Error(`not a ./dist/*.js path: ${distPath}`);
+  return `./${m[1]}.ts`;
+}
+
+const pkg = load("package.json");
+const jsr = load("jsr.json");
+const deno = load("deno.json");
+const pkgExports = exportMap("package.json", pkg);
+const others = { "jsr.json": jsr, "deno.json": deno } as const;
+
+describe("package manifests agree", () => {
+  test("name and version agree in package.json, jsr.json and deno.json", () => {
+    for (const [file, m] of Object.entries(others)) {
+      expect(m.name, `${file} "name" differs from package.json`).toBe(pkg.name);
+      expect(m.version, `${file} "version" differs from package.json`).toBe(pkg.version);
+    }
+  });
+
+  for (const [subpath, target] of Object.entries(pkgExports)) {
+    test(`package.json export "${subpath}" matches jsr.json and deno.json`, () => {
+      const t = target as { import?: string; types?: string };
+      expect(typeof t.import, `package.json exports["${subpath}"].import must be a string`).toBe("string");
+      const source = sourceOf(t.import!);
+      const types = t.import!.replace(/\.js$/, ".d.ts");
+      expect(t.types, `package.json exports["${subpath}"].types should be ${types}`).toBe(types);
+      for (const [file, m] of Object.entries(others)) {
+        const map = exportMap(file, m);
+        expect(subpath in map, `${file} is missing export "${subpath}" (package.json has it → ${source})`).toBe(true);
+        expect(map[subpath], `${file} export "${subpath}" should map to ${source} (package.json: ${t.import})`).toBe(source);
+      }
+    });
+  }
+
+  for (const [file, m] of Object.entries(others)) {
+    test(`${file} has no export missing from package.json, and its files exist`, () => {
+      for (const [subpath, source] of Object.entries(exportMap(file, m))) {
+        expect(subpath in pkgExports, `${file} export "${subpath}" (${String(source)}) is missing from package.json`).toBe(true);
+        expect(existsSync(root + String(source)), `${file} export "${subpath}": file ${String(source)} does not exist`).toBe(true);
+      }
+    });
+  }
+});
