@@ -1,0 +1,626 @@
+/**
+ * An in-memory durability backend: the full contract kept in plain objects
+ * inside one process. For tests, and as the shared state of the crash harness
+ * (two `Bot` instances on one `MemoryDurability`).
+ *
+ * @module
+ */
+import {
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DurabilityBackend,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
+  StaleLeaseError,
+} from "../src/backend.ts";
+import {
+  ambiguousOutbox,
+  BLOCKING_OUTBOX_STATES,
+  claimedInbound,
+  claimedOutbox,
+  failedFields,
+  holdsLease,
+  inboxDueAt,
+  isInboxClaimable,
+  isLeaseAbandoned,
+  matchesList,
+  newInboundRecord,
+  newOutboxEntry,
+  normalizeList,
+  outboxDueAt,
+} from "../src/journal_rules.ts";
+import { MinHeap } from "../src/min_heap.ts";
+
+/** Options of {@link MemoryDurability}. */
+export interface MemoryDurabilityOptions {
+  /** The backend clock in ms since epoch (default `() => Date.now()`). */
+  clock?: () => number;
+}
+
+/** A record with the bookkeeping that keeps heap items honest. */
+interface Slot<R> {
+  record: R;
+  /** Bumped on every change; heap items carrying an older version are stale. */
+  version: number;
+  /** Admission order (ties of `receivedAt`). */
+  order: number;
+}
+
+/** A heap item: record `id` is due at `at`, if it still has `version`. */
+interface HeapItem {
+  at: number;
+  id: string;
+  version: number;
+}
+
+const earlier = (a: HeapItem, b: HeapItem): boolean => a.at < b.at;
+/** Heaps are rebuilt without their stale items once they exceed this and four times their live bound. */
+const COMPACT_MIN = 1024;
+
+function copy<T>(value: T): T {
+  return structuredClone(value);
+}
+
+function show(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "function") return "a function";
+  if (typeof value === "object" && value !== null) {
+    try {
+      return JSON.stringify(value) ?? String(value);
+    } catch {
+      return String(value);
+    }
+  }
+  return String(value);
+}
+
+/** Adds `id` to / removes it from the owner index. */
+function indexAdd(index: Map<string, Set<string>>, owner: string, id: string): void {
+  let ids = index.get(owner);
+  if (!ids) index.set(owner, ids = new Set());
+  ids.add(id);
+}
+
+function indexRemove(index: Map<string, Set<string>>, owner: string, id: string): void {
+  const ids = index.get(owner);
+  if (!ids) return;
+  ids.delete(id);
+  if (ids.size === 0) index.delete(owner);
+}
+
+/** When a due scan must look at an inbox record; `pending` is claimable whatever its `receivedAt`. */
+function inboxHeapKey(record: InboundRecord): number | null {
+  return record.state === "pending" ? Number.NEGATIVE_INFINITY : inboxDueAt(record);
+}
+
+class MemoryInbox implements InboxJournal {
+  readonly #now: () => number;
+  readonly #slots = new Map<string, Slot<InboundRecord>>();
+  /** Active records by when they become claimable. */
+  readonly #due = new MinHeap<HeapItem>(earlier);
+  /** `done` records by `updatedAt`, for `purge`. */
+  readonly #done = new MinHeap<HeapItem>(earlier);
+  /** owner → ids of the records it holds a lease on. */
+  readonly #leased = new Map<string, Set<string>>();
+  #version = 0;
+  #order = 0;
+
+  constructor(now: () => number) {
+    this.#now = now;
+  }
+
+  #valid = (item: HeapItem): boolean => this.#slots.get(item.id)?.version === item.version;
+
+  /** Stores `next` in `slot` (or a new slot) and keeps every index in step. */
+  #store(next: InboundRecord, slot?: Slot<InboundRecord>): Slot<InboundRecord> {
+    const prev = slot?.record;
+    if (prev?.lease) indexRemove(this.#leased, prev.lease.owner, prev.id);
+    if (next.lease) indexAdd(this.#leased, next.lease.owner, next.id);
+    const version = ++this.#version;
+    if (slot) {
+      slot.record = next;
+      slot.version = version;
+    } else {
+      slot = { record: next, version, order: ++this.#order };
+      this.#slots.set(next.id, slot);
+    }
+    const at = inboxHeapKey(next);
+    if (at !== null) this.#due.push({ at, id: next.id, version });
+    if (next.state === "done") this.#done.push({ at: next.updatedAt, id: next.id, version });
+    this.#compact();
+    return slot;
+  }
+
+  #compact(): void {
+    const bound = 4 * this.#slots.size;
+    if (this.#due.size > COMPACT_MIN && this.#due.size > bound) this.#due.retain(this.#valid);
+    if (this.#done.size > COMPACT_MIN && this.#done.size > bound) this.#done.retain(this.#valid);
+  }
+
+  /** The slot of a `processing` record whose lease carries `token`, or `null`. */
+  #held(id: string, token: number): Slot<InboundRecord> | null {
+    const slot = this.#slots.get(id);
+    if (!slot || slot.record.state !== "processing" || !holdsLease(slot.record.lease, token)) return null;
+    return slot;
+  }
+
+  async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    if (this.#slots.has(record.id)) return null;
+    const next = newInboundRecord({ ...record, payload: copy(record.payload) }, this.#now(), lease);
+    this.#store(next);
+    return copy(next);
+  }
+
+  async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    const slot = this.#slots.get(id);
+    const now = this.#now();
+    if (!slot || !isInboxClaimable(slot.record, now, options)) return null;
+    const next = claimedInbound(slot.record, now, options);
+    this.#store(next, slot);
+    return copy(next);
+  }
+
+  async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    const now = this.#now();
+    const popped: HeapItem[] = [];
+    const candidates = new Map<string, Slot<InboundRecord>>();
+    for (let top = this.#due.peek(); top !== undefined && top.at <= now; top = this.#due.peek()) {
+      this.#due.pop();
+      const slot = this.#slots.get(top.id);
+      if (!slot || slot.version !== top.version) continue;
+      popped.push(top);
+      candidates.set(top.id, slot);
+    }
+    if (options.reclaimOwn) {
+      for (const id of this.#leased.get(options.owner) ?? []) {
+        const slot = this.#slots.get(id);
+        if (slot) candidates.set(id, slot);
+      }
+    }
+    const claimable = [...candidates.values()]
+      .filter((slot) => isInboxClaimable(slot.record, now, options))
+      .sort((a, b) =>
+        a.record.receivedAt < b.record.receivedAt
+          ? -1
+          : a.record.receivedAt > b.record.receivedAt
+          ? 1
+          : a.order - b.order
+      );
+    const out: InboundRecord[] = [];
+    for (const slot of claimable) {
+      if (!(out.length < options.limit)) break;
+      const next = claimedInbound(slot.record, now, options);
+      this.#store(next, slot);
+      out.push(copy(next));
+    }
+    // Items of records left unchanged go back; claimed ones have fresh items.
+    for (const item of popped) if (this.#valid(item)) this.#due.push(item);
+    return out;
+  }
+
+  async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    const slot = this.#held(id, token);
+    if (!slot) return false;
+    const record = slot.record;
+    this.#store({ ...record, lease: { ...record.lease!, expiresAt: this.#now() + leaseMs } }, slot);
+    return true;
+  }
+
+  async complete(id: string, token: number): Promise<void> {
+    const slot = this.#held(id, token);
+    if (!slot) throw new StaleLeaseError("inbox", id, token);
+    this.#store({ ...slot.record, state: "done", lease: null, nextAttemptAt: null, updatedAt: this.#now() }, slot);
+  }
+
+  async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    const slot = this.#held(id, token);
+    if (!slot) throw new StaleLeaseError("inbox", id, token);
+    this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);
+  }
+
+  async get(id: string): Promise<InboundRecord | null> {
+    const slot = this.#slots.get(id);
+    return slot ? copy(slot.record) : null;
+  }
+
+  async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    const filter = normalizeList(options);
+    const slots: Slot<InboundRecord>[] = [];
+    for (const slot of this.#slots.values()) if (matchesList(slot.record, filter)) slots.push(slot);
+    slots.sort((a, b) =>
+      a.record.receivedAt < b.record.receivedAt ? -1 : a.record.receivedAt > b.record.receivedAt ? 1 : a.order - b.order
+    );
+    return slots.slice(0, filter.limit).map((slot) => copy(slot.record));
+  }
+
+  async replay(id: string): Promise<boolean> {
+    const slot = this.#slots.get(id);
+    if (!slot) return false;
+    const state = slot.record.state;
+    if (state !== "done" && state !== "failed" && state !== "dead") return false;
+    this.#store({
+      ...slot.record,
+      state: "pending",
+      attempts: 0,
+      nextAttemptAt: null,
+      lease: null,
+      error: null,
+      updatedAt: this.#now(),
+    }, slot);
+    return true;
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    const cutoff = this.#now() - olderThanMs;
+    let count = 0;
+    for (let top = this.#done.peek(); top !== undefined && top.at <= cutoff; top = this.#done.peek()) {
+      this.#done.pop();
+      const slot = this.#slots.get(top.id);
+      if (!slot || slot.version !== top.version || slot.record.state !== "done") continue;
+      this.#slots.delete(top.id);
+      count++;
+    }
+    return count;
+  }
+}
+
+/** Whether an outbox state holds back later sends of its chat. */
+function blocking(state: OutboxState): boolean {
+  return BLOCKING_OUTBOX_STATES.includes(state);
+}
+
+/** A chat's unsettled entries, ascending by `seq`. */
+type ChatQueue = { seq: number; key: string }[];
+
+/** Index of the first item with `seq >= seq`. */
+function lowerBound(queue: ChatQueue, seq: number): number {
+  let lo = 0;
+  let hi = queue.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (queue[mid].seq < seq) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+class MemoryOutbox implements OutboxJournal {
+  readonly #now: () => number;
+  readonly #slots = new Map<string, Slot<OutboxEntry>>();
+  /** `sending` entries (by lease expiry) and chat heads (by `nextAttemptAt`). */
+  readonly #due = new MinHeap<HeapItem>(earlier);
+  /** `sent` entries by `updatedAt`, for `purge`. */
+  readonly #sent = new MinHeap<HeapItem>(earlier);
+  readonly #leased = new Map<string, Set<string>>();
+  readonly #chats = new Map<string, ChatQueue>();
+  #version = 0;
+  #seq = 0;
+
+  constructor(now: () => number) {
+    this.#now = now;
+  }
+
+  #valid = (item: HeapItem): boolean => this.#slots.get(item.id)?.version === item.version;
+
+  #head(chatId: string): string | undefined {
+    return this.#chats.get(chatId)?.[0]?.key;
+  }
+
+  #isHead(entry: OutboxEntry): boolean {
+    return this.#head(entry.chatId) === entry.key;
+  }
+
+  /** Whether a due scan must see `entry`: leased, or a blocking chat head. */
+  #watched(entry: OutboxEntry): boolean {
+    return entry.state === "sending" || (blocking(entry.state) && this.#isHead(entry));
+  }
+
+  #chatInsert(entry: OutboxEntry): void {
+    let queue = this.#chats.get(entry.chatId);
+    if (!queue) this.#chats.set(entry.chatId, queue = []);
+    queue.splice(lowerBound(queue, entry.seq), 0, { seq: entry.seq, key: entry.key });
+  }
+
+  #chatRemove(entry: OutboxEntry): void {
+    const queue = this.#chats.get(entry.chatId);
+    if (!queue) return;
+    const i = lowerBound(queue, entry.seq);
+    if (queue[i]?.key === entry.key) queue.splice(i, 1);
+    if (queue.length === 0) this.#chats.delete(entry.chatId);
+  }
+
+  /** Gives the slot a new version and, when watched, a heap item. */
+  #bump(slot: Slot<OutboxEntry>): void {
+    const version = slot.version = ++this.#version;
+    const entry = slot.record;
+    const at = this.#watched(entry) ? outboxDueAt(entry) : null;
+    if (at !== null) this.#due.push({ at, id: entry.key, version });
+    if (entry.state === "sent") this.#sent.push({ at: entry.updatedAt, id: entry.key, version });
+  }
+
+  /**
+   * Stores `next` in `slot` (a new slot when omitted; `null` deletes the
+   * slot's entry) and keeps every index in step. When the chat's head changes,
+   * the new head gets a heap item so that the due scan finds it.
+   */
+  #store(next: OutboxEntry | null, slot?: Slot<OutboxEntry>): void {
+    const prev = slot?.record;
+    const entry = (next ?? prev)!;
+    const headBefore = this.#head(entry.chatId);
+    if (prev?.lease) indexRemove(this.#leased, prev.lease.owner, prev.key);
+    if (next?.lease) indexAdd(this.#leased, next.lease.owner, next.key);
+    const wasBlocking = prev !== undefined && blocking(prev.state);
+    const isBlocking = next !== null && blocking(next.state);
+    if (wasBlocking && !isBlocking) this.#chatRemove(prev);
+    if (!wasBlocking && isBlocking) this.#chatInsert(next);
+    if (next === null) {
+      this.#slots.delete(entry.key);
+    } else if (slot) {
+      slot.record = next;
+      this.#bump(slot);
+    } else {
+      slot = { record: next, version: 0, order: next.seq };
+      this.#slots.set(next.key, slot);
+      this.#bump(slot);
+    }
+    const headAfter = this.#head(entry.chatId);
+    if (headAfter !== undefined && headAfter !== headBefore && headAfter !== entry.key) {
+      this.#bump(this.#slots.get(headAfter)!);
+    }
+    this.#compact();
+  }
+
+  #compact(): void {
+    const bound = 4 * this.#slots.size;
+    if (this.#due.size > COMPACT_MIN && this.#due.size > bound) this.#due.retain(this.#valid);
+    if (this.#sent.size > COMPACT_MIN && this.#sent.size > bound) this.#sent.retain(this.#valid);
+  }
+
+  #held(key: string, token: number): Slot<OutboxEntry> | null {
+    const slot = this.#slots.get(key);
+    if (!slot || slot.record.state !== "sending" || !holdsLease(slot.record.lease, token)) return null;
+    return slot;
+  }
+
+  async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    const existing = this.#slots.get(entry.key);
+    if (existing) return { status: "exists", entry: copy(existing.record) };
+    const clear = this.#head(entry.chatId) === undefined;
+    const next = newOutboxEntry(
+      { ...entry, content: copy(entry.content) },
+      ++this.#seq,
+      this.#now(),
+      clear ? lease : undefined,
+    );
+    this.#store(next);
+    return { status: next.state === "sending" ? "leased" : "queued", entry: copy(next) };
+  }
+
+  /** Pops every valid item due at `now` into `popped` (by key). */
+  #drain(now: number, popped: Map<string, HeapItem>): void {
+    for (let top = this.#due.peek(); top !== undefined && top.at <= now; top = this.#due.peek()) {
+      this.#due.pop();
+      if (this.#valid(top)) popped.set(top.id, top);
+    }
+  }
+
+  async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    const now = this.#now();
+    const due: OutboxEntry[] = [];
+    const ambiguous: OutboxEntry[] = [];
+    const popped = new Map<string, HeapItem>();
+    this.#drain(now, popped);
+
+    // (1) Abandoned `sending` entries: lapsed leases, and our previous incarnation's.
+    const sending = new Map<string, Slot<OutboxEntry>>();
+    for (const key of popped.keys()) {
+      const slot = this.#slots.get(key)!;
+      if (slot.record.state === "sending") sending.set(key, slot);
+    }
+    if (options.reclaimOwn) {
+      for (const key of this.#leased.get(options.owner) ?? []) sending.set(key, this.#slots.get(key)!);
+    }
+    const lost = [...sending.values()]
+      .filter((slot) => isLeaseAbandoned(slot.record.lease, now, options))
+      .sort((a, b) => a.record.seq - b.record.seq);
+    for (const slot of lost) {
+      if (options.resendAmbiguous) {
+        if (!(due.length < options.limit)) continue; // left for a later scan
+        const next = claimedOutbox(slot.record, now, options);
+        this.#store(next, slot);
+        ambiguous.push(copy(next));
+        due.push(copy(next));
+      } else {
+        const next = ambiguousOutbox(slot.record, now);
+        this.#store(next, slot);
+        ambiguous.push(copy(next));
+      }
+    }
+
+    // (2) Due chat heads, including those just freed by step (1).
+    this.#drain(now, popped);
+    const heads: Slot<OutboxEntry>[] = [];
+    for (const item of popped.values()) {
+      const slot = this.#slots.get(item.id);
+      if (!slot || slot.version !== item.version) continue;
+      const entry = slot.record;
+      if (
+        (entry.state === "queued" || entry.state === "failed") && this.#isHead(entry) &&
+        (entry.nextAttemptAt ?? 0) <= now
+      ) heads.push(slot);
+    }
+    heads.sort((a, b) => a.record.seq - b.record.seq);
+    for (const slot of heads) {
+      if (!(due.length < options.limit)) break;
+      const next = claimedOutbox(slot.record, now, options);
+      this.#store(next, slot);
+      due.push(copy(next));
+    }
+
+    // Unchanged entries that the scan must still watch go back into the heap.
+    for (const item of popped.values()) {
+      if (this.#valid(item) && this.#watched(this.#slots.get(item.id)!.record)) this.#due.push(item);
+    }
+    return { due, ambiguous };
+  }
+
+  async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    const slot = this.#held(key, token);
+    if (!slot) return false;
+    const entry = slot.record;
+    this.#store({ ...entry, lease: { ...entry.lease!, expiresAt: this.#now() + leaseMs } }, slot);
+    return true;
+  }
+
+  async markSent(key: string, token: number, messageId: string): Promise<void> {
+    const slot = this.#held(key, token);
+    if (!slot) throw new StaleLeaseError("outbox", key, token);
+    this.#store({
+      ...slot.record,
+      state: "sent",
+      messageId,
+      lease: null,
+      nextAttemptAt: null,
+      updatedAt: this.#now(),
+    }, slot);
+  }
+
+  async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    const slot = this.#held(key, token);
+    if (!slot) throw new StaleLeaseError("outbox", key, token);
+    this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);
+  }
+
+  async get(key: string): Promise<OutboxEntry | null> {
+    const slot = this.#slots.get(key);
+    return slot ? copy(slot.record) : null;
+  }
+
+  async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    const filter = normalizeList(options);
+    const out: OutboxEntry[] = [];
+    if (filter.limit === 0) return out;
+    // Map order is reservation order: keys are never re-inserted.
+    for (const slot of this.#slots.values()) {
+      if (!matchesList(slot.record, filter)) continue;
+      out.push(copy(slot.record));
+      if (out.length >= filter.limit) break;
+    }
+    return out;
+  }
+
+  async retry(key: string): Promise<boolean> {
+    const slot = this.#slots.get(key);
+    if (!slot) return false;
+    const state = slot.record.state;
+    if (state !== "dead" && state !== "failed" && state !== "unknown") return false;
+    const now = this.#now();
+    this.#store({ ...slot.record, state: "queued", nextAttemptAt: now, attempts: 0, lease: null, updatedAt: now }, slot);
+    return true;
+  }
+
+  async discard(key: string): Promise<boolean> {
+    const slot = this.#slots.get(key);
+    if (!slot || slot.record.state === "sending") return false;
+    this.#store(null, slot);
+    return true;
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    const cutoff = this.#now() - olderThanMs;
+    let count = 0;
+    for (let top = this.#sent.peek(); top !== undefined && top.at <= cutoff; top = this.#sent.peek()) {
+      this.#sent.pop();
+      if (!this.#valid(top) || this.#slots.get(top.id)!.record.state !== "sent") continue;
+      this.#slots.delete(top.id);
+      count++;
+    }
+    return count;
+  }
+}
+
+/**
+ * A durability backend that keeps its journals in memory, for one process.
+ * Records are plain objects; every record it returns is a deep copy, and so
+ * is what it is given. Due scans cost O(due) (heaps with lazy deletion);
+ * settled records are never scanned by them.
+ *
+ * Nothing survives the process: use it for tests, or to share state between
+ * several `Bot` instances of one process.
+ *
+ * @example Usage
+ * ```ts
+ * import { MemoryDurability } from "@botmesh/durable/backends/memory";
+ * import { assertEquals } from "@std/assert";
+ *
+ * const backend = new MemoryDurability();
+ * await backend.inbox.admit({
+ *   id: "m1",
+ *   kind: "message",
+ *   chatId: "c1",
+ *   provider: "test",
+ *   payload: { text: "hi" },
+ *   receivedAt: Date.now(),
+ * });
+ * const [record] = await backend.inbox.claimDue({
+ *   owner: "host/bot/1",
+ *   incarnation: "a",
+ *   leaseMs: 60_000,
+ *   limit: 10,
+ * });
+ * await backend.inbox.complete(record.id, record.lease!.token);
+ * assertEquals((await backend.inbox.get("m1"))?.state, "done");
+ * ```
+ *
+ * @example A controlled clock
+ * ```ts
+ * import { MemoryDurability } from "@botmesh/durable/backends/memory";
+ *
+ * let now = 0;
+ * const backend = new MemoryDurability({ clock: () => now });
+ * now += 60_000; // leases taken before now lapse
+ * ```
+ */
+export class MemoryDurability implements DurabilityBackend {
+  /** Always `'memory'`. */
+  readonly name: string = "memory";
+  /** Shared by the `Bot` instances of one process only. */
+  readonly scope: "process" = "process";
+  /** The inbound journal. */
+  readonly inbox: InboxJournal;
+  /** The outbound journal. */
+  readonly outbox: OutboxJournal;
+
+  /**
+   * @param options.clock the backend clock in ms since epoch (default `() => Date.now()`).
+   * @throws {TypeError} when an option has the wrong type.
+   */
+  constructor(options?: MemoryDurabilityOptions) {
+    if (options !== undefined && (typeof options !== "object" || options === null)) {
+      throw new TypeError(`Memory durability options must be an object, got ${show(options)}`);
+    }
+    const clock = options?.clock ?? (() => Date.now());
+    if (typeof clock !== "function") {
+      throw new TypeError(`Memory durability option "clock" must be a function, got ${show(clock)}`);
+    }
+    const now = (): number => {
+      const time = clock();
+      if (typeof time !== "number" || !Number.isFinite(time)) {
+        throw new TypeError(`Memory durability option "clock" must return a finite number, got ${show(time)}`);
+      }
+      return time;
+    };
+    this.inbox = new MemoryInbox(now);
+    this.outbox = new MemoryOutbox(now);
+  }
+}
