@@ -560,7 +560,7 @@ class MemoryOutbox implements OutboxJournal {
  *
  * @example Usage
  * ```ts
- * import { MemoryDurability } from "@botmesh/durable/backends/memory";
+ * import { MemoryDurability } from "@botmesh/durable";
  * import { assertEquals } from "@std/assert";
  *
  * const backend = new MemoryDurability();
@@ -584,7 +584,7 @@ class MemoryOutbox implements OutboxJournal {
  *
  * @example A controlled clock
  * ```ts
- * import { MemoryDurability } from "@botmesh/durable/backends/memory";
+ * import { MemoryDurability } from "@botmesh/durable";
  *
  * let now = 0;
  * const backend = new MemoryDurability({ clock: () => now });
