@@ -1,0 +1,94 @@
+/**
+ * `@botmesh/durable`: a chatbot core whose message processing survives
+ * crashes, restarts and replica failover. Inbound messages are journaled
+ * before any handler runs; every send is journaled under an idempotency key
+ * before the provider is called, retried with backoff, and dead-lettered when
+ * retries run out.
+ *
+ * @example
+ * ```ts
+ * import { Bot, MemoryDurability } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ *
+ * const provider = new MockProvider();
+ * const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+ * bot.when(/hello/i, (ctx) => ctx.reply("Hi!"));
+ * await bot.start();
+ * await provider.receive({ chatId: "chat-1", text: "hello" });
+ * await bot.idle();
+ * await bot.stop();
+ * ```
+ *
+ * @module
+ */
+export { Bot, type BotOptions, type Context, type Handler } from "./src/bot.ts";
+export type {
+  BotEvents,
+  DurabilityControl,
+  DurabilityMetrics,
+  DurabilityWarning,
+  SendOptions,
+  SendResult,
+  WarningCode,
+} from "./src/engine.ts";
+export {
+  type BackoffOptions,
+  type DurabilityOptions,
+  type InboxOptions,
+  type OutboxOptions,
+  parseDuration,
+} from "./src/config.ts";
+export {
+  ANY,
+  AUDIO,
+  DOCUMENT,
+  IMAGE,
+  INTERACTION,
+  type Matcher,
+  TEXT,
+  type TypeMatcher,
+  VIDEO,
+} from "./src/matchers.ts";
+export {
+  type AdmitResult,
+  classifyProviderError,
+  type ErrorClassification,
+  type InboundMessage,
+  type InboundSink,
+  type Interaction,
+  type MessageType,
+  type OutboundContent,
+  type Provider,
+  type SendContext,
+  type SendReceipt,
+} from "./src/provider.ts";
+export { isRetryableStatus, ProviderError, type ProviderErrorOptions } from "./src/errors.ts";
+export { UnencodableContentError } from "./src/content.ts";
+export { MemoryStore, type SessionStore } from "./src/store.ts";
+export {
+  type BackendScope,
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DurabilityBackend,
+  type DurableKv,
+  type FailOutcome,
+  type InboundKind,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type JsonValue,
+  type KvEntry,
+  type Lease,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
+  StaleLeaseError,
+} from "./src/backend.ts";
+export { MemoryDurability, type MemoryDurabilityOptions } from "./backends/memory.ts";
+export { kvDurability, type KvDurabilityOptions } from "./backends/kv.ts";
+export { MemoryKv } from "./backends/memory_kv.ts";

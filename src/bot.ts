@@ -1,0 +1,379 @@
+/**
+ * The bot: handlers, per-chat sequential dispatch, sends, and the durability
+ * engine when `durability` is configured.
+ *
+ * @module
+ */
+import { type DurabilityOptions, resolveDurability } from "./config.ts";
+import { Emitter } from "./emitter.ts";
+import {
+  type BotEvents,
+  type DurabilityControl,
+  DurabilityEngine,
+  type InboundJob,
+  type SendOptions,
+  type SendResult,
+} from "./engine.ts";
+import { errorText, isProcessDeath } from "./errors.ts";
+import { assertMatcher, type Matcher, matches } from "./matchers.ts";
+import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./provider.ts";
+import { randomId } from "./runtime/mod.ts";
+import type { SessionStore } from "./store.ts";
+
+/** Options of {@link Bot}. */
+export interface BotOptions {
+  /** The channel adapter. */
+  provider: Provider;
+  /** Conversation/session state. */
+  store?: SessionStore;
+  /** Turn on the durable inbox and outbox. */
+  durability?: DurabilityOptions;
+  /** This bot's id, part of the default instanceId (default `'bot'`). */
+  id?: string;
+}
+
+/** What a handler gets. */
+export interface Context {
+  /** The inbound message or interaction. */
+  readonly message: InboundMessage;
+  readonly chatId: string;
+  /** The inbound record id (the provider's message id). */
+  readonly inboundId: string;
+  /** 1 on the first processing, more on a retry or a replay. */
+  readonly attempt: number;
+  readonly bot: Bot;
+  /** Send to this chat. Key `<inboundId>:<n>` unless `idempotencyKey` is given. */
+  reply(content: OutboundContent, options?: SendOptions): Promise<SendResult>;
+  /** Send to any chat. Key `<inboundId>:<n>` unless `idempotencyKey` is given. */
+  send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult>;
+}
+
+/** A message handler. */
+export type Handler = (ctx: Context) => unknown | Promise<unknown>;
+
+const INBOUND_FIELDS = ["id", "chatId", "type"] as const;
+
+function checkInbound(message: unknown): InboundMessage {
+  if (typeof message !== "object" || message === null) {
+    throw new TypeError(`Inbound message must be an object, got ${message === null ? "null" : typeof message}`);
+  }
+  const m = message as Record<string, unknown>;
+  for (const field of INBOUND_FIELDS) {
+    const value = m[field];
+    if (typeof value !== "string" || value === "" || value.length > 512) {
+      throw new TypeError(
+        `Inbound message field "${field}" must be a non-empty string of at most 512 characters, got ${
+          JSON.stringify(value) ?? "undefined"
+        }`,
+      );
+    }
+  }
+  if (m.text !== undefined && typeof m.text !== "string") {
+    throw new TypeError(`Inbound message field "text" must be a string, got ${JSON.stringify(m.text)}`);
+  }
+  return message as InboundMessage;
+}
+
+function checkSendArgs(chatId: unknown, options: SendOptions | undefined): void {
+  if (typeof chatId !== "string" || chatId === "") {
+    throw new TypeError(`Argument "chatId" must be a non-empty string, got ${JSON.stringify(chatId) ?? "undefined"}`);
+  }
+  const key = options?.idempotencyKey;
+  if (key !== undefined && (typeof key !== "string" || key === "" || key.length > 512)) {
+    throw new TypeError(
+      `Option "idempotencyKey" must be a non-empty string of at most 512 characters, got ${JSON.stringify(key)}`,
+    );
+  }
+}
+
+/**
+ * A chatbot whose message processing survives crashes and restarts when
+ * `durability` is configured.
+ *
+ * @example
+ * ```ts
+ * import { Bot, MemoryDurability } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ *
+ * const provider = new MockProvider();
+ * const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+ * bot.when(/hello/i, (ctx) => ctx.reply("Hi!"));
+ * await bot.start();
+ * await provider.receive({ chatId: "chat-1", text: "hello" });
+ * await bot.idle();
+ * console.log(provider.sent[0].content); // "Hi!"
+ * await bot.stop();
+ * ```
+ */
+export class Bot {
+  readonly provider: Provider;
+  readonly store: SessionStore | undefined;
+  readonly id: string;
+  #events: Emitter<BotEvents>;
+  #handlers: { matcher: Matcher; handler: Handler }[] = [];
+  #engine: DurabilityEngine | undefined;
+  #chats = new Map<string, InboundJob[]>();
+  #inFlight = new Set<Promise<unknown>>();
+  #idleWaiters: (() => void)[] = [];
+  #state: "new" | "starting" | "running" | "stopping" | "stopped" = "new";
+
+  /**
+   * @param options provider, store, durability
+   * @throws {TypeError} when an option has the wrong type or is unknown
+   * @throws {RangeError} when an option is out of range
+   */
+  constructor(options: BotOptions) {
+    if (typeof options !== "object" || options === null) {
+      throw new TypeError(`Bot options must be an object, got ${options === null ? "null" : typeof options}`);
+    }
+    for (const key of Object.keys(options)) {
+      if (!["provider", "store", "durability", "id"].includes(key)) {
+        throw new TypeError(`Unknown option "${key}"; known options are "provider", "store", "durability", "id"`);
+      }
+    }
+    const provider = options.provider as Partial<Provider> | undefined;
+    if (typeof provider !== "object" || provider === null || typeof provider.send !== "function") {
+      throw new TypeError(`Option "provider" must be a provider with send() and start(), got ${typeof provider}`);
+    }
+    if (typeof provider.start !== "function" || typeof provider.name !== "string" || provider.name === "") {
+      throw new TypeError(`Option "provider" must have a start() method and a non-empty "name"`);
+    }
+    if (options.id !== undefined && (typeof options.id !== "string" || options.id === "")) {
+      throw new TypeError(`Option "id" must be a non-empty string, got ${JSON.stringify(options.id)}`);
+    }
+    this.provider = options.provider;
+    this.store = options.store;
+    this.id = options.id ?? "bot";
+    this.#events = new Emitter<BotEvents>((error, event) => {
+      // A throwing listener must not break the bot; report it once, without recursion.
+      if (event === "error") console.error("[@botmesh/durable] an error listener threw:", error);
+      else this.#events.emit("error", error instanceof Error ? error : new Error(errorText(error)));
+    });
+    if (options.durability !== undefined) {
+      const config = resolveDurability(options.durability);
+      this.#engine = new DurabilityEngine(config, {
+        provider: this.provider,
+        botId: this.id,
+        events: this.#events,
+        dispatch: (job) => this.#dispatch(job),
+        whenLocalIdle: () => this.#whenLocalIdle(),
+        track: (work) => this.#track(work),
+      });
+    }
+  }
+
+  /** The operator surface (`undefined` without `durability`). */
+  get durability(): DurabilityControl | undefined {
+    return this.#engine?.control();
+  }
+
+  /**
+   * Handle messages that match. The first handler whose matcher matches runs.
+   *
+   * @param matcher text, RegExp, predicate, type constant, or an array of them
+   * @param handler the handler
+   * @returns this bot
+   * @throws {TypeError} when the matcher or handler is not one
+   */
+  when(matcher: Matcher, handler: Handler): this {
+    assertMatcher(matcher);
+    if (typeof handler !== "function") {
+      throw new TypeError(`Argument "handler" must be a function, got ${typeof handler}`);
+    }
+    this.#handlers.push({ matcher, handler });
+    return this;
+  }
+
+  /**
+   * Listen to an event: `error`, `warning`, `durability:dead`, `durability:ambiguous`.
+   *
+   * @param event the event
+   * @param listener the listener
+   * @returns a function that removes the listener
+   */
+  on<K extends keyof BotEvents & string>(event: K, listener: (payload: BotEvents[K]) => void): () => void {
+    return this.#events.on(event, listener);
+  }
+
+  /**
+   * Send now. With durability the send is journaled first and retried on failure.
+   *
+   * @param chatId the chat
+   * @param content text, or an object of the provider's shape
+   * @param options `idempotencyKey` (a random key when omitted)
+   * @returns what happened to the send
+   */
+  send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> {
+    checkSendArgs(chatId, options);
+    return this.#send(chatId, content, options?.idempotencyKey ?? `rnd:${randomId()}`, null, "now");
+  }
+
+  /**
+   * Journal a send and return at once; the outbox worker delivers it. A
+   * second call with the same key does nothing.
+   *
+   * @param chatId the chat
+   * @param content text, or an object of the provider's shape
+   * @param options `idempotencyKey` (a random key when omitted)
+   * @returns the key
+   */
+  async enqueue(chatId: string, content: OutboundContent, options?: SendOptions): Promise<{ key: string }> {
+    checkSendArgs(chatId, options);
+    const key = options?.idempotencyKey ?? `rnd:${randomId()}`;
+    if (this.#engine) {
+      await this.#engine.send(chatId, content, key, null, "enqueue");
+    } else {
+      this.#track(this.#send(chatId, content, key, null, "now").catch((error) => this.#emitError(error)));
+    }
+    return { key };
+  }
+
+  #send(
+    chatId: string,
+    content: OutboundContent,
+    key: string,
+    inboundId: string | null,
+    mode: "now" | "enqueue",
+  ): Promise<SendResult> {
+    if (this.#engine) return this.#engine.send(chatId, content, key, inboundId, mode);
+    const work = this.provider.send(chatId, content, {
+      idempotencyKey: key,
+      attempt: 1,
+      signal: new AbortController().signal,
+    }).then((receipt): SendResult => ({ key, state: "sent", messageId: String(receipt?.messageId ?? "") }));
+    this.#track(work);
+    return work;
+  }
+
+  /** Run recovery (the first sweep), then start the provider. */
+  async start(): Promise<void> {
+    if (this.#state !== "new") throw new Error(`Bot.start() was called on a bot that is ${this.#state}`);
+    this.#state = "starting";
+    await this.#engine?.start();
+    await this.provider.start({ receive: (message) => this.#receive(message) });
+    this.#state = "running";
+  }
+
+  /**
+   * Resolve when all work has settled: every admitted record done or dead,
+   * every outbox entry sent, dead or unknown (waits through pending retries).
+   */
+  async idle(): Promise<void> {
+    if (this.#engine) return this.#engine.idle();
+    await this.#whenLocalIdle();
+  }
+
+  /** Stop taking work, let in-flight work finish, release what the bot holds. */
+  async stop(): Promise<void> {
+    if (this.#state === "stopping" || this.#state === "stopped") return;
+    this.#state = "stopping";
+    try {
+      await this.provider.stop?.();
+    } finally {
+      if (this.#engine) await this.#engine.stop();
+      else await this.#whenLocalIdle();
+      this.#state = "stopped";
+    }
+  }
+
+  async #receive(raw: InboundMessage): Promise<AdmitResult> {
+    let message: InboundMessage;
+    try {
+      message = checkInbound(raw);
+    } catch (error) {
+      const err = error as Error;
+      this.#emitError(err);
+      return { status: "rejected", id: String((raw as { id?: unknown } | null)?.id ?? ""), error: err };
+    }
+    if (this.#state === "stopping" || this.#state === "stopped") {
+      return { status: "rejected", id: message.id, error: new Error("The bot is stopping; redeliver later") };
+    }
+    if (this.#engine) return this.#engine.admit(message);
+    this.#dispatch({ message, record: null, sends: [], sendCount: 0 });
+    return { status: "admitted", id: message.id };
+  }
+
+  #emitError(error: unknown): void {
+    if (isProcessDeath(error)) return;
+    const err = error instanceof Error ? error : new Error(errorText(error));
+    if (this.#events.listenerCount("error") === 0) console.error("[@botmesh/durable]", err);
+    else this.#events.emit("error", err);
+  }
+
+  // ---- per-chat dispatch -----------------------------------------------------
+
+  #dispatch(job: InboundJob): void {
+    const chatId = job.message.chatId;
+    const queue = this.#chats.get(chatId);
+    if (queue) {
+      queue.push(job);
+      return;
+    }
+    this.#chats.set(chatId, [job]);
+    this.#track(this.#drainChat(chatId));
+  }
+
+  async #drainChat(chatId: string): Promise<void> {
+    const queue = this.#chats.get(chatId)!;
+    try {
+      while (queue.length > 0) {
+        const job = queue[0]!;
+        if (this.#engine) await this.#engine.process(job, () => this.#handle(job));
+        else await this.#handle(job).catch((error) => this.#emitError(error));
+        queue.shift();
+        if (this.#engine?.halted) queue.length = 0;
+      }
+    } finally {
+      this.#chats.delete(chatId);
+    }
+  }
+
+  async #handle(job: InboundJob): Promise<void> {
+    const message = job.message;
+    const entry = this.#handlers.find((h) => matches(h.matcher, message));
+    if (entry) {
+      const inboundId = message.id;
+      const send = (chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> => {
+        checkSendArgs(chatId, options);
+        const key = options?.idempotencyKey ?? `${inboundId}:${++job.sendCount}`;
+        const result = this.#send(chatId, content, key, job.record ? inboundId : null, "now");
+        job.sends.push(result);
+        return result;
+      };
+      const ctx: Context = {
+        message,
+        chatId: message.chatId,
+        inboundId,
+        attempt: job.record?.attempts ?? 1,
+        bot: this,
+        reply: (content, options) => send(message.chatId, content, options),
+        send,
+      };
+      await entry.handler(ctx);
+    }
+    // Done only once every send the handler made is sent or durably queued.
+    const outcomes = await Promise.allSettled(job.sends);
+    const failed = outcomes.find((o): o is PromiseRejectedResult => o.status === "rejected");
+    if (failed) throw failed.reason;
+  }
+
+  // ---- in-flight tracking ----------------------------------------------------
+
+  #track(work: Promise<unknown>): void {
+    this.#inFlight.add(work);
+    const done = () => {
+      this.#inFlight.delete(work);
+      if (this.#inFlight.size === 0) {
+        const waiters = this.#idleWaiters;
+        this.#idleWaiters = [];
+        for (const resolve of waiters) resolve();
+      }
+    };
+    work.then(done, done);
+  }
+
+  #whenLocalIdle(): Promise<void> {
+    if (this.#inFlight.size === 0) return Promise.resolve();
+    return new Promise((resolve) => this.#idleWaiters.push(resolve));
+  }
+}

@@ -1,0 +1,144 @@
+/**
+ * Outbound content as JSON for the outbox: binary (`Uint8Array`, Node's
+ * `Buffer`, `ArrayBuffer`) becomes base64; anything that is not plain data
+ * (a stream, a Blob, a function, a class instance) cannot be journaled.
+ *
+ * @module
+ */
+import type { JsonValue } from "./backend.ts";
+
+const BYTES = "$bytes";
+
+/** Content that cannot be journaled, and why (names the field). */
+export class UnencodableContentError extends TypeError {
+  /** The path of the offending field, such as `content.media.data`. */
+  readonly field: string;
+  constructor(field: string, reason: string) {
+    super(`Field "${field}" cannot be journaled: ${reason}`);
+    this.name = "UnencodableContentError";
+    this.field = field;
+  }
+}
+
+function toBase64(bytes: Uint8Array): string {
+  let binary = "";
+  for (let i = 0; i < bytes.length; i += 0x8000) {
+    binary += String.fromCharCode(...bytes.subarray(i, i + 0x8000));
+  }
+  return btoa(binary);
+}
+
+function fromBase64(text: string): Uint8Array {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+function isPlainObject(value: object): boolean {
+  const proto = Object.getPrototypeOf(value);
+  return proto === Object.prototype || proto === null;
+}
+
+function encodeValue(value: unknown, path: string, seen: Set<object>): JsonValue {
+  switch (typeof value) {
+    case "string":
+    case "boolean":
+      return value;
+    case "number":
+      if (!Number.isFinite(value)) throw new UnencodableContentError(path, `${value} is not a finite number`);
+      return value;
+    case "undefined":
+      return null;
+    case "object":
+      break;
+    default:
+      throw new UnencodableContentError(path, `a ${typeof value} is not data`);
+  }
+  if (value === null) return null;
+  if (value instanceof Uint8Array) return { [BYTES]: toBase64(value) };
+  if (value instanceof ArrayBuffer) return { [BYTES]: toBase64(new Uint8Array(value)) };
+  if (value instanceof Date) return value.toISOString();
+  if (seen.has(value)) throw new UnencodableContentError(path, "it refers to itself");
+  seen.add(value);
+  try {
+    if (Array.isArray(value)) return value.map((item, i) => encodeValue(item, `${path}[${i}]`, seen));
+    if (!isPlainObject(value)) {
+      const kind = (value as { constructor?: { name?: string } }).constructor?.name ?? "object";
+      throw new UnencodableContentError(path, `a ${kind} is not plain data (send large or streamed media by URL or path)`);
+    }
+    const out: { [key: string]: JsonValue } = {};
+    for (const [key, item] of Object.entries(value)) {
+      if (item === undefined) continue;
+      // Escape user keys that start with "$" so that they never collide with the binary marker.
+      out[key.startsWith("$") ? `$${key}` : key] = encodeValue(item, `${path}.${key}`, seen);
+    }
+    return out;
+  } finally {
+    seen.delete(value);
+  }
+}
+
+/**
+ * Encode content for the journal.
+ *
+ * @param content a string or a plain object (binary as `Uint8Array`)
+ * @param root the name of the value in error messages
+ * @returns the JSON form
+ * @throws {UnencodableContentError} naming the field that is not data
+ */
+export function encodeContent(content: unknown, root = "content"): JsonValue {
+  return encodeValue(content, root, new Set());
+}
+
+/**
+ * Decode journaled content: the inverse of {@link encodeContent}.
+ *
+ * @param json the JSON form
+ * @returns the content, binary as `Uint8Array`
+ */
+export function decodeContent(json: JsonValue): unknown {
+  if (json === null || typeof json !== "object") return json;
+  if (Array.isArray(json)) return json.map(decodeContent);
+  const keys = Object.keys(json);
+  if (keys.length === 1 && keys[0] === BYTES && typeof json[BYTES] === "string") return fromBase64(json[BYTES]);
+  const out: Record<string, unknown> = {};
+  for (const key of keys) out[key.startsWith("$$") ? key.slice(1) : key] = decodeContent(json[key]!);
+  return out;
+}
+
+/**
+ * A 53-bit hash of a string (cyrb53), as hex. Used to tell whether a reused
+ * idempotency key carries different content; not a security measure.
+ *
+ * @param text the text
+ * @returns 14 hex digits
+ */
+export function hashText(text: string): string {
+  let h1 = 0xdeadbeef;
+  let h2 = 0x41c6ce57;
+  for (let i = 0; i < text.length; i++) {
+    const ch = text.charCodeAt(i);
+    h1 = Math.imul(h1 ^ ch, 2654435761);
+    h2 = Math.imul(h2 ^ ch, 1597334677);
+  }
+  h1 = Math.imul(h1 ^ (h1 >>> 16), 2246822507) ^ Math.imul(h2 ^ (h2 >>> 13), 3266489909);
+  h2 = Math.imul(h2 ^ (h2 >>> 16), 2246822507) ^ Math.imul(h1 ^ (h1 >>> 13), 3266489909);
+  return (4294967296 * (2097151 & h2) + (h1 >>> 0)).toString(16).padStart(14, "0");
+}
+
+const encoder = new TextEncoder();
+
+/**
+ * Whether the UTF-8 form of `text` is larger than `limit` bytes, without
+ * encoding it when its length alone decides.
+ *
+ * @param text the text
+ * @param limit the size limit in bytes
+ * @returns whether it is over the limit
+ */
+export function isOverUtf8Limit(text: string, limit: number): boolean {
+  if (text.length * 3 <= limit) return false;
+  if (text.length > limit) return true;
+  return encoder.encode(text).length > limit;
+}

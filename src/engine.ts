@@ -1,0 +1,818 @@
+/**
+ * The durability engine: journals inbound messages before dispatch, leases
+ * and heartbeats what is being worked on, journals every send before the
+ * provider call, retries with backoff, dead-letters, reports ambiguous sends,
+ * and sweeps for due and abandoned work. The `Bot` drives it.
+ *
+ * @module
+ */
+import {
+  type ClaimOptions,
+  type DurabilityBackend,
+  type InboundRecord,
+  type JsonValue,
+  type NewOutboxEntry,
+  type OutboxEntry,
+  type OutboxState,
+  StaleLeaseError,
+} from "./backend.ts";
+import { retryDelay } from "./backoff.ts";
+import type { ResolvedDurability } from "./config.ts";
+import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
+import type { Emitter } from "./emitter.ts";
+import { errorText, isProcessDeath } from "./errors.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "./journal_rules.ts";
+import {
+  type AdmitResult,
+  classifyProviderError,
+  type InboundMessage,
+  type OutboundContent,
+  type Provider,
+} from "./provider.ts";
+import { delay, hostname, randomId, unrefTimer } from "./runtime/mod.ts";
+
+/** The counters of `bot.durability.metrics()`. */
+export interface DurabilityMetrics {
+  /** Inbound records journaled. */
+  inboundJournaled: number;
+  /** Redeliveries of known inbound ids, dropped. */
+  inboundDuplicates: number;
+  /** Inbound records processed again after a crash, a lapsed lease or an operator replay. */
+  inboundReplayed: number;
+  /** Inbound records moved to the inbound DLQ. */
+  inboundDead: number;
+  /** Sends journaled in the outbox. */
+  outboxJournaled: number;
+  /** Sends answered from the outbox (key already journaled with the same content). */
+  outboxDeduped: number;
+  /** Provider calls that retried a failed send. */
+  outboxRetried: number;
+  /** Sends journaled as queued for the worker instead of going out at once. */
+  outboxDeferred: number;
+  /** Sends moved to the outbound DLQ. */
+  outboxDead: number;
+  /** Sends whose sender died mid-call, now `unknown`. */
+  outboxAmbiguous: number;
+  /** Sends that bypassed the outbox (too large or not encodable). */
+  outboxBypassed: number;
+  /** Completions rejected because another instance had taken the record. */
+  staleLeases: number;
+  /** Reused keys whose content differed from the journaled one. */
+  outboxDiverged: number;
+}
+
+/** Codes of `warning` events. */
+export type WarningCode =
+  | "outbox-diverged"
+  | "outbox-bypassed"
+  | "stale-lease"
+  | "lease-lost"
+  | "provider-receipt"
+  | "listener-error";
+
+/** The payload of a `warning` event. */
+export interface DurabilityWarning {
+  code: WarningCode;
+  message: string;
+  /** The outbox key, for outbound warnings. */
+  key?: string;
+  /** The inbound record id, for inbound warnings. */
+  id?: string;
+}
+
+/** The events a bot emits. */
+export interface BotEvents {
+  [event: string]: unknown;
+  /** Something failed that the bot could not hand back to a caller (a journal error, a handler crash). */
+  error: Error;
+  warning: DurabilityWarning;
+  /** A record reached a DLQ. `id` is the inbound id or the outbox key. */
+  "durability:dead": { kind: "inbound" | "outbound"; id: string; error: string };
+  /** A send's outcome is unknown: its sender died during the provider call. */
+  "durability:ambiguous": { key: string; chatId: string };
+}
+
+/** What a send did. */
+export interface SendResult {
+  /** The idempotency key. */
+  key: string;
+  /** The entry's state after this call (`queued`/`failed`: the worker delivers it). */
+  state: OutboxState;
+  /** The provider's message id once sent. */
+  messageId?: string;
+  /** `true` when the key was already journaled and nothing new was sent. */
+  deduped?: boolean;
+  /** `true` when the content bypassed the outbox (sent once, without journal or retries). */
+  bypassed?: boolean;
+  /** The last error, for `failed` and `dead`. */
+  error?: string;
+}
+
+/** Options of a send. */
+export interface SendOptions {
+  /** The idempotency key; see the README for the defaults. */
+  idempotencyKey?: string;
+}
+
+/** An inbound message ready to be handled: journaled and leased, or unjournaled under `failOpen`. */
+export interface InboundJob {
+  message: InboundMessage;
+  /** The leased record; `null` when processed without the journal. */
+  record: InboundRecord | null;
+  /** Sends made while handling it (their promises), awaited before it is done. */
+  sends: Promise<SendResult>[];
+  /** How many sends were made (for the `<id>:<n>` keys). */
+  sendCount: number;
+}
+
+/** What the engine needs from the bot. */
+export interface EngineHost {
+  provider: Provider;
+  botId: string;
+  events: Emitter<BotEvents>;
+  /** Queue a job on its chat's queue. */
+  dispatch(job: InboundJob): void;
+  /** Resolves when the bot has no job queued or running. */
+  whenLocalIdle(): Promise<void>;
+  /** Count a promise as in-flight work until it settles. */
+  track(work: Promise<unknown>): void;
+}
+
+/** The operator surface: `bot.durability`. */
+export interface DurabilityControl {
+  /** This replica's instanceId (known after `start()`). */
+  readonly instanceId: string;
+  readonly inbox: {
+    list: DurabilityBackend["inbox"]["list"];
+    get: DurabilityBackend["inbox"]["get"];
+  };
+  readonly outbox: {
+    list: DurabilityBackend["outbox"]["list"];
+    get: DurabilityBackend["outbox"]["get"];
+    /** Forget an entry (not while it is being sent). */
+    discard(key: string): Promise<boolean>;
+  };
+  /** Process an inbound record again (done, failed or dead). @returns whether it was requeued. */
+  replayInbound(id: string): Promise<boolean>;
+  /** Send an entry again (dead, failed or unknown). @returns whether it was requeued. */
+  retrySend(key: string): Promise<boolean>;
+  /** A snapshot of the counters. */
+  metrics(): DurabilityMetrics;
+}
+
+const SWEEP_BATCH = 64;
+const DEDUPE_CAPACITY = 10_000;
+
+function zeroMetrics(): DurabilityMetrics {
+  return {
+    inboundJournaled: 0,
+    inboundDuplicates: 0,
+    inboundReplayed: 0,
+    inboundDead: 0,
+    outboxJournaled: 0,
+    outboxDeduped: 0,
+    outboxRetried: 0,
+    outboxDeferred: 0,
+    outboxDead: 0,
+    outboxAmbiguous: 0,
+    outboxBypassed: 0,
+    staleLeases: 0,
+    outboxDiverged: 0,
+  };
+}
+
+function asError(error: unknown): Error {
+  return error instanceof Error ? error : new Error(errorText(error));
+}
+
+/** The durability engine behind a `Bot` with `durability` options. */
+export class DurabilityEngine {
+  readonly config: ResolvedDurability;
+  readonly backend: DurabilityBackend;
+  /** One per engine start: tells this process's leases from those of an earlier one with the same instanceId. */
+  readonly incarnation: string = randomId();
+  #instanceId = "";
+  #host: EngineHost;
+  #metrics: DurabilityMetrics = zeroMetrics();
+  #dedupe = new Set<string>();
+  #held = new Map<string, { kind: "inbox" | "outbox"; id: string; token: number; lost: boolean }>();
+  #chatTails = new Map<string, Promise<unknown>>();
+  #sweeping: Promise<void> | null = null;
+  #sweepAgain = false;
+  #sweepTimer: ReturnType<typeof setInterval> | undefined;
+  #heartbeatTimer: ReturnType<typeof setInterval> | undefined;
+  #wakeTimer: ReturnType<typeof setTimeout> | undefined;
+  #wakeAt = Infinity;
+  #lastPurge = 0;
+  #started = false;
+  #stopping = false;
+  #halted = false;
+  #abort = new AbortController();
+
+  constructor(config: ResolvedDurability, host: EngineHost) {
+    this.config = config;
+    this.backend = config.backend;
+    this.#host = host;
+  }
+
+  /** The resolved instanceId. */
+  get instanceId(): string {
+    return this.#instanceId;
+  }
+
+  /** Whether a simulated process death stopped this engine. */
+  get halted(): boolean {
+    return this.#halted;
+  }
+
+  /** Resolve the instanceId, open the backend, run the first (recovery) sweep and start the timers. */
+  async start(): Promise<void> {
+    if (this.#started) throw new Error("This bot was already started");
+    this.#started = true;
+    this.#instanceId = this.config.instanceId ?? await this.#defaultInstanceId();
+    try {
+      await this.backend.open?.();
+      await this.#sweepOnce(true);
+    } catch (error) {
+      if (isProcessDeath(error)) this.#halt();
+      throw error;
+    }
+    this.#sweepTimer = setInterval(() => void this.sweep(), this.config.sweepIntervalMs);
+    unrefTimer(this.#sweepTimer);
+    const beat = Math.max(5, Math.floor(Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs) / 3));
+    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), beat);
+    unrefTimer(this.#heartbeatTimer);
+  }
+
+  async #defaultInstanceId(): Promise<string> {
+    const provider = this.#host.provider;
+    const id = `${await hostname()}/${this.#host.botId}/${provider.connectionId ?? provider.name}`;
+    return this.backend.scope === "shared" ? `${id}/${randomId().slice(0, 8)}` : id;
+  }
+
+  #claim(kind: "inbox" | "outbox"): ClaimOptions {
+    return {
+      owner: this.#instanceId,
+      incarnation: this.incarnation,
+      leaseMs: kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs,
+    };
+  }
+
+  // ---- failure plumbing ----------------------------------------------------
+
+  /** A simulated process death: stop everything at once, as `kill -9` would. */
+  #halt(): void {
+    if (this.#halted) return;
+    this.#halted = true;
+    this.#abort.abort(new Error("The process died"));
+    this.#clearTimers();
+    this.#held.clear();
+  }
+
+  #clearTimers(): void {
+    clearInterval(this.#sweepTimer);
+    clearInterval(this.#heartbeatTimer);
+    clearTimeout(this.#wakeTimer);
+    this.#wakeAt = Infinity;
+  }
+
+  /** Report an error that has no caller; returns `true` when it was a process death (the caller must stop). */
+  #report(error: unknown, context: string): boolean {
+    if (isProcessDeath(error)) {
+      this.#halt();
+      return true;
+    }
+    if (this.#halted) return true;
+    const err = asError(error);
+    if (this.#host.events.listenerCount("error") === 0) {
+      console.error(`[@botmesh/durable] ${context}:`, err);
+    } else {
+      this.#host.events.emit("error", err);
+    }
+    return false;
+  }
+
+  #warn(warning: DurabilityWarning): void {
+    this.#host.events.emit("warning", warning);
+  }
+
+  #stale(kind: "inbox" | "outbox", id: string, error: StaleLeaseError): void {
+    this.#metrics.staleLeases++;
+    this.#warn({
+      code: "stale-lease",
+      message: `${error.message}; another instance took it over and its result stands`,
+      ...(kind === "inbox" ? { id } : { key: id }),
+    });
+  }
+
+  #hold(kind: "inbox" | "outbox", id: string, token: number): void {
+    this.#held.set(`${kind}\u0000${id}`, { kind, id, token, lost: false });
+  }
+
+  #release(kind: "inbox" | "outbox", id: string, token: number): void {
+    const key = `${kind}\u0000${id}`;
+    if (this.#held.get(key)?.token === token) this.#held.delete(key);
+  }
+
+  async #heartbeat(): Promise<void> {
+    if (this.#halted) return;
+    const held = [...this.#held.values()].filter((h) => !h.lost);
+    await Promise.all(held.map(async (h) => {
+      try {
+        const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
+        const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
+        if (!await journal.heartbeat(h.id, h.token, leaseMs)) {
+          if (!this.#held.has(`${h.kind}\u0000${h.id}`)) return; // settled meanwhile
+          h.lost = true;
+          this.#warn({
+            code: "lease-lost",
+            message: `Lost the lease on ${h.kind} record "${h.id}" (fencing token ${h.token}): another instance took it`,
+            ...(h.kind === "inbox" ? { id: h.id } : { key: h.id }),
+          });
+        }
+      } catch (error) {
+        this.#report(error, `heartbeat of ${h.kind} record "${h.id}"`);
+      }
+    }));
+  }
+
+  #wake(inMs: number): void {
+    if (this.#halted || this.#stopping) return;
+    const at = Date.now() + Math.max(0, inMs);
+    if (at >= this.#wakeAt) return;
+    clearTimeout(this.#wakeTimer);
+    this.#wakeAt = at;
+    this.#wakeTimer = setTimeout(() => {
+      this.#wakeAt = Infinity;
+      void this.sweep();
+    }, Math.max(0, inMs) + 1);
+  }
+
+  // ---- inbox -----------------------------------------------------------------
+
+  /**
+   * Admit an inbound message: dedupe, journal (leased to this instance), dispatch.
+   * @param message the provider's message
+   * @returns what happened; `rejected` means "let the channel redeliver"
+   */
+  async admit(message: InboundMessage): Promise<AdmitResult> {
+    const id = message.id;
+    if (this.#halted || this.#stopping) {
+      return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
+    }
+    if (this.#dedupe.has(id)) {
+      this.#metrics.inboundDuplicates++;
+      return { status: "duplicate", id };
+    }
+    this.#remember(id);
+    let payload: JsonValue;
+    try {
+      payload = encodeContent(message, "message");
+    } catch (error) {
+      this.#dedupe.delete(id);
+      const err = asError(error);
+      this.#report(err, `admission of inbound message "${id}"`);
+      return { status: "rejected", id, error: err };
+    }
+    let record: InboundRecord | null;
+    try {
+      record = await this.backend.inbox.admit({
+        id,
+        kind: message.type === "interaction" ? "interaction" : "message",
+        chatId: message.chatId,
+        provider: this.#host.provider.name,
+        payload,
+        receivedAt: Date.now(),
+      }, this.#claim("inbox"));
+    } catch (error) {
+      this.#dedupe.delete(id);
+      const err = asError(error);
+      if (this.#report(error, `journal of inbound message "${id}"`)) return { status: "rejected", id, error: err };
+      if (this.config.failOpen) {
+        this.#host.dispatch({ message, record: null, sends: [], sendCount: 0 });
+        return { status: "unjournaled", id, error: err };
+      }
+      return { status: "rejected", id, error: err };
+    }
+    if (record === null) {
+      this.#metrics.inboundDuplicates++;
+      return { status: "duplicate", id };
+    }
+    this.#metrics.inboundJournaled++;
+    this.#hold("inbox", id, record.fence);
+    this.#host.dispatch({ message, record, sends: [], sendCount: 0 });
+    return { status: "admitted", id };
+  }
+
+  #remember(id: string): void {
+    this.#dedupe.add(id);
+    if (this.#dedupe.size > DEDUPE_CAPACITY) {
+      this.#dedupe.delete(this.#dedupe.values().next().value as string);
+    }
+  }
+
+  /**
+   * Run a job's handler under its lease, then record the outcome: done, a
+   * retry with backoff, or dead.
+   * @param job the job
+   * @param handle runs the handler and awaits the sends it made
+   */
+  async process(job: InboundJob, handle: () => Promise<void>): Promise<void> {
+    const record = job.record;
+    if (this.#halted) return;
+    if (record === null) {
+      try {
+        await handle();
+      } catch (error) {
+        this.#report(error, `handler of unjournaled message "${job.message.id}"`);
+      }
+      return;
+    }
+    const token = record.fence;
+    const retries = this.config.inbox.retries;
+    let failure: unknown;
+    let failed = false;
+    if (record.attempts > retries + 1) {
+      failed = true;
+      failure = new Error(`Processing was cut off (crash or lost lease) in ${record.attempts - 1} attempts`);
+    } else {
+      try {
+        await handle();
+      } catch (error) {
+        if (isProcessDeath(error) || this.#halted) return void this.#halt();
+        failed = true;
+        failure = error;
+      }
+    }
+    if (this.#halted) return;
+    try {
+      if (!failed) {
+        await this.backend.inbox.complete(record.id, token);
+      } else if (record.attempts > retries) {
+        const text = errorText(failure);
+        await this.backend.inbox.fail(record.id, token, { error: text, dead: true });
+        this.#metrics.inboundDead++;
+        this.#host.events.emit("durability:dead", { kind: "inbound", id: record.id, error: text });
+        this.#report(failure, `handler of inbound record "${record.id}" (dead after ${record.attempts} attempts)`);
+      } else {
+        const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff);
+        await this.backend.inbox.fail(record.id, token, { error: errorText(failure), retryInMs });
+        this.#wake(retryInMs);
+      }
+    } catch (error) {
+      if (error instanceof StaleLeaseError) this.#stale("inbox", record.id, error);
+      else this.#report(error, `journal of inbound record "${record.id}"`);
+    } finally {
+      this.#release("inbox", record.id, token);
+    }
+  }
+
+  // ---- outbox ----------------------------------------------------------------
+
+  /**
+   * Journal a send and, in `now` mode, deliver it at once (unless an earlier
+   * send of the chat is pending).
+   * @param chatId the chat
+   * @param content what to send
+   * @param key the idempotency key
+   * @param inboundId the inbound record the send was made for
+   * @param mode `now` sends now; `enqueue` leaves it to the worker
+   * @returns what happened
+   */
+  async send(
+    chatId: string,
+    content: OutboundContent,
+    key: string,
+    inboundId: string | null,
+    mode: "now" | "enqueue",
+  ): Promise<SendResult> {
+    if (this.#halted) throw new Error("The process died");
+    let json: JsonValue;
+    let text: string;
+    try {
+      json = encodeContent(content);
+      text = JSON.stringify(json);
+    } catch (error) {
+      if (!(error instanceof UnencodableContentError)) throw error;
+      return this.#bypass(chatId, content, key, error.message);
+    }
+    if (isOverUtf8Limit(text, this.config.outbox.maxPayloadBytes)) {
+      return this.#bypass(
+        chatId,
+        content,
+        key,
+        `the content is larger than outbox.maxPayloadBytes (${this.config.outbox.maxPayloadBytes}); send large media by URL or path`,
+      );
+    }
+    const entry: NewOutboxEntry = { key, chatId, content: json, contentHash: hashText(text), inboundId };
+    return this.#inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode));
+  }
+
+  /** Run sends of one chat one after another, in call order. */
+  #inChatOrder<T>(chatId: string, fn: () => Promise<T>): Promise<T> {
+    const previous = this.#chatTails.get(chatId) ?? Promise.resolve();
+    const run = previous.then(fn, fn);
+    const tail = run.then(() => {}, () => {});
+    this.#chatTails.set(chatId, tail);
+    void tail.then(() => {
+      if (this.#chatTails.get(chatId) === tail) this.#chatTails.delete(chatId);
+    });
+    this.#host.track(tail);
+    return run;
+  }
+
+  async #reserveAndDeliver(entry: NewOutboxEntry, content: OutboundContent, mode: "now" | "enqueue"): Promise<SendResult> {
+    let result;
+    try {
+      result = await this.backend.outbox.reserve(entry, mode === "now" ? this.#claim("outbox") : undefined);
+    } catch (error) {
+      if (isProcessDeath(error)) this.#halt();
+      throw error;
+    }
+    const journaled = result.entry;
+    if (result.status === "exists") {
+      if (journaled.contentHash !== entry.contentHash) {
+        this.#metrics.outboxDiverged++;
+        this.#warn({
+          code: "outbox-diverged",
+          key: entry.key,
+          message:
+            `Idempotency key "${entry.key}" was reused with different content; the journaled send stands and nothing was sent (is the handler deterministic?)`,
+        });
+      } else {
+        this.#metrics.outboxDeduped++;
+      }
+      return { ...this.#resultOf(journaled), deduped: true };
+    }
+    this.#metrics.outboxJournaled++;
+    if (result.status === "queued") {
+      this.#metrics.outboxDeferred++;
+      this.#wake(0);
+      return this.#resultOf(journaled);
+    }
+    return this.#deliver(journaled, content);
+  }
+
+  #resultOf(entry: OutboxEntry): SendResult {
+    const result: SendResult = { key: entry.key, state: entry.state };
+    if (entry.messageId !== null) result.messageId = entry.messageId;
+    if (entry.error !== null && entry.state !== "sent") result.error = entry.error;
+    return result;
+  }
+
+  /** Call the provider for a leased entry and record the outcome. */
+  async #deliver(entry: OutboxEntry, content?: OutboundContent): Promise<SendResult> {
+    const { key, chatId } = entry;
+    const token = entry.fence;
+    const attempt = entry.attempts;
+    this.#hold("outbox", key, token);
+    if (attempt > 1) this.#metrics.outboxRetried++;
+    const provider = this.#host.provider;
+    try {
+      let messageId: string;
+      try {
+        const receipt = await provider.send(
+          chatId,
+          content ?? decodeContent(entry.content) as OutboundContent,
+          { idempotencyKey: key, attempt, signal: this.#abort.signal },
+        );
+        messageId = this.#messageIdOf(receipt, key);
+      } catch (error) {
+        if (isProcessDeath(error) || this.#halted) {
+          this.#halt();
+          throw error;
+        }
+        return await this.#sendFailed(entry, error);
+      }
+      try {
+        await this.backend.outbox.markSent(key, token, messageId);
+      } catch (error) {
+        if (!(error instanceof StaleLeaseError)) throw error;
+        this.#stale("outbox", key, error);
+      }
+      return { key, state: "sent", messageId };
+    } catch (error) {
+      if (isProcessDeath(error)) this.#halt();
+      throw error;
+    } finally {
+      this.#release("outbox", key, token);
+    }
+  }
+
+  #messageIdOf(receipt: unknown, key: string): string {
+    const messageId = (receipt as { messageId?: unknown } | null | undefined)?.messageId;
+    if (typeof messageId === "string" && messageId !== "") return messageId;
+    if (typeof messageId === "number" && Number.isFinite(messageId)) return String(messageId);
+    this.#warn({
+      code: "provider-receipt",
+      key,
+      message: `Provider "${this.#host.provider.name}" returned no usable "messageId" for send "${key}" (got ${
+        JSON.stringify(messageId) ?? "undefined"
+      }); recorded as sent without a message id`,
+    });
+    return "";
+  }
+
+  async #sendFailed(entry: OutboxEntry, error: unknown): Promise<SendResult> {
+    const { key } = entry;
+    const provider = this.#host.provider;
+    let classified;
+    try {
+      classified = (provider.classifyError ?? classifyProviderError)(error);
+    } catch {
+      classified = classifyProviderError(error);
+    }
+    const text = errorText(error);
+    const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
+    try {
+      if (dead) {
+        await this.backend.outbox.markFailed(key, entry.fence, { error: text, dead: true });
+        this.#metrics.outboxDead++;
+        this.#host.events.emit("durability:dead", { kind: "outbound", id: key, error: text });
+        return { key, state: "dead", error: text };
+      }
+      const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs);
+      await this.backend.outbox.markFailed(key, entry.fence, { error: text, retryInMs });
+      this.#wake(retryInMs);
+      return { key, state: "failed", error: text };
+    } catch (journalError) {
+      if (!(journalError instanceof StaleLeaseError)) throw journalError;
+      this.#stale("outbox", key, journalError);
+      return { key, state: "failed", error: text };
+    }
+  }
+
+  async #bypass(chatId: string, content: OutboundContent, key: string, reason: string): Promise<SendResult> {
+    this.#metrics.outboxBypassed++;
+    this.#warn({
+      code: "outbox-bypassed",
+      key,
+      message: `Send "${key}" bypassed the outbox (sent once, no journal, no retries): ${reason}`,
+    });
+    const receipt = await this.#host.provider.send(chatId, content, {
+      idempotencyKey: key,
+      attempt: 1,
+      signal: this.#abort.signal,
+    });
+    return { key, state: "sent", messageId: this.#messageIdOf(receipt, key), bypassed: true };
+  }
+
+  // ---- sweeps ----------------------------------------------------------------
+
+  /** Look for due and abandoned work now. Concurrent calls share one sweep (and ask for one more). */
+  sweep(): Promise<void> {
+    if (this.#halted || !this.#started) return Promise.resolve();
+    if (this.#sweeping) {
+      this.#sweepAgain = true;
+      return this.#sweeping;
+    }
+    const run = async () => {
+      do {
+        this.#sweepAgain = false;
+        try {
+          await this.#sweepOnce(false);
+        } catch (error) {
+          if (this.#report(error, "sweep")) return;
+        }
+      } while (this.#sweepAgain && !this.#halted && !this.#stopping);
+    };
+    this.#sweeping = run().finally(() => {
+      this.#sweeping = null;
+    });
+    this.#host.track(this.#sweeping);
+    return this.#sweeping;
+  }
+
+  async #sweepOnce(first: boolean): Promise<void> {
+    if (this.#stopping && !first) return;
+    const inboxClaim = { ...this.#claim("inbox"), reclaimOwn: first, limit: SWEEP_BATCH };
+    for (;;) {
+      const records = await this.backend.inbox.claimDue(inboxClaim);
+      for (const record of records) {
+        this.#hold("inbox", record.id, record.fence);
+        if (record.attempts > 1 && record.error === null) this.#metrics.inboundReplayed++;
+        let message: InboundMessage;
+        try {
+          message = decodeContent(record.payload) as InboundMessage;
+        } catch (error) {
+          message = { id: record.id, chatId: record.chatId, type: "unknown" };
+          this.#report(error, `payload of inbound record "${record.id}"`);
+        }
+        this.#host.dispatch({ message, record, sends: [], sendCount: 0 });
+      }
+      if (records.length < SWEEP_BATCH) break;
+    }
+    const outboxClaim = {
+      ...this.#claim("outbox"),
+      reclaimOwn: first,
+      limit: SWEEP_BATCH,
+      resendAmbiguous: this.config.outbox.onAmbiguous === "resend",
+    };
+    for (;;) {
+      const { due, ambiguous } = await this.backend.outbox.claimDue(outboxClaim);
+      outboxClaim.reclaimOwn = false;
+      for (const entry of ambiguous) {
+        this.#metrics.outboxAmbiguous++;
+        this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
+      }
+      await Promise.all(due.map((entry) =>
+        this.#inChatOrder(entry.chatId, () => this.#deliver(entry)).catch((error) => {
+          this.#report(error, `delivery of outbox entry "${entry.key}"`);
+        })
+      ));
+      if (this.#halted) return;
+      if (due.length === 0 && ambiguous.length < SWEEP_BATCH) break;
+    }
+    const purgeEvery = Math.min(this.config.retentionMs / 10, 3_600_000);
+    if (Date.now() - this.#lastPurge >= purgeEvery) {
+      this.#lastPurge = Date.now();
+      await this.backend.inbox.purge(this.config.retentionMs);
+      await this.backend.outbox.purge(this.config.retentionMs);
+    }
+  }
+
+  // ---- settling and stopping -------------------------------------------------
+
+  async #hasActiveWork(): Promise<boolean> {
+    const [inbound, outbound] = await Promise.all([
+      this.backend.inbox.list({ state: ACTIVE_INBOX_STATES, limit: 1 }),
+      this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 }),
+    ]);
+    return inbound.length > 0 || outbound.length > 0;
+  }
+
+  /** Resolve when every admitted record is done or dead and every outbox entry is sent, dead or unknown. */
+  async idle(): Promise<void> {
+    let pause = 1;
+    for (;;) {
+      await this.#host.whenLocalIdle();
+      if (this.#halted) return;
+      let active: boolean;
+      try {
+        active = await this.#hasActiveWork();
+      } catch (error) {
+        if (this.#report(error, "idle check")) return;
+        active = true;
+      }
+      if (!active) {
+        await this.#host.whenLocalIdle();
+        if (!await this.#hasActiveWork().catch(() => true)) return;
+      }
+      await this.sweep();
+      await delay(pause);
+      pause = Math.min(pause * 2, 50);
+    }
+  }
+
+  /** Stop taking work, let in-flight work finish, close the backend. */
+  async stop(): Promise<void> {
+    if (this.#stopping) return;
+    this.#stopping = true;
+    this.#clearTimers();
+    if (this.#halted) return;
+    // Heartbeats go on while in-flight work finishes.
+    const beat = Math.max(5, Math.floor(Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs) / 3));
+    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), beat);
+    try {
+      await this.#host.whenLocalIdle();
+    } finally {
+      clearInterval(this.#heartbeatTimer);
+    }
+    await this.backend.close?.();
+  }
+
+  /** The operator surface. */
+  control(): DurabilityControl {
+    const backend = this.backend;
+    const engine = this;
+    return {
+      get instanceId() {
+        return engine.#instanceId;
+      },
+      inbox: {
+        list: (options) => backend.inbox.list(options),
+        get: (id) => backend.inbox.get(id),
+      },
+      outbox: {
+        list: (options) => backend.outbox.list(options),
+        get: (key) => backend.outbox.get(key),
+        discard: (key) => backend.outbox.discard(key),
+      },
+      replayInbound: async (id) => {
+        const replayed = await backend.inbox.replay(id);
+        if (replayed) {
+          this.#metrics.inboundReplayed++;
+          this.#dedupe.delete(id);
+          this.#wake(0);
+        }
+        return replayed;
+      },
+      retrySend: async (key) => {
+        const requeued = await backend.outbox.retry(key);
+        if (requeued) this.#wake(0);
+        return requeued;
+      },
+      metrics: () => ({ ...this.#metrics }),
+    };
+  }
+}

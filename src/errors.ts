@@ -1,0 +1,68 @@
+/**
+ * Error classes of the core.
+ *
+ * @module
+ */
+
+/**
+ * Marks an error as the death of the process (the crash harness throws one).
+ * The engine stops all work at once when it sees one, as a killed process would.
+ */
+export const PROCESS_DEATH: unique symbol = Symbol.for("@botmesh/durable.processDeath");
+
+/** Whether `error` is a simulated process death. */
+export function isProcessDeath(error: unknown): boolean {
+  return typeof error === "object" && error !== null && (error as Record<symbol, unknown>)[PROCESS_DEATH] === true;
+}
+
+/** Options of a {@link ProviderError}. */
+export interface ProviderErrorOptions {
+  /** Whether sending again may succeed (network, 5xx, 429). Default `true`. */
+  retryable?: boolean;
+  /** Do not retry before this many ms (a channel's Retry-After). */
+  retryAfterMs?: number;
+  /** The channel's HTTP status, when there is one. */
+  status?: number;
+  cause?: unknown;
+}
+
+/**
+ * An error a provider throws from `send` to say whether it may be retried.
+ *
+ * @example
+ * ```ts
+ * import { ProviderError } from "@botmesh/durable";
+ * throw new ProviderError("Recipient blocked the bot", { retryable: false, status: 403 });
+ * ```
+ */
+export class ProviderError extends Error {
+  readonly retryable: boolean;
+  readonly retryAfterMs: number | undefined;
+  readonly status: number | undefined;
+  constructor(message: string, options: ProviderErrorOptions = {}) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = "ProviderError";
+    this.status = options.status;
+    this.retryable = options.retryable ?? (options.status === undefined ? true : isRetryableStatus(options.status));
+    this.retryAfterMs = options.retryAfterMs;
+  }
+}
+
+/** Whether an HTTP status means "try again later": 408, 425, 429 and 5xx. */
+export function isRetryableStatus(status: number): boolean {
+  return status === 408 || status === 425 || status === 429 || status >= 500;
+}
+
+/** Text of an error for a journal (`name: message`, bounded). */
+export function errorText(error: unknown): string {
+  let text: string;
+  if (error instanceof Error) text = `${error.name}: ${error.message}`;
+  else {
+    try {
+      text = typeof error === "string" ? error : JSON.stringify(error) ?? String(error);
+    } catch {
+      text = String(error);
+    }
+  }
+  return text.length > 2000 ? `${text.slice(0, 2000)}…` : text;
+}

@@ -1,0 +1,134 @@
+/**
+ * The provider interface: what a channel adapter gives the bot (§9 of the spec).
+ *
+ * @module
+ */
+import type { JsonValue } from "./backend.ts";
+import { isRetryableStatus, ProviderError } from "./errors.ts";
+
+/** The type of an inbound message; matchers such as `IMAGE` test it. */
+export type MessageType = "text" | "image" | "audio" | "video" | "document" | "interaction" | (string & {});
+
+/** A button press, list choice or similar. */
+export interface Interaction {
+  /** What was chosen (a button id, a list row id). */
+  id: string;
+  /** Extra data the channel sent with it. */
+  value?: JsonValue;
+}
+
+/** An inbound message or interaction as the provider delivers it. Everything must be JSON. */
+export interface InboundMessage {
+  /** The channel's message id: stable across redeliveries. */
+  id: string;
+  chatId: string;
+  type: MessageType;
+  text?: string;
+  /** A serialized media reference (see §9): whatever the provider needs to load it again. */
+  media?: JsonValue;
+  interaction?: Interaction;
+  /** The sender, when the chat is a group. */
+  from?: string;
+  /** When the channel says it was sent (ms since epoch). */
+  timestamp?: number;
+  /** Anything else the provider wants journaled. */
+  extra?: JsonValue;
+}
+
+/** Outbound content: text, or a JSON object of the provider's shape; binary as `Uint8Array`. */
+export type OutboundContent = string | { [key: string]: unknown };
+
+/** What the bot tells the provider about one send. */
+export interface SendContext {
+  /** The outbox key: a provider that supports idempotent sends can pass it on. */
+  idempotencyKey: string;
+  /** Which attempt this is (1 for the first). */
+  attempt: number;
+  /** Aborted when the bot halts. */
+  signal: AbortSignal;
+}
+
+/** What the provider returns from a send. */
+export interface SendReceipt {
+  /** The channel's id of the sent message. */
+  messageId: string;
+}
+
+/** Whether a failed send may be retried. */
+export interface ErrorClassification {
+  retryable: boolean;
+  retryAfterMs?: number;
+}
+
+/** How an admitted (or refused) inbound message was taken. */
+export type AdmitResult =
+  /** Journaled; will be processed. */
+  | { status: "admitted"; id: string }
+  /** A redelivery of a known id: dropped. Acknowledge it. */
+  | { status: "duplicate"; id: string }
+  /** Not journaled and not processed: do not acknowledge, let the channel redeliver. */
+  | { status: "rejected"; id: string; error: Error }
+  /** `failOpen`: the journal failed but the message is processed without it. */
+  | { status: "unjournaled"; id: string; error: Error };
+
+/** The bot as a provider sees it: where inbound messages go. */
+export interface InboundSink {
+  /**
+   * Hand one inbound message to the bot. Resolves once it is admitted or
+   * refused; acknowledge it to the channel only when the status is not
+   * `'rejected'`.
+   */
+  receive(message: InboundMessage): Promise<AdmitResult>;
+}
+
+/**
+ * A channel adapter.
+ *
+ * @example
+ * ```ts
+ * import type { Provider } from "@botmesh/durable";
+ * const console: Provider = {
+ *   name: "console",
+ *   start() {},
+ *   async send(chatId, content) {
+ *     globalThis.console.log(chatId, content);
+ *     return { messageId: crypto.randomUUID() };
+ *   },
+ * };
+ * ```
+ */
+export interface Provider {
+  /** A short stable name; journaled with every inbound record. */
+  readonly name: string;
+  /** The account this provider is connected as (a phone number id, a bot token id); part of the default instanceId. */
+  readonly connectionId?: string;
+  /** Start delivering inbound messages to `sink`. */
+  start(sink: InboundSink): void | Promise<void>;
+  /** Stop delivering inbound messages. */
+  stop?(): void | Promise<void>;
+  /** Send content to a chat; resolve with the channel's message id. */
+  send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt>;
+  /** Say whether an error thrown by `send` may be retried; the default reads `ProviderError` and HTTP statuses. */
+  classifyError?(error: unknown): ErrorClassification;
+}
+
+/**
+ * The default error classification: a `ProviderError` says it itself; an
+ * error with a numeric `status` is retryable for 408/425/429/5xx; a network
+ * `TypeError` (what `fetch` throws) and anything unknown is retryable.
+ *
+ * @param error what `send` threw
+ * @returns whether to retry, and not before when
+ */
+export function classifyProviderError(error: unknown): ErrorClassification {
+  if (error instanceof ProviderError) {
+    return { retryable: error.retryable, retryAfterMs: error.retryAfterMs };
+  }
+  if (typeof error === "object" && error !== null) {
+    const { status, retryable, retryAfterMs } = error as Record<string, unknown>;
+    const after = typeof retryAfterMs === "number" && retryAfterMs >= 0 ? retryAfterMs : undefined;
+    if (typeof retryable === "boolean") return { retryable, retryAfterMs: after };
+    if (typeof status === "number") return { retryable: isRetryableStatus(status), retryAfterMs: after };
+  }
+  return { retryable: true };
+}

@@ -1,0 +1,114 @@
+/**
+ * The runtime shim: the only module of the core that touches `node:*`,
+ * `Deno.*` or `Bun.*`. Everything else in `src/` is Web-standard.
+ *
+ * @module
+ */
+
+interface DenoLike {
+  hostname(): string;
+  pid: number;
+  env: { get(name: string): string | undefined };
+}
+interface ProcessLike {
+  pid: number;
+  env: Record<string, string | undefined>;
+}
+
+const runtimeGlobals = globalThis as unknown as { Deno?: DenoLike; Bun?: unknown; process?: ProcessLike };
+
+/** Which runtime this is. */
+export type RuntimeName = "deno" | "bun" | "node" | "other";
+
+/** The runtime the code runs on. */
+export function runtimeName(): RuntimeName {
+  if (runtimeGlobals.Deno !== undefined) return "deno";
+  if (runtimeGlobals.Bun !== undefined) return "bun";
+  if (runtimeGlobals.process?.pid !== undefined) return "node";
+  return "other";
+}
+
+let cachedHostname: string | undefined;
+
+/**
+ * The machine's hostname, or `'localhost'` where it cannot be read (Deno
+ * without `--allow-sys`, a browser, a worker).
+ *
+ * @returns the hostname
+ */
+export async function hostname(): Promise<string> {
+  if (cachedHostname !== undefined) return cachedHostname;
+  let name = "localhost";
+  try {
+    if (runtimeGlobals.Deno !== undefined) {
+      name = runtimeGlobals.Deno.hostname();
+    } else if (runtimeGlobals.process !== undefined) {
+      const os = await import("node:os");
+      name = os.hostname();
+    }
+  } catch {
+    // No permission or no such API: keep the fallback.
+  }
+  cachedHostname = name || "localhost";
+  return cachedHostname;
+}
+
+/** The process id, or `undefined` where there is no process. */
+export function pid(): number | undefined {
+  return runtimeGlobals.Deno?.pid ?? runtimeGlobals.process?.pid;
+}
+
+/**
+ * An environment variable, or `undefined` when unset or not readable.
+ *
+ * @param name the variable
+ * @returns its value
+ */
+export function env(name: string): string | undefined {
+  try {
+    if (runtimeGlobals.Deno !== undefined) return runtimeGlobals.Deno.env.get(name);
+    return runtimeGlobals.process?.env[name];
+  } catch {
+    return undefined;
+  }
+}
+
+/** A random id (UUID v4) from Web Crypto. */
+export function randomId(): string {
+  return crypto.randomUUID();
+}
+
+/**
+ * Resolve after `ms` milliseconds, or reject when `signal` aborts.
+ *
+ * @param ms the delay
+ * @param signal aborts the wait
+ * @returns a promise resolved after the delay
+ */
+export function delay(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
+}
+
+/**
+ * Keep a timer from holding the process open (Node, Bun, Deno).
+ *
+ * @param timer what `setTimeout`/`setInterval` returned
+ */
+export function unrefTimer(timer: unknown): void {
+  if (typeof timer === "number" && runtimeGlobals.Deno !== undefined) {
+    (runtimeGlobals.Deno as unknown as { unrefTimer?(id: number): void }).unrefTimer?.(timer);
+    return;
+  }
+  (timer as { unref?: () => void } | undefined)?.unref?.();
+}

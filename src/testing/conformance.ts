@@ -1,0 +1,1202 @@
+/**
+ * The backend conformance suite: the journal contract of
+ * {@link DurabilityBackend} as tests, run against every backend (memory,
+ * generic kv, file, SQLite, Postgres, Redis, events journal) and usable by
+ * third-party backend authors.
+ *
+ * The suite does not import a test runner: the caller passes its own
+ * `describe`, `test` and `expect` (bun:test, jest, vitest, Deno's
+ * `@std/testing/bdd` + `@std/expect`), so it runs under Bun, Deno and Node.
+ *
+ * Lease expiry is tested with small real leases and real sleeps, never an
+ * injected clock, because shared backends take time from their server.
+ *
+ * @module
+ */
+import { StaleLeaseError } from "../backend.ts";
+import type {
+  ClaimOptions,
+  DurabilityBackend,
+  InboundRecord,
+  JsonValue,
+  NewInboundRecord,
+  NewOutboxEntry,
+  OutboxEntry,
+} from "../backend.ts";
+
+/** The matchers the suite uses (a subset of jest's / bun:test's). */
+export interface ConformanceMatchers {
+  toBe(expected: unknown): void;
+  toEqual(expected: unknown): void;
+  toBeGreaterThan(expected: number): void;
+  toBeGreaterThanOrEqual(expected: number): void;
+  toBeLessThan(expected: number): void;
+  toBeLessThanOrEqual(expected: number): void;
+  readonly not: ConformanceMatchers;
+}
+
+/**
+ * The test-runner functions the suite needs, with jest / bun:test shapes.
+ * `expect`'s second argument is a failure message (bun:test and Deno's
+ * `@std/expect` print it; jest ignores it).
+ */
+export interface ConformanceHarness {
+  describe: (name: string, fn: () => void) => void;
+  test: ((name: string, fn: () => Promise<void> | void) => void) & {
+    skip?: (name: string, fn: () => Promise<void> | void) => void;
+  };
+  expect: (actual: unknown, message?: string) => ConformanceMatchers;
+}
+
+/** Options of {@link runBackendContract}. */
+export interface BackendConformanceOptions {
+  /** The backend's name, used in the suite's title. */
+  name: string;
+  /**
+   * A fresh backend over an empty journal, called once per test. A backend
+   * on a shared server should use a namespace of its own per call (a key
+   * prefix, a schema) and drop it in `cleanup`: the due-scan, limit and purge
+   * tests count what they find. Ids are random per test all the same.
+   */
+  create: () => DurabilityBackend | Promise<DurabilityBackend>;
+  /** Called after each test, after the backend's `close()`. */
+  cleanup?: (backend: DurabilityBackend) => void | Promise<void>;
+  /** The test runner's `describe`, `test` and `expect`. */
+  harness: ConformanceHarness;
+  /** A reason to skip the whole suite (e.g. the database is not reachable); `false` or absent runs it. */
+  skip?: string | false;
+  /**
+   * Multiplies every lease, retry delay and sleep (default 1: leases of
+   * 40 ms, sleeps of 100 ms). Raise it for a backend with slow round trips.
+   */
+  timeScale?: number;
+}
+
+type Expect = ConformanceHarness["expect"];
+
+/** Resolves after `ms` milliseconds of real time. */
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+function uid(prefix: string): string {
+  return `${prefix}-${crypto.randomUUID()}`;
+}
+
+/** FNV-1a of the JSON text: a stand-in for the engine's content hash. */
+function hashOf(content: JsonValue): string {
+  const text = JSON.stringify(content);
+  let h = 0x811c9dc5;
+  for (let i = 0; i < text.length; i++) {
+    h ^= text.charCodeAt(i);
+    h = Math.imul(h, 0x01000193) >>> 0;
+  }
+  return h.toString(16).padStart(8, "0");
+}
+
+function snapshot<T>(value: T): T {
+  return JSON.parse(JSON.stringify(value)) as T;
+}
+
+function ids(list: readonly { id: string }[]): string[] {
+  return list.map((r) => r.id);
+}
+
+function keys(list: readonly { key: string }[]): string[] {
+  return list.map((e) => e.key);
+}
+
+/** JSON values that every backend must store and return unchanged. */
+function tricky(): JsonValue {
+  return {
+    text: "héllo wörld — ünïcödé ✓ 你好 世界 مرحبا שלום 🎉👨‍👩‍👧‍👦 e\u0301",
+    empty: "",
+    quotes: "\"'`\\ \\n not a newline, a real one:\n\ttab\r\n",
+    numbers: [0, 1, -1, 42.5, 0.1, -1234567.875, 9007199254740991, 1e21, 1e-7],
+    bools: [true, false],
+    nothing: null,
+    emptyArray: [],
+    emptyObject: {},
+    "": "empty key",
+    "ключ ✓": { nested: { deeper: [1, [2, [3, { four: "4" }]], { five: null }] } },
+    list: [{ a: 1 }, { b: [] }, "x", null, false],
+  };
+}
+
+/** About 100 KB of JSON. */
+function large(): JsonValue {
+  const rows: JsonValue[] = [];
+  for (let i = 0; i < 500; i++) {
+    rows.push({ i, text: `row ${i} ✓ ${"x".repeat(100)}`, flag: i % 2 === 0, nested: { n: i * 1.5 } });
+  }
+  return { blob: "ab€🎉".repeat(10_000), rows };
+}
+
+async function expectStale(expect: Expect, run: () => Promise<unknown>, what: string): Promise<void> {
+  let error: unknown = undefined;
+  try {
+    await run();
+  } catch (e) {
+    error = e;
+  }
+  expect(error instanceof StaleLeaseError, `${what}: expected a StaleLeaseError, got ${String(error)}`).toBe(true);
+}
+
+/**
+ * Registers the backend journal-contract tests (inbox and outbox of
+ * {@link DurabilityBackend}) with the given test runner. Each test creates a
+ * fresh backend (`create()`, then `open()` when present) and closes it
+ * afterwards (`close()`, then `cleanup`). The whole suite takes about two
+ * seconds at `timeScale` 1.
+ *
+ * @example
+ * ```ts
+ * import { describe, expect, test } from "bun:test";
+ * import { runBackendContract } from "@botmesh/durable/testing";
+ * import { MemoryDurability } from "@botmesh/durable";
+ *
+ * runBackendContract({
+ *   name: "memory",
+ *   create: () => new MemoryDurability(),
+ *   harness: { describe, test, expect },
+ * });
+ * ```
+ *
+ * @example
+ * ```ts
+ * // A backend on a server that may be absent:
+ * runBackendContract({
+ *   name: "postgres",
+ *   create: () => new PostgresDurability({ url, schema: `t_${crypto.randomUUID().slice(0, 8)}` }),
+ *   cleanup: (b) => dropSchema(b),
+ *   harness: { describe, test, expect },
+ *   skip: url ? false : "DATABASE_URL is not set",
+ *   timeScale: 2,
+ * });
+ * ```
+ */
+export function runBackendContract(options: BackendConformanceOptions): void {
+  const { describe, test, expect } = options.harness;
+  const title = `durability backend contract: ${options.name}`;
+  if (options.skip) {
+    const reason = options.skip;
+    console.warn(`[conformance] ${title} skipped: ${reason}`);
+    describe(title, () => {
+      (test.skip ?? test)(`skipped: ${reason}`, () => {});
+    });
+    return;
+  }
+
+  const scale = options.timeScale ?? 1;
+  const ms = (n: number): number => Math.max(1, Math.round(n * scale));
+  /** A lease meant to lapse during the test. */
+  const SHORT = ms(40);
+  /** A sleep that outlasts {@link SHORT} by a wide margin. */
+  const LAPSE = ms(100);
+  /** A lease or delay that never lapses during the test. */
+  const LONG = 600_000;
+
+  async function withBackend(run: (b: DurabilityBackend) => Promise<void>): Promise<void> {
+    const b = await options.create();
+    let opened = false;
+    try {
+      if (b.open) await b.open();
+      opened = true;
+      await run(b);
+    } finally {
+      try {
+        if (opened && b.close) await b.close();
+      } finally {
+        if (options.cleanup) await options.cleanup(b);
+      }
+    }
+  }
+
+  const it = (name: string, run: (b: DurabilityBackend) => Promise<void>): void => {
+    test(name, () => withBackend(run));
+  };
+
+  function claimer(owner: string = uid("owner"), leaseMs: number = LONG, incarnation: string = uid("inc")): ClaimOptions {
+    return { owner, incarnation, leaseMs };
+  }
+
+  function inbound(chatId: string, receivedAt: number = 1_700_000_000_000, payload: JsonValue = { text: "hi" }): NewInboundRecord {
+    return { id: uid("in"), kind: "message", chatId, provider: "conformance", payload, receivedAt };
+  }
+
+  function outbound(chatId: string, content: JsonValue = { text: "hello" }, inboundId: string | null = null): NewOutboxEntry {
+    return { key: uid("out"), chatId, content, contentHash: hashOf(content), inboundId };
+  }
+
+  async function mustGetIn(b: DurabilityBackend, id: string): Promise<InboundRecord> {
+    const r = await b.inbox.get(id);
+    if (r === null) throw new Error(`inbox record ${id} is missing`);
+    return r;
+  }
+
+  async function mustGetOut(b: DurabilityBackend, key: string): Promise<OutboxEntry> {
+    const e = await b.outbox.get(key);
+    if (e === null) throw new Error(`outbox entry ${key} is missing`);
+    return e;
+  }
+
+  async function mustClaim(b: DurabilityBackend, id: string, c: ClaimOptions): Promise<InboundRecord> {
+    const r = await b.inbox.claim(id, c);
+    if (r === null) throw new Error(`claim of inbox record ${id} returned null`);
+    return r;
+  }
+
+  async function admitted(b: DurabilityBackend, rec: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord> {
+    const r = await b.inbox.admit(rec, lease);
+    if (r === null) throw new Error(`admit of ${rec.id} returned null`);
+    return r;
+  }
+
+  async function reserved(b: DurabilityBackend, entry: NewOutboxEntry, lease?: ClaimOptions): Promise<OutboxEntry> {
+    return (await b.outbox.reserve(entry, lease)).entry;
+  }
+
+  /** The fencing token of a leased record (throws when it has no lease). */
+  function tokenOf(r: InboundRecord | OutboxEntry): number {
+    if (r.lease === null) throw new Error(`record has no lease (state ${r.state})`);
+    return r.lease.token;
+  }
+
+  /** A `done` inbox record in `chatId`. */
+  async function doneRecord(b: DurabilityBackend, chatId: string, receivedAt?: number): Promise<string> {
+    const r = await admitted(b, inbound(chatId, receivedAt), claimer());
+    await b.inbox.complete(r.id, tokenOf(r));
+    return r.id;
+  }
+
+  /** An entry leased by one incarnation of `owner`, and the `unknown` it becomes when the next incarnation reclaims it. */
+  async function unknownEntry(b: DurabilityBackend, chatId: string): Promise<OutboxEntry> {
+    const owner = uid("owner");
+    const e = await reserved(b, outbound(chatId), claimer(owner));
+    const claim = await b.outbox.claimDue({ ...claimer(owner), reclaimOwn: true, limit: 100 });
+    expect(keys(claim.ambiguous), "reclaimOwn resolves the previous incarnation's send").toEqual([e.key]);
+    return mustGetOut(b, e.key);
+  }
+
+  describe(title, () => {
+    test("has a name, a scope and both journals", async () => {
+      await withBackend(async (b) => {
+        expect(typeof b.name === "string" && b.name.length > 0, "name").toBe(true);
+        expect(["process", "host", "shared"].includes(b.scope), `scope ${String(b.scope)}`).toBe(true);
+        expect(typeof b.inbox.admit, "inbox").toBe("function");
+        expect(typeof b.outbox.reserve, "outbox").toBe("function");
+      });
+    });
+
+    describe("inbox", () => {
+      it("admit without a lease journals a pending record", async (b) => {
+        const input = inbound(uid("chat"), 1_700_000_000_123, { text: "hello", n: [1, 2] });
+        const r = await admitted(b, { ...input, kind: "interaction" });
+        expect(r.id).toBe(input.id);
+        expect(r.kind).toBe("interaction");
+        expect(r.chatId).toBe(input.chatId);
+        expect(r.provider).toBe("conformance");
+        expect(r.payload).toEqual({ text: "hello", n: [1, 2] });
+        expect(r.receivedAt).toBe(1_700_000_000_123);
+        expect(r.state).toBe("pending");
+        expect(r.attempts).toBe(0);
+        expect(r.fence).toBe(0);
+        expect(r.lease).toBe(null);
+        expect(r.nextAttemptAt).toBe(null);
+        expect(r.error).toBe(null);
+        expect(typeof r.updatedAt).toBe("number");
+        expect(await b.inbox.get(input.id), "get returns what admit returned").toEqual(r);
+        expect(await b.inbox.get(uid("in")), "get of an unknown id").toBe(null);
+      });
+
+      it("admit with a lease journals a processing record with token 1", async (b) => {
+        const c = claimer("owner-a", ms(5_000), "inc-a");
+        const r = await admitted(b, inbound(uid("chat")), c);
+        expect(r.state).toBe("processing");
+        expect(r.attempts).toBe(1);
+        expect(r.fence).toBe(1);
+        expect(r.lease?.owner).toBe("owner-a");
+        expect(r.lease?.incarnation).toBe("inc-a");
+        expect(r.lease?.token).toBe(1);
+        const expiresIn = (r.lease?.expiresAt ?? 0) - r.updatedAt;
+        expect(expiresIn, "lease.expiresAt - updatedAt ≈ leaseMs").toBeGreaterThanOrEqual(ms(5_000) - 1);
+        expect(expiresIn, "lease.expiresAt - updatedAt ≈ leaseMs").toBeLessThanOrEqual(ms(5_000) + 1_000);
+        expect(await b.inbox.get(r.id)).toEqual(r);
+        expect(await b.inbox.claim(r.id, claimer()), "another owner cannot claim a leased record").toBe(null);
+      });
+
+      it("admit of a known id returns null and changes nothing", async (b) => {
+        const input = inbound(uid("chat"));
+        const first = await admitted(b, input, claimer("owner-a"));
+        expect(await b.inbox.admit({ ...input, payload: { other: true }, receivedAt: 1 }), "duplicate").toBe(null);
+        expect(await b.inbox.admit(input, claimer("owner-b")), "duplicate with a lease").toBe(null);
+        expect(await b.inbox.get(input.id)).toEqual(first);
+
+        const pending = inbound(uid("chat"));
+        const p = await admitted(b, pending);
+        expect(await b.inbox.admit(pending, claimer()), "duplicate of a pending record").toBe(null);
+        expect(await b.inbox.get(pending.id)).toEqual(p);
+      });
+
+      it("concurrent admits of one id: exactly one wins", async (b) => {
+        const input = inbound(uid("chat"));
+        const results = await Promise.all(
+          Array.from({ length: 10 }, (_, i) => b.inbox.admit(input, i % 2 === 0 ? claimer() : undefined)),
+        );
+        expect(results.filter((r) => r !== null).length).toBe(1);
+      });
+
+      it("claim leases a pending record, increments attempts and issues token fence+1", async (b) => {
+        const chat = uid("chat");
+        const r = await admitted(b, inbound(chat));
+        const c = claimer("owner-a", LONG, "inc-a");
+        const claimed = await mustClaim(b, r.id, c);
+        expect(claimed.state).toBe("processing");
+        expect(claimed.attempts).toBe(1);
+        expect(claimed.fence).toBe(1);
+        expect(claimed.lease?.token).toBe(1);
+        expect(claimed.lease?.owner).toBe("owner-a");
+        expect(claimed.lease?.incarnation).toBe("inc-a");
+        expect(claimed.payload).toEqual(r.payload);
+        expect(await b.inbox.get(r.id)).toEqual(claimed);
+        expect(await b.inbox.claim(r.id, claimer()), "a live lease is not taken by another owner").toBe(null);
+        expect(await b.inbox.claim(r.id, claimer("owner-a")), "nor by another incarnation without reclaimOwn").toBe(null);
+        expect(await b.inbox.claim(uid("in"), claimer()), "unknown id").toBe(null);
+        await b.inbox.complete(r.id, 1);
+        expect(await b.inbox.claim(r.id, claimer()), "a done record is not claimable").toBe(null);
+      });
+
+      it("every claim issues a greater token; stale completions throw and change nothing", async (b) => {
+        const owner = uid("owner");
+        const r = await admitted(b, inbound(uid("chat")), claimer(owner));
+        const second = await mustClaim(b, r.id, { ...claimer(owner), reclaimOwn: true });
+        expect(second.fence).toBe(2);
+        expect(second.attempts).toBe(2);
+        const third = await mustClaim(b, r.id, { ...claimer(owner), reclaimOwn: true });
+        expect(third.fence).toBe(3);
+        expect(tokenOf(third)).toBe(3);
+        expect(third.attempts).toBe(3);
+
+        const before = await mustGetIn(b, r.id);
+        for (const stale of [1, 2]) {
+          await expectStale(expect, () => b.inbox.complete(r.id, stale), `complete with token ${stale}`);
+          await expectStale(expect, () => b.inbox.fail(r.id, stale, { error: "x", retryInMs: 0 }), `fail with token ${stale}`);
+          await expectStale(expect, () => b.inbox.fail(r.id, stale, { error: "x", dead: true }), `fail dead with token ${stale}`);
+          expect(await b.inbox.heartbeat(r.id, stale, LONG), `heartbeat with token ${stale}`).toBe(false);
+        }
+        await expectStale(expect, () => b.inbox.complete(r.id, 4), "complete with a token never issued");
+        expect(await b.inbox.get(r.id), "stale operations changed nothing").toEqual(before);
+
+        expect(await b.inbox.heartbeat(r.id, 3, LONG), "heartbeat with the current token").toBe(true);
+        await b.inbox.complete(r.id, 3);
+        const done = await mustGetIn(b, r.id);
+        expect(done.state).toBe("done");
+        expect(done.lease).toBe(null);
+        expect(done.attempts).toBe(3);
+        expect(done.fence).toBe(3);
+      });
+
+      it("stale-token operations on an unknown id do not create it", async (b) => {
+        const id = uid("in");
+        let threw = false;
+        try {
+          await b.inbox.complete(id, 1);
+        } catch {
+          threw = true;
+        }
+        expect(threw, "complete of an unknown id throws").toBe(true);
+        expect(await b.inbox.heartbeat(id, 1, LONG)).toBe(false);
+        expect(await b.inbox.get(id)).toBe(null);
+      });
+
+      it("a completion after the lease lapsed succeeds when nobody retook it", async (b) => {
+        const chat = uid("chat");
+        const a = await admitted(b, inbound(chat), claimer(uid("owner"), SHORT));
+        const f = await admitted(b, inbound(chat), claimer(uid("owner"), SHORT));
+        const h = await admitted(b, inbound(chat), claimer(uid("owner"), SHORT));
+        await sleep(LAPSE);
+        await b.inbox.complete(a.id, 1);
+        expect((await mustGetIn(b, a.id)).state).toBe("done");
+        await b.inbox.fail(f.id, 1, { error: "late failure", dead: true });
+        expect((await mustGetIn(b, f.id)).state).toBe("dead");
+        expect(await b.inbox.heartbeat(h.id, 1, LONG), "a late heartbeat keeps an untaken lease").toBe(true);
+        expect(await b.inbox.claim(h.id, claimer()), "… and extends it").toBe(null);
+      });
+
+      it("a lapsed lease is taken over by another owner, not before", async (b) => {
+        const chat = uid("chat");
+        const a = claimer("owner-a", SHORT, "inc-a");
+        const short = await admitted(b, inbound(chat, 1_000), a);
+        const long = await admitted(b, inbound(chat, 2_000), { ...a, leaseMs: LONG });
+        const heartbeated = await admitted(b, inbound(chat, 3_000), a);
+        expect(await b.inbox.heartbeat(heartbeated.id, 1, LONG), "heartbeat with the current token").toBe(true);
+        const extended = await mustGetIn(b, heartbeated.id);
+        expect(extended.lease?.expiresAt ?? 0, "heartbeat moved expiresAt").toBeGreaterThan(heartbeated.lease?.expiresAt ?? 0);
+        expect(extended.lease?.token, "heartbeat keeps the token").toBe(1);
+
+        const bOwner = claimer("owner-b", LONG, "inc-b");
+        expect(ids(await b.inbox.claimDue({ ...bOwner, limit: 100 })).includes(long.id), "a live lease is not due").toBe(false);
+        expect(await b.inbox.claim(long.id, bOwner)).toBe(null);
+
+        await sleep(LAPSE);
+        const due = await b.inbox.claimDue({ ...bOwner, limit: 100 });
+        expect(ids(due), "only the lapsed lease is due").toEqual([short.id]);
+        const taken = due[0]!;
+        expect(taken.state).toBe("processing");
+        expect(taken.lease?.owner).toBe("owner-b");
+        expect(taken.lease?.incarnation).toBe("inc-b");
+        expect(taken.lease?.token).toBe(2);
+        expect(taken.fence).toBe(2);
+        expect(taken.attempts).toBe(2);
+        expect(await b.inbox.get(short.id)).toEqual(taken);
+
+        await expectStale(expect, () => b.inbox.complete(short.id, 1), "the old owner's completion");
+        expect(await b.inbox.heartbeat(short.id, 1, LONG), "the old owner's heartbeat").toBe(false);
+        expect(await b.inbox.get(short.id)).toEqual(taken);
+        expect(await b.inbox.claim(short.id, claimer()), "the new lease holds").toBe(null);
+        await b.inbox.complete(short.id, 2);
+        expect((await mustGetIn(b, short.id)).state).toBe("done");
+
+        expect((await mustGetIn(b, long.id)).lease?.owner, "the live lease is untouched").toBe("owner-a");
+        expect((await mustGetIn(b, heartbeated.id)).lease?.owner, "the heartbeated lease is untouched").toBe("owner-a");
+      });
+
+      it("reclaimOwn: the next incarnation takes back at once; other owners and the same incarnation cannot", async (b) => {
+        const chat = uid("chat");
+        const old = claimer("owner-o", LONG, "inc-1");
+        const r1 = await admitted(b, inbound(chat, 1_000), old);
+        const r2 = await admitted(b, inbound(chat, 2_000), old);
+        const before1 = await mustGetIn(b, r1.id);
+
+        expect(await b.inbox.claim(r1.id, { ...old, reclaimOwn: true }), "the same incarnation never takes its own").toBe(null);
+        expect(await b.inbox.claim(r1.id, { ...claimer("owner-p"), reclaimOwn: true }), "another owner cannot").toBe(null);
+        expect(await b.inbox.claim(r1.id, claimer("owner-o", LONG, "inc-2")), "not without reclaimOwn").toBe(null);
+        expect(await b.inbox.get(r1.id)).toEqual(before1);
+
+        const dueSame = await b.inbox.claimDue({ ...old, reclaimOwn: true, limit: 100 });
+        const dueOther = await b.inbox.claimDue({ ...claimer("owner-p"), reclaimOwn: true, limit: 100 });
+        expect(ids(dueSame).concat(ids(dueOther)), "claimDue: same incarnation or other owner").toEqual([]);
+
+        const next = claimer("owner-o", LONG, "inc-2");
+        const taken = await mustClaim(b, r1.id, { ...next, reclaimOwn: true });
+        expect(taken.lease?.incarnation).toBe("inc-2");
+        expect(taken.lease?.token).toBe(2);
+        expect(taken.attempts).toBe(2);
+        await expectStale(expect, () => b.inbox.complete(r1.id, 1), "the old incarnation's completion");
+
+        const due = await b.inbox.claimDue({ ...next, reclaimOwn: true, limit: 100 });
+        expect(ids(due), "claimDue reclaims the old incarnation's, not its own").toEqual([r2.id]);
+        expect(due[0]?.lease?.incarnation).toBe("inc-2");
+        expect(due[0]?.lease?.token).toBe(2);
+      });
+
+      it("fail with a retry: failed, not claimable until nextAttemptAt, then claimable", async (b) => {
+        const chat = uid("chat");
+        const retryInMs = ms(100);
+        const r = await admitted(b, inbound(chat, 1_000), claimer());
+        const later = await admitted(b, inbound(chat, 2_000), claimer());
+        await b.inbox.fail(r.id, 1, { error: "boom", retryInMs });
+        await b.inbox.fail(later.id, 1, { error: "later", retryInMs: LONG });
+        const failed = await mustGetIn(b, r.id);
+        expect(failed.state).toBe("failed");
+        expect(failed.error).toBe("boom");
+        expect(failed.lease).toBe(null);
+        expect(failed.attempts).toBe(1);
+        expect(failed.fence).toBe(1);
+        const delay = (failed.nextAttemptAt ?? 0) - failed.updatedAt;
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeGreaterThanOrEqual(retryInMs - 1);
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeLessThanOrEqual(retryInMs + 1_000);
+
+        expect(await b.inbox.claim(r.id, claimer()), "not claimable before nextAttemptAt").toBe(null);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })), "not due before nextAttemptAt").toEqual([]);
+        await sleep(retryInMs + LAPSE);
+        expect(ids(await b.inbox.claimDue({ ...claimer("owner-c"), limit: 100 })), "due after nextAttemptAt").toEqual([r.id]);
+        const again = await mustGetIn(b, r.id);
+        expect(again.state).toBe("processing");
+        expect(again.lease?.owner).toBe("owner-c");
+        expect(again.lease?.token).toBe(2);
+        expect(again.attempts).toBe(2);
+        expect(again.nextAttemptAt).toBe(null);
+        expect((await mustGetIn(b, later.id)).state, "a later retry stays failed").toBe("failed");
+      });
+
+      it("fail dead: dead, never claimable", async (b) => {
+        const r = await admitted(b, inbound(uid("chat")), claimer());
+        await b.inbox.fail(r.id, 1, { error: "permanent", dead: true });
+        const dead = await mustGetIn(b, r.id);
+        expect(dead.state).toBe("dead");
+        expect(dead.error).toBe("permanent");
+        expect(dead.lease).toBe(null);
+        expect(dead.nextAttemptAt).toBe(null);
+        expect(await b.inbox.claim(r.id, claimer())).toBe(null);
+        expect(await b.inbox.claim(r.id, { ...claimer(), reclaimOwn: true })).toBe(null);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 }))).toEqual([]);
+      });
+
+      it("claimDue takes the oldest receivedAt first, at most limit", async (b) => {
+        const chat = uid("chat");
+        const order = [3, 1, 4, 0, 2];
+        const recs: string[] = [];
+        for (const n of order) recs[n] = (await admitted(b, inbound(n % 2 === 0 ? chat : uid("chat"), 1_000 + n))).id;
+        const c = claimer("owner-a", LONG, "inc-a");
+        const first = await b.inbox.claimDue({ ...c, limit: 2 });
+        expect(ids(first)).toEqual([recs[0], recs[1]]);
+        for (const r of first) {
+          expect(r.state).toBe("processing");
+          expect(r.lease?.owner).toBe("owner-a");
+          expect(r.lease?.token).toBe(1);
+          expect(r.attempts).toBe(1);
+        }
+        expect(ids(await b.inbox.claimDue({ ...c, limit: 100 }))).toEqual([recs[2], recs[3], recs[4]]);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })), "nothing left").toEqual([]);
+      });
+
+      it("concurrent claimDue: every due record is leased exactly once", async (b) => {
+        const recs = new Set<string>();
+        for (let i = 0; i < 10; i++) recs.add((await admitted(b, inbound(uid("chat"), 1_000 + i))).id);
+        const results = await Promise.all(
+          Array.from({ length: 20 }, (_, i) => b.inbox.claimDue({ ...claimer(`owner-${i}`), limit: 3 })),
+        );
+        const got = results.flatMap((list) => ids(list));
+        expect(got.length, "no record leased twice").toBe(10);
+        expect(new Set(got).size).toBe(10);
+        expect([...got].sort()).toEqual([...recs].sort());
+        for (let i = 0; i < results.length; i++) {
+          for (const r of results[i]!) {
+            const now = await mustGetIn(b, r.id);
+            expect(now.lease?.owner, "the journal agrees with the winner").toBe(`owner-${i}`);
+            expect(now.fence).toBe(1);
+          }
+        }
+      });
+
+      it("concurrent claims of one record: exactly one wins", async (b) => {
+        const r = await admitted(b, inbound(uid("chat")));
+        const results = await Promise.all(Array.from({ length: 10 }, () => b.inbox.claim(r.id, claimer())));
+        const winners = results.filter((x) => x !== null);
+        expect(winners.length).toBe(1);
+        expect((await mustGetIn(b, r.id)).lease?.owner).toBe(winners[0]?.lease?.owner);
+      });
+
+      it("replay: done, failed and dead become pending with attempts reset; processing is left alone", async (b) => {
+        const chat = uid("chat");
+        const done = await doneRecord(b, chat, 1_000);
+        const dead = await admitted(b, inbound(chat, 2_000), claimer());
+        await b.inbox.fail(dead.id, 1, { error: "dead", dead: true });
+        const failed = await admitted(b, inbound(chat, 3_000), claimer());
+        await b.inbox.fail(failed.id, 1, { error: "retry", retryInMs: LONG });
+        const processing = await admitted(b, inbound(chat, 4_000), claimer());
+
+        for (const id of [done, dead.id, failed.id]) {
+          expect(await b.inbox.replay(id), `replay ${id}`).toBe(true);
+          const r = await mustGetIn(b, id);
+          expect(r.state).toBe("pending");
+          expect(r.attempts).toBe(0);
+          expect(r.lease).toBe(null);
+          expect(r.nextAttemptAt).toBe(null);
+        }
+        expect(await b.inbox.replay(processing.id), "processing").toBe(false);
+        expect(await b.inbox.get(processing.id)).toEqual(processing);
+        expect(await b.inbox.replay(uid("in")), "unknown id").toBe(false);
+
+        const due = await b.inbox.claimDue({ ...claimer(), limit: 100 });
+        expect(ids(due), "replayed records are due").toEqual([done, dead.id, failed.id]);
+        for (const r of due) {
+          expect(r.attempts).toBe(1);
+          expect(tokenOf(r), "tokens keep increasing across a replay").toBe(2);
+        }
+      });
+
+      it("list filters by state, several states, chatId and limit, in receipt order", async (b) => {
+        const chat = uid("chat");
+        const other = uid("chat");
+        const r0 = await doneRecord(b, chat, 1_000);
+        const r1 = await admitted(b, inbound(chat, 2_000), claimer());
+        await b.inbox.fail(r1.id, 1, { error: "dead", dead: true });
+        const r2 = await admitted(b, inbound(chat, 3_000), claimer());
+        const r3 = await admitted(b, inbound(chat, 4_000));
+        const r4 = await admitted(b, inbound(other, 5_000));
+
+        expect(ids(await b.inbox.list({ chatId: chat }))).toEqual([r0, r1.id, r2.id, r3.id]);
+        expect(ids(await b.inbox.list({ chatId: other }))).toEqual([r4.id]);
+        expect(ids(await b.inbox.list({ chatId: chat, state: "done" }))).toEqual([r0]);
+        expect(ids(await b.inbox.list({ chatId: chat, state: ["pending", "dead"] }))).toEqual([r1.id, r3.id]);
+        expect(ids(await b.inbox.list({ chatId: chat, state: ["failed"] }))).toEqual([]);
+        expect(ids(await b.inbox.list({ chatId: chat, limit: 2 }))).toEqual([r0, r1.id]);
+        expect(ids(await b.inbox.list({ chatId: chat, limit: 0 }))).toEqual([]);
+
+        const processing = await b.inbox.list({ state: "processing", limit: 1_000 });
+        expect(processing.every((r) => r.state === "processing"), "state filter").toBe(true);
+        expect(ids(processing).includes(r2.id)).toBe(true);
+        const all = ids(await b.inbox.list({ limit: 1_000 }));
+        for (const id of [r0, r1.id, r2.id, r3.id, r4.id]) expect(all.includes(id), `list() has ${id}`).toBe(true);
+        const listed = (await b.inbox.list({ chatId: chat, state: "processing" }))[0];
+        expect(listed, "list returns whole records").toEqual(r2);
+      });
+
+      it("purge removes done records older than olderThanMs only", async (b) => {
+        const chat = uid("chat");
+        const olderThanMs = ms(60);
+        const oldDone = await doneRecord(b, chat, 1_000);
+        const dead = await admitted(b, inbound(chat, 2_000), claimer());
+        await b.inbox.fail(dead.id, 1, { error: "dead", dead: true });
+        const failed = await admitted(b, inbound(chat, 3_000), claimer());
+        await b.inbox.fail(failed.id, 1, { error: "retry", retryInMs: LONG });
+        const pending = await admitted(b, inbound(chat, 4_000));
+        const processing = await admitted(b, inbound(chat, 5_000), claimer());
+        await sleep(olderThanMs + LAPSE);
+        const recentDone = await doneRecord(b, chat, 6_000);
+
+        expect(await b.inbox.purge(olderThanMs), "purge returns how many it deleted").toBe(1);
+        expect(await b.inbox.get(oldDone), "old done is gone").toBe(null);
+        expect(ids(await b.inbox.list({ chatId: chat }))).toEqual([dead.id, failed.id, pending.id, processing.id, recentDone]);
+        expect(await b.inbox.purge(olderThanMs), "nothing left to purge").toBe(0);
+      });
+
+      it("returned records are copies", async (b) => {
+        const payload = { nested: { value: 1 }, list: [1] };
+        const r = await admitted(b, inbound(uid("chat"), 1_000, payload));
+        const original = snapshot(r);
+        payload.nested.value = 3;
+        const mutate = (x: InboundRecord): void => {
+          x.state = "dead";
+          x.attempts = 99;
+          const p = x.payload as { nested: { value: number }; list: number[] };
+          p.nested.value = 2;
+          p.list.push(2);
+        };
+        mutate(r);
+        mutate(await mustGetIn(b, r.id));
+        for (const x of await b.inbox.list({ chatId: r.chatId })) mutate(x);
+        expect(await b.inbox.get(r.id)).toEqual(original);
+        const claimed = await mustClaim(b, r.id, claimer());
+        const claimedCopy = snapshot(claimed);
+        mutate(claimed);
+        if (claimed.lease) claimed.lease.token = 99;
+        expect(await b.inbox.get(r.id)).toEqual(claimedCopy);
+      });
+
+      it("payloads round-trip: nested JSON, unicode, empty strings, ~100 KB", async (b) => {
+        const chat = uid("chat");
+        const payloads: JsonValue[] = [tricky(), large(), "", "✓", 0, true, null, [], {}];
+        for (let i = 0; i < payloads.length; i++) {
+          const payload = payloads[i]!;
+          const r = await admitted(b, inbound(chat, 1_000 + i, payload));
+          expect(r.payload).toEqual(payload);
+          expect((await mustGetIn(b, r.id)).payload, `payload ${JSON.stringify(payload).slice(0, 40)}`).toEqual(payload);
+        }
+        const claimed = await b.inbox.claimDue({ ...claimer(), limit: 100 });
+        expect(claimed[0]?.payload).toEqual(tricky());
+        expect(claimed[1]?.payload).toEqual(large());
+      });
+    });
+
+    describe("outbox", () => {
+      it("reserve with a lease: leased, sending, token 1", async (b) => {
+        const chat = uid("chat");
+        const input = outbound(chat, { text: "hi" }, "in-1");
+        const res = await b.outbox.reserve(input, claimer("owner-a", ms(5_000), "inc-a"));
+        expect(res.status).toBe("leased");
+        const e = res.entry;
+        expect(e.key).toBe(input.key);
+        expect(e.chatId).toBe(chat);
+        expect(e.content).toEqual({ text: "hi" });
+        expect(e.contentHash).toBe(input.contentHash);
+        expect(e.inboundId).toBe("in-1");
+        expect(e.state).toBe("sending");
+        expect(e.attempts).toBe(1);
+        expect(e.fence).toBe(1);
+        expect(e.lease?.owner).toBe("owner-a");
+        expect(e.lease?.incarnation).toBe("inc-a");
+        expect(e.lease?.token).toBe(1);
+        const expiresIn = (e.lease?.expiresAt ?? 0) - e.updatedAt;
+        expect(expiresIn, "lease.expiresAt - updatedAt ≈ leaseMs").toBeGreaterThanOrEqual(ms(5_000) - 1);
+        expect(expiresIn, "lease.expiresAt - updatedAt ≈ leaseMs").toBeLessThanOrEqual(ms(5_000) + 1_000);
+        expect(e.messageId).toBe(null);
+        expect(e.error).toBe(null);
+        expect(typeof e.seq).toBe("number");
+        expect(typeof e.createdAt).toBe("number");
+        expect(await b.outbox.get(e.key)).toEqual(e);
+        expect(await b.outbox.get(uid("out")), "get of an unknown key").toBe(null);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "a leased entry is not due").toEqual([]);
+      });
+
+      it("reserve without a lease: queued and due now", async (b) => {
+        const res = await b.outbox.reserve(outbound(uid("chat")));
+        expect(res.status).toBe("queued");
+        expect(res.entry.state).toBe("queued");
+        expect(res.entry.attempts).toBe(0);
+        expect(res.entry.fence).toBe(0);
+        expect(res.entry.lease).toBe(null);
+        expect(res.entry.messageId).toBe(null);
+        expect(await b.outbox.get(res.entry.key)).toEqual(res.entry);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-a"), limit: 100 });
+        expect(keys(claim.due)).toEqual([res.entry.key]);
+        expect(claim.ambiguous).toEqual([]);
+        const e = claim.due[0]!;
+        expect(e.state).toBe("sending");
+        expect(e.attempts).toBe(1);
+        expect(e.lease?.owner).toBe("owner-a");
+        expect(e.lease?.token).toBe(1);
+        expect(await b.outbox.get(e.key)).toEqual(e);
+      });
+
+      it("reserve of a known key: exists, nothing changes (also with other content)", async (b) => {
+        const chat = uid("chat");
+        const input = outbound(chat, { text: "first" });
+        const first = await reserved(b, input);
+        const again = await b.outbox.reserve(input, claimer());
+        expect(again.status).toBe("exists");
+        expect(again.entry).toEqual(first);
+        const changed = await b.outbox.reserve({ ...input, content: { text: "second" }, contentHash: hashOf({ text: "second" }) });
+        expect(changed.status).toBe("exists");
+        expect(changed.entry.content, "the journaled content is returned").toEqual({ text: "first" });
+        expect(changed.entry.contentHash).toBe(input.contentHash);
+        expect(await b.outbox.get(input.key)).toEqual(first);
+
+        const sending = await reserved(b, outbound(uid("chat")), claimer());
+        const dup = await b.outbox.reserve({ key: sending.key, chatId: sending.chatId, content: 1, contentHash: "x", inboundId: null });
+        expect(dup.status).toBe("exists");
+        expect(dup.entry).toEqual(sending);
+      });
+
+      it("concurrent reserves of one key: exactly one journals it", async (b) => {
+        const input = outbound(uid("chat"));
+        const results = await Promise.all(Array.from({ length: 10 }, () => b.outbox.reserve(input, claimer())));
+        expect(results.filter((r) => r.status !== "exists").length).toBe(1);
+        expect(results.filter((r) => r.status === "leased").length).toBe(1);
+      });
+
+      it("concurrent reserves in one chat: one leased, the rest queued behind it in seq order", async (b) => {
+        const chat = uid("chat");
+        const results = await Promise.all(Array.from({ length: 6 }, () => b.outbox.reserve(outbound(chat), claimer())));
+        const leased = results.filter((r) => r.status === "leased");
+        expect(leased.length).toBe(1);
+        expect(results.filter((r) => r.status === "queued").length).toBe(5);
+        const seqs = results.map((r) => r.entry.seq);
+        expect(new Set(seqs).size, "distinct seq").toBe(6);
+        expect(leased[0]!.entry.seq, "the leased one is the earliest").toBe(Math.min(...seqs));
+        const listed = await b.outbox.list({ chatId: chat });
+        expect(listed.map((e) => e.seq), "list in seq order").toEqual([...seqs].sort((x, y) => x - y));
+      });
+
+      it("per-chat order: a later send waits behind a sending or queued one", async (b) => {
+        const chat = uid("chat");
+        const other = uid("chat");
+        const a = await b.outbox.reserve(outbound(chat, { n: 1 }), claimer());
+        expect(a.status).toBe("leased");
+        const second = await b.outbox.reserve(outbound(chat, { n: 2 }), claimer());
+        expect(second.status, "behind a sending entry").toBe("queued");
+        expect(second.entry.state).toBe("queued");
+        expect(second.entry.lease).toBe(null);
+        expect(second.entry.seq).toBeGreaterThan(a.entry.seq);
+        const otherChat = await b.outbox.reserve(outbound(other), claimer());
+        expect(otherChat.status, "other chats are not blocked").toBe("leased");
+        const third = await b.outbox.reserve(outbound(chat, { n: 3 }), claimer());
+        expect(third.status, "behind a sending and a queued entry").toBe("queued");
+
+        const freeChat = uid("chat");
+        const free = await reserved(b, outbound(freeChat));
+        const claim1 = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect(keys(claim1.due), "only the other chat's entry is due").toEqual([free.key]);
+
+        await b.outbox.markSent(a.entry.key, 1, "m-1");
+        const claim2 = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim2.due), "after the first is sent the second is due, not the third").toEqual([second.entry.key]);
+        expect(claim2.due[0]!.lease?.token).toBe(1);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([]);
+        await b.outbox.markSent(second.entry.key, 1, "m-2");
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([third.entry.key]);
+      });
+
+      it("per-chat order: a queued entry blocks, the first queued is due first", async (b) => {
+        const chat = uid("chat");
+        const a = await reserved(b, outbound(chat, { n: 1 }));
+        const second = await b.outbox.reserve(outbound(chat, { n: 2 }), claimer());
+        expect(second.status, "behind a queued entry").toBe("queued");
+        const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect(keys(claim.due)).toEqual([a.key]);
+        expect((await mustGetOut(b, second.entry.key)).state).toBe("queued");
+      });
+
+      it("per-chat order: a failed entry blocks; dead and unknown entries do not", async (b) => {
+        const failedChat = uid("chat");
+        const f = await reserved(b, outbound(failedChat), claimer());
+        await b.outbox.markFailed(f.key, 1, { error: "retry later", retryInMs: LONG });
+        const behindFailed = await b.outbox.reserve(outbound(failedChat), claimer());
+        expect(behindFailed.status, "behind a failed entry").toBe("queued");
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "nothing due in that chat").toEqual([]);
+
+        const deadChat = uid("chat");
+        const d = await reserved(b, outbound(deadChat), claimer());
+        const queuedBehindDead = await reserved(b, outbound(deadChat));
+        await b.outbox.markFailed(d.key, 1, { error: "permanent", dead: true });
+        expect((await b.outbox.reserve(outbound(deadChat), claimer())).status, "still behind the queued entry").toBe("queued");
+        const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect(keys(claim.due), "a dead entry does not block claimDue").toEqual([queuedBehindDead.key]);
+
+        const unknownChat = uid("chat");
+        await unknownEntry(b, unknownChat);
+        expect((await b.outbox.reserve(outbound(unknownChat), claimer())).status, "an unknown entry does not block").toBe("leased");
+
+        const unknownChat2 = uid("chat");
+        await unknownEntry(b, unknownChat2);
+        const q = await reserved(b, outbound(unknownChat2));
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "nor claimDue").toEqual([q.key]);
+
+        const deadChat2 = uid("chat");
+        const d2 = await reserved(b, outbound(deadChat2), claimer());
+        await b.outbox.markFailed(d2.key, 1, { error: "permanent", dead: true });
+        expect((await b.outbox.reserve(outbound(deadChat2), claimer())).status, "reserve after a dead entry").toBe("leased");
+      });
+
+      it("markSent stores the messageId; stale tokens throw and change nothing", async (b) => {
+        const owner = uid("owner");
+        const e = await reserved(b, outbound(uid("chat")), claimer(owner));
+        const claim = await b.outbox.claimDue({ ...claimer(owner), reclaimOwn: true, resendAmbiguous: true, limit: 100 });
+        expect(keys(claim.ambiguous)).toEqual([e.key]);
+        expect(keys(claim.due)).toEqual([e.key]);
+        const retaken = claim.due[0]!;
+        expect(retaken.lease?.token, "a new token").toBe(2);
+        expect(retaken.fence).toBe(2);
+        expect(retaken.attempts).toBe(2);
+
+        const before = await mustGetOut(b, e.key);
+        await expectStale(expect, () => b.outbox.markSent(e.key, 1, "stale"), "markSent with token 1");
+        await expectStale(expect, () => b.outbox.markFailed(e.key, 1, { error: "x", retryInMs: 0 }), "markFailed with token 1");
+        await expectStale(expect, () => b.outbox.markFailed(e.key, 1, { error: "x", dead: true }), "markFailed dead with token 1");
+        await expectStale(expect, () => b.outbox.markSent(e.key, 3, "never issued"), "markSent with token 3");
+        expect(await b.outbox.heartbeat(e.key, 1, LONG), "heartbeat with token 1").toBe(false);
+        expect(await b.outbox.get(e.key), "stale operations changed nothing").toEqual(before);
+
+        expect(await b.outbox.heartbeat(e.key, 2, LONG)).toBe(true);
+        await b.outbox.markSent(e.key, 2, "provider-message-1");
+        const sent = await mustGetOut(b, e.key);
+        expect(sent.state).toBe("sent");
+        expect(sent.messageId).toBe("provider-message-1");
+        expect(sent.lease).toBe(null);
+        expect(sent.attempts).toBe(2);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([]);
+      });
+
+      it("a markSent after the lease lapsed succeeds when nobody retook it", async (b) => {
+        const s = await reserved(b, outbound(uid("chat")), claimer(uid("owner"), SHORT));
+        const f = await reserved(b, outbound(uid("chat")), claimer(uid("owner"), SHORT));
+        const h = await reserved(b, outbound(uid("chat")), claimer(uid("owner"), SHORT));
+        await sleep(LAPSE);
+        await b.outbox.markSent(s.key, 1, "late");
+        const sent = await mustGetOut(b, s.key);
+        expect(sent.state).toBe("sent");
+        expect(sent.messageId).toBe("late");
+        await b.outbox.markFailed(f.key, 1, { error: "late", dead: true });
+        expect((await mustGetOut(b, f.key)).state).toBe("dead");
+        expect(await b.outbox.heartbeat(h.key, 1, LONG), "a late heartbeat keeps an untaken lease").toBe(true);
+        const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect(keys(claim.ambiguous).concat(keys(claim.due)), "… and extends it").toEqual([]);
+      });
+
+      it("markFailed with a retry: failed, due after retryInMs", async (b) => {
+        const chat = uid("chat");
+        const retryInMs = ms(100);
+        const e = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markFailed(e.key, 1, { error: "429", retryInMs });
+        const failed = await mustGetOut(b, e.key);
+        expect(failed.state).toBe("failed");
+        expect(failed.error).toBe("429");
+        expect(failed.lease).toBe(null);
+        expect(failed.attempts).toBe(1);
+        const delay = (failed.nextAttemptAt ?? 0) - failed.updatedAt;
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeGreaterThanOrEqual(retryInMs - 1);
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeLessThanOrEqual(retryInMs + 1_000);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "not due yet").toEqual([]);
+        await sleep(retryInMs + LAPSE);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim.due)).toEqual([e.key]);
+        const retried = claim.due[0]!;
+        expect(retried.state).toBe("sending");
+        expect(retried.lease?.owner).toBe("owner-b");
+        expect(retried.lease?.token).toBe(2);
+        expect(retried.attempts).toBe(2);
+        expect(retried.content).toEqual(e.content);
+      });
+
+      it("markFailed dead: dead, never due", async (b) => {
+        const e = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(e.key, 1, { error: "invalid recipient", dead: true });
+        const dead = await mustGetOut(b, e.key);
+        expect(dead.state).toBe("dead");
+        expect(dead.error).toBe("invalid recipient");
+        expect(dead.lease).toBe(null);
+        expect(dead.messageId).toBe(null);
+        const claim = await b.outbox.claimDue({ ...claimer(), reclaimOwn: true, resendAmbiguous: true, limit: 100 });
+        expect(keys(claim.due).concat(keys(claim.ambiguous))).toEqual([]);
+      });
+
+      it("a lapsed send becomes unknown, reported in ambiguous exactly once", async (b) => {
+        const chat = uid("chat");
+        const a = claimer("owner-a", SHORT, "inc-a");
+        const lapsed = await reserved(b, outbound(chat, { n: 1 }), a);
+        const behind = await reserved(b, outbound(chat, { n: 2 }));
+        const live = await reserved(b, outbound(uid("chat")), { ...a, leaseMs: LONG });
+        await sleep(LAPSE);
+        const first = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(first.ambiguous)).toEqual([lapsed.key]);
+        const reported = first.ambiguous[0]!;
+        expect(reported.state).toBe("unknown");
+        expect(reported.lease).toBe(null);
+        expect(reported.attempts).toBe(1);
+        expect(keys(first.due).includes(lapsed.key), "an unknown entry is not re-sent").toBe(false);
+        const unknown = await mustGetOut(b, lapsed.key);
+        expect(unknown.state).toBe("unknown");
+        expect(unknown.lease).toBe(null);
+        expect(unknown.messageId).toBe(null);
+
+        const second = await b.outbox.claimDue({ ...claimer("owner-c"), limit: 100 });
+        expect(second.ambiguous, "the second claimer sees nothing").toEqual([]);
+        expect(keys(first.due).concat(keys(second.due)), "the entry behind it becomes due once").toEqual([behind.key]);
+        expect(await b.outbox.heartbeat(lapsed.key, 1, LONG), "the lost sender's heartbeat").toBe(false);
+        expect((await mustGetOut(b, lapsed.key)).state).toBe("unknown");
+        expect((await mustGetOut(b, live.key)).state, "the live lease is untouched").toBe("sending");
+      });
+
+      it("concurrent claimers report an ambiguous send exactly once", async (b) => {
+        const lapsed = await reserved(b, outbound(uid("chat")), claimer(uid("owner"), SHORT));
+        await sleep(LAPSE);
+        const results = await Promise.all(
+          Array.from({ length: 8 }, () => b.outbox.claimDue({ ...claimer(), limit: 100 })),
+        );
+        expect(results.flatMap((r) => keys(r.ambiguous))).toEqual([lapsed.key]);
+        expect(results.flatMap((r) => keys(r.due))).toEqual([]);
+      });
+
+      it("resendAmbiguous re-leases a lapsed send with a new token", async (b) => {
+        const chat = uid("chat");
+        const lapsed = await reserved(b, outbound(chat, { n: 1 }), claimer("owner-a", SHORT));
+        const behind = await reserved(b, outbound(chat, { n: 2 }));
+        await sleep(LAPSE);
+        const first = await b.outbox.claimDue({ ...claimer("owner-b", LONG, "inc-b"), resendAmbiguous: true, limit: 100 });
+        expect(keys(first.ambiguous)).toEqual([lapsed.key]);
+        expect(keys(first.due), "re-leased, and still ahead of its chat").toEqual([lapsed.key]);
+        for (const e of [first.due[0]!, first.ambiguous[0]!, await mustGetOut(b, lapsed.key)]) {
+          expect(e.state).toBe("sending");
+          expect(e.lease?.owner).toBe("owner-b");
+          expect(e.lease?.incarnation).toBe("inc-b");
+          expect(e.lease?.token).toBe(2);
+          expect(e.fence).toBe(2);
+          expect(e.attempts).toBe(2);
+        }
+        const second = await b.outbox.claimDue({ ...claimer("owner-c"), resendAmbiguous: true, limit: 100 });
+        expect(keys(second.ambiguous).concat(keys(second.due)), "the second claimer sees nothing").toEqual([]);
+        await expectStale(expect, () => b.outbox.markSent(lapsed.key, 1, "old"), "the lost sender's markSent");
+        await b.outbox.markSent(lapsed.key, 2, "new");
+        expect((await mustGetOut(b, lapsed.key)).messageId).toBe("new");
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([behind.key]);
+      });
+
+      it("reclaimOwn: the previous incarnation's send is unknown at once; the current one's and other owners' are untouched", async (b) => {
+        const old = claimer("owner-o", LONG, "inc-1");
+        const current = claimer("owner-o", LONG, "inc-2");
+        const previous = await reserved(b, outbound(uid("chat")), old);
+        const mine = await reserved(b, outbound(uid("chat")), current);
+        const others = await reserved(b, outbound(uid("chat")), claimer("owner-p", LONG));
+
+        const without = await b.outbox.claimDue({ ...current, limit: 100 });
+        expect(keys(without.ambiguous), "nothing without reclaimOwn").toEqual([]);
+        const otherOwner = await b.outbox.claimDue({ ...claimer("owner-q"), reclaimOwn: true, limit: 100 });
+        expect(keys(otherOwner.ambiguous), "another owner cannot").toEqual([]);
+
+        const claim = await b.outbox.claimDue({ ...current, reclaimOwn: true, limit: 100 });
+        expect(keys(claim.ambiguous)).toEqual([previous.key]);
+        expect(claim.due).toEqual([]);
+        expect((await mustGetOut(b, previous.key)).state).toBe("unknown");
+        expect(await b.outbox.get(mine.key), "never its own in-flight sends").toEqual(mine);
+        expect(await b.outbox.get(others.key), "another owner's send").toEqual(others);
+      });
+
+      it("retry: dead, failed and unknown become queued and due now with attempts reset", async (b) => {
+        const dead = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(dead.key, 1, { error: "dead", dead: true });
+        const failed = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(failed.key, 1, { error: "later", retryInMs: LONG });
+        const unknown = await unknownEntry(b, uid("chat"));
+        const sent = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markSent(sent.key, 1, "m");
+        const sending = await reserved(b, outbound(uid("chat")), claimer());
+
+        for (const key of [dead.key, failed.key, unknown.key]) {
+          expect(await b.outbox.retry(key), `retry ${key}`).toBe(true);
+          const e = await mustGetOut(b, key);
+          expect(e.state).toBe("queued");
+          expect(e.attempts).toBe(0);
+          expect(e.lease).toBe(null);
+        }
+        expect(await b.outbox.retry(sent.key), "sent").toBe(false);
+        expect(await b.outbox.retry(sending.key), "sending").toBe(false);
+        expect(await b.outbox.get(sending.key)).toEqual(sending);
+        expect(await b.outbox.retry(uid("out")), "unknown key").toBe(false);
+
+        const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect(keys(claim.due).sort(), "due now").toEqual([dead.key, failed.key, unknown.key].sort());
+        for (const e of claim.due) {
+          expect(e.attempts).toBe(1);
+          expect(tokenOf(e), "tokens keep increasing across a retry").toBe(2);
+        }
+      });
+
+      it("discard forgets an entry that is not sending, and unblocks its chat", async (b) => {
+        const chat = uid("chat");
+        const failed = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markFailed(failed.key, 1, { error: "later", retryInMs: LONG });
+        const behind = await reserved(b, outbound(chat));
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([]);
+        expect(await b.outbox.discard(failed.key)).toBe(true);
+        expect(await b.outbox.get(failed.key)).toBe(null);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "the chat is unblocked").toEqual([behind.key]);
+
+        const sending = await reserved(b, outbound(uid("chat")), claimer());
+        expect(await b.outbox.discard(sending.key), "a sending entry").toBe(false);
+        expect(await b.outbox.get(sending.key)).toEqual(sending);
+        const queued = await reserved(b, outbound(uid("chat")));
+        expect(await b.outbox.discard(queued.key)).toBe(true);
+        const dead = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(dead.key, 1, { error: "dead", dead: true });
+        expect(await b.outbox.discard(dead.key)).toBe(true);
+        const unknown = await unknownEntry(b, uid("chat"));
+        expect(await b.outbox.discard(unknown.key)).toBe(true);
+        for (const key of [queued.key, dead.key, unknown.key]) expect(await b.outbox.get(key)).toBe(null);
+        expect(await b.outbox.discard(uid("out")), "unknown key").toBe(false);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "discarded entries are not due").toEqual([]);
+      });
+
+      it("purge removes sent entries older than olderThanMs only", async (b) => {
+        const chat = uid("chat");
+        const olderThanMs = ms(60);
+        const oldSent = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markSent(oldSent.key, 1, "m-old");
+        const unknown = await unknownEntry(b, uid("chat"));
+        const dead = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markFailed(dead.key, 1, { error: "dead", dead: true });
+        const failed = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markFailed(failed.key, 1, { error: "later", retryInMs: LONG });
+        const queued = await reserved(b, outbound(chat));
+        const sending = await reserved(b, outbound(uid("chat")), claimer());
+        await sleep(olderThanMs + LAPSE);
+        const recent = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markSent(recent.key, 1, "m-new");
+
+        expect(await b.outbox.purge(olderThanMs), "purge returns how many it deleted").toBe(1);
+        expect(await b.outbox.get(oldSent.key), "old sent is gone").toBe(null);
+        for (const key of [dead.key, failed.key, queued.key, unknown.key, sending.key, recent.key]) {
+          expect(await b.outbox.get(key) !== null, `${key} is kept`).toBe(true);
+        }
+        expect(await b.outbox.purge(olderThanMs), "nothing left to purge").toBe(0);
+      });
+
+      it("list filters by state, several states, chatId and limit, in seq order", async (b) => {
+        const chat = uid("chat");
+        const other = uid("chat");
+        const e0 = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markSent(e0.key, 1, "m0");
+        const e1 = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markFailed(e1.key, 1, { error: "dead", dead: true });
+        const e2 = await reserved(b, outbound(chat), claimer());
+        const e3 = await reserved(b, outbound(chat));
+        const e4 = await reserved(b, outbound(other));
+        expect(e2.state).toBe("sending");
+        expect(e3.state).toBe("queued");
+
+        const listed = await b.outbox.list({ chatId: chat });
+        expect(keys(listed)).toEqual([e0.key, e1.key, e2.key, e3.key]);
+        for (let i = 1; i < listed.length; i++) expect(listed[i]!.seq).toBeGreaterThan(listed[i - 1]!.seq);
+        expect(keys(await b.outbox.list({ chatId: other }))).toEqual([e4.key]);
+        expect(keys(await b.outbox.list({ chatId: chat, state: "sent" }))).toEqual([e0.key]);
+        expect((await b.outbox.list({ chatId: chat, state: "sent" }))[0]?.messageId).toBe("m0");
+        expect(keys(await b.outbox.list({ chatId: chat, state: ["queued", "dead"] }))).toEqual([e1.key, e3.key]);
+        expect(keys(await b.outbox.list({ chatId: chat, state: ["unknown"] }))).toEqual([]);
+        expect(keys(await b.outbox.list({ chatId: chat, limit: 2 }))).toEqual([e0.key, e1.key]);
+        expect(keys(await b.outbox.list({ chatId: chat, limit: 0 }))).toEqual([]);
+
+        const queued = await b.outbox.list({ state: "queued", limit: 1_000 });
+        expect(queued.every((e) => e.state === "queued"), "state filter").toBe(true);
+        const queuedKeys = keys(queued);
+        expect(queuedKeys.includes(e3.key) && queuedKeys.includes(e4.key)).toBe(true);
+        const all = keys(await b.outbox.list({ limit: 1_000 }));
+        for (const key of [e0.key, e1.key, e2.key, e3.key, e4.key]) expect(all.includes(key), `list() has ${key}`).toBe(true);
+        expect(all.indexOf(e3.key), "reservation order across chats").toBeLessThan(all.indexOf(e4.key));
+        expect((await b.outbox.list({ chatId: chat, state: "sending" }))[0], "list returns whole entries").toEqual(e2);
+      });
+
+      it("returned entries are copies", async (b) => {
+        const content = { nested: { value: 1 }, list: [1] };
+        const res = await b.outbox.reserve(outbound(uid("chat"), content));
+        const original = snapshot(res.entry);
+        const mutate = (e: OutboxEntry): void => {
+          e.state = "dead";
+          e.seq = -1;
+          const c = e.content as { nested: { value: number }; list: number[] };
+          c.nested.value = 2;
+          c.list.push(2);
+        };
+        mutate(res.entry);
+        mutate(await mustGetOut(b, original.key));
+        for (const e of await b.outbox.list({ chatId: original.chatId })) mutate(e);
+        mutate((await b.outbox.reserve(outbound(original.chatId, { nested: { value: 1 }, list: [1] }))).entry);
+        const dup = await b.outbox.reserve({ ...outbound(original.chatId, { nested: { value: 1 }, list: [] }), key: original.key });
+        mutate(dup.entry);
+        expect(await b.outbox.get(original.key)).toEqual(original);
+        content.nested.value = 3;
+        expect(await b.outbox.get(original.key), "the caller's input is copied too").toEqual(original);
+
+        const claim = await b.outbox.claimDue({ ...claimer(), limit: 1 });
+        const claimed = claim.due[0]!;
+        const claimedCopy = snapshot(claimed);
+        mutate(claimed);
+        if (claimed.lease) claimed.lease.token = 99;
+        expect(await b.outbox.get(original.key)).toEqual(claimedCopy);
+      });
+
+      it("content round-trips: nested JSON, unicode, empty strings, ~100 KB", async (b) => {
+        for (const content of [tricky(), large(), "", "✓", 0, false, null, [], {}] as JsonValue[]) {
+          const input = outbound(uid("chat"), content);
+          const res = await b.outbox.reserve(input);
+          expect(res.entry.content).toEqual(content);
+          const got = await mustGetOut(b, input.key);
+          expect(got.content, `content ${JSON.stringify(content).slice(0, 40)}`).toEqual(content);
+          expect(got.contentHash).toBe(input.contentHash);
+        }
+        const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect(claim.due.length).toBe(9);
+        expect(claim.due.some((e) => JSON.stringify(e.content) === JSON.stringify(large()))).toBe(true);
+      });
+
+      it("concurrent claimDue: every due entry is leased exactly once", async (b) => {
+        const want = new Set<string>();
+        for (let i = 0; i < 10; i++) want.add((await reserved(b, outbound(uid("chat")))).key);
+        const results = await Promise.all(
+          Array.from({ length: 20 }, (_, i) => b.outbox.claimDue({ ...claimer(`owner-${i}`), limit: 3 })),
+        );
+        const got = results.flatMap((r) => keys(r.due));
+        expect(got.length, "no entry leased twice").toBe(10);
+        expect(new Set(got).size).toBe(10);
+        expect([...got].sort()).toEqual([...want].sort());
+        for (let i = 0; i < results.length; i++) {
+          for (const e of results[i]!.due) {
+            const now = await mustGetOut(b, e.key);
+            expect(now.lease?.owner, "the journal agrees with the winner").toBe(`owner-${i}`);
+            expect(now.fence).toBe(1);
+          }
+        }
+      });
+
+      it("concurrent claimDue on one chat leases only its first entry", async (b) => {
+        const chat = uid("chat");
+        const first = await reserved(b, outbound(chat));
+        for (let i = 0; i < 4; i++) await reserved(b, outbound(chat));
+        const results = await Promise.all(
+          Array.from({ length: 10 }, () => b.outbox.claimDue({ ...claimer(), limit: 5 })),
+        );
+        expect(results.flatMap((r) => keys(r.due))).toEqual([first.key]);
+      });
+    });
+  });
+}

@@ -1,0 +1,229 @@
+/**
+ * The crash harness: a backend wrapper that "kills the process" at a chosen
+ * journal step, and a provider that dies with it.
+ *
+ * @module
+ */
+import type { DurabilityBackend, InboxJournal, OutboxJournal } from "../backend.ts";
+import { PROCESS_DEATH } from "../errors.ts";
+import type { InboundSink, OutboundContent, Provider, SendContext, SendReceipt } from "../provider.ts";
+import { MockProvider, type MockInbound, type SentMessage } from "./mock_provider.ts";
+import type { AdmitResult } from "../provider.ts";
+
+/** Every step at which the harness can crash. */
+export const CRASH_POINTS = [
+  "inbox.admit",
+  "inbox.claim",
+  "inbox.heartbeat",
+  "inbox.complete",
+  "inbox.fail",
+  "inbox.replay",
+  "inbox.purge",
+  "outbox.reserve",
+  "outbox.claim",
+  "outbox.heartbeat",
+  "provider.send",
+  "outbox.markSent",
+  "outbox.markFailed",
+  "outbox.retry",
+  "outbox.discard",
+  "outbox.purge",
+] as const;
+
+/** A step at which the harness can crash. */
+export type CrashPoint = (typeof CRASH_POINTS)[number];
+
+/** What every operation throws once the simulated process has died. */
+export class SimulatedCrash extends Error {
+  readonly [PROCESS_DEATH] = true;
+  readonly point: CrashPoint | undefined;
+  constructor(point: CrashPoint | undefined, when: "before" | "after" | "dead") {
+    super(
+      when === "dead"
+        ? `The process died earlier (at "${point}"); nothing it does takes effect`
+        : `Simulated crash ${when} "${point}"`,
+    );
+    this.name = "SimulatedCrash";
+    this.point = point;
+  }
+}
+
+const INBOX_POINTS: Record<keyof InboxJournal, CrashPoint | null> = {
+  admit: "inbox.admit",
+  claim: "inbox.claim",
+  claimDue: "inbox.claim",
+  heartbeat: "inbox.heartbeat",
+  complete: "inbox.complete",
+  fail: "inbox.fail",
+  replay: "inbox.replay",
+  purge: "inbox.purge",
+  get: null,
+  list: null,
+};
+
+const OUTBOX_POINTS: Record<keyof OutboxJournal, CrashPoint | null> = {
+  reserve: "outbox.reserve",
+  claimDue: "outbox.claim",
+  heartbeat: "outbox.heartbeat",
+  markSent: "outbox.markSent",
+  markFailed: "outbox.markFailed",
+  retry: "outbox.retry",
+  discard: "outbox.discard",
+  purge: "outbox.purge",
+  get: null,
+  list: null,
+};
+
+/** When to crash: at the `at`-th call of the point from now on (default 1). */
+export interface CrashOptions {
+  at?: number;
+}
+
+/** A backend that can be made to crash; see {@link crashable}. */
+export interface CrashableBackend extends DurabilityBackend {
+  /** Die just before the `at`-th call of `point` (it never takes effect). */
+  crashBefore(point: CrashPoint, options?: CrashOptions): void;
+  /** Die just after the `at`-th call of `point` took effect (its result is never seen). */
+  crashAfter(point: CrashPoint, options?: CrashOptions): void;
+  /** Whether the simulated process died. */
+  readonly crashed: boolean;
+  /** Where it died. */
+  readonly crashedAt: CrashPoint | undefined;
+  /** How often each point was reached. */
+  readonly hits: Readonly<Record<string, number>>;
+  /** Run `fn` as the step `point` (used by {@link CrashableProvider} for `'provider.send'`). */
+  step<T>(point: CrashPoint, fn: () => Promise<T>): Promise<T>;
+}
+
+/**
+ * Wrap a backend so that a test can crash the "process" at any journal step.
+ * After the crash every operation through the wrapper fails, and results of
+ * operations that were under way are never seen, as if the process had died;
+ * a second bot on the inner backend then recovers.
+ *
+ * @param backend the shared state (for example a `MemoryDurability`)
+ * @returns the crashable wrapper
+ * @example
+ * ```ts
+ * import { Bot, MemoryDurability } from "@botmesh/durable";
+ * import { crashable, CrashableProvider, MockProvider } from "@botmesh/durable/testing";
+ * const shared = new MemoryDurability();
+ * const a = crashable(shared);
+ * a.crashBefore("outbox.markSent");
+ * const botA = new Bot({ provider: new CrashableProvider(a), durability: { backend: a, instanceId: "i1" } });
+ * ```
+ */
+export function crashable(backend: DurabilityBackend): CrashableBackend {
+  const plans = new Map<CrashPoint, { when: "before" | "after"; at: number }>();
+  const hits: Record<string, number> = {};
+  let crashedAt: CrashPoint | undefined;
+  let crashed = false;
+
+  const die = (point: CrashPoint, when: "before" | "after"): never => {
+    crashed = true;
+    crashedAt = point;
+    throw new SimulatedCrash(point, when);
+  };
+
+  const step = async <T>(point: CrashPoint | null, fn: () => Promise<T>): Promise<T> => {
+    if (crashed) throw new SimulatedCrash(crashedAt, "dead");
+    let plan: { when: "before" | "after"; at: number } | undefined;
+    if (point !== null) {
+      hits[point] = (hits[point] ?? 0) + 1;
+      const p = plans.get(point);
+      if (p && --p.at <= 0) {
+        plans.delete(point);
+        plan = p;
+      }
+      if (plan?.when === "before") die(point, "before");
+    }
+    const result = await fn();
+    if (crashed) throw new SimulatedCrash(crashedAt, "dead"); // the process died while this was under way
+    if (plan?.when === "after") die(point!, "after");
+    return result;
+  };
+
+  const wrap = <J extends object>(journal: J, points: Record<keyof J, CrashPoint | null>): J => {
+    const wrapped = {} as Record<string, unknown>;
+    for (const method of Object.keys(points) as (keyof J & string)[]) {
+      wrapped[method] = (...args: unknown[]) =>
+        step(points[method], () => (journal[method] as (...a: unknown[]) => Promise<unknown>).apply(journal, args));
+    }
+    return wrapped as J;
+  };
+
+  const plan = (when: "before" | "after") => (point: CrashPoint, options?: CrashOptions) => {
+    if (!(CRASH_POINTS as readonly string[]).includes(point)) {
+      throw new RangeError(`Unknown crash point "${point}"; known points are ${CRASH_POINTS.join(", ")}`);
+    }
+    const at = options?.at ?? 1;
+    if (!Number.isInteger(at) || at < 1) throw new RangeError(`Option "at" must be an integer of at least 1, got ${at}`);
+    plans.set(point, { when, at });
+  };
+
+  return {
+    name: `crashable(${backend.name})`,
+    scope: backend.scope,
+    inbox: wrap(backend.inbox, INBOX_POINTS),
+    outbox: wrap(backend.outbox, OUTBOX_POINTS),
+    open: () => step(null, async () => await backend.open?.()),
+    close: () => step(null, async () => await backend.close?.()),
+    crashBefore: plan("before"),
+    crashAfter: plan("after"),
+    get crashed() {
+      return crashed;
+    },
+    get crashedAt() {
+      return crashedAt;
+    },
+    hits,
+    step: (point, fn) => step(point, fn),
+  };
+}
+
+/**
+ * A provider that dies with a {@link crashable} backend: its sends are the
+ * crash point `'provider.send'`, and fail once the process died.
+ */
+export class CrashableProvider implements Provider {
+  readonly name: string;
+  readonly inner: MockProvider;
+  #backend: CrashableBackend;
+
+  /**
+   * @param backend the crashable backend it dies with
+   * @param inner the provider that does the work (default a new `MockProvider`)
+   */
+  constructor(backend: CrashableBackend, inner: MockProvider = new MockProvider()) {
+    this.#backend = backend;
+    this.inner = inner;
+    this.name = inner.name;
+  }
+
+  /** What went out, in order. */
+  get sent(): SentMessage[] {
+    return this.inner.sent;
+  }
+
+  start(sink: InboundSink): void {
+    this.inner.start(sink);
+  }
+
+  stop(): void {
+    this.inner.stop();
+  }
+
+  /** Deliver an inbound message (see `MockProvider.receive`). */
+  receive(input: MockInbound): Promise<AdmitResult> {
+    return this.inner.receive(input);
+  }
+
+  /** Make the next `n` sends fail (see `MockProvider.failNext`). */
+  failNext(n: number, error?: unknown): void {
+    this.inner.failNext(n, error);
+  }
+
+  send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
+    return this.#backend.step("provider.send", () => this.inner.send(chatId, content, context));
+  }
+}

@@ -1,0 +1,140 @@
+/**
+ * A provider for tests: inbound messages are fed with `receive()`, sends are
+ * recorded in `sent`.
+ *
+ * @module
+ */
+import type { JsonValue } from "../backend.ts";
+import { ProviderError } from "../errors.ts";
+import type {
+  AdmitResult,
+  InboundSink,
+  Interaction,
+  MessageType,
+  OutboundContent,
+  Provider,
+  SendContext,
+  SendReceipt,
+} from "../provider.ts";
+
+/** One send the mock provider performed. */
+export interface SentMessage {
+  chatId: string;
+  content: OutboundContent;
+  messageId: string;
+  idempotencyKey: string;
+}
+
+/** An inbound message for {@link MockProvider.receive}; `id` defaults to a fresh one. */
+export interface MockInbound {
+  id?: string;
+  chatId: string;
+  text?: string;
+  /** A media reference; its `type` (`'image'`, `'audio'`, …) becomes the message type (default `'image'`). */
+  media?: { type?: string; [key: string]: JsonValue | undefined };
+  interaction?: Interaction;
+  /** Overrides the derived message type. */
+  type?: MessageType;
+}
+
+/** Options of {@link MockProvider}. */
+export interface MockProviderOptions {
+  /** The provider name (default `'mock'`). */
+  name?: string;
+  /** Each send takes this long (to test heartbeats and slow uploads). */
+  sendDelayMs?: number;
+}
+
+/**
+ * A provider for tests.
+ *
+ * @example
+ * ```ts
+ * import { Bot, MemoryDurability } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ * const mock = new MockProvider();
+ * const bot = new Bot({ provider: mock, durability: { backend: new MemoryDurability(), instanceId: "t" } });
+ * bot.when("ping", (ctx) => ctx.reply("pong"));
+ * await bot.start();
+ * await mock.receive({ chatId: "c1", text: "ping" });
+ * await bot.idle();
+ * console.log(mock.sent.map((s) => s.content)); // ["pong"]
+ * await bot.stop();
+ * ```
+ */
+export class MockProvider implements Provider {
+  readonly name: string;
+  /** What went out, in order. */
+  readonly sent: SentMessage[] = [];
+  /** Every provider call, including failed ones (key and outcome). */
+  readonly calls: { idempotencyKey: string; chatId: string; ok: boolean }[] = [];
+  sendDelayMs: number;
+  #sink: InboundSink | undefined;
+  #failures: { remaining: number; error: unknown }[] = [];
+  #nextId = 0;
+  #nextMessageId = 0;
+
+  constructor(options: MockProviderOptions = {}) {
+    this.name = options.name ?? "mock";
+    this.sendDelayMs = options.sendDelayMs ?? 0;
+  }
+
+  /** Called by `bot.start()`. */
+  start(sink: InboundSink): void {
+    this.#sink = sink;
+  }
+
+  /** Called by `bot.stop()`. */
+  stop(): void {
+    this.#sink = undefined;
+  }
+
+  /**
+   * Deliver one inbound message or interaction to the bot.
+   *
+   * @param input the message
+   * @returns once it is admitted (journaled) or refused
+   * @throws {Error} when the bot was not started
+   */
+  receive(input: MockInbound): Promise<AdmitResult> {
+    if (!this.#sink) return Promise.reject(new Error("MockProvider is not started: call bot.start() first"));
+    const type: MessageType = input.type ??
+      (input.interaction ? "interaction" : input.media ? (input.media.type ?? "image") : "text");
+    const message = {
+      id: input.id ?? `mock-in-${++this.#nextId}`,
+      chatId: input.chatId,
+      type,
+      ...(input.text !== undefined ? { text: input.text } : {}),
+      ...(input.media !== undefined ? { media: input.media as JsonValue } : {}),
+      ...(input.interaction !== undefined ? { interaction: input.interaction } : {}),
+    };
+    return this.#sink.receive(message);
+  }
+
+  /**
+   * Make the next `n` sends fail with `error` (default: a retryable
+   * `ProviderError`). A `ProviderError` with `retryable: false` is permanent.
+   *
+   * @param n how many sends
+   * @param error what they throw
+   */
+  failNext(n: number, error?: unknown): void {
+    if (!Number.isInteger(n) || n < 0) throw new RangeError(`Argument "n" must be a non-negative integer, got ${n}`);
+    this.#failures.push({ remaining: n, error: error ?? new ProviderError("Mock send failure", { retryable: true }) });
+  }
+
+  /** Record the send (or fail it, after `failNext`). */
+  async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
+    if (this.sendDelayMs > 0) await new Promise((resolve) => setTimeout(resolve, this.sendDelayMs));
+    const failure = this.#failures[0];
+    if (failure) {
+      if (--failure.remaining <= 0) this.#failures.shift();
+      this.calls.push({ idempotencyKey: context.idempotencyKey, chatId, ok: false });
+      throw failure.error;
+    }
+    const messageId = `mock-msg-${++this.#nextMessageId}`;
+    this.calls.push({ idempotencyKey: context.idempotencyKey, chatId, ok: true });
+    this.sent.push({ chatId, content, messageId, idempotencyKey: context.idempotencyKey });
+    return { messageId };
+  }
+}

@@ -1,0 +1,18 @@
+/**
+ * `@botmesh/durable/testing`: a mock provider, the crash harness and the
+ * backend conformance suite.
+ *
+ * @module
+ */
+export { MockProvider, type MockInbound, type MockProviderOptions, type SentMessage } from "./src/testing/mock_provider.ts";
+export {
+  CRASH_POINTS,
+  crashable,
+  type CrashableBackend,
+  CrashableProvider,
+  type CrashOptions,
+  type CrashPoint,
+  SimulatedCrash,
+} from "./src/testing/crashable.ts";
+export { MemoryDurability } from "./backends/memory.ts";
+export * from "./src/testing/conformance.ts";
