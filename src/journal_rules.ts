@@ -54,7 +54,7 @@ export function isInboxClaimable(record: InboundRecord, now: number, options: Cl
 export function inboxDueAt(record: InboundRecord): number | null {
   switch (record.state) {
     case "pending":
-      return record.receivedAt;
+      return 0; // always due, whatever the admitting replica's clock said
     case "failed":
       return record.nextAttemptAt ?? 0;
     case "processing":
