@@ -16,3 +16,5 @@ export {
 } from "./src/testing/crashable.ts";
 export { MemoryDurability } from "./backends/memory.ts";
 export * from "./src/testing/conformance.ts";
+export { runBotConformance, runCrashMatrix } from "./src/testing/conformance_bot.ts";
+export { runDurabilityConformance } from "./src/testing/run_conformance.ts";

@@ -1,8 +1,8 @@
 import { describe, expect, test } from "bun:test";
 import { MemoryDurability } from "../backends/memory.ts";
-import { runBackendContract } from "../src/testing/conformance.ts";
+import { runDurabilityConformance } from "../testing.ts";
 
-runBackendContract({
+runDurabilityConformance({
   name: "memory",
   create: () => new MemoryDurability(),
   harness: { describe, test, expect },

@@ -35,7 +35,6 @@ export type CrashPoint = (typeof CRASH_POINTS)[number];
 
 /** What every operation throws once the simulated process has died. */
 export class SimulatedCrash extends Error {
-  readonly [PROCESS_DEATH] = true;
   readonly point: CrashPoint | undefined;
   constructor(point: CrashPoint | undefined, when: "before" | "after" | "dead") {
     super(
@@ -45,6 +44,7 @@ export class SimulatedCrash extends Error {
     );
     this.name = "SimulatedCrash";
     this.point = point;
+    Object.defineProperty(this, PROCESS_DEATH, { value: true });
   }
 }
 

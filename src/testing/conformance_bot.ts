@@ -1,0 +1,830 @@
+/**
+ * The bot-level half of the conformance suite: the durability rules of the
+ * spec (§3–§7, §11) driven through a real `Bot` and a `MockProvider` on the
+ * backend under test, and the crash matrix (§10): for every crash point,
+ * before and after, a bot dies there and a second bot on the same state
+ * recovers.
+ *
+ * @module
+ */
+import type { DurabilityBackend, InboxJournal, OutboxJournal } from "../backend.ts";
+import { Bot } from "../bot.ts";
+import type { DurabilityOptions } from "../config.ts";
+import type { BotEvents, DurabilityMetrics } from "../engine.ts";
+import { ProviderError } from "../errors.ts";
+import type { OutboundContent, Provider, SendContext, SendReceipt } from "../provider.ts";
+import type { BackendConformanceOptions, ConformanceHarness } from "./conformance.ts";
+import { CRASH_POINTS, crashable, CrashableProvider, type CrashPoint } from "./crashable.ts";
+import { MockProvider } from "./mock_provider.ts";
+
+type Expect = ConformanceHarness["expect"];
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+function uid(prefix: string): string {
+  return `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
+}
+
+/** Fast settings for tests, scaled. */
+function fastDurability(backend: DurabilityBackend, scale: number, extra: Partial<DurabilityOptions> = {}) {
+  const { inbox, outbox, ...rest } = extra;
+  return {
+    backend,
+    instanceId: uid("inst"),
+    sweepIntervalMs: Math.round(20 * scale),
+    ...rest,
+    inbox: { leaseMs: Math.round(300 * scale), retries: 3, backoff: { baseMs: 2, capMs: 10 }, ...inbox },
+    outbox: { leaseMs: Math.round(300 * scale), retries: 3, backoff: { baseMs: 2, capMs: 10 }, ...outbox },
+  } satisfies DurabilityOptions;
+}
+
+function collect<K extends keyof BotEvents & string>(bot: Bot, event: K): BotEvents[K][] {
+  const seen: BotEvents[K][] = [];
+  bot.on(event, (payload) => seen.push(payload));
+  return seen;
+}
+
+/** A backend whose operations can be replaced one by one (to inject journal failures). */
+function intercept(
+  backend: DurabilityBackend,
+  inbox: Partial<InboxJournal> = {},
+  outbox: Partial<OutboxJournal> = {},
+): DurabilityBackend {
+  const wrap = <J extends object>(journal: J, overrides: Partial<J>): J =>
+    new Proxy(journal, {
+      get(target, prop, receiver) {
+        if (prop in overrides) return (overrides as Record<PropertyKey, unknown>)[prop];
+        const value = Reflect.get(target, prop, receiver);
+        return typeof value === "function" ? value.bind(target) : value;
+      },
+    });
+  return {
+    name: `intercepted(${backend.name})`,
+    scope: backend.scope,
+    inbox: wrap(backend.inbox, inbox),
+    outbox: wrap(backend.outbox, outbox),
+    open: backend.open?.bind(backend),
+    close: backend.close?.bind(backend),
+  };
+}
+
+function metricsOf(bot: Bot): DurabilityMetrics {
+  return bot.durability!.metrics();
+}
+
+/**
+ * Registers the bot-level durability tests for a backend.
+ *
+ * @param options the same options as `runBackendContract`
+ */
+export function runBotConformance(options: BackendConformanceOptions): void {
+  const { describe, test, expect } = options.harness;
+  const scale = options.timeScale ?? 1;
+  const title = `durability through the bot: ${options.name}`;
+  if (options.skip) {
+    describe(title, () => {
+      (test.skip ?? test)(`skipped: ${options.skip}`, () => {});
+    });
+    return;
+  }
+
+  /** Runs `fn` with a fresh backend and stops every bot it started. */
+  const withBackend = (name: string, fn: (backend: DurabilityBackend, bots: Bot[]) => Promise<void>) =>
+    test(name, async () => {
+      const backend = await options.create();
+      const bots: Bot[] = [];
+      try {
+        await fn(backend, bots);
+      } finally {
+        for (const bot of bots) await bot.stop().catch(() => {});
+        await options.cleanup?.(backend);
+      }
+    });
+
+  const start = async (bots: Bot[], bot: Bot) => {
+    bots.push(bot);
+    await bot.start();
+    return bot;
+  };
+
+  describe(title, () => {
+    withBackend("admits before dispatch, drops redeliveries, completes after the reply", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const seenState: (string | undefined)[] = [];
+      bot.when(/hi/, async (ctx) => {
+        seenState.push((await backend.inbox.get(ctx.inboundId))?.state);
+        await ctx.reply("hello");
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      expect((await provider.receive({ id, chatId: "c1", text: "hi" })).status).toBe("admitted");
+      expect((await provider.receive({ id, chatId: "c1", text: "hi" })).status).toBe("duplicate");
+      await bot.idle();
+      expect(seenState, "the record is journaled and leased before the handler runs").toEqual(["processing"]);
+      expect(provider.sent.map((s) => [s.content, s.idempotencyKey])).toEqual([["hello", `${id}:1`]]);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect((await backend.outbox.get(`${id}:1`))?.state).toBe("sent");
+      expect((await backend.outbox.get(`${id}:1`))?.messageId).toBe(provider.sent[0]!.messageId);
+      const m = metricsOf(bot);
+      expect([m.inboundJournaled, m.inboundDuplicates, m.outboxJournaled]).toEqual([1, 1, 1]);
+      // A redelivery after a restart (the in-memory dedupe is gone) is dropped by the journal.
+      await bot.stop();
+      const bot2 = await start(bots, new Bot({ provider, durability: fastDurability(backend, scale) }));
+      expect((await provider.receive({ id, chatId: "c1", text: "hi" })).status).toBe("duplicate");
+      expect(metricsOf(bot2).inboundDuplicates).toBe(1);
+    });
+
+    withBackend("handles one chat in arrival order and chats in parallel", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const log: string[] = [];
+      let running = 0;
+      let maxPerChat = 0;
+      const perChat = new Map<string, number>();
+      bot.when(() => true, async (ctx) => {
+        const n = (perChat.get(ctx.chatId) ?? 0) + 1;
+        perChat.set(ctx.chatId, n);
+        maxPerChat = Math.max(maxPerChat, n);
+        running++;
+        log.push(`start ${ctx.message.text}`);
+        await sleep(5);
+        await ctx.reply(`echo ${ctx.message.text}`);
+        running--;
+        perChat.set(ctx.chatId, n - 1);
+      });
+      await start(bots, bot);
+      for (let i = 1; i <= 5; i++) {
+        await provider.receive({ chatId: "a", text: `a${i}` });
+        await provider.receive({ chatId: "b", text: `b${i}` });
+      }
+      await bot.idle();
+      expect(maxPerChat, "two messages of one chat never run at once").toBe(1);
+      expect(provider.sent.filter((s) => s.chatId === "a").map((s) => s.content)).toEqual(
+        ["a1", "a2", "a3", "a4", "a5"].map((t) => `echo ${t}`),
+      );
+      expect(provider.sent.filter((s) => s.chatId === "b").map((s) => s.content)).toEqual(
+        ["b1", "b2", "b3", "b4", "b5"].map((t) => `echo ${t}`),
+      );
+      expect(running).toBe(0);
+    });
+
+    withBackend("retries a failing handler with backoff, then dead-letters it; replay processes it again", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale, { inbox: { retries: 2 } }) });
+      const dead = collect(bot, "durability:dead");
+      const errors = collect(bot, "error");
+      let healthy = false;
+      const attempts: number[] = [];
+      bot.when(TEXT_ANY, async (ctx) => {
+        attempts.push(ctx.attempt);
+        if (!healthy) throw new Error("handler broke");
+        await ctx.reply("fixed");
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c", text: "x" });
+      await bot.idle();
+      expect(attempts).toEqual([1, 2, 3]);
+      const record = await backend.inbox.get(id);
+      expect(record?.state).toBe("dead");
+      expect(record?.error?.includes("handler broke")).toBe(true);
+      expect(dead).toEqual([{ kind: "inbound", id, error: record!.error! }]);
+      expect(errors.length).toBe(1);
+      expect(metricsOf(bot).inboundDead).toBe(1);
+      expect((await bot.durability!.inbox.list({ state: "dead" })).map((r) => r.id)).toEqual([id]);
+      healthy = true;
+      expect(await bot.durability!.replayInbound(id)).toBe(true);
+      await bot.idle();
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(provider.sent.map((s) => s.content)).toEqual(["fixed"]);
+      expect(metricsOf(bot).inboundReplayed).toBe(1);
+    });
+
+    withBackend("retries a failing send with backoff, then dead-letters it; retrySend sends it", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale, { outbox: { retries: 2 } }) });
+      const dead = collect(bot, "durability:dead");
+      await start(bots, bot);
+      provider.failNext(3);
+      const first = await bot.send("c", "hi", { idempotencyKey: "k-dead" });
+      expect(first.state).toBe("failed");
+      await bot.idle();
+      expect(provider.calls.filter((c) => c.idempotencyKey === "k-dead").length).toBe(3);
+      const entry = await backend.outbox.get("k-dead");
+      expect(entry?.state).toBe("dead");
+      expect(dead.map((d) => [d.kind, d.id])).toEqual([["outbound", "k-dead"]]);
+      const m = metricsOf(bot);
+      expect([m.outboxDead, m.outboxRetried]).toEqual([1, 2]);
+      expect((await bot.durability!.outbox.list({ state: "dead" })).map((e) => e.key)).toEqual(["k-dead"]);
+      expect(await bot.durability!.retrySend("k-dead")).toBe(true);
+      await bot.idle();
+      expect((await backend.outbox.get("k-dead"))?.state).toBe("sent");
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual(["k-dead"]);
+      expect(await bot.durability!.outbox.discard("k-dead")).toBe(true);
+      expect(await backend.outbox.get("k-dead")).toBe(null);
+    });
+
+    withBackend("a permanent provider error goes straight to dead; retry-after is honoured", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      await start(bots, bot);
+      provider.failNext(1, new ProviderError("invalid recipient", { status: 400 }));
+      const result = await bot.send("c", "x", { idempotencyKey: "k-perm" });
+      expect(result.state).toBe("dead");
+      expect(provider.calls.length).toBe(1);
+      const retryAfterMs = Math.round(80 * scale);
+      provider.failNext(1, new ProviderError("slow down", { status: 429, retryAfterMs }));
+      const started = Date.now();
+      await bot.send("c2", "y", { idempotencyKey: "k-429" });
+      await bot.idle();
+      const waited = Date.now() - started;
+      expect((await backend.outbox.get("k-429"))?.state).toBe("sent");
+      expect(waited, "the retry waited for the channel's retry-after").toBeGreaterThanOrEqual(retryAfterMs - 2);
+    });
+
+    withBackend("an explicit key sends once; enqueue twice does nothing; a reused key with new content diverges", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const warnings = collect(bot, "warning");
+      await start(bots, bot);
+      const a = await bot.send("c", "invoice", { idempotencyKey: "invoice:42" });
+      const b = await bot.send("c", "invoice", { idempotencyKey: "invoice:42" });
+      expect([a.state, b.state, b.deduped]).toEqual(["sent", "sent", true]);
+      expect(b.messageId).toBe(a.messageId);
+      expect(await bot.enqueue("c", "remind", { idempotencyKey: "reminder:1" })).toEqual({ key: "reminder:1" });
+      expect(await bot.enqueue("c", "remind", { idempotencyKey: "reminder:1" })).toEqual({ key: "reminder:1" });
+      await bot.idle();
+      const c = await bot.send("c", "a different invoice", { idempotencyKey: "invoice:42" });
+      expect(c.deduped).toBe(true);
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual(["invoice:42", "reminder:1"]);
+      const m = metricsOf(bot);
+      expect([m.outboxDeduped, m.outboxDiverged, m.outboxDeferred, m.outboxJournaled]).toEqual([2, 1, 1, 2]);
+      expect(warnings.filter((w) => w.code === "outbox-diverged").map((w) => w.key)).toEqual(["invoice:42"]);
+      const random = await bot.send("c", "no key");
+      expect(random.key.length).toBeGreaterThan(10);
+    });
+
+    withBackend("sends to one chat leave in order: a later send waits behind a failed one", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      await start(bots, bot);
+      provider.failNext(1);
+      const first = await bot.send("c", "first", { idempotencyKey: "o1" });
+      const second = await bot.send("c", "second", { idempotencyKey: "o2" });
+      const other = await bot.send("d", "other chat", { idempotencyKey: "o3" });
+      expect([first.state, second.state, other.state]).toEqual(["failed", "queued", "sent"]);
+      await bot.idle();
+      expect(provider.sent.filter((s) => s.chatId === "c").map((s) => s.content)).toEqual(["first", "second"]);
+    });
+
+    withBackend("an inbound record is done only once its sends are sent or durably queued", async (backend, bots) => {
+      let failReserve = 1;
+      const flaky = intercept(backend, {}, {
+        reserve: (entry, lease) => {
+          if (failReserve-- > 0) return Promise.reject(new Error("journal unavailable"));
+          return backend.outbox.reserve(entry, lease);
+        },
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
+      collect(bot, "error");
+      const attempts: number[] = [];
+      bot.when(TEXT_ANY, (ctx) => {
+        attempts.push(ctx.attempt);
+        void ctx.reply("not awaited"); // the engine awaits it anyway
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c", text: "x" });
+      await bot.idle();
+      expect(attempts, "the unjournaled reply failed the first attempt").toEqual([1, 2]);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([`${id}:1`]);
+    });
+
+    withBackend("a stale completion is rejected and counted; the new owner's work stands", async (backend, bots) => {
+      const frozen = intercept(backend, { heartbeat: () => Promise.resolve(true) }); // heartbeats never land
+      const lease = Math.round(60 * scale);
+      const providerA = new MockProvider();
+      const botA = new Bot({ provider: providerA, durability: fastDurability(frozen, scale, { inbox: { leaseMs: lease } }) });
+      const warningsA = collect(botA, "warning");
+      botA.when(TEXT_ANY, async (ctx) => {
+        await sleep(lease * 4);
+        await ctx.reply("from A");
+      });
+      const providerB = new MockProvider();
+      const botB = new Bot({ provider: providerB, durability: fastDurability(backend, scale, { inbox: { leaseMs: lease } }) });
+      botB.when(TEXT_ANY, (ctx) => ctx.reply("from B"));
+      await start(bots, botA);
+      const id = uid("m");
+      await providerA.receive({ id, chatId: "c", text: "x" });
+      await start(bots, botB);
+      await botB.idle();
+      await botA.idle();
+      expect(metricsOf(botA).staleLeases).toBe(1);
+      expect(warningsA.some((w) => w.code === "stale-lease" && w.id === id)).toBe(true);
+      const record = await backend.inbox.get(id);
+      expect([record?.state, record?.fence]).toEqual(["done", 2]);
+      expect(providerB.sent.map((s) => [s.content, s.idempotencyKey])).toEqual([["from B", `${id}:1`]]);
+      expect(providerA.sent.length, "A's late reply has B's key and is answered from the outbox").toBe(0);
+      expect(metricsOf(botA).outboxDiverged).toBe(1);
+    });
+
+    withBackend("a dead replica's records are taken over when the lease lapses; the same instanceId takes them at once", async (
+      backend,
+      bots,
+    ) => {
+      const lease = Math.round(250 * scale);
+      const a = crashable(backend);
+      const botA = new Bot({
+        provider: new CrashableProvider(a),
+        durability: fastDurability(a, scale, { instanceId: "replica-1", inbox: { leaseMs: lease } }),
+      });
+      botA.when(TEXT_ANY, () => new Promise(() => {})); // hangs: the process "dies" with it
+      await start(bots, botA);
+      const id1 = uid("m");
+      const id2 = uid("m");
+      await (botA.provider as CrashableProvider).receive({ id: id1, chatId: "c1", text: "x" });
+      await (botA.provider as CrashableProvider).receive({ id: id2, chatId: "c2", text: "y" });
+      a.crashBefore("inbox.complete");
+      a.crashBefore("inbox.heartbeat");
+      await sleep(lease / 3 + 20); // the next heartbeat kills A
+      expect(a.crashed).toBe(true);
+      // Another instanceId must wait for the lease to lapse.
+      const other = new MockProvider();
+      const botOther = new Bot({
+        provider: other,
+        durability: fastDurability(backend, scale, { instanceId: "replica-2", inbox: { leaseMs: lease } }),
+      });
+      botOther.when(TEXT_ANY, (ctx) => ctx.reply(`other ${ctx.message.text}`));
+      await start(bots, botOther);
+      expect((await backend.inbox.get(id1))?.lease?.owner, "not taken before the lease lapsed").toBe("replica-1");
+      // The same instanceId (a restart) takes back what its dead incarnation held at once.
+      const same = new MockProvider();
+      const botSame = new Bot({
+        provider: same,
+        durability: fastDurability(backend, scale, { instanceId: "replica-1", inbox: { leaseMs: lease } }),
+      });
+      botSame.when(TEXT_ANY, (ctx) => ctx.reply(`same ${ctx.message.text}`));
+      const before = Date.now();
+      await start(bots, botSame);
+      await botSame.idle();
+      expect(Date.now() - before, "recovered without waiting for the lease").toBeLessThan(lease);
+      expect(same.sent.map((s) => s.content).sort()).toEqual(["same x", "same y"]);
+      expect(other.sent.length).toBe(0);
+      expect(metricsOf(botSame).inboundReplayed).toBe(2);
+      for (const id of [id1, id2]) expect((await backend.inbox.get(id))?.state).toBe("done");
+    });
+
+    withBackend("a slow send keeps its lease through heartbeats and is never taken for abandoned", async (
+      backend,
+      bots,
+    ) => {
+      const lease = Math.round(40 * scale);
+      const provider = new MockProvider({ sendDelayMs: lease * 4 });
+      const bot = new Bot({
+        provider,
+        durability: fastDurability(backend, scale, { outbox: { leaseMs: lease }, inbox: { leaseMs: lease } }),
+      });
+      const other = new Bot({
+        provider: new MockProvider(),
+        durability: fastDurability(backend, scale, { outbox: { leaseMs: lease }, inbox: { leaseMs: lease } }),
+      });
+      const ambiguous = collect(other, "durability:ambiguous");
+      await start(bots, bot);
+      await start(bots, other);
+      const result = await bot.send("c", "big upload", { idempotencyKey: "slow" });
+      expect(result.state).toBe("sent");
+      await other.idle();
+      expect(ambiguous.length).toBe(0);
+      expect((await backend.outbox.get("slow"))?.state).toBe("sent");
+      expect(provider.sent.length).toBe(1);
+    });
+
+    withBackend("a send whose sender died mid-call is unknown and reported; 'resend' sends it again", async (
+      backend,
+      bots,
+    ) => {
+      for (const policy of ["hold", "resend"] as const) {
+        const a = crashable(backend);
+        a.crashBefore("outbox.markSent");
+        const providerA = new CrashableProvider(a);
+        const instanceId = uid("inst");
+        const botA = await start(bots, new Bot({ provider: providerA, durability: fastDurability(a, scale, { instanceId }) }));
+        const key = `amb-${policy}`;
+        await botA.send("c", "maybe", { idempotencyKey: key }).catch(() => {});
+        expect(a.crashed).toBe(true);
+        expect(providerA.sent.length).toBe(1);
+        const providerB = new MockProvider();
+        const botB = new Bot({
+          provider: providerB,
+          durability: fastDurability(backend, scale, { instanceId, outbox: { onAmbiguous: policy } }),
+        });
+        const events = collect(botB, "durability:ambiguous");
+        await start(bots, botB);
+        await botB.idle();
+        expect(events).toEqual([{ key, chatId: "c" }]);
+        expect(metricsOf(botB).outboxAmbiguous).toBe(1);
+        expect((await backend.outbox.get(key))?.state).toBe(policy === "hold" ? "unknown" : "sent");
+        expect(providerB.sent.length).toBe(policy === "hold" ? 0 : 1);
+        if (policy === "hold") {
+          expect((await botB.durability!.outbox.list({ state: "unknown" })).map((e) => e.key)).toEqual([key]);
+          await botB.durability!.retrySend(key);
+          await botB.idle();
+          expect(providerB.sent.length, "an operator can send it again").toBe(1);
+        }
+      }
+    });
+
+    withBackend("content is journaled as JSON with binary as base64; unencodable or oversized content bypasses", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({
+        provider,
+        durability: fastDurability(backend, scale, { outbox: { maxPayloadBytes: 2048 } }),
+      });
+      const warnings = collect(bot, "warning");
+      await start(bots, bot);
+      const bytes = new Uint8Array([0, 1, 2, 250, 255]);
+      provider.failNext(1);
+      await bot.send("c", { caption: "pic", data: bytes, $meta: "kept" }, { idempotencyKey: "bin" });
+      await bot.idle();
+      const delivered = provider.sent.find((s) => s.idempotencyKey === "bin")!.content as Record<string, unknown>;
+      expect(delivered.data instanceof Uint8Array).toBe(true);
+      expect([...(delivered.data as Uint8Array)]).toEqual([...bytes]);
+      expect(delivered.$meta).toBe("kept");
+      const stream = new ReadableStream();
+      const viaStream = await bot.send("c", { stream } as unknown as OutboundContent, { idempotencyKey: "stream" });
+      const big = await bot.send("c", "x".repeat(5000), { idempotencyKey: "big" });
+      expect([viaStream.bypassed, big.bypassed]).toEqual([true, true]);
+      expect(await backend.outbox.get("stream")).toBe(null);
+      expect(await backend.outbox.get("big")).toBe(null);
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual(["bin", "stream", "big"]);
+      expect(metricsOf(bot).outboxBypassed).toBe(2);
+      const bypassWarnings = warnings.filter((w) => w.code === "outbox-bypassed");
+      expect(bypassWarnings.length).toBe(2);
+      expect(bypassWarnings[0]!.message.includes("content.stream")).toBe(true);
+    });
+
+    withBackend("fails closed when the journal cannot admit; failOpen dispatches without it", async (backend, bots) => {
+      for (const failOpen of [false, true]) {
+        let failAdmit = 1;
+        const flaky = intercept(backend, {
+          admit: (record, lease) => {
+            if (failAdmit-- > 0) return Promise.reject(new Error("disk full"));
+            return backend.inbox.admit(record, lease);
+          },
+        });
+        const provider = new MockProvider();
+        const bot = new Bot({ provider, durability: fastDurability(flaky, scale, { failOpen }) });
+        const errors = collect(bot, "error");
+        bot.when(TEXT_ANY, (ctx) => ctx.reply("ok"));
+        await start(bots, bot);
+        const id = uid("m");
+        const first = await provider.receive({ id, chatId: "c", text: "x" });
+        await bot.idle();
+        expect(errors.length).toBe(1);
+        if (!failOpen) {
+          expect(first.status).toBe("rejected");
+          expect(provider.sent.length).toBe(0);
+          expect((await provider.receive({ id, chatId: "c", text: "x" })).status, "a redelivery is processed").toBe(
+            "admitted",
+          );
+          await bot.idle();
+          expect((await backend.inbox.get(id))?.state).toBe("done");
+        } else {
+          expect(first.status).toBe("unjournaled");
+          expect(await backend.inbox.get(id)).toBe(null);
+        }
+        expect(provider.sent.length).toBe(1);
+      }
+    });
+
+    withBackend("purges done and sent records after the retention; keeps dead ones", async (backend, bots) => {
+      const retention = Math.round(60 * scale);
+      const provider = new MockProvider();
+      const bot = new Bot({
+        provider,
+        durability: fastDurability(backend, scale, { retention, inbox: { retries: 0 } }),
+      });
+      collect(bot, "error");
+      bot.when("boom", () => {
+        throw new Error("boom");
+      });
+      bot.when(TEXT_ANY, (ctx) => ctx.reply("ok"));
+      await start(bots, bot);
+      const done = uid("m");
+      const dead = uid("m");
+      await provider.receive({ id: done, chatId: "c", text: "x" });
+      await provider.receive({ id: dead, chatId: "d", text: "boom" });
+      await bot.idle();
+      expect((await backend.inbox.get(done))?.state).toBe("done");
+      await sleep(retention * 3);
+      await bot.idle();
+      expect(await backend.inbox.get(done)).toBe(null);
+      expect(await backend.outbox.get(`${done}:1`)).toBe(null);
+      expect((await backend.inbox.get(dead))?.state).toBe("dead");
+    });
+
+    withBackend("idle() waits through pending retries; stop() lets in-flight work finish", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({
+        provider,
+        durability: fastDurability(backend, scale, { outbox: { backoff: { baseMs: 30, capMs: 60 } } }),
+      });
+      let finished = false;
+      bot.when(TEXT_ANY, async (ctx) => {
+        await ctx.reply("r");
+        await sleep(30);
+        finished = true;
+      });
+      await start(bots, bot);
+      provider.failNext(2);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c", text: "x" });
+      await bot.idle();
+      expect(provider.sent.length).toBe(1);
+      expect((await backend.outbox.get(`${id}:1`))?.attempts).toBe(3);
+      finished = false;
+      await provider.receive({ id: uid("m"), chatId: "c", text: "y" });
+      await bot.stop();
+      expect(finished, "stop() waited for the running handler").toBe(true);
+      const late = await bot.durability!.inbox.list({ state: ["pending", "processing", "failed"] });
+      expect(late.length).toBe(0);
+    });
+
+    test(`metrics has every counter: ${options.name}`, () => {
+      const bot = new Bot({ provider: new MockProvider(), durability: { backend: { ...stubBackend } } });
+      expect(Object.keys(bot.durability!.metrics()).sort()).toEqual([
+        "inboundDead",
+        "inboundDuplicates",
+        "inboundJournaled",
+        "inboundReplayed",
+        "outboxAmbiguous",
+        "outboxBypassed",
+        "outboxDead",
+        "outboxDeduped",
+        "outboxDeferred",
+        "outboxDiverged",
+        "outboxJournaled",
+        "outboxRetried",
+        "staleLeases",
+      ]);
+    });
+  });
+}
+
+const TEXT_ANY = (): boolean => true;
+
+const unused = (): Promise<never> => Promise.reject(new Error("not used"));
+const stubBackend: DurabilityBackend = {
+  name: "stub",
+  scope: "process",
+  inbox: {
+    admit: unused,
+    claim: unused,
+    claimDue: unused,
+    heartbeat: unused,
+    complete: unused,
+    fail: unused,
+    get: unused,
+    list: unused,
+    replay: unused,
+    purge: unused,
+  },
+  outbox: {
+    reserve: unused,
+    claimDue: unused,
+    heartbeat: unused,
+    markSent: unused,
+    markFailed: unused,
+    get: unused,
+    list: unused,
+    retry: unused,
+    discard: unused,
+    purge: unused,
+  },
+};
+
+// ---- the crash matrix --------------------------------------------------------
+
+/** How often a point is reached before the matrix crashes there (some are reached at start-up first). */
+const CRASH_AT: Partial<Record<CrashPoint, number>> = {
+  "inbox.claim": 4,
+  "outbox.claim": 4,
+};
+
+/** A provider whose failures are decided by the content, the same in every process, with a shared log. */
+class ScriptedProvider extends MockProvider {
+  constructor(readonly world: World, readonly slowMs: number) {
+    super();
+  }
+  override async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
+    const text = typeof content === "string" ? content : "";
+    const key = context.idempotencyKey;
+    const calls = (this.world.calls.get(key) ?? 0) + 1;
+    this.world.calls.set(key, calls);
+    if (text.includes("[perm]")) throw new ProviderError("invalid recipient", { status: 400 });
+    if (text.includes("[slow]")) await sleep(this.slowMs); // long enough for lease heartbeats
+    if (text.includes("[flaky]") && calls === 1) throw new ProviderError("timeout", { status: 503 });
+    const receipt = await super.send(chatId, content, context);
+    this.world.delivered.push(key);
+    return receipt;
+  }
+}
+
+/** What the matrix remembers across the two "processes". */
+interface World {
+  calls: Map<string, number>;
+  delivered: string[];
+  handlerThrew: Set<string>;
+}
+
+const CHATS = ["c1", "c2", "c3"];
+
+function matrixMessages(run: string) {
+  const messages: { id: string; chatId: string; text: string }[] = [];
+  for (let i = 1; i <= 3; i++) {
+    for (const chatId of CHATS) {
+      let text = `${chatId}-m${i}`;
+      if (chatId === "c1" && i === 2) text += " [throw-once]";
+      if (chatId === "c2" && i === 2) text += " [slow]";
+      if (chatId === "c3" && i === 3) text += " [flaky]";
+      if (chatId === "c3" && i === 1) text += " [perm]";
+      messages.push({ id: `${run}-${chatId}-m${i}`, chatId, text });
+    }
+  }
+  return messages;
+}
+
+function matrixBot(provider: Provider, backend: DurabilityBackend, world: World, scale: number, events: {
+  ambiguous: string[];
+  dead: string[];
+}): Bot {
+  const bot = new Bot({
+    provider,
+    durability: fastDurability(backend, scale, {
+      instanceId: "matrix",
+      inbox: { leaseMs: Math.round(60 * scale) },
+      outbox: { leaseMs: Math.round(60 * scale) },
+    }),
+  });
+  bot.on("error", () => {});
+  bot.on("durability:ambiguous", ({ key }) => events.ambiguous.push(key));
+  bot.on("durability:dead", ({ id }) => events.dead.push(id));
+  bot.when(TEXT_ANY, async (ctx) => {
+    const text = ctx.message.text ?? "";
+    if (text.includes("[throw-once]") && !world.handlerThrew.has(ctx.inboundId)) {
+      world.handlerThrew.add(ctx.inboundId);
+      throw new Error("first attempt fails");
+    }
+    if (text.includes("[slow]")) await sleep(Math.round(50 * scale));
+    const tag = text.includes("[perm]") ? " [perm]" : text.includes("[flaky]") ? " [flaky]" : text.includes("[slow]") ? " [slow]" : "";
+    await ctx.reply(`one: ${text.split(" ")[0]}${tag}`);
+    await ctx.reply(`two: ${text.split(" ")[0]}`);
+  });
+  return bot;
+}
+
+/**
+ * Registers the crash matrix for a backend: for every crash point, before and
+ * after, a bot crashes once in a scenario with several chats, several
+ * messages per chat, a handler that replies twice, a handler that fails once,
+ * a slow handler, a flaky and a permanently failing send, and operator
+ * actions; then a second bot on the same state and instanceId recovers.
+ *
+ * @param options the same options as `runBackendContract`
+ */
+export function runCrashMatrix(options: BackendConformanceOptions): void {
+  const { describe, test, expect } = options.harness;
+  const scale = options.timeScale ?? 1;
+  const title = `crash matrix: ${options.name}`;
+  if (options.skip) {
+    describe(title, () => {
+      (test.skip ?? test)(`skipped: ${options.skip}`, () => {});
+    });
+    return;
+  }
+  describe(title, () => {
+    for (const point of CRASH_POINTS) {
+      for (const when of ["before", "after"] as const) {
+        test(`crash ${when} ${point}, then recover`, async () => {
+          const backend = await options.create();
+          try {
+            await crashAndRecover(backend, point, when, scale, expect);
+          } finally {
+            await options.cleanup?.(backend);
+          }
+        });
+      }
+    }
+  });
+}
+
+async function crashAndRecover(
+  backend: DurabilityBackend,
+  point: CrashPoint,
+  when: "before" | "after",
+  scale: number,
+  expect: Expect,
+): Promise<void> {
+  const world: World = { calls: new Map(), delivered: [], handlerThrew: new Set() };
+  const events = { ambiguous: [] as string[], dead: [] as string[] };
+  const run = uid("r");
+  const messages = matrixMessages(run);
+  const a = crashable(backend);
+  if (when === "before") a.crashBefore(point, { at: CRASH_AT[point] ?? 1 });
+  else a.crashAfter(point, { at: CRASH_AT[point] ?? 1 });
+  const providerA = new CrashableProvider(a, new ScriptedProvider(world, Math.round(50 * scale)));
+  const botA = matrixBot(providerA, a, world, scale, events);
+  let rejectedByA = 0;
+  try {
+    await botA.start();
+    for (const m of messages) {
+      if (a.crashed) break;
+      if ((await providerA.receive(m)).status === "rejected") rejectedByA++;
+    }
+    const d = botA.durability!;
+    const perm = `${run}-c3-m1:1`;
+    await botA.idle();
+    if (!a.crashed) await d.replayInbound(`${run}-c1-m1`);
+    await botA.idle();
+    if (!a.crashed) await d.retrySend(perm);
+    await botA.idle();
+    if (!a.crashed) await d.outbox.discard(perm);
+  } catch (error) {
+    if (!a.crashed) throw error; // only the simulated death may end the first process
+  }
+  await botA.stop().catch(() => {});
+  const metricsA = botA.durability!.metrics();
+  expect(a.crashed, `the scenario reached "${point}" (hits: ${JSON.stringify(a.hits)})`).toBe(true);
+
+  // A second process on the same state and instanceId.
+  const providerB = new ScriptedProvider(world, Math.round(50 * scale));
+  const botB = matrixBot(providerB, backend, world, scale, events);
+  await botB.start();
+  for (const m of messages) await providerB.receive(m); // the channel redelivers everything unacknowledged (and more)
+  await botB.idle();
+  const metricsB = botB.durability!.metrics();
+  await botB.stop();
+
+  // Every admitted message is done or dead; here none may be dead.
+  for (const m of messages) {
+    const record = await backend.inbox.get(m.id);
+    expect(record?.state, `inbound ${m.id} after a crash ${when} ${point}`).toBe("done");
+  }
+  // An admission under way when A died may have been journaled without A seeing it (B then sees a duplicate).
+  const journaled = metricsA.inboundJournaled + metricsB.inboundJournaled;
+  expect(journaled, "no message journaled twice").toBeLessThanOrEqual(messages.length);
+  expect(journaled + rejectedByA, "every message journaled").toBeGreaterThanOrEqual(messages.length);
+
+  // Each key is delivered at most once, unless it was reported ambiguous.
+  const deliveries = new Map<string, number>();
+  for (const key of world.delivered) deliveries.set(key, (deliveries.get(key) ?? 0) + 1);
+  for (const [key, count] of deliveries) {
+    if (!events.ambiguous.includes(key)) expect(count, `deliveries of ${key}`).toBe(1);
+  }
+  // Nothing lost: every reply is sent (delivered once), dead (the permanent failure) or unknown (reported).
+  const unknown: string[] = [];
+  for (const m of messages) {
+    for (const n of [1, 2]) {
+      const key = `${m.id}:${n}`;
+      const entry = await backend.outbox.get(key);
+      const isPerm = m.text.includes("[perm]") && n === 1;
+      if (entry === null) {
+        expect(isPerm, `only the discarded dead send may be gone (${key})`).toBe(true);
+        continue;
+      }
+      if (entry.state === "unknown") {
+        unknown.push(key);
+        continue;
+      }
+      expect(entry.state, `state of ${key}`).toBe(isPerm ? "dead" : "sent");
+      if (!isPerm) expect(deliveries.get(key), `deliveries of sent ${key}`).toBe(1);
+    }
+  }
+  expect(unknown.sort(), "every unknown send was reported").toEqual([...new Set(events.ambiguous)].sort());
+  expect(metricsA.outboxAmbiguous + metricsB.outboxAmbiguous).toBe(events.ambiguous.length);
+  const permKey = `${run}-c3-m1:1`;
+  if (!events.ambiguous.includes(permKey)) {
+    // Crashing right after the dead transition loses the event with the process; the DLQ entry stays.
+    const eventLost = point === "outbox.markFailed" && when === "after";
+    expect(events.dead.includes(permKey) || eventLost, "the permanent failure was reported").toBe(true);
+    expect(metricsA.outboxDead + metricsB.outboxDead).toBe(events.dead.length);
+  }
+}
+

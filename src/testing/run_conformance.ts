@@ -1,0 +1,32 @@
+/**
+ * The whole conformance suite in one call.
+ *
+ * @module
+ */
+import { type BackendConformanceOptions, runBackendContract } from "./conformance.ts";
+import { runBotConformance, runCrashMatrix } from "./conformance_bot.ts";
+
+/**
+ * Registers the whole conformance suite for a backend: the journal contract,
+ * the durability rules driven through a `Bot`, and the crash matrix. Every
+ * backend of this library runs it; third-party backends can too.
+ *
+ * @param options name, `create`, the test runner's `describe`/`test`/`expect`, and optionally `cleanup`, `skip`, `timeScale`
+ * @example
+ * ```ts
+ * import { describe, expect, test } from "bun:test";
+ * import { MemoryDurability } from "@botmesh/durable";
+ * import { runDurabilityConformance } from "@botmesh/durable/testing";
+ *
+ * runDurabilityConformance({
+ *   name: "memory",
+ *   create: () => new MemoryDurability(),
+ *   harness: { describe, test, expect },
+ * });
+ * ```
+ */
+export function runDurabilityConformance(options: BackendConformanceOptions): void {
+  runBackendContract(options);
+  runBotConformance(options);
+  runCrashMatrix(options);
+}

@@ -1,0 +1,101 @@
+import { describe, expect, test } from "bun:test";
+import { Bot, MemoryDurability, parseDuration } from "../mod.ts";
+import { MockProvider } from "../testing.ts";
+
+const backend = new MemoryDurability();
+const make = (durability: unknown) =>
+  new Bot({ provider: new MockProvider(), durability: durability as never });
+
+function rejects(durability: unknown, kind: typeof TypeError | typeof RangeError, option: string, value?: string) {
+  let error: unknown;
+  try {
+    make(durability);
+  } catch (e) {
+    error = e;
+  }
+  expect(error).toBeInstanceOf(kind);
+  expect((error as Error).message).toContain(`"${option}"`);
+  if (value !== undefined) expect((error as Error).message).toContain(value);
+}
+
+describe("durability options are validated and named in errors", () => {
+  test("missing backend", () => rejects({}, TypeError, "durability.backend"));
+  test("a backend that is not one", () => rejects({ backend: { inbox: 1 } }, TypeError, "durability.backend"));
+  test("negative inbox lease", () => rejects({ backend, inbox: { leaseMs: -5 } }, RangeError, "durability.inbox.leaseMs", "-5"));
+  test("outbox lease under 20 ms", () => rejects({ backend, outbox: { leaseMs: 10 } }, RangeError, "durability.outbox.leaseMs", "10"));
+  test("a non-integer lease", () => rejects({ backend, outbox: { leaseMs: "60s" } }, TypeError, "durability.outbox.leaseMs", '"60s"'));
+  test("unknown backoff field", () =>
+    rejects({ backend, outbox: { backoff: { baseMs: 10, maxMs: 20 } } }, TypeError, "durability.outbox.backoff.maxMs"));
+  test("backoff cap below base", () =>
+    rejects({ backend, inbox: { backoff: { baseMs: 100, capMs: 10 } } }, RangeError, "durability.inbox.backoff.capMs"));
+  test("bad retention string", () => rejects({ backend, retention: "7 days" }, TypeError, "durability.retention", '"7 days"'));
+  test("negative retention", () => rejects({ backend, retention: -1 }, RangeError, "durability.retention", "-1"));
+  test("unknown top-level option", () => rejects({ backend, retries: 3 }, TypeError, "durability.retries"));
+  test("bad onAmbiguous", () => rejects({ backend, outbox: { onAmbiguous: "drop" } }, TypeError, "durability.outbox.onAmbiguous", '"drop"'));
+  test("negative retries", () => rejects({ backend, outbox: { retries: -1 } }, RangeError, "durability.outbox.retries"));
+  test("empty instanceId", () => rejects({ backend, instanceId: "" }, TypeError, "durability.instanceId"));
+  test("failOpen not a boolean", () => rejects({ backend, failOpen: "yes" }, TypeError, "durability.failOpen"));
+  test("maxPayloadBytes zero", () => rejects({ backend, outbox: { maxPayloadBytes: 0 } }, RangeError, "durability.outbox.maxPayloadBytes"));
+  test("durations parse", () => {
+    expect(parseDuration("7d", "x")).toBe(604_800_000);
+    expect(parseDuration("1.5h", "x")).toBe(5_400_000);
+    expect(parseDuration("250ms", "x")).toBe(250);
+    expect(parseDuration(42, "x")).toBe(42);
+  });
+  test("bot options", () => {
+    expect(() => new Bot({ provider: {} as never })).toThrow(/"provider"/);
+    expect(() => new Bot({ provider: new MockProvider(), extra: 1 } as never)).toThrow(/"extra"/);
+    const bot = new Bot({ provider: new MockProvider() });
+    expect(() => bot.when(42 as never, () => {})).toThrow(/"matcher"/);
+    expect(() => bot.when("hi", "nope" as never)).toThrow(/"handler"/);
+    expect(() => bot.send("", "x")).toThrow(/"chatId"/);
+  });
+  test("the defaults", () => {
+    const bot = make({ backend });
+    expect(bot.durability).toBeDefined();
+    expect(new Bot({ provider: new MockProvider() }).durability).toBeUndefined();
+  });
+});
+
+describe("bad input never loses what is journaled", () => {
+  test("garbage from a provider is rejected naming the field; journaled records stay", async () => {
+    const provider = new MockProvider();
+    const store = new MemoryDurability();
+    const bot = new Bot({ provider, durability: { backend: store, instanceId: "t" } });
+    const errors: Error[] = [];
+    bot.on("error", (e) => errors.push(e));
+    bot.when(() => true, (ctx) => ctx.reply("ok"));
+    await bot.start();
+    await provider.receive({ id: "good", chatId: "c", text: "x" });
+    const sink = (provider as unknown as { receive: MockProvider["receive"] });
+    const bad = await sink.receive({ id: "bad", chatId: 42 as never, text: "x" });
+    expect(bad.status).toBe("rejected");
+    expect(errors.at(-1)?.message).toContain('"chatId"');
+    const weird = await provider.receive({ id: "fn", chatId: "c", media: { type: "image", thumb: (() => 1) as never } });
+    expect(weird.status).toBe("rejected");
+    expect(errors.at(-1)?.message).toContain("message.media.thumb");
+    await bot.idle();
+    expect((await store.inbox.get("good"))?.state).toBe("done");
+    expect(await store.inbox.get("fn")).toBe(null);
+    // The rejected id is forgotten by the dedupe: a corrected redelivery is processed.
+    expect((await provider.receive({ id: "fn", chatId: "c", text: "fixed" })).status).toBe("admitted");
+    await bot.idle();
+    expect(provider.sent.length).toBe(2);
+    await bot.stop();
+  });
+
+  test("a provider receipt without a message id is recorded with a warning", async () => {
+    const provider = new MockProvider();
+    provider.send = () => Promise.resolve({ messageId: undefined as never });
+    const backend = new MemoryDurability();
+    const bot = new Bot({ provider, durability: { backend, instanceId: "t" } });
+    const warnings: string[] = [];
+    bot.on("warning", (w) => warnings.push(w.message));
+    await bot.start();
+    const result = await bot.send("c", "x", { idempotencyKey: "k" });
+    expect(result.state).toBe("sent");
+    expect(warnings[0]).toContain('"messageId"');
+    expect((await backend.outbox.get("k"))?.state).toBe("sent");
+    await bot.stop();
+  });
+});
