@@ -1,0 +1,753 @@
+/**
+ * The generic durability backend over a {@link DurableKv}: one inbox and
+ * outbox implementation with the full contract, built on versioned get,
+ * compare-and-set, conditional delete and ordered prefix listing alone.
+ * Several engines (processes, replicas) may share one kv.
+ *
+ * ## Layout (under `prefix`)
+ * - `r/in/<id>`, `r/out/<key>`: the records, stored as `{ rec, hints }`, where
+ *   `hints` lists the index keys the record currently owns.
+ * - `i/due/in/<dueAt>/<receivedAt>/<state>/<id>/<nonce>`,
+ *   `i/due/out/<dueAt>/<seq>/<state>/<chatId>/<key>/<nonce>`: active records by
+ *   when a due scan must look at them.
+ * - `i/st/<in|out>/<state>/<time>/<id>/<nonce>`: records by state; `time` is
+ *   `updatedAt` for `done`/`sent` (purge) and the list order (`receivedAt`,
+ *   `seq`) otherwise.
+ * - `i/chat/<chatId>/<seq>/<key>/<nonce>`: the chat's unsettled outbox entries
+ *   (`queued`, `sending`, `failed`).
+ * - `c/out/seq`: the outbox sequence counter.
+ *
+ * Numbers are zero-padded to 16 digits; ids, keys and chat ids have `%` and
+ * `/` escaped so that they cannot break a key apart.
+ *
+ * ## Index keys are hints
+ * There are no multi-key transactions, so every change is one compare-and-set
+ * of the record, and index keys are hints checked against it: a hint is valid
+ * only while the record's `hints` lists it. A change writes its new hints
+ * first, then CASes the record, then deletes the hints the record no longer
+ * lists. A crash leaves extra hints, never a missing one. Each hint written
+ * carries a fresh random nonce, so a hint that was dropped is never valid
+ * again and deleting it can never remove a hint that a later change needs.
+ * A scan that meets a hint the record does not list deletes it, unless the
+ * hint was written against the record's current version (its writer's CAS
+ * may still be coming), or, for a record not created yet, unless it is
+ * younger than ten minutes.
+ *
+ * This relies on the kv never reusing a version of a key, also after a
+ * delete (the same property compare-and-set itself needs).
+ *
+ * ## Ordering of sends
+ * `seq` comes from a counter key advanced by CAS: strictly increasing across
+ * every engine on the kv, and a crash can only skip a number. Whether a chat
+ * is clear (in `reserve` and `claimDue`) is checked against the chat index
+ * before the entry is written or leased. Within one backend instance the
+ * reserves of a chat run one at a time; across instances that check-then-write
+ * is not atomic, so route each chat to one replica at a time (sticky by chat
+ * id, SPEC §8 "Several replicas"), as the engine requires anyway.
+ *
+ * @module
+ */
+import {
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DurabilityBackend,
+  type DurableKv,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type JsonValue,
+  type KvEntry,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
+  StaleLeaseError,
+} from "../src/backend.ts";
+import {
+  ambiguousOutbox,
+  BLOCKING_OUTBOX_STATES,
+  claimedInbound,
+  claimedOutbox,
+  failedFields,
+  holdsLease,
+  inboxDueAt,
+  isInboxClaimable,
+  isLeaseAbandoned,
+  matchesList,
+  newInboundRecord,
+  newOutboxEntry,
+  normalizeList,
+  outboxDueAt,
+} from "../src/journal_rules.ts";
+
+/** Options of {@link kvDurability}. */
+export interface KvDurabilityOptions {
+  /**
+   * Prepended to every key (default `""`). Give each backend sharing one kv
+   * its own prefix ending in a separator, e.g. `"bot-a:"`.
+   */
+  prefix?: string;
+}
+
+/** Entries per `list` call of a scan. */
+const PAGE = 256;
+/** Lost compare-and-sets in a row before an operation gives up. */
+const MAX_RACES = 100;
+/** A hint written for a record that never got created is stale after this. */
+const ORPHAN_GRACE_MS = 10 * 60_000;
+
+/** A record as stored: the record and the index keys it owns. */
+interface Stored<R> {
+  rec: R;
+  hints: string[];
+}
+
+/** A record as read, with its version. */
+interface Loaded<R> extends Stored<R> {
+  version: string;
+}
+
+/** The value of an index key: the record version its writer based its CAS on, and when it was written. */
+interface HintValue {
+  b: string | null;
+  t: number;
+}
+
+/** A parsed due hint. */
+interface DueHint {
+  entry: KvEntry;
+  dueAt: number;
+  order: number;
+  state: string;
+  chatId: string | null;
+  id: string;
+}
+
+/** Escapes `%` and `/` so that a value is one key segment. */
+function esc(value: string): string {
+  return value.replace(/[%/]/g, (c) => (c === "%" ? "%25" : "%2F"));
+}
+
+function unesc(segment: string): string {
+  return segment.replace(/%(25|2F)/g, (_, code) => (code === "25" ? "%" : "/"));
+}
+
+/** A non-negative integer as 16 digits, so that key order is numeric order. */
+function pad(n: number): string {
+  const v = Number.isNaN(n) ? 0 : Math.min(Math.max(Math.floor(n), 0), Number.MAX_SAFE_INTEGER);
+  return String(v).padStart(16, "0");
+}
+
+function nonce(): string {
+  const bytes = new Uint8Array(8);
+  crypto.getRandomValues(bytes);
+  let out = "";
+  for (const b of bytes) out += b.toString(16).padStart(2, "0");
+  return out;
+}
+
+/** A hint key without its nonce: what the hint says. */
+function logicalOf(hint: string): string {
+  return hint.slice(0, hint.lastIndexOf("/"));
+}
+
+function compareStrings(a: string, b: string): number {
+  return a < b ? -1 : a > b ? 1 : 0;
+}
+
+/** Runs best-effort cleanups, ignoring their failures (also a kv method that throws at once). */
+async function quietly<T>(items: readonly T[], work: (item: T) => Promise<unknown>): Promise<void> {
+  await Promise.allSettled(items.map(async (item) => await work(item)));
+}
+
+/** What the rest of a record's life needs from it. */
+interface Journaled {
+  state: string;
+  chatId: string;
+  updatedAt: number;
+}
+
+/** The storage half shared by the inbox and the outbox: records, hints, CAS loops, scans. */
+abstract class KvJournal<R extends Journaled> {
+  protected readonly kv: DurableKv;
+  protected readonly prefix: string;
+  readonly #records: string;
+  /** Due index prefix of this journal. */
+  protected readonly duePrefix: string;
+  /** State index prefix of this journal. */
+  protected readonly statePrefix: string;
+
+  constructor(kv: DurableKv, prefix: string, kind: "in" | "out") {
+    this.kv = kv;
+    this.prefix = prefix;
+    this.#records = `${prefix}r/${kind}/`;
+    this.duePrefix = `${prefix}i/due/${kind}/`;
+    this.statePrefix = `${prefix}i/st/${kind}/`;
+  }
+
+  /** The record's id. */
+  protected abstract idOf(rec: R): string;
+  /** The index keys (without nonces) that `rec` needs. */
+  protected abstract hintsFor(rec: R): string[];
+
+  #recordKey(id: string): string {
+    return this.#records + esc(id);
+  }
+
+  #unwrap(entry: KvEntry): Loaded<R> {
+    const value = entry.value as unknown as Stored<R> | null;
+    if (
+      typeof value !== "object" || value === null || typeof value.rec !== "object" || value.rec === null ||
+      !Array.isArray(value.hints)
+    ) {
+      throw new TypeError(`kv durability: key "${entry.key}" does not hold a journal record`);
+    }
+    return { rec: value.rec, hints: value.hints, version: entry.version };
+  }
+
+  /** The kv clock (a kv method that throws at once still gives a rejected promise). */
+  protected async clock(): Promise<number> {
+    return await this.kv.now();
+  }
+
+  protected async load(id: string): Promise<Loaded<R> | null> {
+    const entry = await this.kv.get(this.#recordKey(id));
+    return entry ? this.#unwrap(entry) : null;
+  }
+
+  /**
+   * Replaces `cur` (`null`: creates) with `next` by one CAS, keeping hints
+   * crash-safe: new hints before, dropped hints after.
+   * @param since local `Date.now()` when `now` was read (to notice a create so slow that scans took its hints for orphans).
+   * @returns the stored record, or `null` when the CAS lost (nothing changed).
+   */
+  protected async write(
+    cur: Loaded<R> | null,
+    next: R,
+    now: number,
+    since: number = Date.now(),
+  ): Promise<Loaded<R> | null> {
+    const old = cur?.hints ?? [];
+    const byLogical = new Map(old.map((hint) => [logicalOf(hint), hint]));
+    const hints: string[] = [];
+    const fresh: string[] = [];
+    for (const logical of this.hintsFor(next)) {
+      const kept = byLogical.get(logical);
+      if (kept !== undefined) {
+        hints.push(kept);
+      } else {
+        const hint = `${logical}/${nonce()}`;
+        hints.push(hint);
+        fresh.push(hint);
+      }
+    }
+    const base = cur?.version ?? null;
+    const mark: HintValue = { b: base, t: now };
+    await Promise.all(fresh.map(async (hint) => await this.kv.set(hint, mark as unknown as JsonValue)));
+    const stored: Stored<R> = { rec: next, hints };
+    const version = await this.kv.set(this.#recordKey(this.idOf(next)), stored as unknown as JsonValue, base);
+    if (version === null) {
+      await quietly(fresh, (hint) => this.kv.delete(hint));
+      return null;
+    }
+    await quietly(old.filter((hint) => !hints.includes(hint)), (hint) => this.kv.delete(hint));
+    if (cur === null) {
+      // A scan may have taken the hints of a very slow create for orphans: put them back.
+      const elapsed = Date.now() - since;
+      if (!(elapsed >= 0 && elapsed < ORPHAN_GRACE_MS / 4)) {
+        const again: HintValue = { b: version, t: now };
+        await quietly(fresh, (hint) => this.kv.set(hint, again as unknown as JsonValue));
+      }
+    }
+    return { rec: next, hints, version };
+  }
+
+  /** Deletes `cur` if unchanged, then its hints. @returns whether it was deleted. */
+  protected async remove(cur: Loaded<R>): Promise<boolean> {
+    const deleted = await this.kv.delete(this.#recordKey(this.idOf(cur.rec)), cur.version);
+    if (deleted) await quietly(cur.hints, (hint) => this.kv.delete(hint));
+    return deleted;
+  }
+
+  /**
+   * A CAS loop: reads the record, asks `decide` for its next value (`null`:
+   * leave it), writes it; a lost CAS re-reads and re-decides.
+   * @param first an already loaded record and the time it was read at, to start from.
+   * @returns the last record seen, and the record written (`null`: nothing changed).
+   */
+  protected async mutate(
+    id: string,
+    decide: (rec: R, now: number) => R | null,
+    first?: { cur: Loaded<R>; now: number },
+  ): Promise<{ seen: R | null; written: Loaded<R> | null }> {
+    let state = first;
+    for (let race = 0;; race++) {
+      if (!state) {
+        const [cur, now] = await Promise.all([this.load(id), this.clock()]);
+        if (!cur) return { seen: null, written: null };
+        state = { cur, now };
+      }
+      const next = decide(state.cur.rec, state.now);
+      if (next === null) return { seen: state.cur.rec, written: null };
+      const written = await this.write(state.cur, next, state.now);
+      if (written) return { seen: state.cur.rec, written };
+      if (race >= MAX_RACES) {
+        throw new Error(`kv durability: gave up on record "${id}" after ${MAX_RACES} lost compare-and-sets`);
+      }
+      state = undefined;
+    }
+  }
+
+  /**
+   * Checks a hint against its record (read now, after the hint was listed).
+   * Deletes it when stale for good.
+   * @returns the record when the hint is valid, else `null`.
+   */
+  protected async check(hint: KvEntry, id: string, now: number): Promise<Loaded<R> | null> {
+    const cur = await this.load(id);
+    if (cur && cur.hints.includes(hint.key)) return cur;
+    const value = hint.value as unknown as Partial<HintValue> | null;
+    const base = typeof value === "object" && value !== null ? value.b : undefined;
+    const written = typeof value === "object" && value !== null && typeof value.t === "number" ? value.t : 0;
+    const pending = cur
+      ? base === cur.version // its writer's CAS may be on the way
+      : base === null && now - written < ORPHAN_GRACE_MS; // a create on the way
+    if (!pending) await quietly([hint], (stale) => this.kv.delete(stale.key, stale.version));
+    return null;
+  }
+
+  /** Every entry under `prefix` in key order, a page at a time. */
+  protected async *scan(prefix: string): AsyncGenerator<KvEntry> {
+    let after: string | undefined;
+    for (;;) {
+      const page = await this.kv.list(prefix, after === undefined ? { limit: PAGE } : { after, limit: PAGE });
+      for (const entry of page) yield entry;
+      if (page.length < PAGE) return;
+      after = page[page.length - 1].key;
+    }
+  }
+
+  /** Due hints up to `now`; with `reclaimOwn`, also later ones in `leasedState`. */
+  protected async dueHints(now: number, reclaimOwn: boolean, leasedState: string): Promise<DueHint[]> {
+    const out: DueHint[] = [];
+    for await (const entry of this.scan(this.duePrefix)) {
+      const parts = entry.key.slice(this.duePrefix.length).split("/");
+      if (parts.length !== 5 && parts.length !== 6) continue;
+      const dueAt = Number(parts[0]);
+      const state = parts[2];
+      if (dueAt > now) {
+        if (!reclaimOwn) break;
+        if (state !== leasedState) continue;
+      }
+      out.push({
+        entry,
+        dueAt,
+        order: Number(parts[1]),
+        state,
+        chatId: parts.length === 6 ? unesc(parts[3]) : null,
+        id: unesc(parts[parts.length - 2]),
+      });
+    }
+    out.sort((a, b) => a.order - b.order || compareStrings(a.id, b.id));
+    return out;
+  }
+
+  /**
+   * `list`: through the state index when states are given, else over all records.
+   * @param inOrder whether a state's index is already in list order (then a scan stops at `limit`).
+   */
+  protected async listRecords(
+    filter: { states: ReadonlySet<string> | null; chatId: string | undefined; limit: number },
+    compare: (a: R, b: R) => number,
+    inOrder: (state: string) => boolean,
+  ): Promise<R[]> {
+    if (filter.limit === 0) return [];
+    const out: R[] = [];
+    if (filter.states === null) {
+      for await (const entry of this.scan(this.#records)) {
+        const { rec } = this.#unwrap(entry);
+        if (matchesList(rec, filter)) out.push(rec);
+      }
+    } else {
+      const now = await this.kv.now();
+      for (const state of filter.states) {
+        const prefix = `${this.statePrefix}${esc(state)}/`;
+        let found = 0;
+        for await (const entry of this.scan(prefix)) {
+          const parts = entry.key.slice(prefix.length).split("/");
+          if (parts.length !== 3) continue;
+          const cur = await this.check(entry, unesc(parts[1]), now);
+          if (!cur || cur.rec.state !== state || !matchesList(cur.rec, filter)) continue;
+          out.push(cur.rec);
+          if (++found >= filter.limit && inOrder(state)) break;
+        }
+      }
+    }
+    return out.sort(compare).slice(0, filter.limit);
+  }
+
+  /** Deletes records in `state` whose `updatedAt` is at most `now - olderThanMs`. */
+  protected async purgeState(state: string, olderThanMs: number): Promise<number> {
+    const now = await this.kv.now();
+    const cutoff = now - olderThanMs;
+    const prefix = `${this.statePrefix}${state}/`;
+    let count = 0;
+    for await (const entry of this.scan(prefix)) {
+      const parts = entry.key.slice(prefix.length).split("/");
+      if (parts.length !== 3) continue;
+      if (!(Number(parts[0]) <= cutoff)) break;
+      const cur = await this.check(entry, unesc(parts[1]), now);
+      if (!cur || cur.rec.state !== state || !(cur.rec.updatedAt <= cutoff)) continue;
+      if (await this.remove(cur)) count++;
+    }
+    return count;
+  }
+}
+
+class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
+  constructor(kv: DurableKv, prefix: string) {
+    super(kv, prefix, "in");
+  }
+
+  protected idOf(rec: InboundRecord): string {
+    return rec.id;
+  }
+
+  protected hintsFor(rec: InboundRecord): string[] {
+    const id = esc(rec.id);
+    const time = rec.state === "done" ? rec.updatedAt : rec.receivedAt;
+    const hints = [`${this.statePrefix}${rec.state}/${pad(time)}/${id}`];
+    const dueAt = inboxDueAt(rec);
+    if (dueAt !== null) hints.push(`${this.duePrefix}${pad(dueAt)}/${pad(rec.receivedAt)}/${rec.state}/${id}`);
+    return hints;
+  }
+
+  async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    const since = Date.now();
+    const now = await this.kv.now();
+    const written = await this.write(null, newInboundRecord(record, now, lease), now, since);
+    return written ? structuredClone(written.rec) : null;
+  }
+
+  async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    const { written } = await this.mutate(
+      id,
+      (rec, now) => (isInboxClaimable(rec, now, options) ? claimedInbound(rec, now, options) : null),
+    );
+    return written?.rec ?? null;
+  }
+
+  async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    if (!(options.limit > 0)) return [];
+    const now = await this.kv.now();
+    const hints = await this.dueHints(now, options.reclaimOwn === true, "processing");
+    const out: InboundRecord[] = [];
+    for (const hint of hints) {
+      if (out.length >= options.limit) break;
+      const cur = await this.check(hint.entry, hint.id, now);
+      if (!cur || !isInboxClaimable(cur.rec, now, options)) continue;
+      const { written } = await this.mutate(
+        hint.id,
+        (rec, at) => (isInboxClaimable(rec, at, options) ? claimedInbound(rec, at, options) : null),
+        { cur, now },
+      );
+      if (written) out.push(written.rec);
+    }
+    return out.sort((a, b) => a.receivedAt - b.receivedAt || compareStrings(a.id, b.id));
+  }
+
+  async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    const { written } = await this.mutate(id, (rec, now) =>
+      rec.state === "processing" && holdsLease(rec.lease, token)
+        ? { ...rec, lease: { ...rec.lease!, expiresAt: now + leaseMs } }
+        : null);
+    return written !== null;
+  }
+
+  async complete(id: string, token: number): Promise<void> {
+    const { written } = await this.mutate(id, (rec, now) =>
+      rec.state === "processing" && holdsLease(rec.lease, token)
+        ? { ...rec, state: "done", lease: null, nextAttemptAt: null, updatedAt: now }
+        : null);
+    if (!written) throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    const { written } = await this.mutate(id, (rec, now) =>
+      rec.state === "processing" && holdsLease(rec.lease, token) ? { ...rec, ...failedFields(outcome, now) } : null);
+    if (!written) throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async get(id: string): Promise<InboundRecord | null> {
+    return (await this.load(id))?.rec ?? null;
+  }
+
+  list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    return this.listRecords(
+      normalizeList(options),
+      (a, b) => a.receivedAt - b.receivedAt || compareStrings(a.id, b.id),
+      (state) => state !== "done",
+    );
+  }
+
+  async replay(id: string): Promise<boolean> {
+    const { written } = await this.mutate(id, (rec, now) =>
+      rec.state === "done" || rec.state === "failed" || rec.state === "dead"
+        ? { ...rec, state: "pending", attempts: 0, nextAttemptAt: null, lease: null, error: null, updatedAt: now }
+        : null);
+    return written !== null;
+  }
+
+  purge(olderThanMs: number): Promise<number> {
+    return this.purgeState("done", olderThanMs);
+  }
+}
+
+function isBlocking(state: OutboxState): boolean {
+  return BLOCKING_OUTBOX_STATES.includes(state);
+}
+
+class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
+  readonly #counter: string;
+  /** chatId → the tail of this instance's queue of reserves for that chat. */
+  readonly #chatQueues = new Map<string, Promise<void>>();
+
+  constructor(kv: DurableKv, prefix: string) {
+    super(kv, prefix, "out");
+    this.#counter = `${prefix}c/out/seq`;
+  }
+
+  /** Runs `work` after this instance's earlier reserves for `chatId` finished. */
+  async #inChat<T>(chatId: string, work: () => Promise<T>): Promise<T> {
+    const before = this.#chatQueues.get(chatId);
+    let release!: () => void;
+    const done = new Promise<void>((resolve) => (release = resolve));
+    const tail = before ? before.then(() => done) : done;
+    this.#chatQueues.set(chatId, tail);
+    try {
+      if (before) await before;
+      return await work();
+    } finally {
+      release();
+      if (this.#chatQueues.get(chatId) === tail) this.#chatQueues.delete(chatId);
+    }
+  }
+
+  protected idOf(entry: OutboxEntry): string {
+    return entry.key;
+  }
+
+  #chatPrefix(chatId: string): string {
+    return `${this.prefix}i/chat/${esc(chatId)}/`;
+  }
+
+  protected hintsFor(entry: OutboxEntry): string[] {
+    const key = esc(entry.key);
+    const time = entry.state === "sent" ? entry.updatedAt : entry.seq;
+    const hints = [`${this.statePrefix}${entry.state}/${pad(time)}/${key}`];
+    const dueAt = outboxDueAt(entry);
+    if (dueAt !== null) {
+      hints.push(`${this.duePrefix}${pad(dueAt)}/${pad(entry.seq)}/${entry.state}/${esc(entry.chatId)}/${key}`);
+    }
+    if (isBlocking(entry.state)) hints.push(`${this.#chatPrefix(entry.chatId)}${pad(entry.seq)}/${key}`);
+    return hints;
+  }
+
+  /** The next sequence number: a counter advanced by CAS. */
+  async #nextSeq(): Promise<number> {
+    for (let race = 0;; race++) {
+      const cur = await this.kv.get(this.#counter);
+      const next = (typeof cur?.value === "number" ? cur.value : 0) + 1;
+      if ((await this.kv.set(this.#counter, next, cur ? cur.version : null)) !== null) return next;
+      if (race >= MAX_RACES) {
+        throw new Error(`kv durability: gave up on the outbox sequence after ${MAX_RACES} lost compare-and-sets`);
+      }
+    }
+  }
+
+  /** Whether the chat has an unsettled entry with a `seq` below `seq`. */
+  async #chatBlocked(chatId: string, seq: number, now: number): Promise<boolean> {
+    const prefix = this.#chatPrefix(chatId);
+    for await (const entry of this.scan(prefix)) {
+      const parts = entry.key.slice(prefix.length).split("/");
+      if (parts.length !== 3) continue;
+      if (Number(parts[0]) >= seq) return false;
+      const cur = await this.check(entry, unesc(parts[1]), now);
+      if (cur && isBlocking(cur.rec.state) && cur.rec.seq < seq) return true;
+    }
+    return false;
+  }
+
+  /**
+   * Reserves of one chat run one after the other within this instance, so
+   * that the chat check and the write are not interleaved; across instances
+   * they are not (chats are sticky to one replica).
+   */
+  reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    return this.#inChat(input.chatId, () => this.#reserve(input, lease));
+  }
+
+  async #reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    for (let race = 0;; race++) {
+      const since = Date.now();
+      const [existing, now] = await Promise.all([this.load(input.key), this.clock()]);
+      if (existing) return { status: "exists", entry: existing.rec };
+      const seq = await this.#nextSeq();
+      const clear = lease !== undefined && !(await this.#chatBlocked(input.chatId, seq, now));
+      const entry = newOutboxEntry(input, seq, now, clear ? lease : undefined);
+      const written = await this.write(null, entry, now, since);
+      if (written) return { status: clear ? "leased" : "queued", entry: structuredClone(written.rec) };
+      if (race >= MAX_RACES) {
+        throw new Error(`kv durability: gave up reserving "${input.key}" after ${MAX_RACES} lost compare-and-sets`);
+      }
+    }
+  }
+
+  async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    const due: OutboxEntry[] = [];
+    const ambiguous: OutboxEntry[] = [];
+    const resend = options.resendAmbiguous === true;
+    const now = await this.kv.now();
+    const hints = await this.dueHints(now, options.reclaimOwn === true, "sending");
+    const lost = (rec: OutboxEntry, at: number): boolean =>
+      rec.state === "sending" && isLeaseAbandoned(rec.lease, at, options);
+
+    // (1) Abandoned `sending` entries: `unknown` exactly once (the CAS decides), or leased again.
+    for (const hint of hints) {
+      if (hint.state !== "sending") continue;
+      if (resend && due.length >= options.limit) break;
+      const cur = await this.check(hint.entry, hint.id, now);
+      if (!cur || !lost(cur.rec, now)) continue;
+      const { written } = await this.mutate(
+        hint.id,
+        (rec, at) => (lost(rec, at) ? (resend ? claimedOutbox(rec, at, options) : ambiguousOutbox(rec, at)) : null),
+        { cur, now },
+      );
+      if (!written) continue;
+      ambiguous.push(written.rec);
+      if (resend) due.push(structuredClone(written.rec));
+    }
+
+    // (2) Due `queued`/`failed` entries that are first in their chat, by seq.
+    const seen = new Set<string>(); // chats whose first due entry was looked at
+    for (const hint of hints) {
+      if (due.length >= options.limit) break;
+      if (hint.state !== "queued" && hint.state !== "failed") continue;
+      if (hint.chatId !== null && seen.has(hint.chatId)) continue;
+      const cur = await this.check(hint.entry, hint.id, now);
+      if (!cur) continue;
+      const entry = cur.rec;
+      if ((entry.state !== "queued" && entry.state !== "failed") || (entry.nextAttemptAt ?? 0) > now) continue;
+      seen.add(entry.chatId);
+      if (await this.#chatBlocked(entry.chatId, entry.seq, now)) continue;
+      const { written } = await this.mutate(
+        hint.id,
+        (rec, at) =>
+          (rec.state === "queued" || rec.state === "failed") && (rec.nextAttemptAt ?? 0) <= at
+            ? claimedOutbox(rec, at, options)
+            : null,
+        { cur, now },
+      );
+      if (written) due.push(written.rec);
+    }
+    return { due, ambiguous };
+  }
+
+  async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    const { written } = await this.mutate(key, (rec, now) =>
+      rec.state === "sending" && holdsLease(rec.lease, token)
+        ? { ...rec, lease: { ...rec.lease!, expiresAt: now + leaseMs } }
+        : null);
+    return written !== null;
+  }
+
+  async markSent(key: string, token: number, messageId: string): Promise<void> {
+    const { written } = await this.mutate(key, (rec, now) =>
+      rec.state === "sending" && holdsLease(rec.lease, token)
+        ? { ...rec, state: "sent", messageId, lease: null, nextAttemptAt: null, updatedAt: now }
+        : null);
+    if (!written) throw new StaleLeaseError("outbox", key, token);
+  }
+
+  async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    const { written } = await this.mutate(key, (rec, now) =>
+      rec.state === "sending" && holdsLease(rec.lease, token) ? { ...rec, ...failedFields(outcome, now) } : null);
+    if (!written) throw new StaleLeaseError("outbox", key, token);
+  }
+
+  async get(key: string): Promise<OutboxEntry | null> {
+    return (await this.load(key))?.rec ?? null;
+  }
+
+  list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    return this.listRecords(
+      normalizeList(options),
+      (a, b) => a.seq - b.seq || compareStrings(a.key, b.key),
+      (state) => state !== "sent",
+    );
+  }
+
+  async retry(key: string): Promise<boolean> {
+    const { written } = await this.mutate(key, (rec, now) =>
+      rec.state === "dead" || rec.state === "failed" || rec.state === "unknown"
+        ? { ...rec, state: "queued", nextAttemptAt: now, attempts: 0, lease: null, updatedAt: now }
+        : null);
+    return written !== null;
+  }
+
+  async discard(key: string): Promise<boolean> {
+    for (let race = 0;; race++) {
+      const cur = await this.load(key);
+      if (!cur || cur.rec.state === "sending") return false;
+      if (await this.remove(cur)) return true;
+      if (race >= MAX_RACES) {
+        throw new Error(`kv durability: gave up discarding "${key}" after ${MAX_RACES} lost compare-and-sets`);
+      }
+    }
+  }
+
+  purge(olderThanMs: number): Promise<number> {
+    return this.purgeState("sent", olderThanMs);
+  }
+}
+
+/**
+ * A durability backend over any {@link DurableKv}: the full inbox and outbox
+ * contract built on compare-and-set alone, safe for several engines sharing
+ * one kv. Due scans, purges and lists by state go through index keys kept in
+ * the kv (see the module documentation), so they cost O(due), not O(all).
+ *
+ * @param kv the store. Its versions must never repeat for a key, also after a delete.
+ * @param options.prefix prepended to every key (default `""`).
+ * @returns a backend named `kv:<kv.name>` with the kv's scope.
+ *
+ * @example Usage
+ * ```ts
+ * import { kvDurability } from "@botmesh/durable/backends/kv";
+ * import { MemoryKv } from "@botmesh/durable/backends/memory_kv";
+ *
+ * const backend = kvDurability(new MemoryKv(), { prefix: "bot-a:" });
+ * const reserved = await backend.outbox.reserve(
+ *   { key: "invoice:42", chatId: "c1", content: { text: "hi" }, contentHash: "h", inboundId: null },
+ *   { owner: "host/bot/1", incarnation: "x", leaseMs: 60_000 },
+ * );
+ * // reserved.status === "leased": call the provider, then markSent.
+ * ```
+ */
+export function kvDurability(kv: DurableKv, options?: KvDurabilityOptions): DurabilityBackend {
+  const prefix = options?.prefix ?? "";
+  if (typeof prefix !== "string") {
+    throw new TypeError(`kvDurability option "prefix" must be a string, got ${typeof prefix}`);
+  }
+  return {
+    name: `kv:${kv.name}`,
+    scope: kv.scope,
+    inbox: new KvInbox(kv, prefix),
+    outbox: new KvOutbox(kv, prefix),
+  };
+}

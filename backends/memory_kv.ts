@@ -1,0 +1,137 @@
+/**
+ * An in-memory {@link DurableKv}: a map with versions, for tests and for
+ * trying `kvDurability()` without a server.
+ *
+ * @module
+ */
+import type { BackendScope, DurableKv, JsonValue, KvEntry } from "../src/backend.ts";
+
+/** Options of {@link MemoryKv}. */
+export interface MemoryKvOptions {
+  /** The store clock in ms since epoch (default `() => Date.now()`). */
+  clock?: () => number;
+}
+
+/**
+ * Compares two keys in byte-wise (UTF-8) order. UTF-16 code unit order only
+ * differs from it where a surrogate meets a unit in U+E000..U+FFFF.
+ */
+function compareKeys(a: string, b: string): number {
+  const n = Math.min(a.length, b.length);
+  for (let i = 0; i < n; i++) {
+    const x = a.charCodeAt(i);
+    const y = b.charCodeAt(i);
+    if (x !== y) return utf8Rank(x) - utf8Rank(y);
+  }
+  return a.length - b.length;
+}
+
+function utf8Rank(unit: number): number {
+  if (unit >= 0xe000) return unit - 0x800;
+  if (unit >= 0xd800) return unit + 0x2000;
+  return unit;
+}
+
+/**
+ * A {@link DurableKv} kept in a `Map` inside one process. Versions come from
+ * one counter, so a version is never reused, not even after a delete. Values
+ * are deep-copied in and out.
+ *
+ * @example Usage
+ * ```ts
+ * import { MemoryKv } from "@botmesh/durable/backends/memory_kv";
+ * import { kvDurability } from "@botmesh/durable/backends/kv";
+ *
+ * const kv = new MemoryKv();
+ * const version = await kv.set("a", { n: 1 }, null); // create
+ * await kv.set("a", { n: 2 }, version); // compare-and-set
+ * const backend = kvDurability(kv);
+ * ```
+ */
+export class MemoryKv implements DurableKv {
+  /** Always `'memory'`. */
+  readonly name: string = "memory";
+  /** Shared by the users of one process only. */
+  readonly scope: BackendScope = "process";
+  readonly #data = new Map<string, { value: JsonValue; version: string }>();
+  readonly #clock: () => number;
+  #counter = 0;
+
+  /**
+   * @param options.clock the store clock in ms since epoch (default `() => Date.now()`).
+   * @throws {TypeError} when `clock` is not a function.
+   */
+  constructor(options?: MemoryKvOptions) {
+    const clock = options?.clock ?? (() => Date.now());
+    if (typeof clock !== "function") throw new TypeError(`MemoryKv option "clock" must be a function`);
+    this.#clock = clock;
+  }
+
+  /**
+   * Reads one key.
+   * @param key the key.
+   * @returns a copy of its value with its version, or `null`.
+   */
+  async get(key: string): Promise<KvEntry | null> {
+    const slot = this.#data.get(key);
+    return slot ? { key, value: structuredClone(slot.value), version: slot.version } : null;
+  }
+
+  /**
+   * Writes one key, optionally only if its version is `expectVersion`.
+   * @param key the key.
+   * @param value the value (copied).
+   * @param expectVersion `null`: the key must not exist; `undefined`: unconditional.
+   * @returns the new version, or `null` when the condition failed.
+   */
+  async set(key: string, value: JsonValue, expectVersion?: string | null): Promise<string | null> {
+    const slot = this.#data.get(key);
+    if (expectVersion === null && slot) return null;
+    if (typeof expectVersion === "string" && slot?.version !== expectVersion) return null;
+    const version = String(++this.#counter);
+    this.#data.set(key, { value: structuredClone(value), version });
+    return version;
+  }
+
+  /**
+   * Deletes one key, optionally only if its version is `expectVersion`.
+   * @param key the key.
+   * @param expectVersion the version it must have (unconditional when `undefined`).
+   * @returns whether a key was deleted.
+   */
+  async delete(key: string, expectVersion?: string): Promise<boolean> {
+    const slot = this.#data.get(key);
+    if (!slot || (expectVersion !== undefined && slot.version !== expectVersion)) return false;
+    this.#data.delete(key);
+    return true;
+  }
+
+  /**
+   * Keys starting with `prefix`, in byte-wise ascending order.
+   * @param prefix the key prefix.
+   * @param options.after only keys after this one; `options.limit` at most this many.
+   * @returns copies of the entries.
+   */
+  async list(prefix: string, options?: { after?: string; limit?: number }): Promise<KvEntry[]> {
+    const after = options?.after;
+    const keys: string[] = [];
+    for (const key of this.#data.keys()) {
+      if (key.startsWith(prefix) && (after === undefined || compareKeys(key, after) > 0)) keys.push(key);
+    }
+    keys.sort(compareKeys);
+    const limit = options?.limit;
+    const chosen = limit === undefined ? keys : keys.slice(0, Math.max(0, limit));
+    return chosen.map((key) => {
+      const slot = this.#data.get(key)!;
+      return { key, value: structuredClone(slot.value), version: slot.version };
+    });
+  }
+
+  /**
+   * The store clock.
+   * @returns ms since epoch.
+   */
+  async now(): Promise<number> {
+    return this.#clock();
+  }
+}
