@@ -273,7 +273,7 @@ export interface DurabilityBackend {
 export interface KvEntry<T = JsonValue> {
   key: string;
   value: T;
-  /** Opaque version; changes on every write. */
+  /** Opaque version; changes on every write and is never reused for the key, not even after a delete. */
   version: string;
 }
 

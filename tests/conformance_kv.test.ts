@@ -1,9 +1,9 @@
 import { describe, expect, test } from "bun:test";
 import { kvDurability } from "../backends/kv.ts";
 import { MemoryKv } from "../backends/memory_kv.ts";
-import { runBackendContract } from "../src/testing/conformance.ts";
+import { runDurabilityConformance } from "../testing.ts";
 
-runBackendContract({
+runDurabilityConformance({
   name: "kv (MemoryKv)",
   create: () => kvDurability(new MemoryKv()),
   harness: { describe, test, expect },

@@ -1,0 +1,55 @@
+/**
+ * Messages per second through the bot, durability off versus on with the
+ * memory backend (and the generic kv backend over MemoryKv), measured side by
+ * side in one run, rounds interleaved, medians reported as ratios.
+ *
+ *   bun bench/engine.bench.ts [messages] [rounds]
+ */
+import { Bot, type DurabilityBackend, kvDurability, MemoryDurability, MemoryKv } from "../mod.ts";
+import { MockProvider } from "../testing.ts";
+
+const MESSAGES = Number(Bun.argv[2] ?? 5000);
+const ROUNDS = Number(Bun.argv[3] ?? 7);
+const CHATS = 100;
+
+type Variant = { name: string; backend: () => DurabilityBackend | undefined };
+const variants: Variant[] = [
+  { name: "durability off", backend: () => undefined },
+  { name: "memory backend", backend: () => new MemoryDurability() },
+  { name: "kv backend (MemoryKv)", backend: () => kvDurability(new MemoryKv()) },
+];
+
+async function once(variant: Variant): Promise<number> {
+  const provider = new MockProvider();
+  const backend = variant.backend();
+  const bot = new Bot({
+    provider,
+    ...(backend ? { durability: { backend, instanceId: "bench" } } : {}),
+  });
+  bot.when(() => true, (ctx) => ctx.reply(`echo ${ctx.message.text}`));
+  await bot.start();
+  const started = performance.now();
+  const admits: Promise<unknown>[] = [];
+  for (let i = 0; i < MESSAGES; i++) {
+    admits.push(provider.receive({ id: `m${i}`, chatId: `c${i % CHATS}`, text: `hello ${i}` }));
+  }
+  await Promise.all(admits);
+  await bot.idle();
+  const ms = performance.now() - started;
+  await bot.stop();
+  if (provider.sent.length !== MESSAGES) throw new Error(`${variant.name}: sent ${provider.sent.length} of ${MESSAGES}`);
+  return MESSAGES / (ms / 1000);
+}
+
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)]!;
+const results = new Map<string, number[]>(variants.map((v) => [v.name, []]));
+for (const v of variants) await once(v); // warm-up
+for (let r = 0; r < ROUNDS; r++) {
+  for (const v of variants) results.get(v.name)!.push(await once(v));
+}
+const base = median(results.get(variants[0]!.name)!);
+console.log(`${MESSAGES} messages over ${CHATS} chats, one reply each, ${ROUNDS} interleaved rounds (median)`);
+for (const v of variants) {
+  const m = median(results.get(v.name)!);
+  console.log(`${v.name.padEnd(24)} ${Math.round(m).toString().padStart(8)} msg/s   ratio to off: ${(m / base).toFixed(3)}`);
+}
