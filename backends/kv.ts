@@ -73,6 +73,7 @@ import {
   BLOCKING_OUTBOX_STATES,
   claimedInbound,
   claimedOutbox,
+  cloneJson,
   failedFields,
   holdsLease,
   inboxDueAt,
@@ -431,7 +432,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     const since = Date.now();
     const now = await this.kv.now();
     const written = await this.write(null, newInboundRecord(record, now, lease), now, since);
-    return written ? structuredClone(written.rec) : null;
+    return written ? cloneJson(written.rec) : null;
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
@@ -601,7 +602,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       const clear = lease !== undefined && !(await this.#chatBlocked(input.chatId, seq, now));
       const entry = newOutboxEntry(input, seq, now, clear ? lease : undefined);
       const written = await this.write(null, entry, now, since);
-      if (written) return { status: clear ? "leased" : "queued", entry: structuredClone(written.rec) };
+      if (written) return { status: clear ? "leased" : "queued", entry: cloneJson(written.rec) };
       if (race >= MAX_RACES) {
         throw new Error(`kv durability: gave up reserving "${input.key}" after ${MAX_RACES} lost compare-and-sets`);
       }
@@ -630,7 +631,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       );
       if (!written) continue;
       ambiguous.push(written.rec);
-      if (resend) due.push(structuredClone(written.rec));
+      if (resend) due.push(cloneJson(written.rec));
     }
 
     // (2) Due `queued`/`failed` entries that are first in their chat, by seq.

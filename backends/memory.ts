@@ -28,6 +28,7 @@ import {
   BLOCKING_OUTBOX_STATES,
   claimedInbound,
   claimedOutbox,
+  cloneJson,
   failedFields,
   holdsLease,
   inboxDueAt,
@@ -68,7 +69,7 @@ const earlier = (a: HeapItem, b: HeapItem): boolean => a.at < b.at;
 const COMPACT_MIN = 1024;
 
 function copy<T>(value: T): T {
-  return structuredClone(value);
+  return cloneJson(value);
 }
 
 function show(value: unknown): string {

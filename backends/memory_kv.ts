@@ -5,6 +5,7 @@
  * @module
  */
 import type { BackendScope, DurableKv, JsonValue, KvEntry } from "../src/backend.ts";
+import { cloneJson } from "../src/journal_rules.ts";
 
 /** Options of {@link MemoryKv}. */
 export interface MemoryKvOptions {
@@ -74,7 +75,7 @@ export class MemoryKv implements DurableKv {
    */
   async get(key: string): Promise<KvEntry | null> {
     const slot = this.#data.get(key);
-    return slot ? { key, value: structuredClone(slot.value), version: slot.version } : null;
+    return slot ? { key, value: cloneJson(slot.value), version: slot.version } : null;
   }
 
   /**
@@ -89,7 +90,7 @@ export class MemoryKv implements DurableKv {
     if (expectVersion === null && slot) return null;
     if (typeof expectVersion === "string" && slot?.version !== expectVersion) return null;
     const version = String(++this.#counter);
-    this.#data.set(key, { value: structuredClone(value), version });
+    this.#data.set(key, { value: cloneJson(value), version });
     return version;
   }
 
@@ -123,7 +124,7 @@ export class MemoryKv implements DurableKv {
     const chosen = limit === undefined ? keys : keys.slice(0, Math.max(0, limit));
     return chosen.map((key) => {
       const slot = this.#data.get(key)!;
-      return { key, value: structuredClone(slot.value), version: slot.version };
+      return { key, value: cloneJson(slot.value), version: slot.version };
     });
   }
 

@@ -208,3 +208,24 @@ export function matchesList<S extends string>(
   return (filter.states === null || filter.states.has(item.state)) &&
     (filter.chatId === undefined || item.chatId === filter.chatId);
 }
+
+/**
+ * A deep copy of a JSON value (records, payloads, content). Several times
+ * faster than `structuredClone` for the small objects journals hold.
+ *
+ * @param value a JSON value (no cycles, no class instances)
+ * @returns the copy
+ */
+export function cloneJson<T>(value: T): T {
+  if (typeof value !== "object" || value === null) return value;
+  if (Array.isArray(value)) {
+    const out = new Array(value.length);
+    for (let i = 0; i < value.length; i++) out[i] = cloneJson(value[i]);
+    return out as T;
+  }
+  const out: Record<string, unknown> = {};
+  for (const key in value) {
+    if (Object.prototype.hasOwnProperty.call(value, key)) out[key] = cloneJson((value as Record<string, unknown>)[key]);
+  }
+  return out as T;
+}
