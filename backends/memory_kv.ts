@@ -40,8 +40,7 @@ function utf8Rank(unit: number): number {
  *
  * @example Usage
  * ```ts
- * import { MemoryKv } from "@botmesh/durable/backends/memory_kv";
- * import { kvDurability } from "@botmesh/durable/backends/kv";
+ * import { kvDurability, MemoryKv } from "@botmesh/durable";
  *
  * const kv = new MemoryKv();
  * const version = await kv.set("a", { n: 1 }, null); // create
@@ -55,6 +54,8 @@ export class MemoryKv implements DurableKv {
   /** Shared by the users of one process only. */
   readonly scope: BackendScope = "process";
   readonly #data = new Map<string, { value: JsonValue; version: string }>();
+  /** Every key, in byte-wise order, so that `list` costs O(log n + listed). */
+  readonly #sorted: string[] = [];
   readonly #clock: () => number;
   #counter = 0;
 
@@ -90,6 +91,7 @@ export class MemoryKv implements DurableKv {
     if (expectVersion === null && slot) return null;
     if (typeof expectVersion === "string" && slot?.version !== expectVersion) return null;
     const version = String(++this.#counter);
+    if (!slot) this.#sorted.splice(this.#lowerBound(key), 0, key);
     this.#data.set(key, { value: cloneJson(value), version });
     return version;
   }
@@ -104,6 +106,7 @@ export class MemoryKv implements DurableKv {
     const slot = this.#data.get(key);
     if (!slot || (expectVersion !== undefined && slot.version !== expectVersion)) return false;
     this.#data.delete(key);
+    this.#sorted.splice(this.#lowerBound(key), 1);
     return true;
   }
 
@@ -115,17 +118,31 @@ export class MemoryKv implements DurableKv {
    */
   async list(prefix: string, options?: { after?: string; limit?: number }): Promise<KvEntry[]> {
     const after = options?.after;
-    const keys: string[] = [];
-    for (const key of this.#data.keys()) {
-      if (key.startsWith(prefix) && (after === undefined || compareKeys(key, after) > 0)) keys.push(key);
+    const limit = Math.max(0, options?.limit ?? Infinity);
+    const chosen: string[] = [];
+    let i = this.#lowerBound(after !== undefined && compareKeys(after, prefix) >= 0 ? after : prefix);
+    if (after !== undefined && this.#sorted[i] === after) i++;
+    for (; i < this.#sorted.length && chosen.length < limit; i++) {
+      const key = this.#sorted[i]!;
+      if (!key.startsWith(prefix)) break;
+      chosen.push(key);
     }
-    keys.sort(compareKeys);
-    const limit = options?.limit;
-    const chosen = limit === undefined ? keys : keys.slice(0, Math.max(0, limit));
     return chosen.map((key) => {
       const slot = this.#data.get(key)!;
       return { key, value: cloneJson(slot.value), version: slot.version };
     });
+  }
+
+  /** The index of the first key not below `key`. */
+  #lowerBound(key: string): number {
+    let lo = 0;
+    let hi = this.#sorted.length;
+    while (lo < hi) {
+      const mid = (lo + hi) >>> 1;
+      if (compareKeys(this.#sorted[mid]!, key) < 0) lo = mid + 1;
+      else hi = mid;
+    }
+    return lo;
   }
 
   /**
