@@ -68,7 +68,7 @@ export type WarningCode =
   | "stale-lease"
   | "lease-lost"
   | "provider-receipt"
-  | "listener-error";
+  | "handler-retry";
 
 /** The payload of a `warning` event. */
 export interface DurabilityWarning {
@@ -161,6 +161,8 @@ export interface DurabilityControl {
 }
 
 const SWEEP_BATCH = 64;
+/** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
+const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
 
 function zeroMetrics(): DurabilityMetrics {
@@ -432,7 +434,8 @@ export class DurabilityEngine {
     const retries = this.config.inbox.retries;
     let failure: unknown;
     let failed = false;
-    if (record.attempts > retries + 1) {
+    if (record.attempts > retries + 1 + POISON_ALLOWANCE) {
+      // Claimed over and over without an outcome: it takes the process down with it.
       failed = true;
       failure = new Error(`Processing was cut off (crash or lost lease) in ${record.attempts - 1} attempts`);
     } else {
@@ -457,6 +460,13 @@ export class DurabilityEngine {
       } else {
         const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff);
         await this.backend.inbox.fail(record.id, token, { error: errorText(failure), retryInMs });
+        this.#warn({
+          code: "handler-retry",
+          id: record.id,
+          message: `The handler of inbound record "${record.id}" failed (attempt ${record.attempts} of ${
+            retries + 1
+          }); retrying in ${retryInMs} ms: ${errorText(failure)}`,
+        });
         this.#wake(retryInMs);
       }
     } catch (error) {
@@ -487,6 +497,7 @@ export class DurabilityEngine {
     mode: "now" | "enqueue",
   ): Promise<SendResult> {
     if (this.#halted) throw new Error("The process died");
+    if (!this.#started) throw new Error("Call bot.start() before sending: the outbox needs the instanceId");
     let json: JsonValue;
     let text: string;
     try {
@@ -715,13 +726,16 @@ export class DurabilityEngine {
         this.#metrics.outboxAmbiguous++;
         this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
       }
-      await Promise.all(due.map((entry) =>
-        this.#inChatOrder(entry.chatId, () => this.#deliver(entry)).catch((error) => {
-          this.#report(error, `delivery of outbox entry "${entry.key}"`);
-        })
-      ));
+      // Deliveries run on their own (a hung provider call must not stall the sweeps); once one
+      // settles, the next entry of its chat may be due, so look again.
+      for (const entry of due) {
+        this.#inChatOrder(entry.chatId, () => this.#deliver(entry)).then(
+          () => this.#wake(0),
+          (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
+        );
+      }
       if (this.#halted) return;
-      if (due.length === 0 && ambiguous.length < SWEEP_BATCH) break;
+      if (due.length < SWEEP_BATCH && ambiguous.length < SWEEP_BATCH) break;
     }
     const purgeEvery = Math.min(this.config.retentionMs / 10, 3_600_000);
     if (Date.now() - this.#lastPurge >= purgeEvery) {

@@ -99,3 +99,28 @@ describe("bad input never loses what is journaled", () => {
     await bot.stop();
   });
 });
+
+describe("instanceId defaults", () => {
+  const { hostname } = require("node:os") as typeof import("node:os");
+  test("single-process backend: <hostname>/<botId>/<connectionId>", async () => {
+    const bot = new Bot({ provider: new MockProvider(), id: "support", durability: { backend: new MemoryDurability() } });
+    await bot.start();
+    expect(bot.durability!.instanceId).toBe(`${hostname()}/support/mock`);
+    await bot.stop();
+  });
+  test("shared backend: a per-boot suffix, so two processes on one host never share it", async () => {
+    const shared = () => Object.assign(new MemoryDurability(), { scope: "shared" as const });
+    const a = new Bot({ provider: new MockProvider(), durability: { backend: shared() } });
+    const b = new Bot({ provider: new MockProvider(), durability: { backend: shared() } });
+    await a.start();
+    await b.start();
+    expect(a.durability!.instanceId.startsWith(`${hostname()}/bot/mock/`)).toBe(true);
+    expect(a.durability!.instanceId).not.toBe(b.durability!.instanceId);
+    await a.stop();
+    await b.stop();
+  });
+  test("sending before start() is refused", async () => {
+    const bot = new Bot({ provider: new MockProvider(), durability: { backend: new MemoryDurability() } });
+    await expect(bot.send("c", "x")).rejects.toThrow(/bot.start\(\)/);
+  });
+});
