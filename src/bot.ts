@@ -112,7 +112,9 @@ export class Bot {
   #events: Emitter<BotEvents>;
   #handlers: { matcher: Matcher; handler: Handler }[] = [];
   #engine: DurabilityEngine | undefined;
-  #chats = new Map<string, InboundJob[]>();
+  /** Per chat, jobs in arrival order; a promise is a slot kept for a message whose journal write is under way. */
+  #chats = new Map<string, (InboundJob | Promise<InboundJob | null>)[]>();
+  #starting: Promise<void> | undefined;
   #inFlight = new Set<Promise<unknown>>();
   #idleWaiters: (() => void)[] = [];
   #state: "new" | "starting" | "running" | "stopping" | "stopped" = "new";
@@ -246,12 +248,17 @@ export class Bot {
   }
 
   /** Run recovery (the first sweep), then start the provider. */
-  async start(): Promise<void> {
-    if (this.#state !== "new") throw new Error(`Bot.start() was called on a bot that is ${this.#state}`);
+  start(): Promise<void> {
+    if (this.#state !== "new") {
+      return Promise.reject(new Error(`Bot.start() was called on a bot that is ${this.#state}`));
+    }
     this.#state = "starting";
-    await this.#engine?.start();
-    await this.provider.start({ receive: (message) => this.#receive(message) });
-    this.#state = "running";
+    this.#starting = (async () => {
+      await this.#engine?.start();
+      await this.provider.start({ receive: (message) => this.#receive(message) });
+      if (this.#state === "starting") this.#state = "running";
+    })();
+    return this.#starting;
   }
 
   /**
@@ -267,6 +274,7 @@ export class Bot {
   async stop(): Promise<void> {
     if (this.#state === "stopping" || this.#state === "stopped") return;
     this.#state = "stopping";
+    await this.#starting?.catch(() => {}); // a start under way finishes first, then is undone
     try {
       await this.provider.stop?.();
     } finally {
@@ -288,9 +296,18 @@ export class Bot {
     if (this.#state === "stopping" || this.#state === "stopped") {
       return { status: "rejected", id: message.id, error: new Error("The bot is stopping; redeliver later") };
     }
-    if (this.#engine) return this.#engine.admit(message);
-    this.#dispatch({ message, record: null, sends: [], sendCount: 0 });
-    return { status: "admitted", id: message.id };
+    if (!this.#engine) {
+      this.#dispatch({ message, record: null, sends: [], sendCount: 0 });
+      return { status: "admitted", id: message.id };
+    }
+    // Keep the message's place in its chat's queue while it is journaled, so that a slow
+    // journal write never lets a later message of the chat overtake it.
+    let fill!: (job: InboundJob | null) => void;
+    const slot = new Promise<InboundJob | null>((resolve) => fill = resolve);
+    this.#dispatch(slot, message.chatId);
+    const admission = this.#engine.admit(message, fill).finally(() => fill(null));
+    this.#track(admission);
+    return admission;
   }
 
   #emitError(error: unknown): void {
@@ -302,8 +319,10 @@ export class Bot {
 
   // ---- per-chat dispatch -----------------------------------------------------
 
-  #dispatch(job: InboundJob): void {
-    const chatId = job.message.chatId;
+  #dispatch(
+    job: InboundJob | Promise<InboundJob | null>,
+    chatId: string = (job as InboundJob).message.chatId,
+  ): void {
     const queue = this.#chats.get(chatId);
     if (queue) {
       queue.push(job);
@@ -317,9 +336,11 @@ export class Bot {
     const queue = this.#chats.get(chatId)!;
     try {
       while (queue.length > 0) {
-        const job = queue[0]!;
-        if (this.#engine) await this.#engine.process(job, () => this.#handle(job));
-        else await this.#handle(job).catch((error) => this.#emitError(error));
+        const job = await queue[0]!;
+        if (job !== null) {
+          if (this.#engine) await this.#engine.process(job, () => this.#handle(job));
+          else await this.#handle(job).catch((error) => this.#emitError(error));
+        }
         queue.shift();
         if (this.#engine?.halted) queue.length = 0;
       }
@@ -337,6 +358,7 @@ export class Bot {
         checkSendArgs(chatId, options);
         const key = options?.idempotencyKey ?? `${inboundId}:${++job.sendCount}`;
         const result = this.#send(chatId, content, key, job.record ? inboundId : null, "now");
+        result.catch(() => {}); // observed below, whether or not the handler awaits it
         job.sends.push(result);
         return result;
       };
@@ -349,7 +371,12 @@ export class Bot {
         reply: (content, options) => send(message.chatId, content, options),
         send,
       };
-      await entry.handler(ctx);
+      try {
+        await entry.handler(ctx);
+      } finally {
+        // Even a failing handler's sends settle before its outcome is recorded.
+        await Promise.allSettled(job.sends);
+      }
     }
     // Done only once every send the handler made is sent or durably queued.
     const outcomes = await Promise.allSettled(job.sends);

@@ -135,6 +135,9 @@ function checkKeys(value: unknown, option: string, allowed: readonly string[]): 
   return value as Record<string, unknown>;
 }
 
+/** setTimeout's largest delay: longer timer options would fire at once. */
+const MAX_TIMER_MS = 2_147_483_647;
+
 function integer(value: unknown, option: string, fallback: number, min: number, max = Number.MAX_SAFE_INTEGER): number {
   if (value === undefined) return fallback;
   if (typeof value !== "number" || !Number.isInteger(value)) {
@@ -150,8 +153,8 @@ function integer(value: unknown, option: string, fallback: number, min: number, 
 function backoff(value: unknown, option: string): ResolvedBackoff {
   if (value === undefined) return { baseMs: 1000, capMs: 60_000 };
   const raw = checkKeys(value, option, ["baseMs", "capMs"]);
-  const baseMs = integer(raw.baseMs, `${option}.baseMs`, 1000, 0);
-  const capMs = integer(raw.capMs, `${option}.capMs`, Math.max(60_000, baseMs), 0);
+  const baseMs = integer(raw.baseMs, `${option}.baseMs`, 1000, 0, MAX_TIMER_MS);
+  const capMs = integer(raw.capMs, `${option}.capMs`, Math.max(60_000, baseMs), 0, MAX_TIMER_MS);
   if (capMs < baseMs) {
     throw new RangeError(`Option "${option}.capMs" must be at least baseMs (${baseMs}), got ${capMs}`);
   }
@@ -213,7 +216,7 @@ export function resolveDurability(value: unknown): ResolvedDurability {
     "onAmbiguous",
   ]);
   const inbox = {
-    leaseMs: integer(inboxRaw.leaseMs, "durability.inbox.leaseMs", 60_000, 20),
+    leaseMs: integer(inboxRaw.leaseMs, "durability.inbox.leaseMs", 60_000, 20, MAX_TIMER_MS),
     retries: integer(inboxRaw.retries, "durability.inbox.retries", 3, 0, 1000),
     backoff: backoff(inboxRaw.backoff, "durability.inbox.backoff"),
   };
@@ -224,12 +227,12 @@ export function resolveDurability(value: unknown): ResolvedDurability {
   const outbox = {
     retries: integer(outboxRaw.retries, "durability.outbox.retries", 5, 0, 1000),
     backoff: backoff(outboxRaw.backoff, "durability.outbox.backoff"),
-    leaseMs: integer(outboxRaw.leaseMs, "durability.outbox.leaseMs", 60_000, 20),
+    leaseMs: integer(outboxRaw.leaseMs, "durability.outbox.leaseMs", 60_000, 20, MAX_TIMER_MS),
     maxPayloadBytes: integer(outboxRaw.maxPayloadBytes, "durability.outbox.maxPayloadBytes", 1024 * 1024, 1),
     onAmbiguous: onAmbiguous as "hold" | "resend",
   };
   const derivedSweep = Math.max(10, Math.min(5000, Math.floor(Math.min(inbox.leaseMs, outbox.leaseMs) / 2)));
-  const sweepIntervalMs = integer(raw.sweepIntervalMs, "durability.sweepIntervalMs", derivedSweep, 1);
+  const sweepIntervalMs = integer(raw.sweepIntervalMs, "durability.sweepIntervalMs", derivedSweep, 1, MAX_TIMER_MS);
   return {
     backend: raw.backend,
     instanceId,

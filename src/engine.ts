@@ -161,6 +161,8 @@ export interface DurabilityControl {
 }
 
 const SWEEP_BATCH = 64;
+/** setTimeout's largest delay. */
+const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
@@ -207,6 +209,7 @@ export class DurabilityEngine {
   #wakeAt = Infinity;
   #lastPurge = 0;
   #started = false;
+  #ready = false;
   #stopping = false;
   #halted = false;
   #abort = new AbortController();
@@ -232,6 +235,7 @@ export class DurabilityEngine {
     if (this.#started) throw new Error("This bot was already started");
     this.#started = true;
     this.#instanceId = this.config.instanceId ?? await this.#defaultInstanceId();
+    this.#ready = true;
     try {
       await this.backend.open?.();
       await this.#sweepOnce(true);
@@ -340,14 +344,15 @@ export class DurabilityEngine {
 
   #wake(inMs: number): void {
     if (this.#halted || this.#stopping) return;
-    const at = Date.now() + Math.max(0, inMs);
+    inMs = Math.min(Math.max(0, inMs), MAX_TIMER_MS);
+    const at = Date.now() + inMs;
     if (at >= this.#wakeAt) return;
     clearTimeout(this.#wakeTimer);
     this.#wakeAt = at;
     this.#wakeTimer = setTimeout(() => {
       this.#wakeAt = Infinity;
       void this.sweep();
-    }, Math.max(0, inMs) + 1);
+    }, inMs + 1);
   }
 
   // ---- inbox -----------------------------------------------------------------
@@ -355,9 +360,10 @@ export class DurabilityEngine {
   /**
    * Admit an inbound message: dedupe, journal (leased to this instance), dispatch.
    * @param message the provider's message
+   * @param dispatch where the admitted job goes (default: the bot's per-chat queues)
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
-  async admit(message: InboundMessage): Promise<AdmitResult> {
+  async admit(message: InboundMessage, dispatch: (job: InboundJob) => void = this.#host.dispatch): Promise<AdmitResult> {
     const id = message.id;
     if (this.#halted || this.#stopping) {
       return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
@@ -391,7 +397,7 @@ export class DurabilityEngine {
       const err = asError(error);
       if (this.#report(error, `journal of inbound message "${id}"`)) return { status: "rejected", id, error: err };
       if (this.config.failOpen) {
-        this.#host.dispatch({ message, record: null, sends: [], sendCount: 0 });
+        dispatch({ message, record: null, sends: [], sendCount: 0 });
         return { status: "unjournaled", id, error: err };
       }
       return { status: "rejected", id, error: err };
@@ -402,7 +408,7 @@ export class DurabilityEngine {
     }
     this.#metrics.inboundJournaled++;
     this.#hold("inbox", id, record.fence);
-    this.#host.dispatch({ message, record, sends: [], sendCount: 0 });
+    dispatch({ message, record, sends: [], sendCount: 0 });
     return { status: "admitted", id };
   }
 
@@ -448,18 +454,22 @@ export class DurabilityEngine {
       }
     }
     if (this.#halted) return;
+    const inbox = this.backend.inbox;
     try {
       if (!failed) {
-        await this.backend.inbox.complete(record.id, token);
+        await this.#recordOutcome("inbox", record.id, () => inbox.complete(record.id, token));
       } else if (record.attempts > retries) {
         const text = errorText(failure);
-        await this.backend.inbox.fail(record.id, token, { error: text, dead: true });
+        if (!await this.#recordOutcome("inbox", record.id, () => inbox.fail(record.id, token, { error: text, dead: true }))) {
+          return;
+        }
         this.#metrics.inboundDead++;
         this.#host.events.emit("durability:dead", { kind: "inbound", id: record.id, error: text });
         this.#report(failure, `handler of inbound record "${record.id}" (dead after ${record.attempts} attempts)`);
       } else {
         const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff);
-        await this.backend.inbox.fail(record.id, token, { error: errorText(failure), retryInMs });
+        const outcome = { error: errorText(failure), retryInMs };
+        if (!await this.#recordOutcome("inbox", record.id, () => inbox.fail(record.id, token, outcome))) return;
         this.#warn({
           code: "handler-retry",
           id: record.id,
@@ -469,11 +479,35 @@ export class DurabilityEngine {
         });
         this.#wake(retryInMs);
       }
-    } catch (error) {
-      if (error instanceof StaleLeaseError) this.#stale("inbox", record.id, error);
-      else this.#report(error, `journal of inbound record "${record.id}"`);
     } finally {
       this.#release("inbox", record.id, token);
+    }
+  }
+
+  /**
+   * Record the outcome of held work (complete, fail, markSent, markFailed). A
+   * journal error is retried while this process holds the lease (heartbeats
+   * keep it), so a live process never leaves a record half-settled; it gives
+   * up when the lease is lost, the process dies, or the bot stops.
+   * @returns whether the outcome was recorded
+   */
+  async #recordOutcome(kind: "inbox" | "outbox", id: string, write: () => Promise<void>): Promise<boolean> {
+    const leaseMs = kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
+    for (let attempt = 1;; attempt++) {
+      try {
+        await write();
+        return true;
+      } catch (error) {
+        if (error instanceof StaleLeaseError) {
+          this.#stale(kind, id, error);
+          return false;
+        }
+        if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
+        const held = this.#held.get(`${kind}\u0000${id}`);
+        if (!held || held.lost || (this.#stopping && attempt >= 3)) return false;
+        await delay(Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
+        if (this.#halted) return false;
+      }
     }
   }
 
@@ -497,7 +531,7 @@ export class DurabilityEngine {
     mode: "now" | "enqueue",
   ): Promise<SendResult> {
     if (this.#halted) throw new Error("The process died");
-    if (!this.#started) throw new Error("Call bot.start() before sending: the outbox needs the instanceId");
+    if (!this.#ready) throw new Error("Call bot.start() before sending: the outbox needs the instanceId");
     let json: JsonValue;
     let text: string;
     try {
@@ -595,12 +629,7 @@ export class DurabilityEngine {
         }
         return await this.#sendFailed(entry, error);
       }
-      try {
-        await this.backend.outbox.markSent(key, token, messageId);
-      } catch (error) {
-        if (!(error instanceof StaleLeaseError)) throw error;
-        this.#stale("outbox", key, error);
-      }
+      await this.#recordOutcome("outbox", key, () => this.backend.outbox.markSent(key, token, messageId));
       return { key, state: "sent", messageId };
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
@@ -635,22 +664,19 @@ export class DurabilityEngine {
     }
     const text = errorText(error);
     const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
-    try {
-      if (dead) {
-        await this.backend.outbox.markFailed(key, entry.fence, { error: text, dead: true });
+    const outbox = this.backend.outbox;
+    if (dead) {
+      if (await this.#recordOutcome("outbox", key, () => outbox.markFailed(key, entry.fence, { error: text, dead: true }))) {
         this.#metrics.outboxDead++;
         this.#host.events.emit("durability:dead", { kind: "outbound", id: key, error: text });
-        return { key, state: "dead", error: text };
       }
-      const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs);
-      await this.backend.outbox.markFailed(key, entry.fence, { error: text, retryInMs });
-      this.#wake(retryInMs);
-      return { key, state: "failed", error: text };
-    } catch (journalError) {
-      if (!(journalError instanceof StaleLeaseError)) throw journalError;
-      this.#stale("outbox", key, journalError);
-      return { key, state: "failed", error: text };
+      return { key, state: "dead", error: text };
     }
+    const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs);
+    if (await this.#recordOutcome("outbox", key, () => outbox.markFailed(key, entry.fence, { error: text, retryInMs }))) {
+      this.#wake(retryInMs);
+    }
+    return { key, state: "failed", error: text };
   }
 
   async #bypass(chatId: string, content: OutboundContent, key: string, reason: string): Promise<SendResult> {
@@ -660,12 +686,28 @@ export class DurabilityEngine {
       key,
       message: `Send "${key}" bypassed the outbox (sent once, no journal, no retries): ${reason}`,
     });
-    const receipt = await this.#host.provider.send(chatId, content, {
-      idempotencyKey: key,
-      attempt: 1,
-      signal: this.#abort.signal,
-    });
-    return { key, state: "sent", messageId: this.#messageIdOf(receipt, key), bypassed: true };
+    const run = async (): Promise<SendResult> => {
+      // Not journaled, so it cannot queue behind earlier sends of the chat: it waits for them here.
+      for (;;) {
+        await this.#chatTails.get(chatId);
+        if (this.#halted) throw new Error("The process died");
+        if (this.#stopping) break;
+        const earlier = await this.backend.outbox.list({ chatId, state: BLOCKING_OUTBOX_STATES, limit: 1 });
+        if (earlier.length === 0) break;
+        await delay(this.config.sweepIntervalMs);
+      }
+      return this.#inChatOrder(chatId, async () => {
+        const receipt = await this.#host.provider.send(chatId, content, {
+          idempotencyKey: key,
+          attempt: 1,
+          signal: this.#abort.signal,
+        });
+        return { key, state: "sent" as const, messageId: this.#messageIdOf(receipt, key), bypassed: true };
+      });
+    };
+    const result = run();
+    this.#host.track(result);
+    return result;
   }
 
   // ---- sweeps ----------------------------------------------------------------

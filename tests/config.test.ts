@@ -1,6 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { Bot, MemoryDurability, parseDuration } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
+import { resolveDurability } from "../src/config.ts";
 
 const backend = new MemoryDurability();
 const make = (durability: unknown) =>
@@ -50,9 +51,29 @@ describe("durability options are validated and named in errors", () => {
     expect(() => bot.when("hi", "nope" as never)).toThrow(/"handler"/);
     expect(() => bot.send("", "x")).toThrow(/"chatId"/);
   });
-  test("the defaults", () => {
-    const bot = make({ backend });
-    expect(bot.durability).toBeDefined();
+  test("timer options above setTimeout's limit", () => {
+    rejects({ backend, sweepIntervalMs: 3e9 }, RangeError, "durability.sweepIntervalMs", "3000000000");
+    rejects({ backend, inbox: { leaseMs: 9e9 } }, RangeError, "durability.inbox.leaseMs");
+    rejects({ backend, outbox: { backoff: { capMs: 3e9 } } }, RangeError, "durability.outbox.backoff.capMs");
+  });
+  test("the defaults of SPEC §7", () => {
+    const resolved = resolveDurability({ backend });
+    expect(resolved).toEqual({
+      backend,
+      instanceId: undefined,
+      retentionMs: 7 * 24 * 3600 * 1000,
+      failOpen: false,
+      inbox: { leaseMs: 60_000, retries: 3, backoff: { baseMs: 1000, capMs: 60_000 } },
+      outbox: {
+        retries: 5,
+        backoff: { baseMs: 1000, capMs: 60_000 },
+        leaseMs: 60_000,
+        maxPayloadBytes: 1024 * 1024,
+        onAmbiguous: "hold",
+      },
+      sweepIntervalMs: 5000,
+    });
+    expect(resolveDurability({ backend, outbox: { leaseMs: 40 } }).sweepIntervalMs).toBe(20);
     expect(new Bot({ provider: new MockProvider() }).durability).toBeUndefined();
   });
 });

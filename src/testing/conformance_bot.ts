@@ -567,6 +567,145 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(late.length).toBe(0);
     });
 
+    withBackend("a transient journal error while recording an outcome is retried, not left half-settled", async (
+      backend,
+      bots,
+    ) => {
+      let failComplete = 1;
+      let failMarkSent = 1;
+      const flaky = intercept(backend, {
+        complete: (id, token) =>
+          failComplete-- > 0 ? Promise.reject(new Error("transient")) : backend.inbox.complete(id, token),
+      }, {
+        markSent: (key, token, messageId) =>
+          failMarkSent-- > 0 ? Promise.reject(new Error("transient")) : backend.outbox.markSent(key, token, messageId),
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
+      const errors = collect(bot, "error");
+      bot.when(TEXT_ANY, (ctx) => ctx.reply("ok"));
+      await start(bots, bot);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c", text: "x" });
+      await bot.send("c", "after", { idempotencyKey: `${id}-later` });
+      await bot.idle();
+      expect(errors.length, "both failures were reported").toBe(2);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect((await backend.outbox.get(`${id}:1`))?.state).toBe("sent");
+      expect((await backend.outbox.get(`${id}-later`))?.state).toBe("sent");
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([`${id}:1`, `${id}-later`]);
+    });
+
+    withBackend("a slow journal write never lets a later message of the chat overtake an earlier one", async (
+      backend,
+      bots,
+    ) => {
+      let delayFirst = true;
+      const slow = intercept(backend, {
+        admit: async (record, lease) => {
+          if (delayFirst) {
+            delayFirst = false;
+            await sleep(Math.round(30 * scale));
+          }
+          return backend.inbox.admit(record, lease);
+        },
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
+      const handled: string[] = [];
+      bot.when(TEXT_ANY, (ctx) => {
+        handled.push(ctx.message.text!);
+      });
+      await start(bots, bot);
+      await Promise.all([
+        provider.receive({ chatId: "c", text: "first" }),
+        provider.receive({ chatId: "c", text: "second" }),
+      ]);
+      await bot.idle();
+      expect(handled).toEqual(["first", "second"]);
+    });
+
+    withBackend("stop() waits for admissions under way and for a start() under way", async (backend, bots) => {
+      const slow = intercept(backend, {
+        admit: async (record, lease) => {
+          await sleep(Math.round(30 * scale));
+          return backend.inbox.admit(record, lease);
+        },
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
+      let handledAfterStop = false;
+      let stopped = false;
+      bot.when(TEXT_ANY, () => {
+        handledAfterStop = stopped;
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      const admission = provider.receive({ id, chatId: "c", text: "x" });
+      await bot.stop();
+      stopped = true;
+      expect((await admission).status).toBe("admitted");
+      expect((await backend.inbox.get(id))?.state, "the admitted message was processed before stop() resolved").toBe(
+        "done",
+      );
+      expect(handledAfterStop).toBe(false);
+      // stop() during start(): the provider ends up stopped.
+      const provider2 = new MockProvider();
+      const bot2 = new Bot({ provider: provider2, durability: fastDurability(backend, scale) });
+      const starting = bot2.start();
+      await bot2.stop();
+      await starting;
+      let refused = false;
+      await provider2.receive({ chatId: "c", text: "late" }).catch(() => refused = true);
+      expect(refused, "no message reaches a stopped bot").toBe(true);
+    });
+
+    withBackend("a handler that throws with a failing unawaited send is retried; nothing is unhandled", async (
+      backend,
+      bots,
+    ) => {
+      let failReserve = 1;
+      const flaky = intercept(backend, {}, {
+        reserve: (entry, lease) =>
+          failReserve-- > 0 ? Promise.reject(new Error("journal down")) : backend.outbox.reserve(entry, lease),
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
+      collect(bot, "error");
+      collect(bot, "warning");
+      bot.when(TEXT_ANY, (ctx) => {
+        void ctx.reply("reply");
+        if (ctx.attempt === 1) throw new Error("handler failed too");
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c", text: "x" });
+      await bot.idle();
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([`${id}:1`]);
+    });
+
+    withBackend("a send that bypasses the outbox still waits behind earlier sends of its chat", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({
+        provider,
+        durability: fastDurability(backend, scale, {
+          outbox: { maxPayloadBytes: 100, backoff: { baseMs: 20, capMs: 20 } },
+        }),
+      });
+      collect(bot, "warning");
+      await start(bots, bot);
+      provider.failNext(1);
+      expect((await bot.send("c", "small", { idempotencyKey: "k1" })).state).toBe("failed");
+      const big = await bot.send("c", "x".repeat(500), { idempotencyKey: "k2" });
+      expect(big.bypassed).toBe(true);
+      await bot.idle();
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual(["k1", "k2"]);
+    });
+
     test(`metrics has every counter: ${options.name}`, () => {
       const bot = new Bot({ provider: new MockProvider(), durability: { backend: { ...stubBackend } } });
       expect(Object.keys(bot.durability!.metrics()).sort()).toEqual([
