@@ -74,16 +74,21 @@ import {
   claimedInbound,
   claimedOutbox,
   cloneJson,
+  doneInbound,
+  extendedLease,
   failedFields,
-  holdsLease,
   inboxDueAt,
   isInboxClaimable,
+  isLeasedWith,
   isLeaseAbandoned,
   matchesList,
   newInboundRecord,
   newOutboxEntry,
   normalizeList,
   outboxDueAt,
+  replayedInbound,
+  requeuedOutbox,
+  sentOutbox,
 } from "../src/journal_rules.ts";
 
 /** Options of {@link kvDurability}. */
@@ -464,23 +469,19 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
     const { written } = await this.mutate(id, (rec, now) =>
-      rec.state === "processing" && holdsLease(rec.lease, token)
-        ? { ...rec, lease: { ...rec.lease!, expiresAt: now + leaseMs } }
-        : null);
+      isLeasedWith(rec, token) ? extendedLease(rec, now, leaseMs) : null);
     return written !== null;
   }
 
   async complete(id: string, token: number): Promise<void> {
     const { written } = await this.mutate(id, (rec, now) =>
-      rec.state === "processing" && holdsLease(rec.lease, token)
-        ? { ...rec, state: "done", lease: null, nextAttemptAt: null, updatedAt: now }
-        : null);
+      isLeasedWith(rec, token) ? doneInbound(rec, now) : null);
     if (!written) throw new StaleLeaseError("inbox", id, token);
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
     const { written } = await this.mutate(id, (rec, now) =>
-      rec.state === "processing" && holdsLease(rec.lease, token) ? { ...rec, ...failedFields(outcome, now) } : null);
+      isLeasedWith(rec, token) ? { ...rec, ...failedFields(outcome, now) } : null);
     if (!written) throw new StaleLeaseError("inbox", id, token);
   }
 
@@ -498,9 +499,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
 
   async replay(id: string): Promise<boolean> {
     const { written } = await this.mutate(id, (rec, now) =>
-      rec.state === "done" || rec.state === "failed" || rec.state === "dead"
-        ? { ...rec, state: "pending", attempts: 0, nextAttemptAt: null, lease: null, error: null, updatedAt: now }
-        : null);
+      replayedInbound(rec, now));
     return written !== null;
   }
 
@@ -661,23 +660,19 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     const { written } = await this.mutate(key, (rec, now) =>
-      rec.state === "sending" && holdsLease(rec.lease, token)
-        ? { ...rec, lease: { ...rec.lease!, expiresAt: now + leaseMs } }
-        : null);
+      isLeasedWith(rec, token) ? extendedLease(rec, now, leaseMs) : null);
     return written !== null;
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
     const { written } = await this.mutate(key, (rec, now) =>
-      rec.state === "sending" && holdsLease(rec.lease, token)
-        ? { ...rec, state: "sent", messageId, lease: null, nextAttemptAt: null, updatedAt: now }
-        : null);
+      isLeasedWith(rec, token) ? sentOutbox(rec, messageId, now) : null);
     if (!written) throw new StaleLeaseError("outbox", key, token);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     const { written } = await this.mutate(key, (rec, now) =>
-      rec.state === "sending" && holdsLease(rec.lease, token) ? { ...rec, ...failedFields(outcome, now) } : null);
+      isLeasedWith(rec, token) ? { ...rec, ...failedFields(outcome, now) } : null);
     if (!written) throw new StaleLeaseError("outbox", key, token);
   }
 
@@ -695,9 +690,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
 
   async retry(key: string): Promise<boolean> {
     const { written } = await this.mutate(key, (rec, now) =>
-      rec.state === "dead" || rec.state === "failed" || rec.state === "unknown"
-        ? { ...rec, state: "queued", nextAttemptAt: now, attempts: 0, lease: null, updatedAt: now }
-        : null);
+      requeuedOutbox(rec, now));
     return written !== null;
   }
 

@@ -30,15 +30,20 @@ import {
   claimedOutbox,
   cloneJson,
   failedFields,
-  holdsLease,
+  doneInbound,
+  extendedLease,
   inboxDueAt,
   isInboxClaimable,
+  isLeasedWith,
   isLeaseAbandoned,
   matchesList,
   newInboundRecord,
   newOutboxEntry,
   normalizeList,
   outboxDueAt,
+  replayedInbound,
+  requeuedOutbox,
+  sentOutbox,
 } from "../src/journal_rules.ts";
 import { MinHeap } from "../src/min_heap.ts";
 
@@ -151,7 +156,7 @@ class MemoryInbox implements InboxJournal {
   /** The slot of a `processing` record whose lease carries `token`, or `null`. */
   #held(id: string, token: number): Slot<InboundRecord> | null {
     const slot = this.#slots.get(id);
-    if (!slot || slot.record.state !== "processing" || !holdsLease(slot.record.lease, token)) return null;
+    if (!slot || !isLeasedWith(slot.record, token)) return null;
     return slot;
   }
 
@@ -212,15 +217,14 @@ class MemoryInbox implements InboxJournal {
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
     const slot = this.#held(id, token);
     if (!slot) return false;
-    const record = slot.record;
-    this.#store({ ...record, lease: { ...record.lease!, expiresAt: this.#now() + leaseMs } }, slot);
+    this.#store(extendedLease(slot.record, this.#now(), leaseMs), slot);
     return true;
   }
 
   async complete(id: string, token: number): Promise<void> {
     const slot = this.#held(id, token);
     if (!slot) throw new StaleLeaseError("inbox", id, token);
-    this.#store({ ...slot.record, state: "done", lease: null, nextAttemptAt: null, updatedAt: this.#now() }, slot);
+    this.#store(doneInbound(slot.record, this.#now()), slot);
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
@@ -247,17 +251,9 @@ class MemoryInbox implements InboxJournal {
   async replay(id: string): Promise<boolean> {
     const slot = this.#slots.get(id);
     if (!slot) return false;
-    const state = slot.record.state;
-    if (state !== "done" && state !== "failed" && state !== "dead") return false;
-    this.#store({
-      ...slot.record,
-      state: "pending",
-      attempts: 0,
-      nextAttemptAt: null,
-      lease: null,
-      error: null,
-      updatedAt: this.#now(),
-    }, slot);
+    const replayed = replayedInbound(slot.record, this.#now());
+    if (!replayed) return false;
+    this.#store(replayed, slot);
     return true;
   }
 
@@ -389,7 +385,7 @@ class MemoryOutbox implements OutboxJournal {
 
   #held(key: string, token: number): Slot<OutboxEntry> | null {
     const slot = this.#slots.get(key);
-    if (!slot || slot.record.state !== "sending" || !holdsLease(slot.record.lease, token)) return null;
+    if (!slot || !isLeasedWith(slot.record, token)) return null;
     return slot;
   }
 
@@ -478,22 +474,14 @@ class MemoryOutbox implements OutboxJournal {
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     const slot = this.#held(key, token);
     if (!slot) return false;
-    const entry = slot.record;
-    this.#store({ ...entry, lease: { ...entry.lease!, expiresAt: this.#now() + leaseMs } }, slot);
+    this.#store(extendedLease(slot.record, this.#now(), leaseMs), slot);
     return true;
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
     const slot = this.#held(key, token);
     if (!slot) throw new StaleLeaseError("outbox", key, token);
-    this.#store({
-      ...slot.record,
-      state: "sent",
-      messageId,
-      lease: null,
-      nextAttemptAt: null,
-      updatedAt: this.#now(),
-    }, slot);
+    this.#store(sentOutbox(slot.record, messageId, this.#now()), slot);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
@@ -523,10 +511,9 @@ class MemoryOutbox implements OutboxJournal {
   async retry(key: string): Promise<boolean> {
     const slot = this.#slots.get(key);
     if (!slot) return false;
-    const state = slot.record.state;
-    if (state !== "dead" && state !== "failed" && state !== "unknown") return false;
-    const now = this.#now();
-    this.#store({ ...slot.record, state: "queued", nextAttemptAt: now, attempts: 0, lease: null, updatedAt: now }, slot);
+    const requeued = requeuedOutbox(slot.record, this.#now());
+    if (!requeued) return false;
+    this.#store(requeued, slot);
     return true;
   }
 

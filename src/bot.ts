@@ -10,6 +10,7 @@ import {
   type BotEvents,
   type DurabilityControl,
   DurabilityEngine,
+  emitError,
   type InboundJob,
   type SendOptions,
   type SendResult,
@@ -311,11 +312,9 @@ export class Bot {
   }
 
   #emitError(error: unknown): void {
-    if (isProcessDeath(error)) return;
-    const err = error instanceof Error ? error : new Error(errorText(error));
-    if (this.#events.listenerCount("error") === 0) console.error("[@botmesh/durable]", err);
-    else this.#events.emit("error", err);
+    if (!isProcessDeath(error)) emitError(this.#events, error, "bot");
   }
+
 
   // ---- per-chat dispatch -----------------------------------------------------
 

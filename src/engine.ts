@@ -185,6 +185,18 @@ function zeroMetrics(): DurabilityMetrics {
   };
 }
 
+/**
+ * Emit `error`, or print it when nobody listens (an unheard error must not vanish).
+ * @param events the bot's events
+ * @param error what failed
+ * @param context where, for the printed form
+ */
+export function emitError(events: Emitter<BotEvents>, error: unknown, context: string): void {
+  const err = asError(error);
+  if (events.listenerCount("error") === 0) console.error(`[@botmesh/durable] ${context}:`, err);
+  else events.emit("error", err);
+}
+
 function asError(error: unknown): Error {
   return error instanceof Error ? error : new Error(errorText(error));
 }
@@ -245,9 +257,13 @@ export class DurabilityEngine {
     }
     this.#sweepTimer = setInterval(() => void this.sweep(), this.config.sweepIntervalMs);
     unrefTimer(this.#sweepTimer);
-    const beat = Math.max(5, Math.floor(Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs) / 3));
-    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), beat);
+    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), this.#heartbeatEveryMs());
     unrefTimer(this.#heartbeatTimer);
+  }
+
+  /** Heartbeats run three times per (shorter) lease. */
+  #heartbeatEveryMs(): number {
+    return Math.max(5, Math.floor(Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs) / 3));
   }
 
   async #defaultInstanceId(): Promise<string> {
@@ -289,12 +305,7 @@ export class DurabilityEngine {
       return true;
     }
     if (this.#halted) return true;
-    const err = asError(error);
-    if (this.#host.events.listenerCount("error") === 0) {
-      console.error(`[@botmesh/durable] ${context}:`, err);
-    } else {
-      this.#host.events.emit("error", err);
-    }
+    emitError(this.#host.events, error, context);
     return false;
   }
 
@@ -360,10 +371,10 @@ export class DurabilityEngine {
   /**
    * Admit an inbound message: dedupe, journal (leased to this instance), dispatch.
    * @param message the provider's message
-   * @param dispatch where the admitted job goes (default: the bot's per-chat queues)
+   * @param dispatch where the admitted job goes (its place in the bot's per-chat queue)
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
-  async admit(message: InboundMessage, dispatch: (job: InboundJob) => void = this.#host.dispatch): Promise<AdmitResult> {
+  async admit(message: InboundMessage, dispatch: (job: InboundJob) => void): Promise<AdmitResult> {
     const id = message.id;
     if (this.#halted || this.#stopping) {
       return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
@@ -827,8 +838,7 @@ export class DurabilityEngine {
     this.#clearTimers();
     if (this.#halted) return;
     // Heartbeats go on while in-flight work finishes.
-    const beat = Math.max(5, Math.floor(Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs) / 3));
-    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), beat);
+    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), this.#heartbeatEveryMs());
     try {
       await this.#host.whenLocalIdle();
     } finally {

@@ -229,3 +229,38 @@ export function cloneJson<T>(value: T): T {
   }
   return out as T;
 }
+
+/** Whether `record` is in its leased state (`processing`/`sending`) under fencing token `token`. */
+export function isLeasedWith(
+  record: { state: InboundState | OutboxState; lease: Lease | null },
+  token: number,
+): boolean {
+  return (record.state === "processing" || record.state === "sending") && holdsLease(record.lease, token);
+}
+
+/** `record` with its lease extended by `leaseMs` from backend time `now`. */
+export function extendedLease<R extends { lease: Lease | null }>(record: R, now: number, leaseMs: number): R {
+  return { ...record, lease: { ...record.lease!, expiresAt: now + leaseMs } };
+}
+
+/** `record` completed: `done`, lease dropped. */
+export function doneInbound(record: InboundRecord, now: number): InboundRecord {
+  return { ...record, state: "done", lease: null, nextAttemptAt: null, updatedAt: now };
+}
+
+/** `entry` sent with the provider's `messageId`, lease dropped. */
+export function sentOutbox(entry: OutboxEntry, messageId: string, now: number): OutboxEntry {
+  return { ...entry, state: "sent", messageId, lease: null, nextAttemptAt: null, updatedAt: now };
+}
+
+/** `record` made `pending` again by an operator (attempts reset), or `null` when it is not done, failed or dead. */
+export function replayedInbound(record: InboundRecord, now: number): InboundRecord | null {
+  if (record.state !== "done" && record.state !== "failed" && record.state !== "dead") return null;
+  return { ...record, state: "pending", attempts: 0, nextAttemptAt: null, lease: null, error: null, updatedAt: now };
+}
+
+/** `entry` queued again by an operator (due now, attempts reset), or `null` when it is not dead, failed or unknown. */
+export function requeuedOutbox(entry: OutboxEntry, now: number): OutboxEntry | null {
+  if (entry.state !== "dead" && entry.state !== "failed" && entry.state !== "unknown") return null;
+  return { ...entry, state: "queued", nextAttemptAt: now, attempts: 0, lease: null, updatedAt: now };
+}

@@ -7,26 +7,9 @@
 
 interface DenoLike {
   hostname(): string;
-  pid: number;
-  env: { get(name: string): string | undefined };
-}
-interface ProcessLike {
-  pid: number;
-  env: Record<string, string | undefined>;
 }
 
-const runtimeGlobals = globalThis as unknown as { Deno?: DenoLike; Bun?: unknown; process?: ProcessLike };
-
-/** Which runtime this is. */
-export type RuntimeName = "deno" | "bun" | "node" | "other";
-
-/** The runtime the code runs on. */
-export function runtimeName(): RuntimeName {
-  if (runtimeGlobals.Deno !== undefined) return "deno";
-  if (runtimeGlobals.Bun !== undefined) return "bun";
-  if (runtimeGlobals.process?.pid !== undefined) return "node";
-  return "other";
-}
+const runtimeGlobals = globalThis as unknown as { Deno?: DenoLike; process?: unknown };
 
 let cachedHostname: string | undefined;
 
@@ -51,26 +34,6 @@ export async function hostname(): Promise<string> {
   }
   cachedHostname = name || "localhost";
   return cachedHostname;
-}
-
-/** The process id, or `undefined` where there is no process. */
-export function pid(): number | undefined {
-  return runtimeGlobals.Deno?.pid ?? runtimeGlobals.process?.pid;
-}
-
-/**
- * An environment variable, or `undefined` when unset or not readable.
- *
- * @param name the variable
- * @returns its value
- */
-export function env(name: string): string | undefined {
-  try {
-    if (runtimeGlobals.Deno !== undefined) return runtimeGlobals.Deno.env.get(name);
-    return runtimeGlobals.process?.env[name];
-  } catch {
-    return undefined;
-  }
 }
 
 /** A random id (UUID v4) from Web Crypto. */

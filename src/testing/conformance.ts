@@ -13,6 +13,7 @@
  *
  * @module
  */
+import { sleep, uid } from "./util.ts";
 import { StaleLeaseError } from "../backend.ts";
 import type {
   ClaimOptions,
@@ -73,15 +74,6 @@ export interface BackendConformanceOptions {
 }
 
 type Expect = ConformanceHarness["expect"];
-
-/** Resolves after `ms` milliseconds of real time. */
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-function uid(prefix: string): string {
-  return `${prefix}-${crypto.randomUUID()}`;
-}
 
 /** FNV-1a of the JSON text: a stand-in for the engine's content hash. */
 function hashOf(content: JsonValue): string {

@@ -7,25 +7,19 @@
  *
  * @module
  */
+import { sleep, uid } from "./util.ts";
 import type { DurabilityBackend, InboxJournal, OutboxJournal } from "../backend.ts";
 import { Bot } from "../bot.ts";
 import type { DurabilityOptions } from "../config.ts";
 import type { BotEvents, DurabilityMetrics } from "../engine.ts";
 import { ProviderError } from "../errors.ts";
+import { ANY } from "../matchers.ts";
 import type { OutboundContent, Provider, SendContext, SendReceipt } from "../provider.ts";
 import type { BackendConformanceOptions, ConformanceHarness } from "./conformance.ts";
 import { CRASH_POINTS, crashable, CrashableProvider, type CrashPoint } from "./crashable.ts";
 import { MockProvider } from "./mock_provider.ts";
 
 type Expect = ConformanceHarness["expect"];
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
-}
-
-function uid(prefix: string): string {
-  return `${prefix}-${crypto.randomUUID().slice(0, 8)}`;
-}
 
 /** Fast settings for tests, scaled. */
 function fastDurability(backend: DurabilityBackend, scale: number, extra: Partial<DurabilityOptions> = {}) {
@@ -181,7 +175,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const errors = collect(bot, "error");
       let healthy = false;
       const attempts: number[] = [];
-      bot.when(TEXT_ANY, async (ctx) => {
+      bot.when(ANY, async (ctx) => {
         attempts.push(ctx.attempt);
         if (!healthy) throw new Error("handler broke");
         await ctx.reply("fixed");
@@ -301,7 +295,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
       collect(bot, "error");
       const attempts: number[] = [];
-      bot.when(TEXT_ANY, (ctx) => {
+      bot.when(ANY, (ctx) => {
         attempts.push(ctx.attempt);
         void ctx.reply("not awaited"); // the engine awaits it anyway
       });
@@ -320,13 +314,13 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const providerA = new MockProvider();
       const botA = new Bot({ provider: providerA, durability: fastDurability(frozen, scale, { inbox: { leaseMs: lease } }) });
       const warningsA = collect(botA, "warning");
-      botA.when(TEXT_ANY, async (ctx) => {
+      botA.when(ANY, async (ctx) => {
         await sleep(lease * 4);
         await ctx.reply("from A");
       });
       const providerB = new MockProvider();
       const botB = new Bot({ provider: providerB, durability: fastDurability(backend, scale, { inbox: { leaseMs: lease } }) });
-      botB.when(TEXT_ANY, (ctx) => ctx.reply("from B"));
+      botB.when(ANY, (ctx) => ctx.reply("from B"));
       await start(bots, botA);
       const id = uid("m");
       await providerA.receive({ id, chatId: "c", text: "x" });
@@ -352,7 +346,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         provider: new CrashableProvider(a),
         durability: fastDurability(a, scale, { instanceId: "replica-1", inbox: { leaseMs: lease } }),
       });
-      botA.when(TEXT_ANY, () => new Promise(() => {})); // hangs: the process "dies" with it
+      botA.when(ANY, () => new Promise(() => {})); // hangs: the process "dies" with it
       await start(bots, botA);
       const id1 = uid("m");
       const id2 = uid("m");
@@ -368,7 +362,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         provider: other,
         durability: fastDurability(backend, scale, { instanceId: "replica-2", inbox: { leaseMs: lease } }),
       });
-      botOther.when(TEXT_ANY, (ctx) => ctx.reply(`other ${ctx.message.text}`));
+      botOther.when(ANY, (ctx) => ctx.reply(`other ${ctx.message.text}`));
       await start(bots, botOther);
       expect((await backend.inbox.get(id1))?.lease?.owner, "not taken before the lease lapsed").toBe("replica-1");
       // The same instanceId (a restart) takes back what its dead incarnation held at once.
@@ -377,7 +371,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         provider: same,
         durability: fastDurability(backend, scale, { instanceId: "replica-1", inbox: { leaseMs: lease } }),
       });
-      botSame.when(TEXT_ANY, (ctx) => ctx.reply(`same ${ctx.message.text}`));
+      botSame.when(ANY, (ctx) => ctx.reply(`same ${ctx.message.text}`));
       const before = Date.now();
       await start(bots, botSame);
       await botSame.idle();
@@ -492,7 +486,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         const provider = new MockProvider();
         const bot = new Bot({ provider, durability: fastDurability(flaky, scale, { failOpen }) });
         const errors = collect(bot, "error");
-        bot.when(TEXT_ANY, (ctx) => ctx.reply("ok"));
+        bot.when(ANY, (ctx) => ctx.reply("ok"));
         await start(bots, bot);
         const id = uid("m");
         const first = await provider.receive({ id, chatId: "c", text: "x" });
@@ -525,7 +519,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bot.when("boom", () => {
         throw new Error("boom");
       });
-      bot.when(TEXT_ANY, (ctx) => ctx.reply("ok"));
+      bot.when(ANY, (ctx) => ctx.reply("ok"));
       await start(bots, bot);
       const done = uid("m");
       const dead = uid("m");
@@ -547,7 +541,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         durability: fastDurability(backend, scale, { outbox: { backoff: { baseMs: 30, capMs: 60 } } }),
       });
       let finished = false;
-      bot.when(TEXT_ANY, async (ctx) => {
+      bot.when(ANY, async (ctx) => {
         await ctx.reply("r");
         await sleep(30);
         finished = true;
@@ -583,7 +577,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const provider = new MockProvider();
       const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
       const errors = collect(bot, "error");
-      bot.when(TEXT_ANY, (ctx) => ctx.reply("ok"));
+      bot.when(ANY, (ctx) => ctx.reply("ok"));
       await start(bots, bot);
       const id = uid("m");
       await provider.receive({ id, chatId: "c", text: "x" });
@@ -613,7 +607,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const provider = new MockProvider();
       const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
       const handled: string[] = [];
-      bot.when(TEXT_ANY, (ctx) => {
+      bot.when(ANY, (ctx) => {
         handled.push(ctx.message.text!);
       });
       await start(bots, bot);
@@ -636,7 +630,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
       let handledAfterStop = false;
       let stopped = false;
-      bot.when(TEXT_ANY, () => {
+      bot.when(ANY, () => {
         handledAfterStop = stopped;
       });
       await start(bots, bot);
@@ -673,7 +667,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
       collect(bot, "error");
       collect(bot, "warning");
-      bot.when(TEXT_ANY, (ctx) => {
+      bot.when(ANY, (ctx) => {
         void ctx.reply("reply");
         if (ctx.attempt === 1) throw new Error("handler failed too");
       });
@@ -727,7 +721,6 @@ export function runBotConformance(options: BackendConformanceOptions): void {
   });
 }
 
-const TEXT_ANY = (): boolean => true;
 
 const unused = (): Promise<never> => Promise.reject(new Error("not used"));
 const stubBackend: DurabilityBackend = {
@@ -825,7 +818,7 @@ function matrixBot(provider: Provider, backend: DurabilityBackend, world: World,
   bot.on("error", () => {});
   bot.on("durability:ambiguous", ({ key }) => events.ambiguous.push(key));
   bot.on("durability:dead", ({ id }) => events.dead.push(id));
-  bot.when(TEXT_ANY, async (ctx) => {
+  bot.when(ANY, async (ctx) => {
     const text = ctx.message.text ?? "";
     if (text.includes("[throw-once]") && !world.handlerThrew.has(ctx.inboundId)) {
       world.handlerThrew.add(ctx.inboundId);

@@ -1,0 +1,15 @@
+/**
+ * Small helpers shared by the conformance suites (not exported from `/testing`).
+ *
+ * @module
+ */
+
+/** Resolves after `ms` milliseconds of real time. */
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+/** A unique id with a readable prefix. */
+export function uid(prefix: string): string {
+  return `${prefix}-${crypto.randomUUID()}`;
+}
