@@ -1,7 +1,14 @@
 import { defineConfig } from "tsup";
 
 export default defineConfig({
-  entry: { mod: "mod.ts", testing: "testing.ts" },
+  entry: {
+    mod: "mod.ts",
+    testing: "testing.ts",
+    "backends/file": "backends/file.ts",
+    "backends/sqlite": "backends/sqlite.ts",
+  },
+  // Runtime drivers resolved at run time by src/runtime/, never bundled.
+  external: ["bun:sqlite", "node:sqlite", "better-sqlite3"],
   outDir: "dist",
   format: ["esm"],
   target: "node20",
