@@ -62,6 +62,13 @@ export interface BackendConformanceOptions {
   create: () => DurabilityBackend | Promise<DurabilityBackend>;
   /** Called after each test, after the backend's `close()`. */
   cleanup?: (backend: DurabilityBackend) => void | Promise<void>;
+  /**
+   * Simulates a process restart for the crash matrix: returns a new backend
+   * over the same storage (not yet opened). The old one must be let go as a
+   * killed process would (no new writes) and is never used again. Without it,
+   * the recovering bot runs on the same backend object.
+   */
+  reopen?: (backend: DurabilityBackend) => DurabilityBackend | Promise<DurabilityBackend>;
   /** The test runner's `describe`, `test` and `expect`. */
   harness: ConformanceHarness;
   /** A reason to skip the whole suite (e.g. the database is not reachable); `false` or absent runs it. */
@@ -1188,6 +1195,78 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           Array.from({ length: 10 }, () => b.outbox.claimDue({ ...claimer(), limit: 5 })),
         );
         expect(results.flatMap((r) => keys(r.due))).toEqual([first.key]);
+      });
+    });
+
+    describe("restart", () => {
+      if (!options.reopen) {
+        (test.skip ?? test)("skipped: no reopen option (the backend keeps nothing across processes)", () => {});
+        return;
+      }
+      const reopen = options.reopen;
+      test("a reopened backend has every record, state, lease, fence and order, and goes on from them", async () => {
+        let b = await options.create();
+        let opened = false;
+        try {
+          await b.open?.();
+          opened = true;
+          const chat = uid("chat");
+          const other = uid("chat");
+          const owner = claimer();
+          // Inbox: one record of every state.
+          const pending = await admitted(b, inbound(chat, 1_700_000_000_001, tricky()));
+          const processing = await admitted(b, inbound(chat, 1_700_000_000_002), owner);
+          const failing = await admitted(b, inbound(chat, 1_700_000_000_003), claimer());
+          await b.inbox.fail(failing.id, tokenOf(failing), { error: "boom ✗", retryInMs: LONG });
+          const dead = await admitted(b, inbound(other, 1_700_000_000_004), claimer());
+          await b.inbox.fail(dead.id, tokenOf(dead), { error: "dead", dead: true });
+          const done = await doneRecord(b, other, 1_700_000_000_005);
+          // Outbox: every state, two chats, per-chat order.
+          const sent = await reserved(b, outbound(chat), claimer());
+          await b.outbox.markSent(sent.key, tokenOf(sent), "mid-1");
+          const sending = await reserved(b, outbound(chat, tricky()), owner);
+          const queued = await reserved(b, outbound(chat));
+          const failed = await reserved(b, outbound(other), claimer());
+          await b.outbox.markFailed(failed.key, tokenOf(failed), { error: "429", retryInMs: LONG });
+          const deadOut = await reserved(b, outbound(uid("chat")), claimer());
+          await b.outbox.markFailed(deadOut.key, tokenOf(deadOut), { error: "403", dead: true });
+          const unknown = await unknownEntry(b, uid("chat"));
+          const inboxBefore = await b.inbox.list();
+          const outboxBefore = await b.outbox.list();
+          expect(inboxBefore.length).toBe(5);
+          expect(outboxBefore.length).toBe(6);
+
+          b = await reopen(b);
+          await b.open?.();
+          expect(await b.inbox.list(), "inbox after reopen").toEqual(inboxBefore);
+          expect(await b.outbox.list(), "outbox after reopen").toEqual(outboxBefore);
+          expect((await mustGetIn(b, pending.id)).payload, "payload after reopen").toEqual(tricky());
+          expect((await mustGetOut(b, sending.key)).content, "content after reopen").toEqual(tricky());
+          expect((await mustGetOut(b, unknown.key)).state).toBe("unknown");
+          expect((await mustGetIn(b, done)).state).toBe("done");
+
+          // Leases and fences go on: the holder completes, a stale token is refused, a new claim gets fence+1.
+          await expectStale(expect, () => b.inbox.complete(failing.id, tokenOf(failing)), "stale inbox token after reopen");
+          await b.inbox.complete(processing.id, tokenOf(processing));
+          expect((await mustGetIn(b, processing.id)).state).toBe("done");
+          const retaken = await mustClaim(b, pending.id, claimer());
+          expect(tokenOf(retaken)).toBe(pending.fence + 1);
+          // Per-chat order survives: `queued` waits behind `sending` until it is sent.
+          expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 10 })).due)).toEqual([]);
+          await b.outbox.markSent(sending.key, tokenOf(sending), "mid-2");
+          expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 10 })).due)).toEqual([queued.key]);
+          // New entries come after the old ones.
+          const later = await reserved(b, outbound(uid("chat")));
+          expect(later.seq).toBeGreaterThan(Math.max(...outboxBefore.map((e) => e.seq)));
+          expect((await b.inbox.admit(inbound(chat), undefined)) !== null).toBe(true);
+          expect(await b.inbox.admit({ ...inbound(chat), id: pending.id })).toBe(null);
+        } finally {
+          try {
+            if (opened) await b.close?.();
+          } finally {
+            await options.cleanup?.(b);
+          }
+        }
       });
     });
   });

@@ -89,11 +89,17 @@ export function runBotConformance(options: BackendConformanceOptions): void {
     test(name, async () => {
       const backend = await options.create();
       const bots: Bot[] = [];
+      // The test holds the backend open too, so it can read it after the bots stop.
+      await backend.open?.();
       try {
         await fn(backend, bots);
       } finally {
         for (const bot of bots) await bot.stop().catch(() => {});
-        await options.cleanup?.(backend);
+        try {
+          await backend.close?.();
+        } finally {
+          await options.cleanup?.(backend);
+        }
       }
     });
 
@@ -856,10 +862,16 @@ export function runCrashMatrix(options: BackendConformanceOptions): void {
       for (const when of ["before", "after"] as const) {
         test(`crash ${when} ${point}, then recover`, async () => {
           const backend = await options.create();
+          const held = { backend };
+          await backend.open?.();
           try {
-            await crashAndRecover(backend, point, when, scale, expect);
+            await crashAndRecover(held, options.reopen, point, when, scale, expect);
           } finally {
-            await options.cleanup?.(backend);
+            try {
+              await held.backend.close?.();
+            } finally {
+              await options.cleanup?.(held.backend);
+            }
           }
         });
       }
@@ -868,7 +880,8 @@ export function runCrashMatrix(options: BackendConformanceOptions): void {
 }
 
 async function crashAndRecover(
-  backend: DurabilityBackend,
+  held: { backend: DurabilityBackend },
+  reopen: BackendConformanceOptions["reopen"],
   point: CrashPoint,
   when: "before" | "after",
   scale: number,
@@ -878,6 +891,7 @@ async function crashAndRecover(
   const events = { ambiguous: [] as string[], dead: [] as string[] };
   const run = uid("r");
   const messages = matrixMessages(run);
+  let backend = held.backend;
   const a = crashable(backend);
   if (when === "before") a.crashBefore(point, { at: CRASH_AT[point] ?? 1 });
   else a.crashAfter(point, { at: CRASH_AT[point] ?? 1 });
@@ -906,6 +920,10 @@ async function crashAndRecover(
   expect(a.crashed, `the scenario reached "${point}" (hits: ${JSON.stringify(a.hits)})`).toBe(true);
 
   // A second process on the same state and instanceId.
+  if (reopen) {
+    backend = held.backend = await reopen(backend);
+    await backend.open?.();
+  }
   const providerB = new ScriptedProvider(world, Math.round(50 * scale));
   const botB = matrixBot(providerB, backend, world, scale, events);
   await botB.start();
