@@ -257,6 +257,28 @@ class MemoryInbox implements InboxJournal {
     return true;
   }
 
+  /** The live records in admission order (not copies). */
+  exportRecords(): InboundRecord[] {
+    const out: InboundRecord[] = new Array(this.#slots.size);
+    let i = 0;
+    // Map order is admission order: a key is only re-inserted after a purge, with a new order.
+    for (const slot of this.#slots.values()) out[i++] = slot.record;
+    return out;
+  }
+
+  /** Adopts `records` (admission order) into an empty journal. */
+  importRecords(records: readonly InboundRecord[]): void {
+    if (this.#slots.size > 0) throw new Error("importRecords needs an empty inbox");
+    const seen = new Set<string>();
+    for (const record of records) {
+      if (seen.has(record.id)) {
+        throw new RangeError(`importRecords: inbox record id ${JSON.stringify(record.id)} appears twice`);
+      }
+      seen.add(record.id);
+    }
+    for (const record of records) this.#store(record);
+  }
+
   async purge(olderThanMs: number): Promise<number> {
     const cutoff = this.#now() - olderThanMs;
     let count = 0;
@@ -524,6 +546,31 @@ class MemoryOutbox implements OutboxJournal {
     return true;
   }
 
+  /** The live entries in reservation order (not copies), and the last `seq` issued. */
+  exportEntries(): { entries: OutboxEntry[]; seq: number } {
+    const entries: OutboxEntry[] = new Array(this.#slots.size);
+    let i = 0;
+    for (const slot of this.#slots.values()) entries[i++] = slot.record;
+    return { entries, seq: this.#seq };
+  }
+
+  /** Adopts `entries` (ascending `seq`) into an empty journal; the next `seq` issued is above `seq` and every entry's. */
+  importEntries(entries: readonly OutboxEntry[], seq: number): void {
+    if (this.#slots.size > 0) throw new Error("importEntries needs an empty outbox");
+    const seen = new Set<string>();
+    let last = 0;
+    for (const entry of entries) {
+      if (seen.has(entry.key)) throw new RangeError(`importEntries: outbox key ${JSON.stringify(entry.key)} appears twice`);
+      if (!(entry.seq > last)) {
+        throw new RangeError(`importEntries: outbox entries must be in ascending "seq" order (${entry.seq} after ${last})`);
+      }
+      seen.add(entry.key);
+      last = entry.seq;
+    }
+    for (const entry of entries) this.#store(entry);
+    this.#seq = Math.max(seq, last);
+  }
+
   async purge(olderThanMs: number): Promise<number> {
     const cutoff = this.#now() - olderThanMs;
     let count = 0;
@@ -588,6 +635,8 @@ export class MemoryDurability implements DurabilityBackend {
   readonly inbox: InboxJournal;
   /** The outbound journal. */
   readonly outbox: OutboxJournal;
+  readonly #inbox: MemoryInbox;
+  readonly #outbox: MemoryOutbox;
 
   /**
    * @param options.clock the backend clock in ms since epoch (default `() => Date.now()`).
@@ -608,7 +657,48 @@ export class MemoryDurability implements DurabilityBackend {
       }
       return time;
     };
-    this.inbox = new MemoryInbox(now);
-    this.outbox = new MemoryOutbox(now);
+    this.inbox = this.#inbox = new MemoryInbox(now);
+    this.outbox = this.#outbox = new MemoryOutbox(now);
   }
+
+  /**
+   * Every record, for a backend that snapshots this state (the file backend).
+   * The records are this backend's own objects, not copies: serialize them at
+   * once and never change them (a change replaces a record, so a snapshot
+   * taken synchronously stays consistent).
+   *
+   * @returns inbox records in admission order, outbox entries in reservation
+   *   order (ascending `seq`), and the last outbox `seq` issued
+   */
+  exportRecords(): MemoryRecords {
+    const { entries, seq } = this.#outbox.exportEntries();
+    return { inbox: this.#inbox.exportRecords(), outbox: entries, outboxSeq: seq };
+  }
+
+  /**
+   * Loads records saved by {@link exportRecords} into this backend, which must
+   * be empty. The objects are adopted, not copied: the caller must not keep or
+   * change them. Record fields are not validated here (the caller does).
+   * Admission order, reservation order, the outbox `seq` counter and every
+   * fencing token are kept.
+   *
+   * @param records what `exportRecords()` returned (or its JSON round trip)
+   * @throws {Error} when the backend already holds records
+   * @throws {RangeError} when an id or key appears twice, or outbox entries are not in ascending `seq` order
+   *   (the backend may then be partly loaded: discard it)
+   */
+  importRecords(records: MemoryRecords): void {
+    this.#inbox.importRecords(records.inbox);
+    this.#outbox.importEntries(records.outbox, records.outboxSeq);
+  }
+}
+
+/** Every record of a {@link MemoryDurability}, as {@link MemoryDurability.exportRecords} returns them. */
+export interface MemoryRecords {
+  /** Inbox records in admission order. */
+  inbox: InboundRecord[];
+  /** Outbox entries in reservation order (ascending `seq`). */
+  outbox: OutboxEntry[];
+  /** The last outbox `seq` issued: at least the largest `seq` of `outbox` (entries may have been purged or discarded). */
+  outboxSeq: number;
 }

@@ -1,0 +1,1028 @@
+/**
+ * `@botmesh/durable/file`: a durability backend that keeps both journals in
+ * one JSON snapshot file, for a bot that runs as one process.
+ *
+ * - The state lives in memory (a {@link MemoryDurability}); every change is
+ *   made durable by rewriting the whole file: a temporary file `<path>.tmp`,
+ *   `fsync`, an atomic rename over `<path>`, and an `fsync` of the directory.
+ *   A reader (or a restart after a crash at any moment) sees the previous
+ *   snapshot or the new one, never a mix.
+ * - Group commit: operations that arrive while a rewrite is under way share
+ *   the next one. Every operation, reads and no-op results included, resolves
+ *   only once the state it observed is on disk.
+ * - Lease heartbeats are kept in memory and written with the next change:
+ *   only a restart of this process can take a lease, and a restart reclaims
+ *   its own records at once (same `instanceId`).
+ * - A lock file `<path>.lock` (created with `O_EXCL`, holding the pid) keeps a
+ *   second process out; a second `FileDurability` on the same file in this
+ *   process is rejected until the first is closed.
+ * - A damaged file is never overwritten: `open()` fails naming the file and
+ *   the byte offset, and leaves the file untouched.
+ *
+ * File I/O goes through the runtime shim (`src/runtime/fs.ts`), so the
+ * backend runs on Bun, Node 20+ and Deno 2+ (Deno: `--allow-read
+ * --allow-write --allow-run`, the last one to check the lock holder's pid).
+ *
+ * @module
+ */
+import {
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DurabilityBackend,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
+  StaleLeaseError,
+} from "../src/backend.ts";
+import { MemoryDurability, type MemoryRecords } from "./memory.ts";
+import { delay, hostname } from "../src/runtime/mod.ts";
+import {
+  createExclusive,
+  currentPid,
+  dirName,
+  ensureDir,
+  isProcessAlive,
+  readFileBytes,
+  removeFile,
+  resolvePath,
+  writeFileAtomic,
+} from "../src/runtime/fs.ts";
+
+/** Options of {@link FileDurability}. */
+export interface FileDurabilityOptions {
+  /**
+   * The snapshot file, e.g. `./data/bot.json` (relative paths are resolved
+   * against the current directory at the first `open()`). Its directory is
+   * created when missing. `<path>.lock` and `<path>.tmp` live next to it.
+   */
+  path: string;
+  /**
+   * Flush every rewrite (file and directory) to the disk before the
+   * operations waiting on it resolve (default `true`). `false` survives a
+   * process crash but not a power loss or an OS crash.
+   */
+  fsync?: boolean;
+}
+
+/** Counters of a {@link FileDurability}, for monitoring and tests. */
+export interface FileDurabilityStats {
+  /** Snapshot rewrites that reached the disk (the initial one of a new file included). */
+  rewrites: number;
+  /** Rewrites that failed (their operations were rejected). */
+  failedRewrites: number;
+  /** Size of the last snapshot written, in UTF-16 code units of its JSON text (about its size in bytes for ASCII data). */
+  lastSnapshotChars: number;
+  /** Duration of the last successful rewrite in ms (serialization, write, flushes and rename). */
+  lastRewriteMs: number;
+}
+
+/** The snapshot's format marker. */
+const FORMAT = "@botmesh/durable/file";
+/** The snapshot's format version. */
+const VERSION = 1;
+
+/** Another process holds the lock file of a {@link FileDurability}. */
+export class FileLockedError extends Error {
+  /** The lock file (absolute path). */
+  readonly lockPath: string;
+  /** The pid written in the lock file. */
+  readonly pid: number;
+  /** The host written in the lock file, if any. */
+  readonly hostname: string | undefined;
+
+  /**
+   * @param file the snapshot file
+   * @param lockPath its lock file
+   * @param holder what the lock file says
+   */
+  constructor(file: string, lockPath: string, holder: LockInfo) {
+    const since = holder.startedAt ? `, since ${holder.startedAt}` : "";
+    const host = holder.hostname ? ` on host ${holder.hostname}` : "";
+    super(
+      `FileDurability: ${file} is in use by another process (pid ${holder.pid}${host}${since}); ` +
+        `lock file ${lockPath}. Stop that process first; delete the lock file only if it is gone.`,
+    );
+    this.name = "FileLockedError";
+    this.lockPath = lockPath;
+    this.pid = holder.pid;
+    this.hostname = holder.hostname;
+  }
+}
+
+/** The snapshot file cannot be used: damaged JSON, invalid UTF-8, or an invalid structure. */
+export class FileCorruptError extends Error {
+  /** The snapshot file (absolute path). */
+  readonly file: string;
+  /** Byte offset of the first problem (syntax and encoding errors), or `null` for a structure error. */
+  readonly offset: number | null;
+
+  /**
+   * @param file the snapshot file
+   * @param offset the byte offset, or `null`
+   * @param detail what is wrong
+   */
+  constructor(file: string, offset: number | null, detail: string) {
+    const where = offset === null ? "" : ` at byte ${offset}`;
+    super(
+      `FileDurability: ${file} is damaged${where}: ${detail}. The file was left untouched; ` +
+        `restore it from a backup or move it away to start empty.`,
+    );
+    this.name = "FileCorruptError";
+    this.file = file;
+    this.offset = offset;
+  }
+}
+
+/** What a lock file holds. */
+interface LockInfo {
+  pid: number;
+  hostname?: string;
+  startedAt?: string;
+}
+
+/** Files open in this process (absolute path → backend), shared by every copy of this module. */
+const OPEN_FILES: Map<string, object> = ((globalThis as Record<symbol, unknown>)[
+  Symbol.for("@botmesh/durable/file:open-files")
+] ??= new Map<string, object>()) as Map<string, object>;
+
+/** An operation waiting for the state it observed (`target`) to be on disk. */
+interface Waiter {
+  target: number;
+  resolve: () => void;
+  reject: (error: unknown) => void;
+}
+
+function show(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "function") return "a function";
+  if (typeof value === "object" && value !== null) {
+    try {
+      return JSON.stringify(value) ?? String(value);
+    } catch {
+      return String(value);
+    }
+  }
+  return String(value);
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Runs one operation on the open state and resolves once what it observed is on disk. */
+type Run = <T>(operation: (mem: MemoryDurability) => Promise<T>, changed: (result: T) => boolean) => Promise<T>;
+
+let testHooks: { crash(backend: FileDurability): Promise<void> } | undefined;
+
+/**
+ * A durability backend on one JSON snapshot file, for a bot that runs as one
+ * process (`scope: "process"`). Every change rewrites the whole file
+ * atomically (temporary file, `fsync`, rename, directory `fsync`);
+ * concurrent operations share one rewrite (group commit). The cost of a
+ * rewrite is one `JSON.stringify` of the whole state plus the write: keep the
+ * journals small with `retention` (done and sent records are purged), or use
+ * SQLite for large volumes.
+ *
+ * `open()` takes the lock file `<path>.lock` and loads the file; `close()`
+ * writes what is left and releases the lock. A `Bot` calls both (`start()` /
+ * `stop()`); several bots and your own code may share one instance, and the
+ * calls are counted: the file is loaded at the first `open()` and released at
+ * the last `close()`.
+ *
+ * Errors:
+ * - Another live process holds the lock → {@link FileLockedError} naming the
+ *   lock file and its pid. A lock left by a dead process (or holding this
+ *   process's own pid without this process holding it, e.g. pid 1 in a
+ *   restarted container) is broken at once.
+ * - A damaged file → {@link FileCorruptError} with the byte offset; the file
+ *   is left as it is.
+ * - A failed rewrite (disk full, permissions) rejects the operations waiting
+ *   on it with an error naming the file. Their changes stay in memory and go
+ *   out with the next rewrite, so an operation that rejected this way may
+ *   still take effect (as after a timeout on a database); nothing resolves
+ *   before what it observed is on disk. A `close()` whose final rewrite fails
+ *   rejects, and releases the file all the same.
+ * - Operations on a backend that is not open reject.
+ *
+ * @example Usage
+ * ```ts
+ * import { FileDurability } from "@botmesh/durable/file";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const backend = new FileDurability({ path: `${dir}/bot.json` });
+ * await backend.open(); // a Bot does this in start()
+ * await backend.inbox.admit({
+ *   id: "m1",
+ *   kind: "message",
+ *   chatId: "c1",
+ *   provider: "test",
+ *   payload: { text: "hi" },
+ *   receivedAt: Date.now(),
+ * });
+ * await backend.close(); // a Bot does this in stop()
+ *
+ * const again = new FileDurability({ path: `${dir}/bot.json` });
+ * await again.open();
+ * console.log((await again.inbox.get("m1"))?.state); // "pending"
+ * await again.close();
+ * await Deno.remove(dir, { recursive: true });
+ * ```
+ *
+ * @example With a bot
+ * ```ts ignore
+ * import { Bot } from "@botmesh/durable";
+ * import { FileDurability } from "@botmesh/durable/file";
+ *
+ * const bot = new Bot({
+ *   provider,
+ *   durability: { backend: new FileDurability({ path: "./data/bot.json" }), instanceId: "bot-1" },
+ * });
+ * await bot.start(); // opens the file and takes the lock
+ * // …
+ * await bot.stop(); // writes what is left and releases the lock
+ * ```
+ */
+export class FileDurability implements DurabilityBackend {
+  /** Always `'file'`. */
+  readonly name: string = "file";
+  /** One process: the lock file keeps other processes out. */
+  readonly scope: "process" = "process";
+  /** The inbound journal. */
+  readonly inbox: InboxJournal;
+  /** The outbound journal. */
+  readonly outbox: OutboxJournal;
+  /** The snapshot file as given in the options. */
+  readonly path: string;
+
+  readonly #fsync: boolean;
+  /** The absolute path, known from the first `open()`. */
+  #file: string | undefined;
+  #mem: MemoryDurability | null = null;
+  /** Open calls not yet matched by a close. */
+  #refs = 0;
+  /** Serializes open/close. */
+  #lifecycle: Promise<unknown> = Promise.resolve();
+  /** Let go by {@link simulateCrash}: never used again. */
+  #crashed = false;
+  /** Bumped after each change (heartbeats excepted). */
+  #version = 0;
+  /** The version on disk. */
+  #durable = 0;
+  /** Waiting operations, in nondecreasing `target` order. */
+  #waiters: Waiter[] = [];
+  /** The write loop, while it runs. */
+  #writing: Promise<void> | null = null;
+  readonly #stats: FileDurabilityStats = { rewrites: 0, failedRewrites: 0, lastSnapshotChars: 0, lastRewriteMs: 0 };
+
+  static {
+    testHooks = { crash: (backend) => backend.#crash() };
+  }
+
+  /**
+   * @param options `path` (required) and `fsync` (default `true`)
+   * @throws {TypeError} when `options` is not an object, `path` is not a
+   *   non-empty string, or `fsync` is not a boolean; the message names the option
+   */
+  constructor(options: FileDurabilityOptions) {
+    if (typeof options !== "object" || options === null) {
+      throw new TypeError(`FileDurability options must be an object with a "path", got ${show(options)}`);
+    }
+    const { path, fsync = true } = options;
+    if (typeof path !== "string" || path.length === 0) {
+      throw new TypeError(`FileDurability option "path" must be a non-empty string, got ${show(path)}`);
+    }
+    if (path.includes("\0")) {
+      throw new TypeError(`FileDurability option "path" must not contain a NUL character, got ${show(path)}`);
+    }
+    if (typeof fsync !== "boolean") {
+      throw new TypeError(`FileDurability option "fsync" must be a boolean, got ${show(fsync)}`);
+    }
+    this.path = path;
+    this.#fsync = fsync;
+    const run: Run = (operation, changed) => this.#run(operation, changed);
+    this.inbox = new FileInbox(run);
+    this.outbox = new FileOutbox(run);
+  }
+
+  /** The absolute path of the snapshot file (the given `path` until the first `open()`). */
+  get file(): string {
+    return this.#file ?? this.path;
+  }
+
+  /** Whether the backend is open (between the first `open()` and the last `close()`). */
+  get isOpen(): boolean {
+    return this.#mem !== null && this.#refs > 0;
+  }
+
+  /** A copy of the rewrite counters. */
+  get stats(): FileDurabilityStats {
+    return { ...this.#stats };
+  }
+
+  /**
+   * Take the lock and load the file (a missing file starts empty and is
+   * written at once). Counted: only the first call of a series loads; each
+   * call needs a matching {@link close}.
+   *
+   * @throws {FileLockedError} when another live process holds `<path>.lock`
+   * @throws {FileCorruptError} when the file is damaged (the file is left untouched)
+   * @throws {Error} when the file is already open through another
+   *   `FileDurability` of this process, or cannot be read or created
+   */
+  open(): Promise<void> {
+    return this.#serial(() => this.#open());
+  }
+
+  /**
+   * Undo one {@link open}. The last one waits for the operations already
+   * called, writes what is not on disk yet, and releases the lock; later
+   * operations reject. Closing a backend that is not open does nothing.
+   *
+   * @throws {Error} when the final rewrite fails (the lock is released all the same)
+   */
+  close(): Promise<void> {
+    return this.#serial(() => this.#close());
+  }
+
+  #serial(step: () => Promise<void>): Promise<void> {
+    const run = this.#lifecycle.then(step);
+    this.#lifecycle = run.catch(() => {});
+    return run;
+  }
+
+  async #open(): Promise<void> {
+    if (this.#crashed) throw new Error(`FileDurability ${this.file} was let go by simulateCrash(): create a new one`);
+    if (this.#refs > 0) {
+      this.#refs++;
+      return;
+    }
+    const file = this.#file ??= await resolvePath(this.path);
+    const owner = OPEN_FILES.get(file);
+    if (owner !== undefined && owner !== this) {
+      throw new Error(
+        `FileDurability: ${file} is already open in this process through another FileDurability; ` +
+          `close that one first (or share one instance between your bots)`,
+      );
+    }
+    OPEN_FILES.set(file, this);
+    let locked = false;
+    try {
+      await ensureDir(await dirName(file));
+      await acquireLock(file);
+      locked = true;
+      // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
+      await removeFile(`${file}.tmp`);
+      const bytes = await readFileBytes(file);
+      const mem = new MemoryDurability();
+      if (bytes !== null) mem.importRecords(parseSnapshot(file, bytes));
+      this.#mem = mem;
+      this.#version = this.#durable = 0;
+      if (bytes === null) {
+        this.#version = 1; // a new file: write it now, so a bad path or permission shows at start
+        await this.#waitDurable(1);
+      }
+      this.#refs = 1;
+    } catch (error) {
+      this.#mem = null;
+      if (locked) await removeFile(`${file}.lock`).catch(() => {});
+      if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
+      throw error;
+    }
+  }
+
+  async #close(): Promise<void> {
+    if (this.#refs === 0) return;
+    if (--this.#refs > 0) return;
+    const file = this.#file!;
+    let failure: unknown = null;
+    try {
+      // Let operations already under way join, then write what is not on disk yet.
+      await null;
+      while (this.#writing !== null || this.#durable < this.#version) {
+        if (this.#writing !== null) await this.#writing;
+        else await this.#waitDurable(this.#version);
+      }
+    } catch (error) {
+      failure = error;
+    } finally {
+      this.#mem = null;
+      try {
+        await removeFile(`${file}.lock`);
+      } finally {
+        if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
+      }
+    }
+    if (failure !== null) throw failure;
+  }
+
+  /** The state; throws when the backend is not open. */
+  #memory(): MemoryDurability {
+    const mem = this.#mem;
+    if (mem === null || this.#refs === 0) {
+      throw new Error(
+        this.#crashed
+          ? `FileDurability ${this.file} was let go by simulateCrash(): create a new one`
+          : `FileDurability ${this.file} is not open: call open() or start the bot`,
+      );
+    }
+    return mem;
+  }
+
+  /**
+   * Runs one operation on the in-memory state and resolves once what it
+   * observed is on disk. `changed` says from the result whether it changed
+   * the state (heartbeats and no-op results do not). A stale lease also waits
+   * for what it observed (the claim that took the lease) to be on disk.
+   */
+  async #run<T>(operation: (mem: MemoryDurability) => Promise<T>, changed: (result: T) => boolean): Promise<T> {
+    const mem = this.#memory();
+    let result: T;
+    try {
+      result = await operation(mem);
+    } catch (error) {
+      if (error instanceof StaleLeaseError) await this.#waitDurable(this.#version);
+      throw error;
+    }
+    if (changed(result)) this.#version++;
+    await this.#waitDurable(this.#version);
+    return result;
+  }
+
+  #waitDurable(target: number): Promise<void> {
+    if (target <= this.#durable) return Promise.resolve();
+    if (this.#crashed) return Promise.reject(this.#crashError());
+    return new Promise<void>((resolve, reject) => {
+      this.#waiters.push({ target, resolve, reject });
+      this.#writing ??= this.#writeLoop();
+    });
+  }
+
+  #crashError(): Error {
+    return new Error(`FileDurability ${this.file} was let go by simulateCrash() before this change was written`);
+  }
+
+  /** Rewrites the file until every waiter is settled; each rewrite serves every waiter that arrived before it. */
+  async #writeLoop(): Promise<void> {
+    try {
+      await null; // operations called in the same tick join this rewrite
+      while (this.#waiters.length > 0 && !this.#crashed && this.#mem !== null) {
+        const version = this.#version;
+        let failure: Error | null = null;
+        try {
+          await this.#rewrite(this.#mem);
+          this.#durable = Math.max(this.#durable, version);
+        } catch (error) {
+          this.#stats.failedRewrites++;
+          failure = new Error(`FileDurability could not write ${this.file}: ${messageOf(error)}`, { cause: error });
+        }
+        let settled = 0;
+        while (settled < this.#waiters.length && this.#waiters[settled].target <= version) settled++;
+        for (const waiter of this.#waiters.splice(0, settled)) {
+          if (failure) waiter.reject(failure);
+          else waiter.resolve();
+        }
+      }
+    } finally {
+      this.#writing = null;
+    }
+  }
+
+  /** One snapshot rewrite: `JSON.stringify` of the whole state, then an atomic replace. */
+  async #rewrite(mem: MemoryDurability): Promise<void> {
+    const started = performance.now();
+    const records = mem.exportRecords();
+    const text = JSON.stringify({
+      format: FORMAT,
+      version: VERSION,
+      outboxSeq: records.outboxSeq,
+      inbox: records.inbox,
+      outbox: records.outbox,
+    });
+    await writeFileAtomic(this.#file!, text, { fsync: this.#fsync });
+    this.#stats.rewrites++;
+    this.#stats.lastSnapshotChars = text.length;
+    this.#stats.lastRewriteMs = performance.now() - started;
+  }
+
+  async #crash(): Promise<void> {
+    this.#crashed = true;
+    this.#refs = 0;
+    const error = this.#crashError();
+    for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
+    if (this.#writing !== null) await this.#writing; // a write under way finishes, as the kernel would finish a rename
+    this.#mem = null;
+    if (this.#file !== undefined && OPEN_FILES.get(this.#file) === this) OPEN_FILES.delete(this.#file);
+  }
+}
+
+/**
+ * **For tests only.** Lets `backend` go as if its process had been killed:
+ * no new write starts, a write under way finishes, operations waiting for a
+ * write reject, later operations reject, and the in-process registration of
+ * the file is dropped — but the lock file stays, holding this process's pid,
+ * so the next `FileDurability` on the file breaks it at `open()` as a
+ * restarted process would. Use it to simulate a restart in one test process
+ * (the conformance suite's `reopen`).
+ *
+ * @param backend the backend to let go; it can never be opened again
+ * @returns once a write under way has finished
+ * @example
+ * ```ts ignore
+ * runDurabilityConformance({
+ *   name: "file",
+ *   create: () => new FileDurability({ path: freshPath() }),
+ *   reopen: async (old) => {
+ *     await simulateCrash(old as FileDurability);
+ *     return new FileDurability({ path: (old as FileDurability).path });
+ *   },
+ *   harness: { describe, test, expect },
+ * });
+ * ```
+ */
+export function simulateCrash(backend: FileDurability): Promise<void> {
+  if (!(backend instanceof FileDurability)) {
+    return Promise.reject(new TypeError(`simulateCrash needs a FileDurability, got ${show(backend)}`));
+  }
+  return testHooks!.crash(backend);
+}
+
+class FileInbox implements InboxJournal {
+  readonly #run: Run;
+  constructor(run: Run) {
+    this.#run = run;
+  }
+  admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    return this.#run((m) => m.inbox.admit(record, lease), (r) => r !== null);
+  }
+  claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    return this.#run((m) => m.inbox.claim(id, options), (r) => r !== null);
+  }
+  claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    return this.#run((m) => m.inbox.claimDue(options), (r) => r.length > 0);
+  }
+  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#run((m) => m.inbox.heartbeat(id, token, leaseMs), () => false); // written with the next change
+  }
+  complete(id: string, token: number): Promise<void> {
+    return this.#run((m) => m.inbox.complete(id, token), () => true);
+  }
+  fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    return this.#run((m) => m.inbox.fail(id, token, outcome), () => true);
+  }
+  get(id: string): Promise<InboundRecord | null> {
+    return this.#run((m) => m.inbox.get(id), () => false);
+  }
+  list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    return this.#run((m) => m.inbox.list(options), () => false);
+  }
+  replay(id: string): Promise<boolean> {
+    return this.#run((m) => m.inbox.replay(id), (r) => r);
+  }
+  purge(olderThanMs: number): Promise<number> {
+    return this.#run((m) => m.inbox.purge(olderThanMs), (n) => n > 0);
+  }
+}
+
+class FileOutbox implements OutboxJournal {
+  readonly #run: Run;
+  constructor(run: Run) {
+    this.#run = run;
+  }
+  reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    return this.#run((m) => m.outbox.reserve(entry, lease), (r) => r.status !== "exists");
+  }
+  claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    return this.#run((m) => m.outbox.claimDue(options), (r) => r.due.length > 0 || r.ambiguous.length > 0);
+  }
+  heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#run((m) => m.outbox.heartbeat(key, token, leaseMs), () => false); // written with the next change
+  }
+  markSent(key: string, token: number, messageId: string): Promise<void> {
+    return this.#run((m) => m.outbox.markSent(key, token, messageId), () => true);
+  }
+  markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    return this.#run((m) => m.outbox.markFailed(key, token, outcome), () => true);
+  }
+  get(key: string): Promise<OutboxEntry | null> {
+    return this.#run((m) => m.outbox.get(key), () => false);
+  }
+  list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    return this.#run((m) => m.outbox.list(options), () => false);
+  }
+  retry(key: string): Promise<boolean> {
+    return this.#run((m) => m.outbox.retry(key), (r) => r);
+  }
+  discard(key: string): Promise<boolean> {
+    return this.#run((m) => m.outbox.discard(key), (r) => r);
+  }
+  purge(olderThanMs: number): Promise<number> {
+    return this.#run((m) => m.outbox.purge(olderThanMs), (n) => n > 0);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The lock file
+
+/**
+ * Takes `<file>.lock` (`O_EXCL`), breaking a stale one: its pid is dead, or
+ * it is this process's pid (the in-process registry, checked before, says
+ * this process does not hold it: a restart that got the same pid).
+ */
+async function acquireLock(file: string): Promise<void> {
+  const lockPath = `${file}.lock`;
+  const pid = await currentPid();
+  const mine = JSON.stringify({ pid, hostname: await hostname(), startedAt: new Date().toISOString() });
+  let unreadable = 0;
+  for (let attempt = 0; attempt < 20; attempt++) {
+    if (await createExclusive(lockPath, mine)) return;
+    const bytes = await readFileBytes(lockPath);
+    if (bytes === null) continue; // released meanwhile
+    const text = new TextDecoder().decode(bytes);
+    const holder = parseLock(text);
+    if (holder === null) {
+      // Its creator may be writing it right now; one that stays empty was left by a crash right after creation.
+      if (++unreadable <= 3) {
+        await delay(50);
+        continue;
+      }
+    } else if (holder.pid !== pid && (await isProcessAlive(holder.pid))) {
+      throw new FileLockedError(file, lockPath, holder);
+    }
+    // Stale: delete it unless it changed since we read it (another process took it meanwhile).
+    const again = await readFileBytes(lockPath);
+    if (again !== null && sameBytes(again, bytes)) await removeFile(lockPath);
+  }
+  throw new Error(`FileDurability: could not take the lock file ${lockPath} (it keeps changing)`);
+}
+
+function parseLock(text: string): LockInfo | null {
+  try {
+    const value = JSON.parse(text) as Partial<LockInfo> | null;
+    if (typeof value !== "object" || value === null || !Number.isInteger(value.pid)) return null;
+    return {
+      pid: value.pid!,
+      hostname: typeof value.hostname === "string" ? value.hostname : undefined,
+      startedAt: typeof value.startedAt === "string" ? value.startedAt : undefined,
+    };
+  } catch {
+    return null;
+  }
+}
+
+function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
+  if (a.length !== b.length) return false;
+  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Reading and checking a snapshot
+
+/** Parses and checks a snapshot; throws {@link FileCorruptError}. */
+function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {
+  let value: unknown;
+  try {
+    value = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
+  } catch {
+    const problem = findSyntaxError(bytes) ??
+      { offset: null, reason: "the JSON parser rejected it (no syntax error found by the checker)" };
+    throw new FileCorruptError(file, problem.offset, problem.reason);
+  }
+  const fail = (detail: string): never => {
+    throw new FileCorruptError(file, null, detail);
+  };
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    fail(`expected a JSON object, got ${kindOf(value)}`);
+  }
+  const snap = value as Record<string, unknown>;
+  if (snap.format !== FORMAT) {
+    fail(`not a FileDurability snapshot ("format" is ${show(snap.format)}, expected ${JSON.stringify(FORMAT)})`);
+  }
+  if (snap.version !== VERSION) {
+    fail(`unsupported format version ${show(snap.version)} (this library reads version ${VERSION})`);
+  }
+  if (!Number.isSafeInteger(snap.outboxSeq) || (snap.outboxSeq as number) < 0) {
+    fail(`"outboxSeq" must be a non-negative integer, got ${show(snap.outboxSeq)}`);
+  }
+  if (!Array.isArray(snap.inbox)) fail(`"inbox" must be an array, got ${kindOf(snap.inbox)}`);
+  if (!Array.isArray(snap.outbox)) fail(`"outbox" must be an array, got ${kindOf(snap.outbox)}`);
+  const inbox = snap.inbox as unknown[];
+  const outbox = snap.outbox as unknown[];
+  const ids = new Set<string>();
+  for (let i = 0; i < inbox.length; i++) {
+    const problem = checkInbound(inbox[i]);
+    const id = (inbox[i] as { id?: unknown } | null)?.id;
+    const label = `inbox record ${i}${typeof id === "string" ? ` (id ${JSON.stringify(id)})` : ""}`;
+    if (problem) fail(`${label}: ${problem}`);
+    if (ids.has(id as string)) fail(`${label}: the id appears twice`);
+    ids.add(id as string);
+  }
+  const keys = new Set<string>();
+  let lastSeq = 0;
+  for (let i = 0; i < outbox.length; i++) {
+    const problem = checkOutbound(outbox[i]);
+    const entry = outbox[i] as { key?: unknown; seq?: unknown } | null;
+    const label = `outbox entry ${i}${typeof entry?.key === "string" ? ` (key ${JSON.stringify(entry.key)})` : ""}`;
+    if (problem) fail(`${label}: ${problem}`);
+    if (keys.has(entry!.key as string)) fail(`${label}: the key appears twice`);
+    keys.add(entry!.key as string);
+    const seq = entry!.seq as number;
+    if (seq <= lastSeq) fail(`${label}: field "seq" must be above the previous entry's (${lastSeq}), got ${seq}`);
+    if (seq > (snap.outboxSeq as number)) fail(`${label}: field "seq" ${seq} is above "outboxSeq" ${snap.outboxSeq}`);
+    lastSeq = seq;
+  }
+  return { inbox: inbox as InboundRecord[], outbox: outbox as OutboxEntry[], outboxSeq: snap.outboxSeq as number };
+}
+
+function kindOf(value: unknown): string {
+  if (value === null) return "null";
+  if (Array.isArray(value)) return "an array";
+  return typeof value === "object" ? "an object" : `${typeof value} ${show(value)}`;
+}
+
+type FieldCheck = (value: unknown) => string | null;
+
+const str: FieldCheck = (v) => typeof v === "string" ? null : "a string";
+const strOrNull: FieldCheck = (v) => v === null || typeof v === "string" ? null : "a string or null";
+const time: FieldCheck = (v) => typeof v === "number" && Number.isFinite(v) ? null : "a finite number";
+const timeOrNull: FieldCheck = (v) => v === null || (typeof v === "number" && Number.isFinite(v)) ? null : "a finite number or null";
+const count: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) >= 0 ? null : "a non-negative integer";
+const positive: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0 ? null : "a positive integer";
+const json: FieldCheck = (v) => v === undefined ? "a JSON value" : null;
+const oneOf = (values: readonly string[]): FieldCheck => (v) =>
+  typeof v === "string" && values.includes(v) ? null : `one of ${values.join(", ")}`;
+const lease: FieldCheck = (v) => {
+  if (v === null) return null;
+  if (typeof v !== "object" || Array.isArray(v)) return "null or a lease object";
+  const l = v as Record<string, unknown>;
+  for (const [name, check] of [["owner", str], ["incarnation", str], ["token", positive], ["expiresAt", time]] as const) {
+    if (check(l[name]) !== null) return `a lease whose "${name}" is ${check(l[name])} (got ${show(l[name])})`;
+  }
+  return null;
+};
+
+const INBOUND_FIELDS: readonly (readonly [string, FieldCheck])[] = [
+  ["id", str],
+  ["kind", oneOf(["message", "interaction"])],
+  ["chatId", str],
+  ["provider", str],
+  ["payload", json],
+  ["receivedAt", time],
+  ["state", oneOf(["pending", "processing", "failed", "done", "dead"])],
+  ["attempts", count],
+  ["nextAttemptAt", timeOrNull],
+  ["lease", lease],
+  ["fence", count],
+  ["error", strOrNull],
+  ["updatedAt", time],
+];
+
+const OUTBOUND_FIELDS: readonly (readonly [string, FieldCheck])[] = [
+  ["key", str],
+  ["chatId", str],
+  ["content", json],
+  ["contentHash", str],
+  ["inboundId", strOrNull],
+  ["state", oneOf(["queued", "sending", "sent", "failed", "dead", "unknown"])],
+  ["attempts", count],
+  ["nextAttemptAt", timeOrNull],
+  ["lease", lease],
+  ["fence", count],
+  ["messageId", strOrNull],
+  ["error", strOrNull],
+  ["seq", positive],
+  ["createdAt", time],
+  ["updatedAt", time],
+];
+
+function checkFields(value: unknown, fields: readonly (readonly [string, FieldCheck])[]): string | null {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return `expected an object, got ${kindOf(value)}`;
+  const record = value as Record<string, unknown>;
+  for (const [name, check] of fields) {
+    const expected = check(record[name]);
+    if (expected !== null) {
+      return name in record
+        ? `field "${name}" must be ${expected}, got ${show(record[name])}`
+        : `field "${name}" is missing (must be ${expected})`;
+    }
+  }
+  return null;
+}
+
+function checkInbound(value: unknown): string | null {
+  const problem = checkFields(value, INBOUND_FIELDS);
+  if (problem) return problem;
+  const r = value as InboundRecord;
+  if ((r.state === "processing") !== (r.lease !== null)) {
+    return r.lease === null
+      ? `field "lease" must be a lease object in state "processing", got null`
+      : `field "lease" must be null in state ${JSON.stringify(r.state)}`;
+  }
+  if (r.lease !== null && r.lease.token > r.fence) return `field "fence" (${r.fence}) is below the lease token ${r.lease.token}`;
+  return null;
+}
+
+function checkOutbound(value: unknown): string | null {
+  const problem = checkFields(value, OUTBOUND_FIELDS);
+  if (problem) return problem;
+  const e = value as OutboxEntry;
+  if ((e.state === "sending") !== (e.lease !== null)) {
+    return e.lease === null
+      ? `field "lease" must be a lease object in state "sending", got null`
+      : `field "lease" must be null in state ${JSON.stringify(e.state)}`;
+  }
+  if (e.lease !== null && e.lease.token > e.fence) return `field "fence" (${e.fence}) is below the lease token ${e.lease.token}`;
+  return null;
+}
+
+// ---------------------------------------------------------------------------
+// Locating a syntax error (failure path only: JSON.parse does not say where, on every runtime)
+
+/**
+ * The first encoding or JSON syntax error of `bytes`: its byte offset and
+ * what is wrong, or `null` when the bytes are valid UTF-8 JSON.
+ */
+function findSyntaxError(bytes: Uint8Array): { offset: number; reason: string } | null {
+  return findUtf8Error(bytes) ?? findJsonError(bytes);
+}
+
+/** The offset of the first byte of an invalid UTF-8 sequence. */
+function findUtf8Error(b: Uint8Array): { offset: number; reason: string } | null {
+  const n = b.length;
+  let i = 0;
+  while (i < n) {
+    const c = b[i];
+    if (c < 0x80) {
+      i++;
+      continue;
+    }
+    let need: number;
+    let lo = 0x80;
+    let hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) need = 1;
+    else if (c >= 0xe0 && c <= 0xef) {
+      need = 2;
+      if (c === 0xe0) lo = 0xa0; // no overlong forms
+      if (c === 0xed) hi = 0x9f; // no surrogates
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      need = 3;
+      if (c === 0xf0) lo = 0x90;
+      if (c === 0xf4) hi = 0x8f; // at most U+10FFFF
+    } else {
+      return { offset: i, reason: `invalid UTF-8 (byte 0x${hex(c)} cannot start a character)` };
+    }
+    for (let k = 1; k <= need; k++) {
+      if (i + k >= n) return { offset: i, reason: "invalid UTF-8 (a character is cut off by the end of the file: truncated?)" };
+      const d = b[i + k];
+      const min = k === 1 ? lo : 0x80;
+      const max = k === 1 ? hi : 0xbf;
+      if (d < min || d > max) {
+        return { offset: i, reason: `invalid UTF-8 (byte 0x${hex(d)} at ${i + k} does not continue the character)` };
+      }
+    }
+    i += need + 1;
+  }
+  return null;
+}
+
+function hex(byte: number): string {
+  return byte.toString(16).toUpperCase().padStart(2, "0");
+}
+
+/** Describes the byte at `i` for a syntax message. */
+function describeAt(b: Uint8Array, i: number): string {
+  if (i >= b.length) return "the end of the file (truncated?)";
+  const c = b[i];
+  return c >= 0x20 && c < 0x7f ? `${JSON.stringify(String.fromCharCode(c))}` : `byte 0x${hex(c)}`;
+}
+
+/** Scanner modes: a value is expected, an object key is expected, a value just ended. */
+const Mode = { Value: 0, Key: 1, After: 2 } as const;
+
+/** A JSON syntax checker over bytes (iterative: any nesting depth). */
+function findJsonError(b: Uint8Array): { offset: number; reason: string } | null {
+  const n = b.length;
+  let i = b[0] === 0xef && b[1] === 0xbb && b[2] === 0xbf ? 3 : 0;
+  const stack: number[] = []; // 0: array, 1: object
+  let mode: number = Mode.Value;
+  const err = (reason: string) => ({ offset: i, reason });
+  const isDigit = (c: number) => c >= 0x30 && c <= 0x39;
+  const skipSpace = () => {
+    while (i < n && (b[i] === 0x20 || b[i] === 0x0a || b[i] === 0x0d || b[i] === 0x09)) i++;
+  };
+  const scanString = (): { offset: number; reason: string } | null => {
+    i++; // the opening quote
+    for (;;) {
+      if (i >= n) return err("unterminated string: the end of the file (truncated?)");
+      const c = b[i];
+      if (c === 0x22) {
+        i++;
+        return null;
+      }
+      if (c === 0x5c) {
+        const e = b[i + 1];
+        if (e === 0x75) {
+          for (let k = 2; k < 6; k++) {
+            const h = b[i + k];
+            const ok = h !== undefined && (isDigit(h) || (h >= 0x41 && h <= 0x46) || (h >= 0x61 && h <= 0x66));
+            if (!ok) {
+              i += k;
+              return err(`invalid \\u escape: expected a hex digit, found ${describeAt(b, i)}`);
+            }
+          }
+          i += 6;
+          continue;
+        }
+        if (e === undefined || !'"\\/bfnrt'.includes(String.fromCharCode(e))) {
+          i++;
+          return err(`invalid escape in a string: ${describeAt(b, i)}`);
+        }
+        i += 2;
+        continue;
+      }
+      if (c < 0x20) return err(`control character 0x${hex(c)} in a string (must be escaped)`);
+      i++;
+    }
+  };
+  const scanNumber = (): { offset: number; reason: string } | null => {
+    if (b[i] === 0x2d) i++;
+    if (b[i] === 0x30) i++;
+    else if (i < n && isDigit(b[i])) while (i < n && isDigit(b[i])) i++;
+    else return err(`invalid number: expected a digit, found ${describeAt(b, i)}`);
+    if (b[i] === 0x2e) {
+      i++;
+      if (!(i < n && isDigit(b[i]))) return err(`invalid number: expected a digit after ".", found ${describeAt(b, i)}`);
+      while (i < n && isDigit(b[i])) i++;
+    }
+    if (b[i] === 0x65 || b[i] === 0x45) {
+      i++;
+      if (b[i] === 0x2b || b[i] === 0x2d) i++;
+      if (!(i < n && isDigit(b[i]))) return err(`invalid number: expected an exponent digit, found ${describeAt(b, i)}`);
+      while (i < n && isDigit(b[i])) i++;
+    }
+    return null;
+  };
+  const scanWord = (word: string): { offset: number; reason: string } | null => {
+    for (let k = 0; k < word.length; k++, i++) {
+      if (b[i] !== word.charCodeAt(k)) return err(`invalid literal (expected ${JSON.stringify(word)}), found ${describeAt(b, i)}`);
+    }
+    return null;
+  };
+  for (;;) {
+    skipSpace();
+    if (mode === Mode.Value) {
+      const c = b[i];
+      let problem: { offset: number; reason: string } | null = null;
+      if (c === 0x5b || c === 0x7b) {
+        stack.push(c === 0x5b ? 0 : 1);
+        i++;
+        skipSpace();
+        if (b[i] === (c === 0x5b ? 0x5d : 0x7d)) {
+          i++;
+          stack.pop();
+          mode = Mode.After;
+        } else {
+          mode = c === 0x5b ? Mode.Value : Mode.Key;
+        }
+        continue;
+      }
+      if (c === 0x22) problem = scanString();
+      else if (c === 0x2d || (c !== undefined && isDigit(c))) problem = scanNumber();
+      else if (c === 0x74) problem = scanWord("true");
+      else if (c === 0x66) problem = scanWord("false");
+      else if (c === 0x6e) problem = scanWord("null");
+      else return err(`expected a value, found ${describeAt(b, i)}`);
+      if (problem) return problem;
+      mode = Mode.After;
+    } else if (mode === Mode.Key) {
+      if (b[i] !== 0x22) return err(`expected a string key, found ${describeAt(b, i)}`);
+      const problem = scanString();
+      if (problem) return problem;
+      skipSpace();
+      if (b[i] !== 0x3a) return err(`expected ":" after a key, found ${describeAt(b, i)}`);
+      i++;
+      mode = Mode.Value;
+    } else {
+      if (stack.length === 0) return i >= n ? null : err(`unexpected ${describeAt(b, i)} after the end of the JSON value`);
+      const inObject = stack[stack.length - 1] === 1;
+      if (b[i] === 0x2c) {
+        i++;
+        mode = inObject ? Mode.Key : Mode.Value;
+      } else if (b[i] === (inObject ? 0x7d : 0x5d)) {
+        i++;
+        stack.pop();
+      } else {
+        return err(`expected "," or "${inObject ? "}" : "]"}", found ${describeAt(b, i)}`);
+      }
+    }
+  }
+}

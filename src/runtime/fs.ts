@@ -1,0 +1,241 @@
+/**
+ * The file-system part of the runtime shim: the few file and process
+ * operations the file backend needs, on Bun, Node (20+) and Deno (2+).
+ *
+ * Everything goes through `node:fs/promises`, `node:path` and `node:process`,
+ * imported lazily on first use (all three runtimes provide them; Deno needs
+ * `--allow-read`, `--allow-write` and, for {@link isProcessAlive}, `--allow-run`).
+ * Nothing here is loaded by the core unless a file backend is used.
+ *
+ * Errors thrown by the runtime are passed on unchanged (they carry a `code`
+ * such as `ENOENT`, `EEXIST`, `ENOSPC`, `EACCES`).
+ *
+ * @module
+ */
+
+type FsPromises = typeof import("node:fs/promises");
+type PathModule = typeof import("node:path");
+type ProcessModule = typeof import("node:process");
+
+let fsModule: Promise<FsPromises> | undefined;
+let pathModule: Promise<PathModule> | undefined;
+let processModule: Promise<ProcessModule> | undefined;
+
+function fs(): Promise<FsPromises> {
+  return fsModule ??= import("node:fs/promises");
+}
+
+function paths(): Promise<PathModule> {
+  return pathModule ??= import("node:path");
+}
+
+async function proc(): Promise<ProcessModule> {
+  processModule ??= import("node:process");
+  const mod = await processModule;
+  // Node and Bun expose `process` as the default export; take it when present.
+  return ((mod as unknown as { default?: ProcessModule }).default ?? mod) as ProcessModule;
+}
+
+/** The `code` of a runtime error (`'ENOENT'`, …), or `undefined`. */
+export function errorCode(error: unknown): string | undefined {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" ? code : undefined;
+}
+
+/**
+ * The absolute form of `path`, resolved against the current directory.
+ *
+ * @param path a relative or absolute path
+ * @returns the absolute, normalized path
+ */
+export async function resolvePath(path: string): Promise<string> {
+  return (await paths()).resolve(path);
+}
+
+/**
+ * The directory part of `path`.
+ *
+ * @param path a path
+ * @returns its parent directory
+ */
+export async function dirName(path: string): Promise<string> {
+  return (await paths()).dirname(path);
+}
+
+/**
+ * Read a whole file.
+ *
+ * @param path the file
+ * @returns its bytes, or `null` when it does not exist
+ * @throws {Error} any other read error (permissions, a directory, I/O)
+ */
+export async function readFileBytes(path: string): Promise<Uint8Array | null> {
+  try {
+    const data = await (await fs()).readFile(path);
+    return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return null;
+    throw error;
+  }
+}
+
+/** Options of {@link writeFileAtomic}. */
+export interface AtomicWriteOptions {
+  /** Flush the file and its directory to the disk before resolving (default `true`). */
+  fsync?: boolean;
+  /** The temporary file to write first (default `<path>.tmp`); it must be on the same file system. */
+  tempPath?: string;
+}
+
+/**
+ * Replace `path` atomically: write `data` to a temporary file, flush it
+ * (`fsync`), rename it over `path`, then flush the directory so the rename
+ * itself is durable (skipped where the runtime or the OS cannot open a
+ * directory, e.g. Windows). A reader sees the old content or the new, never
+ * a mix. On an error the temporary file is removed (best effort) and `path`
+ * is left as it was.
+ *
+ * @param path the file to replace
+ * @param data the new content (a string is written as UTF-8)
+ * @param options `fsync` (default `true`) and `tempPath` (default `<path>.tmp`)
+ * @throws {Error} a write, flush or rename error of the runtime (`ENOSPC`, `EACCES`, `ENOENT`, …)
+ */
+export async function writeFileAtomic(
+  path: string,
+  data: string | Uint8Array,
+  options: AtomicWriteOptions = {},
+): Promise<void> {
+  const f = await fs();
+  const sync = options.fsync ?? true;
+  const temp = options.tempPath ?? `${path}.tmp`;
+  let renamed = false;
+  try {
+    const handle = await f.open(temp, "w");
+    try {
+      await handle.writeFile(data);
+      if (sync) await handle.sync();
+    } finally {
+      await handle.close();
+    }
+    await f.rename(temp, path);
+    renamed = true;
+  } finally {
+    if (!renamed) await f.rm(temp, { force: true }).catch(() => {});
+  }
+  if (sync) await syncDirectory(await dirName(path));
+}
+
+/**
+ * Flush a directory's entries (a rename or a new file in it) to the disk.
+ * Does nothing where directories cannot be opened or flushed (Windows, some
+ * file systems).
+ *
+ * @param dir the directory
+ * @throws {Error} an I/O error reported by the flush itself (`EIO`)
+ */
+export async function syncDirectory(dir: string): Promise<void> {
+  const f = await fs();
+  let handle: Awaited<ReturnType<FsPromises["open"]>>;
+  try {
+    handle = await f.open(dir, "r");
+  } catch {
+    return; // not supported here
+  }
+  try {
+    await handle.sync();
+  } catch (error) {
+    const code = errorCode(error);
+    if (code === "EIO" || code === "ENOSPC") throw error;
+    // EINVAL, EPERM, EISDIR, ENOTSUP: the platform cannot flush a directory.
+  } finally {
+    await handle.close().catch(() => {});
+  }
+}
+
+/**
+ * Create a file that must not exist yet (`O_CREAT | O_EXCL`, flag `wx`) and
+ * write `text` into it.
+ *
+ * @param path the file
+ * @param text its content (UTF-8)
+ * @param options `fsync`: flush it before resolving (default `false`)
+ * @returns `true` when created, `false` when the file already exists
+ * @throws {Error} any other error (the directory is missing, permissions)
+ */
+export async function createExclusive(
+  path: string,
+  text: string,
+  options: { fsync?: boolean } = {},
+): Promise<boolean> {
+  const f = await fs();
+  let handle: Awaited<ReturnType<FsPromises["open"]>>;
+  try {
+    handle = await f.open(path, "wx");
+  } catch (error) {
+    if (errorCode(error) === "EEXIST") return false;
+    throw error;
+  }
+  try {
+    await handle.writeFile(text);
+    if (options.fsync) await handle.sync();
+  } finally {
+    await handle.close();
+  }
+  return true;
+}
+
+/**
+ * Delete a file; a missing file is not an error.
+ *
+ * @param path the file
+ * @returns whether a file was deleted
+ * @throws {Error} any other error (permissions, a directory)
+ */
+export async function removeFile(path: string): Promise<boolean> {
+  try {
+    await (await fs()).unlink(path);
+    return true;
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return false;
+    throw error;
+  }
+}
+
+/**
+ * Create a directory and its parents when missing.
+ *
+ * @param path the directory
+ * @throws {Error} when it cannot be created (permissions, a file in the way)
+ */
+export async function ensureDir(path: string): Promise<void> {
+  await (await fs()).mkdir(path, { recursive: true });
+}
+
+/**
+ * This process's id.
+ *
+ * @returns the pid
+ */
+export async function currentPid(): Promise<number> {
+  return (await proc()).pid;
+}
+
+/**
+ * Whether a process with id `pid` exists on this host (signal 0: nothing is
+ * sent). `ESRCH` means it is gone; `EPERM` means it exists but belongs to
+ * another user, so it counts as alive. Any other failure (no permission to
+ * ask, e.g. Deno without `--allow-run`) counts as alive too: a lock is never
+ * broken on a guess.
+ *
+ * @param pid the process id
+ * @returns `false` only when the process certainly does not exist
+ */
+export async function isProcessAlive(pid: number): Promise<boolean> {
+  if (!Number.isInteger(pid) || pid <= 0) return false;
+  try {
+    (await proc()).kill(pid, 0);
+    return true;
+  } catch (error) {
+    return errorCode(error) !== "ESRCH";
+  }
+}
