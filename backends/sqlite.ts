@@ -1,0 +1,1228 @@
+/**
+ * `@botmesh/durable/sqlite`: a SQLite session store and durability backend.
+ * The bot's conversation state and its inbox/outbox journals live in one
+ * SQLite file, which several processes of one host may share.
+ *
+ * - {@link SQLiteStore}: the bot's {@link SessionStore} (get/set/delete with
+ *   TTL). `store.durability()` journals the inbox and outbox in the same file,
+ *   over the same connection.
+ * - {@link SQLiteDurability}: the journals alone.
+ *
+ * ## Driver
+ * `bun:sqlite` on Bun, `node:sqlite` on Deno and Node ≥ 22.5, `better-sqlite3`
+ * (an optional peer dependency: `npm install better-sqlite3`) on older Node.
+ * The driver is loaded when the database is opened; the `driver` option
+ * picks one explicitly.
+ *
+ * ## Opening
+ * Drivers are loaded with a dynamic `import()`, so opening is asynchronous:
+ * - A backend is opened by `open()` and closed by `close()`; `bot.start()`
+ *   and `bot.stop()` call them. Both are reference-counted per instance
+ *   (several bots, or a test harness, may share one backend): the connection
+ *   closes when every `open()` got its `close()`. An operation on a backend
+ *   that is not open rejects.
+ * - A store opens itself on first use (or by `await store.open()`, which
+ *   reports a bad file at once) and holds the connection until
+ *   `store.close()`. Its durability backend shares that connection.
+ *
+ * ## Durability and concurrency
+ * - WAL journal mode, `busy_timeout` (`busyTimeoutMs`, 5 s default).
+ * - `synchronous=FULL` by default: a committed change survives a power loss
+ *   or an OS crash, at the cost of one fsync of the WAL per commit. With
+ *   `synchronous: "normal"` commits are not fsynced (the WAL is, at each
+ *   checkpoint): several times faster, still safe against a crash of the
+ *   process, but a power loss or OS crash may roll back the last commits —
+ *   an admitted message may be lost (its channel was already acknowledged)
+ *   or a `markSent` forgotten (the send goes out again).
+ * - Every state change is one `BEGIN IMMEDIATE` transaction: it takes the
+ *   write lock up front, so two processes never deadlock upgrading a read
+ *   lock, and the read-decide-write of a claim is atomic across processes.
+ *   Claims are conditional `UPDATE`s on the fencing token and state read in
+ *   the transaction; completions check the caller's token in SQL.
+ * - The clock is the host's `Date.now()` (every process on one host shares it).
+ *
+ * ## Schema
+ * Tables `<prefix>meta`, `<prefix>inbox`, `<prefix>outbox`, `<prefix>session`
+ * (`tablePrefix` defaults to `botmesh_`). Records are columns (indexed
+ * fields, lease, states) plus JSON text for the payload/content. The schema
+ * version is kept in `<prefix>meta`; a file is created or upgraded in place
+ * on open (an ordered list of migrations, in one transaction), and a file
+ * written by a newer version of the library is refused.
+ *
+ * Due scans use partial indexes on `due_at` (set only on records a scan
+ * must look at: active inbox records, `sending` outbox entries and the first
+ * unsettled entry of each chat), lease-owner reclaims an index on the lease
+ * owner, purges partial indexes of `done`/`sent` records by `updated_at`.
+ *
+ * @module
+ */
+import {
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DurabilityBackend,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type JsonValue,
+  type Lease,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
+  StaleLeaseError,
+} from "../src/backend.ts";
+import {
+  ambiguousOutbox,
+  BLOCKING_OUTBOX_STATES,
+  claimedInbound,
+  claimedOutbox,
+  doneInbound,
+  extendedLease,
+  failedFields,
+  inboxDueAt,
+  isInboxClaimable,
+  isLeaseAbandoned,
+  isLeasedWith,
+  newInboundRecord,
+  newOutboxEntry,
+  normalizeList,
+  replayedInbound,
+  requeuedOutbox,
+  sentOutbox,
+} from "../src/journal_rules.ts";
+import type { SessionStore } from "../src/store.ts";
+import {
+  openSqlite,
+  SQLITE_DRIVERS,
+  type SqliteDatabase,
+  type SqliteDriverName,
+  type SqliteRow,
+  type SqliteStatement,
+  type SqliteValue,
+} from "../src/runtime/sqlite.ts";
+
+export type { SqliteDriverName } from "../src/runtime/sqlite.ts";
+
+/** Options of {@link SQLiteStore} and {@link SQLiteDurability}. */
+export interface SQLiteOptions {
+  /** Path of the database file (created, with its directory, when missing). Required. */
+  file: string;
+  /** How long a statement waits for another process's write lock, in ms (default 5000). */
+  busyTimeoutMs?: number;
+  /**
+   * `"full"` (default): each commit is fsynced and survives a power loss.
+   * `"normal"`: faster; safe against a process crash, but a power loss may
+   * roll back the last commits.
+   */
+  synchronous?: "full" | "normal";
+  /** `"auto"` (default: by runtime) or `"bun:sqlite"`, `"node:sqlite"`, `"better-sqlite3"`. */
+  driver?: "auto" | SqliteDriverName;
+  /** Prepended to the table names (default `"botmesh_"`); letters, digits and `_`. */
+  tablePrefix?: string;
+}
+
+/** Options of {@link SQLiteStore}. */
+export type SQLiteStoreOptions = SQLiteOptions;
+/** Options of {@link SQLiteDurability}. */
+export type SQLiteDurabilityOptions = SQLiteOptions;
+
+/** The schema version this version of the library writes. */
+export const SQLITE_SCHEMA_VERSION: number = 2;
+
+const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix"] as const;
+const DEFAULT_BUSY_TIMEOUT_MS = 5000;
+/** Expired session values are swept at most this often (on a write). */
+const SESSION_SWEEP_MS = 60_000;
+/** Expired session values deleted per sweep statement. */
+const SESSION_SWEEP_BATCH = 500;
+
+interface Resolved {
+  file: string;
+  busyTimeoutMs: number;
+  synchronous: "full" | "normal";
+  driver: "auto" | SqliteDriverName;
+  prefix: string;
+}
+
+function show(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "function") return "a function";
+  if (typeof value === "bigint") return `${value}n`;
+  if (typeof value === "object" && value !== null) {
+    try {
+      return JSON.stringify(value) ?? String(value);
+    } catch {
+      return String(value);
+    }
+  }
+  return String(value);
+}
+
+function resolveOptions(options: unknown): Resolved {
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`SQLite options must be an object with a "file", got ${show(options)}`);
+  }
+  const o = options as Record<string, unknown>;
+  for (const key of Object.keys(o)) {
+    if (!(OPTION_NAMES as readonly string[]).includes(key)) {
+      throw new TypeError(
+        `Unknown SQLite option ${JSON.stringify(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`,
+      );
+    }
+  }
+  const file = o.file;
+  if (typeof file !== "string" || file.length === 0) {
+    throw new TypeError(`SQLite option "file" must be a non-empty string, got ${show(file)}`);
+  }
+  const busy = o.busyTimeoutMs ?? DEFAULT_BUSY_TIMEOUT_MS;
+  if (typeof busy !== "number") {
+    throw new TypeError(`SQLite option "busyTimeoutMs" must be a number, got ${show(busy)}`);
+  }
+  if (!Number.isInteger(busy) || busy < 0 || busy > 2_147_483_647) {
+    throw new RangeError(`SQLite option "busyTimeoutMs" must be an integer from 0 to 2147483647, got ${show(busy)}`);
+  }
+  const synchronous = o.synchronous ?? "full";
+  if (synchronous !== "full" && synchronous !== "normal") {
+    throw new RangeError(`SQLite option "synchronous" must be "full" or "normal", got ${show(synchronous)}`);
+  }
+  const driver = o.driver ?? "auto";
+  if (driver !== "auto" && !(SQLITE_DRIVERS as readonly unknown[]).includes(driver)) {
+    throw new RangeError(
+      `SQLite option "driver" must be "auto", ${SQLITE_DRIVERS.map((d) => `"${d}"`).join(", ")}, got ${show(driver)}`,
+    );
+  }
+  const prefix = o.tablePrefix ?? "botmesh_";
+  if (typeof prefix !== "string") {
+    throw new TypeError(`SQLite option "tablePrefix" must be a string, got ${show(prefix)}`);
+  }
+  if (!/^[A-Za-z_][A-Za-z0-9_]{0,47}$/.test(prefix)) {
+    throw new RangeError(
+      `SQLite option "tablePrefix" must start with a letter or "_" and hold only letters, digits and "_" (at most 48), got ${
+        show(prefix)
+      }`,
+    );
+  }
+  return { file, busyTimeoutMs: busy, synchronous, driver: driver as Resolved["driver"], prefix };
+}
+
+// ---- schema ------------------------------------------------------------------
+
+/** One step of the schema: run in the open transaction, on a file at `version - 1`. */
+interface Migration {
+  version: number;
+  up(db: SqliteDatabase, p: string): void;
+}
+
+const BLOCKING_SQL = BLOCKING_OUTBOX_STATES.map((s) => `'${s}'`).join(", ");
+
+/**
+ * The ordered migrations. Never edit a shipped one: append a new one (its
+ * `version` one more than the last) and raise {@link SQLITE_SCHEMA_VERSION}.
+ */
+const MIGRATIONS: readonly Migration[] = [
+  {
+    version: 1,
+    up(db, p) {
+      db.exec(`
+        CREATE TABLE ${p}inbox (
+          ord INTEGER PRIMARY KEY,
+          id TEXT NOT NULL UNIQUE,
+          kind TEXT NOT NULL,
+          chat_id TEXT NOT NULL,
+          provider TEXT NOT NULL,
+          payload TEXT NOT NULL,
+          received_at INTEGER NOT NULL,
+          state TEXT NOT NULL,
+          attempts INTEGER NOT NULL,
+          next_attempt_at INTEGER,
+          lease_owner TEXT,
+          lease_incarnation TEXT,
+          lease_token INTEGER,
+          lease_expires_at INTEGER,
+          fence INTEGER NOT NULL,
+          error TEXT,
+          updated_at INTEGER NOT NULL
+        );
+        CREATE TABLE ${p}outbox (
+          seq INTEGER PRIMARY KEY AUTOINCREMENT,
+          key TEXT NOT NULL UNIQUE,
+          chat_id TEXT NOT NULL,
+          content TEXT NOT NULL,
+          content_hash TEXT NOT NULL,
+          inbound_id TEXT,
+          state TEXT NOT NULL,
+          attempts INTEGER NOT NULL,
+          next_attempt_at INTEGER,
+          lease_owner TEXT,
+          lease_incarnation TEXT,
+          lease_token INTEGER,
+          lease_expires_at INTEGER,
+          fence INTEGER NOT NULL,
+          message_id TEXT,
+          error TEXT,
+          created_at INTEGER NOT NULL,
+          updated_at INTEGER NOT NULL
+        );
+        CREATE TABLE ${p}session (
+          key TEXT PRIMARY KEY,
+          value TEXT NOT NULL,
+          expires_at INTEGER
+        );
+      `);
+    },
+  },
+  {
+    // Due scans, reclaims, purges and lists stay O(what they return) at millions of rows.
+    version: 2,
+    up(db, p) {
+      db.exec(`
+        ALTER TABLE ${p}inbox ADD COLUMN due_at INTEGER;
+        UPDATE ${p}inbox SET due_at = CASE state
+          WHEN 'pending' THEN 0
+          WHEN 'failed' THEN COALESCE(next_attempt_at, 0)
+          WHEN 'processing' THEN COALESCE(lease_expires_at, 0)
+        END;
+        ALTER TABLE ${p}outbox ADD COLUMN due_at INTEGER;
+        UPDATE ${p}outbox SET due_at = COALESCE(lease_expires_at, 0) WHERE state = 'sending';
+        UPDATE ${p}outbox AS o SET due_at = COALESCE(next_attempt_at, 0)
+          WHERE state IN ('queued', 'failed') AND NOT EXISTS (
+            SELECT 1 FROM ${p}outbox AS b
+            WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING_SQL}) AND b.seq < o.seq);
+        CREATE INDEX ${p}inbox_due ON ${p}inbox (due_at) WHERE due_at IS NOT NULL;
+        CREATE INDEX ${p}inbox_owner ON ${p}inbox (lease_owner) WHERE lease_owner IS NOT NULL;
+        CREATE INDEX ${p}inbox_state ON ${p}inbox (state, received_at, ord);
+        CREATE INDEX ${p}inbox_done ON ${p}inbox (updated_at) WHERE state = 'done';
+        CREATE INDEX ${p}outbox_due ON ${p}outbox (due_at) WHERE due_at IS NOT NULL;
+        CREATE INDEX ${p}outbox_owner ON ${p}outbox (lease_owner) WHERE lease_owner IS NOT NULL;
+        CREATE INDEX ${p}outbox_chat ON ${p}outbox (chat_id, seq) WHERE state IN (${BLOCKING_SQL});
+        CREATE INDEX ${p}outbox_state ON ${p}outbox (state, seq);
+        CREATE INDEX ${p}outbox_sent ON ${p}outbox (updated_at) WHERE state = 'sent';
+        CREATE INDEX ${p}session_expiry ON ${p}session (expires_at) WHERE expires_at IS NOT NULL;
+      `);
+    },
+  },
+];
+
+/** Brings the schema to {@link SQLITE_SCHEMA_VERSION} in one transaction; refuses a newer file. */
+function migrate(db: SqliteDatabase, p: string, file: string): void {
+  db.exec("BEGIN IMMEDIATE");
+  try {
+    db.exec(`CREATE TABLE IF NOT EXISTS ${p}meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)`);
+    const row = db.prepare(`SELECT value FROM ${p}meta WHERE key = 'schema_version'`).get();
+    const current = row === undefined ? 0 : Number(row.value);
+    if (!Number.isInteger(current) || current < 0) {
+      throw new Error(`SQLite file ${JSON.stringify(file)} has an invalid schema version ${show(row?.value)}`);
+    }
+    if (current > SQLITE_SCHEMA_VERSION) {
+      throw new Error(
+        `SQLite file ${
+          JSON.stringify(file)
+        } has schema version ${current}, written by a newer @botmesh/durable; this version supports up to schema version ${SQLITE_SCHEMA_VERSION}: upgrade @botmesh/durable to open it`,
+      );
+    }
+    for (const migration of MIGRATIONS) {
+      if (migration.version > current) migration.up(db, p);
+    }
+    if (current < SQLITE_SCHEMA_VERSION) {
+      db.prepare(`INSERT INTO ${p}meta (key, value) VALUES ('schema_version', ?)
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value`).run(String(SQLITE_SCHEMA_VERSION));
+    }
+    db.exec("COMMIT");
+  } catch (error) {
+    try {
+      db.exec("ROLLBACK");
+    } catch {
+      // Nothing to roll back.
+    }
+    throw error;
+  }
+}
+
+// ---- the connection ----------------------------------------------------------
+
+/** One database connection, shared by a store and its backend, opened while anyone holds it. */
+class Connection {
+  readonly options: Resolved;
+  #db: SqliteDatabase | null = null;
+  #refs = 0;
+  #queue: Promise<unknown> = Promise.resolve();
+  #statements = new Map<string, SqliteStatement>();
+
+  constructor(options: Resolved) {
+    this.options = options;
+  }
+
+  get file(): string {
+    return this.options.file;
+  }
+
+  /** The open database, or `null`. */
+  get db(): SqliteDatabase | null {
+    return this.#db;
+  }
+
+  /** Runs open/close steps one at a time. */
+  #serial<T>(work: () => Promise<T> | T): Promise<T> {
+    const run = this.#queue.then(work);
+    this.#queue = run.catch(() => {});
+    return run;
+  }
+
+  /** Takes a reference; the first one opens the database. */
+  acquire(): Promise<void> {
+    return this.#serial(async () => {
+      if (this.#refs === 0) this.#db = await this.#open();
+      this.#refs++;
+    });
+  }
+
+  /** Drops a reference; the last one closes the database. */
+  release(): Promise<void> {
+    return this.#serial(() => {
+      if (this.#refs === 0) return;
+      if (--this.#refs > 0) return;
+      const db = this.#db;
+      this.#db = null;
+      this.#statements.clear();
+      db?.close();
+    });
+  }
+
+  async #open(): Promise<SqliteDatabase> {
+    const { file, driver, busyTimeoutMs, synchronous, prefix } = this.options;
+    const db = await openSqlite(file, driver).catch((error: unknown) => {
+      throw wrapOpenError(file, null, error);
+    });
+    try {
+      db.exec(`PRAGMA busy_timeout = ${busyTimeoutMs}`);
+      const mode = db.prepare("PRAGMA journal_mode = WAL").get();
+      const journal = String(mode ? Object.values(mode)[0] : "").toLowerCase();
+      if (journal !== "wal" && journal !== "memory") {
+        throw new Error(`journal_mode is ${JSON.stringify(journal)}, WAL could not be enabled`);
+      }
+      db.exec(`PRAGMA synchronous = ${synchronous === "full" ? "FULL" : "NORMAL"}`);
+      migrate(db, prefix, file);
+      return db;
+    } catch (error) {
+      try {
+        db.close();
+      } catch {
+        // Already unusable.
+      }
+      throw wrapOpenError(file, db.driver, error);
+    }
+  }
+
+  /** A cached prepared statement. */
+  stmt(sql: string): SqliteStatement {
+    let statement = this.#statements.get(sql);
+    if (!statement) {
+      statement = this.#db!.prepare(sql);
+      this.#statements.set(sql, statement);
+    }
+    return statement;
+  }
+
+  /** Runs `work` in a `BEGIN IMMEDIATE` transaction with the host clock read once the write lock is held. */
+  tx<T>(work: (now: number) => T): T {
+    this.stmt("BEGIN IMMEDIATE").run();
+    let result: T;
+    try {
+      result = work(Date.now());
+    } catch (error) {
+      try {
+        this.stmt("ROLLBACK").run();
+      } catch {
+        // The transaction is gone already.
+      }
+      throw error;
+    }
+    this.stmt("COMMIT").run();
+    return result;
+  }
+}
+
+function wrapOpenError(file: string, driver: SqliteDriverName | null, error: unknown): Error {
+  const message = error instanceof Error ? error.message : String(error);
+  if (message.includes("newer @botmesh/durable") || message.startsWith("No SQLite driver")) {
+    return error as Error;
+  }
+  const via = driver ? ` (${driver})` : "";
+  const hint = /not a database|file is encrypted|malformed/i.test(message) ? ": it is not a SQLite database, or it is damaged" : "";
+  return new Error(`Cannot open SQLite file ${JSON.stringify(file)}${via}${hint}: ${message}`, { cause: error });
+}
+
+// ---- rows --------------------------------------------------------------------
+
+type Row = SqliteRow;
+
+const num = (v: SqliteValue): number => v as number;
+const numOrNull = (v: SqliteValue): number | null => (v === null ? null : (v as number));
+const strOrNull = (v: SqliteValue): string | null => (v === null ? null : String(v));
+
+function leaseOf(row: Row): Lease | null {
+  if (row.lease_owner === null) return null;
+  return {
+    owner: String(row.lease_owner),
+    incarnation: String(row.lease_incarnation),
+    token: num(row.lease_token),
+    expiresAt: num(row.lease_expires_at),
+  };
+}
+
+/** The lease columns of `lease`: owner, incarnation, token, expiresAt. */
+function leaseParams(lease: Lease | null): SqliteValue[] {
+  return lease ? [lease.owner, lease.incarnation, lease.token, lease.expiresAt] : [null, null, null, null];
+}
+
+const INBOX_COLUMNS =
+  "ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at";
+
+function inboundOf(row: Row): InboundRecord {
+  return {
+    id: String(row.id),
+    kind: row.kind as InboundRecord["kind"],
+    chatId: String(row.chat_id),
+    provider: String(row.provider),
+    payload: JSON.parse(String(row.payload)) as JsonValue,
+    receivedAt: num(row.received_at),
+    state: row.state as InboundState,
+    attempts: num(row.attempts),
+    nextAttemptAt: numOrNull(row.next_attempt_at),
+    lease: leaseOf(row),
+    fence: num(row.fence),
+    error: strOrNull(row.error),
+    updatedAt: num(row.updated_at),
+  };
+}
+
+const OUTBOX_COLUMNS =
+  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at";
+
+function outboxOf(row: Row): OutboxEntry {
+  return {
+    key: String(row.key),
+    chatId: String(row.chat_id),
+    content: JSON.parse(String(row.content)) as JsonValue,
+    contentHash: String(row.content_hash),
+    inboundId: strOrNull(row.inbound_id),
+    state: row.state as OutboxState,
+    attempts: num(row.attempts),
+    nextAttemptAt: numOrNull(row.next_attempt_at),
+    lease: leaseOf(row),
+    fence: num(row.fence),
+    messageId: strOrNull(row.message_id),
+    error: strOrNull(row.error),
+    seq: num(row.seq),
+    createdAt: num(row.created_at),
+    updatedAt: num(row.updated_at),
+  };
+}
+
+function placeholders(n: number): string {
+  return new Array(n).fill("?").join(", ");
+}
+
+/** `WHERE` terms and parameters of a list filter. */
+function listWhere<S extends string>(options: ListOptions<S> | undefined): {
+  where: string;
+  params: SqliteValue[];
+  limit: number;
+} {
+  const filter = normalizeList(options);
+  const terms: string[] = [];
+  const params: SqliteValue[] = [];
+  if (filter.states !== null) {
+    const states = [...filter.states];
+    terms.push(states.length === 0 ? "0" : `state IN (${placeholders(states.length)})`);
+    params.push(...states);
+  }
+  if (filter.chatId !== undefined) {
+    terms.push("chat_id = ?");
+    params.push(filter.chatId);
+  }
+  return { where: terms.length ? `WHERE ${terms.join(" AND ")}` : "", params, limit: filter.limit };
+}
+
+// ---- the journals ------------------------------------------------------------
+
+/** Access to the connection for the journals: `null` when the backend is not open. */
+interface Gate {
+  /** The open connection, or a rejection naming the file. */
+  ready(): Promise<Connection>;
+  readonly prefix: string;
+}
+
+class SqliteInbox implements InboxJournal {
+  readonly #gate: Gate;
+  readonly #t: string;
+
+  constructor(gate: Gate) {
+    this.#gate = gate;
+    this.#t = `${gate.prefix}inbox`;
+  }
+
+  #select(c: Connection, id: string): InboundRecord | null {
+    const row = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${this.#t} WHERE id = ?`).get(id);
+    return row ? inboundOf(row) : null;
+  }
+
+  /**
+   * Writes the changed fields of `next` over `prev`, guarded in SQL by the
+   * state, fencing token and lease token read in this transaction.
+   */
+  #update(c: Connection, prev: InboundRecord, next: InboundRecord): boolean {
+    const { changes } = c.stmt(
+      `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
+        lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
+        fence = ?, error = ?, updated_at = ?, due_at = ?
+      WHERE id = ? AND state = ? AND fence = ? AND lease_token IS ?`,
+    ).run(
+      next.state,
+      next.attempts,
+      next.nextAttemptAt,
+      ...leaseParams(next.lease),
+      next.fence,
+      next.error,
+      next.updatedAt,
+      inboxDueAt(next),
+      prev.id,
+      prev.state,
+      prev.fence,
+      prev.lease?.token ?? null,
+    );
+    return changes === 1;
+  }
+
+  /** A fenced change: applies `change` when the record is leased with `token`. */
+  async #fenced(
+    id: string,
+    token: number,
+    change: (record: InboundRecord, now: number) => InboundRecord,
+  ): Promise<boolean> {
+    const c = await this.#gate.ready();
+    return c.tx((now) => {
+      const cur = this.#select(c, id);
+      if (!cur || !isLeasedWith(cur, token)) return false;
+      return this.#update(c, cur, change(cur, now));
+    });
+  }
+
+  async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    const c = await this.#gate.ready();
+    const payload = JSON.stringify(record.payload);
+    return c.tx((now) => {
+      const next = newInboundRecord({ ...record, payload: null }, now, lease);
+      const { changes } = c.stmt(
+        `INSERT INTO ${this.#t} (id, kind, chat_id, provider, payload, received_at, state, attempts,
+          next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`,
+      ).run(
+        next.id,
+        next.kind,
+        next.chatId,
+        next.provider,
+        payload,
+        next.receivedAt,
+        next.state,
+        next.attempts,
+        next.nextAttemptAt,
+        ...leaseParams(next.lease),
+        next.fence,
+        next.error,
+        next.updatedAt,
+        inboxDueAt(next),
+      );
+      return changes === 1 ? { ...next, payload: JSON.parse(payload) as JsonValue } : null;
+    });
+  }
+
+  async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    const c = await this.#gate.ready();
+    return c.tx((now) => {
+      const cur = this.#select(c, id);
+      if (!cur || !isInboxClaimable(cur, now, options)) return null;
+      const next = claimedInbound(cur, now, options);
+      return this.#update(c, cur, next) ? next : null;
+    });
+  }
+
+  async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    const c = await this.#gate.ready();
+    if (!(options.limit > 0)) return [];
+    return c.tx((now) => {
+      // Due records, oldest first; this incarnation's own lapsed leases are not claimable by it.
+      const rows = c.stmt(
+        `SELECT ${INBOX_COLUMNS} FROM ${this.#t}
+        WHERE due_at <= ? AND NOT (state = 'processing' AND lease_owner = ? AND lease_incarnation = ?)
+        ORDER BY received_at, ord LIMIT ?`,
+      ).all(now, options.owner, options.incarnation, options.limit);
+      if (options.reclaimOwn) {
+        rows.push(
+          ...c.stmt(
+            `SELECT ${INBOX_COLUMNS} FROM ${this.#t}
+            WHERE lease_owner = ? AND state = 'processing' AND lease_incarnation <> ?`,
+          ).all(options.owner, options.incarnation),
+        );
+      }
+      const seen = new Set<number>();
+      const candidates = rows.filter((row) => !seen.has(num(row.ord)) && seen.add(num(row.ord)));
+      candidates.sort((a, b) => num(a.received_at) - num(b.received_at) || num(a.ord) - num(b.ord));
+      const out: InboundRecord[] = [];
+      for (const row of candidates) {
+        if (out.length >= options.limit) break;
+        const cur = inboundOf(row);
+        if (!isInboxClaimable(cur, now, options)) continue;
+        const next = claimedInbound(cur, now, options);
+        if (this.#update(c, cur, next)) out.push(next);
+      }
+      return out;
+    });
+  }
+
+  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#fenced(id, token, (rec, now) => extendedLease(rec, now, leaseMs));
+  }
+
+  async complete(id: string, token: number): Promise<void> {
+    if (!(await this.#fenced(id, token, doneInbound))) throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    const done = await this.#fenced(id, token, (rec, now) => ({ ...rec, ...failedFields(outcome, now) }));
+    if (!done) throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async get(id: string): Promise<InboundRecord | null> {
+    const c = await this.#gate.ready();
+    return this.#select(c, id);
+  }
+
+  async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    const c = await this.#gate.ready();
+    const { where, params, limit } = listWhere(options);
+    if (limit === 0) return [];
+    return c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${this.#t} ${where} ORDER BY received_at, ord LIMIT ?`)
+      .all(...params, limit)
+      .map(inboundOf);
+  }
+
+  async replay(id: string): Promise<boolean> {
+    const c = await this.#gate.ready();
+    return c.tx((now) => {
+      const cur = this.#select(c, id);
+      const next = cur && replayedInbound(cur, now);
+      return next ? this.#update(c, cur, next) : false;
+    });
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    const c = await this.#gate.ready();
+    return c.tx((now) =>
+      c.stmt(`DELETE FROM ${this.#t} WHERE state = 'done' AND updated_at <= ?`).run(now - olderThanMs).changes
+    );
+  }
+}
+
+class SqliteOutbox implements OutboxJournal {
+  readonly #gate: Gate;
+  readonly #t: string;
+
+  constructor(gate: Gate) {
+    this.#gate = gate;
+    this.#t = `${gate.prefix}outbox`;
+  }
+
+  #select(c: Connection, key: string): OutboxEntry | null {
+    const row = c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE key = ?`).get(key);
+    return row ? outboxOf(row) : null;
+  }
+
+  /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry before `seq`. */
+  #blocked(c: Connection, chatId: string, seq: number): boolean {
+    return c.stmt(
+      `SELECT 1 AS x FROM ${this.#t} WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq < ? LIMIT 1`,
+    ).get(chatId, seq) !== undefined;
+  }
+
+  /**
+   * Writes `next` over `prev`, guarded in SQL by the state, fencing token and
+   * lease token read in this transaction. `due_at` is the lease expiry of a
+   * `sending` entry, else left to {@link #syncHead} (only a chat's first
+   * unsettled entry has one).
+   */
+  #update(c: Connection, prev: OutboxEntry, next: OutboxEntry): boolean {
+    const { changes } = c.stmt(
+      `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
+        lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
+        fence = ?, message_id = ?, error = ?, updated_at = ?, due_at = ?
+      WHERE key = ? AND state = ? AND fence = ? AND lease_token IS ?`,
+    ).run(
+      next.state,
+      next.attempts,
+      next.nextAttemptAt,
+      ...leaseParams(next.lease),
+      next.fence,
+      next.messageId,
+      next.error,
+      next.updatedAt,
+      next.state === "sending" ? (next.lease?.expiresAt ?? 0) : null,
+      prev.key,
+      prev.state,
+      prev.fence,
+      prev.lease?.token ?? null,
+    );
+    if (changes !== 1) return false;
+    if (next.state !== "sending") this.#syncHead(c, next.chatId);
+    return true;
+  }
+
+  /** Gives the chat's first unsettled entry, when `queued`/`failed`, the `due_at` a due scan finds it by. */
+  #syncHead(c: Connection, chatId: string): void {
+    const head = c.stmt(
+      `SELECT seq, state, next_attempt_at, due_at FROM ${this.#t}
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) ORDER BY seq LIMIT 1`,
+    ).get(chatId);
+    if (!head || head.state === "sending") return;
+    const dueAt = numOrNull(head.next_attempt_at) ?? 0;
+    if (head.due_at !== dueAt) c.stmt(`UPDATE ${this.#t} SET due_at = ? WHERE seq = ?`).run(dueAt, head.seq);
+  }
+
+  /** A change that is fenced by `token`. */
+  async #fenced(key: string, token: number, change: (entry: OutboxEntry, now: number) => OutboxEntry): Promise<boolean> {
+    const c = await this.#gate.ready();
+    return c.tx((now) => {
+      const cur = this.#select(c, key);
+      if (!cur || !isLeasedWith(cur, token)) return false;
+      return this.#update(c, cur, change(cur, now));
+    });
+  }
+
+  async reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    const c = await this.#gate.ready();
+    const content = JSON.stringify(input.content);
+    return c.tx((now): ReserveResult => {
+      const existing = this.#select(c, input.key);
+      if (existing) return { status: "exists", entry: existing };
+      const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) LIMIT 1`)
+        .get(input.chatId) === undefined;
+      const draft = newOutboxEntry({ ...input, content: null }, 0, now, clear ? lease : undefined);
+      const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
+      const row = c.stmt(
+        `INSERT INTO ${this.#t} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
+          lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at, due_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq`,
+      ).get(
+        draft.key,
+        draft.chatId,
+        content,
+        draft.contentHash,
+        draft.inboundId,
+        draft.state,
+        draft.attempts,
+        draft.nextAttemptAt,
+        ...leaseParams(draft.lease),
+        draft.fence,
+        draft.messageId,
+        draft.error,
+        draft.createdAt,
+        draft.updatedAt,
+        dueAt,
+      );
+      const entry: OutboxEntry = { ...draft, content: JSON.parse(content) as JsonValue, seq: num(row!.seq) };
+      return { status: entry.state === "sending" ? "leased" : "queued", entry };
+    });
+  }
+
+  async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    const c = await this.#gate.ready();
+    return c.tx((now) => {
+      const due: OutboxEntry[] = [];
+      const ambiguous: OutboxEntry[] = [];
+
+      // (1) Abandoned `sending` entries: lapsed leases, and the previous incarnation's under reclaimOwn.
+      const rows = c.stmt(
+        `SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE due_at <= ? AND state = 'sending'`,
+      ).all(now);
+      if (options.reclaimOwn) {
+        rows.push(
+          ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE lease_owner = ? AND state = 'sending'`)
+            .all(options.owner),
+        );
+      }
+      const seen = new Set<number>();
+      const lost = rows
+        .filter((row) => !seen.has(num(row.seq)) && seen.add(num(row.seq)))
+        .map(outboxOf)
+        .filter((entry) => isLeaseAbandoned(entry.lease, now, options))
+        .sort((a, b) => a.seq - b.seq);
+      for (const cur of lost) {
+        if (options.resendAmbiguous) {
+          if (!(due.length < options.limit)) continue; // left for a later scan
+          const next = claimedOutbox(cur, now, options);
+          if (!this.#update(c, cur, next)) continue;
+          ambiguous.push(next);
+          due.push({ ...next, lease: { ...next.lease! } });
+        } else {
+          const next = ambiguousOutbox(cur, now);
+          if (this.#update(c, cur, next)) ambiguous.push(next);
+        }
+      }
+
+      // (2) Due chat heads (including those just freed by step 1), in seq order.
+      const page = Math.max(options.limit, 16);
+      let after = 0;
+      while (due.length < options.limit) {
+        const heads = c.stmt(
+          `SELECT ${OUTBOX_COLUMNS}, due_at FROM ${this.#t}
+          WHERE due_at <= ? AND state IN ('queued', 'failed') AND seq > ? ORDER BY seq LIMIT ?`,
+        ).all(now, after, page);
+        for (const row of heads) {
+          if (due.length >= options.limit) break;
+          const cur = outboxOf(row);
+          after = cur.seq;
+          if ((cur.nextAttemptAt ?? 0) > now || this.#blocked(c, cur.chatId, cur.seq)) {
+            // Not (or no longer) first in its chat: drop the stale due mark.
+            c.stmt(`UPDATE ${this.#t} SET due_at = NULL WHERE seq = ?`).run(cur.seq);
+            this.#syncHead(c, cur.chatId);
+            continue;
+          }
+          const next = claimedOutbox(cur, now, options);
+          if (this.#update(c, cur, next)) due.push(next);
+        }
+        if (heads.length < page) break;
+      }
+      return { due, ambiguous };
+    });
+  }
+
+  heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#fenced(key, token, (entry, now) => extendedLease(entry, now, leaseMs));
+  }
+
+  async markSent(key: string, token: number, messageId: string): Promise<void> {
+    const done = await this.#fenced(key, token, (entry, now) => sentOutbox(entry, messageId, now));
+    if (!done) throw new StaleLeaseError("outbox", key, token);
+  }
+
+  async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    const done = await this.#fenced(key, token, (entry, now) => ({ ...entry, ...failedFields(outcome, now) }));
+    if (!done) throw new StaleLeaseError("outbox", key, token);
+  }
+
+  async get(key: string): Promise<OutboxEntry | null> {
+    const c = await this.#gate.ready();
+    return this.#select(c, key);
+  }
+
+  async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    const c = await this.#gate.ready();
+    const { where, params, limit } = listWhere(options);
+    if (limit === 0) return [];
+    return c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} ${where} ORDER BY seq LIMIT ?`)
+      .all(...params, limit)
+      .map(outboxOf);
+  }
+
+  async retry(key: string): Promise<boolean> {
+    const c = await this.#gate.ready();
+    return c.tx((now) => {
+      const cur = this.#select(c, key);
+      const next = cur && requeuedOutbox(cur, now);
+      if (!next) return false;
+      // It is unsettled again: later queued/failed entries of its chat are no longer first.
+      c.stmt(
+        `UPDATE ${this.#t} SET due_at = NULL
+        WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq > ? AND state <> 'sending' AND due_at IS NOT NULL`,
+      ).run(cur.chatId, cur.seq);
+      return this.#update(c, cur, next);
+    });
+  }
+
+  async discard(key: string): Promise<boolean> {
+    const c = await this.#gate.ready();
+    return c.tx(() => {
+      const cur = this.#select(c, key);
+      if (!cur || cur.state === "sending") return false;
+      c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND state <> 'sending'`).run(key);
+      this.#syncHead(c, cur.chatId);
+      return true;
+    });
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    const c = await this.#gate.ready();
+    return c.tx((now) =>
+      c.stmt(`DELETE FROM ${this.#t} WHERE state = 'sent' AND updated_at <= ?`).run(now - olderThanMs).changes
+    );
+  }
+}
+
+// ---- public classes ----------------------------------------------------------
+
+/** Set by {@link SQLiteStore.durability} for the constructor it calls. */
+let adopted: Connection | undefined;
+
+/**
+ * A durability backend in a SQLite file: the inbox and outbox journals,
+ * shared by the processes of one host (`scope: "host"`). Open it with
+ * `open()` (the bot does in `start()`) and close it with `close()`; both are
+ * reference-counted per instance. Use {@link SQLiteStore.durability} to keep
+ * the journals in the same file (and connection) as the bot's session store.
+ *
+ * @example Journals only
+ * ```ts
+ * import { SQLiteDurability } from "@botmesh/durable/sqlite";
+ *
+ * const backend = new SQLiteDurability({ file: "./data/journal.db" });
+ * await backend.open();
+ * await backend.inbox.admit({
+ *   id: "m1",
+ *   kind: "message",
+ *   chatId: "c1",
+ *   provider: "test",
+ *   payload: { text: "hi" },
+ *   receivedAt: Date.now(),
+ * });
+ * const [record] = await backend.inbox.claimDue({ owner: "host/bot/1", incarnation: "a", leaseMs: 60_000, limit: 10 });
+ * await backend.inbox.complete(record.id, record.lease!.token);
+ * console.log((await backend.inbox.get("m1"))?.state); // "done"
+ * await backend.close();
+ * ```
+ */
+export class SQLiteDurability implements DurabilityBackend {
+  /** Always `'sqlite'`. */
+  readonly name: string = "sqlite";
+  /** Shared by the processes of one host. */
+  readonly scope: "host" = "host";
+  /** The inbound journal. */
+  readonly inbox: InboxJournal;
+  /** The outbound journal. */
+  readonly outbox: OutboxJournal;
+  /** The database file. */
+  readonly file: string;
+  readonly #conn: Connection;
+  /** References this instance holds on the connection. */
+  #opens = 0;
+
+  /**
+   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: SQLiteDurabilityOptions) {
+    const conn = adopted ?? new Connection(resolveOptions(options));
+    adopted = undefined;
+    this.#conn = conn;
+    this.file = conn.file;
+    const gate: Gate = {
+      prefix: conn.options.prefix,
+      ready: () => {
+        const db = this.#opens > 0 ? conn.db : null;
+        if (db) return Promise.resolve(conn);
+        return Promise.reject(
+          new Error(
+            `SQLite durability on ${JSON.stringify(this.file)} is not open: call open() first (bot.start() does)`,
+          ),
+        );
+      },
+    };
+    this.inbox = new SqliteInbox(gate);
+    this.outbox = new SqliteOutbox(gate);
+  }
+
+  /** Whether this instance holds the database open. */
+  get isOpen(): boolean {
+    return this.#opens > 0;
+  }
+
+  /** The driver in use while open (`"bun:sqlite"`, `"node:sqlite"`, `"better-sqlite3"`), else `null`. */
+  get driver(): SqliteDriverName | null {
+    return this.#conn.db?.driver ?? null;
+  }
+
+  /**
+   * Opens the database (creating or upgrading its schema) on the first call;
+   * later calls only count.
+   * @throws {Error} naming the file when it cannot be opened, is not a SQLite
+   *   database, or has a newer schema; naming what to install when no driver is found
+   */
+  async open(): Promise<void> {
+    await this.#conn.acquire();
+    this.#opens++;
+  }
+
+  /** Undoes one `open()`; the last one closes the connection (unless its store still holds it). */
+  async close(): Promise<void> {
+    if (this.#opens === 0) return;
+    this.#opens--;
+    await this.#conn.release();
+  }
+}
+
+/**
+ * The bot's session store in a SQLite file: values are JSON, with an optional
+ * time to live (an expired value is never returned; expired values are
+ * deleted when read and swept at most once a minute on a write, or by
+ * {@link SQLiteStore.purgeExpired}). `durability()` journals the bot's inbox
+ * and outbox in the same file.
+ *
+ * The store opens its connection on first use, or by `await store.open()`
+ * (which reports a bad file at once), and holds it until `store.close()`.
+ *
+ * @example With a bot
+ * ```ts
+ * import { Bot } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ * import { SQLiteStore } from "@botmesh/durable/sqlite";
+ *
+ * const store = new SQLiteStore({ file: "./data/bot.db" });
+ * const bot = new Bot({
+ *   provider: new MockProvider(),
+ *   store,
+ *   durability: { backend: store.durability(), instanceId: "bot-1" },
+ * });
+ * bot.when(/hi/, (ctx) => ctx.reply("hello"));
+ * await bot.start();
+ * await store.set("chat:1", { step: 2 }, { ttlMs: 60_000 });
+ * console.log(await store.get("chat:1")); // { step: 2 }
+ * await bot.stop();
+ * await store.close();
+ * ```
+ */
+export class SQLiteStore implements SessionStore {
+  /** The database file. */
+  readonly file: string;
+  readonly #conn: Connection;
+  readonly #t: string;
+  /** The store's own reference on the connection, while held. */
+  #held: Promise<void> | null = null;
+  #durability: SQLiteDurability | null = null;
+  #lastSweep = 0;
+
+  /**
+   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: SQLiteStoreOptions) {
+    this.#conn = new Connection(resolveOptions(options));
+    this.file = this.#conn.file;
+    this.#t = `${this.#conn.options.prefix}session`;
+  }
+
+  /** The driver in use while open, else `null`. */
+  get driver(): SqliteDriverName | null {
+    return this.#conn.db?.driver ?? null;
+  }
+
+  /**
+   * The durability backend journaling in this store's file, over the same
+   * connection (one instance per store). Open and close it like any backend;
+   * the connection stays open while either the store or the backend holds it.
+   */
+  durability(): SQLiteDurability {
+    if (!this.#durability) {
+      adopted = this.#conn;
+      try {
+        this.#durability = new SQLiteDurability({ file: this.file });
+      } finally {
+        adopted = undefined;
+      }
+    }
+    return this.#durability;
+  }
+
+  /**
+   * Opens the database now (otherwise the first get/set/delete does).
+   * @throws {Error} naming the file when it cannot be opened
+   */
+  open(): Promise<void> {
+    if (!this.#held) {
+      const held = this.#conn.acquire();
+      this.#held = held;
+      held.catch(() => {
+        if (this.#held === held) this.#held = null;
+      });
+    }
+    return this.#held;
+  }
+
+  /** Releases the store's hold on the connection (a later use opens it again). */
+  async close(): Promise<void> {
+    const held = this.#held;
+    if (!held) return;
+    this.#held = null;
+    try {
+      await held;
+    } catch {
+      return;
+    }
+    await this.#conn.release();
+  }
+
+  async #ready(): Promise<Connection> {
+    await this.open();
+    return this.#conn;
+  }
+
+  /** The value of `key`, or `undefined` when absent or expired. */
+  async get(key: string): Promise<JsonValue | undefined> {
+    const c = await this.#ready();
+    const row = c.stmt(`SELECT value, expires_at FROM ${this.#t} WHERE key = ?`).get(key);
+    if (!row) return undefined;
+    if (row.expires_at !== null && num(row.expires_at) <= Date.now()) {
+      c.tx((now) => c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND expires_at <= ?`).run(key, now));
+      return undefined;
+    }
+    return JSON.parse(String(row.value)) as JsonValue;
+  }
+
+  /** Stores `value` (JSON); with `ttlMs` it expires after that many ms. */
+  async set(key: string, value: JsonValue, options?: { ttlMs?: number }): Promise<void> {
+    const ttl = options?.ttlMs;
+    if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
+      throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
+    }
+    const text = JSON.stringify(value);
+    if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
+    const c = await this.#ready();
+    c.tx((now) => {
+      c.stmt(
+        `INSERT INTO ${this.#t} (key, value, expires_at) VALUES (?, ?, ?)
+        ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at`,
+      ).run(key, text, ttl === undefined ? null : now + ttl);
+      if (now - this.#lastSweep >= SESSION_SWEEP_MS) {
+        this.#lastSweep = now;
+        this.#sweep(c, now);
+      }
+    });
+  }
+
+  /** Deletes `key`. */
+  async delete(key: string): Promise<void> {
+    const c = await this.#ready();
+    c.tx(() => c.stmt(`DELETE FROM ${this.#t} WHERE key = ?`).run(key));
+  }
+
+  /** Deletes every expired value now. @returns how many */
+  async purgeExpired(): Promise<number> {
+    const c = await this.#ready();
+    let total = 0;
+    for (;;) {
+      const n = c.tx((now) => this.#sweep(c, now));
+      total += n;
+      if (n < SESSION_SWEEP_BATCH) return total;
+    }
+  }
+
+  #sweep(c: Connection, now: number): number {
+    return c.stmt(
+      `DELETE FROM ${this.#t} WHERE key IN (
+        SELECT key FROM ${this.#t} WHERE expires_at <= ? ORDER BY expires_at LIMIT ${SESSION_SWEEP_BATCH})`,
+    ).run(now).changes;
+  }
+}

@@ -1,0 +1,171 @@
+/**
+ * The SQLite part of the runtime shim: picks a driver for the running runtime
+ * and normalizes it to one tiny synchronous interface.
+ *
+ * | runtime | driver |
+ * | --- | --- |
+ * | Bun | `bun:sqlite` |
+ * | Deno, Node ≥ 22.5 | `node:sqlite` |
+ * | Node 20 (or `node:sqlite` unavailable) | `better-sqlite3` (optional peer dependency) |
+ *
+ * Drivers are loaded with a lazy `import()` of a non-literal specifier, so
+ * that type checkers (tsc, `deno check`) and bundlers (tsup marks them
+ * external) never try to resolve a driver of another runtime.
+ *
+ * @module
+ */
+
+/** A value bound to a `?` parameter or read from a column. */
+export type SqliteValue = string | number | null;
+
+/** A result row, by column name. */
+export type SqliteRow = Record<string, SqliteValue>;
+
+/** A prepared statement with positional `?` parameters. */
+export interface SqliteStatement {
+  /** Runs a statement that returns no rows. @returns how many rows it changed */
+  run(...params: SqliteValue[]): { changes: number };
+  /** The first row, or `undefined` when there is none. */
+  get(...params: SqliteValue[]): SqliteRow | undefined;
+  /** Every row. */
+  all(...params: SqliteValue[]): SqliteRow[];
+}
+
+/** The drivers this shim knows. */
+export type SqliteDriverName = "bun:sqlite" | "node:sqlite" | "better-sqlite3";
+
+/** An open database connection. */
+export interface SqliteDatabase {
+  /** Which driver opened it. */
+  readonly driver: SqliteDriverName;
+  /** Runs one or more statements without parameters. */
+  exec(sql: string): void;
+  /** Compiles one statement. */
+  prepare(sql: string): SqliteStatement;
+  /** Closes the connection (idempotent). */
+  close(): void;
+}
+
+/** The drivers known, in the order `"auto"` tries them per runtime. */
+export const SQLITE_DRIVERS: readonly SqliteDriverName[] = ["bun:sqlite", "node:sqlite", "better-sqlite3"];
+
+interface RuntimeGlobals {
+  Bun?: { version?: string };
+  Deno?: { version?: { deno?: string } };
+  process?: { versions?: { node?: string } };
+}
+
+const runtimeGlobals = globalThis as unknown as RuntimeGlobals;
+
+/** Imports a module by a specifier that type checkers and bundlers do not analyse. */
+const load = (specifier: string): Promise<Record<string, unknown>> => import(specifier);
+
+/** A short name of the running runtime, for messages. */
+export function runtimeName(): string {
+  if (runtimeGlobals.Bun !== undefined) return `Bun ${runtimeGlobals.Bun.version ?? ""}`.trim();
+  if (runtimeGlobals.Deno !== undefined) return `Deno ${runtimeGlobals.Deno.version?.deno ?? ""}`.trim();
+  const node = runtimeGlobals.process?.versions?.node;
+  return node ? `Node ${node}` : "this runtime";
+}
+
+/** The drivers `"auto"` tries on the running runtime, best first. */
+export function driverCandidates(): SqliteDriverName[] {
+  if (runtimeGlobals.Bun !== undefined) return ["bun:sqlite"];
+  if (runtimeGlobals.Deno !== undefined) return ["node:sqlite"];
+  return ["node:sqlite", "better-sqlite3"];
+}
+
+type RawStatement = {
+  run(...params: unknown[]): { changes: number | bigint };
+  get(...params: unknown[]): unknown;
+  all(...params: unknown[]): unknown[];
+};
+type RawDatabase = { exec(sql: string): unknown; prepare(sql: string): RawStatement; close(): unknown };
+type DatabaseClass = new (file: string, options?: Record<string, unknown>) => RawDatabase;
+
+function wrap(driver: SqliteDriverName, raw: RawDatabase): SqliteDatabase {
+  let closed = false;
+  return {
+    driver,
+    exec(sql) {
+      raw.exec(sql);
+    },
+    prepare(sql) {
+      const statement = raw.prepare(sql);
+      return {
+        run: (...params) => ({ changes: Number(statement.run(...params).changes) }),
+        // bun:sqlite answers `null` when there is no row.
+        get: (...params) => (statement.get(...params) ?? undefined) as SqliteRow | undefined,
+        all: (...params) => statement.all(...params) as SqliteRow[],
+      };
+    },
+    close() {
+      if (closed) return;
+      closed = true;
+      raw.close();
+    },
+  };
+}
+
+/** Loads the constructor of `driver`, or throws what the import threw. */
+async function loadDriver(driver: SqliteDriverName): Promise<DatabaseClass> {
+  const mod = await load(driver);
+  if (driver === "bun:sqlite") return mod.Database as DatabaseClass;
+  if (driver === "node:sqlite") return mod.DatabaseSync as DatabaseClass;
+  return (mod.default ?? mod) as DatabaseClass;
+}
+
+/**
+ * Creates the directory that will hold `file` when it does not exist
+ * (`:memory:` and `file:` URIs are left alone). Best effort: when it cannot,
+ * opening the database reports why.
+ *
+ * @param file the database path
+ */
+export async function ensureParentDir(file: string): Promise<void> {
+  if (file === ":memory:" || file === "" || file.startsWith("file:")) return;
+  const cut = Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\"));
+  if (cut <= 0) return;
+  try {
+    const fs = await load("node:fs");
+    const mkdirSync = fs.mkdirSync as (path: string, options: { recursive: boolean }) => unknown;
+    mkdirSync(file.slice(0, cut), { recursive: true });
+  } catch {
+    // No fs or no permission: the open reports it.
+  }
+}
+
+/**
+ * Opens a SQLite database with the driver of the running runtime, or the
+ * one asked for.
+ *
+ * @param file the database path (created when missing)
+ * @param driver `"auto"` (default) or a driver name
+ * @returns the open connection
+ * @throws {Error} naming what to install when no driver can be loaded, or
+ *   the driver's error when the file cannot be opened
+ */
+export async function openSqlite(file: string, driver: SqliteDriverName | "auto" = "auto"): Promise<SqliteDatabase> {
+  const candidates = driver === "auto" ? driverCandidates() : [driver];
+  const failures: string[] = [];
+  for (const name of candidates) {
+    let Database: DatabaseClass;
+    try {
+      Database = await loadDriver(name);
+      if (typeof Database !== "function") throw new Error("it exports no database class");
+    } catch (error) {
+      failures.push(`${name}: ${error instanceof Error ? error.message : String(error)}`);
+      continue;
+    }
+    await ensureParentDir(file);
+    return wrap(name, new Database(file));
+  }
+  const hint = driver === "auto" && runtimeGlobals.Bun === undefined && runtimeGlobals.Deno === undefined
+    ? "install better-sqlite3 (npm install better-sqlite3), or run on Node 22.5 or later (node:sqlite)"
+    : driver === "better-sqlite3"
+    ? "install better-sqlite3 (npm install better-sqlite3)"
+    : `use a runtime that has ${driver === "auto" ? "a SQLite driver" : driver}`;
+  throw new Error(
+    `No SQLite driver could be loaded on ${runtimeName()}: ${hint} (tried ${failures.join("; ")})`,
+  );
+}

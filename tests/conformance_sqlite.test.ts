@@ -1,0 +1,77 @@
+import { describe, expect, test } from "bun:test";
+import { rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import type { DurabilityBackend } from "../src/backend.ts";
+import { SQLiteDurability, SQLiteStore } from "../backends/sqlite.ts";
+import { runDurabilityConformance } from "../testing.ts";
+
+/** The temp file of each backend (and of the backends reopened over it). */
+const files = new WeakMap<DurabilityBackend, string>();
+/** The store behind a `store.durability()` backend. */
+const stores = new WeakMap<DurabilityBackend, SQLiteStore>();
+
+function tempFile(): string {
+  return join(tmpdir(), `botmesh-sqlite-${crypto.randomUUID()}.db`);
+}
+
+function removeDb(file: string): void {
+  for (const suffix of ["", "-wal", "-shm", "-journal"]) rmSync(file + suffix, { force: true });
+}
+
+/** Lets go of every reference the old backend (and its store) holds, as a killed process would. */
+async function letGo(backend: DurabilityBackend): Promise<void> {
+  const sqlite = backend as SQLiteDurability;
+  while (sqlite.isOpen) await sqlite.close();
+  await stores.get(backend)?.close();
+}
+
+runDurabilityConformance({
+  name: "sqlite (SQLiteDurability)",
+  create: () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    files.set(backend, file);
+    return backend;
+  },
+  reopen: async (old) => {
+    const file = files.get(old)!;
+    await letGo(old);
+    const backend = new SQLiteDurability({ file });
+    files.set(backend, file);
+    return backend;
+  },
+  cleanup: async (backend) => {
+    await letGo(backend);
+    removeDb(files.get(backend)!);
+  },
+  harness: { describe, test, expect },
+});
+
+runDurabilityConformance({
+  name: "sqlite (SQLiteStore#durability)",
+  create: async () => {
+    const file = tempFile();
+    const store = new SQLiteStore({ file });
+    await store.set("greeting", "hello"); // the store holds the connection too
+    const backend = store.durability();
+    files.set(backend, file);
+    stores.set(backend, store);
+    return backend;
+  },
+  reopen: async (old) => {
+    const file = files.get(old)!;
+    await letGo(old);
+    const store = new SQLiteStore({ file });
+    expect(await store.get("greeting")).toBe("hello");
+    const backend = store.durability();
+    files.set(backend, file);
+    stores.set(backend, store);
+    return backend;
+  },
+  cleanup: async (backend) => {
+    await letGo(backend);
+    removeDb(files.get(backend)!);
+  },
+  harness: { describe, test, expect },
+});
