@@ -282,17 +282,7 @@ const MIGRATIONS: readonly Migration[] = [
     up(db, p) {
       db.exec(`
         ALTER TABLE ${p}inbox ADD COLUMN due_at INTEGER;
-        UPDATE ${p}inbox SET due_at = CASE state
-          WHEN 'pending' THEN 0
-          WHEN 'failed' THEN COALESCE(next_attempt_at, 0)
-          WHEN 'processing' THEN COALESCE(lease_expires_at, 0)
-        END;
         ALTER TABLE ${p}outbox ADD COLUMN due_at INTEGER;
-        UPDATE ${p}outbox SET due_at = COALESCE(lease_expires_at, 0) WHERE state = 'sending';
-        UPDATE ${p}outbox AS o SET due_at = COALESCE(next_attempt_at, 0)
-          WHERE state IN ('queued', 'failed') AND NOT EXISTS (
-            SELECT 1 FROM ${p}outbox AS b
-            WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING_SQL}) AND b.seq < o.seq);
         CREATE INDEX ${p}inbox_due ON ${p}inbox (due_at) WHERE due_at IS NOT NULL;
         CREATE INDEX ${p}inbox_owner ON ${p}inbox (lease_owner) WHERE lease_owner IS NOT NULL;
         CREATE INDEX ${p}inbox_state ON ${p}inbox (state, received_at, ord);
@@ -303,6 +293,16 @@ const MIGRATIONS: readonly Migration[] = [
         CREATE INDEX ${p}outbox_state ON ${p}outbox (state, seq);
         CREATE INDEX ${p}outbox_sent ON ${p}outbox (updated_at) WHERE state = 'sent';
         CREATE INDEX ${p}session_expiry ON ${p}session (expires_at) WHERE expires_at IS NOT NULL;
+        UPDATE ${p}inbox SET due_at = CASE state
+          WHEN 'pending' THEN 0
+          WHEN 'failed' THEN COALESCE(next_attempt_at, 0)
+          WHEN 'processing' THEN COALESCE(lease_expires_at, 0)
+        END;
+        UPDATE ${p}outbox SET due_at = COALESCE(lease_expires_at, 0) WHERE state = 'sending';
+        UPDATE ${p}outbox AS o SET due_at = COALESCE(next_attempt_at, 0)
+          WHERE state IN ('queued', 'failed') AND NOT EXISTS (
+            SELECT 1 FROM ${p}outbox AS b
+            WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING_SQL}) AND b.seq < o.seq);
       `);
     },
   },
@@ -658,14 +658,14 @@ class SqliteInbox implements InboxJournal {
     return c.tx((now) => {
       // Due records, oldest first; this incarnation's own lapsed leases are not claimable by it.
       const rows = c.stmt(
-        `SELECT ${INBOX_COLUMNS} FROM ${this.#t}
+        `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
         WHERE due_at <= ? AND NOT (state = 'processing' AND lease_owner = ? AND lease_incarnation = ?)
         ORDER BY received_at, ord LIMIT ?`,
       ).all(now, options.owner, options.incarnation, options.limit);
       if (options.reclaimOwn) {
         rows.push(
           ...c.stmt(
-            `SELECT ${INBOX_COLUMNS} FROM ${this.#t}
+            `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_owner
             WHERE lease_owner = ? AND state = 'processing' AND lease_incarnation <> ?`,
           ).all(options.owner, options.incarnation),
         );
@@ -724,7 +724,7 @@ class SqliteInbox implements InboxJournal {
   async purge(olderThanMs: number): Promise<number> {
     const c = await this.#gate.ready();
     return c.tx((now) =>
-      c.stmt(`DELETE FROM ${this.#t} WHERE state = 'done' AND updated_at <= ?`).run(now - olderThanMs).changes
+      c.stmt(`DELETE FROM ${this.#t} INDEXED BY ${this.#t}_done WHERE state = 'done' AND updated_at <= ?`).run(now - olderThanMs).changes
     );
   }
 }
@@ -746,7 +746,8 @@ class SqliteOutbox implements OutboxJournal {
   /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry before `seq`. */
   #blocked(c: Connection, chatId: string, seq: number): boolean {
     return c.stmt(
-      `SELECT 1 AS x FROM ${this.#t} WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq < ? LIMIT 1`,
+      `SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq < ? LIMIT 1`,
     ).get(chatId, seq) !== undefined;
   }
 
@@ -785,7 +786,7 @@ class SqliteOutbox implements OutboxJournal {
   /** Gives the chat's first unsettled entry, when `queued`/`failed`, the `due_at` a due scan finds it by. */
   #syncHead(c: Connection, chatId: string): void {
     const head = c.stmt(
-      `SELECT seq, state, next_attempt_at, due_at FROM ${this.#t}
+      `SELECT seq, state, next_attempt_at, due_at FROM ${this.#t} INDEXED BY ${this.#t}_chat
       WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) ORDER BY seq LIMIT 1`,
     ).get(chatId);
     if (!head || head.state === "sending") return;
@@ -809,7 +810,7 @@ class SqliteOutbox implements OutboxJournal {
     return c.tx((now): ReserveResult => {
       const existing = this.#select(c, input.key);
       if (existing) return { status: "exists", entry: existing };
-      const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) LIMIT 1`)
+      const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) LIMIT 1`)
         .get(input.chatId) === undefined;
       const draft = newOutboxEntry({ ...input, content: null }, 0, now, clear ? lease : undefined);
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
@@ -847,11 +848,11 @@ class SqliteOutbox implements OutboxJournal {
 
       // (1) Abandoned `sending` entries: lapsed leases, and the previous incarnation's under reclaimOwn.
       const rows = c.stmt(
-        `SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE due_at <= ? AND state = 'sending'`,
+        `SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due WHERE due_at <= ? AND state = 'sending'`,
       ).all(now);
       if (options.reclaimOwn) {
         rows.push(
-          ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE lease_owner = ? AND state = 'sending'`)
+          ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_owner WHERE lease_owner = ? AND state = 'sending'`)
             .all(options.owner),
         );
       }
@@ -879,7 +880,7 @@ class SqliteOutbox implements OutboxJournal {
       let after = 0;
       while (due.length < options.limit) {
         const heads = c.stmt(
-          `SELECT ${OUTBOX_COLUMNS}, due_at FROM ${this.#t}
+          `SELECT ${OUTBOX_COLUMNS}, due_at FROM ${this.#t} INDEXED BY ${this.#t}_due
           WHERE due_at <= ? AND state IN ('queued', 'failed') AND seq > ? ORDER BY seq LIMIT ?`,
         ).all(now, after, page);
         for (const row of heads) {
@@ -937,7 +938,7 @@ class SqliteOutbox implements OutboxJournal {
       if (!next) return false;
       // It is unsettled again: later queued/failed entries of its chat are no longer first.
       c.stmt(
-        `UPDATE ${this.#t} SET due_at = NULL
+        `UPDATE ${this.#t} INDEXED BY ${this.#t}_chat SET due_at = NULL
         WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq > ? AND state <> 'sending' AND due_at IS NOT NULL`,
       ).run(cur.chatId, cur.seq);
       return this.#update(c, cur, next);
@@ -958,7 +959,7 @@ class SqliteOutbox implements OutboxJournal {
   async purge(olderThanMs: number): Promise<number> {
     const c = await this.#gate.ready();
     return c.tx((now) =>
-      c.stmt(`DELETE FROM ${this.#t} WHERE state = 'sent' AND updated_at <= ?`).run(now - olderThanMs).changes
+      c.stmt(`DELETE FROM ${this.#t} INDEXED BY ${this.#t}_sent WHERE state = 'sent' AND updated_at <= ?`).run(now - olderThanMs).changes
     );
   }
 }

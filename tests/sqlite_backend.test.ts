@@ -1,0 +1,564 @@
+// SQLite-specific tests: several connections (processes) on one file, the session store,
+// open/close semantics, schema versions and migrations, query plans, options, bad files.
+import { afterAll, describe, expect, test } from "bun:test";
+import { Database } from "bun:sqlite";
+import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { StaleLeaseError } from "../src/backend.ts";
+import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
+import { SQLITE_SCHEMA_VERSION, SQLiteDurability, SQLiteStore } from "../backends/sqlite.ts";
+import { openSqlite } from "../src/runtime/sqlite.ts";
+
+const dir = join(tmpdir(), `botmesh-sqlite-tests-${crypto.randomUUID()}`);
+mkdirSync(dir, { recursive: true });
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const tempFile = (): string => join(dir, `${crypto.randomUUID()}.db`);
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+function lease(owner: string, leaseMs = 60_000, incarnation = "i1"): ClaimOptions {
+  return { owner, incarnation, leaseMs };
+}
+
+function inbound(id: string, extra: Partial<NewInboundRecord> = {}): NewInboundRecord {
+  return { id, kind: "message", chatId: "c1", provider: "test", payload: { text: id }, receivedAt: Date.now(), ...extra };
+}
+
+function outbound(key: string, chatId = "c1", extra: Partial<NewOutboxEntry> = {}): NewOutboxEntry {
+  return { key, chatId, content: { text: key }, contentHash: "h", inboundId: null, ...extra };
+}
+
+async function rejection(run: () => Promise<unknown>): Promise<Error> {
+  try {
+    await run();
+  } catch (error) {
+    return error as Error;
+  }
+  throw new Error("expected a rejection");
+}
+
+/** Two backends on one file, opened: like two processes of one host. */
+async function pair(): Promise<[SQLiteDurability, SQLiteDurability, string]> {
+  const file = tempFile();
+  const a = new SQLiteDurability({ file });
+  const b = new SQLiteDurability({ file });
+  await a.open();
+  await b.open();
+  return [a, b, file];
+}
+
+describe("sqlite: several connections on one file", () => {
+  test("racing inbox claimDue never hands a record to both", async () => {
+    const [a, b] = await pair();
+    const n = 300;
+    for (let i = 0; i < n; i++) await a.inbox.admit(inbound(`m${i}`, { receivedAt: i }));
+    const claims = await Promise.all(
+      Array.from({ length: 40 }, (_, i) =>
+        (i % 2 ? a : b).inbox.claimDue({ ...lease(i % 2 ? "A" : "B"), limit: 13 })),
+    );
+    const ids = claims.flat().map((r) => r.id);
+    expect(new Set(ids).size).toBe(ids.length);
+    expect(ids.length).toBe(n);
+    for (const r of claims.flat()) expect(r.lease!.token).toBe(1);
+    await a.close();
+    await b.close();
+  });
+
+  test("racing outbox claimDue never hands an entry to both, and keeps chat order", async () => {
+    const [a, b] = await pair();
+    for (let i = 0; i < 200; i++) await a.outbox.reserve(outbound(`k${i}`, `chat${i % 20}`));
+    const claimed: string[] = [];
+    for (let round = 0; round < 30; round++) {
+      const [x, y] = await Promise.all([
+        a.outbox.claimDue({ ...lease("A"), limit: 7 }),
+        b.outbox.claimDue({ ...lease("B"), limit: 7 }),
+      ]);
+      for (const e of [...x.due, ...y.due]) {
+        claimed.push(e.key);
+        // Only the first unsettled entry of a chat is ever leased: settle it so the next one is due.
+        await (x.due.includes(e) ? a : b).outbox.markSent(e.key, e.lease!.token, `msg-${e.key}`);
+      }
+    }
+    expect(new Set(claimed).size).toBe(claimed.length);
+    expect(claimed.length).toBe(200);
+    const byChat = new Map<string, number[]>();
+    for (const key of claimed) {
+      const i = Number(key.slice(1));
+      byChat.set(`chat${i % 20}`, [...(byChat.get(`chat${i % 20}`) ?? []), i]);
+    }
+    for (const order of byChat.values()) expect(order).toEqual([...order].sort((x, y) => x - y));
+    await a.close();
+    await b.close();
+  });
+
+  test("a stale fencing token is rejected across connections", async () => {
+    const [a, b] = await pair();
+    await a.inbox.admit(inbound("m1"), lease("A", 30));
+    await a.outbox.reserve(outbound("k1"), lease("A", 30));
+    await sleep(80);
+    const taken = await b.inbox.claim("m1", lease("B"));
+    expect(taken?.lease?.token).toBe(2);
+    expect(await a.inbox.heartbeat("m1", 1, 60_000)).toBe(false);
+    expect(await rejection(() => a.inbox.complete("m1", 1))).toBeInstanceOf(StaleLeaseError);
+    expect(await rejection(() => a.inbox.fail("m1", 1, { error: "x", dead: true }))).toBeInstanceOf(StaleLeaseError);
+    await b.inbox.complete("m1", 2);
+    expect((await a.inbox.get("m1"))?.state).toBe("done");
+
+    const { due, ambiguous } = await b.outbox.claimDue({ ...lease("B"), limit: 10, resendAmbiguous: true });
+    expect(ambiguous.map((e) => e.key)).toEqual(["k1"]);
+    expect(due[0].lease?.token).toBe(2);
+    expect(await rejection(() => a.outbox.markSent("k1", 1, "late"))).toBeInstanceOf(StaleLeaseError);
+    expect(await a.outbox.heartbeat("k1", 1, 60_000)).toBe(false);
+    await b.outbox.markSent("k1", 2, "m-b");
+    expect((await a.outbox.get("k1"))?.messageId).toBe("m-b");
+    await a.close();
+    await b.close();
+  });
+
+  test("a connection holding the write lock makes the other wait busyTimeoutMs, then fail", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file, busyTimeoutMs: 50 });
+    await backend.open();
+    const raw = await openSqlite(file);
+    raw.exec("BEGIN IMMEDIATE");
+    const started = Date.now();
+    const error = await rejection(() => backend.inbox.admit(inbound("m1")));
+    expect(Date.now() - started).toBeGreaterThanOrEqual(40);
+    expect(error.message).toMatch(/locked|busy/i);
+    raw.exec("ROLLBACK");
+    expect(await backend.inbox.admit(inbound("m1"))).not.toBeNull();
+    raw.close();
+    await backend.close();
+  });
+
+  test("processes sharing one file: each record is claimed by exactly one", async () => {
+    const file = tempFile();
+    const seed = new SQLiteDurability({ file });
+    await seed.open();
+    const n = 400;
+    for (let i = 0; i < n; i++) await seed.inbox.admit(inbound(`m${i}`, { receivedAt: i, chatId: `c${i % 7}` }));
+    for (let i = 0; i < n; i++) await seed.outbox.reserve(outbound(`k${i}`, `c${i % 40}`));
+    await seed.close();
+    const script = join(dir, `worker-${crypto.randomUUID()}.ts`);
+    writeFileSync(
+      script,
+      `import { SQLiteDurability } from ${JSON.stringify(join(import.meta.dir, "..", "backends", "sqlite.ts"))};
+const [file, owner, startAt] = process.argv.slice(2);
+const b = new SQLiteDurability({ file });
+await b.open();
+while (Date.now() < Number(startAt)) await new Promise((r) => setTimeout(r, 5)); // all start together
+const claim = { owner, incarnation: owner, leaseMs: 60_000, limit: 5 };
+const inbox = [], outbox = [];
+let idle = 0;
+while (idle < 20) {
+  const got = await b.inbox.claimDue(claim);
+  const out = await b.outbox.claimDue(claim);
+  for (const r of got) { inbox.push(r.id); await b.inbox.complete(r.id, r.lease.token); }
+  for (const e of out.due) { outbox.push(e.key); await b.outbox.markSent(e.key, e.lease.token, owner); }
+  idle = got.length + out.due.length === 0 ? idle + 1 : 0;
+  await new Promise((r) => setTimeout(r, 1));
+}
+await b.close();
+console.log(JSON.stringify({ inbox, outbox }));
+`,
+    );
+    const startAt = Date.now() + 2000;
+    const procs = ["P1", "P2", "P3"].map((owner) =>
+      Bun.spawn([process.execPath, script, file, owner, String(startAt)], { stdout: "pipe", stderr: "pipe" })
+    );
+    const results = await Promise.all(procs.map(async (p) => {
+      const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
+      expect(err.replace(/\n$/, ""), "worker stderr").toBe("");
+      expect(code).toBe(0);
+      return JSON.parse(out) as { inbox: string[]; outbox: string[] };
+    }));
+    const inboxIds = results.flatMap((r) => r.inbox);
+    const outboxKeys = results.flatMap((r) => r.outbox);
+    expect(new Set(inboxIds).size).toBe(inboxIds.length);
+    expect(inboxIds.length).toBe(n);
+    expect(new Set(outboxKeys).size).toBe(outboxKeys.length);
+    expect(outboxKeys.length).toBe(n);
+    expect(results.filter((r) => r.inbox.length + r.outbox.length > 0).length).toBeGreaterThan(1);
+    const check = new SQLiteDurability({ file });
+    await check.open();
+    expect((await check.inbox.list({ state: "done", limit: 1000 })).length).toBe(n);
+    expect((await check.outbox.list({ state: "sent", limit: 1000 })).length).toBe(n);
+    await check.close();
+  }, 30_000);
+});
+
+describe("sqlite: open and close", () => {
+  test("operations on a backend that is not open reject with a clear error", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    const error = await rejection(() => backend.inbox.get("x"));
+    expect(error.message).toContain(`SQLite durability on ${JSON.stringify(file)} is not open`);
+    expect(error.message).toContain("open()");
+    expect(backend.isOpen).toBe(false);
+    expect(backend.driver).toBeNull();
+  });
+
+  test("open and close are reference-counted per instance", async () => {
+    const backend = new SQLiteDurability({ file: tempFile() });
+    await Promise.all([backend.open(), backend.open()]);
+    expect(backend.driver).toBe("bun:sqlite");
+    await backend.close();
+    expect(await backend.inbox.admit(inbound("m1"))).not.toBeNull(); // still open once
+    await backend.close();
+    await rejection(() => backend.inbox.get("m1"));
+    await backend.close(); // an extra close does nothing
+    await backend.open();
+    expect((await backend.inbox.get("m1"))?.state).toBe("pending");
+    await backend.close();
+  });
+
+  test("the store opens on first use and shares its connection with its backend", async () => {
+    const file = tempFile();
+    const store = new SQLiteStore({ file });
+    expect(store.driver).toBeNull();
+    await store.set("k", { a: 1 });
+    expect(store.driver).toBe("bun:sqlite");
+    const backend = store.durability();
+    expect(store.durability()).toBe(backend);
+    expect(backend.name).toBe("sqlite");
+    expect(backend.scope).toBe("host");
+    await rejection(() => backend.inbox.get("m1")); // the backend itself was not opened
+    await backend.open();
+    await backend.inbox.admit(inbound("m1"));
+    await store.close(); // the backend still holds the connection
+    expect((await backend.inbox.get("m1"))?.id).toBe("m1");
+    await backend.close();
+    expect(store.driver).toBeNull(); // nobody holds it: closed
+    expect(await store.get("k")).toEqual({ a: 1 }); // opens again on use
+    await store.close();
+  });
+
+  test("store.open() reports a bad file at once; a failed open can be retried", async () => {
+    const file = join(dir, `not-a-dir-${crypto.randomUUID()}`);
+    writeFileSync(file, "a file where a directory should be");
+    const store = new SQLiteStore({ file: join(file, "bot.db") });
+    const error = await rejection(() => store.open());
+    expect(error.message).toContain(`Cannot open SQLite file ${JSON.stringify(join(file, "bot.db"))}`);
+    await rejection(() => store.get("k"));
+    await store.close();
+  });
+});
+
+describe("sqlite: session store", () => {
+  test("get, set, delete; values round-trip exactly and are copies", async () => {
+    const store = new SQLiteStore({ file: tempFile() });
+    const value = { text: "héllo ✓ 你好 🎉👨‍👩‍👧‍👦 e\u0301", lone: "\ud800", n: [0, -1.5, 1e21], nested: { x: null } };
+    await store.set("chat:ключ ✓", value);
+    const got = await store.get("chat:ключ ✓");
+    expect(got).toEqual(value);
+    expect(got).not.toBe(await store.get("chat:ключ ✓"));
+    await store.set("chat:ключ ✓", "replaced");
+    expect(await store.get("chat:ключ ✓")).toBe("replaced");
+    await store.delete("chat:ключ ✓");
+    expect(await store.get("chat:ключ ✓")).toBeUndefined();
+    expect(await store.get("missing")).toBeUndefined();
+    await store.delete("missing");
+    await store.set("falsy", 0);
+    expect(await store.get("falsy")).toBe(0);
+    await store.set("null", null);
+    expect(await store.get("null")).toBeNull();
+    await store.close();
+  });
+
+  test("an expired value is never returned and is purged lazily or by purgeExpired", async () => {
+    const file = tempFile();
+    const store = new SQLiteStore({ file });
+    await store.set("short", 1, { ttlMs: 40 });
+    await store.set("long", 2, { ttlMs: 60_000 });
+    await store.set("forever", 3);
+    for (let i = 0; i < 3; i++) await store.set(`gone${i}`, i, { ttlMs: 20 });
+    expect(await store.get("short")).toBe(1);
+    await sleep(80);
+    expect(await store.get("short")).toBeUndefined();
+    expect(await store.get("long")).toBe(2);
+    expect(await store.get("forever")).toBe(3);
+    const raw = new Database(file);
+    const count = () => (raw.prepare("SELECT count(*) AS n FROM botmesh_session").get() as { n: number }).n;
+    expect(count()).toBe(5); // "short" was deleted when read
+    expect(await store.purgeExpired()).toBe(3);
+    expect(count()).toBe(2);
+    // A write re-setting a key without a ttl drops its expiry.
+    await store.set("long", 4);
+    expect((raw.prepare("SELECT expires_at FROM botmesh_session WHERE key = 'long'").get() as { expires_at: null })
+      .expires_at).toBeNull();
+    raw.close();
+    await store.close();
+  });
+
+  test("a bad ttl or a value that is not JSON is rejected", async () => {
+    const store = new SQLiteStore({ file: tempFile() });
+    for (const ttlMs of [0, -5, Number.NaN, "10" as unknown as number]) {
+      const error = await rejection(() => store.set("k", 1, { ttlMs }));
+      expect(error).toBeInstanceOf(RangeError);
+      expect(error.message).toContain('"ttlMs"');
+    }
+    const error = await rejection(() => store.set("k", undefined as unknown as null));
+    expect(error).toBeInstanceOf(TypeError);
+    await store.close();
+  });
+
+  test("two stores on one file see each other's values", async () => {
+    const file = tempFile();
+    const a = new SQLiteStore({ file });
+    const b = new SQLiteStore({ file });
+    await a.set("k", { from: "a" });
+    expect(await b.get("k")).toEqual({ from: "a" });
+    await b.delete("k");
+    expect(await a.get("k")).toBeUndefined();
+    await a.close();
+    await b.close();
+  });
+});
+
+/** Schema version 1, exactly as its migration created it. */
+const V1_SCHEMA = `
+  CREATE TABLE botmesh_meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+  INSERT INTO botmesh_meta VALUES ('schema_version', '1');
+  CREATE TABLE botmesh_inbox (
+    ord INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL, chat_id TEXT NOT NULL,
+    provider TEXT NOT NULL, payload TEXT NOT NULL, received_at INTEGER NOT NULL, state TEXT NOT NULL,
+    attempts INTEGER NOT NULL, next_attempt_at INTEGER, lease_owner TEXT, lease_incarnation TEXT,
+    lease_token INTEGER, lease_expires_at INTEGER, fence INTEGER NOT NULL, error TEXT, updated_at INTEGER NOT NULL);
+  CREATE TABLE botmesh_outbox (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL UNIQUE, chat_id TEXT NOT NULL, content TEXT NOT NULL,
+    content_hash TEXT NOT NULL, inbound_id TEXT, state TEXT NOT NULL, attempts INTEGER NOT NULL,
+    next_attempt_at INTEGER, lease_owner TEXT, lease_incarnation TEXT, lease_token INTEGER,
+    lease_expires_at INTEGER, fence INTEGER NOT NULL, message_id TEXT, error TEXT,
+    created_at INTEGER NOT NULL, updated_at INTEGER NOT NULL);
+  CREATE TABLE botmesh_session (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires_at INTEGER);
+`;
+
+describe("sqlite: schema versions", () => {
+  test("a new file gets the current schema version", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    await backend.close();
+    const raw = new Database(file);
+    expect(raw.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
+      value: String(SQLITE_SCHEMA_VERSION),
+    });
+    expect((raw.prepare("PRAGMA journal_mode").get() as { journal_mode: string }).journal_mode).toBe("wal");
+    raw.close();
+  });
+
+  test("a file at version 1 is upgraded in place and keeps its data", async () => {
+    const file = tempFile();
+    const raw = new Database(file);
+    raw.exec(V1_SCHEMA);
+    const now = Date.now();
+    const payload = JSON.stringify({ text: "héllo ✓ 🎉" });
+    const insertIn = raw.prepare(
+      `INSERT INTO botmesh_inbox (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at)
+       VALUES (?, 'message', 'c1', 'test', ?, ?, ?, 0, 0, ?)`,
+    );
+    insertIn.run("old-pending", payload, 1, "pending", now);
+    insertIn.run("old-done", payload, 2, "done", now);
+    const insertOut = raw.prepare(
+      `INSERT INTO botmesh_outbox (key, chat_id, content, content_hash, state, attempts, next_attempt_at, fence,
+        message_id, created_at, updated_at) VALUES (?, ?, '{"text":"x"}', 'h', ?, 0, ?, 0, ?, ?, ?)`,
+    );
+    insertOut.run("c1-first", "c1", "queued", now - 10, null, now, now);
+    insertOut.run("c1-second", "c1", "queued", now - 10, null, now, now);
+    insertOut.run("c2-failed", "c2", "failed", now - 10, null, now, now);
+    insertOut.run("c3-sent", "c3", "sent", null, "msg-1", now, now);
+    raw.prepare("INSERT INTO botmesh_session VALUES ('chat:1', '{\"step\":2}', NULL)").run();
+    raw.close();
+
+    const store = new SQLiteStore({ file });
+    expect(await store.get("chat:1")).toEqual({ step: 2 });
+    const backend = store.durability();
+    await backend.open();
+    expect((await backend.inbox.get("old-done"))?.state).toBe("done");
+    const claimed = await backend.inbox.claimDue({ ...lease("A"), limit: 10 });
+    expect(claimed.map((r) => r.id)).toEqual(["old-pending"]);
+    expect(claimed[0].payload).toEqual({ text: "héllo ✓ 🎉" });
+    const { due } = await backend.outbox.claimDue({ ...lease("A"), limit: 10 });
+    expect(due.map((e) => e.key)).toEqual(["c1-first", "c2-failed"]);
+    expect((await backend.outbox.get("c3-sent"))?.messageId).toBe("msg-1");
+    await backend.outbox.markSent("c1-first", 1, "m");
+    expect((await backend.outbox.claimDue({ ...lease("A"), limit: 10 })).due.map((e) => e.key)).toEqual(["c1-second"]);
+    // New records get seqs after the old ones.
+    const fresh = await backend.outbox.reserve(outbound("new", "c9"));
+    expect(fresh.entry.seq).toBe(5);
+    await backend.close();
+    await store.close();
+
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
+      value: String(SQLITE_SCHEMA_VERSION),
+    });
+    check.close();
+  });
+
+  test("a file from a newer version is refused with the file and both versions named", async () => {
+    const file = tempFile();
+    const first = new SQLiteDurability({ file });
+    await first.open();
+    await first.close();
+    const raw = new Database(file);
+    raw.exec("UPDATE botmesh_meta SET value = '99' WHERE key = 'schema_version'");
+    raw.close();
+    const backend = new SQLiteDurability({ file });
+    const error = await rejection(() => backend.open());
+    expect(error.message).toContain(JSON.stringify(file));
+    expect(error.message).toContain("schema version 99");
+    expect(error.message).toContain(`up to schema version ${SQLITE_SCHEMA_VERSION}`);
+    expect(backend.isOpen).toBe(false);
+    const store = new SQLiteStore({ file });
+    expect((await rejection(() => store.get("k"))).message).toContain("schema version 99");
+  });
+
+  test("a table prefix keeps two schemas apart in one file", async () => {
+    const file = tempFile();
+    const a = new SQLiteDurability({ file, tablePrefix: "bot_a_" });
+    const b = new SQLiteDurability({ file, tablePrefix: "bot_b_" });
+    await a.open();
+    await b.open();
+    await a.inbox.admit(inbound("m1"));
+    expect(await b.inbox.get("m1")).toBeNull();
+    expect(await b.inbox.admit(inbound("m1"))).not.toBeNull();
+    await a.close();
+    await b.close();
+  });
+});
+
+describe("sqlite: bad files and options", () => {
+  test("a file that is not a SQLite database gives a clear error naming it", async () => {
+    const file = tempFile();
+    writeFileSync(file, "this is not a database\n".repeat(200));
+    const backend = new SQLiteDurability({ file });
+    const error = await rejection(() => backend.open());
+    expect(error.message).toContain(`Cannot open SQLite file ${JSON.stringify(file)}`);
+    expect(error.message).toContain("not a SQLite database");
+    expect(backend.isOpen).toBe(false);
+    const store = new SQLiteStore({ file });
+    expect((await rejection(() => store.set("k", 1))).message).toContain("not a SQLite database");
+  });
+
+  test("invalid options are rejected naming the option and the value", () => {
+    const file = tempFile();
+    const cases: [unknown, ErrorConstructor, RegExp][] = [
+      [undefined, TypeError, /SQLite options must be an object.*got undefined/],
+      ["x.db", TypeError, /SQLite options must be an object.*got "x\.db"/],
+      [{}, TypeError, /option "file" must be a non-empty string, got undefined/],
+      [{ file: "" }, TypeError, /option "file" must be a non-empty string, got ""/],
+      [{ file: 42 }, TypeError, /option "file" must be a non-empty string, got 42/],
+      [{ file, busyTimeoutMs: -1 }, RangeError, /option "busyTimeoutMs" must be an integer .*got -1/],
+      [{ file, busyTimeoutMs: 1.5 }, RangeError, /option "busyTimeoutMs" .*got 1\.5/],
+      [{ file, busyTimeoutMs: "5" }, TypeError, /option "busyTimeoutMs" must be a number, got "5"/],
+      [{ file, synchronous: "off" }, RangeError, /option "synchronous" must be "full" or "normal", got "off"/],
+      [{ file, driver: "sqlite3" }, RangeError, /option "driver" must be .*"better-sqlite3", got "sqlite3"/],
+      [{ file, tablePrefix: "a-b" }, RangeError, /option "tablePrefix" .*got "a-b"/],
+      [{ file, tablePrefix: 1 }, TypeError, /option "tablePrefix" must be a string, got 1/],
+      [{ file, bogus: true }, TypeError, /Unknown SQLite option "bogus"; known options are "file"/],
+    ];
+    for (const [options, type, message] of cases) {
+      for (const make of [
+        () => new SQLiteDurability(options as { file: string }),
+        () => new SQLiteStore(options as { file: string }),
+      ]) {
+        let error: unknown;
+        try {
+          make();
+        } catch (e) {
+          error = e;
+        }
+        expect(error, `options ${String(JSON.stringify(options))}`).toBeInstanceOf(type);
+        expect((error as Error).message).toMatch(message);
+        expect((error as Error).message[0]).toBe((error as Error).message[0].toUpperCase());
+      }
+    }
+  });
+
+  test("a driver that cannot be loaded names what to install", async () => {
+    const backend = new SQLiteDurability({ file: tempFile(), driver: "node:sqlite" });
+    // Bun has no node:sqlite; the error says which driver failed.
+    const error = await backend.open().then(() => null, (e: Error) => e);
+    if (error) expect(error.message).toMatch(/No SQLite driver could be loaded on Bun.*node:sqlite/);
+    else await backend.close(); // a Bun that gained node:sqlite
+  });
+
+  test("ids, chat ids and errors round-trip unicode exactly", async () => {
+    const backend = new SQLiteDurability({ file: tempFile(), synchronous: "normal" });
+    await backend.open();
+    const id = "ид-✓-🎉-e\u0301";
+    await backend.inbox.admit(inbound(id, { chatId: "чат 你好" }), lease("ownér ✓"));
+    await backend.inbox.fail(id, 1, { error: "bőom 💥", dead: true });
+    const record = await backend.inbox.get(id);
+    expect(record?.chatId).toBe("чат 你好");
+    expect(record?.error).toBe("bőom 💥");
+    expect((await backend.inbox.list({ chatId: "чат 你好" })).map((r) => r.id)).toEqual([id]);
+    const reserved = await backend.outbox.reserve(outbound("ключ:1", "чат 你好", { inboundId: id }), lease("ownér ✓"));
+    expect(reserved.status).toBe("leased");
+    await backend.outbox.markSent("ключ:1", 1, "msg-✓");
+    expect((await backend.outbox.get("ключ:1"))?.messageId).toBe("msg-✓");
+    expect((await backend.outbox.get("ключ:1"))?.inboundId).toBe(id);
+    await backend.close();
+  });
+});
+
+describe("sqlite: query plans", () => {
+  test("due scans, reclaims, fenced updates and purges use indexes, never a table scan", async () => {
+    // Record every statement the backend prepares (bun:sqlite is the driver here).
+    const prepared: string[] = [];
+    const original = Database.prototype.prepare;
+    Database.prototype.prepare = function (this: Database, sql: string, ...rest: unknown[]) {
+      prepared.push(sql);
+      return (original as (...args: unknown[]) => unknown).call(this, sql, ...rest);
+    } as typeof original;
+    const file = tempFile();
+    const store = new SQLiteStore({ file });
+    const backend = store.durability();
+    try {
+      await backend.open();
+      await store.set("k", 1, { ttlMs: 1 });
+      const a = lease("A", 60_000, "i1");
+      await backend.inbox.admit(inbound("m1"));
+      await backend.inbox.admit(inbound("m2"), a);
+      await backend.inbox.claim("m1", a);
+      await backend.inbox.heartbeat("m1", 1, 1000);
+      await backend.inbox.fail("m1", 1, { error: "x", retryInMs: 0 });
+      await backend.inbox.claimDue({ ...lease("A", 1000, "i2"), limit: 10, reclaimOwn: true });
+      await backend.inbox.complete("m2", 2);
+      await backend.inbox.replay("m2");
+      await backend.inbox.purge(0);
+      await backend.outbox.reserve(outbound("k1"), a);
+      await backend.outbox.reserve(outbound("k2"));
+      await backend.outbox.reserve(outbound("k3", "c2"));
+      await backend.outbox.heartbeat("k1", 1, 1000);
+      await backend.outbox.markFailed("k1", 1, { error: "x", retryInMs: 0 });
+      await backend.outbox.claimDue({ ...lease("A", 1000, "i2"), limit: 10, reclaimOwn: true });
+      await backend.outbox.markSent("k1", 2, "m");
+      await backend.outbox.markFailed("k3", 1, { error: "x", dead: true });
+      await backend.outbox.retry("k3");
+      await backend.outbox.discard("k3");
+      await backend.outbox.purge(0);
+      await store.purgeExpired();
+      await store.get("k");
+      await store.delete("k");
+    } finally {
+      Database.prototype.prepare = original;
+      await backend.close();
+      await store.close();
+    }
+    const raw = new Database(file);
+    const statements = [...new Set(prepared)].filter((sql) => /botmesh_(inbox|outbox|session)\b/.test(sql));
+    expect(statements.length).toBeGreaterThan(15);
+    const scans: string[] = [];
+    for (const sql of statements) {
+      const plan = raw.prepare(`EXPLAIN QUERY PLAN ${sql}`).all() as { detail: string }[];
+      for (const { detail } of plan) {
+        if (/^SCAN botmesh_(inbox|outbox|session)\b/.test(detail)) scans.push(`${detail} in: ${sql.replace(/\s+/g, " ")}`);
+      }
+    }
+    raw.close();
+    expect(scans).toEqual([]);
+  });
+});
