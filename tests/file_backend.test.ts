@@ -1,0 +1,560 @@
+import { afterEach, describe, expect, test } from "bun:test";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, relative } from "node:path";
+import { FileCorruptError, FileDurability, FileLockedError, simulateCrash } from "../backends/file.ts";
+import { MemoryDurability } from "../backends/memory.ts";
+import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
+
+const dirs: string[] = [];
+const opened: FileDurability[] = [];
+
+afterEach(async () => {
+  for (const b of opened.splice(0)) {
+    while (b.isOpen) await b.close().catch(() => {});
+  }
+  for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
+});
+
+function tempDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), "botmesh-file-test-"));
+  dirs.push(dir);
+  return dir;
+}
+
+function backendAt(path: string, fsync?: boolean): FileDurability {
+  const b = new FileDurability(fsync === undefined ? { path } : { path, fsync });
+  opened.push(b);
+  return b;
+}
+
+async function openAt(path: string): Promise<FileDurability> {
+  const b = backendAt(path);
+  await b.open();
+  return b;
+}
+
+const A: ClaimOptions = { owner: "A", incarnation: "a1", leaseMs: 60_000 };
+const B: ClaimOptions = { owner: "B", incarnation: "b1", leaseMs: 60_000 };
+
+function msg(id: string, chatId = "c1", payload: NewInboundRecord["payload"] = { text: id }): NewInboundRecord {
+  return { id, kind: "message", chatId, provider: "test", payload, receivedAt: 1_700_000_000_000 };
+}
+
+function send(key: string, chatId = "c1"): NewOutboxEntry {
+  return { key, chatId, content: { text: key }, contentHash: `h-${key}`, inboundId: null };
+}
+
+async function rejection(promise: Promise<unknown>): Promise<Error> {
+  try {
+    await promise;
+  } catch (error) {
+    return error as Error;
+  }
+  throw new Error("expected a rejection");
+}
+
+/** The pid of a process that has exited (and was reaped). */
+function deadPid(): number {
+  const child = Bun.spawnSync(["true"]);
+  return child.pid;
+}
+
+describe("FileDurability options", () => {
+  test("name, scope, path", () => {
+    const b = new FileDurability({ path: "./x/bot.json" });
+    expect(b.name).toBe("file");
+    expect(b.scope).toBe("process");
+    expect(b.path).toBe("./x/bot.json");
+    expect(b.isOpen).toBe(false);
+  });
+
+  test("a missing or empty path is a TypeError naming `path`", () => {
+    // @ts-expect-error wrong on purpose
+    expect(() => new FileDurability()).toThrow(TypeError);
+    // @ts-expect-error wrong on purpose
+    expect(() => new FileDurability()).toThrow(/"path"/);
+    // @ts-expect-error wrong on purpose
+    expect(() => new FileDurability({})).toThrow(/option "path" must be a non-empty string, got undefined/);
+    expect(() => new FileDurability({ path: "" })).toThrow(/option "path" must be a non-empty string, got ""/);
+    // @ts-expect-error wrong on purpose
+    expect(() => new FileDurability({ path: 42 })).toThrow(TypeError);
+    expect(() => new FileDurability({ path: "a\0b" })).toThrow(/"path"/);
+  });
+
+  test("fsync must be a boolean: a TypeError naming `fsync`", () => {
+    // @ts-expect-error wrong on purpose
+    expect(() => new FileDurability({ path: "x.json", fsync: "yes" })).toThrow(TypeError);
+    // @ts-expect-error wrong on purpose
+    expect(() => new FileDurability({ path: "x.json", fsync: 1 })).toThrow(/option "fsync" must be a boolean, got 1/);
+    expect(new FileDurability({ path: "x.json", fsync: false }).name).toBe("file");
+  });
+});
+
+describe("open and close", () => {
+  test("operations before open and after close reject with a clear error", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = backendAt(path);
+    const before = await rejection(b.inbox.get("x"));
+    expect(before.message).toMatch(/FileDurability .*bot\.json is not open: call open\(\) or start the bot/);
+    await b.open();
+    expect(await b.inbox.get("x")).toBe(null);
+    await b.close();
+    const after = await rejection(b.outbox.list());
+    expect(after.message).toContain(`FileDurability ${path} is not open`);
+  });
+
+  test("a new file is created at open, with its directory; the lock file exists while open", async () => {
+    const dir = join(tempDir(), "nested", "deeper");
+    const path = join(dir, "bot.json");
+    const b = await openAt(path);
+    const text = readFileSync(path, "utf8");
+    expect(JSON.parse(text)).toEqual({ format: "@botmesh/durable/file", version: 1, outboxSeq: 0, inbox: [], outbox: [] });
+    const lock = JSON.parse(readFileSync(`${path}.lock`, "utf8"));
+    expect(lock.pid).toBe(process.pid);
+    expect(typeof lock.hostname).toBe("string");
+    expect(typeof lock.startedAt).toBe("string");
+    expect(b.stats.rewrites).toBe(1);
+    await b.close();
+    expect(existsSync(`${path}.lock`)).toBe(false);
+    expect(existsSync(`${path}.tmp`)).toBe(false);
+  });
+
+  test("open/close are counted on one instance: loaded at the first open, released at the last close", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = backendAt(path);
+    await Promise.all([b.open(), b.open()]);
+    await b.open();
+    await b.inbox.admit(msg("m1"));
+    await b.close();
+    await b.close();
+    expect(b.isOpen).toBe(true);
+    expect((await b.inbox.get("m1"))?.state).toBe("pending");
+    expect(existsSync(`${path}.lock`)).toBe(true);
+    await b.close();
+    expect(b.isOpen).toBe(false);
+    expect(existsSync(`${path}.lock`)).toBe(false);
+    await b.close(); // closing a closed backend does nothing
+    // Reopening the same instance loads the file again.
+    await b.open();
+    expect((await b.inbox.get("m1"))?.state).toBe("pending");
+  });
+
+  test("close waits for operations already called and writes them", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const admits = Array.from({ length: 20 }, (_, i) => b.inbox.admit(msg(`m${i}`)));
+    await b.close();
+    expect((await Promise.all(admits)).every((r) => r !== null)).toBe(true);
+    expect(JSON.parse(readFileSync(path, "utf8")).inbox.length).toBe(20);
+  });
+});
+
+describe("the lock", () => {
+  test("a second FileDurability on the same file in this process is rejected until the first is closed", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    const first = await openAt(path);
+    const second = backendAt(relative(process.cwd(), path)); // same file through another spelling
+    const error = await rejection(second.open());
+    expect(error.message).toContain(`${path} is already open in this process`);
+    expect(existsSync(`${path}.lock`)).toBe(true); // the first one's lock is untouched
+    await first.inbox.admit(msg("m1"));
+    await first.close();
+    await second.open();
+    expect((await second.inbox.get("m1"))?.state).toBe("pending");
+  });
+
+  test("a lock left by a dead process is broken at once", async () => {
+    const path = join(tempDir(), "bot.json");
+    const pid = deadPid();
+    writeFileSync(`${path}.lock`, JSON.stringify({ pid, hostname: "old", startedAt: "2020-01-01T00:00:00.000Z" }));
+    const b = await openAt(path);
+    expect(JSON.parse(readFileSync(`${path}.lock`, "utf8")).pid).toBe(process.pid);
+    await b.close();
+  });
+
+  test("a lock holding this process's pid that this process does not hold is broken (a restarted container)", async () => {
+    const path = join(tempDir(), "bot.json");
+    writeFileSync(`${path}.lock`, JSON.stringify({ pid: process.pid }));
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    await b.close();
+  });
+
+  test("an empty lock file (a crash right after its creation) is broken after a short grace", async () => {
+    const path = join(tempDir(), "bot.json");
+    writeFileSync(`${path}.lock`, "");
+    const b = await openAt(path);
+    expect(JSON.parse(readFileSync(`${path}.lock`, "utf8")).pid).toBe(process.pid);
+  });
+
+  test("a lock of a live process is respected: the error names the pid and the lock file", async () => {
+    const path = join(tempDir(), "bot.json");
+    const sleeper = Bun.spawn(["sleep", "30"]);
+    try {
+      const lockText = JSON.stringify({ pid: sleeper.pid, hostname: "elsewhere", startedAt: "2024-05-01T10:00:00.000Z" });
+      writeFileSync(`${path}.lock`, lockText);
+      writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 1, outboxSeq: 0, inbox: [], outbox: [] }));
+      const fileBefore = readFileSync(path);
+      const b = backendAt(path);
+      const error = await rejection(b.open());
+      expect(error).toBeInstanceOf(FileLockedError);
+      expect(error.message).toContain(`pid ${sleeper.pid}`);
+      expect(error.message).toContain(`lock file ${path}.lock`);
+      expect((error as FileLockedError).pid).toBe(sleeper.pid);
+      expect((error as FileLockedError).lockPath).toBe(`${path}.lock`);
+      expect(readFileSync(`${path}.lock`, "utf8")).toBe(lockText);
+      expect(readFileSync(path).equals(fileBefore)).toBe(true);
+      expect(b.isOpen).toBe(false);
+      // Once that process is gone, the next open breaks its lock.
+      sleeper.kill("SIGKILL");
+      await sleeper.exited;
+      await b.open();
+      expect(b.isOpen).toBe(true);
+    } finally {
+      sleeper.kill("SIGKILL");
+    }
+  });
+
+  test("simulateCrash lets the instance go: the lock file stays and the next instance breaks it", async () => {
+    const path = join(tempDir(), "bot.json");
+    const old = await openAt(path);
+    await old.inbox.admit(msg("m1"));
+    await simulateCrash(old);
+    expect(existsSync(`${path}.lock`)).toBe(true);
+    expect((await rejection(old.inbox.get("m1"))).message).toMatch(/simulateCrash/);
+    expect((await rejection(old.open())).message).toMatch(/simulateCrash/);
+    const next = await openAt(path);
+    expect((await next.inbox.get("m1"))?.state).toBe("pending");
+  });
+
+  test("simulateCrash during a write: the write finishes, waiting operations reject", async () => {
+    const path = join(tempDir(), "bot.json");
+    const old = await openAt(path);
+    const pending = old.inbox.admit(msg("m1"));
+    const crashed = simulateCrash(old);
+    const error = await rejection(pending);
+    expect(error.message).toMatch(/simulateCrash/);
+    await crashed;
+    const next = await openAt(path);
+    // The admit may or may not have reached the disk (as with a real kill); the file is readable either way.
+    expect(["pending", undefined]).toContain((await next.inbox.get("m1"))?.state);
+  });
+});
+
+describe("damaged files are never overwritten", () => {
+  /** A valid snapshot with non-ASCII text before the damage, so byte and character offsets differ. */
+  async function validFile(path: string): Promise<Buffer> {
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1", "c1", { text: "grüße ✓ 🎉 日本" }));
+    await b.inbox.admit(msg("m2", "c1", { text: "second" }));
+    await b.outbox.reserve(send("k1"));
+    await b.close();
+    return readFileSync(path);
+  }
+
+  async function expectCorrupt(path: string, offset: number | null, detail: RegExp): Promise<void> {
+    const before = readFileSync(path);
+    const b = backendAt(path);
+    const error = await rejection(b.open());
+    expect(error).toBeInstanceOf(FileCorruptError);
+    expect(error.message).toContain(path);
+    if (offset !== null) expect(error.message).toContain(`at byte ${offset}:`);
+    expect((error as FileCorruptError).offset).toBe(offset);
+    expect(error.message).toMatch(detail);
+    expect(readFileSync(path).equals(before)).toBe(true);
+    expect(existsSync(`${path}.lock`)).toBe(false);
+    expect(b.isOpen).toBe(false);
+    // Still refused on a second try, still untouched.
+    await rejection(b.open());
+    expect(readFileSync(path).equals(before)).toBe(true);
+  }
+
+  test("a truncated file: the offset is the end of the file", async () => {
+    const path = join(tempDir(), "bot.json");
+    const bytes = await validFile(path);
+    const cut = bytes.indexOf("second") + 3;
+    writeFileSync(path, bytes.subarray(0, cut));
+    await expectCorrupt(path, cut, /unterminated string.*truncated/);
+  });
+
+  test("a truncated file cut between values", async () => {
+    const path = join(tempDir(), "bot.json");
+    const bytes = await validFile(path);
+    const cut = bytes.indexOf('"outbox":[') + '"outbox":['.length;
+    writeFileSync(path, bytes.subarray(0, cut));
+    await expectCorrupt(path, cut, /expected a value, found the end of the file \(truncated\?\)/);
+  });
+
+  test("an empty file", async () => {
+    const path = join(tempDir(), "bot.json");
+    writeFileSync(path, "");
+    await expectCorrupt(path, 0, /end of the file/);
+  });
+
+  test("a flipped byte: the offset is the damaged byte's, in UTF-8 bytes", async () => {
+    const path = join(tempDir(), "bot.json");
+    const bytes = await validFile(path);
+    const at = bytes.indexOf('"chatId"', bytes.indexOf('"m2"')) + '"chatId"'.length; // the ':' after a key
+    expect(bytes[at]).toBe(0x3a);
+    expect(bytes.toString("utf8").indexOf('"chatId"', bytes.toString("utf8").indexOf('"m2"'))).toBeLessThan(at - 8); // bytes ≠ characters here
+    const damaged = Buffer.from(bytes);
+    damaged[at] ^= 0x01; // ':' → ';'
+    writeFileSync(path, damaged);
+    await expectCorrupt(path, at, /expected ":" after a key, found ";"/);
+  });
+
+  test("invalid UTF-8: the offset of the bad byte", async () => {
+    const path = join(tempDir(), "bot.json");
+    const bytes = await validFile(path);
+    const at = bytes.indexOf("second");
+    const damaged = Buffer.from(bytes);
+    damaged[at] = 0xff;
+    writeFileSync(path, damaged);
+    await expectCorrupt(path, at, /invalid UTF-8 \(byte 0xFF/);
+  });
+
+  test("a multi-byte character cut in half", async () => {
+    const path = join(tempDir(), "bot.json");
+    const bytes = await validFile(path);
+    const at = bytes.indexOf(Buffer.from("✓"));
+    const damaged = Buffer.concat([bytes.subarray(0, at + 1), bytes.subarray(at + 3)]); // only the lead byte stays
+    writeFileSync(path, damaged);
+    await expectCorrupt(path, at, /invalid UTF-8/);
+  });
+
+  test("data after the end", async () => {
+    const path = join(tempDir(), "bot.json");
+    const bytes = await validFile(path);
+    writeFileSync(path, Buffer.concat([bytes, Buffer.from(" {}")]));
+    await expectCorrupt(path, bytes.length + 1, /after the end of the JSON value/);
+  });
+
+  test("not a FileDurability snapshot, or another version", async () => {
+    const path = join(tempDir(), "bot.json");
+    writeFileSync(path, JSON.stringify({ hello: "world" }));
+    await expectCorrupt(path, null, /not a FileDurability snapshot \("format" is undefined/);
+    writeFileSync(path, JSON.stringify([1, 2]));
+    await expectCorrupt(path, null, /expected a JSON object, got an array/);
+    writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 2, outboxSeq: 0, inbox: [], outbox: [] }));
+    await expectCorrupt(path, null, /unsupported format version 2/);
+  });
+
+  test("a bad field names the record and the field", async () => {
+    const path = join(tempDir(), "bot.json");
+    await validFile(path);
+    const snap = JSON.parse(readFileSync(path, "utf8"));
+    snap.inbox[1].state = "bogus";
+    writeFileSync(path, JSON.stringify(snap));
+    await expectCorrupt(path, null, /inbox record 1 \(id "m2"\): field "state" must be one of pending, processing, failed, done, dead, got "bogus"/);
+
+    snap.inbox[1].state = "pending";
+    delete snap.outbox[0].contentHash;
+    writeFileSync(path, JSON.stringify(snap));
+    await expectCorrupt(path, null, /outbox entry 0 \(key "k1"\): field "contentHash" is missing/);
+
+    snap.outbox[0].contentHash = "h";
+    snap.outbox[0].seq = 5; // above outboxSeq
+    writeFileSync(path, JSON.stringify(snap));
+    await expectCorrupt(path, null, /outbox entry 0 \(key "k1"\): field "seq" 5 is above "outboxSeq" 1/);
+
+    snap.outbox[0].seq = 1;
+    snap.inbox[0].lease = { owner: "A", incarnation: "x", token: "1", expiresAt: 0 };
+    writeFileSync(path, JSON.stringify(snap));
+    await expectCorrupt(path, null, /inbox record 0 \(id "m1"\): field "lease" must be null or a lease object|lease whose "token"/);
+
+    snap.inbox[0].lease = null;
+    snap.inbox.push({ ...snap.inbox[0] });
+    writeFileSync(path, JSON.stringify(snap));
+    await expectCorrupt(path, null, /inbox record 2 \(id "m1"\): the id appears twice/);
+  });
+
+  test("a leftover temporary file from a crash mid-write is ignored and removed", async () => {
+    const path = join(tempDir(), "bot.json");
+    await validFile(path);
+    writeFileSync(`${path}.tmp`, '{"format":"@botmesh/durable/file","vers');
+    const b = await openAt(path);
+    expect(existsSync(`${path}.tmp`)).toBe(false);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
+  });
+});
+
+describe("group commit and durability", () => {
+  test("concurrent admits share rewrites", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const before = b.stats.rewrites;
+    const N = 200;
+    const results = await Promise.all(Array.from({ length: N }, (_, i) => b.inbox.admit(msg(`m${i}`, `c${i % 7}`))));
+    expect(results.every((r) => r !== null)).toBe(true);
+    const rewrites = b.stats.rewrites - before;
+    expect(rewrites).toBeGreaterThanOrEqual(1);
+    expect(rewrites).toBeLessThanOrEqual(2);
+    expect(JSON.parse(readFileSync(path, "utf8")).inbox.length).toBe(N);
+  });
+
+  test("operations arriving during a rewrite share the next one", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const before = b.stats.rewrites;
+    const first = b.inbox.admit(msg("first"));
+    await Promise.resolve();
+    await Promise.resolve();
+    await Promise.resolve(); // the first rewrite is under way
+    const later = Array.from({ length: 50 }, (_, i) => b.outbox.reserve(send(`k${i}`, `c${i}`)));
+    await Promise.all([first, ...later]);
+    expect(b.stats.rewrites - before).toBeLessThanOrEqual(2);
+  });
+
+  test("a duplicate admit resolves only once the record it found is on disk", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const first = b.inbox.admit(msg("m1"));
+    const duplicate = await b.inbox.admit(msg("m1"));
+    expect(duplicate).toBe(null);
+    const onDisk = JSON.parse(readFileSync(path, "utf8"));
+    expect(onDisk.inbox.map((r: { id: string }) => r.id)).toEqual(["m1"]);
+    await first;
+  });
+
+  test("a read resolves only once what it saw is on disk", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    void b.outbox.reserve(send("k1"));
+    const got = await b.outbox.get("k1");
+    expect(got?.state).toBe("queued");
+    expect(JSON.parse(readFileSync(path, "utf8")).outbox[0].key).toBe("k1");
+  });
+
+  test("heartbeats are not written on their own, only with the next change", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const r = (await b.inbox.admit(msg("m1"), { ...A, leaseMs: 1_000 }))!;
+    const e = (await b.outbox.reserve(send("k1"), { ...A, leaseMs: 1_000 })).entry;
+    const rewrites = b.stats.rewrites;
+    for (let i = 0; i < 20; i++) {
+      expect(await b.inbox.heartbeat("m1", r.lease!.token, 500_000)).toBe(true);
+      expect(await b.outbox.heartbeat("k1", e.lease!.token, 500_000)).toBe(true);
+    }
+    expect(await b.inbox.heartbeat("m1", 99, 500_000)).toBe(false);
+    expect(b.stats.rewrites).toBe(rewrites);
+    const onDisk = () => JSON.parse(readFileSync(path, "utf8"));
+    expect(onDisk().inbox[0].lease.expiresAt).toBe(r.lease!.expiresAt);
+    await b.inbox.admit(msg("m2"));
+    expect(b.stats.rewrites).toBe(rewrites + 1);
+    expect(onDisk().inbox[0].lease.expiresAt).toBeGreaterThan(r.lease!.expiresAt + 400_000);
+    expect(onDisk().outbox[0].lease.expiresAt).toBeGreaterThan(e.lease!.expiresAt + 400_000);
+  });
+
+  test("no-op results do not rewrite", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    await b.outbox.reserve(send("k1"));
+    const rewrites = b.stats.rewrites;
+    expect(await b.inbox.admit(msg("m1"))).toBe(null);
+    expect((await b.outbox.reserve(send("k1"))).status).toBe("exists");
+    expect(await b.inbox.claim("nope", B)).toBe(null);
+    expect(await b.inbox.replay("m1")).toBe(false);
+    expect(await b.outbox.retry("k1")).toBe(false);
+    expect(await b.inbox.purge(0)).toBe(0);
+    expect(await b.inbox.list()).toHaveLength(1);
+    expect(b.stats.rewrites).toBe(rewrites);
+  });
+
+  test("a failed rewrite rejects its operations naming the file; the change goes out with the next rewrite", async () => {
+    const dir = tempDir();
+    const path = join(dir, "data", "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    rmSync(join(dir, "data"), { recursive: true, force: true }); // the next rewrite cannot create its temporary file
+    const error = await rejection(b.inbox.admit(msg("m2")));
+    expect(error.message).toContain(`FileDurability could not write ${path}`);
+    expect(b.stats.failedRewrites).toBe(1);
+    // A read of the unwritten state tries again, and fails again while the directory is missing.
+    expect((await rejection(b.inbox.get("m2"))).message).toContain(path);
+    mkdirSync(join(dir, "data"));
+    expect((await b.inbox.get("m2"))?.state).toBe("pending");
+    const onDisk = JSON.parse(readFileSync(path, "utf8"));
+    expect(onDisk.inbox.map((r: { id: string }) => r.id)).toEqual(["m1", "m2"]);
+  });
+
+  test("fsync: false still writes atomically", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = backendAt(path, false);
+    await b.open();
+    await b.inbox.admit(msg("m1"));
+    expect(JSON.parse(readFileSync(path, "utf8")).inbox.length).toBe(1);
+  });
+});
+
+describe("restart from disk", () => {
+  test("keeps records, fencing tokens, outbox order and the seq counter", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const { inbox, outbox } = b;
+    // Inbox: pending, processing (leased), done, failed, dead, a replayed one; fences above 1.
+    await inbox.admit(msg("pending", "c1", { text: "grüße ✓ 🎉", nested: [1, { a: null }] }));
+    const leased = (await inbox.admit(msg("leased", "c2"), A))!;
+    const done = (await inbox.admit(msg("done", "c3"), A))!;
+    await inbox.complete("done", done.lease!.token);
+    const failed = (await inbox.admit(msg("failed", "c4"), A))!;
+    await inbox.fail("failed", failed.lease!.token, { error: "boom", retryInMs: 600_000 });
+    const dead = (await inbox.admit(msg("dead", "c5"), A))!;
+    await inbox.fail("dead", dead.lease!.token, { error: "fatal", dead: true });
+    expect(await inbox.claim("failed", B)).toBe(null); // not due yet
+    // Outbox: a chat with a sending head and a queued follower, a sent one, a dead one, a discarded one (seq gap).
+    const head = (await outbox.reserve(send("o1", "x"), A)).entry;
+    await outbox.reserve(send("o2", "x"), A); // queued behind o1
+    const s = (await outbox.reserve(send("o3", "y"), A)).entry;
+    await outbox.markSent("o3", s.lease!.token, "provider-1");
+    const d = (await outbox.reserve(send("o4", "z"), A)).entry;
+    await outbox.markFailed("o4", d.lease!.token, { error: "bad recipient", dead: true });
+    await outbox.reserve(send("o5", "w"));
+    expect(await outbox.discard("o5")).toBe(true);
+    const inboxBefore = await inbox.list();
+    const outboxBefore = await outbox.list();
+    await b.close();
+
+    const c = await openAt(path);
+    expect(await c.inbox.list()).toEqual(inboxBefore);
+    expect(await c.outbox.list()).toEqual(outboxBefore);
+    // The seq counter continues after the discarded entry.
+    const o6 = (await c.outbox.reserve(send("o6", "v"))).entry;
+    expect(o6.seq).toBe(6);
+    // Chat order survives: o2 waits behind o1's lease; another owner takes nothing of chat x.
+    const claim = await c.outbox.claimDue({ ...B, limit: 10 });
+    expect(claim.due.map((e) => e.key)).toEqual(["o6"]);
+    // A restart of A reclaims its own: o1 becomes unknown (ambiguous), o2 is then due; tokens continue.
+    const reclaim = await c.outbox.claimDue({ owner: "A", incarnation: "a2", leaseMs: 60_000, limit: 10, reclaimOwn: true });
+    expect(reclaim.ambiguous.map((e) => e.key)).toEqual(["o1"]);
+    expect(reclaim.due.map((e) => e.key)).toEqual(["o2"]);
+    expect(reclaim.due[0].lease!.token).toBe(1); // o2 was queued, never leased
+    expect((await c.outbox.get("o1"))!.fence).toBe(head.fence);
+    // Inbox fencing continues: the leased record's next claim gets token fence + 1; the old token is stale.
+    const retaken = (await c.inbox.claim("leased", { owner: "A", incarnation: "a2", leaseMs: 1_000, reclaimOwn: true }))!;
+    expect(retaken.lease!.token).toBe(leased.fence + 1);
+    await expect(c.inbox.complete("leased", leased.lease!.token)).rejects.toThrow(/Stale lease/);
+    // Receipt order and admission order are kept.
+    expect((await c.inbox.list()).map((r) => r.id)).toEqual(["pending", "leased", "done", "failed", "dead"]);
+    expect((await c.inbox.list({ state: "dead" }))[0].error).toBe("fatal");
+  });
+
+  test("MemoryDurability export/import round trip keeps order, seq and fences", async () => {
+    const m = new MemoryDurability();
+    for (let i = 0; i < 5; i++) await m.inbox.admit(msg(`m${i}`, `c${i % 2}`), i % 2 ? A : undefined);
+    for (let i = 0; i < 4; i++) await m.outbox.reserve(send(`k${i}`, "c"), A);
+    await m.outbox.discard("k3");
+    const exported = JSON.parse(JSON.stringify(m.exportRecords()));
+    expect(exported.outboxSeq).toBe(4);
+    const n = new MemoryDurability();
+    n.importRecords(exported);
+    expect(await n.inbox.list()).toEqual(await m.inbox.list());
+    expect(await n.outbox.list()).toEqual(await m.outbox.list());
+    expect((await n.outbox.reserve(send("k9", "c"))).entry.seq).toBe(5);
+    expect(() => n.importRecords(exported)).toThrow(/empty/);
+    const dup = new MemoryDurability();
+    expect(() => dup.importRecords({ ...exported, inbox: [exported.inbox[0], exported.inbox[0]] })).toThrow(/twice/);
+  });
+});
