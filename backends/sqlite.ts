@@ -138,6 +138,8 @@ const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePr
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
 /** Expired session values are swept at most this often (on a write). */
 const SESSION_SWEEP_MS = 60_000;
+/** Rows deleted per transaction by a purge. */
+const PURGE_BATCH = 1000;
 /** Expired session values deleted per sweep statement. */
 const SESSION_SWEEP_BATCH = 500;
 
@@ -558,6 +560,24 @@ interface Gate {
   readonly prefix: string;
 }
 
+/**
+ * Deletes what `sql` picks (its one parameter is the cutoff time), at most
+ * {@link PURGE_BATCH} rows per transaction, yielding between transactions so
+ * that a large purge never holds the write lock for long (other processes
+ * would run into their busy timeout) nor blocks this one's event loop.
+ */
+async function purgeInBatches(gate: Gate, olderThanMs: number, sql: string): Promise<number> {
+  let cutoff: number | undefined;
+  let total = 0;
+  for (;;) {
+    const c = await gate.ready();
+    const n = c.tx((now) => c.stmt(sql).run(cutoff ??= now - olderThanMs).changes);
+    total += n;
+    if (n < PURGE_BATCH) return total;
+    await new Promise((resolve) => setTimeout(resolve, 0));
+  }
+}
+
 class SqliteInbox implements InboxJournal {
   readonly #gate: Gate;
   readonly #t: string;
@@ -721,10 +741,12 @@ class SqliteInbox implements InboxJournal {
     });
   }
 
-  async purge(olderThanMs: number): Promise<number> {
-    const c = await this.#gate.ready();
-    return c.tx((now) =>
-      c.stmt(`DELETE FROM ${this.#t} INDEXED BY ${this.#t}_done WHERE state = 'done' AND updated_at <= ?`).run(now - olderThanMs).changes
+  purge(olderThanMs: number): Promise<number> {
+    return purgeInBatches(
+      this.#gate,
+      olderThanMs,
+      `DELETE FROM ${this.#t} WHERE ord IN (
+        SELECT ord FROM ${this.#t} INDEXED BY ${this.#t}_done WHERE state = 'done' AND updated_at <= ? LIMIT ${PURGE_BATCH})`,
     );
   }
 }
@@ -956,10 +978,12 @@ class SqliteOutbox implements OutboxJournal {
     });
   }
 
-  async purge(olderThanMs: number): Promise<number> {
-    const c = await this.#gate.ready();
-    return c.tx((now) =>
-      c.stmt(`DELETE FROM ${this.#t} INDEXED BY ${this.#t}_sent WHERE state = 'sent' AND updated_at <= ?`).run(now - olderThanMs).changes
+  purge(olderThanMs: number): Promise<number> {
+    return purgeInBatches(
+      this.#gate,
+      olderThanMs,
+      `DELETE FROM ${this.#t} WHERE seq IN (
+        SELECT seq FROM ${this.#t} INDEXED BY ${this.#t}_sent WHERE state = 'sent' AND updated_at <= ? LIMIT ${PURGE_BATCH})`,
     );
   }
 }

@@ -562,3 +562,75 @@ describe("sqlite: query plans", () => {
     expect(scans).toEqual([]);
   });
 });
+
+// A measurement, not a check: `SQLITE_BENCH=1 bun test tests/sqlite_backend.test.ts -t "1M rows"`.
+describe("sqlite: 1M rows (SQLITE_BENCH=1)", () => {
+  test.skipIf(!process.env.SQLITE_BENCH)("claimDue, purge and write throughput at a million rows", async () => {
+    const file = tempFile();
+    const seed = new SQLiteDurability({ file });
+    await seed.open();
+    await seed.close();
+    const now = Date.now();
+    const day = 86_400_000;
+    const raw = new Database(file);
+    raw.exec("PRAGMA journal_mode = WAL");
+    let t = performance.now();
+    raw.exec(`
+      BEGIN;
+      WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000)
+      INSERT INTO botmesh_inbox (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at)
+        SELECT 'done-' || i, 'message', 'chat-' || (i % 5000), 'test', '{"text":"hello ✓"}', ${now - 10 * day} + i,
+          'done', 1, 1, ${now - 10 * day} + i * ${Math.floor((10 * day) / 1_000_000)} FROM n;
+      WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 1000000)
+      INSERT INTO botmesh_outbox (key, chat_id, content, content_hash, state, attempts, fence, message_id, created_at, updated_at)
+        SELECT 'sent-' || i, 'chat-' || (i % 5000), '{"text":"reply ✓"}', 'h', 'sent', 1, 1, 'msg-' || i,
+          ${now - 10 * day} + i, ${now - 10 * day} + i * ${Math.floor((10 * day) / 1_000_000)} FROM n;
+      COMMIT;`);
+    const fillMs = performance.now() - t;
+    raw.close();
+    const b = new SQLiteDurability({ file });
+    await b.open();
+    const time = async <T>(what: string, run: () => Promise<T>): Promise<T> => {
+      const start = performance.now();
+      const result = await run();
+      console.log(`  ${what}: ${(performance.now() - start).toFixed(2)} ms`);
+      return result;
+    };
+    console.log(`1M done inbox records + 1M sent outbox entries filled in ${fillMs.toFixed(0)} ms`);
+    await time("inbox.claimDue, nothing due", () => b.inbox.claimDue({ ...lease("A"), limit: 100, reclaimOwn: true }));
+    await time("outbox.claimDue, nothing due", () => b.outbox.claimDue({ ...lease("A"), limit: 100, reclaimOwn: true }));
+    for (let i = 0; i < 1000; i++) await b.inbox.admit(inbound(`p${i}`, { receivedAt: now + i }));
+    for (let i = 0; i < 1000; i++) await b.outbox.reserve(outbound(`q${i}`, `hot-${i % 50}`));
+    const claimed = await time("inbox.claimDue limit 100 of 1000 pending", () => b.inbox.claimDue({ ...lease("A"), limit: 100 }));
+    expect(claimed.length).toBe(100);
+    const due = await time(
+      "outbox.claimDue limit 100 (1000 queued in 50 chats)",
+      () => b.outbox.claimDue({ ...lease("A"), limit: 100 }),
+    );
+    expect(due.due.length).toBe(50);
+    await time("inbox.purge, nothing old enough", () => b.inbox.purge(30 * day));
+    const purgedIn = await time("inbox.purge of 10k done records", () => b.inbox.purge(10 * day - 10 * day / 100));
+    const purgedOut = await time("outbox.purge of 10k sent entries", () => b.outbox.purge(10 * day - 10 * day / 100));
+    console.log(`  (purged ${purgedIn} + ${purgedOut})`);
+    const rate = async (what: string, n: number, run: (i: number) => Promise<unknown>) => {
+      const start = performance.now();
+      for (let i = 0; i < n; i++) await run(i);
+      const ms = performance.now() - start;
+      console.log(`  ${what}: ${Math.round((n / ms) * 1000)}/s`);
+    };
+    await rate("admit (synchronous=FULL)", 2000, (i) => b.inbox.admit(inbound(`r${i}`)));
+    await rate("reserve+markSent (FULL)", 1000, async (i) => {
+      const r = await b.outbox.reserve(outbound(`w${i}`, `w${i}`), lease("A"));
+      await b.outbox.markSent(`w${i}`, r.entry.lease!.token, "m");
+    });
+    await b.close();
+    const fast = new SQLiteDurability({ file, synchronous: "normal" });
+    await fast.open();
+    await rate("admit (synchronous=NORMAL)", 2000, (i) => fast.inbox.admit(inbound(`s${i}`)));
+    await rate("reserve+markSent (NORMAL)", 1000, async (i) => {
+      const r = await fast.outbox.reserve(outbound(`x${i}`, `x${i}`), lease("A"));
+      await fast.outbox.markSent(`x${i}`, r.entry.lease!.token, "m");
+    });
+    await fast.close();
+  }, 600_000);
+});
