@@ -415,6 +415,7 @@ export class FileDurability implements DurabilityBackend {
       failure = error;
     } finally {
       this.#mem = null;
+      this.#writing ??= this.#writeLoop(); // rejects operations that slipped in after a failed final rewrite
       try {
         await removeFile(`${file}.lock`);
       } finally {
@@ -474,7 +475,15 @@ export class FileDurability implements DurabilityBackend {
   async #writeLoop(): Promise<void> {
     try {
       await null; // operations called in the same tick join this rewrite
-      while (this.#waiters.length > 0 && !this.#crashed && this.#mem !== null) {
+      while (this.#waiters.length > 0) {
+        if (this.#crashed || this.#mem === null) {
+          // Let go (simulateCrash) or closed after a failed final rewrite: nothing more will be written.
+          const error = this.#crashed
+            ? this.#crashError()
+            : new Error(`FileDurability ${this.file} was closed before this change was written`);
+          for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
+          break;
+        }
         const version = this.#version;
         let failure: Error | null = null;
         try {
@@ -654,7 +663,7 @@ async function acquireLock(file: string): Promise<void> {
         await delay(50);
         continue;
       }
-    } else if (holder.pid !== pid && (await isProcessAlive(holder.pid))) {
+    } else if (holder.pid !== pid && (await holderAlive(lockPath, holder.pid))) {
       throw new FileLockedError(file, lockPath, holder);
     }
     // Stale: delete it unless it changed since we read it (another process took it meanwhile).
@@ -662,6 +671,19 @@ async function acquireLock(file: string): Promise<void> {
     if (again !== null && sameBytes(again, bytes)) await removeFile(lockPath);
   }
   throw new Error(`FileDurability: could not take the lock file ${lockPath} (it keeps changing)`);
+}
+
+/** Whether the lock's holder runs; a runtime that cannot tell gets a clear error instead of a guess. */
+async function holderAlive(lockPath: string, pid: number): Promise<boolean> {
+  try {
+    return await isProcessAlive(pid);
+  } catch (error) {
+    throw new Error(
+      `FileDurability: cannot tell whether pid ${pid}, the holder of lock file ${lockPath}, is still running ` +
+        `(${messageOf(error)}). On Deno, grant --allow-run; or delete the lock file if that process is gone.`,
+      { cause: error },
+    );
+  }
 }
 
 function parseLock(text: string): LockInfo | null {

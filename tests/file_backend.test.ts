@@ -480,6 +480,21 @@ describe("group commit and durability", () => {
     expect(onDisk.inbox.map((r: { id: string }) => r.id)).toEqual(["m1", "m2"]);
   });
 
+  test("a close whose final rewrite fails rejects naming the file, and releases it all the same", async () => {
+    const dir = tempDir();
+    const path = join(dir, "data", "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    rmSync(join(dir, "data"), { recursive: true, force: true });
+    await rejection(b.inbox.admit(msg("m2")));
+    const error = await rejection(b.close());
+    expect(error.message).toContain(`FileDurability could not write ${path}`);
+    expect(b.isOpen).toBe(false);
+    mkdirSync(join(dir, "data"));
+    const c = await openAt(path); // not "already open in this process"
+    expect(await c.inbox.list()).toEqual([]); // the file went away with its directory
+  });
+
   test("fsync: false still writes atomically", async () => {
     const path = join(tempDir(), "bot.json");
     const b = backendAt(path, false);

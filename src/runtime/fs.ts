@@ -36,7 +36,12 @@ async function proc(): Promise<ProcessModule> {
   return ((mod as unknown as { default?: ProcessModule }).default ?? mod) as ProcessModule;
 }
 
-/** The `code` of a runtime error (`'ENOENT'`, …), or `undefined`. */
+/**
+ * The `code` of a runtime error.
+ *
+ * @param error anything thrown
+ * @returns its `code` (`'ENOENT'`, `'EEXIST'`, …), or `undefined`
+ */
 export function errorCode(error: unknown): string | undefined {
   const code = (error as { code?: unknown } | null)?.code;
   return typeof code === "string" ? code : undefined;
@@ -223,12 +228,12 @@ export async function currentPid(): Promise<number> {
 /**
  * Whether a process with id `pid` exists on this host (signal 0: nothing is
  * sent). `ESRCH` means it is gone; `EPERM` means it exists but belongs to
- * another user, so it counts as alive. Any other failure (no permission to
- * ask, e.g. Deno without `--allow-run`) counts as alive too: a lock is never
- * broken on a guess.
+ * another user, so it counts as alive.
  *
  * @param pid the process id
  * @returns `false` only when the process certainly does not exist
+ * @throws {Error} when the runtime cannot tell (Deno without `--allow-run`:
+ *   `NotCapable`); a lock must never be broken on a guess
  */
 export async function isProcessAlive(pid: number): Promise<boolean> {
   if (!Number.isInteger(pid) || pid <= 0) return false;
@@ -236,6 +241,9 @@ export async function isProcessAlive(pid: number): Promise<boolean> {
     (await proc()).kill(pid, 0);
     return true;
   } catch (error) {
-    return errorCode(error) !== "ESRCH";
+    const code = errorCode(error);
+    if (code === "ESRCH") return false;
+    if (code === "EPERM") return true;
+    throw error;
   }
 }
