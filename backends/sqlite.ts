@@ -424,7 +424,8 @@ class Connection {
   stmt(sql: string): SqliteStatement {
     let statement = this.#statements.get(sql);
     if (!statement) {
-      statement = this.#db!.prepare(sql);
+      if (!this.#db) throw new Error(`SQLite file ${JSON.stringify(this.file)} was closed during the operation`);
+      statement = this.#db.prepare(sql);
       this.#statements.set(sql, statement);
     }
     return statement;
@@ -1006,17 +1007,18 @@ let adopted: Connection | undefined;
  *
  * const backend = new SQLiteDurability({ file: "./data/journal.db" });
  * await backend.open();
+ * const id = crypto.randomUUID(); // the provider's message id
  * await backend.inbox.admit({
- *   id: "m1",
+ *   id,
  *   kind: "message",
  *   chatId: "c1",
  *   provider: "test",
  *   payload: { text: "hi" },
  *   receivedAt: Date.now(),
  * });
- * const [record] = await backend.inbox.claimDue({ owner: "host/bot/1", incarnation: "a", leaseMs: 60_000, limit: 10 });
- * await backend.inbox.complete(record.id, record.lease!.token);
- * console.log((await backend.inbox.get("m1"))?.state); // "done"
+ * const record = await backend.inbox.claim(id, { owner: "host/bot/1", incarnation: "a", leaseMs: 60_000 });
+ * await backend.inbox.complete(id, record!.lease!.token);
+ * console.log((await backend.inbox.get(id))?.state); // "done"
  * await backend.close();
  * ```
  */
