@@ -44,7 +44,7 @@ import {
   StaleLeaseError,
 } from "../src/backend.ts";
 import { MemoryDurability, type MemoryRecords } from "./memory.ts";
-import { delay, hostname } from "../src/runtime/mod.ts";
+import { delay, hostname, randomId } from "../src/runtime/mod.ts";
 import {
   createExclusive,
   currentPid,
@@ -147,12 +147,24 @@ interface LockInfo {
   pid: number;
   hostname?: string;
   startedAt?: string;
+  /** Random per lock taken: tells this process's own locks from a previous process's with the same pid. */
+  nonce?: string;
 }
 
 /** Files open in this process (absolute path → backend), shared by every copy of this module. */
 const OPEN_FILES: Map<string, object> = ((globalThis as Record<symbol, unknown>)[
   Symbol.for("@botmesh/durable/file:open-files")
 ] ??= new Map<string, object>()) as Map<string, object>;
+
+/**
+ * Nonces of the lock files this process holds (shared by every copy of this
+ * module). A lock file with this process's pid whose nonce is not here is
+ * stale (a previous process that had the same pid); one whose nonce is here is
+ * held through another spelling of the path (a symlink).
+ */
+const HELD_LOCKS: Set<string> = ((globalThis as Record<symbol, unknown>)[
+  Symbol.for("@botmesh/durable/file:held-locks")
+] ??= new Set<string>()) as Set<string>;
 
 /** An operation waiting for the state it observed (`target`) to be on disk. */
 interface Waiter {
@@ -273,6 +285,8 @@ export class FileDurability implements DurabilityBackend {
   #lifecycle: Promise<unknown> = Promise.resolve();
   /** Let go by {@link simulateCrash}: never used again. */
   #crashed = false;
+  /** The nonce written in our lock file while we hold it. */
+  #lockNonce: string | null = null;
   /** Bumped after each change (heartbeats excepted). */
   #version = 0;
   /** The version on disk. */
@@ -377,7 +391,7 @@ export class FileDurability implements DurabilityBackend {
     let locked = false;
     try {
       await ensureDir(await dirName(file));
-      await acquireLock(file);
+      this.#lockNonce = await acquireLock(file);
       locked = true;
       // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
       await removeFile(`${file}.tmp`);
@@ -393,7 +407,7 @@ export class FileDurability implements DurabilityBackend {
       this.#refs = 1;
     } catch (error) {
       this.#mem = null;
-      if (locked) await removeFile(`${file}.lock`).catch(() => {});
+      if (locked) await this.#releaseLock(file).catch(() => {});
       if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
       throw error;
     }
@@ -417,12 +431,22 @@ export class FileDurability implements DurabilityBackend {
       this.#mem = null;
       this.#writing ??= this.#writeLoop(); // rejects operations that slipped in after a failed final rewrite
       try {
-        await removeFile(`${file}.lock`);
+        await this.#releaseLock(file);
       } finally {
         if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
       }
     }
     if (failure !== null) throw failure;
+  }
+
+  async #releaseLock(file: string): Promise<void> {
+    const nonce = this.#lockNonce;
+    this.#lockNonce = null;
+    if (nonce === null) return;
+    HELD_LOCKS.delete(nonce);
+    // Only our own lock file: never one that someone else took after deleting ours by hand.
+    const bytes = await readFileBytes(`${file}.lock`);
+    if (bytes !== null && parseLock(new TextDecoder().decode(bytes))?.nonce === nonce) await removeFile(`${file}.lock`);
   }
 
   /** The state; throws when the backend is not open. */
@@ -529,6 +553,8 @@ export class FileDurability implements DurabilityBackend {
     for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
     if (this.#writing !== null) await this.#writing; // a write under way finishes, as the kernel would finish a rename
     this.#mem = null;
+    if (this.#lockNonce !== null) HELD_LOCKS.delete(this.#lockNonce); // the lock file stays, as after a kill
+    this.#lockNonce = null;
     if (this.#file !== undefined && OPEN_FILES.get(this.#file) === this) OPEN_FILES.delete(this.#file);
   }
 }
@@ -642,28 +668,39 @@ class FileOutbox implements OutboxJournal {
 // The lock file
 
 /**
- * Takes `<file>.lock` (`O_EXCL`), breaking a stale one: its pid is dead, or
- * it is this process's pid (the in-process registry, checked before, says
- * this process does not hold it: a restart that got the same pid).
+ * Takes `<file>.lock` (`O_EXCL`) and returns the nonce written in it. A stale
+ * lock is broken: its pid is dead, or it is this process's pid with a nonce
+ * this process does not hold (a restart that got the same pid, e.g. pid 1 in
+ * a container).
  */
-async function acquireLock(file: string): Promise<void> {
+async function acquireLock(file: string): Promise<string> {
   const lockPath = `${file}.lock`;
   const pid = await currentPid();
-  const mine = JSON.stringify({ pid, hostname: await hostname(), startedAt: new Date().toISOString() });
+  const nonce = randomId();
+  const mine = JSON.stringify({ pid, hostname: await hostname(), startedAt: new Date().toISOString(), nonce });
   let unreadable = 0;
   for (let attempt = 0; attempt < 20; attempt++) {
-    if (await createExclusive(lockPath, mine)) return;
+    if (await createExclusive(lockPath, mine)) {
+      HELD_LOCKS.add(nonce);
+      return nonce;
+    }
     const bytes = await readFileBytes(lockPath);
     if (bytes === null) continue; // released meanwhile
-    const text = new TextDecoder().decode(bytes);
-    const holder = parseLock(text);
+    const holder = parseLock(new TextDecoder().decode(bytes));
     if (holder === null) {
       // Its creator may be writing it right now; one that stays empty was left by a crash right after creation.
       if (++unreadable <= 3) {
         await delay(50);
         continue;
       }
-    } else if (holder.pid !== pid && (await holderAlive(lockPath, holder.pid))) {
+    } else if (holder.pid === pid) {
+      if (holder.nonce !== undefined && HELD_LOCKS.has(holder.nonce)) {
+        throw new Error(
+          `FileDurability: ${file} is already open in this process (through another path to the same file); ` +
+            `close that one first (lock file ${lockPath})`,
+        );
+      }
+    } else if (await holderAlive(lockPath, holder.pid)) {
       throw new FileLockedError(file, lockPath, holder);
     }
     // Stale: delete it unless it changed since we read it (another process took it meanwhile).
@@ -694,6 +731,7 @@ function parseLock(text: string): LockInfo | null {
       pid: value.pid!,
       hostname: typeof value.hostname === "string" ? value.hostname : undefined,
       startedAt: typeof value.startedAt === "string" ? value.startedAt : undefined,
+      nonce: typeof value.nonce === "string" ? value.nonce : undefined,
     };
   } catch {
     return null;

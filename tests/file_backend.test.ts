@@ -1,5 +1,5 @@
 import { afterEach, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { FileCorruptError, FileDurability, FileLockedError, simulateCrash } from "../backends/file.ts";
@@ -163,6 +163,18 @@ describe("the lock", () => {
     await first.close();
     await second.open();
     expect((await second.inbox.get("m1"))?.state).toBe("pending");
+  });
+
+  test("the same file through a symlinked directory is recognised as already open", async () => {
+    const dir = tempDir();
+    mkdirSync(join(dir, "real"));
+    symlinkSync(join(dir, "real"), join(dir, "link"));
+    const first = await openAt(join(dir, "real", "bot.json"));
+    const second = backendAt(join(dir, "link", "bot.json"));
+    expect((await rejection(second.open())).message).toMatch(/already open in this process \(through another path/);
+    expect(JSON.parse(readFileSync(join(dir, "real", "bot.json.lock"), "utf8")).pid).toBe(process.pid);
+    await first.close();
+    await second.open();
   });
 
   test("a lock left by a dead process is broken at once", async () => {
