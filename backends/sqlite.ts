@@ -26,7 +26,13 @@
  *   `store.close()`. Its durability backend shares that connection.
  *
  * ## Durability and concurrency
- * - WAL journal mode, `busy_timeout` (`busyTimeoutMs`, 5 s default).
+ * - WAL journal mode, `busy_timeout` (`busyTimeoutMs`, 5 s default). The
+ *   drivers are synchronous: while another process holds the write lock, a
+ *   write waits on this thread (up to `busyTimeoutMs`, then rejects with
+ *   "database is locked"). Transactions here are short (a purge deletes
+ *   1000 rows per transaction), so waits are short too.
+ * - Processes sharing a file must each have their own `instanceId` (set it
+ *   explicitly): two live processes with one id take each other's leases.
  * - `synchronous=FULL` by default: a committed change survives a power loss
  *   or an OS crash, at the cost of one fsync of the WAL per commit. With
  *   `synchronous: "normal"` commits are not fsynced (the WAL is, at each

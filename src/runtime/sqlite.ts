@@ -161,7 +161,7 @@ export async function openSqlite(file: string, driver: SqliteDriverName | "auto"
     return wrap(name, new Database(file));
   }
   const hint = driver === "auto" && runtimeGlobals.Bun === undefined && runtimeGlobals.Deno === undefined
-    ? "install better-sqlite3 (npm install better-sqlite3), or run on Node 22.5 or later (node:sqlite)"
+    ? "install better-sqlite3 (npm install better-sqlite3), or run on Node 22.13 or later (node:sqlite; 22.5 with --experimental-sqlite)"
     : driver === "better-sqlite3"
     ? "install better-sqlite3 (npm install better-sqlite3)"
     : `use a runtime that has ${driver === "auto" ? "a SQLite driver" : driver}`;
