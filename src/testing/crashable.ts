@@ -91,6 +91,13 @@ export interface CrashableBackend extends DurabilityBackend {
   readonly crashedAt: CrashPoint | undefined;
   /** How often each point was reached. */
   readonly hits: Readonly<Record<string, number>>;
+  /**
+   * Operations that were under way when the process died and took effect in
+   * the backend afterwards (a real write in flight at the crash): the dead
+   * process never saw them succeed, so it never acted on them (no event).
+   * `id` is the record id or outbox key the operation was called with.
+   */
+  readonly landedAfterCrash: readonly { point: CrashPoint; id: string }[];
   /** Run `fn` as the step `point` (used by {@link CrashableProvider} for `'provider.send'`). */
   step<T>(point: CrashPoint, fn: () => Promise<T>): Promise<T>;
 }
@@ -118,6 +125,7 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
   const hits: Record<string, number> = {};
   let crashedAt: CrashPoint | undefined;
   let crashed = false;
+  const landedAfterCrash: { point: CrashPoint; id: string }[] = [];
 
   const die = (point: CrashPoint, when: "before" | "after"): never => {
     crashed = true;
@@ -125,7 +133,7 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
     throw new SimulatedCrash(point, when);
   };
 
-  const step = async <T>(point: CrashPoint | null, fn: () => Promise<T>): Promise<T> => {
+  const step = async <T>(point: CrashPoint | null, fn: () => Promise<T>, id?: unknown): Promise<T> => {
     if (crashed) throw new SimulatedCrash(crashedAt, "dead");
     let plan: { when: "before" | "after"; at: number } | undefined;
     if (point !== null) {
@@ -138,7 +146,11 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
       if (plan?.when === "before") die(point, "before");
     }
     const result = await fn();
-    if (crashed) throw new SimulatedCrash(crashedAt, "dead"); // the process died while this was under way
+    if (crashed) {
+      // The process died while this was under way: it took effect, but nobody saw it.
+      if (point !== null && typeof id === "string") landedAfterCrash.push({ point, id });
+      throw new SimulatedCrash(crashedAt, "dead");
+    }
     if (plan?.when === "after") die(point!, "after");
     return result;
   };
@@ -147,7 +159,13 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
     const wrapped = {} as Record<string, unknown>;
     for (const method of Object.keys(points) as (keyof J & string)[]) {
       wrapped[method] = (...args: unknown[]) =>
-        step(points[method], () => (journal[method] as (...a: unknown[]) => Promise<unknown>).apply(journal, args));
+        step(
+          points[method],
+          () => (journal[method] as (...a: unknown[]) => Promise<unknown>).apply(journal, args),
+          typeof args[0] === "object" && args[0] !== null
+            ? ((args[0] as { id?: unknown; key?: unknown }).id ?? (args[0] as { key?: unknown }).key)
+            : args[0],
+        );
     }
     return wrapped as J;
   };
@@ -173,6 +191,7 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
     get crashed() {
       return crashed;
     },
+    landedAfterCrash,
     get crashedAt() {
       return crashedAt;
     },
