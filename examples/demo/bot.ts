@@ -17,7 +17,7 @@
  *   `<data>/ambiguous.jsonl`): the channel's files and where
  *   `durability:ambiguous` events are appended, one JSON line each.
  * - `--lease-ms <n>` (default 60000): inbox and outbox lease.
- * - `--think-ms <n>`: how long the handler "thinks" mid-message (default: 0–20
+ * - `--think-ms <n>`: how long the handler "thinks" mid-message (default: 10–100
  *   ms, derived from the message id, so kills land mid-work).
  * - `--latency-ms <n>` (default 2): channel latency per send (half before the
  *   line is written, half after: a kill can land on either side).
@@ -93,7 +93,7 @@ function hash01(id: string): number {
   for (let i = 0; i < id.length; i++) h = Math.imul(h ^ id.charCodeAt(i), 16777619);
   return (h >>> 0) / 2 ** 32;
 }
-const think = (id: string) => new Promise((r) => setTimeout(r, thinkMs ?? Math.floor(hash01(id) * 20)));
+const think = (id: string) => new Promise((r) => setTimeout(r, thinkMs ?? 10 + Math.floor(hash01(id) * 90)));
 
 bot.when(/twice/, async (ctx) => {
   await ctx.reply(`echo: ${ctx.message.text}`);
@@ -117,7 +117,7 @@ function emit(type: string, extra: Record<string, unknown> = {}): void {
 const metrics = () => ({ ...bot.durability!.metrics(), channel: channel.stats });
 
 await bot.start();
-emit("ready", { backend: backendName });
+emit("ready", { backend: backendName, metrics: metrics() }); // after recovery: start() ran the first sweep
 if (args["metrics-ms"] !== undefined) {
   setInterval(() => emit("metrics", { metrics: metrics() }), num("metrics-ms", 200));
 }
