@@ -22,6 +22,8 @@
  * - `--latency-ms <n>` (default 2): channel latency per send (half before the
  *   line is written, half after: a kill can land on either side).
  * - `--metrics-ms <n>`: also print the metrics every n ms.
+ * - `--hang-sends <regex>`: sends whose idempotency key matches never reach
+ *   the channel: the call hangs (for tests of a process killed mid-send).
  *
  * Handlers: a message whose text contains "twice" gets two replies with a think
  * in between; any other message one reply after a think. Replies are
@@ -40,7 +42,7 @@
 import { stat } from "node:fs/promises";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
-import { ANY, Bot, type DurabilityBackend, type SessionStore } from "../../mod.ts";
+import { ANY, Bot, type DurabilityBackend, type Provider, type SessionStore } from "../../mod.ts";
 import { FileDurability } from "../../backends/file.ts";
 import { SQLiteStore } from "../../backends/sqlite.ts";
 import { FileChannel, openJsonLinesAppender } from "../file_channel.ts";
@@ -76,8 +78,19 @@ const channel = new FileChannel({
 });
 const events = await openJsonLinesAppender(args.events ?? join(data, "ambiguous.jsonl"));
 
+const hangSends = args["hang-sends"] === undefined ? undefined : new RegExp(args["hang-sends"]);
+/** The channel, or a wrapper whose matching sends hang forever (the outbox lease stays held). */
+const provider: Provider = hangSends === undefined ? channel : {
+  name: channel.name,
+  connectionId: channel.connectionId,
+  start: (sink) => channel.start(sink),
+  stop: () => channel.stop(),
+  send: (chatId, content, context) =>
+    hangSends.test(context.idempotencyKey) ? new Promise(() => {}) : channel.send(chatId, content, context),
+};
+
 const bot = new Bot({
-  provider: channel,
+  provider,
   store: store as SessionStore | undefined,
   durability: {
     backend,
