@@ -148,6 +148,10 @@ const SESSION_SWEEP_MS = 60_000;
 const PURGE_BATCH = 1000;
 /** Expired session values deleted per sweep statement. */
 const SESSION_SWEEP_BATCH = 500;
+/** Most operations one group commit carries, so that other processes get the write lock in between. */
+const MAX_BATCH_OPS = 256;
+/** A batch takes no further operation once it has held the write lock this long (ms). */
+const MAX_BATCH_MS = 5;
 
 interface Resolved {
   file: string;
@@ -353,6 +357,37 @@ function migrate(db: SqliteDatabase, p: string, file: string): void {
 
 // ---- the connection ----------------------------------------------------------
 
+/**
+ * Counters of a connection's write transactions (shared by a store and its
+ * durability backend), since the instance was created.
+ */
+export interface SQLiteStats {
+  /** Group commits: transactions committed, each one fsync under `synchronous: "full"`. */
+  commits: number;
+  /** Write operations carried by committed transactions (including those rolled back alone to their savepoint). */
+  operations: number;
+  /** Batches that could not begin or commit (each of their operations rejected, none took effect). */
+  failedBatches: number;
+  /** The most operations one transaction carried. */
+  largestBatch: number;
+}
+
+/** A write operation waiting for its batch. */
+interface PendingOp {
+  work: (now: number) => unknown;
+  resolve: (value: unknown) => void;
+  reject: (error: unknown) => void;
+}
+
+/** The savepoint each operation of a batch runs in. */
+const SAVEPOINT = "botmesh_op";
+
+/** Runs `fn` on the next turn of the event loop (after the pending microtasks). */
+const defer: (fn: () => void) => void = (() => {
+  const immediate = (globalThis as { setImmediate?: (fn: () => void) => unknown }).setImmediate;
+  return typeof immediate === "function" ? (fn) => void immediate(fn) : (fn) => void setTimeout(fn, 0);
+})();
+
 /** One database connection, shared by a store and its backend, opened while anyone holds it. */
 class Connection {
   readonly options: Resolved;
@@ -360,6 +395,10 @@ class Connection {
   #refs = 0;
   #queue: Promise<unknown> = Promise.resolve();
   #statements = new Map<string, SqliteStatement>();
+  /** Write operations waiting for the next batch, in call order. */
+  #pending: PendingOp[] = [];
+  #scheduled = false;
+  #stats: SQLiteStats = { commits: 0, operations: 0, failedBatches: 0, largestBatch: 0 };
 
   constructor(options: Resolved) {
     this.options = options;
@@ -394,6 +433,8 @@ class Connection {
     return this.#serial(() => {
       if (this.#refs === 0) return;
       if (--this.#refs > 0) return;
+      // What was queued before the close still commits.
+      this.#drain();
       const db = this.#db;
       this.#db = null;
       this.#statements.clear();
@@ -437,22 +478,133 @@ class Connection {
     return statement;
   }
 
-  /** Runs `work` in a `BEGIN IMMEDIATE` transaction with the host clock read once the write lock is held. */
-  tx<T>(work: (now: number) => T): T {
-    this.stmt("BEGIN IMMEDIATE").run();
-    let result: T;
+  /** Counters of this connection's write transactions (see {@link SQLiteStats}). */
+  get stats(): SQLiteStats {
+    return { ...this.#stats };
+  }
+
+  /**
+   * Queues a write operation for the next group commit and resolves with
+   * what `work` returned once the transaction that ran it has committed.
+   *
+   * `work` runs synchronously inside a `BEGIN IMMEDIATE` transaction (the
+   * write lock is held), in its own `SAVEPOINT`, with the host clock read
+   * when its turn comes. When it throws, only its own changes are rolled
+   * back and only its promise rejects (after the commit, with its error).
+   * When the batch cannot begin or commit, every operation of it rejects with
+   * an error naming the file and none of them took effect.
+   */
+  write<T>(work: (now: number) => T): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      if (!this.#db) {
+        reject(new Error(`SQLite file ${JSON.stringify(this.file)} is closed`));
+        return;
+      }
+      this.#pending.push({ work, resolve: resolve as (value: unknown) => void, reject });
+      this.#schedule();
+    });
+  }
+
+  /** Flushes on the next turn of the event loop, so that every operation queued in this one joins the batch. */
+  #schedule(): void {
+    if (this.#scheduled || this.#pending.length === 0) return;
+    this.#scheduled = true;
+    defer(() => {
+      this.#scheduled = false;
+      this.#flush();
+      // What the batch cap left for later (operations queued by the batch's
+      // continuations come after the microtasks, and schedule themselves).
+      this.#schedule();
+    });
+  }
+
+  /** Commits the queued operations now, batch after batch, until none is left (before closing). */
+  #drain(): void {
+    while (this.#pending.length > 0) this.#flush();
+  }
+
+  /** Runs one batch: up to {@link MAX_BATCH_OPS} queued operations (or {@link MAX_BATCH_MS}) in one transaction. */
+  #flush(): void {
+    if (this.#pending.length === 0) return;
+    if (!this.#db) {
+      const ops = this.#pending.splice(0);
+      for (const op of ops) op.reject(new Error(`SQLite file ${JSON.stringify(this.file)} was closed during the operation`));
+      return;
+    }
     try {
-      result = work(Date.now());
+      this.stmt("BEGIN IMMEDIATE").run();
     } catch (error) {
+      // Typically SQLITE_BUSY: another connection held the write lock for longer than busyTimeoutMs.
+      // Everything queued waited for that lock: it all fails, and nothing of it was applied.
+      const ops = this.#pending.splice(0);
+      this.#stats.failedBatches++;
+      for (const op of ops) op.reject(this.#batchError("could not begin a transaction", ops.length, error));
+      return;
+    }
+    const started = performance.now();
+    const ran: { op: PendingOp; ok: boolean; value: unknown }[] = [];
+    let lost: unknown = undefined;
+    let taken = 0;
+    while (
+      taken < this.#pending.length && ran.length < MAX_BATCH_OPS &&
+      (ran.length === 0 || performance.now() - started < MAX_BATCH_MS)
+    ) {
+      const op = this.#pending[taken++];
+      try {
+        this.stmt(`SAVEPOINT ${SAVEPOINT}`).run();
+        const value = op.work(Date.now());
+        this.stmt(`RELEASE ${SAVEPOINT}`).run();
+        ran.push({ op, ok: true, value });
+      } catch (error) {
+        try {
+          this.stmt(`ROLLBACK TO ${SAVEPOINT}`).run();
+          this.stmt(`RELEASE ${SAVEPOINT}`).run();
+          ran.push({ op, ok: false, value: error });
+        } catch {
+          // SQLite rolled the whole transaction back (an I/O error, disk full, RAISE(ROLLBACK)).
+          op.reject(error);
+          lost = error;
+          break;
+        }
+      }
+    }
+    this.#pending.splice(0, taken);
+    if (lost === undefined) {
+      try {
+        this.stmt("COMMIT").run();
+      } catch (error) {
+        lost = error;
+      }
+    }
+    if (lost !== undefined) {
       try {
         this.stmt("ROLLBACK").run();
       } catch {
         // The transaction is gone already.
       }
-      throw error;
+      this.#stats.failedBatches++;
+      // Operations after the one that lost the transaction were not run: they go in the next batch.
+      for (const { op, ok, value } of ran) {
+        op.reject(ok ? this.#batchError("the transaction failed", ran.length, lost) : value);
+      }
+      return;
     }
-    this.stmt("COMMIT").run();
-    return result;
+    this.#stats.commits++;
+    this.#stats.operations += ran.length;
+    if (ran.length > this.#stats.largestBatch) this.#stats.largestBatch = ran.length;
+    for (const { op, ok, value } of ran) {
+      if (ok) op.resolve(value);
+      else op.reject(value);
+    }
+  }
+
+  #batchError(what: string, count: number, cause: unknown): Error {
+    const message = cause instanceof Error ? cause.message : String(cause);
+    const ops = count === 1 ? "its operation" : `its ${count} operations`;
+    return new Error(
+      `SQLite file ${JSON.stringify(this.file)}: ${what}, none of ${ops} took effect: ${message}`,
+      { cause },
+    );
   }
 }
 
@@ -569,7 +721,8 @@ interface Gate {
 
 /**
  * Deletes what `sql` picks (its one parameter is the cutoff time), at most
- * {@link PURGE_BATCH} rows per transaction, yielding between transactions so
+ * {@link PURGE_BATCH} rows per step. Each step is one write operation (of a
+ * group commit) and is queued only once the previous one has committed, so
  * that a large purge never holds the write lock for long (other processes
  * would run into their busy timeout) nor blocks this one's event loop.
  */
@@ -578,10 +731,9 @@ async function purgeInBatches(gate: Gate, olderThanMs: number, sql: string): Pro
   let total = 0;
   for (;;) {
     const c = await gate.ready();
-    const n = c.tx((now) => c.stmt(sql).run(cutoff ??= now - olderThanMs).changes);
+    const n = await c.write((now) => c.stmt(sql).run(cutoff ??= now - olderThanMs).changes);
     total += n;
     if (n < PURGE_BATCH) return total;
-    await new Promise((resolve) => setTimeout(resolve, 0));
   }
 }
 
@@ -633,7 +785,7 @@ class SqliteInbox implements InboxJournal {
     change: (record: InboundRecord, now: number) => InboundRecord,
   ): Promise<boolean> {
     const c = await this.#gate.ready();
-    return c.tx((now) => {
+    return c.write((now) => {
       const cur = this.#select(c, id);
       if (!cur || !isLeasedWith(cur, token)) return false;
       return this.#update(c, cur, change(cur, now));
@@ -643,7 +795,7 @@ class SqliteInbox implements InboxJournal {
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     const c = await this.#gate.ready();
     const payload = JSON.stringify(record.payload);
-    return c.tx((now) => {
+    return c.write((now) => {
       const next = newInboundRecord({ ...record, payload: null }, now, lease);
       const { changes } = c.stmt(
         `INSERT INTO ${this.#t} (id, kind, chat_id, provider, payload, received_at, state, attempts,
@@ -671,7 +823,7 @@ class SqliteInbox implements InboxJournal {
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
     const c = await this.#gate.ready();
-    return c.tx((now) => {
+    return c.write((now) => {
       const cur = this.#select(c, id);
       if (!cur || !isInboxClaimable(cur, now, options)) return null;
       const next = claimedInbound(cur, now, options);
@@ -682,7 +834,7 @@ class SqliteInbox implements InboxJournal {
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     const c = await this.#gate.ready();
     if (!(options.limit > 0)) return [];
-    return c.tx((now) => {
+    return c.write((now) => {
       // Due records, oldest first; this incarnation's own lapsed leases are not claimable by it.
       const rows = c.stmt(
         `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
@@ -741,7 +893,7 @@ class SqliteInbox implements InboxJournal {
 
   async replay(id: string): Promise<boolean> {
     const c = await this.#gate.ready();
-    return c.tx((now) => {
+    return c.write((now) => {
       const cur = this.#select(c, id);
       const next = cur && replayedInbound(cur, now);
       return next ? this.#update(c, cur, next) : false;
@@ -826,7 +978,7 @@ class SqliteOutbox implements OutboxJournal {
   /** A change that is fenced by `token`. */
   async #fenced(key: string, token: number, change: (entry: OutboxEntry, now: number) => OutboxEntry): Promise<boolean> {
     const c = await this.#gate.ready();
-    return c.tx((now) => {
+    return c.write((now) => {
       const cur = this.#select(c, key);
       if (!cur || !isLeasedWith(cur, token)) return false;
       return this.#update(c, cur, change(cur, now));
@@ -836,7 +988,7 @@ class SqliteOutbox implements OutboxJournal {
   async reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     const c = await this.#gate.ready();
     const content = JSON.stringify(input.content);
-    return c.tx((now): ReserveResult => {
+    return c.write((now): ReserveResult => {
       const existing = this.#select(c, input.key);
       if (existing) return { status: "exists", entry: existing };
       const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) LIMIT 1`)
@@ -871,7 +1023,7 @@ class SqliteOutbox implements OutboxJournal {
 
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     const c = await this.#gate.ready();
-    return c.tx((now) => {
+    return c.write((now) => {
       const due: OutboxEntry[] = [];
       const ambiguous: OutboxEntry[] = [];
 
@@ -961,7 +1113,7 @@ class SqliteOutbox implements OutboxJournal {
 
   async retry(key: string): Promise<boolean> {
     const c = await this.#gate.ready();
-    return c.tx((now) => {
+    return c.write((now) => {
       const cur = this.#select(c, key);
       const next = cur && requeuedOutbox(cur, now);
       if (!next) return false;
@@ -976,7 +1128,7 @@ class SqliteOutbox implements OutboxJournal {
 
   async discard(key: string): Promise<boolean> {
     const c = await this.#gate.ready();
-    return c.tx(() => {
+    return c.write(() => {
       const cur = this.#select(c, key);
       if (!cur || cur.state === "sending") return false;
       c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND state <> 'sending'`).run(key);
@@ -1073,6 +1225,14 @@ export class SQLiteDurability implements DurabilityBackend {
     return this.#opens > 0;
   }
 
+  /**
+   * Counters of the group commits on this backend's connection (shared with
+   * its {@link SQLiteStore} when it came from `store.durability()`): a snapshot.
+   */
+  get stats(): SQLiteStats {
+    return this.#conn.stats;
+  }
+
   /** The driver in use while open (`"bun:sqlite"`, `"node:sqlite"`, `"better-sqlite3"`), else `null`. */
   get driver(): SqliteDriverName | null {
     return this.#conn.db?.driver ?? null;
@@ -1152,6 +1312,11 @@ export class SQLiteStore implements SessionStore {
     return this.#conn.db?.driver ?? null;
   }
 
+  /** Counters of the group commits on the store's connection (shared with its `durability()` backend): a snapshot. */
+  get stats(): SQLiteStats {
+    return this.#conn.stats;
+  }
+
   /**
    * The durability backend journaling in this store's file, over the same
    * connection (one instance per store). Open and close it like any backend;
@@ -1208,7 +1373,9 @@ export class SQLiteStore implements SessionStore {
     const row = c.stmt(`SELECT value, expires_at FROM ${this.#t} WHERE key = ?`).get(key);
     if (!row) return undefined;
     if (row.expires_at !== null && num(row.expires_at) <= Date.now()) {
-      c.tx((now) => c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND expires_at <= ?`).run(key, now));
+      // Deleted with the next group commit; best effort: an expired value is never returned, deleted or not.
+      await c.write((now) => c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND expires_at <= ?`).run(key, now))
+        .catch(() => {});
       return undefined;
     }
     return JSON.parse(String(row.value)) as JsonValue;
@@ -1223,7 +1390,7 @@ export class SQLiteStore implements SessionStore {
     const text = JSON.stringify(value);
     if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
     const c = await this.#ready();
-    c.tx((now) => {
+    await c.write((now) => {
       c.stmt(
         `INSERT INTO ${this.#t} (key, value, expires_at) VALUES (?, ?, ?)
         ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at`,
@@ -1238,7 +1405,7 @@ export class SQLiteStore implements SessionStore {
   /** Deletes `key`. */
   async delete(key: string): Promise<void> {
     const c = await this.#ready();
-    c.tx(() => c.stmt(`DELETE FROM ${this.#t} WHERE key = ?`).run(key));
+    await c.write(() => c.stmt(`DELETE FROM ${this.#t} WHERE key = ?`).run(key));
   }
 
   /** Deletes every expired value now. @returns how many */
@@ -1246,7 +1413,7 @@ export class SQLiteStore implements SessionStore {
     const c = await this.#ready();
     let total = 0;
     for (;;) {
-      const n = c.tx((now) => this.#sweep(c, now));
+      const n = await c.write((now) => this.#sweep(c, now));
       total += n;
       if (n < SESSION_SWEEP_BATCH) return total;
     }
