@@ -1,5 +1,6 @@
 /**
- * The crash demo: `npm run demo` (or `bun examples/demo/main.ts`).
+ * The crash demo: `npm run demo` (or `bun examples/demo/main.ts`, or
+ * `deno run -A examples/demo/main.ts`).
  *
  * Streams a few hundred messages from many chats into a file channel
  * (`examples/file_channel.ts`) at a steady pace, runs the bot
@@ -120,6 +121,7 @@ const runs: Child[] = [];
 
 async function startBot(): Promise<Child> {
   const proc = spawn(process.execPath, [
+    ...("Deno" in globalThis ? ["run", "-A"] : []), // the bot runs on the demo's runtime (Bun, or Deno)
     BOT,
     "--backend", backend,
     "--data", data,
@@ -276,6 +278,10 @@ row(
 );
 row("crashes (SIGKILL)", crashes, `${runs.length} runs of the bot`);
 row("time taken", `${(took / 1000).toFixed(1)} s`);
+if (ambiguous.length) {
+  console.log("  (ambiguous: killed during the channel call, before the result was recorded; the bot cannot");
+  console.log("   know whether it went out, so it reports it (durability:ambiguous) instead of guessing)");
+}
 console.log("");
 const show = (m: Record<string, number>) =>
   Object.entries(m).filter(([, v]) => v !== 0).map(([k, v]) => `${k} ${v}`).join(", ") || "all zero";
