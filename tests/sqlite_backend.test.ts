@@ -1,5 +1,5 @@
 // SQLite-specific tests: several connections (processes) on one file, the session store,
-// open/close semantics, schema versions and migrations, query plans, options, bad files.
+// group commit, open/close semantics, schema versions and migrations, query plans, options, bad files.
 import { afterAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
@@ -186,6 +186,245 @@ console.log(JSON.stringify({ inbox, outbox }));
     expect((await check.outbox.list({ state: "sent", limit: 1000 })).length).toBe(n);
     await check.close();
   }, 30_000);
+});
+
+describe("sqlite: group commit", () => {
+  test("concurrent operations share one transaction, and each resolves only once it is committed", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    const before = backend.stats;
+    const raw = new Database(file);
+    const visible = (id: string) => raw.prepare("SELECT 1 AS x FROM botmesh_inbox WHERE id = ?").get(id) !== null;
+    const n = 100;
+    const seenCommitted: boolean[] = [];
+    await Promise.all(
+      Array.from({ length: n }, (_, i) =>
+        backend.inbox.admit(inbound(`m${i}`)).then((r) => {
+          expect(r?.id).toBe(`m${i}`);
+          seenCommitted.push(visible(`m${i}`)); // another connection sees it: committed
+        })),
+    );
+    expect(seenCommitted).toEqual(new Array(n).fill(true));
+    const after = backend.stats;
+    expect(after.commits - before.commits).toBeLessThanOrEqual(2);
+    expect(after.operations - before.operations).toBe(n);
+    expect(after.largestBatch).toBeGreaterThanOrEqual(n / 2);
+    expect(after.failedBatches).toBe(0);
+    // Sequential operations still commit one by one.
+    await backend.inbox.admit(inbound("s1"));
+    await backend.inbox.admit(inbound("s2"));
+    expect(backend.stats.commits).toBe(after.commits + 2);
+    raw.close();
+    await backend.close();
+  });
+
+  test("a batch carries at most 256 operations", async () => {
+    const backend = new SQLiteDurability({ file: tempFile(), synchronous: "normal" });
+    await backend.open();
+    const before = backend.stats;
+    await Promise.all(Array.from({ length: 600 }, (_, i) => backend.inbox.admit(inbound(`m${i}`))));
+    const after = backend.stats;
+    expect(after.largestBatch).toBeLessThanOrEqual(256);
+    expect(after.commits - before.commits).toBeGreaterThanOrEqual(3);
+    expect(after.commits - before.commits).toBeLessThan(60);
+    expect((await backend.inbox.list({ limit: 1000 })).length).toBe(600);
+    await backend.close();
+  });
+
+  test("a stale token rejects alone; the others of its batch commit", async () => {
+    const backend = new SQLiteDurability({ file: tempFile() });
+    await backend.open();
+    await backend.inbox.admit(inbound("held"), lease("A"));
+    await backend.outbox.reserve(outbound("k1"), lease("A"));
+    const before = backend.stats.commits;
+    const results = await Promise.allSettled([
+      backend.inbox.admit(inbound("a1")),
+      backend.inbox.complete("held", 7), // stale: the token is 1
+      backend.outbox.markSent("k1", 1, "msg-1"),
+      backend.outbox.markSent("k1", 1, "again"), // stale by now: k1 is sent
+      backend.inbox.admit(inbound("a2")),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(["fulfilled", "rejected", "fulfilled", "rejected", "fulfilled"]);
+    expect((results[1] as PromiseRejectedResult).reason).toBeInstanceOf(StaleLeaseError);
+    expect((results[3] as PromiseRejectedResult).reason).toBeInstanceOf(StaleLeaseError);
+    expect(backend.stats.commits).toBe(before + 1);
+    expect((await backend.inbox.get("a1"))?.state).toBe("pending");
+    expect((await backend.inbox.get("a2"))?.state).toBe("pending");
+    expect((await backend.inbox.get("held"))?.state).toBe("processing");
+    expect((await backend.outbox.get("k1"))?.messageId).toBe("msg-1");
+    await backend.close();
+  });
+
+  test("an operation failing half way is rolled back to its savepoint; the others of its batch commit", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    await backend.outbox.reserve(outbound("k1", "c1"), lease("A"));
+    await backend.outbox.reserve(outbound("k2", "c1")); // queued behind k1
+    await backend.outbox.reserve(outbound("j1", "c2"), lease("A"));
+    // markSent("k1") updates k1, then makes k2 the due head of c1: that second write fails.
+    const raw = new Database(file);
+    raw.exec(`CREATE TRIGGER fail_head BEFORE UPDATE OF due_at ON botmesh_outbox WHEN NEW.key = 'k2'
+      BEGIN SELECT RAISE(ABORT, 'head update refused'); END`);
+    const before = backend.stats.commits;
+    const results = await Promise.allSettled([
+      backend.inbox.admit(inbound("a1")),
+      backend.outbox.markSent("k1", 1, "msg-k1"),
+      backend.outbox.markSent("j1", 1, "msg-j1"),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(["fulfilled", "rejected", "fulfilled"]);
+    expect(String((results[1] as PromiseRejectedResult).reason.message)).toContain("head update refused");
+    expect(backend.stats.commits).toBe(before + 1);
+    // k1's own first write (state sent) was undone with the rest of the operation.
+    expect((await backend.outbox.get("k1"))?.state).toBe("sending");
+    expect((await backend.outbox.get("k1"))?.messageId).toBeNull();
+    expect((await backend.outbox.get("j1"))?.state).toBe("sent");
+    expect((await backend.inbox.get("a1"))?.state).toBe("pending");
+    raw.exec("DROP TRIGGER fail_head");
+    await backend.outbox.markSent("k1", 1, "msg-k1");
+    expect((await backend.outbox.claimDue({ ...lease("A"), limit: 10 })).due.map((e) => e.key)).toEqual(["k2"]);
+    raw.close();
+    await backend.close();
+  });
+
+  test("an operation that rolls the whole transaction back fails its batch alone; later operations run in the next", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    const raw = new Database(file);
+    raw.exec(`CREATE TRIGGER lose_tx BEFORE INSERT ON botmesh_inbox WHEN NEW.id = 'poison'
+      BEGIN SELECT RAISE(ROLLBACK, 'transaction lost'); END`);
+    const results = await Promise.allSettled([
+      backend.inbox.admit(inbound("before")),
+      backend.inbox.admit(inbound("poison")),
+      backend.inbox.admit(inbound("after")),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(["rejected", "rejected", "fulfilled"]);
+    const lost = (results[0] as PromiseRejectedResult).reason as Error;
+    expect(lost.message).toContain(JSON.stringify(file));
+    expect(lost.message).toContain("transaction lost");
+    expect(String((results[1] as PromiseRejectedResult).reason.message)).toContain("transaction lost");
+    expect(await backend.inbox.get("before")).toBeNull();
+    expect(await backend.inbox.get("poison")).toBeNull();
+    expect((await backend.inbox.get("after"))?.state).toBe("pending");
+    expect(backend.stats.failedBatches).toBe(1);
+    raw.exec("DROP TRIGGER lose_tx");
+    expect(await backend.inbox.admit(inbound("before"))).not.toBeNull();
+    raw.close();
+    await backend.close();
+  });
+
+  test("a batch that cannot begin (write lock held past busyTimeoutMs) rejects whole; nothing of it applied", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file, busyTimeoutMs: 50 });
+    await backend.open();
+    await backend.inbox.admit(inbound("held"), lease("A"));
+    const raw = await openSqlite(file);
+    raw.exec("BEGIN IMMEDIATE");
+    const results = await Promise.allSettled([
+      backend.inbox.admit(inbound("m1")),
+      backend.inbox.complete("held", 1),
+      backend.outbox.reserve(outbound("k1")),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(["rejected", "rejected", "rejected"]);
+    for (const r of results) {
+      const message = String((r as PromiseRejectedResult).reason.message);
+      expect(message).toContain(JSON.stringify(file));
+      expect(message).toMatch(/locked|busy/i);
+    }
+    expect(backend.stats.failedBatches).toBe(1);
+    raw.exec("ROLLBACK");
+    expect(await backend.inbox.get("m1")).toBeNull();
+    expect((await backend.inbox.get("held"))?.state).toBe("processing");
+    expect(await backend.outbox.get("k1")).toBeNull();
+    // Once the lock is free, the same operations work.
+    const [m1] = await Promise.all([
+      backend.inbox.admit(inbound("m1")),
+      backend.inbox.complete("held", 1),
+      backend.outbox.reserve(outbound("k1")),
+    ]);
+    expect(m1?.state).toBe("pending");
+    expect((await backend.inbox.get("held"))?.state).toBe("done");
+    expect((await backend.outbox.get("k1"))?.state).toBe("queued");
+    raw.close();
+    await backend.close();
+  });
+
+  test("a failed COMMIT rejects the whole batch with the file named, applies nothing, and the next batch works", async () => {
+    // Make this connection's COMMIT statement fail on demand (bun:sqlite is the driver here).
+    let failCommit = false;
+    const original = Database.prototype.prepare;
+    Database.prototype.prepare = function (this: Database, sql: string, ...rest: unknown[]) {
+      const statement = (original as (...args: unknown[]) => ReturnType<typeof original>).call(this, sql, ...rest);
+      if (sql !== "COMMIT") return statement;
+      return {
+        run: (...params: unknown[]) => {
+          if (failCommit) throw new Error("disk I/O error (simulated)");
+          return (statement.run as (...args: unknown[]) => unknown)(...params);
+        },
+        get: (...params: unknown[]) => (statement.get as (...args: unknown[]) => unknown)(...params),
+        all: (...params: unknown[]) => (statement.all as (...args: unknown[]) => unknown)(...params),
+      } as unknown as typeof statement;
+    } as typeof original;
+    const file = tempFile();
+    const store = new SQLiteStore({ file });
+    const backend = store.durability();
+    try {
+      await backend.open();
+      await backend.inbox.admit(inbound("held"), lease("A")); // prepares COMMIT through the patch
+    } finally {
+      Database.prototype.prepare = original;
+    }
+    failCommit = true;
+    const results = await Promise.allSettled([
+      backend.inbox.admit(inbound("m1")),
+      backend.inbox.complete("held", 1),
+      store.set("k", 1),
+      backend.outbox.reserve(outbound("k1")),
+    ]);
+    failCommit = false;
+    expect(results.map((r) => r.status)).toEqual(["rejected", "rejected", "rejected", "rejected"]);
+    for (const r of results) {
+      const message = String((r as PromiseRejectedResult).reason.message);
+      expect(message).toContain(JSON.stringify(file));
+      expect(message).toContain("simulated");
+      expect(message).toContain("none of its 4 operations took effect");
+    }
+    expect(await backend.inbox.get("m1")).toBeNull();
+    expect((await backend.inbox.get("held"))?.state).toBe("processing");
+    expect(await store.get("k")).toBeUndefined();
+    expect(await backend.outbox.get("k1")).toBeNull();
+    const raw = new Database(file);
+    expect((raw.prepare("SELECT count(*) AS n FROM botmesh_inbox").get() as { n: number }).n).toBe(1);
+    raw.close();
+    await Promise.all([backend.inbox.admit(inbound("m1")), backend.inbox.complete("held", 1), store.set("k", 1)]);
+    expect((await backend.inbox.get("held"))?.state).toBe("done");
+    expect(await store.get("k")).toBe(1);
+    await backend.close();
+    await store.close();
+  });
+
+  test("session writes join the journals' batch; operations queued before the last close still commit", async () => {
+    const file = tempFile();
+    const store = new SQLiteStore({ file });
+    const backend = store.durability();
+    await backend.open();
+    await store.set("warm", 0);
+    const before = store.stats;
+    await Promise.all([store.set("a", 1), backend.inbox.admit(inbound("m1")), store.delete("warm")]);
+    expect(store.stats.commits).toBe(before.commits + 1);
+    expect(backend.stats).toEqual(store.stats);
+    const pending = [backend.inbox.admit(inbound("m2")), store.set("b", 2)];
+    await store.close();
+    const closing = backend.close();
+    await Promise.all([...pending, closing]);
+    expect(store.driver).toBeNull();
+    const raw = new Database(file);
+    expect(raw.prepare("SELECT id FROM botmesh_inbox WHERE id = 'm2'").get()).toEqual({ id: "m2" });
+    expect(raw.prepare("SELECT value FROM botmesh_session WHERE key = 'b'").get()).toEqual({ value: "2" });
+    raw.close();
+  });
 });
 
 describe("sqlite: open and close", () => {
