@@ -29,22 +29,43 @@
  * - WAL journal mode, `busy_timeout` (`busyTimeoutMs`, 5 s default). The
  *   drivers are synchronous: while another process holds the write lock, a
  *   write waits on this thread (up to `busyTimeoutMs`, then rejects with
- *   "database is locked"). Transactions here are short (a purge deletes
- *   1000 rows per transaction), so waits are short too.
+ *   "database is locked"). Transactions here are short (at most 256
+ *   operations or about 5 ms of work; a purge deletes 1000 rows per step), so
+ *   waits are short too.
  * - Processes sharing a file must each have their own `instanceId` (set it
  *   explicitly): two live processes with one id take each other's leases.
  * - `synchronous=FULL` by default: a committed change survives a power loss
- *   or an OS crash, at the cost of one fsync of the WAL per commit. With
+ *   or an OS crash, at the cost of one fsync of the WAL per commit (shared by
+ *   the operations of a group commit, below). With
  *   `synchronous: "normal"` commits are not fsynced (the WAL is, at each
  *   checkpoint): several times faster, still safe against a crash of the
  *   process, but a power loss or OS crash may roll back the last commits —
  *   an admitted message may be lost (its channel was already acknowledged)
  *   or a `markSent` forgotten (the send goes out again).
- * - Every state change is one `BEGIN IMMEDIATE` transaction: it takes the
- *   write lock up front, so two processes never deadlock upgrading a read
- *   lock, and the read-decide-write of a claim is atomic across processes.
- *   Claims are conditional `UPDATE`s on the fencing token and state read in
- *   the transaction; completions check the caller's token in SQL.
+ * - Group commit: write operations (journal changes, claims, purge steps,
+ *   session `set`/`delete`) called in the same turn of the event loop are
+ *   queued and run one after the other, in call order, in one
+ *   `BEGIN IMMEDIATE` transaction: one commit, one fsync. A batch takes at
+ *   most 256 operations (and stops taking more after about 5 ms), so another
+ *   process sharing the file gets the write lock in between; what is left
+ *   goes in the next batch.
+ *   - Each operation runs in its own `SAVEPOINT`: when it fails (a stale
+ *     lease, a constraint, a bug) only its own changes are rolled back and
+ *     only its promise rejects; the others of the batch commit.
+ *   - Every promise of a batch settles only after `COMMIT` returned: a
+ *     resolved write is durable.
+ *   - When the batch cannot begin (`SQLITE_BUSY` after `busyTimeoutMs`) or
+ *     commit (an I/O error, disk full), every operation of it rejects with an
+ *     error naming the file, and none of them took effect.
+ *   - Reads (`get`, `list`) run at once, outside batches, and see what
+ *     committed batches wrote (a write is visible once its promise resolved).
+ *   - `close()` of the last holder commits what was queued before it.
+ *   - `stats` counts commits and operations.
+ * - Every transaction is `BEGIN IMMEDIATE`: it takes the write lock up front,
+ *   so two processes never deadlock upgrading a read lock, and the
+ *   read-decide-write of a claim is atomic across processes. Claims are
+ *   conditional `UPDATE`s on the fencing token and state read in the
+ *   transaction; completions check the caller's token in SQL.
  * - The clock is the host's `Date.now()` (every process on one host shares it).
  *
  * ## Schema
@@ -121,7 +142,7 @@ export interface SQLiteOptions {
   /** How long a statement waits for another process's write lock, in ms (default 5000). */
   busyTimeoutMs?: number;
   /**
-   * `"full"` (default): each commit is fsynced and survives a power loss.
+   * `"full"` (default): each commit (one per group commit) is fsynced and survives a power loss.
    * `"normal"`: faster; safe against a process crash, but a power loss may
    * roll back the last commits.
    */
@@ -584,8 +605,9 @@ class Connection {
       }
       this.#stats.failedBatches++;
       // Operations after the one that lost the transaction were not run: they go in the next batch.
+      const count = taken;
       for (const { op, ok, value } of ran) {
-        op.reject(ok ? this.#batchError("the transaction failed", ran.length, lost) : value);
+        op.reject(ok ? this.#batchError("the transaction failed", count, lost) : value);
       }
       return;
     }
@@ -1154,7 +1176,10 @@ let adopted: Connection | undefined;
 
 /**
  * A durability backend in a SQLite file: the inbox and outbox journals,
- * shared by the processes of one host (`scope: "host"`). Open it with
+ * shared by the processes of one host (`scope: "host"`). Concurrent writes
+ * share one transaction and one fsync (group commit, each operation in its
+ * own savepoint; see the module documentation); every write resolves once
+ * committed. Open it with
  * `open()` (the bot does in `start()`) and close it with `close()`; both are
  * reference-counted per instance. Use {@link SQLiteStore.durability} to keep
  * the journals in the same file (and connection) as the bot's session store.
@@ -1266,6 +1291,9 @@ export class SQLiteDurability implements DurabilityBackend {
  *
  * The store opens its connection on first use, or by `await store.open()`
  * (which reports a bad file at once), and holds it until `store.close()`.
+ * `set` and `delete` join the connection's group commit (with the journals'
+ * writes when the backend came from `durability()`) and resolve once
+ * committed; `get` reads at once.
  *
  * @example With a bot
  * ```ts

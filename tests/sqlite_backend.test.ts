@@ -304,6 +304,7 @@ describe("sqlite: group commit", () => {
     const lost = (results[0] as PromiseRejectedResult).reason as Error;
     expect(lost.message).toContain(JSON.stringify(file));
     expect(lost.message).toContain("transaction lost");
+    expect(lost.message).toContain("none of its 2 operations took effect");
     expect(String((results[1] as PromiseRejectedResult).reason.message)).toContain("transaction lost");
     expect(await backend.inbox.get("before")).toBeNull();
     expect(await backend.inbox.get("poison")).toBeNull();
