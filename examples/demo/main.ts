@@ -99,7 +99,10 @@ console.log(
   `@botmesh/durable crash demo: ${backend} backend, ${messageCount} messages from ${chatCount} chats, ` +
     `${kills} SIGKILLs, seed ${seed}`,
 );
-console.log(`  data: ${data}`);
+console.log(
+  `  data: ${data} (inbound.jsonl, outbound.jsonl = what reached the channel, ambiguous.jsonl, ` +
+    `${backend === "sqlite" ? "bot.db" : "journal.json"})`,
+);
 
 // ---- the bot child -------------------------------------------------------------
 
@@ -285,7 +288,7 @@ if (ambiguous.length) {
 console.log("");
 const show = (m: Record<string, number>) =>
   Object.entries(m).filter(([, v]) => v !== 0).map(([k, v]) => `${k} ${v}`).join(", ") || "all zero";
-console.log(`Bot metrics, all runs (each as last reported, every 100 ms): ${show(summed)}`);
+console.log(`Bot metrics, all ${runs.length} runs (a killed run as of its last report, <= 100 ms old): ${show(summed)}`);
 console.log(`Bot metrics, last run: ${show(finalMetrics)}`);
 console.log("");
 if (problems.length === 0) {
