@@ -121,6 +121,8 @@ interface Child {
 }
 let child: Child | undefined;
 const runs: Child[] = [];
+/** Children the demo itself kills or stops; any other exit is a failure. */
+const expectExit = new Set<ChildProcess>();
 
 async function startBot(): Promise<Child> {
   const proc = spawn(process.execPath, [
@@ -136,7 +138,15 @@ async function startBot(): Promise<Child> {
   const c: Child = {
     process: proc,
     pid: proc.pid ?? -1,
-    exited: new Promise((resolve) => proc.on("exit", (code) => resolve(code))),
+    exited: new Promise((resolve) =>
+      proc.on("exit", (code, signal) => {
+        if (!expectExit.has(proc)) {
+          console.error(`demo: the bot (pid ${proc.pid}) exited on its own (code ${code}, signal ${signal}); data left in ${data}`);
+          process.exit(1);
+        }
+        resolve(code);
+      })
+    ),
     readyAt: 0,
     recovered: {},
     lastMetrics: undefined,
@@ -155,11 +165,7 @@ async function startBot(): Promise<Child> {
     resolve?.(line);
   });
   createInterface({ input: proc.stderr! }).on("line", (text) => console.error(`    bot(${c.pid}): ${text}`));
-  const ready = c.next("ready");
-  const code = c.exited.then((code) => {
-    throw new Error(`the bot exited with code ${code} before it was ready`);
-  });
-  const readyLine = await Promise.race([ready, code]);
+  const readyLine = await c.next("ready"); // an exit before it is a failure (see `exited`)
   c.readyAt = elapsed();
   c.recovered = readyLine.metrics ?? {};
   runs.push(c);
@@ -187,6 +193,7 @@ for (const at of killAt) {
   await sleep(Math.max(at - elapsed(), child.readyAt + 150 - elapsed())); // each run does some work first
   const victim = child;
   const replies = (await readJsonLines(OUTBOUND)).lines.length;
+  expectExit.add(victim.process);
   victim.process.kill("SIGKILL");
   await victim.exited;
   crashes++;
@@ -209,6 +216,7 @@ child.process.stdin!.write("settle\n");
 const settled = await settledLine;
 const took = elapsed();
 const stoppedLine = child.next("stopped");
+expectExit.add(child.process);
 child.process.stdin!.write("stop\n");
 const stopped = await stoppedLine;
 await child.exited;
