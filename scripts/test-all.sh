@@ -22,5 +22,6 @@ step "sqlite smoke of the npm build: Node, Deno, Bun"
 node scripts/sqlite-smoke.mjs
 deno run -A scripts/sqlite-smoke.mjs
 bun scripts/sqlite-smoke.mjs
+step "the crash demo (npm run demo)"; bun examples/demo/main.ts --quiet
 step "deno publish --dry-run";   deno publish --dry-run --allow-dirty
 printf '\nall checks passed\n'
