@@ -1,27 +1,45 @@
 /**
  * Messages per second through the bot, durability off versus on with the
- * memory backend (and the generic kv backend over MemoryKv), measured side by
- * side in one run, rounds interleaved, medians reported as ratios.
+ * memory, file and SQLite backends (and the generic kv backend over
+ * MemoryKv), measured side by side in one run, rounds interleaved, medians
+ * reported as ratios. The file and SQLite backends write to a fresh file in
+ * the system temp directory each round, with fsync on (their defaults).
  *
  *   bun bench/engine.bench.ts [messages] [rounds]
  */
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { Bot, type DurabilityBackend, kvDurability, MemoryDurability, MemoryKv } from "../mod.ts";
+import { FileDurability } from "../backends/file.ts";
+import { SQLiteDurability } from "../backends/sqlite.ts";
 import { MockProvider } from "../testing.ts";
 
 const MESSAGES = Number(Bun.argv[2] ?? 5000);
 const ROUNDS = Number(Bun.argv[3] ?? 7);
 const CHATS = 100;
 
-type Variant = { name: string; backend: () => DurabilityBackend | undefined };
+type Variant = { name: string; backend: (dir: string) => DurabilityBackend | undefined };
 const variants: Variant[] = [
   { name: "durability off", backend: () => undefined },
   { name: "memory backend", backend: () => new MemoryDurability() },
+  { name: "file backend", backend: (dir) => new FileDurability({ path: join(dir, "bot.json") }) },
+  { name: "sqlite backend", backend: (dir) => new SQLiteDurability({ file: join(dir, "bot.db") }) },
   { name: "kv backend (MemoryKv)", backend: () => kvDurability(new MemoryKv()) },
 ];
 
 async function once(variant: Variant): Promise<number> {
+  const dir = mkdtempSync(join(tmpdir(), "botmesh-bench-"));
+  try {
+    return await measure(variant, dir);
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+async function measure(variant: Variant, dir: string): Promise<number> {
   const provider = new MockProvider();
-  const backend = variant.backend();
+  const backend = variant.backend(dir);
   const bot = new Bot({
     provider,
     ...(backend ? { durability: { backend, instanceId: "bench" } } : {}),
