@@ -15,8 +15,8 @@ import { FileDurability } from "../backends/file.ts";
 import { SQLiteDurability } from "../backends/sqlite.ts";
 import { MockProvider } from "../testing.ts";
 
-const MESSAGES = Number(Bun.argv[2] ?? 5000);
-const ROUNDS = Number(Bun.argv[3] ?? 7);
+const MESSAGES = Number(Bun.argv[2] ?? 2000);
+const ROUNDS = Number(Bun.argv[3] ?? 5);
 const CHATS = 100;
 
 type Variant = { name: string; backend: (dir: string) => DurabilityBackend | undefined };
