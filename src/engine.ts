@@ -68,7 +68,8 @@ export type WarningCode =
   | "stale-lease"
   | "lease-lost"
   | "provider-receipt"
-  | "handler-retry";
+  | "handler-retry"
+  | "default-instance-id";
 
 /** The payload of a `warning` event. */
 export interface DurabilityWarning {
@@ -247,6 +248,15 @@ export class DurabilityEngine {
     if (this.#started) throw new Error("This bot was already started");
     this.#started = true;
     this.#instanceId = this.config.instanceId ?? await this.#defaultInstanceId();
+    if (this.config.instanceId === undefined && this.backend.scope === "host") {
+      // Every process of the host computes the same default; sharing it, they would take each other's leases.
+      this.#warn({
+        code: "default-instance-id",
+        message: `The ${this.backend.name} backend can be shared by several processes of this host, and ` +
+          `instanceId defaulted to "${this.#instanceId}", the same in each of them: ` +
+          `give every process sharing it its own durability.instanceId`,
+      });
+    }
     this.#ready = true;
     try {
       await this.backend.open?.();

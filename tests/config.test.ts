@@ -140,6 +140,23 @@ describe("instanceId defaults", () => {
     await a.stop();
     await b.stop();
   });
+  test("host-scoped backend (SQLite): the single-process default, with a warning to set it per process", async () => {
+    const host = Object.assign(new MemoryDurability(), { scope: "host" as const });
+    const bot = new Bot({ provider: new MockProvider(), id: "support", durability: { backend: host } });
+    const warnings: { code: string; message: string }[] = [];
+    bot.on("warning", (w) => void warnings.push(w));
+    await bot.start();
+    expect(bot.durability!.instanceId).toBe(`${hostname()}/support/mock`);
+    expect(warnings.map((w) => w.code)).toEqual(["default-instance-id"]);
+    expect(warnings[0]!.message).toContain("durability.instanceId");
+    await bot.stop();
+    const explicit = new Bot({ provider: new MockProvider(), durability: { backend: host, instanceId: "p1" } });
+    const none: unknown[] = [];
+    explicit.on("warning", (w) => void none.push(w));
+    await explicit.start();
+    await explicit.stop();
+    expect(none).toEqual([]);
+  });
   test("sending before start() is refused", async () => {
     const bot = new Bot({ provider: new MockProvider(), durability: { backend: new MemoryDurability() } });
     await expect(bot.send("c", "x")).rejects.toThrow(/bot.start\(\)/);
