@@ -82,6 +82,8 @@ import {
   isLeasedWith,
   isLeaseAbandoned,
   matchesList,
+  checkNewInbound,
+  checkNewOutbox,
   newInboundRecord,
   newOutboxEntry,
   normalizeList,
@@ -434,9 +436,10 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    const input = checkNewInbound(record);
     const since = Date.now();
     const now = await this.kv.now();
-    const written = await this.write(null, newInboundRecord(record, now, lease), now, since);
+    const written = await this.write(null, newInboundRecord(input, now, lease), now, since);
     return written ? cloneJson(written.rec) : null;
   }
 
@@ -588,7 +591,13 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
    * that the chat check and the write are not interleaved; across instances
    * they are not (chats are sticky to one replica).
    */
-  reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+  reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    let input: NewOutboxEntry;
+    try {
+      input = checkNewOutbox(entry);
+    } catch (error) {
+      return Promise.reject(error);
+    }
     return this.#inChat(input.chatId, () => this.#reserve(input, lease));
   }
 

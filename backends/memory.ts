@@ -26,6 +26,8 @@ import {
 import {
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
+  checkNewInbound,
+  checkNewOutbox,
   claimedInbound,
   claimedOutbox,
   cloneJson,
@@ -161,8 +163,9 @@ class MemoryInbox implements InboxJournal {
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
-    if (this.#slots.has(record.id)) return null;
-    const next = newInboundRecord({ ...record, payload: copy(record.payload) }, this.#now(), lease);
+    const input = checkNewInbound(record);
+    if (this.#slots.has(input.id)) return null;
+    const next = newInboundRecord(input, this.#now(), lease);
     this.#store(next);
     return copy(next);
   }
@@ -412,11 +415,12 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
-    const existing = this.#slots.get(entry.key);
+    const input = checkNewOutbox(entry);
+    const existing = this.#slots.get(input.key);
     if (existing) return { status: "exists", entry: copy(existing.record) };
-    const clear = this.#head(entry.chatId) === undefined;
+    const clear = this.#head(input.chatId) === undefined;
     const next = newOutboxEntry(
-      { ...entry, content: copy(entry.content) },
+      input,
       ++this.#seq,
       this.#now(),
       clear ? lease : undefined,

@@ -10,6 +10,7 @@ import type {
   FailOutcome,
   InboundRecord,
   InboundState,
+  JsonValue,
   Lease,
   ListOptions,
   NewInboundRecord,
@@ -263,4 +264,126 @@ export function replayedInbound(record: InboundRecord, now: number): InboundReco
 export function requeuedOutbox(entry: OutboxEntry, now: number): OutboxEntry | null {
   if (entry.state !== "dead" && entry.state !== "failed" && entry.state !== "unknown") return null;
   return { ...entry, state: "queued", nextAttemptAt: now, attempts: 0, lease: null, updatedAt: now };
+}
+
+// ---- input checks -----------------------------------------------------------
+
+function describeValue(value: unknown): string {
+  if (typeof value === "string") return JSON.stringify(value);
+  if (typeof value === "bigint") return `${value}n`;
+  if (typeof value === "function") return "a function";
+  if (typeof value === "symbol") return "a symbol";
+  if (typeof value === "object" && value !== null) return `an instance of ${value.constructor?.name ?? "a class"}`;
+  return String(value);
+}
+
+/**
+ * A deep copy of `value` that is exactly what JSON keeps: strings, finite
+ * numbers, booleans, null, arrays and plain objects (object keys whose value is
+ * `undefined` are left out, as `JSON.stringify` does).
+ *
+ * @param value the value to copy
+ * @param path the field name used in the error, e.g. `payload`
+ * @param what whose field it is, e.g. `Inbox record "m1"`
+ * @returns the copy
+ * @throws {TypeError} naming the path of the first value JSON cannot hold unchanged (NaN, a BigInt, a Date, a cycle…)
+ */
+export function checkedJson(value: unknown, path: string, what: string): JsonValue {
+  const ancestors: object[] = [];
+  const walk = (v: unknown, at: string): JsonValue => {
+    switch (typeof v) {
+      case "string":
+      case "boolean":
+        return v;
+      case "number":
+        if (Number.isFinite(v)) return v;
+        break;
+      case "object": {
+        if (v === null) return null;
+        if (ancestors.includes(v)) throw new TypeError(`${what}: field "${at}" must be JSON, got a cycle`);
+        const proto = Object.getPrototypeOf(v);
+        if (Array.isArray(v)) {
+          ancestors.push(v);
+          const out = new Array<JsonValue>(v.length);
+          for (let i = 0; i < v.length; i++) out[i] = walk(v[i], `${at}[${i}]`);
+          ancestors.pop();
+          return out;
+        }
+        if (proto !== Object.prototype && proto !== null) break;
+        ancestors.push(v);
+        const out: { [key: string]: JsonValue } = {};
+        for (const key of Object.keys(v)) {
+          const item = (v as Record<string, unknown>)[key];
+          if (item !== undefined) out[key] = walk(item, `${at}.${key}`);
+        }
+        ancestors.pop();
+        return out;
+      }
+    }
+    throw new TypeError(`${what}: field "${at}" must be JSON, got ${describeValue(v)}`);
+  };
+  return walk(value, path);
+}
+
+function requireString(value: unknown, field: string, what: string, allowEmpty = false): string {
+  if (typeof value !== "string" || (!allowEmpty && value.length === 0)) {
+    throw new TypeError(`${what}: field "${field}" must be a ${allowEmpty ? "" : "non-empty "}string, got ${describeValue(value)}`);
+  }
+  return value;
+}
+
+/**
+ * Checks a record given to `admit` and returns a normalized copy (the payload
+ * deep-copied), so that every backend stores the same thing and a bad field
+ * fails before anything is written, with a message that names it.
+ *
+ * @param input what the caller passed to `admit`
+ * @returns the checked copy
+ * @throws {TypeError} naming the first bad field
+ */
+export function checkNewInbound(input: NewInboundRecord): NewInboundRecord {
+  if (typeof input !== "object" || input === null) {
+    throw new TypeError(`An inbox record must be an object, got ${describeValue(input)}`);
+  }
+  const id = requireString(input.id, "id", "Inbox record");
+  const what = `Inbox record ${JSON.stringify(id)}`;
+  if (input.kind !== "message" && input.kind !== "interaction") {
+    throw new TypeError(`${what}: field "kind" must be "message" or "interaction", got ${describeValue(input.kind)}`);
+  }
+  if (typeof input.receivedAt !== "number" || !Number.isFinite(input.receivedAt)) {
+    throw new TypeError(`${what}: field "receivedAt" must be a finite number, got ${describeValue(input.receivedAt)}`);
+  }
+  return {
+    id,
+    kind: input.kind,
+    chatId: requireString(input.chatId, "chatId", what),
+    provider: requireString(input.provider, "provider", what, true),
+    payload: checkedJson(input.payload === undefined ? null : input.payload, "payload", what),
+    receivedAt: input.receivedAt,
+  };
+}
+
+/**
+ * Checks an entry given to `reserve` and returns a normalized copy (content
+ * deep-copied, a missing `inboundId` as `null`).
+ *
+ * @param input what the caller passed to `reserve`
+ * @returns the checked copy
+ * @throws {TypeError} naming the first bad field
+ */
+export function checkNewOutbox(input: NewOutboxEntry): NewOutboxEntry {
+  if (typeof input !== "object" || input === null) {
+    throw new TypeError(`An outbox entry must be an object, got ${describeValue(input)}`);
+  }
+  const key = requireString(input.key, "key", "Outbox entry");
+  const what = `Outbox entry ${JSON.stringify(key)}`;
+  const inboundId = input.inboundId ?? null;
+  if (inboundId !== null) requireString(inboundId, "inboundId", what);
+  return {
+    key,
+    chatId: requireString(input.chatId, "chatId", what),
+    content: checkedJson(input.content === undefined ? null : input.content, "content", what),
+    contentHash: requireString(input.contentHash, "contentHash", what, true),
+    inboundId,
+  };
 }

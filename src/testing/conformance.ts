@@ -1198,6 +1198,66 @@ export function runBackendContract(options: BackendConformanceOptions): void {
       });
     });
 
+    describe("bad input", () => {
+      async function typeErrorOf(run: () => Promise<unknown>): Promise<string> {
+        try {
+          await run();
+        } catch (error) {
+          expect(error instanceof TypeError, `expected a TypeError, got ${String(error)}`).toBe(true);
+          return (error as Error).message;
+        }
+        throw new Error("expected a TypeError, but the call succeeded");
+      }
+
+      it("admit refuses a record JSON cannot hold, naming the field, and writes nothing", async (b) => {
+        const chat = uid("chat");
+        const cases: [Record<string, unknown>, string][] = [
+          [{ receivedAt: Number.NaN }, "receivedAt"],
+          [{ kind: "email" }, "kind"],
+          [{ chatId: 42 }, "chatId"],
+          [{ payload: { rows: [1, { n: 10n }] } }, "payload.rows[1].n"],
+          [{ payload: { at: new Date(0) } }, "payload.at"],
+          [{ payload: [1, undefined] }, "payload[1]"],
+          [{ payload: { x: Number.POSITIVE_INFINITY } }, "payload.x"],
+        ];
+        for (const [bad, field] of cases) {
+          const record = { ...inbound(chat), ...bad } as unknown as NewInboundRecord;
+          const message = await typeErrorOf(() => b.inbox.admit(record, claimer()));
+          expect(message.includes(field), `the error names "${field}": ${message}`).toBe(true);
+          expect(await b.inbox.get(record.id), `nothing written for a bad "${field}"`).toBe(null);
+        }
+        expect(await b.inbox.list({ chatId: chat })).toEqual([]);
+        const cyclic: Record<string, unknown> = { a: 1 };
+        cyclic.self = cyclic;
+        const message = await typeErrorOf(() => b.inbox.admit({ ...inbound(chat), payload: cyclic as JsonValue }));
+        expect(message.includes("payload.self"), message).toBe(true);
+      });
+
+      it("reserve refuses an entry JSON cannot hold, naming the field; a missing inboundId is null", async (b) => {
+        const chat = uid("chat");
+        const cases: [Record<string, unknown>, string][] = [
+          [{ content: { n: 1n } }, "content.n"],
+          [{ content: ["a", undefined] }, "content[1]"],
+          [{ key: "" }, "key"],
+          [{ inboundId: 7 }, "inboundId"],
+        ];
+        for (const [bad, field] of cases) {
+          const entry = { ...outbound(chat), ...bad } as unknown as NewOutboxEntry;
+          const message = await typeErrorOf(() => b.outbox.reserve(entry, claimer()));
+          expect(message.includes(field), `the error names "${field}": ${message}`).toBe(true);
+          if (entry.key) expect(await b.outbox.get(entry.key), `nothing written for a bad "${field}"`).toBe(null);
+        }
+        expect(await b.outbox.list({ chatId: chat })).toEqual([]);
+        const { inboundId: _, ...withoutInbound } = outbound(chat);
+        const e = await reserved(b, withoutInbound as NewOutboxEntry);
+        expect(e.inboundId).toBe(null);
+        expect((await mustGetOut(b, e.key)).inboundId).toBe(null);
+        // Keys whose value is undefined are left out, as JSON does.
+        const kept = await reserved(b, outbound(uid("chat"), { a: 1, gone: undefined } as unknown as JsonValue));
+        expect((await mustGetOut(b, kept.key)).content).toEqual({ a: 1 });
+      });
+    });
+
     describe("restart", () => {
       if (!options.reopen) {
         (test.skip ?? test)("skipped: no reopen option (the backend keeps nothing across processes)", () => {});
