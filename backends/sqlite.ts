@@ -1219,6 +1219,8 @@ export class SQLiteDurability implements DurabilityBackend {
   readonly #conn: Connection;
   /** References this instance holds on the connection. */
   #opens = 0;
+  /** This instance's open()/close() steps, run one after the other in call order. */
+  #lifecycle: Promise<unknown> = Promise.resolve();
 
   /**
    * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`
@@ -1263,22 +1265,38 @@ export class SQLiteDurability implements DurabilityBackend {
     return this.#conn.db?.driver ?? null;
   }
 
+  /** Runs an open/close step after the ones called before it (a failed step does not stop the next). */
+  #step(work: () => Promise<void>): Promise<void> {
+    const run = this.#lifecycle.then(work);
+    this.#lifecycle = run.catch(() => {});
+    return run;
+  }
+
   /**
    * Opens the database (creating or upgrading its schema) on the first call;
-   * later calls only count.
+   * later calls only count. `open()` and `close()` take effect in call order:
+   * a `close()` called while an `open()` is still pending undoes that open.
    * @throws {Error} naming the file when it cannot be opened, is not a SQLite
    *   database, or has a newer schema; naming what to install when no driver is found
    */
-  async open(): Promise<void> {
-    await this.#conn.acquire();
-    this.#opens++;
+  open(): Promise<void> {
+    return this.#step(async () => {
+      await this.#conn.acquire();
+      this.#opens++;
+    });
   }
 
-  /** Undoes one `open()`; the last one closes the connection (unless its store still holds it). */
-  async close(): Promise<void> {
-    if (this.#opens === 0) return;
-    this.#opens--;
-    await this.#conn.release();
+  /**
+   * Undoes one `open()` (one called before it, even if still pending; a
+   * failed `open()` counts for nothing); the last one closes the connection
+   * (unless its store still holds it).
+   */
+  close(): Promise<void> {
+    return this.#step(async () => {
+      if (this.#opens === 0) return;
+      this.#opens--;
+      await this.#conn.release();
+    });
   }
 }
 

@@ -456,6 +456,31 @@ describe("sqlite: open and close", () => {
     await backend.close();
   });
 
+  test("close() called while open() is pending undoes that open; open/close take effect in call order", async () => {
+    const backend = new SQLiteDurability({ file: tempFile() });
+    const opening = backend.open();
+    await backend.close(); // open() is still loading the driver / migrating
+    await opening;
+    expect(backend.isOpen).toBe(false);
+    expect(backend.driver).toBeNull(); // the connection was closed, not leaked
+    await rejection(() => backend.inbox.get("m1"));
+
+    // open, close, open, all pending at once: open once at the end.
+    await Promise.all([backend.open(), backend.close(), backend.open()]);
+    expect(backend.isOpen).toBe(true);
+    expect(await backend.inbox.admit(inbound("m1"))).not.toBeNull();
+    await backend.close();
+    expect(backend.driver).toBeNull();
+
+    // A failed open counts for nothing: the close after it does not undo a later open.
+    const bad = join(dir, `not-a-dir-${crypto.randomUUID()}`);
+    writeFileSync(bad, "a file where a directory should be");
+    const broken = new SQLiteDurability({ file: join(bad, "bot.db") });
+    const results = await Promise.allSettled([broken.open(), broken.close()]);
+    expect(results.map((r) => r.status)).toEqual(["rejected", "fulfilled"]);
+    expect(broken.isOpen).toBe(false);
+  });
+
   test("the store opens on first use and shares its connection with its backend", async () => {
     const file = tempFile();
     const store = new SQLiteStore({ file });
