@@ -23,3 +23,32 @@ assert.equal(bot.durability.metrics().inboundDuplicates, 1)
 
 await bot.stop()
 console.log(`node-smoke: ok on Node ${process.version}`)
+
+// The file backend through the npm build: journal, restart from disk, the lock.
+{
+  const { FileDurability } = await import('../dist/backends/file.js')
+  const { mkdtempSync, rmSync, existsSync } = await import('node:fs')
+  const { tmpdir } = await import('node:os')
+  const { join } = await import('node:path')
+  const dir = mkdtempSync(join(tmpdir(), 'botmesh-node-smoke-'))
+  try {
+    const path = join(dir, 'bot.json')
+    const provider = new MockProvider()
+    const bot = new Bot({ provider, durability: { backend: new FileDurability({ path }), instanceId: 'smoke-file' } })
+    bot.when(/hi/, (ctx) => ctx.reply('hello from file'))
+    await bot.start()
+    assert.ok(existsSync(`${path}.lock`), 'the lock file exists while the bot runs')
+    await provider.receive({ id: 'f1', chatId: 'c1', text: 'hi' })
+    await bot.idle()
+    await bot.stop()
+    assert.ok(!existsSync(`${path}.lock`), 'the lock file is gone after stop()')
+    const reopened = new FileDurability({ path })
+    await reopened.open()
+    assert.equal((await reopened.inbox.get('f1'))?.state, 'done')
+    assert.equal((await reopened.outbox.get('f1:1'))?.state, 'sent')
+    await reopened.close()
+  } finally {
+    rmSync(dir, { recursive: true, force: true })
+  }
+}
+console.log('node-smoke: file backend ok')
