@@ -106,6 +106,8 @@ import {
 import {
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
+  checkNewInbound,
+  checkNewOutbox,
   claimedInbound,
   claimedOutbox,
   doneInbound,
@@ -732,6 +734,52 @@ function listWhere<S extends string>(options: ListOptions<S> | undefined): {
   return { where: terms.length ? `WHERE ${terms.join(" AND ")}` : "", params, limit: filter.limit };
 }
 
+// ---- argument checks ---------------------------------------------------------
+// Every value bound to a statement is checked first, so that a caller gets a
+// TypeError naming the argument (the same on every driver: bun:sqlite binds
+// `undefined` as NULL, node:sqlite and better-sqlite3 throw an unnamed error).
+
+function needString(value: unknown, what: string): string {
+  if (typeof value !== "string") throw new TypeError(`${what} must be a string, got ${show(value)}`);
+  return value;
+}
+
+function needNumber(value: unknown, what: string): number {
+  if (typeof value !== "number" || !Number.isFinite(value)) {
+    throw new TypeError(`${what} must be a finite number, got ${show(value)}`);
+  }
+  return value;
+}
+
+/** Checks the lease options of `op` (an `admit`/`reserve` lease, a claim). */
+function needClaim(options: ClaimOptions, op: string): void {
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(`${op}: the lease options must be an object, got ${show(options)}`);
+  }
+  needString(options.owner, `${op}: option "owner"`);
+  needString(options.incarnation, `${op}: option "incarnation"`);
+  needNumber(options.leaseMs, `${op}: option "leaseMs"`);
+}
+
+function needOutcome(outcome: FailOutcome, op: string): void {
+  if (typeof outcome !== "object" || outcome === null) {
+    throw new TypeError(`${op}: the outcome must be an object, got ${show(outcome)}`);
+  }
+  needString(outcome.error, `${op}: outcome "error"`);
+  if (!outcome.dead) needNumber(outcome.retryInMs, `${op}: outcome "retryInMs"`);
+}
+
+/** Checks the list filter values that are bound (states, chat id). */
+function needListFilter(options: ListOptions<string> | undefined, op: string): void {
+  if (options === undefined || options === null) return;
+  if (options.chatId !== undefined) needString(options.chatId, `${op}: option "chatId"`);
+  const state = options.state;
+  if (state === undefined) return;
+  for (const item of typeof state === "string" ? [state] : Array.isArray(state) ? state : [state]) {
+    needString(item, `${op}: option "state"`);
+  }
+}
+
 // ---- the journals ------------------------------------------------------------
 
 /** Access to the connection for the journals: `null` when the backend is not open. */
@@ -749,6 +797,7 @@ interface Gate {
  * would run into their busy timeout) nor blocks this one's event loop.
  */
 async function purgeInBatches(gate: Gate, olderThanMs: number, sql: string): Promise<number> {
+  needNumber(olderThanMs, `purge: "olderThanMs"`);
   let cutoff: number | undefined;
   let total = 0;
   for (;;) {
@@ -800,12 +849,15 @@ class SqliteInbox implements InboxJournal {
     return changes === 1;
   }
 
-  /** A fenced change: applies `change` when the record is leased with `token`. */
+  /** A fenced change (`op`, for errors): applies `change` when the record is leased with `token`. */
   async #fenced(
+    op: string,
     id: string,
     token: number,
     change: (record: InboundRecord, now: number) => InboundRecord,
   ): Promise<boolean> {
+    needString(id, `inbox.${op}: "id"`);
+    needNumber(token, `inbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, id);
@@ -815,10 +867,12 @@ class SqliteInbox implements InboxJournal {
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    const input = checkNewInbound(record); // a TypeError naming the field, before anything is written
+    if (lease !== undefined) needClaim(lease, "inbox.admit");
+    const payload = JSON.stringify(input.payload);
     const c = await this.#gate.ready();
-    const payload = JSON.stringify(record.payload);
     return c.write((now) => {
-      const next = newInboundRecord({ ...record, payload: null }, now, lease);
+      const next = newInboundRecord(input, now, lease);
       const { changes } = c.stmt(
         `INSERT INTO ${this.#t} (id, kind, chat_id, provider, payload, received_at, state, attempts,
           next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
@@ -839,11 +893,13 @@ class SqliteInbox implements InboxJournal {
         next.updatedAt,
         inboxDueAt(next),
       );
-      return changes === 1 ? { ...next, payload: JSON.parse(payload) as JsonValue } : null;
+      return changes === 1 ? next : null; // its payload is the checked copy, not the caller's object
     });
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    needString(id, `inbox.claim: "id"`);
+    needClaim(options, "inbox.claim");
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, id);
@@ -854,6 +910,8 @@ class SqliteInbox implements InboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    needClaim(options, "inbox.claimDue");
+    needNumber(options.limit, `inbox.claimDue: option "limit"`);
     const c = await this.#gate.ready();
     if (!(options.limit > 0)) return [];
     return c.write((now) => {
@@ -886,25 +944,29 @@ class SqliteInbox implements InboxJournal {
     });
   }
 
-  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
-    return this.#fenced(id, token, (rec, now) => extendedLease(rec, now, leaseMs));
+  async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    needNumber(leaseMs, `inbox.heartbeat: "leaseMs"`);
+    return await this.#fenced("heartbeat", id, token, (rec, now) => extendedLease(rec, now, leaseMs));
   }
 
   async complete(id: string, token: number): Promise<void> {
-    if (!(await this.#fenced(id, token, doneInbound))) throw new StaleLeaseError("inbox", id, token);
+    if (!(await this.#fenced("complete", id, token, doneInbound))) throw new StaleLeaseError("inbox", id, token);
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
-    const done = await this.#fenced(id, token, (rec, now) => ({ ...rec, ...failedFields(outcome, now) }));
+    needOutcome(outcome, "inbox.fail");
+    const done = await this.#fenced("fail", id, token, (rec, now) => ({ ...rec, ...failedFields(outcome, now) }));
     if (!done) throw new StaleLeaseError("inbox", id, token);
   }
 
   async get(id: string): Promise<InboundRecord | null> {
+    needString(id, `inbox.get: "id"`);
     const c = await this.#gate.ready();
     return this.#select(c, id);
   }
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    needListFilter(options, "inbox.list");
     const c = await this.#gate.ready();
     const { where, params, limit } = listWhere(options);
     if (limit === 0) return [];
@@ -914,6 +976,7 @@ class SqliteInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
+    needString(id, `inbox.replay: "id"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, id);
@@ -997,8 +1060,15 @@ class SqliteOutbox implements OutboxJournal {
     if (head.due_at !== dueAt) c.stmt(`UPDATE ${this.#t} SET due_at = ? WHERE seq = ?`).run(dueAt, head.seq);
   }
 
-  /** A change that is fenced by `token`. */
-  async #fenced(key: string, token: number, change: (entry: OutboxEntry, now: number) => OutboxEntry): Promise<boolean> {
+  /** A change (`op`, for errors) that is fenced by `token`. */
+  async #fenced(
+    op: string,
+    key: string,
+    token: number,
+    change: (entry: OutboxEntry, now: number) => OutboxEntry,
+  ): Promise<boolean> {
+    needString(key, `outbox.${op}: "key"`);
+    needNumber(token, `outbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, key);
@@ -1007,15 +1077,17 @@ class SqliteOutbox implements OutboxJournal {
     });
   }
 
-  async reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
-    const c = await this.#gate.ready();
+  async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    const input = checkNewOutbox(entry); // a TypeError naming the field, before anything is written
+    if (lease !== undefined) needClaim(lease, "outbox.reserve");
     const content = JSON.stringify(input.content);
+    const c = await this.#gate.ready();
     return c.write((now): ReserveResult => {
       const existing = this.#select(c, input.key);
       if (existing) return { status: "exists", entry: existing };
       const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) LIMIT 1`)
         .get(input.chatId) === undefined;
-      const draft = newOutboxEntry({ ...input, content: null }, 0, now, clear ? lease : undefined);
+      const draft = newOutboxEntry(input, 0, now, clear ? lease : undefined);
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
       const row = c.stmt(
         `INSERT INTO ${this.#t} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
@@ -1038,12 +1110,14 @@ class SqliteOutbox implements OutboxJournal {
         draft.updatedAt,
         dueAt,
       );
-      const entry: OutboxEntry = { ...draft, content: JSON.parse(content) as JsonValue, seq: num(row!.seq) };
+      const entry: OutboxEntry = { ...draft, seq: num(row!.seq) }; // its content is the checked copy
       return { status: entry.state === "sending" ? "leased" : "queued", entry };
     });
   }
 
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    needClaim(options, "outbox.claimDue");
+    needNumber(options.limit, `outbox.claimDue: option "limit"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const due: OutboxEntry[] = [];
@@ -1105,26 +1179,31 @@ class SqliteOutbox implements OutboxJournal {
     });
   }
 
-  heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
-    return this.#fenced(key, token, (entry, now) => extendedLease(entry, now, leaseMs));
+  async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    needNumber(leaseMs, `outbox.heartbeat: "leaseMs"`);
+    return await this.#fenced("heartbeat", key, token, (entry, now) => extendedLease(entry, now, leaseMs));
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
-    const done = await this.#fenced(key, token, (entry, now) => sentOutbox(entry, messageId, now));
+    needString(messageId, `outbox.markSent: "messageId"`);
+    const done = await this.#fenced("markSent", key, token, (entry, now) => sentOutbox(entry, messageId, now));
     if (!done) throw new StaleLeaseError("outbox", key, token);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
-    const done = await this.#fenced(key, token, (entry, now) => ({ ...entry, ...failedFields(outcome, now) }));
+    needOutcome(outcome, "outbox.markFailed");
+    const done = await this.#fenced("markFailed", key, token, (entry, now) => ({ ...entry, ...failedFields(outcome, now) }));
     if (!done) throw new StaleLeaseError("outbox", key, token);
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
+    needString(key, `outbox.get: "key"`);
     const c = await this.#gate.ready();
     return this.#select(c, key);
   }
 
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    needListFilter(options, "outbox.list");
     const c = await this.#gate.ready();
     const { where, params, limit } = listWhere(options);
     if (limit === 0) return [];
@@ -1134,6 +1213,7 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
+    needString(key, `outbox.retry: "key"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, key);
@@ -1149,6 +1229,7 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async discard(key: string): Promise<boolean> {
+    needString(key, `outbox.discard: "key"`);
     const c = await this.#gate.ready();
     return c.write(() => {
       const cur = this.#select(c, key);
@@ -1415,6 +1496,7 @@ export class SQLiteStore implements SessionStore {
 
   /** The value of `key`, or `undefined` when absent or expired. */
   async get(key: string): Promise<JsonValue | undefined> {
+    needString(key, `Session key`);
     const c = await this.#ready();
     const row = c.stmt(`SELECT value, expires_at FROM ${this.#t} WHERE key = ?`).get(key);
     if (!row) return undefined;
@@ -1433,7 +1515,13 @@ export class SQLiteStore implements SessionStore {
     if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
       throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
     }
-    const text = JSON.stringify(value);
+    needString(key, `Session key`);
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(value);
+    } catch (error) {
+      throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON: ${(error as Error).message}`, { cause: error });
+    }
     if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
     const c = await this.#ready();
     await c.write((now) => {
@@ -1450,6 +1538,7 @@ export class SQLiteStore implements SessionStore {
 
   /** Deletes `key`. */
   async delete(key: string): Promise<void> {
+    needString(key, `Session key`);
     const c = await this.#ready();
     await c.write(() => c.stmt(`DELETE FROM ${this.#t} WHERE key = ?`).run(key));
   }

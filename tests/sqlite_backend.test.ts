@@ -772,6 +772,79 @@ describe("sqlite: bad files and options", () => {
   });
 });
 
+describe("sqlite: bad input never reaches the driver", () => {
+  test("a missing inboundId is null; bad fields are a TypeError naming them and nothing is written", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    const { inboundId: _, ...noInbound } = outbound("k-missing");
+    const reserved = await backend.outbox.reserve(noInbound as NewOutboxEntry);
+    expect(reserved.entry.inboundId).toBeNull();
+    expect((await backend.outbox.get("k-missing"))?.inboundId).toBeNull();
+
+    const badInbound: [Partial<Record<keyof NewInboundRecord, unknown>>, string][] = [
+      [{ receivedAt: Number.NaN }, "receivedAt"],
+      [{ receivedAt: undefined }, "receivedAt"],
+      [{ payload: { n: 10n } }, "payload.n"],
+      [{ payload: { rows: [1, { at: new Date() }] } }, "payload.rows[1].at"],
+      [{ chatId: undefined }, "chatId"],
+    ];
+    for (const [bad, field] of badInbound) {
+      const error = await rejection(() => backend.inbox.admit({ ...inbound("m-bad"), ...bad } as NewInboundRecord));
+      expect(error, field).toBeInstanceOf(TypeError);
+      expect(error.message).toContain(field);
+    }
+    const badOutbound: [Partial<Record<keyof NewOutboxEntry, unknown>>, string][] = [
+      [{ content: { n: 1n } }, "content.n"],
+      [{ inboundId: 7 }, "inboundId"],
+      [{ contentHash: undefined }, "contentHash"],
+    ];
+    for (const [bad, field] of badOutbound) {
+      const error = await rejection(() => backend.outbox.reserve({ ...outbound("k-bad"), ...bad } as NewOutboxEntry));
+      expect(error, field).toBeInstanceOf(TypeError);
+      expect(error.message).toContain(field);
+    }
+    // Lease options, ids, tokens, outcomes: named too.
+    const named: [() => Promise<unknown>, string][] = [
+      [() => backend.inbox.admit(inbound("m-bad"), { owner: undefined, incarnation: "i", leaseMs: 1 } as never), '"owner"'],
+      [() => backend.inbox.claim(undefined as never, lease("A")), '"id"'],
+      [() => backend.inbox.claimDue({ ...lease("A"), limit: undefined as never }), '"limit"'],
+      [() => backend.inbox.complete("m", undefined as never), '"token"'],
+      [() => backend.inbox.fail("m", 1, { error: undefined as never, dead: true }), '"error"'],
+      [() => backend.outbox.markSent("k-missing", 1, undefined as never), '"messageId"'],
+      [() => backend.outbox.get(undefined as never), '"key"'],
+      [() => backend.inbox.list({ chatId: 5 as never }), '"chatId"'],
+    ];
+    for (const [run, field] of named) {
+      const error = await rejection(run);
+      expect(error, field).toBeInstanceOf(TypeError);
+      expect(error.message).toContain(field);
+    }
+    await backend.close();
+    const raw = new Database(file);
+    expect(raw.prepare("SELECT count(*) AS n FROM botmesh_inbox").get()).toEqual({ n: 0 });
+    expect(raw.prepare("SELECT key FROM botmesh_outbox").all()).toEqual([{ key: "k-missing" }]);
+    raw.close();
+  });
+
+  test("the driver shim refuses undefined, NaN and BigInt parameters with a TypeError on every driver", async () => {
+    const db = await openSqlite(":memory:");
+    db.exec("CREATE TABLE t (a)");
+    for (const bad of [undefined, Number.NaN, 1n]) {
+      let error: unknown;
+      try {
+        db.prepare("INSERT INTO t VALUES (?)").run(bad as never);
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(TypeError);
+      expect((error as Error).message).toContain("Cannot bind parameter 1");
+    }
+    expect(db.prepare("SELECT count(*) AS n FROM t").get()).toEqual({ n: 0 });
+    db.close();
+  });
+});
+
 describe("sqlite: query plans", () => {
   test("due scans, reclaims, fenced updates and purges use indexes, never a table scan", async () => {
     // Record every statement the backend prepares (bun:sqlite is the driver here).

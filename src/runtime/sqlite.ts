@@ -23,7 +23,10 @@ export type SqliteRow = Record<string, SqliteValue>;
 
 /** A prepared statement with positional `?` parameters. */
 export interface SqliteStatement {
-  /** Runs a statement that returns no rows. @returns how many rows it changed */
+  /**
+   * Runs a statement that returns no rows. @returns how many rows it changed
+   * @throws {TypeError} (as `get` and `all` do) when a parameter is not a string, a number or null
+   */
   run(...params: SqliteValue[]): { changes: number };
   /** The first row, or `undefined` when there is none. */
   get(...params: SqliteValue[]): SqliteRow | undefined;
@@ -83,6 +86,24 @@ type RawStatement = {
 type RawDatabase = { exec(sql: string): unknown; prepare(sql: string): RawStatement; close(): unknown };
 type DatabaseClass = new (file: string, options?: Record<string, unknown>) => RawDatabase;
 
+/**
+ * Refuses a parameter that is not a {@link SqliteValue}, the same way on every
+ * driver (bun:sqlite binds `undefined` as NULL; node:sqlite and better-sqlite3
+ * throw an error that names neither the parameter nor the value).
+ */
+function checkParams(params: SqliteValue[]): SqliteValue[] {
+  for (let i = 0; i < params.length; i++) {
+    const value: unknown = params[i];
+    if (value === null || typeof value === "string" || (typeof value === "number" && !Number.isNaN(value))) continue;
+    throw new TypeError(
+      `Cannot bind parameter ${i + 1} to SQLite: it must be a string, a number or null, got ${
+        typeof value === "bigint" ? `${value}n` : typeof value === "number" ? "NaN" : value === undefined ? "undefined" : typeof value
+      }`,
+    );
+  }
+  return params;
+}
+
 function wrap(driver: SqliteDriverName, raw: RawDatabase): SqliteDatabase {
   let closed = false;
   return {
@@ -93,10 +114,10 @@ function wrap(driver: SqliteDriverName, raw: RawDatabase): SqliteDatabase {
     prepare(sql) {
       const statement = raw.prepare(sql);
       return {
-        run: (...params) => ({ changes: Number(statement.run(...params).changes) }),
+        run: (...params) => ({ changes: Number(statement.run(...checkParams(params)).changes) }),
         // bun:sqlite answers `null` when there is no row.
-        get: (...params) => (statement.get(...params) ?? undefined) as SqliteRow | undefined,
-        all: (...params) => statement.all(...params) as SqliteRow[],
+        get: (...params) => (statement.get(...checkParams(params)) ?? undefined) as SqliteRow | undefined,
+        all: (...params) => statement.all(...checkParams(params)) as SqliteRow[],
       };
     },
     close() {
