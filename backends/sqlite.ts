@@ -55,8 +55,12 @@
  *   - Every promise of a batch settles only after `COMMIT` returned: a
  *     resolved write is durable.
  *   - When the batch cannot begin (`SQLITE_BUSY` after `busyTimeoutMs`) or
- *     commit (an I/O error, disk full), every operation of it rejects with an
- *     error naming the file, and none of them took effect.
+ *     commit, or an operation loses the transaction (SQLite rolled it back:
+ *     an I/O error, disk full), every operation of it rejects with an error
+ *     naming the file (the driver's error as its `cause`), and none of them
+ *     took effect; operations after the one that lost it go in the next batch.
+ *   - A stored JSON value that cannot be parsed (a damaged or hand-edited
+ *     row) rejects the read with an error naming the file, table, row and column.
  *   - Reads (`get`, `list`) run at once, outside batches, and see what
  *     committed batches wrote (a write is visible once its promise resolved).
  *   - `close()` of the last holder commits what was queued before it.
@@ -514,8 +518,9 @@ class Connection {
    * write lock is held), in its own `SAVEPOINT`, with the host clock read
    * when its turn comes. When it throws, only its own changes are rolled
    * back and only its promise rejects (after the commit, with its error).
-   * When the batch cannot begin or commit, every operation of it rejects with
-   * an error naming the file and none of them took effect.
+   * When the batch cannot begin or commit, or `work` loses the transaction
+   * (SQLite rolled it back), every operation of it rejects with an error naming
+   * the file (`cause`: the driver's error) and none of them took effect.
    */
   write<T>(work: (now: number) => T): Promise<T> {
     return new Promise<T>((resolve, reject) => {
@@ -585,7 +590,7 @@ class Connection {
           ran.push({ op, ok: false, value: error });
         } catch {
           // SQLite rolled the whole transaction back (an I/O error, disk full, RAISE(ROLLBACK)).
-          op.reject(error);
+          op.reject(this.#batchError("this operation lost the transaction", taken, error));
           lost = error;
           break;
         }
@@ -668,13 +673,36 @@ function leaseParams(lease: Lease | null): SqliteValue[] {
 const INBOX_COLUMNS =
   "ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at";
 
-function inboundOf(row: Row): InboundRecord {
+/** Where a row was read, for errors: the file and the table. */
+interface Source {
+  readonly file: string;
+  readonly table: string;
+}
+
+/**
+ * The JSON value of `column` of a row (identified by `key` = `id`), or an error naming
+ * the file, table, row and column when its text is not JSON (the file was damaged or edited).
+ */
+function jsonColumn(text: SqliteValue, at: Source, key: string, id: SqliteValue, column: string): JsonValue {
+  try {
+    return JSON.parse(String(text)) as JsonValue;
+  } catch (error) {
+    throw new Error(
+      `SQLite file ${JSON.stringify(at.file)}: table ${at.table}, row ${key} ${
+        JSON.stringify(String(id))
+      }: column ${column} is not valid JSON (the row is damaged): ${(error as Error).message}`,
+      { cause: error },
+    );
+  }
+}
+
+function inboundOf(row: Row, at: Source): InboundRecord {
   return {
     id: String(row.id),
     kind: row.kind as InboundRecord["kind"],
     chatId: String(row.chat_id),
     provider: String(row.provider),
-    payload: JSON.parse(String(row.payload)) as JsonValue,
+    payload: jsonColumn(row.payload, at, "id", row.id, "payload"),
     receivedAt: num(row.received_at),
     state: row.state as InboundState,
     attempts: num(row.attempts),
@@ -689,11 +717,11 @@ function inboundOf(row: Row): InboundRecord {
 const OUTBOX_COLUMNS =
   "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at";
 
-function outboxOf(row: Row): OutboxEntry {
+function outboxOf(row: Row, at: Source): OutboxEntry {
   return {
     key: String(row.key),
     chatId: String(row.chat_id),
-    content: JSON.parse(String(row.content)) as JsonValue,
+    content: jsonColumn(row.content, at, "key", row.key, "content"),
     contentHash: String(row.content_hash),
     inboundId: strOrNull(row.inbound_id),
     state: row.state as OutboxState,
@@ -787,6 +815,8 @@ interface Gate {
   /** The open connection, or a rejection naming the file. */
   ready(): Promise<Connection>;
   readonly prefix: string;
+  /** The database file, for errors. */
+  readonly file: string;
 }
 
 /**
@@ -811,15 +841,17 @@ async function purgeInBatches(gate: Gate, olderThanMs: number, sql: string): Pro
 class SqliteInbox implements InboxJournal {
   readonly #gate: Gate;
   readonly #t: string;
+  readonly #at: Source;
 
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}inbox`;
+    this.#at = { file: gate.file, table: this.#t };
   }
 
   #select(c: Connection, id: string): InboundRecord | null {
     const row = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${this.#t} WHERE id = ?`).get(id);
-    return row ? inboundOf(row) : null;
+    return row ? inboundOf(row, this.#at) : null;
   }
 
   /**
@@ -935,7 +967,7 @@ class SqliteInbox implements InboxJournal {
       const out: InboundRecord[] = [];
       for (const row of candidates) {
         if (out.length >= options.limit) break;
-        const cur = inboundOf(row);
+        const cur = inboundOf(row, this.#at);
         if (!isInboxClaimable(cur, now, options)) continue;
         const next = claimedInbound(cur, now, options);
         if (this.#update(c, cur, next)) out.push(next);
@@ -972,7 +1004,7 @@ class SqliteInbox implements InboxJournal {
     if (limit === 0) return [];
     return c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${this.#t} ${where} ORDER BY received_at, ord LIMIT ?`)
       .all(...params, limit)
-      .map(inboundOf);
+      .map((row) => inboundOf(row, this.#at));
   }
 
   async replay(id: string): Promise<boolean> {
@@ -998,15 +1030,17 @@ class SqliteInbox implements InboxJournal {
 class SqliteOutbox implements OutboxJournal {
   readonly #gate: Gate;
   readonly #t: string;
+  readonly #at: Source;
 
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}outbox`;
+    this.#at = { file: gate.file, table: this.#t };
   }
 
   #select(c: Connection, key: string): OutboxEntry | null {
     const row = c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE key = ?`).get(key);
-    return row ? outboxOf(row) : null;
+    return row ? outboxOf(row, this.#at) : null;
   }
 
   /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry before `seq`. */
@@ -1136,7 +1170,7 @@ class SqliteOutbox implements OutboxJournal {
       const seen = new Set<number>();
       const lost = rows
         .filter((row) => !seen.has(num(row.seq)) && seen.add(num(row.seq)))
-        .map(outboxOf)
+        .map((row) => outboxOf(row, this.#at))
         .filter((entry) => isLeaseAbandoned(entry.lease, now, options))
         .sort((a, b) => a.seq - b.seq);
       for (const cur of lost) {
@@ -1162,7 +1196,7 @@ class SqliteOutbox implements OutboxJournal {
         ).all(now, after, page);
         for (const row of heads) {
           if (due.length >= options.limit) break;
-          const cur = outboxOf(row);
+          const cur = outboxOf(row, this.#at);
           after = cur.seq;
           if ((cur.nextAttemptAt ?? 0) > now || this.#blocked(c, cur.chatId, cur.seq)) {
             // Not (or no longer) first in its chat: drop the stale due mark.
@@ -1209,7 +1243,7 @@ class SqliteOutbox implements OutboxJournal {
     if (limit === 0) return [];
     return c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} ${where} ORDER BY seq LIMIT ?`)
       .all(...params, limit)
-      .map(outboxOf);
+      .map((row) => outboxOf(row, this.#at));
   }
 
   async retry(key: string): Promise<boolean> {
@@ -1314,6 +1348,7 @@ export class SQLiteDurability implements DurabilityBackend {
     this.file = conn.file;
     const gate: Gate = {
       prefix: conn.options.prefix,
+      file: conn.file,
       ready: () => {
         const db = this.#opens > 0 ? conn.db : null;
         if (db) return Promise.resolve(conn);
@@ -1506,7 +1541,7 @@ export class SQLiteStore implements SessionStore {
         .catch(() => {});
       return undefined;
     }
-    return JSON.parse(String(row.value)) as JsonValue;
+    return jsonColumn(row.value, { file: this.file, table: this.#t }, "key", key, "value");
   }
 
   /** Stores `value` (JSON); with `ttlMs` it expires after that many ms. */

@@ -308,7 +308,12 @@ describe("sqlite: group commit", () => {
     expect(lost.message).toContain(JSON.stringify(file));
     expect(lost.message).toContain("transaction lost");
     expect(lost.message).toContain("none of its 2 operations took effect");
-    expect(String((results[1] as PromiseRejectedResult).reason.message)).toContain("transaction lost");
+    // The operation that lost it gets an error naming the file too, with the driver's error as cause.
+    const loser = (results[1] as PromiseRejectedResult).reason as Error;
+    expect(loser.message).toContain(JSON.stringify(file));
+    expect(loser.message).toContain("transaction lost");
+    expect(loser.message).toContain("this operation lost the transaction");
+    expect(String((loser.cause as Error)?.message)).toContain("transaction lost");
     expect(await backend.inbox.get("before")).toBeNull();
     expect(await backend.inbox.get("poison")).toBeNull();
     expect((await backend.inbox.get("after"))?.state).toBe("pending");
@@ -842,6 +847,38 @@ describe("sqlite: bad input never reaches the driver", () => {
     }
     expect(db.prepare("SELECT count(*) AS n FROM t").get()).toEqual({ n: 0 });
     db.close();
+  });
+});
+
+describe("sqlite: damaged rows", () => {
+  test("JSON that cannot be parsed names the file, table, row and column", async () => {
+    const file = tempFile();
+    const store = new SQLiteStore({ file });
+    const backend = store.durability();
+    await backend.open();
+    await backend.inbox.admit(inbound("m1"));
+    await backend.outbox.reserve(outbound("k1"));
+    await store.set("s1", { a: 1 });
+    const raw = new Database(file);
+    raw.exec(`UPDATE botmesh_inbox SET payload = '{"text":' WHERE id = 'm1'`);
+    raw.exec(`UPDATE botmesh_outbox SET content = 'not json' WHERE key = 'k1'`);
+    raw.exec(`UPDATE botmesh_session SET value = '[1,' WHERE key = 's1'`);
+    raw.close();
+    const cases: [() => Promise<unknown>, RegExp][] = [
+      [() => backend.inbox.get("m1"), /table botmesh_inbox, row id "m1": column payload is not valid JSON/],
+      [() => backend.inbox.list(), /table botmesh_inbox, row id "m1": column payload/],
+      [() => backend.outbox.get("k1"), /table botmesh_outbox, row key "k1": column content is not valid JSON/],
+      [() => backend.outbox.list({ chatId: "c1" }), /table botmesh_outbox, row key "k1": column content/],
+      [() => store.get("s1"), /table botmesh_session, row key "s1": column value is not valid JSON/],
+    ];
+    for (const [run, message] of cases) {
+      const error = await rejection(run);
+      expect(error.message).toMatch(message);
+      expect(error.message).toContain(JSON.stringify(file));
+      expect(error.cause).toBeInstanceOf(SyntaxError);
+    }
+    await backend.close();
+    await store.close();
   });
 });
 
