@@ -10,14 +10,21 @@
  * - Group commit: operations that arrive while a rewrite is under way share
  *   the next one. Every operation, reads and no-op results included, resolves
  *   only once the state it observed is on disk.
+ * - Memory never holds what was not written: after a failed rewrite every
+ *   waiting operation rejects and the state is reloaded from the file (the
+ *   last snapshot written).
  * - Lease heartbeats are kept in memory and written with the next change:
  *   only a restart of this process can take a lease, and a restart reclaims
  *   its own records at once (same `instanceId`).
- * - A lock file `<path>.lock` (created with `O_EXCL`, holding the pid) keeps a
- *   second process out; a second `FileDurability` on the same file in this
- *   process is rejected until the first is closed.
+ * - A lock file `<path>.lock` (created atomically with its content, holding
+ *   the pid and the hostname, its mtime refreshed while held) keeps a second
+ *   process out; a second `FileDurability` on the same file in this process
+ *   is rejected until the first is closed. Symlinks are resolved at `open()`:
+ *   every path to one file shares one lock, and a symlink is never replaced.
  * - A damaged file is never overwritten: `open()` fails naming the file and
  *   the byte offset, and leaves the file untouched.
+ * - Rewrites keep the file's permission bits; a new file gets `0o600` (the
+ *   snapshot holds chat content).
  *
  * File I/O goes through the runtime shim (`src/runtime/fs.ts`), so the
  * backend runs on Bun, Node 20+ and Deno 2+ (Deno: `--allow-read
@@ -44,16 +51,20 @@ import {
   StaleLeaseError,
 } from "../src/backend.ts";
 import { MemoryDurability, type MemoryRecords } from "./memory.ts";
-import { delay, hostname, randomId } from "../src/runtime/mod.ts";
+import { delay, hostname, randomId, unrefTimer } from "../src/runtime/mod.ts";
 import {
   createExclusive,
+  createExclusiveLinked,
   currentPid,
   dirName,
   ensureDir,
   isProcessAlive,
   readFileBytes,
+  realPathOf,
   removeFile,
   resolvePath,
+  statFile,
+  touchFile,
   writeFileAtomic,
 } from "../src/runtime/fs.ts";
 
@@ -61,8 +72,10 @@ import {
 export interface FileDurabilityOptions {
   /**
    * The snapshot file, e.g. `./data/bot.json` (relative paths are resolved
-   * against the current directory at the first `open()`). Its directory is
-   * created when missing. `<path>.lock` and `<path>.tmp` live next to it.
+   * against the current directory at `open()`, and symlinks to their target).
+   * Its directory is created when missing. `<path>.lock` and `<path>.tmp`
+   * live next to the real file. A new file is created with mode `0o600`;
+   * an existing file keeps its mode across rewrites.
    */
   path: string;
   /**
@@ -71,6 +84,17 @@ export interface FileDurabilityOptions {
    * process crash but not a power loss or an OS crash.
    */
   fsync?: boolean;
+  /**
+   * How long, in ms, a lock file written by a process on another host (a
+   * container with its own pid namespace on a shared volume) must go without
+   * a refresh before it counts as stale and is broken (default `30000`, at
+   * least `1000`). Such a holder's pid cannot be checked from here; a live
+   * holder refreshes its lock file's mtime every `min(10 s, staleLockMs / 3)`.
+   * Use the same value on every host, and keep the hosts' clocks in sync. A
+   * lock of a process on this host is judged by its pid instead (a dead pid
+   * is broken at once).
+   */
+  staleLockMs?: number;
 }
 
 /** Counters of a {@link FileDurability}, for monitoring and tests. */
@@ -89,33 +113,68 @@ export interface FileDurabilityStats {
 const FORMAT = "@botmesh/durable/file";
 /** The snapshot's format version. */
 const VERSION = 1;
+/** Permission bits of a new snapshot file: it holds chat content. */
+const NEW_FILE_MODE = 0o600;
+/** Default of {@link FileDurabilityOptions.staleLockMs}. */
+const DEFAULT_STALE_LOCK_MS = 30_000;
+/** Longest interval between two refreshes of a held lock file's mtime. */
+const LOCK_REFRESH_MS = 10_000;
+/** An unreadable (empty or damaged) lock file counts as stale once unchanged this long. */
+const UNREADABLE_LOCK_STALE_MS = 10_000;
+/** A `<path>.lock.break` file (held for a few ms while a stale lock is broken) left by a crash is removed once this old. */
+const BREAK_STALE_MS = 5_000;
 
-/** Another process holds the lock file of a {@link FileDurability}. */
+/**
+ * Another process holds the lock file of a {@link FileDurability}: a live
+ * process on this host, a process on another host whose lock file was
+ * refreshed less than `staleLockMs` ago, or a lock file that is unreadable
+ * (being written, or damaged) and changed less than 10 s ago.
+ */
 export class FileLockedError extends Error {
   /** The lock file (absolute path). */
   readonly lockPath: string;
-  /** The pid written in the lock file. */
+  /** The pid written in the lock file (`0` when the lock file is unreadable). */
   readonly pid: number;
   /** The host written in the lock file, if any. */
   readonly hostname: string | undefined;
+  /**
+   * For a lock judged by its age (a holder on another host, or an unreadable
+   * lock file): ms until it counts as stale unless it is refreshed; `null`
+   * for a live process on this host.
+   */
+  readonly staleInMs: number | null;
 
   /**
    * @param file the snapshot file
    * @param lockPath its lock file
-   * @param holder what the lock file says
+   * @param holder what the lock file says, or `null` when it is unreadable
+   * @param staleInMs ms until the lock counts as stale, for a lock judged by its age
    */
-  constructor(file: string, lockPath: string, holder: LockInfo) {
-    const since = holder.startedAt ? `, since ${holder.startedAt}` : "";
-    const host = holder.hostname ? ` on host ${holder.hostname}` : "";
-    super(
-      `FileDurability: ${file} is in use by another process (pid ${holder.pid}${host}${since}); ` +
-        `lock file ${lockPath}. Stop that process first; delete the lock file only if it is gone.`,
-    );
+  constructor(file: string, lockPath: string, holder: LockInfo | null, staleInMs: number | null = null) {
+    const wait = staleInMs === null ? "" : ` It counts as stale in ${seconds(staleInMs)} if it is not refreshed meanwhile.`;
+    if (holder === null) {
+      super(
+        `FileDurability: ${file} is locked: lock file ${lockPath} is unreadable (empty or damaged; its creator may ` +
+          `be writing it).${wait} Delete the lock file only if no process uses the file.`,
+      );
+    } else {
+      const since = holder.startedAt ? `, since ${holder.startedAt}` : "";
+      const host = holder.hostname ? ` on host ${holder.hostname}` : "";
+      super(
+        `FileDurability: ${file} is in use by another process (pid ${holder.pid}${host}${since}); ` +
+          `lock file ${lockPath}.${wait} Stop that process first; delete the lock file only if it is gone.`,
+      );
+    }
     this.name = "FileLockedError";
     this.lockPath = lockPath;
-    this.pid = holder.pid;
-    this.hostname = holder.hostname;
+    this.pid = holder?.pid ?? 0;
+    this.hostname = holder?.hostname;
+    this.staleInMs = staleInMs === null ? null : Math.max(0, Math.ceil(staleInMs));
   }
+}
+
+function seconds(ms: number): string {
+  return `${Math.max(0, Math.ceil(ms / 100) / 10)} s`;
 }
 
 /** The snapshot file cannot be used: damaged JSON, invalid UTF-8, or an invalid structure. */
@@ -190,6 +249,16 @@ function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
+/** Runs one file-system step of `open()`/`close()`; an error of the runtime is wrapped to name the file (`cause` kept). */
+async function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> {
+  try {
+    return await run();
+  } catch (error) {
+    if (error instanceof Error && error.message.startsWith("FileDurability")) throw error;
+    throw new Error(`FileDurability: ${file}: ${what}: ${messageOf(error)}`, { cause: error });
+  }
+}
+
 /** Runs one operation on the open state and resolves once what it observed is on disk. */
 type Run = <T>(operation: (mem: MemoryDurability) => Promise<T>, changed: (result: T) => boolean) => Promise<T>;
 
@@ -204,25 +273,56 @@ let testHooks: { crash(backend: FileDurability): Promise<void> } | undefined;
  * journals small with `retention` (done and sent records are purged), or use
  * SQLite for large volumes.
  *
- * `open()` takes the lock file `<path>.lock` and loads the file; `close()`
- * writes what is left and releases the lock. A `Bot` calls both (`start()` /
+ * `open()` resolves the real path (symlinks followed), takes the lock file
+ * `<path>.lock` and loads the file; `close()` writes what is left and
+ * releases the lock. A `Bot` calls both (`start()` /
  * `stop()`); several bots and your own code may share one instance, and the
  * calls are counted: the file is loaded at the first `open()` and released at
  * the last `close()`.
  *
+ * The lock file holds the pid, the hostname and a random nonce; it is
+ * created atomically with its content (written to a temporary file, then
+ * hard-linked into place), and its holder refreshes its mtime every
+ * `min(10 s, staleLockMs / 3)`. A lock is stale when:
+ * - it names this host (or no host) and its pid is dead, or it holds this
+ *   process's own pid with a nonce this process does not hold (e.g. pid 1 in
+ *   a restarted container): broken at once;
+ * - it names another host (a container on a shared volume: its pid means
+ *   nothing here) and its mtime is older than `staleLockMs` (default 30 s);
+ * - it is unreadable (empty or damaged) and its mtime is older than 10 s.
+ * Processes breaking a stale lock at the same time are serialized by a
+ * short-lived `<path>.lock.break` file (`O_EXCL`; one left by a crash is
+ * removed after 5 s): the lock is re-read under it and deleted only if
+ * unchanged, then taken with `O_EXCL` as usual and checked by its nonce; so
+ * exactly one of them gets it.
+ *
  * Errors:
- * - Another live process holds the lock → {@link FileLockedError} naming the
- *   lock file and its pid. A lock left by a dead process (or holding this
- *   process's own pid without this process holding it, e.g. pid 1 in a
- *   restarted container) is broken at once.
+ * - Another process holds the lock → {@link FileLockedError} naming the lock
+ *   file, the pid and the host (and, for a lock judged by its age, how long
+ *   until it counts as stale).
  * - A damaged file → {@link FileCorruptError} with the byte offset; the file
  *   is left as it is.
- * - A failed rewrite (disk full, permissions) rejects the operations waiting
- *   on it with an error naming the file. Their changes stay in memory and go
- *   out with the next rewrite, so an operation that rejected this way may
- *   still take effect (as after a timeout on a database); nothing resolves
- *   before what it observed is on disk. A `close()` whose final rewrite fails
- *   rejects, and releases the file all the same.
+ * - Any other file-system error of `open()`/`close()` (a directory at the
+ *   path, permissions) → an `Error` whose message starts with
+ *   `FileDurability: <file>:`, the runtime's error as its `cause`.
+ * - A failed rewrite (disk full, permissions) rejects every operation waiting
+ *   for a rewrite (their changes were all made on the state that could not
+ *   be written) with an error naming the file, and the state in memory is
+ *   rebuilt from the file, the last snapshot written: memory never holds what
+ *   is not on disk, so a retried operation (a redelivered message) starts
+ *   from the durable state. An operation running while the state is rebuilt
+ *   rejects as well. A rejected operation did not take effect, unless the
+ *   rewrite failed after its rename (flushing the directory): then the file,
+ *   and the rebuilt state, hold it. Heartbeats are not written on their own:
+ *   leases they extended fall back to the expiry on disk, until the next
+ *   heartbeat extends them again (tokens are unchanged).
+ * - When that rebuild fails too (the file was deleted or cannot be read),
+ *   the backend is failed: every operation rejects with an error naming the
+ *   file and saying to reopen it; `close()` rejects with that error (and
+ *   releases the file), and a later `open()` loads the file again.
+ * - A `close()` whose final rewrite fails rejects, and releases the file all
+ *   the same. When releasing the lock file fails too, it rejects with an
+ *   `AggregateError` of both (its message and `cause` are the first).
  * - Operations on a backend that is not open reject.
  *
  * @example Usage
@@ -276,8 +376,19 @@ export class FileDurability implements DurabilityBackend {
   readonly path: string;
 
   readonly #fsync: boolean;
-  /** The absolute path, known from the first `open()`. */
+  readonly #staleLockMs: number;
+  /** The absolute real path, known from the first `open()`. */
   #file: string | undefined;
+  /** Permission bits of the snapshot file, kept across rewrites. */
+  #mode = NEW_FILE_MODE;
+  /** Refreshes our lock file's mtime while open. */
+  #refreshTimer: ReturnType<typeof setInterval> | null = null;
+  /** Bumped when the state is rebuilt from the file after a failed rewrite. */
+  #generation = 0;
+  /** The rebuild under way: operations wait for it. */
+  #reloading: Promise<void> | null = null;
+  /** Set when a rebuild failed: every operation rejects with it until the backend is reopened. */
+  #failure: Error | null = null;
   #mem: MemoryDurability | null = null;
   /** Open calls not yet matched by a close. */
   #refs = 0;
@@ -302,15 +413,17 @@ export class FileDurability implements DurabilityBackend {
   }
 
   /**
-   * @param options `path` (required) and `fsync` (default `true`)
+   * @param options `path` (required), `fsync` (default `true`) and
+   *   `staleLockMs` (default `30000`)
    * @throws {TypeError} when `options` is not an object, `path` is not a
-   *   non-empty string, or `fsync` is not a boolean; the message names the option
+   *   non-empty string, `fsync` is not a boolean, or `staleLockMs` is not a
+   *   finite number of at least 1000; the message names the option
    */
   constructor(options: FileDurabilityOptions) {
     if (typeof options !== "object" || options === null) {
       throw new TypeError(`FileDurability options must be an object with a "path", got ${show(options)}`);
     }
-    const { path, fsync = true } = options;
+    const { path, fsync = true, staleLockMs = DEFAULT_STALE_LOCK_MS } = options;
     if (typeof path !== "string" || path.length === 0) {
       throw new TypeError(`FileDurability option "path" must be a non-empty string, got ${show(path)}`);
     }
@@ -320,14 +433,20 @@ export class FileDurability implements DurabilityBackend {
     if (typeof fsync !== "boolean") {
       throw new TypeError(`FileDurability option "fsync" must be a boolean, got ${show(fsync)}`);
     }
+    if (typeof staleLockMs !== "number" || !Number.isFinite(staleLockMs) || staleLockMs < 1000) {
+      throw new TypeError(
+        `FileDurability option "staleLockMs" must be a finite number of milliseconds, at least 1000, got ${show(staleLockMs)}`,
+      );
+    }
     this.path = path;
     this.#fsync = fsync;
+    this.#staleLockMs = staleLockMs;
     const run: Run = (operation, changed) => this.#run(operation, changed);
     this.inbox = new FileInbox(run);
     this.outbox = new FileOutbox(run);
   }
 
-  /** The absolute path of the snapshot file (the given `path` until the first `open()`). */
+  /** The absolute real path of the snapshot file, symlinks resolved (the given `path` until the first `open()`). */
   get file(): string {
     return this.#file ?? this.path;
   }
@@ -347,10 +466,11 @@ export class FileDurability implements DurabilityBackend {
    * written at once). Counted: only the first call of a series loads; each
    * call needs a matching {@link close}.
    *
-   * @throws {FileLockedError} when another live process holds `<path>.lock`
+   * @throws {FileLockedError} when another process holds `<path>.lock`
    * @throws {FileCorruptError} when the file is damaged (the file is left untouched)
    * @throws {Error} when the file is already open through another
-   *   `FileDurability` of this process, or cannot be read or created
+   *   `FileDurability` of this process, or cannot be read or created (the
+   *   message starts with `FileDurability: <file>:`, the runtime's error is its `cause`)
    */
   open(): Promise<void> {
     return this.#serial(() => this.#open());
@@ -361,7 +481,9 @@ export class FileDurability implements DurabilityBackend {
    * called, writes what is not on disk yet, and releases the lock; later
    * operations reject. Closing a backend that is not open does nothing.
    *
-   * @throws {Error} when the final rewrite fails (the lock is released all the same)
+   * @throws {Error} when the final rewrite fails or the backend is failed
+   *   (the lock is released all the same), or the lock file cannot be
+   *   released; an `AggregateError` when both happen
    */
   close(): Promise<void> {
     return this.#serial(() => this.#close());
@@ -379,7 +501,10 @@ export class FileDurability implements DurabilityBackend {
       this.#refs++;
       return;
     }
-    const file = this.#file ??= await resolvePath(this.path);
+    const absolute = await resolvePath(this.path);
+    await step(absolute, "cannot create its directory", async () => ensureDir(await dirName(absolute)));
+    // Every path to the file (symlinks) shares one lock and one registration, and a rewrite never replaces a symlink.
+    const file = this.#file = await step(absolute, "cannot resolve its real path", () => realPathOf(absolute));
     const owner = OPEN_FILES.get(file);
     if (owner !== undefined && owner !== this) {
       throw new Error(
@@ -388,14 +513,18 @@ export class FileDurability implements DurabilityBackend {
       );
     }
     OPEN_FILES.set(file, this);
+    this.#failure = null;
     let locked = false;
     try {
-      await ensureDir(await dirName(file));
-      this.#lockNonce = await acquireLock(file);
+      this.#lockNonce = await step(file, `cannot take the lock file ${file}.lock`, () => acquireLock(file, this.#staleLockMs));
       locked = true;
+      this.#startRefresh(file);
+      const stat = await step(file, "cannot read it", () => statFile(file));
+      if (stat?.isDirectory) throw new Error(`FileDurability: ${file}: is a directory; the option "path" must name a file`);
+      this.#mode = stat?.mode ?? NEW_FILE_MODE;
       // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
-      await removeFile(`${file}.tmp`);
-      const bytes = await readFileBytes(file);
+      await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
+      const bytes = await step(file, "cannot read it", () => readFileBytes(file));
       const mem = new MemoryDurability();
       if (bytes !== null) mem.importRecords(parseSnapshot(file, bytes));
       this.#mem = mem;
@@ -403,10 +532,13 @@ export class FileDurability implements DurabilityBackend {
       if (bytes === null) {
         this.#version = 1; // a new file: write it now, so a bad path or permission shows at start
         await this.#waitDurable(1);
+        if (this.#failure !== null) throw this.#failure;
       }
       this.#refs = 1;
     } catch (error) {
       this.#mem = null;
+      this.#failure = null;
+      this.#stopRefresh();
       if (locked) await this.#releaseLock(file).catch(() => {});
       if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
       throw error;
@@ -418,6 +550,7 @@ export class FileDurability implements DurabilityBackend {
     if (--this.#refs > 0) return;
     const file = this.#file!;
     let failure: unknown = null;
+    let releaseFailure: unknown = null;
     try {
       // Let operations already under way join, then write what is not on disk yet.
       await null;
@@ -428,15 +561,28 @@ export class FileDurability implements DurabilityBackend {
     } catch (error) {
       failure = error;
     } finally {
+      if (failure === null && this.#failure !== null) failure = this.#failure;
       this.#mem = null;
+      this.#failure = null;
       this.#writing ??= this.#writeLoop(); // rejects operations that slipped in after a failed final rewrite
+      this.#stopRefresh();
       try {
-        await this.#releaseLock(file);
+        await step(file, `cannot release the lock file ${file}.lock`, () => this.#releaseLock(file));
+      } catch (error) {
+        releaseFailure = error;
       } finally {
         if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
       }
     }
+    if (failure !== null && releaseFailure !== null) {
+      throw new AggregateError(
+        [failure, releaseFailure],
+        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
+        { cause: failure },
+      );
+    }
     if (failure !== null) throw failure;
+    if (releaseFailure !== null) throw releaseFailure;
   }
 
   async #releaseLock(file: string): Promise<void> {
@@ -449,7 +595,28 @@ export class FileDurability implements DurabilityBackend {
     if (bytes !== null && parseLock(new TextDecoder().decode(bytes))?.nonce === nonce) await removeFile(`${file}.lock`);
   }
 
-  /** The state; throws when the backend is not open. */
+  /** Refresh our lock file's mtime while we hold it, so a process on another host can tell we are alive. */
+  #startRefresh(file: string): void {
+    this.#stopRefresh();
+    const lockPath = `${file}.lock`;
+    const timer = setInterval(() => {
+      const nonce = this.#lockNonce;
+      if (nonce === null) return;
+      void (async () => {
+        const bytes = await readFileBytes(lockPath);
+        if (bytes !== null && parseLock(new TextDecoder().decode(bytes))?.nonce === nonce) await touchFile(lockPath);
+      })().catch(() => {}); // best effort: the next tick tries again
+    }, Math.min(LOCK_REFRESH_MS, this.#staleLockMs / 3));
+    unrefTimer(timer);
+    this.#refreshTimer = timer;
+  }
+
+  #stopRefresh(): void {
+    if (this.#refreshTimer !== null) clearInterval(this.#refreshTimer);
+    this.#refreshTimer = null;
+  }
+
+  /** The state; throws when the backend is not open or is failed. */
   #memory(): MemoryDurability {
     const mem = this.#mem;
     if (mem === null || this.#refs === 0) {
@@ -459,6 +626,7 @@ export class FileDurability implements DurabilityBackend {
           : `FileDurability ${this.file} is not open: call open() or start the bot`,
       );
     }
+    if (this.#failure !== null) throw new Error(this.#failure.message, { cause: this.#failure.cause });
     return mem;
   }
 
@@ -466,20 +634,34 @@ export class FileDurability implements DurabilityBackend {
    * Runs one operation on the in-memory state and resolves once what it
    * observed is on disk. `changed` says from the result whether it changed
    * the state (heartbeats and no-op results do not). A stale lease also waits
-   * for what it observed (the claim that took the lease) to be on disk.
+   * for what it observed (the claim that took the lease) to be on disk. An
+   * operation that ran on a state discarded by a rebuild (after a failed
+   * rewrite) rejects.
    */
   async #run<T>(operation: (mem: MemoryDurability) => Promise<T>, changed: (result: T) => boolean): Promise<T> {
+    while (this.#reloading !== null) await this.#reloading;
     const mem = this.#memory();
+    const generation = this.#generation;
     let result: T;
     try {
       result = await operation(mem);
     } catch (error) {
+      if (generation !== this.#generation) throw this.#discardedError();
       if (error instanceof StaleLeaseError) await this.#waitDurable(this.#version);
       throw error;
     }
+    // Between the change in memory and the waiter's registration, a failed rewrite may have rebuilt the state.
+    if (generation !== this.#generation) throw this.#discardedError();
     if (changed(result)) this.#version++;
     await this.#waitDurable(this.#version);
     return result;
+  }
+
+  #discardedError(): Error {
+    return new Error(
+      `FileDurability could not write ${this.file}: a failed rewrite discarded the state this operation ran on ` +
+        `(it was rebuilt from the file); the operation did not take effect`,
+    );
   }
 
   #waitDurable(target: number): Promise<void> {
@@ -509,27 +691,60 @@ export class FileDurability implements DurabilityBackend {
           break;
         }
         const version = this.#version;
-        let failure: Error | null = null;
         try {
           await this.#rewrite(this.#mem);
-          this.#durable = Math.max(this.#durable, version);
         } catch (error) {
           this.#stats.failedRewrites++;
-          failure = new Error(`FileDurability could not write ${this.file}: ${messageOf(error)}`, { cause: error });
+          const failure = new Error(`FileDurability could not write ${this.file}: ${messageOf(error)}`, { cause: error });
+          // Every waiting operation's change is on the state that could not be written, not only those the
+          // failed rewrite covered: reject them all and rebuild the state from the file.
+          this.#generation++;
+          const waiters = this.#waiters.splice(0);
+          const rebuild = this.#rebuild(failure);
+          this.#reloading = rebuild;
+          try {
+            await rebuild;
+          } finally {
+            this.#reloading = null;
+          }
+          for (const waiter of waiters) waiter.reject(failure);
+          continue;
         }
+        this.#durable = Math.max(this.#durable, version);
         let settled = 0;
         while (settled < this.#waiters.length && this.#waiters[settled].target <= version) settled++;
-        for (const waiter of this.#waiters.splice(0, settled)) {
-          if (failure) waiter.reject(failure);
-          else waiter.resolve();
-        }
+        for (const waiter of this.#waiters.splice(0, settled)) waiter.resolve();
       }
     } finally {
       this.#writing = null;
     }
   }
 
-  /** One snapshot rewrite: `JSON.stringify` of the whole state, then an atomic replace. */
+  /**
+   * After a failed rewrite: replaces the state in memory with the file's (the
+   * last snapshot written; the rename is atomic), or, when the file cannot
+   * be read, puts the backend in the failed state. Never rejects.
+   */
+  async #rebuild(failure: Error): Promise<void> {
+    const file = this.#file!;
+    try {
+      const bytes = await readFileBytes(file);
+      if (bytes === null) throw new Error("the file is gone (deleted, or its directory was)");
+      const mem = new MemoryDurability();
+      mem.importRecords(parseSnapshot(file, bytes));
+      if (this.#mem !== null && !this.#crashed) this.#mem = mem;
+    } catch (error) {
+      this.#failure = new Error(
+        `FileDurability could not write ${file} (${messageOf(failure.cause)}) nor reload it to drop the unwritten ` +
+          `changes (${messageOf(error)}). Every operation rejects until it is reopened: close it and open it again ` +
+          `(stop and start the bot) once the file is usable.`,
+        { cause: failure },
+      );
+    }
+    this.#durable = this.#version; // memory holds only what is on disk (or nothing more will be written)
+  }
+
+  /** One snapshot rewrite: `JSON.stringify` of the whole state, then an atomic replace keeping the file's mode. */
   async #rewrite(mem: MemoryDurability): Promise<void> {
     const started = performance.now();
     const records = mem.exportRecords();
@@ -540,7 +755,7 @@ export class FileDurability implements DurabilityBackend {
       inbox: records.inbox,
       outbox: records.outbox,
     });
-    await writeFileAtomic(this.#file!, text, { fsync: this.#fsync });
+    await writeFileAtomic(this.#file!, text, { fsync: this.#fsync, mode: this.#mode });
     this.#stats.rewrites++;
     this.#stats.lastSnapshotChars = text.length;
     this.#stats.lastRewriteMs = performance.now() - started;
@@ -549,6 +764,7 @@ export class FileDurability implements DurabilityBackend {
   async #crash(): Promise<void> {
     this.#crashed = true;
     this.#refs = 0;
+    this.#stopRefresh();
     const error = this.#crashError();
     for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
     if (this.#writing !== null) await this.#writing; // a write under way finishes, as the kernel would finish a rename
@@ -667,32 +883,60 @@ class FileOutbox implements OutboxJournal {
 // ---------------------------------------------------------------------------
 // The lock file
 
+/** A lock file as read: its bytes and its mtime. */
+interface SeenLock {
+  bytes: Uint8Array;
+  mtimeMs: number;
+}
+
+async function readLock(lockPath: string): Promise<SeenLock | null> {
+  const stat = await statFile(lockPath);
+  if (stat === null) return null;
+  const bytes = await readFileBytes(lockPath);
+  return bytes === null ? null : { bytes, mtimeMs: stat.mtimeMs };
+}
+
 /**
- * Takes `<file>.lock` (`O_EXCL`) and returns the nonce written in it. A stale
- * lock is broken: its pid is dead, or it is this process's pid with a nonce
- * this process does not hold (a restart that got the same pid, e.g. pid 1 in
- * a container).
+ * Takes `<file>.lock` and returns the nonce written in it. The lock file is
+ * created atomically with its content (a temporary file hard-linked into
+ * place, `O_EXCL` semantics), then re-read to check that it holds our nonce.
+ * A stale lock (see {@link FileDurability}) is broken under `<file>.lock.break`.
  */
-async function acquireLock(file: string): Promise<string> {
+async function acquireLock(file: string, staleLockMs: number): Promise<string> {
   const lockPath = `${file}.lock`;
   const pid = await currentPid();
+  const host = await hostname();
   const nonce = randomId();
-  const mine = JSON.stringify({ pid, hostname: await hostname(), startedAt: new Date().toISOString(), nonce });
+  const mine = JSON.stringify({ pid, hostname: host, startedAt: new Date().toISOString(), nonce });
+  const decoder = new TextDecoder();
   let unreadable = 0;
-  for (let attempt = 0; attempt < 20; attempt++) {
-    if (await createExclusive(lockPath, mine)) {
-      HELD_LOCKS.add(nonce);
-      return nonce;
-    }
-    const bytes = await readFileBytes(lockPath);
-    if (bytes === null) continue; // released meanwhile
-    const holder = parseLock(new TextDecoder().decode(bytes));
-    if (holder === null) {
-      // Its creator may be writing it right now; one that stays empty was left by a crash right after creation.
-      if (++unreadable <= 3) {
-        await delay(50);
-        continue;
+  for (let attempt = 0; attempt < 100; attempt++) {
+    if (await createExclusiveLinked(lockPath, mine, `${lockPath}.${nonce}.tmp`)) {
+      // Ours unless another process deleted it meanwhile (only possible after a crash while breaking, or by hand).
+      const check = await readFileBytes(lockPath);
+      if (check !== null && parseLock(decoder.decode(check))?.nonce === nonce) {
+        HELD_LOCKS.add(nonce);
+        return nonce;
       }
+      continue;
+    }
+    const seen = await readLock(lockPath);
+    if (seen === null) continue; // released meanwhile
+    const holder = parseLock(decoder.decode(seen.bytes));
+    const age = Date.now() - seen.mtimeMs;
+    if (holder === null) {
+      // Our lock files have their content from creation; an unreadable one is being written by another
+      // library version or file system without hard links, or was damaged: stale only once unchanged 10 s.
+      if (age < UNREADABLE_LOCK_STALE_MS) {
+        if (++unreadable <= 3) {
+          await delay(50);
+          continue;
+        }
+        throw new FileLockedError(file, lockPath, null, UNREADABLE_LOCK_STALE_MS - age);
+      }
+    } else if (holder.hostname !== undefined && holder.hostname !== host) {
+      // Another host (a container on a shared volume): its pid means nothing here; a live holder refreshes the mtime.
+      if (age < staleLockMs) throw new FileLockedError(file, lockPath, holder, staleLockMs - age);
     } else if (holder.pid === pid) {
       if (holder.nonce !== undefined && HELD_LOCKS.has(holder.nonce)) {
         throw new Error(
@@ -703,11 +947,38 @@ async function acquireLock(file: string): Promise<string> {
     } else if (await holderAlive(lockPath, holder.pid)) {
       throw new FileLockedError(file, lockPath, holder);
     }
-    // Stale: delete it unless it changed since we read it (another process took it meanwhile).
-    const again = await readFileBytes(lockPath);
-    if (again !== null && sameBytes(again, bytes)) await removeFile(lockPath);
+    if (!(await breakStaleLock(lockPath, seen))) await delay(2 + Math.random() * 10); // another process is breaking it
   }
   throw new Error(`FileDurability: could not take the lock file ${lockPath} (it keeps changing)`);
+}
+
+/**
+ * Deletes the stale lock file `seen`, unless it changed since (another
+ * process broke it and took the lock meanwhile), under `<lock>.break`
+ * (`O_EXCL`), so that processes breaking one stale lock at the same time do
+ * it one after the other. Returns `false` when another process holds
+ * `<lock>.break` (one left by a crash is removed once older than 5 s).
+ */
+async function breakStaleLock(lockPath: string, seen: SeenLock): Promise<boolean> {
+  const breakPath = `${lockPath}.break`;
+  const token = randomId();
+  if (!(await createExclusive(breakPath, token))) {
+    const text = await readFileBytes(breakPath);
+    const stat = await statFile(breakPath);
+    if (text !== null && stat !== null && Date.now() - stat.mtimeMs > BREAK_STALE_MS) {
+      const again = await readFileBytes(breakPath);
+      if (again !== null && sameBytes(again, text)) await removeFile(breakPath);
+    }
+    return false;
+  }
+  try {
+    const now = await readLock(lockPath);
+    if (now !== null && sameBytes(now.bytes, seen.bytes) && now.mtimeMs === seen.mtimeMs) await removeFile(lockPath);
+  } finally {
+    const mine = await readFileBytes(breakPath).catch(() => null);
+    if (mine !== null && new TextDecoder().decode(mine) === token) await removeFile(breakPath).catch(() => {});
+  }
+  return true;
 }
 
 /** Whether the lock's holder runs; a runtime that cannot tell gets a clear error instead of a guess. */

@@ -1,6 +1,20 @@
 import { afterEach, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, symlinkSync, writeFileSync } from "node:fs";
-import { tmpdir } from "node:os";
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmdirSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  utimesSync,
+  writeFileSync,
+} from "node:fs";
+import { hostname, tmpdir } from "node:os";
 import { join, relative } from "node:path";
 import { FileCorruptError, FileDurability, FileLockedError, simulateCrash } from "../backends/file.ts";
 import { MemoryDurability } from "../backends/memory.ts";
@@ -171,7 +185,7 @@ describe("the lock", () => {
     symlinkSync(join(dir, "real"), join(dir, "link"));
     const first = await openAt(join(dir, "real", "bot.json"));
     const second = backendAt(join(dir, "link", "bot.json"));
-    expect((await rejection(second.open())).message).toMatch(/already open in this process \(through another path/);
+    expect((await rejection(second.open())).message).toContain(`${join(dir, "real", "bot.json")} is already open in this process`);
     expect(JSON.parse(readFileSync(join(dir, "real", "bot.json.lock"), "utf8")).pid).toBe(process.pid);
     await first.close();
     await second.open();
@@ -180,7 +194,7 @@ describe("the lock", () => {
   test("a lock left by a dead process is broken at once", async () => {
     const path = join(tempDir(), "bot.json");
     const pid = deadPid();
-    writeFileSync(`${path}.lock`, JSON.stringify({ pid, hostname: "old", startedAt: "2020-01-01T00:00:00.000Z" }));
+    writeFileSync(`${path}.lock`, JSON.stringify({ pid, hostname: hostname(), startedAt: "2020-01-01T00:00:00.000Z" }));
     const b = await openAt(path);
     expect(JSON.parse(readFileSync(`${path}.lock`, "utf8")).pid).toBe(process.pid);
     await b.close();
@@ -194,9 +208,11 @@ describe("the lock", () => {
     await b.close();
   });
 
-  test("an empty lock file (a crash right after its creation) is broken after a short grace", async () => {
+  test("an empty lock file (a crash right after its creation) is broken once unchanged for 10 s", async () => {
     const path = join(tempDir(), "bot.json");
     writeFileSync(`${path}.lock`, "");
+    const old = new Date(Date.now() - 11_000);
+    utimesSync(`${path}.lock`, old, old);
     const b = await openAt(path);
     expect(JSON.parse(readFileSync(`${path}.lock`, "utf8")).pid).toBe(process.pid);
   });
@@ -205,7 +221,7 @@ describe("the lock", () => {
     const path = join(tempDir(), "bot.json");
     const sleeper = Bun.spawn(["sleep", "30"]);
     try {
-      const lockText = JSON.stringify({ pid: sleeper.pid, hostname: "elsewhere", startedAt: "2024-05-01T10:00:00.000Z" });
+      const lockText = JSON.stringify({ pid: sleeper.pid, hostname: hostname(), startedAt: "2024-05-01T10:00:00.000Z" });
       writeFileSync(`${path}.lock`, lockText);
       writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 1, outboxSeq: 0, inbox: [], outbox: [] }));
       const fileBefore = readFileSync(path);
@@ -216,6 +232,7 @@ describe("the lock", () => {
       expect(error.message).toContain(`lock file ${path}.lock`);
       expect((error as FileLockedError).pid).toBe(sleeper.pid);
       expect((error as FileLockedError).lockPath).toBe(`${path}.lock`);
+      expect((error as FileLockedError).staleInMs).toBe(null); // judged by its pid, not by its age
       expect(readFileSync(`${path}.lock`, "utf8")).toBe(lockText);
       expect(readFileSync(path).equals(fileBefore)).toBe(true);
       expect(b.isOpen).toBe(false);
@@ -475,7 +492,7 @@ describe("group commit and durability", () => {
     expect(b.stats.rewrites).toBe(rewrites);
   });
 
-  test("a failed rewrite rejects its operations naming the file; the change goes out with the next rewrite", async () => {
+  test("a failed rewrite whose file cannot be reloaded fails the backend: every operation rejects, saying to reopen", async () => {
     const dir = tempDir();
     const path = join(dir, "data", "bot.json");
     const b = await openAt(path);
@@ -484,12 +501,21 @@ describe("group commit and durability", () => {
     const error = await rejection(b.inbox.admit(msg("m2")));
     expect(error.message).toContain(`FileDurability could not write ${path}`);
     expect(b.stats.failedRewrites).toBe(1);
-    // A read of the unwritten state tries again, and fails again while the directory is missing.
-    expect((await rejection(b.inbox.get("m2"))).message).toContain(path);
+    // The file is gone with its directory: the state cannot be rebuilt, so nothing is served from memory.
     mkdirSync(join(dir, "data"));
-    expect((await b.inbox.get("m2"))?.state).toBe("pending");
-    const onDisk = JSON.parse(readFileSync(path, "utf8"));
-    expect(onDisk.inbox.map((r: { id: string }) => r.id)).toEqual(["m1", "m2"]);
+    for (const op of [b.inbox.get("m1"), b.inbox.admit(msg("m3")), b.outbox.list()]) {
+      const failed = await rejection(op);
+      expect(failed.message).toContain(`FileDurability could not write ${path}`);
+      expect(failed.message).toContain("nor reload it");
+      expect(failed.message).toContain("close it and open it again");
+    }
+    expect(b.stats.failedRewrites).toBe(1); // nothing more was tried
+    expect((await rejection(b.close())).message).toContain("close it and open it again");
+    expect(b.isOpen).toBe(false);
+    await b.open(); // reopened: loads the file (gone: starts empty, written at once)
+    expect(await b.inbox.list()).toEqual([]);
+    await b.inbox.admit(msg("m4"));
+    expect(JSON.parse(readFileSync(path, "utf8")).inbox.map((r: { id: string }) => r.id)).toEqual(["m4"]);
   });
 
   test("a close whose final rewrite fails rejects naming the file, and releases it all the same", async () => {
@@ -584,4 +610,248 @@ describe("restart from disk", () => {
     const dup = new MemoryDurability();
     expect(() => dup.importRecords({ ...exported, inbox: [exported.inbox[0], exported.inbox[0]] })).toThrow(/twice/);
   });
+});
+
+describe("a failed rewrite never leaves its change in memory", () => {
+  test("a leased admit whose rewrite fails is not kept: the redelivered message is admitted again, not a duplicate", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m0"));
+    mkdirSync(`${path}.tmp`); // the next rewrite fails (EISDIR), as ENOSPC or EACCES would
+    const error = await rejection(b.inbox.admit(msg("m1"), A));
+    expect(error.message).toContain(`FileDurability could not write ${path}`);
+    expect((error.cause as { code?: string }).code).toBe("EISDIR");
+    expect(await b.inbox.get("m1")).toBe(null); // memory holds only what is on disk
+    rmdirSync(`${path}.tmp`);
+    const again = await b.inbox.admit(msg("m1"), A); // the channel redelivers it
+    expect(again?.state).toBe("processing");
+    expect(again?.lease?.token).toBe(1);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m0", "m1"]);
+    expect(JSON.parse(readFileSync(path, "utf8")).inbox.map((r: { id: string }) => r.id)).toEqual(["m0", "m1"]);
+  });
+
+  test("every waiting operation rejects, not only those of the failed rewrite; none of their changes stays", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const head = (await b.outbox.reserve(send("k0"), A)).entry;
+    mkdirSync(`${path}.tmp`);
+    const first = b.inbox.admit(msg("m1")); // this one starts a rewrite
+    await Promise.resolve();
+    await Promise.resolve();
+    await Promise.resolve();
+    const later = [b.inbox.admit(msg("m2")), b.outbox.markSent("k0", head.lease!.token, "mid"), b.outbox.reserve(send("k1"))];
+    const results = await Promise.allSettled([first, ...later]);
+    expect(results.map((r) => r.status)).toEqual(["rejected", "rejected", "rejected", "rejected"]);
+    rmdirSync(`${path}.tmp`);
+    expect(await b.inbox.list()).toEqual([]);
+    expect((await b.outbox.list()).map((e) => [e.key, e.state])).toEqual([["k0", "sending"]]);
+    // The lease is the one on disk: its token still works.
+    await b.outbox.markSent("k0", head.lease!.token, "mid");
+    expect((await b.outbox.get("k0"))?.state).toBe("sent");
+  });
+
+  test("a heartbeat-extended lease falls back to its expiry on disk after a rebuild; the next heartbeat extends it", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const r = (await b.inbox.admit(msg("m1"), { ...A, leaseMs: 1_000 }))!;
+    expect(await b.inbox.heartbeat("m1", r.lease!.token, 500_000)).toBe(true);
+    mkdirSync(`${path}.tmp`);
+    await rejection(b.inbox.admit(msg("m2")));
+    rmdirSync(`${path}.tmp`);
+    expect((await b.inbox.get("m1"))?.lease?.expiresAt).toBe(r.lease!.expiresAt);
+    expect(await b.inbox.heartbeat("m1", r.lease!.token, 500_000)).toBe(true);
+    expect((await b.inbox.get("m1"))!.lease!.expiresAt).toBeGreaterThan(r.lease!.expiresAt + 400_000);
+  });
+
+  test("close: a failed final state and a failed lock release are both reported (AggregateError)", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    // The rewrite cannot rename over a directory, the reload cannot read one: the backend is failed.
+    rmSync(path);
+    mkdirSync(path);
+    await rejection(b.inbox.admit(msg("m2")));
+    // And the lock file cannot be read to be released.
+    rmSync(`${path}.lock`);
+    mkdirSync(`${path}.lock`);
+    const error = await rejection(b.close());
+    expect(error).toBeInstanceOf(AggregateError);
+    expect(error.message).toContain(`FileDurability could not write ${path}`);
+    expect(error.message).toContain(`cannot release the lock file ${path}.lock`);
+    const errors = (error as AggregateError).errors as Error[];
+    expect(errors).toHaveLength(2);
+    expect(errors[0].message).toContain("close it and open it again");
+    expect(errors[1].message).toContain(`FileDurability: ${path}: cannot release the lock file`);
+    expect(error.cause).toBe(errors[0]);
+    expect(b.isOpen).toBe(false);
+  });
+});
+
+describe("symlinks, modes, errors naming the file", () => {
+  test("a symlinked file: one lock for both paths, and a rewrite keeps the symlink", async () => {
+    const dir = tempDir();
+    const real = join(dir, "bot.json");
+    const link = join(dir, "link.json");
+    const a = await openAt(real);
+    await a.close();
+    symlinkSync(real, link);
+    const b = await openAt(link);
+    expect(b.file).toBe(real);
+    expect(existsSync(`${real}.lock`)).toBe(true);
+    expect(existsSync(`${link}.lock`)).toBe(false);
+    const other = backendAt(real);
+    expect((await rejection(other.open())).message).toContain(`${real} is already open in this process`);
+    await b.inbox.admit(msg("m1"));
+    expect(lstatSync(link).isSymbolicLink()).toBe(true);
+    expect(JSON.parse(readFileSync(real, "utf8")).inbox.map((r: { id: string }) => r.id)).toEqual(["m1"]);
+    await b.close();
+    expect(existsSync(`${real}.lock`)).toBe(false);
+  });
+
+  test("a dangling symlink: the file is created at its target, the symlink stays", async () => {
+    const dir = tempDir();
+    const target = join(dir, "target.json");
+    const link = join(dir, "link.json");
+    symlinkSync(target, link);
+    const b = await openAt(link);
+    expect(b.file).toBe(target);
+    await b.inbox.admit(msg("m1"));
+    expect(lstatSync(link).isSymbolicLink()).toBe(true);
+    expect(JSON.parse(readFileSync(target, "utf8")).inbox).toHaveLength(1);
+  });
+
+  test("a directory at the path: open() fails naming the file", async () => {
+    const path = join(tempDir(), "bot.json");
+    mkdirSync(path);
+    const error = await rejection(backendAt(path).open());
+    expect(error.message).toStartWith(`FileDurability: ${path}: `);
+    expect(error.message).toContain("is a directory");
+    expect(existsSync(`${path}.lock`)).toBe(false);
+  });
+
+  test("a directory that cannot be created: the error names the file and keeps the cause", async () => {
+    const dir = tempDir();
+    writeFileSync(join(dir, "plain"), "x");
+    const path = join(dir, "plain", "bot.json");
+    const error = await rejection(backendAt(path).open());
+    expect(error.message).toStartWith(`FileDurability: ${path}: cannot create its directory: `);
+    expect(["ENOTDIR", "EEXIST"]).toContain(String((error.cause as { code?: string }).code));
+  });
+
+  test("a new file gets mode 0600; rewrites keep an existing file's mode", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    expect(statSync(path).mode & 0o777).toBe(0o600);
+    await b.close();
+    chmodSync(path, 0o640);
+    await b.open();
+    await b.inbox.admit(msg("m1"));
+    expect(statSync(path).mode & 0o777).toBe(0o640);
+    await b.close();
+    chmodSync(path, 0o600);
+    await b.open();
+    await b.inbox.admit(msg("m2"));
+    expect(statSync(path).mode & 0o777).toBe(0o600);
+  });
+});
+
+describe("the lock across hosts and processes", () => {
+  test("staleLockMs must be a finite number of at least 1000: a TypeError naming it", () => {
+    // @ts-expect-error wrong on purpose
+    expect(() => new FileDurability({ path: "x.json", staleLockMs: "30s" })).toThrow(/option "staleLockMs" must be/);
+    expect(() => new FileDurability({ path: "x.json", staleLockMs: 10 })).toThrow(TypeError);
+    expect(() => new FileDurability({ path: "x.json", staleLockMs: Infinity })).toThrow(/"staleLockMs".*got Infinity/);
+    expect(new FileDurability({ path: "x.json", staleLockMs: 60_000 }).name).toBe("file");
+  });
+
+  test("a lock of another host is judged by its mtime, not its pid: respected while fresh, broken once stale", async () => {
+    const path = join(tempDir(), "bot.json");
+    const lockText = JSON.stringify({ pid: deadPid(), hostname: "other-container", startedAt: "2024-05-01T10:00:00.000Z", nonce: "n" });
+    writeFileSync(`${path}.lock`, lockText);
+    const b = backendAt(path);
+    const error = await rejection(b.open());
+    expect(error).toBeInstanceOf(FileLockedError);
+    expect(error.message).toContain("on host other-container");
+    expect(error.message).toContain(`lock file ${path}.lock`);
+    expect(error.message).toMatch(/counts as stale in (29\.\d|30) s/);
+    expect((error as FileLockedError).hostname).toBe("other-container");
+    expect((error as FileLockedError).staleInMs).toBeGreaterThan(25_000);
+    expect(readFileSync(`${path}.lock`, "utf8")).toBe(lockText);
+    // 31 s without a refresh: its holder is gone.
+    const old = new Date(Date.now() - 31_000);
+    utimesSync(`${path}.lock`, old, old);
+    await b.open();
+    expect(JSON.parse(readFileSync(`${path}.lock`, "utf8")).pid).toBe(process.pid);
+    await b.close();
+    // staleLockMs sets the threshold.
+    writeFileSync(`${path}.lock`, lockText);
+    const recent = new Date(Date.now() - 5_000);
+    utimesSync(`${path}.lock`, recent, recent);
+    const c = new FileDurability({ path, staleLockMs: 4_000 });
+    opened.push(c);
+    await c.open();
+  });
+
+  test("the holder refreshes its lock file's mtime", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = new FileDurability({ path, staleLockMs: 1_000 }); // refreshed every 333 ms
+    opened.push(b);
+    await b.open();
+    const old = new Date(Date.now() - 60_000);
+    utimesSync(`${path}.lock`, old, old);
+    await Bun.sleep(600);
+    expect(Date.now() - statSync(`${path}.lock`).mtimeMs).toBeLessThan(1_000);
+    await b.close();
+  });
+
+  test("an empty lock file that changed recently is respected (its creator may be writing it)", async () => {
+    const path = join(tempDir(), "bot.json");
+    writeFileSync(`${path}.lock`, "");
+    const error = await rejection(backendAt(path).open());
+    expect(error).toBeInstanceOf(FileLockedError);
+    expect(error.message).toContain(`lock file ${path}.lock is unreadable`);
+    expect((error as FileLockedError).staleInMs).toBeGreaterThan(9_000);
+    expect(readFileSync(`${path}.lock`, "utf8")).toBe("");
+  });
+
+  test("our lock file has its content from its creation, and no temporary file is left", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    const b = await openAt(path);
+    expect(JSON.parse(readFileSync(`${path}.lock`, "utf8")).nonce).toBeString();
+    expect(readdirSync(dir).sort()).toEqual(["bot.json", "bot.json.lock"]);
+    await b.close();
+    expect(readdirSync(dir)).toEqual(["bot.json"]);
+  });
+
+  test("processes breaking one stale lock at the same time: exactly one gets it, every round", async () => {
+    const ROUNDS = 10;
+    const PROCS = 6;
+    const ROUND_MS = 450;
+    const dir = tempDir();
+    const paths = Array.from({ length: ROUNDS }, (_, i) => {
+      const path = join(dir, `r${i}`, "bot.json");
+      mkdirSync(join(dir, `r${i}`));
+      writeFileSync(`${path}.lock`, JSON.stringify({ pid: deadPid(), nonce: "dead" }));
+      return path;
+    });
+    const fixture = join(import.meta.dir, "fixtures", "file_writer.ts");
+    const startAt = Date.now() + 1_200; // every child started and loaded
+    const children = Array.from({ length: PROCS }, () =>
+      Bun.spawn([process.execPath, fixture, "--lock-race", String(startAt), String(ROUND_MS), "300", ...paths], {
+        stdout: "pipe",
+        stderr: "inherit",
+      })
+    );
+    const outputs = await Promise.all(children.map((c) => new Response(c.stdout).text()));
+    const opened = new Array<number>(ROUNDS).fill(0);
+    const answered = new Array<number>(ROUNDS).fill(0);
+    for (const line of outputs.join("").split("\n").filter(Boolean)) {
+      const [what, round] = line.split(" ");
+      answered[Number(round)]++;
+      if (what === "OPENED") opened[Number(round)]++;
+    }
+    expect(answered).toEqual(new Array(ROUNDS).fill(PROCS));
+    expect(opened).toEqual(new Array(ROUNDS).fill(1));
+  }, 10_000);
 });

@@ -90,6 +90,13 @@ export interface AtomicWriteOptions {
   fsync?: boolean;
   /** The temporary file to write first (default `<path>.tmp`); it must be on the same file system. */
   tempPath?: string;
+  /**
+   * Permission bits of the new file (e.g. `0o600`), set on the temporary
+   * file with `chmod` before the rename, so the umask does not apply and the
+   * file never exists with wider permissions. Default: the runtime's default
+   * for a new file (`0o666` minus the umask).
+   */
+  mode?: number;
 }
 
 /**
@@ -102,7 +109,7 @@ export interface AtomicWriteOptions {
  *
  * @param path the file to replace
  * @param data the new content (a string is written as UTF-8)
- * @param options `fsync` (default `true`) and `tempPath` (default `<path>.tmp`)
+ * @param options `fsync` (default `true`), `tempPath` (default `<path>.tmp`) and `mode`
  * @throws {Error} a write, flush or rename error of the runtime (`ENOSPC`, `EACCES`, `ENOENT`, …)
  */
 export async function writeFileAtomic(
@@ -115,8 +122,9 @@ export async function writeFileAtomic(
   const temp = options.tempPath ?? `${path}.tmp`;
   let renamed = false;
   try {
-    const handle = await f.open(temp, "w");
+    const handle = await f.open(temp, "w", options.mode ?? 0o666);
     try {
+      if (options.mode !== undefined) await f.chmod(temp, options.mode); // also when the temporary file existed
       await handle.writeFile(data);
       if (sync) await handle.sync();
     } finally {
@@ -187,6 +195,113 @@ export async function createExclusive(
     await handle.close();
   }
   return true;
+}
+
+/**
+ * Create `path` atomically with `text` in it: the content is written to a
+ * unique temporary file next to it, which is then hard-linked to `path`
+ * (`link` fails when `path` exists, like `O_EXCL`). Unlike
+ * {@link createExclusive}, `path` never exists empty or half written. Where
+ * the file system has no hard links (`EPERM`, `ENOTSUP`, `ENOSYS`, `EXDEV`),
+ * falls back to {@link createExclusive}.
+ *
+ * @param path the file
+ * @param text its content (UTF-8)
+ * @param tempPath the temporary file (unique, same directory); removed before returning
+ * @returns `true` when created, `false` when the file already exists
+ * @throws {Error} any other error (the directory is missing, permissions)
+ */
+export async function createExclusiveLinked(path: string, text: string, tempPath: string): Promise<boolean> {
+  const f = await fs();
+  try {
+    await f.writeFile(tempPath, text, { flag: "wx" });
+    try {
+      await f.link(tempPath, path);
+      return true;
+    } catch (error) {
+      const code = errorCode(error);
+      if (code === "EEXIST") return false;
+      if (code === "EPERM" || code === "ENOTSUP" || code === "ENOSYS" || code === "EXDEV" || code === "EOPNOTSUPP") {
+        return await createExclusive(path, text);
+      }
+      throw error;
+    }
+  } finally {
+    await f.rm(tempPath, { force: true }).catch(() => {});
+  }
+}
+
+/** What {@link statFile} returns. */
+export interface FileStat {
+  /** Whether it is a directory. */
+  isDirectory: boolean;
+  /** Permission bits (`mode & 0o7777`). */
+  mode: number;
+  /** Last modification time, ms since the epoch. */
+  mtimeMs: number;
+}
+
+/**
+ * The type, permission bits and modification time of `path` (symlinks followed).
+ *
+ * @param path the file
+ * @returns its stat, or `null` when it does not exist
+ * @throws {Error} any other error (permissions, I/O)
+ */
+export async function statFile(path: string): Promise<FileStat | null> {
+  try {
+    const st = await (await fs()).stat(path);
+    return { isDirectory: st.isDirectory(), mode: st.mode & 0o7777, mtimeMs: st.mtimeMs };
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return null;
+    throw error;
+  }
+}
+
+/**
+ * Set a file's access and modification times to now (`utimes`).
+ *
+ * @param path the file
+ * @throws {Error} any error (`ENOENT` when it does not exist, permissions)
+ */
+export async function touchFile(path: string): Promise<void> {
+  const now = new Date();
+  await (await fs()).utimes(path, now, now);
+}
+
+/**
+ * The real path of a file that may not exist yet: symlinks (of the file
+ * itself, dangling ones included, and of its directories) are resolved.
+ * `realpath` of the file when it exists; else, when it is a symlink to a
+ * missing file, the link target (followed up to 40 levels); else `realpath`
+ * of its directory plus its name.
+ *
+ * @param path an absolute path
+ * @returns the absolute real path
+ * @throws {Error} when the directory does not exist or cannot be resolved (`ENOENT`, `EACCES`, `ELOOP`)
+ */
+export async function realPathOf(path: string): Promise<string> {
+  const f = await fs();
+  const p = await paths();
+  let current = p.resolve(path);
+  for (let hops = 0;; hops++) {
+    try {
+      return await f.realpath(current);
+    } catch (error) {
+      if (errorCode(error) !== "ENOENT") throw error;
+    }
+    let target: string | null = null;
+    try {
+      target = await f.readlink(current);
+    } catch {
+      // Not a symlink (or missing): the file does not exist yet.
+    }
+    if (target === null) return p.join(await f.realpath(p.dirname(current)), p.basename(current));
+    if (hops >= 40) {
+      throw Object.assign(new Error(`ELOOP: too many levels of symbolic links, ${path}`), { code: "ELOOP" });
+    }
+    current = p.resolve(p.dirname(current), target);
+  }
 }
 
 /**
