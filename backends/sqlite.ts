@@ -84,6 +84,13 @@
  * must look at: active inbox records, `sending` outbox entries and the first
  * unsettled entry of each chat), lease-owner reclaims an index on the lease
  * owner, purges partial indexes of `done`/`sent` records by `updated_at`.
+ * The inbox due index is ordered by receipt within a `due_at`, so an inbox
+ * `claimDue` reads a pending backlog (`due_at` 0) in order, at most `limit`
+ * rows; only records due at a time (retries, lapsed leases) are read whole
+ * and sorted. Lists read at most `limit` rows per query, in their order: all
+ * records by an index on the order, one chat's by an index on (chat, order)
+ * (other states skipped), one state's by (state, order); several states run
+ * one query per state and merge.
  *
  * @module
  */
@@ -165,7 +172,7 @@ export type SQLiteStoreOptions = SQLiteOptions;
 export type SQLiteDurabilityOptions = SQLiteOptions;
 
 /** The schema version this version of the library writes. */
-export const SQLITE_SCHEMA_VERSION: number = 2;
+export const SQLITE_SCHEMA_VERSION: number = 3;
 
 const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
@@ -342,6 +349,22 @@ const MIGRATIONS: readonly Migration[] = [
           WHERE state IN ('queued', 'failed') AND NOT EXISTS (
             SELECT 1 FROM ${p}outbox AS b
             WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING_SQL}) AND b.seq < o.seq);
+      `);
+    },
+  },
+  {
+    // Lists read O(limit) rows in their order: all records, one chat's (any
+    // state), one state's (several states: one query per state, merged). The
+    // inbox due index also orders by receipt, so that claimDue reads a
+    // pending backlog (due_at = 0) in order instead of sorting all of it.
+    version: 3,
+    up(db, p) {
+      db.exec(`
+        CREATE INDEX ${p}inbox_received ON ${p}inbox (received_at, ord);
+        CREATE INDEX ${p}inbox_chat ON ${p}inbox (chat_id, received_at, ord);
+        CREATE INDEX ${p}outbox_chat_all ON ${p}outbox (chat_id, seq);
+        DROP INDEX ${p}inbox_due;
+        CREATE INDEX ${p}inbox_due ON ${p}inbox (due_at, received_at, ord) WHERE due_at IS NOT NULL;
       `);
     },
   },
@@ -741,25 +764,40 @@ function placeholders(n: number): string {
   return new Array(n).fill("?").join(", ");
 }
 
-/** `WHERE` terms and parameters of a list filter. */
-function listWhere<S extends string>(options: ListOptions<S> | undefined): {
-  where: string;
-  params: SqliteValue[];
-  limit: number;
-} {
-  const filter = normalizeList(options);
-  const terms: string[] = [];
-  const params: SqliteValue[] = [];
-  if (filter.states !== null) {
-    const states = [...filter.states];
-    terms.push(states.length === 0 ? "0" : `state IN (${placeholders(states.length)})`);
-    params.push(...states);
+/**
+ * Runs a list: at most `limit` rows in `order` (`"received_at, ord"` or
+ * `"seq"`), each query reading O(limit) index entries:
+ * - no filter: the table in order (`byOrder`, an index on the order);
+ * - a chat: that chat's rows in order (`byChat`, on the chat and the order),
+ *   other states skipped;
+ * - states only: one query per state on `byState` (the state, then the
+ *   order), merged, so that no query sorts every row of its states.
+ */
+function listRows(
+  c: Connection,
+  table: string,
+  columns: string,
+  order: "received_at, ord" | "seq",
+  indexes: { byOrder: string | null; byChat: string; byState: string },
+  options: ListOptions<string> | undefined,
+): Row[] {
+  const { states, chatId, limit } = normalizeList(options);
+  if (limit === 0 || (states !== null && states.size === 0)) return [];
+  const from = (index: string | null) => `SELECT ${columns} FROM ${table}${index ? ` INDEXED BY ${index}` : ""}`;
+  if (chatId !== undefined) {
+    const list = states === null ? [] : [...states];
+    const where = list.length ? ` AND state IN (${placeholders(list.length)})` : "";
+    return c.stmt(`${from(indexes.byChat)} WHERE chat_id = ?${where} ORDER BY ${order} LIMIT ?`)
+      .all(chatId, ...list, limit);
   }
-  if (filter.chatId !== undefined) {
-    terms.push("chat_id = ?");
-    params.push(filter.chatId);
-  }
-  return { where: terms.length ? `WHERE ${terms.join(" AND ")}` : "", params, limit: filter.limit };
+  if (states === null) return c.stmt(`${from(indexes.byOrder)} ORDER BY ${order} LIMIT ?`).all(limit);
+  const statement = c.stmt(`${from(indexes.byState)} WHERE state = ? ORDER BY ${order} LIMIT ?`);
+  if (states.size === 1) return statement.all([...states][0], limit);
+  const rows = [...states].flatMap((state) => statement.all(state, limit));
+  rows.sort(order === "seq"
+    ? (a, b) => num(a.seq) - num(b.seq)
+    : (a, b) => num(a.received_at) - num(b.received_at) || num(a.ord) - num(b.ord));
+  return rows.slice(0, limit);
 }
 
 // ---- argument checks ---------------------------------------------------------
@@ -948,11 +986,19 @@ class SqliteInbox implements InboxJournal {
     if (!(options.limit > 0)) return [];
     return c.write((now) => {
       // Due records, oldest first; this incarnation's own lapsed leases are not claimable by it.
+      // Those due at 0 (pending: a backlog may be large) are read in order from the index, at most
+      // `limit`; those due at a time (retries, lapsed leases) are all read and sorted here.
+      const notOwn = "NOT (state = 'processing' AND lease_owner = ? AND lease_incarnation = ?)";
       const rows = c.stmt(
         `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
-        WHERE due_at <= ? AND NOT (state = 'processing' AND lease_owner = ? AND lease_incarnation = ?)
-        ORDER BY received_at, ord LIMIT ?`,
-      ).all(now, options.owner, options.incarnation, options.limit);
+        WHERE due_at = 0 AND ${notOwn} ORDER BY received_at, ord LIMIT ?`,
+      ).all(options.owner, options.incarnation, options.limit);
+      rows.push(
+        ...c.stmt(
+          `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
+          WHERE due_at > 0 AND due_at <= ? AND ${notOwn}`,
+        ).all(now, options.owner, options.incarnation),
+      );
       if (options.reclaimOwn) {
         rows.push(
           ...c.stmt(
@@ -1000,11 +1046,12 @@ class SqliteInbox implements InboxJournal {
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
     needListFilter(options, "inbox.list");
     const c = await this.#gate.ready();
-    const { where, params, limit } = listWhere(options);
-    if (limit === 0) return [];
-    return c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${this.#t} ${where} ORDER BY received_at, ord LIMIT ?`)
-      .all(...params, limit)
-      .map((row) => inboundOf(row, this.#at));
+    const t = this.#t;
+    return listRows(c, t, INBOX_COLUMNS, "received_at, ord", {
+      byOrder: `${t}_received`,
+      byChat: `${t}_chat`,
+      byState: `${t}_state`,
+    }, options).map((row) => inboundOf(row, this.#at));
   }
 
   async replay(id: string): Promise<boolean> {
@@ -1239,11 +1286,12 @@ class SqliteOutbox implements OutboxJournal {
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
     needListFilter(options, "outbox.list");
     const c = await this.#gate.ready();
-    const { where, params, limit } = listWhere(options);
-    if (limit === 0) return [];
-    return c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} ${where} ORDER BY seq LIMIT ?`)
-      .all(...params, limit)
-      .map((row) => outboxOf(row, this.#at));
+    const t = this.#t;
+    return listRows(c, t, OUTBOX_COLUMNS, "seq", {
+      byOrder: null, // the primary key
+      byChat: `${t}_chat_all`,
+      byState: `${t}_state`,
+    }, options).map((row) => outboxOf(row, this.#at));
   }
 
   async retry(key: string): Promise<boolean> {

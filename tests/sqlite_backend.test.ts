@@ -607,6 +607,23 @@ const V1_SCHEMA = `
   CREATE TABLE botmesh_session (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires_at INTEGER);
 `;
 
+/** What schema version 2 added to version 1 (as shipped; frozen here to build a version-2 file). */
+const V2_UPGRADE = `
+  ALTER TABLE botmesh_inbox ADD COLUMN due_at INTEGER;
+  ALTER TABLE botmesh_outbox ADD COLUMN due_at INTEGER;
+  CREATE INDEX botmesh_inbox_due ON botmesh_inbox (due_at) WHERE due_at IS NOT NULL;
+  CREATE INDEX botmesh_inbox_owner ON botmesh_inbox (lease_owner) WHERE lease_owner IS NOT NULL;
+  CREATE INDEX botmesh_inbox_state ON botmesh_inbox (state, received_at, ord);
+  CREATE INDEX botmesh_inbox_done ON botmesh_inbox (updated_at) WHERE state = 'done';
+  CREATE INDEX botmesh_outbox_due ON botmesh_outbox (due_at) WHERE due_at IS NOT NULL;
+  CREATE INDEX botmesh_outbox_owner ON botmesh_outbox (lease_owner) WHERE lease_owner IS NOT NULL;
+  CREATE INDEX botmesh_outbox_chat ON botmesh_outbox (chat_id, seq) WHERE state IN ('queued', 'sending', 'failed');
+  CREATE INDEX botmesh_outbox_state ON botmesh_outbox (state, seq);
+  CREATE INDEX botmesh_outbox_sent ON botmesh_outbox (updated_at) WHERE state = 'sent';
+  CREATE INDEX botmesh_session_expiry ON botmesh_session (expires_at) WHERE expires_at IS NOT NULL;
+  UPDATE botmesh_meta SET value = '2' WHERE key = 'schema_version';
+`;
+
 describe("sqlite: schema versions", () => {
   test("a new file gets the current schema version", async () => {
     const file = tempFile();
@@ -667,6 +684,45 @@ describe("sqlite: schema versions", () => {
     expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
       value: String(SQLITE_SCHEMA_VERSION),
     });
+    check.close();
+  });
+
+  test("a file at version 2 is upgraded to 3 (list and due-order indexes) and keeps its data", async () => {
+    const file = tempFile();
+    const raw = new Database(file);
+    raw.exec(V1_SCHEMA);
+    raw.exec(V2_UPGRADE);
+    const now = Date.now();
+    const insertIn = raw.prepare(
+      `INSERT INTO botmesh_inbox (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
+       VALUES (?, 'message', ?, 'test', '{}', ?, ?, 0, 0, ?, ?)`,
+    );
+    insertIn.run("p2", "c1", 2, "pending", now, 0);
+    insertIn.run("d1", "c2", 1, "done", now, null);
+    insertIn.run("p3", "c2", 3, "pending", now, 0);
+    raw.prepare(
+      `INSERT INTO botmesh_outbox (key, chat_id, content, content_hash, state, attempts, next_attempt_at, fence,
+        created_at, updated_at, due_at) VALUES ('k1', 'c1', '{}', 'h', 'queued', 0, 0, 0, ?, ?, 0)`,
+    ).run(now, now);
+    raw.close();
+
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["d1", "p2", "p3"]);
+    expect((await backend.inbox.list({ chatId: "c2" })).map((r) => r.id)).toEqual(["d1", "p3"]);
+    expect((await backend.inbox.list({ state: ["pending", "done"], limit: 2 })).map((r) => r.id)).toEqual(["d1", "p2"]);
+    expect((await backend.outbox.list({ chatId: "c1" })).map((e) => e.key)).toEqual(["k1"]);
+    expect((await backend.inbox.claimDue({ ...lease("A"), limit: 10 })).map((r) => r.id)).toEqual(["p2", "p3"]);
+    await backend.close();
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "3" });
+    const indexes = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'index'").all() as { name: string }[])
+      .map((r) => r.name);
+    for (const name of ["botmesh_inbox_received", "botmesh_inbox_chat", "botmesh_outbox_chat_all", "botmesh_inbox_due"]) {
+      expect(indexes).toContain(name);
+    }
+    expect((check.prepare("SELECT sql FROM sqlite_master WHERE name = 'botmesh_inbox_due'").get() as { sql: string }).sql)
+      .toContain("received_at");
     check.close();
   });
 
@@ -850,6 +906,49 @@ describe("sqlite: bad input never reaches the driver", () => {
   });
 });
 
+describe("sqlite: lists", () => {
+  test("lists by chat, state and several states keep their order and limit", async () => {
+    const backend = new SQLiteDurability({ file: tempFile() });
+    await backend.open();
+    // Receipt order differs from insertion order; states: i % 3 = 0 done, 1 dead, 2 pending.
+    const ids: string[] = [];
+    for (let i = 0; i < 30; i++) {
+      const id = `m${i}`;
+      ids.push(id);
+      await backend.inbox.admit(inbound(id, { receivedAt: 1000 - i * 10 + (i % 2) * 5, chatId: `c${i % 2}` }), i % 3 === 2 ? undefined : lease("A"));
+      if (i % 3 === 0) await backend.inbox.complete(id, 1);
+      if (i % 3 === 1) await backend.inbox.fail(id, 1, { error: "x", dead: true });
+    }
+    const all = await backend.inbox.list({ limit: 100 });
+    const expected = (filter: (r: (typeof all)[number]) => boolean, limit: number) =>
+      all.filter(filter).slice(0, limit).map((r) => r.id);
+    expect(all.map((r) => r.receivedAt)).toEqual(all.map((r) => r.receivedAt).sort((a, b) => a - b));
+    expect((await backend.inbox.list({ limit: 4 })).map((r) => r.id)).toEqual(expected(() => true, 4));
+    expect((await backend.inbox.list({ state: ["done", "pending"], limit: 7 })).map((r) => r.id))
+      .toEqual(expected((r) => r.state === "done" || r.state === "pending", 7));
+    expect((await backend.inbox.list({ state: ["dead", "done", "pending", "failed"] })).map((r) => r.id))
+      .toEqual(expected(() => true, 100));
+    expect((await backend.inbox.list({ chatId: "c1", limit: 5 })).map((r) => r.id))
+      .toEqual(expected((r) => r.chatId === "c1", 5));
+    expect((await backend.inbox.list({ chatId: "c0", state: ["dead", "pending"], limit: 3 })).map((r) => r.id))
+      .toEqual(expected((r) => r.chatId === "c0" && (r.state === "dead" || r.state === "pending"), 3));
+    expect(await backend.inbox.list({ state: [] })).toEqual([]);
+    expect(await backend.inbox.list({ limit: 0 })).toEqual([]);
+
+    for (let i = 0; i < 20; i++) {
+      const r = await backend.outbox.reserve(outbound(`k${i}`, `c${i % 3}`), lease("A"));
+      if (r.status === "leased") await backend.outbox.markSent(`k${i}`, 1, "m");
+    }
+    const entries = await backend.outbox.list({ limit: 100 });
+    expect(entries.map((e) => e.seq)).toEqual(entries.map((e) => e.seq).sort((a, b) => a - b));
+    expect((await backend.outbox.list({ state: ["queued", "sent"], limit: 6 })).map((e) => e.key))
+      .toEqual(entries.slice(0, 6).map((e) => e.key));
+    expect((await backend.outbox.list({ chatId: "c2" })).map((e) => e.key))
+      .toEqual(entries.filter((e) => e.chatId === "c2").map((e) => e.key));
+    await backend.close();
+  });
+});
+
 describe("sqlite: damaged rows", () => {
   test("JSON that cannot be parsed names the file, table, row and column", async () => {
     const file = tempFile();
@@ -883,12 +982,14 @@ describe("sqlite: damaged rows", () => {
 });
 
 describe("sqlite: query plans", () => {
-  test("due scans, reclaims, fenced updates and purges use indexes, never a table scan", async () => {
+  test("due scans, reclaims, fenced updates, purges and lists use indexes, never a table scan; lists never sort", async () => {
     // Record every statement the backend prepares (bun:sqlite is the driver here).
     const prepared: string[] = [];
+    const listed: string[] = [];
+    let target = prepared;
     const original = Database.prototype.prepare;
     Database.prototype.prepare = function (this: Database, sql: string, ...rest: unknown[]) {
-      prepared.push(sql);
+      target.push(sql);
       return (original as (...args: unknown[]) => unknown).call(this, sql, ...rest);
     } as typeof original;
     const file = tempFile();
@@ -921,19 +1022,41 @@ describe("sqlite: query plans", () => {
       await store.purgeExpired();
       await store.get("k");
       await store.delete("k");
+      target = listed;
+      for (const journal of [backend.inbox, backend.outbox] as const) {
+        const list = journal.list.bind(journal) as (options?: object) => Promise<unknown[]>;
+        await list();
+        await list({ limit: 5 });
+        await list({ chatId: "c1" });
+        await list({ state: "failed" });
+        await list({ state: ["failed", "dead"] });
+        await list({ state: ["failed", "dead", "done", "sent"], limit: 3 });
+        await list({ chatId: "c1", state: "failed" });
+        await list({ chatId: "c1", state: ["failed", "dead"] });
+      }
+      target = prepared;
     } finally {
       Database.prototype.prepare = original;
       await backend.close();
       await store.close();
     }
     const raw = new Database(file);
-    const statements = [...new Set(prepared)].filter((sql) => /botmesh_(inbox|outbox|session)\b/.test(sql));
+    const journal = (sql: string) => /botmesh_(inbox|outbox|session)\b/.test(sql);
+    const statements = [...new Set(prepared)].filter(journal);
+    const lists = [...new Set(listed)].filter(journal);
     expect(statements.length).toBeGreaterThan(15);
+    expect(lists.length).toBeGreaterThanOrEqual(8);
     const scans: string[] = [];
-    for (const sql of statements) {
+    for (const sql of [...statements, ...lists]) {
       const plan = raw.prepare(`EXPLAIN QUERY PLAN ${sql}`).all() as { detail: string }[];
+      const isList = lists.includes(sql);
+      const flat = sql.replace(/\s+/g, " ");
       for (const { detail } of plan) {
-        if (/^SCAN botmesh_(inbox|outbox|session)\b/.test(detail)) scans.push(`${detail} in: ${sql.replace(/\s+/g, " ")}`);
+        // An unfiltered list walks an index (or the outbox's primary key) in its order and stops at the limit.
+        const orderedWalk = isList && !/ WHERE /.test(flat) &&
+          /^SCAN botmesh_(inbox USING INDEX botmesh_inbox_received|outbox)$/.test(detail);
+        if (/^SCAN botmesh_(inbox|outbox|session)\b/.test(detail) && !orderedWalk) scans.push(`${detail} in: ${flat}`);
+        if (isList && /TEMP B-TREE/.test(detail)) scans.push(`${detail} in: ${flat}`);
       }
     }
     raw.close();
