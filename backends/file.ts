@@ -28,7 +28,10 @@
  *
  * File I/O goes through the runtime shim (`src/runtime/fs.ts`), so the
  * backend runs on Bun, Node 20+ and Deno 2+ (Deno: `--allow-read
- * --allow-write --allow-run`, the last one to check the lock holder's pid).
+ * --allow-write --allow-run --allow-sys`: `--allow-run` to check the lock
+ * holder's pid, `--allow-sys` to read the hostname written in the lock file;
+ * without it Deno writes `localhost`, and a process of this host that sees
+ * its real name there judges the lock by its age, as another host's).
  *
  * @module
  */
