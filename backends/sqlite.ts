@@ -61,6 +61,11 @@
  *     took effect; operations after the one that lost it go in the next batch.
  *   - A stored JSON value that cannot be parsed (a damaged or hand-edited
  *     row) rejects the read with an error naming the file, table, row and column.
+ *   - Each batch checks the schema version in its transaction: when a newer
+ *     version of the library upgraded the file since this process opened it
+ *     (a rolling upgrade of the processes of a host), every operation of the
+ *     batch rejects with an error naming the file and both versions (restart
+ *     the process with the newer version) and nothing is written.
  *   - Reads (`get`, `list`) run at once, outside batches, and see what
  *     committed batches wrote (a write is visible once its promise resolved).
  *   - `close()` of the last holder commits what was queued before it.
@@ -78,7 +83,10 @@
  * fields, lease, states) plus JSON text for the payload/content. The schema
  * version is kept in `<prefix>meta`; a file is created or upgraded in place
  * on open (an ordered list of migrations, in one transaction), and a file
- * written by a newer version of the library is refused.
+ * written by a newer version of the library is refused: at open, and by every
+ * write batch after it (a process left running on a file that a newer one
+ * upgraded stops writing; see group commit). Versions before schema 3 check
+ * only at open.
  *
  * Due scans use partial indexes on `due_at` (set only on records a scan
  * must look at: active inbox records, `sending` outbox entries and the first
@@ -541,6 +549,8 @@ class Connection {
    * write lock is held), in its own `SAVEPOINT`, with the host clock read
    * when its turn comes. When it throws, only its own changes are rolled
    * back and only its promise rejects (after the commit, with its error).
+   * When the file's schema version is newer than this library's (another
+   * process upgraded it), the batch is refused whole, naming both versions.
    * When the batch cannot begin or commit, or `work` loses the transaction
    * (SQLite rolled it back), every operation of it rejects with an error naming
    * the file (`cause`: the driver's error) and none of them took effect.
@@ -590,6 +600,32 @@ class Connection {
       const ops = this.#pending.splice(0);
       this.#stats.failedBatches++;
       for (const op of ops) op.reject(this.#batchError("could not begin a transaction", ops.length, error));
+      return;
+    }
+    // A newer version of the library may have migrated the file since this connection opened it
+    // (a rolling upgrade on one host): writing on would leave out what its schema adds.
+    let newer: number | null = null;
+    try {
+      const row = this.stmt(`SELECT value FROM ${this.options.prefix}meta WHERE key = 'schema_version'`).get();
+      const version = row === undefined ? 0 : Number(row.value);
+      if (version > SQLITE_SCHEMA_VERSION) newer = version;
+    } catch {
+      // Unreadable meta: leave it to the operations (they report what is wrong).
+    }
+    if (newer !== null) {
+      try {
+        this.stmt("ROLLBACK").run();
+      } catch {
+        // Nothing was written.
+      }
+      const ops = this.#pending.splice(0);
+      this.#stats.failedBatches++;
+      const error = new Error(
+        `SQLite file ${JSON.stringify(this.file)} was upgraded to schema version ${newer} by a newer @botmesh/durable ` +
+          `while this process (schema version ${SQLITE_SCHEMA_VERSION}) had it open: restart this process with the newer version; ` +
+          `none of ${ops.length === 1 ? "its operation" : `its ${ops.length} operations`} took effect`,
+      );
+      for (const op of ops) op.reject(error);
       return;
     }
     const started = performance.now();

@@ -744,6 +744,37 @@ describe("sqlite: schema versions", () => {
     expect((await rejection(() => store.get("k"))).message).toContain("schema version 99");
   });
 
+  test("a process left running on a file a newer version upgraded stops writing, naming the file and both versions", async () => {
+    const [a, b, file] = await pair();
+    await a.inbox.admit(inbound("m0"), lease("A"));
+    // The other process of a rolling upgrade migrated the file to a newer schema (simulated).
+    const raw = new Database(file);
+    raw.exec(`UPDATE botmesh_meta SET value = '${SQLITE_SCHEMA_VERSION + 1}' WHERE key = 'schema_version'`);
+    const results = await Promise.allSettled([
+      b.inbox.admit(inbound("m1")),
+      b.outbox.reserve(outbound("k1")),
+      b.inbox.complete("m0", 1),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(["rejected", "rejected", "rejected"]);
+    for (const r of results) {
+      const message = String((r as PromiseRejectedResult).reason.message);
+      expect(message).toContain(JSON.stringify(file));
+      expect(message).toContain(`schema version ${SQLITE_SCHEMA_VERSION + 1}`);
+      expect(message).toContain(`(schema version ${SQLITE_SCHEMA_VERSION})`);
+      expect(message).toContain("restart this process with the newer version");
+    }
+    expect(await rejection(() => a.inbox.admit(inbound("m2")))).toBeInstanceOf(Error);
+    expect(raw.prepare("SELECT count(*) AS n FROM botmesh_inbox").get()).toEqual({ n: 1 });
+    expect(raw.prepare("SELECT count(*) AS n FROM botmesh_outbox").get()).toEqual({ n: 0 });
+    expect((await a.inbox.get("m0"))?.state).toBe("processing");
+    expect(b.stats.failedBatches).toBeGreaterThanOrEqual(1);
+    raw.exec(`UPDATE botmesh_meta SET value = '${SQLITE_SCHEMA_VERSION}' WHERE key = 'schema_version'`);
+    raw.close();
+    expect(await b.inbox.admit(inbound("m1"))).not.toBeNull();
+    await a.close();
+    await b.close();
+  });
+
   test("a table prefix keeps two schemas apart in one file", async () => {
     const file = tempFile();
     const a = new SQLiteDurability({ file, tablePrefix: "bot_a_" });
