@@ -1140,6 +1140,13 @@ describe("sqlite: 1M rows (SQLITE_BENCH=1)", () => {
       () => b.outbox.claimDue({ ...lease("A"), limit: 100 }),
     );
     expect(due.due.length).toBe(50);
+    // Lists at 1M rows: each should read about `limit` rows (schema version 3).
+    await time("inbox.list() limit 100", () => b.inbox.list());
+    await time("inbox.list({ chatId }) limit 100", () => b.inbox.list({ chatId: "chat-7" }));
+    await time("inbox.list({ state: ['done', 'dead'] }) limit 100", () => b.inbox.list({ state: ["done", "dead"] }));
+    await time("inbox.list({ chatId, state: 'done' }) limit 100", () => b.inbox.list({ chatId: "chat-7", state: "done" }));
+    await time("outbox.list({ chatId }) limit 100", () => b.outbox.list({ chatId: "chat-7" }));
+    await time("outbox.list({ state: ['sent', 'dead'] }) limit 100", () => b.outbox.list({ state: ["sent", "dead"] }));
     await time("inbox.purge, nothing old enough", () => b.inbox.purge(30 * day));
     const purgedIn = await time("inbox.purge of 10k done records", () => b.inbox.purge(10 * day - 10 * day / 100));
     const purgedOut = await time("outbox.purge of 10k sent entries", () => b.outbox.purge(10 * day - 10 * day / 100));
@@ -1164,5 +1171,17 @@ describe("sqlite: 1M rows (SQLITE_BENCH=1)", () => {
       await fast.outbox.markSent(`x${i}`, r.entry.lease!.token, "m");
     });
     await fast.close();
+
+    // A pending backlog of 200k: claimDue reads it in receipt order from the due index instead of sorting it.
+    const backlog = new Database(file);
+    backlog.exec(`
+      WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000)
+      INSERT INTO botmesh_inbox (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
+        SELECT 'backlog-' || i, 'message', 'chat-' || (i % 5000), 'test', '{}', ${now} - i, 'pending', 0, 0, ${now}, 0 FROM n;`);
+    backlog.close();
+    const c = new SQLiteDurability({ file });
+    await c.open();
+    await time("inbox.claimDue limit 100 of a 200k pending backlog", () => c.inbox.claimDue({ ...lease("B"), limit: 100 }));
+    await c.close();
   }, 600_000);
 });
