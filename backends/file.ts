@@ -70,6 +70,7 @@ import {
   touchFile,
   writeFileAtomic,
 } from "../src/runtime/fs.ts";
+import { showValue as show } from "../src/show.ts";
 
 /** Options of {@link FileDurability}. */
 export interface FileDurabilityOptions {
@@ -235,18 +236,6 @@ interface Waiter {
   reject: (error: unknown) => void;
 }
 
-function show(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value);
-  if (typeof value === "function") return "a function";
-  if (typeof value === "object" && value !== null) {
-    try {
-      return JSON.stringify(value) ?? String(value);
-    } catch {
-      return String(value);
-    }
-  }
-  return String(value);
-}
 
 function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);

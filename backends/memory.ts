@@ -48,6 +48,7 @@ import {
   sentOutbox,
 } from "../src/journal_rules.ts";
 import { MinHeap } from "../src/min_heap.ts";
+import { showValue as show } from "../src/show.ts";
 
 /** Options of {@link MemoryDurability}. */
 export interface MemoryDurabilityOptions {
@@ -79,18 +80,6 @@ function copy<T>(value: T): T {
   return cloneJson(value);
 }
 
-function show(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value);
-  if (typeof value === "function") return "a function";
-  if (typeof value === "object" && value !== null) {
-    try {
-      return JSON.stringify(value) ?? String(value);
-    } catch {
-      return String(value);
-    }
-  }
-  return String(value);
-}
 
 /** Adds `id` to / removes it from the owner index. */
 function indexAdd(index: Map<string, Set<string>>, owner: string, id: string): void {

@@ -153,6 +153,7 @@ import {
   type SqliteStatement,
   type SqliteValue,
 } from "../src/runtime/sqlite.ts";
+import { showValue as show } from "../src/show.ts";
 
 export type { SqliteDriverName } from "../src/runtime/sqlite.ts";
 
@@ -203,19 +204,6 @@ interface Resolved {
   prefix: string;
 }
 
-function show(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value);
-  if (typeof value === "function") return "a function";
-  if (typeof value === "bigint") return `${value}n`;
-  if (typeof value === "object" && value !== null) {
-    try {
-      return JSON.stringify(value) ?? String(value);
-    } catch {
-      return String(value);
-    }
-  }
-  return String(value);
-}
 
 function resolveOptions(options: unknown): Resolved {
   if (typeof options !== "object" || options === null || Array.isArray(options)) {

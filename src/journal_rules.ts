@@ -18,6 +18,7 @@ import type {
   OutboxEntry,
   OutboxState,
 } from "./backend.ts";
+import { showValue } from "./show.ts";
 
 /** Outbox states that hold back later sends of the same chat. */
 export const BLOCKING_OUTBOX_STATES: readonly OutboxState[] = ["queued", "sending", "failed"];
@@ -268,14 +269,6 @@ export function requeuedOutbox(entry: OutboxEntry, now: number): OutboxEntry | n
 
 // ---- input checks -----------------------------------------------------------
 
-function describeValue(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value);
-  if (typeof value === "bigint") return `${value}n`;
-  if (typeof value === "function") return "a function";
-  if (typeof value === "symbol") return "a symbol";
-  if (typeof value === "object" && value !== null) return `an instance of ${value.constructor?.name ?? "a class"}`;
-  return String(value);
-}
 
 /**
  * A deep copy of `value` that is exactly what JSON keeps: strings, finite
@@ -320,14 +313,14 @@ export function checkedJson(value: unknown, path: string, what: string): JsonVal
         return out;
       }
     }
-    throw new TypeError(`${what}: field "${at}" must be JSON, got ${describeValue(v)}`);
+    throw new TypeError(`${what}: field "${at}" must be JSON, got ${showValue(v)}`);
   };
   return walk(value, path);
 }
 
 function requireString(value: unknown, field: string, what: string, allowEmpty = false): string {
   if (typeof value !== "string" || (!allowEmpty && value.length === 0)) {
-    throw new TypeError(`${what}: field "${field}" must be a ${allowEmpty ? "" : "non-empty "}string, got ${describeValue(value)}`);
+    throw new TypeError(`${what}: field "${field}" must be a ${allowEmpty ? "" : "non-empty "}string, got ${showValue(value)}`);
   }
   return value;
 }
@@ -343,15 +336,15 @@ function requireString(value: unknown, field: string, what: string, allowEmpty =
  */
 export function checkNewInbound(input: NewInboundRecord): NewInboundRecord {
   if (typeof input !== "object" || input === null) {
-    throw new TypeError(`An inbox record must be an object, got ${describeValue(input)}`);
+    throw new TypeError(`An inbox record must be an object, got ${showValue(input)}`);
   }
   const id = requireString(input.id, "id", "Inbox record");
   const what = `Inbox record ${JSON.stringify(id)}`;
   if (input.kind !== "message" && input.kind !== "interaction") {
-    throw new TypeError(`${what}: field "kind" must be "message" or "interaction", got ${describeValue(input.kind)}`);
+    throw new TypeError(`${what}: field "kind" must be "message" or "interaction", got ${showValue(input.kind)}`);
   }
   if (typeof input.receivedAt !== "number" || !Number.isFinite(input.receivedAt)) {
-    throw new TypeError(`${what}: field "receivedAt" must be a finite number, got ${describeValue(input.receivedAt)}`);
+    throw new TypeError(`${what}: field "receivedAt" must be a finite number, got ${showValue(input.receivedAt)}`);
   }
   return {
     id,
@@ -373,7 +366,7 @@ export function checkNewInbound(input: NewInboundRecord): NewInboundRecord {
  */
 export function checkNewOutbox(input: NewOutboxEntry): NewOutboxEntry {
   if (typeof input !== "object" || input === null) {
-    throw new TypeError(`An outbox entry must be an object, got ${describeValue(input)}`);
+    throw new TypeError(`An outbox entry must be an object, got ${showValue(input)}`);
   }
   const key = requireString(input.key, "key", "Outbox entry");
   const what = `Outbox entry ${JSON.stringify(key)}`;
