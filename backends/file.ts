@@ -128,6 +128,19 @@ const UNREADABLE_LOCK_STALE_MS = 10_000;
 /** A `<path>.lock.break` file (held for a few ms while a stale lock is broken) left by a crash is removed once this old. */
 const BREAK_STALE_MS = 5_000;
 
+/** The message of a {@link FileLockedError} (a function: Deno's API check wants one plain `super()` call). */
+function lockedMessage(file: string, lockPath: string, holder: LockInfo | null, staleInMs: number | null): string {
+  const wait = staleInMs === null ? "" : ` It counts as stale in ${seconds(staleInMs)} if it is not refreshed meanwhile.`;
+  if (holder === null) {
+    return `FileDurability: ${file} is locked: lock file ${lockPath} is unreadable (empty or damaged; its creator may ` +
+      `be writing it).${wait} Delete the lock file only if no process uses the file.`;
+  }
+  const since = holder.startedAt ? `, since ${holder.startedAt}` : "";
+  const host = holder.hostname ? ` on host ${holder.hostname}` : "";
+  return `FileDurability: ${file} is in use by another process (pid ${holder.pid}${host}${since}); ` +
+    `lock file ${lockPath}.${wait} Stop that process first; delete the lock file only if it is gone.`;
+}
+
 /**
  * Another process holds the lock file of a {@link FileDurability}: a live
  * process on this host, a process on another host whose lock file was
@@ -155,20 +168,7 @@ export class FileLockedError extends Error {
    * @param staleInMs ms until the lock counts as stale, for a lock judged by its age
    */
   constructor(file: string, lockPath: string, holder: LockInfo | null, staleInMs: number | null = null) {
-    const wait = staleInMs === null ? "" : ` It counts as stale in ${seconds(staleInMs)} if it is not refreshed meanwhile.`;
-    if (holder === null) {
-      super(
-        `FileDurability: ${file} is locked: lock file ${lockPath} is unreadable (empty or damaged; its creator may ` +
-          `be writing it).${wait} Delete the lock file only if no process uses the file.`,
-      );
-    } else {
-      const since = holder.startedAt ? `, since ${holder.startedAt}` : "";
-      const host = holder.hostname ? ` on host ${holder.hostname}` : "";
-      super(
-        `FileDurability: ${file} is in use by another process (pid ${holder.pid}${host}${since}); ` +
-          `lock file ${lockPath}.${wait} Stop that process first; delete the lock file only if it is gone.`,
-      );
-    }
+    super(lockedMessage(file, lockPath, holder, staleInMs));
     this.name = "FileLockedError";
     this.lockPath = lockPath;
     this.pid = holder?.pid ?? 0;
