@@ -82,8 +82,12 @@ import {
   isLeasedWith,
   isLeaseAbandoned,
   matchesList,
+  checkClaim,
+  checkFinite,
   checkNewInbound,
   checkNewOutbox,
+  checkOutcome,
+  checkString,
   newInboundRecord,
   newOutboxEntry,
   normalizeList,
@@ -436,6 +440,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const input = checkNewInbound(record);
     const since = Date.now();
     const now = await this.kv.now();
@@ -444,6 +449,8 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    checkString(id, `inbox.claim: "id"`);
+    checkClaim(options, "inbox.claim");
     const { written } = await this.mutate(
       id,
       (rec, now) => (isInboxClaimable(rec, now, options) ? claimedInbound(rec, now, options) : null),
@@ -452,6 +459,8 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    checkClaim(options, "inbox.claimDue");
+    checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     if (!(options.limit > 0)) return [];
     const now = await this.kv.now();
     const hints = await this.dueHints(now, options.reclaimOwn === true, "processing");
@@ -471,18 +480,23 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(token, `inbox.heartbeat: "token"`);
+    checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const { written } = await this.mutate(id, (rec, now) =>
       isLeasedWith(rec, token) ? extendedLease(rec, now, leaseMs) : null);
     return written !== null;
   }
 
   async complete(id: string, token: number): Promise<void> {
+    checkFinite(token, `inbox.complete: "token"`);
     const { written } = await this.mutate(id, (rec, now) =>
       isLeasedWith(rec, token) ? doneInbound(rec, now) : null);
     if (!written) throw new StaleLeaseError("inbox", id, token);
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkFinite(token, `inbox.fail: "token"`);
+    checkOutcome(outcome, "inbox.fail");
     const { written } = await this.mutate(id, (rec, now) =>
       isLeasedWith(rec, token) ? { ...rec, ...failedFields(outcome, now) } : null);
     if (!written) throw new StaleLeaseError("inbox", id, token);
@@ -594,6 +608,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     let input: NewOutboxEntry;
     try {
+      if (lease !== undefined) checkClaim(lease, "outbox.reserve");
       input = checkNewOutbox(entry);
     } catch (error) {
       return Promise.reject(error);
@@ -618,6 +633,8 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    checkClaim(options, "outbox.claimDue");
+    checkFinite(options.limit, `outbox.claimDue: option "limit"`);
     const due: OutboxEntry[] = [];
     const ambiguous: OutboxEntry[] = [];
     const resend = options.resendAmbiguous === true;
@@ -668,18 +685,24 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(token, `outbox.heartbeat: "token"`);
+    checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     const { written } = await this.mutate(key, (rec, now) =>
       isLeasedWith(rec, token) ? extendedLease(rec, now, leaseMs) : null);
     return written !== null;
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
+    checkFinite(token, `outbox.markSent: "token"`);
+    checkString(messageId, `outbox.markSent: "messageId"`);
     const { written } = await this.mutate(key, (rec, now) =>
       isLeasedWith(rec, token) ? sentOutbox(rec, messageId, now) : null);
     if (!written) throw new StaleLeaseError("outbox", key, token);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkFinite(token, `outbox.markFailed: "token"`);
+    checkOutcome(outcome, "outbox.markFailed");
     const { written } = await this.mutate(key, (rec, now) =>
       isLeasedWith(rec, token) ? { ...rec, ...failedFields(outcome, now) } : null);
     if (!written) throw new StaleLeaseError("outbox", key, token);

@@ -26,8 +26,12 @@ import {
 import {
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
+  checkClaim,
+  checkFinite,
   checkNewInbound,
   checkNewOutbox,
+  checkOutcome,
+  checkString,
   claimedInbound,
   claimedOutbox,
   cloneJson,
@@ -152,6 +156,7 @@ class MemoryInbox implements InboxJournal {
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const input = checkNewInbound(record);
     if (this.#slots.has(input.id)) return null;
     const next = newInboundRecord(input, this.#now(), lease);
@@ -160,6 +165,8 @@ class MemoryInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    checkString(id, `inbox.claim: "id"`);
+    checkClaim(options, "inbox.claim");
     const slot = this.#slots.get(id);
     const now = this.#now();
     if (!slot || !isInboxClaimable(slot.record, now, options)) return null;
@@ -169,6 +176,8 @@ class MemoryInbox implements InboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    checkClaim(options, "inbox.claimDue");
+    checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     const now = this.#now();
     const popped: HeapItem[] = [];
     const candidates = new Map<string, Slot<InboundRecord>>();
@@ -207,6 +216,8 @@ class MemoryInbox implements InboxJournal {
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(token, `inbox.heartbeat: "token"`);
+    checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const slot = this.#held(id, token);
     if (!slot) return false;
     this.#store(extendedLease(slot.record, this.#now(), leaseMs), slot);
@@ -214,12 +225,15 @@ class MemoryInbox implements InboxJournal {
   }
 
   async complete(id: string, token: number): Promise<void> {
+    checkFinite(token, `inbox.complete: "token"`);
     const slot = this.#held(id, token);
     if (!slot) throw new StaleLeaseError("inbox", id, token);
     this.#store(doneInbound(slot.record, this.#now()), slot);
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkFinite(token, `inbox.fail: "token"`);
+    checkOutcome(outcome, "inbox.fail");
     const slot = this.#held(id, token);
     if (!slot) throw new StaleLeaseError("inbox", id, token);
     this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);
@@ -404,6 +418,7 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    if (lease !== undefined) checkClaim(lease, "outbox.reserve");
     const input = checkNewOutbox(entry);
     const existing = this.#slots.get(input.key);
     if (existing) return { status: "exists", entry: copy(existing.record) };
@@ -427,6 +442,8 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    checkClaim(options, "outbox.claimDue");
+    checkFinite(options.limit, `outbox.claimDue: option "limit"`);
     const now = this.#now();
     const due: OutboxEntry[] = [];
     const ambiguous: OutboxEntry[] = [];
@@ -487,6 +504,8 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(token, `outbox.heartbeat: "token"`);
+    checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     const slot = this.#held(key, token);
     if (!slot) return false;
     this.#store(extendedLease(slot.record, this.#now(), leaseMs), slot);
@@ -494,12 +513,16 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
+    checkFinite(token, `outbox.markSent: "token"`);
+    checkString(messageId, `outbox.markSent: "messageId"`);
     const slot = this.#held(key, token);
     if (!slot) throw new StaleLeaseError("outbox", key, token);
     this.#store(sentOutbox(slot.record, messageId, this.#now()), slot);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkFinite(token, `outbox.markFailed: "token"`);
+    checkOutcome(outcome, "outbox.markFailed");
     const slot = this.#held(key, token);
     if (!slot) throw new StaleLeaseError("outbox", key, token);
     this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);

@@ -125,8 +125,13 @@ import {
 import {
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
+  checkClaim,
+  checkFinite,
+  checkListFilter,
   checkNewInbound,
   checkNewOutbox,
+  checkOutcome,
+  checkString,
   claimedInbound,
   claimedOutbox,
   doneInbound,
@@ -829,47 +834,6 @@ function listRows(
 // TypeError naming the argument (the same on every driver: bun:sqlite binds
 // `undefined` as NULL, node:sqlite and better-sqlite3 throw an unnamed error).
 
-function needString(value: unknown, what: string): string {
-  if (typeof value !== "string") throw new TypeError(`${what} must be a string, got ${show(value)}`);
-  return value;
-}
-
-function needNumber(value: unknown, what: string): number {
-  if (typeof value !== "number" || !Number.isFinite(value)) {
-    throw new TypeError(`${what} must be a finite number, got ${show(value)}`);
-  }
-  return value;
-}
-
-/** Checks the lease options of `op` (an `admit`/`reserve` lease, a claim). */
-function needClaim(options: ClaimOptions, op: string): void {
-  if (typeof options !== "object" || options === null) {
-    throw new TypeError(`${op}: the lease options must be an object, got ${show(options)}`);
-  }
-  needString(options.owner, `${op}: option "owner"`);
-  needString(options.incarnation, `${op}: option "incarnation"`);
-  needNumber(options.leaseMs, `${op}: option "leaseMs"`);
-}
-
-function needOutcome(outcome: FailOutcome, op: string): void {
-  if (typeof outcome !== "object" || outcome === null) {
-    throw new TypeError(`${op}: the outcome must be an object, got ${show(outcome)}`);
-  }
-  needString(outcome.error, `${op}: outcome "error"`);
-  if (!outcome.dead) needNumber(outcome.retryInMs, `${op}: outcome "retryInMs"`);
-}
-
-/** Checks the list filter values that are bound (states, chat id). */
-function needListFilter(options: ListOptions<string> | undefined, op: string): void {
-  if (options === undefined || options === null) return;
-  if (options.chatId !== undefined) needString(options.chatId, `${op}: option "chatId"`);
-  const state = options.state;
-  if (state === undefined) return;
-  for (const item of typeof state === "string" ? [state] : Array.isArray(state) ? state : [state]) {
-    needString(item, `${op}: option "state"`);
-  }
-}
-
 // ---- the journals ------------------------------------------------------------
 
 /** Access to the connection for the journals: `null` when the backend is not open. */
@@ -889,7 +853,7 @@ interface Gate {
  * would run into their busy timeout) nor blocks this one's event loop.
  */
 async function purgeInBatches(gate: Gate, olderThanMs: number, sql: string): Promise<number> {
-  needNumber(olderThanMs, `purge: "olderThanMs"`);
+  checkFinite(olderThanMs, `purge: "olderThanMs"`);
   let cutoff: number | undefined;
   let total = 0;
   for (;;) {
@@ -950,8 +914,8 @@ class SqliteInbox implements InboxJournal {
     token: number,
     change: (record: InboundRecord, now: number) => InboundRecord,
   ): Promise<boolean> {
-    needString(id, `inbox.${op}: "id"`);
-    needNumber(token, `inbox.${op}: "token"`);
+    checkString(id, `inbox.${op}: "id"`);
+    checkFinite(token, `inbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, id);
@@ -962,7 +926,7 @@ class SqliteInbox implements InboxJournal {
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     const input = checkNewInbound(record); // a TypeError naming the field, before anything is written
-    if (lease !== undefined) needClaim(lease, "inbox.admit");
+    if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const payload = JSON.stringify(input.payload);
     const c = await this.#gate.ready();
     return c.write((now) => {
@@ -992,8 +956,8 @@ class SqliteInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    needString(id, `inbox.claim: "id"`);
-    needClaim(options, "inbox.claim");
+    checkString(id, `inbox.claim: "id"`);
+    checkClaim(options, "inbox.claim");
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, id);
@@ -1004,8 +968,8 @@ class SqliteInbox implements InboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
-    needClaim(options, "inbox.claimDue");
-    needNumber(options.limit, `inbox.claimDue: option "limit"`);
+    checkClaim(options, "inbox.claimDue");
+    checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     const c = await this.#gate.ready();
     if (!(options.limit > 0)) return [];
     return c.write((now) => {
@@ -1047,7 +1011,7 @@ class SqliteInbox implements InboxJournal {
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
-    needNumber(leaseMs, `inbox.heartbeat: "leaseMs"`);
+    checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     return await this.#fenced("heartbeat", id, token, (rec, now) => extendedLease(rec, now, leaseMs));
   }
 
@@ -1056,19 +1020,19 @@ class SqliteInbox implements InboxJournal {
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
-    needOutcome(outcome, "inbox.fail");
+    checkOutcome(outcome, "inbox.fail");
     const done = await this.#fenced("fail", id, token, (rec, now) => ({ ...rec, ...failedFields(outcome, now) }));
     if (!done) throw new StaleLeaseError("inbox", id, token);
   }
 
   async get(id: string): Promise<InboundRecord | null> {
-    needString(id, `inbox.get: "id"`);
+    checkString(id, `inbox.get: "id"`);
     const c = await this.#gate.ready();
     return this.#select(c, id);
   }
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
-    needListFilter(options, "inbox.list");
+    checkListFilter(options, "inbox.list");
     const c = await this.#gate.ready();
     const t = this.#t;
     return listRows(c, t, INBOX_COLUMNS, "received_at, ord", {
@@ -1079,7 +1043,7 @@ class SqliteInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
-    needString(id, `inbox.replay: "id"`);
+    checkString(id, `inbox.replay: "id"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, id);
@@ -1172,8 +1136,8 @@ class SqliteOutbox implements OutboxJournal {
     token: number,
     change: (entry: OutboxEntry, now: number) => OutboxEntry,
   ): Promise<boolean> {
-    needString(key, `outbox.${op}: "key"`);
-    needNumber(token, `outbox.${op}: "token"`);
+    checkString(key, `outbox.${op}: "key"`);
+    checkFinite(token, `outbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, key);
@@ -1184,7 +1148,7 @@ class SqliteOutbox implements OutboxJournal {
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     const input = checkNewOutbox(entry); // a TypeError naming the field, before anything is written
-    if (lease !== undefined) needClaim(lease, "outbox.reserve");
+    if (lease !== undefined) checkClaim(lease, "outbox.reserve");
     const content = JSON.stringify(input.content);
     const c = await this.#gate.ready();
     return c.write((now): ReserveResult => {
@@ -1221,8 +1185,8 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
-    needClaim(options, "outbox.claimDue");
-    needNumber(options.limit, `outbox.claimDue: option "limit"`);
+    checkClaim(options, "outbox.claimDue");
+    checkFinite(options.limit, `outbox.claimDue: option "limit"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const due: OutboxEntry[] = [];
@@ -1285,30 +1249,30 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
-    needNumber(leaseMs, `outbox.heartbeat: "leaseMs"`);
+    checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     return await this.#fenced("heartbeat", key, token, (entry, now) => extendedLease(entry, now, leaseMs));
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
-    needString(messageId, `outbox.markSent: "messageId"`);
+    checkString(messageId, `outbox.markSent: "messageId"`);
     const done = await this.#fenced("markSent", key, token, (entry, now) => sentOutbox(entry, messageId, now));
     if (!done) throw new StaleLeaseError("outbox", key, token);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
-    needOutcome(outcome, "outbox.markFailed");
+    checkOutcome(outcome, "outbox.markFailed");
     const done = await this.#fenced("markFailed", key, token, (entry, now) => ({ ...entry, ...failedFields(outcome, now) }));
     if (!done) throw new StaleLeaseError("outbox", key, token);
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
-    needString(key, `outbox.get: "key"`);
+    checkString(key, `outbox.get: "key"`);
     const c = await this.#gate.ready();
     return this.#select(c, key);
   }
 
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
-    needListFilter(options, "outbox.list");
+    checkListFilter(options, "outbox.list");
     const c = await this.#gate.ready();
     const t = this.#t;
     return listRows(c, t, OUTBOX_COLUMNS, "seq", {
@@ -1319,7 +1283,7 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
-    needString(key, `outbox.retry: "key"`);
+    checkString(key, `outbox.retry: "key"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, key);
@@ -1335,7 +1299,7 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async discard(key: string): Promise<boolean> {
-    needString(key, `outbox.discard: "key"`);
+    checkString(key, `outbox.discard: "key"`);
     const c = await this.#gate.ready();
     return c.write(() => {
       const cur = this.#select(c, key);
@@ -1603,7 +1567,7 @@ export class SQLiteStore implements SessionStore {
 
   /** The value of `key`, or `undefined` when absent or expired. */
   async get(key: string): Promise<JsonValue | undefined> {
-    needString(key, `Session key`);
+    checkString(key, `Session key`);
     const c = await this.#ready();
     const row = c.stmt(`SELECT value, expires_at FROM ${this.#t} WHERE key = ?`).get(key);
     if (!row) return undefined;
@@ -1622,7 +1586,7 @@ export class SQLiteStore implements SessionStore {
     if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
       throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
     }
-    needString(key, `Session key`);
+    checkString(key, `Session key`);
     let text: string | undefined;
     try {
       text = JSON.stringify(value);
@@ -1645,7 +1609,7 @@ export class SQLiteStore implements SessionStore {
 
   /** Deletes `key`. */
   async delete(key: string): Promise<void> {
-    needString(key, `Session key`);
+    checkString(key, `Session key`);
     const c = await this.#ready();
     await c.write(() => c.stmt(`DELETE FROM ${this.#t} WHERE key = ?`).run(key));
   }

@@ -193,6 +193,7 @@ export function holdsLease(lease: Lease | null, token: number): boolean {
 export function normalizeList<S extends string>(
   options: ListOptions<S> | undefined,
 ): { states: ReadonlySet<S> | null; chatId: string | undefined; limit: number } {
+  checkListFilter(options, "list");
   const state = options?.state;
   const states = state === undefined ? null : new Set<S>(typeof state === "string" ? [state as S] : state);
   const limit = options?.limit ?? 100;
@@ -380,3 +381,81 @@ export function checkNewOutbox(input: NewOutboxEntry): NewOutboxEntry {
     inboundId,
   };
 }
+
+// ---- argument checks ----------------------------------------------------------
+// Every backend checks its arguments with these before it changes anything, so
+// that a caller gets a TypeError naming the argument whatever the backend (a
+// SQL driver would bind `undefined` as NULL or throw an unnamed error).
+
+/**
+ * @param value the argument
+ * @param what how the error names it, e.g. `inbox.claim: "id"`
+ * @returns `value`
+ * @throws {TypeError} when `value` is not a string
+ */
+export function checkString(value: unknown, what: string): string {
+  if (typeof value !== "string") throw new TypeError(`${what} must be a string, got ${showValue(value)}`);
+  return value;
+}
+
+/**
+ * @param value the argument
+ * @param what how the error names it
+ * @returns `value`
+ * @throws {TypeError} when `value` is not a finite number
+ */
+export function checkFinite(value: unknown, what: string): number {
+  if (typeof value !== "number" || !Number.isFinite(value)) {
+    throw new TypeError(`${what} must be a finite number, got ${showValue(value)}`);
+  }
+  return value;
+}
+
+/**
+ * Checks the lease options of `op` (an `admit`/`reserve` lease, a claim).
+ *
+ * @param options the lease options
+ * @param op the operation, for the error
+ * @throws {TypeError} naming the first bad option
+ */
+export function checkClaim(options: ClaimOptions, op: string): void {
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(`${op}: the lease options must be an object, got ${showValue(options)}`);
+  }
+  checkString(options.owner, `${op}: option "owner"`);
+  checkString(options.incarnation, `${op}: option "incarnation"`);
+  checkFinite(options.leaseMs, `${op}: option "leaseMs"`);
+}
+
+/**
+ * Checks a failure outcome (`fail`, `markFailed`).
+ *
+ * @param outcome the outcome
+ * @param op the operation, for the error
+ * @throws {TypeError} naming the first bad field
+ */
+export function checkOutcome(outcome: FailOutcome, op: string): void {
+  if (typeof outcome !== "object" || outcome === null) {
+    throw new TypeError(`${op}: the outcome must be an object, got ${showValue(outcome)}`);
+  }
+  checkString(outcome.error, `${op}: outcome "error"`);
+  if (!outcome.dead) checkFinite(outcome.retryInMs, `${op}: outcome "retryInMs"`);
+}
+
+/**
+ * Checks the filter values of a `list` (states, chat id).
+ *
+ * @param options the list options
+ * @param op the operation, for the error
+ * @throws {TypeError} naming the first bad option
+ */
+export function checkListFilter(options: ListOptions<string> | undefined, op: string): void {
+  if (options === undefined || options === null) return;
+  if (options.chatId !== undefined) checkString(options.chatId, `${op}: option "chatId"`);
+  const state = options.state;
+  if (state === undefined) return;
+  for (const item of typeof state === "string" ? [state] : Array.isArray(state) ? state : [state]) {
+    checkString(item, `${op}: option "state"`);
+  }
+}
+

@@ -18,6 +18,7 @@ import { StaleLeaseError } from "../backend.ts";
 import type {
   ClaimOptions,
   DurabilityBackend,
+  FailOutcome,
   InboundRecord,
   JsonValue,
   NewInboundRecord,
@@ -1255,6 +1256,38 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         // Keys whose value is undefined are left out, as JSON does.
         const kept = await reserved(b, outbound(uid("chat"), { a: 1, gone: undefined } as unknown as JsonValue));
         expect((await mustGetOut(b, kept.key)).content).toEqual({ a: 1 });
+      });
+
+      it("journal calls with a bad argument reject with a TypeError naming it, and change nothing", async (b) => {
+        const chat = uid("chat");
+        const held = await admitted(b, inbound(chat), claimer());
+        const sending = await reserved(b, outbound(chat), claimer());
+        const pending = await admitted(b, inbound(chat));
+        const inboxBefore = await b.inbox.list({ chatId: chat });
+        const outboxBefore = await b.outbox.list({ chatId: chat });
+        const bad = (o: Record<string, unknown>) => o as unknown as ClaimOptions & { limit: number };
+        const cases: [() => Promise<unknown>, string][] = [
+          [() => b.inbox.claim(pending.id, bad({ incarnation: "i", leaseMs: 1000 })), "owner"],
+          [() => b.inbox.claimDue(bad({ ...claimer(), leaseMs: "60s", limit: 10 })), "leaseMs"],
+          [() => b.inbox.claimDue(bad({ ...claimer(), limit: undefined })), "limit"],
+          [() => b.inbox.admit(inbound(chat), bad({ owner: "o", leaseMs: 1000 })), "incarnation"],
+          [() => b.inbox.complete(held.id, undefined as unknown as number), "token"],
+          [() => b.inbox.fail(held.id, tokenOf(held), { error: 42 } as unknown as FailOutcome), "error"],
+          [() => b.inbox.fail(held.id, tokenOf(held), { error: "x", retryInMs: Number.NaN }), "retryInMs"],
+          [() => b.inbox.heartbeat(held.id, tokenOf(held), "1s" as unknown as number), "leaseMs"],
+          [() => b.inbox.list({ chatId: 5 as unknown as string }), "chatId"],
+          [() => b.outbox.reserve(outbound(chat), bad({ owner: "o", incarnation: "i" })), "leaseMs"],
+          [() => b.outbox.claimDue(bad({ owner: 1, incarnation: "i", leaseMs: 1000, limit: 5 })), "owner"],
+          [() => b.outbox.markSent(sending.key, tokenOf(sending), undefined as unknown as string), "messageId"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", retryInMs: "soon" } as unknown as FailOutcome), "retryInMs"],
+          [() => b.outbox.list({ state: [null] as unknown as OutboxEntry["state"][] }), "state"],
+        ];
+        for (const [call, field] of cases) {
+          const message = await typeErrorOf(call);
+          expect(message.includes(field), `the error names "${field}": ${message}`).toBe(true);
+        }
+        expect(await b.inbox.list({ chatId: chat }), "the inbox is unchanged").toEqual(inboxBefore);
+        expect(await b.outbox.list({ chatId: chat }), "the outbox is unchanged").toEqual(outboxBefore);
       });
     });
 
