@@ -1,0 +1,111 @@
+/**
+ * The events journal's contract (`@botmesh/durable/events`): records of an
+ * app's event journal, claimed with leases and fencing tokens, and the
+ * `LeasedEventJournal` that a shared journal implements.
+ *
+ * @module
+ */
+import type { ClaimOptions, FailOutcome, JsonValue, Lease, OutboxJournal } from "../backend.ts";
+
+/** The channel of the bot's inbox records in an events journal. */
+export const BOT_CHANNEL = "botwa:durable";
+/** The eventType of an inbound message journaled by the bot. */
+export const INBOUND_MESSAGE_EVENT = "botwa.inbound.message";
+/** The eventType of an inbound interaction journaled by the bot. */
+export const INBOUND_INTERACTION_EVENT = "botwa.inbound.interaction";
+
+/** Where an event is in its processing. Same lifecycle as an inbox record. */
+export type EventState = "pending" | "processing" | "failed" | "done" | "dead";
+
+/** What a caller appends. */
+export interface NewEventRecord {
+  /** Unique in the journal; a second append with the same id does nothing. */
+  id: string;
+  /** `null` (or absent) for the app's own events; the bot's records use {@link BOT_CHANNEL}. */
+  channel?: string | null;
+  eventType: string;
+  payload: JsonValue;
+  /** When it happened (ms since epoch); default: the journal's clock at append. Claims take the oldest first. */
+  createdAt?: number;
+}
+
+/** One record of the journal. */
+export interface EventRecord {
+  id: string;
+  channel: string | null;
+  eventType: string;
+  payload: JsonValue;
+  createdAt: number;
+  state: EventState;
+  /** Claims so far. */
+  attempts: number;
+  /** When a `failed` record may be claimed again. */
+  nextAttemptAt: number | null;
+  lease: Lease | null;
+  /** The last fencing token issued (0 before the first claim). */
+  fence: number;
+  error: string | null;
+  updatedAt: number;
+}
+
+/**
+ * Lease options of a claim. `channel` says which records it may take:
+ * absent or `null` takes only records without a channel (so an app's
+ * `EventWorker` never takes the bot's records); a string takes only that
+ * channel's records.
+ */
+export interface EventClaimOptions extends ClaimOptions {
+  channel?: string | null;
+}
+
+/** Options of `list`. */
+export interface EventListOptions {
+  /** A channel (`null`: records without one); absent: every channel. */
+  channel?: string | null;
+  state?: EventState | readonly EventState[];
+  eventType?: string;
+  /** Default 100. */
+  limit?: number;
+}
+
+/**
+ * An events journal whose operations are atomic, with leases and fencing
+ * tokens checked by the journal: what the bot's durability needs from an
+ * events journal, and what an `EventWorker` claims from. Records come back as
+ * copies. Same rules as the inbox of the durability contract
+ * (`src/backend.ts`), with a channel.
+ */
+export interface LeasedEventJournal {
+  /** A name for errors and metrics (e.g. `'file-events'`). */
+  readonly name: string;
+  /** Who may share it: `'process'` (FileEventJournal) or `'host'` (SharedFileEventJournal). */
+  readonly scope: "process" | "host" | "shared";
+  /**
+   * Journals `event` (`pending`, or `processing` under `lease` with token 1).
+   * @returns the record, or `null` when a record with that id exists (nothing changes)
+   */
+  append(event: NewEventRecord, lease?: ClaimOptions): Promise<EventRecord | null>;
+  /** Leases record `id` when it is claimable and in `options.channel`; `null` otherwise. */
+  claim(id: string, options: EventClaimOptions): Promise<EventRecord | null>;
+  /** Leases up to `limit` claimable records of `options.channel`, oldest `createdAt` first. */
+  claimDue(options: EventClaimOptions & { limit: number }): Promise<EventRecord[]>;
+  /** Extends the lease held under `token`; `false` when it is no longer held. */
+  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean>;
+  /** `done`. @throws {StaleLeaseError} when `token` is not the current lease */
+  complete(id: string, token: number): Promise<void>;
+  /** `failed` (claimable again after `retryInMs`) or `dead`. @throws {StaleLeaseError} */
+  fail(id: string, token: number, outcome: FailOutcome): Promise<void>;
+  get(id: string): Promise<EventRecord | null>;
+  /** Every channel unless `channel` is given, in append order. */
+  list(options?: EventListOptions): Promise<EventRecord[]>;
+  /** `done`, `failed` or `dead` back to `pending` with attempts reset; `false` otherwise. */
+  replay(id: string): Promise<boolean>;
+  /** Deletes `done` records of `channel` (absent: every channel) not updated for `olderThanMs`. @returns how many */
+  purge(olderThanMs: number, options?: { channel?: string | null }): Promise<number>;
+  /** The core's outbox, stored as a sidecar of this journal (same file, same atomic write). */
+  readonly outbox: OutboxJournal;
+  /** Lets operations already called finish, then rejects later ones. */
+  close(): Promise<void>;
+}
+
+export type { FailOutcome };
