@@ -54,23 +54,22 @@ import {
   StaleLeaseError,
 } from "../src/backend.ts";
 import { MemoryDurability, type MemoryRecords } from "./memory.ts";
-import { delay, hostname, randomId, unrefTimer } from "../src/runtime/mod.ts";
+import { dirName, ensureDir, readFileBytes, realPathOf, removeFile, resolvePath } from "../src/runtime/fs.ts";
 import {
-  createExclusive,
-  createExclusiveLinked,
-  currentPid,
-  dirName,
-  ensureDir,
-  isProcessAlive,
-  readFileBytes,
-  realPathOf,
-  removeFile,
-  resolvePath,
-  statFile,
-  touchFile,
-  writeFileAtomic,
-} from "../src/runtime/fs.ts";
+  claimOpenFile,
+  describeJsonKind as kindOf,
+  FileCorruptError,
+  FileLock,
+  FileLockedError,
+  NEW_FILE_MODE,
+  parseJsonBytes,
+  releaseOpenFile,
+  snapshotFileMode,
+  writeSnapshot,
+} from "./file_support.ts";
 import { showValue as show } from "../src/show.ts";
+
+export { FileCorruptError, FileLockedError };
 
 /** Options of {@link FileDurability}. */
 export interface FileDurabilityOptions {
@@ -117,117 +116,10 @@ export interface FileDurabilityStats {
 const FORMAT = "@botmesh/durable/file";
 /** The snapshot's format version. */
 const VERSION = 1;
-/** Permission bits of a new snapshot file: it holds chat content. */
-const NEW_FILE_MODE = 0o600;
 /** Default of {@link FileDurabilityOptions.staleLockMs}. */
 const DEFAULT_STALE_LOCK_MS = 30_000;
-/** Longest interval between two refreshes of a held lock file's mtime. */
-const LOCK_REFRESH_MS = 10_000;
-/** An unreadable (empty or damaged) lock file counts as stale once unchanged this long. */
-const UNREADABLE_LOCK_STALE_MS = 10_000;
-/** A `<path>.lock.break` file (held for a few ms while a stale lock is broken) left by a crash is removed once this old. */
-const BREAK_STALE_MS = 5_000;
-
-/** The message of a {@link FileLockedError} (a function: Deno's API check wants one plain `super()` call). */
-function lockedMessage(file: string, lockPath: string, holder: LockInfo | null, staleInMs: number | null): string {
-  const wait = staleInMs === null ? "" : ` It counts as stale in ${seconds(staleInMs)} if it is not refreshed meanwhile.`;
-  if (holder === null) {
-    return `FileDurability: ${file} is locked: lock file ${lockPath} is unreadable (empty or damaged; its creator may ` +
-      `be writing it).${wait} Delete the lock file only if no process uses the file.`;
-  }
-  const since = holder.startedAt ? `, since ${holder.startedAt}` : "";
-  const host = holder.hostname ? ` on host ${holder.hostname}` : "";
-  return `FileDurability: ${file} is in use by another process (pid ${holder.pid}${host}${since}); ` +
-    `lock file ${lockPath}.${wait} Stop that process first; delete the lock file only if it is gone.`;
-}
-
-/**
- * Another process holds the lock file of a {@link FileDurability}: a live
- * process on this host, a process on another host whose lock file was
- * refreshed less than `staleLockMs` ago, or a lock file that is unreadable
- * (being written, or damaged) and changed less than 10 s ago.
- */
-export class FileLockedError extends Error {
-  /** The lock file (absolute path). */
-  readonly lockPath: string;
-  /** The pid written in the lock file (`0` when the lock file is unreadable). */
-  readonly pid: number;
-  /** The host written in the lock file, if any. */
-  readonly hostname: string | undefined;
-  /**
-   * For a lock judged by its age (a holder on another host, or an unreadable
-   * lock file): ms until it counts as stale unless it is refreshed; `null`
-   * for a live process on this host.
-   */
-  readonly staleInMs: number | null;
-
-  /**
-   * @param file the snapshot file
-   * @param lockPath its lock file
-   * @param holder what the lock file says, or `null` when it is unreadable
-   * @param staleInMs ms until the lock counts as stale, for a lock judged by its age
-   */
-  constructor(file: string, lockPath: string, holder: LockInfo | null, staleInMs: number | null = null) {
-    super(lockedMessage(file, lockPath, holder, staleInMs));
-    this.name = "FileLockedError";
-    this.lockPath = lockPath;
-    this.pid = holder?.pid ?? 0;
-    this.hostname = holder?.hostname;
-    this.staleInMs = staleInMs === null ? null : Math.max(0, Math.ceil(staleInMs));
-  }
-}
-
-function seconds(ms: number): string {
-  return `${Math.max(0, Math.ceil(ms / 100) / 10)} s`;
-}
-
-/** The snapshot file cannot be used: damaged JSON, invalid UTF-8, or an invalid structure. */
-export class FileCorruptError extends Error {
-  /** The snapshot file (absolute path). */
-  readonly file: string;
-  /** Byte offset of the first problem (syntax and encoding errors), or `null` for a structure error. */
-  readonly offset: number | null;
-
-  /**
-   * @param file the snapshot file
-   * @param offset the byte offset, or `null`
-   * @param detail what is wrong
-   */
-  constructor(file: string, offset: number | null, detail: string) {
-    const where = offset === null ? "" : ` at byte ${offset}`;
-    super(
-      `FileDurability: ${file} is damaged${where}: ${detail}. The file was left untouched; ` +
-        `restore it from a backup or move it away to start empty.`,
-    );
-    this.name = "FileCorruptError";
-    this.file = file;
-    this.offset = offset;
-  }
-}
-
-/** What a lock file holds. */
-interface LockInfo {
-  pid: number;
-  hostname?: string;
-  startedAt?: string;
-  /** Random per lock taken: tells this process's own locks from a previous process's with the same pid. */
-  nonce?: string;
-}
-
-/** Files open in this process (absolute path → backend), shared by every copy of this module. */
-const OPEN_FILES: Map<string, object> = ((globalThis as Record<symbol, unknown>)[
-  Symbol.for("@botmesh/durable/file:open-files")
-] ??= new Map<string, object>()) as Map<string, object>;
-
-/**
- * Nonces of the lock files this process holds (shared by every copy of this
- * module). A lock file with this process's pid whose nonce is not here is
- * stale (a previous process that had the same pid); one whose nonce is here is
- * held through another spelling of the path (a symlink).
- */
-const HELD_LOCKS: Set<string> = ((globalThis as Record<symbol, unknown>)[
-  Symbol.for("@botmesh/durable/file:held-locks")
-] ??= new Set<string>()) as Set<string>;
+/** The backend named in error messages. */
+const LABEL = "FileDurability";
 
 /** An operation waiting for the state it observed (`target`) to be on disk. */
 interface Waiter {
@@ -373,8 +265,6 @@ export class FileDurability implements DurabilityBackend {
   #file: string | undefined;
   /** Permission bits of the snapshot file, kept across rewrites. */
   #mode = NEW_FILE_MODE;
-  /** Refreshes our lock file's mtime while open. */
-  #refreshTimer: ReturnType<typeof setInterval> | null = null;
   /** Bumped when the state is rebuilt from the file after a failed rewrite. */
   #generation = 0;
   /** The rebuild under way: operations wait for it. */
@@ -388,8 +278,8 @@ export class FileDurability implements DurabilityBackend {
   #lifecycle: Promise<unknown> = Promise.resolve();
   /** Let go by {@link simulateCrash}: never used again. */
   #crashed = false;
-  /** The nonce written in our lock file while we hold it. */
-  #lockNonce: string | null = null;
+  /** Our lock file `<file>.lock`, while we hold it (its holder refreshes its mtime). */
+  #lock: FileLock | null = null;
   /** Bumped after each change (heartbeats excepted). */
   #version = 0;
   /** The version on disk. */
@@ -497,23 +387,17 @@ export class FileDurability implements DurabilityBackend {
     await step(absolute, "cannot create its directory", async () => ensureDir(await dirName(absolute)));
     // Every path to the file (symlinks) shares one lock and one registration, and a rewrite never replaces a symlink.
     const file = this.#file = await step(absolute, "cannot resolve its real path", () => realPathOf(absolute));
-    const owner = OPEN_FILES.get(file);
-    if (owner !== undefined && owner !== this) {
-      throw new Error(
-        `FileDurability: ${file} is already open in this process through another FileDurability; ` +
-          `close that one first (or share one instance between your bots)`,
-      );
-    }
-    OPEN_FILES.set(file, this);
+    claimOpenFile(file, this, LABEL);
     this.#failure = null;
     let locked = false;
     try {
-      this.#lockNonce = await step(file, `cannot take the lock file ${file}.lock`, () => acquireLock(file, this.#staleLockMs));
+      this.#lock = await step(
+        file,
+        `cannot take the lock file ${file}.lock`,
+        () => FileLock.acquire(file, { staleLockMs: this.#staleLockMs, label: LABEL }),
+      );
       locked = true;
-      this.#startRefresh(file);
-      const stat = await step(file, "cannot read it", () => statFile(file));
-      if (stat?.isDirectory) throw new Error(`FileDurability: ${file}: is a directory; the option "path" must name a file`);
-      this.#mode = stat?.mode ?? NEW_FILE_MODE;
+      this.#mode = (await step(file, "cannot read it", () => snapshotFileMode(file, LABEL))).mode;
       // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
       await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
       const bytes = await step(file, "cannot read it", () => readFileBytes(file));
@@ -530,9 +414,8 @@ export class FileDurability implements DurabilityBackend {
     } catch (error) {
       this.#mem = null;
       this.#failure = null;
-      this.#stopRefresh();
-      if (locked) await this.#releaseLock(file).catch(() => {});
-      if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
+      if (locked) await this.#releaseLock().catch(() => {});
+      releaseOpenFile(file, this);
       throw error;
     }
   }
@@ -557,13 +440,12 @@ export class FileDurability implements DurabilityBackend {
       this.#mem = null;
       this.#failure = null;
       this.#writing ??= this.#writeLoop(); // rejects operations that slipped in after a failed final rewrite
-      this.#stopRefresh();
       try {
-        await step(file, `cannot release the lock file ${file}.lock`, () => this.#releaseLock(file));
+        await step(file, `cannot release the lock file ${file}.lock`, () => this.#releaseLock());
       } catch (error) {
         releaseFailure = error;
       } finally {
-        if (OPEN_FILES.get(file) === this) OPEN_FILES.delete(file);
+        releaseOpenFile(file, this);
       }
     }
     if (failure !== null && releaseFailure !== null) {
@@ -577,35 +459,11 @@ export class FileDurability implements DurabilityBackend {
     if (releaseFailure !== null) throw releaseFailure;
   }
 
-  async #releaseLock(file: string): Promise<void> {
-    const nonce = this.#lockNonce;
-    this.#lockNonce = null;
-    if (nonce === null) return;
-    HELD_LOCKS.delete(nonce);
-    // Only our own lock file: never one that someone else took after deleting ours by hand.
-    const bytes = await readFileBytes(`${file}.lock`);
-    if (bytes !== null && parseLock(new TextDecoder().decode(bytes))?.nonce === nonce) await removeFile(`${file}.lock`);
-  }
-
-  /** Refresh our lock file's mtime while we hold it, so a process on another host can tell we are alive. */
-  #startRefresh(file: string): void {
-    this.#stopRefresh();
-    const lockPath = `${file}.lock`;
-    const timer = setInterval(() => {
-      const nonce = this.#lockNonce;
-      if (nonce === null) return;
-      void (async () => {
-        const bytes = await readFileBytes(lockPath);
-        if (bytes !== null && parseLock(new TextDecoder().decode(bytes))?.nonce === nonce) await touchFile(lockPath);
-      })().catch(() => {}); // best effort: the next tick tries again
-    }, Math.min(LOCK_REFRESH_MS, this.#staleLockMs / 3));
-    unrefTimer(timer);
-    this.#refreshTimer = timer;
-  }
-
-  #stopRefresh(): void {
-    if (this.#refreshTimer !== null) clearInterval(this.#refreshTimer);
-    this.#refreshTimer = null;
+  /** Releases our lock file (only if it is still ours); its refresh stops at once. */
+  async #releaseLock(): Promise<void> {
+    const lock = this.#lock;
+    this.#lock = null;
+    if (lock !== null) await lock.release();
   }
 
   /** The state; throws when the backend is not open or is failed. */
@@ -747,7 +605,7 @@ export class FileDurability implements DurabilityBackend {
       inbox: records.inbox,
       outbox: records.outbox,
     });
-    await writeFileAtomic(this.#file!, text, { fsync: this.#fsync, mode: this.#mode });
+    await writeSnapshot(this.#file!, text, { fsync: this.#fsync, mode: this.#mode });
     this.#stats.rewrites++;
     this.#stats.lastSnapshotChars = text.length;
     this.#stats.lastRewriteMs = performance.now() - started;
@@ -756,14 +614,13 @@ export class FileDurability implements DurabilityBackend {
   async #crash(): Promise<void> {
     this.#crashed = true;
     this.#refs = 0;
-    this.#stopRefresh();
+    this.#lock?.abandon(); // the lock file stays, as after a kill
     const error = this.#crashError();
     for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
     if (this.#writing !== null) await this.#writing; // a write under way finishes, as the kernel would finish a rename
     this.#mem = null;
-    if (this.#lockNonce !== null) HELD_LOCKS.delete(this.#lockNonce); // the lock file stays, as after a kill
-    this.#lockNonce = null;
-    if (this.#file !== undefined && OPEN_FILES.get(this.#file) === this) OPEN_FILES.delete(this.#file);
+    this.#lock = null;
+    if (this.#file !== undefined) releaseOpenFile(this.#file, this);
   }
 }
 
@@ -873,153 +730,11 @@ class FileOutbox implements OutboxJournal {
 }
 
 // ---------------------------------------------------------------------------
-// The lock file
-
-/** A lock file as read: its bytes and its mtime. */
-interface SeenLock {
-  bytes: Uint8Array;
-  mtimeMs: number;
-}
-
-async function readLock(lockPath: string): Promise<SeenLock | null> {
-  const stat = await statFile(lockPath);
-  if (stat === null) return null;
-  const bytes = await readFileBytes(lockPath);
-  return bytes === null ? null : { bytes, mtimeMs: stat.mtimeMs };
-}
-
-/**
- * Takes `<file>.lock` and returns the nonce written in it. The lock file is
- * created atomically with its content (a temporary file hard-linked into
- * place, `O_EXCL` semantics), then re-read to check that it holds our nonce.
- * A stale lock (see {@link FileDurability}) is broken under `<file>.lock.break`.
- */
-async function acquireLock(file: string, staleLockMs: number): Promise<string> {
-  const lockPath = `${file}.lock`;
-  const pid = await currentPid();
-  const host = await hostname();
-  const nonce = randomId();
-  const mine = JSON.stringify({ pid, hostname: host, startedAt: new Date().toISOString(), nonce });
-  const decoder = new TextDecoder();
-  let unreadable = 0;
-  for (let attempt = 0; attempt < 100; attempt++) {
-    if (await createExclusiveLinked(lockPath, mine, `${lockPath}.${nonce}.tmp`)) {
-      // Ours unless another process deleted it meanwhile (only possible after a crash while breaking, or by hand).
-      const check = await readFileBytes(lockPath);
-      if (check !== null && parseLock(decoder.decode(check))?.nonce === nonce) {
-        HELD_LOCKS.add(nonce);
-        return nonce;
-      }
-      continue;
-    }
-    const seen = await readLock(lockPath);
-    if (seen === null) continue; // released meanwhile
-    const holder = parseLock(decoder.decode(seen.bytes));
-    const age = Date.now() - seen.mtimeMs;
-    if (holder === null) {
-      // Our lock files have their content from creation; an unreadable one is being written by another
-      // library version or file system without hard links, or was damaged: stale only once unchanged 10 s.
-      if (age < UNREADABLE_LOCK_STALE_MS) {
-        if (++unreadable <= 3) {
-          await delay(50);
-          continue;
-        }
-        throw new FileLockedError(file, lockPath, null, UNREADABLE_LOCK_STALE_MS - age);
-      }
-    } else if (holder.hostname !== undefined && holder.hostname !== host) {
-      // Another host (a container on a shared volume): its pid means nothing here; a live holder refreshes the mtime.
-      if (age < staleLockMs) throw new FileLockedError(file, lockPath, holder, staleLockMs - age);
-    } else if (holder.pid === pid) {
-      if (holder.nonce !== undefined && HELD_LOCKS.has(holder.nonce)) {
-        throw new Error(
-          `FileDurability: ${file} is already open in this process (through another path to the same file); ` +
-            `close that one first (lock file ${lockPath})`,
-        );
-      }
-    } else if (await holderAlive(lockPath, holder.pid)) {
-      throw new FileLockedError(file, lockPath, holder);
-    }
-    if (!(await breakStaleLock(lockPath, seen))) await delay(2 + Math.random() * 10); // another process is breaking it
-  }
-  throw new Error(`FileDurability: could not take the lock file ${lockPath} (it keeps changing)`);
-}
-
-/**
- * Deletes the stale lock file `seen`, unless it changed since (another
- * process broke it and took the lock meanwhile), under `<lock>.break`
- * (`O_EXCL`), so that processes breaking one stale lock at the same time do
- * it one after the other. Returns `false` when another process holds
- * `<lock>.break` (one left by a crash is removed once older than 5 s).
- */
-async function breakStaleLock(lockPath: string, seen: SeenLock): Promise<boolean> {
-  const breakPath = `${lockPath}.break`;
-  const token = randomId();
-  if (!(await createExclusive(breakPath, token))) {
-    const text = await readFileBytes(breakPath);
-    const stat = await statFile(breakPath);
-    if (text !== null && stat !== null && Date.now() - stat.mtimeMs > BREAK_STALE_MS) {
-      const again = await readFileBytes(breakPath);
-      if (again !== null && sameBytes(again, text)) await removeFile(breakPath);
-    }
-    return false;
-  }
-  try {
-    const now = await readLock(lockPath);
-    if (now !== null && sameBytes(now.bytes, seen.bytes) && now.mtimeMs === seen.mtimeMs) await removeFile(lockPath);
-  } finally {
-    const mine = await readFileBytes(breakPath).catch(() => null);
-    if (mine !== null && new TextDecoder().decode(mine) === token) await removeFile(breakPath).catch(() => {});
-  }
-  return true;
-}
-
-/** Whether the lock's holder runs; a runtime that cannot tell gets a clear error instead of a guess. */
-async function holderAlive(lockPath: string, pid: number): Promise<boolean> {
-  try {
-    return await isProcessAlive(pid);
-  } catch (error) {
-    throw new Error(
-      `FileDurability: cannot tell whether pid ${pid}, the holder of lock file ${lockPath}, is still running ` +
-        `(${messageOf(error)}). On Deno, grant --allow-run; or delete the lock file if that process is gone.`,
-      { cause: error },
-    );
-  }
-}
-
-function parseLock(text: string): LockInfo | null {
-  try {
-    const value = JSON.parse(text) as Partial<LockInfo> | null;
-    if (typeof value !== "object" || value === null || !Number.isInteger(value.pid)) return null;
-    return {
-      pid: value.pid!,
-      hostname: typeof value.hostname === "string" ? value.hostname : undefined,
-      startedAt: typeof value.startedAt === "string" ? value.startedAt : undefined,
-      nonce: typeof value.nonce === "string" ? value.nonce : undefined,
-    };
-  } catch {
-    return null;
-  }
-}
-
-function sameBytes(a: Uint8Array, b: Uint8Array): boolean {
-  if (a.length !== b.length) return false;
-  for (let i = 0; i < a.length; i++) if (a[i] !== b[i]) return false;
-  return true;
-}
-
-// ---------------------------------------------------------------------------
 // Reading and checking a snapshot
 
 /** Parses and checks a snapshot; throws {@link FileCorruptError}. */
 function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {
-  let value: unknown;
-  try {
-    value = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(bytes));
-  } catch {
-    const problem = findSyntaxError(bytes) ??
-      { offset: null, reason: "the JSON parser rejected it (no syntax error found by the checker)" };
-    throw new FileCorruptError(file, problem.offset, problem.reason);
-  }
+  const value = parseJsonBytes(file, bytes, LABEL);
   const fail = (detail: string): never => {
     throw new FileCorruptError(file, null, detail);
   };
@@ -1064,12 +779,6 @@ function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {
     lastSeq = seq;
   }
   return { inbox: inbox as InboundRecord[], outbox: outbox as OutboxEntry[], outboxSeq: snap.outboxSeq as number };
-}
-
-function kindOf(value: unknown): string {
-  if (value === null) return "null";
-  if (Array.isArray(value)) return "an array";
-  return typeof value === "object" ? "an object" : `${typeof value} ${show(value)}`;
 }
 
 type FieldCheck = (value: unknown) => string | null;
@@ -1165,187 +874,4 @@ function checkOutbound(value: unknown): string | null {
   }
   if (e.lease !== null && e.lease.token > e.fence) return `field "fence" (${e.fence}) is below the lease token ${e.lease.token}`;
   return null;
-}
-
-// ---------------------------------------------------------------------------
-// Locating a syntax error (failure path only: JSON.parse does not say where, on every runtime)
-
-/**
- * The first encoding or JSON syntax error of `bytes`: its byte offset and
- * what is wrong, or `null` when the bytes are valid UTF-8 JSON.
- */
-function findSyntaxError(bytes: Uint8Array): { offset: number; reason: string } | null {
-  return findUtf8Error(bytes) ?? findJsonError(bytes);
-}
-
-/** The offset of the first byte of an invalid UTF-8 sequence. */
-function findUtf8Error(b: Uint8Array): { offset: number; reason: string } | null {
-  const n = b.length;
-  let i = 0;
-  while (i < n) {
-    const c = b[i];
-    if (c < 0x80) {
-      i++;
-      continue;
-    }
-    let need: number;
-    let lo = 0x80;
-    let hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) need = 1;
-    else if (c >= 0xe0 && c <= 0xef) {
-      need = 2;
-      if (c === 0xe0) lo = 0xa0; // no overlong forms
-      if (c === 0xed) hi = 0x9f; // no surrogates
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      need = 3;
-      if (c === 0xf0) lo = 0x90;
-      if (c === 0xf4) hi = 0x8f; // at most U+10FFFF
-    } else {
-      return { offset: i, reason: `invalid UTF-8 (byte 0x${hex(c)} cannot start a character)` };
-    }
-    for (let k = 1; k <= need; k++) {
-      if (i + k >= n) return { offset: i, reason: "invalid UTF-8 (a character is cut off by the end of the file: truncated?)" };
-      const d = b[i + k];
-      const min = k === 1 ? lo : 0x80;
-      const max = k === 1 ? hi : 0xbf;
-      if (d < min || d > max) {
-        return { offset: i, reason: `invalid UTF-8 (byte 0x${hex(d)} at ${i + k} does not continue the character)` };
-      }
-    }
-    i += need + 1;
-  }
-  return null;
-}
-
-function hex(byte: number): string {
-  return byte.toString(16).toUpperCase().padStart(2, "0");
-}
-
-/** Describes the byte at `i` for a syntax message. */
-function describeAt(b: Uint8Array, i: number): string {
-  if (i >= b.length) return "the end of the file (truncated?)";
-  const c = b[i];
-  return c >= 0x20 && c < 0x7f ? `${JSON.stringify(String.fromCharCode(c))}` : `byte 0x${hex(c)}`;
-}
-
-/** Scanner modes: a value is expected, an object key is expected, a value just ended. */
-const Mode = { Value: 0, Key: 1, After: 2 } as const;
-
-/** A JSON syntax checker over bytes (iterative: any nesting depth). */
-function findJsonError(b: Uint8Array): { offset: number; reason: string } | null {
-  const n = b.length;
-  let i = b[0] === 0xef && b[1] === 0xbb && b[2] === 0xbf ? 3 : 0;
-  const stack: number[] = []; // 0: array, 1: object
-  let mode: number = Mode.Value;
-  const err = (reason: string) => ({ offset: i, reason });
-  const isDigit = (c: number) => c >= 0x30 && c <= 0x39;
-  const skipSpace = () => {
-    while (i < n && (b[i] === 0x20 || b[i] === 0x0a || b[i] === 0x0d || b[i] === 0x09)) i++;
-  };
-  const scanString = (): { offset: number; reason: string } | null => {
-    i++; // the opening quote
-    for (;;) {
-      if (i >= n) return err("unterminated string: the end of the file (truncated?)");
-      const c = b[i];
-      if (c === 0x22) {
-        i++;
-        return null;
-      }
-      if (c === 0x5c) {
-        const e = b[i + 1];
-        if (e === 0x75) {
-          for (let k = 2; k < 6; k++) {
-            const h = b[i + k];
-            const ok = h !== undefined && (isDigit(h) || (h >= 0x41 && h <= 0x46) || (h >= 0x61 && h <= 0x66));
-            if (!ok) {
-              i += k;
-              return err(`invalid \\u escape: expected a hex digit, found ${describeAt(b, i)}`);
-            }
-          }
-          i += 6;
-          continue;
-        }
-        if (e === undefined || !'"\\/bfnrt'.includes(String.fromCharCode(e))) {
-          i++;
-          return err(`invalid escape in a string: ${describeAt(b, i)}`);
-        }
-        i += 2;
-        continue;
-      }
-      if (c < 0x20) return err(`control character 0x${hex(c)} in a string (must be escaped)`);
-      i++;
-    }
-  };
-  const scanNumber = (): { offset: number; reason: string } | null => {
-    if (b[i] === 0x2d) i++;
-    if (b[i] === 0x30) i++;
-    else if (i < n && isDigit(b[i])) while (i < n && isDigit(b[i])) i++;
-    else return err(`invalid number: expected a digit, found ${describeAt(b, i)}`);
-    if (b[i] === 0x2e) {
-      i++;
-      if (!(i < n && isDigit(b[i]))) return err(`invalid number: expected a digit after ".", found ${describeAt(b, i)}`);
-      while (i < n && isDigit(b[i])) i++;
-    }
-    if (b[i] === 0x65 || b[i] === 0x45) {
-      i++;
-      if (b[i] === 0x2b || b[i] === 0x2d) i++;
-      if (!(i < n && isDigit(b[i]))) return err(`invalid number: expected an exponent digit, found ${describeAt(b, i)}`);
-      while (i < n && isDigit(b[i])) i++;
-    }
-    return null;
-  };
-  const scanWord = (word: string): { offset: number; reason: string } | null => {
-    for (let k = 0; k < word.length; k++, i++) {
-      if (b[i] !== word.charCodeAt(k)) return err(`invalid literal (expected ${JSON.stringify(word)}), found ${describeAt(b, i)}`);
-    }
-    return null;
-  };
-  for (;;) {
-    skipSpace();
-    if (mode === Mode.Value) {
-      const c = b[i];
-      let problem: { offset: number; reason: string } | null = null;
-      if (c === 0x5b || c === 0x7b) {
-        stack.push(c === 0x5b ? 0 : 1);
-        i++;
-        skipSpace();
-        if (b[i] === (c === 0x5b ? 0x5d : 0x7d)) {
-          i++;
-          stack.pop();
-          mode = Mode.After;
-        } else {
-          mode = c === 0x5b ? Mode.Value : Mode.Key;
-        }
-        continue;
-      }
-      if (c === 0x22) problem = scanString();
-      else if (c === 0x2d || (c !== undefined && isDigit(c))) problem = scanNumber();
-      else if (c === 0x74) problem = scanWord("true");
-      else if (c === 0x66) problem = scanWord("false");
-      else if (c === 0x6e) problem = scanWord("null");
-      else return err(`expected a value, found ${describeAt(b, i)}`);
-      if (problem) return problem;
-      mode = Mode.After;
-    } else if (mode === Mode.Key) {
-      if (b[i] !== 0x22) return err(`expected a string key, found ${describeAt(b, i)}`);
-      const problem = scanString();
-      if (problem) return problem;
-      skipSpace();
-      if (b[i] !== 0x3a) return err(`expected ":" after a key, found ${describeAt(b, i)}`);
-      i++;
-      mode = Mode.Value;
-    } else {
-      if (stack.length === 0) return i >= n ? null : err(`unexpected ${describeAt(b, i)} after the end of the JSON value`);
-      const inObject = stack[stack.length - 1] === 1;
-      if (b[i] === 0x2c) {
-        i++;
-        mode = inObject ? Mode.Key : Mode.Value;
-      } else if (b[i] === (inObject ? 0x7d : 0x5d)) {
-        i++;
-        stack.pop();
-      } else {
-        return err(`expected "," or "${inObject ? "}" : "]"}", found ${describeAt(b, i)}`);
-      }
-    }
-  }
 }

@@ -362,3 +362,41 @@ export async function isProcessAlive(pid: number): Promise<boolean> {
     throw error;
   }
 }
+
+/**
+ * Rename `from` to `to` (`rename(2)`: atomic, replaces `to` when it exists).
+ *
+ * @param from the existing file
+ * @param to its new path (same file system)
+ * @returns `true` when renamed, `false` when `from` does not exist
+ * @throws {Error} any other error (permissions, another file system)
+ */
+export async function renameFile(from: string, to: string): Promise<boolean> {
+  try {
+    await (await fs()).rename(from, to);
+    return true;
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return false;
+    throw error;
+  }
+}
+
+/**
+ * Give an existing file a second name (`link(2)`); fails, without replacing
+ * anything, when `path` exists.
+ *
+ * @param existing the file
+ * @param path the new name (same file system)
+ * @returns `true` when linked, `false` when `path` already exists or `existing` does not
+ * @throws {Error} any other error (permissions, no hard links on this file system)
+ */
+export async function linkFile(existing: string, path: string): Promise<boolean> {
+  try {
+    await (await fs()).link(existing, path);
+    return true;
+  } catch (error) {
+    const code = errorCode(error);
+    if (code === "EEXIST" || code === "ENOENT") return false;
+    throw error;
+  }
+}
