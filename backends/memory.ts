@@ -330,6 +330,8 @@ class MemoryOutbox implements OutboxJournal {
   readonly #chats = new Map<string, ChatQueue>();
   #version = 0;
   #seq = 0;
+  /** Told synchronously of every entry stored or deleted (see {@link MemoryDurability.observeOutbox}). */
+  #observer: OutboxObserver | null = null;
 
   constructor(now: () => number) {
     this.#now = now;
@@ -403,6 +405,34 @@ class MemoryOutbox implements OutboxJournal {
       this.#bump(this.#slots.get(headAfter)!);
     }
     this.#compact();
+    this.#observer?.(entry.key, next);
+  }
+
+  /** Sets (or with `null` removes) the observer of stored and deleted entries. */
+  observe(observer: OutboxObserver | null): void {
+    this.#observer = observer;
+  }
+
+  /**
+   * Replays a change set: deletes `removed` keys, then stores `entries`
+   * (inserted or replacing the entry of their key), and raises the `seq`
+   * counter to `seq`. A key both removed and given whose current entry has
+   * the given entry's `seq` is replaced in place (the set was already applied).
+   */
+  applyEntries(entries: readonly OutboxEntry[], removed: readonly string[], seq: number): void {
+    const given = new Map<string, OutboxEntry>();
+    for (const entry of entries) given.set(entry.key, entry);
+    for (const key of removed) {
+      const slot = this.#slots.get(key);
+      if (!slot || given.get(key)?.seq === slot.record.seq) continue;
+      this.#store(null, slot);
+    }
+    const sorted = [...given.values()].sort((a, b) => a.seq - b.seq);
+    for (const entry of sorted) {
+      this.#store(entry, this.#slots.get(entry.key));
+      if (entry.seq > this.#seq) this.#seq = entry.seq;
+    }
+    if (seq > this.#seq) this.#seq = seq;
   }
 
   #compact(): void {
@@ -594,6 +624,7 @@ class MemoryOutbox implements OutboxJournal {
       this.#sent.pop();
       if (!this.#valid(top) || this.#slots.get(top.id)!.record.state !== "sent") continue;
       this.#slots.delete(top.id);
+      this.#observer?.(top.id, null);
       count++;
     }
     return count;
@@ -707,7 +738,39 @@ export class MemoryDurability implements DurabilityBackend {
     this.#inbox.importRecords(records.inbox);
     this.#outbox.importEntries(records.outbox, records.outboxSeq);
   }
+
+  /**
+   * Tells `observer`, synchronously, of every outbox entry stored (its new
+   * value, the backend's own object: never change it) or deleted (`null`:
+   * discarded or purged), including entries stored by `importRecords` and
+   * {@link applyOutboxChanges}. For a journal that tracks its changes (the
+   * events journal's sidecar). One observer at a time; `null` removes it.
+   *
+   * @param observer the observer, or `null`
+   */
+  observeOutbox(observer: OutboxObserver | null): void {
+    this.#outbox.observe(observer);
+  }
+
+  /**
+   * Replays outbox changes recorded elsewhere (through {@link observeOutbox}):
+   * deletes the `removed` keys, then stores `entries` (new ones after the
+   * others, in `seq` order; an existing key's entry is replaced in place), and
+   * raises the `seq` counter to `seq`. Idempotent: applying a set twice, or a
+   * set the state already holds, leaves the same state. Entries are adopted,
+   * not copied, and not validated.
+   *
+   * @param entries entries as they are now
+   * @param removed keys deleted (a key both removed and given, with the same `seq`, is left in place)
+   * @param seq the last `seq` issued
+   */
+  applyOutboxChanges(entries: readonly OutboxEntry[], removed: readonly string[], seq: number): void {
+    this.#outbox.applyEntries(entries, removed, seq);
+  }
 }
+
+/** Told of an outbox entry stored (`entry`) or deleted (`null`); see {@link MemoryDurability.observeOutbox}. */
+export type OutboxObserver = (key: string, entry: OutboxEntry | null) => void;
 
 /** Every record of a {@link MemoryDurability}, as {@link MemoryDurability.exportRecords} returns them. */
 export interface MemoryRecords {

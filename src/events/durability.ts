@@ -1,0 +1,282 @@
+/**
+ * `eventsDurability({ journal })`: a durability backend whose inbox records
+ * are events of an app's {@link LeasedEventJournal}, so that the app's
+ * `list()` and `replay()` see the bot's inbound messages too.
+ *
+ * @module
+ */
+import type {
+  ClaimDueOptions,
+  ClaimOptions,
+  DurabilityBackend,
+  DurableKv,
+  FailOutcome,
+  InboundRecord,
+  InboundState,
+  InboxJournal,
+  JsonValue,
+  ListOptions,
+  NewInboundRecord,
+  OutboxJournal,
+} from "../backend.ts";
+import { checkClaim, checkFinite, checkNewInbound, checkString, matchesList, normalizeList } from "../journal_rules.ts";
+import { showValue as show } from "../show.ts";
+import { kvDurability } from "../../backends/kv.ts";
+import {
+  BOT_CHANNEL,
+  type EventRecord,
+  INBOUND_INTERACTION_EVENT,
+  INBOUND_MESSAGE_EVENT,
+  type LeasedEventJournal,
+  type NewEventRecord,
+} from "./types.ts";
+
+/** Options of {@link eventsDurability}. */
+export interface EventsDurabilityOptions {
+  /** The events journal, opened by the caller (and closed by the caller after `bot.stop()`). */
+  journal: LeasedEventJournal;
+  /**
+   * Where the outbox lives: a {@link DurableKv} (the outbox of `kvDurability(kv)`,
+   * e.g. a Postgres or Redis kv for heavy traffic), or absent: the journal's
+   * own sidecar (`journal.outbox`, same file and same atomic write).
+   */
+  outbox?: DurableKv;
+}
+
+/**
+ * The payload of a bot inbox record in the events journal (channel
+ * {@link BOT_CHANNEL}, eventType {@link INBOUND_MESSAGE_EVENT} or
+ * {@link INBOUND_INTERACTION_EVENT}, `createdAt` = the record's `receivedAt`,
+ * id = the record's id). Every other field of the inbox record (state,
+ * attempts, lease, fence, error, …) is the event's own.
+ */
+export interface InboundEventPayload {
+  [key: string]: JsonValue;
+  chatId: string;
+  /** The provider's name. */
+  provider: string;
+  /** The inbound message (the inbox record's `payload`). */
+  message: JsonValue;
+}
+
+/**
+ * The event that journals inbox record `record` (see {@link InboundEventPayload}).
+ *
+ * @param record a checked inbox record
+ * @returns the event to append
+ */
+export function inboundToEvent(record: NewInboundRecord): NewEventRecord {
+  const payload: InboundEventPayload = { chatId: record.chatId, provider: record.provider, message: record.payload };
+  return {
+    id: record.id,
+    channel: BOT_CHANNEL,
+    eventType: record.kind === "interaction" ? INBOUND_INTERACTION_EVENT : INBOUND_MESSAGE_EVENT,
+    payload,
+    createdAt: record.receivedAt,
+  };
+}
+
+/**
+ * The inbox record an event holds, or `null` when the event is not one of
+ * the bot's inbox records (another channel or eventType, or a payload
+ * without `chatId` / `provider`).
+ *
+ * @param event an event of the journal
+ * @returns the inbox record
+ */
+export function eventToInbound(event: EventRecord): InboundRecord | null {
+  if (event.channel !== BOT_CHANNEL) return null;
+  const kind = event.eventType === INBOUND_MESSAGE_EVENT
+    ? "message"
+    : event.eventType === INBOUND_INTERACTION_EVENT
+    ? "interaction"
+    : null;
+  if (kind === null) return null;
+  const p = event.payload;
+  if (typeof p !== "object" || p === null || Array.isArray(p)) return null;
+  if (typeof p.chatId !== "string" || typeof p.provider !== "string") return null;
+  return {
+    id: event.id,
+    kind,
+    chatId: p.chatId,
+    provider: p.provider,
+    payload: p.message === undefined ? null : p.message,
+    receivedAt: event.createdAt,
+    state: event.state,
+    attempts: event.attempts,
+    nextAttemptAt: event.nextAttemptAt,
+    lease: event.lease,
+    fence: event.fence,
+    error: event.error,
+    updatedAt: event.updatedAt,
+  };
+}
+
+/** Receipt order: `receivedAt`, then the journal's order. */
+function byReceipt(a: InboundRecord, b: InboundRecord): number {
+  return a.receivedAt - b.receivedAt;
+}
+
+/** The inbox of {@link eventsDurability}: the journal's records in {@link BOT_CHANNEL}. */
+class EventsInbox implements InboxJournal {
+  readonly #journal: LeasedEventJournal;
+
+  constructor(journal: LeasedEventJournal) {
+    this.#journal = journal;
+  }
+
+  /**
+   * Maps claimed events to inbox records. An event of the bot's channel that
+   * is not an inbox record (written there by someone else) is made `dead`, so
+   * that the bot's sweep does not take it again and again.
+   */
+  async #mapClaimed(events: EventRecord[]): Promise<InboundRecord[]> {
+    const out: InboundRecord[] = [];
+    for (const event of events) {
+      const record = eventToInbound(event);
+      if (record) {
+        out.push(record);
+        continue;
+      }
+      await this.#journal.fail(event.id, event.lease!.token, {
+        error: `not a bot inbox record (eventType ${JSON.stringify(event.eventType)}) in channel ${JSON.stringify(BOT_CHANNEL)}`,
+        dead: true,
+      }).catch(() => {});
+    }
+    return out;
+  }
+
+  async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    if (lease !== undefined) checkClaim(lease, "inbox.admit");
+    const input = checkNewInbound(record);
+    const event = await this.#journal.append(inboundToEvent(input), lease);
+    return event ? eventToInbound(event) : null;
+  }
+
+  async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    checkString(id, `inbox.claim: "id"`);
+    checkClaim(options, "inbox.claim");
+    const event = await this.#journal.claim(id, { ...options, channel: BOT_CHANNEL });
+    if (!event) return null;
+    const [record] = await this.#mapClaimed([event]);
+    return record ?? null;
+  }
+
+  async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    checkClaim(options, "inbox.claimDue");
+    checkFinite(options.limit, `inbox.claimDue: option "limit"`);
+    return this.#mapClaimed(await this.#journal.claimDue({ ...options, channel: BOT_CHANNEL }));
+  }
+
+  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#journal.heartbeat(id, token, leaseMs);
+  }
+
+  complete(id: string, token: number): Promise<void> {
+    return this.#journal.complete(id, token);
+  }
+
+  fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    return this.#journal.fail(id, token, outcome);
+  }
+
+  async get(id: string): Promise<InboundRecord | null> {
+    const event = await this.#journal.get(id);
+    return event ? eventToInbound(event) : null;
+  }
+
+  async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    const filter = normalizeList(options);
+    if (filter.limit === 0) return [];
+    const events = await this.#journal.list({
+      channel: BOT_CHANNEL,
+      state: filter.states === null ? undefined : [...filter.states],
+      limit: Number.MAX_SAFE_INTEGER,
+    });
+    const records: InboundRecord[] = [];
+    for (const event of events) {
+      const record = eventToInbound(event);
+      if (record && matchesList(record, filter)) records.push(record);
+    }
+    records.sort(byReceipt); // stable: append order on ties
+    return records.slice(0, filter.limit);
+  }
+
+  async replay(id: string): Promise<boolean> {
+    checkString(id, `inbox.replay: "id"`);
+    // The channel of a record never changes: only the bot's records are replayed here.
+    const event = await this.#journal.get(id);
+    if (!event || eventToInbound(event) === null) return false;
+    return this.#journal.replay(id);
+  }
+
+  purge(olderThanMs: number): Promise<number> {
+    return this.#journal.purge(olderThanMs, { channel: BOT_CHANNEL });
+  }
+}
+
+/**
+ * A durability backend over an events journal: inbox records are events in
+ * channel {@link BOT_CHANNEL} with eventType {@link INBOUND_MESSAGE_EVENT} or
+ * {@link INBOUND_INTERACTION_EVENT} and the payload
+ * {@link InboundEventPayload}; the bot claims in that channel only, so a
+ * `journal.replay(id)` of one of them is picked up by the bot's next sweep,
+ * and an `EventWorker` (which never claims that channel) never takes them.
+ * The inbox's `list`/`get` see only the bot's records; an event id already
+ * used by an app event makes `admit` return `null`, as a duplicate does.
+ *
+ * The outbox is the journal's sidecar (`journal.outbox`), or the outbox of
+ * `kvDurability(options.outbox)` when a {@link DurableKv} is given.
+ *
+ * The journal belongs to the caller: `open()` and `close()` do nothing to it
+ * (close the journal after `bot.stop()`); once it is closed, every operation
+ * rejects with the journal's error.
+ *
+ * @param options.journal the events journal (already opened)
+ * @param options.outbox a DurableKv for the outbox instead of the journal's sidecar
+ * @returns the backend, named `events(<journal.name>)`, of the journal's scope
+ * @throws {TypeError} when an option has the wrong type
+ *
+ * @example
+ * ```ts
+ * import { MemoryEventJournal } from "./memory_journal.ts";
+ * import { eventsDurability } from "./durability.ts";
+ *
+ * const journal = new MemoryEventJournal();
+ * const backend = eventsDurability({ journal });
+ * // new Bot({ provider, durability: { backend } }); … await bot.stop(); await journal.close();
+ * ```
+ */
+export function eventsDurability(options: EventsDurabilityOptions): DurabilityBackend {
+  if (typeof options !== "object" || options === null) {
+    throw new TypeError(`eventsDurability options must be an object, got ${show(options)}`);
+  }
+  const journal = options.journal;
+  if (
+    typeof journal !== "object" || journal === null || typeof journal.claimDue !== "function" ||
+    typeof journal.append !== "function" || typeof journal.name !== "string"
+  ) {
+    throw new TypeError(`eventsDurability option "journal" must be a LeasedEventJournal, got ${show(journal)}`);
+  }
+  const kv = options.outbox;
+  if (kv !== undefined && (typeof kv !== "object" || kv === null || typeof kv.set !== "function" || typeof kv.list !== "function")) {
+    throw new TypeError(`eventsDurability option "outbox" must be a DurableKv, got ${show(kv)}`);
+  }
+  let outbox: OutboxJournal;
+  if (kv !== undefined) {
+    outbox = kvDurability(kv).outbox;
+  } else {
+    if (typeof journal.outbox !== "object" || journal.outbox === null) {
+      throw new TypeError(`eventsDurability: journal ${JSON.stringify(journal.name)} has no outbox sidecar; pass option "outbox"`);
+    }
+    outbox = journal.outbox;
+  }
+  return {
+    name: `events(${journal.name})`,
+    scope: journal.scope,
+    inbox: new EventsInbox(journal),
+    outbox,
+    async open(): Promise<void> {},
+    async close(): Promise<void> {},
+  };
+}
