@@ -1,8 +1,10 @@
 import { describe, expect, test } from "bun:test";
-import type { DurabilityBackend } from "../src/backend.ts";
+import { type DurabilityBackend, StaleLeaseError } from "../src/backend.ts";
 import { MemoryKv } from "../backends/memory_kv.ts";
-import { eventsDurability } from "../src/events/durability.ts";
-import { type EventJournalState, MemoryEventJournal } from "../src/events/memory_journal.ts";
+import { eventsDurability, type EventsDurabilityOptions } from "../src/events/durability.ts";
+import { type EventJournalChanges, type EventJournalState, MemoryEventJournal } from "../src/events/memory_journal.ts";
+import { BOT_CHANNEL, type EventRecord, INBOUND_INTERACTION_EVENT, type LeasedEventJournal } from "../src/events/types.ts";
+import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
 import { runDurabilityConformance } from "../testing.ts";
 
 /** The journal under each backend, so that a "restarted process" gets a journal loaded from a snapshot of it. */
@@ -33,4 +35,359 @@ runDurabilityConformance({
   create: () => over(new MemoryEventJournal(), new MemoryKv()),
   reopen: (old) => over(reloaded(journalOf.get(old)!), kvOf.get(old)!),
   harness: { describe, test, expect },
+});
+
+runEventJournalContract({
+  name: "memory-events",
+  create: () => new MemoryEventJournal(),
+  harness: { describe, test, expect },
+});
+
+runEventJournalContract({
+  name: "memory-events (loaded from a snapshot)",
+  create: () => reloaded(new MemoryEventJournal()),
+  harness: { describe, test, expect },
+});
+
+/** A seeded random source (mulberry32). */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const roundTrip = <T>(value: T): T => JSON.parse(JSON.stringify(value)) as T;
+const text = (journal: MemoryEventJournal): string => JSON.stringify(journal.exportState());
+
+/**
+ * Runs `steps` random operations (events and outbox, several owners, a clock
+ * that jumps so that leases lapse and purges delete) on `journal`.
+ */
+async function randomOps(
+  journal: MemoryEventJournal,
+  clock: { now: number },
+  random: () => number,
+  steps: number,
+  after?: (step: number) => void,
+): Promise<void> {
+  const pick = <T>(list: readonly T[]): T => list[Math.floor(random() * list.length)];
+  const channels = [null, "a", BOT_CHANNEL];
+  const owners = ["w1", "w2", "w3"];
+  const incarnations = ["i1", "i2"];
+  const claimOf = () => ({ owner: pick(owners), incarnation: pick(incarnations), leaseMs: pick([50, 500, 5_000]) });
+  let n = 0;
+  for (let step = 0; step < steps; step++) {
+    clock.now += Math.floor(random() * 200);
+    const all = journal.exportState();
+    const someEvent = all.events.length > 0 ? pick(all.events) : null;
+    const someEntry = all.outbox.length > 0 ? pick(all.outbox) : null;
+    const op = Math.floor(random() * 16);
+    try {
+      switch (op) {
+        case 0:
+        case 1:
+          await journal.append(
+            { id: `e${n++}`, channel: pick(channels), eventType: "t", payload: { step, r: random() }, createdAt: Math.floor(random() * 1000) },
+            random() < 0.3 ? claimOf() : undefined,
+          );
+          break;
+        case 2:
+          await journal.claimDue({ ...claimOf(), channel: pick(channels), limit: 1 + Math.floor(random() * 3), reclaimOwn: random() < 0.3 });
+          break;
+        case 3:
+          if (someEvent) await journal.claim(someEvent.id, { ...claimOf(), channel: someEvent.channel });
+          break;
+        case 4:
+          if (someEvent?.lease) await journal.heartbeat(someEvent.id, someEvent.lease.token, 1_000);
+          break;
+        case 5:
+          if (someEvent?.lease) await journal.complete(someEvent.id, someEvent.lease.token);
+          break;
+        case 6:
+          if (someEvent?.lease) {
+            await journal.fail(someEvent.id, someEvent.lease.token, random() < 0.3 ? { error: "dead", dead: true } : { error: "x", retryInMs: 100 });
+          }
+          break;
+        case 7:
+          if (someEvent) await journal.replay(someEvent.id);
+          break;
+        case 8:
+          await journal.purge(Math.floor(random() * 500), random() < 0.5 ? { channel: pick(channels) } : undefined);
+          break;
+        case 9:
+        case 10:
+          await journal.outbox.reserve(
+            { key: `k${n++}`, chatId: pick(["c1", "c2"]), content: { step }, contentHash: "h", inboundId: null },
+            random() < 0.5 ? claimOf() : undefined,
+          );
+          break;
+        case 11:
+          await journal.outbox.claimDue({ ...claimOf(), limit: 2, reclaimOwn: random() < 0.3, resendAmbiguous: random() < 0.5 });
+          break;
+        case 12:
+          if (someEntry?.lease) {
+            if (random() < 0.5) await journal.outbox.markSent(someEntry.key, someEntry.lease.token, `m${step}`);
+            else await journal.outbox.markFailed(someEntry.key, someEntry.lease.token, { error: "x", retryInMs: 50 });
+          }
+          break;
+        case 13:
+          if (someEntry?.lease) await journal.outbox.heartbeat(someEntry.key, someEntry.lease.token, 1_000);
+          break;
+        case 14:
+          if (someEntry) await (random() < 0.5 ? journal.outbox.retry(someEntry.key) : journal.outbox.discard(someEntry.key));
+          break;
+        case 15:
+          await journal.outbox.purge(Math.floor(random() * 500));
+          break;
+      }
+    } catch (error) {
+      if (!(error instanceof StaleLeaseError)) throw error;
+    }
+    after?.(step);
+  }
+}
+
+describe("MemoryEventJournal state and changes", () => {
+  test("exportState / fromState round trip keeps records, order, fences and the outbox seq", async () => {
+    const clock = { now: 1_000 };
+    const journal = new MemoryEventJournal({ clock: () => clock.now });
+    await randomOps(journal, clock, seeded(1), 300);
+    const state = journal.exportState();
+    expect(state.events.length).toBeGreaterThan(0);
+    expect(state.outbox.length).toBeGreaterThan(0);
+    const copy = MemoryEventJournal.fromState(roundTrip(state), { clock: () => clock.now });
+    expect(text(copy)).toBe(text(journal));
+    expect(copy.takeChanges(), "loading is not a change").toBe(null);
+    expect(await copy.list({ limit: 1000 })).toEqual(await journal.list({ limit: 1000 }));
+    expect(await copy.outbox.list({ limit: 1000 })).toEqual(await journal.outbox.list({ limit: 1000 }));
+    // It goes on from the loaded state: the next outbox seq is above every one before.
+    const next = await copy.outbox.reserve({ key: "later", chatId: "c9", content: null, contentHash: "h", inboundId: null });
+    expect(next.entry.seq).toBe(state.outboxSeq + 1);
+  });
+
+  test("importState refuses a journal with records, repeated ids and malformed records", async () => {
+    const journal = new MemoryEventJournal();
+    await journal.append({ id: "x", eventType: "t", payload: null });
+    expect(() => journal.importState({ events: [], outbox: [], outboxSeq: 0 })).toThrow(/empty/);
+    const state = journal.exportState();
+    expect(() => MemoryEventJournal.fromState({ ...state, events: [state.events[0], state.events[0]] })).toThrow(RangeError);
+    expect(() => MemoryEventJournal.fromState({ ...state, events: [{ ...state.events[0], state: "weird" as "done" }] }))
+      .toThrow(/state/);
+    expect(() => MemoryEventJournal.fromState({ ...state, events: [{ ...state.events[0], fence: Number.NaN }] }))
+      .toThrow(/fence/);
+    expect(() => MemoryEventJournal.fromState(null as unknown as EventJournalState)).toThrow(TypeError);
+  });
+
+  for (const seed of [2, 3, 4, 5]) {
+    test(`a journal rebuilt from a snapshot and change sets equals the original (seed ${seed})`, async () => {
+      const clock = { now: 1_000 };
+      const journal = new MemoryEventJournal({ clock: () => clock.now, heartbeatChanges: true });
+      const log: EventJournalChanges[] = [];
+      let snapshot: { state: EventJournalState; at: number } | null = null;
+      const random = seeded(seed);
+      await randomOps(journal, clock, random, 600, (step) => {
+        if (random() < 0.3) {
+          const changes = journal.takeChanges();
+          if (changes) log.push(roundTrip(changes));
+        }
+        if (step === 300) {
+          const changes = journal.takeChanges();
+          if (changes) log.push(roundTrip(changes));
+          snapshot = { state: roundTrip(journal.exportState()), at: log.length };
+        }
+      });
+      const last = journal.takeChanges();
+      if (last) log.push(roundTrip(last));
+      expect(journal.takeChanges(), "nothing changed since").toBe(null);
+      expect(log.length).toBeGreaterThan(10);
+
+      // From empty, every set once.
+      const fromEmpty = new MemoryEventJournal();
+      for (const changes of log) fromEmpty.applyChanges(roundTrip(changes));
+      expect(text(fromEmpty)).toBe(text(journal));
+      expect(fromEmpty.takeChanges(), "applying is not a change").toBe(null);
+
+      // From empty, every set twice.
+      const twice = new MemoryEventJournal();
+      for (const changes of log) {
+        twice.applyChanges(roundTrip(changes));
+        twice.applyChanges(roundTrip(changes));
+      }
+      expect(text(twice)).toBe(text(journal));
+
+      // From the snapshot, the later sets.
+      const { state, at } = snapshot!;
+      const fromSnapshot = MemoryEventJournal.fromState(roundTrip(state), { clock: () => clock.now });
+      for (const changes of log.slice(at)) fromSnapshot.applyChanges(roundTrip(changes));
+      expect(text(fromSnapshot)).toBe(text(journal));
+
+      // From the snapshot, the sets it already holds replayed too.
+      const replayed = MemoryEventJournal.fromState(roundTrip(state));
+      for (const changes of log) replayed.applyChanges(roundTrip(changes));
+      expect(text(replayed)).toBe(text(journal));
+
+      // The rebuilt journal behaves the same.
+      const owner = { owner: "w9", incarnation: "z", leaseMs: 1_000, limit: 100 };
+      expect(await fromSnapshot.claimDue(owner)).toEqual(await journal.claimDue(owner));
+    });
+  }
+
+  test("heartbeats are changes only with heartbeatChanges", async () => {
+    const clock = { now: 1_000 };
+    const quiet = new MemoryEventJournal({ clock: () => clock.now });
+    const loud = new MemoryEventJournal({ clock: () => clock.now, heartbeatChanges: true });
+    for (const journal of [quiet, loud]) {
+      await journal.append({ id: "e", eventType: "t", payload: null }, { owner: "o", incarnation: "i", leaseMs: 100 });
+      await journal.outbox.reserve({ key: "k", chatId: "c", content: null, contentHash: "h", inboundId: null }, {
+        owner: "o",
+        incarnation: "i",
+        leaseMs: 100,
+      });
+      expect(journal.takeChanges()?.events.length).toBe(1);
+    }
+    clock.now += 10;
+    for (const journal of [quiet, loud]) {
+      expect(await journal.heartbeat("e", 1, 5_000)).toBe(true);
+      expect(await journal.outbox.heartbeat("k", 1, 5_000)).toBe(true);
+    }
+    expect(quiet.takeChanges(), "a heartbeat alone is not a change").toBe(null);
+    const changes = loud.takeChanges()!;
+    expect(changes.events.map((e) => e.lease?.expiresAt)).toEqual([1_010 + 5_000]);
+    expect(changes.outbox.map((e) => e.lease?.expiresAt)).toEqual([1_010 + 5_000]);
+    // The next real change reports the current lease.
+    await quiet.outbox.markSent("k", 1, "m");
+    await quiet.heartbeat("e", 1, 7_000);
+    await quiet.append({ id: "f", eventType: "t", payload: null });
+    const next = quiet.takeChanges()!;
+    expect(next.events.map((e) => e.id)).toEqual(["f"]);
+    expect(next.outbox.map((e) => e.state)).toEqual(["sent"]);
+    await quiet.complete("e", 1);
+    expect(quiet.takeChanges()!.events.map((e) => e.state)).toEqual(["done"]);
+  });
+
+  test("a purged id appended again keeps its place when a change set is applied again", async () => {
+    const clock = { now: 1_000 };
+    const journal = new MemoryEventJournal({ clock: () => clock.now });
+    await journal.append({ id: "a", eventType: "t", payload: 1 }, { owner: "o", incarnation: "i", leaseMs: 10 });
+    await journal.complete("a", 1);
+    await journal.append({ id: "b", eventType: "t", payload: 2 });
+    const base = roundTrip(journal.exportState());
+    journal.takeChanges();
+    clock.now += 100;
+    expect(await journal.purge(50)).toBe(1);
+    await journal.append({ id: "a", eventType: "t", payload: 3 });
+    const changes = roundTrip(journal.takeChanges()!);
+    expect(changes.removedEvents).toEqual(["a"]);
+    expect(changes.events.map((e) => e.id)).toEqual(["a"]);
+    const copy = MemoryEventJournal.fromState(base);
+    copy.applyChanges(roundTrip(changes));
+    expect(text(copy)).toBe(text(journal));
+    expect((await copy.list()).map((e) => e.id)).toEqual(["b", "a"]);
+    copy.applyChanges(roundTrip(changes));
+    expect(text(copy)).toBe(text(journal));
+  });
+
+  test("applyChanges refuses a malformed set and applies nothing", () => {
+    const journal = new MemoryEventJournal();
+    expect(() => journal.applyChanges({} as EventJournalChanges)).toThrow(TypeError);
+    expect(() =>
+      journal.applyChanges({
+        events: [{ id: "x" } as EventRecord],
+        removedEvents: [],
+        outbox: [],
+        removedOutbox: [],
+        outboxSeq: 0,
+      })
+    ).toThrow(TypeError);
+    expect(journal.exportState().events).toEqual([]);
+  });
+
+  test("the outbox sidecar and the journal reject calls after close; state and changes stay readable", async () => {
+    const journal = new MemoryEventJournal();
+    await journal.append({ id: "e", eventType: "t", payload: null });
+    await journal.close();
+    expect(journal.closed).toBe(true);
+    await expect(journal.outbox.list()).rejects.toThrow(/closed/);
+    await expect(journal.get("e")).rejects.toThrow(/closed/);
+    expect(journal.exportState().events.length).toBe(1);
+    expect(journal.takeChanges()?.events.length).toBe(1);
+  });
+
+  test("option checks", () => {
+    expect(() => new MemoryEventJournal({ clock: 5 as unknown as () => number })).toThrow(/clock/);
+    expect(() => new MemoryEventJournal({ heartbeatChanges: "yes" as unknown as boolean })).toThrow(/heartbeatChanges/);
+  });
+});
+
+describe("eventsDurability", () => {
+  test("inbox records are events of the bot's channel; the app's events stay out of the inbox", async () => {
+    const journal = new MemoryEventJournal();
+    const backend = eventsDurability({ journal });
+    expect(backend.name).toBe("events(memory-events)");
+    expect(backend.scope).toBe("process");
+    expect(backend.outbox).toBe(journal.outbox);
+    await journal.append({ id: "app1", eventType: "order.paid", payload: { order: 1 } });
+    await journal.append({ id: "app2", channel: BOT_CHANNEL, eventType: "not.inbound", payload: null });
+    const r = await backend.inbox.admit({
+      id: "m1",
+      kind: "interaction",
+      chatId: "c1",
+      provider: "test",
+      payload: { text: "hi" },
+      receivedAt: 123,
+    });
+    expect(r?.kind).toBe("interaction");
+    const event = (await journal.get("m1"))!;
+    expect(event.channel).toBe(BOT_CHANNEL);
+    expect(event.eventType).toBe(INBOUND_INTERACTION_EVENT);
+    expect(event.createdAt).toBe(123);
+    expect(event.payload).toEqual({ chatId: "c1", provider: "test", message: { text: "hi" } });
+    expect((await backend.inbox.list()).map((x) => x.id)).toEqual(["m1"]);
+    expect(await backend.inbox.get("app1")).toBe(null);
+    expect(await backend.inbox.admit({ id: "app1", kind: "message", chatId: "c", provider: "p", payload: null, receivedAt: 1 }))
+      .toBe(null);
+    expect(await backend.inbox.replay("app1")).toBe(false);
+    // The bot's sweep claims its own records; a foreign event in its channel is made dead, not handed to the bot.
+    const claimed = await backend.inbox.claimDue({ owner: "bot", incarnation: "i", leaseMs: 1_000, limit: 10 });
+    expect(claimed.map((x) => x.id)).toEqual(["m1"]);
+    expect((await journal.get("app2"))?.state).toBe("dead");
+    expect((await journal.get("app1"))?.state).toBe("pending");
+    // A replay through the journal is picked up by the bot's next sweep.
+    await backend.inbox.complete("m1", claimed[0].lease!.token);
+    expect(await journal.replay("m1")).toBe(true);
+    const again = await backend.inbox.claimDue({ owner: "bot", incarnation: "i", leaseMs: 1_000, limit: 10 });
+    expect(again.map((x) => x.id)).toEqual(["m1"]);
+    expect(again[0].lease?.token).toBe(2);
+  });
+
+  test("close() leaves the journal open; a closed journal makes operations reject", async () => {
+    const journal = new MemoryEventJournal();
+    const backend = eventsDurability({ journal });
+    await backend.open?.();
+    await backend.close?.();
+    expect(journal.closed).toBe(false);
+    await journal.close();
+    await expect(backend.inbox.list()).rejects.toThrow(/closed/);
+    await expect(backend.outbox.list()).rejects.toThrow(/closed/);
+  });
+
+  test("a kv outbox replaces the sidecar", async () => {
+    const journal = new MemoryEventJournal();
+    const kv = new MemoryKv();
+    const backend = eventsDurability({ journal, outbox: kv });
+    await backend.outbox.reserve({ key: "k", chatId: "c", content: null, contentHash: "h", inboundId: null });
+    expect(await journal.outbox.list()).toEqual([]);
+    expect((await kv.list("")).length).toBeGreaterThan(0);
+  });
+
+  test("option checks", () => {
+    expect(() => eventsDurability(undefined as unknown as EventsDurabilityOptions)).toThrow(TypeError);
+    expect(() => eventsDurability({ journal: {} as LeasedEventJournal })).toThrow(/journal/);
+    expect(() => eventsDurability({ journal: new MemoryEventJournal(), outbox: 5 as unknown as MemoryKv })).toThrow(/outbox/);
+  });
 });

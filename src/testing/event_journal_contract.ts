@@ -1,0 +1,567 @@
+/**
+ * The {@link LeasedEventJournal} contract as tests, run against every events
+ * journal (memory, file, shared file) and usable by other implementations.
+ * Like the durability conformance suite, it takes the test runner's
+ * `describe`, `test` and `expect`, and tests lease expiry with small real
+ * leases and real sleeps.
+ *
+ * @module
+ */
+import { StaleLeaseError } from "../backend.ts";
+import type { ClaimOptions, JsonValue } from "../backend.ts";
+import { BOT_CHANNEL, type EventRecord, type LeasedEventJournal, type NewEventRecord } from "../events/types.ts";
+import type { ConformanceHarness } from "./conformance.ts";
+import { sleep, uid } from "./util.ts";
+
+/** Options of {@link runEventJournalContract}. */
+export interface EventJournalContractOptions {
+  /** The journal's name, used in the suite's title. */
+  name: string;
+  /** A fresh, open, empty journal; called once per test. */
+  create: () => LeasedEventJournal | Promise<LeasedEventJournal>;
+  /** Called after each test, after the journal's `close()`. */
+  cleanup?: (journal: LeasedEventJournal) => void | Promise<void>;
+  /** The test runner's `describe`, `test` and `expect`. */
+  harness: ConformanceHarness;
+  /** A reason to skip the whole suite; `false` or absent runs it. */
+  skip?: string | false;
+  /** Multiplies every lease and sleep (default 1: leases of 40 ms, sleeps of 100 ms). */
+  timeScale?: number;
+}
+
+/**
+ * Registers the events-journal contract tests: append and dedupe, the channel
+ * rules of claims (a claim without a channel never takes a record with one,
+ * in particular the bot's {@link BOT_CHANNEL} records), fencing, takeover of
+ * lapsed leases, `reclaimOwn`, fail / retry / dead, replay, list filters and
+ * order, purge by channel, copies, concurrent claims, argument checks and
+ * `close()`. Each test gets a fresh journal from `create()` and closes it.
+ *
+ * @param options name, `create`, the test runner's functions, and optionally `cleanup`, `skip`, `timeScale`
+ * @example
+ * ```ts
+ * import { describe, expect, test } from "bun:test";
+ * import { MemoryEventJournal } from "../src/events/memory_journal.ts";
+ * import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
+ *
+ * runEventJournalContract({
+ *   name: "memory-events",
+ *   create: () => new MemoryEventJournal(),
+ *   harness: { describe, test, expect },
+ * });
+ * ```
+ */
+export function runEventJournalContract(options: EventJournalContractOptions): void {
+  const { describe, test, expect } = options.harness;
+  const title = `events journal contract: ${options.name}`;
+  if (options.skip) {
+    const reason = options.skip;
+    describe(title, () => {
+      (test.skip ?? test)(`skipped: ${reason}`, () => {});
+    });
+    return;
+  }
+  const scale = options.timeScale ?? 1;
+  const ms = (n: number): number => Math.max(1, Math.round(n * scale));
+  const SHORT = ms(40);
+  const LAPSE = ms(100);
+  const LONG = 600_000;
+
+  async function withJournal(run: (j: LeasedEventJournal) => Promise<void>): Promise<void> {
+    const j = await options.create();
+    try {
+      await run(j);
+    } finally {
+      try {
+        await j.close();
+      } finally {
+        if (options.cleanup) await options.cleanup(j);
+      }
+    }
+  }
+
+  const it = (name: string, run: (j: LeasedEventJournal) => Promise<void>): void => {
+    test(name, () => withJournal(run));
+  };
+
+  function claimer(owner: string = uid("owner"), leaseMs: number = LONG, incarnation: string = uid("inc")): ClaimOptions {
+    return { owner, incarnation, leaseMs };
+  }
+
+  function event(channel: string | null = null, createdAt?: number, payload: JsonValue = { n: 1 }): NewEventRecord {
+    const e: NewEventRecord = { id: uid("ev"), channel, eventType: "test.happened", payload };
+    if (createdAt !== undefined) e.createdAt = createdAt;
+    return e;
+  }
+
+  async function appended(j: LeasedEventJournal, e: NewEventRecord, lease?: ClaimOptions): Promise<EventRecord> {
+    const r = await j.append(e, lease);
+    if (r === null) throw new Error(`append of ${e.id} returned null`);
+    return r;
+  }
+
+  async function mustGet(j: LeasedEventJournal, id: string): Promise<EventRecord> {
+    const r = await j.get(id);
+    if (r === null) throw new Error(`event ${id} is missing`);
+    return r;
+  }
+
+  function tokenOf(r: EventRecord): number {
+    if (r.lease === null) throw new Error(`record ${r.id} has no lease (state ${r.state})`);
+    return r.lease.token;
+  }
+
+  const ids = (list: readonly EventRecord[]): string[] => list.map((r) => r.id);
+
+  async function expectStale(run: () => Promise<unknown>, what: string): Promise<void> {
+    let error: unknown = undefined;
+    try {
+      await run();
+    } catch (e) {
+      error = e;
+    }
+    expect(error instanceof StaleLeaseError, `${what}: expected a StaleLeaseError, got ${String(error)}`).toBe(true);
+  }
+
+  async function errorOf(run: () => Promise<unknown>): Promise<Error> {
+    try {
+      await run();
+    } catch (error) {
+      expect(error instanceof Error, `expected an Error, got ${String(error)}`).toBe(true);
+      return error as Error;
+    }
+    throw new Error("expected an error, but the call succeeded");
+  }
+
+  describe(title, () => {
+    test("has a name, a scope and an outbox sidecar", async () => {
+      await withJournal(async (j) => {
+        expect(typeof j.name === "string" && j.name.length > 0, "name").toBe(true);
+        expect(["process", "host", "shared"].includes(j.scope), `scope ${String(j.scope)}`).toBe(true);
+        expect(typeof j.outbox.reserve, "outbox").toBe("function");
+      });
+    });
+
+    describe("append", () => {
+      it("journals a pending record with every field", async (j) => {
+        const before = Date.now();
+        const input = event(null, 1_700_000_000_123, { text: "héllo ✓", list: [1, null, { a: true }] });
+        const r = await appended(j, input);
+        expect(r.id).toBe(input.id);
+        expect(r.channel).toBe(null);
+        expect(r.eventType).toBe("test.happened");
+        expect(r.payload).toEqual({ text: "héllo ✓", list: [1, null, { a: true }] });
+        expect(r.createdAt).toBe(1_700_000_000_123);
+        expect(r.state).toBe("pending");
+        expect(r.attempts).toBe(0);
+        expect(r.nextAttemptAt).toBe(null);
+        expect(r.lease).toBe(null);
+        expect(r.fence).toBe(0);
+        expect(r.error).toBe(null);
+        expect(r.updatedAt).toBeGreaterThanOrEqual(before - 5_000);
+        expect(await mustGet(j, r.id)).toEqual(r);
+      });
+
+      it("an absent channel is null and an absent createdAt is the journal's clock", async (j) => {
+        const before = Date.now();
+        const r = await appended(j, { id: uid("ev"), eventType: "t", payload: null });
+        expect(r.channel).toBe(null);
+        expect(r.createdAt).toBeGreaterThanOrEqual(before - 5_000);
+        expect(r.createdAt).toBeLessThanOrEqual(Date.now() + 5_000);
+      });
+
+      it("with a lease the record is processing under token 1", async (j) => {
+        const c = claimer();
+        const r = await appended(j, event("app"), c);
+        expect(r.state).toBe("processing");
+        expect(r.attempts).toBe(1);
+        expect(r.fence).toBe(1);
+        expect(r.lease?.token).toBe(1);
+        expect(r.lease?.owner).toBe(c.owner);
+        expect(r.lease?.incarnation).toBe(c.incarnation);
+        expect(r.lease!.expiresAt).toBeGreaterThan(Date.now() + LONG / 2);
+        await j.complete(r.id, 1);
+        expect((await mustGet(j, r.id)).state).toBe("done");
+      });
+
+      it("a second append with the same id returns null and changes nothing", async (j) => {
+        const e = event(null);
+        const first = await appended(j, e);
+        expect(await j.append({ ...e, eventType: "other", payload: { changed: true } })).toBe(null);
+        expect(await j.append({ ...e, channel: "elsewhere" }, claimer())).toBe(null);
+        expect(await mustGet(j, e.id)).toEqual(first);
+        expect((await j.list()).length).toBe(1);
+      });
+
+      it("refuses bad records with a TypeError naming the field, and writes nothing", async (j) => {
+        const cases: [Record<string, unknown>, string][] = [
+          [{ id: "" }, "id"],
+          [{ id: 7 }, "id"],
+          [{ eventType: 3 }, "eventType"],
+          [{ channel: 5 }, "channel"],
+          [{ createdAt: Number.NaN }, "createdAt"],
+          [{ payload: { at: new Date(0) } }, "payload.at"],
+          [{ payload: [1, undefined] }, "payload[1]"],
+          [{ payload: { n: 1n } }, "payload.n"],
+        ];
+        for (const [bad, field] of cases) {
+          const input = { ...event(null), ...bad } as unknown as NewEventRecord;
+          const error = await errorOf(() => j.append(input));
+          expect(error instanceof TypeError, `a TypeError for "${field}": ${error}`).toBe(true);
+          expect(error.message.includes(field), `the error names "${field}": ${error.message}`).toBe(true);
+        }
+        const error = await errorOf(() => j.append(event(null), { owner: "o", leaseMs: 5 } as unknown as ClaimOptions));
+        expect(error instanceof TypeError && error.message.includes("incarnation"), error.message).toBe(true);
+        expect(await j.list()).toEqual([]);
+      });
+    });
+
+    describe("channels", () => {
+      it("a claim without a channel takes only records without one (never the bot's)", async (j) => {
+        const bot = await appended(j, event(BOT_CHANNEL, 1));
+        const other = await appended(j, event("app.other", 2));
+        const plain = await appended(j, event(null, 3));
+        expect(await j.claim(bot.id, claimer()), "claim without channel of a bot record").toBe(null);
+        expect(await j.claim(other.id, { ...claimer(), channel: null }), "claim with null channel").toBe(null);
+        const due = await j.claimDue({ ...claimer(), limit: 10 });
+        expect(ids(due)).toEqual([plain.id]);
+        expect(ids(await j.claimDue({ ...claimer(), channel: null, limit: 10 }))).toEqual([]);
+        expect((await mustGet(j, bot.id)).state).toBe("pending");
+        expect((await mustGet(j, other.id)).state).toBe("pending");
+      });
+
+      it("a claim with a channel takes only that channel's records", async (j) => {
+        const a = await appended(j, event("a", 1));
+        const b = await appended(j, event("b", 2));
+        const plain = await appended(j, event(null, 3));
+        expect(await j.claim(a.id, { ...claimer(), channel: "b" })).toBe(null);
+        expect(await j.claim(plain.id, { ...claimer(), channel: "a" })).toBe(null);
+        expect(ids(await j.claimDue({ ...claimer(), channel: "a", limit: 10 }))).toEqual([a.id]);
+        const bc = await j.claim(b.id, { ...claimer(), channel: "b" });
+        expect(bc?.state).toBe("processing");
+        expect(ids(await j.claimDue({ ...claimer(), channel: BOT_CHANNEL, limit: 10 }))).toEqual([]);
+      });
+
+      it("the bot's channel is claimed by naming it", async (j) => {
+        const bot = await appended(j, event(BOT_CHANNEL));
+        expect(ids(await j.claimDue({ ...claimer(), channel: BOT_CHANNEL, limit: 10 }))).toEqual([bot.id]);
+      });
+    });
+
+    describe("claims", () => {
+      it("claimDue takes the oldest createdAt first (append order on ties), at most limit", async (j) => {
+        const c = await appended(j, event(null, 30));
+        const a = await appended(j, event(null, 10));
+        const b1 = await appended(j, event(null, 20));
+        const b2 = await appended(j, event(null, 20));
+        const first = await j.claimDue({ ...claimer(), limit: 3 });
+        expect(ids(first)).toEqual([a.id, b1.id, b2.id]);
+        expect(ids(await j.claimDue({ ...claimer(), limit: 3 }))).toEqual([c.id]);
+        expect(await j.claimDue({ ...claimer(), limit: 3 })).toEqual([]);
+        expect(await j.claimDue({ ...claimer(), limit: 0 })).toEqual([]);
+      });
+
+      it("a claim increments attempts and issues a greater fencing token each time", async (j) => {
+        const r = await appended(j, event());
+        const c1 = (await j.claim(r.id, claimer()))!;
+        expect(c1.state).toBe("processing");
+        expect(c1.attempts).toBe(1);
+        expect(tokenOf(c1)).toBe(1);
+        expect(c1.fence).toBe(1);
+        await j.fail(r.id, tokenOf(c1), { error: "boom", retryInMs: 0 });
+        const c2 = (await j.claim(r.id, claimer()))!;
+        expect(c2.attempts).toBe(2);
+        expect(tokenOf(c2)).toBe(2);
+        expect(c2.fence).toBe(2);
+      });
+
+      it("a live lease is not taken by another owner, nor by the same incarnation", async (j) => {
+        const owner = claimer();
+        const r = await appended(j, event(), owner);
+        expect(await j.claim(r.id, claimer())).toBe(null);
+        expect(await j.claimDue({ ...claimer(), limit: 10 })).toEqual([]);
+        expect(await j.claim(r.id, { ...owner, reclaimOwn: true })).toBe(null);
+        expect(await j.claimDue({ ...owner, reclaimOwn: true, limit: 10 })).toEqual([]);
+        expect(await j.claim(r.id, { ...claimer(), reclaimOwn: true })).toBe(null);
+      });
+
+      it("a lapsed lease is taken over with a new token; the old holder is fenced off", async (j) => {
+        const r = await appended(j, event(), claimer(uid("owner"), SHORT));
+        await sleep(LAPSE);
+        const taken = await j.claimDue({ ...claimer(), limit: 10 });
+        expect(ids(taken)).toEqual([r.id]);
+        expect(tokenOf(taken[0])).toBe(2);
+        expect(await j.heartbeat(r.id, 1, LONG), "old holder's heartbeat").toBe(false);
+        await expectStale(() => j.complete(r.id, 1), "old holder's complete");
+        await expectStale(() => j.fail(r.id, 1, { error: "late", retryInMs: 0 }), "old holder's fail");
+        expect(await mustGet(j, r.id)).toEqual(taken[0]);
+        await j.complete(r.id, 2);
+        expect((await mustGet(j, r.id)).state).toBe("done");
+      });
+
+      it("reclaimOwn takes the owner's previous incarnation's leases at once", async (j) => {
+        const owner = uid("owner");
+        const old = claimer(owner, LONG, uid("inc"));
+        const r = await appended(j, event(), old);
+        const s = await appended(j, event(), old);
+        const restarted = claimer(owner, LONG, uid("inc"));
+        expect(await j.claimDue({ ...restarted, limit: 10 }), "without reclaimOwn").toEqual([]);
+        const back = await j.claimDue({ ...restarted, reclaimOwn: true, limit: 10 });
+        expect(ids(back).sort()).toEqual([r.id, s.id].sort());
+        expect(back.every((x) => x.lease?.incarnation === restarted.incarnation && x.fence === 2)).toBe(true);
+        await expectStale(() => j.complete(r.id, 1), "previous incarnation's complete");
+        const t = await appended(j, event(), claimer(owner, LONG, uid("inc")));
+        const one = await j.claim(t.id, { ...restarted, reclaimOwn: true });
+        expect(one?.fence).toBe(2);
+      });
+
+      it("a heartbeat keeps a short lease alive; a stale token's heartbeat changes nothing", async (j) => {
+        const c = claimer(uid("owner"), SHORT);
+        const r = await appended(j, event(), c);
+        expect(await j.heartbeat(r.id, 1, LONG)).toBe(true);
+        await sleep(LAPSE);
+        expect(await j.claimDue({ ...claimer(), limit: 10 })).toEqual([]);
+        const before = await mustGet(j, r.id);
+        expect(before.lease!.expiresAt).toBeGreaterThan(Date.now() + LONG / 2);
+        expect(await j.heartbeat(r.id, 7, LONG)).toBe(false);
+        expect(await j.heartbeat(uid("missing"), 1, LONG)).toBe(false);
+        expect(await mustGet(j, r.id)).toEqual(before);
+      });
+
+      it("complete and fail of a record not leased throw StaleLeaseError and change nothing", async (j) => {
+        const r = await appended(j, event());
+        await expectStale(() => j.complete(r.id, 0), "complete of a pending record");
+        await expectStale(() => j.complete(uid("missing"), 1), "complete of a missing record");
+        const c = (await j.claim(r.id, claimer()))!;
+        await j.complete(r.id, tokenOf(c));
+        const done = await mustGet(j, r.id);
+        await expectStale(() => j.complete(r.id, tokenOf(c)), "second complete");
+        await expectStale(() => j.fail(r.id, tokenOf(c), { error: "x", dead: true }), "fail after complete");
+        expect(await mustGet(j, r.id)).toEqual(done);
+      });
+    });
+
+    describe("fail, retry, dead", () => {
+      it("a failure waits retryInMs, then the record is claimable again", async (j) => {
+        const r = await appended(j, event(), claimer());
+        await j.fail(r.id, 1, { error: "boom ✗", retryInMs: LONG });
+        const failed = await mustGet(j, r.id);
+        expect(failed.state).toBe("failed");
+        expect(failed.error).toBe("boom ✗");
+        expect(failed.lease).toBe(null);
+        expect(failed.nextAttemptAt!).toBeGreaterThan(Date.now() + LONG / 2);
+        expect(await j.claimDue({ ...claimer(), limit: 10 })).toEqual([]);
+        expect(await j.claim(r.id, claimer())).toBe(null);
+
+        const s = await appended(j, event(), claimer());
+        await j.fail(s.id, 1, { error: "soon", retryInMs: SHORT });
+        await sleep(LAPSE);
+        const again = await j.claimDue({ ...claimer(), limit: 10 });
+        expect(ids(again)).toEqual([s.id]);
+        expect(again[0].attempts).toBe(2);
+        expect(again[0].error).toBe("soon");
+      });
+
+      it("a dead record is never claimed again until replayed", async (j) => {
+        const r = await appended(j, event(), claimer());
+        await j.fail(r.id, 1, { error: "poison", dead: true });
+        const dead = await mustGet(j, r.id);
+        expect(dead.state).toBe("dead");
+        expect(dead.error).toBe("poison");
+        expect(dead.nextAttemptAt).toBe(null);
+        expect(await j.claimDue({ ...claimer(), limit: 10 })).toEqual([]);
+        expect(await j.claim(r.id, claimer())).toBe(null);
+      });
+    });
+
+    describe("replay", () => {
+      it("done, failed and dead go back to pending with attempts reset and the fence kept", async (j) => {
+        const done = await appended(j, event(), claimer());
+        await j.complete(done.id, 1);
+        const failed = await appended(j, event(), claimer());
+        await j.fail(failed.id, 1, { error: "x", retryInMs: LONG });
+        const dead = await appended(j, event(), claimer());
+        await j.fail(dead.id, 1, { error: "x", dead: true });
+        for (const id of [done.id, failed.id, dead.id]) {
+          expect(await j.replay(id), `replay ${id}`).toBe(true);
+          const r = await mustGet(j, id);
+          expect(r.state).toBe("pending");
+          expect(r.attempts).toBe(0);
+          expect(r.lease).toBe(null);
+          expect(r.error).toBe(null);
+          expect(r.fence).toBe(1);
+        }
+        const again = await j.claimDue({ ...claimer(), limit: 10 });
+        expect(ids(again).sort()).toEqual([done.id, failed.id, dead.id].sort());
+        expect(again.every((r) => tokenOf(r) === 2)).toBe(true);
+      });
+
+      it("pending, processing and missing records are not replayed", async (j) => {
+        const pending = await appended(j, event());
+        const held = await appended(j, event(), claimer());
+        expect(await j.replay(pending.id)).toBe(false);
+        expect(await j.replay(held.id)).toBe(false);
+        expect(await j.replay(uid("missing"))).toBe(false);
+        expect(await mustGet(j, held.id)).toEqual(held);
+      });
+
+      it("a replayed bot record is claimed again in the bot's channel, not without a channel", async (j) => {
+        const r = await appended(j, event(BOT_CHANNEL), claimer());
+        await j.complete(r.id, 1);
+        expect(await j.replay(r.id)).toBe(true);
+        expect(await j.claimDue({ ...claimer(), limit: 10 })).toEqual([]);
+        expect(ids(await j.claimDue({ ...claimer(), channel: BOT_CHANNEL, limit: 10 }))).toEqual([r.id]);
+      });
+    });
+
+    describe("list", () => {
+      it("sees every channel in append order, and filters by channel, state, eventType and limit", async (j) => {
+        const a = await appended(j, event("a", 30));
+        const bot = await appended(j, { ...event(BOT_CHANNEL, 10), eventType: "botwa.inbound.message" });
+        const plain = await appended(j, event(null, 20), claimer());
+        const plain2 = await appended(j, { ...event(null, 5), eventType: "other.type" });
+        await j.complete(plain.id, 1);
+        expect(ids(await j.list())).toEqual([a.id, bot.id, plain.id, plain2.id]);
+        expect(ids(await j.list({ channel: null }))).toEqual([plain.id, plain2.id]);
+        expect(ids(await j.list({ channel: BOT_CHANNEL }))).toEqual([bot.id]);
+        expect(ids(await j.list({ channel: "a" }))).toEqual([a.id]);
+        expect(ids(await j.list({ channel: "none" }))).toEqual([]);
+        expect(ids(await j.list({ state: "done" }))).toEqual([plain.id]);
+        expect(ids(await j.list({ state: ["pending", "done"] }))).toEqual([a.id, bot.id, plain.id, plain2.id]);
+        expect(ids(await j.list({ state: "pending", channel: null }))).toEqual([plain2.id]);
+        expect(ids(await j.list({ eventType: "other.type" }))).toEqual([plain2.id]);
+        expect(ids(await j.list({ limit: 2 }))).toEqual([a.id, bot.id]);
+        expect(await j.list({ limit: 0 })).toEqual([]);
+      });
+
+      it("lists 100 records by default", async (j) => {
+        for (let i = 0; i < 105; i++) await appended(j, event());
+        expect((await j.list()).length).toBe(100);
+        expect((await j.list({ limit: 1000 })).length).toBe(105);
+      });
+    });
+
+    describe("purge", () => {
+      it("deletes done records of the given channel (absent: every channel) older than the cutoff", async (j) => {
+        const doneIn = async (channel: string | null): Promise<string> => {
+          const r = await appended(j, event(channel), claimer());
+          await j.complete(r.id, 1);
+          return r.id;
+        };
+        const botDone = await doneIn(BOT_CHANNEL);
+        const plainDone = await doneIn(null);
+        const aDone = await doneIn("a");
+        const pending = await appended(j, event(null));
+        const dead = await appended(j, event(null), claimer());
+        await j.fail(dead.id, 1, { error: "x", dead: true });
+        expect(await j.purge(LONG), "nothing is old enough").toBe(0);
+        await sleep(ms(20));
+        expect(await j.purge(0, { channel: BOT_CHANNEL })).toBe(1);
+        expect(await j.get(botDone)).toBe(null);
+        expect(await j.purge(0, { channel: null })).toBe(1);
+        expect(await j.get(plainDone)).toBe(null);
+        expect((await mustGet(j, aDone)).state).toBe("done");
+        const more = await doneIn("b");
+        await sleep(ms(20));
+        expect(await j.purge(0)).toBe(2);
+        expect(await j.get(aDone)).toBe(null);
+        expect(await j.get(more)).toBe(null);
+        expect(ids(await j.list())).toEqual([pending.id, dead.id]);
+        // A purged id may be appended again.
+        expect((await j.append({ ...event(null), id: plainDone })) !== null).toBe(true);
+      });
+    });
+
+    describe("copies", () => {
+      it("records returned and records given are copies", async (j) => {
+        const payload = { list: [1, 2], nested: { a: "x" } };
+        const input = event(null, 1, payload);
+        const r = await appended(j, input);
+        payload.list.push(3);
+        payload.nested.a = "changed";
+        (r.payload as { list: number[] }).list.push(4);
+        r.state = "done";
+        const got = await mustGet(j, r.id);
+        expect(got.payload).toEqual({ list: [1, 2], nested: { a: "x" } });
+        expect(got.state).toBe("pending");
+        (got.payload as { list: number[] }).list.length = 0;
+        const [listed] = await j.list();
+        expect(listed.payload).toEqual({ list: [1, 2], nested: { a: "x" } });
+        const [claimedRecord] = await j.claimDue({ ...claimer(), limit: 1 });
+        claimedRecord.lease!.token = 99;
+        expect(tokenOf(await mustGet(j, r.id))).toBe(1);
+      });
+    });
+
+    describe("concurrency", () => {
+      it("concurrent claimDue calls lease each record once", async (j) => {
+        const all: string[] = [];
+        for (let i = 0; i < 30; i++) all.push((await appended(j, event(null, i))).id);
+        await appended(j, event(BOT_CHANNEL));
+        const results = await Promise.all(
+          Array.from({ length: 10 }, () => j.claimDue({ ...claimer(), limit: 4 })),
+        );
+        const leased = results.flatMap(ids);
+        expect(new Set(leased).size).toBe(leased.length);
+        expect(leased.length).toBe(30);
+        expect([...leased].sort()).toEqual([...all].sort());
+      });
+
+      it("concurrent claims of one record lease it once", async (j) => {
+        const r = await appended(j, event(null));
+        const results = await Promise.all(Array.from({ length: 10 }, () => j.claim(r.id, claimer())));
+        expect(results.filter((x) => x !== null).length).toBe(1);
+        expect((await mustGet(j, r.id)).fence).toBe(1);
+      });
+    });
+
+    describe("bad arguments", () => {
+      it("reject with a TypeError or RangeError naming the argument, and change nothing", async (j) => {
+        const held = await appended(j, event(null), claimer());
+        const pending = await appended(j, event(null));
+        const before = await j.list();
+        const bad = (o: Record<string, unknown>) => o as unknown as ClaimOptions & { limit: number };
+        const cases: [() => Promise<unknown>, string][] = [
+          [() => j.claim(pending.id, bad({ incarnation: "i", leaseMs: 1000 })), "owner"],
+          [() => j.claim(pending.id, bad({ ...claimer(), channel: 5 })), "channel"],
+          [() => j.claimDue(bad({ ...claimer(), leaseMs: "60s", limit: 10 })), "leaseMs"],
+          [() => j.claimDue(bad({ ...claimer(), limit: undefined })), "limit"],
+          [() => j.claimDue(bad({ ...claimer(), limit: 10, channel: {} })), "channel"],
+          [() => j.complete(held.id, undefined as unknown as number), "token"],
+          [() => j.fail(held.id, tokenOf(held), { error: 42 } as unknown as { error: string; dead: true }), "error"],
+          [() => j.fail(held.id, tokenOf(held), { error: "x", retryInMs: Number.NaN }), "retryInMs"],
+          [() => j.heartbeat(held.id, tokenOf(held), "1s" as unknown as number), "leaseMs"],
+          [() => j.list({ channel: 5 as unknown as string }), "channel"],
+          [() => j.list({ state: [null] as unknown as "done"[] }), "state"],
+          [() => j.list({ limit: -1 }), "limit"],
+          [() => j.purge("1d" as unknown as number), "olderThanMs"],
+          [() => j.purge(0, { channel: 3 as unknown as string }), "channel"],
+        ];
+        for (const [call, field] of cases) {
+          const error = await errorOf(call);
+          expect(error instanceof TypeError || error instanceof RangeError, `a TypeError/RangeError for "${field}": ${error}`)
+            .toBe(true);
+          expect(error.message.includes(field), `the error names "${field}": ${error.message}`).toBe(true);
+        }
+        expect(await j.list(), "unchanged").toEqual(before);
+      });
+    });
+
+    describe("close", () => {
+      test("operations after close() reject", async () => {
+        const j = await options.create();
+        try {
+          const r = await appended(j, event(null));
+          await j.close();
+          await errorOf(() => j.append(event(null)));
+          await errorOf(() => j.claimDue({ ...claimer(), limit: 1 }));
+          await errorOf(() => j.get(r.id));
+          await errorOf(() => j.list());
+        } finally {
+          await j.close();
+          if (options.cleanup) await options.cleanup(j);
+        }
+      });
+    });
+  });
+}
