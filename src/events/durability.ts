@@ -51,7 +51,9 @@ export interface EventsDurabilityOptions {
  * attempts, lease, fence, error, …) is the event's own.
  */
 export interface InboundEventPayload {
+  /** Room for other JSON fields (none are written). */
   [key: string]: JsonValue;
+  /** The chat the message came from. */
   chatId: string;
   /** The provider's name. */
   provider: string;

@@ -252,6 +252,8 @@ export class MemoryEventJournal implements LeasedEventJournal {
   #outSeq = 0;
 
   /**
+   * An empty, open journal.
+   *
    * @param options.clock the journal clock in ms since epoch (default `() => Date.now()`)
    * @param options.heartbeatChanges whether heartbeats are changes for `takeChanges` (default `false`)
    * @throws {TypeError} when an option has the wrong type
@@ -509,7 +511,10 @@ export class MemoryEventJournal implements LeasedEventJournal {
     this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);
   }
 
-  /** @returns a copy of record `id`, or `null` */
+  /**
+   * Record `id`, in any channel.
+   * @returns a copy, or `null`
+   */
   async get(id: string): Promise<EventRecord | null> {
     this.#assertOpen("events.get");
     checkString(id, `events.get: "id"`);

@@ -66,6 +66,7 @@ export interface EventWorkerEvents {
    * took it): a heartbeat was refused, or the outcome was fenced off.
    */
   stale: { event: EventRecord; phase: "heartbeat" | "complete" | "fail" };
+  /** (An index signature, so that the emitter accepts this map.) */
   [key: string]: unknown;
 }
 
@@ -139,6 +140,8 @@ export class EventWorker {
   #idleWaiters: { epoch: number; resolve: () => void }[] = [];
 
   /**
+   * A stopped worker: call {@link start}.
+   *
    * @param options the journal, the handler, `instanceId`, and optionally `channel`, `leaseMs`, `retries`, `backoff`, `concurrency`, `pollIntervalMs`, `random`
    * @throws {TypeError} when an option has the wrong type
    * @throws {RangeError} when a number is out of range, or `channel` is the bot's

@@ -548,7 +548,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
     });
 
     describe("close", () => {
-      test("operations after close() reject", async () => {
+      test("operations after close() reject, the outbox sidecar's too", async () => {
         const j = await options.create();
         try {
           const r = await appended(j, event(null));
@@ -557,6 +557,8 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
           await errorOf(() => j.claimDue({ ...claimer(), limit: 1 }));
           await errorOf(() => j.get(r.id));
           await errorOf(() => j.list());
+          await errorOf(() => j.outbox.list());
+          await j.close(); // a second close() is harmless
         } finally {
           await j.close();
           if (options.cleanup) await options.cleanup(j);
