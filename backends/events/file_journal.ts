@@ -1,0 +1,863 @@
+/**
+ * `FileEventJournal`: an events journal ({@link LeasedEventJournal}) on one
+ * JSON snapshot file, for one process — the file counterpart of
+ * `MemoryEventJournal`, with the core's outbox as a sidecar in the same file.
+ *
+ * - The state lives in memory (a `MemoryEventJournal`); every change is made
+ *   durable by rewriting the whole file atomically (temporary file, `fsync`,
+ *   rename, directory `fsync`), in the format of `./snapshot.ts` (`logSeq` 0).
+ * - Group commit: operations that arrive while a rewrite is under way share
+ *   the next one. Every operation (reads and no-op results included, and
+ *   every operation of the outbox sidecar) resolves only once the state it
+ *   observed is on disk.
+ * - Lease heartbeats (of events and of outbox entries) stay in memory and are
+ *   written with the next change.
+ * - After a failed rewrite every waiting operation rejects and the state is
+ *   reloaded from the file: memory never holds what was not written.
+ * - `{ lock: true }` (required for durability) takes the pid lock file
+ *   `<path>.lock`; a second `open()` of the same file in this process is
+ *   refused until the first journal is closed (with or without `lock`).
+ * - A file left by a `SharedFileEventJournal` is taken over: its
+ *   `<path>.log` is replayed at `open()` (under the shared journal's mutex
+ *   `<path>.mutex`), then written into a fresh snapshot and removed.
+ *
+ * @module
+ */
+import { StaleLeaseError } from "../../src/backend.ts";
+import type {
+  ClaimDueOptions,
+  ClaimOptions,
+  FailOutcome,
+  ListOptions,
+  NewOutboxEntry,
+  OutboxClaim,
+  OutboxEntry,
+  OutboxJournal,
+  OutboxState,
+  ReserveResult,
+} from "../../src/backend.ts";
+import {
+  type EventJournalChanges,
+  MemoryEventJournal,
+  type MemoryEventJournalOptions,
+} from "../../src/events/memory_journal.ts";
+import type {
+  EventClaimOptions,
+  EventListOptions,
+  EventRecord,
+  LeasedEventJournal,
+  NewEventRecord,
+} from "../../src/events/types.ts";
+import { dirName, ensureDir, readFileBytes, realPathOf, removeFile, resolvePath, statFile } from "../../src/runtime/fs.ts";
+import { showValue as show } from "../../src/show.ts";
+import {
+  claimOpenFile,
+  DEFAULT_STALE_LOCK_MS,
+  FileCorruptError,
+  FileLock,
+  FileLockedError,
+  FileMutex,
+  findJsonSyntaxError,
+  NEW_FILE_MODE,
+  releaseOpenFile,
+  snapshotFileMode,
+  writeSnapshot,
+} from "../file_support.ts";
+import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
+
+export { FileCorruptError, FileLockedError };
+
+/** The journal named in error messages. */
+const LABEL = "FileEventJournal";
+
+/** Options of {@link FileEventJournal.open}. */
+export interface FileEventJournalOptions {
+  /**
+   * Take the pid lock file `<path>.lock`, so that a second process cannot
+   * open the file (required for durability: `eventsDurability` refuses an
+   * unlocked journal). `false` opens the file without a lock: a second
+   * writer (another process, or a `SharedFileEventJournal`) would overwrite
+   * this journal's writes and the other way round. Use it only for a file
+   * nothing else writes (a one-off inspection or migration script).
+   */
+  lock: boolean;
+  /**
+   * Flush every rewrite (file and directory) to the disk before the
+   * operations waiting on it resolve (default `true`). `false` survives a
+   * process crash but not a power loss or an OS crash.
+   */
+  fsync?: boolean;
+  /**
+   * How long, in ms, a lock file (or a `SharedFileEventJournal`'s mutex)
+   * written by a process on another host must go without a refresh before it
+   * counts as stale and is broken (default `30000`, at least `1000`). A lock
+   * of a process on this host is judged by its pid (a dead pid is broken at
+   * once).
+   */
+  staleLockMs?: number;
+  /** The journal clock in ms since epoch (default `() => Date.now()`); the outbox sidecar uses it too. */
+  clock?: () => number;
+}
+
+/** Counters of a {@link FileEventJournal}, for monitoring and tests. */
+export interface FileEventJournalStats {
+  /** Snapshot rewrites that reached the disk (the one of `open()` for a new file or a replayed log included). */
+  rewrites: number;
+  /** Rewrites that failed (their operations were rejected). */
+  failedRewrites: number;
+  /** Size of the last snapshot written, in UTF-16 code units of its JSON text (about its size in bytes for ASCII data). */
+  lastSnapshotChars: number;
+  /** Duration of the last successful rewrite in ms (serialization, write, flushes and rename). */
+  lastRewriteMs: number;
+  /** Entries of a `<path>.log` (left by a `SharedFileEventJournal`) replayed at `open()`. */
+  replayedLogEntries: number;
+}
+
+/** An operation waiting for the state it observed (`target`) to be on disk. */
+interface Waiter {
+  target: number;
+  resolve: () => void;
+  reject: (error: unknown) => void;
+}
+
+/** Runs one operation on the open state and resolves once what it observed is on disk. */
+type Run = <T>(op: string, operation: (mem: MemoryEventJournal) => Promise<T>) => Promise<T>;
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Runs one file-system step of `open()`/`close()`; an error of the runtime is wrapped to name the file (`cause` kept). */
+async function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> {
+  try {
+    return await run();
+  } catch (error) {
+    if (error instanceof Error && error.message.startsWith(LABEL)) throw error;
+    throw new Error(`${LABEL}: ${file}: ${what}: ${messageOf(error)}`, { cause: error });
+  }
+}
+
+let testHooks: { crash(journal: FileEventJournal): Promise<void> } | undefined;
+/** Lets only {@link FileEventJournal.open} construct a journal. */
+const CONSTRUCT = Symbol("FileEventJournal.construct");
+
+/**
+ * An events journal on one JSON snapshot file, for one process
+ * (`scope: 'process'`): the {@link LeasedEventJournal} contract (leases,
+ * fencing tokens, channels, replay, purge) with the core's outbox as a
+ * sidecar in the same file and the same atomic snapshot, for
+ * `eventsDurability({ journal })`.
+ *
+ * Every change rewrites the whole file atomically (temporary file, `fsync`,
+ * rename, directory `fsync`); concurrent operations share one rewrite (group
+ * commit), and every operation, of the events and of `outbox`, resolves only
+ * once the state it observed is on disk. The cost of a write is one
+ * `JSON.stringify` of the whole journal plus the write: keep the journal
+ * small (the bot's retention purges its records; `purge()` the app's), give
+ * the bot a journal file of its own, or use a database backend for volume.
+ * Lease heartbeats are kept in memory and written with the next change: only
+ * a restart of this process can take a lease, and a restart reclaims its own
+ * records at once (same `instanceId`).
+ *
+ * `open(path, { lock: true })` resolves the real path (symlinks followed),
+ * registers the file in this process (a second `open()` of it is refused
+ * until `close()`), takes the pid lock `<path>.lock` (another live process →
+ * {@link FileLockedError} naming the pid and the lock file; a dead process's
+ * lock is broken at once), and loads the file. If a `SharedFileEventJournal`
+ * used the file, the load runs under its mutex `<path>.mutex`, and the
+ * entries of its append log `<path>.log` past the snapshot's `logSeq` are
+ * replayed (a torn last line is ignored), written into a fresh snapshot, and
+ * the log removed. A damaged file (or log) → {@link FileCorruptError} naming
+ * the file and the byte offset or the field; nothing is written.
+ *
+ * A failed rewrite (disk full, permissions) rejects every operation waiting
+ * for a write, with an error naming the file, and the state is reloaded from
+ * the file (the last snapshot written); if that fails too, every operation
+ * rejects until the journal is closed and opened again.
+ *
+ * `close()` lets the operations already called finish, writes what is left,
+ * and releases the lock and the registration; later operations reject with
+ * an error naming the file.
+ *
+ * @example Usage
+ * ```ts
+ * import { FileEventJournal } from "./file_journal.ts";
+ *
+ * const dir = await Deno.makeTempDir();
+ * const journal = await FileEventJournal.open(`${dir}/events.json`, { lock: true });
+ * await journal.append({ id: "e1", eventType: "order.paid", payload: { order: 42 } });
+ * const [event] = await journal.claimDue({ owner: "w1", incarnation: "a", leaseMs: 30_000, limit: 10 });
+ * await journal.complete(event.id, event.lease!.token);
+ * await journal.close();
+ *
+ * const again = await FileEventJournal.open(`${dir}/events.json`, { lock: true });
+ * console.log((await again.get("e1"))?.state); // "done"
+ * await again.close();
+ * await Deno.remove(dir, { recursive: true });
+ * ```
+ *
+ * @example With a bot
+ * ```ts ignore
+ * const journal = await FileEventJournal.open("./data/events.json", { lock: true });
+ * const bot = new Bot({ provider, durability: { backend: eventsDurability({ journal }) } });
+ * await bot.start();
+ * // …
+ * await bot.stop();
+ * await journal.close();
+ * ```
+ */
+export class FileEventJournal implements LeasedEventJournal {
+  /** Always `'file-events'`. */
+  readonly name: string = "file-events";
+  /** One process: the lock file keeps other processes out. */
+  readonly scope: "process" = "process";
+  /** The file as given to `open()`. */
+  readonly path: string;
+  /** The absolute real path of the file (symlinks resolved). */
+  readonly file: string;
+  /** Whether the journal holds the pid lock `<file>.lock` (`open(path, { lock: true })`): required for durability. */
+  readonly locked: boolean;
+  /** The core's outbox, stored in the same file: its writes share the rewrites, and resolve once on disk. */
+  readonly outbox: OutboxJournal;
+
+  readonly #fsync: boolean;
+  readonly #staleLockMs: number;
+  readonly #memOptions: MemoryEventJournalOptions;
+  /** Permission bits of the file, kept across rewrites. */
+  #mode = NEW_FILE_MODE;
+  #lock: FileLock | null = null;
+  #mem: MemoryEventJournal | null = null;
+  /** Bumped when the state is rebuilt from the file after a failed rewrite. */
+  #generation = 0;
+  /** The rebuild under way: operations wait for it. */
+  #reloading: Promise<void> | null = null;
+  /** Set when a rebuild failed: every operation rejects with it. */
+  #failure: Error | null = null;
+  /** Bumped after each change (heartbeats excepted). */
+  #version = 0;
+  /** The version on disk. */
+  #durable = 0;
+  /** Waiting operations, in nondecreasing `target` order. */
+  #waiters: Waiter[] = [];
+  /** The write loop, while it runs. */
+  #writing: Promise<void> | null = null;
+  /** Operations called and not settled yet. */
+  readonly #inflight = new Set<Promise<unknown>>();
+  /** Set by the first `close()`. */
+  #closing: Promise<void> | null = null;
+  /** Let go by {@link simulateCrash}. */
+  #crashed = false;
+  readonly #stats: FileEventJournalStats = {
+    rewrites: 0,
+    failedRewrites: 0,
+    lastSnapshotChars: 0,
+    lastRewriteMs: 0,
+    replayedLogEntries: 0,
+  };
+
+  static {
+    testHooks = { crash: (journal) => journal.#crash() };
+  }
+
+  /** Use {@link FileEventJournal.open}. */
+  private constructor(
+    key: symbol,
+    path: string,
+    file: string,
+    options: { lock: boolean; fsync: boolean; staleLockMs: number; clock?: () => number },
+  ) {
+    if (key !== CONSTRUCT) throw new TypeError(`${LABEL}: use FileEventJournal.open(path, { lock: true })`);
+    this.path = path;
+    this.file = file;
+    this.locked = options.lock;
+    this.#fsync = options.fsync;
+    this.#staleLockMs = options.staleLockMs;
+    this.#memOptions = { heartbeatChanges: false, ...(options.clock ? { clock: options.clock } : {}) };
+    this.outbox = new FileSidecarOutbox((op, operation) => this.#run(op, operation));
+  }
+
+  /**
+   * Opens the journal on `path` (a missing file starts empty and is written
+   * at once; its directory is created).
+   *
+   * @param path the journal file, e.g. `./data/events.json`
+   * @param options `lock` (required; `true` for durability), `fsync` (default `true`), `staleLockMs`, `clock`
+   * @returns the open journal
+   * @throws {TypeError} for a bad option (named)
+   * @throws {FileLockedError} when another live process holds `<path>.lock`
+   * @throws {FileCorruptError} when the file or its `.log` is damaged (nothing is written)
+   * @throws {Error} when the file is already open in this process (`FileEventJournal: <file> is already open in
+   *   this process …`), or cannot be read or written (`FileEventJournal: <file>: …`, the runtime's error as `cause`)
+   */
+  static async open(path: string, options: FileEventJournalOptions): Promise<FileEventJournal> {
+    if (typeof path !== "string" || path.length === 0 || path.includes("\0")) {
+      throw new TypeError(`${LABEL}.open: "path" must be a non-empty string without NUL, got ${show(path)}`);
+    }
+    if (typeof options !== "object" || options === null) {
+      throw new TypeError(`${LABEL}.open: the options must be an object such as { lock: true }, got ${show(options)}`);
+    }
+    const { lock, fsync = true, staleLockMs = DEFAULT_STALE_LOCK_MS, clock } = options;
+    if (typeof lock !== "boolean") {
+      throw new TypeError(
+        `${LABEL}.open: option "lock" must be true or false (true takes the pid lock file, required for durability), ` +
+          `got ${show(lock)}`,
+      );
+    }
+    if (typeof fsync !== "boolean") throw new TypeError(`${LABEL}.open: option "fsync" must be a boolean, got ${show(fsync)}`);
+    if (typeof staleLockMs !== "number" || !Number.isFinite(staleLockMs) || staleLockMs < 1000) {
+      throw new TypeError(
+        `${LABEL}.open: option "staleLockMs" must be a finite number of milliseconds, at least 1000, got ${show(staleLockMs)}`,
+      );
+    }
+    if (clock !== undefined && typeof clock !== "function") {
+      throw new TypeError(`${LABEL}.open: option "clock" must be a function, got ${show(clock)}`);
+    }
+    const absolute = await resolvePath(path);
+    await step(absolute, "cannot create its directory", async () => ensureDir(await dirName(absolute)));
+    // Every path to the file (symlinks) shares one lock and one registration, and a rewrite never replaces a symlink.
+    const file = await step(absolute, "cannot resolve its real path", () => realPathOf(absolute));
+    const journal = new FileEventJournal(CONSTRUCT, path, file, { lock, fsync, staleLockMs, clock });
+    await journal.#open();
+    return journal;
+  }
+
+  /** A copy of the rewrite counters. */
+  get stats(): FileEventJournalStats {
+    return { ...this.#stats };
+  }
+
+  /** Whether `close()` was called (or the journal was let go by `simulateCrash`). */
+  get closed(): boolean {
+    return this.#closing !== null || this.#crashed;
+  }
+
+  async #open(): Promise<void> {
+    const file = this.file;
+    claimOpenFile(file, this, LABEL);
+    try {
+      if (this.locked) {
+        this.#lock = await step(
+          file,
+          `cannot take the lock file ${file}.lock`,
+          () => FileLock.acquire(file, { staleLockMs: this.#staleLockMs, label: LABEL }),
+        );
+      }
+      this.#mode = (await step(file, "cannot read it", () => snapshotFileMode(file, LABEL))).mode;
+      // A SharedFileEventJournal works (or worked) on this file: read it, and take over its log, under its mutex.
+      const shared = (await step(file, "cannot read it", () => statFile(`${file}.mutex`))) !== null ||
+        (await step(file, "cannot read it", () => statFile(`${file}.log`))) !== null;
+      if (shared) {
+        await new FileMutex(file, { staleLockMs: this.#staleLockMs, label: LABEL }).run(() => this.#load());
+      } else {
+        await this.#load();
+      }
+    } catch (error) {
+      this.#mem = null;
+      this.#failure = null;
+      const lock = this.#lock;
+      this.#lock = null;
+      if (lock !== null) await lock.release().catch(() => {});
+      releaseOpenFile(file, this);
+      throw error;
+    }
+  }
+
+  /** Reads the snapshot (and replays a shared journal's log), writing the file when it is new or a log was replayed. */
+  async #load(): Promise<void> {
+    const file = this.file;
+    const logPath = `${file}.log`;
+    // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
+    await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
+    const bytes = await step(file, "cannot read it", () => readFileBytes(file));
+    let mem: MemoryEventJournal;
+    let logSeq = 0;
+    if (bytes === null) {
+      mem = new MemoryEventJournal(this.#memOptions);
+    } else {
+      ({ journal: mem, logSeq } = parseEventSnapshot(file, bytes, LABEL, this.#memOptions));
+      checkOutboxEntries(file, null, mem.exportState().outbox, "");
+    }
+    const log = await step(file, `cannot read ${logPath}`, () => readFileBytes(logPath));
+    const replayed = log === null ? 0 : replayLog(logPath, log, mem, logSeq);
+    mem.takeChanges(); // loading is not a change
+    this.#mem = mem;
+    this.#version = this.#durable = 0;
+    if (bytes === null || log !== null) {
+      // A new file: written now, so a bad path or permission shows at open. A log: its entries go into the snapshot.
+      this.#version = 1;
+      await this.#waitDurable(1);
+      if (this.#failure !== null) throw this.#failure;
+    }
+    if (log !== null) {
+      // Removed only once the snapshot holds it all; a crash before this replays it again (idempotent).
+      await step(file, `cannot remove ${logPath}`, () => removeFile(logPath));
+      this.#stats.replayedLogEntries = replayed;
+    }
+  }
+
+  /**
+   * Lets the operations already called finish, writes what is not on disk
+   * yet, and releases the lock file and the registration of the file; later
+   * operations reject. Calling it again returns the same promise.
+   *
+   * @throws {Error} when the final rewrite fails or the journal is failed
+   *   (the lock is released all the same), or the lock file cannot be released
+   */
+  close(): Promise<void> {
+    this.#closing ??= this.#close();
+    return this.#closing;
+  }
+
+  async #close(): Promise<void> {
+    if (this.#crashed) return;
+    const file = this.file;
+    let failure: unknown = null;
+    let releaseFailure: unknown = null;
+    try {
+      await null; // operations called in the same tick are in flight
+      while (this.#inflight.size > 0) await Promise.allSettled([...this.#inflight]);
+      while (!this.#crashed && (this.#writing !== null || this.#durable < this.#version)) {
+        if (this.#writing !== null) await this.#writing;
+        else await this.#waitDurable(this.#version);
+      }
+    } catch (error) {
+      failure = error;
+    } finally {
+      if (failure === null && this.#failure !== null) failure = this.#failure;
+      this.#mem = null;
+      const lock = this.#lock;
+      this.#lock = null;
+      try {
+        if (lock !== null) await step(file, `cannot release the lock file ${file}.lock`, () => lock.release());
+      } catch (error) {
+        releaseFailure = error;
+      } finally {
+        releaseOpenFile(file, this);
+      }
+    }
+    if (failure !== null && releaseFailure !== null) {
+      throw new AggregateError(
+        [failure, releaseFailure],
+        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
+        { cause: failure },
+      );
+    }
+    if (failure !== null) throw failure;
+    if (releaseFailure !== null) throw releaseFailure;
+  }
+
+  /**
+   * Journals `event` (`pending`, or `processing` under `lease` with token 1).
+   *
+   * @returns the record, or `null` when a record with that id exists (nothing changes)
+   * @throws {TypeError} naming a bad field or lease option
+   */
+  append(event: NewEventRecord, lease?: ClaimOptions): Promise<EventRecord | null> {
+    return this.#run("events.append", (m) => m.append(event, lease));
+  }
+
+  /** Leases record `id` when it is claimable and in `options.channel`. @returns the leased record, or `null` */
+  claim(id: string, options: EventClaimOptions): Promise<EventRecord | null> {
+    return this.#run("events.claim", (m) => m.claim(id, options));
+  }
+
+  /** Leases up to `limit` claimable records of `options.channel`, oldest `createdAt` first. @returns the leased records */
+  claimDue(options: EventClaimOptions & { limit: number }): Promise<EventRecord[]> {
+    return this.#run("events.claimDue", (m) => m.claimDue(options));
+  }
+
+  /** Extends the lease held under `token` (in memory: written with the next change). @returns `false` when it is no longer held */
+  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#run("events.heartbeat", (m) => m.heartbeat(id, token, leaseMs));
+  }
+
+  /** `done`. @throws {StaleLeaseError} when `token` is not the current lease */
+  complete(id: string, token: number): Promise<void> {
+    return this.#run("events.complete", (m) => m.complete(id, token));
+  }
+
+  /** `failed` (claimable again after `retryInMs`) or `dead`. @throws {StaleLeaseError} when `token` is not the current lease */
+  fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    return this.#run("events.fail", (m) => m.fail(id, token, outcome));
+  }
+
+  /** @returns a copy of record `id`, or `null` */
+  get(id: string): Promise<EventRecord | null> {
+    return this.#run("events.get", (m) => m.get(id));
+  }
+
+  /** Records in append order, every channel unless `channel` is given. @returns copies */
+  list(options?: EventListOptions): Promise<EventRecord[]> {
+    return this.#run("events.list", (m) => m.list(options));
+  }
+
+  /** `done`, `failed` or `dead` back to `pending` with attempts reset. @returns `false` otherwise */
+  replay(id: string): Promise<boolean> {
+    return this.#run("events.replay", (m) => m.replay(id));
+  }
+
+  /** Deletes `done` records of `channel` (absent: every channel) not updated for `olderThanMs`. @returns how many */
+  purge(olderThanMs: number, options?: { channel?: string | null }): Promise<number> {
+    return this.#run("events.purge", (m) => m.purge(olderThanMs, options));
+  }
+
+  /**
+   * Runs one operation on the in-memory state and resolves once what it
+   * observed is on disk. An operation called after `close()` rejects at
+   * once; one called before runs to its end.
+   */
+  #run<T>(op: string, operation: (mem: MemoryEventJournal) => Promise<T>): Promise<T> {
+    if (this.#crashed) return Promise.reject(new Error(`${LABEL} ${this.file} was let go by simulateCrash(): open it again`));
+    if (this.#closing !== null || this.#mem === null) {
+      return Promise.reject(new Error(`${LABEL} ${this.file} is closed: ${op} was called after close(); open it again`));
+    }
+    const running = this.#runOpen(operation);
+    this.#inflight.add(running);
+    const done = () => void this.#inflight.delete(running);
+    running.then(done, done);
+    return running;
+  }
+
+  async #runOpen<T>(operation: (mem: MemoryEventJournal) => Promise<T>): Promise<T> {
+    while (this.#reloading !== null) await this.#reloading;
+    const mem = this.#state();
+    const generation = this.#generation;
+    let result: T;
+    try {
+      result = await operation(mem);
+    } catch (error) {
+      if (generation !== this.#generation) throw this.#discardedError();
+      // A stale lease also waits for what it observed (the claim that took the lease) to be on disk.
+      if (error instanceof StaleLeaseError) await this.#waitDurable(this.#version);
+      throw error;
+    }
+    // Between the change in memory and the waiter's registration, a failed rewrite may have rebuilt the state.
+    if (generation !== this.#generation) throw this.#discardedError();
+    // Any change since the last operation (this one's, or one that ran meanwhile): heartbeats are not changes.
+    if (mem.takeChanges() !== null) this.#version++;
+    await this.#waitDurable(this.#version);
+    return result;
+  }
+
+  /** The state; throws when the journal is failed or let go. */
+  #state(): MemoryEventJournal {
+    if (this.#failure !== null) throw new Error(this.#failure.message, { cause: this.#failure.cause });
+    const mem = this.#mem;
+    if (mem === null) {
+      throw new Error(
+        this.#crashed
+          ? `${LABEL} ${this.file} was let go by simulateCrash(): open it again`
+          : `${LABEL} ${this.file} is closed; open it again`,
+      );
+    }
+    return mem;
+  }
+
+  #discardedError(): Error {
+    return new Error(
+      `${LABEL} could not write ${this.file}: a failed rewrite discarded the state this operation ran on ` +
+        `(it was reloaded from the file); the operation did not take effect`,
+    );
+  }
+
+  #crashError(): Error {
+    return new Error(`${LABEL} ${this.file} was let go by simulateCrash() before this change was written`);
+  }
+
+  #waitDurable(target: number): Promise<void> {
+    if (target <= this.#durable) return Promise.resolve();
+    if (this.#crashed) return Promise.reject(this.#crashError());
+    return new Promise<void>((resolve, reject) => {
+      this.#waiters.push({ target, resolve, reject });
+      this.#writing ??= this.#writeLoop();
+    });
+  }
+
+  /** Rewrites the file until every waiter is settled; each rewrite serves every waiter that arrived before it. */
+  async #writeLoop(): Promise<void> {
+    try {
+      await null; // operations called in the same tick join this rewrite
+      while (this.#waiters.length > 0) {
+        if (this.#crashed || this.#mem === null) {
+          const error = this.#crashed
+            ? this.#crashError()
+            : new Error(`${LABEL} ${this.file} was closed before this change was written`);
+          for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
+          break;
+        }
+        const version = this.#version;
+        try {
+          await this.#rewrite(this.#mem);
+        } catch (error) {
+          this.#stats.failedRewrites++;
+          const failure = new Error(`${LABEL} could not write ${this.file}: ${messageOf(error)}`, { cause: error });
+          // Every waiting operation's change is on the state that could not be written: reject them all and
+          // reload the state from the file.
+          this.#generation++;
+          const waiters = this.#waiters.splice(0);
+          const rebuild = this.#rebuild(failure);
+          this.#reloading = rebuild;
+          try {
+            await rebuild;
+          } finally {
+            this.#reloading = null;
+          }
+          for (const waiter of waiters) waiter.reject(failure);
+          continue;
+        }
+        this.#durable = Math.max(this.#durable, version);
+        let settled = 0;
+        while (settled < this.#waiters.length && this.#waiters[settled].target <= version) settled++;
+        for (const waiter of this.#waiters.splice(0, settled)) waiter.resolve();
+      }
+    } finally {
+      this.#writing = null;
+    }
+  }
+
+  /** After a failed rewrite: the state in memory is replaced by the file's, or the journal is failed. Never rejects. */
+  async #rebuild(failure: Error): Promise<void> {
+    const file = this.file;
+    try {
+      const bytes = await readFileBytes(file);
+      if (bytes === null) throw new Error("the file is gone (deleted, or its directory was)");
+      const { journal } = parseEventSnapshot(file, bytes, LABEL, this.#memOptions);
+      if (this.#mem !== null && !this.#crashed) this.#mem = journal;
+    } catch (error) {
+      this.#failure = new Error(
+        `${LABEL} could not write ${file} (${messageOf(failure.cause)}) nor reload it to drop the unwritten ` +
+          `changes (${messageOf(error)}). Every operation rejects: close the journal and open it again once the ` +
+          `file is usable.`,
+        { cause: failure },
+      );
+    }
+    this.#durable = this.#version; // memory holds only what is on disk (or nothing more will be written)
+  }
+
+  /** One rewrite: the whole state serialized (synchronously, so it is consistent), then an atomic replace. */
+  async #rewrite(mem: MemoryEventJournal): Promise<void> {
+    const started = performance.now();
+    const text = serializeEventSnapshot(mem, 0);
+    await writeSnapshot(this.file, text, { fsync: this.#fsync, mode: this.#mode });
+    this.#stats.rewrites++;
+    this.#stats.lastSnapshotChars = text.length;
+    this.#stats.lastRewriteMs = performance.now() - started;
+  }
+
+  async #crash(): Promise<void> {
+    if (this.#crashed) return;
+    this.#crashed = true;
+    this.#lock?.abandon(); // the lock file stays, as after a kill
+    const error = this.#crashError();
+    for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
+    if (this.#writing !== null) await this.#writing; // a write under way finishes, as the kernel would finish a rename
+    this.#mem = null;
+    this.#lock = null;
+    releaseOpenFile(this.file, this);
+  }
+}
+
+/**
+ * **For tests only.** Lets `journal` go as if its process had been killed:
+ * no new write starts, a write under way finishes, operations waiting for a
+ * write reject, later operations reject, and the in-process registration of
+ * the file is dropped — but the lock file stays, holding this process's pid,
+ * so the next `FileEventJournal.open()` breaks it as a restarted process
+ * would. For a restart in one test process (the conformance suite's `reopen`).
+ *
+ * @param journal the journal to let go; it is never usable again
+ * @returns once a write under way has finished
+ * @example
+ * ```ts ignore
+ * await simulateCrash(journal);
+ * const again = await FileEventJournal.open(journal.path, { lock: true });
+ * ```
+ */
+export function simulateCrash(journal: FileEventJournal): Promise<void> {
+  if (!(journal instanceof FileEventJournal)) {
+    return Promise.reject(new TypeError(`simulateCrash needs a FileEventJournal, got ${show(journal)}`));
+  }
+  return testHooks!.crash(journal);
+}
+
+/** The sidecar outbox: every operation goes through the journal's group commit. */
+class FileSidecarOutbox implements OutboxJournal {
+  readonly #run: Run;
+  constructor(run: Run) {
+    this.#run = run;
+  }
+  reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    return this.#run("outbox.reserve", (m) => m.outbox.reserve(entry, lease));
+  }
+  claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    return this.#run("outbox.claimDue", (m) => m.outbox.claimDue(options));
+  }
+  heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#run("outbox.heartbeat", (m) => m.outbox.heartbeat(key, token, leaseMs));
+  }
+  markSent(key: string, token: number, messageId: string): Promise<void> {
+    return this.#run("outbox.markSent", (m) => m.outbox.markSent(key, token, messageId));
+  }
+  markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    return this.#run("outbox.markFailed", (m) => m.outbox.markFailed(key, token, outcome));
+  }
+  get(key: string): Promise<OutboxEntry | null> {
+    return this.#run("outbox.get", (m) => m.outbox.get(key));
+  }
+  list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    return this.#run("outbox.list", (m) => m.outbox.list(options));
+  }
+  retry(key: string): Promise<boolean> {
+    return this.#run("outbox.retry", (m) => m.outbox.retry(key));
+  }
+  discard(key: string): Promise<boolean> {
+    return this.#run("outbox.discard", (m) => m.outbox.discard(key));
+  }
+  purge(olderThanMs: number): Promise<number> {
+    return this.#run("outbox.purge", (m) => m.outbox.purge(olderThanMs));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The append log of a SharedFileEventJournal
+
+const fatalDecoder = new TextDecoder("utf-8", { fatal: true });
+
+function isBlank(bytes: Uint8Array): boolean {
+  for (const b of bytes) if (b !== 0x20 && b !== 0x09 && b !== 0x0d) return false;
+  return true;
+}
+
+/**
+ * Applies the entries of a `SharedFileEventJournal` append log to `mem`:
+ * one JSON line per write, `{ seq, events, removedEvents, outbox,
+ * removedOutbox, outboxSeq }` (a `takeChanges()` change set with its log
+ * position). Entries with `seq <= logSeq` are in the snapshot already and
+ * skipped; a torn last line (no newline, not parseable: a write cut short)
+ * is ignored.
+ *
+ * @returns how many entries were applied
+ * @throws {FileCorruptError} naming the log file and the byte offset of a damaged line
+ */
+function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, logSeq: number): number {
+  let start = 0;
+  let line = 0;
+  let last = logSeq;
+  let applied = 0;
+  while (start < bytes.length) {
+    let end = bytes.indexOf(0x0a, start);
+    const terminated = end !== -1;
+    if (!terminated) end = bytes.length;
+    line++;
+    const at = start;
+    const chunk = bytes.subarray(start, end);
+    start = end + 1;
+    if (isBlank(chunk)) continue;
+    const bad = (offset: number, detail: string): never => {
+      throw new FileCorruptError(logPath, offset, `line ${line}: ${detail}`, LABEL);
+    };
+    let doc: unknown;
+    try {
+      doc = JSON.parse(fatalDecoder.decode(chunk));
+    } catch {
+      if (!terminated) break; // a torn last line: a write cut short, never acknowledged
+      const problem = findJsonSyntaxError(chunk);
+      bad(at + (problem?.offset ?? 0), problem?.reason ?? "the JSON parser rejected it");
+    }
+    if (typeof doc !== "object" || doc === null || Array.isArray(doc)) bad(at, "not a JSON object");
+    const entry = doc as Partial<EventJournalChanges> & { seq?: unknown };
+    const seq = entry.seq;
+    if (typeof seq !== "number" || !Number.isSafeInteger(seq) || seq < 1) {
+      bad(at, `field "seq" must be a positive integer, got ${show(seq)}`);
+    }
+    if ((seq as number) <= logSeq) continue; // already in the snapshot
+    if ((seq as number) <= last) bad(at, `field "seq" (${seq}) must be above the previous entry's (${last})`);
+    if (!Array.isArray(entry.outbox)) bad(at, `field "outbox" must be an array, got ${show(entry.outbox)}`);
+    checkOutboxEntries(logPath, at, entry.outbox!, `line ${line}: `);
+    try {
+      mem.applyChanges(entry as EventJournalChanges);
+    } catch (error) {
+      bad(at, `entry seq ${seq}: ${messageOf(error)}`);
+    }
+    last = seq as number;
+    applied++;
+  }
+  return applied;
+}
+
+// ---------------------------------------------------------------------------
+// Checking outbox entries read from a file (events are checked by MemoryEventJournal)
+
+type FieldCheck = (value: unknown) => string | null;
+
+const str: FieldCheck = (v) => typeof v === "string" ? null : "a string";
+const strOrNull: FieldCheck = (v) => v === null || typeof v === "string" ? null : "a string or null";
+const time: FieldCheck = (v) => typeof v === "number" && Number.isFinite(v) ? null : "a finite number";
+const timeOrNull: FieldCheck = (v) => v === null || (typeof v === "number" && Number.isFinite(v)) ? null : "a finite number or null";
+const count: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) >= 0 ? null : "a non-negative integer";
+const positive: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0 ? null : "a positive integer";
+const json: FieldCheck = (v) => v === undefined ? "a JSON value" : null;
+const outboxState: FieldCheck = (v) =>
+  typeof v === "string" && ["queued", "sending", "sent", "failed", "dead", "unknown"].includes(v)
+    ? null
+    : "one of queued, sending, sent, failed, dead, unknown";
+const lease: FieldCheck = (v) => {
+  if (v === null) return null;
+  if (typeof v !== "object" || Array.isArray(v)) return "null or a lease object";
+  const l = v as Record<string, unknown>;
+  for (const [name, check] of [["owner", str], ["incarnation", str], ["token", positive], ["expiresAt", time]] as const) {
+    if (check(l[name]) !== null) return `a lease whose "${name}" is ${check(l[name])} (got ${show(l[name])})`;
+  }
+  return null;
+};
+
+const OUTBOX_FIELDS: readonly (readonly [string, FieldCheck])[] = [
+  ["key", str],
+  ["chatId", str],
+  ["content", json],
+  ["contentHash", str],
+  ["inboundId", strOrNull],
+  ["state", outboxState],
+  ["attempts", count],
+  ["nextAttemptAt", timeOrNull],
+  ["lease", lease],
+  ["fence", count],
+  ["messageId", strOrNull],
+  ["error", strOrNull],
+  ["seq", positive],
+  ["createdAt", time],
+  ["updatedAt", time],
+];
+
+/** What is wrong with a stored outbox entry, or `null`. */
+function outboxProblem(value: unknown): string | null {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return "an outbox entry must be an object";
+  const record = value as Record<string, unknown>;
+  for (const [name, check] of OUTBOX_FIELDS) {
+    const expected = check(record[name]);
+    if (expected !== null) {
+      return name in record
+        ? `field "${name}" must be ${expected}, got ${show(record[name])}`
+        : `field "${name}" is missing (must be ${expected})`;
+    }
+  }
+  const e = value as OutboxEntry;
+  if ((e.state === "sending") !== (e.lease !== null)) {
+    return e.lease === null
+      ? `field "lease" must be a lease object in state "sending", got null`
+      : `field "lease" must be null in state ${JSON.stringify(e.state)}`;
+  }
+  if (e.lease !== null && e.lease.token > e.fence) return `field "fence" (${e.fence}) is below the lease token ${e.lease.token}`;
+  return null;
+}
+
+/** @throws {FileCorruptError} naming the first bad outbox entry and field */
+function checkOutboxEntries(file: string, offset: number | null, entries: readonly unknown[], prefix: string): void {
+  for (let i = 0; i < entries.length; i++) {
+    const problem = outboxProblem(entries[i]);
+    if (problem === null) continue;
+    const key = (entries[i] as { key?: unknown } | null)?.key;
+    const label = `outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}`;
+    throw new FileCorruptError(file, offset, `${prefix}${label}: ${problem}`, LABEL);
+  }
+}
