@@ -400,3 +400,203 @@ export async function linkFile(existing: string, path: string): Promise<boolean>
     throw error;
   }
 }
+
+/**
+ * The identity and size of a file: enough to tell whether it was replaced
+ * (a new inode) or changed in place (size, mtime in ns).
+ */
+export interface FileIdentity {
+  /** `<dev>:<ino>` (exact, from a bigint stat). */
+  id: string;
+  /** Size in bytes. */
+  size: number;
+  /** Last modification time in ns since the epoch, as a decimal string. */
+  mtimeNs: string;
+}
+
+function identityOf(st: import("node:fs").BigIntStats): FileIdentity {
+  return { id: `${st.dev}:${st.ino}`, size: Number(st.size), mtimeNs: String(st.mtimeNs) };
+}
+
+/**
+ * The identity (`dev:ino`), size and mtime (ns) of `path` (symlinks followed).
+ *
+ * @param path the file
+ * @returns its identity, or `null` when it does not exist
+ * @throws {Error} any other error (permissions, I/O)
+ */
+export async function statIdentity(path: string): Promise<FileIdentity | null> {
+  try {
+    return identityOf(await (await fs()).stat(path, { bigint: true }));
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return null;
+    throw error;
+  }
+}
+
+/**
+ * A file kept open: its inode cannot be reused by another file while it is
+ * open, so an equal `dev:ino` later means the very same file.
+ */
+export interface PinnedFile {
+  /** The identity of the open file (fstat). */
+  identity(): Promise<FileIdentity>;
+  /** Its whole content, read through the open handle. */
+  readAll(): Promise<Uint8Array>;
+  /** Close the handle (calling it again does nothing). */
+  close(): Promise<void>;
+}
+
+function pinned(handle: Awaited<ReturnType<FsPromises["open"]>>): PinnedFile {
+  let closed = false;
+  return {
+    identity: async () => identityOf(await handle.stat({ bigint: true })),
+    readAll: async () => {
+      const st = await handle.stat();
+      const out = new Uint8Array(st.size);
+      let done = 0;
+      while (done < out.length) {
+        const { bytesRead } = await handle.read(out, done, out.length - done, done);
+        if (bytesRead === 0) break;
+        done += bytesRead;
+      }
+      return done === out.length ? out : out.subarray(0, done);
+    },
+    close: async () => {
+      if (closed) return;
+      closed = true;
+      await handle.close();
+    },
+  };
+}
+
+/**
+ * Open an existing file for reading and keep it open.
+ *
+ * @param path the file
+ * @returns the open file, or `null` when it does not exist
+ * @throws {Error} any other error (permissions, a directory)
+ */
+export async function openPinned(path: string): Promise<PinnedFile | null> {
+  try {
+    return pinned(await (await fs()).open(path, "r"));
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return null;
+    throw error;
+  }
+}
+
+/**
+ * Create (or truncate) `path`, write `data`, flush it when `fsync`, and
+ * return it still open (see {@link PinnedFile}), e.g. to rename it into
+ * place afterwards and keep its inode pinned.
+ *
+ * @param path the file to write
+ * @param data the content (a string is written as UTF-8)
+ * @param options `fsync` (default `true`) and `mode` (permission bits, set with `chmod`)
+ * @returns the open file
+ * @throws {Error} a write or flush error of the runtime (the file may be left partly written)
+ */
+export async function writeFilePinned(
+  path: string,
+  data: string | Uint8Array,
+  options: { fsync?: boolean; mode?: number } = {},
+): Promise<PinnedFile> {
+  const f = await fs();
+  const handle = await f.open(path, "w+", options.mode ?? 0o666);
+  try {
+    if (options.mode !== undefined) await f.chmod(path, options.mode);
+    await handle.writeFile(data);
+    if (options.fsync ?? true) await handle.sync();
+  } catch (error) {
+    await handle.close().catch(() => {});
+    throw error;
+  }
+  return pinned(handle);
+}
+
+/**
+ * Append `data` to `path` (created when missing, with `mode`) in one write
+ * call, and flush it when `fsync`.
+ *
+ * @param path the file
+ * @param data the bytes (a string is written as UTF-8)
+ * @param options `fsync` (default `true`) and `mode` of a new file (default `0o600`)
+ * @throws {Error} a write or flush error of the runtime
+ */
+export async function appendToFile(
+  path: string,
+  data: string | Uint8Array,
+  options: { fsync?: boolean; mode?: number } = {},
+): Promise<void> {
+  const f = await fs();
+  const handle = await f.open(path, "a", options.mode ?? 0o600);
+  try {
+    const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
+    let done = 0;
+    while (done < bytes.length) {
+      const { bytesWritten } = await handle.write(bytes, done, bytes.length - done);
+      done += bytesWritten;
+    }
+    if (options.fsync ?? true) await handle.sync();
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * Read the bytes `[start, end)` of `path` (fewer when the file is shorter).
+ *
+ * @param path the file
+ * @param start the first byte
+ * @param end the byte after the last
+ * @returns the bytes, or `null` when the file does not exist
+ * @throws {Error} any other read error
+ */
+export async function readFileRange(path: string, start: number, end: number): Promise<Uint8Array | null> {
+  let handle: Awaited<ReturnType<FsPromises["open"]>>;
+  try {
+    handle = await (await fs()).open(path, "r");
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return null;
+    throw error;
+  }
+  try {
+    const out = new Uint8Array(Math.max(0, end - start));
+    let done = 0;
+    while (done < out.length) {
+      const { bytesRead } = await handle.read(out, done, out.length - done, start + done);
+      if (bytesRead === 0) break;
+      done += bytesRead;
+    }
+    return done === out.length ? out : out.subarray(0, done);
+  } finally {
+    await handle.close();
+  }
+}
+
+/**
+ * Cut `path` to `length` bytes (`truncate(2)`), and flush it when `fsync`.
+ *
+ * @param path the file
+ * @param length the new size
+ * @param options `fsync` (default `true`)
+ * @returns `false` when the file does not exist
+ * @throws {Error} any other error
+ */
+export async function truncateFile(path: string, length: number, options: { fsync?: boolean } = {}): Promise<boolean> {
+  let handle: Awaited<ReturnType<FsPromises["open"]>>;
+  try {
+    handle = await (await fs()).open(path, "r+");
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return false;
+    throw error;
+  }
+  try {
+    await handle.truncate(length);
+    if (options.fsync ?? true) await handle.sync();
+  } finally {
+    await handle.close();
+  }
+  return true;
+}
