@@ -308,7 +308,7 @@ export class StaleLeaseError extends Error {
   readonly id: string;
   /** The token the caller held. */
   readonly token: number;
-  constructor(kind: "inbox" | "outbox", id: string, token: number) {
+  constructor(kind: "inbox" | "outbox" | "event", id: string, token: number) {
     super(`Stale lease on ${kind} record "${id}": fencing token ${token} is no longer current`);
     this.name = "StaleLeaseError";
     this.id = id;

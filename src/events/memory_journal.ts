@@ -491,7 +491,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     checkString(id, `events.complete: "id"`);
     checkFinite(token, `events.complete: "token"`);
     const slot = this.#held(id, token);
-    if (!slot) throw new StaleLeaseError("inbox", id, token);
+    if (!slot) throw new StaleLeaseError("event", id, token);
     this.#store({ ...slot.record, state: "done", lease: null, nextAttemptAt: null, updatedAt: this.#now() }, slot);
   }
 
@@ -507,7 +507,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     checkFinite(token, `events.fail: "token"`);
     checkOutcome(outcome, "events.fail");
     const slot = this.#held(id, token);
-    if (!slot) throw new StaleLeaseError("inbox", id, token);
+    if (!slot) throw new StaleLeaseError("event", id, token);
     this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);
   }
 

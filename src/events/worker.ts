@@ -326,7 +326,7 @@ export class EventWorker {
     const loseLease = (): void => {
       if (lost) return;
       lost = true;
-      controller.abort(new StaleLeaseError("inbox", event.id, token));
+      controller.abort(new StaleLeaseError("event", event.id, token));
       this.#emitter.emit("stale", { event, phase: "heartbeat" });
     };
     let beating = false;
