@@ -18,3 +18,4 @@ export { MemoryDurability } from "./backends/memory.ts";
 export * from "./src/testing/conformance.ts";
 export { runBotConformance, runCrashMatrix } from "./src/testing/conformance_bot.ts";
 export { runDurabilityConformance } from "./src/testing/run_conformance.ts";
+export { type EventJournalContractOptions, runEventJournalContract } from "./src/testing/event_journal_contract.ts";

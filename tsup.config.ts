@@ -6,6 +6,7 @@ export default defineConfig({
     testing: "testing.ts",
     "backends/file": "backends/file.ts",
     "backends/sqlite": "backends/sqlite.ts",
+    "backends/events": "backends/events.ts",
   },
   // Runtime drivers resolved at run time by src/runtime/, never bundled.
   external: ["bun:sqlite", "node:sqlite", "better-sqlite3"],

@@ -260,6 +260,13 @@ export function eventsDurability(options: EventsDurabilityOptions): DurabilityBa
   ) {
     throw new TypeError(`eventsDurability option "journal" must be a LeasedEventJournal, got ${show(journal)}`);
   }
+  if ((journal as { locked?: unknown }).locked === false) {
+    // Without the pid lock a second process could open the file and overwrite the bot's records.
+    throw new TypeError(
+      `eventsDurability option "journal": ${journal.name} was opened without a lock; ` +
+        `open it with { lock: true } to use it for the bot's durability`,
+    );
+  }
   const kv = options.outbox;
   if (kv !== undefined && (typeof kv !== "object" || kv === null || typeof kv.set !== "function" || typeof kv.list !== "function")) {
     throw new TypeError(`eventsDurability option "outbox" must be a DurableKv, got ${show(kv)}`);

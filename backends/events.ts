@@ -1,0 +1,55 @@
+/**
+ * `@botmesh/durable/events`: an events journal that keeps the bot's inbox
+ * among an app's own events. `FileEventJournal` (one process, pid lock),
+ * `SharedFileEventJournal` (processes of one host, inter-process mutex,
+ * optional append log), `MemoryEventJournal` (tests), `EventWorker` for the
+ * app's events, and `eventsDurability({ journal, outbox? })` for the bot.
+ *
+ * @example
+ * ```ts ignore
+ * import { Bot } from "@botmesh/durable";
+ * import { eventsDurability, FileEventJournal } from "@botmesh/durable/events";
+ *
+ * const journal = await FileEventJournal.open("./data/events.json", { lock: true });
+ * const bot = new Bot({ provider, durability: { backend: eventsDurability({ journal }), instanceId: "bot-1" } });
+ * await bot.start();
+ * // ...
+ * await bot.stop();
+ * await journal.close();
+ * ```
+ *
+ * @module
+ */
+export {
+  BOT_CHANNEL,
+  type EventClaimOptions,
+  type EventListOptions,
+  type EventRecord,
+  type EventState,
+  INBOUND_INTERACTION_EVENT,
+  INBOUND_MESSAGE_EVENT,
+  type LeasedEventJournal,
+  type NewEventRecord,
+} from "../src/events/types.ts";
+export {
+  type EventJournalChanges,
+  type EventJournalState,
+  MemoryEventJournal,
+  type MemoryEventJournalOptions,
+} from "../src/events/memory_journal.ts";
+export {
+  eventsDurability,
+  type EventsDurabilityOptions,
+  eventToInbound,
+  type InboundEventPayload,
+  inboundToEvent,
+} from "../src/events/durability.ts";
+export {
+  type EventContext,
+  type EventHandler,
+  EventWorker,
+  type EventWorkerEvents,
+  type EventWorkerOptions,
+} from "../src/events/worker.ts";
+export * from "./events/file_journal.ts";
+export * from "./events/shared_journal.ts";
