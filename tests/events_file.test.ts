@@ -3,6 +3,7 @@ import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, st
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { FileCorruptError, FileEventJournal, FileLockedError, simulateCrash } from "../backends/events/file_journal.ts";
+import { SharedFileEventJournal } from "../backends/events/shared_journal.ts";
 import { serializeEventSnapshot } from "../backends/events/snapshot.ts";
 import { FileMutex } from "../backends/file_support.ts";
 import { type ClaimOptions, type NewOutboxEntry, StaleLeaseError } from "../src/backend.ts";
@@ -490,6 +491,43 @@ describe("taking over a file of a SharedFileEventJournal", () => {
     })();
   }
 
+  test("with a real SharedFileEventJournal (appendLog): its log is taken over, and it goes on from the fresh snapshot", async () => {
+    const path = freshPath();
+    const shared = await SharedFileEventJournal.open(path, { appendLog: true });
+    for (const id of ["e1", "e2", "e3"]) await shared.append(ev(id));
+    await shared.append(ev("m1", BOT_CHANNEL), A);
+    const [claimed] = await shared.claimDue({ ...B, limit: 1 });
+    await shared.complete(claimed.id, claimed.lease!.token);
+    await shared.outbox.reserve(send("k1"));
+    await shared.outbox.reserve(send("k2"), A);
+    const events = await shared.list();
+    const outbox = await shared.outbox.list();
+    await shared.close();
+    expect(readFileSync(`${path}.log`, "utf8").trim().split("\n").length).toBeGreaterThanOrEqual(7);
+
+    const j = await openAt(path);
+    expect(j.stats.replayedLogEntries).toBeGreaterThanOrEqual(7);
+    expect(await j.list()).toEqual(events);
+    expect(await j.outbox.list()).toEqual(outbox);
+    expect(existsSync(`${path}.log`)).toBe(false);
+    // Both kinds on one file in one process: refused.
+    expect((await rejection(SharedFileEventJournal.open(path, { appendLog: true }))).message).toContain("already open");
+    await j.append(ev("e4"));
+    await j.close();
+
+    const again = await SharedFileEventJournal.open(path, { appendLog: true });
+    try {
+      expect((await again.list()).map((e) => e.id)).toEqual([...events.map((e) => e.id), "e4"]);
+      await again.append(ev("e5"));
+      await expect(again.complete("m1", 0)).rejects.toBeInstanceOf(StaleLeaseError);
+    } finally {
+      await again.close();
+    }
+    const k = await openAt(path);
+    expect((await k.list()).map((e) => e.id)).toEqual([...events.map((e) => e.id), "e4", "e5"]);
+    expect((await k.outbox.list()).map((e) => e.key)).toEqual(["k1", "k2"]);
+  });
+
   test("log entries past the snapshot's logSeq are replayed, a torn last line ignored; then a fresh snapshot, no log", async () => {
     const path = freshPath();
     // The snapshot holds entries 1..2 (e1 appended, then claimed).
@@ -548,6 +586,17 @@ describe("taking over a file of a SharedFileEventJournal", () => {
     const k = await openAt(path);
     expect(await k.list()).toEqual(events);
     expect(await k.outbox.list()).toEqual(outbox);
+  });
+
+  test("an entry not above the last one applied (a late write) is skipped; an unterminated last line is ignored even if whole", async () => {
+    const path = freshPath();
+    const lines = await changeLines([(m) => m.append(ev("a")), (m) => m.append(ev("b"))], 1);
+    const late = JSON.stringify({ seq: 2, events: [{ ...JSON.parse(lines[0]).events[0], id: "late" }], removedEvents: [], outbox: [], removedOutbox: [], outboxSeq: 0 });
+    const unterminated = (await changeLines([(m) => m.append(ev("x"))], 3))[0];
+    writeFileSync(`${path}.log`, [...lines, late].join("\n") + "\n" + unterminated);
+    const j = await openAt(path);
+    expect(j.stats.replayedLogEntries).toBe(2);
+    expect((await j.list()).map((e) => e.id)).toEqual(["a", "b"]);
   });
 
   test("a damaged line before the last: FileCorruptError naming the log and the byte offset; nothing is written", async () => {

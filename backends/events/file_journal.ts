@@ -481,7 +481,11 @@ export class FileEventJournal implements LeasedEventJournal {
     return this.#run("events.fail", (m) => m.fail(id, token, outcome));
   }
 
-  /** @returns a copy of record `id`, or `null` */
+  /**
+   * Record `id`.
+   *
+   * @returns a copy of it, or `null`
+   */
   get(id: string): Promise<EventRecord | null> {
     return this.#run("events.get", (m) => m.get(id));
   }
@@ -733,8 +737,8 @@ function isBlank(bytes: Uint8Array): boolean {
  * one JSON line per write, `{ seq, events, removedEvents, outbox,
  * removedOutbox, outboxSeq }` (a `takeChanges()` change set with its log
  * position). Entries with `seq <= logSeq` are in the snapshot already and
- * skipped; a torn last line (no newline, not parseable: a write cut short)
- * is ignored.
+ * skipped, and so is an entry not above the last one applied; a torn last
+ * line (no newline: a write cut short, never acknowledged) is ignored.
  *
  * @returns how many entries were applied
  * @throws {FileCorruptError} naming the log file and the byte offset of a damaged line
@@ -752,6 +756,8 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     const at = start;
     const chunk = bytes.subarray(start, end);
     start = end + 1;
+    // A torn last line (no newline: its write was cut short, never acknowledged) is ignored, as the shared journal trims it.
+    if (!terminated) break;
     if (isBlank(chunk)) continue;
     const bad = (offset: number, detail: string): never => {
       throw new FileCorruptError(logPath, offset, `line ${line}: ${detail}`, LABEL);
@@ -760,7 +766,6 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     try {
       doc = JSON.parse(fatalDecoder.decode(chunk));
     } catch {
-      if (!terminated) break; // a torn last line: a write cut short, never acknowledged
       const problem = findJsonSyntaxError(chunk);
       bad(at + (problem?.offset ?? 0), problem?.reason ?? "the JSON parser rejected it");
     }
@@ -770,8 +775,8 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     if (typeof seq !== "number" || !Number.isSafeInteger(seq) || seq < 1) {
       bad(at, `field "seq" must be a positive integer, got ${show(seq)}`);
     }
-    if ((seq as number) <= logSeq) continue; // already in the snapshot
-    if ((seq as number) <= last) bad(at, `field "seq" (${seq}) must be above the previous entry's (${last})`);
+    // Already in the snapshot, or not after the last entry applied (a late write): skipped, as the shared journal does.
+    if ((seq as number) <= last) continue;
     if (!Array.isArray(entry.outbox)) bad(at, `field "outbox" must be an array, got ${show(entry.outbox)}`);
     checkOutboxEntries(logPath, at, entry.outbox!, `line ${line}: `);
     try {
