@@ -1,0 +1,315 @@
+/**
+ * SharedFileEventJournal with real processes (tests/fixtures/shared_events_worker.ts, run with
+ * the bun binary): three workers on one file, a SIGKILLed and a SIGSTOPped mutex holder, a kill
+ * between a compaction's snapshot and its truncate, a torn log line, and a FileEventJournal on the
+ * same file (refused in both orders).
+ */
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type SharedFileEventJournalOptions, SharedFileEventJournal } from "../backends/events/shared_journal.ts";
+import { FileLockedError } from "../backends/file_support.ts";
+import type { EventRecord } from "../src/events/types.ts";
+
+const FIXTURE = join(import.meta.dir, "fixtures", "shared_events_worker.ts");
+const root = mkdtempSync(join(tmpdir(), "botmesh-shared-events-"));
+afterAll(() => rmSync(root, { recursive: true, force: true }));
+
+let counter = 0;
+function freshFile(): string {
+  const dir = join(root, `t${counter++}`);
+  mkdirSync(dir);
+  return join(dir, "events.json");
+}
+
+type Child = ReturnType<typeof Bun.spawn<"ignore", "pipe", "inherit">>;
+const children: Child[] = [];
+const journals: SharedFileEventJournal[] = [];
+afterEach(async () => {
+  for (const child of children.splice(0)) {
+    try {
+      child.kill("SIGCONT");
+      child.kill("SIGKILL");
+    } catch {
+      // already gone
+    }
+    await child.exited;
+  }
+  for (const journal of journals.splice(0)) await journal.close();
+});
+
+interface Worker {
+  child: Child;
+  next(prefix: string, timeoutMs?: number): Promise<string>;
+  all(): string[];
+}
+
+/** Starts the fixture; `next(prefix)` waits for its next stdout line starting with `prefix`. */
+function spawnWorker(mode: string, file: string, config: Record<string, unknown>): Worker {
+  const child = Bun.spawn([process.execPath, FIXTURE, mode, file, JSON.stringify(config)], {
+    stdin: "ignore",
+    stdout: "pipe",
+    stderr: "inherit",
+  });
+  children.push(child);
+  const seen: string[] = [];
+  const signal: { wake: (() => void) | null } = { wake: null };
+  void (async () => {
+    let buffered = "";
+    const decoder = new TextDecoder();
+    const reader = child.stdout.getReader();
+    for (;;) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      buffered += decoder.decode(value, { stream: true });
+      let at: number;
+      while ((at = buffered.indexOf("\n")) >= 0) {
+        seen.push(buffered.slice(0, at));
+        buffered = buffered.slice(at + 1);
+      }
+      signal.wake?.();
+    }
+    signal.wake?.();
+  })().catch(() => {});
+  let read = 0;
+  return {
+    child,
+    async next(prefix, timeoutMs = 10_000) {
+      const until = Date.now() + timeoutMs;
+      for (;;) {
+        while (read < seen.length) {
+          const line = seen[read++];
+          if (line.startsWith(prefix)) return line;
+        }
+        if (Date.now() > until) {
+          throw new Error(`${mode}: no line "${prefix}…" within ${timeoutMs} ms (got ${JSON.stringify(seen.slice(-20))})`);
+        }
+        await new Promise<void>((r) => {
+          signal.wake = r;
+          setTimeout(r, 20);
+        });
+      }
+    },
+    all: () => [...seen],
+  };
+}
+
+async function openJournal(file: string, options: SharedFileEventJournalOptions): Promise<SharedFileEventJournal> {
+  const journal = await SharedFileEventJournal.open(file, options);
+  journals.push(journal);
+  return journal;
+}
+
+async function appendJobs(journal: SharedFileEventJournal, from: number, to: number): Promise<void> {
+  for (let i = from; i < to; i++) await journal.append({ id: `job-${i}`, eventType: "job", payload: { i } });
+}
+
+/**
+ * Checks the workers' reports against the file: each job done exactly once, no two holders of one
+ * event at once, claim tokens unique and increasing per event across processes, stale completions
+ * refused, and the file's fence of each job equal to its number of claims.
+ */
+async function checkCounts(file: string, options: SharedFileEventJournalOptions, workers: Worker[], total: number) {
+  const lines = workers.flatMap((w) => w.all());
+  expect(lines.filter((l) => l.startsWith("OVERLAP")), "two processes held one event at once").toEqual([]);
+  expect(lines.filter((l) => l.startsWith("STALE-ACCEPTED") || l.startsWith("ERROR"))).toEqual([]);
+  const done = lines.filter((l) => l.startsWith("DONE ")).map((l) => l.split(" ")[1]);
+  expect(done.length, "sum of completions").toBe(total);
+  expect(new Set(done).size, "each event done once").toBe(total);
+  const tokens = new Map<string, number[]>();
+  for (const w of workers) {
+    for (const line of w.all()) {
+      if (!line.startsWith("CLAIM ")) continue;
+      const [, id, token] = line.split(" ");
+      tokens.set(id, [...(tokens.get(id) ?? []), Number(token)]);
+    }
+  }
+  const check = await SharedFileEventJournal.open(file, options);
+  try {
+    const all = await check.list({ limit: 10_000 });
+    const jobs = all.filter((e) => e.eventType === "job");
+    expect(jobs.length).toBe(total);
+    expect(jobs.every((e) => e.state === "done"), "every job done").toBe(true);
+    expect(all.filter((e) => e.id.startsWith("zombie-")), "a late write was merged").toEqual([]);
+    for (const event of jobs) {
+      const seen = (tokens.get(event.id) ?? []).sort((a, b) => a - b);
+      // One claim per token across all processes: tokens 1..fence, each issued once.
+      expect(seen, `tokens of ${event.id}`).toEqual(Array.from({ length: event.fence }, (_, i) => i + 1));
+      expect(event.attempts).toBe(event.fence);
+    }
+    return all;
+  } finally {
+    await check.close();
+  }
+}
+
+const MODES: { name: string; options: SharedFileEventJournalOptions }[] = [
+  { name: "snapshot rewrite", options: {} },
+  { name: "appendLog", options: { appendLog: { compactEvery: 25 } } },
+];
+
+for (const { name, options } of MODES) {
+  const config = { appendLog: options.appendLog ?? false };
+
+  describe(`SharedFileEventJournal across processes (${name})`, () => {
+    test("three workers claim from one stream: exclusive claims, fencing across processes, counts add up", async () => {
+      const file = freshFile();
+      const TOTAL = 90;
+      const journal = await openJournal(file, options);
+      await appendJobs(journal, 0, 30);
+      const workers = [1, 2, 3].map((n) => spawnWorker("work", file, { ...config, total: TOTAL, name: `w${n}` }));
+      for (let i = 30; i < TOTAL; i += 10) {
+        await Bun.sleep(30);
+        await appendJobs(journal, i, i + 10); // the stream goes on while the workers claim
+      }
+      for (const w of workers) await w.next("EXIT", 14_000);
+      await journal.close();
+      const all = await checkCounts(file, options, workers, TOTAL);
+      // Each worker did part of the work.
+      for (const w of workers) expect(w.all().some((l) => l.startsWith("DONE"))).toBe(true);
+      expect(all.length).toBe(TOTAL);
+    }, 20_000);
+
+    test("SIGKILL of the mutex holder: its mutex is broken at once and the others go on", async () => {
+      const file = freshFile();
+      const TOTAL = 40;
+      const journal = await openJournal(file, options); // staleLockMs 30 s: only the dead pid can explain a quick break
+      await appendJobs(journal, 0, TOTAL);
+      const holder = spawnWorker("pause-commit", file, { ...config, total: TOTAL, pauseAfter: 3, go: `${file}.go`, name: "a" });
+      await holder.next("PAUSED");
+      const others = [2, 3].map((n) => spawnWorker("work", file, { ...config, total: TOTAL, name: `w${n}` }));
+      await Bun.sleep(100);
+      expect(existsSync(`${file}.mutex`), "the paused process holds the mutex").toBe(true);
+      holder.child.kill("SIGKILL");
+      await holder.child.exited;
+      const killedAt = Date.now();
+      expect(await journal.get("job-0")).not.toBeNull(); // waits for the mutex: broken at once, not after 30 s
+      expect(Date.now() - killedAt).toBeLessThan(5_000);
+      for (const w of others) await w.next("EXIT", 14_000);
+      await journal.close();
+      await checkCounts(file, options, [holder, ...others], TOTAL);
+    }, 20_000);
+
+    test("SIGSTOP of the mutex holder: broken after staleLockMs; after SIGCONT its late write is refused, not merged", async () => {
+      const file = freshFile();
+      const TOTAL = 30;
+      const stale = { ...config, staleLockMs: 800 };
+      const journal = await openJournal(file, { ...options, staleLockMs: 800 });
+      await appendJobs(journal, 0, TOTAL);
+      await journal.close();
+      const go = `${file}.go`;
+      const holder = spawnWorker("pause-commit", file, { ...stale, total: TOTAL, pauseAfter: 2, go, name: "a" });
+      await holder.next("PAUSED");
+      holder.child.kill("SIGSTOP");
+      const stoppedAt = Date.now();
+      const others = [2, 3].map((n) => spawnWorker("work", file, { ...stale, total: TOTAL, name: `w${n}` }));
+      const first = await others[0].next("DONE", 14_000);
+      expect(first).toBeTruthy();
+      expect(Date.now() - stoppedAt, "the stopped holder's mutex is broken only once stale").toBeGreaterThanOrEqual(700);
+      for (const w of others) await w.next("EXIT", 14_000);
+      writeFileSync(go, "");
+      holder.child.kill("SIGCONT");
+      expect(await holder.next("LOST", 10_000)).toBe("LOST FileMutexLostError");
+      await holder.child.exited;
+      expect(holder.all()).not.toContain("COMMITTED");
+      await checkCounts(file, options, [holder, ...others], TOTAL);
+    }, 20_000);
+  });
+}
+
+describe("SharedFileEventJournal appendLog: crashes", () => {
+  const options: SharedFileEventJournalOptions = { appendLog: { compactEvery: 10 } };
+  const ids = (events: EventRecord[]) => events.map((e) => `${e.id}:${e.state}`);
+
+  test("SIGKILL between a compaction's snapshot and the log's truncate: reopen loses nothing", async () => {
+    const file = freshFile();
+    const w = spawnWorker("pause-compaction", file, { appendLog: { compactEvery: 10 }, count: 50 });
+    await w.next("COMPACTING");
+    w.child.kill("SIGKILL");
+    await w.child.exited;
+    const snapshot = JSON.parse(readFileSync(file, "utf8")) as { logSeq: number; events: EventRecord[] };
+    expect(snapshot.logSeq).toBe(10);
+    expect(statSync(`${file}.log`).size, "the log was not truncated").toBeGreaterThan(0);
+    const appended = w.all().filter((l) => l.startsWith("APPENDED ")).map((l) => l.split(" ")[1]);
+    const completed = w.all().filter((l) => l.startsWith("COMPLETED ")).map((l) => l.split(" ")[1]);
+    expect(appended.length).toBeGreaterThan(3);
+
+    const journal = await openJournal(file, options);
+    const events = await journal.list({ limit: 1000 });
+    for (const id of appended) expect(events.some((e) => e.id === id), id).toBe(true);
+    for (const id of completed) expect((await journal.get(id))?.state, id).toBe("done");
+    expect(events.map((e) => e.id)).toEqual(snapshot.events.map((e) => e.id)); // replay skipped what the snapshot holds
+    // It goes on: more writes (and compactions) after the crash, seen the same by a fresh open of either mode.
+    await appendJobs(journal, 100, 125);
+    const after = ids(await journal.list({ limit: 1000 }));
+    await journal.close();
+    for (const mode of [options, {}]) {
+      const again = await openJournal(file, mode);
+      expect(ids(await again.list({ limit: 1000 }))).toEqual(after);
+      await again.close();
+    }
+  }, 20_000);
+
+  test("a writer killed mid-line: the torn line is trimmed, nothing acknowledged is lost, later lines are intact", async () => {
+    const file = freshFile();
+    const w = spawnWorker("torn", file, { appendLog: { compactEvery: 1000 }, tornAt: 7 });
+    await w.next("TORN");
+    await w.child.exited;
+    const log = readFileSync(`${file}.log`);
+    expect(log[log.length - 1], "the log ends mid-line").not.toBe(10);
+    const appended = w.all().filter((l) => l.startsWith("APPENDED ")).map((l) => l.split(" ")[1]);
+    expect(appended.length).toBeGreaterThan(3);
+
+    const journal = await openJournal(file, options); // the dead writer's mutex is broken at once
+    const trimmed = readFileSync(`${file}.log`);
+    expect(trimmed[trimmed.length - 1]).toBe(10);
+    expect(trimmed.length).toBeLessThan(log.length);
+    for (const id of appended) expect(await journal.get(id), id).not.toBeNull();
+    await journal.append({ id: "after-the-tear", eventType: "job", payload: null });
+    const after = ids(await journal.list({ limit: 1000 }));
+    await journal.close();
+    const again = await openJournal(file, options);
+    expect(ids(await again.list({ limit: 1000 }))).toEqual(after);
+    expect(await again.get("after-the-tear")).not.toBeNull();
+  }, 20_000);
+});
+
+describe("SharedFileEventJournal and a FileEventJournal on one file", () => {
+  for (const { name, options } of MODES) {
+    test(`a live FileEventJournal first: the shared open is refused (${name})`, async () => {
+      const file = freshFile();
+      const go = `${file}.go`;
+      const w = spawnWorker("file-journal", file, { go });
+      await w.next("OPEN");
+      const error = await SharedFileEventJournal.open(file, options).then(() => null, (e: unknown) => e);
+      expect(error).toBeInstanceOf(FileLockedError);
+      expect((error as Error).message).toContain(`pid ${w.child.pid}`);
+      writeFileSync(go, "");
+      await w.next("CLOSED");
+      await w.child.exited;
+      const journal = await openJournal(file, options);
+      expect((await journal.get("from-file-journal"))?.state).toBe("pending");
+    }, 20_000);
+
+    test(`a FileEventJournal opened later: each shared operation is refused, no record lost (${name})`, async () => {
+      const file = freshFile();
+      const journal = await openJournal(file, options);
+      await appendJobs(journal, 0, 3);
+      const go = `${file}.go`;
+      const w = spawnWorker("file-journal", file, { go });
+      await w.next("OPEN");
+      for (const op of [() => journal.append({ id: "refused", eventType: "job", payload: null }), () => journal.list()]) {
+        const error = await op().then(() => null, (e: unknown) => e);
+        expect(error).toBeInstanceOf(FileLockedError);
+      }
+      writeFileSync(go, "");
+      await w.next("CLOSED");
+      await w.child.exited;
+      const ids = (await journal.list()).map((e) => e.id).sort();
+      expect(ids).toEqual(["from-file-journal", "job-0", "job-1", "job-2"]);
+      await journal.append({ id: "later", eventType: "job", payload: null });
+      expect(await journal.get("later")).not.toBeNull();
+    }, 20_000);
+  }
+});
