@@ -179,6 +179,14 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  * and releases the lock and the registration; later operations reject with
  * an error naming the file.
  *
+ * `open(path, { lock: false })` skips the pid lock (`locked` is `false`):
+ * not durable against a second writer, which would overwrite this journal's
+ * rewrites (and `eventsDurability` refuses such a journal); the file is
+ * still registered in this process.
+ *
+ * On Deno: `--allow-read --allow-write --allow-run --allow-sys` (`--allow-run`
+ * to check a lock holder's pid, `--allow-sys` for the hostname in the lock).
+ *
  * @example Usage
  * ```ts
  * import { FileEventJournal } from "./file_journal.ts";
