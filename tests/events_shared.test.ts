@@ -313,3 +313,68 @@ describe("SharedFileEventJournal and a FileEventJournal on one file", () => {
     }, 20_000);
   }
 });
+
+describe("SharedFileEventJournal in one process", () => {
+  test("close() lets operations already called finish and rejects later ones", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, {});
+    const called = [0, 1, 2, 3, 4].map((i) => journal.append({ id: `c${i}`, eventType: "job", payload: i }));
+    const closing = journal.close();
+    const late = await journal.get("c0").then(() => null, (e: unknown) => e as Error);
+    expect(late?.message).toContain("closed");
+    expect((await Promise.all(called)).map((r) => r?.id)).toEqual(["c0", "c1", "c2", "c3", "c4"]);
+    await closing;
+    await journal.close(); // again: nothing
+    const again = await openJournal(file, {});
+    expect((await again.list()).length).toBe(5);
+    expect((await again.outbox.list()).length).toBe(0);
+  });
+
+  test("appendLog: a write appends one line and leaves the snapshot alone", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: { compactEvery: 3 } });
+    await journal.append({ id: "a", eventType: "job", payload: null }); // seq 1
+    await journal.append({ id: "b", eventType: "job", payload: null }); // seq 2
+    const before = existsSync(file) ? statSync(file).ino : null;
+    const lines = readFileSync(`${file}.log`, "utf8").split("\n");
+    expect(lines.length).toBe(3);
+    expect(JSON.parse(lines[1]).seq).toBe(2);
+    expect(JSON.parse(lines[1]).events.map((e: EventRecord) => e.id)).toEqual(["b"]);
+    await journal.append({ id: "c", eventType: "job", payload: null }); // seq 3: compaction
+    expect(statSync(`${file}.log`).size).toBe(0);
+    expect(statSync(file).ino).not.toBe(before);
+    expect(JSON.parse(readFileSync(file, "utf8")).logSeq).toBe(3);
+    await journal.append({ id: "d", eventType: "job", payload: null });
+    expect(JSON.parse(readFileSync(`${file}.log`, "utf8")).seq).toBe(4);
+  });
+
+  test("a damaged log line: FileCorruptError naming the log and the offset", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true });
+    await journal.append({ id: "a", eventType: "job", payload: null });
+    await journal.close();
+    const size = statSync(`${file}.log`).size;
+    writeFileSync(`${file}.log`, "{not json}\n", { flag: "a" });
+    const error = await SharedFileEventJournal.open(file, { appendLog: true }).then(() => null, (e: unknown) => e as Error);
+    expect(error?.name).toBe("FileCorruptError");
+    expect(error?.message).toContain(`${file}.log`);
+    expect(error?.message).toContain(`byte ${size + 1}`);
+  });
+
+  test("option errors name the option", async () => {
+    const file = freshFile();
+    const cases: [SharedFileEventJournalOptions, string][] = [
+      [{ appendLog: { compactEvery: 0 } }, "compactEvery"],
+      [{ appendLog: { compactBytes: -1 } }, "compactBytes"],
+      [{ appendLog: "yes" as never }, "appendLog"],
+      [{ fsync: 1 as never }, "fsync"],
+      [{ staleLockMs: 10 }, "staleLockMs"],
+      [{ heartbeatMs: 40_000 }, "heartbeatMs"],
+      [{ clock: 5 as never }, "clock"],
+    ];
+    for (const [options, field] of cases) {
+      const error = await SharedFileEventJournal.open(file, options).then(() => null, (e: unknown) => e as Error);
+      expect(error?.message, field).toContain(field);
+    }
+  });
+});
