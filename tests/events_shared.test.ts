@@ -218,6 +218,18 @@ for (const { name, options } of MODES) {
   });
 }
 
+test("processes in different modes share one file (rewrite, appendLog, appendLog compacting every 5)", async () => {
+  const file = freshFile();
+  const TOTAL = 60;
+  const journal = await openJournal(file, {});
+  await appendJobs(journal, 0, TOTAL);
+  await journal.close();
+  const modes = [false, true, { compactEvery: 5 }];
+  const workers = modes.map((appendLog, n) => spawnWorker("work", file, { appendLog, total: TOTAL, name: `m${n}` }));
+  for (const w of workers) await w.next("EXIT", 14_000);
+  for (const options of [{}, { appendLog: true }]) await checkCounts(file, options, workers, TOTAL);
+}, 20_000);
+
 describe("SharedFileEventJournal appendLog: crashes", () => {
   const options: SharedFileEventJournalOptions = { appendLog: { compactEvery: 10 } };
   const ids = (events: EventRecord[]) => events.map((e) => `${e.id}:${e.state}`);
