@@ -653,18 +653,7 @@ export async function readJsonSnapshot(
   return { value: parseJsonBytes(file, bytes, label), bytes };
 }
 
-/**
- * Describe a JSON value's kind for a structure error: `null`, `an array`,
- * `an object`, or its type and value (`number 3`).
- *
- * @param value a parsed JSON value
- * @returns the description
- */
-export function describeJsonKind(value: unknown): string {
-  if (value === null) return "null";
-  if (Array.isArray(value)) return "an array";
-  return typeof value === "object" ? "an object" : `${typeof value} ${show(value)}`;
-}
+export { describeJsonKind } from "../src/stored_records.ts";
 
 // ---------------------------------------------------------------------------
 // The inter-process mutex `<file>.mutex`

@@ -23,6 +23,7 @@
  *
  * @module
  */
+import { storedOutboxProblem } from "../../src/stored_records.ts";
 import { StaleLeaseError } from "../../src/backend.ts";
 import type {
   ClaimDueOptions,
@@ -383,7 +384,6 @@ export class FileEventJournal implements LeasedEventJournal {
       mem = new MemoryEventJournal(this.#memOptions);
     } else {
       ({ journal: mem, logSeq } = parseEventSnapshot(file, bytes, LABEL, this.#memOptions));
-      checkOutboxEntries(file, null, mem.exportState().outbox, "");
     }
     const log = await step(file, `cannot read ${logPath}`, () => readFileBytes(logPath));
     const replayed = log === null ? 0 : replayLog(logPath, log, mem, logSeq);
@@ -801,73 +801,10 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
 // ---------------------------------------------------------------------------
 // Checking outbox entries read from a file (events are checked by MemoryEventJournal)
 
-type FieldCheck = (value: unknown) => string | null;
-
-const str: FieldCheck = (v) => typeof v === "string" ? null : "a string";
-const strOrNull: FieldCheck = (v) => v === null || typeof v === "string" ? null : "a string or null";
-const time: FieldCheck = (v) => typeof v === "number" && Number.isFinite(v) ? null : "a finite number";
-const timeOrNull: FieldCheck = (v) => v === null || (typeof v === "number" && Number.isFinite(v)) ? null : "a finite number or null";
-const count: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) >= 0 ? null : "a non-negative integer";
-const positive: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0 ? null : "a positive integer";
-const json: FieldCheck = (v) => v === undefined ? "a JSON value" : null;
-const outboxState: FieldCheck = (v) =>
-  typeof v === "string" && ["queued", "sending", "sent", "failed", "dead", "unknown"].includes(v)
-    ? null
-    : "one of queued, sending, sent, failed, dead, unknown";
-const lease: FieldCheck = (v) => {
-  if (v === null) return null;
-  if (typeof v !== "object" || Array.isArray(v)) return "null or a lease object";
-  const l = v as Record<string, unknown>;
-  for (const [name, check] of [["owner", str], ["incarnation", str], ["token", positive], ["expiresAt", time]] as const) {
-    if (check(l[name]) !== null) return `a lease whose "${name}" is ${check(l[name])} (got ${show(l[name])})`;
-  }
-  return null;
-};
-
-const OUTBOX_FIELDS: readonly (readonly [string, FieldCheck])[] = [
-  ["key", str],
-  ["chatId", str],
-  ["content", json],
-  ["contentHash", str],
-  ["inboundId", strOrNull],
-  ["state", outboxState],
-  ["attempts", count],
-  ["nextAttemptAt", timeOrNull],
-  ["lease", lease],
-  ["fence", count],
-  ["messageId", strOrNull],
-  ["error", strOrNull],
-  ["seq", positive],
-  ["createdAt", time],
-  ["updatedAt", time],
-];
-
-/** What is wrong with a stored outbox entry, or `null`. */
-function outboxProblem(value: unknown): string | null {
-  if (typeof value !== "object" || value === null || Array.isArray(value)) return "an outbox entry must be an object";
-  const record = value as Record<string, unknown>;
-  for (const [name, check] of OUTBOX_FIELDS) {
-    const expected = check(record[name]);
-    if (expected !== null) {
-      return name in record
-        ? `field "${name}" must be ${expected}, got ${show(record[name])}`
-        : `field "${name}" is missing (must be ${expected})`;
-    }
-  }
-  const e = value as OutboxEntry;
-  if ((e.state === "sending") !== (e.lease !== null)) {
-    return e.lease === null
-      ? `field "lease" must be a lease object in state "sending", got null`
-      : `field "lease" must be null in state ${JSON.stringify(e.state)}`;
-  }
-  if (e.lease !== null && e.lease.token > e.fence) return `field "fence" (${e.fence}) is below the lease token ${e.lease.token}`;
-  return null;
-}
-
 /** @throws {FileCorruptError} naming the first bad outbox entry and field */
 function checkOutboxEntries(file: string, offset: number | null, entries: readonly unknown[], prefix: string): void {
   for (let i = 0; i < entries.length; i++) {
-    const problem = outboxProblem(entries[i]);
+    const problem = storedOutboxProblem(entries[i]);
     if (problem === null) continue;
     const key = (entries[i] as { key?: unknown } | null)?.key;
     const label = `outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}`;

@@ -8,6 +8,7 @@
  */
 import { MemoryEventJournal, type MemoryEventJournalOptions } from "../../src/events/memory_journal.ts";
 import { FileCorruptError, parseJsonBytes } from "../file_support.ts";
+import { storedOutboxProblem } from "../../src/stored_records.ts";
 
 /** The `format` marker of an events journal file. */
 export const EVENTS_FORMAT = "@botmesh/durable/events";
@@ -69,6 +70,14 @@ export function parseEventSnapshot(
   const logSeq = doc!.logSeq;
   if (typeof logSeq !== "number" || !Number.isInteger(logSeq) || logSeq < 0) {
     bad(`field "logSeq" must be a non-negative integer, got ${JSON.stringify(logSeq)}`);
+  }
+  if (Array.isArray(doc!.outbox)) {
+    (doc!.outbox as unknown[]).forEach((entry, i) => {
+      const problem = storedOutboxProblem(entry);
+      if (problem === null) return;
+      const key = (entry as { key?: unknown } | null)?.key;
+      bad(`outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}: ${problem}`);
+    });
   }
   const journal = new MemoryEventJournal(options);
   try {
