@@ -17,6 +17,13 @@ import type { DurabilityBackend } from "../../src/backend.ts";
 import { MemoryDurability } from "../../backends/memory.ts";
 import { FileDurability, simulateCrash } from "../../backends/file.ts";
 import { SQLiteDurability } from "../../backends/sqlite.ts";
+import {
+  eventsDurability,
+  FileEventJournal,
+  type LeasedEventJournal,
+  SharedFileEventJournal,
+} from "../../backends/events.ts";
+import { simulateCrash as simulateJournalCrash } from "../../backends/events/file_journal.ts";
 import { runDurabilityConformance } from "../../testing.ts";
 import type { BackendConformanceOptions } from "../../src/testing/conformance.ts";
 import { createHarness } from "./harness.ts";
@@ -74,6 +81,38 @@ const setups: Record<string, () => Setup> = {
     };
   },
 };
+
+/** eventsDurability over a journal opened on a fresh file; `reopen` lets the old journal go and opens the file again. */
+function eventsSetup(name: string, open: (path: string) => Promise<LeasedEventJournal>, letGo: (j: LeasedEventJournal) => Promise<void>): Setup {
+  const journals = new WeakMap<DurabilityBackend, LeasedEventJournal>();
+  const over = async (path: string, dir: string) => {
+    const journal = await open(path);
+    const b = eventsDurability({ journal });
+    journals.set(b, journal);
+    dirs.set(b, dir);
+    paths.set(b, path);
+    return b;
+  };
+  return {
+    name,
+    create: () => {
+      const dir = tempDir();
+      return over(join(dir, "events.json"), dir);
+    },
+    reopen: async (old) => {
+      await letGo(journals.get(old)!);
+      return over(paths.get(old)!, dirs.get(old)!);
+    },
+    cleanup: async (b) => {
+      await journals.get(b)?.close().catch(() => {});
+      rmSync(dirs.get(b)!, { recursive: true, force: true });
+    },
+  };
+}
+setups["events-file"] = () =>
+  eventsSetup("events (FileEventJournal)", (p) => FileEventJournal.open(p, { lock: true }), (j) => simulateJournalCrash(j as FileEventJournal));
+setups["events-shared"] = () =>
+  eventsSetup("events (SharedFileEventJournal, appendLog)", (p) => SharedFileEventJournal.open(p, { appendLog: { compactEvery: 7 } }), (j) => j.close());
 
 const runtime = "Deno" in globalThis ? "deno" : "Bun" in globalThis ? "bun" : `node ${process.version}`;
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith("-"));
