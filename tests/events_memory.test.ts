@@ -349,7 +349,12 @@ describe("eventsDurability", () => {
     expect(event.payload).toEqual({ chatId: "c1", provider: "test", message: { text: "hi" } });
     expect((await backend.inbox.list()).map((x) => x.id)).toEqual(["m1"]);
     expect(await backend.inbox.get("app1")).toBe(null);
-    expect(await backend.inbox.admit({ id: "app1", kind: "message", chatId: "c", provider: "p", payload: null, receivedAt: 1 }))
+    // An inbound id taken by an app event is refused loudly, not swallowed as a duplicate.
+    await expect(backend.inbox.admit({ id: "app1", kind: "message", chatId: "c", provider: "p", payload: null, receivedAt: 1 }))
+      .rejects.toThrow(/already holds an app event with that id/);
+    expect((await journal.get("app1"))?.eventType, "the app's event is untouched").toBe("order.paid");
+    // A redelivery of the bot's own message is still a duplicate.
+    expect(await backend.inbox.admit({ id: "m1", kind: "interaction", chatId: "c1", provider: "test", payload: null, receivedAt: 1 }))
       .toBe(null);
     expect(await backend.inbox.replay("app1")).toBe(false);
     // The bot's sweep claims its own records; a foreign event in its channel is made dead, not handed to the bot.

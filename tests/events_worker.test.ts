@@ -46,6 +46,31 @@ describe("EventWorker", () => {
     expect((await journal.get("m1"))?.attempts).toBe(0);
   });
 
+  test("start() during stop() takes effect once the stop is done", async () => {
+    const journal = new MemoryEventJournal();
+    let release!: () => void;
+    const gate = new Promise<void>((r) => release = r);
+    const seen: string[] = [];
+    const w = worker(journal, {
+      handler: async (event) => {
+        seen.push(event.id);
+        if (event.id === "slow") await gate;
+      },
+    });
+    await journal.append({ id: "slow", eventType: "x", payload: null });
+    w.start();
+    await until(() => seen.includes("slow"));
+    const stopping = w.stop();
+    w.start(); // while the stop waits for the slow handler
+    release();
+    await stopping;
+    expect(w.running, "running again after the stop").toBe(true);
+    await journal.append({ id: "after", eventType: "x", payload: null });
+    await until(async () => (await journal.get("after"))?.state === "done");
+    await w.stop();
+    expect(w.running).toBe(false);
+  });
+
   test("a worker of a channel handles that channel only, oldest createdAt first", async () => {
     const journal = new MemoryEventJournal();
     await journal.append({ id: "late", channel: "billing", eventType: "x", payload: null, createdAt: 20 });

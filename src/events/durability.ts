@@ -152,7 +152,17 @@ class EventsInbox implements InboxJournal {
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const input = checkNewInbound(record);
     const event = await this.#journal.append(inboundToEvent(input), lease);
-    return event ? eventToInbound(event) : null;
+    if (event) return eventToInbound(event);
+    // A redelivery is a duplicate; an app event that has the message's id is not, and must not swallow it.
+    const existing = await this.#journal.get(input.id);
+    if (existing !== null && existing.channel !== BOT_CHANNEL) {
+      throw new Error(
+        `Inbound ${input.kind} ${JSON.stringify(input.id)} cannot be journaled: ${this.#journal.name} already holds ` +
+          `an app event with that id (channel ${JSON.stringify(existing.channel)}, eventType ` +
+          `${JSON.stringify(existing.eventType)}); give the app's events ids of their own`,
+      );
+    }
+    return null;
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
@@ -224,8 +234,9 @@ class EventsInbox implements InboxJournal {
  * {@link InboundEventPayload}; the bot claims in that channel only, so a
  * `journal.replay(id)` of one of them is picked up by the bot's next sweep,
  * and an `EventWorker` (which never claims that channel) never takes them.
- * The inbox's `list`/`get` see only the bot's records; an event id already
- * used by an app event makes `admit` return `null`, as a duplicate does.
+ * The inbox's `list`/`get` see only the bot's records. An inbound id already
+ * used by an app event makes `admit` throw (the bot then fails closed and the
+ * channel redelivers), rather than take the message for a duplicate.
  *
  * The outbox is the journal's sidecar (`journal.outbox`), or the outbox of
  * `kvDurability(options.outbox)` when a {@link DurableKv} is given.

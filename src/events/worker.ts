@@ -131,6 +131,8 @@ export class EventWorker {
   readonly #running = new Map<string, Promise<void>>();
   #loop: Promise<void> | null = null;
   #stopping = false;
+  /** `start()` was called while `stop()` was under way. */
+  #startAfterStop = false;
   #incarnation = "";
   #wake: (() => void) | null = null;
   /** Bumped by every `idle()` call; a claim remembers the value it started at. */
@@ -221,13 +223,22 @@ export class EventWorker {
 
   /** Starts claiming (a no-op when already running). A new incarnation takes back its previous run's leases at once. */
   start(): void {
+    if (this.#stopping) {
+      this.#startAfterStop = true; // stop() is under way: start again once it is done
+      return;
+    }
     if (this.#loop !== null) return;
     this.#stopping = false;
     this.#incarnation = crypto.randomUUID();
     this.#loop = this.#run();
   }
 
-  /** Stops claiming and waits for the running handlers to finish (and their outcomes to be written). */
+  /**
+   * Stops claiming and waits for the running handlers to finish (and their
+   * outcomes to be written). Handlers are not interrupted: their `signal`
+   * aborts only when their lease is lost. A `start()` called meanwhile takes
+   * effect once the stop is done.
+   */
   async stop(): Promise<void> {
     const loop = this.#loop;
     if (loop === null) {
@@ -241,6 +252,10 @@ export class EventWorker {
     this.#loop = null;
     this.#stopping = false;
     this.#settleIdle();
+    if (this.#startAfterStop) {
+      this.#startAfterStop = false;
+      this.start();
+    }
   }
 
   /**
