@@ -1026,6 +1026,14 @@ class HeldMutex implements FileMutexHandle {
     this.#released = true;
     this.#stop();
     try {
+      // Known lost, or someone else's now: nothing of ours to remove. Never moved aside: renaming another
+      // holder's live mutex away, even for a moment, would let a third process take it meanwhile.
+      if (this.#lost) return false;
+      const current = await readFileBytes(this.mutexPath);
+      if (current === null || parseLockHolder(decoder.decode(current))?.nonce !== this.nonce) {
+        this.#lost = true;
+        return false;
+      }
       // Moved to a name of our own first, then checked: someone else's mutex is put back, never deleted.
       const aside = `${this.mutexPath}.${this.nonce}.release`;
       if (!(await renameFile(this.mutexPath, aside))) return false;

@@ -227,6 +227,32 @@ describe("FileMutex in one process", () => {
     expect(readdirNames(file)).toEqual(["journal.json.mutex"]); // nothing left aside
   });
 
+  test("release of a mutex taken over never moves the new holder's mutex aside (not even for a moment)", async () => {
+    const file = freshFile();
+    const other = JSON.stringify({ pid: process.pid + 1, hostname: hostname(), nonce: "someone-else" });
+    // Not yet known lost: release reads the file and leaves it in place (a rename aside and back changes its ctime).
+    const held = await new FileMutex(file).acquire();
+    writeFileSync(`${file}.mutex`, other);
+    const before = statSync(`${file}.mutex`, { bigint: true });
+    await Bun.sleep(20);
+    expect(await held.release()).toBe(false);
+    const after = statSync(`${file}.mutex`, { bigint: true });
+    expect([after.ino, after.ctimeNs, after.nlink]).toEqual([before.ino, before.ctimeNs, before.nlink]);
+    expect(held.lost).toBe(true);
+    rmSync(`${file}.mutex`);
+    // Known lost (the heartbeat saw it): release does not even look.
+    const lost = await new FileMutex(file, { staleLockMs: 300 }).acquire();
+    writeFileSync(`${file}.mutex`, other);
+    await Bun.sleep(250);
+    expect(lost.lost).toBe(true);
+    const seen = statSync(`${file}.mutex`, { bigint: true });
+    await Bun.sleep(20);
+    expect(await lost.release()).toBe(false);
+    expect(statSync(`${file}.mutex`, { bigint: true }).ctimeNs).toBe(seen.ctimeNs);
+    expect(readFileSync(`${file}.mutex`, "utf8")).toBe(other);
+    expect(readdirNames(file)).toEqual(["journal.json.mutex"]);
+  });
+
   test("a holder's heartbeat flags a lost mutex", async () => {
     const file = freshFile();
     const held = await new FileMutex(file, { staleLockMs: 300 }).acquire();
