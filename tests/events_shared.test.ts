@@ -8,7 +8,11 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { type SharedFileEventJournalOptions, SharedFileEventJournal } from "../backends/events/shared_journal.ts";
+import {
+  type SharedFileEventJournalOptions,
+  SharedFileEventJournal,
+  sharedJournalTestHooks,
+} from "../backends/events/shared_journal.ts";
 import { FileLockedError } from "../backends/file_support.ts";
 import type { EventRecord } from "../src/events/types.ts";
 
@@ -284,6 +288,97 @@ describe("SharedFileEventJournal appendLog: crashes", () => {
     const again = await openJournal(file, options);
     expect(ids(await again.list({ limit: 1000 }))).toEqual(after);
     expect(await again.get("after-the-tear")).not.toBeNull();
+  }, 20_000);
+});
+
+/** Waits until the process is stopped (state `T` in /proc). */
+async function waitStopped(pid: number): Promise<void> {
+  const until = Date.now() + 5_000;
+  while (readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]?.[0] !== "T") {
+    if (Date.now() > until) throw new Error(`process ${pid} did not stop`);
+    await Bun.sleep(5);
+  }
+}
+
+describe("a holder stopped between its mutex check and its commit, past staleLockMs", () => {
+  const STALE = 800;
+  const ids = async (journal: SharedFileEventJournal) => (await journal.list({ limit: 100 })).map((e) => e.id);
+
+  test("appendLog, its line lands after the new holder's: rejected (not acknowledged), skipped by every reader", async () => {
+    const file = freshFile();
+    const options = { appendLog: true, staleLockMs: STALE };
+    const b = await openJournal(file, options);
+    await b.append({ id: "seed", eventType: "job", payload: null });
+    const a = spawnWorker("stop-after-check", file, { appendLog: true, staleLockMs: STALE });
+    await a.next("STOPPING");
+    await waitStopped(a.child.pid);
+    await b.append({ id: "b-1", eventType: "job", payload: null }); // breaks the stuck mutex once stale
+    a.child.kill("SIGCONT");
+    const lost = await a.next("LOST");
+    expect(lost).toContain("FileMutexLostError");
+    expect(lost).toContain(`the mutex on ${file} was taken over during the commit`);
+    expect(lost).toContain("may or may not be in the journal");
+    await a.child.exited;
+    expect(a.all()).not.toContain("COMMITTED");
+    const seqs = readFileSync(`${file}.log`, "utf8").trim().split("\n").map((l) => JSON.parse(l).seq);
+    expect(seqs).toEqual([1, 2, 2]); // the late line reuses b-1's seq: the first one wins
+    await b.append({ id: "b-2", eventType: "job", payload: null });
+    expect(await ids(b)).toEqual(["seed", "b-1", "b-2"]);
+    await b.close();
+    const fresh = await openJournal(file, options);
+    expect(await ids(fresh)).toEqual(["seed", "b-1", "b-2"]);
+  }, 20_000);
+
+  test("appendLog, its line lands between the new holder's sync and append: both rejected, nothing corrupt", async () => {
+    const file = freshFile();
+    const options = { appendLog: true, staleLockMs: STALE };
+    const b = await openJournal(file, options);
+    await b.append({ id: "seed", eventType: "job", payload: null });
+    const a = spawnWorker("stop-after-check", file, { appendLog: true, staleLockMs: STALE });
+    await a.next("STOPPING");
+    await waitStopped(a.child.pid);
+    let armed = true;
+    let late = "";
+    sharedJournalTestHooks.beforeCommit = async ({ kind }) => {
+      if (kind !== "append" || !armed) return;
+      armed = false;
+      a.child.kill("SIGCONT"); // B holds the mutex and has synced: A's late line lands right here
+      late = await a.next("");
+    };
+    let error: Error | null;
+    try {
+      error = await b.append({ id: "b-1", eventType: "job", payload: null }).then(() => null, (e: Error) => e);
+    } finally {
+      delete sharedJournalTestHooks.beforeCommit;
+    }
+    expect(late).toContain("taken over during the commit"); // A: its line is in place, its mutex was lost
+    expect(error?.name).toBe("FileMutexLostError");
+    expect(error?.message).toContain(`the mutex on ${file} was taken over during the commit`);
+    expect(error?.message).toContain("another writer's line took byte");
+    // The next operation re-syncs: no FileCorruptError, and the line every reader applies is A's (first with its seq).
+    const zombie = `zombie-${a.child.pid}`;
+    expect(await ids(b)).toEqual(["seed", zombie]);
+    await b.append({ id: "b-2", eventType: "job", payload: null });
+    expect(await ids(b)).toEqual(["seed", zombie, "b-2"]);
+    await b.close();
+    const fresh = await openJournal(file, options);
+    expect(await ids(fresh)).toEqual(["seed", zombie, "b-2"]);
+  }, 20_000);
+
+  test("snapshot rewrite: the late rename's writer is rejected, not acknowledged", async () => {
+    const file = freshFile();
+    const options = { staleLockMs: STALE };
+    const b = await openJournal(file, options);
+    await b.append({ id: "seed", eventType: "job", payload: null });
+    const a = spawnWorker("stop-after-check", file, { staleLockMs: STALE });
+    await a.next("STOPPING");
+    await waitStopped(a.child.pid);
+    await b.append({ id: "b-1", eventType: "job", payload: null });
+    a.child.kill("SIGCONT");
+    const lost = await a.next("LOST");
+    expect(lost).toContain(`the mutex on ${file} was taken over during the commit`);
+    await a.child.exited;
+    expect(a.all()).not.toContain("COMMITTED");
   }, 20_000);
 });
 

@@ -43,6 +43,7 @@ import {
   findJsonSyntaxError,
   FileMutex,
   type FileMutexHandle,
+  FileMutexLostError,
   releaseOpenFile,
   snapshotFileMode,
 } from "../file_support.ts";
@@ -100,6 +101,8 @@ export interface SharedFileEventJournalOptions {
 export interface SharedJournalTestHooks {
   /** Right before the mutex check and the commit (`snapshot`: rename; `append`: the log line's write). */
   beforeCommit?: (what: { kind: "snapshot" | "append" | "compact"; path: string; bytes: Uint8Array }) => void | Promise<void>;
+  /** After the mutex check, right before the commit itself (the rename, or the log line's write). */
+  afterCheck?: (what: { kind: "snapshot" | "append" | "compact"; path: string }) => void | Promise<void>;
   /** After a compaction's snapshot was renamed into place, before the log is truncated. */
   betweenSnapshotAndTruncate?: (logPath: string) => void | Promise<void>;
 }
@@ -416,6 +419,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       return;
     }
     const outcomes: Outcome[] = [];
+    let committed = false;
     try {
       await this.#refuseIfLocked();
       const journal = await this.#sync();
@@ -426,7 +430,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
           outcomes.push({ ok: false, error });
         }
       }
-      await this.#persist(held, journal);
+      committed = await this.#persist(held, journal);
     } catch (error) {
       await this.#forget();
       await held.release().catch(() => {});
@@ -436,12 +440,29 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       });
       return;
     }
-    await held.release().catch(() => {}); // committed; a mutex left behind is broken once stale
+    // A mutex left behind by a release error is broken once stale. `false`: it was taken over (a stop longer
+    // than staleLockMs) somewhere between the check before the commit and now: the commit cannot be confirmed.
+    const kept = await held.release().catch(() => null);
+    if (committed && kept === false) {
+      await this.#forget();
+      const error = this.#unconfirmed("");
+      for (const job of batch) job.reject(error);
+      return;
+    }
     batch.forEach((job, i) => {
       const outcome = outcomes[i];
       if (outcome.ok) job.resolve(outcome.value);
       else job.reject(outcome.error);
     });
+  }
+
+  /** The error of a write whose commit cannot be confirmed (the mutex was lost around it). */
+  #unconfirmed(detail: string): FileMutexLostError {
+    const error = new FileMutexLostError(this.#mutex.mutexPath, LABEL);
+    error.message = `${LABEL}: the mutex on ${this.path} was taken over during the commit: this write may or may ` +
+      `not be in the journal (the process was stopped, or its event loop blocked, for longer than staleLockMs ` +
+      `between its mutex check and its commit)${detail}`;
+    return error;
   }
 
   /** Drops the cache: the next operation reloads the file. */
@@ -561,23 +582,40 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#lastSeq = seq;
   }
 
-  /** Writes what the batch changed (under the mutex). */
-  async #persist(held: FileMutexHandle, journal: MemoryEventJournal): Promise<void> {
+  /**
+   * Writes what the batch changed (under the mutex).
+   * @returns whether something was committed
+   */
+  async #persist(held: FileMutexHandle, journal: MemoryEventJournal): Promise<boolean> {
     const changes = journal.takeChanges();
-    if (changes === null) return;
+    if (changes === null) return false;
     if (!this.#appendLog) {
       // The log has entries only when an appendLog process shares the file: this write is then a compaction.
       await this.#writeSnapshot(held, journal, this.#lastSeq, "snapshot");
       if (this.#logOffset > 0) await this.#truncateLog();
-      return;
+      return true;
     }
     const seq = this.#lastSeq + 1;
-    const bytes = encoder.encode(`${JSON.stringify({ seq, ...changes })}\n`);
+    // The sync left the log at #logOffset bytes (a torn tail trimmed): our line must land there. A nonce
+    // (`w`) makes the line ours alone, so that reading it back there proves it landed in place.
+    const offset = this.#logOffset;
+    const bytes = encoder.encode(`${JSON.stringify({ seq, w: randomId(), ...changes })}\n`);
     await sharedJournalTestHooks.beforeCommit?.({ kind: "append", path: this.logPath, bytes });
     await this.#refuseIfLocked();
     await held.assertHeld();
+    await sharedJournalTestHooks.afterCheck?.({ kind: "append", path: this.logPath });
     await appendToFile(this.logPath, bytes, { fsync: this.#logFsync, mode: this.#mode });
-    this.#logOffset += bytes.length;
+    const landed = await readFileRange(this.logPath, offset, offset + bytes.length);
+    if (landed === null || landed.length !== bytes.length || landed.some((b, i) => b !== bytes[i])) {
+      // Another line is where ours should be: a holder that lost the mutex appended late (its line, first
+      // with this seq, is the one every reader applies; ours is skipped). Never acknowledged.
+      await this.#forget();
+      throw this.#unconfirmed(
+        `; here another writer's line took byte ${offset} of ${this.logPath}, where this write's line (seq ${seq}) ` +
+          `was to land: readers skip this write's line (a second line with one seq)`,
+      );
+    }
+    this.#logOffset = offset + bytes.length;
     this.#lastSeq = seq;
     if (this.#logId === null) this.#logId = (await statIdentity(this.logPath))?.id ?? null;
     if (seq - this.#snapLogSeq >= this.#compactEvery || this.#logOffset >= this.#compactBytes) {
@@ -590,6 +628,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
         await this.#forget();
       }
     }
+    return true;
   }
 
   async #truncateLog(): Promise<void> {
@@ -610,6 +649,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       await sharedJournalTestHooks.beforeCommit?.({ kind, path: this.path, bytes });
       await this.#refuseIfLocked();
       await held.assertHeld(); // a holder that was stopped and lost the mutex never commits its late write
+      await sharedJournalTestHooks.afterCheck?.({ kind, path: this.path });
       if (!(await renameFile(this.#temp, this.path))) throw new Error(`${LABEL}: ${this.#temp} vanished before its rename`);
     } catch (error) {
       await pin.close().catch(() => {});
