@@ -468,6 +468,28 @@ describe("SharedFileEventJournal in one process", () => {
     expect(error?.message).toContain(`byte ${size + 1}`);
   });
 
+  test("a bad outbox entry in a log line: FileCorruptError naming the log, the line, the offset and the entry", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true });
+    await journal.append({ id: "a", eventType: "job", payload: null }); // line 1
+    await journal.outbox.reserve({ key: "k1", chatId: "c", content: "hi", contentHash: "h", inboundId: null }); // line 2
+    await journal.close();
+    const lines = readFileSync(`${file}.log`, "utf8").trim().split("\n");
+    expect(lines.length).toBe(2);
+    const entry = JSON.parse(lines[1]);
+    entry.seq = 3;
+    entry.outbox[0].state = "sending"; // with lease null
+    const size = statSync(`${file}.log`).size;
+    writeFileSync(`${file}.log`, `${JSON.stringify(entry)}\n`, { flag: "a" });
+    const error = await SharedFileEventJournal.open(file, { appendLog: true }).then(() => null, (e: unknown) => e as Error);
+    expect(error?.name).toBe("FileCorruptError");
+    expect(error?.message).toContain(`${file}.log`);
+    expect(error?.message).toContain(`byte ${size}`);
+    expect(error?.message).toContain("line 3");
+    expect(error?.message).toContain('outbox entry 0 (key "k1")');
+    expect(error?.message).toContain('field "lease"');
+  });
+
   test("option errors name the option", async () => {
     const file = freshFile();
     const cases: [SharedFileEventJournalOptions, string][] = [

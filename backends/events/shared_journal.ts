@@ -34,6 +34,7 @@ import {
   writeFilePinned,
 } from "../../src/runtime/fs.ts";
 import { showValue as show } from "../../src/show.ts";
+import { storedOutboxProblem } from "../../src/stored_records.ts";
 import {
   claimOpenFile,
   DEFAULT_STALE_LOCK_MS,
@@ -210,6 +211,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   #lastSeq = 0;
   /** Bytes of the log applied so far (always at a line end). */
   #logOffset = 0;
+  /** Lines of the log before `#logOffset` (for errors: "line n"). */
+  #logLines = 0;
   /** `dev:ino` of the log read so far. */
   #logId: string | null = null;
 
@@ -520,6 +523,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#snapLogSeq = logSeq;
     this.#lastSeq = logSeq;
     this.#logOffset = 0;
+    this.#logLines = 0;
     this.#logId = null;
   }
 
@@ -531,6 +535,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     const info = await statIdentity(this.logPath);
     if (info === null) {
       this.#logOffset = 0;
+      this.#logLines = 0;
       this.#logId = null;
       return true;
     }
@@ -541,12 +546,15 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     const bytes = (await readFileRange(this.logPath, start, info.size)) ?? new Uint8Array(0);
     const journal = this.#cache!;
     let pos = 0;
+    let line = this.#logLines;
     for (;;) {
       const end = bytes.indexOf(10, pos);
       if (end < 0) break;
-      if (end > pos) this.#applyLine(journal, bytes.subarray(pos, end), start + pos);
+      line++;
+      if (end > pos) this.#applyLine(journal, bytes.subarray(pos, end), start + pos, line);
       pos = end + 1;
     }
+    this.#logLines = line;
     if (pos < bytes.length) {
       // A torn last line: its writer died mid-write (we hold the mutex, so nobody is writing it). Trim it.
       await truncateFile(this.logPath, start + pos, { fsync: this.#logFsync });
@@ -555,7 +563,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     return true;
   }
 
-  #applyLine(journal: MemoryEventJournal, line: Uint8Array, offset: number): void {
+  #applyLine(journal: MemoryEventJournal, line: Uint8Array, offset: number, lineNo: number): void {
     let entry: Record<string, unknown>;
     try {
       entry = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(line));
@@ -570,10 +578,22 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     }
     const seq = entry?.seq;
     if (typeof entry !== "object" || entry === null || typeof seq !== "number" || !Number.isInteger(seq) || seq < 1) {
-      throw new FileCorruptError(this.logPath, offset, `a log line has no valid "seq": ${show(seq)}`, LABEL);
+      throw new FileCorruptError(this.logPath, offset, `line ${lineNo}: a log line has no valid "seq": ${show(seq)}`, LABEL);
     }
-    // Entries already in the snapshot, or not after the last one applied (a late write), are skipped.
+    // Entries already in the snapshot, or not after the last one applied (a late write), are skipped: of two
+    // lines with one seq, the first wins (the second's writer was told its write failed, see #persist).
     if (seq <= this.#lastSeq) return;
+    const outbox = entry.outbox;
+    if (!Array.isArray(outbox)) {
+      throw new FileCorruptError(this.logPath, offset, `line ${lineNo}: field "outbox" must be an array, got ${show(outbox)}`, LABEL);
+    }
+    for (let i = 0; i < outbox.length; i++) {
+      const problem = storedOutboxProblem(outbox[i]);
+      if (problem === null) continue;
+      const key = (outbox[i] as { key?: unknown } | null)?.key;
+      const label = `outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}`;
+      throw new FileCorruptError(this.logPath, offset, `line ${lineNo} (log entry ${seq}): ${label}: ${problem}`, LABEL);
+    }
     try {
       journal.applyChanges(entry as never);
     } catch (error) {
@@ -616,6 +636,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       );
     }
     this.#logOffset = offset + bytes.length;
+    this.#logLines++;
     this.#lastSeq = seq;
     if (this.#logId === null) this.#logId = (await statIdentity(this.logPath))?.id ?? null;
     if (seq - this.#snapLogSeq >= this.#compactEvery || this.#logOffset >= this.#compactBytes) {
@@ -634,6 +655,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   async #truncateLog(): Promise<void> {
     await truncateFile(this.logPath, 0, { fsync: this.#logFsync });
     this.#logOffset = 0;
+    this.#logLines = 0;
   }
 
   /** Replaces the snapshot (temporary file, mutex check, rename) and pins the new one. */
