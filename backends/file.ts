@@ -51,10 +51,10 @@ import {
   type OutboxJournal,
   type OutboxState,
   type ReserveResult,
-  StaleLeaseError,
 } from "../src/backend.ts";
 import { MemoryDurability, type MemoryRecords } from "./memory.ts";
 import { dirName, ensureDir, readFileBytes, realPathOf, removeFile, resolvePath } from "../src/runtime/fs.ts";
+import { SnapshotCommitter } from "./group_commit.ts";
 import {
   claimOpenFile,
   describeJsonKind as kindOf,
@@ -65,7 +65,6 @@ import {
   parseJsonBytes,
   releaseOpenFile,
   snapshotFileMode,
-  writeSnapshot,
 } from "./file_support.ts";
 import { showValue as show } from "../src/show.ts";
 import { storedInboundProblem as checkInbound, storedOutboxProblem as checkOutbound } from "../src/stored_records.ts";
@@ -121,14 +120,6 @@ const VERSION = 1;
 const DEFAULT_STALE_LOCK_MS = 30_000;
 /** The backend named in error messages. */
 const LABEL = "FileDurability";
-
-/** An operation waiting for the state it observed (`target`) to be on disk. */
-interface Waiter {
-  target: number;
-  resolve: () => void;
-  reject: (error: unknown) => void;
-}
-
 
 function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
@@ -260,36 +251,19 @@ export class FileDurability implements DurabilityBackend {
   /** The snapshot file as given in the options. */
   readonly path: string;
 
-  readonly #fsync: boolean;
   readonly #staleLockMs: number;
   /** The absolute real path, known from the first `open()`. */
   #file: string | undefined;
   /** Permission bits of the snapshot file, kept across rewrites. */
   #mode = NEW_FILE_MODE;
-  /** Bumped when the state is rebuilt from the file after a failed rewrite. */
-  #generation = 0;
-  /** The rebuild under way: operations wait for it. */
-  #reloading: Promise<void> | null = null;
-  /** Set when a rebuild failed: every operation rejects with it until the backend is reopened. */
-  #failure: Error | null = null;
-  #mem: MemoryDurability | null = null;
+  /** The state in memory and its group commit into the file (failed state and crash included). */
+  readonly #commit: SnapshotCommitter<MemoryDurability>;
   /** Open calls not yet matched by a close. */
   #refs = 0;
   /** Serializes open/close. */
   #lifecycle: Promise<unknown> = Promise.resolve();
-  /** Let go by {@link simulateCrash}: never used again. */
-  #crashed = false;
   /** Our lock file `<file>.lock`, while we hold it (its holder refreshes its mtime). */
   #lock: FileLock | null = null;
-  /** Bumped after each change (heartbeats excepted). */
-  #version = 0;
-  /** The version on disk. */
-  #durable = 0;
-  /** Waiting operations, in nondecreasing `target` order. */
-  #waiters: Waiter[] = [];
-  /** The write loop, while it runs. */
-  #writing: Promise<void> | null = null;
-  readonly #stats: FileDurabilityStats = { rewrites: 0, failedRewrites: 0, lastSnapshotChars: 0, lastRewriteMs: 0 };
 
   static {
     testHooks = { crash: (backend) => backend.#crash() };
@@ -322,9 +296,23 @@ export class FileDurability implements DurabilityBackend {
       );
     }
     this.path = path;
-    this.#fsync = fsync;
     this.#staleLockMs = staleLockMs;
-    const run: Run = (operation, changed) => this.#run(operation, changed);
+    this.#commit = new SnapshotCommitter<MemoryDurability>({
+      label: LABEL,
+      file: () => this.file,
+      fsync,
+      mode: () => this.#mode,
+      serialize: serializeSnapshot,
+      parse: (file, bytes) => {
+        const mem = new MemoryDurability();
+        mem.importRecords(parseSnapshot(file, bytes));
+        return mem;
+      },
+      current: () => this.#memory(),
+      reloaded: "rebuilt",
+      recovery: " until it is reopened: close it and open it again (stop and start the bot) once the file is usable.",
+    });
+    const run: Run = (operation, changed) => this.#commit.run(operation, changed);
     this.inbox = new FileInbox(run);
     this.outbox = new FileOutbox(run);
   }
@@ -336,12 +324,12 @@ export class FileDurability implements DurabilityBackend {
 
   /** Whether the backend is open (between the first `open()` and the last `close()`). */
   get isOpen(): boolean {
-    return this.#mem !== null && this.#refs > 0;
+    return this.#commit.state !== null && this.#refs > 0;
   }
 
   /** A copy of the rewrite counters. */
   get stats(): FileDurabilityStats {
-    return { ...this.#stats };
+    return this.#commit.stats;
   }
 
   /**
@@ -379,7 +367,7 @@ export class FileDurability implements DurabilityBackend {
   }
 
   async #open(): Promise<void> {
-    if (this.#crashed) throw new Error(`FileDurability ${this.file} was let go by simulateCrash(): create a new one`);
+    if (this.#commit.crashed) throw new Error(`FileDurability ${this.file} was let go by simulateCrash(): create a new one`);
     if (this.#refs > 0) {
       this.#refs++;
       return;
@@ -389,7 +377,6 @@ export class FileDurability implements DurabilityBackend {
     // Every path to the file (symlinks) shares one lock and one registration, and a rewrite never replaces a symlink.
     const file = this.#file = await step(absolute, "cannot resolve its real path", () => realPathOf(absolute));
     claimOpenFile(file, this, LABEL);
-    this.#failure = null;
     let locked = false;
     try {
       this.#lock = await step(
@@ -404,17 +391,11 @@ export class FileDurability implements DurabilityBackend {
       const bytes = await step(file, "cannot read it", () => readFileBytes(file));
       const mem = new MemoryDurability();
       if (bytes !== null) mem.importRecords(parseSnapshot(file, bytes));
-      this.#mem = mem;
-      this.#version = this.#durable = 0;
-      if (bytes === null) {
-        this.#version = 1; // a new file: write it now, so a bad path or permission shows at start
-        await this.#waitDurable(1);
-        if (this.#failure !== null) throw this.#failure;
-      }
+      this.#commit.attach(mem);
+      if (bytes === null) await this.#commit.writeNow(); // a new file: write it now, so a bad path or permission shows at start
       this.#refs = 1;
     } catch (error) {
-      this.#mem = null;
-      this.#failure = null;
+      this.#commit.detach();
       if (locked) await this.#releaseLock().catch(() => {});
       releaseOpenFile(file, this);
       throw error;
@@ -430,17 +411,12 @@ export class FileDurability implements DurabilityBackend {
     try {
       // Let operations already under way join, then write what is not on disk yet.
       await null;
-      while (this.#writing !== null || this.#durable < this.#version) {
-        if (this.#writing !== null) await this.#writing;
-        else await this.#waitDurable(this.#version);
-      }
+      await this.#commit.flush();
     } catch (error) {
       failure = error;
     } finally {
-      if (failure === null && this.#failure !== null) failure = this.#failure;
-      this.#mem = null;
-      this.#failure = null;
-      this.#writing ??= this.#writeLoop(); // rejects operations that slipped in after a failed final rewrite
+      if (failure === null && this.#commit.failure !== null) failure = this.#commit.failure;
+      this.#commit.detach(); // rejects operations that slipped in after a failed final rewrite
       try {
         await step(file, `cannot release the lock file ${file}.lock`, () => this.#releaseLock());
       } catch (error) {
@@ -469,157 +445,23 @@ export class FileDurability implements DurabilityBackend {
 
   /** The state; throws when the backend is not open or is failed. */
   #memory(): MemoryDurability {
-    const mem = this.#mem;
+    const mem = this.#commit.state;
     if (mem === null || this.#refs === 0) {
       throw new Error(
-        this.#crashed
+        this.#commit.crashed
           ? `FileDurability ${this.file} was let go by simulateCrash(): create a new one`
           : `FileDurability ${this.file} is not open: call open() or start the bot`,
       );
     }
-    if (this.#failure !== null) throw new Error(this.#failure.message, { cause: this.#failure.cause });
+    const failure = this.#commit.failure;
+    if (failure !== null) throw new Error(failure.message, { cause: failure.cause });
     return mem;
   }
 
-  /**
-   * Runs one operation on the in-memory state and resolves once what it
-   * observed is on disk. `changed` says from the result whether it changed
-   * the state (heartbeats and no-op results do not). A stale lease also waits
-   * for what it observed (the claim that took the lease) to be on disk. An
-   * operation that ran on a state discarded by a rebuild (after a failed
-   * rewrite) rejects.
-   */
-  async #run<T>(operation: (mem: MemoryDurability) => Promise<T>, changed: (result: T) => boolean): Promise<T> {
-    while (this.#reloading !== null) await this.#reloading;
-    const mem = this.#memory();
-    const generation = this.#generation;
-    let result: T;
-    try {
-      result = await operation(mem);
-    } catch (error) {
-      if (generation !== this.#generation) throw this.#discardedError();
-      if (error instanceof StaleLeaseError) await this.#waitDurable(this.#version);
-      throw error;
-    }
-    // Between the change in memory and the waiter's registration, a failed rewrite may have rebuilt the state.
-    if (generation !== this.#generation) throw this.#discardedError();
-    if (changed(result)) this.#version++;
-    await this.#waitDurable(this.#version);
-    return result;
-  }
-
-  #discardedError(): Error {
-    return new Error(
-      `FileDurability could not write ${this.file}: a failed rewrite discarded the state this operation ran on ` +
-        `(it was rebuilt from the file); the operation did not take effect`,
-    );
-  }
-
-  #waitDurable(target: number): Promise<void> {
-    if (target <= this.#durable) return Promise.resolve();
-    if (this.#crashed) return Promise.reject(this.#crashError());
-    return new Promise<void>((resolve, reject) => {
-      this.#waiters.push({ target, resolve, reject });
-      this.#writing ??= this.#writeLoop();
-    });
-  }
-
-  #crashError(): Error {
-    return new Error(`FileDurability ${this.file} was let go by simulateCrash() before this change was written`);
-  }
-
-  /** Rewrites the file until every waiter is settled; each rewrite serves every waiter that arrived before it. */
-  async #writeLoop(): Promise<void> {
-    try {
-      await null; // operations called in the same tick join this rewrite
-      while (this.#waiters.length > 0) {
-        if (this.#crashed || this.#mem === null) {
-          // Let go (simulateCrash) or closed after a failed final rewrite: nothing more will be written.
-          const error = this.#crashed
-            ? this.#crashError()
-            : new Error(`FileDurability ${this.file} was closed before this change was written`);
-          for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
-          break;
-        }
-        const version = this.#version;
-        try {
-          await this.#rewrite(this.#mem);
-        } catch (error) {
-          this.#stats.failedRewrites++;
-          const failure = new Error(`FileDurability could not write ${this.file}: ${messageOf(error)}`, { cause: error });
-          // Every waiting operation's change is on the state that could not be written, not only those the
-          // failed rewrite covered: reject them all and rebuild the state from the file.
-          this.#generation++;
-          const waiters = this.#waiters.splice(0);
-          const rebuild = this.#rebuild(failure);
-          this.#reloading = rebuild;
-          try {
-            await rebuild;
-          } finally {
-            this.#reloading = null;
-          }
-          for (const waiter of waiters) waiter.reject(failure);
-          continue;
-        }
-        this.#durable = Math.max(this.#durable, version);
-        let settled = 0;
-        while (settled < this.#waiters.length && this.#waiters[settled].target <= version) settled++;
-        for (const waiter of this.#waiters.splice(0, settled)) waiter.resolve();
-      }
-    } finally {
-      this.#writing = null;
-    }
-  }
-
-  /**
-   * After a failed rewrite: replaces the state in memory with the file's (the
-   * last snapshot written; the rename is atomic), or, when the file cannot
-   * be read, puts the backend in the failed state. Never rejects.
-   */
-  async #rebuild(failure: Error): Promise<void> {
-    const file = this.#file!;
-    try {
-      const bytes = await readFileBytes(file);
-      if (bytes === null) throw new Error("the file is gone (deleted, or its directory was)");
-      const mem = new MemoryDurability();
-      mem.importRecords(parseSnapshot(file, bytes));
-      if (this.#mem !== null && !this.#crashed) this.#mem = mem;
-    } catch (error) {
-      this.#failure = new Error(
-        `FileDurability could not write ${file} (${messageOf(failure.cause)}) nor reload it to drop the unwritten ` +
-          `changes (${messageOf(error)}). Every operation rejects until it is reopened: close it and open it again ` +
-          `(stop and start the bot) once the file is usable.`,
-        { cause: failure },
-      );
-    }
-    this.#durable = this.#version; // memory holds only what is on disk (or nothing more will be written)
-  }
-
-  /** One snapshot rewrite: `JSON.stringify` of the whole state, then an atomic replace keeping the file's mode. */
-  async #rewrite(mem: MemoryDurability): Promise<void> {
-    const started = performance.now();
-    const records = mem.exportRecords();
-    const text = JSON.stringify({
-      format: FORMAT,
-      version: VERSION,
-      outboxSeq: records.outboxSeq,
-      inbox: records.inbox,
-      outbox: records.outbox,
-    });
-    await writeSnapshot(this.#file!, text, { fsync: this.#fsync, mode: this.#mode });
-    this.#stats.rewrites++;
-    this.#stats.lastSnapshotChars = text.length;
-    this.#stats.lastRewriteMs = performance.now() - started;
-  }
-
   async #crash(): Promise<void> {
-    this.#crashed = true;
     this.#refs = 0;
     this.#lock?.abandon(); // the lock file stays, as after a kill
-    const error = this.#crashError();
-    for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
-    if (this.#writing !== null) await this.#writing; // a write under way finishes, as the kernel would finish a rename
-    this.#mem = null;
+    await this.#commit.crash(); // a write under way finishes, as the kernel would finish a rename
     this.#lock = null;
     if (this.#file !== undefined) releaseOpenFile(this.#file, this);
   }
@@ -731,7 +573,19 @@ class FileOutbox implements OutboxJournal {
 }
 
 // ---------------------------------------------------------------------------
-// Reading and checking a snapshot
+// Writing, reading and checking a snapshot
+
+/** The snapshot's text: `JSON.stringify` of the whole state. */
+function serializeSnapshot(mem: MemoryDurability): string {
+  const records = mem.exportRecords();
+  return JSON.stringify({
+    format: FORMAT,
+    version: VERSION,
+    outboxSeq: records.outboxSeq,
+    inbox: records.inbox,
+    outbox: records.outbox,
+  });
+}
 
 /** Parses and checks a snapshot; throws {@link FileCorruptError}. */
 function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {

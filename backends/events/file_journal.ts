@@ -24,7 +24,6 @@
  * @module
  */
 import { storedOutboxProblem } from "../../src/stored_records.ts";
-import { StaleLeaseError } from "../../src/backend.ts";
 import type {
   ClaimDueOptions,
   ClaimOptions,
@@ -62,8 +61,8 @@ import {
   NEW_FILE_MODE,
   releaseOpenFile,
   snapshotFileMode,
-  writeSnapshot,
 } from "../file_support.ts";
+import { SnapshotCommitter } from "../group_commit.ts";
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
 
 export { FileCorruptError, FileLockedError };
@@ -112,13 +111,6 @@ export interface FileEventJournalStats {
   lastRewriteMs: number;
   /** Entries of a `<path>.log` (left by a `SharedFileEventJournal`) replayed at `open()`. */
   replayedLogEntries: number;
-}
-
-/** An operation waiting for the state it observed (`target`) to be on disk. */
-interface Waiter {
-  target: number;
-  resolve: () => void;
-  reject: (error: unknown) => void;
 }
 
 /** Runs one operation on the open state and resolves once what it observed is on disk. */
@@ -229,40 +221,19 @@ export class FileEventJournal implements LeasedEventJournal {
   /** The core's outbox, stored in the same file: its writes share the rewrites, and resolve once on disk. */
   readonly outbox: OutboxJournal;
 
-  readonly #fsync: boolean;
   readonly #staleLockMs: number;
   readonly #memOptions: MemoryEventJournalOptions;
   /** Permission bits of the file, kept across rewrites. */
   #mode = NEW_FILE_MODE;
   #lock: FileLock | null = null;
-  #mem: MemoryEventJournal | null = null;
-  /** Bumped when the state is rebuilt from the file after a failed rewrite. */
-  #generation = 0;
-  /** The rebuild under way: operations wait for it. */
-  #reloading: Promise<void> | null = null;
-  /** Set when a rebuild failed: every operation rejects with it. */
-  #failure: Error | null = null;
-  /** Bumped after each change (heartbeats excepted). */
-  #version = 0;
-  /** The version on disk. */
-  #durable = 0;
-  /** Waiting operations, in nondecreasing `target` order. */
-  #waiters: Waiter[] = [];
-  /** The write loop, while it runs. */
-  #writing: Promise<void> | null = null;
+  /** The state in memory and its group commit into the file (failed state and crash included). */
+  readonly #commit: SnapshotCommitter<MemoryEventJournal>;
   /** Operations called and not settled yet. */
   readonly #inflight = new Set<Promise<unknown>>();
   /** Set by the first `close()`. */
   #closing: Promise<void> | null = null;
-  /** Let go by {@link simulateCrash}. */
-  #crashed = false;
-  readonly #stats: FileEventJournalStats = {
-    rewrites: 0,
-    failedRewrites: 0,
-    lastSnapshotChars: 0,
-    lastRewriteMs: 0,
-    replayedLogEntries: 0,
-  };
+  /** Entries of a shared journal's log replayed at `open()`. */
+  #replayedLogEntries = 0;
 
   static {
     testHooks = { crash: (journal) => journal.#crash() };
@@ -279,9 +250,19 @@ export class FileEventJournal implements LeasedEventJournal {
     this.path = path;
     this.file = file;
     this.locked = options.lock;
-    this.#fsync = options.fsync;
     this.#staleLockMs = options.staleLockMs;
     this.#memOptions = { heartbeatChanges: false, ...(options.clock ? { clock: options.clock } : {}) };
+    this.#commit = new SnapshotCommitter<MemoryEventJournal>({
+      label: LABEL,
+      file: () => this.file,
+      fsync: options.fsync,
+      mode: () => this.#mode,
+      serialize: (mem) => serializeEventSnapshot(mem, 0),
+      parse: (file, bytes) => parseEventSnapshot(file, bytes, LABEL, this.#memOptions).journal,
+      current: () => this.#state(),
+      reloaded: "reloaded",
+      recovery: ": close the journal and open it again once the file is usable.",
+    });
     this.outbox = new FileSidecarOutbox((op, operation) => this.#run(op, operation));
   }
 
@@ -332,12 +313,12 @@ export class FileEventJournal implements LeasedEventJournal {
 
   /** A copy of the rewrite counters. */
   get stats(): FileEventJournalStats {
-    return { ...this.#stats };
+    return { ...this.#commit.stats, replayedLogEntries: this.#replayedLogEntries };
   }
 
   /** Whether `close()` was called (or the journal was let go by `simulateCrash`). */
   get closed(): boolean {
-    return this.#closing !== null || this.#crashed;
+    return this.#closing !== null || this.#commit.crashed;
   }
 
   async #open(): Promise<void> {
@@ -361,8 +342,7 @@ export class FileEventJournal implements LeasedEventJournal {
         await this.#load();
       }
     } catch (error) {
-      this.#mem = null;
-      this.#failure = null;
+      this.#commit.detach();
       const lock = this.#lock;
       this.#lock = null;
       if (lock !== null) await lock.release().catch(() => {});
@@ -388,18 +368,13 @@ export class FileEventJournal implements LeasedEventJournal {
     const log = await step(file, `cannot read ${logPath}`, () => readFileBytes(logPath));
     const replayed = log === null ? 0 : replayLog(logPath, log, mem, logSeq);
     mem.takeChanges(); // loading is not a change
-    this.#mem = mem;
-    this.#version = this.#durable = 0;
-    if (bytes === null || log !== null) {
-      // A new file: written now, so a bad path or permission shows at open. A log: its entries go into the snapshot.
-      this.#version = 1;
-      await this.#waitDurable(1);
-      if (this.#failure !== null) throw this.#failure;
-    }
+    this.#commit.attach(mem);
+    // A new file: written now, so a bad path or permission shows at open. A log: its entries go into the snapshot.
+    if (bytes === null || log !== null) await this.#commit.writeNow();
     if (log !== null) {
       // Removed only once the snapshot holds it all; a crash before this replays it again (idempotent).
       await step(file, `cannot remove ${logPath}`, () => removeFile(logPath));
-      this.#stats.replayedLogEntries = replayed;
+      this.#replayedLogEntries = replayed;
     }
   }
 
@@ -417,22 +392,19 @@ export class FileEventJournal implements LeasedEventJournal {
   }
 
   async #close(): Promise<void> {
-    if (this.#crashed) return;
+    if (this.#commit.crashed) return;
     const file = this.file;
     let failure: unknown = null;
     let releaseFailure: unknown = null;
     try {
       await null; // operations called in the same tick are in flight
       while (this.#inflight.size > 0) await Promise.allSettled([...this.#inflight]);
-      while (!this.#crashed && (this.#writing !== null || this.#durable < this.#version)) {
-        if (this.#writing !== null) await this.#writing;
-        else await this.#waitDurable(this.#version);
-      }
+      await this.#commit.flush({ untilCrash: true });
     } catch (error) {
       failure = error;
     } finally {
-      if (failure === null && this.#failure !== null) failure = this.#failure;
-      this.#mem = null;
+      if (failure === null && this.#commit.failure !== null) failure = this.#commit.failure;
+      this.#commit.detach();
       const lock = this.#lock;
       this.#lock = null;
       try {
@@ -519,45 +491,28 @@ export class FileEventJournal implements LeasedEventJournal {
    * once; one called before runs to its end.
    */
   #run<T>(op: string, operation: (mem: MemoryEventJournal) => Promise<T>): Promise<T> {
-    if (this.#crashed) return Promise.reject(new Error(`${LABEL} ${this.file} was let go by simulateCrash(): open it again`));
-    if (this.#closing !== null || this.#mem === null) {
+    if (this.#commit.crashed) {
+      return Promise.reject(new Error(`${LABEL} ${this.file} was let go by simulateCrash(): open it again`));
+    }
+    if (this.#closing !== null || this.#commit.state === null) {
       return Promise.reject(new Error(`${LABEL} ${this.file} is closed: ${op} was called after close(); open it again`));
     }
-    const running = this.#runOpen(operation);
+    // Any change since the last operation (this one's, or one that ran meanwhile): heartbeats are not changes.
+    const running = this.#commit.run(operation, (_result, mem) => mem.takeChanges() !== null);
     this.#inflight.add(running);
     const done = () => void this.#inflight.delete(running);
     running.then(done, done);
     return running;
   }
 
-  async #runOpen<T>(operation: (mem: MemoryEventJournal) => Promise<T>): Promise<T> {
-    while (this.#reloading !== null) await this.#reloading;
-    const mem = this.#state();
-    const generation = this.#generation;
-    let result: T;
-    try {
-      result = await operation(mem);
-    } catch (error) {
-      if (generation !== this.#generation) throw this.#discardedError();
-      // A stale lease also waits for what it observed (the claim that took the lease) to be on disk.
-      if (error instanceof StaleLeaseError) await this.#waitDurable(this.#version);
-      throw error;
-    }
-    // Between the change in memory and the waiter's registration, a failed rewrite may have rebuilt the state.
-    if (generation !== this.#generation) throw this.#discardedError();
-    // Any change since the last operation (this one's, or one that ran meanwhile): heartbeats are not changes.
-    if (mem.takeChanges() !== null) this.#version++;
-    await this.#waitDurable(this.#version);
-    return result;
-  }
-
   /** The state; throws when the journal is failed or let go. */
   #state(): MemoryEventJournal {
-    if (this.#failure !== null) throw new Error(this.#failure.message, { cause: this.#failure.cause });
-    const mem = this.#mem;
+    const failure = this.#commit.failure;
+    if (failure !== null) throw new Error(failure.message, { cause: failure.cause });
+    const mem = this.#commit.state;
     if (mem === null) {
       throw new Error(
-        this.#crashed
+        this.#commit.crashed
           ? `${LABEL} ${this.file} was let go by simulateCrash(): open it again`
           : `${LABEL} ${this.file} is closed; open it again`,
       );
@@ -565,105 +520,10 @@ export class FileEventJournal implements LeasedEventJournal {
     return mem;
   }
 
-  #discardedError(): Error {
-    return new Error(
-      `${LABEL} could not write ${this.file}: a failed rewrite discarded the state this operation ran on ` +
-        `(it was reloaded from the file); the operation did not take effect`,
-    );
-  }
-
-  #crashError(): Error {
-    return new Error(`${LABEL} ${this.file} was let go by simulateCrash() before this change was written`);
-  }
-
-  #waitDurable(target: number): Promise<void> {
-    if (target <= this.#durable) return Promise.resolve();
-    if (this.#crashed) return Promise.reject(this.#crashError());
-    return new Promise<void>((resolve, reject) => {
-      this.#waiters.push({ target, resolve, reject });
-      this.#writing ??= this.#writeLoop();
-    });
-  }
-
-  /** Rewrites the file until every waiter is settled; each rewrite serves every waiter that arrived before it. */
-  async #writeLoop(): Promise<void> {
-    try {
-      await null; // operations called in the same tick join this rewrite
-      while (this.#waiters.length > 0) {
-        if (this.#crashed || this.#mem === null) {
-          const error = this.#crashed
-            ? this.#crashError()
-            : new Error(`${LABEL} ${this.file} was closed before this change was written`);
-          for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
-          break;
-        }
-        const version = this.#version;
-        try {
-          await this.#rewrite(this.#mem);
-        } catch (error) {
-          this.#stats.failedRewrites++;
-          const failure = new Error(`${LABEL} could not write ${this.file}: ${messageOf(error)}`, { cause: error });
-          // Every waiting operation's change is on the state that could not be written: reject them all and
-          // reload the state from the file.
-          this.#generation++;
-          const waiters = this.#waiters.splice(0);
-          const rebuild = this.#rebuild(failure);
-          this.#reloading = rebuild;
-          try {
-            await rebuild;
-          } finally {
-            this.#reloading = null;
-          }
-          for (const waiter of waiters) waiter.reject(failure);
-          continue;
-        }
-        this.#durable = Math.max(this.#durable, version);
-        let settled = 0;
-        while (settled < this.#waiters.length && this.#waiters[settled].target <= version) settled++;
-        for (const waiter of this.#waiters.splice(0, settled)) waiter.resolve();
-      }
-    } finally {
-      this.#writing = null;
-    }
-  }
-
-  /** After a failed rewrite: the state in memory is replaced by the file's, or the journal is failed. Never rejects. */
-  async #rebuild(failure: Error): Promise<void> {
-    const file = this.file;
-    try {
-      const bytes = await readFileBytes(file);
-      if (bytes === null) throw new Error("the file is gone (deleted, or its directory was)");
-      const { journal } = parseEventSnapshot(file, bytes, LABEL, this.#memOptions);
-      if (this.#mem !== null && !this.#crashed) this.#mem = journal;
-    } catch (error) {
-      this.#failure = new Error(
-        `${LABEL} could not write ${file} (${messageOf(failure.cause)}) nor reload it to drop the unwritten ` +
-          `changes (${messageOf(error)}). Every operation rejects: close the journal and open it again once the ` +
-          `file is usable.`,
-        { cause: failure },
-      );
-    }
-    this.#durable = this.#version; // memory holds only what is on disk (or nothing more will be written)
-  }
-
-  /** One rewrite: the whole state serialized (synchronously, so it is consistent), then an atomic replace. */
-  async #rewrite(mem: MemoryEventJournal): Promise<void> {
-    const started = performance.now();
-    const text = serializeEventSnapshot(mem, 0);
-    await writeSnapshot(this.file, text, { fsync: this.#fsync, mode: this.#mode });
-    this.#stats.rewrites++;
-    this.#stats.lastSnapshotChars = text.length;
-    this.#stats.lastRewriteMs = performance.now() - started;
-  }
-
   async #crash(): Promise<void> {
-    if (this.#crashed) return;
-    this.#crashed = true;
+    if (this.#commit.crashed) return;
     this.#lock?.abandon(); // the lock file stays, as after a kill
-    const error = this.#crashError();
-    for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
-    if (this.#writing !== null) await this.#writing; // a write under way finishes, as the kernel would finish a rename
-    this.#mem = null;
+    await this.#commit.crash(); // a write under way finishes, as the kernel would finish a rename
     this.#lock = null;
     releaseOpenFile(this.file, this);
   }
