@@ -365,7 +365,7 @@ describe("a holder stopped between its mutex check and its commit, past staleLoc
     expect(await ids(fresh)).toEqual(["seed", zombie, "b-2"]);
   }, 20_000);
 
-  test("snapshot rewrite: the late rename's writer is rejected, not acknowledged", async () => {
+  test("snapshot rewrite: the late rename's writer is rejected; the next holder that knew the newer generation restores it", async () => {
     const file = freshFile();
     const options = { staleLockMs: STALE };
     const b = await openJournal(file, options);
@@ -373,12 +373,24 @@ describe("a holder stopped between its mutex check and its commit, past staleLoc
     const a = spawnWorker("stop-after-check", file, { staleLockMs: STALE });
     await a.next("STOPPING");
     await waitStopped(a.child.pid);
-    await b.append({ id: "b-1", eventType: "job", payload: null });
+    await b.append({ id: "b-1", eventType: "job", payload: null }); // acknowledged
+    const acknowledged = JSON.parse(readFileSync(file, "utf8")) as { generation: number; writer: string };
     a.child.kill("SIGCONT");
     const lost = await a.next("LOST");
     expect(lost).toContain(`the mutex on ${file} was taken over during the commit`);
     await a.child.exited;
     expect(a.all()).not.toContain("COMMITTED");
+    const late = JSON.parse(readFileSync(file, "utf8")) as { generation: number; writer: string; events: EventRecord[] };
+    expect(late.events.map((e) => e.id), "the late rename replaced b-1's snapshot").toEqual(["seed", `zombie-${a.child.pid}`]);
+    expect(late.generation).toBeLessThan(acknowledged.generation);
+    // B's next operation sees a generation that went backwards: it writes back what it knew (b-1 kept, the late write dropped).
+    expect(await ids(b)).toEqual(["seed", "b-1"]);
+    const restored = JSON.parse(readFileSync(file, "utf8")) as { generation: number; writer: string };
+    expect(restored.generation).toBeGreaterThan(acknowledged.generation);
+    await b.append({ id: "b-2", eventType: "job", payload: null });
+    await b.close();
+    const fresh = await openJournal(file, options);
+    expect(await ids(fresh)).toEqual(["seed", "b-1", "b-2"]);
   }, 20_000);
 });
 

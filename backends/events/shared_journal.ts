@@ -55,6 +55,8 @@ const LABEL = "SharedFileEventJournal";
 const DEFAULT_COMPACT_EVERY = 1000;
 /** Default {@link AppendLogOptions.compactBytes}: 4 MiB. */
 const DEFAULT_COMPACT_BYTES = 4 * 1024 * 1024;
+/** The stamp a shared journal writes first in its snapshot: `generation` and `writer`. */
+const SNAPSHOT_STAMP = /^\{"generation":(\d+),"writer":"([0-9A-Za-z_-]+)",/;
 /** Most operations run under one hold of the mutex (group commit). */
 const MAX_BATCH = 256;
 
@@ -145,7 +147,8 @@ function checkBoolean(value: unknown, name: string): boolean {
  *
  * - Default: a write rewrites the whole snapshot (a temporary file renamed
  *   over it, the mutex checked right before the rename, so that a holder that
- *   was stopped and lost the mutex never commits its late write). The
+ *   was stopped and lost the mutex before the check never commits its late
+ *   write; for a stop after the check, see below). The
  *   snapshot is re-read only when it was replaced: this process keeps the
  *   snapshot it knows open, so its inode cannot be reused, and compares
  *   `dev:ino`, size and mtime.
@@ -158,6 +161,29 @@ function checkBoolean(value: unknown, name: string): boolean {
  *   Per-write cost does not grow with the journal.
  * - A mutex left by a dead process is broken at once; a stuck holder's after
  *   `staleLockMs`. Nothing is ever killed.
+ * - A holder stopped (or its event loop blocked) for longer than `staleLockMs`
+ *   right between its mutex check and its commit still commits once it runs
+ *   again. Such a write is never acknowledged: when the mutex was taken over
+ *   by the time of the release, the whole batch rejects with a
+ *   `FileMutexLostError` ("…taken over during the commit: this write may or
+ *   may not be in the journal") and the cache is dropped. In `appendLog`
+ *   each line carries a nonce (`w`) and is read back where it had to land:
+ *   of two lines with one `seq` every reader applies the first, and the
+ *   writer of the second is told its write failed (it re-syncs next time).
+ *   Snapshots are stamped `generation` (after the last one known, and not
+ *   before the host's clock) and `writer`; a holder that finds a snapshot by
+ *   another writer whose generation is not after the one it knew (a late
+ *   rename) writes back the state it knew, dropping the late write.
+ *   Remaining window: a late rename, or a late compaction's truncate of the
+ *   log, lands after the new holder's commit and the next holder to sync
+ *   does not know the newer generation (a process that opened, or reloaded,
+ *   after the late rename, or whose last look predates the new holder's
+ *   commit) and writes on top of it: then the acknowledged writes committed
+ *   after the late writer's own sync (which its snapshot does not hold, or
+ *   which its truncate removed) are lost, silently for their writers. A late log line computed on stale state
+ *   whose `seq` is not taken (nobody appended since its writer's sync, e.g.
+ *   the snapshot was rewritten in between) is applied although its writer
+ *   was told its write may have failed.
  * - A file that a live `FileEventJournal` holds (its `<file>.lock`) is
  *   refused, at open and by every operation: an error instead of lost records.
  * - `close()` lets operations already called finish, and rejects later ones.
@@ -205,6 +231,9 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   /** The snapshot the cache was loaded from or written as, kept open (its inode cannot be reused). */
   #pinned: PinnedFile | null = null;
   #pinnedId: FileIdentity | null = null;
+  /** `generation` and `writer` of that snapshot (`0`, `null`: none, e.g. written by a `FileEventJournal`). */
+  #generation = 0;
+  #writer: string | null = null;
   /** `logSeq` of that snapshot. */
   #snapLogSeq = 0;
   /** The last log entry applied (or written). */
@@ -425,7 +454,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     let committed = false;
     try {
       await this.#refuseIfLocked();
-      const journal = await this.#sync();
+      const journal = await this.#sync(held);
       for (const job of batch) {
         try {
           outcomes.push({ ok: true, value: await job.fn(journal) });
@@ -488,9 +517,9 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   }
 
   /** Brings the cache up to date with the file (under the mutex). */
-  async #sync(): Promise<MemoryEventJournal> {
+  async #sync(held: FileMutexHandle | null = null): Promise<MemoryEventJournal> {
     const snapshot = await statIdentity(this.path);
-    if (this.#cache === null || !sameIdentity(snapshot, this.#pinnedId)) await this.#reload();
+    if (this.#cache === null || !sameIdentity(snapshot, this.#pinnedId)) await this.#reload(held);
     if (!(await this.#syncLog())) {
       await this.#reload(); // the log was replaced or shrank without a new snapshot: replay it from its start
       await this.#syncLog();
@@ -498,8 +527,16 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     return this.#cache!;
   }
 
-  /** Loads the snapshot (log position reset: the log is replayed from its start). */
-  async #reload(): Promise<void> {
+  /**
+   * Loads the snapshot (log position reset: the log is replayed from its start). When the snapshot found is
+   * a shared journal's of a generation not after the one this process knew, by another writer, it was
+   * renamed into place late by a holder that had lost the mutex (that writer was told its write failed):
+   * the state this process knew, acknowledged writes included, is written back as a newer generation.
+   */
+  async #reload(held: FileMutexHandle | null = null): Promise<void> {
+    const known = this.#cache !== null && this.#writer !== null
+      ? { cache: this.#cache, generation: this.#generation, writer: this.#writer, lastSeq: this.#lastSeq }
+      : null;
     await this.#forget();
     const pin = await openPinned(this.path);
     let journal: MemoryEventJournal;
@@ -509,14 +546,22 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     } else {
       try {
         const identity = await pin.identity();
-        const loaded = parseEventSnapshot(this.path, await pin.readAll(), LABEL, this.#memoryOptions);
+        const bytes = await pin.readAll();
+        const loaded = parseEventSnapshot(this.path, bytes, LABEL, this.#memoryOptions);
         journal = loaded.journal;
         logSeq = loaded.logSeq;
         this.#pinnedId = identity;
+        const stamp = SNAPSHOT_STAMP.exec(new TextDecoder().decode(bytes.subarray(0, 120)));
+        this.#generation = stamp ? Number(stamp[1]) : 0;
+        this.#writer = stamp ? stamp[2] : null;
       } catch (error) {
         await pin.close().catch(() => {});
         throw error;
       }
+    }
+    if (pin === null) {
+      this.#generation = 0;
+      this.#writer = null;
     }
     this.#pinned = pin;
     this.#cache = journal;
@@ -525,6 +570,16 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#logOffset = 0;
     this.#logLines = 0;
     this.#logId = null;
+    if (
+      held !== null && known !== null && this.#writer !== null && this.#writer !== known.writer &&
+      this.#generation <= known.generation
+    ) {
+      // A late rename: restore what this process knew; log lines after it are replayed on top as usual.
+      this.#cache = known.cache;
+      this.#lastSeq = known.lastSeq;
+      this.#generation = known.generation;
+      await this.#writeSnapshot(held, known.cache, known.lastSeq, "snapshot");
+    }
   }
 
   /**
@@ -665,7 +720,12 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     logSeq: number,
     kind: "snapshot" | "compact",
   ): Promise<void> {
-    const bytes = encoder.encode(serializeEventSnapshot(journal, logSeq));
+    // Stamped first: a generation after the last one known (and not before this host's clock, so that it
+    // stays ahead of generations forgotten by a FileEventJournal's rewrite), and this write's nonce.
+    const generation = Math.max(this.#generation + 1, Date.now());
+    const writer = randomId();
+    const text = serializeEventSnapshot(journal, logSeq);
+    const bytes = encoder.encode(`{"generation":${generation},"writer":${JSON.stringify(writer)},${text.slice(1)}`);
     const pin = await writeFilePinned(this.#temp, bytes, { fsync: this.#fsync, mode: this.#mode });
     try {
       await sharedJournalTestHooks.beforeCommit?.({ kind, path: this.path, bytes });
@@ -682,6 +742,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#pinned = pin;
     this.#pinnedId = await pin.identity();
     this.#snapLogSeq = logSeq;
+    this.#generation = generation;
+    this.#writer = writer;
     await old?.close().catch(() => {});
     if (this.#fsync) await syncDirectory(await dirName(this.path));
   }
