@@ -180,7 +180,11 @@ function checkBoolean(value: unknown, name: string): boolean {
  *   after the late rename, or whose last look predates the new holder's
  *   commit) and writes on top of it: then the acknowledged writes committed
  *   after the late writer's own sync (which its snapshot does not hold, or
- *   which its truncate removed) are lost, silently for their writers. A late log line computed on stale state
+ *   which its truncate removed) are lost, silently for their writers. In
+ *   `appendLog`, a late compaction (its rename, then its truncate of the
+ *   log) after other holders appended lines without rewriting the snapshot
+ *   is not detected at all (its generation is after every one known): the
+ *   lines it truncates, acknowledged, are lost. A late log line computed on stale state
  *   whose `seq` is not taken (nobody appended since its writer's sync, e.g.
  *   the snapshot was rewritten in between) is applied although its writer
  *   was told its write may have failed.
