@@ -38,8 +38,12 @@ export function isLeaseAbandoned(lease: Lease | null, now: number, options: Clai
   return options.reclaimOwn === true && lease.owner === options.owner;
 }
 
-/** Whether an inbox record may be claimed now under `options`. */
-export function isInboxClaimable(record: InboundRecord, now: number, options: ClaimOptions): boolean {
+/** Whether an inbox record (or an event record: same lifecycle) may be claimed now under `options`. */
+export function isInboxClaimable(
+  record: { state: InboundState; nextAttemptAt: number | null; lease: Lease | null },
+  now: number,
+  options: ClaimOptions,
+): boolean {
   switch (record.state) {
     case "pending":
       return true;

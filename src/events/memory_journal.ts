@@ -10,6 +10,7 @@ import { type ClaimOptions, type FailOutcome, type OutboxEntry, type OutboxJourn
 import type { ClaimDueOptions, ListOptions, OutboxClaim, OutboxState, NewOutboxEntry, ReserveResult } from "../backend.ts";
 import {
   checkClaim,
+  isInboxClaimable,
   checkedJson,
   checkFinite,
   checkOutcome,
@@ -92,19 +93,6 @@ function isActive(state: EventState): boolean {
   return state === "pending" || state === "processing" || state === "failed";
 }
 
-/** Whether `record` may be claimed now under `options` (channel not checked). */
-function isClaimable(record: EventRecord, now: number, options: ClaimOptions): boolean {
-  switch (record.state) {
-    case "pending":
-      return true;
-    case "failed":
-      return (record.nextAttemptAt ?? 0) <= now;
-    case "processing":
-      return isLeaseAbandoned(record.lease, now, options);
-    default:
-      return false;
-  }
-}
 
 /** `record` leased under `options` with the next fencing token. */
 function claimed(record: EventRecord, now: number, options: ClaimOptions): EventRecord {
@@ -428,7 +416,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const channel = checkChannel(options.channel, `events.claim: option "channel"`);
     const slot = this.#slots.get(id);
     const now = this.#now();
-    if (!slot || slot.record.channel !== channel || !isClaimable(slot.record, now, options)) return null;
+    if (!slot || slot.record.channel !== channel || !isInboxClaimable(slot.record, now, options)) return null;
     const next = claimed(slot.record, now, options);
     this.#store(next, slot);
     return cloneJson(next);
@@ -451,7 +439,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     if (!active || options.limit <= 0) return [];
     const now = this.#now();
     const claimable: Slot[] = [];
-    for (const slot of active) if (isClaimable(slot.record, now, options)) claimable.push(slot);
+    for (const slot of active) if (isInboxClaimable(slot.record, now, options)) claimable.push(slot);
     claimable.sort(byCreated);
     const out: EventRecord[] = [];
     for (const slot of claimable) {
