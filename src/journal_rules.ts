@@ -106,8 +106,19 @@ export function newInboundRecord(
   };
 }
 
+/** The lifecycle fields an inbox record and an event record share (the rules below work on both). */
+export interface LeasedLifecycle {
+  state: InboundState;
+  attempts: number;
+  nextAttemptAt: number | null;
+  lease: Lease | null;
+  fence: number;
+  error: string | null;
+  updatedAt: number;
+}
+
 /** `record` claimed under `options`: a copy with a new lease and token. */
-export function claimedInbound(record: InboundRecord, now: number, options: ClaimOptions): InboundRecord {
+export function claimedInbound<R extends LeasedLifecycle>(record: R, now: number, options: ClaimOptions): R {
   const token = record.fence + 1;
   return {
     ...record,
@@ -251,7 +262,7 @@ export function extendedLease<R extends { lease: Lease | null }>(record: R, now:
 }
 
 /** `record` completed: `done`, lease dropped. */
-export function doneInbound(record: InboundRecord, now: number): InboundRecord {
+export function doneInbound<R extends LeasedLifecycle>(record: R, now: number): R {
   return { ...record, state: "done", lease: null, nextAttemptAt: null, updatedAt: now };
 }
 
@@ -261,7 +272,7 @@ export function sentOutbox(entry: OutboxEntry, messageId: string, now: number): 
 }
 
 /** `record` made `pending` again by an operator (attempts reset), or `null` when it is not done, failed or dead. */
-export function replayedInbound(record: InboundRecord, now: number): InboundRecord | null {
+export function replayedInbound<R extends LeasedLifecycle>(record: R, now: number): R | null {
   if (record.state !== "done" && record.state !== "failed" && record.state !== "dead") return null;
   return { ...record, state: "pending", attempts: 0, nextAttemptAt: null, lease: null, error: null, updatedAt: now };
 }

@@ -10,7 +10,10 @@ import { type ClaimOptions, type FailOutcome, type OutboxEntry, type OutboxJourn
 import type { ClaimDueOptions, ListOptions, OutboxClaim, OutboxState, NewOutboxEntry, ReserveResult } from "../backend.ts";
 import {
   checkClaim,
+  claimedInbound,
+  doneInbound,
   isInboxClaimable,
+  replayedInbound,
   checkedJson,
   checkFinite,
   checkOutcome,
@@ -94,19 +97,6 @@ function isActive(state: EventState): boolean {
 }
 
 
-/** `record` leased under `options` with the next fencing token. */
-function claimed(record: EventRecord, now: number, options: ClaimOptions): EventRecord {
-  const token = record.fence + 1;
-  return {
-    ...record,
-    state: "processing",
-    attempts: record.attempts + 1,
-    nextAttemptAt: null,
-    lease: newLease(options, token, now),
-    fence: token,
-    updatedAt: now,
-  };
-}
 
 /** Oldest `createdAt` first, append order on ties. */
 function byCreated(a: Slot, b: Slot): number {
@@ -417,7 +407,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const slot = this.#slots.get(id);
     const now = this.#now();
     if (!slot || slot.record.channel !== channel || !isInboxClaimable(slot.record, now, options)) return null;
-    const next = claimed(slot.record, now, options);
+    const next = claimedInbound(slot.record, now, options);
     this.#store(next, slot);
     return cloneJson(next);
   }
@@ -444,7 +434,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const out: EventRecord[] = [];
     for (const slot of claimable) {
       if (!(out.length < options.limit)) break;
-      const next = claimed(slot.record, now, options);
+      const next = claimedInbound(slot.record, now, options);
       this.#store(next, slot);
       out.push(cloneJson(next));
     }
@@ -480,7 +470,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     checkFinite(token, `events.complete: "token"`);
     const slot = this.#held(id, token);
     if (!slot) throw new StaleLeaseError("event", id, token);
-    this.#store({ ...slot.record, state: "done", lease: null, nextAttemptAt: null, updatedAt: this.#now() }, slot);
+    this.#store(doneInbound(slot.record, this.#now()), slot);
   }
 
   /**
@@ -562,12 +552,9 @@ export class MemoryEventJournal implements LeasedEventJournal {
     checkString(id, `events.replay: "id"`);
     const slot = this.#slots.get(id);
     if (!slot) return false;
-    const r = slot.record;
-    if (r.state !== "done" && r.state !== "failed" && r.state !== "dead") return false;
-    this.#store(
-      { ...r, state: "pending", attempts: 0, nextAttemptAt: null, lease: null, error: null, updatedAt: this.#now() },
-      slot,
-    );
+    const replayed = replayedInbound(slot.record, this.#now());
+    if (!replayed) return false;
+    this.#store(replayed, slot);
     return true;
   }
 
