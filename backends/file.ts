@@ -61,6 +61,7 @@ import {
   FileCorruptError,
   FileLock,
   FileLockedError,
+  fileStep,
   NEW_FILE_MODE,
   parseJsonBytes,
   releaseOpenFile,
@@ -121,18 +122,9 @@ const DEFAULT_STALE_LOCK_MS = 30_000;
 /** The backend named in error messages. */
 const LABEL = "FileDurability";
 
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
-/** Runs one file-system step of `open()`/`close()`; an error of the runtime is wrapped to name the file (`cause` kept). */
-async function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> {
-  try {
-    return await run();
-  } catch (error) {
-    if (error instanceof Error && error.message.startsWith("FileDurability")) throw error;
-    throw new Error(`FileDurability: ${file}: ${what}: ${messageOf(error)}`, { cause: error });
-  }
+/** One file-system step of `open()`/`close()`, its errors naming the file. */
+function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> {
+  return fileStep(LABEL, file, what, run);
 }
 
 /** Runs one operation on the open state and resolves once what it observed is on disk. */
@@ -406,34 +398,20 @@ export class FileDurability implements DurabilityBackend {
     if (this.#refs === 0) return;
     if (--this.#refs > 0) return;
     const file = this.#file!;
-    let failure: unknown = null;
-    let releaseFailure: unknown = null;
-    try {
-      // Let operations already under way join, then write what is not on disk yet.
-      await null;
-      await this.#commit.flush();
-    } catch (error) {
-      failure = error;
-    } finally {
-      if (failure === null && this.#commit.failure !== null) failure = this.#commit.failure;
-      this.#commit.detach(); // rejects operations that slipped in after a failed final rewrite
-      try {
-        await step(file, `cannot release the lock file ${file}.lock`, () => this.#releaseLock());
-      } catch (error) {
-        releaseFailure = error;
-      } finally {
-        releaseOpenFile(file, this);
-      }
-    }
-    if (failure !== null && releaseFailure !== null) {
-      throw new AggregateError(
-        [failure, releaseFailure],
-        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
-        { cause: failure },
-      );
-    }
-    if (failure !== null) throw failure;
-    if (releaseFailure !== null) throw releaseFailure;
+    await this.#commit.close(
+      async () => {
+        // Let operations already under way join, then write what is not on disk yet.
+        await null;
+        await this.#commit.flush();
+      },
+      async () => {
+        try {
+          await step(file, `cannot release the lock file ${file}.lock`, () => this.#releaseLock());
+        } finally {
+          releaseOpenFile(file, this);
+        }
+      },
+    );
   }
 
   /** Releases our lock file (only if it is still ours); its refresh stops at once. */

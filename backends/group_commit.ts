@@ -29,7 +29,7 @@
  */
 import { StaleLeaseError } from "../src/backend.ts";
 import { readFileBytes } from "../src/runtime/fs.ts";
-import { writeSnapshot } from "./file_support.ts";
+import { messageOf, writeSnapshot } from "./file_support.ts";
 
 /** Rewrite counters of a {@link SnapshotCommitter}. */
 export interface SnapshotCommitStats {
@@ -76,9 +76,6 @@ interface Waiter {
   reject: (error: unknown) => void;
 }
 
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
 
 /**
  * Group commit of an in-memory state into one snapshot file (see the
@@ -177,6 +174,42 @@ export class SnapshotCommitter<S> {
       this.#waiters.push({ target, resolve, reject });
       this.#writing ??= this.#writeLoop();
     });
+  }
+
+  /**
+   * The last close of a backend: `settle` (wait for operations and write what
+   * is left), then detach the state and `release` (the lock, the registry)
+   * whatever happened. Throws the write failure, the release failure, or both
+   * as an `AggregateError` (the write failure first).
+   *
+   * @param settle waits for the operations under way and flushes
+   * @param release lets go of the lock and the in-process registration
+   */
+  async close(settle: () => Promise<void>, release: () => Promise<void>): Promise<void> {
+    let failure: unknown = null;
+    let releaseFailure: unknown = null;
+    try {
+      await settle();
+    } catch (error) {
+      failure = error;
+    } finally {
+      if (failure === null && this.failure !== null) failure = this.failure;
+      this.detach(); // rejects operations that slipped in after a failed final rewrite
+      try {
+        await release();
+      } catch (error) {
+        releaseFailure = error;
+      }
+    }
+    if (failure !== null && releaseFailure !== null) {
+      throw new AggregateError(
+        [failure, releaseFailure],
+        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
+        { cause: failure },
+      );
+    }
+    if (failure !== null) throw failure;
+    if (releaseFailure !== null) throw releaseFailure;
   }
 
   /**

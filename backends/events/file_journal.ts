@@ -57,7 +57,9 @@ import {
   FileLock,
   FileLockedError,
   FileMutex,
+  fileStep,
   findJsonSyntaxError,
+  messageOf,
   NEW_FILE_MODE,
   releaseOpenFile,
   snapshotFileMode,
@@ -116,18 +118,9 @@ export interface FileEventJournalStats {
 /** Runs one operation on the open state and resolves once what it observed is on disk. */
 type Run = <T>(op: string, operation: (mem: MemoryEventJournal) => Promise<T>) => Promise<T>;
 
-function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
-
-/** Runs one file-system step of `open()`/`close()`; an error of the runtime is wrapped to name the file (`cause` kept). */
-async function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> {
-  try {
-    return await run();
-  } catch (error) {
-    if (error instanceof Error && error.message.startsWith(LABEL)) throw error;
-    throw new Error(`${LABEL}: ${file}: ${what}: ${messageOf(error)}`, { cause: error });
-  }
+/** One file-system step of `open()`/`close()`, its errors naming the file. */
+function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> {
+  return fileStep(LABEL, file, what, run);
 }
 
 let testHooks: { crash(journal: FileEventJournal): Promise<void> } | undefined;
@@ -394,36 +387,22 @@ export class FileEventJournal implements LeasedEventJournal {
   async #close(): Promise<void> {
     if (this.#commit.crashed) return;
     const file = this.file;
-    let failure: unknown = null;
-    let releaseFailure: unknown = null;
-    try {
-      await null; // operations called in the same tick are in flight
-      while (this.#inflight.size > 0) await Promise.allSettled([...this.#inflight]);
-      await this.#commit.flush({ untilCrash: true });
-    } catch (error) {
-      failure = error;
-    } finally {
-      if (failure === null && this.#commit.failure !== null) failure = this.#commit.failure;
-      this.#commit.detach();
-      const lock = this.#lock;
-      this.#lock = null;
-      try {
-        if (lock !== null) await step(file, `cannot release the lock file ${file}.lock`, () => lock.release());
-      } catch (error) {
-        releaseFailure = error;
-      } finally {
-        releaseOpenFile(file, this);
-      }
-    }
-    if (failure !== null && releaseFailure !== null) {
-      throw new AggregateError(
-        [failure, releaseFailure],
-        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
-        { cause: failure },
-      );
-    }
-    if (failure !== null) throw failure;
-    if (releaseFailure !== null) throw releaseFailure;
+    await this.#commit.close(
+      async () => {
+        await null; // operations called in the same tick are in flight
+        while (this.#inflight.size > 0) await Promise.allSettled([...this.#inflight]);
+        await this.#commit.flush({ untilCrash: true });
+      },
+      async () => {
+        const lock = this.#lock;
+        this.#lock = null;
+        try {
+          if (lock !== null) await step(file, `cannot release the lock file ${file}.lock`, () => lock.release());
+        } finally {
+          releaseOpenFile(file, this);
+        }
+      },
+    );
   }
 
   /**
