@@ -4,6 +4,7 @@
  * between a compaction's snapshot and its truncate, a torn log line, and a FileEventJournal on the
  * same file (refused in both orders).
  */
+import { childLines } from "./support/child_lines.ts";
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -57,46 +58,7 @@ function spawnWorker(mode: string, file: string, config: Record<string, unknown>
     stderr: "inherit",
   });
   children.push(child);
-  const seen: string[] = [];
-  const signal: { wake: (() => void) | null } = { wake: null };
-  void (async () => {
-    let buffered = "";
-    const decoder = new TextDecoder();
-    const reader = child.stdout.getReader();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      buffered += decoder.decode(value, { stream: true });
-      let at: number;
-      while ((at = buffered.indexOf("\n")) >= 0) {
-        seen.push(buffered.slice(0, at));
-        buffered = buffered.slice(at + 1);
-      }
-      signal.wake?.();
-    }
-    signal.wake?.();
-  })().catch(() => {});
-  let read = 0;
-  return {
-    child,
-    async next(prefix, timeoutMs = 10_000) {
-      const until = Date.now() + timeoutMs;
-      for (;;) {
-        while (read < seen.length) {
-          const line = seen[read++];
-          if (line.startsWith(prefix)) return line;
-        }
-        if (Date.now() > until) {
-          throw new Error(`${mode}: no line "${prefix}…" within ${timeoutMs} ms (got ${JSON.stringify(seen.slice(-20))})`);
-        }
-        await new Promise<void>((r) => {
-          signal.wake = r;
-          setTimeout(r, 20);
-        });
-      }
-    },
-    all: () => [...seen],
-  };
+  return { child, ...childLines(child.stdout, mode, 10_000) };
 }
 
 async function openJournal(file: string, options: SharedFileEventJournalOptions): Promise<SharedFileEventJournal> {

@@ -4,6 +4,7 @@
  * included), the live-lock check, the open-file registry shared by every
  * kind of file backend, and the snapshot helpers.
  */
+import { type ChildLines, childLines } from "./support/child_lines.ts";
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import {
   chmodSync,
@@ -65,44 +66,8 @@ afterEach(async () => {
 });
 
 /** Reads a child's stdout line by line; `next(prefix)` waits for the next line that starts with it. */
-function lines(child: Child): { next(prefix: string, timeoutMs?: number): Promise<string>; all(): string[] } {
-  const seen: string[] = [];
-  const signal: { wake: (() => void) | null } = { wake: null };
-  void (async () => {
-    let buffered = "";
-    const decoder = new TextDecoder();
-    const reader = child.stdout.getReader();
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      buffered += decoder.decode(value, { stream: true });
-      let at: number;
-      while ((at = buffered.indexOf("\n")) >= 0) {
-        seen.push(buffered.slice(0, at));
-        buffered = buffered.slice(at + 1);
-      }
-      signal.wake?.();
-    }
-    signal.wake?.();
-  })().catch(() => {});
-  let read = 0;
-  return {
-    async next(prefix, timeoutMs = 5_000) {
-      const until = Date.now() + timeoutMs;
-      for (;;) {
-        while (read < seen.length) {
-          const line = seen[read++];
-          if (line.startsWith(prefix)) return line;
-        }
-        if (Date.now() > until) throw new Error(`no line "${prefix}…" from the child within ${timeoutMs} ms (got ${JSON.stringify(seen)})`);
-        await new Promise<void>((r) => {
-          signal.wake = r;
-          setTimeout(r, 20);
-        });
-      }
-    },
-    all: () => [...seen],
-  };
+function lines(child: Child): ChildLines {
+  return childLines(child.stdout, "the child", 5_000);
 }
 
 function spawnHolder(file: string, staleLockMs: number): { child: Child; out: ReturnType<typeof lines> } {
