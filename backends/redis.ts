@@ -1,0 +1,879 @@
+/**
+ * `@botmesh/durable/redis`: a durability backend, a session store and a
+ * {@link DurableKv} on Redis, shared by many replicas on many hosts.
+ *
+ * - {@link RedisDurability}: the inbox and outbox journals.
+ * - {@link RedisStore}: the bot's {@link SessionStore} (values with a TTL);
+ *   `store.durability()` journals with the same client and key prefix.
+ * - {@link RedisKv}: a versioned key-value store for `kvDurability(kv)` or
+ *   `eventsDurability({ journal, outbox: kv })`.
+ *
+ * ## Clients
+ * Pass the client you already have as `client`: an `@upstash/redis` client
+ * (HTTP/fetch: edge workers), or a TCP client for servers — `ioredis`,
+ * `redis` (node-redis, connected) or Bun's `RedisClient`. It is recognised by
+ * its shape (no client package is imported); the adapters
+ * {@link fromUpstash}, {@link fromIoredis}, {@link fromNodeRedis},
+ * {@link fromBunRedis} are exported too, and any object implementing
+ * {@link RedisCommands} (`evalsha`, `scriptLoad`) works. The backend never
+ * connects or closes the client: close it yourself after `bot.stop()`.
+ *
+ * ## Atomicity, time and fencing
+ * Every operation is ONE Lua script (see `redis_lua.ts`), loaded once and
+ * run with `EVALSHA`; when the server answers `NOSCRIPT` (after a
+ * `SCRIPT FLUSH`, a restart or a failover) it is loaded again and re-run.
+ * Scripts are atomic, so claims, fencing checks and the per-chat order of
+ * sends hold across any number of replicas. Times come from the server
+ * (`redis.call('TIME')` inside the scripts), never from a replica's clock.
+ *
+ * ## Keys
+ * Every key starts with `{keyPrefix}` (default `{botmesh:}`): the braces are
+ * a Redis Cluster hash tag, so all keys of one backend share a slot. Give
+ * each bot (tenant, test) its own prefix. Under the prefix:
+ * - `in:r:<id>` inbox record (hash; the payload is opaque JSON text);
+ *   `in:all`, `in:chat:<chatId>`, `in:st:<state>` sorted sets in receipt
+ *   order (`in:st:pending` is also the due backlog); `in:timed` (failed and
+ *   processing records by when they become due); `in:owner:<owner>` (leased
+ *   records, for `reclaimOwn`); `in:done` (done records by `updatedAt`, for
+ *   purges); `in:ord` admission counter.
+ * - `out:r:<key>` outbox entry (hash; content is opaque JSON text);
+ *   `out:all`, `out:chat:<chatId>`, `out:st:<state>` by `seq`;
+ *   `out:open:<chatId>` the chat's unsettled (queued/sending/failed) entries
+ *   by `seq`, whose first is the chat's head; `out:due` the heads that are
+ *   queued/failed, by `nextAttemptAt`; `out:lease` sending entries by lease
+ *   expiry; `out:owner:<owner>`; `out:sent` by `updatedAt`; `out:seq` counter.
+ * - `s:<key>` session values (`SET … PX`); `kv:r:<key>`, `kv:keys`, `kv:ver` the kv.
+ *
+ * Due scans read only due entries (`claimDue` is O(due)); purges delete at
+ * most 500 records per script call. A stored record that is not what this
+ * library wrote rejects its read with an error naming the key and field.
+ *
+ * @module
+ */
+import {
+  type BackendScope,
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DurabilityBackend,
+  type DurableKv,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type JsonValue,
+  type KvEntry,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
+  StaleLeaseError,
+} from "../src/backend.ts";
+import {
+  checkClaim,
+  checkFinite,
+  checkListFilter,
+  checkNewInbound,
+  checkNewOutbox,
+  checkOutcome,
+  checkString,
+  normalizeList,
+} from "../src/journal_rules.ts";
+import type { SessionStore } from "../src/store.ts";
+import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
+import { showValue as show } from "../src/show.ts";
+import { type LuaScript, type ScriptName, SCRIPTS } from "./redis_lua.ts";
+import { type RedisCommands, toCommands } from "./redis_clients.ts";
+
+export {
+  type BunRedisLike,
+  fromBunRedis,
+  fromIoredis,
+  fromNodeRedis,
+  fromUpstash,
+  type IoredisLike,
+  type NodeRedisLike,
+  type RedisCommands,
+  type UpstashLike,
+} from "./redis_clients.ts";
+
+/** Options of {@link RedisDurability}, {@link RedisStore} and {@link RedisKv}. */
+export interface RedisOptions {
+  /**
+   * The client: an `@upstash/redis` client, an `ioredis` client, a connected
+   * `redis` (node-redis) client, a Bun `RedisClient`, or a {@link RedisCommands}. Required.
+   */
+  client: unknown;
+  /**
+   * Every key starts with `{keyPrefix}` (default `"botmesh:"`): 1 to 128
+   * characters, without `{` or `}`. Give each bot (tenant, test run) its own.
+   */
+  keyPrefix?: string;
+}
+
+/** Options of {@link RedisDurability}. */
+export type RedisDurabilityOptions = RedisOptions;
+/** Options of {@link RedisStore}. */
+export type RedisStoreOptions = RedisOptions;
+/** Options of {@link RedisKv}. */
+export type RedisKvOptions = RedisOptions;
+
+const OPTION_NAMES = ["client", "keyPrefix"] as const;
+/** Records deleted per purge script call. */
+const PURGE_BATCH = 500;
+
+interface Resolved {
+  commands: RedisCommands;
+  keyPrefix: string;
+}
+
+function resolveOptions(options: unknown, what: string): Resolved {
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`${what} options must be an object with a "client", got ${show(options)}`);
+  }
+  const o = options as Record<string, unknown>;
+  for (const key of Object.keys(o)) {
+    if (!(OPTION_NAMES as readonly string[]).includes(key)) {
+      throw new TypeError(
+        `Unknown Redis option ${JSON.stringify(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`,
+      );
+    }
+  }
+  const commands = toCommands(o.client, `Redis option "client"`);
+  const keyPrefix = o.keyPrefix ?? "botmesh:";
+  if (typeof keyPrefix !== "string") {
+    throw new TypeError(`Redis option "keyPrefix" must be a string, got ${show(keyPrefix)}`);
+  }
+  if (keyPrefix.length === 0 || keyPrefix.length > 128 || /[{}]/.test(keyPrefix)) {
+    throw new RangeError(
+      `Redis option "keyPrefix" must be 1 to 128 characters without "{" or "}", got ${show(keyPrefix)}`,
+    );
+  }
+  return { commands, keyPrefix };
+}
+
+// ---- scripts -----------------------------------------------------------------
+
+const shaCache = new WeakMap<LuaScript, Promise<string>>();
+
+async function sha1Hex(text: string): Promise<string> {
+  const digest = await crypto.subtle.digest("SHA-1", new TextEncoder().encode(text));
+  let out = "";
+  for (const b of new Uint8Array(digest)) out += b.toString(16).padStart(2, "0");
+  return out;
+}
+
+function shaOf(script: LuaScript): Promise<string> {
+  let sha = shaCache.get(script);
+  if (!sha) {
+    sha = sha1Hex(script.text);
+    shaCache.set(script, sha);
+  }
+  return sha;
+}
+
+function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+/** Runs the backend's scripts over one client under one key prefix. */
+class Runner {
+  readonly commands: RedisCommands;
+  readonly keyPrefix: string;
+  /** The hash-tagged prefix every key starts with. */
+  readonly tag: string;
+
+  constructor(resolved: Resolved) {
+    this.commands = resolved.commands;
+    this.keyPrefix = resolved.keyPrefix;
+    this.tag = `{${resolved.keyPrefix}}`;
+  }
+
+  /**
+   * Runs script `name` with `args` (after the prefix) and returns its decoded
+   * reply. A `NOSCRIPT` answer loads the script and runs it again.
+   */
+  async run(name: ScriptName, args: readonly string[]): Promise<unknown> {
+    const script = SCRIPTS[name];
+    const sha = await shaOf(script);
+    const keys = [this.tag];
+    const argv = [this.tag, ...args];
+    let reply: unknown;
+    try {
+      try {
+        reply = await this.commands.evalsha(sha, keys, argv);
+      } catch (error) {
+        if (!/NOSCRIPT/.test(messageOf(error))) throw error;
+        await this.commands.scriptLoad(script.text);
+        reply = await this.commands.evalsha(sha, keys, argv);
+      }
+    } catch (error) {
+      throw new Error(`Redis ${script.name} (key prefix ${JSON.stringify(this.keyPrefix)}) failed: ${messageOf(error)}`, {
+        cause: error,
+      });
+    }
+    return decodeReply(reply, script.name);
+  }
+
+  /** The server's time (ms since epoch). */
+  async now(): Promise<number> {
+    const [t] = strings(await this.run("time", []));
+    return Number(t);
+  }
+}
+
+/**
+ * A script's reply: the JSON text it returned (an Upstash client with
+ * automatic deserialization has already parsed it).
+ */
+function decodeReply(reply: unknown, name: string): unknown {
+  if (typeof reply === "string") {
+    try {
+      return JSON.parse(reply);
+    } catch (error) {
+      throw new Error(`Redis ${name}: the script's reply is not JSON: ${messageOf(error)}`);
+    }
+  }
+  if (reply instanceof Uint8Array) return decodeReply(new TextDecoder().decode(reply), name);
+  if (typeof reply === "object" && reply !== null) return reply;
+  throw new Error(`Redis ${name}: unexpected script reply ${show(reply)}`);
+}
+
+/** A decoded array (cjson encodes an empty one as `{}`). */
+function list(value: unknown): unknown[] {
+  return Array.isArray(value) ? value : [];
+}
+
+function strings(value: unknown): string[] {
+  return list(value).map((v) => String(v));
+}
+
+/** An `HGETALL` array as a map, or `null` when empty. */
+function fieldsOf(flat: unknown): Map<string, string> | null {
+  const items = list(flat);
+  if (items.length === 0) return null;
+  const m = new Map<string, string>();
+  for (let i = 0; i + 1 < items.length; i += 2) m.set(String(items[i]), String(items[i + 1]));
+  return m;
+}
+
+/** A number field: the number, the raw text when it is not one (so the check quotes it), `undefined` when absent. */
+function numField(m: Map<string, string>, field: string): number | string | undefined {
+  const raw = m.get(field);
+  if (raw === undefined) return undefined;
+  const n = Number(raw);
+  return raw.trim() !== "" && Number.isFinite(n) ? n : raw;
+}
+
+function optNum(m: Map<string, string>, field: string): number | string | null {
+  return m.has(field) ? numField(m, field)! : null;
+}
+
+function jsonField(m: Map<string, string>, field: string, what: string): JsonValue | undefined {
+  const raw = m.get(field);
+  if (raw === undefined) return undefined;
+  try {
+    return JSON.parse(raw) as JsonValue;
+  } catch (error) {
+    throw new Error(`${what}: field "${field}" is not JSON (${messageOf(error)}): ${show(raw.slice(0, 80))}`);
+  }
+}
+
+function leaseOf(m: Map<string, string>): unknown {
+  if (!m.has("leaseOwner")) return null;
+  return {
+    owner: m.get("leaseOwner"),
+    incarnation: m.get("leaseInc"),
+    token: numField(m, "leaseToken"),
+    expiresAt: numField(m, "leaseExp"),
+  };
+}
+
+function inboundOf(flat: unknown, runner: Runner, id: string): InboundRecord | null {
+  const m = fieldsOf(flat);
+  if (!m) return null;
+  const what = `Redis inbox record at key ${JSON.stringify(`${runner.tag}in:r:${m.get("id") ?? id}`)}`;
+  const record = {
+    id: m.get("id"),
+    kind: m.get("kind"),
+    chatId: m.get("chatId"),
+    provider: m.get("provider"),
+    payload: jsonField(m, "payload", what),
+    receivedAt: numField(m, "receivedAt"),
+    state: m.get("state"),
+    attempts: numField(m, "attempts"),
+    nextAttemptAt: optNum(m, "nextAttemptAt"),
+    lease: leaseOf(m),
+    fence: numField(m, "fence"),
+    error: m.get("error") ?? null,
+    updatedAt: numField(m, "updatedAt"),
+  };
+  const problem = storedInboundProblem(record);
+  if (problem) throw new Error(`${what}: ${problem}`);
+  return record as InboundRecord;
+}
+
+function outboxOf(flat: unknown, runner: Runner, key: string): OutboxEntry | null {
+  const m = fieldsOf(flat);
+  if (!m) return null;
+  const what = `Redis outbox entry at key ${JSON.stringify(`${runner.tag}out:r:${m.get("key") ?? key}`)}`;
+  const entry = {
+    key: m.get("key"),
+    chatId: m.get("chatId"),
+    content: jsonField(m, "content", what),
+    contentHash: m.get("contentHash"),
+    inboundId: m.get("inboundId") ?? null,
+    state: m.get("state"),
+    attempts: numField(m, "attempts"),
+    nextAttemptAt: optNum(m, "nextAttemptAt"),
+    lease: leaseOf(m),
+    fence: numField(m, "fence"),
+    messageId: m.get("messageId") ?? null,
+    error: m.get("error") ?? null,
+    seq: numField(m, "seq"),
+    createdAt: numField(m, "createdAt"),
+    updatedAt: numField(m, "updatedAt"),
+  };
+  const problem = storedOutboxProblem(entry);
+  if (problem) throw new Error(`${what}: ${problem}`);
+  return entry as OutboxEntry;
+}
+
+function leaseArgs(lease: ClaimOptions | undefined): string[] {
+  return lease ? ["1", lease.owner, lease.incarnation, String(lease.leaseMs), "0"] : ["0"];
+}
+
+function claimArgs(options: ClaimOptions): string[] {
+  return [options.owner, options.incarnation, String(options.leaseMs), options.reclaimOwn === true ? "1" : "0"];
+}
+
+function listArgs<S extends string>(options: ListOptions<S> | undefined): { args: string[]; limit: number } {
+  const { states, chatId, limit } = normalizeList(options);
+  const wanted = states === null ? [] : [...states];
+  return {
+    args: [chatId === undefined ? "0" : "1", chatId ?? "", String(limit), String(wanted.length), ...wanted],
+    limit,
+  };
+}
+
+function finishArgs(outcome: FailOutcome): string[] {
+  return outcome.dead ? ["dead", outcome.error, "0"] : ["retry", outcome.error, String(outcome.retryInMs)];
+}
+
+async function purgeAll(runner: Runner, name: "inPurge" | "outPurge", olderThanMs: number): Promise<number> {
+  let total = 0;
+  for (;;) {
+    const [deleted, scanned] = strings(await runner.run(name, [String(olderThanMs), String(PURGE_BATCH)]));
+    total += Number(deleted);
+    if (Number(scanned) < PURGE_BATCH) return total;
+  }
+}
+
+function checkLimit(limit: unknown, op: string): number {
+  checkFinite(limit, `${op}: option "limit"`);
+  return Math.max(0, Math.floor(limit as number));
+}
+
+// ---- journals --------------------------------------------------------------------
+
+class RedisInbox implements InboxJournal {
+  readonly #r: Runner;
+
+  constructor(runner: Runner) {
+    this.#r = runner;
+  }
+
+  async admit(input: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    const rec = checkNewInbound(input);
+    if (lease !== undefined) checkClaim(lease, "inbox.admit");
+    const [status, flat] = list(
+      await this.#r.run("inAdmit", [
+        rec.id,
+        rec.kind,
+        rec.chatId,
+        rec.provider,
+        JSON.stringify(rec.payload),
+        String(rec.receivedAt),
+        ...leaseArgs(lease),
+      ]),
+    );
+    return status === "ok" ? inboundOf(flat, this.#r, rec.id) : null;
+  }
+
+  async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    checkString(id, `inbox.claim: "id"`);
+    checkClaim(options, "inbox.claim");
+    const [status, flat] = list(await this.#r.run("inClaim", [id, ...claimArgs(options)]));
+    return status === "ok" ? inboundOf(flat, this.#r, id) : null;
+  }
+
+  async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    checkClaim(options, "inbox.claimDue");
+    const limit = checkLimit(options.limit, "inbox.claimDue");
+    if (limit === 0) return [];
+    const out = list(await this.#r.run("inClaimDue", [...claimArgs(options), String(limit)]));
+    return out.map((flat) => inboundOf(flat, this.#r, "")!);
+  }
+
+  async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkString(id, `inbox.heartbeat: "id"`);
+    checkFinite(token, `inbox.heartbeat: "token"`);
+    checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
+    const [status] = list(await this.#r.run("inHeartbeat", [id, String(token), String(leaseMs)]));
+    return status === "ok";
+  }
+
+  async complete(id: string, token: number): Promise<void> {
+    checkString(id, `inbox.complete: "id"`);
+    checkFinite(token, `inbox.complete: "token"`);
+    const [status] = list(await this.#r.run("inFinish", [id, String(token), "done", "", "0"]));
+    if (status !== "ok") throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkString(id, `inbox.fail: "id"`);
+    checkFinite(token, `inbox.fail: "token"`);
+    checkOutcome(outcome, "inbox.fail");
+    const [status] = list(await this.#r.run("inFinish", [id, String(token), ...finishArgs(outcome)]));
+    if (status !== "ok") throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async get(id: string): Promise<InboundRecord | null> {
+    checkString(id, `inbox.get: "id"`);
+    const [flat] = list(await this.#r.run("inGet", [id]));
+    return inboundOf(flat, this.#r, id);
+  }
+
+  async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    checkListFilter(options, "inbox.list");
+    const { args, limit } = listArgs(options);
+    if (limit === 0) return [];
+    return list(await this.#r.run("inList", args)).map((flat) => inboundOf(flat, this.#r, "")!);
+  }
+
+  async replay(id: string): Promise<boolean> {
+    checkString(id, `inbox.replay: "id"`);
+    const [status] = list(await this.#r.run("inReplay", [id]));
+    return status === "ok";
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    checkFinite(olderThanMs, `inbox.purge: "olderThanMs"`);
+    return await purgeAll(this.#r, "inPurge", olderThanMs);
+  }
+}
+
+class RedisOutbox implements OutboxJournal {
+  readonly #r: Runner;
+
+  constructor(runner: Runner) {
+    this.#r = runner;
+  }
+
+  async reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    const e = checkNewOutbox(input);
+    if (lease !== undefined) checkClaim(lease, "outbox.reserve");
+    const [status, flat] = list(
+      await this.#r.run("outReserve", [
+        e.key,
+        e.chatId,
+        JSON.stringify(e.content),
+        e.contentHash,
+        e.inboundId === null ? "0" : "1",
+        e.inboundId ?? "",
+        ...leaseArgs(lease),
+      ]),
+    );
+    const entry = outboxOf(flat, this.#r, e.key);
+    if (!entry) throw new Error(`Redis outbox.reserve: the entry ${JSON.stringify(e.key)} was not returned`);
+    const kind = status === "leased" ? "leased" : status === "queued" ? "queued" : "exists";
+    return { status: kind, entry };
+  }
+
+  async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    checkClaim(options, "outbox.claimDue");
+    const limit = checkLimit(options.limit, "outbox.claimDue");
+    const [due, ambiguous] = list(
+      await this.#r.run("outClaimDue", [...claimArgs(options), options.resendAmbiguous === true ? "1" : "0", String(limit)]),
+    );
+    return {
+      due: list(due).map((flat) => outboxOf(flat, this.#r, "")!),
+      ambiguous: list(ambiguous).map((flat) => outboxOf(flat, this.#r, "")!),
+    };
+  }
+
+  async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkString(key, `outbox.heartbeat: "key"`);
+    checkFinite(token, `outbox.heartbeat: "token"`);
+    checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
+    const [status] = list(await this.#r.run("outHeartbeat", [key, String(token), String(leaseMs)]));
+    return status === "ok";
+  }
+
+  async markSent(key: string, token: number, messageId: string): Promise<void> {
+    checkString(key, `outbox.markSent: "key"`);
+    checkFinite(token, `outbox.markSent: "token"`);
+    checkString(messageId, `outbox.markSent: "messageId"`);
+    const [status] = list(await this.#r.run("outFinish", [key, String(token), "sent", messageId, "0"]));
+    if (status !== "ok") throw new StaleLeaseError("outbox", key, token);
+  }
+
+  async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkString(key, `outbox.markFailed: "key"`);
+    checkFinite(token, `outbox.markFailed: "token"`);
+    checkOutcome(outcome, "outbox.markFailed");
+    const [status] = list(await this.#r.run("outFinish", [key, String(token), ...finishArgs(outcome)]));
+    if (status !== "ok") throw new StaleLeaseError("outbox", key, token);
+  }
+
+  async get(key: string): Promise<OutboxEntry | null> {
+    checkString(key, `outbox.get: "key"`);
+    const [flat] = list(await this.#r.run("outGet", [key]));
+    return outboxOf(flat, this.#r, key);
+  }
+
+  async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    checkListFilter(options, "outbox.list");
+    const { args, limit } = listArgs(options);
+    if (limit === 0) return [];
+    return list(await this.#r.run("outList", args)).map((flat) => outboxOf(flat, this.#r, "")!);
+  }
+
+  async retry(key: string): Promise<boolean> {
+    checkString(key, `outbox.retry: "key"`);
+    const [status] = list(await this.#r.run("outRetry", [key]));
+    return status === "ok";
+  }
+
+  async discard(key: string): Promise<boolean> {
+    checkString(key, `outbox.discard: "key"`);
+    const [status] = list(await this.#r.run("outDiscard", [key]));
+    return status === "ok";
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    checkFinite(olderThanMs, `outbox.purge: "olderThanMs"`);
+    return await purgeAll(this.#r, "outPurge", olderThanMs);
+  }
+}
+
+// ---- public classes ----------------------------------------------------------------
+
+/** Set by {@link RedisStore.durability} for the constructor it calls. */
+let adopted: Runner | undefined;
+
+/**
+ * A durability backend on Redis: the inbox and outbox journals, shared by
+ * many replicas on many hosts (`scope: "shared"`). Every transition is one
+ * atomic Lua script with the server's clock and the fencing check inside;
+ * due scans read sorted sets of due entries only. See the module
+ * documentation for the clients and the key layout.
+ *
+ * The backend does not own the client: `open()` checks that Redis answers
+ * (and runs Lua), `close()` does nothing; close the client after `bot.stop()`.
+ *
+ * @example With a TCP client (ioredis)
+ * ```ts ignore
+ * import Redis from "ioredis";
+ * import { Bot } from "@botmesh/durable";
+ * import { RedisDurability } from "@botmesh/durable/redis";
+ *
+ * const client = new Redis(process.env.REDIS_URL!);
+ * const bot = new Bot({
+ *   provider,
+ *   durability: { backend: new RedisDurability({ client, keyPrefix: "shop-bot:" }), instanceId: "bot-1" },
+ * });
+ * await bot.start();
+ * // …
+ * await bot.stop();
+ * client.disconnect();
+ * ```
+ *
+ * @example With Upstash (edge workers)
+ * ```ts ignore
+ * import { Redis } from "@upstash/redis";
+ * import { RedisDurability } from "@botmesh/durable/redis";
+ *
+ * const backend = new RedisDurability({ client: Redis.fromEnv(), keyPrefix: "shop-bot:" });
+ * await backend.open();
+ * const id = crypto.randomUUID();
+ * await backend.inbox.admit({ id, kind: "message", chatId: "c1", provider: "test", payload: { text: "hi" }, receivedAt: Date.now() });
+ * const record = await backend.inbox.claim(id, { owner: "edge-1", incarnation: "a", leaseMs: 60_000 });
+ * await backend.inbox.complete(id, record!.lease!.token);
+ * console.log((await backend.inbox.get(id))?.state); // "done"
+ * ```
+ */
+export class RedisDurability implements DurabilityBackend {
+  /** Always `'redis'`. */
+  readonly name: string = "redis";
+  /** Shared by many replicas on many hosts. */
+  readonly scope: "shared" = "shared";
+  /** The inbound journal. */
+  readonly inbox: InboxJournal;
+  /** The outbound journal. */
+  readonly outbox: OutboxJournal;
+  /** The key prefix (inside the hash tag: keys start with `{keyPrefix}`). */
+  readonly keyPrefix: string;
+  readonly #runner: Runner;
+
+  /**
+   * @param options `client` (required), `keyPrefix`
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: RedisDurabilityOptions) {
+    const runner = adopted ?? new Runner(resolveOptions(options, "RedisDurability"));
+    adopted = undefined;
+    this.#runner = runner;
+    this.keyPrefix = runner.keyPrefix;
+    this.inbox = new RedisInbox(runner);
+    this.outbox = new RedisOutbox(runner);
+  }
+
+  /**
+   * Checks that Redis answers and runs the backend's scripts (loading them when needed).
+   * @throws {Error} naming the key prefix and the client's error when it does not
+   */
+  async open(): Promise<void> {
+    await this.#runner.now();
+  }
+
+  /** Nothing to release: the client is the caller's. */
+  async close(): Promise<void> {}
+
+  /**
+   * The server's clock.
+   * @returns ms since epoch by Redis `TIME`
+   */
+  now(): Promise<number> {
+    return this.#runner.now();
+  }
+}
+
+/**
+ * The bot's session store on Redis: JSON values under `{keyPrefix}s:<key>`,
+ * with an optional time to live (`SET … PX`, expired by Redis itself).
+ * `durability()` journals the inbox and outbox with the same client and
+ * prefix.
+ *
+ * @example
+ * ```ts ignore
+ * import Redis from "ioredis";
+ * import { RedisStore } from "@botmesh/durable/redis";
+ *
+ * const store = new RedisStore({ client: new Redis(), keyPrefix: "shop-bot:" });
+ * await store.set("chat:1", { step: 2 }, { ttlMs: 60_000 });
+ * console.log(await store.get("chat:1")); // { step: 2 }
+ * const backend = store.durability(); // give it to the Bot
+ * ```
+ */
+export class RedisStore implements SessionStore {
+  /** The key prefix. */
+  readonly keyPrefix: string;
+  readonly #runner: Runner;
+  #durability: RedisDurability | null = null;
+
+  /**
+   * @param options `client` (required), `keyPrefix`
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: RedisStoreOptions) {
+    this.#runner = new Runner(resolveOptions(options, "RedisStore"));
+    this.keyPrefix = this.#runner.keyPrefix;
+  }
+
+  /**
+   * The durability backend over the same client and key prefix (one instance per store).
+   * @returns the backend
+   */
+  durability(): RedisDurability {
+    if (!this.#durability) {
+      adopted = this.#runner;
+      try {
+        this.#durability = new RedisDurability({ client: null });
+      } finally {
+        adopted = undefined;
+      }
+    }
+    return this.#durability;
+  }
+
+  /**
+   * @param key the session key
+   * @returns the value of `key`, or `undefined` when absent or expired
+   * @throws {Error} naming the key when the stored value is not JSON
+   */
+  async get(key: string): Promise<JsonValue | undefined> {
+    checkString(key, `Session key`);
+    const [raw] = list(await this.#runner.run("storeGet", [key]));
+    if (raw === undefined) return undefined;
+    try {
+      return JSON.parse(String(raw)) as JsonValue;
+    } catch (error) {
+      throw new Error(
+        `Redis session value at key ${JSON.stringify(`${this.#runner.tag}s:${key}`)} is not JSON (${messageOf(error)})`,
+      );
+    }
+  }
+
+  /**
+   * Stores `value` (JSON); with `ttlMs` it expires after that many ms.
+   * @throws {RangeError} when `ttlMs` is not a positive number
+   * @throws {TypeError} when `value` is not JSON
+   */
+  async set(key: string, value: JsonValue, options?: { ttlMs?: number }): Promise<void> {
+    const ttl = options?.ttlMs;
+    if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0) || !Number.isFinite(ttl))) {
+      throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
+    }
+    checkString(key, `Session key`);
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(value);
+    } catch (error) {
+      throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON: ${messageOf(error)}`, { cause: error });
+    }
+    if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
+    await this.#runner.run("storeSet", [key, text, ttl === undefined ? "" : String(Math.ceil(ttl))]);
+  }
+
+  /** Deletes `key`. */
+  async delete(key: string): Promise<void> {
+    checkString(key, `Session key`);
+    await this.#runner.run("storeDelete", [key]);
+  }
+}
+
+function byteCompare(a: string, b: string): number {
+  const x = new TextEncoder().encode(a);
+  const y = new TextEncoder().encode(b);
+  const n = Math.min(x.length, y.length);
+  for (let i = 0; i < n; i++) if (x[i] !== y[i]) return x[i]! - y[i]!;
+  return x.length - y.length;
+}
+
+/**
+ * A {@link DurableKv} on Redis: versioned compare-and-set in one script per
+ * call. A version is a number from one counter per key prefix, so it is never
+ * reused (not even after a delete); `list` is in byte order (a sorted set
+ * read `BYLEX`); `now()` is Redis `TIME`. Use it with `kvDurability(kv)` or
+ * as the shared outbox of `eventsDurability({ journal, outbox: kv })`.
+ *
+ * @example
+ * ```ts ignore
+ * import Redis from "ioredis";
+ * import { kvDurability } from "@botmesh/durable/kv";
+ * import { RedisKv } from "@botmesh/durable/redis";
+ *
+ * const kv = new RedisKv({ client: new Redis(), keyPrefix: "shop-bot-kv:" });
+ * const version = await kv.set("a", { n: 1 }, null); // create
+ * console.log(await kv.set("a", { n: 2 }, version)); // a new version
+ * const backend = kvDurability(kv);
+ * ```
+ */
+export class RedisKv implements DurableKv {
+  /** Always `'redis'`. */
+  readonly name: string = "redis";
+  /** Shared by many hosts. */
+  readonly scope: BackendScope = "shared";
+  /** The key prefix. */
+  readonly keyPrefix: string;
+  readonly #runner: Runner;
+
+  /**
+   * @param options `client` (required), `keyPrefix`
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: RedisKvOptions) {
+    this.#runner = new Runner(resolveOptions(options, "RedisKv"));
+    this.keyPrefix = this.#runner.keyPrefix;
+  }
+
+  #value(key: string, raw: unknown): JsonValue {
+    try {
+      return JSON.parse(String(raw)) as JsonValue;
+    } catch (error) {
+      throw new Error(
+        `Redis kv value at key ${JSON.stringify(`${this.#runner.tag}kv:r:${key}`)}: field "v" is not JSON (${messageOf(error)})`,
+      );
+    }
+  }
+
+  /**
+   * @param key the key
+   * @returns its value and version, or `null`
+   */
+  async get(key: string): Promise<KvEntry | null> {
+    checkString(key, `kv.get: "key"`);
+    const r = list(await this.#runner.run("kvGet", [key]));
+    if (r.length < 2) return null;
+    return { key, value: this.#value(key, r[0]), version: String(r[1]) };
+  }
+
+  /**
+   * Writes `value` if the current version is `expectVersion` (`null`: the key
+   * must not exist; `undefined`: unconditional).
+   * @returns the new version, or `null` when the condition failed
+   * @throws {TypeError} when `value` is not JSON
+   */
+  async set(key: string, value: JsonValue, expectVersion?: string | null): Promise<string | null> {
+    checkString(key, `kv.set: "key"`);
+    if (expectVersion !== undefined && expectVersion !== null) checkString(expectVersion, `kv.set: "expectVersion"`);
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(value);
+    } catch (error) {
+      throw new TypeError(`kv.set: the value of ${JSON.stringify(key)} is not JSON: ${messageOf(error)}`, { cause: error });
+    }
+    if (text === undefined) throw new TypeError(`kv.set: the value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
+    const mode = expectVersion === undefined ? "any" : expectVersion === null ? "absent" : "match";
+    const [version] = list(await this.#runner.run("kvSet", [key, text, mode, expectVersion ?? ""]));
+    return version === undefined ? null : String(version);
+  }
+
+  /**
+   * Deletes `key` if its version is `expectVersion` (unconditional when `undefined`).
+   * @returns whether a key was deleted
+   */
+  async delete(key: string, expectVersion?: string): Promise<boolean> {
+    checkString(key, `kv.delete: "key"`);
+    if (expectVersion !== undefined) checkString(expectVersion, `kv.delete: "expectVersion"`);
+    const [done] = list(
+      await this.#runner.run("kvDelete", [key, expectVersion === undefined ? "0" : "1", expectVersion ?? ""]),
+    );
+    return String(done) === "1";
+  }
+
+  /**
+   * Keys starting with `prefix`, in byte order, after `after` when given, at most `limit`.
+   * @returns the entries
+   */
+  async list(prefix: string, options?: { after?: string; limit?: number }): Promise<KvEntry[]> {
+    checkString(prefix, `kv.list: "prefix"`);
+    const after = options?.after;
+    if (after !== undefined) checkString(after, `kv.list: option "after"`);
+    const limitOpt = options?.limit;
+    if (limitOpt !== undefined) checkFinite(limitOpt, `kv.list: option "limit"`);
+    const limit = limitOpt === undefined ? -1 : Math.max(0, Math.floor(limitOpt));
+    if (limit === 0) return [];
+    const start = after !== undefined && byteCompare(after, prefix) >= 0
+      ? `(${after}`
+      : prefix === ""
+      ? "-"
+      : `[${prefix}`;
+    const flat = list(await this.#runner.run("kvList", [start, prefix, String(limit)]));
+    const out: KvEntry[] = [];
+    for (let i = 0; i + 2 < flat.length; i += 3) {
+      const key = String(flat[i]);
+      out.push({ key, value: this.#value(key, flat[i + 1]), version: String(flat[i + 2]) });
+    }
+    return out;
+  }
+
+  /** @returns the server's clock (ms since epoch, Redis `TIME`) */
+  now(): Promise<number> {
+    return this.#runner.now();
+  }
+}

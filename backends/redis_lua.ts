@@ -1,0 +1,645 @@
+/**
+ * The Lua scripts of the Redis backend (`backends/redis.ts`): every
+ * transition that touches more than one key is one script, run atomically by
+ * the server. They restate the rules of `src/journal_rules.ts` in Lua; the
+ * conformance suite keeps both equal.
+ *
+ * Conventions shared by every script:
+ * - `ARGV[1]` is the hash-tagged key prefix (`{botmesh:}`); every key a script
+ *   touches starts with it, so all of them live in one slot of a Redis Cluster.
+ *   `KEYS[1]` is one such key, so that a cluster client routes the call.
+ * - Time is `redis.call('TIME')` (the server's clock), in ms.
+ * - A record is a hash whose fields are strings; a `null` field is absent.
+ *   Payloads and contents are opaque JSON text that Lua never decodes.
+ * - Every script returns ONE string, `cjson.encode` of a table of strings (a
+ *   record is its `HGETALL` array). Lua numbers are formatted by `n2s` first,
+ *   so nothing numeric goes through cjson. An empty table encodes as `{}`:
+ *   the caller reads it as an empty array.
+ *
+ * @module
+ */
+
+const PRELUDE = `
+local P = ARGV[1]
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+local function n2s(x)
+  if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
+local function load(key)
+  local flat = redis.call('HGETALL', key)
+  if #flat == 0 then return nil end
+  local h = {}
+  for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+  h._key = key
+  return h
+end
+local function num(h, field, default)
+  local v = h[field]
+  if v == nil or v == false then
+    if default ~= nil then return default end
+    error({err = 'ERR botmesh: the record at key "' .. h._key .. '" has no field "' .. field .. '"'})
+  end
+  local n = tonumber(v)
+  if n == nil then
+    error({err = 'ERR botmesh: the record at key "' .. h._key .. '" has a bad field "' .. field .. '": not a number: ' .. v})
+  end
+  return n
+end
+local function save(h, fields)
+  local set, del = {}, {}
+  for _, f in ipairs(fields) do
+    local v = h[f]
+    if v == nil or v == false then del[#del + 1] = f else set[#set + 1] = f; set[#set + 1] = v end
+  end
+  if #set > 0 then redis.call('HSET', h._key, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', h._key, unpack(del)) end
+end
+local function flat(key) return redis.call('HGETALL', key) end
+local function opts(i)
+  return { owner = ARGV[i], inc = ARGV[i + 1], leaseMs = tonumber(ARGV[i + 2]), reclaim = ARGV[i + 3] == '1' }
+end
+local function lease(h, o, token, now)
+  h.leaseOwner = o.owner; h.leaseInc = o.inc; h.leaseToken = n2s(token); h.leaseExp = n2s(now + o.leaseMs)
+end
+local function nolease(h) h.leaseOwner = false; h.leaseInc = false; h.leaseToken = false; h.leaseExp = false end
+-- isLeaseAbandoned of journal_rules.ts
+local function abandoned(h, now, o)
+  if not h.leaseOwner then return true end
+  if h.leaseOwner == o.owner and h.leaseInc == o.inc then return false end
+  if num(h, 'leaseExp') <= now then return true end
+  return o.reclaim and h.leaseOwner == o.owner
+end
+local function ord_of(om) return tonumber(string.sub(om, 1, 16)) end
+`;
+
+const INBOX = `
+local IN_FIELDS = {'id', 'kind', 'chatId', 'provider', 'payload', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
+  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
+local function in_key(id) return P .. 'in:r:' .. id end
+local function in_unindex(h)
+  redis.call('ZREM', P .. 'in:st:' .. h.state, h.om)
+  redis.call('ZREM', P .. 'in:timed', h.id)
+  redis.call('ZREM', P .. 'in:done', h.id)
+  if h.leaseOwner then redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, h.id) end
+end
+local function in_write(h)
+  save(h, IN_FIELDS)
+  redis.call('ZADD', P .. 'in:st:' .. h.state, h.receivedAt, h.om)
+  if h.state == 'failed' then
+    redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', h.id)
+  elseif h.state == 'processing' then
+    redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
+    redis.call('SADD', P .. 'in:owner:' .. h.leaseOwner, h.id)
+  elseif h.state == 'done' then
+    redis.call('ZADD', P .. 'in:done', h.updatedAt, h.id)
+  end
+end
+-- isInboxClaimable
+local function in_claimable(h, now, o)
+  local s = h.state
+  if s == 'pending' then return true end
+  if s == 'failed' then return num(h, 'nextAttemptAt', 0) <= now end
+  if s == 'processing' then return abandoned(h, now, o) end
+  return false
+end
+-- claimedInbound
+local function in_claim(h, now, o)
+  local token = num(h, 'fence') + 1
+  local attempts = num(h, 'attempts') + 1
+  in_unindex(h)
+  h.state = 'processing'; h.attempts = n2s(attempts); h.nextAttemptAt = false
+  lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)
+  in_write(h)
+end
+local function in_held(h, token) return h ~= nil and h.state == 'processing' and h.leaseToken == token end
+`;
+
+const OUTBOX = `
+local OUT_FIELDS = {'key', 'chatId', 'content', 'contentHash', 'inboundId', 'state', 'attempts', 'nextAttemptAt',
+  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'messageId', 'error', 'seq', 'createdAt', 'updatedAt'}
+local BLOCKING = {queued = true, sending = true, failed = true}
+local function out_key(k) return P .. 'out:r:' .. k end
+local function open_key(chat) return P .. 'out:open:' .. chat end
+local function out_unindex(h)
+  redis.call('ZREM', P .. 'out:st:' .. h.state, h.key)
+  redis.call('ZREM', P .. 'out:due', h.key)
+  redis.call('ZREM', P .. 'out:lease', h.key)
+  redis.call('ZREM', P .. 'out:sent', h.key)
+  if h.leaseOwner then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, h.key) end
+end
+local function out_write(h)
+  save(h, OUT_FIELDS)
+  redis.call('ZADD', P .. 'out:st:' .. h.state, h.seq, h.key)
+  if BLOCKING[h.state] then
+    redis.call('ZADD', open_key(h.chatId), h.seq, h.key)
+  else
+    redis.call('ZREM', open_key(h.chatId), h.key)
+  end
+  if h.state == 'sending' then
+    redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
+    redis.call('SADD', P .. 'out:owner:' .. h.leaseOwner, h.key)
+  elseif h.state == 'sent' then
+    redis.call('ZADD', P .. 'out:sent', h.updatedAt, h.key)
+  end
+end
+-- The chat's first unsettled entry, when queued or failed, is the one a due scan finds.
+local function sync_head(chat)
+  local head = redis.call('ZRANGE', open_key(chat), 0, 0)[1]
+  if not head then return end
+  local h = load(out_key(head))
+  if h and (h.state == 'queued' or h.state == 'failed') then
+    redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)
+  end
+end
+-- claimedOutbox
+local function out_claim(h, now, o)
+  local token = num(h, 'fence') + 1
+  local attempts = num(h, 'attempts') + 1
+  out_unindex(h)
+  h.state = 'sending'; h.attempts = n2s(attempts); h.nextAttemptAt = false
+  lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)
+  out_write(h)
+end
+local function out_held(h, token) return h ~= nil and h.state == 'sending' and h.leaseToken == token end
+`;
+
+/** One script: its name (for errors) and full text. */
+export interface LuaScript {
+  readonly name: string;
+  readonly text: string;
+}
+
+function script(name: string, parts: string[], body: string): LuaScript {
+  return { name, text: `-- botmesh redis backend: ${name}\n${PRELUDE}${parts.join("")}\n${body}` };
+}
+
+/** The name of a script of {@link SCRIPTS}. */
+export type ScriptName =
+  | "inAdmit"
+  | "inClaim"
+  | "inClaimDue"
+  | "inHeartbeat"
+  | "inFinish"
+  | "inReplay"
+  | "inPurge"
+  | "inGet"
+  | "inList"
+  | "outReserve"
+  | "outClaimDue"
+  | "outHeartbeat"
+  | "outFinish"
+  | "outRetry"
+  | "outDiscard"
+  | "outPurge"
+  | "outGet"
+  | "outList"
+  | "storeGet"
+  | "storeSet"
+  | "storeDelete"
+  | "kvGet"
+  | "kvSet"
+  | "kvDelete"
+  | "kvList"
+  | "time";
+
+/** The scripts, by operation. */
+export const SCRIPTS: { readonly [K in ScriptName]: LuaScript } = {
+  // ---- inbox ----------------------------------------------------------------
+  /** ARGV: P, id, kind, chatId, provider, payload, receivedAt, leased(0|1), owner, inc, leaseMs */
+  inAdmit: script("inbox.admit", [INBOX], `
+local id = ARGV[2]
+local key = in_key(id)
+if redis.call('EXISTS', key) == 1 then return cjson.encode({'exists'}) end
+local now = now_ms()
+local ord = redis.call('INCR', P .. 'in:ord')
+local h = {_key = key, id = id, kind = ARGV[3], chatId = ARGV[4], provider = ARGV[5], payload = ARGV[6],
+  receivedAt = ARGV[7], state = 'pending', attempts = '0', fence = '0', updatedAt = n2s(now),
+  om = string.format('%016d', ord) .. id}
+if ARGV[8] == '1' then
+  h.state = 'processing'; h.attempts = '1'; h.fence = '1'; lease(h, opts(9), 1, now)
+end
+in_write(h)
+redis.call('ZADD', P .. 'in:all', h.receivedAt, h.om)
+redis.call('ZADD', P .. 'in:chat:' .. h.chatId, h.receivedAt, h.om)
+return cjson.encode({'ok', flat(key)})
+`),
+  /** ARGV: P, id, owner, inc, leaseMs, reclaim */
+  inClaim: script("inbox.claim", [INBOX], `
+local h = load(in_key(ARGV[2]))
+local now = now_ms()
+local o = opts(3)
+if not h or not in_claimable(h, now, o) then return cjson.encode({'none'}) end
+in_claim(h, now, o)
+return cjson.encode({'ok', flat(h._key)})
+`),
+  /** ARGV: P, owner, inc, leaseMs, reclaim, limit */
+  inClaimDue: script("inbox.claimDue", [INBOX], `
+local o = opts(2)
+local limit = tonumber(ARGV[6])
+local now = now_ms()
+local seen, cands = {}, {}
+local function consider(id)
+  if seen[id] then return end
+  seen[id] = true
+  local h = load(in_key(id))
+  if h and in_claimable(h, now, o) then cands[#cands + 1] = h end
+end
+-- pending records are always due: the oldest limit of the backlog, in receipt order
+for _, om in ipairs(redis.call('ZRANGE', P .. 'in:st:pending', 0, limit - 1)) do consider(string.sub(om, 17)) end
+-- retries and lapsed leases due by now
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'in:timed', '-inf', now, 'LIMIT', 0, limit + 1000)) do consider(id) end
+if o.reclaim then
+  for _, id in ipairs(redis.call('SMEMBERS', P .. 'in:owner:' .. o.owner)) do consider(id) end
+end
+table.sort(cands, function(a, b)
+  local ra, rb = num(a, 'receivedAt'), num(b, 'receivedAt')
+  if ra ~= rb then return ra < rb end
+  return ord_of(a.om) < ord_of(b.om)
+end)
+local out = {}
+for _, h in ipairs(cands) do
+  if #out >= limit then break end
+  in_claim(h, now, o)
+  out[#out + 1] = flat(h._key)
+end
+return cjson.encode(out)
+`),
+  /** ARGV: P, id, token, leaseMs */
+  inHeartbeat: script("inbox.heartbeat", [INBOX], `
+local h = load(in_key(ARGV[2]))
+if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
+save(h, {'leaseExp'})
+redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, id, token, mode (done|dead|retry), error, retryInMs */
+  inFinish: script("inbox.finish", [INBOX], `
+local h = load(in_key(ARGV[2]))
+if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+local now = now_ms()
+local mode = ARGV[4]
+in_unindex(h)
+h.nextAttemptAt = false
+if mode == 'done' then
+  h.state = 'done'
+elseif mode == 'dead' then
+  h.state = 'dead'; h.error = ARGV[5]
+else
+  h.state = 'failed'; h.error = ARGV[5]; h.nextAttemptAt = n2s(now + math.max(0, tonumber(ARGV[6])))
+end
+nolease(h); h.updatedAt = n2s(now)
+in_write(h)
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, id */
+  inReplay: script("inbox.replay", [INBOX], `
+local h = load(in_key(ARGV[2]))
+if not h or (h.state ~= 'done' and h.state ~= 'failed' and h.state ~= 'dead') then return cjson.encode({'no'}) end
+in_unindex(h)
+h.state = 'pending'; h.attempts = '0'; h.nextAttemptAt = false; nolease(h); h.error = false; h.updatedAt = n2s(now_ms())
+in_write(h)
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, olderThanMs, batch → [deleted, scanned] */
+  inPurge: script("inbox.purge", [INBOX], `
+local cutoff = now_ms() - tonumber(ARGV[2])
+local ids = redis.call('ZRANGEBYSCORE', P .. 'in:done', '-inf', n2s(cutoff), 'LIMIT', 0, tonumber(ARGV[3]))
+local n = 0
+for _, id in ipairs(ids) do
+  local h = load(in_key(id))
+  redis.call('ZREM', P .. 'in:done', id)
+  if h and h.state == 'done' then
+    redis.call('ZREM', P .. 'in:all', h.om)
+    redis.call('ZREM', P .. 'in:chat:' .. h.chatId, h.om)
+    redis.call('ZREM', P .. 'in:st:done', h.om)
+    redis.call('DEL', h._key)
+    n = n + 1
+  end
+end
+return cjson.encode({n2s(n), n2s(#ids)})
+`),
+  /** ARGV: P, id */
+  inGet: script("inbox.get", [INBOX], `return cjson.encode({flat(in_key(ARGV[2]))})`),
+  /** ARGV: P, hasChat, chatId, limit, nStates, states… */
+  inList: script("inbox.list", [INBOX], `
+local limit = tonumber(ARGV[4])
+local ns = tonumber(ARGV[5])
+local want = nil
+if ns > 0 then
+  want = {}
+  for i = 1, ns do want[ARGV[5 + i]] = true end
+end
+local out = {}
+local function emit(om)
+  local f = flat(in_key(string.sub(om, 17)))
+  if #f > 0 then out[#out + 1] = f end
+end
+if ARGV[2] == '1' then
+  local zkey = P .. 'in:chat:' .. ARGV[3]
+  local start, page = 0, 256
+  while #out < limit do
+    local oms = redis.call('ZRANGE', zkey, start, start + page - 1)
+    for _, om in ipairs(oms) do
+      if #out >= limit then break end
+      if want == nil then
+        emit(om)
+      else
+        local st = redis.call('HGET', in_key(string.sub(om, 17)), 'state')
+        if st and want[st] then emit(om) end
+      end
+    end
+    if #oms < page then break end
+    start = start + page
+  end
+elseif want then
+  local all = {}
+  for s, _ in pairs(want) do
+    local r = redis.call('ZRANGE', P .. 'in:st:' .. s, 0, limit - 1, 'WITHSCORES')
+    for i = 1, #r, 2 do all[#all + 1] = {r[i], tonumber(r[i + 1])} end
+  end
+  table.sort(all, function(a, b)
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return ord_of(a[1]) < ord_of(b[1])
+  end)
+  for i = 1, math.min(limit, #all) do emit(all[i][1]) end
+else
+  for _, om in ipairs(redis.call('ZRANGE', P .. 'in:all', 0, limit - 1)) do emit(om) end
+end
+return cjson.encode(out)
+`),
+
+  // ---- outbox ---------------------------------------------------------------
+  /** ARGV: P, key, chatId, content, contentHash, hasInbound, inboundId, leased(0|1), owner, inc, leaseMs */
+  outReserve: script("outbox.reserve", [OUTBOX], `
+local key = out_key(ARGV[2])
+if redis.call('EXISTS', key) == 1 then return cjson.encode({'exists', flat(key)}) end
+local now = now_ms()
+local seq = redis.call('INCR', P .. 'out:seq')
+local chat = ARGV[3]
+local clear = redis.call('ZCARD', open_key(chat)) == 0
+local h = {_key = key, key = ARGV[2], chatId = chat, content = ARGV[4], contentHash = ARGV[5],
+  inboundId = (ARGV[6] == '1') and ARGV[7] or false, state = 'queued', attempts = '0', nextAttemptAt = n2s(now),
+  fence = '0', seq = n2s(seq), createdAt = n2s(now), updatedAt = n2s(now)}
+local status = 'queued'
+if ARGV[8] == '1' and clear then
+  h.state = 'sending'; h.attempts = '1'; h.nextAttemptAt = false; h.fence = '1'; lease(h, opts(9), 1, now)
+  status = 'leased'
+end
+out_write(h)
+redis.call('ZADD', P .. 'out:all', h.seq, h.key)
+redis.call('ZADD', P .. 'out:chat:' .. chat, h.seq, h.key)
+sync_head(chat)
+return cjson.encode({status, flat(key)})
+`),
+  /** ARGV: P, owner, inc, leaseMs, reclaim, resend, limit → [due, ambiguous] */
+  outClaimDue: script("outbox.claimDue", [OUTBOX], `
+local o = opts(2)
+local resend = ARGV[6] == '1'
+local limit = tonumber(ARGV[7])
+local now = now_ms()
+local due, amb = {}, {}
+-- (1) sending entries whose owner lost them: lapsed leases, and the previous incarnation's under reclaimOwn
+local lost, seen = {}, {}
+local function consider(k)
+  if seen[k] then return end
+  seen[k] = true
+  local h = load(out_key(k))
+  if h and h.state == 'sending' and abandoned(h, now, o) then lost[#lost + 1] = h end
+end
+for _, k in ipairs(redis.call('ZRANGEBYSCORE', P .. 'out:lease', '-inf', now, 'LIMIT', 0, 1000)) do consider(k) end
+if o.reclaim then
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'out:owner:' .. o.owner)) do consider(k) end
+end
+table.sort(lost, function(a, b) return num(a, 'seq') < num(b, 'seq') end)
+for _, h in ipairs(lost) do
+  if resend then
+    if #due < limit then
+      out_claim(h, now, o)
+      local f = flat(h._key)
+      amb[#amb + 1] = f
+      due[#due + 1] = f
+    end
+  else
+    out_unindex(h)
+    h.state = 'unknown'; nolease(h); h.nextAttemptAt = false
+    if not h.error then h.error = 'the sender was lost during the provider call' end
+    h.updatedAt = n2s(now)
+    out_write(h)
+    sync_head(h.chatId)
+    amb[#amb + 1] = flat(h._key)
+  end
+end
+-- (2) due chat heads (including those just freed by step 1); every entry read leaves the range
+local page = math.max(limit, 16)
+while #due < limit do
+  local ks = redis.call('ZRANGEBYSCORE', P .. 'out:due', '-inf', now, 'LIMIT', 0, page)
+  for _, k in ipairs(ks) do
+    if #due >= limit then break end
+    local h = load(out_key(k))
+    local head = h and redis.call('ZRANGE', open_key(h.chatId), 0, 0)[1]
+    if h and (h.state == 'queued' or h.state == 'failed') and head == k then
+      if num(h, 'nextAttemptAt', 0) <= now then
+        out_claim(h, now, o)
+        due[#due + 1] = flat(h._key)
+      else
+        redis.call('ZADD', P .. 'out:due', h.nextAttemptAt, k)
+      end
+    else
+      -- settled, sending, or no longer first in its chat: drop the stale mark
+      redis.call('ZREM', P .. 'out:due', k)
+      if h then sync_head(h.chatId) end
+    end
+  end
+  if #ks < page then break end
+end
+return cjson.encode({due, amb})
+`),
+  /** ARGV: P, key, token, leaseMs */
+  outHeartbeat: script("outbox.heartbeat", [OUTBOX], `
+local h = load(out_key(ARGV[2]))
+if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
+save(h, {'leaseExp'})
+redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, key, token, mode (sent|dead|retry), messageId or error, retryInMs */
+  outFinish: script("outbox.finish", [OUTBOX], `
+local h = load(out_key(ARGV[2]))
+if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+local now = now_ms()
+local mode = ARGV[4]
+out_unindex(h)
+h.nextAttemptAt = false
+if mode == 'sent' then
+  h.state = 'sent'; h.messageId = ARGV[5]
+elseif mode == 'dead' then
+  h.state = 'dead'; h.error = ARGV[5]
+else
+  h.state = 'failed'; h.error = ARGV[5]; h.nextAttemptAt = n2s(now + math.max(0, tonumber(ARGV[6])))
+end
+nolease(h); h.updatedAt = n2s(now)
+out_write(h)
+sync_head(h.chatId)
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, key */
+  outRetry: script("outbox.retry", [OUTBOX], `
+local h = load(out_key(ARGV[2]))
+if not h or (h.state ~= 'dead' and h.state ~= 'failed' and h.state ~= 'unknown') then return cjson.encode({'no'}) end
+local now = now_ms()
+out_unindex(h)
+h.state = 'queued'; h.nextAttemptAt = n2s(now); h.attempts = '0'; nolease(h); h.updatedAt = n2s(now)
+out_write(h)
+sync_head(h.chatId)
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, key */
+  outDiscard: script("outbox.discard", [OUTBOX], `
+local h = load(out_key(ARGV[2]))
+if not h or h.state == 'sending' then return cjson.encode({'no'}) end
+out_unindex(h)
+redis.call('ZREM', open_key(h.chatId), h.key)
+redis.call('ZREM', P .. 'out:all', h.key)
+redis.call('ZREM', P .. 'out:chat:' .. h.chatId, h.key)
+redis.call('DEL', h._key)
+sync_head(h.chatId)
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, olderThanMs, batch → [deleted, scanned] */
+  outPurge: script("outbox.purge", [OUTBOX], `
+local cutoff = now_ms() - tonumber(ARGV[2])
+local ks = redis.call('ZRANGEBYSCORE', P .. 'out:sent', '-inf', n2s(cutoff), 'LIMIT', 0, tonumber(ARGV[3]))
+local n = 0
+for _, k in ipairs(ks) do
+  local h = load(out_key(k))
+  redis.call('ZREM', P .. 'out:sent', k)
+  if h and h.state == 'sent' then
+    redis.call('ZREM', P .. 'out:all', k)
+    redis.call('ZREM', P .. 'out:chat:' .. h.chatId, k)
+    redis.call('ZREM', P .. 'out:st:sent', k)
+    redis.call('DEL', h._key)
+    n = n + 1
+  end
+end
+return cjson.encode({n2s(n), n2s(#ks)})
+`),
+  /** ARGV: P, key */
+  outGet: script("outbox.get", [OUTBOX], `return cjson.encode({flat(out_key(ARGV[2]))})`),
+  /** ARGV: P, hasChat, chatId, limit, nStates, states… */
+  outList: script("outbox.list", [OUTBOX], `
+local limit = tonumber(ARGV[4])
+local ns = tonumber(ARGV[5])
+local want = nil
+if ns > 0 then
+  want = {}
+  for i = 1, ns do want[ARGV[5 + i]] = true end
+end
+local out = {}
+local function emit(k)
+  local f = flat(out_key(k))
+  if #f > 0 then out[#out + 1] = f end
+end
+if ARGV[2] == '1' then
+  local zkey = P .. 'out:chat:' .. ARGV[3]
+  local start, page = 0, 256
+  while #out < limit do
+    local ks = redis.call('ZRANGE', zkey, start, start + page - 1)
+    for _, k in ipairs(ks) do
+      if #out >= limit then break end
+      if want == nil then
+        emit(k)
+      else
+        local st = redis.call('HGET', out_key(k), 'state')
+        if st and want[st] then emit(k) end
+      end
+    end
+    if #ks < page then break end
+    start = start + page
+  end
+elseif want then
+  local all = {}
+  for s, _ in pairs(want) do
+    local r = redis.call('ZRANGE', P .. 'out:st:' .. s, 0, limit - 1, 'WITHSCORES')
+    for i = 1, #r, 2 do all[#all + 1] = {r[i], tonumber(r[i + 1])} end
+  end
+  table.sort(all, function(a, b) return a[2] < b[2] end)
+  for i = 1, math.min(limit, #all) do emit(all[i][1]) end
+else
+  for _, k in ipairs(redis.call('ZRANGE', P .. 'out:all', 0, limit - 1)) do emit(k) end
+end
+return cjson.encode(out)
+`),
+
+  // ---- session store ----------------------------------------------------------
+  /** ARGV: P, key */
+  storeGet: script("store.get", [], `
+local v = redis.call('GET', P .. 's:' .. ARGV[2])
+if v then return cjson.encode({v}) end
+return cjson.encode({})
+`),
+  /** ARGV: P, key, value, ttlMs ('' for none) */
+  storeSet: script("store.set", [], `
+if ARGV[4] == '' then
+  redis.call('SET', P .. 's:' .. ARGV[2], ARGV[3])
+else
+  redis.call('SET', P .. 's:' .. ARGV[2], ARGV[3], 'PX', ARGV[4])
+end
+return cjson.encode({'ok'})
+`),
+  /** ARGV: P, key */
+  storeDelete: script("store.delete", [], `
+redis.call('DEL', P .. 's:' .. ARGV[2])
+return cjson.encode({'ok'})
+`),
+
+  // ---- kv ---------------------------------------------------------------------
+  /** ARGV: P, key → [value, version] or [] */
+  kvGet: script("kv.get", [], `
+local r = redis.call('HMGET', P .. 'kv:r:' .. ARGV[2], 'v', 'ver')
+if not r[1] or not r[2] then return cjson.encode({}) end
+return cjson.encode({r[1], r[2]})
+`),
+  /** ARGV: P, key, value, mode (any|absent|match), expected version → [version] or [] */
+  kvSet: script("kv.set", [], `
+local k = P .. 'kv:r:' .. ARGV[2]
+local cur = redis.call('HGET', k, 'ver')
+local mode = ARGV[4]
+if mode == 'absent' and cur then return cjson.encode({}) end
+if mode == 'match' and cur ~= ARGV[5] then return cjson.encode({}) end
+local ver = n2s(redis.call('INCR', P .. 'kv:ver'))
+redis.call('HSET', k, 'v', ARGV[3], 'ver', ver)
+redis.call('ZADD', P .. 'kv:keys', 0, ARGV[2])
+return cjson.encode({ver})
+`),
+  /** ARGV: P, key, hasExpected, expected version → ['1'] or ['0'] */
+  kvDelete: script("kv.delete", [], `
+local k = P .. 'kv:r:' .. ARGV[2]
+local cur = redis.call('HGET', k, 'ver')
+if not cur or (ARGV[3] == '1' and cur ~= ARGV[4]) then return cjson.encode({'0'}) end
+redis.call('DEL', k)
+redis.call('ZREM', P .. 'kv:keys', ARGV[2])
+return cjson.encode({'1'})
+`),
+  /** ARGV: P, start bound, prefix, limit (-1: all) → [key, value, version, …] */
+  kvList: script("kv.list", [], `
+local stop = '+'
+if ARGV[3] ~= '' then stop = '[' .. ARGV[3] .. '\\255' end
+local keys = redis.call('ZRANGE', P .. 'kv:keys', ARGV[2], stop, 'BYLEX', 'LIMIT', 0, tonumber(ARGV[4]))
+local out = {}
+for _, key in ipairs(keys) do
+  local r = redis.call('HMGET', P .. 'kv:r:' .. key, 'v', 'ver')
+  if r[1] and r[2] then
+    out[#out + 1] = key; out[#out + 1] = r[1]; out[#out + 1] = r[2]
+  end
+end
+return cjson.encode(out)
+`),
+  /** ARGV: P → [now] */
+  time: script("time", [], `return cjson.encode({n2s(now_ms())})`),
+};

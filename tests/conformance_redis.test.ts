@@ -1,0 +1,115 @@
+// The whole conformance suite on Redis: RedisDurability over @upstash/redis (through the loopback
+// Upstash bridge, auto-pipelining off and on) and over ioredis, RedisStore#durability(),
+// kvDurability(RedisKv); the journal contract over node-redis and Bun's RedisClient.
+import { afterAll, describe, expect, test } from "bun:test";
+import { Redis as Upstash } from "@upstash/redis";
+import IORedis from "ioredis";
+import { createClient } from "redis";
+import { RedisClient } from "bun";
+import type { DurabilityBackend } from "../src/backend.ts";
+import { RedisDurability, RedisKv, RedisStore } from "../backends/redis.ts";
+import { kvDurability } from "../backends/kv.ts";
+import { runBackendContract, runDurabilityConformance } from "../testing.ts";
+import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
+import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
+
+const skip = await serviceSkip("redis");
+const harness = { describe, test, expect };
+
+let bridge: UpstashBridge | null = null;
+const admin = skip ? null : new IORedis(REDIS_URL, { lazyConnect: false });
+if (!skip) bridge = await startUpstashBridge();
+afterAll(async () => {
+  await bridge?.stop();
+  admin?.disconnect();
+});
+
+/** Deletes every key under the prefix (SCAN + DEL). */
+async function dropPrefix(keyPrefix: string): Promise<void> {
+  if (!admin) return;
+  let cursor = "0";
+  do {
+    const [next, keys] = await admin.scan(cursor, "MATCH", `{${keyPrefix}}*`, "COUNT", 1000);
+    cursor = next;
+    if (keys.length > 0) await admin.del(...keys);
+  } while (cursor !== "0");
+}
+
+/** One way to build a client, and to let it go as a killed process would. */
+interface ClientKind {
+  name: string;
+  open(): unknown | Promise<unknown>;
+  close(client: unknown): void | Promise<void>;
+}
+
+const upstash = (autoPipelining: boolean): ClientKind => ({
+  name: `@upstash/redis over the REST bridge, auto-pipelining ${autoPipelining ? "on" : "off"}`,
+  open: () => new Upstash({ url: bridge!.url, token: bridge!.token, enableAutoPipelining: autoPipelining, retry: false }),
+  close: () => {},
+});
+const ioredis: ClientKind = {
+  name: "ioredis",
+  open: () => new IORedis(REDIS_URL),
+  close: (c) => (c as IORedis).disconnect(),
+};
+const nodeRedis: ClientKind = {
+  name: "node-redis",
+  open: () => createClient({ url: REDIS_URL }).connect(),
+  close: async (c) => {
+    await (c as ReturnType<typeof createClient>).destroy();
+  },
+};
+const bunRedis: ClientKind = {
+  name: "Bun RedisClient",
+  open: () => new RedisClient(REDIS_URL),
+  close: (c) => (c as RedisClient).close(),
+};
+
+interface Held {
+  client: unknown;
+  keyPrefix: string;
+  kind: ClientKind;
+}
+const held = new WeakMap<object, Held>();
+
+async function over(kind: ClientKind, keyPrefix: string, build: (client: unknown, keyPrefix: string) => DurabilityBackend) {
+  const client = await kind.open();
+  const backend = build(client, keyPrefix);
+  held.set(backend, { client, keyPrefix, kind });
+  return backend;
+}
+
+function suite(
+  title: string,
+  kind: ClientKind,
+  build: (client: unknown, keyPrefix: string) => DurabilityBackend,
+  run: typeof runDurabilityConformance = runDurabilityConformance,
+): void {
+  run({
+    name: `redis (${title}, ${kind.name})`,
+    skip,
+    create: () => over(kind, `bm-conf:${runId()}:`, build),
+    reopen: async (old) => {
+      const h = held.get(old)!;
+      await h.kind.close(h.client);
+      return over(kind, h.keyPrefix, build);
+    },
+    cleanup: async (backend) => {
+      const h = held.get(backend)!;
+      await dropPrefix(h.keyPrefix);
+      await h.kind.close(h.client);
+    },
+    harness,
+    timeScale: 2,
+  });
+}
+
+const durability = (client: unknown, keyPrefix: string) => new RedisDurability({ client, keyPrefix });
+
+suite("RedisDurability", upstash(false), durability);
+suite("RedisDurability", upstash(true), durability);
+suite("RedisDurability", ioredis, durability);
+suite("RedisStore#durability", ioredis, (client, keyPrefix) => new RedisStore({ client, keyPrefix }).durability());
+suite("kvDurability(RedisKv)", upstash(false), (client, keyPrefix) => kvDurability(new RedisKv({ client, keyPrefix })));
+suite("RedisDurability", nodeRedis, durability, runBackendContract);
+suite("RedisDurability", bunRedis, durability, runBackendContract);
