@@ -137,7 +137,7 @@ export function clientKind(value: unknown): "ioredis" | "node-redis" | "bun" | "
   if ((typeof value !== "object" && typeof value !== "function") || value === null) return null;
   if (hasFunctions(value, "evalsha", "script", "call")) return "ioredis";
   if (hasFunctions(value, "evalSha", "scriptLoad", "sendCommand")) return "node-redis";
-  if (hasFunctions(value, "send") && "connected" in value && !hasFunctions(value, "evalsha")) return "bun";
+  if (hasFunctions(value, "send") && "connected" in value) return "bun";
   if (hasFunctions(value, "evalsha", "scriptLoad")) return "upstash"; // also a RedisCommands object
   return null;
 }
