@@ -1,0 +1,396 @@
+// What the conformance suite does not cover on Redis: options and client validation, the NOSCRIPT
+// fallback, the server's clock, O(due) scans, the store's TTL, the kv's CAS/versions/byte order,
+// an events outbox on the kv, and damaged records.
+import { afterAll, describe, expect, test } from "bun:test";
+import IORedis from "ioredis";
+import { Redis as Upstash } from "@upstash/redis";
+import { createClient } from "redis";
+import { RedisClient } from "bun";
+import {
+  fromBunRedis,
+  fromIoredis,
+  fromNodeRedis,
+  fromUpstash,
+  type RedisCommands,
+  RedisDurability,
+  RedisKv,
+  RedisStore,
+} from "../backends/redis.ts";
+import { eventsDurability, MemoryEventJournal } from "../backends/events.ts";
+import { runBackendContract } from "../testing.ts";
+import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
+import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
+
+const skip = await serviceSkip("redis");
+const admin = skip ? null : new IORedis(REDIS_URL);
+const prefixes: string[] = [];
+const clients: IORedis[] = [];
+
+function prefix(): string {
+  const p = `bm-test:${runId()}:`;
+  prefixes.push(p);
+  return p;
+}
+
+function client(): IORedis {
+  const c = new IORedis(REDIS_URL);
+  clients.push(c);
+  return c;
+}
+
+async function dropPrefix(keyPrefix: string): Promise<void> {
+  let cursor = "0";
+  do {
+    const [next, keys] = await admin!.scan(cursor, "MATCH", `{${keyPrefix}}*`, "COUNT", 1000);
+    cursor = next;
+    if (keys.length > 0) await admin!.del(...keys);
+  } while (cursor !== "0");
+}
+
+afterAll(async () => {
+  for (const p of prefixes) await dropPrefix(p);
+  for (const c of clients) c.disconnect();
+  admin?.disconnect();
+});
+
+const claimer = (owner = "owner-a", leaseMs = 60_000) => ({ owner, incarnation: `inc-${owner}`, leaseMs });
+const inbound = (id: string, chatId = "c1", receivedAt = 1_700_000_000_000) => ({
+  id,
+  kind: "message" as const,
+  chatId,
+  provider: "test",
+  payload: { text: "hi" },
+  receivedAt,
+});
+
+function errorOf(run: () => unknown): Error {
+  try {
+    run();
+  } catch (error) {
+    return error as Error;
+  }
+  throw new Error("expected an error");
+}
+
+async function rejection(run: () => Promise<unknown>): Promise<Error> {
+  try {
+    await run();
+  } catch (error) {
+    return error as Error;
+  }
+  throw new Error("expected a rejection");
+}
+
+/** INFO commandstats calls of one command. */
+async function calls(command: string): Promise<number> {
+  const info = await admin!.info("commandstats");
+  const m = new RegExp(`cmdstat_${command}:calls=(\\d+)`).exec(info);
+  return m ? Number(m[1]) : 0;
+}
+
+describe("options and clients", () => {
+  test("bad options are refused with an error naming the option and quoting the value", () => {
+    const cases: [unknown, new (...args: never[]) => Error, RegExp][] = [
+      [undefined, TypeError, /must be an object with a "client", got undefined/],
+      [{ client: { get: () => 1 } }, TypeError, /Redis option "client" must be an @upstash\/redis client.*got \{\}/],
+      [{ client: "redis://localhost" }, TypeError, /Redis option "client" .*got "redis:\/\/localhost"/],
+      [{ client: null }, TypeError, /Redis option "client" .*got null/],
+      [{ client: fromIoredis({} as never), keyPrefix: "" }, RangeError, /Redis option "keyPrefix" must be 1 to 128 .*got ""/],
+      [{ client: fromIoredis({} as never), keyPrefix: "a{b}" }, RangeError, /"keyPrefix" .*got "a\{b\}"/],
+      [{ client: fromIoredis({} as never), keyPrefix: 7 }, TypeError, /Redis option "keyPrefix" must be a string, got 7/],
+      [{ client: fromIoredis({} as never), prefix: "x" }, TypeError, /Unknown Redis option "prefix"; known options are "client", "keyPrefix"/],
+    ];
+    for (const Ctor of [RedisDurability, RedisStore, RedisKv]) {
+      for (const [options, type, message] of cases) {
+        const error = errorOf(() => new Ctor(options as never));
+        expect(error).toBeInstanceOf(type);
+        expect(error.message).toMatch(message);
+      }
+    }
+  });
+
+  test.skipIf(Boolean(skip))("every supported client is recognised when passed directly, and its adapter works", async () => {
+    const bridge: UpstashBridge = await startUpstashBridge();
+    const io = client();
+    const nodeRedis = await createClient({ url: REDIS_URL }).connect();
+    const bun = new RedisClient(REDIS_URL);
+    const upstash = new Upstash({ url: bridge.url, token: bridge.token, retry: false });
+    try {
+      const keyPrefix = prefix();
+      const direct = [io, nodeRedis, bun, upstash];
+      const adapted = [fromIoredis(io), fromNodeRedis(nodeRedis as never), fromBunRedis(bun), fromUpstash(upstash)];
+      for (const [i, c] of [...direct, ...adapted].entries()) {
+        const backend = new RedisDurability({ client: c, keyPrefix });
+        await backend.open();
+        const id = `m-${i}`;
+        expect((await backend.inbox.admit(inbound(id), claimer()))?.state).toBe("processing");
+        // All of them see the same journal.
+        expect((await backend.inbox.list({ limit: 100 })).length).toBe(i + 1);
+        expect(Math.abs((await backend.now()) - Date.now())).toBeLessThan(5_000);
+      }
+    } finally {
+      bun.close();
+      await nodeRedis.destroy();
+      await bridge.stop();
+    }
+  });
+});
+
+describe.skipIf(Boolean(skip))("redis backend", () => {
+  test("NOSCRIPT after SCRIPT FLUSH: the script is loaded again and the call succeeds", async () => {
+    const io = client();
+    let loads = 0;
+    let noscripts = 0;
+    const counting: RedisCommands = {
+      async evalsha(sha, keys, args) {
+        try {
+          return await io.evalsha(sha, keys.length, ...keys, ...args);
+        } catch (error) {
+          if (/NOSCRIPT/.test(String(error))) noscripts++;
+          throw error;
+        }
+      },
+      scriptLoad(script) {
+        loads++;
+        return io.script("LOAD", script);
+      },
+    };
+    const backend = new RedisDurability({ client: counting, keyPrefix: prefix() });
+    await admin!.script("FLUSH");
+    await backend.inbox.admit(inbound("a"));
+    expect(loads).toBe(1);
+    await backend.inbox.admit(inbound("b"));
+    expect(loads, "loaded once").toBe(1);
+    await admin!.script("FLUSH");
+    const again = await backend.inbox.admit(inbound("c"));
+    expect(again?.state).toBe("pending");
+    expect(noscripts).toBe(2);
+    expect(loads).toBe(2);
+    expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["a", "b", "c"]);
+  });
+
+  test("a script error that is not NOSCRIPT rejects with the script and key prefix named", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    await backend.inbox.admit(inbound("x"));
+    await admin!.set(`{${keyPrefix}}in:st:pending`, "not a zset");
+    const error = await rejection(() => backend.inbox.claimDue({ ...claimer(), limit: 10 }));
+    expect(error.message).toContain(`Redis inbox.claimDue (key prefix "${keyPrefix}") failed`);
+    expect(error.message).toMatch(/WRONGTYPE/);
+  });
+
+  test("times come from the Redis server, not the replica's clock", async () => {
+    const backend = new RedisDurability({ client: client(), keyPrefix: prefix() });
+    const realNow = Date.now;
+    Date.now = () => realNow() + 3_600_000; // this replica's clock is an hour ahead
+    try {
+      const r = await backend.inbox.admit(inbound("t1"), claimer("o", 5_000));
+      const [sec, usec] = await admin!.time();
+      const serverNow = Number(sec) * 1000 + Math.floor(Number(usec) / 1000);
+      expect(Math.abs(r!.updatedAt - serverNow)).toBeLessThan(1_000);
+      expect(r!.lease!.expiresAt - r!.updatedAt).toBe(5_000);
+      // An hour-ahead replica does not see the lease as lapsed.
+      expect(await backend.inbox.claim("t1", claimer("other"))).toBe(null);
+      const e = await backend.outbox.reserve({ key: "k1", chatId: "c", content: 1, contentHash: "h", inboundId: null }, claimer("o", 5_000));
+      expect(Math.abs(e.entry.createdAt - serverNow)).toBeLessThan(1_000);
+      expect((await backend.outbox.claimDue({ ...claimer("other"), limit: 10 })).ambiguous).toEqual([]);
+    } finally {
+      Date.now = realNow;
+    }
+  });
+
+  test("claimDue is O(due): 20k settled records and 3 due ones, only the due are read", async () => {
+    const keyPrefix = prefix();
+    const io = client();
+    const backend = new RedisDurability({ client: io, keyPrefix });
+    const N = 20_000;
+    const batch = 2_000;
+    for (let start = 0; start < N; start += batch) {
+      await Promise.all(Array.from({ length: batch }, async (_, j) => {
+        const i = start + j;
+        const r = await backend.inbox.admit(inbound(`done-${i}`, `chat-${i % 500}`), claimer());
+        await backend.inbox.complete(r!.id, 1);
+        const e = await backend.outbox.reserve(
+          { key: `sent-${i}`, chatId: `chat-${i}`, content: { i }, contentHash: "h", inboundId: null },
+          claimer(),
+        );
+        await backend.outbox.markSent(e.entry.key, 1, `m-${i}`);
+      }));
+    }
+    for (let i = 0; i < 3; i++) {
+      await backend.inbox.admit(inbound(`due-${i}`, `chat-due-${i}`));
+      await backend.outbox.reserve({ key: `queued-${i}`, chatId: `chat-due-${i}`, content: i, contentHash: "h", inboundId: null });
+    }
+    expect(await admin!.zcard(`{${keyPrefix}}in:st:done`)).toBe(N);
+    expect(await admin!.zcard(`{${keyPrefix}}out:st:sent`)).toBe(N);
+
+    const before = { hgetall: await calls("hgetall"), zrange: await calls("zrange"), hget: await calls("hget") };
+    const inDue = await backend.inbox.claimDue({ ...claimer("b"), limit: 100 });
+    const outDue = await backend.outbox.claimDue({ ...claimer("b"), limit: 100 });
+    const after = { hgetall: await calls("hgetall"), zrange: await calls("zrange"), hget: await calls("hget") };
+    expect(inDue.map((r) => r.id).sort()).toEqual(["due-0", "due-1", "due-2"]);
+    expect(outDue.due.map((e) => e.key).sort()).toEqual(["queued-0", "queued-1", "queued-2"]);
+    // Each due record is read a handful of times (load, claim, return); 20k settled ones are never read.
+    expect(after.hgetall - before.hgetall).toBeLessThan(50);
+    expect(after.zrange - before.zrange).toBeLessThan(50);
+    expect(after.hget - before.hget).toBeLessThan(50);
+
+    // Retention purges in bounded batches, and only what is old enough.
+    expect(await backend.inbox.purge(3_600_000)).toBe(0);
+    expect(await backend.inbox.purge(0)).toBe(N);
+    expect(await backend.outbox.purge(0)).toBe(N);
+    expect(await admin!.zcard(`{${keyPrefix}}in:done`)).toBe(0);
+    expect(await admin!.zcard(`{${keyPrefix}}in:all`)).toBe(3);
+    expect(await admin!.zcard(`{${keyPrefix}}out:all`)).toBe(3);
+    expect(await admin!.exists(`{${keyPrefix}}in:r:done-0`, `{${keyPrefix}}out:r:sent-0`)).toBe(0);
+  }, 120_000);
+
+  test("keys all carry the {prefix} hash tag", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    await backend.inbox.admit(inbound("h1", "chat {x}"), claimer());
+    await backend.outbox.reserve({ key: "o{1}", chatId: "chat {x}", content: 1, contentHash: "h", inboundId: null }, claimer());
+    const keys = await admin!.keys(`{${keyPrefix}}*`);
+    expect(keys.length).toBeGreaterThan(5);
+    // Redis Cluster hashes only the part between the first "{" and the next "}": the prefix, for every key.
+    const hashTag = (k: string) => {
+      const open = k.indexOf("{");
+      const close = k.indexOf("}", open + 1);
+      return open >= 0 && close > open + 1 ? k.slice(open + 1, close) : k;
+    };
+    expect(new Set(keys.map(hashTag))).toEqual(new Set([keyPrefix]));
+    for (const k of keys) expect(k.startsWith(`{${keyPrefix}}`)).toBe(true);
+  });
+
+  test("a damaged record rejects its read naming key and field; other records stay readable", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    await backend.inbox.admit(inbound("good"));
+    await backend.inbox.admit(inbound("bad-fence"));
+    await backend.inbox.admit(inbound("bad-payload"));
+    await backend.outbox.reserve({ key: "bad-content", chatId: "c", content: { a: 1 }, contentHash: "h", inboundId: null });
+    await backend.outbox.reserve({ key: "bad-state", chatId: "c2", content: 1, contentHash: "h", inboundId: null });
+    await admin!.hset(`{${keyPrefix}}in:r:bad-fence`, "fence", "abc");
+    await admin!.hset(`{${keyPrefix}}in:r:bad-payload`, "payload", "{not json");
+    await admin!.hset(`{${keyPrefix}}out:r:bad-content`, "content", "[1,");
+    await admin!.hset(`{${keyPrefix}}out:r:bad-state`, "state", "flying");
+
+    const fence = await rejection(() => backend.inbox.get("bad-fence"));
+    expect(fence.message).toContain(`Redis inbox record at key "{${keyPrefix}}in:r:bad-fence"`);
+    expect(fence.message).toContain(`field "fence" must be a non-negative integer, got "abc"`);
+    const payload = await rejection(() => backend.inbox.get("bad-payload"));
+    expect(payload.message).toContain(`"{${keyPrefix}}in:r:bad-payload"`);
+    expect(payload.message).toContain(`field "payload" is not JSON`);
+    const content = await rejection(() => backend.outbox.get("bad-content"));
+    expect(content.message).toContain(`Redis outbox entry at key "{${keyPrefix}}out:r:bad-content": field "content" is not JSON`);
+    const state = await rejection(() => backend.outbox.get("bad-state"));
+    expect(state.message).toContain(`field "state" must be one of queued, sending, sent, failed, dead, unknown, got "flying"`);
+    // A transition that needs the damaged number names it too, and changes nothing.
+    const claim = await rejection(() => backend.inbox.claim("bad-fence", claimer()));
+    expect(claim.message).toContain(`the record at key "{${keyPrefix}}in:r:bad-fence" has a bad field "fence"`);
+
+    expect((await backend.inbox.get("good"))?.state).toBe("pending");
+    expect((await backend.inbox.claim("good", claimer()))?.lease?.token).toBe(1);
+    await backend.inbox.complete("good", 1);
+    expect((await backend.inbox.get("good"))?.state).toBe("done");
+  });
+});
+
+describe.skipIf(Boolean(skip))("RedisStore", () => {
+  test("get/set/delete with TTL (PX on the server)", async () => {
+    const keyPrefix = prefix();
+    const store = new RedisStore({ client: client(), keyPrefix });
+    expect(await store.get("missing")).toBe(undefined);
+    await store.set("forever", { step: 2, text: "✓ 你好", big: 1e21, empty: [], "": "" });
+    expect(await store.get("forever")).toEqual({ step: 2, text: "✓ 你好", big: 1e21, empty: [], "": "" });
+    expect(await admin!.pttl(`{${keyPrefix}}s:forever`)).toBe(-1);
+    await store.set("short", "soon gone", { ttlMs: 150 });
+    const pttl = await admin!.pttl(`{${keyPrefix}}s:short`);
+    expect(pttl).toBeGreaterThan(0);
+    expect(pttl).toBeLessThanOrEqual(150);
+    expect(await store.get("short")).toBe("soon gone");
+    await Bun.sleep(250);
+    expect(await store.get("short")).toBe(undefined);
+    await store.delete("forever");
+    expect(await store.get("forever")).toBe(undefined);
+    for (const ttlMs of [0, -1, Number.NaN, Infinity, "1s"]) {
+      const error = await rejection(() => store.set("x", 1, { ttlMs: ttlMs as number }));
+      expect(error).toBeInstanceOf(RangeError);
+      expect(error.message).toContain(`Option "ttlMs" must be a positive number`);
+    }
+    await admin!.set(`{${keyPrefix}}s:garbage`, "{oops");
+    const error = await rejection(() => store.get("garbage"));
+    expect(error.message).toContain(`Redis session value at key "{${keyPrefix}}s:garbage" is not JSON`);
+  });
+
+  test("durability() journals with the same client and prefix, one instance per store", async () => {
+    const keyPrefix = prefix();
+    const store = new RedisStore({ client: client(), keyPrefix });
+    const backend = store.durability();
+    expect(store.durability()).toBe(backend);
+    expect(backend.name).toBe("redis");
+    expect(backend.scope).toBe("shared");
+    expect(backend.keyPrefix).toBe(keyPrefix);
+    await backend.inbox.admit(inbound("s1"));
+    expect(await admin!.exists(`{${keyPrefix}}in:r:s1`)).toBe(1);
+  });
+});
+
+describe.skipIf(Boolean(skip))("RedisKv", () => {
+  test("compare-and-set, versions never reused (also after a delete)", async () => {
+    const kv = new RedisKv({ client: client(), keyPrefix: prefix() });
+    expect(kv.name).toBe("redis");
+    expect(kv.scope).toBe("shared");
+    const v1 = await kv.set("a", { n: 1 }, null);
+    expect(typeof v1).toBe("string");
+    expect(await kv.set("a", { n: 9 }, null), "create of an existing key").toBe(null);
+    const v2 = await kv.set("a", { n: 2 }, v1!);
+    expect(v2 !== null && v2 !== v1).toBe(true);
+    expect(await kv.set("a", { n: 3 }, v1!), "stale version").toBe(null);
+    expect(await kv.get("a")).toEqual({ key: "a", value: { n: 2 }, version: v2! });
+    expect(await kv.delete("a", v1!)).toBe(false);
+    expect(await kv.delete("a", v2!)).toBe(true);
+    expect(await kv.get("a")).toBe(null);
+    expect(await kv.delete("a")).toBe(false);
+    expect(await kv.set("a", { n: 4 }, v2!), "the deleted version does not match").toBe(null);
+    const v3 = await kv.set("a", { n: 4 }, null);
+    expect([v1, v2].includes(v3)).toBe(false);
+    const v4 = await kv.set("a", "unconditional");
+    expect([v1, v2, v3].includes(v4)).toBe(false);
+    const tricky = { "": "", big: 1e21, small: 1e-7, nested: [[], {}, [null]], text: "e\u0301 🎉" };
+    await kv.set("t", tricky);
+    expect((await kv.get("t"))?.value).toEqual(tricky);
+    const [sec] = await admin!.time();
+    expect(Math.abs((await kv.now()) - Number(sec) * 1000)).toBeLessThan(2_000);
+  });
+
+  test("list: prefix, after, limit, in byte order (not UTF-16 order)", async () => {
+    const kv = new RedisKv({ client: client(), keyPrefix: prefix() });
+    const names = ["p/b", "p/a", "p/\uffff", "p/😀", "p/é", "p/", "q/x", "o/z", "p"];
+    for (const k of names) await kv.set(k, k);
+    const keys = async (prefix: string, options?: { after?: string; limit?: number }) =>
+      (await kv.list(prefix, options)).map((e) => e.key);
+    // UTF-8 byte order: "é" (C3 A9) < "\uffff" (EF BF BF) < "😀" (F0 9F 98 80).
+    expect(await keys("p/")).toEqual(["p/", "p/a", "p/b", "p/é", "p/\uffff", "p/😀"]);
+    expect(await keys("p/", { limit: 2 })).toEqual(["p/", "p/a"]);
+    expect(await keys("p/", { after: "p/a", limit: 2 })).toEqual(["p/b", "p/é"]);
+    expect(await keys("p/", { after: "p/é" })).toEqual(["p/\uffff", "p/😀"]);
+    expect(await keys("p/", { after: "a" }), "after before the prefix").toEqual(["p/", "p/a", "p/b", "p/é", "p/\uffff", "p/😀"]);
+    expect(await keys("p/", { after: "q" }), "after past the prefix").toEqual([]);
+    expect(await keys("")).toEqual(["o/z", "p", "p/", "p/a", "p/b", "p/é", "p/\uffff", "p/😀", "q/x"]);
+    expect(await keys("p/", { limit: 0 })).toEqual([]);
+    expect(await keys("r")).toEqual([]);
+    const listed = await kv.list("q/");
+    expect(listed).toEqual([{ key: "q/x", value: "q/x", version: (await kv.get("q/x"))!.version }]);
+  });
+});
+
+// The events journal's outbox as a shared Redis kv: the journal contract over it.
+runBackendContract({
+  name: "eventsDurability(MemoryEventJournal, outbox: RedisKv)",
+  skip,
+  create: () => eventsDurability({ journal: new MemoryEventJournal(), outbox: new RedisKv({ client: client(), keyPrefix: prefix() }) }),
+  harness: { describe, test, expect },
+  timeScale: 2,
+});
+
