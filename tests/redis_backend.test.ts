@@ -169,6 +169,25 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["a", "b", "c"]);
   });
 
+  test("NOSCRIPT over @upstash/redis (its error is an UpstashError): reloaded too", async () => {
+    const bridge = await startUpstashBridge();
+    try {
+      const backend = new RedisDurability({
+        client: new Upstash({ url: bridge.url, token: bridge.token, retry: false }),
+        keyPrefix: prefix(),
+      });
+      await backend.outbox.reserve({ key: "k1", chatId: "c", content: { a: [] }, contentHash: "h", inboundId: null });
+      await admin!.script("FLUSH");
+      const before = bridge.requests;
+      const e = await backend.outbox.reserve({ key: "k2", chatId: "c", content: "x", contentHash: "h", inboundId: null });
+      expect(e.status).toBe("queued");
+      expect(bridge.requests - before, "EVALSHA (NOSCRIPT), SCRIPT LOAD, EVALSHA").toBe(3);
+      expect((await backend.outbox.list()).map((x) => [x.key, x.content])).toEqual([["k1", { a: [] }], ["k2", "x"]]);
+    } finally {
+      await bridge.stop();
+    }
+  });
+
   test("a script error that is not NOSCRIPT rejects with the script and key prefix named", async () => {
     const keyPrefix = prefix();
     const backend = new RedisDurability({ client: client(), keyPrefix });
