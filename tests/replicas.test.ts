@@ -1,0 +1,366 @@
+// Real failover between replicas that are OS processes (SPEC §5 "Leases, fencing, heartbeats",
+// §8 "Several replicas"). Three children of tests/fixtures/replica.ts share one backend, each with
+// its own instanceId and 1.2 s leases; the test process is the channel: it streams 300 messages
+// from 30 chats, routes each chat to one replica (sticky by chat) over its stdin, and sees every
+// provider call of every replica on their stdout (the sink: a line written when the call happens,
+// before the bot records it).
+//
+// 1. Killed: one replica gets SIGKILL while its handlers are mid-work (leases held). Its chats
+//    move to the survivors: the messages it had not acknowledged are redelivered, and so are those
+//    acknowledged in the last 300 ms (acknowledgements a dying process may not have got out): the
+//    journal drops those it holds as duplicates. A chat moves once every message of it that the dead
+//    replica had admitted was handled by a survivor (which takes those over when their leases lapse:
+//    claimDue on the shared backend), so the chat's replies stay in order. Measured: how soon after
+//    the kill a survivor starts a handler of the dead replica's work, and finishes all of it.
+// 2. Frozen: one replica is drained (its chats held), then SIGSTOPped while it holds leases, past
+//    its lease; the others take its work over; then SIGCONT. Its late completions are rejected by
+//    fencing and counted in its staleLeases.
+//
+// At the end, for both: every message done in the journal, every reply at the sink exactly once,
+// except those reported ambiguous (`durability:ambiguous` events, and `unknown` outbox entries read
+// from the backend: the same set), which reached it at most once (held, never resent); no reply
+// lost; no unexpected one; per-chat order kept among non-ambiguous replies; nothing dead.
+//
+// Backends: SQLite (a baseline that always runs: shared by the processes of one host), Postgres,
+// Redis over ioredis, and Redis through the Upstash REST bridge. Each test has its own schema or
+// key prefix (runId()), dropped after. Postgres and Redis skip (with a message) when their server
+// is not reachable, and fail under BOTMESH_REQUIRE_SERVICES=1; they also skip while their backend
+// file is not in the tree.
+import { afterAll, describe, expect, test } from "bun:test";
+import type { DurabilityBackend } from "../src/backend.ts";
+import {
+  backendAvailable,
+  type BackendKind,
+  Cluster,
+  createNamespace,
+  dropNamespace,
+  hash01,
+  isSlowKey,
+  type Failover,
+  keysOf,
+  type Namespace,
+  namespaceLeftovers,
+  openBackend,
+  planMessages,
+  type ReplicaConfig,
+  type ReplicaStats,
+  type SinkLine,
+  verify,
+  type Verdict,
+  writeLockFree,
+} from "./support/replica_harness.ts";
+import { serviceSkip } from "./support/services.ts";
+
+const LEASE_MS = 1200;
+const CONFIG: ReplicaConfig = { leaseMs: LEASE_MS, thinkMs: [30, 130], sendMs: 4, slowSend: { ms: 400, oneIn: 8 } };
+const MESSAGES = 300;
+const CHATS = 30;
+/** One message every this many ms: the stream takes about 3 s. */
+const PACE_MS = 10;
+const NAMES = ["r1", "r2", "r3"];
+
+const clusters: Cluster[] = [];
+afterAll(() => {
+  for (const c of clusters) for (const r of c.replicas) r.proc.kill("SIGKILL");
+});
+
+interface Target {
+  kind: BackendKind;
+  label: string;
+  /** A reason to skip, or false. */
+  skip: string | false;
+  upstash?: () => Promise<{ url: string; token: string; stop(): Promise<void> | void }>;
+}
+
+async function sharedSkip(kind: BackendKind, service: "postgres" | "redis"): Promise<string | false> {
+  if (!await backendAvailable(kind)) return `backends/${service}.ts is not in the tree yet`;
+  return await serviceSkip(service);
+}
+
+const UPSTASH_BRIDGE = new URL("./support/upstash_bridge.ts", import.meta.url);
+const targets: Target[] = [
+  { kind: "sqlite", label: "SQLite (one host)", skip: false },
+  { kind: "postgres", label: "Postgres", skip: await sharedSkip("postgres", "postgres") },
+  { kind: "redis", label: "Redis (ioredis)", skip: await sharedSkip("redis", "redis") },
+  {
+    kind: "upstash",
+    label: "Redis (@upstash/redis over the bridge)",
+    skip: await sharedSkip("upstash", "redis") ||
+      (await Bun.file(UPSTASH_BRIDGE).exists() ? false : "tests/support/upstash_bridge.ts is not in the tree yet"),
+    upstash: async () => {
+      // deno-lint-ignore no-explicit-any
+      const { startUpstashBridge } = await import(UPSTASH_BRIDGE.href) as any;
+      return await startUpstashBridge();
+    },
+  },
+];
+for (const t of targets) if (t.skip) console.warn(`replicas: ${t.label}: skipped: ${t.skip}`);
+
+/** One scenario's run: the cluster, its namespace, a reader on the same backend; torn down after. */
+async function withCluster<T>(
+  target: Target,
+  label: string,
+  run: (cluster: Cluster, reader: DurabilityBackend) => Promise<T>,
+): Promise<T> {
+  const bridge = target.upstash ? await target.upstash() : undefined;
+  const ns: Namespace = createNamespace(target.kind, label, bridge && { url: bridge.url, token: bridge.token });
+  const cluster = new Cluster(ns, { ...CONFIG, upstash: ns.upstash });
+  clusters.push(cluster);
+  let reader: { backend: DurabilityBackend; close(): Promise<void> } | undefined;
+  try {
+    // The reader opens first: it creates the schema, so the replicas' first opens do not race on it.
+    reader = await openBackend(ns);
+    await reader.backend.open?.();
+    await cluster.start(NAMES);
+    return await run(cluster, reader.backend);
+  } finally {
+    for (const r of cluster.replicas) r.proc.kill("SIGKILL");
+    await Promise.all(cluster.replicas.map((r) => r.exited));
+    await reader?.backend.close?.().catch(() => {});
+    await reader?.close().catch(() => {});
+    await dropNamespace(ns);
+    const left = await namespaceLeftovers(ns);
+    if (left !== 0) throw new Error(`namespace ${ns.name} not dropped: ${left} left`);
+    await bridge?.stop();
+  }
+}
+
+/** Streams the plan at PACE_MS; `at(i)` runs (awaited) before message i goes out. */
+async function stream(
+  cluster: Cluster,
+  plan: ReturnType<typeof planMessages>,
+  at: (i: number) => Promise<void> | void,
+): Promise<void> {
+  const t0 = performance.now();
+  for (const m of plan) {
+    await at(m.index);
+    cluster.deliver(m);
+    const due = t0 + (m.index + 1) * PACE_MS;
+    const wait = due - performance.now();
+    if (wait > 0) await Bun.sleep(wait);
+  }
+}
+
+/** A slow provider call of `name` under way, seen less than 150 ms ago (so at least 250 ms of it are left). */
+function slowCallUnderWay(cluster: Cluster, name: string): SinkLine | undefined {
+  const now = performance.now();
+  for (let i = cluster.sink.length - 1; i >= 0; i--) {
+    const l = cluster.sink[i]!;
+    if (now - l.seenAt >= 150) return undefined;
+    if (l.by === name && isSlowKey(CONFIG, l.key)) return l;
+  }
+  return undefined;
+}
+
+/** Waits until every message was acknowledged and no chat is held, then until a survivor's bot.idle(). */
+async function settle(cluster: Cluster, plan: ReturnType<typeof planMessages>, settler: string): Promise<void> {
+  await cluster.waitFor("every message acknowledged and every chat routed", 30_000, () =>
+    cluster.heldChats === 0 && plan.every((m) => cluster.acked.has(m.id)));
+  const replica = cluster.replica(settler);
+  const settled = replica.next("settled ", 30_000);
+  replica.command({ op: "settle" });
+  await settled;
+}
+
+/**
+ * Known issue (reported to the backend/engine owners): when a replica dies holding several records
+ * of one chat, the survivors' claimDue may split them between two survivors, which then handle them
+ * at the same time, so a later message's reply can overtake an earlier one's. Such breaks are
+ * printed and counted; every other order break fails the test. REPLICAS_STRICT_ORDER=1 fails on
+ * these too (to check a fix).
+ */
+const STRICT_ORDER = process.env.REPLICAS_STRICT_ORDER === "1";
+
+function expectClean(v: Verdict, plan: ReturnType<typeof planMessages>, cluster: Cluster): void {
+  const strict = v.orderBreaks.filter((b) => STRICT_ORDER || !b.splitTakeover);
+  for (const chat of new Set(v.orderBreaks.map((b) => b.chatId))) {
+    console.log(`order broken in ${chat}:\n  ${cluster.timeline(chat).join("\n  ")}`);
+  }
+  for (const b of v.orderBreaks.filter((b) => b.splitTakeover)) {
+    console.warn(`KNOWN ISSUE (takeover split a chat between two survivors): ${b.text}`);
+  }
+  // Every message handled to the end, nothing in a DLQ, nothing left active.
+  expect(v.inbox).toEqual({ done: plan.length, dead: [], active: 0 });
+  expect(v.outbox.dead).toEqual([]);
+  expect(v.outbox.active).toBe(0);
+  expect(v.outbox.sent + v.unknown.length).toBe(v.expectedKeys);
+  // Reported ambiguous: each key by exactly one event, and the events are the unknown entries.
+  expect(v.ambiguousReportedTwice).toEqual([]);
+  expect(v.ambiguousEvents).toEqual(v.unknown);
+  // The sink: nothing lost, nothing twice, nothing unexpected, the right texts, chat order kept.
+  expect(v.lost).toEqual([]);
+  expect(v.duplicates).toEqual([]);
+  expect(v.ambiguousDuplicates).toEqual([]); // held (onAmbiguous 'hold'): never resent
+  expect(v.unexpected).toEqual([]);
+  expect(v.wrongText).toEqual([]);
+  expect(strict.map((b) => b.text)).toEqual([]);
+  const atSink = new Set(v.reported);
+  for (const k of plan.flatMap(keysOf)) if (!v.reported.has(k)) atSink.add(k);
+  expect(atSink.size).toBe(v.expectedKeys);
+}
+
+function sum(stats: ReplicaStats[], field: keyof ReplicaStats["metrics"]): number {
+  return stats.reduce((n, s) => n + s.metrics[field], 0);
+}
+
+function describeFailover(f: Failover): string {
+  return `held ${f.held.length}, unacked ${f.unacked.length} (${f.unackedInJournal} in the journal), ` +
+    `redelivered ${f.redelivered.length} (${f.redeliveredInJournal} in the journal), first takeover ${f.firstTakeoverMs?.toFixed(0)} ms, ` +
+    `all taken ${f.allTakenMs?.toFixed(0)} ms`;
+}
+
+function summary(v: Verdict): string {
+  return `${v.messages} messages, ${v.expectedKeys} keys, ${v.sinkLines} sink lines, ` +
+    `${v.unknown.length} ambiguous (${v.unknown.join(",") || "-"}), inbox done ${v.inbox.done}, ` +
+    `outbox sent ${v.outbox.sent}, order breaks ${v.orderBreaks.length} ` +
+    `(${v.orderBreaks.filter((b) => b.splitTakeover).length} from a split takeover)`;
+}
+
+for (const target of targets) {
+  describe(`replicas as processes: ${target.label}`, () => {
+    test.skipIf(target.skip !== false)("SIGKILL mid-work: the survivors take its leases over when they lapse", async () => {
+      await withCluster(target, "kill", async (cluster, reader) => {
+        const plan = planMessages(MESSAGES, CHATS, 11);
+        const victim = "r2";
+        let failover: Failover | undefined;
+        let inFlightAtKill = 0;
+        let cutOff: SinkLine | undefined;
+        await stream(cluster, plan, async (i) => {
+          // From the 120th message on, as soon as it has at least 3 messages admitted and not handled
+          // to the end, and a provider call under way (its result not recorded: an ambiguous send).
+          if (failover || i < 120 || cluster.inFlightOf(victim).length < 3) return;
+          const slow = slowCallUnderWay(cluster, victim);
+          if (!slow) return;
+          cutOff = slow;
+          inFlightAtKill = cluster.inFlightOf(victim).length;
+          const at = performance.now();
+          await cluster.replica(victim).kill();
+          failover = await cluster.failOver(victim, "killed", at, reader, 300);
+        });
+        const survivors = NAMES.filter((n) => n !== victim);
+        await settle(cluster, plan, survivors[0]!);
+        const v = await verify(plan, cluster, reader);
+        const stats = await Promise.all(survivors.map((n) => cluster.replica(n).stop()));
+        expect(failover).toBeDefined();
+        const f = failover!;
+        console.log(
+          `[${target.label}] kill: ${summary(v)}; ${victim} had ${inFlightAtKill} in flight and was killed ` +
+            `${(f.at - cutOff!.seenAt).toFixed(0)} ms into the call ${cutOff!.key}: ${describeFailover(f)}; ` +
+            `duplicate acks ${cluster.duplicateAcks.length}, survivors' inboundDuplicates ${sum(stats, "inboundDuplicates")}, ` +
+            `inboundReplayed ${sum(stats, "inboundReplayed")}, outboxDeduped ${sum(stats, "outboxDeduped")}`,
+        );
+
+        expectClean(v, plan, cluster);
+        expect(inFlightAtKill).toBeGreaterThanOrEqual(3);
+        // The call cut off by the kill (at least 100 ms of it were left): reported ambiguous, and at
+        // the sink once (the dead replica's call).
+        expect(f.at - cutOff!.seenAt).toBeLessThan(CONFIG.slowSend!.ms - 100);
+        expect(v.unknown).toContain(cutOff!.key);
+        expect(cluster.sink.filter((l) => l.key === cutOff!.key).map((l) => l.by)).toEqual([victim]);
+        expect(f.held.length).toBeGreaterThan(0); // what it admitted and had not handled to the end
+        // Taken over, by the survivors, and only after the leases lapsed: the last heartbeat was at
+        // most a third of a lease before the kill, so at least two thirds of a lease after it.
+        for (const id of f.held) {
+          expect({ id, bySurvivor: (cluster.handled.get(id) ?? []).some((h) => h.by !== victim) }).toEqual({
+            id,
+            bySurvivor: true,
+          });
+        }
+        expect(f.firstTakeoverMs).not.toBeNull();
+        expect(f.firstTakeoverMs!).toBeGreaterThan((LEASE_MS * 2) / 3 - 100);
+        expect(f.allTakenMs).not.toBeNull();
+        expect(f.allTakenMs!).toBeLessThan(LEASE_MS + 600 + 4_000);
+        // Redeliveries the journal held were dropped as duplicates by the survivors, and counted.
+        expect(f.redelivered.length).toBeGreaterThan(0);
+        expect(f.redeliveredInJournal).toBeGreaterThan(0);
+        expect(cluster.duplicateAcks.filter((d) => d.by !== victim).length).toBe(f.redeliveredInJournal);
+        expect(sum(stats, "inboundDuplicates")).toBe(cluster.duplicateAcks.filter((d) => d.by !== victim).length);
+        // The survivors processed the dead replica's records again; ambiguous ones counted by them.
+        expect(sum(stats, "inboundReplayed")).toBeGreaterThanOrEqual(f.held.length);
+        expect(sum(stats, "outboxAmbiguous")).toBe(v.unknown.length);
+        expect(sum(stats, "staleLeases")).toBe(0);
+      });
+    }, 60_000);
+
+    test.skipIf(target.skip !== false)("SIGSTOP past its lease, then SIGCONT: its late completions are fenced off", async () => {
+      await withCluster(target, "frozen", async (cluster, reader) => {
+        const plan = planMessages(MESSAGES, CHATS, 23);
+        const victim = "r3";
+        let failover: Failover | undefined;
+        let inFlightAtStop = 0;
+        let refrozen = 0;
+        let cutOff: SinkLine | undefined;
+        let resumedAt = 0;
+        let thawed: Promise<void> = Promise.resolve();
+        await stream(cluster, plan, async (i) => {
+          if (failover || i < 100 || cluster.inFlightOf(victim).length < 3) return;
+          const slow = slowCallUnderWay(cluster, victim);
+          if (!slow) return;
+          cutOff = slow;
+          cluster.drain(victim); // its chats wait; nothing unacknowledged is left behind in it
+          await cluster.waitFor(`${victim}'s acknowledgements`, 5_000, () => cluster.unackedOf(victim) === 0);
+          inFlightAtStop = cluster.inFlightOf(victim).length;
+          let at: number;
+          // SQLite: a process stopped inside a write transaction keeps the file's write lock and
+          // stalls the whole host (no lease helps there); freeze it outside one (continue and retry).
+          for (;;) {
+            at = performance.now();
+            await cluster.replica(victim).freeze();
+            if (await writeLockFree(cluster.ns)) break;
+            refrozen++;
+            cluster.replica(victim).signal("SIGCONT");
+            await Bun.sleep(hash01(`retry${refrozen}`) * 20);
+          }
+          failover = await cluster.failOver(victim, "frozen", at, reader);
+          // Thaw it once the others have handled all it held (its leases lapsed), while the stream goes on.
+          thawed = cluster.waitFor("the survivors to take the frozen replica's work", 15_000, () =>
+            failover!.allTakenMs !== null).then(() => {
+              resumedAt = performance.now();
+              cluster.replica(victim).signal("SIGCONT");
+            });
+        });
+        await thawed;
+        const survivors = NAMES.filter((n) => n !== victim);
+        await settle(cluster, plan, survivors[0]!);
+        // The thawed replica finishes what it had (answered from the outbox, completions refused).
+        const late = cluster.replica(victim);
+        const lateSettled = late.next("settled ", 30_000);
+        late.command({ op: "settle" });
+        await lateSettled;
+        const v = await verify(plan, cluster, reader);
+        const victimStats = await late.stop();
+        const stats = await Promise.all(survivors.map((n) => cluster.replica(n).stop()));
+        expect(failover).toBeDefined();
+        const f = failover!;
+        const lateStarts = [...cluster.starts.values()].flat().filter((s) => s.by === victim && s.at > resumedAt).length;
+        const lateCalls = cluster.sink.filter((l) => l.by === victim && l.t > performance.timeOrigin + resumedAt);
+        const staleWarnings = cluster.warnings.filter((w) => w.by === victim && w.code === "stale-lease").length;
+        console.log(
+          `[${target.label}] freeze: ${summary(v)}; ${victim} had ${inFlightAtStop} in flight and was stopped ` +
+            `${(f.at - cutOff!.seenAt).toFixed(0)} ms into the call ${cutOff!.key}: ${describeFailover(f)}; ` +
+            `frozen for ${(resumedAt - f.at).toFixed(0)} ms (stopped again ${refrozen} times: write lock held); after SIGCONT it started ${lateStarts} handlers, made ` +
+            `${lateCalls.length} provider calls (${lateCalls.map((l) => l.key).join(",") || "-"}); its staleLeases ` +
+            `${victimStats.metrics.staleLeases} (stale-lease warnings ${staleWarnings}), outboxDeduped ` +
+            `${victimStats.metrics.outboxDeduped}`,
+        );
+
+        expectClean(v, plan, cluster);
+        expect(inFlightAtStop).toBeGreaterThanOrEqual(1);
+        // The call it froze in (when at least 100 ms of it were left: a SQLite retry can come later):
+        // reported ambiguous by a survivor, never sent again.
+        if (f.at - cutOff!.seenAt < CONFIG.slowSend!.ms - 100) expect(v.unknown).toContain(cutOff!.key);
+        expect(cluster.sink.filter((l) => l.key === cutOff!.key).map((l) => l.by)).toEqual([victim]);
+        expect(f.firstTakeoverMs!).toBeGreaterThan((LEASE_MS * 2) / 3 - 100);
+        expect(resumedAt - f.at).toBeGreaterThan(LEASE_MS);
+        // Its late completions were refused by fencing, each counted and warned about.
+        expect(victimStats.metrics.staleLeases).toBeGreaterThan(0);
+        expect(staleWarnings).toBe(victimStats.metrics.staleLeases);
+        expect(sum(stats, "staleLeases")).toBe(0);
+        // A late provider call is only one the survivors had reported ambiguous (reserved by it
+        // before it froze, never sent by anyone else).
+        for (const l of lateCalls) expect({ key: l.key, reported: v.reported.has(l.key) }).toEqual({ key: l.key, reported: true });
+        expect(sum([...stats, victimStats], "outboxAmbiguous")).toBe(v.unknown.length);
+      });
+    }, 60_000);
+  });
+}
