@@ -38,22 +38,27 @@ async function dropPrefix(keyPrefix: string): Promise<void> {
 /** One way to build a client, and to let it go as a killed process would. */
 interface ClientKind {
   name: string;
+  /** Leases and sleeps of the suite are multiplied by this (HTTP round trips are slower under load). */
+  timeScale: number;
   open(): unknown | Promise<unknown>;
   close(client: unknown): void | Promise<void>;
 }
 
 const upstash = (autoPipelining: boolean): ClientKind => ({
   name: `@upstash/redis over the REST bridge, auto-pipelining ${autoPipelining ? "on" : "off"}`,
+  timeScale: 4,
   open: () => new Upstash({ url: bridge!.url, token: bridge!.token, enableAutoPipelining: autoPipelining, retry: false }),
   close: () => {},
 });
 const ioredis: ClientKind = {
   name: "ioredis",
+  timeScale: 2,
   open: () => new IORedis(REDIS_URL),
   close: (c) => (c as IORedis).disconnect(),
 };
 const nodeRedis: ClientKind = {
   name: "node-redis",
+  timeScale: 2,
   open: () => createClient({ url: REDIS_URL }).connect(),
   close: async (c) => {
     await (c as ReturnType<typeof createClient>).destroy();
@@ -61,6 +66,7 @@ const nodeRedis: ClientKind = {
 };
 const bunRedis: ClientKind = {
   name: "Bun RedisClient",
+  timeScale: 2,
   open: () => new RedisClient(REDIS_URL),
   close: (c) => (c as RedisClient).close(),
 };
@@ -100,7 +106,7 @@ function suite(
       await h.kind.close(h.client);
     },
     harness,
-    timeScale: 2,
+    timeScale: kind.timeScale,
   });
 }
 
