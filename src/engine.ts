@@ -423,6 +423,7 @@ export class DurabilityEngine {
       }
       return { status: "rejected", id, error: err };
     }
+    if (record === null) record = await this.#ownLostAdmission(id);
     if (record === null) {
       this.#metrics.inboundDuplicates++;
       return { status: "duplicate", id };
@@ -431,6 +432,27 @@ export class DurabilityEngine {
     this.#hold("inbox", id, record.fence);
     dispatch({ message, record, sends: [], sendCount: 0 });
     return { status: "admitted", id };
+  }
+
+  /**
+   * The record of `id` when an earlier admission by this very incarnation
+   * landed but its reply was lost (a connection cut after the commit, or a
+   * client that retried the write): it is leased to us and nobody works on it,
+   * so it is ours to dispatch now rather than after its lease lapses.
+   */
+  async #ownLostAdmission(id: string): Promise<InboundRecord | null> {
+    if (this.#held.has(`inbox\u0000${id}`)) return null;
+    let existing: InboundRecord | null;
+    try {
+      existing = await this.backend.inbox.get(id);
+    } catch {
+      return null; // a duplicate all the same; the lease lapses and a sweep takes it
+    }
+    const lease = existing?.lease;
+    if (!existing || existing.state !== "processing" || !lease) return null;
+    if (lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) return null;
+    if (this.#held.has(`inbox\u0000${id}`)) return null; // dispatched while we read
+    return existing;
   }
 
   #remember(id: string): void {

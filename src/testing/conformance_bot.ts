@@ -514,6 +514,35 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       }
     });
 
+    withBackend("an admission that landed but lost its reply is processed at once on redelivery", async (backend, bots) => {
+      // The write commits, then the connection drops (or a client retries it): the bot saw an error.
+      let loseReply = 1;
+      const lossy = intercept(backend, {
+        admit: async (record, lease) => {
+          const admitted = await backend.inbox.admit(record, lease);
+          if (loseReply-- > 0) throw new Error("connection reset after the commit");
+          return admitted;
+        },
+      });
+      const provider = new MockProvider();
+      // A long lease: without taking its own record back, the bot would wait a minute for it.
+      const bot = new Bot({ provider, durability: fastDurability(lossy, scale, { inbox: { leaseMs: 60_000 } }) });
+      bot.when(ANY, (ctx) => ctx.reply("ok"));
+      await start(bots, bot);
+      const id = uid("m");
+      expect((await provider.receive({ id, chatId: "c", text: "x" })).status).toBe("rejected");
+      expect((await backend.inbox.get(id))?.state, "the first write landed").toBe("processing");
+      expect((await provider.receive({ id, chatId: "c", text: "x" })).status).toBe("admitted");
+      const deadline = Date.now() + 5_000 * scale;
+      while ((await backend.inbox.get(id))?.state !== "done" && Date.now() < deadline) await sleep(10);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(provider.sent.map((s) => s.chatId)).toEqual(["c"]);
+      expect((await provider.receive({ id, chatId: "c", text: "x" })).status, "later redeliveries stay duplicates").toBe(
+        "duplicate",
+      );
+      expect(metricsOf(bot).inboundJournaled).toBe(1);
+    });
+
     withBackend("purges done and sent records after the retention; keeps dead ones", async (backend, bots) => {
       const retention = Math.round(60 * scale);
       const provider = new MockProvider();
