@@ -1362,5 +1362,84 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         }
       });
     });
+
+    describe("per-chat order under concurrency", () => {
+      /** The chat's entries that are `sending`, each with every earlier entry of the chat settled. */
+      async function checkChat(b: DurabilityBackend, chat: string, when: string): Promise<OutboxEntry[]> {
+        const entries = await b.outbox.list({ chatId: chat, limit: 1_000 });
+        const sending = entries.filter((e) => e.state === "sending");
+        expect(sending.length, `${when}: at most one entry of the chat is sending`).toBeLessThanOrEqual(1);
+        for (const s of sending) {
+          const before = entries.filter((e) => e.seq < s.seq && ["queued", "sending", "failed"].includes(e.state));
+          expect(keys(before), `${when}: nothing unsettled before the sending entry`).toEqual([]);
+        }
+        return sending;
+      }
+
+      it("many concurrent leased reserves in one chat: at most one leased; sends leave in seq order", async (b) => {
+        const chat = uid("chat");
+        const results = await Promise.all(
+          Array.from({ length: 24 }, (_, i) => b.outbox.reserve(outbound(chat, { n: i }), claimer(`owner-${i % 4}`))),
+        );
+        const leased = results.filter((r) => r.status === "leased");
+        expect(leased.length, "at most one reserve leased").toBeLessThanOrEqual(1);
+        expect(results.filter((r) => r.status === "exists").length).toBe(0);
+        const seqs = results.map((r) => r.entry.seq);
+        expect(new Set(seqs).size, "distinct seq").toBe(24);
+        if (leased.length === 1) expect(leased[0]!.entry.seq, "the leased one is the earliest").toBe(Math.min(...seqs));
+        await checkChat(b, chat, "after the reserves");
+
+        // Drain the chat as concurrent workers would: only its head is ever due.
+        const sent: number[] = [];
+        let holder: OutboxEntry | null = leased[0]?.entry ?? null;
+        for (let round = 0; round < 30 && sent.length < 24; round++) {
+          if (holder) {
+            await b.outbox.markSent(holder.key, tokenOf(holder), `m-${holder.seq}`);
+            sent.push(holder.seq);
+          }
+          const claims = await Promise.all(Array.from({ length: 4 }, () => b.outbox.claimDue({ ...claimer(), limit: 24 })));
+          const mine = claims.flatMap((c) => c.due).filter((e) => e.chatId === chat);
+          expect(mine.length, `round ${round}: one head of the chat is due`).toBeLessThanOrEqual(1);
+          holder = mine[0] ?? null;
+          await checkChat(b, chat, `round ${round}`);
+        }
+        expect(sent, "every entry sent once, in seq order").toEqual([...seqs].sort((x, y) => x - y));
+      });
+
+      it("leased reserves racing the sends of their chat never overtake an earlier entry", async (b) => {
+        const chat = uid("chat");
+        const sent: number[] = [];
+        const all: number[] = [];
+        let holder: OutboxEntry | null = null;
+        for (let round = 0; round < 6; round++) {
+          const send = holder
+            ? b.outbox.markSent(holder.key, tokenOf(holder), `m-${holder.seq}`).then(() => holder!.seq)
+            : Promise.resolve(null);
+          const [done, ...results] = await Promise.all([
+            send,
+            ...Array.from({ length: 6 }, (_, i) => b.outbox.reserve(outbound(chat, { round, i }), claimer())),
+          ]);
+          if (done !== null) sent.push(done);
+          all.push(...results.map((r) => r.entry.seq));
+          const leased = results.filter((r) => r.status === "leased");
+          expect(leased.length, `round ${round}: at most one leased`).toBeLessThanOrEqual(1);
+          const sending = await checkChat(b, chat, `round ${round}`);
+          holder = sending[0] ?? null;
+          if (!holder) {
+            const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+            const mine = claim.due.filter((e) => e.chatId === chat);
+            expect(mine.length, `round ${round}: one head is due`).toBeLessThanOrEqual(1);
+            holder = mine[0] ?? null;
+          }
+        }
+        while (holder) {
+          await b.outbox.markSent(holder.key, tokenOf(holder), `m-${holder.seq}`);
+          sent.push(holder.seq);
+          const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+          holder = claim.due.find((e) => e.chatId === chat) ?? null;
+        }
+        expect(sent, "every entry sent once, in seq order").toEqual([...all].sort((x, y) => x - y));
+      });
+    });
   });
 }

@@ -1,0 +1,1054 @@
+/**
+ * `@botmesh/durable/postgres`: the inbox/outbox journals, the session store
+ * and a {@link DurableKv} in PostgreSQL, shared by many replicas on many
+ * hosts (`scope: "shared"`).
+ *
+ * - {@link PostgresDurability}: the journals.
+ * - {@link PostgresStore}: the bot's {@link SessionStore} (get/set/delete
+ *   with TTL); `store.durability()` journals in the same schema, over the
+ *   same client.
+ * - {@link PostgresKv}: a versioned key-value store for `kvDurability(kv)` or
+ *   `eventsDurability({ journal, outbox: kv })`.
+ *
+ * ## The client
+ * Pass a [postgres](https://github.com/porsager/postgres) (porsager) client
+ * as `sql`: `postgres(url, { max: 10 })`. This module never opens, ends or
+ * imports it (it relies only on `sql.unsafe(text, params, { prepare: true })`,
+ * see {@link PostgresClient}); the client reconnects on its own after a lost
+ * connection, and `close()` here leaves it open: `await sql.end()` when done.
+ * Use it without column or value transforms (`transform`, custom `types`);
+ * the backend checks for a column transform when it sets up its schema.
+ *
+ * ## Schema
+ * Tables `<prefix>meta`, `<prefix>inbox`, `<prefix>outbox`,
+ * `<prefix>outbox_chat`, `<prefix>session`, `<prefix>kv` and two sequences in
+ * `schema` (default `public`; `tablePrefix` default `botmesh_`). They are
+ * created or upgraded on first use (`open()`, or the first call) by one `DO`
+ * block: one statement, one transaction, under a transaction-scoped advisory
+ * lock on the schema, so replicas starting together migrate one at a time.
+ * A schema written by a newer version of the library is refused.
+ *
+ * ## Statements
+ * Every operation is one statement (prepared by the client: one round trip),
+ * with the state rules, the fencing token and the clock in SQL:
+ * - Times are bigint ms from the server clock
+ *   (`extract(epoch from clock_timestamp())`), never a replica's `Date.now()`.
+ * - `admit` is one `INSERT … ON CONFLICT (id) DO NOTHING … RETURNING`, lease
+ *   included. Claims, heartbeats, completions, failures and every outbox
+ *   transition are single `UPDATE`s whose `WHERE` checks the state and the
+ *   fencing token: the database decides, atomically, whether a caller still
+ *   holds its lease.
+ * - `claimDue` (inbox and outbox) reads a partial index of the records a scan
+ *   must look at (active records by when they are due) in a CTE with
+ *   `FOR UPDATE SKIP LOCKED` that feeds an `UPDATE … RETURNING`: concurrent
+ *   replicas claim disjoint sets and never wait for each other. Settled
+ *   records are never scanned. An outbox scan reads the due `queued`/`failed`
+ *   entries and keeps the chat heads (no earlier unsettled entry of the chat,
+ *   by the chat index), so entries queued behind an unsettled one are read
+ *   but not taken.
+ * - `purge` deletes in bounded batches (`purgeBatchSize`, 1000 by default),
+ *   one statement each, oldest first, by a partial index of `done`/`sent`
+ *   records. Retention itself is the Bot's `durability.retention` (7 days by
+ *   default): the engine calls `purge`.
+ *
+ * ## Per-chat order across replicas
+ * A `reserve` with a lease may lease only when no earlier entry of its chat
+ * is `queued`, `sending` or `failed`. Under READ COMMITTED a plain
+ * `NOT EXISTS` is racy: two reserves of one chat, each in its own snapshot,
+ * would both see the chat clear. So every reserve also upserts the chat's
+ * row in `<prefix>outbox_chat` (`INSERT … ON CONFLICT DO UPDATE`) in the same
+ * statement. That row lock serializes the reserves of one chat (other chats
+ * are not affected), the entry's `seq` is drawn after it (a chat's seqs follow
+ * the lock order), and each upsert stamps the row with a new version from a
+ * sequence and returns the version it replaced. A reserve leases only when
+ * that replaced version is the one its own snapshot saw (no reserve, nor a
+ * `retry`, of the chat committed since the snapshot) and its snapshot has no
+ * unsettled entry of the chat; otherwise the entry is `queued` and the worker
+ * sends it in order. This costs no extra round trip, unlike an advisory lock,
+ * which needs a transaction (BEGIN, lock, insert, COMMIT). Transitions that
+ * settle an entry need no lock: a reserve that does not see them yet only
+ * queues where it could have leased, which is safe. `purge` drops chat rows
+ * with no entry that were untouched for an hour (or the retention, if longer).
+ *
+ * ## JSON
+ * Payloads, content, session values and kv values are stored as `text`
+ * holding `JSON.stringify` output, and parsed back in JS: exactly what
+ * JavaScript wrote comes back (object key order, `1e21`, `\u0000` in
+ * strings, lone surrogates), where `jsonb` would reorder keys and refuse
+ * some strings. A row whose JSON (or any field) is damaged is reported by an
+ * error naming the table, the row and the field; other rows stay readable.
+ *
+ * @module
+ */
+import {
+  type BackendScope,
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DurabilityBackend,
+  type DurableKv,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type JsonValue,
+  type KvEntry,
+  type Lease,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
+  StaleLeaseError,
+} from "../src/backend.ts";
+import {
+  checkClaim,
+  checkFinite,
+  checkListFilter,
+  checkNewInbound,
+  checkNewOutbox,
+  checkOutcome,
+  checkString,
+  normalizeList,
+} from "../src/journal_rules.ts";
+import type { SessionStore } from "../src/store.ts";
+import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
+import { showValue as show } from "../src/show.ts";
+import {
+  IDENTIFIER,
+  inboxSql,
+  type InboxSql,
+  kvSql,
+  type KvSql,
+  LONGEST_SUFFIX,
+  migrationSql,
+  NEWER_SCHEMA_MARK,
+  outboxSql,
+  type OutboxSql,
+  POSTGRES_SCHEMA_VERSION,
+  sessionSql,
+  type SessionSql,
+  tables,
+  type Tables,
+} from "./postgres_sql.ts";
+
+export { POSTGRES_SCHEMA_VERSION } from "./postgres_sql.ts";
+
+/**
+ * The part of a [postgres](https://github.com/porsager/postgres) (porsager)
+ * client this module uses. A `postgres()` client (`Sql`) has it; declared
+ * here so that this module does not depend on the driver's types.
+ */
+export interface PostgresClient {
+  /**
+   * Runs one statement with `$1`… parameters.
+   * @returns the rows (an array; porsager's `RowList` also has `count`)
+   */
+  // deno-lint-ignore no-explicit-any
+  unsafe(query: string, parameters?: any[], options?: { prepare?: boolean }): PromiseLike<any>;
+}
+
+/** Options of {@link PostgresDurability}, {@link PostgresStore} and {@link PostgresKv}. */
+export interface PostgresOptions {
+  /** A porsager `postgres()` client (required). It stays the caller's: this module never ends it. */
+  sql: PostgresClient;
+  /** The schema of the tables (default `"public"`; created when missing): `^[a-z_][a-z0-9_]*$`. */
+  schema?: string;
+  /** Prepended to the table names (default `"botmesh_"`): `^[a-z_][a-z0-9_]*$`, at most 40 characters. */
+  tablePrefix?: string;
+  /** Rows one purge statement deletes at most (default 1000; 1 to 100000). */
+  purgeBatchSize?: number;
+}
+
+/** Options of {@link PostgresDurability}. */
+export type PostgresDurabilityOptions = PostgresOptions;
+/** Options of {@link PostgresStore}. */
+export type PostgresStoreOptions = PostgresOptions;
+/** Options of {@link PostgresKv}. */
+export type PostgresKvOptions = PostgresOptions;
+
+const OPTION_NAMES = ["sql", "schema", "tablePrefix", "purgeBatchSize"] as const;
+const DEFAULT_PURGE_BATCH = 1000;
+const MAX_PURGE_BATCH = 100_000;
+/** Postgres cuts identifiers at 63 bytes; the prefix leaves room for the longest table/index suffix. */
+const MAX_PREFIX = 63 - LONGEST_SUFFIX - 4;
+/** Chat rows are dropped by `purge` only when untouched for at least this long. */
+const CHAT_ROW_MIN_AGE_MS = 3_600_000;
+/** Expired session values are swept at most this often (on a `set`). */
+const SESSION_SWEEP_MS = 60_000;
+/** Durations are clamped to this (about 31,000 years), so that `now + ms` stays a safe integer. */
+const MAX_DURATION_MS = 1e15;
+
+interface Resolved {
+  sql: PostgresClient;
+  schema: string;
+  prefix: string;
+  purgeBatch: number;
+}
+
+function resolveOptions(options: unknown): Resolved {
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`Postgres options must be an object with a "sql" client, got ${show(options)}`);
+  }
+  const o = options as Record<string, unknown>;
+  for (const key of Object.keys(o)) {
+    if (!(OPTION_NAMES as readonly string[]).includes(key)) {
+      throw new TypeError(
+        `Unknown Postgres option ${JSON.stringify(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`,
+      );
+    }
+  }
+  const sql = o.sql;
+  if (
+    (typeof sql !== "function" && (typeof sql !== "object" || sql === null)) ||
+    typeof (sql as { unsafe?: unknown }).unsafe !== "function"
+  ) {
+    throw new TypeError(`Postgres option "sql" must be a postgres (porsager) client, as postgres(url) returns, got ${show(sql)}`);
+  }
+  const schema = o.schema ?? "public";
+  if (typeof schema !== "string") throw new TypeError(`Postgres option "schema" must be a string, got ${show(schema)}`);
+  if (!IDENTIFIER.test(schema) || schema.length > 63) {
+    throw new RangeError(
+      `Postgres option "schema" must match ^[a-z_][a-z0-9_]*$ (lowercase letters, digits, "_"; at most 63), got ${show(schema)}`,
+    );
+  }
+  const prefix = o.tablePrefix ?? "botmesh_";
+  if (typeof prefix !== "string") throw new TypeError(`Postgres option "tablePrefix" must be a string, got ${show(prefix)}`);
+  if (!IDENTIFIER.test(prefix) || prefix.length > MAX_PREFIX) {
+    throw new RangeError(
+      `Postgres option "tablePrefix" must match ^[a-z_][a-z0-9_]*$ (lowercase letters, digits, "_"; at most ${MAX_PREFIX}), got ${
+        show(prefix)
+      }`,
+    );
+  }
+  const batch = o.purgeBatchSize ?? DEFAULT_PURGE_BATCH;
+  if (typeof batch !== "number") {
+    throw new TypeError(`Postgres option "purgeBatchSize" must be a number, got ${show(batch)}`);
+  }
+  if (!Number.isInteger(batch) || batch < 1 || batch > MAX_PURGE_BATCH) {
+    throw new RangeError(`Postgres option "purgeBatchSize" must be an integer from 1 to ${MAX_PURGE_BATCH}, got ${show(batch)}`);
+  }
+  return { sql: sql as PostgresClient, schema, prefix, purgeBatch: batch };
+}
+
+// ---- the connection context ------------------------------------------------------
+
+type Row = Record<string, unknown>;
+
+/** Schema setups under way or done, per client and schema + prefix (one per process for all backends on them). */
+const setups = new WeakMap<object, Map<string, Promise<void>>>();
+
+/** What the journals, the store and the kv share: the client, the names, the schema setup. */
+class Context {
+  readonly sql: PostgresClient;
+  readonly t: Tables;
+  readonly purgeBatch: number;
+
+  constructor(options: Resolved) {
+    this.sql = options.sql;
+    this.t = tables(options.schema, options.prefix);
+    this.purgeBatch = options.purgeBatch;
+  }
+
+  /** `"schema"."prefix*"`, for errors. */
+  get where(): string {
+    return `schema ${JSON.stringify(this.t.schema)}, tables ${JSON.stringify(`${this.t.prefix}*`)}`;
+  }
+
+  /**
+   * Creates or upgrades the schema once per client, schema and prefix (a
+   * failed attempt is forgotten, so the next call tries again).
+   */
+  ready(): Promise<void> {
+    let byName = setups.get(this.sql);
+    if (!byName) setups.set(this.sql, byName = new Map());
+    const key = `${this.t.schema}\u0000${this.t.prefix}`;
+    let setup = byName.get(key);
+    if (!setup) {
+      setup = this.#migrate();
+      byName.set(key, setup);
+      const map = byName;
+      setup.catch(() => {
+        if (map.get(key) === setup) map.delete(key);
+      });
+    }
+    return setup;
+  }
+
+  async #migrate(): Promise<void> {
+    try {
+      await this.sql.unsafe(migrationSql(this.t), []);
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      const at = message.indexOf(NEWER_SCHEMA_MARK);
+      if (at >= 0) {
+        const version = message.slice(at + NEWER_SCHEMA_MARK.length).trim();
+        throw new Error(
+          `Postgres ${this.where} has schema version ${version}, written by a newer @botmesh/durable; ` +
+            `this version supports up to schema version ${POSTGRES_SCHEMA_VERSION}: upgrade @botmesh/durable to use it`,
+          { cause: error },
+        );
+      }
+      throw new Error(`Postgres: cannot set up ${this.where}: ${message}`, { cause: error });
+    }
+    const probe = await this.sql.unsafe("SELECT 1 AS botmesh_probe", []);
+    const row = (probe as Row[])[0];
+    if (!row || !("botmesh_probe" in row)) {
+      throw new Error(
+        `Postgres: the client given as "sql" transforms column names (${JSON.stringify(Object.keys(row ?? {}))}); ` +
+          `give the backend a client without "transform"`,
+      );
+    }
+  }
+
+  /** Runs one prepared statement (`op` and `table` name it in errors) after the schema setup. */
+  async run(op: string, table: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    await this.ready();
+    try {
+      return await this.sql.unsafe(text, params, { prepare: true });
+    } catch (error) {
+      const message = error instanceof Error ? error.message : String(error);
+      throw new Error(`Postgres ${op} on ${table} failed: ${message}`, { cause: error });
+    }
+  }
+}
+
+// ---- rows ------------------------------------------------------------------------
+
+/** A number column (bigint columns arrive as strings); anything else stays as is, for the record check to report. */
+function num(v: unknown): unknown {
+  if (typeof v === "string" && v !== "" && Number.isFinite(Number(v))) return Number(v);
+  if (typeof v === "bigint") return Number(v);
+  return v;
+}
+
+function numOrNull(v: unknown): unknown {
+  return v === null ? null : num(v);
+}
+
+/** A whole number of ms for `now + ms` in SQL: rounded up, at least 0, at most {@link MAX_DURATION_MS}. */
+function duration(ms: number): number {
+  return Math.min(MAX_DURATION_MS, Math.max(0, Math.ceil(ms)));
+}
+
+/** Whether `token` can be a stored fencing token (a fractional or huge one never matches: it is stale). */
+function tokenOk(token: number): boolean {
+  return Number.isSafeInteger(token) && token > 0;
+}
+
+function damaged(table: string, key: string, id: unknown, problem: string): Error {
+  return new Error(`Postgres table ${table}, row ${key} ${JSON.stringify(String(id))}: ${problem} (the row is damaged)`);
+}
+
+/** The JSON of `column`, or an error naming the table, row and column. */
+function jsonColumn(text: unknown, table: string, key: string, id: unknown, column: string): JsonValue {
+  if (typeof text !== "string") throw damaged(table, key, id, `column ${column} must be JSON text, got ${show(text)}`);
+  try {
+    return JSON.parse(text) as JsonValue;
+  } catch (error) {
+    throw damaged(table, key, id, `column ${column} is not valid JSON: ${(error as Error).message}`);
+  }
+}
+
+function leaseOf(row: Row): Lease | null {
+  if (row.lease_owner === null) return null;
+  return {
+    owner: row.lease_owner as string,
+    incarnation: row.lease_incarnation as string,
+    token: num(row.lease_token) as number,
+    expiresAt: num(row.lease_expires_at) as number,
+  };
+}
+
+/** An inbox record of a row (its payload `payload` when the row has none), checked field by field. */
+function inboundOf(row: Row, table: string, payload?: JsonValue): InboundRecord {
+  const record = {
+    id: row.id,
+    kind: row.kind,
+    chatId: row.chat_id,
+    provider: row.provider,
+    payload: payload !== undefined ? payload : jsonColumn(row.payload, table, "id", row.id, "payload"),
+    receivedAt: num(row.received_at),
+    state: row.state,
+    attempts: num(row.attempts),
+    nextAttemptAt: numOrNull(row.next_attempt_at),
+    lease: leaseOf(row),
+    fence: num(row.fence),
+    error: row.error,
+    updatedAt: num(row.updated_at),
+  } as InboundRecord;
+  const problem = storedInboundProblem(record);
+  if (problem) throw damaged(table, "id", row.id, problem);
+  return record;
+}
+
+function outboxOf(row: Row, table: string, content?: JsonValue): OutboxEntry {
+  const entry = {
+    key: row.key,
+    chatId: row.chat_id,
+    content: content !== undefined ? content : jsonColumn(row.content, table, "key", row.key, "content"),
+    contentHash: row.content_hash,
+    inboundId: row.inbound_id,
+    state: row.state,
+    attempts: num(row.attempts),
+    nextAttemptAt: numOrNull(row.next_attempt_at),
+    lease: leaseOf(row),
+    fence: num(row.fence),
+    messageId: row.message_id,
+    error: row.error,
+    seq: num(row.seq),
+    createdAt: num(row.created_at),
+    updatedAt: num(row.updated_at),
+  } as OutboxEntry;
+  const problem = storedOutboxProblem(entry);
+  if (problem) throw damaged(table, "key", row.key, problem);
+  return entry;
+}
+
+/** The filter of a `list` as statement parameters. */
+function listParams(options: ListOptions<string> | undefined): { chat: boolean; states: string[]; params: unknown[] } | null {
+  const { states, chatId, limit } = normalizeList(options);
+  if (limit === 0 || (states !== null && states.size === 0)) return null;
+  const list = states === null ? [] : [...states];
+  const params: unknown[] = [];
+  if (chatId !== undefined) params.push(chatId);
+  params.push(...list, limit);
+  return { chat: chatId !== undefined, states: list, params };
+}
+
+/** Runs `step` (one bounded delete) until it deletes fewer than `batch` rows. @returns the total */
+async function inBatches(batch: number, step: () => Promise<number>): Promise<number> {
+  let total = 0;
+  for (;;) {
+    const n = await step();
+    total += n;
+    if (n < batch) return total;
+  }
+}
+
+// ---- the journals ----------------------------------------------------------------
+
+class PgInbox implements InboxJournal {
+  readonly #c: Context;
+  readonly #q: InboxSql;
+  readonly #t: string;
+
+  constructor(c: Context) {
+    this.#c = c;
+    this.#q = inboxSql(c.t);
+    this.#t = c.t.inbox;
+  }
+
+  #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    return this.#c.run(`inbox.${op}`, this.#t, text, params);
+  }
+
+  async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    const input = checkNewInbound(record); // a TypeError naming the field, before anything is written
+    if (lease !== undefined) checkClaim(lease, "inbox.admit");
+    const rows = await this.#run("admit", this.#q.admit, [
+      input.id,
+      input.kind,
+      input.chatId,
+      input.provider,
+      JSON.stringify(input.payload),
+      input.receivedAt,
+      lease !== undefined,
+      lease?.owner ?? null,
+      lease?.incarnation ?? null,
+      duration(lease?.leaseMs ?? 0),
+    ]);
+    return rows.length ? inboundOf(rows[0]!, this.#t, input.payload) : null;
+  }
+
+  async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    checkString(id, `inbox.claim: "id"`);
+    checkClaim(options, "inbox.claim");
+    const text = options.reclaimOwn ? this.#q.claimReclaim : this.#q.claim;
+    const rows = await this.#run("claim", text, [options.owner, options.incarnation, duration(options.leaseMs), id]);
+    return rows.length ? inboundOf(rows[0]!, this.#t) : null;
+  }
+
+  async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    checkClaim(options, "inbox.claimDue");
+    checkFinite(options.limit, `inbox.claimDue: option "limit"`);
+    if (!(options.limit > 0)) return [];
+    const text = options.reclaimOwn ? this.#q.claimDueReclaim : this.#q.claimDue;
+    const rows = await this.#run("claimDue", text, [
+      options.owner,
+      options.incarnation,
+      duration(options.leaseMs),
+      Math.min(Math.ceil(options.limit), 1_000_000),
+    ]);
+    // An UPDATE returns rows in no particular order: receipt order, as the scan picked them.
+    return rows.map((row) => ({ ord: Number(row.ord), record: inboundOf(row, this.#t) }))
+      .sort((a, b) => a.record.receivedAt - b.record.receivedAt || a.ord - b.ord)
+      .map((item) => item.record);
+  }
+
+  async #fenced(op: string, text: string, id: string, token: number, more: unknown[]): Promise<boolean> {
+    checkString(id, `inbox.${op}: "id"`);
+    checkFinite(token, `inbox.${op}: "token"`);
+    if (!tokenOk(token)) return false;
+    const rows = await this.#run(op, text, [id, token, ...more]);
+    return rows.length === 1;
+  }
+
+  async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
+    return await this.#fenced("heartbeat", this.#q.heartbeat, id, token, [duration(leaseMs)]);
+  }
+
+  async complete(id: string, token: number): Promise<void> {
+    if (!(await this.#fenced("complete", this.#q.complete, id, token, []))) throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkOutcome(outcome, "inbox.fail");
+    const dead = outcome.dead === true;
+    const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
+    if (!(await this.#fenced("fail", this.#q.fail, id, token, [dead, outcome.error, retry]))) {
+      throw new StaleLeaseError("inbox", id, token);
+    }
+  }
+
+  async get(id: string): Promise<InboundRecord | null> {
+    checkString(id, `inbox.get: "id"`);
+    const rows = await this.#run("get", this.#q.get, [id]);
+    return rows.length ? inboundOf(rows[0]!, this.#t) : null;
+  }
+
+  async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    checkListFilter(options, "inbox.list");
+    const filter = listParams(options);
+    if (!filter) return [];
+    const rows = await this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params);
+    return rows.map((row) => inboundOf(row, this.#t));
+  }
+
+  async replay(id: string): Promise<boolean> {
+    checkString(id, `inbox.replay: "id"`);
+    return (await this.#run("replay", this.#q.replay, [id])).length === 1;
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    checkFinite(olderThanMs, `inbox.purge: "olderThanMs"`);
+    const older = Math.max(-MAX_DURATION_MS, Math.min(MAX_DURATION_MS, Math.floor(olderThanMs)));
+    const batch = this.#c.purgeBatch;
+    return await inBatches(batch, async () => (await this.#run("purge", this.#q.purge, [older, batch])).count ?? 0);
+  }
+}
+
+class PgOutbox implements OutboxJournal {
+  readonly #c: Context;
+  readonly #q: OutboxSql;
+  readonly #t: string;
+
+  constructor(c: Context) {
+    this.#c = c;
+    this.#q = outboxSql(c.t);
+    this.#t = c.t.outbox;
+  }
+
+  #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    return this.#c.run(`outbox.${op}`, this.#t, text, params);
+  }
+
+  async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    const input = checkNewOutbox(entry); // a TypeError naming the field, before anything is written
+    if (lease !== undefined) checkClaim(lease, "outbox.reserve");
+    const rows = await this.#run("reserve", this.#q.reserve, [
+      input.key,
+      input.chatId,
+      JSON.stringify(input.content),
+      input.contentHash,
+      input.inboundId,
+      lease !== undefined,
+      lease?.owner ?? null,
+      lease?.incarnation ?? null,
+      duration(lease?.leaseMs ?? 0),
+    ]);
+    const row = rows[0];
+    if (row && row.status === "new") {
+      const created = outboxOf(row, this.#t, input.content);
+      return { status: created.state === "sending" ? "leased" : "queued", entry: created };
+    }
+    if (row) return { status: "exists", entry: outboxOf(row, this.#t) };
+    // The key was journaled by a concurrent reserve after this statement's snapshot was taken.
+    const existing = await this.get(input.key);
+    if (!existing) throw new Error(`Postgres outbox.reserve on ${this.#t}: entry ${JSON.stringify(input.key)} vanished`);
+    return { status: "exists", entry: existing };
+  }
+
+  async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    checkClaim(options, "outbox.claimDue");
+    checkFinite(options.limit, `outbox.claimDue: option "limit"`);
+    const limit = Math.max(0, Math.min(Math.ceil(options.limit), 1_000_000));
+    const rows = await this.#run("claimDue", this.#q.claimDue(options.reclaimOwn === true, options.resendAmbiguous === true), [
+      options.owner,
+      options.incarnation,
+      duration(options.leaseMs),
+      limit,
+    ]);
+    const due: OutboxEntry[] = [];
+    const ambiguous: OutboxEntry[] = [];
+    for (const row of rows) {
+      const entry = outboxOf(row, this.#t);
+      if (row.part === "ambiguous") {
+        ambiguous.push(entry);
+        if (options.resendAmbiguous) due.push(outboxOf(row, this.#t));
+      } else {
+        due.push(entry);
+      }
+    }
+    due.sort((a, b) => a.seq - b.seq);
+    ambiguous.sort((a, b) => a.seq - b.seq);
+    return { due, ambiguous };
+  }
+
+  async #fenced(op: string, text: string, key: string, token: number, more: unknown[]): Promise<boolean> {
+    checkString(key, `outbox.${op}: "key"`);
+    checkFinite(token, `outbox.${op}: "token"`);
+    if (!tokenOk(token)) return false;
+    const rows = await this.#run(op, text, [key, token, ...more]);
+    return rows.length === 1;
+  }
+
+  async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
+    return await this.#fenced("heartbeat", this.#q.heartbeat, key, token, [duration(leaseMs)]);
+  }
+
+  async markSent(key: string, token: number, messageId: string): Promise<void> {
+    checkString(messageId, `outbox.markSent: "messageId"`);
+    if (!(await this.#fenced("markSent", this.#q.markSent, key, token, [messageId]))) {
+      throw new StaleLeaseError("outbox", key, token);
+    }
+  }
+
+  async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkOutcome(outcome, "outbox.markFailed");
+    const dead = outcome.dead === true;
+    const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
+    if (!(await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, outcome.error, retry]))) {
+      throw new StaleLeaseError("outbox", key, token);
+    }
+  }
+
+  async get(key: string): Promise<OutboxEntry | null> {
+    checkString(key, `outbox.get: "key"`);
+    const rows = await this.#run("get", this.#q.get, [key]);
+    return rows.length ? outboxOf(rows[0]!, this.#t) : null;
+  }
+
+  async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    checkListFilter(options, "outbox.list");
+    const filter = listParams(options);
+    if (!filter) return [];
+    const rows = await this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params);
+    return rows.map((row) => outboxOf(row, this.#t));
+  }
+
+  async retry(key: string): Promise<boolean> {
+    checkString(key, `outbox.retry: "key"`);
+    const rows = await this.#run("retry", this.#q.retry, [key]);
+    return Number(rows[0]?.n ?? 0) === 1;
+  }
+
+  async discard(key: string): Promise<boolean> {
+    checkString(key, `outbox.discard: "key"`);
+    return ((await this.#run("discard", this.#q.discard, [key])).count ?? 0) === 1;
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    checkFinite(olderThanMs, `outbox.purge: "olderThanMs"`);
+    const older = Math.max(-MAX_DURATION_MS, Math.min(MAX_DURATION_MS, Math.floor(olderThanMs)));
+    const batch = this.#c.purgeBatch;
+    const total = await inBatches(batch, async () => (await this.#run("purge", this.#q.purge, [older, batch])).count ?? 0);
+    // Chat rows of chats with no entry left (see "Per-chat order" in the module documentation).
+    const chatAge = Math.max(older, CHAT_ROW_MIN_AGE_MS);
+    await inBatches(batch, async () => (await this.#c.run("outbox.purge", this.#c.t.chat, this.#q.purgeChats, [chatAge, batch])).count ?? 0);
+    return total;
+  }
+}
+
+// ---- public classes ----------------------------------------------------------------
+
+/**
+ * A durability backend in PostgreSQL: the inbox and outbox journals, shared
+ * by any number of replicas on any number of hosts (`scope: "shared"`).
+ * Every operation is one statement; fencing, claims and clocks are decided
+ * by the server (see the module documentation). Retention is the Bot's
+ * `durability.retention` (the engine calls `purge`).
+ *
+ * The schema is created or upgraded by `open()` (the bot calls it in
+ * `start()`), or by the first operation. `close()` leaves the client open:
+ * it is the caller's, end it with `await sql.end()`.
+ *
+ * @example Journals only
+ * ```ts ignore
+ * import postgres from "postgres";
+ * import { PostgresDurability } from "@botmesh/durable/postgres";
+ *
+ * const sql = postgres("postgres://postgres@127.0.0.1:5432/test", { max: 10 });
+ * const backend = new PostgresDurability({ sql, schema: "bots" });
+ * await backend.open();
+ * const id = crypto.randomUUID(); // the provider's message id
+ * await backend.inbox.admit({
+ *   id,
+ *   kind: "message",
+ *   chatId: "c1",
+ *   provider: "test",
+ *   payload: { text: "hi" },
+ *   receivedAt: Date.now(),
+ * });
+ * const record = await backend.inbox.claim(id, { owner: "host/bot/1", incarnation: "a", leaseMs: 60_000 });
+ * await backend.inbox.complete(id, record!.lease!.token);
+ * console.log((await backend.inbox.get(id))?.state); // "done"
+ * await sql.end();
+ * ```
+ */
+export class PostgresDurability implements DurabilityBackend {
+  /** Always `'postgres'`. */
+  readonly name: string = "postgres";
+  /** Shared by replicas on many hosts. */
+  readonly scope: "shared" = "shared";
+  /** The inbound journal. */
+  readonly inbox: InboxJournal;
+  /** The outbound journal. */
+  readonly outbox: OutboxJournal;
+  /** The schema of the tables. */
+  readonly schema: string;
+  /** The prefix of the table names. */
+  readonly tablePrefix: string;
+  readonly #c: Context;
+
+  /**
+   * @param options `sql` (required), `schema`, `tablePrefix`, `purgeBatchSize`
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: PostgresDurabilityOptions) {
+    this.#c = new Context(resolveOptions(options));
+    this.schema = this.#c.t.schema;
+    this.tablePrefix = this.#c.t.prefix;
+    this.inbox = new PgInbox(this.#c);
+    this.outbox = new PgOutbox(this.#c);
+  }
+
+  /**
+   * Creates or upgrades the schema (once per client, schema and prefix; later calls resolve at once).
+   * @throws {Error} naming the schema when it cannot be set up or was written by a newer version of the library
+   */
+  open(): Promise<void> {
+    return this.#c.ready();
+  }
+
+  /** Nothing to release: the client stays open (it is the caller's). */
+  close(): Promise<void> {
+    return Promise.resolve();
+  }
+}
+
+/**
+ * The bot's session store in PostgreSQL: values are JSON, with an optional
+ * time to live measured by the server clock (an expired value is never
+ * returned; expired values are swept at most once a minute on a `set`, or by
+ * {@link PostgresStore.purgeExpired}). `durability()` journals the bot's
+ * inbox and outbox in the same schema, over the same client.
+ *
+ * @example With a bot
+ * ```ts ignore
+ * import postgres from "postgres";
+ * import { Bot } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ * import { PostgresStore } from "@botmesh/durable/postgres";
+ *
+ * const sql = postgres(process.env.DATABASE_URL!, { max: 10 });
+ * const store = new PostgresStore({ sql });
+ * const bot = new Bot({
+ *   provider: new MockProvider(),
+ *   store,
+ *   durability: { backend: store.durability(), instanceId: "bot-1", retention: "7d" },
+ * });
+ * bot.when(/hi/, (ctx) => ctx.reply("hello"));
+ * await bot.start();
+ * await store.set("chat:1", { step: 2 }, { ttlMs: 60_000 });
+ * console.log(await store.get("chat:1")); // { step: 2 }
+ * await bot.stop();
+ * await sql.end();
+ * ```
+ */
+export class PostgresStore implements SessionStore {
+  /** The schema of the tables. */
+  readonly schema: string;
+  /** The prefix of the table names. */
+  readonly tablePrefix: string;
+  readonly #options: Resolved;
+  readonly #c: Context;
+  readonly #q: SessionSql;
+  #durability: PostgresDurability | null = null;
+  #lastSweep = 0;
+
+  /**
+   * @param options `sql` (required), `schema`, `tablePrefix`, `purgeBatchSize`
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: PostgresStoreOptions) {
+    this.#options = resolveOptions(options);
+    this.#c = new Context(this.#options);
+    this.#q = sessionSql(this.#c.t);
+    this.schema = this.#c.t.schema;
+    this.tablePrefix = this.#c.t.prefix;
+  }
+
+  /**
+   * The durability backend journaling in this store's schema, over the same
+   * client (one instance per store).
+   * @returns the backend
+   */
+  durability(): PostgresDurability {
+    this.#durability ??= new PostgresDurability({
+      sql: this.#options.sql,
+      schema: this.#options.schema,
+      tablePrefix: this.#options.prefix,
+      purgeBatchSize: this.#options.purgeBatch,
+    });
+    return this.#durability;
+  }
+
+  /**
+   * Sets up the schema now (otherwise the first get/set/delete does).
+   * @throws {Error} naming the schema when it cannot be set up
+   */
+  open(): Promise<void> {
+    return this.#c.ready();
+  }
+
+  /** Nothing to release: the client stays open (it is the caller's). */
+  close(): Promise<void> {
+    return Promise.resolve();
+  }
+
+  /**
+   * @param key the key
+   * @returns the value of `key`, or `undefined` when absent or expired
+   * @throws {Error} naming the table and key when the stored value is not JSON
+   */
+  async get(key: string): Promise<JsonValue | undefined> {
+    checkString(key, `Session key`);
+    const rows = await this.#c.run("session.get", this.#c.t.session, this.#q.get, [key]);
+    if (!rows.length) return undefined;
+    return jsonColumn(rows[0]!.value, this.#c.t.session, "key", key, "value");
+  }
+
+  /**
+   * Stores `value` (JSON); with `ttlMs` it expires after that many ms of the server clock.
+   * @param key the key
+   * @param value a JSON value
+   * @param options `ttlMs`: a positive number of ms
+   * @throws {RangeError} when `ttlMs` is not a positive number
+   * @throws {TypeError} when `value` is not JSON
+   */
+  async set(key: string, value: JsonValue, options?: { ttlMs?: number }): Promise<void> {
+    const ttl = options?.ttlMs;
+    if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
+      throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
+    }
+    checkString(key, `Session key`);
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(value);
+    } catch (error) {
+      throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON: ${(error as Error).message}`, { cause: error });
+    }
+    if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
+    await this.#c.run("session.set", this.#c.t.session, this.#q.set, [key, text, ttl === undefined ? null : duration(ttl)]);
+    const now = Date.now(); // only paces the sweeps of this process
+    if (now - this.#lastSweep >= SESSION_SWEEP_MS) {
+      this.#lastSweep = now;
+      await this.purgeExpired().catch(() => {});
+    }
+  }
+
+  /**
+   * Deletes `key`.
+   * @param key the key
+   */
+  async delete(key: string): Promise<void> {
+    checkString(key, `Session key`);
+    await this.#c.run("session.delete", this.#c.t.session, this.#q.delete, [key]);
+  }
+
+  /**
+   * Deletes every expired value now, in bounded batches.
+   * @returns how many were deleted
+   */
+  async purgeExpired(): Promise<number> {
+    const batch = this.#c.purgeBatch;
+    return await inBatches(batch, async () => (await this.#c.run("session.purgeExpired", this.#c.t.session, this.#q.sweep, [batch])).count ?? 0);
+  }
+}
+
+/** The smallest string above every string that starts with `prefix` (code point order = UTF-8 byte order), or `null`. */
+function prefixEnd(prefix: string): string | null {
+  const points = [...prefix];
+  while (points.length > 0) {
+    const last = points.pop()!.codePointAt(0)!;
+    if (last < 0x10ffff) {
+      const next = last === 0xd7ff ? 0xe000 : last + 1;
+      return points.join("") + String.fromCodePoint(next);
+    }
+  }
+  return null;
+}
+
+/**
+ * A {@link DurableKv} in PostgreSQL: one row per key, JSON text values.
+ * Versions come from one sequence, so a version is never reused for a key,
+ * not even after a delete. Every call is one statement; `list` reads keys in
+ * byte order (`COLLATE "C"`) by the primary key; `now()` is the server clock.
+ * Use it with `kvDurability(kv)` or as the shared outbox of
+ * `eventsDurability({ journal, outbox: kv })`.
+ *
+ * @example Compare-and-set
+ * ```ts ignore
+ * import postgres from "postgres";
+ * import { kvDurability } from "@botmesh/durable";
+ * import { PostgresKv } from "@botmesh/durable/postgres";
+ *
+ * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");
+ * const kv = new PostgresKv({ sql, tablePrefix: "app_" });
+ * const v1 = await kv.set("a", { n: 1 }, null); // create
+ * console.log(await kv.set("a", { n: 2 }, v1)); // a new version
+ * console.log(await kv.set("a", { n: 3 }, v1)); // null: the version moved on
+ * const backend = kvDurability(kv, { prefix: "bot-a:" });
+ * await sql.end();
+ * ```
+ */
+export class PostgresKv implements DurableKv {
+  /** Always `'postgres'`. */
+  readonly name: string = "postgres";
+  /** Shared by replicas on many hosts. */
+  readonly scope: BackendScope = "shared";
+  /** The schema of the table. */
+  readonly schema: string;
+  /** The prefix of the table names. */
+  readonly tablePrefix: string;
+  readonly #c: Context;
+  readonly #q: KvSql;
+
+  /**
+   * @param options `sql` (required), `schema`, `tablePrefix`, `purgeBatchSize` (unused here)
+   * @throws {TypeError|RangeError} naming the option when one is invalid
+   */
+  constructor(options: PostgresKvOptions) {
+    this.#c = new Context(resolveOptions(options));
+    this.#q = kvSql(this.#c.t);
+    this.schema = this.#c.t.schema;
+    this.tablePrefix = this.#c.t.prefix;
+  }
+
+  /**
+   * Sets up the schema now (otherwise the first call does).
+   * @throws {Error} naming the schema when it cannot be set up
+   */
+  open(): Promise<void> {
+    return this.#c.ready();
+  }
+
+  #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    return this.#c.run(`kv.${op}`, this.#c.t.kv, text, params);
+  }
+
+  #entry(row: Row): KvEntry {
+    return {
+      key: row.key as string,
+      value: jsonColumn(row.value, this.#c.t.kv, "key", row.key, "value"),
+      version: String(row.version),
+    };
+  }
+
+  /**
+   * Reads one key.
+   * @param key the key
+   * @returns its value and version, or `null`
+   */
+  async get(key: string): Promise<KvEntry | null> {
+    checkString(key, `kv.get: "key"`);
+    const rows = await this.#run("get", this.#q.get, [key]);
+    return rows.length ? this.#entry(rows[0]!) : null;
+  }
+
+  /**
+   * Writes one key, optionally only if its version is `expectVersion`.
+   * @param key the key
+   * @param value a JSON value
+   * @param expectVersion `null`: the key must not exist; `undefined`: unconditional
+   * @returns the new version, or `null` when the condition failed
+   * @throws {TypeError} when `value` is not JSON
+   */
+  async set(key: string, value: JsonValue, expectVersion?: string | null): Promise<string | null> {
+    checkString(key, `kv.set: "key"`);
+    if (expectVersion !== undefined && expectVersion !== null) checkString(expectVersion, `kv.set: "expectVersion"`);
+    let text: string | undefined;
+    try {
+      text = JSON.stringify(value);
+    } catch (error) {
+      throw new TypeError(`kv.set: the value of ${JSON.stringify(key)} is not JSON: ${(error as Error).message}`, { cause: error });
+    }
+    if (text === undefined) throw new TypeError(`kv.set: the value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
+    let rows: Row[];
+    if (expectVersion === undefined) rows = await this.#run("set", this.#q.setAny, [key, text]);
+    else if (expectVersion === null) rows = await this.#run("set", this.#q.setNew, [key, text]);
+    else if (!/^[1-9][0-9]{0,17}$/.test(expectVersion)) return null; // never issued
+    else rows = await this.#run("set", this.#q.setIf, [key, text, expectVersion]);
+    return rows.length ? String(rows[0]!.version) : null;
+  }
+
+  /**
+   * Deletes one key, optionally only if its version is `expectVersion`.
+   * @param key the key
+   * @param expectVersion the version it must have (unconditional when `undefined`)
+   * @returns whether a key was deleted
+   */
+  async delete(key: string, expectVersion?: string): Promise<boolean> {
+    checkString(key, `kv.delete: "key"`);
+    if (expectVersion === undefined) return ((await this.#run("delete", this.#q.delete, [key])).count ?? 0) === 1;
+    checkString(expectVersion, `kv.delete: "expectVersion"`);
+    if (!/^[1-9][0-9]{0,17}$/.test(expectVersion)) return false;
+    return ((await this.#run("delete", this.#q.deleteIf, [key, expectVersion])).count ?? 0) === 1;
+  }
+
+  /**
+   * Keys starting with `prefix`, in byte-wise ascending order.
+   * @param prefix the key prefix
+   * @param options `after`: only keys after this one; `limit`: at most this many
+   * @returns the entries
+   */
+  async list(prefix: string, options?: { after?: string; limit?: number }): Promise<KvEntry[]> {
+    checkString(prefix, `kv.list: "prefix"`);
+    const after = options?.after;
+    if (after !== undefined) checkString(after, `kv.list: option "after"`);
+    const limit = options?.limit;
+    if (limit !== undefined) checkFinite(limit, `kv.list: option "limit"`);
+    if (limit !== undefined && limit <= 0) return [];
+    const upper = prefixEnd(prefix);
+    const params: unknown[] = [prefix];
+    if (upper !== null) params.push(upper);
+    if (after !== undefined) params.push(after);
+    if (limit !== undefined) params.push(Math.min(Math.ceil(limit), 1_000_000_000));
+    const rows = await this.#run("list", this.#q.list(upper !== null, after !== undefined, limit !== undefined), params);
+    return rows.map((row) => this.#entry(row));
+  }
+
+  /**
+   * The server clock.
+   * @returns ms since epoch
+   */
+  async now(): Promise<number> {
+    const rows = await this.#run("now", this.#q.now, []);
+    return Number(rows[0]!.now);
+  }
+}

@@ -1,0 +1,532 @@
+/**
+ * The SQL text of the Postgres backend (`backends/postgres.ts`): the schema
+ * and its migrations, and every statement the journals, the session store
+ * and the kv run. Each statement is built once per schema and table prefix
+ * and prepared by the driver (one round trip per call after the first).
+ *
+ * The state rules of `src/journal_rules.ts` are restated here in SQL; the
+ * conformance suite keeps the two equal.
+ *
+ * @module
+ */
+import { BLOCKING_OUTBOX_STATES } from "../src/journal_rules.ts";
+
+/** The schema version this version of the library writes. */
+export const POSTGRES_SCHEMA_VERSION: number = 1;
+
+/** The server clock in ms since epoch (the replicas' clocks are never used). */
+export const NOW_MS: string = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
+
+/** The statement's clock, read once (`n` is a CTE of every statement that needs it); an InitPlan, so index scans can use it. */
+const NOW = "(SELECT now FROM n)";
+
+/** What a migration `RAISE`s when the schema is newer than this library (the JS side words the error). */
+export const NEWER_SCHEMA_MARK: string = "botmesh-schema-newer:";
+
+/** Where schema and table names are allowed: lowercase letters, digits and `_`, not starting with a digit. */
+export const IDENTIFIER: RegExp = /^[a-z_][a-z0-9_]*$/;
+
+/** The longest suffix a table or index name gets after the prefix (Postgres cuts names at 63 bytes). */
+export const LONGEST_SUFFIX: number = "outbox_chat_touched".length;
+
+/** A double-quoted identifier (names are checked against {@link IDENTIFIER} first; quotes doubled all the same). */
+export function ident(name: string): string {
+  return `"${name.replaceAll('"', '""')}"`;
+}
+
+/** A single-quoted SQL string literal. */
+function literal(text: string): string {
+  return `'${text.replaceAll("'", "''")}'`;
+}
+
+const BLOCKING = BLOCKING_OUTBOX_STATES.map((s) => literal(s)).join(", ");
+
+export const INBOX_COLUMNS: string =
+  "ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at";
+/** Every inbox column but the payload (what `admit` returns: the payload is the caller's checked copy). */
+const INBOX_META_COLUMNS = INBOX_COLUMNS.replace(" payload,", "");
+export const OUTBOX_COLUMNS: string =
+  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at";
+const OUTBOX_META_COLUMNS = OUTBOX_COLUMNS.replace(" content,", "");
+
+/** The qualified names of one schema + prefix. */
+export interface Tables {
+  schema: string;
+  prefix: string;
+  meta: string;
+  inbox: string;
+  outbox: string;
+  chat: string;
+  chatVersion: string;
+  session: string;
+  kv: string;
+  kvVersion: string;
+}
+
+/** The quoted, schema-qualified names of the tables and sequences under `prefix`. */
+export function tables(schema: string, prefix: string): Tables {
+  const q = (name: string) => `${ident(schema)}.${ident(prefix + name)}`;
+  return {
+    schema,
+    prefix,
+    meta: q("meta"),
+    inbox: q("inbox"),
+    outbox: q("outbox"),
+    chat: q("outbox_chat"),
+    chatVersion: q("outbox_chat_ver"),
+    session: q("session"),
+    kv: q("kv"),
+    kvVersion: q("kv_version"),
+  };
+}
+
+/**
+ * The ordered migrations, as PL/pgSQL statements run inside the migration
+ * block. Never edit a shipped one: append one and raise
+ * {@link POSTGRES_SCHEMA_VERSION}.
+ */
+function migrations(t: Tables): string[] {
+  const p = t.prefix;
+  const i = (name: string) => ident(p + name);
+  return [
+    // Version 1.
+    `
+    CREATE TABLE ${t.inbox} (
+      ord bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+      id text COLLATE "C" NOT NULL UNIQUE,
+      kind text NOT NULL,
+      chat_id text COLLATE "C" NOT NULL,
+      provider text NOT NULL,
+      payload text NOT NULL,
+      received_at double precision NOT NULL,
+      state text NOT NULL,
+      attempts integer NOT NULL,
+      next_attempt_at bigint,
+      lease_owner text COLLATE "C",
+      lease_incarnation text COLLATE "C",
+      lease_token bigint,
+      lease_expires_at bigint,
+      fence bigint NOT NULL,
+      error text,
+      updated_at bigint NOT NULL,
+      due_at bigint
+    );
+    CREATE INDEX ${i("inbox_due")} ON ${t.inbox} (due_at, received_at, ord) WHERE due_at IS NOT NULL;
+    CREATE INDEX ${i("inbox_owner")} ON ${t.inbox} (lease_owner) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX ${i("inbox_received")} ON ${t.inbox} (received_at, ord);
+    CREATE INDEX ${i("inbox_chat")} ON ${t.inbox} (chat_id, received_at, ord);
+    CREATE INDEX ${i("inbox_state")} ON ${t.inbox} (state, received_at, ord);
+    CREATE INDEX ${i("inbox_done")} ON ${t.inbox} (updated_at) WHERE state = 'done';
+
+    CREATE TABLE ${t.outbox} (
+      seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+      key text COLLATE "C" NOT NULL UNIQUE,
+      chat_id text COLLATE "C" NOT NULL,
+      content text NOT NULL,
+      content_hash text NOT NULL,
+      inbound_id text,
+      state text NOT NULL,
+      attempts integer NOT NULL,
+      next_attempt_at bigint,
+      lease_owner text COLLATE "C",
+      lease_incarnation text COLLATE "C",
+      lease_token bigint,
+      lease_expires_at bigint,
+      fence bigint NOT NULL,
+      message_id text,
+      error text,
+      created_at bigint NOT NULL,
+      updated_at bigint NOT NULL,
+      due_at bigint
+    );
+    CREATE INDEX ${i("outbox_due")} ON ${t.outbox} (due_at, seq) WHERE due_at IS NOT NULL;
+    CREATE INDEX ${i("outbox_owner")} ON ${t.outbox} (lease_owner) WHERE lease_owner IS NOT NULL;
+    CREATE INDEX ${i("outbox_chat_active")} ON ${t.outbox} (chat_id, seq) WHERE state IN (${BLOCKING});
+    CREATE INDEX ${i("outbox_chat_all")} ON ${t.outbox} (chat_id, seq);
+    CREATE INDEX ${i("outbox_state")} ON ${t.outbox} (state, seq);
+    CREATE INDEX ${i("outbox_sent")} ON ${t.outbox} (updated_at) WHERE state = 'sent';
+
+    CREATE SEQUENCE ${t.chatVersion};
+    CREATE TABLE ${t.chat} (
+      chat_id text COLLATE "C" PRIMARY KEY,
+      ver bigint NOT NULL,
+      prev bigint,
+      touched_at bigint NOT NULL
+    );
+    CREATE INDEX ${i("outbox_chat_touched")} ON ${t.chat} (touched_at);
+
+    CREATE TABLE ${t.session} (
+      key text COLLATE "C" PRIMARY KEY,
+      value text NOT NULL,
+      expires_at bigint
+    );
+    CREATE INDEX ${i("session_expiry")} ON ${t.session} (expires_at) WHERE expires_at IS NOT NULL;
+
+    CREATE SEQUENCE ${t.kvVersion};
+    CREATE TABLE ${t.kv} (
+      key text COLLATE "C" PRIMARY KEY,
+      value text NOT NULL,
+      version bigint NOT NULL
+    );
+    `,
+  ];
+}
+
+/**
+ * The migration: one `DO` block, so one statement and one transaction. It
+ * takes a transaction-scoped advisory lock on the schema first, so that
+ * replicas starting together migrate one after the other (each later one
+ * finds the schema current), creates the schema and the meta table when
+ * missing, refuses a schema version newer than this library (raising
+ * {@link NEWER_SCHEMA_MARK} and the version), and runs the migrations the
+ * schema lacks.
+ */
+export function migrationSql(t: Tables): string {
+  const steps = migrations(t);
+  if (steps.length !== POSTGRES_SCHEMA_VERSION) throw new Error("migrations and POSTGRES_SCHEMA_VERSION disagree");
+  const metaName = `${ident(t.schema)}.${ident(t.prefix + "meta")}`;
+  return `DO $botmesh$
+DECLARE
+  current integer;
+BEGIN
+  PERFORM pg_advisory_xact_lock(1651471469, hashtext(${literal(`botmesh schema ${t.schema}`)}));
+  IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = ${literal(t.schema)}) THEN
+    CREATE SCHEMA ${ident(t.schema)};
+  END IF;
+  IF to_regclass(${literal(metaName)}) IS NULL THEN
+    CREATE TABLE ${t.meta} (key text PRIMARY KEY, value text NOT NULL);
+  END IF;
+  SELECT value::integer INTO current FROM ${t.meta} WHERE key = 'schema_version';
+  current := coalesce(current, 0);
+  IF current > ${POSTGRES_SCHEMA_VERSION} THEN
+    RAISE EXCEPTION '${NEWER_SCHEMA_MARK}%', current;
+  END IF;
+${steps.map((step, n) => `  IF current < ${n + 1} THEN${step}  END IF;`).join("\n")}
+  IF current < ${POSTGRES_SCHEMA_VERSION} THEN
+    INSERT INTO ${t.meta} (key, value) VALUES ('schema_version', '${POSTGRES_SCHEMA_VERSION}')
+      ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value;
+  END IF;
+END
+$botmesh$`;
+}
+
+// ---- the journals --------------------------------------------------------------
+// Parameters are numbered per statement; every bigint parameter is an integer
+// (durations are rounded up and clamped by the caller).
+
+/** Whether an inbox record is claimable under ($1 owner, $2 incarnation, reclaimOwn) at `n.now`. */
+function inboxClaimable(reclaimOwn: boolean): string {
+  const abandoned = `(lease_owner IS NULL OR (NOT (lease_owner = $1 AND lease_incarnation = $2) AND (lease_expires_at <= n.now${
+    reclaimOwn ? " OR lease_owner = $1" : ""
+  })))`;
+  return `(state = 'pending' OR (state = 'failed' AND coalesce(next_attempt_at, 0) <= n.now) OR (state = 'processing' AND ${abandoned}))`;
+}
+
+/** The SET list of a claim: leased to ($1, $2) for $3 ms with token fence+1. */
+const CLAIM_SET = `state = 'processing', attempts = attempts + 1, next_attempt_at = NULL,
+  lease_owner = $1, lease_incarnation = $2, lease_token = fence + 1, lease_expires_at = n.now + $3::bigint,
+  fence = fence + 1, updated_at = n.now, due_at = n.now + $3::bigint`;
+
+const OUT_CLAIM_SET = CLAIM_SET.replace("'processing'", "'sending'");
+
+/** The statements of the inbox journal. */
+export interface InboxSql {
+  admit: string;
+  claim: string;
+  claimReclaim: string;
+  claimDue: string;
+  claimDueReclaim: string;
+  heartbeat: string;
+  complete: string;
+  fail: string;
+  get: string;
+  replay: string;
+  purge: string;
+  list(chat: boolean, states: number): string;
+}
+
+/** The inbox statements for `t`. */
+export function inboxSql(t: Tables): InboxSql {
+  const n = `n AS (SELECT ${NOW_MS} AS now)`;
+  const claimOne = (reclaim: boolean) =>
+    `WITH ${n} UPDATE ${t.inbox} SET ${CLAIM_SET} FROM n WHERE id = $4 AND ${inboxClaimable(reclaim)} RETURNING ${INBOX_COLUMNS}`;
+  // Due records oldest receipt first: the due index finds them (pending are due at 0, retries at
+  // nextAttemptAt, leases at their expiry), FOR UPDATE SKIP LOCKED lets concurrent claimers take
+  // disjoint sets, and the UPDATE leases what the CTE locked.
+  const claimDue = (reclaim: boolean) =>
+    `WITH ${n}, pick AS (
+      SELECT i.ord FROM ${t.inbox} i
+      WHERE (i.due_at <= ${NOW} AND NOT (i.state = 'processing' AND i.lease_owner = $1 AND i.lease_incarnation = $2))${
+      reclaim ? `
+        OR (i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2)` : ""
+    }
+      ORDER BY i.received_at, i.ord
+      LIMIT $4
+      FOR UPDATE OF i SKIP LOCKED
+    )
+    UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM pick, n
+    WHERE r.ord = pick.ord AND ${inboxClaimable(reclaim)}
+    RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}`;
+  return {
+    // One statement: the insert (leased when $13 is true) or nothing when the id is known.
+    admit: `WITH ${n} INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts,
+        next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
+      SELECT $1, $2, $3, $4, $5, $6::double precision,
+        CASE WHEN $7::boolean THEN 'processing' ELSE 'pending' END,
+        CASE WHEN $7::boolean THEN 1 ELSE 0 END,
+        NULL,
+        CASE WHEN $7::boolean THEN $8::text END,
+        CASE WHEN $7::boolean THEN $9::text END,
+        CASE WHEN $7::boolean THEN 1 END,
+        CASE WHEN $7::boolean THEN n.now + $10::bigint END,
+        CASE WHEN $7::boolean THEN 1 ELSE 0 END,
+        NULL, n.now,
+        CASE WHEN $7::boolean THEN n.now + $10::bigint ELSE 0 END
+      FROM n
+      ON CONFLICT (id) DO NOTHING
+      RETURNING ${INBOX_META_COLUMNS}`,
+    claim: claimOne(false),
+    claimReclaim: claimOne(true),
+    claimDue: claimDue(false),
+    claimDueReclaim: claimDue(true),
+    heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
+      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
+    complete: `WITH ${n} UPDATE ${t.inbox} SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
+        lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
+      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
+    // $3: dead; $4: error; $5: retry delay (ms).
+    fail: `WITH ${n} UPDATE ${t.inbox} SET
+        state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,
+        next_attempt_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END,
+        error = $4, lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = n.now,
+        due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
+      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
+    get: `SELECT ${INBOX_COLUMNS} FROM ${t.inbox} WHERE id = $1`,
+    replay: `WITH ${n} UPDATE ${t.inbox} SET state = 'pending', attempts = 0, next_attempt_at = NULL,
+        lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
+        error = NULL, updated_at = n.now, due_at = 0
+      FROM n WHERE id = $1 AND state IN ('done', 'failed', 'dead') RETURNING 1 AS ok`,
+    // One bounded batch ($2 rows) of `done` records changed more than $1 ms ago, oldest first.
+    purge: `DELETE FROM ${t.inbox} WHERE ord IN (
+        SELECT ord FROM ${t.inbox}
+        WHERE state = 'done' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint
+        ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+    list: (chat, states) => listSql(t.inbox, INBOX_COLUMNS, "received_at, ord", chat, states),
+  };
+}
+
+/** A list: optional chat ($1), states ($2…), the limit last. */
+function listSql(table: string, columns: string, order: string, chat: boolean, states: number): string {
+  const where: string[] = [];
+  let k = 1;
+  if (chat) where.push(`chat_id = $${k++}`);
+  if (states > 0) where.push(`state IN (${Array.from({ length: states }, () => `$${k++}`).join(", ")})`);
+  return `SELECT ${columns} FROM ${table}${where.length ? ` WHERE ${where.join(" AND ")}` : ""} ORDER BY ${order} LIMIT $${k}`;
+}
+
+/** The statements of the outbox journal. */
+export interface OutboxSql {
+  reserve: string;
+  claimDue(reclaimOwn: boolean, resend: boolean): string;
+  heartbeat: string;
+  markSent: string;
+  markFailed: string;
+  get: string;
+  retry: string;
+  discard: string;
+  purge: string;
+  purgeChats: string;
+  list(chat: boolean, states: number): string;
+}
+
+/** The outbox statements for `t`. */
+export function outboxSql(t: Tables): OutboxSql {
+  const n = `n AS (SELECT ${NOW_MS} AS now)`;
+  const cols = (alias: string) => OUTBOX_COLUMNS.split(", ").map((c) => `${alias}.${c}`).join(", ");
+  const claimDue = (reclaim: boolean, resend: boolean) => {
+    const lostSet = resend ? OUT_CLAIM_SET : `state = 'unknown', lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL,
+        lease_expires_at = NULL, next_attempt_at = NULL,
+        error = coalesce(error, 'the sender was lost during the provider call'), updated_at = n.now, due_at = NULL`;
+    return `WITH ${n},
+    lost AS (
+      SELECT o.seq FROM ${t.outbox} o
+      WHERE o.state = 'sending' AND ((o.due_at <= ${NOW} AND NOT (o.lease_owner = $1 AND o.lease_incarnation = $2))${
+      reclaim ? ` OR (o.lease_owner = $1 AND o.lease_incarnation <> $2)` : ""
+    })
+      ORDER BY o.seq${resend ? " LIMIT $4" : ""}
+      FOR UPDATE OF o SKIP LOCKED
+    ),
+    amb AS (
+      UPDATE ${t.outbox} AS a SET ${lostSet}
+      FROM lost, n WHERE a.seq = lost.seq AND a.state = 'sending'
+      RETURNING ${cols("a")}
+    ),
+    heads AS (
+      SELECT o.seq FROM ${t.outbox} o
+      WHERE o.due_at <= ${NOW} AND o.state IN ('queued', 'failed')
+        AND NOT EXISTS (
+          SELECT 1 FROM ${t.outbox} b
+          WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq)
+      ORDER BY o.seq
+      LIMIT ${resend ? "greatest(0, $4 - (SELECT count(*) FROM amb))" : "$4"}
+      FOR UPDATE OF o SKIP LOCKED
+    ),
+    due AS (
+      UPDATE ${t.outbox} AS d SET ${OUT_CLAIM_SET}
+      FROM heads, n WHERE d.seq = heads.seq AND d.state IN ('queued', 'failed')
+      RETURNING ${cols("d")}
+    )
+    SELECT 'ambiguous' AS part, * FROM amb UNION ALL SELECT 'due' AS part, * FROM due`;
+  };
+  return {
+    // One statement (see the module documentation of postgres.ts, "Per-chat order"):
+    // `old` the entry when the key is known (in this statement's snapshot); `snap` the chat row's
+    // version in that snapshot; `lk` upserts the chat row, which waits for and then serializes
+    // the reserves of one chat, and returns the version it replaced (`prev`); the insert leases
+    // ($6) only when nothing changed the chat since the snapshot (prev = snap) and the snapshot
+    // has no unsettled entry of the chat. The seq is drawn after the chat row is locked, so a
+    // chat's seqs follow the order its reserves took the lock.
+    // $1 key, $2 chat, $3 content, $4 hash, $5 inbound id, $6 lease?, $7 owner, $8 incarnation, $9 lease ms.
+    reserve: `WITH ${n},
+    old AS (SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1),
+    snap AS (SELECT ver FROM ${t.chat} WHERE chat_id = $2),
+    lk AS (
+      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at)
+      SELECT $2, nextval('${t.chatVersion.replaceAll("'", "''")}'), NULL, n.now FROM n WHERE NOT EXISTS (SELECT 1 FROM old)
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at
+      RETURNING c.prev
+    ),
+    d AS (
+      SELECT n.now, ($6::boolean
+        AND lk.prev IS NOT DISTINCT FROM (SELECT ver FROM snap)
+        AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = $2 AND b.state IN (${BLOCKING}))) AS leased
+      FROM n, lk
+    ),
+    ins AS (
+      INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
+        lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at, due_at)
+      SELECT $1, $2, $3, $4, $5::text,
+        CASE WHEN d.leased THEN 'sending' ELSE 'queued' END,
+        CASE WHEN d.leased THEN 1 ELSE 0 END,
+        CASE WHEN d.leased THEN NULL ELSE d.now END,
+        CASE WHEN d.leased THEN $7::text END,
+        CASE WHEN d.leased THEN $8::text END,
+        CASE WHEN d.leased THEN 1 END,
+        CASE WHEN d.leased THEN d.now + $9::bigint END,
+        CASE WHEN d.leased THEN 1 ELSE 0 END,
+        NULL, NULL, d.now, d.now,
+        CASE WHEN d.leased THEN d.now + $9::bigint ELSE d.now END
+      FROM d
+      ON CONFLICT (key) DO NOTHING
+      RETURNING ${OUTBOX_META_COLUMNS}
+    )
+    SELECT 'new' AS status, ${OUTBOX_META_COLUMNS}, NULL::text AS content FROM ins
+    UNION ALL
+    SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content FROM old`,
+    claimDue,
+    heartbeat: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
+      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
+    markSent: `WITH ${n} UPDATE ${t.outbox} SET state = 'sent', message_id = $3, lease_owner = NULL,
+        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
+        updated_at = n.now, due_at = NULL
+      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
+    markFailed: `WITH ${n} UPDATE ${t.outbox} SET
+        state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,
+        next_attempt_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END,
+        error = $4, lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = n.now,
+        due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
+      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
+    get: `SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1`,
+    // The entry becomes unsettled again: the chat row's version changes too, so that a reserve of
+    // the chat whose snapshot predates this one does not lease past it.
+    retry: `WITH ${n},
+    r AS (
+      UPDATE ${t.outbox} SET state = 'queued', next_attempt_at = n.now, attempts = 0, lease_owner = NULL,
+        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = n.now
+      FROM n WHERE key = $1 AND state IN ('dead', 'failed', 'unknown') RETURNING chat_id
+    ),
+    bump AS (
+      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at)
+      SELECT r.chat_id, nextval('${t.chatVersion.replaceAll("'", "''")}'), NULL, n.now FROM r, n
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at
+      RETURNING 1
+    )
+    SELECT count(*)::int AS n FROM r`,
+    discard: `DELETE FROM ${t.outbox} WHERE key = $1 AND state <> 'sending'`,
+    purge: `DELETE FROM ${t.outbox} WHERE seq IN (
+        SELECT seq FROM ${t.outbox}
+        WHERE state = 'sent' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint
+        ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+    // Chat rows untouched for $1 ms whose chat has no entry left.
+    purgeChats: `DELETE FROM ${t.chat} WHERE chat_id IN (
+        SELECT c.chat_id FROM ${t.chat} c
+        WHERE c.touched_at <= (SELECT ${NOW_MS}) - $1::bigint
+          AND NOT EXISTS (SELECT 1 FROM ${t.outbox} o WHERE o.chat_id = c.chat_id)
+        ORDER BY c.touched_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+    list: (chat, states) => listSql(t.outbox, OUTBOX_COLUMNS, "seq", chat, states),
+  };
+}
+
+// ---- the session store and the kv ---------------------------------------------------
+
+/** The statements of the session store. */
+export interface SessionSql {
+  get: string;
+  set: string;
+  delete: string;
+  sweep: string;
+}
+
+/** The session statements for `t`. */
+export function sessionSql(t: Tables): SessionSql {
+  return {
+    get: `SELECT value FROM ${t.session} WHERE key = $1 AND (expires_at IS NULL OR expires_at > (SELECT ${NOW_MS}))`,
+    // $3: ttl in ms, or null.
+    set: `INSERT INTO ${t.session} (key, value, expires_at) VALUES ($1, $2, ${NOW_MS} + $3::bigint)
+      ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at`,
+    delete: `DELETE FROM ${t.session} WHERE key = $1`,
+    sweep: `DELETE FROM ${t.session} WHERE key IN (
+        SELECT key FROM ${t.session} WHERE expires_at <= (SELECT ${NOW_MS})
+        ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+  };
+}
+
+/** The statements of the kv. */
+export interface KvSql {
+  get: string;
+  setAny: string;
+  setNew: string;
+  setIf: string;
+  delete: string;
+  deleteIf: string;
+  now: string;
+  list(upper: boolean, after: boolean, limit: boolean): string;
+}
+
+/** The kv statements for `t`. Versions come from one sequence: never reused, not even after a delete. */
+export function kvSql(t: Tables): KvSql {
+  const next = `nextval('${t.kvVersion.replaceAll("'", "''")}')`;
+  return {
+    get: `SELECT key, value, version FROM ${t.kv} WHERE key = $1`,
+    setAny: `INSERT INTO ${t.kv} (key, value, version) VALUES ($1, $2, ${next})
+      ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, version = EXCLUDED.version RETURNING version`,
+    setNew: `INSERT INTO ${t.kv} (key, value, version) VALUES ($1, $2, ${next})
+      ON CONFLICT (key) DO NOTHING RETURNING version`,
+    setIf: `UPDATE ${t.kv} SET value = $2, version = ${next} WHERE key = $1 AND version = $3::bigint RETURNING version`,
+    delete: `DELETE FROM ${t.kv} WHERE key = $1`,
+    deleteIf: `DELETE FROM ${t.kv} WHERE key = $1 AND version = $2::bigint`,
+    now: `SELECT ${NOW_MS} AS now`,
+    // $1 lower bound (the prefix), then the upper bound, `after` and the limit when present.
+    list: (upper, after, limit) => {
+      let k = 2;
+      const where = [`key >= $1`];
+      if (upper) where.push(`key < $${k++}`);
+      if (after) where.push(`key > $${k++}`);
+      return `SELECT key, value, version FROM ${t.kv} WHERE ${where.join(" AND ")} ORDER BY key COLLATE "C"${
+        limit ? ` LIMIT $${k}` : ""
+      }`;
+    },
+  };
+}
