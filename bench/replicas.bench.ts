@@ -29,7 +29,6 @@
 import { cpus } from "node:os";
 import {
   type BackendKind,
-  backendAvailable,
   Cluster,
   createNamespace,
   dropNamespace,
@@ -39,6 +38,7 @@ import {
   type PlannedMessage,
 } from "../tests/support/replica_harness.ts";
 import { POSTGRES_URL, REDIS_URL, tcpReachable } from "../tests/support/services.ts";
+import { startUpstashBridge } from "../tests/support/upstash_bridge.ts";
 
 // ---- flags -------------------------------------------------------------------------
 
@@ -83,7 +83,6 @@ const ALL_SCENARIOS: Scenario[] = [
 const SCENARIOS: Scenario[] = ALL_SCENARIOS.filter((s) => !ONLY || ONLY.includes(s.kind));
 
 async function unavailable(kind: BackendKind): Promise<string | false> {
-  if (!await backendAvailable(kind)) return `its backend file is not in the tree`;
   if (kind === "postgres" || kind === "redis" || kind === "upstash" || kind === "node-redis") {
     const url = new URL(kind === "postgres" ? POSTGRES_URL : REDIS_URL);
     const up = await tcpReachable(url.hostname, Number(url.port || (kind === "postgres" ? 5432 : 6379)));
@@ -107,10 +106,7 @@ async function pump(cluster: Cluster, plan: PlannedMessage[]): Promise<void> {
 }
 
 async function measure(s: Scenario, run: number): Promise<number> {
-  const bridge = s.kind === "upstash"
-    // deno-lint-ignore no-explicit-any
-    ? await (await import(new URL("../tests/support/upstash_bridge.ts", import.meta.url).href) as any).startUpstashBridge()
-    : undefined;
+  const bridge = s.kind === "upstash" ? await startUpstashBridge() : undefined;
   const ns: Namespace = createNamespace(s.kind, `bench_${s.replicas}_${run}`, bridge && { url: bridge.url, token: bridge.token });
   const reader = await openBackend(ns);
   const cluster = new Cluster(ns, { leaseMs: 30_000, thinkMs: [0, 0], sendMs: 0, upstash: ns.upstash });

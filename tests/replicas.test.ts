@@ -24,12 +24,10 @@
 // Backends: SQLite (a baseline that always runs: shared by the processes of one host), Postgres,
 // Redis over ioredis, and Redis through the Upstash REST bridge. Each test has its own schema or
 // key prefix (runId()), dropped after. Postgres and Redis skip (with a message) when their server
-// is not reachable, and fail under BOTMESH_REQUIRE_SERVICES=1; they also skip while their backend
-// file is not in the tree.
+// is not reachable, and fail under BOTMESH_REQUIRE_SERVICES=1.
 import { afterAll, describe, expect, test } from "bun:test";
 import type { DurabilityBackend } from "../src/backend.ts";
 import {
-  backendAvailable,
   type BackendKind,
   Cluster,
   createNamespace,
@@ -50,6 +48,7 @@ import {
   writeLockFree,
 } from "./support/replica_harness.ts";
 import { serviceSkip } from "./support/services.ts";
+import { startUpstashBridge } from "./support/upstash_bridge.ts";
 
 const LEASE_MS = 1200;
 const CONFIG: ReplicaConfig = { leaseMs: LEASE_MS, thinkMs: [30, 130], sendMs: 4, slowSend: { ms: 400, oneIn: 8 } };
@@ -72,26 +71,15 @@ interface Target {
   upstash?: () => Promise<{ url: string; token: string; stop(): Promise<void> | void }>;
 }
 
-async function sharedSkip(kind: BackendKind, service: "postgres" | "redis"): Promise<string | false> {
-  if (!await backendAvailable(kind)) return `backends/${service}.ts is not in the tree yet`;
-  return await serviceSkip(service);
-}
-
-const UPSTASH_BRIDGE = new URL("./support/upstash_bridge.ts", import.meta.url);
 const targets: Target[] = [
   { kind: "sqlite", label: "SQLite (one host)", skip: false },
-  { kind: "postgres", label: "Postgres", skip: await sharedSkip("postgres", "postgres") },
-  { kind: "redis", label: "Redis (ioredis)", skip: await sharedSkip("redis", "redis") },
+  { kind: "postgres", label: "Postgres", skip: await serviceSkip("postgres") },
+  { kind: "redis", label: "Redis (ioredis)", skip: await serviceSkip("redis") },
   {
     kind: "upstash",
     label: "Redis (@upstash/redis over the bridge)",
-    skip: await sharedSkip("upstash", "redis") ||
-      (await Bun.file(UPSTASH_BRIDGE).exists() ? false : "tests/support/upstash_bridge.ts is not in the tree yet"),
-    upstash: async () => {
-      // deno-lint-ignore no-explicit-any
-      const { startUpstashBridge } = await import(UPSTASH_BRIDGE.href) as any;
-      return await startUpstashBridge();
-    },
+    skip: await serviceSkip("redis"),
+    upstash: () => startUpstashBridge(),
   },
 ];
 for (const t of targets) if (t.skip) console.warn(`replicas: ${t.label}: skipped: ${t.skip}`);

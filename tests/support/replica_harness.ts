@@ -39,24 +39,10 @@ export interface OpenedBackend {
   close(): Promise<void>;
 }
 
-// The shared backends are imported by path at run time, so that this file (and the SQLite runs)
-// work before those backends exist; their option shapes are read from the files themselves.
-const POSTGRES_BACKEND = new URL("../../backends/postgres.ts", import.meta.url).href;
-const REDIS_BACKEND = new URL("../../backends/redis.ts", import.meta.url).href;
-
-// deno-lint-ignore no-explicit-any
-type Any = any;
-
-/** Whether the backend file for `kind` is present in the work tree. */
-export async function backendAvailable(kind: BackendKind): Promise<boolean> {
-  if (kind === "sqlite" || kind === "file") return true;
-  const url = kind === "postgres" ? POSTGRES_BACKEND : REDIS_BACKEND;
-  return await Bun.file(new URL(url)).exists();
-}
-
 /**
  * Opens the durability backend of `ns` (a new client for the shared ones).
- * The caller opens the backend itself (`bot.start()` does), and calls `close()` at the end.
+ * The caller opens the backend itself (`bot.start()` does), and calls `close()` at the end
+ * (which ends the client; the backends never end a client they were given).
  */
 export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
   switch (ns.kind) {
@@ -72,32 +58,32 @@ export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
     }
     case "postgres": {
       const { default: postgres } = await import("postgres");
-      const { PostgresDurability } = await import(POSTGRES_BACKEND) as Any;
+      const { PostgresDurability } = await import("../../backends/postgres.ts");
       const sql = postgres(POSTGRES_URL, { max: 4, onnotice: () => {} });
-      const backend = new PostgresDurability({ sql, schema: ns.name }) as DurabilityBackend;
+      const backend = new PostgresDurability({ sql, schema: ns.name });
       return { backend, close: () => sql.end({ timeout: 2 }) };
     }
     case "redis": {
       const { default: Redis } = await import("ioredis");
-      const { RedisDurability } = await import(REDIS_BACKEND) as Any;
+      const { RedisDurability } = await import("../../backends/redis.ts");
       const client = new Redis(REDIS_URL, { lazyConnect: false, maxRetriesPerRequest: 3 });
-      const backend = new RedisDurability({ client, keyPrefix: ns.name }) as DurabilityBackend;
+      const backend = new RedisDurability({ client, keyPrefix: ns.name });
       return { backend, close: async () => void await client.quit().catch(() => client.disconnect()) };
     }
     case "node-redis": {
       const { createClient } = await import("redis");
-      const { RedisDurability } = await import(REDIS_BACKEND) as Any;
+      const { RedisDurability } = await import("../../backends/redis.ts");
       const client = createClient({ url: REDIS_URL });
       await client.connect();
-      const backend = new RedisDurability({ client, keyPrefix: ns.name }) as DurabilityBackend;
+      const backend = new RedisDurability({ client, keyPrefix: ns.name });
       return { backend, close: async () => void await client.quit().catch(() => {}) };
     }
     case "upstash": {
       if (!ns.upstash) throw new Error("upstash namespace without the bridge's url and token");
       const { Redis } = await import("@upstash/redis");
-      const { RedisDurability } = await import(REDIS_BACKEND) as Any;
+      const { RedisDurability } = await import("../../backends/redis.ts");
       const client = new Redis({ url: ns.upstash.url, token: ns.upstash.token, automaticDeserialization: false });
-      const backend = new RedisDurability({ client, keyPrefix: ns.name }) as DurabilityBackend;
+      const backend = new RedisDurability({ client, keyPrefix: ns.name });
       return { backend, close: async () => {} };
     }
   }
