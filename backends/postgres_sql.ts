@@ -250,13 +250,15 @@ export function inboxSql(t: Tables): InboxSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
   const claimOne = (reclaim: boolean) =>
     `WITH ${n} UPDATE ${t.inbox} SET ${CLAIM_SET} FROM n WHERE id = $4 AND ${inboxClaimable(reclaim)} RETURNING ${INBOX_COLUMNS}`;
+  // (`due_at IS NOT NULL` tells the planner how few rows the partial due index holds, so that it reads
+  // that index rather than walk the receipt order of the whole table.)
   // Due records oldest receipt first: the due index finds them (pending are due at 0, retries at
   // nextAttemptAt, leases at their expiry), FOR UPDATE SKIP LOCKED lets concurrent claimers take
   // disjoint sets, and the UPDATE leases what the CTE locked.
   const claimDue = (reclaim: boolean) =>
     `WITH ${n}, pick AS (
       SELECT i.ord FROM ${t.inbox} i
-      WHERE (i.due_at <= ${NOW} AND NOT (i.state = 'processing' AND i.lease_owner = $1 AND i.lease_incarnation = $2))${
+      WHERE (i.due_at IS NOT NULL AND i.due_at <= ${NOW} AND NOT (i.state = 'processing' AND i.lease_owner = $1 AND i.lease_incarnation = $2))${
       reclaim ? `
         OR (i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2)` : ""
     }
@@ -307,11 +309,12 @@ export function inboxSql(t: Tables): InboxSql {
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         error = NULL, updated_at = n.now, due_at = 0
       FROM n WHERE id = $1 AND state IN ('done', 'failed', 'dead') RETURNING 1 AS ok`,
-    // One bounded batch ($2 rows) of `done` records changed more than $1 ms ago, oldest first.
-    purge: `DELETE FROM ${t.inbox} WHERE ord IN (
+    // One bounded batch ($2 rows) of `done` records changed more than $1 ms ago, oldest first. `= ANY(ARRAY(…))`
+    // (not `IN (…)`, which the planner may hash-join against the whole table) deletes them by the primary key.
+    purge: `DELETE FROM ${t.inbox} WHERE ord = ANY(ARRAY(
         SELECT ord FROM ${t.inbox}
         WHERE state = 'done' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint
-        ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+        ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
     list: (chat, states) => listSql(t.inbox, INBOX_COLUMNS, "received_at, ord", chat, states),
   };
 }
@@ -359,12 +362,12 @@ export function outboxSql(t: Tables): OutboxSql {
     ),
     amb AS (
       UPDATE ${t.outbox} AS a SET ${lostSet}
-      FROM lost, n WHERE a.seq = lost.seq AND a.state = 'sending'
+      FROM lost, n WHERE a.seq = lost.seq
       RETURNING ${cols("a")}
     ),
     heads AS (
       SELECT o.seq FROM ${t.outbox} o
-      WHERE o.due_at <= ${NOW} AND o.state IN ('queued', 'failed')
+      WHERE o.due_at IS NOT NULL AND o.due_at <= ${NOW} AND o.state IN ('queued', 'failed')
         AND NOT EXISTS (
           SELECT 1 FROM ${t.outbox} b
           WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq)
@@ -372,9 +375,10 @@ export function outboxSql(t: Tables): OutboxSql {
       LIMIT ${resend ? "greatest(0, $4 - (SELECT count(*) FROM amb))" : "$4"}
       FOR UPDATE OF o SKIP LOCKED
     ),
+    -- The rows of lost and heads are locked (their state rechecked when locked): no state check needed here.
     due AS (
       UPDATE ${t.outbox} AS d SET ${OUT_CLAIM_SET}
-      FROM heads, n WHERE d.seq = heads.seq AND d.state IN ('queued', 'failed')
+      FROM heads, n WHERE d.seq = heads.seq
       RETURNING ${cols("d")}
     )
     SELECT 'ambiguous' AS part, * FROM amb UNION ALL SELECT 'due' AS part, * FROM due`;
@@ -397,7 +401,7 @@ export function outboxSql(t: Tables): OutboxSql {
       ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at
       RETURNING c.prev
     ),
-    d AS (
+    d AS MATERIALIZED (
       SELECT n.now, ($6::boolean
         AND lk.prev IS NOT DISTINCT FROM (SELECT ver FROM snap)
         AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = $2 AND b.state IN (${BLOCKING}))) AS leased
@@ -455,16 +459,16 @@ export function outboxSql(t: Tables): OutboxSql {
     )
     SELECT count(*)::int AS n FROM r`,
     discard: `DELETE FROM ${t.outbox} WHERE key = $1 AND state <> 'sending'`,
-    purge: `DELETE FROM ${t.outbox} WHERE seq IN (
+    purge: `DELETE FROM ${t.outbox} WHERE seq = ANY(ARRAY(
         SELECT seq FROM ${t.outbox}
         WHERE state = 'sent' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint
-        ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+        ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
     // Chat rows untouched for $1 ms whose chat has no entry left.
-    purgeChats: `DELETE FROM ${t.chat} WHERE chat_id IN (
+    purgeChats: `DELETE FROM ${t.chat} WHERE chat_id = ANY(ARRAY(
         SELECT c.chat_id FROM ${t.chat} c
         WHERE c.touched_at <= (SELECT ${NOW_MS}) - $1::bigint
           AND NOT EXISTS (SELECT 1 FROM ${t.outbox} o WHERE o.chat_id = c.chat_id)
-        ORDER BY c.touched_at LIMIT $2 FOR UPDATE SKIP LOCKED)`,
+        ORDER BY c.touched_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
     list: (chat, states) => listSql(t.outbox, OUTBOX_COLUMNS, "seq", chat, states),
   };
 }
@@ -487,9 +491,9 @@ export function sessionSql(t: Tables): SessionSql {
     set: `INSERT INTO ${t.session} (key, value, expires_at) VALUES ($1, $2, ${NOW_MS} + $3::bigint)
       ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value, expires_at = EXCLUDED.expires_at`,
     delete: `DELETE FROM ${t.session} WHERE key = $1`,
-    sweep: `DELETE FROM ${t.session} WHERE key IN (
+    sweep: `DELETE FROM ${t.session} WHERE key = ANY(ARRAY(
         SELECT key FROM ${t.session} WHERE expires_at <= (SELECT ${NOW_MS})
-        ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED)`,
+        ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED))`,
   };
 }
 

@@ -1,0 +1,401 @@
+import { afterAll, describe, expect, test } from "bun:test";
+import postgres from "postgres";
+import { eventsDurability, MemoryEventJournal } from "../backends/events.ts";
+import { MemoryKv } from "../backends/memory_kv.ts";
+import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres.ts";
+import { inboxSql, outboxSql, POSTGRES_SCHEMA_VERSION, tables } from "../backends/postgres_sql.ts";
+import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
+import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
+
+const skip = await serviceSkip("postgres");
+const it = skip ? test.skip : test;
+
+type Sql = ReturnType<typeof postgres>;
+
+const clients: Sql[] = [];
+/** A client ended after the file. */
+function client(options: Parameters<typeof postgres>[1] = {}): Sql {
+  const sql = postgres(POSTGRES_URL, { max: 4, onnotice: () => {}, ...options });
+  clients.push(sql);
+  return sql;
+}
+const schemas: string[] = [];
+/** A fresh schema name, dropped after the file. */
+function freshSchema(): string {
+  const schema = `bm_pgt_${runId()}`;
+  schemas.push(schema);
+  return schema;
+}
+afterAll(async () => {
+  if (skip) return;
+  const admin = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
+  for (const schema of schemas) await admin.unsafe(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+  await admin.end();
+  await Promise.all(clients.map((sql) => sql.end({ timeout: 1 })));
+});
+
+const lease = (owner = "owner-a", leaseMs = 60_000): ClaimOptions => ({ owner, incarnation: "inc-1", leaseMs });
+const inbound = (id: string, chatId = "c1", payload: unknown = { text: "hi" }): NewInboundRecord => ({
+  id,
+  kind: "message",
+  chatId,
+  provider: "test",
+  payload: payload as NewInboundRecord["payload"],
+  receivedAt: 1_700_000_000_000,
+});
+const outbound = (key: string, chatId = "c1", content: unknown = { text: "hello" }): NewOutboxEntry => ({
+  key,
+  chatId,
+  content: content as NewOutboxEntry["content"],
+  contentHash: "h",
+  inboundId: null,
+});
+
+async function messageOf(run: () => unknown): Promise<{ error: Error; message: string }> {
+  try {
+    await run();
+  } catch (error) {
+    return { error: error as Error, message: (error as Error).message };
+  }
+  throw new Error("expected an error, but the call succeeded");
+}
+
+describe("PostgresDurability options", () => {
+  const sql = { unsafe: () => Promise.resolve([]) };
+  test("are checked, naming the option and quoting the value", async () => {
+    const cases: [unknown, string, typeof TypeError | typeof RangeError][] = [
+      [undefined, `Postgres options must be an object`, TypeError],
+      [{}, `"sql" must be a postgres (porsager) client`, TypeError],
+      [{ sql: { query: () => {} } }, `"sql" must be a postgres (porsager) client`, TypeError],
+      [{ sql, schema: 5 }, `"schema" must be a string, got 5`, TypeError],
+      [{ sql, schema: "Bots" }, `"schema" must match ^[a-z_][a-z0-9_]*$ (lowercase letters, digits, "_"; at most 63), got "Bots"`, RangeError],
+      [{ sql, schema: 'a"; drop table x; --' }, `"schema" must match`, RangeError],
+      [{ sql, schema: "x".repeat(64) }, `"schema" must match`, RangeError],
+      [{ sql, tablePrefix: "" }, `"tablePrefix" must match ^[a-z_][a-z0-9_]*$`, RangeError],
+      [{ sql, tablePrefix: "my-bot_" }, `got "my-bot_"`, RangeError],
+      [{ sql, tablePrefix: "p".repeat(41) }, `"tablePrefix" must match`, RangeError],
+      [{ sql, tablePrefix: 7 }, `"tablePrefix" must be a string, got 7`, TypeError],
+      [{ sql, purgeBatchSize: "10" }, `"purgeBatchSize" must be a number, got "10"`, TypeError],
+      [{ sql, purgeBatchSize: 0 }, `"purgeBatchSize" must be an integer from 1 to 100000, got 0`, RangeError],
+      [{ sql, purgeBatchSize: 2.5 }, `got 2.5`, RangeError],
+      [{ sql, url: "postgres://" }, `Unknown Postgres option "url"; known options are "sql", "schema", "tablePrefix", "purgeBatchSize"`, TypeError],
+    ];
+    for (const [options, text, kind] of cases) {
+      for (const make of [
+        (o: unknown) => new PostgresDurability(o as never),
+        (o: unknown) => new PostgresStore(o as never),
+        (o: unknown) => new PostgresKv(o as never),
+      ]) {
+        const { error, message } = await messageOf(() => make(options));
+        expect(error instanceof kind, `${message} is a ${kind.name}`).toBe(true);
+        expect(message).toContain(text);
+      }
+    }
+    const ok = new PostgresDurability({ sql, schema: "bots_1", tablePrefix: "p".repeat(40), purgeBatchSize: 100_000 });
+    expect([ok.name, ok.scope, ok.schema, ok.tablePrefix.length]).toEqual(["postgres", "shared", "bots_1", 40]);
+    const defaults = new PostgresDurability({ sql });
+    expect([defaults.schema, defaults.tablePrefix]).toEqual(["public", "botmesh_"]);
+  });
+});
+
+describe("PostgresDurability schema", () => {
+  it("five backends starting together on a fresh schema set it up once, and all work", async () => {
+    const schema = freshSchema();
+    const backends = Array.from({ length: 5 }, () => new PostgresDurability({ sql: client(), schema }));
+    await Promise.all(backends.map((b) => b.open()));
+    const sql = client();
+    const [meta] = await sql.unsafe(`SELECT value FROM "${schema}".botmesh_meta WHERE key = 'schema_version'`);
+    expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
+    const admitted = await Promise.all(backends.map((b, i) => b.inbox.admit(inbound(`m${i}`))));
+    expect(admitted.every((r) => r !== null)).toBe(true);
+    expect((await backends[0]!.inbox.list()).length).toBe(5);
+    // A later start of a current schema changes nothing.
+    await new PostgresDurability({ sql: client(), schema }).open();
+    expect((await backends[4]!.inbox.list()).length).toBe(5);
+  });
+
+  it("the first call sets the schema up when open() was not called; two prefixes share a schema", async () => {
+    const schema = freshSchema();
+    const a = new PostgresDurability({ sql: client(), schema, tablePrefix: "a_" });
+    const b = new PostgresDurability({ sql: client(), schema, tablePrefix: "b_" });
+    await Promise.all([a.inbox.admit(inbound("x")), b.outbox.reserve(outbound("k"))]);
+    expect(await a.inbox.get("x")).not.toBe(null);
+    expect(await b.inbox.get("x")).toBe(null);
+    expect((await b.outbox.get("k"))?.state).toBe("queued");
+  });
+
+  it("a schema written by a newer version is refused, naming both versions", async () => {
+    const schema = freshSchema();
+    await new PostgresDurability({ sql: client(), schema }).open();
+    await client().unsafe(`UPDATE "${schema}".botmesh_meta SET value = '${POSTGRES_SCHEMA_VERSION + 98}'`);
+    const later = new PostgresDurability({ sql: client(), schema });
+    const { message } = await messageOf(() => later.open());
+    expect(message).toContain(`schema "${schema}"`);
+    expect(message).toContain(`schema version ${POSTGRES_SCHEMA_VERSION + 98}, written by a newer @botmesh/durable`);
+    expect(message).toContain(`supports up to schema version ${POSTGRES_SCHEMA_VERSION}`);
+    // Lazily too, and nothing was written.
+    expect((await messageOf(() => later.inbox.admit(inbound("m")))).message).toContain("newer @botmesh/durable");
+    expect((await client().unsafe(`SELECT count(*)::int AS n FROM "${schema}".botmesh_inbox`))[0]?.n).toBe(0);
+  });
+
+  it("a client that transforms column names is refused with a clear error", async () => {
+    const b = new PostgresDurability({ sql: client({ transform: postgres.camel }), schema: freshSchema() });
+    expect((await messageOf(() => b.open())).message).toContain(`transforms column names`);
+  });
+
+  it("driver errors name the operation and the table", async () => {
+    const schema = freshSchema();
+    const b = new PostgresDurability({ sql: client(), schema });
+    await b.open();
+    await client().unsafe(`DROP TABLE "${schema}".botmesh_inbox`);
+    const { error, message } = await messageOf(() => b.inbox.get("m1"));
+    expect(message).toContain(`Postgres inbox.get on "${schema}"."botmesh_inbox" failed:`);
+    expect(message).toContain("does not exist");
+    expect((error.cause as { code?: string }).code).toBe("42P01");
+  });
+});
+
+describe("PostgresDurability statements", () => {
+  it("due scans and purges read indexes, not the whole table (20k settled rows, ANALYZE)", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    await b.open();
+    const t = tables(schema, "botmesh_");
+    await sql.unsafe(`
+      INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
+        SELECT 'in' || g, 'message', 'chat' || (g % 500), 'p', '{}', g, CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'done' END,
+          1, 1, 1700000000000 + g, CASE WHEN g % 100 = 0 THEN 0 END
+        FROM generate_series(1, 20000) g;
+      INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, state, attempts, next_attempt_at, fence, created_at, updated_at, due_at)
+        SELECT 'out' || g, 'chat' || CASE WHEN g % 100 = 0 THEN g ELSE g % 500 END, '{}', 'h', CASE WHEN g % 100 = 0 THEN 'queued' ELSE 'sent' END,
+          1, CASE WHEN g % 100 = 0 THEN 0 END, 1, 1700000000000 + g, 1700000000000 + g, CASE WHEN g % 100 = 0 THEN 0 END
+        FROM generate_series(1, 20000) g;
+      INSERT INTO ${t.chat} (chat_id, ver, touched_at) SELECT 'chat' || g, g, 1700000000000 FROM generate_series(0, 20000) g;
+      ANALYZE ${t.inbox}; ANALYZE ${t.outbox}; ANALYZE ${t.chat};
+    `);
+    const inbox = inboxSql(t);
+    const outbox = outboxSql(t);
+    const claim = ["o", "i", 1000, 10];
+    // Each statement, and the indexes its plan must read (the partial indexes of what a scan must look at).
+    const statements: [string, string, unknown[], string[]][] = [
+      ["inbox.claimDue", inbox.claimDue, claim, ["botmesh_inbox_due", "botmesh_inbox_pkey"]],
+      ["inbox.claimDue reclaimOwn", inbox.claimDueReclaim, claim, ["botmesh_inbox_due", "botmesh_inbox_owner"]],
+      ["inbox.purge", inbox.purge, [1000, 1000], ["botmesh_inbox_done", "botmesh_inbox_pkey"]],
+      ["outbox.claimDue", outbox.claimDue(false, false), claim, ["botmesh_outbox_due", "botmesh_outbox_chat_active"]],
+      ["outbox.claimDue reclaimOwn resend", outbox.claimDue(true, true), claim, ["botmesh_outbox_due", "botmesh_outbox_chat_active"]],
+      ["outbox.purge", outbox.purge, [1000, 1000], ["botmesh_outbox_sent", "botmesh_outbox_pkey"]],
+      ["outbox.purge (chat rows)", outbox.purgeChats, [3_600_000, 1000], ["botmesh_outbox_chat_touched", "botmesh_outbox_chat_all"]],
+      ["outbox.reserve", outbox.reserve, ["k", "chat1", "{}", "h", null, true, "o", "i", 1000], ["botmesh_outbox_chat_active"]],
+    ];
+    for (const [name, text, params, indexes] of statements) {
+      const plan = (await sql.unsafe(`EXPLAIN ${text}`, params as never[])).map((row) => row["QUERY PLAN"]).join("\n");
+      expect(plan, `${name}:\n${plan}`).not.toMatch(/Seq Scan on botmesh_(inbox|outbox|outbox_chat)\b/);
+      // Neither a walk of a whole table in some order: no index scan with only a filter on the big tables.
+      expect(plan, `${name}:\n${plan}`).not.toMatch(/Index Scan using botmesh_(inbox_received|inbox_pkey|outbox_pkey) on \S+ \S+ +\(cost=[^)]*\)\n\s+Filter/);
+      for (const index of indexes) expect(plan, `${name} reads ${index}:\n${plan}`).toContain(` ${index} `);
+      if (process.env.SHOW_PLANS) console.log(`${name}:\n${plan}\n`);
+    }
+    // And they work on that data: the 200 pending records and 200 queued chat heads are due.
+    expect((await b.inbox.claimDue({ ...lease(), limit: 1000 })).length).toBe(200);
+    expect((await b.outbox.claimDue({ ...lease(), limit: 1000 })).due.length).toBe(200);
+    expect(await b.inbox.purge(0)).toBe(19_800);
+  });
+
+  it("times come from the server clock, not the replica's Date.now()", async () => {
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema: freshSchema() });
+    const kv = new PostgresKv({ sql, schema: b.schema });
+    await b.open();
+    const realNow = Date.now;
+    const skew = 3_600_000;
+    Date.now = () => realNow() + skew; // this replica's clock is an hour ahead
+    try {
+      const before = realNow();
+      const r = await b.inbox.admit(inbound("m1"), lease("a", 200));
+      const e = await b.outbox.reserve(outbound("k1"), lease("a", 200));
+      const serverNow = await kv.now();
+      const after = realNow();
+      for (const t of [r!.updatedAt, e.entry.updatedAt, e.entry.createdAt, serverNow]) {
+        expect(t).toBeGreaterThanOrEqual(before - 1_000);
+        expect(t).toBeLessThanOrEqual(after + 1_000);
+      }
+      expect(r!.lease!.expiresAt - r!.updatedAt).toBe(200);
+      // The lease lapses by the server clock: not yet due, then due 200 ms later (the skewed clock plays no part).
+      expect(await b.inbox.claim("m1", lease("b"))).toBe(null);
+      expect((await b.outbox.claimDue({ ...lease("b"), limit: 10 })).ambiguous).toEqual([]);
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      expect((await b.inbox.claim("m1", lease("b")))?.lease?.token).toBe(2);
+      expect((await b.outbox.claimDue({ ...lease("b"), limit: 10 })).ambiguous.map((x) => x.key)).toEqual(["k1"]);
+    } finally {
+      Date.now = realNow;
+    }
+  });
+
+  it("a damaged row gives an error naming the table, the row and the field; other rows stay readable", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    await b.open();
+    for (const id of ["good", "bad-json", "bad-state", "bad-lease"]) await b.inbox.admit(inbound(id));
+    for (const key of ["good", "bad-json", "bad-attempts"]) await b.outbox.reserve(outbound(key));
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET payload = '{"text": "hi"' WHERE id = 'bad-json'`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET state = 'sleeping' WHERE id = 'bad-state'`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET state = 'processing' WHERE id = 'bad-lease'`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET content = 'not json' WHERE key = 'bad-json'`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET attempts = -3 WHERE key = 'bad-attempts'`);
+    const inboxTable = `"${schema}"."botmesh_inbox"`;
+    const outboxTable = `"${schema}"."botmesh_outbox"`;
+    const cases: [() => Promise<unknown>, string[]][] = [
+      [() => b.inbox.get("bad-json"), [inboxTable, `row id "bad-json"`, "column payload is not valid JSON", "damaged"]],
+      [() => b.inbox.get("bad-state"), [inboxTable, `row id "bad-state"`, `field "state" must be one of`, `"sleeping"`]],
+      [() => b.inbox.get("bad-lease"), [inboxTable, `row id "bad-lease"`, `field "lease" must be a lease object in state "processing"`]],
+      [() => b.inbox.list(), [inboxTable, "row id"]],
+      [() => b.outbox.get("bad-json"), [outboxTable, `row key "bad-json"`, "column content is not valid JSON"]],
+      [() => b.outbox.get("bad-attempts"), [outboxTable, `row key "bad-attempts"`, `field "attempts" must be a non-negative integer, got -3`]],
+    ];
+    for (const [run, parts] of cases) {
+      const { message } = await messageOf(run);
+      for (const part of parts) expect(message).toContain(part);
+    }
+    expect((await b.inbox.get("good"))?.payload).toEqual({ text: "hi" });
+    expect((await b.outbox.get("good"))?.content).toEqual({ text: "hello" });
+    expect((await b.inbox.claim("good", lease()))?.state).toBe("processing");
+
+    const store = new PostgresStore({ sql, schema });
+    await store.set("s", { ok: true });
+    await store.set("t", 1);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_session SET value = '{' WHERE key = 's'`);
+    expect((await messageOf(() => store.get("s"))).message).toContain(`"${schema}"."botmesh_session", row key "s": column value is not valid JSON`);
+    expect(await store.get("t")).toBe(1);
+  });
+});
+
+describe("PostgresStore", () => {
+  it("get/set/delete with a TTL measured by the server; purgeExpired; durability() on the same schema", async () => {
+    const sql = client();
+    const schema = freshSchema();
+    const store = new PostgresStore({ sql, schema, tablePrefix: "app_", purgeBatchSize: 2 });
+    expect(await store.get("missing")).toBe(undefined);
+    const tricky = { "": "empty key", big: 1e21, text: "ünï ✓ 🎉 \u0000 \ud800", list: [1, { a: null }], nested: { b: 2, a: 1 } };
+    await store.set("forever", tricky);
+    expect(await store.get("forever")).toEqual(tricky);
+    expect(Object.keys((await store.get("forever")) as object), "key order kept").toEqual(Object.keys(tricky));
+    const realNow = Date.now;
+    Date.now = () => realNow() - 3_600_000; // the replica's clock is an hour behind: TTLs do not care
+    try {
+      for (const key of ["a", "b", "c", "d", "e"]) await store.set(key, key, { ttlMs: 150 });
+      expect(await store.get("a")).toBe("a");
+      await new Promise((resolve) => setTimeout(resolve, 250));
+      expect(await store.get("a")).toBe(undefined);
+    } finally {
+      Date.now = realNow;
+    }
+    expect(await store.purgeExpired(), "in batches of 2").toBe(5);
+    expect((await sql.unsafe(`SELECT key FROM "${schema}".app_session ORDER BY key`)).map((r) => r.key)).toEqual(["forever"]);
+    await store.set("forever", 2, { ttlMs: 60_000 });
+    expect(await store.get("forever")).toBe(2);
+    await store.delete("forever");
+    expect(await store.get("forever")).toBe(undefined);
+    await expect(store.set("x", 1, { ttlMs: 0 })).rejects.toThrow(`Option "ttlMs" must be a positive number, got 0`);
+    await expect(store.set("x", 10n as never)).rejects.toThrow(`Session value of "x" is not JSON`);
+
+    const backend = store.durability();
+    expect(store.durability()).toBe(backend);
+    expect([backend.schema, backend.tablePrefix]).toEqual([schema, "app_"]);
+    await backend.inbox.admit(inbound("m1"));
+    expect((await sql.unsafe(`SELECT id FROM "${schema}".app_inbox`)).map((r) => r.id)).toEqual(["m1"]);
+  });
+});
+
+describe("PostgresKv", () => {
+  it("compare-and-set, versions never reused (also after a delete), server clock", async () => {
+    const kv = new PostgresKv({ sql: client(), schema: freshSchema() });
+    expect([kv.name, kv.scope]).toEqual(["postgres", "shared"]);
+    expect(await kv.get("a")).toBe(null);
+    const v1 = await kv.set("a", { n: 1 }, null);
+    expect(typeof v1).toBe("string");
+    expect(await kv.set("a", { n: 9 }, null), "must not exist").toBe(null);
+    const v2 = await kv.set("a", { n: 2 }, v1);
+    expect(v2).not.toBe(v1);
+    expect(await kv.set("a", { n: 3 }, v1), "stale version").toBe(null);
+    expect(await kv.set("a", { n: 3 }, "not-a-version")).toBe(null);
+    expect(await kv.get("a")).toEqual({ key: "a", value: { n: 2 }, version: v2! });
+    const v3 = await kv.set("a", [1, "x"]);
+    expect(await kv.delete("a", v2!), "stale delete").toBe(false);
+    expect(await kv.delete("a", "junk")).toBe(false);
+    expect(await kv.delete("a", v3!)).toBe(true);
+    expect(await kv.delete("a")).toBe(false);
+    const v4 = await kv.set("a", 4, null);
+    expect(new Set([v1, v2, v3, v4]).size, "never reused").toBe(4);
+    expect(BigInt(v4!)).toBeGreaterThan(BigInt(v3!));
+    expect(await kv.set("a", 5, v1), "an old version never matches again").toBe(null);
+    await expect(kv.set("b", undefined as never)).rejects.toThrow(`is not JSON`);
+    const now = await kv.now();
+    expect(Math.abs(now - Date.now())).toBeLessThan(5_000);
+    expect(Number.isInteger(now)).toBe(true);
+  });
+
+  it("list: by prefix in byte order, after and limit, like MemoryKv", async () => {
+    const kv = new PostgresKv({ sql: client(), schema: freshSchema() });
+    const mem = new MemoryKv();
+    const keys = [
+      "p/b", "p/B", "p/_", "p/%", "p/-x", "p/0", "p/~", "p/é", "p/z", "p/\uffff", "p/😀", "p/\u{10ffff}", "p/", "p0", "p",
+      "q/a", "o/z", "p/a/1", "p/a/2", "p/a%", "p/a_",
+    ];
+    for (const key of keys) {
+      await kv.set(key, key);
+      await mem.set(key, key);
+    }
+    const both = async (prefix: string, options?: { after?: string; limit?: number }) => {
+      const got = (await kv.list(prefix, options)).map((e) => e.key);
+      expect(got, `${prefix} ${JSON.stringify(options)}`).toEqual((await mem.list(prefix, options)).map((e) => e.key));
+      return got;
+    };
+    expect(await both("p/")).toEqual(["p/", "p/%", "p/-x", "p/0", "p/B", "p/_", "p/a%", "p/a/1", "p/a/2", "p/a_", "p/b", "p/z", "p/~", "p/é", "p/\uffff", "p/😀", "p/\u{10ffff}"]);
+    await both("p/a");
+    await both("p/a%");
+    await both("p/a_");
+    await both("");
+    await both("p/\u{10ffff}");
+    await both("p/", { limit: 3 });
+    await both("p/", { after: "p/a/1", limit: 2 });
+    await both("p/", { after: "p/é" });
+    await both("p/", { after: "o" });
+    await both("p/", { after: "zzz" });
+    await both("p/", { limit: 0 });
+    const paged: string[] = [];
+    let after: string | undefined;
+    for (;;) {
+      const page = await kv.list("p/", after === undefined ? { limit: 4 } : { after, limit: 4 });
+      if (page.length === 0) break;
+      paged.push(...page.map((e) => e.key));
+      after = page[page.length - 1]!.key;
+    }
+    expect(paged).toEqual(await both("p/"));
+    expect((await kv.list("p/", { limit: 1 }))[0]?.value).toBe("p/");
+  });
+
+  it("is the shared outbox of eventsDurability: two journals, one outbox", async () => {
+    const sql = client();
+    const schema = freshSchema();
+    const a = eventsDurability({ journal: new MemoryEventJournal(), outbox: new PostgresKv({ sql, schema }) });
+    const b = eventsDurability({ journal: new MemoryEventJournal(), outbox: new PostgresKv({ sql: client(), schema }) });
+    const first = await a.outbox.reserve(outbound("k1", "chat"), lease("a"));
+    expect(first.status).toBe("leased");
+    const second = await b.outbox.reserve(outbound("k2", "chat"), lease("b"));
+    expect(second.status, "replica b sees replica a's send in the chat").toBe("queued");
+    expect((await b.outbox.reserve(outbound("k1", "chat"))).status).toBe("exists");
+    await a.outbox.markSent("k1", first.entry.lease!.token, "m1");
+    const claim = await b.outbox.claimDue({ ...lease("b"), limit: 10 });
+    expect(claim.due.map((e) => e.key)).toEqual(["k2"]);
+    await b.outbox.markSent("k2", claim.due[0]!.lease!.token, "m2");
+    expect((await a.outbox.list({ chatId: "chat" })).map((e) => [e.key, e.state, e.messageId])).toEqual([
+      ["k1", "sent", "m1"],
+      ["k2", "sent", "m2"],
+    ]);
+    // The inbox stays in each journal.
+    await a.inbox.admit(inbound("m1"));
+    expect(await b.inbox.get("m1")).toBe(null);
+  });
+});
