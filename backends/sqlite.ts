@@ -409,6 +409,30 @@ function migrate(db: SqliteDatabase, p: string, file: string): void {
 // ---- the connection ----------------------------------------------------------
 
 /**
+ * Switches a new connection to WAL. Another process opening the same file at
+ * the same moment can make the switch fail with "database is locked" at once,
+ * without the busy handler (SQLite does not wait where waiting could
+ * deadlock), so it is retried until `busyTimeoutMs` has passed.
+ */
+async function enableWal(db: SqliteDatabase, busyTimeoutMs: number): Promise<void> {
+  const deadline = Date.now() + busyTimeoutMs;
+  for (let pause = 5;; pause = Math.min(pause * 2, 100)) {
+    let journal: string;
+    try {
+      const mode = db.prepare("PRAGMA journal_mode = WAL").get();
+      journal = String(mode ? Object.values(mode)[0] : "").toLowerCase();
+      if (journal === "wal" || journal === "memory") return;
+    } catch (error) {
+      if (!/locked|busy/i.test(String((error as Error)?.message ?? error)) || Date.now() >= deadline) throw error;
+      await new Promise((resolve) => setTimeout(resolve, pause));
+      continue;
+    }
+    if (Date.now() >= deadline) throw new Error(`journal_mode is ${JSON.stringify(journal)}, WAL could not be enabled`);
+    await new Promise((resolve) => setTimeout(resolve, pause));
+  }
+}
+
+/**
  * Counters of a connection's write transactions (shared by a store and its
  * durability backend), since the instance was created.
  */
@@ -500,11 +524,7 @@ class Connection {
     });
     try {
       db.exec(`PRAGMA busy_timeout = ${busyTimeoutMs}`);
-      const mode = db.prepare("PRAGMA journal_mode = WAL").get();
-      const journal = String(mode ? Object.values(mode)[0] : "").toLowerCase();
-      if (journal !== "wal" && journal !== "memory") {
-        throw new Error(`journal_mode is ${JSON.stringify(journal)}, WAL could not be enabled`);
-      }
+      await enableWal(db, busyTimeoutMs);
       db.exec(`PRAGMA synchronous = ${synchronous === "full" ? "FULL" : "NORMAL"}`);
       migrate(db, prefix, file);
       return db;
