@@ -18,6 +18,11 @@
  * connection, and `close()` here leaves it open: `await sql.end()` when done.
  * Use it without column or value transforms (`transform`, custom `types`);
  * the backend checks for a column transform when it sets up its schema.
+ * Recommended client options: `fetch_types: false` (the backend uses no
+ * array types; with the default, porsager 3.4 leaves a rejection unhandled
+ * when a connection is lost while it fetches types on connecting, which ends
+ * a Node process), and an `application_name` per replica
+ * (`connection: { application_name }`) to find its sessions on the server.
  *
  * ## Schema
  * Tables `<prefix>meta`, `<prefix>inbox`, `<prefix>outbox`,
@@ -692,7 +697,7 @@ class PgOutbox implements OutboxJournal {
  * import postgres from "postgres";
  * import { PostgresDurability } from "@botmesh/durable/postgres";
  *
- * const sql = postgres("postgres://postgres@127.0.0.1:5432/test", { max: 10 });
+ * const sql = postgres("postgres://postgres@127.0.0.1:5432/test", { max: 10, fetch_types: false });
  * const backend = new PostgresDurability({ sql, schema: "bots" });
  * await backend.open();
  * const id = crypto.randomUUID(); // the provider's message id
@@ -765,7 +770,7 @@ export class PostgresDurability implements DurabilityBackend {
  * import { MockProvider } from "@botmesh/durable/testing";
  * import { PostgresStore } from "@botmesh/durable/postgres";
  *
- * const sql = postgres(process.env.DATABASE_URL!, { max: 10 });
+ * const sql = postgres(process.env.DATABASE_URL!, { max: 10, fetch_types: false });
  * const store = new PostgresStore({ sql });
  * const bot = new Bot({
  *   provider: new MockProvider(),
