@@ -6,6 +6,9 @@
  *   deno run -A tests/runtimes/conformance.ts memory file sqlite
  *   bun build tests/runtimes/conformance.ts --target=node --outdir .tmp/rt --external better-sqlite3
  *   node .tmp/rt/conformance.js memory file sqlite
+ *   deno run -A tests/runtimes/conformance.ts postgres
+ *   bun build tests/runtimes/conformance.ts --target=node --outdir .tmp/rt --external better-sqlite3 --external postgres
+ *   node .tmp/rt/conformance.js postgres
  *
  * Exits non-zero when a test fails.
  */
@@ -17,6 +20,7 @@ import type { DurabilityBackend } from "../../src/backend.ts";
 import { MemoryDurability } from "../../backends/memory.ts";
 import { FileDurability, simulateCrash } from "../../backends/file.ts";
 import { SQLiteDurability } from "../../backends/sqlite.ts";
+import { PostgresDurability } from "../../backends/postgres.ts";
 import {
   eventsDurability,
   FileEventJournal,
@@ -113,6 +117,43 @@ setups["events-file"] = () =>
   eventsSetup("events (FileEventJournal)", (p) => FileEventJournal.open(p, { lock: true }), (j) => simulateJournalCrash(j as FileEventJournal));
 setups["events-shared"] = () =>
   eventsSetup("events (SharedFileEventJournal, appendLog)", (p) => SharedFileEventJournal.open(p, { appendLog: { compactEvery: 7 } }), (j) => j.close());
+
+// PostgresDurability over a porsager client loaded from node_modules (a bare "postgres": under Deno
+// deno.json's "nodeModulesDir": "manual" resolves it there, offline; the Node bundle keeps it
+// external). Each test gets its own schema; a reopen ends the old client (as a killed process
+// would) and opens a new one. BOTMESH_PG_URL overrides the server.
+type PgClient = { end(options?: { timeout?: number }): Promise<void>; unsafe(query: string): Promise<unknown> };
+const pgHomes = new WeakMap<DurabilityBackend, { sql: PgClient; schema: string }>();
+setups.postgres = () => {
+  const url = process.env.BOTMESH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/test";
+  const connect = async (): Promise<PgClient> => {
+    const { default: postgres } = await import("postgres");
+    return postgres(url, { max: 10, onnotice: () => {}, fetch_types: false }) as unknown as PgClient;
+  };
+  const over = async (schema: string) => {
+    const sql = await connect();
+    const b = new PostgresDurability({ sql: sql as never, schema });
+    pgHomes.set(b, { sql, schema });
+    return b;
+  };
+  return {
+    name: "postgres",
+    timeScale: 3,
+    create: () => over(`bm_rt_${crypto.randomUUID().replaceAll("-", "").slice(0, 12)}`),
+    reopen: async (old) => {
+      const home = pgHomes.get(old)!;
+      await home.sql.end({ timeout: 2 });
+      return over(home.schema);
+    },
+    cleanup: async (b) => {
+      const home = pgHomes.get(b)!;
+      await home.sql.end({ timeout: 2 });
+      const admin = await connect();
+      await admin.unsafe(`DROP SCHEMA IF EXISTS "${home.schema}" CASCADE`);
+      await admin.end();
+    },
+  };
+};
 
 const runtime = "Deno" in globalThis ? "deno" : "Bun" in globalThis ? "bun" : `node ${process.version}`;
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith("-"));
