@@ -7,6 +7,7 @@ export default defineConfig({
     "backends/file": "backends/file.ts",
     "backends/sqlite": "backends/sqlite.ts",
     "backends/events": "backends/events.ts",
+    "backends/postgres": "backends/postgres.ts",
     "backends/redis": "backends/redis.ts",
   },
   // Runtime drivers resolved at run time by src/runtime/, never bundled.

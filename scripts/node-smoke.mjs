@@ -52,3 +52,59 @@ console.log(`node-smoke: ok on Node ${process.version}`)
   }
 }
 console.log('node-smoke: file backend ok')
+
+// The shared backends through the npm build, on the real servers (skipped when one is not
+// reachable, unless BOTMESH_REQUIRE_SERVICES=1 as in CI).
+{
+  const { connect } = await import('node:net')
+  const reachable = (port) => new Promise((resolve) => {
+    const s = connect({ host: '127.0.0.1', port })
+    const done = (ok) => { s.destroy(); resolve(ok) }
+    s.setTimeout(1000, () => done(false))
+    s.once('connect', () => done(true))
+    s.once('error', () => done(false))
+  })
+  const required = process.env.BOTMESH_REQUIRE_SERVICES === '1'
+  const id = Math.random().toString(36).slice(2, 10)
+  const roundTrip = async (name, backend) => {
+    const provider = new MockProvider()
+    const bot = new Bot({ provider, durability: { backend, instanceId: `smoke-${name}` } })
+    bot.when(/hi/, (ctx) => ctx.reply(`hello from ${name}`))
+    await bot.start()
+    await provider.receive({ id: 'p1', chatId: 'c1', text: 'hi' })
+    await provider.receive({ id: 'p1', chatId: 'c1', text: 'hi' })
+    await bot.idle()
+    await bot.stop()
+    assert.deepEqual(provider.sent.map((s) => s.content), [`hello from ${name}`])
+    assert.equal((await backend.inbox.get('p1'))?.state, 'done')
+    assert.equal((await backend.outbox.get('p1:1'))?.state, 'sent')
+    console.log(`node-smoke: ${name} backend ok`)
+  }
+  if (await reachable(5432)) {
+    const { default: postgres } = await import('postgres')
+    const { PostgresDurability } = await import('../dist/backends/postgres.js')
+    const sql = postgres('postgres://postgres@127.0.0.1:5432/test', { max: 4, onnotice: () => {}, fetch_types: false })
+    const schema = `bm_smoke_${id}`
+    try {
+      await roundTrip('postgres', new PostgresDurability({ sql, schema }))
+    } finally {
+      await sql.unsafe(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`)
+      await sql.end()
+    }
+  } else if (required) throw new Error('BOTMESH_REQUIRE_SERVICES=1 but postgres is not reachable')
+  else console.warn('node-smoke: postgres not reachable, skipped')
+  if (await reachable(6379)) {
+    const { default: IORedis } = await import('ioredis')
+    const { RedisDurability } = await import('../dist/backends/redis.js')
+    const client = new IORedis('redis://127.0.0.1:6379')
+    const keyPrefix = `bm-smoke-${id}:`
+    try {
+      await roundTrip('redis', new RedisDurability({ client, keyPrefix }))
+    } finally {
+      const keys = await client.keys(`{${keyPrefix}}*`)
+      if (keys.length) await client.del(...keys)
+      client.disconnect()
+    }
+  } else if (required) throw new Error('BOTMESH_REQUIRE_SERVICES=1 but redis is not reachable')
+  else console.warn('node-smoke: redis not reachable, skipped')
+}
