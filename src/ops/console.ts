@@ -845,7 +845,8 @@ export interface NodeRequestLike extends AsyncIterable<unknown> {
   method?: string;
   url?: string;
   headers: Record<string, string | string[] | undefined>;
-  socket?: { encrypted?: boolean } | null;
+  /** Node's socket; a TLS socket has `encrypted: true` (then the URL is `https:`). */
+  socket?: unknown;
 }
 
 /** The parts of Node's `http.ServerResponse` that {@link nodeHandler} uses. */
@@ -901,7 +902,7 @@ export function nodeHandler(
       const host = typeof req.headers.host === "string" && req.headers.host !== "" ? req.headers.host : "localhost";
       let url: URL;
       try {
-        url = new URL(req.url ?? "/", `${req.socket?.encrypted ? "https" : "http"}://${host}`);
+        url = new URL(req.url ?? "/", `${isObject(req.socket) && req.socket.encrypted === true ? "https" : "http"}://${host}`);
       } catch {
         send(res, 400, "Bad request URL");
         return;
