@@ -9,6 +9,7 @@ import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { FileDurability } from "../backends/file.ts";
+import { childLines } from "./support/child_lines.ts";
 
 const KILLS = 36;
 const FIXTURE = join(import.meta.dir, "fixtures", "file_writer.ts");
@@ -57,18 +58,20 @@ test(`SIGKILL at random moments (${KILLS} kills): the file stays readable and ke
   const bun = process.execPath;
   for (let round = 0; round < KILLS; round++) {
     const child = Bun.spawn([bun, FIXTURE, path, `r${round}`, "3"], { stdout: "pipe", stderr: "pipe" });
-    const output = new Response(child.stdout).text();
+    const output = childLines(child.stdout, `writer ${round}`);
     const errors = new Response(child.stderr).text();
-    // Kill at a random moment: some before the child has opened the file, most in the middle of writes.
-    await Bun.sleep(20 + Math.random() * 180);
+    // Kill at a random moment: every fourth round whenever (maybe before the child has opened the
+    // file), the others once it is writing (so that a loaded machine's slow start cannot make the
+    // kills miss the writes).
+    if (round % 4 !== 0) await output.next("ready", 15_000).catch(() => {});
+    await Bun.sleep(round % 4 === 0 ? 20 + Math.random() * 180 : Math.random() * 120);
     child.kill("SIGKILL");
     const code = await child.exited;
-    const text = await output;
+    await output.ended;
     const stderr = await errors;
     expect(child.signalCode ?? String(code), `round ${round}: the child died by SIGKILL (stderr: ${stderr})`).toBe("SIGKILL");
-    // Only complete lines count: the kill may cut the last one.
-    const lines = text.split("\n");
-    lines.pop();
+    // Only complete lines count (the kill may cut the last one): childLines keeps complete lines only.
+    const lines = output.all();
     for (const line of lines) record(line);
     if (lines.length > 1) roundsWithAcks++;
     if (existsSync(`${path}.lock`)) leftoverLocks++;

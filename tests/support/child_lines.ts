@@ -6,6 +6,8 @@ export interface ChildLines {
   next(prefix: string, timeoutMs?: number): Promise<string>;
   /** Every line so far. */
   all(): string[];
+  /** Resolves when the stream has ended (every complete line is then in `all()`). */
+  ended: Promise<void>;
 }
 
 /**
@@ -16,7 +18,7 @@ export interface ChildLines {
 export function childLines(stdout: ReadableStream<Uint8Array>, name = "the child", defaultTimeoutMs = 5_000): ChildLines {
   const seen: string[] = [];
   const signal: { wake: (() => void) | null } = { wake: null };
-  void (async () => {
+  const ended = (async () => {
     let buffered = "";
     const decoder = new TextDecoder();
     const reader = stdout.getReader();
@@ -52,5 +54,6 @@ export function childLines(stdout: ReadableStream<Uint8Array>, name = "the child
       }
     },
     all: () => [...seen],
+    ended,
   };
 }
