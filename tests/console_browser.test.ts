@@ -1,0 +1,243 @@
+// The web DLQ console in a real browser (Chromium via playwright-core): served
+// with Bun.serve over a Bot on SQLite, behind basic auth. Skips with a message
+// when /usr/bin/chromium is missing, unless BOTMESH_REQUIRE_SERVICES=1.
+import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { existsSync, mkdirSync, rmSync, statSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { type Browser, chromium } from "playwright-core";
+import { Bot } from "../src/bot.ts";
+import { SQLiteDurability } from "../backends/sqlite.ts";
+import { ProviderError } from "../src/errors.ts";
+import { MockProvider } from "../src/testing/mock_provider.ts";
+import { basicAuth, durabilityConsole } from "../src/ops/console.ts";
+
+const CHROMIUM = "/usr/bin/chromium";
+const REQUIRED = process.env.BOTMESH_REQUIRE_SERVICES === "1";
+const available = existsSync(CHROMIUM);
+if (!available) {
+  if (REQUIRED) throw new Error(`BOTMESH_REQUIRE_SERVICES=1 but Chromium is missing at ${CHROMIUM}`);
+  console.warn(`Chromium is missing at ${CHROMIUM}: skipping the console browser tests (install it: apt-get install chromium)`);
+}
+
+const root = join(import.meta.dir, "..");
+const SCREENSHOT = join(root, ".tmp", "screenshots", "console-retry.png");
+const dir = join(tmpdir(), `botmesh-console-browser-${crypto.randomUUID()}`);
+const USER = "ops";
+const PASSWORD = "browser-test-password";
+const XSS = `<script>alert(1)</script>"'><img src=x onerror=alert(1)>`;
+const TIMEOUT = 90_000;
+
+const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+async function until(what: string, check: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {
+  const end = Date.now() + timeoutMs;
+  while (!(await check())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await sleep(20);
+  }
+}
+
+let browser: Browser | undefined;
+let server: ReturnType<typeof Bun.serve> | undefined;
+let bot: Bot | undefined;
+let provider: MockProvider;
+let base = "";
+
+describe.skipIf(!available)("the DLQ console in Chromium", () => {
+  beforeAll(async () => {
+    mkdirSync(dir, { recursive: true });
+    provider = new MockProvider();
+    bot = new Bot({
+      provider,
+      durability: {
+        backend: new SQLiteDurability({ file: join(dir, "console.db") }),
+        instanceId: "browser-test",
+        inbox: { retries: 0 },
+        outbox: { retries: 0 },
+      },
+    });
+    bot.on("error", () => {});
+    bot.when(/boom/, () => {
+      throw new Error(`handler failed ${XSS}`);
+    });
+    await bot.start();
+    // A dead send (permanent provider error), and dead records full of markup.
+    provider.failNext(1, new ProviderError("Recipient blocked the bot", { retryable: false, status: 403 }));
+    expect((await bot.send("chat-1", "Your order 42 is confirmed", { idempotencyKey: "order-42:confirm" })).state)
+      .toBe("dead");
+    provider.failNext(1, new ProviderError(`rejected ${XSS}`, { retryable: false }));
+    expect((await bot.send(`chat-${XSS}`, `payload ${XSS}`, { idempotencyKey: `key-${XSS}` })).state).toBe("dead");
+    await provider.receive({ id: `in-${XSS}`, chatId: `chat-${XSS}`, text: `boom ${XSS}` });
+    await bot.idle();
+
+    const handler = durabilityConsole(bot, { auth: basicAuth(USER, PASSWORD), basePath: "/ops" });
+    server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: handler });
+    base = `http://127.0.0.1:${server.port}/ops`;
+    browser = await chromium.launch({
+      executablePath: CHROMIUM,
+      args: [
+        "--no-sandbox",
+        "--headless",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-quic",
+      ],
+    });
+  }, TIMEOUT);
+
+  afterAll(async () => {
+    await browser?.close();
+    server?.stop(true);
+    await bot?.stop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  test("overview → dead outbound list → record → Retry → confirm: the send is delivered", async () => {
+    const context = await browser!.newContext({ httpCredentials: { username: USER, password: PASSWORD } });
+    const page = await context.newPage();
+    const dialogs: string[] = [];
+    page.on("dialog", (dialog) => {
+      dialogs.push(dialog.message());
+      void dialog.dismiss();
+    });
+    try {
+      const overview = await page.goto(`${base}/`);
+      expect(overview!.status()).toBe(200);
+      expect(overview!.headers()["content-security-policy"]).toContain("default-src 'none'");
+      expect(await page.locator("h1").textContent()).toBe("Overview");
+      expect(await page.locator("body").textContent()).toContain("Counts stop at 1000");
+
+      // The dead count of the outbound table links to the dead outbound list.
+      const deadLink = page.locator(`section:has(h2:text("Outbound")) a[href="/ops/outbound?state=dead"]`);
+      expect(await deadLink.textContent()).toBe("2");
+      await deadLink.click();
+      await page.waitForURL(/\/ops\/outbound\?state=dead$/);
+      expect(await page.locator("h1").textContent()).toBe("Outbound · dead");
+
+      await page.getByRole("link", { name: "order-42:confirm" }).click();
+      await page.waitForURL(/\/ops\/outbound\/record\?id=order-42%3Aconfirm$/);
+      expect(await page.locator("h1").textContent()).toBe("Outbound entry");
+      expect(await page.locator("pre").textContent()).toBe(`"Your order 42 is confirmed"`);
+      expect(await page.locator("tr:has(th:text-is('Last error')) td").textContent()).toBe(
+        "ProviderError: Recipient blocked the bot",
+      );
+
+      const sentBefore = provider.sent.length;
+      await page.getByRole("link", { name: "Retry…" }).click();
+      await page.waitForURL(/\/ops\/outbound\/retry\?id=order-42%3Aconfirm$/);
+      expect(await page.locator("h1").textContent()).toBe("Retry this send?");
+      expect(provider.sent.length).toBe(sentBefore); // the confirmation page changes nothing
+
+      await page.getByRole("button", { name: "Yes, retry" }).click();
+      await page.waitForURL(/\/ops\/outbound\/record\?id=order-42%3Aconfirm&notice=retry$/);
+      expect(await page.locator(".notice").textContent()).toBe("Retried: the send is queued again.");
+
+      await until("the retried send", () => provider.sent.length === sentBefore + 1);
+      expect(provider.sent.at(-1)).toMatchObject({ idempotencyKey: "order-42:confirm", chatId: "chat-1" });
+      await until("state sent", async () => (await bot!.durability!.outbox.get("order-42:confirm"))?.state === "sent");
+
+      await page.reload();
+      expect(await page.locator("tr:has(th:text-is('State')) td").textContent()).toBe("sent");
+      expect(await page.locator("tr:has(th:text-is('Provider message id')) td").textContent()).toMatch(/^mock-msg-\d+$/);
+      // A sent entry offers no Retry.
+      expect(await page.getByRole("link", { name: "Retry…" }).count()).toBe(0);
+
+      mkdirSync(join(root, ".tmp", "screenshots"), { recursive: true });
+      await page.screenshot({ path: SCREENSHOT, fullPage: true });
+      expect(existsSync(SCREENSHOT)).toBe(true);
+      expect(statSync(SCREENSHOT).size).toBeGreaterThan(5_000);
+      expect(dialogs).toEqual([]);
+    } finally {
+      await context.close();
+    }
+  }, TIMEOUT);
+
+  test("with JavaScript disabled the lists and records still work", async () => {
+    const context = await browser!.newContext({
+      javaScriptEnabled: false,
+      httpCredentials: { username: USER, password: PASSWORD },
+    });
+    const page = await context.newPage();
+    try {
+      await page.goto(`${base}/`);
+      await page.getByRole("link", { name: "Inbound DLQ" }).click();
+      await page.waitForURL(/\/ops\/inbound\?state=dead$/);
+      expect(await page.locator("tbody tr").count()).toBe(1);
+      expect(await page.locator("tbody tr td").first().textContent()).toBe(`in-${XSS}`);
+
+      // The filter form is a plain GET form.
+      await page.goto(`${base}/outbound?state=all`);
+      await page.locator('input[name="chat"]').fill("chat-1");
+      await page.getByRole("button", { name: "Filter" }).click();
+      await page.waitForURL(/chat=chat-1/);
+      expect(await page.locator("tbody tr").count()).toBe(1);
+      expect(await page.locator("tbody tr td").first().textContent()).toBe("order-42:confirm");
+
+      await page.getByRole("link", { name: "order-42:confirm" }).click();
+      expect(await page.locator("h1").textContent()).toBe("Outbound entry");
+    } finally {
+      await context.close();
+    }
+  }, TIMEOUT);
+
+  test("XSS payloads render as text and never execute", async () => {
+    const context = await browser!.newContext({ httpCredentials: { username: USER, password: PASSWORD } });
+    const page = await context.newPage();
+    const dialogs: string[] = [];
+    page.on("dialog", (dialog) => {
+      dialogs.push(dialog.message());
+      void dialog.dismiss();
+    });
+    try {
+      await page.goto(`${base}/outbound?state=dead`);
+      expect(await page.locator("body").textContent()).toContain(`key-${XSS}`);
+      await page.getByRole("link", { name: `key-${XSS}` }).click();
+      expect(await page.locator("tr:has(th:text-is('Chat')) td").textContent()).toBe(`chat-${XSS}`);
+      expect(await page.locator("tr:has(th:text-is('Last error')) td").textContent()).toBe(`ProviderError: rejected ${XSS}`);
+      expect(await page.locator("pre").textContent()).toBe(JSON.stringify(`payload ${XSS}`));
+      expect(await page.locator("img").count()).toBe(0);
+      expect(await page.locator("main script").count()).toBe(0);
+
+      await page.goto(`${base}/inbound?state=dead`);
+      await page.getByRole("link", { name: `in-${XSS}` }).click();
+      expect(await page.locator("h1").textContent()).toBe("Inbound record");
+      expect(await page.locator("pre").textContent()).toContain(JSON.stringify(`boom ${XSS}`));
+      await page.getByRole("link", { name: "Replay…" }).click();
+      expect(await page.locator("h1").textContent()).toBe("Replay this record?");
+      expect(await page.locator("img").count()).toBe(0);
+
+      // Reflected input: a bad state and a missing record echo the value, escaped.
+      await page.goto(`${base}/inbound?state=${encodeURIComponent(XSS)}`);
+      expect(await page.locator(".error").textContent()).toContain(XSS);
+      await page.goto(`${base}/outbound/record?id=${encodeURIComponent(XSS)}`);
+      expect(await page.locator(".error").textContent()).toContain(XSS);
+      expect(await page.locator("img").count()).toBe(0);
+
+      await sleep(200);
+      expect(dialogs).toEqual([]);
+    } finally {
+      await context.close();
+    }
+  }, TIMEOUT);
+
+  test("without credentials the browser gets 401 and sees no records", async () => {
+    const context = await browser!.newContext();
+    const page = await context.newPage();
+    try {
+      // Headless Chromium cancels the Basic prompt (ERR_INVALID_AUTH_CREDENTIALS): the navigation fails.
+      const failed = await page.goto(`${base}/outbound?state=dead`).then(() => null, (error: Error) => error);
+      expect(failed?.message).toContain("ERR_INVALID_AUTH_CREDENTIALS");
+      // The same request from the browser context's HTTP stack shows the 401 and its challenge.
+      const response = await page.request.get(`${base}/outbound?state=dead`);
+      expect(response.status()).toBe(401);
+      expect(response.headers()["www-authenticate"]).toBe(`Basic realm="Durability console", charset="UTF-8"`);
+      expect(await response.text()).not.toContain("order-42");
+    } finally {
+      await context.close();
+    }
+  }, TIMEOUT);
+});
