@@ -22,7 +22,7 @@ import type {
   OutboxState,
 } from "../backend.ts";
 import type { DurabilityControl } from "../engine.ts";
-import { escapeHtml, html, type HtmlValue, SafeHtml } from "./html.ts";
+import { html, type HtmlValue, SafeHtml } from "./html.ts";
 
 /** Who is using the console, as established by {@link ConsoleAuth}. */
 export interface ConsoleIdentity {

@@ -5,18 +5,29 @@
  * @module
  */
 
-/** A fragment of HTML that is already safe to emit as is. */
+/**
+ * A fragment of HTML that is already safe to emit as is ({@link html} builds
+ * them; interpolating one into {@link html} does not escape it again).
+ *
+ * @example
+ * ```ts
+ * const bold = new SafeHtml("<b>trusted markup</b>");
+ * html`<p>${bold}</p>`.html; // "<p><b>trusted markup</b></p>"
+ * ```
+ */
 export class SafeHtml {
   /** The HTML text. */
   readonly html: string;
   /**
    * @param html HTML text that is known to be safe (built by {@link html} or escaped)
+   * @throws never
    */
   constructor(html: string) {
     this.html = html;
   }
   /**
    * @returns the HTML text
+   * @throws never
    */
   toString(): string {
     return this.html;
