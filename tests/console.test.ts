@@ -573,6 +573,15 @@ describe("console: protocol, options and adapters", () => {
     expect(action).toBe("/ops/dlq/outbound/discard?id=k0");
     expect((await post(handler, action, `csrf=${enc(token)}`)).status).toBe(303);
     expect(await backend.outbox.get("k0")).toBeNull();
+    // Keys with path and query characters round-trip through the percent-encoded links.
+    const odd = "../a/b?c=d&e=%2F#f";
+    await backend.outbox.reserve({ key: odd, chatId: "c", content: "x", contentHash: "h", inboundId: null });
+    const list = await (await get(handler, "/ops/dlq/outbound?limit=1000")).text();
+    const href = unescape(/href="([^"]*record\?id=\.\.[^"]*)"/.exec(list)![1]!);
+    expect(href).toBe(`/ops/dlq/outbound/record?id=${enc(odd)}`);
+    const oddPage = await get(handler, href);
+    expect(oddPage.status).toBe(200);
+    expect(await oddPage.text()).toContain(`<tr><th>Key</th><td>${escapeHtml(odd)}</td></tr>`);
     const replay = await confirmation(handler, `/ops/dlq/inbound/replay?id=i1`).catch((e) => e);
     expect(replay).toBeInstanceOf(Error); // pending: no replay form (409)
   });
