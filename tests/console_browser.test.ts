@@ -12,7 +12,8 @@ import { ProviderError } from "../src/errors.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 import { basicAuth, durabilityConsole } from "../src/ops/console.ts";
 
-const CHROMIUM = "/usr/bin/chromium";
+/** Where Chromium is (`BOTMESH_CHROMIUM` overrides, e.g. to check the skip path). */
+const CHROMIUM = process.env.BOTMESH_CHROMIUM ?? "/usr/bin/chromium";
 const REQUIRED = process.env.BOTMESH_REQUIRE_SERVICES === "1";
 const available = existsSync(CHROMIUM);
 if (!available) {
