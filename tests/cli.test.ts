@@ -3,6 +3,7 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
+import { tmpdir } from "node:os";
 import IORedis from "ioredis";
 import postgres from "postgres";
 import type { DurabilityBackend } from "../mod.ts";
@@ -25,6 +26,7 @@ interface Run {
   code: number;
   stdout: string;
   stderr: string;
+  // deno-lint-ignore no-explicit-any
   json(): any;
 }
 
@@ -424,15 +426,27 @@ describe("botmesh-durable on other runtimes (SQLite)", () => {
       ...["postgres", "ioredis", "@upstash/redis", "better-sqlite3"].flatMap((p) => ["--external", p]),
     ]);
     expect(build.code).toBe(0);
-    // Run from the repository so that the externals resolve from node_modules.
-    const nodeOut = join(root, ".tmp", `cli-${runId()}.mjs`);
-    writeFileSync(nodeOut, await Bun.file(out).text());
+    // Inside the repository the externals resolve from node_modules.
+    await shortScenario((args) => spawn(["node", out, ...args]), "node");
+    const v = await spawn(["node", "--version"]);
+    expect(v.stdout).toMatch(/^v2\d\./);
+    // Outside it they do not: the error names the package to install.
+    const away = join(tmpdir(), `bm-cli-${runId()}`);
+    mkdirSync(away, { recursive: true });
     try {
-      await shortScenario((args) => spawn(["node", nodeOut, ...args]), "node");
-      const r = await spawn(["node", "--version"]);
-      expect(r.stdout).toMatch(/^v2\d\./);
+      const copy = join(away, "cli.mjs");
+      writeFileSync(copy, await Bun.file(out).text());
+      const [pg, upstash, io] = await Promise.all([
+        spawn(["node", copy, "-b", "postgres://u@127.0.0.1:1/db", "stats"]),
+        spawn(["node", copy, "-b", "redis+upstash://t@127.0.0.1:1", "stats"]),
+        spawn(["node", copy, "-b", "redis://127.0.0.1:1", "stats"]),
+      ]);
+      expect([pg.code, upstash.code, io.code]).toEqual([1, 1, 1]);
+      expect(pg.stderr).toContain('The "postgres" package is needed for postgres:// URLs but could not be loaded (install it: npm install postgres)');
+      expect(upstash.stderr).toContain('The "@upstash/redis" package is needed for redis+upstash:// URLs');
+      expect(io.stderr).toContain('The "ioredis" package is needed for redis:// URLs');
     } finally {
-      rmSync(nodeOut, { force: true });
+      rmSync(away, { recursive: true, force: true });
     }
   }, SLOW);
 });

@@ -321,7 +321,7 @@ function olderThan(text: string): number {
   if (/^\d+$/.test(text)) return Number(text);
   try {
     return parseDuration(text, "--older-than");
-  } catch (error) {
+  } catch {
     throw new UsageError(`Flag "--older-than" must be a duration like 7d, 12h, 30m or a number of ms, got ${JSON.stringify(text)}`);
   }
 }
