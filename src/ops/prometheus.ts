@@ -8,7 +8,7 @@
  *
  * @example
  * ```ts
- * import { prometheusMetrics, PROMETHEUS_CONTENT_TYPE } from "@botmesh/durable/prometheus";
+ * import { prometheusMetrics, PROMETHEUS_CONTENT_TYPE } from "@botmesh/durable";
  * Deno.serve({ port: 9464 }, async () =>
  *   new Response(await prometheusMetrics(bot, { labels: { bot: "support" } }), {
  *     headers: { "content-type": PROMETHEUS_CONTENT_TYPE },
