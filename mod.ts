@@ -92,3 +92,18 @@ export {
 export { MemoryDurability, type MemoryDurabilityOptions } from "./backends/memory.ts";
 export { kvDurability, type KvDurabilityOptions } from "./backends/kv.ts";
 export { MemoryKv } from "./backends/memory_kv.ts";
+export {
+  basicAuth,
+  type BasicAuthOptions,
+  type ConsoleAuth,
+  type ConsoleBot,
+  type ConsoleHandler,
+  type ConsoleIdentity,
+  type ConsoleTarget,
+  durabilityConsole,
+  type DurabilityConsoleOptions,
+  nodeHandler,
+  type NodeHandlerOptions,
+  type NodeRequestLike,
+  type NodeResponseLike,
+} from "./src/ops/console.ts";
