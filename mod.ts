@@ -107,3 +107,12 @@ export {
   type NodeRequestLike,
   type NodeResponseLike,
 } from "./src/ops/console.ts";
+export {
+  countRecords,
+  escapeLabelValue,
+  PROMETHEUS_CONTENT_TYPE,
+  prometheusMetrics,
+  type PrometheusOptions,
+  type PrometheusSource,
+  type RecordCounts,
+} from "./src/ops/prometheus.ts";

@@ -1,6 +1,6 @@
 import { defineConfig } from "tsup";
 
-export default defineConfig({
+export default defineConfig([{
   entry: {
     mod: "mod.ts",
     testing: "testing.ts",
@@ -19,4 +19,17 @@ export default defineConfig({
   clean: true,
   splitting: true,
   sourcemap: true,
-});
+}, {
+  // The botmesh-durable CLI (package.json "bin"): one file with a shebang. Its driver packages are
+  // imported at run time and stay out of the bundle.
+  entry: { cli: "cli.ts" },
+  external: ["bun:sqlite", "node:sqlite", "better-sqlite3"],
+  outDir: "dist",
+  format: ["esm"],
+  target: "node20",
+  dts: false,
+  clean: false,
+  splitting: false,
+  sourcemap: true,
+  banner: { js: "#!/usr/bin/env node" },
+}]);
