@@ -43,6 +43,12 @@
  *   transition are single `UPDATE`s whose `WHERE` checks the state and the
  *   fencing token: the database decides, atomically, whether a caller still
  *   holds its lease.
+ * - Lapsed leases are claimable by anyone, the holder's own incarnation too
+ *   (a claim whose reply was lost must not strand its records); a live lease
+ *   only by the owner's other incarnations under `reclaimOwn`.
+ * - The inbox `claimDue` merges LIMITed branches of the due index (pending in
+ *   receipt order; retries and lapsed leases due by now), so a backlog of
+ *   settled or pending records is never walked.
  * - `claimDue` (inbox and outbox) reads a partial index of the records a scan
  *   must look at (active records by when they are due) in a CTE with
  *   `FOR UPDATE SKIP LOCKED` that feeds an `UPDATE … RETURNING`: concurrent
@@ -82,6 +88,19 @@
  * strings, lone surrogates), where `jsonb` would reorder keys and refuse
  * some strings. A row whose JSON (or any field) is damaged is reported by an
  * error naming the table, the row and the field; other rows stay readable.
+ * A damaged row that a `claimDue` (inbox or outbox) has just leased is not
+ * returned and does not fail the call (that would strand the rest of the
+ * batch, leased to the caller): it is made `dead` by one follow-up statement
+ * fenced by the new lease, with that error as its `error`, its stored
+ * payload/content untouched (an operator finds it in the DLQ). An outbox
+ * entry `claimDue` moved to `unknown` is settled already and only left out.
+ *
+ * ## NUL
+ * Postgres `text` cannot hold U+0000. Ids, keys, chat ids, provider, content
+ * hash, lease owner/incarnation, list filters and `markSent`'s `messageId` are
+ * refused with a `TypeError` naming the field, before anything is written.
+ * A NUL in the free text `error` of `fail`/`markFailed` becomes U+FFFD, so a
+ * record can always settle. JSON payloads keep it (escaped as `\u0000`).
  *
  * @module
  */
@@ -338,6 +357,58 @@ function duration(ms: number): number {
   return Math.min(MAX_DURATION_MS, Math.max(0, Math.ceil(ms)));
 }
 
+/** Free text for a `text` column, which cannot hold NUL: each NUL becomes U+FFFD. */
+function textForPg(text: string): string {
+  return text.includes("\u0000") ? text.replaceAll("\u0000", "\ufffd") : text;
+}
+
+/** The TypeError of a NUL in a field Postgres `text` stores (it cannot hold one), before anything is written. */
+function nulError(what: string): TypeError {
+  return new TypeError(`${what} must not contain NUL (\\u0000): a Postgres text column cannot hold it`);
+}
+
+/** {@link checkString}, and no NUL (an id, key, chat id, owner…: stored or compared as `text`). */
+function pgString(value: unknown, what: string): string {
+  checkString(value, what);
+  if ((value as string).includes("\u0000")) throw nulError(what);
+  return value as string;
+}
+
+/** {@link checkClaim}, and no NUL in the owner or incarnation. */
+function pgClaim(options: ClaimOptions, op: string): void {
+  checkClaim(options, op);
+  pgString(options.owner, `${op}: option "owner"`);
+  pgString(options.incarnation, `${op}: option "incarnation"`);
+}
+
+/** {@link checkListFilter}, and no NUL in the chat id or the states. */
+function pgListFilter(options: ListOptions<string> | undefined, op: string): void {
+  checkListFilter(options, op);
+  if (options?.chatId !== undefined) pgString(options.chatId, `${op}: option "chatId"`);
+  const state = options?.state;
+  if (state !== undefined) for (const item of typeof state === "string" ? [state] : state) pgString(item, `${op}: option "state"`);
+}
+
+/** {@link checkNewInbound}, and no NUL in the text fields (the payload is JSON text: its NULs are escaped). */
+function pgInbound(record: NewInboundRecord): NewInboundRecord {
+  const input = checkNewInbound(record);
+  const what = `Inbox record ${JSON.stringify(input.id)}`;
+  for (const field of ["id", "chatId", "provider", "kind"] as const) {
+    if (input[field].includes("\u0000")) throw nulError(`${what}: field "${field}"`);
+  }
+  return input;
+}
+
+/** {@link checkNewOutbox}, and no NUL in the text fields (the content is JSON text: its NULs are escaped). */
+function pgOutbound(entry: NewOutboxEntry): NewOutboxEntry {
+  const input = checkNewOutbox(entry);
+  const what = `Outbox entry ${JSON.stringify(input.key)}`;
+  for (const field of ["key", "chatId", "contentHash", "inboundId"] as const) {
+    if (input[field]?.includes("\u0000")) throw nulError(`${what}: field "${field}"`);
+  }
+  return input;
+}
+
 /** Whether `token` can be a stored fencing token (a fractional or huge one never matches: it is stale). */
 function tokenOk(token: number): boolean {
   return Number.isSafeInteger(token) && token > 0;
@@ -451,8 +522,8 @@ class PgInbox implements InboxJournal {
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
-    const input = checkNewInbound(record); // a TypeError naming the field, before anything is written
-    if (lease !== undefined) checkClaim(lease, "inbox.admit");
+    const input = pgInbound(record); // a TypeError naming the field, before anything is written
+    if (lease !== undefined) pgClaim(lease, "inbox.admit");
     const rows = await this.#run("admit", this.#q.admit, [
       input.id,
       input.kind,
@@ -469,15 +540,15 @@ class PgInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    checkString(id, `inbox.claim: "id"`);
-    checkClaim(options, "inbox.claim");
+    pgString(id, `inbox.claim: "id"`);
+    pgClaim(options, "inbox.claim");
     const text = options.reclaimOwn ? this.#q.claimReclaim : this.#q.claim;
     const rows = await this.#run("claim", text, [options.owner, options.incarnation, duration(options.leaseMs), id]);
     return rows.length ? inboundOf(rows[0]!, this.#t) : null;
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
-    checkClaim(options, "inbox.claimDue");
+    pgClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     if (!(options.limit > 0)) return [];
     const text = options.reclaimOwn ? this.#q.claimDueReclaim : this.#q.claimDue;
@@ -487,14 +558,32 @@ class PgInbox implements InboxJournal {
       duration(options.leaseMs),
       Math.min(Math.ceil(options.limit), 1_000_000),
     ]);
+    // Each row is read on its own: a damaged one (see claimDue's documentation) must not strand the others.
+    const good: { ord: number; record: InboundRecord }[] = [];
+    for (const row of rows) {
+      try {
+        good.push({ ord: Number(row.ord), record: inboundOf(row, this.#t) });
+      } catch (error) {
+        await this.#bury(row, options, error as Error);
+      }
+    }
     // An UPDATE returns rows in no particular order: receipt order, as the scan picked them.
-    return rows.map((row) => ({ ord: Number(row.ord), record: inboundOf(row, this.#t) }))
-      .sort((a, b) => a.record.receivedAt - b.record.receivedAt || a.ord - b.ord)
-      .map((item) => item.record);
+    return good.sort((a, b) => a.record.receivedAt - b.record.receivedAt || a.ord - b.ord).map((item) => item.record);
+  }
+
+  /** A row claimDue leased but cannot read: `dead` with the error naming the table, row and field (fenced by the new lease). */
+  async #bury(row: Row, options: ClaimOptions, error: Error): Promise<void> {
+    await this.#run("claimDue", this.#q.damaged, [
+      String(row.ord),
+      options.owner,
+      options.incarnation,
+      String(row.lease_token),
+      textForPg(error.message),
+    ]);
   }
 
   async #fenced(op: string, text: string, id: string, token: number, more: unknown[]): Promise<boolean> {
-    checkString(id, `inbox.${op}: "id"`);
+    pgString(id, `inbox.${op}: "id"`);
     checkFinite(token, `inbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
     const rows = await this.#run(op, text, [id, token, ...more]);
@@ -514,19 +603,19 @@ class PgInbox implements InboxJournal {
     checkOutcome(outcome, "inbox.fail");
     const dead = outcome.dead === true;
     const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
-    if (!(await this.#fenced("fail", this.#q.fail, id, token, [dead, outcome.error, retry]))) {
+    if (!(await this.#fenced("fail", this.#q.fail, id, token, [dead, textForPg(outcome.error), retry]))) {
       throw new StaleLeaseError("inbox", id, token);
     }
   }
 
   async get(id: string): Promise<InboundRecord | null> {
-    checkString(id, `inbox.get: "id"`);
+    pgString(id, `inbox.get: "id"`);
     const rows = await this.#run("get", this.#q.get, [id]);
     return rows.length ? inboundOf(rows[0]!, this.#t) : null;
   }
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
-    checkListFilter(options, "inbox.list");
+    pgListFilter(options, "inbox.list");
     const filter = listParams(options);
     if (!filter) return [];
     const rows = await this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params);
@@ -534,7 +623,7 @@ class PgInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
-    checkString(id, `inbox.replay: "id"`);
+    pgString(id, `inbox.replay: "id"`);
     return (await this.#run("replay", this.#q.replay, [id])).length === 1;
   }
 
@@ -562,8 +651,8 @@ class PgOutbox implements OutboxJournal {
   }
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
-    const input = checkNewOutbox(entry); // a TypeError naming the field, before anything is written
-    if (lease !== undefined) checkClaim(lease, "outbox.reserve");
+    const input = pgOutbound(entry); // a TypeError naming the field, before anything is written
+    if (lease !== undefined) pgClaim(lease, "outbox.reserve");
     const rows = await this.#run("reserve", this.#q.reserve, [
       input.key,
       input.chatId,
@@ -588,7 +677,7 @@ class PgOutbox implements OutboxJournal {
   }
 
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
-    checkClaim(options, "outbox.claimDue");
+    pgClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
     const limit = Math.max(0, Math.min(Math.ceil(options.limit), 1_000_000));
     const rows = await this.#run("claimDue", this.#q.claimDue(options.reclaimOwn === true, options.resendAmbiguous === true), [
@@ -600,7 +689,23 @@ class PgOutbox implements OutboxJournal {
     const due: OutboxEntry[] = [];
     const ambiguous: OutboxEntry[] = [];
     for (const row of rows) {
-      const entry = outboxOf(row, this.#t);
+      let entry: OutboxEntry;
+      try {
+        entry = outboxOf(row, this.#t);
+      } catch (error) {
+        // A damaged entry must not strand the others: a leased one becomes `dead` (an `unknown` one is
+        // settled already and stays so); both are left out of the result.
+        if (row.state === "sending") {
+          await this.#run("claimDue", this.#q.damaged, [
+            String(row.seq),
+            options.owner,
+            options.incarnation,
+            String(row.lease_token),
+            textForPg((error as Error).message),
+          ]);
+        }
+        continue;
+      }
       if (row.part === "ambiguous") {
         ambiguous.push(entry);
         if (options.resendAmbiguous) due.push(outboxOf(row, this.#t));
@@ -614,7 +719,7 @@ class PgOutbox implements OutboxJournal {
   }
 
   async #fenced(op: string, text: string, key: string, token: number, more: unknown[]): Promise<boolean> {
-    checkString(key, `outbox.${op}: "key"`);
+    pgString(key, `outbox.${op}: "key"`);
     checkFinite(token, `outbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
     const rows = await this.#run(op, text, [key, token, ...more]);
@@ -627,7 +732,7 @@ class PgOutbox implements OutboxJournal {
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
-    checkString(messageId, `outbox.markSent: "messageId"`);
+    pgString(messageId, `outbox.markSent: "messageId"`);
     if (!(await this.#fenced("markSent", this.#q.markSent, key, token, [messageId]))) {
       throw new StaleLeaseError("outbox", key, token);
     }
@@ -637,19 +742,19 @@ class PgOutbox implements OutboxJournal {
     checkOutcome(outcome, "outbox.markFailed");
     const dead = outcome.dead === true;
     const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
-    if (!(await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, outcome.error, retry]))) {
+    if (!(await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, textForPg(outcome.error), retry]))) {
       throw new StaleLeaseError("outbox", key, token);
     }
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
-    checkString(key, `outbox.get: "key"`);
+    pgString(key, `outbox.get: "key"`);
     const rows = await this.#run("get", this.#q.get, [key]);
     return rows.length ? outboxOf(rows[0]!, this.#t) : null;
   }
 
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
-    checkListFilter(options, "outbox.list");
+    pgListFilter(options, "outbox.list");
     const filter = listParams(options);
     if (!filter) return [];
     const rows = await this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params);
@@ -657,13 +762,13 @@ class PgOutbox implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
-    checkString(key, `outbox.retry: "key"`);
+    pgString(key, `outbox.retry: "key"`);
     const rows = await this.#run("retry", this.#q.retry, [key]);
     return Number(rows[0]?.n ?? 0) === 1;
   }
 
   async discard(key: string): Promise<boolean> {
-    checkString(key, `outbox.discard: "key"`);
+    pgString(key, `outbox.discard: "key"`);
     return ((await this.#run("discard", this.#q.discard, [key])).count ?? 0) === 1;
   }
 

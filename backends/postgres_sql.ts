@@ -216,9 +216,11 @@ $botmesh$`;
 
 /** Whether an inbox record is claimable under ($1 owner, $2 incarnation, reclaimOwn) at `n.now`. */
 function inboxClaimable(reclaimOwn: boolean): string {
-  const abandoned = `(lease_owner IS NULL OR (NOT (lease_owner = $1 AND lease_incarnation = $2) AND (lease_expires_at <= n.now${
-    reclaimOwn ? " OR lease_owner = $1" : ""
-  })))`;
+  // A lapsed lease is abandoned whoever asks (its holder's own incarnation too: a claim whose reply was
+  // lost must not strand the record); a live one only under reclaimOwn, for the owner's other incarnations.
+  const abandoned = `(lease_owner IS NULL OR lease_expires_at <= n.now${
+    reclaimOwn ? " OR (lease_owner = $1 AND lease_incarnation <> $2)" : ""
+  })`;
   return `(state = 'pending' OR (state = 'failed' AND coalesce(next_attempt_at, 0) <= n.now) OR (state = 'processing' AND ${abandoned}))`;
 }
 
@@ -236,6 +238,7 @@ export interface InboxSql {
   claimReclaim: string;
   claimDue: string;
   claimDueReclaim: string;
+  damaged: string;
   heartbeat: string;
   complete: string;
   fail: string;
@@ -250,21 +253,34 @@ export function inboxSql(t: Tables): InboxSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
   const claimOne = (reclaim: boolean) =>
     `WITH ${n} UPDATE ${t.inbox} SET ${CLAIM_SET} FROM n WHERE id = $4 AND ${inboxClaimable(reclaim)} RETURNING ${INBOX_COLUMNS}`;
-  // (`due_at IS NOT NULL` tells the planner how few rows the partial due index holds, so that it reads
-  // that index rather than walk the receipt order of the whole table.)
-  // Due records oldest receipt first: the due index finds them (pending are due at 0, retries at
-  // nextAttemptAt, leases at their expiry), FOR UPDATE SKIP LOCKED lets concurrent claimers take
-  // disjoint sets, and the UPDATE leases what the CTE locked.
+  // Due records oldest receipt first, in LIMITed branches that each read an index in order (so a
+  // backlog of settled rows, or a long pending queue, is never walked): `p0` the pending records
+  // (due at 0) in receipt order from the due index; `p1` those due at a time that has come
+  // (retries, lapsed leases) by a range of the due index; with reclaimOwn `p2` the records leased
+  // by the owner's other incarnations (owner index). Each branch locks what it reads
+  // (FOR UPDATE SKIP LOCKED: concurrent claimers take disjoint sets); `pick` keeps the oldest $4 of
+  // them, and the UPDATE leases those (the claimable check is repeated on the locked rows). `p1` sorts
+  // by expressions (`+ 0`) so that the planner reads the due range rather than walk the receipt index
+  // in order (its estimate of that range is poor). The
+  // branches' other rows (at most 2 × $4) stay locked until the statement ends, then are free.
   const claimDue = (reclaim: boolean) =>
-    `WITH ${n}, pick AS (
-      SELECT i.ord FROM ${t.inbox} i
-      WHERE (i.due_at IS NOT NULL AND i.due_at <= ${NOW} AND NOT (i.state = 'processing' AND i.lease_owner = $1 AND i.lease_incarnation = $2))${
-      reclaim ? `
-        OR (i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2)` : ""
-    }
-      ORDER BY i.received_at, i.ord
-      LIMIT $4
-      FOR UPDATE OF i SKIP LOCKED
+    `WITH ${n},
+    p0 AS (
+      SELECT i.ord, i.received_at FROM ${t.inbox} i WHERE i.due_at = 0
+      ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
+    ),
+    p1 AS (
+      SELECT i.ord, i.received_at FROM ${t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW}
+      ORDER BY i.received_at + 0, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
+    ),${reclaim ? `
+    p2 AS (
+      SELECT i.ord, i.received_at FROM ${t.inbox} i
+      WHERE i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2
+      ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
+    ),` : ""}
+    pick AS (
+      SELECT u.ord FROM (SELECT * FROM p0 UNION SELECT * FROM p1${reclaim ? " UNION SELECT * FROM p2" : ""}) u
+      ORDER BY u.received_at, u.ord LIMIT $4
     )
     UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM pick, n
     WHERE r.ord = pick.ord AND ${inboxClaimable(reclaim)}
@@ -291,6 +307,12 @@ export function inboxSql(t: Tables): InboxSql {
     claimReclaim: claimOne(true),
     claimDue: claimDue(false),
     claimDueReclaim: claimDue(true),
+    // A row claimDue leased but could not read ($1 ord, $2 owner, $3 incarnation, $4 token, $5 error):
+    // dead, fenced by the lease just issued; the stored payload is left as it is.
+    damaged: `WITH ${n} UPDATE ${t.inbox} SET state = 'dead', error = $5, next_attempt_at = NULL, lease_owner = NULL,
+        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = NULL
+      FROM n WHERE ord = $1::bigint AND state = 'processing' AND lease_owner = $2 AND lease_incarnation = $3
+        AND lease_token = $4::bigint RETURNING 1 AS ok`,
     heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
       FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
     complete: `WITH ${n} UPDATE ${t.inbox} SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
@@ -332,6 +354,7 @@ function listSql(table: string, columns: string, order: string, chat: boolean, s
 export interface OutboxSql {
   reserve: string;
   claimDue(reclaimOwn: boolean, resend: boolean): string;
+  damaged: string;
   heartbeat: string;
   markSent: string;
   markFailed: string;
@@ -354,7 +377,7 @@ export function outboxSql(t: Tables): OutboxSql {
     return `WITH ${n},
     lost AS (
       SELECT o.seq FROM ${t.outbox} o
-      WHERE o.state = 'sending' AND ((o.due_at <= ${NOW} AND NOT (o.lease_owner = $1 AND o.lease_incarnation = $2))${
+      WHERE o.state = 'sending' AND (o.due_at <= ${NOW}${
       reclaim ? ` OR (o.lease_owner = $1 AND o.lease_incarnation <> $2)` : ""
     })
       ORDER BY o.seq${resend ? " LIMIT $4" : ""}
@@ -429,6 +452,12 @@ export function outboxSql(t: Tables): OutboxSql {
     UNION ALL
     SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content FROM old`,
     claimDue,
+    // An entry claimDue leased but could not read ($1 seq, $2 owner, $3 incarnation, $4 token, $5 error):
+    // dead, fenced by the lease just issued; the stored content is left as it is.
+    damaged: `WITH ${n} UPDATE ${t.outbox} SET state = 'dead', error = $5, next_attempt_at = NULL, lease_owner = NULL,
+        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = NULL
+      FROM n WHERE seq = $1::bigint AND state = 'sending' AND lease_owner = $2 AND lease_incarnation = $3
+        AND lease_token = $4::bigint RETURNING 1 AS ok`,
     heartbeat: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
       FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
     markSent: `WITH ${n} UPDATE ${t.outbox} SET state = 'sent', message_id = $3, lease_owner = NULL,

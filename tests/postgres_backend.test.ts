@@ -180,7 +180,7 @@ describe("PostgresDurability statements", () => {
     // Each statement, and the indexes its plan must read (the partial indexes of what a scan must look at).
     const statements: [string, string, unknown[], string[]][] = [
       ["inbox.claimDue", inbox.claimDue, claim, ["botmesh_inbox_due", "botmesh_inbox_pkey"]],
-      ["inbox.claimDue reclaimOwn", inbox.claimDueReclaim, claim, ["botmesh_inbox_due", "botmesh_inbox_owner"]],
+      ["inbox.claimDue reclaimOwn", inbox.claimDueReclaim, claim, ["botmesh_inbox_due"]],
       ["inbox.purge", inbox.purge, [1000, 1000], ["botmesh_inbox_done", "botmesh_inbox_pkey"]],
       ["outbox.claimDue", outbox.claimDue(false, false), claim, ["botmesh_outbox_due", "botmesh_outbox_chat_active"]],
       ["outbox.claimDue reclaimOwn resend", outbox.claimDue(true, true), claim, ["botmesh_outbox_due", "botmesh_outbox_chat_active"]],
@@ -397,5 +397,112 @@ describe("PostgresKv", () => {
     // The inbox stays in each journal.
     await a.inbox.admit(inbound("m1"));
     expect(await b.inbox.get("m1")).toBe(null);
+  });
+});
+
+describe("PostgresDurability fixes", () => {
+  const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+
+  it("a lapsed lease is taken back by its own incarnation (a claim whose reply was lost); a live one is not", async () => {
+    const b = new PostgresDurability({ sql: client(), schema: freshSchema() });
+    const me = lease("owner-s", 150);
+    await b.inbox.admit(inbound("lost"), me);
+    await b.inbox.admit(inbound("live"), { ...me, leaseMs: 60_000 });
+    expect(await b.inbox.claim("lost", me), "not while live").toBe(null);
+    expect((await b.inbox.claimDue({ ...me, limit: 10 })).map((r) => r.id)).toEqual([]);
+    const sent = await b.outbox.reserve(outbound("k1", "cx"), me);
+    expect(sent.status).toBe("leased");
+    await sleep(300);
+    const due = await b.inbox.claimDue({ ...me, limit: 10 });
+    expect(due.map((r) => [r.id, r.lease?.token])).toEqual([["lost", 2]]);
+    expect((await b.outbox.claimDue({ ...me, limit: 10 })).ambiguous.map((e) => e.key)).toEqual(["k1"]);
+    await b.inbox.fail("lost", 2, { error: "x", retryInMs: 0 });
+    expect((await b.inbox.claim("lost", me))?.lease?.token, "claim too").toBe(3);
+    expect((await b.inbox.get("live"))?.lease?.token).toBe(1);
+  });
+
+  it("a damaged row does not strand the rest of a claimed batch: it is dead, naming table, row and field", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    for (const id of ["m1", "m2", "m3"]) await b.inbox.admit(inbound(id, "c", { id }));
+    for (const key of ["k1", "k2"]) await b.outbox.reserve(outbound(key, key));
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET payload = '{bad' WHERE id = 'm2'`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET content = '{bad' WHERE key = 'k2'`);
+    const o = lease("w");
+    expect((await b.inbox.claimDue({ ...o, limit: 10 })).map((r) => r.id)).toEqual(["m1", "m3"]);
+    expect((await b.outbox.claimDue({ ...o, limit: 10 })).due.map((e) => e.key)).toEqual(["k1"]);
+    const [m2] = await sql.unsafe(`SELECT state, payload, error, lease_owner FROM "${schema}".botmesh_inbox WHERE id = 'm2'`);
+    expect([m2!.state, m2!.payload, m2!.lease_owner]).toEqual(["dead", "{bad", null]);
+    for (const part of [`"${schema}"."botmesh_inbox"`, `row id "m2"`, "column payload is not valid JSON"]) expect(m2!.error).toContain(part);
+    const [k2] = await sql.unsafe(`SELECT state, content, error FROM "${schema}".botmesh_outbox WHERE key = 'k2'`);
+    expect([k2!.state, k2!.content]).toEqual(["dead", "{bad"]);
+    for (const part of [`"${schema}"."botmesh_outbox"`, `row key "k2"`, "column content is not valid JSON"]) expect(k2!.error).toContain(part);
+    // Nothing left leased to the caller; a later scan has nothing to do.
+    expect((await b.inbox.claimDue({ ...o, limit: 10 })).length).toBe(0);
+    expect((await b.inbox.get("m1"))?.lease?.owner).toBe("w");
+  });
+
+  it("inbox.claimDue reads only what is due with a backlog of 200k done and 20k pending (Buffers)", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    await b.open();
+    const t = tables(schema, "botmesh_");
+    await sql.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
+      SELECT 'd' || g, 'message', 'c' || (g % 1000), 'p', '{}', g, 'done', 1, 1, 1, NULL FROM generate_series(1, 200000) g`);
+    await sql.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
+      SELECT 'p' || g, 'message', 'c' || (g % 1000), 'p', '{}', 200000 + g, 'pending', 0, 0, 1, 0 FROM generate_series(1, 20000) g`);
+    await sql.unsafe(`ANALYZE ${t.inbox}`);
+    const q = inboxSql(t);
+    for (const [name, text] of [["claimDue", q.claimDue], ["claimDue reclaimOwn", q.claimDueReclaim]] as const) {
+      let plan = "";
+      await sql.begin(async (tx) => {
+        plan = (await tx.unsafe(`EXPLAIN (ANALYZE, BUFFERS) ${text}`, ["w", "i", 60_000, 100])).map((r) => r["QUERY PLAN"]).join("\n");
+        throw new Error("rollback");
+      }).catch(() => {});
+      expect(plan, `${name}:\n${plan}`).not.toMatch(/Seq Scan on botmesh_inbox|botmesh_inbox_received/);
+      // What the pick reads (the UPDATE's own index writes aside): about one buffer per due row, not the backlog.
+      const pick = /Subquery Scan on pick[^\n]*\n\s*Buffers: shared hit=(\d+)(?: read=(\d+))?/.exec(plan);
+      expect(pick, `${name}:\n${plan}`).not.toBe(null);
+      const buffers = Number(pick![1]) + Number(pick![2] ?? 0);
+      expect(buffers, `${name} reads ${buffers} buffers:\n${plan}`).toBeLessThan(500);
+    }
+    const started = performance.now();
+    expect((await b.inbox.claimDue({ ...lease(), limit: 100 })).map((r) => r.id).slice(0, 2)).toEqual(["p1", "p2"]);
+    expect(performance.now() - started).toBeLessThan(1000);
+  }, 60_000);
+
+  it("NUL: rejected in ids, chat ids, provider, key, owner, messageId (TypeError, nothing written); replaced in errors", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const cases: [() => Promise<unknown>, string][] = [
+      [() => b.inbox.admit(inbound("a\u0000b")), `field "id" must not contain NUL`],
+      [() => b.inbox.admit(inbound("m", "c\u0000")), `Inbox record "m": field "chatId" must not contain NUL`],
+      [() => b.inbox.admit({ ...inbound("m"), provider: "p\u0000" }), `field "provider" must not contain NUL`],
+      [() => b.inbox.admit(inbound("m"), lease("o\u0000")), `option "owner" must not contain NUL`],
+      [() => b.inbox.get("x\u0000"), `inbox.get: "id" must not contain NUL`],
+      [() => b.outbox.reserve(outbound("k\u0000")), `field "key" must not contain NUL`],
+      [() => b.outbox.reserve(outbound("k", "c\u0000")), `Outbox entry "k": field "chatId" must not contain NUL`],
+      [() => b.outbox.list({ chatId: "c\u0000" }), `option "chatId" must not contain NUL`],
+    ];
+    for (const [run, text] of cases) {
+      const { error, message } = await messageOf(run);
+      expect(error instanceof TypeError, message).toBe(true);
+      expect(message).toContain(text);
+    }
+    expect(await b.inbox.list()).toEqual([]);
+    expect(await b.outbox.list()).toEqual([]);
+    const r = await b.inbox.admit(inbound("m", "c", { s: "\u0000 in the payload" }), lease());
+    expect((await b.inbox.get("m"))?.payload).toEqual({ s: "\u0000 in the payload" });
+    await b.inbox.fail("m", r!.lease!.token, { error: "boom\u0000!", retryInMs: 0 });
+    expect((await b.inbox.get("m"))?.error).toBe("boom\ufffd!");
+    const e = await b.outbox.reserve(outbound("k"), lease());
+    const bad = await messageOf(() => b.outbox.markSent("k", e.entry.lease!.token, "id\u0000"));
+    expect(bad.error instanceof TypeError).toBe(true);
+    expect(bad.message).toContain(`outbox.markSent: "messageId" must not contain NUL`);
+    await b.outbox.markFailed("k", e.entry.lease!.token, { error: "\u0000", dead: true });
+    expect(await b.outbox.get("k")).toMatchObject({ state: "dead", error: "\ufffd" });
   });
 });
