@@ -48,6 +48,27 @@
  * most 500 records per script call. A stored record that is not what this
  * library wrote rejects its read with an error naming the key and field.
  *
+ * ## Lost replies
+ * A reply can be lost after Redis ran the script, and clients send the call
+ * again (ioredis re-sends unfulfilled commands after a reconnect, Upstash
+ * retries a failed fetch). Every mutating script is therefore run once per
+ * call: the backend passes a random request key `rq:<uuid>` (`KEYS[2]`); a
+ * second run returns the reply the first stored there (`SET … PX`, 120 s; see
+ * `REQUEST_TTL_MS` in `redis_lua.ts` for the memory this costs).
+ *
+ * ## Damaged records
+ * Lua does not roll back, so every script validates each field it needs
+ * before its first write. A single-record call (`claim`, `complete`,
+ * `markSent`, …) on a damaged record rejects naming the key and field and
+ * changes nothing. A due scan never fails for one: a damaged record it
+ * reaches — or one whose payload/content the caller cannot read — is
+ * quarantined: taken out of every index, state `dead`, the problem in its
+ * `error` field (`botmesh: quarantined as damaged: …`), and the rest of the
+ * batch is claimed and returned. `get` still rejects naming the damaged field
+ * (unless the damage was in the lease fields, which quarantine clears); a
+ * damaged outbox entry can still be `discard`ed. Marks of records that are
+ * gone, or not due (any more), are dropped from the due windows as they are read.
+ *
  * @module
  */
 import {
@@ -199,7 +220,8 @@ class Runner {
   async run(name: ScriptName, args: readonly string[]): Promise<unknown> {
     const script = SCRIPTS[name];
     const sha = await shaOf(script);
-    const keys = [this.tag];
+    // A mutating script runs once per call: a re-sent call (after a lost reply) gets the first run's reply.
+    const keys = script.once ? [this.tag, `${this.tag}rq:${crypto.randomUUID()}`] : [this.tag];
     const argv = [this.tag, ...args];
     let reply: unknown;
     try {
@@ -342,6 +364,33 @@ function outboxOf(flat: unknown, runner: Runner, key: string): OutboxEntry | nul
   return entry as OutboxEntry;
 }
 
+/**
+ * A record a claim script returned (leased to the caller, or resolved as
+ * ambiguous): parsed on its own. When it cannot be read (a damaged payload or
+ * field the script does not need), it is quarantined — state `dead`, the
+ * problem in its `error` field — and left out, so that the rest of the batch
+ * is returned and the damaged one is neither stranded under the caller's
+ * lease nor claimed again and again. `get` still rejects naming key and field.
+ */
+async function readClaimed<T>(
+  flat: unknown,
+  parse: () => T | null,
+  quarantine: (fields: Map<string, string>, why: string) => Promise<void>,
+): Promise<T | null> {
+  try {
+    return parse();
+  } catch (error) {
+    const fields = fieldsOf(flat);
+    if (!fields) return null;
+    try {
+      await quarantine(fields, messageOf(error));
+    } catch {
+      // Not quarantined (Redis unreachable): the lease lapses and a later scan tries again.
+    }
+    return null;
+  }
+}
+
 function leaseArgs(lease: ClaimOptions | undefined): string[] {
   return lease ? ["1", lease.owner, lease.incarnation, String(lease.leaseMs), "0"] : ["0"];
 }
@@ -415,7 +464,15 @@ class RedisInbox implements InboxJournal {
     const limit = checkLimit(options.limit, "inbox.claimDue");
     if (limit === 0) return [];
     const out = list(await this.#r.run("inClaimDue", [...claimArgs(options), String(limit)]));
-    return out.map((flat) => inboundOf(flat, this.#r, "")!);
+    // Each record is read on its own: one that cannot be read is quarantined, the others are returned.
+    const records: InboundRecord[] = [];
+    for (const flat of out) {
+      const record = await readClaimed(flat, () => inboundOf(flat, this.#r, ""), async (m, why) => {
+        await this.#r.run("inQuarantine", [m.get("id") ?? "", m.get("leaseToken") ?? "", why]);
+      });
+      if (record) records.push(record);
+    }
+    return records;
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
@@ -499,10 +556,24 @@ class RedisOutbox implements OutboxJournal {
     const [due, ambiguous] = list(
       await this.#r.run("outClaimDue", [...claimArgs(options), options.resendAmbiguous === true ? "1" : "0", String(limit)]),
     );
-    return {
-      due: list(due).map((flat) => outboxOf(flat, this.#r, "")!),
-      ambiguous: list(ambiguous).map((flat) => outboxOf(flat, this.#r, "")!),
+    // Each entry is read on its own: one that cannot be read is quarantined, the others are returned.
+    const read = async (items: unknown): Promise<OutboxEntry[]> => {
+      const entries: OutboxEntry[] = [];
+      for (const flat of list(items)) {
+        const entry = await readClaimed(flat, () => outboxOf(flat, this.#r, ""), async (m, why) => {
+          await this.#r.run("outQuarantine", [m.get("key") ?? "", m.get("fence") ?? "", why]);
+        });
+        if (entry) entries.push(entry);
+      }
+      return entries;
     };
+    const dueEntries = await read(due);
+    const quarantined = new Set(list(due).map((flat) => fieldsOf(flat)?.get("key")));
+    for (const e of dueEntries) quarantined.delete(e.key);
+    // With resendAmbiguous an entry is in both lists: read once, quarantined once.
+    const ambiguousEntries = (await read(list(ambiguous).filter((flat) => !quarantined.has(fieldsOf(flat)?.get("key")))))
+      .map((e) => dueEntries.find((d) => d.key === e.key) ?? e);
+    return { due: dueEntries, ambiguous: ambiguousEntries };
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {

@@ -38,6 +38,8 @@ export interface IoredisLike {
   evalsha(sha: string, numkeys: number, ...keysAndArgs: string[]): Promise<unknown>;
   script(subcommand: "LOAD", script: string): Promise<unknown>;
   call(command: string, ...args: string[]): Promise<unknown>;
+  /** A `Cluster` has it: its nodes (each an ioredis client). */
+  nodes?(role?: "master" | "slave" | "all"): IoredisLike[];
 }
 
 /** The part of a `redis` (node-redis v4/v5) client the adapter uses. */
@@ -75,7 +77,8 @@ export function fromUpstash(client: UpstashLike): RedisCommands {
 /**
  * An adapter for an `ioredis` client (`new Redis(url)`).
  *
- * @param client the ioredis client (a single node or a `Cluster`)
+ * @param client the ioredis client (a single node or a `Cluster`: scripts are
+ *   loaded on every master, since `SCRIPT LOAD` has no key to route by)
  * @returns the commands over it
  * @example
  * ```ts ignore
@@ -86,7 +89,15 @@ export function fromUpstash(client: UpstashLike): RedisCommands {
 export function fromIoredis(client: IoredisLike): RedisCommands {
   return {
     evalsha: (sha, keys, args) => client.evalsha(sha, keys.length, ...keys, ...args),
-    scriptLoad: (script) => client.script("LOAD", script),
+    // A Cluster routes a keyless SCRIPT LOAD to a random node, not the one the EVALSHA goes to
+    // (the key prefix's slot): load it on every master, so whichever holds the slot (now, or after
+    // a failover or resharding) has it.
+    scriptLoad: async (script) => {
+      const masters = typeof client.nodes === "function" ? client.nodes("master") : [];
+      if (masters.length === 0) return await client.script("LOAD", script);
+      const shas = await Promise.all(masters.map((node) => node.script("LOAD", script)));
+      return shas[0];
+    },
   };
 }
 

@@ -66,13 +66,47 @@ local function lease(h, o, token, now)
   h.leaseOwner = o.owner; h.leaseInc = o.inc; h.leaseToken = n2s(token); h.leaseExp = n2s(now + o.leaseMs)
 end
 local function nolease(h) h.leaseOwner = false; h.leaseInc = false; h.leaseToken = false; h.leaseExp = false end
--- isLeaseAbandoned of journal_rules.ts
+-- isLeaseAbandoned of journal_rules.ts: a lapsed lease is abandoned whoever asks (the holder's own
+-- incarnation too: a claim whose reply was lost must not strand the record); a live one only to the
+-- owner's other incarnations under reclaimOwn, never to the very incarnation that holds it.
 local function abandoned(h, now, o)
   if not h.leaseOwner then return true end
-  if h.leaseOwner == o.owner and h.leaseInc == o.inc then return false end
   if num(h, 'leaseExp') <= now then return true end
+  if h.leaseOwner == o.owner and h.leaseInc == o.inc then return false end
   return o.reclaim and h.leaseOwner == o.owner
 end
+-- Validation before the first write (Lua does not roll back): the first problem of a field a
+-- transition needs, as text naming the key and the field, or nil.
+local function shown(v) if #v > 80 then return string.sub(v, 1, 80) .. '...' end return v end
+local function need_str(h, f)
+  if type(h[f]) ~= 'string' then return 'the record at key "' .. h._key .. '" has no field "' .. f .. '"' end
+end
+local function need_num(h, f, optional, int)
+  local v = h[f]
+  if v == nil or v == false then
+    if optional then return nil end
+    return 'the record at key "' .. h._key .. '" has no field "' .. f .. '"'
+  end
+  local n = tonumber(v)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge or (int and (n < 0 or n ~= math.floor(n))) then
+    return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": not a number: ' .. shown(v)
+  end
+end
+local function need_is(h, f, want)
+  local p = need_str(h, f)
+  if p then return p end
+  if h[f] ~= want then
+    return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": ' .. shown(h[f]) .. ', expected ' .. shown(want)
+  end
+end
+local function need_one(h, f, set)
+  local p = need_str(h, f)
+  if p then return p end
+  if not set[h[f]] then return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": ' .. shown(h[f]) end
+end
+local function assert_ok(problem) if problem then error({err = 'ERR botmesh: ' .. problem}) end end
+local QUARANTINED = 'botmesh: quarantined as damaged: '
+local LEASE_FIELDS = {'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'nextAttemptAt'}
 local function ord_of(om) return tonumber(string.sub(om, 1, 16)) end
 `;
 
@@ -80,6 +114,38 @@ const INBOX = `
 local IN_FIELDS = {'id', 'kind', 'chatId', 'provider', 'payload', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
   'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
 local function in_key(id) return P .. 'in:r:' .. id end
+local IN_STATES = {pending = true, processing = true, failed = true, done = true, dead = true}
+-- Every field an inbox transition reads or indexes by (the opaque ones are checked by the caller).
+local function in_problem(h, id)
+  local p = need_is(h, 'id', id) or need_str(h, 'chatId') or need_one(h, 'state', IN_STATES)
+    or need_num(h, 'receivedAt') or need_num(h, 'attempts', false, true) or need_num(h, 'fence', false, true)
+    or need_num(h, 'nextAttemptAt', true)
+  if p then return p end
+  if type(h.om) ~= 'string' or string.sub(h.om, 17) ~= id or not tonumber(string.sub(h.om, 1, 16)) then
+    return 'the record at key "' .. h._key .. '" has a bad field "om": ' .. shown(tostring(h.om or '(none)'))
+  end
+  if h.state == 'processing' then
+    return need_str(h, 'leaseOwner') or need_str(h, 'leaseInc') or need_num(h, 'leaseToken', false, true)
+      or need_num(h, 'leaseExp')
+  end
+end
+-- A damaged record a due scan reached: out of every index it can be found in, state dead, the
+-- problem in its error field. It never blocks the other records; get still names the damage.
+local function in_quarantine(id, h, via_om, why, now)
+  local om = via_om
+  if not om and type(h.om) == 'string' and string.sub(h.om, 17) == id then om = h.om end
+  if om then for s, _ in pairs(IN_STATES) do redis.call('ZREM', P .. 'in:st:' .. s, om) end end
+  redis.call('ZREM', P .. 'in:timed', id)
+  redis.call('ZREM', P .. 'in:done', id)
+  if type(h.leaseOwner) == 'string' then redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, id) end
+  redis.call('HSET', h._key, 'state', 'dead', 'error', QUARANTINED .. why, 'updatedAt', n2s(now))
+  redis.call('HDEL', h._key, unpack(LEASE_FIELDS))
+  if om then
+    local score = tonumber(h.receivedAt)
+    if score == nil or score ~= score or score == math.huge or score == -math.huge then score = 0 end
+    redis.call('ZADD', P .. 'in:st:dead', score, om)
+  end
+end
 local function in_unindex(h)
   redis.call('ZREM', P .. 'in:st:' .. h.state, h.om)
   redis.call('ZREM', P .. 'in:timed', h.id)
@@ -146,14 +212,53 @@ local function out_write(h)
     redis.call('ZADD', P .. 'out:sent', h.updatedAt, h.key)
   end
 end
--- The chat's first unsettled entry, when queued or failed, is the one a due scan finds.
-local function sync_head(chat)
-  local head = redis.call('ZRANGE', open_key(chat), 0, 0)[1]
-  if not head then return end
-  local h = load(out_key(head))
-  if h and (h.state == 'queued' or h.state == 'failed') then
-    redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)
+local OUT_STATES = {queued = true, sending = true, sent = true, failed = true, dead = true, unknown = true}
+-- Every field an outbox transition reads or indexes by (the opaque ones are checked by the caller).
+local function out_problem(h, k)
+  local p = need_is(h, 'key', k) or need_str(h, 'chatId') or need_one(h, 'state', OUT_STATES)
+    or need_num(h, 'seq', false, true) or need_num(h, 'attempts', false, true) or need_num(h, 'fence', false, true)
+    or need_num(h, 'nextAttemptAt', true)
+  if p then return p end
+  if h.state == 'sending' then
+    return need_str(h, 'leaseOwner') or need_str(h, 'leaseInc') or need_num(h, 'leaseToken', false, true)
+      or need_num(h, 'leaseExp')
   end
+end
+-- The chat's first unsettled entry, when queued or failed, is the one a due scan finds (a damaged
+-- one is marked due at once, so that the scan quarantines it and the chat moves on; a missing one
+-- is dropped from the chat's open set).
+local function sync_head(chat)
+  for _ = 1, 100 do
+    local head = redis.call('ZRANGE', open_key(chat), 0, 0)[1]
+    if not head then return end
+    local h = load(out_key(head))
+    if h then
+      if out_problem(h, head) then
+        redis.call('ZADD', P .. 'out:due', 0, head)
+      elseif h.state == 'queued' or h.state == 'failed' then
+        redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)
+      end
+      return
+    end
+    redis.call('ZREM', open_key(chat), head)
+  end
+end
+-- A damaged entry a due scan reached: out of every index, state dead (its chat moves on), the
+-- problem in its error field; get still names the damage.
+local function out_quarantine(k, h, why, now)
+  for s, _ in pairs(OUT_STATES) do redis.call('ZREM', P .. 'out:st:' .. s, k) end
+  redis.call('ZREM', P .. 'out:due', k)
+  redis.call('ZREM', P .. 'out:lease', k)
+  redis.call('ZREM', P .. 'out:sent', k)
+  if type(h.leaseOwner) == 'string' then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, k) end
+  local chat = type(h.chatId) == 'string' and h.chatId or nil
+  if chat then redis.call('ZREM', open_key(chat), k) end
+  redis.call('HSET', h._key, 'state', 'dead', 'error', QUARANTINED .. why, 'updatedAt', n2s(now))
+  redis.call('HDEL', h._key, unpack(LEASE_FIELDS))
+  local score = tonumber(h.seq)
+  if score == nil or score ~= score or score == math.huge or score == -math.huge then score = 0 end
+  redis.call('ZADD', P .. 'out:st:dead', score, k)
+  if chat then sync_head(chat) end
 end
 -- claimedOutbox
 local function out_claim(h, now, o)
@@ -171,10 +276,53 @@ local function out_held(h, token) return h ~= nil and h.state == 'sending' and h
 export interface LuaScript {
   readonly name: string;
   readonly text: string;
+  /**
+   * Whether the script is run once per request id: the caller passes `KEYS[2]`
+   * (`<prefix>rq:<random id>`), and a second run with the same key returns the
+   * first run's reply instead of running again. See {@link REQUEST_TTL_MS}.
+   */
+  readonly once: boolean;
 }
 
-function script(name: string, parts: string[], body: string): LuaScript {
-  return { name, text: `-- botmesh redis backend: ${name}\n${PRELUDE}${parts.join("")}\n${body}` };
+/**
+ * How long (ms) a mutating script's reply is kept under its request key.
+ *
+ * A reply can be lost after the server ran the script (a dropped connection),
+ * and clients send the same call again: ioredis re-sends unfulfilled commands
+ * after a reconnect by default, `@upstash/redis` retries a failed fetch. Run
+ * twice, a script would answer differently (an admit `null`, a `markSent`
+ * stale although it is sent, a `claimDue` whose records are leased but never
+ * returned). So every mutating script is idempotent per call: the caller
+ * passes a random request id in `KEYS[2]`; the script returns the reply stored
+ * there when there is one, else runs and stores its reply with `SET … PX`.
+ *
+ * Memory: one key per mutating call, kept this long. Most replies are a few
+ * bytes; a `claimDue` reply holds the claimed records (up to `limit`, with
+ * their payloads), so a busy bot keeps about two minutes of claimed records a
+ * second time. Read-only scripts (get, list, time) and the naturally
+ * idempotent session-store writes store nothing.
+ */
+export const REQUEST_TTL_MS = 120_000;
+
+function script(name: string, parts: string[], body: string, once = false): LuaScript {
+  const head = `-- botmesh redis backend: ${name}\n${PRELUDE}${parts.join("")}\n`;
+  if (!once) return { name, text: `${head}${body}`, once };
+  return {
+    name,
+    once,
+    text: `${head}local RQ = KEYS[2]
+if RQ then
+  local prev = redis.call('GET', RQ)
+  if prev then return prev end
+end
+local function main()
+${body}
+end
+local reply = main()
+if RQ then redis.call('SET', RQ, reply, 'PX', ${REQUEST_TTL_MS}) end
+return reply
+`,
+  };
 }
 
 /** The name of a script of {@link SCRIPTS}. */
@@ -187,6 +335,7 @@ export type ScriptName =
   | "inReplay"
   | "inPurge"
   | "inGet"
+  | "inQuarantine"
   | "inList"
   | "outReserve"
   | "outClaimDue"
@@ -196,6 +345,7 @@ export type ScriptName =
   | "outDiscard"
   | "outPurge"
   | "outGet"
+  | "outQuarantine"
   | "outList"
   | "storeGet"
   | "storeSet"
@@ -226,34 +376,53 @@ in_write(h)
 redis.call('ZADD', P .. 'in:all', h.receivedAt, h.om)
 redis.call('ZADD', P .. 'in:chat:' .. h.chatId, h.receivedAt, h.om)
 return cjson.encode({'ok', flat(key)})
-`),
+`, true),
   /** ARGV: P, id, owner, inc, leaseMs, reclaim */
   inClaim: script("inbox.claim", [INBOX], `
 local h = load(in_key(ARGV[2]))
+if h then assert_ok(in_problem(h, ARGV[2])) end
 local now = now_ms()
 local o = opts(3)
 if not h or not in_claimable(h, now, o) then return cjson.encode({'none'}) end
 in_claim(h, now, o)
 return cjson.encode({'ok', flat(h._key)})
-`),
+`, true),
   /** ARGV: P, owner, inc, leaseMs, reclaim, limit */
   inClaimDue: script("inbox.claimDue", [INBOX], `
 local o = opts(2)
 local limit = tonumber(ARGV[6])
 local now = now_ms()
 local seen, cands = {}, {}
-local function consider(id)
+-- from: 'pending' (via_om is its in:st:pending member), 'timed' or 'owner'. Every record the scan
+-- reads is validated before anything is written: a damaged one is quarantined (never an error that
+-- blocks the others); a mark of a record that is gone, or not due, leaves the window it was read from.
+local function consider(id, from, via_om)
   if seen[id] then return end
   seen[id] = true
   local h = load(in_key(id))
-  if h and in_claimable(h, now, o) then cands[#cands + 1] = h end
+  if not h then
+    if from == 'pending' then redis.call('ZREM', P .. 'in:st:pending', via_om)
+    elseif from == 'timed' then redis.call('ZREM', P .. 'in:timed', id)
+    else redis.call('SREM', P .. 'in:owner:' .. o.owner, id) end
+    return
+  end
+  local problem = in_problem(h, id)
+  if problem then
+    in_quarantine(id, h, via_om, problem, now)
+  elseif in_claimable(h, now, o) then
+    cands[#cands + 1] = h
+  elseif from == 'timed' then
+    if h.state == 'failed' then redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', id)
+    elseif h.state == 'processing' then redis.call('ZADD', P .. 'in:timed', h.leaseExp, id)
+    else redis.call('ZREM', P .. 'in:timed', id) end
+  end
 end
 -- pending records are always due: the oldest limit of the backlog, in receipt order
-for _, om in ipairs(redis.call('ZRANGE', P .. 'in:st:pending', 0, limit - 1)) do consider(string.sub(om, 17)) end
--- retries and lapsed leases due by now
-for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'in:timed', '-inf', now, 'LIMIT', 0, limit + 1000)) do consider(id) end
+for _, om in ipairs(redis.call('ZRANGE', P .. 'in:st:pending', 0, limit - 1)) do consider(string.sub(om, 17), 'pending', om) end
+-- retries and lapsed leases due by now (every one claimable: lapsed leases are, whoever holds them)
+for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'in:timed', '-inf', now, 'LIMIT', 0, limit + 1000)) do consider(id, 'timed') end
 if o.reclaim then
-  for _, id in ipairs(redis.call('SMEMBERS', P .. 'in:owner:' .. o.owner)) do consider(id) end
+  for _, id in ipairs(redis.call('SMEMBERS', P .. 'in:owner:' .. o.owner)) do consider(id, 'owner') end
 end
 table.sort(cands, function(a, b)
   local ra, rb = num(a, 'receivedAt'), num(b, 'receivedAt')
@@ -267,20 +436,22 @@ for _, h in ipairs(cands) do
   out[#out + 1] = flat(h._key)
 end
 return cjson.encode(out)
-`),
+`, true),
   /** ARGV: P, id, token, leaseMs */
   inHeartbeat: script("inbox.heartbeat", [INBOX], `
 local h = load(in_key(ARGV[2]))
 if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+assert_ok(in_problem(h, ARGV[2]))
 h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
 save(h, {'leaseExp'})
 redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
 return cjson.encode({'ok'})
-`),
+`, true),
   /** ARGV: P, id, token, mode (done|dead|retry), error, retryInMs */
   inFinish: script("inbox.finish", [INBOX], `
 local h = load(in_key(ARGV[2]))
 if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+assert_ok(in_problem(h, ARGV[2]))
 local now = now_ms()
 local mode = ARGV[4]
 in_unindex(h)
@@ -295,16 +466,17 @@ end
 nolease(h); h.updatedAt = n2s(now)
 in_write(h)
 return cjson.encode({'ok'})
-`),
+`, true),
   /** ARGV: P, id */
   inReplay: script("inbox.replay", [INBOX], `
 local h = load(in_key(ARGV[2]))
 if not h or (h.state ~= 'done' and h.state ~= 'failed' and h.state ~= 'dead') then return cjson.encode({'no'}) end
+assert_ok(in_problem(h, ARGV[2]))
 in_unindex(h)
 h.state = 'pending'; h.attempts = '0'; h.nextAttemptAt = false; nolease(h); h.error = false; h.updatedAt = n2s(now_ms())
 in_write(h)
 return cjson.encode({'ok'})
-`),
+`, true),
   /** ARGV: P, olderThanMs, batch → [deleted, scanned] */
   inPurge: script("inbox.purge", [INBOX], `
 local cutoff = now_ms() - tonumber(ARGV[2])
@@ -313,7 +485,7 @@ local n = 0
 for _, id in ipairs(ids) do
   local h = load(in_key(id))
   redis.call('ZREM', P .. 'in:done', id)
-  if h and h.state == 'done' then
+  if h and h.state == 'done' and type(h.om) == 'string' and type(h.chatId) == 'string' then
     redis.call('ZREM', P .. 'in:all', h.om)
     redis.call('ZREM', P .. 'in:chat:' .. h.chatId, h.om)
     redis.call('ZREM', P .. 'in:st:done', h.om)
@@ -322,9 +494,16 @@ for _, id in ipairs(ids) do
   end
 end
 return cjson.encode({n2s(n), n2s(#ids)})
-`),
+`, true),
   /** ARGV: P, id */
   inGet: script("inbox.get", [INBOX], `return cjson.encode({flat(in_key(ARGV[2]))})`),
+  /** ARGV: P, id, token, why: a record the caller claimed but cannot read → dead (see in_quarantine) */
+  inQuarantine: script("inbox.quarantine", [INBOX], `
+local h = load(in_key(ARGV[2]))
+if not h or h.state ~= 'processing' or h.leaseToken ~= ARGV[3] then return cjson.encode({'no'}) end
+in_quarantine(ARGV[2], h, nil, ARGV[4], now_ms())
+return cjson.encode({'ok'})
+`, true),
   /** ARGV: P, hasChat, chatId, limit, nStates, states… */
   inList: script("inbox.list", [INBOX], `
 local limit = tonumber(ARGV[4])
@@ -395,7 +574,7 @@ redis.call('ZADD', P .. 'out:all', h.seq, h.key)
 redis.call('ZADD', P .. 'out:chat:' .. chat, h.seq, h.key)
 sync_head(chat)
 return cjson.encode({status, flat(key)})
-`),
+`, true),
   /** ARGV: P, owner, inc, leaseMs, reclaim, resend, limit → [due, ambiguous] */
   outClaimDue: script("outbox.claimDue", [OUTBOX], `
 local o = opts(2)
@@ -404,16 +583,30 @@ local limit = tonumber(ARGV[7])
 local now = now_ms()
 local due, amb = {}, {}
 -- (1) sending entries whose owner lost them: lapsed leases, and the previous incarnation's under reclaimOwn
+-- Every entry the scan reads is validated before anything is written: a damaged one is quarantined
+-- (never an error that blocks the others); a mark of an entry that is gone or not lapsed leaves the window.
 local lost, seen = {}, {}
-local function consider(k)
+local function consider(k, windowed)
   if seen[k] then return end
   seen[k] = true
   local h = load(out_key(k))
-  if h and h.state == 'sending' and abandoned(h, now, o) then lost[#lost + 1] = h end
+  if not h then
+    if windowed then redis.call('ZREM', P .. 'out:lease', k) else redis.call('SREM', P .. 'out:owner:' .. o.owner, k) end
+    return
+  end
+  local problem = out_problem(h, k)
+  if problem then
+    out_quarantine(k, h, problem, now)
+  elseif h.state == 'sending' and abandoned(h, now, o) then
+    lost[#lost + 1] = h
+  elseif windowed then
+    if h.state == 'sending' then redis.call('ZADD', P .. 'out:lease', h.leaseExp, k) else redis.call('ZREM', P .. 'out:lease', k) end
+  end
 end
-for _, k in ipairs(redis.call('ZRANGEBYSCORE', P .. 'out:lease', '-inf', now, 'LIMIT', 0, 1000)) do consider(k) end
+-- lapsed leases (every one abandoned, this incarnation's own too)
+for _, k in ipairs(redis.call('ZRANGEBYSCORE', P .. 'out:lease', '-inf', now, 'LIMIT', 0, 1000)) do consider(k, true) end
 if o.reclaim then
-  for _, k in ipairs(redis.call('SMEMBERS', P .. 'out:owner:' .. o.owner)) do consider(k) end
+  for _, k in ipairs(redis.call('SMEMBERS', P .. 'out:owner:' .. o.owner)) do consider(k, false) end
 end
 table.sort(lost, function(a, b) return num(a, 'seq') < num(b, 'seq') end)
 for _, h in ipairs(lost) do
@@ -438,11 +631,16 @@ end
 local page = math.max(limit, 16)
 while #due < limit do
   local ks = redis.call('ZRANGEBYSCORE', P .. 'out:due', '-inf', now, 'LIMIT', 0, page)
+  local moved = false -- a chat's next entry may have become its head: read the range again
   for _, k in ipairs(ks) do
     if #due >= limit then break end
     local h = load(out_key(k))
-    local head = h and redis.call('ZRANGE', open_key(h.chatId), 0, 0)[1]
-    if h and (h.state == 'queued' or h.state == 'failed') and head == k then
+    local problem = h and out_problem(h, k)
+    local head = h and not problem and redis.call('ZRANGE', open_key(h.chatId), 0, 0)[1]
+    if problem then
+      out_quarantine(k, h, problem, now)
+      moved = true
+    elseif h and (h.state == 'queued' or h.state == 'failed') and head == k then
       if num(h, 'nextAttemptAt', 0) <= now then
         out_claim(h, now, o)
         due[#due + 1] = flat(h._key)
@@ -452,26 +650,28 @@ while #due < limit do
     else
       -- settled, sending, or no longer first in its chat: drop the stale mark
       redis.call('ZREM', P .. 'out:due', k)
-      if h then sync_head(h.chatId) end
+      if h then sync_head(h.chatId); moved = true end
     end
   end
-  if #ks < page then break end
+  if #ks < page and not moved then break end
 end
 return cjson.encode({due, amb})
-`),
+`, true),
   /** ARGV: P, key, token, leaseMs */
   outHeartbeat: script("outbox.heartbeat", [OUTBOX], `
 local h = load(out_key(ARGV[2]))
 if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+assert_ok(out_problem(h, ARGV[2]))
 h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
 save(h, {'leaseExp'})
 redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
 return cjson.encode({'ok'})
-`),
+`, true),
   /** ARGV: P, key, token, mode (sent|dead|retry), messageId or error, retryInMs */
   outFinish: script("outbox.finish", [OUTBOX], `
 local h = load(out_key(ARGV[2]))
 if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+assert_ok(out_problem(h, ARGV[2]))
 local now = now_ms()
 local mode = ARGV[4]
 out_unindex(h)
@@ -487,22 +687,33 @@ nolease(h); h.updatedAt = n2s(now)
 out_write(h)
 sync_head(h.chatId)
 return cjson.encode({'ok'})
-`),
+`, true),
   /** ARGV: P, key */
   outRetry: script("outbox.retry", [OUTBOX], `
 local h = load(out_key(ARGV[2]))
 if not h or (h.state ~= 'dead' and h.state ~= 'failed' and h.state ~= 'unknown') then return cjson.encode({'no'}) end
+assert_ok(out_problem(h, ARGV[2]))
 local now = now_ms()
 out_unindex(h)
 h.state = 'queued'; h.nextAttemptAt = n2s(now); h.attempts = '0'; nolease(h); h.updatedAt = n2s(now)
 out_write(h)
 sync_head(h.chatId)
 return cjson.encode({'ok'})
-`),
+`, true),
   /** ARGV: P, key */
   outDiscard: script("outbox.discard", [OUTBOX], `
 local h = load(out_key(ARGV[2]))
 if not h or h.state == 'sending' then return cjson.encode({'no'}) end
+local problem = out_problem(h, ARGV[2])
+if problem then
+  -- a damaged entry can still be discarded: out of every index, then deleted
+  out_quarantine(ARGV[2], h, problem, now_ms())
+  redis.call('ZREM', P .. 'out:st:dead', ARGV[2])
+  redis.call('ZREM', P .. 'out:all', ARGV[2])
+  if type(h.chatId) == 'string' then redis.call('ZREM', P .. 'out:chat:' .. h.chatId, ARGV[2]) end
+  redis.call('DEL', h._key)
+  return cjson.encode({'ok'})
+end
 out_unindex(h)
 redis.call('ZREM', open_key(h.chatId), h.key)
 redis.call('ZREM', P .. 'out:all', h.key)
@@ -510,7 +721,7 @@ redis.call('ZREM', P .. 'out:chat:' .. h.chatId, h.key)
 redis.call('DEL', h._key)
 sync_head(h.chatId)
 return cjson.encode({'ok'})
-`),
+`, true),
   /** ARGV: P, olderThanMs, batch → [deleted, scanned] */
   outPurge: script("outbox.purge", [OUTBOX], `
 local cutoff = now_ms() - tonumber(ARGV[2])
@@ -519,7 +730,7 @@ local n = 0
 for _, k in ipairs(ks) do
   local h = load(out_key(k))
   redis.call('ZREM', P .. 'out:sent', k)
-  if h and h.state == 'sent' then
+  if h and h.state == 'sent' and type(h.chatId) == 'string' then
     redis.call('ZREM', P .. 'out:all', k)
     redis.call('ZREM', P .. 'out:chat:' .. h.chatId, k)
     redis.call('ZREM', P .. 'out:st:sent', k)
@@ -528,9 +739,16 @@ for _, k in ipairs(ks) do
   end
 end
 return cjson.encode({n2s(n), n2s(#ks)})
-`),
+`, true),
   /** ARGV: P, key */
   outGet: script("outbox.get", [OUTBOX], `return cjson.encode({flat(out_key(ARGV[2]))})`),
+  /** ARGV: P, key, fence, why: an entry the caller claimed or resolved but cannot read → dead (see out_quarantine) */
+  outQuarantine: script("outbox.quarantine", [OUTBOX], `
+local h = load(out_key(ARGV[2]))
+if not h or h.fence ~= ARGV[3] or (h.state ~= 'sending' and h.state ~= 'unknown') then return cjson.encode({'no'}) end
+out_quarantine(ARGV[2], h, ARGV[4], now_ms())
+return cjson.encode({'ok'})
+`, true),
   /** ARGV: P, hasChat, chatId, limit, nStates, states… */
   outList: script("outbox.list", [OUTBOX], `
 local limit = tonumber(ARGV[4])
@@ -616,7 +834,7 @@ local ver = n2s(redis.call('INCR', P .. 'kv:ver'))
 redis.call('HSET', k, 'v', ARGV[3], 'ver', ver)
 redis.call('ZADD', P .. 'kv:keys', 0, ARGV[2])
 return cjson.encode({ver})
-`),
+`, true),
   /** ARGV: P, key, hasExpected, expected version → ['1'] or ['0'] */
   kvDelete: script("kv.delete", [], `
 local k = P .. 'kv:r:' .. ARGV[2]
@@ -625,7 +843,7 @@ if not cur or (ARGV[3] == '1' and cur ~= ARGV[4]) then return cjson.encode({'0'}
 redis.call('DEL', k)
 redis.call('ZREM', P .. 'kv:keys', ARGV[2])
 return cjson.encode({'1'})
-`),
+`, true),
   /** ARGV: P, start bound, prefix, limit (-1: all) → [key, value, version, …] */
   kvList: script("kv.list", [], `
 local stop = '+'

@@ -41,17 +41,18 @@ function client(): IORedis {
 async function dropPrefix(keyPrefix: string): Promise<void> {
   let cursor = "0";
   do {
-    const [next, keys] = await admin!.scan(cursor, "MATCH", `{${keyPrefix}}*`, "COUNT", 1000);
+    const [next, keys] = await admin!.scan(cursor, "MATCH", `{${keyPrefix}}*`, "COUNT", 10_000);
     cursor = next;
     if (keys.length > 0) await admin!.del(...keys);
   } while (cursor !== "0");
 }
 
+// Scans the whole keyspace once per prefix (the O(due) test also leaves ~80k request keys, expiring on their own).
 afterAll(async () => {
   for (const p of prefixes) await dropPrefix(p);
   for (const c of clients) c.disconnect();
   admin?.disconnect();
-});
+}, 120_000);
 
 const claimer = (owner = "owner-a", leaseMs = 60_000) => ({ owner, incarnation: `inc-${owner}`, leaseMs });
 const inbound = (id: string, chatId = "c1", receivedAt = 1_700_000_000_000) => ({
@@ -413,3 +414,215 @@ runBackendContract({
   timeScale: 2,
 });
 
+
+/** A TCP proxy to Redis that, when armed, drops the connection instead of passing on the next reply (Redis ran the command). */
+async function lossyProxy(): Promise<{ url: string; dropNextReply(): void; dropped(): number; close(): void }> {
+  const { createServer, connect } = await import("node:net");
+  const target = new URL(REDIS_URL);
+  let armed = false;
+  let drops = 0;
+  const sockets = new Set<import("node:net").Socket>();
+  const server = createServer((c) => {
+    const s = connect(Number(target.port || 6379), target.hostname);
+    sockets.add(c).add(s);
+    c.on("data", (d) => s.write(d));
+    s.on("data", (d) => {
+      if (armed) {
+        armed = false;
+        drops++;
+        c.destroy();
+        s.destroy();
+        return;
+      }
+      c.write(d);
+    });
+    c.on("error", () => s.destroy());
+    s.on("error", () => c.destroy());
+    c.on("close", () => s.destroy());
+    s.on("close", () => c.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", () => resolve()));
+  const { port } = server.address() as { port: number };
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    dropNextReply: () => {
+      armed = true;
+    },
+    dropped: () => drops,
+    close: () => {
+      for (const s of sockets) s.destroy();
+      server.close();
+    },
+  };
+}
+
+describe.skipIf(Boolean(skip))("lost leases and lost replies", () => {
+  test("a lapsed lease is claimable by its own incarnation (a claim whose reply was lost); a live one is not", async () => {
+    const backend = new RedisDurability({ client: client(), keyPrefix: prefix() });
+    const me = { owner: "o", incarnation: "i", leaseMs: 150 };
+    await backend.inbox.admit(inbound("lost", "c", 1), me);
+    await backend.inbox.admit(inbound("live", "c", 2), { ...me, leaseMs: 60_000 });
+    expect(await backend.inbox.claimDue({ ...me, limit: 10 }), "not while live").toEqual([]);
+    expect(await backend.inbox.claim("lost", me)).toBe(null);
+    const sent = await backend.outbox.reserve({ key: "k", chatId: "c", content: 1, contentHash: "h", inboundId: null }, me);
+    expect(sent.status).toBe("leased");
+    expect((await backend.outbox.claimDue({ ...me, limit: 10 })).ambiguous).toEqual([]);
+    await Bun.sleep(250);
+    const due = await backend.inbox.claimDue({ ...me, limit: 10 });
+    expect(due.map((r) => [r.id, r.lease?.token])).toEqual([["lost", 2]]);
+    const claim = await backend.outbox.claimDue({ ...me, limit: 10 });
+    expect(claim.ambiguous.map((e) => [e.key, e.state])).toEqual([["k", "unknown"]]);
+    // reclaimOwn still takes the live lease of another incarnation, never this one's own.
+    expect(await backend.inbox.claim("live", { ...me, reclaimOwn: true })).toBe(null);
+    expect((await backend.inbox.claim("live", { ...me, incarnation: "j", reclaimOwn: true }))?.lease?.token).toBe(2);
+  });
+
+  test("ioredis re-sends a call whose reply was lost: every mutating script answers as its first run did", async () => {
+    const proxy = await lossyProxy();
+    const io = new IORedis(proxy.url); // default options: unfulfilled commands are re-sent after the reconnect
+    clients.push(io);
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: io, keyPrefix });
+    const lease = { owner: "A", incarnation: "1", leaseMs: 60_000 };
+    try {
+      await backend.open();
+      await backend.inbox.admit(inbound("warm"), lease);
+
+      proxy.dropNextReply();
+      const admitted = await backend.inbox.admit(inbound("m1"), lease);
+      expect(admitted?.lease?.owner, "admit: the record, not null").toBe("A");
+
+      proxy.dropNextReply();
+      const reserved = await backend.outbox.reserve({ key: "k1", chatId: "c", content: 1, contentHash: "h", inboundId: null }, lease);
+      expect(reserved.status, "reserve: leased, not exists").toBe("leased");
+      proxy.dropNextReply();
+      await backend.outbox.markSent("k1", reserved.entry.lease!.token, "msg-1"); // not a StaleLeaseError
+      expect((await backend.outbox.get("k1"))?.state).toBe("sent");
+
+      for (const id of ["p1", "p2", "p3"]) await backend.inbox.admit(inbound(id, "c2"));
+      proxy.dropNextReply();
+      const due = await backend.inbox.claimDue({ ...lease, limit: 10 });
+      expect(due.map((r) => r.id).sort(), "claimDue: the records it leased").toEqual(["p1", "p2", "p3"]);
+
+      await backend.outbox.reserve({ key: "s2", chatId: "y", content: 1, contentHash: "h", inboundId: null }, { ...lease, owner: "old", leaseMs: 1 });
+      await Bun.sleep(20);
+      proxy.dropNextReply();
+      const claim = await backend.outbox.claimDue({ ...lease, limit: 10 });
+      expect(claim.ambiguous.map((e) => e.key), "the lost send it moved to unknown is reported").toEqual(["s2"]);
+
+      proxy.dropNextReply();
+      await backend.inbox.complete("m1", 1);
+      expect((await backend.inbox.get("m1"))?.state).toBe("done");
+      expect(proxy.dropped()).toBe(6);
+      // The stored replies expire on their own.
+      const rq = await admin!.keys(`{${keyPrefix}}rq:*`);
+      expect(rq.length).toBeGreaterThan(0);
+      const ttl = await admin!.pttl(rq[0]!);
+      expect(ttl).toBeGreaterThan(0);
+      expect(ttl).toBeLessThanOrEqual(120_000);
+    } finally {
+      io.disconnect();
+      proxy.close();
+    }
+  });
+});
+
+describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
+  test("outbox.claimDue: a damaged entry is quarantined before any write; the lapsed send is reported; later scans work", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    await backend.outbox.reserve({ key: "lost1", chatId: "a", content: 1, contentHash: "h", inboundId: null }, { owner: "A", incarnation: "1", leaseMs: 10 });
+    await backend.outbox.reserve({ key: "q", chatId: "b", content: 1, contentHash: "h", inboundId: null });
+    await backend.outbox.reserve({ key: "q2", chatId: "b", content: 2, contentHash: "h", inboundId: null });
+    await admin!.hset(`{${keyPrefix}}out:r:q`, "fence", "x");
+    await Bun.sleep(50);
+    const claim = await backend.outbox.claimDue({ owner: "B", incarnation: "1", leaseMs: 60_000, limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key)).toEqual(["lost1"]);
+    expect(claim.due.map((e) => e.key), "the damaged head no longer blocks its chat").toEqual(["q2"]);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:q`, "state")).toBe("dead");
+    expect(await admin!.hget(`{${keyPrefix}}out:r:q`, "error")).toContain(`the record at key "{${keyPrefix}}out:r:q" has a bad field "fence": not a number: x`);
+    const error = await rejection(() => backend.outbox.get("q"));
+    expect(error.message).toContain(`field "fence"`);
+    const again = await backend.outbox.claimDue({ owner: "C", incarnation: "1", leaseMs: 60_000, limit: 10 });
+    expect(again).toEqual({ due: [], ambiguous: [] });
+    expect(await backend.outbox.discard("q"), "a damaged entry can be discarded").toBe(true);
+    expect(await admin!.exists(`{${keyPrefix}}out:r:q`)).toBe(0);
+  });
+
+  test("inbox.claimDue: a damaged record is quarantined, the good ones are leased and returned", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    for (const id of ["m1", "m2", "m3", "m4"]) await backend.inbox.admit(inbound(id));
+    await admin!.hset(`{${keyPrefix}}in:r:m2`, "payload", "{bad"); // only the reader sees this
+    await admin!.hset(`{${keyPrefix}}in:r:m4`, "attempts", "many"); // the script sees this
+    const me = { owner: "w", incarnation: "i1", leaseMs: 60_000 };
+    const due = await backend.inbox.claimDue({ ...me, limit: 10 });
+    expect(due.map((r) => r.id)).toEqual(["m1", "m3"]);
+    for (const id of ["m2", "m4"]) {
+      expect(await admin!.hget(`{${keyPrefix}}in:r:${id}`, "state")).toBe("dead");
+      expect(await admin!.hget(`{${keyPrefix}}in:r:${id}`, "leaseOwner")).toBe(null);
+    }
+    expect(await admin!.hget(`{${keyPrefix}}in:r:m2`, "error")).toContain(`field "payload" is not JSON`);
+    expect(await admin!.hget(`{${keyPrefix}}in:r:m4`, "error")).toContain(`has a bad field "attempts": not a number: many`);
+    expect((await rejection(() => backend.inbox.get("m2"))).message).toContain(`field "payload"`);
+    expect(await backend.inbox.claimDue({ ...me, limit: 10 })).toEqual([]);
+
+    const out = await backend.outbox.reserve({ key: "k1", chatId: "c", content: 1, contentHash: "h", inboundId: null });
+    await backend.outbox.reserve({ key: "k2", chatId: "d", content: 2, contentHash: "h", inboundId: null });
+    await admin!.hset(`{${keyPrefix}}out:r:${out.entry.key}`, "content", "{bad");
+    const claim = await backend.outbox.claimDue({ ...me, limit: 10 });
+    expect(claim.due.map((e) => e.key)).toEqual(["k2"]);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:k1`, "state")).toBe("dead");
+  });
+
+  test("stale marks of records that are gone cannot fill the due window and hide a due record", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    const me = { owner: "w", incarnation: "i1", leaseMs: 60_000 };
+    await backend.inbox.admit(inbound("due", "c", 5), { ...me, leaseMs: 1 });
+    await backend.outbox.reserve({ key: "lapsed", chatId: "c", content: 1, contentHash: "h", inboundId: null }, { ...me, leaseMs: 1 });
+    const stale = Array.from({ length: 1_500 }, (_, i) => [0, `gone-${i}`] as const).flat();
+    await admin!.zadd(`{${keyPrefix}}in:timed`, ...stale);
+    await admin!.zadd(`{${keyPrefix}}out:lease`, ...stale);
+    await Bun.sleep(20);
+    let found: string[] = [];
+    let ambiguous: string[] = [];
+    for (let i = 0; i < 3 && (found.length === 0 || ambiguous.length === 0); i++) {
+      found = found.concat((await backend.inbox.claimDue({ ...me, limit: 1 })).map((r) => r.id));
+      ambiguous = ambiguous.concat((await backend.outbox.claimDue({ ...me, limit: 1 })).ambiguous.map((e) => e.key));
+    }
+    expect(found).toEqual(["due"]);
+    expect(ambiguous).toEqual(["lapsed"]);
+    expect(await admin!.zcard(`{${keyPrefix}}in:timed`)).toBe(1);
+    expect(await admin!.zcard(`{${keyPrefix}}out:lease`)).toBe(0);
+  });
+});
+
+describe.skipIf(Boolean(skip))("ioredis Cluster", () => {
+  test("fromIoredis loads a script on every master of a Cluster (SCRIPT LOAD has no key to route by)", async () => {
+    const masters = [client(), client()];
+    const loadedOn: number[] = [];
+    const cluster = {
+      evalsha: (sha: string, n: number, ...rest: string[]) => masters[0]!.evalsha(sha, n, ...rest),
+      script: () => Promise.reject(new Error("a random node, not the keyed one")),
+      call: () => Promise.reject(new Error("unused")),
+      nodes: (role?: string) => {
+        expect(role).toBe("master");
+        return masters.map((m, i) => ({
+          ...m,
+          script: (sub: "LOAD", text: string) => {
+            loadedOn.push(i);
+            return m.script(sub, text);
+          },
+        })) as never;
+      },
+    };
+    const commands = fromIoredis(cluster);
+    const sha = await commands.scriptLoad("return 'x'");
+    expect(sha).toBe(await admin!.script("LOAD", "return 'x'") as string);
+    expect(loadedOn.sort()).toEqual([0, 1]);
+    await admin!.script("FLUSH");
+    const backend = new RedisDurability({ client: commands, keyPrefix: prefix() });
+    expect((await backend.inbox.admit(inbound("c1")))?.state, "NOSCRIPT, loaded on the masters, run").toBe("pending");
+  });
+});
