@@ -137,7 +137,7 @@ import {
   checkString,
   normalizeList,
 } from "../src/journal_rules.ts";
-import type { SessionStore } from "../src/store.ts";
+import { sessionEntry, type SessionStore } from "../src/store.ts";
 import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 import {
@@ -962,19 +962,8 @@ export class PostgresStore implements SessionStore {
    * @throws {TypeError} when `value` is not JSON
    */
   async set(key: string, value: JsonValue, options?: { ttlMs?: number }): Promise<void> {
-    const ttl = options?.ttlMs;
-    if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
-      throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
-    }
-    checkString(key, `Session key`);
-    let text: string | undefined;
-    try {
-      text = JSON.stringify(value);
-    } catch (error) {
-      throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON: ${(error as Error).message}`, { cause: error });
-    }
-    if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
-    await this.#c.run("session.set", this.#c.t.session, this.#q.set, [key, text, ttl === undefined ? null : duration(ttl)]);
+    const { text, ttlMs: ttl } = sessionEntry(key, value, options);
+    await this.#c.run("session.set", this.#c.t.session, this.#q.set, [key, text, ttl === null ? null : duration(ttl)]);
     const now = Date.now(); // only paces the sweeps of this process
     if (now - this.#lastSweep >= SESSION_SWEEP_MS) {
       this.#lastSweep = now;

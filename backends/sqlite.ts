@@ -148,7 +148,7 @@ import {
   requeuedOutbox,
   sentOutbox,
 } from "../src/journal_rules.ts";
-import type { SessionStore } from "../src/store.ts";
+import { sessionEntry, type SessionStore } from "../src/store.ts";
 import {
   openSqlite,
   SQLITE_DRIVERS,
@@ -993,19 +993,18 @@ class SqliteInbox implements InboxJournal {
     const c = await this.#gate.ready();
     if (!(options.limit > 0)) return [];
     return c.write((now) => {
-      // Due records, oldest first; this incarnation's own lapsed leases are not claimable by it.
+      // Due records, oldest first (lapsed leases too, this incarnation's own included).
       // Those due at 0 (pending: a backlog may be large) are read in order from the index, at most
       // `limit`; those due at a time (retries, lapsed leases) are all read and sorted here.
-      const notOwn = "NOT (state = 'processing' AND lease_owner = ? AND lease_incarnation = ?)";
       const rows = c.stmt(
         `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
-        WHERE due_at = 0 AND ${notOwn} ORDER BY received_at, ord LIMIT ?`,
-      ).all(options.owner, options.incarnation, options.limit);
+        WHERE due_at = 0 ORDER BY received_at, ord LIMIT ?`,
+      ).all(options.limit);
       rows.push(
         ...c.stmt(
           `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
-          WHERE due_at > 0 AND due_at <= ? AND ${notOwn}`,
-        ).all(now, options.owner, options.incarnation),
+          WHERE due_at > 0 AND due_at <= ?`,
+        ).all(now),
       );
       if (options.reclaimOwn) {
         rows.push(
@@ -1602,24 +1601,13 @@ export class SQLiteStore implements SessionStore {
 
   /** Stores `value` (JSON); with `ttlMs` it expires after that many ms. */
   async set(key: string, value: JsonValue, options?: { ttlMs?: number }): Promise<void> {
-    const ttl = options?.ttlMs;
-    if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
-      throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
-    }
-    checkString(key, `Session key`);
-    let text: string | undefined;
-    try {
-      text = JSON.stringify(value);
-    } catch (error) {
-      throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON: ${(error as Error).message}`, { cause: error });
-    }
-    if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
+    const { text, ttlMs: ttl } = sessionEntry(key, value, options);
     const c = await this.#ready();
     await c.write((now) => {
       c.stmt(
         `INSERT INTO ${this.#t} (key, value, expires_at) VALUES (?, ?, ?)
         ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at`,
-      ).run(key, text, ttl === undefined ? null : now + ttl);
+      ).run(key, text, ttl === null ? null : now + ttl);
       if (now - this.#lastSweep >= SESSION_SWEEP_MS) {
         this.#lastSweep = now;
         this.#sweep(c, now);

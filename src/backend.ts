@@ -132,7 +132,9 @@ export interface ClaimOptions {
   /**
    * Also take records leased by `owner` under another incarnation, whatever
    * their expiry (the first sweep after a restart with the same instanceId).
-   * Records leased by this very incarnation are never taken.
+   * Live leases of this very incarnation are never taken; a lapsed one is
+   * claimable like anyone's (so that a claim whose reply was lost on the
+   * network does not strand its records).
    */
   reclaimOwn?: boolean;
 }

@@ -30,11 +30,15 @@ export function newLease(options: ClaimOptions, token: number, now: number): Lea
   return { owner: options.owner, incarnation: options.incarnation, token, expiresAt: now + options.leaseMs };
 }
 
-/** Whether `lease` was lost by its holder: lapsed, or reclaimable by its own next incarnation. */
+/**
+ * Whether `lease` was lost by its holder: lapsed (whoever asks, the holder's
+ * own incarnation too: a claim whose reply never reached it must not strand
+ * the record), or live but reclaimable by the owner's next incarnation.
+ */
 export function isLeaseAbandoned(lease: Lease | null, now: number, options: ClaimOptions): boolean {
   if (!lease) return true;
-  if (lease.owner === options.owner && lease.incarnation === options.incarnation) return false;
   if (lease.expiresAt <= now) return true;
+  if (lease.owner === options.owner && lease.incarnation === options.incarnation) return false;
   return options.reclaimOwn === true && lease.owner === options.owner;
 }
 

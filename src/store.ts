@@ -4,6 +4,8 @@
  * @module
  */
 import type { JsonValue } from "./backend.ts";
+import { checkString } from "./journal_rules.ts";
+import { showValue as show } from "./show.ts";
 
 /** Conversation and session state of the bot, by key. */
 export interface SessionStore {
@@ -11,6 +13,33 @@ export interface SessionStore {
   /** Store `value`; with `ttlMs` it expires after that long. */
   set(key: string, value: JsonValue, options?: { ttlMs?: number }): Promise<void>;
   delete(key: string): Promise<void>;
+}
+
+/**
+ * The checked arguments of a {@link SessionStore.set} for a store that keeps
+ * values as JSON text.
+ *
+ * @param key the session key
+ * @param value the value; must be JSON
+ * @param options `ttlMs`: a positive number of ms, or absent
+ * @returns the value's JSON text and the TTL (`null`: none)
+ * @throws {RangeError} when `ttlMs` is not a positive number
+ * @throws {TypeError} when `key` is not a string or `value` is not JSON
+ */
+export function sessionEntry(key: string, value: JsonValue, options?: { ttlMs?: number }): { text: string; ttlMs: number | null } {
+  const ttl = options?.ttlMs;
+  if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
+    throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
+  }
+  checkString(key, `Session key`);
+  let text: string | undefined;
+  try {
+    text = JSON.stringify(value);
+  } catch (error) {
+    throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON: ${(error as Error).message}`, { cause: error });
+  }
+  if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
+  return { text, ttlMs: ttl ?? null };
 }
 
 /**

@@ -88,10 +88,13 @@ describe("inbox", () => {
     clock.now += 900; // past the first expiry, not the extended one
     expect(await inbox.claimDue({ ...B, limit: 10 })).toEqual([]);
     clock.now += 100;
-    // Own incarnation never takes its own lease.
-    expect(await inbox.claimDue({ ...A, limit: 10 })).toEqual([]);
+    // Lapsed: whoever sweeps first takes it, its own incarnation too (a claim whose reply was lost).
     const taken = await inbox.claimDue({ ...B, limit: 10 });
     expect(taken.map((x) => [x.id, x.lease!.owner, x.lease!.token])).toEqual([["m1", "B", 2]]);
+    expect(await inbox.claimDue({ ...A, limit: 10 }), "B's live lease holds").toEqual([]);
+    clock.now += 60_001;
+    const back = await inbox.claimDue({ ...B, limit: 10 });
+    expect(back.map((x) => [x.id, x.lease!.owner, x.lease!.token]), "B takes back its own lapsed lease").toEqual([["m1", "B", 3]]);
   });
 
   test("reclaimOwn takes the previous incarnation's leases at once", async () => {

@@ -315,7 +315,8 @@ export function runBotConformance(options: BackendConformanceOptions): void {
     });
 
     withBackend("a stale completion is rejected and counted; the new owner's work stands", async (backend, bots) => {
-      const frozen = intercept(backend, { heartbeat: () => Promise.resolve(true) }); // heartbeats never land
+      // A is frozen: its heartbeats never land and its sweeps find nothing (so B, not A itself, takes the lapsed lease).
+      const frozen = intercept(backend, { heartbeat: () => Promise.resolve(true), claimDue: () => Promise.resolve([]) });
       const lease = Math.round(60 * scale);
       const providerA = new MockProvider();
       const botA = new Bot({ provider: providerA, durability: fastDurability(frozen, scale, { inbox: { leaseMs: lease } }) });
