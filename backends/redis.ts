@@ -103,7 +103,7 @@ import {
   checkString,
   normalizeList,
 } from "../src/journal_rules.ts";
-import type { SessionStore } from "../src/store.ts";
+import { sessionEntry, type SessionStore } from "../src/store.ts";
 import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 import { type LuaScript, type ScriptName, SCRIPTS } from "./redis_lua.ts";
@@ -795,19 +795,8 @@ export class RedisStore implements SessionStore {
    * @throws {TypeError} when `value` is not JSON
    */
   async set(key: string, value: JsonValue, options?: { ttlMs?: number }): Promise<void> {
-    const ttl = options?.ttlMs;
-    if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0) || !Number.isFinite(ttl))) {
-      throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
-    }
-    checkString(key, `Session key`);
-    let text: string | undefined;
-    try {
-      text = JSON.stringify(value);
-    } catch (error) {
-      throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON: ${messageOf(error)}`, { cause: error });
-    }
-    if (text === undefined) throw new TypeError(`Session value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
-    await this.#runner.run("storeSet", [key, text, ttl === undefined ? "" : String(Math.ceil(ttl))]);
+    const { text, ttlMs: ttl } = sessionEntry(key, value, options);
+    await this.#runner.run("storeSet", [key, text, ttl === null ? "" : String(Math.ceil(ttl))]);
   }
 
   /** Deletes `key`. */

@@ -28,7 +28,7 @@ export interface SessionStore {
  */
 export function sessionEntry(key: string, value: JsonValue, options?: { ttlMs?: number }): { text: string; ttlMs: number | null } {
   const ttl = options?.ttlMs;
-  if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0))) {
+  if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0) || !Number.isFinite(ttl))) {
     throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
   }
   checkString(key, `Session key`);
