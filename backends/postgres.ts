@@ -53,10 +53,11 @@
  *   must look at (active records by when they are due) in a CTE with
  *   `FOR UPDATE SKIP LOCKED` that feeds an `UPDATE … RETURNING`: concurrent
  *   replicas claim disjoint sets and never wait for each other. Settled
- *   records are never scanned. An outbox scan reads the due `queued`/`failed`
- *   entries and keeps the chat heads (no earlier unsettled entry of the chat,
- *   by the chat index), so entries queued behind an unsettled one are read
- *   but not taken.
+ *   records are never scanned. Only chat heads (no earlier unsettled entry
+ *   of the chat) carry an outbox due mark, so an outbox scan reads the heads
+ *   (re-checking headship by the chat index) and never the entries queued
+ *   behind an unsettled one; see "Per-chat order" and `outboxSql` in
+ *   `postgres_sql.ts` ("Due marks: chat heads only").
  * - `purge` deletes in bounded batches (`purgeBatchSize`, 1000 by default),
  *   one statement each, oldest first, by a partial index of `done`/`sent`
  *   records. Retention itself is the Bot's `durability.retention` (7 days by
@@ -76,9 +77,15 @@
  * `retry`, of the chat committed since the snapshot) and its snapshot has no
  * unsettled entry of the chat; otherwise the entry is `queued` and the worker
  * sends it in order. This costs no extra round trip, unlike an advisory lock,
- * which needs a transaction (BEGIN, lock, insert, COMMIT). Transitions that
- * settle an entry need no lock: a reserve that does not see them yet only
- * queues where it could have leased, which is safe. `purge` drops chat rows
+ * which needs a transaction (BEGIN, lock, insert, COMMIT). The statements
+ * that settle an entry (`markSent`, `markFailed`, `discard`, a damaged
+ * entry made `dead`, the move of a lost send to `unknown`) and `retry` take
+ * the same chat row lock and stamp a new version in the same statement, and
+ * due-mark the chat's next head; a statement whose snapshot may be stale for
+ * the chat (the version it replaced is not its snapshot's) sets the chat
+ * row's `resync` flag instead, which a `claimDue` consumes (schema version 2).
+ * A reserve that does not see a settle yet only queues where it could have
+ * leased, which is safe. `purge` drops chat rows
  * with no entry that were untouched for an hour (or the retention, if longer).
  *
  * ## JSON

@@ -12,7 +12,7 @@
 import { BLOCKING_OUTBOX_STATES } from "../src/journal_rules.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 1;
+export const POSTGRES_SCHEMA_VERSION: number = 2;
 
 /** The server clock in ms since epoch (the replicas' clocks are never used). */
 export const NOW_MS: string = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -168,6 +168,15 @@ function migrations(t: Tables): string[] {
       value text NOT NULL,
       version bigint NOT NULL
     );
+    `,
+    // Version 2: the outbox due index holds chat heads only (see outboxSql); a chat row's `resync`
+    // asks a claimDue to find and mark its head. Due marks of entries behind an unsettled one go.
+    `
+    ALTER TABLE ${t.chat} ADD COLUMN resync boolean NOT NULL DEFAULT false;
+    CREATE INDEX ${i("outbox_chat_resync")} ON ${t.chat} (chat_id) WHERE resync;
+    UPDATE ${t.outbox} o SET due_at = NULL
+      WHERE o.due_at IS NOT NULL AND o.state IN ('queued', 'failed')
+        AND EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq);
     `,
   ];
 }
@@ -366,27 +375,142 @@ export interface OutboxSql {
   list(chat: boolean, states: number): string;
 }
 
-/** The outbox statements for `t`. */
+/**
+ * The outbox statements for `t`.
+ *
+ * ## Due marks: chat heads only
+ * `due_at` (the due index) is set on an entry that is `queued`/`failed` only when it is its
+ * chat's head (no earlier entry of the chat is `queued`, `sending` or `failed`), so a due scan
+ * reads the heads and never the tail queued behind them: O(due), not O(all). A due mark on a
+ * non-head (a "stray", e.g. the old head after a `retry` of an earlier entry) is harmless: the
+ * scan re-checks headship. The invariant: every `queued`/`failed` head carries a due mark, or its
+ * chat row has `resync` set (a claimDue then finds and marks the head).
+ *
+ * Every statement that changes which entries of a chat block it (reserve; markSent, markFailed,
+ * discard, damaged, retry; claimDue's move of a lost `sending` entry to `unknown`) first locks
+ * the chat row and stamps it with a new version (`ver`), in the same statement. The chat row
+ * lock serializes them per chat. A statement that finds the version it replaced equal to the one
+ * its own snapshot saw knows its snapshot holds the chat's current blocking entries (every change
+ * to them committed since would have changed the version), and marks the head itself.
+ *
+ * The race this guards against: a reserve sees an unsettled head in its snapshot and stores its
+ * new entry without a due mark; a statement settling that head at the same moment, whose snapshot
+ * started before the reserve committed, cannot see the new entry, so it cannot mark it, and
+ * nothing else would: the entry would be stranded. Here the settle waits for the chat row lock
+ * held by the reserve, then sees the chat's version differ from its snapshot's and sets `resync`.
+ * (The other order: the settle commits first, then the reserve sees the version changed and sets
+ * `resync`.) So whenever a statement's snapshot may be stale for its chat, it sets `resync`.
+ *
+ * claimDue consumes `resync` through a partial index: it locks such chat rows (SKIP LOCKED),
+ * and for those whose locked version equals its snapshot's (its snapshot is current for the chat,
+ * and the lock keeps it so until commit) it clears the flag and marks the head, found by the
+ * active `(chat_id, seq)` index (`LATERAL … LIMIT 1`). The marked head is leased by the next
+ * scan. claimDue never waits: every row it locks it takes with SKIP LOCKED; a head locked by
+ * another claimDue is being leased by it. The other statements lock the chat row before the
+ * entries (the entry UPDATE joins the chat lock's CTE), so no two of them deadlock.
+ */
 export function outboxSql(t: Tables): OutboxSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
   const cols = (alias: string) => OUTBOX_COLUMNS.split(", ").map((c) => `${alias}.${c}`).join(", ");
+  const nextVer = `nextval('${t.chatVersion.replaceAll("'", "''")}')`;
+  // The chat lock of a statement whose entry is the one row of CTE `e` (seq, chat_id, in the snapshot):
+  // `snap` the chat's version in the snapshot; `lk` upserts the chat row (waits for the other
+  // statements of the chat), stamps a new version and sets `resync` when the version it replaced
+  // is not the snapshot's (or the row is new).
+  const chatLock = `
+    snap AS (SELECT c.ver FROM ${t.chat} c WHERE c.chat_id = (SELECT chat_id FROM e)),
+    lk AS (
+      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
+      SELECT e.chat_id, ${nextVer}, NULL, n.now, true FROM e, n
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+        resync = c.resync OR c.ver IS DISTINCT FROM (SELECT ver FROM snap)
+      RETURNING c.chat_id
+    )`;
+  // After the settle `u` (seq, chat_id) of an entry: the chat's next head (the first entry that blocks,
+  // other than the settled one, in the snapshot) gets its due mark when it has none.
+  const nextHead = (when = "true") => `
+    nx AS (
+      UPDATE ${t.outbox} AS o SET due_at = coalesce(o.next_attempt_at, n.now)
+      FROM n, (
+        SELECT b.seq FROM ${t.outbox} b, u
+        WHERE ${when} AND b.chat_id = u.chat_id AND b.state IN (${BLOCKING}) AND b.seq <> u.seq
+        ORDER BY b.seq LIMIT 1
+      ) h
+      WHERE o.seq = h.seq AND o.state IN ('queued', 'failed') AND o.due_at IS NULL
+      RETURNING 1
+    )`;
   const claimDue = (reclaim: boolean, resend: boolean) => {
     const lostSet = resend ? OUT_CLAIM_SET : `state = 'unknown', lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL,
         lease_expires_at = NULL, next_attempt_at = NULL,
         error = coalesce(error, 'the sender was lost during the provider call'), updated_at = n.now, due_at = NULL`;
+    // Without resend, a lost entry becomes `unknown` (no longer blocking its chat): only with its chat
+    // row locked (SKIP LOCKED; otherwise next time), which gets a new version and `resync`.
+    const lostChats = resend ? "" : `
+    lc AS (
+      SELECT c.chat_id FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM lost0)
+      FOR UPDATE OF c SKIP LOCKED
+    ),
+    lcu AS (
+      UPDATE ${t.chat} AS c SET ver = ${nextVer}, prev = c.ver, touched_at = n.now,
+        resync = c.resync OR c.ver IS DISTINCT FROM (SELECT s.ver FROM ${t.chat} s WHERE s.chat_id = c.chat_id)
+      FROM lc, n WHERE c.chat_id = lc.chat_id
+      RETURNING c.chat_id, c.prev IS NOT DISTINCT FROM (SELECT s.ver FROM ${t.chat} s WHERE s.chat_id = c.chat_id) AS current
+    ),
+    -- The next head of a chat whose snapshot is current (the lost entries left out): due-marked below.
+    lnh AS (
+      SELECT h.seq FROM lcu CROSS JOIN LATERAL (
+        SELECT b.seq, b.state FROM ${t.outbox} b
+        WHERE b.chat_id = lcu.chat_id AND b.state IN (${BLOCKING}) AND b.seq NOT IN (SELECT seq FROM lost0)
+        ORDER BY b.seq LIMIT 1
+      ) h
+      WHERE lcu.current AND h.state IN ('queued', 'failed')
+    ),`;
+    const lostWhere = resend
+      ? "TRUE"
+      : `(l.chat_id IN (SELECT chat_id FROM lcu) OR NOT EXISTS (SELECT 1 FROM ${t.chat} x WHERE x.chat_id = l.chat_id))`;
     return `WITH ${n},
-    lost AS (
-      SELECT o.seq FROM ${t.outbox} o
+    lost0 AS (
+      SELECT o.seq, o.chat_id FROM ${t.outbox} o
       WHERE o.state = 'sending' AND (o.due_at <= ${NOW}${
       reclaim ? ` OR (o.lease_owner = $1 AND o.lease_incarnation <> $2)` : ""
     })
       ORDER BY o.seq${resend ? " LIMIT $4" : ""}
       FOR UPDATE OF o SKIP LOCKED
-    ),
+    ),${lostChats}
+    lost AS (SELECT l.seq FROM lost0 l WHERE ${lostWhere}),
     amb AS (
       UPDATE ${t.outbox} AS a SET ${lostSet}
       FROM lost, n WHERE a.seq = lost.seq
       RETURNING ${cols("a")}
+    ),
+    -- Chats flagged for resync (not those of lost entries: their rows are updated above).
+    rsl AS (
+      SELECT c.chat_id, c.ver FROM ${t.chat} c
+      WHERE c.resync AND c.chat_id NOT IN (SELECT chat_id FROM lost0)
+      ORDER BY c.chat_id LIMIT 100
+      FOR UPDATE OF c SKIP LOCKED
+    ),
+    -- Only those whose locked (latest) version is the one this snapshot sees.
+    rs AS (
+      SELECT rsl.chat_id FROM rsl WHERE rsl.ver = (SELECT s.ver FROM ${t.chat} s WHERE s.chat_id = rsl.chat_id)
+    ),
+    rsc AS (
+      UPDATE ${t.chat} AS c SET resync = false FROM rs WHERE c.chat_id = rs.chat_id RETURNING c.chat_id
+    ),
+    rsh AS (
+      SELECT h.seq FROM rsc CROSS JOIN LATERAL (
+        SELECT b.seq, b.state FROM ${t.outbox} b
+        WHERE b.chat_id = rsc.chat_id AND b.state IN (${BLOCKING}) ORDER BY b.seq LIMIT 1
+      ) h
+      WHERE h.state IN ('queued', 'failed')
+    ),
+    rsm AS (
+      UPDATE ${t.outbox} AS m SET due_at = coalesce(m.next_attempt_at, n.now) FROM n
+      WHERE m.seq = ANY(ARRAY(
+        SELECT x.seq FROM ${t.outbox} x WHERE x.seq IN (SELECT seq FROM rsh${resend ? "" : " UNION ALL SELECT seq FROM lnh"})
+          AND x.due_at IS NULL
+        FOR UPDATE OF x SKIP LOCKED))
+      RETURNING 1
     ),
     heads AS (
       SELECT o.seq FROM ${t.outbox} o
@@ -407,29 +531,31 @@ export function outboxSql(t: Tables): OutboxSql {
     SELECT 'ambiguous' AS part, * FROM amb UNION ALL SELECT 'due' AS part, * FROM due`;
   };
   return {
-    // One statement (see the module documentation of postgres.ts, "Per-chat order"):
+    // One statement (see the module documentation of postgres.ts, "Per-chat order", and "Due marks" above):
     // `old` the entry when the key is known (in this statement's snapshot); `snap` the chat row's
     // version in that snapshot; `lk` upserts the chat row, which waits for and then serializes
-    // the reserves of one chat, and returns the version it replaced (`prev`); the insert leases
-    // ($6) only when nothing changed the chat since the snapshot (prev = snap) and the snapshot
-    // has no unsettled entry of the chat. The seq is drawn after the chat row is locked, so a
-    // chat's seqs follow the order its reserves took the lock.
+    // the statements of one chat, and returns the version it replaced (`prev`), setting `resync`
+    // when that is not the snapshot's. The entry is the chat's head when nothing changed the chat
+    // since the snapshot (prev = snap) and the snapshot has no unsettled entry of the chat: only
+    // then is it due-marked, and leased when $6. The seq is drawn after the chat row is locked,
+    // so a chat's seqs follow the order its reserves took the lock.
     // $1 key, $2 chat, $3 content, $4 hash, $5 inbound id, $6 lease?, $7 owner, $8 incarnation, $9 lease ms.
     reserve: `WITH ${n},
     old AS (SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1),
     snap AS (SELECT ver FROM ${t.chat} WHERE chat_id = $2),
     lk AS (
-      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at)
-      SELECT $2, nextval('${t.chatVersion.replaceAll("'", "''")}'), NULL, n.now FROM n WHERE NOT EXISTS (SELECT 1 FROM old)
-      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at
+      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
+      SELECT $2, ${nextVer}, NULL, n.now, (SELECT ver FROM snap) IS NOT NULL FROM n WHERE NOT EXISTS (SELECT 1 FROM old)
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+        resync = c.resync OR c.ver IS DISTINCT FROM (SELECT ver FROM snap)
       RETURNING c.prev
     ),
-    d AS MATERIALIZED (
-      SELECT n.now, ($6::boolean
-        AND lk.prev IS NOT DISTINCT FROM (SELECT ver FROM snap)
-        AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = $2 AND b.state IN (${BLOCKING}))) AS leased
+    h AS MATERIALIZED (
+      SELECT n.now, (lk.prev IS NOT DISTINCT FROM (SELECT ver FROM snap)
+        AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = $2 AND b.state IN (${BLOCKING}))) AS head
       FROM n, lk
     ),
+    d AS (SELECT h.now, h.head, ($6::boolean AND h.head) AS leased FROM h),
     ins AS (
       INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
         lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at, due_at)
@@ -443,7 +569,7 @@ export function outboxSql(t: Tables): OutboxSql {
         CASE WHEN d.leased THEN d.now + $9::bigint END,
         CASE WHEN d.leased THEN 1 ELSE 0 END,
         NULL, NULL, d.now, d.now,
-        CASE WHEN d.leased THEN d.now + $9::bigint ELSE d.now END
+        CASE WHEN d.leased THEN d.now + $9::bigint WHEN d.head THEN d.now END
       FROM d
       ON CONFLICT (key) DO NOTHING
       RETURNING ${OUTBOX_META_COLUMNS}
@@ -453,41 +579,61 @@ export function outboxSql(t: Tables): OutboxSql {
     SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content FROM old`,
     claimDue,
     // An entry claimDue leased but could not read ($1 seq, $2 owner, $3 incarnation, $4 token, $5 error):
-    // dead, fenced by the lease just issued; the stored content is left as it is.
-    damaged: `WITH ${n} UPDATE ${t.outbox} SET state = 'dead', error = $5, next_attempt_at = NULL, lease_owner = NULL,
+    // dead, fenced by the lease just issued; the stored content is left as it is. It settles: chat lock, next head.
+    damaged: `WITH ${n},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE seq = $1::bigint AND state = 'sending' AND lease_token = $4::bigint),${chatLock},
+    u AS (
+      UPDATE ${t.outbox} SET state = 'dead', error = $5, next_attempt_at = NULL, lease_owner = NULL,
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n WHERE seq = $1::bigint AND state = 'sending' AND lease_owner = $2 AND lease_incarnation = $3
-        AND lease_token = $4::bigint RETURNING 1 AS ok`,
+      FROM n, lk WHERE seq = $1::bigint AND state = 'sending' AND lease_owner = $2 AND lease_incarnation = $3
+        AND lease_token = $4::bigint RETURNING seq, ${t.outbox}.chat_id
+    ),${nextHead()}
+    SELECT 1 AS ok FROM u`,
     heartbeat: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
       FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
-    markSent: `WITH ${n} UPDATE ${t.outbox} SET state = 'sent', message_id = $3, lease_owner = NULL,
+    markSent: `WITH ${n},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state = 'sending' AND lease_token = $2),${chatLock},
+    u AS (
+      UPDATE ${t.outbox} SET state = 'sent', message_id = $3, lease_owner = NULL,
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
         updated_at = n.now, due_at = NULL
-      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
-    markFailed: `WITH ${n} UPDATE ${t.outbox} SET
+      FROM n, lk WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING seq, ${t.outbox}.chat_id
+    ),${nextHead()}
+    SELECT 1 AS ok FROM u`,
+    // A retry (not dead) leaves the entry the chat's head; dead settles it (the next head gets its mark).
+    markFailed: `WITH ${n},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state = 'sending' AND lease_token = $2),${chatLock},
+    u AS (
+      UPDATE ${t.outbox} SET
         state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,
         next_attempt_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END,
         error = $4, lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = n.now,
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
-      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
+      FROM n, lk WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING seq, ${t.outbox}.chat_id
+    ),${nextHead("$3::boolean")}
+    SELECT 1 AS ok FROM u`,
     get: `SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1`,
-    // The entry becomes unsettled again: the chat row's version changes too, so that a reserve of
-    // the chat whose snapshot predates this one does not lease past it.
+    // The entry becomes unsettled again (chat lock: a reserve of the chat whose snapshot predates this
+    // one does not lease past it). Due-marked when it is the chat's head in the snapshot; an old head
+    // keeps its mark (a stray, re-checked by the scan).
     retry: `WITH ${n},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state IN ('dead', 'failed', 'unknown')),${chatLock},
     r AS (
-      UPDATE ${t.outbox} SET state = 'queued', next_attempt_at = n.now, attempts = 0, lease_owner = NULL,
-        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = n.now
-      FROM n WHERE key = $1 AND state IN ('dead', 'failed', 'unknown') RETURNING chat_id
-    ),
-    bump AS (
-      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at)
-      SELECT r.chat_id, nextval('${t.chatVersion.replaceAll("'", "''")}'), NULL, n.now FROM r, n
-      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at
-      RETURNING 1
+      UPDATE ${t.outbox} AS o SET state = 'queued', next_attempt_at = n.now, attempts = 0, lease_owner = NULL,
+        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now,
+        due_at = CASE WHEN NOT EXISTS (
+          SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq
+        ) THEN n.now END
+      FROM n, lk WHERE o.key = $1 AND o.state IN ('dead', 'failed', 'unknown') RETURNING o.chat_id
     )
     SELECT count(*)::int AS n FROM r`,
-    discard: `DELETE FROM ${t.outbox} WHERE key = $1 AND state <> 'sending'`,
+    discard: `WITH ${n},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state <> 'sending'),${chatLock},
+    u AS (
+      DELETE FROM ${t.outbox} USING lk WHERE key = $1 AND state <> 'sending' RETURNING seq, ${t.outbox}.chat_id
+    ),${nextHead()}
+    SELECT 1 AS ok FROM u`,
     purge: `DELETE FROM ${t.outbox} WHERE seq = ANY(ARRAY(
         SELECT seq FROM ${t.outbox}
         WHERE state = 'sent' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint
