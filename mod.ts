@@ -64,6 +64,20 @@ export {
 } from "./src/provider.ts";
 export { isRetryableStatus, ProviderError, type ProviderErrorOptions } from "./src/errors.ts";
 export { UnencodableContentError } from "./src/content.ts";
+export {
+  checkEnvelope,
+  type LoadedMedia,
+  type LoadMediaOptions,
+  loadMediaOf,
+  type MediaContext,
+  type MediaLoadContext,
+  MEDIA_REF_VERSION,
+  MediaSeal,
+  type MediaSealOptions,
+  MediaUnavailableError,
+  type MediaUnavailableReason,
+  type StoredMediaRef,
+} from "./src/media.ts";
 export { MemoryStore, type SessionStore } from "./src/store.ts";
 export {
   type BackendScope,

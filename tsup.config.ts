@@ -9,6 +9,8 @@ export default defineConfig([{
     "backends/events": "backends/events.ts",
     "backends/postgres": "backends/postgres.ts",
     "backends/redis": "backends/redis.ts",
+    "providers/telegram": "providers/telegram.ts",
+    "providers/whatsapp": "providers/whatsapp.ts",
   },
   // Runtime drivers resolved at run time by src/runtime/, never bundled.
   external: ["bun:sqlite", "node:sqlite", "better-sqlite3"],

@@ -9,7 +9,7 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "typecheck (tsc)";          tsc -p tsconfig.json
 step "bun test";                 bun test --timeout=20000
-step "deno check";               deno check mod.ts testing.ts backends/file.ts backends/sqlite.ts backends/events.ts backends/postgres.ts backends/redis.ts cli.ts
+step "deno check";               deno check mod.ts testing.ts backends/file.ts backends/sqlite.ts backends/events.ts backends/postgres.ts backends/redis.ts providers/telegram.ts providers/whatsapp.ts cli.ts
 step "deno smoke: examples/echo.ts"; deno run --no-prompt examples/echo.ts
 step "conformance on Deno (file, sqlite via node:sqlite, events journals, postgres via porsager)"
 deno run -A tests/runtimes/conformance.ts file sqlite events-file events-shared postgres

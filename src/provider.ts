@@ -5,6 +5,7 @@
  */
 import type { JsonValue } from "./backend.ts";
 import { isRetryableStatus, ProviderError } from "./errors.ts";
+import type { LoadedMedia, MediaLoadContext, StoredMediaRef } from "./media.ts";
 
 /** The type of an inbound message; matchers such as `IMAGE` test it. */
 export type MessageType = "text" | "image" | "audio" | "video" | "document" | "interaction" | (string & {});
@@ -110,6 +111,14 @@ export interface Provider {
   send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt>;
   /** Say whether an error thrown by `send` may be retried; the default reads `ProviderError` and HTTP statuses. */
   classifyError?(error: unknown): ErrorClassification;
+  /**
+   * Load an inbound message's media again from the channel (see `loadMediaOf`).
+   * `media` is the journaled reference, already checked for version and
+   * provider; the provider checks its MAC (`MediaSeal.open`) and throws a
+   * `MediaUnavailableError` when the media cannot be had, any other error
+   * when a retry may help.
+   */
+  loadMedia?(media: StoredMediaRef, context: MediaLoadContext): Promise<LoadedMedia>;
 }
 
 /**

@@ -6,6 +6,7 @@
  */
 import type { JsonValue } from "../backend.ts";
 import { ProviderError } from "../errors.ts";
+import { type LoadedMedia, type MediaLoadContext, MediaSeal, type StoredMediaRef } from "../media.ts";
 import type {
   AdmitResult,
   InboundSink,
@@ -30,8 +31,13 @@ export interface MockInbound {
   id?: string;
   chatId: string;
   text?: string;
-  /** A media reference; its `type` (`'image'`, `'audio'`, …) becomes the message type (default `'image'`). */
-  media?: { type?: string; [key: string]: JsonValue | undefined };
+  /**
+   * The media: its `type` (`'image'`, `'audio'`, …) becomes the message type
+   * (default `'image'`). The mock seals it like a real provider; `loadMediaOf`
+   * returns `data` (text as UTF-8) and `mimeType`. `viewOnce: true` stores it
+   * as not durable.
+   */
+  media?: { type?: string; data?: string; mimeType?: string; viewOnce?: boolean; [key: string]: JsonValue | undefined };
   interaction?: Interaction;
   /** Overrides the derived message type. */
   type?: MessageType;
@@ -43,6 +49,8 @@ export interface MockProviderOptions {
   name?: string;
   /** Each send takes this long (to test heartbeats and slow uploads). */
   sendDelayMs?: number;
+  /** The key that seals media references (default: a fixed test key, the same for every mock of one name). */
+  mediaKey?: string | Uint8Array;
 }
 
 /**
@@ -73,10 +81,12 @@ export class MockProvider implements Provider {
   #failures: { remaining: number; error: unknown }[] = [];
   #nextId = 0;
   #nextMessageId = 0;
+  #seal: MediaSeal;
 
   constructor(options: MockProviderOptions = {}) {
     this.name = options.name ?? "mock";
     this.sendDelayMs = options.sendDelayMs ?? 0;
+    this.#seal = new MediaSeal({ provider: this.name, key: options.mediaKey ?? `botmesh-mock-media-key/${this.name}` });
   }
 
   /** Called by `bot.start()`. */
@@ -96,8 +106,8 @@ export class MockProvider implements Provider {
    * @returns once it is admitted (journaled) or refused
    * @throws {Error} when the bot was not started
    */
-  receive(input: MockInbound): Promise<AdmitResult> {
-    if (!this.#sink) return Promise.reject(new Error("MockProvider is not started: call bot.start() first"));
+  async receive(input: MockInbound): Promise<AdmitResult> {
+    if (!this.#sink) throw new Error("MockProvider is not started: call bot.start() first");
     const type: MessageType = input.type ??
       (input.interaction ? "interaction" : input.media ? (input.media.type ?? "image") : "text");
     const message = {
@@ -105,10 +115,26 @@ export class MockProvider implements Provider {
       chatId: input.chatId,
       type,
       ...(input.text !== undefined ? { text: input.text } : {}),
-      ...(input.media !== undefined ? { media: input.media as JsonValue } : {}),
+      ...(input.media !== undefined ? { media: await this.#sealMedia(input.media) } : {}),
       ...(input.interaction !== undefined ? { interaction: input.interaction } : {}),
     };
     return this.#sink.receive(message);
+  }
+
+  async #sealMedia(media: NonNullable<MockInbound["media"]>): Promise<JsonValue> {
+    if (media.viewOnce === true) return this.#seal.notDurable("view-once media");
+    try {
+      return await this.#seal.seal(media as JsonValue);
+    } catch {
+      return media as JsonValue; // not JSON: passed on as given, for the bot to refuse
+    }
+  }
+
+  /** Called by `loadMediaOf`: the sealed `data` as bytes. */
+  async loadMedia(media: StoredMediaRef, context: MediaLoadContext): Promise<LoadedMedia> {
+    const ref = await this.#seal.open(media, context.message.id) as Record<string, JsonValue>;
+    const data = typeof ref.data === "string" ? new TextEncoder().encode(ref.data) : new Uint8Array();
+    return { data, ...(typeof ref.mimeType === "string" ? { mimeType: ref.mimeType } : {}) };
   }
 
   /**
