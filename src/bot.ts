@@ -15,11 +15,12 @@ import {
   type SendOptions,
   type SendResult,
 } from "./engine.ts";
+import { type AskOptions, Conversations, type StepJob } from "./conversation.ts";
 import { errorText, isProcessDeath } from "./errors.ts";
-import { assertMatcher, type Matcher, matches } from "./matchers.ts";
+import { assertMatcher, type Matcher } from "./matchers.ts";
 import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./provider.ts";
-import { randomId } from "./runtime/mod.ts";
-import type { SessionStore } from "./store.ts";
+import { randomId, unrefTimer } from "./runtime/mod.ts";
+import { MemoryStore, type SessionStore } from "./store.ts";
 
 /** Options of {@link Bot}. */
 export interface BotOptions {
@@ -47,6 +48,15 @@ export interface Context {
   reply(content: OutboundContent, options?: SendOptions): Promise<SendResult>;
   /** Send to any chat. Key `<inboundId>:<n>` unless `idempotencyKey` is given. */
   send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult>;
+  /**
+   * Send `prompt` (unless `null`) and wait for the chat's next message, which
+   * is returned. The wait survives a restart on a durable store: the handler
+   * is replayed over the recorded answers (see the README on determinism).
+   * Sends after the answer are keyed by the answering message.
+   *
+   * @throws {AskTimeoutError} when `timeoutMs` passes without an answer
+   */
+  ask(prompt: OutboundContent | null, options?: AskOptions): Promise<InboundMessage>;
 }
 
 /** A message handler. */
@@ -119,6 +129,8 @@ export class Bot {
   #inFlight = new Set<Promise<unknown>>();
   #idleWaiters: (() => void)[] = [];
   #state: "new" | "starting" | "running" | "stopping" | "stopped" = "new";
+  #conversations: Conversations;
+  #timers = new Set<ReturnType<typeof setTimeout>>();
 
   /**
    * @param options provider, store, durability
@@ -163,6 +175,36 @@ export class Bot {
         track: (work) => this.#track(work),
       });
     }
+    const engine = this.#engine;
+    const store = this.store ?? new MemoryStore();
+    this.#conversations = new Conversations({
+      botId: this.id,
+      store,
+      storeIsDurable: !(store instanceof MemoryStore),
+      durable: engine !== undefined,
+      retentionMs: engine?.config.retentionMs ?? 7 * 86_400_000,
+      handlers: () => this.#handlers,
+      send: (job, chatId, content, key) => {
+        const result = this.#send(chatId, content, key, (job as InboundJob).record ? job.message.id : null, "now");
+        result.catch(() => {}); // observed by the step, whether or not the handler awaits it
+        job.sends.push(result);
+        return result;
+      },
+      checkSend: checkSendArgs,
+      makeContext: (base) => ({ ...base, bot: this }),
+      warn: (code, message, chatId) => this.#events.emit("warning", { code, message, chatId }),
+      count: (metric) => engine?.count(metric),
+      schedule: (chatId, at, run) => {
+        const timer = setTimeout(() => {
+          this.#timers.delete(timer);
+          if (this.#state !== "running" || engine?.halted) return;
+          const message: InboundMessage = { id: `timer:${randomId()}`, chatId, type: "timeout" };
+          this.#dispatch({ message, record: null, sends: [], sendCount: 0, run });
+        }, Math.max(0, at - Date.now()));
+        unrefTimer(timer);
+        this.#timers.add(timer);
+      },
+    });
   }
 
   /** The operator surface (`undefined` without `durability`). */
@@ -276,6 +318,8 @@ export class Bot {
     if (this.#state === "stopping" || this.#state === "stopped") return;
     this.#state = "stopping";
     await this.#starting?.catch(() => {}); // a start under way finishes first, then is undone
+    for (const timer of this.#timers) clearTimeout(timer);
+    this.#timers.clear();
     try {
       await this.provider.stop?.();
     } finally {
@@ -349,33 +393,12 @@ export class Bot {
   }
 
   async #handle(job: InboundJob): Promise<void> {
-    const message = job.message;
-    const entry = this.#handlers.find((h) => matches(h.matcher, message));
-    if (entry) {
-      const inboundId = message.id;
-      const send = (chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> => {
-        checkSendArgs(chatId, options);
-        const key = options?.idempotencyKey ?? `${inboundId}:${++job.sendCount}`;
-        const result = this.#send(chatId, content, key, job.record ? inboundId : null, "now");
-        result.catch(() => {}); // observed below, whether or not the handler awaits it
-        job.sends.push(result);
-        return result;
-      };
-      const ctx: Context = {
-        message,
-        chatId: message.chatId,
-        inboundId,
-        attempt: job.record?.attempts ?? 1,
-        bot: this,
-        reply: (content, options) => send(message.chatId, content, options),
-        send,
-      };
-      try {
-        await entry.handler(ctx);
-      } finally {
-        // Even a failing handler's sends settle before its outcome is recorded.
-        await Promise.allSettled(job.sends);
-      }
+    try {
+      if (job.run) await job.run(job);
+      else await this.#conversations.handle(job as StepJob);
+    } finally {
+      // Even a failing handler's sends settle before its outcome is recorded.
+      await Promise.allSettled(job.sends);
     }
     // Done only once every send the handler made is sent or durably queued.
     const outcomes = await Promise.allSettled(job.sends);

@@ -59,6 +59,10 @@ export interface DurabilityMetrics {
   staleLeases: number;
   /** Reused keys whose content differed from the journaled one. */
   outboxDiverged: number;
+  /** Conversations rebuilt by replaying their handler over the recorded answers (after a restart or a failed step). */
+  conversationsReplayed: number;
+  /** Conversation replays that did not follow the recorded transcript (the handler was not deterministic). */
+  conversationsDiverged: number;
 }
 
 /** Codes of `warning` events. */
@@ -69,7 +73,9 @@ export type WarningCode =
   | "lease-lost"
   | "provider-receipt"
   | "handler-retry"
-  | "default-instance-id";
+  | "default-instance-id"
+  | "conversation-diverged"
+  | "conversation-not-durable";
 
 /** The payload of a `warning` event. */
 export interface DurabilityWarning {
@@ -79,6 +85,8 @@ export interface DurabilityWarning {
   key?: string;
   /** The inbound record id, for inbound warnings. */
   id?: string;
+  /** The chat, for conversation warnings. */
+  chatId?: string;
 }
 
 /** The events a bot emits. */
@@ -124,6 +132,8 @@ export interface InboundJob {
   sends: Promise<SendResult>[];
   /** How many sends were made (for the `<id>:<n>` keys). */
   sendCount: number;
+  /** A job of the bot itself (an ask's timeout) instead of a message for the handlers. */
+  run?: (job: InboundJob) => Promise<void>;
 }
 
 /** What the engine needs from the bot. */
@@ -183,6 +193,8 @@ function zeroMetrics(): DurabilityMetrics {
     outboxBypassed: 0,
     staleLeases: 0,
     outboxDiverged: 0,
+    conversationsReplayed: 0,
+    conversationsDiverged: 0,
   };
 }
 
@@ -317,6 +329,14 @@ export class DurabilityEngine {
     if (this.#halted) return true;
     emitError(this.#host.events, error, context);
     return false;
+  }
+
+  /**
+   * Count a conversation event in `metrics()`.
+   * @param metric which counter
+   */
+  count(metric: "conversationsReplayed" | "conversationsDiverged"): void {
+    this.#metrics[metric]++;
   }
 
   #warn(warning: DurabilityWarning): void {

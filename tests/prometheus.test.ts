@@ -89,6 +89,8 @@ const COUNTER_NAMES = [
   "outbox_bypassed",
   "stale_leases",
   "outbox_diverged",
+  "conversations_replayed",
+  "conversations_diverged",
 ].map((n) => `botmesh_durable_${n}_total`);
 
 describe("prometheusMetrics", () => {
@@ -154,6 +156,8 @@ describe("prometheusMetrics", () => {
         outbox_bypassed: 0,
         stale_leases: 0,
         outbox_diverged: 0,
+        conversations_replayed: 0,
+        conversations_diverged: 0,
       });
       expect(counters).toEqual(
         Object.fromEntries(

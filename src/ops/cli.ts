@@ -453,7 +453,7 @@ async function run(p: Parsed, opened: OpenedBackend, io: CliIo, now: () => numbe
       const t = now();
       const oldest = counts.oldestPendingReceivedAt;
       const ageSeconds = oldest === null ? null : Math.max(0, (t - oldest) / 1000);
-      const note = "A bare backend has no counters: the 13 counters of bot.durability.metrics() live in the bot " +
+      const note = "A bare backend has no counters: the counters of bot.durability.metrics() live in the bot " +
         "process (expose them with prometheusMetrics(bot))";
       if (p.json) {
         return void (await out({

@@ -47,6 +47,8 @@ const COUNTERS: ReadonlyArray<readonly [keyof DurabilityMetrics, string]> = [
   ["outboxBypassed", "Sends that bypassed the outbox (too large or not encodable)."],
   ["staleLeases", "Completions rejected because another instance had taken the record."],
   ["outboxDiverged", "Reused idempotency keys whose content differed from the journaled one."],
+  ["conversationsReplayed", "Conversations rebuilt by replaying their handler over the recorded answers."],
+  ["conversationsDiverged", "Conversation replays that did not follow the recorded transcript."],
 ];
 
 /** Options of {@link prometheusMetrics}. */
@@ -123,7 +125,7 @@ export async function countRecords(journals: Journals, cap: number = DEFAULT_COU
 /**
  * The Prometheus text exposition (format 0.0.4) of a bot's durability:
  *
- * - `botmesh_durable_<counter>_total` (counter): the 13 counters of
+ * - `botmesh_durable_<counter>_total` (counter): the 15 counters of
  *   `bot.durability.metrics()`, e.g. `botmesh_durable_inbound_duplicates_total`;
  * - `botmesh_durable_inbox_records{state="…"}` and
  *   `botmesh_durable_outbox_records{state="…"}` (gauges): records per state,

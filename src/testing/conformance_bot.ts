@@ -739,6 +739,8 @@ export function runBotConformance(options: BackendConformanceOptions): void {
     test(`metrics has every counter: ${options.name}`, () => {
       const bot = new Bot({ provider: new MockProvider(), durability: { backend: { ...stubBackend } } });
       expect(Object.keys(bot.durability!.metrics()).sort()).toEqual([
+        "conversationsDiverged",
+        "conversationsReplayed",
         "inboundDead",
         "inboundDuplicates",
         "inboundJournaled",

@@ -1,0 +1,503 @@
+/**
+ * Conversations: `ctx.ask()` waits for the chat's next message inside the
+ * handler, and survives restarts by replaying the handler over its recorded
+ * transcript (SPEC §3).
+ *
+ * The transcript is kept in the bot's `SessionStore` under
+ * `botmesh:conversation:<botId>:<chatId>`: the message that started the flow,
+ * then the input that fed each later step (a message, or a timeout), and a
+ * fingerprint of each ask's prompt. A step is everything the handler does
+ * between two asks; its sends are keyed by the message that fed it
+ * (`<message id>:<n>`, a timeout step `<flow id>:t<step>:<n>`), so a replay's
+ * sends are answered from the outbox and nothing goes out twice.
+ *
+ * @module
+ */
+import type { JsonValue } from "./backend.ts";
+import { encodeContent, hashText } from "./content.ts";
+import type { SendOptions, SendResult } from "./engine.ts";
+import { assertMatcher, type Matcher, matches } from "./matchers.ts";
+import type { InboundMessage, OutboundContent } from "./provider.ts";
+import { showValue as show } from "./show.ts";
+import type { SessionStore } from "./store.ts";
+
+/**
+ * Thrown by `ctx.ask()` when no answer came within its `timeoutMs`.
+ *
+ * @example
+ * ```ts
+ * import { AskTimeoutError, Bot } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ * const bot = new Bot({ provider: new MockProvider() });
+ * bot.when("order", async (ctx) => {
+ *   try {
+ *     const size = await ctx.ask("Which size?", { timeoutMs: 60_000 });
+ *     await ctx.reply(`Size ${size.text}, noted.`);
+ *   } catch (error) {
+ *     if (error instanceof AskTimeoutError) return ctx.reply("No answer; send 'order' to start again.");
+ *     throw error;
+ *   }
+ * });
+ * ```
+ */
+export class AskTimeoutError extends Error {
+  /** The ask's `timeoutMs`. */
+  readonly timeoutMs: number;
+  /**
+   * @param timeoutMs the ask's timeout
+   */
+  constructor(timeoutMs: number) {
+    super(`No answer within ${timeoutMs} ms`);
+    this.name = "AskTimeoutError";
+    this.timeoutMs = timeoutMs;
+  }
+}
+
+/** Options of `ctx.ask()`. */
+export interface AskOptions {
+  /** Give up after this many ms: the ask throws an {@link AskTimeoutError}. */
+  timeoutMs?: number;
+  /** Only a message that matches answers; any other goes to the normal handlers (default: any message). */
+  match?: Matcher;
+}
+
+/** One input of a conversation step: the message that fed it, or a timeout. */
+export type StepInput = { message: InboundMessage } | { timeout: { at: number; timeoutMs: number } };
+
+/** A conversation as stored. */
+export interface StoredConversation {
+  v: 1;
+  /** The index of the handler (in `bot.when` order) that runs it. */
+  handler: number;
+  /** `steps[0]` started the flow; `steps[i]` answered `asks[i - 1]`. */
+  steps: StepInput[];
+  /** Each ask: a fingerprint of its prompt, its deadline, and whether it has a `match`. */
+  asks: { fp: string; deadline: number | null; timeoutMs: number | null; filtered: boolean }[];
+  /** `waiting`: `asks.at(-1)` waits for `steps[asks.length]`. */
+  state: "waiting" | "ended";
+  /** The id of the input that ended it (so a reprocess of that message knows it was consumed). */
+  endedBy?: string;
+  startedAt: number;
+}
+
+/** What a conversation step sees of the message being processed (an `InboundJob` of the bot). */
+export interface StepJob {
+  message: InboundMessage;
+  sends: Promise<SendResult>[];
+  record: { attempts: number } | null;
+}
+
+/** What a handler gets; see `Context` in bot.ts. */
+export interface FlowContext {
+  readonly message: InboundMessage;
+  readonly chatId: string;
+  readonly inboundId: string;
+  readonly attempt: number;
+  reply(content: OutboundContent, options?: SendOptions): Promise<SendResult>;
+  send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult>;
+  ask(prompt: OutboundContent | null, options?: AskOptions): Promise<InboundMessage>;
+}
+
+type Suspension = { kind: "ask" } | { kind: "ended" } | { kind: "threw"; error: unknown };
+
+interface Deferred<T> {
+  promise: Promise<T>;
+  resolve(value: T): void;
+}
+
+function deferred<T>(): Deferred<T> {
+  let resolve!: (value: T) => void;
+  const promise = new Promise<T>((r) => resolve = r);
+  return { promise, resolve };
+}
+
+/** What the conversation layer needs from the bot. */
+export interface ConversationHost {
+  botId: string;
+  store: SessionStore;
+  /** Whether the store outlives the process (a warning is given once otherwise, when durability is on). */
+  storeIsDurable: boolean;
+  durable: boolean;
+  retentionMs: number;
+  handlers(): readonly { matcher: Matcher; handler: (ctx: never) => unknown }[];
+  /** Send for a step: the key is `<prefix>:<n>` unless given; the promise joins the job's sends. */
+  send(job: StepJob, chatId: string, content: OutboundContent, key: string): Promise<SendResult>;
+  checkSend(chatId: unknown, options: SendOptions | undefined): void;
+  /** A context for the handler; the bot adds `bot`. */
+  makeContext(base: FlowContext): unknown;
+  warn(code: "conversation-diverged" | "conversation-not-durable", message: string, chatId: string): void;
+  count(metric: "conversationsReplayed" | "conversationsDiverged"): void;
+  /** Queue a timeout on the chat's queue at `at`. */
+  schedule(chatId: string, at: number, run: (job: StepJob) => Promise<void>): void;
+}
+
+const CACHE_CAPACITY = 10_000;
+
+function fingerprint(prompt: OutboundContent | null): string {
+  if (prompt === null || prompt === undefined) return "-";
+  try {
+    return hashText(JSON.stringify(encodeContent(prompt, "prompt")));
+  } catch {
+    return "?";
+  }
+}
+
+function inputId(input: StepInput, flowId: string, step: number): string {
+  return "message" in input ? input.message.id : `${flowId}:t${step}`;
+}
+
+/** A running handler invocation that may ask. */
+class Flow {
+  readonly chatId: string;
+  readonly handlerIndex: number;
+  steps: StepInput[];
+  asks: StoredConversation["asks"];
+  startedAt: number;
+  job: StepJob;
+  keyPrefix = "";
+  sendCount = 0;
+  askCount = 0;
+  pending: { index: number; match: Matcher | undefined; resolve(m: InboundMessage): void; reject(e: unknown): void } | null =
+    null;
+  finished = false;
+  #suspension!: Deferred<Suspension>;
+  readonly #host: ConversationHost;
+
+  constructor(host: ConversationHost, handlerIndex: number, stored: Pick<StoredConversation, "steps" | "asks" | "startedAt">, job: StepJob) {
+    this.#host = host;
+    this.handlerIndex = handlerIndex;
+    this.steps = stored.steps.slice();
+    this.asks = stored.asks.slice();
+    this.startedAt = stored.startedAt;
+    this.job = job;
+    this.chatId = job.message.chatId;
+    this.#enter(0, job);
+  }
+
+  get flowId(): string {
+    return (this.steps[0] as { message: InboundMessage }).message.id;
+  }
+
+  #enter(step: number, job: StepJob): void {
+    this.job = job;
+    this.keyPrefix = inputId(this.steps[step]!, this.flowId, step);
+    this.sendCount = 0;
+  }
+
+  /** Run the handler from the start; resolves at its first live ask or its end. */
+  run(handler: (ctx: never) => unknown): Promise<Suspension> {
+    this.#suspension = deferred();
+    const first = (this.steps[0] as { message: InboundMessage }).message;
+    const send = (chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> => {
+      this.#host.checkSend(chatId, options);
+      const key = options?.idempotencyKey ?? `${this.keyPrefix}:${++this.sendCount}`;
+      return this.#host.send(this.job, chatId, content, key);
+    };
+    const ctx = this.#host.makeContext({
+      message: first,
+      chatId: first.chatId,
+      inboundId: first.id,
+      attempt: this.job.record?.attempts ?? 1,
+      reply: (content, options) => send(first.chatId, content, options),
+      send,
+      ask: (prompt, options) => this.#ask(prompt, options, send),
+    });
+    Promise.resolve().then(() => handler(ctx as never)).then(
+      () => this.#settle({ kind: "ended" }),
+      (error) => this.#settle({ kind: "threw", error }),
+    );
+    return this.#suspension.promise;
+  }
+
+  #settle(suspension: Suspension): void {
+    if (suspension.kind !== "ask") this.finished = true;
+    this.#suspension.resolve(suspension);
+  }
+
+  async #ask(
+    prompt: OutboundContent | null,
+    options: AskOptions | undefined,
+    send: (chatId: string, content: OutboundContent) => Promise<SendResult>,
+  ): Promise<InboundMessage> {
+    if (options !== undefined && (typeof options !== "object" || options === null)) {
+      throw new TypeError(`Argument "options" of ctx.ask() must be an object, got ${show(options)}`);
+    }
+    const timeoutMs = options?.timeoutMs;
+    if (timeoutMs !== undefined && (typeof timeoutMs !== "number" || !(timeoutMs > 0) || !Number.isFinite(timeoutMs))) {
+      throw new RangeError(`Option "timeoutMs" of ctx.ask() must be a positive number, got ${show(timeoutMs)}`);
+    }
+    if (options?.match !== undefined) assertMatcher(options.match, "match");
+    if (this.finished) throw new Error("ctx.ask() was called after the handler returned");
+    if (this.pending) throw new Error("ctx.ask() was called while another ask of this handler is waiting; await each ask");
+    const index = this.askCount++;
+    const fp = fingerprint(prompt);
+    if (prompt !== null && prompt !== undefined) {
+      const sent = send(this.chatId, prompt);
+      await sent;
+    }
+    const recorded = this.asks[index];
+    if (recorded && recorded.fp !== fp) {
+        this.#host.count("conversationsDiverged");
+        this.#host.warn(
+          "conversation-diverged",
+          `The conversation started by message ${show(this.flowId)} diverged on replay: ask ${index + 1} ` +
+            `has a different prompt than when it was first asked; the recorded answer is used. Code between asks must ` +
+            `depend only on the answers and stored state`,
+          this.chatId,
+        );
+    }
+    if (index + 1 < this.steps.length) {
+      // Replaying: the answer is recorded.
+      const input = this.steps[index + 1]!;
+      this.#enter(index + 1, this.job);
+      if ("timeout" in input) throw new AskTimeoutError(input.timeout.timeoutMs);
+      return input.message;
+    }
+    if (!recorded) {
+      // A new ask; a replay that reaches the waiting ask keeps its recorded deadline.
+      this.asks.length = index;
+      this.asks.push({
+        fp,
+        deadline: timeoutMs === undefined ? null : Date.now() + timeoutMs,
+        timeoutMs: timeoutMs ?? null,
+        filtered: options?.match !== undefined,
+      });
+    }
+    return new Promise<InboundMessage>((resolve, reject) => {
+      this.pending = { index, match: options?.match, resolve, reject };
+      this.#settle({ kind: "ask" });
+    });
+  }
+
+  /** Whether the pending ask takes `message`. */
+  accepts(message: InboundMessage): boolean {
+    return this.pending !== null && (this.pending.match === undefined || matches(this.pending.match, message));
+  }
+
+  /** Feed the pending ask; resolves at the next live ask or the end. */
+  feed(input: StepInput, job: StepJob): Promise<Suspension> {
+    const pending = this.pending!;
+    this.pending = null;
+    this.steps.push(input);
+    this.#enter(this.steps.length - 1, job);
+    this.#suspension = deferred();
+    if ("timeout" in input) pending.reject(new AskTimeoutError(input.timeout.timeoutMs));
+    else pending.resolve(input.message);
+    return this.#suspension.promise;
+  }
+}
+
+function lruSet<K, V>(map: Map<K, V>, key: K, value: V): void {
+  map.delete(key);
+  map.set(key, value);
+  if (map.size > CACHE_CAPACITY) map.delete(map.keys().next().value as K);
+}
+
+/**
+ * The conversation layer of one bot: runs each handler as a flow that may
+ * ask, keeps flows waiting in memory, and stores their transcripts.
+ */
+export class Conversations {
+  readonly #host: ConversationHost;
+  /** Per chat: the stored conversation (`null`: none), as last read or written by this process. */
+  #states = new Map<string, StoredConversation | null>();
+  /** Per chat: a flow waiting at an ask in memory. */
+  #live = new Map<string, Flow>();
+  #warnedNotDurable = false;
+
+  constructor(host: ConversationHost) {
+    this.#host = host;
+  }
+
+  #key(chatId: string): string {
+    return `botmesh:conversation:${this.#host.botId}:${chatId}`;
+  }
+
+  async #load(chatId: string): Promise<StoredConversation | null> {
+    if (this.#states.has(chatId)) return this.#states.get(chatId)!;
+    const raw = await this.#host.store.get(this.#key(chatId));
+    const state = raw === undefined || raw === null ? null : checkStored(raw, this.#key(chatId));
+    lruSet(this.#states, chatId, state);
+    return state;
+  }
+
+  async #save(
+    chatId: string,
+    flow: Pick<StoredConversation, "steps" | "asks" | "startedAt"> & { handlerIndex: number },
+    state: "waiting" | "ended",
+    endedBy?: string,
+  ): Promise<void> {
+    const stored: StoredConversation = {
+      v: 1,
+      handler: flow.handlerIndex,
+      steps: flow.steps,
+      asks: flow.asks,
+      state,
+      ...(endedBy !== undefined ? { endedBy } : {}),
+      startedAt: flow.startedAt,
+    };
+    // The transcript is only good while the outbox still holds its steps' sends.
+    const ttlMs = Math.max(1000, flow.startedAt + this.#host.retentionMs - Date.now());
+    await this.#host.store.set(this.#key(chatId), stored as unknown as JsonValue, { ttlMs });
+    lruSet(this.#states, chatId, structuredClone(stored));
+  }
+
+  /**
+   * Handle one message: feed the chat's waiting ask when it takes it,
+   * otherwise run the first matching handler.
+   *
+   * @param job the message and where its sends go
+   */
+  async handle(job: StepJob): Promise<void> {
+    const { message } = job;
+    const chatId = message.chatId;
+    let state = await this.#load(chatId);
+    if (state && consumed(state, message.id)) return; // its step is recorded: a reprocess after a crash
+    if (state?.state === "waiting") {
+      const deadline = state.asks.at(-1)?.deadline ?? null;
+      if (deadline !== null && deadline <= Date.now()) {
+        await this.#timeOut(chatId, state, job);
+        state = this.#states.get(chatId) ?? null;
+      }
+    }
+    if (state?.state === "waiting") {
+      const flow = await this.#flowOf(chatId, state, job);
+      if (flow?.accepts(message)) return this.#step(flow, { message }, job);
+    }
+    const handlers = this.#host.handlers();
+    const index = handlers.findIndex((h) => matches(h.matcher, message));
+    if (index < 0) return;
+    const flow = new Flow(this.#host, index, { steps: [{ message }], asks: [], startedAt: Date.now() }, job);
+    await this.#settleStep(flow, await flow.run(handlers[index]!.handler), job, message.id, false);
+  }
+
+  /** The waiting flow of the chat: in memory, or replayed from the transcript. */
+  async #flowOf(chatId: string, state: StoredConversation, job: StepJob): Promise<Flow | null> {
+    const live = this.#live.get(chatId);
+    if (live && live.steps.length === state.steps.length && live.pending) return live;
+    this.#live.delete(chatId);
+    const handlers = this.#host.handlers();
+    const first = (state.steps[0] as { message: InboundMessage }).message;
+    let index = state.handler;
+    if (!handlers[index] || !matches(handlers[index]!.matcher, first)) {
+      index = handlers.findIndex((h) => matches(h.matcher, first));
+      this.#diverged(chatId, first.id, `its handler (number ${state.handler + 1}) no longer matches its first message`);
+      if (index < 0) {
+        await this.#end(chatId, state);
+        return null;
+      }
+    }
+    this.#host.count("conversationsReplayed");
+    const flow = new Flow(this.#host, index, state, job);
+    const suspension = await flow.run(handlers[index]!.handler);
+    if (suspension.kind === "threw") throw suspension.error;
+    if (suspension.kind === "ended" || flow.pending?.index !== state.asks.length - 1) {
+      this.#diverged(chatId, first.id, "the handler returned before it reached the ask that is waiting");
+      await this.#end(chatId, state);
+      return null;
+    }
+    lruSet(this.#live, chatId, flow);
+    return flow;
+  }
+
+  async #end(chatId: string, state: StoredConversation): Promise<void> {
+    await this.#save(chatId, { ...state, handlerIndex: state.handler }, "ended");
+    this.#live.delete(chatId);
+  }
+
+  #diverged(chatId: string, flowId: string, why: string): void {
+    this.#host.count("conversationsDiverged");
+    this.#host.warn(
+      "conversation-diverged",
+      `The conversation started by message ${show(flowId)} diverged on replay: ${why}. Code between asks must depend only on the answers and stored state`,
+      chatId,
+    );
+  }
+
+  async #step(flow: Flow, input: StepInput, job: StepJob): Promise<void> {
+    const step = flow.steps.length;
+    const suspension = await flow.feed(input, job);
+    await this.#settleStep(flow, suspension, job, inputId(input, flow.flowId, step), true);
+  }
+
+  /** After a step: wait for its sends, then record where the flow is (before its input is marked done). */
+  async #settleStep(flow: Flow, suspension: Suspension, job: StepJob, input: string, stored: boolean): Promise<void> {
+    const chatId = flow.chatId;
+    if (suspension.kind === "threw") {
+      this.#live.delete(chatId);
+      throw suspension.error;
+    }
+    const outcomes = await Promise.allSettled(job.sends);
+    const failed = outcomes.find((o): o is PromiseRejectedResult => o.status === "rejected");
+    if (failed) {
+      this.#live.delete(chatId);
+      throw failed.reason;
+    }
+    if (suspension.kind === "ended") {
+      this.#live.delete(chatId);
+      if (stored) await this.#save(chatId, flow, "ended", input);
+      return;
+    }
+    if (this.#host.durable && !this.#host.storeIsDurable && !this.#warnedNotDurable) {
+      this.#warnedNotDurable = true;
+      this.#host.warn(
+        "conversation-not-durable",
+        "A handler asked with durability on but without a durable store: a pending ask is lost on restart. Pass `store` (e.g. SQLiteStore) to the Bot",
+        chatId,
+      );
+    }
+    try {
+      await this.#save(chatId, flow, "waiting");
+    } catch (error) {
+      this.#live.delete(chatId);
+      throw error;
+    }
+    lruSet(this.#live, chatId, flow);
+    const ask = flow.asks.at(-1)!;
+    if (ask.deadline !== null) {
+      const askIndex = flow.asks.length - 1;
+      this.#host.schedule(chatId, ask.deadline, async (timerJob) => {
+        const state = await this.#load(chatId);
+        if (state?.state !== "waiting" || state.asks.length - 1 !== askIndex || state.steps[0] === undefined) return;
+        if ((state.steps[0] as { message: InboundMessage }).message.id !== flow.flowId) return;
+        if ((state.asks.at(-1)?.deadline ?? Infinity) > Date.now()) return;
+        await this.#timeOut(chatId, state, timerJob);
+      });
+    }
+  }
+
+  /** The pending ask's deadline passed: the handler gets an {@link AskTimeoutError}. */
+  async #timeOut(chatId: string, state: StoredConversation, job: StepJob): Promise<void> {
+    const flow = await this.#flowOf(chatId, state, job);
+    if (!flow) return;
+    const ask = state.asks.at(-1)!;
+    await this.#step(flow, { timeout: { at: ask.deadline!, timeoutMs: ask.timeoutMs ?? 0 } }, job);
+  }
+
+  /** Forget flows in memory (the bot stopped or its process died). */
+  clear(): void {
+    this.#live.clear();
+    this.#states.clear();
+  }
+}
+
+function consumed(state: StoredConversation, id: string): boolean {
+  if (state.state === "ended" && state.endedBy === id) return true;
+  return state.steps.some((s) => "message" in s && s.message.id === id);
+}
+
+function checkStored(raw: JsonValue, key: string): StoredConversation {
+  const s = raw as Partial<StoredConversation> | null;
+  const bad = (field: string) =>
+    new TypeError(`Stored conversation ${JSON.stringify(key)} is damaged: field "${field}" is missing or of the wrong type`);
+  if (typeof s !== "object" || s === null || s.v !== 1) throw bad("v");
+  if (!Array.isArray(s.steps) || s.steps.length === 0) throw bad("steps");
+  const first = s.steps[0] as { message?: { id?: unknown; chatId?: unknown } };
+  if (typeof first?.message?.id !== "string" || typeof first.message.chatId !== "string") throw bad("steps[0].message");
+  if (!Array.isArray(s.asks)) throw bad("asks");
+  if (s.state !== "waiting" && s.state !== "ended") throw bad("state");
+  if (s.state === "waiting" && s.asks.length !== s.steps.length) throw bad("asks");
+  if (typeof s.handler !== "number") throw bad("handler");
+  if (typeof s.startedAt !== "number") throw bad("startedAt");
+  return s as StoredConversation;
+}
