@@ -193,6 +193,7 @@ export class Bot {
       checkSend: checkSendArgs,
       makeContext: (base) => ({ ...base, bot: this }),
       warn: (code, message, chatId) => this.#events.emit("warning", { code, message, chatId }),
+      reportError: (error) => this.#emitError(error),
       count: (metric) => engine?.count(metric),
       schedule: (chatId, at, run) => {
         const timer = setTimeout(() => {

@@ -126,6 +126,7 @@ export interface ConversationHost {
   /** A context for the handler; the bot adds `bot`. */
   makeContext(base: FlowContext): unknown;
   warn(code: "conversation-diverged" | "conversation-not-durable", message: string, chatId: string): void;
+  reportError(error: Error): void;
   count(metric: "conversationsReplayed" | "conversationsDiverged"): void;
   /** Queue a timeout on the chat's queue at `at`. */
   schedule(chatId: string, at: number, run: (job: StepJob) => Promise<void>): void;
@@ -160,6 +161,7 @@ class Flow {
   pending: { index: number; match: Matcher | undefined; resolve(m: InboundMessage): void; reject(e: unknown): void } | null =
     null;
   finished = false;
+  #asking = false;
   #suspension!: Deferred<Suspension>;
   readonly #host: ConversationHost;
 
@@ -228,7 +230,21 @@ class Flow {
     }
     if (options?.match !== undefined) assertMatcher(options.match, "match");
     if (this.finished) throw new Error("ctx.ask() was called after the handler returned");
-    if (this.pending) throw new Error("ctx.ask() was called while another ask of this handler is waiting; await each ask");
+    if (this.#asking) throw new Error("ctx.ask() was called while another ask of this handler is waiting; await each ask");
+    this.#asking = true;
+    try {
+      return await this.#askNow(prompt, options, send);
+    } finally {
+      this.#asking = false;
+    }
+  }
+
+  async #askNow(
+    prompt: OutboundContent | null,
+    options: AskOptions | undefined,
+    send: (chatId: string, content: OutboundContent) => Promise<SendResult>,
+  ): Promise<InboundMessage> {
+    const timeoutMs = options?.timeoutMs;
     const index = this.askCount++;
     const fp = fingerprint(prompt);
     if (prompt !== null && prompt !== undefined) {
@@ -316,7 +332,13 @@ export class Conversations {
   async #load(chatId: string): Promise<StoredConversation | null> {
     if (this.#states.has(chatId)) return this.#states.get(chatId)!;
     const raw = await this.#host.store.get(this.#key(chatId));
-    const state = raw === undefined || raw === null ? null : checkStored(raw, this.#key(chatId));
+    let state: StoredConversation | null = null;
+    try {
+      state = raw === undefined || raw === null ? null : checkStored(raw, this.#key(chatId));
+    } catch (error) {
+      // A damaged transcript must not block the chat: report it, and the message goes to the handlers.
+      this.#host.reportError(error as Error);
+    }
     lruSet(this.#states, chatId, state);
     return state;
   }
@@ -423,18 +445,21 @@ export class Conversations {
   /** After a step: wait for its sends, then record where the flow is (before its input is marked done). */
   async #settleStep(flow: Flow, suspension: Suspension, job: StepJob, input: string, stored: boolean): Promise<void> {
     const chatId = flow.chatId;
+    const forget = () => {
+      if (this.#live.get(chatId) === flow) this.#live.delete(chatId);
+    };
     if (suspension.kind === "threw") {
-      this.#live.delete(chatId);
+      forget();
       throw suspension.error;
     }
     const outcomes = await Promise.allSettled(job.sends);
     const failed = outcomes.find((o): o is PromiseRejectedResult => o.status === "rejected");
     if (failed) {
-      this.#live.delete(chatId);
+      forget();
       throw failed.reason;
     }
     if (suspension.kind === "ended") {
-      this.#live.delete(chatId);
+      forget();
       if (stored) await this.#save(chatId, flow, "ended", input);
       return;
     }
@@ -449,7 +474,7 @@ export class Conversations {
     try {
       await this.#save(chatId, flow, "waiting");
     } catch (error) {
-      this.#live.delete(chatId);
+      forget();
       throw error;
     }
     lruSet(this.#live, chatId, flow);
@@ -489,12 +514,23 @@ function consumed(state: StoredConversation, id: string): boolean {
 function checkStored(raw: JsonValue, key: string): StoredConversation {
   const s = raw as Partial<StoredConversation> | null;
   const bad = (field: string) =>
-    new TypeError(`Stored conversation ${JSON.stringify(key)} is damaged: field "${field}" is missing or of the wrong type`);
+    new TypeError(
+      `Stored conversation ${JSON.stringify(key)} is damaged and was set aside: field "${field}" is missing or of the wrong type`,
+    );
   if (typeof s !== "object" || s === null || s.v !== 1) throw bad("v");
   if (!Array.isArray(s.steps) || s.steps.length === 0) throw bad("steps");
   const first = s.steps[0] as { message?: { id?: unknown; chatId?: unknown } };
   if (typeof first?.message?.id !== "string" || typeof first.message.chatId !== "string") throw bad("steps[0].message");
+  for (const [i, step] of s.steps.entries()) {
+    const m = (step as { message?: { id?: unknown; chatId?: unknown } } | null)?.message;
+    const t = (step as { timeout?: { at?: unknown; timeoutMs?: unknown } } | null)?.timeout;
+    const ok = m ? typeof m.id === "string" && typeof m.chatId === "string" : typeof t?.at === "number" && typeof t.timeoutMs === "number";
+    if (!ok || (i === 0 && !m)) throw bad(`steps[${i}]`);
+  }
   if (!Array.isArray(s.asks)) throw bad("asks");
+  for (const [i, ask] of s.asks.entries()) {
+    if (typeof ask?.fp !== "string" || (ask.deadline !== null && typeof ask.deadline !== "number")) throw bad(`asks[${i}]`);
+  }
   if (s.state !== "waiting" && s.state !== "ended") throw bad("state");
   if (s.state === "waiting" && s.asks.length !== s.steps.length) throw bad("asks");
   if (typeof s.handler !== "number") throw bad("handler");

@@ -1,0 +1,386 @@
+// Conversations: ctx.ask() in process, across restarts (a new Bot on the same backend and store),
+// timeouts, match filters, divergence on replay, step failures, misuse and damaged transcripts.
+import { describe, expect, test } from "bun:test";
+import { AskTimeoutError, Bot, type Context, MemoryDurability, MemoryStore, type SessionStore, TEXT } from "../mod.ts";
+import type { DurabilityBackend } from "../src/backend.ts";
+import type { BotEvents } from "../src/engine.ts";
+import { crashable } from "../src/testing/crashable.ts";
+import { MockProvider } from "../src/testing/mock_provider.ts";
+
+const fast = (backend: DurabilityBackend, instanceId = "conv-1") => ({
+  backend,
+  instanceId,
+  sweepIntervalMs: 20,
+  inbox: { leaseMs: 300, retries: 3, backoff: { baseMs: 2, capMs: 10 } },
+  outbox: { leaseMs: 300, retries: 3, backoff: { baseMs: 2, capMs: 10 } },
+});
+
+/** A store that is "durable" for the bot (not a MemoryStore instance) but lives in this process. */
+class KeptStore implements SessionStore {
+  readonly inner = new MemoryStore();
+  readonly writes: string[] = [];
+  get(key: string) {
+    return this.inner.get(key);
+  }
+  set(key: string, value: Parameters<SessionStore["set"]>[1], options?: { ttlMs?: number }) {
+    this.writes.push(key);
+    return this.inner.set(key, value, options);
+  }
+  delete(key: string) {
+    return this.inner.delete(key);
+  }
+}
+
+type Form = (ctx: Context) => Promise<unknown>;
+
+const form: Form = async (ctx) => {
+  const name = await ctx.ask("Name?");
+  const age = await ctx.ask(`Age, ${name.text}?`);
+  const city = await ctx.ask("City?");
+  await ctx.reply(`Done: ${name.text}, ${age.text}, ${city.text}`);
+};
+
+function makeBot(
+  backend: DurabilityBackend | null,
+  store: SessionStore | undefined,
+  handler: Form = form,
+  provider = new MockProvider(),
+) {
+  const bot = new Bot({ provider, store, ...(backend ? { durability: fast(backend) } : {}) });
+  const warnings: BotEvents["warning"][] = [];
+  const errors: Error[] = [];
+  bot.on("warning", (w) => warnings.push(w));
+  bot.on("error", (e) => errors.push(e));
+  bot.when("form", handler);
+  bot.when(() => true, (ctx) => ctx.reply(`echo ${ctx.message.text ?? ctx.message.type}`));
+  return { bot, provider, warnings, errors };
+}
+
+const sent = (p: MockProvider) => p.sent.map((s) => [s.idempotencyKey, s.content]);
+
+describe("ctx.ask", () => {
+  test("a 3-step form in one process, without durability: each step's sends keyed by the message that fed it", async () => {
+    const { bot, provider } = makeBot(null, undefined);
+    await bot.start();
+    for (const [id, text] of [["m0", "form"], ["m1", "Ann"], ["m2", "33"], ["m3", "Paris"], ["m4", "hi"]]) {
+      await provider.receive({ id, chatId: "c", text });
+    }
+    await bot.idle();
+    expect(sent(provider)).toEqual([
+      ["m0:1", "Name?"],
+      ["m1:1", "Age, Ann?"],
+      ["m2:1", "City?"],
+      ["m3:1", "Done: Ann, 33, Paris"],
+      ["m4:1", "echo hi"],
+    ]);
+    await bot.stop();
+  });
+
+  test("chats are independent: each has its own conversation", async () => {
+    const { bot, provider } = makeBot(new MemoryDurability(), new KeptStore());
+    await bot.start();
+    await provider.receive({ id: "a0", chatId: "a", text: "form" });
+    await provider.receive({ id: "b0", chatId: "b", text: "form" });
+    await provider.receive({ id: "b1", chatId: "b", text: "Bo" });
+    await provider.receive({ id: "a1", chatId: "a", text: "Al" });
+    await bot.idle();
+    expect(sent(provider).filter(([k]) => String(k).endsWith(":1")).map(([, c]) => c).sort()).toEqual(
+      ["Age, Al?", "Age, Bo?", "Name?", "Name?"],
+    );
+    await bot.stop();
+  });
+
+  test("a pending ask survives a restart: the handler is replayed, no prompt goes out twice", async () => {
+    const backend = new MemoryDurability();
+    const store = new KeptStore();
+    const a = makeBot(backend, store);
+    await a.bot.start();
+    await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await a.provider.receive({ id: "m1", chatId: "c", text: "Ann" });
+    await a.bot.idle();
+    await a.bot.stop();
+    expect(sent(a.provider)).toEqual([["m0:1", "Name?"], ["m1:1", "Age, Ann?"]]);
+
+    const b = makeBot(backend, store);
+    await b.bot.start();
+    await b.provider.receive({ id: "m2", chatId: "c", text: "33" });
+    await b.provider.receive({ id: "m3", chatId: "c", text: "Paris" });
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["m2:1", "City?"], ["m3:1", "Done: Ann, 33, Paris"]]);
+    const m = b.bot.durability!.metrics();
+    expect(m.conversationsReplayed).toBe(1);
+    expect(m.conversationsDiverged).toBe(0);
+    expect(m.outboxDeduped).toBe(2); // the replayed prompts, answered from the outbox
+    expect(b.warnings).toEqual([]);
+    // The finished conversation is recorded as ended by m3; the next message goes to the handlers.
+    const stored = await store.get("botmesh:conversation:bot:c") as { state: string; endedBy: string };
+    expect([stored.state, stored.endedBy]).toEqual(["ended", "m3"]);
+    await b.provider.receive({ id: "m4", chatId: "c", text: "hello" });
+    await b.bot.idle();
+    expect(sent(b.provider).at(-1)).toEqual(["m4:1", "echo hello"]);
+    await b.bot.stop();
+  });
+
+  test("a message that does not match the pending ask's `match` goes to the normal handlers", async () => {
+    const handler: Form = async (ctx) => {
+      const answer = await ctx.ask("Type your name", { match: TEXT });
+      await ctx.reply(`Hi ${answer.text}`);
+    };
+    const { bot, provider } = makeBot(new MemoryDurability(), new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await provider.receive({ id: "m1", chatId: "c", media: { type: "image", data: "x" } });
+    await provider.receive({ id: "m2", chatId: "c", text: "Ann" });
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Type your name"], ["m1:1", "echo image"], ["m2:1", "Hi Ann"]]);
+    await bot.stop();
+  });
+
+  test("a filtered ask is replayed after a restart to test the next message", async () => {
+    const handler: Form = async (ctx) => {
+      const answer = await ctx.ask("Type your name", { match: TEXT });
+      await ctx.reply(`Hi ${answer.text}`);
+    };
+    const backend = new MemoryDurability();
+    const store = new KeptStore();
+    const a = makeBot(backend, store, handler);
+    await a.bot.start();
+    await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await a.bot.idle();
+    await a.bot.stop();
+    const b = makeBot(backend, store, handler);
+    await b.bot.start();
+    await b.provider.receive({ id: "m1", chatId: "c", media: { type: "image", data: "x" } });
+    await b.provider.receive({ id: "m2", chatId: "c", text: "Ann" });
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["m1:1", "echo image"], ["m2:1", "Hi Ann"]]);
+    expect(b.bot.durability!.metrics().conversationsReplayed).toBe(1);
+    await b.bot.stop();
+  });
+
+  test("a timeout raises AskTimeoutError in the handler; its sends are keyed <flow>:t<step>:<n>", async () => {
+    const handler: Form = async (ctx) => {
+      try {
+        await ctx.ask("Quick, your name?", { timeoutMs: 60 });
+        await ctx.reply("thanks");
+      } catch (error) {
+        expect(error).toBeInstanceOf(AskTimeoutError);
+        expect((error as AskTimeoutError).timeoutMs).toBe(60);
+        await ctx.reply("too slow");
+      }
+    };
+    const { bot, provider } = makeBot(new MemoryDurability(), new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await bot.idle();
+    const end = Date.now() + 3000;
+    while (provider.sent.length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    await bot.idle();
+    await provider.receive({ id: "m1", chatId: "c", text: "Ann" });
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Quick, your name?"], ["m0:t1:1", "too slow"], ["m1:1", "echo Ann"]]);
+    await bot.stop();
+  });
+
+  test("a deadline that passed while no process held the flow fires before the next message is handled", async () => {
+    const handler: Form = async (ctx) => {
+      try {
+        const name = await ctx.ask("Name?", { timeoutMs: 80 });
+        await ctx.reply(`Hi ${name.text}`);
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        const again = await ctx.ask("Too slow. Name, please?");
+        await ctx.reply(`Hi ${again.text}, at last`);
+      }
+    };
+    const backend = new MemoryDurability();
+    const store = new KeptStore();
+    const a = makeBot(backend, store, handler);
+    await a.bot.start();
+    await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await a.bot.idle();
+    await a.bot.stop(); // its timer goes with it
+    await new Promise((r) => setTimeout(r, 120));
+    const b = makeBot(backend, store, handler);
+    await b.bot.start();
+    await b.provider.receive({ id: "m1", chatId: "c", text: "Ann" });
+    await b.bot.idle();
+    // The timeout step runs first (it asks again), then m1 answers the new ask.
+    expect(sent(b.provider)).toEqual([["m0:t1:1", "Too slow. Name, please?"], ["m1:1", "Hi Ann, at last"]]);
+    await b.bot.stop();
+  });
+
+  test("a replay whose prompt differs is reported (warning + metric) and uses the recorded answer", async () => {
+    let deploy = 1;
+    const handler: Form = async (ctx) => {
+      const name = await ctx.ask(deploy === 1 ? "Name?" : "Your name?"); // not deterministic
+      const age = await ctx.ask("Age?");
+      await ctx.reply(`${name.text}/${age.text}`);
+    };
+    const backend = new MemoryDurability();
+    const store = new KeptStore();
+    const a = makeBot(backend, store, handler);
+    await a.bot.start();
+    await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await a.provider.receive({ id: "m1", chatId: "c", text: "Ann" });
+    await a.bot.idle();
+    await a.bot.stop();
+    deploy = 2;
+    const b = makeBot(backend, store, handler);
+    await b.bot.start();
+    await b.provider.receive({ id: "m2", chatId: "c", text: "33" });
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["m2:1", "Ann/33"]]);
+    const m = b.bot.durability!.metrics();
+    expect(m.conversationsDiverged).toBe(1);
+    expect(m.outboxDiverged).toBe(1); // the changed prompt under its old key was not sent
+    const diverged = b.warnings.filter((w) => w.code === "conversation-diverged");
+    expect(diverged).toHaveLength(1);
+    expect(diverged[0]!.message).toContain('"m0"');
+    expect(diverged[0]!.chatId).toBe("c");
+    await b.bot.stop();
+  });
+
+  test("a replay that returns before the waiting ask is reported, and the message goes to the handlers", async () => {
+    let asks = 2;
+    const handler: Form = async (ctx) => {
+      for (let i = 0; i < asks; i++) await ctx.ask(`Q${i + 1}?`);
+      await ctx.reply("over");
+    };
+    const backend = new MemoryDurability();
+    const store = new KeptStore();
+    const a = makeBot(backend, store, handler);
+    await a.bot.start();
+    await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await a.provider.receive({ id: "m1", chatId: "c", text: "one" });
+    await a.bot.idle();
+    await a.bot.stop();
+    asks = 1;
+    const b = makeBot(backend, store, handler);
+    await b.bot.start();
+    await b.provider.receive({ id: "m2", chatId: "c", text: "two" });
+    await b.bot.idle();
+    expect(b.bot.durability!.metrics().conversationsDiverged).toBe(1);
+    expect(b.warnings.map((w) => w.code)).toContain("conversation-diverged");
+    // The replay's "over" reuses key m1:1 (Q2's): answered from the outbox, not sent, and reported too.
+    expect(sent(b.provider)).toEqual([["m2:1", "echo two"]]);
+    expect(b.bot.durability!.metrics().outboxDiverged).toBe(1);
+    await b.bot.stop();
+  });
+
+  test("a step that throws is retried with backoff; the retry replays the flow and asks nothing twice", async () => {
+    let failures = 1;
+    const handler: Form = async (ctx) => {
+      const name = await ctx.ask("Name?");
+      if (failures-- > 0) throw new Error("lookup failed");
+      await ctx.ask(`Age, ${name.text}?`);
+      await ctx.reply("ok");
+    };
+    const { bot, provider, warnings } = makeBot(new MemoryDurability(), new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await provider.receive({ id: "m1", chatId: "c", text: "Ann" });
+    await bot.idle();
+    await provider.receive({ id: "m2", chatId: "c", text: "33" });
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Name?"], ["m1:1", "Age, Ann?"], ["m2:1", "ok"]]);
+    expect(warnings.map((w) => w.code)).toContain("handler-retry");
+    expect(bot.durability!.metrics().conversationsReplayed).toBe(1);
+    expect((await bot.durability!.inbox.get("m1"))?.attempts).toBe(2);
+    await bot.stop();
+  });
+
+  test("a crash after the transcript was written but before the message was done: the reprocess asks nothing again", async () => {
+    const shared = new MemoryDurability();
+    const store = new KeptStore();
+    const a = crashable(shared);
+    a.crashBefore("inbox.complete", { at: 2 }); // m1's completion
+    const botA = makeBot(a, store);
+    await botA.bot.start();
+    await botA.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await botA.provider.receive({ id: "m1", chatId: "c", text: "Ann" });
+    const end = Date.now() + 3000;
+    while (!a.crashed && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
+    expect(a.crashed).toBe(true);
+    await botA.bot.stop().catch(() => {});
+    expect(sent(botA.provider)).toEqual([["m0:1", "Name?"], ["m1:1", "Age, Ann?"]]);
+
+    const b = makeBot(shared, store);
+    await b.bot.start(); // recovery reprocesses m1: its step is in the transcript already
+    await b.bot.idle();
+    expect((await shared.inbox.get("m1"))?.state).toBe("done");
+    for (const [id, text] of [["m0", "form"], ["m1", "Ann"], ["m2", "33"], ["m3", "Paris"]]) {
+      await b.provider.receive({ id, chatId: "c", text });
+    }
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["m2:1", "City?"], ["m3:1", "Done: Ann, 33, Paris"]]);
+    await b.bot.stop();
+  });
+
+  test("misuse is refused with errors that name the option", async () => {
+    const seen: unknown[] = [];
+    const handler: Form = async (ctx) => {
+      for (
+        const bad of [
+          () => ctx.ask("x", { timeoutMs: 0 }),
+          () => ctx.ask("x", { timeoutMs: "5s" as never }),
+          () => ctx.ask("x", { match: 42 as never }),
+          () => ctx.ask("x", "soon" as never),
+        ]
+      ) {
+        seen.push(await bad().catch((e) => e));
+      }
+      const first = ctx.ask("one?");
+      seen.push(await ctx.ask("two?").catch((e) => e));
+      await first;
+    };
+    const { bot, provider } = makeBot(new MemoryDurability(), new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await bot.idle();
+    const messages = seen.map((e) => `${(e as Error).name}: ${(e as Error).message}`);
+    expect(messages[0]).toMatch(/^RangeError: Option "timeoutMs" of ctx.ask\(\) must be a positive number, got 0/);
+    expect(messages[1]).toMatch(/^RangeError: Option "timeoutMs".*"5s"/);
+    expect(messages[2]).toMatch(/^TypeError: .*match/);
+    expect(messages[3]).toMatch(/^TypeError: Argument "options" of ctx.ask\(\) must be an object/);
+    expect(messages[4]).toMatch(/another ask of this handler is waiting/);
+    await bot.stop();
+  });
+
+  test("with durability but no durable store, the first ask warns once that a pending ask is lost on restart", async () => {
+    const { bot, provider, warnings } = makeBot(new MemoryDurability(), undefined);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await provider.receive({ id: "n0", chatId: "d", text: "form" });
+    await bot.idle();
+    expect(warnings.filter((w) => w.code === "conversation-not-durable")).toHaveLength(1);
+    await bot.stop();
+  });
+
+  test("a damaged transcript is reported naming the field and set aside; the message goes to the handlers", async () => {
+    const store = new KeptStore();
+    await store.inner.set("botmesh:conversation:bot:c", { v: 1, handler: 0, steps: [{ message: { id: 7 } }], asks: [], state: "waiting", startedAt: 1 });
+    const { bot, provider, errors } = makeBot(new MemoryDurability(), store);
+    await bot.start();
+    await provider.receive({ id: "m1", chatId: "c", text: "hello" });
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m1:1", "echo hello"]]);
+    expect(errors.map((e) => e.message).join("\n")).toContain('field "steps[0].message"');
+    await bot.stop();
+  });
+
+  test("ctx.send to another chat inside a step is keyed by the step's message", async () => {
+    const handler: Form = async (ctx) => {
+      const answer = await ctx.ask("To whom?");
+      await ctx.send(answer.text!, `Hello from ${ctx.chatId}`);
+      await ctx.send(answer.text!, "again", { idempotencyKey: "explicit-1" });
+    };
+    const { bot, provider } = makeBot(new MemoryDurability(), new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await provider.receive({ id: "m1", chatId: "c", text: "other" });
+    await bot.idle();
+    expect(provider.sent.map((s) => [s.idempotencyKey, s.chatId])).toEqual([["m0:1", "c"], ["m1:1", "other"], ["explicit-1", "other"]]);
+    await bot.stop();
+  });
+});
