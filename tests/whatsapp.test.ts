@@ -1,0 +1,874 @@
+// The WhatsApp Cloud API provider against a fake Graph API and a fake Meta
+// webhook sender on loopback, with a real Bot and durability (memory; SQLite
+// for the restart and one full run).
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import {
+  ANY,
+  Bot,
+  type DurabilityBackend,
+  type InboundMessage,
+  loadMediaOf,
+  type LoadedMedia,
+  MediaUnavailableError,
+  MemoryDurability,
+} from "../mod.ts";
+import { SQLiteStore } from "../backends/sqlite.ts";
+import {
+  classifyGraphError,
+  parseRetryAfter,
+  WhatsAppApiError,
+  WhatsAppPayloadError,
+  WhatsAppProvider,
+  type WhatsAppProviderOptions,
+  type WhatsAppStatus,
+} from "../providers/whatsapp.ts";
+import { FakeWhatsApp, inbound, makeWamid, statusUpdate, webhookPayload } from "./support/fake_whatsapp.ts";
+
+const dir = join(tmpdir(), `botmesh-whatsapp-tests-${crypto.randomUUID()}`);
+mkdirSync(dir, { recursive: true });
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const TOKEN = "EAAG-test-access-token";
+const PHONE = "106540352242922";
+const SECRET = "app-secret-0123456789abcdef";
+const VERIFY = "verify-me-please";
+const USER = "16505551234";
+const USER2 = "16505550000";
+
+const fake = FakeWhatsApp.start({ accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET });
+afterAll(() => fake.close());
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  while (cleanups.length > 0) await cleanups.pop()!();
+});
+
+interface Harness {
+  bot: Bot;
+  provider: WhatsAppProvider;
+  hook: string;
+  seen: InboundMessage[];
+  errors: Error[];
+  botErrors: unknown[];
+  statuses: WhatsAppStatus[];
+  dead: { kind: string; id: string; error: string }[];
+}
+
+function makeProvider(
+  extra: Partial<WhatsAppProviderOptions> = {},
+  sinks?: { errors: Error[]; statuses: WhatsAppStatus[] },
+): WhatsAppProvider {
+  return new WhatsAppProvider({
+    accessToken: TOKEN,
+    phoneNumberId: PHONE,
+    appSecret: SECRET,
+    verifyToken: VERIFY,
+    graphBase: fake.url,
+    requestTimeoutMs: 2_000,
+    onError: (error) => sinks?.errors.push(error),
+    onStatus: (status) => {
+      sinks?.statuses.push(status);
+    },
+    ...extra,
+  });
+}
+
+/** A bot with the WhatsApp provider, its webhook served on loopback. */
+async function harness(
+  options: {
+    backend?: DurabilityBackend;
+    provider?: Partial<WhatsAppProviderOptions>;
+    setup?: (bot: Bot, h: Harness) => void;
+    outboxRetries?: number;
+    inboxRetries?: number;
+    start?: boolean;
+  } = {},
+): Promise<Harness> {
+  const errors: Error[] = [];
+  const statuses: WhatsAppStatus[] = [];
+  const provider = makeProvider(options.provider, { errors, statuses });
+  const bot = new Bot({
+    provider,
+    durability: {
+      backend: options.backend ?? new MemoryDurability(),
+      instanceId: "wa-test",
+      inbox: { retries: options.inboxRetries ?? 2, backoff: { baseMs: 10, capMs: 40 } },
+      outbox: { retries: options.outboxRetries ?? 4, backoff: { baseMs: 10, capMs: 40 } },
+    },
+  });
+  const server = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: provider.webhook });
+  const h: Harness = {
+    bot,
+    provider,
+    hook: `http://127.0.0.1:${server.port}/webhook/whatsapp`,
+    seen: [],
+    errors,
+    botErrors: [],
+    statuses,
+    dead: [],
+  };
+  bot.on("error", (e) => h.botErrors.push(e));
+  bot.on("durability:dead", (d) => h.dead.push(d));
+  if (options.setup) options.setup(bot, h);
+  else bot.when(ANY, (ctx) => void h.seen.push(ctx.message));
+  if (options.start !== false) await bot.start();
+  cleanups.push(async () => {
+    await bot.stop();
+    server.stop(true);
+  });
+  return h;
+}
+
+const payload = (messages: unknown[], statuses?: unknown[]) =>
+  webhookPayload(PHONE, { contacts: [{ profile: { name: "Sheena Nelson" }, wa_id: USER }], messages, ...(statuses ? { statuses } : {}) });
+
+// ---- verification and request checks ------------------------------------------------------
+
+describe("webhook verification and request checks", () => {
+  test("GET verification answers the challenge only for the right token", async () => {
+    const h = await harness();
+    const ok = await fetch(`${h.hook}?hub.mode=subscribe&hub.verify_token=${VERIFY}&hub.challenge=1158201444`);
+    expect(ok.status).toBe(200);
+    expect(ok.headers.get("content-type")).toContain("text/plain");
+    expect(await ok.text()).toBe("1158201444");
+    const wrong = await fetch(`${h.hook}?hub.mode=subscribe&hub.verify_token=nope&hub.challenge=1158201444`);
+    expect(wrong.status).toBe(403);
+    expect(await wrong.text()).toContain("verify_token does not match");
+    const longer = await fetch(`${h.hook}?hub.mode=subscribe&hub.verify_token=${VERIFY}x&hub.challenge=1`);
+    expect(longer.status).toBe(403);
+    const noMode = await fetch(`${h.hook}?hub.verify_token=${VERIFY}&hub.challenge=1`);
+    expect(noMode.status).toBe(403);
+    const badMode = await fetch(`${h.hook}?hub.mode=unsubscribe&hub.verify_token=${VERIFY}&hub.challenge=1`);
+    expect(badMode.status).toBe(403);
+  });
+
+  test("POST signature: 401 when missing, malformed or wrong, 200 when right", async () => {
+    const h = await harness();
+    const body = payload([inbound.text(USER, "hi")]);
+    const missing = await fake.post(h.hook, body, { signature: null });
+    expect(missing.status).toBe(401);
+    expect(missing.text).toContain("Missing X-Hub-Signature-256");
+    const malformed = await fake.post(h.hook, body, { signature: "sha1=abc" });
+    expect(malformed.status).toBe(401);
+    expect(malformed.text).toContain("Malformed");
+    const wrongSecret = await fake.post(h.hook, body, { signature: await fake.sign(JSON.stringify(body), "another-secret") });
+    expect(wrongSecret.status).toBe(401);
+    expect(wrongSecret.text).toContain("does not match");
+    // signed, then altered in transit
+    const altered = await fake.post(h.hook, JSON.stringify(body).replace('"hi"', '"ho"'), {
+      signature: await fake.sign(JSON.stringify(body)),
+    });
+    expect(altered.status).toBe(401);
+    await h.bot.idle();
+    expect(h.seen).toHaveLength(0);
+    expect(await h.bot.durability!.inbox.list()).toHaveLength(0);
+    const right = await fake.post(h.hook, body);
+    expect(right.status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text)).toEqual(["hi"]);
+  });
+
+  test("400 for a body that is not JSON or not a WhatsApp payload, with a clear message", async () => {
+    const h = await harness();
+    const notJson = await fake.post(h.hook, "{not json");
+    expect(notJson.status).toBe(400);
+    expect(notJson.text).toContain("not valid JSON");
+    const wrongObject = await fake.post(h.hook, { object: "page", entry: [] });
+    expect(wrongObject.status).toBe(400);
+    expect(wrongObject.text).toBe('Webhook field "object" must be "whatsapp_business_account", got "page"');
+    const noEntry = await fake.post(h.hook, { object: "whatsapp_business_account" });
+    expect(noEntry.status).toBe(400);
+    expect(noEntry.text).toContain('field "entry" must be an array');
+    const array = await fake.post(h.hook, "[1,2]");
+    expect(array.status).toBe(400);
+    expect(array.text).toContain("must be a JSON object");
+  });
+
+  test("413 over maxBodyBytes, by Content-Length and by a streamed body", async () => {
+    const h = await harness({ provider: { maxBodyBytes: 4096 } });
+    const big = JSON.stringify({ object: "whatsapp_business_account", entry: [], pad: "x".repeat(5000) });
+    const byLength = await fake.post(h.hook, big);
+    expect(byLength.status).toBe(413);
+    expect(byLength.text).toContain("4096");
+    // no Content-Length: the body is read up to the limit
+    const stream = new ReadableStream<Uint8Array>({
+      start(controller) {
+        for (let i = 0; i < 10; i++) controller.enqueue(new TextEncoder().encode("x".repeat(1000)));
+        controller.close();
+      },
+    });
+    const streamed = await h.provider.webhook(
+      new Request("http://localhost/hook", {
+        method: "POST",
+        headers: { "x-hub-signature-256": `sha256=${"0".repeat(64)}` },
+        body: stream,
+        duplex: "half",
+      } as RequestInit),
+    );
+    expect(streamed.status).toBe(413);
+    // the default is 1 MiB
+    const h2 = await harness();
+    const huge = await fake.post(h2.hook, JSON.stringify({ pad: "y".repeat(1024 * 1024 + 1) }));
+    expect(huge.status).toBe(413);
+  });
+
+  test("405 with Allow for other methods; 503 while the bot is not started", async () => {
+    const h = await harness({ start: false });
+    const put = await fetch(h.hook, { method: "PUT", body: "x" });
+    expect(put.status).toBe(405);
+    expect(put.headers.get("allow")).toBe("GET, POST");
+    const notStarted = await fake.post(h.hook, payload([inbound.text(USER, "early")]));
+    expect(notStarted.status).toBe(503);
+    expect(notStarted.text).toContain("not started");
+    await h.bot.start();
+    const started = await fake.post(h.hook, payload([inbound.text(USER, "early")]));
+    expect(started.status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text)).toEqual(["early"]);
+  });
+});
+
+// ---- inbound messages --------------------------------------------------------------------------
+
+describe("inbound messages", () => {
+  test("each kind reaches the handlers with its type, text and interaction; statuses are not admitted", async () => {
+    const h = await harness();
+    const sentId = makeWamid();
+    const messages = [
+      inbound.text(USER, "Does it come in another color?", "wamid.text1"),
+      inbound.media("image", USER, { caption: "a cat", mime_type: "image/jpeg", sha256: "abc", id: "9001" }, "wamid.image1"),
+      inbound.media("audio", USER, { mime_type: "audio/ogg; codecs=opus", sha256: "abc", id: "9002", voice: true }, "wamid.audio1"),
+      inbound.media("document", USER, { caption: "the invoice", filename: "invoice.pdf", mime_type: "application/pdf", id: "9003" }, "wamid.doc1"),
+      inbound.media("video", USER, { mime_type: "video/mp4", id: "9004" }, "wamid.video1"),
+      inbound.media("sticker", USER, { mime_type: "image/webp", id: "9005", animated: false }, "wamid.sticker1"),
+      inbound.buttonReply(USER, "yes-button", "Yes", "wamid.button1"),
+      inbound.listReply(USER, "row-2", "Express", "Next day", "wamid.list1"),
+      inbound.templateButton(USER, "STOP_PROMOS", "Stop promotions", "wamid.tpl1"),
+      inbound.other(USER, "reaction", { message_id: sentId, emoji: "👍" }, "wamid.reaction1"),
+      inbound.other(USER, "location", { latitude: 1.5, longitude: 2.5, name: "Cafe", address: "Main St 1" }, "wamid.loc1"),
+      inbound.other(USER, "unsupported", undefined, "wamid.unsup1"),
+    ];
+    const statuses = [
+      statusUpdate(sentId, "sent", USER, { biz_opaque_callback_data: "order:42:1" }),
+      statusUpdate(sentId, "delivered", USER),
+      statusUpdate(sentId, "read", USER),
+      statusUpdate(makeWamid(), "failed", USER, { errors: [{ code: 131047, title: "Re-engagement message" }] }),
+    ];
+    const res = await fake.post(h.hook, payload(messages, statuses));
+    expect(res.status).toBe(200);
+    const summary = JSON.parse(res.text);
+    expect(summary).toMatchObject({ ok: true, admitted: 12, duplicates: 0, rejected: 0, statuses: 4 });
+    await h.bot.idle();
+    const byId = new Map(h.seen.map((m) => [m.id, m]));
+    expect(h.seen.map((m) => m.id)).toEqual(messages.map((m) => m.id as string)); // one chat: payload order
+    const text = byId.get("wamid.text1")!;
+    expect(text).toMatchObject({ type: "text", text: "Does it come in another color?", chatId: USER, from: USER });
+    expect(text.timestamp).toBe(Number(messages[0].timestamp) * 1000);
+    expect((text.extra as Record<string, unknown>).profileName).toBe("Sheena Nelson");
+    expect(byId.get("wamid.image1")).toMatchObject({ type: "image", text: "a cat" });
+    expect(byId.get("wamid.image1")!.media).toMatchObject({ v: 1, provider: "whatsapp", ref: { mediaId: "9001", mimeType: "image/jpeg" } });
+    expect(byId.get("wamid.audio1")).toMatchObject({ type: "audio", extra: { audio: { voice: true } } });
+    expect(byId.get("wamid.audio1")!.text).toBeUndefined();
+    expect(byId.get("wamid.doc1")).toMatchObject({ type: "document", text: "the invoice" });
+    expect(byId.get("wamid.doc1")!.media).toMatchObject({ ref: { fileName: "invoice.pdf" } });
+    expect(byId.get("wamid.video1")!.type).toBe("video");
+    expect(byId.get("wamid.sticker1")!.type).toBe("sticker");
+    expect(byId.get("wamid.button1")).toMatchObject({
+      type: "interaction",
+      interaction: { id: "yes-button", value: { kind: "button_reply", title: "Yes" } },
+    });
+    expect((byId.get("wamid.button1")!.extra as Record<string, unknown>).context).toBeDefined();
+    expect(byId.get("wamid.list1")).toMatchObject({
+      type: "interaction",
+      interaction: { id: "row-2", value: { kind: "list_reply", title: "Express", description: "Next day" } },
+    });
+    expect(byId.get("wamid.tpl1")).toMatchObject({
+      type: "interaction",
+      interaction: { id: "STOP_PROMOS", value: { kind: "button", title: "Stop promotions", payload: "STOP_PROMOS" } },
+    });
+    expect(byId.get("wamid.reaction1")).toMatchObject({ type: "reaction", text: "👍", extra: { reaction: { message_id: sentId } } });
+    expect(byId.get("wamid.loc1")).toMatchObject({ type: "location", text: "Cafe, Main St 1" });
+    expect(byId.get("wamid.unsup1")!.type).toBe("unsupported");
+    // statuses: to onStatus, not to the inbox
+    expect(h.statuses.map((s) => s.status)).toEqual(["sent", "delivered", "read", "failed"]);
+    expect(h.statuses[0]).toMatchObject({ id: sentId, recipientId: USER, callbackData: "order:42:1" });
+    expect(h.statuses[3].errors).toEqual([{ code: 131047, title: "Re-engagement message" }]);
+    const records = await h.bot.durability!.inbox.list();
+    expect(records.map((r) => r.id).sort()).toEqual(messages.map((m) => m.id as string).sort());
+    expect(records.find((r) => r.id === "wamid.button1")!.kind).toBe("interaction");
+    expect(h.errors).toHaveLength(0);
+  });
+
+  test("a status-only POST admits nothing and calls no handler", async () => {
+    const h = await harness();
+    const res = await fake.post(h.hook, webhookPayload(PHONE, { statuses: [statusUpdate(makeWamid(), "delivered", USER)] }));
+    expect(res.status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen).toHaveLength(0);
+    expect(await h.bot.durability!.inbox.list()).toHaveLength(0);
+    expect(h.statuses).toHaveLength(1);
+    expect(h.bot.durability!.metrics().inboundJournaled).toBe(0);
+  });
+
+  test("a batch with malformed messages admits the others and reports a clear error naming the field", async () => {
+    const h = await harness();
+    const good1 = inbound.text(USER, "first");
+    const noFrom = inbound.text(USER, "lost");
+    delete noFrom.from;
+    const badText = { ...inbound.text(USER2, "x"), text: { nobody: 1 } };
+    const badButton = { ...inbound.buttonReply(USER, "", "Empty") };
+    const good2 = inbound.text(USER2, "second");
+    const res = await fake.post(h.hook, payload([good1, noFrom, "garbage", badText, badButton, good2]));
+    expect(res.status).toBe(200);
+    const summary = JSON.parse(res.text);
+    expect(summary.admitted).toBe(2);
+    expect(summary.errors).toHaveLength(4);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text).sort()).toEqual(["first", "second"]);
+    expect(h.errors.every((e) => e instanceof WhatsAppPayloadError)).toBe(true);
+    const [e1, e2, e3, e4] = h.errors as WhatsAppPayloadError[];
+    expect(e1.message).toBe(
+      'WhatsApp webhook entry[0].changes[0].value.messages[1]: field "from" must be a non-empty string of at most 512 characters, got undefined',
+    );
+    expect(e1.field).toBe("from");
+    expect(e2.message).toContain("messages[2]: a message must be an object");
+    expect(e3.field).toBe("text.body");
+    expect(e4.field).toBe("interactive.button_reply.id");
+  });
+
+  test("changes for another phone number and other fields are ignored with a 200", async () => {
+    const h = await harness();
+    const other = await fake.post(h.hook, webhookPayload("999999999", { messages: [inbound.text(USER, "not ours")] }));
+    expect(other.status).toBe(200);
+    expect(JSON.parse(other.text)).toMatchObject({ admitted: 0, ignored: 1 });
+    const template = await fake.post(
+      h.hook,
+      webhookPayload(PHONE, {}, "message_template_status_update"),
+    );
+    expect(template.status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen).toHaveLength(0);
+    expect(await h.bot.durability!.inbox.list()).toHaveLength(0);
+  });
+
+  test("messages of one chat are handled one at a time in payload order, across chats concurrently", async () => {
+    const order: string[] = [];
+    let running = 0;
+    let maxRunningPerChat = 0;
+    const h = await harness({
+      setup: (bot) =>
+        bot.when(ANY, async (ctx) => {
+          if (ctx.chatId === USER) {
+            running++;
+            maxRunningPerChat = Math.max(maxRunningPerChat, running);
+          }
+          await Promise.resolve();
+          order.push(`${ctx.chatId}:${ctx.message.text}`);
+          if (ctx.chatId === USER) running--;
+        }),
+    });
+    const msgs = ["1", "2", "3", "4", "5"].map((t) => inbound.text(USER, t));
+    msgs.splice(2, 0, inbound.text(USER2, "other"));
+    expect((await fake.post(h.hook, payload(msgs))).status).toBe(200);
+    await h.bot.idle();
+    expect(order.filter((o) => o.startsWith(USER + ":"))).toEqual(["1", "2", "3", "4", "5"].map((t) => `${USER}:${t}`));
+    expect(order).toContain(`${USER2}:other`);
+    expect(maxRunningPerChat).toBe(1);
+  });
+
+  test("duplicates (same wamid in one POST and across POSTs, redeliveries) are processed once", async () => {
+    const h = await harness();
+    const m = inbound.text(USER, "once", "wamid.dup1");
+    const first = await fake.post(h.hook, payload([m, m]));
+    expect(first.status).toBe(200);
+    expect(JSON.parse(first.text)).toMatchObject({ admitted: 1, duplicates: 1 });
+    const again = await fake.post(h.hook, payload([m, inbound.text(USER, "new")]));
+    expect(again.status).toBe(200);
+    expect(JSON.parse(again.text)).toMatchObject({ admitted: 1, duplicates: 1 });
+    await h.bot.idle();
+    const later = await fake.post(h.hook, payload([m]));
+    expect(later.status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen.map((x) => x.text)).toEqual(["once", "new"]);
+    expect(h.bot.durability!.metrics().inboundDuplicates).toBe(3);
+    expect(await h.bot.durability!.inbox.list()).toHaveLength(2);
+  });
+
+  test("journal failure: 503, Meta redelivers, each message is processed exactly once", async () => {
+    const backend = new MemoryDurability();
+    const admit = backend.inbox.admit.bind(backend.inbox);
+    let failures = 0;
+    let calls = 0;
+    (backend.inbox as { admit: typeof admit }).admit = (record, lease) => {
+      calls++;
+      // the second message of the first delivery fails to journal, once
+      if (record.id === "wamid.j2" && failures === 0) {
+        failures++;
+        return Promise.reject(new Error("disk full"));
+      }
+      return admit(record, lease);
+    };
+    const h = await harness({ backend });
+    const body = payload([inbound.text(USER, "one", "wamid.j1"), inbound.text(USER, "two", "wamid.j2"), inbound.text(USER2, "three", "wamid.j3")]);
+    const statuses = await fake.deliver(h.hook, body);
+    expect(statuses).toEqual([503, 200]);
+    await h.bot.idle();
+    expect(failures).toBe(1);
+    expect(calls).toBeGreaterThanOrEqual(4);
+    expect(h.seen.map((m) => m.id).sort()).toEqual(["wamid.j1", "wamid.j2", "wamid.j3"]);
+    const records = await h.bot.durability!.inbox.list();
+    expect(records.every((r) => r.state === "done")).toBe(true);
+    expect(records).toHaveLength(3);
+    expect(h.botErrors.some((e) => String((e as Error).message ?? e).includes("disk full"))).toBe(true);
+    // the ones admitted on the first delivery came back as duplicates
+    expect(h.bot.durability!.metrics().inboundDuplicates).toBe(2);
+  });
+
+  test("an onStatus that throws makes Meta redeliver; the messages of that POST are not processed twice", async () => {
+    let throwOnce = true;
+    const h = await harness({
+      provider: {
+        onStatus: () => {
+          if (throwOnce) {
+            throwOnce = false;
+            throw new Error("status store down");
+          }
+        },
+      },
+    });
+    const body = payload([inbound.text(USER, "with status")], [statusUpdate(makeWamid(), "read", USER)]);
+    expect(await fake.deliver(h.hook, body)).toEqual([503, 200]);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text)).toEqual(["with status"]);
+    expect(h.errors.map((e) => e.message).join()).toContain("status store down");
+  });
+});
+
+// ---- sends ------------------------------------------------------------------------------------
+
+describe("sends through the Graph API", () => {
+  test("a reply goes to /{version}/{phone-number-id}/messages and its wamid is recorded", async () => {
+    const h = await harness({ setup: (bot) => bot.when(/hello/, (ctx) => ctx.reply("Hi there!")) });
+    const before = fake.attempts.length;
+    expect((await fake.post(h.hook, payload([inbound.text(USER, "hello", "wamid.hello1")]))).status).toBe(200);
+    await h.bot.idle();
+    const attempts = fake.attempts.slice(before);
+    expect(attempts).toHaveLength(1);
+    expect(attempts[0].version).toBe("v24.0");
+    expect(attempts[0].phoneNumberId).toBe(PHONE);
+    expect(attempts[0].body).toEqual({
+      messaging_product: "whatsapp",
+      recipient_type: "individual",
+      to: USER,
+      type: "text",
+      text: { body: "Hi there!" },
+      biz_opaque_callback_data: "wamid.hello1:1",
+    });
+    const [entry] = await h.bot.durability!.outbox.list();
+    expect(entry).toMatchObject({ key: "wamid.hello1:1", state: "sent", messageId: attempts[0].wamid });
+  });
+
+  test("content shapes: text with preview and reply, media by link and id, interactive, template, passthrough", async () => {
+    const h = await harness();
+    const before = fake.attempts.length;
+    const sends: [unknown, Record<string, unknown>][] = [
+      [{ text: "see https://example.com", previewUrl: true, replyTo: "wamid.orig" }, {
+        type: "text",
+        text: { body: "see https://example.com", preview_url: true },
+        context: { message_id: "wamid.orig" },
+      }],
+      [{ image: { link: "https://example.com/cat.jpg", caption: "cat" } }, {
+        type: "image",
+        image: { link: "https://example.com/cat.jpg", caption: "cat" },
+      }],
+      [{ document: { id: "1234", filename: "a.pdf" } }, { type: "document", document: { id: "1234", filename: "a.pdf" } }],
+      [
+        { interactive: { type: "button", body: { text: "Pick" }, action: { buttons: [{ type: "reply", reply: { id: "a", title: "A" } }] } } },
+        { type: "interactive" },
+      ],
+      [{ template: { name: "hello_world", language: { code: "en_US" } } }, { type: "template", template: { name: "hello_world", language: { code: "en_US" } } }],
+      [{ type: "location", location: { latitude: 1, longitude: 2 } }, { type: "location", location: { latitude: 1, longitude: 2 } }],
+    ];
+    let n = 0;
+    for (const [content] of sends) {
+      const result = await h.bot.send(USER, content as Record<string, unknown>, { idempotencyKey: `shape-${++n}` });
+      expect(result.state).toBe("sent");
+      expect(result.messageId).toStartWith("wamid.");
+    }
+    const attempts = fake.attempts.slice(before);
+    expect(attempts).toHaveLength(sends.length);
+    sends.forEach(([, expected], i) => {
+      expect(attempts[i].body).toMatchObject({ messaging_product: "whatsapp", to: USER, ...expected });
+    });
+    // reactions carry no callback data
+    await h.bot.send(USER, { reaction: { message_id: "wamid.x", emoji: "👍" } }, { idempotencyKey: "react-1" });
+    expect(fake.attempts.at(-1)!.body.biz_opaque_callback_data).toBeUndefined();
+  });
+
+  test("content WhatsApp cannot send is dead at once with a clear error", async () => {
+    const h = await harness();
+    const before = fake.attempts.length;
+    const bytes = await h.bot.send(USER, { image: { caption: "no link" } }, { idempotencyKey: "bad-1" });
+    expect(bytes.state).toBe("dead");
+    expect(bytes.error).toContain('content field "image" must be an object with "link" or "id"');
+    const unknown = await h.bot.send(USER, { foo: 1 }, { idempotencyKey: "bad-2" });
+    expect(unknown.state).toBe("dead");
+    expect(unknown.error).toContain('got keys ["foo"]');
+    expect(fake.attempts.length).toBe(before); // nothing went out
+  });
+
+  test("429 with Retry-After: the retry waits at least that long", async () => {
+    const h = await harness();
+    const before = fake.attempts.length;
+    fake.failSends({
+      kind: "graph",
+      status: 429,
+      code: 130429,
+      message: "(#130429) Rate limit hit",
+      details: "Cloud API message throughput has been reached.",
+      retryAfter: "1",
+    });
+    const first = await h.bot.send(USER, "throttled", { idempotencyKey: "rl-1" });
+    expect(first.state).toBe("failed");
+    expect(first.error).toContain("130429");
+    await h.bot.idle();
+    const attempts = fake.attempts.slice(before);
+    expect(attempts.map((a) => a.status)).toEqual([429, 200]);
+    expect(attempts[1].at - attempts[0].at).toBeGreaterThanOrEqual(950);
+    expect(attempts[1].at - attempts[0].at).toBeLessThan(5_000);
+    expect((await h.bot.durability!.outbox.get("rl-1"))!.state).toBe("sent");
+  });
+
+  test("5xx and transient Graph codes are retried; throttling codes on a 400 too", async () => {
+    const h = await harness();
+    const before = fake.attempts.length;
+    fake.failSends(
+      { kind: "http", status: 502, body: "<html>Bad Gateway</html>" },
+      { kind: "graph", status: 500, code: 2, message: "(#2) Service temporarily unavailable" },
+      { kind: "graph", status: 503, code: 133004, message: "Server temporarily unavailable" },
+      { kind: "graph", status: 400, code: 131000, message: "Something went wrong" },
+    );
+    const result = await h.bot.send(USER, "eventually", { idempotencyKey: "5xx-1" });
+    expect(result.state).toBe("failed");
+    await h.bot.idle();
+    expect(fake.attempts.slice(before).map((a) => a.status)).toEqual([502, 500, 503, 400, 200]);
+    expect((await h.bot.durability!.outbox.get("5xx-1"))!.state).toBe("sent");
+  });
+
+  test("permanent Graph errors (131047, 131026, 100, 190) go to the DLQ at once with Graph's message", async () => {
+    const h = await harness();
+    const cases = [
+      { status: 400, code: 131047, message: "(#131047) Re-engagement message", details: "Message failed to send because more than 24 hours have passed since the customer last replied to this number." },
+      { status: 400, code: 131026, message: "(#131026) Message Undeliverable" },
+      { status: 400, code: 100, message: "(#100) Invalid parameter", details: "Parameter 'to' is invalid" },
+      { status: 401, code: 190, message: "Error validating access token: Session has expired" },
+    ];
+    for (const [i, c] of cases.entries()) {
+      const before = fake.attempts.length;
+      fake.failSends({ kind: "graph", ...c });
+      const result = await h.bot.send(USER, `perm ${i}`, { idempotencyKey: `perm-${i}` });
+      expect(result.state).toBe("dead");
+      expect(result.error).toContain(`error ${c.code}`);
+      expect(result.error).toContain(c.message);
+      if (c.details) expect(result.error).toContain(c.details);
+      expect(fake.attempts.length - before).toBe(1); // not retried
+    }
+    const dead = await h.bot.durability!.outbox.list({ state: "dead" });
+    expect(dead.map((d) => d.key).sort()).toEqual(["perm-0", "perm-1", "perm-2", "perm-3"]);
+    expect(h.dead.filter((d) => d.kind === "outbound")).toHaveLength(4);
+    // a real wrong token: the fake answers 190 itself
+    const wrong = makeProvider({ accessToken: "nope" });
+    const error = await wrong.send(USER, "x", { idempotencyKey: "k", attempt: 1, signal: new AbortController().signal })
+      .catch((e) => e);
+    expect(error).toBeInstanceOf(WhatsAppApiError);
+    expect(error).toMatchObject({ status: 401, code: 190, retryable: false, type: "OAuthException" });
+  });
+
+  test("a timeout is retried", async () => {
+    const h = await harness({ provider: { requestTimeoutMs: 300 } });
+    const before = fake.attempts.length;
+    fake.failSends({ kind: "hang" });
+    const first = await h.bot.send(USER, "slow", { idempotencyKey: "to-1" });
+    expect(first.state).toBe("failed");
+    expect(first.error).toContain("timed out after 300 ms");
+    await h.bot.idle();
+    expect(fake.attempts.slice(before).filter((a) => a.wamid)).toHaveLength(1);
+    expect((await h.bot.durability!.outbox.get("to-1"))!.state).toBe("sent");
+  });
+
+  test("a network error is retried", async () => {
+    let failures = 1;
+    const h = await harness({
+      provider: {
+        fetch: ((input: RequestInfo | URL, init?: RequestInit) => {
+          if (failures-- > 0) return Promise.reject(new TypeError("fetch failed: ECONNRESET"));
+          return fetch(input, init);
+        }) as typeof fetch,
+      },
+    });
+    const first = await h.bot.send(USER, "net", { idempotencyKey: "net-1" });
+    expect(first.state).toBe("failed");
+    expect(first.error).toContain("ECONNRESET");
+    await h.bot.idle();
+    expect((await h.bot.durability!.outbox.get("net-1"))!.state).toBe("sent");
+  });
+
+  test("a garbage 200 is a clear error, not retried (Meta may have sent it)", async () => {
+    const h = await harness();
+    const before = fake.attempts.length;
+    fake.failSends({ kind: "http", status: 200, body: "<html>captive portal</html>" });
+    const result = await h.bot.send(USER, "garbage", { idempotencyKey: "g-1" });
+    expect(result.state).toBe("dead");
+    expect(result.error).toContain('without "messages[0].id"');
+    expect(result.error).toContain("captive portal");
+    fake.failSends({ kind: "http", status: 200, body: '{"messaging_product":"whatsapp","messages":[]}', contentType: "application/json" });
+    const empty = await h.bot.send(USER, "garbage 2", { idempotencyKey: "g-2" });
+    expect(empty.state).toBe("dead");
+    expect(fake.attempts.length - before).toBe(2);
+  });
+
+  test("classification: codes, statuses, Retry-After forms", () => {
+    expect(classifyGraphError(400, 130429, new Headers({ "retry-after": "3" }))).toEqual({ retryable: true, retryAfterMs: 3000 });
+    expect(classifyGraphError(400, 131056)).toEqual({ retryable: true, retryAfterMs: 6000 });
+    expect(classifyGraphError(400, 4).retryable).toBe(true);
+    expect(classifyGraphError(400, 80007).retryable).toBe(true);
+    expect(classifyGraphError(400, 131048).retryable).toBe(true);
+    expect(classifyGraphError(500, 1).retryable).toBe(true);
+    expect(classifyGraphError(400, 132001).retryable).toBe(false); // template does not exist
+    expect(classifyGraphError(403, 200).retryable).toBe(false);
+    expect(classifyGraphError(400, 131030).retryable).toBe(false);
+    expect(classifyGraphError(429, undefined)).toEqual({ retryable: true, retryAfterMs: undefined });
+    expect(classifyGraphError(503, undefined).retryable).toBe(true);
+    expect(classifyGraphError(404, undefined).retryable).toBe(false);
+    const usage = new Headers({
+      "x-business-use-case-usage": JSON.stringify({ "1": [{ type: "whatsapp", call_count: 100, estimated_time_to_regain_access: 2 }] }),
+    });
+    expect(classifyGraphError(400, 80007, usage).retryAfterMs).toBe(120_000);
+    const now = Date.parse("2026-01-01T00:00:00Z");
+    expect(parseRetryAfter("Thu, 01 Jan 2026 00:00:05 GMT", now)).toBe(5000);
+    expect(parseRetryAfter("0.5", now)).toBe(500);
+    expect(parseRetryAfter("soon", now)).toBeUndefined();
+    expect(parseRetryAfter(null, now)).toBeUndefined();
+  });
+});
+
+// ---- media ------------------------------------------------------------------------------------
+
+const PNG = new Uint8Array([0x89, 0x50, 0x4e, 0x47, 0x0d, 0x0a, 0x1a, 0x0a, 1, 2, 3, 4, 5]);
+const OGG = new TextEncoder().encode("OggS fake voice note");
+const PDF = new TextEncoder().encode("%PDF-1.7 fake invoice");
+
+describe("media on reprocess", () => {
+  test("image, audio and document load with loadMediaOf on the first processing", async () => {
+    const loaded = new Map<string, LoadedMedia | null>();
+    const h = await harness({
+      setup: (bot) => bot.when(ANY, async (ctx) => void loaded.set(ctx.message.id, await loadMediaOf(ctx, { throwOnError: true }))),
+    });
+    const imageId = await fake.addMedia(PNG, "image/png");
+    const audioId = await fake.addMedia(OGG, "audio/ogg");
+    const docId = await fake.addMedia(PDF, "application/pdf");
+    const res = await fake.post(
+      h.hook,
+      payload([
+        inbound.media("image", USER, { id: imageId, mime_type: "image/png", caption: "look" }, "wamid.m-img"),
+        inbound.media("audio", USER, { id: audioId, mime_type: "audio/ogg", voice: true }, "wamid.m-aud"),
+        inbound.media("document", USER, { id: docId, mime_type: "application/pdf", filename: "invoice.pdf" }, "wamid.m-doc"),
+      ]),
+    );
+    expect(res.status).toBe(200);
+    await h.bot.idle();
+    expect(loaded.get("wamid.m-img")).toEqual({ data: PNG, mimeType: "image/png" });
+    expect(loaded.get("wamid.m-aud")).toEqual({ data: OGG, mimeType: "audio/ogg" });
+    expect(loaded.get("wamid.m-doc")).toEqual({ data: PDF, mimeType: "application/pdf", fileName: "invoice.pdf" });
+    expect(fake.mediaRequests).toContain(`lookup:${imageId}`);
+    expect(fake.mediaRequests).toContain(`download:${docId}`);
+  });
+
+  test("after a restart (new Bot, new provider, same SQLite file) a replayed message loads its media again", async () => {
+    const file = join(dir, `restart-${crypto.randomUUID()}.db`);
+    const imageId = await fake.addMedia(PNG, "image/png");
+    const loads: (LoadedMedia | null)[] = [];
+    const setup = (bot: Bot) => bot.when(ANY, async (ctx) => void loads.push(await loadMediaOf(ctx, { throwOnError: true })));
+
+    const store1 = new SQLiteStore({ file });
+    const h1 = await harness({ backend: store1.durability(), setup });
+    expect((await fake.post(h1.hook, payload([inbound.media("image", USER, { id: imageId, mime_type: "image/png" }, "wamid.r-img")]))).status)
+      .toBe(200);
+    await h1.bot.idle();
+    await h1.bot.stop();
+    await store1.close();
+
+    const store2 = new SQLiteStore({ file });
+    const h2 = await harness({ backend: store2.durability(), setup });
+    cleanups.push(() => store2.close());
+    await h2.bot.durability!.replayInbound("wamid.r-img");
+    await h2.bot.idle();
+    expect(loads).toEqual([{ data: PNG, mimeType: "image/png" }, { data: PNG, mimeType: "image/png" }]);
+    expect((await h2.bot.durability!.inbox.get("wamid.r-img"))!.state).toBe("done");
+  });
+
+  test("tampered, foreign, expired and hash-mismatched media are unavailable; a 5xx is thrown as is", async () => {
+    const h = await harness({ setup: () => {} });
+    const imageId = await fake.addMedia(PNG, "image/png");
+    const badHashId = await fake.addMedia(PNG, "image/png", "0".repeat(64));
+    const expiredId = await fake.addMedia(PNG, "image/png");
+    const expired400Id = await fake.addMedia(PNG, "image/png");
+    const res = await fake.post(
+      h.hook,
+      payload([
+        inbound.media("image", USER, { id: imageId, mime_type: "image/png" }, "wamid.t-ok"),
+        inbound.media("image", USER, { id: badHashId, mime_type: "image/png" }, "wamid.t-hash"),
+        inbound.media("image", USER, { id: expiredId, mime_type: "image/png" }, "wamid.t-exp"),
+        inbound.media("image", USER, { id: expired400Id, mime_type: "image/png" }, "wamid.t-exp400"),
+        inbound.media("image", USER, { mime_type: "image/png" }, "wamid.t-noid"),
+      ]),
+    );
+    expect(res.status).toBe(200);
+    await h.bot.idle();
+    const inbox = h.bot.durability!.inbox;
+    const ctxOf = async (id: string, provider = h.provider) => {
+      const record = await inbox.get(id);
+      return { message: record!.payload as unknown as InboundMessage, bot: { provider } };
+    };
+    const reason = (p: Promise<unknown>) => p.then(() => "loaded", (e) => e instanceof MediaUnavailableError ? e.reason : `other: ${e}`);
+
+    expect(await loadMediaOf(await ctxOf("wamid.t-ok"))).toEqual({ data: PNG, mimeType: "image/png" });
+
+    // tampered: the media id changed in the record
+    const ok = await ctxOf("wamid.t-ok");
+    const tampered = structuredClone(ok.message) as InboundMessage & { media: { ref: { mediaId: string } } };
+    tampered.media.ref.mediaId = badHashId;
+    expect(await reason(loadMediaOf({ message: tampered, bot: ok.bot }, { throwOnError: true }))).toBe("rehydrate-failed");
+
+    // another provider name wrote it
+    const other = makeProvider({ name: "whatsapp-eu" });
+    expect(await reason(loadMediaOf(await ctxOf("wamid.t-ok", other), { throwOnError: true }))).toBe("provider-mismatch");
+
+    // another media key (e.g. the app secret was rotated)
+    const rotated = makeProvider({ appSecret: "a-rotated-app-secret" });
+    expect(await reason(loadMediaOf(await ctxOf("wamid.t-ok", rotated), { throwOnError: true }))).toBe("rehydrate-failed");
+
+    // expired at Meta: 404, and 400 code 100/33 as Meta answers
+    fake.expireMedia(expiredId, 404);
+    fake.expireMedia(expired400Id, 400);
+    const expired = await loadMediaOf(await ctxOf("wamid.t-exp"), { throwOnError: true }).catch((e) => e);
+    expect(expired).toBeInstanceOf(MediaUnavailableError);
+    expect(expired.reason).toBe("rehydrate-failed");
+    expect(expired.message).toContain("no longer available");
+    expect(expired.cause).toBeInstanceOf(WhatsAppApiError);
+    expect(await reason(loadMediaOf(await ctxOf("wamid.t-exp400"), { throwOnError: true }))).toBe("rehydrate-failed");
+    expect(await loadMediaOf(await ctxOf("wamid.t-exp"))).toBeNull(); // without throwOnError
+
+    // sha256 mismatch
+    const hash = await loadMediaOf(await ctxOf("wamid.t-hash"), { throwOnError: true }).catch((e) => e);
+    expect(hash.reason).toBe("rehydrate-failed");
+    expect(hash.message).toContain("SHA-256");
+
+    // no media id: not durable
+    expect(await reason(loadMediaOf(await ctxOf("wamid.t-noid"), { throwOnError: true }))).toBe("not-durable");
+
+    // a 5xx on the lookup or the download is thrown as it is (the inbox retries), even without throwOnError
+    fake.failMedia({ kind: "graph", status: 500, code: 2, message: "Service temporarily unavailable" });
+    const lookup5xx = await loadMediaOf(await ctxOf("wamid.t-ok")).catch((e) => e);
+    expect(lookup5xx).toBeInstanceOf(WhatsAppApiError);
+    expect(lookup5xx.retryable).toBe(true);
+    fake.failDownloads({ kind: "http", status: 503, body: "busy" });
+    const download5xx = await loadMediaOf(await ctxOf("wamid.t-ok")).catch((e) => e);
+    expect(download5xx).toBeInstanceOf(WhatsAppApiError);
+    expect(download5xx.message).toContain("media download failed with HTTP 503");
+    expect(download5xx.retryable).toBe(true);
+    // a download that is gone (the URL expired between lookup and download) is unavailable
+    fake.failDownloads({ kind: "http", status: 404, body: "Not Found" });
+    expect(await reason(loadMediaOf(await ctxOf("wamid.t-ok"), { throwOnError: true }))).toBe("rehydrate-failed");
+    expect(await loadMediaOf(await ctxOf("wamid.t-ok"))).toEqual({ data: PNG, mimeType: "image/png" });
+  });
+
+  test("a media download failing with 5xx makes the inbox retry the handler, which then succeeds", async () => {
+    const loaded: (LoadedMedia | null)[] = [];
+    const h = await harness({
+      setup: (bot) => bot.when(ANY, async (ctx) => void loaded.push(await loadMediaOf(ctx))),
+    });
+    const id = await fake.addMedia(PDF, "application/pdf");
+    fake.failDownloads({ kind: "http", status: 502, body: "<html>Bad Gateway</html>" });
+    expect((await fake.post(h.hook, payload([inbound.media("document", USER, { id }, "wamid.retry-doc")]))).status).toBe(200);
+    await h.bot.idle();
+    expect(loaded).toEqual([{ data: PDF, mimeType: "application/pdf" }]);
+    const record = await h.bot.durability!.inbox.get("wamid.retry-doc");
+    expect(record!.state).toBe("done");
+    expect(record!.attempts).toBeGreaterThanOrEqual(2);
+  });
+});
+
+// ---- SQLite full run ------------------------------------------------------------------------------
+
+describe("on SQLite", () => {
+  test("message in, reply out, redelivery dropped, send retried after a 429", async () => {
+    const store = new SQLiteStore({ file: join(dir, `full-${crypto.randomUUID()}.db`) });
+    const h = await harness({
+      backend: store.durability(),
+      setup: (bot, hh) =>
+        bot.when(/order/, async (ctx) => {
+          hh.seen.push(ctx.message);
+          await ctx.reply(`Order received: ${ctx.message.text}`);
+        }),
+    });
+    cleanups.unshift(() => store.close());
+    const before = fake.attempts.length;
+    fake.failSends({ kind: "graph", status: 429, code: 130429, message: "(#130429) Rate limit hit", retryAfter: "0" });
+    const m = inbound.text(USER, "order 42", "wamid.sqlite1");
+    expect((await fake.post(h.hook, payload([m]))).status).toBe(200);
+    expect((await fake.post(h.hook, payload([m]))).status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen).toHaveLength(1);
+    const attempts = fake.attempts.slice(before);
+    expect(attempts.map((a) => a.status)).toEqual([429, 200]);
+    const [entry] = await h.bot.durability!.outbox.list();
+    expect(entry).toMatchObject({ key: "wamid.sqlite1:1", state: "sent", messageId: attempts[1].wamid });
+    expect((await h.bot.durability!.inbox.get("wamid.sqlite1"))!.state).toBe("done");
+  });
+});
+
+// ---- options ---------------------------------------------------------------------------------
+
+describe("options", () => {
+  const base: WhatsAppProviderOptions = { accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET, verifyToken: VERIFY };
+  const make = (o: Record<string, unknown>) => () => new WhatsAppProvider({ ...base, ...o } as WhatsAppProviderOptions);
+
+  test("bad options are rejected with an error naming the option and quoting the value", () => {
+    expect(make({ accessToken: undefined })).toThrow(new TypeError('Option "accessToken" must be a non-empty string, got undefined'));
+    expect(make({ accessToken: "" })).toThrow('Option "accessToken" must be a non-empty string, got ""');
+    expect(make({ phoneNumberId: 123 })).toThrow('Option "phoneNumberId" must be a non-empty string, got 123');
+    expect(make({ phoneNumberId: "12/34" })).toThrow(RangeError);
+    expect(make({ phoneNumberId: "12/34" })).toThrow('Option "phoneNumberId"');
+    expect(make({ appSecret: null })).toThrow('Option "appSecret" must be a non-empty string, got null');
+    expect(make({ verifyToken: undefined })).toThrow('Option "verifyToken"');
+    expect(make({ graphBase: "ftp://x" })).toThrow('Option "graphBase" must be an http(s) URL without query or fragment, got "ftp://x"');
+    expect(make({ graphBase: "not a url" })).toThrow('Option "graphBase"');
+    expect(make({ graphVersion: "21" })).toThrow(new RangeError('Option "graphVersion" must look like "v24.0", got "21"'));
+    expect(make({ fetch: "fetch" })).toThrow('Option "fetch" must be a function, got "fetch"');
+    expect(make({ requestTimeoutMs: 0 })).toThrow(new RangeError('Option "requestTimeoutMs" must be an integer from 1 to 2147483647, got 0'));
+    expect(make({ requestTimeoutMs: "5" })).toThrow('Option "requestTimeoutMs" must be a number, got "5"');
+    expect(make({ maxBodyBytes: 1.5 })).toThrow('Option "maxBodyBytes"');
+    expect(make({ maxMediaBytes: -1 })).toThrow('Option "maxMediaBytes"');
+    expect(make({ mediaKey: "short" })).toThrow(new RangeError('Option "mediaKey" must be at least 16 bytes, got 5'));
+    expect(make({ mediaKey: 42 })).toThrow('Option "mediaKey" must be a string or a Uint8Array, got 42');
+    expect(make({ name: "" })).toThrow('Option "name" must be a non-empty string, got ""');
+    expect(make({ onStatus: true })).toThrow('Option "onStatus" must be a function, got true');
+    expect(make({ onError: {} })).toThrow('Option "onError" must be a function, got {}');
+    expect(make({ callbackData: "yes" })).toThrow('Option "callbackData" must be a boolean, got "yes"');
+    expect(make({ phoneNumber: "1" })).toThrow('Unknown option "phoneNumber"');
+    expect(() => new WhatsAppProvider(null as never)).toThrow("WhatsAppProvider options must be an object, got null");
+  });
+
+  test("defaults: name, connectionId, graph base and version", () => {
+    const p = new WhatsAppProvider(base);
+    expect(p.name).toBe("whatsapp");
+    expect(p.connectionId).toBe(PHONE);
+    expect(p.graphBase).toBe("https://graph.facebook.com");
+    expect(p.graphVersion).toBe("v24.0");
+    expect(new WhatsAppProvider({ ...base, graphBase: "http://127.0.0.1:1/" }).graphBase).toBe("http://127.0.0.1:1");
+  });
+});
