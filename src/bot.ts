@@ -194,6 +194,7 @@ export class Bot {
       makeContext: (base) => ({ ...base, bot: this }),
       warn: (code, message, chatId) => this.#events.emit("warning", { code, message, chatId }),
       reportError: (error) => this.#emitError(error),
+      deadlinesKey: () => `botmesh:conversation-deadlines:${this.id}:${engine?.control().instanceId ?? "local"}`,
       count: (metric) => engine?.count(metric),
       schedule: (chatId, at, run) => {
         const timer = setTimeout(() => {
@@ -301,6 +302,7 @@ export class Bot {
       await this.#engine?.start();
       await this.provider.start({ receive: (message) => this.#receive(message) });
       if (this.#state === "starting") this.#state = "running";
+      await this.#conversations.restore().catch((error) => this.#emitError(error));
     })();
     return this.#starting;
   }

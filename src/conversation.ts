@@ -128,6 +128,8 @@ export interface ConversationHost {
   warn(code: "conversation-diverged" | "conversation-not-durable", message: string, chatId: string): void;
   reportError(error: Error): void;
   count(metric: "conversationsReplayed" | "conversationsDiverged"): void;
+  /** The session key of this instance's armed deadlines. */
+  deadlinesKey(): string;
   /** Queue a timeout on the chat's queue at `at`. */
   schedule(chatId: string, at: number, run: (job: StepJob) => Promise<void>): void;
 }
@@ -320,6 +322,9 @@ export class Conversations {
   /** Per chat: a flow waiting at an ask in memory. */
   #live = new Map<string, Flow>();
   #warnedNotDurable = false;
+  /** Per chat: the deadline of the waiting ask this instance armed a timer for. */
+  #deadlines = new Map<string, number>();
+  #deadlinesWrite: Promise<void> = Promise.resolve();
 
   constructor(host: ConversationHost) {
     this.#host = host;
@@ -460,7 +465,10 @@ export class Conversations {
     }
     if (suspension.kind === "ended") {
       forget();
-      if (stored) await this.#save(chatId, flow, "ended", input);
+      if (stored) {
+        await this.#save(chatId, flow, "ended", input);
+        this.#disarm(chatId);
+      }
       return;
     }
     if (this.#host.durable && !this.#host.storeIsDurable && !this.#warnedNotDurable) {
@@ -478,16 +486,52 @@ export class Conversations {
       throw error;
     }
     lruSet(this.#live, chatId, flow);
-    const ask = flow.asks.at(-1)!;
-    if (ask.deadline !== null) {
-      const askIndex = flow.asks.length - 1;
-      this.#host.schedule(chatId, ask.deadline, async (timerJob) => {
-        const state = await this.#load(chatId);
-        if (state?.state !== "waiting" || state.asks.length - 1 !== askIndex || state.steps[0] === undefined) return;
-        if ((state.steps[0] as { message: InboundMessage }).message.id !== flow.flowId) return;
-        if ((state.asks.at(-1)?.deadline ?? Infinity) > Date.now()) return;
-        await this.#timeOut(chatId, state, timerJob);
-      });
+    const deadline = flow.asks.at(-1)!.deadline;
+    if (deadline !== null) this.#arm(chatId, deadline);
+    else this.#disarm(chatId);
+  }
+
+  #arm(chatId: string, deadline: number): void {
+    this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
+    this.#deadlines.set(chatId, deadline);
+    this.#persistDeadlines();
+  }
+
+  #disarm(chatId: string): void {
+    if (this.#deadlines.delete(chatId)) this.#persistDeadlines();
+  }
+
+  async #onDeadline(chatId: string, deadline: number, job: StepJob): Promise<void> {
+    const state = await this.#load(chatId);
+    // Any waiting ask whose deadline passed times out; one that moved on is left alone.
+    if (state?.state !== "waiting" || state.asks.at(-1)?.deadline !== deadline || deadline > Date.now()) return;
+    await this.#timeOut(chatId, state, job);
+  }
+
+  /** The deadlines this instance armed, so that a restart arms them again (written in order, last wins). */
+  #persistDeadlines(): void {
+    const snapshot = Object.fromEntries(this.#deadlines);
+    this.#deadlinesWrite = this.#deadlinesWrite
+      .then(() => this.#host.store.set(this.#host.deadlinesKey(), snapshot))
+      .catch((error) => this.#host.reportError(error instanceof Error ? error : new Error(String(error))));
+  }
+
+  /**
+   * Arm the timers of the asks this instance left waiting before a restart
+   * (its deadlines are stored under its instanceId). Call once the bot runs.
+   */
+  async restore(): Promise<void> {
+    const key = this.#host.deadlinesKey();
+    const raw = await this.#host.store.get(key);
+    if (raw === undefined || raw === null) return;
+    if (typeof raw !== "object" || Array.isArray(raw)) {
+      throw new TypeError(`Stored ask deadlines ${JSON.stringify(key)} are damaged: expected an object, got ${show(raw)}`);
+    }
+    for (const [chatId, deadline] of Object.entries(raw)) {
+      if (typeof deadline === "number") {
+        this.#deadlines.set(chatId, deadline);
+        this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
+      }
     }
   }
 
@@ -499,11 +543,6 @@ export class Conversations {
     await this.#step(flow, { timeout: { at: ask.deadline!, timeoutMs: ask.timeoutMs ?? 0 } }, job);
   }
 
-  /** Forget flows in memory (the bot stopped or its process died). */
-  clear(): void {
-    this.#live.clear();
-    this.#states.clear();
-  }
 }
 
 function consumed(state: StoredConversation, id: string): boolean {

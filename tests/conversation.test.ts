@@ -210,6 +210,38 @@ describe("ctx.ask", () => {
     await b.bot.stop();
   });
 
+  test("a restart arms the timers of the asks it left waiting: the timeout fires with no new message", async () => {
+    const handler: Form = async (ctx) => {
+      try {
+        await ctx.ask("Name?", { timeoutMs: 250 });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        await ctx.reply("Timed out; send form to start again.");
+      }
+    };
+    const backend = new MemoryDurability();
+    const store = new KeptStore();
+    const a = makeBot(backend, store, handler);
+    await a.bot.start();
+    await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await a.bot.idle();
+    await a.bot.stop();
+    expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toEqual({ c: expect.any(Number) });
+    const b = makeBot(backend, store, handler);
+    await b.bot.start();
+    const end = Date.now() + 5000;
+    while (b.provider.sent.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["m0:t1:1", "Timed out; send form to start again."]]);
+    // The timed-out ask is disarmed in the stored index too.
+    const endIndex = Date.now() + 2000;
+    while (Object.keys(await store.get("botmesh:conversation-deadlines:bot:conv-1") as object).length > 0 && Date.now() < endIndex) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toEqual({});
+    await b.bot.stop();
+  });
+
   test("a replay whose prompt differs is reported (warning + metric) and uses the recorded answer", async () => {
     let deploy = 1;
     const handler: Form = async (ctx) => {
