@@ -944,7 +944,9 @@ export class WhatsAppProvider implements Provider {
 
   /**
    * Load an inbound message's media again: the media id's URL from the Graph
-   * API, then the bytes (checked against the SHA-256 Meta gives).
+   * API, then the bytes (checked against the SHA-256 Meta gives). The
+   * download URL gets the access token too, as Meta requires, but only over
+   * https (or when it is on `graphBase` itself, as with a test server).
    *
    * @param media the journaled reference
    * @param context the message, and an abort signal
@@ -986,6 +988,19 @@ export class WhatsAppProvider implements Provider {
     }
     if (!isObject(meta) || typeof meta.url !== "string" || meta.url === "") {
       throw new ProviderError(`WhatsApp media lookup of ${show(ref.mediaId)} answered without a "url": got ${snippet(text)}`, {
+        retryable: true,
+        status: response.status,
+      });
+    }
+    let target: URL;
+    try {
+      target = new URL(meta.url);
+    } catch {
+      target = new URL("invalid:");
+    }
+    if (target.protocol !== "https:" && target.origin !== new URL(this.graphBase).origin) {
+      // the access token only goes over TLS, or to the configured Graph base itself
+      throw new ProviderError(`WhatsApp media lookup of ${show(ref.mediaId)} gave a URL that is not https: ${show(meta.url)}`, {
         retryable: true,
         status: response.status,
       });

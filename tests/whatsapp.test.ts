@@ -2,6 +2,7 @@
 // webhook sender on loopback, with a real Bot and durability (memory; SQLite
 // for the restart and one full run).
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { spawn } from "node:child_process";
 import { mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -25,6 +26,7 @@ import {
   type WhatsAppProviderOptions,
   type WhatsAppStatus,
 } from "../providers/whatsapp.ts";
+import { childLines } from "./support/child_lines.ts";
 import { FakeWhatsApp, inbound, makeWamid, statusUpdate, webhookPayload } from "./support/fake_whatsapp.ts";
 
 const dir = join(tmpdir(), `botmesh-whatsapp-tests-${crypto.randomUUID()}`);
@@ -870,5 +872,60 @@ describe("options", () => {
     expect(p.graphBase).toBe("https://graph.facebook.com");
     expect(p.graphVersion).toBe("v24.0");
     expect(new WhatsAppProvider({ ...base, graphBase: "http://127.0.0.1:1/" }).graphBase).toBe("http://127.0.0.1:1");
+  });
+});
+
+// ---- the example, as a child process --------------------------------------------------------------
+
+describe("examples/whatsapp_bun.ts", () => {
+  test("runs against the fake: text and image answered, SIGTERM stops it cleanly", async () => {
+    const child = spawn(process.execPath, [join(import.meta.dir, "..", "examples", "whatsapp_bun.ts")], {
+      stdio: ["ignore", "pipe", "pipe"],
+      env: {
+        ...process.env,
+        WA_TOKEN: TOKEN,
+        WA_PHONE_NUMBER_ID: PHONE,
+        WA_APP_SECRET: SECRET,
+        WA_VERIFY_TOKEN: VERIFY,
+        WA_GRAPH_BASE: fake.url,
+        WA_DB: join(dir, `example-${crypto.randomUUID()}.db`),
+        PORT: "0",
+      },
+    });
+    const exited = new Promise<number | null>((resolve) => child.once("exit", (code) => resolve(code)));
+    let stderr = "";
+    child.stderr!.on("data", (d) => stderr += d);
+    cleanups.push(() => void child.kill("SIGKILL"));
+    const lines = childLines(
+      new ReadableStream<Uint8Array>({
+        start(controller) {
+          child.stdout!.on("data", (d: Uint8Array) => controller.enqueue(new Uint8Array(d)));
+          child.stdout!.on("end", () => controller.close());
+        },
+      }),
+      "whatsapp_bun.ts",
+      15_000,
+    );
+    const listening = await lines.next("listening on ");
+    const port = Number(/:(\d+)\/$/.exec(listening)![1]);
+    const hook = `http://127.0.0.1:${port}/`;
+    const verify = await fetch(`${hook}?hub.mode=subscribe&hub.verify_token=${VERIFY}&hub.challenge=42`);
+    expect(await verify.text()).toBe("42");
+    const chat = "447700900123";
+    const imageId = await fake.addMedia(PNG, "image/png");
+    const body = webhookPayload(PHONE, {
+      messages: [inbound.text(chat, "hello example"), inbound.media("image", chat, { id: imageId, mime_type: "image/png" })],
+      statuses: [statusUpdate(makeWamid(), "delivered", chat)],
+    });
+    expect(await fake.deliver(hook, body)).toEqual([200]);
+    const echo = await fake.waitForSend((a) => a.body.to === chat && a.body.text?.body === "You said: hello example");
+    const picture = await fake.waitForSend((a) => a.body.to === chat && a.body.text?.body === `Nice picture (${PNG.byteLength} bytes)`);
+    expect(echo.wamid).toStartWith("wamid.");
+    expect(picture.wamid).toStartWith("wamid.");
+    await lines.next("status ");
+    child.kill("SIGTERM");
+    await lines.next("stopped");
+    expect(await exited).toBe(0);
+    expect(stderr).toBe("");
   });
 });

@@ -112,6 +112,7 @@ export class FakeWhatsApp {
   #downloadFaults: Fault[] = [];
   #media = new Map<string, Media>();
   #hangs = new Set<() => void>();
+  #sendWaiters = new Set<(attempt: FakeSendAttempt) => void>();
   #nextMedia = 1;
 
   private constructor(options: FakeWhatsAppOptions) {
@@ -132,6 +133,28 @@ export class FakeWhatsApp {
   /** The successful sends, in order. */
   get sent(): FakeSendAttempt[] {
     return this.attempts.filter((a) => a.wamid !== undefined);
+  }
+
+  /**
+   * Resolves with the first successful send (already received or still to come) that `match` accepts.
+   * @throws {Error} after `timeoutMs`
+   */
+  waitForSend(match: (attempt: FakeSendAttempt) => boolean, timeoutMs = 10_000): Promise<FakeSendAttempt> {
+    const found = this.sent.find(match);
+    if (found) return Promise.resolve(found);
+    return new Promise((resolve, reject) => {
+      const waiter = (attempt: FakeSendAttempt) => {
+        if (!match(attempt)) return;
+        clearTimeout(timer);
+        this.#sendWaiters.delete(waiter);
+        resolve(attempt);
+      };
+      const timer = setTimeout(() => {
+        this.#sendWaiters.delete(waiter);
+        reject(new Error(`no matching send within ${timeoutMs} ms (sent: ${JSON.stringify(this.sent.map((a) => a.body))})`));
+      }, timeoutMs);
+      this.#sendWaiters.add(waiter);
+    });
   }
 
   /** Answer the next sends with these faults, one each, in order. */
@@ -257,6 +280,7 @@ export class FakeWhatsApp {
       });
     })();
     attempt.status = answer.status;
+    if (attempt.wamid !== undefined) for (const waiter of [...this.#sendWaiters]) waiter(attempt);
     return answer;
   }
 
