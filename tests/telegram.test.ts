@@ -1,0 +1,593 @@
+// The Telegram provider against a fake Bot API server on loopback: long polling
+// (offsets confirmed only after admission), the webhook handler (secret, 405,
+// 400, 503 then 200 on redelivery), sends (429 retry_after, 5xx, timeouts,
+// 400/403 → DLQ, garbage bodies), media on reprocess (memory and SQLite, across a
+// restart), callback queries, and option validation.
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import {
+  Bot,
+  ANY,
+  type Context,
+  type DurabilityBackend,
+  IMAGE,
+  INTERACTION,
+  loadMediaOf,
+  MediaUnavailableError,
+  MemoryDurability,
+  type Provider,
+  ProviderError,
+} from "../mod.ts";
+import { SQLiteDurability } from "../backends/sqlite.ts";
+import { crashable } from "../src/testing/crashable.ts";
+import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram.ts";
+import { FakeTelegram } from "./support/fake_telegram.ts";
+
+const dir = join(tmpdir(), `botmesh-telegram-tests-${crypto.randomUUID()}`);
+mkdirSync(dir, { recursive: true });
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const SECRET = "s3cret_webhook-token";
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const c of cleanups.splice(0).reverse()) await c();
+});
+
+function fake(): FakeTelegram {
+  const f = new FakeTelegram().start();
+  cleanups.push(() => f.stop());
+  return f;
+}
+
+interface Harness {
+  bot: Bot;
+  provider: TelegramProvider;
+  errors: Error[];
+  botErrors: Error[];
+  dead: { kind: string; id: string; error: string }[];
+}
+
+async function harness(
+  f: FakeTelegram,
+  options: Partial<TelegramProviderOptions> & { backend?: DurabilityBackend; instanceId?: string; setup?: (bot: Bot) => void } = {},
+): Promise<Harness> {
+  const { backend, instanceId, setup, ...providerOptions } = options;
+  const errors: Error[] = [];
+  const provider = new TelegramProvider({
+    token: f.token,
+    apiBase: f.url,
+    secretToken: SECRET,
+    pollTimeoutSec: 1,
+    pollBackoff: { baseMs: 10, capMs: 50 },
+    requestTimeoutMs: 2_000,
+    onError: (e) => errors.push(e),
+    ...providerOptions,
+  });
+  const bot = new Bot({
+    provider,
+    durability: {
+      backend: backend ?? new MemoryDurability(),
+      instanceId: instanceId ?? "tg-test",
+      outbox: { retries: 4, backoff: { baseMs: 10, capMs: 50 } },
+      inbox: { retries: 2, backoff: { baseMs: 10, capMs: 50 } },
+    },
+  });
+  const botErrors: Error[] = [];
+  const dead: Harness["dead"] = [];
+  bot.on("error", (e) => botErrors.push(e));
+  bot.on("durability:dead", (d) => dead.push(d as Harness["dead"][number]));
+  setup?.(bot);
+  await bot.start();
+  cleanups.push(() => bot.stop());
+  return { bot, provider, errors, botErrors, dead };
+}
+
+/** A backend whose inbox.admit throws the next `state.failures` times. */
+function flakyAdmit(backend: DurabilityBackend, state: { failures: number }): DurabilityBackend {
+  const bind = <T extends object>(target: T, override: Record<PropertyKey, unknown>): T =>
+    new Proxy(target, {
+      get(t, p) {
+        if (p in override) return override[p];
+        const v = Reflect.get(t, p, t);
+        return typeof v === "function" ? v.bind(t) : v;
+      },
+    });
+  const inbox = bind(backend.inbox, {
+    admit: async (...args: Parameters<DurabilityBackend["inbox"]["admit"]>) => {
+      if (state.failures > 0) {
+        state.failures--;
+        throw new Error("journal unavailable (injected)");
+      }
+      return backend.inbox.admit(...args);
+    },
+  });
+  return bind(backend, { inbox });
+}
+
+function webhookRequest(body: string | Record<string, unknown>, init: { secret?: string | null; method?: string } = {}): Request {
+  const secret = init.secret === undefined ? SECRET : init.secret;
+  return new Request("http://bot.test/telegram", {
+    method: init.method ?? "POST",
+    headers: { "content-type": "application/json", ...(secret !== null ? { "x-telegram-bot-api-secret-token": secret } : {}) },
+    ...(init.method === "GET" ? {} : { body: typeof body === "string" ? body : JSON.stringify(body) }),
+  });
+}
+
+const bytes = (text: string) => new TextEncoder().encode(text);
+
+describe("telegram: long polling", () => {
+  test("text, photo, document, voice and a callback query are handled; replies carry Telegram's message ids", async () => {
+    const f = fake();
+    const loaded: { type: string; text: string; mimeType?: string; fileName?: string }[] = [];
+    const interactions: unknown[] = [];
+    const h = await harness(f, {
+      mode: "polling",
+      setup: (bot) => {
+        bot.when(INTERACTION, async (ctx) => {
+          interactions.push(ctx.message.interaction);
+          await ctx.reply(`chose ${ctx.message.interaction!.id}`);
+        });
+        bot.when((m) => m.media !== undefined, async (ctx) => {
+          const media = await loadMediaOf(ctx, { throwOnError: true });
+          loaded.push({
+            type: ctx.message.type,
+            text: new TextDecoder().decode(media!.data),
+            mimeType: media!.mimeType,
+            fileName: media!.fileName,
+          });
+          await ctx.reply(`got ${ctx.message.type} ${ctx.message.text ?? ""}`.trim());
+        });
+        bot.when(/.*/, (ctx) => ctx.reply(`echo: ${ctx.message.text}`));
+      },
+    });
+    const hello = f.push(f.textUpdate(1001, "hello"));
+    f.push(f.mediaUpdate(1001, "photo", bytes("JPEG-bytes"), { caption: "a cat" }).update);
+    f.push(f.mediaUpdate(1002, "document", bytes("PDF-bytes"), { mimeType: "application/pdf", fileName: "a.pdf" }).update);
+    f.push(f.mediaUpdate(1003, "voice", bytes("OGG-bytes"), { mimeType: "audio/ogg" }).update);
+    const cb = f.push(f.callbackUpdate(1004, "btn:yes"));
+    await f.until("five replies", () => f.sent.length >= 5);
+    await h.bot.idle();
+    const texts = f.sent.map((s) => `${s.chatId} ${s.params.text}`).sort();
+    expect(texts).toEqual(["1001 echo: hello", "1001 got image a cat", "1002 got document", "1003 got audio", "1004 chose btn:yes"]);
+    expect(f.sent.filter((s) => s.chatId === "1001").map((s) => s.messageId)).toEqual([1, 2]);
+    expect(loaded.sort((a, b) => a.type.localeCompare(b.type))).toEqual([
+      { type: "audio", text: "OGG-bytes", mimeType: "audio/ogg", fileName: undefined },
+      { type: "document", text: "PDF-bytes", mimeType: "application/pdf", fileName: "a.pdf" },
+      { type: "image", text: "JPEG-bytes", mimeType: "image/jpeg", fileName: undefined },
+    ]);
+    expect(interactions).toEqual([{
+      id: "btn:yes",
+      value: { callbackQueryId: (cb.callback_query as { id: string }).id, data: "btn:yes", messageId: 1, chatInstance: "-42" },
+    }]);
+    await f.until("the callback query answered", () => f.answeredCallbacks.length === 1);
+    expect(f.answeredCallbacks).toEqual([(cb.callback_query as { id: string }).id]);
+    // The outbox recorded Telegram's message ids.
+    const entry = await h.bot.durability!.outbox.get(`tg:${f.botId}:${hello.update_id}:1`);
+    expect(entry?.state).toBe("sent");
+    expect(entry?.messageId).toBe(String(f.sent.find((s) => s.params.text === "echo: hello")!.messageId));
+    await f.until("every update confirmed", () => f.confirmedOffset > (cb.update_id as number));
+    expect(h.errors).toEqual([]);
+  });
+
+  test("the offset is confirmed only after admission: a refused update is fetched again and processed once", async () => {
+    const f = fake();
+    const state = { failures: 1 };
+    const runs: string[] = [];
+    const h = await harness(f, {
+      mode: "polling",
+      backend: flakyAdmit(new MemoryDurability(), state),
+      setup: (bot) => bot.when(/.*/, (ctx) => {
+        runs.push(ctx.message.text!);
+        return ctx.reply(`ok ${ctx.message.text}`);
+      }),
+    });
+    const first = f.push(f.textUpdate(2001, "one"));
+    const second = f.push(f.textUpdate(2002, "two"));
+    const id = first.update_id as number;
+    await f.until("both replies", () => f.sent.length === 2);
+    await h.bot.idle();
+    expect(state.failures).toBe(0);
+    expect(runs.sort()).toEqual(["one", "two"]);
+    // The poll after the refusal asked from the refused update again (it was not confirmed).
+    const afterRefusal = f.offsets.filter((o) => o !== undefined);
+    expect(afterRefusal[0]).toBeLessThanOrEqual(id);
+    expect(f.offsets.filter((o) => o === id).length).toBeGreaterThanOrEqual(1);
+    await f.until("confirmed past both", () => f.confirmedOffset === (second.update_id as number) + 1);
+    expect(h.botErrors.some((e) => /journal unavailable/.test(e.message))).toBe(true);
+    expect(h.bot.durability!.metrics().inboundJournaled).toBe(2);
+  });
+
+  test("a duplicate in one batch and a redelivery after confirmation are processed once", async () => {
+    const f = fake();
+    const runs: string[] = [];
+    const h = await harness(f, {
+      mode: "polling",
+      setup: (bot) => bot.when(/.*/, (ctx) => {
+        runs.push(ctx.inboundId);
+        return ctx.reply("once");
+      }),
+    });
+    const u = f.textUpdate(3001, "hi");
+    f.push(u);
+    f.redeliver(u); // the same update_id twice in one batch
+    await f.until("confirmed", () => f.confirmedOffset > (u.update_id as number));
+    f.redeliver(u); // Telegram sends it again later
+    const later = f.push(f.textUpdate(3001, "later"));
+    await f.until("the later one confirmed", () => f.confirmedOffset > (later.update_id as number));
+    await h.bot.idle();
+    expect(runs).toEqual([`tg:${f.botId}:${u.update_id}`, `tg:${f.botId}:${later.update_id}`]);
+    expect(f.sent.length).toBe(2);
+    expect(h.bot.durability!.metrics().inboundDuplicates).toBe(2);
+  });
+
+  test("a malformed update is reported with its field and skipped; the rest of the batch is processed", async () => {
+    const f = fake();
+    const skipped: string[] = [];
+    const h = await harness(f, {
+      mode: "polling",
+      onSkippedUpdate: (s) => skipped.push(s.kind),
+      setup: (bot) => bot.when(/.*/, (ctx) => ctx.reply(`ok ${ctx.message.text}`)),
+    });
+    f.push(f.textUpdate(4001, "before"));
+    f.push({ message: { message_id: 5, date: 1, text: "no chat" } });
+    f.push({ message: { message_id: 6, date: 1, chat: { id: "not-a-number" }, text: "bad chat id" } });
+    f.push({ edited_message: { message_id: 7, date: 1, chat: { id: 4001 }, text: "edited" } });
+    const last = f.push(f.textUpdate(4001, "after"));
+    await f.until("two replies", () => f.sent.length === 2);
+    await f.until("all confirmed", () => f.confirmedOffset > (last.update_id as number));
+    expect(f.sent.map((s) => s.params.text)).toEqual(["ok before", "ok after"]);
+    expect(skipped).toEqual(["edited_message"]);
+    const fields = h.errors.filter((e): e is TelegramUpdateError => e instanceof TelegramUpdateError).map((e) => e.field);
+    expect(fields).toEqual(["message.chat", "message.chat.id"]);
+    expect(h.errors[0]!.message).toBe('Telegram update field "message.chat" must be an object, got undefined');
+  });
+
+  test("getUpdates failures (5xx, 429 retry_after, a bad body, 409 conflict, a hang) are reported and polling recovers", async () => {
+    const f = fake();
+    f.inject("getUpdates", { kind: "status", status: 502 });
+    f.inject("getUpdates", { kind: "body", body: "<html>proxy error</html>", status: 200 });
+    f.inject("getUpdates", { kind: "status", status: 409 });
+    f.inject("getUpdates", { kind: "status", status: 429, description: "Too Many Requests: retry after 1", retryAfter: 1 });
+    f.inject("getUpdates", { kind: "hang" });
+    const h = await harness(f, {
+      mode: "polling",
+      requestTimeoutMs: 300,
+      pollTimeoutSec: 0,
+      setup: (bot) => bot.when(/.*/, (ctx) => ctx.reply("pong")),
+    });
+    f.push(f.textUpdate(5001, "ping"));
+    await f.until("the reply", () => f.sent.length === 1, 15_000);
+    const polls = f.calls.filter((c) => c.method === "getUpdates");
+    expect(polls.slice(0, 5).map((c) => c.status)).toEqual([502, 200, 409, 429, 0]);
+    // retry_after honoured: the poll after the 429 came no sooner than 1 s later.
+    expect(polls[4]!.at - polls[3]!.at).toBeGreaterThanOrEqual(950);
+    const messages = h.errors.map((e) => e.message);
+    expect(messages[0]).toContain("Telegram getUpdates failed with 502");
+    expect(messages[1]).toContain("not a Bot API answer");
+    expect(messages[2]).toContain("another getUpdates is running with this token, or a webhook is set");
+    expect(messages[3]).toContain("429");
+    expect(messages[4]).toContain("timed out");
+  });
+
+  test("stop() aborts the long poll under way at once", async () => {
+    const f = fake();
+    const h = await harness(f, { mode: "polling", pollTimeoutSec: 20 });
+    await f.until("a long poll", () => f.calls.some((c) => c.method === "getUpdates"));
+    const started = Date.now();
+    await h.bot.stop();
+    expect(Date.now() - started).toBeLessThan(1_000);
+    const polls = f.calls.filter((c) => c.method === "getUpdates").length;
+    f.push(f.textUpdate(6001, "after stop"));
+    await new Promise((resolve) => setTimeout(resolve, 100)); // a stopped loop would poll here: it must not
+    expect(f.calls.filter((c) => c.method === "getUpdates").length).toBe(polls);
+  });
+
+  test("deleteWebhookOnStart removes a webhook so that polling works", async () => {
+    const f = fake();
+    f.webhookUrl = "https://example.com/hook";
+    await harness(f, { mode: "polling", deleteWebhookOnStart: true, setup: (bot) => bot.when(/.*/, (ctx) => ctx.reply("ok")) });
+    expect(f.webhookUrl).toBe("");
+    f.push(f.textUpdate(6101, "hi"));
+    await f.until("the reply", () => f.sent.length === 1);
+    expect(f.calls[0]!.method).toBe("deleteWebhook");
+  });
+});
+
+describe("telegram: webhook", () => {
+  test("405, 401, 413, 400 with a clear message; 503 while not started", async () => {
+    const f = fake();
+    const provider = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET, maxBodyBytes: 2048, onError: () => {} });
+    const update = f.textUpdate(7001, "hi");
+    expect((await provider.webhook(webhookRequest(update))).status).toBe(503);
+    const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "wh" } });
+    const runs: string[] = [];
+    bot.when(/.*/, (ctx) => void runs.push(ctx.message.text!));
+    await bot.start();
+    cleanups.push(() => bot.stop());
+    const get = await provider.webhook(webhookRequest("", { method: "GET" }));
+    expect(get.status).toBe(405);
+    expect(get.headers.get("allow")).toBe("POST");
+    expect((await provider.webhook(webhookRequest(update, { secret: null }))).status).toBe(401);
+    const wrong = await provider.webhook(webhookRequest(update, { secret: `${SECRET}x` }));
+    expect(wrong.status).toBe(401);
+    expect(await wrong.text()).toContain("X-Telegram-Bot-Api-Secret-Token");
+    expect((await provider.webhook(webhookRequest("x".repeat(3000)))).status).toBe(413);
+    const badJson = await provider.webhook(webhookRequest("{not json"));
+    expect(badJson.status).toBe(400);
+    expect(await badJson.text()).toMatch(/^Bad request: the body is not a JSON Telegram update/);
+    const noChat = await provider.webhook(webhookRequest({ update_id: 9, message: { message_id: 1, date: 1, text: "x" } }));
+    expect(noChat.status).toBe(400);
+    expect(await noChat.text()).toBe('Bad request: Telegram update field "message.chat" must be an object, got undefined');
+    const ok = await provider.webhook(webhookRequest(update));
+    expect(ok.status).toBe(200);
+    expect((await provider.webhook(webhookRequest({ update_id: 10, my_chat_member: {} }))).status).toBe(200);
+    const badId = await provider.webhook(webhookRequest({ update_id: "x", message: {} }));
+    expect(badId.status).toBe(400);
+    expect(await badId.text()).toBe('Bad request: Telegram update field "update_id" must be an integer, got "x"');
+    expect((await provider.webhook(webhookRequest("[1, 2]"))).status).toBe(400);
+    await bot.idle();
+    expect(runs).toEqual(["hi"]);
+  });
+
+  test("the journal fails: 503, Telegram redelivers, 200, processed once; duplicates answer 200", async () => {
+    const f = fake();
+    const state = { failures: 1 };
+    const runs: string[] = [];
+    const h = await harness(f, {
+      backend: flakyAdmit(new MemoryDurability(), state),
+      setup: (bot) => bot.when(/.*/, (ctx) => {
+        runs.push(ctx.inboundId);
+        return ctx.reply("got it");
+      }),
+    });
+    const server = Bun.serve({ port: 0, hostname: "127.0.0.1", fetch: h.provider.webhook });
+    cleanups.push(() => server.stop(true));
+    const url = `http://127.0.0.1:${server.port}/telegram`;
+    const update = f.textUpdate(8001, "hello");
+    expect(await f.deliverWebhook(url, update, { secret: SECRET, attempts: 3, retryDelayMs: 20 })).toEqual([503, 200]);
+    expect(await f.deliverWebhook(url, update, { secret: SECRET })).toEqual([200]);
+    expect(await f.deliverWebhook(url, update, { secret: "wrong" })).toEqual([401]);
+    await h.bot.idle();
+    expect(runs).toEqual([`tg:${f.botId}:${update.update_id}`]);
+    expect(f.sent.map((s) => s.params.text)).toEqual(["got it"]);
+    expect(h.bot.durability!.metrics().inboundDuplicates).toBe(1);
+  });
+
+  test("a callback query by webhook reaches the interaction handler and is answered after admission", async () => {
+    const f = fake();
+    const seen: string[] = [];
+    const h = await harness(f, { setup: (bot) => bot.when(INTERACTION, (ctx) => void seen.push(ctx.message.interaction!.id)) });
+    const update = f.callbackUpdate(8101, "vote:42");
+    expect((await h.provider.webhook(webhookRequest(update))).status).toBe(200);
+    expect((await h.provider.webhook(webhookRequest(update))).status).toBe(200); // a duplicate: not answered twice
+    await f.until("answered", () => f.answeredCallbacks.length === 1);
+    await h.bot.idle();
+    expect(seen).toEqual(["vote:42"]);
+    expect(f.answeredCallbacks).toEqual([(update.callback_query as { id: string }).id]);
+  });
+
+  test("a failing answerCallbackQuery is only reported", async () => {
+    const f = fake();
+    f.inject("answerCallbackQuery", { kind: "status", status: 400, description: "Bad Request: query is too old" });
+    const seen: string[] = [];
+    const h = await harness(f, { setup: (bot) => bot.when(INTERACTION, (ctx) => void seen.push(ctx.message.interaction!.id)) });
+    expect((await h.provider.webhook(webhookRequest(f.callbackUpdate(8201, "a")))).status).toBe(200);
+    await f.until("the error reported", () => h.errors.length === 1);
+    await h.bot.idle();
+    expect(seen).toEqual(["a"]);
+    expect(h.errors[0]!.message).toContain("answerCallbackQuery");
+    expect(String((h.errors[0]!.cause as Error).message)).toContain("query is too old");
+  });
+});
+
+describe("telegram: sends", () => {
+  test("429 with retry_after is honoured", async () => {
+    const f = fake();
+    f.inject("sendMessage", { kind: "status", status: 429, description: "Too Many Requests: retry after 1", retryAfter: 1 });
+    const h = await harness(f);
+    const result = await h.bot.send("9001", "hi", { idempotencyKey: "k429" });
+    expect(result.state).toBe("failed");
+    expect(result.error).toContain("Too Many Requests: retry after 1");
+    await h.bot.idle();
+    const calls = f.calls.filter((c) => c.method === "sendMessage");
+    expect(calls.map((c) => c.status)).toEqual([429, 200]);
+    expect(calls[1]!.at - calls[0]!.at).toBeGreaterThanOrEqual(950);
+    expect(calls[1]!.at - calls[0]!.at).toBeLessThan(5_000);
+    expect((await h.bot.durability!.outbox.get("k429"))?.messageId).toBe("1");
+  });
+
+  test("5xx and a timeout are retried; the message goes out once", async () => {
+    const f = fake();
+    f.inject("sendMessage", { kind: "status", status: 502 });
+    f.inject("sendMessage", { kind: "hang" });
+    f.inject("sendMessage", { kind: "status", status: 500 });
+    const h = await harness(f, { requestTimeoutMs: 300 });
+    const first = await h.bot.send("9002", "hello", { idempotencyKey: "k5xx" });
+    expect(first.state).toBe("failed");
+    await h.bot.idle();
+    const calls = f.calls.filter((c) => c.method === "sendMessage");
+    expect(calls.map((c) => c.status)).toEqual([502, 0, 500, 200]);
+    expect(f.sent.length).toBe(1);
+    const entry = await h.bot.durability!.outbox.get("k5xx");
+    expect(entry?.state).toBe("sent");
+    expect(entry?.messageId).toBe("1");
+  });
+
+  test("400 and 403 are permanent: dead at once, with Telegram's description", async () => {
+    const f = fake();
+    f.block("9003");
+    f.inject("sendMessage", { kind: "status", status: 400, description: "Bad Request: chat not found" });
+    const h = await harness(f);
+    const missing = await h.bot.send("9004", "hi", { idempotencyKey: "k400" });
+    expect(missing.state).toBe("dead");
+    expect(missing.error).toContain("Bad Request: chat not found");
+    const blocked = await h.bot.send("9003", "hi", { idempotencyKey: "k403" });
+    expect(blocked.state).toBe("dead");
+    expect(blocked.error).toBe("ProviderError: Telegram sendMessage failed with 403: Forbidden: bot was blocked by the user");
+    expect(h.dead.map((d) => d.id).sort()).toEqual(["k400", "k403"]);
+    expect(f.calls.filter((c) => c.method === "sendMessage").length).toBe(2);
+  });
+
+  test("a 200 that is not a Bot API answer, or lacks the message_id, is a clear permanent error", async () => {
+    const f = fake();
+    f.inject("sendMessage", { kind: "body", body: "<html>captive portal</html>", status: 200 });
+    f.inject("sendMessage", { kind: "garbage-ok" });
+    const h = await harness(f);
+    const garbage = await h.bot.send("9005", "hi", { idempotencyKey: "kg1" });
+    expect(garbage.state).toBe("dead");
+    expect(garbage.error).toContain('Telegram sendMessage answered HTTP 200 with a body that is not a Bot API answer ("<html>captive portal</html>")');
+    const noId = await h.bot.send("9005", "hi", { idempotencyKey: "kg2" });
+    expect(noId.state).toBe("dead");
+    expect(noId.error).toContain('answered ok but without a "message_id"');
+  });
+
+  test("content forms: text with params, photo by URL, a document upload, a raw method; bad content is permanent", async () => {
+    const f = fake();
+    const h = await harness(f);
+    const sends = [
+      await h.bot.send("9006", { text: "*bold*", parse_mode: "MarkdownV2", reply_markup: { inline_keyboard: [[{ text: "Yes", callback_data: "y" }]] } }),
+      await h.bot.send("9006", { photo: "https://example.com/cat.jpg", text: "a cat" }),
+      await h.bot.send("9006", { document: bytes("%PDF-1.4"), fileName: "report.pdf", caption: "report" }),
+      await h.bot.send("9006", { method: "sendPoll", question: "Tea?", options: [{ text: "yes" }, { text: "no" }] }),
+    ];
+    expect(sends.map((s) => [s.state, s.messageId])).toEqual([["sent", "1"], ["sent", "2"], ["sent", "3"], ["sent", "4"]]);
+    expect(f.sent.map((s) => s.method)).toEqual(["sendMessage", "sendPhoto", "sendDocument", "sendPoll"]);
+    expect(f.sent[0]!.params.reply_markup).toEqual({ inline_keyboard: [[{ text: "Yes", callback_data: "y" }]] });
+    expect(f.sent[1]!.params).toMatchObject({ photo: "https://example.com/cat.jpg", caption: "a cat" });
+    expect(f.sent[2]!.params).toMatchObject({ document: { upload: "report.pdf", size: 8 }, caption: "report", chat_id: "9006" });
+    const bad = await h.bot.send("9006", { sticker: 42 } as never);
+    expect(bad.state).toBe("dead");
+    expect(bad.error).toContain('Telegram content field "sticker" must be a URL, a file_id or a Uint8Array, got 42');
+    const unknown = await h.bot.send("9006", { hello: "x" });
+    expect(unknown.state).toBe("dead");
+    expect(unknown.error).toContain('got an object with keys ["hello"]');
+  });
+
+  test("classifyError reads ProviderError; a wrong token is permanent", async () => {
+    const f = fake();
+    const provider = new TelegramProvider({ token: "42:wrong", apiBase: f.url, secretToken: false });
+    expect(provider.classifyError(new ProviderError("x", { status: 429, retryAfterMs: 3000 }))).toEqual({ retryable: true, retryAfterMs: 3000 });
+    expect(provider.classifyError(new TypeError("fetch failed"))).toEqual({ retryable: true });
+    const error = await provider.send("1", "hi", { idempotencyKey: "k", attempt: 1, signal: new AbortController().signal }).catch((e) => e);
+    expect(error).toBeInstanceOf(ProviderError);
+    expect(error.status).toBe(401);
+    expect(error.retryable).toBe(false);
+    expect(error.message).toBe("Telegram sendMessage failed with 401: Unauthorized");
+  });
+});
+
+describe("telegram: media on reprocess", () => {
+  test("SQLite: media loads on the first processing and again after a crash and restart; the reply goes out once", async () => {
+    const f = fake();
+    const file = join(dir, `media-${crypto.randomUUID()}.db`);
+    const sqliteA = new SQLiteDurability({ file });
+    const a = crashable(sqliteA);
+    a.crashBefore("inbox.complete");
+    const loads: { attempt: number; data: string }[] = [];
+    const setup = (bot: Bot) =>
+      bot.when(IMAGE, async (ctx: Context) => {
+        const media = await loadMediaOf(ctx, { throwOnError: true });
+        loads.push({ attempt: ctx.attempt, data: new TextDecoder().decode(media!.data) });
+        await ctx.reply(`${media!.data.byteLength} bytes`);
+      });
+    const botA = await harness(f, { backend: a, instanceId: "tg-media", setup });
+    const { update } = f.mediaUpdate(9101, "photo", bytes("PNG-DATA"));
+    expect((await botA.provider.webhook(webhookRequest(update))).status).toBe(200);
+    await f.until("the reply", () => f.sent.length === 1);
+    await f.until("the crash", () => a.crashed);
+    await botA.bot.stop();
+    await sqliteA.close();
+    const botB = await harness(f, { backend: new SQLiteDurability({ file }), instanceId: "tg-media", setup });
+    await botB.bot.idle();
+    expect(loads).toEqual([{ attempt: 1, data: "PNG-DATA" }, { attempt: 2, data: "PNG-DATA" }]);
+    expect(f.sent.map((s) => s.params.text)).toEqual(["8 bytes"]); // answered from the outbox the second time
+    const record = await botB.bot.durability!.inbox.get(`tg:${f.botId}:${update.update_id}`);
+    expect(record?.state).toBe("done");
+  });
+
+  test("tampered, wrong provider, wrong key, deleted file, over 20 MB, and a 5xx", async () => {
+    const f = fake();
+    let captured: Context | undefined;
+    const h = await harness(f, { setup: (bot) => bot.when(ANY, (ctx) => void (captured = ctx)) });
+    const { update, fileId } = f.mediaUpdate(9201, "document", bytes("DOC"), { mimeType: "text/plain", fileName: "a.txt" });
+    expect((await h.provider.webhook(webhookRequest(update))).status).toBe(200);
+    await h.bot.idle();
+    const ctx = captured!;
+    const reason = async (c: { message: Context["message"]; bot: { provider: Provider } }) => {
+      try {
+        await loadMediaOf(c, { throwOnError: true });
+        return "loaded";
+      } catch (error) {
+        return error instanceof MediaUnavailableError ? error.reason : `other: ${error}`;
+      }
+    };
+    expect(await loadMediaOf(ctx)).toMatchObject({ mimeType: "text/plain", fileName: "a.txt" });
+    const media = ctx.message.media as { ref: Record<string, unknown> };
+    const tampered = { ...ctx.message, media: { ...media, ref: { ...media.ref, fileId: "someone-elses" } } };
+    expect(await reason({ message: tampered, bot: { provider: h.provider } })).toBe("rehydrate-failed");
+    const other = new TelegramProvider({ token: f.token, apiBase: f.url, name: "telegram-2", secretToken: false });
+    expect(await reason({ message: ctx.message, bot: { provider: other } })).toBe("provider-mismatch");
+    const rotated = new TelegramProvider({ token: `${f.botId}:rotated-token`, apiBase: f.url, secretToken: false });
+    expect(await reason({ message: ctx.message, bot: { provider: rotated } })).toBe("rehydrate-failed");
+    f.inject("getFile", { kind: "status", status: 502 });
+    const transient = await loadMediaOf(ctx).catch((e) => e);
+    expect(transient).toBeInstanceOf(ProviderError);
+    expect(transient.retryable).toBe(true);
+    f.deleteFile(fileId);
+    const gone = await loadMediaOf(ctx, { throwOnError: true }).catch((e) => e);
+    expect(gone).toBeInstanceOf(MediaUnavailableError);
+    expect(gone.reason).toBe("rehydrate-failed");
+    expect(gone.message).toContain("wrong file_id or the file is temporarily unavailable");
+    expect(gone.cause).toBeInstanceOf(ProviderError);
+    const big = f.mediaUpdate(9201, "video", bytes("x"), { fileSize: 25 * 1024 * 1024 }).update;
+    expect((await h.provider.webhook(webhookRequest(big))).status).toBe(200);
+    await h.bot.idle();
+    expect(ctx === captured).toBe(false);
+    expect(await reason(captured!)).toBe("not-durable");
+  });
+});
+
+describe("telegram: options", () => {
+  const token = "123:abc";
+  const cases: [Record<string, unknown>, typeof TypeError | typeof RangeError, RegExp][] = [
+    [{}, TypeError, /^Option "token" must be a bot token string/],
+    [{ token: "nocolon" }, TypeError, /^Option "token" must look like "123456:ABC-DEF…".*7 characters/],
+    [{ token }, TypeError, /^Option "secretToken" is required in webhook mode/],
+    [{ token, secretToken: "has space" }, TypeError, /^Option "secretToken" must be 1-256 characters/],
+    [{ token, secretToken: false, mode: "push" }, TypeError, /^Option "mode" must be "webhook" or "polling", got "push"$/],
+    [{ token, secretToken: false, apiBase: "ftp://x" }, TypeError, /^Option "apiBase" must be an http\(s\) URL, got "ftp:\/\/x"$/],
+    [{ token, secretToken: false, pollTimeoutSec: 60 }, RangeError, /^Option "pollTimeoutSec" must be an integer from 0 to 50, got 60$/],
+    [{ token, secretToken: false, requestTimeoutMs: "1s" }, TypeError, /^Option "requestTimeoutMs" must be an integer from 100 to 600000, got "1s"$/],
+    [{ token, secretToken: false, mediaKey: "short" }, RangeError, /^Option "mediaKey" must be at least 16 bytes, got 5$/],
+    [{ token, secretToken: false, fetch: 1 }, TypeError, /^Option "fetch" must be a function, got 1$/],
+    [{ token, secretToken: false, allowedUpdates: "message" }, TypeError, /^Option "allowedUpdates" must be an array/],
+    [{ token, secretToken: false, pollBackoff: { baseMs: 100, capMs: 10 } }, RangeError, /^Option "pollBackoff.capMs" must be at least/],
+    [{ token, secretToken: false, name: "" }, TypeError, /^Option "name" must be a non-empty string, got ""$/],
+    [{ token, secretToken: false, colour: 1 }, TypeError, /^Unknown Telegram option "colour"; known options are "token"/],
+  ];
+  for (const [options, Kind, pattern] of cases) {
+    test(`rejects ${JSON.stringify(options).replace(token, "<token>")}`, () => {
+      let error: unknown;
+      try {
+        new TelegramProvider(options as never);
+      } catch (e) {
+        error = e;
+      }
+      expect(error).toBeInstanceOf(Kind);
+      expect((error as Error).message).toMatch(pattern);
+    });
+  }
+
+  test("the connection id is the bot id; the token never appears in errors", async () => {
+    const provider = new TelegramProvider({ token: "777:SECRETPART", secretToken: false, apiBase: "http://127.0.0.1:9", requestTimeoutMs: 500 });
+    expect(provider.connectionId).toBe("777");
+    expect(provider.name).toBe("telegram");
+    expect(provider.mode).toBe("webhook");
+    const error = await provider.call("getMe").then(() => null, (e: ProviderError) => e);
+    expect(error).toBeInstanceOf(ProviderError);
+    expect(error!.retryable).toBe(true);
+    expect(error!.message).not.toContain("SECRETPART");
+  });
+});
