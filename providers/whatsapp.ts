@@ -308,7 +308,10 @@ function isObject(value: unknown): value is Record<string, unknown> {
 }
 
 function plain(status: number, text: string, headers: Record<string, string> = {}): Response {
-  return new Response(text, { status, headers: { "content-type": "text/plain; charset=utf-8", ...headers } });
+  return new Response(text, {
+    status,
+    headers: { "content-type": "text/plain; charset=utf-8", "x-content-type-options": "nosniff", ...headers },
+  });
 }
 
 function json(status: number, body: unknown): Response {
@@ -449,7 +452,9 @@ interface WebhookSummary {
  * bot is not started or a message was not admitted (Meta redelivers), else 200
  * with a JSON summary; other methods 405. A change for another phone number id
  * is ignored (answered 200): give each number its own provider and webhook URL,
- * or pass the request to each number's provider.
+ * or pass the request to each number's provider. The messages of one chat in a
+ * POST are admitted one after the other in payload order; when one is refused,
+ * the chat's later ones are held back, so the redelivery keeps their order.
  *
  * Sends: a string is a text message; `{ text, previewUrl?, replyTo? }` too;
  * `{ image | audio | video | document | sticker: { link | id, caption?, filename? } }`,
@@ -737,28 +742,39 @@ export class WhatsAppProvider implements Provider {
       });
     });
 
-    // Seal the media first, then hand every message to the bot without waiting in between,
-    // so each chat's messages take their places in its queue in payload order.
     const messages = await Promise.all(parsed.map(async (p): Promise<InboundMessage> => {
       if (p.media === undefined) return p.message as InboundMessage;
       const media = "ref" in p.media ? await this.#seal.seal(p.media.ref) : this.#seal.notDurable(p.media.why);
       return { ...p.message, media: media as unknown as JsonValue };
     }));
-    const results = await Promise.all(messages.map((m): Promise<AdmitResult> => {
-      try {
-        return sink.receive(m).catch((error) => ({ status: "rejected", id: m.id, error: error as Error }));
-      } catch (error) {
-        return Promise.resolve({ status: "rejected", id: m.id, error: error as Error });
+    // Each chat's messages are admitted one after the other, in payload order; once one is
+    // refused, the chat's later messages are not offered (Meta redelivers them all, in order,
+    // with the refused one). Chats are admitted concurrently.
+    const chats = new Map<string, InboundMessage[]>();
+    for (const m of messages) {
+      const list = chats.get(m.chatId);
+      if (list) list.push(m);
+      else chats.set(m.chatId, [m]);
+    }
+    const refused: string[] = [];
+    await Promise.all([...chats.values()].map(async (list) => {
+      for (const [i, m] of list.entries()) {
+        let result: AdmitResult;
+        try {
+          result = await sink.receive(m);
+        } catch (error) {
+          result = { status: "rejected", id: m.id, error: error instanceof Error ? error : new Error(String(error)) };
+        }
+        if (result.status === "rejected") {
+          summary.rejected += list.length - i;
+          refused.push(`${m.id}: ${result.error?.message ?? "rejected"}`);
+          for (const later of list.slice(i + 1)) refused.push(`${later.id}: held back behind ${m.id}`);
+          return;
+        }
+        if (result.status === "duplicate") summary.duplicates++;
+        else summary.admitted++;
       }
     }));
-    const refused: string[] = [];
-    for (const result of results) {
-      if (result.status === "rejected") {
-        summary.rejected++;
-        refused.push(`${result.id}: ${result.error?.message ?? "rejected"}`);
-      } else if (result.status === "duplicate") summary.duplicates++;
-      else summary.admitted++;
-    }
 
     let statusFailed = false;
     for (const { status, path } of statuses) {
