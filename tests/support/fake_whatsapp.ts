@@ -85,7 +85,7 @@ function graphResponse(status: number, code: number, message: string, extra: Par
   return Response.json(graphBody(code, message, extra), { status, headers });
 }
 
-export const MESSAGE_TYPES = [
+export const MESSAGE_TYPES: string[] = [
   "text",
   "image",
   "audio",
