@@ -122,7 +122,21 @@ export interface TelegramMediaRef {
   fileSize?: number;
 }
 
-/** A malformed Telegram update: `field` names what is wrong. */
+/**
+ * A malformed Telegram update: `field` names what is wrong. The provider
+ * reports it to `onError`; the webhook answers it with 400.
+ *
+ * @example
+ * ```ts
+ * import { TelegramProvider, TelegramUpdateError } from "@botmesh/durable/telegram";
+ * const telegram = new TelegramProvider({ token: "123:abc", secretToken: false });
+ * try {
+ *   await telegram.parseUpdate({ update_id: 1, message: { message_id: 2, date: 0 } });
+ * } catch (error) {
+ *   if (error instanceof TelegramUpdateError) console.log(error.field); // "message.chat"
+ * }
+ * ```
+ */
 export class TelegramUpdateError extends Error {
   /** The path of the offending field, e.g. `message.chat.id`. */
   readonly field: string;
@@ -1044,11 +1058,11 @@ function toRequest(chatId: string, content: OutboundContent): { method: string; 
     const { text, ...rest } = content;
     return {
       method: SEND_METHOD[field],
-      params: { chat_id: chatId, ...(typeof text === "string" && rest.caption === undefined ? { caption: text } : {}), ...rest },
+      params: { ...(typeof text === "string" && rest.caption === undefined ? { caption: text } : {}), ...rest, chat_id: chatId },
     };
   }
   if (typeof content.text === "string" && content.text !== "") {
-    return { method: "sendMessage", params: { chat_id: chatId, ...content } };
+    return { method: "sendMessage", params: { ...content, chat_id: chatId } };
   }
   badContent(
     `Telegram content must be a string, { text }, { photo | document | voice | audio | video | animation | video_note | sticker }, or { method }; got an object with keys ${

@@ -118,12 +118,14 @@ function webhookRequest(body: string | Record<string, unknown>, init: { secret?:
 const bytes = (text: string) => new TextEncoder().encode(text);
 
 describe("telegram: long polling", () => {
-  test("text, photo, document, voice and a callback query are handled; replies carry Telegram's message ids", async () => {
+  for (const store of ["memory", "sqlite"] as const) test(`${store}: text, photo, document, voice and a callback query are handled; replies carry Telegram's message ids`, async () => {
     const f = fake();
+    const backend = store === "memory" ? new MemoryDurability() : new SQLiteDurability({ file: join(dir, `poll-${crypto.randomUUID()}.db`) });
     const loaded: { type: string; text: string; mimeType?: string; fileName?: string }[] = [];
     const interactions: unknown[] = [];
     const h = await harness(f, {
       mode: "polling",
+      backend,
       setup: (bot) => {
         bot.when(INTERACTION, async (ctx) => {
           interactions.push(ctx.message.interaction);
@@ -183,20 +185,24 @@ describe("telegram: long polling", () => {
         return ctx.reply(`ok ${ctx.message.text}`);
       }),
     });
+    // One batch: the first update is refused; the second of its chat must not overtake it.
     const first = f.push(f.textUpdate(2001, "one"));
-    const second = f.push(f.textUpdate(2002, "two"));
+    f.push(f.textUpdate(2001, "two"));
+    const third = f.push(f.textUpdate(2002, "three"));
     const id = first.update_id as number;
-    await f.until("both replies", () => f.sent.length === 2);
+    await f.until("three replies", () => f.sent.length === 3);
     await h.bot.idle();
     expect(state.failures).toBe(0);
-    expect(runs.sort()).toEqual(["one", "two"]);
+    expect(runs.filter((r) => r !== "three")).toEqual(["one", "two"]);
+    expect(runs.length).toBe(3);
+    expect(f.sent.filter((s) => s.chatId === "2001").map((s) => s.params.text)).toEqual(["ok one", "ok two"]);
     // The poll after the refusal asked from the refused update again (it was not confirmed).
     const afterRefusal = f.offsets.filter((o) => o !== undefined);
     expect(afterRefusal[0]).toBeLessThanOrEqual(id);
     expect(f.offsets.filter((o) => o === id).length).toBeGreaterThanOrEqual(1);
-    await f.until("confirmed past both", () => f.confirmedOffset === (second.update_id as number) + 1);
+    await f.until("confirmed past all", () => f.confirmedOffset === (third.update_id as number) + 1);
     expect(h.botErrors.some((e) => /journal unavailable/.test(e.message))).toBe(true);
-    expect(h.bot.durability!.metrics().inboundJournaled).toBe(2);
+    expect(h.bot.durability!.metrics().inboundJournaled).toBe(3);
   });
 
   test("a duplicate in one batch and a redelivery after confirmation are processed once", async () => {
@@ -457,6 +463,8 @@ describe("telegram: sends", () => {
     expect(f.sent[0]!.params.reply_markup).toEqual({ inline_keyboard: [[{ text: "Yes", callback_data: "y" }]] });
     expect(f.sent[1]!.params).toMatchObject({ photo: "https://example.com/cat.jpg", caption: "a cat" });
     expect(f.sent[2]!.params).toMatchObject({ document: { upload: "report.pdf", size: 8 }, caption: "report", chat_id: "9006" });
+    await h.bot.send("9006", { text: "elsewhere?", chat_id: "1" });
+    expect(f.sent.at(-1)!.chatId).toBe("9006");
     const bad = await h.bot.send("9006", { sticker: 42 } as never);
     expect(bad.state).toBe("dead");
     expect(bad.error).toContain('Telegram content field "sticker" must be a URL, a file_id or a Uint8Array, got 42');
