@@ -8,6 +8,7 @@ export { MockProvider, type MockInbound, type MockProviderOptions, type SentMess
 export {
   CRASH_POINTS,
   crashable,
+  crashableStore,
   type CrashableBackend,
   CrashableProvider,
   type CrashOptions,

@@ -8,15 +8,17 @@
  * @module
  */
 import { sleep, uid } from "./util.ts";
-import type { DurabilityBackend, InboxJournal, OutboxJournal } from "../backend.ts";
+import type { DurabilityBackend, InboxJournal, JsonValue, OutboxJournal } from "../backend.ts";
+import { loadMediaOf, MediaUnavailableError } from "../media.ts";
 import { Bot } from "../bot.ts";
 import type { DurabilityOptions } from "../config.ts";
 import type { BotEvents, DurabilityMetrics } from "../engine.ts";
 import { ProviderError } from "../errors.ts";
 import { ANY } from "../matchers.ts";
+import { MemoryStore, type SessionStore } from "../store.ts";
 import type { OutboundContent, Provider, SendContext, SendReceipt } from "../provider.ts";
 import type { BackendConformanceOptions, ConformanceHarness } from "./conformance.ts";
-import { CRASH_POINTS, crashable, CrashableProvider, type CrashPoint } from "./crashable.ts";
+import { CRASH_POINTS, crashable, CrashableProvider, crashableStore, type CrashPoint } from "./crashable.ts";
 import { MockProvider } from "./mock_provider.ts";
 
 type Expect = ConformanceHarness["expect"];
@@ -341,6 +343,63 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(providerB.sent.map((s) => [s.content, s.idempotencyKey])).toEqual([["from B", `${id}:1`]]);
       expect(providerA.sent.length, "A's late reply has B's key and is answered from the outbox").toBe(0);
       expect(metricsOf(botA).outboxDiverged).toBe(1);
+    });
+
+    withBackend("media is loaded again when a message is reprocessed after a crash; what cannot be is said why", async (
+      backend,
+      bots,
+    ) => {
+      const a = crashable(backend);
+      const botA = new Bot({ provider: new CrashableProvider(a), durability: fastDurability(a, scale, { instanceId: "media-1" }) });
+      botA.when(ANY, () => new Promise(() => {})); // the process dies before the handler ends
+      await start(bots, botA);
+      const ids = { ok: uid("m"), once: uid("m"), foreign: uid("m"), tampered: uid("m") };
+      const receive = (id: string, media: Record<string, JsonValue>) =>
+        (botA.provider as CrashableProvider).receive({ id, chatId: "c1", media });
+      await receive(ids.ok, { type: "image", data: "PNG\u0000bytes \u00e9", mimeType: "image/png", z: 1, a: [2, { y: 3, b: 4 }] });
+      await receive(ids.once, { type: "image", data: "secret", viewOnce: true });
+      a.crashBefore("inbox.heartbeat"); // the handlers hang; the next heartbeat kills A
+      for (let i = 0; i < 200 && !a.crashed; i++) await sleep(Math.round(10 * scale));
+      expect(a.crashed).toBe(true);
+      // A record of another provider, and one whose reference was altered in the journal.
+      const forge = async (id: string, mutate: (media: Record<string, JsonValue>) => void) => {
+        const sealed = new MockProvider({ name: "mock" });
+        const seen: JsonValue[] = [];
+        sealed.start({ receive: async (m) => (seen.push(m.media!), { status: "admitted", id: m.id }) });
+        await sealed.receive({ id, chatId: "c2", media: { type: "image", data: "x" } });
+        const media = structuredClone(seen[0]) as Record<string, JsonValue>;
+        mutate(media);
+        const payload = { id, chatId: "c2", type: "image", media } as unknown as JsonValue;
+        await backend.inbox.admit({ id, kind: "message", chatId: "c2", provider: "mock", payload, receivedAt: Date.now() }, {
+          owner: "media-1",
+          incarnation: "dead",
+          leaseMs: 1,
+        });
+      };
+      await forge(ids.foreign, (m) => (m.provider = "other-channel"));
+      await forge(ids.tampered, (m) => ((m.ref as Record<string, JsonValue>).data = "y"));
+      await sleep(5);
+
+      const seen = new Map<string, string>();
+      const botB = new Bot({ provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId: "media-1" }) });
+      botB.when(ANY, async (ctx) => {
+        try {
+          const media = await loadMediaOf(ctx, { throwOnError: true });
+          seen.set(ctx.inboundId, `${media!.mimeType} ${new TextDecoder().decode(media!.data)}`);
+        } catch (error) {
+          if (!(error instanceof MediaUnavailableError)) throw error;
+          seen.set(ctx.inboundId, error.reason);
+          expect(await loadMediaOf(ctx), "without throwOnError: null").toBe(null);
+        }
+      });
+      await start(bots, botB);
+      await botB.idle();
+      expect(Object.fromEntries(seen)).toEqual({
+        [ids.ok]: "image/png PNG\u0000bytes \u00e9",
+        [ids.once]: "not-durable",
+        [ids.foreign]: "provider-mismatch",
+        [ids.tampered]: "rehydrate-failed",
+      });
     });
 
     withBackend("a dead replica's records are taken over when the lease lapses; the same instanceId takes them at once", async (
@@ -796,6 +855,7 @@ const stubBackend: DurabilityBackend = {
 const CRASH_AT: Partial<Record<CrashPoint, number>> = {
   "inbox.claim": 4,
   "outbox.claim": 4,
+  "store.set": 2, // chat c4's second transcript write (after "Age?")
 };
 
 /** A provider whose failures are decided by the content, the same in every process, with a shared log. */
@@ -824,13 +884,15 @@ interface World {
   handlerThrew: Set<string>;
 }
 
-const CHATS = ["c1", "c2", "c3"];
+const CHATS = ["c1", "c2", "c3", "c4"];
+/** Chat c4 runs a conversation: "form", then two answers. */
+const FORM_TEXTS = ["c4-form", "Ann", "33"];
 
 function matrixMessages(run: string) {
   const messages: { id: string; chatId: string; text: string }[] = [];
   for (let i = 1; i <= 3; i++) {
     for (const chatId of CHATS) {
-      let text = `${chatId}-m${i}`;
+      let text = chatId === "c4" ? FORM_TEXTS[i - 1]! : `${chatId}-m${i}`;
       if (chatId === "c1" && i === 2) text += " [throw-once]";
       if (chatId === "c2" && i === 2) text += " [slow]";
       if (chatId === "c3" && i === 3) text += " [flaky]";
@@ -844,9 +906,10 @@ function matrixMessages(run: string) {
 function matrixBot(provider: Provider, backend: DurabilityBackend, world: World, scale: number, events: {
   ambiguous: string[];
   dead: string[];
-}): Bot {
+}, store: SessionStore): Bot {
   const bot = new Bot({
     provider,
+    store,
     durability: fastDurability(backend, scale, {
       instanceId: "matrix",
       inbox: { leaseMs: Math.round(60 * scale) },
@@ -856,6 +919,15 @@ function matrixBot(provider: Provider, backend: DurabilityBackend, world: World,
   bot.on("error", () => {});
   bot.on("durability:ambiguous", ({ key }) => events.ambiguous.push(key));
   bot.on("durability:dead", ({ id }) => events.dead.push(id));
+  // Two sends per step, like the other chats: a reply, then the next question.
+  bot.when("c4-form", async (ctx) => {
+    await ctx.reply("one: form");
+    const name = await ctx.ask("two: Name?");
+    await ctx.reply(`one: ${name.text}`);
+    const age = await ctx.ask(`two: Age, ${name.text}?`);
+    await ctx.reply(`one: ${age.text}`);
+    await ctx.reply(`two: done ${name.text}/${age.text}`);
+  });
   bot.when(ANY, async (ctx) => {
     const text = ctx.message.text ?? "";
     if (text.includes("[throw-once]") && !world.handlerThrew.has(ctx.inboundId)) {
@@ -928,7 +1000,8 @@ async function crashAndRecover(
   if (when === "before") a.crashBefore(point, { at: CRASH_AT[point] ?? 1 });
   else a.crashAfter(point, { at: CRASH_AT[point] ?? 1 });
   const providerA = new CrashableProvider(a, new ScriptedProvider(world, Math.round(50 * scale)));
-  const botA = matrixBot(providerA, a, world, scale, events);
+  const store = new MemoryStore(); // the session store outlives the "process", as a durable one would
+  const botA = matrixBot(providerA, a, world, scale, events, crashableStore(a, store));
   let rejectedByA = 0;
   try {
     await botA.start();
@@ -957,7 +1030,7 @@ async function crashAndRecover(
     await backend.open?.();
   }
   const providerB = new ScriptedProvider(world, Math.round(50 * scale));
-  const botB = matrixBot(providerB, backend, world, scale, events);
+  const botB = matrixBot(providerB, backend, world, scale, events, store);
   await botB.start();
   for (const m of messages) await providerB.receive(m); // the channel redelivers everything unacknowledged (and more)
   await botB.idle();
@@ -1000,6 +1073,16 @@ async function crashAndRecover(
     }
   }
   expect(unknown.sort(), "every unknown send was reported").toEqual([...new Set(events.ambiguous)].sort());
+  // The conversation resumed where it was: each question asked once, the answers it recorded used.
+  const [form, name, age] = messages.filter((m) => m.chatId === "c4");
+  const expected: [string, string][] = [
+    [`${form!.id}:2`, "two: Name?"],
+    [`${name!.id}:2`, "two: Age, Ann?"],
+    [`${age!.id}:2`, "two: done Ann/33"],
+  ];
+  for (const [key, content] of expected) expect((await backend.outbox.get(key))?.content, `content of ${key}`).toBe(content);
+  const conversation = await store.get("botmesh:conversation:bot:c4") as { state?: string; endedBy?: string } | undefined;
+  expect([conversation?.state, conversation?.endedBy], "the conversation ended with its last answer").toEqual(["ended", age!.id]);
   expect(metricsA.outboxAmbiguous + metricsB.outboxAmbiguous).toBe(events.ambiguous.length);
   const permKey = `${run}-c3-m1:1`;
   if (!events.ambiguous.includes(permKey)) {

@@ -9,6 +9,8 @@ import { PROCESS_DEATH } from "../errors.ts";
 import type { InboundSink, OutboundContent, Provider, SendContext, SendReceipt } from "../provider.ts";
 import { MockProvider, type MockInbound, type SentMessage } from "./mock_provider.ts";
 import type { AdmitResult } from "../provider.ts";
+import type { LoadedMedia, MediaLoadContext, StoredMediaRef } from "../media.ts";
+import type { SessionStore } from "../store.ts";
 
 /** Every step at which the harness can crash. */
 export const CRASH_POINTS = [
@@ -28,6 +30,7 @@ export const CRASH_POINTS = [
   "outbox.retry",
   "outbox.discard",
   "outbox.purge",
+  "store.set",
 ] as const;
 
 /** A step at which the harness can crash. */
@@ -245,4 +248,39 @@ export class CrashableProvider implements Provider {
   send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     return this.#backend.step("provider.send", () => this.inner.send(chatId, content, context));
   }
+
+  /** Load media again (see `MockProvider.loadMedia`); fails once the process died. */
+  loadMedia(media: StoredMediaRef, context: MediaLoadContext): Promise<LoadedMedia> {
+    if (this.#backend.crashed) return Promise.reject(new SimulatedCrash(this.#backend.crashedAt, "dead"));
+    return this.inner.loadMedia(media, context);
+  }
+}
+
+/**
+ * A session store that dies with a {@link crashable} backend: each `set` (a
+ * conversation's transcript, a session) is the crash point `'store.set'`, and
+ * every call fails once the process died.
+ *
+ * @param backend the crashable backend it dies with
+ * @param store the store that keeps the data (shared with the next "process")
+ * @returns the wrapped store
+ */
+export function crashableStore(backend: CrashableBackend, store: SessionStore): SessionStore {
+  const alive = () => {
+    if (backend.crashed) throw new SimulatedCrash(backend.crashedAt, "dead");
+  };
+  return {
+    get: async (key) => {
+      alive();
+      const value = await store.get(key);
+      alive();
+      return value;
+    },
+    set: (key, value, options) => backend.step("store.set", () => store.set(key, value, options)),
+    delete: async (key) => {
+      alive();
+      await store.delete(key);
+      alive();
+    },
+  };
 }
