@@ -4,7 +4,7 @@
 // 400/403 → DLQ, garbage bodies), media on reprocess (memory and SQLite, across a
 // restart), callback queries, and option validation.
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
-import { mkdirSync, rmSync } from "node:fs";
+import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
@@ -361,6 +361,24 @@ describe("telegram: webhook", () => {
     expect(h.bot.durability!.metrics().inboundDuplicates).toBe(1);
   });
 
+  test("failOpen: the journal fails, the update is handled without it and answered 200", async () => {
+    const f = fake();
+    const errors: Error[] = [];
+    const provider = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET, onError: (e) => errors.push(e) });
+    const bot = new Bot({
+      provider,
+      durability: { backend: flakyAdmit(new MemoryDurability(), { failures: 1 }), instanceId: "wh-open", failOpen: true },
+    });
+    bot.on("error", () => {});
+    bot.when(/.*/, (ctx) => ctx.reply("handled anyway"));
+    await bot.start();
+    cleanups.push(() => bot.stop());
+    expect((await provider.webhook(webhookRequest(f.textUpdate(8301, "hi")))).status).toBe(200);
+    await bot.idle();
+    expect(f.sent.map((s) => s.params.text)).toEqual(["handled anyway"]);
+    expect(errors).toEqual([]);
+  });
+
   test("a callback query by webhook reaches the interaction handler and is answered after admission", async () => {
     const f = fake();
     const seen: string[] = [];
@@ -555,6 +573,14 @@ describe("telegram: media on reprocess", () => {
     expect(ctx === captured).toBe(false);
     expect(await reason(captured!)).toBe("not-durable");
   });
+});
+
+test("providers/telegram.ts is Web-standard: no node: imports, no Deno, Bun or process globals", () => {
+  const text = readFileSync(join(import.meta.dir, "..", "providers", "telegram.ts"), "utf8").replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, "");
+  expect(text).toMatch(/export class TelegramProvider/);
+  for (const pattern of [/from\s+["']node:|import\(\s*["']node:/, /\bDeno\s*\./, /\bBun\s*\./, /\bprocess\s*\./]) {
+    expect(text).not.toMatch(pattern);
+  }
 });
 
 describe("telegram: options", () => {
