@@ -665,11 +665,11 @@ export class WhatsAppProvider implements Provider {
     } catch (error) {
       return plain(400, `Webhook body is not valid JSON: ${(error as Error).message}`);
     }
-    if (!isObject(payload)) return plain(400, `Webhook body must be a JSON object, got ${show(payload)}`);
+    if (!isObject(payload)) return plain(400, `Webhook body must be a JSON object, got ${brief(payload)}`);
     if (payload.object !== "whatsapp_business_account") {
-      return plain(400, `Webhook field "object" must be "whatsapp_business_account", got ${show(payload.object)}`);
+      return plain(400, `Webhook field "object" must be "whatsapp_business_account", got ${brief(payload.object)}`);
     }
-    if (!Array.isArray(payload.entry)) return plain(400, `Webhook field "entry" must be an array, got ${show(payload.entry)}`);
+    if (!Array.isArray(payload.entry)) return plain(400, `Webhook field "entry" must be an array, got ${brief(payload.entry)}`);
 
     const sink = this.#sink;
     if (sink === undefined) return plain(503, "The bot is not started; redeliver later", { "retry-after": "10" });
@@ -684,17 +684,21 @@ export class WhatsAppProvider implements Provider {
     payload.entry.forEach((entry, e) => {
       const ePath = `entry[${e}]`;
       if (!isObject(entry) || !Array.isArray(entry.changes)) {
-        fail(new WhatsAppPayloadError(ePath, "changes", `field "changes" must be an array`));
+        fail(new WhatsAppPayloadError(ePath, "changes", `field "changes" must be an array, got ${brief(isObject(entry) ? entry.changes : entry)}`));
         return;
       }
       entry.changes.forEach((change, c) => {
         const cPath = `${ePath}.changes[${c}]`;
-        if (!isObject(change) || !isObject(change.value)) {
-          fail(new WhatsAppPayloadError(cPath, "value", `field "value" must be an object`));
+        if (!isObject(change)) {
+          fail(new WhatsAppPayloadError(cPath, "", `a change must be an object, got ${brief(change)}`));
           return;
         }
         if (change.field !== "messages") {
           summary.ignored++; // another subscription (templates, account updates, …)
+          return;
+        }
+        if (!isObject(change.value)) {
+          fail(new WhatsAppPayloadError(cPath, "value", `field "value" must be an object, got ${brief(change.value)}`));
           return;
         }
         const value = change.value;
@@ -714,7 +718,7 @@ export class WhatsAppProvider implements Provider {
         }
         if (value.messages !== undefined) {
           if (!Array.isArray(value.messages)) {
-            fail(new WhatsAppPayloadError(`${cPath}.value`, "messages", `field "messages" must be an array`));
+            fail(new WhatsAppPayloadError(`${cPath}.value`, "messages", `field "messages" must be an array, got ${brief(value.messages)}`));
           } else {
             value.messages.forEach((m, i) => {
               try {
@@ -727,7 +731,7 @@ export class WhatsAppProvider implements Provider {
         }
         if (value.statuses !== undefined) {
           if (!Array.isArray(value.statuses)) {
-            fail(new WhatsAppPayloadError(`${cPath}.value`, "statuses", `field "statuses" must be an array`));
+            fail(new WhatsAppPayloadError(`${cPath}.value`, "statuses", `field "statuses" must be an array, got ${brief(value.statuses)}`));
           } else {
             value.statuses.forEach((s, i) => {
               const path = `${cPath}.value.statuses[${i}]`;
@@ -865,7 +869,7 @@ export class WhatsAppProvider implements Provider {
       body = { ...base, type: "text", text: { body: content } };
     } else if (!isObject(content) || ArrayBuffer.isView(content)) {
       throw permanent(
-        `WhatsApp cannot send ${show(content)}: send text, a message object, or binary media uploaded first (by "link" or "id")`,
+        `WhatsApp cannot send ${brief(content)}: send text, a message object, or binary media uploaded first (by "link" or "id")`,
       );
     } else {
       const { replyTo, previewUrl, ...c } = content as Record<string, unknown>;
@@ -890,7 +894,7 @@ export class WhatsAppProvider implements Provider {
         const payload = c[type];
         if ((MEDIA_TYPES as readonly string[]).includes(type)) {
           if (!isObject(payload) || (typeof payload.link !== "string" && typeof payload.id !== "string")) {
-            throw permanent(`WhatsApp content field "${type}" must be an object with "link" or "id", got ${show(payload)}`);
+            throw permanent(`WhatsApp content field "${type}" must be an object with "link" or "id", got ${brief(payload)}`);
           }
         }
         body = { ...base, type, [type]: payload };
@@ -1058,6 +1062,12 @@ export class WhatsAppProvider implements Provider {
   }
 }
 
+/** `show(value)`, cut to 200 characters. */
+function brief(value: unknown): string {
+  const text = show(value);
+  return text.length > 200 ? `${text.slice(0, 200)}…` : text;
+}
+
 function snippet(text: string): string {
   return text === "" ? "an empty body" : show(text.length > 200 ? `${text.slice(0, 200)}…` : text);
 }
@@ -1100,7 +1110,7 @@ function requireString(m: Record<string, unknown>, field: string, path: string):
     throw new WhatsAppPayloadError(
       path,
       field,
-      `field "${field}" must be a non-empty string of at most 512 characters, got ${value === undefined ? "undefined" : show(value)}`,
+      `field "${field}" must be a non-empty string of at most 512 characters, got ${value === undefined ? "undefined" : brief(value)}`,
     );
   }
   return value;
@@ -1110,13 +1120,13 @@ function parseTimestamp(value: unknown, path: string): number | undefined {
   if (value === undefined) return undefined;
   const n = typeof value === "string" && /^\d{1,12}$/.test(value) ? Number(value) : typeof value === "number" ? value : NaN;
   if (!Number.isFinite(n) || n < 0) {
-    throw new WhatsAppPayloadError(path, "timestamp", `field "timestamp" must be seconds since the epoch, got ${show(value)}`);
+    throw new WhatsAppPayloadError(path, "timestamp", `field "timestamp" must be seconds since the epoch, got ${brief(value)}`);
   }
   return n * 1000;
 }
 
 function parseMessage(raw: unknown, path: string, names: Map<string, string>): ParsedMessage {
-  if (!isObject(raw)) throw new WhatsAppPayloadError(path, "", `a message must be an object, got ${show(raw)}`);
+  if (!isObject(raw)) throw new WhatsAppPayloadError(path, "", `a message must be an object, got ${brief(raw)}`);
   const id = requireString(raw, "id", path);
   const from = requireString(raw, "from", path);
   const type = requireString(raw, "type", path);
@@ -1134,11 +1144,11 @@ function parseMessage(raw: unknown, path: string, names: Map<string, string>): P
 
   if (type === "text") {
     if (!isObject(body) || typeof body.body !== "string") {
-      throw new WhatsAppPayloadError(path, "text.body", `field "text.body" must be a string, got ${show(isObject(body) ? body.body : body)}`);
+      throw new WhatsAppPayloadError(path, "text.body", `field "text.body" must be a string, got ${brief(isObject(body) ? body.body : body)}`);
     }
     message.text = body.body;
   } else if ((MEDIA_TYPES as readonly string[]).includes(type)) {
-    if (!isObject(body)) throw new WhatsAppPayloadError(path, type, `field "${type}" must be an object, got ${show(body)}`);
+    if (!isObject(body)) throw new WhatsAppPayloadError(path, type, `field "${type}" must be an object, got ${brief(body)}`);
     if (typeof body.caption === "string") message.text = body.caption;
     if (typeof body.id === "string" && body.id !== "") {
       const ref: { [key: string]: JsonValue } = { mediaId: body.id };
@@ -1156,7 +1166,7 @@ function parseMessage(raw: unknown, path: string, names: Map<string, string>): P
     extra[type] = info;
   } else if (type === "interactive") {
     if (!isObject(body) || typeof body.type !== "string") {
-      throw new WhatsAppPayloadError(path, "interactive.type", `field "interactive.type" must be a string, got ${show(isObject(body) ? body.type : body)}`);
+      throw new WhatsAppPayloadError(path, "interactive.type", `field "interactive.type" must be a string, got ${brief(isObject(body) ? body.type : body)}`);
     }
     const reply = body[body.type];
     let interaction: Interaction;
@@ -1165,7 +1175,7 @@ function parseMessage(raw: unknown, path: string, names: Map<string, string>): P
         throw new WhatsAppPayloadError(
           path,
           `interactive.${body.type}.id`,
-          `field "interactive.${body.type}.id" must be a non-empty string, got ${show(isObject(reply) ? reply.id : reply)}`,
+          `field "interactive.${body.type}.id" must be a non-empty string, got ${brief(isObject(reply) ? reply.id : reply)}`,
         );
       }
       const value: { [key: string]: JsonValue } = { kind: body.type };
@@ -1192,7 +1202,7 @@ function parseMessage(raw: unknown, path: string, names: Map<string, string>): P
   } else if (type === "button") {
     // a quick-reply button of a template message
     if (!isObject(body) || (typeof body.payload !== "string" && typeof body.text !== "string")) {
-      throw new WhatsAppPayloadError(path, "button.payload", `field "button.payload" must be a string, got ${show(isObject(body) ? body.payload : body)}`);
+      throw new WhatsAppPayloadError(path, "button.payload", `field "button.payload" must be a string, got ${brief(isObject(body) ? body.payload : body)}`);
     }
     const id = typeof body.payload === "string" && body.payload !== "" ? body.payload : String(body.text);
     const value: { [key: string]: JsonValue } = { kind: "button" };
@@ -1215,7 +1225,7 @@ function parseMessage(raw: unknown, path: string, names: Map<string, string>): P
 }
 
 function parseStatus(raw: unknown, path: string): WhatsAppStatus {
-  if (!isObject(raw)) throw new WhatsAppPayloadError(path, "", `a status must be an object, got ${show(raw)}`);
+  if (!isObject(raw)) throw new WhatsAppPayloadError(path, "", `a status must be an object, got ${brief(raw)}`);
   const id = requireString(raw, "id", path);
   const status = requireString(raw, "status", path);
   const result: WhatsAppStatus = { id, status, raw: raw as JsonValue };
