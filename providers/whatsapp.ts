@@ -159,6 +159,8 @@ export class WhatsAppApiError extends ProviderError {
   readonly fbtraceId: string | undefined;
 
   /**
+   * Make the error of one Graph API answer.
+   *
    * @param message what happened
    * @param options the HTTP status, Graph fields, and the classification
    */
@@ -202,6 +204,8 @@ export class WhatsAppPayloadError extends Error {
   /** The field, e.g. `from` or `text.body`. */
   readonly field: string;
   /**
+   * Make the error of one payload entry.
+   *
    * @param path where in the payload
    * @param field the field
    * @param message what is wrong
@@ -519,6 +523,8 @@ export class WhatsAppProvider implements Provider {
   readonly webhook: (request: Request) => Promise<Response> = (request) => this.#webhook(request);
 
   /**
+   * Make a provider; nothing is contacted until the bot starts and sends.
+   *
    * @param options access token, phone number id, app secret, verify token, and the optional settings
    * @throws {TypeError} naming the option when one is missing, of the wrong type, or unknown
    * @throws {RangeError} naming the option when one is out of range
@@ -849,6 +855,44 @@ export class WhatsAppProvider implements Provider {
       );
     }
     return { messageId: id };
+  }
+
+  /**
+   * Mark an inbound message as read (blue ticks), optionally showing a typing
+   * indicator until the next reply or for up to 25 seconds. Not journaled:
+   * read receipts and typing indicators are transient.
+   *
+   * @param messageId the `wamid` of the inbound message (`ctx.message.id`)
+   * @param options `typing: true` to show the typing indicator; `signal` to abort
+   * @returns once Meta accepted it
+   * @throws {WhatsAppApiError} when the Graph API refuses it
+   * @throws {ProviderError} on a network error or timeout
+   *
+   * @example
+   * ```ts ignore
+   * bot.when(/.+/, async (ctx) => {
+   *   await provider.markRead(ctx.message.id, { typing: true });
+   *   await ctx.reply("Thinking…");
+   * });
+   * ```
+   */
+  async markRead(messageId: string, options: { typing?: boolean; signal?: AbortSignal } = {}): Promise<void> {
+    if (typeof messageId !== "string" || messageId === "") {
+      throw new TypeError(`Argument "messageId" must be a non-empty string, got ${show(messageId)}`);
+    }
+    const body: Record<string, unknown> = { messaging_product: "whatsapp", status: "read", message_id: messageId };
+    if (options.typing === true) body.typing_indicator = { type: "text" };
+    const url = `${this.graphBase}/${this.graphVersion}/${encodeURIComponent(this.phoneNumberId)}/messages`;
+    const { response, text } = await this.#call("POST", url, JSON.stringify(body), options.signal, "mark as read");
+    if (!response.ok) {
+      let parsed: unknown;
+      try {
+        parsed = JSON.parse(text);
+      } catch {
+        parsed = undefined;
+      }
+      throw graphError(response, parsed, text, "mark as read");
+    }
   }
 
   /**

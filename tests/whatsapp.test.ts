@@ -701,6 +701,25 @@ describe("sends through the Graph API", () => {
     expect(fake.attempts.length - before).toBe(2);
   });
 
+  test("markRead sends a read receipt with an optional typing indicator; errors are Graph errors", async () => {
+    const h = await harness({
+      setup: (bot, hh) =>
+        bot.when(ANY, async (ctx) => {
+          await hh.provider.markRead(ctx.message.id, { typing: true });
+          await ctx.reply("read it");
+        }),
+    });
+    expect((await fake.post(h.hook, payload([inbound.text(USER, "read me", "wamid.read1")]))).status).toBe(200);
+    await h.bot.idle();
+    expect(fake.reads).toContainEqual({ messageId: "wamid.read1", typing: true });
+    await h.provider.markRead("wamid.read2");
+    expect(fake.reads).toContainEqual({ messageId: "wamid.read2", typing: false });
+    const bad = await h.provider.markRead("not-a-wamid").catch((e) => e);
+    expect(bad).toBeInstanceOf(WhatsAppApiError);
+    expect(bad.message).toContain("mark as read failed with HTTP 400, error 100");
+    await expect(h.provider.markRead("")).rejects.toThrow('Argument "messageId" must be a non-empty string, got ""');
+  });
+
   test("classification: codes, statuses, Retry-After forms", () => {
     expect(classifyGraphError(400, 130429, new Headers({ "retry-after": "3" }))).toEqual({ retryable: true, retryAfterMs: 3000 });
     expect(classifyGraphError(400, 131056)).toEqual({ retryable: true, retryAfterMs: 6000 });

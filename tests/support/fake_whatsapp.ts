@@ -104,6 +104,8 @@ export class FakeWhatsApp {
   readonly options: FakeWhatsAppOptions;
   /** Every request to the messages endpoint, in arrival order. */
   readonly attempts: FakeSendAttempt[] = [];
+  /** Read receipts (and typing indicators) received, in order. */
+  readonly reads: { messageId: string; typing: boolean }[] = [];
   /** Media lookups and downloads, in arrival order (`lookup:<id>` / `download:<id>`). */
   readonly mediaRequests: string[] = [];
   #server: ReturnType<typeof Bun.serve>;
@@ -263,6 +265,13 @@ export class FakeWhatsApp {
       if (typeof body !== "object" || body === null) return graphResponse(400, 100, "(#100) The parameter messaging_product is required.");
       if (body.messaging_product !== "whatsapp") {
         return graphResponse(400, 100, "(#100) The parameter messaging_product is required.");
+      }
+      if (body.status === "read") {
+        if (typeof body.message_id !== "string" || !body.message_id.startsWith("wamid.")) {
+          return graphResponse(400, 100, "(#100) Invalid parameter", { details: "Invalid message_id" });
+        }
+        this.reads.push({ messageId: body.message_id, typing: body.typing_indicator?.type === "text" });
+        return Response.json({ success: true });
       }
       if (typeof body.to !== "string" || body.to === "") return graphResponse(400, 100, "(#100) The parameter to is required.");
       if (!MESSAGE_TYPES.includes(body.type) || typeof body[body.type] !== "object") {
