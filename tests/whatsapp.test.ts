@@ -614,18 +614,19 @@ describe("sends through the Graph API", () => {
   });
 
   test("5xx and transient Graph codes are retried; throttling codes on a 400 too", async () => {
-    const h = await harness();
+    const h = await harness({ outboxRetries: 6 });
     const before = fake.attempts.length;
     fake.failSends(
       { kind: "http", status: 502, body: "<html>Bad Gateway</html>" },
       { kind: "graph", status: 500, code: 2, message: "(#2) Service temporarily unavailable" },
       { kind: "graph", status: 503, code: 133004, message: "Server temporarily unavailable" },
       { kind: "graph", status: 400, code: 131000, message: "Something went wrong" },
+      { kind: "graph", status: 400, code: 131056, message: "(#131056) (Business Account, Consumer Account) pair rate limit hit", retryAfter: "0" },
     );
     const result = await h.bot.send(USER, "eventually", { idempotencyKey: "5xx-1" });
     expect(result.state).toBe("failed");
     await h.bot.idle();
-    expect(fake.attempts.slice(before).map((a) => a.status)).toEqual([502, 500, 503, 400, 200]);
+    expect(fake.attempts.slice(before).map((a) => a.status)).toEqual([502, 500, 503, 400, 400, 200]);
     expect((await h.bot.durability!.outbox.get("5xx-1"))!.state).toBe("sent");
   });
 
