@@ -347,6 +347,20 @@ function toBase64(bytes: Uint8Array): string {
   return btoa(binary);
 }
 
+/** Aborts when either does (`AbortSignal.any`, or its equivalent on Node before 20.3). */
+function anySignal(a: AbortSignal, b: AbortSignal): AbortSignal {
+  if (typeof AbortSignal.any === "function") return AbortSignal.any([a, b]);
+  const controller = new AbortController();
+  const abort = (source: AbortSignal) => () => controller.abort(source.reason);
+  if (a.aborted) controller.abort(a.reason);
+  else if (b.aborted) controller.abort(b.reason);
+  else {
+    a.addEventListener("abort", abort(a), { once: true });
+    b.addEventListener("abort", abort(b), { once: true });
+  }
+  return controller.signal;
+}
+
 /** Read at most `max` bytes of a body; `null` when it is bigger. */
 async function readCapped(body: ReadableStream<Uint8Array> | null, max: number): Promise<Uint8Array | null> {
   if (body === null) return new Uint8Array();
@@ -975,7 +989,7 @@ export class WhatsAppProvider implements Provider {
     maxBytes: number,
   ): Promise<{ response: Response; bytes: Uint8Array }> {
     const timeout = AbortSignal.timeout(this.#timeoutMs);
-    const combined = signal ? AbortSignal.any([signal, timeout]) : timeout;
+    const combined = signal ? anySignal(signal, timeout) : timeout;
     const headers: Record<string, string> = { authorization: `Bearer ${this.#accessToken}` };
     if (body !== undefined) headers["content-type"] = "application/json";
     try {

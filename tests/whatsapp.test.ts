@@ -688,6 +688,19 @@ describe("sends through the Graph API", () => {
     expect((await h.bot.durability!.outbox.get("net-1"))!.state).toBe("sent");
   });
 
+  test("a send aborted by the bot's signal is a retryable error", async () => {
+    const provider = makeProvider();
+    const controller = new AbortController();
+    fake.failSends({ kind: "hang" });
+    const before = fake.attempts.length;
+    const pending = provider.send(USER, "halt", { idempotencyKey: "abort-1", attempt: 1, signal: controller.signal });
+    await fake.waitForAttempts(before + 1); // the fake holds it
+    controller.abort();
+    const error = await pending.catch((e) => e);
+    expect(error.message).toBe("WhatsApp send was aborted");
+    expect(provider.classifyError(error)).toEqual({ retryable: true, retryAfterMs: undefined });
+  });
+
   test("a garbage 200 is a clear error, not retried (Meta may have sent it)", async () => {
     const h = await harness();
     const before = fake.attempts.length;

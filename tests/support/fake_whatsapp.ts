@@ -115,6 +115,7 @@ export class FakeWhatsApp {
   #media = new Map<string, Media>();
   #hangs = new Set<() => void>();
   #sendWaiters = new Set<(attempt: FakeSendAttempt) => void>();
+  #attemptWaiters = new Set<() => void>();
   #nextMedia = 1;
 
   private constructor(options: FakeWhatsAppOptions) {
@@ -156,6 +157,24 @@ export class FakeWhatsApp {
         reject(new Error(`no matching send within ${timeoutMs} ms (sent: ${JSON.stringify(this.sent.map((a) => a.body))})`));
       }, timeoutMs);
       this.#sendWaiters.add(waiter);
+    });
+  }
+
+  /** Resolves once the messages endpoint has received `count` requests in all. */
+  waitForAttempts(count: number, timeoutMs = 10_000): Promise<void> {
+    if (this.attempts.length >= count) return Promise.resolve();
+    return new Promise((resolve, reject) => {
+      const check = () => {
+        if (this.attempts.length < count) return;
+        clearTimeout(timer);
+        this.#attemptWaiters.delete(check);
+        resolve();
+      };
+      const timer = setTimeout(() => {
+        this.#attemptWaiters.delete(check);
+        reject(new Error(`the messages endpoint got ${this.attempts.length} requests, not ${count}, within ${timeoutMs} ms`));
+      }, timeoutMs);
+      this.#attemptWaiters.add(check);
     });
   }
 
@@ -253,6 +272,7 @@ export class FakeWhatsApp {
     }
     const attempt: FakeSendAttempt = { at, phoneNumberId, version, body, status: 0 };
     this.attempts.push(attempt);
+    for (const waiter of [...this.#attemptWaiters]) waiter();
     const answer = await (async (): Promise<Response> => {
       const fault = this.#nextFault(this.#sendFaults);
       if (fault) return this.#answerFault(fault, request);
