@@ -399,6 +399,8 @@ export class TelegramProvider implements Provider {
   #stopper: AbortController | undefined;
   #loop: Promise<void> | undefined;
   #offset: number | undefined;
+  /** The offset the last successful getUpdates confirmed. */
+  #confirmed: number | undefined;
   #sideEffects = new Set<Promise<unknown>>();
 
   /**
@@ -510,13 +512,29 @@ export class TelegramProvider implements Provider {
     }
   }
 
-  /** Called by `bot.stop()`: aborts the long poll under way and resolves once the loop ended. */
+  /**
+   * Called by `bot.stop()`: aborts the long poll under way and resolves once
+   * the loop ended. Updates admitted since the last `getUpdates` are then
+   * confirmed with one short `getUpdates` (`timeout: 0`), so that a restart
+   * does not fetch them again (they would be dropped as duplicates anyway).
+   */
   async stop(): Promise<void> {
     this.#sink = undefined;
     this.#stopper?.abort();
     await this.#loop;
     this.#loop = undefined;
     this.#stopper = undefined;
+    const offset = this.#offset;
+    if (offset !== undefined && offset !== this.#confirmed) {
+      try {
+        await this.call("getUpdates", { offset, timeout: 0, limit: 1, allowed_updates: this.#allowedUpdates }, {
+          timeoutMs: Math.min(this.#requestTimeoutMs, 5_000),
+        });
+        this.#confirmed = offset;
+      } catch (error) {
+        this.#report(new Error(`Telegram getUpdates could not confirm offset ${offset} on stop (those updates come again after a restart and are dropped as duplicates)`, { cause: error }));
+      }
+    }
     await Promise.allSettled([...this.#sideEffects]);
   }
 
@@ -904,9 +922,10 @@ export class TelegramProvider implements Provider {
     let failures = 0;
     while (!signal.aborted) {
       let updates: unknown;
+      const offset = this.#offset;
       try {
         updates = await this.call("getUpdates", {
-          ...(this.#offset !== undefined ? { offset: this.#offset } : {}),
+          ...(offset !== undefined ? { offset } : {}),
           timeout: this.#pollTimeoutSec,
           allowed_updates: this.#allowedUpdates,
         }, { signal, timeoutMs: this.#requestTimeoutMs + this.#pollTimeoutSec * 1000 });
@@ -928,6 +947,7 @@ export class TelegramProvider implements Provider {
         await delay(this.#pollDelay(failures, retryAfter, status === 401 || status === 404), signal);
         continue;
       }
+      this.#confirmed = offset;
       failures = Math.max(0, failures - 1);
       const next = await this.#admitBatch(sink, updates);
       if (next.offset !== undefined) this.#offset = next.offset;

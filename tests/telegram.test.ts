@@ -290,6 +290,46 @@ describe("telegram: long polling", () => {
     expect(f.calls.filter((c) => c.method === "getUpdates").length).toBe(polls);
   });
 
+  test("stop() confirms the updates admitted since the last poll; a restart does not fetch them again", async () => {
+    const f = fake();
+    const runs: string[] = [];
+    const h = await harness(f, { mode: "polling", pollTimeoutSec: 5, setup: (bot) => bot.when(/.*/, (ctx) => void runs.push(ctx.message.text!)) });
+    const u = f.push(f.textUpdate(6201, "once"));
+    await f.until("handled", () => runs.length === 1);
+    await h.bot.stop();
+    expect(f.confirmedOffset).toBe((u.update_id as number) + 1);
+    expect(f.pending).toBe(0);
+    const again = await harness(f, { mode: "polling", pollTimeoutSec: 0, setup: (bot) => bot.when(/.*/, (ctx) => void runs.push(ctx.message.text!)) });
+    await f.until("a poll of the new provider", () => f.offsets.filter((o) => o === undefined).length === 2);
+    await again.bot.idle();
+    expect(runs).toEqual(["once"]);
+    expect(again.bot.durability!.metrics().inboundDuplicates).toBe(0);
+  });
+
+  test("a webhook still set: 409 is reported with what to do, and polling keeps trying", async () => {
+    const f = fake();
+    f.webhookUrl = "https://example.com/hook";
+    const h = await harness(f, { mode: "polling" });
+    await f.until("two refused polls", () => f.calls.filter((c) => c.status === 409).length >= 2);
+    expect(h.errors[0]!.message).toBe(
+      "Telegram long polling failed (another getUpdates is running with this token, or a webhook is set: call deleteWebhook or set deleteWebhookOnStart): " +
+        "Telegram getUpdates failed with 409: Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first",
+    );
+  });
+
+  test("setWebhook passes the secret and the allowed updates", async () => {
+    const f = fake();
+    const provider = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET, allowedUpdates: ["message"] });
+    await provider.setWebhook("https://bot.example.com/telegram", { max_connections: 10 });
+    expect(f.webhookUrl).toBe("https://bot.example.com/telegram");
+    expect(f.calls[0]!.params).toEqual({
+      url: "https://bot.example.com/telegram",
+      secret_token: SECRET,
+      allowed_updates: ["message"],
+      max_connections: 10,
+    });
+  });
+
   test("deleteWebhookOnStart removes a webhook so that polling works", async () => {
     const f = fake();
     f.webhookUrl = "https://example.com/hook";
