@@ -328,6 +328,7 @@ export class Bot {
     } finally {
       if (this.#engine) await this.#engine.stop();
       else await this.#whenLocalIdle();
+      await this.#conversations.flush();
       this.#state = "stopped";
     }
   }

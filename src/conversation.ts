@@ -516,6 +516,11 @@ export class Conversations {
       .catch((error) => this.#host.reportError(error instanceof Error ? error : new Error(String(error))));
   }
 
+  /** Resolves once the deadline index writes under way are done (the bot awaits it in `stop()`). */
+  flush(): Promise<void> {
+    return this.#deadlinesWrite;
+  }
+
   /**
    * Arm the timers of the asks this instance left waiting before a restart
    * (its deadlines are stored under its instanceId). Call once the bot runs.
