@@ -28,6 +28,6 @@ console.log(`listening on ${server.port}`);
 process.on("SIGTERM", async () => {
   await server.stop();
   await bot.stop();
-  store.close();
+  await store.close();
   process.exit(0);
 });
