@@ -113,12 +113,17 @@ export interface TelegramProviderOptions {
 
 /** What the provider seals into `InboundMessage.media` (inside a {@link MediaSeal} envelope). */
 export interface TelegramMediaRef {
+  /** Telegram's `file_id` (what `getFile` takes). */
   fileId: string;
+  /** Telegram's `file_unique_id` (the same file across bots). */
   fileUniqueId: string;
   /** `photo`, `document`, `voice`, `audio`, `video`, `video_note`, `animation`, `sticker`. */
   kind: string;
+  /** The MIME type Telegram gave (`image/jpeg` for a photo). */
   mimeType?: string;
+  /** The file name Telegram gave (documents, audio, video). */
   fileName?: string;
+  /** The size in bytes Telegram gave. */
   fileSize?: number;
 }
 
@@ -143,6 +148,8 @@ export class TelegramUpdateError extends Error {
   /** The update's `update_id`, when it has one. */
   readonly updateId: number | undefined;
   /**
+   * Make the error.
+   *
    * @param field the path of the offending field
    * @param message what is wrong
    * @param updateId the update's id, when known
@@ -404,6 +411,8 @@ export class TelegramProvider implements Provider {
   #sideEffects = new Set<Promise<unknown>>();
 
   /**
+   * Make a provider; nothing is called until `start()` (or a send).
+   *
    * @param options `token` (required), `mode`, `secretToken` (required in webhook mode), and the rest of {@link TelegramProviderOptions}
    * @throws {TypeError} when an option is missing, unknown or of the wrong type (the message names it)
    * @throws {RangeError} when a number option is out of range or `mediaKey` is too short
