@@ -862,7 +862,15 @@ export class TelegramProvider implements Provider {
       }
       return { outcome: "ack" };
     }
-    const result = await sink.receive(parsed.message);
+    let result: Awaited<ReturnType<InboundSink["receive"]>>;
+    try {
+      result = await sink.receive(parsed.message);
+    } catch (error) {
+      // A sink that throws instead of answering "rejected": not admitted, so it must come again.
+      const err = asError(error);
+      this.#report(err);
+      return { outcome: "retry", error: err };
+    }
     if (result.status === "rejected") return { outcome: "retry", error: result.error };
     if (parsed.callbackQueryId !== undefined && result.status !== "duplicate") this.#answerCallback(parsed.callbackQueryId);
     return { outcome: "ack" };

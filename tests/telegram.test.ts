@@ -446,6 +446,38 @@ describe("telegram: webhook", () => {
   });
 });
 
+test("a sink that throws instead of refusing: the webhook answers 503 and polling fetches the update again", async () => {
+  const f = fake();
+  const errors: Error[] = [];
+  let fail = 2;
+  const received: string[] = [];
+  const sink = {
+    receive: async (message: { id: string }) => {
+      if (fail-- > 0) throw new Error("sink exploded");
+      received.push(message.id);
+      return { status: "admitted" as const, id: message.id };
+    },
+  };
+  const hook = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET, onError: (e) => errors.push(e) });
+  await hook.start(sink as never);
+  const update = f.textUpdate(8401, "x");
+  expect((await hook.webhook(webhookRequest(update))).status).toBe(503);
+  const poller = new TelegramProvider({
+    token: f.token,
+    apiBase: f.url,
+    mode: "polling",
+    pollTimeoutSec: 1,
+    pollBackoff: { baseMs: 5, capMs: 10 },
+    onError: (e) => errors.push(e),
+  });
+  await poller.start(sink as never);
+  cleanups.push(() => poller.stop());
+  const polled = f.push(f.textUpdate(8402, "y"));
+  await f.until("admitted", () => received.length === 1);
+  expect(received).toEqual([`tg:${f.botId}:${polled.update_id}`]);
+  expect(errors.map((e) => e.message)).toEqual(["sink exploded", "sink exploded"]);
+});
+
 describe("telegram: sends", () => {
   test("429 with retry_after is honoured", async () => {
     const f = fake();
