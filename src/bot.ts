@@ -300,7 +300,10 @@ export class Bot {
     this.#state = "starting";
     this.#starting = (async () => {
       await this.#engine?.start();
-      await this.provider.start({ receive: (message) => this.#receive(message) });
+      await this.provider.start({
+        receive: (message) => this.#receive(message),
+        reportError: (error) => this.#emitError(error),
+      });
       if (this.#state === "starting") this.#state = "running";
       await this.#conversations.restore().catch((error) => this.#emitError(error));
     })();

@@ -80,6 +80,11 @@ export interface InboundSink {
    * `'rejected'`.
    */
   receive(message: InboundMessage): Promise<AdmitResult>;
+  /**
+   * Report a problem that no caller sees (a malformed update, a failed poll,
+   * a failed acknowledgement): the bot emits it as an `error` event.
+   */
+  reportError?(error: Error): void;
 }
 
 /**
