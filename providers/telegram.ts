@@ -103,8 +103,9 @@ export interface TelegramProviderOptions {
   /** Webhook request bodies larger than this are refused with 413 (default 1 MiB). */
   maxBodyBytes?: number;
   /**
-   * Problems that do not reach the bot: a malformed update, a failed
-   * `getUpdates`, a failed `answerCallbackQuery` (default: `console.error`).
+   * Problems no caller sees: a malformed update, a failed `getUpdates`, a
+   * failed `answerCallbackQuery` (default: the bot's `error` event while the
+   * provider is started, `console.error` otherwise).
    */
   onError?: (error: Error) => void;
   /** Called for each update of a kind the provider does not handle (it is acknowledged and dropped). */
@@ -489,7 +490,10 @@ export class TelegramProvider implements Provider {
     const capMs = intOption(backoff, "capMs", Math.max(30_000, baseMs), 1, 3_600_000);
     if (capMs < baseMs) fail("pollBackoff.capMs", `at least pollBackoff.baseMs (${baseMs})`, capMs, RangeError);
     this.#backoff = { baseMs, capMs };
-    const onError = o.onError ?? ((error: Error) => console.error("[@botmesh/durable/telegram]", error));
+    const onError = o.onError ?? ((error: Error) => {
+      if (this.#sink?.reportError) this.#sink.reportError(error);
+      else console.error("[@botmesh/durable/telegram]", error);
+    });
     if (typeof onError !== "function") fail("onError", "a function", onError);
     this.#onError = onError as (error: Error) => void;
     if (o.onSkippedUpdate !== undefined && typeof o.onSkippedUpdate !== "function") {

@@ -377,6 +377,19 @@ describe("telegram: webhook", () => {
     expect(runs).toEqual(["hi"]);
   });
 
+  test("without onError, a malformed update is the bot's error event", async () => {
+    const f = fake();
+    const provider = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET });
+    const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "wh-events" } });
+    const botErrors: Error[] = [];
+    bot.on("error", (e) => botErrors.push(e));
+    await bot.start();
+    cleanups.push(() => bot.stop());
+    const noChat = await provider.webhook(webhookRequest({ update_id: 9, message: { message_id: 1, date: 1, text: "x" } }));
+    expect(noChat.status).toBe(400);
+    expect(botErrors.map((e) => e.message).join("\n")).toContain('"message.chat"');
+  });
+
   test("the journal fails: 503, Telegram redelivers, 200, processed once; duplicates answer 200", async () => {
     const f = fake();
     const state = { failures: 1 };
