@@ -124,7 +124,7 @@ export interface WhatsAppProviderOptions {
    * Called with each problem of a webhook POST that does not make Meta
    * redeliver it: a message or status entry with missing or invalid fields
    * (skipped; the rest of the batch is admitted), an `onStatus` that threw.
-   * Default: `console.warn`.
+   * Default: the bot's `error` event (`console.warn` before the bot started).
    */
   onError?: (error: Error) => void;
   /**
@@ -592,7 +592,10 @@ export class WhatsAppProvider implements Provider {
       }
     }
     this.#onStatus = options.onStatus;
-    this.#onError = options.onError ?? ((error) => console.warn(`[@botmesh/durable/whatsapp] ${error.message}`));
+    this.#onError = options.onError ?? ((error) => {
+      if (this.#sink?.reportError) this.#sink.reportError(error);
+      else console.warn(`[@botmesh/durable/whatsapp] ${error.message}`);
+    });
     if (o.callbackData !== undefined && typeof o.callbackData !== "boolean") {
       throw new TypeError(`Option "callbackData" must be a boolean, got ${show(o.callbackData)}`);
     }

@@ -342,6 +342,19 @@ describe("inbound messages", () => {
     expect(e4.field).toBe("interactive.button_reply.id");
   });
 
+  test("without onError, a malformed message is the bot's error event", async () => {
+    const h = await harness({ provider: { onError: undefined } });
+    const noId = inbound.text(USER, "no id");
+    delete noId.id;
+    expect((await fake.post(h.hook, payload([noId, inbound.text(USER, "fine")]))).status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text)).toEqual(["fine"]);
+    expect(h.errors).toHaveLength(0);
+    const reported = h.botErrors.filter((e) => e instanceof WhatsAppPayloadError) as WhatsAppPayloadError[];
+    expect(reported).toHaveLength(1);
+    expect(reported[0].field).toBe("id");
+  });
+
   test("changes for another phone number and other fields are ignored with a 200", async () => {
     const h = await harness();
     const other = await fake.post(h.hook, webhookPayload("999999999", { messages: [inbound.text(USER, "not ours")] }));
