@@ -21,8 +21,8 @@
  * through the Graph API (Cloud API media ids live about 30 days).
  *
  * Web-standard only (`fetch`, `Request`/`Response`, Web Crypto), so the
- * webhook mounts in `Bun.serve`, `Deno.serve`, or Node's `http` through an
- * adapter.
+ * webhook mounts in `Bun.serve`, `Deno.serve`, or Node's `http` through the
+ * core's adapter: `createServer(nodeHandler(provider.webhook))`.
  *
  * @example
  * ```ts
