@@ -39,14 +39,14 @@ export interface Context {
   /** The inbound message or interaction. */
   readonly message: InboundMessage;
   readonly chatId: string;
-  /** The inbound record id (the provider's message id). */
+  /** The id of the message that started this handler (the provider's message id). */
   readonly inboundId: string;
-  /** 1 on the first processing, more on a retry or a replay. */
+  /** The attempt of the record being processed: 1 on the first processing, more on a retry or a replay. */
   readonly attempt: number;
   readonly bot: Bot;
-  /** Send to this chat. Key `<inboundId>:<n>` unless `idempotencyKey` is given. */
+  /** Send to this chat. Key `<id>:<n>` unless `idempotencyKey` is given, `<id>` the message that fed the current step (see `ask`). */
   reply(content: OutboundContent, options?: SendOptions): Promise<SendResult>;
-  /** Send to any chat. Key `<inboundId>:<n>` unless `idempotencyKey` is given. */
+  /** Send to any chat. Key `<id>:<n>` unless `idempotencyKey` is given, `<id>` the message that fed the current step (see `ask`). */
   send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult>;
   /**
    * Send `prompt` (unless `null`) and wait for the chat's next message, which
@@ -63,6 +63,8 @@ export interface Context {
 export type Handler = (ctx: Context) => unknown | Promise<unknown>;
 
 const INBOUND_FIELDS = ["id", "chatId", "type"] as const;
+/** setTimeout's largest delay. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 
 function checkInbound(message: unknown): InboundMessage {
   if (typeof message !== "object" || message === null) {
@@ -191,20 +193,27 @@ export class Bot {
         return result;
       },
       checkSend: checkSendArgs,
-      makeContext: (base) => ({ ...base, bot: this }),
+      makeContext: (base) => Object.assign(base, { bot: this }),
       warn: (code, message, chatId) => this.#events.emit("warning", { code, message, chatId }),
       reportError: (error) => this.#emitError(error),
       deadlinesKey: () => `botmesh:conversation-deadlines:${this.id}:${engine?.control().instanceId ?? "local"}`,
       count: (metric) => engine?.count(metric),
+      isFinalAttempt: (job) => !(job as InboundJob).record || job.record!.attempts > (engine?.config.inbox.retries ?? 0),
       schedule: (chatId, at, run) => {
-        const timer = setTimeout(() => {
-          this.#timers.delete(timer);
-          if (this.#state !== "running" || engine?.halted) return;
-          const message: InboundMessage = { id: `timer:${randomId()}`, chatId, type: "timeout" };
-          this.#dispatch({ message, record: null, sends: [], sendCount: 0, run });
-        }, Math.max(0, at - Date.now()));
-        unrefTimer(timer);
-        this.#timers.add(timer);
+        const arm = (delayMs: number) => {
+          const timer = setTimeout(() => {
+            this.#timers.delete(timer);
+            if (this.#state === "new" || this.#state === "starting") return arm(20); // dispatched once the bot runs
+            // A timer may fire a little early (Node), or be capped at setTimeout's limit: wait for the rest.
+            if (Date.now() < at) return arm(at - Date.now());
+            if (this.#state !== "running" || engine?.halted) return;
+            const message: InboundMessage = { id: `timer:${randomId()}`, chatId, type: "timeout" };
+            this.#dispatch({ message, record: null, sends: [], sendCount: 0, run });
+          }, Math.min(MAX_TIMER_MS, Math.max(0, delayMs)));
+          unrefTimer(timer);
+          this.#timers.add(timer);
+        };
+        arm(at - Date.now() + 1);
       },
     });
   }

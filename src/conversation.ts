@@ -18,6 +18,7 @@ import { encodeContent, hashText } from "./content.ts";
 import type { SendOptions, SendResult } from "./engine.ts";
 import { assertMatcher, type Matcher, matches } from "./matchers.ts";
 import type { InboundMessage, OutboundContent } from "./provider.ts";
+import { isProcessDeath } from "./errors.ts";
 import { showValue as show } from "./show.ts";
 import type { SessionStore } from "./store.ts";
 
@@ -77,6 +78,8 @@ export interface StoredConversation {
   state: "waiting" | "ended";
   /** The id of the input that ended it (so a reprocess of that message knows it was consumed). */
   endedBy?: string;
+  /** Answers taken for the waiting ask but not fed yet (a step that failed waits for its retry), oldest first. */
+  queued?: InboundMessage[];
   startedAt: number;
 }
 
@@ -127,6 +130,8 @@ export interface ConversationHost {
   makeContext(base: FlowContext): unknown;
   warn(code: "conversation-diverged" | "conversation-not-durable", message: string, chatId: string): void;
   reportError(error: Error): void;
+  /** Whether a failure of this job is final (no retry follows): its last attempt, or no journal. */
+  isFinalAttempt(job: StepJob): boolean;
   count(metric: "conversationsReplayed" | "conversationsDiverged"): void;
   /** The session key of this instance's armed deadlines. */
   deadlinesKey(): string;
@@ -135,6 +140,7 @@ export interface ConversationHost {
 }
 
 const CACHE_CAPACITY = 10_000;
+const DEFERRED: unique symbol = Symbol("deferred");
 
 function fingerprint(prompt: OutboundContent | null): string {
   if (prompt === null || prompt === undefined) return "-";
@@ -197,11 +203,14 @@ class Flow {
       const key = options?.idempotencyKey ?? `${this.keyPrefix}:${++this.sendCount}`;
       return this.#host.send(this.job, chatId, content, key);
     };
+    const flow = this;
     const ctx = this.#host.makeContext({
       message: first,
       chatId: first.chatId,
       inboundId: first.id,
-      attempt: this.job.record?.attempts ?? 1,
+      get attempt() {
+        return flow.job.record?.attempts ?? 1;
+      },
       reply: (content, options) => send(first.chatId, content, options),
       send,
       ask: (prompt, options) => this.#ask(prompt, options, send),
@@ -229,6 +238,12 @@ class Flow {
     const timeoutMs = options?.timeoutMs;
     if (timeoutMs !== undefined && (typeof timeoutMs !== "number" || !(timeoutMs > 0) || !Number.isFinite(timeoutMs))) {
       throw new RangeError(`Option "timeoutMs" of ctx.ask() must be a positive number, got ${show(timeoutMs)}`);
+    }
+    if (timeoutMs !== undefined && timeoutMs > this.#host.retentionMs) {
+      throw new RangeError(
+        `Option "timeoutMs" of ctx.ask() must not exceed durability.retention (${this.#host.retentionMs} ms), got ${timeoutMs}: ` +
+          `the transcript expires with the retention`,
+      );
     }
     if (options?.match !== undefined) assertMatcher(options.match, "match");
     if (this.finished) throw new Error("ctx.ask() was called after the handler returned");
@@ -314,6 +329,11 @@ function lruSet<K, V>(map: Map<K, V>, key: K, value: V): void {
 /**
  * The conversation layer of one bot: runs each handler as a flow that may
  * ask, keeps flows waiting in memory, and stores their transcripts.
+ *
+ * An answer is first queued in the transcript (`queued`), then fed; the step
+ * it feeds removes it from the queue in the same write that records it. So a
+ * step that fails and waits for its retry keeps its place: later messages of
+ * the chat queue behind it instead of answering its ask.
  */
 export class Conversations {
   readonly #host: ConversationHost;
@@ -324,6 +344,8 @@ export class Conversations {
   #warnedNotDurable = false;
   /** Per chat: the deadline of the waiting ask this instance armed a timer for. */
   #deadlines = new Map<string, number>();
+  /** Changes to the stored deadline index not written yet (`null`: remove). */
+  #deadlineChanges = new Map<string, number | null>();
   #deadlinesWrite: Promise<void> = Promise.resolve();
 
   constructor(host: ConversationHost) {
@@ -352,6 +374,7 @@ export class Conversations {
     chatId: string,
     flow: Pick<StoredConversation, "steps" | "asks" | "startedAt"> & { handlerIndex: number },
     state: "waiting" | "ended",
+    queued: InboundMessage[],
     endedBy?: string,
   ): Promise<void> {
     const stored: StoredConversation = {
@@ -361,6 +384,7 @@ export class Conversations {
       asks: flow.asks,
       state,
       ...(endedBy !== undefined ? { endedBy } : {}),
+      ...(state === "waiting" && queued.length > 0 ? { queued } : {}),
       startedAt: flow.startedAt,
     };
     // The transcript is only good while the outbox still holds its steps' sends.
@@ -370,8 +394,8 @@ export class Conversations {
   }
 
   /**
-   * Handle one message: feed the chat's waiting ask when it takes it,
-   * otherwise run the first matching handler.
+   * Handle one message: queue it for the chat's waiting ask and feed it, or
+   * run the first matching handler.
    *
    * @param job the message and where its sends go
    */
@@ -379,8 +403,13 @@ export class Conversations {
     const { message } = job;
     const chatId = message.chatId;
     let state = await this.#load(chatId);
-    if (state && consumed(state, message.id)) return; // its step is recorded: a reprocess after a crash
-    if (state?.state === "waiting") {
+    if (state && consumed(state, message.id)) {
+      // Its step is recorded (a reprocess after a crash); the timer of the ask it left may not be.
+      const deadline = state.state === "waiting" ? state.asks.at(-1)?.deadline ?? null : null;
+      if (deadline !== null && this.#deadlines.get(chatId) !== deadline) await this.#arm(chatId, deadline);
+      return;
+    }
+    if (state?.state === "waiting" && queuedOf(state).length === 0) {
       const deadline = state.asks.at(-1)?.deadline ?? null;
       if (deadline !== null && deadline <= Date.now()) {
         await this.#timeOut(chatId, state, job);
@@ -388,14 +417,91 @@ export class Conversations {
       }
     }
     if (state?.state === "waiting") {
-      const flow = await this.#flowOf(chatId, state, job);
-      if (flow?.accepts(message)) return this.#step(flow, { message }, job);
+      const queued = queuedOf(state);
+      if (!queued.some((m) => m.id === message.id)) {
+        if (queued.length === 0) {
+          // Only a message the waiting ask takes is queued for it (a filtered ask is tested on the flow).
+          const flow = await this.#guard(chatId, job, () => this.#flowOf(chatId, state!, job), message);
+          if (flow === DEFERRED || !flow?.accepts(message)) return this.#plain(message, job);
+        }
+        const current = this.#states.get(chatId)!;
+        await this.#save(chatId, { ...current, handlerIndex: current.handler }, "waiting", [...queuedOf(current), message]);
+      }
+      return this.#drain(chatId, job);
     }
+    return this.#plain(message, job);
+  }
+
+  /** Run the first handler that matches `message` (a new flow). */
+  async #plain(message: InboundMessage, job: StepJob): Promise<void> {
     const handlers = this.#host.handlers();
     const index = handlers.findIndex((h) => matches(h.matcher, message));
     if (index < 0) return;
     const flow = new Flow(this.#host, index, { steps: [{ message }], asks: [], startedAt: Date.now() }, job);
-    await this.#settleStep(flow, await flow.run(handlers[index]!.handler), job, message.id, false);
+    await this.#settleStep(flow, await flow.run(handlers[index]!.handler), job, message.id, false, []);
+  }
+
+  /** Feed the queued answers of the chat's waiting ask, oldest first, each as its own step. */
+  async #drain(chatId: string, job: StepJob): Promise<void> {
+    for (;;) {
+      const state = this.#states.get(chatId);
+      if (state?.state !== "waiting") return;
+      const [input, ...rest] = queuedOf(state);
+      if (!input) return;
+      const flow = await this.#guard(chatId, job, () => this.#flowOf(chatId, state, job), input);
+      if (flow === DEFERRED) return;
+      if (!flow) {
+        // The conversation ended on replay: what was queued for it goes to the handlers.
+        for (const m of [input, ...rest]) await this.#plain(m, job);
+        return;
+      }
+      if (!flow.accepts(input)) {
+        await this.#save(chatId, flow, "waiting", rest);
+        await this.#plain(input, job);
+        continue;
+      }
+      const step = flow.steps.length;
+      const done = await this.#guard(chatId, job, async () => {
+        const suspension = await flow.feed({ message: input }, job);
+        await this.#settleStep(flow, suspension, job, inputId({ message: input }, flow.flowId, step), true, rest);
+      }, input);
+      if (done === DEFERRED) return;
+    }
+  }
+
+  /**
+   * Run the step (or the replay) that feeds `input`, in `job`.
+   *
+   * - It fails for another message than the job's own: that message's record
+   *   is being retried and will feed it again, with the rest of the queue;
+   *   this job is done (its message stays queued behind it): `DEFERRED`.
+   * - It fails for the job's own message on its last attempt: the
+   *   conversation ends (reported) and what else was queued goes to the
+   *   handlers, so the chat is not blocked for good; the error stands.
+   * - Otherwise the error stands and the job is retried, `input` still first
+   *   in the queue.
+   */
+  async #guard<T>(chatId: string, job: StepJob, work: () => Promise<T>, input: InboundMessage): Promise<T | typeof DEFERRED> {
+    try {
+      return await work();
+    } catch (error) {
+      if (isProcessDeath(error)) throw error;
+      if (input.id !== job.message.id) return DEFERRED;
+      if (!this.#host.isFinalAttempt(job)) throw error;
+      const state = this.#states.get(chatId);
+      if (state?.state === "waiting") {
+        await this.#end(chatId, state);
+        this.#host.reportError(
+          new Error(
+            `The conversation started by message ${show(firstOf(state).id)} was ended: its step for message ` +
+              `${show(input.id)} failed on its last attempt: ${(error as Error)?.message ?? String(error)}`,
+            { cause: error },
+          ),
+        );
+        for (const m of queuedOf(state)) if (m.id !== input.id) await this.#plain(m, job);
+      }
+      throw error;
+    }
   }
 
   /** The waiting flow of the chat: in memory, or replayed from the transcript. */
@@ -404,7 +510,7 @@ export class Conversations {
     if (live && live.steps.length === state.steps.length && live.pending) return live;
     this.#live.delete(chatId);
     const handlers = this.#host.handlers();
-    const first = (state.steps[0] as { message: InboundMessage }).message;
+    const first = firstOf(state);
     let index = state.handler;
     if (!handlers[index] || !matches(handlers[index]!.matcher, first)) {
       index = handlers.findIndex((h) => matches(h.matcher, first));
@@ -427,9 +533,10 @@ export class Conversations {
     return flow;
   }
 
-  async #end(chatId: string, state: StoredConversation): Promise<void> {
-    await this.#save(chatId, { ...state, handlerIndex: state.handler }, "ended");
+  async #end(chatId: string, state: StoredConversation, endedBy?: string): Promise<void> {
+    await this.#save(chatId, { ...state, handlerIndex: state.handler }, "ended", [], endedBy);
     this.#live.delete(chatId);
+    await this.#disarm(chatId);
   }
 
   #diverged(chatId: string, flowId: string, why: string): void {
@@ -441,14 +548,18 @@ export class Conversations {
     );
   }
 
-  async #step(flow: Flow, input: StepInput, job: StepJob): Promise<void> {
-    const step = flow.steps.length;
-    const suspension = await flow.feed(input, job);
-    await this.#settleStep(flow, suspension, job, inputId(input, flow.flowId, step), true);
-  }
-
-  /** After a step: wait for its sends, then record where the flow is (before its input is marked done). */
-  async #settleStep(flow: Flow, suspension: Suspension, job: StepJob, input: string, stored: boolean): Promise<void> {
+  /**
+   * After a step: wait for its sends, then record where the flow is, with
+   * `queued` left (before the step's message is marked done).
+   */
+  async #settleStep(
+    flow: Flow,
+    suspension: Suspension,
+    job: StepJob,
+    input: string,
+    stored: boolean,
+    queued: InboundMessage[],
+  ): Promise<void> {
     const chatId = flow.chatId;
     const forget = () => {
       if (this.#live.get(chatId) === flow) this.#live.delete(chatId);
@@ -466,8 +577,8 @@ export class Conversations {
     if (suspension.kind === "ended") {
       forget();
       if (stored) {
-        await this.#save(chatId, flow, "ended", input);
-        this.#disarm(chatId);
+        await this.#save(chatId, flow, "ended", [], input);
+        await this.#disarm(chatId);
       }
       return;
     }
@@ -480,40 +591,64 @@ export class Conversations {
       );
     }
     try {
-      await this.#save(chatId, flow, "waiting");
+      await this.#save(chatId, flow, "waiting", queued);
     } catch (error) {
       forget();
       throw error;
     }
     lruSet(this.#live, chatId, flow);
     const deadline = flow.asks.at(-1)!.deadline;
-    if (deadline !== null) this.#arm(chatId, deadline);
-    else this.#disarm(chatId);
+    if (deadline !== null) await this.#arm(chatId, deadline);
+    else await this.#disarm(chatId);
   }
 
-  #arm(chatId: string, deadline: number): void {
-    this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
-    this.#deadlines.set(chatId, deadline);
-    this.#persistDeadlines();
+  /** Arm the timer of the chat's waiting ask, and record it in the index before the step is done. */
+  async #arm(chatId: string, deadline: number): Promise<void> {
+    if (this.#deadlines.get(chatId) !== deadline) {
+      this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
+      this.#deadlines.set(chatId, deadline);
+    }
+    await this.#writeDeadline(chatId, deadline);
   }
 
-  #disarm(chatId: string): void {
-    if (this.#deadlines.delete(chatId)) this.#persistDeadlines();
+  async #disarm(chatId: string): Promise<void> {
+    if (this.#deadlines.delete(chatId)) await this.#writeDeadline(chatId, null);
   }
 
   async #onDeadline(chatId: string, deadline: number, job: StepJob): Promise<void> {
     const state = await this.#load(chatId);
-    // Any waiting ask whose deadline passed times out; one that moved on is left alone.
-    if (state?.state !== "waiting" || state.asks.at(-1)?.deadline !== deadline || deadline > Date.now()) return;
+    if (state?.state !== "waiting" || state.asks.at(-1)?.deadline !== deadline || queuedOf(state).length > 0) {
+      // It moved on (answered, or another ask is waiting): nothing to do, and the index entry is stale.
+      if (this.#deadlines.get(chatId) === deadline) await this.#disarm(chatId);
+      return;
+    }
     await this.#timeOut(chatId, state, job);
   }
 
-  /** The deadlines this instance armed, so that a restart arms them again (written in order, last wins). */
-  #persistDeadlines(): void {
-    const snapshot = Object.fromEntries(this.#deadlines);
-    this.#deadlinesWrite = this.#deadlinesWrite
-      .then(() => this.#host.store.set(this.#host.deadlinesKey(), snapshot))
-      .catch((error) => this.#host.reportError(error instanceof Error ? error : new Error(String(error))));
+  /**
+   * The index of the deadlines this instance armed, so that a restart arms
+   * them again. Written as a merge of this process's changes over what is
+   * stored (so entries not restored yet are kept), one write at a time.
+   */
+  #writeDeadline(chatId: string, deadline: number | null): Promise<void> {
+    this.#deadlineChanges.set(chatId, deadline);
+    const write = this.#deadlinesWrite.then(async () => {
+      if (this.#deadlineChanges.size === 0) return;
+      const changes = new Map(this.#deadlineChanges);
+      this.#deadlineChanges.clear();
+      const key = this.#host.deadlinesKey();
+      const stored = await this.#host.store.get(key);
+      const index: Record<string, number> = typeof stored === "object" && stored !== null && !Array.isArray(stored)
+        ? { ...(stored as Record<string, number>) }
+        : {};
+      for (const [chat, at] of changes) {
+        if (at === null) delete index[chat];
+        else index[chat] = at;
+      }
+      await this.#host.store.set(key, index, { ttlMs: this.#host.retentionMs });
+    });
+    this.#deadlinesWrite = write.catch(() => {});
+    return write;
   }
 
   /** Resolves once the deadline index writes under way are done (the bot awaits it in `stop()`). */
@@ -523,7 +658,7 @@ export class Conversations {
 
   /**
    * Arm the timers of the asks this instance left waiting before a restart
-   * (its deadlines are stored under its instanceId). Call once the bot runs.
+   * (its deadlines are stored under its instanceId).
    */
   async restore(): Promise<void> {
     const key = this.#host.deadlinesKey();
@@ -533,21 +668,49 @@ export class Conversations {
       throw new TypeError(`Stored ask deadlines ${JSON.stringify(key)} are damaged: expected an object, got ${show(raw)}`);
     }
     for (const [chatId, deadline] of Object.entries(raw)) {
-      if (typeof deadline === "number") {
-        this.#deadlines.set(chatId, deadline);
-        this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
-      }
+      if (typeof deadline !== "number" || this.#deadlines.has(chatId)) continue;
+      this.#deadlines.set(chatId, deadline);
+      this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
     }
   }
 
-  /** The pending ask's deadline passed: the handler gets an {@link AskTimeoutError}. */
+  /**
+   * The waiting ask's deadline passed: the handler gets an
+   * {@link AskTimeoutError}. A timeout step that fails ends the conversation
+   * (reported): it has no message to retry it, and running it again would
+   * fail the same way.
+   */
   async #timeOut(chatId: string, state: StoredConversation, job: StepJob): Promise<void> {
-    const flow = await this.#flowOf(chatId, state, job);
-    if (!flow) return;
     const ask = state.asks.at(-1)!;
-    await this.#step(flow, { timeout: { at: ask.deadline!, timeoutMs: ask.timeoutMs ?? 0 } }, job);
+    const input: StepInput = { timeout: { at: ask.deadline!, timeoutMs: ask.timeoutMs ?? 0 } };
+    try {
+      const flow = await this.#flowOf(chatId, state, job);
+      if (!flow) return;
+      const step = flow.steps.length;
+      const suspension = await flow.feed(input, job);
+      await this.#settleStep(flow, suspension, job, inputId(input, flow.flowId, step), true, []);
+    } catch (error) {
+      if (isProcessDeath(error)) throw error;
+      const current = this.#states.get(chatId);
+      if (current?.state === "waiting") await this.#end(chatId, current, `${firstOf(current).id}:t${current.steps.length}`);
+      this.#host.reportError(
+        new Error(
+          `The conversation started by message ${show(firstOf(state).id)} was ended: its timeout step failed: ${
+            (error as Error)?.message ?? String(error)
+          }`,
+          { cause: error },
+        ),
+      );
+    }
   }
+}
 
+function firstOf(state: StoredConversation): InboundMessage {
+  return (state.steps[0] as { message: InboundMessage }).message;
+}
+
+function queuedOf(state: StoredConversation): InboundMessage[] {
+  return state.queued ?? [];
 }
 
 function consumed(state: StoredConversation, id: string): boolean {
@@ -578,6 +741,12 @@ function checkStored(raw: JsonValue, key: string): StoredConversation {
   if (s.state !== "waiting" && s.state !== "ended") throw bad("state");
   if (s.state === "waiting" && s.asks.length !== s.steps.length) throw bad("asks");
   if (typeof s.handler !== "number") throw bad("handler");
+  if (s.queued !== undefined) {
+    if (!Array.isArray(s.queued)) throw bad("queued");
+    for (const [i, m] of s.queued.entries()) {
+      if (typeof m?.id !== "string" || typeof m.chatId !== "string") throw bad(`queued[${i}]`);
+    }
+  }
   if (typeof s.startedAt !== "number") throw bad("startedAt");
   return s as StoredConversation;
 }

@@ -82,6 +82,9 @@ export interface MediaSealOptions {
 const encoder = new TextEncoder();
 
 function canonicalJson(value: unknown): string {
+  if (typeof value === "object" && value !== null && typeof (value as { toJSON?: unknown }).toJSON === "function") {
+    value = (value as { toJSON(): unknown }).toJSON(); // as JSON.stringify does: a Date seals as its string
+  }
   if (Array.isArray(value)) return `[${value.map(canonicalJson).join(",")}]`;
   if (typeof value === "object" && value !== null) {
     const keys = Object.keys(value).filter((k) => (value as Record<string, unknown>)[k] !== undefined).sort();
@@ -162,6 +165,8 @@ export class MediaSeal {
    * @throws {TypeError} when `ref` is not JSON
    */
   async seal(ref: JsonValue): Promise<StoredMediaRef> {
+    canonicalJson(ref); // throws when it is not JSON (a function, a symbol, a cycle)
+    ref = JSON.parse(JSON.stringify(ref)); // what the journal will hold (a Date as its string), so it verifies after the round trip
     const data = this.#signed(ref);
     const mac = new Uint8Array(await crypto.subtle.sign("HMAC", await this.#key, data));
     return { v: MEDIA_REF_VERSION, provider: this.provider, ref, mac: base64url(mac) };
@@ -324,14 +329,21 @@ export async function loadMediaOf(ctx: MediaContext, options: LoadMediaOptions =
       });
     }
     const provider = bot.provider;
-    const envelope = checkEnvelope(media, provider.name, message.id);
-    if (!("mac" in envelope)) {
-      throw new MediaUnavailableError("not-durable", `The media of message ${show(message.id)} was not kept: ${envelope.why}`, {
+    if (typeof provider.loadMedia !== "function") {
+      throw new MediaUnavailableError("not-durable", `Provider ${show(provider.name)} cannot load media again`, {
         messageId: message.id,
       });
     }
-    if (typeof provider.loadMedia !== "function") {
-      throw new MediaUnavailableError("not-durable", `Provider ${show(provider.name)} cannot load media again`, {
+    if (typeof media !== "object" || Array.isArray(media) || !("v" in media)) {
+      throw new MediaUnavailableError(
+        "not-durable",
+        `Message ${show(message.id)} carries media the provider did not seal for loading again, got ${show(media)}`,
+        { messageId: message.id },
+      );
+    }
+    const envelope = checkEnvelope(media, provider.name, message.id);
+    if (!("mac" in envelope)) {
+      throw new MediaUnavailableError("not-durable", `The media of message ${show(message.id)} was not kept: ${envelope.why}`, {
         messageId: message.id,
       });
     }

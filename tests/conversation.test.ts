@@ -4,7 +4,7 @@ import { describe, expect, test } from "bun:test";
 import { AskTimeoutError, Bot, type Context, MemoryDurability, MemoryStore, type SessionStore, TEXT } from "../mod.ts";
 import type { DurabilityBackend } from "../src/backend.ts";
 import type { BotEvents } from "../src/engine.ts";
-import { crashable } from "../src/testing/crashable.ts";
+import { crashable, crashableStore } from "../src/testing/crashable.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 
 const fast = (backend: DurabilityBackend, instanceId = "conv-1") => ({
@@ -347,6 +347,162 @@ describe("ctx.ask", () => {
     await b.bot.idle();
     expect(sent(b.provider)).toEqual([["m2:1", "City?"], ["m3:1", "Done: Ann, 33, Paris"]]);
     await b.bot.stop();
+  });
+
+  test("an AskTimeoutError the handler does not catch ends the conversation (reported); the chat is not blocked", async () => {
+    const handler: Form = async (ctx) => {
+      const name = await ctx.ask("Name?", { timeoutMs: 60 }); // no try/catch
+      await ctx.reply(`Hi ${name.text}`);
+    };
+    const store = new KeptStore();
+    const { bot, provider, errors } = makeBot(new MemoryDurability(), store, handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await bot.idle();
+    const end = Date.now() + 3000;
+    while (errors.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    await bot.idle();
+    expect(errors.map((e) => e.message).join("\n")).toMatch(/was ended: its timeout step failed: No answer within 60 ms/);
+    expect((await store.get("botmesh:conversation:bot:c") as { state: string }).state).toBe("ended");
+    await provider.receive({ id: "m1", chatId: "c", text: "hello" });
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Name?"], ["m1:1", "echo hello"]]);
+    expect((await bot.durability!.inbox.get("m1"))?.state).toBe("done");
+    await bot.stop();
+  });
+
+  test("a step that fails keeps its place: an answer sent during its retry backoff queues behind it", async () => {
+    let failures = 1;
+    const handler: Form = async (ctx) => {
+      const name = await ctx.ask("Name?");
+      if (failures-- > 0) throw new Error("lookup failed");
+      const age = await ctx.ask(`Age, ${name.text}?`);
+      await ctx.reply(`name=${name.text} age=${age.text}`);
+    };
+    const provider = new MockProvider();
+    const bot = new Bot({
+      provider,
+      store: new KeptStore(),
+      durability: { ...fast(new MemoryDurability()), inbox: { leaseMs: 300, retries: 3, backoff: { baseMs: 150, capMs: 150 } } },
+    });
+    bot.when("form", handler);
+    bot.when(() => true, (ctx) => ctx.reply(`echo ${ctx.message.text}`));
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await provider.receive({ id: "m1", chatId: "c", text: "Ann" }); // its step fails once: retried after ≥ 150 ms
+    await provider.receive({ id: "m2", chatId: "c", text: "33" }); // arrives before that retry
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Name?"], ["m1:1", "Age, Ann?"], ["m2:1", "name=Ann age=33"]]);
+    await bot.stop();
+  });
+
+  test("a step that fails on its last attempt ends the conversation; what was queued goes to the handlers", async () => {
+    const handler: Form = async (ctx) => {
+      await ctx.ask("Name?");
+      throw new Error("always fails");
+    };
+    const provider = new MockProvider();
+    const errors: Error[] = [];
+    const bot = new Bot({
+      provider,
+      store: new KeptStore(),
+      durability: { ...fast(new MemoryDurability()), inbox: { leaseMs: 300, retries: 1, backoff: { baseMs: 100, capMs: 100 } } },
+    });
+    bot.on("error", (e) => errors.push(e));
+    bot.when("form", handler);
+    bot.when(() => true, (ctx) => ctx.reply(`echo ${ctx.message.text}`));
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await provider.receive({ id: "m1", chatId: "c", text: "Ann" });
+    await provider.receive({ id: "m2", chatId: "c", text: "later" });
+    await bot.idle();
+    expect((await bot.durability!.inbox.get("m1"))?.state).toBe("dead");
+    expect((await bot.durability!.inbox.get("m2"))?.state).toBe("done");
+    expect(sent(provider)).toEqual([["m0:1", "Name?"], ["m2:1", "echo later"]]);
+    expect(errors.map((e) => e.message).join("\n")).toContain("failed on its last attempt: always fails");
+    await provider.receive({ id: "m3", chatId: "c", text: "hi" });
+    await bot.idle();
+    expect(sent(provider).at(-1)).toEqual(["m3:1", "echo hi"]);
+    await bot.stop();
+  });
+
+  test("a crash between the transcript write and the deadline index write: the reprocess arms the timer", async () => {
+    const handler: Form = async (ctx) => {
+      try {
+        await ctx.ask("Name?", { timeoutMs: 200 });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        await ctx.reply("timed out");
+      }
+    };
+    const shared = new MemoryDurability();
+    const store = new KeptStore();
+    const a = crashable(shared);
+    a.crashBefore("store.set", { at: 2 }); // 1: the transcript, 2: the deadline index
+    const botA = makeBot(a, crashableStore(a, store), handler);
+    await botA.bot.start();
+    await botA.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    const end = Date.now() + 3000;
+    while (!a.crashed && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
+    expect(a.crashed).toBe(true);
+    await botA.bot.stop().catch(() => {});
+    expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toBe(undefined);
+
+    const b = makeBot(shared, store, handler);
+    await b.bot.start(); // recovery reprocesses m0: its step is recorded, its timer is armed again
+    const until = Date.now() + 3000;
+    while (b.provider.sent.length === 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["m0:t1:1", "timed out"]]);
+    await b.bot.stop();
+  });
+
+  test("deadlines armed by recovered work do not overwrite the stored ones a restart has still to arm", async () => {
+    const handler: Form = async (ctx) => {
+      try {
+        await ctx.ask(`Name, ${ctx.chatId}?`, { timeoutMs: ctx.chatId === "t" ? 250 : 60_000 });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        await ctx.reply(`timed out ${ctx.chatId}`);
+      }
+    };
+    const shared = new MemoryDurability();
+    const store = new KeptStore();
+    const a = crashable(shared);
+    const botA = makeBot(a, crashableStore(a, store), handler);
+    await botA.bot.start();
+    await botA.provider.receive({ id: "t0", chatId: "t", text: "form" });
+    await botA.bot.idle();
+    a.crashBefore("outbox.reserve"); // chat g's prompt: its record stays unfinished for the restart
+    await botA.provider.receive({ id: "g0", chatId: "g", text: "form" });
+    const end = Date.now() + 3000;
+    while (!a.crashed && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
+    await botA.bot.stop().catch(() => {});
+    expect(Object.keys(await store.get("botmesh:conversation-deadlines:bot:conv-1") as object)).toEqual(["t"]);
+
+    const b = makeBot(shared, store, handler);
+    await b.bot.start(); // recovery runs g0, which arms g and writes the index
+    const until = Date.now() + 3000;
+    while (!b.provider.sent.some((x) => x.content === "timed out t") && Date.now() < until) {
+      await new Promise((r) => setTimeout(r, 10));
+    }
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["g0:1", "Name, g?"], ["t0:t1:1", "timed out t"]]);
+    expect(Object.keys(await store.get("botmesh:conversation-deadlines:bot:conv-1") as object)).toEqual(["g"]);
+    await b.bot.stop();
+  });
+
+  test("a timeoutMs beyond the retention is refused (the transcript would expire first)", async () => {
+    const seen: unknown[] = [];
+    const handler: Form = async (ctx) => {
+      seen.push(await ctx.ask("x", { timeoutMs: 8 * 86_400_000 }).catch((e) => e));
+    };
+    const { bot, provider } = makeBot(new MemoryDurability(), new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await bot.idle();
+    expect(String(seen[0])).toMatch(/RangeError: Option "timeoutMs" of ctx.ask\(\) must not exceed durability.retention \(604800000 ms\)/);
+    await bot.stop();
   });
 
   test("misuse is refused with errors that name the option", async () => {
