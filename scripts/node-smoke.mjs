@@ -108,3 +108,74 @@ console.log('node-smoke: file backend ok')
   } else if (required) throw new Error('BOTMESH_REQUIRE_SERVICES=1 but redis is not reachable')
   else console.warn('node-smoke: redis not reachable, skipped')
 }
+
+// The channel providers through the npm build, with Web Crypto and fetch of Node itself: an update in
+// through each webhook handler, the reply out through an injected fetch.
+{
+  const { TelegramProvider } = await import('../dist/providers/telegram.js')
+  const calls = []
+  const telegram = new TelegramProvider({
+    token: '123:abc',
+    secretToken: 'smoke-secret',
+    fetch: async (url, init) => {
+      calls.push({ url: String(url), body: JSON.parse(init.body) })
+      return Response.json({ ok: true, result: { message_id: 77, date: 1, chat: { id: 5, type: 'private' } } })
+    },
+  })
+  const bot = new Bot({ provider: telegram, durability: { backend: new MemoryDurability(), instanceId: 'smoke-tg' } })
+  bot.when(/ping/, (ctx) => ctx.reply('pong'))
+  await bot.start()
+  const update = { update_id: 1, message: { message_id: 1, date: 1, chat: { id: 5, type: 'private' }, text: 'ping' } }
+  const post = (secret) => telegram.webhook(new Request('http://smoke/', {
+    method: 'POST',
+    headers: { 'content-type': 'application/json', 'x-telegram-bot-api-secret-token': secret },
+    body: JSON.stringify(update),
+  }))
+  assert.equal((await post('wrong')).status, 401)
+  assert.equal((await post('smoke-secret')).status, 200)
+  assert.equal((await post('smoke-secret')).status, 200) // a redelivery: dropped
+  await bot.idle()
+  assert.deepEqual(calls.map((c) => [c.url, c.body.chat_id, c.body.text]), [['https://api.telegram.org/bot123:abc/sendMessage', '5', 'pong']])
+  assert.equal((await bot.durability.outbox.get('tg:123:1:1')).messageId, '77')
+  await bot.stop()
+  console.log('node-smoke: telegram provider ok')
+}
+{
+  const { WhatsAppProvider } = await import('../dist/providers/whatsapp.js')
+  const { createHmac } = await import('node:crypto')
+  const calls = []
+  const whatsapp = new WhatsAppProvider({
+    accessToken: 'token',
+    phoneNumberId: '1001',
+    appSecret: 'app-secret',
+    verifyToken: 'verify-me',
+    fetch: async (url, init) => {
+      calls.push({ url: String(url), body: JSON.parse(init.body) })
+      return Response.json({ messaging_product: 'whatsapp', messages: [{ id: 'wamid.OUT1' }] })
+    },
+  })
+  const bot = new Bot({ provider: whatsapp, durability: { backend: new MemoryDurability(), instanceId: 'smoke-wa' } })
+  bot.when(/ping/, (ctx) => ctx.reply('pong'))
+  await bot.start()
+  const verify = await whatsapp.webhook(new Request('http://smoke/?hub.mode=subscribe&hub.verify_token=verify-me&hub.challenge=42'))
+  assert.equal(await verify.text(), '42')
+  const body = JSON.stringify({
+    object: 'whatsapp_business_account',
+    entry: [{ id: 'waba', changes: [{ field: 'messages', value: {
+      messaging_product: 'whatsapp',
+      metadata: { display_phone_number: '15550001', phone_number_id: '1001' },
+      messages: [{ id: 'wamid.IN1', from: '4917', timestamp: '1700000000', type: 'text', text: { body: 'ping' } }],
+    } }] }],
+  })
+  const signature = `sha256=${createHmac('sha256', 'app-secret').update(body).digest('hex')}`
+  const post = (sig) => whatsapp.webhook(new Request('http://smoke/', { method: 'POST', headers: { 'content-type': 'application/json', 'x-hub-signature-256': sig }, body }))
+  assert.equal((await post('sha256=00')).status, 401)
+  assert.equal((await post(signature)).status, 200)
+  await bot.idle()
+  assert.equal(calls.length, 1)
+  assert.equal(calls[0].body.to, '4917')
+  assert.equal(calls[0].body.text.body, 'pong')
+  assert.equal((await bot.durability.outbox.get('wamid.IN1:1')).messageId, 'wamid.OUT1')
+  await bot.stop()
+  console.log('node-smoke: whatsapp provider ok')
+}
