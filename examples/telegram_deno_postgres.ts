@@ -21,8 +21,9 @@ const telegram = new TelegramProvider({
   apiBase: env("TELEGRAM_API") ?? "https://api.telegram.org",
 });
 const backend = new PostgresDurability({ sql, schema: env("PG_SCHEMA") ?? "public" });
-// On a shared backend, give each replica its own stable instanceId (here from an env variable).
-const bot = new Bot({ provider: telegram, durability: { backend, instanceId: env("INSTANCE_ID") ?? "telegram-deno-1" } });
+// Each replica needs its own instanceId: set INSTANCE_ID (stable) to take back its work at once after a
+// restart; without it the library adds a per-boot suffix and a restart waits for the old leases.
+const bot = new Bot({ provider: telegram, durability: { backend, ...(env("INSTANCE_ID") ? { instanceId: env("INSTANCE_ID") } : {}) } });
 
 bot.when(/.*/, (ctx) => ctx.reply(`You said: ${ctx.message.text}`));
 bot.when(() => true, (ctx) => ctx.reply(`Got your ${ctx.message.type}, thanks!`));

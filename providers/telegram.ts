@@ -11,9 +11,10 @@
  *   moves past updates the bot has admitted. When one is refused, the next
  *   `getUpdates` starts at it (after a backoff); the updates after it come
  *   again and are dropped as duplicates.
- * - Inbound ids are `tg:<bot id>:<update_id>`, stable across redeliveries.
- *   (Telegram picks a random `update_id` after a week without updates; keep
- *   `retention` at its 7-day default or longer.)
+ * - Inbound ids are `tg:<bot id>:<chat id>:<message_id>` for messages and
+ *   `tg:<bot id>:cb:<callback query id>` for button presses: stable across
+ *   redeliveries, and unlike `update_id` (which Telegram restarts at a random
+ *   value after a week without updates) never reused.
  *
  * @example A webhook bot on Bun
  * ```ts ignore
@@ -582,12 +583,12 @@ export class TelegramProvider implements Provider {
       text = await response.text();
     } catch (error) {
       if (timeout.aborted && !options.signal?.aborted) {
-        throw new ProviderError(`Telegram ${method} timed out after ${timeoutMs} ms`, { retryable: true, cause: error });
+        throw new ProviderError(`Telegram ${method} timed out after ${timeoutMs} ms`, { retryable: true, cause: this.#safe(error) });
       }
       if (options.signal?.aborted) {
-        throw new ProviderError(`Telegram ${method} was aborted`, { retryable: true, cause: error });
+        throw new ProviderError(`Telegram ${method} was aborted`, { retryable: true, cause: this.#safe(error) });
       }
-      throw new ProviderError(`Telegram ${method} failed: ${this.#redact(asError(error).message)}`, { retryable: true, cause: error });
+      throw new ProviderError(`Telegram ${method} failed: ${this.#redact(asError(error).message)}`, { retryable: true, cause: this.#safe(error) });
     }
     let json: unknown;
     try {
@@ -626,6 +627,18 @@ export class TelegramProvider implements Provider {
   }
 
   /**
+   * A `fetch` error without what could carry the token (the URL holds it: a
+   * runtime may keep it in a `path` or `url` property): name and redacted
+   * message only.
+   */
+  #safe(error: unknown): Error {
+    const e = asError(error);
+    const safe = new Error(this.#redact(e.message));
+    safe.name = e.name;
+    return safe;
+  }
+
+  /**
    * Point Telegram's webhook at `url`, with this provider's `secretToken` and `allowedUpdates`.
    *
    * @param url the public HTTPS URL of {@link TelegramProvider.webhook}
@@ -660,7 +673,19 @@ export class TelegramProvider implements Provider {
    */
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     const { method, params } = toRequest(chatId, content);
-    const result = await this.call(method, params, { signal: context.signal });
+    let result: unknown;
+    try {
+      result = await this.call(method, params, { signal: context.signal });
+    } catch (error) {
+      // An edit whose content is already there (a retry after a lost answer, say) has taken effect.
+      if (
+        method.startsWith("edit") && error instanceof ProviderError && error.status === 400 &&
+        /message is not modified/i.test(error.message)
+      ) {
+        return { messageId: params.message_id === undefined ? "" : String(params.message_id) };
+      }
+      throw error;
+    }
     return { messageId: messageIdOf(method, result) };
   }
 
@@ -719,7 +744,7 @@ export class TelegramProvider implements Provider {
     } catch (error) {
       throw new ProviderError(`Telegram file download for message ${show(messageId)} failed: ${this.#redact(asError(error).message)}`, {
         retryable: true,
-        cause: error,
+        cause: this.#safe(error),
       });
     }
     if (response.status === 404 || response.status === 400) {
@@ -759,7 +784,6 @@ export class TelegramProvider implements Provider {
   async parseUpdate(update: unknown): Promise<ParsedUpdate> {
     const u = needObj(update, "update");
     const updateId = needInt(u.update_id, "update_id");
-    const id = `tg:${this.connectionId}:${updateId}`;
     if (u.callback_query !== undefined) {
       const q = needObj(u.callback_query, "callback_query", updateId);
       const queryId = q.id;
@@ -788,7 +812,7 @@ export class TelegramProvider implements Provider {
       if (typeof q.inline_message_id === "string") value.inlineMessageId = q.inline_message_id;
       if (typeof q.chat_instance === "string") value.chatInstance = q.chat_instance;
       const message: InboundMessage = {
-        id,
+        id: `tg:${this.connectionId}:cb:${queryId}`,
         chatId,
         type: "interaction",
         interaction: { id: data ?? game ?? "", value },
@@ -806,6 +830,7 @@ export class TelegramProvider implements Provider {
     const chat = needObj(m.chat, `${key}.chat`, updateId);
     const chatId = String(needInt(chat.id, `${key}.chat.id`, updateId));
     const messageId = needInt(m.message_id, `${key}.message_id`, updateId);
+    const id = `tg:${this.connectionId}:${chatId}:${messageId}`;
     const text = optString(m.text, `${key}.text`, updateId) ?? optString(m.caption, `${key}.caption`, updateId);
     let type: MessageType = "text";
     let media: JsonValue | undefined;
@@ -933,8 +958,13 @@ export class TelegramProvider implements Provider {
     } catch (error) {
       return textResponse(400, `Bad request: the body is not a JSON Telegram update (${asError(error).message})`);
     }
+    if (typeof update !== "object" || update === null || Array.isArray(update)) {
+      return textResponse(400, `Bad request: the body is not a JSON Telegram update, got ${show(update)}`);
+    }
     const { outcome, error } = await this.#deliver(sink, update);
-    if (outcome === "malformed") return textResponse(400, `Bad request: ${error!.message}`);
+    // An update that can never be parsed is reported (onError / the bot's error event) and answered 200:
+    // a non-2xx would make Telegram send it again and again, holding back the updates after it.
+    if (outcome === "malformed") return textResponse(200, `ok (update skipped: ${error!.message})`);
     if (outcome === "retry") return textResponse(503, "The update could not be journaled; Telegram will deliver it again");
     return textResponse(200, "ok");
   }

@@ -469,8 +469,8 @@ interface WebhookSummary {
  * for a body that is not JSON or not a WhatsApp webhook payload, 503 when the
  * bot is not started or a message was not admitted (Meta redelivers), else 200
  * with a JSON summary; other methods 405. A change for another phone number id
- * is ignored (answered 200): give each number its own provider and webhook URL,
- * or pass the request to each number's provider. The messages of one chat in a
+ * is ignored (answered 200; its messages are reported once per number through
+ * `onError`): give each number its own provider and webhook URL. The messages of one chat in a
  * POST are admitted one after the other in payload order; when one is refused,
  * the chat's later ones are held back, so the redelivery keeps their order.
  *
@@ -525,6 +525,8 @@ export class WhatsAppProvider implements Provider {
   readonly #callbackData: boolean;
   readonly #seal: MediaSeal;
   #sink: InboundSink | undefined;
+  /** Other phone number ids whose messages were reported as ignored. */
+  #otherNumbers = new Set<string>();
 
   /**
    * The webhook: mount it at the callback URL configured in the Meta app
@@ -728,6 +730,18 @@ export class WhatsAppProvider implements Provider {
         const phone = isObject(value.metadata) ? value.metadata.phone_number_id : undefined;
         if (phone !== this.phoneNumberId) {
           summary.ignored++;
+          // Reported once per number: a mistyped phoneNumberId would otherwise drop every message silently.
+          const other = String(phone);
+          if (Array.isArray(value.messages) && value.messages.length > 0 && !this.#otherNumbers.has(other)) {
+            this.#otherNumbers.add(other);
+            this.#report(
+              new Error(
+                `WhatsApp webhook: messages for phone number id ${show(phone)} were ignored: this provider is for ` +
+                  `${show(this.phoneNumberId)} (the business phone number id, not the phone number). Give each number ` +
+                  `its own provider and webhook URL`,
+              ),
+            );
+          }
           return;
         }
         const names = new Map<string, string>();
@@ -1062,7 +1076,8 @@ export class WhatsAppProvider implements Provider {
     }
     if (!response.ok) {
       const error = graphError(response, meta, text, "media lookup");
-      if (response.status === 400 || response.status === 404 || response.status === 410) {
+      // Graph sends throttling codes (4, 80007, 130429, …) with a 400 too: those are retried, not "gone".
+      if (!error.retryable && (response.status === 400 || response.status === 404 || response.status === 410)) {
         throw gone(`the Graph API answered HTTP ${response.status}: ${error.message}`, error);
       }
       throw error;

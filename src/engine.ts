@@ -224,6 +224,8 @@ export class DurabilityEngine {
   #host: EngineHost;
   #metrics: DurabilityMetrics = zeroMetrics();
   #dedupe = new Set<string>();
+  /** Admissions being journaled, by inbound id. */
+  #admitting = new Map<string, Promise<AdmitResult>>();
   #held = new Map<string, { kind: "inbox" | "outbox"; id: string; token: number; lost: boolean }>();
   #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
@@ -405,6 +407,29 @@ export class DurabilityEngine {
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
   async admit(message: InboundMessage, dispatch: (job: InboundJob) => void): Promise<AdmitResult> {
+    const id = message.id;
+    if (this.#halted || this.#stopping) {
+      return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
+    }
+    // A redelivery that arrives while the first delivery is still being journaled waits for it: it is a
+    // duplicate only once that one is journaled. Were it answered "duplicate" at once, the channel would
+    // take it as delivered, and a failure of the first write would lose the message.
+    for (let first = this.#admitting.get(id); first !== undefined; first = this.#admitting.get(id)) {
+      if ((await first).status !== "rejected") {
+        this.#metrics.inboundDuplicates++;
+        return { status: "duplicate", id };
+      }
+    }
+    const admission = this.#admitOnce(message, dispatch);
+    this.#admitting.set(id, admission);
+    try {
+      return await admission;
+    } finally {
+      if (this.#admitting.get(id) === admission) this.#admitting.delete(id);
+    }
+  }
+
+  async #admitOnce(message: InboundMessage, dispatch: (job: InboundJob) => void): Promise<AdmitResult> {
     const id = message.id;
     if (this.#halted || this.#stopping) {
       return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };

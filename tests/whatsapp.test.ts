@@ -355,11 +355,14 @@ describe("inbound messages", () => {
     expect(reported[0].field).toBe("id");
   });
 
-  test("changes for another phone number and other fields are ignored with a 200", async () => {
+  test("changes for another phone number (reported once) and other fields are ignored with a 200", async () => {
     const h = await harness();
     const other = await fake.post(h.hook, webhookPayload("999999999", { messages: [inbound.text(USER, "not ours")] }));
     expect(other.status).toBe(200);
     expect(JSON.parse(other.text)).toMatchObject({ admitted: 0, ignored: 1 });
+    // Reported once per number, so that a mistyped phoneNumberId does not drop every message silently.
+    await fake.post(h.hook, webhookPayload("999999999", { messages: [inbound.text(USER, "not ours either")] }));
+    expect(h.errors.map((e) => e.message)).toEqual([expect.stringContaining('messages for phone number id "999999999" were ignored')]);
     const template = await fake.post(
       h.hook,
       webhookPayload(PHONE, {}, "message_template_status_update"),
@@ -897,6 +900,11 @@ describe("media on reprocess", () => {
     expect(download5xx).toBeInstanceOf(WhatsAppApiError);
     expect(download5xx.message).toContain("media download failed with HTTP 503");
     expect(download5xx.retryable).toBe(true);
+    // throttling answered with a 400 (as Graph does) is retried too, not taken for expired media
+    fake.failMedia({ kind: "graph", status: 400, code: 130429, message: "Rate limit hit" });
+    const throttled = await loadMediaOf(await ctxOf("wamid.t-ok"), { throwOnError: true }).catch((e) => e);
+    expect(throttled).toBeInstanceOf(WhatsAppApiError);
+    expect(throttled.retryable).toBe(true);
     // a download that is gone (the URL expired between lookup and download) is unavailable
     fake.failDownloads({ kind: "http", status: 404, body: "Not Found" });
     expect(await reason(loadMediaOf(await ctxOf("wamid.t-ok"), { throwOnError: true }))).toBe("rehydrate-failed");

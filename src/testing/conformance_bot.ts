@@ -574,6 +574,48 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       }
     });
 
+    withBackend("a redelivery during the first admission waits for it: never acknowledged before the message is journaled", async (
+      backend,
+      bots,
+    ) => {
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => release = resolve);
+      let failNext = true;
+      const slow = intercept(backend, {
+        admit: async (record, lease) => {
+          if (failNext) {
+            failNext = false;
+            await gate;
+            throw new Error("journal write failed");
+          }
+          await gate;
+          return backend.inbox.admit(record, lease);
+        },
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
+      bot.on("error", () => {});
+      const handled: string[] = [];
+      bot.when(ANY, (ctx) => void handled.push(ctx.inboundId));
+      await start(bots, bot);
+      const id = uid("m");
+      const first = provider.receive({ id, chatId: "c", text: "x" });
+      const second = provider.receive({ id, chatId: "c", text: "x" }); // the channel gave up on the first and redelivers
+      const third = provider.receive({ id, chatId: "c", text: "x" });
+      let settled = 0;
+      for (const p of [first, second, third]) p.then(() => settled++);
+      await sleep(Math.round(30 * scale));
+      expect(settled, "nothing is answered while the first write is under way").toBe(0);
+      release();
+      const statuses = [(await first).status, (await second).status, (await third).status];
+      // The first write failed: a redelivery that waited for it then journaled the message itself.
+      expect(statuses).toEqual(["rejected", "admitted", "duplicate"]);
+      await bot.idle();
+      expect(handled).toEqual([id]);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(metricsOf(bot).inboundDuplicates).toBe(1);
+    });
+
     withBackend("an admission that landed but lost its reply is processed at once on redelivery", async (backend, bots) => {
       // The write commits, then the connection drops (or a client retries it): the bot saw an error.
       let loseReply = 1;

@@ -134,6 +134,14 @@ export class FakeTelegram {
     return this.#queue.length;
   }
 
+  /** The inbound id the provider gives an update: `tg:<bot>:<chat>:<message_id>`, or `tg:<bot>:cb:<query id>`. */
+  inboundId(update: Record<string, unknown>): string {
+    const q = update.callback_query as { id: string } | undefined;
+    if (q) return `tg:${this.botId}:cb:${q.id}`;
+    const m = (update.message ?? update.channel_post) as { chat: { id: number }; message_id: number };
+    return `tg:${this.botId}:${m.chat.id}:${m.message_id}`;
+  }
+
   /** A new update with a text message (not queued). */
   textUpdate(chatId: number, text: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
     return { update_id: this.#nextUpdateId++, message: { ...this.#messageBase(chatId), text, ...extra } };
