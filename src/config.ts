@@ -21,6 +21,14 @@ export interface InboxOptions {
   retries?: number;
   /** Backoff between handler retries (default `{ baseMs: 1000, capMs: 60_000 }`). */
   backoff?: BackoffOptions;
+  /**
+   * An admission the journal has not confirmed within this time is answered
+   * `rejected`, so the channel delivers the message again instead of a
+   * webhook waiting forever on a stuck connection (default 10 000). If the
+   * write lands after all, the redelivery finds it, or a sweep takes it once
+   * its lease lapses.
+   */
+  admitTimeoutMs?: number;
 }
 
 /** Outbox options. */
@@ -65,7 +73,7 @@ export interface ResolvedDurability {
   instanceId: string | undefined;
   retentionMs: number;
   failOpen: boolean;
-  inbox: { leaseMs: number; retries: number; backoff: ResolvedBackoff };
+  inbox: { leaseMs: number; retries: number; backoff: ResolvedBackoff; admitTimeoutMs: number };
   outbox: {
     retries: number;
     backoff: ResolvedBackoff;
@@ -207,7 +215,7 @@ export function resolveDurability(value: unknown): ResolvedDurability {
   if (raw.failOpen !== undefined && typeof raw.failOpen !== "boolean") {
     throw new TypeError(`Option "durability.failOpen" must be a boolean, got ${show(raw.failOpen)}`);
   }
-  const inboxRaw = raw.inbox === undefined ? {} : checkKeys(raw.inbox, "durability.inbox", ["leaseMs", "retries", "backoff"]);
+  const inboxRaw = raw.inbox === undefined ? {} : checkKeys(raw.inbox, "durability.inbox", ["leaseMs", "retries", "backoff", "admitTimeoutMs"]);
   const outboxRaw = raw.outbox === undefined ? {} : checkKeys(raw.outbox, "durability.outbox", [
     "retries",
     "backoff",
@@ -219,6 +227,7 @@ export function resolveDurability(value: unknown): ResolvedDurability {
     leaseMs: integer(inboxRaw.leaseMs, "durability.inbox.leaseMs", 60_000, 20, MAX_TIMER_MS),
     retries: integer(inboxRaw.retries, "durability.inbox.retries", 3, 0, 1000),
     backoff: backoff(inboxRaw.backoff, "durability.inbox.backoff"),
+    admitTimeoutMs: integer(inboxRaw.admitTimeoutMs, "durability.inbox.admitTimeoutMs", 10_000, 1, MAX_TIMER_MS),
   };
   const onAmbiguous = outboxRaw.onAmbiguous ?? "hold";
   if (onAmbiguous !== "hold" && onAmbiguous !== "resend") {

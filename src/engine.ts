@@ -178,6 +178,16 @@ const MAX_TIMER_MS = 2_147_483_647;
 const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
 
+/** `work`, or a rejection with `timeoutError()` when it has not settled within `ms` (`work` goes on). */
+function withTimeout<T>(work: Promise<T>, ms: number, timeoutError: () => Error): Promise<T> {
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const timeout = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(timeoutError()), ms);
+  });
+  work.catch(() => {}); // a late failure after the timeout is nobody's to handle
+  return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
+}
+
 function zeroMetrics(): DurabilityMetrics {
   return {
     inboundJournaled: 0,
@@ -450,14 +460,22 @@ export class DurabilityEngine {
     }
     let record: InboundRecord | null;
     try {
-      record = await this.backend.inbox.admit({
-        id,
-        kind: message.type === "interaction" ? "interaction" : "message",
-        chatId: message.chatId,
-        provider: this.#host.provider.name,
-        payload,
-        receivedAt: Date.now(),
-      }, this.#claim("inbox"));
+      record = await withTimeout(
+        this.backend.inbox.admit({
+          id,
+          kind: message.type === "interaction" ? "interaction" : "message",
+          chatId: message.chatId,
+          provider: this.#host.provider.name,
+          payload,
+          receivedAt: Date.now(),
+        }, this.#claim("inbox")),
+        this.config.inbox.admitTimeoutMs,
+        () =>
+          new Error(
+            `The journal did not confirm the admission of "${id}" within ${this.config.inbox.admitTimeoutMs} ms ` +
+              `(durability.inbox.admitTimeoutMs); answered rejected so that the channel delivers it again`,
+          ),
+      );
     } catch (error) {
       this.#dedupe.delete(id);
       const err = asError(error);

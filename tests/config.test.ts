@@ -54,6 +54,7 @@ describe("durability options are validated and named in errors", () => {
   test("timer options above setTimeout's limit", () => {
     rejects({ backend, sweepIntervalMs: 3e9 }, RangeError, "durability.sweepIntervalMs", "3000000000");
     rejects({ backend, inbox: { leaseMs: 9e9 } }, RangeError, "durability.inbox.leaseMs");
+    rejects({ backend, inbox: { admitTimeoutMs: 0 } }, RangeError, "durability.inbox.admitTimeoutMs", "0");
     rejects({ backend, outbox: { backoff: { capMs: 3e9 } } }, RangeError, "durability.outbox.backoff.capMs");
   });
   test("the defaults of SPEC §7", () => {
@@ -63,7 +64,7 @@ describe("durability options are validated and named in errors", () => {
       instanceId: undefined,
       retentionMs: 7 * 24 * 3600 * 1000,
       failOpen: false,
-      inbox: { leaseMs: 60_000, retries: 3, backoff: { baseMs: 1000, capMs: 60_000 } },
+      inbox: { leaseMs: 60_000, retries: 3, backoff: { baseMs: 1000, capMs: 60_000 }, admitTimeoutMs: 10_000 },
       outbox: {
         retries: 5,
         backoff: { baseMs: 1000, capMs: 60_000 },

@@ -67,7 +67,12 @@ describe.skipIf(Boolean(skip))("postgres outage", () => {
     });
     const backend = new PostgresDurability({ sql, schema: "bots" });
     const provider = new MockProvider();
-    const bot = new Bot({ provider, durability: { backend, instanceId: `outage-${runId()}`, sweepIntervalMs: 50 } });
+    // admitTimeoutMs: under load, porsager 3.4 can lose a query issued while its connections fail (it never
+    // settles); the bot then answers rejected after this long rather than hanging the channel.
+    const bot = new Bot({
+      provider,
+      durability: { backend, instanceId: `outage-${runId()}`, sweepIntervalMs: 50, inbox: { admitTimeoutMs: 3000 } },
+    });
     const handled: string[] = [];
     const errors: Error[] = [];
     bot.on("error", (error: Error) => errors.push(error));

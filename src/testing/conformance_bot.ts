@@ -616,6 +616,47 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(metricsOf(bot).inboundDuplicates).toBe(1);
     });
 
+    withBackend("an admission the journal does not confirm in admitTimeoutMs is refused; if it lands later, it is processed once", async (
+      backend,
+      bots,
+    ) => {
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => release = resolve);
+      let hangNext = true;
+      let landed: Promise<unknown> = Promise.resolve();
+      const stuck = intercept(backend, {
+        admit: (record, lease) => {
+          if (!hangNext) return backend.inbox.admit(record, lease);
+          hangNext = false;
+          const write = gate.then(() => backend.inbox.admit(record, lease)); // a query stuck in the driver, landing later
+          landed = write;
+          return write;
+        },
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ provider, durability: fastDurability(stuck, scale, { inbox: { admitTimeoutMs: Math.round(80 * scale) } }) });
+      const errors: Error[] = [];
+      bot.on("error", (e) => errors.push(e));
+      const handled: string[] = [];
+      bot.when(ANY, async (ctx) => {
+        handled.push(ctx.inboundId);
+        await ctx.reply("once");
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      const first = await provider.receive({ id, chatId: "c", text: "x" });
+      expect(first.status).toBe("rejected");
+      expect(errors.some((e) => e.message.includes("admitTimeoutMs")), "the timeout is reported").toBe(true);
+      release();
+      await landed; // the stuck write lands after all, leased to this bot
+      const again = await provider.receive({ id, chatId: "c", text: "x" }); // the channel delivers it again
+      expect(again.status).toBe("admitted");
+      await bot.idle();
+      expect(handled).toEqual([id]);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(provider.sent.filter((s) => s.idempotencyKey === `${id}:1`).length).toBe(1);
+    });
+
     withBackend("an admission that landed but lost its reply is processed at once on redelivery", async (backend, bots) => {
       // The write commits, then the connection drops (or a client retries it): the bot saw an error.
       let loseReply = 1;
