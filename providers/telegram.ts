@@ -44,6 +44,7 @@ import {
   type SendContext,
   type SendReceipt,
 } from "../src/provider.ts";
+import { readCapped } from "../src/read_capped.ts";
 import { showValue as show } from "../src/show.ts";
 
 /** The largest file the Bot API lets a bot download (`getFile`): 20 MB. */
@@ -760,7 +761,7 @@ export class TelegramProvider implements Provider {
         retryable: isRetryableStatus(response.status),
       });
     }
-    const data = await readCapped(response, TELEGRAM_MAX_DOWNLOAD_BYTES);
+    const data = await readCapped(response.body, TELEGRAM_MAX_DOWNLOAD_BYTES);
     if (data === null) {
       throw new MediaUnavailableError("not-durable", `The file of message ${show(messageId)} is larger than 20 MB`, { messageId });
     }
@@ -947,7 +948,7 @@ export class TelegramProvider implements Provider {
     }
     let bytes: Uint8Array | null;
     try {
-      bytes = await readCapped(request, this.#maxBodyBytes);
+      bytes = await readCapped(request.body, this.#maxBodyBytes);
     } catch {
       return textResponse(400, "Bad request: the body could not be read");
     }
@@ -1062,30 +1063,6 @@ function chatKeyOf(update: unknown): string {
 }
 
 /** Read a body up to `cap` bytes; `null` when it is larger. */
-async function readCapped(source: Request | Response, cap: number): Promise<Uint8Array | null> {
-  const body = source.body;
-  if (!body) return new Uint8Array();
-  const reader = body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    size += value.byteLength;
-    if (size > cap) {
-      await reader.cancel().catch(() => {});
-      return null;
-    }
-    chunks.push(value);
-  }
-  const out = new Uint8Array(size);
-  let at = 0;
-  for (const c of chunks) {
-    out.set(c, at);
-    at += c.byteLength;
-  }
-  return out;
-}
 
 /** JSON, or multipart when a parameter is binary. */
 function encodeParams(params: Record<string, unknown>): string | FormData {

@@ -58,6 +58,7 @@ import {
   type SendContext,
   type SendReceipt,
 } from "../src/provider.ts";
+import { readCapped } from "../src/read_capped.ts";
 import { showValue as show } from "../src/show.ts";
 
 /** The Graph API version used when `graphVersion` is not given. */
@@ -362,33 +363,6 @@ function anySignal(a: AbortSignal, b: AbortSignal): AbortSignal {
 }
 
 /** Read at most `max` bytes of a body; `null` when it is bigger. */
-async function readCapped(body: ReadableStream<Uint8Array> | null, max: number): Promise<Uint8Array | null> {
-  if (body === null) return new Uint8Array();
-  const reader = body.getReader();
-  const chunks: Uint8Array[] = [];
-  let size = 0;
-  try {
-    for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      size += value.byteLength;
-      if (size > max) {
-        await reader.cancel().catch(() => {});
-        return null;
-      }
-      chunks.push(value);
-    }
-  } finally {
-    reader.releaseLock();
-  }
-  const out = new Uint8Array(size);
-  let at = 0;
-  for (const chunk of chunks) {
-    out.set(chunk, at);
-    at += chunk.byteLength;
-  }
-  return out;
-}
 
 function checkString(options: Record<string, unknown>, name: string, required: boolean): string | undefined {
   const value = options[name];
