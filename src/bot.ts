@@ -15,7 +15,7 @@ import {
   type SendOptions,
   type SendResult,
 } from "./engine.ts";
-import { type AskOptions, Conversations, type StepJob } from "./conversation.ts";
+import { Conversations, type FlowContext, type StepJob } from "./conversation.ts";
 import { errorText, isProcessDeath } from "./errors.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
 import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./provider.ts";
@@ -35,28 +35,8 @@ export interface BotOptions {
 }
 
 /** What a handler gets. */
-export interface Context {
-  /** The inbound message or interaction. */
-  readonly message: InboundMessage;
-  readonly chatId: string;
-  /** The id of the message that started this handler (the provider's message id). */
-  readonly inboundId: string;
-  /** The attempt of the record being processed: 1 on the first processing, more on a retry or a replay. */
-  readonly attempt: number;
+export interface Context extends FlowContext {
   readonly bot: Bot;
-  /** Send to this chat. Key `<id>:<n>` unless `idempotencyKey` is given, `<id>` the message that fed the current step (see `ask`). */
-  reply(content: OutboundContent, options?: SendOptions): Promise<SendResult>;
-  /** Send to any chat. Key `<id>:<n>` unless `idempotencyKey` is given, `<id>` the message that fed the current step (see `ask`). */
-  send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult>;
-  /**
-   * Send `prompt` (unless `null`) and wait for the chat's next message, which
-   * is returned. The wait survives a restart on a durable store: the handler
-   * is replayed over the recorded answers (see the README on determinism).
-   * Sends after the answer are keyed by the answering message.
-   *
-   * @throws {AskTimeoutError} when `timeoutMs` passes without an answer
-   */
-  ask(prompt: OutboundContent | null, options?: AskOptions): Promise<InboundMessage>;
 }
 
 /** A message handler. */

@@ -90,14 +90,27 @@ export interface StepJob {
   record: { attempts: number } | null;
 }
 
-/** What a handler gets; see `Context` in bot.ts. */
+/** What a handler gets (the bot adds `bot`: see `Context`). */
 export interface FlowContext {
+  /** The inbound message or interaction that started this handler. */
   readonly message: InboundMessage;
   readonly chatId: string;
+  /** The id of the message that started this handler (the provider's message id). */
   readonly inboundId: string;
+  /** The attempt of the record being processed: 1 on the first processing, more on a retry or a replay. */
   readonly attempt: number;
+  /** Send to this chat. Key `<id>:<n>` unless `idempotencyKey` is given, `<id>` the message that fed the current step (see `ask`). */
   reply(content: OutboundContent, options?: SendOptions): Promise<SendResult>;
+  /** Send to any chat. Key `<id>:<n>` unless `idempotencyKey` is given, `<id>` the message that fed the current step (see `ask`). */
   send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult>;
+  /**
+   * Send `prompt` (unless `null`) and wait for the chat's next message, which
+   * is returned. The wait survives a restart on a durable store: the handler
+   * is replayed over the recorded answers (see the README on determinism).
+   * Sends after the answer are keyed by the answering message.
+   *
+   * @throws {AskTimeoutError} when `timeoutMs` passes without an answer
+   */
   ask(prompt: OutboundContent | null, options?: AskOptions): Promise<InboundMessage>;
 }
 
