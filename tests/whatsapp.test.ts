@@ -905,6 +905,16 @@ describe("media on reprocess", () => {
     const throttled = await loadMediaOf(await ctxOf("wamid.t-ok"), { throwOnError: true }).catch((e) => e);
     expect(throttled).toBeInstanceOf(WhatsAppApiError);
     expect(throttled.retryable).toBe(true);
+    // a lookup that points the download (with the bearer token) at plain http on another host is refused
+    fake.failMedia({
+      kind: "http",
+      status: 200,
+      body: JSON.stringify({ messaging_product: "whatsapp", url: "http://media.example.invalid/x", mime_type: "image/png", id: "m" }),
+      contentType: "application/json",
+    });
+    const insecure = await loadMediaOf(await ctxOf("wamid.t-ok")).catch((e) => e);
+    expect(insecure).toBeInstanceOf(Error);
+    expect(insecure.message).toContain("that is not https");
     // a download that is gone (the URL expired between lookup and download) is unavailable
     fake.failDownloads({ kind: "http", status: 404, body: "Not Found" });
     expect(await reason(loadMediaOf(await ctxOf("wamid.t-ok"), { throwOnError: true }))).toBe("rehydrate-failed");
