@@ -68,6 +68,7 @@ import {
   type ReserveResult,
   StaleLeaseError,
 } from "../src/backend.ts";
+import { delay } from "../src/runtime/mod.ts";
 import {
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
@@ -531,6 +532,7 @@ function isBlocking(state: OutboxState): boolean {
 
 class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   readonly #counter: string;
+  #seqTurn: Promise<unknown> = Promise.resolve();
   /** chatId → the tail of this instance's queue of reserves for that chat. */
   readonly #chatQueues = new Map<string, Promise<void>>();
 
@@ -576,7 +578,19 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   /** The next sequence number: a counter advanced by CAS. */
-  async #nextSeq(): Promise<number> {
+  /**
+   * The next outbox sequence number. Callers of this instance take turns (a
+   * compare-and-set they race each other on is lost by all but one, over and
+   * over under load); a set lost to another process is tried again after a
+   * short random pause.
+   */
+  #nextSeq(): Promise<number> {
+    const turn = this.#seqTurn.then(() => this.#casSeq());
+    this.#seqTurn = turn.catch(() => {});
+    return turn;
+  }
+
+  async #casSeq(): Promise<number> {
     for (let race = 0;; race++) {
       const cur = await this.kv.get(this.#counter);
       const next = (typeof cur?.value === "number" ? cur.value : 0) + 1;
@@ -584,6 +598,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       if (race >= MAX_RACES) {
         throw new Error(`kv durability: gave up on the outbox sequence after ${MAX_RACES} lost compare-and-sets`);
       }
+      await delay(Math.random() * Math.min(20, 2 ** Math.min(race, 5)));
     }
   }
 

@@ -173,7 +173,10 @@ export class Bot {
         return result;
       },
       checkSend: checkSendArgs,
-      makeContext: (base) => Object.assign(base, { bot: this }),
+      makeContext: (base) => {
+        (base as { bot?: Bot }).bot = this;
+        return base;
+      },
       warn: (code, message, chatId) => this.#events.emit("warning", { code, message, chatId }),
       reportError: (error) => this.#emitError(error),
       deadlinesKey: () => `botmesh:conversation-deadlines:${this.id}:${engine?.control().instanceId ?? "local"}`,
@@ -389,15 +392,15 @@ export class Bot {
   }
 
   async #handle(job: InboundJob): Promise<void> {
+    let outcomes: PromiseSettledResult<SendResult>[] = [];
     try {
       if (job.run) await job.run(job);
       else await this.#conversations.handle(job as StepJob);
     } finally {
       // Even a failing handler's sends settle before its outcome is recorded.
-      await Promise.allSettled(job.sends);
+      if (job.sends.length > 0) outcomes = await Promise.allSettled(job.sends);
     }
     // Done only once every send the handler made is sent or durably queued.
-    const outcomes = await Promise.allSettled(job.sends);
     const failed = outcomes.find((o): o is PromiseRejectedResult => o.status === "rejected");
     if (failed) throw failed.reason;
   }

@@ -415,7 +415,8 @@ export class Conversations {
   async handle(job: StepJob): Promise<void> {
     const { message } = job;
     const chatId = message.chatId;
-    let state = await this.#load(chatId);
+    let state = this.#states.get(chatId);
+    if (state === undefined) state = await this.#load(chatId);
     if (state && consumed(state, message.id)) {
       // Its step is recorded (a reprocess after a crash); the timer of the ask it left may not be.
       const deadline = state.state === "waiting" ? state.asks.at(-1)?.deadline ?? null : null;
@@ -581,11 +582,13 @@ export class Conversations {
       forget();
       throw suspension.error;
     }
-    const outcomes = await Promise.allSettled(job.sends);
-    const failed = outcomes.find((o): o is PromiseRejectedResult => o.status === "rejected");
-    if (failed) {
-      forget();
-      throw failed.reason;
+    if (job.sends.length > 0) {
+      const outcomes = await Promise.allSettled(job.sends);
+      const failed = outcomes.find((o): o is PromiseRejectedResult => o.status === "rejected");
+      if (failed) {
+        forget();
+        throw failed.reason;
+      }
     }
     if (suspension.kind === "ended") {
       forget();

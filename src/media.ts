@@ -126,7 +126,8 @@ function fromBase64url(text: string): Uint8Array | null {
  */
 export class MediaSeal {
   readonly provider: string;
-  #key: Promise<CryptoKey>;
+  readonly #raw: Uint8Array;
+  #imported: Promise<CryptoKey> | undefined;
 
   /**
    * @param options the provider name and the key
@@ -144,13 +145,19 @@ export class MediaSeal {
       throw new RangeError(`Option "mediaKey" must be at least 16 bytes, got ${bytes.byteLength}`);
     }
     this.provider = options.provider;
-    this.#key = crypto.subtle.importKey(
+    this.#raw = bytes.slice();
+  }
+
+  /** The HMAC key, imported on first use (constructing a provider stays cheap). */
+  get #key(): Promise<CryptoKey> {
+    this.#imported ??= crypto.subtle.importKey(
       "raw",
-      bytes.slice() as Uint8Array<ArrayBuffer>,
+      this.#raw as Uint8Array<ArrayBuffer>,
       { name: "HMAC", hash: "SHA-256" },
       false,
       ["sign", "verify"],
     );
+    return this.#imported;
   }
 
   #signed(ref: JsonValue): Uint8Array<ArrayBuffer> {
