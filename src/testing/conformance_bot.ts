@@ -10,6 +10,7 @@
 import { sleep, uid } from "./util.ts";
 import type { DurabilityBackend, InboxJournal, JsonValue, OutboxJournal } from "../backend.ts";
 import { loadMediaOf, MediaUnavailableError } from "../media.ts";
+import { AskTimeoutError } from "../conversation.ts";
 import { Bot } from "../bot.ts";
 import type { DurabilityOptions } from "../config.ts";
 import type { BotEvents, DurabilityMetrics } from "../engine.ts";
@@ -343,6 +344,51 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(providerB.sent.map((s) => [s.content, s.idempotencyKey])).toEqual([["from B", `${id}:1`]]);
       expect(providerA.sent.length, "A's late reply has B's key and is answered from the outbox").toBe(0);
       expect(metricsOf(botA).outboxDiverged).toBe(1);
+    });
+
+    withBackend("an ask's timeout fires in the handler, and a restart arms the deadline it left", async (backend, bots) => {
+      const store = new MemoryStore(); // outlives the "process", as a durable store would
+      const timeoutMs = Math.round(150 * scale);
+      const make = () => {
+        const provider = new MockProvider();
+        const bot = new Bot({ provider, store, durability: fastDurability(backend, scale, { instanceId: "asker-1" }) });
+        bot.on("warning", () => {}); // the memory store is not durable: warned once
+        bot.when("order", async (ctx) => {
+          try {
+            const size = await ctx.ask("Size?", { timeoutMs });
+            await ctx.reply(`size ${size.text}`);
+          } catch (error) {
+            if (!(error instanceof AskTimeoutError)) throw error;
+            await ctx.reply(`no answer in ${error.timeoutMs} ms`);
+          }
+        });
+        return { bot, provider };
+      };
+      const waitForSends = async (provider: MockProvider, n: number) => {
+        for (let i = 0; i < 400 && provider.sent.length < n; i++) await sleep(Math.round(10 * scale));
+      };
+      // In one process: the timer fires while the bot runs.
+      const a = make();
+      await start(bots, a.bot);
+      const first = uid("m");
+      await a.provider.receive({ id: first, chatId: "c1", text: "order" });
+      await waitForSends(a.provider, 2);
+      await a.bot.idle();
+      expect(a.provider.sent.map((x) => [x.idempotencyKey, x.content])).toEqual([
+        [`${first}:1`, "Size?"],
+        [`${first}:t1:1`, `no answer in ${timeoutMs} ms`],
+      ]);
+      // Across a restart: the process that asked is gone before the deadline; the next one arms it.
+      const second = uid("m");
+      await a.provider.receive({ id: second, chatId: "c2", text: "order" });
+      await a.bot.idle();
+      await a.bot.stop();
+      const b = make();
+      await start(bots, b.bot);
+      await waitForSends(b.provider, 1);
+      await b.bot.idle();
+      expect(b.provider.sent.map((x) => [x.idempotencyKey, x.content])).toEqual([[`${second}:t1:1`, `no answer in ${timeoutMs} ms`]]);
+      expect((await backend.outbox.get(`${second}:1`))?.state, "the question went out once, before the restart").toBe("sent");
     });
 
     withBackend("media is loaded again when a message is reprocessed after a crash; what cannot be is said why", async (
