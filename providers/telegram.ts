@@ -11,10 +11,11 @@
  *   moves past updates the bot has admitted. When one is refused, the next
  *   `getUpdates` starts at it (after a backoff); the updates after it come
  *   again and are dropped as duplicates.
- * - Inbound ids are `tg:<bot id>:<chat id>:<message_id>` for messages and
- *   `tg:<bot id>:cb:<callback query id>` for button presses: stable across
- *   redeliveries, and unlike `update_id` (which Telegram restarts at a random
- *   value after a week without updates) never reused.
+ * - Inbound ids are `tg:<bot id>:<update_id>:<chat id>:<message_id>` for
+ *   messages and `tg:<bot id>:<update_id>:cb:<callback query id>` for button
+ *   presses: stable across redeliveries (Telegram redelivers an update with
+ *   its `update_id`), and not reused when Telegram restarts `update_id` at a
+ *   random value after a week without updates.
  *
  * @example A webhook bot on Bun
  * ```ts ignore
@@ -813,7 +814,7 @@ export class TelegramProvider implements Provider {
       if (typeof q.inline_message_id === "string") value.inlineMessageId = q.inline_message_id;
       if (typeof q.chat_instance === "string") value.chatInstance = q.chat_instance;
       const message: InboundMessage = {
-        id: `tg:${this.connectionId}:cb:${queryId}`,
+        id: `tg:${this.connectionId}:${updateId}:cb:${queryId}`,
         chatId,
         type: "interaction",
         interaction: { id: data ?? game ?? "", value },
@@ -831,7 +832,7 @@ export class TelegramProvider implements Provider {
     const chat = needObj(m.chat, `${key}.chat`, updateId);
     const chatId = String(needInt(chat.id, `${key}.chat.id`, updateId));
     const messageId = needInt(m.message_id, `${key}.message_id`, updateId);
-    const id = `tg:${this.connectionId}:${chatId}:${messageId}`;
+    const id = `tg:${this.connectionId}:${updateId}:${chatId}:${messageId}`;
     const text = optString(m.text, `${key}.text`, updateId) ?? optString(m.caption, `${key}.caption`, updateId);
     let type: MessageType = "text";
     let media: JsonValue | undefined;

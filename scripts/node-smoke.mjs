@@ -136,7 +136,7 @@ console.log('node-smoke: file backend ok')
   assert.equal((await post('smoke-secret')).status, 200) // a redelivery: dropped
   await bot.idle()
   assert.deepEqual(calls.map((c) => [c.url, c.body.chat_id, c.body.text]), [['https://api.telegram.org/bot123:abc/sendMessage', '5', 'pong']])
-  assert.equal((await bot.durability.outbox.get('tg:123:5:1:1')).messageId, '77')
+  assert.equal((await bot.durability.outbox.get('tg:123:1:5:1:1')).messageId, '77')
   await bot.stop()
   console.log('node-smoke: telegram provider ok')
 }

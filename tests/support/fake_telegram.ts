@@ -134,12 +134,12 @@ export class FakeTelegram {
     return this.#queue.length;
   }
 
-  /** The inbound id the provider gives an update: `tg:<bot>:<chat>:<message_id>`, or `tg:<bot>:cb:<query id>`. */
+  /** The inbound id the provider gives an update: `tg:<bot>:<update_id>:<chat>:<message_id>`, or `tg:<bot>:<update_id>:cb:<query id>`. */
   inboundId(update: Record<string, unknown>): string {
     const q = update.callback_query as { id: string } | undefined;
-    if (q) return `tg:${this.botId}:cb:${q.id}`;
+    if (q) return `tg:${this.botId}:${update.update_id}:cb:${q.id}`;
     const m = (update.message ?? update.channel_post) as { chat: { id: number }; message_id: number };
-    return `tg:${this.botId}:${m.chat.id}:${m.message_id}`;
+    return `tg:${this.botId}:${update.update_id}:${m.chat.id}:${m.message_id}`;
   }
 
   /** A new update with a text message (not queued). */
