@@ -22,7 +22,6 @@ import {
   extendedLease,
   failedFields,
   holdsLease,
-  isLeaseAbandoned,
   newLease,
 } from "../journal_rules.ts";
 import { showValue as show } from "../show.ts";
