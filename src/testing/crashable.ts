@@ -148,7 +148,15 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
       }
       if (plan?.when === "before") die(point, "before");
     }
-    const result = await fn();
+    let result: T;
+    try {
+      result = await fn();
+    } catch (error) {
+      if (crashed) throw new SimulatedCrash(crashedAt, "dead");
+      // "After" means after the call returned, whatever it returned: a failed call consumes the plan too.
+      if (plan?.when === "after") die(point!, "after");
+      throw error;
+    }
     if (crashed) {
       // The process died while this was under way: it took effect, but nobody saw it.
       if (point !== null && typeof id === "string") landedAfterCrash.push({ point, id });
