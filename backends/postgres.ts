@@ -34,8 +34,18 @@
  * A schema written by a newer version of the library is refused.
  *
  * ## Statements
- * Every operation is one statement (prepared by the client: one round trip),
- * with the state rules, the fencing token and the clock in SQL:
+ * Every operation is one statement (prepared by the client), with the state
+ * rules, the fencing token and the clock in SQL. Journal writes (admit,
+ * heartbeats, completions, failures, reserve, markSent, markFailed)
+ * are group-committed: those called in one turn of the event loop share one
+ * transaction, their statements pipelined on one connection (`sql.begin`),
+ * so a busy bot pays one commit (one WAL flush) per group instead of one per
+ * write; a lone write is one statement as before. Each write still settles
+ * on its own (a stale token fails only its own call): a group the server
+ * rolled back (a deadlock with another replica, say) runs each write again
+ * alone, and a group whose commit's fate is unknown (a lost connection)
+ * rejects each write with that error, as a lone statement would.
+ * Statement details:
  * - Times are bigint ms from the server clock
  *   (`extract(epoch from clock_timestamp())`), never a replica's `Date.now()`.
  * - `admit` is one `INSERT … ON CONFLICT (id) DO NOTHING … RETURNING`, lease
@@ -179,6 +189,13 @@ export interface PostgresClient {
    */
   // deno-lint-ignore no-explicit-any
   unsafe(query: string, parameters?: any[], options?: { prepare?: boolean }): PromiseLike<any>;
+  /**
+   * Runs `fn`'s statements in one transaction on one connection (porsager's
+   * `sql.begin`; its statements are pipelined). Without it, journal writes
+   * are not group-committed: each is its own transaction.
+   */
+  // deno-lint-ignore no-explicit-any
+  begin?(fn: (tx: PostgresClient) => PromiseLike<any>): PromiseLike<any>;
 }
 
 /** Options of {@link PostgresDurability}, {@link PostgresStore} and {@link PostgresKv}. */
@@ -271,11 +288,52 @@ type Row = Record<string, unknown>;
 /** Schema setups under way or done, per client and schema + prefix (one per process for all backends on them). */
 const setups = new WeakMap<object, Map<string, Promise<void>>>();
 
-/** What the journals, the store and the kv share: the client, the names, the schema setup. */
+/** A journal write waiting for its group commit. */
+interface QueuedWrite {
+  op: string;
+  table: string;
+  text: string;
+  params: unknown[];
+  resolve: (rows: Row[] & { count?: number }) => void;
+  reject: (error: unknown) => void;
+}
+
+/** Statements one group commit carries at most. */
+const MAX_GROUP = 256;
+/** Group commits under way at once, per client, schema and prefix. */
+const GROUPS_IN_FLIGHT = 2;
+
+/** Runs `fn` on the next turn of the event loop (after the pending microtasks). */
+const defer: (fn: () => void) => void = (() => {
+  const immediate = (globalThis as { setImmediate?: (fn: () => void) => unknown }).setImmediate;
+  return typeof immediate === "function" ? (fn) => void immediate(fn) : (fn) => void setTimeout(fn, 0);
+})();
+
+/**
+ * Whether a failed transaction is known to have rolled back: the server
+ * answered with an error other than a connection failure (class 08) or a
+ * shutdown (class 57). A lost connection leaves the commit's fate unknown.
+ */
+function rolledBack(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return (error as { name?: unknown } | null)?.name === "PostgresError" && typeof code === "string" &&
+    /^[0-9A-Z]{5}$/.test(code) && !code.startsWith("08") && !code.startsWith("57");
+}
+
+/** A connection failure reported by porsager (`CONNECTION_CLOSED`, `CONNECT_TIMEOUT`…) or the socket (`ECONNRESET`…). */
+function connectionLost(error: unknown): boolean {
+  const code = (error as { code?: unknown } | null)?.code;
+  return typeof code === "string" && /^(CONNECT|E[A-Z]+$)/.test(code);
+}
+
+/** What the journals, the store and the kv share: the client, the names, the schema setup, the group commit. */
 class Context {
   readonly sql: PostgresClient;
   readonly t: Tables;
   readonly purgeBatch: number;
+  #queued: QueuedWrite[] = [];
+  #inFlight = 0;
+  #scheduled = false;
 
   constructor(options: Resolved) {
     this.sql = options.sql;
@@ -332,6 +390,69 @@ class Context {
           `give the backend a client without "transform"`,
       );
     }
+  }
+
+  /**
+   * Runs one journal write (one statement, `op` and `table` name it in errors)
+   * in a group commit: the writes called in one turn of the event loop share
+   * one transaction (one commit, one WAL flush), their statements pipelined
+   * on one connection; at most {@link GROUPS_IN_FLIGHT} such transactions run
+   * at once, and the writes that arrive meanwhile wait for the next one. A
+   * write resolves once its transaction committed. When the transaction
+   * fails with a server error (it rolled back: a deadlock with another
+   * replica, a constraint), each write runs again alone; when the connection
+   * is lost (the commit's fate is unknown), each write rejects with that error.
+   * A lone write, or a client without `begin`, runs as its own statement.
+   */
+  write(op: string, table: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    if (typeof this.sql.begin !== "function") return this.run(op, table, text, params);
+    return new Promise((resolve, reject) => {
+      this.#queued.push({ op, table, text, params, resolve, reject });
+      this.#schedule();
+    });
+  }
+
+  #schedule(): void {
+    if (this.#scheduled || this.#queued.length === 0 || this.#inFlight >= GROUPS_IN_FLIGHT) return;
+    this.#scheduled = true;
+    defer(() => {
+      this.#scheduled = false;
+      while (this.#queued.length > 0 && this.#inFlight < GROUPS_IN_FLIGHT) {
+        this.#inFlight++;
+        void this.#commit(this.#queued.splice(0, MAX_GROUP)).finally(() => {
+          this.#inFlight--;
+          this.#schedule();
+        });
+      }
+    });
+  }
+
+  async #commit(group: QueuedWrite[]): Promise<void> {
+    const alone = (w: QueuedWrite) => this.run(w.op, w.table, w.text, w.params).then(w.resolve, w.reject);
+    if (group.length === 1) return void await alone(group[0]!);
+    let results: (Row[] & { count?: number })[];
+    try {
+      await this.ready();
+      results = await this.sql.begin!((tx) =>
+        new Promise((resolve) => {
+          void Promise.allSettled(group.map((w) => tx.unsafe(w.text, w.params, { prepare: true }))).then((outcomes) => {
+            // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
+            // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
+            if (outcomes.some((o) => o.status === "rejected" && connectionLost(o.reason))) return;
+            // A statement's server error made COMMIT a rollback, and `begin` rejects with that error.
+            resolve(outcomes.map((o) => (o.status === "fulfilled" ? o.value : [])));
+          });
+        })
+      );
+    } catch (error) {
+      if (rolledBack(error)) return void await Promise.all(group.map(alone));
+      const message = error instanceof Error ? error.message : String(error);
+      for (const w of group) {
+        w.reject(new Error(`Postgres ${w.op} on ${w.table} failed: ${message}`, { cause: error }));
+      }
+      return;
+    }
+    group.forEach((w, i) => w.resolve(results[i]!));
   }
 
   /** Runs one prepared statement (`op` and `table` name it in errors) after the schema setup. */
@@ -528,10 +649,15 @@ class PgInbox implements InboxJournal {
     return this.#c.run(`inbox.${op}`, this.#t, text, params);
   }
 
+  /** A write that joins the group commit (see `Context.write`). */
+  #write(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    return this.#c.write(`inbox.${op}`, this.#t, text, params);
+  }
+
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     const input = pgInbound(record); // a TypeError naming the field, before anything is written
     if (lease !== undefined) pgClaim(lease, "inbox.admit");
-    const rows = await this.#run("admit", this.#q.admit, [
+    const rows = await this.#write("admit", this.#q.admit, [
       input.id,
       input.kind,
       input.chatId,
@@ -593,7 +719,7 @@ class PgInbox implements InboxJournal {
     pgString(id, `inbox.${op}: "id"`);
     checkFinite(token, `inbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
-    const rows = await this.#run(op, text, [id, token, ...more]);
+    const rows = await this.#write(op, text, [id, token, ...more]);
     return rows.length === 1;
   }
 
@@ -657,10 +783,15 @@ class PgOutbox implements OutboxJournal {
     return this.#c.run(`outbox.${op}`, this.#t, text, params);
   }
 
+  /** A write that joins the group commit (see `Context.write`). */
+  #write(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    return this.#c.write(`outbox.${op}`, this.#t, text, params);
+  }
+
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     const input = pgOutbound(entry); // a TypeError naming the field, before anything is written
     if (lease !== undefined) pgClaim(lease, "outbox.reserve");
-    const rows = await this.#run("reserve", this.#q.reserve, [
+    const rows = await this.#write("reserve", this.#q.reserve, [
       input.key,
       input.chatId,
       JSON.stringify(input.content),
@@ -729,7 +860,7 @@ class PgOutbox implements OutboxJournal {
     pgString(key, `outbox.${op}: "key"`);
     checkFinite(token, `outbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
-    const rows = await this.#run(op, text, [key, token, ...more]);
+    const rows = await this.#write(op, text, [key, token, ...more]);
     return rows.length === 1;
   }
 

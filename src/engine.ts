@@ -234,6 +234,9 @@ export class DurabilityEngine {
   #host: EngineHost;
   #metrics: DurabilityMetrics = zeroMetrics();
   #dedupe = new Set<string>();
+  /** `#dedupe`'s ids in insertion order from `#dedupeHead` on (evicting by `Set.values().next()` is O(deleted) on JSC). */
+  #dedupeOrder: string[] = [];
+  #dedupeHead = 0;
   /** Admissions being journaled, by inbound id. */
   #admitting = new Map<string, Promise<AdmitResult>>();
   #held = new Map<string, { kind: "inbox" | "outbox"; id: string; token: number; lost: boolean }>();
@@ -520,8 +523,14 @@ export class DurabilityEngine {
 
   #remember(id: string): void {
     this.#dedupe.add(id);
-    if (this.#dedupe.size > DEDUPE_CAPACITY) {
-      this.#dedupe.delete(this.#dedupe.values().next().value as string);
+    this.#dedupeOrder.push(id);
+    // An id deleted and added again sits twice in the order and may be evicted early: only a cache miss.
+    while (this.#dedupe.size > DEDUPE_CAPACITY && this.#dedupeHead < this.#dedupeOrder.length) {
+      this.#dedupe.delete(this.#dedupeOrder[this.#dedupeHead++]!);
+    }
+    if (this.#dedupeHead >= DEDUPE_CAPACITY || this.#dedupeOrder.length > 2 * DEDUPE_CAPACITY) {
+      this.#dedupeOrder = this.#dedupeOrder.slice(this.#dedupeHead).filter((kept) => this.#dedupe.has(kept));
+      this.#dedupeHead = 0;
     }
   }
 

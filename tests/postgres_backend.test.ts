@@ -661,3 +661,73 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     }
   }, 60_000);
 });
+
+describe("PostgresDurability group commit", () => {
+  /** The real client, with `begin` counted and its statements optionally sabotaged. */
+  function watched(sql: Sql, sabotage?: (text: string, index: number) => string | Error) {
+    const seen = { begins: 0, statements: [] as number[] };
+    const wrapped = {
+      unsafe: (text: string, params?: never[], options?: { prepare?: boolean }) => sql.unsafe(text, params, options),
+      begin: (fn: (tx: { unsafe: Sql["unsafe"] }) => PromiseLike<unknown>) => {
+        seen.begins++;
+        const broken = sabotage?.("", -1);
+        if (broken instanceof Error) return Promise.reject(broken);
+        return sql.begin((tx) => {
+          seen.statements.push(0);
+          return fn({
+            unsafe: ((text: string, params?: never[], options?: { prepare?: boolean }) => {
+              const sabotaged = sabotage ? sabotage(text, seen.statements[seen.statements.length - 1]!) : text;
+              seen.statements[seen.statements.length - 1]!++;
+              return tx.unsafe(typeof sabotaged === "string" ? sabotaged : text, params, options);
+            }) as Sql["unsafe"],
+          }) as never;
+        });
+      },
+    };
+    return { wrapped, seen };
+  }
+
+  it("the writes of one turn share one transaction, and each resolves after its commit", async () => {
+    const { wrapped, seen } = watched(client());
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    await b.open();
+    const records = Array.from({ length: 40 }, (_, i) => inbound(`gc-${i}`, `chat-${i % 7}`));
+    const admitted = await Promise.all(records.map((r) => b.inbox.admit(r, lease())));
+    expect(admitted.every((r) => r !== null && r.state === "processing")).toBe(true);
+    expect(seen.begins, "one transaction for the 40 admits").toBe(1);
+    expect(seen.statements).toEqual([40]);
+    await Promise.all(admitted.map((r) => b.inbox.complete(r!.id, r!.lease!.token)));
+    expect(seen.begins).toBe(2);
+    const done = await b.inbox.list({ state: "done", limit: 100 });
+    expect(done.length).toBe(40);
+    // A lone write runs as its own statement: no BEGIN/COMMIT round trips for one write.
+    await b.inbox.admit(inbound("gc-alone"), lease());
+    expect(seen.begins).toBe(2);
+  });
+
+  it("a group the server rolled back (an error in one statement) runs each write again alone", async () => {
+    const { wrapped, seen } = watched(client(), (text, i) => (i === 2 ? "SELECT 1/0 AS boom" : text));
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    await b.open();
+    const records = Array.from({ length: 5 }, (_, i) => inbound(`rb-${i}`));
+    const admitted = await Promise.all(records.map((r) => b.inbox.admit(r, lease())));
+    expect(seen.begins).toBe(1);
+    expect(admitted.map((r) => r?.id), "every write committed on its own after the rollback").toEqual(records.map((r) => r.id));
+    for (const r of records) expect((await b.inbox.get(r.id))?.state).toBe("processing");
+  });
+
+  it("a group whose transaction's fate is unknown (the connection failed) rejects every write, naming it", async () => {
+    const lost = Object.assign(new Error("write CONNECTION_CLOSED 127.0.0.1:5432"), { code: "CONNECTION_CLOSED" });
+    const { wrapped } = watched(client(), () => lost);
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    await b.open();
+    const outcomes = await Promise.allSettled([b.inbox.admit(inbound("lost-1"), lease()), b.inbox.admit(inbound("lost-2"), lease())]);
+    for (const o of outcomes) {
+      expect(o.status).toBe("rejected");
+      const message = (o as PromiseRejectedResult).reason.message as string;
+      expect(message).toContain("Postgres inbox.admit on");
+      expect(message).toContain("CONNECTION_CLOSED");
+    }
+    expect(await b.inbox.get("lost-1"), "nothing was run").toBe(null);
+  });
+});

@@ -24,6 +24,7 @@ import type {
   NewInboundRecord,
   NewOutboxEntry,
   OutboxEntry,
+  ReserveResult,
 } from "../backend.ts";
 
 /** The matchers the suite uses (a subset of jest's / bun:test's). */
@@ -1311,6 +1312,59 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         }
         expect(await b.inbox.list({ chatId: chat }), "the inbox is unchanged").toEqual(inboxBefore);
         expect(await b.outbox.list({ chatId: chat }), "the outbox is unchanged").toEqual(outboxBefore);
+      });
+    });
+
+    describe("writes issued together", () => {
+      // Backends may group the writes of one turn of the event loop into one transaction (group
+      // commit): each must still settle on its own, as if it had been issued alone.
+      it("each settles on its own: a stale or duplicate one among them changes nothing else", async (b) => {
+        const chats = Array.from({ length: 6 }, () => uid("chat"));
+        const held = await Promise.all(chats.map((chat) => admitted(b, inbound(chat), claimer())));
+        const sending = await Promise.all(chats.map((chat) => reserved(b, outbound(chat), claimer())));
+        const fresh = chats.map((chat) => inbound(chat));
+        const outcomes = await Promise.allSettled([
+          ...fresh.map((rec) => b.inbox.admit(rec, claimer())),
+          b.inbox.admit({ ...inbound(chats[0]!), id: held[0]!.id }, claimer()),
+          b.inbox.complete(held[0]!.id, tokenOf(held[0]!)),
+          b.inbox.complete(held[1]!.id, tokenOf(held[1]!) + 1),
+          b.inbox.fail(held[2]!.id, tokenOf(held[2]!), { error: "boom", dead: true }),
+          b.outbox.markSent(sending[0]!.key, tokenOf(sending[0]!), "m-0"),
+          b.outbox.markSent(sending[1]!.key, tokenOf(sending[1]!) + 1, "m-1"),
+          b.outbox.markFailed(sending[2]!.key, tokenOf(sending[2]!), { error: "later", retryInMs: 60_000 }),
+          b.outbox.reserve(outbound(chats[3]!), claimer()),
+          b.outbox.reserve({ ...outbound(chats[4]!), key: sending[4]!.key }, claimer()),
+        ]);
+        const value = (i: number) => {
+          const o = outcomes[i]!;
+          if (o.status === "rejected") throw new Error(`write ${i} rejected: ${String(o.reason)}`);
+          return o.value;
+        };
+        const reason = (i: number) => {
+          const o = outcomes[i]!;
+          if (o.status === "fulfilled") throw new Error(`write ${i} was expected to reject`);
+          return o.reason;
+        };
+        fresh.forEach((rec, i) => expect((value(i) as InboundRecord | null)?.id, "a new admit journals").toBe(rec.id));
+        const n = fresh.length;
+        expect(value(n), "a duplicate admit returns null").toBe(null);
+        expect(value(n + 1)).toBe(undefined);
+        await expectStale(expect, () => Promise.reject(reason(n + 2)), "a stale complete among others");
+        expect(value(n + 3)).toBe(undefined);
+        expect(value(n + 4)).toBe(undefined);
+        await expectStale(expect, () => Promise.reject(reason(n + 5)), "a stale markSent among others");
+        expect(value(n + 6)).toBe(undefined);
+        expect((value(n + 7) as ReserveResult).status, "sending[3] is unsettled: the new entry queues").toBe("queued");
+        expect((value(n + 8) as ReserveResult).status, "a known key").toBe("exists");
+        for (const rec of fresh) expect((await mustGetIn(b, rec.id)).state).toBe("processing");
+        expect((await mustGetIn(b, held[0]!.id)).state).toBe("done");
+        expect((await mustGetIn(b, held[1]!.id)).state, "the stale complete changed nothing").toBe("processing");
+        expect((await mustGetIn(b, held[2]!.id)).state).toBe("dead");
+        expect((await mustGetOut(b, sending[0]!.key)).messageId).toBe("m-0");
+        expect((await mustGetOut(b, sending[1]!.key)).state, "the stale markSent changed nothing").toBe("sending");
+        expect((await mustGetOut(b, sending[2]!.key)).state).toBe("failed");
+        expect((await b.outbox.list({ chatId: chats[3]! })).map((e) => e.state)).toEqual(["sending", "queued"]);
+        expect((await b.outbox.list({ chatId: chats[4]! })).length, "the known key added nothing").toBe(1);
       });
     });
 
