@@ -7,7 +7,8 @@
  *
  *   bun bench/run.ts                      full run, writes bench/RESULTS.md
  *   bun bench/run.ts --quick              smoke (CI): small counts, 1 run, no RESULTS.md
- *   options: --runs N  --only memory,postgres,bullmq  --scale 1k,100k,1M
+ *   options: --runs N  --only memory,postgres,bullmq (durability off always runs: the × off base)
+ *            --scale 1k,100k,1M
  *            --no-scale  --no-recovery  --write (RESULTS.md even with --quick)  --no-write
  *
  * Exits 1 only when a run was incorrect (a message not replied exactly once,
