@@ -422,7 +422,32 @@ for _, om in ipairs(redis.call('ZRANGE', P .. 'in:st:pending', 0, limit - 1)) do
 -- retries and lapsed leases due by now (every one claimable: lapsed leases are, whoever holds them)
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'in:timed', '-inf', now, 'LIMIT', 0, limit + 1000)) do consider(id, 'timed') end
 if o.reclaim then
-  for _, id in ipairs(redis.call('SMEMBERS', P .. 'in:owner:' .. o.owner)) do consider(id, 'owner') end
+  -- The owner's set holds every record the owner leases, this very incarnation's too (the batches taken
+  -- before this one: never claimable here; a lapsed one is due in in:timed). Read three fields of each,
+  -- then the whole record of the oldest only, until limit of them are candidates: a restart's backlog is
+  -- taken back in batches, and each batch must not read every record of it again.
+  local light = {}
+  for _, id in ipairs(redis.call('SMEMBERS', P .. 'in:owner:' .. o.owner)) do
+    local f = redis.call('HMGET', in_key(id), 'leaseInc', 'receivedAt', 'om')
+    if f[1] ~= o.inc then
+      local r, ord = tonumber(f[2]), type(f[3]) == 'string' and ord_of(f[3]) or nil
+      -- unreadable fields sort first: consider() quarantines such a record (or drops a gone one)
+      light[#light + 1] = {id = id, bad = (r == nil or ord == nil) and 0 or 1, r = r or 0, ord = ord or 0}
+    end
+  end
+  table.sort(light, function(a, b)
+    if a.bad ~= b.bad then return a.bad < b.bad end
+    if a.r ~= b.r then return a.r < b.r end
+    return a.ord < b.ord
+  end)
+  local taken, was = 0, {}
+  for _, h in ipairs(cands) do was[h.id] = true end
+  for _, l in ipairs(light) do
+    if taken >= limit then break end
+    local before = #cands
+    consider(l.id, 'owner')
+    if #cands > before or was[l.id] then taken = taken + 1 end
+  end
 end
 table.sort(cands, function(a, b)
   local ra, rb = num(a, 'receivedAt'), num(b, 'receivedAt')

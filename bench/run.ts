@@ -296,14 +296,14 @@ for (const s of scaleRows) {
 }
 
 const recoveryTable = [
-  `| backend | unfinished records | all claimed by the new incarnation (ms) | all replied, bot idle (ms) | bot.start() resolved (ms) | target < 2,000 ms |`,
+  `| backend | unfinished records | all claimed by the new incarnation (ms) | all replied, bot idle (ms) | bot.start() resolved (ms) | < 2,000 ms: recovered / replied |`,
   "| --- | ---: | ---: | ---: | ---: | --- |",
 ];
 for (const r of recoveryRows) {
   const res = r.result;
   recoveryTable.push(
     `| ${LABELS[r.kind]} | ${RECOVERY_RECORDS.toLocaleString("en-US")} | ${res ? fmt(res.claimedMs, 0) : "FAILED"} | ${fmt(res?.doneMs, 0)} | ${fmt(res?.startMs, 0)} | ${
-      res ? (res.doneMs! < 2000 ? "met" : "not met") : ""
+      res ? `${res.claimedMs! < 2000 ? "met" : "not met"} / ${res.doneMs! < 2000 ? "met" : "not met"}` : ""
     } |`,
   );
 }
@@ -344,12 +344,20 @@ for (const [kind, max] of [["sqlite-normal", 1], ["sqlite-full", 1], ["redis", 1
   if (r) targets.push(`- p50 receive→reply ≤ ${max} ms, ${LABELS[kind]} (1 chat, sequential): ${r.p50 <= max ? "met" : "not met"} (${fmt(r.p50)} ms)`);
 }
 if (recoveryRows.length > 0) {
-  const ok = recoveryRows.filter((r) => r.result && r.result.doneMs! < 2000).length;
-  const worst = recoveryRows.filter((r) => r.result).sort((a, b) => b.result!.doneMs! - a.result!.doneMs!)[0];
+  // Recovered: every unfinished record is back under a live lease of the new incarnation, queued for its
+  // handler. Handling the backlog after that is throughput (the tables above); both are judged.
+  const judge = (what: string, ms: (r: RowResult) => number) => {
+    const done = recoveryRows.filter((r) => r.result);
+    const over = done.filter((r) => !(ms(r.result!) < 2000));
+    const worst = [...done].sort((a, b) => ms(b.result!) - ms(a.result!))[0];
+    return `${what}: ${over.length === 0 && done.length === recoveryRows.length ? "met" : `not met (${over.map((r) => LABELS[r.kind]).join(", ") || "a run failed"})`}${
+      worst ? `; slowest ${LABELS[worst.kind]} ${fmt(ms(worst.result!), 0)} ms` : ""
+    }`;
+  };
   targets.push(
-    `- Restart recovery of ${RECOVERY_RECORDS.toLocaleString("en-US")} unfinished records < 2 s on every durable backend: ${
-      ok === recoveryRows.length ? "met" : `not met (${recoveryRows.length - ok} of ${recoveryRows.length} over)`
-    }${worst ? `; slowest ${LABELS[worst.kind]} ${fmt(worst.result!.doneMs, 0)} ms` : ""}${RECOVERY_RECORDS !== 10_000 ? " (the target is for 10,000)" : ""}`,
+    `- Restart recovery of ${RECOVERY_RECORDS.toLocaleString("en-US")} unfinished records < 2 s on every durable backend${
+      RECOVERY_RECORDS !== 10_000 ? " (the target is for 10,000)" : ""
+    }: ${judge("all reclaimed", (r) => r.claimedMs!)}. Including handling all of them: ${judge("all replied", (r) => r.doneMs!)}`,
   );
 }
 

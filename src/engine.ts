@@ -172,6 +172,8 @@ export interface DurabilityControl {
 }
 
 const SWEEP_BATCH = 64;
+/** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
+const RECLAIM_BATCH = 1024;
 /** setTimeout's largest delay. */
 const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
@@ -853,7 +855,10 @@ export class DurabilityEngine {
 
   async #sweepOnce(first: boolean): Promise<void> {
     if (this.#stopping && !first) return;
-    const inboxClaim = { ...this.#claim("inbox"), reclaimOwn: first, limit: SWEEP_BATCH };
+    // A restart takes back everything the previous incarnation held at once: its backlog can be large, and
+    // each reclaiming scan reads the owner's records (those already taken back too), so fewer, larger batches.
+    const batch = first ? RECLAIM_BATCH : SWEEP_BATCH;
+    const inboxClaim = { ...this.#claim("inbox"), reclaimOwn: first, limit: batch };
     for (;;) {
       const records = await this.backend.inbox.claimDue(inboxClaim);
       for (const record of records) {
@@ -868,7 +873,7 @@ export class DurabilityEngine {
         }
         this.#host.dispatch({ message, record, sends: [], sendCount: 0 });
       }
-      if (records.length < SWEEP_BATCH) break;
+      if (records.length < batch) break;
     }
     const outboxClaim = {
       ...this.#claim("outbox"),

@@ -513,6 +513,30 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(due[0]?.lease?.token).toBe(2);
       });
 
+      it("reclaimOwn in batches: each claimDue takes the oldest of the previous incarnation's, until none is left", async (b) => {
+        const chat = uid("chat");
+        const owner = uid("owner");
+        const old = claimer(owner, LONG, "inc-1");
+        const times = [7_000, 3_000, 9_000, 1_000, 5_000, 8_000, 2_000, 6_000, 4_000, 10_000];
+        const records = [];
+        for (const t of times) records.push(await admitted(b, inbound(chat, t), old));
+        const next = claimer(owner, LONG, "inc-2");
+        const inOrder = [...records].sort((x, y) => x.receivedAt - y.receivedAt).map((r) => r.id);
+        const batches: string[][] = [];
+        for (let i = 0; i < 6; i++) {
+          const due = await b.inbox.claimDue({ ...next, reclaimOwn: true, limit: 3 });
+          batches.push(ids(due));
+          if (due.length < 3) break;
+        }
+        expect(batches, "oldest first, each batch after the one before, the last one short").toEqual([
+          inOrder.slice(0, 3),
+          inOrder.slice(3, 6),
+          inOrder.slice(6, 9),
+          inOrder.slice(9),
+        ]);
+        for (const r of records) expect((await mustGetIn(b, r.id)).lease?.incarnation).toBe("inc-2");
+      });
+
       it("fail with a retry: failed, not claimable until nextAttemptAt, then claimable", async (b) => {
         const chat = uid("chat");
         const retryInMs = ms(100);
