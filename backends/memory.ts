@@ -85,6 +85,22 @@ function copy<T>(value: T): T {
 }
 
 
+/** Counts records by state, so that a list of states none holds (`bot.idle()`'s) answers without a scan. */
+class StateCounts {
+  readonly #counts = new Map<string, number>();
+  move(from: string | undefined, to: string | undefined): void {
+    if (from === to) return;
+    if (from !== undefined) this.#counts.set(from, (this.#counts.get(from) ?? 0) - 1);
+    if (to !== undefined) this.#counts.set(to, (this.#counts.get(to) ?? 0) + 1);
+  }
+  /** Whether no record is in any of `states` (`null`: all states). */
+  noneIn(states: ReadonlySet<string> | null): boolean {
+    if (states === null) return false;
+    for (const state of states) if ((this.#counts.get(state) ?? 0) > 0) return false;
+    return true;
+  }
+}
+
 /** Adds `id` to / removes it from the owner index. */
 function indexAdd(index: Map<string, Set<string>>, owner: string, id: string): void {
   let ids = index.get(owner);
@@ -113,6 +129,7 @@ class MemoryInbox implements InboxJournal {
   readonly #done = new MinHeap<HeapItem>(earlier);
   /** owner → ids of the records it holds a lease on. */
   readonly #leased = new Map<string, Set<string>>();
+  readonly #states = new StateCounts();
   #version = 0;
   #order = 0;
 
@@ -125,6 +142,7 @@ class MemoryInbox implements InboxJournal {
   /** Stores `next` in `slot` (or a new slot) and keeps every index in step. */
   #store(next: InboundRecord, slot?: Slot<InboundRecord>): Slot<InboundRecord> {
     const prev = slot?.record;
+    this.#states.move(prev?.state, next.state);
     if (prev?.lease) indexRemove(this.#leased, prev.lease.owner, prev.id);
     if (next.lease) indexAdd(this.#leased, next.lease.owner, next.id);
     const version = ++this.#version;
@@ -246,6 +264,7 @@ class MemoryInbox implements InboxJournal {
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
     const filter = normalizeList(options);
+    if (this.#states.noneIn(filter.states)) return [];
     const slots: Slot<InboundRecord>[] = [];
     for (const slot of this.#slots.values()) if (matchesList(slot.record, filter)) slots.push(slot);
     slots.sort((a, b) =>
@@ -293,6 +312,7 @@ class MemoryInbox implements InboxJournal {
       const slot = this.#slots.get(top.id);
       if (!slot || slot.version !== top.version || slot.record.state !== "done") continue;
       this.#slots.delete(top.id);
+      this.#states.move("done", undefined);
       count++;
     }
     return count;
@@ -328,6 +348,7 @@ class MemoryOutbox implements OutboxJournal {
   readonly #sent = new MinHeap<HeapItem>(earlier);
   readonly #leased = new Map<string, Set<string>>();
   readonly #chats = new Map<string, ChatQueue>();
+  readonly #states = new StateCounts();
   #version = 0;
   #seq = 0;
   /** Told synchronously of every entry stored or deleted (see {@link MemoryDurability.observeOutbox}). */
@@ -383,6 +404,7 @@ class MemoryOutbox implements OutboxJournal {
   #store(next: OutboxEntry | null, slot?: Slot<OutboxEntry>): void {
     const prev = slot?.record;
     const entry = (next ?? prev)!;
+    this.#states.move(prev?.state, next?.state);
     const headBefore = this.#head(entry.chatId);
     if (prev?.lease) indexRemove(this.#leased, prev.lease.owner, prev.key);
     if (next?.lease) indexAdd(this.#leased, next.lease.owner, next.key);
@@ -566,7 +588,7 @@ class MemoryOutbox implements OutboxJournal {
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
     const filter = normalizeList(options);
     const out: OutboxEntry[] = [];
-    if (filter.limit === 0) return out;
+    if (filter.limit === 0 || this.#states.noneIn(filter.states)) return out;
     // Map order is reservation order: keys are never re-inserted.
     for (const slot of this.#slots.values()) {
       if (!matchesList(slot.record, filter)) continue;
@@ -624,6 +646,7 @@ class MemoryOutbox implements OutboxJournal {
       this.#sent.pop();
       if (!this.#valid(top) || this.#slots.get(top.id)!.record.state !== "sent") continue;
       this.#slots.delete(top.id);
+      this.#states.move("sent", undefined);
       this.#observer?.(top.id, null);
       count++;
     }
