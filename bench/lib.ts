@@ -175,6 +175,8 @@ export interface RowResult {
   doneMs?: number;
   startMs?: number;
   note?: string;
+  /** CPU the database server spent during the run, per message (µs; measured by the orchestrator). */
+  serverUsPerMsg?: number;
 }
 
 /** Runs `main` and prints its result as the last stdout line; exit code 1 on any error. */

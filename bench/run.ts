@@ -134,12 +134,64 @@ async function child(script: string, config: unknown, what: string): Promise<Row
   return null;
 }
 
+/**
+ * CPU time (ms) the database server has used so far, read from /proc on this host: for Postgres the
+ * postmaster's reaped children (each run's connections end with its process) plus its live processes;
+ * for Redis the server process. `null` when the server is elsewhere or /proc cannot be read.
+ */
+function serverCpuMs(server: "postgres" | "redis" | null): number | null {
+  if (server === null || !serverPids[server]) return null;
+  try {
+    const hz = 100; // USER_HZ on Linux
+    const fields = (pid: number) => readFileSync(`/proc/${pid}/stat`, "utf8").split(") ")[1]!.split(" ").map(Number);
+    if (server === "redis") {
+      const f = fields(serverPids.redis!);
+      return ((f[11]! + f[12]!) * 1000) / hz;
+    }
+    const main = fields(serverPids.postgres!);
+    let ticks = main[11]! + main[12]! + main[13]! + main[14]!;
+    for (const child of readFileSync(`/proc/${serverPids.postgres}/task/${serverPids.postgres}/children`, "utf8").trim().split(/\s+/)) {
+      if (child) ticks += (() => { try { const f = fields(Number(child)); return f[11]! + f[12]!; } catch { return 0; } })();
+    }
+    return (ticks * 1000) / hz;
+  } catch {
+    return null;
+  }
+}
+
+/** The server processes on this host, when they can be found (for {@link serverCpuMs}). */
+function findServerPids(): { postgres: number | null; redis: number | null } {
+  const run = (cmd: string, args: string[]) => {
+    try {
+      return execFileSync(cmd, args, { encoding: "utf8", stdio: ["ignore", "pipe", "ignore"], timeout: 5000 });
+    } catch {
+      return "";
+    }
+  };
+  const dir = run("psql", [POSTGRES_URL, "-Atc", "show data_directory"]).trim();
+  let postgres: number | null = null;
+  try {
+    postgres = dir ? Number(readFileSync(join(dir, "postmaster.pid"), "utf8").split("\n")[0]) || null : null;
+  } catch { /* not on this host, or not readable */ }
+  const r = new URL(REDIS_URL);
+  const info = run("redis-cli", ["-h", r.hostname, "-p", r.port || "6379", "info", "server"]);
+  const redis = Number(/process_id:(\d+)/.exec(info)?.[1]) || null;
+  return { postgres, redis };
+}
+const serverPids = findServerPids();
+
 /** One run on a fresh namespace, dropped after. */
 async function once(kind: Kind | AnchorKind, extra: Record<string, unknown>, upstash?: UpstashBridge): Promise<RowResult | null> {
   const ns: Ns = createNs(kind, upstash ? { url: upstash.url, token: upstash.token } : undefined);
   const script = kind === "bullmq" ? "anchors/bullmq.ts" : kind === "pgboss" ? "anchors/pgboss.ts" : "row.ts";
   try {
-    return await child(script, { mode: "load", ns, ...extra }, `${LABELS[kind]} ${JSON.stringify(extra)}`);
+    const server = serverOf(kind);
+    const before = serverCpuMs(server);
+    const result = await child(script, { mode: "load", ns, ...extra }, `${LABELS[kind]} ${JSON.stringify(extra)}`);
+    await Bun.sleep(200); // the child's connections close with it; let the server reap them
+    const after = serverCpuMs(server);
+    if (result && before !== null && after !== null) result.serverUsPerMsg = ((after - before) * 1000) / result.messages;
+    return result;
   } finally {
     await dropNs(ns);
   }
@@ -265,8 +317,8 @@ await bridge?.stop();
 const find = (kind: string, scenario: string) => rows.find((r) => r.kind === kind && r.scenario === scenario)?.result;
 const anchorOf = (kind: string) => kind === "postgres" ? "pgboss" : kind === "redis" || kind === "upstash" ? "bullmq" : null;
 const mainTable = [
-  `| backend | scenario | msg/s (median of ${RUNS}) | p50 ms | p99 ms | peak RSS MB | × off | × anchor |`,
-  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+  `| backend | scenario | msg/s (median of ${RUNS}) | p50 ms | p99 ms | peak RSS MB | server CPU µs/msg | × off | × anchor |`,
+  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
 ];
 for (const r of rows) {
   const res = r.result;
@@ -275,7 +327,7 @@ for (const r of rows) {
   const anchor = anchorOf(r.kind);
   const a = anchor ? find(anchor, baseScenario) : null;
   mainTable.push(
-    `| ${r.label} | ${r.scenario} | ${res ? fmtInt(res.msgPerSec) : "FAILED"} | ${fmt(res?.p50)} | ${fmt(res?.p99)} | ${fmt(res?.rssMb, 0)} | ${
+    `| ${r.label} | ${r.scenario} | ${res ? fmtInt(res.msgPerSec) : "FAILED"} | ${fmt(res?.p50)} | ${fmt(res?.p99)} | ${fmt(res?.rssMb, 0)} | ${fmt(res?.serverUsPerMsg, 0)} | ${
       res && off && r.kind !== "off" ? fmt(res.msgPerSec / off.msgPerSec) : ""
     } | ${res && a ? fmt(res.msgPerSec / a.msgPerSec) : ""} |`,
   );
@@ -368,6 +420,7 @@ const explain = [
   `- A message: \`provider.receive()\` admits it, the handler calls \`ctx.reply()\` once, the reply goes out through the outbox to an in-process mock provider that answers at once, the record is done. Closed loop: each chat sends its next message once the reply to its previous one was sent.`,
   `- msg/s = messages / (first receive → all replied and \`bot.idle()\` resolved); median of ${RUNS} runs, each in its own process on a fresh store (temp dir, Postgres schema, Redis key prefix). p50/p99 (receive → the reply's provider send) and peak RSS (VmHWM of the child process) are those of the median run.`,
   "- With 100 chats in a closed loop the latency is mostly queueing (p50 ≈ chats / msg/s); the per-message latency targets are judged on the sequential row.",
+  "- server CPU µs/msg: CPU time the database server process(es) spent during the run (read from /proc on this host: Postgres's postmaster and its backends, the redis-server process), over the messages; the cost a message puts on the shared server, whatever the client does. Blank for the embedded backends (their cost is in the process).",
   "- × off: msg/s over durability off, same scenario. × anchor: Postgres rows over pg-boss (closed loop), Redis rows over BullMQ, same scenario.",
   "- BullMQ: one `queue.add(name, data, { jobId })` per message, one `Worker` with concurrency = chats (100 or 1), defaults otherwise (completed jobs kept); closed loop on the worker's `completed` event; latency = add → processor entered.",
   `- pg-boss 10: one \`send(queue, data, { id: uuid })\` per message, \`work()\` with ${pgNote?.result?.note ?? "see bench/anchors/pgboss.ts"}; pool max 10, supervise/schedule off. Its worker sleeps \`pollingInterval\` (≥ 0.5 s) after every fetch, even a full one, unless \`notifyWorker()\` wakes it: without the in-process notify a closed loop stalls up to 0.5 s per round, so every send notifies. Closed loop on the handler having run (pg-boss completes the batch after it, with nothing to await); latency = send → handler entered. The open-loop row sends everything with 100 sends in flight.`,
