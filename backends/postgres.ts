@@ -294,8 +294,24 @@ interface QueuedWrite {
   table: string;
   text: string;
   params: unknown[];
+  /** How this write joins the other writes of its kind in one multi-row statement, when it can. */
+  many?: ManyRows;
   resolve: (rows: Row[] & { count?: number }) => void;
   reject: (error: unknown) => void;
+}
+
+/**
+ * A write that a group may carry in one multi-row statement with the other
+ * writes of its `kind`: `text` takes `$1`, a JSON array of the writes' `row`s
+ * (`json_to_recordset`: no array types, which the client may not know), and
+ * returns each changed row with its write's `key` as `mkey`. Two writes of
+ * one key never share a statement (each must see the other's effect).
+ */
+interface ManyRows {
+  kind: string;
+  text: string;
+  key: string;
+  row: Record<string, unknown>;
 }
 
 /** Statements one group commit carries at most. */
@@ -404,10 +420,10 @@ class Context {
    * is lost (the commit's fate is unknown), each write rejects with that error.
    * A lone write, or a client without `begin`, runs as its own statement.
    */
-  write(op: string, table: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+  write(op: string, table: string, text: string, params: unknown[], many?: ManyRows): Promise<Row[] & { count?: number }> {
     if (typeof this.sql.begin !== "function") return this.run(op, table, text, params);
     return new Promise((resolve, reject) => {
-      this.#queued.push({ op, table, text, params, resolve, reject });
+      this.#queued.push({ op, table, text, params, ...(many ? { many } : {}), resolve, reject });
       this.#schedule();
     });
   }
@@ -430,12 +446,32 @@ class Context {
   async #commit(group: QueuedWrite[]): Promise<void> {
     const alone = (w: QueuedWrite) => this.run(w.op, w.table, w.text, w.params).then(w.resolve, w.reject);
     if (group.length === 1) return void await alone(group[0]!);
+    // The statements: one per write, or one per kind of mergeable writes (at its first write's place).
+    const statements: { text: string; params: unknown[]; writes: QueuedWrite[] }[] = [];
+    const merged = new Map<string, { text: string; params: unknown[]; writes: QueuedWrite[]; keys: Set<string> }>();
+    for (const w of group) {
+      const m = w.many;
+      const into = m ? merged.get(m.kind) : undefined;
+      if (m && into && !into.keys.has(m.key)) {
+        into.writes.push(w);
+        into.keys.add(m.key);
+        continue;
+      }
+      const statement = { text: w.text, params: w.params, writes: [w], keys: new Set(m ? [m.key] : []) };
+      if (m && !into) merged.set(m.kind, statement);
+      statements.push(statement);
+    }
+    for (const st of statements) {
+      if (st.writes.length < 2) continue;
+      st.text = st.writes[0]!.many!.text;
+      st.params = [JSON.stringify(st.writes.map((w, i) => ({ ...w.many!.row, i })))];
+    }
     let results: (Row[] & { count?: number })[];
     try {
       await this.ready();
       results = await this.sql.begin!((tx) =>
         new Promise((resolve) => {
-          void Promise.allSettled(group.map((w) => tx.unsafe(w.text, w.params, { prepare: true }))).then((outcomes) => {
+          void Promise.allSettled(statements.map((st) => tx.unsafe(st.text, st.params, { prepare: true }))).then((outcomes) => {
             // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
             // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
             if (outcomes.some((o) => o.status === "rejected" && connectionLost(o.reason))) return;
@@ -452,7 +488,17 @@ class Context {
       }
       return;
     }
-    group.forEach((w, i) => w.resolve(results[i]!));
+    statements.forEach((st, i) => {
+      const rows = results[i]!;
+      if (st.writes.length === 1) return void st.writes[0]!.resolve(rows);
+      const byKey = new Map<unknown, Row[]>();
+      for (const row of rows) {
+        const list = byKey.get(row.mkey);
+        if (list) list.push(row);
+        else byKey.set(row.mkey, [row]);
+      }
+      for (const w of st.writes) w.resolve(byKey.get(w.many!.key) ?? []);
+    });
   }
 
   /** Runs one prepared statement (`op` and `table` name it in errors) after the schema setup. */
@@ -650,14 +696,14 @@ class PgInbox implements InboxJournal {
   }
 
   /** A write that joins the group commit (see `Context.write`). */
-  #write(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
-    return this.#c.write(`inbox.${op}`, this.#t, text, params);
+  #write(op: string, text: string, params: unknown[], many?: ManyRows): Promise<Row[] & { count?: number }> {
+    return this.#c.write(`inbox.${op}`, this.#t, text, params, many);
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     const input = pgInbound(record); // a TypeError naming the field, before anything is written
     if (lease !== undefined) pgClaim(lease, "inbox.admit");
-    const rows = await this.#write("admit", this.#q.admit, [
+    const params = [
       input.id,
       input.kind,
       input.chatId,
@@ -668,7 +714,14 @@ class PgInbox implements InboxJournal {
       lease?.owner ?? null,
       lease?.incarnation ?? null,
       duration(lease?.leaseMs ?? 0),
-    ]);
+    ] as const;
+    const [id, kind, chat_id, provider, payload, received_at, leased, owner, inc, lease_ms] = params;
+    const rows = await this.#write("admit", this.#q.admit, [...params], {
+      kind: "inbox.admit",
+      text: this.#q.admitMany,
+      key: id,
+      row: { id, kind, chat_id, provider, payload, received_at, leased, owner, inc, lease_ms },
+    });
     return rows.length ? inboundOf(rows[0]!, this.#t, input.payload) : null;
   }
 
@@ -715,11 +768,11 @@ class PgInbox implements InboxJournal {
     ]);
   }
 
-  async #fenced(op: string, text: string, id: string, token: number, more: unknown[]): Promise<boolean> {
+  async #fenced(op: string, text: string, id: string, token: number, more: unknown[], many?: string): Promise<boolean> {
     pgString(id, `inbox.${op}: "id"`);
     checkFinite(token, `inbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
-    const rows = await this.#write(op, text, [id, token, ...more]);
+    const rows = await this.#write(op, text, [id, token, ...more], many ? { kind: `inbox.${op}`, text: many, key: id, row: { id, token } } : undefined);
     return rows.length === 1;
   }
 
@@ -729,7 +782,9 @@ class PgInbox implements InboxJournal {
   }
 
   async complete(id: string, token: number): Promise<void> {
-    if (!(await this.#fenced("complete", this.#q.complete, id, token, []))) throw new StaleLeaseError("inbox", id, token);
+    if (!(await this.#fenced("complete", this.#q.complete, id, token, [], this.#q.completeMany))) {
+      throw new StaleLeaseError("inbox", id, token);
+    }
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {

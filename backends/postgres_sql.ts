@@ -243,6 +243,8 @@ const OUT_CLAIM_SET = CLAIM_SET.replace("'processing'", "'sending'");
 /** The statements of the inbox journal. */
 export interface InboxSql {
   admit: string;
+  /** `admit` of several records: `$1` a JSON array of `{ i, id, kind, chat_id, provider, payload, received_at, leased, owner, inc, lease_ms }`. */
+  admitMany: string;
   claim: string;
   claimReclaim: string;
   claimDue: string;
@@ -250,6 +252,8 @@ export interface InboxSql {
   damaged: string;
   heartbeat: string;
   complete: string;
+  /** `complete` of several records: `$1` a JSON array of `{ id, token }`; returns the completed ids as `mkey`. */
+  completeMany: string;
   fail: string;
   get: string;
   replay: string;
@@ -312,6 +316,27 @@ export function inboxSql(t: Tables): InboxSql {
       FROM n
       ON CONFLICT (id) DO NOTHING
       RETURNING ${INBOX_META_COLUMNS}`,
+    // In the order of the array (\`i\`): the identity column numbers the rows as a lone admit would.
+    admitMany: `WITH ${n}, u AS (
+        SELECT * FROM json_to_recordset($1::text::json) AS u(i integer, id text, kind text, chat_id text, provider text,
+          payload text, received_at double precision, leased boolean, owner text, inc text, lease_ms bigint)
+      )
+      INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts,
+        next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
+      SELECT u.id, u.kind, u.chat_id, u.provider, u.payload, u.received_at,
+        CASE WHEN u.leased THEN 'processing' ELSE 'pending' END,
+        CASE WHEN u.leased THEN 1 ELSE 0 END,
+        NULL,
+        CASE WHEN u.leased THEN u.owner END,
+        CASE WHEN u.leased THEN u.inc END,
+        CASE WHEN u.leased THEN 1 END,
+        CASE WHEN u.leased THEN n.now + u.lease_ms END,
+        CASE WHEN u.leased THEN 1 ELSE 0 END,
+        NULL, n.now,
+        CASE WHEN u.leased THEN n.now + u.lease_ms ELSE 0 END
+      FROM n, u ORDER BY u.i
+      ON CONFLICT (id) DO NOTHING
+      RETURNING ${INBOX_META_COLUMNS}, id AS mkey`,
     claim: claimOne(false),
     claimReclaim: claimOne(true),
     claimDue: claimDue(false),
@@ -327,6 +352,10 @@ export function inboxSql(t: Tables): InboxSql {
     complete: `WITH ${n} UPDATE ${t.inbox} SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
       FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
+    completeMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint))
+      UPDATE ${t.inbox} AS r SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
+        lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
+      FROM n, u WHERE r.id = u.id AND r.state = 'processing' AND r.lease_token = u.token RETURNING r.id AS mkey`,
     // $3: dead; $4: error; $5: retry delay (ms).
     fail: `WITH ${n} UPDATE ${t.inbox} SET
         state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,

@@ -665,9 +665,12 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
 describe("PostgresDurability group commit", () => {
   /** The real client, with `begin` counted and its statements optionally sabotaged. */
   function watched(sql: Sql, sabotage?: (text: string, index: number) => string | Error) {
-    const seen = { begins: 0, statements: [] as number[] };
+    const seen = { begins: 0, statements: [] as number[], alone: 0 };
     const wrapped = {
-      unsafe: (text: string, params?: never[], options?: { prepare?: boolean }) => sql.unsafe(text, params, options),
+      unsafe: (text: string, params?: never[], options?: { prepare?: boolean }) => {
+        seen.alone++;
+        return sql.unsafe(text, params, options);
+      },
       begin: (fn: (tx: { unsafe: Sql["unsafe"] }) => PromiseLike<unknown>) => {
         seen.begins++;
         const broken = sabotage?.("", -1);
@@ -691,27 +694,53 @@ describe("PostgresDurability group commit", () => {
     const { wrapped, seen } = watched(client());
     const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
     await b.open();
-    const records = Array.from({ length: 40 }, (_, i) => inbound(`gc-${i}`, `chat-${i % 7}`));
+    const records = Array.from({ length: 40 }, (_, i) => inbound(`gc-${i}`, `chat-${i % 7}`, { n: i, text: "it's \"quoted\"" }));
+    const alone = seen.alone;
     const admitted = await Promise.all(records.map((r) => b.inbox.admit(r, lease())));
-    expect(admitted.every((r) => r !== null && r.state === "processing")).toBe(true);
+    expect(admitted.map((r) => r?.id)).toEqual(records.map((r) => r.id));
+    expect(admitted.every((r) => r !== null && r.state === "processing" && r.lease?.token === 1)).toBe(true);
     expect(seen.begins, "one transaction for the 40 admits").toBe(1);
-    expect(seen.statements).toEqual([40]);
-    await Promise.all(admitted.map((r) => b.inbox.complete(r!.id, r!.lease!.token)));
+    expect(seen.statements, "one multi-row statement").toEqual([1]);
+    expect(seen.alone, "none ran again alone (the statement did not fail)").toBe(alone);
+    const listed = await b.inbox.list({ limit: 100 });
+    expect(listed.map((r) => r.id), "receipt order is call order").toEqual(records.map((r) => r.id));
+    expect(listed.map((r) => r.payload)).toEqual(records.map((r) => r.payload));
+    // Two completes of one record in one group (the second is stale) do not share a statement.
+    const aloneBefore = seen.alone;
+    const outcomes = await Promise.allSettled([
+      ...admitted.map((r) => b.inbox.complete(r!.id, r!.lease!.token)),
+      b.inbox.complete(admitted[0]!.id, admitted[0]!.lease!.token),
+    ]);
+    expect(outcomes.slice(0, 40).every((o) => o.status === "fulfilled")).toBe(true);
+    expect(outcomes[40]!.status, "the repeated complete is stale").toBe("rejected");
     expect(seen.begins).toBe(2);
+    expect(seen.statements).toEqual([1, 2]);
+    expect(seen.alone).toBe(aloneBefore);
     const done = await b.inbox.list({ state: "done", limit: 100 });
     expect(done.length).toBe(40);
     // A lone write runs as its own statement: no BEGIN/COMMIT round trips for one write.
+    const aloneAfter = seen.alone;
     await b.inbox.admit(inbound("gc-alone"), lease());
     expect(seen.begins).toBe(2);
+    expect(seen.alone).toBe(aloneAfter + 1);
   });
 
   it("a group the server rolled back (an error in one statement) runs each write again alone", async () => {
-    const { wrapped, seen } = watched(client(), (text, i) => (i === 2 ? "SELECT 1/0 AS boom" : text));
+    // The group: a heartbeat, then the five admits in one multi-row statement, which fails on the server.
+    const { wrapped, seen } = watched(client(), (text, i) => (i === 1 ? "SELECT 1/0 AS boom" : text));
     const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
     await b.open();
+    const held = await b.inbox.admit(inbound("rb-held"), lease());
     const records = Array.from({ length: 5 }, (_, i) => inbound(`rb-${i}`));
-    const admitted = await Promise.all(records.map((r) => b.inbox.admit(r, lease())));
+    const aloneBefore = seen.alone;
+    const [beat, ...admitted] = await Promise.all([
+      b.inbox.heartbeat(held!.id, held!.lease!.token, 60_000),
+      ...records.map((r) => b.inbox.admit(r, lease())),
+    ]);
     expect(seen.begins).toBe(1);
+    expect(seen.statements, "the admits merged, the heartbeat apart").toEqual([2]);
+    expect(seen.alone - aloneBefore, "after the rollback, each of the six ran alone").toBe(6);
+    expect(beat).toBe(true);
     expect(admitted.map((r) => r?.id), "every write committed on its own after the rollback").toEqual(records.map((r) => r.id));
     for (const r of records) expect((await b.inbox.get(r.id))?.state).toBe("processing");
   });
