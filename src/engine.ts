@@ -172,6 +172,14 @@ export interface DurabilityControl {
 }
 
 const SWEEP_BATCH = 64;
+
+/** A lease this incarnation holds (heartbeats extend it). */
+interface HeldLease {
+  kind: "inbox" | "outbox";
+  id: string;
+  token: number;
+  lost: boolean;
+}
 /** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
 const RECLAIM_BATCH = 1024;
 /** setTimeout's largest delay. */
@@ -241,7 +249,8 @@ export class DurabilityEngine {
   #dedupeHead = 0;
   /** Admissions being journaled, by inbound id. */
   #admitting = new Map<string, Promise<AdmitResult>>();
-  #held = new Map<string, { kind: "inbox" | "outbox"; id: string; token: number; lost: boolean }>();
+  /** Leases this incarnation holds, by kind and id (two maps: no key to build per lookup). */
+  #held = { inbox: new Map<string, HeldLease>(), outbox: new Map<string, HeldLease>() };
   #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
   #sweepAgain = false;
@@ -327,7 +336,8 @@ export class DurabilityEngine {
     this.#halted = true;
     this.#abort.abort(new Error("The process died"));
     this.#clearTimers();
-    this.#held.clear();
+    this.#held.inbox.clear();
+    this.#held.outbox.clear();
   }
 
   #clearTimers(): void {
@@ -370,23 +380,23 @@ export class DurabilityEngine {
   }
 
   #hold(kind: "inbox" | "outbox", id: string, token: number): void {
-    this.#held.set(`${kind}\u0000${id}`, { kind, id, token, lost: false });
+    this.#held[kind].set(id, { kind, id, token, lost: false });
   }
 
   #release(kind: "inbox" | "outbox", id: string, token: number): void {
-    const key = `${kind}\u0000${id}`;
-    if (this.#held.get(key)?.token === token) this.#held.delete(key);
+    const held = this.#held[kind];
+    if (held.get(id)?.token === token) held.delete(id);
   }
 
   async #heartbeat(): Promise<void> {
     if (this.#halted) return;
-    const held = [...this.#held.values()].filter((h) => !h.lost);
+    const held = [...this.#held.inbox.values(), ...this.#held.outbox.values()].filter((h) => !h.lost);
     await Promise.all(held.map(async (h) => {
       try {
         const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
         const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
         if (!await journal.heartbeat(h.id, h.token, leaseMs)) {
-          if (!this.#held.has(`${h.kind}\u0000${h.id}`)) return; // settled meanwhile
+          if (!this.#held[h.kind].has(h.id)) return; // settled meanwhile
           h.lost = true;
           this.#warn({
             code: "lease-lost",
@@ -509,7 +519,7 @@ export class DurabilityEngine {
    * so it is ours to dispatch now rather than after its lease lapses.
    */
   async #ownLostAdmission(id: string): Promise<InboundRecord | null> {
-    if (this.#held.has(`inbox\u0000${id}`)) return null;
+    if (this.#held.inbox.has(id)) return null;
     let existing: InboundRecord | null;
     try {
       existing = await this.backend.inbox.get(id);
@@ -519,7 +529,7 @@ export class DurabilityEngine {
     const lease = existing?.lease;
     if (!existing || existing.state !== "processing" || !lease) return null;
     if (lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) return null;
-    if (this.#held.has(`inbox\u0000${id}`)) return null; // dispatched while we read
+    if (this.#held.inbox.has(id)) return null; // dispatched while we read
     return existing;
   }
 
@@ -620,7 +630,7 @@ export class DurabilityEngine {
           return false;
         }
         if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
-        const held = this.#held.get(`${kind}\u0000${id}`);
+        const held = this.#held[kind].get(id);
         if (!held || held.lost || (this.#stopping && attempt >= 3)) return false;
         await delay(Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
         if (this.#halted) return false;
