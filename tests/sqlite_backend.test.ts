@@ -291,6 +291,34 @@ describe("sqlite: group commit", () => {
     await backend.close();
   });
 
+  test("a one-statement operation that fails (no savepoint) fails alone; the others of its batch commit", async () => {
+    const file = tempFile();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    const held = await backend.inbox.admit(inbound("held"), lease("A"));
+    const raw = new Database(file);
+    raw.exec(`CREATE TRIGGER refuse BEFORE INSERT ON botmesh_inbox WHEN NEW.id = 'refused'
+      BEGIN SELECT RAISE(ABORT, 'insert refused'); END`);
+    const before = backend.stats.commits;
+    const results = await Promise.allSettled([
+      backend.inbox.admit(inbound("first")),
+      backend.inbox.admit(inbound("refused")),
+      backend.inbox.complete("held", held!.lease!.token),
+      backend.outbox.reserve(outbound("k1", "c1"), lease("A")),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(["fulfilled", "rejected", "fulfilled", "fulfilled"]);
+    expect(String((results[1] as PromiseRejectedResult).reason.message)).toContain("insert refused");
+    expect(backend.stats.commits - before).toBeLessThanOrEqual(2);
+    expect(backend.stats.failedBatches).toBe(0);
+    expect((await backend.inbox.get("first"))?.state).toBe("pending");
+    expect(await backend.inbox.get("refused")).toBeNull();
+    expect((await backend.inbox.get("held"))?.state).toBe("done");
+    expect((await backend.outbox.get("k1"))?.state).toBe("sending");
+    raw.exec("DROP TRIGGER refuse");
+    raw.close();
+    await backend.close();
+  });
+
   test("an operation that rolls the whole transaction back fails its batch alone; later operations run in the next", async () => {
     const file = tempFile();
     const backend = new SQLiteDurability({ file });

@@ -47,6 +47,8 @@ export interface SqliteDatabase {
   prepare(sql: string): SqliteStatement;
   /** Closes the connection (idempotent). */
   close(): void;
+  /** Whether a transaction is open, or `null` when the driver does not say (node:sqlite before Node 22.16). */
+  inTransaction(): boolean | null;
 }
 
 /** The drivers known, in the order `"auto"` tries them per runtime. */
@@ -124,6 +126,12 @@ function wrap(driver: SqliteDriverName, raw: RawDatabase): SqliteDatabase {
       if (closed) return;
       closed = true;
       raw.close();
+    },
+    inTransaction() {
+      // bun:sqlite and better-sqlite3: `inTransaction`; node:sqlite: `isTransaction`.
+      const flags = raw as { inTransaction?: unknown; isTransaction?: unknown };
+      const open = flags.inTransaction ?? flags.isTransaction;
+      return typeof open === "boolean" ? open : null;
     },
   };
 }
