@@ -40,11 +40,18 @@
  * are group-committed: those called in one turn of the event loop share one
  * transaction, their statements pipelined on one connection (`sql.begin`),
  * so a busy bot pays one commit (one WAL flush) per group instead of one per
- * write; a lone write is one statement as before. Each write still settles
- * on its own (a stale token fails only its own call): a group the server
- * rolled back (a deadlock with another replica, say) runs each write again
- * alone, and a group whose commit's fate is unknown (a lost connection)
- * rejects each write with that error, as a lone statement would.
+ * write; a lone write is one statement as before. The admits of a group
+ * are one multi-row `INSERT`, its inbox completions one multi-row `UPDATE`
+ * (a write joins them only when no earlier write of the group touched its
+ * record). Each write still settles on its own (a stale token fails only its
+ * own call): a group the server rolled back (a deadlock with another
+ * replica's group: the server picks one after `deadlock_timeout`, 1 s by
+ * default) runs each of its writes again alone, in call order; a group whose
+ * commit's fate is unknown (a lost connection) rejects each write with that
+ * error, as a lone statement would. Row locks are held until a group
+ * commits, so each group sets `idle_in_transaction_session_timeout` (5 s)
+ * for itself: a replica frozen before its COMMIT loses its session (and its
+ * group, never acknowledged) instead of blocking the others for ever.
  * Statement details:
  * - Times are bigint ms from the server clock
  *   (`extract(epoch from clock_timestamp())`), never a replica's `Date.now()`.
@@ -316,8 +323,13 @@ interface ManyRows {
 
 /** Statements one group commit carries at most. */
 const MAX_GROUP = 256;
-/** Group commits under way at once, per client, schema and prefix. */
-const GROUPS_IN_FLIGHT = 2;
+/**
+ * Group commits under way at once, per client, schema and prefix. One: two
+ * groups of one process could lock the same rows in opposite orders (a
+ * heartbeat group and a completion group) and deadlock; and one was as fast
+ * as two to eight here (the next group grows while one commits).
+ */
+const GROUPS_IN_FLIGHT = 1;
 
 /** Runs `fn` on the next turn of the event loop (after the pending microtasks). */
 const defer: (fn: () => void) => void = (() => {
@@ -327,14 +339,24 @@ const defer: (fn: () => void) => void = (() => {
 
 /**
  * Whether a failed transaction is known to have rolled back: the server
- * answered with an error other than a connection failure (class 08) or a
- * shutdown (class 57). A lost connection leaves the commit's fate unknown.
+ * answered with an error other than a connection failure (class 08) or an
+ * operator intervention that ends the session (class 57, but for 57014, a
+ * statement canceled on a live connection). A lost connection leaves the
+ * commit's fate unknown.
  */
 function rolledBack(error: unknown): boolean {
   const code = (error as { code?: unknown } | null)?.code;
   return (error as { name?: unknown } | null)?.name === "PostgresError" && typeof code === "string" &&
-    /^[0-9A-Z]{5}$/.test(code) && !code.startsWith("08") && !code.startsWith("57");
+    /^[0-9A-Z]{5}$/.test(code) && !code.startsWith("08") && (!code.startsWith("57") || code === "57014");
 }
+
+/**
+ * The first statement of a group's transaction: the server ends a session
+ * left idle in it (its client frozen or cut off before COMMIT) after 5 s,
+ * releasing its row locks (the transaction rolls back; its writes were not
+ * acknowledged).
+ */
+const GROUP_GUARD = "SET LOCAL idle_in_transaction_session_timeout = 5000";
 
 /** A connection failure reported by porsager (`CONNECTION_CLOSED`, `CONNECT_TIMEOUT`…) or the socket (`ECONNRESET`…). */
 function connectionLost(error: unknown): boolean {
@@ -447,18 +469,24 @@ class Context {
     const alone = (w: QueuedWrite) => this.run(w.op, w.table, w.text, w.params).then(w.resolve, w.reject);
     if (group.length === 1) return void await alone(group[0]!);
     // The statements: one per write, or one per kind of mergeable writes (at its first write's place).
+    // A write joins its kind's statement (placed earlier) only when no earlier write of the group touched
+    // its record (the first parameter of every journal write is the record's id or key): each write still
+    // sees the effect of every write called before it on the same record.
     const statements: { text: string; params: unknown[]; writes: QueuedWrite[] }[] = [];
-    const merged = new Map<string, { text: string; params: unknown[]; writes: QueuedWrite[]; keys: Set<string> }>();
+    const merged = new Map<string, { text: string; params: unknown[]; writes: QueuedWrite[] }>();
+    const touched = new Set<string>();
     for (const w of group) {
+      const record = `${w.table}\u0000${String(w.params[0])}`;
+      const seen = touched.has(record);
+      touched.add(record);
       const m = w.many;
       const into = m ? merged.get(m.kind) : undefined;
-      if (m && into && !into.keys.has(m.key)) {
+      if (m && into && !seen) {
         into.writes.push(w);
-        into.keys.add(m.key);
         continue;
       }
-      const statement = { text: w.text, params: w.params, writes: [w], keys: new Set(m ? [m.key] : []) };
-      if (m && !into) merged.set(m.kind, statement);
+      const statement = { text: w.text, params: w.params, writes: [w] };
+      if (m) merged.set(m.kind, statement);
       statements.push(statement);
     }
     for (const st of statements) {
@@ -471,6 +499,9 @@ class Context {
       await this.ready();
       results = await this.sql.begin!((tx) =>
         new Promise((resolve) => {
+          // Row locks are held until COMMIT: a replica frozen before it (a pause, a partition) must not
+          // hold them, and every write waiting on them, for ever.
+          void tx.unsafe(GROUP_GUARD).then(() => {}, () => {});
           void Promise.allSettled(statements.map((st) => tx.unsafe(st.text, st.params, { prepare: true }))).then((outcomes) => {
             // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
             // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
@@ -481,7 +512,10 @@ class Context {
         })
       );
     } catch (error) {
-      if (rolledBack(error)) return void await Promise.all(group.map(alone));
+      if (rolledBack(error)) {
+        for (const w of group) await alone(w); // one after another, in call order
+        return;
+      }
       const message = error instanceof Error ? error.message : String(error);
       for (const w of group) {
         w.reject(new Error(`Postgres ${w.op} on ${w.table} failed: ${message}`, { cause: error }));

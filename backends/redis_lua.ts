@@ -431,6 +431,8 @@ if o.reclaim then
     local f = redis.call('HMGET', in_key(id), 'leaseInc', 'receivedAt', 'om')
     if f[1] ~= o.inc then
       local r, ord = tonumber(f[2]), type(f[3]) == 'string' and ord_of(f[3]) or nil
+      if r ~= nil and (r ~= r or r == math.huge or r == -math.huge) then r = nil end
+      if ord ~= nil and (ord ~= ord or ord == math.huge or ord == -math.huge) then ord = nil end
       -- unreadable fields sort first: consider() quarantines such a record (or drops a gone one)
       light[#light + 1] = {id = id, bad = (r == nil or ord == nil) and 0 or 1, r = r or 0, ord = ord or 0}
     end

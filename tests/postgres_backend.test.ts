@@ -700,7 +700,7 @@ describe("PostgresDurability group commit", () => {
     expect(admitted.map((r) => r?.id)).toEqual(records.map((r) => r.id));
     expect(admitted.every((r) => r !== null && r.state === "processing" && r.lease?.token === 1)).toBe(true);
     expect(seen.begins, "one transaction for the 40 admits").toBe(1);
-    expect(seen.statements, "one multi-row statement").toEqual([1]);
+    expect(seen.statements, "the guard, then one multi-row statement").toEqual([2]);
     expect(seen.alone, "none ran again alone (the statement did not fail)").toBe(alone);
     const listed = await b.inbox.list({ limit: 100 });
     expect(listed.map((r) => r.id), "receipt order is call order").toEqual(records.map((r) => r.id));
@@ -714,7 +714,7 @@ describe("PostgresDurability group commit", () => {
     expect(outcomes.slice(0, 40).every((o) => o.status === "fulfilled")).toBe(true);
     expect(outcomes[40]!.status, "the repeated complete is stale").toBe("rejected");
     expect(seen.begins).toBe(2);
-    expect(seen.statements).toEqual([1, 2]);
+    expect(seen.statements).toEqual([2, 3]);
     expect(seen.alone).toBe(aloneBefore);
     const done = await b.inbox.list({ state: "done", limit: 100 });
     expect(done.length).toBe(40);
@@ -725,9 +725,110 @@ describe("PostgresDurability group commit", () => {
     expect(seen.alone).toBe(aloneAfter + 1);
   });
 
+  it("writes of one group on one record apply in call order (a merged statement never overtakes one)", async () => {
+    const { wrapped, seen } = watched(client());
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    await b.open();
+    const [x, y, z] = await Promise.all(["ox", "oy", "oz"].map((id) => b.inbox.admit(inbound(id), lease())));
+    const token = (r: typeof x) => r!.lease!.token;
+    const outcomes = await Promise.allSettled([
+      b.inbox.complete(y!.id, token(y)),
+      b.inbox.heartbeat(x!.id, token(x), 60_000),
+      b.inbox.complete(x!.id, token(x)),
+      b.inbox.fail(z!.id, token(z), { error: "first", retryInMs: 60_000 }),
+      b.inbox.complete(z!.id, token(z)),
+    ]);
+    expect(seen.statements.at(-1), "the guard; complete(ox) and complete(oz) each after the write before them").toBe(6);
+    expect(outcomes.map((o) => o.status)).toEqual(["fulfilled", "fulfilled", "fulfilled", "fulfilled", "rejected"]);
+    expect((outcomes[1] as PromiseFulfilledResult<boolean>).value, "the heartbeat came before the complete").toBe(true);
+    expect((await b.inbox.get("ox"))?.state).toBe("done");
+    expect((await b.inbox.get("oz"))?.state, "the first call wins").toBe("failed");
+  });
+
+  it("a statement canceled on a live connection (57014) rolls its group back: the others run again alone", async () => {
+    const schema = freshSchema();
+    const setup = new PostgresDurability({ sql: client(), schema });
+    await setup.open();
+    const held = await setup.inbox.admit(inbound("locked"), lease());
+    const { wrapped } = watched(client({ connection: { statement_timeout: 300 } }));
+    const b = new PostgresDurability({ sql: wrapped, schema });
+    await b.open();
+    const locker = client({ max: 1 });
+    let release!: () => void;
+    const released = new Promise<void>((resolve) => release = resolve);
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => locked = resolve);
+    const holding = locker.begin(async (tx) => {
+      await tx.unsafe(`SELECT 1 FROM "${schema}".botmesh_inbox WHERE id = 'locked' FOR UPDATE`);
+      locked();
+      await released;
+    });
+    await isLocked;
+    const outcomes = await Promise.allSettled([
+      b.inbox.heartbeat("locked", held!.lease!.token, 60_000),
+      b.inbox.admit(inbound("free-1"), lease()),
+      b.inbox.admit(inbound("free-2"), lease()),
+    ]);
+    release();
+    await holding;
+    expect(outcomes[0]!.status, "the heartbeat waited on the lock past statement_timeout").toBe("rejected");
+    expect(String((outcomes[0] as PromiseRejectedResult).reason.message)).toContain("statement timeout");
+    expect(outcomes.slice(1).map((o) => o.status), "the admits ran again alone").toEqual(["fulfilled", "fulfilled"]);
+    expect((await b.inbox.get("free-1"))?.state).toBe("processing");
+  });
+
+  it("a group left idle before its COMMIT loses its session after 5 s, so its row locks do not block others for ever", async () => {
+    const schema = freshSchema();
+    const other = new PostgresDurability({ sql: client(), schema });
+    await other.open();
+    const held = await other.inbox.admit(inbound("contended"), lease());
+    // The frozen replica: its group's second statement is sent 7 s late (the session sits idle in transaction).
+    const base = client();
+    const b = new PostgresDurability({
+      sql: {
+        unsafe: base.unsafe.bind(base),
+        begin: (fn: (tx: { unsafe: Sql["unsafe"] }) => PromiseLike<unknown>) => {
+          // Once the server ended the session, the late statement is not sent (porsager would write it to
+          // the closed socket): it fails as a statement on a lost connection does.
+          let gone = false;
+          const group = base.begin((tx) => {
+            let n = 0;
+            return fn({
+              unsafe: ((text: string, params?: never[], options?: { prepare?: boolean }) => {
+                if (n++ !== 2) return tx.unsafe(text, params, options);
+                return Bun.sleep(7000).then(() =>
+                  gone ? Promise.reject(Object.assign(new Error("session ended"), { code: "CONNECTION_CLOSED" })) : tx.unsafe(text, params, options)
+                );
+              }) as Sql["unsafe"],
+            }) as never;
+          });
+          group.then(() => {}, () => gone = true);
+          return group;
+        },
+      },
+      schema,
+    });
+    await b.open();
+    const started = Date.now();
+    const frozenGroup = Promise.allSettled([
+      b.inbox.heartbeat("contended", held!.lease!.token, 60_000),
+      b.inbox.admit(inbound("late"), lease()),
+    ]);
+    await Bun.sleep(300);
+    // Another replica's write on the locked row waits for the frozen group, then goes through.
+    expect(await other.inbox.heartbeat("contended", held!.lease!.token, 60_000)).toBe(true);
+    const waited = Date.now() - started;
+    expect(waited, "released by the server's timeout, not by the frozen client").toBeLessThan(6900);
+    expect(waited).toBeGreaterThanOrEqual(4500);
+    const outcomes = await frozenGroup;
+    expect(outcomes.map((o) => o.status), "the frozen group was never acknowledged").toEqual(["rejected", "rejected"]);
+    expect(await other.inbox.get("late"), "and did not commit").toBe(null);
+    await Bun.sleep(2500); // the late statement is issued on the dead session: nothing may throw
+  }, 20_000);
+
   it("a group the server rolled back (an error in one statement) runs each write again alone", async () => {
-    // The group: a heartbeat, then the five admits in one multi-row statement, which fails on the server.
-    const { wrapped, seen } = watched(client(), (text, i) => (i === 1 ? "SELECT 1/0 AS boom" : text));
+    // The group: the guard, a heartbeat, then the five admits in one multi-row statement, which fails on the server.
+    const { wrapped, seen } = watched(client(), (text, i) => (i === 2 ? "SELECT 1/0 AS boom" : text));
     const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
     await b.open();
     const held = await b.inbox.admit(inbound("rb-held"), lease());
@@ -738,7 +839,7 @@ describe("PostgresDurability group commit", () => {
       ...records.map((r) => b.inbox.admit(r, lease())),
     ]);
     expect(seen.begins).toBe(1);
-    expect(seen.statements, "the admits merged, the heartbeat apart").toEqual([2]);
+    expect(seen.statements, "the guard, the heartbeat, the admits merged").toEqual([3]);
     expect(seen.alone - aloneBefore, "after the rollback, each of the six ran alone").toBe(6);
     expect(beat).toBe(true);
     expect(admitted.map((r) => r?.id), "every write committed on its own after the rollback").toEqual(records.map((r) => r.id));
