@@ -6,6 +6,7 @@ import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { DurabilityBackend } from "../src/backend.ts";
+import { dropPostgresSchema, dropRedisKeys } from "../tests/support/replica_harness.ts";
 import { POSTGRES_URL, REDIS_URL, runId } from "../tests/support/services.ts";
 
 /** Our rows. `off` = durability off. */
@@ -63,29 +64,21 @@ export function createNs(kind: Kind | AnchorKind, upstash?: { url: string; token
 export async function dropNs(ns: Ns): Promise<void> {
   const server = serverOf(ns.kind);
   if (server === null) return rmSync(ns.name, { recursive: true, force: true });
-  if (server === "postgres") {
-    const { default: postgres } = await import("postgres");
-    const sql = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
-    try {
-      await sql.unsafe(`drop schema if exists "${ns.name}" cascade`);
-    } finally {
-      await sql.end({ timeout: 2 });
-    }
-    return;
-  }
-  const { default: Redis } = await import("ioredis");
-  const client = new Redis(REDIS_URL);
-  try {
-    let cursor = "0";
-    do {
-      // RedisDurability hash-tags its prefix ({prefix}…); BullMQ keys start with it.
-      const [next, keys] = await client.scan(cursor, "MATCH", `*${ns.name}*`, "COUNT", 5000);
-      cursor = next;
-      if (keys.length > 0) await client.unlink(...keys);
-    } while (cursor !== "0");
-  } finally {
-    await client.quit().catch(() => client.disconnect());
-  }
+  if (server === "postgres") return await dropPostgresSchema(ns.name);
+  await dropRedisKeys(ns.name);
+}
+
+/** The result of a load run: `total` messages in `ms`, with each message's latency (sorted here). */
+export function loadResult(total: number, ms: number, latency: Float64Array): RowResult {
+  latency.sort();
+  return {
+    messages: total,
+    ms,
+    msgPerSec: total / (ms / 1000),
+    p50: percentile(latency, 0.5),
+    p99: percentile(latency, 0.99),
+    rssMb: peakRssMb(),
+  };
 }
 
 export interface Opened {

@@ -12,7 +12,7 @@ import type { DurabilityBackend, InboundRecord } from "../src/backend.ts";
 import { encodeContent } from "../src/content.ts";
 import type { OutboundContent, SendContext, SendReceipt } from "../src/provider.ts";
 import { MockProvider } from "../testing.ts";
-import { childMain, type Ns, openKind, peakRssMb, percentile, type RowResult } from "./lib.ts";
+import { childMain, loadResult, type Ns, openKind, peakRssMb, type RowResult } from "./lib.ts";
 
 interface Config {
   mode: "load" | "recovery";
@@ -95,15 +95,7 @@ async function load(cfg: Config): Promise<RowResult> {
   await verify(provider, ids, opened.backend);
   await bot.stop();
   await opened.close();
-  latency.sort();
-  return {
-    messages: total,
-    ms,
-    msgPerSec: total / (ms / 1000),
-    p50: percentile(latency, 0.5),
-    p99: percentile(latency, 0.99),
-    rssMb: peakRssMb(),
-  };
+  return loadResult(total, ms, latency);
 }
 
 /**

@@ -9,7 +9,7 @@
  */
 import { Queue, Worker } from "bullmq";
 import { REDIS_URL } from "../../tests/support/services.ts";
-import { childMain, type Ns, peakRssMb, percentile, type RowResult } from "../lib.ts";
+import { childMain, loadResult, type Ns, type RowResult } from "../lib.ts";
 
 const cfg = JSON.parse(process.argv[2] ?? "{}") as { ns: Ns; chats: number; messages: number };
 
@@ -53,6 +53,5 @@ childMain(async (): Promise<RowResult> => {
   if (counts.completed !== total || counts.waiting + counts.active + counts.delayed + counts.failed > 0) {
     throw new Error(`unexpected job counts ${JSON.stringify(counts)}`);
   }
-  latency.sort();
-  return { messages: total, ms, msgPerSec: total / (ms / 1000), p50: percentile(latency, 0.5), p99: percentile(latency, 0.99), rssMb: peakRssMb() };
+  return loadResult(total, ms, latency);
 });

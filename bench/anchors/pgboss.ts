@@ -18,7 +18,7 @@
 import { randomUUID } from "node:crypto";
 import PgBoss from "pg-boss";
 import { POSTGRES_URL } from "../../tests/support/services.ts";
-import { childMain, type Ns, peakRssMb, percentile, type RowResult } from "../lib.ts";
+import { childMain, loadResult, type Ns, type RowResult } from "../lib.ts";
 
 const cfg = JSON.parse(process.argv[2] ?? "{}") as {
   ns: Ns;
@@ -84,14 +84,8 @@ childMain(async (): Promise<RowResult> => {
   const wrong = handled.filter((x) => x !== 1).length;
   if (wrong > 0) throw new Error(`${wrong} of ${total} jobs not handled exactly once`);
   if (errors.length > 0) throw new Error(`pg-boss errors: ${String(errors[0])}`);
-  latency.sort();
   return {
-    messages: total,
-    ms,
-    msgPerSec: total / (ms / 1000),
-    p50: percentile(latency, 0.5),
-    p99: percentile(latency, 0.99),
-    rssMb: peakRssMb(),
+    ...loadResult(total, ms, latency),
     note: `${cfg.open ? `open loop, ${chats} sends in flight` : "closed loop"}; ${cfg.workers} work() worker(s), batchSize ${cfg.batchSize}, pollingIntervalSeconds 0.5, notifyWorker ${cfg.notify !== false ? "after each send" : "off"}`,
   };
 });

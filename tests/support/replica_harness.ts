@@ -110,31 +110,49 @@ export async function dropNamespace(ns: Namespace): Promise<void> {
     case "file":
       rmSync(ns.name, { recursive: true, force: true });
       return;
-    case "postgres": {
-      const { default: postgres } = await import("postgres");
-      const sql = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
-      try {
-        await sql.unsafe(`drop schema if exists "${ns.name}" cascade`);
-      } finally {
-        await sql.end({ timeout: 2 });
-      }
-      return;
-    }
-    default: {
+    case "postgres":
+      return await dropPostgresSchema(ns.name);
+    default:
       // Upstash runs through the bridge onto the same Redis server: delete over TCP.
-      const { default: Redis } = await import("ioredis");
-      const client = new Redis(REDIS_URL);
-      try {
-        let cursor = "0";
-        do {
-          const [next, keys] = await client.scan(cursor, "MATCH", `${ns.name}*`, "COUNT", 1000);
-          cursor = next;
-          if (keys.length > 0) await client.del(...keys);
-        } while (cursor !== "0");
-      } finally {
-        await client.quit().catch(() => client.disconnect());
-      }
-    }
+      return await dropRedisKeys(ns.name);
+  }
+}
+
+/** Drops a Postgres schema and everything in it. */
+export async function dropPostgresSchema(schema: string): Promise<void> {
+  const { default: postgres } = await import("postgres");
+  const sql = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
+  try {
+    await sql.unsafe(`drop schema if exists "${schema}" cascade`);
+  } finally {
+    await sql.end({ timeout: 2 });
+  }
+}
+
+/** The keys that hold `prefix` (RedisDurability hash-tags its prefix, `{prefix}…`; BullMQ's keys start with it). */
+export async function redisKeysOf(prefix: string, each: (keys: string[]) => Promise<unknown>): Promise<void> {
+  const { default: Redis } = await import("ioredis");
+  const client = new Redis(REDIS_URL);
+  try {
+    let cursor = "0";
+    do {
+      const [next, keys] = await client.scan(cursor, "MATCH", `*${prefix}*`, "COUNT", 5000);
+      cursor = next;
+      if (keys.length > 0) await each(keys);
+    } while (cursor !== "0");
+  } finally {
+    await client.quit().catch(() => client.disconnect());
+  }
+}
+
+/** Deletes every key that holds `prefix`. */
+export async function dropRedisKeys(prefix: string): Promise<void> {
+  const { default: Redis } = await import("ioredis");
+  const client = new Redis(REDIS_URL);
+  try {
+    await redisKeysOf(prefix, (keys) => client.unlink(...keys));
+  } finally {
+    await client.quit().catch(() => client.disconnect());
   }
 }
 
@@ -155,14 +173,9 @@ export async function namespaceLeftovers(ns: Namespace): Promise<number> {
       }
     }
     default: {
-      const { default: Redis } = await import("ioredis");
-      const client = new Redis(REDIS_URL);
-      try {
-        const [, keys] = await client.scan("0", "MATCH", `${ns.name}*`, "COUNT", 100_000);
-        return keys.length;
-      } finally {
-        await client.quit().catch(() => client.disconnect());
-      }
+      let count = 0;
+      await redisKeysOf(ns.name, async (keys) => count += keys.length);
+      return count;
     }
   }
 }
