@@ -53,6 +53,8 @@ const setups: Record<string, () => Setup> = {
     };
     return {
       name: "file",
+      // Each write is an fsync'd snapshot rewrite: two of them can outlast the suite's 40 ms lease on a busy disk.
+      timeScale: 3,
       create: () => {
         const dir = tempDir();
         return open(join(dir, "bot.json"), dir);
@@ -100,6 +102,7 @@ function eventsSetup(name: string, open: (path: string) => Promise<LeasedEventJo
   };
   return {
     name,
+    timeScale: 3, // fsync'd file writes, as for "file"
     create: () => {
       const dir = tempDir();
       return over(join(dir, "events.json"), dir);
