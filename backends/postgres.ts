@@ -128,6 +128,7 @@
  *
  * @module
  */
+import { nextTurn } from "../src/runtime/mod.ts";
 import {
   type BackendScope,
   type ClaimDueOptions,
@@ -331,12 +332,6 @@ const MAX_GROUP = 256;
  */
 const GROUPS_IN_FLIGHT = 1;
 
-/** Runs `fn` on the next turn of the event loop (after the pending microtasks). */
-const defer: (fn: () => void) => void = (() => {
-  const immediate = (globalThis as { setImmediate?: (fn: () => void) => unknown }).setImmediate;
-  return typeof immediate === "function" ? (fn) => void immediate(fn) : (fn) => void setTimeout(fn, 0);
-})();
-
 /**
  * Whether a failed transaction is known to have rolled back: the server
  * answered with an error other than a connection failure (class 08) or an
@@ -453,7 +448,7 @@ class Context {
   #schedule(): void {
     if (this.#scheduled || this.#queued.length === 0 || this.#inFlight >= GROUPS_IN_FLIGHT) return;
     this.#scheduled = true;
-    defer(() => {
+    nextTurn(() => {
       this.#scheduled = false;
       while (this.#queued.length > 0 && this.#inFlight < GROUPS_IN_FLIGHT) {
         this.#inFlight++;

@@ -107,6 +107,7 @@
  *
  * @module
  */
+import { nextTurn } from "../src/runtime/mod.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
@@ -464,12 +465,6 @@ interface PendingOp {
 /** The savepoint each operation of a batch runs in. */
 const SAVEPOINT = "botmesh_op";
 
-/** Runs `fn` on the next turn of the event loop (after the pending microtasks). */
-const defer: (fn: () => void) => void = (() => {
-  const immediate = (globalThis as { setImmediate?: (fn: () => void) => unknown }).setImmediate;
-  return typeof immediate === "function" ? (fn) => void immediate(fn) : (fn) => void setTimeout(fn, 0);
-})();
-
 /** One database connection, shared by a store and its backend, opened while anyone holds it. */
 class Connection {
   readonly options: Resolved;
@@ -590,7 +585,7 @@ class Connection {
   #schedule(): void {
     if (this.#scheduled || this.#pending.length === 0) return;
     this.#scheduled = true;
-    defer(() => {
+    nextTurn(() => {
       this.#scheduled = false;
       this.#flush();
       // What the batch cap left for later (operations queued by the batch's

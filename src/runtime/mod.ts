@@ -64,6 +64,19 @@ export function delay(ms: number, signal?: AbortSignal): Promise<void> {
 }
 
 /**
+ * Run `fn` on the next turn of the event loop, after the pending microtasks
+ * (`setImmediate` where the runtime has it, else `setTimeout(fn, 0)`): the
+ * group commits of the SQLite and Postgres backends gather what one turn called.
+ *
+ * @param fn what to run
+ */
+export function nextTurn(fn: () => void): void {
+  const immediate = (globalThis as { setImmediate?: (fn: () => void) => unknown }).setImmediate;
+  if (typeof immediate === "function") immediate(fn);
+  else setTimeout(fn, 0);
+}
+
+/**
  * Keep a timer from holding the process open (Node, Bun, Deno).
  *
  * @param timer what `setTimeout`/`setInterval` returned
