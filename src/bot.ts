@@ -19,7 +19,8 @@ import { Conversations, type FlowContext, type StepJob } from "./conversation.ts
 import { errorText, isProcessDeath } from "./errors.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
 import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./provider.ts";
-import { randomId, unrefTimer } from "./runtime/mod.ts";
+import { checkClock, type Clock, type ClockTimer, systemClock } from "./clock.ts";
+import { randomId } from "./runtime/mod.ts";
 import { MemoryStore, type SessionStore } from "./store.ts";
 
 /** Options of {@link Bot}. */
@@ -32,6 +33,11 @@ export interface BotOptions {
   durability?: DurabilityOptions;
   /** This bot's id, part of the default instanceId (default `'bot'`). */
   id?: string;
+  /**
+   * Time, timers and jitter for the bot, its conversations and its durability engine (default
+   * {@link systemClock}). A test or a simulation passes its own to run in simulated time.
+   */
+  clock?: Clock;
 }
 
 /** What a handler gets. */
@@ -112,7 +118,8 @@ export class Bot {
   #idleWaiters: (() => void)[] = [];
   #state: "new" | "starting" | "running" | "stopping" | "stopped" = "new";
   #conversations: Conversations;
-  #timers = new Set<ReturnType<typeof setTimeout>>();
+  #timers = new Set<ClockTimer>();
+  readonly #clock: Clock;
 
   /**
    * @param options provider, store, durability
@@ -124,8 +131,8 @@ export class Bot {
       throw new TypeError(`Bot options must be an object, got ${options === null ? "null" : typeof options}`);
     }
     for (const key of Object.keys(options)) {
-      if (!["provider", "store", "durability", "id"].includes(key)) {
-        throw new TypeError(`Unknown option "${key}"; known options are "provider", "store", "durability", "id"`);
+      if (!["provider", "store", "durability", "id", "clock"].includes(key)) {
+        throw new TypeError(`Unknown option "${key}"; known options are "provider", "store", "durability", "id", "clock"`);
       }
     }
     const provider = options.provider as Partial<Provider> | undefined;
@@ -138,6 +145,8 @@ export class Bot {
     if (options.id !== undefined && (typeof options.id !== "string" || options.id === "")) {
       throw new TypeError(`Option "id" must be a non-empty string, got ${JSON.stringify(options.id)}`);
     }
+    this.#clock = options.clock === undefined ? systemClock : checkClock(options.clock, "clock");
+    const clock = this.#clock;
     this.provider = options.provider;
     this.store = options.store;
     this.id = options.id ?? "bot";
@@ -155,6 +164,7 @@ export class Bot {
         dispatch: (job) => this.#dispatch(job),
         whenLocalIdle: () => this.#whenLocalIdle(),
         track: (work) => this.#track(work),
+        clock,
       });
     }
     const engine = this.#engine;
@@ -165,6 +175,7 @@ export class Bot {
       storeIsDurable: !(store instanceof MemoryStore),
       durable: engine !== undefined,
       retentionMs: engine?.config.retentionMs ?? 7 * 86_400_000,
+      now: () => clock.now(),
       handlers: () => this.#handlers,
       send: (job, chatId, content, key) => {
         const result = this.#send(chatId, content, key, (job as InboundJob).record ? job.message.id : null, "now");
@@ -184,19 +195,18 @@ export class Bot {
       isFinalAttempt: (job) => !(job as InboundJob).record || job.record!.attempts > (engine?.config.inbox.retries ?? 0),
       schedule: (chatId, at, run) => {
         const arm = (delayMs: number) => {
-          const timer = setTimeout(() => {
+          const timer = clock.setTimeout(() => {
             this.#timers.delete(timer);
             if (this.#state === "new" || this.#state === "starting") return arm(20); // dispatched once the bot runs
             // A timer may fire a little early (Node), or be capped at setTimeout's limit: wait for the rest.
-            if (Date.now() < at) return arm(at - Date.now());
+            if (clock.now() < at) return arm(at - clock.now());
             if (this.#state !== "running" || engine?.halted) return;
             const message: InboundMessage = { id: `timer:${randomId()}`, chatId, type: "timeout" };
             this.#dispatch({ message, record: null, sends: [], sendCount: 0, run });
           }, Math.min(MAX_TIMER_MS, Math.max(0, delayMs)));
-          unrefTimer(timer);
           this.#timers.add(timer);
         };
-        arm(at - Date.now() + 1);
+        arm(at - clock.now() + 1);
       },
     });
   }
@@ -316,7 +326,7 @@ export class Bot {
     if (this.#state === "stopping" || this.#state === "stopped") return;
     this.#state = "stopping";
     await this.#starting?.catch(() => {}); // a start under way finishes first, then is undone
-    for (const timer of this.#timers) clearTimeout(timer);
+    for (const timer of this.#timers) this.#clock.clearTimeout(timer);
     this.#timers.clear();
     try {
       await this.provider.stop?.();

@@ -135,6 +135,8 @@ export interface ConversationHost {
   storeIsDurable: boolean;
   durable: boolean;
   retentionMs: number;
+  /** Wall-clock time in ms since epoch (the bot's clock). */
+  now(): number;
   handlers(): readonly { matcher: Matcher; handler: (ctx: never) => unknown }[];
   /** Send for a step: the key is `<prefix>:<n>` unless given; the promise joins the job's sends. */
   send(job: StepJob, chatId: string, content: OutboundContent, key: string): Promise<SendResult>;
@@ -304,7 +306,7 @@ class Flow {
       this.asks.length = index;
       this.asks.push({
         fp,
-        deadline: timeoutMs === undefined ? null : Date.now() + timeoutMs,
+        deadline: timeoutMs === undefined ? null : this.#host.now() + timeoutMs,
         timeoutMs: timeoutMs ?? null,
         filtered: options?.match !== undefined,
       });
@@ -401,7 +403,7 @@ export class Conversations {
       startedAt: flow.startedAt,
     };
     // The transcript is only good while the outbox still holds its steps' sends.
-    const ttlMs = Math.max(1000, flow.startedAt + this.#host.retentionMs - Date.now());
+    const ttlMs = Math.max(1000, flow.startedAt + this.#host.retentionMs - this.#host.now());
     await this.#host.store.set(this.#key(chatId), stored as unknown as JsonValue, { ttlMs });
     lruSet(this.#states, chatId, structuredClone(stored));
   }
@@ -425,7 +427,7 @@ export class Conversations {
     }
     if (state?.state === "waiting" && queuedOf(state).length === 0) {
       const deadline = state.asks.at(-1)?.deadline ?? null;
-      if (deadline !== null && deadline <= Date.now()) {
+      if (deadline !== null && deadline <= this.#host.now()) {
         await this.#timeOut(chatId, state, job);
         state = this.#states.get(chatId) ?? null;
       }
@@ -451,7 +453,7 @@ export class Conversations {
     const handlers = this.#host.handlers();
     const index = handlers.findIndex((h) => matches(h.matcher, message));
     if (index < 0) return;
-    const flow = new Flow(this.#host, index, { steps: [{ message }], asks: [], startedAt: Date.now() }, job);
+    const flow = new Flow(this.#host, index, { steps: [{ message }], asks: [], startedAt: this.#host.now() }, job);
     await this.#settleStep(flow, await flow.run(handlers[index]!.handler), job, message.id, false, []);
   }
 

@@ -29,7 +29,8 @@ import {
   type OutboundContent,
   type Provider,
 } from "./provider.ts";
-import { delay, hostname, randomId, unrefTimer } from "./runtime/mod.ts";
+import { type Clock, type ClockTimer, every, type Repeating, sleep } from "./clock.ts";
+import { hostname, randomId } from "./runtime/mod.ts";
 
 /** The counters of `bot.durability.metrics()`. */
 export interface DurabilityMetrics {
@@ -147,6 +148,8 @@ export interface EngineHost {
   whenLocalIdle(): Promise<void>;
   /** Count a promise as in-flight work until it settles. */
   track(work: Promise<unknown>): void;
+  /** Time, timers and jitter. */
+  clock: Clock;
 }
 
 /** The operator surface: `bot.durability`. */
@@ -189,13 +192,13 @@ const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
 
 /** `work`, or a rejection with `timeoutError()` when it has not settled within `ms` (`work` goes on). */
-function withTimeout<T>(work: Promise<T>, ms: number, timeoutError: () => Error): Promise<T> {
-  let timer: ReturnType<typeof setTimeout> | undefined;
+function withTimeout<T>(clock: Clock, work: Promise<T>, ms: number, timeoutError: () => Error): Promise<T> {
+  let timer: ClockTimer | undefined;
   const timeout = new Promise<never>((_, reject) => {
-    timer = setTimeout(() => reject(timeoutError()), ms);
+    timer = clock.setTimeout(() => reject(timeoutError()), ms);
   });
   work.catch(() => {}); // a late failure after the timeout is nobody's to handle
-  return Promise.race([work, timeout]).finally(() => clearTimeout(timer));
+  return Promise.race([work, timeout]).finally(() => clock.clearTimeout(timer));
 }
 
 function zeroMetrics(): DurabilityMetrics {
@@ -254,11 +257,12 @@ export class DurabilityEngine {
   #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
   #sweepAgain = false;
-  #sweepTimer: ReturnType<typeof setInterval> | undefined;
-  #heartbeatTimer: ReturnType<typeof setInterval> | undefined;
-  #wakeTimer: ReturnType<typeof setTimeout> | undefined;
+  #clock: Clock;
+  #sweepTimer: Repeating | undefined;
+  #heartbeatTimer: Repeating | undefined;
+  #wakeTimer: ClockTimer | undefined;
   #wakeAt = Infinity;
-  #lastPurge = 0;
+  #lastPurge = -Infinity;
   #started = false;
   #ready = false;
   #stopping = false;
@@ -269,6 +273,7 @@ export class DurabilityEngine {
     this.config = config;
     this.backend = config.backend;
     this.#host = host;
+    this.#clock = host.clock;
   }
 
   /** The resolved instanceId. */
@@ -303,10 +308,8 @@ export class DurabilityEngine {
       if (isProcessDeath(error)) this.#halt();
       throw error;
     }
-    this.#sweepTimer = setInterval(() => void this.sweep(), this.config.sweepIntervalMs);
-    unrefTimer(this.#sweepTimer);
-    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), this.#heartbeatEveryMs());
-    unrefTimer(this.#heartbeatTimer);
+    this.#sweepTimer = every(this.#clock, this.config.sweepIntervalMs, () => void this.sweep());
+    this.#heartbeatTimer = every(this.#clock, this.#heartbeatEveryMs(), () => void this.#heartbeat());
   }
 
   /** Heartbeats run three times per (shorter) lease. */
@@ -341,9 +344,9 @@ export class DurabilityEngine {
   }
 
   #clearTimers(): void {
-    clearInterval(this.#sweepTimer);
-    clearInterval(this.#heartbeatTimer);
-    clearTimeout(this.#wakeTimer);
+    this.#sweepTimer?.stop();
+    this.#heartbeatTimer?.stop();
+    this.#clock.clearTimeout(this.#wakeTimer);
     this.#wakeAt = Infinity;
   }
 
@@ -413,11 +416,11 @@ export class DurabilityEngine {
   #wake(inMs: number): void {
     if (this.#halted || this.#stopping) return;
     inMs = Math.min(Math.max(0, inMs), MAX_TIMER_MS);
-    const at = Date.now() + inMs;
+    const at = this.#clock.monotonic() + inMs;
     if (at >= this.#wakeAt) return;
-    clearTimeout(this.#wakeTimer);
+    this.#clock.clearTimeout(this.#wakeTimer);
     this.#wakeAt = at;
-    this.#wakeTimer = setTimeout(() => {
+    this.#wakeTimer = this.#clock.setTimeout(() => {
       this.#wakeAt = Infinity;
       void this.sweep();
     }, inMs + 1);
@@ -476,13 +479,14 @@ export class DurabilityEngine {
     let record: InboundRecord | null;
     try {
       record = await withTimeout(
+        this.#clock,
         this.backend.inbox.admit({
           id,
           kind: message.type === "interaction" ? "interaction" : "message",
           chatId: message.chatId,
           provider: this.#host.provider.name,
           payload,
-          receivedAt: Date.now(),
+          receivedAt: this.#clock.now(),
         }, this.#claim("inbox")),
         this.config.inbox.admitTimeoutMs,
         () =>
@@ -594,7 +598,7 @@ export class DurabilityEngine {
         this.#host.events.emit("durability:dead", { kind: "inbound", id: record.id, error: text });
         this.#report(failure, `handler of inbound record "${record.id}" (dead after ${record.attempts} attempts)`);
       } else {
-        const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff);
+        const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
         const outcome = { error: errorText(failure), retryInMs };
         if (!await this.#recordOutcome("inbox", record.id, () => inbox.fail(record.id, token, outcome))) return;
         this.#warn({
@@ -632,7 +636,7 @@ export class DurabilityEngine {
         if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
         const held = this.#held[kind].get(id);
         if (!held || held.lost || (this.#stopping && attempt >= 3)) return false;
-        await delay(Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
+        await sleep(this.#clock, Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
         if (this.#halted) return false;
       }
     }
@@ -799,7 +803,7 @@ export class DurabilityEngine {
       }
       return { key, state: "dead", error: text };
     }
-    const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs);
+    const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs, () => this.#clock.random());
     if (await this.#recordOutcome("outbox", key, () => outbox.markFailed(key, entry.fence, { error: text, retryInMs }))) {
       this.#wake(retryInMs);
     }
@@ -821,7 +825,7 @@ export class DurabilityEngine {
         if (this.#stopping) break;
         const earlier = await this.backend.outbox.list({ chatId, state: BLOCKING_OUTBOX_STATES, limit: 1 });
         if (earlier.length === 0) break;
-        await delay(this.config.sweepIntervalMs);
+        await sleep(this.#clock, this.config.sweepIntervalMs);
       }
       return this.#inChatOrder(chatId, async () => {
         const receipt = await this.#host.provider.send(chatId, content, {
@@ -910,8 +914,8 @@ export class DurabilityEngine {
       if (due.length < SWEEP_BATCH && ambiguous.length < SWEEP_BATCH) break;
     }
     const purgeEvery = Math.min(this.config.retentionMs / 10, 3_600_000);
-    if (Date.now() - this.#lastPurge >= purgeEvery) {
-      this.#lastPurge = Date.now();
+    if (this.#clock.monotonic() - this.#lastPurge >= purgeEvery) {
+      this.#lastPurge = this.#clock.monotonic();
       await this.backend.inbox.purge(this.config.retentionMs);
       await this.backend.outbox.purge(this.config.retentionMs);
     }
@@ -945,7 +949,7 @@ export class DurabilityEngine {
         if (!await this.#hasActiveWork().catch(() => true)) return;
       }
       await this.sweep();
-      await delay(pause);
+      await sleep(this.#clock, pause);
       pause = Math.min(pause * 2, 50);
     }
   }
@@ -957,11 +961,11 @@ export class DurabilityEngine {
     this.#clearTimers();
     if (this.#halted) return;
     // Heartbeats go on while in-flight work finishes.
-    this.#heartbeatTimer = setInterval(() => void this.#heartbeat(), this.#heartbeatEveryMs());
+    this.#heartbeatTimer = every(this.#clock, this.#heartbeatEveryMs(), () => void this.#heartbeat());
     try {
       await this.#host.whenLocalIdle();
     } finally {
-      clearInterval(this.#heartbeatTimer);
+      this.#heartbeatTimer.stop();
     }
     await this.backend.close?.();
   }
