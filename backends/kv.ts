@@ -70,6 +70,7 @@ import {
 } from "../src/backend.ts";
 import { delay } from "../src/runtime/mod.ts";
 import {
+  acceptsOutcome,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   claimedInbound,
@@ -711,7 +712,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     checkFinite(token, `outbox.markSent: "token"`);
     checkString(messageId, `outbox.markSent: "messageId"`);
     const { written } = await this.mutate(key, (rec, now) =>
-      isLeasedWith(rec, token) ? sentOutbox(rec, messageId, now) : null);
+      acceptsOutcome(rec, token) ? sentOutbox(rec, messageId, now) : null);
     if (!written) throw new StaleLeaseError("outbox", key, token);
   }
 
@@ -719,7 +720,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     checkFinite(token, `outbox.markFailed: "token"`);
     checkOutcome(outcome, "outbox.markFailed");
     const { written } = await this.mutate(key, (rec, now) =>
-      isLeasedWith(rec, token) ? { ...rec, ...failedFields(outcome, now) } : null);
+      acceptsOutcome(rec, token) ? { ...rec, ...failedFields(outcome, now) } : null);
     if (!written) throw new StaleLeaseError("outbox", key, token);
   }
 

@@ -24,6 +24,7 @@ import {
   StaleLeaseError,
 } from "../src/backend.ts";
 import {
+  acceptsOutcome,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   checkClaim,
@@ -469,6 +470,13 @@ class MemoryOutbox implements OutboxJournal {
     return slot;
   }
 
+  /** The slot of `key` when it accepts the outcome of the call made under `token` (see {@link acceptsOutcome}). */
+  #resolvable(key: string, token: number): Slot<OutboxEntry> | null {
+    const slot = this.#slots.get(key);
+    if (!slot || !acceptsOutcome(slot.record, token)) return null;
+    return slot;
+  }
+
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     if (lease !== undefined) checkClaim(lease, "outbox.reserve");
     const input = checkNewOutbox(entry);
@@ -567,7 +575,7 @@ class MemoryOutbox implements OutboxJournal {
   async markSent(key: string, token: number, messageId: string): Promise<void> {
     checkFinite(token, `outbox.markSent: "token"`);
     checkString(messageId, `outbox.markSent: "messageId"`);
-    const slot = this.#held(key, token);
+    const slot = this.#resolvable(key, token);
     if (!slot) throw new StaleLeaseError("outbox", key, token);
     this.#store(sentOutbox(slot.record, messageId, this.#now()), slot);
   }
@@ -575,7 +583,7 @@ class MemoryOutbox implements OutboxJournal {
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     checkFinite(token, `outbox.markFailed: "token"`);
     checkOutcome(outcome, "outbox.markFailed");
-    const slot = this.#held(key, token);
+    const slot = this.#resolvable(key, token);
     if (!slot) throw new StaleLeaseError("outbox", key, token);
     this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);
   }

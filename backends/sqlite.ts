@@ -129,6 +129,7 @@ import {
   StaleLeaseError,
 } from "../src/backend.ts";
 import {
+  acceptsOutcome,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   checkClaim,
@@ -1167,21 +1168,39 @@ class SqliteOutbox implements OutboxJournal {
     if (head.due_at !== dueAt) c.stmt(`UPDATE ${this.#t} SET due_at = ? WHERE seq = ?`).run(dueAt, head.seq);
   }
 
-  /** A change (`op`, for errors) that is fenced by `token`. */
+  /**
+   * A change (`op`, for errors) that is fenced by `token`: of a `sending`
+   * entry leased with it, or with `outcome` (markSent, markFailed) also of an
+   * `unknown` entry whose fence is still `token` (see {@link acceptsOutcome}).
+   */
   async #fenced(
     op: string,
     key: string,
     token: number,
     change: (entry: OutboxEntry, now: number) => OutboxEntry,
+    outcome = false,
   ): Promise<boolean> {
     checkString(key, `outbox.${op}: "key"`);
     checkFinite(token, `outbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, key);
-      if (!cur || !isLeasedWith(cur, token)) return false;
-      return this.#update(c, cur, change(cur, now));
+      if (!cur || !(outcome ? acceptsOutcome(cur, token) : isLeasedWith(cur, token))) return false;
+      const next = change(cur, now);
+      if (cur.state === "unknown" && next.state === "failed") {
+        // It blocks its chat again: later queued/failed entries of its chat are no longer first.
+        this.#unmarkBehind(c, cur.chatId, cur.seq);
+      }
+      return this.#update(c, cur, next);
     });
+  }
+
+  /** Drops the due marks of the chat's queued/failed entries after `seq` (an earlier entry blocks them again). */
+  #unmarkBehind(c: Connection, chatId: string, seq: number): void {
+    c.stmt(
+      `UPDATE ${this.#t} INDEXED BY ${this.#t}_chat SET due_at = NULL
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq > ? AND state <> 'sending' AND due_at IS NOT NULL`,
+    ).run(chatId, seq);
   }
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
@@ -1293,13 +1312,19 @@ class SqliteOutbox implements OutboxJournal {
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
     checkString(messageId, `outbox.markSent: "messageId"`);
-    const done = await this.#fenced("markSent", key, token, (entry, now) => sentOutbox(entry, messageId, now));
+    const done = await this.#fenced("markSent", key, token, (entry, now) => sentOutbox(entry, messageId, now), true);
     if (!done) throw new StaleLeaseError("outbox", key, token);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     checkOutcome(outcome, "outbox.markFailed");
-    const done = await this.#fenced("markFailed", key, token, (entry, now) => ({ ...entry, ...failedFields(outcome, now) }));
+    const done = await this.#fenced(
+      "markFailed",
+      key,
+      token,
+      (entry, now) => ({ ...entry, ...failedFields(outcome, now) }),
+      true,
+    );
     if (!done) throw new StaleLeaseError("outbox", key, token);
   }
 
@@ -1328,10 +1353,7 @@ class SqliteOutbox implements OutboxJournal {
       const next = cur && requeuedOutbox(cur, now);
       if (!next) return false;
       // It is unsettled again: later queued/failed entries of its chat are no longer first.
-      c.stmt(
-        `UPDATE ${this.#t} INDEXED BY ${this.#t}_chat SET due_at = NULL
-        WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq > ? AND state <> 'sending' AND due_at IS NOT NULL`,
-      ).run(cur.chatId, cur.seq);
+      this.#unmarkBehind(c, cur.chatId, cur.seq);
       return this.#update(c, cur, next);
     });
   }

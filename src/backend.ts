@@ -13,6 +13,8 @@
  *   issued before for that record. Completions, failures and heartbeats carry
  *   the token and are checked atomically by the backend; a stale one throws
  *   {@link StaleLeaseError} (heartbeats return `false`) and changes nothing.
+ *   A late outbox outcome (`markSent`, `markFailed`) also resolves an
+ *   `unknown` entry whose `fence` is still its token (nobody claimed it since).
  * - Due scans (`claimDue`) cost O(due), not O(all records): settled records
  *   (`done`, `sent`, `dead`, `unknown`) are never scanned by them.
  *
@@ -42,7 +44,14 @@ export type InboundState = "pending" | "processing" | "failed" | "done" | "dead"
  * Outbox entry states.
  * `queued` journaled, waiting for the worker; `sending` leased, the provider
  * call may be under way; `sent`; `failed` retried at `nextAttemptAt`; `dead`
- * (outbound DLQ); `unknown` the owner died while sending (ambiguous).
+ * (outbound DLQ); `unknown` the owner's lease lapsed (or its incarnation was
+ * replaced) while sending (ambiguous). An `unknown` entry keeps its `fence`:
+ * when its sender was in fact alive (a stall, a clock step) and its provider
+ * call finishes, its `markSent`/`markFailed` under that token still resolves
+ * it to `sent`, `failed` or `dead`, as long as nobody claimed the entry since
+ * (an operator `retry` makes it `queued`, and the next claim issues a new
+ * token). An `unknown` entry does not block its chat; resolved to `failed` it
+ * blocks it again.
  */
 export type OutboxState = "queued" | "sending" | "sent" | "failed" | "dead" | "unknown";
 
@@ -231,11 +240,24 @@ export interface OutboxJournal {
    * `sending` entries (see {@link OutboxClaim.ambiguous}). O(due).
    */
   claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim>;
-  /** Extend a lease. @returns `false` when `token` is no longer the holder's. */
+  /** Extend a lease. @returns `false` when `token` is no longer the holder's (also for an `unknown` entry). */
   heartbeat(key: string, token: number, leaseMs: number): Promise<boolean>;
-  /** `sending` → `sent`. @throws {StaleLeaseError} when `token` is stale. */
+  /**
+   * `sending` → `sent`, storing `messageId`. Accepted when the entry is
+   * `sending` leased with `token`, or `unknown` with `fence` still `token`
+   * (a late outcome: the call's lease was taken for lost, nobody claimed the
+   * entry since). Any other entry (`queued`, `sent`, `failed`, `dead`, a newer
+   * lease, `unknown` with another fence) is stale.
+   * @throws {StaleLeaseError} when `token` is stale (nothing changes).
+   */
   markSent(key: string, token: number, messageId: string): Promise<void>;
-  /** `sending` → `failed` or `dead`. @throws {StaleLeaseError} when `token` is stale. */
+  /**
+   * `sending` → `failed` (due again after `retryInMs`) or `dead`. Accepted
+   * under the same rule as {@link markSent}: `sending` leased with `token`, or
+   * `unknown` with `fence` still `token` (a resolved `failed` entry blocks its
+   * chat again, as any failed entry).
+   * @throws {StaleLeaseError} when `token` is stale (nothing changes).
+   */
   markFailed(key: string, token: number, outcome: FailOutcome): Promise<void>;
   get(key: string): Promise<OutboxEntry | null>;
   /** Entries in reservation order. */

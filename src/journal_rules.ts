@@ -260,6 +260,22 @@ export function isLeasedWith(
   return (record.state === "processing" || record.state === "sending") && holdsLease(record.lease, token);
 }
 
+/**
+ * Whether an outbox entry accepts the outcome (`markSent`, `markFailed`) of
+ * the provider call made under fencing token `token`: it is `sending` leased
+ * with `token`, or it is `unknown` and its `fence` is still `token` (its lease
+ * was taken for lost, but nobody claimed it since: the late outcome of that
+ * very call resolves it). An operator `retry` and any later claim issue a new
+ * fence, so the old token stays stale after them.
+ */
+export function acceptsOutcome(
+  entry: { state: OutboxState; lease: Lease | null; fence: number },
+  token: number,
+): boolean {
+  if (entry.state === "unknown") return entry.fence === token;
+  return entry.state === "sending" && holdsLease(entry.lease, token);
+}
+
 /** `record` with its lease extended by `leaseMs` from backend time `now`. */
 export function extendedLease<R extends { lease: Lease | null }>(record: R, now: number, leaseMs: number): R {
   return { ...record, lease: { ...record.lease!, expiresAt: now + leaseMs } };

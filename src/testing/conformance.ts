@@ -1007,6 +1007,210 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect((await mustGetOut(b, live.key)).state, "the live lease is untouched").toBe("sending");
       });
 
+      it("a late markSent resolves an unknown entry: sent with its messageId, no longer unknown", async (b) => {
+        const chat = uid("chat");
+        const lapsed = await reserved(b, outbound(chat), claimer("owner-a", SHORT));
+        const token = tokenOf(lapsed);
+        await sleep(LAPSE);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim.ambiguous)).toEqual([lapsed.key]);
+        const unknown = await mustGetOut(b, lapsed.key);
+        expect(unknown.state).toBe("unknown");
+        expect(unknown.fence, "an unknown entry keeps its fence").toBe(token);
+        expect(await b.outbox.heartbeat(lapsed.key, token, LONG), "a heartbeat does not revive it").toBe(false);
+        expect(await b.outbox.get(lapsed.key), "… and changes nothing").toEqual(unknown);
+
+        // The sender was alive after all (a stall): its provider call finishes.
+        await b.outbox.markSent(lapsed.key, token, "late-message");
+        const sent = await mustGetOut(b, lapsed.key);
+        expect(sent.state).toBe("sent");
+        expect(sent.messageId).toBe("late-message");
+        expect(sent.lease).toBe(null);
+        expect(sent.nextAttemptAt).toBe(null);
+        expect(sent.attempts, "no new attempt").toBe(1);
+        expect(sent.fence, "no new token").toBe(token);
+        expect(keys(await b.outbox.list({ chatId: chat, state: "sent" })), "listed as sent").toEqual([lapsed.key]);
+        expect(keys(await b.outbox.list({ chatId: chat, state: "unknown" })), "no longer unknown").toEqual([]);
+        expect(keys(await b.outbox.list({ state: "unknown", limit: 1_000 })).includes(lapsed.key)).toBe(false);
+        expect((await b.outbox.list({ state: ["sent", "unknown"], limit: 1_000 })).filter((e) => e.key === lapsed.key))
+          .toEqual([sent]);
+
+        await expectStale(expect, () => b.outbox.markSent(lapsed.key, token, "again"), "markSent on the sent entry");
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(lapsed.key, token, { error: "x", retryInMs: 0 }),
+          "markFailed on the sent entry",
+        );
+        expect(await b.outbox.get(lapsed.key), "stale outcomes changed nothing").toEqual(sent);
+        const after = await b.outbox.claimDue({ ...claimer("owner-c"), reclaimOwn: true, resendAmbiguous: true, limit: 100 });
+        expect(keys(after.due).concat(keys(after.ambiguous)), "a sent entry is never due").toEqual([]);
+        expect((await b.outbox.reserve(outbound(chat), claimer())).status, "the chat is clear").toBe("leased");
+      });
+
+      it("a late markFailed resolves an unknown entry: failed and due after retryInMs, or dead", async (b) => {
+        const retryInMs = ms(100);
+        const r = await reserved(b, outbound(uid("chat")), claimer("owner-a", SHORT));
+        const d = await reserved(b, outbound(uid("chat")), claimer("owner-a", SHORT));
+        await sleep(LAPSE);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim.ambiguous).sort()).toEqual([r.key, d.key].sort());
+
+        await b.outbox.markFailed(r.key, tokenOf(r), { error: "503", retryInMs });
+        const failed = await mustGetOut(b, r.key);
+        expect(failed.state).toBe("failed");
+        expect(failed.error).toBe("503");
+        expect(failed.lease).toBe(null);
+        expect(failed.attempts).toBe(1);
+        expect(failed.fence).toBe(tokenOf(r));
+        const delay = (failed.nextAttemptAt ?? 0) - failed.updatedAt;
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeGreaterThanOrEqual(retryInMs - 1);
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeLessThanOrEqual(retryInMs + 1_000);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "not due yet").toEqual([]);
+
+        await b.outbox.markFailed(d.key, tokenOf(d), { error: "invalid recipient", dead: true });
+        const dead = await mustGetOut(b, d.key);
+        expect(dead.state).toBe("dead");
+        expect(dead.error).toBe("invalid recipient");
+        expect(dead.lease).toBe(null);
+        expect(keys(await b.outbox.list({ state: "dead", limit: 1_000 })).includes(d.key), "listed as dead").toBe(true);
+        const unknownLeft = keys(await b.outbox.list({ state: "unknown", limit: 1_000 }));
+        expect(unknownLeft.includes(r.key) || unknownLeft.includes(d.key), "neither is unknown any more").toBe(false);
+
+        await sleep(retryInMs + LAPSE);
+        const again = await b.outbox.claimDue({ ...claimer("owner-c"), limit: 100 });
+        expect(keys(again.due), "the failed one is due again; the dead one never").toEqual([r.key]);
+        const retried = again.due[0]!;
+        expect(retried.state).toBe("sending");
+        expect(retried.lease?.owner).toBe("owner-c");
+        expect(tokenOf(retried), "a new token").toBe(tokenOf(r) + 1);
+        expect(retried.attempts).toBe(2);
+        await expectStale(expect, () => b.outbox.markSent(r.key, tokenOf(r), "late"), "the old token after the claim");
+        await expectStale(expect, () => b.outbox.markSent(d.key, tokenOf(d), "late"), "markSent on the dead entry");
+        expect(await b.outbox.get(d.key)).toEqual(dead);
+        await b.outbox.markSent(r.key, tokenOf(retried), "m");
+        expect((await mustGetOut(b, r.key)).messageId).toBe("m");
+      });
+
+      it("a late outcome stays stale once the unknown entry was retried or re-leased", async (b) => {
+        // An operator retry: queued (the old token is stale), then claimed with a new token.
+        const retried = await unknownEntry(b, uid("chat"));
+        const old = retried.fence;
+        expect(await b.outbox.retry(retried.key)).toBe(true);
+        const queued = await mustGetOut(b, retried.key);
+        await expectStale(expect, () => b.outbox.markSent(retried.key, old, "late"), "markSent after a retry");
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(retried.key, old, { error: "late", retryInMs: 0 }),
+          "markFailed after a retry",
+        );
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(retried.key, old, { error: "late", dead: true }),
+          "markFailed dead after a retry",
+        );
+        expect(await b.outbox.get(retried.key), "nothing changed").toEqual(queued);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b", SHORT), limit: 100 });
+        expect(keys(claim.due)).toEqual([retried.key]);
+        const second = tokenOf(claim.due[0]!);
+        expect(second).toBe(old + 1);
+        await expectStale(expect, () => b.outbox.markSent(retried.key, old, "late"), "markSent after the new claim");
+        expect(await b.outbox.heartbeat(retried.key, old, LONG)).toBe(false);
+
+        // That claim lapses too: unknown again, with the new fence; only its token resolves it.
+        await sleep(LAPSE);
+        const lost = await b.outbox.claimDue({ ...claimer("owner-c"), limit: 100 });
+        expect(keys(lost.ambiguous)).toEqual([retried.key]);
+        const unknownAgain = await mustGetOut(b, retried.key);
+        expect(unknownAgain.state).toBe("unknown");
+        expect(unknownAgain.fence).toBe(second);
+        await expectStale(expect, () => b.outbox.markSent(retried.key, old, "late"), "an unknown entry with another fence");
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(retried.key, old, { error: "late", dead: true }),
+          "markFailed on an unknown entry with another fence",
+        );
+        expect(await b.outbox.get(retried.key)).toEqual(unknownAgain);
+        await b.outbox.markFailed(retried.key, second, { error: "permanent", dead: true });
+        expect((await mustGetOut(b, retried.key)).state).toBe("dead");
+
+        // resendAmbiguous re-leases the lapsed send with a new fence: the lost sender's token stays stale.
+        const lapsed = await reserved(b, outbound(uid("chat")), claimer("owner-a", SHORT));
+        await sleep(LAPSE);
+        const resend = await b.outbox.claimDue({ ...claimer("owner-d"), resendAmbiguous: true, limit: 100 });
+        expect(keys(resend.due)).toEqual([lapsed.key]);
+        const releasedToken = tokenOf(resend.due[0]!);
+        expect(releasedToken).toBe(tokenOf(lapsed) + 1);
+        const before = await mustGetOut(b, lapsed.key);
+        await expectStale(expect, () => b.outbox.markSent(lapsed.key, tokenOf(lapsed), "old"), "markSent after a resend");
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(lapsed.key, tokenOf(lapsed), { error: "old", retryInMs: 0 }),
+          "markFailed after a resend",
+        );
+        expect(await b.outbox.get(lapsed.key)).toEqual(before);
+        await b.outbox.markSent(lapsed.key, releasedToken, "new");
+        const sent = await mustGetOut(b, lapsed.key);
+        expect(sent.state).toBe("sent");
+        expect(sent.messageId).toBe("new");
+      });
+
+      it("a late outcome is stale on a queued, sent, failed or dead entry", async (b) => {
+        const queued = await reserved(b, outbound(uid("chat")));
+        const sent = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markSent(sent.key, 1, "m");
+        const failed = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(failed.key, 1, { error: "later", retryInMs: LONG });
+        const dead = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(dead.key, 1, { error: "dead", dead: true });
+        for (const key of [queued.key, sent.key, failed.key, dead.key]) {
+          const before = await mustGetOut(b, key);
+          for (const token of [before.fence, before.fence + 1]) {
+            await expectStale(expect, () => b.outbox.markSent(key, token, "late"), `markSent(${token}) on ${before.state}`);
+            await expectStale(
+              expect,
+              () => b.outbox.markFailed(key, token, { error: "late", retryInMs: 0 }),
+              `markFailed(${token}) on ${before.state}`,
+            );
+            await expectStale(
+              expect,
+              () => b.outbox.markFailed(key, token, { error: "late", dead: true }),
+              `markFailed dead (${token}) on ${before.state}`,
+            );
+          }
+          expect(await b.outbox.get(key), `${before.state}: nothing changed`).toEqual(before);
+        }
+      });
+
+      it("per-chat order: an unknown entry resolved to failed blocks its chat again until it is sent", async (b) => {
+        const chat = uid("chat");
+        const retryInMs = ms(150);
+        const lapsed = await reserved(b, outbound(chat, { n: 1 }), claimer("owner-a", SHORT));
+        const second = await reserved(b, outbound(chat, { n: 2 }));
+        await sleep(LAPSE);
+        const first = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(first.ambiguous)).toEqual([lapsed.key]);
+        expect(keys(first.due), "an unknown entry does not block its chat").toEqual([second.key]);
+        await b.outbox.markSent(second.key, tokenOf(first.due[0]!), "m-2");
+        const third = await reserved(b, outbound(chat, { n: 3 }));
+
+        await b.outbox.markFailed(lapsed.key, tokenOf(lapsed), { error: "503", retryInMs });
+        expect((await mustGetOut(b, lapsed.key)).state).toBe("failed");
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "the chat waits behind it").toEqual([]);
+        const fourth = await b.outbox.reserve(outbound(chat, { n: 4 }), claimer());
+        expect(fourth.status, "a new send queues behind it").toBe("queued");
+        expect((await mustGetOut(b, third.key)).state).toBe("queued");
+
+        await sleep(retryInMs + LAPSE);
+        const retry = await b.outbox.claimDue({ ...claimer("owner-c"), limit: 100 });
+        expect(keys(retry.due), "the resolved entry goes first").toEqual([lapsed.key]);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "the chat waits while it is sent").toEqual([]);
+        await b.outbox.markSent(lapsed.key, tokenOf(retry.due[0]!), "m-1");
+        const next = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect(keys(next.due), "then the chat moves on, in order").toEqual([third.key]);
+        await b.outbox.markSent(third.key, tokenOf(next.due[0]!), "m-3");
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([fourth.entry.key]);
+      });
+
       it("concurrent claimers report an ambiguous send exactly once", async (b) => {
         const lapsed = await reserved(b, outbound(uid("chat")), claimer(uid("owner"), SHORT));
         await sleep(LAPSE);
