@@ -176,13 +176,25 @@ export interface DurabilityControl {
 
 const SWEEP_BATCH = 64;
 
-/** A lease this incarnation holds (heartbeats extend it). */
+/**
+ * A lease this incarnation holds, from the claim until its outcome is
+ * written (heartbeats extend it). One object per held record: when a sweep of
+ * this incarnation re-leases a record it is still working on (its lease looked
+ * lapsed after a clock step), the new token is written into this object, so
+ * the work under way carries on with it.
+ */
 interface HeldLease {
   kind: "inbox" | "outbox";
   id: string;
   token: number;
   lost: boolean;
+  /** Monotonic time at which the backend last confirmed the lease (the start of the claim or heartbeat call). */
+  confirmedAt: number;
+  /** Its outcome is being written: a claim of the record now is a new attempt, not a lease that only looked lapsed. */
+  settling?: boolean;
 }
+/** A wall-clock step larger than this (against the monotonic clock) renews every held lease before a sweep claims. */
+const CLOCK_STEP_MS = 1000;
 /** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
 const RECLAIM_BATCH = 1024;
 /** setTimeout's largest delay. */
@@ -254,6 +266,23 @@ export class DurabilityEngine {
   #admitting = new Map<string, Promise<AdmitResult>>();
   /** Leases this incarnation holds, by kind and id (two maps: no key to build per lookup). */
   #held = { inbox: new Map<string, HeldLease>(), outbox: new Map<string, HeldLease>() };
+  /**
+   * Outbox keys whose provider call this incarnation started and whose outcome is not recorded: the
+   * only ones of its own leases that may have reached the channel. Kept when the outcome could not be
+   * written, so that such a key is never taken for one that was never sent.
+   */
+  #calling = new Set<string>();
+  /** Keys of held sends a sweep of this incarnation moved to `unknown` while their call was under way: reported only if the call's outcome cannot be recorded. */
+  #unreported = new Set<string>();
+  /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
+  #adoptPending = false;
+  /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
+  #lastRound = { monotonic: 0, wall: 0 };
+  /**
+   * Heartbeat rounds and claim scans run one at a time: a claim never races a renewal of this
+   * incarnation's own leases (it would find a lease lapsed that the renewal was about to extend).
+   */
+  #leaseOps: Promise<unknown> = Promise.resolve();
   #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
   #sweepAgain = false;
@@ -301,6 +330,7 @@ export class DurabilityEngine {
       });
     }
     this.#ready = true;
+    this.#lastRound = { monotonic: this.#clock.monotonic(), wall: this.#clock.now() };
     try {
       await this.backend.open?.();
       await this.#sweepOnce(true);
@@ -382,8 +412,16 @@ export class DurabilityEngine {
     });
   }
 
-  #hold(kind: "inbox" | "outbox", id: string, token: number): void {
-    this.#held[kind].set(id, { kind, id, token, lost: false });
+  /**
+   * Hold a lease from the moment it was claimed until its outcome is written.
+   * @param confirmedAt monotonic time at which the claim was made (default: now)
+   */
+  #hold(kind: "inbox" | "outbox", id: string, token: number, confirmedAt = this.#clock.monotonic()): HeldLease {
+    const existing = this.#held[kind].get(id);
+    if (existing !== undefined && existing.token === token) return existing;
+    const lease: HeldLease = { kind, id, token, lost: false, confirmedAt };
+    this.#held[kind].set(id, lease);
+    return lease;
   }
 
   #release(kind: "inbox" | "outbox", id: string, token: number): void {
@@ -391,26 +429,68 @@ export class DurabilityEngine {
     if (held.get(id)?.token === token) held.delete(id);
   }
 
-  async #heartbeat(): Promise<void> {
+  #heartbeat(): Promise<void> {
+    return this.#oneLeaseOpAtATime(() => this.#renewAll());
+  }
+
+  async #renewAll(): Promise<void> {
     if (this.#halted) return;
+    this.#lastRound = { monotonic: this.#clock.monotonic(), wall: this.#clock.now() };
     const held = [...this.#held.inbox.values(), ...this.#held.outbox.values()].filter((h) => !h.lost);
-    await Promise.all(held.map(async (h) => {
-      try {
-        const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
-        const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
-        if (!await journal.heartbeat(h.id, h.token, leaseMs)) {
-          if (!this.#held[h.kind].has(h.id)) return; // settled meanwhile
-          h.lost = true;
-          this.#warn({
-            code: "lease-lost",
-            message: `Lost the lease on ${h.kind} record "${h.id}" (fencing token ${h.token}): another instance took it`,
-            ...(h.kind === "inbox" ? { id: h.id } : { key: h.id }),
-          });
-        }
-      } catch (error) {
-        this.#report(error, `heartbeat of ${h.kind} record "${h.id}"`);
+    await Promise.all(held.map((h) => this.#renew(h)));
+  }
+
+  /** Run `op` after the heartbeat round or claim scan under way (see `#leaseOps`). */
+  #oneLeaseOpAtATime<T>(op: () => Promise<T>): Promise<T> {
+    const run = this.#leaseOps.then(op, op);
+    this.#leaseOps = run.catch(() => {});
+    return run;
+  }
+
+  /** A claim scan, after renewing this incarnation's leases if they may look lapsed (a stall, a clock step). */
+  #claimScan<T>(claim: () => Promise<T>): Promise<T> {
+    return this.#oneLeaseOpAtATime(async () => {
+      if (this.#leasesNeedRenewal()) await this.#renewAll();
+      return await claim();
+    });
+  }
+
+  /**
+   * Extend one held lease.
+   * @returns whether the backend confirmed it (`false` on a journal error too)
+   */
+  async #renew(h: HeldLease): Promise<boolean> {
+    const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
+    const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
+    const startedAt = this.#clock.monotonic();
+    const token = h.token;
+    try {
+      if (await journal.heartbeat(h.id, token, leaseMs)) {
+        if (h.token === token) h.confirmedAt = Math.max(h.confirmedAt, startedAt);
+        return true;
       }
-    }));
+      if (this.#held[h.kind].get(h.id) !== h || h.token !== token) return false; // settled or re-leased meanwhile
+      h.lost = true;
+      this.#warn({
+        code: "lease-lost",
+        message: `Lost the lease on ${h.kind} record "${h.id}" (fencing token ${token}): another instance took it`,
+        ...(h.kind === "inbox" ? { id: h.id } : { key: h.id }),
+      });
+    } catch (error) {
+      this.#report(error, `heartbeat of ${h.kind} record "${h.id}"`);
+    }
+    return false;
+  }
+
+  /**
+   * Whether held leases may look lapsed to the backend: the heartbeat round is overdue (a stall, a
+   * timer that fired late) or the wall clock stepped against the monotonic one since it ran.
+   */
+  #leasesNeedRenewal(): boolean {
+    if (this.#held.inbox.size === 0 && this.#held.outbox.size === 0) return false;
+    const elapsed = this.#clock.monotonic() - this.#lastRound.monotonic;
+    const wallElapsed = this.#clock.now() - this.#lastRound.wall;
+    return elapsed >= this.#heartbeatEveryMs() || Math.abs(wallElapsed - elapsed) > CLOCK_STEP_MS;
   }
 
   #wake(inMs: number): void {
@@ -477,6 +557,7 @@ export class DurabilityEngine {
       return { status: "rejected", id, error: err };
     }
     let record: InboundRecord | null;
+    const admittedAt = this.#clock.monotonic();
     try {
       record = await withTimeout(
         this.#clock,
@@ -511,7 +592,7 @@ export class DurabilityEngine {
       return { status: "duplicate", id };
     }
     this.#metrics.inboundJournaled++;
-    this.#hold("inbox", id, record.fence);
+    this.#hold("inbox", id, record.fence, admittedAt);
     dispatch({ message, record, sends: [], sendCount: 0 });
     return { status: "admitted", id };
   }
@@ -567,7 +648,8 @@ export class DurabilityEngine {
       }
       return;
     }
-    const token = record.fence;
+    // The held lease, whose token a sweep of this incarnation may renew while the handler runs.
+    const lease = this.#held.inbox.get(record.id) ?? this.#hold("inbox", record.id, record.fence);
     const retries = this.config.inbox.retries;
     let failure: unknown;
     let failed = false;
@@ -588,10 +670,11 @@ export class DurabilityEngine {
     const inbox = this.backend.inbox;
     try {
       if (!failed) {
-        await this.#recordOutcome("inbox", record.id, () => inbox.complete(record.id, token));
+        await this.#recordOutcome(lease, (token) => inbox.complete(record.id, token), ["done"]);
       } else if (record.attempts > retries) {
         const text = errorText(failure);
-        if (!await this.#recordOutcome("inbox", record.id, () => inbox.fail(record.id, token, { error: text, dead: true }))) {
+        const dead = { error: text, dead: true } as const;
+        if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, dead), ["dead"])) {
           return;
         }
         this.#metrics.inboundDead++;
@@ -600,7 +683,7 @@ export class DurabilityEngine {
       } else {
         const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
         const outcome = { error: errorText(failure), retryInMs };
-        if (!await this.#recordOutcome("inbox", record.id, () => inbox.fail(record.id, token, outcome))) return;
+        if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, outcome), ["failed"])) return;
         this.#warn({
           code: "handler-retry",
           id: record.id,
@@ -611,7 +694,7 @@ export class DurabilityEngine {
         this.#wake(retryInMs);
       }
     } finally {
-      this.#release("inbox", record.id, token);
+      this.#release("inbox", record.id, lease.token);
     }
   }
 
@@ -619,26 +702,48 @@ export class DurabilityEngine {
    * Record the outcome of held work (complete, fail, markSent, markFailed). A
    * journal error is retried while this process holds the lease (heartbeats
    * keep it), so a live process never leaves a record half-settled; it gives
-   * up when the lease is lost, the process dies, or the bot stops.
+   * up when the lease is lost, the process dies, or the bot stops. A write
+   * that committed but whose reply was lost is recognised on the retry: the
+   * record is in the outcome's state under this very token, so it counts as
+   * recorded, not as a stale lease.
+   * @param lease the held lease (its current token is used)
+   * @param write the write, given the token
+   * @param landed the states the write leaves the record in
    * @returns whether the outcome was recorded
    */
-  async #recordOutcome(kind: "inbox" | "outbox", id: string, write: () => Promise<void>): Promise<boolean> {
+  async #recordOutcome(lease: HeldLease, write: (token: number) => Promise<void>, landed: readonly string[]): Promise<boolean> {
+    const { kind, id } = lease;
     const leaseMs = kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
+    lease.settling = true;
     for (let attempt = 1;; attempt++) {
+      const token = lease.token;
       try {
-        await write();
+        await write(token);
         return true;
       } catch (error) {
         if (error instanceof StaleLeaseError) {
+          if (await this.#outcomeLanded(kind, id, token, landed)) return true;
           this.#stale(kind, id, error);
           return false;
         }
         if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
+        // The write may have committed with its reply lost: look before the record moves on.
+        if (await this.#outcomeLanded(kind, id, token, landed)) return true;
         const held = this.#held[kind].get(id);
         if (!held || held.lost || (this.#stopping && attempt >= 3)) return false;
         await sleep(this.#clock, Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
         if (this.#halted) return false;
       }
+    }
+  }
+
+  /** Whether a fenced write with `token` already took effect (an earlier attempt committed, its reply was lost). */
+  async #outcomeLanded(kind: "inbox" | "outbox", id: string, token: number, states: readonly string[]): Promise<boolean> {
+    try {
+      const record = kind === "inbox" ? await this.backend.inbox.get(id) : await this.backend.outbox.get(id);
+      return record !== null && record.fence === token && states.includes(record.state);
+    } catch {
+      return false;
     }
   }
 
@@ -699,13 +804,25 @@ export class DurabilityEngine {
 
   async #reserveAndDeliver(entry: NewOutboxEntry, content: OutboundContent, mode: "now" | "enqueue"): Promise<SendResult> {
     let result;
+    const reservedAt = this.#clock.monotonic();
     try {
       result = await this.backend.outbox.reserve(entry, mode === "now" ? this.#claim("outbox") : undefined);
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
-      throw error;
+      if (this.#halted) throw error;
+      // The reservation may have committed with its reply lost: then the entry is leased to this
+      // incarnation and nobody else will send it before the lease lapses. Look, and send it if so.
+      this.#adoptPending = true;
+      const landed = await this.backend.outbox.get(entry.key).catch(() => null);
+      if (landed === null || landed.contentHash !== entry.contentHash || !this.#isOwnUncalled(landed)) throw error;
+      this.#metrics.outboxJournaled++;
+      return this.#deliver(this.#hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
     }
     const journaled = result.entry;
+    if (result.status === "exists" && this.#isOwnUncalled(journaled)) {
+      // Reserved by this incarnation, its reply lost (the handler retried): never sent, ours to send now.
+      return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
+    }
     if (result.status === "exists") {
       if (journaled.contentHash !== entry.contentHash) {
         this.#metrics.outboxDiverged++;
@@ -726,7 +843,18 @@ export class DurabilityEngine {
       this.#wake(0);
       return this.#resultOf(journaled);
     }
-    return this.#deliver(journaled, content);
+    return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);
+  }
+
+  /**
+   * Whether `entry` is `sending` under a lease of this very incarnation that it does not hold and
+   * whose provider call it never started: a reservation or claim whose reply was lost. Nobody sent it.
+   */
+  #isOwnUncalled(entry: OutboxEntry): boolean {
+    const lease = entry.lease;
+    return entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
+      lease.incarnation === this.incarnation && lease.token === entry.fence &&
+      !this.#held.outbox.has(entry.key) && !this.#calling.has(entry.key);
   }
 
   #resultOf(entry: OutboxEntry): SendResult {
@@ -736,17 +864,26 @@ export class DurabilityEngine {
     return result;
   }
 
-  /** Call the provider for a leased entry and record the outcome. */
-  async #deliver(entry: OutboxEntry, content?: OutboundContent): Promise<SendResult> {
+  /**
+   * Call the provider for a leased entry and record the outcome. The lease is
+   * held (heartbeated) from its claim on; the provider is called only if it is
+   * still held at that moment, confirmed by the backend within the last half
+   * lease (a delivery that waited behind a slow send of its chat, or a process
+   * that stalled, renews it first and gives up if another instance took it).
+   */
+  async #deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent): Promise<SendResult> {
     const { key, chatId } = entry;
-    const token = entry.fence;
     const attempt = entry.attempts;
-    this.#hold("outbox", key, token);
-    if (attempt > 1) this.#metrics.outboxRetried++;
     const provider = this.#host.provider;
+    let called = false;
+    let settled = false;
     try {
+      if (!await this.#stillHeld(lease)) return await this.#notOurs(key);
+      if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
       try {
+        this.#calling.add(key);
+        called = true;
         const receipt = await provider.send(
           chatId,
           content ?? decodeContent(entry.content) as OutboundContent,
@@ -758,16 +895,41 @@ export class DurabilityEngine {
           this.#halt();
           throw error;
         }
-        return await this.#sendFailed(entry, error);
+        const failed = await this.#sendFailed(lease, entry, error);
+        settled = failed.recorded;
+        return failed.result;
       }
-      await this.#recordOutcome("outbox", key, () => this.backend.outbox.markSent(key, token, messageId));
+      settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
       return { key, state: "sent", messageId };
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
       throw error;
     } finally {
-      this.#release("outbox", key, token);
+      if (settled || !called) this.#calling.delete(key);
+      if (this.#unreported.delete(key) && called && !settled && !this.#halted) this.#reportAmbiguous(entry);
+      this.#release("outbox", key, lease.token);
     }
+  }
+
+  /** Whether the provider may be called under `lease` now: held, not lost, confirmed within half a lease. */
+  async #stillHeld(lease: HeldLease): Promise<boolean> {
+    if (this.#halted) return false;
+    if (lease.lost || this.#held[lease.kind].get(lease.id) !== lease) return false;
+    const leaseMs = lease.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
+    if (this.#clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
+    return await this.#renew(lease) && !this.#halted;
+  }
+
+  /** The answer for a send whose lease another instance took before the provider call: it is theirs now. */
+  async #notOurs(key: string): Promise<SendResult> {
+    if (this.#halted) throw new Error("The process died");
+    const current = await this.backend.outbox.get(key).catch(() => null);
+    return current === null ? { key, state: "queued" } : { ...this.#resultOf(current), deduped: true };
+  }
+
+  #reportAmbiguous(entry: { key: string; chatId: string }): void {
+    this.#metrics.outboxAmbiguous++;
+    this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
   }
 
   #messageIdOf(receipt: unknown, key: string): string {
@@ -784,7 +946,7 @@ export class DurabilityEngine {
     return "";
   }
 
-  async #sendFailed(entry: OutboxEntry, error: unknown): Promise<SendResult> {
+  async #sendFailed(lease: HeldLease, entry: OutboxEntry, error: unknown): Promise<{ result: SendResult; recorded: boolean }> {
     const { key } = entry;
     const provider = this.#host.provider;
     let classified;
@@ -797,17 +959,19 @@ export class DurabilityEngine {
     const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
     const outbox = this.backend.outbox;
     if (dead) {
-      if (await this.#recordOutcome("outbox", key, () => outbox.markFailed(key, entry.fence, { error: text, dead: true }))) {
+      const outcome = { error: text, dead: true } as const;
+      const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["dead"]);
+      if (recorded) {
         this.#metrics.outboxDead++;
         this.#host.events.emit("durability:dead", { kind: "outbound", id: key, error: text });
       }
-      return { key, state: "dead", error: text };
+      return { result: { key, state: "dead", error: text }, recorded };
     }
     const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs, () => this.#clock.random());
-    if (await this.#recordOutcome("outbox", key, () => outbox.markFailed(key, entry.fence, { error: text, retryInMs }))) {
-      this.#wake(retryInMs);
-    }
-    return { key, state: "failed", error: text };
+    const outcome = { error: text, retryInMs };
+    const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["failed"]);
+    if (recorded) this.#wake(retryInMs);
+    return { result: { key, state: "failed", error: text }, recorded };
   }
 
   async #bypass(chatId: string, content: OutboundContent, key: string, reason: string): Promise<SendResult> {
@@ -869,14 +1033,29 @@ export class DurabilityEngine {
 
   async #sweepOnce(first: boolean): Promise<void> {
     if (this.#stopping && !first) return;
+    if (this.#adoptPending) await this.#adoptOwnLost();
     // A restart takes back everything the previous incarnation held at once: its backlog can be large, and
     // each reclaiming scan reads the owner's records (those already taken back too), so fewer, larger batches.
     const batch = first ? RECLAIM_BATCH : SWEEP_BATCH;
     const inboxClaim = { ...this.#claim("inbox"), reclaimOwn: first, limit: batch };
     for (;;) {
-      const records = await this.backend.inbox.claimDue(inboxClaim);
+      const claimedAt = this.#clock.monotonic();
+      let records: InboundRecord[];
+      try {
+        // A sweep must never take work this very process is doing: leases that may look lapsed are renewed first.
+        records = await this.#claimScan(() => this.backend.inbox.claimDue(inboxClaim));
+      } catch (error) {
+        this.#adoptPending = true; // the claim may have committed with its reply lost
+        throw error;
+      }
       for (const record of records) {
-        this.#hold("inbox", record.id, record.fence);
+        const mine = this.#held.inbox.get(record.id);
+        if (mine !== undefined && !mine.lost && !mine.settling) {
+          // Still being handled here: its lease only looked lapsed (a server clock step). Carry on under the new token.
+          Object.assign(mine, { token: record.fence, confirmedAt: claimedAt });
+          continue;
+        }
+        this.#hold("inbox", record.id, record.fence, claimedAt);
         if (record.attempts > 1 && record.error === null) this.#metrics.inboundReplayed++;
         let message: InboundMessage;
         try {
@@ -896,16 +1075,52 @@ export class DurabilityEngine {
       resendAmbiguous: this.config.outbox.onAmbiguous === "resend",
     };
     for (;;) {
-      const { due, ambiguous } = await this.backend.outbox.claimDue(outboxClaim);
+      const claimedAt = this.#clock.monotonic();
+      let claimed: Awaited<ReturnType<DurabilityBackend["outbox"]["claimDue"]>>;
+      try {
+        claimed = await this.#claimScan(() => this.backend.outbox.claimDue(outboxClaim));
+      } catch (error) {
+        this.#adoptPending = true; // the claim may have committed with its reply lost
+        throw error;
+      }
+      const { due, ambiguous } = claimed;
       outboxClaim.reclaimOwn = false;
+      const dueKeys = new Set(due.map((entry) => entry.key));
+      const ambiguousKeys = new Set(ambiguous.map((entry) => entry.key));
       for (const entry of ambiguous) {
-        this.#metrics.outboxAmbiguous++;
-        this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
+        const mine = this.#held.outbox.get(entry.key);
+        if (mine !== undefined && !mine.lost) {
+          // A send this process holds, whose lease only looked lapsed (a server clock step).
+          if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way takes the new token
+          if (this.#calling.has(entry.key)) {
+            // Its call is under way; its outcome resolves the entry. Reported only if that cannot be recorded.
+            this.#unreported.add(entry.key);
+          } else {
+            // Its call never started: nothing to report, send it again in its turn.
+            this.#held.outbox.delete(entry.key);
+            const requeued = await this.backend.outbox.retry(entry.key).catch((error) => {
+              this.#report(error, `requeue of outbox entry "${entry.key}"`);
+              return false;
+            });
+            if (requeued) this.#wake(0);
+            else if (!this.#halted) this.#reportAmbiguous(entry); // left unknown: an operator must see it
+          }
+          continue;
+        }
+        this.#reportAmbiguous(entry);
       }
       // Deliveries run on their own (a hung provider call must not stall the sweeps); once one
-      // settles, the next entry of its chat may be due, so look again.
+      // settles, the next entry of its chat may be due, so look again. The lease is held from here on.
       for (const entry of due) {
-        this.#inChatOrder(entry.chatId, () => this.#deliver(entry)).then(
+        const mine = this.#held.outbox.get(entry.key);
+        // A held send being settled that comes back due without being ambiguous is a new attempt: its
+        // failure was recorded (the reply lost) and its retry is due.
+        if (mine !== undefined && !mine.lost && (!mine.settling || ambiguousKeys.has(entry.key))) {
+          Object.assign(mine, { token: entry.fence, confirmedAt: claimedAt }); // re-leased while still ours
+          continue;
+        }
+        const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);
+        this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
           () => this.#wake(0),
           (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
         );
@@ -918,6 +1133,47 @@ export class DurabilityEngine {
       this.#lastPurge = this.#clock.monotonic();
       await this.backend.inbox.purge(this.config.retentionMs);
       await this.backend.outbox.purge(this.config.retentionMs);
+    }
+  }
+
+  /**
+   * After a claim or reservation failed without an answer, take up what it may have leased to this
+   * incarnation: records `processing`/`sending` under this incarnation's lease that it does not hold.
+   * Nothing was done with them here, so they are handled and sent now instead of waiting for their
+   * leases to lapse (and, for a send, instead of being taken for an ambiguous one).
+   */
+  async #adoptOwnLost(): Promise<void> {
+    this.#adoptPending = false;
+    try {
+      const [records, entries] = await Promise.all([
+        this.backend.inbox.list({ state: "processing", limit: RECLAIM_BATCH }),
+        this.backend.outbox.list({ state: "sending", limit: RECLAIM_BATCH }),
+      ]);
+      for (const record of records) {
+        const lease = record.lease;
+        if (!lease || lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) continue;
+        if (lease.token !== record.fence || this.#held.inbox.has(record.id)) continue;
+        this.#hold("inbox", record.id, record.fence, -Infinity);
+        let message: InboundMessage;
+        try {
+          message = decodeContent(record.payload) as InboundMessage;
+        } catch (error) {
+          message = { id: record.id, chatId: record.chatId, type: "unknown" };
+          this.#report(error, `payload of inbound record "${record.id}"`);
+        }
+        this.#host.dispatch({ message, record, sends: [], sendCount: 0 });
+      }
+      for (const entry of entries) {
+        if (!this.#isOwnUncalled(entry)) continue;
+        const lease = this.#hold("outbox", entry.key, entry.fence, -Infinity);
+        this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
+          () => this.#wake(0),
+          (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
+        );
+      }
+    } catch (error) {
+      this.#adoptPending = true;
+      throw error;
     }
   }
 

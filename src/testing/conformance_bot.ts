@@ -24,6 +24,29 @@ import { MockProvider } from "./mock_provider.ts";
 
 type Expect = ConformanceHarness["expect"];
 
+/** A MockProvider whose sends of chosen keys take `delayMs`, and that tells when a send started. */
+class SlowKeysProvider extends MockProvider {
+  readonly slowKeys = new Set<string>();
+  readonly #delayMs: number;
+  readonly #started = new Map<string, () => void>();
+  readonly #startedKeys = new Set<string>();
+  constructor(delayMs: number) {
+    super();
+    this.#delayMs = delayMs;
+  }
+  /** Resolves once a send of `key` has started. */
+  whenStarted(key: string): Promise<void> {
+    if (this.#startedKeys.has(key)) return Promise.resolve();
+    return new Promise((resolve) => this.#started.set(key, resolve));
+  }
+  override async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
+    this.#startedKeys.add(context.idempotencyKey);
+    this.#started.get(context.idempotencyKey)?.();
+    if (this.slowKeys.has(context.idempotencyKey)) await sleep(this.#delayMs);
+    return super.send(chatId, content, context);
+  }
+}
+
 /** Fast settings for tests, scaled. */
 function fastDurability(backend: DurabilityBackend, scale: number, extra: Partial<DurabilityOptions> = {}) {
   const { inbox, outbox, ...rest } = extra;
@@ -517,6 +540,178 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(ambiguous.length).toBe(0);
       expect((await backend.outbox.get("slow"))?.state).toBe("sent");
       expect(provider.sent.length).toBe(1);
+    });
+
+    withBackend("a send that waits in its chat's queue holds its lease from its claim and goes out once", async (
+      backend,
+      bots,
+    ) => {
+      // A dead entry retried by an operator is claimed by a sweep, then waits behind a slow send of its chat
+      // for several lease lengths: its lease must be heartbeated while it waits, never taken for abandoned.
+      for (const policy of ["hold", "resend"] as const) {
+        const lease = Math.round(100 * scale);
+        const provider = new SlowKeysProvider(lease * 3);
+        const bot = await start(
+          bots,
+          new Bot({
+            provider,
+            durability: fastDurability(backend, scale, { outbox: { leaseMs: lease, onAmbiguous: policy } }),
+          }),
+        );
+        const ambiguous = collect(bot, "durability:ambiguous");
+        const warnings = collect(bot, "warning");
+        const chatId = uid("c");
+        const first = uid("first");
+        provider.failNext(1, new ProviderError("invalid recipient", { retryable: false }));
+        expect((await bot.send(chatId, "one", { idempotencyKey: first })).state).toBe("dead");
+        const slowKey = uid("slow");
+        provider.slowKeys.add(slowKey);
+        const slow = bot.send(chatId, "two", { idempotencyKey: slowKey });
+        await provider.whenStarted(slowKey);
+        expect(await bot.durability!.retrySend(first)).toBe(true);
+        expect((await slow).state).toBe("sent");
+        await bot.idle();
+        const calls = provider.calls.filter((c) => c.idempotencyKey === first);
+        expect(calls.map((c) => c.ok), `${policy}: the retried send reached the provider once more`).toEqual([false, true]);
+        expect((await backend.outbox.get(first))?.state).toBe("sent");
+        expect(ambiguous).toEqual([]);
+        expect(warnings.filter((w) => w.code === "stale-lease" || w.code === "lease-lost")).toEqual([]);
+        expect(metricsOf(bot).staleLeases).toBe(0);
+        await bot.stop();
+      }
+    });
+
+    withBackend("a sweep never takes what this very process is working on, even when its leases look lapsed", async (
+      backend,
+      bots,
+    ) => {
+      // The heartbeats are answered but never land (as if the backend's clock stepped forward past every lease):
+      // the process's own sweeps find its in-flight message and send lapsed, and must leave them to it.
+      for (const policy of ["hold", "resend"] as const) {
+        const frozen = intercept(backend, { heartbeat: () => Promise.resolve(true) }, { heartbeat: () => Promise.resolve(true) });
+        const lease = Math.round(60 * scale);
+        const provider = new SlowKeysProvider(lease * 3);
+        const bot = await start(
+          bots,
+          new Bot({
+            provider,
+            durability: fastDurability(frozen, scale, {
+              inbox: { leaseMs: lease },
+              outbox: { leaseMs: lease, onAmbiguous: policy },
+            }),
+          }),
+        );
+        const ambiguous = collect(bot, "durability:ambiguous");
+        const warnings = collect(bot, "warning");
+        let runs = 0;
+        bot.when(ANY, async (ctx) => {
+          runs++;
+          await sleep(lease * 3);
+          await ctx.reply("done thinking");
+        });
+        const id = uid("m");
+        provider.slowKeys.add(`${id}:1`);
+        await provider.receive({ id, chatId: uid("c"), text: "x" });
+        await bot.idle();
+        expect(runs, `${policy}: the handler ran once`).toBe(1);
+        expect(provider.calls.map((c) => c.idempotencyKey)).toEqual([`${id}:1`]);
+        expect((await backend.inbox.get(id))?.state).toBe("done");
+        const entry = await backend.outbox.get(`${id}:1`);
+        expect([entry?.state, entry?.messageId]).toEqual(["sent", provider.sent[0]!.messageId]);
+        expect(ambiguous).toEqual([]);
+        expect(warnings.filter((w) => w.code === "stale-lease")).toEqual([]);
+        expect(metricsOf(bot).staleLeases).toBe(0);
+        expect(metricsOf(bot).outboxAmbiguous).toBe(0);
+        await bot.stop();
+      }
+    });
+
+    withBackend("a reservation that committed but whose reply was lost is sent once, never answered as a duplicate", async (
+      backend,
+      bots,
+    ) => {
+      let lost = 0;
+      const flaky = intercept(backend, {}, {
+        reserve: async (entry, lease) => {
+          const result = await backend.outbox.reserve(entry, lease);
+          if (lost++ === 0) throw new Error("read ECONNRESET (after the commit)");
+          return result;
+        },
+      });
+      const provider = new MockProvider();
+      const bot = await start(bots, new Bot({ provider, durability: fastDurability(flaky, scale) }));
+      const errors = collect(bot, "error");
+      const ambiguous = collect(bot, "durability:ambiguous");
+      const warnings = collect(bot, "warning");
+      bot.when(ANY, (ctx) => ctx.reply("the answer"));
+      const id = uid("m");
+      await provider.receive({ id, chatId: uid("c"), text: "x" });
+      await bot.idle();
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([`${id}:1`]);
+      const entry = await backend.outbox.get(`${id}:1`);
+      expect([entry?.state, entry?.messageId]).toEqual(["sent", provider.sent[0]!.messageId]);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(ambiguous).toEqual([]);
+      expect(warnings.filter((w) => w.code === "stale-lease")).toEqual([]);
+      expect(metricsOf(bot).outboxDeduped).toBe(0);
+      expect(errors.length).toBeLessThanOrEqual(1);
+      // bot.send outside a handler: the caller is answered with the send, not with the lost reply.
+      lost = 0;
+      const key = uid("k");
+      expect((await bot.send(uid("c"), "direct", { idempotencyKey: key })).state).toBe("sent");
+      expect(provider.sent.filter((s) => s.idempotencyKey === key).length).toBe(1);
+    });
+
+    withBackend("outcome writes whose reply was lost reach their outcome, with no stale lease counted", async (
+      backend,
+      bots,
+    ) => {
+      const lostOnce = new Set<string>();
+      const loseReply = <A extends unknown[], R>(name: string, op: (...args: A) => Promise<R>) => async (...args: A) => {
+        const result = await op(...args);
+        if (!lostOnce.has(name)) {
+          lostOnce.add(name);
+          throw new Error(`connection reset after ${name} committed`);
+        }
+        return result;
+      };
+      const flaky = intercept(backend, {
+        complete: loseReply("complete", backend.inbox.complete.bind(backend.inbox)),
+        fail: loseReply("fail", backend.inbox.fail.bind(backend.inbox)),
+        heartbeat: loseReply("inbox.heartbeat", backend.inbox.heartbeat.bind(backend.inbox)),
+      }, {
+        markSent: loseReply("markSent", backend.outbox.markSent.bind(backend.outbox)),
+        markFailed: loseReply("markFailed", backend.outbox.markFailed.bind(backend.outbox)),
+        heartbeat: loseReply("outbox.heartbeat", backend.outbox.heartbeat.bind(backend.outbox)),
+      });
+      const lease = Math.round(60 * scale);
+      const provider = new MockProvider();
+      const bot = await start(
+        bots,
+        new Bot({ provider, durability: fastDurability(flaky, scale, { inbox: { leaseMs: lease }, outbox: { leaseMs: lease } }) }),
+      );
+      collect(bot, "error");
+      const warnings = collect(bot, "warning");
+      const ambiguous = collect(bot, "durability:ambiguous");
+      const attempts: number[] = [];
+      bot.when(ANY, async (ctx) => {
+        attempts.push(ctx.attempt);
+        if (ctx.attempt === 1) throw new Error("first attempt fails");
+        await sleep(lease); // long enough for heartbeats
+        await ctx.reply("second attempt replies");
+      });
+      provider.failNext(1); // the first send fails and is retried
+      const id = uid("m");
+      await provider.receive({ id, chatId: uid("c"), text: "x" });
+      await bot.idle();
+      for (const write of ["complete", "fail", "markSent", "markFailed"]) expect(lostOnce.has(write), write).toBe(true);
+      expect(attempts).toEqual([1, 2]);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect((await backend.outbox.get(`${id}:1`))?.state).toBe("sent");
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([`${id}:1`]);
+      expect(warnings.filter((w) => w.code === "stale-lease")).toEqual([]);
+      expect(metricsOf(bot).staleLeases).toBe(0);
+      expect(ambiguous).toEqual([]);
     });
 
     withBackend("a send whose sender died mid-call is unknown and reported; 'resend' sends it again", async (
