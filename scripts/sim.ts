@@ -1,0 +1,217 @@
+/**
+ * The deterministic simulation of the durability engine, on MemoryDurability.
+ *
+ *   npm run sim -- --seed 42                 one seed, with its trace
+ *   npm run sim -- --seeds 5000 --from 1     many seeds (2 worker processes), a summary
+ *   options: --faults crash,lost-reply,...   only these fault kinds (see FAULT_KINDS)
+ *            --strict-ambiguity              an ambiguity from a crash before the provider call fails the seed
+ *            --strict-timeouts               a duplicate send after a call accepted-then-timed-out fails the seed
+ *            --workers N                     worker processes for --seeds (default 2)
+ *            --quiet                         --seed: no trace, only the verdict
+ *            --max-print N                   --seeds: failing seeds listed (default 20)
+ *
+ * Only MemoryDurability is wired: kvDurability(new MemoryKv()) waits real time
+ * (`delay(Math.random() …)`) on compare-and-set races, which would break determinism.
+ * Exit code 1 when any seed fails.
+ */
+import { MemoryDurability } from "../backends/memory.ts";
+import { FAULT_KINDS, parseFaults, runSimulation, type SimResult } from "../src/testing/sim/mod.ts";
+
+interface Args {
+  seed?: number;
+  seeds?: number;
+  from: number;
+  stride: number;
+  faults?: string;
+  strict: boolean;
+  strictTimeouts: boolean;
+  workers: number;
+  worker: boolean;
+  quiet: boolean;
+  maxPrint: number;
+}
+
+function parseArgs(argv: string[]): Args {
+  const args: Args = { from: 1, stride: 1, strict: false, strictTimeouts: false, workers: 2, worker: false, quiet: false, maxPrint: 20 };
+  for (let i = 0; i < argv.length; i++) {
+    const a = argv[i]!;
+    const value = () => {
+      const v = argv[++i];
+      if (v === undefined) throw new Error(`${a} needs a value`);
+      return v;
+    };
+    const int = () => {
+      const v = Number(value());
+      if (!Number.isInteger(v) || v < 0) throw new Error(`${a} needs a non-negative integer`);
+      return v;
+    };
+    switch (a) {
+      case "--seed": args.seed = int(); break;
+      case "--seeds": args.seeds = int(); break;
+      case "--from": args.from = int(); break;
+      case "--stride": args.stride = Math.max(1, int()); break;
+      case "--faults": args.faults = value(); break;
+      case "--strict-ambiguity": args.strict = true; break;
+      case "--strict-timeouts": args.strictTimeouts = true; break;
+      case "--workers": args.workers = Math.max(1, int()); break;
+      case "--worker": args.worker = true; break;
+      case "--quiet": args.quiet = true; break;
+      case "--max-print": args.maxPrint = int(); break;
+      case "--help":
+      case "-h":
+        console.log(`usage: npm run sim -- (--seed N | --seeds N [--from S]) [--faults ${FAULT_KINDS.join(",")}] [--strict-ambiguity] [--workers N]`);
+        process.exit(0);
+        break;
+      default:
+        throw new Error(`unknown argument ${a} (try --help)`);
+    }
+  }
+  return args;
+}
+
+const args = parseArgs(process.argv.slice(2));
+const faults = args.faults === undefined ? undefined : parseFaults(args.faults);
+const create = (serverNow: () => number) => new MemoryDurability({ clock: serverNow });
+const flags = [
+  ...(args.faults !== undefined ? [`--faults ${args.faults}`] : []),
+  ...(args.strict ? ["--strict-ambiguity"] : []),
+  ...(args.strictTimeouts ? ["--strict-timeouts"] : []),
+].join(" ");
+const replay = (seed: number) => `npm run sim -- --seed ${seed}${flags ? ` ${flags}` : ""}`;
+
+function run(seed: number): Promise<SimResult> {
+  return runSimulation(create, { seed, faults, strictAmbiguity: args.strict, strictTimeouts: args.strictTimeouts });
+}
+
+interface Row {
+  seed: number;
+  failures: { invariant: string; detail: string }[];
+  faults: Record<string, number>;
+  ambiguity: SimResult["ambiguity"];
+  timeoutDuplicates: number;
+  calls: number;
+}
+
+if (args.worker) {
+  const out: string[] = [];
+  for (let i = 0; i < (args.seeds ?? 0); i++) {
+    const seed = args.from + i * args.stride;
+    const r = await run(seed);
+    const row: Row = { seed, failures: r.failures, faults: r.faults, ambiguity: r.ambiguity, timeoutDuplicates: r.timeoutDuplicates, calls: r.providerCalls };
+    out.push(JSON.stringify(row));
+    if (out.length >= 50) {
+      process.stdout.write(out.join("\n") + "\n");
+      out.length = 0;
+    }
+  }
+  if (out.length > 0) process.stdout.write(out.join("\n") + "\n");
+  process.exit(0);
+}
+
+if (args.seed !== undefined) {
+  const r = await run(args.seed);
+  if (!args.quiet) for (const line of r.trace) console.log(line);
+  console.log("");
+  console.log(`seed ${r.seed}: ${r.ok ? "ok" : `FAILED (${r.failures.length})`} — ${r.scenario}`);
+  console.log(`virtual ${(r.virtualMs / 1000).toFixed(1)}s, ${r.steps} timer steps, ${r.providerCalls} provider calls`);
+  console.log(`faults: ${JSON.stringify(r.faults)}; ambiguity: ${JSON.stringify(r.ambiguity)}; duplicates after an accepted timeout: ${r.timeoutDuplicates}`);
+  for (const f of r.failures) console.log(`  ${f.invariant}: ${f.detail}`);
+  if (!r.ok) console.log(`replay: ${replay(r.seed)}`);
+  process.exit(r.ok ? 0 : 1);
+}
+
+if (args.seeds === undefined) {
+  console.error("give --seed N or --seeds N (try --help)");
+  process.exit(2);
+}
+
+const started = performance.now();
+const total = args.seeds;
+const workers = Math.min(args.workers, Math.max(1, total));
+const rows: Row[] = [];
+if (workers === 1) {
+  for (let i = 0; i < total; i++) {
+    const seed = args.from + i;
+    const r = await run(seed);
+    rows.push({ seed, failures: r.failures, faults: r.faults, ambiguity: r.ambiguity, timeoutDuplicates: r.timeoutDuplicates, calls: r.providerCalls });
+  }
+} else {
+  const children = [];
+  for (let w = 0; w < workers; w++) {
+    const count = Math.floor(total / workers) + (w < total % workers ? 1 : 0);
+    const cmd = [
+      process.execPath,
+      import.meta.path,
+      "--worker",
+      "--from",
+      String(args.from + w),
+      "--stride",
+      String(workers),
+      "--seeds",
+      String(count),
+      ...(args.faults !== undefined ? ["--faults", args.faults] : []),
+      ...(args.strict ? ["--strict-ambiguity"] : []),
+      ...(args.strictTimeouts ? ["--strict-timeouts"] : []),
+    ];
+    const child = Bun.spawn(cmd, { stdout: "pipe", stderr: "inherit" });
+    children.push((async () => {
+      const text = await new Response(child.stdout).text();
+      const code = await child.exited;
+      if (code !== 0) throw new Error(`worker ${w} exited with ${code}`);
+      for (const line of text.split("\n")) if (line.trim() !== "") rows.push(JSON.parse(line) as Row);
+    })());
+  }
+  await Promise.all(children);
+}
+rows.sort((a, b) => a.seed - b.seed);
+const wallMs = performance.now() - started;
+
+const byInvariant = new Map<string, { seeds: number; example: number; detail: string }>();
+const faultTotals: Record<string, number> = {};
+const ambiguity = { call: 0, crashBeforeCall: 0, false: 0 };
+let failed = 0;
+let calls = 0;
+let timeoutDuplicates = 0;
+for (const row of rows) {
+  calls += row.calls;
+  timeoutDuplicates += row.timeoutDuplicates;
+  for (const [k, n] of Object.entries(row.faults)) faultTotals[k] = (faultTotals[k] ?? 0) + n;
+  ambiguity.call += row.ambiguity.call;
+  ambiguity.crashBeforeCall += row.ambiguity.crashBeforeCall;
+  ambiguity.false += row.ambiguity.false;
+  if (row.failures.length > 0) failed++;
+  const seen = new Set<string>();
+  for (const f of row.failures) {
+    if (seen.has(f.invariant)) continue;
+    seen.add(f.invariant);
+    const entry = byInvariant.get(f.invariant);
+    if (entry) entry.seeds++;
+    else byInvariant.set(f.invariant, { seeds: 1, example: row.seed, detail: f.detail });
+  }
+}
+
+console.log(`seeds ${args.from}..${args.from + total - 1}: ${total - failed} ok, ${failed} failed`);
+console.log(`wall ${(wallMs / 1000).toFixed(1)}s, ${(total / (wallMs / 1000)).toFixed(0)} seeds/s (${workers} worker(s)), ${calls} provider calls`);
+console.log(`faults injected: ${Object.entries(faultTotals).sort().map(([k, n]) => `${k} ${n}`).join(", ") || "none"}`);
+console.log(
+  `ambiguity reports: ${ambiguity.call} after a real provider call, ${ambiguity.crashBeforeCall} from a crash before the call${
+    args.strict ? " (failures: --strict-ambiguity)" : " (allowed; --strict-ambiguity fails them)"
+  }, ${ambiguity.false} false`,
+);
+console.log(
+  `duplicate sends after a call the channel accepted but that timed out (the engine retried it): ${timeoutDuplicates}${
+    args.strictTimeouts ? " (failures: --strict-timeouts)" : " (allowed; --strict-timeouts fails them)"
+  }`,
+);
+if (byInvariant.size > 0) {
+  console.log("failures by invariant (seeds, example):");
+  for (const [inv, e] of [...byInvariant].sort((a, b) => b[1].seeds - a[1].seeds)) {
+    console.log(`  ${inv}: ${e.seeds} seed(s), e.g. ${replay(e.example)}`);
+    console.log(`      ${e.detail}`);
+  }
+  console.log("failing seeds:");
+  for (const row of rows.filter((r) => r.failures.length > 0).slice(0, args.maxPrint)) {
+    console.log(`  ${replay(row.seed)}   # ${[...new Set(row.failures.map((f) => f.invariant))].join(", ")}`);
+  }
+}
+process.exit(failed > 0 ? 1 : 0);

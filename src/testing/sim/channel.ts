@@ -1,0 +1,226 @@
+/**
+ * The simulated channel: one shared log of every send that reached it, and
+ * inbound delivery with redelivery (a message the bot did not acknowledge is
+ * delivered again; any message may be delivered again at any moment). Each
+ * incarnation talks to it through its own {@link SimProvider}.
+ *
+ * @module
+ */
+import { ProviderError } from "../../errors.ts";
+import type { InboundMessage, InboundSink, OutboundContent, Provider, SendContext, SendReceipt } from "../../provider.ts";
+import type { CallRecord } from "./ledger.ts";
+import type { Incarnation, World } from "./world.ts";
+
+/** An inbound message of the scenario. */
+export interface SimMessage {
+  id: string;
+  chatId: string;
+  chatIndex: number;
+  text: string;
+}
+
+/** The shared channel. */
+export class SimChannel {
+  readonly world: World;
+  /** Ids the channel got an acknowledgement for (admitted or duplicate). */
+  readonly acked: Set<string> = new Set();
+  /** Ids delivered at least once. */
+  readonly delivered: Set<string> = new Set();
+  /** Deliveries under way (sink calls not yet answered). */
+  inFlight = 0;
+  /** Provider calls under way. */
+  callsInFlight = 0;
+  #redeliverMinMs: number;
+
+  constructor(world: World, redeliverMinMs = 300) {
+    this.world = world;
+    this.#redeliverMinMs = redeliverMinMs;
+  }
+
+  /** Deliver `message` to a live replica (its chat's sticky one when it can). */
+  deliver(message: SimMessage, reason: "first" | "redeliver" | "duplicate"): void {
+    const world = this.world;
+    if (reason === "redeliver" && this.acked.has(message.id)) return;
+    const live = world.replicas
+      .map((r) => r.current)
+      .filter((inc): inc is Incarnation => inc !== null && inc.alive && inc.receive !== null && !world.frozen(inc.replica));
+    const sticky = world.replicas[message.chatIndex % world.replicas.length]!.current;
+    let target: Incarnation | undefined = live.find((inc) => inc === sticky);
+    if (reason === "duplicate" && live.length > 1 && world.plan.chance(0.3)) target = world.plan.pick(live);
+    if (!target && live.length > 0) target = world.plan.pick(live);
+    if (!target) {
+      if (reason !== "duplicate" || !this.acked.has(message.id)) this.#retryLater(message);
+      return;
+    }
+    const inc = target;
+    this.delivered.add(message.id);
+    this.inFlight++;
+    world.log(inc.id, `inbound ${message.id} (${reason}) chat ${message.chatId}`);
+    const receive = inc.receive!;
+    void (async () => {
+      let status: string;
+      try {
+        const result = await receive({ id: message.id, chatId: message.chatId, type: "text", text: message.text });
+        status = result.status;
+      } catch (error) {
+        status = `threw ${(error as Error)?.name}`;
+      }
+      await world.thaw(inc.replica);
+      this.inFlight--;
+      if (!inc.alive) status = `${status}, lost (the process died)`;
+      world.log(inc.id, `inbound ${message.id} -> ${status}`);
+      if (inc.alive && (status === "admitted" || status === "duplicate")) this.acked.add(message.id);
+      else if (!this.acked.has(message.id)) this.#retryLater(message);
+    })();
+  }
+
+  #retryLater(message: SimMessage): void {
+    const world = this.world;
+    world.sched.after(world.plan.int(this.#redeliverMinMs, this.#redeliverMinMs * 8), () => this.deliver(message, "redeliver"));
+  }
+
+  /** A provider for one incarnation. */
+  provider(inc: Incarnation): SimProvider {
+    return new SimProvider(this, inc);
+  }
+}
+
+type Outcome =
+  | "ok"
+  | "provider-timeout"
+  | "provider-transient"
+  | "provider-permanent"
+  | "provider-retry-after"
+  | "provider-crash";
+
+/** One incarnation's view of the channel. */
+export class SimProvider implements Provider {
+  readonly name = "sim";
+  readonly #channel: SimChannel;
+  readonly #inc: Incarnation;
+
+  constructor(channel: SimChannel, inc: Incarnation) {
+    this.#channel = channel;
+    this.#inc = inc;
+  }
+
+  start(sink: InboundSink): void {
+    if (!this.#inc.alive) return;
+    this.#inc.receive = (message: InboundMessage) => sink.receive(message);
+  }
+
+  stop(): void {
+    this.#inc.receive = null;
+  }
+
+  async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
+    const inc = this.#inc;
+    const world = this.#channel.world;
+    const ledger = world.ledger;
+    if (!inc.alive) throw world.death();
+    const key = context.idempotencyKey;
+    const token = ledger.claimTokens.get(`${inc.id}|${key}|${context.attempt}`);
+    const now = world.sched.time;
+    if (token === undefined) {
+      ledger.live.push({ invariant: "call-without-lease", time: now, detail: `${inc.id} called the provider for ${key} (attempt ${context.attempt}) without a lease the sim saw granted` });
+    } else if (ledger.isOutClosed(key, token) || ledger.outFenceOf(key) > token) {
+      ledger.live.push({
+        invariant: "call-under-lost-lease",
+        time: now,
+        detail: `${inc.id} started a provider call for ${key} under token ${token}, but ${
+          ledger.isOutClosed(key, token) ? `that lease had already ended (outcome recorded or made ambiguous)` : `token ${ledger.outFenceOf(key)} was issued since`
+        }`,
+      });
+    }
+    const call: CallRecord = {
+      n: ledger.calls.length + 1,
+      key,
+      chatId,
+      content,
+      replica: inc.replica.name,
+      inc: inc.id,
+      token,
+      attempt: context.attempt,
+      start: now,
+      end: null,
+      outcome: "pending",
+      accepted: false,
+      acceptedIndex: null,
+    };
+    ledger.calls.push(call);
+    let outcome: Outcome = "ok";
+    let latency = world.plan.int(1, 40);
+    if (world.faultsActive && world.plan.chance(world.providerFaultRate)) {
+      const picked = world.plan.weighted({
+        "provider-timeout": world.can("provider-timeout") ? 2 : 0,
+        "provider-transient": world.can("provider-transient") ? 2 : 0,
+        "provider-permanent": world.can("provider-permanent") ? 0.5 : 0,
+        "provider-retry-after": world.can("provider-retry-after") ? 1 : 0,
+        "provider-slow": world.can("provider-slow") ? 2 : 0,
+        "provider-crash": world.can("provider-crash") ? 0.7 : 0,
+        ok: 0.001,
+      });
+      if (picked === "provider-slow") {
+        latency = world.plan.int(Math.floor(world.leaseMs / 3), Math.floor(world.leaseMs * 2.5));
+        world.count(latency > world.leaseMs ? "provider-slow(>lease)" : "provider-slow");
+      } else {
+        outcome = picked;
+        if (picked !== "ok") world.count(picked);
+      }
+    }
+    world.log(inc.id, `provider call #${call.n} ${key} t${token ?? "?"} attempt ${context.attempt}${outcome !== "ok" ? ` [${outcome}]` : ""}${latency > 100 ? ` (${latency}ms)` : ""}`);
+    this.#channel.callsInFlight++;
+    const accept = () => {
+      call.accepted = true;
+      call.acceptedIndex = ledger.acceptedCount++;
+    };
+    try {
+      if (outcome === "provider-crash") {
+        const at = world.plan.int(0, latency);
+        const delivered = world.plan.chance(0.5);
+        await world.sched.sleep(at);
+        if (delivered) accept();
+        call.end = world.sched.time;
+        call.outcome = delivered ? "crash after the channel accepted" : "crash before the channel accepted";
+        world.log(inc.id, `provider call #${call.n} ${key}: ${call.outcome}`);
+        if (inc.alive) {
+          world.crashes++;
+          world.crash(inc, `during provider call #${call.n} for ${key}`);
+        }
+        throw world.death();
+      }
+      await world.sched.sleep(latency);
+      call.end = world.sched.time;
+      let error: Error | null = null;
+      switch (outcome) {
+        case "ok":
+          accept();
+          break;
+        case "provider-timeout":
+          accept();
+          error = Object.assign(new Error("timed out after the channel accepted it (sim)"), { name: "TimeoutError" });
+          break;
+        case "provider-transient":
+          error = new ProviderError("503 service unavailable (sim)", { status: 503 });
+          break;
+        case "provider-permanent":
+          error = new ProviderError("400 invalid recipient (sim)", { status: 400 });
+          break;
+        case "provider-retry-after":
+          error = new ProviderError("429 too many requests (sim)", {
+            status: 429,
+            retryAfterMs: world.plan.int(100, 3000),
+          });
+          break;
+      }
+      call.outcome = error ? `${outcome}${call.accepted ? " (accepted)" : ""}` : "ok";
+      world.log(inc.id, `provider call #${call.n} ${key} -> ${call.outcome}${inc.alive ? "" : " (the caller is dead)"}`);
+      await world.thaw(inc.replica);
+      if (!inc.alive) throw world.death();
+      if (error) throw error;
+      return { messageId: `msg-${call.n}` };
+    } finally {
+      this.#channel.callsInFlight--;
+    }
+  }
+}

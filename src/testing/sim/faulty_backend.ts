@@ -1,0 +1,400 @@
+/**
+ * A fault-injecting view of the shared backend, one per incarnation. At every
+ * journal call the seeded plan picks: nothing, an error before the write (no
+ * effect), a lost reply after the write (it committed), a delay before or
+ * after, or the death of the process before or after. It also feeds the
+ * ledger with the real effect of every call.
+ *
+ * @module
+ */
+import {
+  type ClaimOptions,
+  type DurabilityBackend,
+  type FailOutcome,
+  type InboundRecord,
+  type InboxJournal,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type ReserveResult,
+  StaleLeaseError,
+} from "../../backend.ts";
+import type { LeaseGrant } from "./ledger.ts";
+import type { Incarnation, World } from "./world.ts";
+import { SIM_EPOCH } from "./scheduler.ts";
+
+/** A network error before the request reached the server: nothing happened. */
+export class ConnectionRefused extends Error {
+  constructor(op: string) {
+    super(`connection refused (sim, ${op})`);
+    this.name = "ConnectionRefused";
+  }
+}
+
+/** A network error after the server committed: the reply was lost. */
+export class ConnectionReset extends Error {
+  constructor(op: string) {
+    super(`connection reset after commit (sim, ${op})`);
+    this.name = "ConnectionReset";
+  }
+}
+
+type JournalFault =
+  | { kind: "none" }
+  | { kind: "error-before" }
+  | { kind: "lost-reply" }
+  | { kind: "delay"; before: number; after: number }
+  | { kind: "crash"; when: "before" | "after" };
+
+/** Ops traced even without a fault (the others are too frequent). */
+const QUIET = new Set(["heartbeat", "get", "list", "purge"]);
+
+function pickFault(world: World): JournalFault {
+  if (!world.faultsActive || world.journalFaultRate <= 0 || !world.plan.chance(world.journalFaultRate)) {
+    return { kind: "none" };
+  }
+  const kind = world.plan.weighted({
+    "error-before": world.can("error-before") ? 3 : 0,
+    "lost-reply": world.can("lost-reply") ? 3 : 0,
+    delay: world.can("delay") ? 3 : 0,
+    crash: world.can("crash") ? 1 : 0,
+    none: 0.001,
+  });
+  switch (kind) {
+    case "error-before":
+    case "lost-reply":
+      return { kind };
+    case "delay": {
+      const long = world.plan.chance(0.3);
+      const ms = long ? world.plan.int(Math.floor(world.leaseMs / 2), world.leaseMs * 2) : world.plan.int(1, 200);
+      return world.plan.chance(0.5) ? { kind, before: ms, after: 0 } : { kind, before: 0, after: ms };
+    }
+    case "crash":
+      return { kind, when: world.plan.chance(0.5) ? "before" : "after" };
+    default:
+      return { kind: "none" };
+  }
+}
+
+function faultName(fault: JournalFault): string {
+  switch (fault.kind) {
+    case "delay":
+      return fault.before > 0 ? `delay ${fault.before}ms before` : `delay ${fault.after}ms after`;
+    case "crash":
+      return `crash ${fault.when}`;
+    default:
+      return fault.kind;
+  }
+}
+
+function show(value: unknown): string {
+  if (value === undefined) return "undefined";
+  if (value instanceof Error) return `${value.name}: ${value.message}`;
+  return JSON.stringify(value);
+}
+
+/** What a call did, for the trace. */
+function summary(op: string, args: unknown[], result: unknown, error: unknown): string {
+  const a0 = args[0];
+  const id = typeof a0 === "string" ? a0 : (a0 as { id?: string; key?: string } | undefined)?.id ??
+    (a0 as { key?: string } | undefined)?.key;
+  const token = typeof args[1] === "number" ? ` t${args[1]}` : "";
+  const head = `${op}${id !== undefined ? ` ${id}` : ""}${token}`;
+  if (error !== undefined) return `${head} -> ${show(error)}`;
+  if (op === "inbox.claimDue") return `${head} -> [${(result as InboundRecord[]).map((r) => `${r.id} t${r.fence}`).join(", ")}]`;
+  if (op === "outbox.claimDue") {
+    const { due, ambiguous } = result as OutboxClaim;
+    return `${head} -> due [${due.map((e) => `${e.key} t${e.fence}`).join(", ")}] ambiguous [${
+      ambiguous.map((e) => e.key).join(", ")
+    }]`;
+  }
+  if (op === "outbox.reserve") {
+    const r = result as ReserveResult;
+    return `${head} -> ${r.status} ${r.entry.state} t${r.entry.fence} seq${r.entry.seq}`;
+  }
+  if (op === "inbox.admit" || op === "inbox.claim") {
+    const r = result as InboundRecord | null;
+    return `${head} -> ${r ? `${r.state} t${r.fence}` : "null"}`;
+  }
+  return `${head} -> ${show(result)}`;
+}
+
+/**
+ * The fault-injecting backend of one incarnation.
+ * @param world the run
+ * @param inc the incarnation it belongs to
+ * @param inner the shared backend
+ * @param resendAmbiguous whether the bots run with `onAmbiguous: 'resend'`
+ * @returns the wrapper
+ */
+export function faultyBackend(
+  world: World,
+  inc: Incarnation,
+  inner: DurabilityBackend,
+  resendAmbiguous: boolean,
+): DurabilityBackend {
+  const ledger = world.ledger;
+
+  /** Feeds the ledger with a call's real effect; returns what to do once the reply reaches the engine. */
+  const observe = (op: string, args: unknown[], result: unknown, error: unknown): ((delivered: boolean) => void) => {
+    const now = world.sched.time;
+    const grants: { delivered: boolean }[] = [];
+    const grant = (): LeaseGrant => {
+      const g = { inc: inc.id, time: now, delivered: true };
+      grants.push(g);
+      return g;
+    };
+    let onDelivered: (() => void) | null = null;
+    const staleCheck = (kind: "inbox" | "outbox", id: string, token: number) => {
+      if (!(error instanceof StaleLeaseError)) return;
+      const genuine = kind === "inbox" ? !ledger.isInClosed(id, token) : !ledger.isOutClosed(id, token);
+      onDelivered = () => ledger.stale.push({ kind, id, token, time: world.sched.time, inc: inc.id, genuine });
+    };
+    const selfSteal = (kind: "inbox" | "outbox", id: string, token: number) => {
+      const prev = token - 1;
+      const g = kind === "inbox" ? ledger.inLease(id, prev) : ledger.outLease(id, prev);
+      const closed = kind === "inbox" ? ledger.isInClosed(id, prev) : ledger.isOutClosed(id, prev);
+      if (g && g.inc === inc.id && g.delivered && !closed && inc.alive) {
+        const frozen = world.wasFrozen(inc.replica, g.time, now);
+        ledger.live.push({
+          invariant: "self-steal",
+          time: now,
+          detail: `${inc.id} claimed ${kind} ${id} (token ${token}) away from its own live lease (token ${prev}, granted at ${
+            ((g.time - SIM_EPOCH) / 1000).toFixed(3)
+          }s)${frozen ? " [the replica was stalled meanwhile]" : ""}; server clock offset ${world.serverOffset}ms`,
+        });
+      }
+    };
+    if (error === undefined) {
+      switch (op) {
+        case "inbox.admit": {
+          const r = result as InboundRecord | null;
+          if (r && args[1] !== undefined) ledger.grantIn(r.id, r.fence, grant());
+          break;
+        }
+        case "inbox.claim":
+        case "inbox.claimDue": {
+          const records = op === "inbox.claim" ? (result ? [result as InboundRecord] : []) : result as InboundRecord[];
+          for (const r of records) {
+            selfSteal("inbox", r.id, r.fence);
+            ledger.grantIn(r.id, r.fence, grant());
+          }
+          break;
+        }
+        case "inbox.complete":
+          ledger.closeIn(args[0] as string, args[1] as number);
+          break;
+        case "inbox.fail": {
+          const [id, token, outcome] = args as [string, number, FailOutcome];
+          ledger.closeIn(id, token);
+          if (outcome.dead) {
+            const rec = { id, token, delivered: true, error: outcome.error };
+            ledger.inDead.push(rec);
+            grants.push(rec);
+          }
+          break;
+        }
+        case "inbox.replay":
+          if (result === true) ledger.bump(ledger.operatorReplayed, args[0] as string);
+          break;
+        case "outbox.reserve": {
+          const r = result as ReserveResult;
+          if (r.status === "exists") break;
+          const e = r.entry;
+          const seqs = ledger.seqs.get(e.key) ?? [];
+          seqs.push(e.seq);
+          ledger.seqs.set(e.key, seqs);
+          ledger.chatOf.set(e.key, e.chatId);
+          if (r.status === "leased") {
+            ledger.grantOut(e.key, e.fence, grant());
+            ledger.claimTokens.set(`${inc.id}|${e.key}|${e.attempts}`, e.fence);
+          }
+          break;
+        }
+        case "outbox.claimDue": {
+          const { due, ambiguous } = result as OutboxClaim;
+          const resent = new Set<string>();
+          for (const e of ambiguous) {
+            const token = resendAmbiguous ? e.fence - 1 : e.fence;
+            if (resendAmbiguous) resent.add(e.key);
+            const calls = ledger.callsOf(e.key, token);
+            const g = ledger.outLease(e.key, token);
+            let verdict: "call" | "crash-before-call" | "false";
+            let detail: string;
+            if (calls.length > 0) {
+              verdict = "call";
+              detail = `a call under token ${token} started at ${
+                ((calls[0]!.start - SIM_EPOCH) / 1000).toFixed(3)
+              }s by ${calls[0]!.inc}`;
+            } else if (g && ledger.isDead(g.inc)) {
+              verdict = "crash-before-call";
+              detail = `holder ${g.inc} died before calling the provider`;
+            } else {
+              verdict = "false";
+              const holder = g ? world.replicas.find((r) => g.inc.startsWith(`${r.name}#`)) : undefined;
+              detail = g
+                ? `holder ${g.inc} is alive and never called the provider under token ${token}${
+                  g.delivered ? "" : " (the grant's reply was lost: it never knew it held the lease)"
+                }${holder && world.wasFrozen(holder, g.time, now) ? " [holder was stalled]" : ""}`
+                : `no grant of token ${token} seen`;
+            }
+            ledger.ambiguities.push({
+              key: e.key,
+              chatId: e.chatId,
+              token,
+              time: now,
+              by: inc.id,
+              delivered: true,
+              verdict,
+              detail,
+            });
+            grants.push(ledger.ambiguities[ledger.ambiguities.length - 1]!);
+            ledger.closeOut(e.key, token);
+          }
+          for (const e of due) {
+            if (!resent.has(e.key)) selfSteal("outbox", e.key, e.fence);
+            ledger.grantOut(e.key, e.fence, grant());
+            ledger.claimTokens.set(`${inc.id}|${e.key}|${e.attempts}`, e.fence);
+          }
+          break;
+        }
+        case "outbox.markSent":
+          ledger.closeOut(args[0] as string, args[1] as number);
+          break;
+        case "outbox.markFailed": {
+          const [key, token, outcome] = args as [string, number, FailOutcome];
+          ledger.closeOut(key, token);
+          if (outcome.dead) {
+            const rec = { key, token, delivered: true, error: outcome.error };
+            ledger.outDead.push(rec);
+            grants.push(rec);
+          }
+          break;
+        }
+        case "outbox.retry":
+          if (result === true) ledger.bump(ledger.operatorRetried, args[0] as string);
+          break;
+        case "outbox.discard":
+          if (result === true) ledger.bump(ledger.operatorDiscarded, args[0] as string);
+          break;
+      }
+    } else {
+      switch (op) {
+        case "inbox.complete":
+        case "inbox.fail":
+          staleCheck("inbox", args[0] as string, args[1] as number);
+          break;
+        case "outbox.markSent":
+        case "outbox.markFailed":
+          staleCheck("outbox", args[0] as string, args[1] as number);
+          break;
+      }
+    }
+    return (delivered: boolean) => {
+      for (const g of grants) g.delivered = delivered;
+      if (delivered) (onDelivered as (() => void) | null)?.();
+    };
+  };
+
+  const call = async (op: string, method: string, target: object, args: unknown[]): Promise<unknown> => {
+    if (!inc.alive) throw world.death();
+    const fault = pickFault(world);
+    const quiet = QUIET.has(method);
+    if (fault.kind !== "none") {
+      world.count(fault.kind === "delay" && Math.max(fault.before, fault.after) >= world.leaseMs ? "delay(>lease)" : fault.kind);
+      if (fault.kind === "delay" && Math.max(fault.before, fault.after) >= world.leaseMs / 2) world.leaseThreats++;
+      if (fault.kind === "error-before" && method === "heartbeat") world.leaseThreats++;
+      world.log(inc.id, `fault ${faultName(fault)} at ${op}`);
+    }
+    if (fault.kind === "error-before") throw new ConnectionRefused(op);
+    if (fault.kind === "crash" && fault.when === "before") {
+      world.crashes++;
+      world.crash(inc, `before ${op}`);
+      throw world.death();
+    }
+    if (fault.kind === "delay" && fault.before > 0) {
+      await world.sched.sleep(fault.before);
+      if (!inc.alive) throw world.death(); // a dead process sends nothing
+    }
+    let result: unknown;
+    let error: unknown;
+    try {
+      result = await (target as Record<string, (...a: unknown[]) => Promise<unknown>>)[method]!.apply(target, args);
+    } catch (e) {
+      error = e ?? new Error("undefined rejection");
+    }
+    const deliver = observe(op, args, result, error);
+    const empty = error === undefined && (op === "inbox.claimDue" ? (result as unknown[]).length === 0
+      : op === "outbox.claimDue" && (result as OutboxClaim).due.length + (result as OutboxClaim).ambiguous.length === 0);
+    if ((!quiet && !empty) || fault.kind !== "none" || error !== undefined) world.log(inc.id, summary(op, args, result, error));
+    if (fault.kind === "lost-reply") {
+      deliver(false);
+      throw new ConnectionReset(op);
+    }
+    if (fault.kind === "crash" && fault.when === "after") {
+      deliver(false);
+      if (inc.alive) {
+        world.crashes++;
+        world.crash(inc, `after ${op}`);
+      }
+      throw world.death();
+    }
+    if (fault.kind === "delay" && fault.after > 0) await world.sched.sleep(fault.after);
+    await world.thaw(inc.replica);
+    if (!inc.alive) {
+      deliver(false);
+      throw world.death();
+    }
+    deliver(true);
+    if (error !== undefined) throw error;
+    return result;
+  };
+
+  const wrap = <J extends object>(name: "inbox" | "outbox", journal: J, methods: readonly string[]): J => {
+    const wrapped: Record<string, unknown> = {};
+    for (const method of methods) {
+      wrapped[method] = (...args: unknown[]) => call(`${name}.${method}`, method, journal, args);
+    }
+    return wrapped as J;
+  };
+
+  const inbox = wrap<InboxJournal>("inbox", inner.inbox, [
+    "admit",
+    "claim",
+    "claimDue",
+    "heartbeat",
+    "complete",
+    "fail",
+    "get",
+    "list",
+    "replay",
+    "purge",
+  ]);
+  const outbox = wrap<OutboxJournal>("outbox", inner.outbox, [
+    "reserve",
+    "claimDue",
+    "heartbeat",
+    "markSent",
+    "markFailed",
+    "get",
+    "list",
+    "retry",
+    "discard",
+    "purge",
+  ]);
+  return {
+    name: `sim(${inner.name})`,
+    scope: inner.scope,
+    inbox,
+    outbox,
+    open: async () => {
+      if (!inc.alive) throw world.death();
+    },
+    close: async () => {
+      if (!inc.alive) throw world.death();
+    },
+  };
+}
+
+/** For type users: the claim options of a lease. */
+export type { ClaimOptions, OutboxEntry };

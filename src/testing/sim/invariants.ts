@@ -1,0 +1,207 @@
+/**
+ * The end-of-run checks. Each failure names an invariant; the summary counts
+ * failures by it.
+ *
+ * Metrics equalities (summed over every incarnation of every replica) that
+ * are exact and checked here:
+ * - `outboxAmbiguous` == `durability:ambiguous` events (the engine counts and emits together);
+ * - `outboxDead` == outbound `durability:dead` events, `inboundDead` == inbound ones (same);
+ * - `staleLeases` == the `StaleLeaseError`s the backend really returned to a live engine on
+ *   complete/fail/markSent/markFailed (the sim sees each one reach the engine).
+ * Checked against the ground truth, not only against the engine's own events:
+ * - every stale-lease rejection must be genuine: the token's lease was ended by someone
+ *   else, not by the caller's own earlier write whose reply was lost (`false-stale-lease`);
+ * - a genuine stale lease needs a lease-losing fault in the run: a stall, a clock step, a
+ *   long delay or a failed heartbeat (`stale-without-lease-loss`); a crash, a lost reply or a
+ *   slow provider call (heartbeats cover it) are not;
+ * - every entry left `unknown` and every record or entry left `dead` was reported by an
+ *   event (`silent-unknown`, `silent-dead`).
+ * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
+ * reservation whose reply was lost is journaled but counted by nobody), `outboxDeduped`,
+ * `inboundDuplicates`, `inboundReplayed`, `outboxRetried`, `outboxDeferred`.
+ *
+ * @module
+ */
+import type { InboundRecord, OutboxEntry } from "../../backend.ts";
+import type { DurabilityMetrics } from "../../engine.ts";
+import type { SimChannel } from "./channel.ts";
+import type { Scenario } from "./scenario.ts";
+import type { World } from "./world.ts";
+import { SIM_EPOCH } from "./scheduler.ts";
+
+/** One violated invariant. */
+export interface SimFailure {
+  invariant: string;
+  detail: string;
+}
+
+/** What the checks look at. */
+export interface CheckInput {
+  world: World;
+  channel: SimChannel;
+  scenario: Scenario;
+  inbox: InboundRecord[];
+  outbox: OutboxEntry[];
+  metrics: DurabilityMetrics;
+  strictAmbiguity: boolean;
+  /** Count a duplicate send after an accepted-then-timeout call as a failure. */
+  strictTimeouts: boolean;
+  /** Allowed anomalies, counted. */
+  notes: { timeoutDuplicates: number };
+}
+
+const SETTLED_OUT = new Set(["sent", "dead", "unknown"]);
+const SETTLED_IN = new Set(["done", "dead"]);
+/** Handler failures the scenario causes on purpose or through injected faults. */
+const EXPLAINED_INBOUND =
+  /sim handler failure|ConnectionRefused|ConnectionReset|Processing was cut off|journal did not confirm/;
+
+/**
+ * Check every invariant.
+ * @param input the run's state
+ * @returns the failures (empty when all hold)
+ */
+export function checkInvariants(input: CheckInput): SimFailure[] {
+  const { world, channel, scenario, inbox, outbox, metrics } = input;
+  const ledger = world.ledger;
+  const failures: SimFailure[] = [];
+  const fail = (invariant: string, detail: string) => failures.push({ invariant, detail });
+  const at = (t: number) => `${((t - SIM_EPOCH) / 1000).toFixed(3)}s`;
+
+  for (const v of ledger.live) fail(v.invariant, `at ${at(v.time)}: ${v.detail}`);
+
+  // Inbox: nothing acknowledged is lost, everything admitted settles.
+  const records = new Map(inbox.map((r) => [r.id, r]));
+  for (const m of scenario.messages) {
+    if (!channel.acked.has(m.id)) {
+      fail("not-settled", `message ${m.id} was never acknowledged to the channel`);
+      continue;
+    }
+    if (!records.has(m.id)) fail("inbound-lost", `message ${m.id} was acknowledged but is not in the journal`);
+  }
+  for (const r of inbox) {
+    if (!SETTLED_IN.has(r.state)) fail("not-settled", `inbox record ${r.id} is ${r.state}`);
+  }
+  for (const e of outbox) {
+    if (!SETTLED_OUT.has(e.state)) fail("not-settled", `outbox entry ${e.key} is ${e.state}`);
+  }
+
+  // Effectively once per key.
+  const acceptedBy = new Map<string, number>();
+  for (const c of ledger.calls) if (c.accepted) acceptedBy.set(c.key, (acceptedBy.get(c.key) ?? 0) + 1);
+  const resend = scenario.outbox.onAmbiguous === "resend";
+  for (const [key, n] of acceptedBy) {
+    const ambiguous = ledger.ambiguities.filter((a) => a.key === key).length;
+    const timeouts = ledger.calls.filter((c) => c.key === key && c.accepted && c.outcome.startsWith("provider-timeout")).length;
+    const allowance = 1 + (ledger.operatorRetried.get(key) ?? 0) + (ledger.operatorDiscarded.get(key) ?? 0) +
+      (resend ? ambiguous : 0);
+    if (n > allowance && n <= allowance + timeouts) {
+      // The channel accepted a call whose caller saw a retryable timeout: the engine retried it.
+      if (input.strictTimeouts) {
+        fail("duplicate-after-timeout", `${key} reached the channel ${n} times (allowed ${allowance}); ${timeouts} of them timed out after the channel accepted them`);
+      } else {
+        input.notes.timeoutDuplicates += n - allowance;
+      }
+    } else if (n > allowance) {
+      const calls = ledger.calls.filter((c) => c.key === key && c.accepted).map((c) => `#${c.n} by ${c.inc} t${c.token} at ${at(c.start)}`);
+      fail("duplicate-send", `${key} reached the channel ${n} times (allowed ${allowance}): ${calls.join("; ")}`);
+    }
+  }
+
+  // Ambiguity only when a call may really have happened.
+  for (const a of ledger.ambiguities) {
+    if (a.verdict === "false") fail("false-ambiguity", `${a.key} made ambiguous by ${a.by} at ${at(a.time)}: ${a.detail}`);
+    if (a.verdict === "crash-before-call" && input.strictAmbiguity) {
+      fail("ambiguity-crash-before-call", `${a.key} made ambiguous by ${a.by} at ${at(a.time)}: ${a.detail}`);
+    }
+  }
+
+  // Every final state is explained and reported.
+  const ambiguousEventKeys = new Set(ledger.ambiguousEvents.map((e) => e.key));
+  const deadEventIds = new Set(ledger.deadEvents.map((e) => `${e.kind}:${e.id}`));
+  for (const e of outbox) {
+    if (e.state === "sent" && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
+    if (e.state === "unknown") {
+      if (!ledger.ambiguities.some((a) => a.key === e.key)) fail("unexplained-unknown", `${e.key} is unknown without an ambiguity transition`);
+      if (!ambiguousEventKeys.has(e.key)) fail("silent-unknown", `${e.key} is unknown but no durability:ambiguous event reported it`);
+    }
+    if (e.state === "dead") {
+      if (!deadEventIds.has(`outbound:${e.key}`)) fail("silent-dead", `outbox entry ${e.key} is dead but no durability:dead event reported it`);
+      const last = [...ledger.outDead].reverse().find((d) => d.key === e.key);
+      const call = last ? ledger.callsOf(e.key, last.token).at(-1) : undefined;
+      const explained = call !== undefined && call.outcome !== "ok" &&
+        (call.outcome.startsWith("provider-permanent") || e.attempts > scenario.outbox.retries);
+      if (!explained) {
+        fail(
+          "unexplained-dead",
+          `outbox entry ${e.key} is dead (attempts ${e.attempts}, retries ${scenario.outbox.retries}, error ${e.error}); last call: ${
+            call ? `#${call.n} ${call.outcome}` : "none under the dead token"
+          }`,
+        );
+      }
+    }
+  }
+  for (const r of inbox) {
+    if (r.state !== "dead") continue;
+    if (!deadEventIds.has(`inbound:${r.id}`)) fail("silent-dead", `inbox record ${r.id} is dead but no durability:dead event reported it`);
+    if (!EXPLAINED_INBOUND.test(r.error ?? "")) fail("unexplained-dead", `inbox record ${r.id} is dead: ${r.error}`);
+  }
+
+  // Replies of one chat leave in order (by journal seq), keys an operator touched excepted.
+  const byChat = new Map<string, { key: string; seq: number; first: number }[]>();
+  const firstAccepted = new Map<string, number>();
+  for (const c of ledger.calls) {
+    if (c.accepted && !firstAccepted.has(c.key)) firstAccepted.set(c.key, c.acceptedIndex!);
+  }
+  for (const [key, seqs] of ledger.seqs) {
+    if (seqs.length !== 1 || ledger.operatorRetried.has(key) || ledger.operatorDiscarded.has(key)) continue;
+    const first = firstAccepted.get(key);
+    if (first === undefined) continue;
+    const chat = ledger.chatOf.get(key)!;
+    const list = byChat.get(chat) ?? [];
+    list.push({ key, seq: seqs[0]!, first });
+    byChat.set(chat, list);
+  }
+  for (const [chat, list] of byChat) {
+    list.sort((a, b) => a.seq - b.seq);
+    for (let i = 1; i < list.length; i++) {
+      if (list[i]!.first < list[i - 1]!.first) {
+        fail("order", `chat ${chat}: ${list[i]!.key} (seq ${list[i]!.seq}) reached the channel before ${list[i - 1]!.key} (seq ${list[i - 1]!.seq})`);
+        break;
+      }
+    }
+  }
+
+  // Metrics against what happened.
+  const events = {
+    ambiguous: ledger.ambiguousEvents.length,
+    outDead: ledger.deadEvents.filter((e) => e.kind === "outbound").length,
+    inDead: ledger.deadEvents.filter((e) => e.kind === "inbound").length,
+  };
+  if (metrics.outboxAmbiguous !== events.ambiguous) {
+    fail("metrics", `outboxAmbiguous ${metrics.outboxAmbiguous} != ${events.ambiguous} durability:ambiguous events`);
+  }
+  if (metrics.outboxDead !== events.outDead) fail("metrics", `outboxDead ${metrics.outboxDead} != ${events.outDead} outbound dead events`);
+  if (metrics.inboundDead !== events.inDead) fail("metrics", `inboundDead ${metrics.inboundDead} != ${events.inDead} inbound dead events`);
+  if (metrics.staleLeases !== ledger.stale.length) {
+    fail("metrics", `staleLeases ${metrics.staleLeases} != ${ledger.stale.length} stale-lease rejections the backend returned`);
+  }
+  for (const s of ledger.stale) {
+    if (!s.genuine) {
+      fail(
+        "false-stale-lease",
+        `${s.kind} ${s.id} token ${s.token}: ${s.inc} counted a stale lease at ${at(s.time)}, but the lease was ended by its own earlier write (a lost reply)`,
+      );
+    }
+  }
+  const genuine = ledger.stale.filter((s) => s.genuine);
+  if (genuine.length > 0 && world.leaseThreats === 0) {
+    fail(
+      "stale-without-lease-loss",
+      `${genuine.length} genuine stale lease(s) (first: ${genuine[0]!.kind} ${genuine[0]!.id} token ${genuine[0]!.token} at ${
+        at(genuine[0]!.time)
+      } by ${genuine[0]!.inc}) in a run without a stall, clock step, long delay or failed heartbeat`,
+    );
+  }
+  return failures;
+}

@@ -1,0 +1,158 @@
+/**
+ * The simulator's ground truth: what really happened in a run, as seen from
+ * outside the engine (every journal call's real effect, every provider call
+ * and whether the channel accepted it, every event the bots emitted). The
+ * invariants are checked against it.
+ *
+ * @module
+ */
+
+/** One provider call that reached the channel. */
+export interface CallRecord {
+  n: number;
+  key: string;
+  chatId: string;
+  content: unknown;
+  /** The replica's instanceId. */
+  replica: string;
+  /** `<instanceId>#<incarnation number>`. */
+  inc: string;
+  /** The fencing token the calling incarnation held for the key (from its last claim of that attempt). */
+  token: number | undefined;
+  attempt: number;
+  start: number;
+  end: number | null;
+  outcome: string;
+  /** Whether the channel delivered it. */
+  accepted: boolean;
+  /** Position in the channel's log of accepted deliveries (when accepted). */
+  acceptedIndex: number | null;
+}
+
+/** Who was granted a lease (a fencing token) on a record. */
+export interface LeaseGrant {
+  inc: string;
+  time: number;
+  /** Whether the grant's reply reached the engine (`false`: lost reply, or the process died). */
+  delivered: boolean;
+}
+
+/** A record moved to `unknown` (or re-leased as ambiguous) by a backend claim. */
+export interface AmbiguityRecord {
+  key: string;
+  chatId: string;
+  /** The abandoned fencing token. */
+  token: number;
+  time: number;
+  /** Who made the claim. */
+  by: string;
+  delivered: boolean;
+  /** Why the sim thinks it was ambiguous: `call` a call was open; `crash-before-call`; `false`. */
+  verdict: "call" | "crash-before-call" | "false";
+  detail: string;
+}
+
+/** A completion rejected as stale that reached the engine. */
+export interface StaleRecord {
+  kind: "inbox" | "outbox";
+  id: string;
+  token: number;
+  time: number;
+  inc: string;
+  /** `false` when the rejected write was the caller's own, already committed (a lost reply). */
+  genuine: boolean;
+}
+
+/** A violation found while the run went on (not only at the end). */
+export interface LiveViolation {
+  invariant: string;
+  detail: string;
+  time: number;
+}
+
+const tk = (id: string, token: number) => `${id}#${token}`;
+
+/** The ground truth of one run. */
+export class Ledger {
+  calls: CallRecord[] = [];
+  acceptedCount = 0;
+  /** outbox key#token → grant. */
+  outLeases: Map<string, LeaseGrant> = new Map();
+  /** inbox id#token → grant. */
+  inLeases: Map<string, LeaseGrant> = new Map();
+  /** Tokens whose lease ended by a committed outcome or an ambiguity transition. */
+  outClosed: Set<string> = new Set();
+  inClosed: Set<string> = new Set();
+  /** Highest token seen per outbox key / inbox id. */
+  outFence: Map<string, number> = new Map();
+  inFence: Map<string, number> = new Map();
+  /** inc|key|attempt → token (what a provider call of that incarnation runs under). */
+  claimTokens: Map<string, number> = new Map();
+  /** key → seq (per reservation; a discarded key reserved again gets a new one). */
+  seqs: Map<string, number[]> = new Map();
+  chatOf: Map<string, string> = new Map();
+  ambiguities: AmbiguityRecord[] = [];
+  ambiguousEvents: { key: string; inc: string; time: number }[] = [];
+  deadEvents: { kind: "inbound" | "outbound"; id: string; inc: string; error: string }[] = [];
+  /** Dead transitions the backend committed. */
+  outDead: { key: string; token: number; delivered: boolean; error: string }[] = [];
+  inDead: { id: string; token: number; delivered: boolean; error: string }[] = [];
+  stale: StaleRecord[] = [];
+  operatorRetried: Map<string, number> = new Map();
+  operatorDiscarded: Map<string, number> = new Map();
+  operatorReplayed: Map<string, number> = new Map();
+  live: LiveViolation[] = [];
+  /** Incarnations that died, and when. */
+  diedAt: Map<string, number> = new Map();
+
+  outFenceOf(key: string): number {
+    return this.outFence.get(key) ?? 0;
+  }
+
+  grantOut(key: string, token: number, grant: LeaseGrant): void {
+    this.outLeases.set(tk(key, token), grant);
+    if (token > this.outFenceOf(key)) this.outFence.set(key, token);
+  }
+
+  grantIn(id: string, token: number, grant: LeaseGrant): void {
+    this.inLeases.set(tk(id, token), grant);
+    if (token > (this.inFence.get(id) ?? 0)) this.inFence.set(id, token);
+  }
+
+  outLease(key: string, token: number): LeaseGrant | undefined {
+    return this.outLeases.get(tk(key, token));
+  }
+
+  inLease(id: string, token: number): LeaseGrant | undefined {
+    return this.inLeases.get(tk(id, token));
+  }
+
+  closeOut(key: string, token: number): void {
+    this.outClosed.add(tk(key, token));
+  }
+
+  closeIn(id: string, token: number): void {
+    this.inClosed.add(tk(id, token));
+  }
+
+  isOutClosed(key: string, token: number): boolean {
+    return this.outClosed.has(tk(key, token));
+  }
+
+  isInClosed(id: string, token: number): boolean {
+    return this.inClosed.has(tk(id, token));
+  }
+
+  isDead(inc: string): boolean {
+    return this.diedAt.has(inc);
+  }
+
+  /** Provider calls for `key` under `token`. */
+  callsOf(key: string, token: number): CallRecord[] {
+    return this.calls.filter((c) => c.key === key && c.token === token);
+  }
+
+  bump(map: Map<string, number>, key: string): void {
+    map.set(key, (map.get(key) ?? 0) + 1);
+  }
+}

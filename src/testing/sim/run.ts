@@ -1,0 +1,383 @@
+/**
+ * The deterministic simulation runner: one seed → one whole multi-replica bot
+ * scenario in simulated time with a seeded fault plan, then the invariants.
+ *
+ * @module
+ */
+import type { DurabilityBackend, InboundRecord, OutboxEntry } from "../../backend.ts";
+import { Bot } from "../../bot.ts";
+import type { DurabilityMetrics } from "../../engine.ts";
+import { errorText, isProcessDeath } from "../../errors.ts";
+import { SimChannel, type SimMessage } from "./channel.ts";
+import { faultyBackend } from "./faulty_backend.ts";
+import { checkInvariants, type SimFailure } from "./invariants.ts";
+import { Prng } from "./prng.ts";
+import { describeScenario, drawScenario, type MessagePlan, type Scenario } from "./scenario.ts";
+import { SIM_EPOCH, SimScheduler } from "./scheduler.ts";
+import { FAULT_KINDS, type FaultKind, type Incarnation, type Replica, World } from "./world.ts";
+
+/** Makes the shared backend of a run; `serverNow` is its clock (the database server's). */
+export type BackendFactory = (serverNow: () => number) => DurabilityBackend;
+
+/** Options of one run. */
+export interface SimOptions {
+  seed: number;
+  /** The fault kinds to inject (default all). */
+  faults?: readonly FaultKind[];
+  /** Count an ambiguity caused by a crash between the reservation and the provider call as a failure. */
+  strictAmbiguity?: boolean;
+  /** Count a duplicate send that follows a call the channel accepted but that timed out as a failure. */
+  strictTimeouts?: boolean;
+  /** How long faults are injected, virtual ms (default 30 000). */
+  faultWindowMs?: number;
+  /** How long the end phase may take to settle, virtual ms (default 600 000). */
+  settleMs?: number;
+}
+
+/** What one run found. */
+export interface SimResult {
+  seed: number;
+  ok: boolean;
+  failures: SimFailure[];
+  trace: string[];
+  /** Faults injected, by kind. */
+  faults: Record<string, number>;
+  ambiguity: { call: number; crashBeforeCall: number; false: number };
+  /** Duplicate sends allowed because the channel accepted a call that then timed out (the engine retried it). */
+  timeoutDuplicates: number;
+  providerCalls: number;
+  virtualMs: number;
+  steps: number;
+  scenario: string;
+}
+
+const ZERO_METRICS: DurabilityMetrics = {
+  inboundJournaled: 0,
+  inboundDuplicates: 0,
+  inboundReplayed: 0,
+  inboundDead: 0,
+  outboxJournaled: 0,
+  outboxDeduped: 0,
+  outboxRetried: 0,
+  outboxDeferred: 0,
+  outboxDead: 0,
+  outboxAmbiguous: 0,
+  outboxBypassed: 0,
+  staleLeases: 0,
+  outboxDiverged: 0,
+  conversationsReplayed: 0,
+  conversationsDiverged: 0,
+};
+
+/** Parse a `--faults` list. */
+export function parseFaults(text: string): FaultKind[] {
+  const kinds = text.split(",").map((s) => s.trim()).filter((s) => s !== "");
+  for (const k of kinds) {
+    if (!(FAULT_KINDS as readonly string[]).includes(k)) {
+      throw new RangeError(`Unknown fault kind "${k}"; known kinds: ${FAULT_KINDS.join(", ")}`);
+    }
+  }
+  return kinds as FaultKind[];
+}
+
+/** Timers the code under test armed on the real clock during runs (a determinism leak). */
+let realTimerLeaks: string[] = [];
+
+async function withRealTimerWatch<T>(fn: () => Promise<T>): Promise<T> {
+  const g = globalThis as unknown as Record<string, unknown>;
+  const saved = { setTimeout: g.setTimeout, setInterval: g.setInterval };
+  const watch = (name: string, real: unknown) =>
+    Object.assign((...args: unknown[]) => {
+      realTimerLeaks.push(`${name}: ${new Error().stack?.split("\n").slice(2, 6).join(" | ")}`);
+      return (real as (...a: unknown[]) => unknown)(...args);
+    }, real as object);
+  g.setTimeout = watch("setTimeout", saved.setTimeout);
+  g.setInterval = watch("setInterval", saved.setInterval);
+  try {
+    return await fn();
+  } finally {
+    g.setTimeout = saved.setTimeout;
+    g.setInterval = saved.setInterval;
+  }
+}
+
+/**
+ * Run one seed.
+ * @param create makes the shared backend
+ * @param options seed and switches
+ * @returns what the run found
+ */
+export async function runSimulation(create: BackendFactory, options: SimOptions): Promise<SimResult> {
+  realTimerLeaks = [];
+  return await withRealTimerWatch(() => simulate(create, options));
+}
+
+async function simulate(create: BackendFactory, options: SimOptions): Promise<SimResult> {
+  const seed = options.seed >>> 0;
+  const root = new Prng(seed);
+  const enabled = new Set<FaultKind>(options.faults ?? FAULT_KINDS);
+  const faultWindowMs = options.faultWindowMs ?? 30_000;
+  const scenario: Scenario = drawScenario(root.fork("scenario"), enabled, faultWindowMs);
+  const sched = new SimScheduler();
+  const world = new World(sched, root.fork("plan"), enabled);
+  world.journalFaultRate = scenario.journalFaultRate;
+  world.providerFaultRate = scenario.providerFaultRate;
+  world.leaseMs = Math.min(scenario.inbox.leaseMs, scenario.outbox.leaseMs);
+  const shared = create(world.serverNow);
+  const channel = new SimChannel(world);
+  const resend = scenario.outbox.onAmbiguous === "resend";
+  const bots: Bot[] = [];
+  const invocations = new Map<string, number>();
+  const plans = new Map(scenario.messages.map((m) => [m.id, m]));
+  const jitter = root.fork("jitter");
+  world.log("sim", `seed ${seed}: ${describeScenario(scenario)}`);
+
+  const handler = (inc: Incarnation) => async (ctx: import("../../bot.ts").Context) => {
+    const plan: MessagePlan | undefined = plans.get(ctx.message.id);
+    if (!plan) return;
+    const n = (invocations.get(plan.id) ?? 0) + 1;
+    invocations.set(plan.id, n);
+    world.log(inc.id, `handler ${plan.id} invocation ${n} (attempt ${ctx.attempt})`);
+    const fail = n <= plan.throws;
+    if (plan.enqueue) await ctx.bot.enqueue(ctx.chatId, `queued for ${plan.id}`, { idempotencyKey: `enq:${plan.id}` });
+    if (fail && !plan.throwAfter) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);
+    for (let i = 1; i <= plan.replies; i++) {
+      const sent = ctx.reply(`reply ${i} to ${plan.id}`);
+      if (plan.awaitReplies) await sent;
+    }
+    if (fail) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);
+  };
+
+  const start = (replica: Replica) => {
+    const inc = world.newIncarnation(replica, jitter.fork(`${replica.name}#${replica.incarnations.length + 1}`));
+    const bot = new Bot({
+      provider: channel.provider(inc),
+      clock: inc.clock,
+      id: "sim",
+      durability: {
+        backend: faultyBackend(world, inc, shared, resend),
+        instanceId: replica.name,
+        inbox: scenario.inbox,
+        outbox: scenario.outbox,
+      },
+    });
+    inc.bot = bot;
+    bots.push(bot);
+    bot.on("error", (error) => {
+      if (!isProcessDeath(error)) world.log(inc.id, `error event: ${errorText(error)}`);
+    });
+    bot.on("warning", (w) => world.log(inc.id, `warning ${w.code}: ${w.key ?? w.id ?? ""}`));
+    bot.on("durability:ambiguous", ({ key }) => {
+      world.ledger.ambiguousEvents.push({ key, inc: inc.id, time: sched.time });
+      world.log(inc.id, `event durability:ambiguous ${key}`);
+    });
+    bot.on("durability:dead", ({ kind, id, error }) => {
+      world.ledger.deadEvents.push({ kind, id, inc: inc.id, error });
+      world.log(inc.id, `event durability:dead ${kind} ${id}: ${error}`);
+    });
+    bot.when(() => true, handler(inc));
+    world.log(inc.id, "start");
+    bot.start().then(
+      () => world.log(inc.id, "started"),
+      (error) => {
+        if (isProcessDeath(error) || !inc.alive) return;
+        // A start that fails (a journal error in the recovery sweep) ends the process; it is restarted.
+        world.log(inc.id, `start failed: ${errorText(error)}`);
+        world.crash(inc, "start failed, the process exits");
+      },
+    );
+  };
+
+  world.onCrash = (inc) => {
+    const replica = inc.replica;
+    if (replica.current !== inc) return;
+    const delay = world.faultsActive ? world.plan.int(200, 5000) : 0;
+    sched.after(delay, () => {
+      if (replica.current === inc) start(replica);
+    });
+  };
+
+  for (let i = 0; i < scenario.replicas; i++) world.addReplica(`r${i + 1}`, root);
+  for (const replica of world.replicas) start(replica);
+
+  const message = (m: MessagePlan): SimMessage => ({ id: m.id, chatId: m.chatId, chatIndex: m.chatIndex, text: m.text });
+  for (const m of scenario.messages) {
+    sched.at(SIM_EPOCH + m.at, () => channel.deliver(message(m), "first"));
+    for (const d of m.duplicates) {
+      sched.at(SIM_EPOCH + d, () => {
+        if (!world.faultsActive) return;
+        world.count("redelivery");
+        channel.deliver(message(m), "duplicate");
+      });
+    }
+  }
+
+  for (const f of scenario.timed) {
+    sched.at(SIM_EPOCH + f.at, () => {
+      if (!world.faultsActive) return;
+      switch (f.kind) {
+        case "crash": {
+          const inc = world.replicas[f.replica]!.current;
+          if (!inc?.alive || !world.can("crash")) return;
+          world.count("crash");
+          world.crashes++;
+          world.crash(inc, "killed at a random moment");
+          return;
+        }
+        case "stall": {
+          const replica = world.replicas[f.replica]!;
+          const until = sched.time + f.ms;
+          if (until <= replica.time.frozenUntil) return;
+          replica.time.frozenUntil = until;
+          replica.freezes.push({ from: sched.time, to: until });
+          world.count(f.ms > world.leaseMs ? "stall(>lease)" : "stall");
+          world.leaseThreats++;
+          world.log(replica.current?.id ?? replica.name, `fault stall for ${f.ms}ms`);
+          return;
+        }
+        case "clock-step": {
+          const replica = world.replicas[f.replica]!;
+          replica.time.offset += f.deltaMs;
+          world.count("clock-step");
+          world.leaseThreats++;
+          world.log(replica.current?.id ?? replica.name, `fault wall clock step ${f.deltaMs > 0 ? "+" : ""}${f.deltaMs}ms`);
+          return;
+        }
+        case "server-clock-step":
+          world.serverOffset += f.deltaMs;
+          world.count("server-clock-step");
+          world.leaseThreats++;
+          world.log("srv", `fault server clock step ${f.deltaMs > 0 ? "+" : ""}${f.deltaMs}ms`);
+          return;
+        case "operator": {
+          const inc = world.replicas[f.replica]!.current;
+          if (!inc?.alive || !inc.bot || world.frozen(inc.replica)) return;
+          void operator(inc, f.action);
+          return;
+        }
+      }
+    });
+  }
+
+  const operator = async (inc: Incarnation, action: "retrySend" | "replayInbound" | "discard") => {
+    const control = inc.bot!.durability!;
+    try {
+      if (action === "replayInbound") {
+        const records = await shared.inbox.list({ limit: 10_000 });
+        if (records.length === 0) return;
+        const id = world.plan.pick(records).id;
+        world.count("operator");
+        world.log(inc.id, `operator replayInbound(${id})`);
+        world.log(inc.id, `operator replayInbound(${id}) -> ${await control.replayInbound(id)}`);
+      } else {
+        const entries = await shared.outbox.list({ limit: 10_000 });
+        if (entries.length === 0) return;
+        const key = world.plan.pick(entries).key;
+        world.count("operator");
+        world.log(inc.id, `operator ${action}(${key})`);
+        const result = action === "retrySend" ? await control.retrySend(key) : await control.outbox.discard(key);
+        world.log(inc.id, `operator ${action}(${key}) -> ${result}`);
+      }
+    } catch (error) {
+      world.log(inc.id, `operator ${action} failed: ${errorText(error)}`);
+    }
+  };
+
+  // Fault phase.
+  const maxSteps = 200_000;
+  let stop = await sched.runUntil(SIM_EPOCH + faultWindowMs, undefined, maxSteps);
+
+  // End phase: no more faults, every replica up, let time run until everything settled.
+  world.faultsActive = false;
+  world.log("sim", "end of faults: restarting dead replicas, letting the run settle");
+  for (const replica of world.replicas) {
+    if (replica.current && !replica.current.alive) start(replica);
+  }
+  const lease = Math.max(scenario.inbox.leaseMs, scenario.outbox.leaseMs);
+  const grace = 3 * lease + scenario.outbox.backoff.capMs + scenario.inbox.backoff.capMs;
+  let settledAt: number | null = null;
+  let checking = false;
+  const check = async () => {
+    if (checking) return;
+    checking = true;
+    try {
+      const all = world.replicas.every((r) => r.current?.alive);
+      const acked = scenario.messages.every((m) => channel.acked.has(m.id));
+      const quiet = channel.inFlight === 0 && channel.callsInFlight === 0;
+      const inbox = await shared.inbox.list({ state: ["pending", "processing", "failed"], limit: 1 });
+      const outbox = await shared.outbox.list({ state: ["queued", "sending", "failed"], limit: 1 });
+      const settled = all && acked && quiet && inbox.length === 0 && outbox.length === 0;
+      if (!settled) settledAt = null;
+      else if (settledAt === null) settledAt = sched.time;
+    } finally {
+      checking = false;
+    }
+  };
+  const ticker = () => {
+    void check();
+    sched.after(500, ticker);
+  };
+  sched.after(0, ticker);
+  const deadline = SIM_EPOCH + faultWindowMs + (options.settleMs ?? 600_000);
+  if (stop !== "runaway") {
+    stop = await sched.runUntil(deadline, () => settledAt !== null && sched.time >= settledAt + grace, maxSteps);
+  }
+
+  const failures: SimFailure[] = [];
+  if (stop === "runaway") failures.push({ invariant: "runaway", detail: `more than ${maxSteps} timer steps in one phase` });
+  else if (stop !== "done") {
+    failures.push({ invariant: "not-settled", detail: `not settled by the virtual deadline (${(deadline - SIM_EPOCH) / 1000}s)` });
+  }
+  const inbox: InboundRecord[] = await shared.inbox.list({ limit: 100_000 });
+  const outbox: OutboxEntry[] = await shared.outbox.list({ limit: 100_000 });
+  const metrics = { ...ZERO_METRICS };
+  for (const bot of bots) {
+    const m = bot.durability!.metrics();
+    for (const k of Object.keys(metrics) as (keyof DurabilityMetrics)[]) metrics[k] += m[k];
+  }
+  const notes = { timeoutDuplicates: 0 };
+  failures.push(
+    ...checkInvariants({
+      world,
+      channel,
+      scenario,
+      inbox,
+      outbox,
+      metrics,
+      strictAmbiguity: options.strictAmbiguity ?? false,
+      strictTimeouts: options.strictTimeouts ?? false,
+      notes,
+    }),
+  );
+  if (realTimerLeaks.length > 0) {
+    failures.push({ invariant: "real-timer", detail: `${realTimerLeaks.length} real timer(s) armed: ${realTimerLeaks[0]}` });
+  }
+  world.log("sim", `end at ${(sched.elapsed / 1000).toFixed(3)}s: inbox ${stateCounts(inbox)}; outbox ${stateCounts(outbox)}`);
+  world.log("sim", `metrics ${JSON.stringify(metrics)}`);
+  for (const f of failures) world.log("sim", `FAIL ${f.invariant}: ${f.detail}`);
+  const ambiguity = { call: 0, crashBeforeCall: 0, false: 0 };
+  for (const a of world.ledger.ambiguities) {
+    if (a.verdict === "call") ambiguity.call++;
+    else if (a.verdict === "crash-before-call") ambiguity.crashBeforeCall++;
+    else ambiguity.false++;
+  }
+  return {
+    seed,
+    ok: failures.length === 0,
+    failures,
+    trace: world.trace,
+    faults: world.faultCounts,
+    ambiguity,
+    timeoutDuplicates: notes.timeoutDuplicates,
+    providerCalls: world.ledger.calls.length,
+    virtualMs: sched.elapsed,
+    steps: sched.steps,
+    scenario: describeScenario(scenario),
+  };
+}
+
+function stateCounts(records: { state: string }[]): string {
+  const counts: Record<string, number> = {};
+  for (const r of records) counts[r.state] = (counts[r.state] ?? 0) + 1;
+  return Object.entries(counts).map(([s, n]) => `${s} ${n}`).join(", ") || "empty";
+}

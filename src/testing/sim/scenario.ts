@@ -1,0 +1,160 @@
+/**
+ * The scenario of one seed: replicas, chats, inbound messages and what the
+ * handler does with each, the bot configuration, the fault rates and the
+ * timed faults (crashes at random moments, stalls, clock steps, operator
+ * actions). Everything derives from the seed.
+ *
+ * @module
+ */
+import type { Prng } from "./prng.ts";
+import type { FaultKind } from "./world.ts";
+
+/** What the handler does for one message. */
+export interface MessagePlan {
+  id: string;
+  chatId: string;
+  chatIndex: number;
+  text: string;
+  /** First delivery (virtual ms from the start). */
+  at: number;
+  /** Replies via `ctx.reply` (keys `<id>:1`, `<id>:2`). */
+  replies: number;
+  /** The handler throws on its first `throws` invocations for this message. */
+  throws: number;
+  /** Throw after the replies were made (else before). */
+  throwAfter: boolean;
+  /** Also `bot.enqueue(chat, …, { idempotencyKey: 'enq:<id>' })`. */
+  enqueue: boolean;
+  /** Await each reply (else leave it to the bot). */
+  awaitReplies: boolean;
+  /** Extra deliveries (virtual ms from the start). */
+  duplicates: number[];
+}
+
+/** A fault at a planned moment. */
+export type TimedFault =
+  | { at: number; kind: "crash"; replica: number }
+  | { at: number; kind: "stall"; replica: number; ms: number }
+  | { at: number; kind: "clock-step"; replica: number; deltaMs: number }
+  | { at: number; kind: "server-clock-step"; deltaMs: number }
+  | { at: number; kind: "operator"; action: "retrySend" | "replayInbound" | "discard"; replica: number };
+
+/** The whole plan of one seed. */
+export interface Scenario {
+  replicas: number;
+  chats: number;
+  messages: MessagePlan[];
+  inbox: { leaseMs: number; retries: number; backoff: { baseMs: number; capMs: number } };
+  outbox: {
+    leaseMs: number;
+    retries: number;
+    backoff: { baseMs: number; capMs: number };
+    onAmbiguous: "hold" | "resend";
+  };
+  journalFaultRate: number;
+  providerFaultRate: number;
+  /** Faults are injected in [0, faultWindowMs). */
+  faultWindowMs: number;
+  timed: TimedFault[];
+}
+
+/**
+ * Draw a scenario.
+ * @param rng the scenario's random stream
+ * @param enabled the fault kinds allowed
+ * @param faultWindowMs how long faults are injected
+ * @returns the scenario
+ */
+export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWindowMs: number): Scenario {
+  const replicas = rng.int(1, 3);
+  const chats = rng.int(2, 4);
+  const inbox = {
+    leaseMs: rng.int(1, 5) * 1000,
+    retries: rng.int(1, 3),
+    backoff: { baseMs: rng.int(50, 500), capMs: rng.int(1000, 4000) },
+  };
+  const outbox = {
+    leaseMs: rng.int(1, 5) * 1000,
+    retries: rng.int(2, 4),
+    backoff: { baseMs: rng.int(50, 500), capMs: rng.int(1000, 5000) },
+    onAmbiguous: rng.chance(0.25) ? "resend" as const : "hold" as const,
+  };
+  const lease = Math.min(inbox.leaseMs, outbox.leaseMs);
+  const count = rng.int(3, 10);
+  const messages: MessagePlan[] = [];
+  for (let i = 0; i < count; i++) {
+    const chatIndex = rng.int(0, chats - 1);
+    const at = rng.int(0, Math.floor(faultWindowMs * 0.6));
+    const throwsKind = rng.weighted({ none: 6, once: 2, twice: 1, dead: 0.5 });
+    const throws = throwsKind === "none" ? 0 : throwsKind === "once" ? 1 : throwsKind === "twice" ? 2 : inbox.retries + 1;
+    const duplicates: number[] = [];
+    if (enabled.has("redelivery")) {
+      for (let d = rng.int(0, 3); d > 0; d--) {
+        // Early (right after the first delivery), late, or long after it was done.
+        const kind = rng.weighted({ early: 1, late: 2, veryLate: 1 });
+        duplicates.push(
+          kind === "early" ? at + rng.int(0, 50) : kind === "late" ? rng.int(at, faultWindowMs) : faultWindowMs - rng.int(0, 2000),
+        );
+      }
+    }
+    messages.push({
+      id: `m${i + 1}`,
+      chatId: `c${chatIndex + 1}`,
+      chatIndex,
+      text: `hello ${i + 1}`,
+      at,
+      replies: rng.int(1, 2),
+      throws,
+      throwAfter: rng.chance(0.5),
+      enqueue: rng.chance(0.25),
+      awaitReplies: rng.chance(0.5),
+      duplicates,
+    });
+  }
+  const timedKinds = (["crash", "stall", "clock-step", "server-clock-step", "operator"] as const).filter((k) => enabled.has(k));
+  const timed: TimedFault[] = [];
+  if (timedKinds.length > 0) {
+    for (let n = rng.int(0, 6); n > 0; n--) {
+      const kind = rng.pick(timedKinds);
+      const at = rng.int(0, faultWindowMs - 1);
+      const replica = rng.int(0, replicas - 1);
+      const step = () => (rng.chance(0.5) ? 1 : -1) * (rng.chance(0.5) ? rng.int(200, lease) : rng.int(lease, 4 * lease));
+      switch (kind) {
+        case "crash":
+          timed.push({ at, kind, replica });
+          break;
+        case "stall":
+          timed.push({ at, kind, replica, ms: rng.chance(0.5) ? rng.int(50, lease) : rng.int(lease, 3 * lease) });
+          break;
+        case "clock-step":
+          timed.push({ at, kind, replica, deltaMs: step() });
+          break;
+        case "server-clock-step":
+          timed.push({ at, kind, deltaMs: step() });
+          break;
+        case "operator":
+          timed.push({ at, kind, replica, action: rng.pick(["retrySend", "replayInbound", "discard"] as const) });
+          break;
+      }
+    }
+  }
+  timed.sort((a, b) => a.at - b.at);
+  return {
+    replicas,
+    chats,
+    messages,
+    inbox,
+    outbox,
+    journalFaultRate: rng.pick([0, 0.01, 0.03, 0.06, 0.1]),
+    providerFaultRate: rng.pick([0, 0.1, 0.2, 0.35]),
+    faultWindowMs,
+    timed,
+  };
+}
+
+/** One line about a scenario, for the trace. */
+export function describeScenario(s: Scenario): string {
+  return `${s.replicas} replica(s), ${s.chats} chats, ${s.messages.length} messages; inbox lease ${s.inbox.leaseMs}ms retries ${s.inbox.retries}; ` +
+    `outbox lease ${s.outbox.leaseMs}ms retries ${s.outbox.retries} backoff ${s.outbox.backoff.baseMs}/${s.outbox.backoff.capMs} onAmbiguous ${s.outbox.onAmbiguous}; ` +
+    `journal fault rate ${s.journalFaultRate}, provider fault rate ${s.providerFaultRate}; ${s.timed.length} timed fault(s)`;
+}
