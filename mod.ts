@@ -22,6 +22,7 @@
  * @module
  */
 export { Bot, type BotOptions, type Context, type Handler } from "./src/bot.ts";
+export { type Clock, type ClockTimer, systemClock } from "./src/clock.ts";
 export { type AskOptions, AskTimeoutError, type FlowContext, type StepInput, type StoredConversation } from "./src/conversation.ts";
 export type {
   BotEvents,
