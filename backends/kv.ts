@@ -86,6 +86,7 @@ import {
   matchesList,
   checkClaim,
   checkFinite,
+  checkId,
   checkNewInbound,
   checkNewOutbox,
   checkOutcome,
@@ -451,7 +452,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    checkString(id, `inbox.claim: "id"`);
+    checkId(id, `inbox.claim: "id"`);
     checkClaim(options, "inbox.claim");
     const { written } = await this.mutate(
       id,
@@ -482,6 +483,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(id, `inbox.heartbeat: "id"`);
     checkFinite(token, `inbox.heartbeat: "token"`);
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const { written } = await this.mutate(id, (rec, now) =>
@@ -490,6 +492,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async complete(id: string, token: number): Promise<void> {
+    checkId(id, `inbox.complete: "id"`);
     checkFinite(token, `inbox.complete: "token"`);
     const { written } = await this.mutate(id, (rec, now) =>
       isLeasedWith(rec, token) ? doneInbound(rec, now) : null);
@@ -497,6 +500,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkId(id, `inbox.fail: "id"`);
     checkFinite(token, `inbox.fail: "token"`);
     checkOutcome(outcome, "inbox.fail");
     const { written } = await this.mutate(id, (rec, now) =>
@@ -505,6 +509,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async get(id: string): Promise<InboundRecord | null> {
+    checkId(id, `inbox.get: "id"`);
     return (await this.load(id))?.rec ?? null;
   }
 
@@ -517,6 +522,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
+    checkId(id, `inbox.replay: "id"`);
     const { written } = await this.mutate(id, (rec, now) =>
       replayedInbound(rec, now));
     return written !== null;
@@ -701,6 +707,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(key, `outbox.heartbeat: "key"`);
     checkFinite(token, `outbox.heartbeat: "token"`);
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     const { written } = await this.mutate(key, (rec, now) =>
@@ -709,6 +716,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
+    checkId(key, `outbox.markSent: "key"`);
     checkFinite(token, `outbox.markSent: "token"`);
     checkString(messageId, `outbox.markSent: "messageId"`);
     const { written } = await this.mutate(key, (rec, now) =>
@@ -717,6 +725,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkId(key, `outbox.markFailed: "key"`);
     checkFinite(token, `outbox.markFailed: "token"`);
     checkOutcome(outcome, "outbox.markFailed");
     const { written } = await this.mutate(key, (rec, now) =>
@@ -725,6 +734,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
+    checkId(key, `outbox.get: "key"`);
     return (await this.load(key))?.rec ?? null;
   }
 
@@ -737,12 +747,14 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
+    checkId(key, `outbox.retry: "key"`);
     const { written } = await this.mutate(key, (rec, now) =>
       requeuedOutbox(rec, now));
     return written !== null;
   }
 
   async discard(key: string): Promise<boolean> {
+    checkId(key, `outbox.discard: "key"`);
     for (let race = 0;; race++) {
       const cur = await this.load(key);
       if (!cur || cur.rec.state === "sending") return false;

@@ -29,6 +29,7 @@ import {
   BLOCKING_OUTBOX_STATES,
   checkClaim,
   checkFinite,
+  checkId,
   checkNewInbound,
   checkNewOutbox,
   checkOutcome,
@@ -184,7 +185,7 @@ class MemoryInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    checkString(id, `inbox.claim: "id"`);
+    checkId(id, `inbox.claim: "id"`);
     checkClaim(options, "inbox.claim");
     const slot = this.#slots.get(id);
     const now = this.#now();
@@ -235,6 +236,7 @@ class MemoryInbox implements InboxJournal {
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(id, `inbox.heartbeat: "id"`);
     checkFinite(token, `inbox.heartbeat: "token"`);
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const slot = this.#held(id, token);
@@ -244,6 +246,7 @@ class MemoryInbox implements InboxJournal {
   }
 
   async complete(id: string, token: number): Promise<void> {
+    checkId(id, `inbox.complete: "id"`);
     checkFinite(token, `inbox.complete: "token"`);
     const slot = this.#held(id, token);
     if (!slot) throw new StaleLeaseError("inbox", id, token);
@@ -251,6 +254,7 @@ class MemoryInbox implements InboxJournal {
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkId(id, `inbox.fail: "id"`);
     checkFinite(token, `inbox.fail: "token"`);
     checkOutcome(outcome, "inbox.fail");
     const slot = this.#held(id, token);
@@ -259,6 +263,7 @@ class MemoryInbox implements InboxJournal {
   }
 
   async get(id: string): Promise<InboundRecord | null> {
+    checkId(id, `inbox.get: "id"`);
     const slot = this.#slots.get(id);
     return slot ? copy(slot.record) : null;
   }
@@ -275,6 +280,7 @@ class MemoryInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
+    checkId(id, `inbox.replay: "id"`);
     const slot = this.#slots.get(id);
     if (!slot) return false;
     const replayed = replayedInbound(slot.record, this.#now());
@@ -564,6 +570,7 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(key, `outbox.heartbeat: "key"`);
     checkFinite(token, `outbox.heartbeat: "token"`);
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     const slot = this.#held(key, token);
@@ -589,6 +596,7 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
+    checkId(key, `outbox.get: "key"`);
     const slot = this.#slots.get(key);
     return slot ? copy(slot.record) : null;
   }
@@ -607,6 +615,7 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
+    checkId(key, `outbox.retry: "key"`);
     const slot = this.#slots.get(key);
     if (!slot) return false;
     const requeued = requeuedOutbox(slot.record, this.#now());
@@ -616,6 +625,7 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async discard(key: string): Promise<boolean> {
+    checkId(key, `outbox.discard: "key"`);
     const slot = this.#slots.get(key);
     if (!slot || slot.record.state === "sending") return false;
     this.#store(null, slot);

@@ -159,6 +159,7 @@ import {
   checkNewInbound,
   checkNewOutbox,
   checkOutcome,
+  checkId,
   checkString,
   normalizeList,
 } from "../src/journal_rules.ts";
@@ -577,6 +578,11 @@ function pgString(value: unknown, what: string): string {
   return value as string;
 }
 
+/** {@link pgString} for an id or a key: also well-formed Unicode (see {@link checkId}). */
+function pgId(value: unknown, what: string): string {
+  return pgString(checkId(value, what), what);
+}
+
 /** {@link checkClaim}, and no NUL in the owner or incarnation. */
 function pgClaim(options: ClaimOptions, op: string): void {
   checkClaim(options, op);
@@ -755,7 +761,7 @@ class PgInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    pgString(id, `inbox.claim: "id"`);
+    pgId(id, `inbox.claim: "id"`);
     pgClaim(options, "inbox.claim");
     const text = options.reclaimOwn ? this.#q.claimReclaim : this.#q.claim;
     const rows = await this.#run("claim", text, [options.owner, options.incarnation, duration(options.leaseMs), id]);
@@ -798,7 +804,7 @@ class PgInbox implements InboxJournal {
   }
 
   async #fenced(op: string, text: string, id: string, token: number, more: unknown[], many?: string): Promise<boolean> {
-    pgString(id, `inbox.${op}: "id"`);
+    pgId(id, `inbox.${op}: "id"`);
     checkFinite(token, `inbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
     const rows = await this.#write(op, text, [id, token, ...more], many ? { kind: `inbox.${op}`, text: many, key: id, row: { id, token } } : undefined);
@@ -826,7 +832,7 @@ class PgInbox implements InboxJournal {
   }
 
   async get(id: string): Promise<InboundRecord | null> {
-    pgString(id, `inbox.get: "id"`);
+    pgId(id, `inbox.get: "id"`);
     const rows = await this.#run("get", this.#q.get, [id]);
     return rows.length ? inboundOf(rows[0]!, this.#t) : null;
   }
@@ -840,7 +846,7 @@ class PgInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
-    pgString(id, `inbox.replay: "id"`);
+    pgId(id, `inbox.replay: "id"`);
     return (await this.#run("replay", this.#q.replay, [id])).length === 1;
   }
 
@@ -941,7 +947,7 @@ class PgOutbox implements OutboxJournal {
   }
 
   async #fenced(op: string, text: string, key: string, token: number, more: unknown[]): Promise<boolean> {
-    pgString(key, `outbox.${op}: "key"`);
+    pgId(key, `outbox.${op}: "key"`);
     checkFinite(token, `outbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
     const rows = await this.#write(op, text, [key, token, ...more]);
@@ -970,7 +976,7 @@ class PgOutbox implements OutboxJournal {
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
-    pgString(key, `outbox.get: "key"`);
+    pgId(key, `outbox.get: "key"`);
     const rows = await this.#run("get", this.#q.get, [key]);
     return rows.length ? outboxOf(rows[0]!, this.#t) : null;
   }
@@ -984,13 +990,13 @@ class PgOutbox implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
-    pgString(key, `outbox.retry: "key"`);
+    pgId(key, `outbox.retry: "key"`);
     const rows = await this.#run("retry", this.#q.retry, [key]);
     return Number(rows[0]?.n ?? 0) === 1;
   }
 
   async discard(key: string): Promise<boolean> {
-    pgString(key, `outbox.discard: "key"`);
+    pgId(key, `outbox.discard: "key"`);
     return ((await this.#run("discard", this.#q.discard, [key])).count ?? 0) === 1;
   }
 
@@ -1169,7 +1175,7 @@ export class PostgresStore implements SessionStore {
    * @throws {Error} naming the table and key when the stored value is not JSON
    */
   async get(key: string): Promise<JsonValue | undefined> {
-    checkString(key, `Session key`);
+    checkId(key, `Session key`);
     const rows = await this.#c.run("session.get", this.#c.t.session, this.#q.get, [key]);
     if (!rows.length) return undefined;
     return jsonColumn(rows[0]!.value, this.#c.t.session, "key", key, "value");
@@ -1198,7 +1204,7 @@ export class PostgresStore implements SessionStore {
    * @param key the key
    */
   async delete(key: string): Promise<void> {
-    checkString(key, `Session key`);
+    checkId(key, `Session key`);
     await this.#c.run("session.delete", this.#c.t.session, this.#q.delete, [key]);
   }
 
@@ -1297,7 +1303,7 @@ export class PostgresKv implements DurableKv {
    * @returns its value and version, or `null`
    */
   async get(key: string): Promise<KvEntry | null> {
-    checkString(key, `kv.get: "key"`);
+    checkId(key, `kv.get: "key"`);
     const rows = await this.#run("get", this.#q.get, [key]);
     return rows.length ? this.#entry(rows[0]!) : null;
   }
@@ -1311,7 +1317,7 @@ export class PostgresKv implements DurableKv {
    * @throws {TypeError} when `value` is not JSON
    */
   async set(key: string, value: JsonValue, expectVersion?: string | null): Promise<string | null> {
-    checkString(key, `kv.set: "key"`);
+    checkId(key, `kv.set: "key"`);
     if (expectVersion !== undefined && expectVersion !== null) checkString(expectVersion, `kv.set: "expectVersion"`);
     let text: string | undefined;
     try {
@@ -1335,7 +1341,7 @@ export class PostgresKv implements DurableKv {
    * @returns whether a key was deleted
    */
   async delete(key: string, expectVersion?: string): Promise<boolean> {
-    checkString(key, `kv.delete: "key"`);
+    checkId(key, `kv.delete: "key"`);
     if (expectVersion === undefined) return ((await this.#run("delete", this.#q.delete, [key])).count ?? 0) === 1;
     checkString(expectVersion, `kv.delete: "expectVersion"`);
     if (!/^[1-9][0-9]{0,17}$/.test(expectVersion)) return false;

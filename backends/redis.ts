@@ -100,6 +100,7 @@ import {
   checkNewInbound,
   checkNewOutbox,
   checkOutcome,
+  checkId,
   checkString,
   normalizeList,
 } from "../src/journal_rules.ts";
@@ -453,7 +454,7 @@ class RedisInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    checkString(id, `inbox.claim: "id"`);
+    checkId(id, `inbox.claim: "id"`);
     checkClaim(options, "inbox.claim");
     const [status, flat] = list(await this.#r.run("inClaim", [id, ...claimArgs(options)]));
     return status === "ok" ? inboundOf(flat, this.#r, id) : null;
@@ -476,7 +477,7 @@ class RedisInbox implements InboxJournal {
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
-    checkString(id, `inbox.heartbeat: "id"`);
+    checkId(id, `inbox.heartbeat: "id"`);
     checkFinite(token, `inbox.heartbeat: "token"`);
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const [status] = list(await this.#r.run("inHeartbeat", [id, String(token), String(leaseMs)]));
@@ -484,14 +485,14 @@ class RedisInbox implements InboxJournal {
   }
 
   async complete(id: string, token: number): Promise<void> {
-    checkString(id, `inbox.complete: "id"`);
+    checkId(id, `inbox.complete: "id"`);
     checkFinite(token, `inbox.complete: "token"`);
     const [status] = list(await this.#r.run("inFinish", [id, String(token), "done", "", "0"]));
     if (status !== "ok") throw new StaleLeaseError("inbox", id, token);
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
-    checkString(id, `inbox.fail: "id"`);
+    checkId(id, `inbox.fail: "id"`);
     checkFinite(token, `inbox.fail: "token"`);
     checkOutcome(outcome, "inbox.fail");
     const [status] = list(await this.#r.run("inFinish", [id, String(token), ...finishArgs(outcome)]));
@@ -499,7 +500,7 @@ class RedisInbox implements InboxJournal {
   }
 
   async get(id: string): Promise<InboundRecord | null> {
-    checkString(id, `inbox.get: "id"`);
+    checkId(id, `inbox.get: "id"`);
     const [flat] = list(await this.#r.run("inGet", [id]));
     return inboundOf(flat, this.#r, id);
   }
@@ -512,7 +513,7 @@ class RedisInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
-    checkString(id, `inbox.replay: "id"`);
+    checkId(id, `inbox.replay: "id"`);
     const [status] = list(await this.#r.run("inReplay", [id]));
     return status === "ok";
   }
@@ -577,7 +578,7 @@ class RedisOutbox implements OutboxJournal {
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
-    checkString(key, `outbox.heartbeat: "key"`);
+    checkId(key, `outbox.heartbeat: "key"`);
     checkFinite(token, `outbox.heartbeat: "token"`);
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     const [status] = list(await this.#r.run("outHeartbeat", [key, String(token), String(leaseMs)]));
@@ -585,7 +586,7 @@ class RedisOutbox implements OutboxJournal {
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
-    checkString(key, `outbox.markSent: "key"`);
+    checkId(key, `outbox.markSent: "key"`);
     checkFinite(token, `outbox.markSent: "token"`);
     checkString(messageId, `outbox.markSent: "messageId"`);
     const [status] = list(await this.#r.run("outFinish", [key, String(token), "sent", messageId, "0"]));
@@ -593,7 +594,7 @@ class RedisOutbox implements OutboxJournal {
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
-    checkString(key, `outbox.markFailed: "key"`);
+    checkId(key, `outbox.markFailed: "key"`);
     checkFinite(token, `outbox.markFailed: "token"`);
     checkOutcome(outcome, "outbox.markFailed");
     const [status] = list(await this.#r.run("outFinish", [key, String(token), ...finishArgs(outcome)]));
@@ -601,7 +602,7 @@ class RedisOutbox implements OutboxJournal {
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
-    checkString(key, `outbox.get: "key"`);
+    checkId(key, `outbox.get: "key"`);
     const [flat] = list(await this.#r.run("outGet", [key]));
     return outboxOf(flat, this.#r, key);
   }
@@ -614,13 +615,13 @@ class RedisOutbox implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
-    checkString(key, `outbox.retry: "key"`);
+    checkId(key, `outbox.retry: "key"`);
     const [status] = list(await this.#r.run("outRetry", [key]));
     return status === "ok";
   }
 
   async discard(key: string): Promise<boolean> {
-    checkString(key, `outbox.discard: "key"`);
+    checkId(key, `outbox.discard: "key"`);
     const [status] = list(await this.#r.run("outDiscard", [key]));
     return status === "ok";
   }
@@ -777,7 +778,7 @@ export class RedisStore implements SessionStore {
    * @throws {Error} naming the key when the stored value is not JSON
    */
   async get(key: string): Promise<JsonValue | undefined> {
-    checkString(key, `Session key`);
+    checkId(key, `Session key`);
     const [raw] = list(await this.#runner.run("storeGet", [key]));
     if (raw === undefined) return undefined;
     try {
@@ -801,7 +802,7 @@ export class RedisStore implements SessionStore {
 
   /** Deletes `key`. */
   async delete(key: string): Promise<void> {
-    checkString(key, `Session key`);
+    checkId(key, `Session key`);
     await this.#runner.run("storeDelete", [key]);
   }
 }
@@ -866,7 +867,7 @@ export class RedisKv implements DurableKv {
    * @returns its value and version, or `null`
    */
   async get(key: string): Promise<KvEntry | null> {
-    checkString(key, `kv.get: "key"`);
+    checkId(key, `kv.get: "key"`);
     const r = list(await this.#runner.run("kvGet", [key]));
     if (r.length < 2) return null;
     return { key, value: this.#value(key, r[0]), version: String(r[1]) };
@@ -879,7 +880,7 @@ export class RedisKv implements DurableKv {
    * @throws {TypeError} when `value` is not JSON
    */
   async set(key: string, value: JsonValue, expectVersion?: string | null): Promise<string | null> {
-    checkString(key, `kv.set: "key"`);
+    checkId(key, `kv.set: "key"`);
     if (expectVersion !== undefined && expectVersion !== null) checkString(expectVersion, `kv.set: "expectVersion"`);
     let text: string | undefined;
     try {
@@ -898,7 +899,7 @@ export class RedisKv implements DurableKv {
    * @returns whether a key was deleted
    */
   async delete(key: string, expectVersion?: string): Promise<boolean> {
-    checkString(key, `kv.delete: "key"`);
+    checkId(key, `kv.delete: "key"`);
     if (expectVersion !== undefined) checkString(expectVersion, `kv.delete: "expectVersion"`);
     const [done] = list(
       await this.#runner.run("kvDelete", [key, expectVersion === undefined ? "0" : "1", expectVersion ?? ""]),

@@ -138,6 +138,7 @@ import {
   checkNewInbound,
   checkNewOutbox,
   checkOutcome,
+  checkId,
   checkString,
   claimedInbound,
   claimedOutbox,
@@ -954,7 +955,7 @@ class SqliteInbox implements InboxJournal {
     token: number,
     change: (record: InboundRecord, now: number) => InboundRecord,
   ): Promise<boolean> {
-    checkString(id, `inbox.${op}: "id"`);
+    checkId(id, `inbox.${op}: "id"`);
     checkFinite(token, `inbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
@@ -996,7 +997,7 @@ class SqliteInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    checkString(id, `inbox.claim: "id"`);
+    checkId(id, `inbox.claim: "id"`);
     checkClaim(options, "inbox.claim");
     const c = await this.#gate.ready();
     return c.write((now) => {
@@ -1065,7 +1066,7 @@ class SqliteInbox implements InboxJournal {
   }
 
   async get(id: string): Promise<InboundRecord | null> {
-    checkString(id, `inbox.get: "id"`);
+    checkId(id, `inbox.get: "id"`);
     const c = await this.#gate.ready();
     return this.#select(c, id);
   }
@@ -1082,7 +1083,7 @@ class SqliteInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
-    checkString(id, `inbox.replay: "id"`);
+    checkId(id, `inbox.replay: "id"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, id);
@@ -1180,7 +1181,7 @@ class SqliteOutbox implements OutboxJournal {
     change: (entry: OutboxEntry, now: number) => OutboxEntry,
     outcome = false,
   ): Promise<boolean> {
-    checkString(key, `outbox.${op}: "key"`);
+    checkId(key, `outbox.${op}: "key"`);
     checkFinite(token, `outbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
@@ -1329,7 +1330,7 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
-    checkString(key, `outbox.get: "key"`);
+    checkId(key, `outbox.get: "key"`);
     const c = await this.#gate.ready();
     return this.#select(c, key);
   }
@@ -1346,7 +1347,7 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async retry(key: string): Promise<boolean> {
-    checkString(key, `outbox.retry: "key"`);
+    checkId(key, `outbox.retry: "key"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, key);
@@ -1359,7 +1360,7 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async discard(key: string): Promise<boolean> {
-    checkString(key, `outbox.discard: "key"`);
+    checkId(key, `outbox.discard: "key"`);
     const c = await this.#gate.ready();
     return c.write(() => {
       const cur = this.#select(c, key);
@@ -1627,7 +1628,7 @@ export class SQLiteStore implements SessionStore {
 
   /** The value of `key`, or `undefined` when absent or expired. */
   async get(key: string): Promise<JsonValue | undefined> {
-    checkString(key, `Session key`);
+    checkId(key, `Session key`);
     const c = await this.#ready();
     const row = c.stmt(`SELECT value, expires_at FROM ${this.#t} WHERE key = ?`).get(key);
     if (!row) return undefined;
@@ -1658,7 +1659,7 @@ export class SQLiteStore implements SessionStore {
 
   /** Deletes `key`. */
   async delete(key: string): Promise<void> {
-    checkString(key, `Session key`);
+    checkId(key, `Session key`);
     const c = await this.#ready();
     await c.write(() => c.stmt(`DELETE FROM ${this.#t} WHERE key = ?`).run(key));
   }

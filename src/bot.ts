@@ -22,6 +22,7 @@ import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./p
 import { checkClock, type Clock, type ClockTimer, systemClock } from "./clock.ts";
 import { randomId } from "./runtime/mod.ts";
 import { MemoryStore, type SessionStore } from "./store.ts";
+import { checkWellFormed } from "./well_formed.ts";
 
 /** Options of {@link Bot}. */
 export interface BotOptions {
@@ -66,6 +67,7 @@ function checkInbound(message: unknown): InboundMessage {
         }`,
       );
     }
+    if (field !== "type") checkWellFormed(value, `Inbound message field "${field}"`);
   }
   if (m.text !== undefined && typeof m.text !== "string") {
     throw new TypeError(`Inbound message field "text" must be a string, got ${JSON.stringify(m.text)}`);
@@ -77,12 +79,14 @@ function checkSendArgs(chatId: unknown, options: SendOptions | undefined): void 
   if (typeof chatId !== "string" || chatId === "") {
     throw new TypeError(`Argument "chatId" must be a non-empty string, got ${JSON.stringify(chatId) ?? "undefined"}`);
   }
+  checkWellFormed(chatId, `Argument "chatId"`);
   const key = options?.idempotencyKey;
   if (key !== undefined && (typeof key !== "string" || key === "" || key.length > 512)) {
     throw new TypeError(
       `Option "idempotencyKey" must be a non-empty string of at most 512 characters, got ${JSON.stringify(key)}`,
     );
   }
+  if (key !== undefined) checkWellFormed(key, `Option "idempotencyKey"`);
 }
 
 /**

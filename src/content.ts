@@ -6,6 +6,7 @@
  * @module
  */
 import type { JsonValue } from "./backend.ts";
+import { setOwn } from "./journal_rules.ts";
 
 const BYTES = "$bytes";
 
@@ -71,7 +72,7 @@ function encodeValue(value: unknown, path: string, seen: Set<object>): JsonValue
     for (const [key, item] of Object.entries(value)) {
       if (item === undefined) continue;
       // Escape user keys that start with "$" so that they never collide with the binary marker.
-      out[key.startsWith("$") ? `$${key}` : key] = encodeValue(item, `${path}.${key}`, seen);
+      setOwn(out, key.startsWith("$") ? `$${key}` : key, encodeValue(item, `${path}.${key}`, seen));
     }
     return out;
   } finally {
@@ -103,7 +104,7 @@ export function decodeContent(json: JsonValue): unknown {
   const keys = Object.keys(json);
   if (keys.length === 1 && keys[0] === BYTES && typeof json[BYTES] === "string") return fromBase64(json[BYTES]);
   const out: Record<string, unknown> = {};
-  for (const key of keys) out[key.startsWith("$$") ? key.slice(1) : key] = decodeContent(json[key]!);
+  for (const key of keys) setOwn(out, key.startsWith("$$") ? key.slice(1) : key, decodeContent(json[key]!));
   return out;
 }
 

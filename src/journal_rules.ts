@@ -19,6 +19,7 @@ import type {
   OutboxState,
 } from "./backend.ts";
 import { showValue } from "./show.ts";
+import { checkWellFormed } from "./well_formed.ts";
 
 /** Outbox states that hold back later sends of the same chat. */
 export const BLOCKING_OUTBOX_STATES: readonly OutboxState[] = ["queued", "sending", "failed"];
@@ -247,9 +248,26 @@ export function cloneJson<T>(value: T): T {
   }
   const out: Record<string, unknown> = {};
   for (const key in value) {
-    if (Object.prototype.hasOwnProperty.call(value, key)) out[key] = cloneJson((value as Record<string, unknown>)[key]);
+    if (Object.prototype.hasOwnProperty.call(value, key)) setOwn(out, key, cloneJson((value as Record<string, unknown>)[key]));
   }
   return out as T;
+}
+
+/**
+ * Sets `out[key] = item` as an own data property, also for the key
+ * `__proto__` (an assignment would set the prototype instead: the key would be
+ * lost, and its value would become the object's prototype).
+ *
+ * @param out a plain object
+ * @param key the key
+ * @param item the value
+ */
+export function setOwn(out: Record<string, unknown>, key: string, item: unknown): void {
+  if (key === "__proto__") {
+    Object.defineProperty(out, key, { value: item, writable: true, enumerable: true, configurable: true });
+  } else {
+    out[key] = item;
+  }
 }
 
 /** Whether `record` is in its leased state (`processing`/`sending`) under fencing token `token`. */
@@ -343,7 +361,7 @@ export function checkedJson(value: unknown, path: string, what: string): JsonVal
         const out: { [key: string]: JsonValue } = {};
         for (const key of Object.keys(v)) {
           const item = (v as Record<string, unknown>)[key];
-          if (item !== undefined) out[key] = walk(item, `${at}.${key}`);
+          if (item !== undefined) setOwn(out, key, walk(item, `${at}.${key}`));
         }
         ancestors.pop();
         return out;
@@ -361,6 +379,11 @@ function requireString(value: unknown, field: string, what: string, allowEmpty =
   return value;
 }
 
+/** {@link requireString} for an id, a chat id or a key: non-empty and well-formed Unicode. */
+function requireId(value: unknown, field: string, what: string): string {
+  return checkWellFormed(requireString(value, field, what), `${what}: field "${field}"`);
+}
+
 /**
  * Checks a record given to `admit` and returns a normalized copy (the payload
  * deep-copied), so that every backend stores the same thing and a bad field
@@ -374,7 +397,7 @@ export function checkNewInbound(input: NewInboundRecord): NewInboundRecord {
   if (typeof input !== "object" || input === null) {
     throw new TypeError(`An inbox record must be an object, got ${showValue(input)}`);
   }
-  const id = requireString(input.id, "id", "Inbox record");
+  const id = requireId(input.id, "id", "Inbox record");
   const what = `Inbox record ${JSON.stringify(id)}`;
   if (input.kind !== "message" && input.kind !== "interaction") {
     throw new TypeError(`${what}: field "kind" must be "message" or "interaction", got ${showValue(input.kind)}`);
@@ -385,7 +408,7 @@ export function checkNewInbound(input: NewInboundRecord): NewInboundRecord {
   return {
     id,
     kind: input.kind,
-    chatId: requireString(input.chatId, "chatId", what),
+    chatId: requireId(input.chatId, "chatId", what),
     provider: requireString(input.provider, "provider", what, true),
     payload: checkedJson(input.payload === undefined ? null : input.payload, "payload", what),
     receivedAt: input.receivedAt,
@@ -404,13 +427,13 @@ export function checkNewOutbox(input: NewOutboxEntry): NewOutboxEntry {
   if (typeof input !== "object" || input === null) {
     throw new TypeError(`An outbox entry must be an object, got ${showValue(input)}`);
   }
-  const key = requireString(input.key, "key", "Outbox entry");
+  const key = requireId(input.key, "key", "Outbox entry");
   const what = `Outbox entry ${JSON.stringify(key)}`;
   const inboundId = input.inboundId ?? null;
-  if (inboundId !== null) requireString(inboundId, "inboundId", what);
+  if (inboundId !== null) requireId(inboundId, "inboundId", what);
   return {
     key,
-    chatId: requireString(input.chatId, "chatId", what),
+    chatId: requireId(input.chatId, "chatId", what),
     content: checkedJson(input.content === undefined ? null : input.content, "content", what),
     contentHash: requireString(input.contentHash, "contentHash", what, true),
     inboundId,
@@ -431,6 +454,20 @@ export function checkNewOutbox(input: NewOutboxEntry): NewOutboxEntry {
 export function checkString(value: unknown, what: string): string {
   if (typeof value !== "string") throw new TypeError(`${what} must be a string, got ${showValue(value)}`);
   return value;
+}
+
+/**
+ * {@link checkString} for an id, a chat id, a key or a lease owner: also
+ * well-formed Unicode (SQLite, Postgres and Redis store a lone surrogate as
+ * U+FFFD, so two such ids would be one there).
+ *
+ * @param value the argument
+ * @param what how the error names it, e.g. `inbox.claim: "id"`
+ * @returns `value`
+ * @throws {TypeError} when `value` is not a string, or has a lone surrogate
+ */
+export function checkId(value: unknown, what: string): string {
+  return checkWellFormed(checkString(value, what), what);
 }
 
 /**
@@ -457,8 +494,8 @@ export function checkClaim(options: ClaimOptions, op: string): void {
   if (typeof options !== "object" || options === null) {
     throw new TypeError(`${op}: the lease options must be an object, got ${showValue(options)}`);
   }
-  checkString(options.owner, `${op}: option "owner"`);
-  checkString(options.incarnation, `${op}: option "incarnation"`);
+  checkId(options.owner, `${op}: option "owner"`);
+  checkId(options.incarnation, `${op}: option "incarnation"`);
   checkFinite(options.leaseMs, `${op}: option "leaseMs"`);
 }
 
@@ -486,7 +523,7 @@ export function checkOutcome(outcome: FailOutcome, op: string): void {
  */
 export function checkListFilter(options: ListOptions<string> | undefined, op: string): void {
   if (options === undefined || options === null) return;
-  if (options.chatId !== undefined) checkString(options.chatId, `${op}: option "chatId"`);
+  if (options.chatId !== undefined) checkId(options.chatId, `${op}: option "chatId"`);
   const state = options.state;
   if (state === undefined) return;
   for (const item of typeof state === "string" ? [state] : Array.isArray(state) ? state : [state]) {

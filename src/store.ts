@@ -4,7 +4,7 @@
  * @module
  */
 import type { JsonValue } from "./backend.ts";
-import { checkString } from "./journal_rules.ts";
+import { checkId } from "./journal_rules.ts";
 import { showValue as show } from "./show.ts";
 
 /** Conversation and session state of the bot, by key. */
@@ -31,7 +31,7 @@ export function sessionEntry(key: string, value: JsonValue, options?: { ttlMs?: 
   if (ttl !== undefined && (typeof ttl !== "number" || !(ttl > 0) || !Number.isFinite(ttl))) {
     throw new RangeError(`Option "ttlMs" must be a positive number, got ${show(ttl)}`);
   }
-  checkString(key, `Session key`);
+  checkId(key, `Session key`);
   let text: string | undefined;
   try {
     text = JSON.stringify(value);

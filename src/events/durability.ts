@@ -19,7 +19,7 @@ import type {
   NewInboundRecord,
   OutboxJournal,
 } from "../backend.ts";
-import { checkClaim, checkFinite, checkNewInbound, checkString, matchesList, normalizeList } from "../journal_rules.ts";
+import { checkClaim, checkFinite, checkId, checkNewInbound, matchesList, normalizeList } from "../journal_rules.ts";
 import { showValue as show } from "../show.ts";
 import { kvDurability } from "../../backends/kv.ts";
 import {
@@ -166,7 +166,7 @@ class EventsInbox implements InboxJournal {
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    checkString(id, `inbox.claim: "id"`);
+    checkId(id, `inbox.claim: "id"`);
     checkClaim(options, "inbox.claim");
     const event = await this.#journal.claim(id, { ...options, channel: BOT_CHANNEL });
     if (!event) return null;
@@ -180,19 +180,23 @@ class EventsInbox implements InboxJournal {
     return this.#mapClaimed(await this.#journal.claimDue({ ...options, channel: BOT_CHANNEL }));
   }
 
-  heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
-    return this.#journal.heartbeat(id, token, leaseMs);
+  async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(id, `inbox.heartbeat: "id"`);
+    return await this.#journal.heartbeat(id, token, leaseMs);
   }
 
-  complete(id: string, token: number): Promise<void> {
-    return this.#journal.complete(id, token);
+  async complete(id: string, token: number): Promise<void> {
+    checkId(id, `inbox.complete: "id"`);
+    return await this.#journal.complete(id, token);
   }
 
-  fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
-    return this.#journal.fail(id, token, outcome);
+  async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkId(id, `inbox.fail: "id"`);
+    return await this.#journal.fail(id, token, outcome);
   }
 
   async get(id: string): Promise<InboundRecord | null> {
+    checkId(id, `inbox.get: "id"`);
     const event = await this.#journal.get(id);
     return event ? eventToInbound(event) : null;
   }
@@ -215,7 +219,7 @@ class EventsInbox implements InboxJournal {
   }
 
   async replay(id: string): Promise<boolean> {
-    checkString(id, `inbox.replay: "id"`);
+    checkId(id, `inbox.replay: "id"`);
     // The channel of a record never changes: only the bot's records are replayed here.
     const event = await this.#journal.get(id);
     if (!event || eventToInbound(event) === null) return false;
