@@ -17,10 +17,19 @@ import type { BotEvents, DurabilityMetrics } from "../engine.ts";
 import { ProviderError } from "../errors.ts";
 import { ANY } from "../matchers.ts";
 import { MemoryStore, type SessionStore } from "../store.ts";
-import type { OutboundContent, Provider, SendContext, SendReceipt } from "../provider.ts";
+import type {
+  AdmitResult,
+  InboundMessage,
+  InboundSink,
+  OutboundContent,
+  Provider,
+  SendContext,
+  SendReceipt,
+} from "../provider.ts";
 import type { BackendConformanceOptions, ConformanceHarness } from "./conformance.ts";
 import { CRASH_POINTS, crashable, CrashableProvider, crashableStore, type CrashPoint } from "./crashable.ts";
 import { MockProvider } from "./mock_provider.ts";
+import { expectExactJson } from "./exact_json.ts";
 
 type Expect = ConformanceHarness["expect"];
 
@@ -44,6 +53,19 @@ class SlowKeysProvider extends MockProvider {
     this.#started.get(context.idempotencyKey)?.();
     if (this.slowKeys.has(context.idempotencyKey)) await sleep(this.#delayMs);
     return super.send(chatId, content, context);
+  }
+}
+
+/** A MockProvider that also hands the bot a message exactly as given (JSON from a webhook, own `__proto__` keys and all). */
+class RawProvider extends MockProvider {
+  #sink: InboundSink | undefined;
+  override start(sink: InboundSink): void {
+    this.#sink = sink;
+    super.start(sink);
+  }
+  deliver(message: InboundMessage): Promise<AdmitResult> {
+    if (!this.#sink) throw new Error("RawProvider is not started: call bot.start() first");
+    return this.#sink.receive(message);
   }
 }
 
@@ -1138,6 +1160,117 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         "outboxRetried",
         "staleLeases",
       ]);
+    });
+
+    withBackend("ids, chat ids and idempotency keys that are not well-formed Unicode are refused at the bot's entry points", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new RawProvider();
+      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      collect(bot, "error");
+      const handled: string[] = [];
+      const inHandler: unknown[] = [];
+      bot.when(ANY, async (ctx) => {
+        handled.push(ctx.inboundId);
+        for (const send of [
+          () => ctx.reply("x", { idempotencyKey: `${ctx.inboundId}:\uD83D` }),
+          () => ctx.send("c\uDE00", "x"),
+        ]) {
+          try {
+            await send();
+            inHandler.push("sent");
+          } catch (error) {
+            inHandler.push(error);
+          }
+        }
+      });
+      await start(bots, bot);
+      const base = uid("m");
+      // "m\uD83D" and "m\uDE00" (a text cut mid-emoji) would both be "m\uFFFD" in SQLite, Postgres or Redis.
+      const cases: [InboundMessage, string, string][] = [
+        [{ id: `${base}\uD83D`, chatId: "c1", type: "text", text: "a" }, "id", `${base}\uD83D`],
+        [{ id: `${base}\uDE00`, chatId: "c1", type: "text", text: "b" }, "id", `${base}\uDE00`],
+        [{ id: uid("m"), chatId: "c\uD83D", type: "text", text: "c" }, "chatId", "c\uD83D"],
+      ];
+      for (const [message, field, value] of cases) {
+        const result = await provider.deliver(message);
+        expect(result.status, `a lone surrogate in "${field}"`).toBe("rejected");
+        const error = (result as { error?: Error }).error;
+        expect(error instanceof TypeError, `a TypeError, got ${String(error)}`).toBe(true);
+        expect(error!.message.includes(`field "${field}" must be well-formed Unicode`), error!.message).toBe(true);
+        expect(error!.message.includes(JSON.stringify(value)), `the value, escaped: ${error!.message}`).toBe(true);
+      }
+      // The bot's sends refuse at once (synchronously for send()).
+      const sendCases: [() => unknown, string][] = [
+        [() => bot.send("c1", "hi", { idempotencyKey: "k\uD83D" }), `Option "idempotencyKey"`],
+        [() => bot.send("c1", "hi", { idempotencyKey: "k\uDE00" }), `Option "idempotencyKey"`],
+        [() => bot.send("c\uD83D", "hi"), `Argument "chatId"`],
+      ];
+      for (const [call, name] of sendCases) {
+        let thrown: unknown = undefined;
+        try {
+          call();
+        } catch (error) {
+          thrown = error;
+        }
+        expect(thrown instanceof TypeError, `${name}: thrown synchronously, got ${String(thrown)}`).toBe(true);
+        expect((thrown as Error).message.startsWith(`${name} must be well-formed Unicode`), (thrown as Error).message).toBe(true);
+      }
+      let enqueued: unknown = undefined;
+      await bot.enqueue("c1", "hi", { idempotencyKey: "k\uD83D" }).catch((error) => (enqueued = error));
+      expect(enqueued instanceof TypeError, `enqueue: ${String(enqueued)}`).toBe(true);
+      // A well-formed message goes through; its handler's sends with such keys are refused too.
+      const ok = uid("m");
+      expect((await provider.deliver({ id: ok, chatId: "c1", type: "text", text: "ok" })).status).toBe("admitted");
+      await bot.idle();
+      expect(handled, "only the well-formed message was handled").toEqual([ok]);
+      expect(inHandler.map((e) => e instanceof TypeError), "ctx.reply / ctx.send refuse").toEqual([true, true]);
+      expect((await backend.inbox.list()).map((r) => r.id), "nothing else was journaled").toEqual([ok]);
+      expect(await backend.outbox.list(), "nothing was reserved").toEqual([]);
+      expect(provider.sent, "nothing was sent").toEqual([]);
+    });
+
+    withBackend("a message with own __proto__ and constructor keys reaches the handler unchanged, also when replayed after a crash", async (
+      backend,
+      bots,
+    ) => {
+      const id = uid("m");
+      const text = JSON.stringify({ id, chatId: "c1", type: "text", text: "proto" }).slice(0, -1) +
+        ', "extra": {"__proto__": {"polluted": true}, "constructor": {"prototype": {"x": 1}}, "list": [{"__proto__": null}]}' +
+        ', "__proto__": {"top": "own"}}';
+      const live = JSON.parse(text) as InboundMessage;
+      const seen: { who: string; message: InboundMessage }[] = [];
+      const a = crashable(backend);
+      const rawA = new RawProvider();
+      const botA = new Bot({ provider: new CrashableProvider(a, rawA), durability: fastDurability(a, scale, { instanceId: "proto-1" }) });
+      botA.when(ANY, (ctx) => {
+        seen.push({ who: "A", message: ctx.message });
+        return new Promise(() => {}); // the process dies before the handler ends
+      });
+      await start(bots, botA);
+      expect((await rawA.deliver(live)).status).toBe("admitted");
+      for (let i = 0; i < 200 && seen.length === 0; i++) await sleep(Math.round(5 * scale));
+      const journaled = (await backend.inbox.get(id))?.payload;
+      expectExactJson(expect, journaled, JSON.parse(text) as JsonValue, "the journaled payload");
+      a.crashBefore("inbox.heartbeat"); // the next heartbeat kills A
+      for (let i = 0; i < 200 && !a.crashed; i++) await sleep(Math.round(10 * scale));
+      expect(a.crashed).toBe(true);
+
+      const botB = new Bot({ provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId: "proto-1" }) });
+      botB.when(ANY, (ctx) => {
+        seen.push({ who: "B", message: ctx.message });
+      });
+      await start(bots, botB);
+      await botB.idle();
+      expect(seen.map((s) => s.who), "handled live, then replayed").toEqual(["A", "B"]);
+      for (const { who, message } of seen) {
+        expectExactJson(expect, message, JSON.parse(text) as JsonValue, `the message bot ${who}'s handler saw`);
+        expect((message as unknown as Record<string, unknown>).top, `${who}: the own __proto__ key is no prototype`).toBe(undefined);
+        expect((message.extra as Record<string, unknown>).polluted, `${who}: nor the nested one`).toBe(undefined);
+      }
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(({} as Record<string, unknown>).polluted, "Object.prototype is untouched").toBe(undefined);
     });
   });
 }
