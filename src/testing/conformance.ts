@@ -1811,6 +1811,48 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           }
         }
       });
+
+      test("payloads and content with own __proto__ keys round-trip exactly through a reopen", async () => {
+        let b = await options.create();
+        let opened = false;
+        try {
+          await b.open?.();
+          opened = true;
+          const chat = uid("chat");
+          const values = [hostile(), [{ nested: hostile() }], JSON.parse('{"__proto__": null}') as JsonValue];
+          const ids: string[] = [];
+          const outKeys: string[] = [];
+          for (let i = 0; i < values.length; i++) {
+            ids.push((await admitted(b, inbound(chat, 4_000 + i, values[i]!), i === 0 ? claimer() : undefined)).id);
+            outKeys.push((await reserved(b, outbound(chat, values[i]!), i === 0 ? claimer() : undefined)).key);
+          }
+          // Changes after the first write (a claim, a failure) rewrite the records on some backends.
+          await mustClaim(b, ids[1]!, claimer());
+          const failing = await mustGetOut(b, outKeys[0]!);
+          await b.outbox.markFailed(failing.key, tokenOf(failing), { error: "later", retryInMs: LONG });
+
+          b = await reopen(b);
+          await b.open?.();
+          for (let i = 0; i < values.length; i++) {
+            expectExactJson(expect, (await mustGetIn(b, ids[i]!)).payload, values[i]!, `payload ${i} after reopen`);
+            expectExactJson(expect, (await mustGetOut(b, outKeys[i]!)).content, values[i]!, `content ${i} after reopen`);
+          }
+          const listedIn = await b.inbox.list({ chatId: chat });
+          listedIn.forEach((r, i) => expectExactJson(expect, r.payload, values[i]!, `listed payload ${i} after reopen`));
+          const listedOut = await b.outbox.list({ chatId: chat });
+          listedOut.forEach((e, i) => expectExactJson(expect, e.content, values[i]!, `listed content ${i} after reopen`));
+          const due = (await b.inbox.claimDue({ ...claimer(), limit: 100 })).filter((r) => r.chatId === chat);
+          expect(due.map((r) => r.id)).toEqual([ids[2]]);
+          expectExactJson(expect, due[0]!.payload, values[2]!, "claimDue after reopen");
+          expect(({} as Record<string, unknown>).polluted, "Object.prototype is untouched").toBe(undefined);
+        } finally {
+          try {
+            if (opened) await b.close?.();
+          } finally {
+            await options.cleanup?.(b);
+          }
+        }
+      });
     });
 
     describe("per-chat order under concurrency", () => {
