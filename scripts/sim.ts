@@ -168,7 +168,7 @@ const wallMs = performance.now() - started;
 
 const byInvariant = new Map<string, { seeds: number; example: number; detail: string }>();
 const faultTotals: Record<string, number> = {};
-const ambiguity = { call: 0, crashBeforeCall: 0, false: 0 };
+const ambiguity: Record<string, number> = {};
 let failed = 0;
 let calls = 0;
 let timeoutDuplicates = 0;
@@ -176,9 +176,7 @@ for (const row of rows) {
   calls += row.calls;
   timeoutDuplicates += row.timeoutDuplicates;
   for (const [k, n] of Object.entries(row.faults)) faultTotals[k] = (faultTotals[k] ?? 0) + n;
-  ambiguity.call += row.ambiguity.call;
-  ambiguity.crashBeforeCall += row.ambiguity.crashBeforeCall;
-  ambiguity.false += row.ambiguity.false;
+  for (const [k, n] of Object.entries(row.ambiguity)) ambiguity[k] = (ambiguity[k] ?? 0) + n;
   if (row.failures.length > 0) failed++;
   const seen = new Set<string>();
   for (const f of row.failures) {
@@ -193,10 +191,13 @@ for (const row of rows) {
 console.log(`seeds ${args.from}..${args.from + total - 1}: ${total - failed} ok, ${failed} failed`);
 console.log(`wall ${(wallMs / 1000).toFixed(1)}s, ${(total / (wallMs / 1000)).toFixed(0)} seeds/s (${workers} worker(s)), ${calls} provider calls`);
 console.log(`faults injected: ${Object.entries(faultTotals).sort().map(([k, n]) => `${k} ${n}`).join(", ") || "none"}`);
+const amb = (k: string) => ambiguity[k] ?? 0;
 console.log(
-  `ambiguity reports: ${ambiguity.call} after a real provider call, ${ambiguity.crashBeforeCall} from a crash before the call${
+  `ambiguity transitions: ${amb("call")} after a real provider call; ${amb("crash-before-call")} from a crash and ${
+    amb("stalled-before-call")
+  } from a stall between the lease and the call${
     args.strict ? " (failures: --strict-ambiguity)" : " (allowed; --strict-ambiguity fails them)"
-  }, ${ambiguity.false} false`,
+  }; false: ${amb("lost-grant")} lost-grant, ${amb("held")} held`,
 );
 console.log(
   `duplicate sends after a call the channel accepted but that timed out (the engine retried it): ${timeoutDuplicates}${

@@ -19,7 +19,7 @@ import {
   type ReserveResult,
   StaleLeaseError,
 } from "../../backend.ts";
-import type { LeaseGrant } from "./ledger.ts";
+import type { AmbiguityRecord, LeaseGrant } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";
 
@@ -139,8 +139,9 @@ export function faultyBackend(
   const observe = (op: string, args: unknown[], result: unknown, error: unknown): ((delivered: boolean) => void) => {
     const now = world.sched.time;
     const grants: { delivered: boolean }[] = [];
+    const leaseMs = (op === "inbox.claimDue" || op === "outbox.claimDue" ? args[0] : args[1]) as ClaimOptions | undefined;
     const grant = (): LeaseGrant => {
-      const g = { inc: inc.id, time: now, delivered: true };
+      const g = { inc: inc.id, time: now, delivered: true, expires: now + (leaseMs?.leaseMs ?? 0) };
       grants.push(g);
       return g;
     };
@@ -154,14 +155,16 @@ export function faultyBackend(
       const prev = token - 1;
       const g = kind === "inbox" ? ledger.inLease(id, prev) : ledger.outLease(id, prev);
       const closed = kind === "inbox" ? ledger.isInClosed(id, prev) : ledger.isOutClosed(id, prev);
-      if (g && g.inc === inc.id && g.delivered && !closed && inc.alive) {
-        const frozen = world.wasFrozen(inc.replica, g.time, now);
+      // Its own lease, not ended, and in true time not lapsed yet (heartbeats extend it): only a
+      // server clock step makes the backend see it lapsed. A lease that really lapsed (a long
+      // delay, a stall, failed heartbeats) is claimable by anyone, its holder too.
+      if (g && g.inc === inc.id && !closed && inc.alive && now < g.expires) {
         ledger.live.push({
           invariant: "self-steal",
           time: now,
           detail: `${inc.id} claimed ${kind} ${id} (token ${token}) away from its own live lease (token ${prev}, granted at ${
             ((g.time - SIM_EPOCH) / 1000).toFixed(3)
-          }s)${frozen ? " [the replica was stalled meanwhile]" : ""}; server clock offset ${world.serverOffset}ms`,
+          }s, good until ${((g.expires - SIM_EPOCH) / 1000).toFixed(3)}s in true time); server clock offset ${world.serverOffset}ms`,
         });
       }
     };
@@ -179,6 +182,14 @@ export function faultyBackend(
             selfSteal("inbox", r.id, r.fence);
             ledger.grantIn(r.id, r.fence, grant());
           }
+          break;
+        }
+        case "inbox.heartbeat":
+        case "outbox.heartbeat": {
+          const g = op === "inbox.heartbeat"
+            ? ledger.inLease(args[0] as string, args[1] as number)
+            : ledger.outLease(args[0] as string, args[1] as number);
+          if (result === true && g) g.expires = now + (args[2] as number);
           break;
         }
         case "inbox.complete":
@@ -216,10 +227,11 @@ export function faultyBackend(
           const resent = new Set<string>();
           for (const e of ambiguous) {
             const token = resendAmbiguous ? e.fence - 1 : e.fence;
+            selfSteal("outbox", e.key, token + 1);
             if (resendAmbiguous) resent.add(e.key);
             const calls = ledger.callsOf(e.key, token);
             const g = ledger.outLease(e.key, token);
-            let verdict: "call" | "crash-before-call" | "false";
+            let verdict: AmbiguityRecord["verdict"];
             let detail: string;
             if (calls.length > 0) {
               verdict = "call";
@@ -230,12 +242,16 @@ export function faultyBackend(
               verdict = "crash-before-call";
               detail = `holder ${g.inc} died before calling the provider`;
             } else {
-              verdict = "false";
               const holder = g ? world.replicas.find((r) => g.inc.startsWith(`${r.name}#`)) : undefined;
+              verdict = !g || !g.delivered ? "lost-grant" : holder && world.wasFrozen(holder, g.time, now) ? "stalled-before-call" : "held";
               detail = g
                 ? `holder ${g.inc} is alive and never called the provider under token ${token}${
-                  g.delivered ? "" : " (the grant's reply was lost: it never knew it held the lease)"
-                }${holder && world.wasFrozen(holder, g.time, now) ? " [holder was stalled]" : ""}`
+                  !g.delivered
+                    ? " (the grant's reply was lost: it never knew it held the lease)"
+                    : holder && world.wasFrozen(holder, g.time, now)
+                    ? " [holder was stalled]"
+                    : " (it got the lease and kept it without calling: queued behind another send of the chat, or its claim's reply came late)"
+                }`
                 : `no grant of token ${token} seen`;
             }
             ledger.ambiguities.push({

@@ -110,9 +110,10 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
 
   // Ambiguity only when a call may really have happened.
   for (const a of ledger.ambiguities) {
-    if (a.verdict === "false") fail("false-ambiguity", `${a.key} made ambiguous by ${a.by} at ${at(a.time)}: ${a.detail}`);
-    if (a.verdict === "crash-before-call" && input.strictAmbiguity) {
-      fail("ambiguity-crash-before-call", `${a.key} made ambiguous by ${a.by} at ${at(a.time)}: ${a.detail}`);
+    const text = `${a.key} made ambiguous by ${a.by} at ${at(a.time)}: ${a.detail}`;
+    if (a.verdict === "lost-grant" || a.verdict === "held") fail(`false-ambiguity(${a.verdict})`, text);
+    if ((a.verdict === "crash-before-call" || a.verdict === "stalled-before-call") && input.strictAmbiguity) {
+      fail(`ambiguity-${a.verdict}`, text);
     }
   }
 
@@ -147,14 +148,16 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     if (!EXPLAINED_INBOUND.test(r.error ?? "")) fail("unexplained-dead", `inbox record ${r.id} is dead: ${r.error}`);
   }
 
-  // Replies of one chat leave in order (by journal seq), keys an operator touched excepted.
+  // Replies of one chat leave in order (by journal seq).
   const byChat = new Map<string, { key: string; seq: number; first: number }[]>();
   const firstAccepted = new Map<string, number>();
   for (const c of ledger.calls) {
     if (c.accepted && !firstAccepted.has(c.key)) firstAccepted.set(c.key, c.acceptedIndex!);
   }
   for (const [key, seqs] of ledger.seqs) {
+    // Excepted: keys an operator touched, and ambiguous ones (a call of a dead or cut-off sender may land any time).
     if (seqs.length !== 1 || ledger.operatorRetried.has(key) || ledger.operatorDiscarded.has(key)) continue;
+    if (ledger.ambiguities.some((a) => a.key === key)) continue;
     const first = firstAccepted.get(key);
     if (first === undefined) continue;
     const chat = ledger.chatOf.get(key)!;

@@ -35,6 +35,8 @@ export interface LeaseGrant {
   time: number;
   /** Whether the grant's reply reached the engine (`false`: lost reply, or the process died). */
   delivered: boolean;
+  /** When the lease really lapses in true (virtual) time: grant or last heartbeat plus the lease length. */
+  expires: number;
 }
 
 /** A record moved to `unknown` (or re-leased as ambiguous) by a backend claim. */
@@ -47,8 +49,14 @@ export interface AmbiguityRecord {
   /** Who made the claim. */
   by: string;
   delivered: boolean;
-  /** Why the sim thinks it was ambiguous: `call` a call was open; `crash-before-call`; `false`. */
-  verdict: "call" | "crash-before-call" | "false";
+  /**
+   * Why the sim thinks it was ambiguous: `call` a call under the token started (justified);
+   * `crash-before-call` its holder died before calling; `stalled-before-call` its holder was
+   * stalled past the lease before calling (to the others, like a crash); `lost-grant` the
+   * holder never learned it held the lease (the reply of its reserve or claim was lost);
+   * `held` the holder got the lease and kept it without calling.
+   */
+  verdict: "call" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
   detail: string;
 }
 

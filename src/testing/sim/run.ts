@@ -42,7 +42,8 @@ export interface SimResult {
   trace: string[];
   /** Faults injected, by kind. */
   faults: Record<string, number>;
-  ambiguity: { call: number; crashBeforeCall: number; false: number };
+  /** Ambiguity transitions by the sim's verdict (see `AmbiguityRecord.verdict`). */
+  ambiguity: Record<string, number>;
   /** Duplicate sends allowed because the channel accepted a call that then timed out (the engine retried it). */
   timeoutDuplicates: number;
   providerCalls: number;
@@ -355,12 +356,8 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   world.log("sim", `end at ${(sched.elapsed / 1000).toFixed(3)}s: inbox ${stateCounts(inbox)}; outbox ${stateCounts(outbox)}`);
   world.log("sim", `metrics ${JSON.stringify(metrics)}`);
   for (const f of failures) world.log("sim", `FAIL ${f.invariant}: ${f.detail}`);
-  const ambiguity = { call: 0, crashBeforeCall: 0, false: 0 };
-  for (const a of world.ledger.ambiguities) {
-    if (a.verdict === "call") ambiguity.call++;
-    else if (a.verdict === "crash-before-call") ambiguity.crashBeforeCall++;
-    else ambiguity.false++;
-  }
+  const ambiguity: Record<string, number> = {};
+  for (const a of world.ledger.ambiguities) ambiguity[a.verdict] = (ambiguity[a.verdict] ?? 0) + 1;
   return {
     seed,
     ok: failures.length === 0,
