@@ -6,11 +6,11 @@
  * are exact and checked here:
  * - `outboxAmbiguous` == `durability:ambiguous` events (the engine counts and emits together);
  * - `outboxDead` == outbound `durability:dead` events, `inboundDead` == inbound ones (same);
- * - `staleLeases` == the `StaleLeaseError`s the backend really returned to a live engine on
- *   complete/fail/markSent/markFailed (the sim sees each one reach the engine).
+ * - `staleLeases` == `stale-lease` warnings (same code path).
  * Checked against the ground truth, not only against the engine's own events:
- * - every stale-lease rejection must be genuine: the token's lease was ended by someone
- *   else, not by the caller's own earlier write whose reply was lost (`false-stale-lease`);
+ * - every stale lease counted must stand for a `StaleLeaseError` the backend really returned
+ *   to that incarnation for that token because someone else ended the lease, not its own
+ *   earlier write whose reply was lost (`false-stale-lease`);
  * - a genuine stale lease needs a lease-losing fault in the run: a stall, a clock step, a
  *   long delay or a failed heartbeat (`stale-without-lease-loss`); a crash, a lost reply or a
  *   slow provider call (heartbeats cover it) are not;
@@ -186,24 +186,37 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   }
   if (metrics.outboxDead !== events.outDead) fail("metrics", `outboxDead ${metrics.outboxDead} != ${events.outDead} outbound dead events`);
   if (metrics.inboundDead !== events.inDead) fail("metrics", `inboundDead ${metrics.inboundDead} != ${events.inDead} inbound dead events`);
-  if (metrics.staleLeases !== ledger.stale.length) {
-    fail("metrics", `staleLeases ${metrics.staleLeases} != ${ledger.stale.length} stale-lease rejections the backend returned`);
+  if (metrics.staleLeases !== ledger.staleWarnings.length) {
+    fail("metrics", `staleLeases ${metrics.staleLeases} != ${ledger.staleWarnings.length} stale-lease warnings`);
   }
-  for (const s of ledger.stale) {
-    if (!s.genuine) {
-      fail(
-        "false-stale-lease",
-        `${s.kind} ${s.id} token ${s.token}: ${s.inc} counted a stale lease at ${at(s.time)}, but the lease was ended by its own earlier write (a lost reply)`,
-      );
+  // Each counted stale lease must stand for a rejection the backend really returned to that
+  // incarnation because someone else took the lease (not its own earlier write, a lost reply).
+  let genuine = 0;
+  let first: (typeof ledger.staleWarnings)[number] | undefined;
+  for (const w of ledger.staleWarnings) {
+    const rejections = ledger.stale.filter((s) =>
+      s.kind === w.kind && s.id === w.id && s.inc === w.inc && (w.token === null || s.token === w.token)
+    );
+    if (rejections.some((s) => s.genuine)) {
+      genuine++;
+      first ??= w;
+      continue;
     }
+    fail(
+      "false-stale-lease",
+      `${w.kind} ${w.id} token ${w.token}: ${w.inc} counted a stale lease at ${at(w.time)}, but ${
+        rejections.length > 0
+          ? "the lease was ended by its own earlier write (a lost reply)"
+          : "the backend returned it no stale-lease rejection for that token"
+      }`,
+    );
   }
-  const genuine = ledger.stale.filter((s) => s.genuine);
-  if (genuine.length > 0 && world.leaseThreats === 0) {
+  if (first !== undefined && world.leaseThreats === 0) {
     fail(
       "stale-without-lease-loss",
-      `${genuine.length} genuine stale lease(s) (first: ${genuine[0]!.kind} ${genuine[0]!.id} token ${genuine[0]!.token} at ${
-        at(genuine[0]!.time)
-      } by ${genuine[0]!.inc}) in a run without a stall, clock step, long delay or failed heartbeat`,
+      `${genuine} genuine stale lease(s) (first: ${first.kind} ${first.id} token ${first.token} at ${
+        at(first.time)
+      } by ${first.inc}) in a run without a stall, clock step, long delay or failed heartbeat`,
     );
   }
   return failures;

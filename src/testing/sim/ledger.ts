@@ -106,6 +106,8 @@ export class Ledger {
   outDead: { key: string; token: number; delivered: boolean; error: string }[] = [];
   inDead: { id: string; token: number; delivered: boolean; error: string }[] = [];
   stale: StaleRecord[] = [];
+  /** `stale-lease` warnings the engines emitted (each one counted in `staleLeases`). */
+  staleWarnings: { kind: "inbox" | "outbox"; id: string; token: number | null; inc: string; time: number }[] = [];
   operatorRetried: Map<string, number> = new Map();
   operatorDiscarded: Map<string, number> = new Map();
   operatorReplayed: Map<string, number> = new Map();

@@ -167,7 +167,19 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     bot.on("error", (error) => {
       if (!isProcessDeath(error)) world.log(inc.id, `error event: ${errorText(error)}`);
     });
-    bot.on("warning", (w) => world.log(inc.id, `warning ${w.code}: ${w.key ?? w.id ?? ""}`));
+    bot.on("warning", (w) => {
+      world.log(inc.id, `warning ${w.code}: ${w.key ?? w.id ?? ""}`);
+      if (w.code === "stale-lease") {
+        const token = /fencing token (\d+)/.exec(w.message);
+        world.ledger.staleWarnings.push({
+          kind: w.key !== undefined ? "outbox" : "inbox",
+          id: (w.key ?? w.id)!,
+          token: token ? Number(token[1]) : null,
+          inc: inc.id,
+          time: sched.time,
+        });
+      }
+    });
     bot.on("durability:ambiguous", ({ key }) => {
       world.ledger.ambiguousEvents.push({ key, inc: inc.id, time: sched.time });
       world.log(inc.id, `event durability:ambiguous ${key}`);
