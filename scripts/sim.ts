@@ -8,6 +8,7 @@
  *            --strict-timeouts               a duplicate send after a call accepted-then-timed-out fails the seed
  *            --workers N                     worker processes for --seeds (default 2)
  *            --quiet                         --seed: no trace, only the verdict
+ *            --verbose                       --seed: trace heartbeats and reads too
  *            --max-print N                   --seeds: failing seeds listed (default 20)
  *
  * Only MemoryDurability is wired: kvDurability(new MemoryKv()) waits real time
@@ -28,11 +29,12 @@ interface Args {
   workers: number;
   worker: boolean;
   quiet: boolean;
+  verbose: boolean;
   maxPrint: number;
 }
 
 function parseArgs(argv: string[]): Args {
-  const args: Args = { from: 1, stride: 1, strict: false, strictTimeouts: false, workers: 2, worker: false, quiet: false, maxPrint: 20 };
+  const args: Args = { from: 1, stride: 1, strict: false, strictTimeouts: false, workers: 2, worker: false, quiet: false, verbose: false, maxPrint: 20 };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const value = () => {
@@ -56,6 +58,7 @@ function parseArgs(argv: string[]): Args {
       case "--workers": args.workers = Math.max(1, int()); break;
       case "--worker": args.worker = true; break;
       case "--quiet": args.quiet = true; break;
+      case "--verbose": args.verbose = true; break;
       case "--max-print": args.maxPrint = int(); break;
       case "--help":
       case "-h":
@@ -80,7 +83,7 @@ const flags = [
 const replay = (seed: number) => `npm run sim -- --seed ${seed}${flags ? ` ${flags}` : ""}`;
 
 function run(seed: number): Promise<SimResult> {
-  return runSimulation(create, { seed, faults, strictAmbiguity: args.strict, strictTimeouts: args.strictTimeouts });
+  return runSimulation(create, { seed, faults, strictAmbiguity: args.strict, strictTimeouts: args.strictTimeouts, verbose: args.verbose });
 }
 
 interface Row {

@@ -19,7 +19,7 @@ import {
   type ReserveResult,
   StaleLeaseError,
 } from "../../backend.ts";
-import type { AmbiguityRecord, LeaseGrant } from "./ledger.ts";
+import type { AmbiguityRecord, LeaseGrant, LostBy } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";
 
@@ -136,12 +136,12 @@ export function faultyBackend(
   const ledger = world.ledger;
 
   /** Feeds the ledger with a call's real effect; returns what to do once the reply reaches the engine. */
-  const observe = (op: string, args: unknown[], result: unknown, error: unknown): ((delivered: boolean) => void) => {
+  const observe = (op: string, args: unknown[], result: unknown, error: unknown): ((lostBy: LostBy) => void) => {
     const now = world.sched.time;
-    const grants: { delivered: boolean }[] = [];
+    const grants: { delivered: boolean; lostBy: LostBy }[] = [];
     const leaseMs = (op === "inbox.claimDue" || op === "outbox.claimDue" ? args[0] : args[1]) as ClaimOptions | undefined;
     const grant = (): LeaseGrant => {
-      const g = { inc: inc.id, time: now, delivered: true, expires: now + (leaseMs?.leaseMs ?? 0) };
+      const g = { inc: inc.id, time: now, delivered: true, lostBy: null, expires: now + (leaseMs?.leaseMs ?? 0) };
       grants.push(g);
       return g;
     };
@@ -190,6 +190,7 @@ export function faultyBackend(
             ? ledger.inLease(args[0] as string, args[1] as number)
             : ledger.outLease(args[0] as string, args[1] as number);
           if (result === true && g) g.expires = now + (args[2] as number);
+          if (g && g.inc === inc.id) g.delivered = true; // it knows the lease (learned it some other way)
           break;
         }
         case "inbox.complete":
@@ -199,7 +200,7 @@ export function faultyBackend(
           const [id, token, outcome] = args as [string, number, FailOutcome];
           ledger.closeIn(id, token);
           if (outcome.dead) {
-            const rec = { id, token, delivered: true, error: outcome.error };
+            const rec = { id, token, delivered: true, lostBy: null as LostBy, error: outcome.error };
             ledger.inDead.push(rec);
             grants.push(rec);
           }
@@ -261,6 +262,7 @@ export function faultyBackend(
               time: now,
               by: inc.id,
               delivered: true,
+              lostBy: null,
               verdict,
               detail,
             });
@@ -281,7 +283,7 @@ export function faultyBackend(
           const [key, token, outcome] = args as [string, number, FailOutcome];
           ledger.closeOut(key, token);
           if (outcome.dead) {
-            const rec = { key, token, delivered: true, error: outcome.error };
+            const rec = { key, token, delivered: true, lostBy: null as LostBy, error: outcome.error };
             ledger.outDead.push(rec);
             grants.push(rec);
           }
@@ -306,9 +308,12 @@ export function faultyBackend(
           break;
       }
     }
-    return (delivered: boolean) => {
-      for (const g of grants) g.delivered = delivered;
-      if (delivered) (onDelivered as (() => void) | null)?.();
+    return (lostBy: LostBy) => {
+      for (const g of grants) {
+        g.delivered = lostBy === null;
+        g.lostBy = lostBy;
+      }
+      if (lostBy === null) (onDelivered as (() => void) | null)?.();
     };
   };
 
@@ -342,13 +347,13 @@ export function faultyBackend(
     const deliver = observe(op, args, result, error);
     const empty = error === undefined && (op === "inbox.claimDue" ? (result as unknown[]).length === 0
       : op === "outbox.claimDue" && (result as OutboxClaim).due.length + (result as OutboxClaim).ambiguous.length === 0);
-    if ((!quiet && !empty) || fault.kind !== "none" || error !== undefined) world.log(inc.id, summary(op, args, result, error));
+    if (world.verbose || (!quiet && !empty) || fault.kind !== "none" || error !== undefined) world.log(inc.id, summary(op, args, result, error));
     if (fault.kind === "lost-reply") {
-      deliver(false);
+      deliver("lost-reply");
       throw new ConnectionReset(op);
     }
     if (fault.kind === "crash" && fault.when === "after") {
-      deliver(false);
+      deliver("crash");
       if (inc.alive) {
         world.crashes++;
         world.crash(inc, `after ${op}`);
@@ -358,10 +363,10 @@ export function faultyBackend(
     if (fault.kind === "delay" && fault.after > 0) await world.sched.sleep(fault.after);
     await world.thaw(inc.replica);
     if (!inc.alive) {
-      deliver(false);
+      deliver("crash");
       throw world.death();
     }
-    deliver(true);
+    deliver(null);
     if (error !== undefined) throw error;
     return result;
   };

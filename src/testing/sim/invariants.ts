@@ -15,7 +15,8 @@
  *   long delay or a failed heartbeat (`stale-without-lease-loss`); a crash, a lost reply or a
  *   slow provider call (heartbeats cover it) are not;
  * - every entry left `unknown` and every record or entry left `dead` was reported by an
- *   event (`silent-unknown`, `silent-dead`).
+ *   event (`silent-unknown`, `silent-dead`), unless the process that wrote the transition
+ *   died before its reply arrived (nothing can report it then).
  * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
  * reservation whose reply was lost is journaled but counted by nobody), `outboxDeduped`,
  * `inboundDuplicates`, `inboundReplayed`, `outboxRetried`, `outboxDeferred`.
@@ -124,11 +125,17 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     if (e.state === "sent" && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
     if (e.state === "unknown") {
       if (!ledger.ambiguities.some((a) => a.key === e.key)) fail("unexplained-unknown", `${e.key} is unknown without an ambiguity transition`);
-      if (!ambiguousEventKeys.has(e.key)) fail("silent-unknown", `${e.key} is unknown but no durability:ambiguous event reported it`);
+      // Excused: the process that made the transition died before it could see it (nothing can report it then).
+      const last = ledger.ambiguities.filter((a) => a.key === e.key).at(-1);
+      if (!ambiguousEventKeys.has(e.key) && last?.lostBy !== "crash") {
+        fail("silent-unknown", `${e.key} is unknown but no durability:ambiguous event reported it (the transition's reply was ${last?.lostBy ?? "delivered"})`);
+      }
     }
     if (e.state === "dead") {
-      if (!deadEventIds.has(`outbound:${e.key}`)) fail("silent-dead", `outbox entry ${e.key} is dead but no durability:dead event reported it`);
       const last = [...ledger.outDead].reverse().find((d) => d.key === e.key);
+      if (!deadEventIds.has(`outbound:${e.key}`) && last?.lostBy !== "crash") {
+        fail("silent-dead", `outbox entry ${e.key} is dead but no durability:dead event reported it (the dead write's reply was ${last?.lostBy ?? "delivered"})`);
+      }
       const call = last ? ledger.callsOf(e.key, last.token).at(-1) : undefined;
       const explained = call !== undefined && call.outcome !== "ok" &&
         (call.outcome.startsWith("provider-permanent") || e.attempts > scenario.outbox.retries);
@@ -144,7 +151,10 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   }
   for (const r of inbox) {
     if (r.state !== "dead") continue;
-    if (!deadEventIds.has(`inbound:${r.id}`)) fail("silent-dead", `inbox record ${r.id} is dead but no durability:dead event reported it`);
+    const last = [...ledger.inDead].reverse().find((d) => d.id === r.id);
+    if (!deadEventIds.has(`inbound:${r.id}`) && last?.lostBy !== "crash") {
+      fail("silent-dead", `inbox record ${r.id} is dead but no durability:dead event reported it (the dead write's reply was ${last?.lostBy ?? "delivered"})`);
+    }
     if (!EXPLAINED_INBOUND.test(r.error ?? "")) fail("unexplained-dead", `inbox record ${r.id} is dead: ${r.error}`);
   }
 

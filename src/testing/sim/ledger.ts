@@ -29,12 +29,16 @@ export interface CallRecord {
   acceptedIndex: number | null;
 }
 
+/** Why a reply never reached the engine: its process died, or the connection was reset after the commit. */
+export type LostBy = "crash" | "lost-reply" | null;
+
 /** Who was granted a lease (a fencing token) on a record. */
 export interface LeaseGrant {
   inc: string;
   time: number;
-  /** Whether the grant's reply reached the engine (`false`: lost reply, or the process died). */
+  /** Whether the grant's reply reached the engine (`false`: lost reply, or the process died), or it learned of the lease otherwise. */
   delivered: boolean;
+  lostBy: LostBy;
   /** When the lease really lapses in true (virtual) time: grant or last heartbeat plus the lease length. */
   expires: number;
 }
@@ -49,6 +53,7 @@ export interface AmbiguityRecord {
   /** Who made the claim. */
   by: string;
   delivered: boolean;
+  lostBy: LostBy;
   /**
    * Why the sim thinks it was ambiguous: `call` a call under the token started (justified);
    * `crash-before-call` its holder died before calling; `stalled-before-call` its holder was
@@ -103,8 +108,8 @@ export class Ledger {
   ambiguousEvents: { key: string; inc: string; time: number }[] = [];
   deadEvents: { kind: "inbound" | "outbound"; id: string; inc: string; error: string }[] = [];
   /** Dead transitions the backend committed. */
-  outDead: { key: string; token: number; delivered: boolean; error: string }[] = [];
-  inDead: { id: string; token: number; delivered: boolean; error: string }[] = [];
+  outDead: { key: string; token: number; delivered: boolean; lostBy: LostBy; error: string }[] = [];
+  inDead: { id: string; token: number; delivered: boolean; lostBy: LostBy; error: string }[] = [];
   stale: StaleRecord[] = [];
   /** `stale-lease` warnings the engines emitted (each one counted in `staleLeases`). */
   staleWarnings: { kind: "inbox" | "outbox"; id: string; token: number | null; inc: string; time: number }[] = [];

@@ -30,6 +30,8 @@ export interface SimOptions {
   strictTimeouts?: boolean;
   /** How long faults are injected, virtual ms (default 30 000). */
   faultWindowMs?: number;
+  /** Trace every journal call (heartbeats and reads too). */
+  verbose?: boolean;
   /** How long the end phase may take to settle, virtual ms (default 600 000). */
   settleMs?: number;
 }
@@ -123,6 +125,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   const world = new World(sched, root.fork("plan"), enabled);
   world.journalFaultRate = scenario.journalFaultRate;
   world.providerFaultRate = scenario.providerFaultRate;
+  world.verbose = options.verbose ?? false;
   world.leaseMs = Math.min(scenario.inbox.leaseMs, scenario.outbox.leaseMs);
   const shared = create(world.serverNow);
   const channel = new SimChannel(world);

@@ -66,6 +66,8 @@ export class World {
   readonly replicas: Replica[] = [];
   readonly enabled: ReadonlySet<FaultKind>;
   readonly faultCounts: Record<string, number> = {};
+  /** Trace every journal call, heartbeats and reads too. */
+  verbose = false;
   /** Faults are injected only while this holds (the end phase turns it off). */
   faultsActive = true;
   /** Backend clock offset from virtual time (a server clock step changes it). */
