@@ -9,6 +9,7 @@
  *            --workers N                     worker processes for --seeds (default 2)
  *            --quiet                         --seed: no trace, only the verdict
  *            --verbose                       --seed: trace heartbeats and reads too
+ *            --check-determinism             run every seed twice; a different trace is a failure
  *            --max-print N                   --seeds: failing seeds listed (default 20)
  *
  * Only MemoryDurability is wired: kvDurability(new MemoryKv()) waits real time
@@ -30,11 +31,12 @@ interface Args {
   worker: boolean;
   quiet: boolean;
   verbose: boolean;
+  twice: boolean;
   maxPrint: number;
 }
 
 function parseArgs(argv: string[]): Args {
-  const args: Args = { from: 1, stride: 1, strict: false, strictTimeouts: false, workers: 2, worker: false, quiet: false, verbose: false, maxPrint: 20 };
+  const args: Args = { from: 1, stride: 1, strict: false, strictTimeouts: false, workers: 2, worker: false, quiet: false, verbose: false, twice: false, maxPrint: 20 };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const value = () => {
@@ -59,6 +61,7 @@ function parseArgs(argv: string[]): Args {
       case "--worker": args.worker = true; break;
       case "--quiet": args.quiet = true; break;
       case "--verbose": args.verbose = true; break;
+      case "--check-determinism": args.twice = true; break;
       case "--max-print": args.maxPrint = int(); break;
       case "--help":
       case "-h":
@@ -82,8 +85,22 @@ const flags = [
 ].join(" ");
 const replay = (seed: number) => `npm run sim -- --seed ${seed}${flags ? ` ${flags}` : ""}`;
 
-function run(seed: number): Promise<SimResult> {
-  return runSimulation(create, { seed, faults, strictAmbiguity: args.strict, strictTimeouts: args.strictTimeouts, verbose: args.verbose });
+async function run(seed: number): Promise<SimResult> {
+  const options = { seed, faults, strictAmbiguity: args.strict, strictTimeouts: args.strictTimeouts, verbose: args.verbose };
+  const result = await runSimulation(create, options);
+  if (args.twice) {
+    const again = await runSimulation(create, options);
+    const i = result.trace.findIndex((line, n) => again.trace[n] !== line);
+    if (i >= 0 || again.trace.length !== result.trace.length) {
+      const at = i >= 0 ? i : Math.min(result.trace.length, again.trace.length);
+      result.failures.push({
+        invariant: "nondeterministic",
+        detail: `the second run's trace differs at line ${at + 1}: ${JSON.stringify(result.trace[at])} vs ${JSON.stringify(again.trace[at])}`,
+      });
+      result.ok = false;
+    }
+  }
+  return result;
 }
 
 interface Row {
@@ -155,6 +172,7 @@ if (workers === 1) {
       ...(args.faults !== undefined ? ["--faults", args.faults] : []),
       ...(args.strict ? ["--strict-ambiguity"] : []),
       ...(args.strictTimeouts ? ["--strict-timeouts"] : []),
+      ...(args.twice ? ["--check-determinism"] : []),
     ];
     const child = Bun.spawn(cmd, { stdout: "pipe", stderr: "inherit" });
     children.push((async () => {

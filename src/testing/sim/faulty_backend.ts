@@ -87,9 +87,18 @@ function faultName(fault: JournalFault): string {
   }
 }
 
+/** A record or entry in a line, without its incarnation id (a random UUID: not part of the trace). */
+function brief(value: unknown): string {
+  const r = value as Partial<InboundRecord & OutboxEntry>;
+  const lease = r.lease ? ` lease ${r.lease.owner} t${r.lease.token}` : "";
+  return `${r.key ?? r.id} ${r.state} t${r.fence}${lease}`;
+}
+
 function show(value: unknown): string {
   if (value === undefined) return "undefined";
   if (value instanceof Error) return `${value.name}: ${value.message}`;
+  if (Array.isArray(value)) return `[${value.map((v) => (typeof v === "object" && v !== null && "state" in v ? brief(v) : show(v))).join(", ")}]`;
+  if (typeof value === "object" && value !== null && "state" in value) return brief(value);
   return JSON.stringify(value);
 }
 
