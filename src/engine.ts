@@ -193,6 +193,8 @@ interface HeldLease {
   /** Its outcome is being written: a claim of the record now is a new attempt, not a lease that only looked lapsed. */
   settling?: boolean;
 }
+/** How far behind this process's clock a backend clock may run when looking for sends a lost scan made unknown. */
+const LOST_SCAN_SLACK_MS = 5_000;
 /** A wall-clock step larger than this (against the monotonic clock) renews every held lease before a sweep claims. */
 const CLOCK_STEP_MS = 1000;
 /** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
@@ -276,6 +278,11 @@ export class DurabilityEngine {
   #unreported = new Set<string>();
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
   #adoptPending = false;
+  /**
+   * Wall time at the start of the earliest outbox claim scan that failed without an answer since the
+   * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
+   */
+  #lostScanSince: number | null = null;
   /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
   #lastRound = { monotonic: 0, wall: 0 };
   /**
@@ -715,6 +722,8 @@ export class DurabilityEngine {
     const { kind, id } = lease;
     const leaseMs = kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
     lease.settling = true;
+    // Whether an earlier attempt failed in a way that may hide a commit (a lost reply).
+    let uncertain = false;
     for (let attempt = 1;; attempt++) {
       const token = lease.token;
       try {
@@ -723,9 +732,12 @@ export class DurabilityEngine {
       } catch (error) {
         if (error instanceof StaleLeaseError) {
           if (await this.#outcomeLanded(kind, id, token, landed)) return true;
-          this.#stale(kind, id, error);
+          // After an unanswered attempt, a record that moved on may have moved on from our own write
+          // (a failure recorded, then retried): not counted as a stale lease, nothing is claimed of it.
+          if (!uncertain) this.#stale(kind, id, error);
           return false;
         }
+        uncertain = true;
         if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
         // The write may have committed with its reply lost: look before the record moves on.
         if (await this.#outcomeLanded(kind, id, token, landed)) return true;
@@ -1077,10 +1089,12 @@ export class DurabilityEngine {
     for (;;) {
       const claimedAt = this.#clock.monotonic();
       let claimed: Awaited<ReturnType<DurabilityBackend["outbox"]["claimDue"]>>;
+      const scanStartedAt = this.#clock.now();
       try {
         claimed = await this.#claimScan(() => this.backend.outbox.claimDue(outboxClaim));
       } catch (error) {
         this.#adoptPending = true; // the claim may have committed with its reply lost
+        this.#lostScanSince = Math.min(this.#lostScanSince ?? Infinity, scanStartedAt);
         throw error;
       }
       const { due, ambiguous } = claimed;
@@ -1144,7 +1158,17 @@ export class DurabilityEngine {
    */
   async #adoptOwnLost(): Promise<void> {
     this.#adoptPending = false;
+    const lostScanSince = this.#lostScanSince;
+    this.#lostScanSince = null;
     try {
+      if (lostScanSince !== null) {
+        // A scan that moved sends to `unknown` reports them; its reply was lost, so report the sends
+        // that became unknown since it started (another replica may report one of them too: better twice
+        // than never). The slack covers a backend clock that runs behind this one.
+        for (const entry of await this.backend.outbox.list({ state: "unknown", limit: RECLAIM_BATCH })) {
+          if (entry.updatedAt >= lostScanSince - LOST_SCAN_SLACK_MS) this.#reportAmbiguous(entry);
+        }
+      }
       const [records, entries] = await Promise.all([
         this.backend.inbox.list({ state: "processing", limit: RECLAIM_BATCH }),
         this.backend.outbox.list({ state: "sending", limit: RECLAIM_BATCH }),
@@ -1173,6 +1197,7 @@ export class DurabilityEngine {
       }
     } catch (error) {
       this.#adoptPending = true;
+      if (lostScanSince !== null) this.#lostScanSince = Math.min(this.#lostScanSince ?? Infinity, lostScanSince);
       throw error;
     }
   }
