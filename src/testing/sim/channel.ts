@@ -139,6 +139,7 @@ export class SimProvider implements Provider {
       content,
       replica: inc.replica.name,
       inc: inc.id,
+      gen: ledger.genOf(key),
       token,
       attempt: context.attempt,
       start: now,

@@ -147,17 +147,18 @@ export function faultyBackend(
   /** Feeds the ledger with a call's real effect; returns what to do once the reply reaches the engine. */
   const observe = (op: string, args: unknown[], result: unknown, error: unknown): ((lostBy: LostBy) => void) => {
     const now = world.sched.time;
-    const grants: { delivered: boolean; lostBy: LostBy }[] = [];
+    const grants: { delivered: boolean; lostBy: LostBy; pending?: boolean }[] = [];
     const leaseMs = (op === "inbox.claimDue" || op === "outbox.claimDue" ? args[0] : args[1]) as ClaimOptions | undefined;
     const grant = (): LeaseGrant => {
-      const g = { inc: inc.id, time: now, delivered: true, lostBy: null, expires: now + (leaseMs?.leaseMs ?? 0) };
+      const g: LeaseGrant = { inc: inc.id, time: now, delivered: true, lostBy: null, pending: true, expires: now + (leaseMs?.leaseMs ?? 0) };
       grants.push(g);
       return g;
     };
     let onDelivered: (() => void) | null = null;
     const staleCheck = (kind: "inbox" | "outbox", id: string, token: number) => {
       if (!(error instanceof StaleLeaseError)) return;
-      const genuine = kind === "inbox" ? !ledger.isInClosed(id, token) : !ledger.isOutClosed(id, token);
+      // Not genuine when the caller's own outcome write for this token already committed (a lost reply).
+      const genuine = kind === "inbox" ? !ledger.isInRecorded(id, token) : !ledger.isOutRecorded(id, token);
       onDelivered = () => ledger.stale.push({ kind, id, token, time: world.sched.time, inc: inc.id, genuine });
     };
     const selfSteal = (kind: "inbox" | "outbox", id: string, token: number) => {
@@ -203,11 +204,11 @@ export function faultyBackend(
           break;
         }
         case "inbox.complete":
-          ledger.closeIn(args[0] as string, args[1] as number);
+          ledger.closeIn(args[0] as string, args[1] as number, true);
           break;
         case "inbox.fail": {
           const [id, token, outcome] = args as [string, number, FailOutcome];
-          ledger.closeIn(id, token);
+          ledger.closeIn(id, token, true);
           if (outcome.dead) {
             const rec = { id, token, delivered: true, lostBy: null as LostBy, error: outcome.error };
             ledger.inDead.push(rec);
@@ -222,6 +223,7 @@ export function faultyBackend(
           const r = result as ReserveResult;
           if (r.status === "exists") break;
           const e = r.entry;
+          ledger.newGeneration(e.key);
           const seqs = ledger.seqs.get(e.key) ?? [];
           seqs.push(e.seq);
           ledger.seqs.set(e.key, seqs);
@@ -253,11 +255,17 @@ export function faultyBackend(
               detail = `holder ${g.inc} died before calling the provider`;
             } else {
               const holder = g ? world.replicas.find((r) => g.inc.startsWith(`${r.name}#`)) : undefined;
-              verdict = !g || !g.delivered ? "lost-grant" : holder && world.wasFrozen(holder, g.time, now) ? "stalled-before-call" : "held";
+              verdict = !g || !g.delivered
+                ? "lost-grant"
+                : g.pending || (holder && world.wasFrozen(holder, g.time, now))
+                ? "stalled-before-call"
+                : "held";
               detail = g
                 ? `holder ${g.inc} is alive and never called the provider under token ${token}${
                   !g.delivered
                     ? " (the grant's reply was lost: it never knew it held the lease)"
+                    : g.pending
+                    ? " [the grant's reply was still on its way: delayed past the lease]"
                     : holder && world.wasFrozen(holder, g.time, now)
                     ? " [holder was stalled]"
                     : " (it got the lease and kept it without calling: queued behind another send of the chat, or its claim's reply came late)"
@@ -286,11 +294,11 @@ export function faultyBackend(
           break;
         }
         case "outbox.markSent":
-          ledger.closeOut(args[0] as string, args[1] as number);
+          ledger.closeOut(args[0] as string, args[1] as number, true);
           break;
         case "outbox.markFailed": {
           const [key, token, outcome] = args as [string, number, FailOutcome];
-          ledger.closeOut(key, token);
+          ledger.closeOut(key, token, true);
           if (outcome.dead) {
             const rec = { key, token, delivered: true, lostBy: null as LostBy, error: outcome.error };
             ledger.outDead.push(rec);
@@ -321,6 +329,7 @@ export function faultyBackend(
       for (const g of grants) {
         g.delivered = lostBy === null;
         g.lostBy = lostBy;
+        if (g.pending !== undefined) g.pending = false;
       }
       if (lostBy === null) (onDelivered as (() => void) | null)?.();
     };

@@ -17,6 +17,8 @@ export interface CallRecord {
   replica: string;
   /** `<instanceId>#<incarnation number>`. */
   inc: string;
+  /** The key's generation (a discarded key reserved again starts a new one, its tokens from 1). */
+  gen: number;
   /** The fencing token the calling incarnation held for the key (from its last claim of that attempt). */
   token: number | undefined;
   attempt: number;
@@ -39,6 +41,8 @@ export interface LeaseGrant {
   /** Whether the grant's reply reached the engine (`false`: lost reply, or the process died), or it learned of the lease otherwise. */
   delivered: boolean;
   lostBy: LostBy;
+  /** The grant's reply is still on its way to the engine (a delay). */
+  pending: boolean;
   /** When the lease really lapses in true (virtual) time: grant or last heartbeat plus the lease length. */
   expires: number;
 }
@@ -120,13 +124,30 @@ export class Ledger {
   /** Incarnations that died, and when. */
   diedAt: Map<string, number> = new Map();
 
+  /** Outbox key → generation: bumped when a reservation creates the entry (again, after a discard). */
+  generation: Map<string, number> = new Map();
+
+  genOf(key: string): number {
+    return this.generation.get(key) ?? 0;
+  }
+
+  /** A reservation created the entry of `key`: its tokens start over. */
+  newGeneration(key: string): void {
+    this.generation.set(key, this.genOf(key) + 1);
+    this.outFence.delete(this.#g(key));
+  }
+
+  #g(key: string): string {
+    return `${key}@${this.genOf(key)}`;
+  }
+
   outFenceOf(key: string): number {
-    return this.outFence.get(key) ?? 0;
+    return this.outFence.get(this.#g(key)) ?? 0;
   }
 
   grantOut(key: string, token: number, grant: LeaseGrant): void {
-    this.outLeases.set(tk(key, token), grant);
-    if (token > this.outFenceOf(key)) this.outFence.set(key, token);
+    this.outLeases.set(tk(this.#g(key), token), grant);
+    if (token > this.outFenceOf(key)) this.outFence.set(this.#g(key), token);
   }
 
   grantIn(id: string, token: number, grant: LeaseGrant): void {
@@ -135,23 +156,38 @@ export class Ledger {
   }
 
   outLease(key: string, token: number): LeaseGrant | undefined {
-    return this.outLeases.get(tk(key, token));
+    return this.outLeases.get(tk(this.#g(key), token));
   }
 
   inLease(id: string, token: number): LeaseGrant | undefined {
     return this.inLeases.get(tk(id, token));
   }
 
-  closeOut(key: string, token: number): void {
-    this.outClosed.add(tk(key, token));
+  /** Outcome writes committed (markSent/markFailed, complete/fail), by id#token. */
+  outRecorded: Set<string> = new Set();
+  inRecorded: Set<string> = new Set();
+
+  /** The lease of `token` ended: by an outcome write of its holder (`recorded`), or an ambiguity transition. */
+  closeOut(key: string, token: number, recorded = false): void {
+    this.outClosed.add(tk(this.#g(key), token));
+    if (recorded) this.outRecorded.add(tk(this.#g(key), token));
   }
 
-  closeIn(id: string, token: number): void {
+  isOutRecorded(key: string, token: number): boolean {
+    return this.outRecorded.has(tk(this.#g(key), token));
+  }
+
+  isInRecorded(id: string, token: number): boolean {
+    return this.inRecorded.has(tk(id, token));
+  }
+
+  closeIn(id: string, token: number, recorded = false): void {
     this.inClosed.add(tk(id, token));
+    if (recorded) this.inRecorded.add(tk(id, token));
   }
 
   isOutClosed(key: string, token: number): boolean {
-    return this.outClosed.has(tk(key, token));
+    return this.outClosed.has(tk(this.#g(key), token));
   }
 
   isInClosed(id: string, token: number): boolean {
@@ -162,9 +198,10 @@ export class Ledger {
     return this.diedAt.has(inc);
   }
 
-  /** Provider calls for `key` under `token`. */
+  /** Provider calls for `key` under `token` (of its current generation). */
   callsOf(key: string, token: number): CallRecord[] {
-    return this.calls.filter((c) => c.key === key && c.token === token);
+    const gen = this.genOf(key);
+    return this.calls.filter((c) => c.key === key && c.token === token && c.gen === gen);
   }
 
   bump(map: Map<string, number>, key: string): void {
