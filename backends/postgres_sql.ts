@@ -440,6 +440,9 @@ export interface OutboxSql {
  */
 export function outboxSql(t: Tables): OutboxSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
+  // acceptsOutcome of journal_rules.ts ($2 the token): leased with it, or `unknown` with it still the fence
+  // (a late outcome of the call whose lease was taken for lost resolves the entry).
+  const OUTCOME_OF = "((state = 'sending' AND lease_token = $2) OR (state = 'unknown' AND fence = $2))";
   const cols = (alias: string) => OUTBOX_COLUMNS.split(", ").map((c) => `${alias}.${c}`).join(", ");
   const nextVer = `nextval('${t.chatVersion.replaceAll("'", "''")}')`;
   // The chat lock of a statement whose entry is the one row of CTE `e` (seq, chat_id, in the snapshot):
@@ -621,17 +624,19 @@ export function outboxSql(t: Tables): OutboxSql {
     heartbeat: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
       FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
     markSent: `WITH ${n},
-    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state = 'sending' AND lease_token = $2),${chatLock},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${OUTCOME_OF}),${chatLock},
     u AS (
       UPDATE ${t.outbox} SET state = 'sent', message_id = $3, lease_owner = NULL,
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
         updated_at = n.now, due_at = NULL
-      FROM n, lk WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING seq, ${t.outbox}.chat_id
+      FROM n, lk WHERE key = $1 AND ${OUTCOME_OF} RETURNING seq, ${t.outbox}.chat_id
     ),${nextHead()}
     SELECT 1 AS ok FROM u`,
-    // A retry (not dead) leaves the entry the chat's head; dead settles it (the next head gets its mark).
+    // A retry (not dead) leaves the entry the chat's head, or makes a resolved `unknown` one block its chat
+    // again: its due mark is a head's, or a stray (an earlier entry blocks) that the scan re-checks, and the
+    // old head's mark becomes a stray. Dead settles it (the next head gets its mark).
     markFailed: `WITH ${n},
-    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state = 'sending' AND lease_token = $2),${chatLock},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${OUTCOME_OF}),${chatLock},
     u AS (
       UPDATE ${t.outbox} SET
         state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,
@@ -639,7 +644,7 @@ export function outboxSql(t: Tables): OutboxSql {
         error = $4, lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = n.now,
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
-      FROM n, lk WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING seq, ${t.outbox}.chat_id
+      FROM n, lk WHERE key = $1 AND ${OUTCOME_OF} RETURNING seq, ${t.outbox}.chat_id
     ),${nextHead("$3::boolean")}
     SELECT 1 AS ok FROM u`,
     get: `SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1`,

@@ -270,6 +270,11 @@ local function out_claim(h, now, o)
   out_write(h)
 end
 local function out_held(h, token) return h ~= nil and h.state == 'sending' and h.leaseToken == token end
+-- acceptsOutcome of journal_rules.ts: leased with the token, or unknown with the token still its fence
+-- (the late outcome of the call whose lease was taken for lost resolves it)
+local function out_resolvable(h, token)
+  return out_held(h, token) or (h ~= nil and h.state == 'unknown' and h.fence == token)
+end
 `;
 
 /** One script: its name (for errors) and full text. */
@@ -697,7 +702,7 @@ return cjson.encode({'ok'})
   /** ARGV: P, key, token, mode (sent|dead|retry), messageId or error, retryInMs */
   outFinish: script("outbox.finish", [OUTBOX], `
 local h = load(out_key(ARGV[2]))
-if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+if not out_resolvable(h, ARGV[3]) then return cjson.encode({'stale'}) end
 assert_ok(out_problem(h, ARGV[2]))
 local now = now_ms()
 local mode = ARGV[4]
