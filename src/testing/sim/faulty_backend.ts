@@ -161,7 +161,7 @@ export function faultyBackend(
       const genuine = kind === "inbox" ? !ledger.isInRecorded(id, token) : !ledger.isOutRecorded(id, token);
       onDelivered = () => ledger.stale.push({ kind, id, token, time: world.sched.time, inc: inc.id, genuine });
     };
-    const selfSteal = (kind: "inbox" | "outbox", id: string, token: number) => {
+    const selfSteal = (kind: "inbox" | "outbox", id: string, token: number, how = `claimed ${kind} ${id} (token ${token}) away from`) => {
       const prev = token - 1;
       const g = kind === "inbox" ? ledger.inLease(id, prev) : ledger.outLease(id, prev);
       const closed = kind === "inbox" ? ledger.isInClosed(id, prev) : ledger.isOutClosed(id, prev);
@@ -172,7 +172,7 @@ export function faultyBackend(
         ledger.live.push({
           invariant: "self-steal",
           time: now,
-          detail: `${inc.id} claimed ${kind} ${id} (token ${token}) away from its own live lease (token ${prev}, granted at ${
+          detail: `${inc.id} ${how} its own live lease (token ${prev}, granted at ${
             ((g.time - SIM_EPOCH) / 1000).toFixed(3)
           }s, good until ${((g.expires - SIM_EPOCH) / 1000).toFixed(3)}s in true time); server clock offset ${world.serverOffset}ms`,
         });
@@ -239,7 +239,7 @@ export function faultyBackend(
           const resent = new Set<string>();
           for (const e of ambiguous) {
             const token = resendAmbiguous ? e.fence - 1 : e.fence;
-            selfSteal("outbox", e.key, token + 1);
+            selfSteal("outbox", e.key, token + 1, resendAmbiguous ? undefined : `made outbox ${e.key} unknown, taking`);
             if (resendAmbiguous) resent.add(e.key);
             const calls = ledger.callsOf(e.key, token);
             const g = ledger.outLease(e.key, token);

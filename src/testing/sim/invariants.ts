@@ -136,14 +136,15 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
       if (!deadEventIds.has(`outbound:${e.key}`) && last?.lostBy !== "crash") {
         fail("silent-dead", `outbox entry ${e.key} is dead but no durability:dead event reported it (the dead write's reply was ${last?.lostBy ?? "delivered"})`);
       }
-      const call = last ? ledger.callsOf(e.key, last.token).at(-1) : undefined;
-      const explained = call !== undefined && call.outcome !== "ok" &&
-        (call.outcome.startsWith("provider-permanent") || e.attempts > scenario.outbox.retries);
+      const failedCalls = last ? ledger.callsOf(e.key, last.token).filter((c) => c.outcome !== "ok" && c.end !== null) : [];
+      const call = failedCalls.at(-1);
+      const explained = failedCalls.some((c) => c.outcome.startsWith("provider-permanent")) ||
+        (call !== undefined && e.attempts > scenario.outbox.retries);
       if (!explained) {
         fail(
           "unexplained-dead",
           `outbox entry ${e.key} is dead (attempts ${e.attempts}, retries ${scenario.outbox.retries}, error ${e.error}); last call: ${
-            call ? `#${call.n} ${call.outcome}` : "none under the dead token"
+            call ? `#${call.n} ${call.outcome}` : "no failed call under the dead token"
           }`,
         );
       }
