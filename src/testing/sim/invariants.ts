@@ -92,7 +92,9 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   for (const c of ledger.calls) if (c.accepted) acceptedBy.set(c.key, (acceptedBy.get(c.key) ?? 0) + 1);
   const resend = scenario.outbox.onAmbiguous === "resend";
   for (const [key, n] of acceptedBy) {
-    const ambiguous = ledger.ambiguities.filter((a) => a.key === key).length;
+    // With 'resend', each ambiguity after a real provider call allows one more delivery; a false one
+    // (no call had started) allows none: a second delivery then means a call under a lost lease.
+    const ambiguous = ledger.ambiguities.filter((a) => a.key === key && a.verdict === "call").length;
     const timeouts = ledger.calls.filter((c) => c.key === key && c.accepted && c.outcome.startsWith("provider-timeout")).length;
     const allowance = 1 + (ledger.operatorRetried.get(key) ?? 0) + (ledger.operatorDiscarded.get(key) ?? 0) +
       (resend ? ambiguous : 0);
