@@ -580,6 +580,7 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
+    checkId(key, `outbox.markSent: "key"`);
     checkFinite(token, `outbox.markSent: "token"`);
     checkString(messageId, `outbox.markSent: "messageId"`);
     const slot = this.#resolvable(key, token);
@@ -588,6 +589,7 @@ class MemoryOutbox implements OutboxJournal {
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkId(key, `outbox.markFailed: "key"`);
     checkFinite(token, `outbox.markFailed: "token"`);
     checkOutcome(outcome, "outbox.markFailed");
     const slot = this.#resolvable(key, token);

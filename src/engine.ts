@@ -190,9 +190,15 @@ interface HeldLease {
   lost: boolean;
   /** Monotonic time at which the backend last confirmed the lease (the start of the claim or heartbeat call). */
   confirmedAt: number;
-  /** Its outcome is being written: a claim of the record now is a new attempt, not a lease that only looked lapsed. */
-  settling?: boolean;
+  /**
+   * Its outcome is being written: `retry` (a failure to retry later: once it lands, the record is due
+   * again and a claim of it is a new attempt) or `final` (done, sent, dead: a claim of it can only
+   * mean the lease looked lapsed before the write landed).
+   */
+  settling?: "retry" | "final";
 }
+/** Attempts of the recovery sweep in `start()` before it rejects. */
+const START_SWEEP_ATTEMPTS = 3;
 /** How far behind this process's clock a backend clock may run when looking for sends a lost scan made unknown. */
 const LOST_SCAN_SLACK_MS = 5_000;
 /** A wall-clock step larger than this (against the monotonic clock) renews every held lease before a sweep claims. */
@@ -278,6 +284,8 @@ export class DurabilityEngine {
   #unreported = new Set<string>();
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
   #adoptPending = false;
+  /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
+  #claimsInFlight = 0;
   /**
    * Wall time at the start of the earliest outbox claim scan that failed without an answer since the
    * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
@@ -340,7 +348,19 @@ export class DurabilityEngine {
     this.#lastRound = { monotonic: this.#clock.monotonic(), wall: this.#clock.now() };
     try {
       await this.backend.open?.();
-      await this.#sweepOnce(true);
+      // A journal hiccup during recovery (an error, a lost reply) is retried a few times before start()
+      // gives up: a recovery scan whose reply was lost may have made sends unknown that only the next
+      // scan of this incarnation can still report.
+      for (let attempt = 1;; attempt++) {
+        try {
+          await this.#sweepOnce(true);
+          break;
+        } catch (error) {
+          if (isProcessDeath(error) || this.#halted || attempt >= START_SWEEP_ATTEMPTS) throw error;
+          this.#report(error, `recovery sweep (attempt ${attempt} of ${START_SWEEP_ATTEMPTS})`);
+          await sleep(this.#clock, 50 * 2 ** attempt);
+        }
+      }
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
       throw error;
@@ -467,6 +487,10 @@ export class DurabilityEngine {
    * @returns whether the backend confirmed it (`false` on a journal error too)
    */
   async #renew(h: HeldLease): Promise<boolean> {
+    return (await this.#renewOnce(h)) === "held";
+  }
+
+  async #renewOnce(h: HeldLease): Promise<"held" | "lost" | "error"> {
     const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
     const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
     const startedAt = this.#clock.monotonic();
@@ -474,19 +498,20 @@ export class DurabilityEngine {
     try {
       if (await journal.heartbeat(h.id, token, leaseMs)) {
         if (h.token === token) h.confirmedAt = Math.max(h.confirmedAt, startedAt);
-        return true;
+        return "held";
       }
-      if (this.#held[h.kind].get(h.id) !== h || h.token !== token) return false; // settled or re-leased meanwhile
+      if (this.#held[h.kind].get(h.id) !== h || h.token !== token) return "lost"; // settled or re-leased meanwhile
       h.lost = true;
       this.#warn({
         code: "lease-lost",
         message: `Lost the lease on ${h.kind} record "${h.id}" (fencing token ${token}): another instance took it`,
         ...(h.kind === "inbox" ? { id: h.id } : { key: h.id }),
       });
+      return "lost";
     } catch (error) {
       this.#report(error, `heartbeat of ${h.kind} record "${h.id}"`);
+      return "error";
     }
-    return false;
   }
 
   /**
@@ -621,7 +646,7 @@ export class DurabilityEngine {
     const lease = existing?.lease;
     if (!existing || existing.state !== "processing" || !lease) return null;
     if (lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) return null;
-    if (this.#held.inbox.has(id)) return null; // dispatched while we read
+    if (this.#held.inbox.has(id) || this.#claimsInFlight > 0) return null; // dispatched while we read, or about to be
     return existing;
   }
 
@@ -721,7 +746,7 @@ export class DurabilityEngine {
   async #recordOutcome(lease: HeldLease, write: (token: number) => Promise<void>, landed: readonly string[]): Promise<boolean> {
     const { kind, id } = lease;
     const leaseMs = kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
-    lease.settling = true;
+    lease.settling = landed.includes("failed") ? "retry" : "final";
     // Whether an earlier attempt failed in a way that may hide a commit (a lost reply).
     let uncertain = false;
     for (let attempt = 1;; attempt++) {
@@ -864,7 +889,8 @@ export class DurabilityEngine {
    */
   #isOwnUncalled(entry: OutboxEntry): boolean {
     const lease = entry.lease;
-    return entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
+    // A claim scan under way may have leased it to us and not be holding it yet.
+    return this.#claimsInFlight === 0 && entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
       lease.incarnation === this.incarnation && lease.token === entry.fence &&
       !this.#held.outbox.has(entry.key) && !this.#calling.has(entry.key);
   }
@@ -929,7 +955,16 @@ export class DurabilityEngine {
     if (lease.lost || this.#held[lease.kind].get(lease.id) !== lease) return false;
     const leaseMs = lease.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
     if (this.#clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
-    return await this.#renew(lease) && !this.#halted;
+    // A journal error leaves it unknown whether the lease holds (a renewal whose reply was lost): ask again.
+    for (let attempt = 1; attempt <= 3; attempt++) {
+      const renewed = await this.#renewOnce(lease);
+      if (this.#halted) return false;
+      if (renewed !== "error") return renewed === "held";
+      if (this.#clock.monotonic() - lease.confirmedAt >= leaseMs) break;
+      await sleep(this.#clock, Math.max(1, Math.floor(leaseMs / 10)));
+    }
+    this.#adoptPending = true; // still leased to us, perhaps: a later sweep takes it up again
+    return false;
   }
 
   /** The answer for a send whose lease another instance took before the provider call: it is theirs now. */
@@ -1053,16 +1088,19 @@ export class DurabilityEngine {
     for (;;) {
       const claimedAt = this.#clock.monotonic();
       let records: InboundRecord[];
+      this.#claimsInFlight++;
       try {
         // A sweep must never take work this very process is doing: leases that may look lapsed are renewed first.
         records = await this.#claimScan(() => this.backend.inbox.claimDue(inboxClaim));
       } catch (error) {
-        this.#adoptPending = true; // the claim may have committed with its reply lost
+        this.#claimsInFlight--;
+        await this.#afterUnansweredClaim(error);
         throw error;
       }
+      this.#claimsInFlight--; // the loop below holds them all before it yields
       for (const record of records) {
         const mine = this.#held.inbox.get(record.id);
-        if (mine !== undefined && !mine.lost && !mine.settling) {
+        if (mine !== undefined && !mine.lost && mine.settling !== "retry") {
           // Still being handled here: its lease only looked lapsed (a server clock step). Carry on under the new token.
           Object.assign(mine, { token: record.fence, confirmedAt: claimedAt });
           continue;
@@ -1090,54 +1128,68 @@ export class DurabilityEngine {
       const claimedAt = this.#clock.monotonic();
       let claimed: Awaited<ReturnType<DurabilityBackend["outbox"]["claimDue"]>>;
       const scanStartedAt = this.#clock.now();
+      this.#claimsInFlight++;
       try {
         claimed = await this.#claimScan(() => this.backend.outbox.claimDue(outboxClaim));
       } catch (error) {
-        this.#adoptPending = true; // the claim may have committed with its reply lost
+        this.#claimsInFlight--;
         this.#lostScanSince = Math.min(this.#lostScanSince ?? Infinity, scanStartedAt);
+        await this.#afterUnansweredClaim(error);
         throw error;
       }
       const { due, ambiguous } = claimed;
       outboxClaim.reclaimOwn = false;
-      const dueKeys = new Set(due.map((entry) => entry.key));
-      const ambiguousKeys = new Set(ambiguous.map((entry) => entry.key));
-      for (const entry of ambiguous) {
-        const mine = this.#held.outbox.get(entry.key);
-        if (mine !== undefined && !mine.lost) {
-          // A send this process holds, whose lease only looked lapsed (a server clock step).
-          if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way takes the new token
+      let unheld = true;
+      try {
+        // Which of them this process was working on (its lease only looked lapsed: a server clock step).
+        const mineBefore = new Map<string, HeldLease>();
+        for (const entry of [...due, ...ambiguous]) {
+          const mine = this.#held.outbox.get(entry.key);
+          if (mine !== undefined && !mine.lost) mineBefore.set(entry.key, mine);
+        }
+        const dueKeys = new Set(due.map((entry) => entry.key));
+        const ambiguousKeys = new Set(ambiguous.map((entry) => entry.key));
+        // Deliveries run on their own (a hung provider call must not stall the sweeps); once one
+        // settles, the next entry of its chat may be due, so look again. The lease is held from here on.
+        for (const entry of due) {
+          const mine = mineBefore.get(entry.key);
+          // A held send being settled that comes back due without being ambiguous is a new attempt: its
+          // failure was recorded (the reply lost) and its retry is due.
+          if (mine !== undefined && (mine.settling !== "retry" || ambiguousKeys.has(entry.key))) {
+            Object.assign(mine, { token: entry.fence, confirmedAt: claimedAt }); // re-leased while still ours
+            continue;
+          }
+          const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);
+          this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
+            () => this.#wake(0),
+            (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
+          );
+        }
+        unheld = false;
+        this.#claimsInFlight--;
+        for (const entry of ambiguous) {
+          const mine = mineBefore.get(entry.key);
+          if (mine === undefined) {
+            this.#reportAmbiguous(entry);
+            continue;
+          }
+          if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token
           if (this.#calling.has(entry.key)) {
             // Its call is under way; its outcome resolves the entry. Reported only if that cannot be recorded.
             this.#unreported.add(entry.key);
-          } else {
-            // Its call never started: nothing to report, send it again in its turn.
-            this.#held.outbox.delete(entry.key);
-            const requeued = await this.backend.outbox.retry(entry.key).catch((error) => {
-              this.#report(error, `requeue of outbox entry "${entry.key}"`);
-              return false;
-            });
-            if (requeued) this.#wake(0);
-            else if (!this.#halted) this.#reportAmbiguous(entry); // left unknown: an operator must see it
+            continue;
           }
-          continue;
+          // Its call never started: nothing to report, send it again in its turn.
+          if (this.#held.outbox.get(entry.key) === mine) this.#held.outbox.delete(entry.key);
+          const requeued = await this.backend.outbox.retry(entry.key).catch((error) => {
+            this.#report(error, `requeue of outbox entry "${entry.key}"`);
+            return false;
+          });
+          if (requeued) this.#wake(0);
+          else if (!this.#halted) this.#reportAmbiguous(entry); // left unknown: an operator must see it
         }
-        this.#reportAmbiguous(entry);
-      }
-      // Deliveries run on their own (a hung provider call must not stall the sweeps); once one
-      // settles, the next entry of its chat may be due, so look again. The lease is held from here on.
-      for (const entry of due) {
-        const mine = this.#held.outbox.get(entry.key);
-        // A held send being settled that comes back due without being ambiguous is a new attempt: its
-        // failure was recorded (the reply lost) and its retry is due.
-        if (mine !== undefined && !mine.lost && (!mine.settling || ambiguousKeys.has(entry.key))) {
-          Object.assign(mine, { token: entry.fence, confirmedAt: claimedAt }); // re-leased while still ours
-          continue;
-        }
-        const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);
-        this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
-          () => this.#wake(0),
-          (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
-        );
+      } finally {
+        if (unheld) this.#claimsInFlight--;
       }
       if (this.#halted) return;
       if (due.length < SWEEP_BATCH && ambiguous.length < SWEEP_BATCH) break;
@@ -1148,6 +1200,16 @@ export class DurabilityEngine {
       await this.backend.inbox.purge(this.config.retentionMs);
       await this.backend.outbox.purge(this.config.retentionMs);
     }
+  }
+
+  /**
+   * A claim scan failed: it may have committed with its reply lost. Take up what it leased to this
+   * incarnation at once (before those leases lapse); if that fails too, the next sweep tries again.
+   */
+  async #afterUnansweredClaim(error: unknown): Promise<void> {
+    this.#adoptPending = true;
+    if (isProcessDeath(error) || this.#halted) return;
+    await this.#adoptOwnLost().catch(() => {});
   }
 
   /**
@@ -1176,7 +1238,7 @@ export class DurabilityEngine {
       for (const record of records) {
         const lease = record.lease;
         if (!lease || lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) continue;
-        if (lease.token !== record.fence || this.#held.inbox.has(record.id)) continue;
+        if (lease.token !== record.fence || this.#held.inbox.has(record.id) || this.#claimsInFlight > 0) continue;
         this.#hold("inbox", record.id, record.fence, -Infinity);
         let message: InboundMessage;
         try {
