@@ -17,6 +17,8 @@
  * - every entry left `unknown` and every record or entry left `dead` was reported by an
  *   event (`silent-unknown`, `silent-dead`), unless the process that wrote the transition
  *   died before its reply arrived (nothing can report it then).
+ * - no transition is reported twice: per key, `durability:ambiguous` events <= ambiguity
+ *   transitions, `durability:dead` events <= dead transitions (`reported-twice`).
  * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
  * reservation whose reply was lost is journaled but counted by nobody), `outboxDeduped`,
  * `inboundDuplicates`, `inboundReplayed`, `outboxRetried`, `outboxDeferred`.
@@ -185,6 +187,27 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
         fail("order", `chat ${chat}: ${list[i]!.key} (seq ${list[i]!.seq}) reached the channel before ${list[i - 1]!.key} (seq ${list[i - 1]!.seq})`);
         break;
       }
+    }
+  }
+
+  // Each transition is reported at most once (else the counters count it twice).
+  const perKey = (keys: string[]) => {
+    const m = new Map<string, number>();
+    for (const k of keys) m.set(k, (m.get(k) ?? 0) + 1);
+    return m;
+  };
+  const transitions = perKey(ledger.ambiguities.map((a) => a.key));
+  for (const [key, n] of perKey(ledger.ambiguousEvents.map((e) => e.key))) {
+    if (n > (transitions.get(key) ?? 0)) {
+      fail("reported-twice", `${key}: ${n} durability:ambiguous events for ${transitions.get(key) ?? 0} ambiguity transition(s) (by ${
+        ledger.ambiguousEvents.filter((e) => e.key === key).map((e) => `${e.inc} at ${at(e.time)}`).join(", ")
+      })`);
+    }
+  }
+  const deadTransitions = perKey([...ledger.outDead.map((d) => `outbound:${d.key}`), ...ledger.inDead.map((d) => `inbound:${d.id}`)]);
+  for (const [id, n] of perKey(ledger.deadEvents.map((e) => `${e.kind}:${e.id}`))) {
+    if (n > (deadTransitions.get(id) ?? 0)) {
+      fail("reported-twice", `${id}: ${n} durability:dead events for ${deadTransitions.get(id) ?? 0} dead transition(s)`);
     }
   }
 
