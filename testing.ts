@@ -16,6 +16,7 @@ export {
   SimulatedCrash,
 } from "./src/testing/crashable.ts";
 export { MemoryDurability } from "./backends/memory.ts";
+export { TestClock, type TestClockOptions, trackBackend } from "./src/testing/test_clock.ts";
 export * from "./src/testing/conformance.ts";
 export { runBotConformance, runCrashMatrix } from "./src/testing/conformance_bot.ts";
 export { runDurabilityConformance } from "./src/testing/run_conformance.ts";

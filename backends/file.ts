@@ -99,6 +99,13 @@ export interface FileDurabilityOptions {
    * is broken at once).
    */
   staleLockMs?: number;
+  /**
+   * The clock of leases, due times and timestamps in ms since epoch (default
+   * `() => Date.now()`), as for `MemoryDurability`; lock files keep the real
+   * clock. Replace it only for tests in simulated time. It must return a
+   * finite number.
+   */
+  clock?: () => number;
 }
 
 /** Counters of a {@link FileDurability}, for monitoring and tests. */
@@ -244,6 +251,8 @@ export class FileDurability implements DurabilityBackend {
   readonly path: string;
 
   readonly #staleLockMs: number;
+  /** The lease clock (undefined: `Date.now()`). */
+  readonly #clock: (() => number) | undefined;
   /** The absolute real path, known from the first `open()`. */
   #file: string | undefined;
   /** Permission bits of the snapshot file, kept across rewrites. */
@@ -262,17 +271,18 @@ export class FileDurability implements DurabilityBackend {
   }
 
   /**
-   * @param options `path` (required), `fsync` (default `true`) and
-   *   `staleLockMs` (default `30000`)
+   * @param options `path` (required), `fsync` (default `true`),
+   *   `staleLockMs` (default `30000`) and `clock` (default `Date.now()`)
    * @throws {TypeError} when `options` is not an object, `path` is not a
-   *   non-empty string, `fsync` is not a boolean, or `staleLockMs` is not a
-   *   finite number of at least 1000; the message names the option
+   *   non-empty string, `fsync` is not a boolean, `staleLockMs` is not a
+   *   finite number of at least 1000, or `clock` is not a function; the
+   *   message names the option
    */
   constructor(options: FileDurabilityOptions) {
     if (typeof options !== "object" || options === null) {
       throw new TypeError(`FileDurability options must be an object with a "path", got ${show(options)}`);
     }
-    const { path, fsync = true, staleLockMs = DEFAULT_STALE_LOCK_MS } = options;
+    const { path, fsync = true, staleLockMs = DEFAULT_STALE_LOCK_MS, clock } = options;
     if (typeof path !== "string" || path.length === 0) {
       throw new TypeError(`FileDurability option "path" must be a non-empty string, got ${show(path)}`);
     }
@@ -287,8 +297,12 @@ export class FileDurability implements DurabilityBackend {
         `FileDurability option "staleLockMs" must be a finite number of milliseconds, at least 1000, got ${show(staleLockMs)}`,
       );
     }
+    if (clock !== undefined && typeof clock !== "function") {
+      throw new TypeError(`FileDurability option "clock" must be a function, got ${show(clock)}`);
+    }
     this.path = path;
     this.#staleLockMs = staleLockMs;
+    this.#clock = clock;
     this.#commit = new SnapshotCommitter<MemoryDurability>({
       label: LABEL,
       file: () => this.file,
@@ -296,7 +310,7 @@ export class FileDurability implements DurabilityBackend {
       mode: () => this.#mode,
       serialize: serializeSnapshot,
       parse: (file, bytes) => {
-        const mem = new MemoryDurability();
+        const mem = this.#newMemory();
         mem.importRecords(parseSnapshot(file, bytes));
         return mem;
       },
@@ -307,6 +321,11 @@ export class FileDurability implements DurabilityBackend {
     const run: Run = (operation, changed) => this.#commit.run(operation, changed);
     this.inbox = new FileInbox(run);
     this.outbox = new FileOutbox(run);
+  }
+
+  /** A new in-memory state, on the lease clock. */
+  #newMemory(): MemoryDurability {
+    return this.#clock ? new MemoryDurability({ clock: this.#clock }) : new MemoryDurability();
   }
 
   /** The absolute real path of the snapshot file, symlinks resolved (the given `path` until the first `open()`). */
@@ -381,7 +400,7 @@ export class FileDurability implements DurabilityBackend {
       // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
       await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
       const bytes = await step(file, "cannot read it", () => readFileBytes(file));
-      const mem = new MemoryDurability();
+      const mem = this.#newMemory();
       if (bytes !== null) mem.importRecords(parseSnapshot(file, bytes));
       this.#commit.attach(mem);
       if (bytes === null) await this.#commit.writeNow(); // a new file: write it now, so a bad path or permission shows at start

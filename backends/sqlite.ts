@@ -80,7 +80,9 @@
  *   read-decide-write of a claim is atomic across processes. Claims are
  *   conditional `UPDATE`s on the fencing token and state read in the
  *   transaction; completions check the caller's token in SQL.
- * - The clock is the host's `Date.now()` (every process on one host shares it).
+ * - The clock is the host's `Date.now()` (every process on one host shares it);
+ *   the `clock` option replaces it for leases, due times, timestamps and
+ *   session expiry (tests in simulated time), never for `busyTimeoutMs`.
  *
  * ## Schema
  * Tables `<prefix>meta`, `<prefix>inbox`, `<prefix>outbox`, `<prefix>session`
@@ -186,6 +188,13 @@ export interface SQLiteOptions {
   driver?: "auto" | SqliteDriverName;
   /** Prepended to the table names (default `"botmesh_"`); letters, digits and `_`. */
   tablePrefix?: string;
+  /**
+   * The clock in ms since epoch (default `() => Date.now()`): every lease
+   * expiry, due time, `updatedAt` and session expiry is computed from it.
+   * Every process on the file must use the same clock: replace it only for
+   * tests in simulated time. It must return a finite number.
+   */
+  clock?: () => number;
 }
 
 /** Options of {@link SQLiteStore}. */
@@ -196,7 +205,7 @@ export type SQLiteDurabilityOptions = SQLiteOptions;
 /** The schema version this version of the library writes. */
 export const SQLITE_SCHEMA_VERSION: number = 3;
 
-const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix"] as const;
+const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
 /** Expired session values are swept at most this often (on a write). */
 const SESSION_SWEEP_MS = 60_000;
@@ -215,6 +224,8 @@ interface Resolved {
   synchronous: "full" | "normal";
   driver: "auto" | SqliteDriverName;
   prefix: string;
+  /** The checked clock. */
+  clock: () => number;
 }
 
 
@@ -262,7 +273,18 @@ function resolveOptions(options: unknown): Resolved {
       }`,
     );
   }
-  return { file, busyTimeoutMs: busy, synchronous, driver: driver as Resolved["driver"], prefix };
+  const clock = o.clock ?? (() => Date.now());
+  if (typeof clock !== "function") {
+    throw new TypeError(`SQLite option "clock" must be a function, got ${show(clock)}`);
+  }
+  const checked = (): number => {
+    const time = (clock as () => unknown)();
+    if (typeof time !== "number" || !Number.isFinite(time)) {
+      throw new TypeError(`SQLite option "clock" must return a finite number, got ${show(time)}`);
+    }
+    return time;
+  };
+  return { file, busyTimeoutMs: busy, synchronous, driver: driver as Resolved["driver"], prefix, clock: checked };
 }
 
 // ---- schema ------------------------------------------------------------------
@@ -659,7 +681,7 @@ class Connection {
         // One writing statement: SQLite undoes a failed statement by itself, so no savepoint is needed
         // (two statements fewer per operation); the driver tells whether the transaction survived.
         try {
-          ran.push({ op, ok: true, value: op.work(Date.now()) });
+          ran.push({ op, ok: true, value: op.work(this.options.clock()) });
         } catch (error) {
           if (this.#db.inTransaction() === true) {
             ran.push({ op, ok: false, value: error });
@@ -673,7 +695,7 @@ class Connection {
       }
       try {
         this.stmt(`SAVEPOINT ${SAVEPOINT}`).run();
-        const value = op.work(Date.now());
+        const value = op.work(this.options.clock());
         this.stmt(`RELEASE ${SAVEPOINT}`).run();
         ran.push({ op, ok: true, value });
       } catch (error) {
@@ -1435,7 +1457,7 @@ export class SQLiteDurability implements DurabilityBackend {
   #lifecycle: Promise<unknown> = Promise.resolve();
 
   /**
-   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`
+   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`, `clock`
    * @throws {TypeError|RangeError} naming the option when one is invalid
    */
   constructor(options: SQLiteDurabilityOptions) {
@@ -1557,7 +1579,7 @@ export class SQLiteStore implements SessionStore {
   #lastSweep = 0;
 
   /**
-   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`
+   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`, `clock`
    * @throws {TypeError|RangeError} naming the option when one is invalid
    */
   constructor(options: SQLiteStoreOptions) {
@@ -1632,7 +1654,7 @@ export class SQLiteStore implements SessionStore {
     const c = await this.#ready();
     const row = c.stmt(`SELECT value, expires_at FROM ${this.#t} WHERE key = ?`).get(key);
     if (!row) return undefined;
-    if (row.expires_at !== null && num(row.expires_at) <= Date.now()) {
+    if (row.expires_at !== null && num(row.expires_at) <= this.#conn.options.clock()) {
       // Deleted with the next group commit; best effort: an expired value is never returned, deleted or not.
       await c.write((now) => c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND expires_at <= ?`).run(key, now))
         .catch(() => {});

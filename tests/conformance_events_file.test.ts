@@ -41,13 +41,14 @@ function over(journal: FileEventJournal): DurabilityBackend {
 
 runDurabilityConformance({
   name: "events(file-events)",
-  create: async () => over(await FileEventJournal.open(freshPath(), { lock: true })),
+  create: async ({ now }) => over(await FileEventJournal.open(freshPath(), { lock: true, clock: now })),
   // A restart: the old journal is let go as a killed process would be (its lock file stays, holding our pid).
-  reopen: async (old: DurabilityBackend) => {
+  reopen: async (old: DurabilityBackend, { now }) => {
     const journal = journalOf.get(old)!;
     await simulateCrash(journal);
-    return over(await FileEventJournal.open(journal.path, { lock: true }));
+    return over(await FileEventJournal.open(journal.path, { lock: true, clock: now }));
   },
   cleanup: (backend: DurabilityBackend) => dispose(journalOf.get(backend)!),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });

@@ -43,12 +43,12 @@ for (const { name, options } of variants) {
 
   runDurabilityConformance({
     name: `events(${name})`,
-    create: async () => over(await freshJournal(options)),
+    create: async ({ now }) => over(await freshJournal({ ...options, clock: now })),
     // A restart: the old journal is closed, a new one opens the same file (and loads it from disk).
-    reopen: async (old: DurabilityBackend) => {
+    reopen: async (old: DurabilityBackend, { now }) => {
       const journal = journalOf.get(old)!;
       await journal.close();
-      return over(await SharedFileEventJournal.open(journal.path, options));
+      return over(await SharedFileEventJournal.open(journal.path, { ...options, clock: now }));
     },
     cleanup: async (backend: DurabilityBackend) => {
       const journal = journalOf.get(backend)!;
@@ -56,5 +56,6 @@ for (const { name, options } of variants) {
       rmSync(dirname(journal.path), { recursive: true, force: true });
     },
     harness: { describe, test, expect },
+    simulatedTime: true,
   });
 }

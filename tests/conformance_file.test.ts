@@ -7,21 +7,22 @@ import { runDurabilityConformance } from "../testing.ts";
 import type { DurabilityBackend } from "../src/backend.ts";
 
 /** A backend on `bot.json` in a fresh temporary directory. */
-function fresh(): FileDurability {
+function fresh(clock: () => number): FileDurability {
   const dir = mkdtempSync(join(tmpdir(), "botmesh-file-conf-"));
-  return new FileDurability({ path: join(dir, "bot.json") });
+  return new FileDurability({ path: join(dir, "bot.json"), clock });
 }
 
 runDurabilityConformance({
   name: "file",
-  create: fresh,
+  create: ({ now }) => fresh(now),
   // A restart: the old instance is let go as a killed process would be (its lock file stays, holding our pid).
-  reopen: async (old: DurabilityBackend) => {
+  reopen: async (old: DurabilityBackend, { now }) => {
     await simulateCrash(old as FileDurability);
-    return new FileDurability({ path: (old as FileDurability).path });
+    return new FileDurability({ path: (old as FileDurability).path, clock: now });
   },
   cleanup: (backend: DurabilityBackend) => {
     rmSync(dirname((backend as FileDurability).path), { recursive: true, force: true });
   },
   harness: { describe, test, expect },
+  simulatedTime: true,
 });

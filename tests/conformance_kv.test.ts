@@ -15,7 +15,8 @@ function over(kv: MemoryKv): DurabilityBackend {
 
 runDurabilityConformance({
   name: "kv (MemoryKv)",
-  create: () => over(new MemoryKv()),
+  create: ({ now }) => over(new MemoryKv({ clock: now })),
   reopen: (old) => over(storeOf.get(old)!),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });

@@ -4,6 +4,7 @@ import { runDurabilityConformance } from "../testing.ts";
 
 runDurabilityConformance({
   name: "memory",
-  create: () => new MemoryDurability(),
+  create: ({ now }) => new MemoryDurability({ clock: now }),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });

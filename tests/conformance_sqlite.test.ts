@@ -28,16 +28,16 @@ async function letGo(backend: DurabilityBackend): Promise<void> {
 
 runDurabilityConformance({
   name: "sqlite (SQLiteDurability)",
-  create: () => {
+  create: ({ now }) => {
     const file = tempFile();
-    const backend = new SQLiteDurability({ file });
+    const backend = new SQLiteDurability({ file, clock: now });
     files.set(backend, file);
     return backend;
   },
-  reopen: async (old) => {
+  reopen: async (old, { now }) => {
     const file = files.get(old)!;
     await letGo(old);
-    const backend = new SQLiteDurability({ file });
+    const backend = new SQLiteDurability({ file, clock: now });
     files.set(backend, file);
     return backend;
   },
@@ -46,23 +46,24 @@ runDurabilityConformance({
     removeDb(files.get(backend)!);
   },
   harness: { describe, test, expect },
+  simulatedTime: true,
 });
 
 runDurabilityConformance({
   name: "sqlite (SQLiteStore#durability)",
-  create: async () => {
+  create: async ({ now }) => {
     const file = tempFile();
-    const store = new SQLiteStore({ file });
+    const store = new SQLiteStore({ file, clock: now });
     await store.set("greeting", "hello"); // the store holds the connection too
     const backend = store.durability();
     files.set(backend, file);
     stores.set(backend, store);
     return backend;
   },
-  reopen: async (old) => {
+  reopen: async (old, { now }) => {
     const file = files.get(old)!;
     await letGo(old);
-    const store = new SQLiteStore({ file });
+    const store = new SQLiteStore({ file, clock: now });
     expect(await store.get("greeting")).toBe("hello");
     const backend = store.durability();
     files.set(backend, file);
@@ -74,4 +75,5 @@ runDurabilityConformance({
     removeDb(files.get(backend)!);
   },
   harness: { describe, test, expect },
+  simulatedTime: true,
 });

@@ -8,12 +8,17 @@
  * `describe`, `test` and `expect` (bun:test, jest, vitest, Deno's
  * `@std/testing/bdd` + `@std/expect`), so it runs under Bun, Deno and Node.
  *
- * Lease expiry is tested with small real leases and real sleeps, never an
- * injected clock, because shared backends take time from their server.
+ * Lease expiry is tested with small leases and sleeps: in real time by
+ * default (shared backends take time from their server), or in simulated
+ * time with `simulatedTime: true` for a backend whose clock can be injected
+ * (each test then runs on its own {@link TestClock}, passed to `create`).
  *
  * @module
  */
-import { sleep, uid } from "./util.ts";
+import { uid } from "./util.ts";
+import type { Clock } from "../clock.ts";
+import { SuiteTime } from "./suite_time.ts";
+import type { TestClock } from "./test_clock.ts";
 import { expectExactJson, hostile } from "./exact_json.ts";
 import { StaleLeaseError } from "../backend.ts";
 import type {
@@ -52,6 +57,19 @@ export interface ConformanceHarness {
   expect: (actual: unknown, message?: string) => ConformanceMatchers;
 }
 
+/** What `create` and `reopen` of {@link BackendConformanceOptions} get: the test's clock. */
+export interface ConformanceContext {
+  /**
+   * The clock of the test: a {@link TestClock} under `simulatedTime`, else
+   * the real clock. Every `Bot` of the suite runs on it.
+   */
+  clock: Clock;
+  /** `clock.now()`: pass it as the backend's clock option (`new MemoryDurability({ clock: context.now })`). */
+  now: () => number;
+  /** Whether the test runs in simulated time. */
+  simulated: boolean;
+}
+
 /** Options of {@link runBackendContract}. */
 export interface BackendConformanceOptions {
   /** The backend's name, used in the suite's title. */
@@ -61,26 +79,39 @@ export interface BackendConformanceOptions {
    * on a shared server should use a namespace of its own per call (a key
    * prefix, a schema) and drop it in `cleanup`: the due-scan, limit and purge
    * tests count what they find. Ids are random per test all the same.
+   * Under `simulatedTime`, the backend must take its time from
+   * `context.now` (e.g. `clock: context.now`).
    */
-  create: () => DurabilityBackend | Promise<DurabilityBackend>;
+  create: (context: ConformanceContext) => DurabilityBackend | Promise<DurabilityBackend>;
   /** Called after each test, after the backend's `close()`. */
   cleanup?: (backend: DurabilityBackend) => void | Promise<void>;
   /**
    * Simulates a process restart for the crash matrix: returns a new backend
    * over the same storage (not yet opened). The old one must be let go as a
    * killed process would (no new writes) and is never used again. Without it,
-   * the recovering bot runs on the same backend object.
+   * the recovering bot runs on the same backend object. `context` is the
+   * test's, as given to `create`.
    */
-  reopen?: (backend: DurabilityBackend) => DurabilityBackend | Promise<DurabilityBackend>;
+  reopen?: (backend: DurabilityBackend, context: ConformanceContext) => DurabilityBackend | Promise<DurabilityBackend>;
   /** The test runner's `describe`, `test` and `expect`. */
   harness: ConformanceHarness;
   /** A reason to skip the whole suite (e.g. the database is not reachable); `false` or absent runs it. */
   skip?: string | false;
   /**
    * Multiplies every lease, retry delay and sleep (default 1: leases of
-   * 40 ms, sleeps of 100 ms). Raise it for a backend with slow round trips.
+   * 40 ms, sleeps of 100 ms). Raise it for a backend with slow round trips
+   * in real time; simulated time needs no margin.
    */
   timeScale?: number;
+  /**
+   * Run every test in simulated time (default `false`): each test gets a
+   * fresh {@link TestClock} in `create`'s context, the bots run on it, and the
+   * suite's sleeps cost no real time. Virtual time stands still while a call
+   * into the backend (or `create`, `reopen`, `cleanup`) is in flight, so slow
+   * real I/O never lets a lease lapse. Only for a backend whose every time
+   * read comes from `context.now` (not a server's clock).
+   */
+  simulatedTime?: boolean;
 }
 
 type Expect = ConformanceHarness["expect"];
@@ -191,6 +222,10 @@ export function runBackendContract(options: BackendConformanceOptions): void {
 
   const scale = options.timeScale ?? 1;
   const ms = (n: number): number => Math.max(1, Math.round(n * scale));
+  /** The time of the running test (tests of one suite run one at a time). */
+  let time = new SuiteTime(false);
+  /** Resolves after `ms` on the running test's clock. */
+  const sleep = (ms: number): Promise<void> => time.sleep(ms);
   /** A lease meant to lapse during the test. */
   const SHORT = ms(40);
   /** A sleep that outlasts {@link SHORT} by a wide margin. */
@@ -199,18 +234,23 @@ export function runBackendContract(options: BackendConformanceOptions): void {
   const LONG = 600_000;
 
   async function withBackend(run: (b: DurabilityBackend) => Promise<void>): Promise<void> {
-    const b = await options.create();
-    let opened = false;
+    time = new SuiteTime(options.simulatedTime === true);
     try {
-      if (b.open) await b.open();
-      opened = true;
-      await run(b);
-    } finally {
+      const b = await time.create(options);
+      let opened = false;
       try {
-        if (opened && b.close) await b.close();
+        if (b.open) await b.open();
+        opened = true;
+        await run(b);
       } finally {
-        if (options.cleanup) await options.cleanup(b);
+        try {
+          if (opened && b.close) await b.close();
+        } finally {
+          await time.cleanup(options, b);
+        }
       }
+    } finally {
+      time.stop();
     }
   }
 
@@ -1748,7 +1788,8 @@ export function runBackendContract(options: BackendConformanceOptions): void {
       }
       const reopen = options.reopen;
       test("a reopened backend has every record, state, lease, fence and order, and goes on from them", async () => {
-        let b = await options.create();
+        time = new SuiteTime(options.simulatedTime === true);
+        let b = await time.create(options);
         let opened = false;
         try {
           await b.open?.();
@@ -1779,7 +1820,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           expect(inboxBefore.length).toBe(5);
           expect(outboxBefore.length).toBe(6);
 
-          b = await reopen(b);
+          b = await time.reopen(reopen, b);
           await b.open?.();
           expect(await b.inbox.list(), "inbox after reopen").toEqual(inboxBefore);
           expect(await b.outbox.list(), "outbox after reopen").toEqual(outboxBefore);
@@ -1807,13 +1848,18 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           try {
             if (opened) await b.close?.();
           } finally {
-            await options.cleanup?.(b);
+            try {
+              await time.cleanup(options, b);
+            } finally {
+              time.stop();
+            }
           }
         }
       });
 
       test("payloads and content with own __proto__ keys round-trip exactly through a reopen", async () => {
-        let b = await options.create();
+        time = new SuiteTime(options.simulatedTime === true);
+        let b = await time.create(options);
         let opened = false;
         try {
           await b.open?.();
@@ -1831,7 +1877,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           const failing = await mustGetOut(b, outKeys[0]!);
           await b.outbox.markFailed(failing.key, tokenOf(failing), { error: "later", retryInMs: LONG });
 
-          b = await reopen(b);
+          b = await time.reopen(reopen, b);
           await b.open?.();
           for (let i = 0; i < values.length; i++) {
             expectExactJson(expect, (await mustGetIn(b, ids[i]!)).payload, values[i]!, `payload ${i} after reopen`);
@@ -1849,7 +1895,11 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           try {
             if (opened) await b.close?.();
           } finally {
-            await options.cleanup?.(b);
+            try {
+              await time.cleanup(options, b);
+            } finally {
+              time.stop();
+            }
           }
         }
       });

@@ -7,7 +7,8 @@
  *
  * @module
  */
-import { sleep, uid } from "./util.ts";
+import { uid } from "./util.ts";
+import { SuiteTime } from "./suite_time.ts";
 import type { DurabilityBackend, InboxJournal, JsonValue, OutboxJournal } from "../backend.ts";
 import { loadMediaOf, MediaUnavailableError } from "../media.ts";
 import { AskTimeoutError } from "../conversation.ts";
@@ -37,11 +38,13 @@ type Expect = ConformanceHarness["expect"];
 class SlowKeysProvider extends MockProvider {
   readonly slowKeys = new Set<string>();
   readonly #delayMs: number;
+  readonly #time: SuiteTime;
   readonly #started = new Map<string, () => void>();
   readonly #startedKeys = new Set<string>();
-  constructor(delayMs: number) {
+  constructor(delayMs: number, time: SuiteTime) {
     super();
     this.#delayMs = delayMs;
+    this.#time = time;
   }
   /** Resolves once a send of `key` has started. */
   whenStarted(key: string): Promise<void> {
@@ -51,7 +54,7 @@ class SlowKeysProvider extends MockProvider {
   override async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     this.#startedKeys.add(context.idempotencyKey);
     this.#started.get(context.idempotencyKey)?.();
-    if (this.slowKeys.has(context.idempotencyKey)) await sleep(this.#delayMs);
+    if (this.slowKeys.has(context.idempotencyKey)) await this.#time.sleep(this.#delayMs);
     return super.send(chatId, content, context);
   }
 }
@@ -132,22 +135,32 @@ export function runBotConformance(options: BackendConformanceOptions): void {
     return;
   }
 
+  /** The time of the running test (tests of one suite run one at a time): every `Bot` gets `clock: time.clock`. */
+  let time = new SuiteTime(false);
+  /** Resolves after `ms` on the running test's clock. */
+  const sleep = (ms: number): Promise<void> => time.sleep(ms);
+
   /** Runs `fn` with a fresh backend and stops every bot it started. */
   const withBackend = (name: string, fn: (backend: DurabilityBackend, bots: Bot[]) => Promise<void>) =>
     test(name, async () => {
-      const backend = await options.create();
-      const bots: Bot[] = [];
-      // The test holds the backend open too, so it can read it after the bots stop.
-      await backend.open?.();
+      time = new SuiteTime(options.simulatedTime === true);
       try {
-        await fn(backend, bots);
-      } finally {
-        for (const bot of bots) await bot.stop().catch(() => {});
+        const backend = await time.create(options);
+        const bots: Bot[] = [];
+        // The test holds the backend open too, so it can read it after the bots stop.
+        await backend.open?.();
         try {
-          await backend.close?.();
+          await fn(backend, bots);
         } finally {
-          await options.cleanup?.(backend);
+          for (const bot of bots) await bot.stop().catch(() => {});
+          try {
+            await backend.close?.();
+          } finally {
+            await time.cleanup(options, backend);
+          }
         }
+      } finally {
+        time.stop();
       }
     });
 
@@ -160,7 +173,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
   describe(title, () => {
     withBackend("admits before dispatch, drops redeliveries, completes after the reply", async (backend, bots) => {
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
       const seenState: (string | undefined)[] = [];
       bot.when(/hi/, async (ctx) => {
         seenState.push((await backend.inbox.get(ctx.inboundId))?.state);
@@ -180,14 +193,14 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect([m.inboundJournaled, m.inboundDuplicates, m.outboxJournaled]).toEqual([1, 1, 1]);
       // A redelivery after a restart (the in-memory dedupe is gone) is dropped by the journal.
       await bot.stop();
-      const bot2 = await start(bots, new Bot({ provider, durability: fastDurability(backend, scale) }));
+      const bot2 = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) }));
       expect((await provider.receive({ id, chatId: "c1", text: "hi" })).status).toBe("duplicate");
       expect(metricsOf(bot2).inboundDuplicates).toBe(1);
     });
 
     withBackend("handles one chat in arrival order and chats in parallel", async (backend, bots) => {
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
       const log: string[] = [];
       let running = 0;
       let maxPerChat = 0;
@@ -224,7 +237,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale, { inbox: { retries: 2 } }) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale, { inbox: { retries: 2 } }) });
       const dead = collect(bot, "durability:dead");
       const errors = collect(bot, "error");
       let healthy = false;
@@ -259,7 +272,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale, { outbox: { retries: 2 } }) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale, { outbox: { retries: 2 } }) });
       const dead = collect(bot, "durability:dead");
       await start(bots, bot);
       provider.failNext(3);
@@ -283,7 +296,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
 
     withBackend("a permanent provider error goes straight to dead; retry-after is honoured", async (backend, bots) => {
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
       await start(bots, bot);
       provider.failNext(1, new ProviderError("invalid recipient", { status: 400 }));
       const result = await bot.send("c", "x", { idempotencyKey: "k-perm" });
@@ -291,10 +304,10 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(provider.calls.length).toBe(1);
       const retryAfterMs = Math.round(80 * scale);
       provider.failNext(1, new ProviderError("slow down", { status: 429, retryAfterMs }));
-      const started = Date.now();
+      const started = time.now();
       await bot.send("c2", "y", { idempotencyKey: "k-429" });
       await bot.idle();
-      const waited = Date.now() - started;
+      const waited = time.now() - started;
       expect((await backend.outbox.get("k-429"))?.state).toBe("sent");
       expect(waited, "the retry waited for the channel's retry-after").toBeGreaterThanOrEqual(retryAfterMs - 2);
     });
@@ -304,7 +317,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
       const warnings = collect(bot, "warning");
       await start(bots, bot);
       const a = await bot.send("c", "invoice", { idempotencyKey: "invoice:42" });
@@ -326,7 +339,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
 
     withBackend("sends to one chat leave in order: a later send waits behind a failed one", async (backend, bots) => {
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
       await start(bots, bot);
       provider.failNext(1);
       const first = await bot.send("c", "first", { idempotencyKey: "o1" });
@@ -346,7 +359,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         },
       });
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale) });
       collect(bot, "error");
       const attempts: number[] = [];
       bot.when(ANY, (ctx) => {
@@ -367,14 +380,14 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const frozen = intercept(backend, { heartbeat: () => Promise.resolve(true), claimDue: () => Promise.resolve([]) });
       const lease = Math.round(60 * scale);
       const providerA = new MockProvider();
-      const botA = new Bot({ provider: providerA, durability: fastDurability(frozen, scale, { inbox: { leaseMs: lease } }) });
+      const botA = new Bot({ clock: time.clock, provider: providerA, durability: fastDurability(frozen, scale, { inbox: { leaseMs: lease } }) });
       const warningsA = collect(botA, "warning");
       botA.when(ANY, async (ctx) => {
         await sleep(lease * 4);
         await ctx.reply("from A");
       });
       const providerB = new MockProvider();
-      const botB = new Bot({ provider: providerB, durability: fastDurability(backend, scale, { inbox: { leaseMs: lease } }) });
+      const botB = new Bot({ clock: time.clock, provider: providerB, durability: fastDurability(backend, scale, { inbox: { leaseMs: lease } }) });
       botB.when(ANY, (ctx) => ctx.reply("from B"));
       await start(bots, botA);
       const id = uid("m");
@@ -396,7 +409,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const timeoutMs = Math.round(150 * scale);
       const make = () => {
         const provider = new MockProvider();
-        const bot = new Bot({ provider, store, durability: fastDurability(backend, scale, { instanceId: "asker-1" }) });
+        const bot = new Bot({ clock: time.clock, provider, store, durability: fastDurability(backend, scale, { instanceId: "asker-1" }) });
         bot.on("warning", () => {}); // the memory store is not durable: warned once
         bot.when("order", async (ctx) => {
           try {
@@ -441,7 +454,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const a = crashable(backend);
-      const botA = new Bot({ provider: new CrashableProvider(a), durability: fastDurability(a, scale, { instanceId: "media-1" }) });
+      const botA = new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: fastDurability(a, scale, { instanceId: "media-1" }) });
       botA.when(ANY, () => new Promise(() => {})); // the process dies before the handler ends
       await start(bots, botA);
       const ids = { ok: uid("m"), once: uid("m"), foreign: uid("m"), tampered: uid("m") };
@@ -461,7 +474,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         const media = structuredClone(seen[0]) as Record<string, JsonValue>;
         mutate(media);
         const payload = { id, chatId: "c2", type: "image", media } as unknown as JsonValue;
-        await backend.inbox.admit({ id, kind: "message", chatId: "c2", provider: "mock", payload, receivedAt: Date.now() }, {
+        await backend.inbox.admit({ id, kind: "message", chatId: "c2", provider: "mock", payload, receivedAt: time.now() }, {
           owner: "media-1",
           incarnation: "dead",
           leaseMs: 1,
@@ -472,7 +485,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       await sleep(5);
 
       const seen = new Map<string, string>();
-      const botB = new Bot({ provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId: "media-1" }) });
+      const botB = new Bot({ clock: time.clock, provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId: "media-1" }) });
       botB.when(ANY, async (ctx) => {
         try {
           const media = await loadMediaOf(ctx, { throwOnError: true });
@@ -499,7 +512,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
     ) => {
       const lease = Math.round(250 * scale);
       const a = crashable(backend);
-      const botA = new Bot({
+      const botA = new Bot({ clock: time.clock,
         provider: new CrashableProvider(a),
         durability: fastDurability(a, scale, { instanceId: "replica-1", inbox: { leaseMs: lease } }),
       });
@@ -515,7 +528,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(a.crashed).toBe(true);
       // Another instanceId must wait for the lease to lapse.
       const other = new MockProvider();
-      const botOther = new Bot({
+      const botOther = new Bot({ clock: time.clock,
         provider: other,
         durability: fastDurability(backend, scale, { instanceId: "replica-2", inbox: { leaseMs: lease } }),
       });
@@ -524,15 +537,15 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect((await backend.inbox.get(id1))?.lease?.owner, "not taken before the lease lapsed").toBe("replica-1");
       // The same instanceId (a restart) takes back what its dead incarnation held at once.
       const same = new MockProvider();
-      const botSame = new Bot({
+      const botSame = new Bot({ clock: time.clock,
         provider: same,
         durability: fastDurability(backend, scale, { instanceId: "replica-1", inbox: { leaseMs: lease } }),
       });
       botSame.when(ANY, (ctx) => ctx.reply(`same ${ctx.message.text}`));
-      const before = Date.now();
+      const before = time.now();
       await start(bots, botSame);
       await botSame.idle();
-      expect(Date.now() - before, "recovered without waiting for the lease").toBeLessThan(lease);
+      expect(time.now() - before, "recovered without waiting for the lease").toBeLessThan(lease);
       expect(same.sent.map((s) => s.content).sort()).toEqual(["same x", "same y"]);
       expect(other.sent.length).toBe(0);
       expect(metricsOf(botSame).inboundReplayed).toBe(2);
@@ -544,12 +557,12 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const lease = Math.round(40 * scale);
-      const provider = new MockProvider({ sendDelayMs: lease * 4 });
-      const bot = new Bot({
+      const provider = new MockProvider({ sendDelayMs: lease * 4, clock: time.clock });
+      const bot = new Bot({ clock: time.clock,
         provider,
         durability: fastDurability(backend, scale, { outbox: { leaseMs: lease }, inbox: { leaseMs: lease } }),
       });
-      const other = new Bot({
+      const other = new Bot({ clock: time.clock,
         provider: new MockProvider(),
         durability: fastDurability(backend, scale, { outbox: { leaseMs: lease }, inbox: { leaseMs: lease } }),
       });
@@ -572,10 +585,10 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       // for several lease lengths: its lease must be heartbeated while it waits, never taken for abandoned.
       for (const policy of ["hold", "resend"] as const) {
         const lease = Math.round(100 * scale);
-        const provider = new SlowKeysProvider(lease * 3);
+        const provider = new SlowKeysProvider(lease * 3, time);
         const bot = await start(
           bots,
-          new Bot({
+          new Bot({ clock: time.clock,
             provider,
             durability: fastDurability(backend, scale, { outbox: { leaseMs: lease, onAmbiguous: policy } }),
           }),
@@ -612,10 +625,10 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       for (const policy of ["hold", "resend"] as const) {
         const frozen = intercept(backend, { heartbeat: () => Promise.resolve(true) }, { heartbeat: () => Promise.resolve(true) });
         const lease = Math.round(60 * scale);
-        const provider = new SlowKeysProvider(lease * 3);
+        const provider = new SlowKeysProvider(lease * 3, time);
         const bot = await start(
           bots,
-          new Bot({
+          new Bot({ clock: time.clock,
             provider,
             durability: fastDurability(frozen, scale, {
               inbox: { leaseMs: lease },
@@ -661,7 +674,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         },
       });
       const provider = new MockProvider();
-      const bot = await start(bots, new Bot({ provider, durability: fastDurability(flaky, scale) }));
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale) }));
       const errors = collect(bot, "error");
       const ambiguous = collect(bot, "durability:ambiguous");
       const warnings = collect(bot, "warning");
@@ -710,7 +723,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const provider = new MockProvider();
       const bot = await start(
         bots,
-        new Bot({ provider, durability: fastDurability(flaky, scale, { inbox: { leaseMs: lease }, outbox: { leaseMs: lease } }) }),
+        new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale, { inbox: { leaseMs: lease }, outbox: { leaseMs: lease } }) }),
       );
       collect(bot, "error");
       const warnings = collect(bot, "warning");
@@ -745,13 +758,13 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         a.crashBefore("outbox.markSent");
         const providerA = new CrashableProvider(a);
         const instanceId = uid("inst");
-        const botA = await start(bots, new Bot({ provider: providerA, durability: fastDurability(a, scale, { instanceId }) }));
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: providerA, durability: fastDurability(a, scale, { instanceId }) }));
         const key = `amb-${policy}`;
         await botA.send("c", "maybe", { idempotencyKey: key }).catch(() => {});
         expect(a.crashed).toBe(true);
         expect(providerA.sent.length).toBe(1);
         const providerB = new MockProvider();
-        const botB = new Bot({
+        const botB = new Bot({ clock: time.clock,
           provider: providerB,
           durability: fastDurability(backend, scale, { instanceId, outbox: { onAmbiguous: policy } }),
         });
@@ -776,7 +789,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const provider = new MockProvider();
-      const bot = new Bot({
+      const bot = new Bot({ clock: time.clock,
         provider,
         durability: fastDurability(backend, scale, { outbox: { maxPayloadBytes: 2048 } }),
       });
@@ -813,7 +826,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
           },
         });
         const provider = new MockProvider();
-        const bot = new Bot({ provider, durability: fastDurability(flaky, scale, { failOpen }) });
+        const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale, { failOpen }) });
         const errors = collect(bot, "error");
         bot.when(ANY, (ctx) => ctx.reply("ok"));
         await start(bots, bot);
@@ -856,7 +869,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         },
       });
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(slow, scale) });
       bot.on("error", () => {});
       const handled: string[] = [];
       bot.when(ANY, (ctx) => void handled.push(ctx.inboundId));
@@ -897,7 +910,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         },
       });
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(stuck, scale, { inbox: { admitTimeoutMs: Math.round(80 * scale) } }) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(stuck, scale, { inbox: { admitTimeoutMs: Math.round(80 * scale) } }) });
       const errors: Error[] = [];
       bot.on("error", (e) => errors.push(e));
       const handled: string[] = [];
@@ -932,15 +945,15 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       });
       const provider = new MockProvider();
       // A long lease: without taking its own record back, the bot would wait a minute for it.
-      const bot = new Bot({ provider, durability: fastDurability(lossy, scale, { inbox: { leaseMs: 60_000 } }) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(lossy, scale, { inbox: { leaseMs: 60_000 } }) });
       bot.when(ANY, (ctx) => ctx.reply("ok"));
       await start(bots, bot);
       const id = uid("m");
       expect((await provider.receive({ id, chatId: "c", text: "x" })).status).toBe("rejected");
       expect((await backend.inbox.get(id))?.state, "the first write landed").toBe("processing");
       expect((await provider.receive({ id, chatId: "c", text: "x" })).status).toBe("admitted");
-      const deadline = Date.now() + 5_000 * scale;
-      while ((await backend.inbox.get(id))?.state !== "done" && Date.now() < deadline) await sleep(10);
+      const deadline = time.now() + 5_000 * scale;
+      while ((await backend.inbox.get(id))?.state !== "done" && time.now() < deadline) await sleep(10);
       expect((await backend.inbox.get(id))?.state).toBe("done");
       expect(provider.sent.map((s) => s.chatId)).toEqual(["c"]);
       expect((await provider.receive({ id, chatId: "c", text: "x" })).status, "later redeliveries stay duplicates").toBe(
@@ -952,7 +965,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
     withBackend("purges done and sent records after the retention; keeps dead ones", async (backend, bots) => {
       const retention = Math.round(60 * scale);
       const provider = new MockProvider();
-      const bot = new Bot({
+      const bot = new Bot({ clock: time.clock,
         provider,
         durability: fastDurability(backend, scale, { retention, inbox: { retries: 0 } }),
       });
@@ -977,7 +990,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
 
     withBackend("idle() waits through pending retries; stop() lets in-flight work finish", async (backend, bots) => {
       const provider = new MockProvider();
-      const bot = new Bot({
+      const bot = new Bot({ clock: time.clock,
         provider,
         durability: fastDurability(backend, scale, { outbox: { backoff: { baseMs: 30, capMs: 60 } } }),
       });
@@ -1016,7 +1029,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
           failMarkSent-- > 0 ? Promise.reject(new Error("transient")) : backend.outbox.markSent(key, token, messageId),
       });
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale) });
       const errors = collect(bot, "error");
       bot.when(ANY, (ctx) => ctx.reply("ok"));
       await start(bots, bot);
@@ -1046,7 +1059,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         },
       });
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(slow, scale) });
       const handled: string[] = [];
       bot.when(ANY, (ctx) => {
         handled.push(ctx.message.text!);
@@ -1068,7 +1081,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         },
       });
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(slow, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(slow, scale) });
       let handledAfterStop = false;
       let stopped = false;
       bot.when(ANY, () => {
@@ -1086,7 +1099,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(handledAfterStop).toBe(false);
       // stop() during start(): the provider ends up stopped.
       const provider2 = new MockProvider();
-      const bot2 = new Bot({ provider: provider2, durability: fastDurability(backend, scale) });
+      const bot2 = new Bot({ clock: time.clock, provider: provider2, durability: fastDurability(backend, scale) });
       const starting = bot2.start();
       await bot2.stop();
       await starting;
@@ -1105,7 +1118,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
           failReserve-- > 0 ? Promise.reject(new Error("journal down")) : backend.outbox.reserve(entry, lease),
       });
       const provider = new MockProvider();
-      const bot = new Bot({ provider, durability: fastDurability(flaky, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale) });
       collect(bot, "error");
       collect(bot, "warning");
       bot.when(ANY, (ctx) => {
@@ -1125,7 +1138,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const provider = new MockProvider();
-      const bot = new Bot({
+      const bot = new Bot({ clock: time.clock,
         provider,
         durability: fastDurability(backend, scale, {
           outbox: { maxPayloadBytes: 100, backoff: { baseMs: 20, capMs: 20 } },
@@ -1167,7 +1180,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const provider = new RawProvider();
-      const bot = new Bot({ provider, durability: fastDurability(backend, scale) });
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
       collect(bot, "error");
       const handled: string[] = [];
       const inHandler: unknown[] = [];
@@ -1243,7 +1256,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const seen: { who: string; message: InboundMessage }[] = [];
       const a = crashable(backend);
       const rawA = new RawProvider();
-      const botA = new Bot({ provider: new CrashableProvider(a, rawA), durability: fastDurability(a, scale, { instanceId: "proto-1" }) });
+      const botA = new Bot({ clock: time.clock, provider: new CrashableProvider(a, rawA), durability: fastDurability(a, scale, { instanceId: "proto-1" }) });
       botA.when(ANY, (ctx) => {
         seen.push({ who: "A", message: ctx.message });
         return new Promise(() => {}); // the process dies before the handler ends
@@ -1257,7 +1270,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       for (let i = 0; i < 200 && !a.crashed; i++) await sleep(Math.round(10 * scale));
       expect(a.crashed).toBe(true);
 
-      const botB = new Bot({ provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId: "proto-1" }) });
+      const botB = new Bot({ clock: time.clock, provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId: "proto-1" }) });
       botB.when(ANY, (ctx) => {
         seen.push({ who: "B", message: ctx.message });
       });
@@ -1317,7 +1330,7 @@ const CRASH_AT: Partial<Record<CrashPoint, number>> = {
 
 /** A provider whose failures are decided by the content, the same in every process, with a shared log. */
 class ScriptedProvider extends MockProvider {
-  constructor(readonly world: World, readonly slowMs: number) {
+  constructor(readonly world: World, readonly slowMs: number, readonly time: SuiteTime) {
     super();
   }
   override async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
@@ -1326,7 +1339,7 @@ class ScriptedProvider extends MockProvider {
     const calls = (this.world.calls.get(key) ?? 0) + 1;
     this.world.calls.set(key, calls);
     if (text.includes("[perm]")) throw new ProviderError("invalid recipient", { status: 400 });
-    if (text.includes("[slow]")) await sleep(this.slowMs); // long enough for lease heartbeats
+    if (text.includes("[slow]")) await this.time.sleep(this.slowMs); // long enough for lease heartbeats
     if (text.includes("[flaky]") && calls === 1) throw new ProviderError("timeout", { status: 503 });
     const receipt = await super.send(chatId, content, context);
     this.world.delivered.push(key);
@@ -1363,8 +1376,9 @@ function matrixMessages(run: string) {
 function matrixBot(provider: Provider, backend: DurabilityBackend, world: World, scale: number, events: {
   ambiguous: string[];
   dead: string[];
-}, store: SessionStore): Bot {
+}, store: SessionStore, time: SuiteTime): Bot {
   const bot = new Bot({
+    clock: time.clock,
     provider,
     store,
     durability: fastDurability(backend, scale, {
@@ -1391,7 +1405,7 @@ function matrixBot(provider: Provider, backend: DurabilityBackend, world: World,
       world.handlerThrew.add(ctx.inboundId);
       throw new Error("first attempt fails");
     }
-    if (text.includes("[slow]")) await sleep(Math.round(50 * scale));
+    if (text.includes("[slow]")) await time.sleep(Math.round(50 * scale));
     const tag = text.includes("[perm]") ? " [perm]" : text.includes("[flaky]") ? " [flaky]" : text.includes("[slow]") ? " [slow]" : "";
     await ctx.reply(`one: ${text.split(" ")[0]}${tag}`);
     await ctx.reply(`two: ${text.split(" ")[0]}`);
@@ -1422,17 +1436,22 @@ export function runCrashMatrix(options: BackendConformanceOptions): void {
     for (const point of CRASH_POINTS) {
       for (const when of ["before", "after"] as const) {
         test(`crash ${when} ${point}, then recover`, async () => {
-          const backend = await options.create();
-          const held = { backend };
-          await backend.open?.();
+          const time = new SuiteTime(options.simulatedTime === true);
           try {
-            await crashAndRecover(held, options.reopen, point, when, scale, expect);
-          } finally {
+            const backend = await time.create(options);
+            const held = { backend };
+            await backend.open?.();
             try {
-              await held.backend.close?.();
+              await crashAndRecover(held, options.reopen, point, when, scale, expect, time);
             } finally {
-              await options.cleanup?.(held.backend);
+              try {
+                await held.backend.close?.();
+              } finally {
+                await time.cleanup(options, held.backend);
+              }
             }
+          } finally {
+            time.stop();
           }
         });
       }
@@ -1447,6 +1466,7 @@ async function crashAndRecover(
   when: "before" | "after",
   scale: number,
   expect: Expect,
+  time: SuiteTime,
 ): Promise<void> {
   const world: World = { calls: new Map(), delivered: [], handlerThrew: new Set() };
   const events = { ambiguous: [] as string[], dead: [] as string[] };
@@ -1456,9 +1476,9 @@ async function crashAndRecover(
   const a = crashable(backend);
   if (when === "before") a.crashBefore(point, { at: CRASH_AT[point] ?? 1 });
   else a.crashAfter(point, { at: CRASH_AT[point] ?? 1 });
-  const providerA = new CrashableProvider(a, new ScriptedProvider(world, Math.round(50 * scale)));
+  const providerA = new CrashableProvider(a, new ScriptedProvider(world, Math.round(50 * scale), time));
   const store = new MemoryStore(); // the session store outlives the "process", as a durable one would
-  const botA = matrixBot(providerA, a, world, scale, events, crashableStore(a, store));
+  const botA = matrixBot(providerA, a, world, scale, events, crashableStore(a, store), time);
   let rejectedByA = 0;
   try {
     await botA.start();
@@ -1483,11 +1503,11 @@ async function crashAndRecover(
 
   // A second process on the same state and instanceId.
   if (reopen) {
-    backend = held.backend = await reopen(backend);
+    backend = held.backend = await time.reopen(reopen, backend);
     await backend.open?.();
   }
-  const providerB = new ScriptedProvider(world, Math.round(50 * scale));
-  const botB = matrixBot(providerB, backend, world, scale, events, store);
+  const providerB = new ScriptedProvider(world, Math.round(50 * scale), time);
+  const botB = matrixBot(providerB, backend, world, scale, events, store, time);
   await botB.start();
   for (const m of messages) await providerB.receive(m); // the channel redelivers everything unacknowledged (and more)
   await botB.idle();

@@ -5,6 +5,7 @@
  * @module
  */
 import type { JsonValue } from "../backend.ts";
+import { checkClock, type Clock, sleep, systemClock } from "../clock.ts";
 import { ProviderError } from "../errors.ts";
 import { type LoadedMedia, type MediaLoadContext, MediaSeal, type StoredMediaRef } from "../media.ts";
 import type {
@@ -49,6 +50,8 @@ export interface MockProviderOptions {
   name?: string;
   /** Each send takes this long (to test heartbeats and slow uploads). */
   sendDelayMs?: number;
+  /** The clock `sendDelayMs` is measured on (default: the real clock); a `TestClock` in simulated time. */
+  clock?: Clock;
   /** The key that seals media references (default: a fixed test key, the same for every mock of one name). */
   mediaKey?: string | Uint8Array;
 }
@@ -77,6 +80,7 @@ export class MockProvider implements Provider {
   /** Every provider call, including failed ones (key and outcome). */
   readonly calls: { idempotencyKey: string; chatId: string; ok: boolean }[] = [];
   sendDelayMs: number;
+  readonly #clock: Clock;
   #sink: InboundSink | undefined;
   #failures: { remaining: number; error: unknown }[] = [];
   #nextId = 0;
@@ -86,6 +90,7 @@ export class MockProvider implements Provider {
   constructor(options: MockProviderOptions = {}) {
     this.name = options.name ?? "mock";
     this.sendDelayMs = options.sendDelayMs ?? 0;
+    this.#clock = options.clock === undefined ? systemClock : checkClock(options.clock, "clock");
     this.#seal = new MediaSeal({ provider: this.name, key: options.mediaKey ?? `botmesh-mock-media-key/${this.name}` });
   }
 
@@ -151,7 +156,10 @@ export class MockProvider implements Provider {
 
   /** Record the send (or fail it, after `failNext`). */
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
-    if (this.sendDelayMs > 0) await new Promise((resolve) => setTimeout(resolve, this.sendDelayMs));
+    if (this.sendDelayMs > 0) {
+      if (this.#clock === systemClock) await new Promise((resolve) => setTimeout(resolve, this.sendDelayMs));
+      else await sleep(this.#clock, this.sendDelayMs);
+    }
     const failure = this.#failures[0];
     if (failure) {
       if (--failure.remaining <= 0) this.#failures.shift();
