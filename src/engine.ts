@@ -286,11 +286,15 @@ export class DurabilityEngine {
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
   #claimsInFlight = 0;
+  /** Keys being reserved (a reservation leases to us before its answer arrives). */
+  #reserving = new Set<string>();
   /**
    * Wall time at the start of the earliest outbox claim scan that failed without an answer since the
    * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
    */
-  #lostScanSince: number | null = null;
+  #lostScanSince: { from: number; to: number } | null = null;
+  /** `key#fence` of the sends this incarnation reported ambiguous (a lost scan's report must not repeat them). */
+  #reported = new Set<string>();
   /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
   #lastRound = { monotonic: 0, wall: 0 };
   /**
@@ -624,6 +628,7 @@ export class DurabilityEngine {
       return { status: "duplicate", id };
     }
     this.#metrics.inboundJournaled++;
+    if (this.#held.inbox.get(id)?.token === record.fence) return { status: "admitted", id }; // taken up meanwhile
     this.#hold("inbox", id, record.fence, admittedAt);
     dispatch({ message, record, sends: [], sendCount: 0 });
     return { status: "admitted", id };
@@ -842,9 +847,12 @@ export class DurabilityEngine {
   async #reserveAndDeliver(entry: NewOutboxEntry, content: OutboundContent, mode: "now" | "enqueue"): Promise<SendResult> {
     let result;
     const reservedAt = this.#clock.monotonic();
+    this.#reserving.add(entry.key);
     try {
       result = await this.backend.outbox.reserve(entry, mode === "now" ? this.#claim("outbox") : undefined);
+      this.#reserving.delete(entry.key);
     } catch (error) {
+      this.#reserving.delete(entry.key);
       if (isProcessDeath(error)) this.#halt();
       if (this.#halted) throw error;
       // The reservation may have committed with its reply lost: then the entry is leased to this
@@ -890,7 +898,7 @@ export class DurabilityEngine {
   #isOwnUncalled(entry: OutboxEntry): boolean {
     const lease = entry.lease;
     // A claim scan under way may have leased it to us and not be holding it yet.
-    return this.#claimsInFlight === 0 && entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
+    return this.#claimsInFlight === 0 && !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
       lease.incarnation === this.incarnation && lease.token === entry.fence &&
       !this.#held.outbox.has(entry.key) && !this.#calling.has(entry.key);
   }
@@ -974,7 +982,11 @@ export class DurabilityEngine {
     return current === null ? { key, state: "queued" } : { ...this.#resultOf(current), deduped: true };
   }
 
-  #reportAmbiguous(entry: { key: string; chatId: string }): void {
+  #reportAmbiguous(entry: { key: string; chatId: string; fence?: number }): void {
+    if (entry.fence !== undefined) {
+      if (this.#reported.size >= DEDUPE_CAPACITY) this.#reported.clear();
+      this.#reported.add(`${entry.key}#${entry.fence}`);
+    }
     this.#metrics.outboxAmbiguous++;
     this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
   }
@@ -1133,7 +1145,8 @@ export class DurabilityEngine {
         claimed = await this.#claimScan(() => this.backend.outbox.claimDue(outboxClaim));
       } catch (error) {
         this.#claimsInFlight--;
-        this.#lostScanSince = Math.min(this.#lostScanSince ?? Infinity, scanStartedAt);
+        const scanEndedAt = this.#clock.now();
+        this.#widenLostScan(Math.min(scanStartedAt, scanEndedAt), Math.max(scanStartedAt, scanEndedAt));
         await this.#afterUnansweredClaim(error);
         throw error;
       }
@@ -1202,6 +1215,12 @@ export class DurabilityEngine {
     }
   }
 
+  /** Add the wall-time span of an unanswered outbox claim scan to the span the next adoption looks at. */
+  #widenLostScan(from: number, to: number): void {
+    const span = this.#lostScanSince;
+    this.#lostScanSince = span === null ? { from, to } : { from: Math.min(span.from, from), to: Math.max(span.to, to) };
+  }
+
   /**
    * A claim scan failed: it may have committed with its reply lost. Take up what it leased to this
    * incarnation at once (before those leases lapse); if that fails too, the next sweep tries again.
@@ -1228,7 +1247,10 @@ export class DurabilityEngine {
         // that became unknown since it started (another replica may report one of them too: better twice
         // than never). The slack covers a backend clock that runs behind this one.
         for (const entry of await this.backend.outbox.list({ state: "unknown", limit: RECLAIM_BATCH })) {
-          if (entry.updatedAt >= lostScanSince - LOST_SCAN_SLACK_MS) this.#reportAmbiguous(entry);
+          if (entry.updatedAt < lostScanSince.from - LOST_SCAN_SLACK_MS) continue;
+          if (entry.updatedAt > lostScanSince.to + LOST_SCAN_SLACK_MS) continue;
+          if (this.#reported.has(`${entry.key}#${entry.fence}`)) continue;
+          this.#reportAmbiguous(entry);
         }
       }
       const [records, entries] = await Promise.all([
@@ -1239,6 +1261,7 @@ export class DurabilityEngine {
         const lease = record.lease;
         if (!lease || lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) continue;
         if (lease.token !== record.fence || this.#held.inbox.has(record.id) || this.#claimsInFlight > 0) continue;
+        if (this.#admitting.has(record.id)) continue; // its admission's answer is on its way
         this.#hold("inbox", record.id, record.fence, -Infinity);
         let message: InboundMessage;
         try {
@@ -1259,7 +1282,7 @@ export class DurabilityEngine {
       }
     } catch (error) {
       this.#adoptPending = true;
-      if (lostScanSince !== null) this.#lostScanSince = Math.min(this.#lostScanSince ?? Infinity, lostScanSince);
+      if (lostScanSince !== null) this.#widenLostScan(lostScanSince.from, lostScanSince.to);
       throw error;
     }
   }
