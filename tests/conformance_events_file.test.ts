@@ -25,9 +25,10 @@ async function dispose(journal: FileEventJournal): Promise<void> {
 
 runEventJournalContract({
   name: "file-events",
-  create: () => FileEventJournal.open(freshPath(), { lock: true }),
+  create: ({ now }) => FileEventJournal.open(freshPath(), { lock: true, clock: now }),
   cleanup: (journal: LeasedEventJournal) => dispose(journal as FileEventJournal),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });
 
 /** The journal under each backend. */

@@ -33,12 +33,13 @@ function over(journal: SharedFileEventJournal): DurabilityBackend {
 for (const { name, options } of variants) {
   runEventJournalContract({
     name,
-    create: () => freshJournal(options),
+    create: ({ now }) => freshJournal({ ...options, clock: now }),
     cleanup: async (journal: LeasedEventJournal) => {
       await journal.close();
       rmSync(dirname((journal as SharedFileEventJournal).path), { recursive: true, force: true });
     },
     harness: { describe, test, expect },
+    simulatedTime: true,
   });
 
   runDurabilityConformance({

@@ -19,34 +19,38 @@ function over(journal: MemoryEventJournal, kv?: MemoryKv): DurabilityBackend {
 }
 
 /** A journal loaded from the JSON text of `old`'s snapshot, as a file journal would be after a restart. */
-function reloaded(old: MemoryEventJournal): MemoryEventJournal {
-  return MemoryEventJournal.fromState(JSON.parse(JSON.stringify(old.exportState())) as EventJournalState);
+function reloaded(old: MemoryEventJournal, clock?: () => number): MemoryEventJournal {
+  return MemoryEventJournal.fromState(JSON.parse(JSON.stringify(old.exportState())) as EventJournalState, clock ? { clock } : undefined);
 }
 
 runDurabilityConformance({
   name: "events(memory-events)",
-  create: () => over(new MemoryEventJournal()),
-  reopen: (old) => over(reloaded(journalOf.get(old)!)),
+  create: ({ now }) => over(new MemoryEventJournal({ clock: now })),
+  reopen: (old, { now }) => over(reloaded(journalOf.get(old)!, now)),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });
 
 runDurabilityConformance({
   name: "events(memory-events) + kv outbox",
-  create: () => over(new MemoryEventJournal(), new MemoryKv()),
-  reopen: (old) => over(reloaded(journalOf.get(old)!), kvOf.get(old)!),
+  create: ({ now }) => over(new MemoryEventJournal({ clock: now }), new MemoryKv({ clock: now })),
+  reopen: (old, { now }) => over(reloaded(journalOf.get(old)!, now), kvOf.get(old)!),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });
 
 runEventJournalContract({
   name: "memory-events",
-  create: () => new MemoryEventJournal(),
+  create: ({ now }) => new MemoryEventJournal({ clock: now }),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });
 
 runEventJournalContract({
   name: "memory-events (loaded from a snapshot)",
-  create: () => reloaded(new MemoryEventJournal()),
+  create: ({ now }) => reloaded(new MemoryEventJournal({ clock: now }), now),
   harness: { describe, test, expect },
+  simulatedTime: true,
 });
 
 /** A seeded random source (mulberry32). */

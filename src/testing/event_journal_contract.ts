@@ -2,23 +2,29 @@
  * The {@link LeasedEventJournal} contract as tests, run against every events
  * journal (memory, file, shared file) and usable by other implementations.
  * Like the durability conformance suite, it takes the test runner's
- * `describe`, `test` and `expect`, and tests lease expiry with small real
- * leases and real sleeps.
+ * `describe`, `test` and `expect`, and tests lease expiry with small
+ * leases and sleeps, in real time or (`simulatedTime: true`) on a
+ * {@link TestClock} per test.
  *
  * @module
  */
 import { StaleLeaseError } from "../backend.ts";
 import type { ClaimOptions, JsonValue } from "../backend.ts";
 import { BOT_CHANNEL, type EventRecord, type LeasedEventJournal, type NewEventRecord } from "../events/types.ts";
-import type { ConformanceHarness } from "./conformance.ts";
-import { sleep, uid } from "./util.ts";
+import type { ConformanceContext, ConformanceHarness } from "./conformance.ts";
+import { SuiteTime } from "./suite_time.ts";
+import type { TestClock } from "./test_clock.ts";
+import { uid } from "./util.ts";
 
 /** Options of {@link runEventJournalContract}. */
 export interface EventJournalContractOptions {
   /** The journal's name, used in the suite's title. */
   name: string;
-  /** A fresh, open, empty journal; called once per test. */
-  create: () => LeasedEventJournal | Promise<LeasedEventJournal>;
+  /**
+   * A fresh, open, empty journal; called once per test. Under
+   * `simulatedTime` it must take its time from `context.now`.
+   */
+  create: (context: ConformanceContext) => LeasedEventJournal | Promise<LeasedEventJournal>;
   /** Called after each test, after the journal's `close()`. */
   cleanup?: (journal: LeasedEventJournal) => void | Promise<void>;
   /** The test runner's `describe`, `test` and `expect`. */
@@ -27,6 +33,12 @@ export interface EventJournalContractOptions {
   skip?: string | false;
   /** Multiplies every lease and sleep (default 1: leases of 40 ms, sleeps of 100 ms). */
   timeScale?: number;
+  /**
+   * Run every test in simulated time (default `false`), each on a fresh
+   * {@link TestClock} given to `create`; virtual time stands still while a
+   * journal call is in flight.
+   */
+  simulatedTime?: boolean;
 }
 
 /**
@@ -66,16 +78,34 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
   const SHORT = ms(40);
   const LAPSE = ms(100);
   const LONG = 600_000;
+  /** The time of the running test (tests of one suite run one at a time). */
+  let time = new SuiteTime(false);
+  /** Resolves after `ms` on the running test's clock. */
+  const sleep = (ms: number): Promise<void> => time.sleep(ms);
+  /** A fresh journal on a fresh time (a view whose calls simulated time waits for). */
+  async function fresh(): Promise<LeasedEventJournal> {
+    time = new SuiteTime(options.simulatedTime === true);
+    return time.view(await time.track(() => options.create(time.context)), ["outbox"]);
+  }
+  /** `cleanup` of the journal, then the end of the test's time. */
+  async function dispose(j: LeasedEventJournal): Promise<void> {
+    try {
+      const cleanup = options.cleanup;
+      if (cleanup) await time.track(() => cleanup(time.raw(j)));
+    } finally {
+      time.stop();
+    }
+  }
 
   async function withJournal(run: (j: LeasedEventJournal) => Promise<void>): Promise<void> {
-    const j = await options.create();
+    const j = await fresh();
     try {
       await run(j);
     } finally {
       try {
         await j.close();
       } finally {
-        if (options.cleanup) await options.cleanup(j);
+        await dispose(j);
       }
     }
   }
@@ -144,7 +174,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
 
     describe("append", () => {
       it("journals a pending record with every field", async (j) => {
-        const before = Date.now();
+        const before = time.now();
         const input = event(null, 1_700_000_000_123, { text: "héllo ✓", list: [1, null, { a: true }] });
         const r = await appended(j, input);
         expect(r.id).toBe(input.id);
@@ -163,11 +193,11 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
       });
 
       it("an absent channel is null and an absent createdAt is the journal's clock", async (j) => {
-        const before = Date.now();
+        const before = time.now();
         const r = await appended(j, { id: uid("ev"), eventType: "t", payload: null });
         expect(r.channel).toBe(null);
         expect(r.createdAt).toBeGreaterThanOrEqual(before - 5_000);
-        expect(r.createdAt).toBeLessThanOrEqual(Date.now() + 5_000);
+        expect(r.createdAt).toBeLessThanOrEqual(time.now() + 5_000);
       });
 
       it("with a lease the record is processing under token 1", async (j) => {
@@ -179,7 +209,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         expect(r.lease?.token).toBe(1);
         expect(r.lease?.owner).toBe(c.owner);
         expect(r.lease?.incarnation).toBe(c.incarnation);
-        expect(r.lease!.expiresAt).toBeGreaterThan(Date.now() + LONG / 2);
+        expect(r.lease!.expiresAt).toBeGreaterThan(time.now() + LONG / 2);
         await j.complete(r.id, 1);
         expect((await mustGet(j, r.id)).state).toBe("done");
       });
@@ -322,7 +352,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         await sleep(LAPSE);
         expect(await j.claimDue({ ...claimer(), limit: 10 })).toEqual([]);
         const before = await mustGet(j, r.id);
-        expect(before.lease!.expiresAt).toBeGreaterThan(Date.now() + LONG / 2);
+        expect(before.lease!.expiresAt).toBeGreaterThan(time.now() + LONG / 2);
         expect(await j.heartbeat(r.id, 7, LONG)).toBe(false);
         expect(await j.heartbeat(uid("missing"), 1, LONG)).toBe(false);
         expect(await mustGet(j, r.id)).toEqual(before);
@@ -349,7 +379,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         expect(failed.state).toBe("failed");
         expect(failed.error).toBe("boom ✗");
         expect(failed.lease).toBe(null);
-        expect(failed.nextAttemptAt!).toBeGreaterThan(Date.now() + LONG / 2);
+        expect(failed.nextAttemptAt!).toBeGreaterThan(time.now() + LONG / 2);
         expect(await j.claimDue({ ...claimer(), limit: 10 })).toEqual([]);
         expect(await j.claim(r.id, claimer())).toBe(null);
 
@@ -549,7 +579,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
 
     describe("close", () => {
       test("operations after close() reject, the outbox sidecar's too", async () => {
-        const j = await options.create();
+        const j = await fresh();
         try {
           const r = await appended(j, event(null));
           await j.close();
@@ -561,7 +591,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
           await j.close(); // a second close() is harmless
         } finally {
           await j.close();
-          if (options.cleanup) await options.cleanup(j);
+          await dispose(j);
         }
       });
     });

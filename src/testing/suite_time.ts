@@ -7,7 +7,7 @@
 import { type Clock, systemClock } from "../clock.ts";
 import type { DurabilityBackend } from "../backend.ts";
 import type { BackendConformanceOptions, ConformanceContext } from "./conformance.ts";
-import { TestClock, trackBackend } from "./test_clock.ts";
+import { TestClock, trackCalls } from "./test_clock.ts";
 import { sleep as realSleep } from "./util.ts";
 
 /** One test's clock, its sleeps, and the backends it created (tracked views in simulated time). */
@@ -17,7 +17,7 @@ export class SuiteTime {
   /** What `create` and `reopen` get. */
   readonly context: ConformanceContext;
   readonly #test: TestClock | null;
-  readonly #raw = new WeakMap<DurabilityBackend, DurabilityBackend>();
+  readonly #raw = new WeakMap<object, object>();
 
   constructor(simulated: boolean) {
     this.#test = simulated ? new TestClock() : null;
@@ -49,7 +49,7 @@ export class SuiteTime {
 
   /** A fresh backend from `options.create`, as the test uses it. */
   async create(options: BackendConformanceOptions): Promise<DurabilityBackend> {
-    return this.#view(await this.track(() => options.create(this.context)));
+    return this.view(await this.track(() => options.create(this.context)), ["inbox", "outbox"]);
   }
 
   /** `options.reopen` of a backend the test used (given the backend `create` or `reopen` returned). */
@@ -57,7 +57,7 @@ export class SuiteTime {
     reopen: NonNullable<BackendConformanceOptions["reopen"]>,
     backend: DurabilityBackend,
   ): Promise<DurabilityBackend> {
-    return this.#view(await this.track(() => reopen(this.raw(backend), this.context)));
+    return this.view(await this.track(() => reopen(this.raw(backend), this.context)), ["inbox", "outbox"]);
   }
 
   /** `options.cleanup` of a backend the test used. */
@@ -66,9 +66,9 @@ export class SuiteTime {
     if (cleanup) await this.track(() => cleanup(this.raw(backend)));
   }
 
-  /** The backend `create`/`reopen` returned behind a view the test used. */
-  raw(backend: DurabilityBackend): DurabilityBackend {
-    return this.#raw.get(backend) ?? backend;
+  /** The object `create`/`reopen` returned behind a view the test used. */
+  raw<T extends object>(view: T): T {
+    return (this.#raw.get(view) as T | undefined) ?? view;
   }
 
   /** Ends the test's time: no timer of its clock fires any more. */
@@ -76,9 +76,10 @@ export class SuiteTime {
     this.#test?.stop();
   }
 
-  #view(raw: DurabilityBackend): DurabilityBackend {
+  /** A view of `raw` whose calls simulated time waits for (`raw` itself in real time). */
+  view<T extends object>(raw: T, nested: readonly string[] = []): T {
     if (!this.#test) return raw;
-    const view = trackBackend(raw, this.#test);
+    const view = trackCalls(raw, this.#test, nested);
     this.#raw.set(view, raw);
     return view;
   }

@@ -314,53 +314,63 @@ export class TestClock implements Clock {
 }
 
 /**
- * A view of `backend` whose journal calls, `open()` and `close()` are
- * {@link TestClock.track tracked} on `clock`: virtual time stands still while
- * one of them is in flight. Other members pass through to the backend.
+ * A view of `target` whose method calls are {@link TestClock.track tracked}
+ * on `clock` while the promises they return are pending, and whose object
+ * members named in `nested` are such views too. Other members pass through.
+ *
+ * @param target the object (a backend, a journal)
+ * @param clock the test clock
+ * @param nested members that are objects with methods to track too
+ * @returns the view (a different object than `target`)
+ */
+export function trackCalls<T extends object>(target: T, clock: TestClock, nested: readonly string[] = []): T {
+  const wrappers = new Map<PropertyKey, { original: unknown; wrapper: unknown }>();
+  const views = new Map<PropertyKey, { original: unknown; view: unknown }>();
+  return new Proxy(target, {
+    get(t, prop) {
+      const value = Reflect.get(t, prop, t);
+      if (typeof prop === "string" && nested.includes(prop) && typeof value === "object" && value !== null) {
+        let view = views.get(prop);
+        if (view === undefined || view.original !== value) {
+          view = { original: value, view: trackCalls(value, clock) };
+          views.set(prop, view);
+        }
+        return view.view;
+      }
+      if (typeof value !== "function") return value;
+      let known = wrappers.get(prop);
+      if (known === undefined || known.original !== value) {
+        const fn = value as (...args: unknown[]) => unknown;
+        const wrapper = (...args: unknown[]) => {
+          const release = clock.hold();
+          let out: unknown;
+          try {
+            out = fn.apply(t, args);
+          } catch (error) {
+            release();
+            throw error;
+          }
+          if (typeof (out as { then?: unknown } | null)?.then === "function") Promise.resolve(out).then(release, release);
+          else release();
+          return out;
+        };
+        known = { original: value, wrapper };
+        wrappers.set(prop, known);
+      }
+      return known.wrapper;
+    },
+  });
+}
+
+/**
+ * A view of `backend` whose calls (journal operations, `open()`, `close()`)
+ * are {@link TestClock.track tracked} on `clock`: virtual time stands still
+ * while one of them is in flight. Other members pass through to the backend.
  *
  * @param backend the backend
  * @param clock the test clock
  * @returns the view (a different object than `backend`)
  */
 export function trackBackend<B extends DurabilityBackend>(backend: B, clock: TestClock): B {
-  const tracked = <T extends object>(target: T): T => {
-    const wrappers = new Map<PropertyKey, unknown>();
-    return new Proxy(target, {
-      get(t, prop) {
-        const value = Reflect.get(t, prop, t);
-        if (typeof value !== "function") return value;
-        let wrapper = wrappers.get(prop);
-        if (wrapper === undefined || (wrapper as { original?: unknown }).original !== value) {
-          const fn = value as (...args: unknown[]) => unknown;
-          const w = (...args: unknown[]) => {
-            const release = clock.hold();
-            let out: unknown;
-            try {
-              out = fn.apply(t, args);
-            } catch (error) {
-              release();
-              throw error;
-            }
-            if (typeof (out as { then?: unknown } | null)?.then === "function") Promise.resolve(out).then(release, release);
-            else release();
-            return out;
-          };
-          (w as { original?: unknown }).original = value;
-          wrappers.set(prop, w);
-          wrapper = w;
-        }
-        return wrapper;
-      },
-    });
-  };
-  const inbox = tracked(backend.inbox);
-  const outbox = tracked(backend.outbox);
-  const rest = tracked(backend);
-  return new Proxy(backend, {
-    get(t, prop) {
-      if (prop === "inbox") return inbox;
-      if (prop === "outbox") return outbox;
-      return Reflect.get(rest, prop);
-    },
-  });
+  return trackCalls(backend, clock, ["inbox", "outbox"]);
 }
