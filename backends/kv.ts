@@ -79,6 +79,7 @@ import {
   doneInbound,
   extendedLease,
   failedFields,
+  failedOutbox,
   inboxDueAt,
   isInboxClaimable,
   isLeasedWith,
@@ -727,9 +728,10 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     checkId(key, `outbox.markFailed: "key"`);
     checkFinite(token, `outbox.markFailed: "token"`);
-    checkOutcome(outcome, "outbox.markFailed");
+    checkOutcome(outcome, "outbox.markFailed", true);
+    // An ambiguous outcome: `unknown` (see failedOutbox); its chat index key goes with the write (hintsFor).
     const { written } = await this.mutate(key, (rec, now) =>
-      acceptsOutcome(rec, token) ? { ...rec, ...failedFields(outcome, now) } : null);
+      acceptsOutcome(rec, token) ? failedOutbox(rec, outcome, now) : null);
     if (!written) throw new StaleLeaseError("outbox", key, token);
   }
 

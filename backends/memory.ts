@@ -38,6 +38,7 @@ import {
   claimedOutbox,
   cloneJson,
   failedFields,
+  failedOutbox,
   doneInbound,
   extendedLease,
   inboxDueAt,
@@ -591,10 +592,12 @@ class MemoryOutbox implements OutboxJournal {
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     checkId(key, `outbox.markFailed: "key"`);
     checkFinite(token, `outbox.markFailed: "token"`);
-    checkOutcome(outcome, "outbox.markFailed");
+    checkOutcome(outcome, "outbox.markFailed", true);
     const slot = this.#resolvable(key, token);
     if (!slot) throw new StaleLeaseError("outbox", key, token);
-    this.#store({ ...slot.record, ...failedFields(outcome, this.#now()) }, slot);
+    // #store moves the state counters, the lease index, the chat queue and the due heap (an ambiguous
+    // outcome leaves the chat queue like claimDue's move to `unknown`, and the chat's next head gets a heap item).
+    this.#store(failedOutbox(slot.record, outcome, this.#now()), slot);
   }
 
   async get(key: string): Promise<OutboxEntry | null> {

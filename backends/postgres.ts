@@ -967,7 +967,14 @@ class PgOutbox implements OutboxJournal {
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
-    checkOutcome(outcome, "outbox.markFailed");
+    checkOutcome(outcome, "outbox.markFailed", true);
+    if (outcome.ambiguous) {
+      // `unknown`, no longer blocking its chat (see markAmbiguous in postgres_sql.ts).
+      if (!(await this.#fenced("markFailed", this.#q.markAmbiguous, key, token, [textForPg(outcome.error)]))) {
+        throw new StaleLeaseError("outbox", key, token);
+      }
+      return;
+    }
     const dead = outcome.dead === true;
     const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
     if (!(await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, textForPg(outcome.error), retry]))) {

@@ -396,6 +396,7 @@ export interface OutboxSql {
   heartbeat: string;
   markSent: string;
   markFailed: string;
+  markAmbiguous: string;
   get: string;
   retry: string;
   discard: string;
@@ -646,6 +647,17 @@ export function outboxSql(t: Tables): OutboxSql {
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
       FROM n, lk WHERE key = $1 AND ${OUTCOME_OF} RETURNING seq, ${t.outbox}.chat_id
     ),${nextHead("$3::boolean")}
+    SELECT 1 AS ok FROM u`,
+    // markFailed with an ambiguous outcome ($3 the error): `unknown` exactly as claimDue's move of a lost
+    // `sending` entry (lease dropped, next_attempt_at NULL, fence and attempts kept, no due mark). It no
+    // longer blocks its chat: it settles like markSent (chat lock, the next head gets its due mark).
+    markAmbiguous: `WITH ${n},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${OUTCOME_OF}),${chatLock},
+    u AS (
+      UPDATE ${t.outbox} SET state = 'unknown', next_attempt_at = NULL, error = $3, lease_owner = NULL,
+        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = NULL
+      FROM n, lk WHERE key = $1 AND ${OUTCOME_OF} RETURNING seq, ${t.outbox}.chat_id
+    ),${nextHead()}
     SELECT 1 AS ok FROM u`,
     get: `SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1`,
     // The entry becomes unsettled again (chat lock: a reserve of the chat whose snapshot predates this

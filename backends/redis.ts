@@ -410,6 +410,7 @@ function listArgs<S extends string>(options: ListOptions<S> | undefined): { args
 }
 
 function finishArgs(outcome: FailOutcome): string[] {
+  if (outcome.ambiguous) return ["unknown", outcome.error, "0"];
   return outcome.dead ? ["dead", outcome.error, "0"] : ["retry", outcome.error, String(outcome.retryInMs)];
 }
 
@@ -596,7 +597,7 @@ class RedisOutbox implements OutboxJournal {
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     checkId(key, `outbox.markFailed: "key"`);
     checkFinite(token, `outbox.markFailed: "token"`);
-    checkOutcome(outcome, "outbox.markFailed");
+    checkOutcome(outcome, "outbox.markFailed", true);
     const [status] = list(await this.#r.run("outFinish", [key, String(token), ...finishArgs(outcome)]));
     if (status !== "ok") throw new StaleLeaseError("outbox", key, token);
   }

@@ -699,7 +699,11 @@ save(h, {'leaseExp'})
 redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
 return cjson.encode({'ok'})
 `, true),
-  /** ARGV: P, key, token, mode (sent|dead|retry), messageId or error, retryInMs */
+  /**
+   * ARGV: P, key, token, mode (sent|dead|retry|unknown), messageId or error, retryInMs. `unknown` (an
+   * ambiguous markFailed) is claimDue's move of a lost send: lease dropped, no next attempt, fence and
+   * attempts kept; out_write takes it out of its chat's open set and sync_head marks the next head.
+   */
   outFinish: script("outbox.finish", [OUTBOX], `
 local h = load(out_key(ARGV[2]))
 if not out_resolvable(h, ARGV[3]) then return cjson.encode({'stale'}) end
@@ -712,6 +716,8 @@ if mode == 'sent' then
   h.state = 'sent'; h.messageId = ARGV[5]
 elseif mode == 'dead' then
   h.state = 'dead'; h.error = ARGV[5]
+elseif mode == 'unknown' then
+  h.state = 'unknown'; h.error = ARGV[5]
 else
   h.state = 'failed'; h.error = ARGV[5]; h.nextAttemptAt = n2s(now + math.max(0, tonumber(ARGV[6])))
 end

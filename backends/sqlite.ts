@@ -147,6 +147,7 @@ import {
   doneInbound,
   extendedLease,
   failedFields,
+  failedOutbox,
   inboxDueAt,
   isInboxClaimable,
   isLeaseAbandoned,
@@ -1340,12 +1341,14 @@ class SqliteOutbox implements OutboxJournal {
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
-    checkOutcome(outcome, "outbox.markFailed");
+    checkOutcome(outcome, "outbox.markFailed", true);
+    // An ambiguous outcome: `unknown` (see failedOutbox); #update then due-marks the chat's next head,
+    // as for claimDue's move of a lost send to `unknown`.
     const done = await this.#fenced(
       "markFailed",
       key,
       token,
-      (entry, now) => ({ ...entry, ...failedFields(outcome, now) }),
+      (entry, now) => failedOutbox(entry, outcome, now),
       true,
     );
     if (!done) throw new StaleLeaseError("outbox", key, token);

@@ -45,7 +45,9 @@ export type InboundState = "pending" | "processing" | "failed" | "done" | "dead"
  * `queued` journaled, waiting for the worker; `sending` leased, the provider
  * call may be under way; `sent`; `failed` retried at `nextAttemptAt`; `dead`
  * (outbound DLQ); `unknown` the owner's lease lapsed (or its incarnation was
- * replaced) while sending (ambiguous). An `unknown` entry keeps its `fence`:
+ * replaced) while sending, or its sender reported an ambiguous outcome
+ * (`markFailed` with `ambiguous: true`: the call may have reached the
+ * channel). An `unknown` entry keeps its `fence`:
  * when its sender was in fact alive (a stall, a clock step) and its provider
  * call finishes, its `markSent`/`markFailed` under that token still resolves
  * it to `sent`, `failed` or `dead`, as long as nobody claimed the entry since
@@ -153,10 +155,27 @@ export interface ClaimDueOptions extends ClaimOptions {
   limit: number;
 }
 
-/** How a failure is recorded: retry after a delay, or dead. */
+/**
+ * How a failure is recorded: retry after a delay, dead, or (outbox only)
+ * ambiguous.
+ *
+ * - `{ error, retryInMs }`: `failed`, due again after `retryInMs`.
+ * - `{ error, dead: true }`: `dead` (the DLQ).
+ * - `{ error, ambiguous: true }` (`outbox.markFailed` only): the provider call
+ *   may have reached the channel (e.g. it timed out after the request was
+ *   sent). The entry becomes `unknown` exactly as `claimDue` makes a lapsed
+ *   `sending` entry unknown: lease dropped, `nextAttemptAt` null, `fence` and
+ *   `attempts` unchanged, `error` set to `error`. It no longer blocks its
+ *   chat, is not re-sent on its own, a late outcome under the same token
+ *   still resolves it, and an operator `retry` requeues it. `inbox.fail` (and
+ *   an events journal's `fail`) refuses it with a `TypeError`: inbound records
+ *   have no `unknown` state. `ambiguous` together with `dead` (or with a
+ *   `retryInMs`) is a `TypeError`.
+ */
 export type FailOutcome =
-  | { error: string; retryInMs: number; dead?: false }
-  | { error: string; dead: true };
+  | { error: string; retryInMs: number; dead?: false; ambiguous?: false }
+  | { error: string; dead: true; ambiguous?: false }
+  | { error: string; ambiguous: true; dead?: false; retryInMs?: undefined };
 
 /** A filter for `list`. */
 export interface ListOptions<S extends string> {
@@ -189,7 +208,11 @@ export interface InboxJournal {
   heartbeat(id: string, token: number, leaseMs: number): Promise<boolean>;
   /** `processing` → `done`. @throws {StaleLeaseError} when `token` is stale. */
   complete(id: string, token: number): Promise<void>;
-  /** `processing` → `failed` or `dead`. @throws {StaleLeaseError} when `token` is stale. */
+  /**
+   * `processing` → `failed` or `dead`.
+   * @throws {StaleLeaseError} when `token` is stale.
+   * @throws {TypeError} naming a bad outcome field; `ambiguous` is refused (no `unknown` inbound state).
+   */
   fail(id: string, token: number, outcome: FailOutcome): Promise<void>;
   get(id: string): Promise<InboundRecord | null>;
   /** Records in receipt order. */
@@ -252,11 +275,18 @@ export interface OutboxJournal {
    */
   markSent(key: string, token: number, messageId: string): Promise<void>;
   /**
-   * `sending` → `failed` (due again after `retryInMs`) or `dead`. Accepted
-   * under the same rule as {@link markSent}: `sending` leased with `token`, or
-   * `unknown` with `fence` still `token` (a resolved `failed` entry blocks its
-   * chat again, as any failed entry).
+   * `sending` → `failed` (due again after `retryInMs`), `dead`, or with
+   * `ambiguous: true` `unknown` (the provider call may have reached the
+   * channel: the entry is made `unknown` exactly as `claimDue` makes a lapsed
+   * `sending` entry unknown — lease dropped, `nextAttemptAt` null, `fence` and
+   * `attempts` unchanged, `error` the given text — so it stops blocking its
+   * chat, is listed as `unknown`, a later `markSent`/`markFailed` under the
+   * same token still resolves it, and an operator `retry` requeues it).
+   * Accepted under the same rule as {@link markSent}: `sending` leased with
+   * `token`, or `unknown` with `fence` still `token` (a resolved `failed`
+   * entry blocks its chat again, as any failed entry).
    * @throws {StaleLeaseError} when `token` is stale (nothing changes).
+   * @throws {TypeError} naming a bad outcome field (`ambiguous` with `dead`, …).
    */
   markFailed(key: string, token: number, outcome: FailOutcome): Promise<void>;
   get(key: string): Promise<OutboxEntry | null>;

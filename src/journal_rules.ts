@@ -188,11 +188,16 @@ export function ambiguousOutbox(entry: OutboxEntry, now: number): OutboxEntry {
   };
 }
 
-/** The state and timing fields of a failure outcome at backend time `now`. */
+/**
+ * The state and timing fields of a `failed`/`dead` failure outcome at backend
+ * time `now` (an inbox record, an event record, an outbox entry). An
+ * `ambiguous` outcome has no such fields (see {@link failedOutbox}).
+ */
 export function failedFields(
   outcome: FailOutcome,
   now: number,
 ): { state: "failed" | "dead"; nextAttemptAt: number | null; error: string; lease: null; updatedAt: number } {
+  if (outcome.ambiguous) throw new TypeError(`An ambiguous failure outcome has no failed/dead fields`);
   return outcome.dead
     ? { state: "dead", nextAttemptAt: null, error: outcome.error, lease: null, updatedAt: now }
     : {
@@ -202,6 +207,18 @@ export function failedFields(
       lease: null,
       updatedAt: now,
     };
+}
+
+/**
+ * `entry` after `outbox.markFailed(outcome)` at backend time `now`: `failed`
+ * or `dead` ({@link failedFields}), or for `{ error, ambiguous: true }`
+ * `unknown` exactly as {@link ambiguousOutbox} makes a lost send (lease
+ * dropped, `nextAttemptAt` null, fence and attempts unchanged), with `error`
+ * the outcome's text.
+ */
+export function failedOutbox(entry: OutboxEntry, outcome: FailOutcome, now: number): OutboxEntry {
+  if (outcome.ambiguous) return { ...ambiguousOutbox(entry, now), error: outcome.error };
+  return { ...entry, ...failedFields(outcome, now) };
 }
 
 /** Whether a fenced operation with `token` may change `lease`'s record (not lapsed-and-retaken). */
@@ -504,14 +521,36 @@ export function checkClaim(options: ClaimOptions, op: string): void {
  *
  * @param outcome the outcome
  * @param op the operation, for the error
- * @throws {TypeError} naming the first bad field
+ * @param ambiguity whether `ambiguous: true` is allowed (`outbox.markFailed`
+ *   only: inbound and event records have no `unknown` state)
+ * @throws {TypeError} naming the first bad field: `error` not a string; `dead`
+ *   or `ambiguous` not a boolean; `ambiguous` where it is not allowed, or with
+ *   `dead: true` or a `retryInMs`; `retryInMs` not finite for a retry
  */
-export function checkOutcome(outcome: FailOutcome, op: string): void {
+export function checkOutcome(outcome: FailOutcome, op: string, ambiguity = false): void {
   if (typeof outcome !== "object" || outcome === null) {
     throw new TypeError(`${op}: the outcome must be an object, got ${showValue(outcome)}`);
   }
   checkString(outcome.error, `${op}: outcome "error"`);
-  if (!outcome.dead) checkFinite(outcome.retryInMs, `${op}: outcome "retryInMs"`);
+  const { dead, ambiguous } = outcome as { dead?: unknown; ambiguous?: unknown };
+  if (dead !== undefined && typeof dead !== "boolean") {
+    throw new TypeError(`${op}: outcome "dead" must be a boolean, got ${showValue(dead)}`);
+  }
+  if (ambiguous !== undefined && typeof ambiguous !== "boolean") {
+    throw new TypeError(`${op}: outcome "ambiguous" must be a boolean, got ${showValue(ambiguous)}`);
+  }
+  if (ambiguous === true) {
+    if (!ambiguity) {
+      throw new TypeError(`${op}: outcome "ambiguous" is only for outbox.markFailed (this record has no unknown state)`);
+    }
+    if (dead === true) throw new TypeError(`${op}: outcome "ambiguous" and "dead" cannot both be true`);
+    const retryInMs = (outcome as { retryInMs?: unknown }).retryInMs;
+    if (retryInMs !== undefined) {
+      throw new TypeError(`${op}: outcome "ambiguous" takes no "retryInMs", got ${showValue(retryInMs)}`);
+    }
+    return;
+  }
+  if (!dead) checkFinite((outcome as { retryInMs?: unknown }).retryInMs, `${op}: outcome "retryInMs"`);
 }
 
 /**

@@ -19,7 +19,7 @@ import type {
   NewInboundRecord,
   OutboxJournal,
 } from "../backend.ts";
-import { checkClaim, checkFinite, checkId, checkNewInbound, matchesList, normalizeList } from "../journal_rules.ts";
+import { checkClaim, checkFinite, checkId, checkNewInbound, checkOutcome, matchesList, normalizeList } from "../journal_rules.ts";
 import { showValue as show } from "../show.ts";
 import { kvDurability } from "../../backends/kv.ts";
 import {
@@ -192,6 +192,7 @@ class EventsInbox implements InboxJournal {
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
     checkId(id, `inbox.fail: "id"`);
+    checkOutcome(outcome, "inbox.fail"); // named as the inbox's (an ambiguous outcome is refused: no unknown state)
     return await this.#journal.fail(id, token, outcome);
   }
 

@@ -1254,6 +1254,148 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([fourth.entry.key]);
       });
 
+      it("markFailed ambiguous: unknown like a lost send (lease dropped, fence, attempts and error kept), listed as unknown, not due; its chat moves on at once", async (b) => {
+        const chat = uid("chat");
+        const owner = uid("owner");
+        const sending = await reserved(b, outbound(chat, { n: 1 }), claimer(owner));
+        const behind = await reserved(b, outbound(chat, { n: 2 }));
+        expect(behind.state, "queued behind the send").toBe("queued");
+        const token = tokenOf(sending);
+        const before = await mustGetOut(b, sending.key);
+
+        await b.outbox.markFailed(sending.key, token, { error: "timed out after the request was sent", ambiguous: true });
+        const unknown = await mustGetOut(b, sending.key);
+        expect(unknown.state).toBe("unknown");
+        expect(unknown.lease).toBe(null);
+        expect(unknown.nextAttemptAt).toBe(null);
+        expect(unknown.error, "the error text is kept").toBe("timed out after the request was sent");
+        expect(unknown.fence, "the fence is unchanged").toBe(token);
+        expect(unknown.attempts, "no new attempt").toBe(before.attempts);
+        expect(unknown.messageId).toBe(null);
+        expect(unknown.content).toEqual(before.content);
+        expect(unknown.seq).toBe(before.seq);
+        expect(unknown.updatedAt).toBeGreaterThanOrEqual(before.updatedAt);
+        expect(keys(await b.outbox.list({ chatId: chat, state: "unknown" })), "listed as unknown").toEqual([sending.key]);
+        expect(keys(await b.outbox.list({ state: "sending", limit: 1_000 })).includes(sending.key), "no longer sending").toBe(false);
+        expect(await b.outbox.heartbeat(sending.key, token, LONG), "a heartbeat does not revive it").toBe(false);
+        expect(await b.outbox.get(sending.key), "… and changes nothing").toEqual(unknown);
+
+        // Not re-sent on its own, not reported again as ambiguous; the queued entry behind it is due right away.
+        const claim = await b.outbox.claimDue({ ...claimer(owner), reclaimOwn: true, resendAmbiguous: true, limit: 100 });
+        expect(keys(claim.ambiguous), "claimDue does not report it again").toEqual([]);
+        expect(keys(claim.due), "the next entry of its chat is due at once; the unknown one is not").toEqual([behind.key]);
+        expect(tokenOf(claim.due[0]!)).toBe(1);
+        expect(await b.outbox.get(sending.key), "the scan left it alone").toEqual(unknown);
+        await b.outbox.markSent(behind.key, tokenOf(claim.due[0]!), "m-2");
+        expect((await b.outbox.reserve(outbound(chat), claimer())).status, "an unknown entry does not block its chat").toBe("leased");
+      });
+
+      it("markFailed ambiguous: a late outcome under the same token resolves it (sent, or dead)", async (b) => {
+        const chat = uid("chat");
+        const s = await reserved(b, outbound(chat), claimer());
+        await b.outbox.markFailed(s.key, tokenOf(s), { error: "timeout", ambiguous: true });
+        expect((await mustGetOut(b, s.key)).state).toBe("unknown");
+        await b.outbox.markSent(s.key, tokenOf(s), "late-message");
+        const sent = await mustGetOut(b, s.key);
+        expect(sent.state).toBe("sent");
+        expect(sent.messageId).toBe("late-message");
+        expect(sent.lease).toBe(null);
+        expect(sent.fence, "no new token").toBe(tokenOf(s));
+        expect(sent.attempts, "no new attempt").toBe(1);
+        expect(keys(await b.outbox.list({ chatId: chat, state: "unknown" })), "no longer unknown").toEqual([]);
+        expect(keys(await b.outbox.list({ chatId: chat, state: "sent" })), "listed as sent").toEqual([s.key]);
+        await expectStale(expect, () => b.outbox.markSent(s.key, tokenOf(s), "again"), "markSent on the sent entry");
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(s.key, tokenOf(s), { error: "again", ambiguous: true }),
+          "markFailed ambiguous on the sent entry",
+        );
+        expect(await b.outbox.get(s.key), "stale outcomes changed nothing").toEqual(sent);
+
+        const d = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(d.key, tokenOf(d), { error: "timeout", ambiguous: true });
+        await b.outbox.markFailed(d.key, tokenOf(d), { error: "invalid recipient", dead: true });
+        const dead = await mustGetOut(b, d.key);
+        expect(dead.state).toBe("dead");
+        expect(dead.error).toBe("invalid recipient");
+        const after = await b.outbox.claimDue({ ...claimer(), reclaimOwn: true, resendAmbiguous: true, limit: 100 });
+        expect(keys(after.due).concat(keys(after.ambiguous)), "neither is ever due").toEqual([]);
+      });
+
+      it("markFailed ambiguous: an operator retry requeues it; the next claim issues a new token, the old one is stale", async (b) => {
+        const chat = uid("chat");
+        const e = await reserved(b, outbound(chat), claimer());
+        const old = tokenOf(e);
+        await b.outbox.markFailed(e.key, old, { error: "timeout", ambiguous: true });
+        expect(await b.outbox.retry(e.key)).toBe(true);
+        const queued = await mustGetOut(b, e.key);
+        expect(queued.state).toBe("queued");
+        expect(queued.attempts, "attempts reset").toBe(0);
+        expect(queued.lease).toBe(null);
+        expect(queued.nextAttemptAt, "due now").not.toBe(null);
+        await expectStale(expect, () => b.outbox.markSent(e.key, old, "late"), "markSent with the old token after a retry");
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(e.key, old, { error: "late", ambiguous: true }),
+          "markFailed ambiguous with the old token after a retry",
+        );
+        expect(await b.outbox.get(e.key), "nothing changed").toEqual(queued);
+
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim.due)).toEqual([e.key]);
+        const token = tokenOf(claim.due[0]!);
+        expect(token, "a new token").toBe(old + 1);
+        await expectStale(expect, () => b.outbox.markSent(e.key, old, "late"), "markSent with the old token after the claim");
+        await b.outbox.markSent(e.key, token, "m");
+        const sent = await mustGetOut(b, e.key);
+        expect(sent.state).toBe("sent");
+        expect(sent.messageId).toBe("m");
+      });
+
+      it("markFailed ambiguous with a stale token throws and changes nothing", async (b) => {
+        // A re-leased entry: the old token is stale, the current one works.
+        const e = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(e.key, 1, { error: "503", retryInMs: 0 });
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim.due)).toEqual([e.key]);
+        const leased = await mustGetOut(b, e.key);
+        for (const token of [1, 3]) {
+          await expectStale(
+            expect,
+            () => b.outbox.markFailed(e.key, token, { error: "late", ambiguous: true }),
+            `markFailed ambiguous(${token}) on an entry leased with 2`,
+          );
+        }
+        expect(await b.outbox.get(e.key), "nothing changed").toEqual(leased);
+
+        // Queued, sent, failed, dead entries, and an unknown entry with another fence.
+        const queued = await reserved(b, outbound(uid("chat")));
+        const sent = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markSent(sent.key, 1, "m");
+        const failed = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(failed.key, 1, { error: "later", retryInMs: LONG });
+        const dead = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(dead.key, 1, { error: "dead", dead: true });
+        const unknown = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(unknown.key, 1, { error: "timeout", ambiguous: true });
+        for (const key of [queued.key, sent.key, failed.key, dead.key, unknown.key]) {
+          const before = await mustGetOut(b, key);
+          for (const token of before.state === "unknown" ? [before.fence - 1, before.fence + 1] : [before.fence, before.fence + 1]) {
+            await expectStale(
+              expect,
+              () => b.outbox.markFailed(key, token, { error: "late", ambiguous: true }),
+              `markFailed ambiguous(${token}) on ${before.state}`,
+            );
+          }
+          expect(await b.outbox.get(key), `${before.state}: nothing changed`).toEqual(before);
+        }
+        await expectStale(
+          expect,
+          () => b.outbox.markFailed(uid("out"), 1, { error: "late", ambiguous: true }),
+          "markFailed ambiguous on an unknown key",
+        );
+      });
+
       it("concurrent claimers report an ambiguous send exactly once", async (b) => {
         const lapsed = await reserved(b, outbound(uid("chat")), claimer(uid("owner"), SHORT));
         await sleep(LAPSE);
@@ -1583,6 +1725,32 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         }
         expect(await b.inbox.list({ chatId: chat }), "the inbox is unchanged").toEqual(inboxBefore);
         expect(await b.outbox.list({ chatId: chat }), "the outbox is unchanged").toEqual(outboxBefore);
+      });
+
+      it("an ambiguous outcome is refused with a TypeError naming the field: with dead or retryInMs, not a boolean, or by inbox.fail; nothing changes", async (b) => {
+        const chat = uid("chat");
+        const held = await admitted(b, inbound(chat), claimer());
+        const sending = await reserved(b, outbound(chat), claimer());
+        const inboxBefore = await b.inbox.list({ chatId: chat });
+        const outboxBefore = await b.outbox.list({ chatId: chat });
+        const cases: [() => Promise<unknown>, string][] = [
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: true, dead: true } as unknown as FailOutcome), "ambiguous"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: true, dead: true } as unknown as FailOutcome), "dead"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: true, retryInMs: 5 } as unknown as FailOutcome), "retryInMs"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: "yes" } as unknown as FailOutcome), "ambiguous"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: 7, ambiguous: true } as unknown as FailOutcome), "error"],
+          [() => b.inbox.fail(held.id, tokenOf(held), { error: "x", ambiguous: true }), "ambiguous"],
+        ];
+        for (const [call, field] of cases) {
+          const message = await typeErrorOf(call);
+          expect(message.includes(field), `the error names "${field}": ${message}`).toBe(true);
+        }
+        expect(await b.inbox.list({ chatId: chat }), "the inbox is unchanged").toEqual(inboxBefore);
+        expect(await b.outbox.list({ chatId: chat }), "the outbox is unchanged").toEqual(outboxBefore);
+        // Both still settle with a valid outcome.
+        await b.inbox.fail(held.id, tokenOf(held), { error: "x", dead: true });
+        await b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: true, dead: false });
+        expect((await mustGetOut(b, sending.key)).state).toBe("unknown");
       });
     });
 
