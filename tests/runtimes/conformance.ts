@@ -42,47 +42,50 @@ function tempDir(): string {
   return mkdtempSync(join(tmpdir(), "botmesh-rt-"));
 }
 
+// The in-process backends run in simulated time (a TestClock per test, its time given to the backend);
+// postgres keeps real time (its leases are on the server's clock).
 const setups: Record<string, () => Setup> = {
-  memory: () => ({ name: "memory", create: () => new MemoryDurability() }),
+  memory: () => ({ name: "memory", simulatedTime: true, create: ({ now }) => new MemoryDurability({ clock: now }) }),
   file: () => {
-    const open = (path: string, dir: string) => {
-      const b = new FileDurability({ path });
+    const open = (path: string, dir: string, clock: () => number) => {
+      const b = new FileDurability({ path, clock });
       dirs.set(b, dir);
       paths.set(b, path);
       return b;
     };
     return {
       name: "file",
-      // Each write is an fsync'd snapshot rewrite: two of them can outlast the suite's 40 ms lease on a busy disk.
-      timeScale: 3,
-      create: () => {
+      // Virtual time stands still during the fsync'd snapshot rewrites: no margin needed.
+      simulatedTime: true,
+      create: ({ now }) => {
         const dir = tempDir();
-        return open(join(dir, "bot.json"), dir);
+        return open(join(dir, "bot.json"), dir, now);
       },
-      reopen: async (old) => {
+      reopen: async (old, { now }) => {
         await simulateCrash(old as FileDurability);
-        return open(paths.get(old)!, dirs.get(old)!);
+        return open(paths.get(old)!, dirs.get(old)!, now);
       },
       cleanup: (b) => rmSync(dirs.get(b)!, { recursive: true, force: true }),
     };
   },
   sqlite: () => {
-    const open = (file: string, dir: string) => {
-      const b = new SQLiteDurability({ file });
+    const open = (file: string, dir: string, clock: () => number) => {
+      const b = new SQLiteDurability({ file, clock });
       dirs.set(b, dir);
       paths.set(b, file);
       return b;
     };
     return {
       name: "sqlite",
-      create: () => {
+      simulatedTime: true,
+      create: ({ now }) => {
         const dir = tempDir();
-        return open(join(dir, "bot.db"), dir);
+        return open(join(dir, "bot.db"), dir, now);
       },
-      reopen: async (old) => {
+      reopen: async (old, { now }) => {
         const b = old as SQLiteDurability;
         while (b.isOpen) await b.close();
-        return open(paths.get(old)!, dirs.get(old)!);
+        return open(paths.get(old)!, dirs.get(old)!, now);
       },
       cleanup: (b) => rmSync(dirs.get(b)!, { recursive: true, force: true }),
     };
@@ -90,10 +93,14 @@ const setups: Record<string, () => Setup> = {
 };
 
 /** eventsDurability over a journal opened on a fresh file; `reopen` lets the old journal go and opens the file again. */
-function eventsSetup(name: string, open: (path: string) => Promise<LeasedEventJournal>, letGo: (j: LeasedEventJournal) => Promise<void>): Setup {
+function eventsSetup(
+  name: string,
+  open: (path: string, clock: () => number) => Promise<LeasedEventJournal>,
+  letGo: (j: LeasedEventJournal) => Promise<void>,
+): Setup {
   const journals = new WeakMap<DurabilityBackend, LeasedEventJournal>();
-  const over = async (path: string, dir: string) => {
-    const journal = await open(path);
+  const over = async (path: string, dir: string, clock: () => number) => {
+    const journal = await open(path, clock);
     const b = eventsDurability({ journal });
     journals.set(b, journal);
     dirs.set(b, dir);
@@ -102,14 +109,14 @@ function eventsSetup(name: string, open: (path: string) => Promise<LeasedEventJo
   };
   return {
     name,
-    timeScale: 3, // fsync'd file writes, as for "file"
-    create: () => {
+    simulatedTime: true, // fsync'd file writes hold virtual time, as for "file"
+    create: ({ now }) => {
       const dir = tempDir();
-      return over(join(dir, "events.json"), dir);
+      return over(join(dir, "events.json"), dir, now);
     },
-    reopen: async (old) => {
+    reopen: async (old, { now }) => {
       await letGo(journals.get(old)!);
-      return over(paths.get(old)!, dirs.get(old)!);
+      return over(paths.get(old)!, dirs.get(old)!, now);
     },
     cleanup: async (b) => {
       await journals.get(b)?.close().catch(() => {});
@@ -118,9 +125,17 @@ function eventsSetup(name: string, open: (path: string) => Promise<LeasedEventJo
   };
 }
 setups["events-file"] = () =>
-  eventsSetup("events (FileEventJournal)", (p) => FileEventJournal.open(p, { lock: true }), (j) => simulateJournalCrash(j as FileEventJournal));
+  eventsSetup(
+    "events (FileEventJournal)",
+    (p, clock) => FileEventJournal.open(p, { lock: true, clock }),
+    (j) => simulateJournalCrash(j as FileEventJournal),
+  );
 setups["events-shared"] = () =>
-  eventsSetup("events (SharedFileEventJournal, appendLog)", (p) => SharedFileEventJournal.open(p, { appendLog: { compactEvery: 7 } }), (j) => j.close());
+  eventsSetup(
+    "events (SharedFileEventJournal, appendLog)",
+    (p, clock) => SharedFileEventJournal.open(p, { appendLog: { compactEvery: 7 }, clock }),
+    (j) => j.close(),
+  );
 
 // PostgresDurability over a porsager client loaded from node_modules (a bare "postgres": under Deno
 // deno.json's "nodeModulesDir": "manual" resolves it there, offline; the Node bundle keeps it
