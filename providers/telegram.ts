@@ -585,7 +585,11 @@ export class TelegramProvider implements Provider {
       text = await response.text();
     } catch (error) {
       if (timeout.aborted && !options.signal?.aborted) {
-        throw new ProviderError(`Telegram ${method} timed out after ${timeoutMs} ms`, { retryable: true, cause: this.#safe(error) });
+        throw new ProviderError(`Telegram ${method} timed out after ${timeoutMs} ms`, {
+          retryable: true,
+          maybeDelivered: true, // Telegram may have done it before the answer was cut off
+          cause: this.#safe(error),
+        });
       }
       if (options.signal?.aborted) {
         throw new ProviderError(`Telegram ${method} was aborted`, { retryable: true, cause: this.#safe(error) });

@@ -998,6 +998,7 @@ export class WhatsAppProvider implements Provider {
       if (timeout.aborted) {
         throw new ProviderError(`WhatsApp ${what} timed out after ${this.#timeoutMs} ms (requestTimeoutMs)`, {
           retryable: true,
+          maybeDelivered: true, // Meta may have accepted it before the answer was cut off
           cause: error,
         });
       }

@@ -297,11 +297,10 @@ export class DurabilityEngine {
   #reported = new Set<string>();
   /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
   #lastRound = { monotonic: 0, wall: 0 };
-  /**
-   * Heartbeat rounds and claim scans run one at a time: a claim never races a renewal of this
-   * incarnation's own leases (it would find a lease lapsed that the renewal was about to extend).
-   */
+  /** Claim scans run one at a time. */
   #leaseOps: Promise<unknown> = Promise.resolve();
+  /** The heartbeat round under way (a claim scan waits for it: it would find a lease lapsed that the round is extending). */
+  #renewing: Promise<void> = Promise.resolve();
   #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
   #sweepAgain = false;
@@ -460,8 +459,11 @@ export class DurabilityEngine {
     if (held.get(id)?.token === token) held.delete(id);
   }
 
+  /** A heartbeat round. It never waits for a claim scan (a slow scan must not cost leases); scans wait for it. */
   #heartbeat(): Promise<void> {
-    return this.#oneLeaseOpAtATime(() => this.#renewAll());
+    const round = this.#renewAll();
+    this.#renewing = round.catch(() => {});
+    return round;
   }
 
   async #renewAll(): Promise<void> {
@@ -471,17 +473,21 @@ export class DurabilityEngine {
     await Promise.all(held.map((h) => this.#renew(h)));
   }
 
-  /** Run `op` after the heartbeat round or claim scan under way (see `#leaseOps`). */
+  /** Run `op` after the claim scan under way. */
   #oneLeaseOpAtATime<T>(op: () => Promise<T>): Promise<T> {
     const run = this.#leaseOps.then(op, op);
     this.#leaseOps = run.catch(() => {});
     return run;
   }
 
-  /** A claim scan, after renewing this incarnation's leases if they may look lapsed (a stall, a clock step). */
+  /**
+   * A claim scan, after the heartbeat round under way and after renewing this incarnation's leases if
+   * they may look lapsed (a stall, a clock step): a scan never races a renewal of its own leases.
+   */
   #claimScan<T>(claim: () => Promise<T>): Promise<T> {
     return this.#oneLeaseOpAtATime(async () => {
-      if (this.#leasesNeedRenewal()) await this.#renewAll();
+      await this.#renewing;
+      if (this.#leasesNeedRenewal()) await this.#heartbeat();
       return await claim();
     });
   }
@@ -1015,8 +1021,19 @@ export class DurabilityEngine {
       classified = classifyProviderError(error);
     }
     const text = errorText(error);
-    const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
     const outbox = this.backend.outbox;
+    if (classified.retryable && classified.maybeDelivered === true) {
+      // The call may have reached the channel (a timeout after the request went out): ambiguous, as if
+      // its sender had died during it. Held as unknown and reported; 'resend' reports it and retries.
+      if (this.config.outbox.onAmbiguous === "hold") {
+        const outcome = { error: text, ambiguous: true } as const;
+        const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["unknown"]);
+        if (recorded) this.#reportAmbiguous(entry);
+        return { result: { key, state: "unknown", error: text }, recorded };
+      }
+      this.#reportAmbiguous(entry);
+    }
+    const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
     if (dead) {
       const outcome = { error: text, dead: true } as const;
       const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["dead"]);

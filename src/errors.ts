@@ -23,6 +23,12 @@ export interface ProviderErrorOptions {
   retryAfterMs?: number;
   /** The channel's HTTP status, when there is one. */
   status?: number;
+  /**
+   * The request may have reached the channel and been delivered (it timed out after it was sent).
+   * Such a send is ambiguous: held as `unknown` and reported (or sent again with
+   * `onAmbiguous: 'resend'`), never retried silently. Default `false`.
+   */
+  maybeDelivered?: boolean;
   cause?: unknown;
 }
 
@@ -39,12 +45,15 @@ export class ProviderError extends Error {
   readonly retryable: boolean;
   readonly retryAfterMs: number | undefined;
   readonly status: number | undefined;
+  /** Whether the request may have been delivered before it failed (see {@link ProviderErrorOptions.maybeDelivered}). */
+  readonly maybeDelivered: boolean;
   constructor(message: string, options: ProviderErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = "ProviderError";
     this.status = options.status;
     this.retryable = options.retryable ?? (options.status === undefined ? true : isRetryableStatus(options.status));
     this.retryAfterMs = options.retryAfterMs;
+    this.maybeDelivered = options.maybeDelivered === true;
   }
 }
 

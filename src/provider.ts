@@ -59,6 +59,11 @@ export interface SendReceipt {
 export interface ErrorClassification {
   retryable: boolean;
   retryAfterMs?: number;
+  /**
+   * The call may have reached the channel (a timeout after the request was sent): the send is
+   * ambiguous, held as `unknown` and reported instead of retried (`onAmbiguous: 'resend'` retries it).
+   */
+  maybeDelivered?: boolean;
 }
 
 /** How an admitted (or refused) inbound message was taken. */
@@ -129,20 +134,26 @@ export interface Provider {
 /**
  * The default error classification: a `ProviderError` says it itself; an
  * error with a numeric `status` is retryable for 408/425/429/5xx; a network
- * `TypeError` (what `fetch` throws) and anything unknown is retryable.
+ * `TypeError` (what `fetch` throws) and anything unknown is retryable. A
+ * timeout (an error named `TimeoutError`, as `AbortSignal.timeout` raises) or an
+ * error with `maybeDelivered: true` may have reached the channel: the engine
+ * holds such a send as ambiguous instead of retrying it.
  *
  * @param error what `send` threw
  * @returns whether to retry, and not before when
  */
 export function classifyProviderError(error: unknown): ErrorClassification {
   if (error instanceof ProviderError) {
-    return { retryable: error.retryable, retryAfterMs: error.retryAfterMs };
+    return { retryable: error.retryable, retryAfterMs: error.retryAfterMs, maybeDelivered: error.maybeDelivered };
   }
   if (typeof error === "object" && error !== null) {
-    const { status, retryable, retryAfterMs } = error as Record<string, unknown>;
+    const { status, retryable, retryAfterMs, maybeDelivered, name } = error as Record<string, unknown>;
     const after = typeof retryAfterMs === "number" && retryAfterMs >= 0 ? retryAfterMs : undefined;
-    if (typeof retryable === "boolean") return { retryable, retryAfterMs: after };
-    if (typeof status === "number") return { retryable: isRetryableStatus(status), retryAfterMs: after };
+    // A timeout (AbortSignal.timeout's TimeoutError) may have been delivered before it fired.
+    const maybe = maybeDelivered === true || name === "TimeoutError";
+    if (typeof retryable === "boolean") return { retryable, retryAfterMs: after, maybeDelivered: maybe };
+    if (typeof status === "number") return { retryable: isRetryableStatus(status), retryAfterMs: after, maybeDelivered: maybe };
+    return { retryable: true, maybeDelivered: maybe };
   }
   return { retryable: true };
 }

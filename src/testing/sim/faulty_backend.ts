@@ -169,13 +169,13 @@ export function faultyBackend(
       // server clock step makes the backend see it lapsed. A lease that really lapsed (a long
       // delay, a stall, failed heartbeats) is claimable by anyone, its holder too.
       if (g && g.inc === inc.id && !closed && inc.alive && now < g.expires) {
-        ledger.live.push({
-          invariant: "self-steal",
-          time: now,
-          detail: `${inc.id} ${how} its own live lease (token ${prev}, granted at ${
-            ((g.time - SIM_EPOCH) / 1000).toFixed(3)
-          }s, good until ${((g.expires - SIM_EPOCH) / 1000).toFixed(3)}s in true time); server clock offset ${world.serverOffset}ms`,
-        });
+        // Only a server clock step makes a backend re-lease a live lease to its own holder; the engine
+        // must carry on with the work under the new token. Counted here; what it must not do (run the
+        // handler again, report or call again) is checked by double-handling, self-reported and the rest.
+        world.count("self-steal");
+        world.log(inc.id, `note: ${how} its own live lease (token ${prev}, good until ${
+          ((g.expires - SIM_EPOCH) / 1000).toFixed(3)
+        }s in true time); server clock offset ${world.serverOffset}ms`);
       }
     };
     if (error === undefined) {
@@ -304,6 +304,21 @@ export function faultyBackend(
             ledger.outDead.push(rec);
             grants.push(rec);
           }
+          if ("ambiguous" in outcome && outcome.ambiguous === true) {
+            // The caller's provider call may have reached the channel (a timeout): unknown, by its own word.
+            ledger.ambiguities.push({
+              key,
+              chatId: ledger.chatOf.get(key) ?? "",
+              token,
+              time: now,
+              by: inc.id,
+              delivered: true,
+              lostBy: null,
+              verdict: "call",
+              detail: `${inc.id} recorded its provider call as ambiguous: ${outcome.error}`,
+            });
+            grants.push(ledger.ambiguities[ledger.ambiguities.length - 1]!);
+          }
           break;
         }
         case "outbox.retry":
@@ -344,6 +359,10 @@ export function faultyBackend(
       if (fault.kind === "delay" && Math.max(fault.before, fault.after) >= world.leaseMs / 2) world.leaseThreats++;
       if (fault.kind === "error-before" && method === "heartbeat") world.leaseThreats++;
       world.log(inc.id, `fault ${faultName(fault)} at ${op}`);
+    }
+    if ((fault.kind === "error-before" || fault.kind === "lost-reply") && op === "outbox.claimDue") {
+      // The engine cannot tell these apart: either may hide ambiguity transitions it then reports from a list.
+      world.ledger.unansweredOutboxScans.push({ inc: inc.id, time: world.sched.time });
     }
     if (fault.kind === "error-before") throw new ConnectionRefused(op);
     if (fault.kind === "crash" && fault.when === "before") {

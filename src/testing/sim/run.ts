@@ -132,6 +132,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   const resend = scenario.outbox.onAmbiguous === "resend";
   const bots: Bot[] = [];
   const invocations = new Map<string, number>();
+  const handlersRunning = new Set<string>();
   const plans = new Map(scenario.messages.map((m) => [m.id, m]));
   const jitter = root.fork("jitter");
   world.log("sim", `seed ${seed}: ${describeScenario(scenario)}`);
@@ -142,6 +143,25 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     const n = (invocations.get(plan.id) ?? 0) + 1;
     invocations.set(plan.id, n);
     world.log(inc.id, `handler ${plan.id} invocation ${n} (attempt ${ctx.attempt})`);
+    // One process runs a message's handler once at a time (a second run while the first is under way
+    // means it took its own live work for abandoned).
+    const running = `${inc.id}|${plan.id}`;
+    if (handlersRunning.has(running)) {
+      world.ledger.live.push({
+        invariant: "double-handling",
+        time: world.sched.time,
+        detail: `${inc.id} started the handler of ${plan.id} again (invocation ${n}) while its earlier run was under way`,
+      });
+    }
+    handlersRunning.add(running);
+    try {
+      await runPlan(plan, n, ctx);
+    } finally {
+      handlersRunning.delete(running);
+    }
+  };
+
+  const runPlan = async (plan: MessagePlan, n: number, ctx: import("../../bot.ts").Context) => {
     const fail = n <= plan.throws;
     if (plan.enqueue) await ctx.bot.enqueue(ctx.chatId, `queued for ${plan.id}`, { idempotencyKey: `enq:${plan.id}` });
     if (fail && !plan.throwAfter) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);
@@ -185,6 +205,15 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     });
     bot.on("durability:ambiguous", ({ key }) => {
       world.ledger.ambiguousEvents.push({ key, inc: inc.id, time: sched.time });
+      // An engine never reports a send whose provider call it is making right now: its outcome decides.
+      const own = world.ledger.calls.find((c) => c.inc === inc.id && c.key === key && c.end === null);
+      if (own) {
+        world.ledger.live.push({
+          invariant: "self-reported",
+          time: sched.time,
+          detail: `${inc.id} reported ${key} ambiguous while its own provider call #${own.n} for it was under way`,
+        });
+      }
       world.log(inc.id, `event durability:ambiguous ${key}`);
     });
     bot.on("durability:dead", ({ kind, id, error }) => {
@@ -361,7 +390,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       outbox,
       metrics,
       strictAmbiguity: options.strictAmbiguity ?? false,
-      strictTimeouts: options.strictTimeouts ?? false,
+      strictTimeouts: options.strictTimeouts ?? true,
       notes,
     }),
   );
