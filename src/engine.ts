@@ -280,8 +280,6 @@ export class DurabilityEngine {
    * written, so that such a key is never taken for one that was never sent.
    */
   #calling = new Set<string>();
-  /** Keys of held sends a sweep of this incarnation moved to `unknown` while their call was under way: reported only if the call's outcome cannot be recorded. */
-  #unreported = new Set<string>();
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
@@ -958,7 +956,6 @@ export class DurabilityEngine {
       throw error;
     } finally {
       if (settled || !called) this.#calling.delete(key);
-      if (this.#unreported.delete(key) && called && !settled && !this.#halted) this.#reportAmbiguous(entry);
       this.#release("outbox", key, lease.token);
     }
   }
@@ -1205,8 +1202,9 @@ export class DurabilityEngine {
           }
           if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token
           if (this.#calling.has(entry.key)) {
-            // Its call is under way; its outcome resolves the entry. Reported only if that cannot be recorded.
-            this.#unreported.add(entry.key);
+            // Its call is under way: reported now (were this process to die during the call, nobody else
+            // would), and the call's outcome still resolves the entry (a late outcome is accepted).
+            this.#reportAmbiguous(entry);
             continue;
           }
           // Its call never started: nothing to report, send it again in its turn.

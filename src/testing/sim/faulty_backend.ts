@@ -210,7 +210,7 @@ export function faultyBackend(
           const [id, token, outcome] = args as [string, number, FailOutcome];
           ledger.closeIn(id, token, true);
           if (outcome.dead) {
-            const rec = { id, token, delivered: true, lostBy: null as LostBy, error: outcome.error };
+            const rec = { id, token, delivered: true, lostBy: null as LostBy, error: outcome.error, inc: inc.id, time: now };
             ledger.inDead.push(rec);
             grants.push(rec);
           }
@@ -300,7 +300,7 @@ export function faultyBackend(
           const [key, token, outcome] = args as [string, number, FailOutcome];
           ledger.closeOut(key, token, true);
           if (outcome.dead) {
-            const rec = { key, token, delivered: true, lostBy: null as LostBy, error: outcome.error };
+            const rec = { key, token, delivered: true, lostBy: null as LostBy, error: outcome.error, inc: inc.id, time: now };
             ledger.outDead.push(rec);
             grants.push(rec);
           }

@@ -28,6 +28,7 @@
 import type { InboundRecord, OutboxEntry } from "../../backend.ts";
 import type { DurabilityMetrics } from "../../engine.ts";
 import type { SimChannel } from "./channel.ts";
+import type { LostBy } from "./ledger.ts";
 import type { Scenario } from "./scenario.ts";
 import type { World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";
@@ -123,19 +124,28 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   // Every final state is explained and reported.
   const ambiguousEventKeys = new Set(ledger.ambiguousEvents.map((e) => e.key));
   const deadEventIds = new Set(ledger.deadEvents.map((e) => `${e.kind}:${e.id}`));
+  // Excused: the writer died before it could learn that its write landed (a crash after the commit,
+  // or a lost reply and a crash before its check of the record).
+  const diedUnaware = (t: { lostBy: LostBy; inc?: string; time?: number } | undefined) => {
+    if (t === undefined) return false;
+    if (t.lostBy === "crash") return true;
+    if (t.lostBy !== "lost-reply" || t.inc === undefined || t.time === undefined) return false;
+    const died = ledger.diedAt.get(t.inc);
+    return died !== undefined && died - t.time <= world.leaseMs;
+  };
   for (const e of outbox) {
     if (e.state === "sent" && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
     if (e.state === "unknown") {
       if (!ledger.ambiguities.some((a) => a.key === e.key)) fail("unexplained-unknown", `${e.key} is unknown without an ambiguity transition`);
       // Excused: the process that made the transition died before it could see it (nothing can report it then).
       const last = ledger.ambiguities.filter((a) => a.key === e.key).at(-1);
-      if (!ambiguousEventKeys.has(e.key) && last?.lostBy !== "crash") {
+      if (!ambiguousEventKeys.has(e.key) && !diedUnaware(last && { lostBy: last.lostBy, inc: last.by, time: last.time })) {
         fail("silent-unknown", `${e.key} is unknown but no durability:ambiguous event reported it (the transition's reply was ${last?.lostBy ?? "delivered"})`);
       }
     }
     if (e.state === "dead") {
       const last = [...ledger.outDead].reverse().find((d) => d.key === e.key);
-      if (!deadEventIds.has(`outbound:${e.key}`) && last?.lostBy !== "crash") {
+      if (!deadEventIds.has(`outbound:${e.key}`) && !diedUnaware(last)) {
         fail("silent-dead", `outbox entry ${e.key} is dead but no durability:dead event reported it (the dead write's reply was ${last?.lostBy ?? "delivered"})`);
       }
       const failedCalls = last ? ledger.callsOf(e.key, last.token).filter((c) => c.outcome !== "ok" && c.end !== null) : [];
@@ -155,7 +165,7 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   for (const r of inbox) {
     if (r.state !== "dead") continue;
     const last = [...ledger.inDead].reverse().find((d) => d.id === r.id);
-    if (!deadEventIds.has(`inbound:${r.id}`) && last?.lostBy !== "crash") {
+    if (!deadEventIds.has(`inbound:${r.id}`) && !diedUnaware(last)) {
       fail("silent-dead", `inbox record ${r.id} is dead but no durability:dead event reported it (the dead write's reply was ${last?.lostBy ?? "delivered"})`);
     }
     if (!EXPLAINED_INBOUND.test(r.error ?? "")) fail("unexplained-dead", `inbox record ${r.id} is dead: ${r.error}`);

@@ -114,8 +114,8 @@ export class Ledger {
   unansweredOutboxScans: { inc: string; time: number }[] = [];
   deadEvents: { kind: "inbound" | "outbound"; id: string; inc: string; error: string }[] = [];
   /** Dead transitions the backend committed. */
-  outDead: { key: string; token: number; delivered: boolean; lostBy: LostBy; error: string }[] = [];
-  inDead: { id: string; token: number; delivered: boolean; lostBy: LostBy; error: string }[] = [];
+  outDead: { key: string; token: number; delivered: boolean; lostBy: LostBy; error: string; inc: string; time: number }[] = [];
+  inDead: { id: string; token: number; delivered: boolean; lostBy: LostBy; error: string; inc: string; time: number }[] = [];
   stale: StaleRecord[] = [];
   /** `stale-lease` warnings the engines emitted (each one counted in `staleLeases`). */
   staleWarnings: { kind: "inbox" | "outbox"; id: string; token: number | null; inc: string; time: number }[] = [];

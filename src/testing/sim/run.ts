@@ -205,15 +205,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     });
     bot.on("durability:ambiguous", ({ key }) => {
       world.ledger.ambiguousEvents.push({ key, inc: inc.id, time: sched.time });
-      // An engine never reports a send whose provider call it is making right now: its outcome decides.
-      const own = world.ledger.calls.find((c) => c.inc === inc.id && c.key === key && c.end === null);
-      if (own) {
-        world.ledger.live.push({
-          invariant: "self-reported",
-          time: sched.time,
-          detail: `${inc.id} reported ${key} ambiguous while its own provider call #${own.n} for it was under way`,
-        });
-      }
+
       world.log(inc.id, `event durability:ambiguous ${key}`);
     });
     bot.on("durability:dead", ({ kind, id, error }) => {
