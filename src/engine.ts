@@ -284,6 +284,8 @@ export class DurabilityEngine {
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
   #claimsInFlight = 0;
+  /** `kind:id#token` of the leases this incarnation held, the latest ones (a stale list must not revive them). */
+  #everHeld = new Set<string>();
   /** Keys being reserved (a reservation leases to us before its answer arrives). */
   #reserving = new Set<string>();
   /**
@@ -449,7 +451,15 @@ export class DurabilityEngine {
     if (existing !== undefined && existing.token === token) return existing;
     const lease: HeldLease = { kind, id, token, lost: false, confirmedAt };
     this.#held[kind].set(id, lease);
+    const known = `${kind}:${id}#${token}`;
+    this.#everHeld.add(known);
+    if (this.#everHeld.size > DEDUPE_CAPACITY) this.#everHeld.delete(this.#everHeld.values().next().value!);
     return lease;
+  }
+
+  /** Whether this incarnation ever held the lease of `id` under `token` (adoption takes only leases it never learned of). */
+  #knewLease(kind: "inbox" | "outbox", id: string, token: number): boolean {
+    return this.#everHeld.has(`${kind}:${id}#${token}`);
   }
 
   #release(kind: "inbox" | "outbox", id: string, token: number): void {
@@ -656,6 +666,7 @@ export class DurabilityEngine {
     if (!existing || existing.state !== "processing" || !lease) return null;
     if (lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) return null;
     if (this.#held.inbox.has(id) || this.#claimsInFlight > 0) return null; // dispatched while we read, or about to be
+    if (this.#knewLease("inbox", id, existing.fence)) return null; // handled here already
     return existing;
   }
 
@@ -765,6 +776,8 @@ export class DurabilityEngine {
         return true;
       } catch (error) {
         if (error instanceof StaleLeaseError) {
+          // Re-leased to this very process meanwhile (a sweep handed the work the new token): write again.
+          if (lease.token !== token && !lease.lost && this.#held[kind].get(id) === lease) continue;
           if (await this.#outcomeLanded(kind, id, token, landed)) return true;
           // After an unanswered attempt, a record that moved on may have moved on from our own write
           // (a failure recorded, then retried): not counted as a stale lease, nothing is claimed of it.
@@ -892,6 +905,11 @@ export class DurabilityEngine {
       this.#wake(0);
       return this.#resultOf(journaled);
     }
+    const taken = this.#held.outbox.get(journaled.key);
+    if (taken !== undefined && taken.token > journaled.fence) {
+      // A sweep of this process re-leased it while the reservation's answer was on its way: it sends it.
+      return { key: journaled.key, state: "sending", deduped: true };
+    }
     return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);
   }
 
@@ -904,7 +922,7 @@ export class DurabilityEngine {
     // A claim scan under way may have leased it to us and not be holding it yet.
     return this.#claimsInFlight === 0 && !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
       lease.incarnation === this.incarnation && lease.token === entry.fence &&
-      !this.#held.outbox.has(entry.key) && !this.#calling.has(entry.key);
+      !this.#held.outbox.has(entry.key) && !this.#calling.has(entry.key) && !this.#knewLease("outbox", entry.key, entry.fence);
   }
 
   #resultOf(entry: OutboxEntry): SendResult {
@@ -968,13 +986,18 @@ export class DurabilityEngine {
     if (this.#clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
     // A journal error leaves it unknown whether the lease holds (a renewal whose reply was lost): ask again.
     for (let attempt = 1; attempt <= 3; attempt++) {
+      const token = lease.token;
       const renewed = await this.#renewOnce(lease);
       if (this.#halted) return false;
+      // Re-leased to this process meanwhile (a sweep handed it the new token): renew that one.
+      if (renewed === "lost" && lease.token !== token && !lease.lost) continue;
       if (renewed !== "error") return renewed === "held";
       if (this.#clock.monotonic() - lease.confirmedAt >= leaseMs) break;
       await sleep(this.#clock, Math.max(1, Math.floor(leaseMs / 10)));
     }
-    this.#adoptPending = true; // still leased to us, perhaps: a later sweep takes it up again
+    // Still leased to us, perhaps: a later sweep takes it up again (as a lease it never confirmed).
+    this.#everHeld.delete(`${lease.kind}:${lease.id}#${lease.token}`);
+    this.#adoptPending = true;
     return false;
   }
 
@@ -1196,10 +1219,11 @@ export class DurabilityEngine {
         this.#claimsInFlight--;
         for (const entry of ambiguous) {
           const mine = mineBefore.get(entry.key);
-          if (mine === undefined) {
+          if (mine === undefined && !this.#reserving.has(entry.key)) {
             this.#reportAmbiguous(entry);
             continue;
           }
+          // Ours: held, or reserved with the answer still on its way (nothing was called for it).
           if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token
           if (this.#calling.has(entry.key)) {
             // Its call is under way: reported now (were this process to die during the call, nobody else
@@ -1208,7 +1232,7 @@ export class DurabilityEngine {
             continue;
           }
           // Its call never started: nothing to report, send it again in its turn.
-          if (this.#held.outbox.get(entry.key) === mine) this.#held.outbox.delete(entry.key);
+          if (mine !== undefined && this.#held.outbox.get(entry.key) === mine) this.#held.outbox.delete(entry.key);
           const requeued = await this.backend.outbox.retry(entry.key).catch((error) => {
             this.#report(error, `requeue of outbox entry "${entry.key}"`);
             return false;
@@ -1277,6 +1301,7 @@ export class DurabilityEngine {
         if (!lease || lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) continue;
         if (lease.token !== record.fence || this.#held.inbox.has(record.id) || this.#claimsInFlight > 0) continue;
         if (this.#admitting.has(record.id)) continue; // its admission's answer is on its way
+        if (this.#knewLease("inbox", record.id, record.fence)) continue; // handled here already (the list is stale)
         this.#hold("inbox", record.id, record.fence, -Infinity);
         let message: InboundMessage;
         try {
