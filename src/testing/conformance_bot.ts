@@ -12,7 +12,7 @@ import { SuiteTime } from "./suite_time.ts";
 import type { DurabilityBackend, InboxJournal, JsonValue, OutboxJournal } from "../backend.ts";
 import { loadMediaOf, MediaUnavailableError } from "../media.ts";
 import { AskTimeoutError } from "../conversation.ts";
-import { Bot } from "../bot.ts";
+import { Bot as CoreBot, type BotOptions } from "../bot.ts";
 import type { DurabilityOptions } from "../config.ts";
 import type { BotEvents, DurabilityMetrics } from "../engine.ts";
 import { ProviderError } from "../errors.ts";
@@ -29,10 +29,15 @@ import type {
 } from "../provider.ts";
 import type { BackendConformanceOptions, ConformanceHarness } from "./conformance.ts";
 import { CRASH_POINTS, crashable, CrashableProvider, crashableStore, type CrashPoint } from "./crashable.ts";
-import { MockProvider } from "./mock_provider.ts";
+import { MockProvider as CoreMockProvider, type MockProviderOptions } from "./mock_provider.ts";
 import { expectExactJson } from "./exact_json.ts";
 
 type Expect = ConformanceHarness["expect"];
+/** A bot (the suite's tests construct theirs on the test's clock; see `runBotConformance`). */
+type Bot = CoreBot;
+/** The base of the suite's providers. */
+const MockProvider = CoreMockProvider;
+type MockProvider = CoreMockProvider;
 
 /** A MockProvider whose sends of chosen keys take `delayMs`, and that tells when a send started. */
 class SlowKeysProvider extends MockProvider {
@@ -139,6 +144,17 @@ export function runBotConformance(options: BackendConformanceOptions): void {
   let time = new SuiteTime(false);
   /** Resolves after `ms` on the running test's clock. */
   const sleep = (ms: number): Promise<void> => time.sleep(ms);
+  /** In this suite a bot and a mock provider run on the test's clock unless told otherwise. */
+  const Bot = class extends CoreBot {
+    constructor(options: BotOptions) {
+      super({ clock: time.clock, ...options });
+    }
+  };
+  const MockProvider = class extends CoreMockProvider {
+    constructor(options: MockProviderOptions = {}) {
+      super({ clock: time.clock, ...options });
+    }
+  };
 
   /** Runs `fn` with a fresh backend and stops every bot it started. */
   const withBackend = (name: string, fn: (backend: DurabilityBackend, bots: Bot[]) => Promise<void>) =>
@@ -1377,7 +1393,7 @@ function matrixBot(provider: Provider, backend: DurabilityBackend, world: World,
   ambiguous: string[];
   dead: string[];
 }, store: SessionStore, time: SuiteTime): Bot {
-  const bot = new Bot({
+  const bot = new CoreBot({
     clock: time.clock,
     provider,
     store,
