@@ -216,11 +216,11 @@ console.log(`wall ${(wallMs / 1000).toFixed(1)}s, ${(total / (wallMs / 1000)).to
 console.log(`faults injected: ${Object.entries(faultTotals).sort().map(([k, n]) => `${k} ${n}`).join(", ") || "none"}`);
 const amb = (k: string) => ambiguity[k] ?? 0;
 console.log(
-  `ambiguity transitions: ${amb("call")} after a real provider call; ${amb("crash-before-call")} from a crash and ${
-    amb("stalled-before-call")
-  } from a stall between the lease and the call${
-    args.strict ? " (failures: --strict-ambiguity)" : " (allowed; --strict-ambiguity fails them)"
-  }; false: ${amb("lost-grant")} lost-grant, ${amb("held")} held`,
+  `ambiguity transitions: ${amb("call")} after a real provider call; with no call under the lease: ${
+    amb("crash-before-call")
+  } from a crash, ${amb("stalled-before-call")} from a stall, ${amb("lost-grant")} from a lost grant, ${
+    amb("held")
+  } from lost heartbeats${args.strict ? " (failures: --strict-ambiguity)" : " (counted; --strict-ambiguity fails them)"}`,
 );
 console.log(
   `duplicate sends after a call the channel accepted but that timed out (the engine retried it): ${timeoutDuplicates}${

@@ -199,8 +199,11 @@ interface HeldLease {
 }
 /** Attempts of the recovery sweep in `start()` before it rejects. */
 const START_SWEEP_ATTEMPTS = 3;
-/** How far behind this process's clock a backend clock may run when looking for sends a lost scan made unknown. */
-const LOST_SCAN_SLACK_MS = 5_000;
+/**
+ * How far apart this process's clock and the backend's may be when looking for the sends a lost scan
+ * made unknown (wide: a missed one would be silent, an extra one is only a second report).
+ */
+const LOST_SCAN_SLACK_MS = 60_000;
 /** A wall-clock step larger than this (against the monotonic clock) renews every held lease before a sweep claims. */
 const CLOCK_STEP_MS = 1000;
 /** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
@@ -1219,11 +1222,12 @@ export class DurabilityEngine {
         this.#claimsInFlight--;
         for (const entry of ambiguous) {
           const mine = mineBefore.get(entry.key);
-          if (mine === undefined && !this.#reserving.has(entry.key)) {
+          // A reservation whose answer is still on its way may be ours too, or another process's entry
+          // that it only found: it cannot tell, so that one is reported.
+          if (mine === undefined) {
             this.#reportAmbiguous(entry);
             continue;
           }
-          // Ours: held, or reserved with the answer still on its way (nothing was called for it).
           if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token
           if (this.#calling.has(entry.key)) {
             // Its call is under way: reported now (were this process to die during the call, nobody else
@@ -1232,7 +1236,7 @@ export class DurabilityEngine {
             continue;
           }
           // Its call never started: nothing to report, send it again in its turn.
-          if (mine !== undefined && this.#held.outbox.get(entry.key) === mine) this.#held.outbox.delete(entry.key);
+          if (this.#held.outbox.get(entry.key) === mine) this.#held.outbox.delete(entry.key);
           const requeued = await this.backend.outbox.retry(entry.key).catch((error) => {
             this.#report(error, `requeue of outbox entry "${entry.key}"`);
             return false;

@@ -144,16 +144,18 @@ export interface Provider {
  */
 export function classifyProviderError(error: unknown): ErrorClassification {
   if (error instanceof ProviderError) {
-    return { retryable: error.retryable, retryAfterMs: error.retryAfterMs, maybeDelivered: error.maybeDelivered };
+    const classified: ErrorClassification = { retryable: error.retryable, retryAfterMs: error.retryAfterMs };
+    if (error.maybeDelivered) classified.maybeDelivered = true;
+    return classified;
   }
   if (typeof error === "object" && error !== null) {
     const { status, retryable, retryAfterMs, maybeDelivered, name } = error as Record<string, unknown>;
     const after = typeof retryAfterMs === "number" && retryAfterMs >= 0 ? retryAfterMs : undefined;
     // A timeout (AbortSignal.timeout's TimeoutError) may have been delivered before it fired.
-    const maybe = maybeDelivered === true || name === "TimeoutError";
-    if (typeof retryable === "boolean") return { retryable, retryAfterMs: after, maybeDelivered: maybe };
-    if (typeof status === "number") return { retryable: isRetryableStatus(status), retryAfterMs: after, maybeDelivered: maybe };
-    return { retryable: true, maybeDelivered: maybe };
+    const maybe = maybeDelivered === true || name === "TimeoutError" ? { maybeDelivered: true } : {};
+    if (typeof retryable === "boolean") return { retryable, retryAfterMs: after, ...maybe };
+    if (typeof status === "number") return { retryable: isRetryableStatus(status), retryAfterMs: after, ...maybe };
+    return { retryable: true, ...maybe };
   }
   return { retryable: true };
 }

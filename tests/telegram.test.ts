@@ -509,14 +509,23 @@ describe("telegram: sends", () => {
     expect((await h.bot.durability!.outbox.get("k429"))?.messageId).toBe("1");
   });
 
-  test("5xx and a timeout are retried; the message goes out once", async () => {
+  test("5xx is retried; a timeout is held as ambiguous until an operator retries it; the message goes out once", async () => {
     const f = fake();
     f.inject("sendMessage", { kind: "status", status: 502 });
     f.inject("sendMessage", { kind: "hang" });
     f.inject("sendMessage", { kind: "status", status: 500 });
     const h = await harness(f, { requestTimeoutMs: 300 });
+    const ambiguous: unknown[] = [];
+    h.bot.on("durability:ambiguous", (event) => ambiguous.push(event));
     const first = await h.bot.send("9002", "hello", { idempotencyKey: "k5xx" });
     expect(first.state).toBe("failed");
+    await h.bot.idle();
+    // The 502 is retried; the timeout may have reached Telegram: held as unknown and reported, not retried.
+    expect(f.calls.filter((c) => c.method === "sendMessage").map((c) => c.status)).toEqual([502, 0]);
+    expect((await h.bot.durability!.outbox.get("k5xx"))?.state).toBe("unknown");
+    expect(ambiguous).toEqual([{ key: "k5xx", chatId: "9002" }]);
+    // An operator who checked that it did not arrive sends it again: the 500 is retried, then it goes out once.
+    expect(await h.bot.durability!.retrySend("k5xx")).toBe(true);
     await h.bot.idle();
     const calls = f.calls.filter((c) => c.method === "sendMessage");
     expect(calls.map((c) => c.status)).toEqual([502, 0, 500, 200]);

@@ -675,15 +675,22 @@ describe("sends through the Graph API", () => {
     expect(error).toMatchObject({ status: 401, code: 190, retryable: false, type: "OAuthException" });
   });
 
-  test("a timeout is retried", async () => {
+  test("a timeout may have been delivered: held as unknown and reported, never retried silently", async () => {
     const h = await harness({ provider: { requestTimeoutMs: 300 } });
+    const ambiguous: unknown[] = [];
+    h.bot.on("durability:ambiguous", (event) => ambiguous.push(event));
     const before = fake.attempts.length;
     fake.failSends({ kind: "hang" });
     const first = await h.bot.send(USER, "slow", { idempotencyKey: "to-1" });
-    expect(first.state).toBe("failed");
+    expect(first.state).toBe("unknown");
     expect(first.error).toContain("timed out after 300 ms");
     await h.bot.idle();
-    expect(fake.attempts.slice(before).filter((a) => a.wamid)).toHaveLength(1);
+    expect(fake.attempts.slice(before)).toHaveLength(1);
+    expect((await h.bot.durability!.outbox.get("to-1"))!.state).toBe("unknown");
+    expect(ambiguous).toEqual([{ key: "to-1", chatId: USER }]);
+    // An operator who checked that it did not arrive sends it again.
+    expect(await h.bot.durability!.retrySend("to-1")).toBe(true);
+    await h.bot.idle();
     expect((await h.bot.durability!.outbox.get("to-1"))!.state).toBe("sent");
   });
 

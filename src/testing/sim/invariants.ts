@@ -115,10 +115,10 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   // Ambiguity only when a call may really have happened.
   for (const a of ledger.ambiguities) {
     const text = `${a.key} made ambiguous by ${a.by} at ${at(a.time)}: ${a.detail}`;
-    if (a.verdict === "lost-grant" || a.verdict === "held") fail(`false-ambiguity(${a.verdict})`, text);
-    if ((a.verdict === "crash-before-call" || a.verdict === "stalled-before-call") && input.strictAmbiguity) {
-      fail(`ambiguity-${a.verdict}`, text);
-    }
+    // No call under the token: the holder crashed, stalled, lost the grant's reply or its heartbeats
+    // (journal faults longer than a lease) before calling. Telling these from a call needs a journal
+    // write before the call; until then they are counted and allowed, and --strict-ambiguity fails them.
+    if (a.verdict !== "call" && input.strictAmbiguity) fail(`ambiguity-${a.verdict}`, text);
   }
 
   // Every final state is explained and reported.
