@@ -878,6 +878,7 @@ export class DurabilityEngine {
       // The reservation may have committed with its reply lost: then the entry is leased to this
       // incarnation and nobody else will send it before the lease lapses. Look, and send it if so.
       this.#adoptPending = true;
+      await this.#claimScansHeld();
       const landed = await this.backend.outbox.get(entry.key).catch(() => null);
       if (landed === null || landed.contentHash !== entry.contentHash || !this.#isOwnUncalled(landed)) throw error;
       this.#metrics.outboxJournaled++;
@@ -1255,6 +1256,13 @@ export class DurabilityEngine {
       this.#lastPurge = this.#clock.monotonic();
       await this.backend.inbox.purge(this.config.retentionMs);
       await this.backend.outbox.purge(this.config.retentionMs);
+    }
+  }
+
+  /** Wait (briefly) until no claim scan of this process has results it is not holding yet. */
+  async #claimScansHeld(): Promise<void> {
+    for (let waited = 0; this.#claimsInFlight > 0 && waited < 50 && !this.#halted; waited++) {
+      await sleep(this.#clock, 5);
     }
   }
 
