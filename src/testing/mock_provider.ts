@@ -145,13 +145,16 @@ export class MockProvider implements Provider {
   /**
    * Make the next `n` sends fail with `error` (default: a retryable
    * `ProviderError`). A `ProviderError` with `retryable: false` is permanent.
+   * A new call replaces what an earlier one left (it does not add up);
+   * `failNext(0)` fails nothing.
    *
    * @param n how many sends
    * @param error what they throw
    */
   failNext(n: number, error?: unknown): void {
     if (!Number.isInteger(n) || n < 0) throw new RangeError(`Argument "n" must be a non-negative integer, got ${n}`);
-    this.#failures.push({ remaining: n, error: error ?? new ProviderError("Mock send failure", { retryable: true }) });
+    // A new call replaces what an earlier one left; `failNext(0)` fails nothing.
+    this.#failures = n === 0 ? [] : [{ remaining: n, error: error ?? new ProviderError("Mock send failure", { retryable: true }) }];
   }
 
   /** Record the send (or fail it, after `failNext`). */
