@@ -197,6 +197,12 @@ interface HeldLease {
    */
   settling?: "retry" | "final";
 }
+/**
+ * Records one lost-reply adoption lists per state (it runs only after a claim or reservation failed).
+ * A backend's list has no time order filter: past this many `unknown` entries waiting for an operator,
+ * a send a lost scan made unknown may go unreported.
+ */
+const ADOPT_LIST_LIMIT = 10_000;
 /** Attempts of the recovery sweep in `start()` before it rejects. */
 const START_SWEEP_ATTEMPTS = 3;
 /**
@@ -287,10 +293,12 @@ export class DurabilityEngine {
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
   #claimsInFlight = 0;
+  /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
+  #jobLeases = new WeakMap<InboundJob, HeldLease>();
   /** `kind:id#token` of the leases this incarnation held, the latest ones (a stale list must not revive them). */
   #everHeld = new Set<string>();
   /** Keys being reserved (a reservation leases to us before its answer arrives). */
-  #reserving = new Set<string>();
+  #reserving = new Map<string, number>();
   /**
    * Wall time at the start of the earliest outbox claim scan that failed without an answer since the
    * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
@@ -497,7 +505,11 @@ export class DurabilityEngine {
    */
   #claimScan<T>(claim: () => Promise<T>): Promise<T> {
     return this.#oneLeaseOpAtATime(async () => {
-      await this.#renewing;
+      // A hung heartbeat call must not stop the sweeps: wait for the round at most half a lease.
+      const leaseMs = Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs);
+      let timer: ClockTimer | undefined;
+      await Promise.race([this.#renewing, new Promise<void>((resolve) => timer = this.#clock.setTimeout(resolve, leaseMs / 2))]);
+      this.#clock.clearTimeout(timer);
       if (this.#leasesNeedRenewal()) await this.#heartbeat();
       return await claim();
     });
@@ -522,6 +534,7 @@ export class DurabilityEngine {
         return "held";
       }
       if (this.#held[h.kind].get(h.id) !== h || h.token !== token) return "lost"; // settled or re-leased meanwhile
+      if (h.settling !== undefined) return "lost"; // its outcome write landed first (the heartbeat found it settled)
       h.lost = true;
       this.#warn({
         code: "lease-lost",
@@ -645,9 +658,11 @@ export class DurabilityEngine {
       return { status: "duplicate", id };
     }
     this.#metrics.inboundJournaled++;
-    if (this.#held.inbox.get(id)?.token === record.fence) return { status: "admitted", id }; // taken up meanwhile
-    this.#hold("inbox", id, record.fence, admittedAt);
-    dispatch({ message, record, sends: [], sendCount: 0 });
+    // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
+    if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
+    const job: InboundJob = { message, record, sends: [], sendCount: 0 };
+    this.#jobLeases.set(job, this.#hold("inbox", id, record.fence, admittedAt));
+    dispatch(job);
     return { status: "admitted", id };
   }
 
@@ -658,6 +673,7 @@ export class DurabilityEngine {
    * so it is ours to dispatch now rather than after its lease lapses.
    */
   async #ownLostAdmission(id: string): Promise<InboundRecord | null> {
+    await this.#claimScansHeld();
     if (this.#held.inbox.has(id)) return null;
     let existing: InboundRecord | null;
     try {
@@ -668,7 +684,11 @@ export class DurabilityEngine {
     const lease = existing?.lease;
     if (!existing || existing.state !== "processing" || !lease) return null;
     if (lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) return null;
-    if (this.#held.inbox.has(id) || this.#claimsInFlight > 0) return null; // dispatched while we read, or about to be
+    if (this.#held.inbox.has(id)) return null; // dispatched while we read
+    if (this.#claimsInFlight > 0) {
+      this.#adoptPending = true; // a scan may be about to take it; if not, the next sweep does
+      return null;
+    }
     if (this.#knewLease("inbox", id, existing.fence)) return null; // handled here already
     return existing;
   }
@@ -703,8 +723,8 @@ export class DurabilityEngine {
       }
       return;
     }
-    // The held lease, whose token a sweep of this incarnation may renew while the handler runs.
-    const lease = this.#held.inbox.get(record.id) ?? this.#hold("inbox", record.id, record.fence);
+    // The job's lease, whose token a sweep of this incarnation may hand on while the handler runs.
+    const lease = this.#jobLeases.get(job) ?? this.#held.inbox.get(record.id) ?? this.#hold("inbox", record.id, record.fence);
     const retries = this.config.inbox.retries;
     let failure: unknown;
     let failed = false;
@@ -781,16 +801,22 @@ export class DurabilityEngine {
         if (error instanceof StaleLeaseError) {
           // Re-leased to this very process meanwhile (a sweep handed the work the new token): write again.
           if (lease.token !== token && !lease.lost && this.#held[kind].get(id) === lease) continue;
-          if (await this.#outcomeLanded(kind, id, token, landed)) return true;
+          // Read until the answer is known: a dead-letter or an ambiguity whose write landed must be reported.
+          let outcome = await this.#outcomeLanded(kind, id, token, landed);
+          for (let read = 1; outcome === undefined && read < 5 && !this.#halted; read++) {
+            await sleep(this.#clock, Math.min(Math.max(5, Math.floor(leaseMs / 8)), 25 * 2 ** read));
+            outcome = await this.#outcomeLanded(kind, id, token, landed);
+          }
+          if (outcome === true) return true;
           // After an unanswered attempt, a record that moved on may have moved on from our own write
           // (a failure recorded, then retried): not counted as a stale lease, nothing is claimed of it.
-          if (!uncertain) this.#stale(kind, id, error);
+          if (!uncertain && outcome === false) this.#stale(kind, id, error);
           return false;
         }
         uncertain = true;
         if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
         // The write may have committed with its reply lost: look before the record moves on.
-        if (await this.#outcomeLanded(kind, id, token, landed)) return true;
+        if (await this.#outcomeLanded(kind, id, token, landed) === true) return true;
         const held = this.#held[kind].get(id);
         if (!held || held.lost || (this.#stopping && attempt >= 3)) return false;
         await sleep(this.#clock, Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
@@ -799,13 +825,17 @@ export class DurabilityEngine {
     }
   }
 
-  /** Whether a fenced write with `token` already took effect (an earlier attempt committed, its reply was lost). */
-  async #outcomeLanded(kind: "inbox" | "outbox", id: string, token: number, states: readonly string[]): Promise<boolean> {
+  /**
+   * Whether a fenced write with `token` already took effect (an earlier attempt committed, its reply
+   * was lost). @returns `undefined` when the record could not be read
+   */
+  async #outcomeLanded(kind: "inbox" | "outbox", id: string, token: number, states: readonly string[]): Promise<boolean | undefined> {
     try {
       const record = kind === "inbox" ? await this.backend.inbox.get(id) : await this.backend.outbox.get(id);
       return record !== null && record.fence === token && states.includes(record.state);
-    } catch {
-      return false;
+    } catch (error) {
+      if (isProcessDeath(error)) this.#halt();
+      return undefined;
     }
   }
 
@@ -867,12 +897,17 @@ export class DurabilityEngine {
   async #reserveAndDeliver(entry: NewOutboxEntry, content: OutboundContent, mode: "now" | "enqueue"): Promise<SendResult> {
     let result;
     const reservedAt = this.#clock.monotonic();
-    this.#reserving.add(entry.key);
+    const reserved = () => {
+      const n = (this.#reserving.get(entry.key) ?? 1) - 1;
+      if (n > 0) this.#reserving.set(entry.key, n);
+      else this.#reserving.delete(entry.key);
+    };
+    this.#reserving.set(entry.key, (this.#reserving.get(entry.key) ?? 0) + 1);
     try {
       result = await this.backend.outbox.reserve(entry, mode === "now" ? this.#claim("outbox") : undefined);
-      this.#reserving.delete(entry.key);
+      reserved();
     } catch (error) {
-      this.#reserving.delete(entry.key);
+      reserved();
       if (isProcessDeath(error)) this.#halt();
       if (this.#halted) throw error;
       // The reservation may have committed with its reply lost: then the entry is leased to this
@@ -880,12 +915,12 @@ export class DurabilityEngine {
       this.#adoptPending = true;
       await this.#claimScansHeld();
       const landed = await this.backend.outbox.get(entry.key).catch(() => null);
-      if (landed === null || landed.contentHash !== entry.contentHash || !this.#isOwnUncalled(landed)) throw error;
+      if (landed === null || !this.#sameSend(landed, entry) || !this.#isOwnUncalled(landed)) throw error;
       this.#metrics.outboxJournaled++;
       return this.#deliver(this.#hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
     }
     const journaled = result.entry;
-    if (result.status === "exists" && this.#isOwnUncalled(journaled)) {
+    if (result.status === "exists" && this.#sameSend(journaled, entry) && this.#isOwnUncalled(journaled)) {
       // Reserved by this incarnation, its reply lost (the handler retried): never sent, ours to send now.
       return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
     }
@@ -910,11 +945,17 @@ export class DurabilityEngine {
       return this.#resultOf(journaled);
     }
     const taken = this.#held.outbox.get(journaled.key);
-    if (taken !== undefined && taken.token > journaled.fence) {
-      // A sweep of this process re-leased it while the reservation's answer was on its way: it sends it.
+    if (taken !== undefined && taken.token >= journaled.fence) {
+      // Taken up while the reservation's answer was on its way (a sweep re-leased it, or a concurrent
+      // send of the same key adopted it): that delivery sends it.
       return { key: journaled.key, state: "sending", deduped: true };
     }
     return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);
+  }
+
+  /** Whether a journaled entry is the send `entry` describes (same chat and content), not another use of its key. */
+  #sameSend(journaled: OutboxEntry, entry: NewOutboxEntry): boolean {
+    return journaled.chatId === entry.chatId && journaled.contentHash === entry.contentHash;
   }
 
   /**
@@ -955,6 +996,7 @@ export class DurabilityEngine {
       let messageId: string;
       try {
         this.#calling.add(key);
+        if (this.#calling.size > DEDUPE_CAPACITY) this.#calling.delete(this.#calling.values().next().value!);
         called = true;
         const receipt = await provider.send(
           chatId,
@@ -995,7 +1037,9 @@ export class DurabilityEngine {
       if (this.#halted) return false;
       // Re-leased to this process meanwhile (a sweep handed it the new token): renew that one.
       if (renewed === "lost" && lease.token !== token && !lease.lost) continue;
-      if (renewed !== "error") return renewed === "held";
+      // Held, and still ours here: a sweep may have given it up (requeued it) while the renewal was out.
+      if (renewed === "held") return this.#held[lease.kind].get(lease.id) === lease && !lease.lost && lease.token === token;
+      if (renewed === "lost") return false;
       if (this.#clock.monotonic() - lease.confirmedAt >= leaseMs) break;
       await sleep(this.#clock, Math.max(1, Math.floor(leaseMs / 10)));
     }
@@ -1158,16 +1202,9 @@ export class DurabilityEngine {
           Object.assign(mine, { token: record.fence, confirmedAt: claimedAt });
           continue;
         }
-        this.#hold("inbox", record.id, record.fence, claimedAt);
+        const lease = this.#hold("inbox", record.id, record.fence, claimedAt);
         if (record.attempts > 1 && record.error === null) this.#metrics.inboundReplayed++;
-        let message: InboundMessage;
-        try {
-          message = decodeContent(record.payload) as InboundMessage;
-        } catch (error) {
-          message = { id: record.id, chatId: record.chatId, type: "unknown" };
-          this.#report(error, `payload of inbound record "${record.id}"`);
-        }
-        this.#host.dispatch({ message, record, sends: [], sendCount: 0 });
+        this.#dispatchRecord(record, lease);
       }
       if (records.length < batch) break;
     }
@@ -1272,6 +1309,20 @@ export class DurabilityEngine {
     this.#lostScanSince = span === null ? { from, to } : { from: Math.min(span.from, from), to: Math.max(span.to, to) };
   }
 
+  /** Dispatch a claimed record as a job that runs under `lease`. */
+  #dispatchRecord(record: InboundRecord, lease: HeldLease): void {
+    let message: InboundMessage;
+    try {
+      message = decodeContent(record.payload) as InboundMessage;
+    } catch (error) {
+      message = { id: record.id, chatId: record.chatId, type: "unknown" };
+      this.#report(error, `payload of inbound record "${record.id}"`);
+    }
+    const job: InboundJob = { message, record, sends: [], sendCount: 0 };
+    this.#jobLeases.set(job, lease);
+    this.#host.dispatch(job);
+  }
+
   /**
    * A claim scan failed: it may have committed with its reply lost. Take up what it leased to this
    * incarnation at once (before those leases lapse); if that fails too, the next sweep tries again.
@@ -1297,7 +1348,7 @@ export class DurabilityEngine {
         // A scan that moved sends to `unknown` reports them; its reply was lost, so report the sends
         // that became unknown since it started (another replica may report one of them too: better twice
         // than never). The slack covers a backend clock that runs behind this one.
-        for (const entry of await this.backend.outbox.list({ state: "unknown", limit: RECLAIM_BATCH })) {
+        for (const entry of await this.backend.outbox.list({ state: "unknown", limit: ADOPT_LIST_LIMIT })) {
           if (entry.updatedAt < lostScanSince.from - LOST_SCAN_SLACK_MS) continue;
           if (entry.updatedAt > lostScanSince.to + LOST_SCAN_SLACK_MS) continue;
           if (this.#reported.has(`${entry.key}#${entry.fence}`)) continue;
@@ -1305,8 +1356,8 @@ export class DurabilityEngine {
         }
       }
       const [records, entries] = await Promise.all([
-        this.backend.inbox.list({ state: "processing", limit: RECLAIM_BATCH }),
-        this.backend.outbox.list({ state: "sending", limit: RECLAIM_BATCH }),
+        this.backend.inbox.list({ state: "processing", limit: ADOPT_LIST_LIMIT }),
+        this.backend.outbox.list({ state: "sending", limit: ADOPT_LIST_LIMIT }),
       ]);
       for (const record of records) {
         const lease = record.lease;
@@ -1314,18 +1365,16 @@ export class DurabilityEngine {
         if (lease.token !== record.fence || this.#held.inbox.has(record.id) || this.#claimsInFlight > 0) continue;
         if (this.#admitting.has(record.id)) continue; // its admission's answer is on its way
         if (this.#knewLease("inbox", record.id, record.fence)) continue; // handled here already (the list is stale)
-        this.#hold("inbox", record.id, record.fence, -Infinity);
-        let message: InboundMessage;
-        try {
-          message = decodeContent(record.payload) as InboundMessage;
-        } catch (error) {
-          message = { id: record.id, chatId: record.chatId, type: "unknown" };
-          this.#report(error, `payload of inbound record "${record.id}"`);
-        }
-        this.#host.dispatch({ message, record, sends: [], sendCount: 0 });
+        this.#dispatchRecord(record, this.#hold("inbox", record.id, record.fence, -Infinity));
       }
       for (const entry of entries) {
         if (!this.#isOwnUncalled(entry)) continue;
+        // With 'resend', a lost scan re-leases abandoned sends to us instead of making them unknown:
+        // one that was called before may have been delivered, so it is reported before it goes again
+        // (perhaps one that had only failed: a report too many rather than a silent resend).
+        if (lostScanSince !== null && this.config.outbox.onAmbiguous === "resend" && entry.attempts > 1) {
+          this.#reportAmbiguous(entry);
+        }
         const lease = this.#hold("outbox", entry.key, entry.fence, -Infinity);
         this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
           () => this.#wake(0),

@@ -60,7 +60,11 @@ export class SimChannel {
     void (async () => {
       let status: string;
       try {
-        const result = await receive({ id: message.id, chatId: message.chatId, type: "text", text: message.text });
+        // A process that dies never answers the channel: the delivery is unacknowledged then.
+        const result = await Promise.race([
+          receive({ id: message.id, chatId: message.chatId, type: "text", text: message.text }),
+          inc.died.then(() => ({ status: "no answer" })),
+        ]);
         status = result.status;
       } catch (error) {
         status = `threw ${(error as Error)?.name}`;

@@ -43,6 +43,10 @@ export interface Incarnation {
   bot: Bot | null;
   /** The bot's sink, once its provider was started. */
   receive: ((message: import("../../provider.ts").InboundMessage) => Promise<import("../../provider.ts").AdmitResult>) | null;
+  /** Resolves when the incarnation dies (what it was doing never answers then). */
+  readonly died: Promise<void>;
+  /** Resolves `died`. */
+  readonly markDied: () => void;
 }
 
 /** A replica: a stable instanceId, restarted as new incarnations. */
@@ -123,6 +127,8 @@ export class World {
 
   newIncarnation(replica: Replica, random: Prng): Incarnation {
     replica.time.frozenUntil = 0;
+    let markDied!: () => void;
+    const died = new Promise<void>((resolve) => markDied = resolve);
     const inc: Incarnation = {
       id: `${replica.name}#${replica.incarnations.length + 1}`,
       replica,
@@ -130,6 +136,8 @@ export class World {
       clock: new ReplicaClock(this.sched, replica.time, random),
       bot: null,
       receive: null,
+      died,
+      markDied,
     };
     replica.incarnations.push(inc);
     replica.current = inc;
@@ -142,6 +150,7 @@ export class World {
     inc.alive = false;
     inc.receive = null;
     inc.clock.kill();
+    inc.markDied();
     this.ledger.diedAt.set(inc.id, this.sched.time);
     this.log(inc.id, `CRASH (${why})`);
     this.onCrash(inc);
