@@ -945,7 +945,9 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       release();
       await landed; // the stuck write lands after all, leased to this bot
       const again = await provider.receive({ id, chatId: "c", text: "x" }); // the channel delivers it again
-      expect(again.status).toBe("admitted");
+      // Admitted at once, or (when a sweep's claim was under way) acknowledged as journaled and taken up
+      // by the next sweep: either way it is handled once, without waiting for its lease to lapse.
+      expect(["admitted", "duplicate"]).toContain(again.status);
       await bot.idle();
       expect(handled).toEqual([id]);
       expect((await backend.inbox.get(id))?.state).toBe("done");
