@@ -8,7 +8,30 @@ export DENO_NO_UPDATE_CHECK=1
 step() { printf '\n==> %s\n' "$*"; }
 
 step "typecheck (tsc)";          tsc -p tsconfig.json
-step "bun test";                 bun test --timeout=20000
+step "bun test (the Postgres and Redis suites in a second process, side by side with the rest)"
+# The server-backed suites spend most of their time waiting on real-time leases; the rest run on
+# simulated time or real files and processes. Two processes, one per core, each with its own schemas
+# and key prefixes.
+SERVER_TESTS=(conformance_postgres conformance_redis postgres_backend redis_backend postgres_outage redis_outage)
+server_files=()
+other_files=()
+for f in tests/*.test.ts tests/runtimes/*.test.ts; do
+  name=$(basename "$f" .test.ts)
+  if [[ " ${SERVER_TESTS[*]} " == *" $name "* ]]; then server_files+=("./$f"); else other_files+=("./$f"); fi
+done
+mkdir -p .tmp
+bun test --timeout=20000 "${server_files[@]}" > .tmp/bun-test-servers.log 2>&1 &
+servers_pid=$!
+others_status=0
+bun test --timeout=20000 "${other_files[@]}" || others_status=$?
+servers_status=0
+wait "$servers_pid" || servers_status=$?
+printf '\n==> bun test: the Postgres and Redis suites (%s)\n' "${server_files[*]}"
+cat .tmp/bun-test-servers.log
+if [ "$others_status" -ne 0 ] || [ "$servers_status" -ne 0 ]; then
+  echo "bun test failed (other suites: exit $others_status; Postgres and Redis suites: exit $servers_status)" >&2
+  exit 1
+fi
 step "deno check";               deno check mod.ts testing.ts backends/file.ts backends/sqlite.ts backends/events.ts backends/postgres.ts backends/redis.ts providers/telegram.ts providers/whatsapp.ts cli.ts
 step "deno smoke: examples/echo.ts"; deno run --no-prompt examples/echo.ts
 step "conformance on Deno (file, sqlite via node:sqlite, events journals, postgres via porsager)"
