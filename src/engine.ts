@@ -468,6 +468,14 @@ export class DurabilityEngine {
     return lease;
   }
 
+  /** Hand a re-leased record's new token to the work under way on it (known from now on, like a claim). */
+  #handOn(lease: HeldLease, token: number, confirmedAt: number): void {
+    lease.token = token;
+    lease.confirmedAt = confirmedAt;
+    this.#everHeld.add(`${lease.kind}:${lease.id}#${token}`);
+    if (this.#everHeld.size > DEDUPE_CAPACITY) this.#everHeld.delete(this.#everHeld.values().next().value!);
+  }
+
   /** Whether this incarnation ever held the lease of `id` under `token` (adoption takes only leases it never learned of). */
   #knewLease(kind: "inbox" | "outbox", id: string, token: number): boolean {
     return this.#everHeld.has(`${kind}:${id}#${token}`);
@@ -1199,7 +1207,7 @@ export class DurabilityEngine {
         const mine = this.#held.inbox.get(record.id);
         if (mine !== undefined && !mine.lost && mine.settling !== "retry") {
           // Still being handled here: its lease only looked lapsed (a server clock step). Carry on under the new token.
-          Object.assign(mine, { token: record.fence, confirmedAt: claimedAt });
+          this.#handOn(mine, record.fence, claimedAt);
           continue;
         }
         const lease = this.#hold("inbox", record.id, record.fence, claimedAt);
@@ -1247,7 +1255,7 @@ export class DurabilityEngine {
           // A held send being settled that comes back due without being ambiguous is a new attempt: its
           // failure was recorded (the reply lost) and its retry is due.
           if (mine !== undefined && (mine.settling !== "retry" || ambiguousKeys.has(entry.key))) {
-            Object.assign(mine, { token: entry.fence, confirmedAt: claimedAt }); // re-leased while still ours
+            this.#handOn(mine, entry.fence, claimedAt); // re-leased while still ours
             continue;
           }
           const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);

@@ -1001,7 +1001,9 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       await provider.receive({ id: done, chatId: "c", text: "x" });
       await provider.receive({ id: dead, chatId: "d", text: "boom" });
       await bot.idle();
-      expect((await backend.inbox.get(done))?.state).toBe("done");
+      // Done (or, on a slow machine where idle() outlasted the short retention, already purged).
+      const settled = await backend.inbox.get(done);
+      expect(settled === null || settled.state === "done", `state ${settled?.state}`).toBe(true);
       await sleep(retention * 3);
       await bot.idle();
       expect(await backend.inbox.get(done)).toBe(null);
