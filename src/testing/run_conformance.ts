@@ -11,7 +11,8 @@ import { runBotConformance, runCrashMatrix } from "./conformance_bot.ts";
  * the durability rules driven through a `Bot`, and the crash matrix. Every
  * backend of this library runs it; third-party backends can too.
  *
- * @param options name, `create`, the test runner's `describe`/`test`/`expect`, and optionally `cleanup`, `skip`, `timeScale`
+ * @param options name, `create`, the test runner's `describe`/`test`/`expect`, and optionally `reopen`, `cleanup`, `skip`,
+ *   `timeScale`, `simulatedTime` (each test on a `TestClock`, given to `create` as `context.now`)
  * @example
  * ```ts
  * import { describe, expect, test } from "bun:test";

@@ -10,6 +10,10 @@
  *   bun build tests/runtimes/conformance.ts --target=node --outdir .tmp/rt --external better-sqlite3 --external postgres
  *   node .tmp/rt/conformance.js postgres
  *
+ * memory, file, sqlite and the events journals run in simulated time (a
+ * TestClock per test: no real sleeps, no timeScale margins); postgres runs in
+ * real time (its leases are on the server's clock).
+ *
  * Exits non-zero when a test fails.
  */
 import { mkdtempSync, rmSync } from "node:fs";
