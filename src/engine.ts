@@ -230,7 +230,8 @@ function withTimeout<T>(clock: Clock, work: Promise<T>, ms: number, timeoutError
   return Promise.race([work, timeout]).finally(() => clock.clearTimeout(timer));
 }
 
-function zeroMetrics(): DurabilityMetrics {
+/** @returns every counter of {@link DurabilityMetrics} at zero */
+export function zeroMetrics(): DurabilityMetrics {
   return {
     inboundJournaled: 0,
     inboundDuplicates: 0,

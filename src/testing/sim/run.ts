@@ -6,7 +6,7 @@
  */
 import type { DurabilityBackend, InboundRecord, OutboxEntry } from "../../backend.ts";
 import { Bot } from "../../bot.ts";
-import type { DurabilityMetrics } from "../../engine.ts";
+import { type DurabilityMetrics, zeroMetrics } from "../../engine.ts";
 import { errorText, isProcessDeath } from "../../errors.ts";
 import { SimChannel, type SimMessage } from "./channel.ts";
 import { faultyBackend } from "./faulty_backend.ts";
@@ -54,23 +54,6 @@ export interface SimResult {
   scenario: string;
 }
 
-const ZERO_METRICS: DurabilityMetrics = {
-  inboundJournaled: 0,
-  inboundDuplicates: 0,
-  inboundReplayed: 0,
-  inboundDead: 0,
-  outboxJournaled: 0,
-  outboxDeduped: 0,
-  outboxRetried: 0,
-  outboxDeferred: 0,
-  outboxDead: 0,
-  outboxAmbiguous: 0,
-  outboxBypassed: 0,
-  staleLeases: 0,
-  outboxDiverged: 0,
-  conversationsReplayed: 0,
-  conversationsDiverged: 0,
-};
 
 /** Parse a `--faults` list. */
 export function parseFaults(text: string): FaultKind[] {
@@ -367,7 +350,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   }
   const inbox: InboundRecord[] = await shared.inbox.list({ limit: 100_000 });
   const outbox: OutboxEntry[] = await shared.outbox.list({ limit: 100_000 });
-  const metrics = { ...ZERO_METRICS };
+  const metrics = zeroMetrics();
   for (const bot of bots) {
     const m = bot.durability!.metrics();
     for (const k of Object.keys(metrics) as (keyof DurabilityMetrics)[]) metrics[k] += m[k];
