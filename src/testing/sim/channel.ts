@@ -6,6 +6,7 @@
  *
  * @module
  */
+import type { JsonValue } from "../../backend.ts";
 import { ProviderError } from "../../errors.ts";
 import type { InboundMessage, InboundSink, OutboundContent, Provider, SendContext, SendReceipt } from "../../provider.ts";
 import type { CallRecord } from "./ledger.ts";
@@ -24,6 +25,8 @@ export class SimChannel {
   readonly world: World;
   /** Ids the channel got an acknowledgement for (admitted or duplicate). */
   readonly acked: Set<string> = new Set();
+  /** Messages the bot refused with a TypeError (an id that is not well-formed): not to be delivered again. */
+  readonly refused: Set<string> = new Set();
   /** Ids delivered at least once. */
   readonly delivered: Set<string> = new Set();
   /** Deliveries under way (sink calls not yet answered). */
@@ -62,10 +65,14 @@ export class SimChannel {
       try {
         // A process that dies never answers the channel: the delivery is unacknowledged then.
         const result = await Promise.race([
-          receive({ id: message.id, chatId: message.chatId, type: "text", text: message.text }),
+          receive({ id: message.id, chatId: message.chatId, type: "text", text: message.text, extra: hostileExtra() }),
           inc.died.then(() => ({ status: "no answer" })),
         ]);
         status = result.status;
+        if (result.status === "rejected" && "error" in result && result.error instanceof TypeError) {
+          status = "refused";
+          this.refused.add(message.id);
+        }
       } catch (error) {
         status = `threw ${(error as Error)?.name}`;
       }
@@ -73,7 +80,7 @@ export class SimChannel {
       this.inFlight--;
       if (!inc.alive) status = `${status}, lost (the process died)`;
       world.log(inc.id, `inbound ${message.id} -> ${status}`);
-      if (inc.alive && (status === "admitted" || status === "duplicate")) this.acked.add(message.id);
+      if (inc.alive && (status === "admitted" || status === "duplicate" || status === "refused")) this.acked.add(message.id);
       else if (!this.acked.has(message.id)) this.#retryLater(message);
     })();
   }
@@ -229,3 +236,14 @@ export class SimProvider implements Provider {
     }
   }
 }
+
+/**
+ * What every inbound message carries besides its text: own keys that a careless copy turns into a
+ * prototype (`__proto__`) or drops. The handler checks that it sees exactly this, live and replayed.
+ */
+export function hostileExtra(): JsonValue {
+  return JSON.parse('{"__proto__": {"polluted": true}, "constructor": {"prototype": {"x": 1}}, "list": [{"__proto__": null}]}') as JsonValue;
+}
+
+/** The text of {@link hostileExtra}, to compare with. */
+export const HOSTILE_EXTRA_TEXT: string = JSON.stringify(hostileExtra());

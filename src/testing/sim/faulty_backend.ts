@@ -377,7 +377,7 @@ export function faultyBackend(
     let result: unknown;
     let error: unknown;
     try {
-      result = await (target as Record<string, (...a: unknown[]) => Promise<unknown>>)[method]!.apply(target, args);
+      result = await (target as Record<string, (...a: unknown[]) => Promise<unknown>>)[method]!.apply(target, args.map(asStored));
     } catch (e) {
       error = e ?? new Error("undefined rejection");
     }
@@ -456,3 +456,22 @@ export function faultyBackend(
 
 /** For type users: the claim options of a lease. */
 export type { ClaimOptions, OutboxEntry };
+
+const utf8 = { encoder: new TextEncoder(), decoder: new TextDecoder() };
+/** A string as a database stores it: through UTF-8, where a lone surrogate becomes U+FFFD. */
+function lossy(text: string): string {
+  return utf8.decoder.decode(utf8.encoder.encode(text));
+}
+/**
+ * An argument as a SQL or Redis backend would store its ids (keys, ids, chat ids): the memory backend
+ * keeps any JavaScript string, so the sim makes it forget lone surrogates the way those backends do.
+ */
+function asStored(arg: unknown): unknown {
+  if (typeof arg === "string") return lossy(arg);
+  if (typeof arg !== "object" || arg === null || Array.isArray(arg)) return arg;
+  const copy: Record<string, unknown> = { ...(arg as Record<string, unknown>) };
+  for (const field of ["id", "chatId", "key", "inboundId"]) {
+    if (typeof copy[field] === "string") copy[field] = lossy(copy[field] as string);
+  }
+  return copy;
+}

@@ -77,6 +77,15 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   // Inbox: nothing acknowledged is lost, everything admitted settles.
   const records = new Map(inbox.map((r) => [r.id, r]));
   for (const m of scenario.messages) {
+    if (m.malformed) {
+      if (!channel.refused.has(m.id)) fail("malformed-id", `message id ${JSON.stringify(m.id)} is not well-formed Unicode but was not refused with a TypeError`);
+      if (ledger.handled.has(m.id)) fail("malformed-id", `message id ${JSON.stringify(m.id)} is not well-formed Unicode but was handled`);
+      continue;
+    }
+    const record = inbox.find((r) => r.id === m.id);
+    if (channel.acked.has(m.id) && !ledger.handled.has(m.id) && record?.state !== "dead") {
+      fail("never-handled", `message ${JSON.stringify(m.id)} was acknowledged but its handler never ran (taken for another message?)`);
+    }
     if (!channel.acked.has(m.id)) {
       fail("not-settled", `message ${m.id} was never acknowledged to the channel`);
       continue;

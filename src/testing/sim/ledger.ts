@@ -110,6 +110,8 @@ export class Ledger {
   chatOf: Map<string, string> = new Map();
   ambiguities: AmbiguityRecord[] = [];
   ambiguousEvents: { key: string; inc: string; time: number }[] = [];
+  /** Inbound ids whose handler ran (as the handler saw them). */
+  handled: Set<string> = new Set();
   /** Outbox claim scans that failed without an answer (error or lost reply), by incarnation. */
   unansweredOutboxScans: { inc: string; time: number }[] = [];
   deadEvents: { kind: "inbound" | "outbound"; id: string; inc: string; error: string }[] = [];

@@ -8,7 +8,7 @@ import type { DurabilityBackend, InboundRecord, OutboxEntry } from "../../backen
 import { Bot } from "../../bot.ts";
 import { type DurabilityMetrics, zeroMetrics } from "../../engine.ts";
 import { errorText, isProcessDeath } from "../../errors.ts";
-import { SimChannel, type SimMessage } from "./channel.ts";
+import { HOSTILE_EXTRA_TEXT, SimChannel, type SimMessage } from "./channel.ts";
 import { faultyBackend } from "./faulty_backend.ts";
 import { checkInvariants, type SimFailure } from "./invariants.ts";
 import { Prng } from "./prng.ts";
@@ -137,6 +137,19 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       });
     }
     handlersRunning.add(running);
+    world.ledger.handled.add(plan.id);
+    // Content round-trips exactly: a key such as __proto__ stays an own key, live and replayed.
+    const extra = ctx.message.extra as Record<string, unknown> | undefined;
+    if (
+      extra === undefined || JSON.stringify(extra) !== HOSTILE_EXTRA_TEXT || !Object.prototype.hasOwnProperty.call(extra, "__proto__") ||
+      Object.getPrototypeOf(extra) !== Object.prototype
+    ) {
+      world.ledger.live.push({
+        invariant: "content-changed",
+        time: world.sched.time,
+        detail: `${inc.id} handled ${plan.id} (invocation ${n}) with extra ${JSON.stringify(extra)}, not ${HOSTILE_EXTRA_TEXT}`,
+      });
+    }
     try {
       await runPlan(plan, n, ctx);
     } finally {

@@ -29,6 +29,8 @@ export interface MessagePlan {
   awaitReplies: boolean;
   /** Extra deliveries (virtual ms from the start). */
   duplicates: number[];
+  /** Its id is not well-formed Unicode (a lone surrogate): the bot must refuse it, never journal it. */
+  malformed?: boolean;
 }
 
 /** A fault at a planned moment. */
@@ -110,6 +112,22 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
       awaitReplies: rng.chance(0.5),
       duplicates,
     });
+  }
+  // Hostile ids: one cut mid-emoji (a lone surrogate, refused) and its twin with U+FFFD (a different,
+  // well-formed id). A database that stores both as U+FFFD would take the twin for a duplicate.
+  if (messages.length > 0 && rng.chance(0.25)) {
+    const base = rng.pick(messages);
+    for (const [suffix, malformed] of [["\uD83D", true], ["\uFFFD", false]] as const) {
+      messages.push({
+        ...base,
+        id: `${base.id}x${suffix}`,
+        text: `${base.text} (${malformed ? "cut mid-emoji" : "replacement character"})`,
+        at: base.at + rng.int(1, 500),
+        throws: 0,
+        duplicates: [],
+        ...(malformed ? { malformed: true } : {}),
+      });
+    }
   }
   const timedKinds = (["crash", "stall", "clock-step", "server-clock-step", "operator"] as const).filter((k) => enabled.has(k));
   const timed: TimedFault[] = [];
