@@ -360,7 +360,7 @@ for (const r of recoveryRows) {
   );
 }
 
-// ---- targets (issue 8), judged from the numbers above ------------------------------------------
+// ---- targets, judged from the numbers above ------------------------------------------
 
 const targets: string[] = [];
 const hundred = SCENARIOS[0]!.name, seq = SCENARIOS[1]!.name;
@@ -442,7 +442,7 @@ const body = [
   "",
   ...(scaleRows.length ? ["## Retained journal (scale)", "", ...scaleTable, "", ...scaleExplain, ""] : []),
   ...(recoveryRows.length ? ["## Restart recovery", "", ...recoveryTable, "", ...recoveryExplain, ""] : []),
-  "## Targets (issue 8)",
+  "## Targets",
   "",
   ...(targets.length ? targets : ["- (no target's rows were run)"]),
   "",
