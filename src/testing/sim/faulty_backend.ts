@@ -272,6 +272,7 @@ export function faultyBackend(
                 }`
                 : `no grant of token ${token} seen`;
             }
+            const closedBefore = ledger.isOutClosed(e.key, token);
             ledger.ambiguities.push({
               key: e.key,
               chatId: e.chatId,
@@ -282,6 +283,10 @@ export function faultyBackend(
               lostBy: null,
               verdict,
               detail,
+              // Its own live lease (only a server clock step makes it look lapsed): the process must carry on.
+              // (A grant whose reply had not reached it yet is the delayed-grant case, counted with the others.)
+              selfSteal: g !== undefined && g.inc === inc.id && g.delivered && !g.pending && !closedBefore && inc.alive &&
+                now < g.expires,
             });
             grants.push(ledger.ambiguities[ledger.ambiguities.length - 1]!);
             ledger.closeOut(e.key, token);

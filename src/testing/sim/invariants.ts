@@ -106,7 +106,8 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   for (const [key, n] of acceptedBy) {
     // With 'resend', each ambiguity after a real provider call allows one more delivery; a false one
     // (no call had started) allows none: a second delivery then means a call under a lost lease.
-    const ambiguous = ledger.ambiguities.filter((a) => a.key === key && a.verdict === "call").length;
+    // An ambiguity the holder's own process made of its live lease allows nothing: it must carry on.
+    const ambiguous = ledger.ambiguities.filter((a) => a.key === key && a.verdict === "call" && !a.selfSteal).length;
     const timeouts = ledger.calls.filter((c) => c.key === key && c.accepted && c.outcome.startsWith("provider-timeout")).length;
     // A call that timed out (maybe delivered) is held as unknown with 'hold'; with 'resend' it is
     // reported and sent again, so each allows one more delivery there.
@@ -145,6 +146,10 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   for (const e of outbox) {
     if (e.state === "sent" && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
     if (e.state === "unknown") {
+      const lastAmbiguity = ledger.ambiguities.filter((a) => a.key === e.key).at(-1);
+      if (lastAmbiguity?.selfSteal) {
+        fail("self-steal", `${e.key} is unknown: its own process made its live lease ambiguous (${lastAmbiguity.detail}) instead of finishing its send`);
+      }
       if (!ledger.ambiguities.some((a) => a.key === e.key)) fail("unexplained-unknown", `${e.key} is unknown without an ambiguity transition`);
       // Excused: the process that made the transition died before it could see it (nothing can report it then).
       const last = ledger.ambiguities.filter((a) => a.key === e.key).at(-1);

@@ -66,6 +66,8 @@ export interface AmbiguityRecord {
    * `held` the holder got the lease and kept it without calling.
    */
   verdict: "call" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
+  /** Made by the holder's own process while its lease was live in true time (a server clock step). */
+  selfSteal?: boolean;
   detail: string;
 }
 
