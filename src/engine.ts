@@ -296,6 +296,8 @@ export class DurabilityEngine {
   #claimsInFlight = 0;
   /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
   #jobLeases = new WeakMap<InboundJob, HeldLease>();
+  /** Sends a sweep of this process made `unknown` (and reported) that it did not hold: key → fence. */
+  #madeUnknown = new Map<string, number>();
   /** `kind:id#token` of the leases this incarnation held, the latest ones (a stale list must not revive them). */
   #everHeld = new Set<string>();
   /** Keys being reserved (a reservation leases to us before its answer arrives). */
@@ -1037,6 +1039,13 @@ export class DurabilityEngine {
   async #stillHeld(lease: HeldLease): Promise<boolean> {
     if (this.#halted) return false;
     if (lease.lost || this.#held[lease.kind].get(lease.id) !== lease) return false;
+    if (lease.kind === "outbox" && this.#madeUnknown.get(lease.id) === lease.token) {
+      // This process's own sweep already made this lease unknown (its answer came late): no call under it.
+      // It was never called, so it goes back in the queue (already reported, an operator sees it).
+      this.#madeUnknown.delete(lease.id);
+      if (await this.backend.outbox.retry(lease.id).catch(() => false)) this.#wake(0);
+      return false;
+    }
     const leaseMs = lease.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
     if (this.#clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
     // A journal error leaves it unknown whether the lease holds (a renewal whose reply was lost): ask again.
@@ -1273,6 +1282,9 @@ export class DurabilityEngine {
           // that it only found: it cannot tell, so that one is reported.
           if (mine === undefined) {
             this.#reportAmbiguous(entry);
+            // A reservation of ours whose answer is still on its way may hold this very lease: it must not call.
+            if (entry.state === "unknown") this.#madeUnknown.set(entry.key, entry.fence);
+            if (this.#madeUnknown.size > DEDUPE_CAPACITY) this.#madeUnknown.delete(this.#madeUnknown.keys().next().value!);
             continue;
           }
           if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token

@@ -241,8 +241,16 @@ export function faultyBackend(
             const token = resendAmbiguous ? e.fence - 1 : e.fence;
             selfSteal("outbox", e.key, token + 1, resendAmbiguous ? undefined : `made outbox ${e.key} unknown, taking`);
             if (resendAmbiguous) resent.add(e.key);
-            const calls = ledger.callsOf(e.key, token);
             const g = ledger.outLease(e.key, token);
+            // A call its holder started under an earlier token and that was still under way when this
+            // lease was granted to the same process (a re-lease handed on to the work) counts as its call.
+            const handedOn = g
+              ? ledger.calls.filter((c) =>
+                c.key === e.key && c.inc === g.inc && c.start <= g.time && (c.end === null || c.end >= g.time) &&
+                (c.token ?? 0) < token
+              )
+              : [];
+            const calls = [...ledger.callsOf(e.key, token), ...handedOn];
             let verdict: AmbiguityRecord["verdict"];
             let detail: string;
             if (calls.length > 0) {
