@@ -220,6 +220,12 @@ const MAX_TIMER_MS = 2_147_483_647;
 const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
 
+/** Add `value` to a set kept to `DEDUPE_CAPACITY` entries (the oldest goes first). */
+function addBounded<T>(set: Set<T>, value: T): void {
+  set.add(value);
+  if (set.size > DEDUPE_CAPACITY) set.delete(set.values().next().value!);
+}
+
 /** `work`, or a rejection with `timeoutError()` when it has not settled within `ms` (`work` goes on). */
 function withTimeout<T>(clock: Clock, work: Promise<T>, ms: number, timeoutError: () => Error): Promise<T> {
   let timer: ClockTimer | undefined;
@@ -314,7 +320,7 @@ export class DurabilityEngine {
   /** Claim scans run one at a time. */
   #leaseOps: Promise<unknown> = Promise.resolve();
   /** The heartbeat round under way (a claim scan waits for it: it would find a lease lapsed that the round is extending). */
-  #renewing: Promise<void> = Promise.resolve();
+  #renewing: Promise<void> | null = null;
   #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
   #sweepAgain = false;
@@ -465,9 +471,7 @@ export class DurabilityEngine {
     if (existing !== undefined && existing.token === token) return existing;
     const lease: HeldLease = { kind, id, token, lost: false, confirmedAt };
     this.#held[kind].set(id, lease);
-    const known = `${kind}:${id}#${token}`;
-    this.#everHeld.add(known);
-    if (this.#everHeld.size > DEDUPE_CAPACITY) this.#everHeld.delete(this.#everHeld.values().next().value!);
+    addBounded(this.#everHeld, `${kind}:${id}#${token}`);
     return lease;
   }
 
@@ -475,8 +479,7 @@ export class DurabilityEngine {
   #handOn(lease: HeldLease, token: number, confirmedAt: number): void {
     lease.token = token;
     lease.confirmedAt = confirmedAt;
-    this.#everHeld.add(`${lease.kind}:${lease.id}#${token}`);
-    if (this.#everHeld.size > DEDUPE_CAPACITY) this.#everHeld.delete(this.#everHeld.values().next().value!);
+    addBounded(this.#everHeld, `${lease.kind}:${lease.id}#${token}`);
   }
 
   /** Whether this incarnation ever held the lease of `id` under `token` (adoption takes only leases it never learned of). */
@@ -492,7 +495,10 @@ export class DurabilityEngine {
   /** A heartbeat round. It never waits for a claim scan (a slow scan must not cost leases); scans wait for it. */
   #heartbeat(): Promise<void> {
     const round = this.#renewAll();
-    this.#renewing = round.catch(() => {});
+    const settled = round.catch(() => {}).then(() => {
+      if (this.#renewing === settled) this.#renewing = null;
+    });
+    this.#renewing = settled;
     return round;
   }
 
@@ -500,7 +506,7 @@ export class DurabilityEngine {
     if (this.#halted) return;
     this.#lastRound = { monotonic: this.#clock.monotonic(), wall: this.#clock.now() };
     const held = [...this.#held.inbox.values(), ...this.#held.outbox.values()].filter((h) => !h.lost);
-    await Promise.all(held.map((h) => this.#renew(h)));
+    await Promise.all(held.map((h) => this.#renewOnce(h)));
   }
 
   /** Run `op` after the claim scan under way. */
@@ -516,24 +522,19 @@ export class DurabilityEngine {
    */
   #claimScan<T>(claim: () => Promise<T>): Promise<T> {
     return this.#oneLeaseOpAtATime(async () => {
-      // A hung heartbeat call must not stop the sweeps: wait for the round at most half a lease.
-      const leaseMs = Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs);
-      let timer: ClockTimer | undefined;
-      await Promise.race([this.#renewing, new Promise<void>((resolve) => timer = this.#clock.setTimeout(resolve, leaseMs / 2))]);
-      this.#clock.clearTimeout(timer);
+      if (this.#renewing !== null) {
+        // A hung heartbeat call must not stop the sweeps: wait for the round at most half a lease.
+        const leaseMs = Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs);
+        let timer: ClockTimer | undefined;
+        await Promise.race([this.#renewing, new Promise<void>((resolve) => timer = this.#clock.setTimeout(resolve, leaseMs / 2))]);
+        this.#clock.clearTimeout(timer);
+      }
       if (this.#leasesNeedRenewal()) await this.#heartbeat();
       return await claim();
     });
   }
 
-  /**
-   * Extend one held lease.
-   * @returns whether the backend confirmed it (`false` on a journal error too)
-   */
-  async #renew(h: HeldLease): Promise<boolean> {
-    return (await this.#renewOnce(h)) === "held";
-  }
-
+  /** Extend one held lease: `held`, `lost` (another instance has it, or it settled) or `error` (unknown). */
   async #renewOnce(h: HeldLease): Promise<"held" | "lost" | "error"> {
     const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
     const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
@@ -1006,8 +1007,7 @@ export class DurabilityEngine {
       if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
       try {
-        this.#calling.add(key);
-        if (this.#calling.size > DEDUPE_CAPACITY) this.#calling.delete(this.#calling.values().next().value!);
+        addBounded(this.#calling, key);
         called = true;
         const receipt = await provider.send(
           chatId,
@@ -1076,8 +1076,7 @@ export class DurabilityEngine {
 
   #reportAmbiguous(entry: { key: string; chatId: string; fence?: number }): void {
     if (entry.fence !== undefined) {
-      if (this.#reported.size >= DEDUPE_CAPACITY) this.#reported.clear();
-      this.#reported.add(`${entry.key}#${entry.fence}`);
+      addBounded(this.#reported, `${entry.key}#${entry.fence}`);
     }
     this.#metrics.outboxAmbiguous++;
     this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
