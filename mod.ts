@@ -61,7 +61,9 @@ export {
   type MessageType,
   type OutboundContent,
   type Provider,
+  type SendConfirmation,
   type SendContext,
+  type SendInQuestion,
   type SendReceipt,
 } from "./src/provider.ts";
 export { isRetryableStatus, ProviderError, type ProviderErrorOptions } from "./src/errors.ts";

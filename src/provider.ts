@@ -34,6 +34,15 @@ export interface InboundMessage {
   timestamp?: number;
   /** Anything else the provider wants journaled. */
   extra?: JsonValue;
+  /**
+   * Set by a provider for a user message it could not parse (the reason, in
+   * sentence case). The bot journals it like any message but runs no handler:
+   * the record goes straight to the inbound dead-letter queue with this reason,
+   * where an operator sees it (console, CLI) and can replay it. The provider
+   * keeps the raw payload in `extra.raw`, and acknowledges it to the channel
+   * only once it is admitted, so nothing a user sent vanishes silently.
+   */
+  unreadable?: string;
 }
 
 /** Outbound content: text, or a JSON object of the provider's shape; binary as `Uint8Array`. */
@@ -53,6 +62,26 @@ export interface SendContext {
 export interface SendReceipt {
   /** The channel's id of the sent message. */
   messageId: string;
+}
+
+/**
+ * What a channel says afterwards about a send whose outcome was lost (see
+ * {@link Provider.confirm}).
+ */
+export type SendConfirmation =
+  /** It reached the channel: the entry is recorded as `sent` with this message id. */
+  | { delivered: true; messageId: string }
+  /** It certainly did not reach the channel: the entry is queued and sent again. */
+  | { delivered: false };
+
+/** The send a provider is asked about in {@link Provider.confirm}. */
+export interface SendInQuestion {
+  /** The outbox idempotency key (what `SendContext.idempotencyKey` carried). */
+  idempotencyKey: string;
+  chatId: string;
+  content: OutboundContent;
+  /** Aborted when the bot halts. */
+  signal: AbortSignal;
 }
 
 /** Whether a failed send may be retried. */
@@ -90,6 +119,15 @@ export interface InboundSink {
    * a failed acknowledgement): the bot emits it as an `error` event.
    */
   reportError?(error: Error): void;
+  /**
+   * The channel said a send reached it (a delivery status carrying the outbox
+   * key, as WhatsApp's `biz_opaque_callback_data` does). An `unknown` entry
+   * with this key is resolved to `sent` with `messageId` and counted as
+   * `outboxResolved`; a send still under way is remembered for a while, so
+   * that an ambiguity found later resolves at once.
+   * @returns whether an `unknown` entry was resolved now
+   */
+  confirmSent?(idempotencyKey: string, messageId: string): Promise<boolean>;
 }
 
 /**
@@ -119,6 +157,15 @@ export interface Provider {
   stop?(): void | Promise<void>;
   /** Send content to a chat; resolve with the channel's message id. */
   send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt>;
+  /**
+   * Ask the channel whether an ambiguous send (a provider call whose outcome
+   * was lost: a crash or a timeout during it) reached it. Called before the
+   * send is left to an operator as `unknown`. Return `null` when the channel
+   * cannot tell; throw only for a failed lookup (reported, and the send stays
+   * `unknown`). Answer `{ delivered: false }` only when the send certainly did
+   * not arrive and cannot arrive later: it is sent again.
+   */
+  confirm?(send: SendInQuestion): Promise<SendConfirmation | null>;
   /** Say whether an error thrown by `send` may be retried; the default reads `ProviderError` and HTTP statuses. */
   classifyError?(error: unknown): ErrorClassification;
   /**
