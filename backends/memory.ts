@@ -35,6 +35,7 @@ import {
   checkOutcome,
   checkString,
   claimedInbound,
+  callingOutbox,
   claimedOutbox,
   cloneJson,
   failedFields,
@@ -530,7 +531,13 @@ class MemoryOutbox implements OutboxJournal {
       .filter((slot) => isLeaseAbandoned(slot.record.lease, now, options))
       .sort((a, b) => a.record.seq - b.record.seq);
     for (const slot of lost) {
-      if (options.resendAmbiguous) {
+      if (!slot.record.called) {
+        // Its holder never announced a provider call: nothing was sent, it is due work again.
+        if (!(due.length < options.limit)) continue; // left for a later scan
+        const next = claimedOutbox(slot.record, now, options);
+        this.#store(next, slot);
+        due.push(copy(next));
+      } else if (options.resendAmbiguous) {
         if (!(due.length < options.limit)) continue; // left for a later scan
         const next = claimedOutbox(slot.record, now, options);
         this.#store(next, slot);
@@ -577,6 +584,16 @@ class MemoryOutbox implements OutboxJournal {
     const slot = this.#held(key, token);
     if (!slot) return false;
     this.#store(extendedLease(slot.record, this.#now(), leaseMs), slot);
+    return true;
+  }
+
+  async markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(key, `outbox.markCalling: "key"`);
+    checkFinite(token, `outbox.markCalling: "token"`);
+    checkFinite(leaseMs, `outbox.markCalling: "leaseMs"`);
+    const slot = this.#held(key, token);
+    if (!slot) return false;
+    this.#store(callingOutbox(slot.record, this.#now(), leaseMs), slot);
     return true;
   }
 

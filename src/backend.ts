@@ -123,6 +123,15 @@ export interface OutboxEntry extends NewOutboxEntry {
   /** Set while `sending`. */
   lease: Lease | null;
   fence: number;
+  /**
+   * Whether a provider call may have started under the entry's current fence:
+   * set by {@link OutboxJournal.markCalling}, just before the call. Every
+   * claim that issues a fencing token (a leased `reserve`, `claimDue`) starts
+   * it `false`; nothing else changes it. A `sending` entry whose lease lapsed
+   * with `called` still `false` was never sent: `claimDue` leases it again as
+   * due work, not as an ambiguous one.
+   */
+  called: boolean;
   /** The provider's message id once `sent`. */
   messageId: string | null;
   error: string | null;
@@ -242,9 +251,13 @@ export interface OutboxClaim {
   due: OutboxEntry[];
   /**
    * `sending` entries whose owner lost them (lease lapsed, or own previous
-   * incarnation under `reclaimOwn`). Each was moved to `unknown` by this call,
-   * exactly once across all claimers, or — with `resendAmbiguous` — leased to
-   * the caller again and returned here as well as in `due`.
+   * incarnation under `reclaimOwn`) after it had announced a provider call
+   * (`called`). Each was moved to `unknown` by this call, exactly once across
+   * all claimers, or — with `resendAmbiguous` — leased to the caller again and
+   * returned here as well as in `due`. A lost `sending` entry whose call was
+   * never announced is not ambiguous: it is leased to the caller again and
+   * returned in `due` only, with `attempts` unchanged (its lost lease started
+   * no call).
    */
   ambiguous: OutboxEntry[];
 }
@@ -260,11 +273,22 @@ export interface OutboxJournal {
   /**
    * Lease up to `limit` due `queued`/`failed` entries that are first in their
    * chat (no earlier `queued`/`sending`/`failed` entry), and resolve abandoned
-   * `sending` entries (see {@link OutboxClaim.ambiguous}). O(due).
+   * `sending` entries: those with `called` become ambiguous (see
+   * {@link OutboxClaim.ambiguous}), those without are leased again as due
+   * work (they count against `limit`). O(due).
    */
   claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim>;
   /** Extend a lease. @returns `false` when `token` is no longer the holder's (also for an `unknown` entry). */
   heartbeat(key: string, token: number, leaseMs: number): Promise<boolean>;
+  /**
+   * Journal that a provider call is about to start under `token` (`called`
+   * becomes `true`), and extend the lease by `leaseMs` as `heartbeat` does.
+   * The engine calls the provider only after this resolved `true`, so a lost
+   * `sending` entry without it was certainly never sent. Idempotent: a repeat
+   * under the same token (a retry after a lost reply) answers `true` again.
+   * @returns `false` when `token` is no longer the holder's (nothing changes; also for an `unknown` entry).
+   */
+  markCalling(key: string, token: number, leaseMs: number): Promise<boolean>;
   /**
    * `sending` → `sent`, storing `messageId`. Accepted when the entry is
    * `sending` leased with `token`, or `unknown` with `fence` still `token`

@@ -154,6 +154,7 @@ export function newOutboxEntry(
     nextAttemptAt: lease ? null : now,
     lease: lease ? newLease(lease, 1, now) : null,
     fence: lease ? 1 : 0,
+    called: false,
     messageId: null,
     error: null,
     seq,
@@ -165,15 +166,23 @@ export function newOutboxEntry(
 /** `entry` leased for a provider call under `options`. */
 export function claimedOutbox(entry: OutboxEntry, now: number, options: ClaimOptions): OutboxEntry {
   const token = entry.fence + 1;
+  // A lost lease that never announced its call started no attempt: the new lease takes its number.
+  const uncalled = entry.state === "sending" && !entry.called;
   return {
     ...entry,
     state: "sending",
-    attempts: entry.attempts + 1,
+    attempts: uncalled ? entry.attempts : entry.attempts + 1,
     nextAttemptAt: null,
     lease: newLease(options, token, now),
     fence: token,
+    called: false,
     updatedAt: now,
   };
+}
+
+/** `entry` with a provider call announced under its lease (`markCalling`), the lease extended by `leaseMs`. */
+export function callingOutbox(entry: OutboxEntry, now: number, leaseMs: number): OutboxEntry {
+  return { ...extendedLease(entry, now, leaseMs), called: true };
 }
 
 /** `entry` whose sender was lost: `unknown`, lease dropped. */

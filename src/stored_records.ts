@@ -27,6 +27,7 @@ const time: FieldCheck = (v) => typeof v === "number" && Number.isFinite(v) ? nu
 const timeOrNull: FieldCheck = (v) => v === null || (typeof v === "number" && Number.isFinite(v)) ? null : "a finite number or null";
 const count: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) >= 0 ? null : "a non-negative integer";
 const positive: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0 ? null : "a positive integer";
+const boolOrMissing: FieldCheck = (v) => v === undefined || typeof v === "boolean" ? null : "a boolean";
 const json: FieldCheck = (v) => v === undefined ? "a JSON value" : null;
 const oneOf = (values: readonly string[]): FieldCheck => (v) =>
   typeof v === "string" && values.includes(v) ? null : `one of ${values.join(", ")}`;
@@ -67,6 +68,8 @@ const OUTBOUND_FIELDS: readonly (readonly [string, FieldCheck])[] = [
   ["nextAttemptAt", timeOrNull],
   ["lease", lease],
   ["fence", count],
+  // Missing in entries written before the call marker existed: read as `true` (see storedCalled).
+  ["called", boolOrMissing],
   ["messageId", strOrNull],
   ["error", strOrNull],
   ["seq", positive],
@@ -124,4 +127,16 @@ export function storedOutboxProblem(value: unknown): string | null {
   }
   if (e.lease !== null && e.lease.token > e.fence) return `field "fence" (${e.fence}) is below the lease token ${e.lease.token}`;
   return null;
+}
+
+/**
+ * The `called` flag of an outbox entry read back from storage. An entry
+ * journaled before the flag existed has none: a call may have started under
+ * its lease, so it reads as `true` (a lost one stays ambiguous, as it was).
+ *
+ * @param value the stored flag (`undefined` or `null` when absent)
+ * @returns the flag
+ */
+export function storedCalled(value: unknown): boolean {
+  return typeof value === "boolean" ? value : true;
 }

@@ -294,8 +294,25 @@ export function runBackendContract(options: BackendConformanceOptions): void {
     return r;
   }
 
+  /**
+   * Reserve `entry`; with `lease`, leased to the caller and, when it was leased at once, its provider
+   * call announced (`markCalling` under the same lease length), as the engine does before it calls:
+   * such an entry whose lease lapses is ambiguous. Tests of the uncalled case reserve directly.
+   */
   async function reserved(b: DurabilityBackend, entry: NewOutboxEntry, lease?: ClaimOptions): Promise<OutboxEntry> {
-    return (await b.outbox.reserve(entry, lease)).entry;
+    const result = await b.outbox.reserve(entry, lease);
+    if (lease === undefined || result.status !== "leased") return result.entry;
+    if (!await b.outbox.markCalling(result.entry.key, tokenOf(result.entry), lease.leaseMs)) {
+      throw new Error(`markCalling refused the lease reserve just issued on "${result.entry.key}"`);
+    }
+    return (await b.outbox.get(result.entry.key))!;
+  }
+
+  /** Announce the provider call of leased entries (as the engine does before calling), under `leaseMs`. */
+  async function announced(b: DurabilityBackend, entries: readonly OutboxEntry[], leaseMs: number): Promise<void> {
+    for (const e of entries) {
+      if (!await b.outbox.markCalling(e.key, tokenOf(e), leaseMs)) throw new Error(`markCalling refused the lease on "${e.key}"`);
+    }
   }
 
   /** The fencing token of a leased record (throws when it has no lease). */
@@ -517,12 +534,15 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         await b.inbox.complete(lost.id, 2);
         expect((await mustGetIn(b, live.id)).lease?.token, "the live lease is untouched").toBe(1);
 
-        const sent = await b.outbox.reserve(outbound(uid("chat")), me);
-        expect(sent.status).toBe("leased");
+        const lostReserve = await b.outbox.reserve(outbound(uid("chat")), me);
+        expect(lostReserve.status).toBe("leased");
+        const sent = await reserved(b, outbound(uid("chat")), me);
         await sleep(LAPSE);
         const claim = await b.outbox.claimDue({ ...me, limit: 100 });
-        expect(keys(claim.ambiguous), "its own lapsed send is resolved as ambiguous").toEqual([sent.entry.key]);
-        expect((await b.outbox.get(sent.entry.key))?.state).toBe("unknown");
+        expect(keys(claim.due), "its own lapsed uncalled send is leased again").toEqual([lostReserve.entry.key]);
+        expect(claim.due[0]?.lease?.token).toBe(2);
+        expect(keys(claim.ambiguous), "its own lapsed announced send is resolved as ambiguous").toEqual([sent.key]);
+        expect((await b.outbox.get(sent.key))?.state).toBe("unknown");
       });
 
       it("reclaimOwn: the next incarnation takes back at once; other owners and the same incarnation cannot", async (b) => {
@@ -1156,6 +1176,8 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(second).toBe(old + 1);
         await expectStale(expect, () => b.outbox.markSent(retried.key, old, "late"), "markSent after the new claim");
         expect(await b.outbox.heartbeat(retried.key, old, LONG)).toBe(false);
+        expect(await b.outbox.markCalling(retried.key, old, LONG), "markCalling with the old token").toBe(false);
+        await announced(b, claim.due, SHORT);
 
         // That claim lapses too: unknown again, with the new fence; only its token resolves it.
         await sleep(LAPSE);
@@ -1394,6 +1416,112 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           () => b.outbox.markFailed(uid("out"), 1, { error: "late", ambiguous: true }),
           "markFailed ambiguous on an unknown key",
         );
+      });
+
+      it("markCalling: called, lease extended; idempotent; stale tokens and unknown entries answer false and change nothing", async (b) => {
+        const chat = uid("chat");
+        const res = await b.outbox.reserve(outbound(chat, { n: 1 }), claimer("owner-a", SHORT));
+        expect(res.status).toBe("leased");
+        expect(res.entry.called, "a leased reserve starts uncalled").toBe(false);
+        expect((await mustGetOut(b, res.entry.key)).called).toBe(false);
+        const queued = await reserved(b, outbound(chat, { n: 2 }));
+        expect(queued.called, "a queued entry is not called").toBe(false);
+        expect(await b.outbox.markCalling(queued.key, 1, LONG), "a queued entry has no lease").toBe(false);
+        expect(await b.outbox.get(queued.key)).toEqual(queued);
+        expect(await b.outbox.markCalling(res.entry.key, 2, LONG), "a token never issued").toBe(false);
+        expect((await mustGetOut(b, res.entry.key)).called).toBe(false);
+
+        expect(await b.outbox.markCalling(res.entry.key, 1, LONG)).toBe(true);
+        const called = await mustGetOut(b, res.entry.key);
+        expect(called.called).toBe(true);
+        expect(called.state).toBe("sending");
+        expect(called.attempts).toBe(1);
+        expect(called.fence).toBe(1);
+        expect(called.lease?.token).toBe(1);
+        expect(called.lease!.expiresAt, "the lease is extended").toBeGreaterThan(res.entry.lease!.expiresAt);
+        expect(await b.outbox.markCalling(res.entry.key, 1, LONG), "a repeat (its reply was lost)").toBe(true);
+        expect((await mustGetOut(b, res.entry.key)).called).toBe(true);
+        await sleep(LAPSE);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim.due).concat(keys(claim.ambiguous)), "the extended lease has not lapsed").toEqual([]);
+
+        await b.outbox.markSent(res.entry.key, 1, "m-1");
+        const sent = await mustGetOut(b, res.entry.key);
+        expect(await b.outbox.markCalling(res.entry.key, 1, LONG), "a sent entry").toBe(false);
+        expect(await b.outbox.get(res.entry.key)).toEqual(sent);
+
+        const unknown = await unknownEntry(b, uid("chat"));
+        expect(await b.outbox.markCalling(unknown.key, unknown.fence, LONG), "an unknown entry").toBe(false);
+        expect(await b.outbox.get(unknown.key)).toEqual(unknown);
+        expect(await b.outbox.markCalling(uid("out"), 1, LONG), "an unknown key").toBe(false);
+      });
+
+      it("a lapsed send whose call was never announced is not ambiguous: leased again as due, attempts unchanged, ahead of its chat", async (b) => {
+        const chat = uid("chat");
+        const res = await b.outbox.reserve(outbound(chat, { n: 1 }), claimer("owner-a", SHORT, "inc-a"));
+        const behind = await reserved(b, outbound(chat, { n: 2 }));
+        await sleep(LAPSE);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b", LONG, "inc-b"), limit: 100 });
+        expect(keys(claim.ambiguous), "never called: not ambiguous").toEqual([]);
+        expect(keys(claim.due), "leased again, still ahead of its chat").toEqual([res.entry.key]);
+        for (const e of [claim.due[0]!, await mustGetOut(b, res.entry.key)]) {
+          expect(e.state).toBe("sending");
+          expect(e.called).toBe(false);
+          expect(e.lease?.owner).toBe("owner-b");
+          expect(e.lease?.incarnation).toBe("inc-b");
+          expect(e.lease?.token).toBe(2);
+          expect(e.fence).toBe(2);
+          expect(e.attempts, "its lost lease started no attempt").toBe(1);
+        }
+        expect(await b.outbox.markCalling(res.entry.key, 1, LONG), "the lost holder cannot announce a call now").toBe(false);
+        await expectStale(expect, () => b.outbox.markSent(res.entry.key, 1, "old"), "the lost holder's markSent");
+        expect(await b.outbox.markCalling(res.entry.key, 2, LONG)).toBe(true);
+        await b.outbox.markSent(res.entry.key, 2, "new");
+        expect((await mustGetOut(b, res.entry.key)).messageId).toBe("new");
+        const next = await b.outbox.claimDue({ ...claimer("owner-c"), limit: 100 });
+        expect(keys(next.due)).toEqual([behind.key]);
+        expect(next.due[0]!.called).toBe(false);
+        expect(next.due[0]!.attempts).toBe(1);
+
+        // With resendAmbiguous it is due only, not reported; a claimed (not reserved) one alike.
+        const again = await b.outbox.reserve(outbound(uid("chat")), claimer("owner-a", SHORT));
+        await sleep(LAPSE);
+        const resend = await b.outbox.claimDue({ ...claimer("owner-d", SHORT), resendAmbiguous: true, limit: 100 });
+        expect(keys(resend.ambiguous)).toEqual([]);
+        expect(keys(resend.due)).toEqual([again.entry.key]);
+        await sleep(LAPSE);
+        const third = await b.outbox.claimDue({ ...claimer("owner-e"), limit: 100 });
+        expect(keys(third.ambiguous), "its claim lapsed uncalled too").toEqual([]);
+        expect(keys(third.due)).toEqual([again.entry.key]);
+        expect(third.due[0]!.fence).toBe(3);
+        expect(third.due[0]!.attempts).toBe(1);
+      });
+
+      it("concurrent claimers lease a lapsed uncalled send exactly once; limit is respected", async (b) => {
+        const lapsed = await Promise.all(
+          Array.from({ length: 3 }, () => b.outbox.reserve(outbound(uid("chat")), claimer(uid("owner"), SHORT))),
+        );
+        await sleep(LAPSE);
+        const limited = await b.outbox.claimDue({ ...claimer(), limit: 1 });
+        expect(limited.due.length, "limit counts re-leased uncalled sends").toBe(1);
+        const results = await Promise.all(
+          Array.from({ length: 8 }, () => b.outbox.claimDue({ ...claimer(), limit: 100 })),
+        );
+        expect(results.flatMap((r) => keys(r.ambiguous))).toEqual([]);
+        expect(keys(limited.due).concat(results.flatMap((r) => keys(r.due))).sort()).toEqual(lapsed.map((r) => r.entry.key).sort());
+      });
+
+      it("reclaimOwn: the previous incarnation's uncalled send is leased again at once, not ambiguous", async (b) => {
+        const old = claimer("owner-o", LONG, "inc-1");
+        const current = claimer("owner-o", LONG, "inc-2");
+        const previous = await b.outbox.reserve(outbound(uid("chat")), old);
+        const mine = await b.outbox.reserve(outbound(uid("chat")), current);
+        const claim = await b.outbox.claimDue({ ...current, reclaimOwn: true, limit: 100 });
+        expect(keys(claim.ambiguous)).toEqual([]);
+        expect(keys(claim.due)).toEqual([previous.entry.key]);
+        expect(claim.due[0]!.lease?.incarnation).toBe("inc-2");
+        expect(claim.due[0]!.attempts).toBe(1);
+        expect(await b.outbox.get(mine.entry.key), "never its own in-flight sends").toEqual(mine.entry);
       });
 
       it("concurrent claimers report an ambiguous send exactly once", async (b) => {
@@ -1983,10 +2111,11 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           const deadOut = await reserved(b, outbound(uid("chat")), claimer());
           await b.outbox.markFailed(deadOut.key, tokenOf(deadOut), { error: "403", dead: true });
           const unknown = await unknownEntry(b, uid("chat"));
+          const uncalled = (await b.outbox.reserve(outbound(uid("chat")), owner)).entry;
           const inboxBefore = await b.inbox.list();
           const outboxBefore = await b.outbox.list();
           expect(inboxBefore.length).toBe(5);
-          expect(outboxBefore.length).toBe(6);
+          expect(outboxBefore.length).toBe(7);
 
           b = await time.reopen(reopen, b);
           await b.open?.();
@@ -1995,6 +2124,8 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           expect((await mustGetIn(b, pending.id)).payload, "payload after reopen").toEqual(tricky());
           expect((await mustGetOut(b, sending.key)).content, "content after reopen").toEqual(tricky());
           expect((await mustGetOut(b, unknown.key)).state).toBe("unknown");
+          expect((await mustGetOut(b, sending.key)).called, "an announced call after reopen").toBe(true);
+          expect((await mustGetOut(b, uncalled.key)).called, "an unannounced one after reopen").toBe(false);
           expect((await mustGetIn(b, done)).state).toBe("done");
 
           // Leases and fences go on: the holder completes, a stale token is refused, a new claim gets fence+1.
