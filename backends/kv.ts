@@ -73,6 +73,7 @@ import {
   acceptsOutcome,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
+  callingOutbox,
   claimedInbound,
   claimedOutbox,
   cloneJson,
@@ -100,6 +101,7 @@ import {
   requeuedOutbox,
   sentOutbox,
 } from "../src/journal_rules.ts";
+import { storedCalled } from "../src/stored_records.ts";
 
 /** Options of {@link kvDurability}. */
 export interface KvDurabilityOptions {
@@ -210,6 +212,10 @@ abstract class KvJournal<R extends Journaled> {
   protected abstract idOf(rec: R): string;
   /** The index keys (without nonces) that `rec` needs. */
   protected abstract hintsFor(rec: R): string[];
+  /** `rec` as read from the kv, with fields that older versions did not store filled in. */
+  protected revive(rec: R): R {
+    return rec;
+  }
 
   #recordKey(id: string): string {
     return this.#records + esc(id);
@@ -223,7 +229,7 @@ abstract class KvJournal<R extends Journaled> {
     ) {
       throw new TypeError(`kv durability: key "${entry.key}" does not hold a journal record`);
     }
-    return { rec: value.rec, hints: value.hints, version: entry.version };
+    return { rec: this.revive(value.rec), hints: value.hints, version: entry.version };
   }
 
   /** The kv clock (a kv method that throws at once still gives a rejected promise). */
@@ -569,6 +575,11 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     return entry.key;
   }
 
+  /** An entry stored before `called` existed has none: a call may have started under its lease, so it reads as `true`. */
+  protected override revive(entry: OutboxEntry): OutboxEntry {
+    return typeof entry.called === "boolean" ? entry : { ...entry, called: storedCalled(entry.called) };
+  }
+
   #chatPrefix(chatId: string): string {
     return `${this.prefix}i/chat/${esc(chatId)}/`;
   }
@@ -666,18 +677,26 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     const lost = (rec: OutboxEntry, at: number): boolean =>
       rec.state === "sending" && isLeaseAbandoned(rec.lease, at, options);
 
-    // (1) Abandoned `sending` entries: `unknown` exactly once (the CAS decides), or leased again.
+    // (1) Abandoned `sending` entries, each resolved exactly once (the CAS decides): one whose call
+    // was never announced is leased again as due work; an announced one becomes `unknown`, or with
+    // `resendAmbiguous` is leased again and reported. Leasing counts against `limit`: over it, the
+    // entry is left `sending` for a later scan.
+    const resolved = (rec: OutboxEntry, at: number): OutboxEntry | null => {
+      if (!lost(rec, at)) return null;
+      if (rec.called && !resend) return ambiguousOutbox(rec, at);
+      return due.length < options.limit ? claimedOutbox(rec, at, options) : null;
+    };
     for (const hint of hints) {
       if (hint.state !== "sending") continue;
-      if (resend && due.length >= options.limit) break;
+      if (resend && due.length >= options.limit) break; // every lost entry would be leased: none fits
       const cur = await this.check(hint.entry, hint.id, now);
-      if (!cur || !lost(cur.rec, now)) continue;
-      const { written } = await this.mutate(
-        hint.id,
-        (rec, at) => (lost(rec, at) ? (resend ? claimedOutbox(rec, at, options) : ambiguousOutbox(rec, at)) : null),
-        { cur, now },
-      );
+      if (!cur || resolved(cur.rec, now) === null) continue;
+      const { seen, written } = await this.mutate(hint.id, resolved, { cur, now });
       if (!written) continue;
+      if (!seen!.called) {
+        due.push(written.rec);
+        continue;
+      }
       ambiguous.push(written.rec);
       if (resend) due.push(cloneJson(written.rec));
     }
@@ -713,6 +732,15 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     const { written } = await this.mutate(key, (rec, now) =>
       isLeasedWith(rec, token) ? extendedLease(rec, now, leaseMs) : null);
+    return written !== null;
+  }
+
+  async markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(key, `outbox.markCalling: "key"`);
+    checkFinite(token, `outbox.markCalling: "token"`);
+    checkFinite(leaseMs, `outbox.markCalling: "leaseMs"`);
+    const { written } = await this.mutate(key, (rec, now) =>
+      isLeasedWith(rec, token) ? callingOutbox(rec, now, leaseMs) : null);
     return written !== null;
   }
 

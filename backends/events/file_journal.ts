@@ -546,6 +546,10 @@ class FileSidecarOutbox implements OutboxJournal {
   heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     return this.#run("outbox.heartbeat", (m) => m.outbox.heartbeat(key, token, leaseMs));
   }
+  /** A change (not a heartbeat): resolves once `called` is on disk. */
+  markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#run("outbox.markCalling", (m) => m.outbox.markCalling(key, token, leaseMs));
+  }
   markSent(key: string, token: number, messageId: string): Promise<void> {
     return this.#run("outbox.markSent", (m) => m.outbox.markSent(key, token, messageId));
   }

@@ -773,6 +773,11 @@ class SharedOutbox implements OutboxJournal {
     return this.#run("outbox.heartbeat", (j) => j.outbox.heartbeat(key, token, leaseMs));
   }
 
+  /** Written (log line or snapshot) before it resolves, as every change. */
+  markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#run("outbox.markCalling", (j) => j.outbox.markCalling(key, token, leaseMs));
+  }
+
   markSent(key: string, token: number, messageId: string): Promise<void> {
     return this.#run("outbox.markSent", (j) => j.outbox.markSent(key, token, messageId));
   }
