@@ -11,6 +11,12 @@
  *   moves past updates the bot has admitted. When one is refused, the next
  *   `getUpdates` starts at it (after a backoff); the updates after it come
  *   again and are dropped as duplicates.
+ * - **Unreadable updates**: a message, channel post, business message or
+ *   callback query that cannot be parsed is still handed to the bot, with
+ *   `unreadable` (the reason, naming the field) and the update in
+ *   `extra.raw`: the bot journals it and dead-letters it at once, and it is
+ *   acknowledged only once admitted, like any message. Only an update that
+ *   is certainly not a user's message is acknowledged without a record.
  * - Inbound ids are `tg:<bot id>:<update_id>:<chat id>:<message_id>` for
  *   messages and `tg:<bot id>:<update_id>:cb:<callback query id>` for button
  *   presses: stable across redeliveries (Telegram redelivers an update with
@@ -51,7 +57,12 @@ import { showValue as show } from "../src/show.ts";
 /** The largest file the Bot API lets a bot download (`getFile`): 20 MB. */
 export const TELEGRAM_MAX_DOWNLOAD_BYTES: number = 20 * 1024 * 1024;
 
-/** The update kinds this provider turns into inbound messages (the default `allowedUpdates`). */
+/**
+ * The default `allowedUpdates`: the update kinds this provider turns into
+ * inbound messages. It also takes `business_message` when `allowedUpdates`
+ * asks for it (a reply to one needs the `business_connection_id` it carries in
+ * `extra.businessConnectionId`).
+ */
 export const TELEGRAM_HANDLED_UPDATES: readonly string[] = Object.freeze(["message", "channel_post", "callback_query"]);
 
 /** A Telegram update the provider acknowledged without handing it to the bot. */
@@ -119,7 +130,7 @@ export interface TelegramProviderOptions {
 export interface TelegramMediaRef {
   /** Telegram's `file_id` (what `getFile` takes). */
   fileId: string;
-  /** Telegram's `file_unique_id` (the same file across bots). */
+  /** Telegram's `file_unique_id` (the same file across bots); `""` when the update has none (before Bot API 4.5). */
   fileUniqueId: string;
   /** `photo`, `document`, `voice`, `audio`, `video`, `video_note`, `animation`, `sticker`. */
   kind: string;
@@ -133,7 +144,9 @@ export interface TelegramMediaRef {
 
 /**
  * A malformed Telegram update: `field` names what is wrong. The provider
- * reports it to `onError`; the webhook answers it with 400.
+ * reports it to `onError`; a user's update (a message, channel post, business
+ * message or callback query) is then handed to the bot as unreadable, any
+ * other is acknowledged and dropped.
  *
  * @example
  * ```ts
@@ -213,7 +226,45 @@ const TYPE_OF: Record<(typeof MEDIA_FIELDS)[number], MessageType> = {
   video_note: "video",
   sticker: "sticker",
 };
-const EXTRA_KINDS = ["location", "contact", "venue", "poll", "dice"] as const;
+/**
+ * The media fields of an inbound message, the more specific first: the Bot API
+ * sets `document` as well on an animation, so `animation` is checked before it.
+ */
+const INBOUND_MEDIA = ["animation", "photo", "video", "video_note", "voice", "audio", "sticker", "document"] as const;
+/**
+ * The other message kinds that keep their own type, with their object (or
+ * array) in `extra` under the Bot API's field name, the more specific first:
+ * the Bot API sets `location` as well on a venue, so `venue` is checked
+ * before it. `required` lists fields that must be strings.
+ */
+const TYPED_KINDS: readonly { field: string; shape: "object" | "array"; required?: readonly string[] }[] = [
+  { field: "venue", shape: "object", required: ["title", "address"] },
+  { field: "location", shape: "object" },
+  { field: "contact", shape: "object" },
+  { field: "poll", shape: "object" },
+  { field: "dice", shape: "object" },
+  { field: "paid_media", shape: "object" },
+  { field: "story", shape: "object" },
+  { field: "game", shape: "object" },
+  { field: "invoice", shape: "object" },
+  { field: "giveaway", shape: "object" },
+  { field: "giveaway_winners", shape: "object" },
+  { field: "checklist", shape: "object" },
+  { field: "web_app_data", shape: "object", required: ["data", "button_text"] },
+  { field: "users_shared", shape: "object" },
+  { field: "chat_shared", shape: "object" },
+  { field: "successful_payment", shape: "object" },
+  { field: "refunded_payment", shape: "object" },
+  { field: "new_chat_members", shape: "array" },
+  { field: "left_chat_member", shape: "object" },
+];
+/** The update kinds whose object is a Message this provider hands to the bot. */
+const MESSAGE_UPDATES = ["message", "channel_post", "business_message"] as const;
+/**
+ * The update kinds that carry what a user sent: one that cannot be parsed is
+ * journaled as unreadable, never acknowledged and dropped.
+ */
+const USER_UPDATES: readonly string[] = [...MESSAGE_UPDATES, "callback_query"];
 const encoder = new TextEncoder();
 
 type Obj = Record<string, unknown>;
@@ -241,6 +292,12 @@ async function sameSecret(a: string, b: string): Promise<boolean> {
   let diff = 0;
   for (let i = 0; i < p.length; i++) diff |= p[i]! ^ q[i]!;
   return diff === 0;
+}
+
+/** The SHA-256 of a string, as 32 hex digits (the first 128 bits). */
+async function sha256Hex(text: string): Promise<string> {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", encoder.encode(text)));
+  return [...digest.subarray(0, 16)].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 function asError(error: unknown): Error {
@@ -304,14 +361,15 @@ function fileRef(value: unknown, kind: string, field: string, updateId: number):
   if (typeof fileId !== "string" || fileId === "") {
     throw new TelegramUpdateError(`${field}.file_id`, `Telegram update field "${field}.file_id" must be a non-empty string, got ${show(fileId)}`, updateId);
   }
-  if (typeof fileUniqueId !== "string") {
+  // Absent from updates older than Bot API 4.5 (as in the Bot API docs' own examples): "" then.
+  if (fileUniqueId !== undefined && typeof fileUniqueId !== "string") {
     throw new TelegramUpdateError(
       `${field}.file_unique_id`,
       `Telegram update field "${field}.file_unique_id" must be a string, got ${show(fileUniqueId)}`,
       updateId,
     );
   }
-  const ref: TelegramMediaRef = { fileId, fileUniqueId, kind };
+  const ref: TelegramMediaRef = { fileId, fileUniqueId: fileUniqueId ?? "", kind };
   const mime = optString(f.mime_type, `${field}.mime_type`, updateId) ?? (kind === "photo" ? "image/jpeg" : undefined);
   if (mime !== undefined) ref.mimeType = mime;
   const name = optString(f.file_name, `${field}.file_name`, updateId);
@@ -335,16 +393,26 @@ interface CallResult {
 /**
  * The Telegram Bot API as a {@link Provider}.
  *
- * Inbound: `message` and `channel_post` updates become messages (`text`;
+ * Inbound: `message`, `channel_post` and `business_message` updates become
+ * messages, the more specific kind first where the Bot API sets two fields
+ * (an animation also has `document`, a venue also has `location`): `text`;
  * `photo` → `image`; `document`; `voice`/`audio` → `audio`;
  * `video`/`video_note`/`animation` → `video`; `sticker`; a caption goes into
- * `text`; `location`, `contact`, `venue`, `poll`, `dice` keep their type and
- * their object in `extra`), `callback_query` updates become interactions
- * (`interaction.id` is the button's `callback_data`) and are answered with
- * `answerCallbackQuery` once admitted. Other kinds (`edited_message`,
- * `my_chat_member`, …) are acknowledged and dropped (see `onSkippedUpdate`).
- * A malformed update is reported to `onError` with the field named; polling
- * skips it and goes on, the webhook answers `400`.
+ * `text`. `venue`, `location`, `contact`, `poll`, `dice`, `paid_media`,
+ * `story`, `game`, `invoice`, `giveaway`, `giveaway_winners`, `checklist`,
+ * `web_app_data`, `users_shared`, `chat_shared`, `successful_payment`,
+ * `refunded_payment`, `new_chat_members` and `left_chat_member` keep the Bot
+ * API field's name as their type and its value in `extra` under that name
+ * (a Web App's `data` is not put in `text`: a client can send anything there).
+ * Any other message (service messages, kinds newer than this provider) is
+ * type `other` with the message object in `extra.raw`. `callback_query`
+ * updates become interactions (`interaction.id` is the button's
+ * `callback_data`) and are answered with `answerCallbackQuery` once admitted.
+ * Other update kinds (`edited_message`, `my_chat_member`, …) are acknowledged
+ * and dropped (see `onSkippedUpdate`); edits too, since the message was
+ * handled when it came. A malformed update is reported to `onError` with the
+ * field named; a user's one is then handed to the bot as unreadable (see the
+ * module docs), any other is acknowledged and dropped.
  *
  * Media: the reference (`file_id`, …) is sealed into the inbox record;
  * `loadMedia` calls `getFile` and downloads the file. A file larger than
@@ -388,8 +456,9 @@ export class TelegramProvider implements Provider {
    * `nodeHandler(handler)`: `405` unless POST, `401` on a wrong secret, `413`
    * on a body over `maxBodyBytes`, `400` on a body that is not an update,
    * `503` while the bot is not started or when the journal refused the update
-   * (Telegram delivers it again), `200` once it is admitted, a duplicate, or
-   * of a kind that is skipped. Bound: pass it as it is. In polling mode it
+   * (Telegram delivers it again), `200` once it is admitted (an unreadable one
+   * too), a duplicate, of a kind that is skipped, or malformed and not a
+   * user's message. Bound: pass it as it is. In polling mode it
    * answers `404`.
    */
   readonly webhook: (request: Request) => Promise<Response>;
@@ -782,6 +851,8 @@ export class TelegramProvider implements Provider {
 
   /**
    * Turn one Telegram update into an inbound message (or say it is skipped).
+   * The webhook and the poller hand a user's update that this throws for to
+   * the bot as unreadable instead.
    *
    * @param update the update as Telegram sent it
    * @returns the message, or the skipped kind
@@ -827,7 +898,7 @@ export class TelegramProvider implements Provider {
       };
       return { kind: "message", updateId, message, callbackQueryId: queryId };
     }
-    const key = u.message !== undefined ? "message" : u.channel_post !== undefined ? "channel_post" : undefined;
+    const key = MESSAGE_UPDATES.find((k) => u[k] !== undefined);
     if (key === undefined) {
       const kind = Object.keys(u).find((k) => k !== "update_id") ?? "unknown";
       return { kind: "skipped", updateId, skipped: { updateId, kind, update: u } };
@@ -837,37 +908,59 @@ export class TelegramProvider implements Provider {
     const chatId = String(needInt(chat.id, `${key}.chat.id`, updateId));
     const messageId = needInt(m.message_id, `${key}.message_id`, updateId);
     const id = `tg:${this.connectionId}:${updateId}:${chatId}:${messageId}`;
-    const text = optString(m.text, `${key}.text`, updateId) ?? optString(m.caption, `${key}.caption`, updateId);
-    let type: MessageType = "text";
+    const text = optString(m.text, `${key}.text`, updateId);
+    const caption = optString(m.caption, `${key}.caption`, updateId);
+    let type: MessageType;
     let media: JsonValue | undefined;
     const extra: Record<string, JsonValue> = { updateId, messageId };
     if (typeof chat.type === "string") extra.chatType = chat.type;
-    const mediaField = MEDIA_FIELDS.find((f) => m[f] !== undefined);
+    // The more specific kinds first: an animation also has "document", a venue also has "location".
+    const mediaField = INBOUND_MEDIA.find((f) => m[f] !== undefined);
+    const typed = mediaField === undefined ? TYPED_KINDS.find((k) => m[k.field] !== undefined) : undefined;
     if (mediaField !== undefined) {
-      // An animation also comes with a "document" field: the animation wins.
-      const field = mediaField === "document" && m.animation !== undefined ? "animation" : mediaField;
-      const ref = fileRef(m[field], field, `${key}.${field}`, updateId);
-      type = TYPE_OF[field];
+      const ref = fileRef(m[mediaField], mediaField, `${key}.${mediaField}`, updateId);
+      type = TYPE_OF[mediaField];
       media = ref.fileSize !== undefined && ref.fileSize > TELEGRAM_MAX_DOWNLOAD_BYTES
         ? this.#seal.notDurable(`the file is ${ref.fileSize} bytes, over the Bot API's 20 MB download limit`)
         : await this.#seal.seal(ref as unknown as JsonValue);
-    } else if (text === undefined) {
-      const kind = EXTRA_KINDS.find((k) => isObj(m[k]));
-      if (kind !== undefined) {
-        type = kind;
-        extra[kind] = m[kind] as JsonValue;
-      } else {
-        type = "other";
+    } else if (typed !== undefined) {
+      const field = `${key}.${typed.field}`;
+      const value = m[typed.field];
+      if (typed.shape === "array" ? !Array.isArray(value) || !value.every(isObj) : !isObj(value)) {
+        const rule = typed.shape === "array" ? "an array of objects" : "an object";
+        throw new TelegramUpdateError(field, `Telegram update field "${field}" must be ${rule}, got ${show(value)}`, updateId);
       }
+      for (const name of typed.required ?? []) {
+        if (typeof (value as Obj)[name] !== "string") {
+          throw new TelegramUpdateError(
+            `${field}.${name}`,
+            `Telegram update field "${field}.${name}" must be a string, got ${show((value as Obj)[name])}`,
+            updateId,
+          );
+        }
+      }
+      type = typed.field;
+      extra[typed.field] = value as JsonValue;
+    } else if (text !== undefined) {
+      type = "text";
+    } else {
+      // A service message (a new title, a pinned message, …) or a kind newer than this provider
+      // (a caption without a known media field): its content stays readable in the raw object.
+      type = "other";
+      extra.raw = m as JsonValue;
     }
     if (typeof m.media_group_id === "string") extra.mediaGroupId = m.media_group_id;
+    if (key === "business_message" && typeof m.business_connection_id === "string") {
+      extra.businessConnectionId = m.business_connection_id;
+    }
     const who = sender(m.from);
     if (who.username !== undefined) extra.username = who.username;
+    const body = text ?? caption;
     const message: InboundMessage = {
       id,
       chatId,
       type,
-      ...(text !== undefined ? { text } : {}),
+      ...(body !== undefined ? { text: body } : {}),
       ...(media !== undefined ? { media } : {}),
       ...(who.from !== undefined ? { from: who.from } : {}),
       ...(typeof m.date === "number" && m.date > 0 ? { timestamp: m.date * 1000 } : {}),
@@ -877,17 +970,80 @@ export class TelegramProvider implements Provider {
   }
 
   /**
-   * Hand one update to the bot.
-   * @returns `'ack'` when Telegram may forget it, `'retry'` when it must come again, `'malformed'` when it never can be parsed
+   * The record for a user's update that {@link TelegramProvider.parseUpdate}
+   * could not parse: journaled with `unreadable` (the reason) and the update
+   * in `extra.raw`, so that the bot dead-letters it instead of it being
+   * acknowledged and lost. Its id is stable across redeliveries: the usual
+   * `tg:<bot id>:<update_id>:<chat id>:<message_id>` (or `…:cb:<query id>`),
+   * with `-` for an id that is missing, and a SHA-256 of the update in place of
+   * an `update_id` that is not an integer. Its chat is the chat id present in
+   * the update, else `tg:<bot id>:unreadable`.
+   *
+   * @param update the update as Telegram sent it
+   * @param error why it could not be parsed
+   * @returns the message, or `undefined` when the update is certainly not a user's (not an object, or of no message-carrying kind)
    */
-  async #deliver(sink: InboundSink, update: unknown): Promise<{ outcome: "ack" | "retry" | "malformed"; error?: Error }> {
+  async #unreadable(update: unknown, error: Error): Promise<InboundMessage | undefined> {
+    if (!isObj(update)) return undefined;
+    const kind = USER_UPDATES.find((k) => update[k] !== undefined);
+    if (kind === undefined) return undefined;
+    const intOf = (v: unknown) => (typeof v === "number" && Number.isSafeInteger(v) ? v : undefined);
+    const updateId = intOf(update.update_id);
+    const idPart = updateId !== undefined ? String(updateId) : `h${await sha256Hex(JSON.stringify(update))}`;
+    const body = update[kind];
+    const m = kind === "callback_query" ? (isObj(body) ? body.message : undefined) : body;
+    let chat = isObj(m) && isObj(m.chat) ? intOf(m.chat.id) : undefined;
+    const who = sender(isObj(body) ? body.from : undefined);
+    let id: string;
+    if (kind === "callback_query") {
+      const queryId = isObj(body) && typeof body.id === "string" && body.id !== "" ? body.id : "-";
+      id = `tg:${this.connectionId}:${idPart}:cb:${queryId}`;
+      // An inline message's button: the user's private chat, as for a readable one.
+      if (chat === undefined && who.from !== undefined && /^-?\d+$/.test(who.from)) chat = Number(who.from);
+    } else {
+      const messageId = isObj(m) ? intOf(m.message_id) : undefined;
+      id = `tg:${this.connectionId}:${idPart}:${chat ?? "-"}:${messageId ?? "-"}`;
+    }
+    const date = isObj(m) ? intOf(m.date) : undefined;
+    return {
+      id,
+      chatId: chat !== undefined ? String(chat) : `tg:${this.connectionId}:unreadable`,
+      type: "unreadable",
+      unreadable: error.message,
+      ...(who.from !== undefined ? { from: who.from } : {}),
+      ...(date !== undefined && date > 0 ? { timestamp: date * 1000 } : {}),
+      extra: { updateKind: kind, ...(updateId !== undefined ? { updateId } : {}), raw: update as JsonValue },
+    };
+  }
+
+  /**
+   * Hand one update to the bot. A user's update that cannot be parsed is
+   * handed on as unreadable (see {@link TelegramProvider.parseUpdate}'s
+   * callers): acknowledged only once admitted, like any message.
+   * @returns `'ack'` when Telegram may forget it, `'retry'` when it must come again, `'malformed'` when it cannot be parsed and is certainly not a user's message (acknowledged, not journaled); `unreadable` is the reason when it was handed on as unreadable
+   */
+  async #deliver(
+    sink: InboundSink,
+    update: unknown,
+  ): Promise<{ outcome: "ack" | "retry" | "malformed"; error?: Error; unreadable?: string }> {
     let parsed: ParsedUpdate;
     try {
       parsed = await this.parseUpdate(update);
     } catch (error) {
       const err = asError(error);
       this.#report(err);
-      return { outcome: "malformed", error: err };
+      const message = await this.#unreadable(update, err);
+      if (message === undefined) return { outcome: "malformed", error: err };
+      let result: Awaited<ReturnType<InboundSink["receive"]>>;
+      try {
+        result = await sink.receive(message);
+      } catch (thrown) {
+        const e = asError(thrown);
+        this.#report(e);
+        return { outcome: "retry", error: e };
+      }
+      if (result.status === "rejected") return { outcome: "retry", error: result.error };
+      return { outcome: "ack", unreadable: err.message };
     }
     if (parsed.kind === "skipped") {
       try {
@@ -967,11 +1123,14 @@ export class TelegramProvider implements Provider {
     if (typeof update !== "object" || update === null || Array.isArray(update)) {
       return textResponse(400, `Bad request: the body is not a JSON Telegram update, got ${show(update)}`);
     }
-    const { outcome, error } = await this.#deliver(sink, update);
-    // An update that can never be parsed is reported (onError / the bot's error event) and answered 200:
-    // a non-2xx would make Telegram send it again and again, holding back the updates after it.
+    const { outcome, error, unreadable } = await this.#deliver(sink, update);
+    // An update that can never be parsed and is not a user's message (no message, channel post,
+    // business message or callback query in it) is reported (onError / the bot's error event) and
+    // answered 200: a non-2xx would make Telegram send it again and again, holding back the updates
+    // after it. A user's one was journaled as unreadable (dead-lettered with the reason) first.
     if (outcome === "malformed") return textResponse(200, `ok (update skipped: ${error!.message})`);
     if (outcome === "retry") return textResponse(503, "The update could not be journaled; Telegram will deliver it again");
+    if (unreadable !== undefined) return textResponse(200, `ok (journaled as unreadable: ${unreadable})`);
     return textResponse(200, "ok");
   }
 
@@ -1028,25 +1187,32 @@ export class TelegramProvider implements Provider {
   async #admitBatch(sink: InboundSink, updates: unknown[]): Promise<{ offset: number | undefined; rejected: boolean }> {
     const chats = new Map<string, unknown[]>();
     let maxId: number | undefined;
+    let minId: number | undefined;
     for (const update of updates) {
       const raw = isObj(update) && typeof update.update_id === "number" && Number.isSafeInteger(update.update_id) ? update.update_id : undefined;
       if (raw !== undefined) maxId = maxId === undefined ? raw : Math.max(maxId, raw);
+      if (raw !== undefined) minId = minId === undefined ? raw : Math.min(minId, raw);
       const chat = chatKeyOf(update);
       const list = chats.get(chat);
       if (list) list.push(update);
       else chats.set(chat, [update]);
     }
     let lowestRejected: number | undefined;
+    let unconfirmable = false;
     await Promise.all([...chats.values()].map(async (list) => {
       for (const update of list) {
         const { outcome } = await this.#deliver(sink, update);
         if (outcome === "retry") {
-          const id = (update as Obj).update_id as number;
-          lowestRejected = lowestRejected === undefined ? id : Math.min(lowestRejected, id);
+          const raw = isObj(update) ? update.update_id : undefined;
+          // Without an update_id of its own, nothing of this batch is confirmed: it all comes again.
+          const id = typeof raw === "number" && Number.isSafeInteger(raw) ? raw : minId;
+          if (id === undefined) unconfirmable = true;
+          else lowestRejected = lowestRejected === undefined ? id : Math.min(lowestRejected, id);
           return; // later updates of this chat must not overtake it
         }
       }
     }));
+    if (unconfirmable) return { offset: undefined, rejected: true };
     if (lowestRejected !== undefined) return { offset: lowestRejected, rejected: true };
     return { offset: maxId === undefined ? undefined : maxId + 1, rejected: false };
   }
@@ -1055,7 +1221,7 @@ export class TelegramProvider implements Provider {
 /** The chat an update belongs to, for ordering (malformed ones each on their own). */
 function chatKeyOf(update: unknown): string {
   if (!isObj(update)) return "?";
-  for (const key of ["message", "channel_post"]) {
+  for (const key of MESSAGE_UPDATES) {
     const m = update[key];
     if (isObj(m) && isObj(m.chat) && m.chat.id !== undefined) return `c:${String(m.chat.id)}`;
   }

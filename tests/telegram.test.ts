@@ -11,8 +11,11 @@ import {
   Bot,
   ANY,
   type Context,
+  type AdmitResult,
   type DurabilityBackend,
   IMAGE,
+  type InboundMessage,
+  type InboundSink,
   INTERACTION,
   loadMediaOf,
   MediaUnavailableError,
@@ -47,6 +50,23 @@ interface Harness {
   errors: Error[];
   botErrors: Error[];
   dead: { kind: string; id: string; error: string }[];
+  /** Every message the provider handed to the bot, with the bot's answer. */
+  received: { message: InboundMessage; status: AdmitResult["status"] }[];
+}
+
+/** Record what the provider hands to the bot (and what the bot answered) on the way in. */
+function recordSink(provider: TelegramProvider, received: Harness["received"]): void {
+  const start = provider.start.bind(provider);
+  provider.start = (sink: InboundSink) =>
+    start({
+      receive: async (message) => {
+        const result = await sink.receive(message);
+        received.push({ message, status: result.status });
+        return result;
+      },
+      ...(sink.reportError ? { reportError: sink.reportError.bind(sink) } : {}),
+      ...(sink.confirmSent ? { confirmSent: sink.confirmSent.bind(sink) } : {}),
+    });
 }
 
 async function harness(
@@ -65,6 +85,8 @@ async function harness(
     onError: (e) => errors.push(e),
     ...providerOptions,
   });
+  const received: Harness["received"] = [];
+  recordSink(provider, received);
   const bot = new Bot({
     provider,
     durability: {
@@ -81,7 +103,7 @@ async function harness(
   setup?.(bot);
   await bot.start();
   cleanups.push(() => bot.stop());
-  return { bot, provider, errors, botErrors, dead };
+  return { bot, provider, errors, botErrors, dead, received };
 }
 
 /** A backend whose inbox.admit throws the next `state.failures` times. */
@@ -228,7 +250,7 @@ describe("telegram: long polling", () => {
     expect(h.bot.durability!.metrics().inboundDuplicates).toBe(2);
   });
 
-  test("a malformed update is reported with its field and skipped; the rest of the batch is processed", async () => {
+  test("a malformed user update is reported with its field and journaled as unreadable, never dropped; the rest of the batch is processed", async () => {
     const f = fake();
     const skipped: string[] = [];
     const h = await harness(f, {
@@ -237,17 +259,48 @@ describe("telegram: long polling", () => {
       setup: (bot) => bot.when(/.*/, (ctx) => ctx.reply(`ok ${ctx.message.text}`)),
     });
     f.push(f.textUpdate(4001, "before"));
-    f.push({ message: { message_id: 5, date: 1, text: "no chat" } });
-    f.push({ message: { message_id: 6, date: 1, chat: { id: "not-a-number" }, text: "bad chat id" } });
+    const noChat = f.push({ message: { message_id: 5, date: 1, text: "no chat" } });
+    const badChat = f.push({ message: { message_id: 6, date: 1, chat: { id: "not-a-number" }, text: "bad chat id" } });
     f.push({ edited_message: { message_id: 7, date: 1, chat: { id: 4001 }, text: "edited" } });
+    f.push({ my_chat_member: "not an object either" }); // not a user's message: reported by nobody, skipped
     const last = f.push(f.textUpdate(4001, "after"));
     await f.until("two replies", () => f.sent.length === 2);
     await f.until("all confirmed", () => f.confirmedOffset > (last.update_id as number));
     expect(f.sent.map((s) => s.params.text)).toEqual(["ok before", "ok after"]);
-    expect(skipped).toEqual(["edited_message"]);
+    expect(skipped).toEqual(["edited_message", "my_chat_member"]);
     const fields = h.errors.filter((e): e is TelegramUpdateError => e instanceof TelegramUpdateError).map((e) => e.field);
     expect(fields).toEqual(["message.chat", "message.chat.id"]);
     expect(h.errors[0]!.message).toBe('Telegram update field "message.chat" must be an object, got undefined');
+    // Both unreadable ones reached the bot, admitted, with the reason and the raw update: not acknowledged unrecorded.
+    const unreadable = h.received.filter((r) => r.message.unreadable !== undefined);
+    expect(unreadable.map((r) => [r.message.id, r.message.chatId, r.message.type, r.status])).toEqual([
+      [`tg:${f.botId}:${noChat.update_id}:-:5`, `tg:${f.botId}:unreadable`, "unreadable", "admitted"],
+      [`tg:${f.botId}:${badChat.update_id}:-:6`, `tg:${f.botId}:unreadable`, "unreadable", "admitted"],
+    ]);
+    expect(unreadable.map((r) => r.message.unreadable)).toEqual([
+      'Telegram update field "message.chat" must be an object, got undefined',
+      'Telegram update field "message.chat.id" must be an integer, got "not-a-number"',
+    ]);
+    expect(unreadable[0]!.message.extra).toEqual({ updateKind: "message", updateId: noChat.update_id as number, raw: noChat as never });
+    await h.bot.idle();
+    for (const r of unreadable) expect(await h.bot.durability!.inbox.get(r.message.id)).toBeDefined();
+  });
+
+  test("an unreadable update the journal refuses is not confirmed: it is fetched again and admitted once", async () => {
+    const f = fake();
+    const state = { failures: 1 };
+    const h = await harness(f, { mode: "polling", backend: flakyAdmit(new MemoryDurability(), state) });
+    const bad = f.push({ message: { message_id: 9, date: 1, chat: { id: 4101 }, text: 42 } });
+    const after = f.push(f.textUpdate(4101, "after")); // of the same chat: it waits behind the refused one
+    await f.until("all confirmed", () => f.confirmedOffset > (after.update_id as number));
+    expect(state.failures).toBe(0);
+    // Refused first (the offset stayed at it), then admitted; never confirmed before that.
+    const id = `tg:${f.botId}:${bad.update_id}:4101:9`;
+    expect(h.received.filter((r) => r.message.id === id).map((r) => r.status)).toEqual(["rejected", "admitted"]);
+    expect(f.offsets.filter((o) => o !== undefined)[0]).toBe(bad.update_id as number);
+    const record = h.received.find((r) => r.message.id === id)!.message;
+    expect(record).toMatchObject({ chatId: "4101", type: "unreadable", unreadable: 'Telegram update field "message.text" must be a string, got 42' });
+    expect(await h.bot.durability!.inbox.get(id)).toBeDefined();
   });
 
   test("getUpdates failures (5xx, 429 retry_after, a bad body, 409 conflict, a hang) are reported and polling recovers", async () => {
@@ -363,20 +416,26 @@ describe("telegram: webhook", () => {
     const badJson = await provider.webhook(webhookRequest("{not json"));
     expect(badJson.status).toBe(400);
     expect(await badJson.text()).toMatch(/^Bad request: the body is not a JSON Telegram update/);
-    // An update that can never be parsed: reported with the field named, and answered 200 so that
-    // Telegram does not send it again and again ahead of the updates after it.
+    // A user's update that can never be parsed: reported with the field named, journaled as
+    // unreadable (the bot dead-letters it), and answered 200 once admitted, so that Telegram does
+    // not send it again and again ahead of the updates after it.
     const noChat = await provider.webhook(webhookRequest({ update_id: 9, message: { message_id: 1, date: 1, text: "x" } }));
     expect(noChat.status).toBe(200);
-    expect(await noChat.text()).toBe('ok (update skipped: Telegram update field "message.chat" must be an object, got undefined)');
+    expect(await noChat.text()).toBe('ok (journaled as unreadable: Telegram update field "message.chat" must be an object, got undefined)');
     const ok = await provider.webhook(webhookRequest(update));
     expect(ok.status).toBe(200);
     expect((await provider.webhook(webhookRequest({ update_id: 10, my_chat_member: {} }))).status).toBe(200);
     const badId = await provider.webhook(webhookRequest({ update_id: "x", message: {} }));
     expect(badId.status).toBe(200);
-    expect(await badId.text()).toBe('ok (update skipped: Telegram update field "update_id" must be an integer, got "x")');
+    expect(await badId.text()).toBe('ok (journaled as unreadable: Telegram update field "update_id" must be an integer, got "x")');
+    // Not a user's update: acknowledged without a record.
+    const badKind = await provider.webhook(webhookRequest({ update_id: "y", my_chat_member: {} }));
+    expect(badKind.status).toBe(200);
+    expect(await badKind.text()).toBe('ok (update skipped: Telegram update field "update_id" must be an integer, got "y")');
     expect((await provider.webhook(webhookRequest("[1, 2]"))).status).toBe(400);
     await bot.idle();
     expect(runs).toEqual(["hi"]);
+    expect(await bot.durability!.inbox.get(`tg:${f.botId}:9:-:1`)).toBeDefined();
   });
 
   test("without onError, a malformed update is the bot's error event", async () => {
