@@ -4,7 +4,8 @@
  *   npm run sim -- --seed 42                 one seed, with its trace
  *   npm run sim -- --seeds 5000 --from 1     many seeds (2 worker processes), a summary
  *   options: --faults crash,lost-reply,...   only these fault kinds (see FAULT_KINDS)
- *            --strict-ambiguity              an ambiguity from a crash before the provider call fails the seed
+ *            --lenient-ambiguity             an ambiguity with no provider call made or announced is counted, not a failure
+ *                                            (the default fails it: a crash before the call's announcement is sent again)
  *            --lenient-timeouts              a duplicate send after a call accepted-then-timed-out is counted, not a failure
  *                                            (the default fails it: a timeout is held as ambiguous or reported)
  *            --workers N                     worker processes for --seeds (default 2)
@@ -37,7 +38,7 @@ interface Args {
 }
 
 function parseArgs(argv: string[]): Args {
-  const args: Args = { from: 1, stride: 1, strict: false, strictTimeouts: true, workers: 2, worker: false, quiet: false, verbose: false, twice: false, maxPrint: 20 };
+  const args: Args = { from: 1, stride: 1, strict: true, strictTimeouts: true, workers: 2, worker: false, quiet: false, verbose: false, twice: false, maxPrint: 20 };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i]!;
     const value = () => {
@@ -57,6 +58,7 @@ function parseArgs(argv: string[]): Args {
       case "--stride": args.stride = Math.max(1, int()); break;
       case "--faults": args.faults = value(); break;
       case "--strict-ambiguity": args.strict = true; break;
+      case "--lenient-ambiguity": args.strict = false; break;
       case "--strict-timeouts": args.strictTimeouts = true; break;
       case "--lenient-timeouts": args.strictTimeouts = false; break;
       case "--workers": args.workers = Math.max(1, int()); break;
@@ -67,7 +69,7 @@ function parseArgs(argv: string[]): Args {
       case "--max-print": args.maxPrint = int(); break;
       case "--help":
       case "-h":
-        console.log(`usage: npm run sim -- (--seed N | --seeds N [--from S]) [--faults ${FAULT_KINDS.join(",")}] [--strict-ambiguity] [--workers N]`);
+        console.log(`usage: npm run sim -- (--seed N | --seeds N [--from S]) [--faults ${FAULT_KINDS.join(",")}] [--lenient-ambiguity] [--lenient-timeouts] [--workers N]`);
         process.exit(0);
         break;
       default:
@@ -82,7 +84,7 @@ const faults = args.faults === undefined ? undefined : parseFaults(args.faults);
 const create = (serverNow: () => number) => new MemoryDurability({ clock: serverNow });
 const flags = [
   ...(args.faults !== undefined ? [`--faults ${args.faults}`] : []),
-  ...(args.strict ? ["--strict-ambiguity"] : []),
+  ...(args.strict ? [] : ["--lenient-ambiguity"]),
   ...(args.strictTimeouts ? [] : ["--lenient-timeouts"]),
 ].join(" ");
 const replay = (seed: number) => `npm run sim -- --seed ${seed}${flags ? ` ${flags}` : ""}`;
@@ -172,7 +174,7 @@ if (workers === 1) {
       "--seeds",
       String(count),
       ...(args.faults !== undefined ? ["--faults", args.faults] : []),
-      ...(args.strict ? ["--strict-ambiguity"] : []),
+      ...(args.strict ? [] : ["--lenient-ambiguity"]),
       ...(args.strictTimeouts ? [] : ["--lenient-timeouts"]),
       ...(args.twice ? ["--check-determinism"] : []),
     ];
@@ -216,11 +218,11 @@ console.log(`wall ${(wallMs / 1000).toFixed(1)}s, ${(total / (wallMs / 1000)).to
 console.log(`faults injected: ${Object.entries(faultTotals).sort().map(([k, n]) => `${k} ${n}`).join(", ") || "none"}`);
 const amb = (k: string) => ambiguity[k] ?? 0;
 console.log(
-  `ambiguity transitions: ${amb("call")} after a real provider call; with no call under the lease: ${
+  `ambiguity transitions: ${amb("call")} after a real provider call, ${amb("announced")} after a journaled announcement with no call (a crash or stall between the two); with no call announced: ${
     amb("crash-before-call")
   } from a crash, ${amb("stalled-before-call")} from a stall, ${amb("lost-grant")} from a lost grant, ${
     amb("held")
-  } from lost heartbeats${args.strict ? " (failures: --strict-ambiguity)" : " (counted; --strict-ambiguity fails them)"}`,
+  } from lost heartbeats${args.strict ? " (each a failure)" : " (counted; --lenient-ambiguity)"}`,
 );
 console.log(
   `duplicate sends after a call the channel accepted but that timed out (the engine retried it): ${timeoutDuplicates}${

@@ -72,6 +72,9 @@ function checkInbound(message: unknown): InboundMessage {
   if (m.text !== undefined && typeof m.text !== "string") {
     throw new TypeError(`Inbound message field "text" must be a string, got ${JSON.stringify(m.text)}`);
   }
+  if (m.unreadable !== undefined && (typeof m.unreadable !== "string" || m.unreadable === "")) {
+    throw new TypeError(`Inbound message field "unreadable" must be a non-empty string (the reason), got ${JSON.stringify(m.unreadable) ?? "undefined"}`);
+  }
   return message as InboundMessage;
 }
 
@@ -306,9 +309,11 @@ export class Bot {
     this.#state = "starting";
     this.#starting = (async () => {
       await this.#engine?.start();
+      const engine = this.#engine;
       await this.provider.start({
         receive: (message) => this.#receive(message),
         reportError: (error) => this.#emitError(error),
+        confirmSent: (key, messageId) => engine ? engine.confirmSent(key, messageId) : Promise.resolve(false),
       });
       if (this.#state === "starting") this.#state = "running";
       await this.#conversations.restore().catch((error) => this.#emitError(error));
@@ -355,6 +360,11 @@ export class Bot {
       return { status: "rejected", id: message.id, error: new Error("The bot is stopping; redeliver later") };
     }
     if (!this.#engine) {
+      if (message.unreadable !== undefined) {
+        // No journal to keep it in: said loudly, never handed to a handler.
+        this.#emitError(new Error(`Unreadable inbound message "${message.id}" (chat "${message.chatId}"): ${message.unreadable}`));
+        return { status: "admitted", id: message.id };
+      }
       this.#dispatch({ message, record: null, sends: [], sendCount: 0 });
       return { status: "admitted", id: message.id };
     }

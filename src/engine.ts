@@ -28,6 +28,7 @@ import {
   type InboundMessage,
   type OutboundContent,
   type Provider,
+  type SendConfirmation,
 } from "./provider.ts";
 import { type Clock, type ClockTimer, every, type Repeating, sleep } from "./clock.ts";
 import { hostname, randomId } from "./runtime/mod.ts";
@@ -52,8 +53,14 @@ export interface DurabilityMetrics {
   outboxDeferred: number;
   /** Sends moved to the outbound DLQ. */
   outboxDead: number;
-  /** Sends whose sender died mid-call, now `unknown`. */
+  /** Sends whose outcome is unknown (a sender died mid-call, a call timed out), left `unknown` for an operator and reported. */
   outboxAmbiguous: number;
+  /**
+   * Ambiguous sends the channel settled without an operator: a delivery status that carried the
+   * send's key (`sent` with its message id), or the provider's `confirm` (`sent`, or certainly not
+   * delivered: queued again).
+   */
+  outboxResolved: number;
   /** Sends that bypassed the outbox (too large or not encodable). */
   outboxBypassed: number;
   /** Completions rejected because another instance had taken the record. */
@@ -98,8 +105,13 @@ export interface BotEvents {
   warning: DurabilityWarning;
   /** A record reached a DLQ. `id` is the inbound id or the outbox key. */
   "durability:dead": { kind: "inbound" | "outbound"; id: string; error: string };
-  /** A send's outcome is unknown: its sender died during the provider call. */
+  /** A send's outcome is unknown (its sender died during the provider call, or the call timed out): held for an operator. */
   "durability:ambiguous": { key: string; chatId: string };
+  /**
+   * An ambiguous send was settled by the channel: `sent` (a delivery status carrying its key, or
+   * the provider's `confirm`), or `queued` again (`confirm` said it never arrived).
+   */
+  "durability:resolved": { key: string; chatId: string; state: "sent" | "queued"; messageId?: string; via: "status" | "confirm" };
 }
 
 /** What a send did. */
@@ -219,6 +231,8 @@ const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
+/** How long a provider's `confirm` may take before the send is left to an operator. */
+const CONFIRM_TIMEOUT_MS = 10_000;
 
 /** Add `value` to a set kept to `DEDUPE_CAPACITY` entries (the oldest goes first). */
 function addBounded<T>(set: Set<T>, value: T): void {
@@ -249,6 +263,7 @@ export function zeroMetrics(): DurabilityMetrics {
     outboxDeferred: 0,
     outboxDead: 0,
     outboxAmbiguous: 0,
+    outboxResolved: 0,
     outboxBypassed: 0,
     staleLeases: 0,
     outboxDiverged: 0,
@@ -296,6 +311,8 @@ export class DurabilityEngine {
    * written, so that such a key is never taken for one that was never sent.
    */
   #calling = new Set<string>();
+  /** Keys the channel confirmed delivered while their entry was still on its way: key → message id. */
+  #confirmed = new Map<string, string>();
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
@@ -535,13 +552,16 @@ export class DurabilityEngine {
   }
 
   /** Extend one held lease: `held`, `lost` (another instance has it, or it settled) or `error` (unknown). */
-  async #renewOnce(h: HeldLease): Promise<"held" | "lost" | "error"> {
+  async #renewOnce(h: HeldLease, announceCall = false): Promise<"held" | "lost" | "error"> {
     const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
     const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
     const startedAt = this.#clock.monotonic();
     const token = h.token;
     try {
-      if (await journal.heartbeat(h.id, token, leaseMs)) {
+      const held = announceCall
+        ? await this.backend.outbox.markCalling(h.id, token, leaseMs)
+        : await journal.heartbeat(h.id, token, leaseMs);
+      if (held) {
         if (h.token === token) h.confirmedAt = Math.max(h.confirmedAt, startedAt);
         return "held";
       }
@@ -555,7 +575,7 @@ export class DurabilityEngine {
       });
       return "lost";
     } catch (error) {
-      this.#report(error, `heartbeat of ${h.kind} record "${h.id}"`);
+      this.#report(error, `${announceCall ? "call announcement" : "heartbeat"} of ${h.kind} record "${h.id}"`);
       return "error";
     }
   }
@@ -727,7 +747,11 @@ export class DurabilityEngine {
   async process(job: InboundJob, handle: () => Promise<void>): Promise<void> {
     const record = job.record;
     if (this.#halted) return;
+    const unreadable = job.message.unreadable;
     if (record === null) {
+      if (unreadable !== undefined) {
+        return void this.#report(new Error(`Unreadable inbound message "${job.message.id}": ${unreadable}`), "unjournaled message");
+      }
       try {
         await handle();
       } catch (error) {
@@ -740,7 +764,12 @@ export class DurabilityEngine {
     const retries = this.config.inbox.retries;
     let failure: unknown;
     let failed = false;
-    if (record.attempts > retries + 1 + POISON_ALLOWANCE) {
+    let deadNow = false;
+    if (unreadable !== undefined) {
+      // The provider could not parse it: journaled so that nothing a user sent vanishes, never handled.
+      failed = deadNow = true;
+      failure = new Error(`Unreadable ${record.provider} message: ${unreadable}`);
+    } else if (record.attempts > retries + 1 + POISON_ALLOWANCE) {
       // Claimed over and over without an outcome: it takes the process down with it.
       failed = true;
       failure = new Error(`Processing was cut off (crash or lost lease) in ${record.attempts - 1} attempts`);
@@ -758,7 +787,7 @@ export class DurabilityEngine {
     try {
       if (!failed) {
         await this.#recordOutcome(lease, (token) => inbox.complete(record.id, token), ["done"]);
-      } else if (record.attempts > retries) {
+      } else if (deadNow || record.attempts > retries) {
         const text = errorText(failure);
         const dead = { error: text, dead: true } as const;
         if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, dead), ["dead"])) {
@@ -766,7 +795,9 @@ export class DurabilityEngine {
         }
         this.#metrics.inboundDead++;
         this.#host.events.emit("durability:dead", { kind: "inbound", id: record.id, error: text });
-        this.#report(failure, `handler of inbound record "${record.id}" (dead after ${record.attempts} attempts)`);
+        this.#report(failure, deadNow
+          ? `inbound record "${record.id}" (dead-lettered unread; the record keeps what the channel sent)`
+          : `handler of inbound record "${record.id}" (dead after ${record.attempts} attempts)`);
       } else {
         const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
         const outcome = { error: errorText(failure), retryInMs };
@@ -1035,7 +1066,11 @@ export class DurabilityEngine {
     }
   }
 
-  /** Whether the provider may be called under `lease` now: held, not lost, confirmed within half a lease. */
+  /**
+   * Whether the provider may be called under `lease` now: held and not lost. The call is journaled
+   * first (`markCalling`, which also renews the lease): a lease lost before it was never called, so
+   * recovery sends it again instead of holding it as ambiguous.
+   */
   async #stillHeld(lease: HeldLease): Promise<boolean> {
     if (this.#halted) return false;
     if (lease.lost || this.#held[lease.kind].get(lease.id) !== lease) return false;
@@ -1047,11 +1082,12 @@ export class DurabilityEngine {
       return false;
     }
     const leaseMs = lease.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
-    if (this.#clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
+    const announceCall = lease.kind === "outbox";
+    if (!announceCall && this.#clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
     // A journal error leaves it unknown whether the lease holds (a renewal whose reply was lost): ask again.
     for (let attempt = 1; attempt <= 3; attempt++) {
       const token = lease.token;
-      const renewed = await this.#renewOnce(lease);
+      const renewed = await this.#renewOnce(lease, announceCall);
       if (this.#halted) return false;
       // Re-leased to this process meanwhile (a sweep handed it the new token): renew that one.
       if (renewed === "lost" && lease.token !== token && !lease.lost) continue;
@@ -1072,6 +1108,89 @@ export class DurabilityEngine {
     if (this.#halted) throw new Error("The process died");
     const current = await this.backend.outbox.get(key).catch(() => null);
     return current === null ? { key, state: "queued" } : { ...this.#resultOf(current), deduped: true };
+  }
+
+  /**
+   * A channel's word that the send with `key` reached it (a delivery status carrying the key): an
+   * `unknown` entry becomes `sent`; one still on its way is remembered, so that if its outcome is
+   * lost the ambiguity resolves at once. See `InboundSink.confirmSent`.
+   */
+  async confirmSent(key: string, messageId: string): Promise<boolean> {
+    if (typeof key !== "string" || key === "") throw new TypeError(`confirmSent: "key" must be a non-empty string, got ${JSON.stringify(key) ?? "undefined"}`);
+    if (typeof messageId !== "string") {
+      throw new TypeError(`confirmSent: "messageId" must be a string, got ${JSON.stringify(messageId) ?? "undefined"}`);
+    }
+    if (this.#halted) return false;
+    const entry = await this.backend.outbox.get(key);
+    if (entry === null) return false;
+    if (entry.state === "unknown") return await this.#resolveSent(entry, messageId, "status") === "resolved";
+    if (entry.state === "sending" || entry.state === "queued" || entry.state === "failed") {
+      this.#confirmed.set(key, messageId);
+      if (this.#confirmed.size > DEDUPE_CAPACITY) this.#confirmed.delete(this.#confirmed.keys().next().value!);
+    }
+    return false;
+  }
+
+  /**
+   * An entry that just became `unknown`: settled by what the channel said (a delivery status seen
+   * earlier, the provider's `confirm`), else reported for an operator.
+   */
+  #settleAmbiguous(entry: OutboxEntry): void {
+    const provider = this.#host.provider;
+    const stashed = this.#confirmed.get(entry.key);
+    if (stashed === undefined && provider.confirm === undefined) return this.#reportAmbiguous(entry);
+    addBounded(this.#reported, `${entry.key}#${entry.fence}`); // a lost scan's report must not repeat it
+    const work = this.#resolveAmbiguous(entry, stashed).then(
+      (resolved) => {
+        if (!resolved && !this.#halted) this.#reportAmbiguous(entry);
+      },
+      (error) => {
+        if (this.#halted) return;
+        this.#report(error, `confirmation of ambiguous send "${entry.key}" by provider "${provider.name}"`);
+        this.#reportAmbiguous(entry);
+      },
+    );
+    this.#host.track(work);
+  }
+
+  async #resolveAmbiguous(entry: OutboxEntry, stashed: string | undefined): Promise<boolean> {
+    if (stashed !== undefined) {
+      this.#confirmed.delete(entry.key);
+      if (await this.#resolveSent(entry, stashed, "status") !== "unknown") return true;
+    }
+    const provider = this.#host.provider;
+    if (provider.confirm === undefined) return false;
+    const asked = provider.confirm({
+      idempotencyKey: entry.key,
+      chatId: entry.chatId,
+      content: decodeContent(entry.content) as OutboundContent,
+      signal: this.#abort.signal,
+    });
+    const answer = checkConfirmation(
+      await withTimeout(this.#clock, Promise.resolve(asked), CONFIRM_TIMEOUT_MS, () => new Error(`no answer within ${CONFIRM_TIMEOUT_MS} ms`)),
+      provider.name,
+    );
+    if (answer === null || this.#halted) return false;
+    if (answer.delivered) return await this.#resolveSent(entry, answer.messageId, "confirm") !== "unknown";
+    // It certainly never arrived: send it again.
+    if (!await this.backend.outbox.retry(entry.key)) return (await this.backend.outbox.get(entry.key))?.state !== "unknown";
+    this.#metrics.outboxResolved++;
+    this.#host.events.emit("durability:resolved", { key: entry.key, chatId: entry.chatId, state: "queued", via: "confirm" });
+    this.#wake(0);
+    return true;
+  }
+
+  /** Record an `unknown` entry as sent on the channel's word: `resolved`, or its state now (someone else acted). */
+  async #resolveSent(entry: OutboxEntry, messageId: string, via: "status" | "confirm"): Promise<"resolved" | OutboxState | "gone"> {
+    try {
+      await this.backend.outbox.markSent(entry.key, entry.fence, messageId);
+    } catch (error) {
+      if (!(error instanceof StaleLeaseError)) throw error;
+      return (await this.backend.outbox.get(entry.key))?.state ?? "gone";
+    }
+    this.#metrics.outboxResolved++;
+    this.#host.events.emit("durability:resolved", { key: entry.key, chatId: entry.chatId, state: "sent", messageId, via });
+    return "resolved";
   }
 
   #reportAmbiguous(entry: { key: string; chatId: string; fence?: number }): void {
@@ -1113,7 +1232,7 @@ export class DurabilityEngine {
       if (this.config.outbox.onAmbiguous === "hold") {
         const outcome = { error: text, ambiguous: true } as const;
         const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["unknown"]);
-        if (recorded) this.#reportAmbiguous(entry);
+        if (recorded) this.#settleAmbiguous({ ...entry, state: "unknown", fence: lease.token });
         return { result: { key, state: "unknown", error: text }, recorded };
       }
       this.#reportAmbiguous(entry);
@@ -1280,7 +1399,8 @@ export class DurabilityEngine {
           // A reservation whose answer is still on its way may be ours too, or another process's entry
           // that it only found: it cannot tell, so that one is reported.
           if (mine === undefined) {
-            this.#reportAmbiguous(entry);
+            if (entry.state === "unknown") this.#settleAmbiguous(entry);
+            else this.#reportAmbiguous(entry);
             // A reservation of ours whose answer is still on its way may hold this very lease: it must not call.
             if (entry.state === "unknown") this.#madeUnknown.set(entry.key, entry.fence);
             if (this.#madeUnknown.size > DEDUPE_CAPACITY) this.#madeUnknown.delete(this.#madeUnknown.keys().next().value!);
@@ -1372,7 +1492,7 @@ export class DurabilityEngine {
           if (entry.updatedAt < lostScanSince.from - LOST_SCAN_SLACK_MS) continue;
           if (entry.updatedAt > lostScanSince.to + LOST_SCAN_SLACK_MS) continue;
           if (this.#reported.has(`${entry.key}#${entry.fence}`)) continue;
-          this.#reportAmbiguous(entry);
+          this.#settleAmbiguous(entry);
         }
       }
       const [records, entries] = await Promise.all([
@@ -1491,4 +1611,21 @@ export class DurabilityEngine {
       metrics: () => ({ ...this.#metrics }),
     };
   }
+}
+
+/** A provider's `confirm` answer, checked: `null`, or a well-formed {@link SendConfirmation}. */
+function checkConfirmation(answer: unknown, provider: string): SendConfirmation | null {
+  if (answer === null || answer === undefined) return null;
+  const a = answer as { delivered?: unknown; messageId?: unknown };
+  if (typeof answer === "object" && a.delivered === false) return { delivered: false };
+  if (typeof answer === "object" && a.delivered === true) {
+    if (typeof a.messageId === "string") return { delivered: true, messageId: a.messageId };
+    if (typeof a.messageId === "number" && Number.isFinite(a.messageId)) return { delivered: true, messageId: String(a.messageId) };
+    throw new TypeError(`Provider "${provider}" confirm() answered delivered without a usable "messageId" (got ${JSON.stringify(a.messageId) ?? "undefined"})`);
+  }
+  throw new TypeError(
+    `Provider "${provider}" confirm() must answer null, { delivered: false } or { delivered: true, messageId }, got field "delivered" ${
+      JSON.stringify(a?.delivered) ?? "undefined"
+    }`,
+  );
 }

@@ -14,6 +14,7 @@ function slow(ms: number): DurabilityBackend {
     reserve: (...a) => o.reserve(...a),
     claimDue: (...a) => o.claimDue(...a),
     heartbeat: (...a) => o.heartbeat(...a),
+    markCalling: (...a) => o.markCalling(...a),
     markSent: (...a) => o.markSent(...a),
     markFailed: async (...a) => {
       await new Promise((r) => setTimeout(r, ms));

@@ -1193,6 +1193,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         "outboxDeferred",
         "outboxDiverged",
         "outboxJournaled",
+        "outboxResolved",
         "outboxRetried",
         "staleLeases",
       ]);
@@ -1332,6 +1333,7 @@ const stubBackend: DurabilityBackend = {
     reserve: unused,
     claimDue: unused,
     heartbeat: unused,
+    markCalling: unused,
     markSent: unused,
     markFailed: unused,
     get: unused,
@@ -1573,6 +1575,13 @@ async function crashAndRecover(
     }
   }
   expect(unknown.sort(), "every unknown send was reported").toEqual([...new Set(events.ambiguous)].sort());
+  // Ambiguous only where a provider call may really have happened: one was made, or the crash fell
+  // between its journaled announcement and the call. A crash after the reservation is not ambiguous.
+  const announcedNotCalled = (point === "outbox.markCalling" && when === "after") || (point === "provider.send" && when === "before");
+  for (const key of new Set(events.ambiguous)) {
+    expect(world.calls.has(key) || announcedNotCalled, `${key} reported ambiguous with no provider call (crash ${when} ${point})`)
+      .toBe(true);
+  }
   // The conversation resumed where it was: each question asked once, the answers it recorded used.
   const [form, name, age] = messages.filter((m) => m.chatId === "c4");
   const expected: [string, string][] = [

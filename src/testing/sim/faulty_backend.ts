@@ -195,7 +195,9 @@ export function faultyBackend(
           break;
         }
         case "inbox.heartbeat":
-        case "outbox.heartbeat": {
+        case "outbox.heartbeat":
+        case "outbox.markCalling": {
+          if (op === "outbox.markCalling" && result === true) ledger.announced.add(`${args[0] as string}#${args[1] as number}`);
           const g = op === "inbox.heartbeat"
             ? ledger.inLease(args[0] as string, args[1] as number)
             : ledger.outLease(args[0] as string, args[1] as number);
@@ -258,6 +260,11 @@ export function faultyBackend(
               detail = `a call under token ${token} started at ${
                 ((calls[0]!.start - SIM_EPOCH) / 1000).toFixed(3)
               }s by ${calls[0]!.inc}`;
+            } else if (ledger.announced.has(`${e.key}#${token}`)) {
+              verdict = "announced";
+              detail = `no call under token ${token}, but ${g?.inc ?? "its holder"} had announced one (markCalling) and ${
+                g && ledger.isDead(g.inc) ? "died" : "stalled or lost the reply"
+              } before calling`;
             } else if (g && ledger.isDead(g.inc)) {
               verdict = "crash-before-call";
               detail = `holder ${g.inc} died before calling the provider`;
@@ -445,6 +452,7 @@ export function faultyBackend(
     "reserve",
     "claimDue",
     "heartbeat",
+    "markCalling",
     "markSent",
     "markFailed",
     "get",

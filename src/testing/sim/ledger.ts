@@ -63,9 +63,11 @@ export interface AmbiguityRecord {
    * `crash-before-call` its holder died before calling; `stalled-before-call` its holder was
    * stalled past the lease before calling (to the others, like a crash); `lost-grant` the
    * holder never learned it held the lease (the reply of its reserve or claim was lost);
-   * `held` the holder got the lease and kept it without calling.
+   * `held` the holder got the lease and kept it without calling; `announced` no call, but its
+   * holder had journaled one (`markCalling`) and then crashed, stalled or lost that reply before
+   * calling: the one window the journal cannot tell from a call (allowed).
    */
-  verdict: "call" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
+  verdict: "call" | "announced" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
   /** Made by the holder's own process while its lease was live in true time (a server clock step). */
   selfSteal?: boolean;
   detail: string;
@@ -94,6 +96,8 @@ const tk = (id: string, token: number) => `${id}#${token}`;
 /** The ground truth of one run. */
 export class Ledger {
   calls: CallRecord[] = [];
+  /** `key#token` of every provider call announced in the journal (a `markCalling` that committed). */
+  announced: Set<string> = new Set();
   acceptedCount = 0;
   /** outbox key#token → grant. */
   outLeases: Map<string, LeaseGrant> = new Map();

@@ -24,7 +24,10 @@ export interface SimOptions {
   seed: number;
   /** The fault kinds to inject (default all). */
   faults?: readonly FaultKind[];
-  /** Count an ambiguity caused by a crash between the reservation and the provider call as a failure. */
+  /**
+   * Fail an ambiguity where no provider call happened nor was announced in the journal (a crash
+   * between the reservation and the call). Default `true`; `false` only counts them.
+   */
   strictAmbiguity?: boolean;
   /** Count a duplicate send that follows a call the channel accepted but that timed out as a failure. */
   strictTimeouts?: boolean;
@@ -377,7 +380,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       inbox,
       outbox,
       metrics,
-      strictAmbiguity: options.strictAmbiguity ?? false,
+      strictAmbiguity: options.strictAmbiguity ?? true,
       strictTimeouts: options.strictTimeouts ?? true,
       notes,
     }),
