@@ -323,7 +323,11 @@ describe("kvDurability", () => {
   test("an abandoned send becomes unknown exactly once across racing claimers", async () => {
     const { kv, advance } = clocked();
     const seed = kvDurability(kv);
-    for (let i = 0; i < 20; i++) expect((await seed.outbox.reserve(send(`k${i}`, `c${i}`), A)).status).toBe("leased");
+    for (let i = 0; i < 20; i++) {
+      const reserved = await seed.outbox.reserve(send(`k${i}`, `c${i}`), A);
+      expect(reserved.status).toBe("leased");
+      expect(await seed.outbox.markCalling(reserved.entry.key, reserved.entry.lease!.token, A.leaseMs)).toBe(true);
+    }
     advance(A.leaseMs + 1);
     const shared = new JitterKv(kv);
     const results = await Promise.all(
@@ -334,6 +338,63 @@ describe("kvDurability", () => {
     expect(new Set(keys).size).toBe(20);
     expect(results.every((r) => r.due.length === 0)).toBe(true);
     expect((await seed.outbox.list({ state: "unknown", limit: 100 })).length).toBe(20);
+    await expectHintsIntact(kv);
+  });
+
+  test("an abandoned send whose call was never announced is leased again exactly once across racing claimers", async () => {
+    const { kv, advance } = clocked();
+    const seed = kvDurability(kv);
+    for (let i = 0; i < 20; i++) expect((await seed.outbox.reserve(send(`k${i}`, `c${i}`), A)).status).toBe("leased");
+    advance(A.leaseMs + 1);
+    const shared = new JitterKv(kv);
+    const results = await Promise.all(
+      [B, { ...B, owner: "c" }, { ...B, owner: "d" }].map((o) => kvDurability(shared).outbox.claimDue({ ...o, limit: 5 })),
+    );
+    expect(results.every((r) => r.ambiguous.length === 0 && r.due.length <= 5)).toBe(true);
+    const due = results.flatMap((r) => r.due);
+    expect(new Set(due.map((e) => e.key)).size).toBe(due.length);
+    expect(due.every((e) => e.fence === 2 && e.attempts === 1 && !e.called && e.state === "sending")).toBe(true);
+    // What the limits left behind is still `sending` under A's lapsed lease, and the next scan takes it.
+    const rest = await seed.outbox.claimDue({ ...B, limit: 100 });
+    expect(rest.ambiguous).toEqual([]);
+    expect(rest.due.length).toBeGreaterThanOrEqual(5);
+    expect(rest.due.every((e) => e.fence === 2 && e.attempts === 1)).toBe(true);
+    expect(new Set([...due, ...rest.due].map((e) => e.key)).size).toBe(20);
+    expect((await seed.outbox.list({ state: "sending", limit: 100 })).every((e) => e.lease!.token === 2)).toBe(true);
+    await expectHintsIntact(kv);
+  });
+
+  test("an entry stored before `called` existed reads as called; a write upgrades it in place", async () => {
+    const { kv, advance } = clocked();
+    const backend = kvDurability(kv);
+    const lapsing = await backend.outbox.reserve(send("k1", "c1"), A);
+    const queued = await backend.outbox.reserve(send("k2", "c2"));
+    const held = await backend.outbox.reserve(send("k3", "c3"), A);
+    // Rewrite the stored values as an older version wrote them: no `called` field.
+    for (const key of ["k1", "k2", "k3"]) {
+      const stored = (await kv.get(`r/out/${key}`))!;
+      const { rec, hints } = stored.value as { rec: Record<string, JsonValue>; hints: JsonValue };
+      delete rec.called;
+      expect(await kv.set(stored.key, { rec, hints }, stored.version)).not.toBeNull();
+    }
+    expect((await backend.outbox.get("k1"))!.called, "an old sending entry may have started its call").toBe(true);
+    expect((await backend.outbox.get("k2"))!.called).toBe(true);
+    expect((await backend.outbox.list({ limit: 10 })).map((e) => e.called)).toEqual([true, true, true]);
+    expect((await backend.outbox.list({ state: "queued" })).map((e) => e.called)).toEqual([true]);
+    expect((await backend.outbox.reserve(send("k1", "c1"), A))).toMatchObject({ status: "exists", entry: { called: true } });
+
+    // A heartbeat writes the entry back with the flag (still true: nothing may clear it but a claim).
+    expect(await backend.outbox.heartbeat("k3", held.entry.lease!.token, 10 * A.leaseMs)).toBe(true);
+    expect(((await kv.get("r/out/k3"))!.value as { rec: { called?: boolean } }).rec.called).toBe(true);
+
+    // Its lease lapsed: conservative, so ambiguous as before the flag existed; the queued one is leased uncalled.
+    advance(A.leaseMs + 1);
+    const claim = await backend.outbox.claimDue({ ...B, limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key)).toEqual([lapsing.entry.key]);
+    expect((await backend.outbox.get("k1"))!.state).toBe("unknown");
+    expect(claim.due.map((e) => e.key)).toEqual([queued.entry.key]);
+    expect(claim.due[0]!.called, "a claim starts it uncalled").toBe(false);
+    expect(((await kv.get("r/out/k2"))!.value as { rec: { called?: boolean } }).rec.called).toBe(false);
     await expectHintsIntact(kv);
   });
 
