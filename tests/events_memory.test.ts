@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { type DurabilityBackend, StaleLeaseError } from "../src/backend.ts";
+import { type DurabilityBackend, type OutboxEntry, StaleLeaseError } from "../src/backend.ts";
 import { MemoryKv } from "../backends/memory_kv.ts";
 import { eventsDurability, type EventsDurabilityOptions } from "../src/events/durability.ts";
 import { type EventJournalChanges, type EventJournalState, MemoryEventJournal } from "../src/events/memory_journal.ts";
@@ -140,7 +140,10 @@ async function randomOps(
           }
           break;
         case 13:
-          if (someEntry?.lease) await journal.outbox.heartbeat(someEntry.key, someEntry.lease.token, 1_000);
+          if (someEntry?.lease) {
+            if (random() < 0.5) await journal.outbox.heartbeat(someEntry.key, someEntry.lease.token, 1_000);
+            else await journal.outbox.markCalling(someEntry.key, someEntry.lease.token, 1_000);
+          }
           break;
         case 14:
           if (someEntry) await (random() < 0.5 ? journal.outbox.retry(someEntry.key) : journal.outbox.discard(someEntry.key));
@@ -272,6 +275,53 @@ describe("MemoryEventJournal state and changes", () => {
     expect(next.outbox.map((e) => e.state)).toEqual(["sent"]);
     await quiet.complete("e", 1);
     expect(quiet.takeChanges()!.events.map((e) => e.state)).toEqual(["done"]);
+  });
+
+  test("markCalling is a change, also without heartbeatChanges: `called` is reported for writing", async () => {
+    const clock = { now: 1_000 };
+    const journal = new MemoryEventJournal({ clock: () => clock.now });
+    const lease = { owner: "o", incarnation: "i", leaseMs: 100 };
+    await journal.outbox.reserve({ key: "k", chatId: "c", content: null, contentHash: "h", inboundId: null }, lease);
+    expect(journal.takeChanges()?.outbox.map((e) => e.called)).toEqual([false]);
+    clock.now += 10;
+    expect(await journal.outbox.markCalling("k", 2, 5_000), "a stale token").toBe(false);
+    expect(journal.takeChanges(), "a refused markCalling changes nothing").toBe(null);
+    expect(await journal.outbox.markCalling("k", 1, 5_000)).toBe(true);
+    const changes = journal.takeChanges()!;
+    expect(changes.outbox.map((e) => [e.key, e.called, e.lease?.expiresAt])).toEqual([["k", true, 1_010 + 5_000]]);
+    // Replayed elsewhere (a snapshot, a log line), the flag comes along.
+    const copy = new MemoryEventJournal({ clock: () => clock.now });
+    copy.applyChanges(roundTrip(changes));
+    expect((await copy.outbox.get("k"))?.called).toBe(true);
+    await journal.close();
+    await expect(journal.outbox.markCalling("k", 1, 5_000)).rejects.toThrow(/outbox\.markCalling.*closed/);
+  });
+
+  test("outbox entries stored before `called` existed (a state, a change set) read as called", async () => {
+    const clock = { now: 1_000 };
+    const journal = new MemoryEventJournal({ clock: () => clock.now });
+    const lease = { owner: "o", incarnation: "i", leaseMs: 100 };
+    await journal.outbox.reserve({ key: "a", chatId: "c1", content: null, contentHash: "h", inboundId: null }, lease);
+    await journal.outbox.reserve({ key: "b", chatId: "c2", content: null, contentHash: "h", inboundId: null });
+    const old = <T extends { outbox: OutboxEntry[] }>(value: T): T => {
+      const copy = roundTrip(value);
+      for (const entry of copy.outbox) delete (entry as Partial<OutboxEntry>).called;
+      return copy;
+    };
+    const fromState = MemoryEventJournal.fromState(old(journal.exportState()), { clock: () => clock.now });
+    const fromChanges = new MemoryEventJournal({ clock: () => clock.now });
+    fromChanges.applyChanges(old(journal.takeChanges()!));
+    for (const loaded of [fromState, fromChanges]) {
+      expect((await loaded.outbox.list()).map((e) => [e.key, e.called])).toEqual([["a", true], ["b", true]]);
+      expect(loaded.exportState().outbox.map((e) => e.called), "exported with the flag").toEqual([true, true]);
+    }
+    // A lapsed old send may have started its call: ambiguous, as before the flag existed.
+    clock.now += 1_000;
+    for (const loaded of [fromState, fromChanges]) {
+      const claim = await loaded.outbox.claimDue({ owner: "p", incarnation: "j", leaseMs: 100, limit: 10 });
+      expect(claim.ambiguous.map((e) => e.key)).toEqual(["a"]);
+      expect(claim.due.map((e) => [e.key, e.called])).toEqual([["b", false]]);
+    }
   });
 
   test("a purged id appended again keeps its place when a change set is applied again", async () => {
