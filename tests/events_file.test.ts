@@ -284,6 +284,24 @@ describe("group commit and durability", () => {
     expect(disk.outbox[0].lease.expiresAt).toBeGreaterThan(Date.now() + 400_000);
   });
 
+  test("markCalling is a change, not a heartbeat: it rewrites and resolves once `called` is on disk", async () => {
+    const path = freshPath();
+    const j = await openAt(path);
+    const { entry } = await j.outbox.reserve(send("k1"), { ...A, leaseMs: 1_000 });
+    expect((onDisk(path).outbox[0] as unknown as { called: boolean }).called).toBe(false);
+    const before = j.stats.rewrites;
+    expect(await j.outbox.markCalling("k1", entry.lease!.token + 1, 500_000), "a stale token").toBe(false);
+    expect(j.stats.rewrites, "a refused markCalling writes nothing").toBe(before);
+    expect(await j.outbox.markCalling("k1", entry.lease!.token, 500_000)).toBe(true);
+    expect(j.stats.rewrites).toBe(before + 1);
+    const stored = onDisk(path).outbox[0] as unknown as { called: boolean; lease: { expiresAt: number } };
+    expect(stored.called).toBe(true);
+    expect(stored.lease.expiresAt).toBeGreaterThan(Date.now() + 400_000);
+    await simulateCrash(j);
+    const k = await openAt(path);
+    expect((await k.outbox.get("k1"))?.called, "after a crash").toBe(true);
+  });
+
   test("reads and no-op results do not rewrite", async () => {
     const j = await openAt(freshPath());
     await j.append(ev("e1"));
@@ -393,6 +411,27 @@ describe("restart from disk", () => {
     expect((await k.claim("c", B))?.fence).toBe(2); // the next token follows the stored fence
     expect((await k.outbox.reserve(send("k4"))).entry.seq).toBe(4); // the seq counter continues past the discarded k2
     expect((await k.list({ channel: BOT_CHANNEL })).map((e) => e.id)).toEqual(["b"]);
+  });
+
+  test("a snapshot written before `called` existed: its outbox entries read as called, and are rewritten with it", async () => {
+    const clock = { now: 1_700_000_000_000 };
+    const path = freshPath();
+    const old = new MemoryEventJournal({ clock: () => clock.now });
+    await old.outbox.reserve(send("k1"), { ...A, leaseMs: 1_000 });
+    await old.outbox.reserve(send("k2", "c2"));
+    const doc = JSON.parse(serializeEventSnapshot(old, 0));
+    for (const entry of doc.outbox) delete entry.called;
+    writeFileSync(path, JSON.stringify(doc));
+
+    const j = await openAt(path, { clock: () => clock.now });
+    expect((await j.outbox.list()).map((e) => [e.key, e.called])).toEqual([["k1", true], ["k2", true]]);
+    // A lapsed old send may have started its call: ambiguous, as before the flag existed.
+    clock.now += 2_000;
+    const claim = await j.outbox.claimDue({ ...B, limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key)).toEqual(["k1"]);
+    expect(claim.due.map((e) => [e.key, e.called])).toEqual([["k2", false]]);
+    const disk = onDisk(path).outbox as unknown as { key: string; called: boolean }[];
+    expect(disk.map((e) => [e.key, e.called]), "rewritten with the flag").toEqual([["k1", true], ["k2", false]]);
   });
 
   test("a leftover temporary file from a crash mid-write is ignored and removed", async () => {
@@ -561,6 +600,26 @@ describe("taking over a file of a SharedFileEventJournal", () => {
     expect(disk.outbox.map((e) => e.key)).toEqual(["k1"]);
     // The outbox lease of the replayed entry holds.
     await j.outbox.markSent("k1", 1, "mid");
+  });
+
+  test("log lines written before `called` existed: their outbox entries read as called", async () => {
+    const path = freshPath();
+    const lines = (await changeLines([
+      (m) => m.outbox.reserve(send("k1"), { ...A, leaseMs: 1_000 }),
+      (m) => m.outbox.reserve(send("k2", "c2")),
+    ], 1)).map((line) => {
+      const doc = JSON.parse(line);
+      for (const entry of doc.outbox) delete entry.called;
+      return JSON.stringify(doc);
+    });
+    writeFileSync(`${path}.log`, lines.join("\n") + "\n");
+    const j = await openAt(path, { clock: () => Date.now() + 1_000_000 }); // past the lease of k1 (the lines were written on Date.now)
+    expect(j.stats.replayedLogEntries).toBe(2);
+    expect((await j.outbox.list()).map((e) => [e.key, e.called])).toEqual([["k1", true], ["k2", true]]);
+    expect((onDisk(path).outbox as unknown as { called: boolean }[]).map((e) => e.called)).toEqual([true, true]);
+    const claim = await j.outbox.claimDue({ ...B, limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key)).toEqual(["k1"]);
+    expect(claim.due.map((e) => e.key)).toEqual(["k2"]);
   });
 
   test("a crash between the fresh snapshot and the log's removal: replaying again changes nothing", async () => {
