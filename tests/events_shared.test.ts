@@ -464,6 +464,58 @@ describe("SharedFileEventJournal in one process", () => {
     expect(error?.message).toContain('field "lease"');
   });
 
+  test("appendLog: markCalling is a change: one line with `called` is appended before it resolves", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true });
+    const { entry } = await journal.outbox.reserve(
+      { key: "k1", chatId: "c", content: "hi", contentHash: "h", inboundId: null },
+      { owner: "o", incarnation: "i", leaseMs: 1_000 },
+    );
+    const lines = () => readFileSync(`${file}.log`, "utf8").trim().split("\n").map((l) => JSON.parse(l));
+    expect(lines().at(-1).outbox[0].called).toBe(false);
+    expect(await journal.outbox.markCalling("k1", entry.lease!.token + 1, 60_000), "a stale token").toBe(false);
+    expect(await journal.outbox.markCalling("k1", entry.lease!.token, 60_000)).toBe(true);
+    const last = lines().at(-1);
+    expect(last.outbox.map((e: { key: string; called: boolean }) => [e.key, e.called])).toEqual([["k1", true]]);
+    expect(last.outbox[0].lease.expiresAt).toBeGreaterThan(entry.lease!.expiresAt);
+    await journal.close();
+    const again = await openJournal(file, { appendLog: true });
+    expect((await again.outbox.get("k1"))?.called).toBe(true);
+  });
+
+  for (const mode of ["rewrite", "appendLog"] as const) {
+    test(`a file written before \`called\` existed (${mode}): its outbox entries read as called`, async () => {
+      const file = freshFile();
+      const options: SharedFileEventJournalOptions = mode === "appendLog" ? { appendLog: true } : {};
+      const journal = await openJournal(file, options);
+      await journal.outbox.reserve(
+        { key: "k1", chatId: "c1", content: "hi", contentHash: "h", inboundId: null },
+        { owner: "o", incarnation: "i", leaseMs: 1_000 },
+      );
+      await journal.outbox.reserve({ key: "k2", chatId: "c2", content: "hi", contentHash: "h", inboundId: null });
+      await journal.close();
+      // Strip the flag wherever it was written, as an older version wrote the file.
+      const strip = (doc: { outbox?: Record<string, unknown>[] }) => {
+        for (const entry of doc.outbox ?? []) delete entry.called;
+        return JSON.stringify(doc);
+      };
+      if (existsSync(file)) writeFileSync(file, strip(JSON.parse(readFileSync(file, "utf8"))));
+      if (mode === "appendLog") {
+        const lines = readFileSync(`${file}.log`, "utf8").trim().split("\n");
+        expect(lines.length).toBe(2);
+        writeFileSync(`${file}.log`, lines.map((l) => strip(JSON.parse(l))).join("\n") + "\n");
+      } else {
+        expect(readFileSync(file, "utf8")).not.toContain('"called"');
+      }
+      const again = await openJournal(file, { ...options, clock: () => Date.now() + 60_000 }); // past k1's lease
+      expect((await again.outbox.list()).map((e) => [e.key, e.called])).toEqual([["k1", true], ["k2", true]]);
+      // A lapsed old send may have started its call: ambiguous, as before the flag existed.
+      const claim = await again.outbox.claimDue({ owner: "p", incarnation: "j", leaseMs: 1_000, limit: 10 });
+      expect(claim.ambiguous.map((e) => e.key)).toEqual(["k1"]);
+      expect(claim.due.map((e) => [e.key, e.called])).toEqual([["k2", false]]);
+    });
+  }
+
   test("option errors name the option", async () => {
     const file = freshFile();
     const cases: [SharedFileEventJournalOptions, string][] = [
