@@ -15,7 +15,11 @@
  *   last snapshot written).
  * - Lease heartbeats are kept in memory and written with the next change:
  *   only a restart of this process can take a lease, and a restart reclaims
- *   its own records at once (same `instanceId`).
+ *   its own records at once (same `instanceId`). An `outbox.markCalling` is
+ *   a change: it resolves once on disk, before the provider is called.
+ * - A snapshot written before outbox entries had `called` (the call marker)
+ *   is read with `called: true` for each of its entries (a call may have
+ *   started: a lost send stays ambiguous); the next rewrite stores the field.
  * - A lock file `<path>.lock` (created atomically with its content, holding
  *   the pid and the hostname, its mtime refreshed while held) keeps a second
  *   process out; a second `FileDurability` on the same file in this process
@@ -68,7 +72,11 @@ import {
   snapshotFileMode,
 } from "./file_support.ts";
 import { showValue as show } from "../src/show.ts";
-import { storedInboundProblem as checkInbound, storedOutboxProblem as checkOutbound } from "../src/stored_records.ts";
+import {
+  storedCalled,
+  storedInboundProblem as checkInbound,
+  storedOutboxProblem as checkOutbound,
+} from "../src/stored_records.ts";
 
 export { FileCorruptError, FileLockedError };
 
@@ -546,6 +554,11 @@ class FileOutbox implements OutboxJournal {
   heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     return this.#run((m) => m.outbox.heartbeat(key, token, leaseMs), () => false); // written with the next change
   }
+  markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    // Unlike a heartbeat, written before it resolves: the provider is called only after, and a send
+    // found lost after a restart without it is sent again.
+    return this.#run((m) => m.outbox.markCalling(key, token, leaseMs), (r) => r);
+  }
   markSent(key: string, token: number, messageId: string): Promise<void> {
     return this.#run((m) => m.outbox.markSent(key, token, messageId), () => true);
   }
@@ -620,7 +633,7 @@ function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {
   let lastSeq = 0;
   for (let i = 0; i < outbox.length; i++) {
     const problem = checkOutbound(outbox[i]);
-    const entry = outbox[i] as { key?: unknown; seq?: unknown } | null;
+    const entry = outbox[i] as { key?: unknown; seq?: unknown; called?: unknown } | null;
     const label = `outbox entry ${i}${typeof entry?.key === "string" ? ` (key ${JSON.stringify(entry.key)})` : ""}`;
     if (problem) fail(`${label}: ${problem}`);
     if (keys.has(entry!.key as string)) fail(`${label}: the key appears twice`);
@@ -629,6 +642,8 @@ function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {
     if (seq <= lastSeq) fail(`${label}: field "seq" must be above the previous entry's (${lastSeq}), got ${seq}`);
     if (seq > (snap.outboxSeq as number)) fail(`${label}: field "seq" ${seq} is above "outboxSeq" ${snap.outboxSeq}`);
     lastSeq = seq;
+    // A snapshot written before the call marker existed has none: a call may have started (see storedCalled).
+    if (typeof entry!.called !== "boolean") entry!.called = storedCalled(entry!.called);
   }
   return { inbox: inbox as InboundRecord[], outbox: outbox as OutboxEntry[], outboxSeq: snap.outboxSeq as number };
 }

@@ -95,6 +95,12 @@
  * upgraded stops writing; see group commit). Versions before schema 3 check
  * only at open.
  *
+ * An outbox row's `called` column (0/1) is its call marker
+ * (`outbox.markCalling`). Schema 4 added it with the default 1: an entry
+ * written before it existed reads as called (a call may have started under
+ * its lease, so a lost one stays ambiguous), without rewriting any row.
+ * `markCalling` is one conditional `UPDATE` (no read, no savepoint).
+ *
  * Due scans use partial indexes on `due_at` (set only on records a scan
  * must look at: active inbox records, `sending` outbox entries and the first
  * unsettled entry of each chat), lease-owner reclaims an index on the lease
@@ -170,6 +176,7 @@ import {
   type SqliteValue,
 } from "../src/runtime/sqlite.ts";
 import { showValue as show } from "../src/show.ts";
+import { storedCalled } from "../src/stored_records.ts";
 
 export type { SqliteDriverName } from "../src/runtime/sqlite.ts";
 
@@ -204,7 +211,7 @@ export type SQLiteStoreOptions = SQLiteOptions;
 export type SQLiteDurabilityOptions = SQLiteOptions;
 
 /** The schema version this version of the library writes. */
-export const SQLITE_SCHEMA_VERSION: number = 3;
+export const SQLITE_SCHEMA_VERSION: number = 4;
 
 const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
@@ -398,6 +405,15 @@ const MIGRATIONS: readonly Migration[] = [
         DROP INDEX ${p}inbox_due;
         CREATE INDEX ${p}inbox_due ON ${p}inbox (due_at, received_at, ord) WHERE due_at IS NOT NULL;
       `);
+    },
+  },
+  {
+    // The call marker of an outbox entry (outbox.markCalling): whether a provider call may have started
+    // under its current fence. Entries written before it existed may have been sent: they read as called
+    // (1), so a lost one stays ambiguous, as it was. A constant default: no row is rewritten.
+    version: 4,
+    up(db, p) {
+      db.exec(`ALTER TABLE ${p}outbox ADD COLUMN called INTEGER NOT NULL DEFAULT 1;`);
     },
   },
 ];
@@ -831,7 +847,7 @@ function inboundOf(row: Row, at: Source): InboundRecord {
 }
 
 const OUTBOX_COLUMNS =
-  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at";
+  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, called, message_id, error, created_at, updated_at";
 
 function outboxOf(row: Row, at: Source): OutboxEntry {
   return {
@@ -845,6 +861,8 @@ function outboxOf(row: Row, at: Source): OutboxEntry {
     nextAttemptAt: numOrNull(row.next_attempt_at),
     lease: leaseOf(row),
     fence: num(row.fence),
+    // 0/1; a row that has none (NULL: not written by this library) reads as called, as storedCalled says.
+    called: storedCalled(row.called === null || row.called === undefined ? null : Number(row.called) !== 0),
     messageId: strOrNull(row.message_id),
     error: strOrNull(row.error),
     seq: num(row.seq),
@@ -1159,7 +1177,7 @@ class SqliteOutbox implements OutboxJournal {
     const { changes } = c.stmt(
       `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
         lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
-        fence = ?, message_id = ?, error = ?, updated_at = ?, due_at = ?
+        fence = ?, called = ?, message_id = ?, error = ?, updated_at = ?, due_at = ?
       WHERE key = ? AND state = ? AND fence = ? AND lease_token IS ?`,
     ).run(
       next.state,
@@ -1167,6 +1185,7 @@ class SqliteOutbox implements OutboxJournal {
       next.nextAttemptAt,
       ...leaseParams(next.lease),
       next.fence,
+      next.called ? 1 : 0,
       next.messageId,
       next.error,
       next.updatedAt,
@@ -1241,8 +1260,9 @@ class SqliteOutbox implements OutboxJournal {
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
       const row = c.stmt(
         `INSERT INTO ${this.#t} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
-          lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at, due_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq`,
+          lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, called, message_id, error, created_at, updated_at,
+          due_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq`,
       ).get(
         draft.key,
         draft.chatId,
@@ -1254,6 +1274,7 @@ class SqliteOutbox implements OutboxJournal {
         draft.nextAttemptAt,
         ...leaseParams(draft.lease),
         draft.fence,
+        draft.called ? 1 : 0,
         draft.messageId,
         draft.error,
         draft.createdAt,
@@ -1290,7 +1311,13 @@ class SqliteOutbox implements OutboxJournal {
         .filter((entry) => isLeaseAbandoned(entry.lease, now, options))
         .sort((a, b) => a.seq - b.seq);
       for (const cur of lost) {
-        if (options.resendAmbiguous) {
+        if (!cur.called) {
+          // Its holder never announced a provider call: nothing was sent, it is due work again
+          // (claimedOutbox keeps its attempts). It stays its chat's head: `sending`, due at its new expiry.
+          if (!(due.length < options.limit)) continue; // left for a later scan
+          const next = claimedOutbox(cur, now, options);
+          if (this.#update(c, cur, next)) due.push(next);
+        } else if (options.resendAmbiguous) {
           if (!(due.length < options.limit)) continue; // left for a later scan
           const next = claimedOutbox(cur, now, options);
           if (!this.#update(c, cur, next)) continue;
@@ -1332,6 +1359,22 @@ class SqliteOutbox implements OutboxJournal {
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     return await this.#fenced("heartbeat", key, token, (entry, now) => extendedLease(entry, now, leaseMs));
+  }
+
+  async markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(key, `outbox.markCalling: "key"`);
+    checkFinite(token, `outbox.markCalling: "token"`);
+    checkFinite(leaseMs, `outbox.markCalling: "leaseMs"`);
+    const c = await this.#gate.ready();
+    // On the hot path (once per send): one conditional UPDATE, no read, no savepoint. Accepted as
+    // heartbeat is (`sending`, leased with `token`); sets `called` and extends the lease (callingOutbox).
+    return c.write((now) => {
+      const expiresAt = now + leaseMs;
+      return c.stmt(
+        `UPDATE ${this.#t} SET called = 1, lease_expires_at = ?, due_at = ?
+        WHERE key = ? AND state = 'sending' AND lease_token = ?`,
+      ).run(expiresAt, expiresAt, key, token).changes === 1;
+    }, true);
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {

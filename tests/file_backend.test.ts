@@ -559,6 +559,7 @@ describe("restart from disk", () => {
     expect(await inbox.claim("failed", B)).toBe(null); // not due yet
     // Outbox: a chat with a sending head and a queued follower, a sent one, a dead one, a discarded one (seq gap).
     const head = (await outbox.reserve(send("o1", "x"), A)).entry;
+    expect(await outbox.markCalling("o1", head.lease!.token, 60_000)).toBe(true); // its provider call announced
     await outbox.reserve(send("o2", "x"), A); // queued behind o1
     const s = (await outbox.reserve(send("o3", "y"), A)).entry;
     await outbox.markSent("o3", s.lease!.token, "provider-1");
@@ -579,7 +580,7 @@ describe("restart from disk", () => {
     // Chat order survives: o2 waits behind o1's lease; another owner takes nothing of chat x.
     const claim = await c.outbox.claimDue({ ...B, limit: 10 });
     expect(claim.due.map((e) => e.key)).toEqual(["o6"]);
-    // A restart of A reclaims its own: o1 becomes unknown (ambiguous), o2 is then due; tokens continue.
+    // A restart of A reclaims its own: o1 (called) becomes unknown (ambiguous), o2 is then due; tokens continue.
     const reclaim = await c.outbox.claimDue({ owner: "A", incarnation: "a2", leaseMs: 60_000, limit: 10, reclaimOwn: true });
     expect(reclaim.ambiguous.map((e) => e.key)).toEqual(["o1"]);
     expect(reclaim.due.map((e) => e.key)).toEqual(["o2"]);
@@ -592,6 +593,110 @@ describe("restart from disk", () => {
     // Receipt order and admission order are kept.
     expect((await c.inbox.list()).map((r) => r.id)).toEqual(["pending", "leased", "done", "failed", "dead"]);
     expect((await c.inbox.list({ state: "dead" }))[0].error).toBe("fatal");
+  });
+
+  test("the call marker: written before markCalling resolves, kept across a restart; an uncalled lost send is due again", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const called = (await b.outbox.reserve(send("called", "x"), A)).entry;
+    const uncalled = (await b.outbox.reserve(send("uncalled", "y"), A)).entry;
+    expect(called.called).toBe(false);
+    const onDisk = () => JSON.parse(readFileSync(path, "utf8")).outbox as { key: string; called: boolean }[];
+    expect(onDisk().map((e) => e.called)).toEqual([false, false]);
+    const rewrites = b.stats.rewrites;
+    expect(await b.outbox.markCalling("called", called.lease!.token, 60_000)).toBe(true);
+    expect(b.stats.rewrites, "unlike a heartbeat, it is written at once").toBe(rewrites + 1);
+    expect(onDisk().map((e) => [e.key, e.called])).toEqual([["called", true], ["uncalled", false]]);
+    expect(await b.outbox.markCalling("called", 99, 60_000)).toBe(false);
+    expect(await b.outbox.markCalling("nope", 1, 60_000)).toBe(false);
+    expect(b.stats.rewrites, "a refused markCalling writes nothing").toBe(rewrites + 1);
+    await simulateCrash(b);
+
+    const c = await openAt(path);
+    expect((await c.outbox.get("called"))!.called).toBe(true);
+    expect((await c.outbox.get("uncalled"))!.called).toBe(false);
+    const reclaim = await c.outbox.claimDue({ owner: "A", incarnation: "a2", leaseMs: 60_000, limit: 10, reclaimOwn: true });
+    expect(reclaim.ambiguous.map((e) => e.key)).toEqual(["called"]);
+    expect(reclaim.due.map((e) => [e.key, e.lease!.token, e.attempts, e.called])).toEqual([
+      ["uncalled", uncalled.fence + 1, 1, false],
+    ]);
+    expect(onDisk().map((e) => [e.key, e.called])).toEqual([["called", true], ["uncalled", false]]);
+  });
+
+  test("a snapshot written before the call marker: its entries read as called, a lapsed old send is ambiguous", async () => {
+    const path = join(tempDir(), "bot.json");
+    const now = Date.now();
+    const entry = (key: string, chatId: string, seq: number, extra: Record<string, unknown>) => ({
+      key,
+      chatId,
+      content: { text: key },
+      contentHash: `h-${key}`,
+      inboundId: null,
+      state: "queued",
+      attempts: 0,
+      nextAttemptAt: now - 10,
+      lease: null,
+      fence: 0,
+      messageId: null,
+      error: null,
+      seq,
+      createdAt: now - 5_000,
+      updatedAt: now - 5_000,
+      ...extra,
+    });
+    const sending = (expiresAt: number) => ({
+      state: "sending",
+      attempts: 1,
+      nextAttemptAt: null,
+      lease: { owner: "old", incarnation: "o1", token: 1, expiresAt },
+      fence: 1,
+    });
+    writeFileSync(
+      path,
+      JSON.stringify({
+        format: "@botmesh/durable/file",
+        version: 1,
+        outboxSeq: 3,
+        inbox: [],
+        outbox: [
+          entry("lapsed", "c1", 1, sending(now - 1_000)),
+          entry("live", "c2", 2, sending(now + 600_000)),
+          entry("queued", "c3", 3, {}),
+        ],
+      }),
+    );
+    const b = await openAt(path);
+    for (const key of ["lapsed", "live", "queued"]) {
+      expect((await b.outbox.get(key))!.called, `${key}: written before the marker existed`).toBe(true);
+    }
+    const claim = await b.outbox.claimDue({ ...B, limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key), "a lapsed old send may have been sent").toEqual(["lapsed"]);
+    expect((await b.outbox.get("lapsed"))!.state).toBe("unknown");
+    expect(claim.due.map((e) => [e.key, e.called, e.attempts])).toEqual([["queued", false, 1]]);
+    // The rewrite stores the field for every entry.
+    const onDisk = JSON.parse(readFileSync(path, "utf8")).outbox as { key: string; called: boolean }[];
+    expect(onDisk.map((e) => [e.key, e.called])).toEqual([["lapsed", true], ["live", true], ["queued", false]]);
+    expect(await b.outbox.markCalling("live", 1, 60_000)).toBe(true);
+    await b.close();
+    const c = await openAt(path);
+    expect((await c.outbox.list()).map((e) => [e.key, e.state, e.called])).toEqual([
+      ["lapsed", "unknown", true],
+      ["live", "sending", true],
+      ["queued", "sending", false],
+    ]);
+  });
+
+  test("a snapshot whose call marker is not a boolean is refused, naming the field", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    await b.outbox.reserve(send("k1"));
+    await b.close();
+    const snap = JSON.parse(readFileSync(path, "utf8"));
+    snap.outbox[0].called = "yes";
+    writeFileSync(path, JSON.stringify(snap));
+    const error = await rejection(openAt(path));
+    expect(error).toBeInstanceOf(FileCorruptError);
+    expect(error.message).toContain('field "called" must be a boolean');
   });
 
   test("MemoryDurability export/import round trip keeps order, seq and fences", async () => {

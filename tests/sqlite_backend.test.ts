@@ -96,6 +96,8 @@ describe("sqlite: several connections on one file", () => {
     const [a, b] = await pair();
     await a.inbox.admit(inbound("m1"), lease("A", 30));
     await a.outbox.reserve(outbound("k1"), lease("A", 30));
+    expect(await a.outbox.markCalling("k1", 1, 30), "its call announced: a lost lease is ambiguous").toBe(true);
+    await a.outbox.reserve(outbound("k2", "c2"), lease("A", 30)); // never announced
     await sleep(80);
     const taken = await b.inbox.claim("m1", lease("B"));
     expect(taken?.lease?.token).toBe(2);
@@ -107,9 +109,15 @@ describe("sqlite: several connections on one file", () => {
 
     const { due, ambiguous } = await b.outbox.claimDue({ ...lease("B"), limit: 10, resendAmbiguous: true });
     expect(ambiguous.map((e) => e.key)).toEqual(["k1"]);
-    expect(due[0].lease?.token).toBe(2);
+    expect(due.map((e) => e.key)).toEqual(["k1", "k2"]);
+    expect(due.map((e) => [e.lease?.token, e.attempts, e.called])).toEqual([[2, 2, false], [2, 1, false]]);
     expect(await rejection(() => a.outbox.markSent("k1", 1, "late"))).toBeInstanceOf(StaleLeaseError);
     expect(await a.outbox.heartbeat("k1", 1, 60_000)).toBe(false);
+    expect(await a.outbox.markCalling("k1", 1, 60_000)).toBe(false);
+    expect(await a.outbox.markCalling("k2", 1, 60_000)).toBe(false);
+    expect((await a.outbox.get("k2"))?.called).toBe(false);
+    expect(await b.outbox.markCalling("k1", 2, 60_000)).toBe(true);
+    expect((await a.outbox.get("k1"))?.called, "seen by the other connection").toBe(true);
     await b.outbox.markSent("k1", 2, "m-b");
     expect((await a.outbox.get("k1"))?.messageId).toBe("m-b");
     await a.close();
@@ -652,6 +660,16 @@ const V2_UPGRADE = `
   UPDATE botmesh_meta SET value = '2' WHERE key = 'schema_version';
 `;
 
+/** What schema version 3 added to version 2 (as shipped; frozen here to build a version-3 file). */
+const V3_UPGRADE = `
+  CREATE INDEX botmesh_inbox_received ON botmesh_inbox (received_at, ord);
+  CREATE INDEX botmesh_inbox_chat ON botmesh_inbox (chat_id, received_at, ord);
+  CREATE INDEX botmesh_outbox_chat_all ON botmesh_outbox (chat_id, seq);
+  DROP INDEX botmesh_inbox_due;
+  CREATE INDEX botmesh_inbox_due ON botmesh_inbox (due_at, received_at, ord) WHERE due_at IS NOT NULL;
+  UPDATE botmesh_meta SET value = '3' WHERE key = 'schema_version';
+`;
+
 describe("sqlite: schema versions", () => {
   test("a new file gets the current schema version", async () => {
     const file = tempFile();
@@ -715,7 +733,7 @@ describe("sqlite: schema versions", () => {
     check.close();
   });
 
-  test("a file at version 2 is upgraded to 3 (list and due-order indexes) and keeps its data", async () => {
+  test("a file at version 2 is upgraded (list and due-order indexes) and keeps its data", async () => {
     const file = tempFile();
     const raw = new Database(file);
     raw.exec(V1_SCHEMA);
@@ -743,7 +761,9 @@ describe("sqlite: schema versions", () => {
     expect((await backend.inbox.claimDue({ ...lease("A"), limit: 10 })).map((r) => r.id)).toEqual(["p2", "p3"]);
     await backend.close();
     const check = new Database(file);
-    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "3" });
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
+      value: String(SQLITE_SCHEMA_VERSION),
+    });
     const indexes = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'index'").all() as { name: string }[])
       .map((r) => r.name);
     for (const name of ["botmesh_inbox_received", "botmesh_inbox_chat", "botmesh_outbox_chat_all", "botmesh_inbox_due"]) {
@@ -752,6 +772,82 @@ describe("sqlite: schema versions", () => {
     expect((check.prepare("SELECT sql FROM sqlite_master WHERE name = 'botmesh_inbox_due'").get() as { sql: string }).sql)
       .toContain("received_at");
     check.close();
+  });
+
+  test("a file at version 3 gets the call marker: its old entries read as called, a lapsed old send stays ambiguous", async () => {
+    const file = tempFile();
+    const raw = new Database(file);
+    raw.exec(V1_SCHEMA);
+    raw.exec(V2_UPGRADE);
+    raw.exec(V3_UPGRADE);
+    const now = Date.now();
+    const insert = raw.prepare(
+      `INSERT INTO botmesh_outbox (key, chat_id, content, content_hash, state, attempts, next_attempt_at, lease_owner,
+        lease_incarnation, lease_token, lease_expires_at, fence, created_at, updated_at, due_at)
+       VALUES (?, ?, '{}', 'h', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+    );
+    // A send whose lease lapsed before the upgrade (its call may have gone out), one still leased, one queued.
+    insert.run("lapsed", "c1", "sending", 1, null, "old-owner", "i0", 1, now - 1000, 1, now - 2000, now - 2000, now - 1000);
+    insert.run("live", "c2", "sending", 1, null, "old-owner", "i0", 1, now + 60_000, 1, now, now, now + 60_000);
+    insert.run("queued", "c3", "queued", 0, now - 10, null, null, null, null, 0, now, now, now - 10);
+    raw.close();
+
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    for (const key of ["lapsed", "live", "queued"]) {
+      expect((await backend.outbox.get(key))?.called, `${key}: written before the marker existed`).toBe(true);
+    }
+    const claim = await backend.outbox.claimDue({ ...lease("B"), limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key), "a lapsed old send may have been sent").toEqual(["lapsed"]);
+    expect((await backend.outbox.get("lapsed"))?.state).toBe("unknown");
+    // A claim starts the flag over: the queued entry is leased uncalled.
+    expect(claim.due.map((e) => [e.key, e.called])).toEqual([["queued", false]]);
+    expect((await backend.outbox.get("queued"))?.called).toBe(false);
+    // The live old lease is still its holder's: markCalling works on it (it already reads as called).
+    expect(await backend.outbox.markCalling("live", 1, 60_000)).toBe(true);
+    expect((await backend.outbox.get("live"))?.called).toBe(true);
+    // New entries start uncalled.
+    const fresh = await backend.outbox.reserve(outbound("fresh", "c9"), lease("B"));
+    expect(fresh.entry.called).toBe(false);
+    expect((await backend.outbox.get("fresh"))?.called).toBe(false);
+    await backend.close();
+
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
+      value: String(SQLITE_SCHEMA_VERSION),
+    });
+    expect(check.prepare("SELECT key, called FROM botmesh_outbox ORDER BY seq").all()).toEqual([
+      { key: "lapsed", called: 1 },
+      { key: "live", called: 1 },
+      { key: "queued", called: 0 },
+      { key: "fresh", called: 0 },
+    ]);
+    check.close();
+  });
+
+  test("an outbox row whose call marker is NULL reads as called", async () => {
+    // A file at the current version whose column allows NULL (made by hand, or repaired).
+    const file = tempFile();
+    const raw = new Database(file);
+    raw.exec(V1_SCHEMA);
+    raw.exec(V2_UPGRADE);
+    raw.exec(V3_UPGRADE);
+    raw.exec(`ALTER TABLE botmesh_outbox ADD COLUMN called INTEGER;
+      UPDATE botmesh_meta SET value = '${SQLITE_SCHEMA_VERSION}' WHERE key = 'schema_version';`);
+    const now = Date.now();
+    raw.prepare(
+      `INSERT INTO botmesh_outbox (key, chat_id, content, content_hash, state, attempts, lease_owner, lease_incarnation,
+        lease_token, lease_expires_at, fence, created_at, updated_at, due_at, called)
+       VALUES ('k1', 'c1', '{}', 'h', 'sending', 1, 'old-owner', 'i0', 1, ?, 1, ?, ?, ?, NULL)`,
+    ).run(now - 1000, now - 2000, now - 2000, now - 1000);
+    raw.close();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    expect((await backend.outbox.get("k1"))?.called).toBe(true);
+    const claim = await backend.outbox.claimDue({ ...lease("B"), limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key)).toEqual(["k1"]);
+    expect(claim.due).toEqual([]);
+    await backend.close();
   });
 
   test("a file from a newer version is refused with the file and both versions named", async () => {
