@@ -60,6 +60,7 @@ import {
 } from "../src/provider.ts";
 import { readCapped } from "../src/read_capped.ts";
 import { showValue as show } from "../src/show.ts";
+import { isWellFormed } from "../src/well_formed.ts";
 
 /** The Graph API version used when `graphVersion` is not given. */
 export const DEFAULT_GRAPH_VERSION = "v24.0";
@@ -72,8 +73,18 @@ export interface WhatsAppStatus {
   id: string;
   /** `'sent'`, `'delivered'`, `'read'`, `'failed'`, or whatever else Meta reports. */
   status: string;
-  /** The recipient's WhatsApp id. */
+  /** The recipient's WhatsApp id (its phone number), or the group id of a send to a group; absent for a send to a business-scoped user id whose phone number Meta withholds. */
   recipientId?: string;
+  /** The recipient's business-scoped user id (`recipient_user_id`), when Meta gives it. */
+  recipientUserId?: string;
+  /**
+   * The chat the send went to, as the provider's chat ids spell it (see
+   * {@link whatsAppChatId}): the group for a send to a group, else the phone
+   * number when Meta gives it, else the business-scoped user id.
+   */
+  chatId?: string;
+  /** For a send to a group: the participant this status is about (`recipient_participant_id`, else its user id). */
+  participant?: string;
   /** When it happened (ms since epoch). */
   timestamp?: number;
   /** The `biz_opaque_callback_data` of the send: its outbox idempotency key, unless `callbackData: false`. */
@@ -123,9 +134,12 @@ export interface WhatsAppProviderOptions {
   onStatus?: (status: WhatsAppStatus) => void | Promise<void>;
   /**
    * Called with each problem of a webhook POST that does not make Meta
-   * redeliver it: a message or status entry with missing or invalid fields
-   * (skipped; the rest of the batch is admitted), an `onStatus` that threw.
-   * Default: the bot's `error` event (`console.warn` before the bot started).
+   * redeliver it: a message entry with missing or invalid fields (journaled
+   * as unreadable all the same, see {@link WhatsAppPayloadError}), a status
+   * entry with missing or invalid fields (skipped), an error Meta sent at the
+   * change level (`value.errors`, a {@link WhatsAppChangeError}), a failed
+   * `sink.confirmSent`. Default: the bot's `error` event (`console.warn`
+   * before the bot started).
    */
   onError?: (error: Error) => void;
   /**
@@ -197,13 +211,18 @@ export class WhatsAppApiError extends ProviderError {
 /**
  * A message or status entry of a webhook POST that lacks a required field or
  * has one of the wrong type; `path` locates it in the payload and `field`
- * names the field. It is skipped; the rest of the batch is admitted.
+ * names the field. A message entry is journaled all the same, as an
+ * unreadable message (`InboundMessage.unreadable` is {@link reason}, Meta's
+ * object is in `extra.raw`), which the bot dead-letters at once; a status
+ * entry is skipped. The rest of the batch is admitted either way.
  */
 export class WhatsAppPayloadError extends Error {
   /** Where in the payload, e.g. `entry[0].changes[0].value.messages[1]`. */
   readonly path: string;
   /** The field, e.g. `from` or `text.body`. */
   readonly field: string;
+  /** What is wrong, in sentence case and without the path: the `unreadable` reason of the journaled message. */
+  readonly reason: string;
   /**
    * Make the error of one payload entry.
    *
@@ -216,7 +235,108 @@ export class WhatsAppPayloadError extends Error {
     this.name = "WhatsAppPayloadError";
     this.path = path;
     this.field = field;
+    this.reason = message.charAt(0).toUpperCase() + message.slice(1);
   }
+}
+
+/**
+ * An error Meta sent at the change level of a webhook POST (`value.errors`,
+ * beside or instead of messages and statuses): a problem of the app, the
+ * account or the platform that is not tied to one message, such as 130429
+ * (throughput reached) or 131000 (something went wrong). It goes to `onError`;
+ * the POST is answered as usual. It names no message id, so no `onStatus`
+ * call can carry it: a send it concerns gets its own `failed` status.
+ */
+export class WhatsAppChangeError extends Error {
+  /** Where in the payload, e.g. `entry[0].changes[0].value.errors[0]`. */
+  readonly path: string;
+  /** Meta's error code (`code`), when it is a number. */
+  readonly code: number | undefined;
+  /** Meta's error title (`title`, else `message`). */
+  readonly title: string | undefined;
+  /** `error_data.details`: Meta's explanation. */
+  readonly details: string | undefined;
+  /** The error object as Meta sent it. */
+  readonly raw: JsonValue;
+  /**
+   * Make the error of one change-level error object.
+   *
+   * @param path where in the payload
+   * @param raw the error object as Meta sent it
+   */
+  constructor(path: string, raw: unknown) {
+    const o = isObject(raw) ? raw : {};
+    const code = typeof o.code === "number" ? o.code : undefined;
+    const title = typeof o.title === "string" ? o.title : typeof o.message === "string" ? o.message : undefined;
+    const data = isObject(o.error_data) ? o.error_data : undefined;
+    const details = typeof data?.details === "string" ? data.details : undefined;
+    const head = code !== undefined ? `error ${code}` : `an error without a numeric "code" (${brief(o.code)})`;
+    super(
+      `WhatsApp webhook ${path}: Meta reported ${head}${title !== undefined ? ` "${title}"` : ""}` +
+        `${details !== undefined && details !== title ? `: ${details}` : ""} (field "errors" of the change, not tied to a message)`,
+    );
+    this.name = "WhatsAppChangeError";
+    this.path = path;
+    this.code = code;
+    this.title = title;
+    this.details = details;
+    this.raw = (raw ?? null) as JsonValue;
+  }
+}
+
+// ---- chat ids -------------------------------------------------------------------
+
+/** The prefix of a chat id that is a business-scoped user id (a user whose phone number Meta withholds). */
+const USER_PREFIX = "bsuid:";
+/** The prefix of a chat id that is a group (Groups API). */
+const GROUP_PREFIX = "group:";
+/** A business-scoped user id or parent one: country code, a period, (`ENT.`), up to 128 alphanumerics. */
+const BSUID_PATTERN = /^[A-Z]{2}\.(?:ENT\.)?[A-Za-z0-9]{1,128}$/;
+
+/** Who a chat id addresses: a phone number, a business-scoped user id, or a group. */
+export type WhatsAppRecipient =
+  /** A WhatsApp user by phone number (`wa_id`, digits): sent with `to`. */
+  | { kind: "phone"; phone: string }
+  /** A WhatsApp user by business-scoped user id (or parent one): sent with `recipient`. */
+  | { kind: "user"; userId: string }
+  /** A group made with the Groups API: sent with `recipient_type: "group"` and `to`. */
+  | { kind: "group"; groupId: string };
+
+/**
+ * The chat id the provider uses for a recipient: the phone number as is
+ * (digits, as before business-scoped user ids existed), `bsuid:<user id>`
+ * for a user known only by business-scoped user id, `group:<group id>` for a
+ * group. The prefixes keep the three apart whatever Meta's ids look like.
+ *
+ * @param recipient a phone number, a business-scoped user id, or a group id
+ * @returns the chat id
+ * @throws {TypeError} when the id is empty
+ *
+ * @example
+ * ```ts
+ * import { whatsAppChatId } from "@botmesh/durable/whatsapp";
+ * whatsAppChatId({ kind: "user", userId: "US.13491208655302741918" }); // "bsuid:US.13491208655302741918"
+ * ```
+ */
+export function whatsAppChatId(recipient: WhatsAppRecipient): string {
+  const id = recipient.kind === "phone" ? recipient.phone : recipient.kind === "user" ? recipient.userId : recipient.groupId;
+  if (typeof id !== "string" || id === "") throw new TypeError(`A WhatsApp ${recipient.kind} id must be a non-empty string, got ${show(id)}`);
+  return recipient.kind === "phone" ? id : `${recipient.kind === "user" ? USER_PREFIX : GROUP_PREFIX}${id}`;
+}
+
+/**
+ * Read a chat id back: `group:<id>` is a group, `bsuid:<id>` (or a bare
+ * business-scoped user id such as `US.13491208655302741918`) a user by
+ * business-scoped user id, anything else a phone number.
+ *
+ * @param chatId a chat id of this provider
+ * @returns who it addresses
+ */
+export function parseWhatsAppChatId(chatId: string): WhatsAppRecipient {
+  if (chatId.startsWith(GROUP_PREFIX)) return { kind: "group", groupId: chatId.slice(GROUP_PREFIX.length) };
+  if (chatId.startsWith(USER_PREFIX)) return { kind: "user", userId: chatId.slice(USER_PREFIX.length) };
+  if (BSUID_PATTERN.test(chatId)) return { kind: "user", userId: chatId };
+  return { kind: "phone", phone: chatId };
 }
 
 // ---- error classification ----------------------------------------------------
@@ -415,18 +535,27 @@ const CONTENT_TYPES = [
   "reaction",
 ] as const;
 
+/** Statuses that say a send reached WhatsApp: with its `biz_opaque_callback_data`, `sink.confirmSent` settles it. */
+const CONFIRMING_STATUSES: ReadonlySet<string> = new Set(["sent", "delivered", "read", "played"]);
+
 /** A message of a webhook POST, parsed, before its media is sealed. */
 interface ParsedMessage {
   message: Omit<InboundMessage, "media">;
   media?: { ref: { [key: string]: JsonValue } } | { why: string };
 }
 
+/** A message entry of a webhook POST: parsed, or not parseable (journaled as unreadable). */
+type MessageEntry = { parsed: ParsedMessage } | { raw: unknown; error: WhatsAppPayloadError };
+
 /** What a webhook POST was answered, in its JSON body. */
 interface WebhookSummary {
   ok: boolean;
+  /** Messages journaled now (unreadable ones included). */
   admitted: number;
   duplicates: number;
   rejected: number;
+  /** Of the messages offered, how many could not be parsed (journaled as unreadable, dead-lettered by the bot). */
+  unreadable: number;
   statuses: number;
   ignored: number;
   errors: string[];
@@ -448,11 +577,24 @@ interface WebhookSummary {
  * POST are admitted one after the other in payload order; when one is refused,
  * the chat's later ones are held back, so the redelivery keeps their order.
  *
+ * Chats: a message's chat id is the sender's phone number whenever Meta gives
+ * one (`from`), `bsuid:<from_user_id>` only when it withholds it (a user with a
+ * username), and `group:<group_id>` for a group message, whose participant is
+ * `InboundMessage.from` (see {@link whatsAppChatId}). A message that cannot be
+ * parsed is journaled as unreadable (the reason names the field, Meta's object
+ * is in `extra.raw`) and dead-lettered by the bot, never acknowledged unseen;
+ * only what is certainly not a user message (statuses, other subscriptions) is
+ * answered without a journal record. Errors Meta sends at the change level
+ * (`value.errors`) go to `onError`. A `sent`, `delivered`, `read` or `played`
+ * status whose `biz_opaque_callback_data` is an outbox key calls
+ * `sink.confirmSent`, which settles a send left ambiguous by a timeout.
+ *
  * Sends: a string is a text message; `{ text, previewUrl?, replyTo? }` too;
  * `{ image | audio | video | document | sticker: { link | id, caption?, filename? } }`,
  * `{ interactive }`, `{ template }`, `{ location }`, `{ contacts }`,
  * `{ reaction }` send that type; `{ type, ... }` is sent as given (the Graph
- * message object without `messaging_product` and `to`). `replyTo` (a `wamid`)
+ * message object without `messaging_product` and the addressing fields, which
+ * the chat id gives). `replyTo` (a `wamid`)
  * quotes a message. The Cloud API has no idempotency key: a send that timed out
  * after Meta took it is sent again on retry.
  *
@@ -673,31 +815,48 @@ export class WhatsAppProvider implements Provider {
     const sink = this.#sink;
     if (sink === undefined) return plain(503, "The bot is not started; redeliver later", { "retry-after": "10" });
 
-    const summary: WebhookSummary = { ok: true, admitted: 0, duplicates: 0, rejected: 0, statuses: 0, ignored: 0, errors: [] };
-    const parsed: ParsedMessage[] = [];
+    const summary: WebhookSummary = {
+      ok: true,
+      admitted: 0,
+      duplicates: 0,
+      rejected: 0,
+      unreadable: 0,
+      statuses: 0,
+      ignored: 0,
+      errors: [],
+    };
+    const entries: MessageEntry[] = [];
     const statuses: { status: WhatsAppStatus; path: string }[] = [];
     const fail = (error: Error) => {
       summary.errors.push(error.message);
       this.#report(error);
     };
+    /** A part of the payload that may hold a user message but cannot be read: journaled as unreadable. */
+    const unreadable = (raw: unknown, error: WhatsAppPayloadError) => {
+      fail(error);
+      entries.push({ raw, error });
+    };
     payload.entry.forEach((entry, e) => {
       const ePath = `entry[${e}]`;
       if (!isObject(entry) || !Array.isArray(entry.changes)) {
-        fail(new WhatsAppPayloadError(ePath, "changes", `field "changes" must be an array, got ${brief(isObject(entry) ? entry.changes : entry)}`));
+        unreadable(
+          entry,
+          new WhatsAppPayloadError(ePath, "changes", `field "changes" must be an array, got ${brief(isObject(entry) ? entry.changes : entry)}`),
+        );
         return;
       }
       entry.changes.forEach((change, c) => {
         const cPath = `${ePath}.changes[${c}]`;
         if (!isObject(change)) {
-          fail(new WhatsAppPayloadError(cPath, "", `a change must be an object, got ${brief(change)}`));
+          unreadable(change, new WhatsAppPayloadError(cPath, "", `a change must be an object, got ${brief(change)}`));
           return;
         }
         if (change.field !== "messages") {
-          summary.ignored++; // another subscription (templates, account updates, …)
+          summary.ignored++; // another subscription (templates, account updates, calls, echoes, …): never a user message
           return;
         }
         if (!isObject(change.value)) {
-          fail(new WhatsAppPayloadError(cPath, "value", `field "value" must be an object, got ${brief(change.value)}`));
+          unreadable(change, new WhatsAppPayloadError(cPath, "value", `field "value" must be an object, got ${brief(change.value)}`));
           return;
         }
         const value = change.value;
@@ -718,24 +877,20 @@ export class WhatsAppProvider implements Provider {
           }
           return;
         }
-        const names = new Map<string, string>();
-        if (Array.isArray(value.contacts)) {
-          for (const contact of value.contacts) {
-            if (isObject(contact) && typeof contact.wa_id === "string" && isObject(contact.profile)) {
-              const name = contact.profile.name;
-              if (typeof name === "string") names.set(contact.wa_id, name);
-            }
-          }
-        }
+        const contacts = contactsOf(value);
         if (value.messages !== undefined) {
           if (!Array.isArray(value.messages)) {
-            fail(new WhatsAppPayloadError(`${cPath}.value`, "messages", `field "messages" must be an array, got ${brief(value.messages)}`));
+            unreadable(
+              value.messages,
+              new WhatsAppPayloadError(`${cPath}.value`, "messages", `field "messages" must be an array, got ${brief(value.messages)}`),
+            );
           } else {
             value.messages.forEach((m, i) => {
               try {
-                parsed.push(parseMessage(m, `${cPath}.value.messages[${i}]`, names));
+                entries.push({ parsed: parseMessage(m, `${cPath}.value.messages[${i}]`, contacts) });
               } catch (error) {
-                fail(error as Error);
+                if (!(error instanceof WhatsAppPayloadError)) throw error;
+                unreadable(m, error);
               }
             });
           }
@@ -754,17 +909,28 @@ export class WhatsAppProvider implements Provider {
             });
           }
         }
+        if (value.errors !== undefined) {
+          // Errors of the app, the account or the platform, not tied to a message (130429, 131000, …).
+          if (!Array.isArray(value.errors)) {
+            fail(new WhatsAppPayloadError(`${cPath}.value`, "errors", `field "errors" must be an array, got ${brief(value.errors)}`));
+          } else {
+            value.errors.forEach((raw, i) => fail(new WhatsAppChangeError(`${cPath}.value.errors[${i}]`, raw)));
+          }
+        }
       });
     });
 
-    const messages = await Promise.all(parsed.map(async (p): Promise<InboundMessage> => {
+    const messages = await Promise.all(entries.map(async (entry): Promise<InboundMessage> => {
+      if ("error" in entry) return await unreadableMessage(entry.raw, entry.error, this.phoneNumberId);
+      const p = entry.parsed;
       if (p.media === undefined) return p.message as InboundMessage;
       const media = "ref" in p.media ? await this.#seal.seal(p.media.ref) : this.#seal.notDurable(p.media.why);
       return { ...p.message, media: media as unknown as JsonValue };
     }));
+    summary.unreadable = messages.filter((m) => m.unreadable !== undefined).length;
     // Each chat's messages are admitted one after the other, in payload order; once one is
     // refused, the chat's later messages are not offered (Meta redelivers them all, in order,
-    // with the refused one). Chats are admitted concurrently.
+    // with the refused one). Chats are admitted concurrently. A group is one chat.
     const chats = new Map<string, InboundMessage[]>();
     for (const m of messages) {
       const list = chats.get(m.chatId);
@@ -794,6 +960,20 @@ export class WhatsAppProvider implements Provider {
     let statusFailed = false;
     for (const { status, path } of statuses) {
       summary.statuses++;
+      // A status that says the send reached WhatsApp settles an ambiguous send with that outbox key.
+      if (status.callbackData !== undefined && status.callbackData !== "" && CONFIRMING_STATUSES.has(status.status) && sink.confirmSent) {
+        try {
+          await sink.confirmSent(status.callbackData, status.id);
+        } catch (error) {
+          fail(
+            new Error(
+              `WhatsApp webhook ${path}: confirmSent(${show(status.callbackData)}, ${show(status.id)}) failed for the ` +
+                `"${status.status}" status: ${(error as Error)?.message ?? String(error)}`,
+              { cause: error },
+            ),
+          );
+        }
+      }
       if (this.#onStatus === undefined) continue;
       try {
         await this.#onStatus(status);
@@ -829,7 +1009,8 @@ export class WhatsAppProvider implements Provider {
   /**
    * Send content to a chat (a WhatsApp id) through the Graph API.
    *
-   * @param chatId the recipient's WhatsApp id (`wa_id`)
+   * @param chatId the chat: a phone number (`wa_id`, sent with `to`), `bsuid:<business-scoped user id>`
+   *   (sent with `recipient`), or `group:<group id>` (sent with `recipient_type: "group"`); see {@link whatsAppChatId}
    * @param content text, or a message object (see the class documentation)
    * @param context the outbox key, the attempt, and the bot's abort signal
    * @returns the `wamid` of the sent message
@@ -910,9 +1091,10 @@ export class WhatsAppProvider implements Provider {
     return classifyProviderError(error);
   }
 
-  #messageBody(to: string, content: OutboundContent, key: string | undefined): Record<string, unknown> {
-    const base: Record<string, unknown> = { messaging_product: "whatsapp", recipient_type: "individual", to };
+  #messageBody(chatId: string, content: OutboundContent, key: string | undefined): Record<string, unknown> {
     const permanent = (message: string) => new ProviderError(message, { retryable: false });
+    const target = this.#target(chatId);
+    const base: Record<string, unknown> = { messaging_product: "whatsapp", ...target };
     let body: Record<string, unknown>;
     if (typeof content === "string") {
       body = { ...base, type: "text", text: { body: content } };
@@ -926,7 +1108,9 @@ export class WhatsAppProvider implements Provider {
         throw permanent(`WhatsApp content field "replyTo" must be a message id, got ${show(replyTo)}`);
       }
       if (typeof c.type === "string") {
-        body = { ...base, ...c, messaging_product: "whatsapp", to };
+        // the chat id says who gets it: the content's own to, recipient or recipient_type are not used
+        const { to: _to, recipient: _recipient, recipient_type: _type, ...rest } = c;
+        body = { ...base, ...rest, messaging_product: "whatsapp", ...target };
       } else if (typeof c.text === "string") {
         const preview = previewUrl ?? c.preview_url;
         body = { ...base, type: "text", text: { body: c.text, ...(preview !== undefined ? { preview_url: preview } : {}) } };
@@ -957,6 +1141,31 @@ export class WhatsAppProvider implements Provider {
       body.biz_opaque_callback_data = key;
     }
     return body;
+  }
+
+  /**
+   * The addressing fields of a send to `chatId`: `to` for a phone number,
+   * `recipient` (and no `to`) for a business-scoped user id, `recipient_type:
+   * "group"` and `to` for a group.
+   */
+  #target(chatId: string): Record<string, string> {
+    const permanent = (message: string) => new ProviderError(message, { retryable: false });
+    if (typeof chatId !== "string" || chatId === "") throw permanent(`WhatsApp cannot send to chat ${show(chatId)}: the chat id is empty`);
+    if (chatId === `wa:${this.phoneNumberId}:unreadable` || /^wa:[^:]*:unreadable$/.test(chatId)) {
+      throw permanent(
+        `WhatsApp cannot send to chat ${show(chatId)}: it is where unreadable messages without a usable sender are journaled, not a recipient`,
+      );
+    }
+    const recipient = parseWhatsAppChatId(chatId);
+    if (recipient.kind === "group") {
+      if (recipient.groupId === "") throw permanent(`WhatsApp cannot send to chat ${show(chatId)}: no group id after "${GROUP_PREFIX}"`);
+      return { recipient_type: "group", to: recipient.groupId };
+    }
+    if (recipient.kind === "user") {
+      if (recipient.userId === "") throw permanent(`WhatsApp cannot send to chat ${show(chatId)}: no user id after "${USER_PREFIX}"`);
+      return { recipient_type: "individual", recipient: recipient.userId };
+    }
+    return { recipient_type: "individual", to: recipient.phone };
   }
 
   /** One Graph API request with the bearer token, under the request timeout and `signal`. */
@@ -1155,16 +1364,32 @@ function graphError(response: Response, parsed: unknown, text: string, what: str
 
 // ---- webhook payload parsing ------------------------------------------------------------
 
-function requireString(m: Record<string, unknown>, field: string, path: string): string {
+/** A non-empty string of at most `max` characters, well-formed Unicode (ids, chat ids); otherwise an error naming the field. */
+function requireString(m: Record<string, unknown>, field: string, path: string, max = 512): string {
   const value = m[field];
-  if (typeof value !== "string" || value === "" || value.length > 512) {
+  if (typeof value !== "string" || value === "" || value.length > max) {
     throw new WhatsAppPayloadError(
       path,
       field,
-      `field "${field}" must be a non-empty string of at most 512 characters, got ${value === undefined ? "undefined" : brief(value)}`,
+      `field "${field}" must be a non-empty string of at most ${max} characters, got ${value === undefined ? "undefined" : brief(value)}`,
     );
   }
+  if (!isWellFormed(value)) {
+    throw new WhatsAppPayloadError(path, field, `field "${field}" must be well-formed Unicode (it has a lone surrogate), got ${brief(value)}`);
+  }
   return value;
+}
+
+/** Like {@link requireString}, but absent, `null` and `""` are `undefined` (Meta omits or empties a withheld phone number). */
+function optionalString(m: Record<string, unknown>, field: string, path: string, max = 512): string | undefined {
+  const value = m[field];
+  if (value === undefined || value === null || value === "") return undefined;
+  return requireString(m, field, path, max);
+}
+
+/** The same, for a salvage: whatever is not a usable string is `undefined`. */
+function usableString(value: unknown, max: number): string | undefined {
+  return typeof value === "string" && value !== "" && value.length <= max && isWellFormed(value) ? value : undefined;
 }
 
 function parseTimestamp(value: unknown, path: string): number | undefined {
@@ -1176,19 +1401,100 @@ function parseTimestamp(value: unknown, path: string): number | undefined {
   return n * 1000;
 }
 
-function parseMessage(raw: unknown, path: string, names: Map<string, string>): ParsedMessage {
+/** The longest id that gets a prefix in a chat id (a BSUID is at most 2 + 1 + 4 + 128 characters). */
+const MAX_PREFIXED_ID = 256;
+
+/** What the `contacts` array of a change says about each sender, by phone number and by user id. */
+interface ContactInfo {
+  name?: string;
+  username?: string;
+}
+
+/** The contacts of a change, keyed by `wa_id` and by `user_id` (and `parent_user_id`). */
+function contactsOf(value: Record<string, unknown>): Map<string, ContactInfo> {
+  const contacts = new Map<string, ContactInfo>();
+  if (!Array.isArray(value.contacts)) return contacts;
+  for (const contact of value.contacts) {
+    if (!isObject(contact)) continue;
+    const profile = isObject(contact.profile) ? contact.profile : {};
+    const info: ContactInfo = {};
+    if (typeof profile.name === "string") info.name = profile.name;
+    if (typeof profile.username === "string") info.username = profile.username;
+    for (const key of ["wa_id", "user_id", "parent_user_id"]) {
+      const id = contact[key];
+      if (typeof id === "string" && id !== "" && !contacts.has(id)) contacts.set(id, info);
+    }
+  }
+  return contacts;
+}
+
+/**
+ * The sender of a message and the chat it belongs to. The chat id rule: a
+ * group message's chat is `group:<group_id>`; otherwise the chat is the
+ * sender's phone number (`from`) whenever Meta gives it, and `bsuid:<user id>`
+ * only when it does not (a user with a username whose phone number is
+ * withheld). A user's chat id therefore stays the phone number as long as
+ * Meta shares it, which keeps every chat journaled before business-scoped user
+ * ids existed; it changes only when Meta stops sharing the phone number.
+ */
+interface Sender {
+  chatId: string;
+  /** The participant (a phone number or `bsuid:<id>`), when known. */
+  from?: string;
+  phone?: string;
+  userId?: string;
+  parentUserId?: string;
+  groupId?: string;
+}
+
+function senderOf(raw: Record<string, unknown>, path: string): Sender {
+  const phone = optionalString(raw, "from", path);
+  const userId = optionalString(raw, "from_user_id", path, MAX_PREFIXED_ID);
+  const parentUserId = optionalString(raw, "from_parent_user_id", path, MAX_PREFIXED_ID);
+  const groupId = raw.group_id === undefined || raw.group_id === null
+    ? undefined
+    : requireString(raw, "group_id", path, MAX_PREFIXED_ID);
+  const participant = phone ?? (userId !== undefined ? USER_PREFIX + userId : parentUserId !== undefined ? USER_PREFIX + parentUserId : undefined);
+  const sender: Sender = groupId !== undefined
+    ? { chatId: GROUP_PREFIX + groupId, groupId }
+    : participant !== undefined
+    ? { chatId: participant }
+    : (() => {
+      throw new WhatsAppPayloadError(
+        path,
+        "from_user_id",
+        `the message has no sender: field "from" (the phone number) is ${brief(raw.from)} and field "from_user_id" ` +
+          `(the business-scoped user id) is ${brief(raw.from_user_id)}`,
+      );
+    })();
+  if (participant !== undefined) sender.from = participant;
+  if (phone !== undefined) sender.phone = phone;
+  if (userId !== undefined) sender.userId = userId;
+  if (parentUserId !== undefined) sender.parentUserId = parentUserId;
+  return sender;
+}
+
+function parseMessage(raw: unknown, path: string, contacts: Map<string, ContactInfo>): ParsedMessage {
   if (!isObject(raw)) throw new WhatsAppPayloadError(path, "", `a message must be an object, got ${brief(raw)}`);
   const id = requireString(raw, "id", path);
-  const from = requireString(raw, "from", path);
+  const sender = senderOf(raw, path);
   const type = requireString(raw, "type", path);
   const timestamp = parseTimestamp(raw.timestamp, path);
   const extra: { [key: string]: JsonValue } = { waType: type };
-  const name = names.get(from);
-  if (name !== undefined) extra.profileName = name;
+  const contact = (sender.phone !== undefined ? contacts.get(sender.phone) : undefined) ??
+    (sender.userId !== undefined ? contacts.get(sender.userId) : undefined) ??
+    (sender.parentUserId !== undefined ? contacts.get(sender.parentUserId) : undefined);
+  if (contact?.name !== undefined) extra.profileName = contact.name;
+  if (contact?.username !== undefined) extra.username = contact.username;
+  if (sender.phone !== undefined) extra.waId = sender.phone;
+  if (sender.userId !== undefined) extra.userId = sender.userId;
+  if (sender.parentUserId !== undefined) extra.parentUserId = sender.parentUserId;
+  if (sender.groupId !== undefined) extra.groupId = sender.groupId;
   for (const key of ["context", "referral", "errors"]) {
     if (raw[key] !== undefined) extra[key] = raw[key] as JsonValue;
   }
-  const message: Omit<InboundMessage, "media"> = { id, chatId: from, type, from };
+  const message: Omit<InboundMessage, "media"> = { id, chatId: sender.chatId, type };
+  if (sender.from !== undefined) message.from = sender.from;
   if (timestamp !== undefined) message.timestamp = timestamp;
   let media: ParsedMessage["media"];
   const body = raw[type];
@@ -1275,12 +1581,62 @@ function parseMessage(raw: unknown, path: string, names: Map<string, string>): P
   return media === undefined ? { message } : { message, media };
 }
 
+/**
+ * A user message that could not be parsed, as it is journaled: `unreadable`
+ * says why (naming the field), `extra.raw` keeps Meta's object. Its id is the
+ * `wamid` when the message has a usable one, else `unreadable:sha256:` and the
+ * SHA-256 of the message's JSON, so a redelivery of the POST is a duplicate.
+ * Its chat is whatever sender or group field is usable, else
+ * `wa:<phone number id>:unreadable`.
+ */
+async function unreadableMessage(raw: unknown, error: WhatsAppPayloadError, phoneNumberId: string): Promise<InboundMessage> {
+  const m = isObject(raw) ? raw : {};
+  let id = usableString(m.id, 512);
+  if (id === undefined) {
+    const digest = await crypto.subtle.digest("SHA-256", encoder.encode(JSON.stringify(raw) ?? "undefined"));
+    id = `unreadable:sha256:${toHex(new Uint8Array(digest))}`;
+  }
+  const groupId = usableString(m.group_id, MAX_PREFIXED_ID);
+  const phone = usableString(m.from, 512);
+  const userId = usableString(m.from_user_id, MAX_PREFIXED_ID) ?? usableString(m.from_parent_user_id, MAX_PREFIXED_ID);
+  const participant = phone ?? (userId !== undefined ? USER_PREFIX + userId : undefined);
+  const chatId = groupId !== undefined ? GROUP_PREFIX + groupId : participant ?? `wa:${phoneNumberId}:unreadable`;
+  const waType = usableString(m.type, 64);
+  const extra: { [key: string]: JsonValue } = { raw: (raw ?? null) as JsonValue, field: error.field, path: error.path };
+  if (waType !== undefined) extra.waType = waType;
+  const message: InboundMessage = { id, chatId, type: waType ?? "unreadable", unreadable: error.reason, extra };
+  if (participant !== undefined) message.from = participant;
+  try {
+    const timestamp = parseTimestamp(m.timestamp, error.path);
+    if (timestamp !== undefined) message.timestamp = timestamp;
+  } catch {
+    // no usable timestamp: none
+  }
+  return message;
+}
+
 function parseStatus(raw: unknown, path: string): WhatsAppStatus {
   if (!isObject(raw)) throw new WhatsAppPayloadError(path, "", `a status must be an object, got ${brief(raw)}`);
   const id = requireString(raw, "id", path);
   const status = requireString(raw, "status", path);
   const result: WhatsAppStatus = { id, status, raw: raw as JsonValue };
-  if (typeof raw.recipient_id === "string") result.recipientId = raw.recipient_id;
+  const recipientId = usableString(raw.recipient_id, 512);
+  const recipientUserId = usableString(raw.recipient_user_id, MAX_PREFIXED_ID) ??
+    usableString(raw.recipient_parent_user_id, MAX_PREFIXED_ID);
+  if (recipientId !== undefined) result.recipientId = recipientId;
+  if (recipientUserId !== undefined) result.recipientUserId = recipientUserId;
+  if (raw.recipient_type === "group" && recipientId !== undefined) {
+    result.chatId = GROUP_PREFIX + recipientId;
+    const participant = usableString(raw.recipient_participant_id, 512) ?? usableString(raw.participant_recipient_id, 512);
+    const participantUser = usableString(raw.recipient_participant_user_id, MAX_PREFIXED_ID) ??
+      usableString(raw.recipient_participant_parent_user_id, MAX_PREFIXED_ID);
+    if (participant !== undefined) result.participant = participant;
+    else if (participantUser !== undefined) result.participant = USER_PREFIX + participantUser;
+  } else if (recipientId !== undefined) {
+    result.chatId = recipientId;
+  } else if (recipientUserId !== undefined) {
+    result.chatId = USER_PREFIX + recipientUserId;
+  }
   const timestamp = parseTimestamp(raw.timestamp, path);
   if (timestamp !== undefined) result.timestamp = timestamp;
   if (typeof raw.biz_opaque_callback_data === "string") result.callbackData = raw.biz_opaque_callback_data;

@@ -11,6 +11,7 @@ import {
   Bot,
   type DurabilityBackend,
   type InboundMessage,
+  type InboundSink,
   loadMediaOf,
   type LoadedMedia,
   MediaUnavailableError,
@@ -20,14 +21,17 @@ import { SQLiteStore } from "../backends/sqlite.ts";
 import {
   classifyGraphError,
   parseRetryAfter,
+  parseWhatsAppChatId,
   WhatsAppApiError,
+  WhatsAppChangeError,
+  whatsAppChatId,
   WhatsAppPayloadError,
   WhatsAppProvider,
   type WhatsAppProviderOptions,
   type WhatsAppStatus,
 } from "../providers/whatsapp.ts";
 import { childLines } from "./support/child_lines.ts";
-import { FakeWhatsApp, inbound, makeWamid, statusUpdate, webhookPayload } from "./support/fake_whatsapp.ts";
+import { addressedTo, corpusPayload, FakeWhatsApp, inbound, makeWamid, statusUpdate, webhookPayload } from "./support/fake_whatsapp.ts";
 
 const dir = join(tmpdir(), `botmesh-whatsapp-tests-${crypto.randomUUID()}`);
 mkdirSync(dir, { recursive: true });
@@ -126,6 +130,47 @@ async function harness(
 
 const payload = (messages: unknown[], statuses?: unknown[]) =>
   webhookPayload(PHONE, { contacts: [{ profile: { name: "Sheena Nelson" }, wa_id: USER }], messages, ...(statuses ? { statuses } : {}) });
+
+/** A sink that records what the provider hands the bot and admits each id once, as a journal does. */
+function recordingSink(options: { confirmSent?: (key: string, messageId: string) => Promise<boolean> } = {}) {
+  const received: InboundMessage[] = [];
+  const journal = new Map<string, InboundMessage>();
+  const confirmed: [string, string][] = [];
+  const reported: Error[] = [];
+  const sink: InboundSink = {
+    receive(message) {
+      received.push(message);
+      if (journal.has(message.id)) return Promise.resolve({ status: "duplicate", id: message.id });
+      journal.set(message.id, message);
+      return Promise.resolve({ status: "admitted", id: message.id });
+    },
+    reportError: (error) => void reported.push(error),
+    confirmSent(key, messageId) {
+      confirmed.push([key, messageId]);
+      return options.confirmSent ? options.confirmSent(key, messageId) : Promise.resolve(false);
+    },
+  };
+  return { sink, received, journal, confirmed, reported };
+}
+
+/** A provider whose errors and statuses are collected, for a recording sink. */
+function sinkProvider(extra: Partial<WhatsAppProviderOptions> = {}) {
+  const errors: Error[] = [];
+  const statuses: WhatsAppStatus[] = [];
+  return { provider: makeProvider(extra, { errors, statuses }), errors, statuses };
+}
+
+/** POST a payload to the provider's webhook handler directly, signed as Meta signs it. */
+async function postSigned(provider: WhatsAppProvider, body: unknown): Promise<Response> {
+  const text = JSON.stringify(body);
+  return await provider.webhook(
+    new Request("http://127.0.0.1/webhook/whatsapp", {
+      method: "POST",
+      headers: { "content-type": "application/json", "x-hub-signature-256": await fake.sign(text) },
+      body: text,
+    }),
+  );
+}
 
 // ---- verification and request checks ------------------------------------------------------
 
@@ -315,31 +360,72 @@ describe("inbound messages", () => {
     expect(h.bot.durability!.metrics().inboundJournaled).toBe(0);
   });
 
-  test("a batch with malformed messages admits the others and reports a clear error naming the field", async () => {
-    const h = await harness();
+  test("a batch with malformed messages admits the others; each malformed one is journaled as unreadable, never lost", async () => {
+    const { provider, errors } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
     const good1 = inbound.text(USER, "first");
-    const noFrom = inbound.text(USER, "lost");
-    delete noFrom.from;
-    const badText = { ...inbound.text(USER2, "x"), text: { nobody: 1 } };
+    const noSender = inbound.text(USER, "lost");
+    delete noSender.from;
+    const badText: Record<string, unknown> = { ...inbound.text(USER2, "x"), text: { nobody: 1 } };
     const badButton = { ...inbound.buttonReply(USER, "", "Empty") };
     const good2 = inbound.text(USER2, "second");
-    const res = await fake.post(h.hook, payload([good1, noFrom, "garbage".repeat(1000), badText, badButton, good2]));
+    const body = payload([good1, noSender, "garbage".repeat(1000), badText, badButton, good2]);
+    const res = await postSigned(provider, body);
     expect(res.status).toBe(200);
-    const summary = JSON.parse(res.text);
-    expect(summary.admitted).toBe(2);
+    const summary = await res.json();
+    expect(summary).toMatchObject({ admitted: 6, unreadable: 4, duplicates: 0 });
     expect(summary.errors).toHaveLength(4);
-    await h.bot.idle();
-    expect(h.seen.map((m) => m.text).sort()).toEqual(["first", "second"]);
-    expect(h.errors.every((e) => e instanceof WhatsAppPayloadError)).toBe(true);
-    const [e1, e2, e3, e4] = h.errors as WhatsAppPayloadError[];
+    // what reached the bot: every message, in payload order per chat, the unreadable ones with their reason
+    const byId = new Map(rec.received.map((m) => [m.id, m]));
+    expect(byId.get(good1.id as string)).toMatchObject({ text: "first", chatId: USER });
+    expect(byId.get(good1.id as string)!.unreadable).toBeUndefined();
+    expect(byId.get(noSender.id as string)).toMatchObject({
+      chatId: `wa:${PHONE}:unreadable`,
+      type: "text",
+      unreadable:
+        'The message has no sender: field "from" (the phone number) is undefined and field "from_user_id" (the business-scoped user id) is undefined',
+      extra: { raw: noSender, field: "from_user_id", path: "entry[0].changes[0].value.messages[1]", waType: "text" },
+    });
+    const garbage = rec.received.find((m) => m.id.startsWith("unreadable:sha256:"))!;
+    expect(garbage.id).toMatch(/^unreadable:sha256:[0-9a-f]{64}$/);
+    expect(garbage).toMatchObject({ chatId: `wa:${PHONE}:unreadable`, type: "unreadable", extra: { raw: "garbage".repeat(1000) } });
+    expect(garbage.unreadable).toStartWith('A message must be an object, got "garbagegarbage');
+    expect(byId.get(badText.id as string)).toMatchObject({
+      chatId: USER2,
+      from: USER2,
+      unreadable: 'Field "text.body" must be a string, got undefined',
+    });
+    expect(byId.get(badButton.id as string)!.unreadable).toBe('Field "interactive.button_reply.id" must be a non-empty string, got ""');
+    expect(rec.received.filter((m) => m.chatId === USER2).map((m) => m.id)).toEqual([badText.id as string, good2.id as string]);
+    // each is reported, naming the field
+    expect(errors.every((e) => e instanceof WhatsAppPayloadError)).toBe(true);
+    const [e1, e2, e3, e4] = errors as WhatsAppPayloadError[];
     expect(e1.message).toBe(
-      'WhatsApp webhook entry[0].changes[0].value.messages[1]: field "from" must be a non-empty string of at most 512 characters, got undefined',
+      "WhatsApp webhook entry[0].changes[0].value.messages[1]: the message has no sender: field \"from\" (the phone number) is " +
+        'undefined and field "from_user_id" (the business-scoped user id) is undefined',
     );
-    expect(e1.field).toBe("from");
+    expect(e1.field).toBe("from_user_id");
     expect(e2.message).toContain("messages[2]: a message must be an object");
     expect(e2.message.length).toBeLessThan(300); // the value is quoted, cut short
     expect(e3.field).toBe("text.body");
     expect(e4.field).toBe("interactive.button_reply.id");
+    // Meta redelivers the same POST: the same ids (the hash too), all duplicates
+    const again = await (await postSigned(provider, body)).json();
+    expect(again).toMatchObject({ admitted: 0, duplicates: 6, unreadable: 4 });
+    expect(rec.journal.size).toBe(6);
+  });
+
+  test("with a real bot, an unreadable message is journaled and no handler runs for it", async () => {
+    const h = await harness();
+    const bad: Record<string, unknown> = { ...inbound.text(USER, "x"), text: { nobody: 1 } };
+    const res = await fake.post(h.hook, payload([bad, inbound.text(USER, "fine")]));
+    expect(res.status).toBe(200);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text)).toEqual(["fine"]);
+    const ids = (await h.bot.durability!.inbox.list()).map((r) => r.id);
+    expect(ids).toContain(bad.id as string);
+    expect(h.errors.map((e) => (e as WhatsAppPayloadError).field)).toEqual(["text.body"]);
   });
 
   test("without onError, a malformed message is the bot's error event", async () => {
@@ -535,6 +621,231 @@ describe("inbound messages", () => {
 });
 
 // ---- sends ------------------------------------------------------------------------------------
+
+// ---- real documented payloads: usernames, groups, change-level errors, confirmations -------------
+
+const BSUID = "US.13491208655302741918";
+
+describe("real payloads (tests/corpus/whatsapp): usernames, groups, change-level errors, confirmations", () => {
+  test("a user whose phone number Meta withholds is identified by from_user_id: chat bsuid:<id>, with the username", async () => {
+    const { provider, errors } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
+    const sample = await corpusPayload(
+      "meta-docs.json",
+      "bsuid: incoming text from a user with a username, phone number withheld, parent BSUIDs enabled",
+    );
+    const res = await postSigned(provider, addressedTo(sample, PHONE));
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ admitted: 1, unreadable: 0 });
+    expect(rec.received).toHaveLength(1);
+    const m = rec.received[0];
+    expect(m).toMatchObject({
+      id: "wamid.HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA=",
+      chatId: `bsuid:${BSUID}`,
+      from: `bsuid:${BSUID}`,
+      type: "text",
+      text: "Does it come in another color?",
+      extra: { userId: BSUID, parentUserId: "US.ENT.11815799212886844830", username: "realsheenanelson", profileName: "Sheena Nelson" },
+    });
+    expect(m.unreadable).toBeUndefined();
+    expect((m.extra as Record<string, unknown>).waId).toBeUndefined();
+    expect(errors).toHaveLength(0);
+    // an empty "from" is the same as none
+    const emptied = addressedTo(sample, PHONE);
+    emptied.entry[0].changes[0].value.messages[0].from = "";
+    emptied.entry[0].changes[0].value.messages[0].id = "wamid.empty-from";
+    await postSigned(provider, emptied);
+    expect(rec.received[1]).toMatchObject({ id: "wamid.empty-from", chatId: `bsuid:${BSUID}` });
+    expect(errors).toHaveLength(0);
+  });
+
+  test("when Meta gives both, the chat id stays the phone number and the BSUID rides along in extra", async () => {
+    const { provider } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
+    const sample = await corpusPayload("whatsapp-api-js.json", "v25/incoming");
+    expect((await postSigned(provider, addressedTo(sample, PHONE))).status).toBe(200);
+    expect(rec.received[0]).toMatchObject({
+      id: "ABGGFlA5Fpa",
+      chatId: "16315551181",
+      from: "16315551181",
+      text: "this is a text message",
+      extra: { waId: "16315551181", userId: BSUID, parentUserId: "US.11815799212886844830", username: "@testusername" },
+    });
+  });
+
+  test("a group message: the chat is the group, the sender its participant; a group's messages keep their order", async () => {
+    const { provider } = sinkProvider();
+    const order: string[] = [];
+    const rec = recordingSink();
+    const receive = rec.sink.receive;
+    rec.sink.receive = async (m) => {
+      order.push(`start ${m.id}`);
+      await new Promise((r) => setTimeout(r, m.id.endsWith(">") ? 30 : 0)); // the first is slow: the second must wait
+      order.push(`end ${m.id}`);
+      return await receive(m);
+    };
+    provider.start(rec.sink);
+    const sample = addressedTo(
+      await corpusPayload("meta-docs.json", "group: text message received in a group"),
+      PHONE,
+    );
+    const first = sample.entry[0].changes[0].value.messages[0];
+    const second = { ...first, from: "16505550000", id: "wamid.second-in-group", text: { body: "I agree" } };
+    sample.entry[0].changes[0].value.messages.push(second);
+    expect((await postSigned(provider, sample)).status).toBe(200);
+    const groupChat = "group:HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA";
+    expect(rec.received[0]).toMatchObject({
+      id: "wamid.HASDI128HJOPUERIH82ahdasd09ASDHi5>",
+      chatId: groupChat,
+      from: "16505551234",
+      text: "What does everyone think about this?",
+      extra: { groupId: "HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA", profileName: "Tiago Mingo", waId: "16505551234" },
+    });
+    expect(rec.received[1]).toMatchObject({ chatId: groupChat, from: "16505550000", text: "I agree" });
+    expect(order).toEqual([`start ${first.id}`, `end ${first.id}`, "start wamid.second-in-group", "end wamid.second-in-group"]);
+  });
+
+  test("a change-level error (Meta's 130429 example) goes to onError naming the code and title; the POST is answered 200", async () => {
+    const { provider, errors } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
+    const res = await postSigned(provider, addressedTo(await corpusPayload("meta-docs.json", "errors: change-level 130429 rate limit hit"), PHONE));
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ admitted: 0, statuses: 0 });
+    expect(rec.received).toHaveLength(0);
+    expect(errors).toHaveLength(1);
+    const error = errors[0] as WhatsAppChangeError;
+    expect(error).toBeInstanceOf(WhatsAppChangeError);
+    expect(error).toMatchObject({ code: 130429, title: "Rate limit hit", path: "entry[0].changes[0].value.errors[0]" });
+    expect(error.message).toBe(
+      'WhatsApp webhook entry[0].changes[0].value.errors[0]: Meta reported error 130429 "Rate limit hit": Message failed to send ' +
+        'because there were too many messages sent from this phone number in a short period of time (field "errors" of the change, not tied to a message)',
+    );
+  });
+
+  test("a change-level 131000 beside an interactive message Meta could not render: onError, and the message is journaled as unreadable", async () => {
+    const { provider, errors } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
+    const sample = addressedTo(await corpusPayload("pywa.json", "message:interactive_message_with_err"), PHONE);
+    const res = await postSigned(provider, sample);
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ admitted: 1, unreadable: 1 });
+    expect(rec.received).toHaveLength(1);
+    expect(rec.received[0]).toMatchObject({
+      id: "wamid.wegrchytvwcggt=",
+      chatId: "972987654321",
+      type: "interactive",
+      unreadable: 'Field "interactive.type" must be a string, got undefined',
+      extra: { raw: sample.entry[0].changes[0].value.messages[0], field: "interactive.type" },
+    });
+    expect(errors.map((e) => e.name)).toEqual(["WhatsAppPayloadError", "WhatsAppChangeError"]);
+    expect((errors[1] as WhatsAppChangeError).code).toBe(131000);
+    expect(errors[1].message).toContain('error 131000 "Something went wrong": Unsupported webhook payload');
+    // redelivered: a duplicate, not a second record
+    expect(await (await postSigned(provider, sample)).json()).toMatchObject({ admitted: 0, duplicates: 1 });
+  });
+
+  test("a sent/delivered/read status with biz_opaque_callback_data confirms the send; failed does not; a failing confirmSent is reported", async () => {
+    const { provider, errors, statuses } = sinkProvider();
+    let fail = false;
+    const rec = recordingSink({ confirmSent: () => fail ? Promise.reject(new Error("journal down")) : Promise.resolve(true) });
+    provider.start(rec.sink);
+    const sample = addressedTo(await corpusPayload("pywa.json", "message_status:with_tracker"), PHONE);
+    expect((await postSigned(provider, sample)).status).toBe(200);
+    expect(rec.confirmed).toEqual([["some data", "wamid.xyzxyz"]]);
+    expect(statuses[0]).toMatchObject({ id: "wamid.xyzxyz", status: "sent", callbackData: "some data", chatId: "972987654321" });
+    for (const status of ["delivered", "read", "played", "failed"]) {
+      const copy = structuredClone(sample);
+      copy.entry[0].changes[0].value.statuses[0].status = status;
+      expect((await postSigned(provider, copy)).status).toBe(200);
+    }
+    expect(rec.confirmed.map(([key]) => key)).toEqual(["some data", "some data", "some data", "some data"]); // not for failed
+    expect(statuses.map((s) => s.status)).toEqual(["sent", "delivered", "read", "played", "failed"]);
+    fail = true;
+    const res = await postSigned(provider, sample);
+    expect(res.status).toBe(200); // the status is not redelivered for it: a later one confirms again
+    expect(errors.at(-1)!.message).toBe(
+      'WhatsApp webhook entry[0].changes[0].value.statuses[0]: confirmSent("some data", "wamid.xyzxyz") failed for the "sent" status: journal down',
+    );
+    expect(statuses).toHaveLength(6); // onStatus still called
+  });
+
+  test("statuses of BSUID and group sends say which chat they are about", async () => {
+    const { provider, statuses } = sinkProvider();
+    provider.start(recordingSink().sink);
+    await postSigned(provider, addressedTo(await corpusPayload("meta-docs.json", "bsuid: delivered status of a send to a BSUID, phone number withheld"), PHONE));
+    await postSigned(provider, addressedTo(await corpusPayload("pywa.json", "message_status:group"), PHONE));
+    await postSigned(provider, addressedTo(await corpusPayload("meta-docs.json", "status: failed (131049)"), PHONE));
+    expect(statuses[0]).toMatchObject({ status: "delivered", recipientUserId: BSUID, chatId: `bsuid:${BSUID}` });
+    expect(statuses[0].recipientId).toBeUndefined();
+    expect(statuses[1]).toMatchObject({
+      status: "read",
+      recipientId: "fowefinoewcnw",
+      chatId: "group:fowefinoewcnw",
+      participant: "<GROUP_PARTICIPANT_USER_PHONE_NUMBER>",
+    });
+    expect(statuses[2]).toMatchObject({ status: "failed", chatId: "16505551234", errors: [{ code: 131049 }] });
+  });
+
+  test("replies: a BSUID chat is sent with recipient (no to), a group chat with recipient_type group and to = the group id", async () => {
+    const h = await harness({
+      setup: (bot) => bot.when(ANY, (ctx) => ctx.reply(`echo: ${ctx.message.text}`)),
+    });
+    const bsuid = addressedTo(
+      await corpusPayload("meta-docs.json", "bsuid: incoming text from a user with a username, phone number withheld, parent BSUIDs enabled"),
+      PHONE,
+    );
+    const group = addressedTo(await corpusPayload("meta-docs.json", "group: text message received in a group"), PHONE);
+    expect((await fake.post(h.hook, bsuid)).status).toBe(200);
+    expect((await fake.post(h.hook, group)).status).toBe(200);
+    const toUser = await fake.waitForSend((a) => a.body.text?.body === "echo: Does it come in another color?");
+    expect(toUser.body).toMatchObject({ messaging_product: "whatsapp", recipient_type: "individual", recipient: BSUID, type: "text" });
+    expect("to" in toUser.body).toBe(false);
+    const toGroup = await fake.waitForSend((a) => a.body.text?.body === "echo: What does everyone think about this?");
+    expect(toGroup.body).toMatchObject({
+      messaging_product: "whatsapp",
+      recipient_type: "group",
+      to: "HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA",
+    });
+    expect("recipient" in toGroup.body).toBe(false);
+    // proactive sends by chat id, and a passthrough message object: the chat id decides the addressing
+    await h.bot.send(whatsAppChatId({ kind: "user", userId: BSUID }), "by helper");
+    await h.bot.send(BSUID, "bare");
+    await h.bot.send("group:Y2FwaV9ncm91cDoxNzA1NTU1MDEzOToxMjAzNjM0MDQ2OTQyMzM4MjAZD", {
+      type: "text",
+      to: "16505559999",
+      text: { body: "passthrough" },
+    });
+    await h.bot.idle();
+    const helper = await fake.waitForSend((a) => a.body.text?.body === "by helper");
+    expect(helper.body).toMatchObject({ recipient: BSUID, recipient_type: "individual" });
+    expect((await fake.waitForSend((a) => a.body.text?.body === "bare")).body.recipient).toBe(BSUID);
+    const passthrough = await fake.waitForSend((a) => a.body.text?.body === "passthrough");
+    expect(passthrough.body).toMatchObject({ recipient_type: "group", to: "Y2FwaV9ncm91cDoxNzA1NTU1MDEzOToxMjAzNjM0MDQ2OTQyMzM4MjAZD" });
+  });
+
+  test("the placeholder chat of unreadable messages cannot be sent to: a permanent error, straight to the DLQ", async () => {
+    const h = await harness({ setup: () => {} });
+    await h.bot.send(`wa:${PHONE}:unreadable`, "hello?").catch(() => {});
+    await h.bot.idle();
+    const dead = h.dead.find((d) => d.kind === "outbound");
+    expect(dead?.error).toContain("it is where unreadable messages without a usable sender are journaled");
+  });
+
+  test("chat ids: whatsAppChatId and parseWhatsAppChatId", () => {
+    expect(whatsAppChatId({ kind: "phone", phone: "16505551234" })).toBe("16505551234");
+    expect(whatsAppChatId({ kind: "user", userId: BSUID })).toBe(`bsuid:${BSUID}`);
+    expect(whatsAppChatId({ kind: "group", groupId: "Y2Fw" })).toBe("group:Y2Fw");
+    expect(parseWhatsAppChatId("16505551234")).toEqual({ kind: "phone", phone: "16505551234" });
+    expect(parseWhatsAppChatId(`bsuid:${BSUID}`)).toEqual({ kind: "user", userId: BSUID });
+    expect(parseWhatsAppChatId("US.ENT.11815799212886844830")).toEqual({ kind: "user", userId: "US.ENT.11815799212886844830" });
+    expect(parseWhatsAppChatId("group:Y2Fw")).toEqual({ kind: "group", groupId: "Y2Fw" });
+    expect(() => whatsAppChatId({ kind: "user", userId: "" })).toThrow('A WhatsApp user id must be a non-empty string, got ""');
+  });
+});
 
 describe("sends through the Graph API", () => {
   test("a reply goes to /{version}/{phone-number-id}/messages and its wamid is recorded", async () => {

@@ -293,7 +293,20 @@ export class FakeWhatsApp {
         this.reads.push({ messageId: body.message_id, typing: body.typing_indicator?.type === "text" });
         return Response.json({ success: true });
       }
-      if (typeof body.to !== "string" || body.to === "") return graphResponse(400, 100, "(#100) The parameter to is required.");
+      // Addressing as the Cloud API takes it: `to` (a phone number, or a group id with recipient_type
+      // "group"), or `recipient` (a business-scoped user id) without `to`; `to` wins when both are given.
+      const recipientType = body.recipient_type ?? "individual";
+      if (recipientType !== "individual" && recipientType !== "group") {
+        return graphResponse(400, 100, `(#100) Param recipient_type must be one of {individual, group} - got "${recipientType}".`);
+      }
+      const hasTo = typeof body.to === "string" && body.to !== "";
+      const hasRecipient = typeof body.recipient === "string" && body.recipient !== "";
+      if (!hasTo && (recipientType === "group" || !hasRecipient)) {
+        return graphResponse(400, 100, "(#100) The parameter to is required.");
+      }
+      if (!hasTo && !/^[A-Z]{2}\.(ENT\.)?[A-Za-z0-9]+$/.test(body.recipient)) {
+        return graphResponse(400, 100, "(#100) Invalid parameter", { details: `Invalid recipient ${JSON.stringify(body.recipient)}` });
+      }
       if (!MESSAGE_TYPES.includes(body.type) || typeof body[body.type] !== "object") {
         return graphResponse(400, 100, `(#100) Param ${body.type} is not a valid message type`, { details: `Invalid message type ${JSON.stringify(body.type)}` });
       }
@@ -302,9 +315,12 @@ export class FakeWhatsApp {
       }
       const wamid = makeWamid();
       attempt.wamid = wamid;
+      if (recipientType === "group") {
+        return Response.json({ messaging_product: "whatsapp", contacts: [{ input: body.to }], messages: [{ id: wamid, group_id: body.to }] });
+      }
       return Response.json({
         messaging_product: "whatsapp",
-        contacts: [{ input: body.to, wa_id: body.to }],
+        contacts: [hasTo ? { input: body.to, wa_id: body.to } : { input: body.recipient, user_id: body.recipient }],
         messages: [{ id: wamid }],
       });
     })();
@@ -460,4 +476,54 @@ export const inbound = {
 /** A status object as Meta sends it in `value.statuses`. */
 export function statusUpdate(id: string, status: string, recipient: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
   return { id, status, timestamp: nowSeconds(), recipient_id: recipient, ...extra };
+}
+
+// ---- the corpus of real payloads ------------------------------------------------------------
+
+/** One real webhook payload of `tests/corpus/whatsapp/*.json` (see its SOURCES.md). */
+export interface CorpusSample {
+  /** Unique within its file. */
+  name: string;
+  /** A URL of Meta's documentation, or `owner/repo/path@commit`. */
+  source: string;
+  licence: string;
+  // deno-lint-ignore no-explicit-any
+  payload: any;
+}
+
+const corpusDir = new URL("../corpus/whatsapp/", import.meta.url);
+
+/** Every sample of every corpus file, with the file name. */
+export async function loadCorpus(): Promise<(CorpusSample & { file: string })[]> {
+  const { readdirSync, readFileSync } = await import("node:fs");
+  const { fileURLToPath } = await import("node:url");
+  const dir = fileURLToPath(corpusDir);
+  const out: (CorpusSample & { file: string })[] = [];
+  for (const file of readdirSync(dir).filter((f) => f.endsWith(".json")).sort()) {
+    const samples = JSON.parse(readFileSync(`${dir}/${file}`, "utf8")) as CorpusSample[];
+    for (const sample of samples) out.push({ ...sample, file });
+  }
+  return out;
+}
+
+/** The sample `name` of corpus file `file` (a deep copy of its payload). */
+export async function corpusPayload(file: string, name: string): Promise<Record<string, unknown>> {
+  const sample = (await loadCorpus()).find((s) => s.file === file && s.name === name);
+  if (!sample) throw new Error(`no corpus sample ${JSON.stringify(name)} in ${file}`);
+  return structuredClone(sample.payload);
+}
+
+/**
+ * The payload addressed to `phoneNumberId`: every change's `metadata.phone_number_id` is set to it,
+ * nothing else changes (the samples come from different accounts; a provider admits only its own).
+ */
+// deno-lint-ignore no-explicit-any
+export function addressedTo(payload: any, phoneNumberId: string): any {
+  const copy = structuredClone(payload);
+  for (const entry of Array.isArray(copy?.entry) ? copy.entry : []) {
+    for (const change of Array.isArray(entry?.changes) ? entry.changes : []) {
+      if (change?.value?.metadata && typeof change.value.metadata === "object") change.value.metadata.phone_number_id = phoneNumberId;
+    }
+  }
+  return copy;
 }
