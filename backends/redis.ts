@@ -36,7 +36,8 @@
  *   processing records by when they become due); `in:owner:<owner>` (leased
  *   records, for `reclaimOwn`); `in:done` (done records by `updatedAt`, for
  *   purges); `in:ord` admission counter.
- * - `out:r:<key>` outbox entry (hash; content is opaque JSON text);
+ * - `out:r:<key>` outbox entry (hash; content is opaque JSON text; `called`
+ *   is `1`/`0`);
  *   `out:all`, `out:chat:<chatId>`, `out:st:<state>` by `seq`;
  *   `out:open:<chatId>` the chat's unsettled (queued/sending/failed) entries
  *   by `seq`, whose first is the chat's head; `out:due` the heads that are
@@ -54,7 +55,17 @@
  * retries a failed fetch). Every mutating script is therefore run once per
  * call: the backend passes a random request key `rq:<uuid>` (`KEYS[2]`); a
  * second run returns the reply the first stored there (`SET … PX`, 120 s; see
- * `REQUEST_TTL_MS` in `redis_lua.ts` for the memory this costs).
+ * `REQUEST_TTL_MS` in `redis_lua.ts` for the memory this costs). The one
+ * exception is `outbox.markCalling`, one write per send on the hot path: it is
+ * idempotent by itself, so it stores no reply, and a re-sent call answers for
+ * the entry as it is then (`false` when its lease was lost meanwhile, so that
+ * no provider call starts under it).
+ *
+ * ## Stored data of older versions
+ * An outbox entry written before the `called` field existed has none: it
+ * reads as `called: true` (a provider call may have started under its lease,
+ * so a lapsed one stays ambiguous, as it was). The next claim writes the field;
+ * nothing has to be migrated.
  *
  * ## Damaged records
  * Lua does not roll back, so every script validates each field it needs
@@ -105,7 +116,7 @@ import {
   normalizeList,
 } from "../src/journal_rules.ts";
 import { sessionEntry, type SessionStore } from "../src/store.ts";
-import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
+import { storedCalled, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 import { type LuaScript, type ScriptName, SCRIPTS } from "./redis_lua.ts";
 import { type RedisCommands, toCommands } from "./redis_clients.ts";
@@ -305,6 +316,16 @@ function jsonField(m: Map<string, string>, field: string, what: string): JsonVal
   }
 }
 
+/**
+ * The `called` field as the record check wants it: a boolean for `1`/`0`, `undefined` when absent
+ * (an entry written before the field existed: {@link storedCalled} reads it as `true`), else the raw
+ * text, so that the check quotes it.
+ */
+function calledField(m: Map<string, string>): boolean | string | undefined {
+  const raw = m.get("called");
+  return raw === "1" ? true : raw === "0" ? false : raw;
+}
+
 function leaseOf(m: Map<string, string>): unknown {
   if (!m.has("leaseOwner")) return null;
   return {
@@ -354,6 +375,7 @@ function outboxOf(flat: unknown, runner: Runner, key: string): OutboxEntry | nul
     nextAttemptAt: optNum(m, "nextAttemptAt"),
     lease: leaseOf(m),
     fence: numField(m, "fence"),
+    called: calledField(m),
     messageId: m.get("messageId") ?? null,
     error: m.get("error") ?? null,
     seq: numField(m, "seq"),
@@ -362,6 +384,7 @@ function outboxOf(flat: unknown, runner: Runner, key: string): OutboxEntry | nul
   };
   const problem = storedOutboxProblem(entry);
   if (problem) throw new Error(`${what}: ${problem}`);
+  entry.called = storedCalled(entry.called);
   return entry as OutboxEntry;
 }
 
@@ -583,6 +606,14 @@ class RedisOutbox implements OutboxJournal {
     checkFinite(token, `outbox.heartbeat: "token"`);
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     const [status] = list(await this.#r.run("outHeartbeat", [key, String(token), String(leaseMs)]));
+    return status === "ok";
+  }
+
+  async markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkId(key, `outbox.markCalling: "key"`);
+    checkFinite(token, `outbox.markCalling: "token"`);
+    checkFinite(leaseMs, `outbox.markCalling: "leaseMs"`);
+    const [status] = list(await this.#r.run("outMarkCalling", [key, String(token), String(leaseMs)]));
     return status === "ok";
   }
 

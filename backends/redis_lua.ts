@@ -186,7 +186,8 @@ local function in_held(h, token) return h ~= nil and h.state == 'processing' and
 
 const OUTBOX = `
 local OUT_FIELDS = {'key', 'chatId', 'content', 'contentHash', 'inboundId', 'state', 'attempts', 'nextAttemptAt',
-  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'messageId', 'error', 'seq', 'createdAt', 'updatedAt'}
+  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'called', 'messageId', 'error', 'seq', 'createdAt',
+  'updatedAt'}
 local BLOCKING = {queued = true, sending = true, failed = true}
 local function out_key(k) return P .. 'out:r:' .. k end
 local function open_key(chat) return P .. 'out:open:' .. chat end
@@ -213,11 +214,15 @@ local function out_write(h)
   end
 end
 local OUT_STATES = {queued = true, sending = true, sent = true, failed = true, dead = true, unknown = true}
+local FLAGS = {['0'] = true, ['1'] = true}
+-- The called flag (see OutboxEntry.called): '1' a provider call may have started under the current
+-- fence, '0' none did. An entry written before the flag existed has none: read as called.
+local function out_called(h) return h.called ~= '0' end
 -- Every field an outbox transition reads or indexes by (the opaque ones are checked by the caller).
 local function out_problem(h, k)
   local p = need_is(h, 'key', k) or need_str(h, 'chatId') or need_one(h, 'state', OUT_STATES)
     or need_num(h, 'seq', false, true) or need_num(h, 'attempts', false, true) or need_num(h, 'fence', false, true)
-    or need_num(h, 'nextAttemptAt', true)
+    or need_num(h, 'nextAttemptAt', true) or (h.called ~= nil and need_one(h, 'called', FLAGS)) or nil
   if p then return p end
   if h.state == 'sending' then
     return need_str(h, 'leaseOwner') or need_str(h, 'leaseInc') or need_num(h, 'leaseToken', false, true)
@@ -260,13 +265,15 @@ local function out_quarantine(k, h, why, now)
   redis.call('ZADD', P .. 'out:st:dead', score, k)
   if chat then sync_head(chat) end
 end
--- claimedOutbox
+-- claimedOutbox: a lost lease that never announced its call (sending, not called) started no
+-- attempt, so the new lease takes its number; every claim starts uncalled.
 local function out_claim(h, now, o)
   local token = num(h, 'fence') + 1
-  local attempts = num(h, 'attempts') + 1
+  local attempts = num(h, 'attempts')
+  if h.state ~= 'sending' or out_called(h) then attempts = attempts + 1 end
   out_unindex(h)
   h.state = 'sending'; h.attempts = n2s(attempts); h.nextAttemptAt = false
-  lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)
+  lease(h, o, token, now); h.fence = n2s(token); h.called = '0'; h.updatedAt = n2s(now)
   out_write(h)
 end
 local function out_held(h, token) return h ~= nil and h.state == 'sending' and h.leaseToken == token end
@@ -345,6 +352,7 @@ export type ScriptName =
   | "outReserve"
   | "outClaimDue"
   | "outHeartbeat"
+  | "outMarkCalling"
   | "outFinish"
   | "outRetry"
   | "outDiscard"
@@ -595,7 +603,7 @@ local chat = ARGV[3]
 local clear = redis.call('ZCARD', open_key(chat)) == 0
 local h = {_key = key, key = ARGV[2], chatId = chat, content = ARGV[4], contentHash = ARGV[5],
   inboundId = (ARGV[6] == '1') and ARGV[7] or false, state = 'queued', attempts = '0', nextAttemptAt = n2s(now),
-  fence = '0', seq = n2s(seq), createdAt = n2s(now), updatedAt = n2s(now)}
+  fence = '0', called = '0', seq = n2s(seq), createdAt = n2s(now), updatedAt = n2s(now)}
 local status = 'queued'
 if ARGV[8] == '1' and clear then
   h.state = 'sending'; h.attempts = '1'; h.nextAttemptAt = false; h.fence = '1'; lease(h, opts(9), 1, now)
@@ -642,7 +650,14 @@ if o.reclaim then
 end
 table.sort(lost, function(a, b) return num(a, 'seq') < num(b, 'seq') end)
 for _, h in ipairs(lost) do
-  if resend then
+  if not out_called(h) then
+    -- its holder never announced a provider call: nothing was sent, it is due work again (attempts
+    -- unchanged, still its chat's head); over the limit it stays sending for a later scan
+    if #due < limit then
+      out_claim(h, now, o)
+      due[#due + 1] = flat(h._key)
+    end
+  elseif resend then
     if #due < limit then
       out_claim(h, now, o)
       local f = flat(h._key)
@@ -699,6 +714,20 @@ save(h, {'leaseExp'})
 redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
 return cjson.encode({'ok'})
 `, true),
+  /**
+   * ARGV: P, key, token, leaseMs: heartbeat's check and lease extension, and the called flag set, in
+   * one script. Not run once per request id: it is idempotent, and a re-sent call answers for the
+   * entry as it is then (a lease lost meanwhile answers false, so no call starts under it).
+   */
+  outMarkCalling: script("outbox.markCalling", [OUTBOX], `
+local h = load(out_key(ARGV[2]))
+if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+assert_ok(out_problem(h, ARGV[2]))
+h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
+redis.call('HSET', h._key, 'leaseExp', h.leaseExp, 'called', '1')
+redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
+return cjson.encode({'ok'})
+`),
   /**
    * ARGV: P, key, token, mode (sent|dead|retry|unknown), messageId or error, retryInMs. `unknown` (an
    * ambiguous markFailed) is claimDue's move of a lost send: lease dropped, no next attempt, fence and

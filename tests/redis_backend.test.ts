@@ -466,6 +466,7 @@ describe.skipIf(Boolean(skip))("lost leases and lost replies", () => {
     expect(await backend.inbox.claim("lost", me)).toBe(null);
     const sent = await backend.outbox.reserve({ key: "k", chatId: "c", content: 1, contentHash: "h", inboundId: null }, me);
     expect(sent.status).toBe("leased");
+    expect(await backend.outbox.markCalling("k", 1, me.leaseMs)).toBe(true);
     expect((await backend.outbox.claimDue({ ...me, limit: 10 })).ambiguous).toEqual([]);
     await Bun.sleep(250);
     const due = await backend.inbox.claimDue({ ...me, limit: 10 });
@@ -504,7 +505,11 @@ describe.skipIf(Boolean(skip))("lost leases and lost replies", () => {
       const due = await backend.inbox.claimDue({ ...lease, limit: 10 });
       expect(due.map((r) => r.id).sort(), "claimDue: the records it leased").toEqual(["p1", "p2", "p3"]);
 
-      await backend.outbox.reserve({ key: "s2", chatId: "y", content: 1, contentHash: "h", inboundId: null }, { ...lease, owner: "old", leaseMs: 1 });
+      await backend.outbox.reserve({ key: "s2", chatId: "y", content: 1, contentHash: "h", inboundId: null }, { ...lease, owner: "old", leaseMs: 60_000 });
+      // markCalling stores no reply (it is idempotent by itself): the re-sent call runs again and answers true.
+      proxy.dropNextReply();
+      expect(await backend.outbox.markCalling("s2", 1, 1), "markCalling: true, not stale").toBe(true);
+      expect((await backend.outbox.get("s2"))?.called).toBe(true);
       await Bun.sleep(20);
       proxy.dropNextReply();
       const claim = await backend.outbox.claimDue({ ...lease, limit: 10 });
@@ -513,7 +518,7 @@ describe.skipIf(Boolean(skip))("lost leases and lost replies", () => {
       proxy.dropNextReply();
       await backend.inbox.complete("m1", 1);
       expect((await backend.inbox.get("m1"))?.state).toBe("done");
-      expect(proxy.dropped()).toBe(6);
+      expect(proxy.dropped()).toBe(7);
       // The stored replies expire on their own.
       const rq = await admin!.keys(`{${keyPrefix}}rq:*`);
       expect(rq.length).toBeGreaterThan(0);
@@ -531,7 +536,8 @@ describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
   test("outbox.claimDue: a damaged entry is quarantined before any write; the lapsed send is reported; later scans work", async () => {
     const keyPrefix = prefix();
     const backend = new RedisDurability({ client: client(), keyPrefix });
-    await backend.outbox.reserve({ key: "lost1", chatId: "a", content: 1, contentHash: "h", inboundId: null }, { owner: "A", incarnation: "1", leaseMs: 10 });
+    await backend.outbox.reserve({ key: "lost1", chatId: "a", content: 1, contentHash: "h", inboundId: null }, { owner: "A", incarnation: "1", leaseMs: 60_000 });
+    expect(await backend.outbox.markCalling("lost1", 1, 10)).toBe(true);
     await backend.outbox.reserve({ key: "q", chatId: "b", content: 1, contentHash: "h", inboundId: null });
     await backend.outbox.reserve({ key: "q2", chatId: "b", content: 2, contentHash: "h", inboundId: null });
     await admin!.hset(`{${keyPrefix}}out:r:q`, "fence", "x");
@@ -580,7 +586,8 @@ describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
     const backend = new RedisDurability({ client: client(), keyPrefix });
     const me = { owner: "w", incarnation: "i1", leaseMs: 60_000 };
     await backend.inbox.admit(inbound("due", "c", 5), { ...me, leaseMs: 1 });
-    await backend.outbox.reserve({ key: "lapsed", chatId: "c", content: 1, contentHash: "h", inboundId: null }, { ...me, leaseMs: 1 });
+    await backend.outbox.reserve({ key: "lapsed", chatId: "c", content: 1, contentHash: "h", inboundId: null }, me);
+    expect(await backend.outbox.markCalling("lapsed", 1, 1)).toBe(true);
     const stale = Array.from({ length: 1_500 }, (_, i) => [0, `gone-${i}`] as const).flat();
     await admin!.zadd(`{${keyPrefix}}in:timed`, ...stale);
     await admin!.zadd(`{${keyPrefix}}out:lease`, ...stale);
@@ -595,6 +602,97 @@ describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
     expect(ambiguous).toEqual(["lapsed"]);
     expect(await admin!.zcard(`{${keyPrefix}}in:timed`)).toBe(1);
     expect(await admin!.zcard(`{${keyPrefix}}out:lease`)).toBe(0);
+  });
+});
+
+describe.skipIf(Boolean(skip))("the called flag", () => {
+  const entry = (key: string, chatId = key) => ({ key, chatId, content: 1, contentHash: "h", inboundId: null });
+
+  test("an entry hash written without the called field (an older version) reads as called: true and, when its lease lapses, is ambiguous", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    const old = { owner: "A", incarnation: "1", leaseMs: 150 };
+    for (const key of ["legacy", "legacy-resend"]) {
+      expect((await backend.outbox.reserve(entry(key), old)).status).toBe("leased");
+      expect(await admin!.hget(`{${keyPrefix}}out:r:${key}`, "called")).toBe("0");
+      await admin!.hdel(`{${keyPrefix}}out:r:${key}`, "called"); // as written before the field existed
+    }
+    await backend.outbox.reserve(entry("legacy-queued"));
+    await admin!.hdel(`{${keyPrefix}}out:r:legacy-queued`, "called");
+    for (const key of ["legacy", "legacy-resend", "legacy-queued"]) {
+      expect((await backend.outbox.get(key))?.called, key).toBe(true);
+    }
+    expect((await backend.outbox.list()).map((e) => e.called)).toEqual([true, true, true]);
+
+    await Bun.sleep(250);
+    // Not resending: the lapsed legacy send is unknown (a call may have started), reported once; the
+    // queued one is leased, uncalled under its new fence.
+    const claim = await backend.outbox.claimDue({ owner: "B", incarnation: "1", leaseMs: 60_000, limit: 1 });
+    expect(claim.ambiguous.map((e) => [e.key, e.state, e.attempts, e.fence, e.called])).toEqual([
+      ["legacy", "unknown", 1, 1, true],
+      ["legacy-resend", "unknown", 1, 1, true],
+    ]);
+    expect(claim.due.map((e) => [e.key, e.attempts, e.fence, e.called])).toEqual([["legacy-queued", 1, 1, false]]);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:legacy-queued`, "called")).toBe("0");
+    expect(await admin!.hget(`{${keyPrefix}}out:r:legacy`, "called"), "an unknown entry keeps its (missing) flag").toBe(null);
+    expect((await backend.outbox.get("legacy"))?.called).toBe(true);
+
+    // With resendAmbiguous a lapsed legacy send is re-leased as an ambiguous one: attempts + 1, uncalled.
+    await backend.outbox.reserve(entry("legacy-2"), old);
+    await admin!.hdel(`{${keyPrefix}}out:r:legacy-2`, "called");
+    await Bun.sleep(250);
+    const resend = await backend.outbox.claimDue({ owner: "C", incarnation: "1", leaseMs: 60_000, resendAmbiguous: true, limit: 10 });
+    expect(resend.ambiguous.map((e) => e.key)).toEqual(["legacy-2"]);
+    expect(resend.due.map((e) => [e.key, e.attempts, e.fence, e.called])).toEqual([["legacy-2", 2, 2, false]]);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:legacy-2`, "called")).toBe("0");
+  });
+
+  test("a damaged called field is named by get and markCalling, and quarantined by a due scan", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    await backend.outbox.reserve(entry("bad"), claimer("A", 100));
+    await backend.outbox.reserve(entry("good"), claimer("A", 100));
+    await admin!.hset(`{${keyPrefix}}out:r:bad`, "called", "yes");
+    const read = await rejection(() => backend.outbox.get("bad"));
+    expect(read.message).toContain(`Redis outbox entry at key "{${keyPrefix}}out:r:bad": field "called" must be a boolean, got "yes"`);
+    const mark = await rejection(() => backend.outbox.markCalling("bad", 1, 100));
+    expect(mark.message).toContain(`the record at key "{${keyPrefix}}out:r:bad" has a bad field "called": yes`);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:bad`, "called"), "nothing changed").toBe("yes");
+    await Bun.sleep(200);
+    const claim = await backend.outbox.claimDue({ ...claimer("B"), limit: 10 });
+    expect(claim.ambiguous).toEqual([]);
+    expect(claim.due).toEqual([(await backend.outbox.get("good"))!]);
+    expect(claim.due[0]!.attempts, "the uncalled lapsed send started no attempt").toBe(1);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:bad`, "state")).toBe("dead");
+  });
+
+  test("markCalling is one script call and stores no request key; the flag and the lease are written together", async () => {
+    const keyPrefix = prefix();
+    const inner = fromIoredis(client());
+    let evalshas = 0;
+    const commands: RedisCommands = {
+      evalsha: (sha, keys, args) => {
+        evalshas++;
+        return inner.evalsha(sha, keys, args);
+      },
+      scriptLoad: (text) => inner.scriptLoad(text),
+    };
+    const backend = new RedisDurability({ client: commands, keyPrefix });
+    const res = await backend.outbox.reserve(entry("k"), claimer("A", 1_000));
+    await backend.outbox.markCalling("k", 1, 1_000); // scripts loaded
+    const rq = (await admin!.keys(`{${keyPrefix}}rq:*`)).length;
+    const before = evalshas;
+    expect(await backend.outbox.markCalling("k", 1, 60_000)).toBe(true);
+    expect(evalshas - before, "one EVALSHA").toBe(1);
+    expect((await admin!.keys(`{${keyPrefix}}rq:*`)).length, "no request key").toBe(rq);
+    const e = (await backend.outbox.get("k"))!;
+    expect(e.called).toBe(true);
+    expect(e.lease!.expiresAt).toBeGreaterThan(res.entry.lease!.expiresAt + 50_000);
+    expect(Number(await admin!.zscore(`{${keyPrefix}}out:lease`, "k")), "the lease window moves too").toBe(e.lease!.expiresAt);
+    expect(await backend.outbox.markCalling("k", 2, 60_000)).toBe(false);
+    const bad = await rejection(() => backend.outbox.markCalling("k", 1, Number.NaN));
+    expect(bad).toBeInstanceOf(TypeError);
+    expect(bad.message).toContain(`outbox.markCalling: "leaseMs" must be a finite number`);
   });
 });
 
