@@ -11,7 +11,8 @@
  *   every operation of the outbox sidecar) resolves only once the state it
  *   observed is on disk.
  * - Lease heartbeats (of events and of outbox entries) stay in memory and are
- *   written with the next change.
+ *   written with the next change. `outbox.markCalling` extends a lease too,
+ *   but is a change: it resolves once its `called` flag is on disk.
  * - After a failed rewrite every waiting operation rejects and the state is
  *   reloaded from the file: memory never holds what was not written.
  * - `{ lock: true }` (required for durability) takes the pid lock file
