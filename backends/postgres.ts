@@ -31,12 +31,19 @@
  * created or upgraded on first use (`open()`, or the first call) by one `DO`
  * block: one statement, one transaction, under a transaction-scoped advisory
  * lock on the schema, so replicas starting together migrate one at a time.
- * A schema written by a newer version of the library is refused.
+ * A schema written by a newer version of the library is refused. Upgrades
+ * are in place: schema version 3 adds the outbox column `uncalled_fence`
+ * (an entry's `called` flag: `called` is `false` exactly when it equals the
+ * fence) with no table rewrite; existing rows hold NULL and read as called,
+ * as every entry was treated before the flag existed, so their lost sends
+ * stay ambiguous. A replica still running an older library during a rolling
+ * upgrade raises the fence of what it claims without setting the column, so
+ * its sends read as called too (it never announces a call).
  *
  * ## Statements
  * Every operation is one statement (prepared by the client), with the state
  * rules, the fencing token and the clock in SQL. Journal writes (admit,
- * heartbeats, completions, failures, reserve, markSent, markFailed)
+ * heartbeats, completions, failures, reserve, markCalling, markSent, markFailed)
  * are group-committed: those called in one turn of the event loop share one
  * transaction, their statements pipelined on one connection (`sql.begin`),
  * so a busy bot pays one commit (one WAL flush) per group instead of one per
@@ -75,6 +82,12 @@
  *   (re-checking headship by the chat index) and never the entries queued
  *   behind an unsettled one; see "Per-chat order" and `outboxSql` in
  *   `postgres_sql.ts` ("Due marks: chat heads only").
+ * - The outbox `claimDue` takes the abandoned `sending` entries (lapsed, or
+ *   the owner's other incarnations' under `reclaimOwn`) in the same
+ *   statement: one whose call was never announced (`markCalling`) is leased
+ *   again as due work, its attempts unchanged, before the due heads and
+ *   within `limit`; one whose call was announced is ambiguous (`unknown`, or
+ *   with `resendAmbiguous` leased again as well).
  * - `purge` deletes in bounded batches (`purgeBatchSize`, 1000 by default),
  *   one statement each, oldest first, by a partial index of `done`/`sent`
  *   records. Retention itself is the Bot's `durability.retention` (7 days by
@@ -164,7 +177,7 @@ import {
   normalizeList,
 } from "../src/journal_rules.ts";
 import { sessionEntry, type SessionStore } from "../src/store.ts";
-import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
+import { storedCalled, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 import {
   IDENTIFIER,
@@ -670,6 +683,9 @@ function inboundOf(row: Row, table: string, payload?: JsonValue): InboundRecord 
 }
 
 function outboxOf(row: Row, table: string, content?: JsonValue): OutboxEntry {
+  // `called` is stored as `uncalled_fence` (see OUTBOX_COLUMNS in postgres_sql.ts): uncalled exactly when it
+  // is the fence; NULL (a row older than the flag, or claimed by an older library) reads as called.
+  const uncalledFence = row.uncalled_fence;
   const entry = {
     key: row.key,
     chatId: row.chat_id,
@@ -681,6 +697,7 @@ function outboxOf(row: Row, table: string, content?: JsonValue): OutboxEntry {
     nextAttemptAt: numOrNull(row.next_attempt_at),
     lease: leaseOf(row),
     fence: num(row.fence),
+    called: storedCalled(uncalledFence === null || uncalledFence === undefined ? null : num(uncalledFence) !== num(row.fence)),
     messageId: row.message_id,
     error: row.error,
     seq: num(row.seq),
@@ -957,6 +974,12 @@ class PgOutbox implements OutboxJournal {
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
     return await this.#fenced("heartbeat", this.#q.heartbeat, key, token, [duration(leaseMs)]);
+  }
+
+  async markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(leaseMs, `outbox.markCalling: "leaseMs"`);
+    // One statement, group-committed as a heartbeat is (the hot path: one per send).
+    return await this.#fenced("markCalling", this.#q.markCalling, key, token, [duration(leaseMs)]);
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {

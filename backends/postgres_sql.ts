@@ -12,7 +12,7 @@
 import { BLOCKING_OUTBOX_STATES } from "../src/journal_rules.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 2;
+export const POSTGRES_SCHEMA_VERSION: number = 3;
 
 /** The server clock in ms since epoch (the replicas' clocks are never used). */
 export const NOW_MS: string = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -45,8 +45,15 @@ export const INBOX_COLUMNS: string =
   "ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at";
 /** Every inbox column but the payload (what `admit` returns: the payload is the caller's checked copy). */
 const INBOX_META_COLUMNS = INBOX_COLUMNS.replace(" payload,", "");
+/**
+ * The outbox columns. `uncalled_fence` holds the entry's `called` flag (schema version 3): the entry is
+ * uncalled (`called: false`) exactly when `uncalled_fence = fence`. Every claim sets it to the fence it
+ * issues, a leased or queued reserve to the entry's fence; `markCalling` sets it NULL. So a row written
+ * before the column existed (NULL), or claimed by a replica still running a library that predates it
+ * (it raises the fence, not this), reads as called: a lost send of theirs stays ambiguous.
+ */
 export const OUTBOX_COLUMNS: string =
-  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at";
+  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at, updated_at";
 const OUTBOX_META_COLUMNS = OUTBOX_COLUMNS.replace(" content,", "");
 
 /** The qualified names of one schema + prefix. */
@@ -178,6 +185,11 @@ function migrations(t: Tables): string[] {
       WHERE o.due_at IS NOT NULL AND o.state IN ('queued', 'failed')
         AND EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq);
     `,
+    // Version 3: the outbox entry's `called` flag (see OUTBOX_COLUMNS). The existing rows get NULL (no
+    // rewrite of the table): they read as called, as every entry was treated before the flag existed.
+    `
+    ALTER TABLE ${t.outbox} ADD COLUMN IF NOT EXISTS uncalled_fence bigint;
+    `,
   ];
 }
 
@@ -238,7 +250,16 @@ const CLAIM_SET = `state = 'processing', attempts = attempts + 1, next_attempt_a
   lease_owner = $1, lease_incarnation = $2, lease_token = fence + 1, lease_expires_at = n.now + $3::bigint,
   fence = fence + 1, updated_at = n.now, due_at = n.now + $3::bigint`;
 
-const OUT_CLAIM_SET = CLAIM_SET.replace("'processing'", "'sending'");
+/**
+ * The SET list of an outbox claim (claimedOutbox of journal_rules.ts): leased to ($1, $2) for $3 ms with
+ * token fence+1, uncalled under it. A lost `sending` entry whose call was never announced (uncalled under
+ * its fence) started no attempt: the new lease keeps its number.
+ */
+const OUT_CLAIM_SET = `state = 'sending',
+  attempts = CASE WHEN state = 'sending' AND uncalled_fence = fence THEN attempts ELSE attempts + 1 END,
+  next_attempt_at = NULL, lease_owner = $1, lease_incarnation = $2, lease_token = fence + 1,
+  lease_expires_at = n.now + $3::bigint, fence = fence + 1, uncalled_fence = fence + 1, updated_at = n.now,
+  due_at = n.now + $3::bigint`;
 
 /** The statements of the inbox journal. */
 export interface InboxSql {
@@ -394,6 +415,7 @@ export interface OutboxSql {
   claimDue(reclaimOwn: boolean, resend: boolean): string;
   damaged: string;
   heartbeat: string;
+  markCalling: string;
   markSent: string;
   markFailed: string;
   markAmbiguous: string;
@@ -472,15 +494,22 @@ export function outboxSql(t: Tables): OutboxSql {
       WHERE o.seq = h.seq AND o.state IN ('queued', 'failed') AND o.due_at IS NULL
       RETURNING 1
     )`;
+  // claimDue. `lost0`: the abandoned `sending` entries (lease lapsed: a sending entry's due mark is its
+  // lease's expiry; or, under reclaimOwn, leased by the owner's other incarnations), locked, with whether
+  // their call was never announced (`uncalled`; the flag is read from the locked, latest row version, so
+  // a markCalling that committed first makes it called). An uncalled one is leased to the caller again as
+  // due work (OUT_CLAIM_SET keeps its attempts), lost ones first, then the due heads, $4 in all; it stays
+  // `sending`, so its chat is unchanged (no chat lock). A called one is ambiguous: `unknown`, or with
+  // resend leased again as well (counted against $4 like the uncalled ones: all of `lost0` is leased).
   const claimDue = (reclaim: boolean, resend: boolean) => {
     const lostSet = resend ? OUT_CLAIM_SET : `state = 'unknown', lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL,
         lease_expires_at = NULL, next_attempt_at = NULL,
         error = coalesce(error, 'the sender was lost during the provider call'), updated_at = n.now, due_at = NULL`;
-    // Without resend, a lost entry becomes `unknown` (no longer blocking its chat): only with its chat
+    // Without resend, a called lost entry becomes `unknown` (no longer blocking its chat): only with its chat
     // row locked (SKIP LOCKED; otherwise next time), which gets a new version and `resync`.
     const lostChats = resend ? "" : `
     lc AS (
-      SELECT c.chat_id FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM lost0)
+      SELECT c.chat_id FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM called)
       FOR UPDATE OF c SKIP LOCKED
     ),
     lcu AS (
@@ -489,37 +518,46 @@ export function outboxSql(t: Tables): OutboxSql {
       FROM lc, n WHERE c.chat_id = lc.chat_id
       RETURNING c.chat_id, c.prev IS NOT DISTINCT FROM (SELECT s.ver FROM ${t.chat} s WHERE s.chat_id = c.chat_id) AS current
     ),
-    -- The next head of a chat whose snapshot is current (the lost entries left out): due-marked below.
+    -- The next head of a chat whose snapshot is current (the entries made unknown left out): due-marked below.
     lnh AS (
       SELECT h.seq FROM lcu CROSS JOIN LATERAL (
         SELECT b.seq, b.state FROM ${t.outbox} b
-        WHERE b.chat_id = lcu.chat_id AND b.state IN (${BLOCKING}) AND b.seq NOT IN (SELECT seq FROM lost0)
+        WHERE b.chat_id = lcu.chat_id AND b.state IN (${BLOCKING}) AND b.seq NOT IN (SELECT seq FROM called)
         ORDER BY b.seq LIMIT 1
       ) h
       WHERE lcu.current AND h.state IN ('queued', 'failed')
     ),`;
-    const lostWhere = resend
-      ? "TRUE"
-      : `(l.chat_id IN (SELECT chat_id FROM lcu) OR NOT EXISTS (SELECT 1 FROM ${t.chat} x WHERE x.chat_id = l.chat_id))`;
+    // With resend every lost entry is leased again (the uncalled ones reported as due only); without, the
+    // called ones go `unknown` (those whose chat row was locked) and up to $4 uncalled ones are leased again.
+    const lostParts = resend
+      ? `
+    lost AS (SELECT l.seq, l.uncalled FROM lost0 l),`
+      : `
+    called AS (SELECT l.seq, l.chat_id FROM lost0 l WHERE NOT l.uncalled),${lostChats}
+    lost AS (
+      SELECT l.seq, false AS uncalled FROM called l
+      WHERE l.chat_id IN (SELECT chat_id FROM lcu) OR NOT EXISTS (SELECT 1 FROM ${t.chat} x WHERE x.chat_id = l.chat_id)
+    ),
+    relost AS (SELECT l.seq FROM lost0 l WHERE l.uncalled ORDER BY l.seq LIMIT $4),`;
+    const taken = resend ? "amb" : "relost";
     return `WITH ${n},
     lost0 AS (
-      SELECT o.seq, o.chat_id FROM ${t.outbox} o
+      SELECT o.seq, o.chat_id, coalesce(o.uncalled_fence = o.fence, false) AS uncalled FROM ${t.outbox} o
       WHERE o.state = 'sending' AND (o.due_at <= ${NOW}${
       reclaim ? ` OR (o.lease_owner = $1 AND o.lease_incarnation <> $2)` : ""
     })
       ORDER BY o.seq${resend ? " LIMIT $4" : ""}
       FOR UPDATE OF o SKIP LOCKED
-    ),${lostChats}
-    lost AS (SELECT l.seq FROM lost0 l WHERE ${lostWhere}),
+    ),${lostParts}
     amb AS (
       UPDATE ${t.outbox} AS a SET ${lostSet}
       FROM lost, n WHERE a.seq = lost.seq
-      RETURNING ${cols("a")}
+      RETURNING ${cols("a")}, lost.uncalled
     ),
-    -- Chats flagged for resync (not those of lost entries: their rows are updated above).
+    -- Chats flagged for resync (not those of entries made unknown: their rows are updated above).
     rsl AS (
       SELECT c.chat_id, c.ver FROM ${t.chat} c
-      WHERE c.resync AND c.chat_id NOT IN (SELECT chat_id FROM lost0)
+      WHERE c.resync AND c.chat_id NOT IN (SELECT chat_id FROM ${resend ? "lost0" : "called"})
       ORDER BY c.chat_id LIMIT 100
       FOR UPDATE OF c SKIP LOCKED
     ),
@@ -552,16 +590,17 @@ export function outboxSql(t: Tables): OutboxSql {
           SELECT 1 FROM ${t.outbox} b
           WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq)
       ORDER BY o.seq
-      LIMIT ${resend ? "greatest(0, $4 - (SELECT count(*) FROM amb))" : "$4"}
+      LIMIT greatest(0, $4 - (SELECT count(*) FROM ${taken}))
       FOR UPDATE OF o SKIP LOCKED
     ),
-    -- The rows of lost and heads are locked (their state rechecked when locked): no state check needed here.
+    -- The rows of lost0 and heads are locked (their state rechecked when locked): no state check needed here.
     due AS (
       UPDATE ${t.outbox} AS d SET ${OUT_CLAIM_SET}
-      FROM heads, n WHERE d.seq = heads.seq
+      FROM (SELECT seq FROM heads${resend ? "" : " UNION ALL SELECT seq FROM relost"}) p, n WHERE d.seq = p.seq
       RETURNING ${cols("d")}
     )
-    SELECT 'ambiguous' AS part, * FROM amb UNION ALL SELECT 'due' AS part, * FROM due`;
+    SELECT CASE WHEN amb.uncalled THEN 'due' ELSE 'ambiguous' END AS part, ${OUTBOX_COLUMNS} FROM amb
+    UNION ALL SELECT 'due' AS part, ${OUTBOX_COLUMNS} FROM due`;
   };
   return {
     // One statement (see the module documentation of postgres.ts, "Per-chat order", and "Due marks" above):
@@ -591,7 +630,8 @@ export function outboxSql(t: Tables): OutboxSql {
     d AS (SELECT h.now, h.head, ($6::boolean AND h.head) AS leased FROM h),
     ins AS (
       INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
-        lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, message_id, error, created_at, updated_at, due_at)
+        lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at, updated_at,
+        due_at)
       SELECT $1, $2, $3, $4, $5::text,
         CASE WHEN d.leased THEN 'sending' ELSE 'queued' END,
         CASE WHEN d.leased THEN 1 ELSE 0 END,
@@ -600,6 +640,7 @@ export function outboxSql(t: Tables): OutboxSql {
         CASE WHEN d.leased THEN $8::text END,
         CASE WHEN d.leased THEN 1 END,
         CASE WHEN d.leased THEN d.now + $9::bigint END,
+        CASE WHEN d.leased THEN 1 ELSE 0 END,
         CASE WHEN d.leased THEN 1 ELSE 0 END,
         NULL, NULL, d.now, d.now,
         CASE WHEN d.leased THEN d.now + $9::bigint WHEN d.head THEN d.now END
@@ -623,6 +664,10 @@ export function outboxSql(t: Tables): OutboxSql {
     ),${nextHead()}
     SELECT 1 AS ok FROM u`,
     heartbeat: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
+      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
+    // A heartbeat that also journals the provider call (called: uncalled_fence no longer the fence).
+    markCalling: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint,
+        uncalled_fence = NULL
       FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
     markSent: `WITH ${n},
     e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${OUTCOME_OF}),${chatLock},

@@ -214,6 +214,7 @@ describe("PostgresDurability statements", () => {
       const before = realNow();
       const r = await b.inbox.admit(inbound("m1"), lease("a", 200));
       const e = await b.outbox.reserve(outbound("k1"), lease("a", 200));
+      expect(await b.outbox.markCalling("k1", 1, 200), "its call announced: a lapse is ambiguous").toBe(true);
       const serverNow = await kv.now();
       const after = realNow();
       for (const t of [r!.updatedAt, e.entry.updatedAt, e.entry.createdAt, serverNow]) {
@@ -412,10 +413,15 @@ describe("PostgresDurability fixes", () => {
     expect((await b.inbox.claimDue({ ...me, limit: 10 })).map((r) => r.id)).toEqual([]);
     const sent = await b.outbox.reserve(outbound("k1", "cx"), me);
     expect(sent.status).toBe("leased");
+    expect(await b.outbox.markCalling("k1", 1, 150)).toBe(true);
+    const unsent = await b.outbox.reserve(outbound("k2", "cy"), me);
+    expect(unsent.status).toBe("leased");
     await sleep(300);
     const due = await b.inbox.claimDue({ ...me, limit: 10 });
     expect(due.map((r) => [r.id, r.lease?.token])).toEqual([["lost", 2]]);
-    expect((await b.outbox.claimDue({ ...me, limit: 10 })).ambiguous.map((e) => e.key)).toEqual(["k1"]);
+    const out = await b.outbox.claimDue({ ...me, limit: 10 });
+    expect(out.ambiguous.map((e) => e.key), "the announced call").toEqual(["k1"]);
+    expect(out.due.map((e) => [e.key, e.lease?.token, e.attempts, e.called]), "the unannounced one, leased again").toEqual([["k2", 2, 1, false]]);
     await b.inbox.fail("lost", 2, { error: "x", retryInMs: 0 });
     expect((await b.inbox.claim("lost", me))?.lease?.token, "claim too").toBe(3);
     expect((await b.inbox.get("live"))?.lease?.token).toBe(1);
@@ -590,6 +596,94 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     const h1 = (await upgraded.outbox.get("h1"))!;
     await upgraded.outbox.markSent("h1", h1.lease!.token, "m");
     expect((await upgraded.outbox.claimDue({ ...lease("v"), limit: 10 })).due.map((e) => e.key)).toEqual(["t1"]);
+  });
+
+  it("a version 2 schema (no called column) is upgraded in place: old rows read as called, a lapsed old send is ambiguous", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const t = tables(schema, "botmesh_");
+    await b.outbox.reserve(outbound("old-sending", "x"), lease("w", 150));
+    await b.outbox.reserve(outbound("old-behind", "x"));
+    await b.outbox.reserve(outbound("old-queued", "y"));
+    const sent = await b.outbox.reserve(outbound("old-sent", "z"), lease("w"));
+    await b.outbox.markSent("old-sent", sent.entry.lease!.token, "m-z");
+    // Back to version 2 by hand: the outbox as version 2 created it, without the column.
+    await sql.unsafe(`ALTER TABLE ${t.outbox} DROP COLUMN uncalled_fence`);
+    await sql.unsafe(`UPDATE ${t.meta} SET value = '2' WHERE key = 'schema_version'`);
+    const upgraded = new PostgresDurability({ sql: client(), schema });
+    await upgraded.open();
+    const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
+    expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
+    expect(POSTGRES_SCHEMA_VERSION).toBe(3);
+    const [column] = await sql.unsafe(
+      `SELECT count(*)::int AS n FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_outbox' AND column_name = 'uncalled_fence'`,
+      [schema],
+    );
+    expect(column?.n, "the column was added").toBe(1);
+    const before = await upgraded.outbox.list();
+    expect(before.map((e) => [e.key, e.state, e.called]), "every old row reads as called").toEqual([
+      ["old-sending", "sending", true],
+      ["old-behind", "queued", true],
+      ["old-queued", "queued", true],
+      ["old-sent", "sent", true],
+    ]);
+    // The lapsed old send may have been called: ambiguous, as before the upgrade. A claim of an old row starts it uncalled.
+    await Bun.sleep(300);
+    const claim = await upgraded.outbox.claimDue({ ...lease("v"), limit: 10 });
+    expect(claim.ambiguous.map((e) => [e.key, e.state, e.called])).toEqual([["old-sending", "unknown", true]]);
+    expect(claim.due.map((e) => [e.key, e.called, e.attempts, e.fence])).toEqual([["old-queued", false, 1, 1]]);
+    expect((await upgraded.outbox.get("old-queued"))?.called).toBe(false);
+    // New writes carry the flag; a later open changes nothing.
+    const fresh = await upgraded.outbox.reserve(outbound("new", "n"), lease("v"));
+    expect([fresh.entry.called, (await upgraded.outbox.get("new"))?.called]).toEqual([false, false]);
+    expect(await upgraded.outbox.markCalling("new", 1, 60_000)).toBe(true);
+    expect((await upgraded.outbox.get("new"))?.called).toBe(true);
+    await new PostgresDurability({ sql: client(), schema }).open();
+    expect((await upgraded.outbox.get("old-sent"))?.called).toBe(true);
+  });
+
+  it("a send claimed by a replica still on the previous library (it raises the fence, not the flag) reads as called", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const t = tables(schema, "botmesh_");
+    const queued = await b.outbox.reserve(outbound("k", "c"));
+    expect(queued.entry.called).toBe(false);
+    // The version 2 claim's SET list, as an older replica runs it after the upgrade: it calls without markCalling.
+    await sql.unsafe(`UPDATE ${t.outbox} SET state = 'sending', attempts = attempts + 1, next_attempt_at = NULL,
+      lease_owner = 'old', lease_incarnation = 'i', lease_token = fence + 1,
+      lease_expires_at = (extract(epoch from clock_timestamp()) * 1000)::bigint + 100, fence = fence + 1,
+      due_at = (extract(epoch from clock_timestamp()) * 1000)::bigint + 100 WHERE key = 'k'`);
+    // And its leased reserve, which does not know the column.
+    await sql.unsafe(`INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, state, attempts, lease_owner, lease_incarnation,
+        lease_token, lease_expires_at, fence, created_at, updated_at, due_at)
+      VALUES ('k2', 'c2', '{}', 'h', 'sending', 1, 'old', 'i', 1, 1, 1, 1, 1, 1)`);
+    expect((await b.outbox.get("k"))?.called).toBe(true);
+    expect((await b.outbox.get("k2"))?.called).toBe(true);
+    await Bun.sleep(250);
+    const claim = await b.outbox.claimDue({ ...lease("v"), limit: 10 });
+    expect(claim.ambiguous.map((e) => e.key).sort()).toEqual(["k", "k2"]);
+    expect(claim.due).toEqual([]);
+  });
+
+  it("lapsed uncalled sends are leased before the due heads, within the limit, attempts unchanged; the rest wait", async () => {
+    const schema = freshSchema();
+    const b = new PostgresDurability({ sql: client(), schema });
+    for (const chat of ["a", "b", "c"]) await b.outbox.reserve(outbound(`lost-${chat}`, chat), lease("w", 150));
+    const called = await b.outbox.reserve(outbound("called", "d"), lease("w", 150));
+    expect(await b.outbox.markCalling("called", called.entry.lease!.token, 150)).toBe(true);
+    for (const chat of ["a", "e"]) await b.outbox.reserve(outbound(`queued-${chat}`, chat));
+    await Bun.sleep(300);
+    const first = await b.outbox.claimDue({ ...lease("v"), limit: 2 });
+    expect(first.ambiguous.map((e) => e.key), "ambiguity is resolved whatever the limit").toEqual(["called"]);
+    expect(first.due.map((e) => [e.key, e.attempts, e.fence, e.called])).toEqual([["lost-a", 1, 2, false], ["lost-b", 1, 2, false]]);
+    expect((await b.outbox.get("lost-c"))?.state, "over the limit: left for a later scan").toBe("sending");
+    const second = await b.outbox.claimDue({ ...lease("v"), limit: 10 });
+    expect(second.ambiguous).toEqual([]);
+    expect(second.due.map((e) => [e.key, e.attempts]), "queued-a waits behind lost-a").toEqual([["lost-c", 1], ["queued-e", 1]]);
+    const zero = await b.outbox.claimDue({ ...lease("v"), limit: 0 });
+    expect([zero.due, zero.ambiguous]).toEqual([[], []]);
   });
 
   /** 3 clients, 8 chats: concurrent reserve-with-lease, claimDue, markSent, markFailed (retry) and discard, then a drain. */
