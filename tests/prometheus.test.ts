@@ -86,6 +86,7 @@ const COUNTER_NAMES = [
   "outbox_deferred",
   "outbox_dead",
   "outbox_ambiguous",
+  "outbox_resolved",
   "outbox_bypassed",
   "stale_leases",
   "outbox_diverged",
@@ -105,10 +106,11 @@ describe("prometheusMetrics", () => {
   test("exact counters and gauges after a scenario with duplicates, dead letters and an ambiguous send", async () => {
     const backend = new MemoryDurability();
     // A send whose owner died mid-call: the bot's first sweep finds it ambiguous.
-    await backend.outbox.reserve(
+    const ghost = await backend.outbox.reserve(
       { key: "ghost-1", chatId: "c9", content: { text: "lost?" }, contentHash: "h", inboundId: null },
       { owner: "dead-replica", incarnation: "x", leaseMs: 20 },
     );
+    await backend.outbox.markCalling("ghost-1", ghost.entry.fence, 20); // it died during the call
     await new Promise((r) => setTimeout(r, 40));
 
     const provider = new MockProvider();
@@ -153,6 +155,7 @@ describe("prometheusMetrics", () => {
         outbox_deferred: 0,
         outbox_dead: 1,
         outbox_ambiguous: 1,
+        outbox_resolved: 0,
         outbox_bypassed: 0,
         stale_leases: 0,
         outbox_diverged: 0,
