@@ -95,11 +95,15 @@
  * upgraded stops writing; see group commit). Versions before schema 3 check
  * only at open.
  *
- * An outbox row's `called` column (0/1) is its call marker
- * (`outbox.markCalling`). Schema 4 added it with the default 1: an entry
- * written before it existed reads as called (a call may have started under
- * its lease, so a lost one stays ambiguous), without rewriting any row.
- * `markCalling` is one conditional `UPDATE` (no read, no savepoint).
+ * An outbox entry's call marker (`called`, set by `outbox.markCalling`) is
+ * the column `uncalled_fence` (schema 4): the entry is uncalled exactly when
+ * it equals the entry's `fence`. Every claim writes it (the new fence when
+ * uncalled), `markCalling` sets it to NULL. A row written before schema 4 has
+ * NULL and reads as called (a call may have started under its lease, so a
+ * lost one stays ambiguous), without rewriting any row; so does an entry that
+ * a process of an older library (one that checks the version only at open)
+ * claimed: its claim raised the fence. `markCalling` is one conditional
+ * `UPDATE` (no read, no savepoint).
  *
  * Due scans use partial indexes on `due_at` (set only on records a scan
  * must look at: active inbox records, `sending` outbox entries and the first
@@ -408,12 +412,13 @@ const MIGRATIONS: readonly Migration[] = [
     },
   },
   {
-    // The call marker of an outbox entry (outbox.markCalling): whether a provider call may have started
-    // under its current fence. Entries written before it existed may have been sent: they read as called
-    // (1), so a lost one stays ambiguous, as it was. A constant default: no row is rewritten.
+    // The call marker of an outbox entry (outbox.markCalling): uncalled exactly when `uncalled_fence`
+    // equals `fence` (see outboxOf). Existing rows get NULL (no row is rewritten) and read as called:
+    // they may have been sent, so a lost one stays ambiguous, as it was. A claim by an older library
+    // raises the fence without touching the column: its entry reads as called too.
     version: 4,
     up(db, p) {
-      db.exec(`ALTER TABLE ${p}outbox ADD COLUMN called INTEGER NOT NULL DEFAULT 1;`);
+      db.exec(`ALTER TABLE ${p}outbox ADD COLUMN uncalled_fence INTEGER;`);
     },
   },
 ];
@@ -847,7 +852,7 @@ function inboundOf(row: Row, at: Source): InboundRecord {
 }
 
 const OUTBOX_COLUMNS =
-  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, called, message_id, error, created_at, updated_at";
+  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at, updated_at";
 
 function outboxOf(row: Row, at: Source): OutboxEntry {
   return {
@@ -861,14 +866,21 @@ function outboxOf(row: Row, at: Source): OutboxEntry {
     nextAttemptAt: numOrNull(row.next_attempt_at),
     lease: leaseOf(row),
     fence: num(row.fence),
-    // 0/1; a row that has none (NULL: not written by this library) reads as called, as storedCalled says.
-    called: storedCalled(row.called === null || row.called === undefined ? null : Number(row.called) !== 0),
+    // Uncalled exactly when `uncalled_fence` is the fence; NULL (a row older than the marker) reads as called.
+    called: storedCalled(
+      row.uncalled_fence === null || row.uncalled_fence === undefined ? null : Number(row.uncalled_fence) !== Number(row.fence),
+    ),
     messageId: strOrNull(row.message_id),
     error: strOrNull(row.error),
     seq: num(row.seq),
     createdAt: num(row.created_at),
     updatedAt: num(row.updated_at),
   };
+}
+
+/** The `uncalled_fence` column of `entry`: its fence while uncalled, else NULL (see {@link outboxOf}). */
+function uncalledFence(entry: OutboxEntry): number | null {
+  return entry.called ? null : entry.fence;
 }
 
 function placeholders(n: number): string {
@@ -1177,7 +1189,7 @@ class SqliteOutbox implements OutboxJournal {
     const { changes } = c.stmt(
       `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
         lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
-        fence = ?, called = ?, message_id = ?, error = ?, updated_at = ?, due_at = ?
+        fence = ?, uncalled_fence = ?, message_id = ?, error = ?, updated_at = ?, due_at = ?
       WHERE key = ? AND state = ? AND fence = ? AND lease_token IS ?`,
     ).run(
       next.state,
@@ -1185,7 +1197,7 @@ class SqliteOutbox implements OutboxJournal {
       next.nextAttemptAt,
       ...leaseParams(next.lease),
       next.fence,
-      next.called ? 1 : 0,
+      uncalledFence(next),
       next.messageId,
       next.error,
       next.updatedAt,
@@ -1260,8 +1272,8 @@ class SqliteOutbox implements OutboxJournal {
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
       const row = c.stmt(
         `INSERT INTO ${this.#t} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
-          lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, called, message_id, error, created_at, updated_at,
-          due_at)
+          lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at,
+          updated_at, due_at)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq`,
       ).get(
         draft.key,
@@ -1274,7 +1286,7 @@ class SqliteOutbox implements OutboxJournal {
         draft.nextAttemptAt,
         ...leaseParams(draft.lease),
         draft.fence,
-        draft.called ? 1 : 0,
+        uncalledFence(draft),
         draft.messageId,
         draft.error,
         draft.createdAt,
@@ -1371,7 +1383,7 @@ class SqliteOutbox implements OutboxJournal {
     return c.write((now) => {
       const expiresAt = now + leaseMs;
       return c.stmt(
-        `UPDATE ${this.#t} SET called = 1, lease_expires_at = ?, due_at = ?
+        `UPDATE ${this.#t} SET uncalled_fence = NULL, lease_expires_at = ?, due_at = ?
         WHERE key = ? AND state = 'sending' AND lease_token = ?`,
       ).run(expiresAt, expiresAt, key, token).changes === 1;
     }, true);

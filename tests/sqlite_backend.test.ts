@@ -816,36 +816,39 @@ describe("sqlite: schema versions", () => {
     expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
       value: String(SQLITE_SCHEMA_VERSION),
     });
-    expect(check.prepare("SELECT key, called FROM botmesh_outbox ORDER BY seq").all()).toEqual([
-      { key: "lapsed", called: 1 },
-      { key: "live", called: 1 },
-      { key: "queued", called: 0 },
-      { key: "fresh", called: 0 },
+    // Uncalled exactly when uncalled_fence is the fence; the old rows were not rewritten by the upgrade.
+    expect(check.prepare("SELECT key, fence, uncalled_fence FROM botmesh_outbox ORDER BY seq").all()).toEqual([
+      { key: "lapsed", fence: 1, uncalled_fence: null },
+      { key: "live", fence: 1, uncalled_fence: null },
+      { key: "queued", fence: 1, uncalled_fence: 1 },
+      { key: "fresh", fence: 1, uncalled_fence: 1 },
     ]);
     check.close();
   });
 
-  test("an outbox row whose call marker is NULL reads as called", async () => {
-    // A file at the current version whose column allows NULL (made by hand, or repaired).
+  test("an entry claimed by an older library (the fence raised, the marker untouched) reads as called", async () => {
+    // A process of a library older than schema 3 checks the version only at open: left running on an upgraded
+    // file, it claims entries without knowing the marker (and calls the provider without announcing it).
     const file = tempFile();
-    const raw = new Database(file);
-    raw.exec(V1_SCHEMA);
-    raw.exec(V2_UPGRADE);
-    raw.exec(V3_UPGRADE);
-    raw.exec(`ALTER TABLE botmesh_outbox ADD COLUMN called INTEGER;
-      UPDATE botmesh_meta SET value = '${SQLITE_SCHEMA_VERSION}' WHERE key = 'schema_version';`);
-    const now = Date.now();
-    raw.prepare(
-      `INSERT INTO botmesh_outbox (key, chat_id, content, content_hash, state, attempts, lease_owner, lease_incarnation,
-        lease_token, lease_expires_at, fence, created_at, updated_at, due_at, called)
-       VALUES ('k1', 'c1', '{}', 'h', 'sending', 1, 'old-owner', 'i0', 1, ?, 1, ?, ?, ?, NULL)`,
-    ).run(now - 1000, now - 2000, now - 2000, now - 1000);
-    raw.close();
     const backend = new SQLiteDurability({ file });
     await backend.open();
+    await backend.outbox.reserve(outbound("k1", "c1"));
+    await backend.outbox.reserve(outbound("k2", "c2"), lease("A"));
+    expect((await backend.outbox.get("k1"))?.called).toBe(false);
+    expect((await backend.outbox.get("k2"))?.called).toBe(false);
+    const raw = new Database(file);
+    const now = Date.now();
+    // Its claims, as its UPDATE statement wrote them: state, attempts, lease, fence; its lease has lapsed since.
+    raw.prepare(
+      `UPDATE botmesh_outbox SET state = 'sending', attempts = attempts + 1, next_attempt_at = NULL,
+        lease_owner = 'old', lease_incarnation = 'o1', lease_token = fence + 1, lease_expires_at = ?, fence = fence + 1,
+        due_at = ? WHERE key IN ('k1', 'k2')`,
+    ).run(now - 1000, now - 1000);
+    raw.close();
     expect((await backend.outbox.get("k1"))?.called).toBe(true);
+    expect((await backend.outbox.get("k2"))?.called).toBe(true);
     const claim = await backend.outbox.claimDue({ ...lease("B"), limit: 10 });
-    expect(claim.ambiguous.map((e) => e.key)).toEqual(["k1"]);
+    expect(claim.ambiguous.map((e) => e.key), "its calls may have gone out").toEqual(["k1", "k2"]);
     expect(claim.due).toEqual([]);
     await backend.close();
   });
