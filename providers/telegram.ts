@@ -338,7 +338,7 @@ function needObj(value: unknown, field: string, updateId?: number): Obj {
 }
 
 function optString(value: unknown, field: string, updateId: number): string | undefined {
-  if (value === undefined) return undefined;
+  if (value === undefined || value === null) return undefined;
   if (typeof value !== "string") {
     throw new TelegramUpdateError(field, `Telegram update field "${field}" must be a string, got ${show(value)}`, updateId);
   }
@@ -915,8 +915,9 @@ export class TelegramProvider implements Provider {
     const extra: Record<string, JsonValue> = { updateId, messageId };
     if (typeof chat.type === "string") extra.chatType = chat.type;
     // The more specific kinds first: an animation also has "document", a venue also has "location".
-    const mediaField = INBOUND_MEDIA.find((f) => m[f] !== undefined);
-    const typed = mediaField === undefined ? TYPED_KINDS.find((k) => m[k.field] !== undefined) : undefined;
+    // A field that is null (as some serializers write an absent one) counts as absent.
+    const mediaField = INBOUND_MEDIA.find((f) => m[f] != null);
+    const typed = mediaField === undefined ? TYPED_KINDS.find((k) => m[k.field] != null) : undefined;
     if (mediaField !== undefined) {
       const ref = fileRef(m[mediaField], mediaField, `${key}.${mediaField}`, updateId);
       type = TYPE_OF[mediaField];

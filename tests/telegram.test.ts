@@ -401,6 +401,9 @@ describe("telegram: webhook", () => {
     const update = f.textUpdate(7001, "hi");
     expect((await provider.webhook(webhookRequest(update))).status).toBe(503);
     const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "wh" } });
+    const dead: string[] = [];
+    bot.on("error", () => {}); // the unreadable ones below are dead-lettered, and said as errors
+    bot.on("durability:dead", (d) => void dead.push((d as { id: string }).id));
     const runs: string[] = [];
     bot.when(/.*/, (ctx) => void runs.push(ctx.message.text!));
     await bot.start();
@@ -435,7 +438,8 @@ describe("telegram: webhook", () => {
     expect((await provider.webhook(webhookRequest("[1, 2]"))).status).toBe(400);
     await bot.idle();
     expect(runs).toEqual(["hi"]);
-    expect(await bot.durability!.inbox.get(`tg:${f.botId}:9:-:1`)).toBeDefined();
+    expect((await bot.durability!.inbox.get(`tg:${f.botId}:9:-:1`))?.state).toBe("dead");
+    expect(dead).toContain(`tg:${f.botId}:9:-:1`);
   });
 
   test("without onError, a malformed update is the bot's error event", async () => {
@@ -737,6 +741,24 @@ describe("telegram: media on reprocess", () => {
     expect(ctx === captured).toBe(false);
     expect(await reason(captured!)).toBe("not-durable");
   });
+});
+
+test("parseUpdate: a null field counts as absent; a typed kind of the wrong shape names the field", async () => {
+  const provider = new TelegramProvider({ token: "123:abc", secretToken: false });
+  const base = { message_id: 3, date: 1, chat: { id: 77, type: "private" } };
+  const parsed = await provider.parseUpdate({ update_id: 1, message: { ...base, text: "hi", photo: null, caption: null, venue: null } });
+  expect(parsed.kind === "message" && [parsed.message.type, parsed.message.text]).toEqual(["text", "hi"]);
+  const cases: [Record<string, unknown>, string, string][] = [
+    [{ venue: { title: "T", location: { latitude: 1, longitude: 2 } } }, "message.venue.address", 'Telegram update field "message.venue.address" must be a string, got undefined'],
+    [{ web_app_data: { data: 5, button_text: "b" } }, "message.web_app_data.data", 'Telegram update field "message.web_app_data.data" must be a string, got 5'],
+    [{ new_chat_members: { id: 1 } }, "message.new_chat_members", 'Telegram update field "message.new_chat_members" must be an array of objects, got {"id":1}'],
+    [{ users_shared: "x" }, "message.users_shared", 'Telegram update field "message.users_shared" must be an object, got "x"'],
+  ];
+  for (const [fields, field, text] of cases) {
+    const error = await provider.parseUpdate({ update_id: 2, message: { ...base, ...fields } }).catch((e) => e);
+    expect(error).toBeInstanceOf(TelegramUpdateError);
+    expect([error.field, error.message, error.updateId]).toEqual([field, text, 2]);
+  }
 });
 
 test("providers/telegram.ts is Web-standard: no node: imports, no Deno, Bun or process globals", () => {
