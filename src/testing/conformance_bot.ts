@@ -803,6 +803,183 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       }
     });
 
+    withBackend("a crash after the reservation, before the call was announced, is not ambiguous: recovery sends it once", async (
+      backend,
+      bots,
+    ) => {
+      for (const point of ["outbox.reserve", "outbox.markCalling"] as const) {
+        const a = crashable(backend);
+        if (point === "outbox.reserve") a.crashAfter(point);
+        else a.crashBefore(point);
+        const providerA = new CrashableProvider(a);
+        const instanceId = uid("inst");
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: providerA, durability: fastDurability(a, scale, { instanceId }) }));
+        const key = `uncalled-${point}`;
+        await botA.send("c", "surely", { idempotencyKey: key }).catch(() => {});
+        expect(a.crashed, point).toBe(true);
+        expect(providerA.sent.length, `no call before the crash at ${point}`).toBe(0);
+        const providerB = new MockProvider();
+        const botB = new Bot({ clock: time.clock, provider: providerB, durability: fastDurability(backend, scale, { instanceId }) });
+        const events = collect(botB, "durability:ambiguous");
+        await start(bots, botB);
+        await botB.idle();
+        expect(events, `not ambiguous after a crash at ${point}`).toEqual([]);
+        expect(metricsOf(botB).outboxAmbiguous).toBe(0);
+        expect(providerB.sent.map((m) => m.idempotencyKey), "recovery sent it once").toEqual([key]);
+        const entry = await backend.outbox.get(key);
+        expect([entry?.state, entry?.attempts], "sent at its first attempt").toEqual(["sent", 1]);
+      }
+      // A crash after the announcement, before the call, cannot be told from one during the call.
+      const a = crashable(backend);
+      a.crashAfter("outbox.markCalling");
+      const instanceId = uid("inst");
+      const botA = await start(bots, new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: fastDurability(a, scale, { instanceId }) }));
+      await botA.send("c2", "maybe", { idempotencyKey: "announced" }).catch(() => {});
+      expect(a.crashed).toBe(true);
+      const botB = new Bot({ clock: time.clock, provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId }) });
+      const events = collect(botB, "durability:ambiguous");
+      await start(bots, botB);
+      await botB.idle();
+      expect(events).toEqual([{ key: "announced", chatId: "c2" }]);
+      expect((await backend.outbox.get("announced"))?.state).toBe("unknown");
+    });
+
+    withBackend("a delivery status carrying the key resolves an unknown send (even one reported earlier, or seen while it was in flight)", async (
+      backend,
+      bots,
+    ) => {
+      const ambiguousOf = async (key: string, chatId: string) => {
+        const a = crashable(backend);
+        a.crashBefore("outbox.markSent");
+        const instanceId = uid("inst");
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: fastDurability(a, scale, { instanceId }) }));
+        await botA.send(chatId, "maybe", { idempotencyKey: key }).catch(() => {});
+        expect(a.crashed).toBe(true);
+        return instanceId;
+      };
+      // Reported first, the status comes later.
+      const instanceId = await ambiguousOf("late-status", "c");
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale, { instanceId }) });
+      const ambiguous = collect(bot, "durability:ambiguous");
+      const resolved = collect(bot, "durability:resolved");
+      await start(bots, bot);
+      await bot.idle();
+      expect(ambiguous).toEqual([{ key: "late-status", chatId: "c" }]);
+      expect(await provider.reportDelivered("nobody-sent-this", "wamid.X"), "an unknown key changes nothing").toBe(false);
+      expect(await provider.reportDelivered("late-status", "wamid.1")).toBe(true);
+      const entry = await backend.outbox.get("late-status");
+      expect([entry?.state, entry?.messageId]).toEqual(["sent", "wamid.1"]);
+      expect(resolved).toEqual([{ key: "late-status", chatId: "c", state: "sent", messageId: "wamid.1", via: "status" }]);
+      expect(metricsOf(bot).outboxResolved).toBe(1);
+      expect(await provider.reportDelivered("late-status", "wamid.1"), "a repeat of the status").toBe(false);
+      expect(provider.sent.length, "never sent again").toBe(0);
+
+      // The status arrives while the send is in flight; its outcome is then lost: resolved at once, not reported.
+      const slow = new MockProvider({ sendDelayMs: Math.round(200 * scale) });
+      const failing = crashable(backend);
+      const botC = new Bot({ clock: time.clock, provider: slow, durability: fastDurability(failing, scale, { instanceId: uid("inst") }) });
+      const ambiguousC = collect(botC, "durability:ambiguous");
+      const resolvedC = collect(botC, "durability:resolved");
+      botC.on("error", () => {});
+      await start(bots, botC);
+      const sending = botC.send("c3", "timed out", { idempotencyKey: "early-status" });
+      await sleep(Math.round(20 * scale));
+      expect((await backend.outbox.get("early-status"))?.state).toBe("sending");
+      expect(await slow.reportDelivered("early-status", "wamid.2"), "remembered, not resolved yet").toBe(false);
+      slow.failNext(1, new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
+      await sending.catch(() => {});
+      await botC.idle();
+      expect(ambiguousC, "settled by the status it had seen").toEqual([]);
+      expect(resolvedC).toEqual([{ key: "early-status", chatId: "c3", state: "sent", messageId: "wamid.2", via: "status" }]);
+      const early = await backend.outbox.get("early-status");
+      expect([early?.state, early?.messageId]).toEqual(["sent", "wamid.2"]);
+      expect(metricsOf(botC).outboxResolved).toBe(1);
+      expect(metricsOf(botC).outboxAmbiguous).toBe(0);
+    });
+
+    withBackend("a provider's confirm settles an ambiguous send before an operator is asked: sent, sent again, or left unknown", async (
+      backend,
+      bots,
+    ) => {
+      type Answer = { delivered: true; messageId: string } | { delivered: false } | null | "throw" | "garbage";
+      const answers = new Map<string, Answer>([
+        ["was-delivered", { delivered: true, messageId: "m-77" }],
+        ["never-arrived", { delivered: false }],
+        ["cannot-tell", null],
+        ["lookup-fails", "throw"],
+        ["garbage", "garbage"],
+      ]);
+      const asked: string[] = [];
+      class ConfirmingProvider extends MockProvider {
+        confirm(send: { idempotencyKey: string; chatId: string; content: unknown }): Promise<{ delivered: true; messageId: string } | { delivered: false } | null> {
+          asked.push(`${send.idempotencyKey}|${send.chatId}|${String(send.content)}`);
+          const answer = answers.get(send.idempotencyKey)!;
+          if (answer === "throw") return Promise.reject(new Error("lookup failed"));
+          if (answer === "garbage") return Promise.resolve({ delivered: "yes" } as unknown as null);
+          return Promise.resolve(answer);
+        }
+      }
+      for (const key of answers.keys()) {
+        const a = crashable(backend);
+        a.crashBefore("outbox.markSent");
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: fastDurability(a, scale) }));
+        await botA.send(`chat-${key}`, `text of ${key}`, { idempotencyKey: key }).catch(() => {});
+        expect(a.crashed).toBe(true);
+      }
+      await sleep(Math.round(400 * scale)); // their leases lapse: another replica finds them
+      const provider = new ConfirmingProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
+      const ambiguous = collect(bot, "durability:ambiguous");
+      const resolved = collect(bot, "durability:resolved");
+      const errors = collect(bot, "error");
+      await start(bots, bot);
+      await bot.idle();
+      expect(asked.sort()).toEqual([...answers.keys()].map((k) => `${k}|chat-${k}|text of ${k}`).sort());
+      const states = Object.fromEntries(await Promise.all([...answers.keys()].map(async (k) => [k, (await backend.outbox.get(k))?.state])));
+      expect(states).toEqual({ "was-delivered": "sent", "never-arrived": "sent", "cannot-tell": "unknown", "lookup-fails": "unknown", garbage: "unknown" });
+      expect((await backend.outbox.get("was-delivered"))?.messageId).toBe("m-77");
+      expect(provider.sent.map((m) => m.idempotencyKey), "only the one that never arrived is sent again").toEqual(["never-arrived"]);
+      expect(ambiguous.map((e) => e.key).sort(), "the rest are left for an operator").toEqual(["cannot-tell", "garbage", "lookup-fails"]);
+      expect(resolved.map((e) => [e.key, e.state, e.via]).sort()).toEqual([["never-arrived", "queued", "confirm"], ["was-delivered", "sent", "confirm"]]);
+      expect(metricsOf(bot).outboxResolved).toBe(2);
+      expect(metricsOf(bot).outboxAmbiguous).toBe(3);
+      const errorText = errors.map((e) => e.message).join("\n");
+      expect(errorText.includes("lookup failed"), `the failed lookup is reported: ${errorText}`).toBe(true);
+      expect(/confirm\(\).*"delivered"/.test(errorText), `a garbage answer names the field: ${errorText}`).toBe(true);
+    });
+
+    withBackend("an unreadable message is journaled and dead-lettered with its reason, never handled; its redelivery is a duplicate", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
+      const handled: string[] = [];
+      bot.when(ANY, (ctx) => void handled.push(ctx.message.id));
+      const dead = collect(bot, "durability:dead");
+      bot.on("error", () => {});
+      await start(bots, bot);
+      const raw = { messages: [{ from: "", id: "wamid.bad", type: "text" }] };
+      const input = { id: "unread-1", chatId: "c-unread", type: "unreadable", unreadable: `Field "from" is empty`, extra: { raw } };
+      expect((await provider.receive(input)).status).toBe("admitted");
+      await bot.idle();
+      expect((await provider.receive(input)).status, "a redelivery").toBe("duplicate");
+      await provider.receive({ id: "fine-1", chatId: "c-unread", text: "hello" });
+      await bot.idle();
+      expect(handled, "only the readable message reached a handler").toEqual(["fine-1"]);
+      const record = await backend.inbox.get("unread-1");
+      expect(record?.state).toBe("dead");
+      expect(record?.error?.includes(`Field "from" is empty`), `the reason is kept: ${record?.error}`).toBe(true);
+      expect((record?.payload as { extra?: unknown }).extra, "the raw payload is kept").toEqual({ raw });
+      expect(dead).toEqual([{ kind: "inbound", id: "unread-1", error: record!.error! }]);
+      expect(metricsOf(bot).inboundDead).toBe(1);
+      expect((await bot.durability!.inbox.list({ state: "dead" })).map((r) => r.id)).toEqual(["unread-1"]);
+      const refused = await provider.receive({ ...input, id: "unread-2", unreadable: "" });
+      expect(refused.status).toBe("rejected");
+      expect(refused.status === "rejected" && refused.error.message.includes(`"unreadable"`), "the bad field is named").toBe(true);
+    });
+
     withBackend("content is journaled as JSON with binary as base64; unencodable or oversized content bypasses", async (
       backend,
       bots,
@@ -1577,9 +1754,8 @@ async function crashAndRecover(
   expect(unknown.sort(), "every unknown send was reported").toEqual([...new Set(events.ambiguous)].sort());
   // Ambiguous only where a provider call may really have happened: one was made, or the crash fell
   // between its journaled announcement and the call. A crash after the reservation is not ambiguous.
-  const announcedNotCalled = (point === "outbox.markCalling" && when === "after") || (point === "provider.send" && when === "before");
   for (const key of new Set(events.ambiguous)) {
-    expect(world.calls.has(key) || announcedNotCalled, `${key} reported ambiguous with no provider call (crash ${when} ${point})`)
+    expect(world.calls.has(key) || a.announced.has(key), `${key} reported ambiguous with no provider call announced (crash ${when} ${point})`)
       .toBe(true);
   }
   // The conversation resumed where it was: each question asked once, the answers it recorded used.

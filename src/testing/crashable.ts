@@ -103,6 +103,12 @@ export interface CrashableBackend extends DurabilityBackend {
    * `id` is the record id or outbox key the operation was called with.
    */
   readonly landedAfterCrash: readonly { point: CrashPoint; id: string }[];
+  /**
+   * Outbox keys whose provider call was announced in the journal (`markCalling` took effect with
+   * `true`), whether or not the process lived to see it: the only sends of this process that may
+   * become ambiguous without a provider call.
+   */
+  readonly announced: ReadonlySet<string>;
   /** Run `fn` as the step `point` (used by {@link CrashableProvider} for `'provider.send'`). */
   step<T>(point: CrashPoint, fn: () => Promise<T>): Promise<T>;
 }
@@ -131,6 +137,7 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
   let crashedAt: CrashPoint | undefined;
   let crashed = false;
   const landedAfterCrash: { point: CrashPoint; id: string }[] = [];
+  const announced = new Set<string>();
 
   const die = (point: CrashPoint, when: "before" | "after"): never => {
     crashed = true;
@@ -174,7 +181,11 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
       wrapped[method] = (...args: unknown[]) =>
         step(
           points[method],
-          () => (journal[method] as (...a: unknown[]) => Promise<unknown>).apply(journal, args),
+          async () => {
+            const result = await (journal[method] as (...a: unknown[]) => Promise<unknown>).apply(journal, args);
+            if (points[method] === "outbox.markCalling" && result === true) announced.add(args[0] as string);
+            return result;
+          },
           typeof args[0] === "object" && args[0] !== null
             ? ((args[0] as { id?: unknown; key?: unknown }).id ?? (args[0] as { key?: unknown }).key)
             : args[0],
@@ -205,6 +216,7 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
       return crashed;
     },
     landedAfterCrash,
+    announced,
     get crashedAt() {
       return crashedAt;
     },

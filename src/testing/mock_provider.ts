@@ -42,6 +42,10 @@ export interface MockInbound {
   interaction?: Interaction;
   /** Overrides the derived message type. */
   type?: MessageType;
+  /** Anything else the channel gave (journaled with the message). */
+  extra?: JsonValue;
+  /** The message could not be parsed (the reason): journaled and dead-lettered unhandled. */
+  unreadable?: string;
 }
 
 /** Options of {@link MockProvider}. */
@@ -122,8 +126,20 @@ export class MockProvider implements Provider {
       ...(input.text !== undefined ? { text: input.text } : {}),
       ...(input.media !== undefined ? { media: await this.#sealMedia(input.media) } : {}),
       ...(input.interaction !== undefined ? { interaction: input.interaction } : {}),
+      ...(input.extra !== undefined ? { extra: input.extra } : {}),
+      ...(input.unreadable !== undefined ? { unreadable: input.unreadable } : {}),
     };
     return this.#sink.receive(message);
+  }
+
+  /**
+   * Report, as a channel's delivery status would, that the send with `idempotencyKey` arrived as
+   * `messageId` (`sink.confirmSent`).
+   * @returns whether an `unknown` entry was resolved by it
+   */
+  async reportDelivered(idempotencyKey: string, messageId: string): Promise<boolean> {
+    if (!this.#sink) throw new Error("MockProvider is not started: call bot.start() first");
+    return await this.#sink.confirmSent?.(idempotencyKey, messageId) ?? false;
   }
 
   async #sealMedia(media: NonNullable<MockInbound["media"]>): Promise<JsonValue> {
