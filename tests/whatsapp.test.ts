@@ -416,6 +416,29 @@ describe("inbound messages", () => {
     expect(rec.journal.size).toBe(6);
   });
 
+  test("an unreadable message is answered like any message: 503 while the journal refuses it, then 200", async () => {
+    const { provider } = sinkProvider();
+    const rec = recordingSink();
+    let refuse = true;
+    const receive = rec.sink.receive;
+    rec.sink.receive = (m) =>
+      refuse && m.unreadable !== undefined
+        ? Promise.resolve({ status: "rejected", id: m.id, error: new Error("journal down") })
+        : receive(m);
+    provider.start(rec.sink);
+    const bad: Record<string, unknown> = { ...inbound.text(USER, "x"), text: { nobody: 1 } };
+    const body = payload([bad, inbound.text(USER2, "other chat")]);
+    const refused = await postSigned(provider, body);
+    expect(refused.status).toBe(503);
+    expect(await refused.json()).toMatchObject({ ok: false, admitted: 1, rejected: 1, unreadable: 1 });
+    expect(rec.journal.has(bad.id as string)).toBe(false);
+    refuse = false;
+    const redelivered = await postSigned(provider, body);
+    expect(redelivered.status).toBe(200);
+    expect(await redelivered.json()).toMatchObject({ ok: true, admitted: 1, duplicates: 1 });
+    expect(rec.journal.get(bad.id as string)!.unreadable).toBe('Field "text.body" must be a string, got undefined');
+  });
+
   test("with a real bot, an unreadable message is journaled and no handler runs for it", async () => {
     const h = await harness();
     const bad: Record<string, unknown> = { ...inbound.text(USER, "x"), text: { nobody: 1 } };
