@@ -382,6 +382,30 @@ for (const { name, make } of BACKENDS) {
   });
 }
 
+describe("console: unreadable messages", () => {
+  test("a message the provider could not parse is in the inbound DLQ with its reason and the raw payload", async () => {
+    const provider = new MockProvider();
+    const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "console-unreadable" } });
+    bot.on("error", () => {});
+    await bot.start();
+    try {
+      const raw = { object: "whatsapp_business_account", entry: [{ changes: [{ value: { messages: [{ id: "wamid.U1", from: "" }] } }] }] };
+      await provider.receive({ id: "wamid.U1", chatId: "wa:123:unreadable", type: "unreadable", unreadable: `Message field "from" is empty`, extra: { raw } });
+      await bot.idle();
+      const handler = durabilityConsole(bot, { auth: basicAuth("ops", "pw") });
+      const auth = { authorization: `Basic ${btoa("ops:pw")}` };
+      const list = await (await get(handler, "/inbound?state=dead", auth)).text();
+      expect(list).toContain("wamid.U1");
+      expect(unescape(list)).toContain(`Message field "from" is empty`);
+      const record = unescape(await (await get(handler, `/inbound/record?id=${encodeURIComponent("wamid.U1")}`, auth)).text());
+      expect(record).toContain(`"object": "whatsapp_business_account"`);
+      expect(record).toContain(`Message field "from" is empty`);
+    } finally {
+      await bot.stop();
+    }
+  });
+});
+
 describe("console: protocol, options and adapters", () => {
   let shared: Fixture | undefined;
   const f = async (): Promise<Fixture> => (shared ??= await fixture(BACKENDS[0]!.make));
