@@ -24,6 +24,9 @@
  * - `--metrics-ms <n>`: also print the metrics every n ms.
  * - `--hang-sends <regex>`: sends whose idempotency key matches never reach
  *   the channel: the call hangs (for tests of a process killed mid-send).
+ * - `--calls <file>` (default `<data>/calls.log`): the key of every channel
+ *   call is appended here as the call starts (to tell an ambiguous send that
+ *   was called from one that never was).
  *
  * Handlers: a message whose text contains "twice" gets two replies with a think
  * in between; any other message one reply after a think. Replies are
@@ -39,6 +42,7 @@
  *
  * @module
  */
+import { appendFileSync } from "node:fs";
 import { stat } from "node:fs/promises";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
@@ -79,14 +83,18 @@ const channel = new FileChannel({
 const events = await openJsonLinesAppender(args.events ?? join(data, "ambiguous.jsonl"));
 
 const hangSends = args["hang-sends"] === undefined ? undefined : new RegExp(args["hang-sends"]);
-/** The channel, or a wrapper whose matching sends hang forever (the outbox lease stays held). */
-const provider: Provider = hangSends === undefined ? channel : {
+/** Every channel call, logged (synchronously) as it starts: what the demo checks ambiguous sends against. */
+const callsFile = args.calls ?? join(data, "calls.log");
+/** The channel, whose calls are logged as they start; with --hang-sends, matching sends hang forever (the outbox lease stays held). */
+const provider: Provider = {
   name: channel.name,
   connectionId: channel.connectionId,
   start: (sink) => channel.start(sink),
   stop: () => channel.stop(),
-  send: (chatId, content, context) =>
-    hangSends.test(context.idempotencyKey) ? new Promise(() => {}) : channel.send(chatId, content, context),
+  send: (chatId, content, context) => {
+    appendFileSync(callsFile, `${context.idempotencyKey}\n`);
+    return hangSends?.test(context.idempotencyKey) ? new Promise(() => {}) : channel.send(chatId, content, context);
+  },
 };
 
 const bot = new Bot({

@@ -22,7 +22,7 @@
  * @module
  */
 import { type ChildProcess, spawn } from "node:child_process";
-import { mkdir, mkdtemp } from "node:fs/promises";
+import { mkdir, mkdtemp, readFile } from "node:fs/promises";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
@@ -50,6 +50,7 @@ const INSTANCE = "demo-bot";
 const INBOUND = join(data, "inbound.jsonl");
 const OUTBOUND = join(data, "outbound.jsonl");
 const AMBIGUOUS = join(data, "ambiguous.jsonl");
+const CALLS = join(data, "calls.log");
 /** The whole run must finish within this; a stuck run fails instead of hanging. */
 const DEADLINE_MS = 120_000;
 
@@ -250,6 +251,9 @@ const lostKeys = [...expectedKeys].filter((k) => !atChannel.has(k) && !reported.
 const unexpected = [...atChannel.keys()].filter((k) => !expectedKeys.has(k));
 const ambiguous = [...reported].filter((k) => expectedKeys.has(k));
 const ambiguousDelivered = ambiguous.filter((k) => atChannel.has(k)).length;
+// The bot logs every channel call as it starts: an ambiguous send never called was held back for nothing.
+const called = new Set((await readFile(CALLS, "utf8").catch(() => "")).split("\n").filter((k) => k !== ""));
+const ambiguousUncalled = ambiguous.filter((k) => !called.has(k)).length;
 const handled = journal.inboundDone;
 
 const summed: Record<string, number> = {};
@@ -284,14 +288,16 @@ row(
   "ambiguous (reported)",
   ambiguous.length,
   ambiguous.length
-    ? `${ambiguousDelivered} reached the channel, ${ambiguous.length - ambiguousDelivered} did not; held as 'unknown' for an operator`
+    ? `${ambiguousDelivered} reached the channel, ${ambiguous.length - ambiguousDelivered - ambiguousUncalled} were in the call but did not, ${ambiguousUncalled} never called`
     : "",
 );
+row("left for an operator", journal.outboxUnknown.length, "still 'unknown' at the end (the calls in flight at the kills)");
 row("crashes (SIGKILL)", crashes, `${runs.length} runs of the bot`);
 row("time taken", `${(took / 1000).toFixed(1)} s`);
 if (ambiguous.length) {
-  console.log("  (ambiguous: killed during the channel call, before the result was recorded; the bot cannot");
-  console.log("   know whether it went out, so it reports it (durability:ambiguous) instead of guessing)");
+  console.log("  (ambiguous: killed after the channel call was journaled as started, before its result was");
+  console.log("   recorded; the bot cannot know whether it went out, so it reports it (durability:ambiguous)");
+  console.log("   instead of guessing. A kill before the call was journaled is not ambiguous: it is sent again.)");
 }
 console.log("");
 const show = (m: Record<string, number>) =>
@@ -324,6 +330,8 @@ if (json) {
     ambiguous: ambiguous.length,
     ambiguousDelivered,
     ambiguousEvents: reportedEvents.size,
+    leftForOperator: journal.outboxUnknown.length,
+    ambiguousUncalled,
     inboundDead: journal.inboundDead.length,
     outboxDead: journal.outboxDead.length,
     crashes,
