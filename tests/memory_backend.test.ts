@@ -272,6 +272,7 @@ describe("outbox", () => {
   test("ambiguous: a lapsed sending entry becomes unknown once; the chat moves on", async () => {
     const { outbox, clock } = setup();
     await outbox.reserve(send("k1"), A);
+    expect(await outbox.markCalling("k1", 1, A.leaseMs)).toBe(true); // the call was announced
     await outbox.reserve(send("k2"));
     clock.now += 999;
     expect(await outbox.claimDue({ ...B, limit: 10 })).toEqual({ due: [], ambiguous: [] });
@@ -290,7 +291,9 @@ describe("outbox", () => {
   test("ambiguous with reclaimOwn and resendAmbiguous", async () => {
     const { outbox } = setup();
     await outbox.reserve(send("k1"), A);
+    await outbox.markCalling("k1", 1, A.leaseMs);
     await outbox.reserve(send("k2", "c2"), B);
+    await outbox.markCalling("k2", 1, B.leaseMs);
     // Same incarnation never resolves its own sends.
     expect((await outbox.claimDue({ ...A, limit: 10, reclaimOwn: true })).ambiguous).toEqual([]);
     const claim = await outbox.claimDue({ ...A2, limit: 10, reclaimOwn: true, resendAmbiguous: true });
@@ -299,6 +302,20 @@ describe("outbox", () => {
     expect(await outbox.heartbeat("k1", 1, 1_000)).toBe(false);
     expect(await outbox.heartbeat("k1", 2, 1_000)).toBe(true);
     await outbox.markSent("k1", 2, "p1");
+  });
+
+  test("a lapsed send whose call was never announced is due again, not ambiguous; own incarnation's too", async () => {
+    const { outbox, clock } = setup();
+    await outbox.reserve(send("k1"), A);
+    await outbox.reserve(send("k2"));
+    clock.now += 1_000;
+    const claim = await outbox.claimDue({ ...B, limit: 10 });
+    expect(claim.ambiguous).toEqual([]);
+    expect(claim.due.map((x) => [x.key, x.lease!.owner, x.fence, x.attempts, x.called])).toEqual([["k1", "B", 2, 1, false]]);
+    await outbox.reserve(send("k3", "c3"), A);
+    const own = await outbox.claimDue({ ...A2, limit: 10, reclaimOwn: true });
+    expect(own.ambiguous).toEqual([]);
+    expect(own.due.map((x) => [x.key, x.lease!.incarnation, x.attempts])).toEqual([["k3", "a2", 1]]);
   });
 
   test("list and purge", async () => {
