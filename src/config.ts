@@ -169,11 +169,32 @@ function backoff(value: unknown, option: string): ResolvedBackoff {
   return { baseMs, capMs };
 }
 
+const INBOX_METHODS = ["admit", "claim", "claimDue", "heartbeat", "complete", "fail", "get", "list", "replay", "purge"] as const;
+const OUTBOX_METHODS = [
+  "reserve",
+  "claimDue",
+  "heartbeat",
+  "markCalling",
+  "markSent",
+  "markFailed",
+  "get",
+  "list",
+  "retry",
+  "discard",
+  "purge",
+] as const;
+
 function isBackend(value: unknown): value is DurabilityBackend {
   if (typeof value !== "object" || value === null) return false;
   const b = value as Partial<DurabilityBackend>;
-  return typeof b.inbox === "object" && b.inbox !== null && typeof b.outbox === "object" && b.outbox !== null &&
-    typeof b.inbox.admit === "function" && typeof b.outbox.reserve === "function";
+  return typeof b.inbox === "object" && b.inbox !== null && typeof b.outbox === "object" && b.outbox !== null;
+}
+
+/** The first journal method a backend lacks (`outbox.markCalling`, …), or `null`. */
+function missingJournalMethod(b: DurabilityBackend): string | null {
+  for (const name of INBOX_METHODS) if (typeof (b.inbox as unknown as Record<string, unknown>)[name] !== "function") return `inbox.${name}`;
+  for (const name of OUTBOX_METHODS) if (typeof (b.outbox as unknown as Record<string, unknown>)[name] !== "function") return `outbox.${name}`;
+  return null;
 }
 
 /**
@@ -200,6 +221,13 @@ export function resolveDurability(value: unknown): ResolvedDurability {
   if (!isBackend(raw.backend)) {
     throw new TypeError(
       `Option "durability.backend" must be a durability backend (with inbox and outbox journals), got ${show(raw.backend)}`,
+    );
+  }
+  const missing = missingJournalMethod(raw.backend);
+  if (missing !== null) {
+    const name = typeof raw.backend.name === "string" ? ` "${raw.backend.name}"` : "";
+    throw new TypeError(
+      `Option "durability.backend": backend${name} has no method "${missing}" (a backend written for an older contract? see DurabilityBackend)`,
     );
   }
   let instanceId: string | undefined;

@@ -108,10 +108,11 @@ export interface BotEvents {
   /** A send's outcome is unknown (its sender died during the provider call, or the call timed out): held for an operator. */
   "durability:ambiguous": { key: string; chatId: string };
   /**
-   * An ambiguous send was settled by the channel: `sent` (a delivery status carrying its key, or
-   * the provider's `confirm`), or `queued` again (`confirm` said it never arrived).
+   * An ambiguous send (already reported by `durability:ambiguous`) was settled by the channel: `sent`
+   * (a delivery status carrying its key, or the provider's `confirm`), or, when `confirm` said it
+   * never arrived, `failed` (sent again after its backoff) or `dead` (its retries were spent).
    */
-  "durability:resolved": { key: string; chatId: string; state: "sent" | "queued"; messageId?: string; via: "status" | "confirm" };
+  "durability:resolved": { key: string; chatId: string; state: "sent" | "failed" | "dead"; messageId?: string; via: "status" | "confirm" };
 }
 
 /** What a send did. */
@@ -1034,6 +1035,17 @@ export class DurabilityEngine {
     let called = false;
     let settled = false;
     try {
+      const confirmed = this.#confirmed.get(key);
+      if (confirmed !== undefined) {
+        // The channel already said an earlier attempt arrived (a delivery status): no second call.
+        this.#confirmed.delete(key);
+        settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, confirmed), ["sent"]);
+        if (settled) {
+          this.#metrics.outboxResolved++;
+          this.#host.events.emit("durability:resolved", { key, chatId, state: "sent", messageId: confirmed, via: "status" });
+        }
+        return { key, state: "sent", messageId: confirmed };
+      }
       if (!await this.#stillHeld(lease)) return await this.#notOurs(key);
       if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
@@ -1056,6 +1068,7 @@ export class DurabilityEngine {
         return failed.result;
       }
       settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
+      this.#confirmed.delete(key);
       return { key, state: "sent", messageId };
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
@@ -1121,45 +1134,42 @@ export class DurabilityEngine {
       throw new TypeError(`confirmSent: "messageId" must be a string, got ${JSON.stringify(messageId) ?? "undefined"}`);
     }
     if (this.#halted) return false;
+    // Remembered before the entry is read: a sweep that makes it unknown after the read finds it here.
+    this.#confirmed.set(key, messageId);
+    if (this.#confirmed.size > DEDUPE_CAPACITY) this.#confirmed.delete(this.#confirmed.keys().next().value!);
     const entry = await this.backend.outbox.get(key);
-    if (entry === null) return false;
-    if (entry.state === "unknown") return await this.#resolveSent(entry, messageId, "status") === "resolved";
-    if (entry.state === "sending" || entry.state === "queued" || entry.state === "failed") {
-      this.#confirmed.set(key, messageId);
-      if (this.#confirmed.size > DEDUPE_CAPACITY) this.#confirmed.delete(this.#confirmed.keys().next().value!);
+    if (entry === null || entry.state === "sent" || entry.state === "dead") {
+      this.#confirmed.delete(key);
+      return false;
     }
-    return false;
+    if (entry.state !== "unknown") return false; // on its way: its next call, or its ambiguity, uses it
+    this.#confirmed.delete(key);
+    return await this.#resolveSent(entry, messageId, "status") === "resolved";
   }
 
   /**
-   * An entry that just became `unknown`: settled by what the channel said (a delivery status seen
-   * earlier, the provider's `confirm`), else reported for an operator.
+   * An entry that just became `unknown`: reported at once (the report must not wait on anything a
+   * crash could cut short), then settled if the channel can tell: a delivery status seen earlier, or
+   * the provider's `confirm`.
    */
   #settleAmbiguous(entry: OutboxEntry): void {
+    this.#reportAmbiguous(entry);
     const provider = this.#host.provider;
     const stashed = this.#confirmed.get(entry.key);
-    if (stashed === undefined && provider.confirm === undefined) return this.#reportAmbiguous(entry);
-    addBounded(this.#reported, `${entry.key}#${entry.fence}`); // a lost scan's report must not repeat it
-    const work = this.#resolveAmbiguous(entry, stashed).then(
-      (resolved) => {
-        if (!resolved && !this.#halted) this.#reportAmbiguous(entry);
-      },
-      (error) => {
-        if (this.#halted) return;
-        this.#report(error, `confirmation of ambiguous send "${entry.key}" by provider "${provider.name}"`);
-        this.#reportAmbiguous(entry);
-      },
-    );
+    if (stashed === undefined && provider.confirm === undefined) return;
+    const work = this.#resolveAmbiguous(entry, stashed).catch((error) => {
+      if (!this.#halted) this.#report(error, `confirmation of ambiguous send "${entry.key}" by provider "${provider.name}"`);
+    });
     this.#host.track(work);
   }
 
-  async #resolveAmbiguous(entry: OutboxEntry, stashed: string | undefined): Promise<boolean> {
+  async #resolveAmbiguous(entry: OutboxEntry, stashed: string | undefined): Promise<void> {
     if (stashed !== undefined) {
       this.#confirmed.delete(entry.key);
-      if (await this.#resolveSent(entry, stashed, "status") !== "unknown") return true;
+      if (await this.#resolveSent(entry, stashed, "status") !== "unknown") return;
     }
     const provider = this.#host.provider;
-    if (provider.confirm === undefined) return false;
+    if (provider.confirm === undefined) return;
     const asked = provider.confirm({
       idempotencyKey: entry.key,
       chatId: entry.chatId,
@@ -1170,14 +1180,31 @@ export class DurabilityEngine {
       await withTimeout(this.#clock, Promise.resolve(asked), CONFIRM_TIMEOUT_MS, () => new Error(`no answer within ${CONFIRM_TIMEOUT_MS} ms`)),
       provider.name,
     );
-    if (answer === null || this.#halted) return false;
-    if (answer.delivered) return await this.#resolveSent(entry, answer.messageId, "confirm") !== "unknown";
-    // It certainly never arrived: send it again.
-    if (!await this.backend.outbox.retry(entry.key)) return (await this.backend.outbox.get(entry.key))?.state !== "unknown";
+    if (answer === null || this.#halted) return;
+    if (answer.delivered) {
+      await this.#resolveSent(entry, answer.messageId, "confirm");
+      return;
+    }
+    // It certainly never arrived: a failed attempt like any other, retried after its backoff under the
+    // same retry budget (dead once spent), and only while nobody acted on the entry since (fenced).
+    const error = `Provider "${provider.name}" confirmed that the send never arrived`;
+    const dead = entry.attempts > this.config.outbox.retries;
+    const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, undefined, () => this.#clock.random());
+    const outcome = dead ? { error, dead: true } as const : { error, retryInMs };
+    try {
+      await this.backend.outbox.markFailed(entry.key, entry.fence, outcome);
+    } catch (failure) {
+      if (failure instanceof StaleLeaseError) return; // resolved or retried meanwhile
+      throw failure;
+    }
     this.#metrics.outboxResolved++;
-    this.#host.events.emit("durability:resolved", { key: entry.key, chatId: entry.chatId, state: "queued", via: "confirm" });
-    this.#wake(0);
-    return true;
+    this.#host.events.emit("durability:resolved", { key: entry.key, chatId: entry.chatId, state: dead ? "dead" : "failed", via: "confirm" });
+    if (dead) {
+      this.#metrics.outboxDead++;
+      this.#host.events.emit("durability:dead", { kind: "outbound", id: entry.key, error });
+    } else {
+      this.#wake(retryInMs);
+    }
   }
 
   /** Record an `unknown` entry as sent on the channel's word: `resolved`, or its state now (someone else acted). */

@@ -38,7 +38,7 @@ export interface InboundMessage {
    * Set by a provider for a user message it could not parse (the reason, in
    * sentence case). The bot journals it like any message but runs no handler:
    * the record goes straight to the inbound dead-letter queue with this reason,
-   * where an operator sees it (console, CLI) and can replay it. The provider
+   * where an operator sees it with what the channel sent (console, CLI). The provider
    * keeps the raw payload in `extra.raw`, and acknowledges it to the channel
    * only once it is admitted, so nothing a user sent vanishes silently.
    */
@@ -123,8 +123,9 @@ export interface InboundSink {
    * The channel said a send reached it (a delivery status carrying the outbox
    * key, as WhatsApp's `biz_opaque_callback_data` does). An `unknown` entry
    * with this key is resolved to `sent` with `messageId` and counted as
-   * `outboxResolved`; a send still under way is remembered for a while, so
-   * that an ambiguity found later resolves at once.
+   * `outboxResolved`; for a send still under way or waiting for a retry the
+   * word is remembered by this process (up to 10,000 keys), so that its retry
+   * makes no second call and an ambiguity found later resolves at once.
    * @returns whether an `unknown` entry was resolved now
    */
   confirmSent?(idempotencyKey: string, messageId: string): Promise<boolean>;
@@ -159,11 +160,13 @@ export interface Provider {
   send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt>;
   /**
    * Ask the channel whether an ambiguous send (a provider call whose outcome
-   * was lost: a crash or a timeout during it) reached it. Called before the
-   * send is left to an operator as `unknown`. Return `null` when the channel
-   * cannot tell; throw only for a failed lookup (reported, and the send stays
-   * `unknown`). Answer `{ delivered: false }` only when the send certainly did
-   * not arrive and cannot arrive later: it is sent again.
+   * was lost: a crash or a timeout during it) reached it. Called once the send
+   * became `unknown` (and was reported), within 10 s. Return `null` when the
+   * channel cannot tell; throw only for a failed lookup (reported, and the
+   * send stays `unknown`). `{ delivered: true, messageId }` records it as
+   * sent. Answer `{ delivered: false }` only when the send certainly did not
+   * arrive and cannot arrive later: it counts as a failed attempt and is sent
+   * again after its backoff (dead once its retries are spent).
    */
   confirm?(send: SendInQuestion): Promise<SendConfirmation | null>;
   /** Say whether an error thrown by `send` may be retried; the default reads `ProviderError` and HTTP statuses. */

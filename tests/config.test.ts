@@ -22,6 +22,14 @@ function rejects(durability: unknown, kind: typeof TypeError | typeof RangeError
 describe("durability options are validated and named in errors", () => {
   test("missing backend", () => rejects({}, TypeError, "durability.backend"));
   test("a backend that is not one", () => rejects({ backend: { inbox: 1 } }, TypeError, "durability.backend"));
+  test("a backend written for an older contract (no outbox.markCalling) is refused by name", () => {
+    const memory = new MemoryDurability();
+    const { markCalling: _, ...outbox } = Object.fromEntries(
+      ["reserve", "claimDue", "heartbeat", "markCalling", "markSent", "markFailed", "get", "list", "retry", "discard", "purge"]
+        .map((m) => [m, (memory.outbox as unknown as Record<string, (...a: unknown[]) => unknown>)[m]!.bind(memory.outbox)]),
+    );
+    rejects({ backend: { name: "old-one", scope: "process", inbox: memory.inbox, outbox } }, TypeError, "outbox.markCalling", '"old-one"');
+  });
   test("negative inbox lease", () => rejects({ backend, inbox: { leaseMs: -5 } }, RangeError, "durability.inbox.leaseMs", "-5"));
   test("outbox lease under 20 ms", () => rejects({ backend, outbox: { leaseMs: 10 } }, RangeError, "durability.outbox.leaseMs", "10"));
   test("a non-integer lease", () => rejects({ backend, outbox: { leaseMs: "60s" } }, TypeError, "durability.outbox.leaseMs", '"60s"'));

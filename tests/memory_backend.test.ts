@@ -318,6 +318,25 @@ describe("outbox", () => {
     expect(own.due.map((x) => [x.key, x.lease!.incarnation, x.attempts])).toEqual([["k3", "a2", 1]]);
   });
 
+  test("records exported before the call marker existed read as called: a lapsed one stays ambiguous", async () => {
+    const { clock } = setup();
+    const source = new MemoryDurability({ clock: () => clock.now });
+    await source.outbox.reserve(send("k1"), A);
+    const exported = JSON.parse(JSON.stringify(source.exportRecords()));
+    for (const e of exported.outbox) delete e.called; // as an older version wrote it
+    const imported = new MemoryDurability({ clock: () => clock.now });
+    imported.importRecords(exported);
+    expect((await imported.outbox.get("k1"))!.called).toBe(true);
+    const changes = new MemoryDurability({ clock: () => clock.now });
+    changes.applyOutboxChanges(exported.outbox, [], exported.outboxSeq);
+    expect((await changes.outbox.get("k1"))!.called).toBe(true);
+    clock.now += 1_000;
+    for (const b of [imported, changes]) {
+      const claim = await b.outbox.claimDue({ ...B, limit: 10 });
+      expect([claim.due, claim.ambiguous.map((x) => x.key)]).toEqual([[], ["k1"]]);
+    }
+  });
+
   test("list and purge", async () => {
     const { outbox, clock } = setup();
     await outbox.reserve(send("k1"), A);

@@ -890,12 +890,28 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       slow.failNext(1, new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
       await sending.catch(() => {});
       await botC.idle();
-      expect(ambiguousC, "settled by the status it had seen").toEqual([]);
-      expect(resolvedC).toEqual([{ key: "early-status", chatId: "c3", state: "sent", messageId: "wamid.2", via: "status" }]);
+      expect(ambiguousC, "reported at once").toEqual([{ key: "early-status", chatId: "c3" }]);
+      expect(resolvedC, "then settled by the status it had seen").toEqual([{ key: "early-status", chatId: "c3", state: "sent", messageId: "wamid.2", via: "status" }]);
       const early = await backend.outbox.get("early-status");
       expect([early?.state, early?.messageId]).toEqual(["sent", "wamid.2"]);
       expect(metricsOf(botC).outboxResolved).toBe(1);
-      expect(metricsOf(botC).outboxAmbiguous).toBe(0);
+      expect(metricsOf(botC).outboxAmbiguous).toBe(1);
+      expect(slow.calls.length, "one call").toBe(1);
+
+      // The status arrives while a failed attempt waits for its retry: the retry makes no second call.
+      const flaky = new MockProvider();
+      const botD = new Bot({ clock: time.clock, provider: flaky, durability: fastDurability(backend, scale, { outbox: { backoff: { baseMs: Math.round(100 * scale), capMs: Math.round(100 * scale) } } }) });
+      const resolvedD = collect(botD, "durability:resolved");
+      await start(bots, botD);
+      flaky.failNext(1, new ProviderError("bad gateway", { status: 502 }));
+      const failed = await botD.send("c4", "retried", { idempotencyKey: "status-before-retry" });
+      expect(failed.state).toBe("failed");
+      expect(await flaky.reportDelivered("status-before-retry", "wamid.3")).toBe(false);
+      await botD.idle();
+      const retried = await backend.outbox.get("status-before-retry");
+      expect([retried?.state, retried?.messageId]).toEqual(["sent", "wamid.3"]);
+      expect(flaky.calls.length, "the failed call only").toBe(1);
+      expect(resolvedD.map((e) => [e.key, e.state, e.via])).toEqual([["status-before-retry", "sent", "status"]]);
     });
 
     withBackend("a provider's confirm settles an ambiguous send before an operator is asked: sent, sent again, or left unknown", async (
@@ -909,9 +925,18 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         ["cannot-tell", null],
         ["lookup-fails", "throw"],
         ["garbage", "garbage"],
+        ["always-lost", { delivered: false }],
       ]);
       const asked: string[] = [];
+      let lostCalls = 0;
       class ConfirmingProvider extends MockProvider {
+        override send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
+          if (context.idempotencyKey === "always-lost") {
+            lostCalls++;
+            return Promise.reject(new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
+          }
+          return super.send(chatId, content, context);
+        }
         confirm(send: { idempotencyKey: string; chatId: string; content: unknown }): Promise<{ delivered: true; messageId: string } | { delivered: false } | null> {
           asked.push(`${send.idempotencyKey}|${send.chatId}|${String(send.content)}`);
           const answer = answers.get(send.idempotencyKey)!;
@@ -935,15 +960,39 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const errors = collect(bot, "error");
       await start(bots, bot);
       await bot.idle();
-      expect(asked.sort()).toEqual([...answers.keys()].map((k) => `${k}|chat-${k}|text of ${k}`).sort());
+      const once = [...answers.keys()].filter((k) => k !== "always-lost").map((k) => `${k}|chat-${k}|text of ${k}`);
+      const lost = "always-lost|chat-always-lost|text of always-lost";
+      expect(asked.filter((a) => a !== lost).sort(), "asked once about each").toEqual(once.sort());
+      expect(asked.filter((a) => a === lost).length, "asked after each of its 4 attempts").toBe(4);
       const states = Object.fromEntries(await Promise.all([...answers.keys()].map(async (k) => [k, (await backend.outbox.get(k))?.state])));
-      expect(states).toEqual({ "was-delivered": "sent", "never-arrived": "sent", "cannot-tell": "unknown", "lookup-fails": "unknown", garbage: "unknown" });
+      expect(states).toEqual({
+        "was-delivered": "sent",
+        "never-arrived": "sent",
+        "cannot-tell": "unknown",
+        "lookup-fails": "unknown",
+        garbage: "unknown",
+        "always-lost": "dead",
+      });
       expect((await backend.outbox.get("was-delivered"))?.messageId).toBe("m-77");
-      expect(provider.sent.map((m) => m.idempotencyKey), "only the one that never arrived is sent again").toEqual(["never-arrived"]);
-      expect(ambiguous.map((e) => e.key).sort(), "the rest are left for an operator").toEqual(["cannot-tell", "garbage", "lookup-fails"]);
-      expect(resolved.map((e) => [e.key, e.state, e.via]).sort()).toEqual([["never-arrived", "queued", "confirm"], ["was-delivered", "sent", "confirm"]]);
-      expect(metricsOf(bot).outboxResolved).toBe(2);
-      expect(metricsOf(bot).outboxAmbiguous).toBe(3);
+      expect((await backend.outbox.get("never-arrived"))?.attempts, "its resend counts as an attempt").toBe(2);
+      expect((await backend.outbox.get("always-lost"))?.attempts, "the retry budget holds: dead after retries + 1").toBe(4);
+      expect(provider.sent.map((m) => m.idempotencyKey), "only the one that never arrived went out again").toEqual(["never-arrived"]);
+      expect(lostCalls, "its 3 retries, each timed out").toBe(3);
+      // Every ambiguity is reported at once; those the channel settles are then reported resolved.
+      expect(ambiguous.filter((e) => e.key !== "always-lost").map((e) => e.key).sort()).toEqual([...answers.keys()].filter((k) => k !== "always-lost").sort());
+      expect(ambiguous.filter((e) => e.key === "always-lost").length).toBe(4);
+      expect(resolved.map((e) => [e.key, e.state, e.via]).sort()).toEqual([
+        ["always-lost", "dead", "confirm"],
+        ["always-lost", "failed", "confirm"],
+        ["always-lost", "failed", "confirm"],
+        ["always-lost", "failed", "confirm"],
+        ["never-arrived", "failed", "confirm"],
+        ["was-delivered", "sent", "confirm"],
+      ]);
+      expect(metricsOf(bot).outboxResolved).toBe(6);
+      expect(metricsOf(bot).outboxAmbiguous).toBe(ambiguous.length);
+      const left = (await backend.outbox.list({ state: "unknown", limit: 100 })).map((e) => e.key).filter((k) => answers.has(k));
+      expect(left.sort(), "left for an operator").toEqual(["cannot-tell", "garbage", "lookup-fails"]);
       const errorText = errors.map((e) => e.message).join("\n");
       expect(errorText.includes("lookup failed"), `the failed lookup is reported: ${errorText}`).toBe(true);
       expect(/confirm\(\).*"delivered"/.test(errorText), `a garbage answer names the field: ${errorText}`).toBe(true);
