@@ -197,7 +197,11 @@ export function faultyBackend(
         case "inbox.heartbeat":
         case "outbox.heartbeat":
         case "outbox.markCalling": {
-          if (op === "outbox.markCalling" && result === true) ledger.announced.add(`${args[0] as string}#${args[1] as number}`);
+          if (op === "outbox.markCalling" && result === true) {
+            const rec = { inc: inc.id, time: now, delivered: true, lostBy: null as LostBy, pending: true };
+            ledger.announced.set(`${args[0] as string}#${args[1] as number}`, rec);
+            grants.push(rec);
+          }
           const g = op === "inbox.heartbeat"
             ? ledger.inLease(args[0] as string, args[1] as number)
             : ledger.outLease(args[0] as string, args[1] as number);
@@ -261,10 +265,23 @@ export function faultyBackend(
                 ((calls[0]!.start - SIM_EPOCH) / 1000).toFixed(3)
               }s by ${calls[0]!.inc}`;
             } else if (ledger.announced.has(`${e.key}#${token}`)) {
-              verdict = "announced";
-              detail = `no call under token ${token}, but ${g?.inc ?? "its holder"} had announced one (markCalling) and ${
-                g && ledger.isDead(g.inc) ? "died" : "stalled or lost the reply"
-              } before calling`;
+              // Announced, not called: excused only where the holder could not call in time: it died,
+              // was stalled, or had not had (or lost) the announcement's answer.
+              const a = ledger.announced.get(`${e.key}#${token}`)!;
+              const holder = world.replicas.find((r) => a.inc.startsWith(`${r.name}#`));
+              const why = ledger.isDead(a.inc)
+                ? "died"
+                : a.pending
+                ? "was still waiting for the announcement's answer"
+                : !a.delivered
+                ? `lost the announcement's answer (${a.lostBy})`
+                : holder && world.wasFrozen(holder, a.time, now)
+                ? "was stalled"
+                : null;
+              verdict = why === null ? "announced-not-called" : "announced";
+              detail = `no call under token ${token}, but ${a.inc} had announced one (markCalling) at ${
+                ((a.time - SIM_EPOCH) / 1000).toFixed(3)
+              }s and ${why ?? "was alive, not stalled and had its answer: it never called"}`;
             } else if (g && ledger.isDead(g.inc)) {
               verdict = "crash-before-call";
               detail = `holder ${g.inc} died before calling the provider`;
@@ -372,6 +389,10 @@ export function faultyBackend(
 
   const call = async (op: string, method: string, target: object, args: unknown[]): Promise<unknown> => {
     if (!inc.alive) throw world.death();
+    if (op === "outbox.markSent" || op === "outbox.markFailed") {
+      const id = `${args[0] as string}#${args[1] as number}`;
+      if (!ledger.outcomeStarted.has(id)) ledger.outcomeStarted.set(id, world.sched.time);
+    }
     const fault = pickFault(world);
     const quiet = QUIET.has(method);
     if (fault.kind !== "none") {

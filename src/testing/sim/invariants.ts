@@ -147,8 +147,15 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     if (e.state === "sent" && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
     if (e.state === "unknown") {
       const lastAmbiguity = ledger.ambiguities.filter((a) => a.key === e.key).at(-1);
-      // Excused: the process died before it could finish (then an unknown, reported entry is right).
-      if (lastAmbiguity?.selfSteal && !ledger.diedAt.has(lastAmbiguity.by)) {
+      // Excused: the process died before it could finish: its call, or the write of its outcome, was
+      // still under way at its death (then an unknown, reported entry is right).
+      const died = lastAmbiguity ? ledger.diedAt.get(lastAmbiguity.by) : undefined;
+      const cutShort = lastAmbiguity !== undefined && died !== undefined && (
+        ledger.calls.some((c) => c.key === e.key && c.inc === lastAmbiguity.by && (c.end === null || c.end >= died)) ||
+        ((ledger.outcomeStarted.get(`${e.key}#${lastAmbiguity.token}`) ?? Infinity) <= died &&
+          !ledger.isOutRecorded(e.key, lastAmbiguity.token))
+      );
+      if (lastAmbiguity?.selfSteal && !cutShort) {
         fail("self-steal", `${e.key} is unknown: its own process made its live lease ambiguous (${lastAmbiguity.detail}) instead of finishing its send`);
       }
       if (!ledger.ambiguities.some((a) => a.key === e.key)) fail("unexplained-unknown", `${e.key} is unknown without an ambiguity transition`);

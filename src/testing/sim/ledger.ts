@@ -65,9 +65,10 @@ export interface AmbiguityRecord {
    * holder never learned it held the lease (the reply of its reserve or claim was lost);
    * `held` the holder got the lease and kept it without calling; `announced` no call, but its
    * holder had journaled one (`markCalling`) and then crashed, stalled or lost that reply before
-   * calling: the one window the journal cannot tell from a call (allowed).
+   * calling: the one window the journal cannot tell from a call (allowed); `announced-not-called`
+   * announced, and its holder lived on with the answer, unstalled, and never called (an engine defect).
    */
-  verdict: "call" | "announced" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
+  verdict: "call" | "announced" | "announced-not-called" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
   /** Made by the holder's own process while its lease was live in true time (a server clock step). */
   selfSteal?: boolean;
   detail: string;
@@ -96,8 +97,13 @@ const tk = (id: string, token: number) => `${id}#${token}`;
 /** The ground truth of one run. */
 export class Ledger {
   calls: CallRecord[] = [];
-  /** `key#token` of every provider call announced in the journal (a `markCalling` that committed). */
-  announced: Set<string> = new Set();
+  /**
+   * Every provider call announced in the journal (a `markCalling` that committed), by `key#token`:
+   * who, when, and whether its reply reached the engine (`pending` while it is on its way).
+   */
+  announced: Map<string, { inc: string; time: number; delivered: boolean; lostBy: LostBy; pending: boolean }> = new Map();
+  /** Outcome writes (`markSent`, `markFailed`) started, by `key#token`: when (the first one). */
+  outcomeStarted: Map<string, number> = new Map();
   acceptedCount = 0;
   /** outbox key#token → grant. */
   outLeases: Map<string, LeaseGrant> = new Map();
