@@ -9,7 +9,9 @@
  * journal failed: fail closed) it answers 503 and Meta redelivers the whole
  * POST, whose already admitted messages come back as duplicates and are
  * dropped by the bot. Status callbacks (sent, delivered, read, failed) are not
- * messages: they go to the `onStatus` option.
+ * messages: they go to the `onStatus` option. A status that confirms a send
+ * calls `sink.confirmSent`; when that fails (the journal again), the POST is
+ * answered 503 too, so that the status comes back with its redelivery.
  *
  * Outbound: `POST /{version}/{phone-number-id}/messages` on the Graph API,
  * with errors classified from the HTTP status and the Graph error code
@@ -130,16 +132,21 @@ export interface WhatsAppProviderOptions {
    * Called with each status callback (sent, delivered, read, failed) of a
    * webhook POST, before it is answered. When it throws, the POST is answered
    * 503 so Meta redelivers it (its messages then come back as duplicates).
+   * A redelivered POST (after a 503 for any reason) calls it again with the
+   * same statuses: key what it records by status id and status.
    */
   onStatus?: (status: WhatsAppStatus) => void | Promise<void>;
   /**
-   * Called with each problem of a webhook POST that does not make Meta
-   * redeliver it: a message entry with missing or invalid fields (journaled
-   * as unreadable all the same, see {@link WhatsAppPayloadError}), a status
+   * Called with each problem of a webhook POST: a message entry with
+   * missing or invalid fields, or of a change whose
+   * `metadata.phone_number_id` is missing or malformed (journaled as
+   * unreadable all the same, see {@link WhatsAppPayloadError}), a status
    * entry with missing or invalid fields (skipped), an error Meta sent at the
-   * change level (`value.errors`, a {@link WhatsAppChangeError}), a failed
-   * `sink.confirmSent`. Default: the bot's `error` event (`console.warn`
-   * before the bot started).
+   * change level (`value.errors`, a {@link WhatsAppChangeError}), messages
+   * for another phone number id (ignored; once per number), none of which
+   * makes Meta redeliver the POST; and a failed `sink.confirmSent` or a
+   * throwing `onStatus`, which do (the POST is answered 503). Default: the
+   * bot's `error` event (`console.warn` before the bot started).
    */
   onError?: (error: Error) => void;
   /**
@@ -210,16 +217,21 @@ export class WhatsAppApiError extends ProviderError {
 
 /**
  * A message or status entry of a webhook POST that lacks a required field or
- * has one of the wrong type; `path` locates it in the payload and `field`
- * names the field. A message entry is journaled all the same, as an
- * unreadable message (`InboundMessage.unreadable` is {@link reason}, Meta's
- * object is in `extra.raw`), which the bot dead-letters at once; a status
- * entry is skipped. The rest of the batch is admitted either way.
+ * has one of the wrong type, or a message entry of a change whose
+ * `metadata.phone_number_id` is missing or malformed; `path` locates the
+ * entry in the payload and `field` names the field. A message entry is
+ * journaled all the same, as an unreadable message
+ * (`InboundMessage.unreadable` is {@link reason}, Meta's object is in
+ * `extra.raw`), which the bot dead-letters at once; a status entry is
+ * skipped. The rest of the batch is admitted either way.
  */
 export class WhatsAppPayloadError extends Error {
   /** Where in the payload, e.g. `entry[0].changes[0].value.messages[1]`. */
   readonly path: string;
-  /** The field, e.g. `from` or `text.body`. */
+  /**
+   * The field, e.g. `from` or `text.body`; a field of the change around the
+   * entry by its full path, e.g. `entry[0].changes[0].value.metadata.phone_number_id`.
+   */
   readonly field: string;
   /** What is wrong, in sentence case and without the path: the `unreadable` reason of the journaled message. */
   readonly reason: string;
@@ -570,21 +582,28 @@ interface WebhookSummary {
  * Webhook answers: GET verification 200 (the challenge) or 403; POST 401 when
  * the `X-Hub-Signature-256` is missing or wrong, 413 over `maxBodyBytes`, 400
  * for a body that is not JSON or not a WhatsApp webhook payload, 503 when the
- * bot is not started or a message was not admitted (Meta redelivers), else 200
- * with a JSON summary; other methods 405. A change for another phone number id
- * is ignored (answered 200; its messages are reported once per number through
- * `onError`): give each number its own provider and webhook URL. The messages of one chat in a
+ * bot is not started, a message was not admitted, `sink.confirmSent` failed or
+ * `onStatus` threw (Meta redelivers), else 200 with a JSON summary; other
+ * methods 405. A change for another phone number id (a well-formed one that
+ * is not ours) is ignored (answered 200; its messages are reported once per
+ * number through `onError`): give each number its own provider and webhook
+ * URL. A change whose `metadata.phone_number_id` is missing or malformed may
+ * be ours: its messages are journaled as unreadable (the reason names the
+ * field), its statuses skipped; a numeric id whose decimal form is ours (a
+ * safe integer) is taken as ours, reported once. The messages of one chat in a
  * POST are admitted one after the other in payload order; when one is refused,
  * the chat's later ones are held back, so the redelivery keeps their order.
  *
  * Chats: a message's chat id is the sender's phone number whenever Meta gives
  * one (`from`), `bsuid:<from_user_id>` only when it withholds it (a user with a
  * username), and `group:<group_id>` for a group message, whose participant is
- * `InboundMessage.from` (see {@link whatsAppChatId}). A message that cannot be
- * parsed is journaled as unreadable (the reason names the field, Meta's object
- * is in `extra.raw`) and dead-lettered by the bot, never acknowledged unseen;
- * only what is certainly not a user message (statuses, other subscriptions) is
- * answered without a journal record. Errors Meta sends at the change level
+ * `InboundMessage.from` (see {@link whatsAppChatId}). Each message is looked
+ * at alone: a user whose phone number Meta shows only sometimes alternates
+ * between two chat ids (the number, `bsuid:<id>`), which nothing merges. A
+ * message that cannot be parsed is journaled as unreadable (the reason names
+ * the field, Meta's object is in `extra.raw`) and dead-lettered by the bot,
+ * never acknowledged unseen; only what is certainly not a user message
+ * (statuses, other subscriptions) is answered without a journal record. Errors Meta sends at the change level
  * (`value.errors`) go to `onError`. A `sent`, `delivered`, `read` or `played`
  * status whose `biz_opaque_callback_data` is an outbox key calls
  * `sink.confirmSent`, which settles a send left ambiguous by a timeout.
@@ -643,6 +662,8 @@ export class WhatsAppProvider implements Provider {
   #sink: InboundSink | undefined;
   /** Other phone number ids whose messages were reported as ignored. */
   #otherNumbers = new Set<string>();
+  /** Whether a numeric `phone_number_id` equal to ours was reported (once). */
+  #numericIdReported = false;
 
   /**
    * The webhook: mount it at the callback URL configured in the Meta app
@@ -671,7 +692,7 @@ export class WhatsAppProvider implements Provider {
     }
     this.#accessToken = checkString(o, "accessToken", true)!;
     const phoneNumberId = checkString(o, "phoneNumberId", true)!;
-    if (!/^[A-Za-z0-9_-]{1,64}$/.test(phoneNumberId)) {
+    if (!PHONE_NUMBER_ID.test(phoneNumberId)) {
       throw new RangeError(`Option "phoneNumberId" must be the phone number id (digits), got ${show(phoneNumberId)}`);
     }
     this.phoneNumberId = phoneNumberId;
@@ -860,22 +881,47 @@ export class WhatsAppProvider implements Provider {
           return;
         }
         const value = change.value;
-        const phone = isObject(value.metadata) ? value.metadata.phone_number_id : undefined;
-        if (phone !== this.phoneNumberId) {
+        const vPath = `${cPath}.value`;
+        const owner = ownerOf(value, vPath, this.phoneNumberId);
+        if (owner.kind === "other") {
           summary.ignored++;
           // Reported once per number: a mistyped phoneNumberId would otherwise drop every message silently.
-          const other = String(phone);
-          if (Array.isArray(value.messages) && value.messages.length > 0 && !this.#otherNumbers.has(other)) {
-            this.#otherNumbers.add(other);
+          if (Array.isArray(value.messages) && value.messages.length > 0 && !this.#otherNumbers.has(owner.id)) {
+            this.#otherNumbers.add(owner.id);
             this.#report(
               new Error(
-                `WhatsApp webhook: messages for phone number id ${show(phone)} were ignored: this provider is for ` +
+                `WhatsApp webhook: messages for phone number id ${show(owner.id)} were ignored: this provider is for ` +
                   `${show(this.phoneNumberId)} (the business phone number id, not the phone number). Give each number ` +
                   `its own provider and webhook URL`,
               ),
             );
           }
           return;
+        }
+        if (owner.kind === "unknown") {
+          // No usable phone number id: the change may well be ours, so its messages are journaled as
+          // unreadable (never acknowledged unseen); its statuses and errors, which are no user
+          // messages and may be another number's, are skipped.
+          const messages = value.messages;
+          if (messages === undefined || (Array.isArray(messages) && messages.length === 0)) {
+            summary.ignored++;
+            return;
+          }
+          if (!Array.isArray(messages)) {
+            unreadable(messages, new WhatsAppPayloadError(`${vPath}.messages`, owner.field, owner.message));
+          } else {
+            messages.forEach((m, i) => unreadable(m, new WhatsAppPayloadError(`${vPath}.messages[${i}]`, owner.field, owner.message)));
+          }
+          return;
+        }
+        if (owner.numeric !== undefined && !this.#numericIdReported) {
+          this.#numericIdReported = true;
+          this.#report(
+            new Error(
+              `WhatsApp webhook ${vPath}.metadata.phone_number_id: the phone number id is the number ${owner.numeric}, ` +
+                `not a string; taken as this provider's ${show(this.phoneNumberId)} (reported once)`,
+            ),
+          );
         }
         const contacts = contactsOf(value);
         if (value.messages !== undefined) {
@@ -958,13 +1004,22 @@ export class WhatsAppProvider implements Provider {
     }));
 
     let statusFailed = false;
+    let confirmFailed = false;
     for (const { status, path } of statuses) {
       summary.statuses++;
       // A status that says the send reached WhatsApp settles an ambiguous send with that outbox key.
-      if (status.callbackData !== undefined && status.callbackData !== "" && CONFIRMING_STATUSES.has(status.status) && sink.confirmSent) {
+      // Only a callback data that can be a journal key is offered (well-formed, no NUL): any other is
+      // no outbox key of ours, and a journal that refuses it would refuse it on every redelivery.
+      const key = status.callbackData;
+      if (
+        key !== undefined && key !== "" && isWellFormed(key) && !key.includes("\u0000") &&
+        CONFIRMING_STATUSES.has(status.status) && sink.confirmSent
+      ) {
         try {
-          await sink.confirmSent(status.callbackData, status.id);
+          await sink.confirmSent(key, status.id);
         } catch (error) {
+          // The journal failed: answered 503, so that Meta redelivers the POST and the status with it.
+          confirmFailed = true;
           fail(
             new Error(
               `WhatsApp webhook ${path}: confirmSent(${show(status.callbackData)}, ${show(status.id)}) failed for the ` +
@@ -985,11 +1040,13 @@ export class WhatsAppProvider implements Provider {
       }
     }
 
-    if (refused.length > 0 || statusFailed) {
+    if (refused.length > 0 || statusFailed || confirmFailed) {
       summary.ok = false;
-      const why = refused.length > 0
-        ? `${refused.length} message(s) were not admitted (${refused.join("; ")})`
-        : "onStatus failed";
+      const why = [
+        refused.length > 0 ? `${refused.length} message(s) were not admitted (${refused.join("; ")})` : "",
+        confirmFailed ? "confirmSent failed" : "",
+        statusFailed ? "onStatus failed" : "",
+      ].filter((s) => s !== "").join("; ");
       summary.errors.unshift(`${why}; redeliver the POST`);
       return json(503, summary);
     }
@@ -1579,6 +1636,48 @@ function parseMessage(raw: unknown, path: string, contacts: Map<string, ContactI
   }
   message.extra = extra;
   return media === undefined ? { message } : { message, media };
+}
+
+/** A phone number id as the `phoneNumberId` option takes it (and as a change of another number must spell it). */
+const PHONE_NUMBER_ID = /^[A-Za-z0-9_-]{1,64}$/;
+
+/**
+ * Whose change a `messages` change is, by `value.metadata.phone_number_id`:
+ * - `ours`: our id, or (`numeric`) a JSON number whose decimal form is our id
+ *   (a safe integer, so it is exactly what was sent: it can only mean our id);
+ * - `other`: another well-formed phone number id (a string);
+ * - `unknown`: `metadata` or `phone_number_id` missing or malformed (another
+ *   number, our id spelt badly, ...): it may be ours; `field` is the full
+ *   path of the field at fault and `message` says what is wrong with it.
+ */
+type ChangeOwner =
+  | { kind: "ours"; numeric?: number }
+  | { kind: "other"; id: string }
+  | { kind: "unknown"; field: string; message: string };
+
+function ownerOf(value: Record<string, unknown>, path: string, ours: string): ChangeOwner {
+  const metadata = value.metadata;
+  const mPath = `${path}.metadata`;
+  if (metadata === undefined) return { kind: "unknown", field: mPath, message: `field "${mPath}" is missing` };
+  if (!isObject(metadata)) {
+    return { kind: "unknown", field: mPath, message: `field "${mPath}" must be an object, got ${brief(metadata)}` };
+  }
+  const id = metadata.phone_number_id;
+  const iPath = `${mPath}.phone_number_id`;
+  if (id === ours) return { kind: "ours" };
+  if (id === undefined) return { kind: "unknown", field: iPath, message: `field "${iPath}" is missing` };
+  if (typeof id === "number" && Number.isSafeInteger(id) && String(id) === ours) return { kind: "ours", numeric: id };
+  if (typeof id !== "string") {
+    return { kind: "unknown", field: iPath, message: `field "${iPath}" must be a string, got ${brief(id)}` };
+  }
+  if (!PHONE_NUMBER_ID.test(id)) {
+    return {
+      kind: "unknown",
+      field: iPath,
+      message: `field "${iPath}" must be a phone number id (1 to 64 letters, digits, "_" or "-"), got ${brief(id)}`,
+    };
+  }
+  return { kind: "other", id };
 }
 
 /**

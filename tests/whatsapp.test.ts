@@ -771,7 +771,136 @@ describe("real payloads (tests/corpus/whatsapp): usernames, groups, change-level
     expect(await (await postSigned(provider, sample)).json()).toMatchObject({ admitted: 0, duplicates: 1 });
   });
 
-  test("a sent/delivered/read status with biz_opaque_callback_data confirms the send; failed does not; a failing confirmSent is reported", async () => {
+  test("a change whose metadata or phone_number_id is missing or malformed: each message is journaled as unreadable, never dropped", async () => {
+    const { provider, errors } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
+    const sample = await corpusPayload("meta-docs.json", "messages: incoming text (Sheena Nelson)");
+    const V = "entry[0].changes[0].value";
+    const ID = `${V}.metadata.phone_number_id`;
+    // deno-lint-ignore no-explicit-any
+    const cases: [string, (value: any) => void, string, string][] = [
+      ["no metadata", (v) => delete v.metadata, `${V}.metadata`, `Field "${V}.metadata" is missing`],
+      ["metadata null", (v) => v.metadata = null, `${V}.metadata`, `Field "${V}.metadata" must be an object, got null`],
+      ["metadata a string", (v) => v.metadata = PHONE, `${V}.metadata`, `Field "${V}.metadata" must be an object, got "${PHONE}"`],
+      ["no phone_number_id", (v) => delete v.metadata.phone_number_id, ID, `Field "${ID}" is missing`],
+      ["phone_number_id null", (v) => v.metadata.phone_number_id = null, ID, `Field "${ID}" must be a string, got null`],
+      ["phone_number_id another number", (v) => v.metadata.phone_number_id = 999, ID, `Field "${ID}" must be a string, got 999`],
+      [
+        "phone_number_id a number past 2^53",
+        (v) => v.metadata.phone_number_id = 12345678901234567,
+        ID,
+        `Field "${ID}" must be a string, got 12345678901234568`,
+      ],
+      [
+        "phone_number_id not a phone number id",
+        (v) => v.metadata.phone_number_id = ` ${PHONE}`,
+        ID,
+        `Field "${ID}" must be a phone number id (1 to 64 letters, digits, "_" or "-"), got " ${PHONE}"`,
+      ],
+      ["phone_number_id empty", (v) => v.metadata.phone_number_id = "", ID, `Field "${ID}" must be a phone number id (1 to 64 letters, digits, "_" or "-"), got ""`],
+    ];
+    for (const [i, [name, mutate, field, reason]] of cases.entries()) {
+      const body = addressedTo(sample, PHONE);
+      const value = body.entry[0].changes[0].value;
+      mutate(value);
+      value.messages[0].id = `wamid.case-${i}`;
+      const res = await postSigned(provider, body);
+      expect({ name, status: res.status }).toEqual({ name, status: 200 });
+      expect(await res.json()).toMatchObject({ ok: true, admitted: 1, unreadable: 1, ignored: 0 });
+      // journaled under its wamid, in the sender's chat, with the reason naming the field and Meta's object
+      const record = rec.journal.get(`wamid.case-${i}`)!;
+      expect({ name, record }).toMatchObject({
+        name,
+        record: {
+          chatId: "16505551234",
+          from: "16505551234",
+          type: "text",
+          timestamp: 1749416383000,
+          unreadable: reason,
+          extra: { raw: value.messages[0], field, path: `${V}.messages[0]`, waType: "text" },
+        },
+      });
+      expect(record.text).toBeUndefined();
+      expect(errors.at(-1)).toBeInstanceOf(WhatsAppPayloadError);
+      expect(errors.at(-1)).toMatchObject({ path: `${V}.messages[0]`, field, reason });
+      // Meta redelivers: a duplicate, not a second record
+      expect(await (await postSigned(provider, body)).json()).toMatchObject({ admitted: 0, duplicates: 1 });
+    }
+    expect(rec.journal.size).toBe(cases.length);
+
+    // the usual id and chat rules: no wamid -> the hash of the message; a group message -> the group
+    const group = addressedTo(await corpusPayload("meta-docs.json", "group: text message received in a group"), PHONE);
+    const body = addressedTo(sample, PHONE);
+    const value = body.entry[0].changes[0].value;
+    delete value.metadata.phone_number_id;
+    delete value.messages[0].id;
+    value.messages.push(group.entry[0].changes[0].value.messages[0]);
+    value.statuses = addressedTo(await corpusPayload("pywa.json", "message_status:with_tracker"), PHONE).entry[0].changes[0].value.statuses;
+    const res = await postSigned(provider, body);
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ admitted: 2, unreadable: 2, statuses: 0 }); // its statuses may be another number's: skipped
+    const [hashed, inGroup] = rec.received.slice(-2);
+    expect(hashed.id).toMatch(/^unreadable:sha256:[0-9a-f]{64}$/);
+    expect(hashed).toMatchObject({ chatId: "16505551234", unreadable: `Field "${ID}" is missing` });
+    expect(inGroup).toMatchObject({
+      id: "wamid.HASDI128HJOPUERIH82ahdasd09ASDHi5>",
+      chatId: "group:HBgLMTY1MDM4Nzk0MzkVAgASGBQzQTRBNjU5OUFFRTAzODEwMTQ0RgA",
+      from: "16505551234",
+      unreadable: `Field "${ID}" is missing`,
+      extra: { path: `${V}.messages[1]` },
+    });
+    expect(rec.confirmed).toHaveLength(0);
+    expect(await (await postSigned(provider, body)).json()).toMatchObject({ admitted: 0, duplicates: 2 });
+
+    // a change without messages is no user message: ignored, as before
+    const statusOnly = addressedTo(await corpusPayload("pywa.json", "message_status:with_tracker"), PHONE);
+    delete statusOnly.entry[0].changes[0].value.metadata;
+    const before = errors.length;
+    expect(await (await postSigned(provider, statusOnly)).json()).toMatchObject({ admitted: 0, statuses: 0, ignored: 1 });
+    expect(errors).toHaveLength(before);
+  });
+
+  test("phone_number_id as a JSON number equal to ours is taken as ours (reported once); another well-formed id is ignored", async () => {
+    const { provider, errors } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
+    const sample = await corpusPayload("meta-docs.json", "messages: incoming text (Sheena Nelson)");
+    const numeric = addressedTo(sample, PHONE);
+    numeric.entry[0].changes[0].value.metadata.phone_number_id = Number(PHONE);
+    const res = await postSigned(provider, numeric);
+    expect(res.status).toBe(200);
+    expect(await res.json()).toMatchObject({ admitted: 1, unreadable: 0 });
+    expect(rec.received[0]).toMatchObject({ chatId: "16505551234", text: "Does it come in another color?" });
+    expect(rec.received[0].unreadable).toBeUndefined();
+    expect(errors.map((e) => e.message)).toEqual([
+      `WhatsApp webhook entry[0].changes[0].value.metadata.phone_number_id: the phone number id is the number ${PHONE}, not a string; ` +
+      `taken as this provider's "${PHONE}" (reported once)`,
+    ]);
+    await postSigned(provider, numeric);
+    expect(errors).toHaveLength(1);
+    // a well-formed id that is not ours: another number's change, ignored and reported once, as before
+    const other = addressedTo(sample, "106540352242923");
+    expect(await (await postSigned(provider, other)).json()).toMatchObject({ admitted: 0, unreadable: 0, ignored: 1 });
+    expect(errors.at(-1)!.message).toContain('messages for phone number id "106540352242923" were ignored');
+    expect(rec.journal.size).toBe(1);
+  });
+
+  test("with a real bot, a message of a change without metadata is journaled, dead-lettered, and no handler runs", async () => {
+    const h = await harness();
+    const body = addressedTo(await corpusPayload("meta-docs.json", "messages: incoming text (Sheena Nelson)"), PHONE);
+    delete body.entry[0].changes[0].value.metadata;
+    expect(await fake.deliver(h.hook, body)).toEqual([200]);
+    await h.bot.idle();
+    const wamid = body.entry[0].changes[0].value.messages[0].id;
+    expect(h.seen).toHaveLength(0);
+    const records = await h.bot.durability!.inbox.list();
+    expect(records.map((r) => r.id)).toEqual([wamid]);
+    expect(records[0].payload).toMatchObject({ unreadable: 'Field "entry[0].changes[0].value.metadata" is missing' });
+    expect(h.dead).toEqual([expect.objectContaining({ kind: "inbound", id: wamid })]);
+  });
+
+  test("a sent/delivered/read status with biz_opaque_callback_data confirms the send; failed does not; a failing confirmSent is reported and answered 503", async () => {
     const { provider, errors, statuses } = sinkProvider();
     let fail = false;
     const rec = recordingSink({ confirmSent: () => fail ? Promise.reject(new Error("journal down")) : Promise.resolve(true) });
@@ -789,11 +918,62 @@ describe("real payloads (tests/corpus/whatsapp): usernames, groups, change-level
     expect(statuses.map((s) => s.status)).toEqual(["sent", "delivered", "read", "played", "failed"]);
     fail = true;
     const res = await postSigned(provider, sample);
-    expect(res.status).toBe(200); // the status is not redelivered for it: a later one confirms again
+    expect(res.status).toBe(503); // Meta redelivers the POST, and the status with it
     expect(errors.at(-1)!.message).toBe(
       'WhatsApp webhook entry[0].changes[0].value.statuses[0]: confirmSent("some data", "wamid.xyzxyz") failed for the "sent" status: journal down',
     );
     expect(statuses).toHaveLength(6); // onStatus still called
+  });
+
+  test("a failing confirmSent (the journal) is answered 503: Meta redelivers, the status confirms then, the messages are duplicates", async () => {
+    const { provider, errors, statuses } = sinkProvider();
+    let failures = 1;
+    const rec = recordingSink({
+      confirmSent: () => failures-- > 0 ? Promise.reject(new Error("journal down")) : Promise.resolve(true),
+    });
+    provider.start(rec.sink);
+    // one POST with a real message and a real status carrying an outbox key, as Meta batches them
+    const body = addressedTo(await corpusPayload("meta-docs.json", "messages: incoming text (Sheena Nelson)"), PHONE);
+    const tracker = addressedTo(await corpusPayload("pywa.json", "message_status:with_tracker"), PHONE);
+    body.entry[0].changes[0].value.statuses = tracker.entry[0].changes[0].value.statuses;
+    const wamid = body.entry[0].changes[0].value.messages[0].id;
+    const first = await postSigned(provider, body);
+    expect(first.status).toBe(503);
+    const summary = await first.json();
+    expect(summary).toMatchObject({ ok: false, admitted: 1, rejected: 0, statuses: 1 });
+    expect(summary.errors[0]).toBe("confirmSent failed; redeliver the POST");
+    expect(errors.map((e) => e.message)).toEqual([expect.stringContaining('confirmSent("some data", "wamid.xyzxyz") failed')]);
+    // Meta redelivers the same POST: the message is a duplicate, the status confirms the send now
+    const again = await postSigned(provider, body);
+    expect(again.status).toBe(200);
+    expect(await again.json()).toMatchObject({ ok: true, admitted: 0, duplicates: 1, statuses: 1 });
+    expect(rec.confirmed).toEqual([["some data", "wamid.xyzxyz"], ["some data", "wamid.xyzxyz"]]);
+    expect([...rec.journal.keys()]).toEqual([wamid]);
+    expect(statuses.map((s) => s.id)).toEqual(["wamid.xyzxyz", "wamid.xyzxyz"]); // onStatus sees the redelivered status again
+    // a callback data no journal can hold as a key (a lone surrogate, a NUL) is no outbox key: not offered, so never a 503 loop
+    for (const odd of ["bad\ud800key", "bad\u0000key"]) {
+      const copy = structuredClone(tracker);
+      copy.entry[0].changes[0].value.statuses[0].biz_opaque_callback_data = odd;
+      failures = 1_000;
+      expect((await postSigned(provider, copy)).status).toBe(200);
+    }
+    expect(rec.confirmed).toHaveLength(2);
+  });
+
+  test("with a real bot, a journal failure during confirmSent makes Meta redeliver until it is through", async () => {
+    const backend = new MemoryDurability();
+    const get = backend.outbox.get.bind(backend.outbox);
+    let failures = 1;
+    backend.outbox.get = (key) => failures-- > 0 ? Promise.reject(new Error("journal down")) : get(key);
+    const h = await harness({ backend });
+    const body = addressedTo(await corpusPayload("pywa.json", "message:text"), PHONE);
+    body.entry[0].changes[0].value.statuses = addressedTo(await corpusPayload("pywa.json", "message_status:with_tracker"), PHONE)
+      .entry[0].changes[0].value.statuses;
+    expect(await fake.deliver(h.hook, body)).toEqual([503, 200]);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text)).toEqual(["Body Text"]); // handled once
+    expect(h.errors.map((e) => e.message)).toEqual([expect.stringContaining("journal down")]);
+    expect(h.statuses.map((s) => s.status)).toEqual(["sent", "sent"]);
   });
 
   test("statuses of BSUID and group sends say which chat they are about", async () => {
