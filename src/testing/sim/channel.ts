@@ -8,7 +8,16 @@
  */
 import type { JsonValue } from "../../backend.ts";
 import { ProviderError } from "../../errors.ts";
-import type { InboundMessage, InboundSink, OutboundContent, Provider, SendContext, SendReceipt } from "../../provider.ts";
+import type {
+  InboundMessage,
+  InboundSink,
+  OutboundContent,
+  Provider,
+  SendConfirmation,
+  SendContext,
+  SendInQuestion,
+  SendReceipt,
+} from "../../provider.ts";
 import type { CallRecord } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
 
@@ -34,10 +43,29 @@ export class SimChannel {
   /** Provider calls under way. */
   callsInFlight = 0;
   #redeliverMinMs: number;
+  /** What the channel tells afterwards (see `Scenario.settles`). */
+  readonly settles: { statuses: boolean; confirm: boolean };
 
-  constructor(world: World, redeliverMinMs = 300) {
+  constructor(world: World, redeliverMinMs = 300, settles: { statuses: boolean; confirm: boolean } = { statuses: false, confirm: false }) {
     this.world = world;
     this.#redeliverMinMs = redeliverMinMs;
+    this.settles = settles;
+  }
+
+  /** A delivery status for an accepted send, some time later, to a live replica (if any is up then). */
+  scheduleStatus(key: string, messageId: string): void {
+    const world = this.world;
+    world.sched.after(world.plan.int(0, 3 * world.leaseMs), () => {
+      const live = world.replicas.map((r) => r.current)
+        .filter((inc): inc is Incarnation => inc !== null && inc.alive && inc.confirmSent !== null && !world.frozen(inc.replica));
+      if (live.length === 0) return; // the channel gives up on it
+      const inc = world.plan.pick(live);
+      world.log(inc.id, `delivery status for ${key} (${messageId})`);
+      void inc.confirmSent!(key, messageId).then(
+        (resolved) => world.log(inc.id, `delivery status for ${key} -> ${resolved ? "resolved an unknown send" : "noted"}`),
+        (error) => world.log(inc.id, `delivery status for ${key} -> threw ${(error as Error)?.name}: ${(error as Error)?.message}`),
+      );
+    });
   }
 
   /** Deliver `message` to a live replica (its chat's sticky one when it can). */
@@ -110,18 +138,53 @@ export class SimProvider implements Provider {
   readonly #channel: SimChannel;
   readonly #inc: Incarnation;
 
+  /** Present when the scenario's channel can be asked (see `Scenario.settles`). */
+  readonly confirm?: (send: SendInQuestion) => Promise<SendConfirmation | null>;
+
   constructor(channel: SimChannel, inc: Incarnation) {
     this.#channel = channel;
     this.#inc = inc;
+    if (channel.settles.confirm) this.confirm = (send) => this.#confirm(send);
   }
 
   start(sink: InboundSink): void {
     if (!this.#inc.alive) return;
     this.#inc.receive = (message: InboundMessage) => sink.receive(message);
+    const confirmSent = sink.confirmSent;
+    this.#inc.confirmSent = confirmSent ? (key, messageId) => confirmSent.call(sink, key, messageId) : null;
   }
 
   stop(): void {
     this.#inc.receive = null;
+    this.#inc.confirmSent = null;
+  }
+
+  /** The channel's truthful answer, after a lookup's latency; now and then it cannot tell, or fails. */
+  async #confirm(send: SendInQuestion): Promise<SendConfirmation | null> {
+    const world = this.#channel.world;
+    const inc = this.#inc;
+    if (!inc.alive) throw world.death();
+    const key = send.idempotencyKey;
+    const roll = world.plan.weighted({ truthful: 8, "cannot tell": 1, fails: 1 });
+    await world.sched.sleep(world.plan.int(1, 50));
+    await world.thaw(inc.replica);
+    if (!inc.alive) throw world.death();
+    if (roll === "fails") {
+      world.log(inc.id, `confirm ${key} -> lookup failed`);
+      throw new Error("confirm lookup failed (sim)");
+    }
+    const gen = world.ledger.genOf(key);
+    const calls = world.ledger.calls.filter((c) => c.key === key && c.gen === gen);
+    const accepted = calls.find((c) => c.accepted);
+    const answer: SendConfirmation | null = roll === "cannot tell"
+      ? null
+      : accepted
+      ? { delivered: true, messageId: `msg-${accepted.n}` }
+      : calls.some((c) => c.end === null)
+      ? null // a call under way may still arrive
+      : { delivered: false };
+    world.log(inc.id, `confirm ${key} -> ${answer === null ? "cannot tell" : answer.delivered ? `delivered as ${answer.messageId}` : "never arrived"}`);
+    return answer;
   }
 
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
@@ -185,6 +248,7 @@ export class SimProvider implements Provider {
     const accept = () => {
       call.accepted = true;
       call.acceptedIndex = ledger.acceptedCount++;
+      if (this.#channel.settles.statuses) this.#channel.scheduleStatus(key, `msg-${call.n}`);
     };
     try {
       if (outcome === "provider-crash") {

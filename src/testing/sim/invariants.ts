@@ -145,6 +145,14 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
   };
   for (const e of outbox) {
     if (e.state === "sent" && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
+    if (e.state === "sent") {
+      // Its message id is that of a call of this key the channel accepted (also when a status or confirm resolved it).
+      const n = /^msg-(\d+)$/.exec(e.messageId ?? "")?.[1];
+      const call = n === undefined ? undefined : ledger.calls[Number(n) - 1];
+      if (!call || call.key !== e.key || !call.accepted) {
+        fail("sent-wrong-message-id", `${e.key} is sent as ${JSON.stringify(e.messageId)}, not the id of an accepted call of that key`);
+      }
+    }
     if (e.state === "unknown") {
       const lastAmbiguity = ledger.ambiguities.filter((a) => a.key === e.key).at(-1);
       // Excused: the process died before it could finish: its call, or the write of its outcome, was
@@ -260,6 +268,9 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     fail("metrics", `outboxAmbiguous ${metrics.outboxAmbiguous} != ${events.ambiguous} durability:ambiguous events`);
   }
   if (metrics.outboxDead !== events.outDead) fail("metrics", `outboxDead ${metrics.outboxDead} != ${events.outDead} outbound dead events`);
+  if (metrics.outboxResolved !== ledger.resolvedEvents.length) {
+    fail("metrics", `outboxResolved ${metrics.outboxResolved} != ${ledger.resolvedEvents.length} durability:resolved events`);
+  }
   if (metrics.inboundDead !== events.inDead) fail("metrics", `inboundDead ${metrics.inboundDead} != ${events.inDead} inbound dead events`);
   if (metrics.staleLeases !== ledger.staleWarnings.length) {
     fail("metrics", `staleLeases ${metrics.staleLeases} != ${ledger.staleWarnings.length} stale-lease warnings`);

@@ -102,6 +102,8 @@ export class Ledger {
    * who, when, and whether its reply reached the engine (`pending` while it is on its way).
    */
   announced: Map<string, { inc: string; time: number; delivered: boolean; lostBy: LostBy; pending: boolean }> = new Map();
+  /** `durability:resolved` events. */
+  resolvedEvents: { key: string; inc: string; time: number; state: string; via: string }[] = [];
   /** Outcome writes (`markSent`, `markFailed`) started, by `key#token`: when (the first one). */
   outcomeStarted: Map<string, number> = new Map();
   acceptedCount = 0;

@@ -116,7 +116,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   world.verbose = options.verbose ?? false;
   world.leaseMs = Math.min(scenario.inbox.leaseMs, scenario.outbox.leaseMs);
   const shared = create(world.serverNow);
-  const channel = new SimChannel(world);
+  const channel = new SimChannel(world, undefined, scenario.settles);
   const resend = scenario.outbox.onAmbiguous === "resend";
   const bots: Bot[] = [];
   const invocations = new Map<string, number>();
@@ -208,6 +208,10 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       world.ledger.ambiguousEvents.push({ key, inc: inc.id, time: sched.time });
 
       world.log(inc.id, `event durability:ambiguous ${key}`);
+    });
+    bot.on("durability:resolved", ({ key, state, messageId, via }) => {
+      world.ledger.resolvedEvents.push({ key, inc: inc.id, time: sched.time, state, via });
+      world.log(inc.id, `event durability:resolved ${key} -> ${state}${messageId ? ` (${messageId})` : ""} via ${via}`);
     });
     bot.on("durability:dead", ({ kind, id, error }) => {
       world.ledger.deadEvents.push({ kind, id, inc: inc.id, error });

@@ -58,6 +58,13 @@ export interface Scenario {
   /** Faults are injected in [0, faultWindowMs). */
   faultWindowMs: number;
   timed: TimedFault[];
+  /**
+   * What the channel can tell afterwards: `statuses` delivery statuses carrying the send's key reach
+   * a live replica (`sink.confirmSent`) some time after it accepted a send; `confirm` the provider
+   * answers `confirm` truthfully (delivered with its id, certainly not, or null while a call is under
+   * way), sometimes null or a failed lookup.
+   */
+  settles: { statuses: boolean; confirm: boolean };
 }
 
 /**
@@ -157,16 +164,21 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     }
   }
   timed.sort((a, b) => a.at - b.at);
+  const journalFaultRate = rng.pick([0, 0.01, 0.03, 0.06, 0.1]);
+  const providerFaultRate = rng.pick([0, 0.1, 0.2, 0.35]);
+  // Drawn last, so that every earlier choice of a seed stays what it was.
+  const settles = { statuses: rng.chance(0.4), confirm: rng.chance(0.4) };
   return {
     replicas,
     chats,
     messages,
     inbox,
     outbox,
-    journalFaultRate: rng.pick([0, 0.01, 0.03, 0.06, 0.1]),
-    providerFaultRate: rng.pick([0, 0.1, 0.2, 0.35]),
+    journalFaultRate,
+    providerFaultRate,
     faultWindowMs,
     timed,
+    settles,
   };
 }
 
@@ -174,5 +186,6 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
 export function describeScenario(s: Scenario): string {
   return `${s.replicas} replica(s), ${s.chats} chats, ${s.messages.length} messages; inbox lease ${s.inbox.leaseMs}ms retries ${s.inbox.retries}; ` +
     `outbox lease ${s.outbox.leaseMs}ms retries ${s.outbox.retries} backoff ${s.outbox.backoff.baseMs}/${s.outbox.backoff.capMs} onAmbiguous ${s.outbox.onAmbiguous}; ` +
-    `journal fault rate ${s.journalFaultRate}, provider fault rate ${s.providerFaultRate}; ${s.timed.length} timed fault(s)`;
+    `journal fault rate ${s.journalFaultRate}, provider fault rate ${s.providerFaultRate}; ${s.timed.length} timed fault(s)` +
+    `${s.settles.statuses ? "; delivery statuses" : ""}${s.settles.confirm ? "; provider confirm" : ""}`;
 }

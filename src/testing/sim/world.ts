@@ -43,6 +43,8 @@ export interface Incarnation {
   bot: Bot | null;
   /** The bot's sink, once its provider was started. */
   receive: ((message: import("../../provider.ts").InboundMessage) => Promise<import("../../provider.ts").AdmitResult>) | null;
+  /** The bot's `sink.confirmSent`, once its provider was started (a delivery status goes there). */
+  confirmSent: ((key: string, messageId: string) => Promise<boolean>) | null;
   /** Resolves when the incarnation dies (what it was doing never answers then). */
   readonly died: Promise<void>;
   /** Resolves `died`. */
@@ -136,6 +138,7 @@ export class World {
       clock: new ReplicaClock(this.sched, replica.time, random),
       bot: null,
       receive: null,
+      confirmSent: null,
       died,
       markDied,
     };
