@@ -252,13 +252,16 @@ const CLAIM_SET = `state = 'processing', attempts = attempts + 1, next_attempt_a
 
 /**
  * The SET list of an outbox claim (claimedOutbox of journal_rules.ts): leased to ($1, $2) for $3 ms with
- * token fence+1, uncalled under it. A lost `sending` entry whose call was never announced (uncalled under
+ * token fence+1, uncalled under it, except a lost `sending` entry whose call was announced (re-leased by
+ * resendAmbiguous): it stays called. A lost `sending` entry whose call was never announced (uncalled under
  * its fence) started no attempt: the new lease keeps its number.
  */
 const OUT_CLAIM_SET = `state = 'sending',
   attempts = CASE WHEN state = 'sending' AND uncalled_fence = fence THEN attempts ELSE attempts + 1 END,
   next_attempt_at = NULL, lease_owner = $1, lease_incarnation = $2, lease_token = fence + 1,
-  lease_expires_at = n.now + $3::bigint, fence = fence + 1, uncalled_fence = fence + 1, updated_at = n.now,
+  lease_expires_at = n.now + $3::bigint, fence = fence + 1,
+  uncalled_fence = CASE WHEN state = 'sending' AND uncalled_fence IS DISTINCT FROM fence THEN NULL ELSE fence + 1 END,
+  updated_at = n.now,
   due_at = n.now + $3::bigint`;
 
 /** The statements of the inbox journal. */

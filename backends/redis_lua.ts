@@ -266,14 +266,16 @@ local function out_quarantine(k, h, why, now)
   if chat then sync_head(chat) end
 end
 -- claimedOutbox: a lost lease that never announced its call (sending, not called) started no
--- attempt, so the new lease takes its number; every claim starts uncalled.
+-- attempt, so the new lease takes its number; a claim starts uncalled, except a lost sending entry
+-- that was called (re-leased by resendAmbiguous): its call may still reach the channel.
 local function out_claim(h, now, o)
   local token = num(h, 'fence') + 1
   local attempts = num(h, 'attempts')
+  local still_called = h.state == 'sending' and out_called(h)
   if h.state ~= 'sending' or out_called(h) then attempts = attempts + 1 end
   out_unindex(h)
   h.state = 'sending'; h.attempts = n2s(attempts); h.nextAttemptAt = false
-  lease(h, o, token, now); h.fence = n2s(token); h.called = '0'; h.updatedAt = n2s(now)
+  lease(h, o, token, now); h.fence = n2s(token); h.called = still_called and '1' or '0'; h.updatedAt = n2s(now)
   out_write(h)
 end
 local function out_held(h, token) return h ~= nil and h.state == 'sending' and h.leaseToken == token end

@@ -127,9 +127,12 @@ export interface OutboxEntry extends NewOutboxEntry {
    * Whether a provider call may have started under the entry's current fence:
    * set by {@link OutboxJournal.markCalling}, just before the call. Every
    * claim that issues a fencing token (a leased `reserve`, `claimDue`) starts
-   * it `false`; nothing else changes it. A `sending` entry whose lease lapsed
-   * with `called` still `false` was never sent: `claimDue` leases it again as
-   * due work, not as an ambiguous one.
+   * it `false`, except `claimDue` with `resendAmbiguous` re-leasing a lost
+   * `sending` entry that was `called`: it stays `true` (the lost call may
+   * still reach the channel, so the new lease lost before its own call is
+   * ambiguous again). Nothing else changes it. A `sending` entry whose lease
+   * lapsed with `called` still `false` was never sent: `claimDue` leases it
+   * again as due work, not as an ambiguous one.
    */
   called: boolean;
   /** The provider's message id once `sent`. */

@@ -1104,6 +1104,9 @@ export class DurabilityEngine {
       if (this.#halted) return false;
       // Re-leased to this process meanwhile (a sweep handed it the new token): renew that one.
       if (renewed === "lost" && lease.token !== token && !lease.lost) continue;
+      // Held when the backend answered; an answer that came late (a stall, a slow network) may be older
+      // than the lease itself: then it is renewed again before a call goes out under it.
+      if (renewed === "held" && this.#clock.monotonic() - lease.confirmedAt >= leaseMs / 2 && !lease.lost && lease.token === token) continue;
       // Held, and still ours here: a sweep may have given it up (requeued it) while the renewal was out.
       if (renewed === "held") return this.#held[lease.kind].get(lease.id) === lease && !lease.lost && lease.token === token;
       if (renewed === "lost") return false;

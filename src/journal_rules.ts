@@ -167,7 +167,10 @@ export function newOutboxEntry(
 export function claimedOutbox(entry: OutboxEntry, now: number, options: ClaimOptions): OutboxEntry {
   const token = entry.fence + 1;
   // A lost lease that never announced its call started no attempt: the new lease takes its number.
+  // One that did (re-leased by resendAmbiguous) keeps `called`: that call may still reach the channel,
+  // so the new lease lost before its own call is ambiguous again, not silently sent a third time.
   const uncalled = entry.state === "sending" && !entry.called;
+  const stillCalled = entry.state === "sending" && entry.called;
   return {
     ...entry,
     state: "sending",
@@ -175,7 +178,7 @@ export function claimedOutbox(entry: OutboxEntry, now: number, options: ClaimOpt
     nextAttemptAt: null,
     lease: newLease(options, token, now),
     fence: token,
-    called: false,
+    called: stillCalled,
     updatedAt: now,
   };
 }

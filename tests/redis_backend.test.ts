@@ -637,14 +637,14 @@ describe.skipIf(Boolean(skip))("the called flag", () => {
     expect(await admin!.hget(`{${keyPrefix}}out:r:legacy`, "called"), "an unknown entry keeps its (missing) flag").toBe(null);
     expect((await backend.outbox.get("legacy"))?.called).toBe(true);
 
-    // With resendAmbiguous a lapsed legacy send is re-leased as an ambiguous one: attempts + 1, uncalled.
+    // With resendAmbiguous a lapsed legacy send is re-leased as an ambiguous one: attempts + 1, still called (its lost call may yet arrive).
     await backend.outbox.reserve(entry("legacy-2"), old);
     await admin!.hdel(`{${keyPrefix}}out:r:legacy-2`, "called");
     await Bun.sleep(250);
     const resend = await backend.outbox.claimDue({ owner: "C", incarnation: "1", leaseMs: 60_000, resendAmbiguous: true, limit: 10 });
     expect(resend.ambiguous.map((e) => e.key)).toEqual(["legacy-2"]);
-    expect(resend.due.map((e) => [e.key, e.attempts, e.fence, e.called])).toEqual([["legacy-2", 2, 2, false]]);
-    expect(await admin!.hget(`{${keyPrefix}}out:r:legacy-2`, "called")).toBe("0");
+    expect(resend.due.map((e) => [e.key, e.attempts, e.fence, e.called])).toEqual([["legacy-2", 2, 2, true]]);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:legacy-2`, "called")).toBe("1");
   });
 
   test("a damaged called field is named by get and markCalling, and quarantined by a due scan", async () => {

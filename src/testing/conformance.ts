@@ -1497,6 +1497,28 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(third.due[0]!.attempts).toBe(1);
       });
 
+      it("resendAmbiguous keeps a lost call's mark: the re-leased send lost before its own call is ambiguous again", async (b) => {
+        const lapsed = await reserved(b, outbound(uid("chat")), claimer("owner-a", SHORT));
+        await sleep(LAPSE);
+        const resend = await b.outbox.claimDue({ ...claimer("owner-b", SHORT), resendAmbiguous: true, limit: 100 });
+        expect(keys(resend.ambiguous)).toEqual([lapsed.key]);
+        expect(keys(resend.due)).toEqual([lapsed.key]);
+        expect(resend.due[0]!.called, "the first call may still reach the channel").toBe(true);
+        expect((await mustGetOut(b, lapsed.key)).called).toBe(true);
+        // owner-b is lost before it calls: not a send never made, an ambiguous one again.
+        await sleep(LAPSE);
+        const again = await b.outbox.claimDue({ ...claimer("owner-c", LONG), resendAmbiguous: true, limit: 100 });
+        expect(keys(again.ambiguous), "ambiguous again, reported").toEqual([lapsed.key]);
+        expect(again.due[0]?.attempts, "each re-lease of a called send is an attempt").toBe(3);
+        const hold = await reserved(b, outbound(uid("chat")), claimer("owner-a", SHORT));
+        await sleep(LAPSE);
+        const first = await b.outbox.claimDue({ ...claimer("owner-d", SHORT), resendAmbiguous: true, limit: 100 });
+        expect(keys(first.due)).toEqual([hold.key]);
+        expect(await b.outbox.markCalling(hold.key, first.due[0]!.fence, SHORT)).toBe(true);
+        await b.outbox.markSent(hold.key, first.due[0]!.fence, "m");
+        expect((await mustGetOut(b, hold.key)).state).toBe("sent");
+      });
+
       it("concurrent claimers lease a lapsed uncalled send exactly once; limit is respected", async (b) => {
         const lapsed = await Promise.all(
           Array.from({ length: 3 }, () => b.outbox.reserve(outbound(uid("chat")), claimer(uid("owner"), SHORT))),
