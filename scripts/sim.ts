@@ -218,7 +218,7 @@ console.log(`wall ${(wallMs / 1000).toFixed(1)}s, ${(total / (wallMs / 1000)).to
 console.log(`faults injected: ${Object.entries(faultTotals).sort().map(([k, n]) => `${k} ${n}`).join(", ") || "none"}`);
 const amb = (k: string) => ambiguity[k] ?? 0;
 console.log(
-  `ambiguity transitions: ${amb("call")} after a real provider call, ${amb("announced")} after a journaled announcement with no call (a crash or stall between the two); ${amb("announced-not-called")} announced by a live holder that never called; with no call announced: ${
+  `ambiguity transitions: ${amb("call")} after a real provider call, ${amb("announced")} after a journaled announcement with no call (a crash or stall between the two), ${amb("inherited-call")} re-sends of an ambiguous call lost before their own call; ${amb("announced-not-called")} announced by a live holder that never called; with no call announced: ${
     amb("crash-before-call")
   } from a crash, ${amb("stalled-before-call")} from a stall, ${amb("lost-grant")} from a lost grant, ${
     amb("held")

@@ -264,6 +264,15 @@ export function faultyBackend(
               detail = `a call under token ${token} started at ${
                 ((calls[0]!.start - SIM_EPOCH) / 1000).toFixed(3)
               }s by ${calls[0]!.inc}`;
+            } else if (
+              resendAmbiguous && ledger.ambiguities.some((a) =>
+                a.key === e.key && a.token === token - 1 && (a.verdict === "call" || a.verdict === "announced" || a.verdict === "inherited-call")
+              )
+            ) {
+              // Its lease re-sent an ambiguous call (resendAmbiguous), which may still reach the channel: the
+              // entry stays marked called, so losing this lease before its own call is ambiguous again.
+              verdict = "inherited-call";
+              detail = `no call under token ${token}, but it re-sent token ${token - 1}'s ambiguous call, which may still reach the channel`;
             } else if (ledger.announced.has(`${e.key}#${token}`)) {
               // Announced, not called: excused only where the holder could not call in time: it died,
               // was stalled, or had not had (or lost) the announcement's answer.

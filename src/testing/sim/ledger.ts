@@ -66,9 +66,11 @@ export interface AmbiguityRecord {
    * `held` the holder got the lease and kept it without calling; `announced` no call, but its
    * holder had journaled one (`markCalling`) and then crashed, stalled or lost that reply before
    * calling: the one window the journal cannot tell from a call (allowed); `announced-not-called`
-   * announced, and its holder lived on with the answer, unstalled, and never called (an engine defect).
+   * announced, and its holder lived on with the answer, unstalled, and never called (an engine defect);
+   * `inherited-call` no call under the token, but the lease re-sent (resendAmbiguous) an earlier token's
+   * ambiguous call, which may still reach the channel (allowed; no extra delivery allowed for it).
    */
-  verdict: "call" | "announced" | "announced-not-called" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
+  verdict: "call" | "announced" | "inherited-call" | "announced-not-called" | "crash-before-call" | "stalled-before-call" | "lost-grant" | "held";
   /** Made by the holder's own process while its lease was live in true time (a server clock step). */
   selfSteal?: boolean;
   detail: string;
