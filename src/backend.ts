@@ -330,6 +330,35 @@ export interface OutboxJournal {
   purge(olderThanMs: number): Promise<number>;
 }
 
+/** Every method of {@link InboxJournal}, by name (what a backend must provide). */
+export const INBOX_JOURNAL_METHODS: readonly (keyof InboxJournal)[] = [
+  "admit",
+  "claim",
+  "claimDue",
+  "heartbeat",
+  "complete",
+  "fail",
+  "get",
+  "list",
+  "replay",
+  "purge",
+];
+
+/** Every method of {@link OutboxJournal}, by name (what a backend must provide). */
+export const OUTBOX_JOURNAL_METHODS: readonly (keyof OutboxJournal)[] = [
+  "reserve",
+  "claimDue",
+  "heartbeat",
+  "markCalling",
+  "markSent",
+  "markFailed",
+  "get",
+  "list",
+  "retry",
+  "discard",
+  "purge",
+];
+
 /**
  * Who can share one backend: `process` (memory, file), `host` (SQLite, shared
  * file), `shared` (Postgres, Redis: many hosts). A shared backend gets a

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { DurabilityBackend } from "./backend.ts";
+import { type DurabilityBackend, INBOX_JOURNAL_METHODS, OUTBOX_JOURNAL_METHODS } from "./backend.ts";
 
 /** Exponential backoff with full jitter: a retry waits `random(0, min(capMs, baseMs * 2^attempt))`. */
 export interface BackoffOptions {
@@ -169,21 +169,6 @@ function backoff(value: unknown, option: string): ResolvedBackoff {
   return { baseMs, capMs };
 }
 
-const INBOX_METHODS = ["admit", "claim", "claimDue", "heartbeat", "complete", "fail", "get", "list", "replay", "purge"] as const;
-const OUTBOX_METHODS = [
-  "reserve",
-  "claimDue",
-  "heartbeat",
-  "markCalling",
-  "markSent",
-  "markFailed",
-  "get",
-  "list",
-  "retry",
-  "discard",
-  "purge",
-] as const;
-
 function isBackend(value: unknown): value is DurabilityBackend {
   if (typeof value !== "object" || value === null) return false;
   const b = value as Partial<DurabilityBackend>;
@@ -192,8 +177,8 @@ function isBackend(value: unknown): value is DurabilityBackend {
 
 /** The first journal method a backend lacks (`outbox.markCalling`, …), or `null`. */
 function missingJournalMethod(b: DurabilityBackend): string | null {
-  for (const name of INBOX_METHODS) if (typeof (b.inbox as unknown as Record<string, unknown>)[name] !== "function") return `inbox.${name}`;
-  for (const name of OUTBOX_METHODS) if (typeof (b.outbox as unknown as Record<string, unknown>)[name] !== "function") return `outbox.${name}`;
+  for (const name of INBOX_JOURNAL_METHODS) if (typeof (b.inbox as unknown as Record<string, unknown>)[name] !== "function") return `inbox.${name}`;
+  for (const name of OUTBOX_JOURNAL_METHODS) if (typeof (b.outbox as unknown as Record<string, unknown>)[name] !== "function") return `outbox.${name}`;
   return null;
 }
 

@@ -18,6 +18,8 @@ import {
   type OutboxJournal,
   type ReserveResult,
   StaleLeaseError,
+  INBOX_JOURNAL_METHODS,
+  OUTBOX_JOURNAL_METHODS,
 } from "../../backend.ts";
 import type { AmbiguityRecord, LeaseGrant, LostBy } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
@@ -466,31 +468,8 @@ export function faultyBackend(
     return wrapped as J;
   };
 
-  const inbox = wrap<InboxJournal>("inbox", inner.inbox, [
-    "admit",
-    "claim",
-    "claimDue",
-    "heartbeat",
-    "complete",
-    "fail",
-    "get",
-    "list",
-    "replay",
-    "purge",
-  ]);
-  const outbox = wrap<OutboxJournal>("outbox", inner.outbox, [
-    "reserve",
-    "claimDue",
-    "heartbeat",
-    "markCalling",
-    "markSent",
-    "markFailed",
-    "get",
-    "list",
-    "retry",
-    "discard",
-    "purge",
-  ]);
+  const inbox = wrap<InboxJournal>("inbox", inner.inbox, INBOX_JOURNAL_METHODS);
+  const outbox = wrap<OutboxJournal>("outbox", inner.outbox, OUTBOX_JOURNAL_METHODS);
   return {
     name: `sim(${inner.name})`,
     scope: inner.scope,
