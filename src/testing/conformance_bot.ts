@@ -898,9 +898,9 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(metricsOf(botC).outboxAmbiguous).toBe(1);
       expect(slow.calls.length, "one call").toBe(1);
 
-      // The status arrives while a failed attempt waits for its retry: the retry makes no second call.
+      // The status arrives while a failed attempt waits for its retry (a second away): the retry makes no second call.
       const flaky = new MockProvider();
-      const botD = new Bot({ clock: time.clock, provider: flaky, durability: fastDurability(backend, scale, { outbox: { backoff: { baseMs: Math.round(100 * scale), capMs: Math.round(100 * scale) } } }) });
+      const botD = new Bot({ clock: time.clock, provider: flaky, durability: fastDurability(backend, scale, { outbox: { backoff: { baseMs: Math.round(1_000 * scale), capMs: Math.round(1_000 * scale) } } }) });
       const resolvedD = collect(botD, "durability:resolved");
       await start(bots, botD);
       flaky.failNext(1, new ProviderError("bad gateway", { status: 502 }));
