@@ -1028,23 +1028,37 @@ export class DurabilityEngine {
    * lease (a delivery that waited behind a slow send of its chat, or a process
    * that stalled, renews it first and gives up if another instance took it).
    */
-  async #deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent): Promise<SendResult> {
+  async #deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent, resend = false): Promise<SendResult> {
     const { key, chatId } = entry;
     const attempt = entry.attempts;
     const provider = this.#host.provider;
     let called = false;
     let settled = false;
     try {
-      const confirmed = this.#confirmed.get(key);
+      let confirmed = this.#confirmed.get(key);
+      let via: "status" | "confirm" = "status";
+      if (confirmed === undefined && resend && provider.confirm !== undefined) {
+        // 'resend' of an ambiguous send: ask the channel first whether the lost call arrived.
+        const answer = await this.#askConfirm(entry).catch((error) => {
+          if (!this.#halted) this.#report(error, `confirmation of ambiguous send "${key}" by provider "${provider.name}"`);
+          return null;
+        });
+        if (this.#halted) throw new Error("The process died");
+        if (answer?.delivered) {
+          confirmed = answer.messageId;
+          via = "confirm";
+        }
+      }
       if (confirmed !== undefined) {
-        // The channel already said an earlier attempt arrived (a delivery status): no second call.
+        // The channel already said an earlier attempt arrived (a delivery status, or confirm): no second call.
         this.#confirmed.delete(key);
-        settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, confirmed), ["sent"]);
+        const messageId = confirmed;
+        settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
         if (settled) {
           this.#metrics.outboxResolved++;
-          this.#host.events.emit("durability:resolved", { key, chatId, state: "sent", messageId: confirmed, via: "status" });
+          this.#host.events.emit("durability:resolved", { key, chatId, state: "sent", messageId, via });
         }
-        return { key, state: "sent", messageId: confirmed };
+        return { key, state: "sent", messageId };
       }
       if (!await this.#stillHeld(lease)) return await this.#notOurs(key);
       if (attempt > 1) this.#metrics.outboxRetried++;
@@ -1173,16 +1187,7 @@ export class DurabilityEngine {
     }
     const provider = this.#host.provider;
     if (provider.confirm === undefined) return;
-    const asked = provider.confirm({
-      idempotencyKey: entry.key,
-      chatId: entry.chatId,
-      content: decodeContent(entry.content) as OutboundContent,
-      signal: this.#abort.signal,
-    });
-    const answer = checkConfirmation(
-      await withTimeout(this.#clock, Promise.resolve(asked), CONFIRM_TIMEOUT_MS, () => new Error(`no answer within ${CONFIRM_TIMEOUT_MS} ms`)),
-      provider.name,
-    );
+    const answer = await this.#askConfirm(entry);
     if (answer === null || this.#halted) return;
     if (answer.delivered) {
       await this.#resolveSent(entry, answer.messageId, "confirm");
@@ -1208,6 +1213,21 @@ export class DurabilityEngine {
     } else {
       this.#wake(retryInMs);
     }
+  }
+
+  /** The provider's `confirm` answer for `entry`, checked, within {@link CONFIRM_TIMEOUT_MS}. */
+  async #askConfirm(entry: OutboxEntry): Promise<SendConfirmation | null> {
+    const provider = this.#host.provider;
+    const asked = provider.confirm!({
+      idempotencyKey: entry.key,
+      chatId: entry.chatId,
+      content: decodeContent(entry.content) as OutboundContent,
+      signal: this.#abort.signal,
+    });
+    return checkConfirmation(
+      await withTimeout(this.#clock, Promise.resolve(asked), CONFIRM_TIMEOUT_MS, () => new Error(`no answer within ${CONFIRM_TIMEOUT_MS} ms`)),
+      provider.name,
+    );
   }
 
   /** Record an `unknown` entry as sent on the channel's word: `resolved`, or its state now (someone else acted). */
@@ -1417,7 +1437,8 @@ export class DurabilityEngine {
             continue;
           }
           const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);
-          this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
+          const resend = ambiguousKeys.has(entry.key);
+          this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry, undefined, resend)).then(
             () => this.#wake(0),
             (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
           );

@@ -998,6 +998,42 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(/confirm\(\).*"delivered"/.test(errorText), `a garbage answer names the field: ${errorText}`).toBe(true);
     });
 
+    withBackend("with 'resend', the provider's confirm is asked before an ambiguous send goes out again", async (
+      backend,
+      bots,
+    ) => {
+      const answers = new Map<string, { delivered: true; messageId: string } | { delivered: false } | null>([
+        ["resend-arrived", { delivered: true, messageId: "m-9" }],
+        ["resend-lost", { delivered: false }],
+        ["resend-unsure", null],
+      ]);
+      class ConfirmingProvider extends MockProvider {
+        confirm(send: { idempotencyKey: string }): Promise<{ delivered: true; messageId: string } | { delivered: false } | null> {
+          return Promise.resolve(answers.get(send.idempotencyKey) ?? null);
+        }
+      }
+      for (const key of answers.keys()) {
+        const a = crashable(backend);
+        a.crashBefore("outbox.markSent");
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: fastDurability(a, scale) }));
+        await botA.send(`chat-${key}`, `text of ${key}`, { idempotencyKey: key }).catch(() => {});
+        expect(a.crashed).toBe(true);
+      }
+      await sleep(Math.round(400 * scale)); // their leases lapse
+      const provider = new ConfirmingProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale, { outbox: { onAmbiguous: "resend" } }) });
+      const ambiguous = collect(bot, "durability:ambiguous");
+      const resolved = collect(bot, "durability:resolved");
+      await start(bots, bot);
+      await bot.idle();
+      expect(ambiguous.map((e) => e.key).sort(), "each reported").toEqual([...answers.keys()].sort());
+      expect(provider.sent.map((m) => m.idempotencyKey).sort(), "sent again unless the channel had it").toEqual(["resend-lost", "resend-unsure"]);
+      const arrived = await backend.outbox.get("resend-arrived");
+      expect([arrived?.state, arrived?.messageId]).toEqual(["sent", "m-9"]);
+      expect(resolved.map((e) => [e.key, e.state, e.via])).toEqual([["resend-arrived", "sent", "confirm"]]);
+      expect(metricsOf(bot).outboxResolved).toBe(1);
+    });
+
     withBackend("an unreadable message is journaled and dead-lettered with its reason, never handled; its redelivery is a duplicate", async (
       backend,
       bots,
