@@ -56,7 +56,9 @@ import type {
   InboundSink,
   OutboundContent,
   Provider,
+  SendConfirmation,
   SendContext,
+  SendInQuestion,
   SendReceipt,
 } from "../mod.ts";
 
@@ -111,6 +113,14 @@ export interface FileChannelOptions {
   sendLatencyMs?: number | (() => number);
   /** Written as `by` into every outbound line. */
   tag?: string;
+  /**
+   * What {@link FileChannel.confirm} answers for a send whose key is not in
+   * the outbound file: `'cannot-tell'` (default: another writer's call may
+   * still land) or `'never-arrived'`, for a file this process alone writes:
+   * a writer that died writes nothing more, so an absent key with no call of
+   * this process under way never arrived and can be sent again.
+   */
+  confirmAbsent?: "cannot-tell" | "never-arrived";
   /** Told about an error reading the inbound file or writing the offset (the channel tries again). */
   onError?: (error: unknown) => void;
   /** Told about inbound lines that are skipped (not JSON, or without a string `id`/`chatId`). */
@@ -159,6 +169,8 @@ export class FileChannel implements Provider {
   #wake: (() => void) | undefined;
   #out: Promise<FileHandle> | undefined;
   #decoder = new TextDecoder();
+  /** Keys of this process's sends under way (a send of them may still be written). */
+  #sending = new Map<string, number>();
 
   /**
    * @param options the files and tuning
@@ -226,6 +238,35 @@ export class FileChannel implements Provider {
     const latency = typeof this.options.sendLatencyMs === "function"
       ? this.options.sendLatencyMs()
       : this.options.sendLatencyMs ?? 0;
+    const key = context.idempotencyKey;
+    this.#sending.set(key, (this.#sending.get(key) ?? 0) + 1);
+    try {
+      return await this.#send(chatId, content, context, latency);
+    } finally {
+      const n = this.#sending.get(key)! - 1;
+      if (n > 0) this.#sending.set(key, n);
+      else this.#sending.delete(key);
+    }
+  }
+
+  /**
+   * Whether a send reached the channel, by its key (`Provider.confirm`): its
+   * line in the outbound file, with the message id it got; otherwise see
+   * {@link FileChannelOptions.confirmAbsent}.
+   *
+   * @param send the send in question
+   * @returns delivered with its message id, never arrived, or `null` (cannot tell)
+   */
+  async confirm(send: SendInQuestion): Promise<SendConfirmation | null> {
+    const { lines } = await readJsonLines<OutboundLine>(this.options.outbound);
+    let line: OutboundLine | undefined;
+    for (const l of lines) if (l.key === send.idempotencyKey) line = l;
+    if (line !== undefined) return { delivered: true, messageId: line.messageId };
+    if (this.options.confirmAbsent !== "never-arrived" || this.#sending.has(send.idempotencyKey)) return null;
+    return { delivered: false };
+  }
+
+  async #send(chatId: string, content: OutboundContent, context: SendContext, latency: number): Promise<SendReceipt> {
     if (latency > 0) await sleep(latency / 2);
     const messageId = `${this.name}-${crypto.randomUUID()}`;
     const line: OutboundLine = {

@@ -71,6 +71,32 @@ describe("npm run demo", () => {
     }, 30_000);
   }
 
+  test("--confirm: the channel settles every ambiguous send; none is left for an operator, none sent twice", async () => {
+    const data = mkdtempSync(join(tmpdir(), "botmesh-demo-test-confirm-"));
+    dirs.push(data);
+    const messages = 80;
+    const { code, stdout, stderr } = await run([
+      "--backend", "sqlite",
+      "--messages", String(messages),
+      "--chats", "10",
+      "--kills", "3",
+      "--stream-ms", "3000",
+      "--seed", "43",
+      "--data", data,
+      "--confirm",
+      "--json",
+    ]);
+    const lines = stdout.trim().split("\n");
+    const summary = JSON.parse(lines[lines.length - 1]!);
+    if (code !== 0) console.error(stdout, stderr);
+    expect(code).toBe(0);
+    expect(summary).toMatchObject({ ok: true, handled: messages, lost: 0, duplicates: 0, leftForOperator: 0, crashes: 3 });
+    // Every reply reached the channel exactly once: the ambiguous ones were found there, or sent again.
+    expect(summary.repliesDelivered).toBe(summary.repliesExpected);
+    expect(summary.channelLines).toBe(summary.repliesExpected);
+    expect(summary.resolved).toBe(summary.metrics.outboxAmbiguous ?? 0);
+  }, 30_000);
+
   test("bad flags are refused with a usage line", async () => {
     const { code, stderr } = await run(["--backend", "postgres"]);
     expect(code).toBe(2);

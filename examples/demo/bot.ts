@@ -24,6 +24,9 @@
  * - `--metrics-ms <n>`: also print the metrics every n ms.
  * - `--hang-sends <regex>`: sends whose idempotency key matches never reach
  *   the channel: the call hangs (for tests of a process killed mid-send).
+ * - `--confirm yes`: the channel answers `confirm` from its outbound file (a
+ *   key found there was delivered; one absent, with no call of this process
+ *   under way, never arrived), so ambiguous sends settle without an operator.
  * - `--calls <file>` (default `<data>/calls.log`): the key of every channel
  *   call is appended here as the call starts (to tell an ambiguous send that
  *   was called from one that never was).
@@ -46,7 +49,7 @@ import { appendFileSync } from "node:fs";
 import { stat } from "node:fs/promises";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
-import { ANY, Bot, type DurabilityBackend, type Provider, type SessionStore } from "../../mod.ts";
+import { ANY, Bot, type DurabilityBackend, type Provider, type SendInQuestion, type SessionStore } from "../../mod.ts";
 import { FileDurability } from "../../backends/file.ts";
 import { SQLiteStore } from "../../backends/sqlite.ts";
 import { FileChannel, openJsonLinesAppender } from "../file_channel.ts";
@@ -77,6 +80,8 @@ const channel = new FileChannel({
   offsetFile: args.offset ?? join(data, `${instance.replace(/[^\w.-]/g, "_")}.offset`),
   sendLatencyMs: latencyMs,
   tag: instance,
+  // One bot process writes the outbound file, and a killed one writes nothing more.
+  ...(args.confirm === "yes" ? { confirmAbsent: "never-arrived" as const } : {}),
   onSkip: (reason, line) => console.error(`[bot ${instance}] skipped inbound line (${reason}): ${line.slice(0, 80)}`),
   onError: (error) => console.error(`[bot ${instance}] channel:`, error),
 });
@@ -91,6 +96,7 @@ const provider: Provider = {
   connectionId: channel.connectionId,
   start: (sink) => channel.start(sink),
   stop: () => channel.stop(),
+  ...(args.confirm === "yes" ? { confirm: (send: SendInQuestion) => channel.confirm(send) } : {}),
   send: (chatId, content, context) => {
     appendFileSync(callsFile, `${context.idempotencyKey}\n`);
     return hangSends?.test(context.idempotencyKey) ? new Promise(() => {}) : channel.send(chatId, content, context);

@@ -41,6 +41,7 @@ const seed = flags.int("seed", Math.floor(Math.random() * 1_000_000), 0);
 const streamMs = flags.int("stream-ms", 15_000, 0);
 const json = flags.bool("json");
 const quiet = flags.bool("quiet");
+const confirm = flags.bool("confirm");
 const data = flags.string("data", "") || await mkdtemp(join(tmpdir(), "botmesh-demo-"));
 flags.done();
 await mkdir(data, { recursive: true });
@@ -134,6 +135,7 @@ async function startBot(): Promise<Child> {
     "--instance", INSTANCE,
     "--latency-ms", "10",
     "--metrics-ms", "100",
+    ...(confirm ? ["--confirm", "yes"] : []),
   ], { stdio: ["pipe", "pipe", "pipe"] });
   const waiting = new Map<string, (line: Record<string, any>) => void>();
   const c: Child = {
@@ -287,11 +289,18 @@ row("lost", lostKeys.length);
 row(
   "ambiguous (reported)",
   ambiguous.length,
-  ambiguous.length
-    ? `${ambiguousDelivered} reached the channel, ${ambiguous.length - ambiguousDelivered - ambiguousUncalled} were in the call but did not, ${ambiguousUncalled} never called`
-    : "",
+  !ambiguous.length
+    ? ""
+    : confirm
+    ? "each then settled by the channel (below)"
+    : `${ambiguousDelivered} reached the channel, ${ambiguous.length - ambiguousDelivered - ambiguousUncalled} were in the call but did not, ${ambiguousUncalled} never called`,
 );
-row("left for an operator", journal.outboxUnknown.length, "still 'unknown' at the end (the calls in flight at the kills)");
+if (confirm) row("settled by the channel", summed.outboxResolved ?? 0, "confirm: found in the channel's file, or certainly never sent");
+row(
+  "left for an operator",
+  journal.outboxUnknown.length,
+  confirm ? "still 'unknown' at the end" : "still 'unknown' at the end (the calls in flight at the kills)",
+);
 row("crashes (SIGKILL)", crashes, `${runs.length} runs of the bot`);
 row("time taken", `${(took / 1000).toFixed(1)} s`);
 if (ambiguous.length) {
@@ -331,6 +340,7 @@ if (json) {
     ambiguousDelivered,
     ambiguousEvents: reportedEvents.size,
     leftForOperator: journal.outboxUnknown.length,
+    resolved: summed.outboxResolved ?? 0,
     ambiguousUncalled,
     inboundDead: journal.inboundDead.length,
     outboxDead: journal.outboxDead.length,
@@ -402,7 +412,7 @@ function parseFlags(argv: string[]) {
 function usage(message: string): never {
   console.error(`demo: ${message}`);
   console.error(
-    "usage: bun examples/demo/main.ts [--backend sqlite|file] [--messages N] [--chats N] [--kills N] [--seed N] [--data DIR] [--stream-ms N] [--json] [--quiet]",
+    "usage: bun examples/demo/main.ts [--backend sqlite|file] [--messages N] [--chats N] [--kills N] [--seed N] [--data DIR] [--stream-ms N] [--confirm] [--json] [--quiet]",
   );
   process.exit(2);
 }
