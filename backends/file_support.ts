@@ -30,6 +30,7 @@ import {
   currentPid,
   isProcessAlive,
   linkFile,
+  listDirectory,
   readFileBytes,
   removeFile,
   renameFile,
@@ -51,8 +52,14 @@ const UNREADABLE_LOCK_STALE_MS = 10_000;
 const BREAK_STALE_MS = 5_000;
 /** Default {@link FileMutexOptions.timeoutMs}. */
 const DEFAULT_MUTEX_TIMEOUT_MS = 10_000;
-/** Smallest accepted {@link FileMutexOptions.staleLockMs}. */
+/** Smallest accepted {@link FileMutexOptions.staleLockMs} (of the bare mutex; the journals require {@link MIN_STALE_LOCK_MS}). */
 const MIN_MUTEX_STALE_MS = 100;
+/**
+ * Smallest `staleLockMs` a journal accepts (`FileEventJournal`,
+ * `SharedFileEventJournal`): an ordinary pause (GC, a busy event loop) must
+ * not reach it.
+ */
+export const MIN_STALE_LOCK_MS: number = 1_000;
 /** Longest pause between two attempts to take a busy mutex. */
 const MUTEX_MAX_BACKOFF_MS = 20;
 
@@ -1289,4 +1296,36 @@ function findJsonError(b: Uint8Array): { offset: number; reason: string } | null
       }
     }
   }
+}
+
+/** The leftovers of an interrupted writer: `<base>.<nonce>.tmp`, `<base>.<mutex|lock>.<nonce>.<tmp|stale|release>`. */
+const LEFTOVER = /^\.(?:(?:mutex|lock)\.[0-9A-Za-z_-]+\.(?:tmp|stale|release)|[0-9A-Za-z_-]+\.tmp)$/;
+
+/**
+ * Removes the temporary files a killed writer leaves next to `file`: a
+ * journal's `<file>.<nonce>.tmp`, and the mutex's and the lock's
+ * `<file>.mutex.<nonce>.tmp`, `.stale` and `.release` (and the same for
+ * `<file>.lock`). Only files not modified for `olderThanMs` are removed: a live
+ * writer's are younger (it renames, links or removes them within one commit).
+ * Removing one that a writer stopped for longer still uses is harmless: its
+ * commit or its release then fails (see `SharedFileEventJournal`).
+ *
+ * @param file the journal file
+ * @param olderThanMs the age (ms since the last modification) from which a leftover is removed
+ * @returns the paths removed
+ */
+export async function removeLeftoverFiles(file: string, olderThanMs: number): Promise<string[]> {
+  const slash = file.lastIndexOf("/");
+  const dir = slash <= 0 ? "/" : file.slice(0, slash);
+  const base = file.slice(slash + 1);
+  const names = (await listDirectory(dir)) ?? [];
+  const removed: string[] = [];
+  for (const name of names) {
+    if (!name.startsWith(base) || !LEFTOVER.test(name.slice(base.length))) continue;
+    const path = `${dir}/${name}`;
+    const stat = await statFile(path).catch(() => null);
+    if (stat === null || Date.now() - stat.mtimeMs < olderThanMs) continue;
+    if (await removeFile(path).catch(() => false)) removed.push(path);
+  }
+  return removed;
 }

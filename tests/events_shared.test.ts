@@ -6,7 +6,7 @@
  */
 import { childLines } from "./support/child_lines.ts";
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
@@ -97,7 +97,9 @@ async function checkCounts(file: string, options: SharedFileEventJournalOptions,
     const jobs = all.filter((e) => e.eventType === "job");
     expect(jobs.length).toBe(total);
     expect(jobs.every((e) => e.state === "done"), "every job done").toBe(true);
-    expect(all.filter((e) => e.id.startsWith("zombie-")), "a late write was merged").toEqual([]);
+    // A write whose commit was refused ran again under the mutex: in the journal exactly when acknowledged.
+    const committed = workers.filter((w) => w.all().includes("COMMITTED")).map((w) => `zombie-${w.child.pid}`);
+    expect(all.filter((e) => e.id.startsWith("zombie-")).map((e) => e.id).sort()).toEqual(committed.sort());
     for (const event of jobs) {
       const seen = (tokens.get(event.id) ?? []).sort((a, b) => a - b);
       // One claim per token across all processes: tokens 1..fence, each issued once.
@@ -157,11 +159,11 @@ for (const { name, options } of MODES) {
       await checkCounts(file, options, [holder, ...others], TOTAL);
     }, 20_000);
 
-    test("SIGSTOP of the mutex holder: broken after staleLockMs; after SIGCONT its late write is refused, not merged", async () => {
+    test("SIGSTOP of the mutex holder: broken after staleLockMs; after SIGCONT its commit is refused and runs again", async () => {
       const file = freshFile();
       const TOTAL = 30;
-      const stale = { ...config, staleLockMs: 800 };
-      const journal = await openJournal(file, { ...options, staleLockMs: 800 });
+      const stale = { ...config, staleLockMs: 1_000 };
+      const journal = await openJournal(file, { ...options, staleLockMs: 1_000 });
       await appendJobs(journal, 0, TOTAL);
       await journal.close();
       const go = `${file}.go`;
@@ -172,13 +174,13 @@ for (const { name, options } of MODES) {
       const others = [2, 3].map((n) => spawnWorker("work", file, { ...stale, total: TOTAL, name: `w${n}` }));
       const first = await others[0].next("DONE", 14_000);
       expect(first).toBeTruthy();
-      expect(Date.now() - stoppedAt, "the stopped holder's mutex is broken only once stale").toBeGreaterThanOrEqual(700);
+      expect(Date.now() - stoppedAt, "the stopped holder's mutex is broken only once stale").toBeGreaterThanOrEqual(900);
       for (const w of others) await w.next("EXIT", 14_000);
       writeFileSync(go, "");
       holder.child.kill("SIGCONT");
-      expect(await holder.next("LOST", 10_000)).toBe("LOST FileMutexLostError");
+      // Its link finds its generation taken: nothing of it was committed; it ran again on the newest state.
+      expect(await holder.next("COMMITTED", 10_000)).toBe("COMMITTED");
       await holder.child.exited;
-      expect(holder.all()).not.toContain("COMMITTED");
       await checkCounts(file, options, [holder, ...others], TOTAL);
     }, 20_000);
   });
@@ -200,24 +202,21 @@ describe("SharedFileEventJournal appendLog: crashes", () => {
   const options: SharedFileEventJournalOptions = { appendLog: { compactEvery: 10 } };
   const ids = (events: EventRecord[]) => events.map((e) => `${e.id}:${e.state}`);
 
-  test("SIGKILL between a compaction's snapshot and the log's truncate: reopen loses nothing", async () => {
+  test("SIGKILL after a compaction's commit, before the mirror: reopen loses nothing, the mirror is repaired", async () => {
     const file = freshFile();
     const w = spawnWorker("pause-compaction", file, { appendLog: { compactEvery: 10 }, count: 50 });
     await w.next("COMPACTING");
     w.child.kill("SIGKILL");
     await w.child.exited;
-    const snapshot = JSON.parse(readFileSync(file, "utf8")) as { logSeq: number; events: EventRecord[] };
-    expect(snapshot.logSeq).toBe(10);
-    expect(statSync(`${file}.log`).size, "the log was not truncated").toBeGreaterThan(0);
     const appended = w.all().filter((l) => l.startsWith("APPENDED ")).map((l) => l.split(" ")[1]);
     const completed = w.all().filter((l) => l.startsWith("COMPLETED ")).map((l) => l.split(" ")[1]);
     expect(appended.length).toBeGreaterThan(3);
+    expect(statSync(`${file}.log`).size, "the mirror's log was not truncated").toBeGreaterThan(0);
 
     const journal = await openJournal(file, options);
     const events = await journal.list({ limit: 1000 });
     for (const id of appended) expect(events.some((e) => e.id === id), id).toBe(true);
     for (const id of completed) expect((await journal.get(id))?.state, id).toBe("done");
-    expect(events.map((e) => e.id)).toEqual(snapshot.events.map((e) => e.id)); // replay skipped what the snapshot holds
     // It goes on: more writes (and compactions) after the crash, seen the same by a fresh open of either mode.
     await appendJobs(journal, 100, 125);
     const after = ids(await journal.list({ limit: 1000 }));
@@ -227,9 +226,14 @@ describe("SharedFileEventJournal appendLog: crashes", () => {
       expect(ids(await again.list({ limit: 1000 }))).toEqual(after);
       await again.close();
     }
+    // The mirror (the journal file and its .log) holds it all too: what a FileEventJournal opened later reads.
+    const { FileEventJournal } = await import("../backends/events/file_journal.ts");
+    const single = await FileEventJournal.open(file, { lock: true });
+    expect(ids(await single.list({ limit: 1000 }))).toEqual(after);
+    await single.close();
   }, 20_000);
 
-  test("a writer killed mid-line: the torn line is trimmed, nothing acknowledged is lost, later lines are intact", async () => {
+  test("a writer killed mid-line in the .log mirror: nothing acknowledged is lost, the next write repairs the mirror", async () => {
     const file = freshFile();
     const w = spawnWorker("torn", file, { appendLog: { compactEvery: 1000 }, tornAt: 7 });
     await w.next("TORN");
@@ -240,16 +244,20 @@ describe("SharedFileEventJournal appendLog: crashes", () => {
     expect(appended.length).toBeGreaterThan(3);
 
     const journal = await openJournal(file, options); // the dead writer's mutex is broken at once
-    const trimmed = readFileSync(`${file}.log`);
-    expect(trimmed[trimmed.length - 1]).toBe(10);
-    expect(trimmed.length).toBeLessThan(log.length);
     for (const id of appended) expect(await journal.get(id), id).not.toBeNull();
     await journal.append({ id: "after-the-tear", eventType: "job", payload: null });
+    const repaired = readFileSync(`${file}.log`);
+    expect(repaired.length === 0 || repaired[repaired.length - 1] === 10, "the mirror is whole again").toBe(true);
     const after = ids(await journal.list({ limit: 1000 }));
     await journal.close();
     const again = await openJournal(file, options);
     expect(ids(await again.list({ limit: 1000 }))).toEqual(after);
     expect(await again.get("after-the-tear")).not.toBeNull();
+    await again.close();
+    const { FileEventJournal } = await import("../backends/events/file_journal.ts");
+    const single = await FileEventJournal.open(file, { lock: true });
+    expect(ids(await single.list({ limit: 1000 }))).toEqual(after);
+    await single.close();
   }, 20_000);
 });
 
@@ -262,98 +270,53 @@ async function waitStopped(pid: number): Promise<void> {
   }
 }
 
-describe("a holder stopped between its mutex check and its commit, past staleLockMs", () => {
-  const STALE = 800;
+describe("a holder stopped at its commit, past staleLockMs: two holders never both commit", () => {
+  const STALE = 1_000;
   const ids = async (journal: SharedFileEventJournal) => (await journal.list({ limit: 100 })).map((e) => e.id);
 
-  test("appendLog, its line lands after the new holder's: rejected (not acknowledged), skipped by every reader", async () => {
-    const file = freshFile();
-    const options = { appendLog: true, staleLockMs: STALE };
-    const b = await openJournal(file, options);
-    await b.append({ id: "seed", eventType: "job", payload: null });
-    const a = spawnWorker("stop-after-check", file, { appendLog: true, staleLockMs: STALE });
-    await a.next("STOPPING");
-    await waitStopped(a.child.pid);
-    await b.append({ id: "b-1", eventType: "job", payload: null }); // breaks the stuck mutex once stale
-    a.child.kill("SIGCONT");
-    const lost = await a.next("LOST");
-    expect(lost).toContain("FileMutexLostError");
-    expect(lost).toContain(`the mutex on ${file} was taken over during the commit`);
-    expect(lost).toContain("may or may not be in the journal");
-    await a.child.exited;
-    expect(a.all()).not.toContain("COMMITTED");
-    const seqs = readFileSync(`${file}.log`, "utf8").trim().split("\n").map((l) => JSON.parse(l).seq);
-    expect(seqs).toEqual([1, 2, 2]); // the late line reuses b-1's seq: the first one wins
-    await b.append({ id: "b-2", eventType: "job", payload: null });
-    expect(await ids(b)).toEqual(["seed", "b-1", "b-2"]);
-    await b.close();
-    const fresh = await openJournal(file, options);
-    expect(await ids(fresh)).toEqual(["seed", "b-1", "b-2"]);
-  }, 20_000);
+  for (const { name, options: base } of MODES) {
+    const options = { ...base, staleLockMs: STALE };
+    const config = { appendLog: base.appendLog ?? false, staleLockMs: STALE };
 
-  test("appendLog, its line lands between the new holder's sync and append: both rejected, nothing corrupt", async () => {
-    const file = freshFile();
-    const options = { appendLog: true, staleLockMs: STALE };
-    const b = await openJournal(file, options);
-    await b.append({ id: "seed", eventType: "job", payload: null });
-    const a = spawnWorker("stop-after-check", file, { appendLog: true, staleLockMs: STALE });
-    await a.next("STOPPING");
-    await waitStopped(a.child.pid);
-    let armed = true;
-    let late = "";
-    sharedJournalTestHooks.beforeCommit = async ({ kind }) => {
-      if (kind !== "append" || !armed) return;
-      armed = false;
-      a.child.kill("SIGCONT"); // B holds the mutex and has synced: A's late line lands right here
-      late = await a.next("");
-    };
-    let error: Error | null;
-    try {
-      error = await b.append({ id: "b-1", eventType: "job", payload: null }).then(() => null, (e: Error) => e);
-    } finally {
-      delete sharedJournalTestHooks.beforeCommit;
-    }
-    expect(late).toContain("taken over during the commit"); // A: its line is in place, its mutex was lost
-    expect(error?.name).toBe("FileMutexLostError");
-    expect(error?.message).toContain(`the mutex on ${file} was taken over during the commit`);
-    expect(error?.message).toContain("another writer's line took byte");
-    // The next operation re-syncs: no FileCorruptError, and the line every reader applies is A's (first with its seq).
-    const zombie = `zombie-${a.child.pid}`;
-    expect(await ids(b)).toEqual(["seed", zombie]);
-    await b.append({ id: "b-2", eventType: "job", payload: null });
-    expect(await ids(b)).toEqual(["seed", zombie, "b-2"]);
-    await b.close();
-    const fresh = await openJournal(file, options);
-    expect(await ids(fresh)).toEqual(["seed", zombie, "b-2"]);
-  }, 20_000);
+    test(`between its checks and its link (${name}): its link is refused, the write runs again on top`, async () => {
+      const file = freshFile();
+      const b = await openJournal(file, options);
+      await b.append({ id: "seed", eventType: "job", payload: null });
+      const a = spawnWorker("stop-after-check", file, config);
+      await a.next("STOPPING");
+      await waitStopped(a.child.pid);
+      await b.append({ id: "b-1", eventType: "job", payload: null }); // breaks the stuck mutex once stale; commits A's generation
+      a.child.kill("SIGCONT");
+      expect(await a.next("COMMITTED", 10_000)).toBe("COMMITTED"); // refused at the link, then ran again under the mutex
+      await a.child.exited;
+      const zombie = `zombie-${a.child.pid}`;
+      expect(await ids(b)).toEqual(["seed", "b-1", zombie]);
+      await b.append({ id: "b-2", eventType: "job", payload: null });
+      await b.close();
+      const fresh = await openJournal(file, options);
+      expect(await ids(fresh)).toEqual(["seed", "b-1", zombie, "b-2"]);
+    }, 20_000);
 
-  test("snapshot rewrite: the late rename's writer is rejected; the next holder that knew the newer generation restores it", async () => {
-    const file = freshFile();
-    const options = { staleLockMs: STALE };
-    const b = await openJournal(file, options);
-    await b.append({ id: "seed", eventType: "job", payload: null });
-    const a = spawnWorker("stop-after-check", file, { staleLockMs: STALE });
-    await a.next("STOPPING");
-    await waitStopped(a.child.pid);
-    await b.append({ id: "b-1", eventType: "job", payload: null }); // acknowledged
-    const acknowledged = JSON.parse(readFileSync(file, "utf8")) as { generation: number; writer: string };
-    a.child.kill("SIGCONT");
-    const lost = await a.next("LOST");
-    expect(lost).toContain(`the mutex on ${file} was taken over during the commit`);
-    await a.child.exited;
-    expect(a.all()).not.toContain("COMMITTED");
-    const late = JSON.parse(readFileSync(file, "utf8")) as { generation: number; writer: string; events: EventRecord[] };
-    expect(late.events.map((e) => e.id), "the late rename replaced b-1's snapshot").toEqual(["seed", `zombie-${a.child.pid}`]);
-    expect(late.generation).toBeLessThan(acknowledged.generation);
-    // B's next operation sees a generation that went backwards: it writes back what it knew (b-1 kept, the late write dropped).
-    expect(await ids(b)).toEqual(["seed", "b-1"]);
-    const restored = JSON.parse(readFileSync(file, "utf8")) as { generation: number; writer: string };
-    expect(restored.generation).toBeGreaterThan(acknowledged.generation);
-    await b.append({ id: "b-2", eventType: "job", payload: null });
-    await b.close();
-    const fresh = await openJournal(file, options);
-    expect(await ids(fresh)).toEqual(["seed", "b-1", "b-2"]);
-  }, 20_000);
+    test(`right after its link (${name}): its write is in; told it may be (a newer generation came at once)`, async () => {
+      const file = freshFile();
+      const b = await openJournal(file, options);
+      await b.append({ id: "seed", eventType: "job", payload: null });
+      const a = spawnWorker("stop-after-link", file, config);
+      await a.next("STOPPING");
+      await waitStopped(a.child.pid);
+      await b.append({ id: "b-1", eventType: "job", payload: null }); // on top of A's committed generation
+      a.child.kill("SIGCONT");
+      const lost = await a.next("LOST", 10_000);
+      expect(lost).toContain("FileMutexLostError");
+      expect(lost).toContain("may or may not be in the journal");
+      await a.child.exited;
+      const zombie = `zombie-${a.child.pid}`;
+      expect(await ids(b)).toEqual(["seed", zombie, "b-1"]);
+      await b.close();
+      const fresh = await openJournal(file, options);
+      expect(await ids(fresh)).toEqual(["seed", zombie, "b-1"]);
+    }, 20_000);
+  }
 });
 
 describe("SharedFileEventJournal and a FileEventJournal on one file", () => {
@@ -411,57 +374,99 @@ describe("SharedFileEventJournal in one process", () => {
     expect((await again.outbox.list()).length).toBe(0);
   });
 
-  test("appendLog: a write appends one line and leaves the snapshot alone", async () => {
+  test("appendLog: a write is one delta generation (and one line of the .log mirror); every compactEvery a snapshot", async () => {
     const file = freshFile();
     const journal = await openJournal(file, { appendLog: { compactEvery: 3 } });
-    await journal.append({ id: "a", eventType: "job", payload: null }); // seq 1
-    await journal.append({ id: "b", eventType: "job", payload: null }); // seq 2
-    const before = existsSync(file) ? statSync(file).ino : null;
+    const gens = () => readdirSync(`${file}.gen`).sort((x, y) => Number(x) - Number(y));
+    expect(gens(), "the open commits the first snapshot").toEqual(["1"]);
+    await journal.append({ id: "a", eventType: "job", payload: null }); // generation 2
+    await journal.append({ id: "b", eventType: "job", payload: null }); // generation 3
+    expect(gens()).toEqual(["1", "2", "3"]);
+    const delta = JSON.parse(readFileSync(`${file}.gen/3`, "utf8"));
+    expect(delta.seq).toBe(3);
+    expect(delta.events.map((e: EventRecord) => e.id)).toEqual(["b"]);
     const lines = readFileSync(`${file}.log`, "utf8").split("\n");
     expect(lines.length).toBe(3);
-    expect(JSON.parse(lines[1]).seq).toBe(2);
-    expect(JSON.parse(lines[1]).events.map((e: EventRecord) => e.id)).toEqual(["b"]);
-    await journal.append({ id: "c", eventType: "job", payload: null }); // seq 3: compaction
+    expect(JSON.parse(lines[1])).toEqual(delta);
+    await journal.append({ id: "c", eventType: "job", payload: null }); // generation 4
+    await journal.append({ id: "d", eventType: "job", payload: null }); // generation 5: 3 deltas since the snapshot
+    expect(gens(), "the generations before a snapshot are removed").toEqual(["5"]);
+    expect(JSON.parse(readFileSync(`${file}.gen/5`, "utf8")).logSeq).toBe(5);
     expect(statSync(`${file}.log`).size).toBe(0);
-    expect(statSync(file).ino).not.toBe(before);
-    expect(JSON.parse(readFileSync(file, "utf8")).logSeq).toBe(3);
-    await journal.append({ id: "d", eventType: "job", payload: null });
-    expect(JSON.parse(readFileSync(`${file}.log`, "utf8")).seq).toBe(4);
+    expect(statSync(file).ino, "the mirror is the snapshot (a hard link)").toBe(statSync(`${file}.gen/5`).ino);
+    await journal.append({ id: "e", eventType: "job", payload: null });
+    expect(JSON.parse(readFileSync(`${file}.log`, "utf8")).seq).toBe(6);
   });
 
-  test("a damaged log line: FileCorruptError naming the log and the offset", async () => {
+  test("a damaged delta generation: FileCorruptError naming the file and the offset", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true });
+    await journal.append({ id: "a", eventType: "job", payload: null }); // generation 2
+    await journal.close();
+    writeFileSync(`${file}.gen/3`, '{"seq":3,not json}\n');
+    const error = await SharedFileEventJournal.open(file, { appendLog: true }).then(() => null, (e: unknown) => e as Error);
+    expect(error?.name).toBe("FileCorruptError");
+    expect(error?.message).toContain(`${file}.gen/3`);
+    expect(error?.message).toContain("byte 9");
+  });
+
+  test("a bad outbox entry in a delta generation: FileCorruptError naming the file, the entry and the field", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true });
+    await journal.append({ id: "a", eventType: "job", payload: null }); // generation 2
+    await journal.outbox.reserve({ key: "k1", chatId: "c", content: "hi", contentHash: "h", inboundId: null }); // 3
+    await journal.close();
+    const entry = JSON.parse(readFileSync(`${file}.gen/3`, "utf8"));
+    entry.seq = 4;
+    entry.outbox[0].state = "sending"; // with lease null
+    writeFileSync(`${file}.gen/4`, `${JSON.stringify(entry)}\n`);
+    const error = await SharedFileEventJournal.open(file, { appendLog: true }).then(() => null, (e: unknown) => e as Error);
+    expect(error?.name).toBe("FileCorruptError");
+    expect(error?.message).toContain(`${file}.gen/4`);
+    expect(error?.message).toContain("log entry 4");
+    expect(error?.message).toContain('outbox entry 0 (key "k1")');
+    expect(error?.message).toContain('field "lease"');
+  });
+
+  test("a file of the earlier format (snapshot stamped generation/writer, a .log, a torn last line) opens and is upgraded", async () => {
     const file = freshFile();
     const journal = await openJournal(file, { appendLog: true });
     await journal.append({ id: "a", eventType: "job", payload: null });
+    await journal.append({ id: "b", eventType: "job", payload: null });
     await journal.close();
-    const size = statSync(`${file}.log`).size;
-    writeFileSync(`${file}.log`, "{not json}\n", { flag: "a" });
-    const error = await SharedFileEventJournal.open(file, { appendLog: true }).then(() => null, (e: unknown) => e as Error);
-    expect(error?.name).toBe("FileCorruptError");
-    expect(error?.message).toContain(`${file}.log`);
-    expect(error?.message).toContain(`byte ${size + 1}`);
+    // As the earlier version left it: no generations, the old stamp, log lines after the snapshot's logSeq.
+    rmSync(`${file}.gen`, { recursive: true });
+    writeFileSync(file, readFileSync(file, "utf8").replace(',"shared":2,"adopted":null', ""));
+    writeFileSync(`${file}.log`, '{"seq":9,"w":"x","events":[{"id":"torn', { flag: "a" });
+    for (const options of [{ appendLog: true }, {}]) {
+      const again = await openJournal(file, options);
+      expect((await again.list()).map((e) => e.id).slice(0, 2)).toEqual(["a", "b"]);
+      await again.append({ id: `more-${options.appendLog ? "log" : "snap"}`, eventType: "job", payload: null });
+      await again.close();
+    }
+    const last = await openJournal(file, {});
+    expect((await last.list()).map((e) => e.id)).toEqual(["a", "b", "more-log", "more-snap"]);
   });
 
-  test("a bad outbox entry in a log line: FileCorruptError naming the log, the line, the offset and the entry", async () => {
+  test("the temporary files a killed writer leaves (.tmp, .stale, .release) are removed on the next open", async () => {
     const file = freshFile();
-    const journal = await openJournal(file, { appendLog: true });
-    await journal.append({ id: "a", eventType: "job", payload: null }); // line 1
-    await journal.outbox.reserve({ key: "k1", chatId: "c", content: "hi", contentHash: "h", inboundId: null }); // line 2
-    await journal.close();
-    const lines = readFileSync(`${file}.log`, "utf8").trim().split("\n");
-    expect(lines.length).toBe(2);
-    const entry = JSON.parse(lines[1]);
-    entry.seq = 3;
-    entry.outbox[0].state = "sending"; // with lease null
-    const size = statSync(`${file}.log`).size;
-    writeFileSync(`${file}.log`, `${JSON.stringify(entry)}\n`, { flag: "a" });
-    const error = await SharedFileEventJournal.open(file, { appendLog: true }).then(() => null, (e: unknown) => e as Error);
-    expect(error?.name).toBe("FileCorruptError");
-    expect(error?.message).toContain(`${file}.log`);
-    expect(error?.message).toContain(`byte ${size}`);
-    expect(error?.message).toContain("line 3");
-    expect(error?.message).toContain('outbox entry 0 (key "k1")');
-    expect(error?.message).toContain('field "lease"');
+    const first = await openJournal(file, {});
+    await first.close();
+    const old = [`${file}.k1.tmp`, `${file}.mutex.n1.tmp`, `${file}.mutex.n1.stale`, `${file}.mutex.n1.release`, `${file}.lock.n2.stale`, `${file}.gen/t1.tmp`];
+    const young = `${file}.mutex.n3.stale`;
+    const unrelated = `${file}.go`;
+    const hourAgo = new Date(Date.now() - 3_600_000);
+    for (const path of old) {
+      writeFileSync(path, "x");
+      utimesSync(path, hourAgo, hourAgo);
+    }
+    writeFileSync(young, "x");
+    writeFileSync(unrelated, "x");
+    utimesSync(unrelated, hourAgo, hourAgo);
+    await openJournal(file, {});
+    for (const path of old) expect(existsSync(path), path).toBe(false);
+    expect(existsSync(young), "a live writer's (younger than staleLockMs) is kept").toBe(true);
+    expect(existsSync(unrelated)).toBe(true);
   });
 
   test("appendLog: markCalling is a change: one line with `called` is appended before it resolves", async () => {
@@ -499,6 +504,8 @@ describe("SharedFileEventJournal in one process", () => {
         for (const entry of doc.outbox ?? []) delete entry.called;
         return JSON.stringify(doc);
       };
+      // An older version: no generations, the journal file and its .log only.
+      rmSync(`${file}.gen`, { recursive: true, force: true });
       if (existsSync(file)) writeFileSync(file, strip(JSON.parse(readFileSync(file, "utf8"))));
       if (mode === "appendLog") {
         const lines = readFileSync(`${file}.log`, "utf8").trim().split("\n");
@@ -524,6 +531,7 @@ describe("SharedFileEventJournal in one process", () => {
       [{ appendLog: "yes" as never }, "appendLog"],
       [{ fsync: 1 as never }, "fsync"],
       [{ staleLockMs: 10 }, "staleLockMs"],
+      [{ staleLockMs: 999 }, "at least 1000"],
       [{ heartbeatMs: 40_000 }, "heartbeatMs"],
       [{ clock: 5 as never }, "clock"],
     ];

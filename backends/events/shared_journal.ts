@@ -20,14 +20,15 @@ import {
   appendToFile,
   dirName,
   ensureDir,
-  type FileIdentity,
-  openPinned,
-  type PinnedFile,
+  linkFile,
+  listDirectory,
+  readFileBytes,
   readFileRange,
   realPathOf,
   removeFile,
   renameFile,
   resolvePath,
+  statFile,
   statIdentity,
   syncDirectory,
   truncateFile,
@@ -45,7 +46,9 @@ import {
   FileMutex,
   type FileMutexHandle,
   FileMutexLostError,
+  MIN_STALE_LOCK_MS,
   releaseOpenFile,
+  removeLeftoverFiles,
   snapshotFileMode,
 } from "../file_support.ts";
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
@@ -55,12 +58,23 @@ const LABEL = "SharedFileEventJournal";
 const DEFAULT_COMPACT_EVERY = 1000;
 /** Default {@link AppendLogOptions.compactBytes}: 4 MiB. */
 const DEFAULT_COMPACT_BYTES = 4 * 1024 * 1024;
-/** The stamp a shared journal writes first in its snapshot: `generation` and `writer`. */
-const SNAPSHOT_STAMP = /^\{"generation":(\d+),"writer":"([0-9A-Za-z_-]+)",/;
+/** The `shared` field of this version's snapshots (generations and the mirror). */
+const SHARED_FORMAT = 2;
+/** The stamp of this version's snapshots: `generation`, `writer`, `shared`, `adopted` (groups: generation, adopted). */
+const STAMP = /^\{"generation":(\d+),"writer":"[0-9A-Za-z_-]+","shared":2,"adopted":(null|"[^"\\]*"),/;
+/** A generation's file name. */
+const GEN_NAME = /^[1-9][0-9]{0,15}$/;
 /** Most operations run under one hold of the mutex (group commit). */
 const MAX_BATCH = 256;
+/** How often a batch whose commit was refused (another writer committed that generation) runs again. */
+const MAX_TRIES = 10;
+/** Listings of the generations before a sync gives up (each retry follows a concurrent removal). */
+const MAX_SYNC_ATTEMPTS = 50;
+/** Bytes read from the end of the `.log` mirror to find its last line. */
+const MIRROR_TAIL = 65_536;
 
 const encoder = new TextEncoder();
+const decoder = new TextDecoder();
 
 /** Options of the append log (`appendLog: { … }`). */
 export interface AppendLogOptions {
@@ -84,8 +98,8 @@ export interface SharedFileEventJournalOptions {
   /**
    * A mutex not refreshed for this long (ms) is taken as abandoned (a stuck
    * holder) and broken; a mutex of a dead pid is broken at once (default
-   * `30000`, at least `100`). Also the staleness of a `<file>.lock` of another
-   * host. Use the same value in every process.
+   * `30000`, at least `1000`, as for `FileEventJournal`). Also the staleness
+   * of a `<file>.lock` of another host. Use the same value in every process.
    */
   staleLockMs?: number;
   /** How often (ms) a holder refreshes the mutex's mtime (default `staleLockMs / 3`). */
@@ -102,12 +116,16 @@ export interface SharedFileEventJournalOptions {
  * @internal
  */
 export interface SharedJournalTestHooks {
-  /** Right before the mutex check and the commit (`snapshot`: rename; `append`: the log line's write). */
+  /** After the temporary file is written, before the checks (mutex, newest generation) and the link that commits. */
   beforeCommit?: (what: { kind: "snapshot" | "append" | "compact"; path: string; bytes: Uint8Array }) => void | Promise<void>;
-  /** After the mutex check, right before the commit itself (the rename, or the log line's write). */
+  /** After the checks, right before the link that commits. */
   afterCheck?: (what: { kind: "snapshot" | "append" | "compact"; path: string }) => void | Promise<void>;
-  /** After a compaction's snapshot was renamed into place, before the log is truncated. */
-  betweenSnapshotAndTruncate?: (logPath: string) => void | Promise<void>;
+  /**
+   * At each step of a commit: `write` (before the temporary file), `linked` (right after the link that
+   * commits), `mirror` (before the journal file or its `.log` is updated for a FileEventJournal), and
+   * `refused` (a commit refused: the batch runs again).
+   */
+  step?: (what: { step: string; kind: "snapshot" | "append" | "compact"; path: string }) => void | Promise<void>;
 }
 
 /** @internal Set by test fixtures only. */
@@ -119,14 +137,11 @@ interface Job {
   fn: (journal: MemoryEventJournal) => Promise<unknown>;
   resolve: (value: unknown) => void;
   reject: (error: unknown) => void;
+  /** Runs so far (a refused commit runs the batch again). */
+  tries: number;
 }
 
 type Outcome = { ok: true; value: unknown } | { ok: false; error: unknown };
-
-function sameIdentity(a: FileIdentity | null, b: FileIdentity | null): boolean {
-  if (a === null || b === null) return a === b;
-  return a.id === b.id && a.size === b.size && a.mtimeNs === b.mtimeNs;
-}
 
 function checkBoolean(value: unknown, name: string): boolean {
   if (typeof value !== "boolean") throw new TypeError(`${LABEL} option "${name}" must be a boolean, got ${show(value)}`);
@@ -136,58 +151,55 @@ function checkBoolean(value: unknown, name: string): boolean {
 /**
  * An events journal in one file shared by several processes of one host
  * (`scope: 'host'`): claims are exclusive and fencing tokens hold across
- * processes. Same file format as `FileEventJournal` (a JSON snapshot with
- * `logSeq`, see `./snapshot.ts`), the core's outbox stored in it too.
+ * processes. The core's outbox is stored with it.
  *
  * Every operation, reads included, runs under the mutex `<file>.mutex` (see
- * `FileMutex`): it brings this process's cached journal up to date with the
- * file, runs, writes what changed, and releases the mutex. Operations called
- * while the mutex is being waited for run together under the next hold
- * (group commit), in call order.
+ * `FileMutex`): it brings this process's cached journal up to date, runs,
+ * commits what changed, and releases the mutex. Operations called while the
+ * mutex is being waited for run together under the next hold (group commit),
+ * in call order.
  *
- * - Default: a write rewrites the whole snapshot (a temporary file renamed
- *   over it, the mutex checked right before the rename, so that a holder that
- *   was stopped and lost the mutex before the check never commits its late
- *   write; for a stop after the check, see below). The
- *   snapshot is re-read only when it was replaced: this process keeps the
- *   snapshot it knows open, so its inode cannot be reused, and compares
- *   `dev:ino`, size and mtime.
- * - `appendLog`: a write appends one line `{"seq":n,…changes}` to
- *   `<file>.log` (one write call); a sync reads only the bytes appended since
- *   this process's last look. Every `compactEvery` entries or `compactBytes`,
- *   the snapshot is rewritten with `logSeq` and the log truncated; a crash in
- *   between is harmless (replay skips entries up to `logSeq`), and a torn
- *   last line (a writer died mid-line) is trimmed before the next append.
- *   Per-write cost does not grow with the journal.
+ * - The journal is a sequence of generations `<file>.gen/1`, `2`, …: each
+ *   is a snapshot (the format of `./snapshot.ts`, stamped `generation`) or,
+ *   with `appendLog`, a delta (one line `{"seq":n,…changes}`) on top of the
+ *   one before. Readers take the newest snapshot and the deltas after it.
+ * - Commits are exclusive by construction, not by timing: a commit writes a
+ *   temporary file and links it as generation `n + 1` (`link(2)` fails when
+ *   the name exists), after checking that it still holds the mutex and that
+ *   `n` is the newest generation. Of two writers that both believe they hold
+ *   the mutex (one was stopped for longer than `staleLockMs` and its mutex
+ *   broken), one only commits `n + 1`: the other's link fails, nothing of its
+ *   batch is in the journal, and the batch runs again under the mutex on the
+ *   newest state (up to 10 times; then it rejects). A writer stopped right
+ *   after its link, whose generation another writer built on at once, is told
+ *   its write may or may not be in the journal (`FileMutexLostError`; it is).
+ *   A name freed by the removal of old generations and linked again by a
+ *   writer stopped meanwhile is below the newest snapshot: nobody reads it,
+ *   and its writer is told so the same way.
+ * - Default: every commit is a snapshot. `appendLog`: a commit is a delta (a
+ *   small file, cost independent of the journal's size); every
+ *   `compactEvery` deltas or `compactBytes` the commit is a snapshot.
+ *   Generations before a snapshot are removed after it.
+ * - The journal file itself and `<file>.log` are a mirror of the newest
+ *   generation (a hard link of the snapshot, and the deltas after it as
+ *   lines), for a `FileEventJournal` opened on the file later. The mirror is
+ *   written after the commit and checked by the next commit, which rewrites
+ *   it whole when it is not at the generation before. A `FileEventJournal`
+ *   opened on a file whose newest generation never reached the mirror (its
+ *   writer was killed, or stopped for longer than `staleLockMs` and then
+ *   updated the mirror late, with no shared commit since) reads the older
+ *   state. The shared journals never read the mirror except to adopt a file
+ *   that someone else wrote (see below).
+ * - A file written by a `FileEventJournal`, or by an earlier version of this
+ *   class (a snapshot and a `.log`, no generations), is read (the log's torn
+ *   last line ignored) and committed as the next snapshot generation
+ *   (`adopted`: its identity, so that it is adopted once).
  * - A mutex left by a dead process is broken at once; a stuck holder's after
- *   `staleLockMs`. Nothing is ever killed.
- * - A holder stopped (or its event loop blocked) for longer than `staleLockMs`
- *   right between its mutex check and its commit still commits once it runs
- *   again. Such a write is never acknowledged: when the mutex was taken over
- *   by the time of the release, the whole batch rejects with a
- *   `FileMutexLostError` ("…taken over during the commit: this write may or
- *   may not be in the journal") and the cache is dropped. In `appendLog`
- *   each line carries a nonce (`w`) and is read back where it had to land:
- *   of two lines with one `seq` every reader applies the first, and the
- *   writer of the second is told its write failed (it re-syncs next time).
- *   Snapshots are stamped `generation` (after the last one known, and not
- *   before the host's clock) and `writer`; a holder that finds a snapshot by
- *   another writer whose generation is not after the one it knew (a late
- *   rename) writes back the state it knew, dropping the late write.
- *   Remaining window: a late rename, or a late compaction's truncate of the
- *   log, lands after the new holder's commit and the next holder to sync
- *   does not know the newer generation (a process that opened, or reloaded,
- *   after the late rename, or whose last look predates the new holder's
- *   commit) and writes on top of it: then the acknowledged writes committed
- *   after the late writer's own sync (which its snapshot does not hold, or
- *   which its truncate removed) are lost, silently for their writers. In
- *   `appendLog`, a late compaction (its rename, then its truncate of the
- *   log) after other holders appended lines without rewriting the snapshot
- *   is not detected at all (its generation is after every one known): the
- *   lines it truncates, acknowledged, are lost. A late log line computed on stale state
- *   whose `seq` is not taken (nobody appended since its writer's sync, e.g.
- *   the snapshot was rewritten in between) is applied although its writer
- *   was told its write may have failed.
+ *   `staleLockMs` (at least 1000 ms, as for `FileEventJournal`). Nothing is
+ *   ever killed. Temporary files left by a killed writer (`<file>.<id>.tmp`,
+ *   the mutex's and the lock's `.tmp`, `.stale`, `.release`, the generation
+ *   directory's `.tmp`) are removed by the next open once older than
+ *   `staleLockMs`.
  * - A file that a live `FileEventJournal` holds (its `<file>.lock`) is
  *   refused, at open and by every operation: an error instead of lost records.
  * - `close()` lets operations already called finish, and rejects later ones.
@@ -216,6 +228,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   readonly path: string;
   /** The append log `<file>.log` (used with `appendLog`, and folded in when found). */
   readonly logPath: string;
+  /** The generations `<file>.gen/<n>`, the journal itself (see the class docs). */
+  readonly genDir: string;
   /** The core's outbox, in the same file. */
   readonly outbox: OutboxJournal;
 
@@ -228,26 +242,18 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   readonly #staleLockMs: number;
   readonly #mode: number;
   readonly #memoryOptions: MemoryEventJournalOptions;
-  readonly #temp: string;
 
-  /** The file's state as this process last saw it (`null`: reload). */
+  /** The state of generation `#gen` as this process last read or wrote it (`null`: reload). */
   #cache: MemoryEventJournal | null = null;
-  /** The snapshot the cache was loaded from or written as, kept open (its inode cannot be reused). */
-  #pinned: PinnedFile | null = null;
-  #pinnedId: FileIdentity | null = null;
-  /** `generation` and `writer` of that snapshot (`0`, `null`: none, e.g. written by a `FileEventJournal`). */
-  #generation = 0;
-  #writer: string | null = null;
-  /** `logSeq` of that snapshot. */
-  #snapLogSeq = 0;
-  /** The last log entry applied (or written). */
-  #lastSeq = 0;
-  /** Bytes of the log applied so far (always at a line end). */
-  #logOffset = 0;
-  /** Lines of the log before `#logOffset` (for errors: "line n"). */
-  #logLines = 0;
-  /** `dev:ino` of the log read so far. */
-  #logId: string | null = null;
+  /** The newest generation applied to the cache. */
+  #gen = 0;
+  /** The newest snapshot generation at or before `#gen`, and the bytes of the deltas after it. */
+  #snapGen = 0;
+  #deltaBytes = 0;
+  /** The key (`dev:ino:size:mtime`) of the foreign journal file last adopted (carried by every snapshot). */
+  #adopted: string | null = null;
+  /** The key of the journal file last seen to be a shared journal's mirror. */
+  #pathSeen: string | null = null;
 
   readonly #queue: Job[] = [];
   #draining: Promise<void> | null = null;
@@ -270,6 +276,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   ) {
     this.path = path;
     this.logPath = `${path}.log`;
+    this.genDir = `${path}.gen`;
     this.#mutex = mutex;
     this.#mode = mode;
     this.#appendLog = settings.appendLog;
@@ -279,7 +286,6 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#logFsync = settings.logFsync;
     this.#staleLockMs = settings.staleLockMs;
     this.#memoryOptions = settings.clock ? { clock: settings.clock, heartbeatChanges: true } : { heartbeatChanges: true };
-    this.#temp = `${path}.${randomId()}.tmp`;
     const run = <T>(op: string, fn: (journal: MemoryEventJournal) => Promise<T>): Promise<T> => this.#enqueue(op, fn);
     this.outbox = new SharedOutbox(run);
   }
@@ -329,6 +335,12 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       throw new TypeError(`${LABEL} option "clock" must be a function, got ${show(options.clock)}`);
     }
     const staleLockMs = options.staleLockMs ?? DEFAULT_STALE_LOCK_MS;
+    if (typeof staleLockMs === "number" && !(staleLockMs >= MIN_STALE_LOCK_MS)) {
+      throw new RangeError(
+        `${LABEL} option "staleLockMs" must be a finite number of milliseconds, at least ${MIN_STALE_LOCK_MS}, ` +
+          `got ${show(staleLockMs)}`,
+      );
+    }
     const absolute = await resolvePath(path);
     await ensureDir(await dirName(absolute));
     const file = await realPathOf(absolute);
@@ -351,6 +363,9 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     claimOpenFile(file, journal, LABEL);
     try {
       await journal.#refuseIfLocked(); // before waiting for the mutex: a clear error at once
+      // Temporary files of a killed writer (never younger than staleLockMs: a live writer's are).
+      await removeLeftoverFiles(file, mutex.staleLockMs);
+      await journal.#removeLeftoverTemps();
       await journal.#enqueue("open", async () => undefined);
     } catch (error) {
       journal.#closed = true;
@@ -420,11 +435,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     if (this.#released) return;
     this.#released = true;
     this.#cache = null;
-    const pin = this.#pinned;
-    this.#pinned = null;
-    this.#pinnedId = null;
     releaseOpenFile(this.path, this);
-    await pin?.close().catch(() => {});
   }
 
   #enqueue<T>(op: string, fn: (journal: MemoryEventJournal) => Promise<T>): Promise<T> {
@@ -432,7 +443,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       return Promise.reject(new Error(`${op}: the ${this.name} journal ${this.path} is closed`));
     }
     return new Promise<T>((resolve, reject) => {
-      this.#queue.push({ op, fn, resolve: resolve as (value: unknown) => void, reject });
+      this.#queue.push({ op, fn, resolve: resolve as (value: unknown) => void, reject, tries: 0 });
       if (this.#draining === null) this.#draining = this.#drain();
     });
   }
@@ -455,41 +466,51 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       return;
     }
     const outcomes: Outcome[] = [];
-    let committed = false;
     try {
       await this.#refuseIfLocked();
       const journal = await this.#sync(held);
       for (const job of batch) {
+        job.tries++;
         try {
           outcomes.push({ ok: true, value: await job.fn(journal) });
         } catch (error) {
           outcomes.push({ ok: false, error });
         }
       }
-      committed = await this.#persist(held, journal);
+      await this.#persist(held, journal);
     } catch (error) {
       await this.#forget();
       await held.release().catch(() => {});
+      if (error instanceof CommitRefused) {
+        // Nothing of this batch is in the journal (another writer committed the generation: this process
+        // lost the mutex during a stop longer than staleLockMs). It runs again, on the newest state.
+        await sharedJournalTestHooks.step?.({ step: "refused", kind: this.#appendLog ? "append" : "snapshot", path: this.genDir });
+        const again = batch.filter((job) => job.tries < MAX_TRIES);
+        for (const job of batch) if (job.tries >= MAX_TRIES) job.reject(this.#refused(error, job.tries));
+        this.#queue.unshift(...again);
+        return;
+      }
       batch.forEach((job, i) => {
         const own = outcomes[i];
         job.reject(own !== undefined && !own.ok ? own.error : error);
       });
       return;
     }
-    // A mutex left behind by a release error is broken once stale. `false`: it was taken over (a stop longer
-    // than staleLockMs) somewhere between the check before the commit and now: the commit cannot be confirmed.
-    const kept = await held.release().catch(() => null);
-    if (committed && kept === false) {
-      await this.#forget();
-      const error = this.#unconfirmed("");
-      for (const job of batch) job.reject(error);
-      return;
-    }
+    // The commit is confirmed by its link: whether the mutex is still ours at the release does not matter.
+    await held.release().catch(() => null);
     batch.forEach((job, i) => {
       const outcome = outcomes[i];
       if (outcome.ok) job.resolve(outcome.value);
       else job.reject(outcome.error);
     });
+  }
+
+  /** The error of a write refused `tries` times (not in the journal). */
+  #refused(error: CommitRefused, tries: number): FileMutexLostError {
+    const lost = new FileMutexLostError(this.#mutex.mutexPath, LABEL);
+    lost.message = `${LABEL}: this write is not in the journal ${this.path}: its commit was refused ${tries} times ` +
+      `(another writer committed first each time; last: ${error.message})`;
+    return lost;
   }
 
   /** The error of a write whose commit cannot be confirmed (the mutex was lost around it). */
@@ -504,10 +525,9 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   /** Drops the cache: the next operation reloads the file. */
   async #forget(): Promise<void> {
     this.#cache = null;
-    const pin = this.#pinned;
-    this.#pinned = null;
-    this.#pinnedId = null;
-    await pin?.close().catch(() => {});
+    this.#gen = 0;
+    this.#snapGen = 0;
+    this.#deltaBytes = 0;
   }
 
   /** @throws {FileLockedError} when a live process holds `<file>.lock` */
@@ -520,237 +540,384 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     throw error;
   }
 
-  /** Brings the cache up to date with the file (under the mutex). */
-  async #sync(held: FileMutexHandle | null = null): Promise<MemoryEventJournal> {
-    const snapshot = await statIdentity(this.path);
-    if (this.#cache === null || !sameIdentity(snapshot, this.#pinnedId)) await this.#reload(held);
-    if (!(await this.#syncLog())) {
-      await this.#reload(); // the log was replaced or shrank without a new snapshot: replay it from its start
-      await this.#syncLog();
+  /** Removes the temporary files of the generation directory not modified for staleLockMs (a killed writer's). */
+  async #removeLeftoverTemps(): Promise<void> {
+    for (const name of (await listDirectory(this.genDir)) ?? []) {
+      if (!name.endsWith(".tmp")) continue;
+      const stat = await statFile(`${this.genDir}/${name}`).catch(() => null);
+      if (stat !== null && Date.now() - stat.mtimeMs >= this.#staleLockMs) await removeFile(`${this.genDir}/${name}`).catch(() => {});
     }
-    return this.#cache!;
   }
 
-  /**
-   * Loads the snapshot (log position reset: the log is replayed from its start). When the snapshot found is
-   * a shared journal's of a generation not after the one this process knew, by another writer, it was
-   * renamed into place late by a holder that had lost the mutex (that writer was told its write failed):
-   * the state this process knew, acknowledged writes included, is written back as a newer generation.
-   */
-  async #reload(held: FileMutexHandle | null = null): Promise<void> {
-    const known = this.#cache !== null && this.#writer !== null
-      ? { cache: this.#cache, generation: this.#generation, writer: this.#writer, lastSeq: this.#lastSeq }
-      : null;
-    await this.#forget();
-    const pin = await openPinned(this.path);
-    let journal: MemoryEventJournal;
-    let logSeq = 0;
-    if (pin === null) {
-      journal = new MemoryEventJournal(this.#memoryOptions);
-    } else {
-      try {
-        const identity = await pin.identity();
-        const bytes = await pin.readAll();
-        const loaded = parseEventSnapshot(this.path, bytes, LABEL, this.#memoryOptions);
-        journal = loaded.journal;
-        logSeq = loaded.logSeq;
-        this.#pinnedId = identity;
-        const stamp = SNAPSHOT_STAMP.exec(new TextDecoder().decode(bytes.subarray(0, 120)));
-        this.#generation = stamp ? Number(stamp[1]) : 0;
-        this.#writer = stamp ? stamp[2] : null;
-      } catch (error) {
-        await pin.close().catch(() => {});
-        throw error;
+  /** Brings the cache up to date with the newest generation (under the mutex); adopts a foreign file first. */
+  async #sync(held: FileMutexHandle): Promise<MemoryEventJournal> {
+    for (let attempt = 0; attempt < MAX_SYNC_ATTEMPTS; attempt++) {
+      const gens = await this.#listGenerations();
+      const max = gens.length === 0 ? 0 : gens[gens.length - 1];
+      if (max === 0) {
+        // No generation yet: a new file, or one written by an earlier version or a FileEventJournal.
+        await this.#adopt(held, 0, await this.#pathKey());
+        continue;
       }
+      if (this.#cache === null || this.#gen !== max) {
+        if (!(await this.#catchUp(max, gens[0]))) {
+          await this.#forget(); // a generation was removed under us (a newer snapshot exists): list again
+          continue;
+        }
+      }
+      const foreign = await this.#foreignPath();
+      if (foreign !== null) {
+        await this.#adopt(held, max, foreign);
+        continue;
+      }
+      return this.#cache!;
     }
-    if (pin === null) {
-      this.#generation = 0;
-      this.#writer = null;
-    }
-    this.#pinned = pin;
-    this.#cache = journal;
-    this.#snapLogSeq = logSeq;
-    this.#lastSeq = logSeq;
-    this.#logOffset = 0;
-    this.#logLines = 0;
-    this.#logId = null;
-    if (
-      held !== null && known !== null && this.#writer !== null && this.#writer !== known.writer &&
-      this.#generation <= known.generation
-    ) {
-      // A late rename: restore what this process knew; log lines after it are replayed on top as usual.
-      this.#cache = known.cache;
-      this.#lastSeq = known.lastSeq;
-      this.#generation = known.generation;
-      await this.#writeSnapshot(held, known.cache, known.lastSeq, "snapshot");
-    }
+    throw new Error(`${LABEL}: cannot read a consistent generation of ${this.genDir} (${MAX_SYNC_ATTEMPTS} attempts)`);
+  }
+
+  /** The generations present, ascending. */
+  async #listGenerations(): Promise<number[]> {
+    const names = (await listDirectory(this.genDir)) ?? [];
+    const gens: number[] = [];
+    for (const name of names) if (GEN_NAME.test(name)) gens.push(Number(name));
+    return gens.sort((a, b) => a - b);
+  }
+
+  #genPath(gen: number): string {
+    return `${this.genDir}/${gen}`;
   }
 
   /**
-   * Applies the log lines appended since the last look; trims a torn last line.
-   * @returns `false` when the log was replaced or shrank (the caller reloads)
+   * Reads generations up to `max` into the cache: forward from the one known, or (cold) down from `max` to
+   * the newest snapshot, then forward.
+   * @returns `false` when a generation needed was removed meanwhile (the caller lists again)
    */
-  async #syncLog(): Promise<boolean> {
-    const info = await statIdentity(this.logPath);
-    if (info === null) {
-      this.#logOffset = 0;
-      this.#logLines = 0;
-      this.#logId = null;
+  async #catchUp(max: number, min: number): Promise<boolean> {
+    if (this.#cache !== null && this.#gen < max) {
+      for (let gen = this.#gen + 1; gen <= max; gen++) {
+        const bytes = await readFileBytes(this.#genPath(gen));
+        if (bytes === null) return false;
+        this.#applyGeneration(gen, bytes);
+      }
       return true;
     }
-    if (this.#logId !== null && (info.id !== this.#logId || info.size < this.#logOffset)) return false;
-    this.#logId = info.id;
-    if (info.size === this.#logOffset) return true;
-    const start = this.#logOffset;
-    const bytes = (await readFileRange(this.logPath, start, info.size)) ?? new Uint8Array(0);
-    const journal = this.#cache!;
-    let pos = 0;
-    let line = this.#logLines;
-    for (;;) {
-      const end = bytes.indexOf(10, pos);
-      if (end < 0) break;
-      line++;
-      if (end > pos) this.#applyLine(journal, bytes.subarray(pos, end), start + pos, line);
-      pos = end + 1;
+    await this.#forget();
+    const deltas: [number, Uint8Array][] = [];
+    for (let gen = max; ; gen--) {
+      if (gen < min || gen < 1) {
+        throw new FileCorruptError(this.#genPath(min), 0, `no snapshot generation at or below ${max}`, LABEL);
+      }
+      const bytes = await readFileBytes(this.#genPath(gen));
+      if (bytes === null) return false;
+      if (isDelta(bytes)) {
+        deltas.push([gen, bytes]);
+        continue;
+      }
+      this.#applyGeneration(gen, bytes);
+      break;
     }
-    this.#logLines = line;
-    if (pos < bytes.length) {
-      // A torn last line: its writer died mid-write (we hold the mutex, so nobody is writing it). Trim it.
-      await truncateFile(this.logPath, start + pos, { fsync: this.#logFsync });
-    }
-    this.#logOffset = start + pos;
+    for (const [gen, bytes] of deltas.reverse()) this.#applyGeneration(gen, bytes);
     return true;
   }
 
-  #applyLine(journal: MemoryEventJournal, line: Uint8Array, offset: number, lineNo: number): void {
-    let entry: Record<string, unknown>;
-    try {
-      entry = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(line));
-    } catch {
-      const problem = findJsonSyntaxError(line);
-      throw new FileCorruptError(
-        this.logPath,
-        offset + (problem?.offset ?? 0),
-        `a log line is not valid JSON: ${problem?.reason ?? "rejected by the parser"}`,
-        LABEL,
-      );
+  /** Applies generation `gen` (a snapshot replaces the cache, a delta is applied to it). */
+  #applyGeneration(gen: number, bytes: Uint8Array): void {
+    const file = this.#genPath(gen);
+    if (isDelta(bytes)) {
+      if (this.#cache === null || this.#gen !== gen - 1) {
+        throw new FileCorruptError(file, 0, `delta generation ${gen} without generation ${gen - 1} before it`, LABEL);
+      }
+      const end = bytes.indexOf(10);
+      applyLogLine(this.#cache, end < 0 ? bytes : bytes.subarray(0, end), file, 0, 1, gen - 1, gen);
+      this.#gen = gen;
+      this.#deltaBytes += bytes.length;
+      return;
     }
-    const seq = entry?.seq;
-    if (typeof entry !== "object" || entry === null || typeof seq !== "number" || !Number.isInteger(seq) || seq < 1) {
-      throw new FileCorruptError(this.logPath, offset, `line ${lineNo}: a log line has no valid "seq": ${show(seq)}`, LABEL);
+    const loaded = parseEventSnapshot(file, bytes, LABEL, this.#memoryOptions);
+    const stamp = STAMP.exec(decoder.decode(bytes.subarray(0, 400)));
+    if (stamp === null || Number(stamp[1]) !== gen) {
+      throw new FileCorruptError(file, 0, `the snapshot is not stamped generation ${gen}`, LABEL);
     }
-    // Entries already in the snapshot, or not after the last one applied (a late write), are skipped: of two
-    // lines with one seq, the first wins (the second's writer was told its write failed, see #persist).
-    if (seq <= this.#lastSeq) return;
-    const outbox = entry.outbox;
-    if (!Array.isArray(outbox)) {
-      throw new FileCorruptError(this.logPath, offset, `line ${lineNo}: field "outbox" must be an array, got ${show(outbox)}`, LABEL);
-    }
-    for (let i = 0; i < outbox.length; i++) {
-      const problem = storedOutboxProblem(outbox[i]);
-      if (problem === null) continue;
-      const key = (outbox[i] as { key?: unknown } | null)?.key;
-      const label = `outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}`;
-      throw new FileCorruptError(this.logPath, offset, `line ${lineNo} (log entry ${seq}): ${label}: ${problem}`, LABEL);
-    }
-    try {
-      journal.applyChanges(entry as never);
-    } catch (error) {
-      throw new FileCorruptError(this.logPath, offset, `log entry ${seq}: ${(error as Error).message}`, LABEL);
-    }
-    this.#lastSeq = seq;
+    this.#cache = loaded.journal;
+    this.#gen = gen;
+    this.#snapGen = gen;
+    this.#deltaBytes = 0;
+    this.#adopted = stamp[2] === "null" ? null : JSON.parse(stamp[2]);
+  }
+
+  /** `dev:ino:size:mtime` of the journal file (`null`: none). */
+  async #pathKey(): Promise<string | null> {
+    const info = await statIdentity(this.path);
+    return info === null ? null : `${info.id}:${info.size}:${info.mtimeNs}`;
   }
 
   /**
-   * Writes what the batch changed (under the mutex).
+   * The key of the journal file when someone else than a shared journal wrote it since (a FileEventJournal,
+   * or an earlier version of this class) and it was not adopted yet; `null` otherwise.
+   */
+  async #foreignPath(): Promise<string | null> {
+    const key = await this.#pathKey();
+    if (key === null || key === this.#pathSeen || key === this.#adopted) return null;
+    const head = await readFileRange(this.path, 0, 400);
+    if (head !== null && STAMP.test(decoder.decode(head))) {
+      this.#pathSeen = key; // a mirror written by a shared journal
+      return null;
+    }
+    return key;
+  }
+
+  /**
+   * Takes the journal file (and its `.log`) as written by a FileEventJournal or an earlier version, and
+   * commits it as generation `max + 1`, a snapshot that names it (`adopted`: not adopted twice).
+   */
+  async #adopt(held: FileMutexHandle, max: number, key: string | null): Promise<void> {
+    await this.#forget();
+    const journal = await this.#loadFile();
+    journal.takeChanges(); // loading is not a change
+    await this.#commitSnapshot(held, journal, max + 1, key, "snapshot");
+  }
+
+  /** Reads the journal file and replays its `.log` (the format of FileEventJournal and of earlier versions). */
+  async #loadFile(): Promise<MemoryEventJournal> {
+    const bytes = await readFileBytes(this.path);
+    let journal = new MemoryEventJournal(this.#memoryOptions);
+    let last = 0;
+    if (bytes !== null) ({ journal, logSeq: last } = parseEventSnapshot(this.path, bytes, LABEL, this.#memoryOptions));
+    const log = await readFileBytes(this.logPath);
+    if (log === null) return journal;
+    let pos = 0;
+    let line = 0;
+    for (;;) {
+      const end = log.indexOf(10, pos);
+      if (end < 0) break; // a torn last line (its writer died mid-write) was never acknowledged
+      line++;
+      if (end > pos) last = applyLogLine(journal, log.subarray(pos, end), this.logPath, pos, line, last, null);
+      pos = end + 1;
+    }
+    return journal;
+  }
+
+  /**
+   * Writes what the batch changed as the next generation (under the mutex).
    * @returns whether something was committed
+   * @throws {CommitRefused} when another writer committed that generation (nothing of this batch is in the journal)
    */
   async #persist(held: FileMutexHandle, journal: MemoryEventJournal): Promise<boolean> {
     const changes = journal.takeChanges();
     if (changes === null) return false;
-    if (!this.#appendLog) {
-      // The log has entries only when an appendLog process shares the file: this write is then a compaction.
-      await this.#writeSnapshot(held, journal, this.#lastSeq, "snapshot");
-      if (this.#logOffset > 0) await this.#truncateLog();
+    const gen = this.#gen + 1;
+    const deltas = gen - 1 - this.#snapGen;
+    if (!this.#appendLog || deltas >= this.#compactEvery || this.#deltaBytes >= this.#compactBytes) {
+      await this.#commitSnapshot(held, journal, gen, this.#adopted, this.#appendLog ? "compact" : "snapshot");
       return true;
     }
-    const seq = this.#lastSeq + 1;
-    // The sync left the log at #logOffset bytes (a torn tail trimmed): our line must land there. A nonce
-    // (`w`) makes the line ours alone, so that reading it back there proves it landed in place.
-    const offset = this.#logOffset;
-    const bytes = encoder.encode(`${JSON.stringify({ seq, w: randomId(), ...changes })}\n`);
-    await sharedJournalTestHooks.beforeCommit?.({ kind: "append", path: this.logPath, bytes });
-    await this.#refuseIfLocked();
-    await held.assertHeld();
-    await sharedJournalTestHooks.afterCheck?.({ kind: "append", path: this.logPath });
-    await appendToFile(this.logPath, bytes, { fsync: this.#logFsync, mode: this.#mode });
-    const landed = await readFileRange(this.logPath, offset, offset + bytes.length);
-    if (landed === null || landed.length !== bytes.length || landed.some((b, i) => b !== bytes[i])) {
-      // Another line is where ours should be: a holder that lost the mutex appended late (its line, first
-      // with this seq, is the one every reader applies; ours is skipped). Never acknowledged.
-      await this.#forget();
-      throw this.#unconfirmed(
-        `; here another writer's line took byte ${offset} of ${this.logPath}, where this write's line (seq ${seq}) ` +
-          `was to land: readers skip this write's line (a second line with one seq)`,
-      );
-    }
-    this.#logOffset = offset + bytes.length;
-    this.#logLines++;
-    this.#lastSeq = seq;
-    if (this.#logId === null) this.#logId = (await statIdentity(this.logPath))?.id ?? null;
-    if (seq - this.#snapLogSeq >= this.#compactEvery || this.#logOffset >= this.#compactBytes) {
-      try {
-        await this.#writeSnapshot(held, journal, seq, "compact");
-        await sharedJournalTestHooks.betweenSnapshotAndTruncate?.(this.logPath);
-        await this.#truncateLog();
-      } catch {
-        // The write is committed in the log; the compaction is retried with the next write.
-        await this.#forget();
-      }
-    }
+    const bytes = encoder.encode(`${JSON.stringify({ seq: gen, w: randomId(), ...changes })}\n`);
+    await this.#commitGeneration(held, gen, bytes, "append");
+    this.#gen = gen;
+    this.#deltaBytes += bytes.length;
+    await this.#mirrorLine(journal, gen, bytes).catch(() => {});
     return true;
   }
 
-  async #truncateLog(): Promise<void> {
-    await truncateFile(this.logPath, 0, { fsync: this.#logFsync });
-    this.#logOffset = 0;
-    this.#logLines = 0;
-  }
-
-  /** Replaces the snapshot (temporary file, mutex check, rename) and pins the new one. */
-  async #writeSnapshot(
+  /** Commits `journal` as snapshot generation `gen`, then removes the generations before it and mirrors it. */
+  async #commitSnapshot(
     held: FileMutexHandle,
     journal: MemoryEventJournal,
-    logSeq: number,
+    gen: number,
+    adopted: string | null,
     kind: "snapshot" | "compact",
   ): Promise<void> {
-    // Stamped first: a generation after the last one known (and not before this host's clock, so that it
-    // stays ahead of generations forgotten by a FileEventJournal's rewrite), and this write's nonce.
-    const generation = Math.max(this.#generation + 1, Date.now());
-    const writer = randomId();
-    const text = serializeEventSnapshot(journal, logSeq);
-    const bytes = encoder.encode(`{"generation":${generation},"writer":${JSON.stringify(writer)},${text.slice(1)}`);
-    const pin = await writeFilePinned(this.#temp, bytes, { fsync: this.#fsync, mode: this.#mode });
+    const bytes = this.#snapshotBytes(journal, gen, adopted);
+    await this.#commitGeneration(held, gen, bytes, kind);
+    this.#cache = journal;
+    this.#gen = gen;
+    this.#snapGen = gen;
+    this.#deltaBytes = 0;
+    this.#adopted = adopted;
+    await this.#afterSnapshot(gen, kind).catch(() => {});
+  }
+
+  #snapshotBytes(journal: MemoryEventJournal, gen: number, adopted: string | null): Uint8Array {
+    const text = serializeEventSnapshot(journal, gen);
+    return encoder.encode(
+      `{"generation":${gen},"writer":${JSON.stringify(randomId())},"shared":${SHARED_FORMAT},` +
+        `"adopted":${JSON.stringify(adopted)},${text.slice(1)}`,
+    );
+  }
+
+  /**
+   * The commit: `bytes` written to a temporary file, then linked as `<file>.gen/<gen>` (`link` fails when
+   * that name exists: of two writers that both believe they hold the mutex, one only commits `gen`).
+   * @throws {CommitRefused} when nothing was committed (the generation was taken, or a newer one exists)
+   * @throws {FileMutexLostError} when it was committed but a newer generation appeared before the check
+   *   that follows the link (only after a stop longer than staleLockMs): it may or may not be in the journal
+   */
+  async #commitGeneration(
+    held: FileMutexHandle,
+    gen: number,
+    bytes: Uint8Array,
+    kind: "snapshot" | "append" | "compact",
+  ): Promise<void> {
+    const target = this.#genPath(gen);
+    const temp = `${this.genDir}/${randomId()}.tmp`;
+    await this.#step("write", kind, target);
+    await ensureDir(this.genDir);
+    const pin = await writeFilePinned(temp, bytes, { fsync: kind === "append" ? this.#logFsync : this.#fsync, mode: this.#mode });
+    await pin.close().catch(() => {});
+    let linked = false;
     try {
-      await sharedJournalTestHooks.beforeCommit?.({ kind, path: this.path, bytes });
+      await sharedJournalTestHooks.beforeCommit?.({ kind, path: target, bytes });
       await this.#refuseIfLocked();
-      await held.assertHeld(); // a holder that was stopped and lost the mutex never commits its late write
-      await sharedJournalTestHooks.afterCheck?.({ kind, path: this.path });
-      if (!(await renameFile(this.#temp, this.path))) throw new Error(`${LABEL}: ${this.#temp} vanished before its rename`);
-    } catch (error) {
-      await pin.close().catch(() => {});
-      await removeFile(this.#temp).catch(() => {});
-      throw error;
+      // Before the link: a writer that knows it lost the mutex, or is behind, commits nothing.
+      if (!(await held.stillHeld())) throw new CommitRefused(`the mutex was taken over before the commit`);
+      const before = await this.#listGenerations();
+      const newest = before.length === 0 ? 0 : before[before.length - 1];
+      if (newest !== gen - 1) throw new CommitRefused(`the newest generation is ${newest}, not ${gen - 1}`);
+      await sharedJournalTestHooks.afterCheck?.({ kind, path: target });
+      linked = await linkFile(temp, target);
+    } finally {
+      await removeFile(temp).catch(() => {});
     }
-    const old = this.#pinned;
-    this.#pinned = pin;
-    this.#pinnedId = await pin.identity();
-    this.#snapLogSeq = logSeq;
-    this.#generation = generation;
-    this.#writer = writer;
-    await old?.close().catch(() => {});
+    if (!linked) throw new CommitRefused(`generation ${gen} was committed by another writer`);
+    await this.#step("linked", kind, target);
+    if (this.#fsync || (kind === "append" && this.#logFsync)) await syncDirectory(this.genDir);
+    // A name removed after a newer snapshot can be linked again by a writer that was stopped meanwhile: such
+    // a generation is below the newest snapshot, which readers start from. Nobody reads it.
+    const after = await this.#listGenerations();
+    if (after[after.length - 1] > gen) {
+      await this.#forget();
+      throw this.#unconfirmed(`; generation ${after[after.length - 1]} appeared after ${gen}, this write's`);
+    }
+  }
+
+  /** After snapshot generation `gen`: the generations before it are removed, and the mirror is rewritten. */
+  async #afterSnapshot(gen: number, kind: "snapshot" | "compact"): Promise<void> {
+    for (const old of await this.#listGenerations()) if (old < gen) await removeFile(this.#genPath(old)).catch(() => {});
+    await this.#step("mirror", kind, this.path);
+    if ((await statIdentity(this.#genPath(gen + 1))) !== null) return; // a newer commit mirrors itself
+    const temp = `${this.path}.${randomId()}.tmp`;
+    if (!(await linkFile(this.#genPath(gen), temp))) return;
+    try {
+      await renameFile(temp, this.path);
+    } finally {
+      await removeFile(temp).catch(() => {});
+    }
+    this.#pathSeen = await this.#pathKey();
+    if ((await statIdentity(this.logPath)) !== null) await truncateFile(this.logPath, 0, { fsync: this.#logFsync });
     if (this.#fsync) await syncDirectory(await dirName(this.path));
   }
+
+  /**
+   * Mirrors delta generation `gen` as a line of `<file>.log` (read by a FileEventJournal opened later),
+   * when the mirror is at `gen - 1`; otherwise rewrites the whole mirror.
+   */
+  async #mirrorLine(journal: MemoryEventJournal, gen: number, bytes: Uint8Array): Promise<void> {
+    await this.#step("mirror", "append", this.logPath);
+    if ((await statIdentity(this.#genPath(gen + 1))) !== null) return;
+    if ((await this.#mirrorAt()) === gen - 1) {
+      await appendToFile(this.logPath, bytes, { fsync: this.#logFsync, mode: this.#mode });
+      return;
+    }
+    const temp = `${this.path}.${randomId()}.tmp`;
+    const pin = await writeFilePinned(temp, this.#snapshotBytes(journal, gen, this.#adopted), { fsync: this.#fsync, mode: this.#mode });
+    await pin.close().catch(() => {});
+    try {
+      await renameFile(temp, this.path);
+    } finally {
+      await removeFile(temp).catch(() => {});
+    }
+    this.#pathSeen = await this.#pathKey();
+    await truncateFile(this.logPath, 0, { fsync: this.#logFsync });
+  }
+
+  /** The generation the mirror (the journal file and its `.log`) holds, `-1` when unknown. */
+  async #mirrorAt(): Promise<number> {
+    const head = await readFileRange(this.path, 0, 400);
+    const stamp = head === null ? null : STAMP.exec(decoder.decode(head));
+    if (stamp === null) return -1;
+    const snapshot = Number(stamp[1]);
+    const info = await statIdentity(this.logPath);
+    if (info === null || info.size === 0) return snapshot;
+    const from = Math.max(0, info.size - MIRROR_TAIL);
+    const tail = await readFileRange(this.logPath, from, info.size);
+    if (tail === null || tail.length === 0 || tail[tail.length - 1] !== 10) return -1;
+    const start = tail.lastIndexOf(10, tail.length - 2) + 1;
+    if (start === 0 && from > 0) return -1;
+    const seq = /^\{"seq":(\d+),/.exec(decoder.decode(tail.subarray(start, start + 40)));
+    if (seq === null) return -1;
+    return Math.max(snapshot, Number(seq[1]));
+  }
+
+  async #step(step: string, kind: "snapshot" | "append" | "compact", path: string): Promise<void> {
+    await sharedJournalTestHooks.step?.({ step, kind, path });
+  }
+}
+
+/** Nothing of the batch was committed (another writer committed that generation): the batch runs again. */
+class CommitRefused extends Error {
+  constructor(detail: string) {
+    super(`${LABEL}: commit refused: ${detail}`);
+    this.name = "CommitRefused";
+  }
+}
+
+/** Whether a generation's bytes are a delta (a log line) rather than a snapshot. */
+function isDelta(bytes: Uint8Array): boolean {
+  return bytes[0] === 123 && bytes[1] === 34 && bytes[2] === 115 && bytes[3] === 101 && bytes[4] === 113; // {"seq
+}
+
+/**
+ * Applies one log line (or delta generation) to `journal`.
+ * @param last the last entry applied: lines not after it are skipped (of two lines with one seq, the first wins)
+ * @param expect the seq it must have (a delta generation), or `null`
+ * @returns the last entry applied
+ */
+function applyLogLine(
+  journal: MemoryEventJournal,
+  line: Uint8Array,
+  file: string,
+  offset: number,
+  lineNo: number,
+  last: number,
+  expect: number | null,
+): number {
+  let entry: Record<string, unknown>;
+  try {
+    entry = JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(line));
+  } catch {
+    const problem = findJsonSyntaxError(line);
+    throw new FileCorruptError(
+      file,
+      offset + (problem?.offset ?? 0),
+      `a log line is not valid JSON: ${problem?.reason ?? "rejected by the parser"}`,
+      LABEL,
+    );
+  }
+  const seq = entry?.seq;
+  if (typeof entry !== "object" || entry === null || typeof seq !== "number" || !Number.isInteger(seq) || seq < 1) {
+    throw new FileCorruptError(file, offset, `line ${lineNo}: a log line has no valid "seq": ${show(seq)}`, LABEL);
+  }
+  if (expect !== null && seq !== expect) {
+    throw new FileCorruptError(file, offset, `generation ${expect} holds a line of seq ${seq}`, LABEL);
+  }
+  if (seq <= last) return last;
+  const outbox = entry.outbox;
+  if (!Array.isArray(outbox)) {
+    throw new FileCorruptError(file, offset, `line ${lineNo}: field "outbox" must be an array, got ${show(outbox)}`, LABEL);
+  }
+  for (let i = 0; i < outbox.length; i++) {
+    const problem = storedOutboxProblem(outbox[i]);
+    if (problem === null) continue;
+    const key = (outbox[i] as { key?: unknown } | null)?.key;
+    const label = `outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}`;
+    throw new FileCorruptError(file, offset, `line ${lineNo} (log entry ${seq}): ${label}: ${problem}`, LABEL);
+  }
+  try {
+    journal.applyChanges(entry as never);
+  } catch (error) {
+    throw new FileCorruptError(file, offset, `log entry ${seq}: ${(error as Error).message}`, LABEL);
+  }
+  return seq;
 }
 
 /** The outbox of a {@link SharedFileEventJournal}: each call is an operation of the journal. */

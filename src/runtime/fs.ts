@@ -600,3 +600,19 @@ export async function truncateFile(path: string, length: number, options: { fsyn
   }
   return true;
 }
+
+/**
+ * The names in a directory (`readdir`), in no particular order.
+ *
+ * @param path the directory
+ * @returns its entries' names, or `null` when it does not exist
+ * @throws {Error} any other error (permissions, not a directory)
+ */
+export async function listDirectory(path: string): Promise<string[] | null> {
+  try {
+    return await (await fs()).readdir(path);
+  } catch (error) {
+    if (errorCode(error) === "ENOENT") return null;
+    throw error;
+  }
+}
