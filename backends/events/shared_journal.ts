@@ -177,14 +177,16 @@ function checkBoolean(value: unknown, name: string): boolean {
  *   writer stopped meanwhile is below the newest snapshot: nobody reads it,
  *   and its writer is told so the same way.
  * - Default: every commit is a snapshot. `appendLog`: a commit is a delta (a
- *   small file, cost independent of the journal's size); every
+ *   small file, cost independent of the journal's size; two flushes, the file
+ *   and the directory, where the append took one); every
  *   `compactEvery` deltas or `compactBytes` the commit is a snapshot.
  *   Generations before a snapshot are removed after it.
  * - The journal file itself and `<file>.log` are a mirror of the newest
  *   generation (a hard link of the snapshot, and the deltas after it as
  *   lines), for a `FileEventJournal` opened on the file later. The mirror is
- *   written after the commit and checked by the next commit, which rewrites
- *   it whole when it is not at the generation before. A `FileEventJournal`
+ *   written after the commit (unflushed; `close()` flushes it) and checked by
+ *   the next commit, which rewrites it whole when it is not at the generation
+ *   before. A `FileEventJournal`
  *   opened on a file whose newest generation never reached the mirror (its
  *   writer was killed, or stopped for longer than `staleLockMs` and then
  *   updated the mirror late, with no shared commit since) reads the older
@@ -254,6 +256,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   #adopted: string | null = null;
   /** The key of the journal file last seen to be a shared journal's mirror. */
   #pathSeen: string | null = null;
+  /** The mirror was written without a flush since the last one (flushed by `close()`). */
+  #mirrorDirty = false;
 
   readonly #queue: Job[] = [];
   #draining: Promise<void> | null = null;
@@ -428,6 +432,14 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   async close(): Promise<void> {
     this.#closed = true;
     while (this.#draining) await this.#draining;
+    if (this.#mirrorDirty && !this.#released) {
+      // The mirror is written unflushed (the generations are the journal); flushed here for a FileEventJournal.
+      this.#mirrorDirty = false;
+      if (this.#logFsync && (await statIdentity(this.logPath).catch(() => null)) !== null) {
+        await appendToFile(this.logPath, new Uint8Array(0), { fsync: true }).catch(() => {});
+      }
+      if (this.#fsync) await syncDirectory(await dirName(this.path)).catch(() => {});
+    }
     await this.#release();
   }
 
@@ -780,7 +792,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     }
     if (!linked) throw new CommitRefused(`generation ${gen} was committed by another writer`);
     await this.#step("linked", kind, target);
-    if (this.#fsync || (kind === "append" && this.#logFsync)) await syncDirectory(this.genDir);
+    if (kind === "append" ? this.#logFsync : this.#fsync) await syncDirectory(this.genDir);
     // A name removed after a newer snapshot can be linked again by a writer that was stopped meanwhile: such
     // a generation is below the newest snapshot, which readers start from. Nobody reads it.
     const after = await this.#listGenerations();
@@ -803,8 +815,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       await removeFile(temp).catch(() => {});
     }
     this.#pathSeen = await this.#pathKey();
-    if ((await statIdentity(this.logPath)) !== null) await truncateFile(this.logPath, 0, { fsync: this.#logFsync });
-    if (this.#fsync) await syncDirectory(await dirName(this.path));
+    if ((await statIdentity(this.logPath)) !== null) await truncateFile(this.logPath, 0, { fsync: false });
+    this.#mirrorDirty = true;
   }
 
   /**
@@ -815,7 +827,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     await this.#step("mirror", "append", this.logPath);
     if ((await statIdentity(this.#genPath(gen + 1))) !== null) return;
     if ((await this.#mirrorAt()) === gen - 1) {
-      await appendToFile(this.logPath, bytes, { fsync: this.#logFsync, mode: this.#mode });
+      await appendToFile(this.logPath, bytes, { fsync: false, mode: this.#mode });
+      this.#mirrorDirty = true;
       return;
     }
     const temp = `${this.path}.${randomId()}.tmp`;
@@ -827,7 +840,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       await removeFile(temp).catch(() => {});
     }
     this.#pathSeen = await this.#pathKey();
-    await truncateFile(this.logPath, 0, { fsync: this.#logFsync });
+    await truncateFile(this.logPath, 0, { fsync: false });
+    this.#mirrorDirty = true;
   }
 
   /** The generation the mirror (the journal file and its `.log`) holds, `-1` when unknown. */
