@@ -101,7 +101,7 @@ import {
   requeuedOutbox,
   sentOutbox,
 } from "../src/journal_rules.ts";
-import { storedCalled } from "../src/stored_records.ts";
+import { withStoredCalled } from "../src/stored_records.ts";
 
 /** Options of {@link kvDurability}. */
 export interface KvDurabilityOptions {
@@ -577,7 +577,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
 
   /** An entry stored before `called` existed has none: a call may have started under its lease, so it reads as `true`. */
   protected override revive(entry: OutboxEntry): OutboxEntry {
-    return typeof entry.called === "boolean" ? entry : { ...entry, called: storedCalled(entry.called) };
+    return withStoredCalled(entry);
   }
 
   #chatPrefix(chatId: string): string {

@@ -56,7 +56,7 @@ import {
   sentOutbox,
 } from "../src/journal_rules.ts";
 import { MinHeap } from "../src/min_heap.ts";
-import { storedCalled } from "../src/stored_records.ts";
+import { withStoredCalled } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 
 /** Options of {@link MemoryDurability}. */
@@ -800,7 +800,7 @@ export class MemoryDurability implements DurabilityBackend {
    */
   importRecords(records: MemoryRecords): void {
     this.#inbox.importRecords(records.inbox);
-    this.#outbox.importEntries(records.outbox.map(withCalled), records.outboxSeq);
+    this.#outbox.importEntries(records.outbox.map(withStoredCalled), records.outboxSeq);
   }
 
   /**
@@ -829,13 +829,8 @@ export class MemoryDurability implements DurabilityBackend {
    * @param seq the last `seq` issued
    */
   applyOutboxChanges(entries: readonly OutboxEntry[], removed: readonly string[], seq: number): void {
-    this.#outbox.applyEntries(entries.map(withCalled), removed, seq);
+    this.#outbox.applyEntries(entries.map(withStoredCalled), removed, seq);
   }
-}
-
-/** `entry`, with `called` read as `true` when it was stored before the flag existed (see `storedCalled`). */
-function withCalled(entry: OutboxEntry): OutboxEntry {
-  return typeof entry.called === "boolean" ? entry : { ...entry, called: storedCalled((entry as { called?: unknown }).called) };
 }
 
 /** Told of an outbox entry stored (`entry`) or deleted (`null`); see {@link MemoryDurability.observeOutbox}. */

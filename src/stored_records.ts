@@ -140,3 +140,15 @@ export function storedOutboxProblem(value: unknown): string | null {
 export function storedCalled(value: unknown): boolean {
   return typeof value === "boolean" ? value : true;
 }
+
+/**
+ * An outbox entry as stored, with `called` filled in ({@link storedCalled})
+ * when it was written before the flag existed; the entry itself (not a copy)
+ * when it has the flag.
+ *
+ * @param entry an entry read back from storage
+ * @returns the entry with a boolean `called`
+ */
+export function withStoredCalled(entry: OutboxEntry): OutboxEntry {
+  return typeof entry.called === "boolean" ? entry : { ...entry, called: storedCalled((entry as { called?: unknown }).called) };
+}

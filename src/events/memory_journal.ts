@@ -25,7 +25,6 @@ import {
   newLease,
 } from "../journal_rules.ts";
 import { showValue as show } from "../show.ts";
-import { storedCalled } from "../stored_records.ts";
 import { MemoryDurability } from "../../backends/memory.ts";
 import type {
   EventClaimOptions,
@@ -634,7 +633,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     this.#tracking = false;
     try {
       for (const record of state.events) this.#store(record);
-      this.#sidecar.importRecords({ inbox: [], outbox: state.outbox.map(withCalled), outboxSeq: state.outboxSeq });
+      this.#sidecar.importRecords({ inbox: [], outbox: state.outbox, outboxSeq: state.outboxSeq });
     } finally {
       this.#tracking = true;
     }
@@ -707,22 +706,12 @@ export class MemoryEventJournal implements LeasedEventJournal {
         this.#delete(slot);
       }
       for (const record of given.values()) this.#store(record, this.#slots.get(record.id));
-      this.#sidecar.applyOutboxChanges(changes.outbox.map(withCalled), changes.removedOutbox, changes.outboxSeq);
+      this.#sidecar.applyOutboxChanges(changes.outbox, changes.removedOutbox, changes.outboxSeq);
     } finally {
       this.#tracking = true;
     }
     if (changes.outboxSeq > this.#outSeq) this.#outSeq = changes.outboxSeq;
   }
-}
-
-/**
- * An outbox entry as stored, with `called` filled in when it was written
- * before the flag existed: such an entry reads as `true` (see `storedCalled`).
- * The entry itself when it has the flag (it is adopted, not copied).
- */
-function withCalled(entry: OutboxEntry): OutboxEntry {
-  if (typeof entry !== "object" || entry === null || typeof entry.called === "boolean") return entry;
-  return { ...entry, called: storedCalled((entry as { called?: unknown }).called) };
 }
 
 /** The sidecar's outbox, rejecting calls once the journal is closed, telling heartbeats apart. */
