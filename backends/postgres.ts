@@ -177,7 +177,7 @@ import {
   normalizeList,
 } from "../src/journal_rules.ts";
 import { sessionEntry, type SessionStore } from "../src/store.ts";
-import { storedCalled, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
+import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 import {
   IDENTIFIER,
@@ -697,7 +697,8 @@ function outboxOf(row: Row, table: string, content?: JsonValue): OutboxEntry {
     nextAttemptAt: numOrNull(row.next_attempt_at),
     lease: leaseOf(row),
     fence: num(row.fence),
-    called: storedCalled(uncalledFence === null || uncalledFence === undefined ? null : num(uncalledFence) !== num(row.fence)),
+    // Uncalled exactly when `uncalled_fence` is the fence; NULL (a row older than the marker) reads as called.
+    called: uncalledFence === null || uncalledFence === undefined || num(uncalledFence) !== num(row.fence),
     messageId: row.message_id,
     error: row.error,
     seq: num(row.seq),

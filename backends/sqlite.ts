@@ -180,7 +180,6 @@ import {
   type SqliteValue,
 } from "../src/runtime/sqlite.ts";
 import { showValue as show } from "../src/show.ts";
-import { storedCalled } from "../src/stored_records.ts";
 
 export type { SqliteDriverName } from "../src/runtime/sqlite.ts";
 
@@ -867,9 +866,7 @@ function outboxOf(row: Row, at: Source): OutboxEntry {
     lease: leaseOf(row),
     fence: num(row.fence),
     // Uncalled exactly when `uncalled_fence` is the fence; NULL (a row older than the marker) reads as called.
-    called: storedCalled(
-      row.uncalled_fence === null || row.uncalled_fence === undefined ? null : Number(row.uncalled_fence) !== Number(row.fence),
-    ),
+    called: row.uncalled_fence === null || row.uncalled_fence === undefined || Number(row.uncalled_fence) !== Number(row.fence),
     messageId: strOrNull(row.message_id),
     error: strOrNull(row.error),
     seq: num(row.seq),

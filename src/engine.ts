@@ -1023,10 +1023,11 @@ export class DurabilityEngine {
 
   /**
    * Call the provider for a leased entry and record the outcome. The lease is
-   * held (heartbeated) from its claim on; the provider is called only if it is
-   * still held at that moment, confirmed by the backend within the last half
-   * lease (a delivery that waited behind a slow send of its chat, or a process
-   * that stalled, renews it first and gives up if another instance took it).
+   * held (heartbeated) from its claim on; the call is first journaled
+   * (`markCalling`, which renews the lease), and made only if that answered
+   * within half a lease that the lease is still ours. A channel that already
+   * confirmed the send (a delivery status; with `resend`, `confirm`) spares
+   * the call.
    */
   async #deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent, resend = false): Promise<SendResult> {
     const { key, chatId } = entry;
@@ -1055,12 +1056,11 @@ export class DurabilityEngine {
         const messageId = confirmed;
         settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
         if (settled) {
-          this.#metrics.outboxResolved++;
-          this.#host.events.emit("durability:resolved", { key, chatId, state: "sent", messageId, via });
+          this.#resolved({ key, chatId, state: "sent", messageId, via });
         }
         return { key, state: "sent", messageId };
       }
-      if (!await this.#stillHeld(lease)) return await this.#notOurs(key);
+      if (!await this.#announceCall(lease)) return await this.#notOurs(key);
       if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
       try {
@@ -1094,41 +1094,40 @@ export class DurabilityEngine {
   }
 
   /**
-   * Whether the provider may be called under `lease` now: held and not lost. The call is journaled
-   * first (`markCalling`, which also renews the lease): a lease lost before it was never called, so
-   * recovery sends it again instead of holding it as ambiguous.
+   * Journal the provider call under an outbox `lease` (`markCalling`, which also renews it) and say
+   * whether the call may go out now: still held, not lost, and answered within half a lease. A lease
+   * lost before the announcement was never called, so recovery sends it again instead of holding it
+   * as ambiguous.
    */
-  async #stillHeld(lease: HeldLease): Promise<boolean> {
+  async #announceCall(lease: HeldLease): Promise<boolean> {
     if (this.#halted) return false;
-    if (lease.lost || this.#held[lease.kind].get(lease.id) !== lease) return false;
-    if (lease.kind === "outbox" && this.#madeUnknown.get(lease.id) === lease.token) {
+    if (lease.lost || this.#held.outbox.get(lease.id) !== lease) return false;
+    if (this.#madeUnknown.get(lease.id) === lease.token) {
       // This process's own sweep already made this lease unknown (its answer came late): no call under it.
       // It was never called, so it goes back in the queue (already reported, an operator sees it).
       this.#madeUnknown.delete(lease.id);
       if (await this.backend.outbox.retry(lease.id).catch(() => false)) this.#wake(0);
       return false;
     }
-    const leaseMs = lease.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
-    const announceCall = lease.kind === "outbox";
-    if (!announceCall && this.#clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
+    const leaseMs = this.config.outbox.leaseMs;
     // A journal error leaves it unknown whether the lease holds (a renewal whose reply was lost): ask again.
     for (let attempt = 1; attempt <= 3; attempt++) {
       const token = lease.token;
-      const renewed = await this.#renewOnce(lease, announceCall);
+      const renewed = await this.#renewOnce(lease, true);
       if (this.#halted) return false;
-      // Re-leased to this process meanwhile (a sweep handed it the new token): renew that one.
+      // Re-leased to this process meanwhile (a sweep handed it the new token): announce under that one.
       if (renewed === "lost" && lease.token !== token && !lease.lost) continue;
       // Held when the backend answered; an answer that came late (a stall, a slow network) may be older
       // than the lease itself: then it is renewed again before a call goes out under it.
       if (renewed === "held" && this.#clock.monotonic() - lease.confirmedAt >= leaseMs / 2 && !lease.lost && lease.token === token) continue;
       // Held, and still ours here: a sweep may have given it up (requeued it) while the renewal was out.
-      if (renewed === "held") return this.#held[lease.kind].get(lease.id) === lease && !lease.lost && lease.token === token;
+      if (renewed === "held") return this.#held.outbox.get(lease.id) === lease && !lease.lost && lease.token === token;
       if (renewed === "lost") return false;
       if (this.#clock.monotonic() - lease.confirmedAt >= leaseMs) break;
       await sleep(this.#clock, Math.max(1, Math.floor(leaseMs / 10)));
     }
     // Still leased to us, perhaps: a later sweep takes it up again (as a lease it never confirmed).
-    this.#everHeld.delete(`${lease.kind}:${lease.id}#${lease.token}`);
+    this.#everHeld.delete(`outbox:${lease.id}#${lease.token}`);
     this.#adoptPending = true;
     return false;
   }
@@ -1205,8 +1204,7 @@ export class DurabilityEngine {
       if (failure instanceof StaleLeaseError) return; // resolved or retried meanwhile
       throw failure;
     }
-    this.#metrics.outboxResolved++;
-    this.#host.events.emit("durability:resolved", { key: entry.key, chatId: entry.chatId, state: dead ? "dead" : "failed", via: "confirm" });
+    this.#resolved({ key: entry.key, chatId: entry.chatId, state: dead ? "dead" : "failed", via: "confirm" });
     if (dead) {
       this.#metrics.outboxDead++;
       this.#host.events.emit("durability:dead", { kind: "outbound", id: entry.key, error });
@@ -1238,9 +1236,14 @@ export class DurabilityEngine {
       if (!(error instanceof StaleLeaseError)) throw error;
       return (await this.backend.outbox.get(entry.key))?.state ?? "gone";
     }
-    this.#metrics.outboxResolved++;
-    this.#host.events.emit("durability:resolved", { key: entry.key, chatId: entry.chatId, state: "sent", messageId, via });
+    this.#resolved({ key: entry.key, chatId: entry.chatId, state: "sent", messageId, via });
     return "resolved";
+  }
+
+  /** An ambiguous send the channel settled: counted and told (`durability:resolved`). */
+  #resolved(event: BotEvents["durability:resolved"]): void {
+    this.#metrics.outboxResolved++;
+    this.#host.events.emit("durability:resolved", event);
   }
 
   #reportAmbiguous(entry: { key: string; chatId: string; fence?: number }): void {
