@@ -52,6 +52,7 @@ import {
   type SendReceipt,
 } from "../src/provider.ts";
 import { readCapped } from "../src/read_capped.ts";
+import { sha256Hex } from "../src/sha256_hex.ts";
 import { showValue as show } from "../src/show.ts";
 
 /** The largest file the Bot API lets a bot download (`getFile`): 20 MB. */
@@ -292,12 +293,6 @@ async function sameSecret(a: string, b: string): Promise<boolean> {
   let diff = 0;
   for (let i = 0; i < p.length; i++) diff |= p[i]! ^ q[i]!;
   return diff === 0;
-}
-
-/** The SHA-256 of a string, as 32 hex digits (the first 128 bits). */
-async function sha256Hex(text: string): Promise<string> {
-  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", encoder.encode(text)));
-  return [...digest.subarray(0, 16)].map((b) => b.toString(16).padStart(2, "0")).join("");
 }
 
 function asError(error: unknown): Error {
@@ -990,7 +985,7 @@ export class TelegramProvider implements Provider {
     if (kind === undefined) return undefined;
     const intOf = (v: unknown) => (typeof v === "number" && Number.isSafeInteger(v) ? v : undefined);
     const updateId = intOf(update.update_id);
-    const idPart = updateId !== undefined ? String(updateId) : `h${await sha256Hex(JSON.stringify(update))}`;
+    const idPart = updateId !== undefined ? String(updateId) : `h${(await sha256Hex(JSON.stringify(update))).slice(0, 32)}`;
     const body = update[kind];
     const m = kind === "callback_query" ? (isObj(body) ? body.message : undefined) : body;
     let chat = isObj(m) && isObj(m.chat) ? intOf(m.chat.id) : undefined;

@@ -61,6 +61,7 @@ import {
   type SendReceipt,
 } from "../src/provider.ts";
 import { readCapped } from "../src/read_capped.ts";
+import { sha256Hex } from "../src/sha256_hex.ts";
 import { showValue as show } from "../src/show.ts";
 import { isWellFormed } from "../src/well_formed.ts";
 
@@ -1692,8 +1693,7 @@ async function unreadableMessage(raw: unknown, error: WhatsAppPayloadError, phon
   const m = isObject(raw) ? raw : {};
   let id = usableString(m.id, 512);
   if (id === undefined) {
-    const digest = await crypto.subtle.digest("SHA-256", encoder.encode(JSON.stringify(raw) ?? "undefined"));
-    id = `unreadable:sha256:${toHex(new Uint8Array(digest))}`;
+    id = `unreadable:sha256:${await sha256Hex(JSON.stringify(raw) ?? "undefined")}`;
   }
   const groupId = usableString(m.group_id, MAX_PREFIXED_ID);
   const phone = usableString(m.from, 512);
