@@ -884,7 +884,8 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       botC.on("error", () => {});
       await start(bots, botC);
       const sending = botC.send("c3", "timed out", { idempotencyKey: "early-status" });
-      await sleep(Math.round(20 * scale));
+      // The call is under way once it is announced (it lasts 200 ms of the suite's time).
+      while ((await backend.outbox.get("early-status"))?.called !== true) await sleep(Math.round(5 * scale));
       expect((await backend.outbox.get("early-status"))?.state).toBe("sending");
       expect(await slow.reportDelivered("early-status", "wamid.2"), "remembered, not resolved yet").toBe(false);
       slow.failNext(1, new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
@@ -898,12 +899,16 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(metricsOf(botC).outboxAmbiguous).toBe(1);
       expect(slow.calls.length, "one call").toBe(1);
 
-      // The status arrives while a failed attempt waits for its retry (a second away): the retry makes no second call.
+      // The status arrives while a failed attempt waits for its retry (at least 400 ms away, whatever the
+      // jitter draws): the retry makes no second call. The status is remembered by the replica that
+      // saw it, so the bots above stop first (one of them could take the retry).
+      await bot.stop();
+      await botC.stop();
       const flaky = new MockProvider();
-      const botD = new Bot({ clock: time.clock, provider: flaky, durability: fastDurability(backend, scale, { outbox: { backoff: { baseMs: Math.round(1_000 * scale), capMs: Math.round(1_000 * scale) } } }) });
+      const botD = new Bot({ clock: time.clock, provider: flaky, durability: fastDurability(backend, scale) });
       const resolvedD = collect(botD, "durability:resolved");
       await start(bots, botD);
-      flaky.failNext(1, new ProviderError("bad gateway", { status: 502 }));
+      flaky.failNext(1, new ProviderError("bad gateway", { status: 502, retryAfterMs: Math.round(400 * scale) }));
       const failed = await botD.send("c4", "retried", { idempotencyKey: "status-before-retry" });
       expect(failed.state).toBe("failed");
       expect(await flaky.reportDelivered("status-before-retry", "wamid.3")).toBe(false);
