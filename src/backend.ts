@@ -214,7 +214,20 @@ export interface InboxJournal {
    * @returns the leased record, or `null` when it is not claimable.
    */
   claim(id: string, options: ClaimOptions): Promise<InboundRecord | null>;
-  /** Lease up to `limit` claimable records, oldest `receivedAt` first. O(due). */
+  /**
+   * Lease up to `limit` claimable records in arrival order (`receivedAt`,
+   * then admission order), keeping each chat's order through a failover: a
+   * record is taken only while no earlier active record of its chat is
+   * `processing` under a lease held elsewhere (live, and not the caller's:
+   * another owner's, or another incarnation's that `reclaimOwn` does not
+   * cover). Such a record holds back every later record of its chat, due or
+   * not, until it settles or its lease lapses; so two callers never hold
+   * records of one chat at once, concurrent scans included. The caller's own
+   * live leases hold nothing back (its per-chat queue keeps them in order),
+   * and neither does a `failed` record waiting for its retry (within a
+   * replica, too, the next message of the chat is handled meanwhile). O(due),
+   * plus the active records of the chats it looks at.
+   */
   claimDue(options: ClaimDueOptions): Promise<InboundRecord[]>;
   /** Extend a lease. @returns `false` when `token` is no longer the holder's. */
   heartbeat(id: string, token: number, leaseMs: number): Promise<boolean>;

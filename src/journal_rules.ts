@@ -61,6 +61,21 @@ export function isInboxClaimable(
   }
 }
 
+/**
+ * Whether an active inbox record (or event record) holds back the later records of its chat from a
+ * due scan under `options`: `processing` under a live lease the caller cannot take and does not hold
+ * itself. See `InboxJournal.claimDue`.
+ */
+export function holdsChat(
+  record: { state: InboundState; lease: Lease | null },
+  now: number,
+  options: ClaimOptions,
+): boolean {
+  if (record.state !== "processing" || record.lease === null) return false;
+  if (record.lease.owner === options.owner && record.lease.incarnation === options.incarnation) return false;
+  return !isLeaseAbandoned(record.lease, now, options);
+}
+
 /** When an active inbox record next becomes claimable by a due scan (`null`: never by time). */
 export function inboxDueAt(record: InboundRecord): number | null {
   switch (record.state) {

@@ -678,6 +678,92 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         }
       });
 
+      it("chat order through a failover: a later record waits while an earlier one of its chat is leased elsewhere; lapsed ones are taken in order", async (b) => {
+        const chat = uid("chat");
+        const lost = claimer("owner-lost", SHORT);
+        // The lost replica held three records of the chat; the first (its handler running) was heartbeated last.
+        const first = await admitted(b, inbound(chat, 1_000), lost);
+        const second = await admitted(b, inbound(chat, 2_000), lost);
+        const third = await admitted(b, inbound(chat, 3_000), lost);
+        expect(await b.inbox.heartbeat(first.id, tokenOf(first), LONG)).toBe(true);
+        const other = await admitted(b, inbound(uid("chat"), 2_500), lost);
+        await sleep(LAPSE);
+        const y = claimer("owner-y");
+        expect(ids(await b.inbox.claimDue({ ...y, limit: 100 })), "the chat waits behind its first record; another chat is not held back").toEqual([other.id]);
+        expect((await mustGetIn(b, second.id)).lease?.owner, "not taken").toBe("owner-lost");
+        // The first record's lease lapses too: the chat is taken in arrival order, one claimer at a time.
+        expect(await b.inbox.heartbeat(first.id, tokenOf(first), SHORT)).toBe(true);
+        await sleep(LAPSE);
+        expect(ids(await b.inbox.claimDue({ ...y, limit: 1 })), "the first record first").toEqual([first.id]);
+        const z = claimer("owner-z");
+        expect(ids(await b.inbox.claimDue({ ...z, limit: 100 })), "a second claimer takes nothing of a chat held elsewhere").toEqual([]);
+        expect(ids(await b.inbox.claimDue({ ...y, limit: 100 })), "the holder takes the rest behind its own lease").toEqual([second.id, third.id]);
+        expect(ids(await b.inbox.claimDue({ ...z, limit: 100 }))).toEqual([]);
+        // Settled, the chat is free again: a record made pending later (a replay) is anyone's.
+        for (const r of [first, second, third]) await b.inbox.complete(r.id, (await mustGetIn(b, r.id)).lease!.token);
+        expect(await b.inbox.replay(second.id)).toBe(true);
+        expect(ids(await b.inbox.claimDue({ ...z, limit: 100 }))).toEqual([second.id]);
+      });
+
+      it("chat order: a record processing elsewhere holds back every later one of its chat, pending and lapsed alike; a failed one waiting for its retry holds back nothing", async (b) => {
+        const chat = uid("chat");
+        const x = claimer("owner-x", LONG);
+        const held = await admitted(b, inbound(chat, 1_000), x);
+        const pending = await admitted(b, inbound(chat, 2_000));
+        const lapsed = await admitted(b, inbound(chat, 3_000), claimer("owner-w", SHORT));
+        await sleep(LAPSE);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })), "nothing while the first is held elsewhere").toEqual([]);
+        expect(ids(await b.inbox.claimDue({ ...x, limit: 100 })), "its holder takes the later ones, in order").toEqual([pending.id, lapsed.id]);
+        // A failed record waiting for its retry: the next ones of its chat are handled meanwhile.
+        const chat2 = uid("chat");
+        const waiting = await admitted(b, inbound(chat2, 1_000), x);
+        await b.inbox.fail(waiting.id, tokenOf(waiting), { error: "boom", retryInMs: LONG });
+        const next = await admitted(b, inbound(chat2, 2_000));
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })), "not held back by a retry that is not due").toEqual([next.id]);
+        // A failed record that is due comes first, ahead of the later ones of its chat.
+        const chat3 = uid("chat");
+        const due = await admitted(b, inbound(chat3, 1_000), x);
+        await b.inbox.fail(due.id, tokenOf(due), { error: "boom", retryInMs: SHORT });
+        const after = await admitted(b, inbound(chat3, 2_000));
+        await sleep(LAPSE);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 }))).toEqual([due.id, after.id]);
+        // The previous incarnation's records are the next one's under reclaimOwn, in order; another owner's live lease still holds back.
+        const chat4 = uid("chat");
+        const mine = claimer("owner-r", LONG, "inc-1");
+        const theirs = await admitted(b, inbound(chat4, 1_000), claimer("owner-s", LONG));
+        const own = await admitted(b, inbound(chat4, 2_000), mine);
+        const reclaim = { ...claimer("owner-r", LONG, "inc-2"), reclaimOwn: true, limit: 100 };
+        expect(ids(await b.inbox.claimDue(reclaim)), "held back by another owner's earlier record").toEqual([]);
+        await b.inbox.complete(theirs.id, tokenOf(theirs));
+        expect(ids(await b.inbox.claimDue(reclaim))).toEqual([own.id]);
+      });
+
+      it("chat order under concurrent due scans: a chat's records are never split between claimers, and each holds a prefix of its chat", async (b) => {
+        const chats = [uid("chat"), uid("chat"), uid("chat")];
+        const order = new Map<string, string[]>();
+        let t = 1_000;
+        for (let i = 0; i < 5; i++) {
+          for (const chat of chats) {
+            const r = await admitted(b, inbound(chat, t++), claimer("owner-lost", SHORT));
+            order.set(chat, [...order.get(chat) ?? [], r.id]);
+          }
+        }
+        await sleep(LAPSE);
+        const results = await Promise.all(
+          Array.from({ length: 6 }, (_, i) => b.inbox.claimDue({ ...claimer(`owner-${i}`), limit: 2 })),
+        );
+        const holder = new Map<string, string>();
+        for (let i = 0; i < results.length; i++) for (const r of results[i]!) holder.set(r.id, `owner-${i}`);
+        for (const chat of chats) {
+          const list = order.get(chat)!;
+          const taken = list.filter((id) => holder.has(id));
+          expect(taken, `chat ${chat}: the records taken are the first of the chat`).toEqual(list.slice(0, taken.length));
+          expect(new Set(taken.map((id) => holder.get(id))).size, `chat ${chat}: one claimer`).toBeLessThanOrEqual(1);
+          for (const id of taken) expect((await mustGetIn(b, id)).lease?.owner, "the journal agrees").toBe(holder.get(id));
+        }
+        expect(holder.size, "some records were taken").toBeGreaterThan(0);
+      });
+
       it("concurrent claims of one record: exactly one wins", async (b) => {
         const r = await admitted(b, inbound(uid("chat")));
         const results = await Promise.all(Array.from({ length: 10 }, () => b.inbox.claim(r.id, claimer())));
@@ -1242,6 +1328,26 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           }
           expect(await b.outbox.get(key), `${before.state}: nothing changed`).toEqual(before);
         }
+      });
+
+      it("chat order through a failover: the lost replica's sends of a chat are taken by one claimer, head first; the rest wait behind it", async (b) => {
+        const chat = uid("chat");
+        const lost = claimer("owner-lost", SHORT);
+        const head = await reserved(b, outbound(chat), lost); // its call was under way
+        const second = (await b.outbox.reserve(outbound(chat))).entry;
+        const third = (await b.outbox.reserve(outbound(chat))).entry;
+        expect([second.state, third.state]).toEqual(["queued", "queued"]);
+        await sleep(LAPSE);
+        const claims = await Promise.all(
+          Array.from({ length: 4 }, (_, i) => b.outbox.claimDue({ ...claimer(`owner-${i}`), limit: 10 })),
+        );
+        expect(claims.flatMap((c) => keys(c.ambiguous)), "the lost call is ambiguous, once").toEqual([head.key]);
+        const due = claims.flatMap((c) => keys(c.due));
+        expect(due, "only the next send of the chat is leased, by one claimer").toEqual([second.key]);
+        const holder = (await mustGetOut(b, second.key)).lease!;
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 10 })).due), "nothing while it is held").toEqual([]);
+        await b.outbox.markSent(second.key, holder.token, "m-2");
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 10 })).due), "then the third").toEqual([third.key]);
       });
 
       it("per-chat order: an unknown entry resolved to failed blocks its chat again until it is sent", async (b) => {
