@@ -67,6 +67,7 @@ import {
   FileLockedError,
   fileStep,
   NEW_FILE_MODE,
+  MIN_STALE_LOCK_MS,
   parseJsonBytes,
   releaseOpenFile,
   snapshotFileMode,
@@ -300,9 +301,9 @@ export class FileDurability implements DurabilityBackend {
     if (typeof fsync !== "boolean") {
       throw new TypeError(`FileDurability option "fsync" must be a boolean, got ${show(fsync)}`);
     }
-    if (typeof staleLockMs !== "number" || !Number.isFinite(staleLockMs) || staleLockMs < 1000) {
+    if (typeof staleLockMs !== "number" || !Number.isFinite(staleLockMs) || staleLockMs < MIN_STALE_LOCK_MS) {
       throw new TypeError(
-        `FileDurability option "staleLockMs" must be a finite number of milliseconds, at least 1000, got ${show(staleLockMs)}`,
+        `FileDurability option "staleLockMs" must be a finite number of milliseconds, at least ${MIN_STALE_LOCK_MS}, got ${show(staleLockMs)}`,
       );
     }
     if (clock !== undefined && typeof clock !== "function") {

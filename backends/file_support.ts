@@ -52,12 +52,10 @@ const UNREADABLE_LOCK_STALE_MS = 10_000;
 const BREAK_STALE_MS = 5_000;
 /** Default {@link FileMutexOptions.timeoutMs}. */
 const DEFAULT_MUTEX_TIMEOUT_MS = 10_000;
-/** Smallest accepted {@link FileMutexOptions.staleLockMs} (of the bare mutex; the journals require {@link MIN_STALE_LOCK_MS}). */
-const MIN_MUTEX_STALE_MS = 100;
 /**
- * Smallest `staleLockMs` a journal accepts (`FileEventJournal`,
- * `SharedFileEventJournal`): an ordinary pause (GC, a busy event loop) must
- * not reach it.
+ * Smallest `staleLockMs` accepted anywhere (`FileMutex`, `FileDurability`,
+ * `FileEventJournal`, `SharedFileEventJournal`): an ordinary pause (GC, a
+ * busy event loop) must not reach it.
  */
 export const MIN_STALE_LOCK_MS: number = 1_000;
 /** Longest pause between two attempts to take a busy mutex. */
@@ -877,7 +875,7 @@ export class FileMutex {
    * @throws {TypeError} when `file` is not a non-empty string, `options` is not an object, or an option has the
    *   wrong type (the message names it)
    * @throws {RangeError} when an option is out of range: `timeoutMs` below 0, `staleLockMs` not finite or below
-   *   100, `heartbeatMs` not finite, not above 0 or not below `staleLockMs` (the message names it)
+   *   1000, `heartbeatMs` not finite, not above 0 or not below `staleLockMs` (the message names it)
    */
   constructor(file: string, options: FileMutexOptions = {}) {
     if (typeof options !== "object" || options === null || Array.isArray(options)) {
@@ -896,9 +894,9 @@ export class FileMutex {
       throw new RangeError(`${label} option "timeoutMs" must be at least 0 (or Infinity), got ${show(timeoutMs)}`);
     }
     const staleLockMs = checkOptionNumber(label, "staleLockMs", options.staleLockMs ?? DEFAULT_STALE_LOCK_MS);
-    if (!Number.isFinite(staleLockMs) || staleLockMs < MIN_MUTEX_STALE_MS) {
+    if (!Number.isFinite(staleLockMs) || staleLockMs < MIN_STALE_LOCK_MS) {
       throw new RangeError(
-        `${label} option "staleLockMs" must be a finite number of milliseconds, at least ${MIN_MUTEX_STALE_MS}, ` +
+        `${label} option "staleLockMs" must be a finite number of milliseconds, at least ${MIN_STALE_LOCK_MS}, ` +
           `got ${show(staleLockMs)}`,
       );
     }

@@ -132,7 +132,7 @@ describe("FileMutex across processes", () => {
 
   test("a SIGSTOPped holder is broken only after staleLockMs, is never killed, and learns it lost the mutex", async () => {
     const file = freshFile();
-    const STALE = 600;
+    const STALE = 1_000;
     const { child, out } = spawnHolder(file, STALE);
     const childNonce = (await out.next("HELD")).split(" ")[1];
     await Bun.sleep(250); // a heartbeat or two
@@ -162,12 +162,12 @@ describe("FileMutex across processes", () => {
 
   test("a live holder past staleLockMs is not broken as long as its heartbeat refreshes the mtime", async () => {
     const file = freshFile();
-    const STALE = 600;
+    const STALE = 1_000;
     const { child, out } = spawnHolder(file, STALE);
     const childNonce = (await out.next("HELD")).split(" ")[1];
     const started = Date.now();
-    const error = await rejection(new FileMutex(file, { staleLockMs: STALE, timeoutMs: 2_000 }).acquire());
-    expect(Date.now() - started).toBeGreaterThanOrEqual(2_000 - 5);
+    const error = await rejection(new FileMutex(file, { staleLockMs: STALE, timeoutMs: 3_500 }).acquire());
+    expect(Date.now() - started).toBeGreaterThanOrEqual(3_500 - 5);
     expect(error).toBeInstanceOf(FileMutexTimeoutError);
     expect((error as FileMutexTimeoutError).waitedMs).toBeGreaterThan(3 * STALE);
     expect(mutexNonce(file)).toBe(childNonce);
@@ -206,7 +206,7 @@ describe("FileMutex in one process", () => {
     expect(held.lost).toBe(true);
     rmSync(`${file}.mutex`);
     // Known lost (the heartbeat saw it): release does not even look.
-    const lost = await new FileMutex(file, { staleLockMs: 300 }).acquire();
+    const lost = await new FileMutex(file, { staleLockMs: 1_000, heartbeatMs: 100 }).acquire();
     writeFileSync(`${file}.mutex`, other);
     await Bun.sleep(250);
     expect(lost.lost).toBe(true);
@@ -220,7 +220,7 @@ describe("FileMutex in one process", () => {
 
   test("a holder's heartbeat flags a lost mutex", async () => {
     const file = freshFile();
-    const held = await new FileMutex(file, { staleLockMs: 300 }).acquire();
+    const held = await new FileMutex(file, { staleLockMs: 1_000, heartbeatMs: 100 }).acquire();
     cleanups.push(() => held.release());
     expect(held.lost).toBe(false);
     await held.assertHeld();
@@ -231,7 +231,7 @@ describe("FileMutex in one process", () => {
 
   test("holders in one process wait for each other; an in-process holder is never broken, even with an old mtime", async () => {
     const file = freshFile();
-    const mutex = new FileMutex(file, { staleLockMs: 200, heartbeatMs: 150, timeoutMs: 400 });
+    const mutex = new FileMutex(file, { staleLockMs: 1_000, heartbeatMs: 150, timeoutMs: 400 });
     const first = await mutex.acquire();
     const old = new Date(Date.now() - 60_000);
     utimesSync(`${file}.mutex`, old, old);
@@ -305,10 +305,11 @@ describe("FileMutex in one process", () => {
       [{ timeoutMs: -1 }, RangeError, /"timeoutMs"/],
       [{ timeoutMs: Number.NaN }, TypeError, /"timeoutMs"/],
       [{ staleLockMs: "1000" }, TypeError, /"staleLockMs"/],
-      [{ staleLockMs: 50 }, RangeError, /"staleLockMs".*at least 100/],
+      [{ staleLockMs: 50 }, RangeError, /"staleLockMs".*at least 1000/],
+      [{ staleLockMs: 999 }, RangeError, /"staleLockMs".*at least 1000/],
       [{ staleLockMs: Infinity }, RangeError, /"staleLockMs"/],
       [{ heartbeatMs: 0 }, RangeError, /"heartbeatMs"/],
-      [{ staleLockMs: 600, heartbeatMs: 600 }, RangeError, /"heartbeatMs".*below "staleLockMs"/],
+      [{ staleLockMs: 1_000, heartbeatMs: 1_000 }, RangeError, /"heartbeatMs".*below "staleLockMs"/],
       [{ heartbeatMs: true }, TypeError, /"heartbeatMs"/],
       [{ label: "" }, TypeError, /"label"/],
     ];
@@ -319,8 +320,8 @@ describe("FileMutex in one process", () => {
       expect(error).toBeInstanceOf(type);
     }
     expect(() => new FileMutex("")).toThrow(TypeError);
-    const ok = new FileMutex(file, { staleLockMs: 600 });
-    expect([ok.staleLockMs, ok.heartbeatMs, ok.timeoutMs, ok.mutexPath]).toEqual([600, 200, 10_000, `${file}.mutex`]);
+    const ok = new FileMutex(file, { staleLockMs: 1_200 });
+    expect([ok.staleLockMs, ok.heartbeatMs, ok.timeoutMs, ok.mutexPath]).toEqual([1_200, 400, 10_000, `${file}.mutex`]);
     expect(new FileMutex(file).heartbeatMs).toBe(10_000);
     expect(new FileMutex(file, { timeoutMs: Infinity }).timeoutMs).toBe(Infinity);
   });
