@@ -110,9 +110,14 @@
  * unsettled entry of each chat), lease-owner reclaims an index on the lease
  * owner, purges partial indexes of `done`/`sent` records by `updated_at`.
  * The inbox due index is ordered by receipt within a `due_at`, so an inbox
- * `claimDue` reads a pending backlog (`due_at` 0) in order, at most `limit`
- * rows; only records due at a time (retries, lapsed leases) are read whole
- * and sorted. Lists read at most `limit` rows per query, in their order: all
+ * `claimDue` reads a pending backlog (`due_at` 0) in order, `limit` rows at a
+ * time (more only when records of held chats are skipped); only records due
+ * at a time (retries, lapsed leases) are read whole and sorted. It keeps each
+ * chat's order: for each chat it comes to, it reads the chat's `processing`
+ * records by a partial index on (chat, receipt) (schema 5; never the chat's
+ * settled records), and skips the chat's records after the first one leased
+ * elsewhere. Each `claimDue` is one write transaction, so scans of several
+ * processes never split a chat between them. Lists read at most `limit` rows per query, in their order: all
  * records by an index on the order, one chat's by an index on (chat, order)
  * (other states skipped), one state's by (state, order); several states run
  * one query per state and merge.
@@ -161,6 +166,7 @@ import {
   inboxDueAt,
   isInboxClaimable,
   isLeaseAbandoned,
+  holdsChat,
   isLeasedWith,
   newInboundRecord,
   newOutboxEntry,
@@ -214,7 +220,7 @@ export type SQLiteStoreOptions = SQLiteOptions;
 export type SQLiteDurabilityOptions = SQLiteOptions;
 
 /** The schema version this version of the library writes. */
-export const SQLITE_SCHEMA_VERSION: number = 4;
+export const SQLITE_SCHEMA_VERSION: number = 5;
 
 const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
@@ -418,6 +424,14 @@ const MIGRATIONS: readonly Migration[] = [
     version: 4,
     up(db, p) {
       db.exec(`ALTER TABLE ${p}outbox ADD COLUMN uncalled_fence INTEGER;`);
+    },
+  },
+  {
+    // An inbox due scan keeps each chat's order: it looks up the chat's `processing` records (a lease
+    // held elsewhere holds back the later ones) without reading the chat's settled history.
+    version: 5,
+    up(db, p) {
+      db.exec(`CREATE INDEX ${p}inbox_chat_leased ON ${p}inbox (chat_id, received_at, ord) WHERE state = 'processing';`);
     },
   },
 ];
@@ -788,6 +802,8 @@ function wrapOpenError(file: string, driver: SqliteDriverName | null, error: unk
 type Row = SqliteRow;
 
 const num = (v: SqliteValue): number => v as number;
+/** Inbox rows in arrival order: `received_at`, then `ord`. */
+const arrival = (a: Row, b: Row): number => num(a.received_at) - num(b.received_at) || num(a.ord) - num(b.ord);
 const numOrNull = (v: SqliteValue): number | null => (v === null ? null : (v as number));
 const strOrNull = (v: SqliteValue): string | null => (v === null ? null : String(v));
 
@@ -1063,38 +1079,61 @@ class SqliteInbox implements InboxJournal {
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     const c = await this.#gate.ready();
     if (!(options.limit > 0)) return [];
+    const t = this.#t;
     return c.write((now) => {
-      // Due records, oldest first (lapsed leases too, this incarnation's own included).
-      // Those due at 0 (pending: a backlog may be large) are read in order from the index, at most
-      // `limit`; those due at a time (retries, lapsed leases) are all read and sorted here.
-      const rows = c.stmt(
-        `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
-        WHERE due_at = 0 ORDER BY received_at, ord LIMIT ?`,
-      ).all(options.limit);
-      rows.push(
-        ...c.stmt(
-          `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
-          WHERE due_at > 0 AND due_at <= ?`,
-        ).all(now),
-      );
+      // Due records in arrival order (lapsed leases too, this incarnation's own included): those due at
+      // a time (retries, lapsed leases) and the previous incarnations' are all read and sorted; pending
+      // ones (due at 0: a backlog may be large) are read in order from the index a page at a time, as
+      // the merge reaches them (records of held chats are skipped, so a page may not be enough).
+      const timed = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due WHERE due_at > 0 AND due_at <= ?`)
+        .all(now);
       if (options.reclaimOwn) {
-        rows.push(
+        timed.push(
           ...c.stmt(
-            `SELECT ${INBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_owner
+            `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_owner
             WHERE lease_owner = ? AND state = 'processing' AND lease_incarnation <> ?`,
           ).all(options.owner, options.incarnation),
         );
       }
+      timed.sort(arrival);
+      const size = Math.ceil(options.limit);
+      let page = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
+        WHERE due_at = 0 ORDER BY received_at, ord LIMIT ?`).all(size);
+      const nextPage = (last: Row) =>
+        c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
+          WHERE due_at = 0 AND (received_at, ord) > (?, ?) ORDER BY received_at, ord LIMIT ?`)
+          .all(last.received_at, last.ord, size);
+      // Per chat looked at: its first record processing under a lease held elsewhere (null: none).
+      const holds = new Map<string, Row | null>();
+      const heldBack = (row: Row): boolean => {
+        const chat = String(row.chat_id);
+        let hold = holds.get(chat);
+        if (hold === undefined) {
+          const leased = c.stmt(
+            `SELECT received_at, ord, lease_owner, lease_incarnation, lease_token, lease_expires_at
+            FROM ${t} INDEXED BY ${t}_chat_leased WHERE chat_id = ? AND state = 'processing' ORDER BY received_at, ord`,
+          ).all(chat);
+          hold = leased.find((r) => holdsChat({ state: "processing", lease: leaseOf(r) }, now, options)) ?? null;
+          holds.set(chat, hold);
+        }
+        return hold !== null && arrival(hold, row) < 0;
+      };
       const seen = new Set<number>();
-      const candidates = rows.filter((row) => !seen.has(num(row.ord)) && seen.add(num(row.ord)));
-      candidates.sort((a, b) => num(a.received_at) - num(b.received_at) || num(a.ord) - num(b.ord));
       const out: InboundRecord[] = [];
-      for (const row of candidates) {
-        if (out.length >= options.limit) break;
+      let i = 0, j = 0;
+      while (out.length < options.limit) {
+        if (j === page.length && j === size) [page, j] = [nextPage(page[j - 1]!), 0];
+        const a = timed[i], b = page[j];
+        if (a === undefined && b === undefined) break;
+        const row = b === undefined || (a !== undefined && arrival(a, b) < 0) ? timed[i++]! : page[j++]!;
+        if (seen.has(num(row.ord))) continue;
+        seen.add(num(row.ord));
+        if (heldBack(row)) continue;
         const cur = inboundOf(row, this.#at);
         if (!isInboxClaimable(cur, now, options)) continue;
         const next = claimedInbound(cur, now, options);
         if (this.#update(c, cur, next)) out.push(next);
+        else holds.set(cur.chatId, row); // not taken after all: the rest of its chat must not overtake it
       }
       return out;
     });
