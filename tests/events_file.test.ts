@@ -64,6 +64,24 @@ function deadPid(): number {
   return Bun.spawnSync(["true"]).pid;
 }
 
+describe("FileEventJournal orderKey", () => {
+  test("is kept in the snapshot; a record stored without one reads as null", async () => {
+    const path = freshPath();
+    const j = await openAt(path);
+    await j.append(ev("old"));
+    await j.append({ ...ev("a"), orderKey: "k" });
+    await j.close();
+    writeFileSync(path, readFileSync(path, "utf8").replaceAll('"orderKey":null,', ""));
+    expect(readFileSync(path, "utf8")).not.toContain('"orderKey":null');
+    const again = await openAt(path);
+    expect((await again.list()).map((e) => [e.id, e.orderKey])).toEqual([["old", null], ["a", "k"]]);
+    await again.append({ ...ev("b"), orderKey: "k", createdAt: 1_800_000_000_000 });
+    expect((await again.claimDue({ ...A, limit: 2 })).map((e) => e.id)).toEqual(["old", "a"]);
+    expect(await again.claimDue({ ...B, limit: 10 }), "b waits behind a, held by A").toEqual([]);
+    expect((await again.claimDue({ ...A, limit: 10 })).map((e) => e.id)).toEqual(["b"]);
+  });
+});
+
 describe("FileEventJournal.open options", () => {
   test("name, scope, path, file, locked", async () => {
     const path = freshPath();

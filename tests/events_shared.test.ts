@@ -428,6 +428,33 @@ describe("SharedFileEventJournal in one process", () => {
     expect(error?.message).toContain('field "lease"');
   });
 
+  test("orderKey is kept by snapshots and deltas; a record stored without one reads as null", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: { compactEvery: 3 } });
+    await journal.append({ id: "old", eventType: "job", payload: null }); // generation 2: a delta
+    await journal.append({ id: "a", orderKey: "k", eventType: "job", payload: null }); // 3
+    await journal.append({ id: "b", orderKey: "k", eventType: "job", payload: null, createdAt: 0 }); // 4: a snapshot
+    await journal.append({ id: "c", orderKey: "k2", eventType: "job", payload: null }); // 5: a delta
+    await journal.close();
+    // As a version without ordering groups wrote it.
+    let stripped = 0;
+    for (const name of readdirSync(`${file}.gen`)) {
+      const gen = `${file}.gen/${name}`;
+      const text = readFileSync(gen, "utf8");
+      stripped += text.split('"orderKey":null,').length - 1;
+      writeFileSync(gen, text.replaceAll('"orderKey":null,', ""));
+    }
+    expect(stripped, "the record without a key").toBe(1);
+    const again = await openJournal(file, { appendLog: true });
+    expect((await again.list()).map((e) => [e.id, e.orderKey])).toEqual([["old", null], ["a", "k"], ["b", "k"], ["c", "k2"]]);
+    const A = { owner: "A", incarnation: "a1", leaseMs: 60_000 };
+    expect((await again.claimDue({ ...A, limit: 1 })).map((e) => e.id)).toEqual(["b"]);
+    await again.close();
+    const reopened = await openJournal(file, {}); // from the newest generation: A's lease of "b" holds key "k" back
+    expect((await reopened.claimDue({ owner: "B", incarnation: "b1", leaseMs: 60_000, limit: 10 })).map((e) => e.id))
+      .toEqual(["old", "c"]);
+  });
+
   test("a file of the earlier format (snapshot stamped generation/writer, a .log, a torn last line) opens and is upgraded", async () => {
     const file = freshFile();
     const journal = await openJournal(file, { appendLog: true });

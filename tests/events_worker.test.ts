@@ -238,6 +238,84 @@ describe("EventWorker", () => {
     expect((await journal.list({ state: "done" })).length).toBe(9);
   });
 
+  test("events of one orderKey run one at a time, in order; other keys and events without a key run meanwhile", async () => {
+    const journal = new MemoryEventJournal();
+    let release!: () => void;
+    const gate = new Promise<void>((r) => release = r);
+    const started: string[] = [];
+    const w = worker(journal, {
+      concurrency: 6,
+      handler: async (event) => {
+        started.push(event.id);
+        if (event.id === "k1-a") await gate;
+      },
+    });
+    for (const id of ["k1-a", "k1-b", "k2-a", "k1-c", "k2-b"]) {
+      await journal.append({ id, orderKey: id.slice(0, 2), eventType: "x", payload: null });
+    }
+    await journal.append({ id: "plain", eventType: "x", payload: null });
+    w.start();
+    await until(() => started.length === 4);
+    await sleep(30);
+    expect(started).toEqual(["k1-a", "k2-a", "plain", "k2-b"]);
+    expect((await journal.get("k1-b"))?.state, "leased, waiting for k1-a").toBe("processing");
+    release();
+    await w.idle();
+    await w.stop();
+    expect(started.filter((id) => id.startsWith("k1"))).toEqual(["k1-a", "k1-b", "k1-c"]);
+    expect((await journal.list({ state: "done" })).length).toBe(6);
+  });
+
+  test("a failed event waiting for its retry does not hold back the next ones of its key", async () => {
+    const journal = new MemoryEventJournal();
+    const seen: string[] = [];
+    const w = worker(journal, {
+      backoff: { baseMs: 60_000, capMs: 60_000 },
+      handler: (event) => {
+        seen.push(event.id);
+        if (event.id === "first") throw new Error("later");
+      },
+    });
+    await journal.append({ id: "first", orderKey: "k", eventType: "x", payload: null });
+    await journal.append({ id: "second", orderKey: "k", eventType: "x", payload: null });
+    w.start();
+    await w.idle();
+    await w.stop();
+    expect(seen).toEqual(["first", "second"]);
+    expect((await journal.get("first"))?.state).toBe("failed");
+    expect((await journal.get("second"))?.state).toBe("done");
+  });
+
+  test("two workers never run events of one key at once, and run each key in order; waiting leases are kept alive", async () => {
+    const journal = new MemoryEventJournal();
+    const keys = ["k1", "k2"];
+    for (let i = 0; i < 6; i++) {
+      for (const key of keys) await journal.append({ id: `${key}-${i}`, orderKey: key, eventType: "x", payload: i });
+    }
+    const active = new Map<string, number>();
+    const order = new Map<string, number[]>();
+    const overlaps: string[] = [];
+    const stale: string[] = [];
+    const handler = async (event: EventRecord): Promise<void> => {
+      const key = event.orderKey!;
+      if (active.get(key)) overlaps.push(event.id);
+      active.set(key, (active.get(key) ?? 0) + 1);
+      order.set(key, [...order.get(key) ?? [], event.payload as number]);
+      await sleep(15);
+      active.set(key, active.get(key)! - 1);
+    };
+    const workers = ["host/w1", "host/w2"].map((instanceId) => worker(journal, { instanceId, concurrency: 4, leaseMs: 60, handler }));
+    for (const w of workers) {
+      w.on("stale", ({ event }) => stale.push(event.id));
+      w.start();
+    }
+    await until(async () => (await journal.list({ state: "done" })).length === 12);
+    for (const w of workers) await w.stop();
+    expect(overlaps).toEqual([]);
+    expect(stale).toEqual([]);
+    for (const key of keys) expect(order.get(key), key).toEqual([0, 1, 2, 3, 4, 5]);
+  });
+
   test("stop() waits for running handlers and their outcomes; no claim after stop", async () => {
     const journal = new MemoryEventJournal();
     await journal.append({ id: "e", eventType: "x", payload: null });

@@ -421,7 +421,10 @@ export class FileEventJournal implements LeasedEventJournal {
     return this.#run("events.claim", (m) => m.claim(id, options));
   }
 
-  /** Leases up to `limit` claimable records of `options.channel`, oldest `createdAt` first. @returns the leased records */
+  /**
+   * Leases up to `limit` claimable records of `options.channel`, oldest `createdAt` first, keeping each
+   * `orderKey`'s order (see `LeasedEventJournal.claimDue`). @returns the leased records
+   */
   claimDue(options: EventClaimOptions & { limit: number }): Promise<EventRecord[]> {
     return this.#run("events.claimDue", (m) => m.claimDue(options));
   }

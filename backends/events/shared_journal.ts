@@ -204,6 +204,9 @@ function checkBoolean(value: unknown, name: string): boolean {
  *   `staleLockMs`.
  * - A file that a live `FileEventJournal` holds (its `<file>.lock`) is
  *   refused, at open and by every operation: an error instead of lost records.
+ * - A due scan runs under the mutex on the newest state, so the records of
+ *   one `orderKey` are leased to one process at a time, oldest first (see
+ *   `LeasedEventJournal.claimDue`), whichever processes scan at once.
  * - `close()` lets operations already called finish, and rejects later ones.
  *
  * @example Three workers (processes) may run this on one file

@@ -3,6 +3,8 @@
  * one JSON snapshot `{ format, version, logSeq, outboxSeq, events, outbox }`.
  * `logSeq` is the last append-log entry the snapshot contains (0 without a
  * log), so that replaying the log skips what the snapshot already holds.
+ * Events are `EventRecord`s as they are; one stored before there were
+ * ordering groups has no `orderKey` and reads as `orderKey: null`.
  *
  * @module
  */

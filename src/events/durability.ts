@@ -47,7 +47,7 @@ export interface EventsDurabilityOptions {
  * The payload of a bot inbox record in the events journal (channel
  * {@link BOT_CHANNEL}, eventType {@link INBOUND_MESSAGE_EVENT} or
  * {@link INBOUND_INTERACTION_EVENT}, `createdAt` = the record's `receivedAt`,
- * id = the record's id). Every other field of the inbox record (state,
+ * `orderKey` = its `chatId`, id = the record's id). Every other field of the inbox record (state,
  * attempts, lease, fence, error, …) is the event's own.
  */
 export interface InboundEventPayload {
@@ -72,6 +72,7 @@ export function inboundToEvent(record: NewInboundRecord): NewEventRecord {
   return {
     id: record.id,
     channel: BOT_CHANNEL,
+    orderKey: record.chatId, // the journal keeps each chat's order through a failover
     eventType: record.kind === "interaction" ? INBOUND_INTERACTION_EVENT : INBOUND_MESSAGE_EVENT,
     payload,
     createdAt: record.receivedAt,
@@ -239,7 +240,10 @@ class EventsInbox implements InboxJournal {
  * {@link InboundEventPayload}; the bot claims in that channel only, so a
  * `journal.replay(id)` of one of them is picked up by the bot's next sweep,
  * and an `EventWorker` (which never claims that channel) never takes them.
- * The inbox's `list`/`get` see only the bot's records. An inbound id already
+ * The inbox's `list`/`get` see only the bot's records. Each record's
+ * `orderKey` is its chat id, so the journal's due scans keep each chat's
+ * order as `InboxJournal.claimDue` says (records journaled by an earlier
+ * version have no key: they are claimed without it). An inbound id already
  * used by an app event makes `admit` throw (the bot then fails closed and the
  * channel redelivers), rather than take the message for a duplicate.
  *

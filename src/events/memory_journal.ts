@@ -21,6 +21,7 @@ import {
   cloneJson,
   extendedLease,
   failedFields,
+  holdsChat,
   holdsLease,
   newLease,
 } from "../journal_rules.ts";
@@ -131,7 +132,7 @@ function checkChannel(value: unknown, what: string): string | null {
  * Checks an event given to `append` and returns a normalized copy.
  * @throws {TypeError} naming the first bad field
  */
-function checkNewEvent(input: NewEventRecord): NewEventRecord & { channel: string | null } {
+function checkNewEvent(input: NewEventRecord): NewEventRecord & { channel: string | null; orderKey: string | null } {
   if (typeof input !== "object" || input === null) {
     throw new TypeError(`An event record must be an object, got ${show(input)}`);
   }
@@ -140,6 +141,7 @@ function checkNewEvent(input: NewEventRecord): NewEventRecord & { channel: strin
   }
   const what = `Event record ${JSON.stringify(input.id)}`;
   const channel = checkChannel(input.channel, `${what}: field "channel"`);
+  const orderKey = checkChannel(input.orderKey, `${what}: field "orderKey"`);
   if (typeof input.eventType !== "string" || input.eventType.length === 0) {
     throw new TypeError(`${what}: field "eventType" must be a non-empty string, got ${show(input.eventType)}`);
   }
@@ -147,6 +149,7 @@ function checkNewEvent(input: NewEventRecord): NewEventRecord & { channel: strin
   return {
     id: input.id,
     channel,
+    orderKey,
     eventType: input.eventType,
     payload: checkedJson(input.payload === undefined ? null : input.payload, "payload", what),
     createdAt: input.createdAt,
@@ -155,7 +158,8 @@ function checkNewEvent(input: NewEventRecord): NewEventRecord & { channel: strin
 
 /**
  * Checks the shape of a stored event (loaded from a file), so that a damaged
- * file fails on load with a message naming the field, not later.
+ * file fails on load with a message naming the field, not later. A record
+ * stored before there were ordering groups gets `orderKey: null`.
  * @throws {TypeError} naming the first bad field
  */
 function checkStoredEvent(record: EventRecord, where: string): void {
@@ -163,6 +167,10 @@ function checkStoredEvent(record: EventRecord, where: string): void {
   const what = `${where}: event ${JSON.stringify(record.id)}`;
   if (typeof record.id !== "string" || record.id.length === 0) throw new TypeError(`${what}: field "id" must be a non-empty string`);
   if (record.channel !== null && typeof record.channel !== "string") throw new TypeError(`${what}: field "channel" must be a string or null`);
+  if (record.orderKey === undefined) record.orderKey = null;
+  else if (record.orderKey !== null && typeof record.orderKey !== "string") {
+    throw new TypeError(`${what}: field "orderKey" must be a string or null`);
+  }
   if (typeof record.eventType !== "string") throw new TypeError(`${what}: field "eventType" must be a string`);
   if (!EVENT_STATES.includes(record.state)) throw new TypeError(`${what}: field "state" is not a state: ${show(record.state)}`);
   for (const field of ["createdAt", "attempts", "fence", "updatedAt"] as const) {
@@ -182,9 +190,11 @@ function checkStoredEvent(record: EventRecord, where: string): void {
  * {@link MemoryDurability} on the same clock).
  *
  * Records it returns are deep copies, and so is what it is given. Due scans
- * (`claimDue`) look only at the active (`pending`, `processing`, `failed`)
- * records of the claimed channel: O(due + active); `done` and `dead` records
- * are never scanned by them.
+ * (`claimDue`) take records oldest `createdAt` first and keep the order of
+ * each `orderKey` (a record waits while an earlier one of its key is leased
+ * elsewhere); they look only at the active (`pending`, `processing`,
+ * `failed`) records of the claimed channel, through an index by channel and
+ * by key: O(active); `done` and `dead` records are never scanned by them.
  *
  * For the file journals built on it: `exportState()` / `fromState()` snapshot
  * and load the whole state, `takeChanges()` / `applyChanges()` carry what
@@ -216,6 +226,8 @@ export class MemoryEventJournal implements LeasedEventJournal {
   readonly #active = new Map<string | null, Set<Slot>>();
   /** channel → its `done` records, for `purge`. */
   readonly #done = new Map<string | null, Set<Slot>>();
+  /** channel → orderKey → its active records, for the order of due scans. */
+  readonly #groups = new Map<string | null, Map<string, Set<Slot>>>();
   #order = 0;
   #closed = false;
   /** Off while importing or applying changes: those are not changes of this journal. */
@@ -310,7 +322,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
   #store(next: EventRecord, slot?: Slot, heartbeat = false): Slot {
     if (slot) {
       const prev = slot.record;
-      if (prev.state !== next.state) {
+      if (prev.state !== next.state || prev.channel !== next.channel || prev.orderKey !== next.orderKey) {
         this.#unindex(slot);
         slot.record = next;
         this.#index(slot);
@@ -327,19 +339,44 @@ export class MemoryEventJournal implements LeasedEventJournal {
   }
 
   #index(slot: Slot): void {
-    const index = isActive(slot.record.state) ? this.#active : slot.record.state === "done" ? this.#done : null;
+    const { state, channel, orderKey } = slot.record;
+    const index = isActive(state) ? this.#active : state === "done" ? this.#done : null;
     if (!index) return;
-    let set = index.get(slot.record.channel);
-    if (!set) index.set(slot.record.channel, set = new Set());
+    let set = index.get(channel);
+    if (!set) index.set(channel, set = new Set());
     set.add(slot);
+    if (orderKey === null || index !== this.#active) return;
+    let keys = this.#groups.get(channel);
+    if (!keys) this.#groups.set(channel, keys = new Map());
+    let group = keys.get(orderKey);
+    if (!group) keys.set(orderKey, group = new Set());
+    group.add(slot);
   }
 
   #unindex(slot: Slot): void {
-    const index = isActive(slot.record.state) ? this.#active : slot.record.state === "done" ? this.#done : null;
-    const set = index?.get(slot.record.channel);
+    const { state, channel, orderKey } = slot.record;
+    const index = isActive(state) ? this.#active : state === "done" ? this.#done : null;
+    const set = index?.get(channel);
     if (!set) return;
     set.delete(slot);
-    if (set.size === 0) index!.delete(slot.record.channel);
+    if (set.size === 0) index!.delete(channel);
+    if (orderKey === null || index !== this.#active) return;
+    const keys = this.#groups.get(channel);
+    const group = keys?.get(orderKey);
+    if (!group) return;
+    group.delete(slot);
+    if (group.size > 0) return;
+    keys!.delete(orderKey);
+    if (keys!.size === 0) this.#groups.delete(channel);
+  }
+
+  /** The first (by `createdAt`, then append order) active record of a key that holds it back from `options`, or `null`. */
+  #firstHolder(channel: string | null, orderKey: string, now: number, options: ClaimOptions): Slot | null {
+    let first: Slot | null = null;
+    for (const slot of this.#groups.get(channel)?.get(orderKey) ?? []) {
+      if (holdsChat(slot.record, now, options) && (first === null || byCreated(slot, first) < 0)) first = slot;
+    }
+    return first;
   }
 
   #delete(slot: Slot): void {
@@ -374,6 +411,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const record: EventRecord = {
       id: input.id,
       channel: input.channel,
+      orderKey: input.orderKey,
       eventType: input.eventType,
       payload: input.payload,
       createdAt: input.createdAt ?? now,
@@ -414,7 +452,10 @@ export class MemoryEventJournal implements LeasedEventJournal {
   /**
    * Leases up to `limit` claimable records of `options.channel` (absent or
    * `null`: records without a channel), oldest `createdAt` first (append order
-   * on ties). Scans only that channel's active records.
+   * on ties), keeping the order of each `orderKey`: a record is skipped while
+   * an earlier active record of its key is `processing` under a lease held
+   * elsewhere (see {@link LeasedEventJournal.claimDue}). Scans only that
+   * channel's active records, and the active records of the keys it meets.
    *
    * @returns copies of the leased records
    * @throws {TypeError} naming a bad option
@@ -430,9 +471,17 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const claimable: Slot[] = [];
     for (const slot of active) if (isInboxClaimable(slot.record, now, options)) claimable.push(slot);
     claimable.sort(byCreated);
+    // A claimable record never holds its key, and leasing it to the caller does not make it hold: one look per key.
+    const holders = new Map<string, Slot | null>();
     const out: EventRecord[] = [];
     for (const slot of claimable) {
       if (!(out.length < options.limit)) break;
+      const key = slot.record.orderKey;
+      if (key !== null) {
+        let holder = holders.get(key);
+        if (holder === undefined) holders.set(key, holder = this.#firstHolder(channel, key, now, options));
+        if (holder !== null && byCreated(holder, slot) < 0) continue;
+      }
       const next = claimedInbound(slot.record, now, options);
       this.#store(next, slot);
       out.push(cloneJson(next));

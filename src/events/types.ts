@@ -23,6 +23,13 @@ export interface NewEventRecord {
   id: string;
   /** `null` (or absent) for the app's own events; the bot's records use {@link BOT_CHANNEL}. */
   channel?: string | null;
+  /**
+   * The ordering group of the event within its channel (an order id, an
+   * account, a chat: the bot's records use their chat id); `null` or absent:
+   * none. Records of one `orderKey` are claimed by due scans in order, one
+   * claimer at a time (see {@link LeasedEventJournal.claimDue}).
+   */
+  orderKey?: string | null;
   eventType: string;
   payload: JsonValue;
   /** When it happened (ms since epoch); default: the journal's clock at append. Claims take the oldest first. */
@@ -33,6 +40,8 @@ export interface NewEventRecord {
 export interface EventRecord {
   id: string;
   channel: string | null;
+  /** The ordering group within the channel; `null`: none (so are records stored before there were groups). */
+  orderKey: string | null;
   eventType: string;
   payload: JsonValue;
   createdAt: number;
@@ -85,9 +94,23 @@ export interface LeasedEventJournal {
    * @returns the record, or `null` when a record with that id exists (nothing changes)
    */
   append(event: NewEventRecord, lease?: ClaimOptions): Promise<EventRecord | null>;
-  /** Leases record `id` when it is claimable and in `options.channel`; `null` otherwise. */
+  /** Leases record `id` when it is claimable and in `options.channel` (whatever its `orderKey`'s order); `null` otherwise. */
   claim(id: string, options: EventClaimOptions): Promise<EventRecord | null>;
-  /** Leases up to `limit` claimable records of `options.channel`, oldest `createdAt` first. */
+  /**
+   * Leases up to `limit` claimable records of `options.channel` in order
+   * (oldest `createdAt` first, append order on ties), keeping the order of each
+   * `orderKey`: a record with a key is taken only while no earlier active
+   * record of its key (in its channel) is `processing` under a lease held
+   * elsewhere (live, and not the caller's: another owner's, or another
+   * incarnation's that `reclaimOwn` does not cover). Such a record holds back
+   * every later record of its key, due or not, until it settles or its lease
+   * lapses; so two callers never hold records of one key at once, concurrent
+   * scans included. The caller's own live leases hold nothing back (the
+   * caller runs its records of a key one after another: `EventWorker` does),
+   * and neither does a `failed` record waiting for its retry. Records without
+   * a key are not ordered. O(due), plus the active records of the keys it
+   * looks at.
+   */
   claimDue(options: EventClaimOptions & { limit: number }): Promise<EventRecord[]>;
   /** Extends the lease held under `token`; `false` when it is no longer held. */
   heartbeat(id: string, token: number, leaseMs: number): Promise<boolean>;

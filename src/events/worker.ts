@@ -43,7 +43,10 @@ export interface EventWorkerOptions {
   retries?: number;
   /** Backoff between retries, with full jitter (default `{ baseMs: 1000, capMs: 60_000 }`). */
   backoff?: { baseMs?: number; capMs?: number };
-  /** Handlers running at once (default 1). */
+  /**
+   * Events leased at once (default 1): handlers running, and events waiting
+   * for an earlier one of their `orderKey` to finish.
+   */
   concurrency?: number;
   /** How often to look for due events when there is nothing to do (default 1000 ms). */
   pollIntervalMs?: number;
@@ -95,6 +98,37 @@ function positive(value: unknown, option: string, integer: boolean, min: number)
  * A worker without a channel claims only events without a channel, so it
  * never takes the bot's inbox records of the same journal.
  *
+ * Events of one `orderKey` are handled in order, one at a time, across
+ * workers: the journal leases a key's events to one worker at a time, oldest
+ * first (while another worker's handler runs on an earlier event of the key,
+ * the later ones wait in the journal), and a worker runs the events of a key
+ * it holds one after another (the next one waits, its lease kept alive, until
+ * the outcome of the one before is written). An event failed with a later
+ * retry does not hold back the next ones of its key; events without a key
+ * run concurrently.
+ *
+ * @example Ordered events
+ * ```ts
+ * import { MemoryEventJournal } from "./memory_journal.ts";
+ * import { EventWorker } from "./worker.ts";
+ *
+ * const journal = new MemoryEventJournal();
+ * const seen: string[] = [];
+ * const worker = new EventWorker({
+ *   journal,
+ *   instanceId: "host-1/ledger",
+ *   concurrency: 8,
+ *   handler: async (event) => {
+ *     seen.push(event.eventType); // per account: opened before credited
+ *   },
+ * });
+ * worker.start();
+ * await journal.append({ id: "a7-open", orderKey: "account-7", eventType: "account.opened", payload: null });
+ * await journal.append({ id: "a7-credit", orderKey: "account-7", eventType: "account.credited", payload: 5 });
+ * await worker.idle();
+ * await worker.stop();
+ * ```
+ *
  * @example
  * ```ts
  * import { MemoryEventJournal } from "./memory_journal.ts";
@@ -127,8 +161,10 @@ export class EventWorker {
   readonly #pollIntervalMs: number;
   readonly #random: () => number;
   readonly #emitter: Emitter<EventWorkerEvents>;
-  /** Handlers running now, by event id. */
+  /** Events leased now (handlers running or waiting for their key), by event id. */
   readonly #running = new Map<string, Promise<void>>();
+  /** orderKey → the task of its latest event, which the key's next event waits for. */
+  readonly #tails = new Map<string, Promise<void>>();
   #loop: Promise<void> | null = null;
   #stopping = false;
   /** `start()` was called while `stop()` was under way. */
@@ -326,15 +362,20 @@ export class EventWorker {
   }
 
   #start(event: EventRecord): void {
-    const task = this.#process(event).finally(() => {
+    const key = event.orderKey ?? null;
+    const before = key === null ? undefined : this.#tails.get(key);
+    const task = this.#process(event, before).finally(() => {
       this.#running.delete(event.id);
+      if (key !== null && this.#tails.get(key) === task) this.#tails.delete(key);
       this.#wake?.();
       this.#settleIdle();
     });
     this.#running.set(event.id, task);
+    if (key !== null) this.#tails.set(key, task);
   }
 
-  async #process(event: EventRecord): Promise<void> {
+  /** Runs the handler on `event` once `before` (the task of the previous event of its key) is done. */
+  async #process(event: EventRecord, before?: Promise<void>): Promise<void> {
     const token = event.lease!.token;
     const controller = new AbortController();
     let lost = false;
@@ -357,6 +398,8 @@ export class EventWorker {
     }, Math.max(1, Math.floor(this.#leaseMs / 3)));
     let failure: { error: unknown } | null = null;
     try {
+      if (before) await before.catch(() => {});
+      if (lost) return; // the lease lapsed while the event waited for its key
       await this.#handler(event, { token, attempt: event.attempts, signal: controller.signal });
     } catch (error) {
       failure = { error };

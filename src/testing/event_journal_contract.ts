@@ -44,7 +44,8 @@ export interface EventJournalContractOptions {
 /**
  * Registers the events-journal contract tests: append and dedupe, the channel
  * rules of claims (a claim without a channel never takes a record with one,
- * in particular the bot's {@link BOT_CHANNEL} records), fencing, takeover of
+ * in particular the bot's {@link BOT_CHANNEL} records), the order of an
+ * `orderKey` in due scans (concurrent ones too), fencing, takeover of
  * lapsed leases, `reclaimOwn`, fail / retry / dead, replay, list filters and
  * order, purge by channel, copies, concurrent claims, argument checks and
  * `close()`. Each test gets a fresh journal from `create()` and closes it.
@@ -179,6 +180,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         const r = await appended(j, input);
         expect(r.id).toBe(input.id);
         expect(r.channel).toBe(null);
+        expect(r.orderKey).toBe(null);
         expect(r.eventType).toBe("test.happened");
         expect(r.payload).toEqual({ text: "héllo ✓", list: [1, null, { a: true }] });
         expect(r.createdAt).toBe(1_700_000_000_123);
@@ -192,12 +194,23 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         expect(await mustGet(j, r.id)).toEqual(r);
       });
 
-      it("an absent channel is null and an absent createdAt is the journal's clock", async (j) => {
+      it("an absent channel or orderKey is null and an absent createdAt is the journal's clock", async (j) => {
         const before = time.now();
         const r = await appended(j, { id: uid("ev"), eventType: "t", payload: null });
         expect(r.channel).toBe(null);
+        expect(r.orderKey).toBe(null);
         expect(r.createdAt).toBeGreaterThanOrEqual(before - 5_000);
         expect(r.createdAt).toBeLessThanOrEqual(time.now() + 5_000);
+      });
+
+      it("keeps the orderKey given, through claims and outcomes", async (j) => {
+        const r = await appended(j, { ...event("app"), orderKey: "account-7" });
+        expect(r.orderKey).toBe("account-7");
+        const [claimed] = await j.claimDue({ ...claimer(), channel: "app", limit: 1 });
+        expect(claimed?.orderKey).toBe("account-7");
+        await j.fail(r.id, tokenOf(claimed!), { error: "x", dead: true });
+        expect((await mustGet(j, r.id)).orderKey).toBe("account-7");
+        expect((await j.list({ channel: "app" }))[0]?.orderKey).toBe("account-7");
       });
 
       it("with a lease the record is processing under token 1", async (j) => {
@@ -229,6 +242,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
           [{ id: 7 }, "id"],
           [{ eventType: 3 }, "eventType"],
           [{ channel: 5 }, "channel"],
+          [{ orderKey: 5 }, "orderKey"],
           [{ createdAt: Number.NaN }, "createdAt"],
           [{ payload: { at: new Date(0) } }, "payload.at"],
           [{ payload: [1, undefined] }, "payload[1]"],
@@ -368,6 +382,140 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         await expectStale(() => j.complete(r.id, tokenOf(c)), "second complete");
         await expectStale(() => j.fail(r.id, tokenOf(c), { error: "x", dead: true }), "fail after complete");
         expect(await mustGet(j, r.id)).toEqual(done);
+      });
+    });
+
+    describe("order of an orderKey", () => {
+      /** An event of `key` in channel `channel`. */
+      const keyed = (key: string, createdAt: number, channel: string | null = null): NewEventRecord => ({
+        ...event(channel, createdAt),
+        orderKey: key,
+      });
+
+      it("a record processing elsewhere holds back every later one of its key, pending and lapsed alike; its holder takes them in order", async (j) => {
+        const key = uid("key");
+        const x = claimer("owner-x");
+        const held = await appended(j, keyed(key, 1_000), x);
+        const pending = await appended(j, keyed(key, 2_000));
+        const lapsed = await appended(j, keyed(key, 3_000), claimer("owner-w", SHORT));
+        const earlier = await appended(j, keyed(key, 500)); // before the held record: not held back
+        const otherKey = await appended(j, keyed(uid("key"), 2_500));
+        const noKey = await appended(j, event(null, 2_600));
+        const sameKeyElsewhere = await appended(j, keyed(key, 2_700, "app"));
+        await sleep(LAPSE);
+        const taken = await j.claimDue({ ...claimer(), limit: 100 });
+        expect(ids(taken), "the key waits behind its held record").toEqual([earlier.id, otherKey.id, noKey.id]);
+        expect((await mustGet(j, lapsed.id)).lease?.owner, "not taken").toBe("owner-w");
+        await j.complete(earlier.id, tokenOf(taken[0]!)); // held by that claimer, it held back the key for x too
+        expect(ids(await j.claimDue({ ...claimer(), channel: "app", limit: 100 })), "a key belongs to its channel")
+          .toEqual([sameKeyElsewhere.id]);
+        expect(ids(await j.claimDue({ ...x, limit: 100 })), "the holder's own lease holds nothing back")
+          .toEqual([pending.id, lapsed.id]);
+        // Settled, the key is free again.
+        for (const r of [held, pending, lapsed]) await j.complete(r.id, tokenOf(await mustGet(j, r.id)));
+        expect(await j.replay(pending.id)).toBe(true);
+        expect(ids(await j.claimDue({ ...claimer(), limit: 100 }))).toEqual([pending.id]);
+      });
+
+      it("through a failover: a key's lapsed records are taken in order, by one claimer at a time", async (j) => {
+        const key = uid("key");
+        const lost = claimer("owner-lost", SHORT);
+        const first = await appended(j, keyed(key, 1_000), lost);
+        const second = await appended(j, keyed(key, 2_000), lost);
+        const third = await appended(j, keyed(key, 3_000), lost);
+        expect(await j.heartbeat(first.id, tokenOf(first), LONG)).toBe(true); // its handler was still running
+        await sleep(LAPSE);
+        const y = claimer("owner-y");
+        expect(ids(await j.claimDue({ ...y, limit: 100 })), "nothing while the first is held").toEqual([]);
+        expect(await j.heartbeat(first.id, tokenOf(first), SHORT)).toBe(true);
+        await sleep(LAPSE);
+        const z = claimer("owner-z");
+        expect(ids(await j.claimDue({ ...y, limit: 1 })), "the first first").toEqual([first.id]);
+        expect(ids(await j.claimDue({ ...z, limit: 100 })), "another claimer takes nothing of a key held elsewhere").toEqual([]);
+        const rest = await j.claimDue({ ...y, limit: 100 });
+        expect(ids(rest), "the holder takes the rest, in order").toEqual([second.id, third.id]);
+        expect(rest.every((r) => r.lease?.owner === "owner-y" && tokenOf(r) === 2)).toBe(true);
+      });
+
+      it("a failed record waiting for its retry holds back nothing; a due one comes first; settled ones hold back nothing", async (j) => {
+        const x = claimer("owner-x");
+        const key = uid("key");
+        const waiting = await appended(j, keyed(key, 1_000), x);
+        await j.fail(waiting.id, tokenOf(waiting), { error: "boom", retryInMs: LONG });
+        const next = await appended(j, keyed(key, 2_000));
+        const key2 = uid("key");
+        const due = await appended(j, keyed(key2, 1_000), x);
+        await j.fail(due.id, tokenOf(due), { error: "boom", retryInMs: SHORT });
+        const after = await appended(j, keyed(key2, 2_000));
+        const key3 = uid("key");
+        const done = await appended(j, keyed(key3, 1_000), x);
+        await j.complete(done.id, tokenOf(done));
+        const dead = await appended(j, keyed(key3, 1_500), x);
+        await j.fail(dead.id, tokenOf(dead), { error: "poison", dead: true });
+        const free = await appended(j, keyed(key3, 2_000));
+        await sleep(LAPSE);
+        expect(ids(await j.claimDue({ ...claimer(), limit: 100 }))).toEqual([due.id, next.id, after.id, free.id]);
+      });
+
+      it("reclaimOwn takes the previous incarnation's records of a key in order; another owner's live lease still holds them back", async (j) => {
+        const key = uid("key");
+        const mine = claimer("owner-r", LONG, "inc-1");
+        const theirs = await appended(j, keyed(key, 1_000), claimer("owner-s"));
+        const own = await appended(j, keyed(key, 2_000), mine);
+        const own2 = await appended(j, keyed(key, 3_000), mine);
+        const reclaim = { ...claimer("owner-r", LONG, "inc-2"), reclaimOwn: true, limit: 100 };
+        expect(ids(await j.claimDue(reclaim)), "held back by another owner's earlier record").toEqual([]);
+        await j.complete(theirs.id, tokenOf(theirs));
+        expect(ids(await j.claimDue(reclaim))).toEqual([own.id, own2.id]);
+      });
+
+      it("limit bounds the batch; a key's records come in order, oldest createdAt first, append order on ties", async (j) => {
+        const key = uid("key");
+        const c = await appended(j, keyed(key, 30));
+        const a = await appended(j, keyed(key, 10));
+        const b1 = await appended(j, keyed(key, 20));
+        const b2 = await appended(j, keyed(key, 20));
+        const holder = claimer();
+        expect(ids(await j.claimDue({ ...holder, limit: 2 }))).toEqual([a.id, b1.id]);
+        expect(ids(await j.claimDue({ ...claimer(), limit: 10 })), "the rest waits for the holder").toEqual([]);
+        expect(ids(await j.claimDue({ ...holder, limit: 10 }))).toEqual([b2.id, c.id]);
+      });
+
+      it("claim(id) takes a record whatever the order of its key", async (j) => {
+        const key = uid("key");
+        await appended(j, keyed(key, 1_000), claimer());
+        const later = await appended(j, keyed(key, 2_000));
+        expect((await j.claim(later.id, claimer()))?.state).toBe("processing");
+      });
+
+      it("concurrent due scans never split a key between claimers: each key's records taken are its first, by one claimer", async (j) => {
+        const keys = [uid("key"), uid("key"), uid("key")];
+        const order = new Map<string, string[]>();
+        let t = 1_000;
+        for (let i = 0; i < 5; i++) {
+          for (const key of keys) {
+            const r = await appended(j, keyed(key, t++), claimer("owner-lost", SHORT));
+            order.set(key, [...order.get(key) ?? [], r.id]);
+          }
+        }
+        await sleep(LAPSE);
+        const results = await Promise.all(
+          Array.from({ length: 6 }, (_, i) => j.claimDue({ ...claimer(`owner-${i}`), limit: 2 })),
+        );
+        const holder = new Map<string, string>();
+        for (let i = 0; i < results.length; i++) {
+          for (const r of results[i]!) holder.set(r.id, `owner-${i}`);
+          const times = results[i]!.map((r) => r.createdAt);
+          expect(times, "one scan's records in order").toEqual([...times].sort((a, b) => a - b));
+        }
+        for (const key of keys) {
+          const list = order.get(key)!;
+          const taken = list.filter((id) => holder.has(id));
+          expect(taken, `key ${key}: the records taken are its first`).toEqual(list.slice(0, taken.length));
+          expect(new Set(taken.map((id) => holder.get(id))).size, `key ${key}: one claimer`).toBeLessThanOrEqual(1);
+          for (const id of taken) expect((await mustGet(j, id)).lease?.owner, "the journal agrees").toBe(holder.get(id));
+        }
+        expect(holder.size, "some records were taken").toBeGreaterThan(0);
       });
     });
 
