@@ -198,8 +198,55 @@ export interface ListOptions<S extends string> {
   limit?: number;
 }
 
+/**
+ * A record a backend could not read back, set aside. Damaged means its stored
+ * form is not a record (invalid JSON, a field of the wrong type, an unknown
+ * state), whatever did it: a disk, a hand edit, a bug elsewhere. Set aside
+ * means kept as it is, never deleted, and left out of everything else: a due
+ * scan neither takes it nor lets it hold back its chat, `list` returns the
+ * other records, `get` rejects with a {@link DamagedRecordError}, and
+ * operations on it change nothing (`replay`, `retry` and `discard` answer
+ * `false`; a completion under its old lease is stale). The first `claimDue`
+ * or `list` that meets it sets it aside, once; `damaged` lists the records
+ * set aside, and the bot reports each one once (`reportDamaged`).
+ */
+export interface DamagedRecord {
+  /** The journal it is in. */
+  journal: "inbox" | "outbox";
+  /** The record's id (inbox) or key (outbox), as the backend stores it. */
+  id: string;
+  /** The backend's `name`. */
+  backend: string;
+  /** What is wrong, naming the field. */
+  problem: string;
+  /** Backend-clock time it was set aside. */
+  setAsideAt: number;
+  /** Whether a bot reported it already (see `reportDamaged`). */
+  reported: boolean;
+}
+
+/** A filter for `damaged`. */
+export interface DamagedListOptions {
+  /** Only the records no bot reported yet. */
+  unreported?: boolean;
+  /** At most this many (default 100). */
+  limit?: number;
+}
+
+/** The journal calls that read and report the damaged records of one journal. */
+export interface DamagedRecords {
+  /** Records set aside as damaged, in the order they were set aside. */
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]>;
+  /**
+   * Mark a damaged record reported: of several bots that find it, exactly
+   * one call answers `true` and reports it.
+   * @returns whether this call marked it (`false`: reported already, or no damaged record has this id)
+   */
+  reportDamaged(id: string): Promise<boolean>;
+}
+
 /** The inbound journal. */
-export interface InboxJournal {
+export interface InboxJournal extends Partial<DamagedRecords> {
   /**
    * Journal a new inbound record: `pending`, or with `lease` already leased
    * to the caller (`processing`, attempts 1, fencing token 1) so that no other
@@ -279,7 +326,7 @@ export interface OutboxClaim {
 }
 
 /** The outbound journal. */
-export interface OutboxJournal {
+export interface OutboxJournal extends Partial<DamagedRecords> {
   /**
    * Journal a send under its idempotency key, before the provider is called.
    * With `lease`, the entry is leased to the caller at once unless an earlier
@@ -436,5 +483,26 @@ export class StaleLeaseError extends Error {
     this.name = "StaleLeaseError";
     this.id = id;
     this.token = token;
+  }
+}
+
+/** A record that a backend set aside as damaged (see {@link DamagedRecord}): `get` rejects with it. */
+export class DamagedRecordError extends Error {
+  /** The journal it is in. */
+  readonly journal: "inbox" | "outbox";
+  /** The record's id (inbox) or key (outbox). */
+  readonly id: string;
+  /** The backend's name. */
+  readonly backend: string;
+  /** What is wrong, naming the field. */
+  readonly problem: string;
+  constructor(record: { journal: "inbox" | "outbox"; id: string; backend: string; problem: string }) {
+    const what = record.journal === "inbox" ? "Inbox record" : "Outbox entry";
+    super(`${what} "${record.id}" in backend "${record.backend}" is damaged and set aside: ${record.problem}`);
+    this.name = "DamagedRecordError";
+    this.journal = record.journal;
+    this.id = record.id;
+    this.backend = record.backend;
+    this.problem = record.problem;
   }
 }

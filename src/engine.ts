@@ -14,6 +14,7 @@ import {
   type NewOutboxEntry,
   type OutboxEntry,
   type OutboxState,
+  DamagedRecordError,
   StaleLeaseError,
 } from "./backend.ts";
 import { retryDelay } from "./backoff.ts";
@@ -71,6 +72,8 @@ export interface DurabilityMetrics {
   conversationsReplayed: number;
   /** Conversation replays that did not follow the recorded transcript (the handler was not deterministic). */
   conversationsDiverged: number;
+  /** Damaged records the backend set aside, reported by this bot (each by one bot only). */
+  damagedRecords: number;
 }
 
 /** Codes of `warning` events. */
@@ -188,6 +191,8 @@ export interface DurabilityControl {
 }
 
 const SWEEP_BATCH = 64;
+/** Damaged records reported per journal per sweep tick (the rest at the next ticks). */
+const DAMAGED_REPORT_BATCH = 100;
 
 /**
  * A lease this incarnation holds, from the claim until its outcome is
@@ -270,6 +275,7 @@ export function zeroMetrics(): DurabilityMetrics {
     outboxDiverged: 0,
     conversationsReplayed: 0,
     conversationsDiverged: 0,
+    damagedRecords: 0,
   };
 }
 
@@ -344,6 +350,7 @@ export class DurabilityEngine {
   #sweepAgain = false;
   #clock: Clock;
   #sweepTimer: Repeating | undefined;
+  #reportingDamaged: Promise<void> | null = null;
   #heartbeatTimer: Repeating | undefined;
   #wakeTimer: ClockTimer | undefined;
   #wakeAt = Infinity;
@@ -406,7 +413,11 @@ export class DurabilityEngine {
       if (isProcessDeath(error)) this.#halt();
       throw error;
     }
-    this.#sweepTimer = every(this.#clock, this.config.sweepIntervalMs, () => void this.sweep());
+    this.#sweepTimer = every(this.#clock, this.config.sweepIntervalMs, () => {
+      void this.sweep();
+      void this.#reportDamaged();
+    });
+    void this.#reportDamaged();
     this.#heartbeatTimer = every(this.#clock, this.#heartbeatEveryMs(), () => void this.#heartbeat());
   }
 
@@ -457,6 +468,34 @@ export class DurabilityEngine {
     if (this.#halted) return true;
     emitError(this.#host.events, error, context);
     return false;
+  }
+
+  /**
+   * Report the records the backend set aside as damaged that no bot reported yet: each as one `error`
+   * event (a {@link DamagedRecordError} naming it and the backend), counted in `damagedRecords`, by the
+   * one bot whose `reportDamaged` marked it. Runs with the periodic sweep, never two at once.
+   */
+  #reportDamaged(): Promise<void> {
+    if (this.#reportingDamaged !== null) return this.#reportingDamaged;
+    const run = async () => {
+      for (const journal of [this.backend.inbox, this.backend.outbox]) {
+        if (journal.damaged === undefined || journal.reportDamaged === undefined) continue;
+        const found = await journal.damaged({ unreported: true, limit: DAMAGED_REPORT_BATCH });
+        for (const record of found) {
+          if (this.#halted || !await journal.reportDamaged(record.id)) continue;
+          this.#metrics.damagedRecords++;
+          this.#report(new DamagedRecordError(record), `${record.journal} of backend "${record.backend}"`);
+        }
+      }
+    };
+    const work = run()
+      .catch((error) => void this.#report(error, "report of damaged records"))
+      .finally(() => {
+        this.#reportingDamaged = null;
+      });
+    this.#reportingDamaged = work;
+    this.#host.track(work);
+    return work;
   }
 
   /**

@@ -49,18 +49,40 @@ async function pair(): Promise<[SQLiteDurability, SQLiteDurability, string]> {
 }
 
 describe("sqlite: several connections on one file", () => {
-  test("racing inbox claimDue never hands a record to both", async () => {
+  test("racing inbox claimDue never hands a record to both, nor a chat to both", async () => {
     const [a, b] = await pair();
     const n = 300;
-    for (let i = 0; i < n; i++) await a.inbox.admit(inbound(`m${i}`, { receivedAt: i }));
+    for (let i = 0; i < n; i++) await a.inbox.admit(inbound(`m${i}`, { receivedAt: i, chatId: `c${i % 30}` }));
     const claims = await Promise.all(
       Array.from({ length: 40 }, (_, i) =>
         (i % 2 ? a : b).inbox.claimDue({ ...lease(i % 2 ? "A" : "B"), limit: 13 })),
     );
     const ids = claims.flat().map((r) => r.id);
     expect(new Set(ids).size).toBe(ids.length);
-    expect(ids.length).toBe(n);
     for (const r of claims.flat()) expect(r.lease!.token).toBe(1);
+    // Each chat went to one holder, which took a prefix of it.
+    const holders = new Map<string, Set<string>>();
+    const taken = new Map<string, number[]>();
+    for (const r of claims.flat()) {
+      holders.set(r.chatId, (holders.get(r.chatId) ?? new Set()).add(r.lease!.owner));
+      taken.set(r.chatId, [...taken.get(r.chatId) ?? [], Number(r.id.slice(1))]);
+    }
+    for (const [chat, owners] of holders) expect([chat, owners.size]).toEqual([chat, 1]);
+    for (const [chat, numbers] of taken) {
+      const first = Number(chat.slice(1));
+      expect(numbers.sort((x, y) => x - y)).toEqual(numbers.map((_, k) => first + 30 * k));
+    }
+    // Settled, the rest is anyone's: every record is taken exactly once in the end.
+    for (const r of claims.flat()) await a.inbox.complete(r.id, r.lease!.token);
+    const rest: string[] = [];
+    for (let more = await b.inbox.claimDue({ ...lease("B"), limit: 50 }); more.length > 0; more = await b.inbox.claimDue({ ...lease("B"), limit: 50 })) {
+      for (const r of more) {
+        rest.push(r.id);
+        await b.inbox.complete(r.id, r.lease!.token);
+      }
+    }
+    expect(new Set([...ids, ...rest]).size).toBe(n);
+    expect(ids.length + rest.length).toBe(n);
     await a.close();
     await b.close();
   });

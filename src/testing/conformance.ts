@@ -20,7 +20,7 @@ import type { Clock } from "../clock.ts";
 import { SuiteTime } from "./suite_time.ts";
 import type { TestClock } from "./test_clock.ts";
 import { expectExactJson, hostile } from "./exact_json.ts";
-import { StaleLeaseError } from "../backend.ts";
+import { DamagedRecordError, StaleLeaseError } from "../backend.ts";
 import type {
   ClaimOptions,
   DurabilityBackend,
@@ -93,6 +93,20 @@ export interface BackendConformanceOptions {
    * test's, as given to `create`.
    */
   reopen?: (backend: DurabilityBackend, context: ConformanceContext) => DurabilityBackend | Promise<DurabilityBackend>;
+  /**
+   * Damages the stored form of one record in place, as a bad disk or a hand
+   * edit would (e.g. its payload made invalid JSON, its state an unknown
+   * word), for the damaged-records tests; resolves to the backend to go on
+   * with (a file backend reopens over the edited file; others return
+   * `backend`). Without it those tests are skipped: the backend keeps no
+   * stored form that could be damaged (memory).
+   */
+  damage?: (
+    backend: DurabilityBackend,
+    journal: "inbox" | "outbox",
+    id: string,
+    context: ConformanceContext,
+  ) => DurabilityBackend | Promise<DurabilityBackend>;
   /** The test runner's `describe`, `test` and `expect`. */
   harness: ConformanceHarness;
   /** A reason to skip the whole suite (e.g. the database is not reachable); `false` or absent runs it. */
@@ -2107,18 +2121,19 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const chat = uid("chat");
         const payloads = [hostile(), [hostile(), { nested: hostile() }], JSON.parse('{"__proto__": null}') as JsonValue];
         const ids: string[] = [];
+        const c = claimer(); // one holder: its own leases do not hold back the chat's later records
         for (let i = 0; i < payloads.length; i++) {
           const payload = payloads[i]!;
-          const r = await admitted(b, inbound(chat, 2_000 + i, payload), i === 0 ? claimer() : undefined);
+          const r = await admitted(b, inbound(chat, 2_000 + i, payload), i === 0 ? c : undefined);
           ids.push(r.id);
           expectExactJson(expect, r.payload, payload, `admit's record ${i}`);
           expectExactJson(expect, (await mustGetIn(b, r.id)).payload, payload, `get ${i}`);
         }
-        expectExactJson(expect, (await mustClaim(b, ids[1]!, claimer())).payload, payloads[1]!, "claim");
+        expectExactJson(expect, (await mustClaim(b, ids[1]!, c)).payload, payloads[1]!, "claim");
         const listed = await b.inbox.list({ chatId: chat });
         expect(listed.map((r) => r.id)).toEqual(ids);
         listed.forEach((r, i) => expectExactJson(expect, r.payload, payloads[i]!, `list ${i}`));
-        const due = (await b.inbox.claimDue({ ...claimer(), limit: 100 })).filter((r) => r.chatId === chat);
+        const due = (await b.inbox.claimDue({ ...c, limit: 100 })).filter((r) => r.chatId === chat);
         expect(due.map((r) => r.id)).toEqual([ids[2]]);
         expectExactJson(expect, due[0]!.payload, payloads[2]!, "claimDue");
         expect(({} as Record<string, unknown>).polluted, "Object.prototype is untouched").toBe(undefined);
@@ -2203,6 +2218,146 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect((await b.outbox.list({ chatId: chats[3]! })).map((e) => e.state)).toEqual(["sending", "queued"]);
         expect((await b.outbox.list({ chatId: chats[4]! })).length, "the known key added nothing").toBe(1);
       });
+    });
+
+    describe("damaged records", () => {
+      if (!options.damage) {
+        (test.skip ?? test)("skipped: no damage option (the backend keeps no stored form that could be damaged)", () => {});
+        return;
+      }
+      const damage = options.damage;
+      /** Runs `run` on a fresh backend; `hurt` damages a record and swaps the backend the test goes on with. */
+      const withDamage = (
+        name: string,
+        run: (
+          current: () => DurabilityBackend,
+          hurt: (journal: "inbox" | "outbox", id: string) => Promise<void>,
+          restart: () => Promise<void>,
+        ) => Promise<void>,
+      ) =>
+        test(name, async () => {
+          time = new SuiteTime(options.simulatedTime === true);
+          const first = await time.create(options);
+          let b = first;
+          let open = false;
+          try {
+            await b.open?.();
+            open = true;
+            await run(() => b, async (journal, id) => {
+              open = false;
+              b = await time.damage(damage, b, journal, id);
+              await b.open?.();
+              open = true;
+            }, async () => {
+              open = false;
+              b = await time.reopen(options.reopen!, b);
+              await b.open?.();
+              open = true;
+            });
+          } finally {
+            try {
+              if (open) await b.close?.();
+            } finally {
+              await time.cleanup(options, first);
+              time.stop();
+            }
+          }
+        });
+
+      async function rejection(run: () => Promise<unknown>): Promise<unknown> {
+        try {
+          await run();
+        } catch (error) {
+          return error;
+        }
+        return undefined;
+      }
+
+      withDamage("inbox: a damaged record is set aside: list returns the rest, due scans take the rest in chat order, get names it; nothing is deleted", async (current, hurt) => {
+        const chat = uid("chat");
+        const lost = claimer("owner-lost", SHORT);
+        const a = await admitted(current(), inbound(chat, 1_000), lost);
+        const bad = await admitted(current(), inbound(chat, 2_000), lost);
+        const c = await admitted(current(), inbound(chat, 3_000), lost);
+        const done = await doneRecord(current(), uid("chat"), 4_000);
+        await hurt("inbox", bad.id);
+        const b = current();
+        expect(ids(await b.inbox.list({ limit: 100 })), "list returns every other record").toEqual([a.id, c.id, done]);
+        expect(ids(await b.inbox.list({ state: "processing", chatId: chat })), "and filters them").toEqual([a.id, c.id]);
+        const found = await b.inbox.damaged!();
+        expect(found.map((d) => [d.journal, d.id, d.backend, d.reported]), "set aside").toEqual([["inbox", bad.id, b.name, false]]);
+        expect(typeof found[0]!.problem === "string" && found[0]!.problem.length > 0, "the problem is named").toBe(true);
+        expect(typeof found[0]!.setAsideAt, "setAsideAt").toBe("number");
+        const error = await rejection(() => b.inbox.get(bad.id));
+        expect(error instanceof DamagedRecordError, `get rejects with a DamagedRecordError, got ${String(error)}`).toBe(true);
+        expect([(error as DamagedRecordError).id, (error as DamagedRecordError).backend, (error as DamagedRecordError).journal]).toEqual([bad.id, b.name, "inbox"]);
+        expect(String((error as Error).message).includes(bad.id), "the message names it").toBe(true);
+        await sleep(LAPSE);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })), "the damaged record neither taken nor holding back its chat").toEqual([a.id, c.id]);
+        expect(await b.inbox.replay(bad.id), "replay changes nothing").toBe(false);
+        expect(await b.inbox.purge(0) >= 1, "purge removes done records").toBe(true);
+        expect((await b.inbox.damaged!()).map((d) => d.id), "still set aside, never deleted").toEqual([bad.id]);
+      });
+
+      withDamage("outbox: a damaged entry is set aside: its chat moves on, list returns the rest, retry and discard change nothing", async (current, hurt) => {
+        const chat = uid("chat");
+        const bad = await reserved(current(), outbound(chat));
+        const next = await reserved(current(), outbound(chat));
+        const sent = await reserved(current(), outbound(uid("chat")), claimer());
+        await current().outbox.markSent(sent.key, tokenOf(sent), "m-1");
+        expect([bad.state, next.state]).toEqual(["queued", "queued"]);
+        await hurt("outbox", bad.key);
+        const b = current();
+        const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
+        expect([keys(claim.due), keys(claim.ambiguous)], "the next send of the chat is due").toEqual([[next.key], []]);
+        expect(keys(await b.outbox.list({ limit: 100 })), "list returns the rest").toEqual([next.key, sent.key]);
+        const found = await b.outbox.damaged!();
+        expect(found.map((d) => [d.journal, d.id, d.backend, d.reported])).toEqual([["outbox", bad.key, b.name, false]]);
+        const error = await rejection(() => b.outbox.get(bad.key));
+        expect(error instanceof DamagedRecordError, `get rejects with a DamagedRecordError, got ${String(error)}`).toBe(true);
+        expect(await b.outbox.retry(bad.key), "retry changes nothing").toBe(false);
+        expect(await b.outbox.discard(bad.key), "discard changes nothing").toBe(false);
+        expect((await b.outbox.damaged!()).map((d) => d.id), "still set aside").toEqual([bad.key]);
+      });
+
+      withDamage("a record met first by a due scan is set aside by it; each damaged record is reported by exactly one of several callers", async (current, hurt) => {
+        const lost = claimer("owner-lost", SHORT);
+        const inBad = await admitted(current(), inbound(uid("chat"), 1_000), lost);
+        const inGood = await admitted(current(), inbound(uid("chat"), 2_000), lost);
+        const outBad = await reserved(current(), outbound(uid("chat")));
+        const outGood = await reserved(current(), outbound(uid("chat")));
+        await hurt("inbox", inBad.id);
+        await hurt("outbox", outBad.key);
+        const b = current();
+        await sleep(LAPSE);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 }))).toEqual([inGood.id]);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([outGood.key]);
+        for (const [journal, id] of [["inbox", inBad.id], ["outbox", outBad.key]] as const) {
+          const j = b[journal];
+          expect((await j.damaged!({ unreported: true })).map((d) => d.id), `${journal}: unreported`).toEqual([id]);
+          const answers = await Promise.all([1, 2, 3, 4].map(() => j.reportDamaged!(id)));
+          expect(answers.filter((x) => x).length, `${journal}: exactly one caller reports it`).toBe(1);
+          expect(await j.reportDamaged!(id), `${journal}: reported already`).toBe(false);
+          expect(await j.damaged!({ unreported: true }), `${journal}: none unreported`).toEqual([]);
+          expect((await j.damaged!()).map((d) => [d.id, d.reported]), `${journal}: listed, reported`).toEqual([[id, true]]);
+          expect(await j.reportDamaged!(uid("nothing")), `${journal}: an id that is not damaged`).toBe(false);
+        }
+      });
+
+      if (options.reopen) {
+        withDamage("set aside records survive a restart, reported flag included", async (current, hurt, restart) => {
+          const bad = await admitted(current(), inbound(uid("chat"), 1_000));
+          const badOut = await reserved(current(), outbound(uid("chat")));
+          await hurt("inbox", bad.id);
+          await hurt("outbox", badOut.key);
+          expect(await current().inbox.list({ limit: 100 })).toEqual([]);
+          expect(await current().outbox.list({ limit: 100 })).toEqual([]);
+          expect(await current().inbox.reportDamaged!(bad.id)).toBe(true);
+          await restart();
+          expect((await current().inbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([[bad.id, true]]);
+          expect((await current().outbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([[badOut.key, false]]);
+        });
+      }
     });
 
     describe("restart", () => {
@@ -2295,12 +2450,13 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           const values = [hostile(), [{ nested: hostile() }], JSON.parse('{"__proto__": null}') as JsonValue];
           const ids: string[] = [];
           const outKeys: string[] = [];
+          const c = claimer(); // one holder: its own leases do not hold back the chat's later records
           for (let i = 0; i < values.length; i++) {
-            ids.push((await admitted(b, inbound(chat, 4_000 + i, values[i]!), i === 0 ? claimer() : undefined)).id);
+            ids.push((await admitted(b, inbound(chat, 4_000 + i, values[i]!), i === 0 ? c : undefined)).id);
             outKeys.push((await reserved(b, outbound(chat, values[i]!), i === 0 ? claimer() : undefined)).key);
           }
           // Changes after the first write (a claim, a failure) rewrite the records on some backends.
-          await mustClaim(b, ids[1]!, claimer());
+          await mustClaim(b, ids[1]!, c);
           const failing = await mustGetOut(b, outKeys[0]!);
           await b.outbox.markFailed(failing.key, tokenOf(failing), { error: "later", retryInMs: LONG });
 
@@ -2314,7 +2470,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           listedIn.forEach((r, i) => expectExactJson(expect, r.payload, values[i]!, `listed payload ${i} after reopen`));
           const listedOut = await b.outbox.list({ chatId: chat });
           listedOut.forEach((e, i) => expectExactJson(expect, e.content, values[i]!, `listed content ${i} after reopen`));
-          const due = (await b.inbox.claimDue({ ...claimer(), limit: 100 })).filter((r) => r.chatId === chat);
+          const due = (await b.inbox.claimDue({ ...c, limit: 100 })).filter((r) => r.chatId === chat);
           expect(due.map((r) => r.id)).toEqual([ids[2]]);
           expectExactJson(expect, due[0]!.payload, values[2]!, "claimDue after reopen");
           expect(({} as Record<string, unknown>).polluted, "Object.prototype is untouched").toBe(undefined);

@@ -21,6 +21,7 @@ export const CRASH_POINTS = [
   "inbox.fail",
   "inbox.replay",
   "inbox.purge",
+  "inbox.reportDamaged",
   "outbox.reserve",
   "outbox.claim",
   "outbox.heartbeat",
@@ -31,6 +32,7 @@ export const CRASH_POINTS = [
   "outbox.retry",
   "outbox.discard",
   "outbox.purge",
+  "outbox.reportDamaged",
   "store.set",
 ] as const;
 
@@ -61,8 +63,10 @@ const INBOX_POINTS: Record<keyof InboxJournal, CrashPoint | null> = {
   fail: "inbox.fail",
   replay: "inbox.replay",
   purge: "inbox.purge",
+  reportDamaged: "inbox.reportDamaged",
   get: null,
   list: null,
+  damaged: null,
 };
 
 const OUTBOX_POINTS: Record<keyof OutboxJournal, CrashPoint | null> = {
@@ -75,8 +79,10 @@ const OUTBOX_POINTS: Record<keyof OutboxJournal, CrashPoint | null> = {
   retry: "outbox.retry",
   discard: "outbox.discard",
   purge: "outbox.purge",
+  reportDamaged: "outbox.reportDamaged",
   get: null,
   list: null,
+  damaged: null,
 };
 
 /** When to crash: at the `at`-th call of the point from now on (default 1). */
@@ -178,6 +184,7 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
   const wrap = <J extends object>(journal: J, points: Record<keyof J, CrashPoint | null>): J => {
     const wrapped = {} as Record<string, unknown>;
     for (const method of Object.keys(points) as (keyof J & string)[]) {
+      if (typeof journal[method] !== "function") continue; // an optional method the backend lacks
       wrapped[method] = (...args: unknown[]) =>
         step(
           points[method],

@@ -60,6 +60,18 @@ export class SuiteTime {
     return this.view(await this.track(() => reopen(this.raw(backend), this.context)), ["inbox", "outbox"]);
   }
 
+  /** `options.damage` of a backend the test used: the backend to go on with. */
+  async damage(
+    damage: NonNullable<BackendConformanceOptions["damage"]>,
+    backend: DurabilityBackend,
+    journal: "inbox" | "outbox",
+    id: string,
+  ): Promise<DurabilityBackend> {
+    const raw = this.raw(backend);
+    const next = await this.track(() => damage(raw, journal, id, this.context));
+    return next === raw ? backend : this.view(next, ["inbox", "outbox"]);
+  }
+
   /** `options.cleanup` of a backend the test used. */
   async cleanup(options: BackendConformanceOptions, backend: DurabilityBackend): Promise<void> {
     const cleanup = options.cleanup;
