@@ -92,6 +92,7 @@ const COUNTER_NAMES = [
   "outbox_diverged",
   "conversations_replayed",
   "conversations_diverged",
+  "damaged_records",
 ].map((n) => `botmesh_durable_${n}_total`);
 
 describe("prometheusMetrics", () => {

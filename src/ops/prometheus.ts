@@ -50,6 +50,7 @@ const COUNTERS: ReadonlyArray<readonly [keyof DurabilityMetrics, string]> = [
   ["outboxDiverged", "Reused idempotency keys whose content differed from the journaled one."],
   ["conversationsReplayed", "Conversations rebuilt by replaying their handler over the recorded answers."],
   ["conversationsDiverged", "Conversation replays that did not follow the recorded transcript."],
+  ["damagedRecords", "Damaged records the backend set aside (never deleted), reported by this bot."],
 ];
 
 /** Options of {@link prometheusMetrics}. */
