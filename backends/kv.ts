@@ -15,6 +15,8 @@
  *   `seq`) otherwise.
  * - `i/chat/<chatId>/<seq>/<key>/<nonce>`: the chat's unsettled outbox entries
  *   (`queued`, `sending`, `failed`).
+ * - `i/chat-in/<chatId>/<receivedAt>/<id>/<nonce>`: the chat's active inbox
+ *   records (`pending`, `processing`, `failed`).
  * - `c/out/seq`: the outbox sequence counter.
  *
  * Numbers are zero-padded to 16 digits; ids, keys and chat ids have `%` and
@@ -45,6 +47,17 @@
  * is not atomic, so route each chat to one replica at a time (sticky by chat
  * id, SPEC §8 "Several replicas"), as the engine requires anyway.
  *
+ * ## Ordering of inbound records
+ * An inbox due scan goes through due records in arrival order (`receivedAt`,
+ * then id). The first time it meets a chat it reads the chat's active records
+ * through the chat index: the records behind one held elsewhere are left, and
+ * the others are claimed in arrival order up to the due one met, each by its
+ * own compare-and-set. The scan leaves the chat at the first claim it loses.
+ * So two concurrent scans of a chat race on the same first record: the loser
+ * stops there, and a scan that reads the chat after that claim sees it held.
+ * A record stored before the chat index existed gets its chat index key with
+ * its next change.
+ *
  * @module
  */
 import {
@@ -71,6 +84,7 @@ import {
 import { delay } from "../src/runtime/mod.ts";
 import {
   acceptsOutcome,
+  ACTIVE_INBOX_STATES,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   callingOutbox,
@@ -81,6 +95,7 @@ import {
   extendedLease,
   failedFields,
   failedOutbox,
+  holdsChat,
   inboxDueAt,
   isInboxClaimable,
   isLeasedWith,
@@ -431,6 +446,25 @@ abstract class KvJournal<R extends Journaled> {
   }
 }
 
+/** Arrival order of inbox records: `receivedAt`, then id. */
+function byArrival(a: InboundRecord, b: InboundRecord): number {
+  return a.receivedAt - b.receivedAt || compareStrings(a.id, b.id);
+}
+
+/** What one due scan knows of a chat. */
+interface ChatTurn {
+  /** The records the scan may claim, in arrival order: claimable, and before the first record held elsewhere. */
+  queue: Loaded<InboundRecord>[];
+  /** The first record held elsewhere, if any. */
+  holder: InboundRecord | null;
+  /** Ids of the chat's active records that the chat index listed. */
+  indexed: Set<string>;
+  /** How many of `queue` the scan has claimed. */
+  next: number;
+  /** Set when a claim was lost: the scan leaves the chat. */
+  stopped: boolean;
+}
+
 class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   constructor(kv: DurableKv, prefix: string) {
     super(kv, prefix, "in");
@@ -440,13 +474,48 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     return rec.id;
   }
 
+  #chatPrefix(chatId: string): string {
+    return `${this.prefix}i/chat-in/${esc(chatId)}/`;
+  }
+
   protected hintsFor(rec: InboundRecord): string[] {
     const id = esc(rec.id);
     const time = rec.state === "done" ? rec.updatedAt : rec.receivedAt;
     const hints = [`${this.statePrefix}${rec.state}/${pad(time)}/${id}`];
     const dueAt = inboxDueAt(rec);
     if (dueAt !== null) hints.push(`${this.duePrefix}${pad(dueAt)}/${pad(rec.receivedAt)}/${rec.state}/${id}`);
+    if (ACTIVE_INBOX_STATES.includes(rec.state)) hints.push(`${this.#chatPrefix(rec.chatId)}${pad(rec.receivedAt)}/${id}`);
     return hints;
+  }
+
+  /**
+   * Reads the chat's active records (through its index) and what a scan under `options` may claim of them.
+   * @param seen a record of the chat just read (not read again).
+   */
+  async #chatTurn(chatId: string, now: number, options: ClaimOptions, seen: Loaded<InboundRecord>): Promise<ChatTurn> {
+    const prefix = this.#chatPrefix(chatId);
+    const entries: KvEntry[] = [];
+    for await (const entry of this.scan(prefix)) entries.push(entry);
+    const records: Loaded<InboundRecord>[] = [];
+    for (let i = 0; i < entries.length; i += PAGE) {
+      const page = await Promise.all(entries.slice(i, i + PAGE).map((entry) => {
+        if (seen.hints.includes(entry.key)) return seen;
+        const parts = entry.key.slice(prefix.length).split("/");
+        return parts.length === 3 ? this.check(entry, unesc(parts[1]), now) : null;
+      }));
+      for (const cur of page) {
+        if (cur && cur.rec.chatId === chatId && ACTIVE_INBOX_STATES.includes(cur.rec.state)) records.push(cur);
+      }
+    }
+    records.sort((a, b) => byArrival(a.rec, b.rec));
+    const turn: ChatTurn = { queue: [], holder: null, indexed: new Set(), next: 0, stopped: false };
+    for (const cur of records) {
+      turn.indexed.add(cur.rec.id);
+      if (turn.holder) continue;
+      if (holdsChat(cur.rec, now, options)) turn.holder = cur.rec;
+      else if (isInboxClaimable(cur.rec, now, options)) turn.queue.push(cur);
+    }
+    return turn;
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
@@ -474,19 +543,40 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     if (!(options.limit > 0)) return [];
     const now = await this.kv.now();
     const hints = await this.dueHints(now, options.reclaimOwn === true, "processing");
+    const chats = new Map<string, ChatTurn>();
     const out: InboundRecord[] = [];
+    const claim = (rec: InboundRecord, at: number) =>
+      isInboxClaimable(rec, at, options) ? claimedInbound(rec, at, options) : null;
     for (const hint of hints) {
       if (out.length >= options.limit) break;
       const cur = await this.check(hint.entry, hint.id, now);
       if (!cur || !isInboxClaimable(cur.rec, now, options)) continue;
-      const { written } = await this.mutate(
-        hint.id,
-        (rec, at) => (isInboxClaimable(rec, at, options) ? claimedInbound(rec, at, options) : null),
-        { cur, now },
-      );
-      if (written) out.push(written.rec);
+      const chatId = cur.rec.chatId;
+      let turn = chats.get(chatId);
+      if (!turn) chats.set(chatId, turn = await this.#chatTurn(chatId, now, options, cur));
+      if (turn.stopped || (turn.holder && byArrival(turn.holder, cur.rec) < 0)) continue;
+      let at = turn.queue.findIndex((item) => item.rec.id === cur.rec.id);
+      if (at < 0) {
+        // The chat index was read after the hint: it knows better, unless it does not list the record (stored before the index existed).
+        if (turn.indexed.has(cur.rec.id)) continue;
+        turn.indexed.add(cur.rec.id);
+        at = turn.queue.findIndex((item) => byArrival(item.rec, cur.rec) > 0);
+        if (at < 0) at = turn.queue.length;
+        if (at < turn.next) continue; // behind records this scan claimed: left for a later scan
+        turn.queue.splice(at, 0, cur);
+      }
+      // Its chat's earlier claimable records first (the due index orders ties of a millisecond by id, not exactly).
+      while (turn.next <= at && out.length < options.limit) {
+        const item = turn.queue[turn.next++];
+        const { written } = await this.mutate(item.rec.id, claim, { cur: item, now });
+        if (!written) {
+          turn.stopped = true;
+          break;
+        }
+        out.push(written.rec);
+      }
     }
-    return out.sort((a, b) => a.receivedAt - b.receivedAt || compareStrings(a.id, b.id));
+    return out.sort(byArrival);
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
@@ -521,11 +611,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
-    return this.listRecords(
-      normalizeList(options),
-      (a, b) => a.receivedAt - b.receivedAt || compareStrings(a.id, b.id),
-      (state) => state !== "done",
-    );
+    return this.listRecords(normalizeList(options), byArrival, (state) => state !== "done");
   }
 
   async replay(id: string): Promise<boolean> {

@@ -25,6 +25,7 @@ import {
 } from "../src/backend.ts";
 import {
   acceptsOutcome,
+  ACTIVE_INBOX_STATES,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   checkClaim,
@@ -42,6 +43,7 @@ import {
   failedOutbox,
   doneInbound,
   extendedLease,
+  holdsChat,
   inboxDueAt,
   isInboxClaimable,
   isLeasedWith,
@@ -125,6 +127,29 @@ function inboxHeapKey(record: InboundRecord): number | null {
   return record.state === "pending" ? Number.NEGATIVE_INFINITY : inboxDueAt(record);
 }
 
+/** Arrival order of inbox slots: `receivedAt`, then admission order. */
+function byArrival(a: Slot<InboundRecord>, b: Slot<InboundRecord>): number {
+  const x = a.record.receivedAt;
+  const y = b.record.receivedAt;
+  return x < y ? -1 : x > y ? 1 : a.order - b.order;
+}
+
+function isActive(state: InboundState): boolean {
+  return ACTIVE_INBOX_STATES.includes(state);
+}
+
+/** Index of the first slot of `queue` (in arrival order) not before `slot`. */
+function arrivalBound(queue: readonly Slot<InboundRecord>[], slot: Slot<InboundRecord>): number {
+  let lo = 0;
+  let hi = queue.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (byArrival(queue[mid], slot) < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 class MemoryInbox implements InboxJournal {
   readonly #now: () => number;
   readonly #slots = new Map<string, Slot<InboundRecord>>();
@@ -134,6 +159,8 @@ class MemoryInbox implements InboxJournal {
   readonly #done = new MinHeap<HeapItem>(earlier);
   /** owner → ids of the records it holds a lease on. */
   readonly #leased = new Map<string, Set<string>>();
+  /** chatId → its active records in arrival order, for the chat-order check of due scans. */
+  readonly #chats = new Map<string, Slot<InboundRecord>[]>();
   readonly #states = new StateCounts();
   #version = 0;
   #order = 0;
@@ -151,6 +178,7 @@ class MemoryInbox implements InboxJournal {
     if (prev?.lease) indexRemove(this.#leased, prev.lease.owner, prev.id);
     if (next.lease) indexAdd(this.#leased, next.lease.owner, next.id);
     const version = ++this.#version;
+    const wasActive = prev !== undefined && isActive(prev.state);
     if (slot) {
       slot.record = next;
       slot.version = version;
@@ -158,6 +186,9 @@ class MemoryInbox implements InboxJournal {
       slot = { record: next, version, order: ++this.#order };
       this.#slots.set(next.id, slot);
     }
+    const active = isActive(next.state);
+    if (wasActive && !active) this.#chatRemove(slot);
+    if (!wasActive && active) this.#chatInsert(slot);
     const at = inboxHeapKey(next);
     if (at !== null) this.#due.push({ at, id: next.id, version });
     if (next.state === "done") this.#done.push({ at: next.updatedAt, id: next.id, version });
@@ -169,6 +200,26 @@ class MemoryInbox implements InboxJournal {
     const bound = 4 * this.#slots.size;
     if (this.#due.size > COMPACT_MIN && this.#due.size > bound) this.#due.retain(this.#valid);
     if (this.#done.size > COMPACT_MIN && this.#done.size > bound) this.#done.retain(this.#valid);
+  }
+
+  #chatInsert(slot: Slot<InboundRecord>): void {
+    let queue = this.#chats.get(slot.record.chatId);
+    if (!queue) this.#chats.set(slot.record.chatId, queue = []);
+    queue.splice(arrivalBound(queue, slot), 0, slot);
+  }
+
+  #chatRemove(slot: Slot<InboundRecord>): void {
+    const queue = this.#chats.get(slot.record.chatId);
+    if (!queue) return;
+    const i = arrivalBound(queue, slot);
+    if (queue[i] === slot) queue.splice(i, 1);
+    if (queue.length === 0) this.#chats.delete(slot.record.chatId);
+  }
+
+  /** The first active record of `chatId` that holds back the later ones from a scan under `options`. */
+  #holder(chatId: string, now: number, options: ClaimOptions): Slot<InboundRecord> | null {
+    for (const slot of this.#chats.get(chatId) ?? []) if (holdsChat(slot.record, now, options)) return slot;
+    return null;
   }
 
   /** The slot of a `processing` record whose lease carries `token`, or `null`. */
@@ -219,16 +270,16 @@ class MemoryInbox implements InboxJournal {
     }
     const claimable = [...candidates.values()]
       .filter((slot) => isInboxClaimable(slot.record, now, options))
-      .sort((a, b) =>
-        a.record.receivedAt < b.record.receivedAt
-          ? -1
-          : a.record.receivedAt > b.record.receivedAt
-          ? 1
-          : a.order - b.order
-      );
+      .sort(byArrival);
+    // Holders are found before anything is claimed: what this scan claims is the caller's, and holds nothing back.
+    const holders = new Map<string, Slot<InboundRecord> | null>();
     const out: InboundRecord[] = [];
     for (const slot of claimable) {
       if (!(out.length < options.limit)) break;
+      const chatId = slot.record.chatId;
+      let holder = holders.get(chatId);
+      if (holder === undefined) holders.set(chatId, holder = this.#holder(chatId, now, options));
+      if (holder !== null && byArrival(holder, slot) < 0) continue;
       const next = claimedInbound(slot.record, now, options);
       this.#store(next, slot);
       out.push(copy(next));
@@ -276,9 +327,7 @@ class MemoryInbox implements InboxJournal {
     if (this.#states.noneIn(filter.states)) return [];
     const slots: Slot<InboundRecord>[] = [];
     for (const slot of this.#slots.values()) if (matchesList(slot.record, filter)) slots.push(slot);
-    slots.sort((a, b) =>
-      a.record.receivedAt < b.record.receivedAt ? -1 : a.record.receivedAt > b.record.receivedAt ? 1 : a.order - b.order
-    );
+    slots.sort(byArrival);
     return slots.slice(0, filter.limit).map((slot) => copy(slot.record));
   }
 
@@ -699,7 +748,10 @@ class MemoryOutbox implements OutboxJournal {
  * A durability backend that keeps its journals in memory, for one process.
  * Records are plain objects; every record it returns is a deep copy, and so
  * is what it is given. Due scans cost O(due) (heaps with lazy deletion);
- * settled records are never scanned by them.
+ * settled records are never scanned by them. An inbox due scan takes records
+ * in arrival order (`receivedAt`, then admission order) and keeps each chat's
+ * order: it looks at the active records of each chat it meets (an index kept
+ * in arrival order) and leaves the records behind one held elsewhere.
  *
  * Nothing survives the process: use it for tests, or to share state between
  * several `Bot` instances of one process.
