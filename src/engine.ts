@@ -8,6 +8,8 @@
  */
 import {
   type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
   type DurabilityBackend,
   type InboundRecord,
   type JsonValue,
@@ -188,6 +190,11 @@ export interface DurabilityControl {
   retrySend(key: string): Promise<boolean>;
   /** A snapshot of the counters. */
   metrics(): DurabilityMetrics;
+  /**
+   * The records the backend set aside as damaged (kept, never deleted), inbox first, at most
+   * `limit` (default 100) per journal.
+   */
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]>;
 }
 
 const SWEEP_BATCH = 64;
@@ -293,6 +300,20 @@ export function emitError(events: Emitter<BotEvents>, error: unknown, context: s
 
 function asError(error: unknown): Error {
   return error instanceof Error ? error : new Error(errorText(error));
+}
+
+/**
+ * The records `backend` set aside as damaged, inbox first, at most `options.limit` (default 100) per journal.
+ * @param backend the backend (one of an older contract without `damaged` has none)
+ * @param options filter and limit, as for each journal's `damaged`
+ * @returns the damaged records of both journals
+ */
+export async function listDamaged(backend: DurabilityBackend, options?: DamagedListOptions): Promise<DamagedRecord[]> {
+  const found: DamagedRecord[] = [];
+  for (const journal of [backend.inbox, backend.outbox]) {
+    if (journal.damaged !== undefined) found.push(...await journal.damaged(options));
+  }
+  return found;
 }
 
 /** The durability engine behind a `Bot` with `durability` options. */
@@ -1702,6 +1723,7 @@ export class DurabilityEngine {
         return requeued;
       },
       metrics: () => ({ ...this.#metrics }),
+      damaged: (options) => listDamaged(backend, options),
     };
   }
 }

@@ -20,6 +20,7 @@
  * @module
  */
 import type {
+  DamagedRecord,
   DurabilityBackend,
   InboundRecord,
   InboundState,
@@ -118,6 +119,7 @@ Commands:
   discard <key>                     forget an outbox entry (not while it is being sent)
   purge --older-than <7d|12h|30m|ms>  delete inbox "done" and outbox "sent" records older than that
   stats [--limit n]                 records per state (counted up to n, default 10000)
+  damaged [--limit n]               records the backend could not read and set aside (kept, never deleted)
 
 Options:
   -b, --backend <url>   the backend (or set ${BACKEND_ENV})
@@ -140,6 +142,7 @@ const COMMANDS: Record<string, { args: string[]; flags: string[] }> = {
   discard: { args: ["<key>"], flags: [] },
   purge: { args: [], flags: ["older-than"] },
   stats: { args: [], flags: ["limit"] },
+  damaged: { args: [], flags: ["limit"] },
 };
 
 const VALUE_FLAGS = new Set(["backend", "state", "chat", "limit", "older-than"]);
@@ -444,6 +447,26 @@ async function run(p: Parsed, opened: OpenedBackend, io: CliIo, now: () => numbe
         `Purged ${inbox} inbox record${inbox === 1 ? "" : "s"} (done) and ${outbox} outbox entr${
           outbox === 1 ? "y" : "ies"
         } (sent) last changed more than ${duration(ms)} ago.\n`,
+      );
+      return;
+    }
+    case "damaged": {
+      const limit = p.flags.has("limit") ? positiveInt(p.flags.get("limit")!, "limit") : 100;
+      const records: DamagedRecord[] = [];
+      let truncated = false;
+      for (const journal of [backend.inbox, backend.outbox]) {
+        // A backend of an older contract has no damaged() at all: it sets nothing aside.
+        const found = journal.damaged === undefined ? [] : await journal.damaged({ limit });
+        truncated ||= found.length >= limit;
+        records.push(...found);
+      }
+      if (p.json) return void (await out(records));
+      await io.stdout(
+        records.length === 0 ? "No damaged records.\n" : table(
+          ["JOURNAL", "ID", "SET ASIDE", "REPORTED", "PROBLEM"],
+          records.map((d) => [d.journal, d.id, iso(d.setAsideAt), d.reported ? "yes" : "no", d.problem]),
+        ) + (truncated ? `(first ${limit} per journal; raise --limit to see more)\n` : `(${records.length})\n`) +
+          "Damaged records are kept as they were stored: repair or remove them with the backend's own tools.\n",
       );
       return;
     }

@@ -13,6 +13,7 @@
  * @module
  */
 import type {
+  DamagedRecord,
   DurabilityBackend,
   InboundRecord,
   InboundState,
@@ -21,7 +22,7 @@ import type {
   OutboxEntry,
   OutboxState,
 } from "../backend.ts";
-import type { DurabilityControl } from "../engine.ts";
+import { type DurabilityControl, listDamaged } from "../engine.ts";
 import { html, type HtmlValue, SafeHtml } from "./html.ts";
 
 /** Who is using the console, as established by {@link ConsoleAuth}. */
@@ -140,6 +141,7 @@ interface Ops {
   replay(id: string): Promise<boolean>;
   retry(key: string): Promise<boolean>;
   discard(key: string): Promise<boolean>;
+  damaged(options: { limit: number }): Promise<DamagedRecord[]>;
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {
@@ -168,6 +170,7 @@ function opsOf(target: unknown): Ops {
       replay: (id) => d().replayInbound(id),
       retry: (key) => d().retrySend(key),
       discard: (key) => d().outbox.discard(key),
+      damaged: (o) => d().damaged(o),
     };
   }
   const backend = target as unknown as DurabilityBackend;
@@ -182,6 +185,7 @@ function opsOf(target: unknown): Ops {
     replay: (id) => backend.inbox.replay(id),
     retry: (key) => backend.outbox.retry(key),
     discard: (key) => backend.outbox.discard(key),
+    damaged: (o) => listDamaged(backend, o),
   };
 }
 
@@ -414,7 +418,7 @@ interface Page {
  * `Cache-Control: no-store`; everything rendered is HTML-escaped.
  *
  * Routes, under `basePath`: `/` (overview), `/inbound` and `/outbound`
- * (`?state=&chat=&limit=`), `/inbound/record?id=`, `/outbound/record?id=`,
+ * (`?state=&chat=&limit=`), `/damaged` (records set aside as damaged), `/inbound/record?id=`, `/outbound/record?id=`,
  * `/inbound/replay?id=`, `/outbound/retry?id=`, `/outbound/discard?id=`
  * (GET: the confirmation page; POST: the action).
  *
@@ -497,6 +501,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
 <a href="${url("/inbound", { state: "dead" })}">Inbound DLQ</a>
 <a href="${url("/outbound", { state: "dead" })}">Outbound DLQ</a>
 <a href="${url("/outbound", { state: "unknown" })}">Unknown sends</a>
+<a href="${url("/damaged")}">Damaged</a>
 <span class="who">Signed in as ${user}</span></header>
 <main>${page.body}</main></body></html>`;
     return respond(page.status ?? 200, body.html);
@@ -569,6 +574,26 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
 <section><h2>Outbound (outbox)</h2><table><thead><tr><th>State</th><th>Sends</th></tr></thead><tbody>${outbound}</tbody></table>
 <p><a href="${url("/outbound")}">All sends</a></p></section>
 </div>`,
+    };
+  };
+
+  const damagedView = async (query: URLSearchParams): Promise<Page> => {
+    const limit = parseLimit(query);
+    const found = await ops.damaged({ limit: limit + 1 });
+    const byJournal = (["inbox", "outbox"] as const).map((j) => found.filter((d) => d.journal === j));
+    const more = byJournal.some((list) => list.length > limit);
+    const rows = byJournal.flatMap((list) => list.slice(0, limit)).map((d) =>
+      html`<tr><td>${d.journal === "inbox" ? "inbound" : "outbound"}</td><td class="id">${d.id}</td><td>${fmtTime(d.setAsideAt)}</td><td>${
+        d.reported ? "yes" : "no"
+      }</td><td class="err">${truncate(d.problem, 400)}</td></tr>`
+    );
+    return {
+      title: "Damaged records",
+      body: html`<h1>Damaged records</h1>
+<p class="note">Records the backend could not read back. Each was set aside as it was stored (never deleted), left out of the lists, the due scans and its chat's order, and reported once as an error by a bot. Repair or remove them with the backend's own tools.</p>
+${
+        rows.length === 0 ? html`<p>No damaged records.</p>` : html`<table><thead><tr><th>Journal</th><th>Id</th><th>Set aside</th><th>Reported</th><th>Problem</th></tr></thead><tbody>${rows}</tbody></table>`
+      }${more ? html`<p class="note">Showing the first ${limit} per journal.</p>` : ""}`,
     };
   };
 
@@ -812,6 +837,9 @@ ${field("Created", fmtTime(e.createdAt))}${field("Updated", fmtTime(e.updatedAt)
       } else if (view === "inbound" || view === "outbound") {
         if (!read) throw new HttpError(405, `Method ${method} is not allowed here`, { allow: "GET, HEAD" });
         page = await listView(view, query, notice);
+      } else if (view === "damaged") {
+        if (!read) throw new HttpError(405, `Method ${method} is not allowed here`, { allow: "GET, HEAD" });
+        page = await damagedView(query);
       } else if (view === "inbound/record" || view === "outbound/record") {
         if (!read) throw new HttpError(405, `Method ${method} is not allowed here`, { allow: "GET, HEAD" });
         page = await recordView(view === "inbound/record" ? "inbound" : "outbound", query, notice);
