@@ -791,12 +791,7 @@ export interface OrderBreak {
   first: { key: string; id: string; by: string };
   /** The key that should have gone out first, and its message. */
   overtaken: { key: string; id: string; by: string };
-  /**
-   * Both messages were held by a replica that then died or froze, and the takeover did not keep
-   * their order: the survivors' claimDue is not chat-aware, so a later record of the chat whose
-   * lease lapsed first is taken (and answered) before an earlier one, or the records are split
-   * between two survivors that handle them at the same time.
-   */
+  /** Both messages were held by a replica that then died or froze: the takeover broke their order. */
   fromTakeover: boolean;
   text: string;
 }
