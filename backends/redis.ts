@@ -35,7 +35,9 @@
  *   order (`in:st:pending` is also the due backlog); `in:timed` (failed and
  *   processing records by when they become due); `in:owner:<owner>` (leased
  *   records, for `reclaimOwn`); `in:done` (done records by `updatedAt`, for
- *   purges); `in:ord` admission counter.
+ *   purges); `in:ord` admission counter; `in:act:<chatId>` the chat's active
+ *   (pending/processing/failed) records in arrival order, which due scans
+ *   walk to keep the chat's order; `in:actv` marks that index as built.
  * - `out:r:<key>` outbox entry (hash; content is opaque JSON text; `called`
  *   is `1`/`0`);
  *   `out:all`, `out:chat:<chatId>`, `out:st:<state>` by `seq`;
@@ -45,8 +47,9 @@
  *   expiry; `out:owner:<owner>`; `out:sent` by `updatedAt`; `out:seq` counter.
  * - `s:<key>` session values (`SET … PX`); `kv:r:<key>`, `kv:keys`, `kv:ver` the kv.
  *
- * Due scans read only due entries (`claimDue` is O(due)); purges delete at
- * most 500 records per script call. A stored record that is not what this
+ * Due scans read only due entries (`claimDue` is O(due)); an inbox scan also
+ * reads the active records of the chats it takes from, never settled ones.
+ * Purges delete at most 500 records per script call. A stored record that is not what this
  * library wrote rejects its read with an error naming the key and field.
  *
  * ## Lost replies
@@ -66,6 +69,13 @@
  * reads as `called: true` (a provider call may have started under its lease,
  * so a lapsed one stays ambiguous, as it was). The next claim writes the field;
  * nothing has to be migrated.
+ *
+ * Inbox records written before the per-chat index (`in:act:<chatId>`)
+ * existed are indexed by the first inbox due scan under the key prefix: one
+ * script that reads every active (pending, processing, failed) record once,
+ * then sets `in:actv`; settled records are not read. A record an older
+ * replica admits after that (during a rolling upgrade) is indexed when a due
+ * scan first sees it.
  *
  * ## Damaged records
  * Lua does not roll back, so every script validates each field it needs
@@ -673,8 +683,17 @@ let adopted: Runner | undefined;
  * A durability backend on Redis: the inbox and outbox journals, shared by
  * many replicas on many hosts (`scope: "shared"`). Every transition is one
  * atomic Lua script with the server's clock and the fencing check inside;
- * due scans read sorted sets of due entries only. See the module
- * documentation for the clients and the key layout.
+ * due scans read sorted sets of due entries only (and the inbox scan the
+ * active records of their chats).
+ *
+ * An inbox due scan leases in arrival order (`receivedAt`, then admission
+ * order) and keeps each chat's order through a failover: it walks the chat's
+ * active records from the first, and takes none after one that is
+ * `processing` under a live lease held elsewhere (see
+ * `InboxJournal.claimDue`). Being one script, two concurrent scans never
+ * split a chat. Records of chats held elsewhere do not fill the batch: the
+ * pending backlog is read on, page by page, up to `limit + 1000` records a
+ * scan. See the module documentation for the clients and the key layout.
  *
  * The backend does not own the client: `open()` checks that Redis answers
  * (and runs Lua), `close()` does nothing; close the client after `bot.stop()`.

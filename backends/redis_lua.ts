@@ -114,7 +114,11 @@ const INBOX = `
 local IN_FIELDS = {'id', 'kind', 'chatId', 'provider', 'payload', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
   'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
 local function in_key(id) return P .. 'in:r:' .. id end
+-- The chat's active (pending/processing/failed) records in arrival order: score receivedAt, member om
+-- (the zero-padded admission order, then the id), so equal scores sort by admission order.
+local function act_key(chat) return P .. 'in:act:' .. chat end
 local IN_STATES = {pending = true, processing = true, failed = true, done = true, dead = true}
+local ACTIVE = {pending = true, processing = true, failed = true}
 -- Every field an inbox transition reads or indexes by (the opaque ones are checked by the caller).
 local function in_problem(h, id)
   local p = need_is(h, 'id', id) or need_str(h, 'chatId') or need_one(h, 'state', IN_STATES)
@@ -135,6 +139,7 @@ local function in_quarantine(id, h, via_om, why, now)
   local om = via_om
   if not om and type(h.om) == 'string' and string.sub(h.om, 17) == id then om = h.om end
   if om then for s, _ in pairs(IN_STATES) do redis.call('ZREM', P .. 'in:st:' .. s, om) end end
+  if om and type(h.chatId) == 'string' then redis.call('ZREM', act_key(h.chatId), om) end
   redis.call('ZREM', P .. 'in:timed', id)
   redis.call('ZREM', P .. 'in:done', id)
   if type(h.leaseOwner) == 'string' then redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, id) end
@@ -155,6 +160,11 @@ end
 local function in_write(h)
   save(h, IN_FIELDS)
   redis.call('ZADD', P .. 'in:st:' .. h.state, h.receivedAt, h.om)
+  if ACTIVE[h.state] then
+    redis.call('ZADD', act_key(h.chatId), h.receivedAt, h.om)
+  else
+    redis.call('ZREM', act_key(h.chatId), h.om)
+  end
   if h.state == 'failed' then
     redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', h.id)
   elseif h.state == 'processing' then
@@ -182,6 +192,12 @@ local function in_claim(h, now, o)
   in_write(h)
 end
 local function in_held(h, token) return h ~= nil and h.state == 'processing' and h.leaseToken == token end
+-- holdsChat: processing under a live lease that is neither the caller's own nor reclaimable by it
+local function in_holds(h, now, o)
+  if h.state ~= 'processing' or not h.leaseOwner then return false end
+  if h.leaseOwner == o.owner and h.leaseInc == o.inc then return false end
+  return not abandoned(h, now, o)
+end
 `;
 
 const OUTBOX = `
@@ -402,38 +418,117 @@ if not h or not in_claimable(h, now, o) then return cjson.encode({'none'}) end
 in_claim(h, now, o)
 return cjson.encode({'ok', flat(h._key)})
 `, true),
-  /** ARGV: P, owner, inc, leaseMs, reclaim, limit */
+  /**
+   * ARGV: P, owner, inc, leaseMs, reclaim, limit. Candidates come from the due windows (lapsed leases
+   * and retries, the owner's set under reclaimOwn, the pending backlog); the chat of each is then walked
+   * in arrival order (in:act:<chat>, active records only), and a candidate is taken only when the walk
+   * reached it before a record held elsewhere (in_holds). The first scan of a key prefix indexes the
+   * active records written before the chat index existed (in:actv marks it done).
+   */
   inClaimDue: script("inbox.claimDue", [INBOX], `
 local o = opts(2)
 local limit = tonumber(ARGV[6])
 local now = now_ms()
-local seen, cands = {}, {}
--- from: 'pending' (via_om is its in:st:pending member), 'timed' or 'owner'. Every record the scan
--- reads is validated before anything is written: a damaged one is quarantined (never an error that
--- blocks the others); a mark of a record that is gone, or not due, leaves the window it was read from.
+if redis.call('EXISTS', P .. 'in:actv') == 0 then
+  for _, s in ipairs({'pending', 'processing', 'failed'}) do
+    local start = 0
+    repeat
+      local oms = redis.call('ZRANGE', P .. 'in:st:' .. s, start, start + 999)
+      for _, om in ipairs(oms) do
+        local f = redis.call('HMGET', in_key(string.sub(om, 17)), 'chatId', 'receivedAt', 'state', 'om')
+        local r = tonumber(f[2])
+        -- a damaged record is left out: a scan that reaches it quarantines it
+        if type(f[1]) == 'string' and f[3] == s and f[4] == om and r and r == r and r ~= math.huge and r ~= -math.huge then
+          redis.call('ZADD', act_key(f[1]), n2s(r), om)
+        end
+      end
+      start = start + 1000
+    until #oms < 1000
+  end
+  redis.call('SET', P .. 'in:actv', '1')
+end
+local looked, seen, cands, is_cand, win, walked, allowed = {}, {}, {}, {}, {}, {}, {}
+local walks, chats, n_allowed = {}, {}, 0
+-- A record, validated: a damaged one is quarantined (never an error that blocks the others) and
+-- reads, like a gone one, as nil.
+local function look(id, via_om)
+  local c = looked[id]
+  if c ~= nil then return c or nil end
+  local h = load(in_key(id))
+  if h then
+    local problem = in_problem(h, id)
+    if problem then in_quarantine(id, h, via_om, problem, now); h = nil end
+  end
+  looked[id] = h or false
+  return h
+end
+local function add_cand(h)
+  if not is_cand[h.id] then is_cand[h.id] = true; cands[#cands + 1] = h end
+end
+-- A record read from a due window. from: 'pending' (via_om is its in:st:pending member), 'timed' or
+-- 'owner'; a mark of a record that is gone, or not due, leaves the window it was read from.
 local function consider(id, from, via_om)
   if seen[id] then return end
   seen[id] = true
-  local h = load(in_key(id))
+  local h = look(id, via_om)
   if not h then
     if from == 'pending' then redis.call('ZREM', P .. 'in:st:pending', via_om)
     elseif from == 'timed' then redis.call('ZREM', P .. 'in:timed', id)
     else redis.call('SREM', P .. 'in:owner:' .. o.owner, id) end
-    return
-  end
-  local problem = in_problem(h, id)
-  if problem then
-    in_quarantine(id, h, via_om, problem, now)
   elseif in_claimable(h, now, o) then
-    cands[#cands + 1] = h
+    add_cand(h)
+    if not win[id] and not walked[id] then
+      win[id] = true
+      -- (indexed here when an older version wrote it after the chat index was built)
+      redis.call('ZADD', act_key(h.chatId), 'NX', n2s(num(h, 'receivedAt')), h.om)
+      local w = walks[h.chatId]
+      if not w then
+        w = {chat = h.chatId, pos = 0, left = 0, n = 0, done = false}
+        walks[h.chatId] = w
+        chats[#chats + 1] = w
+      end
+      w.left = w.left + 1
+    end
   elseif from == 'timed' then
     if h.state == 'failed' then redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', id)
     elseif h.state == 'processing' then redis.call('ZADD', P .. 'in:timed', h.leaseExp, id)
     else redis.call('ZREM', P .. 'in:timed', id) end
   end
 end
--- pending records are always due: the oldest limit of the backlog, in receipt order
-for _, om in ipairs(redis.call('ZRANGE', P .. 'in:st:pending', 0, limit - 1)) do consider(string.sub(om, 17), 'pending', om) end
+-- Walks a chat's active records in arrival order from its first: the claimable ones met before a
+-- record held elsewhere may be taken (up to limit of them); the caller's own live leases and retries
+-- not yet due are stepped over. It pauses once past every window candidate of the chat (a later page
+-- of the backlog can add one), and stops for good at a holder, at limit, or at the end.
+local function walk(w)
+  local key = act_key(w.chat)
+  while not w.done and w.left > 0 do
+    local oms = redis.call('ZRANGE', key, w.pos, w.pos + 15)
+    if #oms == 0 then w.done = true; return end
+    for _, om in ipairs(oms) do
+      local id = string.sub(om, 17)
+      local h = look(id, nil)
+      if not h or h.om ~= om or h.chatId ~= w.chat or not ACTIVE[h.state] then
+        redis.call('ZREM', key, om) -- a stale entry: the later ones move up a rank
+      else
+        w.pos = w.pos + 1
+        if not walked[id] then
+          walked[id] = true
+          if win[id] then w.left = w.left - 1 end
+          if in_holds(h, now, o) then w.done = true; return end
+          if in_claimable(h, now, o) then
+            add_cand(h)
+            allowed[id] = true
+            n_allowed = n_allowed + 1
+            w.n = w.n + 1
+            if w.n >= limit then w.done = true; return end
+          end
+          if w.left <= 0 then return end
+        end
+      end
+    end
+  end
+end
+local function walk_all() for _, w in ipairs(chats) do walk(w) end end
 -- retries and lapsed leases due by now (every one claimable: lapsed leases are, whoever holds them)
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'in:timed', '-inf', now, 'LIMIT', 0, limit + 1000)) do consider(id, 'timed') end
 if o.reclaim then
@@ -457,14 +552,27 @@ if o.reclaim then
     if a.r ~= b.r then return a.r < b.r end
     return a.ord < b.ord
   end)
-  local taken, was = 0, {}
-  for _, h in ipairs(cands) do was[h.id] = true end
+  local taken = 0
   for _, l in ipairs(light) do
     if taken >= limit then break end
-    local before = #cands
     consider(l.id, 'owner')
-    if #cands > before or was[l.id] then taken = taken + 1 end
+    if is_cand[l.id] then taken = taken + 1 end
   end
+end
+walk_all()
+-- Pending records are always due: the backlog in receipt order, the oldest limit of it, then further
+-- pages while records of chats held elsewhere leave the batch short (limit + 1000 read at most).
+local pkey, start, read, page = P .. 'in:st:pending', 0, 0, limit
+while n_allowed < limit and read < limit + 1000 do
+  local before = redis.call('ZCARD', pkey)
+  local oms = redis.call('ZRANGE', pkey, start, start + page - 1)
+  for _, om in ipairs(oms) do consider(string.sub(om, 17), 'pending', om) end
+  walk_all()
+  read = read + #oms
+  if #oms < page then break end
+  -- members dropped as stale or quarantined moved the later ones up
+  start = math.max(0, start + #oms - (before - redis.call('ZCARD', pkey)))
+  page = math.max(limit, 100)
 end
 table.sort(cands, function(a, b)
   local ra, rb = num(a, 'receivedAt'), num(b, 'receivedAt')
@@ -474,8 +582,10 @@ end)
 local out = {}
 for _, h in ipairs(cands) do
   if #out >= limit then break end
-  in_claim(h, now, o)
-  out[#out + 1] = flat(h._key)
+  if allowed[h.id] then
+    in_claim(h, now, o)
+    out[#out + 1] = flat(h._key)
+  end
 end
 return cjson.encode(out)
 `, true),
