@@ -38,7 +38,14 @@
  * as every entry was treated before the flag existed, so their lost sends
  * stay ambiguous. A replica still running an older library during a rolling
  * upgrade raises the fence of what it claims without setting the column, so
- * its sends read as called too (it never announces a call).
+ * its sends read as called too (it never announces a call). Schema version
+ * 4 adds the inbox index `<prefix>inbox_chat_active` (each chat's active
+ * records in arrival order, for the due scan's chat order). Building it
+ * blocks writes to the inbox for one read of the table; on a large inbox,
+ * build it beforehand with `CREATE INDEX CONCURRENTLY` under that name and
+ * definition (see `postgres_sql.ts`): the upgrade keeps an existing one. A
+ * replica still running an older library scans without the chat order
+ * check until it is upgraded.
  *
  * ## Statements
  * Every operation is one statement (prepared by the client), with the state
@@ -72,7 +79,18 @@
  *   only by the owner's other incarnations under `reclaimOwn`.
  * - The inbox `claimDue` merges LIMITed branches of the due index (pending in
  *   receipt order; retries and lapsed leases due by now), so a backlog of
- *   settled or pending records is never walked.
+ *   settled or pending records is never walked, and leases in arrival order
+ *   (`receivedAt`, then admission order). It keeps each chat's order: a
+ *   record is left while an earlier active record of its chat is leased
+ *   elsewhere (see `InboxJournal.claimDue`), which it finds by the chat's
+ *   active records (`inbox_chat_active`), never its settled ones. Under READ
+ *   COMMITTED its snapshot may miss a concurrent scan's leases, so the earlier
+ *   active records of each chat it takes from are locked (`FOR KEY SHARE SKIP
+ *   LOCKED`, which reads their latest versions); the rest of a chat is left
+ *   for a later scan when one of them is locked by another scan, claimable
+ *   but not taken, or leased elsewhere: two scans never both take records of
+ *   a chat. The lock waits for nothing and does not hold up a heartbeat or a
+ *   completion of those records.
  * - `claimDue` (inbox and outbox) reads a partial index of the records a scan
  *   must look at (active records by when they are due) in a CTE with
  *   `FOR UPDATE SKIP LOCKED` that feeds an `UPDATE … RETURNING`: concurrent
@@ -806,7 +824,7 @@ class PgInbox implements InboxJournal {
         await this.#bury(row, options, error as Error);
       }
     }
-    // An UPDATE returns rows in no particular order: receipt order, as the scan picked them.
+    // An UPDATE returns rows in no particular order: arrival order, as the scan picked them.
     return good.sort((a, b) => a.record.receivedAt - b.record.receivedAt || a.ord - b.ord).map((item) => item.record);
   }
 

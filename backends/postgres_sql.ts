@@ -9,10 +9,10 @@
  *
  * @module
  */
-import { BLOCKING_OUTBOX_STATES } from "../src/journal_rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../src/journal_rules.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 3;
+export const POSTGRES_SCHEMA_VERSION: number = 4;
 
 /** The server clock in ms since epoch (the replicas' clocks are never used). */
 export const NOW_MS: string = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -40,6 +40,7 @@ function literal(text: string): string {
 }
 
 const BLOCKING = BLOCKING_OUTBOX_STATES.map((s) => literal(s)).join(", ");
+const ACTIVE = ACTIVE_INBOX_STATES.map((s) => literal(s)).join(", ");
 
 export const INBOX_COLUMNS: string =
   "ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at";
@@ -190,6 +191,11 @@ function migrations(t: Tables): string[] {
     `
     ALTER TABLE ${t.outbox} ADD COLUMN IF NOT EXISTS uncalled_fence bigint;
     `,
+    // Version 4: each chat's active inbox records in arrival order, for the due scan's chat order (see
+    // inboxSql). IF NOT EXISTS: an operator may build it beforehand, CONCURRENTLY, under this name.
+    `
+    CREATE INDEX IF NOT EXISTS ${i("inbox_chat_active")} ON ${t.inbox} (chat_id, received_at, ord) WHERE state IN (${ACTIVE});
+    `,
   ];
 }
 
@@ -235,14 +241,15 @@ $botmesh$`;
 // Parameters are numbered per statement; every bigint parameter is an integer
 // (durations are rounded up and clamped by the caller).
 
-/** Whether an inbox record is claimable under ($1 owner, $2 incarnation, reclaimOwn) at `n.now`. */
-function inboxClaimable(reclaimOwn: boolean): string {
+/** Whether an inbox record (columns prefixed by `r`, an alias and its dot) is claimable under ($1 owner, $2 incarnation, reclaimOwn) at `now`. */
+function inboxClaimable(reclaimOwn: boolean, r = "", now = "n.now"): string {
   // A lapsed lease is abandoned whoever asks (its holder's own incarnation too: a claim whose reply was
   // lost must not strand the record); a live one only under reclaimOwn, for the owner's other incarnations.
-  const abandoned = `(lease_owner IS NULL OR lease_expires_at <= n.now${
-    reclaimOwn ? " OR (lease_owner = $1 AND lease_incarnation <> $2)" : ""
+  const abandoned = `(${r}lease_owner IS NULL OR ${r}lease_expires_at <= ${now}${
+    reclaimOwn ? ` OR (${r}lease_owner = $1 AND ${r}lease_incarnation <> $2)` : ""
   })`;
-  return `(state = 'pending' OR (state = 'failed' AND coalesce(next_attempt_at, 0) <= n.now) OR (state = 'processing' AND ${abandoned}))`;
+  return `(${r}state = 'pending' OR (${r}state = 'failed' AND coalesce(${r}next_attempt_at, 0) <= ${now})
+    OR (${r}state = 'processing' AND ${abandoned}))`;
 }
 
 /** The SET list of a claim: leased to ($1, $2) for $3 ms with token fence+1. */
@@ -290,38 +297,88 @@ export function inboxSql(t: Tables): InboxSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
   const claimOne = (reclaim: boolean) =>
     `WITH ${n} UPDATE ${t.inbox} SET ${CLAIM_SET} FROM n WHERE id = $4 AND ${inboxClaimable(reclaim)} RETURNING ${INBOX_COLUMNS}`;
-  // Due records oldest receipt first, in LIMITed branches that each read an index in order (so a
+  // Due records in arrival order, in LIMITed branches that each read an index in order (so a
   // backlog of settled rows, or a long pending queue, is never walked): `p0` the pending records
   // (due at 0) in receipt order from the due index; `p1` those due at a time that has come
   // (retries, lapsed leases) by a range of the due index; with reclaimOwn `p2` the records leased
   // by the owner's other incarnations (owner index). Each branch locks what it reads
-  // (FOR UPDATE SKIP LOCKED: concurrent claimers take disjoint sets); `pick` keeps the oldest $4 of
-  // them, and the UPDATE leases those (the claimable check is repeated on the locked rows). `p1` sorts
-  // by expressions (`+ 0`) so that the planner reads the due range rather than walk the receipt index
-  // in order (its estimate of that range is poor). The
-  // branches' other rows (at most 2 × $4) stay locked until the statement ends, then are free.
-  const claimDue = (reclaim: boolean) =>
-    `WITH ${n},
+  // (FOR UPDATE SKIP LOCKED: concurrent claimers take disjoint sets) and leaves out a record that an
+  // earlier one of its chat holds back in the statement's snapshot (`free`, by the chat's active
+  // records: so a chat held elsewhere does not fill the batch); `pick` keeps the oldest $4 of them.
+  // `p1` sorts by expressions (`+ 0`) so that the planner reads the due range rather than walk the
+  // receipt index in order (its estimate of that range is poor). The branches' other rows (at most
+  // 2 × $4) stay locked until the statement ends, then are free.
+  //
+  // Chat order (holdsChat of journal_rules.ts) is then checked on the latest row versions, which the
+  // snapshot may not hold: a concurrent scan may have leased an earlier record of the chat and
+  // committed, or be leasing it now. `c` is the pick (read by several parts). `seen` lists, per chat
+  // of the pick, its other active records up to its last picked one (the snapshot's); `locked` locks
+  // them (FOR KEY SHARE SKIP LOCKED: a lock reads the latest version; it waits for nothing and does
+  // not hold up a heartbeat or a completion). A picked record is taken only when no earlier one of its
+  // chat is `bad`: held elsewhere (latest version), claimable but not picked (another scan may be
+  // taking it), or not locked (another scan has it locked). The picked records themselves are locked
+  // by their branch, which rechecked them on their latest version. So of two concurrent scans that
+  // pick from one chat, the one whose picks come later in the chat finds the other's earlier picks
+  // locked, or leased elsewhere once the other committed, or still claimable, and leaves the rest of
+  // the chat to a later scan. The UPDATE leases what is taken, the claimable check repeated.
+  const claimDue = (reclaim: boolean) => {
+    // holdsChat: a live lease (only a processing record has one) neither the caller's nor one it may take.
+    const held = (b: string) =>
+      `${b}.lease_expires_at > ${NOW} AND (${b}.lease_owner IS DISTINCT FROM $1${
+        reclaim ? "" : ` OR ${b}.lease_incarnation IS DISTINCT FROM $2`
+      })`;
+    // A probe of the chat's active records (their index: no state or owner test another index could
+    // serve) per row; OFFSET 0 keeps it one (not a join with every leased record).
+    const free = `NOT EXISTS (
+        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = i.chat_id AND b.state IN (${ACTIVE})
+          AND (b.received_at, b.ord) < (i.received_at, i.ord) AND ${held("b")} OFFSET 0)`;
+    const cols = "i.ord, i.chat_id, i.received_at";
+    return `WITH ${n},
     p0 AS (
-      SELECT i.ord, i.received_at FROM ${t.inbox} i WHERE i.due_at = 0
+      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at = 0 AND ${free}
       ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
     ),
     p1 AS (
-      SELECT i.ord, i.received_at FROM ${t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW}
+      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW} AND ${free}
       ORDER BY i.received_at + 0, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
     ),${reclaim ? `
     p2 AS (
-      SELECT i.ord, i.received_at FROM ${t.inbox} i
-      WHERE i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2
+      SELECT ${cols} FROM ${t.inbox} i
+      WHERE i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2 AND ${free}
       ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
     ),` : ""}
     pick AS (
-      SELECT u.ord FROM (SELECT * FROM p0 UNION SELECT * FROM p1${reclaim ? " UNION SELECT * FROM p2" : ""}) u
+      SELECT u.ord, u.chat_id, u.received_at FROM (SELECT * FROM p0 UNION SELECT * FROM p1${reclaim ? " UNION SELECT * FROM p2" : ""}) u
       ORDER BY u.received_at, u.ord LIMIT $4
+    ),
+    c AS MATERIALIZED (SELECT pick.chat_id, pick.received_at, pick.ord FROM pick),
+    seen AS MATERIALIZED (
+      SELECT s.ord, s.chat_id, s.received_at
+      FROM (SELECT DISTINCT ON (c.chat_id) c.chat_id, c.received_at, c.ord FROM c ORDER BY c.chat_id, c.received_at DESC, c.ord DESC) l
+      CROSS JOIN LATERAL (
+        SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
+        WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND (e.received_at, e.ord) <= (l.received_at, l.ord)
+      ) s
+      WHERE s.ord NOT IN (SELECT ord FROM c)
+    ),
+    locked AS MATERIALIZED (
+      SELECT k.ord, k.chat_id, k.received_at, k.state, k.next_attempt_at, k.lease_owner, k.lease_incarnation, k.lease_expires_at
+      FROM ${t.inbox} k WHERE k.ord = ANY(ARRAY(SELECT ord FROM seen))
+      FOR KEY SHARE OF k SKIP LOCKED
+    ),
+    bad AS (
+      SELECT k.chat_id, k.received_at, k.ord FROM locked k WHERE (${held("k")}) OR ${inboxClaimable(reclaim, "k.", NOW)}
+      UNION ALL
+      SELECT s.chat_id, s.received_at, s.ord FROM seen s WHERE s.ord NOT IN (SELECT ord FROM locked)
+    ),
+    take AS (
+      SELECT c.ord FROM c WHERE NOT EXISTS (
+        SELECT 1 FROM bad WHERE bad.chat_id = c.chat_id AND (bad.received_at, bad.ord) < (c.received_at, c.ord))
     )
-    UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM pick, n
-    WHERE r.ord = pick.ord AND ${inboxClaimable(reclaim)}
+    UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM take, n
+    WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")}
     RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}`;
+  };
   return {
     // One statement: the insert (leased when $13 is true) or nothing when the id is known.
     admit: `WITH ${n} INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts,
