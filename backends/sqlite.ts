@@ -64,8 +64,10 @@
  *     an I/O error, disk full), every operation of it rejects with an error
  *     naming the file (the driver's error as its `cause`), and none of them
  *     took effect; operations after the one that lost it go in the next batch.
- *   - A stored JSON value that cannot be parsed (a damaged or hand-edited
- *     row) rejects the read with an error naming the file, table, row and column.
+ *   - A session value whose stored JSON cannot be parsed (a damaged or
+ *     hand-edited row) rejects `store.get` with an error naming the file,
+ *     table, row and column. A journal row is set aside instead (see
+ *     Damaged records).
  *   - Each batch checks the schema version in its transaction: when a newer
  *     version of the library upgraded the file since this process opened it
  *     (a rolling upgrade of the processes of a host), every operation of the
@@ -73,6 +75,8 @@
  *     the process with the newer version) and nothing is written.
  *   - Reads (`get`, `list`) run at once, outside batches, and see what
  *     committed batches wrote (a write is visible once its promise resolved).
+ *     One that meets a damaged row sets it aside in a write of the next
+ *     batch and waits for it (see Damaged records).
  *   - `close()` of the last holder commits what was queued before it.
  *   - `stats` counts commits and operations.
  * - Every transaction is `BEGIN IMMEDIATE`: it takes the write lock up front,
@@ -122,12 +126,42 @@
  * (other states skipped), one state's by (state, order); several states run
  * one query per state and merge.
  *
+ * ## Damaged records
+ * A journal row that does not read back as a record (its payload or content
+ * not JSON, a column of the wrong type, such as a BLOB or text in a number
+ * column, an unknown state: a bad disk or a hand edit) is set aside by the
+ * first operation that meets it: a due scan, a list, a `get`, or a change of
+ * that record. The row is kept as stored and gets the set-aside columns
+ * (schema 6): `damage` (what is wrong, naming the column), `set_aside_at`,
+ * `set_aside_seq` (the order rows were set aside in) and `damage_reported`;
+ * its `due_at` is cleared, so that due scans no longer find it. This happens
+ * once, in a write transaction: of several processes that meet the row, one
+ * sets it aside. From then on the row is left out of everything else: due
+ * scans neither take it nor let it hold back its chat (a damaged outbox entry
+ * that headed its chat hands the chat to its next entry), lists return the
+ * other rows, `get` rejects with a `DamagedRecordError` naming the record and
+ * the problem, `replay`, `retry` and `discard` answer `false`, `purge` keeps
+ * it, and a completion, heartbeat, `markCalling` or `markSent` under its old
+ * lease is stale (a `reserve` of its key rejects with the `DamagedRecordError`).
+ * `damaged()` lists the rows set aside and the bot reports each one once
+ * (`reportDamaged`). A row whose id (key) itself is unreadable is named by its
+ * storage key, `ord:<n>` (inbox) or `seq:<n>` (outbox). Repair or delete such
+ * a row with SQL; a repaired row stays set aside until its `set_aside_seq`,
+ * `damage`, `set_aside_at` and `damage_reported` are NULL again, and a due
+ * scan finds it again once its `due_at` is 0 (set it only on a record still
+ * to process or send: inbox `pending`, `failed`, `processing`; outbox
+ * `queued`, `failed`, `sending`).
+ *
  * @module
  */
 import { nextTurn } from "../src/runtime/mod.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
+  type DamagedRecords,
   type DurabilityBackend,
   type FailOutcome,
   type InboundRecord,
@@ -176,6 +210,7 @@ import {
   sentOutbox,
 } from "../src/journal_rules.ts";
 import { sessionEntry, type SessionStore } from "../src/store.ts";
+import { describeJsonKind, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import {
   openSqlite,
   SQLITE_DRIVERS,
@@ -220,7 +255,7 @@ export type SQLiteStoreOptions = SQLiteOptions;
 export type SQLiteDurabilityOptions = SQLiteOptions;
 
 /** The schema version this version of the library writes. */
-export const SQLITE_SCHEMA_VERSION: number = 5;
+export const SQLITE_SCHEMA_VERSION: number = 6;
 
 const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
@@ -432,6 +467,24 @@ const MIGRATIONS: readonly Migration[] = [
     version: 5,
     up(db, p) {
       db.exec(`CREATE INDEX ${p}inbox_chat_leased ON ${p}inbox (chat_id, received_at, ord) WHERE state = 'processing';`);
+    },
+  },
+  {
+    // Damaged records are set aside, not deleted (see DamagedRows): `damage` (the problem), `set_aside_at`,
+    // `set_aside_seq` (the order they were set aside in) and `damage_reported` (0, then 1), all NULL on a
+    // readable row, so that existing rows need no rewrite. Partial indexes: only set-aside rows are in them.
+    version: 6,
+    up(db, p) {
+      for (const table of [`${p}inbox`, `${p}outbox`]) {
+        db.exec(`
+          ALTER TABLE ${table} ADD COLUMN damage TEXT;
+          ALTER TABLE ${table} ADD COLUMN set_aside_at INTEGER;
+          ALTER TABLE ${table} ADD COLUMN set_aside_seq INTEGER;
+          ALTER TABLE ${table} ADD COLUMN damage_reported INTEGER;
+          CREATE INDEX ${table}_aside ON ${table} (set_aside_seq) WHERE set_aside_seq IS NOT NULL;
+          CREATE INDEX ${table}_unreported ON ${table} (set_aside_seq) WHERE damage_reported = 0;
+        `);
+      }
     },
   },
 ];
@@ -805,7 +858,6 @@ const num = (v: SqliteValue): number => v as number;
 /** Inbox rows in arrival order: `received_at`, then `ord`. */
 const arrival = (a: Row, b: Row): number => num(a.received_at) - num(b.received_at) || num(a.ord) - num(b.ord);
 const numOrNull = (v: SqliteValue): number | null => (v === null ? null : (v as number));
-const strOrNull = (v: SqliteValue): string | null => (v === null ? null : String(v));
 
 function leaseOf(row: Row): Lease | null {
   if (row.lease_owner === null) return null;
@@ -822,8 +874,11 @@ function leaseParams(lease: Lease | null): SqliteValue[] {
   return lease ? [lease.owner, lease.incarnation, lease.token, lease.expiresAt] : [null, null, null, null];
 }
 
+/** The set-aside columns (schema 6), read with every row: `set_aside_seq` is set on a row set aside. */
+const ASIDE_COLUMNS = "set_aside_seq, damage, set_aside_at, damage_reported";
+
 const INBOX_COLUMNS =
-  "ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at";
+  `ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, ${ASIDE_COLUMNS}`;
 
 /** Where a row was read, for errors: the file and the table. */
 interface Source {
@@ -832,7 +887,7 @@ interface Source {
 }
 
 /**
- * The JSON value of `column` of a row (identified by `key` = `id`), or an error naming
+ * The JSON value of `column` of a session row (identified by `key` = `id`), or an error naming
  * the file, table, row and column when its text is not JSON (the file was damaged or edited).
  */
 function jsonColumn(text: SqliteValue, at: Source, key: string, id: SqliteValue, column: string): JsonValue {
@@ -848,47 +903,123 @@ function jsonColumn(text: SqliteValue, at: Source, key: string, id: SqliteValue,
   }
 }
 
-function inboundOf(row: Row, at: Source): InboundRecord {
-  return {
-    id: String(row.id),
-    kind: row.kind as InboundRecord["kind"],
-    chatId: String(row.chat_id),
-    provider: String(row.provider),
-    payload: jsonColumn(row.payload, at, "id", row.id, "payload"),
-    receivedAt: num(row.received_at),
-    state: row.state as InboundState,
-    attempts: num(row.attempts),
-    nextAttemptAt: numOrNull(row.next_attempt_at),
-    lease: leaseOf(row),
-    fence: num(row.fence),
-    error: strOrNull(row.error),
-    updatedAt: num(row.updated_at),
+/** What is wrong with a journal row that does not read back as a record, naming the column. */
+class Damage {
+  constructor(readonly problem: string) {}
+}
+
+/** What a write answers when the row it met is damaged (it leaves setting it aside to another operation). */
+const DAMAGED: unique symbol = Symbol("damaged");
+
+/** The columns of the record fields that the stored-record checks name. */
+const FIELD_COLUMNS: Record<string, string> = {
+  chatId: "chat_id",
+  receivedAt: "received_at",
+  nextAttemptAt: "next_attempt_at",
+  lease: "lease_*",
+  updatedAt: "updated_at",
+  contentHash: "content_hash",
+  inboundId: "inbound_id",
+  messageId: "message_id",
+  createdAt: "created_at",
+};
+
+/** A stored-record check's problem (`field "chatId" must be …`) in terms of the table (`column chat_id must be …`). */
+const columnProblem = (problem: string): Damage =>
+  new Damage(problem.replace(/^field "(\w+)"/, (_, field: string) => `column ${FIELD_COLUMNS[field] ?? field}`));
+
+function jsonOf(text: SqliteValue, column: string): JsonValue | Damage {
+  if (typeof text !== "string") return new Damage(`column ${column} must be JSON text, got ${describeJsonKind(text)}`);
+  try {
+    return JSON.parse(text) as JsonValue;
+  } catch (error) {
+    return new Damage(`column ${column} is not valid JSON: ${(error as Error).message}`);
+  }
+}
+
+const LEASE_COLUMNS: readonly (readonly [string, (v: unknown) => boolean, string])[] = [
+  ["lease_owner", (v) => typeof v === "string", "a string"],
+  ["lease_incarnation", (v) => typeof v === "string", "a string"],
+  ["lease_token", (v) => Number.isSafeInteger(v) && (v as number) > 0, "a positive integer"],
+  ["lease_expires_at", (v) => typeof v === "number" && Number.isFinite(v), "a finite number"],
+];
+
+/** What is wrong with the row's columns before its fields are checked: a BLOB anywhere, a partial lease. */
+function columnsProblem(row: Row): Damage | null {
+  for (const [column, value] of Object.entries(row)) {
+    if ((value as unknown) instanceof Uint8Array) return new Damage(`column ${column} holds a BLOB`);
+  }
+  if (LEASE_COLUMNS.every(([column]) => row[column] === null)) return null;
+  for (const [column, ok, expected] of LEASE_COLUMNS) {
+    if (!ok(row[column])) {
+      return new Damage(`column ${column} must be ${expected} (the lease columns are all set or all NULL), got ${describeJsonKind(row[column])}`);
+    }
+  }
+  return null;
+}
+
+/** The lease of a row whose lease columns passed {@link columnsProblem}. */
+const storedLease = (row: Row): Lease | null => (row.lease_owner === null ? null : leaseOf(row));
+
+/** The record of an inbox row, or what is wrong with the row. */
+function inboundOf(row: Row): InboundRecord | Damage {
+  const columns = columnsProblem(row);
+  if (columns) return columns;
+  const payload = jsonOf(row.payload, "payload");
+  if (payload instanceof Damage) return payload;
+  const record = {
+    id: row.id,
+    kind: row.kind,
+    chatId: row.chat_id,
+    provider: row.provider,
+    payload,
+    receivedAt: row.received_at,
+    state: row.state,
+    attempts: row.attempts,
+    nextAttemptAt: row.next_attempt_at,
+    lease: storedLease(row),
+    fence: row.fence,
+    error: row.error,
+    updatedAt: row.updated_at,
   };
+  const problem = storedInboundProblem(record);
+  return problem === null ? record as InboundRecord : columnProblem(problem);
 }
 
 const OUTBOX_COLUMNS =
-  "seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at, updated_at";
+  `seq, key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at, updated_at, ${ASIDE_COLUMNS}`;
 
-function outboxOf(row: Row, at: Source): OutboxEntry {
-  return {
-    key: String(row.key),
-    chatId: String(row.chat_id),
-    content: jsonColumn(row.content, at, "key", row.key, "content"),
-    contentHash: String(row.content_hash),
-    inboundId: strOrNull(row.inbound_id),
-    state: row.state as OutboxState,
-    attempts: num(row.attempts),
-    nextAttemptAt: numOrNull(row.next_attempt_at),
-    lease: leaseOf(row),
-    fence: num(row.fence),
+/** The entry of an outbox row, or what is wrong with the row. */
+function outboxOf(row: Row): OutboxEntry | Damage {
+  const columns = columnsProblem(row);
+  if (columns) return columns;
+  const content = jsonOf(row.content, "content");
+  if (content instanceof Damage) return content;
+  const uncalled = row.uncalled_fence ?? null;
+  if (uncalled !== null && !Number.isSafeInteger(uncalled)) {
+    return new Damage(`column uncalled_fence must be NULL or an integer, got ${describeJsonKind(uncalled)}`);
+  }
+  const entry = {
+    key: row.key,
+    chatId: row.chat_id,
+    content,
+    contentHash: row.content_hash,
+    inboundId: row.inbound_id,
+    state: row.state,
+    attempts: row.attempts,
+    nextAttemptAt: row.next_attempt_at,
+    lease: storedLease(row),
+    fence: row.fence,
     // Uncalled exactly when `uncalled_fence` is the fence; NULL (a row older than the marker) reads as called.
-    called: row.uncalled_fence === null || row.uncalled_fence === undefined || Number(row.uncalled_fence) !== Number(row.fence),
-    messageId: strOrNull(row.message_id),
-    error: strOrNull(row.error),
-    seq: num(row.seq),
-    createdAt: num(row.created_at),
-    updatedAt: num(row.updated_at),
+    called: uncalled === null || uncalled !== row.fence,
+    messageId: row.message_id,
+    error: row.error,
+    seq: row.seq,
+    createdAt: row.created_at,
+    updatedAt: row.updated_at,
   };
+  const problem = storedOutboxProblem(entry);
+  return problem === null ? entry as OutboxEntry : columnProblem(problem);
 }
 
 /** The `uncalled_fence` column of `entry`: its fence while uncalled, else NULL (see {@link outboxOf}). */
@@ -919,15 +1050,17 @@ function listRows(
 ): Row[] {
   const { states, chatId, limit } = normalizeList(options);
   if (limit === 0 || (states !== null && states.size === 0)) return [];
-  const from = (index: string | null) => `SELECT ${columns} FROM ${table}${index ? ` INDEXED BY ${index}` : ""}`;
+  // Rows set aside as damaged are left out.
+  const from = (index: string | null) =>
+    `SELECT ${columns} FROM ${table}${index ? ` INDEXED BY ${index}` : ""} WHERE set_aside_seq IS NULL`;
   if (chatId !== undefined) {
     const list = states === null ? [] : [...states];
     const where = list.length ? ` AND state IN (${placeholders(list.length)})` : "";
-    return c.stmt(`${from(indexes.byChat)} WHERE chat_id = ?${where} ORDER BY ${order} LIMIT ?`)
+    return c.stmt(`${from(indexes.byChat)} AND chat_id = ?${where} ORDER BY ${order} LIMIT ?`)
       .all(chatId, ...list, limit);
   }
   if (states === null) return c.stmt(`${from(indexes.byOrder)} ORDER BY ${order} LIMIT ?`).all(limit);
-  const statement = c.stmt(`${from(indexes.byState)} WHERE state = ? ORDER BY ${order} LIMIT ?`);
+  const statement = c.stmt(`${from(indexes.byState)} AND state = ? ORDER BY ${order} LIMIT ?`);
   if (states.size === 1) return statement.all([...states][0], limit);
   const rows = [...states].flatMap((state) => statement.all(state, limit));
   rows.sort(order === "seq"
@@ -971,20 +1104,175 @@ async function purgeInBatches(gate: Gate, olderThanMs: number, sql: string): Pro
   }
 }
 
-class SqliteInbox implements InboxJournal {
+/** The options of `damaged`, checked: a TypeError or RangeError naming the bad one. */
+function damagedOptions(options: DamagedListOptions | undefined, op: string): { unreported: boolean; limit: number } {
+  if (options === undefined) return { unreported: false, limit: 100 };
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`${op}: options must be an object, got ${show(options)}`);
+  }
+  const { unreported = false, limit = 100 } = options;
+  if (typeof unreported !== "boolean") throw new TypeError(`${op}: option "unreported" must be a boolean, got ${show(unreported)}`);
+  if (!Number.isInteger(limit) || limit < 0) {
+    throw new RangeError(`${op}: option "limit" must be a non-negative integer, got ${show(limit)}`);
+  }
+  return { unreported, limit };
+}
+
+/**
+ * The damaged rows of one journal table: sets them aside (once: the row is
+ * kept as stored, its set-aside columns filled and its `due_at` cleared, so
+ * that due scans no longer find it), lists and reports them.
+ */
+class DamagedRows<T> {
+  readonly #gate: Gate;
+  readonly #journal: "inbox" | "outbox";
+  readonly #t: string;
+  /** The row's storage key (`ord`, `seq`) and its id column (`id`, `key`). */
+  readonly #pk: "ord" | "seq";
+  readonly #idColumn: "id" | "key";
+  readonly #columns: string;
+  readonly #read: (row: Row) => T | Damage;
+  /** Called in the transaction that set `row` aside (the outbox moves its chat on). */
+  readonly #setAsideHook: (c: Connection, row: Row) => void;
+
+  constructor(
+    gate: Gate,
+    journal: "inbox" | "outbox",
+    columns: string,
+    read: (row: Row) => T | Damage,
+    setAsideHook: (c: Connection, row: Row) => void = () => {},
+  ) {
+    this.#gate = gate;
+    this.#journal = journal;
+    this.#t = `${gate.prefix}${journal}`;
+    [this.#pk, this.#idColumn] = journal === "inbox" ? ["ord", "id"] : ["seq", "key"];
+    this.#columns = columns;
+    this.#read = read;
+    this.#setAsideHook = setAsideHook;
+  }
+
+  /** The row's id or key; its storage key (`ord:<n>`, `seq:<n>`) when the id itself is unreadable. */
+  #idOf(row: Row): string {
+    const id = row[this.#idColumn];
+    return typeof id === "string" ? id : `${this.#pk}:${row[this.#pk]}`;
+  }
+
+  /** The error `get` rejects with for a row set aside. */
+  #error(row: Row): DamagedRecordError {
+    return new DamagedRecordError({ journal: this.#journal, id: this.#idOf(row), backend: "sqlite", problem: String(row.damage) });
+  }
+
+  /**
+   * In a write: the record of `row`, or `null` when it was set aside, or is
+   * damaged (then it is set aside now).
+   */
+  current(c: Connection, row: Row, now: number): T | null {
+    if (row.set_aside_seq !== null) return null;
+    const read = this.#read(row);
+    if (!(read instanceof Damage)) return read;
+    this.#setAside(c, row, read.problem, now);
+    return null;
+  }
+
+  /** In a write, on a row read in it: sets it aside with `problem` unless it is already. */
+  #setAside(c: Connection, row: Row, problem: string, now: number): void {
+    const t = this.#t;
+    const { changes } = c.stmt(
+      `UPDATE ${t} SET damage = ?, set_aside_at = ?, damage_reported = 0, due_at = NULL,
+        set_aside_seq = (SELECT COALESCE(MAX(set_aside_seq), 0) + 1 FROM ${t} INDEXED BY ${t}_aside WHERE set_aside_seq IS NOT NULL)
+      WHERE ${this.#pk} = ? AND set_aside_seq IS NULL`,
+    ).run(problem, now, row[this.#pk]);
+    if (changes === 1) this.#setAsideHook(c, row);
+  }
+
+  /**
+   * For a read outside a transaction: the records of `rows`, or `null` when
+   * some were damaged. Those are then set aside (each read again in the write
+   * transaction, so that a row repaired or set aside meanwhile is left as it
+   * is) and the caller reads again.
+   */
+  async readAll(c: Connection, rows: Row[]): Promise<T[] | null> {
+    const records: T[] = [];
+    const damaged: SqliteValue[] = [];
+    for (const row of rows) {
+      const read = row.set_aside_seq === null ? this.#read(row) : null;
+      if (read === null) continue;
+      if (read instanceof Damage) damaged.push(row[this.#pk]);
+      else records.push(read);
+    }
+    if (damaged.length === 0) return records;
+    await c.write((now) => {
+      for (const key of damaged) {
+        const row = c.stmt(`SELECT ${this.#columns} FROM ${this.#t} WHERE ${this.#pk} = ?`).get(key);
+        if (row) this.current(c, row, now);
+      }
+    });
+    return null;
+  }
+
+  /** `get`: the record of `id`, `null`, or a {@link DamagedRecordError} (a damaged row is set aside first). */
+  async get(id: string): Promise<T | null> {
+    const c = await this.#gate.ready();
+    for (;;) {
+      const row = c.stmt(`SELECT ${this.#columns} FROM ${this.#t} WHERE ${this.#idColumn} = ?`).get(id);
+      if (!row) return null;
+      if (row.set_aside_seq !== null) throw this.#error(row);
+      const [record] = (await this.readAll(c, [row])) ?? [];
+      if (record !== undefined) return record;
+    }
+  }
+
+  async list(options: DamagedListOptions | undefined): Promise<DamagedRecord[]> {
+    const { unreported, limit } = damagedOptions(options, `${this.#journal}.damaged`);
+    const c = await this.#gate.ready();
+    if (limit === 0) return [];
+    const t = this.#t;
+    const rows = c.stmt(
+      unreported
+        ? `SELECT ${this.#pk}, ${this.#idColumn}, ${ASIDE_COLUMNS} FROM ${t} INDEXED BY ${t}_unreported
+          WHERE damage_reported = 0 ORDER BY set_aside_seq LIMIT ?`
+        : `SELECT ${this.#pk}, ${this.#idColumn}, ${ASIDE_COLUMNS} FROM ${t} INDEXED BY ${t}_aside
+          WHERE set_aside_seq IS NOT NULL ORDER BY set_aside_seq LIMIT ?`,
+    ).all(limit);
+    return rows.map((row) => ({
+      journal: this.#journal,
+      id: this.#idOf(row),
+      backend: "sqlite",
+      problem: String(row.damage),
+      setAsideAt: num(row.set_aside_at),
+      reported: row.damage_reported === 1,
+    }));
+  }
+
+  async report(id: string): Promise<boolean> {
+    checkId(id, `${this.#journal}.reportDamaged: "id"`);
+    const c = await this.#gate.ready();
+    const t = this.#t;
+    const byKey = new RegExp(`^${this.#pk}:(\\d+)$`).exec(id);
+    // At most one of the two statements writes (one operation, no savepoint needed).
+    return c.write(() =>
+      c.stmt(`UPDATE ${t} SET damage_reported = 1 WHERE ${this.#idColumn} = ? AND damage_reported = 0`).run(id).changes === 1 ||
+      (byKey !== null && c.stmt(
+          `UPDATE ${t} SET damage_reported = 1 WHERE ${this.#pk} = ? AND damage_reported = 0 AND typeof(${this.#idColumn}) <> 'text'`,
+        ).run(Number(byKey[1])).changes === 1), true);
+  }
+}
+
+class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #gate: Gate;
   readonly #t: string;
-  readonly #at: Source;
+  readonly #damaged: DamagedRows<InboundRecord>;
 
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}inbox`;
-    this.#at = { file: gate.file, table: this.#t };
+    this.#damaged = new DamagedRows(gate, "inbox", INBOX_COLUMNS, inboundOf);
   }
 
-  #select(c: Connection, id: string): InboundRecord | null {
+  /** In a write: the record of `id`, or `null` when there is none or it is damaged (set aside, now if not yet). */
+  #select(c: Connection, id: string, now: number): InboundRecord | null {
     const row = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${this.#t} WHERE id = ?`).get(id);
-    return row ? inboundOf(row, this.#at) : null;
+    return row ? this.#damaged.current(c, row, now) : null;
   }
 
   /**
@@ -1025,7 +1313,7 @@ class SqliteInbox implements InboxJournal {
     checkFinite(token, `inbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
-      const cur = this.#select(c, id);
+      const cur = this.#select(c, id, now);
       if (!cur || !isLeasedWith(cur, token)) return false;
       return this.#update(c, cur, change(cur, now));
     }, true);
@@ -1067,7 +1355,7 @@ class SqliteInbox implements InboxJournal {
     checkClaim(options, "inbox.claim");
     const c = await this.#gate.ready();
     return c.write((now) => {
-      const cur = this.#select(c, id);
+      const cur = this.#select(c, id, now);
       if (!cur || !isInboxClaimable(cur, now, options)) return null;
       const next = claimedInbound(cur, now, options);
       return this.#update(c, cur, next) ? next : null;
@@ -1091,7 +1379,7 @@ class SqliteInbox implements InboxJournal {
         timed.push(
           ...c.stmt(
             `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_owner
-            WHERE lease_owner = ? AND state = 'processing' AND lease_incarnation <> ?`,
+            WHERE lease_owner = ? AND state = 'processing' AND lease_incarnation <> ? AND set_aside_seq IS NULL`,
           ).all(options.owner, options.incarnation),
         );
       }
@@ -1103,17 +1391,21 @@ class SqliteInbox implements InboxJournal {
         c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
           WHERE due_at = 0 AND (received_at, ord) > (?, ?) ORDER BY received_at, ord LIMIT ?`)
           .all(last.received_at, last.ord, size);
-      // Per chat looked at: its first record processing under a lease held elsewhere (null: none).
-      const holds = new Map<string, Row | null>();
+      // Per chat looked at: its first record processing under a lease held elsewhere (null: none). A
+      // damaged one holds nothing back: it is set aside here.
+      const holds = new Map<SqliteValue, Row | null>();
       const heldBack = (row: Row): boolean => {
-        const chat = String(row.chat_id);
+        const chat = row.chat_id;
         let hold = holds.get(chat);
         if (hold === undefined) {
           const leased = c.stmt(
-            `SELECT received_at, ord, lease_owner, lease_incarnation, lease_token, lease_expires_at
-            FROM ${t} INDEXED BY ${t}_chat_leased WHERE chat_id = ? AND state = 'processing' ORDER BY received_at, ord`,
+            `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_chat_leased
+            WHERE chat_id = ? AND state = 'processing' AND set_aside_seq IS NULL ORDER BY received_at, ord`,
           ).all(chat);
-          hold = leased.find((r) => holdsChat({ state: "processing", lease: leaseOf(r) }, now, options)) ?? null;
+          hold = leased.find((r) => {
+            const cur = this.#damaged.current(c, r, now);
+            return cur !== null && holdsChat(cur, now, options);
+          }) ?? null;
           holds.set(chat, hold);
         }
         return hold !== null && arrival(hold, row) < 0;
@@ -1129,11 +1421,11 @@ class SqliteInbox implements InboxJournal {
         if (seen.has(num(row.ord))) continue;
         seen.add(num(row.ord));
         if (heldBack(row)) continue;
-        const cur = inboundOf(row, this.#at);
-        if (!isInboxClaimable(cur, now, options)) continue;
+        const cur = this.#damaged.current(c, row, now);
+        if (!cur || !isInboxClaimable(cur, now, options)) continue;
         const next = claimedInbound(cur, now, options);
         if (this.#update(c, cur, next)) out.push(next);
-        else holds.set(cur.chatId, row); // not taken after all: the rest of its chat must not overtake it
+        else holds.set(row.chat_id, row); // not taken after all: the rest of its chat must not overtake it
       }
       return out;
     });
@@ -1154,28 +1446,40 @@ class SqliteInbox implements InboxJournal {
     if (!done) throw new StaleLeaseError("inbox", id, token);
   }
 
-  async get(id: string): Promise<InboundRecord | null> {
+  get(id: string): Promise<InboundRecord | null> {
     checkId(id, `inbox.get: "id"`);
-    const c = await this.#gate.ready();
-    return this.#select(c, id);
+    return this.#damaged.get(id);
   }
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
     checkListFilter(options, "inbox.list");
     const c = await this.#gate.ready();
     const t = this.#t;
-    return listRows(c, t, INBOX_COLUMNS, "received_at, ord", {
-      byOrder: `${t}_received`,
-      byChat: `${t}_chat`,
-      byState: `${t}_state`,
-    }, options).map((row) => inboundOf(row, this.#at));
+    for (;;) {
+      const rows = listRows(c, t, INBOX_COLUMNS, "received_at, ord", {
+        byOrder: `${t}_received`,
+        byChat: `${t}_chat`,
+        byState: `${t}_state`,
+      }, options);
+      // Damaged rows met are set aside, and the list read again without them.
+      const records = await this.#damaged.readAll(c, rows);
+      if (records) return records;
+    }
+  }
+
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#damaged.list(options);
+  }
+
+  reportDamaged(id: string): Promise<boolean> {
+    return this.#damaged.report(id);
   }
 
   async replay(id: string): Promise<boolean> {
     checkId(id, `inbox.replay: "id"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
-      const cur = this.#select(c, id);
+      const cur = this.#select(c, id, now);
       const next = cur && replayedInbound(cur, now);
       return next ? this.#update(c, cur, next) : false;
     });
@@ -1186,32 +1490,37 @@ class SqliteInbox implements InboxJournal {
       this.#gate,
       olderThanMs,
       `DELETE FROM ${this.#t} WHERE ord IN (
-        SELECT ord FROM ${this.#t} INDEXED BY ${this.#t}_done WHERE state = 'done' AND updated_at <= ? LIMIT ${PURGE_BATCH})`,
+        SELECT ord FROM ${this.#t} INDEXED BY ${this.#t}_done
+        WHERE state = 'done' AND updated_at <= ? AND set_aside_seq IS NULL LIMIT ${PURGE_BATCH})`,
     );
   }
 }
 
-class SqliteOutbox implements OutboxJournal {
+class SqliteOutbox implements OutboxJournal, DamagedRecords {
   readonly #gate: Gate;
   readonly #t: string;
-  readonly #at: Source;
+  readonly #damaged: DamagedRows<OutboxEntry>;
 
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}outbox`;
-    this.#at = { file: gate.file, table: this.#t };
+    // An entry set aside no longer blocks its chat: the next one becomes the chat's head.
+    this.#damaged = new DamagedRows(gate, "outbox", OUTBOX_COLUMNS, outboxOf, (c, row) => {
+      if (typeof row.chat_id === "string") this.#syncHead(c, row.chat_id);
+    });
   }
 
-  #select(c: Connection, key: string): OutboxEntry | null {
+  /** In a write: the entry of `key`, or `null` when there is none or it is damaged (set aside, now if not yet). */
+  #select(c: Connection, key: string, now: number): OutboxEntry | null {
     const row = c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE key = ?`).get(key);
-    return row ? outboxOf(row, this.#at) : null;
+    return row ? this.#damaged.current(c, row, now) : null;
   }
 
   /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry before `seq`. */
   #blocked(c: Connection, chatId: string, seq: number): boolean {
     return c.stmt(
       `SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat
-      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq < ? LIMIT 1`,
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq < ? AND set_aside_seq IS NULL LIMIT 1`,
     ).get(chatId, seq) !== undefined;
   }
 
@@ -1252,7 +1561,7 @@ class SqliteOutbox implements OutboxJournal {
   #syncHead(c: Connection, chatId: string): void {
     const head = c.stmt(
       `SELECT seq, state, next_attempt_at, due_at FROM ${this.#t} INDEXED BY ${this.#t}_chat
-      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) ORDER BY seq LIMIT 1`,
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL ORDER BY seq LIMIT 1`,
     ).get(chatId);
     if (!head || head.state === "sending") return;
     const dueAt = numOrNull(head.next_attempt_at) ?? 0;
@@ -1275,7 +1584,7 @@ class SqliteOutbox implements OutboxJournal {
     checkFinite(token, `outbox.${op}: "token"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
-      const cur = this.#select(c, key);
+      const cur = this.#select(c, key, now);
       if (!cur || !(outcome ? acceptsOutcome(cur, token) : isLeasedWith(cur, token))) return false;
       const next = change(cur, now);
       if (cur.state === "unknown" && next.state === "failed") {
@@ -1299,11 +1608,31 @@ class SqliteOutbox implements OutboxJournal {
     if (lease !== undefined) checkClaim(lease, "outbox.reserve");
     const content = JSON.stringify(input.content);
     const c = await this.#gate.ready();
-    return c.write((now): ReserveResult => {
-      const existing = this.#select(c, input.key);
+    for (;;) {
+      const result = await this.#reserve(c, input, content, lease);
+      if (result !== DAMAGED) return result;
+      // The key's entry is damaged: set aside (in an operation of its own, so that the reserve above
+      // stays one writing statement) and refused with a DamagedRecordError by get, unless it changed since.
+      const existing = await this.#damaged.get(input.key);
       if (existing) return { status: "exists", entry: existing };
-      const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) LIMIT 1`)
-        .get(input.chatId) === undefined;
+    }
+  }
+
+  /** The reserve itself: one writing statement (the insert); {@link DAMAGED} when the key's entry is damaged. */
+  #reserve(
+    c: Connection,
+    input: NewOutboxEntry,
+    content: string,
+    lease: ClaimOptions | undefined,
+  ): Promise<ReserveResult | typeof DAMAGED> {
+    return c.write((now): ReserveResult | typeof DAMAGED => {
+      const found = c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE key = ?`).get(input.key);
+      if (found) {
+        const existing = found.set_aside_seq === null ? outboxOf(found) : null;
+        return existing === null || existing instanceof Damage ? DAMAGED : { status: "exists", entry: existing };
+      }
+      const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat
+        WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL LIMIT 1`).get(input.chatId) === undefined;
       const draft = newOutboxEntry(input, 0, now, clear ? lease : undefined);
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
       const row = c.stmt(
@@ -1348,15 +1677,15 @@ class SqliteOutbox implements OutboxJournal {
       ).all(now);
       if (options.reclaimOwn) {
         rows.push(
-          ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_owner WHERE lease_owner = ? AND state = 'sending'`)
-            .all(options.owner),
+          ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_owner
+            WHERE lease_owner = ? AND state = 'sending' AND set_aside_seq IS NULL`).all(options.owner),
         );
       }
       const seen = new Set<number>();
       const lost = rows
         .filter((row) => !seen.has(num(row.seq)) && seen.add(num(row.seq)))
-        .map((row) => outboxOf(row, this.#at))
-        .filter((entry) => isLeaseAbandoned(entry.lease, now, options))
+        .map((row) => this.#damaged.current(c, row, now))
+        .filter((entry): entry is OutboxEntry => entry !== null && isLeaseAbandoned(entry.lease, now, options))
         .sort((a, b) => a.seq - b.seq);
       for (const cur of lost) {
         if (!cur.called) {
@@ -1377,19 +1706,25 @@ class SqliteOutbox implements OutboxJournal {
         }
       }
 
-      // (2) Due chat heads (including those just freed by step 1), in seq order.
+      // (2) Due chat heads (including those just freed by step 1), in seq order. Any state but `sending`
+      // (step 1's): a head whose state was damaged is met here, and set aside.
       const page = Math.max(options.limit, 16);
       let after = 0;
-      while (due.length < options.limit) {
+      scan: while (due.length < options.limit) {
         const heads = c.stmt(
           `SELECT ${OUTBOX_COLUMNS}, due_at FROM ${this.#t} INDEXED BY ${this.#t}_due
-          WHERE due_at <= ? AND state IN ('queued', 'failed') AND seq > ? ORDER BY seq LIMIT ?`,
+          WHERE due_at <= ? AND state <> 'sending' AND seq > ? ORDER BY seq LIMIT ?`,
         ).all(now, after, page);
         for (const row of heads) {
           if (due.length >= options.limit) break;
-          const cur = outboxOf(row, this.#at);
-          after = cur.seq;
-          if ((cur.nextAttemptAt ?? 0) > now || this.#blocked(c, cur.chatId, cur.seq)) {
+          after = num(row.seq);
+          const cur = this.#damaged.current(c, row, now);
+          // Set aside: the next entry of its chat may be its head now, due: read on from here.
+          if (!cur) continue scan;
+          if (
+            (cur.state !== "queued" && cur.state !== "failed") || (cur.nextAttemptAt ?? 0) > now ||
+            this.#blocked(c, cur.chatId, cur.seq)
+          ) {
             // Not (or no longer) first in its chat: drop the stale due mark.
             c.stmt(`UPDATE ${this.#t} SET due_at = NULL WHERE seq = ?`).run(cur.seq);
             this.#syncHead(c, cur.chatId);
@@ -1420,7 +1755,7 @@ class SqliteOutbox implements OutboxJournal {
       const expiresAt = now + leaseMs;
       return c.stmt(
         `UPDATE ${this.#t} SET uncalled_fence = NULL, lease_expires_at = ?, due_at = ?
-        WHERE key = ? AND state = 'sending' AND lease_token = ?`,
+        WHERE key = ? AND state = 'sending' AND lease_token = ? AND set_aside_seq IS NULL`,
       ).run(expiresAt, expiresAt, key, token).changes === 1;
     }, true);
   }
@@ -1445,28 +1780,40 @@ class SqliteOutbox implements OutboxJournal {
     if (!done) throw new StaleLeaseError("outbox", key, token);
   }
 
-  async get(key: string): Promise<OutboxEntry | null> {
+  get(key: string): Promise<OutboxEntry | null> {
     checkId(key, `outbox.get: "key"`);
-    const c = await this.#gate.ready();
-    return this.#select(c, key);
+    return this.#damaged.get(key);
   }
 
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
     checkListFilter(options, "outbox.list");
     const c = await this.#gate.ready();
     const t = this.#t;
-    return listRows(c, t, OUTBOX_COLUMNS, "seq", {
-      byOrder: null, // the primary key
-      byChat: `${t}_chat_all`,
-      byState: `${t}_state`,
-    }, options).map((row) => outboxOf(row, this.#at));
+    for (;;) {
+      const rows = listRows(c, t, OUTBOX_COLUMNS, "seq", {
+        byOrder: null, // the primary key
+        byChat: `${t}_chat_all`,
+        byState: `${t}_state`,
+      }, options);
+      // Damaged rows met are set aside, and the list read again without them.
+      const entries = await this.#damaged.readAll(c, rows);
+      if (entries) return entries;
+    }
+  }
+
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#damaged.list(options);
+  }
+
+  reportDamaged(key: string): Promise<boolean> {
+    return this.#damaged.report(key);
   }
 
   async retry(key: string): Promise<boolean> {
     checkId(key, `outbox.retry: "key"`);
     const c = await this.#gate.ready();
     return c.write((now) => {
-      const cur = this.#select(c, key);
+      const cur = this.#select(c, key, now);
       const next = cur && requeuedOutbox(cur, now);
       if (!next) return false;
       // It is unsettled again: later queued/failed entries of its chat are no longer first.
@@ -1478,8 +1825,8 @@ class SqliteOutbox implements OutboxJournal {
   async discard(key: string): Promise<boolean> {
     checkId(key, `outbox.discard: "key"`);
     const c = await this.#gate.ready();
-    return c.write(() => {
-      const cur = this.#select(c, key);
+    return c.write((now) => {
+      const cur = this.#select(c, key, now);
       if (!cur || cur.state === "sending") return false;
       c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND state <> 'sending'`).run(key);
       this.#syncHead(c, cur.chatId);
@@ -1492,7 +1839,8 @@ class SqliteOutbox implements OutboxJournal {
       this.#gate,
       olderThanMs,
       `DELETE FROM ${this.#t} WHERE seq IN (
-        SELECT seq FROM ${this.#t} INDEXED BY ${this.#t}_sent WHERE state = 'sent' AND updated_at <= ? LIMIT ${PURGE_BATCH})`,
+        SELECT seq FROM ${this.#t} INDEXED BY ${this.#t}_sent
+        WHERE state = 'sent' AND updated_at <= ? AND set_aside_seq IS NULL LIMIT ${PURGE_BATCH})`,
     );
   }
 }
@@ -1507,7 +1855,9 @@ let adopted: Connection | undefined;
  * shared by the processes of one host (`scope: "host"`). Concurrent writes
  * share one transaction and one fsync (group commit, each operation in its
  * own savepoint; see the module documentation); every write resolves once
- * committed. Open it with
+ * committed. A row that does not read back as a record is set aside, kept
+ * as stored (see Damaged records in the module documentation; `damaged()` of
+ * each journal lists them). Open it with
  * `open()` (the bot does in `start()`) and close it with `close()`; both are
  * reference-counted per instance. Use {@link SQLiteStore.durability} to keep
  * the journals in the same file (and connection) as the bot's session store.
@@ -1539,9 +1889,9 @@ export class SQLiteDurability implements DurabilityBackend {
   /** Shared by the processes of one host. */
   readonly scope: "host" = "host";
   /** The inbound journal. */
-  readonly inbox: InboxJournal;
+  readonly inbox: InboxJournal & DamagedRecords;
   /** The outbound journal. */
-  readonly outbox: OutboxJournal;
+  readonly outbox: OutboxJournal & DamagedRecords;
   /** The database file. */
   readonly file: string;
   readonly #conn: Connection;

@@ -1,6 +1,7 @@
 // The botmesh-durable CLI as a real process: Bun (`bun cli.ts`) on SQLite, file, Postgres and Redis
 // (Upstash REST bridge and ioredis); Deno and Node 20 (bundled) on SQLite.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
+import { Database } from "bun:sqlite";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import { tmpdir } from "node:os";
@@ -225,6 +226,39 @@ describe("botmesh-durable under Bun", () => {
       BOTMESH_DURABLE_BACKEND: `sqlite://${file}`,
     });
     expect(r.json()).toHaveLength(2);
+  }, SLOW);
+
+  test("SQLite: a damaged row is set aside: list shows the others, damaged lists it with its problem, show names it", async () => {
+    const file = join(tmp, "damaged.db");
+    await fill(new SQLiteDurability({ file }));
+    const raw = new Database(file);
+    raw.exec(`UPDATE botmesh_inbox SET payload = '{"text":' WHERE id = 'in-dead'`);
+    raw.close();
+    const b = ["-b", `sqlite:${file}`];
+    let r = await bun([...b, "list", "inbox", "--json"]);
+    expect([r.code, r.stderr]).toEqual([0, ""]);
+    expect(r.json().map((x: { id: string }) => x.id)).toEqual(["in-pending", "in-done"]);
+    r = await bun([...b, "list", "inbox", "--state", "dead"]);
+    expect([r.code, r.stdout]).toEqual([0, "No inbox records match.\n"]);
+    r = await bun([...b, "damaged"]);
+    expect(r.code).toBe(0);
+    expect(r.stdout.split("\n")[0]).toMatch(/^JOURNAL\s+ID\s+SET ASIDE\s+REPORTED\s+PROBLEM$/);
+    expect(r.stdout).toMatch(/inbox\s+in-dead\s+\d{4}-\d\d-\d\dT[\d:.]+Z\s+no\s+column payload is not valid JSON/);
+    expect(r.stdout).toContain("(1)\n");
+    r = await bun([...b, "damaged", "--json"]);
+    expect(r.code).toBe(0);
+    const found = r.json();
+    expect(found).toMatchObject([{ journal: "inbox", id: "in-dead", backend: "sqlite", reported: false }]);
+    expect(found[0].problem).toMatch(/^column payload is not valid JSON/);
+    expect(typeof found[0].setAsideAt).toBe("number");
+    r = await bun([...b, "show", "inbox", "in-dead"]);
+    expect(r.code).toBe(1);
+    expect(r.stderr).toContain('Inbox record "in-dead" in backend "sqlite" is damaged and set aside: column payload is not valid JSON');
+    // Kept as stored.
+    const check = new Database(file);
+    expect(check.prepare("SELECT payload, state FROM botmesh_inbox WHERE id = 'in-dead'").get())
+      .toEqual({ payload: '{"text":', state: "dead" });
+    check.close();
   }, SLOW);
 
   test("file backend: the same commands", async () => {

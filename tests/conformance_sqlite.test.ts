@@ -1,4 +1,5 @@
 import { describe, expect, test } from "bun:test";
+import { Database } from "bun:sqlite";
 import { rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -26,6 +27,25 @@ async function letGo(backend: DurabilityBackend): Promise<void> {
   await stores.get(backend)?.close();
 }
 
+/**
+ * Damages a record in place through a connection of its own, as a hand edit of the file would: `column`
+ * of its row (the inbox record `id`, the outbox entry of key `id`) is set to `value`.
+ */
+function damageRow(column: { inbox: string; outbox: string }, value: string) {
+  return (backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): DurabilityBackend => {
+    const raw = new Database(files.get(backend)!);
+    try {
+      const { changes } = raw.prepare(
+        `UPDATE botmesh_${journal} SET ${column[journal]} = ? WHERE ${journal === "inbox" ? "id" : "key"} = ?`,
+      ).run(value, id);
+      if (changes !== 1) throw new Error(`no ${journal} row ${id} to damage`);
+    } finally {
+      raw.close();
+    }
+    return backend;
+  };
+}
+
 runDurabilityConformance({
   name: "sqlite (SQLiteDurability)",
   create: ({ now }) => {
@@ -45,6 +65,7 @@ runDurabilityConformance({
     await letGo(backend);
     removeDb(files.get(backend)!);
   },
+  damage: damageRow({ inbox: "payload", outbox: "content" }, "{not json"),
   harness: { describe, test, expect },
   simulatedTime: true,
 });
@@ -74,6 +95,7 @@ runDurabilityConformance({
     await letGo(backend);
     removeDb(files.get(backend)!);
   },
+  damage: damageRow({ inbox: "state", outbox: "state" }, "archived"),
   harness: { describe, test, expect },
   simulatedTime: true,
 });

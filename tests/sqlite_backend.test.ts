@@ -1,11 +1,11 @@
 // SQLite-specific tests: several connections (processes) on one file, the session store,
-// group commit, open/close semantics, schema versions and migrations, query plans, options, bad files.
+// group commit, open/close semantics, schema versions and migrations, query plans, options, bad files, damaged rows.
 import { afterAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { StaleLeaseError } from "../src/backend.ts";
+import { DamagedRecordError, StaleLeaseError } from "../src/backend.ts";
 import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
 import { SQLITE_SCHEMA_VERSION, SQLiteDurability, SQLiteStore } from "../backends/sqlite.ts";
 import { openSqlite } from "../src/runtime/sqlite.ts";
@@ -692,6 +692,13 @@ const V3_UPGRADE = `
   UPDATE botmesh_meta SET value = '3' WHERE key = 'schema_version';
 `;
 
+/** What schema versions 4 and 5 added (as shipped; frozen here to build a version-5 file). */
+const V4_V5_UPGRADE = `
+  ALTER TABLE botmesh_outbox ADD COLUMN uncalled_fence INTEGER;
+  CREATE INDEX botmesh_inbox_chat_leased ON botmesh_inbox (chat_id, received_at, ord) WHERE state = 'processing';
+  UPDATE botmesh_meta SET value = '5' WHERE key = 'schema_version';
+`;
+
 describe("sqlite: schema versions", () => {
   test("a new file gets the current schema version", async () => {
     const file = tempFile();
@@ -873,6 +880,47 @@ describe("sqlite: schema versions", () => {
     expect(claim.ambiguous.map((e) => e.key), "its calls may have gone out").toEqual(["k1", "k2"]);
     expect(claim.due).toEqual([]);
     await backend.close();
+  });
+
+  test("a file at version 5 gets the set-aside columns: its rows read as before, its damaged ones are set aside", async () => {
+    const file = tempFile();
+    const raw = new Database(file);
+    for (const step of [V1_SCHEMA, V2_UPGRADE, V3_UPGRADE, V4_V5_UPGRADE]) raw.exec(step);
+    const now = Date.now();
+    const insertIn = raw.prepare(
+      `INSERT INTO botmesh_inbox (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
+       VALUES (?, 'message', 'c1', 'test', ?, ?, 'pending', 0, 0, ?, 0)`,
+    );
+    insertIn.run("bad", "{oops", 1, now);
+    insertIn.run("good", '{"text":"hi"}', 2, now);
+    const insertOut = raw.prepare(
+      `INSERT INTO botmesh_outbox (key, chat_id, content, content_hash, state, attempts, next_attempt_at, fence, uncalled_fence,
+        created_at, updated_at, due_at) VALUES (?, 'c1', '{}', 'h', ?, 0, 0, 0, 0, ?, ?, ?)`,
+    );
+    insertOut.run("k-bad", "paused", now, now, 0); // the chat's head, with a state no version wrote
+    insertOut.run("k-next", "queued", now, now, null);
+    raw.close();
+
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    expect((await backend.inbox.claimDue({ ...lease("A"), limit: 10 })).map((r) => [r.id, r.payload])).toEqual([["good", { text: "hi" }]]);
+    expect((await backend.outbox.claimDue({ ...lease("A"), limit: 10 })).due.map((e) => e.key)).toEqual(["k-next"]);
+    expect((await backend.inbox.damaged()).map((d) => [d.id, d.reported])).toEqual([["bad", false]]);
+    expect((await backend.outbox.damaged()).map((d) => d.problem)).toEqual([
+      'column state must be one of queued, sending, sent, failed, dead, unknown, got "paused"',
+    ]);
+    await backend.close();
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "6" });
+    expect(check.prepare("SELECT id, payload, set_aside_seq FROM botmesh_inbox ORDER BY ord").all()).toEqual([
+      { id: "bad", payload: "{oops", set_aside_seq: 1 },
+      { id: "good", payload: '{"text":"hi"}', set_aside_seq: null },
+    ]);
+    const indexes = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'index'").all() as { name: string }[]).map((r) => r.name);
+    for (const name of ["botmesh_inbox_aside", "botmesh_inbox_unreported", "botmesh_outbox_aside", "botmesh_outbox_unreported"]) {
+      expect(indexes).toContain(name);
+    }
+    check.close();
   });
 
   test("a file from a newer version is refused with the file and both versions named", async () => {
@@ -1130,34 +1178,147 @@ describe("sqlite: lists", () => {
 });
 
 describe("sqlite: damaged rows", () => {
-  test("JSON that cannot be parsed names the file, table, row and column", async () => {
+  test("a journal row that cannot be read is set aside, kept as stored; a session value that cannot be parsed names the file, table, row and column", async () => {
     const file = tempFile();
     const store = new SQLiteStore({ file });
     const backend = store.durability();
     await backend.open();
-    await backend.inbox.admit(inbound("m1"));
+    await backend.inbox.admit(inbound("m1", { receivedAt: 1 }));
+    await backend.inbox.admit(inbound("m2", { receivedAt: 2 }));
     await backend.outbox.reserve(outbound("k1"));
+    await backend.outbox.reserve(outbound("k2"));
     await store.set("s1", { a: 1 });
     const raw = new Database(file);
     raw.exec(`UPDATE botmesh_inbox SET payload = '{"text":' WHERE id = 'm1'`);
     raw.exec(`UPDATE botmesh_outbox SET content = 'not json' WHERE key = 'k1'`);
     raw.exec(`UPDATE botmesh_session SET value = '[1,' WHERE key = 's1'`);
+
+    const inError = await rejection(() => backend.inbox.get("m1"));
+    expect(inError).toBeInstanceOf(DamagedRecordError);
+    expect(inError).toMatchObject({ journal: "inbox", id: "m1", backend: "sqlite" });
+    expect((inError as DamagedRecordError).problem).toMatch(/^column payload is not valid JSON: /);
+    expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["m2"]);
+    expect((await backend.outbox.list({ chatId: "c1" })).map((e) => e.key)).toEqual(["k2"]);
+    const outError = await rejection(() => backend.outbox.get("k1"));
+    expect(outError).toMatchObject({ journal: "outbox", id: "k1", backend: "sqlite" });
+    expect(outError.message).toMatch(/^Outbox entry "k1" in backend "sqlite" is damaged and set aside: column content is not valid JSON/);
+    expect((await backend.outbox.damaged()).map((d) => [d.id, d.problem.split(":")[0], d.reported]))
+      .toEqual([["k1", "column content is not valid JSON", false]]);
+    // Kept as stored: only the set-aside columns (and the due mark) changed.
+    expect(raw.prepare("SELECT payload, state, attempts, due_at, set_aside_seq, damage_reported FROM botmesh_inbox WHERE id = 'm1'").get())
+      .toEqual({ payload: '{"text":', state: "pending", attempts: 0, due_at: null, set_aside_seq: 1, damage_reported: 0 });
+    expect(raw.prepare("SELECT content, state, set_aside_seq FROM botmesh_outbox WHERE key = 'k1'").get())
+      .toEqual({ content: "not json", state: "queued", set_aside_seq: 1 });
+
+    const sessionError = await rejection(() => store.get("s1"));
+    expect(sessionError.message).toMatch(/table botmesh_session, row key "s1": column value is not valid JSON/);
+    expect(sessionError.message).toContain(JSON.stringify(file));
+    expect(sessionError.cause).toBeInstanceOf(SyntaxError);
     raw.close();
-    const cases: [() => Promise<unknown>, RegExp][] = [
-      [() => backend.inbox.get("m1"), /table botmesh_inbox, row id "m1": column payload is not valid JSON/],
-      [() => backend.inbox.list(), /table botmesh_inbox, row id "m1": column payload/],
-      [() => backend.outbox.get("k1"), /table botmesh_outbox, row key "k1": column content is not valid JSON/],
-      [() => backend.outbox.list({ chatId: "c1" }), /table botmesh_outbox, row key "k1": column content/],
-      [() => store.get("s1"), /table botmesh_session, row key "s1": column value is not valid JSON/],
-    ];
-    for (const [run, message] of cases) {
-      const error = await rejection(run);
-      expect(error.message).toMatch(message);
-      expect(error.message).toContain(JSON.stringify(file));
-      expect(error.cause).toBeInstanceOf(SyntaxError);
-    }
     await backend.close();
     await store.close();
+  });
+
+  test("wrong types, unknown states, partial leases and BLOBs name their column; an unreadable id is named by its storage key", async () => {
+    const backend = new SQLiteDurability({ file: tempFile() });
+    await backend.open();
+    for (const id of ["state", "attempts", "lease", "blob", "good"]) await backend.inbox.admit(inbound(id, { chatId: id }));
+    await backend.outbox.reserve(outbound("k-state", "c1"));
+    await backend.outbox.reserve(outbound("k-next", "c1"));
+    const raw = new Database(backend.file);
+    raw.exec(`UPDATE botmesh_inbox SET state = 'archived' WHERE id = 'state'`);
+    raw.exec(`UPDATE botmesh_inbox SET attempts = 'many' WHERE id = 'attempts'`);
+    raw.exec(`UPDATE botmesh_inbox SET lease_token = 3 WHERE id = 'lease'`);
+    raw.exec(`UPDATE botmesh_inbox SET id = X'0102' WHERE id = 'blob'`);
+    raw.exec(`UPDATE botmesh_outbox SET state = 'archived' WHERE key = 'k-state'`);
+    const blobOrd = (raw.prepare("SELECT ord FROM botmesh_inbox WHERE typeof(id) = 'blob'").get() as { ord: number }).ord;
+    raw.close();
+    // A due scan meets them all (each was pending); the outbox head with an unknown state hands its chat on at once.
+    expect((await backend.inbox.claimDue({ ...lease("A"), limit: 10 })).map((r) => r.id)).toEqual(["good"]);
+    expect((await backend.outbox.claimDue({ ...lease("A"), limit: 10 })).due.map((e) => e.key)).toEqual(["k-next"]);
+    expect((await backend.inbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
+      ["state", 'column state must be one of pending, processing, failed, done, dead, got "archived"'],
+      ["attempts", 'column attempts must be a non-negative integer, got "many"'],
+      ["lease", "column lease_owner must be a string (the lease columns are all set or all NULL), got null"],
+      [`ord:${blobOrd}`, "column id holds a BLOB"],
+    ]);
+    expect((await backend.outbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
+      ["k-state", 'column state must be one of queued, sending, sent, failed, dead, unknown, got "archived"'],
+    ]);
+    expect(await backend.inbox.reportDamaged(`ord:${blobOrd}`)).toBe(true);
+    expect(await backend.inbox.reportDamaged(`ord:${blobOrd}`)).toBe(false);
+    expect(await backend.inbox.reportDamaged(`ord:${blobOrd + 100}`)).toBe(false);
+    expect((await backend.inbox.damaged({ unreported: true })).map((d) => d.id)).toEqual(["state", "attempts", "lease"]);
+    expect((await backend.inbox.damaged({ limit: 1 })).map((d) => d.id)).toEqual(["state"]);
+    expect(await backend.inbox.damaged({ limit: 0 })).toEqual([]);
+    expect(await rejection(() => backend.inbox.damaged({ limit: -1 }))).toBeInstanceOf(RangeError);
+    expect(await rejection(() => backend.inbox.damaged({ unreported: "yes" as unknown as boolean }))).toBeInstanceOf(TypeError);
+    await backend.close();
+  });
+
+  test("under its old lease a damaged record is stale; a reserve of its key rejects, an admit of its id is a duplicate", async () => {
+    const backend = new SQLiteDurability({ file: tempFile() });
+    await backend.open();
+    await backend.inbox.admit(inbound("m1"), lease("A"));
+    await backend.outbox.reserve(outbound("k1"), lease("A"));
+    const raw = new Database(backend.file);
+    raw.exec(`UPDATE botmesh_inbox SET payload = '{' WHERE id = 'm1'`);
+    raw.exec(`UPDATE botmesh_outbox SET content = '{' WHERE key = 'k1'`);
+    raw.close();
+    expect(await backend.inbox.heartbeat("m1", 1, 60_000)).toBe(false);
+    expect(await rejection(() => backend.inbox.complete("m1", 1))).toBeInstanceOf(StaleLeaseError);
+    expect(await rejection(() => backend.inbox.fail("m1", 1, { error: "x", dead: true }))).toBeInstanceOf(StaleLeaseError);
+    expect(await backend.inbox.claim("m1", { ...lease("B"), reclaimOwn: true })).toBeNull();
+    expect(await backend.inbox.admit(inbound("m1"))).toBeNull();
+    expect(await backend.outbox.heartbeat("k1", 1, 60_000)).toBe(false);
+    expect(await backend.outbox.markCalling("k1", 1, 60_000)).toBe(false);
+    expect(await rejection(() => backend.outbox.markSent("k1", 1, "m"))).toBeInstanceOf(StaleLeaseError);
+    const reserved = await rejection(() => backend.outbox.reserve(outbound("k1")));
+    expect(reserved).toBeInstanceOf(DamagedRecordError);
+    expect(reserved).toMatchObject({ journal: "outbox", id: "k1" });
+    expect((await backend.inbox.damaged()).map((d) => d.id)).toEqual(["m1"]);
+    expect((await backend.outbox.damaged()).map((d) => d.id)).toEqual(["k1"]);
+    const check = new Database(backend.file);
+    expect(check.prepare("SELECT state, lease_token, fence FROM botmesh_inbox").all()).toEqual([{ state: "processing", lease_token: 1, fence: 1 }]);
+    expect(check.prepare("SELECT state, lease_token, uncalled_fence FROM botmesh_outbox").all()).toEqual([{ state: "sending", lease_token: 1, uncalled_fence: 1 }]);
+    check.close();
+    await backend.close();
+  });
+
+  test("several processes meet the same damaged rows: each is set aside once, and reported once", async () => {
+    const [a, b, file] = await pair();
+    for (let i = 0; i < 40; i++) await a.inbox.admit(inbound(`m${i}`, { receivedAt: i, chatId: `c${i % 4}` }));
+    for (let i = 0; i < 12; i++) await a.outbox.reserve(outbound(`k${i}`, `c${i % 3}`));
+    const raw = new Database(file);
+    raw.exec(`UPDATE botmesh_inbox SET payload = 'x' WHERE id IN ('m0', 'm5', 'm22')`);
+    raw.exec(`UPDATE botmesh_outbox SET state = 'lost' WHERE key IN ('k0', 'k4')`);
+    const runs = await Promise.allSettled(Array.from({ length: 16 }, (_, i) => {
+      const x = i % 2 ? a : b;
+      switch (i % 4) {
+        case 0:
+          return x.inbox.claimDue({ ...lease(`o${i}`), limit: 5 });
+        case 1:
+          return x.inbox.list({ limit: 100 });
+        case 2:
+          return x.outbox.claimDue({ ...lease(`o${i}`), limit: 5 });
+        default:
+          return Promise.all([x.inbox.get("m22"), x.outbox.list()]);
+      }
+    }));
+    for (const run of runs) {
+      if (run.status === "rejected") expect(run.reason).toBeInstanceOf(DamagedRecordError); // the get of m22
+    }
+    const inbox = await a.inbox.damaged();
+    expect(inbox.map((d) => d.id).sort()).toEqual(["m0", "m22", "m5"]);
+    expect(await b.inbox.damaged()).toEqual(inbox);
+    expect(raw.prepare("SELECT set_aside_seq FROM botmesh_inbox WHERE set_aside_seq IS NOT NULL ORDER BY set_aside_seq").all())
+      .toEqual([{ set_aside_seq: 1 }, { set_aside_seq: 2 }, { set_aside_seq: 3 }]);
+    expect((await b.outbox.damaged()).map((d) => d.id).sort()).toEqual(["k0", "k4"]);
+    const reports = await Promise.all(["m0", "m5", "m22"].flatMap((id) => [a.inbox.reportDamaged(id), b.inbox.reportDamaged(id)]));
+    expect(reports.filter(Boolean).length).toBe(3);
+    raw.close();
+    await a.close();
+    await b.close();
   });
 });
 
@@ -1215,6 +1376,19 @@ describe("sqlite: query plans", () => {
         await list({ chatId: "c1", state: ["failed", "dead"] });
       }
       target = prepared;
+      // Damaged rows: set aside when met, listed and reported.
+      const raw = new Database(file);
+      raw.exec(`UPDATE botmesh_inbox SET payload = '{' WHERE id = 'm1'`);
+      raw.exec(`UPDATE botmesh_outbox SET content = '{' WHERE key = 'k2'`);
+      raw.close();
+      expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["m2"]);
+      await backend.outbox.list();
+      for (const journal of [backend.inbox, backend.outbox]) {
+        expect(await journal.damaged()).toHaveLength(1);
+        await journal.damaged({ unreported: true });
+        await journal.reportDamaged("m1");
+        await journal.reportDamaged("seq:1");
+      }
     } finally {
       Database.prototype.prepare = original;
       await backend.close();
@@ -1232,9 +1406,12 @@ describe("sqlite: query plans", () => {
       const isList = lists.includes(sql);
       const flat = sql.replace(/\s+/g, " ");
       for (const { detail } of plan) {
-        // An unfiltered list walks an index (or the outbox's primary key) in its order and stops at the limit.
-        const orderedWalk = isList && !/ WHERE /.test(flat) &&
-          /^SCAN botmesh_(inbox USING INDEX botmesh_inbox_received|outbox)$/.test(detail);
+        // An unfiltered list walks an index (or the outbox's primary key) in its order and stops at the limit
+        // (skipping the rows set aside as damaged).
+        const orderedWalk = (isList && / WHERE set_aside_seq IS NULL ORDER BY /.test(flat) &&
+          /^SCAN botmesh_(inbox USING INDEX botmesh_inbox_received|outbox)$/.test(detail)) ||
+          // The unreported damaged rows: a partial index of just those, walked in order up to the limit.
+          /^SCAN botmesh_(inbox|outbox) USING INDEX botmesh_(inbox|outbox)_unreported$/.test(detail);
         if (/^SCAN botmesh_(inbox|outbox|session)\b/.test(detail) && !orderedWalk) scans.push(`${detail} in: ${flat}`);
         if (isList && /TEMP B-TREE/.test(detail)) scans.push(`${detail} in: ${flat}`);
       }
