@@ -25,6 +25,7 @@ import type { DurabilityBackend } from "../../src/backend.ts";
 import { MemoryDurability } from "../../backends/memory.ts";
 import { FileDurability, simulateCrash } from "../../backends/file.ts";
 import { SQLiteDurability } from "../../backends/sqlite.ts";
+import { openSqlite } from "../../src/runtime/sqlite.ts";
 import { PostgresDurability } from "../../backends/postgres.ts";
 import {
   eventsDurability,
@@ -90,6 +91,19 @@ const setups: Record<string, () => Setup> = {
         const b = old as SQLiteDurability;
         while (b.isOpen) await b.close();
         return open(paths.get(old)!, dirs.get(old)!, now);
+      },
+      // A hand edit of the file through the runtime's own driver: the payload or content made invalid JSON.
+      damage: async (b, journal, id) => {
+        const raw = await openSqlite(paths.get(b)!);
+        try {
+          const { changes } = raw.prepare(
+            `UPDATE botmesh_${journal} SET ${journal === "inbox" ? "payload" : "content"} = ? WHERE ${journal === "inbox" ? "id" : "key"} = ?`,
+          ).run("{not json", id);
+          if (changes !== 1) throw new Error(`no ${journal} row ${id} to damage`);
+        } finally {
+          raw.close();
+        }
+        return b;
       },
       cleanup: (b) => rmSync(dirs.get(b)!, { recursive: true, force: true }),
     };
