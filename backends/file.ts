@@ -25,8 +25,17 @@
  *   process out; a second `FileDurability` on the same file in this process
  *   is rejected until the first is closed. Symlinks are resolved at `open()`:
  *   every path to one file shares one lock, and a symlink is never replaced.
- * - A damaged file is never overwritten: `open()` fails naming the file and
- *   the byte offset, and leaves the file untouched.
+ * - A file that is not a snapshot (broken JSON or UTF-8, a wrong top-level
+ *   structure) is never overwritten: `open()` fails naming the file and the
+ *   byte offset, and leaves the file untouched.
+ * - A damaged record (a field of the wrong type, an unknown state, an id
+ *   that appears twice…) does not stop the others: `open()` sets it aside.
+ *   It is moved, exactly as it was, to the snapshot's `damaged` section with
+ *   the problem, the time and whether a bot reported it (the file is
+ *   rewritten at once), and left out of the journals: see
+ *   {@link FileDurability}. A snapshot with a `damaged` section is format
+ *   version 2, which older versions of this library refuse to open rather
+ *   than drop it; one without is still version 1.
  * - Rewrites keep the file's permission bits; a new file gets `0o600` (the
  *   snapshot holds chat content).
  *
@@ -42,6 +51,9 @@
 import {
   type ClaimDueOptions,
   type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  type DamagedRecords,
   type DurabilityBackend,
   type FailOutcome,
   type InboundRecord,
@@ -54,9 +66,10 @@ import {
   type OutboxEntry,
   type OutboxJournal,
   type OutboxState,
+  type JsonValue,
   type ReserveResult,
 } from "../src/backend.ts";
-import { MemoryDurability, type MemoryRecords } from "./memory.ts";
+import { MemoryDurability, type MemoryRecords, type SetAsideRecord } from "./memory.ts";
 import { dirName, ensureDir, readFileBytes, realPathOf, removeFile, resolvePath } from "../src/runtime/fs.ts";
 import { SnapshotCommitter } from "./group_commit.ts";
 import {
@@ -131,12 +144,14 @@ export interface FileDurabilityStats {
 
 /** The snapshot's format marker. */
 const FORMAT = "@botmesh/durable/file";
-/** The snapshot's format version. */
-const VERSION = 1;
+/** The snapshot's format version: 2 when it has a `damaged` section, else 1 (which older versions also read). */
+const VERSION = 2;
 /** Default of {@link FileDurabilityOptions.staleLockMs}. */
 const DEFAULT_STALE_LOCK_MS = 30_000;
 /** The backend named in error messages. */
 const LABEL = "FileDurability";
+/** The backend's `name`. */
+const NAME = "file";
 
 /** One file-system step of `open()`/`close()`, its errors naming the file. */
 function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> {
@@ -180,12 +195,28 @@ let testHooks: { crash(backend: FileDurability): Promise<void> } | undefined;
  * unchanged, then taken with `O_EXCL` as usual and checked by its nonce; so
  * exactly one of them gets it.
  *
+ * Damaged records: a record of the file that is not a valid inbox record or
+ * outbox entry (a field of the wrong type, an unknown state, an id or key
+ * that appears twice, an outbox `seq` repeated or above the snapshot's
+ * counter) is set aside by `open()`: kept in the file as it was, in the
+ * snapshot's `damaged` section, with the problem (naming the field), when it
+ * was set aside and whether a bot reported it. It is left out of the
+ * journals: due scans neither take it nor let it hold back its chat, `list`
+ * returns the other records, `get` rejects with a `DamagedRecordError`, an
+ * `admit` of its id answers `null` (the id is taken), a `reserve` of its key
+ * rejects with that error (whether it was sent is unknown), and `replay`,
+ * `retry`, `discard`, `purge` and completions under its old lease change
+ * nothing. `damaged()` lists such records and the bot reports each one once
+ * (`reportDamaged`, written before it resolves). A record whose id is not
+ * even a string is named by its place in the file, e.g. `inbox[3]`.
+ *
  * Errors:
  * - Another process holds the lock → {@link FileLockedError} naming the lock
  *   file, the pid and the host (and, for a lock judged by its age, how long
  *   until it counts as stale).
- * - A damaged file → {@link FileCorruptError} with the byte offset; the file
- *   is left as it is.
+ * - A file that is not a snapshot (broken JSON or UTF-8, a wrong top-level
+ *   structure) → {@link FileCorruptError} with the byte offset when there is
+ *   one; the file is left as it is.
  * - Any other file-system error of `open()`/`close()` (a directory at the
  *   path, permissions) → an `Error` whose message starts with
  *   `FileDurability: <file>:`, the runtime's error as its `cause`.
@@ -249,7 +280,7 @@ let testHooks: { crash(backend: FileDurability): Promise<void> } | undefined;
  */
 export class FileDurability implements DurabilityBackend {
   /** Always `'file'`. */
-  readonly name: string = "file";
+  readonly name: string = NAME;
   /** One process: the lock file keeps other processes out. */
   readonly scope: "process" = "process";
   /** The inbound journal. */
@@ -320,7 +351,7 @@ export class FileDurability implements DurabilityBackend {
       serialize: serializeSnapshot,
       parse: (file, bytes) => {
         const mem = this.#newMemory();
-        mem.importRecords(parseSnapshot(file, bytes));
+        mem.importRecords(parseSnapshot(file, bytes, this.#now).records);
         return mem;
       },
       current: () => this.#memory(),
@@ -331,6 +362,9 @@ export class FileDurability implements DurabilityBackend {
     this.inbox = new FileInbox(run);
     this.outbox = new FileOutbox(run);
   }
+
+  /** The lease clock's time (times records set aside). */
+  #now = (): number => this.#clock ? this.#clock() : Date.now();
 
   /** A new in-memory state, on the lease clock. */
   #newMemory(): MemoryDurability {
@@ -358,7 +392,8 @@ export class FileDurability implements DurabilityBackend {
    * call needs a matching {@link close}.
    *
    * @throws {FileLockedError} when another process holds `<path>.lock`
-   * @throws {FileCorruptError} when the file is damaged (the file is left untouched)
+   * @throws {FileCorruptError} when the file is not a snapshot (the file is
+   *   left untouched); damaged records in a snapshot are set aside instead
    * @throws {Error} when the file is already open through another
    *   `FileDurability` of this process, or cannot be read or created (the
    *   message starts with `FileDurability: <file>:`, the runtime's error is its `cause`)
@@ -410,9 +445,12 @@ export class FileDurability implements DurabilityBackend {
       await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
       const bytes = await step(file, "cannot read it", () => readFileBytes(file));
       const mem = this.#newMemory();
-      if (bytes !== null) mem.importRecords(parseSnapshot(file, bytes));
+      const loaded = bytes === null ? null : parseSnapshot(file, bytes, this.#now);
+      if (loaded !== null) mem.importRecords(loaded.records);
       this.#commit.attach(mem);
-      if (bytes === null) await this.#commit.writeNow(); // a new file: write it now, so a bad path or permission shows at start
+      // A new file: written now, so that a bad path or permission shows at start. Records just set aside:
+      // written now, so that they keep the time they were set aside.
+      if (loaded === null || loaded.setAside > 0) await this.#commit.writeNow();
       this.#refs = 1;
     } catch (error) {
       this.#commit.detach();
@@ -504,7 +542,7 @@ export function simulateCrash(backend: FileDurability): Promise<void> {
   return testHooks!.crash(backend);
 }
 
-class FileInbox implements InboxJournal {
+class FileInbox implements InboxJournal, DamagedRecords {
   readonly #run: Run;
   constructor(run: Run) {
     this.#run = run;
@@ -539,9 +577,15 @@ class FileInbox implements InboxJournal {
   purge(olderThanMs: number): Promise<number> {
     return this.#run((m) => m.inbox.purge(olderThanMs), (n) => n > 0);
   }
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#run((m) => m.inbox.damaged!(options), () => false);
+  }
+  reportDamaged(id: string): Promise<boolean> {
+    return this.#run((m) => m.inbox.reportDamaged!(id), (r) => r);
+  }
 }
 
-class FileOutbox implements OutboxJournal {
+class FileOutbox implements OutboxJournal, DamagedRecords {
   readonly #run: Run;
   constructor(run: Run) {
     this.#run = run;
@@ -581,6 +625,12 @@ class FileOutbox implements OutboxJournal {
   purge(olderThanMs: number): Promise<number> {
     return this.#run((m) => m.outbox.purge(olderThanMs), (n) => n > 0);
   }
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#run((m) => m.outbox.damaged!(options), () => false);
+  }
+  reportDamaged(key: string): Promise<boolean> {
+    return this.#run((m) => m.outbox.reportDamaged!(key), (r) => r);
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -589,17 +639,40 @@ class FileOutbox implements OutboxJournal {
 /** The snapshot's text: `JSON.stringify` of the whole state. */
 function serializeSnapshot(mem: MemoryDurability): string {
   const records = mem.exportRecords();
+  const damaged = records.damaged ?? [];
   return JSON.stringify({
     format: FORMAT,
-    version: VERSION,
+    version: damaged.length > 0 ? VERSION : 1,
     outboxSeq: records.outboxSeq,
     inbox: records.inbox,
     outbox: records.outbox,
+    ...damaged.length > 0
+      ? {
+        damaged: damaged.map(({ journal, id, problem, setAsideAt, reported, stored }) => ({
+          journal,
+          id,
+          problem,
+          setAsideAt,
+          reported,
+          record: stored,
+        })),
+      }
+      : {},
   });
 }
 
-/** Parses and checks a snapshot; throws {@link FileCorruptError}. */
-function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {
+/** A snapshot as read, and how many of its records this read set aside (to be written at once). */
+interface ParsedSnapshot {
+  records: MemoryRecords;
+  setAside: number;
+}
+
+/**
+ * Parses and checks a snapshot: records that fail their checks are set aside
+ * (at `now()`), the rest are loaded.
+ * @throws {FileCorruptError} when the file is not a snapshot
+ */
+function parseSnapshot(file: string, bytes: Uint8Array, now: () => number): ParsedSnapshot {
   const value = parseJsonBytes(file, bytes, LABEL);
   const fail = (detail: string): never => {
     throw new FileCorruptError(file, null, detail);
@@ -611,40 +684,94 @@ function parseSnapshot(file: string, bytes: Uint8Array): MemoryRecords {
   if (snap.format !== FORMAT) {
     fail(`not a FileDurability snapshot ("format" is ${show(snap.format)}, expected ${JSON.stringify(FORMAT)})`);
   }
-  if (snap.version !== VERSION) {
-    fail(`unsupported format version ${show(snap.version)} (this library reads version ${VERSION})`);
+  if (snap.version !== 1 && snap.version !== VERSION) {
+    fail(`unsupported format version ${show(snap.version)} (this library reads versions 1 and ${VERSION})`);
   }
   if (!Number.isSafeInteger(snap.outboxSeq) || (snap.outboxSeq as number) < 0) {
     fail(`"outboxSeq" must be a non-negative integer, got ${show(snap.outboxSeq)}`);
   }
   if (!Array.isArray(snap.inbox)) fail(`"inbox" must be an array, got ${kindOf(snap.inbox)}`);
   if (!Array.isArray(snap.outbox)) fail(`"outbox" must be an array, got ${kindOf(snap.outbox)}`);
-  const inbox = snap.inbox as unknown[];
-  const outbox = snap.outbox as unknown[];
+  const outboxSeq = snap.outboxSeq as number;
+  const damaged = parseDamaged(snap.damaged, fail);
+  const before = damaged.length;
+  let at: number | undefined;
+  const setAside = (journal: "inbox" | "outbox", id: string, problem: string, stored: unknown): void => {
+    at ??= now();
+    damaged.push({ journal, id, backend: NAME, problem, setAsideAt: at, reported: false, stored: stored as JsonValue });
+  };
+
+  const inbox: InboundRecord[] = [];
   const ids = new Set<string>();
-  for (let i = 0; i < inbox.length; i++) {
-    const problem = checkInbound(inbox[i]);
-    const id = (inbox[i] as { id?: unknown } | null)?.id;
-    const label = `inbox record ${i}${typeof id === "string" ? ` (id ${JSON.stringify(id)})` : ""}`;
-    if (problem) fail(`${label}: ${problem}`);
-    if (ids.has(id as string)) fail(`${label}: the id appears twice`);
+  (snap.inbox as unknown[]).forEach((item, i) => {
+    const id = (item as { id?: unknown } | null)?.id;
+    const problem = checkInbound(item) ?? (ids.has(id as string) ? "the id appears twice (an earlier record has it)" : null);
+    if (problem !== null) return setAside("inbox", typeof id === "string" ? id : `inbox[${i}]`, problem, item);
     ids.add(id as string);
-  }
+    inbox.push(item as InboundRecord);
+  });
+
   const keys = new Set<string>();
-  let lastSeq = 0;
-  for (let i = 0; i < outbox.length; i++) {
-    const problem = checkOutbound(outbox[i]);
-    const entry = outbox[i] as { key?: unknown; seq?: unknown; called?: unknown } | null;
-    const label = `outbox entry ${i}${typeof entry?.key === "string" ? ` (key ${JSON.stringify(entry.key)})` : ""}`;
-    if (problem) fail(`${label}: ${problem}`);
-    if (keys.has(entry!.key as string)) fail(`${label}: the key appears twice`);
-    keys.add(entry!.key as string);
-    const seq = entry!.seq as number;
-    if (seq <= lastSeq) fail(`${label}: field "seq" must be above the previous entry's (${lastSeq}), got ${seq}`);
-    if (seq > (snap.outboxSeq as number)) fail(`${label}: field "seq" ${seq} is above "outboxSeq" ${snap.outboxSeq}`);
-    lastSeq = seq;
+  const valid: OutboxEntry[] = [];
+  (snap.outbox as unknown[]).forEach((item, i) => {
+    const entry = item as OutboxEntry | null;
+    const key = entry?.key;
+    const problem = checkOutbound(item) ??
+      (keys.has(key as string)
+        ? "the key appears twice (an earlier entry has it)"
+        : entry!.seq > outboxSeq
+        ? `field "seq" ${entry!.seq} is above the snapshot's "outboxSeq" ${outboxSeq}`
+        : null);
+    if (problem !== null) return setAside("outbox", typeof key === "string" ? key : `outbox[${i}]`, problem, item);
+    keys.add(key as string);
+    valid.push(entry!);
+  });
+  // Written in ascending seq order: an entry a damaged seq moved is sorted back (stable), a repeated seq set aside.
+  valid.sort((a, b) => a.seq - b.seq);
+  const outbox: OutboxEntry[] = [];
+  for (const entry of valid) {
+    const previous = outbox[outbox.length - 1];
+    if (previous !== undefined && previous.seq === entry.seq) {
+      setAside("outbox", entry.key, `field "seq" ${entry.seq} is also entry ${JSON.stringify(previous.key)}'s`, entry);
+      continue;
+    }
     // A snapshot written before the call marker existed has none: a call may have started (see storedCalled).
-    if (typeof entry!.called !== "boolean") entry!.called = storedCalled(entry!.called);
+    if (typeof entry.called !== "boolean") entry.called = storedCalled(entry.called);
+    outbox.push(entry);
   }
-  return { inbox: inbox as InboundRecord[], outbox: outbox as OutboxEntry[], outboxSeq: snap.outboxSeq as number };
+  return { records: { inbox, outbox, outboxSeq, damaged }, setAside: damaged.length - before };
+}
+
+/** The `damaged` section of a snapshot (records set aside when it was read before). */
+function parseDamaged(section: unknown, fail: (detail: string) => never): SetAsideRecord[] {
+  if (section === undefined) return [];
+  if (!Array.isArray(section)) return fail(`"damaged" must be an array, got ${kindOf(section)}`);
+  return section.map((item: unknown, i) => {
+    const d = item as Record<string, unknown> | null;
+    const problem = typeof d !== "object" || d === null || Array.isArray(d)
+      ? `expected an object, got ${kindOf(d)}`
+      : d.journal !== "inbox" && d.journal !== "outbox"
+      ? `field "journal" must be "inbox" or "outbox", got ${show(d.journal)}`
+      : typeof d.id !== "string"
+      ? `field "id" must be a string, got ${show(d.id)}`
+      : typeof d.problem !== "string"
+      ? `field "problem" must be a string, got ${show(d.problem)}`
+      : typeof d.setAsideAt !== "number" || !Number.isFinite(d.setAsideAt)
+      ? `field "setAsideAt" must be a finite number, got ${show(d.setAsideAt)}`
+      : typeof d.reported !== "boolean"
+      ? `field "reported" must be a boolean, got ${show(d.reported)}`
+      : !("record" in d)
+      ? `field "record" is missing`
+      : null;
+    if (problem !== null) fail(`damaged record ${i}: ${problem}`);
+    const { journal, id, problem: what, setAsideAt, reported, record } = d as {
+      journal: "inbox" | "outbox";
+      id: string;
+      problem: string;
+      setAsideAt: number;
+      reported: boolean;
+      record: JsonValue;
+    };
+    return { journal, id, backend: NAME, problem: what, setAsideAt, reported, stored: record };
+  });
 }

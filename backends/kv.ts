@@ -18,6 +18,9 @@
  * - `i/chat-in/<chatId>/<receivedAt>/<id>/<nonce>`: the chat's active inbox
  *   records (`pending`, `processing`, `failed`).
  * - `c/out/seq`: the outbox sequence counter.
+ * - `d/in/<id>`, `d/out/<key>`: records set aside as damaged, as
+ *   `{ problem, setAsideAt, reported, v }` (`v`: the version of the value set
+ *   aside).
  *
  * Numbers are zero-padded to 16 digits; ids, keys and chat ids have `%` and
  * `/` escaped so that they cannot break a key apart.
@@ -58,11 +61,29 @@
  * A record stored before the chat index existed gets its chat index key with
  * its next change.
  *
+ * ## Damaged records
+ * A value under a record key that is not a record (not `{ rec, hints }`, a
+ * field of `rec` of the wrong type, an unknown state, an id that is not its
+ * key's) is set aside by the first operation that reads it: its marker
+ * `d/<in|out>/<id>` is created by a compare-and-set (so exactly one caller
+ * sets it aside, at the kv clock), and the value is kept as it is. An index
+ * key that leads to it is deleted when a scan meets it: due scans neither
+ * take it nor let it hold back its chat, `list` returns the other records.
+ * `get` rejects with a `DamagedRecordError`, a `reserve` of its key too
+ * (whether it was sent is unknown), an `admit` of its id answers `null`, and
+ * nothing else changes it. `damaged()` lists the markers by set-aside time;
+ * `reportDamaged` flips `reported` by compare-and-set. A value repaired by
+ * hand needs its index keys written back and its marker deleted.
+ *
  * @module
  */
 import {
   type ClaimDueOptions,
   type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
+  type DamagedRecords,
   type DurabilityBackend,
   type DurableKv,
   type FailOutcome,
@@ -116,7 +137,8 @@ import {
   requeuedOutbox,
   sentOutbox,
 } from "../src/journal_rules.ts";
-import { withStoredCalled } from "../src/stored_records.ts";
+import { describeJsonKind, storedInboundProblem, storedOutboxProblem, withStoredCalled } from "../src/stored_records.ts";
+import { checkDamagedList } from "./memory.ts";
 
 /** Options of {@link kvDurability}. */
 export interface KvDurabilityOptions {
@@ -149,6 +171,20 @@ interface Loaded<R> extends Stored<R> {
 interface HintValue {
   b: string | null;
   t: number;
+}
+
+/** The value of a set-aside marker `d/<in|out>/<id>`: a damaged record and its report. */
+interface AsideValue {
+  problem: string;
+  setAsideAt: number;
+  reported: boolean;
+  /** The version of the record's value that was set aside. */
+  v: string;
+}
+
+/** A record value that is not a record: its id (from its key), what is wrong, and the value as read. */
+class Damage {
+  constructor(readonly id: string, readonly problem: string, readonly entry: KvEntry) {}
 }
 
 /** A parsed due hint. */
@@ -206,19 +242,28 @@ interface Journaled {
 }
 
 /** The storage half shared by the inbox and the outbox: records, hints, CAS loops, scans. */
-abstract class KvJournal<R extends Journaled> {
+abstract class KvJournal<R extends Journaled> implements DamagedRecords {
   protected readonly kv: DurableKv;
   protected readonly prefix: string;
   readonly #records: string;
+  /** Set-aside markers of this journal. */
+  readonly #aside: string;
+  readonly #journal: "inbox" | "outbox";
+  readonly #backend: string;
+  /** id → the version of its damaged value this instance knows is set aside (no marker write again). */
+  readonly #known = new Map<string, string>();
   /** Due index prefix of this journal. */
   protected readonly duePrefix: string;
   /** State index prefix of this journal. */
   protected readonly statePrefix: string;
 
-  constructor(kv: DurableKv, prefix: string, kind: "in" | "out") {
+  constructor(kv: DurableKv, prefix: string, kind: "in" | "out", backend: string) {
     this.kv = kv;
     this.prefix = prefix;
     this.#records = `${prefix}r/${kind}/`;
+    this.#aside = `${prefix}d/${kind}/`;
+    this.#journal = kind === "in" ? "inbox" : "outbox";
+    this.#backend = backend;
     this.duePrefix = `${prefix}i/due/${kind}/`;
     this.statePrefix = `${prefix}i/st/${kind}/`;
   }
@@ -227,6 +272,8 @@ abstract class KvJournal<R extends Journaled> {
   protected abstract idOf(rec: R): string;
   /** The index keys (without nonces) that `rec` needs. */
   protected abstract hintsFor(rec: R): string[];
+  /** What is wrong with a stored record, naming the field, or `null`. */
+  protected abstract problemOf(rec: unknown): string | null;
   /** `rec` as read from the kv, with fields that older versions did not store filled in. */
   protected revive(rec: R): R {
     return rec;
@@ -236,15 +283,78 @@ abstract class KvJournal<R extends Journaled> {
     return this.#records + esc(id);
   }
 
-  #unwrap(entry: KvEntry): Loaded<R> {
+  /** The record of a record key's entry, or the {@link Damage} of one that is not a record. */
+  #unwrap(entry: KvEntry): Loaded<R> | Damage {
+    const id = unesc(entry.key.slice(this.#records.length));
     const value = entry.value as unknown as Stored<R> | null;
-    if (
-      typeof value !== "object" || value === null || typeof value.rec !== "object" || value.rec === null ||
-      !Array.isArray(value.hints)
-    ) {
-      throw new TypeError(`kv durability: key "${entry.key}" does not hold a journal record`);
+    const idField = this.#journal === "inbox" ? "id" : "key";
+    const problem = typeof value !== "object" || value === null || Array.isArray(value)
+      ? `the stored value must be an object with "rec" and "hints", got ${describeJsonKind(value)}`
+      : !Array.isArray(value.hints) || !value.hints.every((hint) => typeof hint === "string")
+      ? `field "hints" must be an array of strings, got ${describeJsonKind(value.hints)}`
+      : typeof value.rec !== "object" || value.rec === null || Array.isArray(value.rec)
+      ? `field "rec" must be an object, got ${describeJsonKind(value.rec)}`
+      : this.problemOf(value.rec) ??
+        ((value.rec as unknown as Record<string, unknown>)[idField] !== id
+          ? `field "${idField}" must be the one of its key (${JSON.stringify(id)}), got ${
+            JSON.stringify((value.rec as unknown as Record<string, unknown>)[idField])
+          }`
+          : null);
+    if (problem !== null) return new Damage(id, problem, entry);
+    return { rec: this.revive(value!.rec), hints: value!.hints, version: entry.version };
+  }
+
+  #asideKey(id: string): string {
+    return this.#aside + esc(id);
+  }
+
+  /** Sets a damaged record aside: one compare-and-set creates its marker, so only the first caller does. */
+  async #setAside(damage: Damage): Promise<void> {
+    if (this.#known.get(damage.id) === damage.entry.version) return;
+    const marker: AsideValue = { problem: damage.problem, setAsideAt: await this.clock(), reported: false, v: damage.entry.version };
+    await this.kv.set(this.#asideKey(damage.id), marker as unknown as JsonValue, null);
+    this.#known.set(damage.id, damage.entry.version);
+  }
+
+  /** The error `get` (and `reserve`) rejects with for a damaged record. */
+  protected damagedError(damage: Damage): DamagedRecordError {
+    return new DamagedRecordError({ journal: this.#journal, id: damage.id, backend: this.#backend, problem: damage.problem });
+  }
+
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    const { unreported, limit } = checkDamagedList(options, `${this.#journal}.damaged`);
+    if (limit === 0) return [];
+    const found: DamagedRecord[] = [];
+    for await (const entry of this.scan(this.#aside)) {
+      const v = entry.value as unknown as Partial<AsideValue> | null;
+      if (typeof v !== "object" || v === null) continue;
+      const reported = v.reported === true;
+      if (unreported && reported) continue;
+      found.push({
+        journal: this.#journal,
+        id: unesc(entry.key.slice(this.#aside.length)),
+        backend: this.#backend,
+        problem: typeof v.problem === "string" ? v.problem : "(the set-aside marker does not say)",
+        setAsideAt: typeof v.setAsideAt === "number" ? v.setAsideAt : 0,
+        reported,
+      });
     }
-    return { rec: this.revive(value.rec), hints: value.hints, version: entry.version };
+    // Markers are listed by id: set-aside order is their time (ties by id).
+    found.sort((a, b) => a.setAsideAt - b.setAsideAt || compareStrings(a.id, b.id));
+    return found.slice(0, limit);
+  }
+
+  async reportDamaged(id: string): Promise<boolean> {
+    checkId(id, `${this.#journal}.reportDamaged: "id"`);
+    for (let race = 0;; race++) {
+      const cur = await this.kv.get(this.#asideKey(id));
+      const v = cur?.value as unknown as AsideValue | null | undefined;
+      if (!cur || typeof v !== "object" || v === null || v.reported !== false) return false;
+      if ((await this.kv.set(cur.key, { ...v, reported: true } as unknown as JsonValue, cur.version)) !== null) return true;
+      if (race >= MAX_RACES) {
+        throw new Error(`kv durability: gave up reporting "${id}" after ${MAX_RACES} lost compare-and-sets`);
+      }
+    }
   }
 
   /** The kv clock (a kv method that throws at once still gives a rejected promise). */
@@ -252,9 +362,19 @@ abstract class KvJournal<R extends Journaled> {
     return await this.kv.now();
   }
 
-  protected async load(id: string): Promise<Loaded<R> | null> {
+  /** Reads record `id`: `null` when there is none, its {@link Damage} (set aside now) when it is damaged. */
+  protected async read(id: string): Promise<Loaded<R> | Damage | null> {
     const entry = await this.kv.get(this.#recordKey(id));
-    return entry ? this.#unwrap(entry) : null;
+    if (!entry) return null;
+    const read = this.#unwrap(entry);
+    if (read instanceof Damage) await this.#setAside(read);
+    return read;
+  }
+
+  /** Reads record `id`: `null` when there is none, or it is damaged (then set aside). */
+  protected async load(id: string): Promise<Loaded<R> | null> {
+    const read = await this.read(id);
+    return read instanceof Damage ? null : read;
   }
 
   /**
@@ -346,7 +466,13 @@ abstract class KvJournal<R extends Journaled> {
    * @returns the record when the hint is valid, else `null`.
    */
   protected async check(hint: KvEntry, id: string, now: number): Promise<Loaded<R> | null> {
-    const cur = await this.load(id);
+    const read = await this.read(id);
+    if (read instanceof Damage) {
+      // Set aside: none of its index keys counts any more (nothing writes the record again).
+      await quietly([hint], (stale) => this.kv.delete(stale.key, stale.version));
+      return null;
+    }
+    const cur = read;
     if (cur && cur.hints.includes(hint.key)) return cur;
     const value = hint.value as unknown as Partial<HintValue> | null;
     const base = typeof value === "object" && value !== null ? value.b : undefined;
@@ -407,8 +533,9 @@ abstract class KvJournal<R extends Journaled> {
     const out: R[] = [];
     if (filter.states === null) {
       for await (const entry of this.scan(this.#records)) {
-        const { rec } = this.#unwrap(entry);
-        if (matchesList(rec, filter)) out.push(rec);
+        const read = this.#unwrap(entry);
+        if (read instanceof Damage) await this.#setAside(read);
+        else if (matchesList(read.rec, filter)) out.push(read.rec);
       }
     } else {
       const now = await this.kv.now();
@@ -466,12 +593,16 @@ interface ChatTurn {
 }
 
 class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
-  constructor(kv: DurableKv, prefix: string) {
-    super(kv, prefix, "in");
+  constructor(kv: DurableKv, prefix: string, backend: string) {
+    super(kv, prefix, "in", backend);
   }
 
   protected idOf(rec: InboundRecord): string {
     return rec.id;
+  }
+
+  protected problemOf(rec: unknown): string | null {
+    return storedInboundProblem(rec);
   }
 
   #chatPrefix(chatId: string): string {
@@ -607,7 +738,9 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
 
   async get(id: string): Promise<InboundRecord | null> {
     checkId(id, `inbox.get: "id"`);
-    return (await this.load(id))?.rec ?? null;
+    const read = await this.read(id);
+    if (read instanceof Damage) throw this.damagedError(read);
+    return read?.rec ?? null;
   }
 
   list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
@@ -636,9 +769,13 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   /** chatId → the tail of this instance's queue of reserves for that chat. */
   readonly #chatQueues = new Map<string, Promise<void>>();
 
-  constructor(kv: DurableKv, prefix: string) {
-    super(kv, prefix, "out");
+  constructor(kv: DurableKv, prefix: string, backend: string) {
+    super(kv, prefix, "out", backend);
     this.#counter = `${prefix}c/out/seq`;
+  }
+
+  protected problemOf(entry: unknown): string | null {
+    return storedOutboxProblem(entry);
   }
 
   /** Runs `work` after this instance's earlier reserves for `chatId` finished. */
@@ -739,7 +876,9 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   async #reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     for (let race = 0;; race++) {
       const since = Date.now();
-      const [existing, now] = await Promise.all([this.load(input.key), this.clock()]);
+      const [existing, now] = await Promise.all([this.read(input.key), this.clock()]);
+      // The key is journaled, but its entry cannot be read: whether it was sent is unknown.
+      if (existing instanceof Damage) throw this.damagedError(existing);
       if (existing) return { status: "exists", entry: existing.rec };
       const seq = await this.#nextSeq();
       const clear = lease !== undefined && !(await this.#chatBlocked(input.chatId, seq, now));
@@ -851,7 +990,9 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
 
   async get(key: string): Promise<OutboxEntry | null> {
     checkId(key, `outbox.get: "key"`);
-    return (await this.load(key))?.rec ?? null;
+    const read = await this.read(key);
+    if (read instanceof Damage) throw this.damagedError(read);
+    return read?.rec ?? null;
   }
 
   list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
@@ -890,7 +1031,9 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
  * A durability backend over any {@link DurableKv}: the full inbox and outbox
  * contract built on compare-and-set alone, safe for several engines sharing
  * one kv. Due scans, purges and lists by state go through index keys kept in
- * the kv (see the module documentation), so they cost O(due), not O(all).
+ * the kv (see the module documentation), so they cost O(due), not O(all). A
+ * stored value that is not a record is set aside, kept as it is, and listed
+ * by each journal's `damaged()` (see the module documentation).
  *
  * @param kv the store. Its versions must never repeat for a key, also after a delete.
  * @param options.prefix prepended to every key (default `""`).
@@ -914,10 +1057,6 @@ export function kvDurability(kv: DurableKv, options?: KvDurabilityOptions): Dura
   if (typeof prefix !== "string") {
     throw new TypeError(`kvDurability option "prefix" must be a string, got ${typeof prefix}`);
   }
-  return {
-    name: `kv:${kv.name}`,
-    scope: kv.scope,
-    inbox: new KvInbox(kv, prefix),
-    outbox: new KvOutbox(kv, prefix),
-  };
+  const name = `kv:${kv.name}`;
+  return { name, scope: kv.scope, inbox: new KvInbox(kv, prefix, name), outbox: new KvOutbox(kv, prefix, name) };
 }

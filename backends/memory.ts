@@ -8,11 +8,16 @@
 import {
   type ClaimDueOptions,
   type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
+  type DamagedRecords,
   type DurabilityBackend,
   type FailOutcome,
   type InboundRecord,
   type InboundState,
   type InboxJournal,
+  type JsonValue,
   type ListOptions,
   type NewInboundRecord,
   type NewOutboxEntry,
@@ -108,6 +113,75 @@ class StateCounts {
   }
 }
 
+/**
+ * The options of `damaged`, checked.
+ *
+ * @param options what the caller passed
+ * @param op the operation, for the error (`inbox.damaged`)
+ * @returns the options with their defaults
+ * @throws {TypeError} naming a bad option; {@link RangeError} for a bad `limit`
+ */
+export function checkDamagedList(options: DamagedListOptions | undefined, op: string): { unreported: boolean; limit: number } {
+  if (options === undefined) return { unreported: false, limit: 100 };
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`${op}: options must be an object, got ${show(options)}`);
+  }
+  const { unreported = false, limit = 100 } = options;
+  if (typeof unreported !== "boolean") throw new TypeError(`${op}: option "unreported" must be a boolean, got ${show(unreported)}`);
+  if (!Number.isInteger(limit) || limit < 0) {
+    throw new RangeError(`${op}: option "limit" must be a non-negative integer, got ${show(limit)}`);
+  }
+  return { unreported, limit };
+}
+
+/** The records of one journal that a loader set aside as damaged, in the order they were set aside. */
+class AsideList {
+  readonly #journal: "inbox" | "outbox";
+  #items: SetAsideRecord[] = [];
+
+  constructor(journal: "inbox" | "outbox") {
+    this.#journal = journal;
+  }
+
+  has(id: string): boolean {
+    return this.#items.some((item) => item.id === id);
+  }
+
+  /** The error of `get` for `id`, or `null` when no record of this id was set aside. */
+  error(id: string): DamagedRecordError | null {
+    const item = this.#items.find((item) => item.id === id);
+    return item ? new DamagedRecordError(item) : null;
+  }
+
+  list(options: DamagedListOptions | undefined): DamagedRecord[] {
+    const { unreported, limit } = checkDamagedList(options, `${this.#journal}.damaged`);
+    const out: DamagedRecord[] = [];
+    for (const { stored: _, ...record } of this.#items) {
+      if (out.length >= limit) break;
+      if (!unreported || !record.reported) out.push(record);
+    }
+    return out;
+  }
+
+  report(id: string): boolean {
+    checkId(id, `${this.#journal}.reportDamaged: "id"`);
+    const i = this.#items.findIndex((item) => item.id === id && !item.reported);
+    if (i < 0) return false;
+    // Replaced, not changed: an exported snapshot holds the objects themselves.
+    this.#items[i] = { ...this.#items[i], reported: true };
+    return true;
+  }
+
+  import(items: readonly SetAsideRecord[]): void {
+    if (this.#items.length > 0) throw new Error(`importRecords needs an empty ${this.#journal}`);
+    this.#items = items.filter((item) => item.journal === this.#journal);
+  }
+
+  export(): SetAsideRecord[] {
+    return this.#items;
+  }
+}
+
 /** Adds `id` to / removes it from the owner index. */
 function indexAdd(index: Map<string, Set<string>>, owner: string, id: string): void {
   let ids = index.get(owner);
@@ -150,9 +224,11 @@ function arrivalBound(queue: readonly Slot<InboundRecord>[], slot: Slot<InboundR
   return lo;
 }
 
-class MemoryInbox implements InboxJournal {
+class MemoryInbox implements InboxJournal, DamagedRecords {
   readonly #now: () => number;
   readonly #slots = new Map<string, Slot<InboundRecord>>();
+  /** Records a loader set aside as damaged (never in `#slots`). */
+  readonly #aside = new AsideList("inbox");
   /** Active records by when they become claimable. */
   readonly #due = new MinHeap<HeapItem>(earlier);
   /** `done` records by `updatedAt`, for `purge`. */
@@ -232,7 +308,7 @@ class MemoryInbox implements InboxJournal {
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const input = checkNewInbound(record);
-    if (this.#slots.has(input.id)) return null;
+    if (this.#slots.has(input.id) || this.#aside.has(input.id)) return null;
     const next = newInboundRecord(input, this.#now(), lease);
     this.#store(next);
     return copy(next);
@@ -319,7 +395,18 @@ class MemoryInbox implements InboxJournal {
   async get(id: string): Promise<InboundRecord | null> {
     checkId(id, `inbox.get: "id"`);
     const slot = this.#slots.get(id);
-    return slot ? copy(slot.record) : null;
+    if (slot) return copy(slot.record);
+    const damaged = this.#aside.error(id);
+    if (damaged) throw damaged;
+    return null;
+  }
+
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#aside.list(options);
+  }
+
+  async reportDamaged(id: string): Promise<boolean> {
+    return this.#aside.report(id);
   }
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
@@ -350,9 +437,15 @@ class MemoryInbox implements InboxJournal {
     return out;
   }
 
-  /** Adopts `records` (admission order) into an empty journal. */
-  importRecords(records: readonly InboundRecord[]): void {
+  /** The records set aside as damaged, in the order they were (not copies). */
+  exportAside(): SetAsideRecord[] {
+    return this.#aside.export();
+  }
+
+  /** Adopts `records` (admission order) and the inbox records of `aside` into an empty journal. */
+  importRecords(records: readonly InboundRecord[], aside: readonly SetAsideRecord[]): void {
     if (this.#slots.size > 0) throw new Error("importRecords needs an empty inbox");
+    this.#aside.import(aside);
     const seen = new Set<string>();
     for (const record of records) {
       if (seen.has(record.id)) {
@@ -398,9 +491,11 @@ function lowerBound(queue: ChatQueue, seq: number): number {
   return lo;
 }
 
-class MemoryOutbox implements OutboxJournal {
+class MemoryOutbox implements OutboxJournal, DamagedRecords {
   readonly #now: () => number;
   readonly #slots = new Map<string, Slot<OutboxEntry>>();
+  /** Entries a loader set aside as damaged (never in `#slots`). */
+  readonly #aside = new AsideList("outbox");
   /** `sending` entries (by lease expiry) and chat heads (by `nextAttemptAt`). */
   readonly #due = new MinHeap<HeapItem>(earlier);
   /** `sent` entries by `updatedAt`, for `purge`. */
@@ -540,6 +635,9 @@ class MemoryOutbox implements OutboxJournal {
     const input = checkNewOutbox(entry);
     const existing = this.#slots.get(input.key);
     if (existing) return { status: "exists", entry: copy(existing.record) };
+    // The key is journaled, but its entry cannot be read: whether it was sent is unknown.
+    const damaged = this.#aside.error(input.key);
+    if (damaged) throw damaged;
     const clear = this.#head(input.chatId) === undefined;
     const next = newOutboxEntry(
       input,
@@ -670,7 +768,18 @@ class MemoryOutbox implements OutboxJournal {
   async get(key: string): Promise<OutboxEntry | null> {
     checkId(key, `outbox.get: "key"`);
     const slot = this.#slots.get(key);
-    return slot ? copy(slot.record) : null;
+    if (slot) return copy(slot.record);
+    const damaged = this.#aside.error(key);
+    if (damaged) throw damaged;
+    return null;
+  }
+
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#aside.list(options);
+  }
+
+  async reportDamaged(key: string): Promise<boolean> {
+    return this.#aside.report(key);
   }
 
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
@@ -704,6 +813,11 @@ class MemoryOutbox implements OutboxJournal {
     return true;
   }
 
+  /** The entries set aside as damaged, in the order they were (not copies). */
+  exportAside(): SetAsideRecord[] {
+    return this.#aside.export();
+  }
+
   /** The live entries in reservation order (not copies), and the last `seq` issued. */
   exportEntries(): { entries: OutboxEntry[]; seq: number } {
     const entries: OutboxEntry[] = new Array(this.#slots.size);
@@ -712,9 +826,13 @@ class MemoryOutbox implements OutboxJournal {
     return { entries, seq: this.#seq };
   }
 
-  /** Adopts `entries` (ascending `seq`) into an empty journal; the next `seq` issued is above `seq` and every entry's. */
-  importEntries(entries: readonly OutboxEntry[], seq: number): void {
+  /**
+   * Adopts `entries` (ascending `seq`) and the outbox entries of `aside` into an empty journal; the next
+   * `seq` issued is above `seq` and every entry's.
+   */
+  importEntries(entries: readonly OutboxEntry[], seq: number, aside: readonly SetAsideRecord[]): void {
     if (this.#slots.size > 0) throw new Error("importEntries needs an empty outbox");
+    this.#aside.import(aside);
     const seen = new Set<string>();
     let last = 0;
     for (const entry of entries) {
@@ -755,6 +873,11 @@ class MemoryOutbox implements OutboxJournal {
  *
  * Nothing survives the process: use it for tests, or to share state between
  * several `Bot` instances of one process.
+ *
+ * No record leaves the process, so none is ever damaged: `damaged()` lists
+ * nothing and `reportDamaged()` answers `false` (unless records set aside by
+ * a loader were given to {@link MemoryDurability.importRecords}, as the file
+ * backend does).
  *
  * @example Usage
  * ```ts
@@ -831,11 +954,17 @@ export class MemoryDurability implements DurabilityBackend {
    * taken synchronously stays consistent).
    *
    * @returns inbox records in admission order, outbox entries in reservation
-   *   order (ascending `seq`), and the last outbox `seq` issued
+   *   order (ascending `seq`), the last outbox `seq` issued, and the records
+   *   set aside as damaged (inbox first, each journal's in the order they were)
    */
   exportRecords(): MemoryRecords {
     const { entries, seq } = this.#outbox.exportEntries();
-    return { inbox: this.#inbox.exportRecords(), outbox: entries, outboxSeq: seq };
+    return {
+      inbox: this.#inbox.exportRecords(),
+      outbox: entries,
+      outboxSeq: seq,
+      damaged: [...this.#inbox.exportAside(), ...this.#outbox.exportAside()],
+    };
   }
 
   /**
@@ -843,7 +972,8 @@ export class MemoryDurability implements DurabilityBackend {
    * be empty. The objects are adopted, not copied: the caller must not keep or
    * change them. Record fields are not validated here (the caller does).
    * Admission order, reservation order, the outbox `seq` counter and every
-   * fencing token are kept.
+   * fencing token are kept. Records in `damaged` (set aside by the loader)
+   * are listed by each journal's `damaged()`; their ids stay taken.
    *
    * @param records what `exportRecords()` returned (or its JSON round trip)
    * @throws {Error} when the backend already holds records
@@ -851,8 +981,9 @@ export class MemoryDurability implements DurabilityBackend {
    *   (the backend may then be partly loaded: discard it)
    */
   importRecords(records: MemoryRecords): void {
-    this.#inbox.importRecords(records.inbox);
-    this.#outbox.importEntries(records.outbox.map(withStoredCalled), records.outboxSeq);
+    const aside = records.damaged ?? [];
+    this.#inbox.importRecords(records.inbox, aside);
+    this.#outbox.importEntries(records.outbox.map(withStoredCalled), records.outboxSeq, aside);
   }
 
   /**
@@ -896,4 +1027,12 @@ export interface MemoryRecords {
   outbox: OutboxEntry[];
   /** The last outbox `seq` issued: at least the largest `seq` of `outbox` (entries may have been purged or discarded). */
   outboxSeq: number;
+  /** Records set aside as damaged by whoever loaded them (none when absent), each journal's in the order they were. */
+  damaged?: SetAsideRecord[];
+}
+
+/** A record set aside as damaged, with what was stored (see {@link MemoryRecords.damaged}). */
+export interface SetAsideRecord extends DamagedRecord {
+  /** The record's stored form, kept as it was. */
+  stored: JsonValue;
 }

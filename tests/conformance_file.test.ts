@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { FileDurability, simulateCrash } from "../backends/file.ts";
@@ -19,6 +19,18 @@ runDurabilityConformance({
   reopen: async (old: DurabilityBackend, { now }) => {
     await simulateCrash(old as FileDurability);
     return new FileDurability({ path: (old as FileDurability).path, clock: now });
+  },
+  // A hand edit: the backend is closed, the record given a state this library does not know (an inbox
+  // record) or a field of the wrong type (an outbox entry), and the file opened again.
+  damage: async (backend: DurabilityBackend, journal, id, { now }) => {
+    const file = backend as FileDurability;
+    await file.close();
+    const snap = JSON.parse(readFileSync(file.path, "utf8"));
+    const record = snap[journal].find((r: { id?: string; key?: string }) => (journal === "inbox" ? r.id : r.key) === id);
+    if (journal === "inbox") record.state = "archived";
+    else record.attempts = "2";
+    writeFileSync(file.path, JSON.stringify(snap));
+    return new FileDurability({ path: file.path, clock: now });
   },
   cleanup: (backend: DurabilityBackend) => {
     rmSync(dirname((backend as FileDurability).path), { recursive: true, force: true });

@@ -366,37 +366,82 @@ describe("damaged files are never overwritten", () => {
     await expectCorrupt(path, null, /not a FileDurability snapshot \("format" is undefined/);
     writeFileSync(path, JSON.stringify([1, 2]));
     await expectCorrupt(path, null, /expected a JSON object, got an array/);
-    writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 2, outboxSeq: 0, inbox: [], outbox: [] }));
-    await expectCorrupt(path, null, /unsupported format version 2/);
+    writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 3, outboxSeq: 0, inbox: [], outbox: [] }));
+    await expectCorrupt(path, null, /unsupported format version 3/);
+    writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 1, outboxSeq: 0, inbox: {}, outbox: [] }));
+    await expectCorrupt(path, null, /"inbox" must be an array, got an object/);
+    const base = { format: "@botmesh/durable/file", version: 2, outboxSeq: 0, inbox: [], outbox: [] };
+    writeFileSync(path, JSON.stringify({ ...base, damaged: {} }));
+    await expectCorrupt(path, null, /"damaged" must be an array, got an object/);
+    writeFileSync(path, JSON.stringify({ ...base, damaged: [{ journal: "inbox", id: "m1", problem: "p", setAsideAt: 1, reported: "no", record: null }] }));
+    await expectCorrupt(path, null, /damaged record 0: field "reported" must be a boolean, got "no"/);
   });
 
-  test("a bad field names the record and the field", async () => {
+  test("a damaged record is set aside, kept in the file as it was, named by its field; the rest opens", async () => {
     const path = join(tempDir(), "bot.json");
-    await validFile(path);
+    const b = await openAt(path);
+    for (const id of ["m1", "m2", "m3", "m4", "m5"]) await b.inbox.admit(msg(id));
+    for (const key of ["k1", "k2", "k3", "k4", "k5"]) await b.outbox.reserve(send(key, `chat-${key}`));
+    await b.close();
     const snap = JSON.parse(readFileSync(path, "utf8"));
+    expect([snap.version, "damaged" in snap], "nothing set aside: version 1, no section").toEqual([1, false]);
     snap.inbox[1].state = "bogus";
-    writeFileSync(path, JSON.stringify(snap));
-    await expectCorrupt(path, null, /inbox record 1 \(id "m2"\): field "state" must be one of pending, processing, failed, done, dead, got "bogus"/);
-
-    snap.inbox[1].state = "pending";
+    snap.inbox[2].lease = { owner: "A", incarnation: "x", token: "1", expiresAt: 0 };
+    snap.inbox[3].id = 42;
+    snap.inbox.push({ ...snap.inbox[0], payload: "a second m1" });
     delete snap.outbox[0].contentHash;
+    snap.outbox[1].seq = 9; // above outboxSeq
+    snap.outbox[2].seq = 4; // k4's: the later one in the file is set aside
+    snap.outbox[4].seq = 2; // k5 moved before k3
+    const edited = JSON.parse(JSON.stringify(snap));
     writeFileSync(path, JSON.stringify(snap));
-    await expectCorrupt(path, null, /outbox entry 0 \(key "k1"\): field "contentHash" is missing/);
 
-    snap.outbox[0].contentHash = "h";
-    snap.outbox[0].seq = 5; // above outboxSeq
-    writeFileSync(path, JSON.stringify(snap));
-    await expectCorrupt(path, null, /outbox entry 0 \(key "k1"\): field "seq" 5 is above "outboxSeq" 1/);
+    const c = await openAt(path);
+    const problems = [...await c.inbox.damaged!(), ...await c.outbox.damaged!()].map((d) => [d.journal, d.id, d.backend, d.reported, d.problem]);
+    expect(problems.map(([journal, id]) => [journal, id])).toEqual([
+      ["inbox", "m2"],
+      ["inbox", "m3"],
+      ["inbox", "inbox[3]"],
+      ["inbox", "m1"],
+      ["outbox", "k1"],
+      ["outbox", "k2"],
+      ["outbox", "k4"],
+    ]);
+    expect(problems.every(([, , backend, reported]) => backend === "file" && reported === false)).toBe(true);
+    const text = problems.map(([, , , , problem]) => problem).join("\n");
+    expect(text).toContain('field "state" must be one of pending, processing, failed, done, dead, got "bogus"');
+    expect(text).toMatch(/field "lease" must be null or a lease object|lease whose "token"/);
+    expect(text).toContain('field "id" must be a string, got 42');
+    expect(text).toContain("the id appears twice");
+    expect(text).toContain('field "contentHash" is missing');
+    expect(text).toContain('field "seq" 9 is above the snapshot\'s "outboxSeq" 5');
+    expect(text).toContain('field "seq" 4 is also entry "k3"\'s');
+    expect((await c.inbox.list()).map((r) => [r.id, r.payload])).toEqual([["m1", { text: "m1" }], ["m5", { text: "m5" }]]);
+    expect((await c.outbox.list()).map((e) => [e.key, e.seq]), "sorted by seq").toEqual([["k5", 2], ["k3", 4]]);
+    expect((await rejection(c.inbox.get("m2"))).message).toContain('Inbox record "m2" in backend "file" is damaged and set aside');
+    expect((await c.inbox.get("m1"))?.payload, "the first m1 wins").toEqual({ text: "m1" });
+    expect(await c.inbox.admit(msg("m2")), "a damaged record's id stays taken").toBe(null);
+    expect((await rejection(c.outbox.reserve(send("k1", "chat-k1")))).name, "a damaged entry's key: its fate is unknown").toBe("DamagedRecordError");
+    expect(await c.inbox.reportDamaged!("inbox[3]")).toBe(true);
 
-    snap.outbox[0].seq = 1;
-    snap.inbox[0].lease = { owner: "A", incarnation: "x", token: "1", expiresAt: 0 };
-    writeFileSync(path, JSON.stringify(snap));
-    await expectCorrupt(path, null, /inbox record 0 \(id "m1"\): field "lease" must be null or a lease object|lease whose "token"/);
-
-    snap.inbox[0].lease = null;
-    snap.inbox.push({ ...snap.inbox[0] });
-    writeFileSync(path, JSON.stringify(snap));
-    await expectCorrupt(path, null, /inbox record 2 \(id "m1"\): the id appears twice/);
+    // Written at once, each record exactly as it was; reported flags survive.
+    const written = JSON.parse(readFileSync(path, "utf8"));
+    expect(written.version).toBe(2);
+    expect(written.damaged.map((d: { record: unknown }) => d.record)).toEqual([
+      edited.inbox[1],
+      edited.inbox[2],
+      edited.inbox[3],
+      edited.inbox[5],
+      edited.outbox[0],
+      edited.outbox[1],
+      edited.outbox[3],
+    ]);
+    await c.close();
+    const d = await openAt(path);
+    expect((await d.inbox.damaged!()).map((r) => [r.id, r.reported])).toEqual([["m2", false], ["m3", false], ["inbox[3]", true], ["m1", false]]);
+    expect((await d.inbox.damaged!({ unreported: true, limit: 2 })).map((r) => r.id)).toEqual(["m2", "m3"]);
+    expect((await d.outbox.damaged!()).map((r) => r.id)).toEqual(["k1", "k2", "k4"]);
+    expect(d.stats.rewrites, "nothing new set aside: nothing written").toBe(0);
   });
 
   test("a leftover temporary file from a crash mid-write is ignored and removed", async () => {
@@ -686,17 +731,18 @@ describe("restart from disk", () => {
     ]);
   });
 
-  test("a snapshot whose call marker is not a boolean is refused, naming the field", async () => {
+  test("an entry whose call marker is not a boolean is set aside, naming the field", async () => {
     const path = join(tempDir(), "bot.json");
     const b = await openAt(path);
     await b.outbox.reserve(send("k1"));
+    await b.outbox.reserve(send("k2"));
     await b.close();
     const snap = JSON.parse(readFileSync(path, "utf8"));
     snap.outbox[0].called = "yes";
     writeFileSync(path, JSON.stringify(snap));
-    const error = await rejection(openAt(path));
-    expect(error).toBeInstanceOf(FileCorruptError);
-    expect(error.message).toContain('field "called" must be a boolean');
+    const c = await openAt(path);
+    expect((await c.outbox.damaged!()).map((d) => [d.id, d.problem])).toEqual([["k1", 'field "called" must be a boolean, got "yes"']]);
+    expect((await c.outbox.list()).map((e) => e.key)).toEqual(["k2"]);
   });
 
   test("MemoryDurability export/import round trip keeps order, seq and fences", async () => {

@@ -4,7 +4,15 @@
  * conformance suite (tests/conformance_kv.test.ts).
  */
 import { describe, expect, test } from "bun:test";
-import type { ClaimOptions, DurableKv, JsonValue, KvEntry, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
+import {
+  type ClaimOptions,
+  DamagedRecordError,
+  type DurableKv,
+  type JsonValue,
+  type KvEntry,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+} from "../src/backend.ts";
 import { kvDurability } from "../backends/kv.ts";
 import { MemoryKv } from "../backends/memory_kv.ts";
 
@@ -453,5 +461,52 @@ describe("kvDurability", () => {
     const seqs = results.map((r) => r.entry.seq).sort((a, b) => a - b);
     expect(seqs).toEqual(Array.from({ length: 30 }, (_, i) => i + 1));
     await settle();
+  });
+
+  test("a damaged value is set aside once across racing instances, kept as it is, and its index keys stop counting", async () => {
+    const { kv, advance } = clocked();
+    const seed = kvDurability(kv);
+    for (const id of ["m1", "m2", "m3"]) await seed.inbox.admit(msg(id, "c1"), A);
+    await kv.set("r/in/m1", { rec: { id: "m1" }, hints: ["i/due/x"] }); // the first of its chat
+    const shared = new JitterKv(kv);
+    advance(60_000);
+    const scans = await Promise.all([1, 2, 3, 4].map(() => kvDurability(shared).inbox.claimDue({ ...B, limit: 10 })));
+    expect(scans.flat().map((r) => r.id).sort(), "the rest of the chat is taken, once").toEqual(["m2", "m3"]);
+    const markers = await kv.list("d/in/");
+    expect(markers.map((m) => [m.key, (m.value as { reported: boolean }).reported])).toEqual([["d/in/m1", false]]);
+    expect(await kv.get("r/in/m1"), "kept as it is").toMatchObject({ value: { rec: { id: "m1" }, hints: ["i/due/x"] } });
+    const itsKeys = async (prefix: string) => (await kv.list(prefix)).filter((hint) => hint.key.includes("/m1/")).length;
+    expect([await itsKeys("i/due/"), await itsKeys("i/chat-in/")], "the index keys the scans met are gone").toEqual([0, 0]);
+    expect(await seed.inbox.list({ state: "processing" })).toHaveLength(2);
+    expect(await itsKeys("i/st/"), "and a list by state drops its state key").toBe(0);
+    const read: string[] = [];
+    const watching = new (class extends WrapKv {
+      override get(key: string): Promise<KvEntry | null> {
+        read.push(key);
+        return super.get(key);
+      }
+    })(kv);
+    advance(60_000);
+    expect((await kvDurability(watching).inbox.claimDue({ ...A, limit: 10 })).map((r) => r.id)).toEqual(["m2", "m3"]);
+    expect(read.filter((key) => key === "r/in/m1"), "the damaged record is not read again").toEqual([]);
+    const [problem] = await seed.inbox.damaged!();
+    expect(problem).toMatchObject({ journal: "inbox", id: "m1", backend: "kv:memory", reported: false });
+    expect(problem!.problem).toContain('field "kind"');
+  });
+
+  test("a value whose id is not its key's, met first by get, is set aside by it", async () => {
+    const { kv } = clocked();
+    const backend = kvDurability(kv, { prefix: "p:" });
+    await backend.outbox.reserve(send("a/b"));
+    const stored = (await kv.get("p:r/out/a%2Fb"))!.value as { rec: Record<string, unknown>; hints: string[] };
+    await kv.set("p:r/out/a%2Fb", { ...stored, rec: { ...stored.rec, key: "other" } });
+    const error = await backend.outbox.get("a/b").catch((e) => e);
+    expect(error).toBeInstanceOf(DamagedRecordError);
+    expect(error.problem).toBe('field "key" must be the one of its key ("a/b"), got "other"');
+    expect((await backend.outbox.damaged!()).map((d) => d.id)).toEqual(["a/b"]);
+    await expect(backend.outbox.reserve(send("a/b"))).rejects.toBeInstanceOf(DamagedRecordError);
+    expect(await backend.outbox.list()).toEqual([]);
+    expect(await backend.outbox.reportDamaged!("a/b")).toBe(true);
+    expect(await backend.outbox.reportDamaged!("a/b")).toBe(false);
   });
 });

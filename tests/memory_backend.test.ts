@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
 import { MemoryDurability } from "../backends/memory.ts";
-import { type ClaimOptions, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/backend.ts";
+import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/backend.ts";
 
 function setup(start = 1_000) {
   const clock = { now: start };
@@ -351,5 +351,48 @@ describe("outbox", () => {
     expect(await outbox.get("k1")).toBeNull();
     expect(await outbox.purge(0)).toBe(1);
     expect(await outbox.reserve(send("k1"))).toMatchObject({ status: "queued", entry: { seq: 4 } });
+  });
+});
+
+describe("damaged records", () => {
+  test("none ever: damaged() lists nothing, reportDamaged() answers false; both check their arguments", async () => {
+    const { backend } = setup();
+    await backend.inbox.admit(msg("m1"));
+    await backend.outbox.reserve(send("k1"));
+    for (const journal of [backend.inbox, backend.outbox]) {
+      expect(await journal.damaged!()).toEqual([]);
+      expect(await journal.damaged!({ unreported: true, limit: 0 })).toEqual([]);
+      expect(await journal.reportDamaged!("m1")).toBe(false);
+      // @ts-expect-error wrong type on purpose
+      await expect(journal.damaged!({ unreported: "yes" })).rejects.toThrow(/option "unreported" must be a boolean, got "yes"/);
+      await expect(journal.damaged!({ limit: -1 })).rejects.toThrow(RangeError);
+      // @ts-expect-error wrong type on purpose
+      await expect(journal.damaged!(42)).rejects.toThrow(/options must be an object, got 42/);
+      // @ts-expect-error wrong type on purpose
+      await expect(journal.reportDamaged!(42)).rejects.toThrow(/reportDamaged: "id" must be a string/);
+    }
+  });
+
+  test("records a loader set aside: listed, reported once, their ids taken, left out of everything else", async () => {
+    const { clock } = setup();
+    const backend = new MemoryDurability({ clock: () => clock.now });
+    const aside = (journal: "inbox" | "outbox", id: string) =>
+      ({ journal, id, backend: "file", problem: `field "state" is bad`, setAsideAt: 5, reported: false, stored: { id, state: "?" } });
+    backend.importRecords({ inbox: [], outbox: [], outboxSeq: 3, damaged: [aside("inbox", "m1"), aside("outbox", "k1"), aside("inbox", "m2")] });
+    expect((await backend.inbox.damaged!()).map((d) => d.id)).toEqual(["m1", "m2"]);
+    expect(await backend.inbox.damaged!({ limit: 1 })).toEqual([
+      { journal: "inbox", id: "m1", backend: "file", problem: `field "state" is bad`, setAsideAt: 5, reported: false },
+    ]);
+    expect(await Promise.all([1, 2, 3].map(() => backend.inbox.reportDamaged!("m1")))).toEqual([true, false, false]);
+    expect((await backend.inbox.damaged!({ unreported: true })).map((d) => d.id)).toEqual(["m2"]);
+    await expect(backend.inbox.get("m2")).rejects.toBeInstanceOf(DamagedRecordError);
+    expect(await backend.inbox.admit(msg("m2"))).toBeNull();
+    expect(await backend.inbox.claim("m2", A)).toBeNull();
+    expect(await backend.inbox.replay("m2")).toBe(false);
+    await expect(backend.outbox.reserve(send("k1"))).rejects.toThrow(/Outbox entry "k1" in backend "file" is damaged and set aside/);
+    expect(await backend.outbox.retry("k1")).toBe(false);
+    expect(await backend.outbox.discard("k1")).toBe(false);
+    expect((await backend.outbox.reserve(send("k2"))).entry.seq).toBe(4);
+    expect(backend.exportRecords().damaged!.map((d) => [d.id, d.reported])).toEqual([["m1", true], ["m2", false], ["k1", false]]);
   });
 });
