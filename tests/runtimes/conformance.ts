@@ -16,7 +16,7 @@
  *
  * Exits non-zero when a test fails.
  */
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect as netConnect } from "node:net";
@@ -69,6 +69,17 @@ const setups: Record<string, () => Setup> = {
       reopen: async (old, { now }) => {
         await simulateCrash(old as FileDurability);
         return open(paths.get(old)!, dirs.get(old)!, now);
+      },
+      // A hand edit of the snapshot: an unknown inbox state, an outbox field of the wrong type.
+      damage: async (old, journal, id, { now }) => {
+        await (old as FileDurability).close();
+        const path = paths.get(old)!;
+        const snapshot = JSON.parse(readFileSync(path, "utf8"));
+        const record = snapshot[journal].find((r: { id?: string; key?: string }) => (journal === "inbox" ? r.id : r.key) === id);
+        if (journal === "inbox") record.state = "archived";
+        else record.attempts = "2";
+        writeFileSync(path, JSON.stringify(snapshot));
+        return open(path, dirs.get(old)!, now);
       },
       cleanup: (b) => rmSync(dirs.get(b)!, { recursive: true, force: true }),
     };
