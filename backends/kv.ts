@@ -136,9 +136,9 @@ import {
   replayedInbound,
   requeuedOutbox,
   sentOutbox,
+  checkDamagedList,
 } from "../src/journal_rules.ts";
 import { describeJsonKind, storedInboundProblem, storedOutboxProblem, withStoredCalled } from "../src/stored_records.ts";
-import { checkDamagedList } from "./memory.ts";
 
 /** Options of {@link kvDurability}. */
 export interface KvDurabilityOptions {

@@ -61,6 +61,7 @@ import {
   replayedInbound,
   requeuedOutbox,
   sentOutbox,
+  checkDamagedList,
 } from "../src/journal_rules.ts";
 import { MinHeap } from "../src/min_heap.ts";
 import { withStoredCalled } from "../src/stored_records.ts";
@@ -113,26 +114,6 @@ class StateCounts {
   }
 }
 
-/**
- * The options of `damaged`, checked.
- *
- * @param options what the caller passed
- * @param op the operation, for the error (`inbox.damaged`)
- * @returns the options with their defaults
- * @throws {TypeError} naming a bad option; {@link RangeError} for a bad `limit`
- */
-export function checkDamagedList(options: DamagedListOptions | undefined, op: string): { unreported: boolean; limit: number } {
-  if (options === undefined) return { unreported: false, limit: 100 };
-  if (typeof options !== "object" || options === null || Array.isArray(options)) {
-    throw new TypeError(`${op}: options must be an object, got ${show(options)}`);
-  }
-  const { unreported = false, limit = 100 } = options;
-  if (typeof unreported !== "boolean") throw new TypeError(`${op}: option "unreported" must be a boolean, got ${show(unreported)}`);
-  if (!Number.isInteger(limit) || limit < 0) {
-    throw new RangeError(`${op}: option "limit" must be a non-negative integer, got ${show(limit)}`);
-  }
-  return { unreported, limit };
-}
 
 /** The records of one journal that a loader set aside as damaged, in the order they were set aside. */
 class AsideList {

@@ -208,6 +208,7 @@ import {
   replayedInbound,
   requeuedOutbox,
   sentOutbox,
+  checkDamagedList,
 } from "../src/journal_rules.ts";
 import { sessionEntry, type SessionStore } from "../src/store.ts";
 import { describeJsonKind, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
@@ -1104,19 +1105,6 @@ async function purgeInBatches(gate: Gate, olderThanMs: number, sql: string): Pro
   }
 }
 
-/** The options of `damaged`, checked: a TypeError or RangeError naming the bad one. */
-function damagedOptions(options: DamagedListOptions | undefined, op: string): { unreported: boolean; limit: number } {
-  if (options === undefined) return { unreported: false, limit: 100 };
-  if (typeof options !== "object" || options === null || Array.isArray(options)) {
-    throw new TypeError(`${op}: options must be an object, got ${show(options)}`);
-  }
-  const { unreported = false, limit = 100 } = options;
-  if (typeof unreported !== "boolean") throw new TypeError(`${op}: option "unreported" must be a boolean, got ${show(unreported)}`);
-  if (!Number.isInteger(limit) || limit < 0) {
-    throw new RangeError(`${op}: option "limit" must be a non-negative integer, got ${show(limit)}`);
-  }
-  return { unreported, limit };
-}
 
 /**
  * The damaged rows of one journal table: sets them aside (once: the row is
@@ -1223,7 +1211,7 @@ class DamagedRows<T> {
   }
 
   async list(options: DamagedListOptions | undefined): Promise<DamagedRecord[]> {
-    const { unreported, limit } = damagedOptions(options, `${this.#journal}.damaged`);
+    const { unreported, limit } = checkDamagedList(options, `${this.#journal}.damaged`);
     const c = await this.#gate.ready();
     if (limit === 0) return [];
     const t = this.#t;

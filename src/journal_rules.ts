@@ -7,6 +7,7 @@
  */
 import type {
   ClaimOptions,
+  DamagedListOptions,
   FailOutcome,
   InboundRecord,
   InboundState,
@@ -597,3 +598,24 @@ export function checkListFilter(options: ListOptions<string> | undefined, op: st
   }
 }
 
+
+/**
+ * The checked options of a journal's `damaged`: `unreported` (default `false`) and `limit` (default 100).
+ * @param options what the caller passed
+ * @param op how errors name the call, e.g. `inbox.damaged`
+ * @returns the options with their defaults
+ * @throws {TypeError} when `options` is not an object or `unreported` not a boolean
+ * @throws {RangeError} when `limit` is not a non-negative integer
+ */
+export function checkDamagedList(options: DamagedListOptions | undefined, op: string): { unreported: boolean; limit: number } {
+  if (options === undefined) return { unreported: false, limit: 100 };
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`${op}: options must be an object, got ${showValue(options)}`);
+  }
+  const { unreported = false, limit = 100 } = options;
+  if (typeof unreported !== "boolean") throw new TypeError(`${op}: option "unreported" must be a boolean, got ${showValue(unreported)}`);
+  if (!Number.isInteger(limit) || limit < 0) {
+    throw new RangeError(`${op}: option "limit" must be a non-negative integer, got ${showValue(limit)}`);
+  }
+  return { unreported, limit };
+}
