@@ -45,7 +45,18 @@
  * build it beforehand with `CREATE INDEX CONCURRENTLY` under that name and
  * definition (see `postgres_sql.ts`): the upgrade keeps an existing one. A
  * replica still running an older library scans without the chat order
- * check until it is upgraded.
+ * check until it is upgraded. Schema version 5 adds the set-aside columns of
+ * both journals (see "Damaged records"; NULL on every existing row, no table
+ * rewrite), a sequence `<prefix>aside_seq`, and two partial indexes per
+ * journal, `<prefix>inbox_aside`, `<prefix>inbox_unreported`,
+ * `<prefix>outbox_aside` and `<prefix>outbox_unreported`: each holds
+ * set-aside rows only, but building it reads its table once, blocking writes
+ * meanwhile, so on a large journal build them beforehand `CONCURRENTLY`
+ * (the upgrade keeps existing ones). A row that an older version made `dead`
+ * for its damage is set aside by the first read that meets it, and leaves
+ * the dead letters. A replica still running an older library ignores the
+ * set-aside columns: until it is upgraded it may still claim a set-aside row
+ * by id, and makes a damaged row it claims `dead` as before.
  *
  * ## Statements
  * Every operation is one statement (prepared by the client), with the state
@@ -126,8 +137,8 @@
  * unsettled entry of the chat; otherwise the entry is `queued` and the worker
  * sends it in order. This costs no extra round trip, unlike an advisory lock,
  * which needs a transaction (BEGIN, lock, insert, COMMIT). The statements
- * that settle an entry (`markSent`, `markFailed`, `discard`, a damaged
- * entry made `dead`, the move of a lost send to `unknown`) and `retry` take
+ * that settle an entry (`markSent`, `markFailed`, `discard`, the set-aside of
+ * a damaged entry, the move of a lost send to `unknown`) and `retry` take
  * the same chat row lock and stamp a new version in the same statement, and
  * due-mark the chat's next head; a statement whose snapshot may be stale for
  * the chat (the version it replaced is not its snapshot's) sets the chat
@@ -141,14 +152,37 @@
  * holding `JSON.stringify` output, and parsed back in JS: exactly what
  * JavaScript wrote comes back (object key order, `1e21`, `\u0000` in
  * strings, lone surrogates), where `jsonb` would reorder keys and refuse
- * some strings. A row whose JSON (or any field) is damaged is reported by an
- * error naming the table, the row and the field; other rows stay readable.
- * A damaged row that a `claimDue` (inbox or outbox) has just leased is not
- * returned and does not fail the call (that would strand the rest of the
- * batch, leased to the caller): it is made `dead` by one follow-up statement
- * fenced by the new lease, with that error as its `error`, its stored
- * payload/content untouched (an operator finds it in the DLQ). An outbox
- * entry `claimDue` moved to `unknown` is settled already and only left out.
+ * some strings. A session or kv value whose JSON is damaged rejects its read
+ * with an error naming the table, the row and the column; a journal row is
+ * set aside instead (see "Damaged records").
+ *
+ * ## Damaged records
+ * A journal row that does not read back as a record (its payload or content
+ * not JSON, an unknown state or kind, a lease half there, a fence below its
+ * lease token: a hand edit, a bug elsewhere) is set aside by the first
+ * operation that reads it: a due scan, `claim`, `list`, `get`, or a
+ * `reserve` of its key. The row is kept as stored and gets the set-aside
+ * columns (schema version 5): `damage` (what is wrong, naming the column),
+ * `set_aside_at` (server clock), `set_aside_seq` (the order rows were set
+ * aside in) and `damage_reported`; its `due_at` is cleared. One statement
+ * does it, applying only to the row version that was read (`xmin`): of
+ * several replicas that meet the row, one sets it aside, and a row that
+ * changed meanwhile is read again. From then on every statement leaves it
+ * out: due scans neither take it nor let it hold back its chat (a damaged
+ * outbox entry that blocked its chat hands the chat to its next entry, in the
+ * same statement), lists return the other rows, `get` rejects with a
+ * `DamagedRecordError` naming the record and the problem (so does a
+ * `reserve` of its key), `replay`, `retry` and `discard` answer `false`,
+ * `purge` keeps it, and a completion, heartbeat, `markCalling`, `markSent`
+ * or `markFailed` under its old lease is stale. A due scan that set a row
+ * aside returns the others and scans again for what it left, so a damaged
+ * row never strands a batch (the lease the scan took on the row stays in
+ * it, stale); a list reads its page again. `damaged()` lists the rows set
+ * aside, and the bot reports each one once (`reportDamaged`). A write that
+ * does not read the row (a heartbeat, a completion) still applies to a
+ * damaged row no read has set aside yet. Repair or delete such a row with
+ * SQL: a repaired row stays set aside until its four set-aside columns are
+ * NULL again, and is due again once its `due_at` is set (0: now).
  *
  * ## NUL
  * Postgres `text` cannot hold U+0000. Ids, keys, chat ids, provider, content
@@ -164,6 +198,9 @@ import {
   type BackendScope,
   type ClaimDueOptions,
   type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
   type DurabilityBackend,
   type DurableKv,
   type FailOutcome,
@@ -198,6 +235,7 @@ import { sessionEntry, type SessionStore } from "../src/store.ts";
 import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 import {
+  type AsideSql,
   IDENTIFIER,
   inboxSql,
   type InboxSql,
@@ -268,6 +306,8 @@ const CHAT_ROW_MIN_AGE_MS = 3_600_000;
 const SESSION_SWEEP_MS = 60_000;
 /** Durations are clamped to this (about 31,000 years), so that `now + ms` stays a safe integer. */
 const MAX_DURATION_MS = 1e15;
+/** The `backend` of a {@link DamagedRecord}: the journals' `name`. */
+const BACKEND = "postgres";
 
 interface Resolved {
   sql: PostgresClient;
@@ -654,18 +694,39 @@ function tokenOk(token: number): boolean {
   return Number.isSafeInteger(token) && token > 0;
 }
 
-function damaged(table: string, key: string, id: unknown, problem: string): Error {
-  return new Error(`Postgres table ${table}, row ${key} ${JSON.stringify(String(id))}: ${problem} (the row is damaged)`);
+/** The JSON of a session or kv `column`, or an error naming the table, row and column. */
+function jsonColumn(text: unknown, table: string, key: string, id: unknown, column: string): JsonValue {
+  const value = jsonOf(text, column);
+  if (value instanceof Damage) {
+    throw new Error(`Postgres table ${table}, row ${key} ${JSON.stringify(String(id))}: ${value.problem} (the row is damaged)`);
+  }
+  return value;
 }
 
-/** The JSON of `column`, or an error naming the table, row and column. */
-function jsonColumn(text: unknown, table: string, key: string, id: unknown, column: string): JsonValue {
-  if (typeof text !== "string") throw damaged(table, key, id, `column ${column} must be JSON text, got ${show(text)}`);
+/** What is wrong with a journal row that does not read back as a record, naming the column. */
+class Damage {
+  constructor(readonly problem: string) {}
+}
+
+function jsonOf(text: unknown, column: string): JsonValue | Damage {
+  if (typeof text !== "string") return new Damage(`column ${column} must be JSON text, got ${show(text)}`);
   try {
     return JSON.parse(text) as JsonValue;
   } catch (error) {
-    throw damaged(table, key, id, `column ${column} is not valid JSON: ${(error as Error).message}`);
+    return new Damage(`column ${column} is not valid JSON: ${(error as Error).message}`);
   }
+}
+
+/** A stored-record check's problem (`field "chatId" must be …`) in terms of the row (`column chat_id must be …`). */
+function columnProblem(problem: string): Damage {
+  return new Damage(problem.replace(/^field "(\w+)"/, (_, field: string) =>
+    `column ${field === "lease" ? "lease_*" : field.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`)}`));
+}
+
+/** A record of a row this call just wrote from the caller's checked input: it reads back. */
+function written<T>(read: T | Damage, table: string): T {
+  if (read instanceof Damage) throw new Error(`Postgres table ${table}: a row just written does not read back: ${read.problem}`);
+  return read;
 }
 
 function leaseOf(row: Row): Lease | null {
@@ -678,14 +739,16 @@ function leaseOf(row: Row): Lease | null {
   };
 }
 
-/** An inbox record of a row (its payload `payload` when the row has none), checked field by field. */
-function inboundOf(row: Row, table: string, payload?: JsonValue): InboundRecord {
+/** The inbox record of a row (its payload `payload` when the row has none), checked field by field. */
+function inboundOf(row: Row, payload?: JsonValue): InboundRecord | Damage {
+  const json = payload !== undefined ? payload : jsonOf(row.payload, "payload");
+  if (json instanceof Damage) return json;
   const record = {
     id: row.id,
     kind: row.kind,
     chatId: row.chat_id,
     provider: row.provider,
-    payload: payload !== undefined ? payload : jsonColumn(row.payload, table, "id", row.id, "payload"),
+    payload: json,
     receivedAt: num(row.received_at),
     state: row.state,
     attempts: num(row.attempts),
@@ -696,18 +759,18 @@ function inboundOf(row: Row, table: string, payload?: JsonValue): InboundRecord 
     updatedAt: num(row.updated_at),
   } as InboundRecord;
   const problem = storedInboundProblem(record);
-  if (problem) throw damaged(table, "id", row.id, problem);
-  return record;
+  return problem ? columnProblem(problem) : record;
 }
 
-function outboxOf(row: Row, table: string, content?: JsonValue): OutboxEntry {
-  // `called` is stored as `uncalled_fence` (see OUTBOX_COLUMNS in postgres_sql.ts): uncalled exactly when it
-  // is the fence; NULL (a row older than the flag, or claimed by an older library) reads as called.
+/** The outbox entry of a row (its content `content` when the row has none), checked field by field. */
+function outboxOf(row: Row, content?: JsonValue): OutboxEntry | Damage {
+  const json = content !== undefined ? content : jsonOf(row.content, "content");
+  if (json instanceof Damage) return json;
   const uncalledFence = row.uncalled_fence;
   const entry = {
     key: row.key,
     chatId: row.chat_id,
-    content: content !== undefined ? content : jsonColumn(row.content, table, "key", row.key, "content"),
+    content: json,
     contentHash: row.content_hash,
     inboundId: row.inbound_id,
     state: row.state,
@@ -715,7 +778,8 @@ function outboxOf(row: Row, table: string, content?: JsonValue): OutboxEntry {
     nextAttemptAt: numOrNull(row.next_attempt_at),
     lease: leaseOf(row),
     fence: num(row.fence),
-    // Uncalled exactly when `uncalled_fence` is the fence; NULL (a row older than the marker) reads as called.
+    // `called` is stored as `uncalled_fence` (see OUTBOX_COLUMNS in postgres_sql.ts): uncalled exactly when it
+    // is the fence; NULL (a row older than the flag, or claimed by an older library) reads as called.
     called: uncalledFence === null || uncalledFence === undefined || num(uncalledFence) !== num(row.fence),
     messageId: row.message_id,
     error: row.error,
@@ -724,19 +788,136 @@ function outboxOf(row: Row, table: string, content?: JsonValue): OutboxEntry {
     updatedAt: num(row.updated_at),
   } as OutboxEntry;
   const problem = storedOutboxProblem(entry);
-  if (problem) throw damaged(table, "key", row.key, problem);
-  return entry;
+  return problem ? columnProblem(problem) : entry;
+}
+
+/** The options of `damaged`, checked. */
+function damagedOptions(options: DamagedListOptions | undefined, op: string): { unreported: boolean; limit: number } {
+  if (options === undefined) return { unreported: false, limit: 100 };
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`${op}: options must be an object, got ${show(options)}`);
+  }
+  const { unreported = false, limit = 100 } = options;
+  if (typeof unreported !== "boolean") throw new TypeError(`${op}: option "unreported" must be a boolean, got ${show(unreported)}`);
+  if (!Number.isSafeInteger(limit) || limit < 0) throw new RangeError(`${op}: option "limit" must be a non-negative integer, got ${show(limit)}`);
+  return { unreported, limit };
+}
+
+/** Reads of a journal's rows that stop at a damaged row: a due scan or list runs again for what it left, this many times at most. */
+const DAMAGED_ROUNDS = 10;
+/** A row that changed between its read and its set-aside is read again, this many times at most. */
+const SETTLE_TRIES = 5;
+
+/**
+ * The damaged rows of one journal (see "Damaged records" in the module
+ * documentation): reads that set aside a row they cannot read, the list of
+ * the rows set aside, and their reports.
+ */
+class Aside<T> {
+  readonly #c: Context;
+  readonly #journal: "inbox" | "outbox";
+  readonly #table: string;
+  readonly #q: AsideSql;
+  readonly #pk: "ord" | "seq";
+  readonly #id: "id" | "key";
+  readonly #read: (row: Row) => T | Damage;
+
+  constructor(c: Context, journal: "inbox" | "outbox", table: string, q: AsideSql, read: (row: Row) => T | Damage) {
+    this.#c = c;
+    this.#journal = journal;
+    this.#table = table;
+    this.#q = q;
+    [this.#pk, this.#id] = journal === "inbox" ? ["ord", "id"] : ["seq", "key"];
+    this.#read = read;
+  }
+
+  #error(row: Row, problem: unknown): DamagedRecordError {
+    return new DamagedRecordError({ journal: this.#journal, id: String(row[this.#id]), backend: BACKEND, problem: String(problem) });
+  }
+
+  /**
+   * The record of `row` (read with its set-aside columns and version), or,
+   * when it is damaged, the error naming it, once it is set aside (by this
+   * call or another); `null` when the row is gone. The set-aside applies to
+   * the version read only: a row that changed since is read again (a few
+   * times: one that never stops changing is named but left for a later call).
+   */
+  async settle(op: string, row: Row): Promise<T | DamagedRecordError | null> {
+    let r: Row | undefined = row;
+    for (let tries = 1; r; tries++) {
+      if (r.set_aside_seq !== null && r.set_aside_seq !== undefined) return this.#error(r, r.damage);
+      const read = this.#read(r);
+      if (!(read instanceof Damage)) return read;
+      const at: unknown[] = [String(r[this.#pk])];
+      if ((await this.#run(op, this.#q.setAside, [...at, String(r.xv), read.problem])).length === 1) return this.#error(r, read.problem);
+      if (tries === SETTLE_TRIES) return this.#error(r, read.problem); // still changing: a later call sets it aside
+      r = (await this.#run(op, this.#q.row, at))[0];
+    }
+    return null;
+  }
+
+  #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    return this.#c.run(`${this.#journal}.${op}`, this.#table, text, params);
+  }
+
+  async damaged(options: DamagedListOptions | undefined): Promise<DamagedRecord[]> {
+    const { unreported, limit } = damagedOptions(options, `${this.#journal}.damaged`);
+    if (limit === 0) return [];
+    const rows = await this.#run("damaged", this.#q.damaged(unreported), [limit]);
+    return rows.map((r) => ({
+      journal: this.#journal,
+      id: String(r.id),
+      backend: BACKEND,
+      problem: String(r.damage),
+      setAsideAt: Number(r.set_aside_at),
+      reported: r.damage_reported === true,
+    }));
+  }
+
+  async report(id: string): Promise<boolean> {
+    pgId(id, `${this.#journal}.reportDamaged: "${this.#id}"`);
+    return (await this.#run("reportDamaged", this.#q.report, [id])).length === 1;
+  }
 }
 
 /** The filter of a `list` as statement parameters. */
-function listParams(options: ListOptions<string> | undefined): { chat: boolean; states: string[]; params: unknown[] } | null {
+function listParams(options: ListOptions<string> | undefined): { chat: boolean; states: string[]; params: unknown[]; limit: number } | null {
   const { states, chatId, limit } = normalizeList(options);
   if (limit === 0 || (states !== null && states.size === 0)) return null;
   const list = states === null ? [] : [...states];
   const params: unknown[] = [];
   if (chatId !== undefined) params.push(chatId);
   params.push(...list, limit);
-  return { chat: chatId !== undefined, states: list, params };
+  return { chat: chatId !== undefined, states: list, params, limit };
+}
+
+/**
+ * The record a claim returned, when it read back as the row the claim wrote: not damaged, not changed since
+ * (set aside, claimed again) by another call while it was read again.
+ */
+function leasedBy<T extends { fence: number; state: string }>(read: T | DamagedRecordError | null, row: Row | undefined): T | null {
+  if (read === null || read instanceof DamagedRecordError || !row) return null;
+  return read.fence === num(row.fence) && read.state === row.state ? read : null;
+}
+
+/**
+ * The records of a list (`query`, a page of at most `limit` rows), the damaged rows set aside: when a full
+ * page held one, the page is read again (without it) so that it holds as many records as the limit allows.
+ */
+async function listed<T>(aside: Aside<T>, limit: number, query: () => Promise<Row[]>): Promise<T[]> {
+  let records: T[] = [];
+  for (let round = 0, again = true; again && round < DAMAGED_ROUNDS; round++) {
+    const rows = await query();
+    records = [];
+    let damaged = false;
+    for (const row of rows) {
+      const read = await aside.settle("list", row);
+      if (read instanceof DamagedRecordError) damaged = true;
+      else if (read !== null) records.push(read);
+    }
+    again = damaged && rows.length >= limit;
+  }
+  return records;
 }
 
 /** Runs `step` (one bounded delete) until it deletes fewer than `batch` rows. @returns the total */
@@ -753,13 +934,15 @@ async function inBatches(batch: number, step: () => Promise<number>): Promise<nu
 
 class PgInbox implements InboxJournal {
   readonly #c: Context;
-  readonly #q: InboxSql;
+  readonly #q: InboxSql & AsideSql;
   readonly #t: string;
+  readonly #aside: Aside<InboundRecord>;
 
   constructor(c: Context) {
     this.#c = c;
     this.#q = inboxSql(c.t);
     this.#t = c.t.inbox;
+    this.#aside = new Aside(c, "inbox", this.#t, this.#q, (row) => inboundOf(row));
   }
 
   #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
@@ -793,7 +976,7 @@ class PgInbox implements InboxJournal {
       key: id,
       row: { id, kind, chat_id, provider, payload, received_at, leased, owner, inc, lease_ms },
     });
-    return rows.length ? inboundOf(rows[0]!, this.#t, input.payload) : null;
+    return rows.length ? written(inboundOf(rows[0]!, input.payload), this.#t) : null;
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
@@ -801,7 +984,8 @@ class PgInbox implements InboxJournal {
     pgClaim(options, "inbox.claim");
     const text = options.reclaimOwn ? this.#q.claimReclaim : this.#q.claim;
     const rows = await this.#run("claim", text, [options.owner, options.incarnation, duration(options.leaseMs), id]);
-    return rows.length ? inboundOf(rows[0]!, this.#t) : null;
+    const read = rows.length ? await this.#aside.settle("claim", rows[0]!) : null;
+    return read instanceof DamagedRecordError ? null : leasedBy(read, rows[0]);
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
@@ -809,34 +993,22 @@ class PgInbox implements InboxJournal {
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     if (!(options.limit > 0)) return [];
     const text = options.reclaimOwn ? this.#q.claimDueReclaim : this.#q.claimDue;
-    const rows = await this.#run("claimDue", text, [
-      options.owner,
-      options.incarnation,
-      duration(options.leaseMs),
-      Math.min(Math.ceil(options.limit), 1_000_000),
-    ]);
-    // Each row is read on its own: a damaged one (see claimDue's documentation) must not strand the others.
+    const limit = Math.min(Math.ceil(options.limit), 1_000_000);
     const good: { ord: number; record: InboundRecord }[] = [];
-    for (const row of rows) {
-      try {
-        good.push({ ord: Number(row.ord), record: inboundOf(row, this.#t) });
-      } catch (error) {
-        await this.#bury(row, options, error as Error);
+    // Each row is read on its own: a damaged one is set aside (see "Damaged records" in the module
+    // documentation), the others are returned, and the scan runs again for what it left.
+    for (let round = 0, damaged = true; damaged && good.length < limit && round < DAMAGED_ROUNDS; round++) {
+      damaged = false;
+      const rows = await this.#run("claimDue", text, [options.owner, options.incarnation, duration(options.leaseMs), limit - good.length]);
+      for (const row of rows) {
+        const read = await this.#aside.settle("claimDue", row);
+        if (read instanceof DamagedRecordError) damaged = true;
+        const record = leasedBy(read, row);
+        if (record) good.push({ ord: Number(row.ord), record });
       }
     }
     // An UPDATE returns rows in no particular order: arrival order, as the scan picked them.
     return good.sort((a, b) => a.record.receivedAt - b.record.receivedAt || a.ord - b.ord).map((item) => item.record);
-  }
-
-  /** A row claimDue leased but cannot read: `dead` with the error naming the table, row and field (fenced by the new lease). */
-  async #bury(row: Row, options: ClaimOptions, error: Error): Promise<void> {
-    await this.#run("claimDue", this.#q.damaged, [
-      String(row.ord),
-      options.owner,
-      options.incarnation,
-      String(row.lease_token),
-      textForPg(error.message),
-    ]);
   }
 
   async #fenced(op: string, text: string, id: string, token: number, more: unknown[], many?: string): Promise<boolean> {
@@ -870,15 +1042,16 @@ class PgInbox implements InboxJournal {
   async get(id: string): Promise<InboundRecord | null> {
     pgId(id, `inbox.get: "id"`);
     const rows = await this.#run("get", this.#q.get, [id]);
-    return rows.length ? inboundOf(rows[0]!, this.#t) : null;
+    const read = rows.length ? await this.#aside.settle("get", rows[0]!) : null;
+    if (read instanceof DamagedRecordError) throw read;
+    return read;
   }
 
-  async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+  list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
     pgListFilter(options, "inbox.list");
     const filter = listParams(options);
-    if (!filter) return [];
-    const rows = await this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params);
-    return rows.map((row) => inboundOf(row, this.#t));
+    if (!filter) return Promise.resolve([]);
+    return listed(this.#aside, filter.limit, () => this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params));
   }
 
   async replay(id: string): Promise<boolean> {
@@ -892,17 +1065,27 @@ class PgInbox implements InboxJournal {
     const batch = this.#c.purgeBatch;
     return await inBatches(batch, async () => (await this.#run("purge", this.#q.purge, [older, batch])).count ?? 0);
   }
+
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#aside.damaged(options);
+  }
+
+  reportDamaged(id: string): Promise<boolean> {
+    return this.#aside.report(id);
+  }
 }
 
 class PgOutbox implements OutboxJournal {
   readonly #c: Context;
-  readonly #q: OutboxSql;
+  readonly #q: OutboxSql & AsideSql;
   readonly #t: string;
+  readonly #aside: Aside<OutboxEntry>;
 
   constructor(c: Context) {
     this.#c = c;
     this.#q = outboxSql(c.t);
     this.#t = c.t.outbox;
+    this.#aside = new Aside(c, "outbox", this.#t, this.#q, (row) => outboxOf(row));
   }
 
   #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
@@ -930,10 +1113,12 @@ class PgOutbox implements OutboxJournal {
     ]);
     const row = rows[0];
     if (row && row.status === "new") {
-      const created = outboxOf(row, this.#t, input.content);
+      const created = written(outboxOf(row, input.content), this.#t);
       return { status: created.state === "sending" ? "leased" : "queued", entry: created };
     }
-    if (row) return { status: "exists", entry: outboxOf(row, this.#t) };
+    const known = row ? await this.#aside.settle("reserve", row) : null;
+    if (known instanceof DamagedRecordError) throw known;
+    if (known) return { status: "exists", entry: known };
     // The key was journaled by a concurrent reserve after this statement's snapshot was taken.
     const existing = await this.get(input.key);
     if (!existing) throw new Error(`Postgres outbox.reserve on ${this.#t}: entry ${JSON.stringify(input.key)} vanished`);
@@ -944,37 +1129,26 @@ class PgOutbox implements OutboxJournal {
     pgClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
     const limit = Math.max(0, Math.min(Math.ceil(options.limit), 1_000_000));
-    const rows = await this.#run("claimDue", this.#q.claimDue(options.reclaimOwn === true, options.resendAmbiguous === true), [
-      options.owner,
-      options.incarnation,
-      duration(options.leaseMs),
-      limit,
-    ]);
+    const text = this.#q.claimDue(options.reclaimOwn === true, options.resendAmbiguous === true);
     const due: OutboxEntry[] = [];
     const ambiguous: OutboxEntry[] = [];
-    for (const row of rows) {
-      let entry: OutboxEntry;
-      try {
-        entry = outboxOf(row, this.#t);
-      } catch (error) {
-        // A damaged entry must not strand the others: a leased one becomes `dead` (an `unknown` one is
-        // settled already and stays so); both are left out of the result.
-        if (row.state === "sending") {
-          await this.#run("claimDue", this.#q.damaged, [
-            String(row.seq),
-            options.owner,
-            options.incarnation,
-            String(row.lease_token),
-            textForPg((error as Error).message),
-          ]);
+    // Each row is read on its own: a damaged one is set aside (its chat's next entry gets its due mark, see
+    // "Damaged records" in the module documentation), the others are returned, and the scan runs again for
+    // what it left (the first round runs whatever the limit: it resolves the lost sends).
+    for (let round = 0, damaged = true; damaged && (round === 0 || due.length < limit) && round < DAMAGED_ROUNDS; round++) {
+      damaged = false;
+      const rows = await this.#run("claimDue", text, [options.owner, options.incarnation, duration(options.leaseMs), limit - due.length]);
+      for (const row of rows) {
+        const read = await this.#aside.settle("claimDue", row);
+        if (read instanceof DamagedRecordError) damaged = true;
+        const entry = leasedBy(read, row);
+        if (!entry) continue;
+        if (row.part === "ambiguous") {
+          ambiguous.push(entry);
+          if (options.resendAmbiguous) due.push(structuredClone(entry));
+        } else {
+          due.push(entry);
         }
-        continue;
-      }
-      if (row.part === "ambiguous") {
-        ambiguous.push(entry);
-        if (options.resendAmbiguous) due.push(outboxOf(row, this.#t));
-      } else {
-        due.push(entry);
       }
     }
     due.sort((a, b) => a.seq - b.seq);
@@ -1027,15 +1201,16 @@ class PgOutbox implements OutboxJournal {
   async get(key: string): Promise<OutboxEntry | null> {
     pgId(key, `outbox.get: "key"`);
     const rows = await this.#run("get", this.#q.get, [key]);
-    return rows.length ? outboxOf(rows[0]!, this.#t) : null;
+    const read = rows.length ? await this.#aside.settle("get", rows[0]!) : null;
+    if (read instanceof DamagedRecordError) throw read;
+    return read;
   }
 
-  async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+  list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
     pgListFilter(options, "outbox.list");
     const filter = listParams(options);
-    if (!filter) return [];
-    const rows = await this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params);
-    return rows.map((row) => outboxOf(row, this.#t));
+    if (!filter) return Promise.resolve([]);
+    return listed(this.#aside, filter.limit, () => this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params));
   }
 
   async retry(key: string): Promise<boolean> {
@@ -1059,6 +1234,14 @@ class PgOutbox implements OutboxJournal {
     await inBatches(batch, async () => (await this.#c.run("outbox.purge", this.#c.t.chat, this.#q.purgeChats, [chatAge, batch])).count ?? 0);
     return total;
   }
+
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#aside.damaged(options);
+  }
+
+  reportDamaged(key: string): Promise<boolean> {
+    return this.#aside.report(key);
+  }
 }
 
 // ---- public classes ----------------------------------------------------------------
@@ -1068,7 +1251,12 @@ class PgOutbox implements OutboxJournal {
  * by any number of replicas on any number of hosts (`scope: "shared"`).
  * Every operation is one statement; fencing, claims and clocks are decided
  * by the server (see the module documentation). Retention is the Bot's
- * `durability.retention` (the engine calls `purge`).
+ * `durability.retention` (the engine calls `purge`). A row that does not
+ * read back as a record (damaged by a hand edit or a bug elsewhere) is set
+ * aside, kept as stored, by the first read that meets it: everything else
+ * leaves it out, `get` rejects with a `DamagedRecordError`, and each
+ * journal's `damaged()` lists it (see "Damaged records" in the module
+ * documentation).
  *
  * The schema is created or upgraded by `open()` (the bot calls it in
  * `start()`), or by the first operation. `close()` leaves the client open:

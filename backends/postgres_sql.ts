@@ -12,7 +12,7 @@
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../src/journal_rules.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 4;
+export const POSTGRES_SCHEMA_VERSION: number = 5;
 
 /** The server clock in ms since epoch (the replicas' clocks are never used). */
 export const NOW_MS: string = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -42,6 +42,19 @@ function literal(text: string): string {
 const BLOCKING = BLOCKING_OUTBOX_STATES.map((s) => literal(s)).join(", ");
 const ACTIVE = ACTIVE_INBOX_STATES.map((s) => literal(s)).join(", ");
 
+/**
+ * A row not set aside as damaged (schema version 5: `set_aside_seq` is set on a row set aside, NULL on every
+ * other). Every statement but a read by key or a report leaves set-aside rows out: they are never due, never
+ * hold back a chat, never change (the due scans' chat order checks included).
+ */
+const KEPT = "set_aside_seq IS NULL";
+/**
+ * What a read returns besides a row's columns: its set-aside mark and problem, and its version (`xmin`), which
+ * fences the statement that sets it aside (it applies only to the version read: see `setAside`).
+ */
+const ASIDE_READ = "set_aside_seq, damage, xmin::text AS xv";
+const asideRead = (alias: string) => `${alias}.set_aside_seq, ${alias}.damage, ${alias}.xmin::text AS xv`;
+
 export const INBOX_COLUMNS: string =
   "ord, id, kind, chat_id, provider, payload, received_at, state, attempts, next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at";
 /** Every inbox column but the payload (what `admit` returns: the payload is the caller's checked copy). */
@@ -69,6 +82,8 @@ export interface Tables {
   session: string;
   kv: string;
   kvVersion: string;
+  /** The sequence of `set_aside_seq` (both journals). */
+  asideSeq: string;
 }
 
 /** The quoted, schema-qualified names of the tables and sequences under `prefix`. */
@@ -85,6 +100,7 @@ export function tables(schema: string, prefix: string): Tables {
     session: q("session"),
     kv: q("kv"),
     kvVersion: q("kv_version"),
+    asideSeq: q("aside_seq"),
   };
 }
 
@@ -196,6 +212,21 @@ function migrations(t: Tables): string[] {
     `
     CREATE INDEX IF NOT EXISTS ${i("inbox_chat_active")} ON ${t.inbox} (chat_id, received_at, ord) WHERE state IN (${ACTIVE});
     `,
+    // Version 5: damaged rows are set aside, not made dead (see "Damaged records" in postgres.ts): `damage` (the
+    // problem, naming the column), `set_aside_at`, `set_aside_seq` (the order rows were set aside in) and
+    // `damage_reported`, NULL on every other row (no table rewrite). The partial indexes hold set-aside rows
+    // only. IF NOT EXISTS: an operator may build them beforehand, CONCURRENTLY, under these names.
+    `
+    ALTER TABLE ${t.inbox} ADD COLUMN IF NOT EXISTS damage text, ADD COLUMN IF NOT EXISTS set_aside_at bigint,
+      ADD COLUMN IF NOT EXISTS set_aside_seq bigint, ADD COLUMN IF NOT EXISTS damage_reported boolean;
+    ALTER TABLE ${t.outbox} ADD COLUMN IF NOT EXISTS damage text, ADD COLUMN IF NOT EXISTS set_aside_at bigint,
+      ADD COLUMN IF NOT EXISTS set_aside_seq bigint, ADD COLUMN IF NOT EXISTS damage_reported boolean;
+    CREATE SEQUENCE IF NOT EXISTS ${t.asideSeq};
+    CREATE INDEX IF NOT EXISTS ${i("inbox_aside")} ON ${t.inbox} (set_aside_seq) WHERE set_aside_seq IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS ${i("inbox_unreported")} ON ${t.inbox} (set_aside_seq) WHERE damage_reported = false;
+    CREATE INDEX IF NOT EXISTS ${i("outbox_aside")} ON ${t.outbox} (set_aside_seq) WHERE set_aside_seq IS NOT NULL;
+    CREATE INDEX IF NOT EXISTS ${i("outbox_unreported")} ON ${t.outbox} (set_aside_seq) WHERE damage_reported = false;
+    `,
   ];
 }
 
@@ -280,7 +311,6 @@ export interface InboxSql {
   claimReclaim: string;
   claimDue: string;
   claimDueReclaim: string;
-  damaged: string;
   heartbeat: string;
   complete: string;
   /** `complete` of several records: `$1` a JSON array of `{ id, token }`; returns the completed ids as `mkey`. */
@@ -292,11 +322,43 @@ export interface InboxSql {
   list(chat: boolean, states: number): string;
 }
 
+/** The statements of the damaged rows of a journal (see "Damaged records" in postgres.ts). */
+export interface AsideSql {
+  /**
+   * Sets a row aside ($1 its `ord`/`seq`, $2 the version read, $3 the problem): only the version read, and
+   * only once (of concurrent callers, one changes it). Its stored columns are kept; `due_at` is cleared.
+   */
+  setAside: string;
+  /** The row at $1 (`ord`/`seq`), as a read returns it. */
+  row: string;
+  /** The rows set aside, in the order they were set aside, at most $1. */
+  damaged(unreported: boolean): string;
+  /** Marks the set-aside row $1 (id or key) reported, once. */
+  report: string;
+}
+
+/** The damaged-row statements of a journal but `setAside`. */
+function asideSql(table: string, pk: string, idColumn: string, columns: string): Omit<AsideSql, "setAside"> {
+  const list = `SELECT ${idColumn} AS id, damage, set_aside_at, damage_reported FROM ${table}`;
+  return {
+    row: `SELECT ${columns}, ${ASIDE_READ} FROM ${table} WHERE ${pk} = $1::bigint`,
+    damaged: (unreported) =>
+      `${list} WHERE ${unreported ? "damage_reported = false" : "set_aside_seq IS NOT NULL"} ORDER BY set_aside_seq LIMIT $1`,
+    report: `UPDATE ${table} SET damage_reported = true WHERE ${idColumn} = $1 AND damage_reported = false RETURNING 1 AS ok`,
+  };
+}
+
+/** What a set-aside changes: the mark, the problem ($3), the time, the order; and the due mark goes. */
+const asideSet = (t: Tables) =>
+  `damage = $3, set_aside_at = n.now, set_aside_seq = nextval('${t.asideSeq.replaceAll("'", "''")}'), damage_reported = false,
+  due_at = NULL`;
+
 /** The inbox statements for `t`. */
-export function inboxSql(t: Tables): InboxSql {
+export function inboxSql(t: Tables): InboxSql & AsideSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
   const claimOne = (reclaim: boolean) =>
-    `WITH ${n} UPDATE ${t.inbox} SET ${CLAIM_SET} FROM n WHERE id = $4 AND ${inboxClaimable(reclaim)} RETURNING ${INBOX_COLUMNS}`;
+    `WITH ${n} UPDATE ${t.inbox} SET ${CLAIM_SET} FROM n WHERE id = $4 AND ${inboxClaimable(reclaim)} AND ${KEPT}
+      RETURNING ${INBOX_COLUMNS}, ${asideRead(t.inbox)}`;
   // Due records in arrival order, in LIMITed branches that each read an index in order (so a
   // backlog of settled rows, or a long pending queue, is never walked): `p0` the pending records
   // (due at 0) in receipt order from the due index; `p1` those due at a time that has come
@@ -330,21 +392,21 @@ export function inboxSql(t: Tables): InboxSql {
     // A probe of the chat's active records (their index: no state or owner test another index could
     // serve) per row; OFFSET 0 keeps it one (not a join with every leased record).
     const free = `NOT EXISTS (
-        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = i.chat_id AND b.state IN (${ACTIVE})
+        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = i.chat_id AND b.state IN (${ACTIVE}) AND b.${KEPT}
           AND (b.received_at, b.ord) < (i.received_at, i.ord) AND ${held("b")} OFFSET 0)`;
     const cols = "i.ord, i.chat_id, i.received_at";
     return `WITH ${n},
     p0 AS (
-      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at = 0 AND ${free}
+      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at = 0 AND i.${KEPT} AND ${free}
       ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
     ),
     p1 AS (
-      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW} AND ${free}
+      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW} AND i.${KEPT} AND ${free}
       ORDER BY i.received_at + 0, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
     ),${reclaim ? `
     p2 AS (
       SELECT ${cols} FROM ${t.inbox} i
-      WHERE i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2 AND ${free}
+      WHERE i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2 AND i.${KEPT} AND ${free}
       ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
     ),` : ""}
     pick AS (
@@ -357,17 +419,18 @@ export function inboxSql(t: Tables): InboxSql {
       FROM (SELECT DISTINCT ON (c.chat_id) c.chat_id, c.received_at, c.ord FROM c ORDER BY c.chat_id, c.received_at DESC, c.ord DESC) l
       CROSS JOIN LATERAL (
         SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
-        WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND (e.received_at, e.ord) <= (l.received_at, l.ord)
+        WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND e.${KEPT} AND (e.received_at, e.ord) <= (l.received_at, l.ord)
       ) s
       WHERE s.ord NOT IN (SELECT ord FROM c)
     ),
     locked AS MATERIALIZED (
-      SELECT k.ord, k.chat_id, k.received_at, k.state, k.next_attempt_at, k.lease_owner, k.lease_incarnation, k.lease_expires_at
+      SELECT k.ord, k.chat_id, k.received_at, k.state, k.next_attempt_at, k.lease_owner, k.lease_incarnation, k.lease_expires_at,
+        k.set_aside_seq
       FROM ${t.inbox} k WHERE k.ord = ANY(ARRAY(SELECT ord FROM seen))
       FOR KEY SHARE OF k SKIP LOCKED
     ),
     bad AS (
-      SELECT k.chat_id, k.received_at, k.ord FROM locked k WHERE (${held("k")}) OR ${inboxClaimable(reclaim, "k.", NOW)}
+      SELECT k.chat_id, k.received_at, k.ord FROM locked k WHERE k.${KEPT} AND ((${held("k")}) OR ${inboxClaimable(reclaim, "k.", NOW)})
       UNION ALL
       SELECT s.chat_id, s.received_at, s.ord FROM seen s WHERE s.ord NOT IN (SELECT ord FROM locked)
     ),
@@ -376,8 +439,8 @@ export function inboxSql(t: Tables): InboxSql {
         SELECT 1 FROM bad WHERE bad.chat_id = c.chat_id AND (bad.received_at, bad.ord) < (c.received_at, c.ord))
     )
     UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM take, n
-    WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")}
-    RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}`;
+    WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")} AND r.${KEPT}
+    RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}, ${asideRead("r")}`;
   };
   return {
     // One statement: the insert (leased when $13 is true) or nothing when the id is known.
@@ -422,21 +485,18 @@ export function inboxSql(t: Tables): InboxSql {
     claimReclaim: claimOne(true),
     claimDue: claimDue(false),
     claimDueReclaim: claimDue(true),
-    // A row claimDue leased but could not read ($1 ord, $2 owner, $3 incarnation, $4 token, $5 error):
-    // dead, fenced by the lease just issued; the stored payload is left as it is.
-    damaged: `WITH ${n} UPDATE ${t.inbox} SET state = 'dead', error = $5, next_attempt_at = NULL, lease_owner = NULL,
-        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n WHERE ord = $1::bigint AND state = 'processing' AND lease_owner = $2 AND lease_incarnation = $3
-        AND lease_token = $4::bigint RETURNING 1 AS ok`,
+    ...asideSql(t.inbox, "ord", "id", INBOX_COLUMNS),
+    setAside: `WITH ${n} UPDATE ${t.inbox} SET ${asideSet(t)}
+      FROM n WHERE ord = $1::bigint AND ${t.inbox}.xmin = $2::text::xid AND ${KEPT} RETURNING 1 AS ok`,
     heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
-      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     complete: `WITH ${n} UPDATE ${t.inbox} SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     completeMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint))
       UPDATE ${t.inbox} AS r SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n, u WHERE r.id = u.id AND r.state = 'processing' AND r.lease_token = u.token RETURNING r.id AS mkey`,
+      FROM n, u WHERE r.id = u.id AND r.state = 'processing' AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
     // $3: dead; $4: error; $5: retry delay (ms).
     fail: `WITH ${n} UPDATE ${t.inbox} SET
         state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,
@@ -444,36 +504,35 @@ export function inboxSql(t: Tables): InboxSql {
         error = $4, lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = n.now,
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
-      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 RETURNING 1 AS ok`,
-    get: `SELECT ${INBOX_COLUMNS} FROM ${t.inbox} WHERE id = $1`,
+      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+    get: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = $1`,
     replay: `WITH ${n} UPDATE ${t.inbox} SET state = 'pending', attempts = 0, next_attempt_at = NULL,
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         error = NULL, updated_at = n.now, due_at = 0
-      FROM n WHERE id = $1 AND state IN ('done', 'failed', 'dead') RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND state IN ('done', 'failed', 'dead') AND ${KEPT} RETURNING 1 AS ok`,
     // One bounded batch ($2 rows) of `done` records changed more than $1 ms ago, oldest first. `= ANY(ARRAY(…))`
     // (not `IN (…)`, which the planner may hash-join against the whole table) deletes them by the primary key.
     purge: `DELETE FROM ${t.inbox} WHERE ord = ANY(ARRAY(
         SELECT ord FROM ${t.inbox}
-        WHERE state = 'done' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint
+        WHERE state = 'done' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint AND ${KEPT}
         ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
-    list: (chat, states) => listSql(t.inbox, INBOX_COLUMNS, "received_at, ord", chat, states),
+    list: (chat, states) => listSql(t.inbox, `${INBOX_COLUMNS}, ${ASIDE_READ}`, "received_at, ord", chat, states),
   };
 }
 
-/** A list: optional chat ($1), states ($2…), the limit last. */
+/** A list of the rows not set aside: optional chat ($1), states ($2…), the limit last. */
 function listSql(table: string, columns: string, order: string, chat: boolean, states: number): string {
-  const where: string[] = [];
+  const where: string[] = [KEPT];
   let k = 1;
   if (chat) where.push(`chat_id = $${k++}`);
   if (states > 0) where.push(`state IN (${Array.from({ length: states }, () => `$${k++}`).join(", ")})`);
-  return `SELECT ${columns} FROM ${table}${where.length ? ` WHERE ${where.join(" AND ")}` : ""} ORDER BY ${order} LIMIT $${k}`;
+  return `SELECT ${columns} FROM ${table} WHERE ${where.join(" AND ")} ORDER BY ${order} LIMIT $${k}`;
 }
 
 /** The statements of the outbox journal. */
 export interface OutboxSql {
   reserve: string;
   claimDue(reclaimOwn: boolean, resend: boolean): string;
-  damaged: string;
   heartbeat: string;
   markCalling: string;
   markSent: string;
@@ -499,7 +558,7 @@ export interface OutboxSql {
  * chat row has `resync` set (a claimDue then finds and marks the head).
  *
  * Every statement that changes which entries of a chat block it (reserve; markSent, markFailed,
- * discard, damaged, retry; claimDue's move of a lost `sending` entry to `unknown`) first locks
+ * discard, setAside, retry; claimDue's move of a lost `sending` entry to `unknown`) first locks
  * the chat row and stamps it with a new version (`ver`), in the same statement. The chat row
  * lock serializes them per chat. A statement that finds the version it replaced equal to the one
  * its own snapshot saw knows its snapshot holds the chat's current blocking entries (every change
@@ -521,11 +580,11 @@ export interface OutboxSql {
  * another claimDue is being leased by it. The other statements lock the chat row before the
  * entries (the entry UPDATE joins the chat lock's CTE), so no two of them deadlock.
  */
-export function outboxSql(t: Tables): OutboxSql {
+export function outboxSql(t: Tables): OutboxSql & AsideSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
   // acceptsOutcome of journal_rules.ts ($2 the token): leased with it, or `unknown` with it still the fence
   // (a late outcome of the call whose lease was taken for lost resolves the entry).
-  const OUTCOME_OF = "((state = 'sending' AND lease_token = $2) OR (state = 'unknown' AND fence = $2))";
+  const OUTCOME_OF = `((state = 'sending' AND lease_token = $2) OR (state = 'unknown' AND fence = $2)) AND ${KEPT}`;
   const cols = (alias: string) => OUTBOX_COLUMNS.split(", ").map((c) => `${alias}.${c}`).join(", ");
   const nextVer = `nextval('${t.chatVersion.replaceAll("'", "''")}')`;
   // The chat lock of a statement whose entry is the one row of CTE `e` (seq, chat_id, in the snapshot):
@@ -548,7 +607,7 @@ export function outboxSql(t: Tables): OutboxSql {
       UPDATE ${t.outbox} AS o SET due_at = coalesce(o.next_attempt_at, n.now)
       FROM n, (
         SELECT b.seq FROM ${t.outbox} b, u
-        WHERE ${when} AND b.chat_id = u.chat_id AND b.state IN (${BLOCKING}) AND b.seq <> u.seq
+        WHERE ${when} AND b.chat_id = u.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq <> u.seq
         ORDER BY b.seq LIMIT 1
       ) h
       WHERE o.seq = h.seq AND o.state IN ('queued', 'failed') AND o.due_at IS NULL
@@ -582,7 +641,7 @@ export function outboxSql(t: Tables): OutboxSql {
     lnh AS (
       SELECT h.seq FROM lcu CROSS JOIN LATERAL (
         SELECT b.seq, b.state FROM ${t.outbox} b
-        WHERE b.chat_id = lcu.chat_id AND b.state IN (${BLOCKING}) AND b.seq NOT IN (SELECT seq FROM called)
+        WHERE b.chat_id = lcu.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq NOT IN (SELECT seq FROM called)
         ORDER BY b.seq LIMIT 1
       ) h
       WHERE lcu.current AND h.state IN ('queued', 'failed')
@@ -603,7 +662,7 @@ export function outboxSql(t: Tables): OutboxSql {
     return `WITH ${n},
     lost0 AS (
       SELECT o.seq, o.chat_id, coalesce(o.uncalled_fence = o.fence, false) AS uncalled FROM ${t.outbox} o
-      WHERE o.state = 'sending' AND (o.due_at <= ${NOW}${
+      WHERE o.state = 'sending' AND o.${KEPT} AND (o.due_at <= ${NOW}${
       reclaim ? ` OR (o.lease_owner = $1 AND o.lease_incarnation <> $2)` : ""
     })
       ORDER BY o.seq${resend ? " LIMIT $4" : ""}
@@ -612,7 +671,7 @@ export function outboxSql(t: Tables): OutboxSql {
     amb AS (
       UPDATE ${t.outbox} AS a SET ${lostSet}
       FROM lost, n WHERE a.seq = lost.seq
-      RETURNING ${cols("a")}, lost.uncalled
+      RETURNING ${cols("a")}, a.xmin::text AS xv, lost.uncalled
     ),
     -- Chats flagged for resync (not those of entries made unknown: their rows are updated above).
     rsl AS (
@@ -631,7 +690,7 @@ export function outboxSql(t: Tables): OutboxSql {
     rsh AS (
       SELECT h.seq FROM rsc CROSS JOIN LATERAL (
         SELECT b.seq, b.state FROM ${t.outbox} b
-        WHERE b.chat_id = rsc.chat_id AND b.state IN (${BLOCKING}) ORDER BY b.seq LIMIT 1
+        WHERE b.chat_id = rsc.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} ORDER BY b.seq LIMIT 1
       ) h
       WHERE h.state IN ('queued', 'failed')
     ),
@@ -645,10 +704,10 @@ export function outboxSql(t: Tables): OutboxSql {
     ),
     heads AS (
       SELECT o.seq FROM ${t.outbox} o
-      WHERE o.due_at IS NOT NULL AND o.due_at <= ${NOW} AND o.state IN ('queued', 'failed')
+      WHERE o.due_at IS NOT NULL AND o.due_at <= ${NOW} AND o.state IN ('queued', 'failed') AND o.${KEPT}
         AND NOT EXISTS (
           SELECT 1 FROM ${t.outbox} b
-          WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq)
+          WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq < o.seq)
       ORDER BY o.seq
       LIMIT greatest(0, $4 - (SELECT count(*) FROM ${taken}))
       FOR UPDATE OF o SKIP LOCKED
@@ -657,10 +716,10 @@ export function outboxSql(t: Tables): OutboxSql {
     due AS (
       UPDATE ${t.outbox} AS d SET ${OUT_CLAIM_SET}
       FROM (SELECT seq FROM heads${resend ? "" : " UNION ALL SELECT seq FROM relost"}) p, n WHERE d.seq = p.seq
-      RETURNING ${cols("d")}
+      RETURNING ${cols("d")}, d.xmin::text AS xv
     )
-    SELECT CASE WHEN amb.uncalled THEN 'due' ELSE 'ambiguous' END AS part, ${OUTBOX_COLUMNS} FROM amb
-    UNION ALL SELECT 'due' AS part, ${OUTBOX_COLUMNS} FROM due`;
+    SELECT CASE WHEN amb.uncalled THEN 'due' ELSE 'ambiguous' END AS part, ${OUTBOX_COLUMNS}, xv FROM amb
+    UNION ALL SELECT 'due' AS part, ${OUTBOX_COLUMNS}, xv FROM due`;
   };
   return {
     // One statement (see the module documentation of postgres.ts, "Per-chat order", and "Due marks" above):
@@ -673,7 +732,7 @@ export function outboxSql(t: Tables): OutboxSql {
     // so a chat's seqs follow the order its reserves took the lock.
     // $1 key, $2 chat, $3 content, $4 hash, $5 inbound id, $6 lease?, $7 owner, $8 incarnation, $9 lease ms.
     reserve: `WITH ${n},
-    old AS (SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1),
+    old AS (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = $1),
     snap AS (SELECT ver FROM ${t.chat} WHERE chat_id = $2),
     lk AS (
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
@@ -684,7 +743,7 @@ export function outboxSql(t: Tables): OutboxSql {
     ),
     h AS MATERIALIZED (
       SELECT n.now, (lk.prev IS NOT DISTINCT FROM (SELECT ver FROM snap)
-        AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = $2 AND b.state IN (${BLOCKING}))) AS head
+        AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = $2 AND b.state IN (${BLOCKING}) AND b.${KEPT})) AS head
       FROM n, lk
     ),
     d AS (SELECT h.now, h.head, ($6::boolean AND h.head) AS leased FROM h),
@@ -708,27 +767,28 @@ export function outboxSql(t: Tables): OutboxSql {
       ON CONFLICT (key) DO NOTHING
       RETURNING ${OUTBOX_META_COLUMNS}
     )
-    SELECT 'new' AS status, ${OUTBOX_META_COLUMNS}, NULL::text AS content FROM ins
+    SELECT 'new' AS status, ${OUTBOX_META_COLUMNS}, NULL::text AS content, NULL::bigint AS set_aside_seq, NULL::text AS damage,
+      NULL::text AS xv FROM ins
     UNION ALL
-    SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content FROM old`,
+    SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content, set_aside_seq, damage, xv FROM old`,
     claimDue,
-    // An entry claimDue leased but could not read ($1 seq, $2 owner, $3 incarnation, $4 token, $5 error):
-    // dead, fenced by the lease just issued; the stored content is left as it is. It settles: chat lock, next head.
-    damaged: `WITH ${n},
-    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE seq = $1::bigint AND state = 'sending' AND lease_token = $4::bigint),${chatLock},
+    ...asideSql(t.outbox, "seq", "key", OUTBOX_COLUMNS),
+    // An entry set aside no longer blocks its chat: when it did, it settles as markSent does (chat lock, the
+    // next head gets its due mark). Its state, lease and content are kept as stored.
+    setAside: `WITH ${n},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE seq = $1::bigint AND xmin = $2::text::xid AND ${KEPT}),${chatLock},
     u AS (
-      UPDATE ${t.outbox} SET state = 'dead', error = $5, next_attempt_at = NULL, lease_owner = NULL,
-        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n, lk WHERE seq = $1::bigint AND state = 'sending' AND lease_owner = $2 AND lease_incarnation = $3
-        AND lease_token = $4::bigint RETURNING seq, ${t.outbox}.chat_id
-    ),${nextHead()}
+      UPDATE ${t.outbox} SET ${asideSet(t)}
+      FROM n, lk WHERE seq = $1::bigint AND ${t.outbox}.xmin = $2::text::xid AND ${t.outbox}.${KEPT}
+      RETURNING seq, ${t.outbox}.chat_id, ${t.outbox}.state
+    ),${nextHead(`u.state IN (${BLOCKING})`)}
     SELECT 1 AS ok FROM u`,
     heartbeat: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
-      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
+      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     // A heartbeat that also journals the provider call (called: uncalled_fence no longer the fence).
     markCalling: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint,
         uncalled_fence = NULL
-      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 RETURNING 1 AS ok`,
+      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     markSent: `WITH ${n},
     e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${OUTCOME_OF}),${chatLock},
     u AS (
@@ -764,30 +824,30 @@ export function outboxSql(t: Tables): OutboxSql {
       FROM n, lk WHERE key = $1 AND ${OUTCOME_OF} RETURNING seq, ${t.outbox}.chat_id
     ),${nextHead()}
     SELECT 1 AS ok FROM u`,
-    get: `SELECT ${OUTBOX_COLUMNS} FROM ${t.outbox} WHERE key = $1`,
+    get: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = $1`,
     // The entry becomes unsettled again (chat lock: a reserve of the chat whose snapshot predates this
     // one does not lease past it). Due-marked when it is the chat's head in the snapshot; an old head
     // keeps its mark (a stray, re-checked by the scan).
     retry: `WITH ${n},
-    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state IN ('dead', 'failed', 'unknown')),${chatLock},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state IN ('dead', 'failed', 'unknown') AND ${KEPT}),${chatLock},
     r AS (
       UPDATE ${t.outbox} AS o SET state = 'queued', next_attempt_at = n.now, attempts = 0, lease_owner = NULL,
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now,
         due_at = CASE WHEN NOT EXISTS (
-          SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq
+          SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq < o.seq
         ) THEN n.now END
-      FROM n, lk WHERE o.key = $1 AND o.state IN ('dead', 'failed', 'unknown') RETURNING o.chat_id
+      FROM n, lk WHERE o.key = $1 AND o.state IN ('dead', 'failed', 'unknown') AND o.${KEPT} RETURNING o.chat_id
     )
     SELECT count(*)::int AS n FROM r`,
     discard: `WITH ${n},
-    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state <> 'sending'),${chatLock},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state <> 'sending' AND ${KEPT}),${chatLock},
     u AS (
-      DELETE FROM ${t.outbox} USING lk WHERE key = $1 AND state <> 'sending' RETURNING seq, ${t.outbox}.chat_id
+      DELETE FROM ${t.outbox} USING lk WHERE key = $1 AND state <> 'sending' AND ${KEPT} RETURNING seq, ${t.outbox}.chat_id
     ),${nextHead()}
     SELECT 1 AS ok FROM u`,
     purge: `DELETE FROM ${t.outbox} WHERE seq = ANY(ARRAY(
         SELECT seq FROM ${t.outbox}
-        WHERE state = 'sent' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint
+        WHERE state = 'sent' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint AND ${KEPT}
         ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
     // Chat rows untouched for $1 ms whose chat has no entry left.
     purgeChats: `DELETE FROM ${t.chat} WHERE chat_id = ANY(ARRAY(
@@ -795,7 +855,7 @@ export function outboxSql(t: Tables): OutboxSql {
         WHERE c.touched_at <= (SELECT ${NOW_MS}) - $1::bigint
           AND NOT EXISTS (SELECT 1 FROM ${t.outbox} o WHERE o.chat_id = c.chat_id)
         ORDER BY c.touched_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
-    list: (chat, states) => listSql(t.outbox, OUTBOX_COLUMNS, "seq", chat, states),
+    list: (chat, states) => listSql(t.outbox, `${OUTBOX_COLUMNS}, ${ASIDE_READ}`, "seq", chat, states),
   };
 }
 

@@ -36,6 +36,34 @@ afterAll(async () => {
   await admin?.end();
 });
 
+/**
+ * Damages a record of a {@link PostgresDurability} as a hand edit would: its payload (content) made
+ * text that is not JSON, the rest of the row as it was.
+ */
+async function damage(backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Promise<DurabilityBackend> {
+  const { schema, tablePrefix } = backend as PostgresDurability;
+  const [column, key] = journal === "inbox" ? ["payload", "id"] : ["content", "key"];
+  const rows = await admin!.unsafe(`UPDATE "${schema}"."${tablePrefix}${journal}" SET ${column} = '{not json' WHERE ${key} = $1`, [id]);
+  if (rows.count !== 1) throw new Error(`no ${journal} row ${id} to damage`);
+  return backend;
+}
+
+/**
+ * Damages a record of `kvDurability` over {@link PostgresKv} (prefix `bot:`) as a hand edit of its kv row
+ * would: an inbox record given a state this library does not know (its index keys kept), an outbox
+ * entry's value replaced by a JSON string that is not a record at all.
+ */
+async function kvDamage(backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Promise<DurabilityBackend> {
+  const table = `"${homes.get(backend)!.schema}"."botmesh_kv"`;
+  const key = `bot:r/${journal === "inbox" ? "in" : "out"}/${id.replace(/[%/]/g, (c) => (c === "%" ? "%25" : "%2F"))}`;
+  const [row] = await admin!.unsafe(`SELECT value FROM ${table} WHERE key = $1`, [key]);
+  if (!row) throw new Error(`no kv row ${key} to damage`);
+  const stored = JSON.parse(row.value as string) as { rec: Record<string, unknown> };
+  const value = journal === "inbox" ? { ...stored, rec: { ...stored.rec, state: "archived" } } : "{not json";
+  await admin!.unsafe(`UPDATE ${table} SET value = $2 WHERE key = $1`, [key, JSON.stringify(value)]);
+  return backend;
+}
+
 /** What each backend runs on: its schema and its own client (a reopen ends the old one, as a killed process would). */
 const homes = new WeakMap<DurabilityBackend, { schema: string; sql: Sql }>();
 
@@ -49,6 +77,7 @@ function setup(
   timeScale: number,
   open: (sql: Sql, schema: string) => DurabilityBackend | Promise<DurabilityBackend>,
   run: typeof runDurabilityConformance = runDurabilityConformance,
+  hurt?: typeof damage,
 ) {
   const over = async (schema: string) => {
     const sql = client();
@@ -69,13 +98,14 @@ function setup(
       await kill(home.sql);
       await admin!.unsafe(`DROP SCHEMA IF EXISTS "${home.schema}" CASCADE`);
     },
+    ...(hurt ? { damage: hurt } : {}),
     harness: { describe, test, expect },
     skip,
     timeScale: timeScale * SHARED_RUN_MARGIN,
   });
 }
 
-setup("postgres (PostgresDurability)", 3, (sql, schema) => new PostgresDurability({ sql, schema }));
+setup("postgres (PostgresDurability)", 3, (sql, schema) => new PostgresDurability({ sql, schema }), runDurabilityConformance, damage);
 
 // The store's backend and the kv run the same statements and the generic kv layer (whose bot rules
 // and crash matrix run over MemoryKv): the journal contract is enough for them.
@@ -84,6 +114,6 @@ setup("postgres (PostgresStore#durability)", 3, async (sql, schema) => {
   if ((await store.get("greeting")) === undefined) await store.set("greeting", "hello"); // the same client holds both
   expect(await store.get("greeting")).toBe("hello");
   return store.durability();
-}, runBackendContract);
+}, runBackendContract, damage);
 
-setup("postgres (kvDurability over PostgresKv)", 4, (sql, schema) => kvDurability(new PostgresKv({ sql, schema }), { prefix: "bot:" }), runBackendContract);
+setup("postgres (kvDurability over PostgresKv)", 4, (sql, schema) => kvDurability(new PostgresKv({ sql, schema }), { prefix: "bot:" }), runBackendContract, kvDamage);

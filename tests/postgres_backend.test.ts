@@ -4,7 +4,7 @@ import { eventsDurability, MemoryEventJournal } from "../backends/events.ts";
 import { MemoryKv } from "../backends/memory_kv.ts";
 import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres.ts";
 import { inboxSql, outboxSql, POSTGRES_SCHEMA_VERSION, tables } from "../backends/postgres_sql.ts";
-import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
+import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/backend.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 
 const skip = await serviceSkip("postgres");
@@ -233,32 +233,61 @@ describe("PostgresDurability statements", () => {
     }
   });
 
-  it("a damaged row gives an error naming the table, the row and the field; other rows stay readable", async () => {
+  it("a damaged row is set aside by the read that meets it, naming the row and the column; other rows stay readable", async () => {
     const schema = freshSchema();
     const sql = client();
     const b = new PostgresDurability({ sql, schema });
     await b.open();
-    for (const id of ["good", "bad-json", "bad-state", "bad-lease"]) await b.inbox.admit(inbound(id));
-    for (const key of ["good", "bad-json", "bad-attempts"]) await b.outbox.reserve(outbound(key));
+    for (const id of ["good", "bad-json", "bad-state", "bad-lease", "bad-kind"]) await b.inbox.admit(inbound(id));
+    for (const key of ["good", "bad-json", "bad-attempts", "bad-fence"]) await b.outbox.reserve(outbound(key, key));
     await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET payload = '{"text": "hi"' WHERE id = 'bad-json'`);
     await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET state = 'sleeping' WHERE id = 'bad-state'`);
     await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET state = 'processing' WHERE id = 'bad-lease'`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET kind = 'letter' WHERE id = 'bad-kind'`);
     await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET content = 'not json' WHERE key = 'bad-json'`);
     await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET attempts = -3 WHERE key = 'bad-attempts'`);
-    const inboxTable = `"${schema}"."botmesh_inbox"`;
-    const outboxTable = `"${schema}"."botmesh_outbox"`;
-    const cases: [() => Promise<unknown>, string[]][] = [
-      [() => b.inbox.get("bad-json"), [inboxTable, `row id "bad-json"`, "column payload is not valid JSON", "damaged"]],
-      [() => b.inbox.get("bad-state"), [inboxTable, `row id "bad-state"`, `field "state" must be one of`, `"sleeping"`]],
-      [() => b.inbox.get("bad-lease"), [inboxTable, `row id "bad-lease"`, `field "lease" must be a lease object in state "processing"`]],
-      [() => b.inbox.list(), [inboxTable, "row id"]],
-      [() => b.outbox.get("bad-json"), [outboxTable, `row key "bad-json"`, "column content is not valid JSON"]],
-      [() => b.outbox.get("bad-attempts"), [outboxTable, `row key "bad-attempts"`, `field "attempts" must be a non-negative integer, got -3`]],
+    await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET state = 'sending', lease_owner = 'o', lease_incarnation = 'i', lease_token = 7,
+      lease_expires_at = 1, fence = 1 WHERE key = 'bad-fence'`);
+    const before = await sql.unsafe(`SELECT * FROM "${schema}".botmesh_inbox ORDER BY ord`);
+    const cases: [() => Promise<unknown>, string, string, string[]][] = [
+      [() => b.inbox.get("bad-json"), "inbox", "bad-json", ["column payload is not valid JSON"]],
+      [() => b.inbox.get("bad-state"), "inbox", "bad-state", [`column state must be one of`, `"sleeping"`]],
+      [() => b.inbox.get("bad-lease"), "inbox", "bad-lease", [`column lease_* must be a lease object in state "processing"`]],
+      [() => b.outbox.get("bad-json"), "outbox", "bad-json", ["column content is not valid JSON"]],
+      [() => b.outbox.get("bad-attempts"), "outbox", "bad-attempts", [`column attempts must be a non-negative integer, got -3`]],
+      [() => b.outbox.reserve(outbound("bad-attempts", "bad-attempts")), "outbox", "bad-attempts", [`column attempts`]],
+      [() => b.outbox.get("bad-fence"), "outbox", "bad-fence", [`column fence (1) is below the lease token 7`]],
     ];
-    for (const [run, parts] of cases) {
-      const { message } = await messageOf(run);
-      for (const part of parts) expect(message).toContain(part);
+    for (const [run, journal, id, parts] of cases) {
+      const { error, message } = await messageOf(run);
+      expect(error instanceof DamagedRecordError, message).toBe(true);
+      expect([(error as DamagedRecordError).journal, (error as DamagedRecordError).id, (error as DamagedRecordError).backend]).toEqual([journal, id, "postgres"]);
+      for (const part of parts) expect((error as DamagedRecordError).problem).toContain(part);
+      expect(message).toContain(id);
     }
+    // list sets aside the one left (bad-kind), returns the rest.
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["good"]);
+    expect((await b.inbox.damaged!()).map((d) => [d.id, d.problem.split(/ must| is not/)[0], d.reported]), "in the order set aside").toEqual([
+      ["bad-json", "column payload", false],
+      ["bad-state", "column state", false],
+      ["bad-lease", "column lease_*", false],
+      ["bad-kind", "column kind", false],
+    ]);
+    expect((await b.outbox.list()).map((e) => e.key)).toEqual(["good"]);
+    // Kept as stored: only the set-aside columns and the due mark changed.
+    const after = await sql.unsafe(`SELECT * FROM "${schema}".botmesh_inbox ORDER BY ord`);
+    const stored = (row: Record<string, unknown>) => {
+      const { damage: _d, set_aside_at: _a, set_aside_seq: _s, damage_reported: _r, due_at: _due, ...rest } = row;
+      return rest;
+    };
+    expect(after.map(stored)).toEqual(before.map(stored));
+    expect(after.map((r) => [r.id, r.set_aside_seq === null, r.damage_reported])).toEqual([
+      ["good", true, null],
+      ["bad-json", false, false],
+      ["bad-state", false, false],
+      ["bad-lease", false, false],
+      ["bad-kind", false, false],
+    ]);
     expect((await b.inbox.get("good"))?.payload).toEqual({ text: "hi" });
     expect((await b.outbox.get("good"))?.content).toEqual({ text: "hello" });
     expect((await b.inbox.claim("good", lease()))?.state).toBe("processing");
@@ -427,26 +456,123 @@ describe("PostgresDurability fixes", () => {
     expect((await b.inbox.get("live"))?.lease?.token).toBe(1);
   });
 
-  it("a damaged row does not strand the rest of a claimed batch: it is dead, naming table, row and field", async () => {
+  it("a damaged row does not strand the rest of a claimed batch: it is set aside, its stored columns kept, the scan goes on", async () => {
     const schema = freshSchema();
     const sql = client();
     const b = new PostgresDurability({ sql, schema });
     for (const id of ["m1", "m2", "m3"]) await b.inbox.admit(inbound(id, "c", { id }));
-    for (const key of ["k1", "k2"]) await b.outbox.reserve(outbound(key, key));
+    for (const key of ["k1", "k2", "k3"]) await b.outbox.reserve(outbound(key, key === "k3" ? "k2" : key));
     await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET payload = '{bad' WHERE id = 'm2'`);
     await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET content = '{bad' WHERE key = 'k2'`);
     const o = lease("w");
     expect((await b.inbox.claimDue({ ...o, limit: 10 })).map((r) => r.id)).toEqual(["m1", "m3"]);
-    expect((await b.outbox.claimDue({ ...o, limit: 10 })).due.map((e) => e.key)).toEqual(["k1"]);
-    const [m2] = await sql.unsafe(`SELECT state, payload, error, lease_owner FROM "${schema}".botmesh_inbox WHERE id = 'm2'`);
-    expect([m2!.state, m2!.payload, m2!.lease_owner]).toEqual(["dead", "{bad", null]);
-    for (const part of [`"${schema}"."botmesh_inbox"`, `row id "m2"`, "column payload is not valid JSON"]) expect(m2!.error).toContain(part);
-    const [k2] = await sql.unsafe(`SELECT state, content, error FROM "${schema}".botmesh_outbox WHERE key = 'k2'`);
-    expect([k2!.state, k2!.content]).toEqual(["dead", "{bad"]);
-    for (const part of [`"${schema}"."botmesh_outbox"`, `row key "k2"`, "column content is not valid JSON"]) expect(k2!.error).toContain(part);
-    // Nothing left leased to the caller; a later scan has nothing to do.
-    expect((await b.inbox.claimDue({ ...o, limit: 10 })).length).toBe(0);
-    expect((await b.inbox.get("m1"))?.lease?.owner).toBe("w");
+    // k3 waited behind k2 (no due mark): the same call leases it once k2 is set aside.
+    expect((await b.outbox.claimDue({ ...o, limit: 10 })).due.map((e) => e.key)).toEqual(["k1", "k3"]);
+    const [m2] = await sql.unsafe(`SELECT state, payload, error, damage, set_aside_at, due_at FROM "${schema}".botmesh_inbox WHERE id = 'm2'`);
+    expect([m2!.state, m2!.payload, m2!.error, m2!.due_at]).toEqual(["processing", "{bad", null, null]);
+    expect(m2!.damage).toStartWith("column payload is not valid JSON");
+    const [k2] = await sql.unsafe(`SELECT state, content, damage FROM "${schema}".botmesh_outbox WHERE key = 'k2'`);
+    expect([k2!.state, k2!.content]).toEqual(["sending", "{bad"]);
+    expect(k2!.damage).toStartWith("column content is not valid JSON");
+    // The lease the scan took on them is stale; nothing is left for a later scan.
+    const m2Token = Number((await sql.unsafe(`SELECT lease_token FROM "${schema}".botmesh_inbox WHERE id = 'm2'`))[0]!.lease_token);
+    expect((await messageOf(() => b.inbox.complete("m2", m2Token))).error instanceof StaleLeaseError).toBe(true);
+    await Bun.sleep(10);
+    expect((await b.inbox.claimDue({ ...o, limit: 10, reclaimOwn: true, incarnation: "inc-2" })).map((r) => r.id)).toEqual(["m1", "m3"]);
+    expect((await b.inbox.damaged!()).map((d) => d.id)).toEqual(["m2"]);
+    expect((await b.outbox.damaged!()).map((d) => d.id)).toEqual(["k2"]);
+  });
+
+  it("a limited scan that meets damaged rows runs again for the rest; a page of list too", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    for (let i = 0; i < 6; i++) await b.inbox.admit({ ...inbound(`m${i}`, `c${i}`), receivedAt: 1_000 + i });
+    for (let i = 0; i < 6; i++) await b.outbox.reserve(outbound(`k${i}`, "one"));
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET payload = '{bad' WHERE id IN ('m0', 'm1', 'm3')`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET content = '{bad' WHERE key IN ('k0', 'k1', 'k2')`);
+    expect((await b.inbox.list({ limit: 2 })).map((r) => r.id)).toEqual(["m2", "m4"]);
+    expect((await b.inbox.claimDue({ ...lease("w"), limit: 2 })).map((r) => r.id)).toEqual(["m2", "m4"]);
+    expect((await b.outbox.claimDue({ ...lease("w"), limit: 2 })).due.map((e) => e.key), "the chat's first readable entry").toEqual(["k3"]);
+    expect((await b.inbox.damaged!()).map((d) => d.id)).toEqual(["m0", "m1", "m3"]);
+    expect((await b.outbox.damaged!()).map((d) => d.id)).toEqual(["k0", "k1", "k2"]);
+    expect((await b.inbox.damaged!({ limit: 2 })).map((d) => d.id)).toEqual(["m0", "m1"]);
+    expect(await b.inbox.damaged!({ limit: 0 })).toEqual([]);
+    for (const [bad, text] of [[{ limit: -1 }, `"limit" must be a non-negative integer`], [{ unreported: 1 }, `"unreported" must be a boolean`]] as const) {
+      expect((await messageOf(() => b.inbox.damaged!(bad as never))).message).toContain(`inbox.damaged: option ${text}`);
+    }
+  });
+
+  it("a set-aside row is left alone: writes under its lease are stale, operator calls answer false, purge keeps it, its chat moves on", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const other = lease("other");
+    // Inbox: d processing under a live lease elsewhere would hold back its chat.
+    const d = await b.inbox.admit(inbound("d", "c"), other);
+    await b.inbox.admit({ ...inbound("after", "c"), receivedAt: 1_800_000_000_000 });
+    const done = await b.inbox.admit(inbound("done", "x"), other);
+    await b.inbox.complete("done", done!.lease!.token);
+    expect((await b.inbox.claimDue({ ...lease("w"), limit: 10 })).map((r) => r.id), "held back by d").toEqual([]);
+    // Outbox: s sending elsewhere, q queued behind it.
+    const s = await b.outbox.reserve(outbound("s", "c"), other);
+    await b.outbox.reserve(outbound("q", "c"));
+    const sent = await b.outbox.reserve(outbound("sent", "y"), other);
+    await b.outbox.markSent("sent", sent.entry.lease!.token, "m");
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET payload = '{bad' WHERE id IN ('d', 'done')`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET content = '{bad' WHERE key IN ('s', 'sent')`);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["after"]);
+    expect((await b.outbox.list()).map((e) => e.key)).toEqual(["q"]);
+    const token = d!.lease!.token;
+    expect(await b.inbox.heartbeat("d", token, 60_000)).toBe(false);
+    expect((await messageOf(() => b.inbox.complete("d", token))).error instanceof StaleLeaseError).toBe(true);
+    expect((await messageOf(() => b.inbox.fail("d", token, { error: "x", dead: true }))).error instanceof StaleLeaseError).toBe(true);
+    expect(await b.inbox.replay("d")).toBe(false);
+    expect(await b.inbox.replay("done")).toBe(false);
+    expect(await b.inbox.purge(-1_000_000)).toBe(0);
+    expect(await b.inbox.claim("d", { ...other, incarnation: "other-2", reclaimOwn: true })).toBe(null);
+    expect((await b.inbox.claimDue({ ...lease("w"), limit: 10 })).map((r) => r.id), "d holds its chat no more").toEqual(["after"]);
+    const st = s.entry.lease!.token;
+    expect(await b.outbox.heartbeat("s", st, 60_000)).toBe(false);
+    expect(await b.outbox.markCalling("s", st, 60_000)).toBe(false);
+    expect((await messageOf(() => b.outbox.markSent("s", st, "m"))).error instanceof StaleLeaseError).toBe(true);
+    for (const outcome of [{ error: "x", retryInMs: 0 }, { error: "x", ambiguous: true as const }]) {
+      expect((await messageOf(() => b.outbox.markFailed("s", st, outcome))).error instanceof StaleLeaseError).toBe(true);
+    }
+    expect(await b.outbox.retry("sent")).toBe(false);
+    expect(await b.outbox.discard("sent")).toBe(false);
+    expect(await b.outbox.purge(-1_000_000)).toBe(0);
+    expect((await b.outbox.claimDue({ ...lease("w"), limit: 10 })).due.map((e) => e.key), "s holds its chat no more").toEqual(["q"]);
+    expect((await b.outbox.reserve(outbound("q2", "c"), lease("w"))).status, "behind q, not s").toBe("queued");
+    const rows = await sql.unsafe(`SELECT id, state, payload, lease_owner FROM "${schema}".botmesh_inbox WHERE id IN ('d', 'done') ORDER BY ord`);
+    expect(rows.map((r) => [r.id, r.state, r.payload, r.lease_owner]), "kept as stored").toEqual([["d", "processing", "{bad", "other"], ["done", "done", "{bad", null]]);
+    // Reported once, by one of several concurrent callers.
+    const answers = await Promise.all(Array.from({ length: 6 }, () => b.outbox.reportDamaged!("s")));
+    expect(answers.filter((x) => x).length).toBe(1);
+    expect((await b.outbox.damaged!({ unreported: true })).map((e) => e.id)).toEqual(["sent"]);
+    expect(await b.outbox.reportDamaged!("q"), "not damaged").toBe(false);
+  });
+
+  it("of concurrent reads that meet a damaged row, one sets it aside; a set-aside applies to the version read only", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const backends = Array.from({ length: 4 }, () => new PostgresDurability({ sql: client(), schema }));
+    const b = backends[0]!;
+    await b.inbox.admit(inbound("bad"));
+    await b.outbox.reserve(outbound("bad"));
+    await sql.unsafe(`UPDATE "${schema}".botmesh_inbox SET payload = '{bad' WHERE id = 'bad'`);
+    await sql.unsafe(`UPDATE "${schema}".botmesh_outbox SET content = '{bad' WHERE key = 'bad'`);
+    const reads = await Promise.allSettled(backends.flatMap((x) => [x.inbox.list(), x.outbox.list(), x.inbox.get("bad"), x.outbox.get("bad")]));
+    expect(reads.filter((r) => r.status === "fulfilled").map((r) => (r as PromiseFulfilledResult<unknown>).value)).toEqual(Array(8).fill([]));
+    expect(reads.filter((r) => r.status === "rejected").every((r) => (r as PromiseRejectedResult).reason instanceof DamagedRecordError)).toBe(true);
+    const t = tables(schema, "botmesh_");
+    expect([...(await b.inbox.damaged!()), ...(await b.outbox.damaged!())].map((d) => [d.journal, d.id])).toEqual([["inbox", "bad"], ["outbox", "bad"]]);
+    // A stale version (the row changed since it was read) is not set aside.
+    await b.inbox.admit(inbound("ok"));
+    const [row] = await sql.unsafe(`SELECT ord, xmin::text AS xv FROM ${t.inbox} WHERE id = 'ok'`);
+    await sql.unsafe(`UPDATE ${t.inbox} SET error = 'touched' WHERE id = 'ok'`);
+    expect(await sql.unsafe(inboxSql(t).setAside, [String(row!.ord), row!.xv, "stale"])).toHaveLength(0);
+    expect((await b.inbox.get("ok"))?.error).toBe("touched");
   });
 
   it("inbox.claimDue reads only what is due with a backlog of 200k done and 20k pending (Buffers)", async () => {
@@ -615,7 +741,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
     expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
-    expect(POSTGRES_SCHEMA_VERSION).toBe(3);
+    expect(POSTGRES_SCHEMA_VERSION).toBe(5);
     const [column] = await sql.unsafe(
       `SELECT count(*)::int AS n FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_outbox' AND column_name = 'uncalled_fence'`,
       [schema],
@@ -641,6 +767,34 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     expect((await upgraded.outbox.get("new"))?.called).toBe(true);
     await new PostgresDurability({ sql: client(), schema }).open();
     expect((await upgraded.outbox.get("old-sent"))?.called).toBe(true);
+  });
+
+  it("a version 4 schema (no set-aside columns) is upgraded in place: a row an older version made dead for its damage is set aside when met", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const t = tables(schema, "botmesh_");
+    await b.inbox.admit(inbound("good"));
+    await b.inbox.admit(inbound("buried"));
+    await b.outbox.reserve(outbound("k", "c"));
+    // Back to version 4 by hand, with a row as version 4 left a damaged one: dead, its error naming the damage.
+    for (const table of [t.inbox, t.outbox]) {
+      await sql.unsafe(`ALTER TABLE ${table} DROP COLUMN damage, DROP COLUMN set_aside_at, DROP COLUMN set_aside_seq, DROP COLUMN damage_reported`);
+    }
+    await sql.unsafe(`DROP SEQUENCE ${t.asideSeq}`);
+    await sql.unsafe(`UPDATE ${t.inbox} SET payload = '{bad', state = 'dead', due_at = NULL,
+      error = 'Postgres table x, row id "buried": column payload is not valid JSON (the row is damaged)' WHERE id = 'buried'`);
+    await sql.unsafe(`UPDATE ${t.meta} SET value = '4' WHERE key = 'schema_version'`);
+    const upgraded = new PostgresDurability({ sql: client(), schema });
+    await upgraded.open();
+    const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
+    expect(meta?.value).toBe("5");
+    const indexes = await sql.unsafe(`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND (indexname LIKE '%aside' OR indexname LIKE '%unreported') ORDER BY 1`, [schema]);
+    expect(indexes.map((r) => r.indexname)).toEqual(["botmesh_inbox_aside", "botmesh_inbox_unreported", "botmesh_outbox_aside", "botmesh_outbox_unreported"]);
+    expect((await upgraded.inbox.list({ state: "dead" })).map((r) => r.id), "out of the dead letters").toEqual([]);
+    expect((await upgraded.inbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([["buried", false]]);
+    expect((await upgraded.inbox.claimDue({ ...lease("v"), limit: 10 })).map((r) => r.id)).toEqual(["good"]);
+    expect((await upgraded.outbox.claimDue({ ...lease("v"), limit: 10 })).due.map((e) => e.key)).toEqual(["k"]);
   });
 
   it("a send claimed by a replica still on the previous library (it raises the fence, not the flag) reads as called", async () => {
