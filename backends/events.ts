@@ -4,6 +4,8 @@
  * `SharedFileEventJournal` (processes of one host, inter-process mutex,
  * optional append log), `MemoryEventJournal` (tests), `EventWorker` for the
  * app's events, and `eventsDurability({ journal, outbox? })` for the bot.
+ * A record of a journal file that is not valid is set aside, kept as it was
+ * (`DamagedEvent`; `journal.damaged()`), and reported once by the bot.
  *
  * @example
  * ```ts ignore
@@ -22,6 +24,9 @@
  */
 export {
   BOT_CHANNEL,
+  type DamagedEvent,
+  DamagedEventError,
+  type DamagedEventListOptions,
   type EventClaimOptions,
   type EventListOptions,
   type EventRecord,
@@ -32,6 +37,7 @@ export {
   type NewEventRecord,
 } from "../src/events/types.ts";
 export {
+  type DamageMark,
   type EventJournalChanges,
   type EventJournalState,
   MemoryEventJournal,

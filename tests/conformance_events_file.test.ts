@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { mkdtempSync, rmSync } from "node:fs";
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { FileEventJournal, simulateCrash } from "../backends/events/file_journal.ts";
@@ -14,18 +14,30 @@ function freshPath(): string {
   return join(mkdtempSync(join(tmpdir(), "botmesh-events-file-conf-")), "events.json");
 }
 
-/** Closes the journal unless it was let go, and removes its directory. */
+/** Every journal opened on a directory's file (reopened after a crash or a damage), for cleanup. */
+const openedIn = new Map<string, FileEventJournal[]>();
+
+async function openJournal(path: string, now: () => number): Promise<FileEventJournal> {
+  const journal = await FileEventJournal.open(path, { lock: true, clock: now });
+  const dir = dirname(journal.file);
+  openedIn.set(dir, [...(openedIn.get(dir) ?? []), journal]);
+  return journal;
+}
+
+/** Closes every journal opened on the file that was not let go, and removes its directory. */
 async function dispose(journal: FileEventJournal): Promise<void> {
+  const dir = dirname(journal.file);
   try {
-    if (!journal.closed) await journal.close();
+    for (const j of openedIn.get(dir) ?? [journal]) if (!j.closed) await j.close();
   } finally {
-    rmSync(dirname(journal.file), { recursive: true, force: true });
+    openedIn.delete(dir);
+    rmSync(dir, { recursive: true, force: true });
   }
 }
 
 runEventJournalContract({
   name: "file-events",
-  create: ({ now }) => FileEventJournal.open(freshPath(), { lock: true, clock: now }),
+  create: ({ now }) => openJournal(freshPath(), now),
   cleanup: (journal: LeasedEventJournal) => dispose(journal as FileEventJournal),
   harness: { describe, test, expect },
   simulatedTime: true,
@@ -42,12 +54,24 @@ function over(journal: FileEventJournal): DurabilityBackend {
 
 runDurabilityConformance({
   name: "events(file-events)",
-  create: async ({ now }) => over(await FileEventJournal.open(freshPath(), { lock: true, clock: now })),
+  create: async ({ now }) => over(await openJournal(freshPath(), now)),
   // A restart: the old journal is let go as a killed process would be (its lock file stays, holding our pid).
   reopen: async (old: DurabilityBackend, { now }) => {
     const journal = journalOf.get(old)!;
     await simulateCrash(journal);
-    return over(await FileEventJournal.open(journal.path, { lock: true, clock: now }));
+    return over(await openJournal(journal.path, now));
+  },
+  // A hand edit: the record's state made an unknown word in the closed file, which is then opened again.
+  damage: async (backend, journal, id, { now }) => {
+    const old = journalOf.get(backend)!;
+    await old.close();
+    const doc = JSON.parse(readFileSync(old.file, "utf8"));
+    const records: Record<string, unknown>[] = journal === "inbox" ? doc.events : doc.outbox;
+    const record = records.find((r) => r[journal === "inbox" ? "id" : "key"] === id);
+    if (!record) throw new Error(`no ${journal} record ${id} in ${old.file}`);
+    record.state = "exploded";
+    writeFileSync(old.file, JSON.stringify(doc));
+    return over(await openJournal(old.path, now));
   },
   cleanup: (backend: DurabilityBackend) => dispose(journalOf.get(backend)!),
   harness: { describe, test, expect },

@@ -514,21 +514,74 @@ describe("damaged files are never overwritten", () => {
     const doc = JSON.parse(readFileSync(path, "utf8"));
     writeFileSync(path, JSON.stringify({ ...doc, format: "@botmesh/durable/file" }));
     await expectCorrupt(path, null, 'field "format"');
-    writeFileSync(path, JSON.stringify({ ...doc, version: 2 }));
+    writeFileSync(path, JSON.stringify({ ...doc, version: 3 }));
     await expectCorrupt(path, null, 'field "version"');
     writeFileSync(path, JSON.stringify({ ...doc, logSeq: -1 }));
     await expectCorrupt(path, null, 'field "logSeq"');
   });
 
-  test("a bad field of an event or an outbox entry names the record and the field", async () => {
+  test("the top level of a valid file that is not a journal names the field", async () => {
     const path = await written();
     const doc = JSON.parse(readFileSync(path, "utf8"));
-    writeFileSync(path, JSON.stringify({ ...doc, events: [{ ...doc.events[0], state: "weird" }] }));
-    await expectCorrupt(path, null, 'event "e1"', 'field "state"');
-    writeFileSync(path, JSON.stringify({ ...doc, outbox: [{ ...doc.outbox[0], attempts: "many" }] }));
-    await expectCorrupt(path, null, 'outbox entry 0 (key "k1")', 'field "attempts"');
-    writeFileSync(path, JSON.stringify({ ...doc, outbox: [{ ...doc.outbox[0], lease: { owner: "A" } }] }));
-    await expectCorrupt(path, null, 'outbox entry 0 (key "k1")', 'field "lease"');
+    writeFileSync(path, JSON.stringify({ ...doc, events: { e1: doc.events[0] } }));
+    await expectCorrupt(path, null, "importState");
+    writeFileSync(path, JSON.stringify({ ...doc, events: [doc.events[0], doc.events[0]] }));
+    await expectCorrupt(path, null, 'event id "e1" appears twice');
+  });
+});
+
+describe("damaged records: a record that is not valid is set aside, kept in the file as it was", () => {
+  test("the rest of the file is read; the first operation that meets it sets it aside, and the file says so", async () => {
+    const path = freshPath();
+    const first = await openAt(path);
+    await first.append(ev("e1"));
+    await first.append(ev("e2"));
+    await first.outbox.reserve(send("k1"));
+    await first.outbox.reserve(send("k2"));
+    await first.close();
+    const doc = JSON.parse(readFileSync(path, "utf8"));
+    doc.events[0].state = "weird";
+    doc.outbox[0].lease = { owner: "A" };
+    const text = JSON.stringify(doc);
+    writeFileSync(path, text);
+    const j = await openAt(path, { clock: () => 5_000 });
+    expect(readFileSync(path, "utf8"), "opening writes nothing").toBe(text);
+    expect((await j.list()).map((e) => e.id)).toEqual(["e2"]);
+    const [event] = await j.damaged();
+    expect([event.id, event.channel, event.setAsideAt, event.reported]).toEqual(["e1", null, 5_000, false]);
+    expect(event.problem).toContain('field "state"');
+    await expect(j.get("e1")).rejects.toThrow(/e1.*damaged.*field "state"/);
+    expect((await j.outbox.list()).map((e) => e.key)).toEqual(["k2"]);
+    const [entry] = await j.outbox.damaged!();
+    expect([entry.journal, entry.id, entry.backend]).toEqual(["outbox", "k1", "file-events"]);
+    expect(entry.problem).toContain('field "lease"');
+    expect(await j.reportDamaged("e1")).toBe(true);
+    // On disk: the records as they were, and their marks.
+    const after = JSON.parse(readFileSync(path, "utf8"));
+    expect(after.events[0]).toEqual(doc.events[0]);
+    expect(after.outbox.find((e: { key: string }) => e.key === "k1")).toEqual(doc.outbox[0]);
+    expect(after.version, "a file with marks is version 2").toBe(2);
+    expect(after.damaged).toEqual([
+      { journal: "events", id: "e1", problem: event.problem, setAsideAt: 5_000, reported: true },
+      { journal: "outbox", id: "k1", problem: entry.problem, setAsideAt: 5_000, reported: false },
+    ]);
+    await j.close();
+    const again = await openAt(path, { clock: () => 9_000 });
+    expect((await again.damaged()).map((d) => [d.id, d.setAsideAt, d.reported])).toEqual([["e1", 5_000, true]]);
+    expect(readFileSync(path, "utf8"), "set aside once: nothing new to write").toBe(JSON.stringify(after));
+  });
+
+  test("a file without damaged records is written as before (no \"damaged\" field)", async () => {
+    const path = await (async () => {
+      const p = freshPath();
+      const j = await openAt(p);
+      await j.append(ev("e1"));
+      await j.close();
+      return p;
+    })();
+    const doc = JSON.parse(readFileSync(path, "utf8"));
+    expect("damaged" in doc).toBe(false);
+    expect(doc.version).toBe(1);
   });
 });
 
@@ -692,15 +745,17 @@ describe("taking over a file of a SharedFileEventJournal", () => {
     expect(existsSync(`${path}.lock`)).toBe(false);
   });
 
-  test("a bad entry of the log names the line and the field", async () => {
+  test("a bad record in a log entry is set aside, kept as it was; a bad entry names the line and the field", async () => {
     const path = freshPath();
-    const lines = await changeLines([(m) => m.outbox.reserve(send("k1"))], 1);
+    const lines = await changeLines([(m) => m.outbox.reserve(send("k1")), (m) => m.outbox.reserve(send("k2"))], 1);
     const entry = JSON.parse(lines[0]);
     entry.outbox[0].state = "lost";
-    writeFileSync(`${path}.log`, JSON.stringify(entry) + "\n");
-    const error = await rejection(FileEventJournal.open(path, { lock: true }));
-    expect(error).toBeInstanceOf(FileCorruptError);
-    expect(error.message).toContain('line 1: outbox entry 0 (key "k1"): field "state"');
+    writeFileSync(`${path}.log`, [JSON.stringify(entry), lines[1]].join("\n") + "\n");
+    const j = await openAt(path);
+    expect((await j.outbox.list()).map((e) => e.key)).toEqual(["k2"]);
+    expect((await j.outbox.damaged!()).map((d) => [d.id, d.problem])).toEqual([["k1", 'field "state" must be one of queued, sending, sent, failed, dead, unknown, got "lost"']]);
+    expect(onDisk(path).outbox.find((e) => e.key === "k1")).toEqual(entry.outbox[0]);
+    await j.close();
     writeFileSync(`${path}.log`, JSON.stringify({ events: [] }) + "\n");
     expect((await rejection(FileEventJournal.open(path, { lock: true }))).message).toContain('field "seq"');
   });

@@ -1,9 +1,16 @@
 import { describe, expect, test } from "bun:test";
-import { type DurabilityBackend, type OutboxEntry, StaleLeaseError } from "../src/backend.ts";
+import { DamagedRecordError, type DurabilityBackend, type OutboxEntry, StaleLeaseError } from "../src/backend.ts";
 import { MemoryKv } from "../backends/memory_kv.ts";
 import { eventsDurability, type EventsDurabilityOptions } from "../src/events/durability.ts";
 import { type EventJournalChanges, type EventJournalState, MemoryEventJournal } from "../src/events/memory_journal.ts";
-import { BOT_CHANNEL, type EventRecord, INBOUND_INTERACTION_EVENT, type LeasedEventJournal } from "../src/events/types.ts";
+import {
+  BOT_CHANNEL,
+  DamagedEventError,
+  type EventRecord,
+  INBOUND_INTERACTION_EVENT,
+  INBOUND_MESSAGE_EVENT,
+  type LeasedEventJournal,
+} from "../src/events/types.ts";
 import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
 import { runDurabilityConformance } from "../testing.ts";
 
@@ -90,7 +97,7 @@ async function randomOps(
     const all = journal.exportState();
     const someEvent = all.events.length > 0 ? pick(all.events) : null;
     const someEntry = all.outbox.length > 0 ? pick(all.outbox) : null;
-    const op = Math.floor(random() * 16);
+    const op = Math.floor(random() * 18);
     try {
       switch (op) {
         case 0:
@@ -151,6 +158,14 @@ async function randomOps(
         case 15:
           await journal.outbox.purge(Math.floor(random() * 500));
           break;
+        case 16:
+          if (someEvent && random() < 0.3) await journal.setAside(someEvent.id, `set aside at step ${step}`);
+          break;
+        case 17: {
+          const aside = await journal.damaged({ unreported: true });
+          if (aside.length > 0) await journal.reportDamaged(pick(aside).id);
+          break;
+        }
       }
     } catch (error) {
       if (!(error instanceof StaleLeaseError)) throw error;
@@ -167,8 +182,10 @@ describe("MemoryEventJournal state and changes", () => {
     const state = journal.exportState();
     expect(state.events.length).toBeGreaterThan(0);
     expect(state.outbox.length).toBeGreaterThan(0);
+    expect(state.damaged!.length, "some were set aside").toBeGreaterThan(0);
     const copy = MemoryEventJournal.fromState(roundTrip(state), { clock: () => clock.now });
     expect(text(copy)).toBe(text(journal));
+    expect(await copy.damaged({ limit: 1000 })).toEqual(await journal.damaged({ limit: 1000 }));
     expect(copy.takeChanges(), "loading is not a change").toBe(null);
     expect(await copy.list({ limit: 1000 })).toEqual(await journal.list({ limit: 1000 }));
     expect(await copy.outbox.list({ limit: 1000 })).toEqual(await journal.outbox.list({ limit: 1000 }));
@@ -177,17 +194,18 @@ describe("MemoryEventJournal state and changes", () => {
     expect(next.entry.seq).toBe(state.outboxSeq + 1);
   });
 
-  test("importState refuses a journal with records, repeated ids and malformed records", async () => {
+  test("importState refuses a journal with records, repeated ids and a malformed state; a malformed record is loaded damaged", async () => {
     const journal = new MemoryEventJournal();
     await journal.append({ id: "x", eventType: "t", payload: null });
     expect(() => journal.importState({ events: [], outbox: [], outboxSeq: 0 })).toThrow(/empty/);
     const state = journal.exportState();
     expect(() => MemoryEventJournal.fromState({ ...state, events: [state.events[0], state.events[0]] })).toThrow(RangeError);
-    expect(() => MemoryEventJournal.fromState({ ...state, events: [{ ...state.events[0], state: "weird" as "done" }] }))
-      .toThrow(/state/);
-    expect(() => MemoryEventJournal.fromState({ ...state, events: [{ ...state.events[0], fence: Number.NaN }] }))
-      .toThrow(/fence/);
     expect(() => MemoryEventJournal.fromState(null as unknown as EventJournalState)).toThrow(TypeError);
+    expect(() => MemoryEventJournal.fromState({ ...state, damaged: 5 as unknown as [] })).toThrow(/damaged/);
+    const weird = MemoryEventJournal.fromState({ ...state, events: [{ ...state.events[0], state: "weird" as "done" }] });
+    await expect(weird.get("x")).rejects.toThrow(/field "state"/);
+    const nan = MemoryEventJournal.fromState({ ...state, events: [{ ...state.events[0], fence: Number.NaN }] });
+    await expect(nan.get("x")).rejects.toThrow(/field "fence"/);
   });
 
   for (const seed of [2, 3, 4, 5]) {
@@ -346,19 +364,15 @@ describe("MemoryEventJournal state and changes", () => {
     expect(text(copy)).toBe(text(journal));
   });
 
-  test("applyChanges refuses a malformed set and applies nothing", () => {
+  test("applyChanges refuses a malformed set and applies nothing; a malformed record is stored damaged, as it is", async () => {
     const journal = new MemoryEventJournal();
     expect(() => journal.applyChanges({} as EventJournalChanges)).toThrow(TypeError);
-    expect(() =>
-      journal.applyChanges({
-        events: [{ id: "x" } as EventRecord],
-        removedEvents: [],
-        outbox: [],
-        removedOutbox: [],
-        outboxSeq: 0,
-      })
-    ).toThrow(TypeError);
+    const set = { events: [{ id: "x" } as EventRecord], removedEvents: [], outbox: [], removedOutbox: [], outboxSeq: 0 };
+    expect(() => journal.applyChanges({ ...set, damaged: {} as [] })).toThrow(TypeError);
     expect(journal.exportState().events).toEqual([]);
+    journal.applyChanges(set);
+    expect(journal.exportState().events).toEqual([{ id: "x" } as EventRecord]);
+    await expect(journal.get("x")).rejects.toThrow(DamagedEventError);
   });
 
   test("the outbox sidecar and the journal reject calls after close; state and changes stay readable", async () => {
@@ -378,13 +392,128 @@ describe("MemoryEventJournal state and changes", () => {
   });
 });
 
+describe("damaged records of a MemoryEventJournal", () => {
+  const lease = { owner: "other", incarnation: "i", leaseMs: 60_000 };
+  /** A state with valid and damaged events (one without a readable id) and outbox entries. */
+  async function damagedState(): Promise<EventJournalState> {
+    const source = new MemoryEventJournal({ clock: () => 1_000 });
+    await source.append({ id: "held", orderKey: "k", eventType: "t", payload: null, createdAt: 1 }, lease);
+    await source.append({ id: "next", orderKey: "k", eventType: "t", payload: { n: 2 }, createdAt: 2 });
+    await source.append({ id: "nameless", channel: "a", eventType: "t", payload: null, createdAt: 3 });
+    await source.outbox.reserve({ key: "k1", chatId: "c", content: "one", contentHash: "h", inboundId: null });
+    await source.outbox.reserve({ key: "k2", chatId: "c", content: "two", contentHash: "h", inboundId: null });
+    const state = roundTrip(source.exportState());
+    (state.events[0] as unknown as Record<string, unknown>).attempts = "many"; // processing under a live lease: would hold "k"
+    (state.events[2] as unknown as Record<string, unknown>).id = 5;
+    (state.outbox[0] as unknown as Record<string, unknown>).state = "exploded";
+    return state;
+  }
+
+  test("a record that is not valid is loaded as it is, set aside once by the first operation that meets it, and left out of the rest", async () => {
+    const state = await damagedState();
+    const stored = roundTrip(state);
+    let now = 5_000;
+    const journal = MemoryEventJournal.fromState(state, { clock: () => now });
+    expect(journal.takeChanges(), "loading is not a change").toBe(null);
+    // The due scan meets them: the damaged record neither taken nor holding back its key.
+    const claimed = await journal.claimDue({ owner: "w", incarnation: "j", leaseMs: 1_000, limit: 10 });
+    expect(claimed.map((e) => e.id)).toEqual(["next"]);
+    const marks = journal.takeChanges()!.damaged!;
+    expect(marks.map((m) => [m.journal, m.id, m.setAsideAt, m.reported])).toEqual([
+      ["events", "held", 5_000, false],
+      ["events", marks[1].id, 5_000, false],
+    ]);
+    expect(marks[1].id).toMatch(/^damaged:[0-9a-f]{16}$/);
+    now = 6_000;
+    const found = await journal.damaged();
+    // Set aside at once: in key order.
+    expect(found.map((d) => [d.id, d.channel, d.setAsideAt])).toEqual([[marks[1].id, "a", 5_000], ["held", null, 5_000]]);
+    expect(found[0].problem).toContain('field "id"');
+    expect(found[1].problem).toContain('field "attempts"');
+    expect((await journal.damaged({ channel: "a" })).map((d) => d.id)).toEqual([marks[1].id]);
+    const error = await journal.get("held").then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(DamagedEventError);
+    expect([(error as DamagedEventError).id, (error as DamagedEventError).journal]).toEqual(["held", "memory-events"]);
+    expect((await journal.list()).map((e) => e.id)).toEqual(["next"]);
+    expect(await journal.claim("held", { ...lease, owner: "w2" })).toBe(null);
+    expect(await journal.replay("held")).toBe(false);
+    expect(await journal.heartbeat("held", 1, 1_000)).toBe(false);
+    await expect(journal.complete("held", 1)).rejects.toThrow(StaleLeaseError);
+    await expect(journal.fail("held", 1, { error: "x", dead: true })).rejects.toThrow(StaleLeaseError);
+    expect(await journal.append({ id: "held", eventType: "t", payload: null }), "its id stays taken").toBe(null);
+    expect(await journal.setAside("held", "again"), "set aside once").toBe(false);
+    // The outbox sidecar: the same, met by its own operations.
+    expect((await journal.outbox.list()).map((e) => e.key)).toEqual(["k2"]);
+    const [entry] = await journal.outbox.damaged!();
+    expect([entry.journal, entry.id, entry.backend, entry.setAsideAt, entry.reported]).toEqual(["outbox", "k1", "memory-events", 6_000, false]);
+    await expect(journal.outbox.get("k1")).rejects.toThrow(DamagedRecordError);
+    await expect(journal.outbox.reserve({ key: "k1", chatId: "c", content: "one", contentHash: "h", inboundId: null }))
+      .rejects.toThrow(DamagedRecordError);
+    expect(await journal.outbox.retry("k1")).toBe(false);
+    expect(await journal.outbox.discard("k1")).toBe(false);
+    expect((await journal.outbox.claimDue({ owner: "w", incarnation: "j", leaseMs: 1_000, limit: 10 })).due.map((e) => e.key)).toEqual(["k2"]);
+    // Reported once.
+    expect(await Promise.all([journal.reportDamaged("held"), journal.reportDamaged("held")])).toEqual([true, false]);
+    expect(await journal.reportDamaged("next"), "not a damaged record").toBe(false);
+    expect(await journal.outbox.reportDamaged!("k1")).toBe(true);
+    expect((await journal.damaged({ unreported: true })).map((d) => d.id)).toEqual([marks[1].id]);
+    // Kept as stored, and so exported; marks survive a reload, which sets nothing aside again.
+    const exported = roundTrip(journal.exportState());
+    expect(exported.events[0]).toEqual(stored.events[0]);
+    expect(exported.events[2]).toEqual(stored.events[2]);
+    expect(exported.outbox.find((e) => e.key === "k1")).toEqual(stored.outbox[0]);
+    const again = MemoryEventJournal.fromState(exported, { clock: () => 9_000 });
+    expect(await again.damaged()).toEqual(await journal.damaged());
+    expect(await again.outbox.damaged!()).toEqual(await journal.outbox.damaged!());
+    expect(again.takeChanges()).toBe(null);
+  });
+
+  test("a change set with a damaged record stores it as it is; its mark goes with the changes", async () => {
+    const state = await damagedState();
+    const a = new MemoryEventJournal({ clock: () => 7_000 });
+    const b = new MemoryEventJournal({ clock: () => 8_000 });
+    const changes = { events: state.events, removedEvents: [], outbox: state.outbox, removedOutbox: [], outboxSeq: state.outboxSeq };
+    a.applyChanges(roundTrip(changes));
+    b.applyChanges(roundTrip(changes));
+    expect((await a.list()).map((e) => e.id)).toEqual(["next"]);
+    await a.outbox.list();
+    await a.reportDamaged("held");
+    b.applyChanges(roundTrip(a.takeChanges()!));
+    expect(await b.damaged()).toEqual(await a.damaged());
+    expect(await b.outbox.damaged!()).toEqual(await a.outbox.damaged!());
+    expect(b.takeChanges(), "b set nothing aside itself").toBe(null);
+    expect(JSON.stringify(b.exportState())).toBe(JSON.stringify(a.exportState()));
+  });
+
+  test("setAside: a reader sets a valid event aside as it is; none is damaged otherwise", async () => {
+    const journal = new MemoryEventJournal({ clock: () => 1_000 });
+    expect(await journal.damaged()).toEqual([]);
+    expect(await journal.outbox.damaged!()).toEqual([]);
+    expect(await journal.reportDamaged("x")).toBe(false);
+    await journal.append({ id: "odd", channel: BOT_CHANNEL, orderKey: "c", eventType: "not.inbound", payload: null, createdAt: 1 }, lease);
+    await journal.append({ id: "m", channel: BOT_CHANNEL, orderKey: "c", eventType: INBOUND_MESSAGE_EVENT, payload: null, createdAt: 2 });
+    const before = (await journal.list({ channel: BOT_CHANNEL }))[0];
+    expect(await journal.setAside("odd", "not an inbound record")).toBe(true);
+    expect(await journal.setAside("odd", "again")).toBe(false);
+    expect(await journal.setAside("missing", "x")).toBe(false);
+    expect((await journal.claimDue({ owner: "w", incarnation: "j", leaseMs: 1_000, channel: BOT_CHANNEL, limit: 10 })).map((e) => e.id))
+      .toEqual(["m"]);
+    expect(await journal.damaged()).toEqual([{ id: "odd", channel: BOT_CHANNEL, problem: "not an inbound record", setAsideAt: 1_000, reported: false }]);
+    expect(await journal.damaged({ channel: null })).toEqual([]);
+    expect(await journal.reportDamaged("odd", { channel: null }), "not in that channel").toBe(false);
+    expect(journal.exportState().events[0], "kept as it is").toEqual(before);
+    await expect(journal.get("odd")).rejects.toThrow("not an inbound record");
+  });
+});
+
 describe("eventsDurability", () => {
   test("inbox records are events of the bot's channel; the app's events stay out of the inbox", async () => {
     const journal = new MemoryEventJournal();
     const backend = eventsDurability({ journal });
     expect(backend.name).toBe("events(memory-events)");
     expect(backend.scope).toBe("process");
-    expect(backend.outbox).toBe(journal.outbox);
+    await backend.outbox.reserve({ key: "k", chatId: "c", content: null, contentHash: "h", inboundId: null });
+    expect((await journal.outbox.get("k"))?.key, "the outbox is the journal's sidecar").toBe("k");
     await journal.append({ id: "app1", eventType: "order.paid", payload: { order: 1 } });
     await journal.append({ id: "app2", channel: BOT_CHANNEL, eventType: "not.inbound", payload: null });
     const r = await backend.inbox.admit({
@@ -411,10 +540,14 @@ describe("eventsDurability", () => {
     expect(await backend.inbox.admit({ id: "m1", kind: "interaction", chatId: "c1", provider: "test", payload: null, receivedAt: 1 }))
       .toBe(null);
     expect(await backend.inbox.replay("app1")).toBe(false);
-    // The bot's sweep claims its own records; a foreign event in its channel is made dead, not handed to the bot.
+    // A foreign event in the bot's channel is set aside by the first inbox call that meets it (here the list
+    // above), not handed to the bot: a damaged inbox record, reported by the bot.
     const claimed = await backend.inbox.claimDue({ owner: "bot", incarnation: "i", leaseMs: 1_000, limit: 10 });
     expect(claimed.map((x) => x.id)).toEqual(["m1"]);
-    expect((await journal.get("app2"))?.state).toBe("dead");
+    await expect(journal.get("app2")).rejects.toThrow(DamagedEventError);
+    const [aside] = await backend.inbox.damaged!();
+    expect([aside.journal, aside.id, aside.backend, aside.reported]).toEqual(["inbox", "app2", backend.name, false]);
+    expect(aside.problem).toContain('field "eventType" is "not.inbound"');
     expect((await journal.get("app1"))?.state).toBe("pending");
     // A replay through the journal is picked up by the bot's next sweep.
     await backend.inbox.complete("m1", claimed[0].lease!.token);
@@ -422,6 +555,36 @@ describe("eventsDurability", () => {
     const again = await backend.inbox.claimDue({ owner: "bot", incarnation: "i", leaseMs: 1_000, limit: 10 });
     expect(again.map((x) => x.id)).toEqual(["m1"]);
     expect(again[0].lease?.token).toBe(2);
+  });
+
+  test("an event of the bot's channel that is not an inbound message is a damaged inbox record: set aside, reported once", async () => {
+    const source = new MemoryEventJournal();
+    await source.append({ id: "app-x", eventType: "order.paid", payload: null });
+    const state = roundTrip(source.exportState());
+    (state.events[0] as unknown as Record<string, unknown>).state = "weird"; // an app's event, damaged
+    const journal = MemoryEventJournal.fromState(state);
+    const backend = eventsDurability({ journal });
+    const message = { kind: "message" as const, chatId: "c1", provider: "test", payload: null, receivedAt: 1 };
+    await journal.append({ id: "m2", channel: BOT_CHANNEL, orderKey: "c1", eventType: INBOUND_MESSAGE_EVENT, payload: "{not json", createdAt: 1 });
+    await backend.inbox.admit({ ...message, id: "m3", receivedAt: 2 });
+    const error = await backend.inbox.get("m2").then(() => null, (e: unknown) => e as DamagedRecordError);
+    expect(error).toBeInstanceOf(DamagedRecordError);
+    expect([error!.journal, error!.id, error!.backend]).toEqual(["inbox", "m2", "events(memory-events)"]);
+    expect(error!.problem).toContain('field "payload"');
+    expect(await backend.inbox.admit({ ...message, id: "m2" }), "a redelivery is a duplicate of it").toBe(null);
+    await expect(backend.inbox.admit({ ...message, id: "app-x" }), "an app's damaged event keeps its id").rejects.toThrow(/app event/);
+    expect(await backend.inbox.get("app-x"), "an app's event is not the inbox's").toBe(null);
+    expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["m3"]);
+    expect((await backend.inbox.claimDue({ owner: "bot", incarnation: "i", leaseMs: 1_000, limit: 10 })).map((r) => r.id))
+      .toEqual(["m3"]);
+    expect((await backend.inbox.damaged!()).map((d) => [d.journal, d.id, d.backend, d.reported])).toEqual([
+      ["inbox", "m2", "events(memory-events)", false],
+    ]);
+    expect((await journal.damaged()).map((d) => d.id).sort(), "the journal lists the app's too").toEqual(["app-x", "m2"]);
+    expect(await backend.inbox.reportDamaged!("app-x"), "not an inbox record").toBe(false);
+    expect(await Promise.all([backend.inbox.reportDamaged!("m2"), backend.inbox.reportDamaged!("m2")])).toEqual([true, false]);
+    expect(await backend.inbox.replay("m2")).toBe(false);
+    expect(await backend.outbox.damaged!()).toEqual([]);
   });
 
   test("close() leaves the journal open; a closed journal makes operations reject", async () => {

@@ -410,7 +410,7 @@ describe("SharedFileEventJournal in one process", () => {
     expect(error?.message).toContain("byte 9");
   });
 
-  test("a bad outbox entry in a delta generation: FileCorruptError naming the file, the entry and the field", async () => {
+  test("a bad outbox entry in a delta generation is set aside, kept as it was; the rest is read", async () => {
     const file = freshFile();
     const journal = await openJournal(file, { appendLog: true });
     await journal.append({ id: "a", eventType: "job", payload: null }); // generation 2
@@ -419,14 +419,56 @@ describe("SharedFileEventJournal in one process", () => {
     const entry = JSON.parse(readFileSync(`${file}.gen/3`, "utf8"));
     entry.seq = 4;
     entry.outbox[0].state = "sending"; // with lease null
-    writeFileSync(`${file}.gen/4`, `${JSON.stringify(entry)}\n`);
-    const error = await SharedFileEventJournal.open(file, { appendLog: true }).then(() => null, (e: unknown) => e as Error);
-    expect(error?.name).toBe("FileCorruptError");
-    expect(error?.message).toContain(`${file}.gen/4`);
-    expect(error?.message).toContain("log entry 4");
-    expect(error?.message).toContain('outbox entry 0 (key "k1")');
-    expect(error?.message).toContain('field "lease"');
+    const line = `${JSON.stringify(entry)}\n`;
+    writeFileSync(`${file}.gen/4`, line);
+    const again = await openJournal(file, { appendLog: true });
+    expect((await again.list()).map((e) => e.id)).toEqual(["a"]);
+    expect(await again.outbox.list()).toEqual([]);
+    const [damaged] = await again.outbox.damaged!();
+    expect([damaged.id, damaged.backend]).toEqual(["k1", "shared-file-events"]);
+    expect(damaged.problem).toContain('field "lease"');
+    expect(readFileSync(`${file}.gen/4`, "utf8"), "the generation is left as it is").toBe(line);
+    // Its mark is the next generation; a snapshot (the mirror, a compaction) keeps the entry as it was.
+    const mark = JSON.parse(readFileSync(`${file}.gen/5`, "utf8"));
+    expect(mark.damaged).toEqual([{ journal: "outbox", id: "k1", problem: damaged.problem, setAsideAt: damaged.setAsideAt, reported: false }]);
   });
+
+  test("processes that meet one damaged record: it is set aside once, and reported by exactly one", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, {});
+    await journal.append({ id: "bad", eventType: "job", payload: null });
+    await journal.append({ id: "good", eventType: "job", payload: null });
+    await journal.close();
+    const gens = readdirSync(`${file}.gen`).filter((n) => /^\d+$/.test(n)).map(Number).sort((a, b) => b - a);
+    const newest = `${file}.gen/${gens[0]}`;
+    const doc = JSON.parse(readFileSync(newest, "utf8"));
+    doc.events[0].state = "exploded";
+    writeFileSync(newest, JSON.stringify(doc));
+    const script = `
+      const { SharedFileEventJournal } = await import(${JSON.stringify(join(import.meta.dir, "..", "backends", "events", "shared_journal.ts"))});
+      const j = await SharedFileEventJournal.open(${JSON.stringify(file)}, { mutexTimeoutMs: 30000 });
+      const claimed = await j.claimDue({ owner: String(process.pid), incarnation: "i", leaseMs: 60000, limit: 10 });
+      const found = await j.damaged();
+      const reported = await j.reportDamaged("bad");
+      await j.close();
+      console.log(JSON.stringify({ claimed: claimed.map((e) => e.id), found: found.map((d) => [d.id, d.setAsideAt]), reported }));
+    `;
+    const children = Array.from({ length: 4 }, () =>
+      Bun.spawn([process.execPath, "-e", script], { stdin: "ignore", stdout: "pipe", stderr: "inherit" })
+    );
+    const outputs = await Promise.all(children.map(async (child) => {
+      const text = await new Response(child.stdout).text();
+      expect(await child.exited).toBe(0);
+      return JSON.parse(text) as { claimed: string[]; found: [string, number][]; reported: boolean };
+    }));
+    expect(outputs.filter((o) => o.reported).length, "reported by exactly one").toBe(1);
+    expect(new Set(outputs.map((o) => JSON.stringify(o.found))).size, "set aside once: every process sees one mark").toBe(1);
+    expect(outputs.flatMap((o) => o.claimed), "the other record claimed once").toEqual(["good"]);
+    const check = await openJournal(file, {});
+    expect((await check.damaged()).map((d) => [d.id, d.reported])).toEqual([["bad", true]]);
+    const after = JSON.parse(readFileSync(check.path, "utf8"));
+    expect(after.events[0], "kept as it was").toEqual(doc.events[0]);
+  }, 20_000);
 
   test("orderKey is kept by snapshots and deltas; a record stored without one reads as null", async () => {
     const file = freshFile();

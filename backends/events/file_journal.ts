@@ -21,13 +21,17 @@
  * - A file left by a `SharedFileEventJournal` is taken over: its
  *   `<path>.log` is replayed at `open()` (under the shared journal's mutex
  *   `<path>.mutex`), then written into a fresh snapshot and removed.
+ * - A record (event or outbox entry) that is not valid is set aside, kept in
+ *   the file as it was (see `DamagedEvent`); a file that is not JSON or not
+ *   the journal's format is refused whole (`FileCorruptError`).
  *
  * @module
  */
-import { storedOutboxProblem } from "../../src/stored_records.ts";
 import type {
   ClaimDueOptions,
   ClaimOptions,
+  DamagedListOptions,
+  DamagedRecord,
   FailOutcome,
   ListOptions,
   NewOutboxEntry,
@@ -43,6 +47,8 @@ import {
   type MemoryEventJournalOptions,
 } from "../../src/events/memory_journal.ts";
 import type {
+  DamagedEvent,
+  DamagedEventListOptions,
   EventClaimOptions,
   EventListOptions,
   EventRecord,
@@ -154,8 +160,22 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  * used the file, the load runs under its mutex `<path>.mutex`, and the
  * entries of its append log `<path>.log` past the snapshot's `logSeq` are
  * replayed (a torn last line is ignored), written into a fresh snapshot, and
- * the log removed. A damaged file (or log) → {@link FileCorruptError} naming
- * the file and the byte offset or the field; nothing is written.
+ * the log removed. A file (or log line) that is not JSON, or not the
+ * journal's format → {@link FileCorruptError} naming the file and the byte
+ * offset or the field; nothing is written.
+ *
+ * Damaged records: an event or an outbox entry of a readable file that is
+ * not a valid record (a field of the wrong type, an unknown state, … a bad
+ * disk or a hand edit) does not make the file unreadable. It is kept in the
+ * file as it was, and the first operation that meets it (`claimDue`, `list`,
+ * `get`, `damaged`; the outbox's own) sets it aside, once, writing its mark
+ * (`damaged` in the file: what is wrong, when, whether it was reported). It
+ * is left out of everything else: due scans neither take it nor let it hold
+ * back its `orderKey` (or its chat, in the outbox), `list` returns the other
+ * records, `get` rejects with a `DamagedEventError` (the outbox's with a
+ * `DamagedRecordError`), and operations on it change nothing.
+ * `damaged()` / `reportDamaged()` (and the outbox's) list and report them:
+ * through `eventsDurability`, the bot reports each once as an `error` event.
  *
  * A failed rewrite (disk full, permissions) rejects every operation waiting
  * for a write, with an error naming the file, and the state is reloaded from
@@ -245,7 +265,7 @@ export class FileEventJournal implements LeasedEventJournal {
     this.file = file;
     this.locked = options.lock;
     this.#staleLockMs = options.staleLockMs;
-    this.#memOptions = { heartbeatChanges: false, ...(options.clock ? { clock: options.clock } : {}) };
+    this.#memOptions = { heartbeatChanges: false, name: "file-events", ...(options.clock ? { clock: options.clock } : {}) };
     this.#commit = new SnapshotCommitter<MemoryEventJournal>({
       label: LABEL,
       file: () => this.file,
@@ -269,7 +289,8 @@ export class FileEventJournal implements LeasedEventJournal {
    * @returns the open journal
    * @throws {TypeError} for a bad option (named)
    * @throws {FileLockedError} when another live process holds `<path>.lock`
-   * @throws {FileCorruptError} when the file or its `.log` is damaged (nothing is written)
+   * @throws {FileCorruptError} when the file or its `.log` is not JSON or not the journal's format (nothing is
+   *   written; a record that is not valid is set aside instead)
    * @throws {Error} when the file is already open in this process (`FileEventJournal: <file> is already open in
    *   this process …`), or cannot be read or written (`FileEventJournal: <file>: …`, the runtime's error as `cause`)
    */
@@ -468,6 +489,21 @@ export class FileEventJournal implements LeasedEventJournal {
     return this.#run("events.purge", (m) => m.purge(olderThanMs, options));
   }
 
+  /** Events set aside as damaged, in the order they were (see `DamagedEvent`). @returns at most `limit` (default 100) */
+  damaged(options?: DamagedEventListOptions): Promise<DamagedEvent[]> {
+    return this.#run("events.damaged", (m) => m.damaged(options));
+  }
+
+  /** Marks a set-aside event reported. @returns whether this call marked it */
+  reportDamaged(id: string, options?: { channel?: string | null }): Promise<boolean> {
+    return this.#run("events.reportDamaged", (m) => m.reportDamaged(id, options));
+  }
+
+  /** Sets event `id` aside as damaged with `problem`, as it is. @returns whether this call set it aside */
+  setAside(id: string, problem: string): Promise<boolean> {
+    return this.#run("events.setAside", (m) => m.setAside(id, problem));
+  }
+
   /**
    * Runs one operation on the in-memory state and resolves once what it
    * observed is on disk. An operation called after `close()` rejects at
@@ -575,6 +611,12 @@ class FileSidecarOutbox implements OutboxJournal {
   purge(olderThanMs: number): Promise<number> {
     return this.#run("outbox.purge", (m) => m.outbox.purge(olderThanMs));
   }
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#run("outbox.damaged", (m) => m.outbox.damaged!(options));
+  }
+  reportDamaged(key: string): Promise<boolean> {
+    return this.#run("outbox.reportDamaged", (m) => m.outbox.reportDamaged!(key));
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -632,8 +674,6 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     }
     // Already in the snapshot, or not after the last entry applied (a late write): skipped, as the shared journal does.
     if ((seq as number) <= last) continue;
-    if (!Array.isArray(entry.outbox)) bad(at, `field "outbox" must be an array, got ${show(entry.outbox)}`);
-    checkOutboxEntries(logPath, at, entry.outbox!, `line ${line}: `);
     try {
       mem.applyChanges(entry as EventJournalChanges);
     } catch (error) {
@@ -643,18 +683,4 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     applied++;
   }
   return applied;
-}
-
-// ---------------------------------------------------------------------------
-// Checking outbox entries read from a file (events are checked by MemoryEventJournal)
-
-/** @throws {FileCorruptError} naming the first bad outbox entry and field */
-function checkOutboxEntries(file: string, offset: number | null, entries: readonly unknown[], prefix: string): void {
-  for (let i = 0; i < entries.length; i++) {
-    const problem = storedOutboxProblem(entries[i]);
-    if (problem === null) continue;
-    const key = (entries[i] as { key?: unknown } | null)?.key;
-    const label = `outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}`;
-    throw new FileCorruptError(file, offset, `${prefix}${label}: ${problem}`, LABEL);
-  }
 }

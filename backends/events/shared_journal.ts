@@ -5,10 +5,12 @@
  *
  * @module
  */
-import type { ClaimDueOptions, ClaimOptions, FailOutcome, ListOptions, NewOutboxEntry } from "../../src/backend.ts";
-import type { OutboxClaim, OutboxEntry, OutboxJournal, OutboxState, ReserveResult } from "../../src/backend.ts";
+import type { ClaimDueOptions, ClaimOptions, DamagedListOptions, DamagedRecord, FailOutcome, ListOptions } from "../../src/backend.ts";
+import type { NewOutboxEntry, OutboxClaim, OutboxEntry, OutboxJournal, OutboxState, ReserveResult } from "../../src/backend.ts";
 import { MemoryEventJournal, type MemoryEventJournalOptions } from "../../src/events/memory_journal.ts";
 import type {
+  DamagedEvent,
+  DamagedEventListOptions,
   EventClaimOptions,
   EventListOptions,
   EventRecord,
@@ -35,7 +37,6 @@ import {
   writeFilePinned,
 } from "../../src/runtime/fs.ts";
 import { showValue as show } from "../../src/show.ts";
-import { storedOutboxProblem } from "../../src/stored_records.ts";
 import {
   claimOpenFile,
   DEFAULT_STALE_LOCK_MS,
@@ -207,6 +208,13 @@ function checkBoolean(value: unknown, name: string): boolean {
  * - A due scan runs under the mutex on the newest state, so the records of
  *   one `orderKey` are leased to one process at a time, oldest first (see
  *   `LeasedEventJournal.claimDue`), whichever processes scan at once.
+ * - A record (event or outbox entry) of a snapshot or a delta that is not
+ *   valid is kept as it was and set aside, as in a `FileEventJournal` (see
+ *   `DamagedEvent`): the first operation that meets it, in any process,
+ *   commits its mark, so it is set aside once and reported once
+ *   (`reportDamaged` answers `true` in one process only). A generation that
+ *   is not JSON, or not the journal's format, is refused whole
+ *   (`FileCorruptError`).
  * - `close()` lets operations already called finish, and rejects later ones.
  *
  * @example Three workers (processes) may run this on one file
@@ -292,7 +300,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#fsync = settings.fsync;
     this.#logFsync = settings.logFsync;
     this.#staleLockMs = settings.staleLockMs;
-    this.#memoryOptions = settings.clock ? { clock: settings.clock, heartbeatChanges: true } : { heartbeatChanges: true };
+    this.#memoryOptions = { heartbeatChanges: true, name: "shared-file-events", ...(settings.clock ? { clock: settings.clock } : {}) };
     const run = <T>(op: string, fn: (journal: MemoryEventJournal) => Promise<T>): Promise<T> => this.#enqueue(op, fn);
     this.outbox = new SharedOutbox(run);
   }
@@ -306,7 +314,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
    * @returns the open journal
    * @throws {TypeError} or {RangeError} naming a bad option
    * @throws {FileLockedError} when a live process holds `<file>.lock` (a `FileEventJournal` has the file)
-   * @throws {FileCorruptError} when the snapshot or the log is damaged (file and offset named)
+   * @throws {FileCorruptError} when the snapshot or the log is not JSON or not the journal's format (file and
+   *   offset named; a record that is not valid is set aside instead)
    * @throws {Error} when this process already has the file open through another backend
    */
   static async open(path: string, options: SharedFileEventJournalOptions = {}): Promise<SharedFileEventJournal> {
@@ -425,6 +434,21 @@ export class SharedFileEventJournal implements LeasedEventJournal {
 
   purge(olderThanMs: number, options?: { channel?: string | null }): Promise<number> {
     return this.#enqueue("events.purge", (j) => j.purge(olderThanMs, options));
+  }
+
+  /** Events set aside as damaged, in the order they were (see `DamagedEvent`). @returns at most `limit` (default 100) */
+  damaged(options?: DamagedEventListOptions): Promise<DamagedEvent[]> {
+    return this.#enqueue("events.damaged", (j) => j.damaged(options));
+  }
+
+  /** Marks a set-aside event reported: of several processes, exactly one call answers `true`. */
+  reportDamaged(id: string, options?: { channel?: string | null }): Promise<boolean> {
+    return this.#enqueue("events.reportDamaged", (j) => j.reportDamaged(id, options));
+  }
+
+  /** Sets event `id` aside as damaged with `problem`, as it is. @returns whether this call set it aside */
+  setAside(id: string, problem: string): Promise<boolean> {
+    return this.#enqueue("events.setAside", (j) => j.setAside(id, problem));
   }
 
   /**
@@ -918,17 +942,6 @@ function applyLogLine(
     throw new FileCorruptError(file, offset, `generation ${expect} holds a line of seq ${seq}`, LABEL);
   }
   if (seq <= last) return last;
-  const outbox = entry.outbox;
-  if (!Array.isArray(outbox)) {
-    throw new FileCorruptError(file, offset, `line ${lineNo}: field "outbox" must be an array, got ${show(outbox)}`, LABEL);
-  }
-  for (let i = 0; i < outbox.length; i++) {
-    const problem = storedOutboxProblem(outbox[i]);
-    if (problem === null) continue;
-    const key = (outbox[i] as { key?: unknown } | null)?.key;
-    const label = `outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}`;
-    throw new FileCorruptError(file, offset, `line ${lineNo} (log entry ${seq}): ${label}: ${problem}`, LABEL);
-  }
   try {
     journal.applyChanges(entry as never);
   } catch (error) {
@@ -988,5 +1001,13 @@ class SharedOutbox implements OutboxJournal {
 
   purge(olderThanMs: number): Promise<number> {
     return this.#run("outbox.purge", (j) => j.outbox.purge(olderThanMs));
+  }
+
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#run("outbox.damaged", (j) => j.outbox.damaged!(options));
+  }
+
+  reportDamaged(key: string): Promise<boolean> {
+    return this.#run("outbox.reportDamaged", (j) => j.outbox.reportDamaged!(key));
   }
 }

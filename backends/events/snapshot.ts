@@ -1,21 +1,29 @@
 /**
  * The file format shared by `FileEventJournal` and `SharedFileEventJournal`:
- * one JSON snapshot `{ format, version, logSeq, outboxSeq, events, outbox }`.
- * `logSeq` is the last append-log entry the snapshot contains (0 without a
- * log), so that replaying the log skips what the snapshot already holds.
- * Events are `EventRecord`s as they are; one stored before there were
- * ordering groups has no `orderKey` and reads as `orderKey: null`.
+ * one JSON snapshot `{ format, version, logSeq, outboxSeq, events, outbox,
+ * damaged? }`. `logSeq` is the last append-log entry the snapshot contains
+ * (0 without a log), so that replaying the log skips what the snapshot
+ * already holds. Events are `EventRecord`s as they are; one stored before
+ * there were ordering groups has no `orderKey` and reads as `orderKey: null`.
+ * A record of `events` or `outbox` that is not valid is read as damaged and
+ * written back as it was; `damaged` holds the marks of the records set aside
+ * (`DamageMark`: journal, id, problem, setAsideAt, reported). A snapshot with
+ * marks is `version` 2 (versions before it refuse it rather than drop them),
+ * one without is `version` 1, as before.
  *
  * @module
  */
 import { MemoryEventJournal, type MemoryEventJournalOptions } from "../../src/events/memory_journal.ts";
 import { FileCorruptError, parseJsonBytes } from "../file_support.ts";
-import { storedOutboxProblem } from "../../src/stored_records.ts";
 
 /** The `format` marker of an events journal file. */
 export const EVENTS_FORMAT = "@botmesh/durable/events";
-/** The version of the file format this code writes and reads. */
-export const EVENTS_FORMAT_VERSION = 1;
+/**
+ * The version of the file format: 2 when the snapshot has a `damaged`
+ * section (versions before it refuse such a file rather than drop the marks),
+ * else 1 (which they also read). This code reads both.
+ */
+export const EVENTS_FORMAT_VERSION = 2;
 
 /** A parsed snapshot: the journal and the log position it contains. */
 export interface LoadedEventSnapshot {
@@ -34,11 +42,12 @@ export function serializeEventSnapshot(journal: MemoryEventJournal, logSeq: numb
   const state = journal.exportState();
   return JSON.stringify({
     format: EVENTS_FORMAT,
-    version: EVENTS_FORMAT_VERSION,
+    version: state.damaged?.length ? EVENTS_FORMAT_VERSION : 1,
     logSeq,
     outboxSeq: state.outboxSeq,
     events: state.events,
     outbox: state.outbox,
+    ...(state.damaged?.length ? { damaged: state.damaged } : {}),
   });
 }
 
@@ -50,7 +59,8 @@ export function serializeEventSnapshot(journal: MemoryEventJournal, logSeq: numb
  * @param label the journal class named in errors
  * @param options options of the journal built
  * @returns the journal and its `logSeq`
- * @throws {FileCorruptError} naming the file and the byte offset (syntax, encoding) or the bad field (structure)
+ * @throws {FileCorruptError} naming the file and the byte offset (syntax, encoding) or the bad field (structure;
+ *   a record that is not valid is read as damaged instead)
  */
 export function parseEventSnapshot(
   file: string,
@@ -66,20 +76,12 @@ export function parseEventSnapshot(
   if (doc!.format !== EVENTS_FORMAT) {
     bad(`field "format" is ${JSON.stringify(doc!.format)}, expected ${JSON.stringify(EVENTS_FORMAT)}`);
   }
-  if (doc!.version !== EVENTS_FORMAT_VERSION) {
-    bad(`field "version" is ${JSON.stringify(doc!.version)}; this code reads version ${EVENTS_FORMAT_VERSION}`);
+  if (doc!.version !== 1 && doc!.version !== EVENTS_FORMAT_VERSION) {
+    bad(`field "version" is ${JSON.stringify(doc!.version)}; this code reads versions 1 and ${EVENTS_FORMAT_VERSION}`);
   }
   const logSeq = doc!.logSeq;
   if (typeof logSeq !== "number" || !Number.isInteger(logSeq) || logSeq < 0) {
     bad(`field "logSeq" must be a non-negative integer, got ${JSON.stringify(logSeq)}`);
-  }
-  if (Array.isArray(doc!.outbox)) {
-    (doc!.outbox as unknown[]).forEach((entry, i) => {
-      const problem = storedOutboxProblem(entry);
-      if (problem === null) return;
-      const key = (entry as { key?: unknown } | null)?.key;
-      bad(`outbox entry ${i}${typeof key === "string" ? ` (key ${JSON.stringify(key)})` : ""}: ${problem}`);
-    });
   }
   const journal = new MemoryEventJournal(options);
   try {
@@ -87,6 +89,7 @@ export function parseEventSnapshot(
       events: doc!.events as never,
       outbox: doc!.outbox as never,
       outboxSeq: doc!.outboxSeq as never,
+      damaged: doc!.damaged as never,
     });
   } catch (error) {
     bad((error as Error).message);

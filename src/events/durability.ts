@@ -5,25 +5,36 @@
  *
  * @module
  */
-import type {
-  ClaimDueOptions,
-  ClaimOptions,
-  DurabilityBackend,
-  DurableKv,
-  FailOutcome,
-  InboundRecord,
-  InboundState,
-  InboxJournal,
-  JsonValue,
-  ListOptions,
-  NewInboundRecord,
-  OutboxJournal,
+import {
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
+  type DamagedRecords,
+  type DurabilityBackend,
+  type DurableKv,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type JsonValue,
+  type ListOptions,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  type OutboxClaim,
+  type OutboxEntry,
+  type OutboxJournal,
+  type OutboxState,
+  type ReserveResult,
 } from "../backend.ts";
 import { checkClaim, checkFinite, checkId, checkNewInbound, checkOutcome, matchesList, normalizeList } from "../journal_rules.ts";
 import { showValue as show } from "../show.ts";
+import { describeJsonKind } from "../stored_records.ts";
 import { kvDurability } from "../../backends/kv.ts";
 import {
   BOT_CHANNEL,
+  DamagedEventError,
   type EventRecord,
   INBOUND_INTERACTION_EVENT,
   INBOUND_MESSAGE_EVENT,
@@ -79,6 +90,22 @@ export function inboundToEvent(record: NewInboundRecord): NewEventRecord {
   };
 }
 
+/** Why an event of the bot's channel is not an inbox record (naming the field), or `null` when it is one. */
+function inboundProblem(event: EventRecord): string | null {
+  if (event.eventType !== INBOUND_MESSAGE_EVENT && event.eventType !== INBOUND_INTERACTION_EVENT) {
+    return `field "eventType" is ${JSON.stringify(event.eventType)}, not an inbound record's ` +
+      `(${INBOUND_MESSAGE_EVENT} or ${INBOUND_INTERACTION_EVENT})`;
+  }
+  const p = event.payload;
+  if (typeof p !== "object" || p === null || Array.isArray(p)) {
+    return `field "payload" must be an object { chatId, provider, message }, got ${describeJsonKind(p)}`;
+  }
+  for (const field of ["chatId", "provider"]) {
+    if (typeof p[field] !== "string") return `field "payload.${field}" must be a string, got ${describeJsonKind(p[field])}`;
+  }
+  return null;
+}
+
 /**
  * The inbox record an event holds, or `null` when the event is not one of
  * the bot's inbox records (another channel or eventType, or a payload
@@ -88,16 +115,9 @@ export function inboundToEvent(record: NewInboundRecord): NewEventRecord {
  * @returns the inbox record
  */
 export function eventToInbound(event: EventRecord): InboundRecord | null {
-  if (event.channel !== BOT_CHANNEL) return null;
-  const kind = event.eventType === INBOUND_MESSAGE_EVENT
-    ? "message"
-    : event.eventType === INBOUND_INTERACTION_EVENT
-    ? "interaction"
-    : null;
-  if (kind === null) return null;
-  const p = event.payload;
-  if (typeof p !== "object" || p === null || Array.isArray(p)) return null;
-  if (typeof p.chatId !== "string" || typeof p.provider !== "string") return null;
+  if (event.channel !== BOT_CHANNEL || inboundProblem(event) !== null) return null;
+  const kind = event.eventType === INBOUND_MESSAGE_EVENT ? "message" : "interaction";
+  const p = event.payload as InboundEventPayload;
   return {
     id: event.id,
     kind,
@@ -120,31 +140,45 @@ function byReceipt(a: InboundRecord, b: InboundRecord): number {
   return a.receivedAt - b.receivedAt;
 }
 
-/** The inbox of {@link eventsDurability}: the journal's records in {@link BOT_CHANNEL}. */
-class EventsInbox implements InboxJournal {
-  readonly #journal: LeasedEventJournal;
+/** A damaged-record error of `backend`: the same, under the name of the backend that holds it. */
+function renamed(error: unknown, backend: string): unknown {
+  if (!(error instanceof DamagedRecordError) || error.backend === backend) return error;
+  return new DamagedRecordError({ journal: error.journal, id: error.id, backend, problem: error.problem });
+}
 
-  constructor(journal: LeasedEventJournal) {
+/** The inbox of {@link eventsDurability}: the journal's records in {@link BOT_CHANNEL}. */
+class EventsInbox implements InboxJournal, DamagedRecords {
+  readonly #journal: LeasedEventJournal;
+  /** The backend's name, in damaged records. */
+  readonly #backend: string;
+
+  constructor(journal: LeasedEventJournal, backend: string) {
     this.#journal = journal;
+    this.#backend = backend;
   }
 
   /**
-   * Maps claimed events to inbox records. An event of the bot's channel that
-   * is not an inbox record (written there by someone else) is made `dead`, so
-   * that the bot's sweep does not take it again and again.
+   * Sets aside an event of the bot's channel that is not an inbox record
+   * (written there by someone else, or damaged), so that the bot's sweep does
+   * not take it again and again. A journal without `setAside` (an earlier
+   * contract) gets a claimed one made `dead`, as before.
    */
+  async #setAside(event: EventRecord, problem: string): Promise<void> {
+    if (this.#journal.setAside !== undefined) await this.#journal.setAside(event.id, problem).catch(() => {});
+    else if (event.lease) await this.#journal.fail(event.id, event.lease.token, { error: problem, dead: true }).catch(() => {});
+  }
+
+  #damagedError(id: string, problem: string): DamagedRecordError {
+    return new DamagedRecordError({ journal: "inbox", id, backend: this.#backend, problem });
+  }
+
+  /** Maps claimed events to inbox records; one that is not an inbox record is set aside. */
   async #mapClaimed(events: EventRecord[]): Promise<InboundRecord[]> {
     const out: InboundRecord[] = [];
     for (const event of events) {
       const record = eventToInbound(event);
-      if (record) {
-        out.push(record);
-        continue;
-      }
-      await this.#journal.fail(event.id, event.lease!.token, {
-        error: `not a bot inbox record (eventType ${JSON.stringify(event.eventType)}) in channel ${JSON.stringify(BOT_CHANNEL)}`,
-        dead: true,
-      }).catch(() => {});
+      if (record) out.push(record);
+      else await this.#setAside(event, inboundProblem(event) ?? `field "channel" is not ${JSON.stringify(BOT_CHANNEL)}`);
     }
     return out;
   }
@@ -155,7 +189,15 @@ class EventsInbox implements InboxJournal {
     const event = await this.#journal.append(inboundToEvent(input), lease);
     if (event) return eventToInbound(event);
     // A redelivery is a duplicate; an app event that has the message's id is not, and must not swallow it.
-    const existing = await this.#journal.get(input.id);
+    let existing: { channel: string | null; eventType: string } | null;
+    try {
+      existing = await this.#journal.get(input.id);
+    } catch (error) {
+      if (!(error instanceof DamagedEventError)) throw error;
+      // A record set aside as damaged keeps its id: a redelivery is a duplicate of it, unless it is an app's.
+      if (error.channel === undefined || error.channel === BOT_CHANNEL) return null;
+      existing = { channel: error.channel, eventType: "(damaged)" };
+    }
     if (existing !== null && existing.channel !== BOT_CHANNEL) {
       throw new Error(
         `Inbound ${input.kind} ${JSON.stringify(input.id)} cannot be journaled: ${this.#journal.name} already holds ` +
@@ -199,8 +241,34 @@ class EventsInbox implements InboxJournal {
 
   async get(id: string): Promise<InboundRecord | null> {
     checkId(id, `inbox.get: "id"`);
-    const event = await this.#journal.get(id);
-    return event ? eventToInbound(event) : null;
+    let event: EventRecord | null;
+    try {
+      event = await this.#journal.get(id);
+    } catch (error) {
+      if (!(error instanceof DamagedEventError)) throw error;
+      if (error.channel !== undefined && error.channel !== BOT_CHANNEL) return null; // an app's
+      throw this.#damagedError(id, error.problem);
+    }
+    if (event === null || event.channel !== BOT_CHANNEL) return null;
+    const problem = inboundProblem(event);
+    if (problem === null) return eventToInbound(event);
+    if (this.#journal.setAside === undefined) return null;
+    await this.#setAside(event, problem);
+    throw this.#damagedError(id, problem);
+  }
+
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    if (options !== undefined && (typeof options !== "object" || options === null)) {
+      throw new TypeError(`inbox.damaged: the options must be an object, got ${show(options)}`);
+    }
+    if (this.#journal.damaged === undefined) return [];
+    const found = await this.#journal.damaged({ ...options, channel: BOT_CHANNEL });
+    return found.map(({ id, problem, setAsideAt, reported }) => ({ journal: "inbox", id, backend: this.#backend, problem, setAsideAt, reported }));
+  }
+
+  async reportDamaged(id: string): Promise<boolean> {
+    checkId(id, `inbox.reportDamaged: "id"`);
+    return (await this.#journal.reportDamaged?.(id, { channel: BOT_CHANNEL })) ?? false;
   }
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
@@ -214,7 +282,8 @@ class EventsInbox implements InboxJournal {
     const records: InboundRecord[] = [];
     for (const event of events) {
       const record = eventToInbound(event);
-      if (record && matchesList(record, filter)) records.push(record);
+      if (record === null) await this.#setAside(event, inboundProblem(event)!);
+      else if (matchesList(record, filter)) records.push(record);
     }
     records.sort(byReceipt); // stable: append order on ties
     return records.slice(0, filter.limit);
@@ -223,13 +292,68 @@ class EventsInbox implements InboxJournal {
   async replay(id: string): Promise<boolean> {
     checkId(id, `inbox.replay: "id"`);
     // The channel of a record never changes: only the bot's records are replayed here.
-    const event = await this.#journal.get(id);
+    const event = await this.#journal.get(id).catch((error) => {
+      if (error instanceof DamagedEventError) return null; // set aside: nothing changes
+      throw error;
+    });
     if (!event || eventToInbound(event) === null) return false;
     return this.#journal.replay(id);
   }
 
   purge(olderThanMs: number): Promise<number> {
     return this.#journal.purge(olderThanMs, { channel: BOT_CHANNEL });
+  }
+}
+
+/** The outbox of {@link eventsDurability}: the journal's sidecar or a kv's, its damaged entries named as this backend's. */
+class EventsOutbox implements OutboxJournal, DamagedRecords {
+  readonly #inner: OutboxJournal;
+  readonly #backend: string;
+
+  constructor(inner: OutboxJournal, backend: string) {
+    this.#inner = inner;
+    this.#backend = backend;
+  }
+
+  reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+    return this.#inner.reserve(entry, lease).catch((error) => Promise.reject(renamed(error, this.#backend)));
+  }
+  claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    return this.#inner.claimDue(options);
+  }
+  heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#inner.heartbeat(key, token, leaseMs);
+  }
+  markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
+    return this.#inner.markCalling(key, token, leaseMs);
+  }
+  markSent(key: string, token: number, messageId: string): Promise<void> {
+    return this.#inner.markSent(key, token, messageId);
+  }
+  markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
+    return this.#inner.markFailed(key, token, outcome);
+  }
+  get(key: string): Promise<OutboxEntry | null> {
+    return this.#inner.get(key).catch((error) => Promise.reject(renamed(error, this.#backend)));
+  }
+  list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
+    return this.#inner.list(options);
+  }
+  retry(key: string): Promise<boolean> {
+    return this.#inner.retry(key);
+  }
+  discard(key: string): Promise<boolean> {
+    return this.#inner.discard(key);
+  }
+  purge(olderThanMs: number): Promise<number> {
+    return this.#inner.purge(olderThanMs);
+  }
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    if (this.#inner.damaged === undefined) return [];
+    return (await this.#inner.damaged(options)).map((record) => ({ ...record, backend: this.#backend }));
+  }
+  async reportDamaged(key: string): Promise<boolean> {
+    return (await this.#inner.reportDamaged?.(key)) ?? false;
   }
 }
 
@@ -246,6 +370,20 @@ class EventsInbox implements InboxJournal {
  * version have no key: they are claimed without it). An inbound id already
  * used by an app event makes `admit` throw (the bot then fails closed and the
  * channel redelivers), rather than take the message for a duplicate.
+ *
+ * Damaged records: an event the journal set aside as damaged (see
+ * `DamagedEvent`: its stored form is not a record) is, if it is in the bot's
+ * channel (or its channel cannot be read), a damaged inbox record: listed by
+ * `inbox.damaged()` and reported once by the bot, `get` rejects with a
+ * `DamagedRecordError`, due scans neither take it nor let it hold back its
+ * chat, and a redelivery of its id is a duplicate. An event of the bot's
+ * channel that is a valid event but not an inbox record (another eventType,
+ * or a payload without `chatId` / `provider`: written there by someone else,
+ * or damaged) is set aside the same way by the first `claimDue`, `claim`,
+ * `list` or `get` of the inbox that meets it (`journal.setAside`; a journal
+ * without it gets a claimed one made `dead`, as before). The outbox's damaged
+ * entries are its own (the sidecar's, or the kv backend's), named as this
+ * backend's.
  *
  * The outbox is the journal's sidecar (`journal.outbox`), or the outbox of
  * `kvDurability(options.outbox)` when a {@link DurableKv} is given.
@@ -300,11 +438,12 @@ export function eventsDurability(options: EventsDurabilityOptions): DurabilityBa
     }
     outbox = journal.outbox;
   }
+  const name = `events(${journal.name})`;
   return {
-    name: `events(${journal.name})`,
+    name,
     scope: journal.scope,
-    inbox: new EventsInbox(journal),
-    outbox,
+    inbox: new EventsInbox(journal, name),
+    outbox: new EventsOutbox(outbox, name),
     async open(): Promise<void> {},
     async close(): Promise<void> {},
   };

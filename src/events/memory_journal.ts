@@ -6,10 +6,20 @@
  *
  * @module
  */
-import { type ClaimOptions, type FailOutcome, type OutboxEntry, type OutboxJournal, StaleLeaseError } from "../backend.ts";
+import {
+  type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
+  type FailOutcome,
+  type OutboxEntry,
+  type OutboxJournal,
+  StaleLeaseError,
+} from "../backend.ts";
 import type { ClaimDueOptions, ListOptions, OutboxClaim, OutboxState, NewOutboxEntry, ReserveResult } from "../backend.ts";
 import {
   checkClaim,
+  checkDamagedList,
   claimedInbound,
   doneInbound,
   isInboxClaimable,
@@ -26,14 +36,18 @@ import {
   newLease,
 } from "../journal_rules.ts";
 import { showValue as show } from "../show.ts";
+import { describeJsonKind, storedOutboxProblem } from "../stored_records.ts";
 import { MemoryDurability } from "../../backends/memory.ts";
-import type {
-  EventClaimOptions,
-  EventListOptions,
-  EventRecord,
-  EventState,
-  LeasedEventJournal,
-  NewEventRecord,
+import {
+  type DamagedEvent,
+  DamagedEventError,
+  type DamagedEventListOptions,
+  type EventClaimOptions,
+  type EventListOptions,
+  type EventRecord,
+  type EventState,
+  type LeasedEventJournal,
+  type NewEventRecord,
 } from "./types.ts";
 
 /** Options of {@link MemoryEventJournal}. */
@@ -48,6 +62,26 @@ export interface MemoryEventJournalOptions {
    * processes must set it, so that other processes see the lease extended.
    */
   heartbeatChanges?: boolean;
+  /** The name in errors and damaged records (default `'memory-events'`): the file journals built on it pass theirs. */
+  name?: string;
+}
+
+/**
+ * The mark of a record set aside as damaged (see {@link DamagedEvent}), as
+ * {@link EventJournalState} and {@link EventJournalChanges} carry it. The
+ * record itself stays where it was stored (`events` or `outbox`), as it was.
+ */
+export interface DamageMark {
+  /** The journal it is in: the events, or the outbox sidecar. */
+  journal: "events" | "outbox";
+  /** The event id or outbox key (derived from the stored form when unreadable: `damaged:<hash>`). */
+  id: string;
+  /** What is wrong, naming the field. */
+  problem: string;
+  /** Journal-clock time it was set aside. */
+  setAsideAt: number;
+  /** Whether a reader reported it. */
+  reported: boolean;
 }
 
 /**
@@ -56,12 +90,21 @@ export interface MemoryEventJournalOptions {
  * {@link MemoryEventJournal.fromState} takes it: JSON as it is.
  */
 export interface EventJournalState {
-  /** Events in append order. */
+  /**
+   * Events in append order. One that is not a valid record (a field of the
+   * wrong type, an unknown state, …) is loaded all the same, as damaged (see
+   * {@link DamagedEvent}), and exported again as it is.
+   */
   events: EventRecord[];
-  /** Outbox entries of the sidecar in reservation order (ascending `seq`). */
+  /**
+   * Entries of the outbox sidecar in reservation order (ascending `seq`),
+   * then the damaged ones (loaded as such, exported as they are).
+   */
   outbox: OutboxEntry[];
   /** The last outbox `seq` issued (at least the largest `seq` of `outbox`). */
   outboxSeq: number;
+  /** Marks of the records set aside as damaged, in the order they were (none when absent). */
+  damaged?: DamageMark[];
 }
 
 /**
@@ -81,12 +124,31 @@ export interface EventJournalChanges {
   removedOutbox: string[];
   /** The last outbox `seq` issued. */
   outboxSeq: number;
+  /** Marks set or changed (reported), as they are now; absent when none. */
+  damaged?: DamageMark[];
+}
+
+/** A damaged record: its key, what is wrong, and its mark once set aside. */
+interface Damage {
+  journal: "events" | "outbox";
+  /** Its id / key, or one derived from its stored form when that is unreadable. */
+  key: string;
+  problem: string;
+  /** An event's channel as stored; `undefined` when unreadable. */
+  channel: string | null | undefined;
+  /** The stored form, as it is (for an event, also its slot's `record`). */
+  stored: unknown;
+  /** `null`: found damaged, not set aside yet. Replaced, never changed (exports hold it). */
+  mark: DamageMark | null;
 }
 
 /** One record and its place in append order. */
 interface Slot {
+  /** For a damaged record, its stored form as it is (not a record). */
   record: EventRecord;
   order: number;
+  /** Set for a damaged record: never indexed, never handed out. */
+  damage: Damage | null;
 }
 
 const EVENT_STATES: readonly EventState[] = ["pending", "processing", "failed", "done", "dead"];
@@ -156,31 +218,80 @@ function checkNewEvent(input: NewEventRecord): NewEventRecord & { channel: strin
   };
 }
 
+const isFiniteNumber = (v: unknown): v is number => typeof v === "number" && Number.isFinite(v);
+
+/** What is wrong with a stored lease, or `null`. */
+function leaseProblem(lease: unknown): string | null {
+  if (typeof lease !== "object" || lease === null || Array.isArray(lease)) return `must be null or a lease object, got ${describeJsonKind(lease)}`;
+  const l = lease as Record<string, unknown>;
+  if (typeof l.owner !== "string" || typeof l.incarnation !== "string") return "must have a string owner and incarnation";
+  if (!isFiniteNumber(l.token) || !isFiniteNumber(l.expiresAt)) return "must have a finite token and expiresAt";
+  return null;
+}
+
 /**
- * Checks the shape of a stored event (loaded from a file), so that a damaged
- * file fails on load with a message naming the field, not later. A record
- * stored before there were ordering groups gets `orderKey: null`.
- * @throws {TypeError} naming the first bad field
+ * What is wrong with a stored event (loaded from a file), naming the first
+ * bad field, or `null` for a valid record. A record stored before there were
+ * ordering groups has no `orderKey`: valid (read as `null`).
  */
-function checkStoredEvent(record: EventRecord, where: string): void {
-  if (typeof record !== "object" || record === null) throw new TypeError(`${where}: an event must be an object, got ${show(record)}`);
-  const what = `${where}: event ${JSON.stringify(record.id)}`;
-  if (typeof record.id !== "string" || record.id.length === 0) throw new TypeError(`${what}: field "id" must be a non-empty string`);
-  if (record.channel !== null && typeof record.channel !== "string") throw new TypeError(`${what}: field "channel" must be a string or null`);
-  if (record.orderKey === undefined) record.orderKey = null;
-  else if (record.orderKey !== null && typeof record.orderKey !== "string") {
-    throw new TypeError(`${what}: field "orderKey" must be a string or null`);
+function storedEventProblem(value: unknown): string | null {
+  if (typeof value !== "object" || value === null || Array.isArray(value)) return `an event must be an object, got ${describeJsonKind(value)}`;
+  const r = value as Record<string, unknown>;
+  if (typeof r.id !== "string" || r.id.length === 0) return `field "id" must be a non-empty string, got ${describeJsonKind(r.id)}`;
+  if (r.channel !== null && typeof r.channel !== "string") return `field "channel" must be a string or null, got ${describeJsonKind(r.channel)}`;
+  if (r.orderKey !== undefined && r.orderKey !== null && typeof r.orderKey !== "string") {
+    return `field "orderKey" must be a string or null, got ${describeJsonKind(r.orderKey)}`;
   }
-  if (typeof record.eventType !== "string") throw new TypeError(`${what}: field "eventType" must be a string`);
-  if (!EVENT_STATES.includes(record.state)) throw new TypeError(`${what}: field "state" is not a state: ${show(record.state)}`);
-  for (const field of ["createdAt", "attempts", "fence", "updatedAt"] as const) {
-    if (typeof record[field] !== "number" || !Number.isFinite(record[field])) {
-      throw new TypeError(`${what}: field "${field}" must be a finite number, got ${show(record[field])}`);
-    }
+  if (typeof r.eventType !== "string") return `field "eventType" must be a string, got ${describeJsonKind(r.eventType)}`;
+  if (!("payload" in r)) return `field "payload" is missing`;
+  if (!EVENT_STATES.includes(r.state as EventState)) return `field "state" is not a state: ${describeJsonKind(r.state)}`;
+  for (const field of ["createdAt", "attempts", "fence", "updatedAt"]) {
+    if (!isFiniteNumber(r[field])) return `field "${field}" must be a finite number, got ${describeJsonKind(r[field])}`;
   }
-  if (record.state === "processing" && (typeof record.lease !== "object" || record.lease === null)) {
-    throw new TypeError(`${what}: a processing event must have a lease`);
+  if (r.nextAttemptAt !== null && r.nextAttemptAt !== undefined && !isFiniteNumber(r.nextAttemptAt)) {
+    return `field "nextAttemptAt" must be a finite number or null, got ${describeJsonKind(r.nextAttemptAt)}`;
   }
+  if (r.error !== null && r.error !== undefined && typeof r.error !== "string") {
+    return `field "error" must be a string or null, got ${describeJsonKind(r.error)}`;
+  }
+  if (r.state === "processing" && (r.lease === null || r.lease === undefined)) return `field "lease" is missing: a processing event must have a lease`;
+  const lease = r.lease === null || r.lease === undefined ? null : leaseProblem(r.lease);
+  if (lease !== null) return `field "lease" ${lease}`;
+  return null;
+}
+
+/** An id / key read from a stored form, or `null` when it has no usable one. */
+function storedKey(value: unknown, field: "id" | "key"): string | null {
+  const key = typeof value === "object" && value !== null ? (value as Record<string, unknown>)[field] : undefined;
+  return typeof key === "string" && key.length > 0 ? key : null;
+}
+
+/** A key for a record whose id cannot be read: a hash (FNV-1a, 64 bits) of its stored form, stable while it is kept as it is. */
+function derivedKey(stored: unknown): string {
+  const text = JSON.stringify(stored) ?? String(stored);
+  let h1 = 0x811c9dc5;
+  let h2 = 0xcbf29ce4;
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    h1 = Math.imul(h1 ^ c, 0x01000193) >>> 0;
+    h2 = Math.imul(h2 ^ c, 0x01000193) >>> 0;
+    h2 = Math.imul(h2 ^ (h1 >>> 16), 0x01000193) >>> 0;
+  }
+  return `damaged:${h1.toString(16).padStart(8, "0")}${h2.toString(16).padStart(8, "0")}`;
+}
+
+/** An event's channel as stored; `undefined` when unreadable. */
+function storedChannel(value: unknown): string | null | undefined {
+  const channel = typeof value === "object" && value !== null ? (value as Record<string, unknown>).channel : undefined;
+  return channel === null || typeof channel === "string" ? channel : undefined;
+}
+
+/** Whether `value` is a well-formed {@link DamageMark}. */
+function isMark(value: unknown): value is DamageMark {
+  if (typeof value !== "object" || value === null) return false;
+  const m = value as Record<string, unknown>;
+  return (m.journal === "events" || m.journal === "outbox") && typeof m.id === "string" && typeof m.problem === "string" &&
+    isFiniteNumber(m.setAsideAt) && typeof m.reported === "boolean";
 }
 
 /**
@@ -200,6 +311,20 @@ function checkStoredEvent(record: EventRecord, where: string): void {
  * and load the whole state, `takeChanges()` / `applyChanges()` carry what
  * changed since the last call (an append-only log).
  *
+ * Damaged records: a record loaded (`importState`, `applyChanges`) that is
+ * not valid — an event or an outbox entry of the sidecar with a field of the
+ * wrong type, an unknown state, … — is kept as it is and set aside by the
+ * first operation that meets it (events: `claimDue`, `list`, `get`,
+ * `damaged`; the sidecar: its `claimDue`, `list`, `get`, `reserve`,
+ * `damaged`), once: see {@link DamagedEvent}. `setAside(id, problem)` sets a
+ * valid event aside as it is (the bot's inbox does so with an event of its
+ * channel that is not an inbound message). `damaged()` / `reportDamaged()`
+ * list and report them (the sidecar's: `outbox.damaged()` /
+ * `outbox.reportDamaged()`, as `DamagedRecord`s named after this journal);
+ * the marks (`DamageMark`) go with `exportState()` and `takeChanges()`. A
+ * journal that never loaded anything holds no damaged record but those set
+ * aside with `setAside`.
+ *
  * @example Usage
  * ```ts
  * import { MemoryEventJournal } from "./memory_journal.ts";
@@ -211,8 +336,8 @@ function checkStoredEvent(record: EventRecord, where: string): void {
  * ```
  */
 export class MemoryEventJournal implements LeasedEventJournal {
-  /** Always `'memory-events'`. */
-  readonly name: string = "memory-events";
+  /** `'memory-events'`, or the `name` option. */
+  readonly name: string;
   /** One process. */
   readonly scope: "process" = "process";
   /** The core's outbox: the sidecar's, rejecting calls once the journal is closed. */
@@ -239,12 +364,21 @@ export class MemoryEventJournal implements LeasedEventJournal {
   readonly #outChanged = new Map<string, OutboxEntry>();
   readonly #outRemoved = new Set<string>();
   #outSeq = 0;
+  /** Outbox entries loaded damaged (never in the sidecar), in the order found. */
+  readonly #outDamaged = new Map<string, Damage>();
+  /** Damaged records set aside, per journal (listed in the order they were: see {@link #asideList}). */
+  readonly #aside = { events: new Map<string, Damage>(), outbox: new Map<string, Damage>() };
+  /** Damaged records found and not set aside yet. */
+  readonly #found = { events: new Set<Damage>(), outbox: new Set<Damage>() };
+  /** Damaged records whose mark was set or changed since the last `takeChanges`. */
+  readonly #marksChanged = new Set<Damage>();
 
   /**
    * An empty, open journal.
    *
    * @param options.clock the journal clock in ms since epoch (default `() => Date.now()`)
    * @param options.heartbeatChanges whether heartbeats are changes for `takeChanges` (default `false`)
+   * @param options.name the name in errors and damaged records (default `'memory-events'`)
    * @throws {TypeError} when an option has the wrong type
    */
   constructor(options?: MemoryEventJournalOptions) {
@@ -260,6 +394,11 @@ export class MemoryEventJournal implements LeasedEventJournal {
       throw new TypeError(`MemoryEventJournal option "heartbeatChanges" must be a boolean, got ${show(heartbeatChanges)}`);
     }
     this.#heartbeatChanges = heartbeatChanges;
+    const name = options?.name ?? "memory-events";
+    if (typeof name !== "string" || name.length === 0) {
+      throw new TypeError(`MemoryEventJournal option "name" must be a non-empty string, got ${show(name)}`);
+    }
+    this.name = name;
     this.#now = (): number => {
       const time = clock();
       if (typeof time !== "number" || !Number.isFinite(time)) {
@@ -273,6 +412,29 @@ export class MemoryEventJournal implements LeasedEventJournal {
       this.#sidecar.outbox,
       (op) => this.#assertOpen(op),
       (run) => this.#asHeartbeat(run),
+      {
+        error: (key) => {
+          const damage = this.#outDamaged.get(key);
+          if (!damage) return null;
+          this.#setAsideFound("outbox");
+          return new DamagedRecordError({ journal: "outbox", id: key, backend: this.name, problem: damage.mark!.problem });
+        },
+        setAsideFound: () => this.#setAsideFound("outbox"),
+        list: (options) => {
+          const { unreported, limit } = checkDamagedList(options, "outbox.damaged");
+          this.#setAsideFound("outbox");
+          const out: DamagedRecord[] = [];
+          for (const { mark } of this.#asideList("outbox")) {
+            if (out.length >= limit) break;
+            if (!unreported || !mark!.reported) out.push({ journal: "outbox", backend: this.name, ...markFields(mark!) });
+          }
+          return out;
+        },
+        report: (key) => {
+          checkString(key, `outbox.reportDamaged: "key"`);
+          return this.#report(this.#aside.outbox.get(key));
+        },
+      },
     );
   }
 
@@ -320,7 +482,13 @@ export class MemoryEventJournal implements LeasedEventJournal {
 
   /** Stores `next` in `slot` (a new slot when omitted) and keeps the indexes in step. */
   #store(next: EventRecord, slot?: Slot, heartbeat = false): Slot {
-    if (slot) {
+    if (slot?.damage) {
+      // A change applied from elsewhere replaces a damaged record with a valid one.
+      this.#forgetDamage(slot.damage);
+      slot.damage = null;
+      slot.record = next;
+      this.#index(slot);
+    } else if (slot) {
       const prev = slot.record;
       if (prev.state !== next.state || prev.channel !== next.channel || prev.orderKey !== next.orderKey) {
         this.#unindex(slot);
@@ -330,7 +498,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
         slot.record = next;
       }
     } else {
-      slot = { record: next, order: ++this.#order };
+      slot = { record: next, order: ++this.#order, damage: null };
       this.#slots.set(next.id, slot);
       this.#index(slot);
     }
@@ -338,7 +506,96 @@ export class MemoryEventJournal implements LeasedEventJournal {
     return slot;
   }
 
+  /** Keeps `stored` as the damaged event `key` (in place of what the slot held), found, not set aside yet. */
+  #storeDamagedEvent(key: string, stored: unknown, problem: string): void {
+    let slot = this.#slots.get(key);
+    if (slot?.damage && sameJson(slot.damage.stored, stored)) return; // applied again: it keeps its mark
+    const damage: Damage = { journal: "events", key, problem, channel: storedChannel(stored), stored, mark: null };
+    if (slot) {
+      this.#unindex(slot);
+      if (slot.damage) this.#forgetDamage(slot.damage);
+      slot.record = stored as EventRecord;
+      slot.damage = damage;
+    } else {
+      slot = { record: stored as EventRecord, order: ++this.#order, damage };
+      this.#slots.set(key, slot);
+    }
+    this.#found.events.add(damage);
+    if (this.#tracking) this.#changed.add(key);
+  }
+
+  /** Sets `damage` aside at `now`. @returns whether it was not set aside before */
+  #markAside(damage: Damage, now: number): boolean {
+    if (damage.mark !== null) return false;
+    damage.mark = { journal: damage.journal, id: damage.key, problem: damage.problem, setAsideAt: now, reported: false };
+    this.#found[damage.journal].delete(damage);
+    this.#aside[damage.journal].set(damage.key, damage);
+    if (this.#tracking) this.#marksChanged.add(damage);
+    return true;
+  }
+
+  /**
+   * The records of `journal` set aside, in the order they were: by `setAsideAt`, then key (records set aside
+   * at once). Not by insertion: a change set applied again may take one out and put it back.
+   */
+  #asideList(journal: "events" | "outbox"): Damage[] {
+    return [...this.#aside[journal].values()].sort((a, b) =>
+      a.mark!.setAsideAt - b.mark!.setAsideAt || (a.key < b.key ? -1 : a.key > b.key ? 1 : 0)
+    );
+  }
+
+  /** Sets aside the damaged records of `journal` found and not set aside yet: the first operation to meet one does. */
+  #setAsideFound(journal: "events" | "outbox"): void {
+    const found = this.#found[journal];
+    if (found.size === 0) return;
+    const now = this.#now();
+    for (const damage of [...found]) this.#markAside(damage, now);
+  }
+
+  /** Marks a set-aside record reported. @returns whether it was not reported before */
+  #report(damage: Damage | undefined): boolean {
+    if (!damage || damage.mark === null || damage.mark.reported) return false;
+    damage.mark = { ...damage.mark, reported: true }; // replaced: an export holds the old object
+    if (this.#tracking) this.#marksChanged.add(damage);
+    return true;
+  }
+
+  /** Drops a damaged record (replaced or deleted by a change applied from elsewhere). */
+  #forgetDamage(damage: Damage): void {
+    this.#found[damage.journal].delete(damage);
+    this.#aside[damage.journal].delete(damage.key);
+    this.#marksChanged.delete(damage);
+    if (damage.journal === "outbox") this.#outDamaged.delete(damage.key);
+  }
+
+  /** Keeps `stored` as the damaged outbox entry `key`, found, not set aside yet. */
+  #storeDamagedEntry(key: string, stored: unknown, problem: string): void {
+    const damage: Damage = { journal: "outbox", key, problem, channel: undefined, stored, mark: null };
+    this.#outDamaged.set(key, damage);
+    this.#found.outbox.add(damage);
+  }
+
+  /** Applies a stored mark to its record (a valid event becomes set aside as it is); a mark of no record is dropped. */
+  #applyMark(mark: DamageMark): void {
+    let damage: Damage | undefined;
+    if (mark.journal === "outbox") {
+      damage = this.#outDamaged.get(mark.id);
+    } else {
+      const slot = this.#slots.get(mark.id);
+      if (slot && slot.damage === null) {
+        this.#unindex(slot);
+        slot.damage = { journal: "events", key: mark.id, problem: mark.problem, channel: slot.record.channel, stored: slot.record, mark: null };
+      }
+      damage = slot?.damage ?? undefined;
+    }
+    if (!damage) return;
+    damage.mark = mark;
+    this.#found[damage.journal].delete(damage);
+    this.#aside[damage.journal].set(damage.key, damage);
+  }
+
   #index(slot: Slot): void {
+    if (slot.damage) return;
     const { state, channel, orderKey } = slot.record;
     const index = isActive(state) ? this.#active : state === "done" ? this.#done : null;
     if (!index) return;
@@ -354,6 +611,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
   }
 
   #unindex(slot: Slot): void {
+    if (slot.damage) return;
     const { state, channel, orderKey } = slot.record;
     const index = isActive(state) ? this.#active : state === "done" ? this.#done : null;
     const set = index?.get(channel);
@@ -380,18 +638,20 @@ export class MemoryEventJournal implements LeasedEventJournal {
   }
 
   #delete(slot: Slot): void {
+    const key = slot.damage?.key ?? slot.record.id;
+    if (slot.damage) this.#forgetDamage(slot.damage);
     this.#unindex(slot);
-    this.#slots.delete(slot.record.id);
+    this.#slots.delete(key);
     if (this.#tracking) {
-      this.#changed.delete(slot.record.id);
-      this.#removed.add(slot.record.id);
+      this.#changed.delete(key);
+      this.#removed.add(key);
     }
   }
 
   /** The slot of a `processing` record whose lease carries `token`, or `null`. */
   #held(id: string, token: number): Slot | null {
     const slot = this.#slots.get(id);
-    if (!slot || slot.record.state !== "processing" || !holdsLease(slot.record.lease, token)) return null;
+    if (!slot || slot.damage || slot.record.state !== "processing" || !holdsLease(slot.record.lease, token)) return null;
     return slot;
   }
 
@@ -443,7 +703,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const channel = checkChannel(options.channel, `events.claim: option "channel"`);
     const slot = this.#slots.get(id);
     const now = this.#now();
-    if (!slot || slot.record.channel !== channel || !isInboxClaimable(slot.record, now, options)) return null;
+    if (!slot || slot.damage || slot.record.channel !== channel || !isInboxClaimable(slot.record, now, options)) return null;
     const next = claimedInbound(slot.record, now, options);
     this.#store(next, slot);
     return cloneJson(next);
@@ -465,6 +725,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     checkClaim(options, "events.claimDue");
     checkFinite(options.limit, `events.claimDue: option "limit"`);
     const channel = checkChannel(options.channel, `events.claimDue: option "channel"`);
+    this.#setAsideFound("events");
     const active = this.#active.get(channel);
     if (!active || options.limit <= 0) return [];
     const now = this.#now();
@@ -540,12 +801,74 @@ export class MemoryEventJournal implements LeasedEventJournal {
   /**
    * Record `id`, in any channel.
    * @returns a copy, or `null`
+   * @throws {DamagedEventError} when it is damaged (it is set aside, if it was not yet)
    */
   async get(id: string): Promise<EventRecord | null> {
     this.#assertOpen("events.get");
     checkString(id, `events.get: "id"`);
     const slot = this.#slots.get(id);
-    return slot ? cloneJson(slot.record) : null;
+    if (!slot) return null;
+    if (slot.damage) {
+      this.#setAsideFound("events");
+      throw new DamagedEventError(this.name, id, slot.damage.mark!.problem, slot.damage.channel);
+    }
+    return cloneJson(slot.record);
+  }
+
+  /**
+   * Events set aside as damaged (see {@link DamagedEvent}), in the order they
+   * were, of `options.channel` when given (a record whose channel cannot be
+   * read is listed under every channel); damaged records found and not set
+   * aside yet are set aside first.
+   *
+   * @returns at most `options.limit` (default 100), only the unreported ones with `unreported`
+   * @throws {TypeError} naming a bad option; {@link RangeError} for a bad `limit`
+   */
+  async damaged(options?: DamagedEventListOptions): Promise<DamagedEvent[]> {
+    this.#assertOpen("events.damaged");
+    const { unreported, limit } = checkDamagedList(options, "events.damaged");
+    const hasChannel = options?.channel !== undefined;
+    const channel = checkChannel(options?.channel, `events.damaged: option "channel"`);
+    this.#setAsideFound("events");
+    const out: DamagedEvent[] = [];
+    for (const damage of this.#asideList("events")) {
+      if (out.length >= limit) break;
+      if (unreported && damage.mark!.reported) continue;
+      if (hasChannel && damage.channel !== undefined && damage.channel !== channel) continue;
+      out.push(damage.channel === undefined ? markFields(damage.mark!) : { ...markFields(damage.mark!), channel: damage.channel });
+    }
+    return out;
+  }
+
+  /**
+   * Marks set-aside event `id` reported (of `options.channel` when given, as for `damaged`).
+   * @returns whether this call marked it (`false`: reported already, or no set-aside event has this id)
+   */
+  async reportDamaged(id: string, options?: { channel?: string | null }): Promise<boolean> {
+    this.#assertOpen("events.reportDamaged");
+    checkString(id, `events.reportDamaged: "id"`);
+    const hasChannel = options?.channel !== undefined;
+    const channel = checkChannel(options?.channel, `events.reportDamaged: option "channel"`);
+    const damage = this.#aside.events.get(id);
+    if (hasChannel && damage !== undefined && damage.channel !== undefined && damage.channel !== channel) return false;
+    return this.#report(damage);
+  }
+
+  /**
+   * Sets event `id` aside as damaged with `problem`, as it is (see {@link DamagedEvent}).
+   * @returns whether this call set it aside (`false`: no such event, or set aside already)
+   */
+  async setAside(id: string, problem: string): Promise<boolean> {
+    this.#assertOpen("events.setAside");
+    checkString(id, `events.setAside: "id"`);
+    checkString(problem, `events.setAside: "problem"`);
+    const slot = this.#slots.get(id);
+    if (!slot) return false;
+    if (slot.damage === null) {
+      this.#unindex(slot);
+      slot.damage = { journal: "events", key: id, problem, channel: slot.record.channel, stored: slot.record, mark: null };
+    }
+    return this.#markAside(slot.damage, this.#now());
   }
 
   /**
@@ -578,7 +901,9 @@ export class MemoryEventJournal implements LeasedEventJournal {
     }
     const out: EventRecord[] = [];
     if (limit === 0) return out;
+    this.#setAsideFound("events");
     for (const slot of this.#slots.values()) {
+      if (slot.damage) continue;
       const r = slot.record;
       if (hasChannel && r.channel !== channel) continue;
       if (states !== null && !states.has(r.state)) continue;
@@ -599,7 +924,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     this.#assertOpen("events.replay");
     checkString(id, `events.replay: "id"`);
     const slot = this.#slots.get(id);
-    if (!slot) return false;
+    if (!slot || slot.damage) return false;
     const replayed = replayedInbound(slot.record, this.#now());
     if (!replayed) return false;
     this.#store(replayed, slot);
@@ -643,26 +968,35 @@ export class MemoryEventJournal implements LeasedEventJournal {
    * The whole state, for a snapshot. The records are the journal's own
    * objects, not copies: serialize them at once and never change them (a
    * change replaces a record object, so what is taken synchronously stays
-   * consistent). Works after `close()`.
+   * consistent). Damaged records are exported as they were stored. Works
+   * after `close()`.
    *
-   * @returns events in append order, outbox entries in `seq` order and the last `seq` issued
+   * @returns events in append order, outbox entries in `seq` order (the damaged ones after them), the last
+   *   `seq` issued, and the marks of the records set aside
    */
   exportState(): EventJournalState {
     const events: EventRecord[] = new Array(this.#slots.size);
     let i = 0;
     for (const slot of this.#slots.values()) events[i++] = slot.record;
     const { outbox, outboxSeq } = this.#sidecar.exportRecords();
-    return { events, outbox, outboxSeq };
+    for (const damage of this.#outDamaged.values()) outbox.push(damage.stored as OutboxEntry);
+    const damaged: DamageMark[] = [];
+    for (const damage of this.#asideList("events")) damaged.push(damage.mark!);
+    for (const damage of this.#asideList("outbox")) damaged.push(damage.mark!);
+    return { events, outbox, outboxSeq, damaged };
   }
 
   /**
    * Loads `state` into this journal, which must be empty. The objects are
    * adopted, not copied: the caller must not keep or change them. Loading is
-   * not a change: `takeChanges()` does not report it.
+   * not a change: `takeChanges()` does not report it. A record that is not
+   * valid (a field of the wrong type, an unknown state, …) is loaded as
+   * damaged, kept as it is: the first operation that meets it sets it aside
+   * (see {@link DamagedEvent}), unless `state.damaged` marks it set aside already.
    *
    * @param state what {@link exportState} returned, or its JSON round trip
    * @throws {Error} when the journal holds records
-   * @throws {TypeError} when a record is malformed (nothing is loaded)
+   * @throws {TypeError} when the state is not `{ events: [], outbox: [], outboxSeq, damaged? }` (nothing is loaded)
    * @throws {RangeError} when an id or key repeats or `seq`s are not ascending (the journal may then be partly loaded: discard it)
    */
   importState(state: EventJournalState): void {
@@ -670,19 +1004,25 @@ export class MemoryEventJournal implements LeasedEventJournal {
       throw new TypeError(`importState: the state must be { events: [], outbox: [], outboxSeq }, got ${show(state)}`);
     }
     checkFinite(state.outboxSeq, `importState: "outboxSeq"`);
-    if (this.#slots.size > 0 || this.#sidecar.exportRecords().outbox.length > 0) {
+    const marks = checkMarks(state.damaged, "importState");
+    if (this.#slots.size > 0 || this.#outDamaged.size > 0 || this.#sidecar.exportRecords().outbox.length > 0) {
       throw new Error("importState needs an empty journal");
     }
-    const seen = new Set<string>();
-    for (const record of state.events) {
-      checkStoredEvent(record, "importState");
-      if (seen.has(record.id)) throw new RangeError(`importState: event id ${JSON.stringify(record.id)} appears twice`);
-      seen.add(record.id);
-    }
+    const events = classify(state.events, "id", storedEventProblem, "importState: event");
+    const outbox = classify(state.outbox, "key", storedOutboxProblem, "importState: outbox entry");
     this.#tracking = false;
     try {
-      for (const record of state.events) this.#store(record);
-      this.#sidecar.importRecords({ inbox: [], outbox: state.outbox, outboxSeq: state.outboxSeq });
+      for (const { key, stored, problem } of events) {
+        if (problem === null) this.#store(normalized(stored));
+        else this.#storeDamagedEvent(key, stored, problem);
+      }
+      const valid: OutboxEntry[] = [];
+      for (const { key, stored, problem } of outbox) {
+        if (problem === null) valid.push(stored as OutboxEntry);
+        else this.#storeDamagedEntry(key, stored, problem);
+      }
+      this.#sidecar.importRecords({ inbox: [], outbox: valid, outboxSeq: state.outboxSeq });
+      for (const mark of marks) this.#applyMark(mark);
     } finally {
       this.#tracking = true;
     }
@@ -692,14 +1032,18 @@ export class MemoryEventJournal implements LeasedEventJournal {
   /**
    * What changed since the last call (or since construction / loading): the
    * changed records as they are now (the journal's own objects, as with
-   * {@link exportState}), and what was deleted. Heartbeats count only with
+   * {@link exportState}), what was deleted, and the marks of records set
+   * aside or reported. Heartbeats count only with
    * the `heartbeatChanges` option; otherwise a record whose lease was only
    * extended is reported with its next change. Works after `close()`.
    *
    * @returns the changes, or `null` when nothing changed
    */
   takeChanges(): EventJournalChanges | null {
-    if (this.#changed.size === 0 && this.#removed.size === 0 && this.#outChanged.size === 0 && this.#outRemoved.size === 0) {
+    if (
+      this.#changed.size === 0 && this.#removed.size === 0 && this.#outChanged.size === 0 && this.#outRemoved.size === 0 &&
+      this.#marksChanged.size === 0
+    ) {
       return null;
     }
     const slots: Slot[] = [];
@@ -715,23 +1059,28 @@ export class MemoryEventJournal implements LeasedEventJournal {
       removedOutbox: [...this.#outRemoved],
       outboxSeq: this.#outSeq,
     };
+    // Only when there are some: a change set without marks is what versions before them wrote.
+    if (this.#marksChanged.size > 0) changes.damaged = [...this.#marksChanged].map((damage) => damage.mark!);
     this.#changed.clear();
     this.#removed.clear();
     this.#outChanged.clear();
     this.#outRemoved.clear();
+    this.#marksChanged.clear();
     return changes;
   }
 
   /**
    * Replays a change set taken from a journal with `takeChanges()` (or its
    * JSON round trip): deletes the removed records, then stores the given ones
-   * (an existing id is replaced in place, a new one appended). Idempotent:
+   * (an existing id is replaced in place, a new one appended), then applies
+   * the marks. A record that is not valid is stored as damaged, as it is
+   * (see {@link importState}). Idempotent:
    * applying a set twice, or a set the state already holds, leaves the same
    * state. Objects are adopted, not copied. Applying is not a change of this
    * journal: `takeChanges()` does not report it.
    *
    * @param changes what `takeChanges()` returned
-   * @throws {TypeError} when a record is malformed (nothing is applied)
+   * @throws {TypeError} when it is not a change set (nothing is applied)
    */
   applyChanges(changes: EventJournalChanges): void {
     if (
@@ -741,9 +1090,10 @@ export class MemoryEventJournal implements LeasedEventJournal {
       throw new TypeError(`applyChanges: not a change set: ${show(changes)}`);
     }
     checkFinite(changes.outboxSeq, `applyChanges: "outboxSeq"`);
-    for (const record of changes.events) checkStoredEvent(record, "applyChanges");
-    const given = new Map<string, EventRecord>();
-    for (const record of changes.events) given.set(record.id, record);
+    const marks = checkMarks(changes.damaged, "applyChanges");
+    const given = new Map<string, Classified>();
+    for (const item of classify(changes.events, "id", storedEventProblem, null)) given.set(item.key, item);
+    const entries = classify(changes.outbox, "key", storedOutboxProblem, null);
     this.#tracking = false;
     try {
       for (const id of changes.removedEvents) {
@@ -751,11 +1101,34 @@ export class MemoryEventJournal implements LeasedEventJournal {
         if (!slot) continue;
         // Purged and appended again, and this state already holds the new record: leave it in its place.
         const again = given.get(id);
-        if (again !== undefined && sameJson(again, slot.record)) continue;
+        if (again !== undefined && sameJson(again.stored, slot.record)) continue;
         this.#delete(slot);
       }
-      for (const record of given.values()) this.#store(record, this.#slots.get(record.id));
-      this.#sidecar.applyOutboxChanges(changes.outbox, changes.removedOutbox, changes.outboxSeq);
+      for (const { key, stored, problem } of given.values()) {
+        const slot = this.#slots.get(key);
+        if (problem !== null) this.#storeDamagedEvent(key, stored, problem);
+        else if (!slot?.damage || !sameJson(slot.record, stored)) this.#store(normalized(stored), slot); // a record set aside as it is stays so
+      }
+      const valid: OutboxEntry[] = [];
+      const removed: string[] = [];
+      for (const key of changes.removedOutbox) {
+        const damage = this.#outDamaged.get(key);
+        if (damage) this.#forgetDamage(damage);
+        else removed.push(key);
+      }
+      for (const { key, stored, problem } of entries) {
+        const damage = this.#outDamaged.get(key);
+        if (problem === null) {
+          if (damage) this.#forgetDamage(damage);
+          valid.push(stored as OutboxEntry);
+        } else if (!damage || !sameJson(damage.stored, stored)) {
+          if (damage) this.#forgetDamage(damage);
+          removed.push(key); // a live entry of that key is replaced by the damaged one
+          this.#storeDamagedEntry(key, stored, problem);
+        }
+      }
+      this.#sidecar.applyOutboxChanges(valid, removed, changes.outboxSeq);
+      for (const mark of marks) this.#applyMark(mark);
     } finally {
       this.#tracking = true;
     }
@@ -763,27 +1136,107 @@ export class MemoryEventJournal implements LeasedEventJournal {
   }
 }
 
-/** The sidecar's outbox, rejecting calls once the journal is closed, telling heartbeats apart. */
+/** A stored record with its key and what is wrong with it (`null`: valid). */
+interface Classified {
+  key: string;
+  stored: unknown;
+  problem: string | null;
+}
+
+/**
+ * The stored records of one list with their keys and problems. A damaged
+ * record without a usable id / key gets one derived from its stored form
+ * (`:2`, `:3`… after it for identical ones).
+ * @param where for a repeated key: the RangeError's prefix (`null`: a later record of a key replaces an earlier one)
+ * @throws {RangeError} when a key repeats
+ */
+function classify(
+  list: readonly unknown[],
+  field: "id" | "key",
+  problemOf: (value: unknown) => string | null,
+  where: string | null,
+): Classified[] {
+  const seen = new Set<string>();
+  const out: Classified[] = [];
+  for (const stored of list) {
+    const problem = problemOf(stored);
+    let key = storedKey(stored, field);
+    if (key === null) {
+      const base = derivedKey(stored);
+      key = base;
+      for (let n = 2; where !== null && seen.has(key); n++) key = `${base}:${n}`;
+    } else if (where !== null && seen.has(key)) {
+      throw new RangeError(`${where} ${field} ${JSON.stringify(key)} appears twice`);
+    }
+    seen.add(key);
+    out.push({ key, stored, problem });
+  }
+  return out;
+}
+
+/** A valid stored event, `orderKey` filled in when it was stored before there were ordering groups. */
+function normalized(stored: unknown): EventRecord {
+  const record = stored as EventRecord;
+  if (record.orderKey === undefined) record.orderKey = null;
+  return record;
+}
+
+/** The well-formed marks of a state or change set (a malformed one is dropped: its record is set aside again). */
+function checkMarks(marks: unknown, op: string): DamageMark[] {
+  if (marks === undefined) return [];
+  if (!Array.isArray(marks)) throw new TypeError(`${op}: "damaged" must be an array of marks, got ${describeJsonKind(marks)}`);
+  return marks.filter(isMark);
+}
+
+/** The fields of a damaged-record listing taken from its mark. */
+function markFields(mark: DamageMark): { id: string; problem: string; setAsideAt: number; reported: boolean } {
+  return { id: mark.id, problem: mark.problem, setAsideAt: mark.setAsideAt, reported: mark.reported };
+}
+
+/** What the outbox sidecar gets to know of its damaged entries (kept by the journal, never in the sidecar). */
+interface OutboxDamage {
+  /** The error of `get` for a damaged key (set aside now if it was only found), or `null`. */
+  error(key: string): DamagedRecordError | null;
+  /** Sets aside the damaged entries found and not set aside yet. */
+  setAsideFound(): void;
+  list(options?: DamagedListOptions): DamagedRecord[];
+  report(key: string): boolean;
+}
+
+/**
+ * The sidecar's outbox, rejecting calls once the journal is closed, telling
+ * heartbeats apart, with the journal's damaged entries set aside: its chat
+ * moves on, `list` leaves it out, `get` and `reserve` of its key reject with a
+ * {@link DamagedRecordError} (whether it was sent is unknown), `retry` and
+ * `discard` answer `false`, an outcome under its old lease is stale.
+ */
 class SidecarOutbox implements OutboxJournal {
   readonly #inner: OutboxJournal;
   readonly #journal: { assertOpen(op: string): void; asHeartbeat<T>(run: () => T): T };
+  readonly #damage: OutboxDamage;
 
   constructor(
     inner: OutboxJournal,
     assertOpen: (op: string) => void,
     asHeartbeat: <T>(run: () => T) => T,
+    damage: OutboxDamage,
   ) {
     this.#inner = inner;
     this.#journal = { assertOpen, asHeartbeat };
+    this.#damage = damage;
   }
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     this.#journal.assertOpen("outbox.reserve");
+    const key = typeof entry === "object" && entry !== null ? entry.key : undefined;
+    const damaged = typeof key === "string" ? this.#damage.error(key) : null;
+    if (damaged) throw damaged;
     return this.#inner.reserve(entry, lease);
   }
 
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     this.#journal.assertOpen("outbox.claimDue");
+    this.#damage.setAsideFound();
     return this.#inner.claimDue(options);
   }
 
@@ -811,11 +1264,14 @@ class SidecarOutbox implements OutboxJournal {
 
   async get(key: string): Promise<OutboxEntry | null> {
     this.#journal.assertOpen("outbox.get");
+    const damaged = typeof key === "string" ? this.#damage.error(key) : null;
+    if (damaged) throw damaged;
     return this.#inner.get(key);
   }
 
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
     this.#journal.assertOpen("outbox.list");
+    this.#damage.setAsideFound();
     return this.#inner.list(options);
   }
 
@@ -832,5 +1288,17 @@ class SidecarOutbox implements OutboxJournal {
   async purge(olderThanMs: number): Promise<number> {
     this.#journal.assertOpen("outbox.purge");
     return this.#inner.purge(olderThanMs);
+  }
+
+  /** Entries set aside as damaged, in the order they were (those found and not set aside yet first are). */
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    this.#journal.assertOpen("outbox.damaged");
+    return this.#damage.list(options);
+  }
+
+  /** Marks a set-aside entry reported. @returns whether this call marked it */
+  async reportDamaged(key: string): Promise<boolean> {
+    this.#journal.assertOpen("outbox.reportDamaged");
+    return this.#damage.report(key);
   }
 }

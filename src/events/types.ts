@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { ClaimOptions, FailOutcome, JsonValue, Lease, OutboxJournal } from "../backend.ts";
+import type { ClaimOptions, DamagedListOptions, FailOutcome, JsonValue, Lease, OutboxJournal } from "../backend.ts";
 
 /** The channel of the bot's inbox records in an events journal. */
 export const BOT_CHANNEL = "botwa:durable";
@@ -78,6 +78,57 @@ export interface EventListOptions {
 }
 
 /**
+ * An event set aside as damaged: its stored form is not an event record (a
+ * field of the wrong type, an unknown state, …), or a reader could not use it
+ * and set it aside (`setAside`: the bot's inbox does so with an event of its
+ * channel that is not an inbound message). It is kept as it is, never
+ * deleted, and left out of everything else: due scans neither take it nor
+ * let it hold back its `orderKey`, `list` returns the other records, `get`
+ * rejects with a {@link DamagedEventError}, `claim` answers `null`, `replay`
+ * `false`, `purge` leaves it, and a completion under its old lease is stale.
+ * The first `claimDue`, `list`, `get` or `damaged` that meets a damaged
+ * record sets it aside, once.
+ */
+export interface DamagedEvent {
+  /** Its id as stored; for a record whose id cannot be read, a key derived from its stored form (`damaged:<hash>`). */
+  id: string;
+  /** Its channel as stored; absent when that cannot be read (such a record is listed under every channel). */
+  channel?: string | null;
+  /** What is wrong, naming the field. */
+  problem: string;
+  /** Journal-clock time it was set aside. */
+  setAsideAt: number;
+  /** Whether a reader reported it already (see `reportDamaged`). */
+  reported: boolean;
+}
+
+/** Options of `damaged`. */
+export interface DamagedEventListOptions extends DamagedListOptions {
+  /** A channel (`null`: records without one); absent: every channel. */
+  channel?: string | null;
+}
+
+/** `get` of an event set aside as damaged (see {@link DamagedEvent}). */
+export class DamagedEventError extends Error {
+  /** The event's id (see {@link DamagedEvent.id}). */
+  readonly id: string;
+  /** The journal's name. */
+  readonly journal: string;
+  /** What is wrong, naming the field. */
+  readonly problem: string;
+  /** Its channel as stored; absent when that cannot be read. */
+  readonly channel?: string | null;
+  constructor(journal: string, id: string, problem: string, channel?: string | null) {
+    super(`Event "${id}" in journal "${journal}" is damaged and set aside: ${problem}`);
+    this.name = "DamagedEventError";
+    this.id = id;
+    this.journal = journal;
+    this.problem = problem;
+    if (channel !== undefined) this.channel = channel;
+  }
+}
+
+/**
  * An events journal whose operations are atomic, with leases and fencing
  * tokens checked by the journal: what the bot's durability needs from an
  * events journal, and what an `EventWorker` claims from. Records come back as
@@ -118,13 +169,30 @@ export interface LeasedEventJournal {
   complete(id: string, token: number): Promise<void>;
   /** `failed` (claimable again after `retryInMs`) or `dead`. @throws {StaleLeaseError} */
   fail(id: string, token: number, outcome: FailOutcome): Promise<void>;
+  /** @throws {DamagedEventError} when the record is set aside as damaged */
   get(id: string): Promise<EventRecord | null>;
-  /** Every channel unless `channel` is given, in append order. */
+  /** Every channel unless `channel` is given, in append order; records set aside as damaged are left out. */
   list(options?: EventListOptions): Promise<EventRecord[]>;
   /** `done`, `failed` or `dead` back to `pending` with attempts reset; `false` otherwise. */
   replay(id: string): Promise<boolean>;
   /** Deletes `done` records of `channel` (absent: every channel) not updated for `olderThanMs`. @returns how many */
   purge(olderThanMs: number, options?: { channel?: string | null }): Promise<number>;
+  /**
+   * Events set aside as damaged (see {@link DamagedEvent}) in the order they
+   * were set aside, of `channel` when given; at most `limit` (default 100).
+   */
+  damaged?(options?: DamagedEventListOptions): Promise<DamagedEvent[]>;
+  /**
+   * Marks a damaged event reported (of `options.channel` when given, as for `damaged`).
+   * @returns `true` for exactly one caller (`false`: reported already, or no set-aside event has this id)
+   */
+  reportDamaged?(id: string, options?: { channel?: string | null }): Promise<boolean>;
+  /**
+   * Sets event `id` aside as damaged with `problem`, as it is (a reader that
+   * cannot use it, e.g. the bot's inbox with an event of its channel that is
+   * not an inbound message). @returns whether this call set it aside (`false`: no such event, or set aside already)
+   */
+  setAside?(id: string, problem: string): Promise<boolean>;
   /** The core's outbox, stored as a sidecar of this journal (same file, same atomic write). */
   readonly outbox: OutboxJournal;
   /** Lets operations already called finish, then rejects later ones. */

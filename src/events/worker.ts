@@ -107,6 +107,10 @@ function positive(value: unknown, option: string, integer: boolean, min: number)
  * retry does not hold back the next ones of its key; events without a key
  * run concurrently.
  *
+ * A damaged event (its stored form not a record: see `DamagedEvent`) is
+ * never handed to the handler, and does not hold back its key: the journal
+ * sets it aside, kept as it is; list them with `journal.damaged({ channel })`.
+ *
  * @example Ordered events
  * ```ts
  * import { MemoryEventJournal } from "./memory_journal.ts";

@@ -10,7 +10,7 @@
  */
 import { StaleLeaseError } from "../backend.ts";
 import type { ClaimOptions, JsonValue } from "../backend.ts";
-import { BOT_CHANNEL, type EventRecord, type LeasedEventJournal, type NewEventRecord } from "../events/types.ts";
+import { BOT_CHANNEL, DamagedEventError, type EventRecord, type LeasedEventJournal, type NewEventRecord } from "../events/types.ts";
 import type { ConformanceContext, ConformanceHarness } from "./conformance.ts";
 import { SuiteTime } from "./suite_time.ts";
 import type { TestClock } from "./test_clock.ts";
@@ -47,8 +47,8 @@ export interface EventJournalContractOptions {
  * in particular the bot's {@link BOT_CHANNEL} records), the order of an
  * `orderKey` in due scans (concurrent ones too), fencing, takeover of
  * lapsed leases, `reclaimOwn`, fail / retry / dead, replay, list filters and
- * order, purge by channel, copies, concurrent claims, argument checks and
- * `close()`. Each test gets a fresh journal from `create()` and closes it.
+ * order, purge by channel, copies, concurrent claims, argument checks,
+ * records set aside (for a journal with `setAside`) and `close()`. Each test gets a fresh journal from `create()` and closes it.
  *
  * @param options name, `create`, the test runner's functions, and optionally `cleanup`, `skip`, `timeScale`
  * @example
@@ -690,6 +690,47 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         const results = await Promise.all(Array.from({ length: 10 }, () => j.claim(r.id, claimer())));
         expect(results.filter((x) => x !== null).length).toBe(1);
         expect((await mustGet(j, r.id)).fence).toBe(1);
+      });
+    });
+
+    describe("set aside", () => {
+      it("an event set aside is kept as it is and left out of the rest: its key moves on; it is reported once", async (j) => {
+        if (j.setAside === undefined || j.damaged === undefined || j.reportDamaged === undefined) return; // an earlier contract
+        expect(await j.damaged(), "none at first").toEqual([]);
+        const key = uid("key");
+        const odd = await appended(j, { ...event(BOT_CHANNEL, 1_000), orderKey: key }, claimer("owner-x"));
+        const next = await appended(j, { ...event(BOT_CHANNEL, 2_000), orderKey: key });
+        const done = await appended(j, event(BOT_CHANNEL, 3_000), claimer());
+        await j.complete(done.id, 1);
+        const before = time.now();
+        expect(await j.setAside(odd.id, "not what it should be")).toBe(true);
+        expect(await j.setAside(odd.id, "again"), "set aside once").toBe(false);
+        expect(await j.setAside(uid("missing"), "x")).toBe(false);
+        expect(ids(await j.claimDue({ ...claimer(), channel: BOT_CHANNEL, limit: 100 })), "not taken, not holding back its key")
+          .toEqual([next.id]);
+        expect(ids(await j.list({ channel: BOT_CHANNEL })), "list returns the rest").toEqual([next.id, done.id]);
+        const error = await errorOf(() => j.get(odd.id));
+        expect(error instanceof DamagedEventError, `get rejects with a DamagedEventError, got ${String(error)}`).toBe(true);
+        expect([(error as DamagedEventError).id, (error as DamagedEventError).problem]).toEqual([odd.id, "not what it should be"]);
+        expect(await j.claim(odd.id, { ...claimer(), channel: BOT_CHANNEL })).toBe(null);
+        expect(await j.replay(odd.id)).toBe(false);
+        expect(await j.heartbeat(odd.id, 1, LONG)).toBe(false);
+        await expectStale(() => j.complete(odd.id, 1), "complete under its old lease");
+        await expectStale(() => j.fail(odd.id, 1, { error: "x", dead: true }), "fail under its old lease");
+        expect(await j.append({ ...event(), id: odd.id }), "its id stays taken").toBe(null);
+        await sleep(ms(20));
+        expect(await j.purge(0), "purge removes done records only").toBe(1);
+        const [found] = await j.damaged();
+        expect([found.id, found.channel, found.problem, found.reported]).toEqual([odd.id, BOT_CHANNEL, "not what it should be", false]);
+        expect(found.setAsideAt).toBeGreaterThanOrEqual(before - 5_000);
+        expect(await j.damaged({ channel: null }), "of another channel").toEqual([]);
+        expect(await j.reportDamaged(odd.id, { channel: null }), "not in that channel").toBe(false);
+        const answers = await Promise.all([1, 2, 3, 4].map(() => j.reportDamaged!(odd.id, { channel: BOT_CHANNEL })));
+        expect(answers.filter((x) => x).length, "exactly one caller reports it").toBe(1);
+        expect(await j.reportDamaged(odd.id)).toBe(false);
+        expect(await j.reportDamaged(next.id), "not set aside").toBe(false);
+        expect(await j.damaged({ unreported: true })).toEqual([]);
+        expect((await j.damaged()).map((d) => [d.id, d.reported])).toEqual([[odd.id, true]]);
       });
     });
 
