@@ -37,20 +37,23 @@
  *   records, for `reclaimOwn`); `in:done` (done records by `updatedAt`, for
  *   purges); `in:ord` admission counter; `in:act:<chatId>` the chat's active
  *   (pending/processing/failed) records in arrival order, which due scans
- *   walk to keep the chat's order; `in:actv` marks that index as built.
+ *   walk to keep the chat's order; `in:actv` marks that index as built;
+ *   `in:dmg` the ids of damaged records set aside, in the order they were
+ *   (`in:dmgn` counter), `in:dmgu` those not reported yet, `in:dmg:<id>`
+ *   (hash: `problem`, `at`, `reported`) each one's report.
  * - `out:r:<key>` outbox entry (hash; content is opaque JSON text; `called`
  *   is `1`/`0`);
  *   `out:all`, `out:chat:<chatId>`, `out:st:<state>` by `seq`;
  *   `out:open:<chatId>` the chat's unsettled (queued/sending/failed) entries
  *   by `seq`, whose first is the chat's head; `out:due` the heads that are
  *   queued/failed, by `nextAttemptAt`; `out:lease` sending entries by lease
- *   expiry; `out:owner:<owner>`; `out:sent` by `updatedAt`; `out:seq` counter.
+ *   expiry; `out:owner:<owner>`; `out:sent` by `updatedAt`; `out:seq` counter;
+ *   `out:dmg`, `out:dmgn`, `out:dmgu`, `out:dmg:<key>` as for the inbox.
  * - `s:<key>` session values (`SET … PX`); `kv:r:<key>`, `kv:keys`, `kv:ver` the kv.
  *
  * Due scans read only due entries (`claimDue` is O(due)); an inbox scan also
  * reads the active records of the chats it takes from, never settled ones.
- * Purges delete at most 500 records per script call. A stored record that is not what this
- * library wrote rejects its read with an error naming the key and field.
+ * Purges delete at most 500 records per script call.
  *
  * ## Lost replies
  * A reply can be lost after Redis ran the script, and clients send the call
@@ -77,18 +80,31 @@
  * replica admits after that (during a rolling upgrade) is indexed when a due
  * scan first sees it.
  *
+ * Records an older version quarantined (state `dead`, error
+ * `botmesh: quarantined as damaged: …`) are damaged records: the first call
+ * that meets one sets it aside (below), with that problem.
+ *
  * ## Damaged records
- * Lua does not roll back, so every script validates each field it needs
- * before its first write. A single-record call (`claim`, `complete`,
- * `markSent`, …) on a damaged record rejects naming the key and field and
- * changes nothing. A due scan never fails for one: a damaged record it
- * reaches — or one whose payload/content the caller cannot read — is
- * quarantined: taken out of every index, state `dead`, the problem in its
- * `error` field (`botmesh: quarantined as damaged: …`), and the rest of the
- * batch is claimed and returned. `get` still rejects naming the damaged field
- * (unless the damage was in the lease fields, which quarantine clears); a
- * damaged outbox entry can still be `discard`ed. Marks of records that are
- * gone, or not due (any more), are dropped from the due windows as they are read.
+ * A record whose hash is not one this library wrote — a field missing, a
+ * number that is none, an unknown state, a payload or content that is not
+ * JSON, a key that holds no hash — is damaged. Every script checks each field
+ * the reader needs before its first write (Lua does not roll back; a
+ * payload's or content's JSON syntax is checked as `JSON.parse` reads it),
+ * and the first one that meets a damaged record sets it aside, once (scripts
+ * are atomic): its hash is kept exactly as it is, it leaves every index (due
+ * windows, chat order, states, lists), and it is listed in `in:dmg`/`out:dmg`.
+ * From then on due scans neither take it nor let it hold back its chat,
+ * `list` returns the other records, `get` (and `reserve` of its key) rejects
+ * with a `DamagedRecordError` naming the key and field, `claim` answers
+ * `null`, `replay`, `retry` and `discard` answer `false`, `purge` leaves it,
+ * and calls under its old lease are stale. `damaged()` lists the records set
+ * aside, `reportDamaged(id)` marks one reported (one script: one caller gets
+ * `true`); the bot reports each once. An outbox entry whose chat cannot be
+ * read (its `chatId` field gone, its key no hash) cannot be taken out of its
+ * chat's order by a due scan: the chat's next entry moves up when the chat is
+ * next written to (a `reserve` in it), as for an entry deleted by hand.
+ * Marks of records that are gone, or not due (any more), are dropped from the
+ * due windows as they are read.
  *
  * @module
  */
@@ -96,6 +112,10 @@ import {
   type BackendScope,
   type ClaimDueOptions,
   type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
+  type DamagedRecords,
   type DurabilityBackend,
   type DurableKv,
   type FailOutcome,
@@ -116,6 +136,7 @@ import {
 } from "../src/backend.ts";
 import {
   checkClaim,
+  checkDamagedList,
   checkFinite,
   checkListFilter,
   checkNewInbound,
@@ -398,30 +419,92 @@ function outboxOf(flat: unknown, runner: Runner, key: string): OutboxEntry | nul
   return entry as OutboxEntry;
 }
 
+/** The backend's name, in the damaged records it reports. */
+const NAME = "redis";
+
 /**
- * A record a claim script returned (leased to the caller, or resolved as
- * ambiguous): parsed on its own. When it cannot be read (a damaged payload or
- * field the script does not need), it is quarantined — state `dead`, the
- * problem in its `error` field — and left out, so that the rest of the batch
- * is returned and the damaged one is neither stranded under the caller's
- * lease nor claimed again and again. `get` still rejects naming key and field.
+ * The records of one journal set aside as damaged. The scripts set a record
+ * aside as soon as they meet it damaged; these calls list and report them, and
+ * set aside one that the scripts found sound but this reader cannot read.
  */
-async function readClaimed<T>(
-  flat: unknown,
-  parse: () => T | null,
-  quarantine: (fields: Map<string, string>, why: string) => Promise<void>,
-): Promise<T | null> {
-  try {
-    return parse();
-  } catch (error) {
-    const fields = fieldsOf(flat);
-    if (!fields) return null;
-    try {
-      await quarantine(fields, messageOf(error));
-    } catch {
-      // Not quarantined (Redis unreachable): the lease lapses and a later scan tries again.
+class Aside {
+  readonly #r: Runner;
+  readonly #journal: "inbox" | "outbox";
+
+  constructor(runner: Runner, journal: "inbox" | "outbox") {
+    this.#r = runner;
+    this.#journal = journal;
+  }
+
+  error(id: string, problem: string): DamagedRecordError {
+    return new DamagedRecordError({ journal: this.#journal, id, backend: NAME, problem });
+  }
+
+  async list(options: DamagedListOptions | undefined): Promise<DamagedRecord[]> {
+    const { unreported, limit } = checkDamagedList(options, `${this.#journal}.damaged`);
+    if (limit === 0) return [];
+    const flat = strings(
+      await this.#r.run(this.#journal === "inbox" ? "inDamaged" : "outDamaged", [unreported ? "1" : "0", String(limit)]),
+    );
+    const out: DamagedRecord[] = [];
+    for (let i = 0; i + 3 < flat.length; i += 4) {
+      out.push({
+        journal: this.#journal,
+        id: flat[i]!,
+        backend: NAME,
+        problem: flat[i + 1]!,
+        setAsideAt: Number(flat[i + 2]),
+        reported: flat[i + 3] === "1",
+      });
     }
-    return null;
+    return out;
+  }
+
+  async report(id: string): Promise<boolean> {
+    checkId(id, `${this.#journal}.reportDamaged: "id"`);
+    const [status] = list(await this.#r.run(this.#journal === "inbox" ? "inReportDamaged" : "outReportDamaged", [id]));
+    return status === "ok";
+  }
+
+  /**
+   * Sets aside the record of `id` read as `flat`, which this reader cannot read, unless it changed since.
+   * @returns `"changed"` when it changed since it was read (read it again), else `"ok"`/`"no"`
+   */
+  async setAside(id: string, flat: unknown, problem: string): Promise<string> {
+    const m = fieldsOf(flat) ?? new Map<string, string>();
+    const name = this.#journal === "inbox" ? "inSetAside" : "outSetAside";
+    const [status] = strings(await this.#r.run(name, [id, problem, m.get("fence") ?? "", m.get("updatedAt") ?? ""]));
+    return status ?? "no";
+  }
+
+  /** A record of a claim or list reply: parsed, or set aside (a failed set-aside leaves it for a later call). */
+  async read<T>(flat: unknown, idField: string, parse: () => T | null): Promise<{ value: T | null; changed: boolean }> {
+    try {
+      return { value: parse(), changed: false };
+    } catch (error) {
+      const id = fieldsOf(flat)?.get(idField);
+      if (id === undefined) return { value: null, changed: false };
+      try {
+        await this.setAside(id, flat, messageOf(error));
+        return { value: null, changed: true };
+      } catch {
+        return { value: null, changed: false };
+      }
+    }
+  }
+
+  /** `get`: the reply of the get script as a record, `null`, or a {@link DamagedRecordError}; `undefined`: read it again. */
+  async got<T>(id: string, reply: unknown, parse: (flat: unknown) => T | null, last: boolean): Promise<T | null | undefined> {
+    const [status, value] = list(reply);
+    if (status === undefined) return null;
+    if (status === "aside") throw this.error(id, String(value));
+    try {
+      return parse(value);
+    } catch (error) {
+      const problem = messageOf(error);
+      if ((await this.setAside(id, value, problem)) === "changed" && !last) return undefined;
+      throw this.error(id, problem);
+    }
   }
 }
 
@@ -456,6 +539,28 @@ async function purgeAll(runner: Runner, name: "inPurge" | "outPurge", olderThanM
   }
 }
 
+/**
+ * A list script's records, parsed. One that only this reader finds damaged is set aside, and the list
+ * read again (a few times at most: then the records it can read).
+ */
+async function listRead<T>(
+  runner: Runner,
+  name: "inList" | "outList",
+  args: string[],
+  read: (flat: unknown) => Promise<{ value: T | null; changed: boolean }>,
+): Promise<T[]> {
+  for (let round = 0; ; round++) {
+    const out: T[] = [];
+    let changed = false;
+    for (const flat of list(await runner.run(name, args))) {
+      const r = await read(flat);
+      if (r.value) out.push(r.value);
+      changed ||= r.changed;
+    }
+    if (!changed || round >= 2) return out;
+  }
+}
+
 function checkLimit(limit: unknown, op: string): number {
   checkFinite(limit, `${op}: option "limit"`);
   return Math.max(0, Math.floor(limit as number));
@@ -465,9 +570,11 @@ function checkLimit(limit: unknown, op: string): number {
 
 class RedisInbox implements InboxJournal {
   readonly #r: Runner;
+  readonly #aside: Aside;
 
   constructor(runner: Runner) {
     this.#r = runner;
+    this.#aside = new Aside(runner, "inbox");
   }
 
   async admit(input: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
@@ -491,7 +598,7 @@ class RedisInbox implements InboxJournal {
     checkId(id, `inbox.claim: "id"`);
     checkClaim(options, "inbox.claim");
     const [status, flat] = list(await this.#r.run("inClaim", [id, ...claimArgs(options)]));
-    return status === "ok" ? inboundOf(flat, this.#r, id) : null;
+    return status === "ok" ? (await this.#aside.read(flat, "id", () => inboundOf(flat, this.#r, id))).value : null;
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
@@ -499,13 +606,11 @@ class RedisInbox implements InboxJournal {
     const limit = checkLimit(options.limit, "inbox.claimDue");
     if (limit === 0) return [];
     const out = list(await this.#r.run("inClaimDue", [...claimArgs(options), String(limit)]));
-    // Each record is read on its own: one that cannot be read is quarantined, the others are returned.
+    // Each record is read on its own: one that cannot be read is set aside, the others are returned.
     const records: InboundRecord[] = [];
     for (const flat of out) {
-      const record = await readClaimed(flat, () => inboundOf(flat, this.#r, ""), async (m, why) => {
-        await this.#r.run("inQuarantine", [m.get("id") ?? "", m.get("leaseToken") ?? "", why]);
-      });
-      if (record) records.push(record);
+      const { value } = await this.#aside.read(flat, "id", () => inboundOf(flat, this.#r, ""));
+      if (value) records.push(value);
     }
     return records;
   }
@@ -535,15 +640,26 @@ class RedisInbox implements InboxJournal {
 
   async get(id: string): Promise<InboundRecord | null> {
     checkId(id, `inbox.get: "id"`);
-    const [flat] = list(await this.#r.run("inGet", [id]));
-    return inboundOf(flat, this.#r, id);
+    for (let round = 0; ; round++) {
+      const reply = await this.#r.run("inGet", [id]);
+      const record = await this.#aside.got(id, reply, (flat) => inboundOf(flat, this.#r, id), round >= 2);
+      if (record !== undefined) return record;
+    }
   }
 
   async list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
     checkListFilter(options, "inbox.list");
     const { args, limit } = listArgs(options);
     if (limit === 0) return [];
-    return list(await this.#r.run("inList", args)).map((flat) => inboundOf(flat, this.#r, "")!);
+    return await listRead(this.#r, "inList", args, (flat) => this.#aside.read(flat, "id", () => inboundOf(flat, this.#r, "")));
+  }
+
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return await this.#aside.list(options);
+  }
+
+  async reportDamaged(id: string): Promise<boolean> {
+    return await this.#aside.report(id);
   }
 
   async replay(id: string): Promise<boolean> {
@@ -560,9 +676,11 @@ class RedisInbox implements InboxJournal {
 
 class RedisOutbox implements OutboxJournal {
   readonly #r: Runner;
+  readonly #aside: Aside;
 
   constructor(runner: Runner) {
     this.#r = runner;
+    this.#aside = new Aside(runner, "outbox");
   }
 
   async reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
@@ -579,7 +697,15 @@ class RedisOutbox implements OutboxJournal {
         ...leaseArgs(lease),
       ]),
     );
-    const entry = outboxOf(flat, this.#r, e.key);
+    if (status === "aside") throw this.#aside.error(e.key, String(flat));
+    let entry: OutboxEntry | null;
+    try {
+      entry = outboxOf(flat, this.#r, e.key);
+    } catch (error) {
+      // An existing entry that only this reader finds damaged: set aside, as get does.
+      await this.#aside.setAside(e.key, flat, messageOf(error));
+      throw this.#aside.error(e.key, messageOf(error));
+    }
     if (!entry) throw new Error(`Redis outbox.reserve: the entry ${JSON.stringify(e.key)} was not returned`);
     const kind = status === "leased" ? "leased" : status === "queued" ? "queued" : "exists";
     return { status: kind, entry };
@@ -591,24 +717,20 @@ class RedisOutbox implements OutboxJournal {
     const [due, ambiguous] = list(
       await this.#r.run("outClaimDue", [...claimArgs(options), options.resendAmbiguous === true ? "1" : "0", String(limit)]),
     );
-    // Each entry is read on its own: one that cannot be read is quarantined, the others are returned.
-    const read = async (items: unknown): Promise<OutboxEntry[]> => {
-      const entries: OutboxEntry[] = [];
+    // Each entry is read on its own: one that cannot be read is set aside, the others are returned. With
+    // resendAmbiguous an entry is in both lists: read once, one object in both.
+    const read = new Map<string, OutboxEntry | null>();
+    const entries = async (items: unknown): Promise<OutboxEntry[]> => {
+      const out: OutboxEntry[] = [];
       for (const flat of list(items)) {
-        const entry = await readClaimed(flat, () => outboxOf(flat, this.#r, ""), async (m, why) => {
-          await this.#r.run("outQuarantine", [m.get("key") ?? "", m.get("fence") ?? "", why]);
-        });
-        if (entry) entries.push(entry);
+        const key = fieldsOf(flat)?.get("key") ?? "";
+        if (!read.has(key)) read.set(key, (await this.#aside.read(flat, "key", () => outboxOf(flat, this.#r, ""))).value);
+        const entry = read.get(key);
+        if (entry) out.push(entry);
       }
-      return entries;
+      return out;
     };
-    const dueEntries = await read(due);
-    const quarantined = new Set(list(due).map((flat) => fieldsOf(flat)?.get("key")));
-    for (const e of dueEntries) quarantined.delete(e.key);
-    // With resendAmbiguous an entry is in both lists: read once, quarantined once.
-    const ambiguousEntries = (await read(list(ambiguous).filter((flat) => !quarantined.has(fieldsOf(flat)?.get("key")))))
-      .map((e) => dueEntries.find((d) => d.key === e.key) ?? e);
-    return { due: dueEntries, ambiguous: ambiguousEntries };
+    return { due: await entries(due), ambiguous: await entries(ambiguous) };
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
@@ -645,15 +767,26 @@ class RedisOutbox implements OutboxJournal {
 
   async get(key: string): Promise<OutboxEntry | null> {
     checkId(key, `outbox.get: "key"`);
-    const [flat] = list(await this.#r.run("outGet", [key]));
-    return outboxOf(flat, this.#r, key);
+    for (let round = 0; ; round++) {
+      const reply = await this.#r.run("outGet", [key]);
+      const entry = await this.#aside.got(key, reply, (flat) => outboxOf(flat, this.#r, key), round >= 2);
+      if (entry !== undefined) return entry;
+    }
   }
 
   async list(options?: ListOptions<OutboxState>): Promise<OutboxEntry[]> {
     checkListFilter(options, "outbox.list");
     const { args, limit } = listArgs(options);
     if (limit === 0) return [];
-    return list(await this.#r.run("outList", args)).map((flat) => outboxOf(flat, this.#r, "")!);
+    return await listRead(this.#r, "outList", args, (flat) => this.#aside.read(flat, "key", () => outboxOf(flat, this.#r, "")));
+  }
+
+  async damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return await this.#aside.list(options);
+  }
+
+  async reportDamaged(key: string): Promise<boolean> {
+    return await this.#aside.report(key);
   }
 
   async retry(key: string): Promise<boolean> {
@@ -695,6 +828,13 @@ let adopted: Runner | undefined;
  * pending backlog is read on, page by page, up to `limit + 1000` records a
  * scan. See the module documentation for the clients and the key layout.
  *
+ * A damaged record (a hash this library did not write: a payload that is not
+ * JSON, an unknown state, …) never fails a call nor stalls its chat: the
+ * first call that meets it sets it aside, its hash kept as it is. `list` and
+ * due scans go on without it, `get` rejects with a `DamagedRecordError`, and
+ * `inbox.damaged()`/`outbox.damaged()` list what was set aside (the bot
+ * reports each one once as an `error` event).
+ *
  * The backend does not own the client: `open()` checks that Redis answers
  * (and runs Lua), `close()` does nothing; close the client after `bot.stop()`.
  *
@@ -735,9 +875,9 @@ export class RedisDurability implements DurabilityBackend {
   /** Shared by many replicas on many hosts. */
   readonly scope: "shared" = "shared";
   /** The inbound journal. */
-  readonly inbox: InboxJournal;
+  readonly inbox: InboxJournal & DamagedRecords;
   /** The outbound journal. */
-  readonly outbox: OutboxJournal;
+  readonly outbox: OutboxJournal & DamagedRecords;
   /** The key prefix (inside the hash tag: keys start with `{keyPrefix}`). */
   readonly keyPrefix: string;
   readonly #runner: Runner;

@@ -10,7 +10,9 @@
  *   `KEYS[1]` is one such key, so that a cluster client routes the call.
  * - Time is `redis.call('TIME')` (the server's clock), in ms.
  * - A record is a hash whose fields are strings; a `null` field is absent.
- *   Payloads and contents are opaque JSON text that Lua never decodes.
+ *   Payloads and contents are JSON text that Lua never decodes; it checks
+ *   their syntax only (`json_ok`), with every other field the reader checks,
+ *   so that a record the reader cannot read is set aside, never claimed.
  * - Every script returns ONE string, `cjson.encode` of a table of strings (a
  *   record is its `HGETALL` array). Lua numbers are formatted by `n2s` first,
  *   so nothing numeric goes through cjson. An empty table encodes as `{}`:
@@ -29,13 +31,30 @@ local function n2s(x)
   if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
   return string.format('%.17g', x)
 end
+-- A record's hash as a table (nil when absent). A key of another type reads as a record whose _bad
+-- names the problem: a damaged one, set aside like any other.
 local function load(key)
-  local flat = redis.call('HGETALL', key)
+  local flat = redis.pcall('HGETALL', key)
+  if flat.err then return {_key = key, _bad = 'the key "' .. key .. '" holds no hash (' .. flat.err .. ')'} end
   if #flat == 0 then return nil end
   local h = {}
   for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
   h._key = key
   return h
+end
+-- HMGET that reads a key of another type as a hash without the fields.
+local function fields(key, ...)
+  local r = redis.pcall('HMGET', key, ...)
+  if r.err then return {} end
+  return r
+end
+-- A record as its HGETALL array, from the table load made.
+local function flat_of(h)
+  local f = {}
+  for k, v in pairs(h) do
+    if k ~= '_key' and k ~= '_bad' then f[#f + 1] = k; f[#f + 1] = v end
+  end
+  return f
 end
 local function num(h, field, default)
   local v = h[field]
@@ -76,37 +95,178 @@ local function abandoned(h, now, o)
   return o.reclaim and h.leaseOwner == o.owner
 end
 -- Validation before the first write (Lua does not roll back): the first problem of a field a
--- transition needs, as text naming the key and the field, or nil.
+-- record needs, as text naming the key and the field, or nil. It restates the reader's check
+-- (stored_records.ts), so that a record the reader cannot read is never claimed.
 local function shown(v) if #v > 80 then return string.sub(v, 1, 80) .. '...' end return v end
+local function bad(h, f, what) return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": ' .. what end
 local function need_str(h, f)
   if type(h[f]) ~= 'string' then return 'the record at key "' .. h._key .. '" has no field "' .. f .. '"' end
 end
-local function need_num(h, f, optional, int)
+-- kind: nil (any finite number), 'count' (a safe integer >= 0) or 'pos' (a safe integer > 0)
+local function need_num(h, f, optional, kind)
   local v = h[f]
   if v == nil or v == false then
     if optional then return nil end
     return 'the record at key "' .. h._key .. '" has no field "' .. f .. '"'
   end
   local n = tonumber(v)
-  if n == nil or n ~= n or n == math.huge or n == -math.huge or (int and (n < 0 or n ~= math.floor(n))) then
-    return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": not a number: ' .. shown(v)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge
+    or (kind and (n < (kind == 'pos' and 1 or 0) or n ~= math.floor(n) or n > 9007199254740991)) then
+    return bad(h, f, 'not a number: ' .. shown(v))
   end
 end
 local function need_is(h, f, want)
   local p = need_str(h, f)
   if p then return p end
-  if h[f] ~= want then
-    return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": ' .. shown(h[f]) .. ', expected ' .. shown(want)
-  end
+  if h[f] ~= want then return bad(h, f, shown(h[f]) .. ', expected ' .. shown(want)) end
 end
 local function need_one(h, f, set)
   local p = need_str(h, f)
   if p then return p end
-  if not set[h[f]] then return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": ' .. shown(h[f]) end
+  if not set[h[f]] then return bad(h, f, shown(h[f])) end
 end
-local function assert_ok(problem) if problem then error({err = 'ERR botmesh: ' .. problem}) end end
+-- Whether s is one JSON text as JSON.parse reads it (RFC 8259; any \\u escape, a lone surrogate too,
+-- and any depth: cjson would refuse both). string.find skips the plain runs in C.
+local STR_STOP = '["' .. string.char(92) .. '%z' .. string.char(1) .. '-' .. string.char(31) .. ']'
+local ESCAPES = {['"'] = true, ['/'] = true, b = true, f = true, n = true, r = true, t = true}
+ESCAPES[string.char(92)] = true
+local function json_ok(s)
+  local i, n, depth, stack = 1, #s, 0, {}
+  local function skip() i = string.find(s, '[^ \\t\\n\\r]', i) or n + 1 end
+  local function str()
+    i = i + 1
+    while true do
+      local j = string.find(s, STR_STOP, i)
+      if not j then return false end
+      local c = string.byte(s, j)
+      if c == 34 then i = j + 1; return true end
+      if c ~= 92 then return false end
+      local e = string.sub(s, j + 1, j + 1)
+      if e == 'u' then
+        if not string.find(s, '^%x%x%x%x', j + 2) then return false end
+        i = j + 6
+      elseif ESCAPES[e] then
+        i = j + 2
+      else
+        return false
+      end
+    end
+  end
+  local function digits(j) return string.find(s, '[^0-9]', j) or n + 1 end
+  local function number()
+    local j = i
+    if string.byte(s, j) == 45 then j = j + 1 end
+    local c = string.byte(s, j)
+    if c == 48 then j = j + 1
+    elseif c and c >= 49 and c <= 57 then j = digits(j)
+    else return false end
+    if string.byte(s, j) == 46 then
+      local k = digits(j + 1)
+      if k == j + 1 then return false end
+      j = k
+    end
+    c = string.byte(s, j)
+    if c == 101 or c == 69 then
+      j = j + 1
+      c = string.byte(s, j)
+      if c == 43 or c == 45 then j = j + 1 end
+      local k = digits(j)
+      if k == j then return false end
+      j = k
+    end
+    i = j
+    return true
+  end
+  -- an object's next member name and colon
+  local function name()
+    if string.byte(s, i) ~= 34 or not str() then return false end
+    skip()
+    if string.byte(s, i) ~= 58 then return false end
+    i = i + 1
+    skip()
+    return true
+  end
+  skip()
+  while true do
+    local c, opened = string.byte(s, i), false
+    if c == 123 or c == 91 then
+      i = i + 1
+      skip()
+      local close = c == 123 and 125 or 93
+      if string.byte(s, i) == close then
+        i = i + 1
+      else
+        if c == 123 and not name() then return false end
+        depth = depth + 1
+        stack[depth] = close
+        opened = true
+      end
+    elseif c == 34 then
+      if not str() then return false end
+    elseif c == 116 and string.sub(s, i, i + 3) == 'true' then i = i + 4
+    elseif c == 102 and string.sub(s, i, i + 4) == 'false' then i = i + 5
+    elseif c == 110 and string.sub(s, i, i + 3) == 'null' then i = i + 4
+    elseif not number() then
+      return false
+    end
+    if not opened then
+      -- after a value: close containers until a comma asks for the next value
+      while true do
+        skip()
+        if depth == 0 then return i > n end
+        c = string.byte(s, i)
+        if c == 44 then
+          i = i + 1
+          skip()
+          if stack[depth] == 125 and not name() then return false end
+          break
+        elseif c == stack[depth] then
+          i = i + 1
+          depth = depth - 1
+        else
+          return false
+        end
+      end
+    end
+  end
+end
+local function need_json(h, f)
+  local p = need_str(h, f)
+  if p then return p end
+  if not json_ok(h[f]) then return bad(h, f, 'not JSON: ' .. shown(h[f])) end
+end
+-- The lease fields: all four in the leased state, none in another (the reader's "lease" field).
+local function need_lease(h, leased)
+  if h.state == leased then
+    local p = need_str(h, 'leaseOwner') or need_str(h, 'leaseInc') or need_num(h, 'leaseToken', false, 'pos')
+      or need_num(h, 'leaseExp')
+    if p then return p end
+    if tonumber(h.leaseToken) > tonumber(h.fence) then return bad(h, 'fence', 'below the lease token ' .. h.leaseToken) end
+  elseif h.leaseOwner then
+    return bad(h, 'leaseOwner', 'a lease in state "' .. shown(h.state) .. '"')
+  end
+end
+-- An older version marked a damaged record it met dead, the problem in its error field after this:
+-- read now as the damaged record it was, and set aside.
 local QUARANTINED = 'botmesh: quarantined as damaged: '
-local LEASE_FIELDS = {'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'nextAttemptAt'}
+local function quarantined(h)
+  if h.state == 'dead' and type(h.error) == 'string' and string.sub(h.error, 1, #QUARANTINED) == QUARANTINED then
+    return string.sub(h.error, #QUARANTINED + 1)
+  end
+end
+-- Records set aside as damaged, per journal j ('in', 'out'): their hashes are kept as they are;
+-- <j>:dmg lists the ids in the order they were set aside (score from the counter <j>:dmgn),
+-- <j>:dmgu those not reported yet, <j>:dmg:<id> holds problem, at (server time) and reported (0|1).
+local function is_aside(j, id) return redis.call('ZSCORE', P .. j .. ':dmg', id) ~= false end
+local function put_aside(j, id, problem, now)
+  if is_aside(j, id) then return false end
+  local n = redis.call('INCR', P .. j .. ':dmgn')
+  redis.call('ZADD', P .. j .. ':dmg', n, id)
+  redis.call('ZADD', P .. j .. ':dmgu', n, id)
+  redis.call('HSET', P .. j .. ':dmg:' .. id, 'problem', problem, 'at', n2s(now), 'reported', '0')
+  return true
+end
+local function aside_problem(j, id) return redis.call('HGET', P .. j .. ':dmg:' .. id, 'problem') or '' end
 local function ord_of(om) return tonumber(string.sub(om, 1, 16)) end
 `;
 
@@ -119,37 +279,54 @@ local function in_key(id) return P .. 'in:r:' .. id end
 local function act_key(chat) return P .. 'in:act:' .. chat end
 local IN_STATES = {pending = true, processing = true, failed = true, done = true, dead = true}
 local ACTIVE = {pending = true, processing = true, failed = true}
--- Every field an inbox transition reads or indexes by (the opaque ones are checked by the caller).
+local IN_KINDS = {message = true, interaction = true}
+-- What is damaged in an inbox record, or nil (every field the reader checks, and the index fields).
 local function in_problem(h, id)
-  local p = need_is(h, 'id', id) or need_str(h, 'chatId') or need_one(h, 'state', IN_STATES)
-    or need_num(h, 'receivedAt') or need_num(h, 'attempts', false, true) or need_num(h, 'fence', false, true)
-    or need_num(h, 'nextAttemptAt', true)
+  if h._bad then return h._bad end
+  local p = need_is(h, 'id', id) or need_one(h, 'kind', IN_KINDS) or need_str(h, 'chatId') or need_str(h, 'provider')
+    or need_num(h, 'receivedAt') or need_one(h, 'state', IN_STATES) or need_num(h, 'attempts', false, 'count')
+    or need_num(h, 'nextAttemptAt', true) or need_num(h, 'fence', false, 'count') or need_num(h, 'updatedAt')
+    or need_lease(h, 'processing') or quarantined(h)
   if p then return p end
   if type(h.om) ~= 'string' or string.sub(h.om, 17) ~= id or not tonumber(string.sub(h.om, 1, 16)) then
-    return 'the record at key "' .. h._key .. '" has a bad field "om": ' .. shown(tostring(h.om or '(none)'))
+    return bad(h, 'om', shown(tostring(h.om or '(none)')))
   end
-  if h.state == 'processing' then
-    return need_str(h, 'leaseOwner') or need_str(h, 'leaseInc') or need_num(h, 'leaseToken', false, true)
-      or need_num(h, 'leaseExp')
-  end
+  return need_json(h, 'payload')
 end
--- A damaged record a due scan reached: out of every index it can be found in, state dead, the
--- problem in its error field. It never blocks the other records; get still names the damage.
-local function in_quarantine(id, h, via_om, why, now)
-  local om = via_om
-  if not om and type(h.om) == 'string' and string.sub(h.om, 17) == id then om = h.om end
-  if om then for s, _ in pairs(IN_STATES) do redis.call('ZREM', P .. 'in:st:' .. s, om) end end
-  if om and type(h.chatId) == 'string' then redis.call('ZREM', act_key(h.chatId), om) end
+-- Sets a damaged record aside (once): its hash stays as it is, and it leaves every index it can be
+-- found in, so that it holds nothing back. via_om and via_chat: the index member and chat it was met
+-- by (its own om and chatId fields may be the damaged ones; an index member that is left stale reads
+-- as set aside and is dropped when met).
+local function in_aside(id, h, via_om, via_chat, problem, now)
+  if not put_aside('in', id, problem, now) then return end
+  local oms, chats = {}, {}
+  if via_om then oms[#oms + 1] = via_om end
+  if type(h.om) == 'string' and string.sub(h.om, 17) == id and h.om ~= via_om then oms[#oms + 1] = h.om end
+  if via_chat then chats[#chats + 1] = via_chat end
+  if type(h.chatId) == 'string' and h.chatId ~= via_chat then chats[#chats + 1] = h.chatId end
+  for _, om in ipairs(oms) do
+    for s, _ in pairs(IN_STATES) do redis.call('ZREM', P .. 'in:st:' .. s, om) end
+    redis.call('ZREM', P .. 'in:all', om)
+    for _, chat in ipairs(chats) do
+      redis.call('ZREM', P .. 'in:chat:' .. chat, om)
+      redis.call('ZREM', act_key(chat), om)
+    end
+  end
   redis.call('ZREM', P .. 'in:timed', id)
   redis.call('ZREM', P .. 'in:done', id)
   if type(h.leaseOwner) == 'string' then redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, id) end
-  redis.call('HSET', h._key, 'state', 'dead', 'error', QUARANTINED .. why, 'updatedAt', n2s(now))
-  redis.call('HDEL', h._key, unpack(LEASE_FIELDS))
-  if om then
-    local score = tonumber(h.receivedAt)
-    if score == nil or score ~= score or score == math.huge or score == -math.huge then score = 0 end
-    redis.call('ZADD', P .. 'in:st:dead', score, om)
+end
+-- The record of id, or nil when there is none or it is set aside (a damaged one is set aside now).
+local function in_read(id, now, via_om, via_chat)
+  if is_aside('in', id) then return nil end
+  local h = load(in_key(id))
+  if not h then return nil end
+  local problem = in_problem(h, id)
+  if problem then
+    in_aside(id, h, via_om, via_chat, problem, now)
+    return nil
   end
+  return h
 end
 local function in_unindex(h)
   redis.call('ZREM', P .. 'in:st:' .. h.state, h.om)
@@ -234,52 +411,64 @@ local FLAGS = {['0'] = true, ['1'] = true}
 -- The called flag (see OutboxEntry.called): '1' a provider call may have started under the current
 -- fence, '0' none did. An entry written before the flag existed has none: read as called.
 local function out_called(h) return h.called ~= '0' end
--- Every field an outbox transition reads or indexes by (the opaque ones are checked by the caller).
+-- What is damaged in an outbox entry, or nil (every field the reader checks, and the index fields).
 local function out_problem(h, k)
-  local p = need_is(h, 'key', k) or need_str(h, 'chatId') or need_one(h, 'state', OUT_STATES)
-    or need_num(h, 'seq', false, true) or need_num(h, 'attempts', false, true) or need_num(h, 'fence', false, true)
-    or need_num(h, 'nextAttemptAt', true) or (h.called ~= nil and need_one(h, 'called', FLAGS)) or nil
-  if p then return p end
-  if h.state == 'sending' then
-    return need_str(h, 'leaseOwner') or need_str(h, 'leaseInc') or need_num(h, 'leaseToken', false, true)
-      or need_num(h, 'leaseExp')
+  if h._bad then return h._bad end
+  return need_is(h, 'key', k) or need_str(h, 'chatId') or need_str(h, 'contentHash') or need_one(h, 'state', OUT_STATES)
+    or need_num(h, 'seq', false, 'pos') or need_num(h, 'attempts', false, 'count') or need_num(h, 'fence', false, 'count')
+    or need_num(h, 'nextAttemptAt', true) or (h.called ~= nil and need_one(h, 'called', FLAGS)) or need_num(h, 'createdAt')
+    or need_num(h, 'updatedAt') or need_lease(h, 'sending') or quarantined(h) or need_json(h, 'content')
+end
+-- Sets a damaged entry aside (once): its hash stays as it is, and it leaves every index it can be found
+-- in (via_chat: the chat it was met by, its chatId field may be the damaged one). The caller moves its
+-- chat on (sync_head).
+local function out_aside(k, h, via_chat, problem, now)
+  if not put_aside('out', k, problem, now) then return end
+  for s, _ in pairs(OUT_STATES) do redis.call('ZREM', P .. 'out:st:' .. s, k) end
+  for _, z in ipairs({'out:due', 'out:lease', 'out:sent', 'out:all'}) do redis.call('ZREM', P .. z, k) end
+  if type(h.leaseOwner) == 'string' then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, k) end
+  for _, chat in ipairs({via_chat or false, type(h.chatId) == 'string' and h.chatId or false}) do
+    if chat then
+      redis.call('ZREM', open_key(chat), k)
+      redis.call('ZREM', P .. 'out:chat:' .. chat, k)
+    end
   end
 end
--- The chat's first unsettled entry, when queued or failed, is the one a due scan finds (a damaged
--- one is marked due at once, so that the scan quarantines it and the chat moves on; a missing one
--- is dropped from the chat's open set).
-local function sync_head(chat)
+local sync_head
+-- The entry of k, or nil when there is none or it is set aside (a damaged one is set aside now, and its
+-- chat moves on unless the caller is sync_head, which does it itself).
+local function out_read(k, now, via_chat, syncing)
+  if is_aside('out', k) then return nil end
+  local h = load(out_key(k))
+  if not h then return nil end
+  local problem = out_problem(h, k)
+  if problem then
+    out_aside(k, h, via_chat, problem, now)
+    if not syncing then
+      if via_chat then sync_head(via_chat, now) end
+      if type(h.chatId) == 'string' and h.chatId ~= via_chat then sync_head(h.chatId, now) end
+    end
+    return nil
+  end
+  return h
+end
+-- The chat's first unsettled entry, when queued or failed, is the one a due scan finds; a head that is
+-- gone or set aside leaves the chat's open set (a damaged one is set aside here), and the next one is
+-- its head.
+sync_head = function(chat, now)
   for _ = 1, 100 do
     local head = redis.call('ZRANGE', open_key(chat), 0, 0)[1]
     if not head then return end
-    local h = load(out_key(head))
+    now = now or now_ms()
+    local h = out_read(head, now, chat, true)
     if h then
-      if out_problem(h, head) then
-        redis.call('ZADD', P .. 'out:due', 0, head)
-      elseif h.state == 'queued' or h.state == 'failed' then
+      if h.state == 'queued' or h.state == 'failed' then
         redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)
       end
       return
     end
     redis.call('ZREM', open_key(chat), head)
   end
-end
--- A damaged entry a due scan reached: out of every index, state dead (its chat moves on), the
--- problem in its error field; get still names the damage.
-local function out_quarantine(k, h, why, now)
-  for s, _ in pairs(OUT_STATES) do redis.call('ZREM', P .. 'out:st:' .. s, k) end
-  redis.call('ZREM', P .. 'out:due', k)
-  redis.call('ZREM', P .. 'out:lease', k)
-  redis.call('ZREM', P .. 'out:sent', k)
-  if type(h.leaseOwner) == 'string' then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, k) end
-  local chat = type(h.chatId) == 'string' and h.chatId or nil
-  if chat then redis.call('ZREM', open_key(chat), k) end
-  redis.call('HSET', h._key, 'state', 'dead', 'error', QUARANTINED .. why, 'updatedAt', n2s(now))
-  redis.call('HDEL', h._key, unpack(LEASE_FIELDS))
-  local score = tonumber(h.seq)
-  if score == nil or score ~= score or score == math.huge or score == -math.huge then score = 0 end
-  redis.call('ZADD', P .. 'out:st:dead', score, k)
-  if chat then sync_head(chat) end
 end
 -- claimedOutbox: a lost lease that never announced its call (sending, not called) started no
 -- attempt, so the new lease takes its number; a claim starts uncalled, except a lost sending entry
@@ -299,6 +488,79 @@ local function out_held(h, token) return h ~= nil and h.state == 'sending' and h
 -- (the late outcome of the call whose lease was taken for lost resolves it)
 local function out_resolvable(h, token)
   return out_held(h, token) or (h ~= nil and h.state == 'unknown' and h.fence == token)
+end
+`;
+
+const LIST = `
+local function list_args()
+  local chat = ARGV[2] == '1' and ARGV[3] or nil
+  local limit = tonumber(ARGV[4])
+  local ns = tonumber(ARGV[5])
+  local want = nil
+  if ns > 0 then
+    want = {}
+    for i = 1, ns do want[ARGV[5 + i]] = true end
+  end
+  return chat, limit, want
+end
+-- Up to limit records read from the members of the sorted sets zkeys, merged in (score, member) order
+-- (the order of the journal's list). read(member) gives a record, or nil to skip the member: a
+-- record that is gone, not wanted, or set aside (which drops members as the scan goes, so each round
+-- reads the sets from the start: the first fetch members of each, as far as all of them are in order).
+local function list_scan(zkeys, limit, read)
+  local fetch, memo = math.max(limit, 16), {}
+  local function before(a, b)
+    if a[2] ~= b[2] then return a[2] < b[2] end
+    return a[1] < b[1]
+  end
+  while true do
+    local all, cut = {}, nil
+    for _, z in ipairs(zkeys) do
+      local r = redis.call('ZRANGE', z, 0, fetch - 1, 'WITHSCORES')
+      for i = 1, #r, 2 do all[#all + 1] = {r[i], tonumber(r[i + 1])} end
+      if #r >= 2 * fetch then
+        local last = all[#all]
+        if not cut or before(last, cut) then cut = last end
+      end
+    end
+    table.sort(all, before)
+    local out, emitted = {}, {}
+    for _, m in ipairs(all) do
+      if #out >= limit or (cut and before(cut, m)) then break end
+      local f = memo[m[1]]
+      if f == nil then
+        f = read(m[1]) or false
+        memo[m[1]] = f
+      end
+      if f and not emitted[m[1]] then
+        emitted[m[1]] = true
+        out[#out + 1] = f
+      end
+    end
+    if #out >= limit or not cut then return out end
+    fetch = fetch * 2
+  end
+end
+`;
+
+const DAMAGED = `
+-- ARGV: P, unreported(0|1), limit
+local function damaged_list(j)
+  local z = P .. j .. (ARGV[2] == '1' and ':dmgu' or ':dmg')
+  local out = {}
+  local limit = tonumber(ARGV[3])
+  if limit <= 0 then return cjson.encode(out) end
+  for _, id in ipairs(redis.call('ZRANGE', z, 0, limit - 1)) do
+    local f = redis.call('HMGET', P .. j .. ':dmg:' .. id, 'problem', 'at', 'reported')
+    out[#out + 1] = id; out[#out + 1] = f[1] or ''; out[#out + 1] = f[2] or '0'; out[#out + 1] = f[3] or '0'
+  end
+  return cjson.encode(out)
+end
+-- ARGV: P, id
+local function damaged_report(j)
+  if redis.call('ZREM', P .. j .. ':dmgu', ARGV[2]) == 0 then return cjson.encode({'no'}) end
+  redis.call('HSET', P .. j .. ':dmg:' .. ARGV[2], 'reported', '1')
+  return cjson.encode({'ok'})
 end
 `;
 
@@ -329,8 +591,9 @@ export interface LuaScript {
  * Memory: one key per mutating call, kept this long. Most replies are a few
  * bytes; a `claimDue` reply holds the claimed records (up to `limit`, with
  * their payloads), so a busy bot keeps about two minutes of claimed records a
- * second time. Read-only scripts (get, list, time) and the naturally
- * idempotent session-store writes store nothing.
+ * second time. The reads (get, list, damaged, time; a get or list that
+ * meets a damaged record sets it aside, which a second run finds done) and
+ * the naturally idempotent session-store writes store nothing.
  */
 export const REQUEST_TTL_MS = 120_000;
 
@@ -365,8 +628,10 @@ export type ScriptName =
   | "inReplay"
   | "inPurge"
   | "inGet"
-  | "inQuarantine"
+  | "inSetAside"
   | "inList"
+  | "inDamaged"
+  | "inReportDamaged"
   | "outReserve"
   | "outClaimDue"
   | "outHeartbeat"
@@ -376,8 +641,10 @@ export type ScriptName =
   | "outDiscard"
   | "outPurge"
   | "outGet"
-  | "outQuarantine"
+  | "outSetAside"
   | "outList"
+  | "outDamaged"
+  | "outReportDamaged"
   | "storeGet"
   | "storeSet"
   | "storeDelete"
@@ -410,9 +677,8 @@ return cjson.encode({'ok', flat(key)})
 `, true),
   /** ARGV: P, id, owner, inc, leaseMs, reclaim */
   inClaim: script("inbox.claim", [INBOX], `
-local h = load(in_key(ARGV[2]))
-if h then assert_ok(in_problem(h, ARGV[2])) end
 local now = now_ms()
+local h = in_read(ARGV[2], now)
 local o = opts(3)
 if not h or not in_claimable(h, now, o) then return cjson.encode({'none'}) end
 in_claim(h, now, o)
@@ -435,10 +701,11 @@ if redis.call('EXISTS', P .. 'in:actv') == 0 then
     repeat
       local oms = redis.call('ZRANGE', P .. 'in:st:' .. s, start, start + 999)
       for _, om in ipairs(oms) do
-        local f = redis.call('HMGET', in_key(string.sub(om, 17)), 'chatId', 'receivedAt', 'state', 'om')
+        local f = fields(in_key(string.sub(om, 17)), 'chatId', 'receivedAt', 'state', 'om')
         local r = tonumber(f[2])
-        -- a damaged record is left out: a scan that reaches it quarantines it
-        if type(f[1]) == 'string' and f[3] == s and f[4] == om and r and r == r and r ~= math.huge and r ~= -math.huge then
+        -- a damaged record is left out: a scan that reaches it sets it aside
+        if type(f[1]) == 'string' and f[3] == s and f[4] == om and r and r == r and r ~= math.huge and r ~= -math.huge
+          and not is_aside('in', string.sub(om, 17)) then
           redis.call('ZADD', act_key(f[1]), n2s(r), om)
         end
       end
@@ -449,16 +716,12 @@ if redis.call('EXISTS', P .. 'in:actv') == 0 then
 end
 local looked, seen, cands, is_cand, win, walked, allowed = {}, {}, {}, {}, {}, {}, {}
 local walks, chats, n_allowed = {}, {}, 0
--- A record, validated: a damaged one is quarantined (never an error that blocks the others) and
--- reads, like a gone one, as nil.
-local function look(id, via_om)
+-- A record, validated: a damaged one is set aside (never an error that blocks the others, nor a
+-- record that holds back its chat) and reads, like a gone one, as nil.
+local function look(id, via_om, via_chat)
   local c = looked[id]
   if c ~= nil then return c or nil end
-  local h = load(in_key(id))
-  if h then
-    local problem = in_problem(h, id)
-    if problem then in_quarantine(id, h, via_om, problem, now); h = nil end
-  end
+  local h = in_read(id, now, via_om, via_chat)
   looked[id] = h or false
   return h
 end
@@ -506,7 +769,7 @@ local function walk(w)
     if #oms == 0 then w.done = true; return end
     for _, om in ipairs(oms) do
       local id = string.sub(om, 17)
-      local h = look(id, nil)
+      local h = look(id, om, w.chat)
       if not h or h.om ~= om or h.chatId ~= w.chat or not ACTIVE[h.state] then
         redis.call('ZREM', key, om) -- a stale entry: the later ones move up a rank
       else
@@ -538,12 +801,12 @@ if o.reclaim then
   -- taken back in batches, and each batch must not read every record of it again.
   local light = {}
   for _, id in ipairs(redis.call('SMEMBERS', P .. 'in:owner:' .. o.owner)) do
-    local f = redis.call('HMGET', in_key(id), 'leaseInc', 'receivedAt', 'om')
+    local f = fields(in_key(id), 'leaseInc', 'receivedAt', 'om')
     if f[1] ~= o.inc then
       local r, ord = tonumber(f[2]), type(f[3]) == 'string' and ord_of(f[3]) or nil
       if r ~= nil and (r ~= r or r == math.huge or r == -math.huge) then r = nil end
       if ord ~= nil and (ord ~= ord or ord == math.huge or ord == -math.huge) then ord = nil end
-      -- unreadable fields sort first: consider() quarantines such a record (or drops a gone one)
+      -- unreadable fields sort first: consider() sets such a record aside (or drops a gone one)
       light[#light + 1] = {id = id, bad = (r == nil or ord == nil) and 0 or 1, r = r or 0, ord = ord or 0}
     end
   end
@@ -570,7 +833,7 @@ while n_allowed < limit and read < limit + 1000 do
   walk_all()
   read = read + #oms
   if #oms < page then break end
-  -- members dropped as stale or quarantined moved the later ones up
+  -- members dropped as stale or set aside moved the later ones up
   start = math.max(0, start + #oms - (before - redis.call('ZCARD', pkey)))
   page = math.max(limit, 100)
 end
@@ -591,20 +854,19 @@ return cjson.encode(out)
 `, true),
   /** ARGV: P, id, token, leaseMs */
   inHeartbeat: script("inbox.heartbeat", [INBOX], `
-local h = load(in_key(ARGV[2]))
+local now = now_ms()
+local h = in_read(ARGV[2], now)
 if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
-assert_ok(in_problem(h, ARGV[2]))
-h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
+h.leaseExp = n2s(now + tonumber(ARGV[4]))
 save(h, {'leaseExp'})
 redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, id, token, mode (done|dead|retry), error, retryInMs */
   inFinish: script("inbox.finish", [INBOX], `
-local h = load(in_key(ARGV[2]))
-if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
-assert_ok(in_problem(h, ARGV[2]))
 local now = now_ms()
+local h = in_read(ARGV[2], now)
+if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
 local mode = ARGV[4]
 in_unindex(h)
 h.nextAttemptAt = false
@@ -621,23 +883,24 @@ return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, id */
   inReplay: script("inbox.replay", [INBOX], `
-local h = load(in_key(ARGV[2]))
+local now = now_ms()
+local h = in_read(ARGV[2], now)
 if not h or (h.state ~= 'done' and h.state ~= 'failed' and h.state ~= 'dead') then return cjson.encode({'no'}) end
-assert_ok(in_problem(h, ARGV[2]))
 in_unindex(h)
-h.state = 'pending'; h.attempts = '0'; h.nextAttemptAt = false; nolease(h); h.error = false; h.updatedAt = n2s(now_ms())
+h.state = 'pending'; h.attempts = '0'; h.nextAttemptAt = false; nolease(h); h.error = false; h.updatedAt = n2s(now)
 in_write(h)
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, olderThanMs, batch → [deleted, scanned] */
   inPurge: script("inbox.purge", [INBOX], `
-local cutoff = now_ms() - tonumber(ARGV[2])
+local now = now_ms()
+local cutoff = now - tonumber(ARGV[2])
 local ids = redis.call('ZRANGEBYSCORE', P .. 'in:done', '-inf', n2s(cutoff), 'LIMIT', 0, tonumber(ARGV[3]))
 local n = 0
 for _, id in ipairs(ids) do
-  local h = load(in_key(id))
+  local h = in_read(id, now)
   redis.call('ZREM', P .. 'in:done', id)
-  if h and h.state == 'done' and type(h.om) == 'string' and type(h.chatId) == 'string' then
+  if h and h.state == 'done' then
     redis.call('ZREM', P .. 'in:all', h.om)
     redis.call('ZREM', P .. 'in:chat:' .. h.chatId, h.om)
     redis.call('ZREM', P .. 'in:st:done', h.om)
@@ -647,71 +910,71 @@ for _, id in ipairs(ids) do
 end
 return cjson.encode({n2s(n), n2s(#ids)})
 `, true),
-  /** ARGV: P, id */
-  inGet: script("inbox.get", [INBOX], `return cjson.encode({flat(in_key(ARGV[2]))})`),
-  /** ARGV: P, id, token, why: a record the caller claimed but cannot read → dead (see in_quarantine) */
-  inQuarantine: script("inbox.quarantine", [INBOX], `
+  /** ARGV: P, id → ['ok', record], ['aside', problem] (a damaged record is set aside first) or [] */
+  inGet: script("inbox.get", [INBOX], `
+local id = ARGV[2]
+if is_aside('in', id) then return cjson.encode({'aside', aside_problem('in', id)}) end
+local h = in_read(id, now_ms())
+if h then return cjson.encode({'ok', flat_of(h)}) end
+if is_aside('in', id) then return cjson.encode({'aside', aside_problem('in', id)}) end
+return cjson.encode({})
+`),
+  /**
+   * ARGV: P, id, problem, fence, updatedAt: sets aside a record the caller read but cannot parse, unless
+   * it changed since (its fence or updatedAt field differs from the ones read) → ['ok'|'no'|'changed']
+   */
+  inSetAside: script("inbox.setAside", [INBOX], `
 local h = load(in_key(ARGV[2]))
-if not h or h.state ~= 'processing' or h.leaseToken ~= ARGV[3] then return cjson.encode({'no'}) end
-in_quarantine(ARGV[2], h, nil, ARGV[4], now_ms())
+if not h or is_aside('in', ARGV[2]) then return cjson.encode({'no'}) end
+if (h.fence or '') ~= ARGV[4] or (h.updatedAt or '') ~= ARGV[5] then return cjson.encode({'changed'}) end
+in_aside(ARGV[2], h, nil, nil, ARGV[3], now_ms())
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, hasChat, chatId, limit, nStates, states… */
-  inList: script("inbox.list", [INBOX], `
-local limit = tonumber(ARGV[4])
-local ns = tonumber(ARGV[5])
-local want = nil
-if ns > 0 then
-  want = {}
-  for i = 1, ns do want[ARGV[5 + i]] = true end
-end
-local out = {}
-local function emit(om)
-  local f = flat(in_key(string.sub(om, 17)))
-  if #f > 0 then out[#out + 1] = f end
-end
-if ARGV[2] == '1' then
-  local zkey = P .. 'in:chat:' .. ARGV[3]
-  local start, page = 0, 256
-  while #out < limit do
-    local oms = redis.call('ZRANGE', zkey, start, start + page - 1)
-    for _, om in ipairs(oms) do
-      if #out >= limit then break end
-      if want == nil then
-        emit(om)
-      else
-        local st = redis.call('HGET', in_key(string.sub(om, 17)), 'state')
-        if st and want[st] then emit(om) end
-      end
-    end
-    if #oms < page then break end
-    start = start + page
+  inList: script("inbox.list", [INBOX, LIST], `
+local chat, limit, want = list_args()
+local now = nil
+-- A member (om) of an index: its record when readable and wanted; a damaged one is set aside.
+local function read(om, via_chat)
+  local id = string.sub(om, 17)
+  if want and not is_aside('in', id) then
+    -- a record in a known state that is not wanted is not read further
+    local st = fields(in_key(id), 'state')[1]
+    if st and IN_STATES[st] and not want[st] then return nil end
   end
+  now = now or now_ms()
+  local h = in_read(id, now, om, via_chat)
+  if not h or (chat and h.chatId ~= chat) or (want and not want[h.state]) then return nil end
+  return flat_of(h)
+end
+local zkeys = {}
+if chat then
+  zkeys[1] = P .. 'in:chat:' .. chat
 elseif want then
-  local all = {}
-  for s, _ in pairs(want) do
-    local r = redis.call('ZRANGE', P .. 'in:st:' .. s, 0, limit - 1, 'WITHSCORES')
-    for i = 1, #r, 2 do all[#all + 1] = {r[i], tonumber(r[i + 1])} end
-  end
-  table.sort(all, function(a, b)
-    if a[2] ~= b[2] then return a[2] < b[2] end
-    return ord_of(a[1]) < ord_of(b[1])
-  end)
-  for i = 1, math.min(limit, #all) do emit(all[i][1]) end
+  for st, _ in pairs(want) do zkeys[#zkeys + 1] = P .. 'in:st:' .. st end
 else
-  for _, om in ipairs(redis.call('ZRANGE', P .. 'in:all', 0, limit - 1)) do emit(om) end
+  zkeys[1] = P .. 'in:all'
 end
-return cjson.encode(out)
+return cjson.encode(list_scan(zkeys, limit, function(om) return read(om, chat) end))
 `),
+  /** ARGV: P, unreported(0|1), limit → [id, problem, at, reported, …] */
+  inDamaged: script("inbox.damaged", [DAMAGED], `return damaged_list('in')`),
+  /** ARGV: P, id → ['ok'] when this call marked it reported, else ['no'] */
+  inReportDamaged: script("inbox.reportDamaged", [DAMAGED], `return damaged_report('in')`, true),
 
   // ---- outbox ---------------------------------------------------------------
   /** ARGV: P, key, chatId, content, contentHash, hasInbound, inboundId, leased(0|1), owner, inc, leaseMs */
   outReserve: script("outbox.reserve", [OUTBOX], `
 local key = out_key(ARGV[2])
-if redis.call('EXISTS', key) == 1 then return cjson.encode({'exists', flat(key)}) end
 local now = now_ms()
+if redis.call('EXISTS', key) == 1 then
+  local h = out_read(ARGV[2], now)
+  if h then return cjson.encode({'exists', flat_of(h)}) end
+  return cjson.encode({'aside', aside_problem('out', ARGV[2])})
+end
 local seq = redis.call('INCR', P .. 'out:seq')
 local chat = ARGV[3]
+sync_head(chat, now) -- a head that is set aside or damaged leaves the chat's open set first
 local clear = redis.call('ZCARD', open_key(chat)) == 0
 local h = {_key = key, key = ARGV[2], chatId = chat, content = ARGV[4], contentHash = ARGV[5],
   inboundId = (ARGV[6] == '1') and ARGV[7] or false, state = 'queued', attempts = '0', nextAttemptAt = n2s(now),
@@ -724,7 +987,7 @@ end
 out_write(h)
 redis.call('ZADD', P .. 'out:all', h.seq, h.key)
 redis.call('ZADD', P .. 'out:chat:' .. chat, h.seq, h.key)
-sync_head(chat)
+sync_head(chat, now)
 return cjson.encode({status, flat(key)})
 `, true),
   /** ARGV: P, owner, inc, leaseMs, reclaim, resend, limit → [due, ambiguous] */
@@ -735,21 +998,18 @@ local limit = tonumber(ARGV[7])
 local now = now_ms()
 local due, amb = {}, {}
 -- (1) sending entries whose owner lost them: lapsed leases, and the previous incarnation's under reclaimOwn
--- Every entry the scan reads is validated before anything is written: a damaged one is quarantined
+-- Every entry the scan reads is validated before anything is written: a damaged one is set aside
 -- (never an error that blocks the others); a mark of an entry that is gone or not lapsed leaves the window.
 local lost, seen = {}, {}
 local function consider(k, windowed)
   if seen[k] then return end
   seen[k] = true
-  local h = load(out_key(k))
+  local h = out_read(k, now)
   if not h then
     if windowed then redis.call('ZREM', P .. 'out:lease', k) else redis.call('SREM', P .. 'out:owner:' .. o.owner, k) end
     return
   end
-  local problem = out_problem(h, k)
-  if problem then
-    out_quarantine(k, h, problem, now)
-  elseif h.state == 'sending' and abandoned(h, now, o) then
+  if h.state == 'sending' and abandoned(h, now, o) then
     lost[#lost + 1] = h
   elseif windowed then
     if h.state == 'sending' then redis.call('ZADD', P .. 'out:lease', h.leaseExp, k) else redis.call('ZREM', P .. 'out:lease', k) end
@@ -782,7 +1042,7 @@ for _, h in ipairs(lost) do
     if not h.error then h.error = 'the sender was lost during the provider call' end
     h.updatedAt = n2s(now)
     out_write(h)
-    sync_head(h.chatId)
+    sync_head(h.chatId, now)
     amb[#amb + 1] = flat(h._key)
   end
 end
@@ -793,13 +1053,13 @@ while #due < limit do
   local moved = false -- a chat's next entry may have become its head: read the range again
   for _, k in ipairs(ks) do
     if #due >= limit then break end
-    local h = load(out_key(k))
-    local problem = h and out_problem(h, k)
-    local head = h and not problem and redis.call('ZRANGE', open_key(h.chatId), 0, 0)[1]
-    if problem then
-      out_quarantine(k, h, problem, now)
+    local h = out_read(k, now)
+    local head = h and redis.call('ZRANGE', open_key(h.chatId), 0, 0)[1]
+    if not h then
+      -- gone, or set aside (its chat moved on: read the range again)
+      redis.call('ZREM', P .. 'out:due', k)
       moved = true
-    elseif h and (h.state == 'queued' or h.state == 'failed') and head == k then
+    elseif (h.state == 'queued' or h.state == 'failed') and head == k then
       if num(h, 'nextAttemptAt', 0) <= now then
         out_claim(h, now, o)
         due[#due + 1] = flat(h._key)
@@ -809,7 +1069,8 @@ while #due < limit do
     else
       -- settled, sending, or no longer first in its chat: drop the stale mark
       redis.call('ZREM', P .. 'out:due', k)
-      if h then sync_head(h.chatId); moved = true end
+      sync_head(h.chatId, now)
+      moved = true
     end
   end
   if #ks < page and not moved then break end
@@ -818,10 +1079,10 @@ return cjson.encode({due, amb})
 `, true),
   /** ARGV: P, key, token, leaseMs */
   outHeartbeat: script("outbox.heartbeat", [OUTBOX], `
-local h = load(out_key(ARGV[2]))
+local now = now_ms()
+local h = out_read(ARGV[2], now)
 if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
-assert_ok(out_problem(h, ARGV[2]))
-h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
+h.leaseExp = n2s(now + tonumber(ARGV[4]))
 save(h, {'leaseExp'})
 redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
 return cjson.encode({'ok'})
@@ -832,10 +1093,10 @@ return cjson.encode({'ok'})
    * entry as it is then (a lease lost meanwhile answers false, so no call starts under it).
    */
   outMarkCalling: script("outbox.markCalling", [OUTBOX], `
-local h = load(out_key(ARGV[2]))
+local now = now_ms()
+local h = out_read(ARGV[2], now)
 if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
-assert_ok(out_problem(h, ARGV[2]))
-h.leaseExp = n2s(now_ms() + tonumber(ARGV[4]))
+h.leaseExp = n2s(now + tonumber(ARGV[4]))
 redis.call('HSET', h._key, 'leaseExp', h.leaseExp, 'called', '1')
 redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
 return cjson.encode({'ok'})
@@ -846,10 +1107,9 @@ return cjson.encode({'ok'})
    * attempts kept; out_write takes it out of its chat's open set and sync_head marks the next head.
    */
   outFinish: script("outbox.finish", [OUTBOX], `
-local h = load(out_key(ARGV[2]))
-if not out_resolvable(h, ARGV[3]) then return cjson.encode({'stale'}) end
-assert_ok(out_problem(h, ARGV[2]))
 local now = now_ms()
+local h = out_read(ARGV[2], now)
+if not out_resolvable(h, ARGV[3]) then return cjson.encode({'stale'}) end
 local mode = ARGV[4]
 out_unindex(h)
 h.nextAttemptAt = false
@@ -864,52 +1124,43 @@ else
 end
 nolease(h); h.updatedAt = n2s(now)
 out_write(h)
-sync_head(h.chatId)
+sync_head(h.chatId, now)
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, key */
   outRetry: script("outbox.retry", [OUTBOX], `
-local h = load(out_key(ARGV[2]))
-if not h or (h.state ~= 'dead' and h.state ~= 'failed' and h.state ~= 'unknown') then return cjson.encode({'no'}) end
-assert_ok(out_problem(h, ARGV[2]))
 local now = now_ms()
+local h = out_read(ARGV[2], now)
+if not h or (h.state ~= 'dead' and h.state ~= 'failed' and h.state ~= 'unknown') then return cjson.encode({'no'}) end
 out_unindex(h)
 h.state = 'queued'; h.nextAttemptAt = n2s(now); h.attempts = '0'; nolease(h); h.updatedAt = n2s(now)
 out_write(h)
-sync_head(h.chatId)
+sync_head(h.chatId, now)
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, key */
   outDiscard: script("outbox.discard", [OUTBOX], `
-local h = load(out_key(ARGV[2]))
+local now = now_ms()
+local h = out_read(ARGV[2], now)
 if not h or h.state == 'sending' then return cjson.encode({'no'}) end
-local problem = out_problem(h, ARGV[2])
-if problem then
-  -- a damaged entry can still be discarded: out of every index, then deleted
-  out_quarantine(ARGV[2], h, problem, now_ms())
-  redis.call('ZREM', P .. 'out:st:dead', ARGV[2])
-  redis.call('ZREM', P .. 'out:all', ARGV[2])
-  if type(h.chatId) == 'string' then redis.call('ZREM', P .. 'out:chat:' .. h.chatId, ARGV[2]) end
-  redis.call('DEL', h._key)
-  return cjson.encode({'ok'})
-end
 out_unindex(h)
 redis.call('ZREM', open_key(h.chatId), h.key)
 redis.call('ZREM', P .. 'out:all', h.key)
 redis.call('ZREM', P .. 'out:chat:' .. h.chatId, h.key)
 redis.call('DEL', h._key)
-sync_head(h.chatId)
+sync_head(h.chatId, now)
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, olderThanMs, batch → [deleted, scanned] */
   outPurge: script("outbox.purge", [OUTBOX], `
-local cutoff = now_ms() - tonumber(ARGV[2])
+local now = now_ms()
+local cutoff = now - tonumber(ARGV[2])
 local ks = redis.call('ZRANGEBYSCORE', P .. 'out:sent', '-inf', n2s(cutoff), 'LIMIT', 0, tonumber(ARGV[3]))
 local n = 0
 for _, k in ipairs(ks) do
-  local h = load(out_key(k))
+  local h = out_read(k, now)
   redis.call('ZREM', P .. 'out:sent', k)
-  if h and h.state == 'sent' and type(h.chatId) == 'string' then
+  if h and h.state == 'sent' then
     redis.call('ZREM', P .. 'out:all', k)
     redis.call('ZREM', P .. 'out:chat:' .. h.chatId, k)
     redis.call('ZREM', P .. 'out:st:sent', k)
@@ -919,59 +1170,58 @@ for _, k in ipairs(ks) do
 end
 return cjson.encode({n2s(n), n2s(#ks)})
 `, true),
-  /** ARGV: P, key */
-  outGet: script("outbox.get", [OUTBOX], `return cjson.encode({flat(out_key(ARGV[2]))})`),
-  /** ARGV: P, key, fence, why: an entry the caller claimed or resolved but cannot read → dead (see out_quarantine) */
-  outQuarantine: script("outbox.quarantine", [OUTBOX], `
-local h = load(out_key(ARGV[2]))
-if not h or h.fence ~= ARGV[3] or (h.state ~= 'sending' and h.state ~= 'unknown') then return cjson.encode({'no'}) end
-out_quarantine(ARGV[2], h, ARGV[4], now_ms())
+  /** ARGV: P, key → ['ok', entry], ['aside', problem] (a damaged entry is set aside first) or [] */
+  outGet: script("outbox.get", [OUTBOX], `
+local k = ARGV[2]
+if is_aside('out', k) then return cjson.encode({'aside', aside_problem('out', k)}) end
+local h = out_read(k, now_ms())
+if h then return cjson.encode({'ok', flat_of(h)}) end
+if is_aside('out', k) then return cjson.encode({'aside', aside_problem('out', k)}) end
+return cjson.encode({})
+`),
+  /**
+   * ARGV: P, key, problem, fence, updatedAt: sets aside an entry the caller read but cannot parse, unless
+   * it changed since (its fence or updatedAt field differs from the ones read) → ['ok'|'no'|'changed']
+   */
+  outSetAside: script("outbox.setAside", [OUTBOX], `
+local k = ARGV[2]
+local h = load(out_key(k))
+if not h or is_aside('out', k) then return cjson.encode({'no'}) end
+if (h.fence or '') ~= ARGV[4] or (h.updatedAt or '') ~= ARGV[5] then return cjson.encode({'changed'}) end
+local now = now_ms()
+out_aside(k, h, nil, ARGV[3], now)
+if type(h.chatId) == 'string' then sync_head(h.chatId, now) end
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, hasChat, chatId, limit, nStates, states… */
-  outList: script("outbox.list", [OUTBOX], `
-local limit = tonumber(ARGV[4])
-local ns = tonumber(ARGV[5])
-local want = nil
-if ns > 0 then
-  want = {}
-  for i = 1, ns do want[ARGV[5 + i]] = true end
-end
-local out = {}
-local function emit(k)
-  local f = flat(out_key(k))
-  if #f > 0 then out[#out + 1] = f end
-end
-if ARGV[2] == '1' then
-  local zkey = P .. 'out:chat:' .. ARGV[3]
-  local start, page = 0, 256
-  while #out < limit do
-    local ks = redis.call('ZRANGE', zkey, start, start + page - 1)
-    for _, k in ipairs(ks) do
-      if #out >= limit then break end
-      if want == nil then
-        emit(k)
-      else
-        local st = redis.call('HGET', out_key(k), 'state')
-        if st and want[st] then emit(k) end
-      end
-    end
-    if #ks < page then break end
-    start = start + page
+  outList: script("outbox.list", [OUTBOX, LIST], `
+local chat, limit, want = list_args()
+local now = nil
+-- A member (key) of an index: its entry when readable and wanted; a damaged one is set aside.
+local function read(k)
+  if want and not is_aside('out', k) then
+    local st = fields(out_key(k), 'state')[1]
+    if st and OUT_STATES[st] and not want[st] then return nil end
   end
+  now = now or now_ms()
+  local h = out_read(k, now, chat)
+  if not h or (chat and h.chatId ~= chat) or (want and not want[h.state]) then return nil end
+  return flat_of(h)
+end
+local zkeys = {}
+if chat then
+  zkeys[1] = P .. 'out:chat:' .. chat
 elseif want then
-  local all = {}
-  for s, _ in pairs(want) do
-    local r = redis.call('ZRANGE', P .. 'out:st:' .. s, 0, limit - 1, 'WITHSCORES')
-    for i = 1, #r, 2 do all[#all + 1] = {r[i], tonumber(r[i + 1])} end
-  end
-  table.sort(all, function(a, b) return a[2] < b[2] end)
-  for i = 1, math.min(limit, #all) do emit(all[i][1]) end
+  for st, _ in pairs(want) do zkeys[#zkeys + 1] = P .. 'out:st:' .. st end
 else
-  for _, k in ipairs(redis.call('ZRANGE', P .. 'out:all', 0, limit - 1)) do emit(k) end
+  zkeys[1] = P .. 'out:all'
 end
-return cjson.encode(out)
+return cjson.encode(list_scan(zkeys, limit, read))
 `),
+  /** ARGV: P, unreported(0|1), limit → [key, problem, at, reported, …] */
+  outDamaged: script("outbox.damaged", [DAMAGED], `return damaged_list('out')`),
+  /** ARGV: P, key → ['ok'] when this call marked it reported, else ['no'] */
+  outReportDamaged: script("outbox.reportDamaged", [DAMAGED], `return damaged_report('out')`, true),
 
   // ---- session store ----------------------------------------------------------
   /** ARGV: P, key */

@@ -82,6 +82,8 @@ interface Held {
   client: unknown;
   keyPrefix: string;
   kind: ClientKind;
+  /** The backend `reopen` replaced this one with (its client is the open one). */
+  next?: DurabilityBackend;
 }
 const held = new WeakMap<object, Held>();
 
@@ -92,11 +94,37 @@ async function over(kind: ClientKind, keyPrefix: string, build: (client: unknown
   return backend;
 }
 
+/**
+ * A damaged-records tests' hook: the record's payload (inbox) or content (outbox) made invalid JSON in
+ * place, as a hand edit or a bug elsewhere would leave it; or (`"state"`) its state an unknown word.
+ */
+const damageOf = (what: "json" | "state") =>
+async (backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Promise<DurabilityBackend> => {
+  const { keyPrefix } = held.get(backend)!;
+  const key = `{${keyPrefix}}${journal === "inbox" ? "in" : "out"}:r:${id}`;
+  const [field, value] = what === "state" ? ["state", "lost"] : [journal === "inbox" ? "payload" : "content", "{not json"];
+  if ((await admin!.hset(key, field, value)) !== 0) throw new Error(`no record at ${key}`);
+  return backend;
+};
+
+/**
+ * The hook of kvDurability over RedisKv: the kv value of the record given a shape that is no record
+ * (an inbox record's state an unknown word; an outbox entry's value a bare string).
+ */
+async function damageKv(backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Promise<DurabilityBackend> {
+  const kv = new RedisKv({ client: admin, keyPrefix: held.get(backend)!.keyPrefix });
+  const key = `r/${journal === "inbox" ? "in" : "out"}/${id.replace(/[%/]/g, (c) => (c === "%" ? "%25" : "%2F"))}`;
+  const stored = (await kv.get(key))!.value as { rec: Record<string, unknown> };
+  await kv.set(key, journal === "inbox" ? { ...stored, rec: { ...stored.rec, state: "archived" } } : "{not json");
+  return backend;
+}
+
 function suite(
   title: string,
   kind: ClientKind,
   build: (client: unknown, keyPrefix: string) => DurabilityBackend,
   run: typeof runDurabilityConformance = runDurabilityConformance,
+  damage: "json" | "state" | "kv" = "json",
 ): void {
   run({
     name: `redis (${title}, ${kind.name})`,
@@ -105,13 +133,18 @@ function suite(
     reopen: async (old) => {
       const h = held.get(old)!;
       await h.kind.close(h.client);
-      return over(kind, h.keyPrefix, build);
+      h.next = await over(kind, h.keyPrefix, build);
+      return h.next;
     },
+    // Given the first backend of a test that reopened (the damaged-records tests do), the client to
+    // close is the last one's.
     cleanup: async (backend) => {
-      const h = held.get(backend)!;
+      let h = held.get(backend)!;
+      while (h.next) h = held.get(h.next)!;
       await dropPrefix(h.keyPrefix);
       await h.kind.close(h.client);
     },
+    damage: damage === "kv" ? damageKv : damageOf(damage),
     harness,
     timeScale: kind.timeScale * SHARED_RUN_MARGIN,
   });
@@ -122,8 +155,8 @@ const durability = (client: unknown, keyPrefix: string) => new RedisDurability({
 suite("RedisDurability", upstash(false), durability);
 // The other clients and wrappers run the same scripts: the journal contract is enough for them.
 suite("RedisDurability", upstash(true), durability, runBackendContract);
-suite("RedisDurability", ioredis, durability);
+suite("RedisDurability", ioredis, durability, runDurabilityConformance, "state");
 suite("RedisStore#durability", ioredis, (client, keyPrefix) => new RedisStore({ client, keyPrefix }).durability(), runBackendContract);
-suite("kvDurability(RedisKv)", upstash(false), (client, keyPrefix) => kvDurability(new RedisKv({ client, keyPrefix })), runBackendContract);
+suite("kvDurability(RedisKv)", upstash(false), (client, keyPrefix) => kvDurability(new RedisKv({ client, keyPrefix })), runBackendContract, "kv");
 suite("RedisDurability", nodeRedis, durability, runBackendContract);
 suite("RedisDurability", bunRedis, durability, runBackendContract);

@@ -1,11 +1,12 @@
 // What the conformance suite does not cover on Redis: options and client validation, the NOSCRIPT
 // fallback, the server's clock, O(due) scans, the store's TTL, the kv's CAS/versions/byte order,
-// an events outbox on the kv, and damaged records.
+// an events outbox on the kv, damaged records set aside, and the chat index of records written before it.
 import { afterAll, describe, expect, test } from "bun:test";
 import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
+import { DamagedRecordError, StaleLeaseError } from "../src/backend.ts";
 import {
   fromBunRedis,
   fromIoredis,
@@ -282,7 +283,7 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     for (const k of keys) expect(k.startsWith(`{${keyPrefix}}`)).toBe(true);
   });
 
-  test("a damaged record rejects its read naming key and field; other records stay readable", async () => {
+  test("a damaged record is set aside by the first call that meets it: get rejects naming key and field, nothing else changes it", async () => {
     const keyPrefix = prefix();
     const backend = new RedisDurability({ client: client(), keyPrefix });
     await backend.inbox.admit(inbound("good"));
@@ -294,25 +295,102 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     await admin!.hset(`{${keyPrefix}}in:r:bad-payload`, "payload", "{not json");
     await admin!.hset(`{${keyPrefix}}out:r:bad-content`, "content", "[1,");
     await admin!.hset(`{${keyPrefix}}out:r:bad-state`, "state", "flying");
+    const raw = async (key: string) => await admin!.hgetall(`{${keyPrefix}}${key}`);
+    const before = await raw("in:r:bad-payload");
 
-    const fence = await rejection(() => backend.inbox.get("bad-fence"));
-    expect(fence.message).toContain(`Redis inbox record at key "{${keyPrefix}}in:r:bad-fence"`);
-    expect(fence.message).toContain(`field "fence" must be a non-negative integer, got "abc"`);
     const payload = await rejection(() => backend.inbox.get("bad-payload"));
-    expect(payload.message).toContain(`"{${keyPrefix}}in:r:bad-payload"`);
-    expect(payload.message).toContain(`field "payload" is not JSON`);
-    const content = await rejection(() => backend.outbox.get("bad-content"));
-    expect(content.message).toContain(`Redis outbox entry at key "{${keyPrefix}}out:r:bad-content": field "content" is not JSON`);
-    const state = await rejection(() => backend.outbox.get("bad-state"));
-    expect(state.message).toContain(`field "state" must be one of queued, sending, sent, failed, dead, unknown, got "flying"`);
-    // A transition that needs the damaged number names it too, and changes nothing.
-    const claim = await rejection(() => backend.inbox.claim("bad-fence", claimer()));
-    expect(claim.message).toContain(`the record at key "{${keyPrefix}}in:r:bad-fence" has a bad field "fence"`);
+    expect(payload).toBeInstanceOf(DamagedRecordError);
+    expect(payload.message).toBe(
+      `Inbox record "bad-payload" in backend "redis" is damaged and set aside: the record at key "{${keyPrefix}}in:r:bad-payload" has a bad field "payload": not JSON: {not json`,
+    );
+    // Any call that meets one sets it aside: a claim answers null, a replay false; the hash stays as it was.
+    expect(await backend.inbox.claim("bad-fence", claimer())).toBe(null);
+    expect(await backend.inbox.replay("bad-fence")).toBe(false);
+    const fence = await rejection(() => backend.inbox.get("bad-fence"));
+    expect((fence as DamagedRecordError).problem).toBe(`the record at key "{${keyPrefix}}in:r:bad-fence" has a bad field "fence": not a number: abc`);
+    const state = await rejection(() => backend.outbox.retry("bad-state").then(() => backend.outbox.get("bad-state")));
+    expect((state as DamagedRecordError).problem).toBe(`the record at key "{${keyPrefix}}out:r:bad-state" has a bad field "state": flying`);
+    const content = await rejection(() => backend.outbox.reserve({ key: "bad-content", chatId: "c", content: { a: 1 }, contentHash: "h", inboundId: null }));
+    expect(content).toBeInstanceOf(DamagedRecordError);
+    expect((content as DamagedRecordError).problem).toContain(`has a bad field "content": not JSON: [1,`);
+    expect(await raw("in:r:bad-payload"), "kept as stored").toEqual(before);
+    expect(await raw("in:r:bad-fence")).toMatchObject({ fence: "abc", state: "pending" });
 
+    expect((await backend.inbox.damaged()).map((d) => [d.id, d.reported])).toEqual([["bad-payload", false], ["bad-fence", false]]);
+    expect((await backend.outbox.damaged()).map((d) => d.id)).toEqual(["bad-state", "bad-content"]);
+    expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["good"]);
     expect((await backend.inbox.get("good"))?.state).toBe("pending");
     expect((await backend.inbox.claim("good", claimer()))?.lease?.token).toBe(1);
     await backend.inbox.complete("good", 1);
     expect((await backend.inbox.get("good"))?.state).toBe("done");
+    const bad = await rejection(() => backend.inbox.damaged({ limit: -1 }));
+    expect(bad).toBeInstanceOf(RangeError);
+    expect(bad.message).toBe(`inbox.damaged: option "limit" must be a non-negative integer, got -1`);
+  });
+
+  test("payload syntax is checked as JSON.parse reads it: lone surrogates and deep nesting are JSON, near misses are not", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    const deep = "[".repeat(3_000) + "]".repeat(3_000);
+    const samples = [
+      `"\\ud800"`, `"\\udc00x\\ud83d\\ude00"`, deep, `{"a":[1,-2.5e-3,{"b":null}],"c":"q\\"\\\\\\/\\b\\f\\n\\r\\t"}`,
+      ` \t\r\n1 `, `-0`, `0.0E+00`, `1e999`, `""`, `{}`, `[]`, `true`, `false`, `null`, `"é \u{1F600} \x7f"`,
+      `{bad`, ``, ` `, `01`, `1.`, `.5`, `+1`, `-`, `1e`, `1e+`, `NaN`, `Infinity`, `0x10`, `[1,]`, `{"a":1,}`, `{"a" 1}`,
+      `{a:1}`, `'a'`, `"\\x"`, `"\\u12"`, `"\\u12g4"`, `"a`, `"a\tb"`, `"a\u0000b"`, `tru`, `nul`, `[1 2]`, `1 2`,
+      `{"a":1}}`, `[`, `]`, `[[]`, `{"a":[}`, `\u00a01`, `\ufeff1`, `"\\`, `{"a":1 "b":2}`, `[,1]`, `{,}`, `truex`,
+    ];
+    const parses = (text: string) => {
+      try {
+        JSON.parse(text);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    for (const [i, text] of samples.entries()) {
+      await backend.inbox.admit(inbound(`m${i}`, "c", 1_000 + i));
+      await admin!.hset(`{${keyPrefix}}in:r:m${i}`, "payload", text);
+    }
+    const good = samples.flatMap((text, i) => parses(text) ? [`m${i}`] : []);
+    const bad = samples.flatMap((text, i) => parses(text) ? [] : [`m${i}`]);
+    expect(good.length).toBe(15);
+    expect((await backend.inbox.list({ limit: 1_000 })).map((r) => r.id), "read by list").toEqual(good);
+    expect((await backend.inbox.damaged({ limit: 1_000 })).map((d) => d.id), "set aside by list").toEqual(bad);
+    expect((await backend.inbox.get("m0"))?.payload).toBe("\ud800");
+    expect(((await backend.inbox.get("m2"))?.payload as unknown[]).length).toBe(1);
+    expect((await backend.inbox.claimDue({ ...claimer(), limit: 1_000 })).map((r) => r.id)).toEqual(good);
+  });
+
+  test("a key of another type, and a record an older version quarantined (dead, the problem in its error), are set aside", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    for (const id of ["str", "old", "dead"]) await backend.inbox.admit(inbound(id));
+    await backend.outbox.reserve({ key: "str", chatId: "c", content: 1, contentHash: "h", inboundId: null });
+    await backend.outbox.reserve({ key: "next", chatId: "c", content: 2, contentHash: "h", inboundId: null });
+    for (const key of ["in:r:str", "out:r:str"]) {
+      await admin!.del(`{${keyPrefix}}${key}`);
+      await admin!.set(`{${keyPrefix}}${key}`, "not a hash");
+    }
+    const me = { owner: "w", incarnation: "i1", leaseMs: 60_000 };
+    for (const id of ["old", "dead"]) {
+      const r = (await backend.inbox.claim(id, me))!;
+      await backend.inbox.fail(id, r.lease!.token, { error: "gave up", dead: true });
+    }
+    await admin!.hset(`{${keyPrefix}}in:r:old`, "error", `botmesh: quarantined as damaged: the record at key "x" has a bad field "fence": not a number: x`);
+
+    expect((await backend.inbox.list({ state: "dead" })).map((r) => r.id), "a DLQ of real failures only").toEqual(["dead"]);
+    // The entry's chat cannot be read: its chat moves on when it is next written to.
+    expect((await backend.outbox.claimDue({ ...me, limit: 10 })).due).toEqual([]);
+    await backend.outbox.reserve({ key: "third", chatId: "c", content: 3, contentHash: "h", inboundId: null });
+    expect((await backend.outbox.claimDue({ ...me, limit: 10 })).due.map((e) => e.key), "the chat moves on").toEqual(["next"]);
+    expect((await backend.inbox.claimDue({ ...me, limit: 10 })).map((r) => r.id)).toEqual([]);
+    expect((await backend.inbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
+      ["old", `the record at key "x" has a bad field "fence": not a number: x`],
+      ["str", expect.stringContaining(`the key "{${keyPrefix}}in:r:str" holds no hash (WRONGTYPE`)],
+    ]);
+    expect((await backend.outbox.damaged()).map((d) => d.id)).toEqual(["str"]);
+    expect(await admin!.get(`{${keyPrefix}}in:r:str`), "kept").toBe("not a hash");
+    expect(await rejection(() => backend.outbox.get("str"))).toBeInstanceOf(DamagedRecordError);
   });
 });
 
@@ -533,7 +611,18 @@ describe.skipIf(Boolean(skip))("lost leases and lost replies", () => {
 });
 
 describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
-  test("outbox.claimDue: a damaged entry is quarantined before any write; the lapsed send is reported; later scans work", async () => {
+  /** Every key under the prefix that holds `member` (a sorted-set or set member), but the damaged lists. */
+  async function indexesOf(keyPrefix: string, member: string): Promise<string[]> {
+    const found: string[] = [];
+    for (const key of await admin!.keys(`{${keyPrefix}}*`)) {
+      const type = await admin!.type(key);
+      const has = type === "zset" ? (await admin!.zscore(key, member)) !== null : type === "set" ? (await admin!.sismember(key, member)) === 1 : false;
+      if (has && !/:dmgu?$/.test(key)) found.push(key.slice(keyPrefix.length + 2));
+    }
+    return found.sort();
+  }
+
+  test("outbox.claimDue: a damaged entry is set aside before any write, its hash as it was; the lapsed send is reported; its chat moves on", async () => {
     const keyPrefix = prefix();
     const backend = new RedisDurability({ client: client(), keyPrefix });
     await backend.outbox.reserve({ key: "lost1", chatId: "a", content: 1, contentHash: "h", inboundId: null }, { owner: "A", incarnation: "1", leaseMs: 60_000 });
@@ -541,44 +630,90 @@ describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
     await backend.outbox.reserve({ key: "q", chatId: "b", content: 1, contentHash: "h", inboundId: null });
     await backend.outbox.reserve({ key: "q2", chatId: "b", content: 2, contentHash: "h", inboundId: null });
     await admin!.hset(`{${keyPrefix}}out:r:q`, "fence", "x");
+    const before = await admin!.hgetall(`{${keyPrefix}}out:r:q`);
     await Bun.sleep(50);
     const claim = await backend.outbox.claimDue({ owner: "B", incarnation: "1", leaseMs: 60_000, limit: 10 });
     expect(claim.ambiguous.map((e) => e.key)).toEqual(["lost1"]);
     expect(claim.due.map((e) => e.key), "the damaged head no longer blocks its chat").toEqual(["q2"]);
-    expect(await admin!.hget(`{${keyPrefix}}out:r:q`, "state")).toBe("dead");
-    expect(await admin!.hget(`{${keyPrefix}}out:r:q`, "error")).toContain(`the record at key "{${keyPrefix}}out:r:q" has a bad field "fence": not a number: x`);
-    const error = await rejection(() => backend.outbox.get("q"));
-    expect(error.message).toContain(`field "fence"`);
+    expect(await admin!.hgetall(`{${keyPrefix}}out:r:q`), "kept as stored").toEqual(before);
+    expect(await indexesOf(keyPrefix, "q"), "in no index").toEqual([]);
+    const [found] = await backend.outbox.damaged();
+    expect(found).toEqual({
+      journal: "outbox",
+      id: "q",
+      backend: "redis",
+      problem: `the record at key "{${keyPrefix}}out:r:q" has a bad field "fence": not a number: x`,
+      setAsideAt: expect.any(Number),
+      reported: false,
+    });
+    expect(Math.abs(found!.setAsideAt - await backend.now())).toBeLessThan(5_000);
+    expect((await rejection(() => backend.outbox.get("q"))).message).toContain(`field "fence"`);
     const again = await backend.outbox.claimDue({ owner: "C", incarnation: "1", leaseMs: 60_000, limit: 10 });
     expect(again).toEqual({ due: [], ambiguous: [] });
-    expect(await backend.outbox.discard("q"), "a damaged entry can be discarded").toBe(true);
-    expect(await admin!.exists(`{${keyPrefix}}out:r:q`)).toBe(0);
+    expect(await backend.outbox.discard("q"), "a set-aside entry is never deleted").toBe(false);
+    expect(await admin!.exists(`{${keyPrefix}}out:r:q`)).toBe(1);
+    expect((await backend.outbox.list()).map((e) => e.key)).toEqual(["lost1", "q2"]);
   });
 
-  test("inbox.claimDue: a damaged record is quarantined, the good ones are leased and returned", async () => {
+  test("inbox.claimDue: a damaged record is set aside, the good ones are leased and returned; its old lease is stale", async () => {
     const keyPrefix = prefix();
     const backend = new RedisDurability({ client: client(), keyPrefix });
-    for (const id of ["m1", "m2", "m3", "m4"]) await backend.inbox.admit(inbound(id));
-    await admin!.hset(`{${keyPrefix}}in:r:m2`, "payload", "{bad"); // only the reader sees this
-    await admin!.hset(`{${keyPrefix}}in:r:m4`, "attempts", "many"); // the script sees this
-    const me = { owner: "w", incarnation: "i1", leaseMs: 60_000 };
+    const old = { owner: "A", incarnation: "1", leaseMs: 60_000 };
+    for (const id of ["m1", "m2", "m3"]) await backend.inbox.admit(inbound(id));
+    await backend.inbox.admit(inbound("m4"), old);
+    await admin!.hset(`{${keyPrefix}}in:r:m2`, "payload", "{bad");
+    await admin!.hset(`{${keyPrefix}}in:r:m4`, "attempts", "many");
+    const before = await admin!.hgetall(`{${keyPrefix}}in:r:m4`);
+    const me = { owner: "w", incarnation: "i1", leaseMs: 60_000, reclaimOwn: true };
     const due = await backend.inbox.claimDue({ ...me, limit: 10 });
     expect(due.map((r) => r.id)).toEqual(["m1", "m3"]);
-    for (const id of ["m2", "m4"]) {
-      expect(await admin!.hget(`{${keyPrefix}}in:r:${id}`, "state")).toBe("dead");
-      expect(await admin!.hget(`{${keyPrefix}}in:r:${id}`, "leaseOwner")).toBe(null);
-    }
-    expect(await admin!.hget(`{${keyPrefix}}in:r:m2`, "error")).toContain(`field "payload" is not JSON`);
-    expect(await admin!.hget(`{${keyPrefix}}in:r:m4`, "error")).toContain(`has a bad field "attempts": not a number: many`);
-    expect((await rejection(() => backend.inbox.get("m2"))).message).toContain(`field "payload"`);
+    // m4 is processing under A's live lease: its holder's heartbeat meets it.
+    expect(await backend.inbox.heartbeat("m4", 1, 60_000)).toBe(false);
+    expect((await backend.inbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
+      ["m2", `the record at key "{${keyPrefix}}in:r:m2" has a bad field "payload": not JSON: {bad`],
+      ["m4", `the record at key "{${keyPrefix}}in:r:m4" has a bad field "attempts": not a number: many`],
+    ]);
+    expect(await indexesOf(keyPrefix, `${"0".repeat(15)}2m2`)).toEqual([]);
+    expect(await indexesOf(keyPrefix, `${"0".repeat(15)}4m4`)).toEqual([]);
+    expect(await indexesOf(keyPrefix, "m4")).toEqual([]);
+    // The old holder's calls under its lease are stale and change nothing.
+    expect(await backend.inbox.heartbeat("m4", 1, 60_000)).toBe(false);
+    expect(await backend.inbox.claimDue({ ...old, reclaimOwn: true, limit: 10 })).toEqual([]);
+    expect(await rejection(() => backend.inbox.complete("m4", 1))).toBeInstanceOf(StaleLeaseError);
+    expect(await rejection(() => backend.inbox.fail("m4", 1, { error: "x", retryInMs: 0 }))).toBeInstanceOf(StaleLeaseError);
+    expect(await admin!.hgetall(`{${keyPrefix}}in:r:m4`)).toEqual(before);
     expect(await backend.inbox.claimDue({ ...me, limit: 10 })).toEqual([]);
 
-    const out = await backend.outbox.reserve({ key: "k1", chatId: "c", content: 1, contentHash: "h", inboundId: null });
-    await backend.outbox.reserve({ key: "k2", chatId: "d", content: 2, contentHash: "h", inboundId: null });
+    const out = await backend.outbox.reserve({ key: "k1", chatId: "c", content: 1, contentHash: "h", inboundId: null }, old);
+    await backend.outbox.reserve({ key: "k2", chatId: "c", content: 2, contentHash: "h", inboundId: null });
     await admin!.hset(`{${keyPrefix}}out:r:${out.entry.key}`, "content", "{bad");
+    expect(await backend.outbox.markCalling("k1", 1, 60_000), "its sender's lease is gone").toBe(false);
+    expect(await rejection(() => backend.outbox.markSent("k1", 1, "m"))).toBeInstanceOf(StaleLeaseError);
     const claim = await backend.outbox.claimDue({ ...me, limit: 10 });
-    expect(claim.due.map((e) => e.key)).toEqual(["k2"]);
-    expect(await admin!.hget(`{${keyPrefix}}out:r:k1`, "state")).toBe("dead");
+    expect(claim.due.map((e) => e.key), "k2 is its chat's head now").toEqual(["k2"]);
+    expect(await admin!.hget(`{${keyPrefix}}out:r:k1`, "state")).toBe("sending");
+  });
+
+  test("a damaged record is set aside once, however many scans and lists meet it at once; reportDamaged answers true once", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    for (let i = 0; i < 20; i++) await backend.inbox.admit(inbound(`m${i}`, `c${i % 4}`, 1_000 + i));
+    for (const i of [3, 7, 11]) await admin!.hset(`{${keyPrefix}}in:r:m${i}`, "state", "???");
+    const calls = Array.from({ length: 12 }, (_, i) =>
+      i % 3 === 0 ? backend.inbox.list({ limit: 5 }) : backend.inbox.claimDue({ owner: "o", incarnation: "x", leaseMs: 60_000, limit: 4 })
+    );
+    const results = await Promise.all(calls);
+    const claimed = results.filter((_, i) => i % 3 !== 0).flat().map((r) => r.id);
+    expect(claimed.length).toBe(17);
+    expect(new Set(claimed).size, "each good record claimed once").toBe(17);
+    for (const i of [0, 3, 6, 9]) expect(results[i]!.length, "a full page of readable records").toBe(5);
+    expect((await backend.inbox.damaged()).map((d) => d.id).sort()).toEqual(["m11", "m3", "m7"]);
+    expect(await admin!.get(`{${keyPrefix}}in:dmgn`)).toBe("3");
+    const asked = ["m3", "m3", "m7", "m3", "m7", "m11", "nothing"];
+    const reports = await Promise.all(asked.map((id) => backend.inbox.reportDamaged(id)));
+    for (const id of ["m3", "m7", "m11"]) expect(asked.filter((x, i) => x === id && reports[i]).length, id).toBe(1);
+    expect(reports[6]).toBe(false);
+    expect(await backend.inbox.damaged({ unreported: true })).toEqual([]);
   });
 
   test("stale marks of records that are gone cannot fill the due window and hide a due record", async () => {
@@ -602,6 +737,40 @@ describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
     expect(ambiguous).toEqual(["lapsed"]);
     expect(await admin!.zcard(`{${keyPrefix}}in:timed`)).toBe(1);
     expect(await admin!.zcard(`{${keyPrefix}}out:lease`)).toBe(0);
+  });
+});
+
+describe.skipIf(Boolean(skip))("the chat index of records written before it", () => {
+  test("records without the chat index (in:act:*, in:actv deleted) are indexed by the first scan: one held elsewhere still holds back its chat", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    const a = { owner: "A", incarnation: "1", leaseMs: 60_000 };
+    const b = { owner: "B", incarnation: "1", leaseMs: 60_000 };
+    await backend.inbox.admit(inbound("held", "c", 1_000), a);
+    await backend.inbox.admit(inbound("next", "c", 2_000));
+    await backend.inbox.admit(inbound("later", "c", 3_000));
+    await backend.inbox.admit(inbound("other", "d", 4_000));
+    await backend.inbox.admit(inbound("bad", "e", 500));
+    await admin!.hset(`{${keyPrefix}}in:r:bad`, "payload", "[");
+    await backend.inbox.claimDue({ ...a, limit: 0 }); // (no scan: in:actv is set by the first one)
+    const index = await admin!.keys(`{${keyPrefix}}in:act*`);
+    expect(index.sort()).toEqual([`{${keyPrefix}}in:act:c`, `{${keyPrefix}}in:act:d`, `{${keyPrefix}}in:act:e`]);
+    await admin!.del(...index, `{${keyPrefix}}in:actv`); // as an older version left them
+
+    expect((await backend.inbox.claimDue({ ...b, limit: 10 })).map((r) => r.id), "c is held by A").toEqual(["other"]);
+    expect(await admin!.exists(`{${keyPrefix}}in:actv`)).toBe(1);
+    expect(await admin!.zrange(`{${keyPrefix}}in:act:c`, 0, -1)).toEqual(["0000000000000001held", "0000000000000002next", "0000000000000003later"]);
+    expect(await admin!.exists(`{${keyPrefix}}in:act:e`), "the damaged record is set aside, not indexed").toBe(0);
+    expect((await backend.inbox.damaged()).map((d) => d.id)).toEqual(["bad"]);
+
+    // Records an older replica admits after the index was built are indexed by the scan that meets them.
+    await backend.inbox.admit(inbound("f1", "f", 5_000));
+    await backend.inbox.admit(inbound("f2", "f", 6_000));
+    await admin!.del(`{${keyPrefix}}in:act:f`);
+    expect((await backend.inbox.claimDue({ ...b, limit: 10 })).map((r) => r.id)).toEqual(["f1", "f2"]);
+    expect(await admin!.zcard(`{${keyPrefix}}in:act:f`)).toBe(2);
+    await backend.inbox.complete("held", 1);
+    expect((await backend.inbox.claimDue({ ...b, limit: 10 })).map((r) => r.id), "c is free").toEqual(["next", "later"]);
   });
 });
 
@@ -647,23 +816,22 @@ describe.skipIf(Boolean(skip))("the called flag", () => {
     expect(await admin!.hget(`{${keyPrefix}}out:r:legacy-2`, "called")).toBe("1");
   });
 
-  test("a damaged called field is named by get and markCalling, and quarantined by a due scan", async () => {
+  test("a damaged called field: the markCalling that meets it sets the entry aside and answers false; no scan takes it", async () => {
     const keyPrefix = prefix();
     const backend = new RedisDurability({ client: client(), keyPrefix });
     await backend.outbox.reserve(entry("bad"), claimer("A", 100));
     await backend.outbox.reserve(entry("good"), claimer("A", 100));
     await admin!.hset(`{${keyPrefix}}out:r:bad`, "called", "yes");
-    const read = await rejection(() => backend.outbox.get("bad"));
-    expect(read.message).toContain(`Redis outbox entry at key "{${keyPrefix}}out:r:bad": field "called" must be a boolean, got "yes"`);
-    const mark = await rejection(() => backend.outbox.markCalling("bad", 1, 100));
-    expect(mark.message).toContain(`the record at key "{${keyPrefix}}out:r:bad" has a bad field "called": yes`);
+    expect(await backend.outbox.markCalling("bad", 1, 100), "no provider call under it").toBe(false);
     expect(await admin!.hget(`{${keyPrefix}}out:r:bad`, "called"), "nothing changed").toBe("yes");
+    const read = await rejection(() => backend.outbox.get("bad"));
+    expect((read as DamagedRecordError).problem).toBe(`the record at key "{${keyPrefix}}out:r:bad" has a bad field "called": yes`);
     await Bun.sleep(200);
     const claim = await backend.outbox.claimDue({ ...claimer("B"), limit: 10 });
     expect(claim.ambiguous).toEqual([]);
     expect(claim.due).toEqual([(await backend.outbox.get("good"))!]);
     expect(claim.due[0]!.attempts, "the uncalled lapsed send started no attempt").toBe(1);
-    expect(await admin!.hget(`{${keyPrefix}}out:r:bad`, "state")).toBe("dead");
+    expect(await admin!.hget(`{${keyPrefix}}out:r:bad`, "state")).toBe("sending");
   });
 
   test("markCalling is one script call and stores no request key; the flag and the lease are written together", async () => {
