@@ -2237,8 +2237,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
       ) =>
         test(name, async () => {
           time = new SuiteTime(options.simulatedTime === true);
-          const first = await time.create(options);
-          let b = first;
+          let b = await time.create(options);
           let open = false;
           try {
             await b.open?.();
@@ -2258,7 +2257,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
             try {
               if (open) await b.close?.();
             } finally {
-              await time.cleanup(options, first);
+              await time.cleanup(options, b); // the backend the test ended on (a damage or a restart may have reopened it)
               time.stop();
             }
           }

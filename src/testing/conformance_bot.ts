@@ -1605,8 +1605,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       ) =>
         test(name, async () => {
           time = new SuiteTime(options.simulatedTime === true);
-          const first = await time.create(options);
-          let backend = first;
+          let backend = await time.create(options);
           let open = false;
           const bots: Bot[] = [];
           try {
@@ -1627,7 +1626,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
             try {
               if (open) await backend.close?.();
             } finally {
-              await time.cleanup(options, first);
+              await time.cleanup(options, backend); // the backend the test ended on (a damage may have reopened it)
               time.stop();
             }
           }
