@@ -578,10 +578,10 @@ class FileInbox implements InboxJournal, DamagedRecords {
     return this.#run((m) => m.inbox.purge(olderThanMs), (n) => n > 0);
   }
   damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
-    return this.#run((m) => m.inbox.damaged!(options), () => false);
+    return this.#run((m) => m.inbox.damaged(options), () => false);
   }
   reportDamaged(id: string): Promise<boolean> {
-    return this.#run((m) => m.inbox.reportDamaged!(id), (r) => r);
+    return this.#run((m) => m.inbox.reportDamaged(id), (r) => r);
   }
 }
 
@@ -626,10 +626,10 @@ class FileOutbox implements OutboxJournal, DamagedRecords {
     return this.#run((m) => m.outbox.purge(olderThanMs), (n) => n > 0);
   }
   damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
-    return this.#run((m) => m.outbox.damaged!(options), () => false);
+    return this.#run((m) => m.outbox.damaged(options), () => false);
   }
   reportDamaged(key: string): Promise<boolean> {
-    return this.#run((m) => m.outbox.reportDamaged!(key), (r) => r);
+    return this.#run((m) => m.outbox.reportDamaged(key), (r) => r);
   }
 }
 

@@ -246,7 +246,7 @@ export interface DamagedRecords {
 }
 
 /** The inbound journal. */
-export interface InboxJournal extends Partial<DamagedRecords> {
+export interface InboxJournal extends DamagedRecords {
   /**
    * Journal a new inbound record: `pending`, or with `lease` already leased
    * to the caller (`processing`, attempts 1, fencing token 1) so that no other
@@ -326,7 +326,7 @@ export interface OutboxClaim {
 }
 
 /** The outbound journal. */
-export interface OutboxJournal extends Partial<DamagedRecords> {
+export interface OutboxJournal extends DamagedRecords {
   /**
    * Journal a send under its idempotency key, before the provider is called.
    * With `lease`, the entry is leased to the caller at once unless an earlier
@@ -402,6 +402,8 @@ export const INBOX_JOURNAL_METHODS: readonly (keyof InboxJournal)[] = [
   "list",
   "replay",
   "purge",
+  "damaged",
+  "reportDamaged",
 ];
 
 /** Every method of {@link OutboxJournal}, by name (what a backend must provide). */
@@ -417,6 +419,8 @@ export const OUTBOX_JOURNAL_METHODS: readonly (keyof OutboxJournal)[] = [
   "retry",
   "discard",
   "purge",
+  "damaged",
+  "reportDamaged",
 ];
 
 /**

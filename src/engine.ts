@@ -304,15 +304,13 @@ function asError(error: unknown): Error {
 
 /**
  * The records `backend` set aside as damaged, inbox first, at most `options.limit` (default 100) per journal.
- * @param backend the backend (one of an older contract without `damaged` has none)
+ * @param backend the backend
  * @param options filter and limit, as for each journal's `damaged`
  * @returns the damaged records of both journals
  */
 export async function listDamaged(backend: DurabilityBackend, options?: DamagedListOptions): Promise<DamagedRecord[]> {
   const found: DamagedRecord[] = [];
-  for (const journal of [backend.inbox, backend.outbox]) {
-    if (journal.damaged !== undefined) found.push(...await journal.damaged(options));
-  }
+  for (const journal of [backend.inbox, backend.outbox]) found.push(...await journal.damaged(options));
   return found;
 }
 
@@ -500,7 +498,6 @@ export class DurabilityEngine {
     if (this.#reportingDamaged !== null) return this.#reportingDamaged;
     const run = async () => {
       for (const journal of [this.backend.inbox, this.backend.outbox]) {
-        if (journal.damaged === undefined || journal.reportDamaged === undefined) continue;
         const found = await journal.damaged({ unreported: true, limit: DAMAGED_REPORT_BATCH });
         for (const record of found) {
           if (this.#halted || !await journal.reportDamaged(record.id)) continue;

@@ -25,6 +25,8 @@ function slow(ms: number): DurabilityBackend {
     retry: (...a) => o.retry(...a),
     discard: (...a) => o.discard(...a),
     purge: (...a) => o.purge(...a),
+    damaged: (...a) => o.damaged(...a),
+    reportDamaged: (...a) => o.reportDamaged(...a),
   };
   return { name: "slow", scope: "process", inbox: inner.inbox, outbox };
 }

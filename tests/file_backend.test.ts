@@ -397,7 +397,7 @@ describe("damaged files are never overwritten", () => {
     writeFileSync(path, JSON.stringify(snap));
 
     const c = await openAt(path);
-    const problems = [...await c.inbox.damaged!(), ...await c.outbox.damaged!()].map((d) => [d.journal, d.id, d.backend, d.reported, d.problem]);
+    const problems = [...await c.inbox.damaged(), ...await c.outbox.damaged()].map((d) => [d.journal, d.id, d.backend, d.reported, d.problem]);
     expect(problems.map(([journal, id]) => [journal, id])).toEqual([
       ["inbox", "m2"],
       ["inbox", "m3"],
@@ -422,7 +422,7 @@ describe("damaged files are never overwritten", () => {
     expect((await c.inbox.get("m1"))?.payload, "the first m1 wins").toEqual({ text: "m1" });
     expect(await c.inbox.admit(msg("m2")), "a damaged record's id stays taken").toBe(null);
     expect((await rejection(c.outbox.reserve(send("k1", "chat-k1")))).name, "a damaged entry's key: its fate is unknown").toBe("DamagedRecordError");
-    expect(await c.inbox.reportDamaged!("inbox[3]")).toBe(true);
+    expect(await c.inbox.reportDamaged("inbox[3]")).toBe(true);
 
     // Written at once, each record exactly as it was; reported flags survive.
     const written = JSON.parse(readFileSync(path, "utf8"));
@@ -438,9 +438,9 @@ describe("damaged files are never overwritten", () => {
     ]);
     await c.close();
     const d = await openAt(path);
-    expect((await d.inbox.damaged!()).map((r) => [r.id, r.reported])).toEqual([["m2", false], ["m3", false], ["inbox[3]", true], ["m1", false]]);
-    expect((await d.inbox.damaged!({ unreported: true, limit: 2 })).map((r) => r.id)).toEqual(["m2", "m3"]);
-    expect((await d.outbox.damaged!()).map((r) => r.id)).toEqual(["k1", "k2", "k4"]);
+    expect((await d.inbox.damaged()).map((r) => [r.id, r.reported])).toEqual([["m2", false], ["m3", false], ["inbox[3]", true], ["m1", false]]);
+    expect((await d.inbox.damaged({ unreported: true, limit: 2 })).map((r) => r.id)).toEqual(["m2", "m3"]);
+    expect((await d.outbox.damaged()).map((r) => r.id)).toEqual(["k1", "k2", "k4"]);
     expect(d.stats.rewrites, "nothing new set aside: nothing written").toBe(0);
   });
 
@@ -741,7 +741,7 @@ describe("restart from disk", () => {
     snap.outbox[0].called = "yes";
     writeFileSync(path, JSON.stringify(snap));
     const c = await openAt(path);
-    expect((await c.outbox.damaged!()).map((d) => [d.id, d.problem])).toEqual([["k1", 'field "called" must be a boolean, got "yes"']]);
+    expect((await c.outbox.damaged()).map((d) => [d.id, d.problem])).toEqual([["k1", 'field "called" must be a boolean, got "yes"']]);
     expect((await c.outbox.list()).map((e) => e.key)).toEqual(["k2"]);
   });
 

@@ -360,16 +360,16 @@ describe("damaged records", () => {
     await backend.inbox.admit(msg("m1"));
     await backend.outbox.reserve(send("k1"));
     for (const journal of [backend.inbox, backend.outbox]) {
-      expect(await journal.damaged!()).toEqual([]);
-      expect(await journal.damaged!({ unreported: true, limit: 0 })).toEqual([]);
-      expect(await journal.reportDamaged!("m1")).toBe(false);
+      expect(await journal.damaged()).toEqual([]);
+      expect(await journal.damaged({ unreported: true, limit: 0 })).toEqual([]);
+      expect(await journal.reportDamaged("m1")).toBe(false);
       // @ts-expect-error wrong type on purpose
-      await expect(journal.damaged!({ unreported: "yes" })).rejects.toThrow(/option "unreported" must be a boolean, got "yes"/);
-      await expect(journal.damaged!({ limit: -1 })).rejects.toThrow(RangeError);
+      await expect(journal.damaged({ unreported: "yes" })).rejects.toThrow(/option "unreported" must be a boolean, got "yes"/);
+      await expect(journal.damaged({ limit: -1 })).rejects.toThrow(RangeError);
       // @ts-expect-error wrong type on purpose
-      await expect(journal.damaged!(42)).rejects.toThrow(/options must be an object, got 42/);
+      await expect(journal.damaged(42)).rejects.toThrow(/options must be an object, got 42/);
       // @ts-expect-error wrong type on purpose
-      await expect(journal.reportDamaged!(42)).rejects.toThrow(/reportDamaged: "id" must be a string/);
+      await expect(journal.reportDamaged(42)).rejects.toThrow(/reportDamaged: "id" must be a string/);
     }
   });
 
@@ -379,12 +379,12 @@ describe("damaged records", () => {
     const aside = (journal: "inbox" | "outbox", id: string) =>
       ({ journal, id, backend: "file", problem: `field "state" is bad`, setAsideAt: 5, reported: false, stored: { id, state: "?" } });
     backend.importRecords({ inbox: [], outbox: [], outboxSeq: 3, damaged: [aside("inbox", "m1"), aside("outbox", "k1"), aside("inbox", "m2")] });
-    expect((await backend.inbox.damaged!()).map((d) => d.id)).toEqual(["m1", "m2"]);
-    expect(await backend.inbox.damaged!({ limit: 1 })).toEqual([
+    expect((await backend.inbox.damaged()).map((d) => d.id)).toEqual(["m1", "m2"]);
+    expect(await backend.inbox.damaged({ limit: 1 })).toEqual([
       { journal: "inbox", id: "m1", backend: "file", problem: `field "state" is bad`, setAsideAt: 5, reported: false },
     ]);
-    expect(await Promise.all([1, 2, 3].map(() => backend.inbox.reportDamaged!("m1")))).toEqual([true, false, false]);
-    expect((await backend.inbox.damaged!({ unreported: true })).map((d) => d.id)).toEqual(["m2"]);
+    expect(await Promise.all([1, 2, 3].map(() => backend.inbox.reportDamaged("m1")))).toEqual([true, false, false]);
+    expect((await backend.inbox.damaged({ unreported: true })).map((d) => d.id)).toEqual(["m2"]);
     await expect(backend.inbox.get("m2")).rejects.toBeInstanceOf(DamagedRecordError);
     expect(await backend.inbox.admit(msg("m2"))).toBeNull();
     expect(await backend.inbox.claim("m2", A)).toBeNull();

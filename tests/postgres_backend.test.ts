@@ -267,7 +267,7 @@ describe("PostgresDurability statements", () => {
     }
     // list sets aside the one left (bad-kind), returns the rest.
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["good"]);
-    expect((await b.inbox.damaged!()).map((d) => [d.id, d.problem.split(/ must| is not/)[0], d.reported]), "in the order set aside").toEqual([
+    expect((await b.inbox.damaged()).map((d) => [d.id, d.problem.split(/ must| is not/)[0], d.reported]), "in the order set aside").toEqual([
       ["bad-json", "column payload", false],
       ["bad-state", "column state", false],
       ["bad-lease", "column lease_*", false],
@@ -479,8 +479,8 @@ describe("PostgresDurability fixes", () => {
     expect((await messageOf(() => b.inbox.complete("m2", m2Token))).error instanceof StaleLeaseError).toBe(true);
     await Bun.sleep(10);
     expect((await b.inbox.claimDue({ ...o, limit: 10, reclaimOwn: true, incarnation: "inc-2" })).map((r) => r.id)).toEqual(["m1", "m3"]);
-    expect((await b.inbox.damaged!()).map((d) => d.id)).toEqual(["m2"]);
-    expect((await b.outbox.damaged!()).map((d) => d.id)).toEqual(["k2"]);
+    expect((await b.inbox.damaged()).map((d) => d.id)).toEqual(["m2"]);
+    expect((await b.outbox.damaged()).map((d) => d.id)).toEqual(["k2"]);
   });
 
   it("a limited scan that meets damaged rows runs again for the rest; a page of list too", async () => {
@@ -494,12 +494,12 @@ describe("PostgresDurability fixes", () => {
     expect((await b.inbox.list({ limit: 2 })).map((r) => r.id)).toEqual(["m2", "m4"]);
     expect((await b.inbox.claimDue({ ...lease("w"), limit: 2 })).map((r) => r.id)).toEqual(["m2", "m4"]);
     expect((await b.outbox.claimDue({ ...lease("w"), limit: 2 })).due.map((e) => e.key), "the chat's first readable entry").toEqual(["k3"]);
-    expect((await b.inbox.damaged!()).map((d) => d.id)).toEqual(["m0", "m1", "m3"]);
-    expect((await b.outbox.damaged!()).map((d) => d.id)).toEqual(["k0", "k1", "k2"]);
-    expect((await b.inbox.damaged!({ limit: 2 })).map((d) => d.id)).toEqual(["m0", "m1"]);
-    expect(await b.inbox.damaged!({ limit: 0 })).toEqual([]);
+    expect((await b.inbox.damaged()).map((d) => d.id)).toEqual(["m0", "m1", "m3"]);
+    expect((await b.outbox.damaged()).map((d) => d.id)).toEqual(["k0", "k1", "k2"]);
+    expect((await b.inbox.damaged({ limit: 2 })).map((d) => d.id)).toEqual(["m0", "m1"]);
+    expect(await b.inbox.damaged({ limit: 0 })).toEqual([]);
     for (const [bad, text] of [[{ limit: -1 }, `"limit" must be a non-negative integer`], [{ unreported: 1 }, `"unreported" must be a boolean`]] as const) {
-      expect((await messageOf(() => b.inbox.damaged!(bad as never))).message).toContain(`inbox.damaged: option ${text}`);
+      expect((await messageOf(() => b.inbox.damaged(bad as never))).message).toContain(`inbox.damaged: option ${text}`);
     }
   });
 
@@ -547,10 +547,10 @@ describe("PostgresDurability fixes", () => {
     const rows = await sql.unsafe(`SELECT id, state, payload, lease_owner FROM "${schema}".botmesh_inbox WHERE id IN ('d', 'done') ORDER BY ord`);
     expect(rows.map((r) => [r.id, r.state, r.payload, r.lease_owner]), "kept as stored").toEqual([["d", "processing", "{bad", "other"], ["done", "done", "{bad", null]]);
     // Reported once, by one of several concurrent callers.
-    const answers = await Promise.all(Array.from({ length: 6 }, () => b.outbox.reportDamaged!("s")));
+    const answers = await Promise.all(Array.from({ length: 6 }, () => b.outbox.reportDamaged("s")));
     expect(answers.filter((x) => x).length).toBe(1);
-    expect((await b.outbox.damaged!({ unreported: true })).map((e) => e.id)).toEqual(["sent"]);
-    expect(await b.outbox.reportDamaged!("q"), "not damaged").toBe(false);
+    expect((await b.outbox.damaged({ unreported: true })).map((e) => e.id)).toEqual(["sent"]);
+    expect(await b.outbox.reportDamaged("q"), "not damaged").toBe(false);
   });
 
   it("of concurrent reads that meet a damaged row, one sets it aside; a set-aside applies to the version read only", async () => {
@@ -566,7 +566,7 @@ describe("PostgresDurability fixes", () => {
     expect(reads.filter((r) => r.status === "fulfilled").map((r) => (r as PromiseFulfilledResult<unknown>).value)).toEqual(Array(8).fill([]));
     expect(reads.filter((r) => r.status === "rejected").every((r) => (r as PromiseRejectedResult).reason instanceof DamagedRecordError)).toBe(true);
     const t = tables(schema, "botmesh_");
-    expect([...(await b.inbox.damaged!()), ...(await b.outbox.damaged!())].map((d) => [d.journal, d.id])).toEqual([["inbox", "bad"], ["outbox", "bad"]]);
+    expect([...(await b.inbox.damaged()), ...(await b.outbox.damaged())].map((d) => [d.journal, d.id])).toEqual([["inbox", "bad"], ["outbox", "bad"]]);
     // A stale version (the row changed since it was read) is not set aside.
     await b.inbox.admit(inbound("ok"));
     const [row] = await sql.unsafe(`SELECT ord, xmin::text AS xv FROM ${t.inbox} WHERE id = 'ok'`);
@@ -792,7 +792,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     const indexes = await sql.unsafe(`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND (indexname LIKE '%aside' OR indexname LIKE '%unreported') ORDER BY 1`, [schema]);
     expect(indexes.map((r) => r.indexname)).toEqual(["botmesh_inbox_aside", "botmesh_inbox_unreported", "botmesh_outbox_aside", "botmesh_outbox_unreported"]);
     expect((await upgraded.inbox.list({ state: "dead" })).map((r) => r.id), "out of the dead letters").toEqual([]);
-    expect((await upgraded.inbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([["buried", false]]);
+    expect((await upgraded.inbox.damaged()).map((d) => [d.id, d.reported])).toEqual([["buried", false]]);
     expect((await upgraded.inbox.claimDue({ ...lease("v"), limit: 10 })).map((r) => r.id)).toEqual(["good"]);
     expect((await upgraded.outbox.claimDue({ ...lease("v"), limit: 10 })).due.map((e) => e.key)).toEqual(["k"]);
   });

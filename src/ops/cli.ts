@@ -455,8 +455,7 @@ async function run(p: Parsed, opened: OpenedBackend, io: CliIo, now: () => numbe
       const records: DamagedRecord[] = [];
       let truncated = false;
       for (const journal of [backend.inbox, backend.outbox]) {
-        // A backend of an older contract has no damaged() at all: it sets nothing aside.
-        const found = journal.damaged === undefined ? [] : await journal.damaged({ limit });
+        const found = await journal.damaged({ limit });
         truncated ||= found.length >= limit;
         records.push(...found);
       }

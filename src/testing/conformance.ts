@@ -2283,7 +2283,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const b = current();
         expect(ids(await b.inbox.list({ limit: 100 })), "list returns every other record").toEqual([a.id, c.id, done]);
         expect(ids(await b.inbox.list({ state: "processing", chatId: chat })), "and filters them").toEqual([a.id, c.id]);
-        const found = await b.inbox.damaged!();
+        const found = await b.inbox.damaged();
         expect(found.map((d) => [d.journal, d.id, d.backend, d.reported]), "set aside").toEqual([["inbox", bad.id, b.name, false]]);
         expect(typeof found[0]!.problem === "string" && found[0]!.problem.length > 0, "the problem is named").toBe(true);
         expect(typeof found[0]!.setAsideAt, "setAsideAt").toBe("number");
@@ -2295,7 +2295,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })), "the damaged record neither taken nor holding back its chat").toEqual([a.id, c.id]);
         expect(await b.inbox.replay(bad.id), "replay changes nothing").toBe(false);
         expect(await b.inbox.purge(0) >= 1, "purge removes done records").toBe(true);
-        expect((await b.inbox.damaged!()).map((d) => d.id), "still set aside, never deleted").toEqual([bad.id]);
+        expect((await b.inbox.damaged()).map((d) => d.id), "still set aside, never deleted").toEqual([bad.id]);
       });
 
       withDamage("outbox: a damaged entry is set aside: its chat moves on, list returns the rest, retry and discard change nothing", async (current, hurt) => {
@@ -2310,13 +2310,13 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const claim = await b.outbox.claimDue({ ...claimer(), limit: 100 });
         expect([keys(claim.due), keys(claim.ambiguous)], "the next send of the chat is due").toEqual([[next.key], []]);
         expect(keys(await b.outbox.list({ limit: 100 })), "list returns the rest").toEqual([next.key, sent.key]);
-        const found = await b.outbox.damaged!();
+        const found = await b.outbox.damaged();
         expect(found.map((d) => [d.journal, d.id, d.backend, d.reported])).toEqual([["outbox", bad.key, b.name, false]]);
         const error = await rejection(() => b.outbox.get(bad.key));
         expect(error instanceof DamagedRecordError, `get rejects with a DamagedRecordError, got ${String(error)}`).toBe(true);
         expect(await b.outbox.retry(bad.key), "retry changes nothing").toBe(false);
         expect(await b.outbox.discard(bad.key), "discard changes nothing").toBe(false);
-        expect((await b.outbox.damaged!()).map((d) => d.id), "still set aside").toEqual([bad.key]);
+        expect((await b.outbox.damaged()).map((d) => d.id), "still set aside").toEqual([bad.key]);
       });
 
       withDamage("a record met first by a due scan is set aside by it; each damaged record is reported by exactly one of several callers", async (current, hurt) => {
@@ -2333,13 +2333,13 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([outGood.key]);
         for (const [journal, id] of [["inbox", inBad.id], ["outbox", outBad.key]] as const) {
           const j = b[journal];
-          expect((await j.damaged!({ unreported: true })).map((d) => d.id), `${journal}: unreported`).toEqual([id]);
-          const answers = await Promise.all([1, 2, 3, 4].map(() => j.reportDamaged!(id)));
+          expect((await j.damaged({ unreported: true })).map((d) => d.id), `${journal}: unreported`).toEqual([id]);
+          const answers = await Promise.all([1, 2, 3, 4].map(() => j.reportDamaged(id)));
           expect(answers.filter((x) => x).length, `${journal}: exactly one caller reports it`).toBe(1);
-          expect(await j.reportDamaged!(id), `${journal}: reported already`).toBe(false);
-          expect(await j.damaged!({ unreported: true }), `${journal}: none unreported`).toEqual([]);
-          expect((await j.damaged!()).map((d) => [d.id, d.reported]), `${journal}: listed, reported`).toEqual([[id, true]]);
-          expect(await j.reportDamaged!(uid("nothing")), `${journal}: an id that is not damaged`).toBe(false);
+          expect(await j.reportDamaged(id), `${journal}: reported already`).toBe(false);
+          expect(await j.damaged({ unreported: true }), `${journal}: none unreported`).toEqual([]);
+          expect((await j.damaged()).map((d) => [d.id, d.reported]), `${journal}: listed, reported`).toEqual([[id, true]]);
+          expect(await j.reportDamaged(uid("nothing")), `${journal}: an id that is not damaged`).toBe(false);
         }
       });
 
@@ -2351,10 +2351,10 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           await hurt("outbox", badOut.key);
           expect(await current().inbox.list({ limit: 100 })).toEqual([]);
           expect(await current().outbox.list({ limit: 100 })).toEqual([]);
-          expect(await current().inbox.reportDamaged!(bad.id)).toBe(true);
+          expect(await current().inbox.reportDamaged(bad.id)).toBe(true);
           await restart();
-          expect((await current().inbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([[bad.id, true]]);
-          expect((await current().outbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([[badOut.key, false]]);
+          expect((await current().inbox.damaged()).map((d) => [d.id, d.reported])).toEqual([[bad.id, true]]);
+          expect((await current().outbox.damaged()).map((d) => [d.id, d.reported])).toEqual([[badOut.key, false]]);
         });
       }
     });

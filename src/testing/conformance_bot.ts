@@ -1661,8 +1661,8 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         ].sort());
         expect(runs.reduce((n, bot) => n + metricsOf(bot).damagedRecords, 0), "counted once").toBe(2);
         expect(provider.sent.map((s) => s.content), "the rest of the chat is handled").toEqual(["re: hello"]);
-        expect((await backend.inbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([[damaged.inbox, true]]);
-        expect((await backend.outbox.damaged!()).map((d) => [d.id, d.reported])).toEqual([[damaged.outbox, true]]);
+        expect((await backend.inbox.damaged()).map((d) => [d.id, d.reported])).toEqual([[damaged.inbox, true]]);
+        expect((await backend.outbox.damaged()).map((d) => [d.id, d.reported])).toEqual([[damaged.outbox, true]]);
       });
 
       for (const journal of ["inbox", "outbox"] as const) {
@@ -1695,7 +1695,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
           await waitFor("the other journal's report", () => damagedErrors(errors).length >= (journal === "inbox" ? 1 : 0));
           await sleep(Math.round(100 * scale));
           expect(damagedErrors(errors).filter(([j]) => j === journal), "not reported again").toEqual([]);
-          expect((await backend[journal].damaged!()).map((d) => [d.id, d.reported]), "listed for an operator").toEqual([[damaged[journal], true]]);
+          expect((await backend[journal].damaged()).map((d) => [d.id, d.reported]), "listed for an operator").toEqual([[damaged[journal], true]]);
         });
       }
     });
@@ -1718,6 +1718,8 @@ const stubBackend: DurabilityBackend = {
     list: unused,
     replay: unused,
     purge: unused,
+    damaged: unused,
+    reportDamaged: unused,
   },
   outbox: {
     reserve: unused,
@@ -1731,6 +1733,8 @@ const stubBackend: DurabilityBackend = {
     retry: unused,
     discard: unused,
     purge: unused,
+    damaged: unused,
+    reportDamaged: unused,
   },
 };
 
