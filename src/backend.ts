@@ -250,7 +250,12 @@ export interface InboxJournal extends DamagedRecords {
   /**
    * Journal a new inbound record: `pending`, or with `lease` already leased
    * to the caller (`processing`, attempts 1, fencing token 1) so that no other
-   * instance takes it while it waits in the caller's per-chat queue.
+   * instance takes it while it waits in the caller's per-chat queue. An
+   * admission does not look at the other records of the chat (the due-scan
+   * rule of `claimDue` is not applied to it): a replica that is handed a
+   * chat while another still holds it handles the new message at once, so
+   * route each chat to one replica, and move a lost replica's chats only
+   * after its leases lapsed.
    * @returns the new record, or `null` when a record with this id exists (nothing changes).
    */
   admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null>;
@@ -268,12 +273,14 @@ export interface InboxJournal extends DamagedRecords {
    * `processing` under a lease held elsewhere (live, and not the caller's:
    * another owner's, or another incarnation's that `reclaimOwn` does not
    * cover). Such a record holds back every later record of its chat, due or
-   * not, until it settles or its lease lapses; so two callers never hold
-   * records of one chat at once, concurrent scans included. The caller's own
-   * live leases hold nothing back (its per-chat queue keeps them in order),
-   * and neither does a `failed` record waiting for its retry (within a
-   * replica, too, the next message of the chat is handled meanwhile). O(due),
-   * plus the active records of the chats it looks at.
+   * not, until it settles or its lease lapses; so due scans, concurrent
+   * ones included, never hand records of one chat to two callers at once.
+   * The caller's own live leases hold nothing back (its per-chat queue keeps
+   * them in order), and neither does a `failed` record waiting for its retry
+   * (within a replica, too, the next message of the chat is handled
+   * meanwhile; once due, the retry is taken like any record, so it may run
+   * beside a later message of its chat held elsewhere). O(due), plus the
+   * active records of the chats it looks at.
    */
   claimDue(options: ClaimDueOptions): Promise<InboundRecord[]>;
   /** Extend a lease. @returns `false` when `token` is no longer the holder's. */
