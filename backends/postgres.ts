@@ -161,7 +161,9 @@
  * not JSON, an unknown state or kind, a lease half there, a fence below its
  * lease token: a hand edit, a bug elsewhere) is set aside by the first
  * operation that reads it: a due scan, `claim`, `list`, `get`, or a
- * `reserve` of its key. The row is kept as stored and gets the set-aside
+ * `reserve` of its key. The row is kept (its data columns as stored; a due
+ * scan or `claim` that found it leaves the lease it had just taken, which is
+ * stale from then on) and gets the set-aside
  * columns (schema version 5): `damage` (what is wrong, naming the column),
  * `set_aside_at` (server clock), `set_aside_seq` (the order rows were set
  * aside in) and `damage_reported`; its `due_at` is cleared. One statement

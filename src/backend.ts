@@ -202,12 +202,15 @@ export interface ListOptions<S extends string> {
  * A record a backend could not read back, set aside. Damaged means its stored
  * form is not a record (invalid JSON, a field of the wrong type, an unknown
  * state), whatever did it: a disk, a hand edit, a bug elsewhere. Set aside
- * means kept as it is, never deleted, and left out of everything else: a due
+ * means kept with the data it was stored with (a backend whose scan leased
+ * it before reading it may leave that stale lease), never deleted, and left
+ * out of everything else: a due
  * scan neither takes it nor lets it hold back its chat, `list` returns the
  * other records, `get` rejects with a {@link DamagedRecordError}, and
  * operations on it change nothing (`replay`, `retry` and `discard` answer
  * `false`; a completion under its old lease is stale). The first `claimDue`
- * or `list` that meets it sets it aside, once; `damaged` lists the records
+ * or `list` that meets it sets it aside, once (some backends on any read, or
+ * when they load it); `damaged` lists the records
  * set aside, and the bot reports each one once (`reportDamaged`).
  */
 export interface DamagedRecord {

@@ -370,6 +370,7 @@ export class DurabilityEngine {
   #clock: Clock;
   #sweepTimer: Repeating | undefined;
   #reportingDamaged: Promise<void> | null = null;
+  #lastReceivedAt = Number.NEGATIVE_INFINITY;
   #heartbeatTimer: Repeating | undefined;
   #wakeTimer: ClockTimer | undefined;
   #wakeAt = Infinity;
@@ -723,7 +724,7 @@ export class DurabilityEngine {
           chatId: message.chatId,
           provider: this.#host.provider.name,
           payload,
-          receivedAt: this.#clock.now(),
+          receivedAt: this.#nextReceivedAt(),
         }, this.#claim("inbox")),
         this.config.inbox.admitTimeoutMs,
         () =>
@@ -781,6 +782,17 @@ export class DurabilityEngine {
     }
     if (this.#knewLease("inbox", id, existing.fence)) return null; // handled here already
     return existing;
+  }
+
+  /**
+   * The wall time of an admission, strictly after this process's previous one: messages of one chat
+   * that arrive in the same millisecond keep their arrival order in every backend's due scan, whose
+   * order is `receivedAt` (a backend without an admission counter breaks ties by id).
+   */
+  #nextReceivedAt(): number {
+    const now = this.#clock.now();
+    this.#lastReceivedAt = now > this.#lastReceivedAt ? now : this.#lastReceivedAt + 1;
+    return this.#lastReceivedAt;
   }
 
   #remember(id: string): void {

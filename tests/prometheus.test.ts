@@ -162,6 +162,7 @@ describe("prometheusMetrics", () => {
         outbox_diverged: 0,
         conversations_replayed: 0,
         conversations_diverged: 0,
+        damaged_records: 0,
       });
       expect(counters).toEqual(
         Object.fromEntries(
