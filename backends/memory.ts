@@ -49,6 +49,7 @@ import {
   doneInbound,
   extendedLease,
   holdsChat,
+  admitsLeased,
   inboxDueAt,
   isInboxClaimable,
   isLeasedWith,
@@ -290,7 +291,9 @@ class MemoryInbox implements InboxJournal, DamagedRecords {
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const input = checkNewInbound(record);
     if (this.#slots.has(input.id) || this.#aside.has(input.id)) return null;
-    const next = newInboundRecord(input, this.#now(), lease);
+    const now = this.#now();
+    const held = lease !== undefined && (this.#chats.get(input.chatId) ?? []).some((slot) => !admitsLeased(slot.record, now, lease));
+    const next = newInboundRecord(input, now, held ? undefined : lease);
     this.#store(next);
     return copy(next);
   }

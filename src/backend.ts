@@ -253,12 +253,16 @@ export interface InboxJournal extends DamagedRecords {
   /**
    * Journal a new inbound record: `pending`, or with `lease` already leased
    * to the caller (`processing`, attempts 1, fencing token 1) so that no other
-   * instance takes it while it waits in the caller's per-chat queue. An
-   * admission does not look at the other records of the chat (the due-scan
-   * rule of `claimDue` is not applied to it): a replica that is handed a
-   * chat while another still holds it handles the new message at once, so
-   * route each chat to one replica, and move a lost replica's chats only
-   * after its leases lapsed.
+   * instance takes it while it waits in the caller's per-chat queue. With
+   * `lease`, the record is leased only when nothing of its chat comes first:
+   * while an active record of its chat is held elsewhere (see `claimDue`) or
+   * would be taken first by a due scan (pending, a retry that is due, a
+   * lapsed lease), it is journaled `pending` instead (attempts 0, token 0:
+   * the caller must not handle it), and a due scan takes it, in order, once
+   * the chat is free. The caller's own live leases, a `failed` record
+   * waiting for its retry and settled records come first in nothing (see
+   * `admitsLeased` in the journal rules). Two admissions of one chat racing
+   * on two callers may both lease: route each chat to one replica.
    * @returns the new record, or `null` when a record with this id exists (nothing changes).
    */
   admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null>;

@@ -749,6 +749,12 @@ export class DurabilityEngine {
       return { status: "duplicate", id };
     }
     this.#metrics.inboundJournaled++;
+    if (record.state === "pending") {
+      // Journaled behind a record of its chat that comes first (held by another replica, or due): a sweep
+      // takes the chat in order once it is free. Look now, in case it already is.
+      this.#wake(0);
+      return { status: "admitted", id };
+    }
     // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
     if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
     const job: InboundJob = { message, record, sends: [], sendCount: 0 };

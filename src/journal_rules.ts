@@ -77,6 +77,29 @@ export function holdsChat(
   return !isLeaseAbandoned(record.lease, now, options);
 }
 
+/**
+ * Whether a record of a chat lets a new record of that chat be admitted leased under `options` (see
+ * `InboxJournal.admit`): a settled record, the caller's own live lease, and a `failed` record whose
+ * retry is not due yet do; a pending record, a due retry, and a lease held elsewhere or lapsed do not.
+ */
+export function admitsLeased(
+  record: { state: InboundState; nextAttemptAt: number | null; lease: Lease | null },
+  now: number,
+  options: ClaimOptions,
+): boolean {
+  switch (record.state) {
+    case "failed":
+      return (record.nextAttemptAt ?? 0) > now;
+    case "processing":
+      return record.lease !== null && record.lease.expiresAt > now &&
+        record.lease.owner === options.owner && record.lease.incarnation === options.incarnation;
+    case "pending":
+      return false;
+    default:
+      return true;
+  }
+}
+
 /** When an active inbox record next becomes claimable by a due scan (`null`: never by time). */
 export function inboxDueAt(record: InboundRecord): number | null {
   switch (record.state) {

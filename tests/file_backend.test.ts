@@ -767,7 +767,7 @@ describe("a failed rewrite never leaves its change in memory", () => {
   test("a leased admit whose rewrite fails is not kept: the redelivered message is admitted again, not a duplicate", async () => {
     const path = join(tempDir(), "bot.json");
     const b = await openAt(path);
-    await b.inbox.admit(msg("m0"));
+    await b.inbox.admit(msg("m0", "c0"));
     mkdirSync(`${path}.tmp`); // the next rewrite fails (EISDIR), as ENOSPC or EACCES would
     const error = await rejection(b.inbox.admit(msg("m1"), A));
     expect(error.message).toContain(`FileDurability could not write ${path}`);

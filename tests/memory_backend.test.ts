@@ -100,7 +100,7 @@ describe("inbox", () => {
   test("reclaimOwn takes the previous incarnation's leases at once", async () => {
     const { inbox } = setup();
     await inbox.admit(msg("m1"), A);
-    await inbox.admit(msg("m2"), B);
+    await inbox.admit(msg("m2", 0, "c2"), B);
     expect(await inbox.claimDue({ ...A2, limit: 10 })).toEqual([]);
     const got = await inbox.claimDue({ ...A2, limit: 10, reclaimOwn: true });
     expect(got.map((x) => [x.id, x.lease!.incarnation, x.fence])).toEqual([["m1", "a2", 2]]);

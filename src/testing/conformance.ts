@@ -485,8 +485,8 @@ export function runBackendContract(options: BackendConformanceOptions): void {
       it("a completion after the lease lapsed succeeds when nobody retook it", async (b) => {
         const chat = uid("chat");
         const a = await admitted(b, inbound(chat), claimer(uid("owner"), SHORT));
-        const f = await admitted(b, inbound(chat), claimer(uid("owner"), SHORT));
-        const h = await admitted(b, inbound(chat), claimer(uid("owner"), SHORT));
+        const f = await admitted(b, inbound(uid("chat")), claimer(uid("owner"), SHORT));
+        const h = await admitted(b, inbound(uid("chat")), claimer(uid("owner"), SHORT));
         await sleep(LAPSE);
         await b.inbox.complete(a.id, 1);
         expect((await mustGetIn(b, a.id)).state).toBe("done");
@@ -616,7 +616,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const chat = uid("chat");
         const retryInMs = ms(100);
         const r = await admitted(b, inbound(chat, 1_000), claimer());
-        const later = await admitted(b, inbound(chat, 2_000), claimer());
+        const later = await admitted(b, inbound(uid("chat"), 2_000), claimer());
         await b.inbox.fail(r.id, 1, { error: "boom", retryInMs });
         await b.inbox.fail(later.id, 1, { error: "later", retryInMs: LONG });
         const failed = await mustGetIn(b, r.id);
@@ -717,6 +717,36 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         for (const r of [first, second, third]) await b.inbox.complete(r.id, (await mustGetIn(b, r.id)).lease!.token);
         expect(await b.inbox.replay(second.id)).toBe(true);
         expect(ids(await b.inbox.claimDue({ ...z, limit: 100 }))).toEqual([second.id]);
+      });
+
+      it("chat order at admission: a leased admit behind a record of its chat held elsewhere, or due first, is journaled pending, and taken in order by a due scan", async (b) => {
+        const chat = uid("chat");
+        const a = claimer("owner-a");
+        const first = await admitted(b, inbound(chat, 1_000), a);
+        const third = await admitted(b, inbound(chat, 2_000), a);
+        expect([third.state, third.lease?.owner, third.fence], "the holder's own lease holds nothing back").toEqual(["processing", "owner-a", 1]);
+        const second = await admitted(b, inbound(chat, 3_000), claimer("owner-b"));
+        expect([second.state, second.lease, second.attempts, second.fence], "not leased: held back").toEqual(["pending", null, 0, 0]);
+        const elsewhere = await admitted(b, inbound(uid("chat"), 2_500), claimer("owner-b"));
+        expect(elsewhere.state, "another chat is not held back").toBe("processing");
+        expect(ids(await b.inbox.claimDue({ ...claimer("owner-b"), limit: 100 })), "nothing while the chat is held").toEqual([]);
+        await b.inbox.complete(first.id, tokenOf(first));
+        await b.inbox.complete(third.id, tokenOf(third));
+        expect(ids(await b.inbox.claimDue({ ...claimer("owner-b"), limit: 100 }))).toEqual([second.id]);
+        // A failed record waiting for its retry holds nothing back, at admission either.
+        const chat2 = uid("chat");
+        const failing = await admitted(b, inbound(chat2, 1_000), a);
+        await b.inbox.fail(failing.id, tokenOf(failing), { error: "boom", retryInMs: LONG });
+        expect((await admitted(b, inbound(chat2, 2_000), claimer("owner-b"))).state).toBe("processing");
+        // A lapsed lease or a pending record comes first: a due scan takes the chat in order.
+        const chat3 = uid("chat");
+        const lost = await admitted(b, inbound(chat3, 1_000), claimer("owner-lost", SHORT));
+        await sleep(LAPSE);
+        const behindLost = await admitted(b, inbound(chat3, 2_000), claimer("owner-b"));
+        expect(behindLost.state, "behind a lapsed lease").toBe("pending");
+        const behindPending = await admitted(b, inbound(chat3, 3_000), claimer("owner-b"));
+        expect(behindPending.state, "behind a pending record").toBe("pending");
+        expect(ids(await b.inbox.claimDue({ ...claimer("owner-b"), limit: 100 }))).toEqual([lost.id, behindLost.id, behindPending.id]);
       });
 
       it("chat order: a record processing elsewhere holds back every later one of its chat, pending and lapsed alike; a failed one waiting for its retry holds back nothing", async (b) => {
@@ -847,14 +877,17 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         // Wide margins: on a loaded machine the writes between the recent record and the purge take time.
         const olderThanMs = ms(300);
         const oldDone = await doneRecord(b, chat, 1_000);
-        const dead = await admitted(b, inbound(chat, 2_000), claimer());
+        const c = claimer(); // one holder: a chat's records admitted under another lease would wait behind its own
+        const dead = await admitted(b, inbound(chat, 2_000), c);
         await b.inbox.fail(dead.id, 1, { error: "dead", dead: true });
-        const failed = await admitted(b, inbound(chat, 3_000), claimer());
+        const failed = await admitted(b, inbound(chat, 3_000), c);
         await b.inbox.fail(failed.id, 1, { error: "retry", retryInMs: LONG });
-        const pending = await admitted(b, inbound(chat, 4_000));
-        const processing = await admitted(b, inbound(chat, 5_000), claimer());
+        const processing = await admitted(b, inbound(chat, 5_000), c);
         await sleep(2 * olderThanMs);
-        const recentDone = await doneRecord(b, chat, 6_000);
+        const recent = await admitted(b, inbound(chat, 6_000), c);
+        await b.inbox.complete(recent.id, tokenOf(recent));
+        const recentDone = recent.id;
+        const pending = await admitted(b, inbound(chat, 4_000));
 
         expect(await b.inbox.purge(olderThanMs), "purge returns how many it deleted").toBe(1);
         expect(await b.inbox.get(oldDone), "old done is gone").toBe(null);
@@ -2039,7 +2072,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const base = uid("lone");
         // What a lone surrogate becomes on a backend that stores it as U+FFFD: it must never be reached.
         const held = await admitted(b, { ...inbound(chat), id: `${base}\uFFFD` }, claimer());
-        const done = await admitted(b, { ...inbound(chat), id: `${base}\uFFFDdone` }, claimer());
+        const done = await admitted(b, { ...inbound(uid("chat")), id: `${base}\uFFFDdone` }, claimer());
         await b.inbox.complete(done.id, tokenOf(done));
         const sending = await reserved(b, { ...outbound(chat), key: `${base}\uFFFD` }, claimer());
         const dead = await reserved(b, { ...outbound(uid("chat")), key: `${base}\uFFFDdead` }, claimer());
@@ -2172,11 +2205,12 @@ export function runBackendContract(options: BackendConformanceOptions): void {
       // commit): each must still settle on its own, as if it had been issued alone.
       it("each settles on its own: a stale or duplicate one among them changes nothing else", async (b) => {
         const chats = Array.from({ length: 6 }, () => uid("chat"));
-        const held = await Promise.all(chats.map((chat) => admitted(b, inbound(chat), claimer())));
+        const holders = chats.map(() => claimer());
+        const held = await Promise.all(chats.map((chat, i) => admitted(b, inbound(chat), holders[i])));
         const sending = await Promise.all(chats.map((chat) => reserved(b, outbound(chat), claimer())));
         const fresh = chats.map((chat) => inbound(chat));
         const outcomes = await Promise.allSettled([
-          ...fresh.map((rec) => b.inbox.admit(rec, claimer())),
+          ...fresh.map((rec, i) => b.inbox.admit(rec, holders[i])), // behind the holder's own record: leased
           b.inbox.admit({ ...inbound(chats[0]!), id: held[0]!.id }, claimer()),
           b.inbox.complete(held[0]!.id, tokenOf(held[0]!)),
           b.inbox.complete(held[1]!.id, tokenOf(held[1]!) + 1),
@@ -2376,10 +2410,11 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           const other = uid("chat");
           const owner = claimer();
           // Inbox: one record of every state.
-          const pending = await admitted(b, inbound(chat, 1_700_000_000_001, tricky()));
+          // (Admitted leased first: a leased admission behind a pending record of its chat would wait.)
           const processing = await admitted(b, inbound(chat, 1_700_000_000_002), owner);
-          const failing = await admitted(b, inbound(chat, 1_700_000_000_003), claimer());
+          const failing = await admitted(b, inbound(chat, 1_700_000_000_003), owner);
           await b.inbox.fail(failing.id, tokenOf(failing), { error: "boom ✗", retryInMs: LONG });
+          const pending = await admitted(b, inbound(chat, 1_700_000_000_001, tricky()));
           const dead = await admitted(b, inbound(other, 1_700_000_000_004), claimer());
           await b.inbox.fail(dead.id, tokenOf(dead), { error: "dead", dead: true });
           const done = await doneRecord(b, other, 1_700_000_000_005);
