@@ -1578,6 +1578,38 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(({} as Record<string, unknown>).polluted, "Object.prototype is untouched").toBe(undefined);
     });
 
+    withBackend("a chat routed to another replica while the first still handles a message of it: the new message waits, and is handled after it", async (
+      backend,
+      bots,
+    ) => {
+      const order: string[] = [];
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => (release = resolve));
+      const make = (name: string) => {
+        const provider = new MockProvider();
+        const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
+        bot.when(ANY, async (ctx) => {
+          order.push(`${ctx.message.text}:start`);
+          if (ctx.message.text === "one") await gate;
+          order.push(`${ctx.message.text}:end`);
+          await ctx.reply(`${name} saw ${ctx.message.text}`);
+        });
+        return { provider, bot };
+      };
+      const a = make("A");
+      const b = make("B");
+      await start(bots, a.bot);
+      await start(bots, b.bot);
+      expect((await a.provider.receive({ id: uid("m"), chatId: "moved", text: "one" })).status).toBe("admitted");
+      for (let i = 0; i < 200 && !order.includes("one:start"); i++) await sleep(Math.round(5 * scale));
+      expect((await b.provider.receive({ id: uid("m"), chatId: "moved", text: "two" })).status).toBe("admitted");
+      await sleep(Math.round(150 * scale)); // several sweeps of both bots
+      expect(order, "the second message waits while the first is handled").toEqual(["one:start"]);
+      release();
+      for (let i = 0; i < 400 && !order.includes("two:end"); i++) await sleep(Math.round(5 * scale));
+      expect(order, "then it is handled, after the first").toEqual(["one:start", "one:end", "two:start", "two:end"]);
+    });
+
     describe("damaged records", () => {
       if (!options.damage) {
         (test.skip ?? test)("skipped: no damage option (the backend keeps no stored form that could be damaged)", () => {});
