@@ -58,8 +58,22 @@
  * own compare-and-set. The scan leaves the chat at the first claim it loses.
  * So two concurrent scans of a chat race on the same first record: the loser
  * stops there, and a scan that reads the chat after that claim sees it held.
+ * There is no admission counter, so ties of a millisecond are ordered by id;
+ * a record held elsewhere therefore also holds back the records of its chat
+ * received in the same millisecond (two engines may admit one chat's messages
+ * in one millisecond, and the ids do not tell which came first).
  * A record stored before the chat index existed gets its chat index key with
  * its next change.
+ *
+ * `admit` with a lease reads the chat index first (one `list` of the chat's
+ * prefix, up to the new record's `receivedAt`, and one read of each active
+ * record it lists): the record is created leased only when each of them that
+ * came first (received earlier, or in the same millisecond) lets it (the
+ * caller's own live lease, or a `failed` record whose retry is not due yet),
+ * else it is created `pending`, for a due scan to take in order. A record
+ * set aside, or one stored before the chat index existed, counts as nothing. The check and the create are not one atomic step: two
+ * admissions of one chat racing on two engines may both lease (route each
+ * chat to one replica). An admit without a lease reads nothing more.
  *
  * ## Damaged records
  * A value under a record key that is not a record (not `{ rec, hints }`, a
@@ -106,6 +120,7 @@ import { delay } from "../src/runtime/mod.ts";
 import {
   acceptsOutcome,
   ACTIVE_INBOX_STATES,
+  admitsLeased,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   callingOutbox,
@@ -578,9 +593,18 @@ function byArrival(a: InboundRecord, b: InboundRecord): number {
   return a.receivedAt - b.receivedAt || compareStrings(a.id, b.id);
 }
 
+/**
+ * Whether `holder` (held elsewhere) holds back `rec` of its chat: `rec` arrived after it, or in the same
+ * millisecond (ids do not tell which of two records admitted by different engines in one millisecond came
+ * first, so a held record holds back its whole millisecond).
+ */
+function holdsBack(holder: InboundRecord, rec: InboundRecord): boolean {
+  return holder.id !== rec.id && holder.receivedAt <= rec.receivedAt;
+}
+
 /** What one due scan knows of a chat. */
 interface ChatTurn {
-  /** The records the scan may claim, in arrival order: claimable, and before the first record held elsewhere. */
+  /** The records the scan may claim, in arrival order: claimable, and before the first record held elsewhere (and its millisecond). */
   queue: Loaded<InboundRecord>[];
   /** The first record held elsewhere, if any. */
   holder: InboundRecord | null;
@@ -646,15 +670,65 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
       if (holdsChat(cur.rec, now, options)) turn.holder = cur.rec;
       else if (isInboxClaimable(cur.rec, now, options)) turn.queue.push(cur);
     }
+    const holder = turn.holder;
+    if (holder) turn.queue = turn.queue.filter((item) => !holdsBack(holder, item.rec));
     return turn;
+  }
+
+  /**
+   * The chat index keys of `chatId` for records received up to `receivedAt` (the new record's): the
+   * records that may come before a record admitted now.
+   */
+  async #listedBefore(chatId: string, receivedAt: number): Promise<{ entry: KvEntry; id: string }[]> {
+    const prefix = this.#chatPrefix(chatId);
+    const bound = Number(pad(receivedAt));
+    const out: { entry: KvEntry; id: string }[] = [];
+    for await (const entry of this.scan(prefix)) {
+      const parts = entry.key.slice(prefix.length).split("/");
+      if (parts.length !== 3) continue;
+      if (Number(parts[0]) > bound) break; // arrived later: comes after the new record
+      out.push({ entry, id: unesc(parts[1]) });
+    }
+    return out;
+  }
+
+  /**
+   * Whether a record of `chatId` received at `receivedAt` may be admitted leased under `lease`: each
+   * active record listed before it (see `#listedBefore`) lets it (`admitsLeased`). A key whose record
+   * does not list it (set aside, not created yet, stale) counts as nothing.
+   */
+  async #admitsLeased(
+    chatId: string,
+    receivedAt: number,
+    listed: { entry: KvEntry; id: string }[],
+    now: number,
+    lease: ClaimOptions,
+  ): Promise<boolean> {
+    for (let i = 0; i < listed.length; i += PAGE) {
+      const page = await Promise.all(listed.slice(i, i + PAGE).map(({ entry, id }) => this.check(entry, id, now)));
+      for (const cur of page) {
+        if (!cur || cur.rec.chatId !== chatId || !ACTIVE_INBOX_STATES.includes(cur.rec.state)) continue;
+        // The same receivedAt: the record already there came first.
+        if (cur.rec.receivedAt <= receivedAt && !admitsLeased(cur.rec, now, lease)) return false;
+      }
+    }
+    return true;
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const input = checkNewInbound(record);
     const since = Date.now();
-    const now = await this.kv.now();
-    const written = await this.write(null, newInboundRecord(input, now, lease), now, since);
+    // With a lease, the chat's index is listed beside the clock read, then what it lists is read.
+    const [now, listed] = await Promise.all([
+      this.kv.now(),
+      lease === undefined ? null : this.#listedBefore(input.chatId, input.receivedAt),
+    ]);
+    const leased = lease !== undefined && listed !== null &&
+        await this.#admitsLeased(input.chatId, input.receivedAt, listed, now, lease)
+      ? lease
+      : undefined;
+    const written = await this.write(null, newInboundRecord(input, now, leased), now, since);
     return written ? cloneJson(written.rec) : null;
   }
 
@@ -685,7 +759,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
       const chatId = cur.rec.chatId;
       let turn = chats.get(chatId);
       if (!turn) chats.set(chatId, turn = await this.#chatTurn(chatId, now, options, cur));
-      if (turn.stopped || (turn.holder && byArrival(turn.holder, cur.rec) < 0)) continue;
+      if (turn.stopped || (turn.holder && holdsBack(turn.holder, cur.rec))) continue;
       let at = turn.queue.findIndex((item) => item.rec.id === cur.rec.id);
       if (at < 0) {
         // The chat index was read after the hint: it knows better, unless it does not list the record (stored before the index existed).

@@ -194,8 +194,8 @@ describe("kvDurability", () => {
         const dying = new CrashingKv(kv, crashAt, mode);
         const backend = kvDurability(dying);
         try {
+          await backend.inbox.admit(msg("m2", "c1", T0 - 4), A); // leased: nothing of c1 comes first
           await backend.inbox.admit(msg("m1", "c1", T0 - 5));
-          await backend.inbox.admit(msg("m2", "c1", T0 - 4), A);
           await backend.inbox.admit(msg("m3", "c2", T0 - 3));
           const [m1] = await backend.inbox.claimDue({ ...A, limit: 1 });
           await backend.inbox.heartbeat("m2", 1, 60_000);
@@ -431,6 +431,45 @@ describe("kvDurability", () => {
     expect(await backend.inbox.purge(60_000)).toBe(0); // nothing old enough: one page, stops at once
     expect(await backend.outbox.purge(60_000)).toBe(0);
     expect(counting.lists + counting.gets).toBeLessThanOrEqual(2);
+  });
+
+  test("a leased admit reads the chat index up to its own arrival: one list, and one read of each active record before it", async () => {
+    const { kv } = clocked();
+    const counting = new CountingKv(kv);
+    const backend = kvDurability(counting);
+    const admit = async (id: string, chatId: string, receivedAt: number, lease?: ClaimOptions) => {
+      counting.gets = counting.lists = 0;
+      const record = await backend.inbox.admit(msg(id, chatId, receivedAt), lease);
+      return [record?.state, counting.lists, counting.gets];
+    };
+    expect(await admit("p1", "c9", T0), "without a lease: no list, no read").toEqual(["pending", 0, 0]);
+    expect(await admit("m1", "c1", T0, A), "nothing before it").toEqual(["processing", 1, 0]);
+    expect(await admit("m2", "c1", T0 + 1, A), "the caller's own lease lets it").toEqual(["processing", 1, 1]);
+    expect(await admit("m0", "c1", T0 - 1, B), "records received later come after it: not read").toEqual(["processing", 1, 0]);
+    expect(await admit("m3", "c1", T0 + 1, B), "held elsewhere, in the same millisecond too").toEqual(["pending", 1, 3]);
+    await backend.inbox.complete("m1", 1);
+    await backend.inbox.complete("m2", 1);
+    expect(await admit("m4", "c1", T0 + 2, B), "settled records leave the index; a pending one comes first").toEqual(["pending", 1, 2]);
+
+    // Same millisecond, the new id sorting first: it is held back at admission and in due scans alike.
+    expect((await backend.inbox.admit(msg("x1", "c2", T0), A))!.state).toBe("processing");
+    expect((await backend.inbox.admit(msg("x0", "c2", T0), B))!.state).toBe("pending");
+    expect((await backend.inbox.claimDue({ ...B, limit: 10 })).map((r) => r.id), "nothing of c2 while x1 is held").toEqual(["p1", "m3", "m4"]);
+    await backend.inbox.complete("x1", 1);
+    expect((await backend.inbox.claimDue({ ...B, limit: 10 })).map((r) => r.id)).toEqual(["x0"]);
+
+    // A record without a chat index key (stored before the index existed) and a damaged one count as nothing.
+    await backend.inbox.admit(msg("old", "c3", T0), A);
+    const old = (await kv.get("r/in/old"))!;
+    const { rec, hints } = old.value as { rec: JsonValue; hints: string[] };
+    const chatKey = hints.find((hint) => hint.startsWith("i/chat-in/"))!;
+    await kv.set("r/in/old", { rec, hints: hints.filter((hint) => hint !== chatKey) }, old.version);
+    await kv.delete(chatKey);
+    await backend.inbox.admit(msg("bad", "c3", T0), A);
+    const bad = (await kv.get("r/in/bad"))!.value as { rec: Record<string, JsonValue>; hints: string[] };
+    await kv.set("r/in/bad", { ...bad, rec: { ...bad.rec, state: "archived" } });
+    expect(await admit("new", "c3", T0 + 1, B)).toEqual(["processing", 1, 1]);
+    expect((await backend.inbox.damaged()).map((d) => d.id), "the damaged one, met by the admit, is set aside").toEqual(["bad"]);
   });
 
   test("purge and list by state go through the state index", async () => {
