@@ -367,7 +367,9 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
  * The inbox's `list`/`get` see only the bot's records. Each record's
  * `orderKey` is its chat id, so the journal's due scans keep each chat's
  * order as `InboxJournal.claimDue` says (records journaled by an earlier
- * version have no key: they are claimed without it). An inbound id already
+ * version have no key: they are claimed without it), and a leased `admit`
+ * is the journal's leased `append`: journaled `pending` while a record of its
+ * chat comes first, as `InboxJournal.admit` says. An inbound id already
  * used by an app event makes `admit` throw (the bot then fails closed and the
  * channel redelivers), rather than take the message for a duplicate.
  *

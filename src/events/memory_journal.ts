@@ -18,6 +18,7 @@ import {
 } from "../backend.ts";
 import type { ClaimDueOptions, ListOptions, OutboxClaim, OutboxState, NewOutboxEntry, ReserveResult } from "../backend.ts";
 import {
+  admitsLeased,
   checkClaim,
   checkDamagedList,
   claimedInbound,
@@ -628,6 +629,18 @@ export class MemoryEventJournal implements LeasedEventJournal {
     if (keys!.size === 0) this.#groups.delete(channel);
   }
 
+  /**
+   * Whether a new record of `orderKey` created at `createdAt` must be appended `pending` rather than leased
+   * under `lease`: an active record of its key that comes before it (`createdAt` no later: the new record is
+   * appended last) does not let it lease (see `admitsLeased`). One look at the key's active records.
+   */
+  #heldAtAppend(channel: string | null, orderKey: string, createdAt: number, now: number, lease: ClaimOptions): boolean {
+    for (const slot of this.#groups.get(channel)?.get(orderKey) ?? []) {
+      if (slot.record.createdAt <= createdAt && !admitsLeased(slot.record, now, lease)) return true;
+    }
+    return false;
+  }
+
   /** The first (by `createdAt`, then append order) active record of a key that holds it back from `options`, or `null`. */
   #firstHolder(channel: string | null, orderKey: string, now: number, options: ClaimOptions): Slot | null {
     let first: Slot | null = null;
@@ -658,6 +671,11 @@ export class MemoryEventJournal implements LeasedEventJournal {
   /**
    * Journals `event`: `pending`, or with `lease` already `processing` under
    * fencing token 1 (attempts 1). `createdAt` defaults to the journal clock.
+   * With `lease` and an `orderKey`, it is leased only when no active record of
+   * its key (in its channel) that comes before it would keep it waiting in a
+   * due scan or be taken first by one (see {@link LeasedEventJournal.append});
+   * otherwise it is journaled `pending`, as without `lease`. Looks at the
+   * active records of its key only.
    *
    * @returns a copy of the record, or `null` when a record with that id exists (nothing changes)
    * @throws {TypeError} naming a bad field or lease option
@@ -668,13 +686,18 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const input = checkNewEvent(event);
     if (this.#slots.has(input.id)) return null;
     const now = this.#now();
+    const createdAt = input.createdAt ?? now;
+    // Leased only when nothing of its key comes first; otherwise journaled as an append without a lease.
+    if (lease !== undefined && input.orderKey !== null && this.#heldAtAppend(input.channel, input.orderKey, createdAt, now, lease)) {
+      lease = undefined;
+    }
     const record: EventRecord = {
       id: input.id,
       channel: input.channel,
       orderKey: input.orderKey,
       eventType: input.eventType,
       payload: input.payload,
-      createdAt: input.createdAt ?? now,
+      createdAt,
       state: lease ? "processing" : "pending",
       attempts: lease ? 1 : 0,
       nextAttemptAt: null,

@@ -142,6 +142,19 @@ export interface LeasedEventJournal {
   readonly scope: "process" | "host" | "shared";
   /**
    * Journals `event` (`pending`, or `processing` under `lease` with token 1).
+   * With `lease`, a record with an `orderKey` is leased only when nothing of
+   * its key comes first: while an active record of its key (in its channel)
+   * that comes before it (`createdAt`, then append order) is held elsewhere
+   * (see {@link claimDue}) or would be taken first by a due scan (`pending`, a
+   * retry that is due, a lapsed lease), it is journaled `pending` instead
+   * (attempts 0, token 0: the caller must not handle it), and a due scan
+   * takes it, in order, once the key is free. The caller's own live leases
+   * (same owner and incarnation), a `failed` record waiting for its retry,
+   * settled records and records set aside come first in nothing. The check
+   * and the append are one atomic step (in `SharedFileEventJournal`, under its
+   * mutex: across the processes of the host too). A record without a key is
+   * leased as asked. This is the bot's inbox admission (`InboxJournal.admit`)
+   * for the bot's records, whose key is their chat.
    * @returns the record, or `null` when a record with that id exists (nothing changes)
    */
   append(event: NewEventRecord, lease?: ClaimOptions): Promise<EventRecord | null>;

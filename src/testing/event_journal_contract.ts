@@ -397,7 +397,9 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         const x = claimer("owner-x");
         const held = await appended(j, keyed(key, 1_000), x);
         const pending = await appended(j, keyed(key, 2_000));
-        const lapsed = await appended(j, keyed(key, 3_000), claimer("owner-w", SHORT));
+        // Leased by claim(id): appended leased behind another owner's record, it would be pending.
+        const lapsed = await appended(j, keyed(key, 3_000));
+        expect((await j.claim(lapsed.id, claimer("owner-w", SHORT)))?.lease?.owner).toBe("owner-w");
         const earlier = await appended(j, keyed(key, 500)); // before the held record: not held back
         const otherKey = await appended(j, keyed(uid("key"), 2_500));
         const noKey = await appended(j, event(null, 2_600));
@@ -415,6 +417,65 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         for (const r of [held, pending, lapsed]) await j.complete(r.id, tokenOf(await mustGet(j, r.id)));
         expect(await j.replay(pending.id)).toBe(true);
         expect(ids(await j.claimDue({ ...claimer(), limit: 100 }))).toEqual([pending.id]);
+      });
+
+      it("append with a lease: leased only when nothing of its key comes first; otherwise pending, taken in order by a due scan", async (j) => {
+        const x = claimer("owner-x");
+        const key = uid("key");
+        const held = await appended(j, keyed(key, 1_000), x);
+        const own = await appended(j, keyed(key, 2_000), x);
+        expect([own.state, own.lease?.owner, own.attempts, own.fence], "the caller's own live lease holds nothing back")
+          .toEqual(["processing", "owner-x", 1, 1]);
+        const behind = await appended(j, keyed(key, 3_000), claimer("owner-y"));
+        expect([behind.state, behind.lease, behind.attempts, behind.fence], "behind another owner's lease: pending")
+          .toEqual(["pending", null, 0, 0]);
+        const otherInc = await appended(j, keyed(key, 3_500), claimer("owner-x"));
+        expect(otherInc.state, "another incarnation of the owner holds nothing of x's").toBe("pending");
+        const before = await appended(j, keyed(key, 500), claimer("owner-y"));
+        expect(before.state, "comes before every record of its key: leased").toBe("processing");
+        const elsewhere = await Promise.all([
+          appended(j, keyed(uid("key"), 2_500), claimer("owner-y")),
+          appended(j, event(null, 2_500), claimer("owner-y")),
+          appended(j, keyed(key, 2_500, "app"), claimer("owner-y")),
+        ]);
+        expect(elsewhere.map((r) => r.state), "another key, no key, the key in another channel").toEqual(["processing", "processing", "processing"]);
+        expect(ids(await j.claimDue({ ...claimer("owner-y"), limit: 100 })), "nothing of the key while x holds it").toEqual([]);
+        await j.complete(before.id, tokenOf(before));
+        await j.complete(held.id, tokenOf(held));
+        await j.complete(own.id, tokenOf(own));
+        expect(ids(await j.claimDue({ ...claimer("owner-y"), limit: 100 })), "then in order").toEqual([behind.id, otherInc.id]);
+
+        // A failed record waiting for its retry and settled records come first in nothing; a due retry, a lapsed
+        // lease and a pending record do.
+        const waiting = uid("key");
+        const failing = await appended(j, keyed(waiting, 1_000), x);
+        await j.fail(failing.id, tokenOf(failing), { error: "boom", retryInMs: LONG });
+        const done = await appended(j, keyed(waiting, 1_100), x);
+        await j.complete(done.id, tokenOf(done));
+        const dead = await appended(j, keyed(waiting, 1_200), x);
+        await j.fail(dead.id, tokenOf(dead), { error: "poison", dead: true });
+        expect((await appended(j, keyed(waiting, 2_000), claimer("owner-y"))).state, "behind a retry not due, done, dead").toBe("processing");
+        const dueKey = uid("key");
+        const due = await appended(j, keyed(dueKey, 1_000), x);
+        await j.fail(due.id, tokenOf(due), { error: "boom", retryInMs: SHORT });
+        const lapsedKey = uid("key");
+        const lost = await appended(j, keyed(lapsedKey, 1_000), claimer("owner-lost", SHORT));
+        await sleep(LAPSE);
+        const afterDue = await appended(j, keyed(dueKey, 2_000), x);
+        expect(afterDue.state, "behind a due retry, even the caller's own").toBe("pending");
+        const afterLost = await appended(j, keyed(lapsedKey, 2_000), claimer("owner-lost", SHORT));
+        expect(afterLost.state, "behind a lapsed lease").toBe("pending");
+        const afterPending = await appended(j, keyed(lapsedKey, 3_000), x);
+        expect(afterPending.state, "behind a pending record").toBe("pending");
+        expect(ids(await j.claimDue({ ...claimer("owner-z"), limit: 100 })))
+          .toEqual([due.id, lost.id, afterDue.id, afterLost.id, afterPending.id]);
+
+        if (j.setAside === undefined) return; // an earlier contract
+        const asideKey = uid("key");
+        const odd = await appended(j, keyed(asideKey, 1_000));
+        expect(await j.setAside(odd.id, "not what it should be")).toBe(true);
+        expect((await appended(j, keyed(asideKey, 2_000), claimer("owner-y"))).state, "a record set aside comes first in nothing")
+          .toBe("processing");
       });
 
       it("through a failover: a key's lapsed records are taken in order, by one claimer at a time", async (j) => {
@@ -461,8 +522,10 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         const key = uid("key");
         const mine = claimer("owner-r", LONG, "inc-1");
         const theirs = await appended(j, keyed(key, 1_000), claimer("owner-s"));
-        const own = await appended(j, keyed(key, 2_000), mine);
-        const own2 = await appended(j, keyed(key, 3_000), mine);
+        // Leased by claim(id): appended leased behind another owner's record, they would be pending.
+        const own = await appended(j, keyed(key, 2_000));
+        const own2 = await appended(j, keyed(key, 3_000));
+        for (const r of [own, own2]) expect((await j.claim(r.id, mine))?.fence).toBe(1);
         const reclaim = { ...claimer("owner-r", LONG, "inc-2"), reclaimOwn: true, limit: 100 };
         expect(ids(await j.claimDue(reclaim)), "held back by another owner's earlier record").toEqual([]);
         await j.complete(theirs.id, tokenOf(theirs));
@@ -491,10 +554,12 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
       it("concurrent due scans never split a key between claimers: each key's records taken are its first, by one claimer", async (j) => {
         const keys = [uid("key"), uid("key"), uid("key")];
         const order = new Map<string, string[]>();
+        const lost = claimer("owner-lost", SHORT); // one holder: a record appended under another lease would be pending
         let t = 1_000;
         for (let i = 0; i < 5; i++) {
           for (const key of keys) {
-            const r = await appended(j, keyed(key, t++), claimer("owner-lost", SHORT));
+            const r = await appended(j, keyed(key, t++), lost);
+            expect(r.state, "the holder's own leases hold nothing back").toBe("processing");
             order.set(key, [...order.get(key) ?? [], r.id]);
           }
         }
