@@ -121,7 +121,18 @@
  * records by a partial index on (chat, receipt) (schema 5; never the chat's
  * settled records), and skips the chat's records after the first one leased
  * elsewhere. Each `claimDue` is one write transaction, so scans of several
- * processes never split a chat between them. Lists read at most `limit` rows per query, in their order: all
+ * processes never split a chat between them. A leased `admit` keeps the
+ * chat's order as well: in its write transaction, before its `INSERT`, it
+ * looks for an active record of its chat received no later that comes first
+ * (pending, a retry that is due, a lease lapsed or held elsewhere: see
+ * `admitsLeased`), by a partial index of the active records (pending,
+ * processing, failed) on (chat, receipt) (schema 7; never the chat's settled
+ * records), and journals the new record `pending` when it finds one. The SQL
+ * returns only such records, so the usual answer (none) is one index probe
+ * that passes over the chat's own live leases and waiting retries. As every
+ * write takes the write lock, two processes admitting records of one chat
+ * at once are serialised: the second sees the first one's lease (held
+ * elsewhere) and journals its record pending. Lists read at most `limit` rows per query, in their order: all
  * records by an index on the order, one chat's by an index on (chat, order)
  * (other states skipped), one state's by (state, order); several states run
  * one query per state and merge.
@@ -130,8 +141,8 @@
  * A journal row that does not read back as a record (its payload or content
  * not JSON, a column of the wrong type, such as a BLOB or text in a number
  * column, an unknown state: a bad disk or a hand edit) is set aside by the
- * first operation that meets it: a due scan, a list, a `get`, or a change of
- * that record. The row is kept as stored and gets the set-aside columns
+ * first operation that meets it: a due scan, a list, a `get`, a change of
+ * that record, or a leased admit of its chat that finds it coming first. The row is kept as stored and gets the set-aside columns
  * (schema 6): `damage` (what is wrong, naming the column), `set_aside_at`,
  * `set_aside_seq` (the order rows were set aside in) and `damage_reported`;
  * its `due_at` is cleared, so that due scans no longer find it. This happens
@@ -181,6 +192,8 @@ import {
 } from "../src/backend.ts";
 import {
   acceptsOutcome,
+  ACTIVE_INBOX_STATES,
+  admitsLeased,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   checkClaim,
@@ -256,7 +269,7 @@ export type SQLiteStoreOptions = SQLiteOptions;
 export type SQLiteDurabilityOptions = SQLiteOptions;
 
 /** The schema version this version of the library writes. */
-export const SQLITE_SCHEMA_VERSION: number = 6;
+export const SQLITE_SCHEMA_VERSION: number = 7;
 
 const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
@@ -349,6 +362,7 @@ interface Migration {
 }
 
 const BLOCKING_SQL = BLOCKING_OUTBOX_STATES.map((s) => `'${s}'`).join(", ");
+const ACTIVE_SQL = ACTIVE_INBOX_STATES.map((s) => `'${s}'`).join(", ");
 
 /**
  * The ordered migrations. Never edit a shipped one: append a new one (its
@@ -486,6 +500,15 @@ const MIGRATIONS: readonly Migration[] = [
           CREATE INDEX ${table}_unreported ON ${table} (set_aside_seq) WHERE damage_reported = 0;
         `);
       }
+    },
+  },
+  {
+    // A leased admit looks at the active records of its chat (see SqliteInbox.admit) without reading
+    // the chat's settled history: a partial index of the active ones only (the due scan's
+    // inbox_chat_leased stays, so that it reads a chat's processing records without its pending backlog).
+    version: 7,
+    up(db, p) {
+      db.exec(`CREATE INDEX ${p}inbox_chat_active ON ${p}inbox (chat_id, received_at, ord) WHERE state IN (${ACTIVE_SQL});`);
     },
   },
 ];
@@ -1246,15 +1269,32 @@ class DamagedRows<T> {
   }
 }
 
+/**
+ * The first active record of a chat (`chat_id`, received no later than `received_at`; parameters after
+ * them: `after`'s, then now, owner, incarnation, now) that keeps a new record admitted under that lease
+ * pending: `admitsLeased` of the journal rules, negated, in columns (see `SqliteInbox.admit`).
+ */
+function comesFirstSql(t: string, after: string): string {
+  return `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_chat_active
+    WHERE chat_id = ? AND state IN (${ACTIVE_SQL}) AND set_aside_seq IS NULL AND received_at <= ?${after}
+      AND (state = 'pending'
+        OR (state = 'failed' AND COALESCE(next_attempt_at, 0) <= ?)
+        OR (state = 'processing' AND NOT COALESCE(lease_owner = ? AND lease_incarnation = ? AND lease_expires_at > ?, 0)))
+    ORDER BY received_at, ord LIMIT 1`;
+}
+
 class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #gate: Gate;
   readonly #t: string;
   readonly #damaged: DamagedRows<InboundRecord>;
+  /** The statements of `#comesFirst`: from the chat's start, and after a row. */
+  readonly #comesFirstSql: readonly [string, string];
 
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}inbox`;
     this.#damaged = new DamagedRows(gate, "inbox", INBOX_COLUMNS, inboundOf);
+    this.#comesFirstSql = [comesFirstSql(this.#t, ""), comesFirstSql(this.#t, " AND (received_at, ord) > (?, ?)")];
   }
 
   /** In a write: the record of `id`, or `null` when there is none or it is damaged (set aside, now if not yet). */
@@ -1307,13 +1347,36 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
     }, true);
   }
 
+  /**
+   * In the admit's write: whether an active record of the chat of `input` comes before it (received
+   * no later; admitted earlier, as every existing row is) and does not let it be admitted leased under
+   * `lease` (see `admitsLeased`). One range read of the partial index of the chat's active records
+   * (received no later), in arrival order, stopping at the first row that keeps the new record pending
+   * (the same rule, in columns): it passes over the caller's own live leases and retries not yet due,
+   * and in the usual case finds nothing. Only a row found is read whole and checked by the rule (a
+   * damaged one is set aside here, and the read goes on after it).
+   */
+  #comesFirst(c: Connection, input: NewInboundRecord, now: number, lease: ClaimOptions): boolean {
+    const [first, next] = this.#comesFirstSql;
+    const rule = [now, lease.owner, lease.incarnation, now];
+    let row = c.stmt(first).get(input.chatId, input.receivedAt, ...rule);
+    while (row !== undefined) {
+      const cur = this.#damaged.current(c, row, now);
+      if (cur !== null && !admitsLeased(cur, now, lease)) return true;
+      // Set aside as damaged just now (or, were SQL and the rule ever to disagree, the rule's word): the next one.
+      row = c.stmt(next).get(input.chatId, input.receivedAt, row.received_at, row.ord, ...rule);
+    }
+    return false;
+  }
+
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     const input = checkNewInbound(record); // a TypeError naming the field, before anything is written
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const payload = JSON.stringify(input.payload);
     const c = await this.#gate.ready();
     return c.write((now) => {
-      const next = newInboundRecord(input, now, lease);
+      const held = lease !== undefined && this.#comesFirst(c, input, now, lease);
+      const next = newInboundRecord(input, now, held ? undefined : lease);
       const { changes } = c.stmt(
         `INSERT INTO ${this.#t} (id, kind, chat_id, provider, payload, received_at, state, attempts,
           next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)

@@ -87,6 +87,23 @@ describe("sqlite: several connections on one file", () => {
     await b.close();
   });
 
+  test("racing leased admits of one chat on two connections: the write lock serialises them, one holder leases", async () => {
+    const [a, b] = await pair();
+    // Received at the same time: arrival order is admission order.
+    const admitted = await Promise.all(
+      Array.from({ length: 24 }, (_, i) =>
+        (i % 2 ? a : b).inbox.admit(inbound(`m${i}`, { chatId: `c${Math.floor(i / 2) % 4}`, receivedAt: 1_000 }), lease(i % 2 ? "A" : "B"))),
+    );
+    for (let chat = 0; chat < 4; chat++) {
+      const records = admitted.filter((r) => r!.chatId === `c${chat}`);
+      const holders = new Set(records.filter((r) => r!.state === "processing").map((r) => r!.lease!.owner));
+      expect([`c${chat}`, holders.size], "each chat's leased records are of one holder").toEqual([`c${chat}`, 1]);
+      for (const r of records) expect((await a.inbox.get(r!.id))?.state).toBe(r!.state);
+    }
+    await a.close();
+    await b.close();
+  });
+
   test("racing outbox claimDue never hands an entry to both, and keeps chat order", async () => {
     const [a, b] = await pair();
     for (let i = 0; i < 200; i++) await a.outbox.reserve(outbound(`k${i}`, `chat${i % 20}`));
@@ -911,7 +928,9 @@ describe("sqlite: schema versions", () => {
     ]);
     await backend.close();
     const check = new Database(file);
-    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "6" });
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
+      value: String(SQLITE_SCHEMA_VERSION),
+    });
     expect(check.prepare("SELECT id, payload, set_aside_seq FROM botmesh_inbox ORDER BY ord").all()).toEqual([
       { id: "bad", payload: "{oops", set_aside_seq: 1 },
       { id: "good", payload: '{"text":"hi"}', set_aside_seq: null },
@@ -920,6 +939,31 @@ describe("sqlite: schema versions", () => {
     for (const name of ["botmesh_inbox_aside", "botmesh_inbox_unreported", "botmesh_outbox_aside", "botmesh_outbox_unreported"]) {
       expect(indexes).toContain(name);
     }
+    check.close();
+  });
+
+  test("a file at version 6 gets the index of each chat's active records: a leased admit sees the chat's earlier records", async () => {
+    const file = tempFile();
+    const first = new SQLiteDurability({ file });
+    await first.open();
+    await first.inbox.admit(inbound("old-pending"));
+    await first.inbox.admit(inbound("old-held", { chatId: "c2" }), lease("B"));
+    await first.close();
+    // Version 6 is version 7 without the index.
+    const raw = new Database(file);
+    raw.exec(`DROP INDEX botmesh_inbox_chat_active; UPDATE botmesh_meta SET value = '6' WHERE key = 'schema_version';`);
+    raw.close();
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    expect((await backend.inbox.admit(inbound("behind-pending"), lease("A")))?.state).toBe("pending");
+    expect((await backend.inbox.admit(inbound("behind-held", { chatId: "c2" }), lease("A")))?.state).toBe("pending");
+    expect((await backend.inbox.admit(inbound("alone", { chatId: "c3" }), lease("A")))?.state).toBe("processing");
+    await backend.close();
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "7" });
+    expect(check.prepare("SELECT sql FROM sqlite_master WHERE name = 'botmesh_inbox_chat_active'").get()).toEqual({
+      sql: "CREATE INDEX botmesh_inbox_chat_active ON botmesh_inbox (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'failed')",
+    });
     check.close();
   });
 
@@ -1177,6 +1221,42 @@ describe("sqlite: lists", () => {
   });
 });
 
+describe("sqlite: chat order at admission", () => {
+  test("a leased admit counts the chat's active records received no later, of any state; settled and set-aside records never count", async () => {
+    let now = 1_000_000;
+    const backend = new SQLiteDurability({ file: tempFile(), clock: () => now });
+    await backend.open();
+    const a = lease("A", 1_000);
+    const admit = async (id: string, receivedAt: number, options?: ClaimOptions) =>
+      (await backend.inbox.admit(inbound(id, { chatId: "c1", receivedAt }), options))?.state;
+    // A pending record received later does not come first: the new one sorts before it.
+    expect(await admit("later", 5_000)).toBe("pending");
+    expect(await admit("earlier", 4_000, a)).toBe("processing");
+    expect(await admit("after-later", 6_000, a)).toBe("pending");
+    // Settled records never count; the caller's own live lease and a retry not yet due do not come first.
+    const clear = await backend.inbox.claimDue({ ...a, limit: 10 });
+    expect(clear.map((r) => r.id)).toEqual(["later", "after-later"]);
+    await backend.inbox.complete("later", 1);
+    await backend.inbox.fail("after-later", 1, { error: "x", retryInMs: 500 });
+    expect(await admit("mine", 7_000, a)).toBe("processing");
+    expect(await admit("other-incarnation", 7_500, lease("A", 1_000, "i2"))).toBe("pending");
+    // The clock is the backend's: the retry falls due and the leases lapse.
+    now += 600;
+    expect(await admit("behind-due-retry", 8_000, a)).toBe("pending");
+    // A damaged record (here: one that comes first) is set aside when met and counts no more.
+    const raw = new Database(backend.file);
+    raw.exec(`UPDATE botmesh_inbox SET payload = '{' WHERE state IN ('pending', 'failed')`);
+    raw.close();
+    expect(await admit("after-damage", 9_000, a)).toBe("processing");
+    expect((await backend.inbox.damaged()).map((d) => d.id).sort()).toEqual(
+      ["after-later", "behind-due-retry", "other-incarnation"],
+    );
+    now += 2_000; // every lease lapsed: the lapsed ones come first
+    expect(await admit("behind-lapsed", 10_000, a)).toBe("pending");
+    await backend.close();
+  });
+});
+
 describe("sqlite: damaged rows", () => {
   test("a journal row that cannot be read is set aside, kept as stored; a session value that cannot be parsed names the file, table, row and column", async () => {
     const file = tempFile();
@@ -1341,7 +1421,7 @@ describe("sqlite: query plans", () => {
       await store.set("k", 1, { ttlMs: 1 });
       const a = lease("A", 60_000, "i1");
       await backend.inbox.admit(inbound("m1"));
-      await backend.inbox.admit(inbound("m2"), a);
+      await backend.inbox.admit(inbound("m2", { chatId: "c2" }), a); // its own chat: leased, m1 pending does not come first
       await backend.inbox.claim("m1", a);
       await backend.inbox.heartbeat("m1", 1, 1000);
       await backend.inbox.fail("m1", 1, { error: "x", retryInMs: 0 });
@@ -1381,7 +1461,9 @@ describe("sqlite: query plans", () => {
       raw.exec(`UPDATE botmesh_inbox SET payload = '{' WHERE id = 'm1'`);
       raw.exec(`UPDATE botmesh_outbox SET content = '{' WHERE key = 'k2'`);
       raw.close();
-      expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["m2"]);
+      // A leased admit behind m1 (processing under another incarnation) meets it damaged: set aside, it does not count.
+      expect((await backend.inbox.admit(inbound("m3"), a))?.state).toBe("processing");
+      expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["m2", "m3"]);
       await backend.outbox.list();
       for (const journal of [backend.inbox, backend.outbox]) {
         expect(await journal.damaged()).toHaveLength(1);
