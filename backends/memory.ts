@@ -292,7 +292,9 @@ class MemoryInbox implements InboxJournal, DamagedRecords {
     const input = checkNewInbound(record);
     if (this.#slots.has(input.id) || this.#aside.has(input.id)) return null;
     const now = this.#now();
-    const held = lease !== undefined && (this.#chats.get(input.chatId) ?? []).some((slot) => !admitsLeased(slot.record, now, lease));
+    // Only what comes before it counts: the active records of its chat received no later (it is admitted last).
+    const held = lease !== undefined &&
+      (this.#chats.get(input.chatId) ?? []).some((slot) => slot.record.receivedAt <= input.receivedAt && !admitsLeased(slot.record, now, lease));
     const next = newInboundRecord(input, now, held ? undefined : lease);
     this.#store(next);
     return copy(next);
