@@ -37,7 +37,8 @@
  *   records, for `reclaimOwn`); `in:done` (done records by `updatedAt`, for
  *   purges); `in:ord` admission counter; `in:act:<chatId>` the chat's active
  *   (pending/processing/failed) records in arrival order, which due scans
- *   walk to keep the chat's order; `in:actv` marks that index as built;
+ *   and leased admissions read to keep the chat's order; `in:actv` marks
+ *   that index as built;
  *   `in:dmg` the ids of damaged records set aside, in the order they were
  *   (`in:dmgn` counter), `in:dmgu` those not reported yet, `in:dmg:<id>`
  *   (hash: `problem`, `at`, `reported`) each one's report.
@@ -54,6 +55,22 @@
  * Due scans read only due entries (`claimDue` is O(due)); an inbox scan also
  * reads the active records of the chats it takes from, never settled ones.
  * Purges delete at most 500 records per script call.
+ *
+ * ## Admission
+ * `inbox.admit` is one script. With a lease it first reads the active records
+ * of the chat that come before the new one (`in:act:<chatId>`, in arrival
+ * order, up to its `receivedAt`), stopping at the first one that is not a
+ * `failed` record waiting for its retry or a live lease of the caller's own
+ * incarnation: then the new record is admitted `pending` (attempts 0, no
+ * lease) for a due scan to take in order, else it is leased. The check and
+ * the insert are one atomic script: an admission sees every record of its
+ * chat admitted before it, by any replica, so two racing admissions of one
+ * chat lease both only when the later one sorts first (an earlier
+ * `receivedAt`). A damaged record met on the way is set aside and holds
+ * nothing back. The cost: one sorted-set range read (per 16 records) and one
+ * record read per active record of the chat ahead of the new one, up to the
+ * first that holds it back (in the usual case, the caller's own queue of that
+ * chat); an admission without a lease reads nothing more.
  *
  * ## Lost replies
  * A reply can be lost after Redis ran the script, and clients send the call
@@ -78,7 +95,8 @@
  * script that reads every active (pending, processing, failed) record once,
  * then sets `in:actv`; settled records are not read. A record an older
  * replica admits after that (during a rolling upgrade) is indexed when a due
- * scan first sees it.
+ * scan first sees it. Until then a leased admission does not see such records
+ * (it reads the index only) and may lease a record behind one of them.
  *
  * Records an older version quarantined (state `dead`, error
  * `botmesh: quarantined as damaged: …`) are damaged records: the first call

@@ -369,6 +369,17 @@ local function in_claim(h, now, o)
   in_write(h)
 end
 local function in_held(h, token) return h ~= nil and h.state == 'processing' and h.leaseToken == token end
+-- admitsLeased: whether a record of the chat that comes first lets an admission of the caller (o) lease
+-- the new one: a retry not due yet, or the caller's own live lease (same owner and incarnation)
+local function in_admits(h, now, o)
+  local s = h.state
+  if s == 'failed' then return num(h, 'nextAttemptAt', 0) > now end
+  if s == 'processing' then
+    return h.leaseOwner ~= nil and h.leaseOwner ~= false and num(h, 'leaseExp') > now
+      and h.leaseOwner == o.owner and h.leaseInc == o.inc
+  end
+  return s ~= 'pending'
+end
 -- holdsChat: processing under a live lease that is neither the caller's own nor reclaimable by it
 local function in_holds(h, now, o)
   if h.state ~= 'processing' or not h.leaseOwner then return false end
@@ -657,17 +668,42 @@ export type ScriptName =
 /** The scripts, by operation. */
 export const SCRIPTS: { readonly [K in ScriptName]: LuaScript } = {
   // ---- inbox ----------------------------------------------------------------
-  /** ARGV: P, id, kind, chatId, provider, payload, receivedAt, leased(0|1), owner, inc, leaseMs */
+  /**
+   * ARGV: P, id, kind, chatId, provider, payload, receivedAt, leased(0|1), owner, inc, leaseMs.
+   * Leased, the record is leased only when every active record of its chat that comes first
+   * (in:act:<chat> up to its receivedAt: the new one is admitted last, so equal scores come first) admits
+   * it (in_admits); the walk stops at the first that does not, and the record is admitted pending.
+   */
   inAdmit: script("inbox.admit", [INBOX], `
 local id = ARGV[2]
 local key = in_key(id)
 if redis.call('EXISTS', key) == 1 then return cjson.encode({'exists'}) end
 local now = now_ms()
+local chat = ARGV[4]
+local leased = ARGV[8] == '1'
+if leased then
+  local o, akey, pos = opts(9), act_key(chat), 0
+  while leased do
+    local oms = redis.call('ZRANGEBYSCORE', akey, '-inf', ARGV[7], 'LIMIT', pos, 16)
+    for _, om in ipairs(oms) do
+      local h = in_read(string.sub(om, 17), now, om, chat)
+      if not h or h.om ~= om or h.chatId ~= chat or not ACTIVE[h.state] then
+        redis.call('ZREM', akey, om) -- set aside, or a stale entry: the later ones move up a rank
+      elseif in_admits(h, now, o) then
+        pos = pos + 1
+      else
+        leased = false
+        break
+      end
+    end
+    if #oms < 16 then break end
+  end
+end
 local ord = redis.call('INCR', P .. 'in:ord')
-local h = {_key = key, id = id, kind = ARGV[3], chatId = ARGV[4], provider = ARGV[5], payload = ARGV[6],
+local h = {_key = key, id = id, kind = ARGV[3], chatId = chat, provider = ARGV[5], payload = ARGV[6],
   receivedAt = ARGV[7], state = 'pending', attempts = '0', fence = '0', updatedAt = n2s(now),
   om = string.format('%016d', ord) .. id}
-if ARGV[8] == '1' then
+if leased then
   h.state = 'processing'; h.attempts = '1'; h.fence = '1'; lease(h, opts(9), 1, now)
 end
 in_write(h)

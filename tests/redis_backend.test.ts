@@ -774,6 +774,30 @@ describe.skipIf(Boolean(skip))("the chat index of records written before it", ()
   });
 });
 
+describe.skipIf(Boolean(skip))("chat order at admission", () => {
+  test("a leased admit reads the chat's active records ahead of it (pages of 16): a damaged or stale one counts for nothing, a later one neither", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    const a = { owner: "A", incarnation: "1", leaseMs: 60_000 };
+    const b = { owner: "B", incarnation: "1", leaseMs: 60_000 };
+    // 20 of A's own live leases, then a pending record: the walk goes past the first page to find it.
+    for (let i = 0; i < 20; i++) expect((await backend.inbox.admit(inbound(`a${i}`, "c", 1_000 + i), a))?.state).toBe("processing");
+    await backend.inbox.admit(inbound("p", "c", 2_000));
+    expect((await backend.inbox.admit(inbound("a-next", "c", 3_000), a))?.state, "behind the pending one").toBe("pending");
+    // A record that comes later (a greater receivedAt) holds nothing back: only those ahead count.
+    expect((await backend.inbox.admit(inbound("a-early", "c", 1_500), a))?.state).toBe("processing");
+
+    // A damaged record ahead is set aside by the admission and holds nothing back; a stale index entry is dropped.
+    await backend.inbox.admit(inbound("x", "d", 1_000));
+    await admin!.hset(`{${keyPrefix}}in:r:x`, "payload", "{bad");
+    await admin!.zadd(`{${keyPrefix}}in:act:d`, 1_100, "0000000000009999gone");
+    const own = await backend.inbox.admit(inbound("y", "d", 2_000), b);
+    expect([own?.state, own?.lease?.owner, own?.fence]).toEqual(["processing", "B", 1]);
+    expect((await backend.inbox.damaged()).map((d) => d.id)).toEqual(["x"]);
+    expect(await admin!.zrange(`{${keyPrefix}}in:act:d`, 0, -1)).toEqual(["0000000000000025y"]);
+  });
+});
+
 describe.skipIf(Boolean(skip))("the called flag", () => {
   const entry = (key: string, chatId = key) => ({ key, chatId, content: 1, contentHash: "h", inboundId: null });
 
