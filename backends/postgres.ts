@@ -81,7 +81,18 @@
  * - Times are bigint ms from the server clock
  *   (`extract(epoch from clock_timestamp())`), never a replica's `Date.now()`.
  * - `admit` is one `INSERT … ON CONFLICT (id) DO NOTHING … RETURNING`, lease
- *   included. Claims, heartbeats, completions, failures and every outbox
+ *   included. With a lease it keeps the chat order at admission (see
+ *   `InboxJournal.admit`) in the same statement: the lease columns are set
+ *   only when a probe of the chat's active records (`inbox_chat_active`,
+ *   up to the new record's `receivedAt`; set-aside rows left out) finds
+ *   none that is pending, a due retry, a lapsed lease or leased to anyone
+ *   but the caller's own live lease; otherwise the record is journaled
+ *   `pending`. A group's multi-row `INSERT` also checks each leased row
+ *   against the rows before it of its chat in the same statement (which its
+ *   snapshot does not see), so a group admits as its admits would one by
+ *   one. Two admissions of one chat racing on two replicas may both lease
+ *   (the statements do not see each other): route each chat to one
+ *   replica. Claims, heartbeats, completions, failures and every outbox
  *   transition are single `UPDATE`s whose `WHERE` checks the state and the
  *   fencing token: the database decides, atomically, whether a caller still
  *   holds its lease.

@@ -442,43 +442,84 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
     WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")} AND r.${KEPT}
     RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}, ${asideRead("r")}`;
   };
+  // Chat order at admission (admitsLeased of journal_rules.ts): a leased admit of chat `chat` received at `at`,
+  // for the lease (`owner`, `inc`), is held back by an active record of its chat that comes before it (received
+  // at or before `at`: an equal one was admitted earlier) and comes first in a due scan (pending, a retry that is
+  // due, a lapsed lease) or is held by another lease than the caller's own live one. One probe of the chat's
+  // active records (`inbox_chat_active`, set-aside rows left out), stopping at the first such record; OFFSET 0
+  // keeps it a probe. Another admission of the chat racing on another replica is not seen (documented).
+  const heldBack = (chat: string, at: string, owner: string, inc: string) => `EXISTS (
+        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = ${chat} AND b.state IN (${ACTIVE}) AND b.${KEPT} AND b.received_at <= ${at}
+          AND (b.state = 'pending' OR (b.state = 'failed' AND COALESCE(b.next_attempt_at, 0) <= n.now)
+            OR (b.state = 'processing'
+              AND (b.lease_expires_at > n.now AND b.lease_owner = ${owner} AND b.lease_incarnation = ${inc}) IS NOT TRUE))
+        OFFSET 0)`;
   return {
-    // One statement: the insert (leased when $13 is true) or nothing when the id is known.
+    // One statement: the insert, leased when $7 is true and no active record of its chat comes first (see
+    // heldBack), or nothing when the id is known. The check (a subplan inside CASE) runs only when $7 is true, and
+    // once: \`g\` is a subquery kept apart by OFFSET 0 (pulled up, each CASE reading \`g.leased\` would run it
+    // again). The INSERT comes first in the text, so that pg_stat_activity (1 KB of it by default) shows it.
     admit: `WITH ${n} INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts,
         next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
-      SELECT $1, $2, $3, $4, $5, $6::double precision,
-        CASE WHEN $7::boolean THEN 'processing' ELSE 'pending' END,
-        CASE WHEN $7::boolean THEN 1 ELSE 0 END,
+      SELECT $1, $2, $3::text, $4, $5, $6::double precision,
+        CASE WHEN g.leased THEN 'processing' ELSE 'pending' END,
+        CASE WHEN g.leased THEN 1 ELSE 0 END,
         NULL,
-        CASE WHEN $7::boolean THEN $8::text END,
-        CASE WHEN $7::boolean THEN $9::text END,
-        CASE WHEN $7::boolean THEN 1 END,
-        CASE WHEN $7::boolean THEN n.now + $10::bigint END,
-        CASE WHEN $7::boolean THEN 1 ELSE 0 END,
+        CASE WHEN g.leased THEN $8::text END,
+        CASE WHEN g.leased THEN $9::text END,
+        CASE WHEN g.leased THEN 1 END,
+        CASE WHEN g.leased THEN n.now + $10::bigint END,
+        CASE WHEN g.leased THEN 1 ELSE 0 END,
         NULL, n.now,
-        CASE WHEN $7::boolean THEN n.now + $10::bigint ELSE 0 END
-      FROM n
+        CASE WHEN g.leased THEN n.now + $10::bigint ELSE 0 END
+      FROM n, (
+        SELECT CASE WHEN $7::boolean THEN NOT ${heldBack("$3::text", "$6::double precision", "$8::text", "$9::text")} ELSE false END AS leased
+        FROM n OFFSET 0
+      ) g
       ON CONFLICT (id) DO NOTHING
       RETURNING ${INBOX_META_COLUMNS}`,
-    // In the order of the array (\`i\`): the identity column numbers the rows as a lone admit would.
+    // In the order of the array (\`i\`): the identity column numbers the rows as a lone admit would. A leased row
+    // is checked against the table (heldBack) and against the rows of this statement that come before it in its
+    // chat, which the statement's snapshot does not see: \`mixed\` marks (a window over the earlier rows of its
+    // chat) a row behind one that is not leased under its own lease (owner, incarnation, a live lease); only such
+    // a row looks at those rows one by one, leaving out a row whose id is known (it inserts nothing). So a group
+    // admits exactly as its admits would one after another, in call order. \`g\` is kept apart by OFFSET 0: each
+    // row's checks run once, not once per column that reads \`g.ok\`.
     admitMany: `WITH ${n}, u AS (
         SELECT * FROM json_to_recordset($1::text::json) AS u(i integer, id text, kind text, chat_id text, provider text,
           payload text, received_at double precision, leased boolean, owner text, inc text, lease_ms bigint)
       )
       INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts,
         next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
-      SELECT u.id, u.kind, u.chat_id, u.provider, u.payload, u.received_at,
-        CASE WHEN u.leased THEN 'processing' ELSE 'pending' END,
-        CASE WHEN u.leased THEN 1 ELSE 0 END,
+      SELECT g.id, g.kind, g.chat_id, g.provider, g.payload, g.received_at,
+        CASE WHEN g.ok THEN 'processing' ELSE 'pending' END,
+        CASE WHEN g.ok THEN 1 ELSE 0 END,
         NULL,
-        CASE WHEN u.leased THEN u.owner END,
-        CASE WHEN u.leased THEN u.inc END,
-        CASE WHEN u.leased THEN 1 END,
-        CASE WHEN u.leased THEN n.now + u.lease_ms END,
-        CASE WHEN u.leased THEN 1 ELSE 0 END,
+        CASE WHEN g.ok THEN g.owner END,
+        CASE WHEN g.ok THEN g.inc END,
+        CASE WHEN g.ok THEN 1 END,
+        CASE WHEN g.ok THEN n.now + g.lease_ms END,
+        CASE WHEN g.ok THEN 1 ELSE 0 END,
         NULL, n.now,
-        CASE WHEN u.leased THEN n.now + u.lease_ms ELSE 0 END
-      FROM n, u ORDER BY u.i
+        CASE WHEN g.ok THEN n.now + g.lease_ms ELSE 0 END
+      FROM n, (
+        SELECT w.*, CASE
+            WHEN NOT w.leased THEN false
+            WHEN w.mixed AND EXISTS (
+              SELECT 1 FROM u v WHERE v.chat_id = w.chat_id AND (v.received_at, v.i) < (w.received_at, w.i)
+                AND NOT (v.leased AND v.lease_ms > 0 AND v.owner = w.owner AND v.inc = w.inc)
+                AND NOT EXISTS (SELECT 1 FROM ${t.inbox} x WHERE x.id = v.id)) THEN false
+            ELSE NOT ${heldBack("w.chat_id", "w.received_at", "w.owner", "w.inc")}
+          END AS ok
+        FROM n, (
+          SELECT u.*, COALESCE(bool_or(NOT (u.leased AND u.lease_ms > 0)) OVER e
+            OR min(u.owner) OVER e <> u.owner OR max(u.owner) OVER e <> u.owner
+            OR min(u.inc) OVER e <> u.inc OR max(u.inc) OVER e <> u.inc, false) AS mixed
+          FROM u WINDOW e AS (PARTITION BY u.chat_id ORDER BY u.received_at, u.i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+        ) w
+        OFFSET 0
+      ) g
+      ORDER BY g.i
       ON CONFLICT (id) DO NOTHING
       RETURNING ${INBOX_META_COLUMNS}, id AS mkey`,
     claim: claimOne(false),

@@ -187,6 +187,11 @@ describe("PostgresDurability statements", () => {
       ["outbox.purge", outbox.purge, [1000, 1000], ["botmesh_outbox_sent", "botmesh_outbox_pkey"]],
       ["outbox.purge (chat rows)", outbox.purgeChats, [3_600_000, 1000], ["botmesh_outbox_chat_touched", "botmesh_outbox_chat_all"]],
       ["outbox.reserve", outbox.reserve, ["k", "chat1", "{}", "h", null, true, "o", "i", 1000], ["botmesh_outbox_chat_active"]],
+      ["inbox.admit (leased)", inbox.admit, ["m", "message", "chat1", "p", "{}", 1700000020000, true, "o", "i", 1000], ["botmesh_inbox_chat_active"]],
+      ["inbox.admit (several, leased)", inbox.admitMany, [JSON.stringify([1, 2].map((i) => ({
+        i, id: `m${i}`, kind: "message", chat_id: `chat${i}`, provider: "p", payload: "{}", received_at: 1700000020000, leased: true,
+        owner: "o", inc: "i", lease_ms: 1000,
+      })))], ["botmesh_inbox_chat_active"]],
     ];
     for (const [name, text, params, indexes] of statements) {
       const plan = (await sql.unsafe(`EXPLAIN ${text}`, params as never[])).map((row) => row["QUERY PLAN"]).join("\n");
@@ -196,6 +201,8 @@ describe("PostgresDurability statements", () => {
       for (const index of indexes) expect(plan, `${name} reads ${index}:\n${plan}`).toContain(` ${index} `);
       if (process.env.SHOW_PLANS) console.log(`${name}:\n${plan}\n`);
     }
+    // pg_stat_activity keeps the first 1 KB of a statement by default: an admission must show as one there.
+    for (const text of [inbox.admit, inbox.admitMany]) expect(text.indexOf(`INSERT INTO ${t.inbox}`)).toBeLessThan(1000);
     // And they work on that data: the 200 pending records and 200 queued chat heads are due.
     expect((await b.inbox.claimDue({ ...lease(), limit: 1000 })).length).toBe(200);
     expect((await b.outbox.claimDue({ ...lease(), limit: 1000 })).due.length).toBe(200);
@@ -971,6 +978,42 @@ describe("PostgresDurability group commit", () => {
     await b.inbox.admit(inbound("gc-alone"), lease());
     expect(seen.begins).toBe(2);
     expect(seen.alone).toBe(aloneAfter + 1);
+  });
+
+  it("leased admits of one group keep the chat order among themselves: each is held back by an earlier one of its chat as if admitted alone", async () => {
+    const { wrapped, seen } = watched(client());
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    await b.open();
+    const settled = await b.inbox.admit(inbound("dup", "g3"), lease());
+    await b.inbox.complete(settled!.id, settled!.lease!.token);
+    const at = (id: string, chat: string, ms: number) => ({ ...inbound(id, chat), receivedAt: 1_700_000_000_000 + ms });
+    const calls: [NewInboundRecord, ClaimOptions | undefined][] = [
+      [at("a1", "g1", 0), lease("owner-a")],
+      [at("a2", "g1", 1), lease("owner-a")],
+      [at("a3", "g1", 2), lease("owner-b")], // behind another owner's lease in the same statement
+      [at("p1", "g2", 0), undefined],
+      [at("p2", "g2", 1), lease("owner-a")], // behind a pending record of the same statement
+      [at("dup", "g3", 0), undefined], // its id is known: inserts nothing, holds nothing back
+      [at("x", "g3", 1), lease("owner-a")],
+      [at("e1", "g4", 10), lease("owner-b")], // admitted first, but received after e2: behind e2
+      [at("e2", "g4", 0), lease("owner-a")],
+    ];
+    const statementsBefore = seen.statements.length;
+    const admitted = await Promise.all(calls.map(([r, l]) => b.inbox.admit(r, l)));
+    expect(seen.statements.slice(statementsBefore), "the guard, then one multi-row statement").toEqual([2]);
+    expect(admitted.map((r) => r && [r.id, r.state, r.lease?.owner ?? null, r.attempts, r.fence])).toEqual([
+      ["a1", "processing", "owner-a", 1, 1],
+      ["a2", "processing", "owner-a", 1, 1],
+      ["a3", "pending", null, 0, 0],
+      ["p1", "pending", null, 0, 0],
+      ["p2", "pending", null, 0, 0],
+      null,
+      ["x", "processing", "owner-a", 1, 1],
+      ["e1", "pending", null, 0, 0],
+      ["e2", "processing", "owner-a", 1, 1],
+    ]);
+    // Each as stored, and as a lone admit of the same records would have journaled them.
+    for (const r of admitted) if (r) expect((await b.inbox.get(r.id))?.state).toBe(r.state);
   });
 
   it("writes of one group on one record apply in call order (a merged statement never overtakes one)", async () => {
