@@ -245,7 +245,7 @@ import {
   normalizeList,
 } from "../src/journal_rules.ts";
 import { sessionEntry, type SessionStore } from "../src/store.ts";
-import { storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
+import { Damage, jsonOf, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
 import {
   type AsideSql,
@@ -716,19 +716,6 @@ function jsonColumn(text: unknown, table: string, key: string, id: unknown, colu
   return value;
 }
 
-/** What is wrong with a journal row that does not read back as a record, naming the column. */
-class Damage {
-  constructor(readonly problem: string) {}
-}
-
-function jsonOf(text: unknown, column: string): JsonValue | Damage {
-  if (typeof text !== "string") return new Damage(`column ${column} must be JSON text, got ${show(text)}`);
-  try {
-    return JSON.parse(text) as JsonValue;
-  } catch (error) {
-    return new Damage(`column ${column} is not valid JSON: ${(error as Error).message}`);
-  }
-}
 
 /** A stored-record check's problem (`field "chatId" must be …`) in terms of the row (`column chat_id must be …`). */
 function columnProblem(problem: string): Damage {

@@ -224,7 +224,7 @@ import {
   checkDamagedList,
 } from "../src/journal_rules.ts";
 import { sessionEntry, type SessionStore } from "../src/store.ts";
-import { describeJsonKind, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
+import { Damage, describeJsonKind, jsonOf, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import {
   openSqlite,
   SQLITE_DRIVERS,
@@ -927,10 +927,6 @@ function jsonColumn(text: SqliteValue, at: Source, key: string, id: SqliteValue,
   }
 }
 
-/** What is wrong with a journal row that does not read back as a record, naming the column. */
-class Damage {
-  constructor(readonly problem: string) {}
-}
 
 /** What a write answers when the row it met is damaged (it leaves setting it aside to another operation). */
 const DAMAGED: unique symbol = Symbol("damaged");
@@ -951,15 +947,6 @@ const FIELD_COLUMNS: Record<string, string> = {
 /** A stored-record check's problem (`field "chatId" must be …`) in terms of the table (`column chat_id must be …`). */
 const columnProblem = (problem: string): Damage =>
   new Damage(problem.replace(/^field "(\w+)"/, (_, field: string) => `column ${FIELD_COLUMNS[field] ?? field}`));
-
-function jsonOf(text: SqliteValue, column: string): JsonValue | Damage {
-  if (typeof text !== "string") return new Damage(`column ${column} must be JSON text, got ${describeJsonKind(text)}`);
-  try {
-    return JSON.parse(text) as JsonValue;
-  } catch (error) {
-    return new Damage(`column ${column} is not valid JSON: ${(error as Error).message}`);
-  }
-}
 
 const LEASE_COLUMNS: readonly (readonly [string, (v: unknown) => boolean, string])[] = [
   ["lease_owner", (v) => typeof v === "string", "a string"],

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { InboundRecord, OutboxEntry } from "./backend.ts";
+import type { InboundRecord, JsonValue, OutboxEntry } from "./backend.ts";
 import { showValue as show } from "./show.ts";
 
 /**
@@ -151,4 +151,27 @@ export function storedCalled(value: unknown): boolean {
  */
 export function withStoredCalled(entry: OutboxEntry): OutboxEntry {
   return typeof entry.called === "boolean" ? entry : { ...entry, called: storedCalled((entry as { called?: unknown }).called) };
+}
+
+/** What is wrong with a stored row that does not read back as a record, naming the column (SQL backends). */
+export class Damage {
+  /**
+   * @param problem what is wrong, naming the column
+   */
+  constructor(readonly problem: string) {}
+}
+
+/**
+ * The JSON value of a text column, or the {@link Damage} naming it.
+ * @param text the column's value
+ * @param column the column's name, for the problem
+ * @returns the parsed value, or what is wrong with it
+ */
+export function jsonOf(text: unknown, column: string): JsonValue | Damage {
+  if (typeof text !== "string") return new Damage(`column ${column} must be JSON text, got ${describeJsonKind(text)}`);
+  try {
+    return JSON.parse(text) as JsonValue;
+  } catch (error) {
+    return new Damage(`column ${column} is not valid JSON: ${(error as Error).message}`);
+  }
 }
