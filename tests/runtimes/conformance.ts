@@ -126,6 +126,7 @@ function eventsSetup(
   name: string,
   open: (path: string, clock: () => number) => Promise<LeasedEventJournal>,
   letGo: (j: LeasedEventJournal) => Promise<void>,
+  editable = false,
 ): Setup {
   const journals = new WeakMap<DurabilityBackend, LeasedEventJournal>();
   const over = async (path: string, dir: string, clock: () => number) => {
@@ -151,6 +152,22 @@ function eventsSetup(
       await journals.get(b)?.close().catch(() => {});
       rmSync(dirs.get(b)!, { recursive: true, force: true });
     },
+    // A journal whose whole state is one JSON file: a hand edit gives a record an unknown state.
+    ...(editable
+      ? {
+        damage: async (old: DurabilityBackend, journal: "inbox" | "outbox", id: string, { now }: { now: () => number }) => {
+          await journals.get(old)!.close();
+          const path = paths.get(old)!;
+          const doc = JSON.parse(readFileSync(path, "utf8"));
+          const records: Record<string, unknown>[] = journal === "inbox" ? doc.events : doc.outbox;
+          const record = records.find((r) => r[journal === "inbox" ? "id" : "key"] === id);
+          if (!record) throw new Error(`no ${journal} record ${id} in ${path}`);
+          record.state = "exploded";
+          writeFileSync(path, JSON.stringify(doc));
+          return over(path, dirs.get(old)!, now);
+        },
+      }
+      : {}),
   };
 }
 setups["events-file"] = () =>
@@ -158,6 +175,7 @@ setups["events-file"] = () =>
     "events (FileEventJournal)",
     (p, clock) => FileEventJournal.open(p, { lock: true, clock }),
     (j) => simulateJournalCrash(j as FileEventJournal),
+    true,
   );
 setups["events-shared"] = () =>
   eventsSetup(
