@@ -500,8 +500,9 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const chat = uid("chat");
         const a = claimer("owner-a", SHORT, "inc-a");
         const short = await admitted(b, inbound(chat, 1_000), a);
-        const long = await admitted(b, inbound(chat, 2_000), { ...a, leaseMs: LONG });
-        const heartbeated = await admitted(b, inbound(chat, 3_000), a);
+        // Other chats: on a slow backend the short lease may lapse before the next admission, which would wait behind it.
+        const long = await admitted(b, inbound(uid("chat"), 2_000), { ...a, leaseMs: LONG });
+        const heartbeated = await admitted(b, inbound(uid("chat"), 3_000), a);
         expect(await b.inbox.heartbeat(heartbeated.id, 1, LONG), "heartbeat with the current token").toBe(true);
         const extended = await mustGetIn(b, heartbeated.id);
         expect(extended.lease?.expiresAt ?? 0, "heartbeat moved expiresAt").toBeGreaterThan(heartbeated.lease?.expiresAt ?? 0);
@@ -694,13 +695,14 @@ export function runBackendContract(options: BackendConformanceOptions): void {
 
       it("chat order through a failover: a later record waits while an earlier one of its chat is leased elsewhere; lapsed ones are taken in order", async (b) => {
         const chat = uid("chat");
-        const lost = claimer("owner-lost", SHORT);
+        // Admitted under a long lease (a short one could lapse between the admissions of a slow backend).
+        const lost = claimer("owner-lost", LONG);
         // The lost replica held three records of the chat; the first (its handler running) was heartbeated last.
         const first = await admitted(b, inbound(chat, 1_000), lost);
         const second = await admitted(b, inbound(chat, 2_000), lost);
         const third = await admitted(b, inbound(chat, 3_000), lost);
-        expect(await b.inbox.heartbeat(first.id, tokenOf(first), LONG)).toBe(true);
-        const other = await admitted(b, inbound(uid("chat"), 2_500), lost);
+        for (const r of [second, third]) expect(await b.inbox.heartbeat(r.id, tokenOf(r), SHORT)).toBe(true);
+        const other = await admitted(b, inbound(uid("chat"), 2_500), { ...lost, leaseMs: SHORT });
         await sleep(LAPSE);
         const y = claimer("owner-y");
         expect(ids(await b.inbox.claimDue({ ...y, limit: 100 })), "the chat waits behind its first record; another chat is not held back").toEqual([other.id]);
@@ -2308,13 +2310,15 @@ export function runBackendContract(options: BackendConformanceOptions): void {
 
       withDamage("inbox: a damaged record is set aside: list returns the rest, due scans take the rest in chat order, get names it; nothing is deleted", async (current, hurt) => {
         const chat = uid("chat");
-        const lost = claimer("owner-lost", SHORT);
+        // Admitted under a long lease (a short one could lapse between the admissions of a slow backend), then shortened.
+        const lost = claimer("owner-lost", LONG);
         const a = await admitted(current(), inbound(chat, 1_000), lost);
         const bad = await admitted(current(), inbound(chat, 2_000), lost);
         const c = await admitted(current(), inbound(chat, 3_000), lost);
         const done = await doneRecord(current(), uid("chat"), 4_000);
         await hurt("inbox", bad.id);
         const b = current();
+        for (const r of [a, c]) expect(await b.inbox.heartbeat(r.id, tokenOf(r), SHORT)).toBe(true);
         expect(ids(await b.inbox.list({ limit: 100 })), "list returns every other record").toEqual([a.id, c.id, done]);
         expect(ids(await b.inbox.list({ state: "processing", chatId: chat })), "and filters them").toEqual([a.id, c.id]);
         const found = await b.inbox.damaged();
