@@ -20,7 +20,6 @@
  * @module
  */
 import type {
-  DamagedRecord,
   DurabilityBackend,
   InboundRecord,
   InboundState,
@@ -29,6 +28,7 @@ import type {
   OutboxState,
 } from "../backend.ts";
 import { parseDuration } from "../config.ts";
+import { listDamaged } from "../engine.ts";
 import { FileDurability } from "../../backends/file.ts";
 import { SQLiteDurability } from "../../backends/sqlite.ts";
 import { PostgresDurability } from "../../backends/postgres.ts";
@@ -452,13 +452,8 @@ async function run(p: Parsed, opened: OpenedBackend, io: CliIo, now: () => numbe
     }
     case "damaged": {
       const limit = p.flags.has("limit") ? positiveInt(p.flags.get("limit")!, "limit") : 100;
-      const records: DamagedRecord[] = [];
-      let truncated = false;
-      for (const journal of [backend.inbox, backend.outbox]) {
-        const found = await journal.damaged({ limit });
-        truncated ||= found.length >= limit;
-        records.push(...found);
-      }
+      const records = await listDamaged(backend, { limit });
+      const truncated = (["inbox", "outbox"] as const).some((j) => records.filter((d) => d.journal === j).length >= limit);
       if (p.json) return void (await out(records));
       await io.stdout(
         records.length === 0 ? "No damaged records.\n" : table(
