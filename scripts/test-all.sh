@@ -23,12 +23,21 @@ mkdir -p .tmp
 bun test --timeout=20000 "${server_files[@]}" > .tmp/bun-test-servers.log 2>&1 &
 servers_pid=$!
 others_status=0
-bun test --timeout=20000 "${other_files[@]}" || others_status=$?
+bun test --timeout=20000 "${other_files[@]}" 2>&1 | tee .tmp/bun-test-others.log || others_status=$?
 servers_status=0
 wait "$servers_pid" || servers_status=$?
 printf '\n==> bun test: the Postgres and Redis suites (%s)\n' "${server_files[*]}"
 cat .tmp/bun-test-servers.log
 if [ "$others_status" -ne 0 ] || [ "$servers_status" -ne 0 ]; then
+  # A CI log keeps only its tail: repeat each failure (with the lines bun printed before it) last.
+  for log in .tmp/bun-test-others.log .tmp/bun-test-servers.log; do
+    if grep -q '^(fail)' "$log"; then
+      printf '\n==> failures in %s\n' "$log"
+      awk '{ buf[NR % 40] = $0 } /^\(fail\)/ { for (i = NR - 39; i <= NR; i++) if (i > last && i > 0) print buf[i % 40]; last = NR; print "----" }' "$log" | tail -n 200
+    fi
+    printf '\n==> the end of %s\n' "$log"
+    tail -n 12 "$log"
+  done
   echo "bun test failed (other suites: exit $others_status; Postgres and Redis suites: exit $servers_status)" >&2
   exit 1
 fi
