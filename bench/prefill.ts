@@ -3,7 +3,11 @@
  * and its `sent` outbox entry each), the journal a long-running bot retains,
  * before a scale row measures on top of it (spawned by bench/run.ts):
  *
- *   bun bench/prefill.ts '{"ns":{...},"count":100000}'
+ *   bun bench/prefill.ts '{"ns":{...},"count":100000,"chats":100}'
+ *
+ * The records belong to chats c0…c<chats-1>, the chat ids the measured runs use (a live chat carries
+ * retained records too). After the copies: Postgres `VACUUM ANALYZE` and `CHECKPOINT`, SQLite
+ * `PRAGMA wal_checkpoint(TRUNCATE)`, so the measured runs do not pay for the prefill's dirty pages.
  *
  * - SQLite, Postgres: 1,000 templates through the backend's own API (its real
  *   schema, chat rows and all), then bulk `INSERT … SELECT` copies of them
@@ -19,7 +23,7 @@ import type { DurabilityBackend } from "../src/backend.ts";
 import { POSTGRES_URL } from "../tests/support/services.ts";
 import { type Ns, openKind } from "./lib.ts";
 
-const { ns, count } = JSON.parse(process.argv[2] ?? "{}") as { ns: Ns; count: number };
+const { ns, count, chats = 100 } = JSON.parse(process.argv[2] ?? "{}") as { ns: Ns; count: number; chats?: number };
 const lease = { owner: "prefill", incarnation: "prefill", leaseMs: 600_000 };
 const TEMPLATES = Math.min(1000, count);
 const progress = (what: string, done: number) => process.stderr.write(`\r  prefill ${ns.kind} ${what}: ${done}/${count}   `);
@@ -47,7 +51,7 @@ async function viaApi(backend: DurabilityBackend, from: number, to: number, idOf
   await Promise.all(Array.from({ length: inFlight }, async () => {
     while (next < to) {
       const i = next++;
-      await finished(backend, idOf(i), `pc${i % TEMPLATES}`);
+      await finished(backend, idOf(i), `c${i % chats}`);
       if (i % 10_000 === 0) progress("api", i);
     }
   }));
@@ -74,6 +78,7 @@ async function sqlite(): Promise<void> {
     })();
     progress("sql", (last + 1) * TEMPLATES);
   }
+  db.exec("DROP TABLE tin; DROP TABLE tout; ANALYZE");
   db.close();
 }
 
@@ -98,7 +103,7 @@ async function postgres(): Promise<void> {
       });
       progress("sql", (last + 1) * TEMPLATES);
     }
-    await sql.unsafe(`drop table ${s}.tin; drop table ${s}.tout; analyze ${s}.botmesh_inbox; analyze ${s}.botmesh_outbox`);
+    await sql.unsafe(`drop table ${s}.tin; drop table ${s}.tout`);
   } finally {
     await sql.end({ timeout: 5 });
   }
@@ -115,7 +120,7 @@ async function postgres(): Promise<void> {
 async function redis(): Promise<void> {
   const { default: Redis } = await import("ioredis");
   const { REDIS_URL } = await import("../tests/support/services.ts");
-  const client = new Redis(REDIS_URL);
+  const client = new Redis(ns.redisUrl ?? REDIS_URL);
   const ID = /(pre\d+)(?![\d-])/g;
   const HAS = /pre\d+(?![\d-])/;
   const rename = (s: string, g: number) => s.replace(ID, `$1-${g}`);
@@ -167,6 +172,28 @@ async function redis(): Promise<void> {
   await client.quit();
 }
 
+/** After the prefill: Postgres VACUUM ANALYZE (every table of the schema) and CHECKPOINT; SQLite a WAL checkpoint. */
+async function settle(): Promise<void> {
+  if (ns.kind === "postgres") {
+    const { default: postgres } = await import("postgres");
+    const sql = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
+    try {
+      for (const { t } of await sql`select tablename as t from pg_tables where schemaname = ${ns.name}`) {
+        await sql.unsafe(`VACUUM ANALYZE "${ns.name}"."${t}"`);
+      }
+      await sql.unsafe("CHECKPOINT");
+    } finally {
+      await sql.end({ timeout: 5 });
+    }
+  } else if (ns.kind === "sqlite-normal" || ns.kind === "sqlite-full") {
+    const { Database } = await import("bun:sqlite");
+    const db = new Database(join(ns.name, "bot.db"));
+    const [row] = db.prepare("PRAGMA wal_checkpoint(TRUNCATE)").all() as { busy: number }[];
+    db.close();
+    if (row?.busy) throw new Error("prefill: the SQLite WAL checkpoint was blocked");
+  }
+}
+
 const started = performance.now();
 if (ns.kind === "events-log" || ns.kind === "events") {
   const { MemoryEventJournal, eventsDurability } = await import("../backends/events.ts");
@@ -181,7 +208,8 @@ if (ns.kind === "events-log" || ns.kind === "events") {
   await viaApi(backend, 0, TEMPLATES, templateId);
   await backend.close?.();
   await opened.close();
-  if (count > TEMPLATES) await (ns.kind === "postgres" ? postgres() : ns.kind === "redis" ? redis() : sqlite());
+  if (count > TEMPLATES) await (ns.kind === "postgres" ? postgres() : ns.kind === "redis" || ns.kind === "redis-aof" ? redis() : sqlite());
 }
+await settle();
 process.stderr.write(`\r  prefill ${ns.kind}: ${count} finished messages in ${((performance.now() - started) / 1000).toFixed(1)} s\n`);
 process.exit(0);

@@ -1,101 +1,76 @@
 /**
  * One measured run of the bot in its own process (spawned by bench/run.ts):
  *
- *   bun bench/row.ts '{"mode":"load","ns":{...},"chats":100,"messages":20000}'
+ *   bun bench/row.ts '{"mode":"load","ns":{...},"chats":100,"seconds":2,"warmSeconds":0.5}'
  *   bun bench/row.ts '{"mode":"recovery","ns":{...},"records":10000}'
  *
  * Prints one JSON line ({@link RowResult}); exits 1 when the run was incorrect
- * (a message not replied exactly once, a record left unfinished) or crashed.
+ * (a message not replied exactly once, a record left unfinished, the done and
+ * sent counts not the totals) or crashed.
  */
 import { Bot } from "../mod.ts";
 import type { DurabilityBackend, InboundRecord } from "../src/backend.ts";
 import { encodeContent } from "../src/content.ts";
-import type { OutboundContent, SendContext, SendReceipt } from "../src/provider.ts";
-import { MockProvider } from "../testing.ts";
-import { childMain, loadResult, type Ns, openKind, peakRssMb, type RowResult } from "./lib.ts";
+import { BenchProvider, childMain, closedLoop, type LoadConfig, type Ns, openKind, peakRssMb, replyWaiters, type RowResult } from "./lib.ts";
 
-interface Config {
+interface Config extends Partial<LoadConfig> {
   mode: "load" | "recovery";
   ns: Ns;
-  chats?: number;
-  messages?: number;
   records?: number;
+  /** Scale rows: finished messages already in the store (for verify). */
+  retained?: number;
 }
 
-/** A mock provider that answers at once and tells who waits for a reply. */
-class BenchProvider extends MockProvider {
-  readonly replies = new Map<string, number>();
-  onReply: (id: string) => void = () => {};
-  override async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
-    const receipt = await super.send(chatId, content, context);
-    const text = typeof content === "string" ? content : String(content.text);
-    const id = text.slice(2); // "r:<message id>"
-    this.replies.set(id, (this.replies.get(id) ?? 0) + 1);
-    this.onReply(id);
-    return receipt;
-  }
-}
-
-function makeBot(provider: BenchProvider, backend: DurabilityBackend | undefined, onHandler?: () => void): Bot {
+function makeBot(provider: BenchProvider, backend: DurabilityBackend | undefined): Bot {
   const bot = new Bot({ provider, ...(backend ? { durability: { backend, instanceId: "bench" } } : {}) });
-  bot.when(() => true, (ctx) => {
-    onHandler?.();
-    return ctx.reply(`r:${ctx.message.id}`);
-  });
+  bot.when(() => true, (ctx) => ctx.reply(`r:${ctx.message.id}`));
   return bot;
 }
 
-/** Throws unless every id got exactly one reply and the journals hold nothing unfinished. */
-async function verify(provider: BenchProvider, ids: string[], backend: DurabilityBackend | undefined): Promise<void> {
-  const wrong = ids.filter((id) => provider.replies.get(id) !== 1);
-  if (wrong.length > 0 || provider.replies.size !== ids.length) {
-    throw new Error(
-      `${wrong.length} of ${ids.length} messages not replied exactly once (e.g. ${wrong.slice(0, 3).map((id) => `${id}: ${provider.replies.get(id) ?? 0}`).join(", ")}); ${provider.replies.size} replied ids`,
-    );
-  }
+/** How many of `ids` the journals hold done (inbound) and sent (their replies), listed by state. */
+async function countStates(backend: DurabilityBackend, ids: Set<string>, limit: number): Promise<{ done: number; sent: number }> {
+  const done = (await backend.inbox.list({ state: "done", limit })).filter((r) => ids.has(r.id)).length;
+  const sent = (await backend.outbox.list({ state: "sent", limit })).filter((e) => e.inboundId !== null && ids.has(e.inboundId)).length;
+  return { done, sent };
+}
+
+/**
+ * Throws unless every message got exactly one reply, the journals hold nothing unfinished, and (when
+ * the backend lists by state) the done inbound records and sent replies of these messages are the totals.
+ */
+async function verify(provider: BenchProvider, total: number, prefix: string, backend: DurabilityBackend | undefined, retained = 0): Promise<void> {
+  provider.verify(total, prefix);
   if (!backend) return;
   const inbound = await backend.inbox.list({ state: ["pending", "processing", "failed", "dead"], limit: 5 });
   if (inbound.length > 0) throw new Error(`inbox records left unfinished: ${inbound.map((r) => `${r.id} ${r.state}`).join(", ")}`);
   const outbound = await backend.outbox.list({ state: ["queued", "sending", "failed", "dead", "unknown"], limit: 5 });
   if (outbound.length > 0) throw new Error(`outbox entries left unsent: ${outbound.map((e) => `${e.key} ${e.state}`).join(", ")}`);
+  const ids = new Set(Array.from({ length: total }, (_, n) => `${prefix}m-${n}`));
+  // A scale row's store holds up to 1M more finished messages: counting them all is left out above 100k.
+  if (retained > 100_000) return;
+  const { done, sent } = await countStates(backend, ids, total + retained + 1000);
+  if (done !== total || sent !== total) throw new Error(`journals hold ${done} done inbound records and ${sent} sent replies of ${total} messages`);
 }
 
 /** Closed loop: each chat sends its next message once the reply to its previous one went out. */
 async function load(cfg: Config): Promise<RowResult> {
-  const chats = cfg.chats!, perChat = Math.ceil(cfg.messages! / chats), total = perChat * chats;
   const opened = await openKind(cfg.ns);
   const provider = new BenchProvider();
   const bot = makeBot(provider, opened.backend);
   await bot.start();
-  const latency = new Float64Array(total);
-  const sentAt = new Map<string, number>();
-  const waiting = new Map<string, () => void>();
-  provider.onReply = (id) => {
-    const t0 = sentAt.get(id);
-    if (t0 !== undefined) latency[Number(id.slice(id.lastIndexOf("-") + 1))] = performance.now() - t0;
-    waiting.get(id)?.();
-  };
-  const ids: string[] = [];
-  const chat = async (c: number) => {
-    for (let k = 0; k < perChat; k++) {
-      const n = k * chats + c, id = `m-${n}`;
-      ids.push(id);
-      const replied = new Promise<void>((resolve) => waiting.set(id, resolve));
-      sentAt.set(id, performance.now());
-      const admitted = await provider.receive({ id, chatId: `c${c}`, text: id });
-      if (admitted.status !== "admitted") throw new Error(`message ${id} was ${admitted.status}`);
-      await replied;
-      waiting.delete(id);
-    }
-  };
-  const started = performance.now();
-  await Promise.all(Array.from({ length: chats }, (_, c) => chat(c)));
-  await bot.idle();
-  const ms = performance.now() - started;
-  await verify(provider, ids, opened.backend);
+  const replied = replyWaiters(provider);
+  const prefix = cfg.idPrefix ?? "";
+  const { total, result } = await closedLoop(cfg as LoadConfig, async (n, c) => {
+    const id = `${prefix}m-${n}`;
+    const reply = replied(id);
+    const admitted = await provider.receive({ id, chatId: `c${c}`, text: id });
+    if (admitted.status !== "admitted") throw new Error(`message ${id} was ${admitted.status}`);
+    await reply;
+  }, () => bot.idle());
+  await verify(provider, total, prefix, opened.backend, cfg.retained ?? 0);
   await bot.stop();
   await opened.close();
-  return loadResult(total, ms, latency);
+  return result;
 }
 
 /**
@@ -110,7 +85,7 @@ async function recovery(cfg: Config): Promise<RowResult> {
   const dead = first.backend!;
   await dead.open?.();
   const lease = { owner: "bench", incarnation: "dead-incarnation", leaseMs: 3_600_000 };
-  const ids = Array.from({ length: n }, (_, i) => `rec-${i}`);
+  const ids = Array.from({ length: n }, (_, i) => `rec-m-${i}`);
   for (let i = 0; i < n; i += 500) {
     await Promise.all(ids.slice(i, i + 500).map((id, j) => {
       const chatId = `rc${(i + j) % 100}`;
@@ -161,7 +136,7 @@ async function recovery(cfg: Config): Promise<RowResult> {
   await bot.idle();
   const doneMs = performance.now() - started;
   if (claimedAt === 0) throw new Error(`only ${claimed} of ${n} records were claimed by the new incarnation`);
-  await verify(provider, ids, backend);
+  await verify(provider, n, "rec-", backend);
   await bot.stop();
   await opened.close();
   return {

@@ -1,0 +1,87 @@
+/**
+ * Ceiling: the fewest Redis commands our protocol needs per message, on the same client (ioredis, one
+ * connection) with the batching our backend does or aims for (the writes called in one turn go out in
+ * one MULTI/EXEC: one round trip, atomic as a script call) and no library logic.
+ *
+ * Per message, four writes of three commands each: admit (HSET the inbound record, leased; ZADD it to
+ * the due index and to its chat's active index), reserve (the same for the reply), markSent (HSET sent;
+ * ZREM from both indexes), complete (HSET done; ZREM from both). No script, no fencing check (a script
+ * would be needed for one), no payload checks, no chat-order read, no damage indexes.
+ *
+ * The closed loop is ours: admit, reserve, the mock provider's send (the loop closes there), then
+ * markSent and complete, while the chat's next message is admitted.
+ *
+ *   bun bench/ceilings/redis.ts '{"ns":{...},"chats":100,"seconds":2,"warmSeconds":0.5}'
+ */
+import Redis from "ioredis";
+import { REDIS_URL } from "../../tests/support/services.ts";
+import { BenchProvider, childMain, closedLoop, type LoadConfig, type Ns, type RowResult } from "../lib.ts";
+import { TurnBatcher, type Write } from "./batch.ts";
+
+const cfg = JSON.parse(process.argv[2] ?? "{}") as LoadConfig & { ns: Ns };
+type Kind = "admit" | "reserve" | "sent" | "done";
+
+childMain(async (): Promise<RowResult> => {
+  const client = new Redis(cfg.ns.redisUrl ?? REDIS_URL);
+  const P = `{${cfg.ns.name}}`;
+  const batcher = new TurnBatcher<Kind>(async (batch: Write<Kind>[]) => {
+    const m = client.multi();
+    for (const { kind, row: r } of batch) {
+      const s = (x: unknown) => String(x);
+      if (kind === "admit") {
+        m.hset(`${P}in:${r.id}`, "chatId", s(r.chat), "state", "processing", "payload", s(r.payload), "receivedAt", s(r.at), "token", s(r.token), "until", s(r.until));
+        m.zadd(`${P}in:due`, s(r.until), s(r.id));
+        m.zadd(`${P}in:act:${r.chat}`, s(r.at), s(r.id));
+      } else if (kind === "reserve") {
+        m.hset(`${P}out:${r.key}`, "chatId", s(r.chat), "inboundId", s(r.id), "state", "sending", "content", s(r.content), "token", s(r.token), "until", s(r.until));
+        m.zadd(`${P}out:due`, s(r.until), s(r.key));
+        m.zadd(`${P}out:act:${r.chat}`, s(r.at), s(r.key));
+      } else if (kind === "sent") {
+        m.hset(`${P}out:${r.key}`, "state", "sent", "receipt", s(r.receipt), "token", "", "until", "");
+        m.zrem(`${P}out:due`, s(r.key));
+        m.zrem(`${P}out:act:${r.chat}`, s(r.key));
+      } else {
+        m.hset(`${P}in:${r.id}`, "state", "done", "token", "", "until", "");
+        m.zrem(`${P}in:due`, s(r.id));
+        m.zrem(`${P}in:act:${r.chat}`, s(r.id));
+      }
+    }
+    const replies = await m.exec();
+    const failed = replies?.find(([e]) => e);
+    if (!replies || failed) throw failed?.[0] ?? new Error("ceiling: MULTI aborted");
+  }, 1);
+
+  const provider = new BenchProvider();
+  const abort = new AbortController();
+  const background = new Set<Promise<void>>();
+  let token = 0;
+  const { total, result } = await closedLoop(cfg, async (n, c) => {
+    const id = `m-${n}`, chat = `c${c}`, key = `${id}:0`;
+    const now = Date.now(), t = ++token;
+    await batcher.write("admit", { id, chat, payload: JSON.stringify({ id, chatId: chat, type: "text", text: id }), at: now, token: t, until: now + 30_000 });
+    const ot = ++token;
+    await batcher.write("reserve", { key, id, chat, content: JSON.stringify({ text: `r:${id}` }), at: Date.now(), token: ot, until: Date.now() + 30_000 });
+    const receipt = await provider.send(chat, `r:${id}`, { idempotencyKey: key, attempt: 1, signal: abort.signal });
+    const after = Promise.all([
+      batcher.write("sent", { key, chat, receipt: receipt.messageId }),
+      batcher.write("done", { id, chat }),
+    ]).then(() => void background.delete(after));
+    background.add(after);
+  }, async () => {
+    while (background.size > 0) await Promise.all(background);
+  });
+  provider.verify(total);
+  let done = 0, sent = 0;
+  for (let i = 0; i < total; i += 5000) {
+    const p = client.pipeline();
+    for (let n = i; n < Math.min(total, i + 5000); n++) p.hget(`${P}in:m-${n}`, "state").hget(`${P}out:m-${n}:0`, "state");
+    for (const [k, [, v]] of (await p.exec())!.entries()) {
+      if (k % 2 === 0 && v === "done") done++;
+      if (k % 2 === 1 && v === "sent") sent++;
+    }
+  }
+  const open = await client.zcard(`${P}in:due`) + await client.zcard(`${P}out:due`);
+  if (done !== total || sent !== total || open !== 0) throw new Error(`ceiling: ${done} done, ${sent} sent of ${total}; ${open} left in the due indexes`);
+  await client.quit();
+  return { ...result, note: `one MULTI/EXEC per turn; ${(batcher.writes / batcher.batches).toFixed(1)} writes per batch` };
+});
