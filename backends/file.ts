@@ -1,13 +1,26 @@
 /**
  * `@botmesh/durable/file`: a durability backend that keeps both journals in
- * one JSON snapshot file, for a bot that runs as one process.
+ * one JSON snapshot file and an append-only log beside it, for a bot that
+ * runs as one process.
  *
- * - The state lives in memory (a {@link MemoryDurability}); every change is
- *   made durable by rewriting the whole file: a temporary file `<path>.tmp`,
- *   `fsync`, an atomic rename over `<path>`, and an `fsync` of the directory.
- *   A reader (or a restart after a crash at any moment) sees the previous
- *   snapshot or the new one, never a mix.
- * - Group commit: operations that arrive while a rewrite is under way share
+ * - The state lives in memory (a {@link MemoryDurability}). Each group commit
+ *   appends one record to the log `<path>.log` (the records it changed, as
+ *   they are now), flushed with `fdatasync`: its cost does not grow with the
+ *   journals. Once the log holds twice the snapshot's bytes (at least
+ *   256 KiB), the next commit writes a new snapshot instead (a temporary file
+ *   `<path>.tmp`, `fsync`, an atomic rename over `<path>`, an `fsync` of the
+ *   directory) naming a new generation of the log, and empties the log.
+ *   `open()` reads the snapshot and replays the log records of its
+ *   generation (others are left over from before a compaction, and skipped).
+ * - Each log record carries its length and a CRC-32: a torn last record (a
+ *   crash mid-append; it was never acknowledged) is dropped and cut off at
+ *   `open()`; a damaged record with intact records after it makes `open()`
+ *   fail naming the log and the byte offset (both files left untouched).
+ * - `close()` writes a last snapshot without a log (and deletes the log), so
+ *   a closed store is one snapshot, as earlier versions wrote it and read it;
+ *   a snapshot with a log beside it is format version 3, which earlier
+ *   versions refuse to open rather than miss the log.
+ * - Group commit: operations that arrive while a write is under way share
  *   the next one. Every operation, reads and no-op results included, resolves
  *   only once the state it observed is on disk.
  * - Memory never holds what was not written: after a failed rewrite every
@@ -70,10 +83,23 @@ import {
   type ReserveResult,
 } from "../src/backend.ts";
 import { MemoryDurability, type MemoryRecords, type SetAsideRecord } from "./memory.ts";
-import { dirName, ensureDir, readFileBytes, realPathOf, removeFile, resolvePath } from "../src/runtime/fs.ts";
-import { SnapshotCommitter } from "./group_commit.ts";
+import {
+  type AppendFile,
+  dirName,
+  ensureDir,
+  openAppendFile,
+  readFileBytes,
+  realPathOf,
+  removeFile,
+  resolvePath,
+} from "../src/runtime/fs.ts";
+import { StaleLeaseError } from "../src/backend.ts";
 import {
   claimOpenFile,
+  frameLogRecord,
+  messageOf,
+  scanLogRecords,
+  writeSnapshot,
   describeJsonKind as kindOf,
   FileCorruptError,
   FileLock,
@@ -140,12 +166,24 @@ export interface FileDurabilityStats {
   lastSnapshotChars: number;
   /** Duration of the last successful rewrite in ms (serialization, write, flushes and rename). */
   lastRewriteMs: number;
+  /** Of `rewrites`, whole snapshots written (a new file, compactions of the log, the last write of `close()`). */
+  snapshots: number;
+  /** Of `rewrites`, group commits appended to the log `<path>.log`. */
+  logAppends: number;
+  /** Bytes in the log now (compacted into a new snapshot once it is twice the snapshot's size, at least 256 KiB). */
+  logBytes: number;
 }
 
 /** The snapshot's format marker. */
 const FORMAT = "@botmesh/durable/file";
 /** The snapshot's format version: 2 when it has a `damaged` section, else 1 (which older versions also read). */
 const VERSION = 2;
+/** The format version of a snapshot with a log beside it (older versions refuse it rather than miss the log). */
+const LOG_VERSION = 3;
+/** The log is compacted into a new snapshot once it holds this many times the snapshot's bytes… */
+const COMPACT_FACTOR = 2;
+/** …and at least this many. */
+const COMPACT_MIN_BYTES = 256 * 1024;
 /** Default of {@link FileDurabilityOptions.staleLockMs}. */
 const DEFAULT_STALE_LOCK_MS = 30_000;
 /** The backend named in error messages. */
@@ -158,19 +196,41 @@ function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> 
   return fileStep(LABEL, file, what, run);
 }
 
-/** Runs one operation on the open state and resolves once what it observed is on disk. */
-type Run = <T>(operation: (mem: MemoryDurability) => Promise<T>, changed: (result: T) => boolean) => Promise<T>;
+/**
+ * Runs one operation on the open state and resolves once what it observed is
+ * on disk; `touched` tells the log what it changed in the inbox (outbox
+ * entries are observed) and what it reported.
+ */
+type Run = <T>(
+  operation: (mem: MemoryDurability) => Promise<T>,
+  changed: (result: T) => boolean,
+  touched?: (result: T, commit: LogCommitter) => void,
+) => Promise<T>;
 
 let testHooks: { crash(backend: FileDurability): Promise<void> } | undefined;
 
 /**
- * A durability backend on one JSON snapshot file, for a bot that runs as one
- * process (`scope: "process"`). Every change rewrites the whole file
- * atomically (temporary file, `fsync`, rename, directory `fsync`);
- * concurrent operations share one rewrite (group commit). The cost of a
- * rewrite is one `JSON.stringify` of the whole state plus the write: keep the
- * journals small with `retention` (done and sent records are purged), or use
- * SQLite for large volumes.
+ * Test hooks (process-wide; not part of the API).
+ * @internal
+ */
+export interface FileDurabilityTestHooks {
+  /** Before each write (its changes taken): throw to make it fail, as a full disk would. */
+  beforeWrite?: (what: { kind: "append" | "compact" | "plain"; path: string }) => void | Promise<void>;
+}
+
+/** @internal Set by tests only. */
+export const fileDurabilityTestHooks: FileDurabilityTestHooks = {};
+
+/**
+ * A durability backend on one JSON snapshot file and its append-only log,
+ * for a bot that runs as one process (`scope: "process"`). Each group commit
+ * appends the records it changed to `<path>.log` (`fdatasync`); the log is
+ * compacted into a new snapshot (temporary file, `fsync`, rename, directory
+ * `fsync`) once it holds twice the snapshot's bytes, so the cost per change
+ * stays flat while the whole state is written only now and then. A
+ * compaction is one `JSON.stringify` of the whole state: keep the journals
+ * small with `retention` (done and sent records are purged; a purge is
+ * written as a new snapshot), or use SQLite for large volumes.
  *
  * `open()` resolves the real path (symlinks followed), takes the lock file
  * `<path>.lock` and loads the file; `close()` writes what is left and
@@ -298,7 +358,7 @@ export class FileDurability implements DurabilityBackend {
   /** Permission bits of the snapshot file, kept across rewrites. */
   #mode = NEW_FILE_MODE;
   /** The state in memory and its group commit into the file (failed state and crash included). */
-  readonly #commit: SnapshotCommitter<MemoryDurability>;
+  readonly #commit: LogCommitter;
   /** Open calls not yet matched by a close. */
   #refs = 0;
   /** Serializes open/close. */
@@ -343,28 +403,32 @@ export class FileDurability implements DurabilityBackend {
     this.path = path;
     this.#staleLockMs = staleLockMs;
     this.#clock = clock;
-    this.#commit = new SnapshotCommitter<MemoryDurability>({
-      label: LABEL,
+    this.#commit = new LogCommitter({
       file: () => this.file,
       fsync,
       mode: () => this.#mode,
-      serialize: serializeSnapshot,
-      parse: (file, bytes) => {
-        const mem = this.#newMemory();
-        mem.importRecords(parseSnapshot(file, bytes, this.#now).records);
-        return mem;
+      load: async (file) => {
+        const read = await readStore(file);
+        if (read === null) throw new Error("the file is gone (deleted, or its directory was)");
+        return { mem: this.#loadMemory(file, read).mem, read };
       },
       current: () => this.#memory(),
-      reloaded: "rebuilt",
-      recovery: " until it is reopened: close it and open it again (stop and start the bot) once the file is usable.",
     });
-    const run: Run = (operation, changed) => this.#commit.run(operation, changed);
+    const run: Run = (operation, changed, touched) => this.#commit.run(operation, changed, touched);
     this.inbox = new FileInbox(run);
     this.outbox = new FileOutbox(run);
   }
 
   /** The lease clock's time (times records set aside). */
   #now = (): number => this.#clock ? this.#clock() : Date.now();
+
+  /** The state of a store read (its records checked: those that fail are set aside). */
+  #loadMemory(file: string, read: StoreRead): { mem: MemoryDurability; setAside: number } {
+    const parsed = checkSnapshot(file, read.snap, this.#now);
+    const mem = this.#newMemory();
+    mem.importRecords(parsed.records);
+    return { mem, setAside: parsed.setAside };
+  }
 
   /** A new in-memory state, on the lease clock. */
   #newMemory(): MemoryDurability {
@@ -443,17 +507,16 @@ export class FileDurability implements DurabilityBackend {
       this.#mode = (await step(file, "cannot read it", () => snapshotFileMode(file, LABEL))).mode;
       // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
       await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
-      const bytes = await step(file, "cannot read it", () => readFileBytes(file));
-      const mem = this.#newMemory();
-      const loaded = bytes === null ? null : parseSnapshot(file, bytes, this.#now);
-      if (loaded !== null) mem.importRecords(loaded.records);
-      this.#commit.attach(mem);
+      const read = await step(file, "cannot read it", () => readStore(file));
+      const loaded = read === null ? { mem: this.#newMemory(), setAside: 0 } : this.#loadMemory(file, read);
+      await step(file, `cannot open its log ${file}.log`, () => this.#commit.attach(loaded.mem, read));
       // A new file: written now, so that a bad path or permission shows at start. Records just set aside:
       // written now, so that they keep the time they were set aside.
-      if (loaded === null || loaded.setAside > 0) await this.#commit.writeNow();
+      if (read === null) await this.#commit.writeNow("plain");
+      else if (loaded.setAside > 0) await this.#commit.writeNow("compact");
       this.#refs = 1;
     } catch (error) {
-      this.#commit.detach();
+      await this.#commit.detach();
       if (locked) await this.#releaseLock().catch(() => {});
       releaseOpenFile(file, this);
       throw error;
@@ -466,9 +529,10 @@ export class FileDurability implements DurabilityBackend {
     const file = this.#file!;
     await this.#commit.close(
       async () => {
-        // Let operations already under way join, then write what is not on disk yet.
+        // Let operations already under way join, then write what is not on disk yet, and end the log: the
+        // file is left a snapshot alone, as older versions of this library read it.
         await null;
-        await this.#commit.flush();
+        await this.#commit.flush({ plain: true });
       },
       async () => {
         try {
@@ -548,22 +612,23 @@ class FileInbox implements InboxJournal, DamagedRecords {
     this.#run = run;
   }
   admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
-    return this.#run((m) => m.inbox.admit(record, lease), (r) => r !== null);
+    return this.#run((m) => m.inbox.admit(record, lease), (r) => r !== null, (r, c) => r !== null && c.touchInbox(r.id));
   }
   claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
-    return this.#run((m) => m.inbox.claim(id, options), (r) => r !== null);
+    return this.#run((m) => m.inbox.claim(id, options), (r) => r !== null, (r, c) => r !== null && c.touchInbox(id));
   }
   claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
-    return this.#run((m) => m.inbox.claimDue(options), (r) => r.length > 0);
+    return this.#run((m) => m.inbox.claimDue(options), (r) => r.length > 0, (r, c) => r.forEach((x) => c.touchInbox(x.id)));
   }
   heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
-    return this.#run((m) => m.inbox.heartbeat(id, token, leaseMs), () => false); // written with the next change
+    // Written with the next change.
+    return this.#run((m) => m.inbox.heartbeat(id, token, leaseMs), () => false, (r, c) => r && c.touchInbox(id));
   }
   complete(id: string, token: number): Promise<void> {
-    return this.#run((m) => m.inbox.complete(id, token), () => true);
+    return this.#run((m) => m.inbox.complete(id, token), () => true, (_, c) => c.touchInbox(id));
   }
   fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
-    return this.#run((m) => m.inbox.fail(id, token, outcome), () => true);
+    return this.#run((m) => m.inbox.fail(id, token, outcome), () => true, (_, c) => c.touchInbox(id));
   }
   get(id: string): Promise<InboundRecord | null> {
     return this.#run((m) => m.inbox.get(id), () => false);
@@ -572,16 +637,17 @@ class FileInbox implements InboxJournal, DamagedRecords {
     return this.#run((m) => m.inbox.list(options), () => false);
   }
   replay(id: string): Promise<boolean> {
-    return this.#run((m) => m.inbox.replay(id), (r) => r);
+    return this.#run((m) => m.inbox.replay(id), (r) => r, (r, c) => r && c.touchInbox(id));
   }
   purge(olderThanMs: number): Promise<number> {
-    return this.#run((m) => m.inbox.purge(olderThanMs), (n) => n > 0);
+    // The records purged are not named: the next write is a new snapshot.
+    return this.#run((m) => m.inbox.purge(olderThanMs), (n) => n > 0, (n, c) => n > 0 && c.compactNext());
   }
   damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
     return this.#run((m) => m.inbox.damaged(options), () => false);
   }
   reportDamaged(id: string): Promise<boolean> {
-    return this.#run((m) => m.inbox.reportDamaged(id), (r) => r);
+    return this.#run((m) => m.inbox.reportDamaged(id), (r) => r, (r, c) => r && c.reported("inbox", id));
   }
 }
 
@@ -629,20 +695,25 @@ class FileOutbox implements OutboxJournal, DamagedRecords {
     return this.#run((m) => m.outbox.damaged(options), () => false);
   }
   reportDamaged(key: string): Promise<boolean> {
-    return this.#run((m) => m.outbox.reportDamaged(key), (r) => r);
+    return this.#run((m) => m.outbox.reportDamaged(key), (r) => r, (r, c) => r && c.reported("outbox", key));
   }
 }
 
 // ---------------------------------------------------------------------------
 // Writing, reading and checking a snapshot
 
-/** The snapshot's text: `JSON.stringify` of the whole state. */
-function serializeSnapshot(mem: MemoryDurability): string {
+/**
+ * The snapshot's text: `JSON.stringify` of the whole state. With `logGen`
+ * (a log is kept beside it), format version 3 naming that generation of the
+ * log; else version 2 when records were set aside, 1 otherwise.
+ */
+function serializeSnapshot(mem: MemoryDurability, logGen: number): string {
   const records = mem.exportRecords();
   const damaged = records.damaged ?? [];
   return JSON.stringify({
     format: FORMAT,
-    version: damaged.length > 0 ? VERSION : 1,
+    version: logGen > 0 ? LOG_VERSION : damaged.length > 0 ? VERSION : 1,
+    ...logGen > 0 ? { log: logGen } : {},
     outboxSeq: records.outboxSeq,
     inbox: records.inbox,
     outbox: records.outbox,
@@ -667,14 +738,16 @@ interface ParsedSnapshot {
   setAside: number;
 }
 
+type Fail = (detail: string) => never;
+
 /**
- * Parses and checks a snapshot: records that fail their checks are set aside
- * (at `now()`), the rest are loaded.
+ * The snapshot's JSON, its top-level structure checked, and the log
+ * generation it names (`0`: a snapshot written without a log).
  * @throws {FileCorruptError} when the file is not a snapshot
  */
-function parseSnapshot(file: string, bytes: Uint8Array, now: () => number): ParsedSnapshot {
+function readSnapshotObject(file: string, bytes: Uint8Array): { snap: Record<string, unknown>; logGen: number } {
   const value = parseJsonBytes(file, bytes, LABEL);
-  const fail = (detail: string): never => {
+  const fail: Fail = (detail) => {
     throw new FileCorruptError(file, null, detail);
   };
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
@@ -684,14 +757,30 @@ function parseSnapshot(file: string, bytes: Uint8Array, now: () => number): Pars
   if (snap.format !== FORMAT) {
     fail(`not a FileDurability snapshot ("format" is ${show(snap.format)}, expected ${JSON.stringify(FORMAT)})`);
   }
-  if (snap.version !== 1 && snap.version !== VERSION) {
-    fail(`unsupported format version ${show(snap.version)} (this library reads versions 1 and ${VERSION})`);
+  if (snap.version !== 1 && snap.version !== 2 && snap.version !== LOG_VERSION) {
+    fail(`unsupported format version ${show(snap.version)} (this library reads versions 1 to ${LOG_VERSION})`);
+  }
+  if (snap.version === LOG_VERSION && (!Number.isSafeInteger(snap.log) || (snap.log as number) < 1)) {
+    fail(`"log" must be a positive integer in a version ${LOG_VERSION} snapshot, got ${show(snap.log)}`);
   }
   if (!Number.isSafeInteger(snap.outboxSeq) || (snap.outboxSeq as number) < 0) {
     fail(`"outboxSeq" must be a non-negative integer, got ${show(snap.outboxSeq)}`);
   }
   if (!Array.isArray(snap.inbox)) fail(`"inbox" must be an array, got ${kindOf(snap.inbox)}`);
   if (!Array.isArray(snap.outbox)) fail(`"outbox" must be an array, got ${kindOf(snap.outbox)}`);
+  if (snap.damaged !== undefined && !Array.isArray(snap.damaged)) fail(`"damaged" must be an array, got ${kindOf(snap.damaged)}`);
+  return { snap, logGen: snap.version === LOG_VERSION ? snap.log as number : 0 };
+}
+
+/**
+ * Checks a snapshot's records (the log applied): records that fail their
+ * checks are set aside (at `now()`), the rest are loaded.
+ * @throws {FileCorruptError} when the `damaged` section is not valid
+ */
+function checkSnapshot(file: string, snap: Record<string, unknown>, now: () => number): ParsedSnapshot {
+  const fail: Fail = (detail) => {
+    throw new FileCorruptError(file, null, detail);
+  };
   const outboxSeq = snap.outboxSeq as number;
   const damaged = parseDamaged(snap.damaged, fail);
   const before = damaged.length;
@@ -774,4 +863,527 @@ function parseDamaged(section: unknown, fail: (detail: string) => never): SetAsi
     };
     return { journal, id, backend: NAME, problem: what, setAsideAt, reported, stored: record };
   });
+}
+
+// ---------------------------------------------------------------------------
+// The log beside the snapshot
+
+/**
+ * One record of `<file>.log`: what one group commit changed, as the records
+ * are after it. `g` is the log generation (the snapshot's `log`): records of
+ * another generation are left over from before a compaction (already in the
+ * snapshot) and skipped.
+ */
+interface LogRecord {
+  g: number;
+  /** Inbox records as they are now (stored whole: replay replaces by id, or appends). */
+  i?: unknown[];
+  /** Inbox ids removed. */
+  x?: string[];
+  /** Outbox entries as they are now. */
+  o?: unknown[];
+  /** Outbox keys removed (discarded or purged). */
+  d?: string[];
+  /** The last outbox `seq` issued. */
+  s?: number;
+  /** Damaged records reported: `[journal, id]`. */
+  r?: [string, string][];
+}
+
+function checkLogRecord(value: unknown): string | null {
+  const rec = value as Record<string, unknown> | null;
+  if (typeof rec !== "object" || rec === null || Array.isArray(rec)) return `expected an object, got ${kindOf(rec)}`;
+  if (!Number.isSafeInteger(rec.g)) return `field "g" must be an integer, got ${show(rec.g)}`;
+  for (const field of ["i", "x", "o", "d", "r"]) {
+    if (rec[field] !== undefined && !Array.isArray(rec[field])) return `field "${field}" must be an array, got ${kindOf(rec[field])}`;
+  }
+  if (rec.s !== undefined && (!Number.isSafeInteger(rec.s) || (rec.s as number) < 0)) {
+    return `field "s" must be a non-negative integer, got ${show(rec.s)}`;
+  }
+  return null;
+}
+
+/** A journal of the snapshot (an array of records) indexed by id for replay; removed slots are `undefined`. */
+class Replayed {
+  readonly items: unknown[];
+  readonly #index = new Map<unknown, number>();
+  readonly #field: "id" | "key";
+  constructor(items: unknown[], field: "id" | "key") {
+    this.items = items;
+    this.#field = field;
+    items.forEach((item, i) => {
+      const id = (item as Record<string, unknown> | null)?.[field];
+      if (typeof id === "string" && !this.#index.has(id)) this.#index.set(id, i);
+    });
+  }
+  put(item: unknown): void {
+    const id = (item as Record<string, unknown> | null)?.[this.#field];
+    const at = this.#index.get(id);
+    if (at !== undefined) this.items[at] = item;
+    else {
+      if (typeof id === "string") this.#index.set(id, this.items.length);
+      this.items.push(item);
+    }
+  }
+  remove(id: unknown): void {
+    const at = this.#index.get(id);
+    if (at === undefined) return;
+    this.items[at] = undefined;
+    this.#index.delete(id);
+  }
+  result(): unknown[] {
+    return this.items.filter((item) => item !== undefined);
+  }
+}
+
+/** A snapshot read with its log applied (records not checked yet). */
+interface StoreRead {
+  snap: Record<string, unknown>;
+  logGen: number;
+  snapshotBytes: number;
+  /** The log's length up to its last whole record (what follows is a torn write, cut off at open). */
+  logEnd: number;
+  /** The log's length as found. */
+  logSize: number;
+  /** The log holds records of another generation (left by a compaction that could not reset it): it is reset. */
+  staleLog: boolean;
+}
+
+/**
+ * Reads the snapshot and applies the records of its log generation.
+ * @returns `null` when the snapshot file does not exist
+ * @throws {FileCorruptError} when the snapshot is not one, or a log record is damaged (not the torn last one)
+ */
+async function readStore(file: string): Promise<StoreRead | null> {
+  const bytes = await readFileBytes(file);
+  if (bytes === null) return null;
+  const { snap, logGen } = readSnapshotObject(file, bytes);
+  const read: StoreRead = { snap, logGen, snapshotBytes: bytes.length, logEnd: 0, logSize: 0, staleLog: false };
+  if (logGen === 0) return read;
+  const logFile = `${file}.log`;
+  const log = await readFileBytes(logFile);
+  if (log === null) return read;
+  const scanned = scanLogRecords(logFile, log, LABEL);
+  read.logEnd = scanned.end;
+  read.logSize = log.length;
+  const inbox = new Replayed(snap.inbox as unknown[], "id");
+  const outbox = new Replayed(snap.outbox as unknown[], "key");
+  const damaged = (snap.damaged ?? []) as Record<string, unknown>[];
+  let outboxSeq = snap.outboxSeq as number;
+  scanned.records.forEach(({ offset, value }, n) => {
+    const problem = checkLogRecord(value);
+    if (problem !== null) throw new FileCorruptError(logFile, offset, `log record ${n + 1}: ${problem}`);
+    const rec = value as LogRecord;
+    if (rec.g !== logGen) {
+      read.staleLog = true;
+      return;
+    }
+    for (const item of rec.i ?? []) inbox.put(item);
+    for (const id of rec.x ?? []) inbox.remove(id);
+    for (const key of rec.d ?? []) outbox.remove(key);
+    for (const item of rec.o ?? []) outbox.put(item);
+    if (rec.s !== undefined && rec.s > outboxSeq) outboxSeq = rec.s;
+    for (const report of rec.r ?? []) {
+      const [journal, id] = Array.isArray(report) ? report : [];
+      const found = damaged.find((d) => d?.journal === journal && d?.id === id);
+      if (found !== undefined) found.reported = true;
+    }
+  });
+  snap.inbox = inbox.result();
+  snap.outbox = outbox.result();
+  snap.outboxSeq = outboxSeq;
+  return read;
+}
+
+/**
+ * **For tests and tools.** The state a `FileDurability` file holds, as
+ * `open()` reads it: the snapshot with the records of its log `<file>.log`
+ * applied (a torn last record left out), not checked. The snapshot's own
+ * fields (`format`, `version`, `log`) are as in the file.
+ *
+ * @param path the snapshot file (its real path: symlinks are not resolved here)
+ * @returns the snapshot object (`inbox`, `outbox`, `outboxSeq`, `damaged`), or `null` when there is no file
+ * @throws {FileCorruptError} when the snapshot is not one, or a log record is damaged
+ */
+export async function readFileDurabilityState(path: string): Promise<Record<string, unknown> | null> {
+  return (await readStore(path))?.snap ?? null;
+}
+
+/** An operation waiting for the state it observed (`target`) to be on disk. */
+interface Waiter {
+  target: number;
+  resolve: () => void;
+  reject: (error: unknown) => void;
+}
+
+/** What the next write must be: the changes appended to the log, a compaction (new snapshot and log), or a snapshot without a log. */
+type WriteKind = "append" | "compact" | "plain";
+
+/**
+ * The state in memory and its group commit into the snapshot and its log:
+ * a version counter bumped per change, one write loop, each write settling
+ * every waiter it covers; a failed write rejects every waiter, bumps the
+ * generation (an operation that ran on the discarded state rejects), and
+ * reloads the state from the files; when that fails too, the committer is
+ * failed until the next {@link attach}.
+ */
+class LogCommitter {
+  readonly #file: () => string;
+  readonly #fsync: boolean;
+  readonly #mode: () => number;
+  readonly #load: (file: string) => Promise<{ mem: MemoryDurability; read: StoreRead }>;
+  readonly #current: () => MemoryDurability;
+  #state: MemoryDurability | null = null;
+  #failure: Error | null = null;
+  #crashed = false;
+  #generation = 0;
+  #reloading: Promise<void> | null = null;
+  #version = 0;
+  #durable = 0;
+  #waiters: Waiter[] = [];
+  #writing: Promise<void> | null = null;
+  readonly #stats: FileDurabilityStats = {
+    rewrites: 0,
+    failedRewrites: 0,
+    lastSnapshotChars: 0,
+    lastRewriteMs: 0,
+    snapshots: 0,
+    logAppends: 0,
+    logBytes: 0,
+  };
+
+  /** The log generation the snapshot on disk names (`0`: none, the next write is a compaction). */
+  #logGen = 0;
+  #logBytes = 0;
+  #snapshotBytes = 0;
+  #log: AppendFile | null = null;
+  /** The next write is a compaction (a purge, a stale log) or, set by {@link writeNow}, this kind. */
+  #forced: WriteKind | null = null;
+  /** What changed since the last write was taken: inbox ids, outbox entries (`null`: removed), reports. */
+  #inboxTouched = new Set<string>();
+  #outboxTouched = new Map<string, OutboxEntry | null>();
+  #outboxSeq = 0;
+  #reports: [string, string][] = [];
+
+  constructor(options: {
+    file: () => string;
+    fsync: boolean;
+    mode: () => number;
+    load: (file: string) => Promise<{ mem: MemoryDurability; read: StoreRead }>;
+    current: () => MemoryDurability;
+  }) {
+    this.#file = options.file;
+    this.#fsync = options.fsync;
+    this.#mode = options.mode;
+    this.#load = options.load;
+    this.#current = options.current;
+  }
+
+  get state(): MemoryDurability | null {
+    return this.#state;
+  }
+
+  get failure(): Error | null {
+    return this.#failure;
+  }
+
+  get crashed(): boolean {
+    return this.#crashed;
+  }
+
+  get stats(): FileDurabilityStats {
+    return { ...this.#stats };
+  }
+
+  /**
+   * Takes a state loaded from the files (on disk: version 0): opens the log
+   * for appending and cuts off a torn last record. `read` is `null` for a new
+   * file.
+   */
+  async attach(mem: MemoryDurability, read: StoreRead | null): Promise<void> {
+    await this.#closeLog();
+    this.#logGen = read?.logGen ?? 0;
+    this.#logBytes = read?.logEnd ?? 0;
+    this.#snapshotBytes = read?.snapshotBytes ?? 0;
+    this.#forced = read?.staleLog ? "compact" : null;
+    this.#inboxTouched = new Set();
+    this.#outboxTouched = new Map();
+    this.#reports = [];
+    this.#outboxSeq = 0;
+    if (read !== null && read.logGen > 0) {
+      const log = await openAppendFile(`${this.#file()}.log`, this.#mode());
+      try {
+        if (read.logSize > read.logEnd) await log.truncate(read.logEnd, this.#fsync); // a torn last write
+      } catch (error) {
+        await log.close().catch(() => {});
+        throw error;
+      }
+      this.#log = log;
+    }
+    mem.observeOutbox((key, entry) => {
+      this.#outboxTouched.set(key, entry);
+      if (entry !== null && entry.seq > this.#outboxSeq) this.#outboxSeq = entry.seq;
+    });
+    this.#state = mem;
+    this.#failure = null;
+    this.#version = this.#durable = 0;
+  }
+
+  /** Drops the state (closed, or a failed open); a waiter left is rejected by the write loop. */
+  async detach(): Promise<void> {
+    this.#state = null;
+    this.#failure = null;
+    await this.#closeLog();
+    if (this.#waiters.length > 0) this.#writing ??= this.#writeLoop();
+  }
+
+  async #closeLog(): Promise<void> {
+    const log = this.#log;
+    this.#log = null;
+    await log?.close().catch(() => {});
+  }
+
+  /** An inbox record changed (written with the next write). */
+  touchInbox(id: string): void {
+    this.#inboxTouched.add(id);
+  }
+
+  /** A damaged record was reported. */
+  reported(journal: string, id: string): void {
+    this.#reports.push([journal, id]);
+  }
+
+  /** Records were removed in a way not tracked per record (a purge): the next write is a compaction. */
+  compactNext(): void {
+    if (this.#forced !== "plain") this.#forced = "compact";
+  }
+
+  /**
+   * A change written at once, as `kind`: `plain` (a snapshot without a log,
+   * readable by older versions: a new file, and the last write of `close()`)
+   * or `compact` (records just set aside).
+   */
+  async writeNow(kind: "plain" | "compact"): Promise<void> {
+    this.#forced = kind;
+    this.#version++;
+    await this.waitDurable(this.#version);
+    if (this.#failure !== null) throw this.#failure;
+  }
+
+  waitDurable(target: number = this.#version): Promise<void> {
+    if (target <= this.#durable) return Promise.resolve();
+    if (this.#crashed) return Promise.reject(this.#crashError());
+    return new Promise<void>((resolve, reject) => {
+      this.#waiters.push({ target, resolve, reject });
+      this.#writing ??= this.#writeLoop();
+    });
+  }
+
+  /** As `SnapshotCommitter.close`: settle, then detach and release whatever happened. */
+  async close(settle: () => Promise<void>, release: () => Promise<void>): Promise<void> {
+    let failure: unknown = null;
+    let releaseFailure: unknown = null;
+    try {
+      await settle();
+    } catch (error) {
+      failure = error;
+    } finally {
+      if (failure === null && this.failure !== null) failure = this.failure;
+      await this.detach();
+      try {
+        await release();
+      } catch (error) {
+        releaseFailure = error;
+      }
+    }
+    if (failure !== null && releaseFailure !== null) {
+      throw new AggregateError(
+        [failure, releaseFailure],
+        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
+        { cause: failure },
+      );
+    }
+    if (failure !== null) throw failure;
+    if (releaseFailure !== null) throw releaseFailure;
+  }
+
+  /** Waits until the write loop is idle and every change is on disk; then, with `plain`, ends the log. */
+  async flush(options: { plain?: boolean } = {}): Promise<void> {
+    while (this.#writing !== null || this.#durable < this.#version) {
+      if (this.#writing !== null) await this.#writing;
+      else await this.waitDurable(this.#version);
+    }
+    if (this.#failure !== null) throw this.#failure;
+    if (options.plain && this.#logGen > 0 && this.#state !== null) await this.writeNow("plain");
+  }
+
+  /**
+   * Runs one operation and resolves once what it observed is on disk.
+   * `touched` records what it changed (inbox ids, reports; outbox entries are
+   * observed), `changed` whether it needs a write.
+   */
+  async run<T>(
+    operation: (state: MemoryDurability) => Promise<T>,
+    changed: (result: T) => boolean,
+    touched?: (result: T, commit: LogCommitter) => void,
+  ): Promise<T> {
+    while (this.#reloading !== null) await this.#reloading;
+    const state = this.#current();
+    const generation = this.#generation;
+    let result: T;
+    try {
+      result = await operation(state);
+    } catch (error) {
+      if (generation !== this.#generation) throw this.#discardedError();
+      if (error instanceof StaleLeaseError) await this.waitDurable(this.#version);
+      throw error;
+    }
+    if (generation !== this.#generation) throw this.#discardedError();
+    touched?.(result, this);
+    if (changed(result)) this.#version++;
+    await this.waitDurable(this.#version);
+    return result;
+  }
+
+  /** Lets the committer go as a killed process: waiters reject, a write under way finishes, the log is closed. */
+  async crash(): Promise<void> {
+    this.#crashed = true;
+    const error = this.#crashError();
+    for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
+    if (this.#writing !== null) await this.#writing;
+    this.#state = null;
+    await this.#closeLog();
+  }
+
+  #discardedError(): Error {
+    return new Error(
+      `${LABEL} could not write ${this.#file()}: a failed write discarded the state this operation ran on ` +
+        `(it was rebuilt from the file); the operation did not take effect`,
+    );
+  }
+
+  #crashError(): Error {
+    return new Error(`${LABEL} ${this.#file()} was let go by simulateCrash() before this change was written`);
+  }
+
+  async #writeLoop(): Promise<void> {
+    const file = this.#file;
+    try {
+      await null; // operations called in the same tick join this write
+      while (this.#waiters.length > 0) {
+        if (this.#crashed || this.#state === null) {
+          const error = this.#crashed
+            ? this.#crashError()
+            : new Error(`${LABEL} ${file()} was closed before this change was written`);
+          for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
+          break;
+        }
+        const version = this.#version;
+        try {
+          await this.#write(this.#state);
+        } catch (error) {
+          this.#stats.failedRewrites++;
+          const failure = new Error(`${LABEL} could not write ${file()}: ${messageOf(error)}`, { cause: error });
+          this.#generation++;
+          const waiters = this.#waiters.splice(0);
+          const reload = this.#reload(failure);
+          this.#reloading = reload;
+          try {
+            await reload;
+          } finally {
+            this.#reloading = null;
+          }
+          for (const waiter of waiters) waiter.reject(failure);
+          continue;
+        }
+        this.#durable = Math.max(this.#durable, version);
+        let settled = 0;
+        while (settled < this.#waiters.length && this.#waiters[settled].target <= version) settled++;
+        for (const waiter of this.#waiters.splice(0, settled)) waiter.resolve();
+      }
+    } finally {
+      this.#writing = null;
+    }
+  }
+
+  /** After a failed write: the state is rebuilt from the files (snapshot and log), or the committer is failed. */
+  async #reload(failure: Error): Promise<void> {
+    const file = this.#file();
+    try {
+      const { mem, read } = await this.#load(file);
+      if (this.#state !== null && !this.#crashed) await this.attach(mem, read);
+    } catch (error) {
+      await this.#closeLog();
+      this.#failure = new Error(
+        `${LABEL} could not write ${file} (${messageOf(failure.cause)}) nor reload it to drop the unwritten ` +
+          `changes (${messageOf(error)}). Every operation rejects until it is reopened: close it and open it ` +
+          `again (stop and start the bot) once the file is usable.`,
+        { cause: failure },
+      );
+    }
+    this.#durable = this.#version;
+  }
+
+  /** One write: the changes since the last one appended to the log, or a whole snapshot. */
+  async #write(state: MemoryDurability): Promise<void> {
+    const started = performance.now();
+    const kind: WriteKind = this.#forced ??
+      (this.#logGen === 0 || this.#log === null ||
+          this.#logBytes >= Math.max(COMPACT_MIN_BYTES, COMPACT_FACTOR * this.#snapshotBytes)
+        ? "compact"
+        : "append");
+    this.#forced = null;
+    // Taken synchronously: the changes, and the records as they are now.
+    const inboxIds = [...this.#inboxTouched];
+    this.#inboxTouched.clear();
+    const outbox = this.#outboxTouched;
+    this.#outboxTouched = new Map();
+    const reports = this.#reports.splice(0);
+    const file = this.#file();
+    await fileDurabilityTestHooks.beforeWrite?.({ kind, path: file });
+    if (kind !== "append") {
+      const logGen = kind === "compact" ? this.#logGen + 1 : 0;
+      const text = serializeSnapshot(state, logGen);
+      await writeSnapshot(file, text, { fsync: this.#fsync, mode: this.#mode() });
+      // The snapshot names the new generation: the old log's records are in it, and skipped if still there.
+      this.#logGen = logGen;
+      this.#logBytes = 0;
+      this.#snapshotBytes = text.length;
+      if (kind === "compact") {
+        this.#log ??= await openAppendFile(`${file}.log`, this.#mode());
+        await this.#log.truncate(0, this.#fsync);
+      } else {
+        await this.#closeLog();
+        await removeFile(`${file}.log`);
+      }
+      this.#stats.snapshots++;
+      this.#stats.lastSnapshotChars = text.length;
+    } else {
+      const images = await Promise.all(inboxIds.map((id) => state.inbox.get(id)));
+      if (inboxIds.length === 0 && outbox.size === 0 && reports.length === 0) return;
+      const record: LogRecord = { g: this.#logGen };
+      const changedInbox: InboundRecord[] = [];
+      const removedInbox: string[] = [];
+      images.forEach((image, n) => image === null ? removedInbox.push(inboxIds[n]) : changedInbox.push(image));
+      if (changedInbox.length > 0) record.i = changedInbox;
+      if (removedInbox.length > 0) record.x = removedInbox;
+      const entries: OutboxEntry[] = [];
+      const removed: string[] = [];
+      for (const [key, entry] of outbox) entry === null ? removed.push(key) : entries.push(entry);
+      if (entries.length > 0) record.o = entries;
+      if (removed.length > 0) record.d = removed;
+      if (outbox.size > 0) record.s = this.#outboxSeq;
+      if (reports.length > 0) record.r = reports;
+      const bytes = frameLogRecord(JSON.stringify(record));
+      const log = this.#log!;
+      await log.append(bytes, this.#fsync);
+      // An append to a deleted file (or directory) succeeds and keeps nothing.
+      if (!(await log.linked())) throw new Error(`its log ${file}.log was deleted`);
+      this.#logBytes += bytes.length;
+      this.#stats.logAppends++;
+    }
+    this.#stats.rewrites++;
+    this.#stats.logBytes = this.#logBytes;
+    this.#stats.lastRewriteMs = performance.now() - started;
+  }
 }

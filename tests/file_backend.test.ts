@@ -16,7 +16,14 @@ import {
 } from "node:fs";
 import { hostname, tmpdir } from "node:os";
 import { join, relative } from "node:path";
-import { FileCorruptError, FileDurability, FileLockedError, simulateCrash } from "../backends/file.ts";
+import {
+  FileCorruptError,
+  FileDurability,
+  fileDurabilityTestHooks,
+  FileLockedError,
+  readFileDurabilityState,
+  simulateCrash,
+} from "../backends/file.ts";
 import { MemoryDurability } from "../backends/memory.ts";
 import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
 
@@ -24,6 +31,7 @@ const dirs: string[] = [];
 const opened: FileDurability[] = [];
 
 afterEach(async () => {
+  fileDurabilityTestHooks.beforeWrite = undefined;
   for (const b of opened.splice(0)) {
     while (b.isOpen) await b.close().catch(() => {});
   }
@@ -57,6 +65,21 @@ function msg(id: string, chatId = "c1", payload: NewInboundRecord["payload"] = {
 
 function send(key: string, chatId = "c1"): NewOutboxEntry {
   return { key, chatId, content: { text: key }, contentHash: `h-${key}`, inboundId: null };
+}
+
+/** Makes every write fail with ENOSPC (as a full disk) until the returned function is called. */
+function failWrites(): () => void {
+  fileDurabilityTestHooks.beforeWrite = () => {
+    throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+  };
+  return () => {
+    fileDurabilityTestHooks.beforeWrite = undefined;
+  };
+}
+
+/** The state on disk: the snapshot with its log applied. */
+async function stored(path: string): Promise<{ inbox: any[]; outbox: any[] } & Record<string, any>> {
+  return (await readFileDurabilityState(path)) as { inbox: any[]; outbox: any[] };
 }
 
 async function rejection(promise: Promise<unknown>): Promise<Error> {
@@ -366,8 +389,10 @@ describe("damaged files are never overwritten", () => {
     await expectCorrupt(path, null, /not a FileDurability snapshot \("format" is undefined/);
     writeFileSync(path, JSON.stringify([1, 2]));
     await expectCorrupt(path, null, /expected a JSON object, got an array/);
+    writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 4, outboxSeq: 0, inbox: [], outbox: [] }));
+    await expectCorrupt(path, null, /unsupported format version 4/);
     writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 3, outboxSeq: 0, inbox: [], outbox: [] }));
-    await expectCorrupt(path, null, /unsupported format version 3/);
+    await expectCorrupt(path, null, /"log" must be a positive integer in a version 3 snapshot, got undefined/);
     writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 1, outboxSeq: 0, inbox: {}, outbox: [] }));
     await expectCorrupt(path, null, /"inbox" must be an array, got an object/);
     const base = { format: "@botmesh/durable/file", version: 2, outboxSeq: 0, inbox: [], outbox: [] };
@@ -425,8 +450,8 @@ describe("damaged files are never overwritten", () => {
     expect(await c.inbox.reportDamaged("inbox[3]")).toBe(true);
 
     // Written at once, each record exactly as it was; reported flags survive.
-    const written = JSON.parse(readFileSync(path, "utf8"));
-    expect(written.version).toBe(2);
+    const written = await stored(path);
+    expect(written.version, "a snapshot with a log beside it").toBe(3);
     expect(written.damaged.map((d: { record: unknown }) => d.record)).toEqual([
       edited.inbox[1],
       edited.inbox[2],
@@ -513,12 +538,11 @@ describe("group commit and durability", () => {
     }
     expect(await b.inbox.heartbeat("m1", 99, 500_000)).toBe(false);
     expect(b.stats.rewrites).toBe(rewrites);
-    const onDisk = () => JSON.parse(readFileSync(path, "utf8"));
-    expect(onDisk().inbox[0].lease.expiresAt).toBe(r.lease!.expiresAt);
+    expect((await stored(path)).inbox[0].lease.expiresAt).toBe(r.lease!.expiresAt);
     await b.inbox.admit(msg("m2"));
     expect(b.stats.rewrites).toBe(rewrites + 1);
-    expect(onDisk().inbox[0].lease.expiresAt).toBeGreaterThan(r.lease!.expiresAt + 400_000);
-    expect(onDisk().outbox[0].lease.expiresAt).toBeGreaterThan(e.lease!.expiresAt + 400_000);
+    expect((await stored(path)).inbox[0].lease.expiresAt).toBeGreaterThan(r.lease!.expiresAt + 400_000);
+    expect((await stored(path)).outbox[0].lease.expiresAt).toBeGreaterThan(e.lease!.expiresAt + 400_000);
   });
 
   test("no-op results do not rewrite", async () => {
@@ -646,12 +670,12 @@ describe("restart from disk", () => {
     const called = (await b.outbox.reserve(send("called", "x"), A)).entry;
     const uncalled = (await b.outbox.reserve(send("uncalled", "y"), A)).entry;
     expect(called.called).toBe(false);
-    const onDisk = () => JSON.parse(readFileSync(path, "utf8")).outbox as { key: string; called: boolean }[];
-    expect(onDisk().map((e) => e.called)).toEqual([false, false]);
+    const onDisk = async () => (await stored(path)).outbox as { key: string; called: boolean }[];
+    expect((await onDisk()).map((e) => e.called)).toEqual([false, false]);
     const rewrites = b.stats.rewrites;
     expect(await b.outbox.markCalling("called", called.lease!.token, 60_000)).toBe(true);
     expect(b.stats.rewrites, "unlike a heartbeat, it is written at once").toBe(rewrites + 1);
-    expect(onDisk().map((e) => [e.key, e.called])).toEqual([["called", true], ["uncalled", false]]);
+    expect((await onDisk()).map((e) => [e.key, e.called])).toEqual([["called", true], ["uncalled", false]]);
     expect(await b.outbox.markCalling("called", 99, 60_000)).toBe(false);
     expect(await b.outbox.markCalling("nope", 1, 60_000)).toBe(false);
     expect(b.stats.rewrites, "a refused markCalling writes nothing").toBe(rewrites + 1);
@@ -665,7 +689,7 @@ describe("restart from disk", () => {
     expect(reclaim.due.map((e) => [e.key, e.lease!.token, e.attempts, e.called])).toEqual([
       ["uncalled", uncalled.fence + 1, 1, false],
     ]);
-    expect(onDisk().map((e) => [e.key, e.called])).toEqual([["called", true], ["uncalled", false]]);
+    expect((await onDisk()).map((e) => [e.key, e.called])).toEqual([["called", true], ["uncalled", false]]);
   });
 
   test("a snapshot written before the call marker: its entries read as called, a lapsed old send is ambiguous", async () => {
@@ -768,24 +792,37 @@ describe("a failed rewrite never leaves its change in memory", () => {
     const path = join(tempDir(), "bot.json");
     const b = await openAt(path);
     await b.inbox.admit(msg("m0", "c0"));
-    mkdirSync(`${path}.tmp`); // the next rewrite fails (EISDIR), as ENOSPC or EACCES would
+    const healed = failWrites(); // the next write fails, as on a full disk
     const error = await rejection(b.inbox.admit(msg("m1"), A));
     expect(error.message).toContain(`FileDurability could not write ${path}`);
-    expect((error.cause as { code?: string }).code).toBe("EISDIR");
+    expect((error.cause as { code?: string }).code).toBe("ENOSPC");
+    healed();
     expect(await b.inbox.get("m1")).toBe(null); // memory holds only what is on disk
-    rmdirSync(`${path}.tmp`);
     const again = await b.inbox.admit(msg("m1"), A); // the channel redelivers it
     expect(again?.state).toBe("processing");
     expect(again?.lease?.token).toBe(1);
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m0", "m1"]);
-    expect(JSON.parse(readFileSync(path, "utf8")).inbox.map((r: { id: string }) => r.id)).toEqual(["m0", "m1"]);
+    expect((await stored(path)).inbox.map((r: { id: string }) => r.id)).toEqual(["m0", "m1"]);
+  });
+
+  test("a snapshot write (the first write after open starts the log) that fails is handled the same way", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    mkdirSync(`${path}.tmp`); // the snapshot write fails (EISDIR), as ENOSPC or EACCES would
+    const error = await rejection(b.inbox.admit(msg("m0"), A));
+    expect(error.message).toContain(`FileDurability could not write ${path}`);
+    expect((error.cause as { code?: string }).code).toBe("EISDIR");
+    rmdirSync(`${path}.tmp`);
+    expect(await b.inbox.list()).toEqual([]);
+    expect((await b.inbox.admit(msg("m0"), A))?.lease?.token).toBe(1);
+    expect((await stored(path)).inbox.map((r: { id: string }) => r.id)).toEqual(["m0"]);
   });
 
   test("every waiting operation rejects, not only those of the failed rewrite; none of their changes stays", async () => {
     const path = join(tempDir(), "bot.json");
     const b = await openAt(path);
     const head = (await b.outbox.reserve(send("k0"), A)).entry;
-    mkdirSync(`${path}.tmp`);
+    const healed = failWrites();
     const first = b.inbox.admit(msg("m1")); // this one starts a rewrite
     await Promise.resolve();
     await Promise.resolve();
@@ -793,7 +830,7 @@ describe("a failed rewrite never leaves its change in memory", () => {
     const later = [b.inbox.admit(msg("m2")), b.outbox.markSent("k0", head.lease!.token, "mid"), b.outbox.reserve(send("k1"))];
     const results = await Promise.allSettled([first, ...later]);
     expect(results.map((r) => r.status)).toEqual(["rejected", "rejected", "rejected", "rejected"]);
-    rmdirSync(`${path}.tmp`);
+    healed();
     expect(await b.inbox.list()).toEqual([]);
     expect((await b.outbox.list()).map((e) => [e.key, e.state])).toEqual([["k0", "sending"]]);
     // The lease is the one on disk: its token still works.
@@ -806,9 +843,9 @@ describe("a failed rewrite never leaves its change in memory", () => {
     const b = await openAt(path);
     const r = (await b.inbox.admit(msg("m1"), { ...A, leaseMs: 1_000 }))!;
     expect(await b.inbox.heartbeat("m1", r.lease!.token, 500_000)).toBe(true);
-    mkdirSync(`${path}.tmp`);
+    const healed = failWrites();
     await rejection(b.inbox.admit(msg("m2")));
-    rmdirSync(`${path}.tmp`);
+    healed();
     expect((await b.inbox.get("m1"))?.lease?.expiresAt).toBe(r.lease!.expiresAt);
     expect(await b.inbox.heartbeat("m1", r.lease!.token, 500_000)).toBe(true);
     expect((await b.inbox.get("m1"))!.lease!.expiresAt).toBeGreaterThan(r.lease!.expiresAt + 400_000);
@@ -821,7 +858,9 @@ describe("a failed rewrite never leaves its change in memory", () => {
     // The rewrite cannot rename over a directory, the reload cannot read one: the backend is failed.
     rmSync(path);
     mkdirSync(path);
+    const healed = failWrites();
     await rejection(b.inbox.admit(msg("m2")));
+    healed();
     // And the lock file cannot be read to be released.
     rmSync(`${path}.lock`);
     mkdirSync(`${path}.lock`);
@@ -1005,4 +1044,184 @@ describe("the lock across hosts and processes", () => {
     expect(answered).toEqual(new Array(ROUNDS).fill(PROCS));
     expect(opened).toEqual(new Array(ROUNDS).fill(1));
   }, 10_000);
+});
+
+describe("the log beside the snapshot", () => {
+  /** A store left by a killed process: a snapshot naming its log, and the log's records (each op one record). */
+  async function crashedStore(path: string, ids: string[]): Promise<void> {
+    const b = await openAt(path);
+    for (const id of ids) await b.inbox.admit(msg(id));
+    await simulateCrash(b);
+  }
+
+  test("a new store is a plain snapshot; changes are appended to <path>.log; close() leaves a plain snapshot again", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    await b.inbox.admit(msg("m2"));
+    await b.outbox.reserve(send("k1"));
+    expect(b.stats.snapshots, "the new file, then the first write starts the log").toBe(2);
+    expect(b.stats.logAppends).toBe(2);
+    const snap = JSON.parse(readFileSync(path, "utf8"));
+    expect([snap.version, snap.log, snap.inbox.length]).toEqual([3, 1, 1]);
+    expect(readFileSync(`${path}.log`, "utf8")).toMatch(/^R \d+ [0-9a-f]{8} \{"g":1,/);
+    expect((await stored(path)).inbox.map((r: { id: string }) => r.id)).toEqual(["m1", "m2"]);
+    await b.close();
+    expect(readdirSync(dir)).toEqual(["bot.json"]);
+    const plain = JSON.parse(readFileSync(path, "utf8"));
+    expect([plain.version, "log" in plain, plain.inbox.length, plain.outbox.length]).toEqual([1, false, 2, 1]);
+  });
+
+  test("a store of an earlier version (a snapshot alone) opens unchanged, and is read back the same", async () => {
+    const path = join(tempDir(), "bot.json");
+    const m = new MemoryDurability();
+    await m.inbox.admit(msg("old1"));
+    await m.outbox.reserve(send("k-old"));
+    writeFileSync(path, JSON.stringify({ format: "@botmesh/durable/file", version: 1, ...m.exportRecords(), damaged: undefined }));
+    writeFileSync(`${path}.log`, "not ours: never read while the snapshot names no log\n");
+    const before = readFileSync(path);
+    const b = await openAt(path);
+    expect(readFileSync(path).equals(before), "opening writes nothing").toBe(true);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["old1"]);
+    await b.inbox.admit(msg("new1"));
+    await simulateCrash(b);
+    const c = await openAt(path);
+    expect((await c.inbox.list()).map((r) => r.id)).toEqual(["old1", "new1"]);
+    expect((await c.outbox.list()).map((e) => e.key)).toEqual(["k-old"]);
+  });
+
+  test("restart replays the log: records, removals, the seq counter, reports", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    const r = (await b.inbox.admit(msg("m2", "c2"), A))!;
+    await b.inbox.complete("m2", r.lease!.token);
+    const e1 = (await b.outbox.reserve(send("k1", "x"), A)).entry;
+    await b.outbox.markSent("k1", e1.lease!.token, "mid-1");
+    await b.outbox.reserve(send("k2", "y"));
+    await b.outbox.reserve(send("k3", "z"));
+    expect(await b.outbox.discard("k3")).toBe(true);
+    expect(b.stats.logAppends).toBeGreaterThan(4);
+    await simulateCrash(b);
+    const c = await openAt(path);
+    expect((await c.inbox.list()).map((x) => [x.id, x.state])).toEqual([["m1", "pending"], ["m2", "done"]]);
+    expect((await c.outbox.list()).map((x) => [x.key, x.state, x.seq])).toEqual([["k1", "sent", 1], ["k2", "queued", 2]]);
+    expect((await c.outbox.reserve(send("k4"))).entry.seq, "the discarded k3's seq is not reused").toBe(4);
+    expect((await c.outbox.get("k1"))?.messageId).toBe("mid-1");
+  });
+
+  test("a torn last record (a kill mid-append) is dropped and cut off; what is before it is kept", async () => {
+    const path = join(tempDir(), "bot.json");
+    await crashedStore(path, ["m1", "m2", "m3"]);
+    const log = readFileSync(`${path}.log`);
+    const lastStart = log.lastIndexOf("\nR ", log.length - 2) + 1;
+    writeFileSync(`${path}.log`, log.subarray(0, lastStart + Math.floor((log.length - lastStart) / 2))); // m3's record cut
+    const b = await openAt(path);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
+    expect(readFileSync(`${path}.log`).length, "the torn record is cut off").toBe(lastStart);
+    await b.inbox.admit(msg("m4"));
+    await simulateCrash(b);
+    const c = await openAt(path);
+    expect((await c.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2", "m4"]);
+  });
+
+  test("torn tails of every length, and garbage after the last record (zeros of a crash mid-extend), are dropped", async () => {
+    const path = join(tempDir(), "bot.json");
+    await crashedStore(path, ["m1", "m2"]);
+    const log = readFileSync(`${path}.log`);
+    const lastStart = log.lastIndexOf("\nR ", log.length - 2) + 1;
+    for (let cut = lastStart; cut < log.length; cut += 7) {
+      writeFileSync(`${path}.log`, log.subarray(0, cut));
+      const b = await openAt(path);
+      expect((await b.inbox.list()).map((r) => r.id), `cut at ${cut}`).toEqual(["m1"]);
+      await simulateCrash(b);
+    }
+    writeFileSync(`${path}.log`, Buffer.concat([log, Buffer.alloc(4096)]));
+    const b = await openAt(path);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
+    expect(readFileSync(`${path}.log`).equals(log)).toBe(true);
+  });
+
+  test("a damaged record with intact records after it: open() fails naming the log and the offset, files untouched", async () => {
+    const path = join(tempDir(), "bot.json");
+    await crashedStore(path, ["m1", "m2", "m3", "m4"]); // m1 in the snapshot, m2 to m4 in the log
+    const log = readFileSync(`${path}.log`);
+    const second = log.indexOf("\nR ") + 1;
+    const damaged = Buffer.from(log);
+    damaged[second + 30] ^= 0x01; // a bit flipped in m3's record: its checksum fails, m4's record follows
+    writeFileSync(`${path}.log`, damaged);
+    const snapshot = readFileSync(path);
+    const error = await rejection(backendAt(path).open());
+    expect(error).toBeInstanceOf(FileCorruptError);
+    expect(error.message).toContain(`${path}.log is damaged at byte ${second}:`);
+    expect(error.message).toContain("log record 2 is damaged");
+    expect((error as FileCorruptError).offset).toBe(second);
+    expect(readFileSync(`${path}.log`).equals(damaged)).toBe(true);
+    expect(readFileSync(path).equals(snapshot)).toBe(true);
+  });
+
+  test("an intact log record holding a record that is not valid: that record is set aside, as in the snapshot", async () => {
+    const path = join(tempDir(), "bot.json");
+    await crashedStore(path, ["m1"]);
+    const good = (await stored(path)).inbox[0];
+    const bad = { ...good, id: "m2", state: "bogus" };
+    const { frameLogRecord } = await import("../backends/file_support.ts");
+    writeFileSync(`${path}.log`, Buffer.concat([readFileSync(`${path}.log`), frameLogRecord(JSON.stringify({ g: 1, i: [bad] }))]));
+    const b = await openAt(path);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1"]);
+    expect((await b.inbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
+      ["m2", 'field "state" must be one of pending, processing, failed, done, dead, got "bogus"'],
+    ]);
+    expect((await stored(path)).damaged.map((d: { record: unknown }) => d.record), "written at once, as it was").toEqual([bad]);
+    expect(await b.inbox.reportDamaged("m2")).toBe(true);
+    await simulateCrash(b);
+    const c = await openAt(path);
+    expect((await c.inbox.damaged()).map((d) => [d.id, d.reported]), "the report was logged").toEqual([["m2", true]]);
+  });
+
+  test("log records of an older generation (a compaction killed before it reset the log) are skipped", async () => {
+    const path = join(tempDir(), "bot.json");
+    await crashedStore(path, ["m1", "m2"]);
+    const snap = JSON.parse(readFileSync(path, "utf8"));
+    writeFileSync(path, JSON.stringify({ ...snap, log: 2 })); // the log's records are generation 1
+    const b = await openAt(path);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1"]);
+    await b.inbox.admit(msg("m3"));
+    expect(JSON.parse(readFileSync(path, "utf8")).log, "the first write is a compaction").toBe(3);
+    await simulateCrash(b);
+    const c = await openAt(path);
+    expect((await c.inbox.list()).map((r) => r.id)).toEqual(["m1", "m3"]);
+  });
+
+  test("the log is compacted into a new snapshot as it grows; a purge is written as a new snapshot", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    const big = "x".repeat(20_000);
+    for (let i = 0; i < 40; i++) await b.inbox.admit(msg(`m${i}`, "c1", { text: big }));
+    expect(b.stats.snapshots, "compacted at least once").toBeGreaterThan(2);
+    expect(b.stats.logBytes).toBeLessThan(2 * JSON.parse(readFileSync(path, "utf8")).inbox.length * 21_000 + 300_000);
+    const snapshots = b.stats.snapshots;
+    for (let i = 0; i < 40; i++) {
+      const [r] = await b.inbox.claimDue({ ...A, limit: 1 });
+      await b.inbox.complete(r.id, r.lease!.token);
+    }
+    expect(await b.inbox.purge(-60_000)).toBe(40);
+    expect(b.stats.snapshots).toBeGreaterThan(snapshots);
+    await simulateCrash(b);
+    const c = await openAt(path);
+    expect(await c.inbox.list()).toEqual([]);
+  });
+
+  test("a log deleted with its directory: the write fails instead of appending to a file nobody can read", async () => {
+    const dir = tempDir();
+    const path = join(dir, "data", "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1"));
+    await b.inbox.admit(msg("m2")); // appended to the log
+    rmSync(join(dir, "data"), { recursive: true, force: true });
+    const error = await rejection(b.inbox.admit(msg("m3")));
+    expect(error.message).toContain(`FileDurability could not write ${path}`);
+    expect(error.message).toContain("was deleted");
+  });
 });

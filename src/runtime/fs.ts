@@ -616,3 +616,57 @@ export async function listDirectory(path: string): Promise<string[] | null> {
     throw error;
   }
 }
+
+/** A file kept open for appending (see {@link openAppendFile}). */
+export interface AppendFile {
+  /** Appends `data` in full; with `sync`, flushes it (`fdatasync`) before resolving. */
+  append(data: Uint8Array, sync: boolean): Promise<void>;
+  /** Cuts the file to `length` bytes; with `sync`, flushes it. Later appends go to the new end. */
+  truncate(length: number, sync: boolean): Promise<void>;
+  /** Whether the open file still has a name (not deleted, nor its directory, since it was opened). */
+  linked(): Promise<boolean>;
+  /** Closes the handle (calling it again does nothing). */
+  close(): Promise<void>;
+}
+
+/**
+ * Open `path` for appending (`O_APPEND`; created when missing), and keep it
+ * open: each append is one write and, when asked, one `fdatasync`, with no
+ * open or close per write.
+ *
+ * @param path the file
+ * @param mode the permission bits, set with `chmod`
+ * @returns the open file
+ * @throws {Error} an open error of the runtime (permissions, a missing directory)
+ */
+export async function openAppendFile(path: string, mode: number): Promise<AppendFile> {
+  const f = await fs();
+  const handle = await f.open(path, "a", mode);
+  let closed = false;
+  try {
+    await f.chmod(path, mode);
+  } catch (error) {
+    await handle.close().catch(() => {});
+    throw error;
+  }
+  return {
+    append: async (data, sync) => {
+      let done = 0;
+      while (done < data.length) {
+        const { bytesWritten } = await handle.write(data, done, data.length - done);
+        done += bytesWritten;
+      }
+      if (sync) await handle.datasync();
+    },
+    truncate: async (length, sync) => {
+      await handle.truncate(length);
+      if (sync) await handle.datasync();
+    },
+    linked: async () => (await handle.stat()).nlink > 0,
+    close: async () => {
+      if (closed) return;
+      closed = true;
+      await handle.close();
+    },
+  };
+}
