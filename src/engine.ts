@@ -20,6 +20,8 @@ import {
   StaleLeaseError,
 } from "./backend.ts";
 import { retryDelay } from "./backoff.ts";
+import { BoundedMap, BoundedSet } from "./bounded_map.ts";
+import { Deadlines } from "./deadlines.ts";
 import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
@@ -244,14 +246,10 @@ const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
+/** Tokens of one record this incarnation remembers having held (the latest ones). */
+const EVER_HELD_TOKENS_PER_RECORD = 16;
 /** How long a provider's `confirm` may take before the send is left to an operator. */
 const CONFIRM_TIMEOUT_MS = 10_000;
-
-/** Add `value` to a set kept to `DEDUPE_CAPACITY` entries (the oldest goes first). */
-function addBounded<T>(set: Set<T>, value: T): void {
-  set.add(value);
-  if (set.size > DEDUPE_CAPACITY) set.delete(set.values().next().value!);
-}
 
 /** `work`, or a rejection with `timeoutError()` when it has not settled within `ms` (`work` goes on). */
 function withTimeout<T>(clock: Clock, work: Promise<T>, ms: number, timeoutError: () => Error): Promise<T> {
@@ -323,10 +321,9 @@ export class DurabilityEngine {
   #instanceId = "";
   #host: EngineHost;
   #metrics: DurabilityMetrics = zeroMetrics();
-  #dedupe = new Set<string>();
-  /** `#dedupe`'s ids in insertion order from `#dedupeHead` on (evicting by `Set.values().next()` is O(deleted) on JSC). */
-  #dedupeOrder: string[] = [];
-  #dedupeHead = 0;
+  #dedupe = new BoundedSet<string>(DEDUPE_CAPACITY);
+  /** The admission timeouts (one timer for all: a timer per admission cost more than a memory admit). */
+  #deadlines: Deadlines;
   /** Admissions being journaled, by inbound id. */
   #admitting = new Map<string, Promise<AdmitResult>>();
   /** Leases this incarnation holds, by kind and id (two maps: no key to build per lookup). */
@@ -336,7 +333,7 @@ export class DurabilityEngine {
    * only ones of its own leases that may have reached the channel. Kept when the outcome could not be
    * written, so that such a key is never taken for one that was never sent.
    */
-  #calling = new Set<string>();
+  #calling = new BoundedSet<string>(DEDUPE_CAPACITY);
   /** Keys the channel confirmed delivered while their entry was still on its way: key → message id. */
   #confirmed = new Map<string, string>();
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
@@ -348,7 +345,7 @@ export class DurabilityEngine {
   /** Sends a sweep of this process made `unknown` (and reported) that it did not hold: key → fence. */
   #madeUnknown = new Map<string, number>();
   /** `kind:id#token` of the leases this incarnation held, the latest ones (a stale list must not revive them). */
-  #everHeld = new Set<string>();
+  #everHeld = { inbox: new BoundedMap<string, number[]>(DEDUPE_CAPACITY), outbox: new BoundedMap<string, number[]>(DEDUPE_CAPACITY) };
   /** Keys being reserved (a reservation leases to us before its answer arrives). */
   #reserving = new Map<string, number>();
   /**
@@ -357,7 +354,7 @@ export class DurabilityEngine {
    */
   #lostScanSince: { from: number; to: number } | null = null;
   /** `key#fence` of the sends this incarnation reported ambiguous (a lost scan's report must not repeat them). */
-  #reported = new Set<string>();
+  #reported = new BoundedSet<string>(DEDUPE_CAPACITY);
   /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
   #lastRound = { monotonic: 0, wall: 0 };
   /** Claim scans run one at a time. */
@@ -386,6 +383,7 @@ export class DurabilityEngine {
     this.backend = config.backend;
     this.#host = host;
     this.#clock = host.clock;
+    this.#deadlines = new Deadlines(host.clock);
   }
 
   /** The resolved instanceId. */
@@ -477,6 +475,7 @@ export class DurabilityEngine {
     this.#heartbeatTimer?.stop();
     this.#clock.clearTimeout(this.#wakeTimer);
     this.#wakeAt = Infinity;
+    this.#deadlines.close();
   }
 
   /** Report an error that has no caller; returns `true` when it was a process death (the caller must stop). */
@@ -547,7 +546,7 @@ export class DurabilityEngine {
     if (existing !== undefined && existing.token === token) return existing;
     const lease: HeldLease = { kind, id, token, lost: false, confirmedAt };
     this.#held[kind].set(id, lease);
-    addBounded(this.#everHeld, `${kind}:${id}#${token}`);
+    this.#learnLease(kind, id, token);
     return lease;
   }
 
@@ -555,12 +554,22 @@ export class DurabilityEngine {
   #handOn(lease: HeldLease, token: number, confirmedAt: number): void {
     lease.token = token;
     lease.confirmedAt = confirmedAt;
-    addBounded(this.#everHeld, `${lease.kind}:${lease.id}#${token}`);
+    this.#learnLease(lease.kind, lease.id, token);
+  }
+
+  /** Keyed by the record's own id, not a built `id#token` string: JSC hashes a new string on every lookup. */
+  #learnLease(kind: "inbox" | "outbox", id: string, token: number): void {
+    const tokens = this.#everHeld[kind].get(id);
+    if (tokens === undefined) this.#everHeld[kind].set(id, [token]);
+    else if (!tokens.includes(token)) {
+      tokens.push(token);
+      if (tokens.length > EVER_HELD_TOKENS_PER_RECORD) tokens.shift();
+    }
   }
 
   /** Whether this incarnation ever held the lease of `id` under `token` (adoption takes only leases it never learned of). */
   #knewLease(kind: "inbox" | "outbox", id: string, token: number): boolean {
-    return this.#everHeld.has(`${kind}:${id}#${token}`);
+    return this.#everHeld[kind].get(id)?.includes(token) ?? false;
   }
 
   #release(kind: "inbox" | "outbox", id: string, token: number): void {
@@ -716,8 +725,7 @@ export class DurabilityEngine {
     let record: InboundRecord | null;
     const admittedAt = this.#clock.monotonic();
     try {
-      record = await withTimeout(
-        this.#clock,
+      record = await this.#deadlines.within(
         this.backend.inbox.admit({
           id,
           kind: message.type === "interaction" ? "interaction" : "message",
@@ -803,15 +811,6 @@ export class DurabilityEngine {
 
   #remember(id: string): void {
     this.#dedupe.add(id);
-    this.#dedupeOrder.push(id);
-    // An id deleted and added again sits twice in the order and may be evicted early: only a cache miss.
-    while (this.#dedupe.size > DEDUPE_CAPACITY && this.#dedupeHead < this.#dedupeOrder.length) {
-      this.#dedupe.delete(this.#dedupeOrder[this.#dedupeHead++]!);
-    }
-    if (this.#dedupeHead >= DEDUPE_CAPACITY || this.#dedupeOrder.length > 2 * DEDUPE_CAPACITY) {
-      this.#dedupeOrder = this.#dedupeOrder.slice(this.#dedupeHead).filter((kept) => this.#dedupe.has(kept));
-      this.#dedupeHead = 0;
-    }
   }
 
   /**
@@ -1139,7 +1138,7 @@ export class DurabilityEngine {
       if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
       try {
-        addBounded(this.#calling, key);
+        this.#calling.add(key);
         called = true;
         const receipt = await provider.send(
           chatId,
@@ -1202,7 +1201,8 @@ export class DurabilityEngine {
       await sleep(this.#clock, Math.max(1, Math.floor(leaseMs / 10)));
     }
     // Still leased to us, perhaps: a later sweep takes it up again (as a lease it never confirmed).
-    this.#everHeld.delete(`outbox:${lease.id}#${lease.token}`);
+    const tokens = this.#everHeld.outbox.get(lease.id);
+    if (tokens?.includes(lease.token)) tokens.splice(tokens.indexOf(lease.token), 1);
     this.#adoptPending = true;
     return false;
   }
@@ -1323,7 +1323,7 @@ export class DurabilityEngine {
 
   #reportAmbiguous(entry: { key: string; chatId: string; fence?: number }): void {
     if (entry.fence !== undefined) {
-      addBounded(this.#reported, `${entry.key}#${entry.fence}`);
+      this.#reported.add(`${entry.key}#${entry.fence}`);
     }
     this.#metrics.outboxAmbiguous++;
     this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
