@@ -121,7 +121,8 @@ export class Bot {
   /** Per chat, jobs in arrival order; a promise is a slot kept for a message whose journal write is under way. */
   #chats = new Map<string, (InboundJob | Promise<InboundJob | null>)[]>();
   #starting: Promise<void> | undefined;
-  #inFlight = new Set<Promise<unknown>>();
+  /** Admissions and chat drains under way (a count: a Set of their promises cost a hash per message). */
+  #inFlight = 0;
   #idleWaiters: (() => void)[] = [];
   #state: "new" | "starting" | "running" | "stopping" | "stopped" = "new";
   #conversations: Conversations;
@@ -432,10 +433,9 @@ export class Bot {
   // ---- in-flight tracking ----------------------------------------------------
 
   #track(work: Promise<unknown>): void {
-    this.#inFlight.add(work);
+    this.#inFlight++;
     const done = () => {
-      this.#inFlight.delete(work);
-      if (this.#inFlight.size === 0) {
+      if (--this.#inFlight === 0) {
         const waiters = this.#idleWaiters;
         this.#idleWaiters = [];
         for (const resolve of waiters) resolve();
@@ -445,7 +445,7 @@ export class Bot {
   }
 
   #whenLocalIdle(): Promise<void> {
-    if (this.#inFlight.size === 0) return Promise.resolve();
+    if (this.#inFlight === 0) return Promise.resolve();
     return new Promise((resolve) => this.#idleWaiters.push(resolve));
   }
 }
