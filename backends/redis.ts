@@ -167,7 +167,7 @@ import {
 import { sessionEntry, type SessionStore } from "../src/store.ts";
 import { storedCalled, storedInboundProblem, storedOutboxProblem } from "../src/stored_records.ts";
 import { showValue as show } from "../src/show.ts";
-import { type LuaScript, type ScriptName, SCRIPTS } from "./redis_lua.ts";
+import { BATCH, BATCHED, type BatchedName, type LuaScript, type ScriptName, SCRIPTS } from "./redis_lua.ts";
 import { type RedisCommands, toCommands } from "./redis_clients.ts";
 
 export {
@@ -261,12 +261,36 @@ function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
 }
 
-/** Runs the backend's scripts over one client under one key prefix. */
+const BATCHABLE: ReadonlySet<string> = new Set<string>(BATCHED);
+/** Operations per batch script call (a call blocks the server while it runs). */
+const BATCH_MAX = 64;
+/** Batch calls in flight at once; the operations issued meanwhile wait and go together in the next one. */
+const BATCH_IN_FLIGHT = 2;
+
+interface Pending {
+  name: BatchedName;
+  args: readonly string[];
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+}
+
+/**
+ * Runs the backend's scripts over one client under one key prefix.
+ *
+ * The writes of the hot path ({@link BATCHED}) issued in one turn of the event loop go to Redis in
+ * one script call ({@link BATCH}), each answered on its own. At most {@link BATCH_IN_FLIGHT} such
+ * calls are in flight: the writes issued meanwhile wait for one to return, so that under load the
+ * batches grow instead of the calls.
+ */
 class Runner {
   readonly commands: RedisCommands;
   readonly keyPrefix: string;
   /** The hash-tagged prefix every key starts with. */
   readonly tag: string;
+  #queue: Pending[] = [];
+  #inFlight = 0;
+  #scheduled = false;
+  #sha = new Map<LuaScript, string>();
 
   constructor(resolved: Resolved) {
     this.commands = resolved.commands;
@@ -274,31 +298,98 @@ class Runner {
     this.tag = `{${resolved.keyPrefix}}`;
   }
 
+  #failure(name: string, error: unknown): Error {
+    return new Error(`Redis ${name} (key prefix ${JSON.stringify(this.keyPrefix)}) failed: ${messageOf(error)}`, {
+      cause: error,
+    });
+  }
+
+  /** `EVALSHA` of `script`; a `NOSCRIPT` answer loads it and runs it again. */
+  async #eval(script: LuaScript, keys: string[], argv: string[]): Promise<unknown> {
+    const sha = this.#sha.get(script) ?? await shaOf(script);
+    this.#sha.set(script, sha);
+    try {
+      return await this.commands.evalsha(sha, keys, argv);
+    } catch (error) {
+      if (!/NOSCRIPT/.test(messageOf(error))) throw error;
+      await this.commands.scriptLoad(script.text);
+      return await this.commands.evalsha(sha, keys, argv);
+    }
+  }
+
   /**
    * Runs script `name` with `args` (after the prefix) and returns its decoded
    * reply. A `NOSCRIPT` answer loads the script and runs it again.
    */
-  async run(name: ScriptName, args: readonly string[]): Promise<unknown> {
-    const script = SCRIPTS[name];
-    const sha = await shaOf(script);
-    // A mutating script runs once per call: a re-sent call (after a lost reply) gets the first run's reply.
-    const keys = script.once ? [this.tag, `${this.tag}rq:${crypto.randomUUID()}`] : [this.tag];
-    const argv = [this.tag, ...args];
-    let reply: unknown;
-    try {
-      try {
-        reply = await this.commands.evalsha(sha, keys, argv);
-      } catch (error) {
-        if (!/NOSCRIPT/.test(messageOf(error))) throw error;
-        await this.commands.scriptLoad(script.text);
-        reply = await this.commands.evalsha(sha, keys, argv);
-      }
-    } catch (error) {
-      throw new Error(`Redis ${script.name} (key prefix ${JSON.stringify(this.keyPrefix)}) failed: ${messageOf(error)}`, {
-        cause: error,
+  run(name: ScriptName, args: readonly string[]): Promise<unknown> {
+    if (BATCHABLE.has(name)) {
+      return new Promise((resolve, reject) => {
+        this.#queue.push({ name: name as BatchedName, args, resolve, reject });
+        this.#schedule();
       });
     }
+    return this.#runAlone(name, args);
+  }
+
+  async #runAlone(name: ScriptName, args: readonly string[]): Promise<unknown> {
+    const script = SCRIPTS[name];
+    // A mutating script runs once per call: a re-sent call (after a lost reply) gets the first run's reply.
+    const keys = script.once ? [this.tag, `${this.tag}rq:${crypto.randomUUID()}`] : [this.tag];
+    let reply: unknown;
+    try {
+      reply = await this.#eval(script, keys, [this.tag, ...args]);
+    } catch (error) {
+      throw this.#failure(script.name, error);
+    }
     return decodeReply(reply, script.name);
+  }
+
+  #schedule(): void {
+    if (this.#scheduled || this.#inFlight >= BATCH_IN_FLIGHT || this.#queue.length === 0) return;
+    this.#scheduled = true;
+    queueMicrotask(() => {
+      this.#scheduled = false;
+      while (this.#inFlight < BATCH_IN_FLIGHT && this.#queue.length > 0) {
+        void this.#flush(this.#queue.splice(0, BATCH_MAX));
+      }
+    });
+  }
+
+  async #flush(batch: Pending[]): Promise<void> {
+    this.#inFlight++;
+    try {
+      const argv = [this.tag];
+      let once = false;
+      for (const op of batch) {
+        const script = SCRIPTS[op.name];
+        once ||= script.once;
+        argv.push(op.name, script.once ? "1" : "0", String(op.args.length), ...op.args);
+      }
+      // One request key for the call, when an operation in it is run once per request.
+      const keys = once ? [this.tag, `${this.tag}rq:${crypto.randomUUID()}`] : [this.tag];
+      let replies: unknown[];
+      try {
+        const decoded = decodeReply(await this.#eval(BATCH, keys, argv), BATCH.name);
+        if (!Array.isArray(decoded) || decoded.length !== batch.length) {
+          throw new Error(`the batch's reply has ${Array.isArray(decoded) ? decoded.length : "no"} answers for ${batch.length} operations`);
+        }
+        replies = decoded;
+      } catch (error) {
+        for (const op of batch) op.reject(this.#failure(SCRIPTS[op.name].name, error));
+        return;
+      }
+      batch.forEach((op, i) => {
+        const r = replies[i];
+        if (typeof r === "object" && r !== null && !Array.isArray(r) && typeof (r as { err?: unknown }).err === "string") {
+          op.reject(this.#failure(SCRIPTS[op.name].name, new Error((r as { err: string }).err)));
+        } else {
+          op.resolve(r);
+        }
+      });
+    } finally {
+      this.#inFlight--;
+      this.#schedule();
+    }
   }
 
   /** The server's time (ms since epoch). */
@@ -598,18 +689,37 @@ class RedisInbox implements InboxJournal {
   async admit(input: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
     const rec = checkNewInbound(input);
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
-    const [status, flat] = list(
+    const payload = JSON.stringify(rec.payload);
+    const [status, state, updatedAt, leaseExp] = strings(
       await this.#r.run("inAdmit", [
         rec.id,
         rec.kind,
         rec.chatId,
         rec.provider,
-        JSON.stringify(rec.payload),
+        payload,
         String(rec.receivedAt),
         ...leaseArgs(lease),
       ]),
     );
-    return status === "ok" ? inboundOf(flat, this.#r, rec.id) : null;
+    if (status !== "ok") return null;
+    // The record as the script wrote it: the script answers only what it chose (state, times).
+    const leased = state === "processing";
+    if (leased && lease === undefined) throw new Error(`Redis inbox.admit: ${JSON.stringify(rec.id)} was leased without a lease`);
+    return {
+      id: rec.id,
+      kind: rec.kind,
+      chatId: rec.chatId,
+      provider: rec.provider,
+      payload: JSON.parse(payload) as JsonValue,
+      receivedAt: rec.receivedAt,
+      state: leased ? "processing" : "pending",
+      attempts: leased ? 1 : 0,
+      nextAttemptAt: null,
+      lease: leased ? { owner: lease!.owner, incarnation: lease!.incarnation, token: 1, expiresAt: Number(leaseExp) } : null,
+      fence: leased ? 1 : 0,
+      error: null,
+      updatedAt: Number(updatedAt),
+    };
   }
 
   async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
@@ -704,18 +814,46 @@ class RedisOutbox implements OutboxJournal {
   async reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     const e = checkNewOutbox(input);
     if (lease !== undefined) checkClaim(lease, "outbox.reserve");
-    const [status, flat] = list(
+    const content = JSON.stringify(e.content);
+    const reply = list(
       await this.#r.run("outReserve", [
         e.key,
         e.chatId,
-        JSON.stringify(e.content),
+        content,
         e.contentHash,
         e.inboundId === null ? "0" : "1",
         e.inboundId ?? "",
         ...leaseArgs(lease),
       ]),
     );
+    const [status, flat] = reply;
     if (status === "aside") throw this.#aside.error(e.key, String(flat));
+    if (status === "leased" || status === "queued") {
+      // A new entry, as the script wrote it: the script answers only what it chose (seq, time, lease).
+      const [, seq, at, leaseExp] = strings(reply);
+      const leased = status === "leased";
+      if (leased && lease === undefined) throw new Error(`Redis outbox.reserve: ${JSON.stringify(e.key)} was leased without a lease`);
+      const now = Number(at);
+      const entry: OutboxEntry = {
+        key: e.key,
+        chatId: e.chatId,
+        content: JSON.parse(content) as JsonValue,
+        contentHash: e.contentHash,
+        inboundId: e.inboundId,
+        state: leased ? "sending" : "queued",
+        attempts: leased ? 1 : 0,
+        nextAttemptAt: leased ? null : now,
+        lease: leased ? { owner: lease!.owner, incarnation: lease!.incarnation, token: 1, expiresAt: Number(leaseExp) } : null,
+        fence: leased ? 1 : 0,
+        called: false,
+        messageId: null,
+        error: null,
+        seq: Number(seq),
+        createdAt: now,
+        updatedAt: now,
+      };
+      return { status, entry };
+    }
     let entry: OutboxEntry | null;
     try {
       entry = outboxOf(flat, this.#r, e.key);

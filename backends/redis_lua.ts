@@ -23,9 +23,14 @@
 
 const PRELUDE = `
 local P = ARGV[1]
+-- One TIME per script run (a batch of operations shares it: the run is atomic).
+local NOW
 local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return NOW
 end
 local function n2s(x)
   if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
@@ -37,9 +42,11 @@ local function load(key)
   local flat = redis.pcall('HGETALL', key)
   if flat.err then return {_key = key, _bad = 'the key "' .. key .. '" holds no hash (' .. flat.err .. ')'} end
   if #flat == 0 then return nil end
-  local h = {}
-  for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1] end
+  -- _o: the fields as stored, so that save writes only what changed
+  local h, o = {}, {}
+  for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1]; o[flat[i]] = flat[i + 1] end
   h._key = key
+  h._o = o
   return h
 end
 -- HMGET that reads a key of another type as a hash without the fields.
@@ -52,7 +59,7 @@ end
 local function flat_of(h)
   local f = {}
   for k, v in pairs(h) do
-    if k ~= '_key' and k ~= '_bad' then f[#f + 1] = k; f[#f + 1] = v end
+    if type(v) == 'string' and k ~= '_key' and k ~= '_bad' then f[#f + 1] = k; f[#f + 1] = v end
   end
   return f
 end
@@ -68,14 +75,21 @@ local function num(h, field, default)
   end
   return n
 end
+-- Writes the fields that differ from the stored ones (all of them for a new record: no _o).
 local function save(h, fields)
-  local set, del = {}, {}
+  local set, del, o = {}, {}, h._o
   for _, f in ipairs(fields) do
     local v = h[f]
-    if v == nil or v == false then del[#del + 1] = f else set[#set + 1] = f; set[#set + 1] = v end
+    if v == nil or v == false then
+      if o and o[f] ~= nil then del[#del + 1] = f; o[f] = nil end
+    elseif not o or o[f] ~= v then
+      set[#set + 1] = f; set[#set + 1] = v
+      if o then o[f] = v end
+    end
   end
   if #set > 0 then redis.call('HSET', h._key, unpack(set)) end
   if #del > 0 then redis.call('HDEL', h._key, unpack(del)) end
+  if not o then h._o = {} for _, f in ipairs(fields) do if type(h[f]) == 'string' then h._o[f] = h[f] end end end
 end
 local function flat(key) return redis.call('HGETALL', key) end
 local function opts(i)
@@ -257,9 +271,19 @@ end
 -- Records set aside as damaged, per journal j ('in', 'out'): their hashes are kept as they are;
 -- <j>:dmg lists the ids in the order they were set aside (score from the counter <j>:dmgn),
 -- <j>:dmgu those not reported yet, <j>:dmg:<id> holds problem, at (server time) and reported (0|1).
-local function is_aside(j, id) return redis.call('ZSCORE', P .. j .. ':dmg', id) ~= false end
+-- Whether <j>:dmg exists is read once per run: while none is set aside, no id is looked up.
+local ANY_ASIDE = {}
+local function is_aside(j, id)
+  local any = ANY_ASIDE[j]
+  if any == nil then
+    any = redis.call('EXISTS', P .. j .. ':dmg') == 1
+    ANY_ASIDE[j] = any
+  end
+  return any and redis.call('ZSCORE', P .. j .. ':dmg', id) ~= false
+end
 local function put_aside(j, id, problem, now)
   if is_aside(j, id) then return false end
+  ANY_ASIDE[j] = true
   local n = redis.call('INCR', P .. j .. ':dmgn')
   redis.call('ZADD', P .. j .. ':dmg', n, id)
   redis.call('ZADD', P .. j .. ':dmgu', n, id)
@@ -277,6 +301,11 @@ local function in_key(id) return P .. 'in:r:' .. id end
 -- The chat's active (pending/processing/failed) records in arrival order: score receivedAt, member om
 -- (the zero-padded admission order, then the id), so equal scores sort by admission order.
 local function act_key(chat) return P .. 'in:act:' .. chat end
+-- The records one incarnation of an owner leases (score receivedAt, member om), for reclaimOwn: a
+-- restart takes back its previous incarnations' records batch by batch, reading each one once.
+-- in:incs:<owner> lists the incarnations that have such a set. (in:owner:<owner>, one set per
+-- owner, is what older versions wrote: moved into these by the first reclaiming scan.)
+local function own_key(owner, inc) return P .. 'in:own:' .. #owner .. ':' .. owner .. ':' .. inc end
 local IN_STATES = {pending = true, processing = true, failed = true, done = true, dead = true}
 local ACTIVE = {pending = true, processing = true, failed = true}
 local IN_KINDS = {message = true, interaction = true}
@@ -314,7 +343,12 @@ local function in_aside(id, h, via_om, via_chat, problem, now)
   end
   redis.call('ZREM', P .. 'in:timed', id)
   redis.call('ZREM', P .. 'in:done', id)
-  if type(h.leaseOwner) == 'string' then redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, id) end
+  if type(h.leaseOwner) == 'string' then
+    redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, id)
+    if type(h.leaseInc) == 'string' then
+      for _, om in ipairs(oms) do redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), om) end
+    end
+  end
 end
 -- The record of id, or nil when there is none or it is set aside (a damaged one is set aside now).
 local function in_read(id, now, via_om, via_chat)
@@ -328,11 +362,12 @@ local function in_read(id, now, via_om, via_chat)
   end
   return h
 end
+-- Takes a (validated) record out of the indexes of its state; in_write puts it in those of its new one.
 local function in_unindex(h)
   redis.call('ZREM', P .. 'in:st:' .. h.state, h.om)
-  redis.call('ZREM', P .. 'in:timed', h.id)
-  redis.call('ZREM', P .. 'in:done', h.id)
-  if h.leaseOwner then redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, h.id) end
+  if h.state == 'failed' or h.state == 'processing' then redis.call('ZREM', P .. 'in:timed', h.id) end
+  if h.state == 'done' then redis.call('ZREM', P .. 'in:done', h.id) end
+  if h.leaseOwner then redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), h.om) end
 end
 local function in_write(h)
   save(h, IN_FIELDS)
@@ -346,7 +381,8 @@ local function in_write(h)
     redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', h.id)
   elseif h.state == 'processing' then
     redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
-    redis.call('SADD', P .. 'in:owner:' .. h.leaseOwner, h.id)
+    redis.call('ZADD', own_key(h.leaseOwner, h.leaseInc), h.receivedAt, h.om)
+    redis.call('SADD', P .. 'in:incs:' .. h.leaseOwner, h.leaseInc)
   elseif h.state == 'done' then
     redis.call('ZADD', P .. 'in:done', h.updatedAt, h.id)
   end
@@ -395,11 +431,14 @@ local OUT_FIELDS = {'key', 'chatId', 'content', 'contentHash', 'inboundId', 'sta
 local BLOCKING = {queued = true, sending = true, failed = true}
 local function out_key(k) return P .. 'out:r:' .. k end
 local function open_key(chat) return P .. 'out:open:' .. chat end
+-- Takes a (validated) entry out of the indexes of its state (a due mark left on an entry that is not
+-- queued or failed is stale: due scans drop those).
 local function out_unindex(h)
-  redis.call('ZREM', P .. 'out:st:' .. h.state, h.key)
-  redis.call('ZREM', P .. 'out:due', h.key)
-  redis.call('ZREM', P .. 'out:lease', h.key)
-  redis.call('ZREM', P .. 'out:sent', h.key)
+  local s = h.state
+  redis.call('ZREM', P .. 'out:st:' .. s, h.key)
+  if s == 'queued' or s == 'failed' then redis.call('ZREM', P .. 'out:due', h.key) end
+  if s == 'sending' then redis.call('ZREM', P .. 'out:lease', h.key) end
+  if s == 'sent' then redis.call('ZREM', P .. 'out:sent', h.key) end
   if h.leaseOwner then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, h.key) end
 end
 local function out_write(h)
@@ -466,20 +505,22 @@ end
 -- The chat's first unsettled entry, when queued or failed, is the one a due scan finds; a head that is
 -- gone or set aside leaves the chat's open set (a damaged one is set aside here), and the next one is
 -- its head.
+-- Returns the head's key, or nil when the chat has no unsettled entry.
 sync_head = function(chat, now)
   for _ = 1, 100 do
     local head = redis.call('ZRANGE', open_key(chat), 0, 0)[1]
-    if not head then return end
+    if not head then return nil end
     now = now or now_ms()
     local h = out_read(head, now, chat, true)
     if h then
       if h.state == 'queued' or h.state == 'failed' then
         redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)
       end
-      return
+      return head
     end
     redis.call('ZREM', open_key(chat), head)
   end
+  return redis.call('ZRANGE', open_key(chat), 0, 0)[1]
 end
 -- claimedOutbox: a lost lease that never announced its call (sending, not called) started no
 -- attempt, so the new lease takes its number; a claim starts uncalled, except a lost sending entry
@@ -585,6 +626,8 @@ export interface LuaScript {
    * first run's reply instead of running again. See {@link REQUEST_TTL_MS}.
    */
   readonly once: boolean;
+  /** The script's own part (without the shared functions), for {@link BATCH}. */
+  readonly body: string;
 }
 
 /**
@@ -610,10 +653,11 @@ export const REQUEST_TTL_MS = 120_000;
 
 function script(name: string, parts: string[], body: string, once = false): LuaScript {
   const head = `-- botmesh redis backend: ${name}\n${PRELUDE}${parts.join("")}\n`;
-  if (!once) return { name, text: `${head}${body}`, once };
+  if (!once) return { name, text: `${head}${body}`, once, body };
   return {
     name,
     once,
+    body,
     text: `${head}local RQ = KEYS[2]
 if RQ then
   local prev = redis.call('GET', RQ)
@@ -669,7 +713,8 @@ export type ScriptName =
 export const SCRIPTS: { readonly [K in ScriptName]: LuaScript } = {
   // ---- inbox ----------------------------------------------------------------
   /**
-   * ARGV: P, id, kind, chatId, provider, payload, receivedAt, leased(0|1), owner, inc, leaseMs.
+   * ARGV: P, id, kind, chatId, provider, payload, receivedAt, leased(0|1), owner, inc, leaseMs
+   * → ['ok', state, updatedAt, leaseExp or ''] or ['exists'].
    * Leased, the record is leased only when every active record of its chat that comes first
    * (in:act:<chat> up to its receivedAt: the new one is admitted last, so equal scores come first) admits
    * it (in_admits); the walk stops at the first that does not, and the record is admitted pending.
@@ -707,9 +752,9 @@ if leased then
   h.state = 'processing'; h.attempts = '1'; h.fence = '1'; lease(h, opts(9), 1, now)
 end
 in_write(h)
-redis.call('ZADD', P .. 'in:all', h.receivedAt, h.om)
 redis.call('ZADD', P .. 'in:chat:' .. h.chatId, h.receivedAt, h.om)
-return cjson.encode({'ok', flat(key)})
+-- the caller has every other field: no copy of the record in the reply (nor under the request key)
+return cjson.encode({'ok', h.state, h.updatedAt, h.leaseExp or ''})
 `, true),
   /** ARGV: P, id, owner, inc, leaseMs, reclaim */
   inClaim: script("inbox.claim", [INBOX], `
@@ -765,15 +810,18 @@ local function add_cand(h)
   if not is_cand[h.id] then is_cand[h.id] = true; cands[#cands + 1] = h end
 end
 -- A record read from a due window. from: 'pending' (via_om is its in:st:pending member), 'timed' or
--- 'owner'; a mark of a record that is gone, or not due, leaves the window it was read from.
-local function consider(id, from, via_om)
+-- 'owner' (via_om is its member of the incarnation's set own); a mark of a record that is gone, or not
+-- due, leaves the window it was read from.
+local function consider(id, from, via_om, own)
   if seen[id] then return end
   seen[id] = true
   local h = look(id, via_om)
   if not h then
     if from == 'pending' then redis.call('ZREM', P .. 'in:st:pending', via_om)
     elseif from == 'timed' then redis.call('ZREM', P .. 'in:timed', id)
-    else redis.call('SREM', P .. 'in:owner:' .. o.owner, id) end
+    else redis.call('ZREM', own, via_om) end
+  elseif from == 'owner' and not in_claimable(h, now, o) then
+    redis.call('ZREM', own, via_om) -- no longer leased by that incarnation: a stale member
   elseif in_claimable(h, now, o) then
     add_cand(h)
     if not win[id] and not walked[id] then
@@ -831,31 +879,44 @@ local function walk_all() for _, w in ipairs(chats) do walk(w) end end
 -- retries and lapsed leases due by now (every one claimable: lapsed leases are, whoever holds them)
 for _, id in ipairs(redis.call('ZRANGEBYSCORE', P .. 'in:timed', '-inf', now, 'LIMIT', 0, limit + 1000)) do consider(id, 'timed') end
 if o.reclaim then
-  -- The owner's set holds every record the owner leases, this very incarnation's too (the batches taken
-  -- before this one: never claimable here; a lapsed one is due in in:timed). Read three fields of each,
-  -- then the whole record of the oldest only, until limit of them are candidates: a restart's backlog is
-  -- taken back in batches, and each batch must not read every record of it again.
+  -- The owner's other incarnations' sets (one per incarnation: this one's own batches are never read),
+  -- the oldest limit records of each, merged in arrival order: each batch reads O(limit) records.
+  local incs = P .. 'in:incs:' .. o.owner
+  local legacy = P .. 'in:owner:' .. o.owner
+  if redis.call('EXISTS', legacy) == 1 then
+    -- an older version's set of the owner's leases: moved into the sets by incarnation, once
+    for _, id in ipairs(redis.call('SMEMBERS', legacy)) do
+      local f = fields(in_key(id), 'state', 'leaseOwner', 'leaseInc', 'receivedAt', 'om')
+      local r = tonumber(f[4])
+      if f[1] == 'processing' and f[2] == o.owner and type(f[3]) == 'string' and type(f[5]) == 'string'
+        and string.sub(f[5], 17) == id and r and r == r and r ~= math.huge and r ~= -math.huge then
+        redis.call('ZADD', own_key(o.owner, f[3]), n2s(r), f[5])
+        redis.call('SADD', incs, f[3])
+      else
+        look(id) -- a damaged one is set aside; one no longer leased by the owner is left out
+      end
+    end
+    redis.call('DEL', legacy)
+  end
   local light = {}
-  for _, id in ipairs(redis.call('SMEMBERS', P .. 'in:owner:' .. o.owner)) do
-    local f = fields(in_key(id), 'leaseInc', 'receivedAt', 'om')
-    if f[1] ~= o.inc then
-      local r, ord = tonumber(f[2]), type(f[3]) == 'string' and ord_of(f[3]) or nil
-      if r ~= nil and (r ~= r or r == math.huge or r == -math.huge) then r = nil end
-      if ord ~= nil and (ord ~= ord or ord == math.huge or ord == -math.huge) then ord = nil end
-      -- unreadable fields sort first: consider() sets such a record aside (or drops a gone one)
-      light[#light + 1] = {id = id, bad = (r == nil or ord == nil) and 0 or 1, r = r or 0, ord = ord or 0}
+  for _, inc in ipairs(redis.call('SMEMBERS', incs)) do
+    if inc ~= o.inc then
+      local own = own_key(o.owner, inc)
+      local r = redis.call('ZRANGE', own, 0, limit - 1, 'WITHSCORES')
+      if #r == 0 then redis.call('SREM', incs, inc) end
+      for i = 1, #r, 2 do light[#light + 1] = {om = r[i], r = tonumber(r[i + 1]), own = own} end
     end
   end
   table.sort(light, function(a, b)
-    if a.bad ~= b.bad then return a.bad < b.bad end
     if a.r ~= b.r then return a.r < b.r end
-    return a.ord < b.ord
+    return a.om < b.om
   end)
   local taken = 0
   for _, l in ipairs(light) do
     if taken >= limit then break end
-    consider(l.id, 'owner')
-    if is_cand[l.id] then taken = taken + 1 end
+    local id = string.sub(l.om, 17)
+    consider(id, 'owner', l.om, l.own)
+    if is_cand[id] then taken = taken + 1 end
   end
 end
 walk_all()
@@ -986,10 +1047,9 @@ end
 local zkeys = {}
 if chat then
   zkeys[1] = P .. 'in:chat:' .. chat
-elseif want then
-  for st, _ in pairs(want) do zkeys[#zkeys + 1] = P .. 'in:st:' .. st end
 else
-  zkeys[1] = P .. 'in:all'
+  -- every record is in the set of its state (in:all, which older versions also wrote, is not needed)
+  for st, _ in pairs(want or IN_STATES) do zkeys[#zkeys + 1] = P .. 'in:st:' .. st end
 end
 return cjson.encode(list_scan(zkeys, limit, function(om) return read(om, chat) end))
 `),
@@ -999,7 +1059,10 @@ return cjson.encode(list_scan(zkeys, limit, function(om) return read(om, chat) e
   inReportDamaged: script("inbox.reportDamaged", [DAMAGED], `return damaged_report('in')`, true),
 
   // ---- outbox ---------------------------------------------------------------
-  /** ARGV: P, key, chatId, content, contentHash, hasInbound, inboundId, leased(0|1), owner, inc, leaseMs */
+  /**
+   * ARGV: P, key, chatId, content, contentHash, hasInbound, inboundId, leased(0|1), owner, inc, leaseMs
+   * → [leased|queued, seq, createdAt, leaseExp or ''], ['exists', entry] or ['aside', problem]
+   */
   outReserve: script("outbox.reserve", [OUTBOX], `
 local key = out_key(ARGV[2])
 local now = now_ms()
@@ -1010,8 +1073,8 @@ if redis.call('EXISTS', key) == 1 then
 end
 local seq = redis.call('INCR', P .. 'out:seq')
 local chat = ARGV[3]
-sync_head(chat, now) -- a head that is set aside or damaged leaves the chat's open set first
-local clear = redis.call('ZCARD', open_key(chat)) == 0
+-- a head that is set aside or damaged leaves the chat's open set first; the new entry comes last
+local clear = sync_head(chat, now) == nil
 local h = {_key = key, key = ARGV[2], chatId = chat, content = ARGV[4], contentHash = ARGV[5],
   inboundId = (ARGV[6] == '1') and ARGV[7] or false, state = 'queued', attempts = '0', nextAttemptAt = n2s(now),
   fence = '0', called = '0', seq = n2s(seq), createdAt = n2s(now), updatedAt = n2s(now)}
@@ -1021,10 +1084,10 @@ if ARGV[8] == '1' and clear then
   status = 'leased'
 end
 out_write(h)
-redis.call('ZADD', P .. 'out:all', h.seq, h.key)
 redis.call('ZADD', P .. 'out:chat:' .. chat, h.seq, h.key)
-sync_head(chat, now)
-return cjson.encode({status, flat(key)})
+-- the chat's head is unchanged, or it is the new entry
+if clear and h.state == 'queued' then redis.call('ZADD', P .. 'out:due', h.nextAttemptAt, h.key) end
+return cjson.encode({status, h.seq, h.createdAt, h.leaseExp or ''})
 `, true),
   /** ARGV: P, owner, inc, leaseMs, reclaim, resend, limit → [due, ambiguous] */
   outClaimDue: script("outbox.claimDue", [OUTBOX], `
@@ -1247,10 +1310,8 @@ end
 local zkeys = {}
 if chat then
   zkeys[1] = P .. 'out:chat:' .. chat
-elseif want then
-  for st, _ in pairs(want) do zkeys[#zkeys + 1] = P .. 'out:st:' .. st end
 else
-  zkeys[1] = P .. 'out:all'
+  for st, _ in pairs(want or OUT_STATES) do zkeys[#zkeys + 1] = P .. 'out:st:' .. st end
 end
 return cjson.encode(list_scan(zkeys, limit, read))
 `),
@@ -1326,3 +1387,79 @@ return cjson.encode(out)
   /** ARGV: P → [now] */
   time: script("time", [], `return cjson.encode({n2s(now_ms())})`),
 };
+
+/**
+ * The operations {@link BATCH} runs: the writes of the hot path (admission, reply, send, completion,
+ * heartbeats). Their scripts need only the inbox and outbox functions, and their replies are small.
+ */
+export const BATCHED = [
+  "inAdmit",
+  "inHeartbeat",
+  "inFinish",
+  "outReserve",
+  "outHeartbeat",
+  "outMarkCalling",
+  "outFinish",
+] as const satisfies readonly ScriptName[];
+
+/** The name of an operation {@link BATCH} runs. */
+export type BatchedName = (typeof BATCHED)[number];
+
+/**
+ * Several operations in one script call: the writes issued in one turn of the event loop go to Redis
+ * together. ARGV: P, then per operation its name, once (0|1: whether it is run once per request, see
+ * {@link LuaScript.once}), the number of its arguments, and its arguments (after P). Each operation runs
+ * as its own script would, in order, each under `pcall`: one that fails (a script error) answers
+ * `{"err": message}` and the others go on, as if each had been its own call. The reply is the JSON array
+ * of their replies.
+ *
+ * Run once per request: with `KEYS[2]` the replies of the `once` operations are stored there (joined by
+ * newlines: cjson never writes a raw one), and a second run answers those from it and runs the others
+ * (`outbox.markCalling`) again, as a re-sent call of its own script would.
+ */
+export const BATCH: LuaScript = (() => {
+  const ops = BATCHED.map((name) => `  ${name} = function()\n${SCRIPTS[name].body}\n  end,`).join("\n");
+  const text = `-- botmesh redis backend: batch
+local BATCH = ARGV
+local ARGV = {BATCH[1]}
+${PRELUDE}${INBOX}${OUTBOX}
+local OPS = {
+${ops}
+}
+local RQ = KEYS[2]
+local stored = nil
+if RQ then
+  local prev = redis.call('GET', RQ)
+  if prev then
+    stored = {}
+    for part in string.gmatch(prev, '[^\\n]+') do stored[#stored + 1] = part end
+  end
+end
+local out, keep, k, i = {}, {}, 0, 2
+while i <= #BATCH do
+  local name, once, na = BATCH[i], BATCH[i + 1] == '1', tonumber(BATCH[i + 2])
+  local a = {BATCH[1]}
+  for j = 1, na do a[j + 1] = BATCH[i + 2 + j] end
+  i = i + 3 + na
+  local r
+  if once and stored then
+    k = k + 1
+    r = stored[k]
+  end
+  if not r then
+    ARGV = a
+    local ok, res = pcall(OPS[name])
+    if ok then
+      r = res
+    else
+      r = cjson.encode({err = type(res) == 'table' and tostring(res.err) or tostring(res)})
+    end
+  end
+  out[#out + 1] = r
+  if once then keep[#keep + 1] = r end
+end
+if RQ and not stored then redis.call('SET', RQ, table.concat(keep, '\\n'), 'PX', ${REQUEST_TTL_MS}) end
+return '[' .. table.concat(out, ',') .. ']'
+`;
+  return { name: "batch", text, once: true, body: "" };
+})();

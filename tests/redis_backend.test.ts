@@ -261,8 +261,10 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     expect(await backend.inbox.purge(0)).toBe(N);
     expect(await backend.outbox.purge(0)).toBe(N);
     expect(await admin!.zcard(`{${keyPrefix}}in:done`)).toBe(0);
-    expect(await admin!.zcard(`{${keyPrefix}}in:all`)).toBe(3);
-    expect(await admin!.zcard(`{${keyPrefix}}out:all`)).toBe(3);
+    expect(await admin!.zcard(`{${keyPrefix}}in:st:done`)).toBe(0);
+    expect(await admin!.zcard(`{${keyPrefix}}in:st:processing`)).toBe(3);
+    expect(await admin!.zcard(`{${keyPrefix}}out:st:sent`)).toBe(0);
+    expect(await admin!.zcard(`{${keyPrefix}}out:st:sending`)).toBe(3);
     expect(await admin!.exists(`{${keyPrefix}}in:r:done-0`, `{${keyPrefix}}out:r:sent-0`)).toBe(0);
   }, 120_000);
 
