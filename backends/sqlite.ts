@@ -1261,27 +1261,31 @@ class DamagedRows<T> {
  * them: `after`'s, then now, owner, incarnation, now) that keeps a new record admitted under that lease
  * pending: `admitsLeased` of the journal rules, negated, in columns (see `SqliteInbox.admit`).
  */
-function comesFirstSql(t: string, after: string): string {
-  return `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_chat_active
+function comesFirstSql(t: string, after: string, columns = INBOX_COLUMNS, order = "ORDER BY received_at, ord LIMIT 1"): string {
+  return `SELECT ${columns} FROM ${t} INDEXED BY ${t}_chat_active
     WHERE chat_id = ? AND state IN (${ACTIVE_SQL}) AND set_aside_seq IS NULL AND received_at <= ?${after}
       AND (state = 'pending'
         OR (state = 'failed' AND COALESCE(next_attempt_at, 0) <= ?)
         OR (state = 'processing' AND NOT COALESCE(lease_owner = ? AND lease_incarnation = ? AND lease_expires_at > ?, 0)))
-    ORDER BY received_at, ord LIMIT 1`;
+    ${order}`;
 }
 
 class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #gate: Gate;
   readonly #t: string;
   readonly #damaged: DamagedRows<InboundRecord>;
-  /** The statements of `#comesFirst`: from the chat's start, and after a row. */
-  readonly #comesFirstSql: readonly [string, string];
+  /** The statements of `#comesFirst`: whether any row matches, the first from the chat's start, the next after a row. */
+  readonly #comesFirstSql: readonly [string, string, string];
 
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}inbox`;
     this.#damaged = new DamagedRows(gate, "inbox", INBOX_COLUMNS, inboundOf);
-    this.#comesFirstSql = [comesFirstSql(this.#t, ""), comesFirstSql(this.#t, " AND (received_at, ord) > (?, ?)")];
+    this.#comesFirstSql = [
+      comesFirstSql(this.#t, "", "1 AS x", "LIMIT 1"),
+      comesFirstSql(this.#t, ""),
+      comesFirstSql(this.#t, " AND (received_at, ord) > (?, ?)"),
+    ];
   }
 
   /** In a write: the record of `id`, or `null` when there is none or it is damaged (set aside, now if not yet). */
@@ -1344,8 +1348,11 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
    * damaged one is set aside here, and the read goes on after it).
    */
   #comesFirst(c: Connection, input: NewInboundRecord, now: number, lease: ClaimOptions): boolean {
-    const [first, next] = this.#comesFirstSql;
+    const [any, first, next] = this.#comesFirstSql;
     const rule = [now, lease.owner, lease.incarnation, now];
+    // The usual answer is none: an unordered probe says so at a fraction of the cost of the ordered read
+    // (an ORDER BY costs several µs per call on bun:sqlite even when the index yields the order).
+    if (c.stmt(any).get(input.chatId, input.receivedAt, ...rule) === undefined) return false;
     let row = c.stmt(first).get(input.chatId, input.receivedAt, ...rule);
     while (row !== undefined) {
       const cur = this.#damaged.current(c, row, now);
@@ -1554,6 +1561,12 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
     return row ? this.#damaged.current(c, row, now) : null;
   }
 
+  /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry (set-aside ones left out). */
+  #hasUnsettled(c: Connection, chatId: string): boolean {
+    return c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL LIMIT 1`).get(chatId) !== undefined;
+  }
+
   /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry before `seq`. */
   #blocked(c: Connection, chatId: string, seq: number): boolean {
     return c.stmt(
@@ -1597,6 +1610,8 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
 
   /** Gives the chat's first unsettled entry, when `queued`/`failed`, the `due_at` a due scan finds it by. */
   #syncHead(c: Connection, chatId: string): void {
+    // Usually the chat has no unsettled entry left: an unordered probe (cheaper than the ordered read) says so.
+    if (!this.#hasUnsettled(c, chatId)) return;
     const head = c.stmt(
       `SELECT seq, state, next_attempt_at, due_at FROM ${this.#t} INDEXED BY ${this.#t}_chat
       WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL ORDER BY seq LIMIT 1`,
@@ -1669,8 +1684,7 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
         const existing = found.set_aside_seq === null ? outboxOf(found) : null;
         return existing === null || existing instanceof Damage ? DAMAGED : { status: "exists", entry: existing };
       }
-      const clear = c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat
-        WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL LIMIT 1`).get(input.chatId) === undefined;
+      const clear = !this.#hasUnsettled(c, input.chatId);
       const draft = newOutboxEntry(input, 0, now, clear ? lease : undefined);
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
       const row = c.stmt(
