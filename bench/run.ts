@@ -43,7 +43,7 @@ const WARMUP_ROUND = !QUICK && !flag("--no-warmup-round");
 const WARMUP_SECONDS = Math.min(1, SECONDS);
 const ONLY = value("--only")?.split(",").map((s) => s.trim());
 const parseSize = (s: string) => Number(s.toLowerCase().replace(/k$/, "e3").replace(/m$/, "e6"));
-const SCALE = flag("--no-scale") ? [] : (value("--scale") ?? (QUICK ? "1k,10k" : "1k,100k,1M")).split(",").map(parseSize);
+const SCALE = flag("--no-scale") ? [] : (value("--scale") ?? (QUICK ? "2k" : "1k,100k,1M")).split(",").map(parseSize);
 const SCALE_RUNS = Number(value("--scale-runs") ?? (QUICK ? 1 : 3));
 const WRITE = flag("--write") || (!QUICK && !flag("--no-write"));
 const CEILING_GROUPS = Number(value("--ceiling-groups") ?? 4);
@@ -259,7 +259,7 @@ async function main(): Promise<void> {
     prefillS: number;
   }
   const scaleRows: ScaleRow[] = [];
-  const eventsMax = Number(value("--events-max") ?? 1_000_000);
+  const eventsMax = parseSize(value("--events-max") ?? "100k");
   for (const kind of SCALE_KINDS.filter((k) => selected(k) && available(k))) {
     for (const size of SCALE) {
       if (kind === "events-log" && size > eventsMax) continue;
