@@ -327,7 +327,7 @@ export async function closedLoop(
  * and who waits for which reply. A reply's text is `r:<message id>`.
  */
 export class BenchProvider extends MockProvider {
-  readonly replies = new Map<string, number>();
+  readonly replies: Map<string, number> = new Map();
   onReply: (id: string) => void = () => {};
   override async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     const receipt = await super.send(chatId, content, context);

@@ -48,7 +48,7 @@ async function verify(provider: BenchProvider, total: number, prefix: string, ba
   const ids = new Set(Array.from({ length: total }, (_, n) => `${prefix}m-${n}`));
   // A scale row's store holds up to 1M more finished messages: counting them all is left out above 100k.
   if (retained > 100_000) return;
-  const { done, sent } = await countStates(backend, ids, total + retained + 1000);
+  const { done, sent } = await countStates(backend, ids, retained + 1_000_000);
   if (done !== total || sent !== total) throw new Error(`journals hold ${done} done inbound records and ${sent} sent replies of ${total} messages`);
 }
 
