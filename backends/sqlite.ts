@@ -111,8 +111,10 @@
  *
  * Due scans use partial indexes on `due_at` (set only on records a scan
  * must look at: active inbox records, `sending` outbox entries and the first
- * unsettled entry of each chat), lease-owner reclaims an index on the lease
- * owner, purges partial indexes of `done`/`sent` records by `updated_at`.
+ * unsettled entry of each chat); so does the reclaim of a previous
+ * incarnation's leases (every leased record is due at its lease expiry;
+ * schema 8 dropped the lease-owner indexes, two fewer to maintain per write),
+ * purges partial indexes of `done`/`sent` records by `updated_at`.
  * The inbox due index is ordered by receipt within a `due_at`, so an inbox
  * `claimDue` reads a pending backlog (`due_at` 0) in order, `limit` rows at a
  * time (more only when records of held chats are skipped); only records due
@@ -269,7 +271,7 @@ export type SQLiteStoreOptions = SQLiteOptions;
 export type SQLiteDurabilityOptions = SQLiteOptions;
 
 /** The schema version this version of the library writes. */
-export const SQLITE_SCHEMA_VERSION: number = 7;
+export const SQLITE_SCHEMA_VERSION: number = 8;
 
 const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
@@ -511,6 +513,16 @@ const MIGRATIONS: readonly Migration[] = [
       db.exec(`CREATE INDEX ${p}inbox_chat_active ON ${p}inbox (chat_id, received_at, ord) WHERE state IN (${ACTIVE_SQL});`);
     },
   },
+  {
+    // Fewer indexes to maintain per message: the lease-owner indexes served only the reclaim of a previous
+    // incarnation's leases (at a restart). Every leased record is in its journal's due index (an inbox
+    // `processing` record and an outbox `sending` entry are due at their lease expiry), so the reclaim reads
+    // that index instead: O(records due or leased), not O(records held by the owner).
+    version: 8,
+    up(db, p) {
+      db.exec(`DROP INDEX IF EXISTS ${p}inbox_owner; DROP INDEX IF EXISTS ${p}outbox_owner;`);
+    },
+  },
 ];
 
 /** Brings the schema to {@link SQLITE_SCHEMA_VERSION} in one transaction; refuses a newer file. */
@@ -600,6 +612,9 @@ interface PendingOp {
 
 /** The savepoint each operation of a batch runs in. */
 const SAVEPOINT = "botmesh_op";
+const SAVEPOINT_SQL = `SAVEPOINT ${SAVEPOINT}`;
+const RELEASE_SQL = `RELEASE ${SAVEPOINT}`;
+const ROLLBACK_TO_SQL = `ROLLBACK TO ${SAVEPOINT}`;
 
 /** One database connection, shared by a store and its backend, opened while anyone holds it. */
 class Connection {
@@ -613,8 +628,12 @@ class Connection {
   #scheduled = false;
   #stats: SQLiteStats = { commits: 0, operations: 0, failedBatches: 0, largestBatch: 0 };
 
+  /** The batch's schema version check (built once: statements are looked up by their text). */
+  readonly #versionSql: string;
+
   constructor(options: Resolved) {
     this.options = options;
+    this.#versionSql = `SELECT value FROM ${options.prefix}meta WHERE key = 'schema_version'`;
   }
 
   get file(): string {
@@ -757,7 +776,7 @@ class Connection {
     // (a rolling upgrade on one host): writing on would leave out what its schema adds.
     let newer: number | null = null;
     try {
-      const row = this.stmt(`SELECT value FROM ${this.options.prefix}meta WHERE key = 'schema_version'`).get();
+      const row = this.stmt(this.#versionSql).get();
       const version = row === undefined ? 0 : Number(row.value);
       if (version > SQLITE_SCHEMA_VERSION) newer = version;
     } catch {
@@ -806,14 +825,14 @@ class Connection {
         continue;
       }
       try {
-        this.stmt(`SAVEPOINT ${SAVEPOINT}`).run();
+        this.stmt(SAVEPOINT_SQL).run();
         const value = op.work(this.options.clock());
-        this.stmt(`RELEASE ${SAVEPOINT}`).run();
+        this.stmt(RELEASE_SQL).run();
         ran.push({ op, ok: true, value });
       } catch (error) {
         try {
-          this.stmt(`ROLLBACK TO ${SAVEPOINT}`).run();
-          this.stmt(`RELEASE ${SAVEPOINT}`).run();
+          this.stmt(ROLLBACK_TO_SQL).run();
+          this.stmt(RELEASE_SQL).run();
           ran.push({ op, ok: false, value: error });
         } catch {
           // SQLite rolled the whole transaction back (an I/O error, disk full, RAISE(ROLLBACK)).
@@ -957,8 +976,8 @@ const LEASE_COLUMNS: readonly (readonly [string, (v: unknown) => boolean, string
 
 /** What is wrong with the row's columns before its fields are checked: a BLOB anywhere, a partial lease. */
 function columnsProblem(row: Row): Damage | null {
-  for (const [column, value] of Object.entries(row)) {
-    if ((value as unknown) instanceof Uint8Array) return new Damage(`column ${column} holds a BLOB`);
+  for (const column in row) {
+    if ((row[column] as unknown) instanceof Uint8Array) return new Damage(`column ${column} holds a BLOB`);
   }
   if (LEASE_COLUMNS.every(([column]) => row[column] === null)) return null;
   for (const [column, ok, expected] of LEASE_COLUMNS) {
@@ -1272,6 +1291,8 @@ function comesFirstSql(t: string, after: string, columns = INBOX_COLUMNS, order 
 
 class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #gate: Gate;
+  /** The SQL of the hot statements, built once (a statement is looked up by its text on every call). */
+  readonly #sql: Readonly<Record<"select" | "update" | "insert", string>>;
   readonly #t: string;
   readonly #damaged: DamagedRows<InboundRecord>;
   /** The statements of `#comesFirst`: whether any row matches, the first from the chat's start, the next after a row. */
@@ -1280,6 +1301,16 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}inbox`;
+    this.#sql = {
+      select: `SELECT ${INBOX_COLUMNS} FROM ${this.#t} WHERE id = ?`,
+      update: `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
+        lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
+        fence = ?, error = ?, updated_at = ?, due_at = ?
+      WHERE id = ? AND state = ? AND fence = ? AND lease_token IS ?`,
+      insert: `INSERT INTO ${this.#t} (id, kind, chat_id, provider, payload, received_at, state, attempts,
+          next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`,
+    };
     this.#damaged = new DamagedRows(gate, "inbox", INBOX_COLUMNS, inboundOf);
     this.#comesFirstSql = [
       comesFirstSql(this.#t, "", "1 AS x", "LIMIT 1"),
@@ -1290,7 +1321,7 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
 
   /** In a write: the record of `id`, or `null` when there is none or it is damaged (set aside, now if not yet). */
   #select(c: Connection, id: string, now: number): InboundRecord | null {
-    const row = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${this.#t} WHERE id = ?`).get(id);
+    const row = c.stmt(this.#sql.select).get(id);
     return row ? this.#damaged.current(c, row, now) : null;
   }
 
@@ -1300,10 +1331,7 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
    */
   #update(c: Connection, prev: InboundRecord, next: InboundRecord): boolean {
     const { changes } = c.stmt(
-      `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
-        lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
-        fence = ?, error = ?, updated_at = ?, due_at = ?
-      WHERE id = ? AND state = ? AND fence = ? AND lease_token IS ?`,
+      this.#sql.update,
     ).run(
       next.state,
       next.attempts,
@@ -1372,9 +1400,7 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
       const held = lease !== undefined && this.#comesFirst(c, input, now, lease);
       const next = newInboundRecord(input, now, held ? undefined : lease);
       const { changes } = c.stmt(
-        `INSERT INTO ${this.#t} (id, kind, chat_id, provider, payload, received_at, state, attempts,
-          next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING`,
+        this.#sql.insert,
       ).run(
         next.id,
         next.kind,
@@ -1423,8 +1449,8 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
       if (options.reclaimOwn) {
         timed.push(
           ...c.stmt(
-            `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_owner
-            WHERE lease_owner = ? AND state = 'processing' AND lease_incarnation <> ? AND set_aside_seq IS NULL`,
+            `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
+            WHERE due_at IS NOT NULL AND lease_owner = ? AND state = 'processing' AND lease_incarnation <> ? AND set_aside_seq IS NULL`,
           ).all(options.owner, options.incarnation),
         );
       }
@@ -1543,12 +1569,32 @@ class SqliteInbox implements InboxJournal, DamagedRecords {
 
 class SqliteOutbox implements OutboxJournal, DamagedRecords {
   readonly #gate: Gate;
+  /** The SQL of the hot statements, built once (a statement is looked up by its text on every call). */
+  readonly #sql: Readonly<Record<"select" | "update" | "hasUnsettled" | "head" | "insert" | "markCalling" | "setDue", string>>;
   readonly #t: string;
   readonly #damaged: DamagedRows<OutboxEntry>;
 
   constructor(gate: Gate) {
     this.#gate = gate;
     this.#t = `${gate.prefix}outbox`;
+    this.#sql = {
+      select: `SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE key = ?`,
+      update: `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
+        lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
+        fence = ?, uncalled_fence = ?, message_id = ?, error = ?, updated_at = ?, due_at = ?
+      WHERE key = ? AND state = ? AND fence = ? AND lease_token IS ?`,
+      hasUnsettled: `SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL LIMIT 1`,
+      head: `SELECT seq, state, next_attempt_at, due_at FROM ${this.#t} INDEXED BY ${this.#t}_chat
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL ORDER BY seq LIMIT 1`,
+      insert: `INSERT INTO ${this.#t} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
+          lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at,
+          updated_at, due_at)
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq`,
+      markCalling: `UPDATE ${this.#t} SET uncalled_fence = NULL, lease_expires_at = ?, due_at = ?
+        WHERE key = ? AND state = 'sending' AND lease_token = ? AND set_aside_seq IS NULL`,
+      setDue: `UPDATE ${this.#t} SET due_at = ? WHERE seq = ?`,
+    };
     // An entry set aside no longer blocks its chat: the next one becomes the chat's head.
     this.#damaged = new DamagedRows(gate, "outbox", OUTBOX_COLUMNS, outboxOf, (c, row) => {
       if (typeof row.chat_id === "string") this.#syncHead(c, row.chat_id);
@@ -1557,14 +1603,13 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
 
   /** In a write: the entry of `key`, or `null` when there is none or it is damaged (set aside, now if not yet). */
   #select(c: Connection, key: string, now: number): OutboxEntry | null {
-    const row = c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE key = ?`).get(key);
+    const row = c.stmt(this.#sql.select).get(key);
     return row ? this.#damaged.current(c, row, now) : null;
   }
 
   /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry (set-aside ones left out). */
   #hasUnsettled(c: Connection, chatId: string): boolean {
-    return c.stmt(`SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat
-      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL LIMIT 1`).get(chatId) !== undefined;
+    return c.stmt(this.#sql.hasUnsettled).get(chatId) !== undefined;
   }
 
   /** Whether the chat has an unsettled (`queued`, `sending`, `failed`) entry before `seq`. */
@@ -1583,10 +1628,7 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
    */
   #update(c: Connection, prev: OutboxEntry, next: OutboxEntry): boolean {
     const { changes } = c.stmt(
-      `UPDATE ${this.#t} SET state = ?, attempts = ?, next_attempt_at = ?,
-        lease_owner = ?, lease_incarnation = ?, lease_token = ?, lease_expires_at = ?,
-        fence = ?, uncalled_fence = ?, message_id = ?, error = ?, updated_at = ?, due_at = ?
-      WHERE key = ? AND state = ? AND fence = ? AND lease_token IS ?`,
+      this.#sql.update,
     ).run(
       next.state,
       next.attempts,
@@ -1613,12 +1655,11 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
     // Usually the chat has no unsettled entry left: an unordered probe (cheaper than the ordered read) says so.
     if (!this.#hasUnsettled(c, chatId)) return;
     const head = c.stmt(
-      `SELECT seq, state, next_attempt_at, due_at FROM ${this.#t} INDEXED BY ${this.#t}_chat
-      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND set_aside_seq IS NULL ORDER BY seq LIMIT 1`,
+      this.#sql.head,
     ).get(chatId);
     if (!head || head.state === "sending") return;
     const dueAt = numOrNull(head.next_attempt_at) ?? 0;
-    if (head.due_at !== dueAt) c.stmt(`UPDATE ${this.#t} SET due_at = ? WHERE seq = ?`).run(dueAt, head.seq);
+    if (head.due_at !== dueAt) c.stmt(this.#sql.setDue).run(dueAt, head.seq);
   }
 
   /**
@@ -1679,7 +1720,7 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
     lease: ClaimOptions | undefined,
   ): Promise<ReserveResult | typeof DAMAGED> {
     return c.write((now): ReserveResult | typeof DAMAGED => {
-      const found = c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} WHERE key = ?`).get(input.key);
+      const found = c.stmt(this.#sql.select).get(input.key);
       if (found) {
         const existing = found.set_aside_seq === null ? outboxOf(found) : null;
         return existing === null || existing instanceof Damage ? DAMAGED : { status: "exists", entry: existing };
@@ -1688,10 +1729,7 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
       const draft = newOutboxEntry(input, 0, now, clear ? lease : undefined);
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
       const row = c.stmt(
-        `INSERT INTO ${this.#t} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
-          lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at,
-          updated_at, due_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq`,
+        this.#sql.insert,
       ).get(
         draft.key,
         draft.chatId,
@@ -1729,8 +1767,8 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
       ).all(now);
       if (options.reclaimOwn) {
         rows.push(
-          ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_owner
-            WHERE lease_owner = ? AND state = 'sending' AND set_aside_seq IS NULL`).all(options.owner),
+          ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
+            WHERE due_at IS NOT NULL AND lease_owner = ? AND state = 'sending' AND set_aside_seq IS NULL`).all(options.owner),
         );
       }
       const seen = new Set<number>();
@@ -1806,8 +1844,7 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
     return c.write((now) => {
       const expiresAt = now + leaseMs;
       return c.stmt(
-        `UPDATE ${this.#t} SET uncalled_fence = NULL, lease_expires_at = ?, due_at = ?
-        WHERE key = ? AND state = 'sending' AND lease_token = ? AND set_aside_seq IS NULL`,
+        this.#sql.markCalling,
       ).run(expiresAt, expiresAt, key, token).changes === 1;
     }, true);
   }

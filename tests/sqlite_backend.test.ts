@@ -960,10 +960,59 @@ describe("sqlite: schema versions", () => {
     expect((await backend.inbox.admit(inbound("alone", { chatId: "c3" }), lease("A")))?.state).toBe("processing");
     await backend.close();
     const check = new Database(file);
-    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "7" });
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
+      value: String(SQLITE_SCHEMA_VERSION),
+    });
     expect(check.prepare("SELECT sql FROM sqlite_master WHERE name = 'botmesh_inbox_chat_active'").get()).toEqual({
       sql: "CREATE INDEX botmesh_inbox_chat_active ON botmesh_inbox (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'failed')",
     });
+    check.close();
+  });
+
+  test("a file at version 7 loses the lease-owner indexes and keeps its records: a restart still reclaims its own leases", async () => {
+    const file = tempFile();
+    const first = new SQLiteDurability({ file });
+    await first.open();
+    await first.inbox.admit(inbound("held", { chatId: "c1" }), lease("A", 3_600_000, "old"));
+    await first.inbox.admit(inbound("other", { chatId: "c2" }), lease("B", 3_600_000, "old"));
+    await first.inbox.admit(inbound("waiting", { chatId: "c3" }));
+    const sending = await first.outbox.reserve(outbound("k-held", "c1"), lease("A", 3_600_000, "old"));
+    await first.outbox.reserve(outbound("k-next", "c1"), lease("A", 3_600_000, "old"));
+    await first.close();
+    expect(sending.status).toBe("leased");
+    // Version 7 is version 8 with the two lease-owner indexes.
+    const raw = new Database(file);
+    raw.exec(`
+      CREATE INDEX botmesh_inbox_owner ON botmesh_inbox (lease_owner) WHERE lease_owner IS NOT NULL;
+      CREATE INDEX botmesh_outbox_owner ON botmesh_outbox (lease_owner) WHERE lease_owner IS NOT NULL;
+      UPDATE botmesh_meta SET value = '7' WHERE key = 'schema_version';`);
+    raw.close();
+
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    expect((await backend.inbox.list()).map((r) => [r.id, r.state, r.lease?.incarnation ?? null])).toEqual([
+      ["held", "processing", "old"],
+      ["other", "processing", "old"],
+      ["waiting", "pending", null],
+    ]);
+    // A's new incarnation takes its own previous leases at once (not B's, which have an hour to run).
+    const reclaim = { ...lease("A", 60_000, "new"), limit: 10, reclaimOwn: true };
+    expect((await backend.inbox.claimDue(reclaim)).map((r) => [r.id, r.lease?.incarnation])).toEqual([
+      ["held", "new"],
+      ["waiting", "new"],
+    ]);
+    const claimed = await backend.outbox.claimDue({ ...reclaim, resendAmbiguous: false });
+    expect(claimed.due.map((e) => [e.key, e.lease?.incarnation])).toEqual([["k-held", "new"]]);
+    expect(claimed.ambiguous).toEqual([]);
+    expect((await backend.outbox.get("k-next"))?.state).toBe("queued");
+    await backend.close();
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({
+      value: String(SQLITE_SCHEMA_VERSION),
+    });
+    const indexes = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'index'").all() as { name: string }[]).map((r) => r.name);
+    expect(indexes).not.toContain("botmesh_inbox_owner");
+    expect(indexes).not.toContain("botmesh_outbox_owner");
     check.close();
   });
 
