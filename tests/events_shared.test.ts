@@ -398,6 +398,29 @@ describe("SharedFileEventJournal in one process", () => {
     expect(JSON.parse(readFileSync(`${file}.log`, "utf8")).seq).toBe(6);
   });
 
+  test("appendLog: a delta longer than 64 KiB is mirrored as a line too, the next one appended after it", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true });
+    const mirror = statSync(file).ino;
+    await journal.append({ id: "big", eventType: "job", payload: { text: "x".repeat(300_000) } });
+    await journal.append({ id: "small", eventType: "job", payload: null });
+    const lines = readFileSync(`${file}.log`, "utf8").split("\n").filter(Boolean);
+    expect(lines.map((line) => JSON.parse(line).seq)).toEqual([2, 3]);
+    expect(statSync(file).ino, "the mirror's snapshot was not rewritten").toBe(mirror);
+    expect(readdirSync(`${file}.gen`).sort(), "no compaction: the default follows the snapshot's size, at least 1 MiB").toEqual(["1", "2", "3"]);
+  });
+
+  test("appendLog default: compacted once the deltas hold twice the snapshot's bytes (at least 1 MiB)", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true });
+    const payload = { text: "y".repeat(100_000) };
+    for (let i = 0; i < 12; i++) await journal.append({ id: `e${i}`, eventType: "job", payload });
+    const gens = readdirSync(`${file}.gen`).map(Number).sort((a, b) => a - b);
+    expect(gens[0], "a snapshot was written after about 1 MiB of deltas").toBeGreaterThan(1);
+    expect(gens.length).toBeLessThan(12);
+    expect((await journal.list()).length).toBe(12);
+  });
+
   test("a damaged delta generation: FileCorruptError naming the file and the offset", async () => {
     const file = freshFile();
     const journal = await openJournal(file, { appendLog: true });

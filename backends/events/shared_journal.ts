@@ -55,10 +55,10 @@ import {
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
 
 const LABEL = "SharedFileEventJournal";
-/** Default {@link AppendLogOptions.compactEvery}. */
-const DEFAULT_COMPACT_EVERY = 1000;
-/** Default {@link AppendLogOptions.compactBytes}: 4 MiB. */
-const DEFAULT_COMPACT_BYTES = 4 * 1024 * 1024;
+/** Without {@link AppendLogOptions.compactBytes}: compact once the deltas hold this many times the snapshot's bytes… */
+const COMPACT_FACTOR = 2;
+/** …and at least this many. */
+const COMPACT_MIN_BYTES = 1024 * 1024;
 /** The `shared` field of this version's snapshots (generations and the mirror). */
 const SHARED_FORMAT = 2;
 /** The stamp of this version's snapshots: `generation`, `writer`, `shared`, `adopted` (groups: generation, adopted). */
@@ -79,9 +79,13 @@ const decoder = new TextDecoder();
 
 /** Options of the append log (`appendLog: { … }`). */
 export interface AppendLogOptions {
-  /** Compact (rewrite the snapshot, truncate the log) after this many log entries (default `1000`, at least 1). */
+  /** Compact (rewrite the snapshot, truncate the log) after this many log entries (at least 1; default: no count). */
   compactEvery?: number;
-  /** …or once the log reaches this many bytes (default 4 MiB). */
+  /**
+   * …or once the log reaches this many bytes (default: twice the snapshot's
+   * bytes, at least 1 MiB, so that the cost of compactions per write does not
+   * grow with the journal).
+   */
   compactBytes?: number;
   /** Flush each appended line to the disk (default: the journal's `fsync`, itself `true` by default). */
   fsync?: boolean;
@@ -179,8 +183,10 @@ function checkBoolean(value: unknown, name: string): boolean {
  *   and its writer is told so the same way.
  * - Default: every commit is a snapshot. `appendLog`: a commit is a delta (a
  *   small file, cost independent of the journal's size; two flushes, the file
- *   and the directory, where the append took one); every
- *   `compactEvery` deltas or `compactBytes` the commit is a snapshot.
+ *   and the directory, where the append took one); once the deltas since the
+ *   last snapshot hold twice its bytes (at least 1 MiB; or `compactBytes`,
+ *   or `compactEvery` deltas when given) the commit is a snapshot, so the
+ *   cost of compactions per write stays flat as the journal grows.
  *   Generations before a snapshot are removed after it.
  * - The journal file itself and `<file>.log` are a mirror of the newest
  *   generation (a hard link of the snapshot, and the deltas after it as
@@ -249,7 +255,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   readonly #mutex: FileMutex;
   readonly #appendLog: boolean;
   readonly #compactEvery: number;
-  readonly #compactBytes: number;
+  /** `null`: a multiple of the snapshot's size. */
+  readonly #compactBytes: number | null;
   readonly #fsync: boolean;
   readonly #logFsync: boolean;
   readonly #staleLockMs: number;
@@ -263,6 +270,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
   /** The newest snapshot generation at or before `#gen`, and the bytes of the deltas after it. */
   #snapGen = 0;
   #deltaBytes = 0;
+  /** The size of snapshot generation `#snapGen`. */
+  #snapBytes = 0;
   /** The key (`dev:ino:size:mtime`) of the foreign journal file last adopted (carried by every snapshot). */
   #adopted: string | null = null;
   /** The key of the journal file last seen to be a shared journal's mirror. */
@@ -282,7 +291,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     settings: {
       appendLog: boolean;
       compactEvery: number;
-      compactBytes: number;
+      compactBytes: number | null;
       fsync: boolean;
       logFsync: boolean;
       staleLockMs: number;
@@ -328,19 +337,19 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     const fsync = checkBoolean(options.fsync ?? true, "fsync");
     const rawLog = options.appendLog ?? false;
     let appendLog = false;
-    let compactEvery = DEFAULT_COMPACT_EVERY;
-    let compactBytes = DEFAULT_COMPACT_BYTES;
+    let compactEvery = Number.POSITIVE_INFINITY;
+    let compactBytes: number | null = null;
     let logFsync = fsync;
     if (typeof rawLog === "boolean") {
       appendLog = rawLog;
     } else if (typeof rawLog === "object" && rawLog !== null && !Array.isArray(rawLog)) {
       appendLog = true;
-      compactEvery = rawLog.compactEvery ?? DEFAULT_COMPACT_EVERY;
-      if (typeof compactEvery !== "number" || !Number.isInteger(compactEvery) || compactEvery < 1) {
+      compactEvery = rawLog.compactEvery ?? Number.POSITIVE_INFINITY;
+      if (typeof compactEvery !== "number" || !(Number.isInteger(compactEvery) || compactEvery === Infinity) || compactEvery < 1) {
         throw new RangeError(`${LABEL} option "appendLog.compactEvery" must be an integer of at least 1, got ${show(compactEvery)}`);
       }
-      compactBytes = rawLog.compactBytes ?? DEFAULT_COMPACT_BYTES;
-      if (typeof compactBytes !== "number" || Number.isNaN(compactBytes) || compactBytes <= 0) {
+      compactBytes = rawLog.compactBytes ?? null;
+      if (compactBytes !== null && (typeof compactBytes !== "number" || Number.isNaN(compactBytes) || compactBytes <= 0)) {
         throw new RangeError(`${LABEL} option "appendLog.compactBytes" must be a number of bytes above 0, got ${show(compactBytes)}`);
       }
       logFsync = checkBoolean(rawLog.fsync ?? fsync, "appendLog.fsync");
@@ -680,6 +689,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#cache = loaded.journal;
     this.#gen = gen;
     this.#snapGen = gen;
+    this.#snapBytes = bytes.length;
     this.#deltaBytes = 0;
     this.#adopted = stamp[2] === "null" ? null : JSON.parse(stamp[2]);
   }
@@ -746,7 +756,8 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     if (changes === null) return false;
     const gen = this.#gen + 1;
     const deltas = gen - 1 - this.#snapGen;
-    if (!this.#appendLog || deltas >= this.#compactEvery || this.#deltaBytes >= this.#compactBytes) {
+    const compactBytes = this.#compactBytes ?? Math.max(COMPACT_MIN_BYTES, COMPACT_FACTOR * this.#snapBytes);
+    if (!this.#appendLog || deltas >= this.#compactEvery || this.#deltaBytes >= compactBytes) {
       await this.#commitSnapshot(held, journal, gen, this.#adopted, this.#appendLog ? "compact" : "snapshot");
       return true;
     }
@@ -771,6 +782,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     this.#cache = journal;
     this.#gen = gen;
     this.#snapGen = gen;
+    this.#snapBytes = bytes.length;
     this.#deltaBytes = 0;
     this.#adopted = adopted;
     await this.#afterSnapshot(gen, kind).catch(() => {});
@@ -879,12 +891,17 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     const snapshot = Number(stamp[1]);
     const info = await statIdentity(this.logPath);
     if (info === null || info.size === 0) return snapshot;
-    const from = Math.max(0, info.size - MIRROR_TAIL);
-    const tail = await readFileRange(this.logPath, from, info.size);
-    if (tail === null || tail.length === 0 || tail[tail.length - 1] !== 10) return -1;
-    const start = tail.lastIndexOf(10, tail.length - 2) + 1;
-    if (start === 0 && from > 0) return -1;
-    const seq = /^\{"seq":(\d+),/.exec(decoder.decode(tail.subarray(start, start + 40)));
+    // The last line: read back from the end until its start (a large batch makes a long line).
+    let tail: Uint8Array | null = null;
+    let start = -1;
+    for (let span = MIRROR_TAIL; start < 0; span *= 4) {
+      const from = Math.max(0, info.size - span);
+      tail = await readFileRange(this.logPath, from, info.size);
+      if (tail === null || tail.length === 0 || tail[tail.length - 1] !== 10) return -1;
+      const newline = tail.lastIndexOf(10, tail.length - 2);
+      if (newline >= 0 || from === 0) start = newline + 1;
+    }
+    const seq = /^\{"seq":(\d+),/.exec(decoder.decode(tail!.subarray(start, start + 40)));
     if (seq === null) return -1;
     return Math.max(snapshot, Number(seq[1]));
   }
