@@ -40,28 +40,38 @@ export interface LoadedEventSnapshot {
  */
 export function serializeEventSnapshot(journal: MemoryEventJournal, logSeq: number): string {
   const state = journal.exportState();
-  return JSON.stringify({
+  const damaged = state.damaged?.length ? `,"damaged":${JSON.stringify(state.damaged)}` : "";
+  const head = JSON.stringify({
     format: EVENTS_FORMAT,
     version: state.damaged?.length ? EVENTS_FORMAT_VERSION : 1,
     logSeq,
     outboxSeq: state.outboxSeq,
-    events: state.events,
-    outbox: state.outbox,
-    ...(state.damaged?.length ? { damaged: state.damaged } : {}),
   });
+  return `${head.slice(0, -1)},"events":${arrayJson(state.events)},"outbox":${arrayJson(state.outbox)}${damaged}}`;
 }
 
 /**
- * Parses and checks a snapshot file's bytes into a journal.
- *
- * @param file the file, for errors
- * @param bytes its content
- * @param label the journal class named in errors
- * @param options options of the journal built
- * @returns the journal and its `logSeq`
- * @throws {FileCorruptError} naming the file and the byte offset (syntax, encoding) or the bad field (structure;
- *   a record that is not valid is read as damaged instead)
+ * The JSON text of each record object, kept while the object lives: the
+ * journal never changes a record in place (a change replaces the object), so
+ * a snapshot rewrite serializes only the records changed since the last one.
  */
+const recordJson = new WeakMap<object, string>();
+
+/** `JSON.stringify(records)`, each record's text from {@link recordJson}. */
+function arrayJson(records: readonly object[]): string {
+  let out = "[";
+  for (let i = 0; i < records.length; i++) {
+    const record = records[i];
+    let text = recordJson.get(record);
+    if (text === undefined) {
+      text = JSON.stringify(record);
+      recordJson.set(record, text);
+    }
+    out += i === 0 ? text : `,${text}`;
+  }
+  return `${out}]`;
+}
+
 export function parseEventSnapshot(
   file: string,
   bytes: Uint8Array,
