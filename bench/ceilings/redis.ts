@@ -1,7 +1,8 @@
 /**
  * Ceiling: the fewest Redis commands our protocol needs per message, on the same client (ioredis, one
  * connection) with the batching our backend does or aims for (the writes called in one turn go out in
- * one MULTI/EXEC: one round trip, atomic as a script call) and no library logic.
+ * one MULTI/EXEC: one round trip, atomic as a script call; up to `inFlight`, 8, such batches pipelined)
+ * and no library logic.
  *
  * Per message, four writes of three commands each: admit (HSET the inbound record, leased; ZADD it to
  * the due index and to its chat's active index), reserve (the same for the reply), markSent (HSET sent;
@@ -18,7 +19,7 @@ import { REDIS_URL } from "../../tests/support/services.ts";
 import { BenchProvider, childMain, closedLoop, type LoadConfig, type Ns, type RowResult } from "../lib.ts";
 import { TurnBatcher, type Write } from "./batch.ts";
 
-const cfg = JSON.parse(process.argv[2] ?? "{}") as LoadConfig & { ns: Ns };
+const cfg = JSON.parse(process.argv[2] ?? "{}") as LoadConfig & { ns: Ns; inFlight?: number };
 type Kind = "admit" | "reserve" | "sent" | "done";
 
 childMain(async (): Promise<RowResult> => {
@@ -49,7 +50,7 @@ childMain(async (): Promise<RowResult> => {
     const replies = await m.exec();
     const failed = replies?.find(([e]) => e);
     if (!replies || failed) throw failed?.[0] ?? new Error("ceiling: MULTI aborted");
-  }, 1);
+  }, cfg.inFlight ?? 8);
 
   const provider = new BenchProvider();
   const abort = new AbortController();
@@ -83,5 +84,5 @@ childMain(async (): Promise<RowResult> => {
   const open = await client.zcard(`${P}in:due`) + await client.zcard(`${P}out:due`);
   if (done !== total || sent !== total || open !== 0) throw new Error(`ceiling: ${done} done, ${sent} sent of ${total}; ${open} left in the due indexes`);
   await client.quit();
-  return { ...result, note: `one MULTI/EXEC per turn; ${(batcher.writes / batcher.batches).toFixed(1)} writes per batch` };
+  return { ...result, note: `one MULTI/EXEC per turn, ${cfg.inFlight ?? 8} in flight; ${(batcher.writes / batcher.batches).toFixed(1)} writes per batch` };
 });
