@@ -7,11 +7,12 @@
  * bench/anchors/*.ts, bench/ceilings/*.ts) on a fresh store; runs are interleaved across rows (round
  * robin), after one discarded warm-up round.
  *
- *   bun bench/run.ts                      full run (≈ 30 min), writes bench/RESULTS.md
- *   bun bench/run.ts --quick              smoke (CI): short runs, 1 round, no RESULTS.md
+ *   bun bench/run.ts                      full run (≈ 30 min on the shared 2-core machine), writes bench/RESULTS.md
+ *   bun bench/run.ts --quick              smoke (CI): 0.2 s runs, 1 round, scale 2k, recovery 500, no RESULTS.md
  *   options: --runs N (5)  --seconds S (2: each measured run)  --warm S (0.5: each child's own warm-up)
  *            --only postgres,pgboss,ceiling-postgres (durability off always runs: the × off base)
- *            --scale 1k,100k,1M  --scale-runs N (3)  --recovery N (10000)  --ceiling-groups N (4)
+ *            --scale 1k,100k,1M  --scale-runs N (3)  --events-max 1M (100k: the events journal's scale rows
+ *            stop there; 1M adds ≈ 10 min)  --recovery N (10000)  --ceiling-groups N (4)
  *            --no-warmup-round  --no-scale  --no-recovery  --write (RESULTS.md even with --quick)  --no-write
  *
  * Exits 1 only when a run was incorrect (a message not replied exactly once, a record left unfinished,
@@ -37,8 +38,8 @@ const value = (name: string) => {
 };
 const QUICK = flag("--quick");
 const RUNS = Number(value("--runs") ?? (QUICK ? 1 : 5));
-const SECONDS = Number(value("--seconds") ?? (QUICK ? 0.3 : 2));
-const WARM = Number(value("--warm") ?? (QUICK ? 0.1 : 0.5));
+const SECONDS = Number(value("--seconds") ?? (QUICK ? 0.2 : 2));
+const WARM = Number(value("--warm") ?? (QUICK ? 0.05 : 0.5));
 const WARMUP_ROUND = !QUICK && !flag("--no-warmup-round");
 const WARMUP_SECONDS = Math.min(1, SECONDS);
 const ONLY = value("--only")?.split(",").map((s) => s.trim());
@@ -51,7 +52,7 @@ const SCENARIOS = [
   { name: "100 chats", chats: 100 },
   { name: "1 chat (sequential)", chats: 1 },
 ];
-const RECOVERY_RECORDS = flag("--no-recovery") ? 0 : Number(value("--recovery") ?? (QUICK ? 1_000 : 10_000));
+const RECOVERY_RECORDS = flag("--no-recovery") ? 0 : Number(value("--recovery") ?? (QUICK ? 500 : 10_000));
 const SCALE_KINDS: Kind[] = ["sqlite-normal", "postgres", "redis", "events-log"];
 const RECOVERY_KINDS: Kind[] = ["file", "sqlite-normal", "sqlite-full", "events", "events-log", "postgres", "redis-aof", "redis", "upstash"];
 const CHILD_TIMEOUT_MS = 15 * 60_000;
