@@ -405,6 +405,8 @@ interface ManyRows {
   text: string;
   key: string;
   row: Record<string, unknown>;
+  /** Writes of one partition (an outbox reserve's chat) never share a statement either. */
+  partition?: string;
 }
 
 /** Statements one group commit carries at most. */
@@ -552,8 +554,9 @@ class Context {
     // A write joins its kind's statement (placed earlier) only when no earlier write of the group touched
     // its record (the first parameter of every journal write is the record's id or key): each write still
     // sees the effect of every write called before it on the same record.
-    const statements: { text: string; params: unknown[]; writes: QueuedWrite[] }[] = [];
-    const merged = new Map<string, { text: string; params: unknown[]; writes: QueuedWrite[] }>();
+    type Statement = { text: string; params: unknown[]; writes: QueuedWrite[]; partitions?: Set<string> };
+    const statements: Statement[] = [];
+    const merged = new Map<string, Statement>();
     const touched = new Set<string>();
     for (const w of group) {
       const record = `${w.table}\u0000${String(w.params[0])}`;
@@ -561,11 +564,13 @@ class Context {
       touched.add(record);
       const m = w.many;
       const into = m ? merged.get(m.kind) : undefined;
-      if (m && into && !seen) {
+      if (m && into && !seen && (m.partition === undefined || !into.partitions?.has(m.partition))) {
         into.writes.push(w);
+        if (m.partition !== undefined) into.partitions!.add(m.partition);
         continue;
       }
-      const statement = { text: w.text, params: w.params, writes: [w] };
+      const statement: Statement = { text: w.text, params: w.params, writes: [w] };
+      if (m?.partition !== undefined) statement.partitions = new Set([m.partition]);
       if (m) merged.set(m.kind, statement);
       statements.push(statement);
     }
@@ -577,20 +582,7 @@ class Context {
     let results: (Row[] & { count?: number })[];
     try {
       await this.ready();
-      results = await this.sql.begin!((tx) =>
-        new Promise((resolve) => {
-          // Row locks are held until COMMIT: a replica frozen before it (a pause, a partition) must not
-          // hold them, and every write waiting on them, for ever.
-          void tx.unsafe(GROUP_GUARD).then(() => {}, () => {});
-          void Promise.allSettled(statements.map((st) => tx.unsafe(st.text, st.params, { prepare: true }))).then((outcomes) => {
-            // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
-            // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
-            if (outcomes.some((o) => o.status === "rejected" && connectionLost(o.reason))) return;
-            // A statement's server error made COMMIT a rollback, and `begin` rejects with that error.
-            resolve(outcomes.map((o) => (o.status === "fulfilled" ? o.value : [])));
-          });
-        })
-      );
+      results = await this.#begun(statements);
     } catch (error) {
       if (rolledBack(error)) {
         for (const w of group) await alone(w); // one after another, in call order
@@ -613,6 +605,24 @@ class Context {
       }
       for (const w of st.writes) w.resolve(byKey.get(w.many!.key) ?? []);
     });
+  }
+
+  /** A group's transaction by `begin` (BEGIN, then the statements pipelined, then COMMIT): each statement's rows. */
+  #begun(statements: { text: string; params: unknown[] }[]): PromiseLike<(Row[] & { count?: number })[]> {
+    return this.sql.begin!((tx) =>
+      new Promise((resolve) => {
+        // Row locks are held until COMMIT: a replica frozen before it (a pause, a partition) must not hold
+        // them, and every write waiting on them, for ever.
+        void tx.unsafe(GROUP_GUARD).then(() => {}, () => {});
+        void Promise.allSettled(statements.map((st) => tx.unsafe(st.text, st.params, { prepare: true }))).then((outcomes) => {
+          // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
+          // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
+          if (outcomes.some((o) => o.status === "rejected" && connectionLost(o.reason))) return;
+          // A statement's server error made COMMIT a rollback, and `begin` rejects with that error.
+          resolve(outcomes.map((o) => (o.status === "fulfilled" ? o.value : [])));
+        });
+      })
+    );
   }
 
   /** Runs one prepared statement (`op` and `table` name it in errors) after the schema setup. */
@@ -1011,21 +1021,23 @@ class PgInbox implements InboxJournal {
     return good.sort((a, b) => a.record.receivedAt - b.record.receivedAt || a.ord - b.ord).map((item) => item.record);
   }
 
-  async #fenced(op: string, text: string, id: string, token: number, more: unknown[], many?: string): Promise<boolean> {
+  /** `many`: the multi-row statement of the write's kind, and the row's columns besides `id` and `token`. */
+  async #fenced(op: string, text: string, id: string, token: number, more: unknown[], many?: [string, Record<string, unknown>]): Promise<boolean> {
     pgId(id, `inbox.${op}: "id"`);
     checkFinite(token, `inbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
-    const rows = await this.#write(op, text, [id, token, ...more], many ? { kind: `inbox.${op}`, text: many, key: id, row: { id, token } } : undefined);
+    const rows = await this.#write(op, text, [id, token, ...more], many ? { kind: `inbox.${op}`, text: many[0], key: id, row: { id, token, ...many[1] } } : undefined);
     return rows.length === 1;
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
-    return await this.#fenced("heartbeat", this.#q.heartbeat, id, token, [duration(leaseMs)]);
+    const ms = duration(leaseMs);
+    return await this.#fenced("heartbeat", this.#q.heartbeat, id, token, [ms], [this.#q.heartbeatMany, { lease_ms: ms }]);
   }
 
   async complete(id: string, token: number): Promise<void> {
-    if (!(await this.#fenced("complete", this.#q.complete, id, token, [], this.#q.completeMany))) {
+    if (!(await this.#fenced("complete", this.#q.complete, id, token, [], [this.#q.completeMany, {}]))) {
       throw new StaleLeaseError("inbox", id, token);
     }
   }
@@ -1093,14 +1105,14 @@ class PgOutbox implements OutboxJournal {
   }
 
   /** A write that joins the group commit (see `Context.write`). */
-  #write(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
-    return this.#c.write(`outbox.${op}`, this.#t, text, params);
+  #write(op: string, text: string, params: unknown[], many?: ManyRows): Promise<Row[] & { count?: number }> {
+    return this.#c.write(`outbox.${op}`, this.#t, text, params, many);
   }
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
     const input = pgOutbound(entry); // a TypeError naming the field, before anything is written
     if (lease !== undefined) pgClaim(lease, "outbox.reserve");
-    const rows = await this.#write("reserve", this.#q.reserve, [
+    const params = [
       input.key,
       input.chatId,
       JSON.stringify(input.content),
@@ -1110,7 +1122,15 @@ class PgOutbox implements OutboxJournal {
       lease?.owner ?? null,
       lease?.incarnation ?? null,
       duration(lease?.leaseMs ?? 0),
-    ]);
+    ] as const;
+    const [key, chat_id, content, content_hash, inbound_id, leased, owner, inc, lease_ms] = params;
+    const rows = await this.#write("reserve", this.#q.reserve, [...params], {
+      kind: "outbox.reserve",
+      text: this.#q.reserveMany,
+      key,
+      row: { key, chat_id, content, content_hash, inbound_id, leased, owner, inc, lease_ms },
+      partition: chat_id,
+    });
     const row = rows[0];
     if (row && row.status === "new") {
       const created = written(outboxOf(row, input.content), this.#t);
@@ -1156,28 +1176,32 @@ class PgOutbox implements OutboxJournal {
     return { due, ambiguous };
   }
 
-  async #fenced(op: string, text: string, key: string, token: number, more: unknown[]): Promise<boolean> {
+  /** `many`: the multi-row statement of the write's kind, and the row's columns besides `key` and `token`. */
+  async #fenced(op: string, text: string, key: string, token: number, more: unknown[], many?: [string, Record<string, unknown>]): Promise<boolean> {
     pgId(key, `outbox.${op}: "key"`);
     checkFinite(token, `outbox.${op}: "token"`);
     if (!tokenOk(token)) return false;
-    const rows = await this.#write(op, text, [key, token, ...more]);
+    const rows = await this.#write(op, text, [key, token, ...more], many ? { kind: `outbox.${op}`, text: many[0], key, row: { key, token, ...many[1] } } : undefined);
     return rows.length === 1;
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     checkFinite(leaseMs, `outbox.heartbeat: "leaseMs"`);
-    return await this.#fenced("heartbeat", this.#q.heartbeat, key, token, [duration(leaseMs)]);
+    const ms = duration(leaseMs);
+    return await this.#fenced("heartbeat", this.#q.heartbeat, key, token, [ms], [this.#q.heartbeatMany, { lease_ms: ms }]);
   }
 
   async markCalling(key: string, token: number, leaseMs: number): Promise<boolean> {
     checkFinite(leaseMs, `outbox.markCalling: "leaseMs"`);
     // One statement, group-committed as a heartbeat is (the hot path: one per send).
-    return await this.#fenced("markCalling", this.#q.markCalling, key, token, [duration(leaseMs)]);
+    const ms = duration(leaseMs);
+    return await this.#fenced("markCalling", this.#q.markCalling, key, token, [ms], [this.#q.markCallingMany, { lease_ms: ms }]);
   }
 
   async markSent(key: string, token: number, messageId: string): Promise<void> {
     pgString(messageId, `outbox.markSent: "messageId"`);
-    if (!(await this.#fenced("markSent", this.#q.markSent, key, token, [messageId]))) {
+    const many: [string, Record<string, unknown>] = [this.#q.markSentMany, { message_id: messageId }];
+    if (!(await this.#fenced("markSent", this.#q.markSent, key, token, [messageId], many))) {
       throw new StaleLeaseError("outbox", key, token);
     }
   }

@@ -312,6 +312,8 @@ export interface InboxSql {
   claimDue: string;
   claimDueReclaim: string;
   heartbeat: string;
+  /** `heartbeat` of several records: `$1` a JSON array of `{ id, token, lease_ms }`; returns the renewed ids as `mkey`. */
+  heartbeatMany: string;
   complete: string;
   /** `complete` of several records: `$1` a JSON array of `{ id, token }`; returns the completed ids as `mkey`. */
   completeMany: string;
@@ -531,6 +533,9 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
       FROM n WHERE ord = $1::bigint AND ${t.inbox}.xmin = $2::text::xid AND ${KEPT} RETURNING 1 AS ok`,
     heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
       FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+    heartbeatMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint, lease_ms bigint))
+      UPDATE ${t.inbox} AS r SET lease_expires_at = n.now + u.lease_ms, due_at = n.now + u.lease_ms
+      FROM n, u WHERE r.id = u.id AND r.state = 'processing' AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
     complete: `WITH ${n} UPDATE ${t.inbox} SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
       FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
@@ -573,10 +578,22 @@ function listSql(table: string, columns: string, order: string, chat: boolean, s
 /** The statements of the outbox journal. */
 export interface OutboxSql {
   reserve: string;
+  /**
+   * `reserve` of several entries of distinct chats and keys: `$1` a JSON array of `{ i, key, chat_id, content,
+   * content_hash, inbound_id, leased, owner, inc, lease_ms }`; returns each entry's row (as `reserve` does) with
+   * its key as `mkey`.
+   */
+  reserveMany: string;
   claimDue(reclaimOwn: boolean, resend: boolean): string;
   heartbeat: string;
+  /** `heartbeat` of several entries: `$1` a JSON array of `{ key, token, lease_ms }`; returns the renewed keys as `mkey`. */
+  heartbeatMany: string;
   markCalling: string;
+  /** `markCalling` of several entries: `$1` as {@link OutboxSql.heartbeatMany}. */
+  markCallingMany: string;
   markSent: string;
+  /** `markSent` of several entries: `$1` a JSON array of `{ key, token, message_id }`; returns the sent keys as `mkey`. */
+  markSentMany: string;
   markFailed: string;
   markAmbiguous: string;
   get: string;
@@ -641,6 +658,11 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         resync = c.resync OR c.ver IS DISTINCT FROM (SELECT ver FROM snap)
       RETURNING c.chat_id
     )`;
+  // A heartbeat (or, with `set`, markCalling) of several entries: `$1` a JSON array of { key, token, lease_ms }.
+  const renewMany = (set: string) => `WITH ${n},
+    w AS (SELECT * FROM json_to_recordset($1::text::json) AS w(key text, token bigint, lease_ms bigint))
+    UPDATE ${t.outbox} AS o SET lease_expires_at = n.now + w.lease_ms, due_at = n.now + w.lease_ms${set}
+    FROM n, w WHERE o.key = w.key AND o.state = 'sending' AND o.lease_token = w.token AND o.${KEPT} RETURNING o.key AS mkey`;
   // After the settle `u` (seq, chat_id) of an entry: the chat's next head (the first entry that blocks,
   // other than the settled one, in the snapshot) gets its due mark when it has none.
   const nextHead = (when = "true") => `
@@ -812,6 +834,56 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       NULL::text AS xv FROM ins
     UNION ALL
     SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content, set_aside_seq, damage, xv FROM old`,
+    // `reserve` of entries of distinct chats (the caller never puts two of one chat, or of one key, in one
+    // statement), each exactly as a lone reserve: `old`, `snap`, `lk` (the chat rows locked in chat order),
+    // `h` per entry; the entries are inserted in call order (`i`), so their seqs follow it.
+    reserveMany: `WITH ${n},
+    w AS (
+      SELECT * FROM json_to_recordset($1::text::json) AS w(i integer, key text, chat_id text, content text, content_hash text,
+        inbound_id text, leased boolean, owner text, inc text, lease_ms bigint)
+    ),
+    old AS (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key IN (SELECT key FROM w)),
+    snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM w)),
+    lk AS (
+      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
+      SELECT w.chat_id, ${nextVer}, NULL, n.now, EXISTS (SELECT 1 FROM snap s WHERE s.chat_id = w.chat_id) FROM w, n
+      WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.key = w.key)
+      ORDER BY w.chat_id
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+        resync = c.resync OR c.ver IS DISTINCT FROM (SELECT s.ver FROM snap s WHERE s.chat_id = c.chat_id)
+      RETURNING c.chat_id, c.prev
+    ),
+    h AS MATERIALIZED (
+      SELECT w.i, w.key, w.chat_id, w.content, w.content_hash, w.inbound_id, w.leased, w.owner, w.inc, w.lease_ms, n.now,
+        (lk.prev IS NOT DISTINCT FROM (SELECT s.ver FROM snap s WHERE s.chat_id = w.chat_id)
+          AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = w.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT})) AS head
+      FROM w JOIN lk ON lk.chat_id = w.chat_id, n
+    ),
+    d AS (SELECT h.*, (h.leased AND h.head) AS dl FROM h),
+    ins AS (
+      INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
+        lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at, updated_at,
+        due_at)
+      SELECT d.key, d.chat_id, d.content, d.content_hash, d.inbound_id,
+        CASE WHEN d.dl THEN 'sending' ELSE 'queued' END,
+        CASE WHEN d.dl THEN 1 ELSE 0 END,
+        CASE WHEN d.dl THEN NULL ELSE d.now END,
+        CASE WHEN d.dl THEN d.owner END,
+        CASE WHEN d.dl THEN d.inc END,
+        CASE WHEN d.dl THEN 1 END,
+        CASE WHEN d.dl THEN d.now + d.lease_ms END,
+        CASE WHEN d.dl THEN 1 ELSE 0 END,
+        CASE WHEN d.dl THEN 1 ELSE 0 END,
+        NULL, NULL, d.now, d.now,
+        CASE WHEN d.dl THEN d.now + d.lease_ms WHEN d.head THEN d.now END
+      FROM d ORDER BY d.i
+      ON CONFLICT (key) DO NOTHING
+      RETURNING ${OUTBOX_META_COLUMNS}
+    )
+    SELECT 'new' AS status, ${OUTBOX_META_COLUMNS}, NULL::text AS content, NULL::bigint AS set_aside_seq, NULL::text AS damage,
+      NULL::text AS xv, key AS mkey FROM ins
+    UNION ALL
+    SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content, set_aside_seq, damage, xv, key AS mkey FROM old`,
     claimDue,
     ...asideSql(t.outbox, "seq", "key", OUTBOX_COLUMNS),
     // An entry set aside no longer blocks its chat: when it did, it settles as markSent does (chat lock, the
@@ -830,6 +902,48 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     markCalling: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint,
         uncalled_fence = NULL
       FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+    heartbeatMany: renewMany(""),
+    markCallingMany: renewMany(", uncalled_fence = NULL"),
+    // markSent of several entries, as they would be one after another in one transaction: the chats of the
+    // entries are locked (in chat order, so two such statements never wait on each other in a cycle) and
+    // stamped as a lone markSent does, then the entries settle, then each chat's next head (the first
+    // blocking entry that is not one settled here) gets its due mark.
+    markSentMany: `WITH ${n},
+    w AS (SELECT * FROM json_to_recordset($1::text::json) AS w(key text, token bigint, message_id text)),
+    e AS (
+      SELECT o.seq, o.chat_id, w.key, w.token, w.message_id FROM ${t.outbox} o, w
+      WHERE o.key = w.key AND ((o.state = 'sending' AND o.lease_token = w.token) OR (o.state = 'unknown' AND o.fence = w.token))
+        AND o.${KEPT}
+    ),
+    snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM e)),
+    lk AS (
+      INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
+      SELECT ec.chat_id, ${nextVer}, NULL, n.now, true FROM (SELECT DISTINCT chat_id FROM e) ec, n ORDER BY ec.chat_id
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+        resync = c.resync OR c.ver IS DISTINCT FROM (SELECT s.ver FROM snap s WHERE s.chat_id = c.chat_id)
+      RETURNING c.chat_id
+    ),
+    u AS (
+      UPDATE ${t.outbox} AS o SET state = 'sent', message_id = e.message_id, lease_owner = NULL,
+        lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
+        updated_at = n.now, due_at = NULL
+      FROM n, e, lk WHERE o.seq = e.seq AND lk.chat_id = e.chat_id
+        AND ((o.state = 'sending' AND o.lease_token = e.token) OR (o.state = 'unknown' AND o.fence = e.token)) AND o.${KEPT}
+      RETURNING o.seq, o.chat_id, e.key
+    ),
+    nx AS (
+      UPDATE ${t.outbox} AS o SET due_at = coalesce(o.next_attempt_at, n.now)
+      FROM n, (
+        SELECT h.seq FROM (SELECT DISTINCT chat_id FROM u) uc CROSS JOIN LATERAL (
+          SELECT b.seq FROM ${t.outbox} b
+          WHERE b.chat_id = uc.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq NOT IN (SELECT seq FROM u)
+          ORDER BY b.seq LIMIT 1
+        ) h
+      ) h
+      WHERE o.seq = h.seq AND o.state IN ('queued', 'failed') AND o.due_at IS NULL
+      RETURNING 1
+    )
+    SELECT key AS mkey FROM u`,
     markSent: `WITH ${n},
     e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${OUTCOME_OF}),${chatLock},
     u AS (

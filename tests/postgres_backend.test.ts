@@ -980,6 +980,67 @@ describe("PostgresDurability group commit", () => {
     expect(seen.alone).toBe(aloneAfter + 1);
   });
 
+  it("reserves of one group share a statement per run of distinct chats, each answered as a lone reserve would be", async () => {
+    const { wrapped, seen } = watched(client());
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    await b.open();
+    const known = await b.outbox.reserve(outbound("r-known", "rk"), lease());
+    const blocked = await b.outbox.reserve(outbound("r-head", "rb"), lease());
+    const before = seen.statements.length;
+    const results = await Promise.all([
+      b.outbox.reserve(outbound("r-a1", "ra"), lease()),
+      b.outbox.reserve(outbound("r-b1", "rb"), lease()), // behind r-head: queued
+      b.outbox.reserve(outbound("r-known", "rk"), lease()), // known: exists
+      b.outbox.reserve(outbound("r-a2", "ra"), lease()), // the second of chat ra: its own statement, behind r-a1
+      b.outbox.reserve(outbound("r-c1", "rc")), // no lease: queued, due
+      b.outbox.reserve(outbound("r-d1", "rd"), lease()),
+    ]);
+    expect(seen.statements.slice(before), "the guard, [a1 b1 known], [a2 c1 d1]").toEqual([3]);
+    expect(results.map((r) => [r.status, r.entry.key, r.entry.state])).toEqual([
+      ["leased", "r-a1", "sending"],
+      ["queued", "r-b1", "queued"],
+      ["exists", "r-known", known.entry.state],
+      ["queued", "r-a2", "queued"],
+      ["queued", "r-c1", "queued"],
+      ["leased", "r-d1", "sending"],
+    ]);
+    const seqs = results.map((r) => r.entry.seq);
+    expect(seqs[0]! < seqs[3]! && seqs[1]! < seqs[4]! && seqs[4]! < seqs[5]!, "seqs follow call order").toBe(true);
+    for (const r of results) expect((await b.outbox.get(r.entry.key))?.state).toBe(r.entry.state);
+    // Settling the heads of ra and rb in one group (one markSent statement) hands each chat to its next entry.
+    const sentBefore = seen.statements.length;
+    await Promise.all([
+      b.outbox.markSent("r-a1", results[0]!.entry.lease!.token, "m-a1"),
+      b.outbox.markSent("r-head", blocked.entry.lease!.token, "m-head"),
+    ]);
+    expect(seen.statements.slice(sentBefore), "the guard, one markSent statement").toEqual([2]);
+    const claim = await b.outbox.claimDue({ ...lease(), limit: 10 });
+    expect(claim.due.map((e) => e.key).sort(), "the next heads and the due queued entry").toEqual(["r-a2", "r-b1", "r-c1"]);
+  });
+
+  it("markCalling and markSent of one group share a statement each; a stale token fails only its own write", async () => {
+    const { wrapped, seen } = watched(client());
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    await b.open();
+    const entries = [];
+    for (let i = 0; i < 4; i++) entries.push((await b.outbox.reserve(outbound(`mc-${i}`, `mc${i}`), lease())).entry);
+    const before = seen.statements.length;
+    const calling = await Promise.all([
+      ...entries.map((e) => b.outbox.markCalling(e.key, e.lease!.token, 60_000)),
+      b.outbox.markCalling("mc-0", 99, 60_000),
+    ]);
+    expect(calling).toEqual([true, true, true, true, false]);
+    expect(seen.statements.slice(before), "the guard, the merged four, the stale one alone (same key)").toEqual([3]);
+    for (const e of entries) expect((await b.outbox.get(e.key))?.called).toBe(true);
+    const sent = await Promise.allSettled([
+      ...entries.slice(0, 3).map((e) => b.outbox.markSent(e.key, e.lease!.token, `m-${e.key}`)),
+      b.outbox.markSent("mc-3", 99, "m-stale"),
+    ]);
+    expect(sent.map((o) => o.status)).toEqual(["fulfilled", "fulfilled", "fulfilled", "rejected"]);
+    expect((await b.outbox.get("mc-3"))?.state).toBe("sending");
+    expect((await b.outbox.get("mc-1"))?.messageId).toBe("m-mc-1");
+  });
+
   it("leased admits of one group keep the chat order among themselves: each is held back by an earlier one of its chat as if admitted alone", async () => {
     const { wrapped, seen } = watched(client());
     const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
