@@ -15,6 +15,8 @@
  * - **The inter-process mutex** `<file>.mutex` ({@link FileMutex},
  *   {@link withFileMutex}): held for the few milliseconds of one write by one
  *   of several processes that share the file.
+ * - **The framed append log** ({@link frameLogRecord}, {@link scanLogRecords}):
+ *   records with a length and a CRC-32, a torn last one told from damage.
  * - {@link isLockHeldByLiveProcess}: whether a live process holds `<file>.lock`
  *   (a shared journal refuses such a file).
  *

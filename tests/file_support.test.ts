@@ -397,3 +397,43 @@ describe("snapshot helpers", () => {
     expect(() => parseJsonBytes(file, bad)).toThrow(/at byte 2: invalid UTF-8/);
   });
 });
+
+describe("the framed log", () => {
+  test("crc32 is CRC-32/IEEE; a record is `R <length> <crc> <json>\\n`", async () => {
+    const { crc32, frameLogRecord } = await import("../backends/file_support.ts");
+    expect(crc32(new TextEncoder().encode("123456789"))).toBe(0xcbf43926);
+    expect(new TextDecoder().decode(frameLogRecord('{"a":"é"}'))).toBe(`R 10 ${crc32(new TextEncoder().encode('{"a":"é"}')).toString(16).padStart(8, "0")} {"a":"é"}\n`);
+  });
+
+  test("scanLogRecords: whole records, a torn tail ends the log, damage before intact records is an error", async () => {
+    const { frameLogRecord, scanLogRecords, FileCorruptError } = await import("../backends/file_support.ts");
+    const a = frameLogRecord('{"n":1}');
+    const b = frameLogRecord('{"n":2}');
+    const c = frameLogRecord('{"n":3}');
+    const join3 = (...parts: Uint8Array[]) => {
+      const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+      let at = 0;
+      for (const p of parts) (out.set(p, at), at += p.length);
+      return out;
+    };
+    const whole = join3(a, b, c);
+    expect(scanLogRecords("/x.log", whole, "T").records.map((r) => r.value)).toEqual([{ n: 1 }, { n: 2 }, { n: 3 }]);
+    expect(scanLogRecords("/x.log", whole, "T").end).toBe(whole.length);
+    for (let cut = a.length + b.length; cut < whole.length; cut++) {
+      const torn = scanLogRecords("/x.log", whole.subarray(0, cut), "T");
+      expect(torn.records.length).toBe(2);
+      expect(torn.end).toBe(a.length + b.length);
+    }
+    const damaged = whole.slice();
+    damaged[a.length + 12] ^= 0x20; // inside b's payload: its checksum fails, c follows
+    let error: unknown = null;
+    try {
+      scanLogRecords("/x.log", damaged, "T");
+    } catch (e) {
+      error = e;
+    }
+    expect(error).toBeInstanceOf(FileCorruptError);
+    expect((error as InstanceType<typeof FileCorruptError>).offset).toBe(a.length);
+    expect((error as Error).message).toContain("log record 2 is damaged");
+  });
+});
