@@ -1590,7 +1590,7 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
       insert: `INSERT INTO ${this.#t} (key, chat_id, content, content_hash, inbound_id, state, attempts, next_attempt_at,
           lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, uncalled_fence, message_id, error, created_at,
           updated_at, due_at)
-        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING seq`,
+        VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING seq`,
       markCalling: `UPDATE ${this.#t} SET uncalled_fence = NULL, lease_expires_at = ?, due_at = ?
         WHERE key = ? AND state = 'sending' AND lease_token = ? AND set_aside_seq IS NULL`,
       setDue: `UPDATE ${this.#t} SET due_at = ? WHERE seq = ?`,
@@ -1720,11 +1720,7 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
     lease: ClaimOptions | undefined,
   ): Promise<ReserveResult | typeof DAMAGED> {
     return c.write((now): ReserveResult | typeof DAMAGED => {
-      const found = c.stmt(this.#sql.select).get(input.key);
-      if (found) {
-        const existing = found.set_aside_seq === null ? outboxOf(found) : null;
-        return existing === null || existing instanceof Damage ? DAMAGED : { status: "exists", entry: existing };
-      }
+      // The insert comes first (it writes nothing when the key exists): one statement fewer in the usual case.
       const clear = !this.#hasUnsettled(c, input.chatId);
       const draft = newOutboxEntry(input, 0, now, clear ? lease : undefined);
       const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
@@ -1748,7 +1744,12 @@ class SqliteOutbox implements OutboxJournal, DamagedRecords {
         draft.updatedAt,
         dueAt,
       );
-      const entry: OutboxEntry = { ...draft, seq: num(row!.seq) }; // its content is the checked copy
+      if (row === undefined) {
+        const found = c.stmt(this.#sql.select).get(input.key);
+        const existing = found === undefined || found.set_aside_seq !== null ? null : outboxOf(found);
+        return existing === null || existing instanceof Damage ? DAMAGED : { status: "exists", entry: existing };
+      }
+      const entry: OutboxEntry = { ...draft, seq: num(row.seq) }; // its content is the checked copy
       return { status: entry.state === "sending" ? "leased" : "queued", entry };
     }, true);
   }
