@@ -22,6 +22,12 @@
  * Every operation is ONE Lua script (see `redis_lua.ts`), loaded once and
  * run with `EVALSHA`; when the server answers `NOSCRIPT` (after a
  * `SCRIPT FLUSH`, a restart or a failover) it is loaded again and re-run.
+ * The writes of the hot path (admit, heartbeats, finishing, reserve,
+ * markCalling, markSent/markFailed) issued in one turn of the event loop go
+ * in one `EVALSHA` of a batch script that runs each as its own script would,
+ * in order, and answers each on its own (one that fails changes nothing of
+ * the others); at most two such calls are in flight, and the writes issued
+ * meanwhile go together in the next one.
  * Scripts are atomic, so claims, fencing checks and the per-chat order of
  * sends hold across any number of replicas. Times come from the server
  * (`redis.call('TIME')` inside the scripts), never from a replica's clock.
@@ -31,10 +37,13 @@
  * a Redis Cluster hash tag, so all keys of one backend share a slot. Give
  * each bot (tenant, test) its own prefix. Under the prefix:
  * - `in:r:<id>` inbox record (hash; the payload is opaque JSON text);
- *   `in:all`, `in:chat:<chatId>`, `in:st:<state>` sorted sets in receipt
+ *   `in:chat:<chatId>`, `in:st:<state>` sorted sets in receipt
  *   order (`in:st:pending` is also the due backlog); `in:timed` (failed and
- *   processing records by when they become due); `in:owner:<owner>` (leased
- *   records, for `reclaimOwn`); `in:done` (done records by `updatedAt`, for
+ *   processing records by when they become due); `in:own:<n>:<owner>:<incarnation>`
+ *   (the records one incarnation leases, in receipt order; `<n>` is the owner's length), and
+ *   `in:incs:<owner>` the incarnations that have such a set, for `reclaimOwn`
+ *   (a restart takes back its previous incarnation's records batch by batch,
+ *   reading each batch only); `in:done` (done records by `updatedAt`, for
  *   purges); `in:ord` admission counter; `in:act:<chatId>` the chat's active
  *   (pending/processing/failed) records in arrival order, which due scans
  *   and leased admissions read to keep the chat's order; `in:actv` marks
@@ -44,7 +53,7 @@
  *   (hash: `problem`, `at`, `reported`) each one's report.
  * - `out:r:<key>` outbox entry (hash; content is opaque JSON text; `called`
  *   is `1`/`0`);
- *   `out:all`, `out:chat:<chatId>`, `out:st:<state>` by `seq`;
+ *   `out:chat:<chatId>`, `out:st:<state>` by `seq`;
  *   `out:open:<chatId>` the chat's unsettled (queued/sending/failed) entries
  *   by `seq`, whose first is the chat's head; `out:due` the heads that are
  *   queued/failed, by `nextAttemptAt`; `out:lease` sending entries by lease
@@ -82,9 +91,22 @@
  * exception is `outbox.markCalling`, one write per send on the hot path: it is
  * idempotent by itself, so it stores no reply, and a re-sent call answers for
  * the entry as it is then (`false` when its lease was lost meanwhile, so that
- * no provider call starts under it).
+ * no provider call starts under it). A batch call has one request key: a
+ * second run answers its other operations from it and runs the
+ * `markCalling`s in it again. The stored replies are small: an admission or
+ * a new reservation answers the state, times and number the script chose
+ * (the caller has the rest of the record), never a copy of the record.
  *
  * ## Stored data of older versions
+ * Older versions also wrote `in:all`/`out:all` (every record, in list
+ * order) and `in:owner:<owner>` (one set of every lease of an owner, which a
+ * reclaiming scan read whole for each batch). Lists now read the per-state
+ * sets, which hold every record too; `in:all`/`out:all` are left as they are
+ * (purges still remove from them). The first reclaiming scan of an owner
+ * moves its `in:owner:<owner>` into the sets by incarnation and deletes it
+ * (again when an older replica wrote to it meanwhile, in a rolling upgrade;
+ * such a replica's unfiltered lists miss the records this version admits).
+ *
  * An outbox entry written before the `called` field existed has none: it
  * reads as `called: true` (a provider call may have started under its lease,
  * so a lapsed one stays ambiguous, as it was). The next claim writes the field;

@@ -91,7 +91,6 @@ local function save(h, fields)
   if #del > 0 then redis.call('HDEL', h._key, unpack(del)) end
   if not o then h._o = {} for _, f in ipairs(fields) do if type(h[f]) == 'string' then h._o[f] = h[f] end end end
 end
-local function flat(key) return redis.call('HGETALL', key) end
 local function opts(i)
   return { owner = ARGV[i], inc = ARGV[i + 1], leaseMs = tonumber(ARGV[i + 2]), reclaim = ARGV[i + 3] == '1' }
 end
@@ -416,6 +415,15 @@ local function in_admits(h, now, o)
   end
   return s ~= 'pending'
 end
+-- Whether the record of om (a member of chat's in:act) is a live lease of the caller's own incarnation,
+-- read from the few fields that say so (no whole record): a walk steps over those, which neither hold
+-- the chat nor can be taken, so that a queue of the caller's own leases costs one small read each.
+local function own_live(om, chat, now, o)
+  local f = fields(in_key(string.sub(om, 17)), 'state', 'leaseOwner', 'leaseInc', 'leaseExp', 'om', 'chatId')
+  local exp = tonumber(f[4])
+  return f[1] == 'processing' and f[2] == o.owner and f[3] == o.inc and exp ~= nil and exp > now and f[5] == om
+    and f[6] == chat
+end
 -- holdsChat: processing under a live lease that is neither the caller's own nor reclaimable by it
 local function in_holds(h, now, o)
   if h.state ~= 'processing' or not h.leaseOwner then return false end
@@ -642,8 +650,10 @@ export interface LuaScript {
  * passes a random request id in `KEYS[2]`; the script returns the reply stored
  * there when there is one, else runs and stores its reply with `SET … PX`.
  *
- * Memory: one key per mutating call, kept this long. Most replies are a few
- * bytes; a `claimDue` reply holds the claimed records (up to `limit`, with
+ * Memory: one key per mutating call (one per batch call of the hot-path
+ * writes, see {@link BATCH}), kept this long. Most replies are a few bytes (an
+ * admission or a reservation answers its state and times, not the record;
+ * an existing entry that `reserve` finds is the exception); a `claimDue` reply holds the claimed records (up to `limit`, with
  * their payloads), so a busy bot keeps about two minutes of claimed records a
  * second time. The reads (get, list, damaged, time; a get or list that
  * meets a damaged record sets it aside, which a second run finds done) and
@@ -731,10 +741,15 @@ if leased then
   while leased do
     local oms = redis.call('ZRANGEBYSCORE', akey, '-inf', ARGV[7], 'LIMIT', pos, 16)
     for _, om in ipairs(oms) do
-      local h = in_read(string.sub(om, 17), now, om, chat)
+      local h = nil
+      if own_live(om, chat, now, o) then
+        h = {om = om, chatId = chat, state = 'processing', own = true}
+      else
+        h = in_read(string.sub(om, 17), now, om, chat)
+      end
       if not h or h.om ~= om or h.chatId ~= chat or not ACTIVE[h.state] then
         redis.call('ZREM', akey, om) -- set aside, or a stale entry: the later ones move up a rank
-      elseif in_admits(h, now, o) then
+      elseif h.own or in_admits(h, now, o) then
         pos = pos + 1
       else
         leased = false
@@ -763,7 +778,7 @@ local h = in_read(ARGV[2], now)
 local o = opts(3)
 if not h or not in_claimable(h, now, o) then return cjson.encode({'none'}) end
 in_claim(h, now, o)
-return cjson.encode({'ok', flat(h._key)})
+return cjson.encode({'ok', flat_of(h)})
 `, true),
   /**
    * ARGV: P, owner, inc, leaseMs, reclaim, limit. Candidates come from the due windows (lapsed leases
@@ -853,8 +868,19 @@ local function walk(w)
     if #oms == 0 then w.done = true; return end
     for _, om in ipairs(oms) do
       local id = string.sub(om, 17)
-      local h = look(id, om, w.chat)
-      if not h or h.om ~= om or h.chatId ~= w.chat or not ACTIVE[h.state] then
+      local h, stepped = nil, false
+      if not walked[id] and looked[id] == nil and own_live(om, w.chat, now, o) then
+        stepped = true -- it neither holds the chat nor can be taken
+        walked[id] = true
+        w.pos = w.pos + 1
+        if win[id] then w.left = w.left - 1 end
+        if w.left <= 0 then return end
+      else
+        h = look(id, om, w.chat)
+      end
+      if stepped then
+        -- (stepped over)
+      elseif not h or h.om ~= om or h.chatId ~= w.chat or not ACTIVE[h.state] then
         redis.call('ZREM', key, om) -- a stale entry: the later ones move up a rank
       else
         w.pos = w.pos + 1
@@ -944,7 +970,7 @@ for _, h in ipairs(cands) do
   if #out >= limit then break end
   if allowed[h.id] then
     in_claim(h, now, o)
-    out[#out + 1] = flat(h._key)
+    out[#out + 1] = flat_of(h)
   end
 end
 return cjson.encode(out)
@@ -1126,12 +1152,12 @@ for _, h in ipairs(lost) do
     -- unchanged, still its chat's head); over the limit it stays sending for a later scan
     if #due < limit then
       out_claim(h, now, o)
-      due[#due + 1] = flat(h._key)
+      due[#due + 1] = flat_of(h)
     end
   elseif resend then
     if #due < limit then
       out_claim(h, now, o)
-      local f = flat(h._key)
+      local f = flat_of(h)
       amb[#amb + 1] = f
       due[#due + 1] = f
     end
@@ -1142,7 +1168,7 @@ for _, h in ipairs(lost) do
     h.updatedAt = n2s(now)
     out_write(h)
     sync_head(h.chatId, now)
-    amb[#amb + 1] = flat(h._key)
+    amb[#amb + 1] = flat_of(h)
   end
 end
 -- (2) due chat heads (including those just freed by step 1); every entry read leaves the range
@@ -1161,7 +1187,7 @@ while #due < limit do
     elseif (h.state == 'queued' or h.state == 'failed') and head == k then
       if num(h, 'nextAttemptAt', 0) <= now then
         out_claim(h, now, o)
-        due[#due + 1] = flat(h._key)
+        due[#due + 1] = flat_of(h)
       else
         redis.call('ZADD', P .. 'out:due', h.nextAttemptAt, k)
       end
@@ -1392,7 +1418,7 @@ return cjson.encode(out)
  * The operations {@link BATCH} runs: the writes of the hot path (admission, reply, send, completion,
  * heartbeats). Their scripts need only the inbox and outbox functions, and their replies are small.
  */
-export const BATCHED = [
+export const BATCHED: readonly BatchedName[] = [
   "inAdmit",
   "inHeartbeat",
   "inFinish",
@@ -1400,10 +1426,17 @@ export const BATCHED = [
   "outHeartbeat",
   "outMarkCalling",
   "outFinish",
-] as const satisfies readonly ScriptName[];
+];
 
 /** The name of an operation {@link BATCH} runs. */
-export type BatchedName = (typeof BATCHED)[number];
+export type BatchedName =
+  | "inAdmit"
+  | "inHeartbeat"
+  | "inFinish"
+  | "outReserve"
+  | "outHeartbeat"
+  | "outMarkCalling"
+  | "outFinish";
 
 /**
  * Several operations in one script call: the writes issued in one turn of the event loop go to Redis
