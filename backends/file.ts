@@ -89,6 +89,7 @@ import {
   ensureDir,
   openAppendFile,
   readFileBytes,
+  syncDirectory,
   realPathOf,
   removeFile,
   resolvePath,
@@ -1111,7 +1112,7 @@ class LogCommitter {
     this.#reports = [];
     this.#outboxSeq = 0;
     if (read !== null && read.logGen > 0) {
-      const log = await openAppendFile(`${this.#file()}.log`, this.#mode());
+      const log = await this.#openLog();
       try {
         if (read.logSize > read.logEnd) await log.truncate(read.logEnd, this.#fsync); // a torn last write
       } catch (error) {
@@ -1120,6 +1121,7 @@ class LogCommitter {
       }
       this.#log = log;
     }
+    this.#state?.observeOutbox(null); // a state replaced after a failed write tells nothing more
     mem.observeOutbox((key, entry) => {
       this.#outboxTouched.set(key, entry);
       if (entry !== null && entry.seq > this.#outboxSeq) this.#outboxSeq = entry.seq;
@@ -1135,6 +1137,19 @@ class LogCommitter {
     this.#failure = null;
     await this.#closeLog();
     if (this.#waiters.length > 0) this.#writing ??= this.#writeLoop();
+  }
+
+  /** Opens the log for appending; its directory entry is flushed (it may have just been created). */
+  async #openLog(): Promise<AppendFile> {
+    const file = this.#file();
+    const log = await openAppendFile(`${file}.log`, this.#mode());
+    try {
+      if (this.#fsync) await syncDirectory(await dirName(file));
+    } catch (error) {
+      await log.close().catch(() => {});
+      throw error;
+    }
+    return log;
   }
 
   async #closeLog(): Promise<void> {
@@ -1350,7 +1365,7 @@ class LogCommitter {
       this.#logBytes = 0;
       this.#snapshotBytes = text.length;
       if (kind === "compact") {
-        this.#log ??= await openAppendFile(`${file}.log`, this.#mode());
+        this.#log ??= await this.#openLog();
         await this.#log.truncate(0, this.#fsync);
       } else {
         await this.#closeLog();
