@@ -616,13 +616,16 @@ describe("sqlite: session store", () => {
 
   test("an expired value is never returned and is purged lazily or by purgeExpired", async () => {
     const file = tempFile();
-    const store = new SQLiteStore({ file });
+    // Time moves only when the test says so: a loaded machine cannot let a ttl lapse early.
+    let now = Date.now();
+    const store = new SQLiteStore({ file, clock: () => now });
     await store.set("short", 1, { ttlMs: 40 });
     await store.set("long", 2, { ttlMs: 60_000 });
     await store.set("forever", 3);
     for (let i = 0; i < 3; i++) await store.set(`gone${i}`, i, { ttlMs: 20 });
+    now += 39;
     expect(await store.get("short")).toBe(1);
-    await sleep(80);
+    now += 41;
     expect(await store.get("short")).toBeUndefined();
     expect(await store.get("long")).toBe(2);
     expect(await store.get("forever")).toBe(3);
