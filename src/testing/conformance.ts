@@ -613,6 +613,30 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         for (const r of records) expect((await mustGetIn(b, r.id)).lease?.incarnation).toBe("inc-2");
       });
 
+      it("reclaimOwn after several dead incarnations: batches take the oldest of all of them, each once, until none is left", async (b) => {
+        const owner = uid("owner");
+        const times = [7_000, 3_000, 9_000, 1_000, 5_000, 8_000, 2_000, 6_000, 4_000];
+        const records = [];
+        // Three earlier incarnations of one owner, their records interleaved in time (each in its own chat).
+        for (const [i, t] of times.entries()) {
+          records.push(await admitted(b, inbound(uid("chat"), t), claimer(owner, LONG, `inc-${1 + (i % 3)}`)));
+        }
+        const next = claimer(owner, LONG, "inc-4");
+        const inOrder = [...records].sort((x, y) => x.receivedAt - y.receivedAt).map((r) => r.id);
+        const batches: string[][] = [];
+        for (let i = 0; i < 6; i++) {
+          const due = await b.inbox.claimDue({ ...next, reclaimOwn: true, limit: 4 });
+          batches.push(ids(due));
+          if (due.length < 4) break;
+        }
+        expect(batches, "oldest first across the incarnations, each record once").toEqual([
+          inOrder.slice(0, 4),
+          inOrder.slice(4, 8),
+          inOrder.slice(8),
+        ]);
+        for (const r of records) expect((await mustGetIn(b, r.id)).lease?.incarnation).toBe("inc-4");
+      });
+
       it("fail with a retry: failed, not claimable until nextAttemptAt, then claimable", async (b) => {
         const chat = uid("chat");
         const retryInMs = ms(100);
