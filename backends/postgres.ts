@@ -65,10 +65,18 @@
  * are group-committed: those called in one turn of the event loop share one
  * transaction, their statements pipelined on one connection (`sql.begin`),
  * so a busy bot pays one commit (one WAL flush) per group instead of one per
- * write; a lone write is one statement as before. The admits of a group
- * are one multi-row `INSERT`, its inbox completions one multi-row `UPDATE`
- * (a write joins them only when no earlier write of the group touched its
- * record). Each write still settles on its own (a stale token fails only its
+ * write; a lone write is one statement as before. Groups go in lanes
+ * (`groupLanes`, 2 by default), one group in flight per lane, so one group's
+ * commit overlaps the next one's statements: each chat's writes go to one
+ * lane (a hash of the chat id, known from the write or, for a write by id,
+ * from the admit, claim or reserve that gave this process the record; lane 0
+ * when unknown), and every row a write locks is its chat's, so two lanes
+ * never lock the same rows and never deadlock on each other. Within a group,
+ * the writes of one kind go in one multi-row statement (admits, reserves,
+ * heartbeats, markCallings, markSents, inbox completions; reserves of one
+ * chat never share one), chat rows locked in chat order; a write joins its
+ * kind's statement only when no earlier write of the group touched its
+ * record. Each write still settles on its own (a stale token fails only its
  * own call): a group the server rolled back (a deadlock with another
  * replica's group: the server picks one after `deadlock_timeout`, 1 s by
  * default) runs each of its writes again alone, in call order; a group whose
@@ -299,6 +307,11 @@ export interface PostgresOptions {
   tablePrefix?: string;
   /** Rows one purge statement deletes at most (default 1000; 1 to 100000). */
   purgeBatchSize?: number;
+  /**
+   * Group commits of journal writes under way at once (default 2; 1 to 16), each on its own connection;
+   * each chat's writes go to one of them (see "Statements" in the module documentation).
+   */
+  groupLanes?: number;
 }
 
 /** Options of {@link PostgresDurability}. */
@@ -308,7 +321,7 @@ export type PostgresStoreOptions = PostgresOptions;
 /** Options of {@link PostgresKv}. */
 export type PostgresKvOptions = PostgresOptions;
 
-const OPTION_NAMES = ["sql", "schema", "tablePrefix", "purgeBatchSize"] as const;
+const OPTION_NAMES = ["sql", "schema", "tablePrefix", "purgeBatchSize", "groupLanes"] as const;
 const DEFAULT_PURGE_BATCH = 1000;
 const MAX_PURGE_BATCH = 100_000;
 /** Postgres cuts identifiers at 63 bytes; the prefix leaves room for the longest table/index suffix. */
@@ -327,6 +340,7 @@ interface Resolved {
   schema: string;
   prefix: string;
   purgeBatch: number;
+  lanes: number;
 }
 
 function resolveOptions(options: unknown): Resolved {
@@ -371,7 +385,12 @@ function resolveOptions(options: unknown): Resolved {
   if (!Number.isInteger(batch) || batch < 1 || batch > MAX_PURGE_BATCH) {
     throw new RangeError(`Postgres option "purgeBatchSize" must be an integer from 1 to ${MAX_PURGE_BATCH}, got ${show(batch)}`);
   }
-  return { sql: sql as PostgresClient, schema, prefix, purgeBatch: batch };
+  const lanes = o.groupLanes ?? DEFAULT_LANES;
+  if (typeof lanes !== "number") throw new TypeError(`Postgres option "groupLanes" must be a number, got ${show(lanes)}`);
+  if (!Number.isInteger(lanes) || lanes < 1 || lanes > MAX_LANES) {
+    throw new RangeError(`Postgres option "groupLanes" must be an integer from 1 to ${MAX_LANES}, got ${show(lanes)}`);
+  }
+  return { sql: sql as PostgresClient, schema, prefix, purgeBatch: batch, lanes };
 }
 
 // ---- the connection context ------------------------------------------------------
@@ -412,12 +431,25 @@ interface ManyRows {
 /** Statements one group commit carries at most. */
 const MAX_GROUP = 256;
 /**
- * Group commits under way at once, per client, schema and prefix. One: two
- * groups of one process could lock the same rows in opposite orders (a
- * heartbeat group and a completion group) and deadlock; and one was as fast
- * as two to eight here (the next group grows while one commits).
+ * Group commits under way at once, per backend (option `groupLanes`): one per lane, and each chat's writes
+ * go to one lane (by a hash of the chat id). Two groups of one process that touched the same rows could lock
+ * them in opposite orders (a group's statements lock their chats' rows statement by statement) and
+ * deadlock; every row a journal write locks (its record, its chat's row, the chat's next head) belongs to
+ * its chat, so groups of two lanes never wait on each other. A write whose chat this process does not know
+ * (a record it never admitted, claimed or reserved) goes to lane 0.
  */
-const GROUPS_IN_FLIGHT = 1;
+const DEFAULT_LANES = 2;
+const MAX_LANES = 16;
+/** Chats of records this process holds, remembered at most (the oldest are forgotten first). */
+const MAX_KNOWN_CHATS = 100_000;
+
+/** The lane of a chat among `lanes` (FNV-1a of its id). */
+function laneOf(chat: string | undefined, lanes: number): number {
+  if (chat === undefined || lanes === 1) return 0;
+  let h = 0x811c9dc5;
+  for (let i = 0; i < chat.length; i++) h = Math.imul(h ^ chat.charCodeAt(i), 0x01000193);
+  return (h >>> 0) % lanes;
+}
 
 /**
  * Whether a failed transaction is known to have rolled back: the server
@@ -451,14 +483,15 @@ class Context {
   readonly sql: PostgresClient;
   readonly t: Tables;
   readonly purgeBatch: number;
-  #queued: QueuedWrite[] = [];
-  #inFlight = 0;
-  #scheduled = false;
+  readonly #lanes: { queued: QueuedWrite[]; busy: boolean; scheduled: boolean }[];
+  /** The chat of each record this process admitted, claimed or reserved and has not settled (`table\0id`). */
+  readonly #chats = new Map<string, string>();
 
   constructor(options: Resolved) {
     this.sql = options.sql;
     this.t = tables(options.schema, options.prefix);
     this.purgeBatch = options.purgeBatch;
+    this.#lanes = Array.from({ length: options.lanes }, () => ({ queued: [] as QueuedWrite[], busy: false, scheduled: false }));
   }
 
   /** `"schema"."prefix*"`, for errors. */
@@ -516,7 +549,7 @@ class Context {
    * Runs one journal write (one statement, `op` and `table` name it in errors)
    * in a group commit: the writes called in one turn of the event loop share
    * one transaction (one commit, one WAL flush), their statements pipelined
-   * on one connection; at most {@link GROUPS_IN_FLIGHT} such transactions run
+   * on one connection; one such transaction per lane (see {@link DEFAULT_LANES}) runs
    * at once, and the writes that arrive meanwhile wait for the next one. A
    * write resolves once its transaction committed. When the transaction
    * fails with a server error (it rolled back: a deadlock with another
@@ -524,26 +557,40 @@ class Context {
    * is lost (the commit's fate is unknown), each write rejects with that error.
    * A lone write, or a client without `begin`, runs as its own statement.
    */
-  write(op: string, table: string, text: string, params: unknown[], many?: ManyRows): Promise<Row[] & { count?: number }> {
+  write(op: string, table: string, text: string, params: unknown[], many?: ManyRows, chat?: string): Promise<Row[] & { count?: number }> {
     if (typeof this.sql.begin !== "function") return this.run(op, table, text, params);
+    const lane = this.#lanes[laneOf(chat ?? this.#chats.get(`${table}\u0000${String(params[0])}`), this.#lanes.length)]!;
     return new Promise((resolve, reject) => {
-      this.#queued.push({ op, table, text, params, ...(many ? { many } : {}), resolve, reject });
-      this.#schedule();
+      lane.queued.push({ op, table, text, params, ...(many ? { many } : {}), resolve, reject });
+      this.#schedule(lane);
     });
   }
 
-  #schedule(): void {
-    if (this.#scheduled || this.#queued.length === 0 || this.#inFlight >= GROUPS_IN_FLIGHT) return;
-    this.#scheduled = true;
+  /** Remembers the chat of record `id` of `table` (held by this process), for the lane of its writes. */
+  know(table: string, id: string, chat: string): void {
+    const key = `${table}\u0000${id}`;
+    if (this.#chats.get(key) === chat) return;
+    this.#chats.delete(key);
+    this.#chats.set(key, chat);
+    if (this.#chats.size > MAX_KNOWN_CHATS) this.#chats.delete(this.#chats.keys().next().value!);
+  }
+
+  /** Forgets the chat of a record this process settled. */
+  forget(table: string, id: string): void {
+    this.#chats.delete(`${table}\u0000${id}`);
+  }
+
+  #schedule(lane: { queued: QueuedWrite[]; busy: boolean; scheduled: boolean }): void {
+    if (lane.scheduled || lane.queued.length === 0 || lane.busy) return;
+    lane.scheduled = true;
     nextTurn(() => {
-      this.#scheduled = false;
-      while (this.#queued.length > 0 && this.#inFlight < GROUPS_IN_FLIGHT) {
-        this.#inFlight++;
-        void this.#commit(this.#queued.splice(0, MAX_GROUP)).finally(() => {
-          this.#inFlight--;
-          this.#schedule();
-        });
-      }
+      lane.scheduled = false;
+      if (lane.queued.length === 0 || lane.busy) return;
+      lane.busy = true;
+      void this.#commit(lane.queued.splice(0, MAX_GROUP)).finally(() => {
+        lane.busy = false;
+        this.#schedule(lane);
+      });
     });
   }
 
@@ -959,9 +1006,9 @@ class PgInbox implements InboxJournal {
     return this.#c.run(`inbox.${op}`, this.#t, text, params);
   }
 
-  /** A write that joins the group commit (see `Context.write`). */
-  #write(op: string, text: string, params: unknown[], many?: ManyRows): Promise<Row[] & { count?: number }> {
-    return this.#c.write(`inbox.${op}`, this.#t, text, params, many);
+  /** A write that joins the group commit (see `Context.write`); `chat` when the caller knows it. */
+  #write(op: string, text: string, params: unknown[], many?: ManyRows, chat?: string): Promise<Row[] & { count?: number }> {
+    return this.#c.write(`inbox.${op}`, this.#t, text, params, many, chat);
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
@@ -985,7 +1032,8 @@ class PgInbox implements InboxJournal {
       text: this.#q.admitMany,
       key: id,
       row: { id, kind, chat_id, provider, payload, received_at, leased, owner, inc, lease_ms },
-    });
+    }, chat_id);
+    if (rows.length && lease !== undefined) this.#c.know(this.#t, id, chat_id);
     return rows.length ? written(inboundOf(rows[0]!, input.payload), this.#t) : null;
   }
 
@@ -995,7 +1043,9 @@ class PgInbox implements InboxJournal {
     const text = options.reclaimOwn ? this.#q.claimReclaim : this.#q.claim;
     const rows = await this.#run("claim", text, [options.owner, options.incarnation, duration(options.leaseMs), id]);
     const read = rows.length ? await this.#aside.settle("claim", rows[0]!) : null;
-    return read instanceof DamagedRecordError ? null : leasedBy(read, rows[0]);
+    const record = read instanceof DamagedRecordError ? null : leasedBy(read, rows[0]);
+    if (record) this.#c.know(this.#t, record.id, record.chatId);
+    return record;
   }
 
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
@@ -1014,7 +1064,10 @@ class PgInbox implements InboxJournal {
         const read = await this.#aside.settle("claimDue", row);
         if (read instanceof DamagedRecordError) damaged = true;
         const record = leasedBy(read, row);
-        if (record) good.push({ ord: Number(row.ord), record });
+        if (record) {
+          good.push({ ord: Number(row.ord), record });
+          this.#c.know(this.#t, record.id, record.chatId);
+        }
       }
     }
     // An UPDATE returns rows in no particular order: arrival order, as the scan picked them.
@@ -1037,18 +1090,18 @@ class PgInbox implements InboxJournal {
   }
 
   async complete(id: string, token: number): Promise<void> {
-    if (!(await this.#fenced("complete", this.#q.complete, id, token, [], [this.#q.completeMany, {}]))) {
-      throw new StaleLeaseError("inbox", id, token);
-    }
+    const done = await this.#fenced("complete", this.#q.complete, id, token, [], [this.#q.completeMany, {}]);
+    this.#c.forget(this.#t, id);
+    if (!done) throw new StaleLeaseError("inbox", id, token);
   }
 
   async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
     checkOutcome(outcome, "inbox.fail");
     const dead = outcome.dead === true;
     const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
-    if (!(await this.#fenced("fail", this.#q.fail, id, token, [dead, textForPg(outcome.error), retry]))) {
-      throw new StaleLeaseError("inbox", id, token);
-    }
+    const failed = await this.#fenced("fail", this.#q.fail, id, token, [dead, textForPg(outcome.error), retry]);
+    this.#c.forget(this.#t, id);
+    if (!failed) throw new StaleLeaseError("inbox", id, token);
   }
 
   async get(id: string): Promise<InboundRecord | null> {
@@ -1105,8 +1158,8 @@ class PgOutbox implements OutboxJournal {
   }
 
   /** A write that joins the group commit (see `Context.write`). */
-  #write(op: string, text: string, params: unknown[], many?: ManyRows): Promise<Row[] & { count?: number }> {
-    return this.#c.write(`outbox.${op}`, this.#t, text, params, many);
+  #write(op: string, text: string, params: unknown[], many?: ManyRows, chat?: string): Promise<Row[] & { count?: number }> {
+    return this.#c.write(`outbox.${op}`, this.#t, text, params, many, chat);
   }
 
   async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
@@ -1130,10 +1183,11 @@ class PgOutbox implements OutboxJournal {
       key,
       row: { key, chat_id, content, content_hash, inbound_id, leased, owner, inc, lease_ms },
       partition: chat_id,
-    });
+    }, chat_id);
     const row = rows[0];
     if (row && row.status === "new") {
       const created = written(outboxOf(row, input.content), this.#t);
+      if (created.state === "sending") this.#c.know(this.#t, created.key, created.chatId);
       return { status: created.state === "sending" ? "leased" : "queued", entry: created };
     }
     const known = row ? await this.#aside.settle("reserve", row) : null;
@@ -1163,6 +1217,7 @@ class PgOutbox implements OutboxJournal {
         if (read instanceof DamagedRecordError) damaged = true;
         const entry = leasedBy(read, row);
         if (!entry) continue;
+        this.#c.know(this.#t, entry.key, entry.chatId);
         if (row.part === "ambiguous") {
           ambiguous.push(entry);
           if (options.resendAmbiguous) due.push(structuredClone(entry));
@@ -1201,25 +1256,25 @@ class PgOutbox implements OutboxJournal {
   async markSent(key: string, token: number, messageId: string): Promise<void> {
     pgString(messageId, `outbox.markSent: "messageId"`);
     const many: [string, Record<string, unknown>] = [this.#q.markSentMany, { message_id: messageId }];
-    if (!(await this.#fenced("markSent", this.#q.markSent, key, token, [messageId], many))) {
-      throw new StaleLeaseError("outbox", key, token);
-    }
+    const sent = await this.#fenced("markSent", this.#q.markSent, key, token, [messageId], many);
+    this.#c.forget(this.#t, key);
+    if (!sent) throw new StaleLeaseError("outbox", key, token);
   }
 
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     checkOutcome(outcome, "outbox.markFailed", true);
     if (outcome.ambiguous) {
       // `unknown`, no longer blocking its chat (see markAmbiguous in postgres_sql.ts).
-      if (!(await this.#fenced("markFailed", this.#q.markAmbiguous, key, token, [textForPg(outcome.error)]))) {
-        throw new StaleLeaseError("outbox", key, token);
-      }
+      const unknown = await this.#fenced("markFailed", this.#q.markAmbiguous, key, token, [textForPg(outcome.error)]);
+      this.#c.forget(this.#t, key);
+      if (!unknown) throw new StaleLeaseError("outbox", key, token);
       return;
     }
     const dead = outcome.dead === true;
     const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
-    if (!(await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, textForPg(outcome.error), retry]))) {
-      throw new StaleLeaseError("outbox", key, token);
-    }
+    const failed = await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, textForPg(outcome.error), retry]);
+    this.#c.forget(this.#t, key);
+    if (!failed) throw new StaleLeaseError("outbox", key, token);
   }
 
   async get(key: string): Promise<OutboxEntry | null> {
@@ -1325,7 +1380,7 @@ export class PostgresDurability implements DurabilityBackend {
   readonly #c: Context;
 
   /**
-   * @param options `sql` (required), `schema`, `tablePrefix`, `purgeBatchSize`
+   * @param options `sql` (required), `schema`, `tablePrefix`, `purgeBatchSize`, `groupLanes`
    * @throws {TypeError|RangeError} naming the option when one is invalid
    */
   constructor(options: PostgresDurabilityOptions) {
@@ -1391,7 +1446,7 @@ export class PostgresStore implements SessionStore {
   #lastSweep = 0;
 
   /**
-   * @param options `sql` (required), `schema`, `tablePrefix`, `purgeBatchSize`
+   * @param options `sql` (required), `schema`, `tablePrefix`, `purgeBatchSize`, `groupLanes` (of its `durability()`)
    * @throws {TypeError|RangeError} naming the option when one is invalid
    */
   constructor(options: PostgresStoreOptions) {
@@ -1413,6 +1468,7 @@ export class PostgresStore implements SessionStore {
       schema: this.#options.schema,
       tablePrefix: this.#options.prefix,
       purgeBatchSize: this.#options.purgeBatch,
+      groupLanes: this.#options.lanes,
     });
     return this.#durability;
   }

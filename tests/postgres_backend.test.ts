@@ -947,7 +947,7 @@ describe("PostgresDurability group commit", () => {
 
   it("the writes of one turn share one transaction, and each resolves after its commit", async () => {
     const { wrapped, seen } = watched(client());
-    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
     await b.open();
     const records = Array.from({ length: 40 }, (_, i) => inbound(`gc-${i}`, `chat-${i % 7}`, { n: i, text: "it's \"quoted\"" }));
     const alone = seen.alone;
@@ -982,7 +982,7 @@ describe("PostgresDurability group commit", () => {
 
   it("reserves of one group share a statement per run of distinct chats, each answered as a lone reserve would be", async () => {
     const { wrapped, seen } = watched(client());
-    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
     await b.open();
     const known = await b.outbox.reserve(outbound("r-known", "rk"), lease());
     const blocked = await b.outbox.reserve(outbound("r-head", "rb"), lease());
@@ -1020,7 +1020,7 @@ describe("PostgresDurability group commit", () => {
 
   it("markCalling and markSent of one group share a statement each; a stale token fails only its own write", async () => {
     const { wrapped, seen } = watched(client());
-    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
     await b.open();
     const entries = [];
     for (let i = 0; i < 4; i++) entries.push((await b.outbox.reserve(outbound(`mc-${i}`, `mc${i}`), lease())).entry);
@@ -1041,9 +1041,28 @@ describe("PostgresDurability group commit", () => {
     expect((await b.outbox.get("mc-1"))?.messageId).toBe("m-mc-1");
   });
 
+  it("with two lanes, a turn's writes go in one transaction per lane, each chat's writes (by chat or by a record it holds) in one lane", async () => {
+    const { wrapped, seen } = watched(client());
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 2 });
+    await b.open();
+    const chats = Array.from({ length: 8 }, (_, i) => `lane-${i}`);
+    const begins = seen.begins;
+    const admitted = await Promise.all(chats.flatMap((c) => [b.inbox.admit(inbound(`${c}-1`, c), lease()), b.inbox.admit(inbound(`${c}-2`, c), lease())]));
+    expect(seen.begins - begins, "one transaction per lane").toBe(2);
+    expect(admitted.map((r) => r?.state), "the second of each chat is its chat's second, leased behind its own lease").toEqual(
+      chats.flatMap(() => ["processing", "processing"]),
+    );
+    // By id: each record's writes go to its chat's lane; two lanes again, and every write lands.
+    const done = await Promise.all(admitted.map((r) => b.inbox.complete(r!.id, r!.lease!.token)));
+    expect(done.length).toBe(16);
+    expect(seen.begins - begins).toBe(4);
+    expect((await b.inbox.list({ state: "done", limit: 100 })).length).toBe(16);
+    await expect(async () => new PostgresDurability({ sql: wrapped, groupLanes: 0 })).toThrow(/"groupLanes" must be an integer from 1 to 16/);
+  });
+
   it("leased admits of one group keep the chat order among themselves: each is held back by an earlier one of its chat as if admitted alone", async () => {
     const { wrapped, seen } = watched(client());
-    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
     await b.open();
     const settled = await b.inbox.admit(inbound("dup", "g3"), lease());
     await b.inbox.complete(settled!.id, settled!.lease!.token);
@@ -1079,7 +1098,7 @@ describe("PostgresDurability group commit", () => {
 
   it("writes of one group on one record apply in call order (a merged statement never overtakes one)", async () => {
     const { wrapped, seen } = watched(client());
-    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
     await b.open();
     const [x, y, z] = await Promise.all(["ox", "oy", "oz"].map((id) => b.inbox.admit(inbound(id), lease())));
     const token = (r: typeof x) => r!.lease!.token;
@@ -1103,7 +1122,7 @@ describe("PostgresDurability group commit", () => {
     await setup.open();
     const held = await setup.inbox.admit(inbound("locked"), lease());
     const { wrapped } = watched(client({ connection: { statement_timeout: 300 } }));
-    const b = new PostgresDurability({ sql: wrapped, schema });
+    const b = new PostgresDurability({ sql: wrapped, schema, groupLanes: 1 });
     await b.open();
     const locker = client({ max: 1 });
     let release!: () => void;
@@ -1159,6 +1178,7 @@ describe("PostgresDurability group commit", () => {
         },
       },
       schema,
+      groupLanes: 1,
     });
     await b.open();
     const started = Date.now();
@@ -1181,7 +1201,7 @@ describe("PostgresDurability group commit", () => {
   it("a group the server rolled back (an error in one statement) runs each write again alone", async () => {
     // The group: the guard, a heartbeat, then the five admits in one multi-row statement, which fails on the server.
     const { wrapped, seen } = watched(client(), (text, i) => (i === 2 ? "SELECT 1/0 AS boom" : text));
-    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
     await b.open();
     const held = await b.inbox.admit(inbound("rb-held"), lease());
     const records = Array.from({ length: 5 }, (_, i) => inbound(`rb-${i}`));
@@ -1201,7 +1221,7 @@ describe("PostgresDurability group commit", () => {
   it("a group whose transaction's fate is unknown (the connection failed) rejects every write, naming it", async () => {
     const lost = Object.assign(new Error("write CONNECTION_CLOSED 127.0.0.1:5432"), { code: "CONNECTION_CLOSED" });
     const { wrapped } = watched(client(), () => lost);
-    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema() });
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
     await b.open();
     const outcomes = await Promise.allSettled([b.inbox.admit(inbound("lost-1"), lease()), b.inbox.admit(inbound("lost-2"), lease())]);
     for (const o of outcomes) {
