@@ -937,6 +937,29 @@ class Replayed {
   }
 }
 
+/** An append failed and cutting it off again failed too: the log's last record may or may not be there. */
+class LogUndecidedError extends Error {
+  readonly cutError: unknown;
+  constructor(cause: unknown, cutError: unknown) {
+    super(`the append failed (${messageOf(cause)}) and so did cutting it off (${messageOf(cutError)})`, { cause });
+    this.name = "LogUndecidedError";
+    this.cutError = cutError;
+  }
+}
+
+/**
+ * A new log generation: random, never a successor. A counter would restart at 1 after a plain
+ * snapshot (a `close()`, an older version), and a log left behind by a crash or a downgrade could
+ * then carry the number of a later snapshot and be replayed over it.
+ */
+function newLogGen(previous: number): number {
+  for (;;) {
+    const [high, low] = crypto.getRandomValues(new Uint32Array(2));
+    const gen = (high! & 0x1fffff) * 2 ** 32 + low!;
+    if (gen >= 1 && gen !== previous) return gen;
+  }
+}
+
 /** A snapshot read with its log applied (records not checked yet). */
 interface StoreRead {
   snap: Record<string, unknown>;
@@ -1324,6 +1347,18 @@ class LogCommitter {
   /** After a failed write: the state is rebuilt from the files (snapshot and log), or the committer is failed. */
   async #reload(failure: Error): Promise<void> {
     const file = this.#file();
+    if (failure.cause instanceof LogUndecidedError) {
+      // Whether the failed append is on disk is unknown: reloading could bring back a rejected change.
+      await this.#closeLog();
+      this.#failure = new Error(
+        `${LABEL} could not write ${file}.log (${messageOf(failure.cause.cause)}) nor cut the unflushed record ` +
+          `off again (${messageOf(failure.cause.cutError)}). Every operation rejects until it is reopened: close ` +
+          `it and open it again (stop and start the bot) once the file is usable.`,
+        { cause: failure },
+      );
+      this.#durable = this.#version;
+      return;
+    }
     try {
       const { mem, read } = await this.#load(file);
       if (this.#state !== null && !this.#crashed) await this.attach(mem, read);
@@ -1357,7 +1392,7 @@ class LogCommitter {
     const file = this.#file();
     await fileDurabilityTestHooks.beforeWrite?.({ kind, path: file });
     if (kind !== "append") {
-      const logGen = kind === "compact" ? this.#logGen + 1 : 0;
+      const logGen = kind === "compact" ? newLogGen(this.#logGen) : 0;
       const text = serializeSnapshot(state, logGen);
       await writeSnapshot(file, text, { fsync: this.#fsync, mode: this.#mode() });
       // The snapshot names the new generation: the old log's records are in it, and skipped if still there.
@@ -1391,7 +1426,19 @@ class LogCommitter {
       if (reports.length > 0) record.r = reports;
       const bytes = frameLogRecord(JSON.stringify(record));
       const log = this.#log!;
-      await log.append(bytes, this.#fsync);
+      try {
+        await log.append(bytes, this.#fsync);
+      } catch (error) {
+        // The record may be in the file though its flush failed: cut it off, so that the reload that
+        // follows does not bring back what the callers are told was not written. Should that fail too,
+        // the log is left for the next open to judge, and this instance rejects until reopened.
+        try {
+          await log.truncate(this.#logBytes, this.#fsync);
+        } catch (cutError) {
+          throw new LogUndecidedError(error, cutError);
+        }
+        throw error;
+      }
       // An append to a deleted file (or directory) succeeds and keeps nothing.
       if (!(await log.linked())) throw new Error(`its log ${file}.log was deleted`);
       this.#logBytes += bytes.length;

@@ -1381,8 +1381,13 @@ export interface ScannedLog {
   end: number;
 }
 
-/** The record at `pos`, or `null` when there is no whole, intact record there. */
-function recordAt(bytes: Uint8Array, pos: number): { value: unknown; next: number } | null {
+/**
+ * The record at `pos`, or `null` when there is no whole, intact record there; `"complete"` when a
+ * whole frame is there (header, length and final newline all in place) but its payload fails the
+ * checksum or is not JSON: damage, not a torn write (an append cut short by a crash never ends on
+ * the newline the frame's own length points at).
+ */
+function recordAt(bytes: Uint8Array, pos: number): { value: unknown; next: number } | "complete" | null {
   const n = bytes.length;
   if (bytes[pos] !== 0x52 || bytes[pos + 1] !== 0x20) return null; // "R "
   let i = pos + 2;
@@ -1399,38 +1404,48 @@ function recordAt(bytes: Uint8Array, pos: number): { value: unknown; next: numbe
   const end = i + length;
   if (end >= n || bytes[end] !== 10) return null;
   const payload = bytes.subarray(i, end);
-  if (crc32(payload) !== crc) return null;
+  if (crc32(payload) !== crc) return "complete";
   try {
     return { value: JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(payload)), next: end + 1 };
   } catch {
-    return null;
+    return "complete";
   }
 }
 
 /**
  * Reads a framed log (see {@link frameLogRecord}). A record that is cut
- * off or fails its checksum with no intact record after it is the torn last
- * write of a process that died mid-append (never acknowledged): it ends the
- * log ({@link ScannedLog.end}). One with intact records after it is damage.
+ * off with no intact record after it is the torn last write of a process
+ * that died mid-append (never acknowledged): it ends the log
+ * ({@link ScannedLog.end}). One with intact records after it is damage, and
+ * so is a whole frame whose payload fails its checksum, wherever it is.
  *
  * @param file the log file, named in errors
  * @param bytes its content
  * @param label the backend named in errors
  * @returns the intact records and where they end
- * @throws {FileCorruptError} at the offset of a damaged record that intact records follow
+ * @throws {FileCorruptError} at the offset of a damaged record: a whole one, or one that intact records follow
  */
 export function scanLogRecords(file: string, bytes: Uint8Array, label: string): ScannedLog {
   const records: { offset: number; value: unknown }[] = [];
   let pos = 0;
   while (pos < bytes.length) {
     const found = recordAt(bytes, pos);
-    if (found !== null) {
+    if (found !== null && found !== "complete") {
       records.push({ offset: pos, value: found.value });
       pos = found.next;
       continue;
     }
+    if (found === "complete") {
+      throw new FileCorruptError(
+        file,
+        pos,
+        `log record ${records.length + 1} is damaged: a whole record whose checksum does not match (not a write cut short)`,
+        label,
+      );
+    }
     for (let nl = bytes.indexOf(10, pos); nl >= 0 && nl + 1 < bytes.length; nl = bytes.indexOf(10, nl + 1)) {
-      if (recordAt(bytes, nl + 1) !== null) {
+      const next = recordAt(bytes, nl + 1);
+      if (next !== null && next !== "complete") {
         throw new FileCorruptError(
           file,
           pos,

@@ -559,11 +559,15 @@ export class DurabilityEngine {
 
   /** Keyed by the record's own id, not a built `id#token` string: JSC hashes a new string on every lookup. */
   #learnLease(kind: "inbox" | "outbox", id: string, token: number): void {
-    const tokens = this.#everHeld[kind].get(id);
-    if (tokens === undefined) this.#everHeld[kind].set(id, [token]);
+    const everHeld = this.#everHeld[kind];
+    const tokens = everHeld.get(id);
+    if (tokens === undefined) everHeld.set(id, [token]);
     else if (!tokens.includes(token)) {
       tokens.push(token);
       if (tokens.length > EVER_HELD_TOKENS_PER_RECORD) tokens.shift();
+      // A new lease makes the record one of the latest again (kept as long as one first held now).
+      everHeld.delete(id);
+      everHeld.set(id, tokens);
     }
   }
 

@@ -1076,8 +1076,10 @@ describe("the log beside the snapshot", () => {
     expect(b.stats.snapshots, "the new file, then the first write starts the log").toBe(2);
     expect(b.stats.logAppends).toBe(2);
     const snap = JSON.parse(readFileSync(path, "utf8"));
-    expect([snap.version, snap.log, snap.inbox.length]).toEqual([3, 1, 1]);
-    expect(readFileSync(`${path}.log`, "utf8")).toMatch(/^R \d+ [0-9a-f]{8} \{"g":1,/);
+    expect([snap.version, snap.inbox.length]).toEqual([3, 1]);
+    expect(Number.isSafeInteger(snap.log) && snap.log >= 1, "the snapshot names its log's generation").toBe(true);
+    expect(readFileSync(`${path}.log`, "utf8").startsWith(`R `)).toBe(true);
+    expect(readFileSync(`${path}.log`, "utf8")).toContain(`{"g":${snap.log},`);
     expect((await stored(path)).inbox.map((r: { id: string }) => r.id)).toEqual(["m1", "m2"]);
     await b.close();
     expect(readdirSync(dir)).toEqual(["bot.json"]);
@@ -1173,13 +1175,84 @@ describe("the log beside the snapshot", () => {
     expect(readFileSync(path).equals(snapshot)).toBe(true);
   });
 
+  test("a whole last log record whose checksum fails is damage, not a torn write: open() fails, files untouched", async () => {
+    const path = join(tempDir(), "bot.json");
+    await crashedStore(path, ["m1", "m2", "m3"]); // m3's record, acknowledged, is the log's last
+    const log = readFileSync(`${path}.log`);
+    const last = log.lastIndexOf("\nR ", log.length - 2) + 1;
+    const damaged = Buffer.from(log);
+    const inPayload = damaged.indexOf('"m3"', last);
+    damaged[inPayload + 1] ^= 0x01; // one bit flipped; the frame's length and final newline are intact
+    writeFileSync(`${path}.log`, damaged);
+    const error = await rejection(backendAt(path).open());
+    expect(error).toBeInstanceOf(FileCorruptError);
+    expect(error.message).toContain("log record 2 is damaged");
+    expect((error as FileCorruptError).offset).toBe(last);
+    expect(readFileSync(`${path}.log`).equals(damaged)).toBe(true);
+  });
+
+  test("a log left behind (a kill between close()'s plain snapshot and the log's removal, then a downgrade) is never replayed over a later snapshot", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    let b = await openAt(path);
+    const r = (await b.inbox.admit(msg("m1"), A))!;
+    const res = await b.outbox.reserve(send("k1"), A);
+    const token = res.entry.lease!.token;
+    await b.outbox.markCalling("k1", token, 60_000);
+    const leftOver = readFileSync(`${path}.log`);
+    await b.close(); // a plain snapshot, then the log is removed
+    // An older version (no log) settles both; the left-over log comes back beside its plain snapshot.
+    b = await openAt(path);
+    await b.outbox.markSent("k1", token, "platform-1");
+    await b.inbox.complete("m1", r.lease!.token);
+    await b.close();
+    // This version's first write starts a new log generation; a kill before that log is emptied.
+    b = await openAt(path);
+    await b.inbox.admit(msg("m2"));
+    await simulateCrash(b);
+    writeFileSync(`${path}.log`, leftOver);
+    b = await openAt(path);
+    expect((await b.outbox.get("k1"))?.state).toBe("sent");
+    expect((await b.inbox.get("m1"))?.state).toBe("done");
+    expect((await b.inbox.get("m2"))?.state).toBe("pending");
+  });
+
+  test("an append whose flush fails is cut off again: the operation rejects and is not in the state, nor after a reopen", async () => {
+    const path = join(tempDir(), "bot.json");
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1")); // the first write: a snapshot; the log is open from here on
+    const { open } = await import("node:fs/promises");
+    const probe = await open(join(tempDir(), "probe"), "w");
+    const handleProto = Object.getPrototypeOf(probe) as { datasync: () => Promise<void> };
+    await probe.close();
+    const datasync = handleProto.datasync;
+    let failures = 1;
+    handleProto.datasync = function (this: unknown) {
+      if (failures-- > 0) return Promise.reject(Object.assign(new Error("EIO: i/o error, fdatasync"), { code: "EIO" }));
+      return datasync.call(this);
+    };
+    let error: Error;
+    try {
+      error = await rejection(b.inbox.admit(msg("m2")));
+    } finally {
+      handleProto.datasync = datasync;
+    }
+    expect(error.message).toContain("EIO");
+    expect(await b.inbox.get("m2")).toBe(null);
+    await b.inbox.admit(msg("m3")); // the log takes appends again
+    await b.close();
+    const again = await openAt(path);
+    expect((await again.inbox.list()).map((r) => r.id).sort()).toEqual(["m1", "m3"]);
+  });
+
   test("an intact log record holding a record that is not valid: that record is set aside, as in the snapshot", async () => {
     const path = join(tempDir(), "bot.json");
     await crashedStore(path, ["m1"]);
     const good = (await stored(path)).inbox[0];
     const bad = { ...good, id: "m2", state: "bogus" };
     const { frameLogRecord } = await import("../backends/file_support.ts");
-    writeFileSync(`${path}.log`, Buffer.concat([readFileSync(`${path}.log`), frameLogRecord(JSON.stringify({ g: 1, i: [bad] }))]));
+    const { log: g } = JSON.parse(readFileSync(path, "utf8"));
+    writeFileSync(`${path}.log`, Buffer.concat([readFileSync(`${path}.log`), frameLogRecord(JSON.stringify({ g, i: [bad] }))]));
     const b = await openAt(path);
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1"]);
     expect((await b.inbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
@@ -1196,11 +1269,11 @@ describe("the log beside the snapshot", () => {
     const path = join(tempDir(), "bot.json");
     await crashedStore(path, ["m1", "m2"]);
     const snap = JSON.parse(readFileSync(path, "utf8"));
-    writeFileSync(path, JSON.stringify({ ...snap, log: 2 })); // the log's records are generation 1
+    writeFileSync(path, JSON.stringify({ ...snap, log: snap.log + 1 })); // the log's records are of another generation
     const b = await openAt(path);
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1"]);
     await b.inbox.admit(msg("m3"));
-    expect(JSON.parse(readFileSync(path, "utf8")).log, "the first write is a compaction").toBe(3);
+    expect(JSON.parse(readFileSync(path, "utf8")).log, "the first write is a compaction to a new generation").not.toBe(snap.log + 1);
     await simulateCrash(b);
     const c = await openAt(path);
     expect((await c.inbox.list()).map((r) => r.id)).toEqual(["m1", "m3"]);
