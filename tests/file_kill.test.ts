@@ -61,9 +61,9 @@ test(`SIGKILL at random moments (${KILLS} kills): the file stays readable and ke
     const output = childLines(child.stdout, `writer ${round}`);
     const errors = new Response(child.stderr).text();
     // Kill at a random moment: every fourth round whenever (maybe before the child has opened the
-    // file), the others once it is writing (so that a loaded machine's slow start cannot make the
-    // kills miss the writes).
-    if (round % 4 !== 0) await output.next("ready", 15_000).catch(() => {});
+    // file), the others once its first write is acknowledged (so that a loaded machine's slow start,
+    // or a first write that is a whole snapshot, cannot make the kills miss the writes).
+    if (round % 4 !== 0) await output.next("admit", 15_000).catch(() => {});
     await Bun.sleep(round % 4 === 0 ? 20 + Math.random() * 180 : Math.random() * 120);
     child.kill("SIGKILL");
     const code = await child.exited;
