@@ -374,6 +374,22 @@ describe("SharedFileEventJournal in one process", () => {
     expect((await again.outbox.list()).length).toBe(0);
   });
 
+  test("appendLog by default: a small journal is compacted after 1,000 deltas, not left with thousands of delta files", async () => {
+    const file = freshFile();
+    const journal = await openJournal(file, { appendLog: true, fsync: false });
+    let most = 0;
+    for (let i = 0; i < 1_300; i++) {
+      await journal.append({ id: `d${i}`, eventType: "job", payload: i });
+      if (i % 50 === 0) most = Math.max(most, readdirSync(`${file}.gen`).length);
+    }
+    most = Math.max(most, readdirSync(`${file}.gen`).length);
+    expect(most, "delta files of one snapshot at most (the snapshot is far below 1 MiB)").toBeLessThanOrEqual(1_002);
+    expect(most, "deltas do pile up between compactions").toBeGreaterThan(900);
+    await journal.close();
+    const again = await openJournal(file, {});
+    expect((await again.list({ limit: 2_000 })).length).toBe(1_300);
+  }, 60_000);
+
   test("appendLog: a write is one delta generation (and one line of the .log mirror); every compactEvery a snapshot", async () => {
     const file = freshFile();
     const journal = await openJournal(file, { appendLog: { compactEvery: 3 } });

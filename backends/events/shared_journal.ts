@@ -59,6 +59,14 @@ const LABEL = "SharedFileEventJournal";
 const COMPACT_FACTOR = 2;
 /** …and at least this many. */
 const COMPACT_MIN_BYTES = 1024 * 1024;
+/**
+ * Without {@link AppendLogOptions.compactEvery}: compact once there are this many delta files, or one per
+ * {@link SNAPSHOT_BYTES_PER_DELTA} bytes of snapshot if more: each delta is a file every open reads,
+ * and a small snapshot must not leave thousands of them, while a large one is still rewritten only
+ * after deltas worth a fixed share of it (so its cost per write stays flat).
+ */
+const COMPACT_MIN_DELTAS = 1000;
+const SNAPSHOT_BYTES_PER_DELTA = 4096;
 /** The `shared` field of this version's snapshots (generations and the mirror). */
 const SHARED_FORMAT = 2;
 /** The stamp of this version's snapshots: `generation`, `writer`, `shared`, `adopted` (groups: generation, adopted). */
@@ -79,7 +87,10 @@ const decoder = new TextDecoder();
 
 /** Options of the append log (`appendLog: { … }`). */
 export interface AppendLogOptions {
-  /** Compact (rewrite the snapshot, truncate the log) after this many log entries (at least 1; default: no count). */
+  /**
+   * Compact (rewrite the snapshot, remove the deltas) after this many deltas (at least 1; default:
+   * 1000, or one per 4 KiB of snapshot if more: each delta is a file that every open reads).
+   */
   compactEvery?: number;
   /**
    * …or once the log reaches this many bytes (default: twice the snapshot's
@@ -184,8 +195,9 @@ function checkBoolean(value: unknown, name: string): boolean {
  * - Default: every commit is a snapshot. `appendLog`: a commit is a delta (a
  *   small file, cost independent of the journal's size; two flushes, the file
  *   and the directory, where the append took one); once the deltas since the
- *   last snapshot hold twice its bytes (at least 1 MiB; or `compactBytes`,
- *   or `compactEvery` deltas when given) the commit is a snapshot, so the
+ *   last snapshot hold twice its bytes (at least 1 MiB; or `compactBytes`)
+ *   or number 1000 (or one per 4 KiB of snapshot if more; or `compactEvery`)
+ *   the commit is a snapshot, so the
  *   cost of compactions per write stays flat as the journal grows.
  *   Generations before a snapshot are removed after it.
  * - The journal file itself and `<file>.log` are a mirror of the newest
@@ -757,7 +769,10 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     const gen = this.#gen + 1;
     const deltas = gen - 1 - this.#snapGen;
     const compactBytes = this.#compactBytes ?? Math.max(COMPACT_MIN_BYTES, COMPACT_FACTOR * this.#snapBytes);
-    if (!this.#appendLog || deltas >= this.#compactEvery || this.#deltaBytes >= compactBytes) {
+    const compactEvery = this.#compactEvery !== Number.POSITIVE_INFINITY
+      ? this.#compactEvery
+      : Math.max(COMPACT_MIN_DELTAS, Math.ceil(this.#snapBytes / SNAPSHOT_BYTES_PER_DELTA));
+    if (!this.#appendLog || deltas >= compactEvery || this.#deltaBytes >= compactBytes) {
       await this.#commitSnapshot(held, journal, gen, this.#adopted, this.#appendLog ? "compact" : "snapshot");
       return true;
     }
