@@ -66,7 +66,7 @@
  * transaction, their statements pipelined on one connection (`sql.begin`),
  * so a busy bot pays one commit (one WAL flush) per group instead of one per
  * write; a lone write is one statement as before. Groups go in lanes
- * (`groupLanes`, 2 by default), one group in flight per lane, so one group's
+ * (`groupLanes`, 1 by default), one group in flight per lane, so one group's
  * commit overlaps the next one's statements: each chat's writes go to one
  * lane (a hash of the chat id, known from the write or, for a write by id,
  * from the admit, claim or reserve that gave this process the record; lane 0
@@ -308,7 +308,7 @@ export interface PostgresOptions {
   /** Rows one purge statement deletes at most (default 1000; 1 to 100000). */
   purgeBatchSize?: number;
   /**
-   * Group commits of journal writes under way at once (default 2; 1 to 16), each on its own connection;
+   * Group commits of journal writes under way at once (default 1; 1 to 16), each on its own connection;
    * each chat's writes go to one of them (see "Statements" in the module documentation).
    */
   groupLanes?: number;
@@ -438,7 +438,7 @@ const MAX_GROUP = 256;
  * its chat, so groups of two lanes never wait on each other. A write whose chat this process does not know
  * (a record it never admitted, claimed or reserved) goes to lane 0.
  */
-const DEFAULT_LANES = 2;
+const DEFAULT_LANES = 1;
 const MAX_LANES = 16;
 /** Chats of records this process holds, remembered at most (the oldest are forgotten first). */
 const MAX_KNOWN_CHATS = 100_000;
