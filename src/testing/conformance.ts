@@ -2278,6 +2278,34 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect((await b.outbox.list({ chatId: chats[3]! })).map((e) => e.state)).toEqual(["sending", "queued"]);
         expect((await b.outbox.list({ chatId: chats[4]! })).length, "the known key added nothing").toBe(1);
       });
+
+      it("many chats at once: reserves, calls and sends of different chats issued together keep each chat's order", async (b) => {
+        const chats = Array.from({ length: 5 }, () => uid("chat"));
+        const owner = claimer(uid("owner"), LONG);
+        // Three reserves per chat, every chat's in one turn: each chat's first is leased, the rest queue behind it.
+        const reserves = await Promise.all(chats.flatMap((chat) => [0, 1, 2].map(() => b.outbox.reserve(outbound(chat), owner))));
+        const bySeq = new Map(chats.map((chat) => [
+          chat,
+          reserves.map((r) => r.entry).filter((e) => e.chatId === chat).sort((x, y) => x.seq - y.seq),
+        ]));
+        let heads = reserves.filter((r) => r.status === "leased").map((r) => r.entry);
+        expect(heads.map((e) => e.chatId).sort(), "one leased head per chat").toEqual([...chats].sort());
+        const sentOrder = new Map<string, string[]>(chats.map((chat) => [chat, []]));
+        for (let round = 0; round < 3; round++) {
+          for (const e of heads) expect(e.key, `round ${round}: the head of its chat is its next entry by seq`).toBe(bySeq.get(e.chatId)![round]!.key);
+          const called = await Promise.all(heads.map((e) => b.outbox.markCalling(e.key, tokenOf(e), LONG)));
+          expect(called, "every head's call announced").toEqual(heads.map(() => true));
+          await Promise.all(heads.map((e) => b.outbox.markSent(e.key, tokenOf(e), `m-${e.key}`)));
+          for (const e of heads) sentOrder.get(e.chatId)!.push(e.key);
+          const { due } = await b.outbox.claimDue({ ...owner, limit: 100 });
+          heads = due;
+          expect(heads.length, `round ${round}: each chat's next entry is due, and only it`).toBe(round < 2 ? chats.length : 0);
+        }
+        for (const chat of chats) {
+          expect(sentOrder.get(chat), "sent in seq order").toEqual(bySeq.get(chat)!.map((e) => e.key));
+          for (const e of bySeq.get(chat)!) expect((await mustGetOut(b, e.key)).state).toBe("sent");
+        }
+      });
     });
 
     describe("damaged records", () => {
