@@ -82,6 +82,7 @@ import {
   type JsonValue,
   type ReserveResult,
 } from "../src/backend.ts";
+import { SnapshotCommitter } from "./group_commit.ts";
 import { MemoryDurability, type MemoryRecords, type SetAsideRecord } from "./memory.ts";
 import {
   type AppendFile,
@@ -94,7 +95,6 @@ import {
   removeFile,
   resolvePath,
 } from "../src/runtime/fs.ts";
-import { StaleLeaseError } from "../src/backend.ts";
 import {
   claimOpenFile,
   frameLogRecord,
@@ -205,7 +205,7 @@ function step<T>(file: string, what: string, run: () => Promise<T>): Promise<T> 
 type Run = <T>(
   operation: (mem: MemoryDurability) => Promise<T>,
   changed: (result: T) => boolean,
-  touched?: (result: T, commit: LogCommitter) => void,
+  touched?: (result: T, log: FileLog) => void,
 ) => Promise<T>;
 
 let testHooks: { crash(backend: FileDurability): Promise<void> } | undefined;
@@ -359,7 +359,8 @@ export class FileDurability implements DurabilityBackend {
   /** Permission bits of the snapshot file, kept across rewrites. */
   #mode = NEW_FILE_MODE;
   /** The state in memory and its group commit into the file (failed state and crash included). */
-  readonly #commit: LogCommitter;
+  readonly #commit: SnapshotCommitter<MemoryDurability>;
+  readonly #log: FileLog;
   /** Open calls not yet matched by a close. */
   #refs = 0;
   /** Serializes open/close. */
@@ -404,18 +405,39 @@ export class FileDurability implements DurabilityBackend {
     this.path = path;
     this.#staleLockMs = staleLockMs;
     this.#clock = clock;
-    this.#commit = new LogCommitter({
+    const log = this.#log = new FileLog({ file: () => this.file, fsync, mode: () => this.#mode });
+    this.#commit = new SnapshotCommitter<MemoryDurability>({
+      label: LABEL,
       file: () => this.file,
       fsync,
       mode: () => this.#mode,
-      load: async (file) => {
-        const read = await readStore(file);
-        if (read === null) throw new Error("the file is gone (deleted, or its directory was)");
-        return { mem: this.#loadMemory(file, read).mem, read };
+      write: (state) => log.write(state),
+      reload: async (failure) => {
+        try {
+          if (failure.cause instanceof LogUndecidedError) {
+            // Whether the failed append is on disk is unknown: reloading could bring back a rejected change.
+            throw new Error(`its last log record may or may not be on disk (cutting it off failed: ${messageOf(failure.cause.cutError)})`);
+          }
+          const file = this.file;
+          const read = await readStore(file);
+          if (read === null) throw new Error("the file is gone (deleted, or its directory was)");
+          const mem = this.#loadMemory(file, read).mem;
+          if (this.#commit.state !== null && !this.#commit.crashed) await log.attach(mem, read);
+          return mem;
+        } catch (error) {
+          await log.close();
+          throw error;
+        }
       },
       current: () => this.#memory(),
+      reloaded: "rebuilt",
+      recovery: " until it is reopened: close it and open it again (stop and start the bot) once the file is usable.",
     });
-    const run: Run = (operation, changed, touched) => this.#commit.run(operation, changed, touched);
+    const run: Run = (operation, changed, touched) =>
+      this.#commit.run(operation, (result) => {
+        touched?.(result, log);
+        return changed(result);
+      });
     this.inbox = new FileInbox(run);
     this.outbox = new FileOutbox(run);
   }
@@ -448,7 +470,9 @@ export class FileDurability implements DurabilityBackend {
 
   /** A copy of the rewrite counters. */
   get stats(): FileDurabilityStats {
-    return this.#commit.stats;
+    const { failedRewrites, lastRewriteMs } = this.#commit.stats;
+    const written = this.#log.stats;
+    return { rewrites: written.snapshots + written.logAppends, failedRewrites, lastRewriteMs, ...written };
   }
 
   /**
@@ -510,14 +534,16 @@ export class FileDurability implements DurabilityBackend {
       await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
       const read = await step(file, "cannot read it", () => readStore(file));
       const loaded = read === null ? { mem: this.#newMemory(), setAside: 0 } : this.#loadMemory(file, read);
-      await step(file, `cannot open its log ${file}.log`, () => this.#commit.attach(loaded.mem, read));
+      await step(file, `cannot open its log ${file}.log`, () => this.#log.attach(loaded.mem, read));
+      this.#commit.attach(loaded.mem);
       // A new file: written now, so that a bad path or permission shows at start. Records just set aside:
       // written now, so that they keep the time they were set aside.
-      if (read === null) await this.#commit.writeNow("plain");
-      else if (loaded.setAside > 0) await this.#commit.writeNow("compact");
+      if (read === null) await this.#writeNow("plain");
+      else if (loaded.setAside > 0) await this.#writeNow("compact");
       this.#refs = 1;
     } catch (error) {
-      await this.#commit.detach();
+      this.#commit.detach();
+      await this.#log.close();
       if (locked) await this.#releaseLock().catch(() => {});
       releaseOpenFile(file, this);
       throw error;
@@ -533,9 +559,12 @@ export class FileDurability implements DurabilityBackend {
         // Let operations already under way join, then write what is not on disk yet, and end the log: the
         // file is left a snapshot alone, as older versions of this library read it.
         await null;
-        await this.#commit.flush({ plain: true });
+        await this.#commit.flush();
+        if (this.#commit.failure !== null) throw this.#commit.failure;
+        if (this.#log.hasLog && this.#commit.state !== null) await this.#writeNow("plain");
       },
       async () => {
+        await this.#log.close();
         try {
           await step(file, `cannot release the lock file ${file}.lock`, () => this.#releaseLock());
         } finally {
@@ -543,6 +572,12 @@ export class FileDurability implements DurabilityBackend {
         }
       },
     );
+  }
+
+  /** A change written at once, as `kind` (see {@link FileLog.force}). */
+  async #writeNow(kind: "plain" | "compact"): Promise<void> {
+    this.#log.force(kind);
+    await this.#commit.writeNow();
   }
 
   /** Releases our lock file (only if it is still ours); its refresh stops at once. */
@@ -571,6 +606,7 @@ export class FileDurability implements DurabilityBackend {
     this.#refs = 0;
     this.#lock?.abandon(); // the lock file stays, as after a kill
     await this.#commit.crash(); // a write under way finishes, as the kernel would finish a rename
+    await this.#log.close();
     this.#lock = null;
     if (this.#file !== undefined) releaseOpenFile(this.#file, this);
   }
@@ -1033,99 +1069,57 @@ export async function readFileDurabilityState(path: string): Promise<Record<stri
   return (await readStore(path))?.snap ?? null;
 }
 
-/** An operation waiting for the state it observed (`target`) to be on disk. */
-interface Waiter {
-  target: number;
-  resolve: () => void;
-  reject: (error: unknown) => void;
-}
-
 /** What the next write must be: the changes appended to the log, a compaction (new snapshot and log), or a snapshot without a log. */
 type WriteKind = "append" | "compact" | "plain";
 
 /**
- * The state in memory and its group commit into the snapshot and its log:
- * a version counter bumped per change, one write loop, each write settling
- * every waiter it covers; a failed write rejects every waiter, bumps the
- * generation (an operation that ran on the discarded state rejects), and
- * reloads the state from the files; when that fails too, the committer is
- * failed until the next {@link attach}.
+ * How the state reaches the disk (the write of a {@link SnapshotCommitter},
+ * which does the group commit): what changed since the last write is
+ * appended to the log as one framed record; a compaction writes a new
+ * snapshot naming a new log generation and empties the log.
  */
-class LogCommitter {
+class FileLog {
   readonly #file: () => string;
   readonly #fsync: boolean;
   readonly #mode: () => number;
-  readonly #load: (file: string) => Promise<{ mem: MemoryDurability; read: StoreRead }>;
-  readonly #current: () => MemoryDurability;
-  #state: MemoryDurability | null = null;
-  #failure: Error | null = null;
-  #crashed = false;
-  #generation = 0;
-  #reloading: Promise<void> | null = null;
-  #version = 0;
-  #durable = 0;
-  #waiters: Waiter[] = [];
-  #writing: Promise<void> | null = null;
-  readonly #stats: FileDurabilityStats = {
-    rewrites: 0,
-    failedRewrites: 0,
-    lastSnapshotChars: 0,
-    lastRewriteMs: 0,
-    snapshots: 0,
-    logAppends: 0,
-    logBytes: 0,
-  };
-
+  readonly #stats = { lastSnapshotChars: 0, snapshots: 0, logAppends: 0, logBytes: 0 };
   /** The log generation the snapshot on disk names (`0`: none, the next write is a compaction). */
   #logGen = 0;
   #logBytes = 0;
   #snapshotBytes = 0;
   #log: AppendFile | null = null;
-  /** The next write is a compaction (a purge, a stale log) or, set by {@link writeNow}, this kind. */
+  /** The next write is a compaction (a purge, a stale log) or, set by {@link force}, this kind. */
   #forced: WriteKind | null = null;
   /** What changed since the last write was taken: inbox ids, outbox entries (`null`: removed), reports. */
   #inboxTouched = new Set<string>();
   #outboxTouched = new Map<string, OutboxEntry | null>();
   #outboxSeq = 0;
   #reports: [string, string][] = [];
+  /** The state whose outbox changes are observed. */
+  #observed: MemoryDurability | null = null;
 
-  constructor(options: {
-    file: () => string;
-    fsync: boolean;
-    mode: () => number;
-    load: (file: string) => Promise<{ mem: MemoryDurability; read: StoreRead }>;
-    current: () => MemoryDurability;
-  }) {
+  constructor(options: { file: () => string; fsync: boolean; mode: () => number }) {
     this.#file = options.file;
     this.#fsync = options.fsync;
     this.#mode = options.mode;
-    this.#load = options.load;
-    this.#current = options.current;
   }
 
-  get state(): MemoryDurability | null {
-    return this.#state;
-  }
-
-  get failure(): Error | null {
-    return this.#failure;
-  }
-
-  get crashed(): boolean {
-    return this.#crashed;
-  }
-
-  get stats(): FileDurabilityStats {
+  /** The counters of what was written. */
+  get stats(): { lastSnapshotChars: number; snapshots: number; logAppends: number; logBytes: number } {
     return { ...this.#stats };
   }
 
+  /** Whether the snapshot on disk has a log (the last write of `close()` ends it). */
+  get hasLog(): boolean {
+    return this.#logGen > 0;
+  }
+
   /**
-   * Takes a state loaded from the files (on disk: version 0): opens the log
-   * for appending and cuts off a torn last record. `read` is `null` for a new
-   * file.
+   * Takes a state loaded from the files: opens the log for appending and cuts
+   * off a torn last record. `read` is `null` for a new file.
    */
   async attach(mem: MemoryDurability, read: StoreRead | null): Promise<void> {
-    await this.#closeLog();
+    await this.close();
     this.#logGen = read?.logGen ?? 0;
     this.#logBytes = read?.logEnd ?? 0;
     this.#snapshotBytes = read?.snapshotBytes ?? 0;
@@ -1144,22 +1138,12 @@ class LogCommitter {
       }
       this.#log = log;
     }
-    this.#state?.observeOutbox(null); // a state replaced after a failed write tells nothing more
+    this.#observed?.observeOutbox(null); // a state replaced after a failed write tells nothing more
     mem.observeOutbox((key, entry) => {
       this.#outboxTouched.set(key, entry);
       if (entry !== null && entry.seq > this.#outboxSeq) this.#outboxSeq = entry.seq;
     });
-    this.#state = mem;
-    this.#failure = null;
-    this.#version = this.#durable = 0;
-  }
-
-  /** Drops the state (closed, or a failed open); a waiter left is rejected by the write loop. */
-  async detach(): Promise<void> {
-    this.#state = null;
-    this.#failure = null;
-    await this.#closeLog();
-    if (this.#waiters.length > 0) this.#writing ??= this.#writeLoop();
+    this.#observed = mem;
   }
 
   /** Opens the log for appending; its directory entry is flushed (it may have just been created). */
@@ -1175,7 +1159,8 @@ class LogCommitter {
     return log;
   }
 
-  async #closeLog(): Promise<void> {
+  /** Closes the log's handle (never throws). */
+  async close(): Promise<void> {
     const log = this.#log;
     this.#log = null;
     await log?.close().catch(() => {});
@@ -1197,186 +1182,15 @@ class LogCommitter {
   }
 
   /**
-   * A change written at once, as `kind`: `plain` (a snapshot without a log,
-   * readable by older versions: a new file, and the last write of `close()`)
-   * or `compact` (records just set aside).
+   * The next write is `kind`: `plain` (a snapshot without a log, readable by older versions: a new
+   * file, and the last write of `close()`) or `compact` (records just set aside).
    */
-  async writeNow(kind: "plain" | "compact"): Promise<void> {
+  force(kind: "plain" | "compact"): void {
     this.#forced = kind;
-    this.#version++;
-    await this.waitDurable(this.#version);
-    if (this.#failure !== null) throw this.#failure;
-  }
-
-  waitDurable(target: number = this.#version): Promise<void> {
-    if (target <= this.#durable) return Promise.resolve();
-    if (this.#crashed) return Promise.reject(this.#crashError());
-    return new Promise<void>((resolve, reject) => {
-      this.#waiters.push({ target, resolve, reject });
-      this.#writing ??= this.#writeLoop();
-    });
-  }
-
-  /** As `SnapshotCommitter.close`: settle, then detach and release whatever happened. */
-  async close(settle: () => Promise<void>, release: () => Promise<void>): Promise<void> {
-    let failure: unknown = null;
-    let releaseFailure: unknown = null;
-    try {
-      await settle();
-    } catch (error) {
-      failure = error;
-    } finally {
-      if (failure === null && this.failure !== null) failure = this.failure;
-      await this.detach();
-      try {
-        await release();
-      } catch (error) {
-        releaseFailure = error;
-      }
-    }
-    if (failure !== null && releaseFailure !== null) {
-      throw new AggregateError(
-        [failure, releaseFailure],
-        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
-        { cause: failure },
-      );
-    }
-    if (failure !== null) throw failure;
-    if (releaseFailure !== null) throw releaseFailure;
-  }
-
-  /** Waits until the write loop is idle and every change is on disk; then, with `plain`, ends the log. */
-  async flush(options: { plain?: boolean } = {}): Promise<void> {
-    while (this.#writing !== null || this.#durable < this.#version) {
-      if (this.#writing !== null) await this.#writing;
-      else await this.waitDurable(this.#version);
-    }
-    if (this.#failure !== null) throw this.#failure;
-    if (options.plain && this.#logGen > 0 && this.#state !== null) await this.writeNow("plain");
-  }
-
-  /**
-   * Runs one operation and resolves once what it observed is on disk.
-   * `touched` records what it changed (inbox ids, reports; outbox entries are
-   * observed), `changed` whether it needs a write.
-   */
-  async run<T>(
-    operation: (state: MemoryDurability) => Promise<T>,
-    changed: (result: T) => boolean,
-    touched?: (result: T, commit: LogCommitter) => void,
-  ): Promise<T> {
-    while (this.#reloading !== null) await this.#reloading;
-    const state = this.#current();
-    const generation = this.#generation;
-    let result: T;
-    try {
-      result = await operation(state);
-    } catch (error) {
-      if (generation !== this.#generation) throw this.#discardedError();
-      if (error instanceof StaleLeaseError) await this.waitDurable(this.#version);
-      throw error;
-    }
-    if (generation !== this.#generation) throw this.#discardedError();
-    touched?.(result, this);
-    if (changed(result)) this.#version++;
-    await this.waitDurable(this.#version);
-    return result;
-  }
-
-  /** Lets the committer go as a killed process: waiters reject, a write under way finishes, the log is closed. */
-  async crash(): Promise<void> {
-    this.#crashed = true;
-    const error = this.#crashError();
-    for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
-    if (this.#writing !== null) await this.#writing;
-    this.#state = null;
-    await this.#closeLog();
-  }
-
-  #discardedError(): Error {
-    return new Error(
-      `${LABEL} could not write ${this.#file()}: a failed write discarded the state this operation ran on ` +
-        `(it was rebuilt from the file); the operation did not take effect`,
-    );
-  }
-
-  #crashError(): Error {
-    return new Error(`${LABEL} ${this.#file()} was let go by simulateCrash() before this change was written`);
-  }
-
-  async #writeLoop(): Promise<void> {
-    const file = this.#file;
-    try {
-      await null; // operations called in the same tick join this write
-      while (this.#waiters.length > 0) {
-        if (this.#crashed || this.#state === null) {
-          const error = this.#crashed
-            ? this.#crashError()
-            : new Error(`${LABEL} ${file()} was closed before this change was written`);
-          for (const waiter of this.#waiters.splice(0)) waiter.reject(error);
-          break;
-        }
-        const version = this.#version;
-        try {
-          await this.#write(this.#state);
-        } catch (error) {
-          this.#stats.failedRewrites++;
-          const failure = new Error(`${LABEL} could not write ${file()}: ${messageOf(error)}`, { cause: error });
-          this.#generation++;
-          const waiters = this.#waiters.splice(0);
-          const reload = this.#reload(failure);
-          this.#reloading = reload;
-          try {
-            await reload;
-          } finally {
-            this.#reloading = null;
-          }
-          for (const waiter of waiters) waiter.reject(failure);
-          continue;
-        }
-        this.#durable = Math.max(this.#durable, version);
-        let settled = 0;
-        while (settled < this.#waiters.length && this.#waiters[settled].target <= version) settled++;
-        for (const waiter of this.#waiters.splice(0, settled)) waiter.resolve();
-      }
-    } finally {
-      this.#writing = null;
-    }
-  }
-
-  /** After a failed write: the state is rebuilt from the files (snapshot and log), or the committer is failed. */
-  async #reload(failure: Error): Promise<void> {
-    const file = this.#file();
-    if (failure.cause instanceof LogUndecidedError) {
-      // Whether the failed append is on disk is unknown: reloading could bring back a rejected change.
-      await this.#closeLog();
-      this.#failure = new Error(
-        `${LABEL} could not write ${file}.log (${messageOf(failure.cause.cause)}) nor cut the unflushed record ` +
-          `off again (${messageOf(failure.cause.cutError)}). Every operation rejects until it is reopened: close ` +
-          `it and open it again (stop and start the bot) once the file is usable.`,
-        { cause: failure },
-      );
-      this.#durable = this.#version;
-      return;
-    }
-    try {
-      const { mem, read } = await this.#load(file);
-      if (this.#state !== null && !this.#crashed) await this.attach(mem, read);
-    } catch (error) {
-      await this.#closeLog();
-      this.#failure = new Error(
-        `${LABEL} could not write ${file} (${messageOf(failure.cause)}) nor reload it to drop the unwritten ` +
-          `changes (${messageOf(error)}). Every operation rejects until it is reopened: close it and open it ` +
-          `again (stop and start the bot) once the file is usable.`,
-        { cause: failure },
-      );
-    }
-    this.#durable = this.#version;
   }
 
   /** One write: the changes since the last one appended to the log, or a whole snapshot. */
-  async #write(state: MemoryDurability): Promise<void> {
-    const started = performance.now();
+  async write(state: MemoryDurability): Promise<void> {
     const kind: WriteKind = this.#forced ??
       (this.#logGen === 0 || this.#log === null ||
           this.#logBytes >= Math.max(COMPACT_MIN_BYTES, COMPACT_FACTOR * this.#snapshotBytes)
@@ -1403,7 +1217,7 @@ class LogCommitter {
         this.#log ??= await this.#openLog();
         await this.#log.truncate(0, this.#fsync);
       } else {
-        await this.#closeLog();
+        await this.close();
         await removeFile(`${file}.log`);
       }
       this.#stats.snapshots++;
@@ -1444,8 +1258,6 @@ class LogCommitter {
       this.#logBytes += bytes.length;
       this.#stats.logAppends++;
     }
-    this.#stats.rewrites++;
     this.#stats.logBytes = this.#logBytes;
-    this.#stats.lastRewriteMs = performance.now() - started;
   }
 }

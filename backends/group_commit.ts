@@ -22,8 +22,9 @@
  *
  * The backend keeps its lifecycle (open/close, lock file, registration of
  * the file) and supplies the format ({@link SnapshotCommitterOptions.serialize},
- * {@link SnapshotCommitterOptions.parse}) and the check of the state an
- * operation runs on ({@link SnapshotCommitterOptions.current}).
+ * {@link SnapshotCommitterOptions.parse}, or a write and reload of its own such
+ * as an append-only log) and the check of the state an operation runs on
+ * ({@link SnapshotCommitterOptions.current}).
  *
  * @module
  */
@@ -54,9 +55,19 @@ export interface SnapshotCommitterOptions<S> {
   /** Permission bits of the file, kept across rewrites. */
   mode: () => number;
   /** The whole state as the snapshot's text; synchronous, so the snapshot is consistent. */
-  serialize: (state: S) => string;
+  serialize?: (state: S) => string;
   /** The state from the file's bytes (after a failed rewrite); throws when they are damaged. */
-  parse: (file: string, bytes: Uint8Array) => S;
+  parse?: (file: string, bytes: Uint8Array) => S;
+  /**
+   * Makes the state durable in a way of the backend's own (an append to a log, say) instead of
+   * {@link serialize} and a whole rewrite; it keeps its own size counters.
+   */
+  write?: (state: S) => Promise<void>;
+  /**
+   * The state as the files hold it, after a failed write, instead of reading and {@link parse}-ing
+   * the snapshot; throws when it cannot be had (the committer is then failed).
+   */
+  reload?: (failure: Error) => Promise<S>;
   /**
    * The state an operation runs on: {@link SnapshotCommitter.state}, or
    * throws when the backend is not open, was let go, or is failed
@@ -105,6 +116,8 @@ export class SnapshotCommitter<S> {
 
   /** @param options the backend's format, checks and wording */
   constructor(options: SnapshotCommitterOptions<S>) {
+    if (!options.serialize && !options.write) throw new TypeError("SnapshotCommitter needs serialize or write");
+    if (!options.parse && !options.reload) throw new TypeError("SnapshotCommitter needs parse or reload");
     this.#options = options;
   }
 
@@ -330,12 +343,16 @@ export class SnapshotCommitter<S> {
    * read, enters the failed state. Never rejects.
    */
   async #reload(failure: Error): Promise<void> {
-    const { label, file: fileOf, parse, recovery } = this.#options;
+    const { label, file: fileOf, parse, reload, recovery } = this.#options;
     const file = fileOf();
     try {
-      const bytes = await readFileBytes(file);
-      if (bytes === null) throw new Error("the file is gone (deleted, or its directory was)");
-      const state = parse(file, bytes);
+      let state: S;
+      if (reload) state = await reload(failure);
+      else {
+        const bytes = await readFileBytes(file);
+        if (bytes === null) throw new Error("the file is gone (deleted, or its directory was)");
+        state = parse!(file, bytes);
+      }
       if (this.#state !== null && !this.#crashed) this.#state = state;
     } catch (error) {
       this.#failure = new Error(
@@ -350,10 +367,14 @@ export class SnapshotCommitter<S> {
   /** One snapshot rewrite: the state serialized, then an atomic replace keeping the file's mode. */
   async #rewrite(state: S): Promise<void> {
     const started = performance.now();
-    const text = this.#options.serialize(state);
-    await writeSnapshot(this.#options.file(), text, { fsync: this.#options.fsync, mode: this.#options.mode() });
+    const { write, serialize } = this.#options;
+    if (write) await write(state);
+    else {
+      const text = serialize!(state);
+      await writeSnapshot(this.#options.file(), text, { fsync: this.#options.fsync, mode: this.#options.mode() });
+      this.#stats.lastSnapshotChars = text.length;
+    }
     this.#stats.rewrites++;
-    this.#stats.lastSnapshotChars = text.length;
     this.#stats.lastRewriteMs = performance.now() - started;
   }
 }
