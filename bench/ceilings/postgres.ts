@@ -16,11 +16,10 @@
  *   bun bench/ceilings/postgres.ts '{"ns":{...},"chats":100,"seconds":2,"warmSeconds":0.5,"groups":1}'
  */
 import postgres from "postgres";
-import { BenchProvider, childMain, closedLoop, type LoadConfig, type Ns, pgUrl, type RowResult } from "../lib.ts";
-import { TurnBatcher, type Write } from "./batch.ts";
+import { childMain, type LoadConfig, type Ns, pgUrl, type RowResult } from "../lib.ts";
+import { protocolLoop, type ProtocolWrite, TurnBatcher, type Write } from "./batch.ts";
 
 const cfg = JSON.parse(process.argv[2] ?? "{}") as LoadConfig & { ns: Ns; groups?: number };
-type Kind = "admit" | "reserve" | "sent" | "done";
 
 childMain(async (): Promise<RowResult> => {
   const groups = cfg.groups ?? 1;
@@ -37,7 +36,7 @@ childMain(async (): Promise<RowResult> => {
     CREATE INDEX ON ${s}.outbox (lease_until) WHERE state <> 'sent';
     CREATE INDEX ON ${s}.outbox (chat_id, updated_at) WHERE state <> 'sent';
   `);
-  const text: Record<Kind, string> = {
+  const text: Record<ProtocolWrite, string> = {
     admit: `INSERT INTO ${s}.inbox (id, chat_id, state, payload, received_at, lease_token, lease_until, updated_at)
       SELECT id, chat_id, 'processing', payload, at, token, until, at FROM json_to_recordset($1::text::json)
       AS r(id text, chat_id text, payload jsonb, at bigint, token bigint, until bigint)`,
@@ -49,16 +48,16 @@ childMain(async (): Promise<RowResult> => {
     done: `UPDATE ${s}.inbox i SET state = 'done', lease_token = NULL, lease_until = NULL, updated_at = r.at
       FROM json_to_recordset($1::text::json) AS r(id text, token bigint, at bigint) WHERE i.id = r.id AND i.lease_token = r.token`,
   };
-  const ORDER: Kind[] = ["admit", "reserve", "sent", "done"];
+  const ORDER: ProtocolWrite[] = ["admit", "reserve", "sent", "done"];
   // One client of one connection per group in flight (porsager's `reserve()` of a second connection
   // hangs under Bun here).
   const slots = Array.from({ length: groups }, () => postgres(pgUrl(cfg.ns), { max: 1, fetch_types: false, onnotice: () => {} }));
-  const batcher = new TurnBatcher<Kind>(async (batch: Write<Kind>[], slot) => {
-    const by = new Map<Kind, Record<string, unknown>[]>();
+  const batcher = new TurnBatcher<ProtocolWrite>(async (batch: Write<ProtocolWrite>[], slot) => {
+    const by = new Map<ProtocolWrite, Record<string, unknown>[]>();
     for (const w of batch) (by.get(w.kind) ?? by.set(w.kind, []).get(w.kind)!).push(w.row);
     const statements = ORDER.filter((k) => by.has(k)).map((k) => ({ k, rows: by.get(k)! }));
     const c = slots[slot]!;
-    const run = (k: Kind, rows: Record<string, unknown>[]) => c.unsafe(text[k], [JSON.stringify(rows)], { prepare: true });
+    const run = (k: ProtocolWrite, rows: Record<string, unknown>[]) => c.unsafe(text[k], [JSON.stringify(rows)], { prepare: true });
     let results;
     if (batch.length === 1) results = [await run(statements[0]!.k, statements[0]!.rows)];
     else {
@@ -72,26 +71,18 @@ childMain(async (): Promise<RowResult> => {
     });
   }, groups);
 
-  const provider = new BenchProvider();
-  const abort = new AbortController();
-  const background = new Set<Promise<void>>();
-  let token = 0;
-  const { total, result } = await closedLoop(cfg, async (n, c) => {
-    const id = `m-${n}`, chat = `c${c}`, key = `${id}:0`;
-    const now = Date.now(), t = ++token;
-    await batcher.write("admit", { id, chat_id: chat, payload: { id, chatId: chat, type: "text", text: id }, at: now, token: t, until: now + 30_000 });
-    const ot = ++token;
-    await batcher.write("reserve", { key, chat_id: chat, inbound_id: id, content: { text: `r:${id}` }, at: Date.now(), token: ot, until: Date.now() + 30_000 });
-    const receipt = await provider.send(chat, `r:${id}`, { idempotencyKey: key, attempt: 1, signal: abort.signal });
-    const after = Promise.all([
-      batcher.write("sent", { key, token: ot, receipt: receipt.messageId, at: Date.now() }),
-      batcher.write("done", { id, token: t, at: Date.now() }),
-    ]).then(() => void background.delete(after));
-    background.add(after);
-  }, async () => {
-    while (background.size > 0) await Promise.all(background);
+  const { total, result } = await protocolLoop(cfg, batcher, {
+    admit: (m) => {
+      const now = Date.now();
+      return { id: m.id, chat_id: m.chat, payload: { id: m.id, chatId: m.chat, type: "text", text: m.id }, at: now, token: m.token, until: now + 30_000 };
+    },
+    reserve: (m) => {
+      const now = Date.now();
+      return { key: m.key, chat_id: m.chat, inbound_id: m.id, content: { text: `r:${m.id}` }, at: now, token: m.outToken, until: now + 30_000 };
+    },
+    sent: (m, receipt) => ({ key: m.key, token: m.outToken, receipt, at: Date.now() }),
+    done: (m) => ({ id: m.id, token: m.token, at: Date.now() }),
   });
-  provider.verify(total);
   const [counts] = await sql.unsafe(`SELECT (SELECT count(*) FILTER (WHERE state = 'done') FROM ${s}.inbox)::int AS done,
     (SELECT count(*) FROM ${s}.inbox)::int AS inbound, (SELECT count(*) FILTER (WHERE state = 'sent') FROM ${s}.outbox)::int AS sent,
     (SELECT count(*) FROM ${s}.outbox)::int AS outbound`);

@@ -16,16 +16,15 @@
  */
 import Redis from "ioredis";
 import { REDIS_URL } from "../../tests/support/services.ts";
-import { BenchProvider, childMain, closedLoop, type LoadConfig, type Ns, type RowResult } from "../lib.ts";
-import { TurnBatcher, type Write } from "./batch.ts";
+import { childMain, type LoadConfig, type Ns, type RowResult } from "../lib.ts";
+import { protocolLoop, type ProtocolWrite, TurnBatcher, type Write } from "./batch.ts";
 
 const cfg = JSON.parse(process.argv[2] ?? "{}") as LoadConfig & { ns: Ns; inFlight?: number };
-type Kind = "admit" | "reserve" | "sent" | "done";
 
 childMain(async (): Promise<RowResult> => {
   const client = new Redis(cfg.ns.redisUrl ?? REDIS_URL);
   const P = `{${cfg.ns.name}}`;
-  const batcher = new TurnBatcher<Kind>(async (batch: Write<Kind>[]) => {
+  const batcher = new TurnBatcher<ProtocolWrite>(async (batch: Write<ProtocolWrite>[]) => {
     const m = client.multi();
     for (const { kind, row: r } of batch) {
       const s = (x: unknown) => String(x);
@@ -52,26 +51,18 @@ childMain(async (): Promise<RowResult> => {
     if (!replies || failed) throw failed?.[0] ?? new Error("ceiling: MULTI aborted");
   }, cfg.inFlight ?? 8);
 
-  const provider = new BenchProvider();
-  const abort = new AbortController();
-  const background = new Set<Promise<void>>();
-  let token = 0;
-  const { total, result } = await closedLoop(cfg, async (n, c) => {
-    const id = `m-${n}`, chat = `c${c}`, key = `${id}:0`;
-    const now = Date.now(), t = ++token;
-    await batcher.write("admit", { id, chat, payload: JSON.stringify({ id, chatId: chat, type: "text", text: id }), at: now, token: t, until: now + 30_000 });
-    const ot = ++token;
-    await batcher.write("reserve", { key, id, chat, content: JSON.stringify({ text: `r:${id}` }), at: Date.now(), token: ot, until: Date.now() + 30_000 });
-    const receipt = await provider.send(chat, `r:${id}`, { idempotencyKey: key, attempt: 1, signal: abort.signal });
-    const after = Promise.all([
-      batcher.write("sent", { key, chat, receipt: receipt.messageId }),
-      batcher.write("done", { id, chat }),
-    ]).then(() => void background.delete(after));
-    background.add(after);
-  }, async () => {
-    while (background.size > 0) await Promise.all(background);
+  const { total, result } = await protocolLoop(cfg, batcher, {
+    admit: (m) => {
+      const now = Date.now();
+      return { id: m.id, chat: m.chat, payload: JSON.stringify({ id: m.id, chatId: m.chat, type: "text", text: m.id }), at: now, token: m.token, until: now + 30_000 };
+    },
+    reserve: (m) => {
+      const now = Date.now();
+      return { key: m.key, id: m.id, chat: m.chat, content: JSON.stringify({ text: `r:${m.id}` }), at: now, token: m.outToken, until: now + 30_000 };
+    },
+    sent: (m, receipt) => ({ key: m.key, chat: m.chat, receipt }),
+    done: (m) => ({ id: m.id, chat: m.chat }),
   });
-  provider.verify(total);
   let done = 0, sent = 0;
   for (let i = 0; i < total; i += 5000) {
     const p = client.pipeline();
