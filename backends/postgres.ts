@@ -214,6 +214,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../src/options.ts";
 import { nextTurn } from "../src/runtime/mod.ts";
 import {
   type BackendScope,
@@ -348,13 +349,7 @@ function resolveOptions(options: unknown): Resolved {
     throw new TypeError(`Postgres options must be an object with a "sql" client, got ${show(options)}`);
   }
   const o = options as Record<string, unknown>;
-  for (const key of Object.keys(o)) {
-    if (!(OPTION_NAMES as readonly string[]).includes(key)) {
-      throw new TypeError(
-        `Unknown Postgres option ${JSON.stringify(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`,
-      );
-    }
-  }
+  checkKnownOptions(o, OPTION_NAMES, "Postgres option");
   const sql = o.sql;
   if (
     (typeof sql !== "function" && (typeof sql !== "object" || sql === null)) ||

@@ -148,6 +148,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../src/options.ts";
 import {
   type BackendScope,
   type ClaimDueOptions,
@@ -239,13 +240,7 @@ function resolveOptions(options: unknown, what: string): Resolved {
     throw new TypeError(`${what} options must be an object with a "client", got ${show(options)}`);
   }
   const o = options as Record<string, unknown>;
-  for (const key of Object.keys(o)) {
-    if (!(OPTION_NAMES as readonly string[]).includes(key)) {
-      throw new TypeError(
-        `Unknown Redis option ${JSON.stringify(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`,
-      );
-    }
-  }
+  checkKnownOptions(o, OPTION_NAMES, "Redis option");
   const commands = toCommands(o.client, `Redis option "client"`);
   const keyPrefix = o.keyPrefix ?? "botmesh:";
   if (typeof keyPrefix !== "string") {

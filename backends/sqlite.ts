@@ -167,6 +167,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../src/options.ts";
 import { nextTurn } from "../src/runtime/mod.ts";
 import {
   type ClaimDueOptions,
@@ -302,13 +303,7 @@ function resolveOptions(options: unknown): Resolved {
     throw new TypeError(`SQLite options must be an object with a "file", got ${show(options)}`);
   }
   const o = options as Record<string, unknown>;
-  for (const key of Object.keys(o)) {
-    if (!(OPTION_NAMES as readonly string[]).includes(key)) {
-      throw new TypeError(
-        `Unknown SQLite option ${JSON.stringify(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`,
-      );
-    }
-  }
+  checkKnownOptions(o, OPTION_NAMES, "SQLite option");
   const file = o.file;
   if (typeof file !== "string" || file.length === 0) {
     throw new TypeError(`SQLite option "file" must be a non-empty string, got ${show(file)}`);

@@ -37,6 +37,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../src/options.ts";
 import type { JsonValue } from "../src/backend.ts";
 import { isRetryableStatus, ProviderError } from "../src/errors.ts";
 import { type LoadedMedia, type MediaLoadContext, MediaSeal, MediaUnavailableError, type StoredMediaRef } from "../src/media.ts";
@@ -488,11 +489,7 @@ export class TelegramProvider implements Provider {
   constructor(options: TelegramProviderOptions) {
     if (!isObj(options)) throw new TypeError(`Telegram options must be an object with a "token", got ${show(options)}`);
     const o = options as unknown as Obj;
-    for (const key of Object.keys(o)) {
-      if (!(OPTION_NAMES as readonly string[]).includes(key)) {
-        throw new TypeError(`Unknown Telegram option ${JSON.stringify(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`);
-      }
-    }
+    checkKnownOptions(o, OPTION_NAMES, "Telegram option");
     const token = o.token;
     if (typeof token !== "string") fail("token", 'a bot token string like "123456:ABC-DEF…"', token === undefined ? token : typeof token);
     const match = TOKEN_RE.exec(token);

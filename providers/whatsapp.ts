@@ -45,6 +45,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../src/options.ts";
 import type { JsonValue } from "../src/backend.ts";
 import { ProviderError } from "../src/errors.ts";
 import { type LoadedMedia, type MediaLoadContext, MediaSeal, MediaUnavailableError, type StoredMediaRef } from "../src/media.ts";
@@ -686,11 +687,7 @@ export class WhatsAppProvider implements Provider {
   constructor(options: WhatsAppProviderOptions) {
     if (!isObject(options)) throw new TypeError(`WhatsAppProvider options must be an object, got ${show(options)}`);
     const o = options as unknown as Record<string, unknown>;
-    for (const key of Object.keys(o)) {
-      if (!OPTION_NAMES.includes(key)) {
-        throw new TypeError(`Unknown option ${show(key)}; known options are ${OPTION_NAMES.map((n) => `"${n}"`).join(", ")}`);
-      }
-    }
+    checkKnownOptions(o, OPTION_NAMES, "WhatsApp option");
     this.#accessToken = checkString(o, "accessToken", true)!;
     const phoneNumberId = checkString(o, "phoneNumberId", true)!;
     if (!PHONE_NUMBER_ID.test(phoneNumberId)) {

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "./options.ts";
 import { type DurabilityOptions, resolveDurability } from "./config.ts";
 import { Emitter } from "./emitter.ts";
 import {
@@ -138,11 +139,7 @@ export class Bot {
     if (typeof options !== "object" || options === null) {
       throw new TypeError(`Bot options must be an object, got ${options === null ? "null" : typeof options}`);
     }
-    for (const key of Object.keys(options)) {
-      if (!["provider", "store", "durability", "id", "clock"].includes(key)) {
-        throw new TypeError(`Unknown option "${key}"; known options are "provider", "store", "durability", "id", "clock"`);
-      }
-    }
+    checkKnownOptions(options, ["provider", "store", "durability", "id", "clock"]);
     const provider = options.provider as Partial<Provider> | undefined;
     if (typeof provider !== "object" || provider === null || typeof provider.send !== "function") {
       throw new TypeError(`Option "provider" must be a provider with send() and start(), got ${typeof provider}`);

@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "./options.ts";
 import { type DurabilityBackend, INBOX_JOURNAL_METHODS, OUTBOX_JOURNAL_METHODS } from "./backend.ts";
 
 /** Exponential backoff with full jitter: a retry waits `random(0, min(capMs, baseMs * 2^attempt))`. */
@@ -133,13 +134,7 @@ function checkKeys(value: unknown, option: string, allowed: readonly string[]): 
   if (typeof value !== "object" || value === null || Array.isArray(value)) {
     throw new TypeError(`Option "${option}" must be an object, got ${show(value)}`);
   }
-  for (const key of Object.keys(value)) {
-    if (!allowed.includes(key)) {
-      throw new TypeError(
-        `Unknown option "${option}.${key}"; known options of "${option}" are ${allowed.map((k) => `"${k}"`).join(", ")}`,
-      );
-    }
-  }
+  checkKnownOptions(value, allowed, "option", option);
   return value as Record<string, unknown>;
 }
 

@@ -1532,7 +1532,7 @@ describe("options", () => {
     expect(make({ onStatus: true })).toThrow('Option "onStatus" must be a function, got true');
     expect(make({ onError: {} })).toThrow('Option "onError" must be a function, got {}');
     expect(make({ callbackData: "yes" })).toThrow('Option "callbackData" must be a boolean, got "yes"');
-    expect(make({ phoneNumber: "1" })).toThrow('Unknown option "phoneNumber"');
+    expect(make({ phoneNumber: "1" })).toThrow('Unknown WhatsApp option "phoneNumber"');
     expect(() => new WhatsAppProvider(null as never)).toThrow("WhatsAppProvider options must be an object, got null");
   });
 

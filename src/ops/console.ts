@@ -12,6 +12,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../options.ts";
 import type {
   DamagedRecord,
   DurabilityBackend,
@@ -440,10 +441,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
   if (!isObject(options)) {
     throw new TypeError(`Argument "options" is required: durabilityConsole(target, { auth }) — "auth" must be given`);
   }
-  const known = ["basePath", "auth", "csrfSecret", "title", "countCap", "tokenMaxAgeMs"];
-  for (const key of Object.keys(options)) {
-    if (!known.includes(key)) throw new TypeError(`Unknown option "${key}"; known options are ${known.map((k) => `"${k}"`).join(", ")}`);
-  }
+  checkKnownOptions(options, ["basePath", "auth", "csrfSecret", "title", "countCap", "tokenMaxAgeMs"]);
   if (options.auth === undefined || options.auth === null) {
     throw new TypeError(
       `Option "auth" is required: a function (request) => { user } | null (for example basicAuth(user, password)); the console allows no anonymous access`,

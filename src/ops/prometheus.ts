@@ -17,6 +17,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../options.ts";
 import type { DurabilityBackend, InboundState, OutboxState } from "../backend.ts";
 import type { DurabilityControl, DurabilityMetrics } from "../engine.ts";
 import { showValue as show } from "../show.ts";
@@ -244,11 +245,7 @@ function resolveOptions(options: unknown): { labels: Record<string, string>; cap
     throw new TypeError(`prometheusMetrics options must be an object, got ${show(options)}`);
   }
   const o = options as Record<string, unknown>;
-  for (const key of Object.keys(o)) {
-    if (!["labels", "countCap", "now"].includes(key)) {
-      throw new TypeError(`Unknown option "${key}"; known options are "labels", "countCap", "now"`);
-    }
-  }
+  checkKnownOptions(o, ["labels", "countCap", "now"]);
   const cap = o.countCap === undefined ? DEFAULT_COUNT_CAP : o.countCap;
   checkCap(cap, "countCap");
   if (o.now !== undefined && typeof o.now !== "function") {
