@@ -5,6 +5,12 @@
  * before the provider is called, retried with backoff, and dead-lettered when
  * retries run out.
  *
+ * This entry holds what a bot author uses. Backends and providers have their
+ * own entries (`@botmesh/durable/sqlite`, `/postgres`, `/redis`, `/file`,
+ * `/events`, `/kv`, `/memory`, `/telegram`, `/whatsapp`); operations tools are
+ * in `/ops`, the test harness in `/testing`, and what a backend or channel
+ * author needs in `/backend` and `/provider`.
+ *
  * @example
  * ```ts
  * import { Bot, MemoryDurability } from "@botmesh/durable";
@@ -51,90 +57,25 @@ export {
   type TypeMatcher,
   VIDEO,
 } from "./src/matchers.ts";
-export {
-  type AdmitResult,
-  classifyProviderError,
-  type ErrorClassification,
-  type InboundMessage,
-  type InboundSink,
-  type Interaction,
-  type MessageType,
-  type OutboundContent,
-  type Provider,
-  type SendConfirmation,
-  type SendContext,
-  type SendInQuestion,
-  type SendReceipt,
+export type {
+  InboundMessage,
+  Interaction,
+  MessageType,
+  OutboundContent,
+  Provider,
+  SendInQuestion,
 } from "./src/provider.ts";
-export { isRetryableStatus, ProviderError, type ProviderErrorOptions } from "./src/errors.ts";
+export { ProviderError } from "./src/errors.ts";
 export { UnencodableContentError } from "./src/content.ts";
 export {
-  checkEnvelope,
   type LoadedMedia,
   type LoadMediaOptions,
   loadMediaOf,
   type MediaContext,
-  type MediaLoadContext,
-  MEDIA_REF_VERSION,
-  MediaSeal,
-  type MediaSealOptions,
   MediaUnavailableError,
   type MediaUnavailableReason,
   type StoredMediaRef,
 } from "./src/media.ts";
 export { MemoryStore, type SessionStore } from "./src/store.ts";
-export {
-  type BackendScope,
-  type ClaimDueOptions,
-  type ClaimOptions,
-  type DamagedListOptions,
-  type DamagedRecord,
-  DamagedRecordError,
-  type DamagedRecords,
-  type DurabilityBackend,
-  type DurableKv,
-  type FailOutcome,
-  type InboundKind,
-  type InboundRecord,
-  type InboundState,
-  type InboxJournal,
-  type JsonValue,
-  type KvEntry,
-  type Lease,
-  type ListOptions,
-  type NewInboundRecord,
-  type NewOutboxEntry,
-  type OutboxClaim,
-  type OutboxEntry,
-  type OutboxJournal,
-  type OutboxState,
-  type ReserveResult,
-  StaleLeaseError,
-} from "./src/backend.ts";
-export { MemoryDurability, type MemoryDurabilityOptions } from "./backends/memory.ts";
-export { kvDurability, type KvDurabilityOptions } from "./backends/kv.ts";
-export { MemoryKv } from "./backends/memory_kv.ts";
-export {
-  basicAuth,
-  type BasicAuthOptions,
-  type ConsoleAuth,
-  type ConsoleBot,
-  type ConsoleHandler,
-  type ConsoleIdentity,
-  type ConsoleTarget,
-  durabilityConsole,
-  type DurabilityConsoleOptions,
-  nodeHandler,
-  type NodeHandlerOptions,
-  type NodeRequestLike,
-  type NodeResponseLike,
-} from "./src/ops/console.ts";
-export {
-  countRecords,
-  escapeLabelValue,
-  PROMETHEUS_CONTENT_TYPE,
-  prometheusMetrics,
-  type PrometheusOptions,
-  type PrometheusSource,
-  type RecordCounts,
-} from "./src/ops/prometheus.ts";
+export type { DurabilityBackend } from "./src/contract.ts";
+export { MemoryDurability, type MemoryDurabilityOptions } from "./backends/memory/mod.ts";

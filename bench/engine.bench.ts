@@ -10,9 +10,11 @@
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Bot, type DurabilityBackend, kvDurability, MemoryDurability, MemoryKv } from "../mod.ts";
-import { FileDurability } from "../backends/file.ts";
-import { SQLiteDurability } from "../backends/sqlite.ts";
+import { Bot, type DurabilityBackend, MemoryDurability } from "../mod.ts";
+import { KvDurability } from "../backends/kv/mod.ts";
+import { MemoryKv } from "../backends/memory/mod.ts";
+import { FileDurability } from "../backends/file/durability.ts";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { MockProvider } from "../testing.ts";
 
 const MESSAGES = Number(Bun.argv[2] ?? 2000);
@@ -25,7 +27,7 @@ const variants: Variant[] = [
   { name: "memory backend", backend: () => new MemoryDurability() },
   { name: "file backend", backend: (dir) => new FileDurability({ path: join(dir, "bot.json") }) },
   { name: "sqlite backend", backend: (dir) => new SQLiteDurability({ file: join(dir, "bot.db") }) },
-  { name: "kv backend (MemoryKv)", backend: () => kvDurability(new MemoryKv()) },
+  { name: "kv backend (MemoryKv)", backend: () => new KvDurability(new MemoryKv()) },
 ];
 
 async function once(variant: Variant): Promise<number> {

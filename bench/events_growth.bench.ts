@@ -14,7 +14,7 @@ import { mkdtempSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { LeasedEventJournal } from "../src/events/types.ts";
-import { FileEventJournal, MemoryEventJournal, SharedFileEventJournal } from "../backends/events.ts";
+import { FileEventJournal, MemoryEventJournal, SharedFileEventJournal } from "../backends/events/mod.ts";
 import { serializeEventSnapshot } from "../backends/events/snapshot.ts";
 
 const SIZES = (Bun.argv[2] ?? "1000,10000,100000").split(",").map(Number);

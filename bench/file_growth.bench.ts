@@ -11,9 +11,9 @@
 import { mkdtempSync, rmSync, statSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { DurabilityBackend } from "../src/backend.ts";
-import { FileDurability } from "../backends/file.ts";
-import { SQLiteDurability } from "../backends/sqlite.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
+import { FileDurability } from "../backends/file/durability.ts";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 
 const SIZES = (Bun.argv[2] ?? "1000,10000,100000").split(",").map(Number);
 const WRITES = Number(Bun.argv[3] ?? 40);

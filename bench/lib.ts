@@ -5,7 +5,7 @@
 import { mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { DurabilityBackend } from "../src/backend.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
 import type { OutboundContent, SendContext, SendReceipt } from "../src/provider.ts";
 import { MockProvider } from "../testing.ts";
 import { dropPostgresSchema } from "../tests/support/replica_harness.ts";
@@ -153,31 +153,31 @@ export async function openKind(ns: Ns): Promise<Opened> {
       return { backend: new MemoryDurability(), close: none };
     }
     case "file": {
-      const { FileDurability } = await import("../backends/file.ts");
+      const { FileDurability } = await import("../backends/file/durability.ts");
       return { backend: new FileDurability({ path: join(ns.name, "journal.json") }), close: none };
     }
     case "sqlite-normal":
     case "sqlite-full": {
-      const { SQLiteDurability } = await import("../backends/sqlite.ts");
+      const { SQLiteDurability } = await import("../backends/sqlite/durability.ts");
       const synchronous = ns.kind === "sqlite-full" ? "full" : "normal";
       return { backend: new SQLiteDurability({ file: join(ns.name, "bot.db"), synchronous }), close: none };
     }
     case "events":
     case "events-log": {
-      const { SharedFileEventJournal, eventsDurability } = await import("../backends/events.ts");
+      const { SharedFileEventJournal, EventsDurability } = await import("../backends/events/mod.ts");
       const journal = await SharedFileEventJournal.open(join(ns.name, "events.json"), { appendLog: ns.kind === "events-log" });
-      return { backend: eventsDurability({ journal }), close: () => journal.close() };
+      return { backend: new EventsDurability({ journal }), close: () => journal.close() };
     }
     case "postgres": {
       const { default: postgres } = await import("postgres");
-      const { PostgresDurability } = await import("../backends/postgres.ts");
+      const { PostgresDurability } = await import("../backends/postgres/durability.ts");
       const sql = postgres(pgUrl(ns), { max: 10, fetch_types: false, onnotice: () => {} });
       return { backend: new PostgresDurability({ sql, schema: ns.name }), close: () => sql.end({ timeout: 5 }) };
     }
     case "redis":
     case "redis-aof": {
       const { default: Redis } = await import("ioredis");
-      const { RedisDurability } = await import("../backends/redis.ts");
+      const { RedisDurability } = await import("../backends/redis/durability.ts");
       const client = new Redis(ns.redisUrl ?? REDIS_URL);
       return {
         backend: new RedisDurability({ client, keyPrefix: ns.name }),
@@ -187,7 +187,7 @@ export async function openKind(ns: Ns): Promise<Opened> {
     case "upstash": {
       if (!ns.upstash) throw new Error("upstash: no bridge url");
       const { Redis } = await import("@upstash/redis");
-      const { RedisDurability } = await import("../backends/redis.ts");
+      const { RedisDurability } = await import("../backends/redis/durability.ts");
       const client = new Redis({ url: ns.upstash.url, token: ns.upstash.token, automaticDeserialization: false });
       return { backend: new RedisDurability({ client, keyPrefix: ns.name }), close: none };
     }

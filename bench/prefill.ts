@@ -19,7 +19,7 @@
  */
 import { writeFileSync } from "node:fs";
 import { join } from "node:path";
-import type { DurabilityBackend } from "../src/backend.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
 import { POSTGRES_URL } from "../tests/support/services.ts";
 import { type Ns, openKind } from "./lib.ts";
 
@@ -194,10 +194,10 @@ async function settle(): Promise<void> {
 
 const started = performance.now();
 if (ns.kind === "events-log" || ns.kind === "events") {
-  const { MemoryEventJournal, eventsDurability } = await import("../backends/events.ts");
+  const { MemoryEventJournal, EventsDurability } = await import("../backends/events/mod.ts");
   const { serializeEventSnapshot } = await import("../backends/events/snapshot.ts");
   const memory = new MemoryEventJournal();
-  await viaApi(eventsDurability({ journal: memory }), 0, count, templateId);
+  await viaApi(new EventsDurability({ journal: memory }), 0, count, templateId);
   writeFileSync(join(ns.name, "events.json"), serializeEventSnapshot(memory, 0));
 } else {
   const opened = await openKind(ns);

@@ -9,7 +9,7 @@
  * sent counts not the totals) or crashed.
  */
 import { Bot } from "../mod.ts";
-import type { DurabilityBackend, InboundRecord } from "../src/backend.ts";
+import type { DurabilityBackend, InboundRecord } from "../src/contract.ts";
 import { encodeContent } from "../src/content.ts";
 import { BenchProvider, childMain, closedLoop, type LoadConfig, type Ns, openKind, peakRssMb, replyWaiters, type RowResult } from "./lib.ts";
 

@@ -60,7 +60,7 @@ import type {
   SendContext,
   SendInQuestion,
   SendReceipt,
-} from "../mod.ts";
+} from "../provider.ts";
 
 /** One line of the inbound file. `id` and `chatId` are required; `type` defaults to `'text'`. */
 export interface InboundLine {

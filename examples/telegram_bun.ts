@@ -7,8 +7,8 @@
  * Optional: TELEGRAM_API (another Bot API server), BOT_DB (the SQLite file).
  */
 import { Bot } from "../mod.ts";
-import { SQLiteStore } from "../backends/sqlite.ts";
-import { TelegramProvider } from "../providers/telegram.ts";
+import { SQLiteStore } from "../backends/sqlite/durability.ts";
+import { TelegramProvider } from "../providers/telegram/provider.ts";
 
 const env = process.env;
 const telegram = new TelegramProvider({

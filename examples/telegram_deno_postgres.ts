@@ -7,8 +7,8 @@
  */
 import postgres from "postgres";
 import { Bot } from "../mod.ts";
-import { PostgresDurability } from "../backends/postgres.ts";
-import { TelegramProvider } from "../providers/telegram.ts";
+import { PostgresDurability } from "../backends/postgres/durability.ts";
+import { TelegramProvider } from "../providers/telegram/provider.ts";
 
 // For tsc, which checks this repo with Bun's types (Deno has its own):
 declare const Deno: { env: { get(k: string): string | undefined }; serve(o: object, h: (r: Request) => Promise<Response>): unknown };

@@ -7,9 +7,10 @@
  * Optional: TELEGRAM_API (another Bot API server), BOT_FILE (the journal file).
  */
 import { createServer } from "node:http";
-import { Bot, nodeHandler } from "../mod.ts";
-import { FileDurability } from "../backends/file.ts";
-import { TelegramProvider } from "../providers/telegram.ts";
+import { Bot } from "../mod.ts";
+import { nodeHandler } from "../ops.ts";
+import { FileDurability } from "../backends/file/durability.ts";
+import { TelegramProvider } from "../providers/telegram/provider.ts";
 
 const env = process.env;
 const telegram = new TelegramProvider({

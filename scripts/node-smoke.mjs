@@ -26,7 +26,7 @@ console.log(`node-smoke: ok on Node ${process.version}`)
 
 // The file backend through the npm build: journal, restart from disk, the lock.
 {
-  const { FileDurability } = await import('../dist/backends/file.js')
+  const { FileDurability } = await import('../dist/backends/file/mod.js')
   const { mkdtempSync, rmSync, existsSync } = await import('node:fs')
   const { tmpdir } = await import('node:os')
   const { join } = await import('node:path')
@@ -82,7 +82,7 @@ console.log('node-smoke: file backend ok')
   }
   if (await reachable(5432)) {
     const { default: postgres } = await import('postgres')
-    const { PostgresDurability } = await import('../dist/backends/postgres.js')
+    const { PostgresDurability } = await import('../dist/backends/postgres/mod.js')
     const sql = postgres('postgres://postgres@127.0.0.1:5432/test', { max: 4, onnotice: () => {}, fetch_types: false })
     const schema = `bm_smoke_${id}`
     try {
@@ -95,7 +95,7 @@ console.log('node-smoke: file backend ok')
   else console.warn('node-smoke: postgres not reachable, skipped')
   if (await reachable(6379)) {
     const { default: IORedis } = await import('ioredis')
-    const { RedisDurability } = await import('../dist/backends/redis.js')
+    const { RedisDurability } = await import('../dist/backends/redis/mod.js')
     const client = new IORedis('redis://127.0.0.1:6379')
     const keyPrefix = `bm-smoke-${id}:`
     try {
@@ -112,7 +112,7 @@ console.log('node-smoke: file backend ok')
 // The channel providers through the npm build, with Web Crypto and fetch of Node itself: an update in
 // through each webhook handler, the reply out through an injected fetch.
 {
-  const { TelegramProvider } = await import('../dist/providers/telegram.js')
+  const { TelegramProvider } = await import('../dist/providers/telegram/mod.js')
   const calls = []
   const telegram = new TelegramProvider({
     token: '123:abc',
@@ -141,7 +141,7 @@ console.log('node-smoke: file backend ok')
   console.log('node-smoke: telegram provider ok')
 }
 {
-  const { WhatsAppProvider } = await import('../dist/providers/whatsapp.js')
+  const { WhatsAppProvider } = await import('../dist/providers/whatsapp/mod.js')
   const { createHmac } = await import('node:crypto')
   const calls = []
   const whatsapp = new WhatsAppProvider({

@@ -14,11 +14,11 @@
  *            --check-determinism             run every seed twice; a different trace is a failure
  *            --max-print N                   --seeds: failing seeds listed (default 20)
  *
- * Only MemoryDurability is wired: kvDurability(new MemoryKv()) waits real time
+ * Only MemoryDurability is wired: new KvDurability(new MemoryKv()) waits real time
  * (`delay(Math.random() …)`) on compare-and-set races, which would break determinism.
  * Exit code 1 when any seed fails.
  */
-import { MemoryDurability } from "../backends/memory.ts";
+import { MemoryDurability } from "../backends/memory/durability.ts";
 import { FAULT_KINDS, parseFaults, runSimulation, type SimResult } from "../src/testing/sim/mod.ts";
 
 interface Args {

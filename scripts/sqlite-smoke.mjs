@@ -8,7 +8,7 @@ import assert from 'node:assert/strict'
 import { mkdtempSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
-import { SQLiteDurability, SQLiteStore } from '../dist/backends/sqlite.js'
+import { SQLiteDurability, SQLiteStore } from '../dist/backends/sqlite/mod.js'
 
 const runtime = globalThis.Bun ? `Bun ${globalThis.Bun.version}` : globalThis.Deno ? `Deno ${globalThis.Deno.version.deno}` : `Node ${process.version}`
 const dir = mkdtempSync(join(tmpdir(), 'botmesh-sqlite-smoke-'))

@@ -41,7 +41,7 @@ if [ "$others_status" -ne 0 ] || [ "$servers_status" -ne 0 ]; then
   echo "bun test failed (other suites: exit $others_status; Postgres and Redis suites: exit $servers_status)" >&2
   exit 1
 fi
-step "deno check";               deno check mod.ts testing.ts backends/file.ts backends/sqlite.ts backends/events.ts backends/postgres.ts backends/redis.ts providers/telegram.ts providers/whatsapp.ts cli.ts
+step "deno check";               deno check mod.ts backend.ts provider.ts ops.ts testing.ts cli.ts backends/memory/mod.ts backends/kv/mod.ts backends/file/mod.ts backends/sqlite/mod.ts backends/events/mod.ts backends/postgres/mod.ts backends/redis/mod.ts providers/telegram/mod.ts providers/whatsapp/mod.ts
 step "deno smoke: examples/echo.ts"; deno run --no-prompt examples/echo.ts
 step "conformance on Deno (file, sqlite via node:sqlite, events journals, postgres via porsager)"
 deno run -A tests/runtimes/conformance.ts file sqlite events-file events-shared postgres

@@ -6,7 +6,7 @@
  * @module
  */
 import { checkKnownOptions } from "./options.ts";
-import { type DurabilityBackend, INBOX_JOURNAL_METHODS, OUTBOX_JOURNAL_METHODS } from "./backend.ts";
+import { type DurabilityBackend, INBOX_JOURNAL_METHODS, OUTBOX_JOURNAL_METHODS } from "./contract.ts";
 
 /** Exponential backoff with full jitter: a retry waits `random(0, min(capMs, baseMs * 2^attempt))`. */
 export interface BackoffOptions {

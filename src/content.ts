@@ -5,8 +5,8 @@
  *
  * @module
  */
-import type { JsonValue } from "./backend.ts";
-import { setOwn } from "./journal_rules.ts";
+import type { JsonValue } from "./contract.ts";
+import { setOwn } from "./rules.ts";
 
 const BYTES = "$bytes";
 

@@ -13,7 +13,7 @@
  *
  * @module
  */
-import type { JsonValue } from "./backend.ts";
+import type { JsonValue } from "./contract.ts";
 import { encodeContent, hashText } from "./content.ts";
 import type { SendOptions, SendResult } from "./engine.ts";
 import { assertMatcher, type Matcher, matches } from "./matchers.ts";

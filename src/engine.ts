@@ -18,7 +18,7 @@ import {
   type OutboxState,
   DamagedRecordError,
   StaleLeaseError,
-} from "./backend.ts";
+} from "./contract.ts";
 import { retryDelay } from "./backoff.ts";
 import { BoundedMap, BoundedSet } from "./bounded_map.ts";
 import { Deadlines } from "./deadlines.ts";
@@ -26,7 +26,7 @@ import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
 import { errorText, isProcessDeath } from "./errors.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "./journal_rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "./rules.ts";
 import {
   type AdmitResult,
   classifyProviderError,

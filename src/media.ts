@@ -6,7 +6,7 @@
  *
  * @module
  */
-import type { JsonValue } from "./backend.ts";
+import type { JsonValue } from "./contract.ts";
 import type { InboundMessage, Provider } from "./provider.ts";
 import { showValue as show } from "./show.ts";
 

@@ -3,7 +3,7 @@
  *
  * @module
  */
-import type { JsonValue } from "./backend.ts";
+import type { JsonValue } from "./contract.ts";
 import { isRetryableStatus, ProviderError } from "./errors.ts";
 import type { LoadedMedia, MediaLoadContext, StoredMediaRef } from "./media.ts";
 

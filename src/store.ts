@@ -3,8 +3,8 @@
  *
  * @module
  */
-import type { JsonValue } from "./backend.ts";
-import { checkId } from "./journal_rules.ts";
+import type { JsonValue } from "./contract.ts";
+import { checkId } from "./rules.ts";
 import { showValue as show } from "./show.ts";
 
 /** Conversation and session state of the bot, by key. */

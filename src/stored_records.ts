@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { InboundRecord, JsonValue, OutboxEntry } from "./backend.ts";
+import type { InboundRecord, JsonValue, OutboxEntry } from "./contract.ts";
 import { showValue as show } from "./show.ts";
 
 /**

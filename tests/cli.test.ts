@@ -8,12 +8,13 @@ import { tmpdir } from "node:os";
 import IORedis from "ioredis";
 import postgres from "postgres";
 import type { DurabilityBackend } from "../mod.ts";
-import { FileDurability } from "../backends/file.ts";
-import { SQLiteDurability } from "../backends/sqlite.ts";
-import { PostgresDurability } from "../backends/postgres.ts";
-import { RedisDurability } from "../backends/redis.ts";
+import { FileDurability } from "../backends/file/durability.ts";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
+import { PostgresDurability } from "../backends/postgres/durability.ts";
+import { RedisDurability } from "../backends/redis/durability.ts";
 import { Redis as Upstash } from "@upstash/redis";
-import { BackendUrlError, openBackend } from "../src/ops/cli.ts";
+import { BackendUrlError } from "../src/ops/cli.ts";
+import { openBackend } from "../backends/open_url.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
 

@@ -2,8 +2,8 @@
 // renew its own leases before a sweep can take them for abandoned (memory and kv backends take a clock).
 import { describe, expect, test } from "bun:test";
 import { Bot, type Clock, MemoryDurability, systemClock } from "../mod.ts";
-import { kvDurability } from "../backends/kv.ts";
-import { MemoryKv } from "../backends/memory_kv.ts";
+import { KvDurability } from "../backends/kv/durability.ts";
+import { MemoryKv } from "../backends/memory/kv.ts";
 import { MockProvider } from "../testing.ts";
 import type { OutboundContent, SendContext, SendReceipt } from "../src/provider.ts";
 
@@ -20,7 +20,7 @@ class SlowProvider extends MockProvider {
 
 const backends = {
   memory: (now: () => number) => new MemoryDurability({ clock: now }),
-  "kv on memory": (now: () => number) => kvDurability(new MemoryKv({ clock: now })),
+  "kv on memory": (now: () => number) => new KvDurability(new MemoryKv({ clock: now })),
 };
 
 describe("a wall-clock step forward during a send", () => {

@@ -3,9 +3,9 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { FileEventJournal, simulateCrash } from "../backends/events/file_journal.ts";
-import { eventsDurability } from "../src/events/durability.ts";
+import { EventsDurability } from "../backends/events/durability.ts";
 import type { LeasedEventJournal } from "../src/events/types.ts";
-import type { DurabilityBackend } from "../src/backend.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
 import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
 import { runDurabilityConformance } from "../testing.ts";
 
@@ -47,7 +47,7 @@ runEventJournalContract({
 const journalOf = new WeakMap<DurabilityBackend, FileEventJournal>();
 
 function over(journal: FileEventJournal): DurabilityBackend {
-  const backend = eventsDurability({ journal });
+  const backend = new EventsDurability({ journal });
   journalOf.set(backend, journal);
   return backend;
 }

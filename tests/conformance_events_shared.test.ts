@@ -3,8 +3,8 @@ import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from "n
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
 import { type SharedFileEventJournalOptions, SharedFileEventJournal } from "../backends/events/shared_journal.ts";
-import type { DurabilityBackend } from "../src/backend.ts";
-import { eventsDurability } from "../src/events/durability.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
+import { EventsDurability } from "../backends/events/durability.ts";
 import type { LeasedEventJournal } from "../src/events/types.ts";
 import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
 import { runDurabilityConformance } from "../testing.ts";
@@ -72,7 +72,7 @@ function damageGenerations(journal: SharedFileEventJournal, kind: "inbox" | "out
 }
 
 function over(journal: SharedFileEventJournal): DurabilityBackend {
-  const backend = eventsDurability({ journal });
+  const backend = new EventsDurability({ journal });
   journalOf.set(backend, journal);
   return backend;
 }

@@ -2,9 +2,9 @@ import { describe, expect, test } from "bun:test";
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { dirname, join } from "node:path";
-import { FileDurability, simulateCrash } from "../backends/file.ts";
+import { FileDurability, simulateCrash } from "../backends/file/durability.ts";
 import { runDurabilityConformance } from "../testing.ts";
-import type { DurabilityBackend } from "../src/backend.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
 
 /** A backend on `bot.json` in a fresh temporary directory. */
 function fresh(clock: () => number): FileDurability {

@@ -1,14 +1,14 @@
 import { describe, expect, test } from "bun:test";
-import type { DurabilityBackend } from "../src/backend.ts";
-import { kvDurability } from "../backends/kv.ts";
-import { MemoryKv } from "../backends/memory_kv.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
+import { KvDurability } from "../backends/kv/durability.ts";
+import { MemoryKv } from "../backends/memory/kv.ts";
 import { runDurabilityConformance } from "../testing.ts";
 
 /** The store under each backend, so that a "restarted process" gets a new backend over the same keys. */
 const storeOf = new WeakMap<DurabilityBackend, MemoryKv>();
 
 function over(kv: MemoryKv): DurabilityBackend {
-  const backend = kvDurability(kv);
+  const backend = new KvDurability(kv);
   storeOf.set(backend, kv);
   return backend;
 }

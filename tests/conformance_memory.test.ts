@@ -1,5 +1,5 @@
 import { describe, expect, test } from "bun:test";
-import { MemoryDurability } from "../backends/memory.ts";
+import { MemoryDurability } from "../backends/memory/durability.ts";
 import { runDurabilityConformance } from "../testing.ts";
 
 runDurabilityConformance({

@@ -1,8 +1,8 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import postgres from "postgres";
-import type { DurabilityBackend } from "../src/backend.ts";
-import { kvDurability } from "../backends/kv.ts";
-import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
+import { KvDurability } from "../backends/kv/durability.ts";
+import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/durability.ts";
 import { runBackendContract, runDurabilityConformance } from "../testing.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 
@@ -49,7 +49,7 @@ async function damage(backend: DurabilityBackend, journal: "inbox" | "outbox", i
 }
 
 /**
- * Damages a record of `kvDurability` over {@link PostgresKv} (prefix `bot:`) as a hand edit of its kv row
+ * Damages a record of `KvDurability` over {@link PostgresKv} (prefix `bot:`) as a hand edit of its kv row
  * would: an inbox record given a state this library does not know (its index keys kept), an outbox
  * entry's value replaced by a JSON string that is not a record at all.
  */
@@ -116,4 +116,4 @@ setup("postgres (PostgresStore#durability)", 3, async (sql, schema) => {
   return store.durability();
 }, runBackendContract, damage);
 
-setup("postgres (kvDurability over PostgresKv)", 4, (sql, schema) => kvDurability(new PostgresKv({ sql, schema }), { prefix: "bot:" }), runBackendContract, kvDamage);
+setup("postgres (KvDurability over PostgresKv)", 4, (sql, schema) => new KvDurability(new PostgresKv({ sql, schema }), { prefix: "bot:" }), runBackendContract, kvDamage);

@@ -1,14 +1,14 @@
 // The whole conformance suite on Redis: RedisDurability over @upstash/redis (through the loopback
 // Upstash bridge, auto-pipelining off and on) and over ioredis, RedisStore#durability(),
-// kvDurability(RedisKv); the journal contract over node-redis and Bun's RedisClient.
+// new KvDurability(RedisKv); the journal contract over node-redis and Bun's RedisClient.
 import { afterAll, describe, expect, test } from "bun:test";
 import { Redis as Upstash } from "@upstash/redis";
 import IORedis from "ioredis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
-import type { DurabilityBackend } from "../src/backend.ts";
-import { RedisDurability, RedisKv, RedisStore } from "../backends/redis.ts";
-import { kvDurability } from "../backends/kv.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
+import { RedisDurability, RedisKv, RedisStore } from "../backends/redis/durability.ts";
+import { KvDurability } from "../backends/kv/durability.ts";
 import { runBackendContract, runDurabilityConformance } from "../testing.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
@@ -108,7 +108,7 @@ async (backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Pro
 };
 
 /**
- * The hook of kvDurability over RedisKv: the kv value of the record given a shape that is no record
+ * The hook of KvDurability over RedisKv: the kv value of the record given a shape that is no record
  * (an inbox record's state an unknown word; an outbox entry's value a bare string).
  */
 async function damageKv(backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Promise<DurabilityBackend> {
@@ -157,6 +157,6 @@ suite("RedisDurability", upstash(false), durability);
 suite("RedisDurability", upstash(true), durability, runBackendContract);
 suite("RedisDurability", ioredis, durability, runDurabilityConformance, "state");
 suite("RedisStore#durability", ioredis, (client, keyPrefix) => new RedisStore({ client, keyPrefix }).durability(), runBackendContract);
-suite("kvDurability(RedisKv)", upstash(false), (client, keyPrefix) => kvDurability(new RedisKv({ client, keyPrefix })), runBackendContract, "kv");
+suite("new KvDurability(RedisKv)", upstash(false), (client, keyPrefix) => new KvDurability(new RedisKv({ client, keyPrefix })), runBackendContract, "kv");
 suite("RedisDurability", nodeRedis, durability, runBackendContract);
 suite("RedisDurability", bunRedis, durability, runBackendContract);

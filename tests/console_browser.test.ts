@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { type Browser, chromium } from "playwright-core";
 import { Bot } from "../src/bot.ts";
-import { SQLiteDurability } from "../backends/sqlite.ts";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { ProviderError } from "../src/errors.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 import { basicAuth, durabilityConsole } from "../src/ops/console.ts";

@@ -2,7 +2,7 @@
 // timeouts, match filters, divergence on replay, step failures, misuse and damaged transcripts.
 import { describe, expect, test } from "bun:test";
 import { AskTimeoutError, Bot, type Context, MemoryDurability, MemoryStore, type SessionStore, TEXT } from "../mod.ts";
-import type { DurabilityBackend } from "../src/backend.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
 import type { BotEvents } from "../src/engine.ts";
 import { crashable, crashableStore } from "../src/testing/crashable.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";

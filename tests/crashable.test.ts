@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { MemoryDurability } from "../backends/memory.ts";
-import type { DurabilityBackend, NewOutboxEntry } from "../src/backend.ts";
+import { MemoryDurability } from "../backends/memory/durability.ts";
+import type { DurabilityBackend, NewOutboxEntry } from "../src/contract.ts";
 import { crashable, SimulatedCrash } from "../testing.ts";
 
 const lease = { owner: "o", incarnation: "i", leaseMs: 60_000 };

@@ -7,7 +7,8 @@ import { spawn } from "node:child_process";
 import { appendFileSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { AdmitResult, InboundMessage } from "../mod.ts";
+import type { AdmitResult } from "../provider.ts";
+import type { InboundMessage } from "../mod.ts";
 
 const MAIN = join(import.meta.dir, "..", "examples", "demo", "main.ts");
 const dirs: string[] = [];

@@ -3,7 +3,7 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Bot } from "../mod.ts";
-import { eventsDurability, EventWorker, FileEventJournal, MemoryEventJournal } from "../backends/events.ts";
+import { EventsDurability, EventWorker, FileEventJournal, MemoryEventJournal } from "../backends/events/mod.ts";
 import { MockProvider } from "../testing.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "botmesh-events-entry-"));
@@ -13,7 +13,7 @@ describe("@botmesh/durable/events", () => {
   test("the page's example: a bot on a locked FileEventJournal next to the app's events and an EventWorker", async () => {
     const journal = await FileEventJournal.open(join(dir, "events.json"), { lock: true });
     const provider = new MockProvider();
-    const bot = new Bot({ provider, durability: { backend: eventsDurability({ journal }), instanceId: "bot-1", sweepIntervalMs: 20 } });
+    const bot = new Bot({ provider, durability: { backend: new EventsDurability({ journal }), instanceId: "bot-1", sweepIntervalMs: 20 } });
     bot.when(/hi/, (ctx) => ctx.reply("hello"));
     const handled: string[] = [];
     const worker = new EventWorker({ journal, instanceId: "worker-1", handler: (e) => void handled.push(e.id), pollIntervalMs: 10 });
@@ -44,10 +44,10 @@ describe("@botmesh/durable/events", () => {
     await journal.close();
   });
 
-  test("eventsDurability refuses a FileEventJournal opened without a lock", async () => {
+  test("EventsDurability refuses a FileEventJournal opened without a lock", async () => {
     const journal = await FileEventJournal.open(join(dir, "unlocked.json"), { lock: false });
-    expect(() => eventsDurability({ journal })).toThrow(/lock: true/);
+    expect(() => new EventsDurability({ journal })).toThrow(/lock: true/);
     await journal.close();
-    expect(() => eventsDurability({ journal: new MemoryEventJournal() })).not.toThrow();
+    expect(() => new EventsDurability({ journal: new MemoryEventJournal() })).not.toThrow();
   });
 });

@@ -1,8 +1,8 @@
 import { describe, expect, test } from "bun:test";
-import { DamagedRecordError, type DurabilityBackend, type OutboxEntry, StaleLeaseError } from "../src/backend.ts";
-import { MemoryKv } from "../backends/memory_kv.ts";
-import { eventsDurability, type EventsDurabilityOptions } from "../src/events/durability.ts";
-import { type EventJournalChanges, type EventJournalState, MemoryEventJournal } from "../src/events/memory_journal.ts";
+import { DamagedRecordError, type DurabilityBackend, type OutboxEntry, StaleLeaseError } from "../src/contract.ts";
+import { MemoryKv } from "../backends/memory/kv.ts";
+import { EventsDurability, type EventsDurabilityOptions } from "../backends/events/durability.ts";
+import { type EventJournalChanges, type EventJournalState, MemoryEventJournal } from "../backends/events/memory_journal.ts";
 import {
   BOT_CHANNEL,
   DamagedEventError,
@@ -19,7 +19,7 @@ const journalOf = new WeakMap<DurabilityBackend, MemoryEventJournal>();
 const kvOf = new WeakMap<DurabilityBackend, MemoryKv>();
 
 function over(journal: MemoryEventJournal, kv?: MemoryKv): DurabilityBackend {
-  const backend = eventsDurability({ journal, outbox: kv });
+  const backend = new EventsDurability({ journal, outbox: kv });
   journalOf.set(backend, journal);
   if (kv) kvOf.set(backend, kv);
   return backend;
@@ -506,10 +506,10 @@ describe("damaged records of a MemoryEventJournal", () => {
   });
 });
 
-describe("eventsDurability", () => {
+describe("EventsDurability", () => {
   test("inbox records are events of the bot's channel; the app's events stay out of the inbox", async () => {
     const journal = new MemoryEventJournal();
-    const backend = eventsDurability({ journal });
+    const backend = new EventsDurability({ journal });
     expect(backend.name).toBe("events(memory-events)");
     expect(backend.scope).toBe("process");
     await backend.outbox.reserve({ key: "k", chatId: "c", content: null, contentHash: "h", inboundId: null });
@@ -563,7 +563,7 @@ describe("eventsDurability", () => {
     const state = roundTrip(source.exportState());
     (state.events[0] as unknown as Record<string, unknown>).state = "weird"; // an app's event, damaged
     const journal = MemoryEventJournal.fromState(state);
-    const backend = eventsDurability({ journal });
+    const backend = new EventsDurability({ journal });
     const message = { kind: "message" as const, chatId: "c1", provider: "test", payload: null, receivedAt: 1 };
     await journal.append({ id: "m2", channel: BOT_CHANNEL, orderKey: "c1", eventType: INBOUND_MESSAGE_EVENT, payload: "{not json", createdAt: 1 });
     await backend.inbox.admit({ ...message, id: "m3", receivedAt: 2 });
@@ -589,7 +589,7 @@ describe("eventsDurability", () => {
 
   test("close() leaves the journal open; a closed journal makes operations reject", async () => {
     const journal = new MemoryEventJournal();
-    const backend = eventsDurability({ journal });
+    const backend = new EventsDurability({ journal });
     await backend.open?.();
     await backend.close?.();
     expect(journal.closed).toBe(false);
@@ -601,15 +601,15 @@ describe("eventsDurability", () => {
   test("a kv outbox replaces the sidecar", async () => {
     const journal = new MemoryEventJournal();
     const kv = new MemoryKv();
-    const backend = eventsDurability({ journal, outbox: kv });
+    const backend = new EventsDurability({ journal, outbox: kv });
     await backend.outbox.reserve({ key: "k", chatId: "c", content: null, contentHash: "h", inboundId: null });
     expect(await journal.outbox.list()).toEqual([]);
     expect((await kv.list("")).length).toBeGreaterThan(0);
   });
 
   test("option checks", () => {
-    expect(() => eventsDurability(undefined as unknown as EventsDurabilityOptions)).toThrow(TypeError);
-    expect(() => eventsDurability({ journal: {} as LeasedEventJournal })).toThrow(/journal/);
-    expect(() => eventsDurability({ journal: new MemoryEventJournal(), outbox: 5 as unknown as MemoryKv })).toThrow(/outbox/);
+    expect(() => new EventsDurability(undefined as unknown as EventsDurabilityOptions)).toThrow(TypeError);
+    expect(() => new EventsDurability({ journal: {} as LeasedEventJournal })).toThrow(/journal/);
+    expect(() => new EventsDurability({ journal: new MemoryEventJournal(), outbox: 5 as unknown as MemoryKv })).toThrow(/outbox/);
   });
 });

@@ -1,7 +1,7 @@
 import { describe, expect, test } from "bun:test";
 import { BOT_CHANNEL, type EventRecord, type LeasedEventJournal } from "../src/events/types.ts";
-import { MemoryEventJournal } from "../src/events/memory_journal.ts";
-import { eventsDurability } from "../src/events/durability.ts";
+import { MemoryEventJournal } from "../backends/events/memory_journal.ts";
+import { EventsDurability } from "../backends/events/durability.ts";
 import { EventWorker, type EventWorkerOptions } from "../src/events/worker.ts";
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
@@ -28,7 +28,7 @@ async function until(check: () => boolean | Promise<boolean>, ms = 5_000): Promi
 describe("EventWorker", () => {
   test("handles and completes the events without a channel, never the bot's or another channel's", async () => {
     const journal = new MemoryEventJournal();
-    const backend = eventsDurability({ journal });
+    const backend = new EventsDurability({ journal });
     await backend.inbox.admit({ id: "m1", kind: "message", chatId: "c", provider: "p", payload: null, receivedAt: 1 });
     await journal.append({ id: "bot-raw", channel: BOT_CHANNEL, eventType: "x", payload: null });
     await journal.append({ id: "other", channel: "billing", eventType: "x", payload: null });

@@ -1,9 +1,9 @@
 /**
- * The export maps of package.json (npm, built files in dist/), jsr.json and
- * deno.json (JSR/Deno, source files) must describe the same package.
+ * The export maps of package.json (npm, built files in dist/) and deno.json
+ * (JSR and Deno, source files) must describe the same package.
  */
 import { describe, expect, test } from "bun:test";
-import { existsSync, readFileSync } from "node:fs";
+import { existsSync, readdirSync, readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
 const root: string = fileURLToPath(new URL("..", import.meta.url));
@@ -32,13 +32,12 @@ function sourceOf(distPath: string): string {
 }
 
 const pkg = load("package.json");
-const jsr = load("jsr.json");
 const deno = load("deno.json");
 const pkgExports = exportMap("package.json", pkg);
-const others = { "jsr.json": jsr, "deno.json": deno } as const;
+const others = { "deno.json": deno } as const;
 
 describe("package manifests agree", () => {
-  test("name and version agree in package.json, jsr.json and deno.json", () => {
+  test("name and version agree in package.json and deno.json", () => {
     for (const [file, m] of Object.entries(others)) {
       expect(m.name, `${file} "name" differs from package.json`).toBe(pkg.name);
       expect(m.version, `${file} "version" differs from package.json`).toBe(pkg.version);
@@ -46,7 +45,7 @@ describe("package manifests agree", () => {
   });
 
   for (const [subpath, target] of Object.entries(pkgExports)) {
-    test(`package.json export "${subpath}" matches jsr.json and deno.json`, () => {
+    test(`package.json export "${subpath}" matches deno.json`, () => {
       const t = target as { import?: string; types?: string };
       expect(typeof t.import, `package.json exports["${subpath}"].import must be a string`).toBe("string");
       const source = sourceOf(t.import!);
@@ -68,4 +67,35 @@ describe("package manifests agree", () => {
       }
     });
   }
+});
+
+describe("the export maps cover the tree", () => {
+  const sources = new Set(Object.values(exportMap("deno.json", deno)).map(String));
+
+  test("every backends/<name>/mod.ts and providers/<name>/mod.ts is exported", () => {
+    const entries: string[] = [];
+    for (const dir of ["backends", "providers"]) {
+      for (const name of readdirSync(root + dir)) {
+        if (existsSync(`${root}${dir}/${name}/mod.ts`)) entries.push(`./${dir}/${name}/mod.ts`);
+      }
+    }
+    expect(entries.length).toBeGreaterThanOrEqual(9);
+    expect(entries.filter((e) => !sources.has(e))).toEqual([]);
+  });
+
+  test("only the entries of the package sit at the top level of backends/ and providers/", () => {
+    const loose = ["backends", "providers"].flatMap((dir) =>
+      readdirSync(root + dir).filter((n) => n.endsWith(".ts")).map((n) => `./${dir}/${n}`).filter((p) => !sources.has(p) && p !== "./backends/open_url.ts")
+    );
+    expect(loose).toEqual([]);
+  });
+
+  test("deno.json publishes every exported file and package.json ships dist/", () => {
+    const include = (deno as { publish?: { include?: string[] } }).publish?.include ?? [];
+    for (const source of sources) {
+      const file = source.slice(2);
+      expect(include.some((i) => i === file || (i.endsWith("/") && file.startsWith(i))), `deno.json publish.include misses ${file}`).toBe(true);
+    }
+    expect((pkg as { files?: string[] }).files).toContain("dist");
+  });
 });

@@ -23,9 +23,9 @@ import {
   FileLockedError,
   readFileDurabilityState,
   simulateCrash,
-} from "../backends/file.ts";
-import { MemoryDurability } from "../backends/memory.ts";
-import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
+} from "../backends/file/durability.ts";
+import { MemoryDurability } from "../backends/memory/durability.ts";
+import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/contract.ts";
 
 const dirs: string[] = [];
 const opened: FileDurability[] = [];
@@ -1250,7 +1250,7 @@ describe("the log beside the snapshot", () => {
     await crashedStore(path, ["m1"]);
     const good = (await stored(path)).inbox[0];
     const bad = { ...good, id: "m2", state: "bogus" };
-    const { frameLogRecord } = await import("../backends/file_support.ts");
+    const { frameLogRecord } = await import("../backends/file/support.ts");
     const { log: g } = JSON.parse(readFileSync(path, "utf8"));
     writeFileSync(`${path}.log`, Buffer.concat([readFileSync(`${path}.log`), frameLogRecord(JSON.stringify({ g, i: [bad] }))]));
     const b = await openAt(path);

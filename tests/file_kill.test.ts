@@ -8,7 +8,7 @@ import { afterAll, expect, test } from "bun:test";
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { FileDurability } from "../backends/file.ts";
+import { FileDurability } from "../backends/file/durability.ts";
 import { childLines } from "./support/child_lines.ts";
 
 const KILLS = 36;

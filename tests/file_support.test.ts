@@ -1,5 +1,5 @@
 /**
- * The shared building blocks of the file backends (backends/file_support.ts):
+ * The shared building blocks of the file backends (backends/file/):
  * the inter-process mutex across real OS processes (kills and stops
  * included), the live-lock check, the open-file registry shared by every
  * kind of file backend, and the snapshot helpers.
@@ -20,7 +20,7 @@ import {
 } from "node:fs";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
-import { FileDurability } from "../backends/file.ts";
+import { FileDurability } from "../backends/file/durability.ts";
 import {
   claimOpenFile,
   FileCorruptError,
@@ -36,7 +36,7 @@ import {
   releaseOpenFile,
   withFileMutex,
   writeSnapshot,
-} from "../backends/file_support.ts";
+} from "../backends/file/support.ts";
 
 const FIXTURE = join(import.meta.dir, "fixtures", "mutex_holder.ts");
 const root = mkdtempSync(join(tmpdir(), "botmesh-file-support-"));
@@ -400,13 +400,13 @@ describe("snapshot helpers", () => {
 
 describe("the framed log", () => {
   test("crc32 is CRC-32/IEEE; a record is `R <length> <crc> <json>\\n`", async () => {
-    const { crc32, frameLogRecord } = await import("../backends/file_support.ts");
+    const { crc32, frameLogRecord } = await import("../backends/file/support.ts");
     expect(crc32(new TextEncoder().encode("123456789"))).toBe(0xcbf43926);
     expect(new TextDecoder().decode(frameLogRecord('{"a":"é"}'))).toBe(`R 10 ${crc32(new TextEncoder().encode('{"a":"é"}')).toString(16).padStart(8, "0")} {"a":"é"}\n`);
   });
 
   test("scanLogRecords: whole records, a torn tail ends the log, damage before intact records is an error", async () => {
-    const { frameLogRecord, scanLogRecords, FileCorruptError } = await import("../backends/file_support.ts");
+    const { frameLogRecord, scanLogRecords, FileCorruptError } = await import("../backends/file/support.ts");
     const a = frameLogRecord('{"n":1}');
     const b = frameLogRecord('{"n":2}');
     const c = frameLogRecord('{"n":3}');

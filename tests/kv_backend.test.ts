@@ -12,9 +12,9 @@ import {
   type KvEntry,
   type NewInboundRecord,
   type NewOutboxEntry,
-} from "../src/backend.ts";
-import { kvDurability } from "../backends/kv.ts";
-import { MemoryKv } from "../backends/memory_kv.ts";
+} from "../src/contract.ts";
+import { KvDurability } from "../backends/kv/durability.ts";
+import { MemoryKv } from "../backends/memory/kv.ts";
 
 const T0 = 1_700_000_000_000;
 const HOUR = 3_600_000;
@@ -162,16 +162,16 @@ async function settle(): Promise<void> {
   for (let i = 0; i < 50; i++) await new Promise((resolve) => setTimeout(resolve, 0));
 }
 
-describe("kvDurability", () => {
+describe("KvDurability", () => {
   test("name and scope come from the kv", () => {
-    const backend = kvDurability(new MemoryKv());
+    const backend = new KvDurability(new MemoryKv());
     expect(backend.name).toBe("kv:memory");
     expect(backend.scope).toBe("process");
   });
 
   test("ids and chat ids with '/' and '%' stay apart", async () => {
     const { kv } = clocked();
-    const backend = kvDurability(kv, { prefix: "p/" });
+    const backend = new KvDurability(kv, { prefix: "p/" });
     await backend.inbox.admit(msg("x/1%2F", "a/b"));
     await backend.inbox.admit(msg("x%2F1", "a"));
     const claimed = await backend.inbox.claimDue({ ...A, limit: 10 });
@@ -192,7 +192,7 @@ describe("kvDurability", () => {
       for (let crashAt = 1;; crashAt++) {
         const { kv, advance } = clocked();
         const dying = new CrashingKv(kv, crashAt, mode);
-        const backend = kvDurability(dying);
+        const backend = new KvDurability(dying);
         try {
           await backend.inbox.admit(msg("m2", "c1", T0 - 4), A); // leased: nothing of c1 comes first
           await backend.inbox.admit(msg("m1", "c1", T0 - 5));
@@ -212,7 +212,7 @@ describe("kvDurability", () => {
         await expectHintsIntact(kv);
         // Another instance, after every lease lapsed, finds every unfinished record.
         advance(HOUR);
-        const rescuer = kvDurability(kv);
+        const rescuer = new KvDurability(kv);
         await rescuer.inbox.claimDue({ ...B, limit: 100 });
         for (const record of await rescuer.inbox.list({ limit: 1000 })) {
           expect(record.state === "done" || record.state === "dead" || record.lease?.owner === "b").toBe(true);
@@ -228,7 +228,7 @@ describe("kvDurability", () => {
       for (let crashAt = 1;; crashAt++) {
         const { kv, advance } = clocked();
         const dying = new CrashingKv(kv, crashAt, mode);
-        const backend = kvDurability(dying);
+        const backend = new KvDurability(dying);
         try {
           const k1 = await backend.outbox.reserve(send("k1"), A);
           await backend.outbox.reserve(send("k2"), A); // queued behind k1
@@ -247,7 +247,7 @@ describe("kvDurability", () => {
         }
         await expectHintsIntact(kv);
         advance(HOUR);
-        const rescuer = kvDurability(kv);
+        const rescuer = new KvDurability(kv);
         for (let round = 0; round < 10; round++) {
           const { due } = await rescuer.outbox.claimDue({ ...B, limit: 100, resendAmbiguous: true });
           for (const entry of due) await rescuer.outbox.markSent(entry.key, entry.lease!.token, `m:${entry.key}`);
@@ -265,9 +265,9 @@ describe("kvDurability", () => {
   test("a hint dropped late by a slow instance cannot remove the hint a later change needs", async () => {
     const { kv } = clocked();
     const slow = new HeldDeletesKv(kv);
-    const fast = kvDurability(kv);
+    const fast = new KvDurability(kv);
     await fast.inbox.admit(msg("m1"));
-    const claiming = kvDurability(slow).inbox.claim("m1", A); // stalls after its CAS, before dropping hints
+    const claiming = new KvDurability(slow).inbox.claim("m1", A); // stalls after its CAS, before dropping hints
     for (let i = 0; i < 100 && slow.held.length === 0; i++) await Promise.resolve();
     expect(slow.held.length).toBeGreaterThan(0);
     await fast.inbox.fail("m1", 1, { error: "x", dead: true });
@@ -281,8 +281,8 @@ describe("kvDurability", () => {
   test("hints of a create that never happened are kept for a while, then removed", async () => {
     const { kv, advance } = clocked();
     const dying = new CrashingKv(kv, 3, "before"); // two hints written, the record never
-    await expect(kvDurability(dying).inbox.admit(msg("m1"))).rejects.toThrow("crash");
-    const backend = kvDurability(kv);
+    await expect(new KvDurability(dying).inbox.admit(msg("m1"))).rejects.toThrow("crash");
+    const backend = new KvDurability(kv);
     expect((await kv.list("i/")).length).toBe(2);
     expect(await backend.inbox.claimDue({ ...A, limit: 10 })).toEqual([]);
     expect((await kv.list("i/")).length).toBe(2); // its writer might still be on the way
@@ -298,8 +298,8 @@ describe("kvDurability", () => {
     for (let trial = 0; trial < 100; trial++) {
       const { kv } = clocked();
       const shared = new JitterKv(kv);
-      const one = kvDurability(shared);
-      const two = kvDurability(shared);
+      const one = new KvDurability(shared);
+      const two = new KvDurability(shared);
       await one.inbox.admit(msg("m1"));
       const results = await Promise.all([one.inbox.claim("m1", A), two.inbox.claim("m1", B)]);
       const winners = results.filter((r) => r !== null);
@@ -315,10 +315,10 @@ describe("kvDurability", () => {
   test("racing due scans share the records out: each claimed once", async () => {
     const { kv } = clocked();
     const shared = new JitterKv(kv);
-    const seed = kvDurability(kv);
+    const seed = new KvDurability(kv);
     for (let i = 0; i < 60; i++) await seed.inbox.admit(msg(`m${String(i).padStart(2, "0")}`, `c${i}`, T0 + i));
     const instances = ["x", "y", "z"].map((owner) => ({ owner, incarnation: owner, leaseMs: 30_000 }));
-    const claims = await Promise.all(instances.map((o) => kvDurability(shared).inbox.claimDue({ ...o, limit: 60 })));
+    const claims = await Promise.all(instances.map((o) => new KvDurability(shared).inbox.claimDue({ ...o, limit: 60 })));
     const ids = claims.flat().map((r) => r.id);
     expect(ids.length).toBe(60);
     expect(new Set(ids).size).toBe(60);
@@ -330,7 +330,7 @@ describe("kvDurability", () => {
 
   test("an abandoned send becomes unknown exactly once across racing claimers", async () => {
     const { kv, advance } = clocked();
-    const seed = kvDurability(kv);
+    const seed = new KvDurability(kv);
     for (let i = 0; i < 20; i++) {
       const reserved = await seed.outbox.reserve(send(`k${i}`, `c${i}`), A);
       expect(reserved.status).toBe("leased");
@@ -339,7 +339,7 @@ describe("kvDurability", () => {
     advance(A.leaseMs + 1);
     const shared = new JitterKv(kv);
     const results = await Promise.all(
-      [B, { ...B, owner: "c" }, { ...B, owner: "d" }].map((o) => kvDurability(shared).outbox.claimDue({ ...o, limit: 10 })),
+      [B, { ...B, owner: "c" }, { ...B, owner: "d" }].map((o) => new KvDurability(shared).outbox.claimDue({ ...o, limit: 10 })),
     );
     const keys = results.flatMap((r) => r.ambiguous.map((e) => e.key));
     expect(keys.length).toBe(20);
@@ -351,12 +351,12 @@ describe("kvDurability", () => {
 
   test("an abandoned send whose call was never announced is leased again exactly once across racing claimers", async () => {
     const { kv, advance } = clocked();
-    const seed = kvDurability(kv);
+    const seed = new KvDurability(kv);
     for (let i = 0; i < 20; i++) expect((await seed.outbox.reserve(send(`k${i}`, `c${i}`), A)).status).toBe("leased");
     advance(A.leaseMs + 1);
     const shared = new JitterKv(kv);
     const results = await Promise.all(
-      [B, { ...B, owner: "c" }, { ...B, owner: "d" }].map((o) => kvDurability(shared).outbox.claimDue({ ...o, limit: 5 })),
+      [B, { ...B, owner: "c" }, { ...B, owner: "d" }].map((o) => new KvDurability(shared).outbox.claimDue({ ...o, limit: 5 })),
     );
     expect(results.every((r) => r.ambiguous.length === 0 && r.due.length <= 5)).toBe(true);
     const due = results.flatMap((r) => r.due);
@@ -374,7 +374,7 @@ describe("kvDurability", () => {
 
   test("an entry stored before `called` existed reads as called; a write upgrades it in place", async () => {
     const { kv, advance } = clocked();
-    const backend = kvDurability(kv);
+    const backend = new KvDurability(kv);
     const lapsing = await backend.outbox.reserve(send("k1", "c1"), A);
     const queued = await backend.outbox.reserve(send("k2", "c2"));
     const held = await backend.outbox.reserve(send("k3", "c3"), A);
@@ -408,7 +408,7 @@ describe("kvDurability", () => {
 
   test("claimDue reads O(due), not O(all)", async () => {
     const { kv } = clocked();
-    const seed = kvDurability(kv);
+    const seed = new KvDurability(kv);
     for (let i = 0; i < 5000; i++) {
       await seed.inbox.admit(msg(`d${i}`, "c1", T0 - 10_000 + i), A);
       await seed.inbox.complete(`d${i}`, 1);
@@ -419,7 +419,7 @@ describe("kvDurability", () => {
     await seed.outbox.reserve(send("due", "c7"));
 
     const counting = new CountingKv(kv);
-    const backend = kvDurability(counting);
+    const backend = new KvDurability(counting);
     expect((await backend.inbox.claimDue({ ...B, limit: 10 })).map((r) => r.id)).toEqual(["due"]);
     expect(counting.lists + counting.gets).toBeLessThanOrEqual(3);
 
@@ -436,7 +436,7 @@ describe("kvDurability", () => {
   test("a leased admit reads the chat index up to its own arrival: one list, and one read of each active record before it", async () => {
     const { kv } = clocked();
     const counting = new CountingKv(kv);
-    const backend = kvDurability(counting);
+    const backend = new KvDurability(counting);
     const admit = async (id: string, chatId: string, receivedAt: number, lease?: ClaimOptions) => {
       counting.gets = counting.lists = 0;
       const record = await backend.inbox.admit(msg(id, chatId, receivedAt), lease);
@@ -474,7 +474,7 @@ describe("kvDurability", () => {
 
   test("purge and list by state go through the state index", async () => {
     const { kv, advance } = clocked();
-    const backend = kvDurability(kv);
+    const backend = new KvDurability(kv);
     for (let i = 0; i < 5; i++) {
       await backend.inbox.admit(msg(`m${i}`, "c1", T0 + i), A);
       if (i < 3) await backend.inbox.complete(`m${i}`, 1);
@@ -495,7 +495,7 @@ describe("kvDurability", () => {
     const { kv } = clocked();
     const shared = new JitterKv(kv);
     const results = await Promise.all(
-      Array.from({ length: 30 }, (_, i) => kvDurability(shared).outbox.reserve(send(`k${i}`, `c${i}`))),
+      Array.from({ length: 30 }, (_, i) => new KvDurability(shared).outbox.reserve(send(`k${i}`, `c${i}`))),
     );
     const seqs = results.map((r) => r.entry.seq).sort((a, b) => a - b);
     expect(seqs).toEqual(Array.from({ length: 30 }, (_, i) => i + 1));
@@ -504,12 +504,12 @@ describe("kvDurability", () => {
 
   test("a damaged value is set aside once across racing instances, kept as it is, and its index keys stop counting", async () => {
     const { kv, advance } = clocked();
-    const seed = kvDurability(kv);
+    const seed = new KvDurability(kv);
     for (const id of ["m1", "m2", "m3"]) await seed.inbox.admit(msg(id, "c1"), A);
     await kv.set("r/in/m1", { rec: { id: "m1" }, hints: ["i/due/x"] }); // the first of its chat
     const shared = new JitterKv(kv);
     advance(60_000);
-    const scans = await Promise.all([1, 2, 3, 4].map(() => kvDurability(shared).inbox.claimDue({ ...B, limit: 10 })));
+    const scans = await Promise.all([1, 2, 3, 4].map(() => new KvDurability(shared).inbox.claimDue({ ...B, limit: 10 })));
     expect(scans.flat().map((r) => r.id).sort(), "the rest of the chat is taken, once").toEqual(["m2", "m3"]);
     const markers = await kv.list("d/in/");
     expect(markers.map((m) => [m.key, (m.value as { reported: boolean }).reported])).toEqual([["d/in/m1", false]]);
@@ -526,7 +526,7 @@ describe("kvDurability", () => {
       }
     })(kv);
     advance(60_000);
-    expect((await kvDurability(watching).inbox.claimDue({ ...A, limit: 10 })).map((r) => r.id)).toEqual(["m2", "m3"]);
+    expect((await new KvDurability(watching).inbox.claimDue({ ...A, limit: 10 })).map((r) => r.id)).toEqual(["m2", "m3"]);
     expect(read.filter((key) => key === "r/in/m1"), "the damaged record is not read again").toEqual([]);
     const [problem] = await seed.inbox.damaged();
     expect(problem).toMatchObject({ journal: "inbox", id: "m1", backend: "kv:memory", reported: false });
@@ -535,7 +535,7 @@ describe("kvDurability", () => {
 
   test("a value whose id is not its key's, met first by get, is set aside by it", async () => {
     const { kv } = clocked();
-    const backend = kvDurability(kv, { prefix: "p:" });
+    const backend = new KvDurability(kv, { prefix: "p:" });
     await backend.outbox.reserve(send("a/b"));
     const stored = (await kv.get("p:r/out/a%2Fb"))!.value as { rec: Record<string, unknown>; hints: string[] };
     await kv.set("p:r/out/a%2Fb", { ...stored, rec: { ...stored.rec, key: "other" } });

@@ -1,16 +1,7 @@
 // MediaSeal (the sealed media reference) and loadMediaOf's reasons, without a channel.
 import { describe, expect, test } from "bun:test";
-import {
-  Bot,
-  IMAGE,
-  type InboundMessage,
-  loadMediaOf,
-  MediaSeal,
-  MediaUnavailableError,
-  MemoryDurability,
-  type Provider,
-  type StoredMediaRef,
-} from "../mod.ts";
+import { Bot, IMAGE, type InboundMessage, loadMediaOf, MediaUnavailableError, MemoryDurability, type Provider, type StoredMediaRef } from "../mod.ts";
+import { MediaSeal } from "../provider.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 
 const KEY = "a key of at least sixteen bytes";

@@ -1,6 +1,6 @@
 import { describe, expect, test } from "bun:test";
-import { MemoryDurability } from "../backends/memory.ts";
-import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/backend.ts";
+import { MemoryDurability } from "../backends/memory/durability.ts";
+import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/contract.ts";
 
 function setup(start = 1_000) {
   const clock = { now: start };

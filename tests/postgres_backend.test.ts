@@ -1,10 +1,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import postgres from "postgres";
-import { eventsDurability, MemoryEventJournal } from "../backends/events.ts";
-import { MemoryKv } from "../backends/memory_kv.ts";
-import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres.ts";
-import { inboxSql, outboxSql, POSTGRES_SCHEMA_VERSION, tables } from "../backends/postgres_sql.ts";
-import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/backend.ts";
+import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts";
+import { MemoryKv } from "../backends/memory/kv.ts";
+import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/durability.ts";
+import { inboxSql, outboxSql, POSTGRES_SCHEMA_VERSION, tables } from "../backends/postgres/sql.ts";
+import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/contract.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 
 const skip = await serviceSkip("postgres");
@@ -413,11 +413,11 @@ describe("PostgresKv", () => {
     expect((await kv.list("p/", { limit: 1 }))[0]?.value).toBe("p/");
   });
 
-  it("is the shared outbox of eventsDurability: two journals, one outbox", async () => {
+  it("is the shared outbox of EventsDurability: two journals, one outbox", async () => {
     const sql = client();
     const schema = freshSchema();
-    const a = eventsDurability({ journal: new MemoryEventJournal(), outbox: new PostgresKv({ sql, schema }) });
-    const b = eventsDurability({ journal: new MemoryEventJournal(), outbox: new PostgresKv({ sql: client(), schema }) });
+    const a = new EventsDurability({ journal: new MemoryEventJournal(), outbox: new PostgresKv({ sql, schema }) });
+    const b = new EventsDurability({ journal: new MemoryEventJournal(), outbox: new PostgresKv({ sql: client(), schema }) });
     const first = await a.outbox.reserve(outbound("k1", "chat"), lease("a"));
     expect(first.status).toBe("leased");
     const second = await b.outbox.reserve(outbound("k2", "chat"), lease("b"));

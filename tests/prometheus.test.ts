@@ -1,7 +1,8 @@
 // prometheusMetrics: the text exposition of the counters and the journal gauges, checked with a strict parser.
 import { describe, expect, test } from "bun:test";
 import { Bot, ProviderError } from "../mod.ts";
-import { MemoryDurability, MockProvider } from "../testing.ts";
+import { MemoryDurability } from "../mod.ts";
+import { MockProvider } from "../testing.ts";
 import { escapeLabelValue, prometheusMetrics } from "../src/ops/prometheus.ts";
 
 interface Sample {

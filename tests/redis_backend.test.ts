@@ -6,7 +6,7 @@ import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
-import { DamagedRecordError, StaleLeaseError } from "../src/backend.ts";
+import { DamagedRecordError, StaleLeaseError } from "../src/contract.ts";
 import {
   fromBunRedis,
   fromIoredis,
@@ -16,8 +16,8 @@ import {
   RedisDurability,
   RedisKv,
   RedisStore,
-} from "../backends/redis.ts";
-import { eventsDurability, MemoryEventJournal } from "../backends/events.ts";
+} from "../backends/redis/durability.ts";
+import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts";
 import { runBackendContract } from "../testing.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
@@ -487,9 +487,9 @@ describe.skipIf(Boolean(skip))("RedisKv", () => {
 
 // The events journal's outbox as a shared Redis kv: the journal contract over it.
 runBackendContract({
-  name: "eventsDurability(MemoryEventJournal, outbox: RedisKv)",
+  name: "new EventsDurability(MemoryEventJournal, outbox: RedisKv)",
   skip,
-  create: () => eventsDurability({ journal: new MemoryEventJournal(), outbox: new RedisKv({ client: client(), keyPrefix: prefix() }) }),
+  create: () => new EventsDurability({ journal: new MemoryEventJournal(), outbox: new RedisKv({ client: client(), keyPrefix: prefix() }) }),
   harness: { describe, test, expect },
   timeScale: 2,
 });

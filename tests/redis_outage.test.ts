@@ -9,7 +9,7 @@ import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { Bot } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
-import { RedisDurability } from "../backends/redis.ts";
+import { RedisDurability } from "../backends/redis/durability.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
 

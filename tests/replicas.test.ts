@@ -26,7 +26,7 @@
 // key prefix (runId()), dropped after. Postgres and Redis skip (with a message) when their server
 // is not reachable, and fail under BOTMESH_REQUIRE_SERVICES=1.
 import { afterAll, describe, expect, test } from "bun:test";
-import type { DurabilityBackend } from "../src/backend.ts";
+import type { DurabilityBackend } from "../src/contract.ts";
 import {
   type BackendKind,
   Cluster,

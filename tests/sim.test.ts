@@ -2,7 +2,7 @@
 // `npm run sim`, and the determinism check (one seed twice gives the identical trace).
 // A failing seed prints the invariant and the command that replays it.
 import { describe, expect, test } from "bun:test";
-import { MemoryDurability } from "../backends/memory.ts";
+import { MemoryDurability } from "../backends/memory/durability.ts";
 import { FAULT_KINDS, parseFaults, Prng, runSimulation, SIM_EPOCH, SimScheduler } from "../src/testing/sim/mod.ts";
 
 const create = (serverNow: () => number) => new MemoryDurability({ clock: serverNow });

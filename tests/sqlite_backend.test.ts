@@ -5,9 +5,9 @@ import { Database } from "bun:sqlite";
 import { mkdirSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { DamagedRecordError, StaleLeaseError } from "../src/backend.ts";
-import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/backend.ts";
-import { SQLITE_SCHEMA_VERSION, SQLiteDurability, SQLiteStore } from "../backends/sqlite.ts";
+import { DamagedRecordError, StaleLeaseError } from "../src/contract.ts";
+import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/contract.ts";
+import { SQLITE_SCHEMA_VERSION, SQLiteDurability, SQLiteStore } from "../backends/sqlite/durability.ts";
 import { openSqlite } from "../src/runtime/sqlite.ts";
 
 const dir = join(tmpdir(), `botmesh-sqlite-tests-${crypto.randomUUID()}`);
@@ -190,7 +190,7 @@ describe("sqlite: several connections on one file", () => {
     const script = join(dir, `worker-${crypto.randomUUID()}.ts`);
     writeFileSync(
       script,
-      `import { SQLiteDurability } from ${JSON.stringify(join(import.meta.dir, "..", "backends", "sqlite.ts"))};
+      `import { SQLiteDurability } from ${JSON.stringify(join(import.meta.dir, "..", "backends", "sqlite", "durability.ts"))};
 const [file, owner, startAt] = process.argv.slice(2);
 const b = new SQLiteDurability({ file });
 await b.open();

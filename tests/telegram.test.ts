@@ -7,25 +7,11 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import {
-  Bot,
-  ANY,
-  type Context,
-  type AdmitResult,
-  type DurabilityBackend,
-  IMAGE,
-  type InboundMessage,
-  type InboundSink,
-  INTERACTION,
-  loadMediaOf,
-  MediaUnavailableError,
-  MemoryDurability,
-  type Provider,
-  ProviderError,
-} from "../mod.ts";
-import { SQLiteDurability } from "../backends/sqlite.ts";
+import { Bot, ANY, type Context, type DurabilityBackend, IMAGE, type InboundMessage, INTERACTION, loadMediaOf, MediaUnavailableError, MemoryDurability, type Provider, ProviderError } from "../mod.ts";
+import { type AdmitResult, type InboundSink } from "../provider.ts";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { crashable } from "../src/testing/crashable.ts";
-import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram.ts";
+import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/provider.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 
 const dir = join(tmpdir(), `botmesh-telegram-tests-${crypto.randomUUID()}`);
@@ -761,8 +747,8 @@ test("parseUpdate: a null field counts as absent; a typed kind of the wrong shap
   }
 });
 
-test("providers/telegram.ts is Web-standard: no node: imports, no Deno, Bun or process globals", () => {
-  const text = readFileSync(join(import.meta.dir, "..", "providers", "telegram.ts"), "utf8").replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, "");
+test("providers/telegram/ is Web-standard: no node: imports, no Deno, Bun or process globals", () => {
+  const text = readFileSync(join(import.meta.dir, "..", "providers", "telegram", "provider.ts"), "utf8").replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, "");
   expect(text).toMatch(/export class TelegramProvider/);
   for (const pattern of [/from\s+["']node:|import\(\s*["']node:/, /\bDeno\s*\./, /\bBun\s*\./, /\bprocess\s*\./]) {
     expect(text).not.toMatch(pattern);

@@ -8,8 +8,9 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
-import { type AdmitResult, ANY, Bot, type DurabilityBackend, type InboundMessage, type InboundSink, MemoryDurability } from "../mod.ts";
-import { TelegramProvider, type TelegramProviderOptions } from "../providers/telegram.ts";
+import { type AdmitResult, type InboundSink } from "../provider.ts";
+import { ANY, Bot, type DurabilityBackend, type InboundMessage, MemoryDurability } from "../mod.ts";
+import { TelegramProvider, type TelegramProviderOptions } from "../providers/telegram/provider.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 
 type Obj = Record<string, unknown>;

@@ -5,8 +5,8 @@ import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Bot, MemoryDurability } from "../mod.ts";
-import { FileDurability } from "../backends/file.ts";
-import { SQLiteDurability } from "../backends/sqlite.ts";
+import { FileDurability } from "../backends/file/durability.ts";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { MockProvider, TestClock, trackBackend } from "../testing.ts";
 
 const realSleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));

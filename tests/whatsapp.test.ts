@@ -6,18 +6,9 @@ import { spawn } from "node:child_process";
 import { mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import {
-  ANY,
-  Bot,
-  type DurabilityBackend,
-  type InboundMessage,
-  type InboundSink,
-  loadMediaOf,
-  type LoadedMedia,
-  MediaUnavailableError,
-  MemoryDurability,
-} from "../mod.ts";
-import { SQLiteStore } from "../backends/sqlite.ts";
+import { ANY, Bot, type DurabilityBackend, type InboundMessage, loadMediaOf, type LoadedMedia, MediaUnavailableError, MemoryDurability } from "../mod.ts";
+import { type InboundSink } from "../provider.ts";
+import { SQLiteStore } from "../backends/sqlite/durability.ts";
 import {
   classifyGraphError,
   parseRetryAfter,
@@ -29,7 +20,7 @@ import {
   WhatsAppProvider,
   type WhatsAppProviderOptions,
   type WhatsAppStatus,
-} from "../providers/whatsapp.ts";
+} from "../providers/whatsapp/provider.ts";
 import { childLines } from "./support/child_lines.ts";
 import { addressedTo, corpusPayload, FakeWhatsApp, inbound, makeWamid, statusUpdate, webhookPayload } from "./support/fake_whatsapp.ts";
 

@@ -40,12 +40,12 @@ import type {
   OutboxJournal,
   OutboxState,
   ReserveResult,
-} from "../../src/backend.ts";
+} from "../../src/contract.ts";
 import {
   type EventJournalChanges,
   MemoryEventJournal,
   type MemoryEventJournalOptions,
-} from "../../src/events/memory_journal.ts";
+} from "./memory_journal.ts";
 import type {
   DamagedEvent,
   DamagedEventListOptions,
@@ -70,8 +70,8 @@ import {
   NEW_FILE_MODE,
   releaseOpenFile,
   snapshotFileMode,
-} from "../file_support.ts";
-import { SnapshotCommitter } from "../group_commit.ts";
+} from "../file/support.ts";
+import { SnapshotCommitter } from "../file/snapshot_committer.ts";
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
 
 export { FileCorruptError, FileLockedError };
@@ -83,7 +83,7 @@ const LABEL = "FileEventJournal";
 export interface FileEventJournalOptions {
   /**
    * Take the pid lock file `<path>.lock`, so that a second process cannot
-   * open the file (required for durability: `eventsDurability` refuses an
+   * open the file (required for durability: `EventsDurability` refuses an
    * unlocked journal). `false` opens the file without a lock: a second
    * writer (another process, or a `SharedFileEventJournal`) would overwrite
    * this journal's writes and the other way round. Use it only for a file
@@ -139,7 +139,7 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  * (`scope: 'process'`): the {@link LeasedEventJournal} contract (leases,
  * fencing tokens, channels, replay, purge) with the core's outbox as a
  * sidecar in the same file and the same atomic snapshot, for
- * `eventsDurability({ journal })`.
+ * `new EventsDurability({ journal })`.
  *
  * Every change rewrites the whole file atomically (temporary file, `fsync`,
  * rename, directory `fsync`); concurrent operations share one rewrite (group
@@ -175,7 +175,7 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  * records, `get` rejects with a `DamagedEventError` (the outbox's with a
  * `DamagedRecordError`), and operations on it change nothing.
  * `damaged()` / `reportDamaged()` (and the outbox's) list and report them:
- * through `eventsDurability`, the bot reports each once as an `error` event.
+ * through `EventsDurability`, the bot reports each once as an `error` event.
  *
  * A failed rewrite (disk full, permissions) rejects every operation waiting
  * for a write, with an error naming the file, and the state is reloaded from
@@ -188,7 +188,7 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  *
  * `open(path, { lock: false })` skips the pid lock (`locked` is `false`):
  * not durable against a second writer, which would overwrite this journal's
- * rewrites (and `eventsDurability` refuses such a journal); the file is
+ * rewrites (and `EventsDurability` refuses such a journal); the file is
  * still registered in this process.
  *
  * On Deno: `--allow-read --allow-write --allow-run --allow-sys` (`--allow-run`
@@ -214,7 +214,7 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  * @example With a bot
  * ```ts ignore
  * const journal = await FileEventJournal.open("./data/events.json", { lock: true });
- * const bot = new Bot({ provider, durability: { backend: eventsDurability({ journal }) } });
+ * const bot = new Bot({ provider, durability: { backend: new EventsDurability({ journal }) } });
  * await bot.start();
  * // …
  * await bot.stop();

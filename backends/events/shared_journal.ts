@@ -5,9 +5,9 @@
  *
  * @module
  */
-import type { ClaimDueOptions, ClaimOptions, DamagedListOptions, DamagedRecord, FailOutcome, ListOptions } from "../../src/backend.ts";
-import type { NewOutboxEntry, OutboxClaim, OutboxEntry, OutboxJournal, OutboxState, ReserveResult } from "../../src/backend.ts";
-import { MemoryEventJournal, type MemoryEventJournalOptions } from "../../src/events/memory_journal.ts";
+import type { ClaimDueOptions, ClaimOptions, DamagedListOptions, DamagedRecord, FailOutcome, ListOptions } from "../../src/contract.ts";
+import type { NewOutboxEntry, OutboxClaim, OutboxEntry, OutboxJournal, OutboxState, ReserveResult } from "../../src/contract.ts";
+import { MemoryEventJournal, type MemoryEventJournalOptions } from "./memory_journal.ts";
 import type {
   DamagedEvent,
   DamagedEventListOptions,
@@ -51,7 +51,7 @@ import {
   releaseOpenFile,
   removeLeftoverFiles,
   snapshotFileMode,
-} from "../file_support.ts";
+} from "../file/support.ts";
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
 
 const LABEL = "SharedFileEventJournal";

@@ -13,8 +13,8 @@
  *
  * @module
  */
-import { MemoryEventJournal, type MemoryEventJournalOptions } from "../../src/events/memory_journal.ts";
-import { FileCorruptError, parseJsonBytes } from "../file_support.ts";
+import { MemoryEventJournal, type MemoryEventJournalOptions } from "./memory_journal.ts";
+import { FileCorruptError, parseJsonBytes } from "../file/support.ts";
 
 /** The `format` marker of an events journal file. */
 export const EVENTS_FORMAT = "@botmesh/durable/events";

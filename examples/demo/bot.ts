@@ -50,8 +50,8 @@ import { stat } from "node:fs/promises";
 import { createInterface } from "node:readline";
 import { join } from "node:path";
 import { ANY, Bot, type DurabilityBackend, type Provider, type SendInQuestion, type SessionStore } from "../../mod.ts";
-import { FileDurability } from "../../backends/file.ts";
-import { SQLiteStore } from "../../backends/sqlite.ts";
+import { FileDurability } from "../../backends/file/durability.ts";
+import { SQLiteStore } from "../../backends/sqlite/durability.ts";
 import { FileChannel, openJsonLinesAppender } from "../file_channel.ts";
 
 const args = parseArgs(process.argv.slice(2));

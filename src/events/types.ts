@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { ClaimOptions, DamagedListOptions, FailOutcome, JsonValue, Lease, OutboxJournal } from "../backend.ts";
+import type { ClaimOptions, DamagedListOptions, FailOutcome, JsonValue, Lease, OutboxJournal } from "../contract.ts";
 
 /** The channel of the bot's inbox records in an events journal. */
 export const BOT_CHANNEL = "botwa:durable";
@@ -133,7 +133,7 @@ export class DamagedEventError extends Error {
  * tokens checked by the journal: what the bot's durability needs from an
  * events journal, and what an `EventWorker` claims from. Records come back as
  * copies. Same rules as the inbox of the durability contract
- * (`src/backend.ts`), with a channel.
+ * (`src/contract.ts`), with a channel.
  */
 export interface LeasedEventJournal {
   /** A name for errors and metrics (e.g. `'file-events'`). */

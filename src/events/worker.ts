@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { StaleLeaseError } from "../backend.ts";
+import { StaleLeaseError } from "../contract.ts";
 import { retryDelay } from "../backoff.ts";
 import { Emitter } from "../emitter.ts";
 import { showValue as show } from "../show.ts";
@@ -113,7 +113,7 @@ function positive(value: unknown, option: string, integer: boolean, min: number)
  *
  * @example Ordered events
  * ```ts
- * import { MemoryEventJournal } from "./memory_journal.ts";
+ * import { MemoryEventJournal } from "../../backends/events/memory_journal.ts";
  * import { EventWorker } from "./worker.ts";
  *
  * const journal = new MemoryEventJournal();
@@ -135,7 +135,7 @@ function positive(value: unknown, option: string, integer: boolean, min: number)
  *
  * @example
  * ```ts
- * import { MemoryEventJournal } from "./memory_journal.ts";
+ * import { MemoryEventJournal } from "../../backends/events/memory_journal.ts";
  * import { EventWorker } from "./worker.ts";
  *
  * const journal = new MemoryEventJournal();

@@ -22,7 +22,7 @@ import type {
   ListOptions,
   OutboxEntry,
   OutboxState,
-} from "../backend.ts";
+} from "../contract.ts";
 import { type DurabilityControl, listDamaged } from "../engine.ts";
 import { html, type HtmlValue, SafeHtml } from "./html.ts";
 

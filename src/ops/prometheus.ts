@@ -18,7 +18,7 @@
  * @module
  */
 import { checkKnownOptions } from "../options.ts";
-import type { DurabilityBackend, InboundState, OutboxState } from "../backend.ts";
+import type { DurabilityBackend, InboundState, OutboxState } from "../contract.ts";
 import type { DurabilityControl, DurabilityMetrics } from "../engine.ts";
 import { showValue as show } from "../show.ts";
 

@@ -20,7 +20,7 @@ import type { Clock } from "../clock.ts";
 import { SuiteTime } from "./suite_time.ts";
 import type { TestClock } from "./test_clock.ts";
 import { expectExactJson, hostile } from "./exact_json.ts";
-import { DamagedRecordError, StaleLeaseError } from "../backend.ts";
+import { DamagedRecordError, StaleLeaseError } from "../contract.ts";
 import type {
   ClaimOptions,
   DurabilityBackend,
@@ -31,7 +31,7 @@ import type {
   NewOutboxEntry,
   OutboxEntry,
   ReserveResult,
-} from "../backend.ts";
+} from "../contract.ts";
 
 /** The matchers the suite uses (a subset of jest's / bun:test's). */
 export interface ConformanceMatchers {

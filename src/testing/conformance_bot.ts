@@ -9,7 +9,7 @@
  */
 import { uid } from "./util.ts";
 import { SuiteTime } from "./suite_time.ts";
-import { DamagedRecordError, type DurabilityBackend, type InboxJournal, type JsonValue, type OutboxJournal } from "../backend.ts";
+import { DamagedRecordError, type DurabilityBackend, type InboxJournal, type JsonValue, type OutboxJournal } from "../contract.ts";
 import { loadMediaOf, MediaUnavailableError } from "../media.ts";
 import { AskTimeoutError } from "../conversation.ts";
 import { Bot as CoreBot, type BotOptions } from "../bot.ts";

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { DurabilityBackend, InboxJournal, OutboxJournal } from "../backend.ts";
+import type { DurabilityBackend, InboxJournal, OutboxJournal } from "../contract.ts";
 import { PROCESS_DEATH } from "../errors.ts";
 import type { InboundSink, OutboundContent, Provider, SendContext, SendReceipt } from "../provider.ts";
 import { MockProvider, type MockInbound, type SentMessage } from "./mock_provider.ts";

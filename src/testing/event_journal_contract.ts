@@ -8,8 +8,8 @@
  *
  * @module
  */
-import { StaleLeaseError } from "../backend.ts";
-import type { ClaimOptions, JsonValue } from "../backend.ts";
+import { StaleLeaseError } from "../contract.ts";
+import type { ClaimOptions, JsonValue } from "../contract.ts";
 import { BOT_CHANNEL, DamagedEventError, type EventRecord, type LeasedEventJournal, type NewEventRecord } from "../events/types.ts";
 import type { ConformanceContext, ConformanceHarness } from "./conformance.ts";
 import { SuiteTime } from "./suite_time.ts";

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import type { JsonValue } from "../backend.ts";
+import type { JsonValue } from "../contract.ts";
 import type { ConformanceHarness } from "./conformance.ts";
 
 type Expect = ConformanceHarness["expect"];

@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { JsonValue } from "../backend.ts";
+import type { JsonValue } from "../contract.ts";
 import { checkClock, type Clock, sleep, systemClock } from "../clock.ts";
 import { ProviderError } from "../errors.ts";
 import { type LoadedMedia, type MediaLoadContext, MediaSeal, type StoredMediaRef } from "../media.ts";

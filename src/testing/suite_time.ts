@@ -5,7 +5,7 @@
  * @module
  */
 import { type Clock, systemClock } from "../clock.ts";
-import type { DurabilityBackend } from "../backend.ts";
+import type { DurabilityBackend } from "../contract.ts";
 import type { BackendConformanceOptions, ConformanceContext } from "./conformance.ts";
 import { TestClock, trackCalls } from "./test_clock.ts";
 import { sleep as realSleep } from "./util.ts";

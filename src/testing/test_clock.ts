@@ -8,7 +8,7 @@
  * @module
  */
 import type { Clock, ClockTimer } from "../clock.ts";
-import type { DurabilityBackend } from "../backend.ts";
+import type { DurabilityBackend } from "../contract.ts";
 import { MinHeap } from "../min_heap.ts";
 
 /** Options of {@link TestClock}. */

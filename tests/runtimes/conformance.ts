@@ -21,18 +21,18 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { connect as netConnect } from "node:net";
 import process from "node:process";
-import type { DurabilityBackend } from "../../src/backend.ts";
-import { MemoryDurability } from "../../backends/memory.ts";
-import { FileDurability, simulateCrash } from "../../backends/file.ts";
-import { SQLiteDurability } from "../../backends/sqlite.ts";
+import type { DurabilityBackend } from "../../src/contract.ts";
+import { MemoryDurability } from "../../backends/memory/durability.ts";
+import { FileDurability, simulateCrash } from "../../backends/file/durability.ts";
+import { SQLiteDurability } from "../../backends/sqlite/durability.ts";
 import { openSqlite } from "../../src/runtime/sqlite.ts";
-import { PostgresDurability } from "../../backends/postgres.ts";
+import { PostgresDurability } from "../../backends/postgres/durability.ts";
 import {
-  eventsDurability,
+  EventsDurability,
   FileEventJournal,
   type LeasedEventJournal,
   SharedFileEventJournal,
-} from "../../backends/events.ts";
+} from "../../backends/events/mod.ts";
 import { simulateCrash as simulateJournalCrash } from "../../backends/events/file_journal.ts";
 import { runDurabilityConformance } from "../../testing.ts";
 import type { BackendConformanceOptions } from "../../src/testing/conformance.ts";
@@ -121,7 +121,7 @@ const setups: Record<string, () => Setup> = {
   },
 };
 
-/** eventsDurability over a journal opened on a fresh file; `reopen` lets the old journal go and opens the file again. */
+/** EventsDurability over a journal opened on a fresh file; `reopen` lets the old journal go and opens the file again. */
 function eventsSetup(
   name: string,
   open: (path: string, clock: () => number) => Promise<LeasedEventJournal>,
@@ -131,7 +131,7 @@ function eventsSetup(
   const journals = new WeakMap<DurabilityBackend, LeasedEventJournal>();
   const over = async (path: string, dir: string, clock: () => number) => {
     const journal = await open(path, clock);
-    const b = eventsDurability({ journal });
+    const b = new EventsDurability({ journal });
     journals.set(b, journal);
     dirs.set(b, dir);
     paths.set(b, path);

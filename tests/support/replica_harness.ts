@@ -17,7 +17,7 @@
 import { existsSync, mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import type { DurabilityBackend } from "../../src/backend.ts";
+import type { DurabilityBackend } from "../../src/contract.ts";
 import type { DurabilityMetrics } from "../../src/engine.ts";
 import { POSTGRES_URL, REDIS_URL, runId } from "./services.ts";
 
@@ -47,32 +47,32 @@ export interface OpenedBackend {
 export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
   switch (ns.kind) {
     case "sqlite": {
-      const { SQLiteDurability } = await import("../../backends/sqlite.ts");
+      const { SQLiteDurability } = await import("../../backends/sqlite/durability.ts");
       const backend = new SQLiteDurability({ file: join(ns.name, "bot.db") });
       return { backend, close: async () => {} };
     }
     case "file": {
-      const { FileDurability } = await import("../../backends/file.ts");
+      const { FileDurability } = await import("../../backends/file/durability.ts");
       const backend = new FileDurability({ path: join(ns.name, "journal.json") });
       return { backend, close: async () => {} };
     }
     case "postgres": {
       const { default: postgres } = await import("postgres");
-      const { PostgresDurability } = await import("../../backends/postgres.ts");
+      const { PostgresDurability } = await import("../../backends/postgres/durability.ts");
       const sql = postgres(POSTGRES_URL, { max: 4, onnotice: () => {} });
       const backend = new PostgresDurability({ sql, schema: ns.name });
       return { backend, close: () => sql.end({ timeout: 2 }) };
     }
     case "redis": {
       const { default: Redis } = await import("ioredis");
-      const { RedisDurability } = await import("../../backends/redis.ts");
+      const { RedisDurability } = await import("../../backends/redis/durability.ts");
       const client = new Redis(REDIS_URL, { lazyConnect: false, maxRetriesPerRequest: 3 });
       const backend = new RedisDurability({ client, keyPrefix: ns.name });
       return { backend, close: async () => void await client.quit().catch(() => client.disconnect()) };
     }
     case "node-redis": {
       const { createClient } = await import("redis");
-      const { RedisDurability } = await import("../../backends/redis.ts");
+      const { RedisDurability } = await import("../../backends/redis/durability.ts");
       const client = createClient({ url: REDIS_URL });
       await client.connect();
       const backend = new RedisDurability({ client, keyPrefix: ns.name });
@@ -81,7 +81,7 @@ export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
     case "upstash": {
       if (!ns.upstash) throw new Error("upstash namespace without the bridge's url and token");
       const { Redis } = await import("@upstash/redis");
-      const { RedisDurability } = await import("../../backends/redis.ts");
+      const { RedisDurability } = await import("../../backends/redis/durability.ts");
       const client = new Redis({ url: ns.upstash.url, token: ns.upstash.token, automaticDeserialization: false });
       const backend = new RedisDurability({ client, keyPrefix: ns.name });
       return { backend, close: async () => {} };

@@ -6,7 +6,7 @@
  *
  * @module
  */
-import type { JsonValue } from "../../backend.ts";
+import type { JsonValue } from "../../contract.ts";
 import { ProviderError } from "../../errors.ts";
 import type {
   InboundMessage,

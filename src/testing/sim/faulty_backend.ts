@@ -20,7 +20,7 @@ import {
   StaleLeaseError,
   INBOX_JOURNAL_METHODS,
   OUTBOX_JOURNAL_METHODS,
-} from "../../backend.ts";
+} from "../../contract.ts";
 import type { AmbiguityRecord, LeaseGrant, LostBy } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";

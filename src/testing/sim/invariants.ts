@@ -25,7 +25,7 @@
  *
  * @module
  */
-import type { InboundRecord, OutboxEntry } from "../../backend.ts";
+import type { InboundRecord, OutboxEntry } from "../../contract.ts";
 import type { DurabilityMetrics } from "../../engine.ts";
 import type { SimChannel } from "./channel.ts";
 import type { LostBy } from "./ledger.ts";

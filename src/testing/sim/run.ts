@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { DurabilityBackend, InboundRecord, OutboxEntry } from "../../backend.ts";
+import type { DurabilityBackend, InboundRecord, OutboxEntry } from "../../contract.ts";
 import { Bot } from "../../bot.ts";
 import { type DurabilityMetrics, zeroMetrics } from "../../engine.ts";
 import { errorText, isProcessDeath } from "../../errors.ts";

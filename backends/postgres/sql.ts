@@ -1,15 +1,15 @@
 /**
- * The SQL text of the Postgres backend (`backends/postgres.ts`): the schema
+ * The SQL text of the Postgres backend (`backends/postgres/`): the schema
  * and its migrations, and every statement the journals, the session store
  * and the kv run. Each statement is built once per schema and table prefix
  * and prepared by the driver (one round trip per call after the first).
  *
- * The state rules of `src/journal_rules.ts` are restated here in SQL; the
+ * The state rules of `src/rules.ts` are restated here in SQL; the
  * conformance suite keeps the two equal.
  *
  * @module
  */
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../src/journal_rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
 
 /** The schema version this version of the library writes. */
 export const POSTGRES_SCHEMA_VERSION: number = 5;
@@ -289,7 +289,7 @@ const CLAIM_SET = `state = 'processing', attempts = attempts + 1, next_attempt_a
   fence = fence + 1, updated_at = n.now, due_at = n.now + $3::bigint`;
 
 /**
- * The SET list of an outbox claim (claimedOutbox of journal_rules.ts): leased to ($1, $2) for $3 ms with
+ * The SET list of an outbox claim (claimedOutbox of rules.ts): leased to ($1, $2) for $3 ms with
  * token fence+1, uncalled under it, except a lost `sending` entry whose call was announced (re-leased by
  * resendAmbiguous): it stays called. A lost `sending` entry whose call was never announced (uncalled under
  * its fence) started no attempt: the new lease keeps its number.
@@ -373,7 +373,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
   // receipt index in order (its estimate of that range is poor). The branches' other rows (at most
   // 2 × $4) stay locked until the statement ends, then are free.
   //
-  // Chat order (holdsChat of journal_rules.ts) is then checked on the latest row versions, which the
+  // Chat order (holdsChat of rules.ts) is then checked on the latest row versions, which the
   // snapshot may not hold: a concurrent scan may have leased an earlier record of the chat and
   // committed, or be leasing it now. `c` is the pick (read by several parts). `seen` lists, per chat
   // of the pick, its other active records up to its last picked one (the snapshot's); `locked` locks
@@ -444,7 +444,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
     WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")} AND r.${KEPT}
     RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}, ${asideRead("r")}`;
   };
-  // Chat order at admission (admitsLeased of journal_rules.ts): a leased admit of chat `chat` received at `at`,
+  // Chat order at admission (admitsLeased of rules.ts): a leased admit of chat `chat` received at `at`,
   // for the lease (`owner`, `inc`), is held back by an active record of its chat that comes before it (received
   // at or before `at`: an equal one was admitted earlier) and comes first in a due scan (pending, a retry that is
   // due, a lapsed lease) or is held by another lease than the caller's own live one. One probe of the chat's
@@ -640,7 +640,7 @@ export interface OutboxSql {
  */
 export function outboxSql(t: Tables): OutboxSql & AsideSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
-  // acceptsOutcome of journal_rules.ts ($2 the token): leased with it, or `unknown` with it still the fence
+  // acceptsOutcome of rules.ts ($2 the token): leased with it, or `unknown` with it still the fence
   // (a late outcome of the call whose lease was taken for lost resolves the entry).
   const OUTCOME_OF = `((state = 'sending' AND lease_token = $2) OR (state = 'unknown' AND fence = $2)) AND ${KEPT}`;
   const cols = (alias: string) => OUTBOX_COLUMNS.split(", ").map((c) => `${alias}.${c}`).join(", ");

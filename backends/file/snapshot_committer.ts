@@ -28,9 +28,9 @@
  *
  * @module
  */
-import { StaleLeaseError } from "../src/backend.ts";
-import { readFileBytes } from "../src/runtime/fs.ts";
-import { messageOf, writeSnapshot } from "./file_support.ts";
+import { StaleLeaseError } from "../../src/contract.ts";
+import { readFileBytes } from "../../src/runtime/fs.ts";
+import { messageOf, writeSnapshot } from "./support.ts";
 
 /** Rewrite counters of a {@link SnapshotCommitter}. */
 export interface SnapshotCommitStats {

@@ -1,7 +1,5 @@
 /**
- * An in-memory durability backend: the full contract kept in plain objects
- * inside one process. For tests, and as the shared state of the crash harness
- * (two `Bot` instances on one `MemoryDurability`).
+ * MemoryDurability (see `mod.ts` for the user documentation).
  *
  * @module
  */
@@ -27,7 +25,7 @@ import {
   type OutboxState,
   type ReserveResult,
   StaleLeaseError,
-} from "../src/backend.ts";
+} from "../../src/contract.ts";
 import {
   acceptsOutcome,
   ACTIVE_INBOX_STATES,
@@ -63,10 +61,10 @@ import {
   requeuedOutbox,
   sentOutbox,
   checkDamagedList,
-} from "../src/journal_rules.ts";
-import { MinHeap } from "../src/min_heap.ts";
-import { withStoredCalled } from "../src/stored_records.ts";
-import { showValue as show } from "../src/show.ts";
+} from "../../src/rules.ts";
+import { MinHeap } from "../../src/min_heap.ts";
+import { withStoredCalled } from "../../src/stored_records.ts";
+import { showValue as show } from "../../src/show.ts";
 
 /** Options of {@link MemoryDurability}. */
 export interface MemoryDurabilityOptions {

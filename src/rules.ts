@@ -18,7 +18,7 @@ import type {
   NewOutboxEntry,
   OutboxEntry,
   OutboxState,
-} from "./backend.ts";
+} from "./contract.ts";
 import { showValue } from "./show.ts";
 import { checkWellFormed } from "./well_formed.ts";
 

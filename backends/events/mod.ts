@@ -3,17 +3,17 @@
  * among an app's own events. `FileEventJournal` (one process, pid lock),
  * `SharedFileEventJournal` (processes of one host, inter-process mutex,
  * optional append log), `MemoryEventJournal` (tests), `EventWorker` for the
- * app's events, and `eventsDurability({ journal, outbox? })` for the bot.
+ * app's events, and `new EventsDurability({ journal, outbox? })` for the bot.
  * A record of a journal file that is not valid is set aside, kept as it was
  * (`DamagedEvent`; `journal.damaged()`), and reported once by the bot.
  *
  * @example
  * ```ts ignore
  * import { Bot } from "@botmesh/durable";
- * import { eventsDurability, FileEventJournal } from "@botmesh/durable/events";
+ * import { EventsDurability, FileEventJournal } from "@botmesh/durable/events";
  *
  * const journal = await FileEventJournal.open("./data/events.json", { lock: true });
- * const bot = new Bot({ provider, durability: { backend: eventsDurability({ journal }), instanceId: "bot-1" } });
+ * const bot = new Bot({ provider, durability: { backend: new EventsDurability({ journal }), instanceId: "bot-1" } });
  * await bot.start();
  * // ...
  * await bot.stop();
@@ -35,27 +35,33 @@ export {
   INBOUND_MESSAGE_EVENT,
   type LeasedEventJournal,
   type NewEventRecord,
-} from "../src/events/types.ts";
+} from "../../src/events/types.ts";
 export {
   type DamageMark,
   type EventJournalChanges,
   type EventJournalState,
   MemoryEventJournal,
   type MemoryEventJournalOptions,
-} from "../src/events/memory_journal.ts";
+} from "./memory_journal.ts";
 export {
-  eventsDurability,
+  EventsDurability,
   type EventsDurabilityOptions,
   eventToInbound,
   type InboundEventPayload,
   inboundToEvent,
-} from "../src/events/durability.ts";
+} from "./durability.ts";
 export {
   type EventContext,
   type EventHandler,
   EventWorker,
   type EventWorkerEvents,
   type EventWorkerOptions,
-} from "../src/events/worker.ts";
-export * from "./events/file_journal.ts";
-export * from "./events/shared_journal.ts";
+} from "../../src/events/worker.ts";
+export {
+  FileCorruptError,
+  FileEventJournal,
+  type FileEventJournalOptions,
+  type FileEventJournalStats,
+  FileLockedError,
+} from "./file_journal.ts";
+export { type AppendLogOptions, SharedFileEventJournal, type SharedFileEventJournalOptions } from "./shared_journal.ts";

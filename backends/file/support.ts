@@ -25,7 +25,7 @@
  *
  * @module
  */
-import { delay, hostname, randomId, unrefTimer } from "../src/runtime/mod.ts";
+import { delay, hostname, randomId, unrefTimer } from "../../src/runtime/mod.ts";
 import {
   createExclusive,
   createExclusiveLinked,
@@ -39,8 +39,8 @@ import {
   statFile,
   touchFile,
   writeFileAtomic,
-} from "../src/runtime/fs.ts";
-import { showValue as show } from "../src/show.ts";
+} from "../../src/runtime/fs.ts";
+import { showValue as show } from "../../src/show.ts";
 
 /** Permission bits of a new snapshot file (`0o600`): it holds chat content. */
 export const NEW_FILE_MODE: number = 0o600;
@@ -685,7 +685,7 @@ export async function readJsonSnapshot(
   return { value: parseJsonBytes(file, bytes, label), bytes };
 }
 
-export { describeJsonKind } from "../src/stored_records.ts";
+export { describeJsonKind } from "../../src/stored_records.ts";
 
 // ---------------------------------------------------------------------------
 // The inter-process mutex `<file>.mutex`

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { showValue as show } from "../src/show.ts";
+import { showValue as show } from "../../src/show.ts";
 
 /**
  * What the Redis backend sends to Redis: scripts only. Implement it to use a

@@ -1,7 +1,7 @@
 /**
- * The Lua scripts of the Redis backend (`backends/redis.ts`): every
+ * The Lua scripts of the Redis backend (`backends/redis/`): every
  * transition that touches more than one key is one script, run atomically by
- * the server. They restate the rules of `src/journal_rules.ts` in Lua; the
+ * the server. They restate the rules of `src/rules.ts` in Lua; the
  * conformance suite keeps both equal.
  *
  * Conventions shared by every script:
@@ -98,7 +98,7 @@ local function lease(h, o, token, now)
   h.leaseOwner = o.owner; h.leaseInc = o.inc; h.leaseToken = n2s(token); h.leaseExp = n2s(now + o.leaseMs)
 end
 local function nolease(h) h.leaseOwner = false; h.leaseInc = false; h.leaseToken = false; h.leaseExp = false end
--- isLeaseAbandoned of journal_rules.ts: a lapsed lease is abandoned whoever asks (the holder's own
+-- isLeaseAbandoned of rules.ts: a lapsed lease is abandoned whoever asks (the holder's own
 -- incarnation too: a claim whose reply was lost must not strand the record); a live one only to the
 -- owner's other incarnations under reclaimOwn, never to the very incarnation that holds it.
 local function abandoned(h, now, o)
@@ -544,7 +544,7 @@ local function out_claim(h, now, o)
   out_write(h)
 end
 local function out_held(h, token) return h ~= nil and h.state == 'sending' and h.leaseToken == token end
--- acceptsOutcome of journal_rules.ts: leased with the token, or unknown with the token still its fence
+-- acceptsOutcome of rules.ts: leased with the token, or unknown with the token still its fence
 -- (the late outcome of the call whose lease was taken for lost resolves it)
 local function out_resolvable(h, token)
   return out_held(h, token) or (h ~= nil and h.state == 'unknown' and h.fence == token)

@@ -466,7 +466,7 @@ export interface KvEntry<T = JsonValue> {
 }
 
 /**
- * A small versioned key-value store. Give one to `kvDurability()` and get an
+ * A small versioned key-value store. Give one to `new KvDurability()` and get an
  * inbox and outbox with the full contract, built on compare-and-set alone.
  */
 export interface DurableKv {

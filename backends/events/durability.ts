@@ -1,5 +1,5 @@
 /**
- * `eventsDurability({ journal })`: a durability backend whose inbox records
+ * `new EventsDurability({ journal })`: a durability backend whose inbox records
  * are events of an app's {@link LeasedEventJournal}, so that the app's
  * `list()` and `replay()` see the bot's inbound messages too.
  *
@@ -17,6 +17,7 @@ import {
   type FailOutcome,
   type InboundRecord,
   type InboundState,
+  type BackendScope,
   type InboxJournal,
   type JsonValue,
   type ListOptions,
@@ -27,11 +28,11 @@ import {
   type OutboxJournal,
   type OutboxState,
   type ReserveResult,
-} from "../backend.ts";
-import { checkClaim, checkFinite, checkId, checkNewInbound, checkOutcome, matchesList, normalizeList } from "../journal_rules.ts";
-import { showValue as show } from "../show.ts";
-import { describeJsonKind } from "../stored_records.ts";
-import { kvDurability } from "../../backends/kv.ts";
+} from "../../src/contract.ts";
+import { checkClaim, checkFinite, checkId, checkNewInbound, checkOutcome, matchesList, normalizeList } from "../../src/rules.ts";
+import { showValue as show } from "../../src/show.ts";
+import { describeJsonKind } from "../../src/stored_records.ts";
+import { KvDurability } from "../kv/durability.ts";
 import {
   BOT_CHANNEL,
   DamagedEventError,
@@ -40,14 +41,14 @@ import {
   INBOUND_MESSAGE_EVENT,
   type LeasedEventJournal,
   type NewEventRecord,
-} from "./types.ts";
+} from "../../src/events/types.ts";
 
-/** Options of {@link eventsDurability}. */
+/** Options of {@link EventsDurability}. */
 export interface EventsDurabilityOptions {
   /** The events journal, opened by the caller (and closed by the caller after `bot.stop()`). */
   journal: LeasedEventJournal;
   /**
-   * Where the outbox lives: a {@link DurableKv} (the outbox of `kvDurability(kv)`,
+   * Where the outbox lives: a {@link DurableKv} (the outbox of `new KvDurability(kv)`,
    * e.g. a Postgres or Redis kv for heavy traffic), or absent: the journal's
    * own sidecar (`journal.outbox`, same file and same atomic write).
    */
@@ -146,7 +147,7 @@ function renamed(error: unknown, backend: string): unknown {
   return new DamagedRecordError({ journal: error.journal, id: error.id, backend, problem: error.problem });
 }
 
-/** The inbox of {@link eventsDurability}: the journal's records in {@link BOT_CHANNEL}. */
+/** The inbox of {@link EventsDurability}: the journal's records in {@link BOT_CHANNEL}. */
 class EventsInbox implements InboxJournal, DamagedRecords {
   readonly #journal: LeasedEventJournal;
   /** The backend's name, in damaged records. */
@@ -305,7 +306,7 @@ class EventsInbox implements InboxJournal, DamagedRecords {
   }
 }
 
-/** The outbox of {@link eventsDurability}: the journal's sidecar or a kv's, its damaged entries named as this backend's. */
+/** The outbox of {@link EventsDurability}: the journal's sidecar or a kv's, its damaged entries named as this backend's. */
 class EventsOutbox implements OutboxJournal, DamagedRecords {
   readonly #inner: OutboxJournal;
   readonly #backend: string;
@@ -388,7 +389,7 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
  * backend's.
  *
  * The outbox is the journal's sidecar (`journal.outbox`), or the outbox of
- * `kvDurability(options.outbox)` when a {@link DurableKv} is given.
+ * `new KvDurability(options.outbox)` when a {@link DurableKv} is given.
  *
  * The journal belongs to the caller: `open()` and `close()` do nothing to it
  * (close the journal after `bot.stop()`); once it is closed, every operation
@@ -396,57 +397,68 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
  *
  * @param options.journal the events journal (already opened)
  * @param options.outbox a DurableKv for the outbox instead of the journal's sidecar
- * @returns the backend, named `events(<journal.name>)`, of the journal's scope
  * @throws {TypeError} when an option has the wrong type
  *
  * @example
  * ```ts
  * import { MemoryEventJournal } from "./memory_journal.ts";
- * import { eventsDurability } from "./durability.ts";
+ * import { EventsDurability } from "./durability.ts";
  *
  * const journal = new MemoryEventJournal();
- * const backend = eventsDurability({ journal });
+ * const backend = new EventsDurability({ journal });
  * // new Bot({ provider, durability: { backend } }); … await bot.stop(); await journal.close();
  * ```
  */
-export function eventsDurability(options: EventsDurabilityOptions): DurabilityBackend {
-  if (typeof options !== "object" || options === null) {
-    throw new TypeError(`eventsDurability options must be an object, got ${show(options)}`);
-  }
-  const journal = options.journal;
-  if (
-    typeof journal !== "object" || journal === null || typeof journal.claimDue !== "function" ||
-    typeof journal.append !== "function" || typeof journal.name !== "string"
-  ) {
-    throw new TypeError(`eventsDurability option "journal" must be a LeasedEventJournal, got ${show(journal)}`);
-  }
-  if ((journal as { locked?: unknown }).locked === false) {
-    // Without the pid lock a second process could open the file and overwrite the bot's records.
-    throw new TypeError(
-      `eventsDurability option "journal": ${journal.name} was opened without a lock; ` +
-        `open it with { lock: true } to use it for the bot's durability`,
-    );
-  }
-  const kv = options.outbox;
-  if (kv !== undefined && (typeof kv !== "object" || kv === null || typeof kv.set !== "function" || typeof kv.list !== "function")) {
-    throw new TypeError(`eventsDurability option "outbox" must be a DurableKv, got ${show(kv)}`);
-  }
-  let outbox: OutboxJournal;
-  if (kv !== undefined) {
-    outbox = kvDurability(kv).outbox;
-  } else {
-    if (typeof journal.outbox !== "object" || journal.outbox === null) {
-      throw new TypeError(`eventsDurability: journal ${JSON.stringify(journal.name)} has no outbox sidecar; pass option "outbox"`);
+export class EventsDurability implements DurabilityBackend {
+  /** `events(<journal.name>)`. */
+  readonly name: string;
+  /** The journal's scope. */
+  readonly scope: BackendScope;
+  /** The inbox: the journal's bot channel. */
+  readonly inbox: InboxJournal;
+  /** The outbox: the journal's sidecar or the given kv's. */
+  readonly outbox: OutboxJournal;
+
+  constructor(options: EventsDurabilityOptions) {
+    if (typeof options !== "object" || options === null) {
+      throw new TypeError(`EventsDurability options must be an object, got ${show(options)}`);
     }
-    outbox = journal.outbox;
+    const journal = options.journal;
+    if (
+      typeof journal !== "object" || journal === null || typeof journal.claimDue !== "function" ||
+      typeof journal.append !== "function" || typeof journal.name !== "string"
+    ) {
+      throw new TypeError(`EventsDurability option "journal" must be a LeasedEventJournal, got ${show(journal)}`);
+    }
+    if ((journal as { locked?: unknown }).locked === false) {
+      // Without the pid lock a second process could open the file and overwrite the bot's records.
+      throw new TypeError(
+        `EventsDurability option "journal": ${journal.name} was opened without a lock; ` +
+          `open it with { lock: true } to use it for the bot's durability`,
+      );
+    }
+    const kv = options.outbox;
+    if (kv !== undefined && (typeof kv !== "object" || kv === null || typeof kv.set !== "function" || typeof kv.list !== "function")) {
+      throw new TypeError(`EventsDurability option "outbox" must be a DurableKv, got ${show(kv)}`);
+    }
+    let outbox: OutboxJournal;
+    if (kv !== undefined) {
+      outbox = new KvDurability(kv).outbox;
+    } else {
+      if (typeof journal.outbox !== "object" || journal.outbox === null) {
+        throw new TypeError(`EventsDurability: journal ${JSON.stringify(journal.name)} has no outbox sidecar; pass option "outbox"`);
+      }
+      outbox = journal.outbox;
+    }
+    this.name = `events(${journal.name})`;
+    this.scope = journal.scope;
+    this.inbox = new EventsInbox(journal, this.name);
+    this.outbox = new EventsOutbox(outbox, this.name);
   }
-  const name = `events(${journal.name})`;
-  return {
-    name,
-    scope: journal.scope,
-    inbox: new EventsInbox(journal, name),
-    outbox: new EventsOutbox(outbox, name),
-    async open(): Promise<void> {},
-    async close(): Promise<void> {},
-  };
+
+  /** Nothing to open: the caller opened the journal. */
+  async open(): Promise<void> {}
+
+  /** Nothing to close: the caller closes the journal after `bot.stop()`. */
+  async close(): Promise<void> {}
 }

@@ -15,8 +15,8 @@ import {
   type OutboxEntry,
   type OutboxJournal,
   StaleLeaseError,
-} from "../backend.ts";
-import type { ClaimDueOptions, ListOptions, OutboxClaim, OutboxState, NewOutboxEntry, ReserveResult } from "../backend.ts";
+} from "../../src/contract.ts";
+import type { ClaimDueOptions, ListOptions, OutboxClaim, OutboxState, NewOutboxEntry, ReserveResult } from "../../src/contract.ts";
 import {
   admitsLeased,
   checkClaim,
@@ -35,10 +35,10 @@ import {
   holdsChat,
   holdsLease,
   newLease,
-} from "../journal_rules.ts";
-import { showValue as show } from "../show.ts";
-import { describeJsonKind, storedOutboxProblem } from "../stored_records.ts";
-import { MemoryDurability } from "../../backends/memory.ts";
+} from "../../src/rules.ts";
+import { showValue as show } from "../../src/show.ts";
+import { describeJsonKind, storedOutboxProblem } from "../../src/stored_records.ts";
+import { MemoryDurability } from "../memory/durability.ts";
 import {
   type DamagedEvent,
   DamagedEventError,
@@ -49,7 +49,7 @@ import {
   type EventState,
   type LeasedEventJournal,
   type NewEventRecord,
-} from "./types.ts";
+} from "../../src/events/types.ts";
 
 /** Options of {@link MemoryEventJournal}. */
 export interface MemoryEventJournalOptions {

@@ -1,11 +1,11 @@
 /**
  * An in-memory {@link DurableKv}: a map with versions, for tests and for
- * trying `kvDurability()` without a server.
+ * trying `new KvDurability()` without a server.
  *
  * @module
  */
-import type { BackendScope, DurableKv, JsonValue, KvEntry } from "../src/backend.ts";
-import { cloneJson } from "../src/journal_rules.ts";
+import type { BackendScope, DurableKv, JsonValue, KvEntry } from "../../src/contract.ts";
+import { cloneJson } from "../../src/rules.ts";
 
 /** Options of {@link MemoryKv}. */
 export interface MemoryKvOptions {
@@ -40,12 +40,12 @@ function utf8Rank(unit: number): number {
  *
  * @example Usage
  * ```ts
- * import { kvDurability, MemoryKv } from "@botmesh/durable";
+ * import { KvDurability, MemoryKv } from "@botmesh/durable";
  *
  * const kv = new MemoryKv();
  * const version = await kv.set("a", { n: 1 }, null); // create
  * await kv.set("a", { n: 2 }, version); // compare-and-set
- * const backend = kvDurability(kv);
+ * const backend = new KvDurability(kv);
  * ```
  */
 export class MemoryKv implements DurableKv {
