@@ -6,6 +6,7 @@
  * @module
  */
 import { checkKnownOptions } from "./options.ts";
+import { showValue as show } from "./show.ts";
 import { type DurabilityBackend, INBOX_JOURNAL_METHODS, OUTBOX_JOURNAL_METHODS } from "./contract.ts";
 
 /** Exponential backoff with full jitter: a retry waits `random(0, min(capMs, baseMs * 2^attempt))`. */
@@ -86,15 +87,6 @@ export interface ResolvedDurability {
 }
 
 const UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
-
-function show(value: unknown): string {
-  if (typeof value === "string") return JSON.stringify(value);
-  if (typeof value === "number" || typeof value === "boolean" || value === null || value === undefined) {
-    return String(value);
-  }
-  if (Array.isArray(value)) return "an array";
-  return `a ${typeof value}`;
-}
 
 /**
  * Parse a duration: a number of ms, or a string such as `'500ms'`, `'30s'`,

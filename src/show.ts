@@ -7,7 +7,8 @@
 /**
  * A short, readable rendering of `value` for an error message: strings
  * quoted, BigInts with their `n`, plain objects and arrays as JSON, class
- * instances by class name (`an instance of Date`).
+ * instances by class name (`an instance of Date`), anything long cut at
+ * 120 characters.
  *
  * @param value what the caller passed
  * @returns the text to quote
@@ -29,7 +30,8 @@ export function showValue(value: unknown): string {
         return `an instance of ${(value as { constructor?: { name?: string } }).constructor?.name || "a class"}`;
       }
       try {
-        return JSON.stringify(value) ?? String(value);
+        const json = JSON.stringify(value) ?? String(value);
+        return json.length > 120 ? `${json.slice(0, 119)}…` : json;
       } catch {
         return Array.isArray(value) ? "an array" : "an object";
       }

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { delay } from "../../src/runtime/mod.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import type { JsonValue } from "../../src/contract.ts";
 import { isRetryableStatus, ProviderError } from "../../src/errors.ts";
@@ -264,19 +265,6 @@ async function sameSecret(a: string, b: string): Promise<boolean> {
 
 function asError(error: unknown): Error {
   return error instanceof Error ? error : new Error(String(error));
-}
-
-function delay(ms: number, signal: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal.aborted) return resolve();
-    const done = () => {
-      clearTimeout(timer);
-      signal.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal.addEventListener("abort", done, { once: true });
-  });
 }
 
 function textResponse(status: number, text: string): Response {
@@ -1119,7 +1107,7 @@ export class TelegramProvider implements Provider {
           : "";
         this.#report(new Error(`Telegram long polling failed${hint}: ${err.message}`, { cause: err }));
         const retryAfter = err instanceof ProviderError ? err.retryAfterMs : undefined;
-        await delay(this.#pollDelay(failures, retryAfter, status === 401 || status === 404), signal);
+        await delay(this.#pollDelay(failures, retryAfter, status === 401 || status === 404), signal).catch(() => {}); // an abort ends the wait
         continue;
       }
       this.#confirmed = offset;
@@ -1128,7 +1116,7 @@ export class TelegramProvider implements Provider {
       if (next.offset !== undefined) this.#offset = next.offset;
       if (next.rejected) {
         failures++;
-        await delay(this.#pollDelay(failures, undefined, false), signal);
+        await delay(this.#pollDelay(failures, undefined, false), signal).catch(() => {});
       } else {
         failures = 0;
       }

@@ -3,10 +3,11 @@
  *
  * @module
  */
+import { delay } from "../runtime/mod.ts";
 
 /** Resolves after `ms` milliseconds of real time. */
 export function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
+  return delay(ms);
 }
 
 /** A unique id with a readable prefix. */
