@@ -1,0 +1,43 @@
+/**
+ * A Telegram bot (long polling) journaling in SQLite. Kill it with `kill -9` at any moment and start
+ * it again: every message gets its replies, and no reply goes out twice.
+ *
+ *   TELEGRAM_TOKEN=123:abc npx bun examples/telegram_sqlite.ts
+ *   TELEGRAM_TOKEN=123:abc npx deno run -A examples/telegram_sqlite.ts
+ *
+ * Optional: TELEGRAM_API (another Bot API server), BOT_DB (the SQLite file, default ./bot.db).
+ * The README shows this bot with the package's import paths.
+ */
+import { Bot, TEXT } from "../mod.ts";
+import { SQLiteStore } from "../backends/sqlite/mod.ts";
+import { TelegramProvider } from "../providers/telegram/mod.ts";
+
+const telegram = new TelegramProvider({
+  token: process.env.TELEGRAM_TOKEN!,
+  mode: "polling", // getUpdates: no public URL needed
+  deleteWebhookOnStart: true,
+  apiBase: process.env.TELEGRAM_API ?? "https://api.telegram.org",
+});
+const store = new SQLiteStore({ file: process.env.BOT_DB ?? "./bot.db" });
+const bot = new Bot({
+  provider: telegram,
+  store,
+  // The same instanceId after a restart: the new process takes back what the killed one left, at once.
+  durability: { backend: store.durability(), instanceId: "telegram-sqlite" },
+});
+
+bot.when(TEXT, async (ctx) => {
+  await ctx.reply(`Working on "${ctx.message.text}"…`);
+  await new Promise((resolve) => setTimeout(resolve, 3000)); // a slow LLM call, say: kill -9 the bot now
+  await ctx.reply("Done."); // after the restart this goes out, and "Working on…" is not sent again
+});
+bot.on("durability:dead", (dead) => console.error("dead letter:", dead));
+bot.on("durability:ambiguous", (send) => console.error("may have been sent, held for an operator:", send));
+
+await bot.start();
+console.log("running");
+process.on("SIGINT", async () => {
+  await bot.stop();
+  await store.close();
+  process.exit(0);
+});
