@@ -118,7 +118,7 @@ function fromBase64url(text: string): Uint8Array | null {
  *
  * @example
  * ```ts
- * import { MediaSeal } from "@botmesh/durable";
+ * import { MediaSeal } from "@botmesh/durable/provider";
  * const seal = new MediaSeal({ provider: "telegram", key: "a secret of 16+ bytes" });
  * const stored = await seal.seal({ fileId: "AgAC…" });
  * console.log(await seal.open(stored, "m1")); // { fileId: "AgAC…" }

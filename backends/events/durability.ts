@@ -401,8 +401,7 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
  *
  * @example
  * ```ts
- * import { MemoryEventJournal } from "./memory_journal.ts";
- * import { EventsDurability } from "./durability.ts";
+ * import { EventsDurability, MemoryEventJournal } from "@botmesh/durable/events";
  *
  * const journal = new MemoryEventJournal();
  * const backend = new EventsDurability({ journal });

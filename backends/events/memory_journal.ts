@@ -328,7 +328,7 @@ function isMark(value: unknown): value is DamageMark {
  *
  * @example Usage
  * ```ts
- * import { MemoryEventJournal } from "./memory_journal.ts";
+ * import { MemoryEventJournal } from "@botmesh/durable/events";
  *
  * const journal = new MemoryEventJournal();
  * await journal.append({ id: "e1", eventType: "order.paid", payload: { order: 42 } });

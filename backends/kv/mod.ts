@@ -48,7 +48,7 @@
  * before the entry is written or leased. Within one backend instance the
  * reserves of a chat run one at a time; across instances that check-then-write
  * is not atomic, so route each chat to one replica at a time (sticky by chat
- * id, SPEC §8 "Several replicas"), as the engine requires anyway.
+ * id; see docs/replicas.md), as the engine requires anyway.
  *
  * ## Ordering of inbound records
  * An inbox due scan goes through due records in arrival order (`receivedAt`,

@@ -40,7 +40,8 @@ function utf8Rank(unit: number): number {
  *
  * @example Usage
  * ```ts
- * import { KvDurability, MemoryKv } from "@botmesh/durable";
+ * import { KvDurability } from "@botmesh/durable/kv";
+ * import { MemoryKv } from "@botmesh/durable/memory";
  *
  * const kv = new MemoryKv();
  * const version = await kv.set("a", { n: 1 }, null); // create

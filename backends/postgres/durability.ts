@@ -620,7 +620,7 @@ function outboxOf(row: Row, content?: JsonValue): OutboxEntry | Damage {
     nextAttemptAt: numOrNull(row.next_attempt_at),
     lease: leaseOf(row),
     fence: num(row.fence),
-    // `called` is stored as `uncalled_fence` (see OUTBOX_COLUMNS in postgres_sql.ts): uncalled exactly when it
+    // `called` is stored as `uncalled_fence` (see OUTBOX_COLUMNS in sql.ts): uncalled exactly when it
     // is the fence; NULL (a row older than the flag, or claimed by an older library) reads as called.
     called: uncalledFence === null || uncalledFence === undefined || num(uncalledFence) !== num(row.fence),
     messageId: row.message_id,
@@ -1049,7 +1049,7 @@ class PgOutbox implements OutboxJournal {
   async markFailed(key: string, token: number, outcome: FailOutcome): Promise<void> {
     checkOutcome(outcome, "outbox.markFailed", true);
     if (outcome.ambiguous) {
-      // `unknown`, no longer blocking its chat (see markAmbiguous in postgres_sql.ts).
+      // `unknown`, no longer blocking its chat (see markAmbiguous in sql.ts).
       const unknown = await this.#fenced("markFailed", this.#q.markAmbiguous, key, token, [textForPg(outcome.error)]);
       this.#c.forget(this.#t, key);
       if (!unknown) throw new StaleLeaseError("outbox", key, token);
@@ -1344,7 +1344,7 @@ function prefixEnd(prefix: string): string | null {
  * @example Compare-and-set
  * ```ts ignore
  * import postgres from "postgres";
- * import { KvDurability } from "@botmesh/durable";
+ * import { KvDurability } from "@botmesh/durable/kv";
  * import { PostgresKv } from "@botmesh/durable/postgres";
  *
  * const sql = postgres("postgres://postgres@127.0.0.1:5432/test");

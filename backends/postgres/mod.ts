@@ -43,7 +43,7 @@
  * records in arrival order, for the due scan's chat order). Building it
  * blocks writes to the inbox for one read of the table; on a large inbox,
  * build it beforehand with `CREATE INDEX CONCURRENTLY` under that name and
- * definition (see `postgres_sql.ts`): the upgrade keeps an existing one. A
+ * definition (see `sql.ts`): the upgrade keeps an existing one. A
  * replica still running an older library scans without the chat order
  * check until it is upgraded. Schema version 5 adds the set-aside columns of
  * both journals (see "Damaged records"; NULL on every existing row, no table
@@ -129,7 +129,7 @@
  *   of the chat) carry an outbox due mark, so an outbox scan reads the heads
  *   (re-checking headship by the chat index) and never the entries queued
  *   behind an unsettled one; see "Per-chat order" and `outboxSql` in
- *   `postgres_sql.ts` ("Due marks: chat heads only").
+ *   `sql.ts` ("Due marks: chat heads only").
  * - The outbox `claimDue` takes the abandoned `sending` entries (lapsed, or
  *   the owner's other incarnations' under `reclaimOwn`) in the same
  *   statement: one whose call was never announced (`markCalling`) is leased

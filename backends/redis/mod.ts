@@ -19,7 +19,7 @@
  * connects or closes the client: close it yourself after `bot.stop()`.
  *
  * ## Atomicity, time and fencing
- * Every operation is ONE Lua script (see `redis_lua.ts`), loaded once and
+ * Every operation is ONE Lua script (see `lua.ts`), loaded once and
  * run with `EVALSHA`; when the server answers `NOSCRIPT` (after a
  * `SCRIPT FLUSH`, a restart or a failover) it is loaded again and re-run.
  * The writes of the hot path (admit, heartbeats, finishing, reserve,
@@ -87,7 +87,7 @@
  * retries a failed fetch). Every mutating script is therefore run once per
  * call: the backend passes a random request key `rq:<uuid>` (`KEYS[2]`); a
  * second run returns the reply the first stored there (`SET … PX`, 120 s; see
- * `REQUEST_TTL_MS` in `redis_lua.ts` for the memory this costs). The one
+ * `REQUEST_TTL_MS` in `lua.ts` for the memory this costs). The one
  * exception is `outbox.markCalling`, one write per send on the hot path: it is
  * idempotent by itself, so it stores no reply, and a re-sent call answers for
  * the entry as it is then (`false` when its lease was lost meanwhile, so that

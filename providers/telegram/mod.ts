@@ -3,7 +3,7 @@
  * by webhook or by long polling. Web-standard only (`fetch`, `Request`,
  * `Response`, `AbortSignal`, Web Crypto), so it runs on Bun, Deno and Node.
  *
- * Durability rules it follows (§9 of the spec):
+ * Durability rules it follows (see docs/providers.md):
  * - **Webhook**: an update is answered `200` only once the bot has admitted
  *   it (journaled, a duplicate, or dispatched under `failOpen`); when the
  *   journal refuses it the answer is `503`, so Telegram delivers it again.

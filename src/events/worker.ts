@@ -113,8 +113,7 @@ function positive(value: unknown, option: string, integer: boolean, min: number)
  *
  * @example Ordered events
  * ```ts
- * import { MemoryEventJournal } from "../../backends/events/memory_journal.ts";
- * import { EventWorker } from "./worker.ts";
+ * import { EventWorker, MemoryEventJournal } from "@botmesh/durable/events";
  *
  * const journal = new MemoryEventJournal();
  * const seen: string[] = [];
@@ -135,8 +134,7 @@ function positive(value: unknown, option: string, integer: boolean, min: number)
  *
  * @example
  * ```ts
- * import { MemoryEventJournal } from "../../backends/events/memory_journal.ts";
- * import { EventWorker } from "./worker.ts";
+ * import { EventWorker, MemoryEventJournal } from "@botmesh/durable/events";
  *
  * const journal = new MemoryEventJournal();
  * const worker = new EventWorker({

@@ -235,7 +235,7 @@ export interface BasicAuthOptions {
  * @throws {TypeError} when `user` or `password` is not a non-empty string, or `user` contains `:`
  * @example
  * ```ts
- * import { basicAuth, durabilityConsole } from "@botmesh/durable";
+ * import { basicAuth, durabilityConsole } from "@botmesh/durable/ops";
  * const handler = durabilityConsole(bot, { auth: basicAuth("ops", secretFromVault) });
  * ```
  */
@@ -432,7 +432,7 @@ interface Page {
  * @throws {RangeError} when `csrfSecret` is shorter than 16 bytes, or `countCap`/`tokenMaxAgeMs` is out of range
  * @example
  * ```ts
- * import { basicAuth, durabilityConsole } from "@botmesh/durable";
+ * import { basicAuth, durabilityConsole } from "@botmesh/durable/ops";
  * const dlq = durabilityConsole(bot, { basePath: "/ops", auth: basicAuth("ops", "s3cret-password") });
  * Bun.serve({ port: 8080, fetch: dlq });
  * ```
@@ -902,7 +902,7 @@ const HOP_BY_HOP = new Set(["connection", "keep-alive", "transfer-encoding", "up
  * @example
  * ```ts
  * import { createServer } from "node:http";
- * import { basicAuth, durabilityConsole, nodeHandler } from "@botmesh/durable";
+ * import { basicAuth, durabilityConsole, nodeHandler } from "@botmesh/durable/ops";
  * const dlq = durabilityConsole(bot, { auth: basicAuth("ops", "s3cret-password") });
  * createServer(nodeHandler(dlq)).listen(8080);
  * ```

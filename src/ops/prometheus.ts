@@ -8,7 +8,7 @@
  *
  * @example
  * ```ts
- * import { prometheusMetrics, PROMETHEUS_CONTENT_TYPE } from "@botmesh/durable";
+ * import { prometheusMetrics, PROMETHEUS_CONTENT_TYPE } from "@botmesh/durable/ops";
  * Deno.serve({ port: 9464 }, async () =>
  *   new Response(await prometheusMetrics(bot, { labels: { bot: "support" } }), {
  *     headers: { "content-type": PROMETHEUS_CONTENT_TYPE },
@@ -128,7 +128,7 @@ export async function countRecords(journals: Journals, cap: number = DEFAULT_COU
 /**
  * The Prometheus text exposition (format 0.0.4) of a bot's durability:
  *
- * - `botmesh_durable_<counter>_total` (counter): the 15 counters of
+ * - `botmesh_durable_<counter>_total` (counter): the 17 counters of
  *   `bot.durability.metrics()`, e.g. `botmesh_durable_inbound_duplicates_total`;
  * - `botmesh_durable_inbox_records{state="…"}` and
  *   `botmesh_durable_outbox_records{state="…"}` (gauges): records per state,

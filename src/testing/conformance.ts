@@ -214,10 +214,10 @@ async function expectStale(expect: Expect, run: () => Promise<unknown>, what: st
  * // A backend on a server that may be absent:
  * runBackendContract({
  *   name: "postgres",
- *   create: () => new PostgresDurability({ url, schema: `t_${crypto.randomUUID().slice(0, 8)}` }),
+ *   create: () => new PostgresDurability({ sql, schema: `t_${crypto.randomUUID().slice(0, 8)}` }),
  *   cleanup: (b) => dropSchema(b),
  *   harness: { describe, test, expect },
- *   skip: url ? false : "DATABASE_URL is not set",
+ *   skip: process.env.DATABASE_URL ? false : "DATABASE_URL is not set",
  *   timeScale: 2,
  * });
  * ```

@@ -54,8 +54,8 @@ export interface EventJournalContractOptions {
  * @example
  * ```ts
  * import { describe, expect, test } from "bun:test";
- * import { MemoryEventJournal } from "../src/events/memory_journal.ts";
- * import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
+ * import { MemoryEventJournal } from "@botmesh/durable/events";
+ * import { runEventJournalContract } from "@botmesh/durable/testing";
  *
  * runEventJournalContract({
  *   name: "memory-events",
