@@ -5,7 +5,7 @@ import { join } from "node:path";
 import { FileCorruptError, FileEventJournal, FileLockedError, simulateCrash } from "../backends/events/file_journal.ts";
 import { SharedFileEventJournal } from "../backends/events/shared_journal.ts";
 import { serializeEventSnapshot } from "../backends/events/snapshot.ts";
-import { FileMutex } from "../backends/file/support.ts";
+import { FileMutex } from "../backends/file/mutex.ts";
 import { type ClaimOptions, type NewOutboxEntry, StaleLeaseError } from "../src/contract.ts";
 import { MemoryEventJournal } from "../backends/events/memory_journal.ts";
 import { BOT_CHANNEL, type NewEventRecord } from "../src/events/types.ts";

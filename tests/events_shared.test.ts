@@ -14,7 +14,7 @@ import {
   SharedFileEventJournal,
   sharedJournalTestHooks,
 } from "../backends/events/shared_journal.ts";
-import { FileLockedError } from "../backends/file/support.ts";
+import { FileLockedError } from "../backends/file/lock.ts";
 import type { EventRecord } from "../src/events/types.ts";
 
 const FIXTURE = join(import.meta.dir, "fixtures", "shared_events_worker.ts");

@@ -1250,7 +1250,7 @@ describe("the log beside the snapshot", () => {
     await crashedStore(path, ["m1"]);
     const good = (await stored(path)).inbox[0];
     const bad = { ...good, id: "m2", state: "bogus" };
-    const { frameLogRecord } = await import("../backends/file/support.ts");
+    const { frameLogRecord } = await import("../backends/file/log_records.ts");
     const { log: g } = JSON.parse(readFileSync(path, "utf8"));
     writeFileSync(`${path}.log`, Buffer.concat([readFileSync(`${path}.log`), frameLogRecord(JSON.stringify({ g, i: [bad] }))]));
     const b = await openAt(path);

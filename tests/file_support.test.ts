@@ -21,22 +21,17 @@ import {
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { FileDurability } from "../backends/file/durability.ts";
+import { FileCorruptError } from "../backends/file/corrupt_error.ts";
+import { findLiveLockHolder, isLockHeldByLiveProcess } from "../backends/file/lock.ts";
 import {
-  claimOpenFile,
-  FileCorruptError,
   FileMutex,
   type FileMutexHandle,
   FileMutexLostError,
   FileMutexTimeoutError,
-  findLiveLockHolder,
-  isLockHeldByLiveProcess,
-  openFileOwner,
-  parseJsonBytes,
-  readJsonSnapshot,
-  releaseOpenFile,
   withFileMutex,
-  writeSnapshot,
-} from "../backends/file/support.ts";
+} from "../backends/file/mutex.ts";
+import { claimOpenFile, openFileOwner, releaseOpenFile } from "../backends/file/open_files.ts";
+import { parseJsonBytes, readJsonSnapshot, writeSnapshot } from "../backends/file/snapshot.ts";
 
 const FIXTURE = join(import.meta.dir, "fixtures", "mutex_holder.ts");
 const root = mkdtempSync(join(tmpdir(), "botmesh-file-support-"));
@@ -400,13 +395,13 @@ describe("snapshot helpers", () => {
 
 describe("the framed log", () => {
   test("crc32 is CRC-32/IEEE; a record is `R <length> <crc> <json>\\n`", async () => {
-    const { crc32, frameLogRecord } = await import("../backends/file/support.ts");
+    const { crc32, frameLogRecord } = await import("../backends/file/log_records.ts");
     expect(crc32(new TextEncoder().encode("123456789"))).toBe(0xcbf43926);
     expect(new TextDecoder().decode(frameLogRecord('{"a":"é"}'))).toBe(`R 10 ${crc32(new TextEncoder().encode('{"a":"é"}')).toString(16).padStart(8, "0")} {"a":"é"}\n`);
   });
 
   test("scanLogRecords: whole records, a torn tail ends the log, damage before intact records is an error", async () => {
-    const { frameLogRecord, scanLogRecords, FileCorruptError } = await import("../backends/file/support.ts");
+    const { frameLogRecord, scanLogRecords } = await import("../backends/file/log_records.ts");
     const a = frameLogRecord('{"n":1}');
     const b = frameLogRecord('{"n":2}');
     const c = frameLogRecord('{"n":3}');

@@ -57,20 +57,14 @@ import type {
 } from "../../src/events/types.ts";
 import { dirName, ensureDir, readFileBytes, realPathOf, removeFile, resolvePath, statFile } from "../../src/runtime/fs.ts";
 import { showValue as show } from "../../src/show.ts";
-import {
-  claimOpenFile,
-  DEFAULT_STALE_LOCK_MS,
-  FileCorruptError,
-  FileLock,
-  FileLockedError,
-  FileMutex,
-  fileStep,
-  findJsonSyntaxError,
-  messageOf,
-  NEW_FILE_MODE,
-  releaseOpenFile,
-  snapshotFileMode,
-} from "../file/support.ts";
+import { FileCorruptError } from "../file/corrupt_error.ts";
+import { fileStep, messageOf } from "../file/file_step.ts";
+import { findJsonSyntaxError } from "../file/json_error.ts";
+import { FileLock, FileLockedError } from "../file/lock.ts";
+import { DEFAULT_STALE_LOCK_MS } from "../file/lock_file.ts";
+import { FileMutex } from "../file/mutex.ts";
+import { claimOpenFile, releaseOpenFile } from "../file/open_files.ts";
+import { NEW_FILE_MODE, snapshotFileMode } from "../file/snapshot.ts";
 import { SnapshotCommitter } from "../file/snapshot_committer.ts";
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
 

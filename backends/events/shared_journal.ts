@@ -37,21 +37,14 @@ import {
   writeFilePinned,
 } from "../../src/runtime/fs.ts";
 import { showValue as show } from "../../src/show.ts";
-import {
-  claimOpenFile,
-  DEFAULT_STALE_LOCK_MS,
-  FileCorruptError,
-  FileLockedError,
-  findLiveLockHolder,
-  findJsonSyntaxError,
-  FileMutex,
-  type FileMutexHandle,
-  FileMutexLostError,
-  MIN_STALE_LOCK_MS,
-  releaseOpenFile,
-  removeLeftoverFiles,
-  snapshotFileMode,
-} from "../file/support.ts";
+import { FileCorruptError } from "../file/corrupt_error.ts";
+import { findJsonSyntaxError } from "../file/json_error.ts";
+import { FileLockedError, findLiveLockHolder } from "../file/lock.ts";
+import { DEFAULT_STALE_LOCK_MS, MIN_STALE_LOCK_MS } from "../file/lock_file.ts";
+import { removeLeftoverFiles } from "../file/leftovers.ts";
+import { FileMutex, type FileMutexHandle, FileMutexLostError } from "../file/mutex.ts";
+import { claimOpenFile, releaseOpenFile } from "../file/open_files.ts";
+import { snapshotFileMode } from "../file/snapshot.ts";
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
 
 const LABEL = "SharedFileEventJournal";

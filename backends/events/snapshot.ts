@@ -14,7 +14,8 @@
  * @module
  */
 import { MemoryEventJournal, type MemoryEventJournalOptions } from "./memory_journal.ts";
-import { FileCorruptError, parseJsonBytes } from "../file/support.ts";
+import { FileCorruptError } from "../file/corrupt_error.ts";
+import { parseJsonBytes } from "../file/snapshot.ts";
 
 /** The `format` marker of an events journal file. */
 export const EVENTS_FORMAT = "@botmesh/durable/events";

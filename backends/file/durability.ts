@@ -38,25 +38,16 @@ import {
   removeFile,
   resolvePath,
 } from "../../src/runtime/fs.ts";
-import {
-  claimOpenFile,
-  frameLogRecord,
-  messageOf,
-  scanLogRecords,
-  writeSnapshot,
-  describeJsonKind as kindOf,
-  FileCorruptError,
-  FileLock,
-  FileLockedError,
-  fileStep,
-  NEW_FILE_MODE,
-  MIN_STALE_LOCK_MS,
-  parseJsonBytes,
-  releaseOpenFile,
-  snapshotFileMode,
-} from "./support.ts";
+import { FileCorruptError } from "./corrupt_error.ts";
+import { fileStep, messageOf } from "./file_step.ts";
+import { FileLock, FileLockedError } from "./lock.ts";
+import { DEFAULT_STALE_LOCK_MS, MIN_STALE_LOCK_MS } from "./lock_file.ts";
+import { frameLogRecord, scanLogRecords } from "./log_records.ts";
+import { claimOpenFile, releaseOpenFile } from "./open_files.ts";
+import { NEW_FILE_MODE, parseJsonBytes, snapshotFileMode, writeSnapshot } from "./snapshot.ts";
 import { showValue as show } from "../../src/show.ts";
 import {
+  describeJsonKind as kindOf,
   storedCalled,
   storedInboundProblem as checkInbound,
   storedOutboxProblem as checkOutbound,
@@ -128,8 +119,6 @@ const LOG_VERSION = 3;
 const COMPACT_FACTOR = 2;
 /** …and at least this many. */
 const COMPACT_MIN_BYTES = 256 * 1024;
-/** Default of {@link FileDurabilityOptions.staleLockMs}. */
-const DEFAULT_STALE_LOCK_MS = 30_000;
 /** The backend named in error messages. */
 const LABEL = "FileDurability";
 /** The backend's `name`. */

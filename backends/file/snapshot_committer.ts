@@ -1,7 +1,7 @@
 /**
  * **Internal building block** of the snapshot-file backends
- * (`FileDurability` in `./file.ts`, `FileEventJournal` in
- * `./events/file_journal.ts`); not exported by the package.
+ * (`FileDurability` in `./durability.ts`, `FileEventJournal` in
+ * `../events/file_journal.ts`); not exported by the package.
  *
  * {@link SnapshotCommitter} holds a backend's in-memory state and makes it
  * durable by rewriting the whole snapshot file, with group commit:
@@ -30,7 +30,8 @@
  */
 import { StaleLeaseError } from "../../src/contract.ts";
 import { readFileBytes } from "../../src/runtime/fs.ts";
-import { messageOf, writeSnapshot } from "./support.ts";
+import { messageOf } from "./file_step.ts";
+import { writeSnapshot } from "./snapshot.ts";
 
 /** Rewrite counters of a {@link SnapshotCommitter}. */
 export interface SnapshotCommitStats {
