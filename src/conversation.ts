@@ -1,7 +1,7 @@
 /**
  * Conversations: `ctx.ask()` waits for the chat's next message inside the
  * handler, and survives restarts by replaying the handler over its recorded
- * transcript (SPEC §3).
+ * transcript (docs/conversations-and-media.md).
  *
  * The transcript is kept in the bot's `SessionStore` under
  * `botmesh:conversation:<botId>:<chatId>`: the message that started the flow,

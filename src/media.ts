@@ -1,5 +1,5 @@
 /**
- * Media on reprocess (§9 of the spec): a provider seals the reference to an
+ * Media on reprocess (docs/conversations-and-media.md): a provider seals the reference to an
  * inbound message's media into the inbox record (versioned, HMAC-protected),
  * and {@link loadMediaOf} loads it again, on the first processing or after a
  * crash, a retry or a replay.

@@ -1,5 +1,5 @@
 /**
- * The provider interface: what a channel adapter gives the bot (§9 of the spec).
+ * The provider interface: what a channel adapter gives the bot (docs/providers.md).
  *
  * @module
  */
@@ -25,7 +25,7 @@ export interface InboundMessage {
   chatId: string;
   type: MessageType;
   text?: string;
-  /** A serialized media reference (see §9): whatever the provider needs to load it again. */
+  /** A serialized media reference (a `MediaSeal` envelope): whatever the provider needs to load it again. */
   media?: JsonValue;
   interaction?: Interaction;
   /** The sender, when the chat is a group. */

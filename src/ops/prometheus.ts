@@ -1,5 +1,5 @@
 /**
- * Prometheus text exposition (format 0.0.4) of a bot's durability: the 13
+ * Prometheus text exposition (format 0.0.4) of a bot's durability: the 17
  * counters of `bot.durability.metrics()` and gauges of the journals (records
  * per state, age of the oldest unhandled inbound record).
  *

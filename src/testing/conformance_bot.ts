@@ -1,7 +1,7 @@
 /**
- * The bot-level half of the conformance suite: the durability rules of the
- * spec (§3–§7, §11) driven through a real `Bot` and a `MockProvider` on the
- * backend under test, and the crash matrix (§10): for every crash point,
+ * The bot-level half of the conformance suite: the durability rules
+ * (docs/guarantees.md) driven through a real `Bot` and a `MockProvider` on the
+ * backend under test, and the crash matrix: for every crash point,
  * before and after, a bot dies there and a second bot on the same state
  * recovers.
  *
