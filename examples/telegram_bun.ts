@@ -7,7 +7,7 @@
  * Optional: TELEGRAM_API (another Bot API server), BOT_DB (the SQLite file).
  */
 import { Bot } from "../mod.ts";
-import { SQLiteStore } from "../backends/sqlite/durability.ts";
+import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import { TelegramProvider } from "../providers/telegram/provider.ts";
 
 const env = process.env;

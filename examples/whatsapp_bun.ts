@@ -7,7 +7,7 @@
  * `WA_GRAPH_BASE` overrides the Graph API URL (the tests use a fake one).
  */
 import { Bot, IMAGE, loadMediaOf } from "../mod.ts";
-import { SQLiteStore } from "../backends/sqlite/durability.ts";
+import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import { WhatsAppProvider } from "../providers/whatsapp/provider.ts";
 
 const env = (name: string): string => Bun.env[name] ?? (() => { throw new Error(`Set ${name}`); })();

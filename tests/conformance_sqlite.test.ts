@@ -4,7 +4,7 @@ import { rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import type { DurabilityBackend } from "../src/contract.ts";
-import { SQLiteDurability, SQLiteStore } from "../backends/sqlite/durability.ts";
+import { SQLiteDurability, SQLiteStore } from "../backends/sqlite/mod.ts";
 import { runDurabilityConformance } from "../testing.ts";
 
 /** The temp file of each backend (and of the backends reopened over it). */

@@ -10,7 +10,7 @@ import postgres from "postgres";
 import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { AskTimeoutError, Bot, type DurabilityBackend, type SessionStore } from "../mod.ts";
-import { SQLiteStore } from "../backends/sqlite/durability.ts";
+import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import { PostgresStore } from "../backends/postgres/durability.ts";
 import { RedisStore } from "../backends/redis/durability.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";

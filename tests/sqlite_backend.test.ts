@@ -7,7 +7,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DamagedRecordError, StaleLeaseError } from "../src/contract.ts";
 import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/contract.ts";
-import { SQLITE_SCHEMA_VERSION, SQLiteDurability, SQLiteStore } from "../backends/sqlite/durability.ts";
+import { SQLITE_SCHEMA_VERSION, SQLiteDurability, SQLiteStore } from "../backends/sqlite/mod.ts";
 import { openSqlite } from "../src/runtime/sqlite.ts";
 
 const dir = join(tmpdir(), `botmesh-sqlite-tests-${crypto.randomUUID()}`);

@@ -8,7 +8,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { ANY, Bot, type DurabilityBackend, type InboundMessage, loadMediaOf, type LoadedMedia, MediaUnavailableError, MemoryDurability } from "../mod.ts";
 import { type InboundSink } from "../provider.ts";
-import { SQLiteStore } from "../backends/sqlite/durability.ts";
+import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import {
   classifyGraphError,
   parseRetryAfter,

@@ -838,8 +838,21 @@ class RedisOutbox implements OutboxJournal {
 
 // ---- public classes ----------------------------------------------------------------
 
-/** Set by {@link RedisStore.durability} for the constructor it calls. */
-let adopted: Runner | undefined;
+/**
+ * The options objects made by {@link durabilityOn}, with the runner each
+ * stands for: the constructor takes that runner instead of making its own.
+ */
+const sharedRunners = new WeakMap<object, Runner>();
+
+/**
+ * A backend over `runner` (for {@link RedisStore.durability}, which shares its
+ * client and prefix): the public constructor, given options that stand for `runner`.
+ */
+function durabilityOn(runner: Runner): RedisDurability {
+  const options: RedisDurabilityOptions = { client: null };
+  sharedRunners.set(options, runner);
+  return new RedisDurability(options);
+}
 
 /**
  * A durability backend on Redis: the inbox and outbox journals, shared by
@@ -916,8 +929,7 @@ export class RedisDurability implements DurabilityBackend {
    * @throws {TypeError|RangeError} naming the option when one is invalid
    */
   constructor(options: RedisDurabilityOptions) {
-    const runner = adopted ?? new Runner(resolveOptions(options, "RedisDurability"));
-    adopted = undefined;
+    const runner = sharedRunners.get(options) ?? new Runner(resolveOptions(options, "RedisDurability"));
     this.#runner = runner;
     this.keyPrefix = runner.keyPrefix;
     this.inbox = new RedisInbox(runner);
@@ -982,12 +994,7 @@ export class RedisStore implements SessionStore {
    */
   durability(): RedisDurability {
     if (!this.#durability) {
-      adopted = this.#runner;
-      try {
-        this.#durability = new RedisDurability({ client: null });
-      } finally {
-        adopted = undefined;
-      }
+      this.#durability = durabilityOn(this.#runner);
     }
     return this.#durability;
   }

@@ -167,13 +167,9 @@
  *
  * @module
  */
-export {
-  SQLITE_SCHEMA_VERSION,
-  SQLiteDurability,
-  type SQLiteDurabilityOptions,
-  type SqliteDriverName,
-  type SQLiteOptions,
-  type SQLiteStats,
-  SQLiteStore,
-  type SQLiteStoreOptions,
-} from "./durability.ts";
+export type { SqliteDriverName } from "../../src/runtime/sqlite.ts";
+export type { SQLiteStats } from "./connection.ts";
+export { SQLiteDurability } from "./durability.ts";
+export type { SQLiteDurabilityOptions, SQLiteOptions, SQLiteStoreOptions } from "./options.ts";
+export { SQLITE_SCHEMA_VERSION } from "./schema.ts";
+export { SQLiteStore } from "./store.ts";

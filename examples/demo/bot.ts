@@ -51,7 +51,7 @@ import { createInterface } from "node:readline";
 import { join } from "node:path";
 import { ANY, Bot, type DurabilityBackend, type Provider, type SendInQuestion, type SessionStore } from "../../mod.ts";
 import { FileDurability } from "../../backends/file/durability.ts";
-import { SQLiteStore } from "../../backends/sqlite/durability.ts";
+import { SQLiteStore } from "../../backends/sqlite/mod.ts";
 import { FileChannel, openJsonLinesAppender } from "../file_channel.ts";
 
 const args = parseArgs(process.argv.slice(2));
