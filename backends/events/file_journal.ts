@@ -190,7 +190,7 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  *
  * @example Usage
  * ```ts
- * import { FileEventJournal } from "./file_journal.ts";
+ * import { FileEventJournal } from "@botmesh/durable/events";
  *
  * const dir = await Deno.makeTempDir();
  * const journal = await FileEventJournal.open(`${dir}/events.json`, { lock: true });

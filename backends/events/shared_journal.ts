@@ -233,7 +233,7 @@ function checkBoolean(value: unknown, name: string): boolean {
  * import { mkdtempSync } from "node:fs";
  * import { tmpdir } from "node:os";
  * import { join } from "node:path";
- * import { SharedFileEventJournal } from "./shared_journal.ts";
+ * import { SharedFileEventJournal } from "@botmesh/durable/events";
  *
  * const path = join(mkdtempSync(join(tmpdir(), "shared-events-")), "events.json");
  * const journal = await SharedFileEventJournal.open(path, { appendLog: true });
