@@ -1,7 +1,8 @@
 // The three Telegram webhook examples, each run as written in a real child process
 // (bun / deno run -A / node on a bun-built bundle) against the fake Bot API server:
 // an update POSTed with the secret gets its reply at the fake, a wrong secret gets 401,
-// a redelivery is not answered twice. Each example stays under 40 lines.
+// a redelivery is not answered twice. Each example stays under 40 lines. The README's
+// bot (long polling on SQLite) is killed with SIGKILL mid-handler and started again.
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -61,6 +62,47 @@ describe("telegram examples", () => {
     for (const name of ["telegram_bun.ts", "telegram_deno_postgres.ts", "telegram_node.ts"]) {
       const lines = readFileSync(join(root, "examples", name), "utf8").trimEnd().split("\n").length;
       expect(lines, name).toBeLessThan(40);
+    }
+  });
+
+  test("the README's bot is examples/telegram_sqlite.ts (the same handler and durability lines)", () => {
+    const readme = readFileSync(join(root, "README.md"), "utf8");
+    const example = readFileSync(join(root, "examples", "telegram_sqlite.ts"), "utf8");
+    const block = /```ts\n(import \{ Bot, TEXT \} from "@botmesh\/durable";[\s\S]*?)```/.exec(readme)?.[1];
+    expect(block, "README.md has the Telegram + SQLite bot").toBeDefined();
+    const shared = block!.split("\n").filter((line) => /^(bot\.|  await ctx|\}\);|  durability:|const bot)/.test(line));
+    expect(shared.length).toBeGreaterThanOrEqual(8);
+    for (const line of shared) expect(example, `examples/telegram_sqlite.ts lacks the README line ${line}`).toContain(line);
+  });
+
+  test("the README bot (examples/telegram_sqlite.ts, polling on SQLite) killed with SIGKILL mid-handler: every reply once", async () => {
+    const fake = new FakeTelegram().start();
+    const db = join(dir, "readme.db");
+    const spawn = () =>
+      Bun.spawn([bin("bun"), "examples/telegram_sqlite.ts"], {
+        cwd: root,
+        env: { ...process.env, TELEGRAM_TOKEN: fake.token, TELEGRAM_API: fake.url, BOT_DB: db },
+        stdout: "pipe",
+        stderr: "pipe",
+      });
+    const texts = () => fake.sent.filter((s) => s.method === "sendMessage").map((s) => String(s.params.text));
+    let child = spawn();
+    try {
+      await childLines(child.stdout, "telegram_sqlite.ts", 15_000).next("running");
+      fake.push(fake.textUpdate(4242, "hello"));
+      await fake.until("the first reply", () => texts().length === 1, 15_000);
+      child.kill("SIGKILL"); // inside the handler's 3 s wait: "Done." was never sent
+      await child.exited;
+      expect(texts()).toEqual(['Working on "hello"…']);
+      child = spawn();
+      await childLines(child.stdout, "telegram_sqlite.ts (restarted)", 15_000).next("running");
+      await fake.until("the second reply", () => texts().length === 2, 15_000);
+      await Bun.sleep(500); // a duplicate would come now
+      expect(texts()).toEqual(['Working on "hello"…', "Done."]);
+    } finally {
+      child.kill("SIGINT");
+      await child.exited;
+      await fake.stop();
     }
   });
 
