@@ -235,8 +235,11 @@ export interface BasicAuthOptions {
  * @throws {TypeError} when `user` or `password` is not a non-empty string, or `user` contains `:`
  * @example
  * ```ts
+ * import { Bot, MemoryDurability } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ * const bot = new Bot({ provider: new MockProvider(), durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
  * import { basicAuth, durabilityConsole } from "@botmesh/durable/ops";
- * const handler = durabilityConsole(bot, { auth: basicAuth("ops", secretFromVault) });
+ * const handler = durabilityConsole(bot, { auth: basicAuth("ops", "a-long-password-from-your-vault") });
  * ```
  */
 export function basicAuth(user: string, password: string, options: BasicAuthOptions = {}): ConsoleAuth {
@@ -431,7 +434,7 @@ interface Page {
  *   `options.auth` is missing or not a function, or an option has the wrong type
  * @throws {RangeError} when `csrfSecret` is shorter than 16 bytes, or `countCap`/`tokenMaxAgeMs` is out of range
  * @example
- * ```ts
+ * ```ts ignore
  * import { basicAuth, durabilityConsole } from "@botmesh/durable/ops";
  * const dlq = durabilityConsole(bot, { basePath: "/ops", auth: basicAuth("ops", "s3cret-password") });
  * Bun.serve({ port: 8080, fetch: dlq });
@@ -900,7 +903,7 @@ const HOP_BY_HOP = new Set(["connection", "keep-alive", "transfer-encoding", "up
  * @returns a `(req, res)` listener; it never rejects (a failure becomes a 500)
  * @throws {TypeError} when `handler` is not a function
  * @example
- * ```ts
+ * ```ts ignore
  * import { createServer } from "node:http";
  * import { basicAuth, durabilityConsole, nodeHandler } from "@botmesh/durable/ops";
  * const dlq = durabilityConsole(bot, { auth: basicAuth("ops", "s3cret-password") });

@@ -7,7 +7,7 @@
  * ({@link PROMETHEUS_CONTENT_TYPE}).
  *
  * @example
- * ```ts
+ * ```ts ignore
  * import { prometheusMetrics, PROMETHEUS_CONTENT_TYPE } from "@botmesh/durable/ops";
  * Deno.serve({ port: 9464 }, async () =>
  *   new Response(await prometheusMetrics(bot, { labels: { bot: "support" } }), {
@@ -108,6 +108,9 @@ const LABEL_NAME = /^[a-zA-Z_][a-zA-Z0-9_]*$/;
  * @throws {RangeError} when `cap` is not a positive integer
  * @example
  * ```ts
+ * import { MemoryDurability } from "@botmesh/durable";
+ * import { countRecords } from "@botmesh/durable/ops";
+ * const backend = new MemoryDurability();
  * const counts = await countRecords(backend, 10_000);
  * console.log(counts.inbox.dead, counts.outbox.dead);
  * ```
@@ -150,6 +153,10 @@ export async function countRecords(journals: Journals, cap: number = DEFAULT_COU
  * @throws {RangeError} when `countCap` is not a positive integer
  * @example
  * ```ts
+ * import { Bot, MemoryDurability } from "@botmesh/durable";
+ * import { MockProvider } from "@botmesh/durable/testing";
+ * const bot = new Bot({ provider: new MockProvider(), durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+ * import { prometheusMetrics } from "@botmesh/durable/ops";
  * const text = await prometheusMetrics(bot, { labels: { bot: "support" } });
  * // # HELP botmesh_durable_inbound_journaled_total Inbound records journaled.
  * // # TYPE botmesh_durable_inbound_journaled_total counter

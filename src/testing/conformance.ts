@@ -210,7 +210,7 @@ async function expectStale(expect: Expect, run: () => Promise<unknown>, what: st
  * ```
  *
  * @example
- * ```ts
+ * ```ts ignore
  * // A backend on a server that may be absent:
  * runBackendContract({
  *   name: "postgres",
