@@ -8,7 +8,7 @@
  */
 import { Bot } from "../mod.ts";
 import { SQLiteStore } from "../backends/sqlite/mod.ts";
-import { TelegramProvider } from "../providers/telegram/provider.ts";
+import { TelegramProvider } from "../providers/telegram/mod.ts";
 
 const env = process.env;
 const telegram = new TelegramProvider({

@@ -10,7 +10,7 @@ import { createServer } from "node:http";
 import { Bot } from "../mod.ts";
 import { nodeHandler } from "../ops.ts";
 import { FileDurability } from "../backends/file/durability.ts";
-import { TelegramProvider } from "../providers/telegram/provider.ts";
+import { TelegramProvider } from "../providers/telegram/mod.ts";
 
 const env = process.env;
 const telegram = new TelegramProvider({

@@ -8,7 +8,7 @@
  */
 import { Bot, IMAGE, loadMediaOf } from "../mod.ts";
 import { SQLiteStore } from "../backends/sqlite/mod.ts";
-import { WhatsAppProvider } from "../providers/whatsapp/provider.ts";
+import { WhatsAppProvider } from "../providers/whatsapp/mod.ts";
 
 const env = (name: string): string => Bun.env[name] ?? (() => { throw new Error(`Set ${name}`); })();
 const provider = new WhatsAppProvider({

@@ -4,14 +4,14 @@
 // 400/403 → DLQ, garbage bodies), media on reprocess (memory and SQLite, across a
 // restart), callback queries, and option validation.
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
-import { mkdirSync, readFileSync, rmSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Bot, ANY, type Context, type DurabilityBackend, IMAGE, type InboundMessage, INTERACTION, loadMediaOf, MediaUnavailableError, MemoryDurability, type Provider, ProviderError } from "../mod.ts";
 import { type AdmitResult, type InboundSink } from "../provider.ts";
 import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { crashable } from "../src/testing/crashable.ts";
-import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/provider.ts";
+import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 
 const dir = join(tmpdir(), `botmesh-telegram-tests-${crypto.randomUUID()}`);
@@ -748,11 +748,20 @@ test("parseUpdate: a null field counts as absent; a typed kind of the wrong shap
 });
 
 test("providers/telegram/ is Web-standard: no node: imports, no Deno, Bun or process globals", () => {
-  const text = readFileSync(join(import.meta.dir, "..", "providers", "telegram", "provider.ts"), "utf8").replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, "");
-  expect(text).toMatch(/export class TelegramProvider/);
-  for (const pattern of [/from\s+["']node:|import\(\s*["']node:/, /\bDeno\s*\./, /\bBun\s*\./, /\bprocess\s*\./]) {
-    expect(text).not.toMatch(pattern);
+  const folder = join(import.meta.dir, "..", "providers", "telegram");
+  const files = readdirSync(folder).filter((name) => name.endsWith(".ts")).sort();
+  expect(files).toContain("provider.ts");
+  expect(files).toContain("mod.ts");
+  const code = (name: string) => readFileSync(join(folder, name), "utf8").replace(/\/\*[\s\S]*?\*\/|\/\/.*$/gm, "");
+  expect(code("provider.ts")).toMatch(/export class TelegramProvider/);
+  const offenders: string[] = [];
+  for (const name of files) {
+    const text = code(name);
+    for (const pattern of [/from\s+["']node:|import\(\s*["']node:/, /\bDeno\s*\./, /\bBun\s*\./, /\bprocess\s*\./]) {
+      if (pattern.test(text)) offenders.push(`${name} matches ${pattern}`);
+    }
   }
+  expect(offenders).toEqual([]);
 });
 
 describe("telegram: options", () => {

@@ -10,7 +10,7 @@ import { readdirSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 import { type AdmitResult, type InboundSink } from "../provider.ts";
 import { ANY, Bot, type DurabilityBackend, type InboundMessage, MemoryDurability } from "../mod.ts";
-import { TelegramProvider, type TelegramProviderOptions } from "../providers/telegram/provider.ts";
+import { TelegramProvider, type TelegramProviderOptions } from "../providers/telegram/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 
 type Obj = Record<string, unknown>;

@@ -20,7 +20,7 @@ import {
   WhatsAppProvider,
   type WhatsAppProviderOptions,
   type WhatsAppStatus,
-} from "../providers/whatsapp/provider.ts";
+} from "../providers/whatsapp/mod.ts";
 import { childLines } from "./support/child_lines.ts";
 import { addressedTo, corpusPayload, FakeWhatsApp, inbound, makeWamid, statusUpdate, webhookPayload } from "./support/fake_whatsapp.ts";
 

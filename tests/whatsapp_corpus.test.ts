@@ -5,7 +5,7 @@
 // duplicates, and the defect samples (usernames, groups, change-level errors) say what they should.
 import { afterAll, describe, expect, test } from "bun:test";
 import { ANY, Bot, type InboundMessage, MemoryDurability } from "../mod.ts";
-import { WhatsAppChangeError, WhatsAppPayloadError, WhatsAppProvider, type WhatsAppStatus } from "../providers/whatsapp/provider.ts";
+import { WhatsAppChangeError, WhatsAppPayloadError, WhatsAppProvider, type WhatsAppStatus } from "../providers/whatsapp/mod.ts";
 import { addressedTo, type CorpusSample, FakeWhatsApp, loadCorpus } from "./support/fake_whatsapp.ts";
 
 const TOKEN = "EAAG-corpus-token";

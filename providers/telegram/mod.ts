@@ -37,13 +37,7 @@
  *
  * @module
  */
-export {
-  type ParsedUpdate,
-  type SkippedUpdate,
-  TELEGRAM_HANDLED_UPDATES,
-  TELEGRAM_MAX_DOWNLOAD_BYTES,
-  type TelegramMediaRef,
-  TelegramProvider,
-  type TelegramProviderOptions,
-  TelegramUpdateError,
-} from "./provider.ts";
+export { TELEGRAM_MAX_DOWNLOAD_BYTES, type TelegramMediaRef } from "./media.ts";
+export type { TelegramProviderOptions } from "./options.ts";
+export { TelegramProvider } from "./provider.ts";
+export { type ParsedUpdate, type SkippedUpdate, TELEGRAM_HANDLED_UPDATES, TelegramUpdateError } from "./updates.ts";

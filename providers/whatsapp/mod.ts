@@ -45,18 +45,9 @@
  *
  * @module
  */
-export {
-  classifyGraphError,
-  DEFAULT_GRAPH_BASE,
-  DEFAULT_GRAPH_VERSION,
-  parseRetryAfter,
-  parseWhatsAppChatId,
-  WhatsAppApiError,
-  WhatsAppChangeError,
-  whatsAppChatId,
-  WhatsAppPayloadError,
-  WhatsAppProvider,
-  type WhatsAppProviderOptions,
-  type WhatsAppRecipient,
-  type WhatsAppStatus,
-} from "./provider.ts";
+export { classifyGraphError, parseRetryAfter, WhatsAppApiError } from "./api.ts";
+export { parseWhatsAppChatId, whatsAppChatId, type WhatsAppRecipient } from "./chat_ids.ts";
+export { DEFAULT_GRAPH_BASE, DEFAULT_GRAPH_VERSION, type WhatsAppProviderOptions } from "./options.ts";
+export { WhatsAppChangeError, WhatsAppPayloadError } from "./payloads.ts";
+export { WhatsAppProvider } from "./provider.ts";
+export type { WhatsAppStatus } from "./statuses.ts";
