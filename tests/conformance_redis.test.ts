@@ -7,7 +7,7 @@ import IORedis from "ioredis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
 import type { DurabilityBackend } from "../src/contract.ts";
-import { RedisDurability, RedisKv, RedisStore } from "../backends/redis/durability.ts";
+import { RedisDurability, RedisKv, RedisStore } from "../backends/redis/mod.ts";
 import { KvDurability } from "../backends/kv/durability.ts";
 import { runBackendContract, runDurabilityConformance } from "../testing.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";

@@ -12,7 +12,7 @@ import { Redis as Upstash } from "@upstash/redis";
 import { AskTimeoutError, Bot, type DurabilityBackend, type SessionStore } from "../mod.ts";
 import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import { PostgresStore } from "../backends/postgres/durability.ts";
-import { RedisStore } from "../backends/redis/durability.ts";
+import { RedisStore } from "../backends/redis/mod.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";

@@ -16,7 +16,7 @@ import {
   RedisDurability,
   RedisKv,
   RedisStore,
-} from "../backends/redis/durability.ts";
+} from "../backends/redis/mod.ts";
 import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts";
 import { runBackendContract } from "../testing.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";

@@ -26,7 +26,8 @@ import {
   type ReserveResult,
 } from "../../src/contract.ts";
 import { SnapshotCommitter } from "./snapshot_committer.ts";
-import { MemoryDurability, type MemoryRecords, type SetAsideRecord } from "../memory/durability.ts";
+import type { SetAsideRecord } from "../memory/aside.ts";
+import { MemoryDurability, type MemoryRecords } from "../memory/durability.ts";
 import {
   type AppendFile,
   dirName,

@@ -148,15 +148,10 @@
  *
  * @module
  */
-export {
-  RedisDurability,
-  type RedisDurabilityOptions,
-  RedisKv,
-  type RedisKvOptions,
-  type RedisOptions,
-  RedisStore,
-  type RedisStoreOptions,
-} from "./durability.ts";
+export { RedisDurability } from "./durability.ts";
+export { RedisKv } from "./kv.ts";
+export type { RedisDurabilityOptions, RedisKvOptions, RedisOptions, RedisStoreOptions } from "./options.ts";
+export { RedisStore } from "./store.ts";
 export {
   type BunRedisLike,
   fromBunRedis,

@@ -1,0 +1,58 @@
+/**
+ * The options of {@link RedisDurability}, {@link RedisStore} and
+ * {@link RedisKv}, and their checks.
+ *
+ * @module
+ */
+import { checkKnownOptions } from "../../src/options.ts";
+import { showValue as show } from "../../src/show.ts";
+import { type RedisCommands, toCommands } from "./clients.ts";
+
+/** Options of {@link RedisDurability}, {@link RedisStore} and {@link RedisKv}. */
+export interface RedisOptions {
+  /**
+   * The client: an `@upstash/redis` client, an `ioredis` client, a connected
+   * `redis` (node-redis) client, a Bun `RedisClient`, or a {@link RedisCommands}. Required.
+   */
+  client: unknown;
+  /**
+   * Every key starts with `{keyPrefix}` (default `"botmesh:"`): 1 to 128
+   * characters, without `{` or `}`. Give each bot (tenant, test run) its own.
+   */
+  keyPrefix?: string;
+}
+
+/** Options of {@link RedisDurability}. */
+export type RedisDurabilityOptions = RedisOptions;
+/** Options of {@link RedisStore}. */
+export type RedisStoreOptions = RedisOptions;
+/** Options of {@link RedisKv}. */
+export type RedisKvOptions = RedisOptions;
+
+const OPTION_NAMES = ["client", "keyPrefix"] as const;
+
+/** The options checked: the client as commands, and the key prefix. */
+export interface Resolved {
+  commands: RedisCommands;
+  keyPrefix: string;
+}
+
+/** The options of the class `what` (named in errors), checked. */
+export function resolveOptions(options: unknown, what: string): Resolved {
+  if (typeof options !== "object" || options === null || Array.isArray(options)) {
+    throw new TypeError(`${what} options must be an object with a "client", got ${show(options)}`);
+  }
+  const o = options as Record<string, unknown>;
+  checkKnownOptions(o, OPTION_NAMES, "Redis option");
+  const commands = toCommands(o.client, `Redis option "client"`);
+  const keyPrefix = o.keyPrefix ?? "botmesh:";
+  if (typeof keyPrefix !== "string") {
+    throw new TypeError(`Redis option "keyPrefix" must be a string, got ${show(keyPrefix)}`);
+  }
+  if (keyPrefix.length === 0 || keyPrefix.length > 128 || /[{}]/.test(keyPrefix)) {
+    throw new RangeError(
+      `Redis option "keyPrefix" must be 1 to 128 characters without "{" or "}", got ${show(keyPrefix)}`,
+    );
+  }
+  return { commands, keyPrefix };
+}

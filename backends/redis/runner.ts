@@ -1,0 +1,198 @@
+/**
+ * The script runner: `EVALSHA` of the backend's Lua scripts over one client
+ * under one key prefix (loading a script again on `NOSCRIPT`), the batching
+ * of the hot path's writes of one turn into one call, and the decoding of
+ * script replies.
+ *
+ * @module
+ */
+import { showValue as show } from "../../src/show.ts";
+import { BATCH, BATCHED, type BatchedName, type LuaScript, type ScriptName, SCRIPTS } from "./lua.ts";
+import type { RedisCommands } from "./clients.ts";
+import type { Resolved } from "./options.ts";
+
+const shaCache = new WeakMap<LuaScript, Promise<string>>();
+
+async function sha1Hex(text: string): Promise<string> {
+  const digest = await crypto.subtle.digest("SHA-1", new TextEncoder().encode(text));
+  let out = "";
+  for (const b of new Uint8Array(digest)) out += b.toString(16).padStart(2, "0");
+  return out;
+}
+
+function shaOf(script: LuaScript): Promise<string> {
+  let sha = shaCache.get(script);
+  if (!sha) {
+    sha = sha1Hex(script.text);
+    shaCache.set(script, sha);
+  }
+  return sha;
+}
+
+export function messageOf(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
+const BATCHABLE: ReadonlySet<string> = new Set<string>(BATCHED);
+/** Operations per batch script call (a call blocks the server while it runs). */
+const BATCH_MAX = 64;
+/** Batch calls in flight at once; the operations issued meanwhile wait and go together in the next one. */
+const BATCH_IN_FLIGHT = 2;
+
+interface Pending {
+  name: BatchedName;
+  args: readonly string[];
+  resolve(value: unknown): void;
+  reject(error: unknown): void;
+}
+
+/**
+ * Runs the backend's scripts over one client under one key prefix.
+ *
+ * The writes of the hot path ({@link BATCHED}) issued in one turn of the event loop go to Redis in
+ * one script call ({@link BATCH}), each answered on its own. At most {@link BATCH_IN_FLIGHT} such
+ * calls are in flight: the writes issued meanwhile wait for one to return, so that under load the
+ * batches grow instead of the calls.
+ */
+export class Runner {
+  readonly commands: RedisCommands;
+  readonly keyPrefix: string;
+  /** The hash-tagged prefix every key starts with. */
+  readonly tag: string;
+  #queue: Pending[] = [];
+  #inFlight = 0;
+  #scheduled = false;
+  #sha = new Map<LuaScript, string>();
+
+  constructor(resolved: Resolved) {
+    this.commands = resolved.commands;
+    this.keyPrefix = resolved.keyPrefix;
+    this.tag = `{${resolved.keyPrefix}}`;
+  }
+
+  #failure(name: string, error: unknown): Error {
+    return new Error(`Redis ${name} (key prefix ${JSON.stringify(this.keyPrefix)}) failed: ${messageOf(error)}`, {
+      cause: error,
+    });
+  }
+
+  /** `EVALSHA` of `script`; a `NOSCRIPT` answer loads it and runs it again. */
+  async #eval(script: LuaScript, keys: string[], argv: string[]): Promise<unknown> {
+    const sha = this.#sha.get(script) ?? await shaOf(script);
+    this.#sha.set(script, sha);
+    try {
+      return await this.commands.evalsha(sha, keys, argv);
+    } catch (error) {
+      if (!/NOSCRIPT/.test(messageOf(error))) throw error;
+      await this.commands.scriptLoad(script.text);
+      return await this.commands.evalsha(sha, keys, argv);
+    }
+  }
+
+  /**
+   * Runs script `name` with `args` (after the prefix) and returns its decoded
+   * reply. A `NOSCRIPT` answer loads the script and runs it again.
+   */
+  run(name: ScriptName, args: readonly string[]): Promise<unknown> {
+    if (BATCHABLE.has(name)) {
+      return new Promise((resolve, reject) => {
+        this.#queue.push({ name: name as BatchedName, args, resolve, reject });
+        this.#schedule();
+      });
+    }
+    return this.#runAlone(name, args);
+  }
+
+  async #runAlone(name: ScriptName, args: readonly string[]): Promise<unknown> {
+    const script = SCRIPTS[name];
+    // A mutating script runs once per call: a re-sent call (after a lost reply) gets the first run's reply.
+    const keys = script.once ? [this.tag, `${this.tag}rq:${crypto.randomUUID()}`] : [this.tag];
+    let reply: unknown;
+    try {
+      reply = await this.#eval(script, keys, [this.tag, ...args]);
+    } catch (error) {
+      throw this.#failure(script.name, error);
+    }
+    return decodeReply(reply, script.name);
+  }
+
+  #schedule(): void {
+    if (this.#scheduled || this.#inFlight >= BATCH_IN_FLIGHT || this.#queue.length === 0) return;
+    this.#scheduled = true;
+    queueMicrotask(() => {
+      this.#scheduled = false;
+      while (this.#inFlight < BATCH_IN_FLIGHT && this.#queue.length > 0) {
+        void this.#flush(this.#queue.splice(0, BATCH_MAX));
+      }
+    });
+  }
+
+  async #flush(batch: Pending[]): Promise<void> {
+    this.#inFlight++;
+    try {
+      const argv = [this.tag];
+      let once = false;
+      for (const op of batch) {
+        const script = SCRIPTS[op.name];
+        once ||= script.once;
+        argv.push(op.name, script.once ? "1" : "0", String(op.args.length), ...op.args);
+      }
+      // One request key for the call, when an operation in it is run once per request.
+      const keys = once ? [this.tag, `${this.tag}rq:${crypto.randomUUID()}`] : [this.tag];
+      let replies: unknown[];
+      try {
+        const decoded = decodeReply(await this.#eval(BATCH, keys, argv), BATCH.name);
+        if (!Array.isArray(decoded) || decoded.length !== batch.length) {
+          throw new Error(`the batch's reply has ${Array.isArray(decoded) ? decoded.length : "no"} answers for ${batch.length} operations`);
+        }
+        replies = decoded;
+      } catch (error) {
+        for (const op of batch) op.reject(this.#failure(SCRIPTS[op.name].name, error));
+        return;
+      }
+      batch.forEach((op, i) => {
+        const r = replies[i];
+        if (typeof r === "object" && r !== null && !Array.isArray(r) && typeof (r as { err?: unknown }).err === "string") {
+          op.reject(this.#failure(SCRIPTS[op.name].name, new Error((r as { err: string }).err)));
+        } else {
+          op.resolve(r);
+        }
+      });
+    } finally {
+      this.#inFlight--;
+      this.#schedule();
+    }
+  }
+
+  /** The server's time (ms since epoch). */
+  async now(): Promise<number> {
+    const [t] = strings(await this.run("time", []));
+    return Number(t);
+  }
+}
+
+/**
+ * A script's reply: the JSON text it returned (an Upstash client with
+ * automatic deserialization has already parsed it).
+ */
+function decodeReply(reply: unknown, name: string): unknown {
+  if (typeof reply === "string") {
+    try {
+      return JSON.parse(reply);
+    } catch (error) {
+      throw new Error(`Redis ${name}: the script's reply is not JSON: ${messageOf(error)}`);
+    }
+  }
+  if (reply instanceof Uint8Array) return decodeReply(new TextDecoder().decode(reply), name);
+  if (typeof reply === "object" && reply !== null) return reply;
+  throw new Error(`Redis ${name}: unexpected script reply ${show(reply)}`);
+}
+
+/** A decoded array (cjson encodes an empty one as `{}`). */
+export function list(value: unknown): unknown[] {
+  return Array.isArray(value) ? value : [];
+}
+
+export function strings(value: unknown): string[] {
+  return list(value).map((v) => String(v));
+}
