@@ -170,7 +170,7 @@ export async function openKind(ns: Ns): Promise<Opened> {
     }
     case "postgres": {
       const { default: postgres } = await import("postgres");
-      const { PostgresDurability } = await import("../backends/postgres/durability.ts");
+      const { PostgresDurability } = await import("../backends/postgres/mod.ts");
       const sql = postgres(pgUrl(ns), { max: 10, fetch_types: false, onnotice: () => {} });
       return { backend: new PostgresDurability({ sql, schema: ns.name }), close: () => sql.end({ timeout: 5 }) };
     }

@@ -7,7 +7,7 @@
  */
 import postgres from "postgres";
 import { Bot } from "../mod.ts";
-import { PostgresDurability } from "../backends/postgres/durability.ts";
+import { PostgresDurability } from "../backends/postgres/mod.ts";
 import { TelegramProvider } from "../providers/telegram/provider.ts";
 
 // For tsc, which checks this repo with Bun's types (Deno has its own):

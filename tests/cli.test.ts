@@ -10,7 +10,7 @@ import postgres from "postgres";
 import type { DurabilityBackend } from "../mod.ts";
 import { FileDurability } from "../backends/file/durability.ts";
 import { SQLiteDurability } from "../backends/sqlite/durability.ts";
-import { PostgresDurability } from "../backends/postgres/durability.ts";
+import { PostgresDurability } from "../backends/postgres/mod.ts";
 import { RedisDurability } from "../backends/redis/durability.ts";
 import { Redis as Upstash } from "@upstash/redis";
 import { BackendUrlError } from "../src/ops/cli.ts";

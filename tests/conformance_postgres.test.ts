@@ -2,7 +2,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import postgres from "postgres";
 import type { DurabilityBackend } from "../src/contract.ts";
 import { KvDurability } from "../backends/kv/durability.ts";
-import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/durability.ts";
+import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/mod.ts";
 import { runBackendContract, runDurabilityConformance } from "../testing.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 

@@ -2,7 +2,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import postgres from "postgres";
 import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts";
 import { MemoryKv } from "../backends/memory/kv.ts";
-import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/durability.ts";
+import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/mod.ts";
 import { inboxSql, outboxSql, POSTGRES_SCHEMA_VERSION, tables } from "../backends/postgres/sql.ts";
 import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/contract.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";

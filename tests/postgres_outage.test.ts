@@ -10,7 +10,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import postgres from "postgres";
 import { Bot } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
-import { PostgresDurability } from "../backends/postgres/durability.ts";
+import { PostgresDurability } from "../backends/postgres/mod.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 
 const skip = await serviceSkip("postgres");

@@ -214,14 +214,14 @@
  *
  * @module
  */
+export { PostgresDurability } from "./durability.ts";
+export { PostgresKv } from "./kv.ts";
 export {
   type PostgresClient,
-  PostgresDurability,
   type PostgresDurabilityOptions,
-  PostgresKv,
   type PostgresKvOptions,
   type PostgresOptions,
-  PostgresStore,
   type PostgresStoreOptions,
-  POSTGRES_SCHEMA_VERSION,
-} from "./durability.ts";
+} from "./options.ts";
+export { POSTGRES_SCHEMA_VERSION } from "./sql.ts";
+export { PostgresStore } from "./store.ts";

@@ -26,7 +26,7 @@ import { MemoryDurability } from "../../backends/memory/durability.ts";
 import { FileDurability, simulateCrash } from "../../backends/file/durability.ts";
 import { SQLiteDurability } from "../../backends/sqlite/durability.ts";
 import { openSqlite } from "../../src/runtime/sqlite.ts";
-import { PostgresDurability } from "../../backends/postgres/durability.ts";
+import { PostgresDurability } from "../../backends/postgres/mod.ts";
 import {
   EventsDurability,
   FileEventJournal,

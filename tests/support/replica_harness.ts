@@ -58,7 +58,7 @@ export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
     }
     case "postgres": {
       const { default: postgres } = await import("postgres");
-      const { PostgresDurability } = await import("../../backends/postgres/durability.ts");
+      const { PostgresDurability } = await import("../../backends/postgres/mod.ts");
       const sql = postgres(POSTGRES_URL, { max: 4, onnotice: () => {} });
       const backend = new PostgresDurability({ sql, schema: ns.name });
       return { backend, close: () => sql.end({ timeout: 2 }) };

@@ -1,0 +1,188 @@
+/**
+ * The inbox journal in Postgres (the `inbox` of `PostgresDurability`).
+ *
+ * @module
+ */
+import {
+  type ClaimDueOptions,
+  type ClaimOptions,
+  type DamagedListOptions,
+  type DamagedRecord,
+  DamagedRecordError,
+  type FailOutcome,
+  type InboundRecord,
+  type InboundState,
+  type InboxJournal,
+  type ListOptions,
+  type NewInboundRecord,
+  StaleLeaseError,
+} from "../../src/contract.ts";
+import { checkFinite, checkOutcome } from "../../src/rules.ts";
+import { Aside, DAMAGED_ROUNDS, leasedBy, listed } from "./aside.ts";
+import type { Context, ManyRows, Row } from "./connection.ts";
+import {
+  duration,
+  inBatches,
+  inboundOf,
+  listParams,
+  MAX_DURATION_MS,
+  pgClaim,
+  pgId,
+  pgInbound,
+  pgListFilter,
+  textForPg,
+  tokenOk,
+  written,
+} from "./rows.ts";
+import { type AsideSql, inboxSql, type InboxSql } from "./sql.ts";
+
+export class PgInbox implements InboxJournal {
+  readonly #c: Context;
+  readonly #q: InboxSql & AsideSql;
+  readonly #t: string;
+  readonly #aside: Aside<InboundRecord>;
+
+  constructor(c: Context) {
+    this.#c = c;
+    this.#q = inboxSql(c.t);
+    this.#t = c.t.inbox;
+    this.#aside = new Aside(c, "inbox", this.#t, this.#q, (row) => inboundOf(row));
+  }
+
+  #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
+    return this.#c.run(`inbox.${op}`, this.#t, text, params);
+  }
+
+  /** A write that joins the group commit (see `Context.write`); `chat` when the caller knows it. */
+  #write(op: string, text: string, params: unknown[], many?: ManyRows, chat?: string): Promise<Row[] & { count?: number }> {
+    return this.#c.write(`inbox.${op}`, this.#t, text, params, many, chat);
+  }
+
+  async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
+    const input = pgInbound(record); // a TypeError naming the field, before anything is written
+    if (lease !== undefined) pgClaim(lease, "inbox.admit");
+    const params = [
+      input.id,
+      input.kind,
+      input.chatId,
+      input.provider,
+      JSON.stringify(input.payload),
+      input.receivedAt,
+      lease !== undefined,
+      lease?.owner ?? null,
+      lease?.incarnation ?? null,
+      duration(lease?.leaseMs ?? 0),
+    ] as const;
+    const [id, kind, chat_id, provider, payload, received_at, leased, owner, inc, lease_ms] = params;
+    const rows = await this.#write("admit", this.#q.admit, [...params], {
+      kind: "inbox.admit",
+      text: this.#q.admitMany,
+      key: id,
+      row: { id, kind, chat_id, provider, payload, received_at, leased, owner, inc, lease_ms },
+    }, chat_id);
+    if (rows.length && lease !== undefined) this.#c.know(this.#t, id, chat_id);
+    return rows.length ? written(inboundOf(rows[0]!, input.payload), this.#t) : null;
+  }
+
+  async claim(id: string, options: ClaimOptions): Promise<InboundRecord | null> {
+    pgId(id, `inbox.claim: "id"`);
+    pgClaim(options, "inbox.claim");
+    const text = options.reclaimOwn ? this.#q.claimReclaim : this.#q.claim;
+    const rows = await this.#run("claim", text, [options.owner, options.incarnation, duration(options.leaseMs), id]);
+    const read = rows.length ? await this.#aside.settle("claim", rows[0]!) : null;
+    const record = read instanceof DamagedRecordError ? null : leasedBy(read, rows[0]);
+    if (record) this.#c.know(this.#t, record.id, record.chatId);
+    return record;
+  }
+
+  async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
+    pgClaim(options, "inbox.claimDue");
+    checkFinite(options.limit, `inbox.claimDue: option "limit"`);
+    if (!(options.limit > 0)) return [];
+    const text = options.reclaimOwn ? this.#q.claimDueReclaim : this.#q.claimDue;
+    const limit = Math.min(Math.ceil(options.limit), 1_000_000);
+    const good: { ord: number; record: InboundRecord }[] = [];
+    // Each row is read on its own: a damaged one is set aside (see "Damaged records" in `mod.ts`), the
+    // others are returned, and the scan runs again for what it left.
+    for (let round = 0, damaged = true; damaged && good.length < limit && round < DAMAGED_ROUNDS; round++) {
+      damaged = false;
+      const rows = await this.#run("claimDue", text, [options.owner, options.incarnation, duration(options.leaseMs), limit - good.length]);
+      for (const row of rows) {
+        const read = await this.#aside.settle("claimDue", row);
+        if (read instanceof DamagedRecordError) damaged = true;
+        const record = leasedBy(read, row);
+        if (record) {
+          good.push({ ord: Number(row.ord), record });
+          this.#c.know(this.#t, record.id, record.chatId);
+        }
+      }
+    }
+    // An UPDATE returns rows in no particular order: arrival order, as the scan picked them.
+    return good.sort((a, b) => a.record.receivedAt - b.record.receivedAt || a.ord - b.ord).map((item) => item.record);
+  }
+
+  /** `many`: the multi-row statement of the write's kind, and the row's columns besides `id` and `token`. */
+  async #fenced(op: string, text: string, id: string, token: number, more: unknown[], many?: [string, Record<string, unknown>]): Promise<boolean> {
+    pgId(id, `inbox.${op}: "id"`);
+    checkFinite(token, `inbox.${op}: "token"`);
+    if (!tokenOk(token)) return false;
+    const rows = await this.#write(op, text, [id, token, ...more], many ? { kind: `inbox.${op}`, text: many[0], key: id, row: { id, token, ...many[1] } } : undefined);
+    return rows.length === 1;
+  }
+
+  async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
+    checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
+    const ms = duration(leaseMs);
+    return await this.#fenced("heartbeat", this.#q.heartbeat, id, token, [ms], [this.#q.heartbeatMany, { lease_ms: ms }]);
+  }
+
+  async complete(id: string, token: number): Promise<void> {
+    const done = await this.#fenced("complete", this.#q.complete, id, token, [], [this.#q.completeMany, {}]);
+    this.#c.forget(this.#t, id);
+    if (!done) throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async fail(id: string, token: number, outcome: FailOutcome): Promise<void> {
+    checkOutcome(outcome, "inbox.fail");
+    const dead = outcome.dead === true;
+    const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
+    const failed = await this.#fenced("fail", this.#q.fail, id, token, [dead, textForPg(outcome.error), retry]);
+    this.#c.forget(this.#t, id);
+    if (!failed) throw new StaleLeaseError("inbox", id, token);
+  }
+
+  async get(id: string): Promise<InboundRecord | null> {
+    pgId(id, `inbox.get: "id"`);
+    const rows = await this.#run("get", this.#q.get, [id]);
+    const read = rows.length ? await this.#aside.settle("get", rows[0]!) : null;
+    if (read instanceof DamagedRecordError) throw read;
+    return read;
+  }
+
+  list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
+    pgListFilter(options, "inbox.list");
+    const filter = listParams(options);
+    if (!filter) return Promise.resolve([]);
+    return listed(this.#aside, filter.limit, () => this.#run("list", this.#q.list(filter.chat, filter.states.length), filter.params));
+  }
+
+  async replay(id: string): Promise<boolean> {
+    pgId(id, `inbox.replay: "id"`);
+    return (await this.#run("replay", this.#q.replay, [id])).length === 1;
+  }
+
+  async purge(olderThanMs: number): Promise<number> {
+    checkFinite(olderThanMs, `inbox.purge: "olderThanMs"`);
+    const older = Math.max(-MAX_DURATION_MS, Math.min(MAX_DURATION_MS, Math.floor(olderThanMs)));
+    const batch = this.#c.purgeBatch;
+    return await inBatches(batch, async () => (await this.#run("purge", this.#q.purge, [older, batch])).count ?? 0);
+  }
+
+  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {
+    return this.#aside.damaged(options);
+  }
+
+  reportDamaged(id: string): Promise<boolean> {
+    return this.#aside.report(id);
+  }
+}
