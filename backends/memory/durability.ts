@@ -36,7 +36,6 @@ export interface MemoryDurabilityOptions {
  * @example Usage
  * ```ts
  * import { MemoryDurability } from "@botmesh/durable";
- * import { assertEquals } from "@std/assert";
  *
  * const backend = new MemoryDurability();
  * await backend.inbox.admit({
@@ -53,8 +52,8 @@ export interface MemoryDurabilityOptions {
  *   leaseMs: 60_000,
  *   limit: 10,
  * });
- * await backend.inbox.complete(record.id, record.lease!.token);
- * assertEquals((await backend.inbox.get("m1"))?.state, "done");
+ * await backend.inbox.complete(record!.id, record!.lease!.token);
+ * console.log((await backend.inbox.get("m1"))?.state); // "done"
  * ```
  *
  * @example A controlled clock
