@@ -11,7 +11,7 @@ import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { AskTimeoutError, Bot, type DurabilityBackend, type SessionStore } from "../mod.ts";
 import { SQLiteStore } from "../backends/sqlite/mod.ts";
-import { PostgresStore } from "../backends/postgres/durability.ts";
+import { PostgresStore } from "../backends/postgres/mod.ts";
 import { RedisStore } from "../backends/redis/mod.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
