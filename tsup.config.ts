@@ -1,12 +1,16 @@
+import { chmod, readFile, writeFile } from "node:fs/promises";
 import { defineConfig } from "tsup";
 
-export default defineConfig([{
+// One build for every entry, the CLI included: a single declaration pass, and no second build
+// whose output (or whose `clean`) races the first's.
+export default defineConfig({
   entry: {
     "mod": "mod.ts",
     "backend": "backend.ts",
     "provider": "provider.ts",
     "ops": "ops.ts",
     "testing": "testing.ts",
+    "cli": "cli.ts",
     "backends/memory/mod": "backends/memory/mod.ts",
     "backends/kv/mod": "backends/kv/mod.ts",
     "backends/file/mod": "backends/file/mod.ts",
@@ -17,8 +21,9 @@ export default defineConfig([{
     "providers/telegram/mod": "providers/telegram/mod.ts",
     "providers/whatsapp/mod": "providers/whatsapp/mod.ts",
   },
-  // Runtime drivers resolved at run time by src/runtime/, never bundled.
-  external: ["bun:sqlite", "node:sqlite", "better-sqlite3"],
+  // The SQLite drivers and the client packages are imported lazily, by the runtime or the kind of
+  // backend URL that needs them: never bundled.
+  external: ["bun:sqlite", "node:sqlite", "better-sqlite3", "postgres", "ioredis", "@upstash/redis"],
   outDir: "dist",
   format: ["esm"],
   target: "node20",
@@ -26,17 +31,19 @@ export default defineConfig([{
   clean: true,
   splitting: true,
   sourcemap: true,
-}, {
-  // The botmesh-durable CLI (package.json "bin"): one file with a shebang. Its driver packages are
-  // imported at run time and stay out of the bundle.
-  entry: { cli: "cli.ts" },
-  external: ["bun:sqlite", "node:sqlite", "better-sqlite3"],
-  outDir: "dist",
-  format: ["esm"],
-  target: "node20",
-  dts: true,
-  clean: false,
-  splitting: false,
-  sourcemap: true,
-  banner: { js: "#!/usr/bin/env node" },
-}]);
+  // Keep `node:` specifiers: `node:sqlite` exists only under that name.
+  removeNodeProtocol: false,
+  // The botmesh-durable bin (package.json "bin"): a banner would land on every chunk, so the
+  // shebang is added to the CLI entry alone (and its source map moved down a line).
+  async onSuccess() {
+    const cli = "dist/cli.js";
+    const code = await readFile(cli, "utf8");
+    if (!code.startsWith("#!")) {
+      await writeFile(cli, `#!/usr/bin/env node\n${code}`);
+      const map = JSON.parse(await readFile(`${cli}.map`, "utf8")) as { mappings: string };
+      map.mappings = `;${map.mappings}`;
+      await writeFile(`${cli}.map`, JSON.stringify(map));
+    }
+    await chmod(cli, 0o755);
+  },
+});

@@ -13,12 +13,19 @@ import { FileDurability } from "./file/mod.ts";
 import { PostgresDurability } from "./postgres/mod.ts";
 import { RedisDurability } from "./redis/mod.ts";
 import { SQLiteDurability } from "./sqlite/mod.ts";
-/** Loads an optional package at run time (a variable specifier: bundlers leave it alone). */
-const load = (specifier: string): Promise<Record<string, unknown>> => import(specifier);
+/**
+ * The client packages, each imported only when a URL of its kind is opened (the
+ * npm build keeps them external; deno.json maps them to `npm:` specifiers).
+ */
+const clientPackages = {
+  "postgres": (): Promise<Record<string, unknown>> => import("postgres"),
+  "@upstash/redis": (): Promise<Record<string, unknown>> => import("@upstash/redis"),
+  "ioredis": (): Promise<Record<string, unknown>> => import("ioredis"),
+};
 
-async function loadPackage(name: string, forWhat: string): Promise<Record<string, unknown>> {
+async function loadPackage(name: keyof typeof clientPackages, forWhat: string): Promise<Record<string, unknown>> {
   try {
-    return await load(name);
+    return await clientPackages[name]();
   } catch (error) {
     throw new OperationError(
       `The "${name}" package is needed for ${forWhat} but could not be loaded (install it: npm install ${name}): ${

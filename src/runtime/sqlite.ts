@@ -8,9 +8,10 @@
  * | Deno, Node ≥ 22.5 | `node:sqlite` |
  * | Node 20 (or `node:sqlite` unavailable) | `better-sqlite3` (optional peer dependency) |
  *
- * Drivers are loaded with a lazy `import()` of a non-literal specifier, so
- * that type checkers (tsc, `deno check`) and bundlers (tsup marks them
- * external) never try to resolve a driver of another runtime.
+ * Each driver is loaded only when it is tried, so a runtime never loads the
+ * driver of another. `better-sqlite3` (a CommonJS package, for Node 20) is
+ * loaded with `require` from `node:module`, not `import()`: Deno, which never
+ * uses it, then does not fetch it with the rest of the module graph.
  *
  * @module
  */
@@ -61,9 +62,6 @@ interface RuntimeGlobals {
 }
 
 const runtimeGlobals = globalThis as unknown as RuntimeGlobals;
-
-/** Imports a module by a specifier that type checkers and bundlers do not analyse. */
-const load = (specifier: string): Promise<Record<string, unknown>> => import(specifier);
 
 /** A short name of the running runtime, for messages. */
 export function runtimeName(): string {
@@ -138,10 +136,19 @@ function wrap(driver: SqliteDriverName, raw: RawDatabase): SqliteDatabase {
 
 /** Loads the constructor of `driver`, or throws what the import threw. */
 async function loadDriver(driver: SqliteDriverName): Promise<DatabaseClass> {
-  const mod = await load(driver);
-  if (driver === "bun:sqlite") return mod.Database as DatabaseClass;
-  if (driver === "node:sqlite") return mod.DatabaseSync as DatabaseClass;
-  return (mod.default ?? mod) as DatabaseClass;
+  // Typed as records: the drivers' own types differ, and only the
+  // constructor is used.
+  if (driver === "bun:sqlite") {
+    const mod: Record<string, unknown> = await import("bun:sqlite");
+    return mod.Database as DatabaseClass;
+  }
+  if (driver === "node:sqlite") {
+    const mod: Record<string, unknown> = await import("node:sqlite");
+    return mod.DatabaseSync as DatabaseClass;
+  }
+  const { createRequire } = await import("node:module");
+  const requireFromHere = createRequire(import.meta.url);
+  return requireFromHere("better-sqlite3") as DatabaseClass;
 }
 
 /**
@@ -156,8 +163,7 @@ export async function ensureParentDir(file: string): Promise<void> {
   const cut = Math.max(file.lastIndexOf("/"), file.lastIndexOf("\\"));
   if (cut <= 0) return;
   try {
-    const fs = await load("node:fs");
-    const mkdirSync = fs.mkdirSync as (path: string, options: { recursive: boolean }) => unknown;
+    const { mkdirSync } = await import("node:fs");
     mkdirSync(file.slice(0, cut), { recursive: true });
   } catch {
     // No fs or no permission: the open reports it.

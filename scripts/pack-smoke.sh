@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The package as users get it: `npm pack` of the built dist/ (run `tsup` first), installed into a
+# fresh project outside the repository with only the peers the bot uses, then
+#   - the bot of scripts/.pack-fixture/ type-checked by tsc (nodenext, strict, no skipLibCheck),
+#   - run on Node and on Bun (memory, SQLite, and Postgres when reachable; required under
+#     BOTMESH_REQUIRE_SERVICES=1), each reply sent exactly once,
+#   - the botmesh-durable bin.
+# Installs prefer npm's cache (--prefer-offline); better-sqlite3 is linked from the repository's
+# node_modules instead of being compiled again. The fixture's folder starts with a dot so that the
+# repository's own tsc (which cannot resolve the package by its name) leaves it out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo=$PWD
+export PATH="$repo/node_modules/.bin:$PATH"
+
+fail() { echo "pack smoke: $*" >&2; exit 1; }
+[ -f dist/mod.js ] && [ -f dist/cli.js ] || fail "dist/ is not built (run tsup first)"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/botmesh-pack-smoke-XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+# The tarball, from the dist/ already built (prepack would build it again).
+npm pack --ignore-scripts --silent --pack-destination "$work" >/dev/null
+tarball=$(ls "$work"/*.tgz)
+listing=$(tar -tzf "$tarball")
+for f in package/package.json package/README.md package/LICENSE package/dist/mod.js package/dist/mod.d.ts \
+  package/dist/cli.js package/dist/cli.d.ts package/dist/backends/sqlite/mod.d.ts package/dist/testing.js; do
+  grep -qx "$f" <<<"$listing" || fail "the tarball has no $f"
+done
+if grep -v '^package/\(dist/\|package\.json$\|README\.md$\|LICENSE$\)' <<<"$listing"; then
+  fail "the tarball holds files outside dist/ (listed above)"
+fi
+echo "pack smoke: $(basename "$tarball"), $(wc -l <<<"$listing") files (${SECONDS} s)"
+
+# A fresh project: the tarball, the peer the bot uses, and the type checker at the repository's versions.
+app="$work/app"
+mkdir -p "$app"
+cp scripts/.pack-fixture/package.json scripts/.pack-fixture/tsconfig.json scripts/.pack-fixture/bot.ts "$app/"
+version_of() { node -p "require('$repo/node_modules/$1/package.json').version"; }
+(
+  cd "$app"
+  npm install --prefer-offline --no-audit --no-fund --loglevel=error \
+    "$tarball" "postgres@$(version_of postgres)" "typescript@$(version_of typescript)" "@types/node@$(version_of @types/node)"
+)
+echo "pack smoke: installed (${SECONDS} s)"
+# Node 20 has no node:sqlite: the optional peer better-sqlite3, already built in the repository.
+ln -s "$repo/node_modules/better-sqlite3" "$app/node_modules/better-sqlite3"
+
+cd "$app"
+echo "pack smoke: tsc (nodenext, strict, no skipLibCheck)"
+node_modules/.bin/tsc -p tsconfig.json
+echo "pack smoke: type-checked (${SECONDS} s)"
+node out/bot.js
+"$repo/node_modules/.bin/bun" out/bot.js
+version=$(node_modules/.bin/botmesh-durable --version)
+[ "$version" = "botmesh-durable $(node -p "require('$repo/package.json').version")" ] || fail "botmesh-durable --version printed ${version@Q}"
+echo "pack smoke: $version; ok (${SECONDS} s)"
