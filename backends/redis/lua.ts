@@ -20,6 +20,12 @@
  *
  * @module
  */
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
+
+/** A Lua set literal's body (`a = true, b = true`) of the rules' state list, so the scripts follow the rules. */
+function luaSet(states: readonly string[]): string {
+  return states.map((state) => `${state} = true`).join(", ");
+}
 
 const PRELUDE = `
 local P = ARGV[1]
@@ -306,7 +312,7 @@ local function act_key(chat) return P .. 'in:act:' .. chat end
 -- owner, is what older versions wrote: moved into these by the first reclaiming scan.)
 local function own_key(owner, inc) return P .. 'in:own:' .. #owner .. ':' .. owner .. ':' .. inc end
 local IN_STATES = {pending = true, processing = true, failed = true, done = true, dead = true}
-local ACTIVE = {pending = true, processing = true, failed = true}
+local ACTIVE = {${luaSet(ACTIVE_INBOX_STATES)}}
 local IN_KINDS = {message = true, interaction = true}
 -- What is damaged in an inbox record, or nil (every field the reader checks, and the index fields).
 local function in_problem(h, id)
@@ -436,7 +442,7 @@ const OUTBOX = `
 local OUT_FIELDS = {'key', 'chatId', 'content', 'contentHash', 'inboundId', 'state', 'attempts', 'nextAttemptAt',
   'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'called', 'messageId', 'error', 'seq', 'createdAt',
   'updatedAt'}
-local BLOCKING = {queued = true, sending = true, failed = true}
+local BLOCKING = {${luaSet(BLOCKING_OUTBOX_STATES)}}
 local function out_key(k) return P .. 'out:r:' .. k end
 local function open_key(chat) return P .. 'out:open:' .. chat end
 -- Takes a (validated) entry out of the indexes of its state (a due mark left on an entry that is not
