@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The package as users get it: `npm pack` of the built dist/ (run `tsup` first), installed into a
 # fresh project outside the repository with only the peers the bot uses, then
-#   - the bot of scripts/.pack-fixture/ type-checked by tsc (nodenext, strict, no skipLibCheck),
+#   - the bot of scripts/.pack-fixture/ and every entry of the export map type-checked by tsc
+#     (nodenext, strict, no skipLibCheck),
 #   - run on Node and on Bun (memory, SQLite, and Postgres when reachable; required under
 #     BOTMESH_REQUIRE_SERVICES=1), each reply sent exactly once,
 #   - the botmesh-durable bin.
@@ -47,6 +48,13 @@ echo "pack smoke: installed (${SECONDS} s)"
 ln -s "$repo/node_modules/better-sqlite3" "$app/node_modules/better-sqlite3"
 
 cd "$app"
+# Every entry of the export map in the program, so that tsc checks all the published declarations.
+node -e '
+  const pkg = require("./node_modules/@botmesh/durable/package.json");
+  const lines = Object.keys(pkg.exports).map((key, i) => `import type * as entry${i} from "${pkg.name}${key.slice(1)}";`);
+  lines.push(`export type Entries = [${lines.map((_, i) => `typeof entry${i}`).join(", ")}];`);
+  require("fs").writeFileSync("entries.ts", lines.join("\n") + "\n");
+'
 echo "pack smoke: tsc (nodenext, strict, no skipLibCheck)"
 node_modules/.bin/tsc -p tsconfig.json
 echo "pack smoke: type-checked (${SECONDS} s)"
