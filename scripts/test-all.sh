@@ -42,6 +42,9 @@ if [ "$others_status" -ne 0 ] || [ "$servers_status" -ne 0 ]; then
   exit 1
 fi
 step "deno check";               deno check mod.ts backend.ts provider.ts ops.ts testing.ts cli.ts backends/memory/mod.ts backends/kv/mod.ts backends/file/mod.ts backends/sqlite/mod.ts backends/events/mod.ts backends/postgres/mod.ts backends/redis/mod.ts providers/telegram/mod.ts providers/whatsapp/mod.ts
+# Every JSDoc example of the published code type-checks (a snippet that cannot stand alone says `ts ignore`).
+step "deno check --doc-only (the JSDoc examples)"
+deno check --doc-only mod.ts backend.ts provider.ts ops.ts testing.ts $(find src backends providers -name '*.ts' | sort)
 step "deno smoke: examples/echo.ts"; deno run --no-prompt examples/echo.ts
 step "conformance on Deno (file, sqlite via node:sqlite, events journals, postgres via porsager)"
 deno run -A tests/runtimes/conformance.ts file sqlite events-file events-shared postgres
