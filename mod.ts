@@ -65,7 +65,7 @@ export type {
   Provider,
   SendInQuestion,
 } from "./src/provider.ts";
-export { ProviderError } from "./src/errors.ts";
+export { ProviderError, type ProviderErrorOptions } from "./src/errors.ts";
 export { UnencodableContentError } from "./src/content.ts";
 export {
   type LoadedMedia,
@@ -77,5 +77,16 @@ export {
   type StoredMediaRef,
 } from "./src/media.ts";
 export { MemoryStore, type SessionStore } from "./src/store.ts";
-export type { DurabilityBackend } from "./src/contract.ts";
+// What `bot.durability` lists and returns (records, states, filters), for the bot author's own tools.
+export type {
+  DamagedListOptions,
+  DamagedRecord,
+  DurabilityBackend,
+  InboundRecord,
+  InboundState,
+  JsonValue,
+  ListOptions,
+  OutboxEntry,
+  OutboxState,
+} from "./src/contract.ts";
 export { MemoryDurability, type MemoryDurabilityOptions } from "./backends/memory/mod.ts";

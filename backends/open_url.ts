@@ -14,25 +14,19 @@ import { PostgresDurability } from "./postgres/mod.ts";
 import { RedisDurability } from "./redis/mod.ts";
 import { SQLiteDurability } from "./sqlite/mod.ts";
 /**
- * The client packages, each imported only when a URL of its kind is opened (the
- * npm build keeps them external; deno.json maps them to `npm:` specifiers).
+ * What a failed import of a client package throws. Each package is imported
+ * only when a URL of its kind is opened (the npm build keeps it external;
+ * deno.json maps it to an `npm:` specifier); the `.catch` at each import also
+ * tells bundlers that the package is optional.
  */
-const clientPackages = {
-  "postgres": (): Promise<Record<string, unknown>> => import("postgres"),
-  "@upstash/redis": (): Promise<Record<string, unknown>> => import("@upstash/redis"),
-  "ioredis": (): Promise<Record<string, unknown>> => import("ioredis"),
-};
-
-async function loadPackage(name: keyof typeof clientPackages, forWhat: string): Promise<Record<string, unknown>> {
-  try {
-    return await clientPackages[name]();
-  } catch (error) {
+function notLoaded(name: string, forWhat: string): (error: unknown) => never {
+  return (error) => {
     throw new OperationError(
       `The "${name}" package is needed for ${forWhat} but could not be loaded (install it: npm install ${name}): ${
         message(error)
       }`,
     );
-  }
+  };
 }
 
 function hideCredentials(url: string): string {
@@ -154,7 +148,7 @@ async function openPostgres(url: string, shown: string): Promise<OpenedBackend> 
   const tablePrefix = u.searchParams.get("tablePrefix") ?? undefined;
   u.searchParams.delete("schema");
   u.searchParams.delete("tablePrefix");
-  const mod = await loadPackage("postgres", "postgres:// URLs");
+  const mod: Record<string, unknown> = await import("postgres").catch(notLoaded("postgres", "postgres:// URLs"));
   const postgres = (mod.default ?? mod) as (url: string, options: Record<string, unknown>) => {
     end(options?: { timeout?: number }): Promise<void>;
     unsafe(query: string, parameters?: unknown[]): PromiseLike<unknown>;
@@ -231,7 +225,7 @@ async function openUpstash(url: string, shown: string, scheme: string): Promise<
   }
   const http = scheme === "redis+upstash+http" || insecure === "1" || insecure === "true";
   const rest = `${http ? "http" : "https"}://${u.host}${u.pathname === "/" ? "" : u.pathname}`;
-  const mod = await loadPackage("@upstash/redis", "redis+upstash:// URLs");
+  const mod: Record<string, unknown> = await import("@upstash/redis").catch(notLoaded("@upstash/redis", "redis+upstash:// URLs"));
   const Redis = mod.Redis as new (options: Record<string, unknown>) => unknown;
   let backend: RedisDurability;
   try {
@@ -247,7 +241,7 @@ async function openIoredis(url: string, shown: string): Promise<OpenedBackend> {
   onlyParams(u, shown, ["keyPrefix"]);
   const prefix = keyPrefixOf(u);
   u.searchParams.delete("keyPrefix");
-  const mod = await loadPackage("ioredis", "redis:// URLs");
+  const mod: Record<string, unknown> = await import("ioredis").catch(notLoaded("ioredis", "redis:// URLs"));
   const IORedis = (mod.default ?? mod.Redis ?? mod) as new (url: string, options: Record<string, unknown>) => {
     on(event: string, fn: (error: unknown) => void): unknown;
     quit(): Promise<unknown>;

@@ -5,6 +5,8 @@
 #     (nodenext, strict, no skipLibCheck),
 #   - run on Node and on Bun (memory, SQLite, and Postgres when reachable; required under
 #     BOTMESH_REQUIRE_SERVICES=1), each reply sent exactly once,
+#   - bundled with esbuild for Node (the optional drivers and clients stay unresolved without
+#     failing the build) and run again,
 #   - the botmesh-durable bin.
 # Installs prefer npm's cache (--prefer-offline); better-sqlite3 is linked from the repository's
 # node_modules instead of being compiled again. The fixture's folder starts with a dot so that the
@@ -28,8 +30,8 @@ for f in package/package.json package/README.md package/LICENSE package/dist/mod
   package/dist/cli.js package/dist/cli.d.ts package/dist/backends/sqlite/mod.d.ts package/dist/testing.js; do
   grep -qx "$f" <<<"$listing" || fail "the tarball has no $f"
 done
-if grep -v '^package/\(dist/\|package\.json$\|README\.md$\|LICENSE$\)' <<<"$listing"; then
-  fail "the tarball holds files outside dist/ (listed above)"
+if grep -v '^package/\(dist/\|docs/[a-z-]*\.md$\|package\.json$\|README\.md$\|LICENSE$\)' <<<"$listing"; then
+  fail "the tarball holds files outside dist/ and docs/ (listed above)"
 fi
 echo "pack smoke: $(basename "$tarball"), $(wc -l <<<"$listing") files (${SECONDS} s)"
 
@@ -60,6 +62,10 @@ node_modules/.bin/tsc -p tsconfig.json
 echo "pack smoke: type-checked (${SECONDS} s)"
 node out/bot.js
 "$repo/node_modules/.bin/bun" out/bot.js
+# An app bundler must not need the peers the app does not use (bun:sqlite, ioredis, @upstash/redis).
+"$repo/node_modules/.bin/esbuild" out/bot.js --bundle --platform=node --format=esm --log-level=error \
+  --outfile=out/bundled.mjs || fail "esbuild could not bundle the bot"
+node out/bundled.mjs
 version=$(node_modules/.bin/botmesh-durable --version)
 [ "$version" = "botmesh-durable $(node -p "require('$repo/package.json').version")" ] || fail "botmesh-durable --version printed ${version@Q}"
 echo "pack smoke: $version; ok (${SECONDS} s)"

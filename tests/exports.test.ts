@@ -35,6 +35,8 @@ const pkg = load("package.json");
 const deno = load("deno.json");
 const pkgExports = exportMap("package.json", pkg);
 const others = { "deno.json": deno } as const;
+/** JSR-only entries: `deno run -A jsr:@botmesh/durable/cli` runs the CLI; npm users have the `bin`, and an import of it would run it. */
+const JSR_ONLY: readonly string[] = ["./cli"];
 
 describe("package manifests agree", () => {
   test("name and version agree in package.json and deno.json", () => {
@@ -62,7 +64,9 @@ describe("package manifests agree", () => {
   for (const [file, m] of Object.entries(others)) {
     test(`${file} has no export missing from package.json, and its files exist`, () => {
       for (const [subpath, source] of Object.entries(exportMap(file, m))) {
-        expect(subpath in pkgExports, `${file} export "${subpath}" (${String(source)}) is missing from package.json`).toBe(true);
+        if (!JSR_ONLY.includes(subpath)) {
+          expect(subpath in pkgExports, `${file} export "${subpath}" (${String(source)}) is missing from package.json`).toBe(true);
+        }
         expect(existsSync(root + String(source)), `${file} export "${subpath}": file ${String(source)} does not exist`).toBe(true);
       }
     });
@@ -98,4 +102,11 @@ describe("the export maps cover the tree", () => {
     }
     expect((pkg as { files?: string[] }).files).toContain("dist");
   });
+});
+
+test("the CLI: the npm bin (a file with side effects) and the JSR ./cli entry run the same cli.ts", () => {
+  expect((pkg as { bin?: Record<string, string> }).bin).toEqual({ "botmesh-durable": "./dist/cli.js" });
+  expect((pkg as { sideEffects?: unknown }).sideEffects).toEqual(["./dist/cli.js"]);
+  expect(exportMap("deno.json", deno)["./cli"]).toBe("./cli.ts");
+  expect("./cli" in pkgExports).toBe(false);
 });

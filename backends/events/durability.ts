@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
@@ -422,6 +423,7 @@ export class EventsDurability implements DurabilityBackend {
     if (typeof options !== "object" || options === null) {
       throw new TypeError(`EventsDurability options must be an object, got ${show(options)}`);
     }
+    checkKnownOptions(options, ["journal", "outbox"], "EventsDurability option");
     const journal = options.journal;
     if (
       typeof journal !== "object" || journal === null || typeof journal.claimDue !== "function" ||

@@ -27,6 +27,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import type {
   ClaimDueOptions,
   ClaimOptions,
@@ -295,6 +296,7 @@ export class FileEventJournal implements LeasedEventJournal {
     if (typeof options !== "object" || options === null) {
       throw new TypeError(`${LABEL}.open: the options must be an object such as { lock: true }, got ${show(options)}`);
     }
+    checkKnownOptions(options, ["lock", "fsync", "staleLockMs", "clock"], `${LABEL} option`);
     const { lock, fsync = true, staleLockMs = DEFAULT_STALE_LOCK_MS, clock } = options;
     if (typeof lock !== "boolean") {
       throw new TypeError(

@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import {
   type ClaimOptions,
   type DamagedListOptions,
@@ -386,6 +387,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
     if (options !== undefined && (typeof options !== "object" || options === null)) {
       throw new TypeError(`MemoryEventJournal options must be an object, got ${show(options)}`);
     }
+    if (options !== undefined) checkKnownOptions(options, ["clock", "heartbeatChanges", "name"], "MemoryEventJournal option");
     const clock = options?.clock ?? (() => Date.now());
     if (typeof clock !== "function") {
       throw new TypeError(`MemoryEventJournal option "clock" must be a function, got ${show(clock)}`);

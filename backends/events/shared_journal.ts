@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import type { ClaimDueOptions, ClaimOptions, DamagedListOptions, DamagedRecord, FailOutcome, ListOptions } from "../../src/contract.ts";
 import type { NewOutboxEntry, OutboxClaim, OutboxEntry, OutboxJournal, OutboxState, ReserveResult } from "../../src/contract.ts";
 import { MemoryEventJournal, type MemoryEventJournalOptions } from "./memory_journal.ts";
@@ -120,9 +121,9 @@ export interface SharedFileEventJournalOptions {
 }
 
 /**
- * Test hooks (process-wide; not part of the API): called at the commit
- * points, so that a test can stop or kill a process exactly there.
- * @internal
+ * Test hooks of every SharedFileEventJournal in the process, exported by
+ * `@botmesh/durable/testing` only: called at the commit points, so that a
+ * test can stop or kill a process exactly there. Reset what you set after the test.
  */
 export interface SharedJournalTestHooks {
   /** After the temporary file is written, before the checks (mutex, newest generation) and the link that commits. */
@@ -137,7 +138,7 @@ export interface SharedJournalTestHooks {
   step?: (what: { step: string; kind: "snapshot" | "append" | "compact"; path: string }) => void | Promise<void>;
 }
 
-/** @internal Set by test fixtures only. */
+/** The process-wide {@link SharedJournalTestHooks} (set by tests only). */
 export const sharedJournalTestHooks: SharedJournalTestHooks = {};
 
 /** One queued operation. */
@@ -339,6 +340,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     if (typeof options !== "object" || options === null || Array.isArray(options)) {
       throw new TypeError(`${LABEL} options must be an object, got ${show(options)}`);
     }
+    checkKnownOptions(options, ["appendLog", "fsync", "staleLockMs", "heartbeatMs", "mutexTimeoutMs", "clock"], `${LABEL} option`);
     const fsync = checkBoolean(options.fsync ?? true, "fsync");
     const rawLog = options.appendLog ?? false;
     let appendLog = false;
@@ -348,6 +350,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     if (typeof rawLog === "boolean") {
       appendLog = rawLog;
     } else if (typeof rawLog === "object" && rawLog !== null && !Array.isArray(rawLog)) {
+      checkKnownOptions(rawLog, ["compactEvery", "compactBytes", "fsync"], `${LABEL} option`, "appendLog");
       appendLog = true;
       compactEvery = rawLog.compactEvery ?? Number.POSITIVE_INFINITY;
       if (typeof compactEvery !== "number" || !(Number.isInteger(compactEvery) || compactEvery === Infinity) || compactEvery < 1) {

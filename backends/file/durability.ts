@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
@@ -144,15 +145,16 @@ type Run = <T>(
 let testHooks: { crash(backend: FileDurability): Promise<void> } | undefined;
 
 /**
- * Test hooks (process-wide; not part of the API).
- * @internal
+ * Test hooks of every FileDurability in the process, exported by
+ * `@botmesh/durable/testing` only: make a write fail as a full disk would.
+ * Reset what you set after the test.
  */
 export interface FileDurabilityTestHooks {
   /** Before each write (its changes taken): throw to make it fail, as a full disk would. */
   beforeWrite?: (what: { kind: "append" | "compact" | "plain"; path: string }) => void | Promise<void>;
 }
 
-/** @internal Set by tests only. */
+/** The process-wide {@link FileDurabilityTestHooks} (set by tests only). */
 export const fileDurabilityTestHooks: FileDurabilityTestHooks = {};
 
 /**
@@ -317,6 +319,7 @@ export class FileDurability implements DurabilityBackend {
     if (typeof options !== "object" || options === null) {
       throw new TypeError(`FileDurability options must be an object with a "path", got ${show(options)}`);
     }
+    checkKnownOptions(options, ["path", "fsync", "staleLockMs", "clock"], "FileDurability option");
     const { path, fsync = true, staleLockMs = DEFAULT_STALE_LOCK_MS, clock } = options;
     if (typeof path !== "string" || path.length === 0) {
       throw new TypeError(`FileDurability option "path" must be a non-empty string, got ${show(path)}`);

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
@@ -1049,6 +1050,7 @@ export class KvDurability implements DurabilityBackend {
   readonly outbox: OutboxJournal;
 
   constructor(kv: DurableKv, options?: KvDurabilityOptions) {
+    if (typeof options === "object" && options !== null) checkKnownOptions(options, ["prefix"], "KvDurability option");
     const prefix = options?.prefix ?? "";
     if (typeof prefix !== "string") {
       throw new TypeError(`KvDurability option "prefix" must be a string, got ${typeof prefix}`);

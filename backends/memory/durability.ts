@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import type { DurabilityBackend, InboundRecord, InboxJournal, OutboxEntry, OutboxJournal } from "../../src/contract.ts";
 import { showValue as show } from "../../src/show.ts";
 import { withStoredCalled } from "../../src/stored_records.ts";
@@ -85,6 +86,7 @@ export class MemoryDurability implements DurabilityBackend {
     if (options !== undefined && (typeof options !== "object" || options === null)) {
       throw new TypeError(`Memory durability options must be an object, got ${show(options)}`);
     }
+    if (options !== undefined) checkKnownOptions(options, ["clock"], "MemoryDurability option");
     const clock = options?.clock ?? (() => Date.now());
     if (typeof clock !== "function") {
       throw new TypeError(`Memory durability option "clock" must be a function, got ${show(clock)}`);

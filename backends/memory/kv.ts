@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { checkKnownOptions } from "../../src/options.ts";
 import type { BackendScope, DurableKv, JsonValue, KvEntry } from "../../src/contract.ts";
 import { cloneJson } from "../../src/rules.ts";
 
@@ -65,6 +66,7 @@ export class MemoryKv implements DurableKv {
    * @throws {TypeError} when `clock` is not a function.
    */
   constructor(options?: MemoryKvOptions) {
+    if (typeof options === "object" && options !== null) checkKnownOptions(options, ["clock"], "MemoryKv option");
     const clock = options?.clock ?? (() => Date.now());
     if (typeof clock !== "function") throw new TypeError(`MemoryKv option "clock" must be a function`);
     this.#clock = clock;

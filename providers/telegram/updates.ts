@@ -74,7 +74,7 @@ export type ParsedUpdate =
   | { kind: "skipped"; updateId: number; skipped: SkippedUpdate };
 
 /** The update kinds whose object is a Message this provider hands to the bot. */
-export const MESSAGE_UPDATES: readonly string[] = ["message", "channel_post", "business_message"];
+export const MESSAGE_UPDATES = ["message", "channel_post", "business_message"] as const;
 /**
  * The update kinds that carry what a user sent: one that cannot be parsed is
  * journaled as unreadable, never acknowledged and dropped.

@@ -5,6 +5,7 @@ import { Bot, type DurabilityBackend, MemoryDurability } from "@botmesh/durable"
 import { PostgresDurability } from "@botmesh/durable/postgres";
 import { SQLiteDurability } from "@botmesh/durable/sqlite";
 import { MockProvider } from "@botmesh/durable/testing";
+import { countRecords, openBackend } from "@botmesh/durable/ops";
 import postgres from "postgres";
 
 const runtime: string = typeof (globalThis as { Bun?: unknown }).Bun === "object" ? "bun" : "node";
@@ -39,7 +40,15 @@ async function exactlyOnce(name: string, open: () => DurabilityBackend, restarts
 }
 
 await exactlyOnce("memory", () => new MemoryDurability(), false);
-await exactlyOnce("sqlite", () => new SQLiteDurability({ file: `data/${runtime}.db` }), true);
+const sqliteFile = `data/${runtime}-${process.pid}.db`;
+await exactlyOnce("sqlite", () => new SQLiteDurability({ file: sqliteFile }), true);
+
+// The operator's view of the same file, through the CLI's backend opener.
+const opened = await openBackend(`sqlite:${sqliteFile}`);
+const counts = await countRecords(opened.backend);
+await opened.close();
+check(counts.outbox.sent === 1 && counts.inbox.done === 1, `ops: expected 1 sent and 1 done, counted ${JSON.stringify(counts)}`);
+console.log(`pack smoke (${runtime}): ops ok`);
 
 const sql = postgres("postgres://postgres@127.0.0.1:5432/test", { max: 2, onnotice: () => {}, connect_timeout: 3 });
 let reachable = true;

@@ -5,7 +5,7 @@
  * | runtime | driver |
  * | --- | --- |
  * | Bun | `bun:sqlite` |
- * | Deno, Node ≥ 22.5 | `node:sqlite` |
+ * | Deno, Node ≥ 22.13 (22.5 with `--experimental-sqlite`) | `node:sqlite` |
  * | Node 20 (or `node:sqlite` unavailable) | `better-sqlite3` (optional peer dependency) |
  *
  * Each driver is loaded only when it is tried, so a runtime never loads the
@@ -137,17 +137,26 @@ function wrap(driver: SqliteDriverName, raw: RawDatabase): SqliteDatabase {
 /** Loads the constructor of `driver`, or throws what the import threw. */
 async function loadDriver(driver: SqliteDriverName): Promise<DatabaseClass> {
   // Typed as records: the drivers' own types differ, and only the
-  // constructor is used.
+  // constructor is used. The `.catch` marks each import as optional for
+  // bundlers (an app bundled for Node has no bun:sqlite).
+  const rethrow = (error: unknown): never => {
+    throw error;
+  };
   if (driver === "bun:sqlite") {
-    const mod: Record<string, unknown> = await import("bun:sqlite");
+    const mod: Record<string, unknown> = await import("bun:sqlite").catch(rethrow);
     return mod.Database as DatabaseClass;
   }
   if (driver === "node:sqlite") {
-    const mod: Record<string, unknown> = await import("node:sqlite");
+    const mod: Record<string, unknown> = await import("node:sqlite").catch(rethrow);
     return mod.DatabaseSync as DatabaseClass;
   }
+  // better-sqlite3 through require (not import(), which Deno would fetch from npm on every first run,
+  // though it never uses it), resolved from this module, or from the working directory where this
+  // module has no file URL (bundled to CommonJS, loaded over https).
   const { createRequire } = await import("node:module");
-  const requireFromHere = createRequire(import.meta.url);
+  const here = typeof import.meta.url === "string" && import.meta.url.startsWith("file:") ? import.meta.url : undefined;
+  const cwd = (globalThis as { process?: { cwd?: () => string } }).process?.cwd?.() ?? ".";
+  const requireFromHere = createRequire(here ?? `${cwd}/package.json`);
   return requireFromHere("better-sqlite3") as DatabaseClass;
 }
 
