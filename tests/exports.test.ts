@@ -110,3 +110,20 @@ test("the CLI: the npm bin (a file with side effects) and the JSR ./cli entry ru
   expect(exportMap("deno.json", deno)["./cli"]).toBe("./cli.ts");
   expect("./cli" in pkgExports).toBe(false);
 });
+
+test("the root entry holds the bot author's API only: nothing of ./ops, ./testing or ./backend", async () => {
+  const [root, ops, testing, backend] = await Promise.all([
+    import("../mod.ts"),
+    import("../ops.ts"),
+    import("../testing.ts"),
+    import("../backend.ts"),
+  ]);
+  const names = Object.keys(root);
+  expect(names).toContain("Bot");
+  expect(names).toContain("MemoryDurability");
+  for (const [entry, mod] of [["./ops", ops], ["./testing", testing], ["./backend", backend]] as const) {
+    expect(names.filter((name) => name in mod), `root values also exported by ${entry}`).toEqual([]);
+  }
+  // Values only: types vanish at run time. The root stays small enough to read in one screen.
+  expect(names.length).toBeLessThanOrEqual(25);
+});
