@@ -57,3 +57,35 @@ describe("crashable", () => {
     expect(a.landedAfterCrash).toEqual([]);
   });
 });
+
+describe("simulateCrash of @botmesh/durable/testing", () => {
+  test("lets a FileDurability or a FileEventJournal go as a killed process would; refuses anything else", async () => {
+    const { mkdtempSync, rmSync, existsSync } = await import("node:fs");
+    const { join } = await import("node:path");
+    const { tmpdir } = await import("node:os");
+    const { simulateCrash } = await import("../testing.ts");
+    const { FileDurability } = await import("../backends/file/mod.ts");
+    const { FileEventJournal } = await import("../backends/events/mod.ts");
+    const dir = mkdtempSync(join(tmpdir(), "botmesh-simcrash-"));
+    try {
+      const backend = new FileDurability({ path: join(dir, "bot.json") });
+      await backend.open();
+      await backend.outbox.reserve(entry("k1"), lease);
+      await simulateCrash(backend);
+      expect(existsSync(join(dir, "bot.json.lock"))).toBe(true); // the lock file stays, as after kill -9
+      await expect(backend.outbox.get("k1")).rejects.toThrow(/simulateCrash/);
+      const reopened = new FileDurability({ path: join(dir, "bot.json") });
+      await reopened.open();
+      expect((await reopened.outbox.get("k1"))?.state).toBe("sending");
+      await reopened.close();
+
+      const journal = await FileEventJournal.open(join(dir, "events.json"), { lock: true });
+      await simulateCrash(journal);
+      await expect(journal.list()).rejects.toThrow(/simulateCrash/);
+
+      await expect(simulateCrash(new MemoryDurability() as never)).rejects.toThrow(TypeError);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
