@@ -6,8 +6,9 @@
  *
  * @module
  */
+import { errorMessage } from "../src/errors.ts";
 import type { DurabilityBackend } from "../src/contract.ts";
-import { BackendUrlError, message, type OpenedBackend, OperationError } from "../src/ops/cli.ts";
+import { BackendUrlError, type OpenedBackend, OperationError } from "../src/ops/cli.ts";
 import { statFile } from "../src/runtime/fs.ts";
 import { FileDurability } from "./file/mod.ts";
 import { PostgresDurability } from "./postgres/mod.ts";
@@ -23,7 +24,7 @@ function notLoaded(name: string, forWhat: string): (error: unknown) => never {
   return (error) => {
     throw new OperationError(
       `The "${name}" package is needed for ${forWhat} but could not be loaded (install it: npm install ${name}): ${
-        message(error)
+        errorMessage(error)
       }`,
     );
   };
@@ -172,8 +173,8 @@ async function openPostgres(url: string, shown: string): Promise<OpenedBackend> 
     };
   } catch (error) {
     await sql.end({ timeout: 0 }).catch(() => {});
-    if (error instanceof TypeError || error instanceof RangeError) throw new BackendUrlError(shown, message(error));
-    throw new OperationError(`Cannot open Postgres at ${JSON.stringify(shown)}: ${message(error)}`);
+    if (error instanceof TypeError || error instanceof RangeError) throw new BackendUrlError(shown, errorMessage(error));
+    throw new OperationError(`Cannot open Postgres at ${JSON.stringify(shown)}: ${errorMessage(error)}`);
   }
 }
 
@@ -200,7 +201,7 @@ async function openRedis(backend: RedisDurability, shown: string, end: () => Pro
     await backend.open();
   } catch (error) {
     await end().catch(() => {});
-    throw new OperationError(`Cannot open Redis at ${JSON.stringify(shown)}: ${message(error)}`);
+    throw new OperationError(`Cannot open Redis at ${JSON.stringify(shown)}: ${errorMessage(error)}`);
   }
   return {
     backend,
@@ -231,7 +232,7 @@ async function openUpstash(url: string, shown: string, scheme: string): Promise<
   try {
     backend = new RedisDurability({ client: new Redis({ url: rest, token, retry: false }), ...keyPrefixOf(u) });
   } catch (error) {
-    throw new BackendUrlError(shown, message(error));
+    throw new BackendUrlError(shown, errorMessage(error));
   }
   return await openRedis(backend, shown, () => Promise.resolve(), `upstash ${rest}`);
 }
@@ -262,14 +263,14 @@ async function openIoredis(url: string, shown: string): Promise<OpenedBackend> {
     backend = new RedisDurability({ client, ...prefix });
   } catch (error) {
     client.disconnect();
-    throw new BackendUrlError(shown, message(error));
+    throw new BackendUrlError(shown, errorMessage(error));
   }
   try {
     return await openRedis(backend, shown, end, `redis ${u.host}${u.pathname === "/" ? "" : u.pathname}`);
   } catch (error) {
     client.disconnect();
-    if (lastError !== undefined && !message(error).includes(message(lastError))) {
-      throw new OperationError(`${message(error)} (${message(lastError)})`);
+    if (lastError !== undefined && !errorMessage(error).includes(errorMessage(lastError))) {
+      throw new OperationError(`${errorMessage(error)} (${errorMessage(lastError)})`);
     }
     throw error;
   }

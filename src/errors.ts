@@ -62,6 +62,16 @@ export function isRetryableStatus(status: number): boolean {
   return status === 408 || status === 425 || status === 429 || status >= 500;
 }
 
+/**
+ * The message of a thrown value: `error.message` for an `Error`, else the value as text.
+ *
+ * @param error what was thrown
+ * @returns its message
+ */
+export function errorMessage(error: unknown): string {
+  return error instanceof Error ? error.message : String(error);
+}
+
 /** Text of an error for a journal (`name: message`, bounded). */
 export function errorText(error: unknown): string {
   let text: string;

@@ -1,6 +1,6 @@
 // Every options object a user writes is checked for unknown keys: a typo ("fsyc: false") fails at
 // once, naming the key, instead of leaving the default silently in force.
-import { describe, expect, test } from "bun:test";
+import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -18,6 +18,7 @@ import { TelegramProvider } from "../providers/telegram/mod.ts";
 import { WhatsAppProvider } from "../providers/whatsapp/mod.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "botmesh-options-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
 const sql = { unsafe: () => Promise.resolve([]) } as never;
 const client = fromIoredis({} as never);
 const provider = new MockProvider();
@@ -73,5 +74,4 @@ describe("an unknown option is refused, naming it", () => {
       expect((error as Error).message).toMatch(UNKNOWN);
     });
   }
-  test("cleanup", () => rmSync(dir, { recursive: true, force: true }));
 });

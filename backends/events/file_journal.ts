@@ -27,6 +27,7 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import type {
   ClaimDueOptions,
@@ -59,7 +60,7 @@ import type {
 import { dirName, ensureDir, readFileBytes, realPathOf, removeFile, resolvePath, statFile } from "../../src/runtime/fs.ts";
 import { showValue as show } from "../../src/show.ts";
 import { FileCorruptError } from "../file/corrupt_error.ts";
-import { fileStep, messageOf } from "../file/file_step.ts";
+import { fileStep } from "../file/file_step.ts";
 import { findJsonSyntaxError } from "../file/json_error.ts";
 import { FileLock, FileLockedError } from "../file/lock.ts";
 import { DEFAULT_STALE_LOCK_MS } from "../file/lock_file.ts";
@@ -673,7 +674,7 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     try {
       mem.applyChanges(entry as EventJournalChanges);
     } catch (error) {
-      bad(at, `entry seq ${seq}: ${messageOf(error)}`);
+      bad(at, `entry seq ${seq}: ${errorMessage(error)}`);
     }
     last = seq as number;
     applied++;

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import {
   type ClaimDueOptions,
@@ -41,7 +42,7 @@ import {
   resolvePath,
 } from "../../src/runtime/fs.ts";
 import { FileCorruptError } from "./corrupt_error.ts";
-import { fileStep, messageOf } from "./file_step.ts";
+import { fileStep } from "./file_step.ts";
 import { FileLock, FileLockedError } from "./lock.ts";
 import { DEFAULT_STALE_LOCK_MS, MIN_STALE_LOCK_MS } from "./lock_file.ts";
 import { frameLogRecord, scanLogRecords } from "./log_records.ts";
@@ -352,7 +353,7 @@ export class FileDurability implements DurabilityBackend {
         try {
           if (failure.cause instanceof LogUndecidedError) {
             // Whether the failed append is on disk is unknown: reloading could bring back a rejected change.
-            throw new Error(`its last log record may or may not be on disk (cutting it off failed: ${messageOf(failure.cause.cutError)})`);
+            throw new Error(`its last log record may or may not be on disk (cutting it off failed: ${errorMessage(failure.cause.cutError)})`);
           }
           const file = this.file;
           const read = await readStore(file);
@@ -913,7 +914,7 @@ class Replayed {
 class LogUndecidedError extends Error {
   readonly cutError: unknown;
   constructor(cause: unknown, cutError: unknown) {
-    super(`the append failed (${messageOf(cause)}) and so did cutting it off (${messageOf(cutError)})`, { cause });
+    super(`the append failed (${errorMessage(cause)}) and so did cutting it off (${errorMessage(cutError)})`, { cause });
     this.name = "LogUndecidedError";
     this.cutError = cutError;
   }

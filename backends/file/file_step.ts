@@ -6,16 +6,7 @@
  *
  * @module
  */
-
-/**
- * The message of a thrown value.
- *
- * @param error what was thrown
- * @returns its message
- */
-export function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
+import { errorMessage } from "../../src/errors.ts";
 
 /**
  * Runs one file-system step of a backend's `open()`/`close()`; an error of the
@@ -32,6 +23,6 @@ export async function fileStep<T>(label: string, file: string, what: string, run
     return await run();
   } catch (error) {
     if (error instanceof Error && error.message.startsWith(label)) throw error;
-    throw new Error(`${label}: ${file}: ${what}: ${messageOf(error)}`, { cause: error });
+    throw new Error(`${label}: ${file}: ${what}: ${errorMessage(error)}`, { cause: error });
   }
 }

@@ -11,9 +11,9 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { delay, hostname, randomId, unrefTimer } from "../../src/runtime/mod.ts";
 import { createExclusiveLinked, currentPid, isProcessAlive, readFileBytes, removeFile, touchFile } from "../../src/runtime/fs.ts";
-import { messageOf } from "./file_step.ts";
 import {
   BREAK_STALE_MS,
   breakStale,
@@ -281,7 +281,7 @@ async function holderAlive(lockPath: string, pid: number, label: string): Promis
   } catch (error) {
     throw new Error(
       `${label}: cannot tell whether pid ${pid}, the holder of lock file ${lockPath}, is still running ` +
-        `(${messageOf(error)}). On Deno, grant --allow-run; or delete the lock file if that process is gone.`,
+        `(${errorMessage(error)}). On Deno, grant --allow-run; or delete the lock file if that process is gone.`,
       { cause: error },
     );
   }

@@ -28,9 +28,9 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { StaleLeaseError } from "../../src/contract.ts";
 import { readFileBytes } from "../../src/runtime/fs.ts";
-import { messageOf } from "./file_step.ts";
 import { writeSnapshot } from "./snapshot.ts";
 
 /** Rewrite counters of a {@link SnapshotCommitter}. */
@@ -218,7 +218,7 @@ export class SnapshotCommitter<S> {
     if (failure !== null && releaseFailure !== null) {
       throw new AggregateError(
         [failure, releaseFailure],
-        `${messageOf(failure)} (releasing the lock file failed too: ${messageOf(releaseFailure)})`,
+        `${errorMessage(failure)} (releasing the lock file failed too: ${errorMessage(releaseFailure)})`,
         { cause: failure },
       );
     }
@@ -313,7 +313,7 @@ export class SnapshotCommitter<S> {
           await this.#rewrite(this.#state);
         } catch (error) {
           this.#stats.failedRewrites++;
-          const failure = new Error(`${label} could not write ${file()}: ${messageOf(error)}`, { cause: error });
+          const failure = new Error(`${label} could not write ${file()}: ${errorMessage(error)}`, { cause: error });
           // Every waiting operation's change is on the state that could not be written, not only those the
           // failed rewrite covered: reject them all and reload the state from the file.
           this.#generation++;
@@ -357,8 +357,8 @@ export class SnapshotCommitter<S> {
       if (this.#state !== null && !this.#crashed) this.#state = state;
     } catch (error) {
       this.#failure = new Error(
-        `${label} could not write ${file} (${messageOf(failure.cause)}) nor reload it to drop the unwritten ` +
-          `changes (${messageOf(error)}). Every operation rejects${recovery}`,
+        `${label} could not write ${file} (${errorMessage(failure.cause)}) nor reload it to drop the unwritten ` +
+          `changes (${errorMessage(error)}). Every operation rejects${recovery}`,
         { cause: failure },
       );
     }

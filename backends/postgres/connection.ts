@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { nextTurn } from "../../src/runtime/mod.ts";
 import type { PostgresClient, Resolved } from "./options.ts";
 import { migrationSql, NEWER_SCHEMA_MARK, POSTGRES_SCHEMA_VERSION, tables, type Tables } from "./sql.ts";
@@ -137,7 +138,7 @@ export class Context {
     try {
       await this.sql.unsafe(migrationSql(this.t), []);
     } catch (error) {
-      const message = error instanceof Error ? error.message : String(error);
+      const message = errorMessage(error);
       const at = message.indexOf(NEWER_SCHEMA_MARK);
       if (at >= 0) {
         const version = message.slice(at + NEWER_SCHEMA_MARK.length).trim();
@@ -249,7 +250,7 @@ export class Context {
         for (const w of group) await alone(w); // one after another, in call order
         return;
       }
-      const message = error instanceof Error ? error.message : String(error);
+      const message = errorMessage(error);
       for (const w of group) {
         w.reject(new Error(`Postgres ${w.op} on ${w.table} failed: ${message}`, { cause: error }));
       }
@@ -292,7 +293,7 @@ export class Context {
     try {
       return await this.sql.unsafe(text, params, { prepare: true });
     } catch (error) {
-      const message = error instanceof Error ? error.message : String(error);
+      const message = errorMessage(error);
       throw new Error(`Postgres ${op} on ${table} failed: ${message}`, { cause: error });
     }
   }

@@ -4,10 +4,11 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { type DamagedListOptions, type DamagedRecord, DamagedRecordError } from "../../src/contract.ts";
 import { checkDamagedList, checkId } from "../../src/rules.ts";
 import { fieldsOf } from "./records.ts";
-import { list, messageOf, type Runner, strings } from "./runner.ts";
+import { list, type Runner, strings } from "./runner.ts";
 
 /** The backend's name, in the damaged records it reports. */
 const NAME = "redis";
@@ -75,7 +76,7 @@ export class Aside {
       const id = fieldsOf(flat)?.get(idField);
       if (id === undefined) return { value: null, changed: false };
       try {
-        await this.setAside(id, flat, messageOf(error));
+        await this.setAside(id, flat, errorMessage(error));
         return { value: null, changed: true };
       } catch {
         return { value: null, changed: false };
@@ -91,7 +92,7 @@ export class Aside {
     try {
       return parse(value);
     } catch (error) {
-      const problem = messageOf(error);
+      const problem = errorMessage(error);
       if ((await this.setAside(id, value, problem)) === "changed" && !last) return undefined;
       throw this.error(id, problem);
     }

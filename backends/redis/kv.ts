@@ -4,11 +4,12 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import type { BackendScope, DurableKv, JsonValue, KvEntry } from "../../src/contract.ts";
 import { checkFinite, checkId, checkString } from "../../src/rules.ts";
 import { showValue as show } from "../../src/show.ts";
 import { type RedisKvOptions, resolveOptions } from "./options.ts";
-import { list, messageOf, Runner } from "./runner.ts";
+import { list, Runner } from "./runner.ts";
 
 function byteCompare(a: string, b: string): number {
   const x = new TextEncoder().encode(a);
@@ -60,7 +61,7 @@ export class RedisKv implements DurableKv {
       return JSON.parse(String(raw)) as JsonValue;
     } catch (error) {
       throw new Error(
-        `Redis kv value at key ${JSON.stringify(`${this.#runner.tag}kv:r:${key}`)}: field "v" is not JSON (${messageOf(error)})`,
+        `Redis kv value at key ${JSON.stringify(`${this.#runner.tag}kv:r:${key}`)}: field "v" is not JSON (${errorMessage(error)})`,
       );
     }
   }
@@ -89,7 +90,7 @@ export class RedisKv implements DurableKv {
     try {
       text = JSON.stringify(value);
     } catch (error) {
-      throw new TypeError(`kv.set: the value of ${JSON.stringify(key)} is not JSON: ${messageOf(error)}`, { cause: error });
+      throw new TypeError(`kv.set: the value of ${JSON.stringify(key)} is not JSON: ${errorMessage(error)}`, { cause: error });
     }
     if (text === undefined) throw new TypeError(`kv.set: the value of ${JSON.stringify(key)} is not JSON, got ${show(value)}`);
     const mode = expectVersion === undefined ? "any" : expectVersion === null ? "absent" : "match";

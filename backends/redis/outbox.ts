@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
@@ -31,7 +32,7 @@ import {
 import { Aside } from "./aside.ts";
 import { checkLimit, claimArgs, finishArgs, leaseArgs, listArgs, listRead, purgeAll } from "./journal_calls.ts";
 import { fieldsOf, outboxOf } from "./records.ts";
-import { list, messageOf, type Runner, strings } from "./runner.ts";
+import { list, type Runner, strings } from "./runner.ts";
 
 export class RedisOutbox implements OutboxJournal {
   readonly #r: Runner;
@@ -90,8 +91,8 @@ export class RedisOutbox implements OutboxJournal {
       entry = outboxOf(flat, this.#r, e.key);
     } catch (error) {
       // An existing entry that only this reader finds damaged: set aside, as get does.
-      await this.#aside.setAside(e.key, flat, messageOf(error));
-      throw this.#aside.error(e.key, messageOf(error));
+      await this.#aside.setAside(e.key, flat, errorMessage(error));
+      throw this.#aside.error(e.key, errorMessage(error));
     }
     if (!entry) throw new Error(`Redis outbox.reserve: the entry ${JSON.stringify(e.key)} was not returned`);
     const kind = status === "leased" ? "leased" : status === "queued" ? "queued" : "exists";

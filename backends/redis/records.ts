@@ -5,10 +5,11 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import type { InboundRecord, JsonValue, OutboxEntry } from "../../src/contract.ts";
 import { showValue as show } from "../../src/show.ts";
 import { storedCalled, storedInboundProblem, storedOutboxProblem } from "../../src/stored_records.ts";
-import { list, messageOf, type Runner } from "./runner.ts";
+import { list, type Runner } from "./runner.ts";
 
 /** An `HGETALL` array as a map, or `null` when empty. */
 export function fieldsOf(flat: unknown): Map<string, string> | null {
@@ -37,7 +38,7 @@ function jsonField(m: Map<string, string>, field: string, what: string): JsonVal
   try {
     return JSON.parse(raw) as JsonValue;
   } catch (error) {
-    throw new Error(`${what}: field "${field}" is not JSON (${messageOf(error)}): ${show(raw.slice(0, 80))}`);
+    throw new Error(`${what}: field "${field}" is not JSON (${errorMessage(error)}): ${show(raw.slice(0, 80))}`);
   }
 }
 

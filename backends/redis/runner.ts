@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { showValue as show } from "../../src/show.ts";
 import { BATCH, BATCHED, type BatchedName, type LuaScript, type ScriptName, SCRIPTS } from "./lua.ts";
 import type { RedisCommands } from "./clients.ts";
@@ -27,10 +28,6 @@ function shaOf(script: LuaScript): Promise<string> {
     shaCache.set(script, sha);
   }
   return sha;
-}
-
-export function messageOf(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
 }
 
 const BATCHABLE: ReadonlySet<string> = new Set<string>(BATCHED);
@@ -71,7 +68,7 @@ export class Runner {
   }
 
   #failure(name: string, error: unknown): Error {
-    return new Error(`Redis ${name} (key prefix ${JSON.stringify(this.keyPrefix)}) failed: ${messageOf(error)}`, {
+    return new Error(`Redis ${name} (key prefix ${JSON.stringify(this.keyPrefix)}) failed: ${errorMessage(error)}`, {
       cause: error,
     });
   }
@@ -83,7 +80,7 @@ export class Runner {
     try {
       return await this.commands.evalsha(sha, keys, argv);
     } catch (error) {
-      if (!/NOSCRIPT/.test(messageOf(error))) throw error;
+      if (!/NOSCRIPT/.test(errorMessage(error))) throw error;
       await this.commands.scriptLoad(script.text);
       return await this.commands.evalsha(sha, keys, argv);
     }
@@ -180,7 +177,7 @@ function decodeReply(reply: unknown, name: string): unknown {
     try {
       return JSON.parse(reply);
     } catch (error) {
-      throw new Error(`Redis ${name}: the script's reply is not JSON: ${messageOf(error)}`);
+      throw new Error(`Redis ${name}: the script's reply is not JSON: ${errorMessage(error)}`);
     }
   }
   if (reply instanceof Uint8Array) return decodeReply(new TextDecoder().decode(reply), name);

@@ -4,12 +4,13 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import type { JsonValue } from "../../src/contract.ts";
 import { checkId } from "../../src/rules.ts";
 import { sessionEntry, type SessionStore } from "../../src/store.ts";
 import { durabilityOn, type RedisDurability } from "./durability.ts";
 import { resolveOptions, type RedisStoreOptions } from "./options.ts";
-import { list, messageOf, Runner } from "./runner.ts";
+import { list, Runner } from "./runner.ts";
 
 /**
  * The bot's session store on Redis: JSON values under `{keyPrefix}s:<key>`,
@@ -67,7 +68,7 @@ export class RedisStore implements SessionStore {
       return JSON.parse(String(raw)) as JsonValue;
     } catch (error) {
       throw new Error(
-        `Redis session value at key ${JSON.stringify(`${this.#runner.tag}s:${key}`)} is not JSON (${messageOf(error)})`,
+        `Redis session value at key ${JSON.stringify(`${this.#runner.tag}s:${key}`)} is not JSON (${errorMessage(error)})`,
       );
     }
   }

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { errorMessage } from "../../src/errors.ts";
 import { nextTurn } from "../../src/runtime/mod.ts";
 import {
   openSqlite,
@@ -331,7 +332,7 @@ export class Connection {
   }
 
   #batchError(what: string, count: number, cause: unknown): Error {
-    const message = cause instanceof Error ? cause.message : String(cause);
+    const message = errorMessage(cause);
     const ops = count === 1 ? "its operation" : `its ${count} operations`;
     return new Error(
       `SQLite file ${JSON.stringify(this.file)}: ${what}, none of ${ops} took effect: ${message}`,
@@ -341,7 +342,7 @@ export class Connection {
 }
 
 function wrapOpenError(file: string, driver: SqliteDriverName | null, error: unknown): Error {
-  const message = error instanceof Error ? error.message : String(error);
+  const message = errorMessage(error);
   if (message.includes("newer @botmesh/durable") || message.startsWith("No SQLite driver")) {
     return error as Error;
   }

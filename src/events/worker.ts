@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { errorMessage } from "../errors.ts";
 import { StaleLeaseError } from "../contract.ts";
 import { retryDelay } from "../backoff.ts";
 import { Emitter } from "../emitter.ts";
@@ -414,7 +415,7 @@ export class EventWorker {
       return;
     }
     this.#emitter.emit("error", { error: failure.error, phase: "handler", event });
-    const message = failure.error instanceof Error ? failure.error.message : String(failure.error);
+    const message = errorMessage(failure.error);
     if (event.attempts > this.#retries) {
       const written = await this.#outcome(event, "fail", () => this.#journal.fail(event.id, token, { error: message, dead: true }));
       if (written) this.#emitter.emit("dead", { event: { ...event, state: "dead", lease: null, error: message }, error: message });

@@ -19,6 +19,7 @@
  *
  * @module
  */
+import { errorMessage } from "../errors.ts";
 import type {
   DurabilityBackend,
   InboundRecord,
@@ -92,7 +93,7 @@ export class OperationError extends Error {
 /** The environment variable read when `--backend` is not given. */
 export const BACKEND_ENV: string = "BOTMESH_DURABLE_BACKEND";
 
-export const ACCEPTED_FORMS: string = `Accepted backend forms:
+const ACCEPTED_FORMS = `Accepted backend forms:
   sqlite:./data/bot.db            sqlite:///abs/path/bot.db        (?tablePrefix=…)
   file:./data/bot.json            file:///abs/path/bot.json
   ./data/bot.db | .sqlite | .sqlite3 (SQLite)   ./data/bot.json (file)
@@ -247,15 +248,11 @@ export async function runCli(argv: readonly string[], io: CliIo, options: CliOpt
     return await fail(io, error);
   } finally {
     await opened.close().catch(async (error) => {
-      await io.stderr(`botmesh-durable: warning: closing ${opened.description} failed: ${message(error)}\n`);
+      await io.stderr(`botmesh-durable: warning: closing ${opened.description} failed: ${errorMessage(error)}\n`);
     });
   }
 }
 
-/** An error's message, or the thrown value as text. */
-export function message(error: unknown): string {
-  return error instanceof Error ? error.message : String(error);
-}
 
 async function fail(io: CliIo, error: unknown): Promise<number> {
   if (error instanceof UsageError) {
@@ -266,7 +263,7 @@ async function fail(io: CliIo, error: unknown): Promise<number> {
     await io.stderr(`botmesh-durable: ${error.message}\n`);
     return 2;
   }
-  await io.stderr(`botmesh-durable: ${message(error)}\n`);
+  await io.stderr(`botmesh-durable: ${errorMessage(error)}\n`);
   return 1;
 }
 

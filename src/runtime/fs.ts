@@ -471,22 +471,6 @@ function pinned(handle: Awaited<ReturnType<FsPromises["open"]>>): PinnedFile {
 }
 
 /**
- * Open an existing file for reading and keep it open.
- *
- * @param path the file
- * @returns the open file, or `null` when it does not exist
- * @throws {Error} any other error (permissions, a directory)
- */
-export async function openPinned(path: string): Promise<PinnedFile | null> {
-  try {
-    return pinned(await (await fs()).open(path, "r"));
-  } catch (error) {
-    if (errorCode(error) === "ENOENT") return null;
-    throw error;
-  }
-}
-
-/**
  * Create (or truncate) `path`, write `data`, flush it when `fsync`, and
  * return it still open (see {@link PinnedFile}), e.g. to rename it into
  * place afterwards and keep its inode pinned.
