@@ -20,10 +20,11 @@ export default defineConfig({
     "backends/redis/mod": "backends/redis/mod.ts",
     "providers/telegram/mod": "providers/telegram/mod.ts",
     "providers/whatsapp/mod": "providers/whatsapp/mod.ts",
+    "providers/grammy/mod": "providers/grammy/mod.ts",
   },
   // The SQLite drivers and the client packages are imported lazily, by the runtime or the kind of
   // backend URL that needs them: never bundled.
-  external: ["bun:sqlite", "node:sqlite", "better-sqlite3", "postgres", "ioredis", "@upstash/redis"],
+  external: ["bun:sqlite", "node:sqlite", "better-sqlite3", "postgres", "ioredis", "@upstash/redis", "grammy"],
   outDir: "dist",
   format: ["esm"],
   target: "node20",

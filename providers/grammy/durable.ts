@@ -1,0 +1,253 @@
+/**
+ * An existing grammY bot behind the durable inbox and outbox: its updates
+ * are journaled before its middleware runs, its message-creating calls go
+ * through the outbox.
+ *
+ * @module
+ */
+import type { ApiClientOptions, Bot as GrammyBot, Context as GrammyContext, Transformer } from "grammy";
+import { Bot } from "../../src/bot.ts";
+import type { Clock } from "../../src/clock.ts";
+import type { DurabilityOptions } from "../../src/config.ts";
+import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.ts";
+import { checkKnownOptions } from "../../src/options.ts";
+import { showValue as show } from "../../src/show.ts";
+import type { SessionStore } from "../../src/store.ts";
+import { isObj, type Obj } from "../telegram/values.ts";
+import { callContent, failureOf, isJournaledMethod, minimalResult, placeholderResult } from "./methods.ts";
+import { type GrammyCall, GrammyProvider } from "./provider.ts";
+import { journaledUpdate, updateRecord } from "./updates.ts";
+
+/** Options of {@link durable}. */
+export interface DurableGrammyOptions {
+  /** The durable inbox and outbox (required): a backend and an instanceId. */
+  durability: DurabilityOptions;
+  /** Where the durability core keeps its own state (not grammY's sessions); default in memory. */
+  store?: SessionStore;
+  /** The id of the durability core, part of the default instanceId (default `'grammy'`). */
+  id?: string;
+  /** Time and timers of the durability core (tests). */
+  clock?: Clock;
+}
+
+// deno-lint-ignore no-explicit-any
+type AnyGrammyBot = GrammyBot<any>;
+type HandleUpdate = GrammyBot<GrammyContext>["handleUpdate"];
+type Update = Parameters<HandleUpdate>[0];
+/** The first retry of refused updates, and the most it backs off to. */
+const REFUSED_BACKOFF_MS = [500, 30_000] as const;
+
+/**
+ * A grammY bot made crash-safe: see {@link durable}.
+ */
+export class DurableGrammy<B extends AnyGrammyBot = AnyGrammyBot> {
+  /** The grammY bot. */
+  readonly grammy: B;
+  /** The durability core: the bot whose inbox and outbox the grammY bot now uses. */
+  readonly core: Bot;
+  readonly #provider: GrammyProvider;
+  readonly #handleUpdate: HandleUpdate;
+  #starting: Promise<void> | undefined;
+  #stopped = false;
+  /** Admissions under way: a `getUpdates` waits for them, so that it confirms only journaled updates. */
+  readonly #admitting = new Set<Promise<unknown>>();
+  /** Updates (by `update_id`) that the journal refused, outside a webhook: `getUpdates` asks for them again. */
+  readonly #refused = new Set<number>();
+  #backoffMs: number = REFUSED_BACKOFF_MS[0];
+
+  /**
+   * @param bot the grammY bot, with or without its middleware yet
+   * @param options `durability` (required), `store`, `id`, `clock`
+   * @throws {TypeError} when `bot` is not a grammY bot, or an option is missing, unknown or of the wrong type
+   */
+  constructor(bot: B, options: DurableGrammyOptions) {
+    const b = bot as unknown as Obj;
+    if (!isObj(b) || typeof b.handleUpdate !== "function" || !isObj(b.api) || !isObj((b.api as Obj).config)) {
+      throw new TypeError(`Argument "bot" must be a grammY Bot, got ${show(bot)}`);
+    }
+    if (typeof options !== "object" || options === null) {
+      throw new TypeError(`Options of durable() must be an object, got ${show(options)}`);
+    }
+    checkKnownOptions(options, ["durability", "store", "id", "clock"]);
+    if (options.durability === undefined) throw new TypeError(`Option "durability" is required: a backend and an instanceId`);
+    this.grammy = bot;
+    // The provider's calls go through the transformers installed so far (a throttler, say), not
+    // through the outbox transformer installed below, nor anything installed after it.
+    const below = bot.api.config.installedTransformers();
+    const ApiClass = bot.api.constructor as new (token: string, config?: ApiClientOptions) => AnyGrammyBot["api"];
+    const callApi = new ApiClass(bot.token, (bot as unknown as { clientConfig?: ApiClientOptions }).clientConfig);
+    if (below.length > 0) callApi.config.use(...below);
+    const call: GrammyCall = (method, payload, signal) =>
+      (callApi.raw as unknown as Record<string, (p: Obj, s?: AbortSignal) => Promise<unknown>>)[method]!(payload, signal);
+    this.#provider = new GrammyProvider(bot.token, call);
+    this.core = new Bot({
+      provider: this.#provider,
+      durability: options.durability,
+      id: options.id ?? "grammy",
+      ...(options.store !== undefined ? { store: options.store } : {}),
+      ...(options.clock !== undefined ? { clock: options.clock } : {}),
+    });
+    this.#handleUpdate = bot.handleUpdate;
+    this.core.when(() => true, (ctx) => this.#handleUpdate.call(bot, journaledUpdate(ctx.message) as unknown as Update));
+    bot.api.config.use(this.#transformer);
+    bot.handleUpdate = (update, webhookReplyEnvelope) => this.#admit(update, webhookReplyEnvelope !== undefined);
+  }
+
+  /** The operator surface of the inbox and outbox (metrics, dead letters, replays). */
+  get durability(): DurabilityControl {
+    return this.core.durability!;
+  }
+
+  /**
+   * Listen to an event of the durability core: `error`, `warning`, `durability:dead`, `durability:ambiguous`.
+   *
+   * @param event the event
+   * @param listener the listener
+   * @returns a function that removes the listener
+   */
+  on<K extends keyof BotEvents & string>(event: K, listener: (payload: BotEvents[K]) => void): () => void {
+    return this.core.on(event, listener);
+  }
+
+  /**
+   * Initialize the grammY bot (`bot.init()`), run recovery (updates a crash
+   * left half done run through the middleware again), and take updates. The
+   * first update grammY hands over starts it too; start it before
+   * `bot.start()` or the webhook so that recovery does not wait for one.
+   * Calling it again returns the same promise.
+   *
+   * @returns resolves once started
+   */
+  start(): Promise<void> {
+    this.#starting ??= (async () => {
+      await this.grammy.init();
+      await this.core.start();
+    })();
+    return this.#starting;
+  }
+
+  /** Resolve when every admitted update is handled (or dead-lettered) and every send settled. */
+  async idle(): Promise<void> {
+    await Promise.allSettled([...this.#admitting]);
+    await this.core.idle();
+  }
+
+  /**
+   * Stop: grammY's long polling (when `bot.start()` runs it), then the core,
+   * which lets the updates under way finish. Stop `@grammyjs/runner` (its
+   * handle's `stop()`) or the web server first.
+   */
+  async stop(): Promise<void> {
+    if (this.#stopped) return;
+    this.#stopped = true;
+    if (this.grammy.isRunning()) await this.grammy.stop();
+    await this.#starting?.catch(() => {});
+    await this.core.stop();
+  }
+
+  // ---- inbound ---------------------------------------------------------------------
+
+  /** grammY's `handleUpdate` from now on: resolves once the update is journaled (or a duplicate). */
+  async #admit(update: Update, isWebhook: boolean): Promise<void> {
+    const work = this.#admitOnce(update, isWebhook);
+    this.#admitting.add(work);
+    try {
+      await work;
+    } finally {
+      this.#admitting.delete(work);
+    }
+  }
+
+  async #admitOnce(update: Update, isWebhook: boolean): Promise<void> {
+    if (!this.#stopped) await this.start();
+    const message = await updateRecord(update, this.#provider.connectionId, this.#provider.seal);
+    const sink = this.#provider.sink;
+    const result = sink === undefined
+      ? { status: "rejected" as const, error: new Error("The durable grammY bot is stopped; Telegram delivers the update again") }
+      : await sink.receive(message);
+    const updateId = update.update_id;
+    if (result.status !== "rejected") {
+      this.#refused.delete(updateId);
+      return;
+    }
+    // A webhook answers with an error: Telegram delivers the update again. Long polling (grammY's or
+    // the runner's) must not stop: the next getUpdates asks Telegram for it again instead.
+    if (isWebhook) throw result.error;
+    this.#refused.add(updateId);
+  }
+
+  /** Before a `getUpdates`: its offset must not confirm an update that is not journaled. */
+  async #beforePoll(payload: Obj): Promise<Obj> {
+    while (this.#admitting.size > 0) await Promise.allSettled([...this.#admitting]);
+    if (this.#refused.size === 0 || typeof payload.offset !== "number") {
+      this.#backoffMs = REFUSED_BACKOFF_MS[0];
+      return payload;
+    }
+    const first = Math.min(...this.#refused);
+    if (payload.offset <= first) return payload;
+    if (!this.#stopped) {
+      await new Promise((resolve) => setTimeout(resolve, this.#backoffMs));
+      this.#backoffMs = Math.min(REFUSED_BACKOFF_MS[1], this.#backoffMs * 2);
+    }
+    return { ...payload, offset: first };
+  }
+
+  // ---- outbound --------------------------------------------------------------------
+
+  readonly #transformer: Transformer = async (prev, method, payload, signal) => {
+    if (method === "getUpdates") return prev(method, (await this.#beforePoll(payload as Obj)) as typeof payload, signal);
+    const p = payload as unknown as Obj;
+    if (!isJournaledMethod(method) || !isObj(p) || p.chat_id === undefined || this.#starting === undefined || this.#stopped) {
+      return prev(method, payload, signal);
+    }
+    await this.#starting;
+    const result = await this.core.send(String(p.chat_id), callContent(method, p));
+    // deno-lint-ignore no-explicit-any
+    return this.#answer(method, p, result) as any;
+  };
+
+  /** What grammY gets back for a call the outbox took. */
+  #answer(method: string, payload: Obj, result: SendResult): unknown {
+    const answer = this.#provider.takeAnswer(result.key);
+    if (result.state === "dead") return failureOf(result, this.#provider.takeFailure(result.key));
+    if (answer !== undefined) return { ok: true, result: answer };
+    if (result.state === "sent") return { ok: true, result: minimalResult(method, payload, result.messageId ?? "") };
+    // Queued for a retry, being sent by another process, or of unknown outcome: the outbox has it.
+    return { ok: true, result: placeholderResult(method, payload) };
+  }
+}
+
+/**
+ * Make an existing grammY bot crash-safe: its updates are journaled in the
+ * durable inbox before its middleware runs (acknowledged to Telegram only
+ * then), a redelivered update is dropped, an update a crash left half done
+ * runs through the middleware again after the restart, and the calls that
+ * create messages (`ctx.reply`, `ctx.replyWith*`, `send*`, `forwardMessage(s)`,
+ * `copyMessage(s)` on `ctx.api` and `bot.api`) go through the outbox, keyed
+ * `<inbound id>:<n>`: a rerun gets their answers from the outbox instead of
+ * sending again. Everything else (edits, callback answers, chat actions) is
+ * called directly. Works with `bot.start()`, `webhookCallback` and
+ * `@grammyjs/runner`; see docs/grammy.md.
+ *
+ * @example
+ * ```ts ignore
+ * import { Bot } from "grammy";
+ * import { durable } from "@botmesh/durable/grammy";
+ * import { SQLiteStore } from "@botmesh/durable/sqlite";
+ *
+ * const bot = new Bot(process.env.BOT_TOKEN!);
+ * bot.on("message:text", (ctx) => ctx.reply(`You said: ${ctx.message.text}`));
+ * const store = new SQLiteStore({ file: "bot.db" });
+ * const safe = durable(bot, { durability: { backend: store.durability(), instanceId: "bot-1" } });
+ * await safe.start(); // recovery first
+ * bot.start();
+ * ```
+ *
+ * @param bot the grammY bot
+ * @param options `durability` (required), `store`, `id`, `clock`
+ * @returns the handle: `start()`, `stop()`, `idle()`, `on()`, `durability`
+ * @throws {TypeError} when `bot` is not a grammY bot, or an option is missing, unknown or of the wrong type
+ */
+export function durable<B extends AnyGrammyBot>(bot: B, options: DurableGrammyOptions): DurableGrammy<B> {
+  return new DurableGrammy(bot, options);
+}

@@ -1,0 +1,31 @@
+/**
+ * `@botmesh/durable/grammy`: make an existing grammY bot crash-safe with one
+ * call. Its updates are journaled in the durable inbox before its middleware
+ * runs (a webhook answers, or long polling confirms, only then); a
+ * redelivered update is dropped; an update a crash left half done runs
+ * through the middleware again after the restart. The calls that create
+ * messages (`ctx.reply`, `ctx.replyWith*`, `send*`, `forwardMessage(s)`,
+ * `copyMessage(s)`, on `ctx.api` and `bot.api`) go through the outbox keyed
+ * `<inbound id>:<n>`, so a rerun is answered from the outbox instead of
+ * sending twice. grammY is an optional peer dependency: nothing here loads it;
+ * your bot does. See docs/grammy.md.
+ *
+ * @example Long polling on SQLite
+ * ```ts ignore
+ * import { Bot } from "grammy";
+ * import { durable } from "@botmesh/durable/grammy";
+ * import { SQLiteStore } from "@botmesh/durable/sqlite";
+ *
+ * const bot = new Bot(process.env.BOT_TOKEN!);
+ * bot.on("message:text", (ctx) => ctx.reply(`You said: ${ctx.message.text}`));
+ * const store = new SQLiteStore({ file: "bot.db" });
+ * const safe = durable(bot, { durability: { backend: store.durability(), instanceId: "bot-1" } });
+ * await safe.start();
+ * bot.start();
+ * ```
+ *
+ * @module
+ */
+export { durable, DurableGrammy, type DurableGrammyOptions } from "./durable.ts";
+export { isJournaledMethod } from "./methods.ts";
+export { classifyGrammyError } from "./provider.ts";

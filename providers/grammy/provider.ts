@@ -1,0 +1,180 @@
+/**
+ * The provider behind a crash-safe grammY bot: its sends are Bot API calls
+ * made through grammY (with the API transformers installed before the
+ * plugin), its inbound side is grammY's own update delivery.
+ *
+ * @module
+ */
+import { BoundedMap } from "../../src/bounded_map.ts";
+import { MediaSeal } from "../../src/media.ts";
+import type {
+  ErrorClassification,
+  InboundSink,
+  OutboundContent,
+  Provider,
+  SendContext,
+  SendReceipt,
+} from "../../src/provider.ts";
+import { showValue as show } from "../../src/show.ts";
+import { isObj, type Obj } from "../telegram/values.ts";
+import { type ApiFailure, isJournaledMethod, messageIdsOf } from "./methods.ts";
+
+/** One Bot API call through grammY: resolves with the result, throws grammY's `GrammyError` or `HttpError`. */
+export type GrammyCall = (method: string, payload: Obj, signal?: AbortSignal) => Promise<unknown>;
+
+/** How many answers (and errors) of sends are kept for the grammY call that made them. */
+const KEPT_ANSWERS = 1_000;
+
+/**
+ * Whether a send error may be retried: grammY's `GrammyError` by its
+ * `error_code` (429 after `retry_after`, 5xx; other 4xx are permanent), an
+ * `HttpError` (the network) is retried, and held as ambiguous when it was a
+ * timeout after the request went out.
+ *
+ * @param error what the call threw
+ * @returns the classification
+ */
+export function classifyGrammyError(error: unknown): ErrorClassification {
+  if (!isObj(error)) return { retryable: true };
+  if (error.name === "GrammyError" && typeof error.error_code === "number") {
+    const code = error.error_code;
+    const after = isObj(error.parameters) && typeof error.parameters.retry_after === "number"
+      ? error.parameters.retry_after * 1000
+      : undefined;
+    return { retryable: code === 429 || code >= 500, ...(after !== undefined ? { retryAfterMs: after } : {}) };
+  }
+  if (error.name === "HttpError") {
+    const cause = isObj(error.error) ? error.error : undefined;
+    const timedOut = /timed out/i.test(String(error.message)) || cause?.name === "TimeoutError";
+    return { retryable: true, ...(timedOut ? { maybeDelivered: true } : {}) };
+  }
+  return { retryable: true };
+}
+
+/**
+ * The provider of a crash-safe grammY bot. Content is a Bot API call:
+ * `{ method, ...payload }` (a string is a `sendMessage` of that text).
+ */
+export class GrammyProvider implements Provider {
+  /** `'grammy'`. */
+  readonly name = "grammy";
+  /** The bot's id: the part of the token before `:`. */
+  readonly connectionId: string;
+  /** Seals media references in inbox records, as the Telegram provider does. */
+  readonly seal: MediaSeal;
+  #sink: InboundSink | undefined;
+  readonly #call: GrammyCall;
+  readonly #answers = new BoundedMap<string, unknown>(KEPT_ANSWERS);
+  readonly #failures = new BoundedMap<string, ApiFailure>(KEPT_ANSWERS);
+
+  /**
+   * @param token the bot's token
+   * @param call makes one Bot API call
+   * @throws {TypeError} when the token has no numeric bot id before `:`
+   */
+  constructor(token: string, call: GrammyCall) {
+    const match = /^(\d+):/.exec(typeof token === "string" ? token : "");
+    if (match === null) throw new TypeError(`The grammY bot's token must look like "<bot id>:<secret>", got ${show(typeof token === "string" ? `${token.slice(0, 12)}…` : token)}`);
+    this.connectionId = match[1]!;
+    this.seal = new MediaSeal({ provider: this.name, key: `botmesh/telegram-media/v1/${token}` });
+    this.#call = call;
+  }
+
+  /** The bot, while it is started. */
+  get sink(): InboundSink | undefined {
+    return this.#sink;
+  }
+
+  /**
+   * Take the bot's sink; updates come through grammY's `handleUpdate`.
+   *
+   * @param sink the bot
+   */
+  start(sink: InboundSink): void {
+    this.#sink = sink;
+  }
+
+  /** Let go of the sink: updates are refused from now on. */
+  stop(): void {
+    this.#sink = undefined;
+  }
+
+  /**
+   * Whether a call is journaled: a message-creating method (see `isJournaledMethod`).
+   *
+   * @param content the call
+   * @returns whether it goes through the outbox
+   */
+  isJournaled(content: OutboundContent): boolean {
+    return typeof content === "string" || (typeof content.method === "string" && isJournaledMethod(content.method));
+  }
+
+  /**
+   * Make the call. Its answer (or its Bot API error) is kept for the grammY
+   * call it was made for, under the outbox key.
+   *
+   * @param chatId the chat (the content's `chat_id` wins when it has one)
+   * @param content `{ method, ...payload }`, or a text
+   * @param context the outbox key and the abort signal
+   * @returns the message id(s), comma-separated
+   * @throws what grammY threw (`GrammyError`, `HttpError`)
+   */
+  async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
+    const { method, ...payload } = typeof content === "string" ? { method: "sendMessage", text: content } : content;
+    if (typeof method !== "string" || method === "") {
+      throw new TypeError(`grammY content must have a "method" (a Bot API method), got ${show(method)}`);
+    }
+    if (payload.chat_id === undefined) payload.chat_id = chatId;
+    let result: unknown;
+    try {
+      result = await this.#call(method, payload, context.signal);
+    } catch (error) {
+      if (isObj(error) && error.name === "GrammyError" && typeof error.error_code === "number") {
+        this.#failures.set(context.idempotencyKey, {
+          ok: false,
+          error_code: error.error_code,
+          description: String(error.description ?? error.message),
+          ...(isObj(error.parameters) ? { parameters: error.parameters } : {}),
+        });
+      }
+      throw error;
+    }
+    this.#answers.set(context.idempotencyKey, result);
+    this.#failures.delete(context.idempotencyKey);
+    return { messageId: messageIdsOf(result) };
+  }
+
+  /**
+   * Say whether a failed call may be retried ({@link classifyGrammyError}).
+   *
+   * @param error what the call threw
+   * @returns the classification
+   */
+  classifyError(error: unknown): ErrorClassification {
+    return classifyGrammyError(error);
+  }
+
+  /**
+   * The answer of the call made for an outbox key by this process, once.
+   *
+   * @param key the outbox key
+   * @returns the answer, `undefined` when this process made no such call (or forgot it)
+   */
+  takeAnswer(key: string): unknown {
+    const answer = this.#answers.get(key);
+    this.#answers.delete(key);
+    return answer;
+  }
+
+  /**
+   * The Bot API error of the last call made for an outbox key, once.
+   *
+   * @param key the outbox key
+   * @returns the error answer, when known
+   */
+  takeFailure(key: string): ApiFailure | undefined {
+    const failure = this.#failures.get(key);
+    this.#failures.delete(key);
+    return failure;
+  }
+}
