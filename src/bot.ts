@@ -16,12 +16,13 @@ import {
   type SendOptions,
   type SendResult,
 } from "./engine.ts";
-import { Conversations, type FlowContext, type StepJob } from "./conversation.ts";
+import { Conversations, type FlowContext, type HandlerSend, type StepJob } from "./conversation.ts";
 import { errorText, isProcessDeath } from "./errors.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
 import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./provider.ts";
 import { checkClock, type Clock, type ClockTimer, systemClock } from "./clock.ts";
 import { randomId } from "./runtime/mod.ts";
+import { type AsyncContext, createAsyncContext } from "./runtime/async_context.ts";
 import { MemoryStore, type SessionStore } from "./store.ts";
 import { checkWellFormed } from "./well_formed.ts";
 
@@ -129,6 +130,10 @@ export class Bot {
   #conversations: Conversations;
   #timers = new Set<ClockTimer>();
   readonly #clock: Clock;
+  /** The handler being run, as seen from anything it calls (`null`: the runtime has no async context). */
+  #handlerContext: AsyncContext<{ bot: Bot; send: HandlerSend }> | null | undefined;
+  #handlersRunning = 0;
+  #warnedNoContext = false;
 
   /**
    * @param options provider, store, durability
@@ -182,13 +187,27 @@ export class Bot {
       retentionMs: engine?.config.retentionMs ?? 7 * 86_400_000,
       now: () => clock.now(),
       handlers: () => this.#handlers,
-      send: (job, chatId, content, key) => {
-        const result = this.#send(chatId, content, key, (job as InboundJob).record ? job.message.id : null, "now");
+      send: (job, chatId, content, key, mode) => {
+        const result = this.#send(chatId, content, key, (job as InboundJob).record ? job.message.id : null, mode);
         result.catch(() => {}); // observed by the step, whether or not the handler awaits it
         job.sends.push(result);
         return result;
       },
       checkSend: checkSendArgs,
+      journals: (content) => this.#journals(content),
+      sendDirect: (chatId, content, key) => this.#sendDirect(chatId, content, key ?? `rnd:${randomId()}`),
+      runHandler: (send, fn) => {
+        this.#handlersRunning++;
+        const done = () => this.#handlersRunning--;
+        try {
+          const result = this.#handlerContext ? this.#handlerContext.run({ bot: this, send }, fn) : fn();
+          Promise.resolve(result).then(done, done);
+          return result;
+        } catch (error) {
+          done();
+          throw error;
+        }
+      },
       makeContext: (base) => {
         (base as { bot?: Bot }).bot = this;
         return base;
@@ -251,15 +270,26 @@ export class Bot {
 
   /**
    * Send now. With durability the send is journaled first and retried on failure.
+   * Called while a handler runs (from the handler or anything it calls), the send
+   * is the handler's, as `ctx.send` would make it: keyed `<inbound id>:<n>` and
+   * awaited before the message counts as done. Where the runtime has no async
+   * context (a browser), such a send gets a random key: use `ctx.send` there.
+   * Content the provider does not journal (an edit, a typing indicator: see
+   * `Provider.isJournaled`) goes straight to the provider, without a key number.
    *
    * @param chatId the chat
    * @param content text, or an object of the provider's shape
-   * @param options `idempotencyKey` (a random key when omitted)
+   * @param options `idempotencyKey` (else the handler's next key, or a random key outside a handler)
    * @returns what happened to the send
+   * @throws {TypeError} when `chatId` or `idempotencyKey` is not a non-empty string
    */
   send(chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> {
     checkSendArgs(chatId, options);
-    return this.#send(chatId, content, options?.idempotencyKey ?? `rnd:${randomId()}`, null, "now");
+    const handlerSend = this.#currentHandlerSend(options);
+    if (handlerSend !== undefined) return handlerSend(chatId, content, options, "now");
+    const key = options?.idempotencyKey ?? `rnd:${randomId()}`;
+    if (!this.#journals(content)) return this.#sendDirect(chatId, content, key);
+    return this.#send(chatId, content, key, null, "now");
   }
 
   /**
@@ -273,13 +303,48 @@ export class Bot {
    */
   async enqueue(chatId: string, content: OutboundContent, options?: SendOptions): Promise<{ key: string }> {
     checkSendArgs(chatId, options);
+    const handlerSend = this.#engine ? this.#currentHandlerSend(options) : undefined;
+    if (handlerSend !== undefined) return { key: (await handlerSend(chatId, content, options, "enqueue")).key };
     const key = options?.idempotencyKey ?? `rnd:${randomId()}`;
-    if (this.#engine) {
+    if (!this.#journals(content)) {
+      this.#sendDirect(chatId, content, key).catch((error) => this.#emitError(error));
+    } else if (this.#engine) {
       await this.#engine.send(chatId, content, key, null, "enqueue");
     } else {
       this.#track(this.#send(chatId, content, key, null, "now").catch((error) => this.#emitError(error)));
     }
     return { key };
+  }
+
+  /** The send of the handler this call descends from, when it has no key of its own to follow. */
+  #currentHandlerSend(options: SendOptions | undefined): HandlerSend | undefined {
+    if (options?.idempotencyKey !== undefined) return undefined;
+    const handling = this.#handlerContext?.get();
+    if (handling !== undefined && handling.bot === this) return handling.send;
+    if (this.#handlerContext === null && this.#handlersRunning > 0 && this.#engine && !this.#warnedNoContext) {
+      this.#warnedNoContext = true;
+      this.#events.emit("warning", {
+        code: "send-without-context",
+        message:
+          "bot.send was called while a handler ran, on a runtime without an async context: it cannot tell whose send it is, so it got a random key and a reprocess sends it again; use ctx.send in handlers",
+      });
+    }
+    return undefined;
+  }
+
+  /** Whether the provider journals `content` (see `Provider.isJournaled`). */
+  #journals(content: OutboundContent): boolean {
+    const isJournaled = this.provider.isJournaled;
+    return typeof isJournaled !== "function" || isJournaled.call(this.provider, content) !== false;
+  }
+
+  /** Content the provider does not journal: one provider call, no outbox, no retries. */
+  #sendDirect(chatId: string, content: OutboundContent, key: string): Promise<SendResult> {
+    if (this.#engine) return this.#engine.sendDirect(chatId, content, key);
+    const work = this.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: new AbortController().signal })
+      .then((receipt): SendResult => ({ key, state: "sent", messageId: String(receipt?.messageId ?? "") }));
+    this.#track(work.catch(() => {}));
+    return work;
   }
 
   #send(
@@ -306,6 +371,7 @@ export class Bot {
     }
     this.#state = "starting";
     this.#starting = (async () => {
+      this.#handlerContext ??= await createAsyncContext();
       await this.#engine?.start();
       const engine = this.#engine;
       await this.provider.start({

@@ -90,6 +90,14 @@ export interface StepJob {
   record: { attempts: number } | null;
 }
 
+/** A send made on behalf of the handler being run: keyed `<id>:<n>` unless `options` gives a key. */
+export type HandlerSend = (
+  chatId: string,
+  content: OutboundContent,
+  options: SendOptions | undefined,
+  mode: "now" | "enqueue",
+) => Promise<SendResult>;
+
 /** What a handler gets (the bot adds `bot`: see `Context`). */
 export interface FlowContext {
   /** The inbound message or interaction that started this handler. */
@@ -139,7 +147,13 @@ export interface ConversationHost {
   now(): number;
   handlers(): readonly { matcher: Matcher; handler: (ctx: never) => unknown }[];
   /** Send for a step: the key is `<prefix>:<n>` unless given; the promise joins the job's sends. */
-  send(job: StepJob, chatId: string, content: OutboundContent, key: string): Promise<SendResult>;
+  send(job: StepJob, chatId: string, content: OutboundContent, key: string, mode: "now" | "enqueue"): Promise<SendResult>;
+  /** Whether the provider journals `content` (false for an edit or a typing indicator: no key, no outbox). */
+  journals(content: OutboundContent): boolean;
+  /** Call the provider straight away for content it does not journal. */
+  sendDirect(chatId: string, content: OutboundContent, key: string | undefined): Promise<SendResult>;
+  /** Run a handler with `send` as the handling context of everything it calls (see `Bot.send`). */
+  runHandler(send: HandlerSend, fn: () => unknown): unknown;
   checkSend(chatId: unknown, options: SendOptions | undefined): void;
   /** A context for the handler; the bot adds `bot`. */
   makeContext(base: FlowContext): unknown;
@@ -213,11 +227,14 @@ class Flow {
   run(handler: (ctx: never) => unknown): Promise<Suspension> {
     this.#suspension = deferred();
     const first = (this.steps[0] as { message: InboundMessage }).message;
-    const send = (chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> => {
+    const handlerSend: HandlerSend = (chatId, content, options, mode) => {
       this.#host.checkSend(chatId, options);
+      if (!this.#host.journals(content)) return this.#host.sendDirect(chatId, content, options?.idempotencyKey);
       const key = options?.idempotencyKey ?? `${this.keyPrefix}:${++this.sendCount}`;
-      return this.#host.send(this.job, chatId, content, key);
+      return this.#host.send(this.job, chatId, content, key, mode);
     };
+    const send = (chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> =>
+      handlerSend(chatId, content, options, "now");
     const flow = this;
     const ctx = this.#host.makeContext({
       message: first,
@@ -230,7 +247,7 @@ class Flow {
       send,
       ask: (prompt, options) => this.#ask(prompt, options, send),
     });
-    Promise.resolve().then(() => handler(ctx as never)).then(
+    Promise.resolve().then(() => this.#host.runHandler(handlerSend, () => handler(ctx as never))).then(
       () => this.#settle({ kind: "ended" }),
       (error) => this.#settle({ kind: "threw", error }),
     );

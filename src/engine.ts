@@ -90,7 +90,8 @@ export type WarningCode =
   | "handler-retry"
   | "default-instance-id"
   | "conversation-diverged"
-  | "conversation-not-durable";
+  | "conversation-not-durable"
+  | "send-without-context";
 
 /** The payload of a `warning` event. */
 export interface DurabilityWarning {
@@ -1001,6 +1002,18 @@ export class DurabilityEngine {
     }
     const entry: NewOutboxEntry = { key, chatId, content: json, contentHash: hashText(text), inboundId };
     return this.#inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode));
+  }
+
+  /**
+   * Content the provider does not journal (an edit, a typing indicator): one provider call now,
+   * no outbox entry, no retry; its error goes to the caller.
+   */
+  sendDirect(chatId: string, content: OutboundContent, key: string): Promise<SendResult> {
+    if (this.#halted) return Promise.reject(new Error("The process died"));
+    const work = this.#host.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: this.#abort.signal })
+      .then((receipt): SendResult => ({ key, state: "sent", messageId: String(receipt?.messageId ?? "") }));
+    this.#host.track(work.catch(() => {}));
+    return work;
   }
 
   /** Run sends of one chat one after another, in call order. */

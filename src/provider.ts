@@ -159,6 +159,13 @@ export interface Provider {
   /** Send content to a chat; resolve with the channel's message id. */
   send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt>;
   /**
+   * Whether a send of `content` goes through the outbox (default: every send does). Answer
+   * `false` for calls that create no message (an edit, which is idempotent; a typing indicator
+   * or a draft, which are transient; a callback answer): the bot hands them straight to `send`,
+   * once, without an outbox entry, a retry or a key number, and their error goes to the caller.
+   */
+  isJournaled?(content: OutboundContent): boolean;
+  /**
    * Ask the channel whether an ambiguous send (a provider call whose outcome
    * was lost: a crash or a timeout during it) reached it. Called once the send
    * became `unknown` (and was reported), within 10 s. Return `null` when the

@@ -593,6 +593,29 @@ describe("telegram: sends", () => {
     expect(h.dead).toEqual([]);
   });
 
+  test("only content that creates a message is journaled: edits, chat actions and callback answers go straight to the Bot API", async () => {
+    const f = fake();
+    const h = await harness(f);
+    const typing = await h.bot.send("9006", { method: "sendChatAction", action: "typing" }, { idempotencyKey: "typing-1" });
+    const first = await h.bot.send("9006", "draft", { idempotencyKey: "text-1" });
+    const edit = await h.bot.send("9006", { method: "editMessageText", message_id: Number(first.messageId), text: "edited" }, { idempotencyKey: "edit-2" });
+    const poll = await h.bot.send("9006", { method: "sendPoll", question: "Q?", options: ["a", "b"] }, { idempotencyKey: "poll-1" });
+    expect([typing.state, edit.state, poll.state]).toEqual(["sent", "sent", "sent"]);
+    const outbox = h.bot.durability!.outbox;
+    expect(await outbox.get("typing-1")).toBeNull();
+    expect(await outbox.get("edit-2")).toBeNull();
+    expect((await outbox.get("poll-1"))?.state).toBe("sent");
+    expect(f.calls.map((c) => c.method).filter((m) => m !== "getMe")).toEqual(["sendChatAction", "sendMessage", "editMessageText", "sendPoll"]);
+    expect(f.edits).toEqual([{ chatId: "9006", messageId: Number(first.messageId), text: "edited" }]);
+    // A failed direct call is the caller's error, not a dead letter, and it is not retried.
+    f.inject("editMessageText", { kind: "status", status: 400, description: "Bad Request: message to edit not found" });
+    const failed = await h.bot.send("9006", { method: "editMessageText", message_id: 99, text: "x" }).then(() => null, (e: Error) => e.message);
+    expect(failed).toContain("message to edit not found");
+    await h.bot.idle();
+    expect(h.dead).toEqual([]);
+    expect(f.calls.filter((c) => c.method === "editMessageText").length).toBe(2);
+  });
+
   test("400 and 403 are permanent: dead at once, with Telegram's description", async () => {
     const f = fake();
     f.block("9003");

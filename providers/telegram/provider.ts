@@ -21,7 +21,7 @@ import { type Delivery, deliverUpdate } from "./delivery.ts";
 import { loadTelegramMedia } from "./media.ts";
 import { type TelegramProviderOptions, telegramSettings } from "./options.ts";
 import { Poller } from "./polling.ts";
-import { sendContent } from "./sends.ts";
+import { createsMessage, sendContent } from "./sends.ts";
 import { type ParsedUpdate, parseTelegramUpdate, type SkippedUpdate } from "./updates.ts";
 import { handleWebhook } from "./webhook.ts";
 
@@ -235,6 +235,18 @@ export class TelegramProvider implements Provider {
    * @returns Telegram's `message_id`
    * @throws {ProviderError} retryable or permanent (see {@link TelegramProvider.call}); permanent for content of no known form
    */
+  /**
+   * Whether a send goes through the outbox: only content that creates a message does. Edits
+   * (`editMessageText`, …), `sendChatAction`, `sendMessageDraft`, callback answers and other
+   * methods that create no message go straight to the Bot API, once.
+   *
+   * @param content what is sent
+   * @returns whether it is journaled
+   */
+  isJournaled(content: OutboundContent): boolean {
+    return createsMessage(content);
+  }
+
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     return await sendContent((method, params, options) => this.call(method, params, options), chatId, content, context);
   }

@@ -50,6 +50,26 @@ export async function sendContent(call: BotApiCall, chatId: string, content: Out
   return { messageId: messageIdOf(method, result) };
 }
 
+/** Methods of the `send…` family that create no message. */
+const TRANSIENT_SENDS = new Set(["sendChatAction", "sendMessageDraft"]);
+
+/**
+ * Whether `content` creates a message (a text, a media message, or a `send…`,
+ * `forward…` or `copy…` method other than `sendChatAction` and
+ * `sendMessageDraft`). Everything else (edits, callback answers, chat actions,
+ * reactions, pins, …) is idempotent or transient and is not journaled.
+ *
+ * @param content what a send carries
+ * @returns whether it goes through the outbox
+ */
+export function createsMessage(content: OutboundContent): boolean {
+  if (typeof content !== "object" || content === null || content.method === undefined) return true;
+  const method = content.method;
+  if (typeof method !== "string") return true; // refused by the send, as a dead letter with its reason
+  if (TRANSIENT_SENDS.has(method)) return false;
+  return /^(send|forward|copy)[A-Z]/.test(method);
+}
+
 function badContent(message: string): never {
   throw new ProviderError(message, { retryable: false });
 }

@@ -214,6 +214,73 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(metricsOf(bot2).inboundDuplicates).toBe(1);
     });
 
+    withBackend("bot.send from inside a handler is the handler's send: keyed <inbound id>:<n>, awaited, answered on reprocess", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
+      let attempts = 0;
+      const notify = async (chatId: string, text: string) => {
+        await sleep(1);
+        // Not awaited by the handler: it still counts in the done check.
+        void bot.send(chatId, text);
+      };
+      bot.when(/order/, async (ctx) => {
+        attempts++;
+        await notify("kitchen", `new ${ctx.message.text}`);
+        await ctx.reply("received");
+        await bot.enqueue(ctx.chatId, "queued note");
+        if (attempts === 1) throw new Error("fails after its sends, so the message is processed again");
+      });
+      await start(bots, bot);
+      const outside = await bot.send("c9", "not from a handler");
+      expect(outside.key.startsWith("rnd:"), "a send outside any handler keeps a random key").toBe(true);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c1", text: "order 7" });
+      await bot.idle();
+      expect(attempts).toBe(2);
+      const keys = provider.sent.filter((s) => s.chatId !== "c9").map((s) => [s.chatId, s.content, s.idempotencyKey])
+        .sort((a, b) => String(a[2]).localeCompare(String(b[2])));
+      expect(keys, "each send went out once, under the keys of the message").toEqual([
+        ["kitchen", "new order 7", `${id}:1`],
+        ["c1", "received", `${id}:2`],
+        ["c1", "queued note", `${id}:3`],
+      ]);
+      expect(metricsOf(bot).outboxDeduped, "the reprocess was answered from the outbox").toBe(3);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+    });
+
+    withBackend("edits and typing indicators go straight to the provider, without the outbox or a key number", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
+      const errors: string[] = [];
+      bot.when(/hi/, async (ctx) => {
+        await ctx.reply({ kind: "typing" });
+        const sent = await ctx.reply("hello");
+        await bot.send(ctx.chatId, { kind: "edit", messageId: sent.messageId, text: "hello!" });
+        provider.failNext(1, new ProviderError("Mock typing failure", { retryable: true }));
+        await ctx.reply({ kind: "typing" }).catch((error: Error) => errors.push(error.message));
+        await ctx.reply("bye");
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c1", text: "hi" });
+      await bot.idle();
+      expect(provider.sent.map((s) => typeof s.content === "string" ? s.content : (s.content as { kind: string }).kind)).toEqual([
+        "typing",
+        "hello",
+        "edit",
+        "bye",
+      ]);
+      expect(errors, "a direct call's error goes to its caller, once, without a retry").toEqual(["Mock typing failure"]);
+      const journaled = await backend.outbox.list({ limit: 100 });
+      expect(journaled.map((e) => e.key).sort(), "only the messages are journaled, numbered without the direct calls").toEqual(
+        [`${id}:1`, `${id}:2`].sort(),
+      );
+      expect((await backend.outbox.get(`${id}:2`))?.content).toBe("bye");
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      const m = metricsOf(bot);
+      expect([m.outboxJournaled, m.outboxBypassed, m.outboxDead]).toEqual([2, 0, 0]);
+    });
+
     withBackend("handles one chat in arrival order and chats in parallel", async (backend, bots) => {
       const provider = new MockProvider();
       const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });

@@ -173,6 +173,17 @@ export class MockProvider implements Provider {
     this.#failures = n === 0 ? [] : [{ remaining: n, error: error ?? new ProviderError("Mock send failure", { retryable: true }) }];
   }
 
+  /**
+   * The mock's calls that create no message, sent without the outbox: content objects with
+   * `kind: "typing"` (a typing indicator) or `kind: "edit"` (an edit of a sent message).
+   *
+   * @param content what is sent
+   * @returns `false` for a typing indicator or an edit
+   */
+  isJournaled(content: OutboundContent): boolean {
+    return !(typeof content === "object" && content !== null && (content.kind === "typing" || content.kind === "edit"));
+  }
+
   /** Record the send (or fail it, after `failNext`). */
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     if (this.sendDelayMs > 0) {

@@ -69,6 +69,8 @@ export class FakeTelegram {
   readonly sent: FakeSend[] = [];
   /** answerCallbackQuery ids. */
   readonly answeredCallbacks: string[] = [];
+  /** Successful `editMessageText` calls. */
+  readonly edits: { chatId: string; messageId: number; text: string }[] = [];
   /** The offsets getUpdates was called with (undefined when none was given). */
   readonly offsets: (number | undefined)[] = [];
   /** The highest offset a getUpdates confirmed. */
@@ -388,6 +390,13 @@ export class FakeTelegram {
       }
       case "sendChatAction":
         return this.#ok(true);
+      case "editMessageText": {
+        const chatId = String(params.chat_id ?? "");
+        const edited = this.sent.find((m) => m.chatId === chatId && m.messageId === Number(params.message_id));
+        if (!edited) return this.#error(400, "Bad Request: message to edit not found");
+        this.edits.push({ chatId, messageId: edited.messageId, text: String(params.text ?? "") });
+        return this.#ok({ message_id: edited.messageId, date: Math.floor(edited.at / 1000), chat: { id: Number(chatId), type: "private" }, text: params.text });
+      }
       default: {
         if (!/^(send[A-Z]\w*|copyMessage|forwardMessage)$/.test(method)) return this.#error(404);
         const chatId = params.chat_id;
