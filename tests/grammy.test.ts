@@ -1,0 +1,291 @@
+// @botmesh/durable/grammy against the fake Bot API server: updates are journaled before the
+// middleware runs and answered only then, redeliveries are dropped, a rerun is answered from the
+// outbox, message-creating calls are keyed <inbound id>:<n> and everything else passes straight
+// through; by webhook (std/http and node:http), grammY's long polling and @grammyjs/runner.
+import { afterEach, describe, expect, test } from "bun:test";
+import { createServer, type Server } from "node:http";
+import { run } from "@grammyjs/runner";
+import { Bot as GrammyBot, type Context, GrammyError, InlineKeyboard, session, type SessionFlavor, webhookCallback } from "grammy";
+import { MemoryDurability } from "../mod.ts";
+import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
+import { FakeTelegram } from "./support/fake_telegram.ts";
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
+});
+
+function setup(options: { retries?: number } = {}) {
+  const fake = new FakeTelegram().start();
+  const bot = new GrammyBot(fake.token, {
+    client: { apiRoot: fake.url },
+    botInfo: {
+      id: fake.botId,
+      is_bot: true,
+      first_name: "Fake",
+      username: "fake_bot",
+      can_join_groups: true,
+      can_read_all_group_messages: false,
+      supports_inline_queries: false,
+      can_connect_to_business: false,
+      has_main_web_app: false,
+      has_topics_enabled: false,
+      allows_users_to_create_topics: false,
+      can_manage_bots: false,
+    } as never,
+  });
+  const backend = new MemoryDurability();
+  const safe = durable(bot, {
+    durability: {
+      backend,
+      instanceId: "grammy-test",
+      inbox: { retries: options.retries ?? 3, backoff: { baseMs: 10, capMs: 20 } },
+      outbox: { backoff: { baseMs: 10, capMs: 20 } },
+    },
+  });
+  cleanups.push(async () => {
+    await safe.stop();
+    await fake.stop();
+  });
+  return { fake, bot, safe };
+}
+
+function webhookRequest(update: Record<string, unknown>): Request {
+  return new Request("http://bot.test/telegram", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(update),
+  });
+}
+
+async function outboxKeys(safe: DurableGrammy): Promise<string[]> {
+  return (await safe.durability.outbox.list()).map((e) => e.key).sort();
+}
+
+describe("grammY behind the durable inbox", () => {
+  test("an update is journaled before the middleware runs, and the webhook answers before the middleware is done", async () => {
+    const { fake, bot, safe } = setup();
+    let release!: () => void;
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const seen: { state: string | undefined; text: string }[] = [];
+    const update = fake.textUpdate(7, "hello");
+    bot.on("message:text", async (ctx) => {
+      seen.push({ state: (await safe.durability.inbox.get(fake.inboundId(update)))?.state, text: ctx.message.text });
+      await gate;
+      await ctx.reply(`echo: ${ctx.message.text}`);
+    });
+    await safe.start();
+    const handle = webhookCallback(bot, "std/http");
+    const response = await handle(webhookRequest(update));
+    expect(response.status).toBe(200);
+    expect(fake.sent).toEqual([]); // the middleware is still waiting
+    expect(await safe.durability.inbox.get(fake.inboundId(update))).not.toBeNull();
+    // A redelivery (Telegram did not get the answer, say) is dropped.
+    expect((await handle(webhookRequest(update))).status).toBe(200);
+    release();
+    await safe.idle();
+    expect(seen).toEqual([{ state: "processing", text: "hello" }]);
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["echo: hello"]);
+    expect(await outboxKeys(safe)).toEqual([`${fake.inboundId(update)}:1`]);
+    expect((await safe.durability.inbox.get(fake.inboundId(update)))?.state).toBe("done");
+  });
+
+  test("message-creating calls are keyed <inbound id>:<n> and get the real Message; edits, chat actions and callback answers pass straight through", async () => {
+    const { fake, bot, safe } = setup();
+    const results: unknown[] = [];
+    bot.on("message:text", async (ctx) => {
+      await ctx.replyWithChatAction("typing");
+      const first = await ctx.reply("one", { reply_markup: new InlineKeyboard().text("ok", "ok") });
+      results.push(first);
+      await ctx.api.editMessageText(ctx.chat.id, first.message_id, "one (edited)");
+      await bot.api.sendMessage(ctx.chat.id, "two"); // bot.api, not ctx.api: still this update's send
+      await ctx.api.sendMessage(ctx.chat.id, "three");
+    });
+    bot.on("callback_query:data", async (ctx) => {
+      await ctx.answerCallbackQuery({ text: "noted" });
+      await ctx.editMessageText(`picked ${ctx.callbackQuery.data}`);
+    });
+    await safe.start();
+    const handle = webhookCallback(bot, "std/http");
+    const update = fake.textUpdate(8, "hi");
+    expect((await handle(webhookRequest(update))).status).toBe(200);
+    await safe.idle();
+    const id = fake.inboundId(update);
+    expect(await outboxKeys(safe)).toEqual([`${id}:1`, `${id}:2`, `${id}:3`]);
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["one", "two", "three"]);
+    expect(fake.sent[0]!.params.reply_markup).toEqual({ inline_keyboard: [[{ text: "ok", callback_data: "ok" }]] });
+    expect(results[0]).toMatchObject({ message_id: fake.sent[0]!.messageId, chat: { id: 8, type: "private" }, text: "one" });
+    expect(fake.edits).toEqual([{ chatId: "8", messageId: fake.sent[0]!.messageId, text: "one (edited)" }]);
+    expect(fake.calls.filter((c) => c.method === "sendChatAction").length).toBe(1);
+
+    const press = fake.callbackUpdate(8, "a");
+    (press.callback_query as { message: { message_id: number } }).message.message_id = fake.sent[0]!.messageId;
+    expect((await handle(webhookRequest(press))).status).toBe(200);
+    await safe.idle();
+    expect(fake.answeredCallbacks.length).toBe(1);
+    expect(fake.edits.map((e) => e.text)).toEqual(["one (edited)", "picked a"]);
+    expect((await outboxKeys(safe)).length).toBe(3); // nothing of the button press was journaled
+    expect((await safe.durability.inbox.get(fake.inboundId(press)))?.state).toBe("done");
+  });
+
+  test("a rerun of the middleware (after a failure) is answered from the outbox: nothing is sent twice", async () => {
+    const { fake, bot, safe } = setup();
+    const replies: unknown[] = [];
+    let runs = 0;
+    bot.on("message:text", async (ctx) => {
+      runs++;
+      replies.push(await ctx.reply("working"));
+      if (runs === 1) throw new Error("the process died here, say");
+      await ctx.reply("done");
+    });
+    await safe.start();
+    const update = fake.textUpdate(9, "go");
+    expect((await webhookCallback(bot, "std/http")(webhookRequest(update))).status).toBe(200);
+    await safe.idle();
+    expect(runs).toBe(2);
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["working", "done"]);
+    // The first run got the real Message; the rerun the minimal one the outbox keeps.
+    expect(replies[0]).toMatchObject({ message_id: 1, chat: { id: 9, type: "private" }, text: "working" });
+    expect(replies[1]).toEqual({ message_id: 1, chat: { id: 9 } });
+    expect(safe.durability.metrics().outboxDeduped).toBe(1);
+  });
+
+  test("a send that ends dead throws the GrammyError grammY would have thrown", async () => {
+    const { fake, bot, safe } = setup({ retries: 0 });
+    const errors: unknown[] = [];
+    bot.on("message:text", async (ctx) => {
+      try {
+        await ctx.reply("hello?");
+      } catch (error) {
+        errors.push(error);
+      }
+    });
+    await safe.start();
+    fake.block(10);
+    await webhookCallback(bot, "std/http")(webhookRequest(fake.textUpdate(10, "hi")));
+    await safe.idle();
+    expect(errors.length).toBe(1);
+    expect(errors[0]).toBeInstanceOf(GrammyError);
+    expect((errors[0] as GrammyError).error_code).toBe(403);
+    expect((errors[0] as GrammyError).method).toBe("sendMessage");
+    expect((await safe.durability.outbox.list())[0]?.state).toBe("dead");
+  });
+
+  test("a send queued for a retry answers a placeholder (message_id 0) and the outbox delivers it", async () => {
+    const { fake, bot, safe } = setup();
+    const replies: unknown[] = [];
+    bot.on("message:text", async (ctx) => {
+      replies.push(await ctx.reply("later"));
+    });
+    await safe.start();
+    fake.inject("sendMessage", { kind: "status", status: 502 });
+    await webhookCallback(bot, "std/http")(webhookRequest(fake.textUpdate(11, "hi")));
+    await safe.idle();
+    expect(replies).toEqual([{ message_id: 0, chat: { id: 11 } }]);
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["later"]);
+  });
+
+  test("an update the journal does not take is not acknowledged: the webhook call fails", async () => {
+    const { fake, bot, safe } = setup();
+    bot.on("message", () => {});
+    await safe.start();
+    const handle = webhookCallback(bot, "std/http");
+    await safe.stop();
+    await expect(handle(webhookRequest(fake.textUpdate(12, "hi")))).rejects.toThrow(/stopped/);
+  });
+
+  test("a node:http webhook (grammY's http adapter)", async () => {
+    const { fake, bot, safe } = setup();
+    bot.on("message:text", (ctx) => ctx.reply(`node: ${ctx.message.text}`));
+    await safe.start();
+    const server: Server = createServer(webhookCallback(bot, "http"));
+    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    cleanups.push(() => new Promise<void>((resolve) => server.close(() => resolve())));
+    const port = (server.address() as { port: number }).port;
+    const update = fake.textUpdate(13, "hey");
+    expect(await fake.deliverWebhook(`http://127.0.0.1:${port}/`, update)).toEqual([200]);
+    expect(await fake.deliverWebhook(`http://127.0.0.1:${port}/`, update)).toEqual([200]);
+    await safe.idle();
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["node: hey"]);
+  });
+
+  test("grammY's long polling (bot.start()): offsets confirm journaled updates, a redelivery is dropped", async () => {
+    const { fake, bot, safe } = setup();
+    bot.on("message:text", (ctx) => ctx.reply(`polled: ${ctx.message.text}`));
+    await safe.start();
+    const first = fake.push(fake.textUpdate(14, "a"));
+    fake.push(fake.textUpdate(14, "b"));
+    void bot.start({ timeout: 1 });
+    await fake.until("two replies", () => fake.sent.length === 2, 15_000);
+    fake.redeliver(first);
+    fake.push(fake.textUpdate(14, "c"));
+    await fake.until("the third reply", () => fake.sent.length === 3, 15_000);
+    await bot.stop();
+    await safe.idle();
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["polled: a", "polled: b", "polled: c"]);
+    expect(fake.pending).toBe(0);
+  });
+
+  test("@grammyjs/runner: updates handled concurrently across chats, in order within a chat, once each", async () => {
+    const { fake, bot, safe } = setup();
+    bot.on("message:text", async (ctx) => {
+      await new Promise((resolve) => setTimeout(resolve, Math.random() * 20));
+      await ctx.reply(`ran: ${ctx.message.text}`);
+    });
+    await safe.start();
+    const updates = [];
+    for (let i = 0; i < 10; i++) updates.push(fake.push(fake.textUpdate(100 + (i % 3), `m${i}`)));
+    const runner = run(bot, { runner: { fetch: { timeout: 1 } } });
+    cleanups.push(() => (runner.isRunning() ? runner.stop() : undefined));
+    await fake.until("ten replies", () => fake.sent.length === 10, 15_000);
+    fake.redeliver(updates[0]!);
+    await fake.until("the redelivery is confirmed", () => fake.pending === 0, 15_000);
+    await runner.stop();
+    await safe.idle();
+    expect(fake.sent.length).toBe(10);
+    for (const chat of ["100", "101", "102"]) {
+      const texts = fake.sent.filter((s) => s.chatId === chat).map((s) => Number(String(s.params.text).slice(6)));
+      expect(texts).toEqual([...texts].sort((a, b) => a - b));
+    }
+  });
+
+  test("grammY's session plugin works as before", async () => {
+    const { fake, bot, safe } = setup();
+    type SessionContext = Context & SessionFlavor<{ count: number }>;
+    const counting = bot as unknown as GrammyBot<SessionContext>;
+    counting.use(session({ initial: () => ({ count: 0 }) }));
+    counting.on("message:text", (ctx) => ctx.reply(`count ${++ctx.session.count}`));
+    await safe.start();
+    const handle = webhookCallback(bot, "std/http");
+    for (const text of ["a", "b", "c"]) await handle(webhookRequest(fake.textUpdate(15, text)));
+    await handle(webhookRequest(fake.textUpdate(16, "other chat")));
+    await safe.idle();
+    // Chats run side by side; within a chat, in order.
+    expect(fake.sent.filter((s) => s.chatId === "15").map((s) => s.params.text)).toEqual(["count 1", "count 2", "count 3"]);
+    expect(fake.sent.filter((s) => s.chatId === "16").map((s) => s.params.text)).toEqual(["count 1"]);
+  });
+
+  test("updates of other kinds are journaled too, in the chat they name", async () => {
+    const { fake, bot, safe } = setup();
+    const edited: string[] = [];
+    bot.on("edited_message:text", (ctx) => {
+      edited.push(ctx.editedMessage.text);
+    });
+    await safe.start();
+    const update = { update_id: 555, edited_message: { message_id: 3, date: 1, edit_date: 2, chat: { id: 17, type: "private" }, text: "fixed" } };
+    await webhookCallback(bot, "std/http")(webhookRequest(update));
+    await safe.idle();
+    expect(edited).toEqual(["fixed"]);
+    const record = await safe.durability.inbox.get(`tg:${fake.botId}:555:edited_message`);
+    expect(record).toMatchObject({ chatId: "17", state: "done" });
+  });
+
+  test("which methods are journaled", () => {
+    for (const m of ["sendMessage", "sendPhoto", "sendMediaGroup", "forwardMessage", "forwardMessages", "copyMessage", "copyMessages", "sendPoll"]) {
+      expect(isJournaledMethod(m), m).toBe(true);
+    }
+    for (const m of ["sendChatAction", "sendMessageDraft", "editMessageText", "answerCallbackQuery", "deleteMessage", "getMe", "setMessageReaction"]) {
+      expect(isJournaledMethod(m), m).toBe(false);
+    }
+  });
+});
