@@ -7,6 +7,7 @@ import { createServer, type Server } from "node:http";
 import { run } from "@grammyjs/runner";
 import { Bot as GrammyBot, type Context, GrammyError, InlineKeyboard, session, type SessionFlavor, webhookCallback } from "grammy";
 import { MemoryDurability } from "../mod.ts";
+import type { DurabilityBackend } from "../backend.ts";
 import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 
@@ -15,7 +16,29 @@ afterEach(async () => {
   for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
 });
 
-function setup(options: { retries?: number } = {}) {
+/** A backend whose inbox.admit throws the next `state.failures` times. */
+function flakyAdmit(backend: DurabilityBackend, state: { failures: number }): DurabilityBackend {
+  const bind = <T extends object>(target: T, override: Record<PropertyKey, unknown>): T =>
+    new Proxy(target, {
+      get(t, p) {
+        if (p in override) return override[p];
+        const v = Reflect.get(t, p, t);
+        return typeof v === "function" ? v.bind(t) : v;
+      },
+    });
+  const inbox = bind(backend.inbox, {
+    admit: async (...args: Parameters<DurabilityBackend["inbox"]["admit"]>) => {
+      if (state.failures > 0) {
+        state.failures--;
+        throw new Error("journal unavailable (injected)");
+      }
+      return backend.inbox.admit(...args);
+    },
+  });
+  return bind(backend, { inbox });
+}
+
+function setup(options: { retries?: number; admitFailures?: number } = {}) {
   const fake = new FakeTelegram().start();
   const bot = new GrammyBot(fake.token, {
     client: { apiRoot: fake.url },
@@ -34,7 +57,7 @@ function setup(options: { retries?: number } = {}) {
       can_manage_bots: false,
     } as never,
   });
-  const backend = new MemoryDurability();
+  const backend = flakyAdmit(new MemoryDurability(), { failures: options.admitFailures ?? 0 });
   const safe = durable(bot, {
     durability: {
       backend,
@@ -224,6 +247,24 @@ describe("grammY behind the durable inbox", () => {
     await safe.idle();
     expect(fake.sent.map((s) => s.params.text)).toEqual(["polled: a", "polled: b", "polled: c"]);
     expect(fake.pending).toBe(0);
+  });
+
+  test("long polling: an update the journal refused is asked for again (the offset does not pass it), and handled once", async () => {
+    const { fake, bot, safe } = setup({ admitFailures: 2 });
+    const errors: Error[] = [];
+    safe.on("error", (error) => errors.push(error));
+    bot.on("message:text", (ctx) => ctx.reply(`polled: ${ctx.message.text}`));
+    await safe.start();
+    const first = fake.push(fake.textUpdate(18, "a"));
+    fake.push(fake.textUpdate(18, "b"));
+    void bot.start({ timeout: 1 });
+    await fake.until("two replies", () => fake.sent.length === 2, 15_000);
+    await bot.stop();
+    await safe.idle();
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["polled: a", "polled: b"]);
+    expect(errors.some((e) => /journal unavailable/.test(e.message + String(e.cause)))).toBe(true);
+    // A getUpdates asked for the refused update again, after one had confirmed nothing past it.
+    expect(fake.offsets).toContain(first.update_id as number);
   });
 
   test("@grammyjs/runner: updates handled concurrently across chats, in order within a chat, once each", async () => {

@@ -1,0 +1,91 @@
+// A grammY bot made crash-safe with @botmesh/durable/grammy (long polling, SQLite), SIGKILLed at
+// random moments while updates stream in and started again each time: at the end every update
+// got both its replies, and a reply went out twice only where the restarted process reported the
+// send as ambiguous (killed during its Bot API call; sent again under onAmbiguous: "resend").
+import { afterAll, expect, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { childLines } from "./support/child_lines.ts";
+import { FakeTelegram } from "./support/fake_telegram.ts";
+
+const dir = join(tmpdir(), `botmesh-grammy-kill-${crypto.randomUUID()}`);
+mkdirSync(dir, { recursive: true });
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const KILLS = Number(process.env.GRAMMY_KILLS ?? 25);
+const CHATS = [501, 502, 503, 504];
+
+test(`a grammY bot SIGKILLed ${KILLS} times while updates stream in: no update lost, no reply twice unreported`, async () => {
+  const fake = new FakeTelegram().start();
+  const db = join(dir, "bot.db");
+  const spawn = () => {
+    const child = Bun.spawn([process.execPath, "tests/fixtures/grammy_bot.ts", db, fake.url, fake.token], {
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+    return { child, lines: childLines(child.stdout, "grammY bot", 20_000), stderr: new Response(child.stderr).text() };
+  };
+  const runs: ReturnType<typeof spawn>[] = [];
+  const texts: string[] = [];
+  const inboundIds = new Map<string, string>();
+  let streaming = true;
+  const stream = (async () => {
+    for (let i = 0; streaming; i++) {
+      const text = `u${i}`;
+      texts.push(text);
+      inboundIds.set(text, fake.inboundId(fake.push(fake.textUpdate(CHATS[i % CHATS.length]!, text))));
+      await Bun.sleep(5 + Math.random() * 20);
+    }
+  })();
+  try {
+    let killed = 0;
+    while (killed < KILLS) {
+      const run = spawn();
+      runs.push(run);
+      await run.lines.next("ready").catch(async (error) => {
+        throw new Error(`${error.message}\nstderr: ${await run.stderr}`);
+      });
+      await Bun.sleep(50 + Math.random() * 400);
+      run.child.kill("SIGKILL");
+      await run.child.exited;
+      await run.lines.ended;
+      if (run.child.signalCode === "SIGKILL") killed++;
+    }
+    streaming = false;
+    await stream;
+    const last = spawn();
+    runs.push(last);
+    await last.lines.next("ready");
+    const replies = () => new Set(fake.sent.map((s) => String(s.params.text)));
+    await fake.until("every reply", () => {
+      const got = replies();
+      return texts.every((t) => got.has(`1 ${t}`) && got.has(`2 ${t}`));
+    }, 60_000);
+    await Bun.sleep(500); // a duplicate would come now
+    last.child.kill("SIGTERM");
+    expect(await last.child.exited, await last.stderr).toBe(0);
+    await last.lines.ended;
+
+    const lines = runs.flatMap((r) => r.lines.all());
+    expect(lines.filter((l) => l.startsWith("dead "))).toEqual([]);
+    const ambiguous = new Set(lines.filter((l) => l.startsWith("ambiguous ")).map((l) => l.slice("ambiguous ".length)));
+    const counts = new Map<string, number>();
+    for (const sent of fake.sent) counts.set(String(sent.params.text), (counts.get(String(sent.params.text)) ?? 0) + 1);
+    const lost = texts.filter((t) => !counts.has(`1 ${t}`) || !counts.has(`2 ${t}`));
+    expect(lost, "updates without both replies").toEqual([]);
+    // Reply "<n> <text>" is the n-th message-creating call of its update's handling: key <inbound id>:<n>.
+    const twice = [...counts].filter(([, n]) => n > 1).map(([reply]) => reply);
+    const unreported = twice.filter((reply) => !ambiguous.has(`${inboundIds.get(reply.slice(2))}:${reply.slice(0, 1)}`));
+    expect(unreported, "replies sent twice without an ambiguous report").toEqual([]);
+    console.log(
+      `grammy kill: ${KILLS} SIGKILLs, ${texts.length} updates, ${fake.sent.length} replies, ` +
+        `${ambiguous.size} ambiguous reports, ${twice.length} replies sent twice (all reported), 0 lost`,
+    );
+  } finally {
+    streaming = false;
+    for (const run of runs) run.child.kill("SIGKILL");
+    await fake.stop();
+  }
+}, 240_000);
+
