@@ -11,7 +11,10 @@ import { FakeTelegram } from "./support/fake_telegram.ts";
 
 const dir = join(tmpdir(), `botmesh-grammy-kill-${crypto.randomUUID()}`);
 mkdirSync(dir, { recursive: true });
-afterAll(() => rmSync(dir, { recursive: true, force: true }));
+afterAll(() => {
+  if (!process.env.GRAMMY_KEEP) rmSync(dir, { recursive: true, force: true });
+  else console.log(`kept ${dir}`);
+});
 
 const KILLS = Number(process.env.GRAMMY_KILLS ?? 25);
 const CHATS = [501, 502, 503, 504];
@@ -61,7 +64,11 @@ test(`a grammY bot SIGKILLed ${KILLS} times while updates stream in: no update l
     await fake.until("every reply", () => {
       const got = replies();
       return texts.every((t) => got.has(`1 ${t}`) && got.has(`2 ${t}`));
-    }, 60_000);
+    }, 60_000).catch((error) => {
+      const got = replies();
+      const missing = texts.filter((t) => !got.has(`1 ${t}`) || !got.has(`2 ${t}`));
+      throw new Error(`${error.message}: missing ${JSON.stringify(missing.map((t) => [t, inboundIds.get(t), got.has(`1 ${t}`), got.has(`2 ${t}`)]))}`);
+    });
     await Bun.sleep(500); // a duplicate would come now
     last.child.kill("SIGTERM");
     expect(await last.child.exited, await last.stderr).toBe(0);
