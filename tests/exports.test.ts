@@ -127,3 +127,22 @@ test("the root entry holds the bot author's API only: nothing of ./ops, ./testin
   // Values only: types vanish at run time. The root stays small enough to read in one screen.
   expect(names.length).toBeLessThanOrEqual(25);
 });
+
+test("./grammy: grammy is an optional peer dependency, imported for its types only", async () => {
+  const manifest = pkg as { peerDependencies?: Record<string, string>; peerDependenciesMeta?: Record<string, { optional?: boolean }> };
+  expect(manifest.peerDependencies?.grammy).toBeDefined();
+  expect(manifest.peerDependenciesMeta?.grammy?.optional).toBe(true);
+  expect(exportMap("deno.json", deno)["./grammy"]).toBe("./providers/grammy/mod.ts");
+  const dir = root + "providers/grammy/";
+  for (const name of readdirSync(dir).filter((n) => n.endsWith(".ts"))) {
+    const code = readFileSync(dir + name, "utf8");
+    const imports = [...code.matchAll(/^import\s+(type\s+)?[^;]*?from\s+["']([^"']+)["']/gm)];
+    for (const [, isType, from] of imports) {
+      if (from === "grammy" || from!.startsWith("grammy/") || from!.startsWith("@grammyjs/")) {
+        expect(isType, `providers/grammy/${name} imports ${from} at run time`).toBe("type ");
+      }
+    }
+  }
+  const entry = await import("../providers/grammy/mod.ts");
+  expect(Object.keys(entry).sort()).toEqual(["DurableGrammy", "classifyGrammyError", "durable", "isJournaledMethod"]);
+});

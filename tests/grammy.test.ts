@@ -5,7 +5,7 @@
 import { afterEach, describe, expect, test } from "bun:test";
 import { createServer, type Server } from "node:http";
 import { run } from "@grammyjs/runner";
-import { Bot as GrammyBot, type Context, GrammyError, InlineKeyboard, session, type SessionFlavor, webhookCallback } from "grammy";
+import { Bot as GrammyBot, type Context, GrammyError, InlineKeyboard, InputFile, session, type SessionFlavor, webhookCallback } from "grammy";
 import { MemoryDurability } from "../mod.ts";
 import type { DurabilityBackend } from "../backend.ts";
 import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
@@ -319,6 +319,24 @@ describe("grammY behind the durable inbox", () => {
     expect(edited).toEqual(["fixed"]);
     const record = await safe.durability.inbox.get(`tg:${fake.botId}:555:edited_message`);
     expect(record).toMatchObject({ chatId: "17", state: "done" });
+  });
+
+  test("an upload (InputFile) is sent once, directly: its content cannot be journaled", async () => {
+    const { fake, bot, safe } = setup();
+    const replies: unknown[] = [];
+    bot.on("message:text", async (ctx) => {
+      replies.push(await ctx.replyWithPhoto(new InputFile(new Uint8Array([1, 2, 3]), "dot.jpg"), { caption: "a dot" }));
+      replies.push(await ctx.reply("and a text"));
+    });
+    await safe.start();
+    const update = fake.textUpdate(19, "photo please");
+    await webhookCallback(bot, "std/http")(webhookRequest(update));
+    await safe.idle();
+    expect(fake.sent.map((s) => s.method)).toEqual(["sendPhoto", "sendMessage"]);
+    expect(String(fake.sent[0]!.params.photo)).toMatch(/^attach:\/\//); // uploaded as multipart
+    expect(fake.sent[0]!.params.caption).toBe("a dot");
+    expect(replies[0]).toMatchObject({ message_id: fake.sent[0]!.messageId });
+    expect(await outboxKeys(safe)).toEqual([`${fake.inboundId(update)}:2`]);
   });
 
   test("which methods are journaled", () => {

@@ -16,6 +16,8 @@ import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postg
 import { fromIoredis, RedisDurability, RedisKv, RedisStore } from "../backends/redis/mod.ts";
 import { TelegramProvider } from "../providers/telegram/mod.ts";
 import { WhatsAppProvider } from "../providers/whatsapp/mod.ts";
+import { durable } from "../providers/grammy/mod.ts";
+import { Bot as GrammyBot } from "grammy";
 
 const dir = mkdtempSync(join(tmpdir(), "botmesh-options-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -48,6 +50,7 @@ const constructors: [string, () => unknown][] = [
     "WhatsAppProvider",
     () => new WhatsAppProvider({ accessToken: "t", phoneNumberId: "1", appSecret: "s", verifyToken: "v", ...bogus } as never),
   ],
+  ["durable (grammY)", () => durable(new GrammyBot("123456:ABC-DEF"), { durability: { backend: new MemoryDurability() }, ...bogus } as never)],
   ["durabilityConsole", () => durabilityConsole(bot, { auth: basicAuth("ops", "a-long-password"), ...bogus } as never)],
 ];
 
