@@ -7,9 +7,14 @@ import { createServer, type Server } from "node:http";
 import { run } from "@grammyjs/runner";
 import { Bot as GrammyBot, type Context, GrammyError, InlineKeyboard, InputFile, session, type SessionFlavor, webhookCallback } from "grammy";
 import { MemoryDurability } from "../mod.ts";
+import { basicAuth, durabilityConsole, prometheusMetrics } from "../ops.ts";
 import type { DurabilityBackend } from "../backend.ts";
 import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+
+function escapeHtml(text: string): string {
+  return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&#39;");
+}
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -337,6 +342,35 @@ describe("grammY behind the durable inbox", () => {
     expect(fake.sent[0]!.params.caption).toBe("a dot");
     expect(replies[0]).toMatchObject({ message_id: fake.sent[0]!.messageId });
     expect(await outboxKeys(safe)).toEqual([`${fake.inboundId(update)}:2`]);
+  });
+
+  test("dead letters, the console, Prometheus and a replay work on the grammY bot", async () => {
+    const { fake, bot, safe } = setup({ retries: 0 });
+    const dead: string[] = [];
+    safe.on("error", () => {});
+    safe.on("durability:dead", (d) => dead.push(d.id));
+    let fixed = false;
+    bot.on("message:text", async (ctx) => {
+      if (!fixed) throw new Error("a bug in the middleware");
+      await ctx.reply("fixed");
+    });
+    await safe.start();
+    const update = fake.textUpdate(20, "boom");
+    const id = fake.inboundId(update);
+    await webhookCallback(bot, "std/http")(webhookRequest(update));
+    await safe.idle();
+    expect(dead).toEqual([id]);
+    const auth = { authorization: `Basic ${btoa("ops:correct horse")}` };
+    const console = durabilityConsole(safe, { auth: basicAuth("ops", "correct horse") });
+    const page = await (await console(new Request("http://console.test/inbound?state=dead", { headers: auth }))).text();
+    expect(page).toContain(escapeHtml(id));
+    expect(await prometheusMetrics(safe)).toContain('botmesh_durable_inbox_records{state="dead"} 1');
+    fixed = true;
+    expect(await safe.durability.replayInbound(id)).toBe(true);
+    await fake.until("the reply of the replay", () => fake.sent.length === 1);
+    await safe.idle();
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["fixed"]);
+    expect((await safe.durability.inbox.get(id))?.state).toBe("done");
   });
 
   test("which methods are journaled", () => {
