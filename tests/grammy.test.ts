@@ -1,14 +1,20 @@
 // @botmesh/durable/grammy against the fake Bot API server: updates are journaled before the
 // middleware runs and answered only then, redeliveries are dropped, a rerun is answered from the
 // outbox, message-creating calls are keyed <inbound id>:<n> and everything else passes straight
-// through; by webhook (std/http and node:http), grammY's long polling and @grammyjs/runner.
-import { afterEach, describe, expect, test } from "bun:test";
+// through; by webhook (std/http and node:http), grammY's long polling and @grammyjs/runner; on the
+// memory, SQLite and file backends.
+import { afterAll, afterEach, beforeEach, describe, expect, test } from "bun:test";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { createServer, type Server } from "node:http";
 import { run } from "@grammyjs/runner";
 import { Bot as GrammyBot, type Context, GrammyError, InlineKeyboard, InputFile, session, type SessionFlavor, webhookCallback } from "grammy";
 import { MemoryDurability } from "../mod.ts";
 import { basicAuth, durabilityConsole, prometheusMetrics } from "../ops.ts";
 import type { DurabilityBackend } from "../backend.ts";
+import { SQLiteDurability } from "../backends/sqlite/mod.ts";
+import { FileDurability } from "../backends/file/mod.ts";
 import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 
@@ -43,6 +49,15 @@ function flakyAdmit(backend: DurabilityBackend, state: { failures: number }): Du
   return bind(backend, { inbox });
 }
 
+const dir = mkdtempSync(join(tmpdir(), "botmesh-grammy-"));
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+const BACKENDS: Record<string, () => DurabilityBackend> = {
+  memory: () => new MemoryDurability(),
+  sqlite: () => new SQLiteDurability({ file: join(dir, `${crypto.randomUUID()}.db`) }),
+  file: () => new FileDurability({ path: join(dir, `${crypto.randomUUID()}.json`) }),
+};
+let backendName = "memory";
+
 function setup(options: { retries?: number; admitFailures?: number } = {}) {
   const fake = new FakeTelegram().start();
   const bot = new GrammyBot(fake.token, {
@@ -62,7 +77,8 @@ function setup(options: { retries?: number; admitFailures?: number } = {}) {
       can_manage_bots: false,
     } as never,
   });
-  const backend = flakyAdmit(new MemoryDurability(), { failures: options.admitFailures ?? 0 });
+  const real = BACKENDS[backendName]!();
+  const backend = flakyAdmit(real, { failures: options.admitFailures ?? 0 });
   const safe = durable(bot, {
     durability: {
       backend,
@@ -73,6 +89,7 @@ function setup(options: { retries?: number; admitFailures?: number } = {}) {
   });
   cleanups.push(async () => {
     await safe.stop();
+    await real.close?.();
     await fake.stop();
   });
   return { fake, bot, safe };
@@ -90,7 +107,11 @@ async function outboxKeys(safe: DurableGrammy): Promise<string[]> {
   return (await safe.durability.outbox.list()).map((e) => e.key).sort();
 }
 
-describe("grammY behind the durable inbox", () => {
+for (const name of Object.keys(BACKENDS)) describe(`grammY behind the durable inbox (${name})`, () => {
+  beforeEach(() => {
+    backendName = name;
+  });
+
   test("an update is journaled before the middleware runs, and the webhook answers before the middleware is done", async () => {
     const { fake, bot, safe } = setup();
     let release!: () => void;
@@ -372,13 +393,13 @@ describe("grammY behind the durable inbox", () => {
     expect(fake.sent.map((s) => s.params.text)).toEqual(["fixed"]);
     expect((await safe.durability.inbox.get(id))?.state).toBe("done");
   });
+});
 
-  test("which methods are journaled", () => {
-    for (const m of ["sendMessage", "sendPhoto", "sendMediaGroup", "forwardMessage", "forwardMessages", "copyMessage", "copyMessages", "sendPoll"]) {
-      expect(isJournaledMethod(m), m).toBe(true);
-    }
-    for (const m of ["sendChatAction", "sendMessageDraft", "editMessageText", "answerCallbackQuery", "deleteMessage", "getMe", "setMessageReaction"]) {
-      expect(isJournaledMethod(m), m).toBe(false);
-    }
-  });
+test("which methods are journaled", () => {
+  for (const m of ["sendMessage", "sendPhoto", "sendMediaGroup", "forwardMessage", "forwardMessages", "copyMessage", "copyMessages", "sendPoll"]) {
+    expect(isJournaledMethod(m), m).toBe(true);
+  }
+  for (const m of ["sendChatAction", "sendMessageDraft", "editMessageText", "answerCallbackQuery", "deleteMessage", "getMe", "setMessageReaction"]) {
+    expect(isJournaledMethod(m), m).toBe(false);
+  }
 });
