@@ -30,9 +30,34 @@ export interface DurableGrammyOptions {
   clock?: Clock;
 }
 
-// deno-lint-ignore no-explicit-any
-type AnyGrammyBot = GrammyBot<any>;
-type HandleUpdate = GrammyBot<GrammyContext>["handleUpdate"];
+/**
+ * What the plugin uses of a grammY `Bot` (every grammY 1.x bot has it). Declared here rather than
+ * imported, so that these declarations type-check without grammY's own.
+ */
+export interface GrammyBotLike {
+  /** The bot's token. */
+  readonly token: string;
+  /** The bot's API: its transformers. */
+  readonly api: {
+    readonly config: {
+      // deno-lint-ignore no-explicit-any
+      use(...transformers: any[]): unknown;
+      // deno-lint-ignore no-explicit-any
+      installedTransformers(): any[];
+    };
+  };
+  /** Runs the middleware for one update (the plugin replaces it with the journal's admission). */
+  handleUpdate(update: { update_id: number }, webhookReplyEnvelope?: unknown): Promise<void>;
+  /** Fetches the bot's info (`getMe`) once. */
+  init(): Promise<void>;
+  /** Whether `bot.start()` long polling runs. */
+  isRunning(): boolean;
+  /** Stops `bot.start()` long polling. */
+  stop(): Promise<void>;
+}
+
+type GrammyInternals = GrammyBot<GrammyContext>;
+type HandleUpdate = GrammyInternals["handleUpdate"];
 type Update = Parameters<HandleUpdate>[0];
 /** The first retry of refused updates, and the most it backs off to. */
 const REFUSED_BACKOFF_MS = [500, 30_000] as const;
@@ -40,7 +65,7 @@ const REFUSED_BACKOFF_MS = [500, 30_000] as const;
 /**
  * A grammY bot made crash-safe: see {@link durable}.
  */
-export class DurableGrammy<B extends AnyGrammyBot = AnyGrammyBot> {
+export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   /** The grammY bot. */
   readonly grammy: B;
   /** The durability core: the bot whose inbox and outbox the grammY bot now uses. */
@@ -74,7 +99,7 @@ export class DurableGrammy<B extends AnyGrammyBot = AnyGrammyBot> {
     // The provider's calls go through the transformers installed so far (a throttler, say), not
     // through the outbox transformer installed below, nor anything installed after it.
     const below = bot.api.config.installedTransformers();
-    const ApiClass = bot.api.constructor as new (token: string, config?: ApiClientOptions) => AnyGrammyBot["api"];
+    const ApiClass = bot.api.constructor as new (token: string, config?: ApiClientOptions) => GrammyInternals["api"];
     const callApi = new ApiClass(bot.token, (bot as unknown as { clientConfig?: ApiClientOptions }).clientConfig);
     if (below.length > 0) callApi.config.use(...below);
     const call: GrammyCall = (method, payload, signal) =>
@@ -87,10 +112,10 @@ export class DurableGrammy<B extends AnyGrammyBot = AnyGrammyBot> {
       ...(options.store !== undefined ? { store: options.store } : {}),
       ...(options.clock !== undefined ? { clock: options.clock } : {}),
     });
-    this.#handleUpdate = bot.handleUpdate;
+    this.#handleUpdate = bot.handleUpdate as HandleUpdate;
     this.core.when(() => true, (ctx) => this.#handleUpdate.call(bot, journaledUpdate(ctx.message) as unknown as Update));
     bot.api.config.use(this.#transformer);
-    bot.handleUpdate = (update, webhookReplyEnvelope) => this.#admit(update, webhookReplyEnvelope !== undefined);
+    bot.handleUpdate = (update, webhookReplyEnvelope) => this.#admit(update as Update, webhookReplyEnvelope !== undefined);
   }
 
   /** The operator surface of the inbox and outbox (metrics, dead letters, replays). */
@@ -248,6 +273,6 @@ export class DurableGrammy<B extends AnyGrammyBot = AnyGrammyBot> {
  * @returns the handle: `start()`, `stop()`, `idle()`, `on()`, `durability`
  * @throws {TypeError} when `bot` is not a grammY bot, or an option is missing, unknown or of the wrong type
  */
-export function durable<B extends AnyGrammyBot>(bot: B, options: DurableGrammyOptions): DurableGrammy<B> {
+export function durable<B extends GrammyBotLike>(bot: B, options: DurableGrammyOptions): DurableGrammy<B> {
   return new DurableGrammy(bot, options);
 }

@@ -26,6 +26,6 @@
  *
  * @module
  */
-export { durable, DurableGrammy, type DurableGrammyOptions } from "./durable.ts";
+export { durable, DurableGrammy, type DurableGrammyOptions, type GrammyBotLike } from "./durable.ts";
 export { isJournaledMethod } from "./methods.ts";
 export { classifyGrammyError } from "./provider.ts";
