@@ -199,6 +199,44 @@ for (const name of Object.keys(BACKENDS)) describe(`grammY behind the durable in
     expect(safe.durability.metrics().outboxDeduped).toBe(1);
   });
 
+  test("on a rerun, a passed-through call that fails only because the first run's took effect succeeds", async () => {
+    const { fake, bot, safe } = setup();
+    let runs = 0;
+    const errors: unknown[] = [];
+    bot.on("callback_query:data", async (ctx) => {
+      runs++;
+      try {
+        await ctx.answerCallbackQuery();
+        await ctx.editMessageText("picked");
+      } catch (error) {
+        errors.push(error);
+        throw error;
+      }
+      if (runs === 1) {
+        // What Telegram answers when the same calls are made again.
+        fake.inject("answerCallbackQuery", { kind: "status", status: 400, description: "Bad Request: query is too old and response timeout expired or query ID is invalid" });
+        fake.inject("editMessageText", { kind: "status", status: 400, description: "Bad Request: message is not modified" });
+        throw new Error("the process died here, say");
+      }
+      await ctx.reply("noted");
+    });
+    await safe.start();
+    const first = await bot.api.sendMessage(21, "Pick one"); // outside a handler: journaled under a random key
+    const press = fake.callbackUpdate(21, "a");
+    (press.callback_query as { message: { message_id: number } }).message.message_id = first.message_id;
+    await webhookCallback(bot, "std/http")(webhookRequest(press));
+    await safe.idle();
+    expect(runs).toBe(2);
+    expect(errors).toEqual([]);
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["Pick one", "noted"]);
+    expect(fake.calls.filter((c) => c.method === "answerCallbackQuery").map((c) => c.status)).toEqual([200, 400]);
+    expect(fake.calls.filter((c) => c.method === "editMessageText").map((c) => c.status)).toEqual([200, 400]);
+    expect((await safe.durability.inbox.get(fake.inboundId(press)))?.state).toBe("done");
+    const keys = await outboxKeys(safe);
+    expect(keys.filter((k) => k.startsWith("rnd:")).length).toBe(1);
+    expect(keys.filter((k) => !k.startsWith("rnd:"))).toEqual([`${fake.inboundId(press)}:1`]);
+  });
+
   test("a send that ends dead throws the GrammyError grammY would have thrown", async () => {
     const { fake, bot, safe } = setup({ retries: 0 });
     const errors: unknown[] = [];

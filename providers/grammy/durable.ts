@@ -16,7 +16,9 @@ import type { SessionStore } from "../../src/store.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
 import { callContent, failureOf, isJournaledMethod, minimalResult, placeholderResult } from "./methods.ts";
 import { type GrammyCall, GrammyProvider } from "./provider.ts";
+import { isAlreadyDone } from "./reruns.ts";
 import { journaledUpdate, updateRecord } from "./updates.ts";
+import { type AsyncContext, createAsyncContext } from "../../src/runtime/async_context.ts";
 
 /** Options of {@link durable}. */
 export interface DurableGrammyOptions {
@@ -79,6 +81,8 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   /** Updates (by `update_id`) that the journal refused, outside a webhook: `getUpdates` asks for them again. */
   readonly #refused = new Set<number>();
   #backoffMs: number = REFUSED_BACKOFF_MS[0];
+  /** Whether the middleware run a call descends from is a rerun (the record's second attempt or later). */
+  #run: AsyncContext<{ rerun: boolean }> | null = null;
 
   /**
    * @param bot the grammY bot, with or without its middleware yet
@@ -113,7 +117,11 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       ...(options.clock !== undefined ? { clock: options.clock } : {}),
     });
     this.#handleUpdate = bot.handleUpdate as HandleUpdate;
-    this.core.when(() => true, (ctx) => this.#handleUpdate.call(bot, journaledUpdate(ctx.message) as unknown as Update));
+    this.core.when(() => true, (ctx) => {
+      const update = journaledUpdate(ctx.message) as unknown as Update;
+      const run = () => this.#handleUpdate.call(bot, update);
+      return this.#run === null ? run() : this.#run.run({ rerun: ctx.attempt > 1 }, run);
+    });
     bot.api.config.use(this.#transformer);
     bot.handleUpdate = (update, webhookReplyEnvelope) => this.#admit(update as Update, webhookReplyEnvelope !== undefined);
   }
@@ -145,6 +153,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
    */
   start(): Promise<void> {
     this.#starting ??= (async () => {
+      this.#run = await createAsyncContext();
       await this.grammy.init();
       await this.core.start();
     })();
@@ -222,7 +231,13 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   readonly #transformer: Transformer = async (prev, method, payload, signal) => {
     if (method === "getUpdates") return prev(method, (await this.#beforePoll(payload as Obj)) as typeof payload, signal);
     const p = payload as unknown as Obj;
-    if (!isJournaledMethod(method) || !isObj(p) || p.chat_id === undefined || this.#starting === undefined || this.#stopped) {
+    if (!isJournaledMethod(method)) {
+      const response = await prev(method, payload, signal);
+      // A rerun makes such calls again: one that fails only because the first run's took effect has succeeded.
+      if (this.#run?.get()?.rerun === true && isAlreadyDone(method, response)) return { ok: true, result: true } as typeof response;
+      return response;
+    }
+    if (!isObj(p) || p.chat_id === undefined || this.#starting === undefined || this.#stopped) {
       return prev(method, payload, signal);
     }
     await this.#starting;
