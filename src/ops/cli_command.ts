@@ -10,7 +10,7 @@ import type { DurabilityBackend } from "../contract.ts";
 import type { CliIo, OpenedBackend } from "./cli.ts";
 
 /** The program's name, in messages. */
-export const PROGRAM = "botmesh-durable";
+export const PROGRAM: string = "botmesh-durable";
 
 /** A bad command line: exit code 2, with the command's usage line. */
 export class UsageError extends Error {
