@@ -99,6 +99,20 @@ describe("help", () => {
     expect(r.stderr).toContain('"help" takes one command, got 2');
   });
 
+  test("the command table: unique names; a flag name takes a value in every command or in none, and is not a global flag", () => {
+    expect(new Set(COMMANDS.map((c) => c.name)).size).toBe(COMMANDS.length);
+    expect(COMMANDS.map((c) => c.name)).not.toContain("help");
+    const kinds = new Map<string, boolean>();
+    for (const c of COMMANDS) {
+      for (const f of c.flags) {
+        expect(["backend", "json", "help", "version"]).not.toContain(f.name);
+        const takesValue = f.value !== undefined;
+        expect({ flag: f.name, takesValue }).toEqual({ flag: f.name, takesValue: kinds.get(f.name) ?? takesValue });
+        kinds.set(f.name, takesValue);
+      }
+    }
+  });
+
   test("--version", async () => {
     expect(await cli(["--version"])).toEqual({ code: 0, stdout: "botmesh-durable 9.9.9\n", stderr: "", opened: [] });
   });

@@ -97,10 +97,9 @@ const ACCEPTED_FORMS = `Accepted backend forms:
   redis+upstash://<token>@host[:port]           https; ?insecure=1 or redis+upstash+http://<token>@host:port for http (needs "@upstash/redis")
   redis://[user:pass@]host:6379[/db]            rediss://…       (needs "ioredis")
   Redis forms take ?keyPrefix=…
-  events+file:./data/events.json                 a FileEventJournal (takes its lock: stop the bot first)
-  events+shared:./data/events.json               a SharedFileEventJournal (alongside running bots)
+  events+file:./data/events.json                a FileEventJournal (takes its lock: stop the bot first)
+  events+shared:./data/events.json              a SharedFileEventJournal (alongside running bots)
 Nothing is created: a missing file, schema, tables or key prefix is an error.`;
-
 
 /**
  * The subcommands, in the order of the help. A subcommand in a file of its

@@ -24,7 +24,10 @@ export class OperationError extends Error {
 
 /** A flag of a command. */
 export interface CliFlag {
-  /** Its long name, without `--`. */
+  /**
+   * Its long name, without `--`. A name used by several commands takes a
+   * value in all of them or in none (the parser knows it before the command).
+   */
   name: string;
   /** The placeholder of its value (`"n"`, `"s[,s…]"`); absent for a flag that takes no value. */
   value?: string;
