@@ -9,6 +9,7 @@
 import { errorMessage } from "../src/errors.ts";
 import type { DurabilityBackend } from "../src/contract.ts";
 import { BackendUrlError, type OpenedBackend, OperationError } from "../src/ops/cli.ts";
+import { statFile } from "../src/runtime/fs.ts";
 import { FileDurability } from "./file/mod.ts";
 import { EventsDurability } from "./events/durability.ts";
 import { FileEventJournal } from "./events/file_journal.ts";
@@ -89,6 +90,13 @@ async function openJournal(kind: "file" | "shared", path: string, shown: string)
     shown,
     `${kind === "file" ? "FileEventJournal" : "SharedFileEventJournal"}.open() creates it (the app opens the journal for its bot)`,
   );
+  if (kind === "file" && (await statFile(`${path}.log`)) !== null) {
+    // FileEventJournal.open would take the log over (replay it into the snapshot and remove it).
+    throw new OperationError(
+      `Events journal ${JSON.stringify(path)} has the append log of a SharedFileEventJournal (${path}.log): ` +
+        `open it with events+shared: (events+file: would take the log over and change the file)`,
+    );
+  }
   let journal: FileEventJournal | SharedFileEventJournal;
   try {
     journal = kind === "file" ? await FileEventJournal.open(path, { lock: true }) : await SharedFileEventJournal.open(path);

@@ -3,7 +3,7 @@
 // journal, every command (reads and changes alike) exits 1 naming what was not found, and nothing is created.
 import { afterAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
-import { mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { join } from "node:path";
 import IORedis from "ioredis";
 import postgres from "postgres";
@@ -11,6 +11,7 @@ import { Redis as Upstash } from "@upstash/redis";
 import { runCli } from "../src/ops/cli.ts";
 import { openBackend } from "../backends/open_url.ts";
 import { SQLiteDurability } from "../backends/sqlite/durability.ts";
+import { EventsDurability, SharedFileEventJournal } from "../backends/events/mod.ts";
 import { PostgresDurability } from "../backends/postgres/mod.ts";
 import { RedisDurability } from "../backends/redis/durability.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
@@ -72,6 +73,21 @@ describe("files: nothing is created", () => {
       expect(message).toContain(scheme === "events+file" ? "FileEventJournal.open() creates it" : "SharedFileEventJournal.open() creates it");
     }
     expect(readdirSync(tmp)).toEqual(before);
+  });
+
+  test("events+file: on a shared journal with an append log: refused (it would take the log over), the log kept", async () => {
+    const path = join(tmp, "shared.json");
+    const journal = await SharedFileEventJournal.open(path, { appendLog: true });
+    await fill(new EventsDurability({ journal }));
+    await journal.close();
+    const log = readFileSync(`${path}.log`, "utf8");
+    expect(log).not.toBe("");
+    const message = await refusedByEvery(`events+file:${path}`, /has the append log of a SharedFileEventJournal/);
+    expect(message).toContain("open it with events+shared:");
+    expect(readFileSync(`${path}.log`, "utf8")).toBe(log);
+    const r = await cli(["-b", `events+shared:${path}`, "stats", "--json"]);
+    expect([r.code, r.stderr]).toEqual([0, ""]);
+    expect(JSON.parse(r.stdout).inbox).toEqual({ pending: 1, processing: 0, failed: 0, done: 1, dead: 1 });
   });
 
   test("a directory instead of a file", async () => {
