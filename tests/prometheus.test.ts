@@ -5,6 +5,12 @@ import { MemoryDurability } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
 import { escapeLabelValue, prometheusMetrics } from "../src/ops/prometheus.ts";
 import { histogram, parseExposition, value } from "./support/prometheus_parser.ts";
+import { zeroMetrics } from "../src/engine.ts";
+
+/** A bot that is never started: its `durability` reads zero counters and empty histograms. */
+function bot0(): Bot {
+  return new Bot({ provider: new MockProvider(), durability: { backend: new MemoryDurability(), instanceId: "docs" } });
+}
 
 const COUNTER_NAMES = [
   "inbound_journaled",
@@ -135,6 +141,18 @@ describe("prometheusMetrics", () => {
     } finally {
       await bot.stop();
     }
+  });
+
+  test("docs/operations.md lists every counter of metrics() and every histogram of histograms(), in order", async () => {
+    const doc = await Bun.file(new URL("../docs/operations.md", import.meta.url)).text();
+    const table = (header: string) => {
+      const start = doc.indexOf(header);
+      if (start < 0) throw new Error(`no table "${header}" in docs/operations.md`);
+      const rows = doc.slice(start).split("\n").slice(2);
+      return rows.slice(0, rows.findIndex((line) => !line.startsWith("|"))).map((line) => /^\| `(\w+)` \|/.exec(line)?.[1]);
+    };
+    expect(table("| counter | what |")).toEqual(Object.keys(zeroMetrics()));
+    expect(table("| histogram | what |")).toEqual(Object.keys(bot0().durability!.histograms()));
   });
 
   test("a bare backend: gauges only, the age of the oldest pending record, the cap as a lower bound", async () => {
