@@ -46,6 +46,8 @@ export {
   type OutboxOptions,
   parseDuration,
 } from "./src/config.ts";
+export type { DurabilityHistograms, HistogramSnapshot } from "./src/histogram.ts";
+export type { SpanContextLike, SpanLike, TracerLike } from "./src/tracing.ts";
 export {
   ANY,
   AUDIO,

@@ -11,6 +11,10 @@ import type { DurabilityBackend } from "../src/contract.ts";
 import { BackendUrlError, type OpenedBackend, OperationError } from "../src/ops/cli.ts";
 import { statFile } from "../src/runtime/fs.ts";
 import { FileDurability } from "./file/mod.ts";
+import { EventsDurability } from "./events/durability.ts";
+import { FileEventJournal } from "./events/file_journal.ts";
+import { SharedFileEventJournal } from "./events/shared_journal.ts";
+import { checkFile, checkPostgresTables, checkRedisPrefix, checkSqliteTables, type RedisProbe } from "./open_checks.ts";
 import { PostgresDurability } from "./postgres/mod.ts";
 import { RedisDurability } from "./redis/mod.ts";
 import { SQLiteDurability } from "./sqlite/mod.ts";
@@ -63,26 +67,70 @@ async function openLocal(
   params: Map<string, string>,
 ): Promise<OpenedBackend> {
   if (path === "") throw new BackendUrlError(shown, `Backend URL ${JSON.stringify(shown)} has no path`);
-  const st = await statFile(path);
-  if (st === null) throw new OperationError(`Backend file ${JSON.stringify(path)} does not exist (from ${JSON.stringify(shown)})`);
-  if (st.isDirectory) throw new OperationError(`Backend file ${JSON.stringify(path)} is a directory`);
   let backend: DurabilityBackend;
-  if (kind === "sqlite") {
+  try {
     const tablePrefix = params.get("tablePrefix");
-    backend = new SQLiteDurability(tablePrefix === undefined ? { file: path } : { file: path, tablePrefix });
-  } else {
-    backend = new FileDurability({ path });
+    backend = kind === "sqlite"
+      ? new SQLiteDurability(tablePrefix === undefined ? { file: path } : { file: path, tablePrefix })
+      : new FileDurability({ path });
+  } catch (error) {
+    throw new BackendUrlError(shown, errorMessage(error));
   }
+  await checkFile(path, kind === "sqlite" ? "SQLite file" : "Backend file", shown);
+  if (kind === "sqlite") await checkSqliteTables(path, params.get("tablePrefix") ?? "botmesh_", shown);
   await backend.open?.();
   return { backend, description: `${kind} ${path}`, close: async () => await backend.close?.() };
+}
+
+async function openJournal(kind: "file" | "shared", path: string, shown: string): Promise<OpenedBackend> {
+  if (path === "") throw new BackendUrlError(shown, `Backend URL ${JSON.stringify(shown)} has no path`);
+  await checkFile(
+    path,
+    "Events journal file",
+    shown,
+    `${kind === "file" ? "FileEventJournal" : "SharedFileEventJournal"}.open() creates it (the app opens the journal for its bot)`,
+  );
+  if (kind === "file" && (await statFile(`${path}.log`)) !== null) {
+    // FileEventJournal.open would take the log over (replay it into the snapshot and remove it).
+    throw new OperationError(
+      `Events journal ${JSON.stringify(path)} has the append log of a SharedFileEventJournal (${path}.log): ` +
+        `open it with events+shared: (events+file: would take the log over and change the file)`,
+    );
+  }
+  let journal: FileEventJournal | SharedFileEventJournal;
+  try {
+    journal = kind === "file" ? await FileEventJournal.open(path, { lock: true }) : await SharedFileEventJournal.open(path);
+  } catch (error) {
+    const locked = (error as { name?: unknown } | null)?.name === "FileLockedError";
+    throw new OperationError(
+      `Cannot open events journal ${JSON.stringify(path)} (from ${JSON.stringify(shown)}): ${errorMessage(error)}` +
+        (locked
+          ? kind === "file"
+            ? " (a FileEventJournal is open only in one process: stop the bot first)"
+            : " (the bot uses a FileEventJournal: stop it, then open the file with events+file:)"
+          : ""),
+    );
+  }
+  const backend = new EventsDurability({ journal });
+  return {
+    backend,
+    description: `events+${kind} ${path}`,
+    close: async () => {
+      await backend.close();
+      await journal.close();
+    },
+  };
 }
 
 /**
  * Opens a durability backend from a URL or a path, and calls its `open()`:
  *
  * - `sqlite:./data/bot.db`, `sqlite:///abs/path.db`, or a path ending in
- *   `.db`, `.sqlite`, `.sqlite3` (`?tablePrefix=`); the file must exist;
+ *   `.db`, `.sqlite`, `.sqlite3` (`?tablePrefix=`);
  * - `file:./data/bot.json`, `file:///abs/path.json`, or a path ending in `.json`;
+ * - `events+file:./data/events.json` (a `FileEventJournal`, its lock taken) or
+ *   `events+shared:./data/events.json` (a `SharedFileEventJournal`), as an
+ *   `EventsDurability` with the journal's outbox sidecar;
  * - `postgres://…` / `postgresql://…` with `?schema=…&tablePrefix=…` (other
  *   parameters go to the driver), through the `postgres` package;
  * - `redis+upstash://<token>@host[:port]` (https; `?insecure=1` or
@@ -90,11 +138,17 @@ async function openLocal(
  * - `redis://host:port` / `rediss://…`, through `ioredis`;
  * - Redis forms take `?keyPrefix=…`.
  *
+ * Nothing is created: a file that does not exist, a SQLite file or a Postgres
+ * schema without the backend's tables (of that `tablePrefix`), a Redis key
+ * prefix under which nothing was journaled are refused, the error naming
+ * what was not found and the backends that are there. An existing schema
+ * of an older version is upgraded, as a bot of this version would.
+ *
  * @param url the URL or path
  * @returns the open backend and how to close it (ending the client it created)
  * @throws {BackendUrlError} when the URL has no known form or a bad parameter (the message lists the forms)
- * @throws {Error} naming the package when the driver is not installed, the file when it does not exist,
- *   or the backend's error when it cannot be opened
+ * @throws {OperationError} naming the package when the driver is not installed, what was not found when the
+ *   backend does not exist, or the backend's error when it cannot be opened
  * @example
  * ```ts
  * const { backend, close } = await openBackend("sqlite:./data/bot.db");
@@ -105,7 +159,7 @@ async function openLocal(
 export async function openBackend(url: string): Promise<OpenedBackend> {
   const shown = hideCredentials(url);
   const scheme = /^([a-z][a-z0-9+.-]+):/i.exec(url)?.[1]?.toLowerCase();
-  if (scheme === "sqlite" || scheme === "file") {
+  if (scheme === "sqlite" || scheme === "file" || scheme === "events+file" || scheme === "events+shared") {
     const { rest, params } = splitQuery(url.slice(scheme.length + 1), shown, scheme === "sqlite" ? ["tablePrefix"] : []);
     let path = rest;
     if (path.startsWith("//")) {
@@ -117,6 +171,7 @@ export async function openBackend(url: string): Promise<OpenedBackend> {
         );
       }
     }
+    if (scheme === "events+file" || scheme === "events+shared") return await openJournal(scheme === "events+file" ? "file" : "shared", path, shown);
     return await openLocal(scheme, path, shown, params);
   }
   if (scheme === "postgres" || scheme === "postgresql") return await openPostgres(url, shown);
@@ -161,6 +216,7 @@ async function openPostgres(url: string, shown: string): Promise<OpenedBackend> 
       ...(schema !== undefined ? { schema } : {}),
       ...(tablePrefix !== undefined ? { tablePrefix } : {}),
     });
+    await checkPostgresTables(sql, backend.schema, backend.tablePrefix, shown);
     await backend.open();
     const where = `${u.hostname}${u.port ? `:${u.port}` : ""}${u.pathname}`;
     return {
@@ -174,9 +230,13 @@ async function openPostgres(url: string, shown: string): Promise<OpenedBackend> 
   } catch (error) {
     await sql.end({ timeout: 0 }).catch(() => {});
     if (error instanceof TypeError || error instanceof RangeError) throw new BackendUrlError(shown, errorMessage(error));
+    if (error instanceof OperationError) throw error;
     throw new OperationError(`Cannot open Postgres at ${JSON.stringify(shown)}: ${errorMessage(error)}`);
   }
 }
+
+/** Keys one SCAN page looks at (when listing the key prefixes there are). */
+const SCAN_COUNT = 1000;
 
 function keyPrefixOf(u: URL): { keyPrefix?: string } {
   const keyPrefix = u.searchParams.get("keyPrefix");
@@ -196,11 +256,19 @@ function onlyParams(u: URL, shown: string, allowed: readonly string[]): void {
   }
 }
 
-async function openRedis(backend: RedisDurability, shown: string, end: () => Promise<unknown>, what: string): Promise<OpenedBackend> {
+async function openRedis(
+  backend: RedisDurability,
+  probe: RedisProbe,
+  shown: string,
+  end: () => Promise<unknown>,
+  what: string,
+): Promise<OpenedBackend> {
   try {
     await backend.open();
+    await checkRedisPrefix(probe, backend.keyPrefix, shown);
   } catch (error) {
     await end().catch(() => {});
+    if (error instanceof OperationError) throw error;
     throw new OperationError(`Cannot open Redis at ${JSON.stringify(shown)}: ${errorMessage(error)}`);
   }
   return {
@@ -227,14 +295,25 @@ async function openUpstash(url: string, shown: string, scheme: string): Promise<
   const http = scheme === "redis+upstash+http" || insecure === "1" || insecure === "true";
   const rest = `${http ? "http" : "https"}://${u.host}${u.pathname === "/" ? "" : u.pathname}`;
   const mod: Record<string, unknown> = await import("@upstash/redis").catch(notLoaded("@upstash/redis", "redis+upstash:// URLs"));
-  const Redis = mod.Redis as new (options: Record<string, unknown>) => unknown;
+  const Redis = mod.Redis as new (options: Record<string, unknown>) => {
+    exists(...keys: string[]): Promise<number>;
+    scan(cursor: string, options: { match: string; count: number }): Promise<[string | number, string[]]>;
+  };
   let backend: RedisDurability;
+  const client = new Redis({ url: rest, token, retry: false });
   try {
-    backend = new RedisDurability({ client: new Redis({ url: rest, token, retry: false }), ...keyPrefixOf(u) });
+    backend = new RedisDurability({ client, ...keyPrefixOf(u) });
   } catch (error) {
     throw new BackendUrlError(shown, errorMessage(error));
   }
-  return await openRedis(backend, shown, () => Promise.resolve(), `upstash ${rest}`);
+  const probe: RedisProbe = {
+    exists: (keys) => client.exists(...keys),
+    scan: async (cursor, match) => {
+      const [next, keys] = await client.scan(cursor, { match, count: SCAN_COUNT });
+      return [String(next), keys];
+    },
+  };
+  return await openRedis(backend, probe, shown, () => Promise.resolve(), `upstash ${rest}`);
 }
 
 async function openIoredis(url: string, shown: string): Promise<OpenedBackend> {
@@ -245,6 +324,8 @@ async function openIoredis(url: string, shown: string): Promise<OpenedBackend> {
   const mod: Record<string, unknown> = await import("ioredis").catch(notLoaded("ioredis", "redis:// URLs"));
   const IORedis = (mod.default ?? mod.Redis ?? mod) as new (url: string, options: Record<string, unknown>) => {
     on(event: string, fn: (error: unknown) => void): unknown;
+    exists(...keys: string[]): Promise<number>;
+    scan(cursor: string, ...args: (string | number)[]): Promise<[string, string[]]>;
     quit(): Promise<unknown>;
     disconnect(): void;
   };
@@ -266,7 +347,11 @@ async function openIoredis(url: string, shown: string): Promise<OpenedBackend> {
     throw new BackendUrlError(shown, errorMessage(error));
   }
   try {
-    return await openRedis(backend, shown, end, `redis ${u.host}${u.pathname === "/" ? "" : u.pathname}`);
+    const probe: RedisProbe = {
+      exists: (keys) => client.exists(...keys),
+      scan: (cursor, match) => client.scan(cursor, "MATCH", match, "COUNT", SCAN_COUNT),
+    };
+    return await openRedis(backend, probe, shown, end, `redis ${u.host}${u.pathname === "/" ? "" : u.pathname}`);
   } catch (error) {
     client.disconnect();
     if (lastError !== undefined && !errorMessage(error).includes(errorMessage(lastError))) {

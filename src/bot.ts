@@ -316,12 +316,14 @@ export class Bot {
     return { key };
   }
 
-  /** The send of the handler this call descends from, when it has no key of its own to follow. */
+  /** The send of the handler this call descends from (its key numbering, its done check). */
   #currentHandlerSend(options: SendOptions | undefined): HandlerSend | undefined {
-    if (options?.idempotencyKey !== undefined) return undefined;
     const handling = this.#handlerContext?.get();
     if (handling !== undefined && handling.bot === this) return handling.send;
-    if (this.#handlerContext === null && this.#handlersRunning > 0 && this.#engine && !this.#warnedNoContext) {
+    if (
+      this.#handlerContext === null && options?.idempotencyKey === undefined && this.#handlersRunning > 0 && this.#engine &&
+      !this.#warnedNoContext
+    ) {
       this.#warnedNoContext = true;
       this.#events.emit("warning", {
         code: "send-without-context",

@@ -8,6 +8,7 @@
 import { checkKnownOptions } from "./options.ts";
 import { showValue as show } from "./show.ts";
 import { type DurabilityBackend, INBOX_JOURNAL_METHODS, OUTBOX_JOURNAL_METHODS } from "./contract.ts";
+import { isTracer, type TracerLike } from "./tracing.ts";
 
 /** Exponential backoff with full jitter: a retry waits `random(0, min(capMs, baseMs * 2^attempt))`. */
 export interface BackoffOptions {
@@ -61,6 +62,12 @@ export interface DurabilityOptions {
   outbox?: OutboxOptions;
   /** How often to look for due and abandoned work (default derived from the lease times). */
   sweepIntervalMs?: number;
+  /**
+   * An OpenTelemetry tracer (`trace.getTracer("my-bot")` of `@opentelemetry/api`): spans
+   * `botmesh.admit`, `botmesh.handle` and `botmesh.send`, in the trace of the inbound message.
+   * Without it, no span is made and nothing of OpenTelemetry is loaded.
+   */
+  tracer?: TracerLike;
 }
 
 /** Backoff with defaults applied. */
@@ -84,6 +91,7 @@ export interface ResolvedDurability {
     onAmbiguous: "hold" | "resend";
   };
   sweepIntervalMs: number;
+  tracer: TracerLike | null;
 }
 
 const UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000, w: 604_800_000 };
@@ -186,6 +194,7 @@ export function resolveDurability(value: unknown): ResolvedDurability {
     "inbox",
     "outbox",
     "sweepIntervalMs",
+    "tracer",
   ]);
   if (raw.backend === undefined) {
     throw new TypeError(`Option "durability.backend" is required when "durability" is given`);
@@ -242,6 +251,11 @@ export function resolveDurability(value: unknown): ResolvedDurability {
   };
   const derivedSweep = Math.max(10, Math.min(5000, Math.floor(Math.min(inbox.leaseMs, outbox.leaseMs) / 2)));
   const sweepIntervalMs = integer(raw.sweepIntervalMs, "durability.sweepIntervalMs", derivedSweep, 1, MAX_TIMER_MS);
+  if (raw.tracer !== undefined && !isTracer(raw.tracer)) {
+    throw new TypeError(
+      `Option "durability.tracer" must be an OpenTelemetry tracer (with startSpan and startActiveSpan), got ${show(raw.tracer)}`,
+    );
+  }
   return {
     backend: raw.backend,
     instanceId,
@@ -250,5 +264,6 @@ export function resolveDurability(value: unknown): ResolvedDurability {
     inbox,
     outbox,
     sweepIntervalMs,
+    tracer: (raw.tracer as TracerLike | undefined) ?? null,
   };
 }

@@ -37,6 +37,8 @@ import {
 } from "./provider.ts";
 import { type Clock, type ClockTimer, every, type Repeating, sleep } from "./clock.ts";
 import { hostname, randomId } from "./runtime/mod.ts";
+import type { DurabilityHistograms } from "./histogram.ts";
+import { Observer, TRACE_FIELD, withoutTrace } from "./observe.ts";
 
 /** The counters of `bot.durability.metrics()`. */
 export interface DurabilityMetrics {
@@ -193,6 +195,8 @@ export interface DurabilityControl {
   retrySend(key: string): Promise<boolean>;
   /** A snapshot of the counters. */
   metrics(): DurabilityMetrics;
+  /** A snapshot of the duration histograms (this process's, since `bot.start()`). */
+  histograms(): DurabilityHistograms;
   /**
    * The records the backend set aside as damaged (kept, never deleted), inbox first, at most
    * `limit` (default 100) per journal.
@@ -322,6 +326,7 @@ export class DurabilityEngine {
   #instanceId = "";
   #host: EngineHost;
   #metrics: DurabilityMetrics = zeroMetrics();
+  #observer: Observer;
   #dedupe = new BoundedSet<string>(DEDUPE_CAPACITY);
   /** The admission timeouts (one timer for all: a timer per admission cost more than a memory admit). */
   #deadlines: Deadlines;
@@ -385,6 +390,7 @@ export class DurabilityEngine {
     this.#host = host;
     this.#clock = host.clock;
     this.#deadlines = new Deadlines(host.clock);
+    this.#observer = new Observer(host.clock, config.tracer);
   }
 
   /** The resolved instanceId. */
@@ -685,7 +691,11 @@ export class DurabilityEngine {
    * @param dispatch where the admitted job goes (its place in the bot's per-chat queue)
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
-  async admit(message: InboundMessage, dispatch: (job: InboundJob) => void): Promise<AdmitResult> {
+  admit(message: InboundMessage, dispatch: (job: InboundJob) => void): Promise<AdmitResult> {
+    return this.#observer.admit(message, (traceparent) => this.#admit(message, dispatch, traceparent));
+  }
+
+  async #admit(message: InboundMessage, dispatch: (job: InboundJob) => void, traceparent?: string): Promise<AdmitResult> {
     const id = message.id;
     if (this.#halted || this.#stopping) {
       return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
@@ -699,7 +709,7 @@ export class DurabilityEngine {
         return { status: "duplicate", id };
       }
     }
-    const admission = this.#admitOnce(message, dispatch);
+    const admission = this.#admitOnce(message, dispatch, traceparent);
     this.#admitting.set(id, admission);
     try {
       return await admission;
@@ -708,7 +718,7 @@ export class DurabilityEngine {
     }
   }
 
-  async #admitOnce(message: InboundMessage, dispatch: (job: InboundJob) => void): Promise<AdmitResult> {
+  async #admitOnce(message: InboundMessage, dispatch: (job: InboundJob) => void, traceparent?: string): Promise<AdmitResult> {
     const id = message.id;
     if (this.#halted || this.#stopping) {
       return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
@@ -721,6 +731,7 @@ export class DurabilityEngine {
     let payload: JsonValue;
     try {
       payload = encodeContent(message, "message");
+      if (traceparent !== undefined) payload = { ...payload as Record<string, JsonValue>, [TRACE_FIELD]: traceparent };
     } catch (error) {
       this.#dedupe.delete(id);
       const err = asError(error);
@@ -833,7 +844,7 @@ export class DurabilityEngine {
         return void this.#report(new Error(`Unreadable inbound message "${job.message.id}": ${unreadable}`), "unjournaled message");
       }
       try {
-        await handle();
+        await this.#observer.handle(job.message, null, handle);
       } catch (error) {
         this.#report(error, `handler of unjournaled message "${job.message.id}"`);
       }
@@ -855,7 +866,7 @@ export class DurabilityEngine {
       failure = new Error(`Processing was cut off (crash or lost lease) in ${record.attempts - 1} attempts`);
     } else {
       try {
-        await handle();
+        await this.#observer.handle(job.message, record, handle);
       } catch (error) {
         if (isProcessDeath(error) || this.#halted) return void this.#halt();
         failed = true;
@@ -1010,7 +1021,8 @@ export class DurabilityEngine {
    */
   sendDirect(chatId: string, content: OutboundContent, key: string): Promise<SendResult> {
     if (this.#halted) return Promise.reject(new Error("The process died"));
-    const work = this.#host.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: this.#abort.signal })
+    const call = { key, chatId, attempt: 1, inboundId: null };
+    const work = this.#observer.providerCall(call, () => this.#host.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: this.#abort.signal }))
       .then((receipt): SendResult => ({ key, state: "sent", messageId: String(receipt?.messageId ?? "") }));
     this.#host.track(work.catch(() => {}));
     return work;
@@ -1157,11 +1169,12 @@ export class DurabilityEngine {
       try {
         this.#calling.add(key);
         called = true;
-        const receipt = await provider.send(
+        const call = { key, chatId, attempt, inboundId: entry.inboundId, createdAt: entry.createdAt };
+        const receipt = await this.#observer.providerCall(call, () => provider.send(
           chatId,
           content ?? decodeContent(entry.content) as OutboundContent,
           { idempotencyKey: key, attempt, signal: this.#abort.signal },
-        );
+        ));
         messageId = this.#messageIdOf(receipt, key);
       } catch (error) {
         if (isProcessDeath(error) || this.#halted) {
@@ -1173,6 +1186,7 @@ export class DurabilityEngine {
         return failed.result;
       }
       settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
+      if (settled) this.#observer.replySent(entry.inboundId);
       this.#confirmed.delete(key);
       return { key, state: "sent", messageId };
     } catch (error) {
@@ -1417,11 +1431,9 @@ export class DurabilityEngine {
         await sleep(this.#clock, this.config.sweepIntervalMs);
       }
       return this.#inChatOrder(chatId, async () => {
-        const receipt = await this.#host.provider.send(chatId, content, {
-          idempotencyKey: key,
-          attempt: 1,
-          signal: this.#abort.signal,
-        });
+        const call = { key, chatId, attempt: 1, inboundId: null };
+        const receipt = await this.#observer.providerCall(call, () =>
+          this.#host.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: this.#abort.signal }));
         return { key, state: "sent" as const, messageId: this.#messageIdOf(receipt, key), bypassed: true };
       });
     };
@@ -1599,7 +1611,7 @@ export class DurabilityEngine {
   #dispatchRecord(record: InboundRecord, lease: HeldLease): void {
     let message: InboundMessage;
     try {
-      message = decodeContent(record.payload) as InboundMessage;
+      message = withoutTrace(decodeContent(record.payload) as InboundMessage);
     } catch (error) {
       message = { id: record.id, chatId: record.chatId, type: "unknown" };
       this.#report(error, `payload of inbound record "${record.id}"`);
@@ -1755,6 +1767,7 @@ export class DurabilityEngine {
         return requeued;
       },
       metrics: () => ({ ...this.#metrics }),
+      histograms: () => this.#observer.histograms(),
       damaged: (options) => listDamaged(backend, options),
     };
   }

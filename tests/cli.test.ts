@@ -1,4 +1,4 @@
-// The botmesh-durable CLI as a real process: Bun (`bun cli.ts`) on SQLite, file, Postgres and Redis
+// The botmesh-durable CLI as a real process: Bun (`bun cli.ts`) on SQLite, file, events journals, Postgres and Redis
 // (Upstash REST bridge and ioredis); Deno and Node 20 (bundled) on SQLite.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
@@ -7,9 +7,9 @@ import { join } from "node:path";
 import { tmpdir } from "node:os";
 import IORedis from "ioredis";
 import postgres from "postgres";
-import type { DurabilityBackend } from "../mod.ts";
 import { FileDurability } from "../backends/file/durability.ts";
 import { SQLiteDurability } from "../backends/sqlite/durability.ts";
+import { EventsDurability, FileEventJournal, SharedFileEventJournal } from "../backends/events/mod.ts";
 import { PostgresDurability } from "../backends/postgres/mod.ts";
 import { RedisDurability } from "../backends/redis/durability.ts";
 import { Redis as Upstash } from "@upstash/redis";
@@ -17,6 +17,7 @@ import { BackendUrlError } from "../src/ops/cli.ts";
 import { openBackend } from "../backends/open_url.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
+import { fill } from "./support/cli_fill.ts";
 
 const root = join(import.meta.dir, "..");
 const bin = join(root, "node_modules", ".bin");
@@ -61,32 +62,6 @@ async function spawn(cmd: string[], env: Record<string, string> = {}): Promise<R
 }
 
 const bun: Runner = (args) => spawn([join(bin, "bun"), join(root, "cli.ts"), ...args]);
-
-const OWNER = { owner: "cli-test", incarnation: "i1", leaseMs: 60_000 };
-
-/** Dead, done and pending inbound records; dead and sent outbox entries. */
-async function fill(backend: DurabilityBackend): Promise<void> {
-  await backend.open?.();
-  const t = Date.now();
-  const admit = (id: string, receivedAt: number) =>
-    backend.inbox.admit({ id, kind: "message", chatId: "c1", provider: "mock", payload: { text: `text of ${id}` }, receivedAt });
-  await admit("in-pending", t - 120_000);
-  await admit("in-dead", t - 60_000);
-  const dead = await backend.inbox.claim("in-dead", OWNER);
-  await backend.inbox.fail("in-dead", dead!.lease!.token, { error: 'Handler "boom" failed\nat line 2', dead: true });
-  await admit("in-done", t - 30_000);
-  const done = await backend.inbox.claim("in-done", OWNER);
-  await backend.inbox.complete("in-done", done!.lease!.token);
-
-  const reserve = (key: string, chatId: string) =>
-    backend.outbox.reserve({ key, chatId, content: { text: key }, contentHash: key, inboundId: null }, OWNER);
-  const r1 = await reserve("out-dead", "c2");
-  expect(r1.status).toBe("leased");
-  await backend.outbox.markFailed("out-dead", r1.entry.lease!.token, { error: "Invalid recipient", dead: true });
-  const r2 = await reserve("out-sent", "c3");
-  await backend.outbox.markSent("out-sent", r2.entry.lease!.token, "msg-1");
-  await backend.close?.();
-}
 
 /** Runs several commands: at once, or one after the other (a file backend admits one process at a time). */
 function many(run: Runner, parallel: boolean, list: string[][]): Promise<Run[]> {
@@ -270,6 +245,40 @@ describe("botmesh-durable under Bun", () => {
     expect(r.json().inbox.pending).toBe(2);
   }, SLOW);
 
+  test("events journals: events+file: (FileEventJournal, its lock taken) and events+shared: (SharedFileEventJournal)", async () => {
+    const plain = join(tmp, "events.json");
+    const journal = await FileEventJournal.open(plain, { lock: true });
+    await fill(new EventsDurability({ journal }));
+    await journal.append({ id: "app-1", channel: "orders", eventType: "created", payload: {}, createdAt: Date.now() });
+    await journal.close();
+    await fullScenario(bun, `events+file:${plain}`, false);
+    let r = await bun(["-b", `events+file:${plain}`, "stats"]);
+    expect(r.stdout).toContain(`Backend: events+file ${plain}`);
+    // Only the bot's channel is the inbox: the app's own events are not listed.
+    r = await bun(["-b", `events+file:${plain}`, "list", "inbox", "--json"]);
+    expect(r.json().map((x: { id: string }) => x.id).sort()).toEqual(["in-dead", "in-pending"]);
+
+    const shared = join(tmp, "shared-events.json");
+    const sharedJournal = await SharedFileEventJournal.open(shared, { appendLog: true });
+    await fill(new EventsDurability({ journal: sharedJournal }));
+    await sharedJournal.close();
+    await fullScenario(bun, `events+shared:${shared}`, false);
+
+    // A FileEventJournal is one process's: the CLI says so while it is open.
+    const held = await FileEventJournal.open(plain, { lock: true });
+    try {
+      r = await bun(["-b", `events+file:${plain}`, "stats"]);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toContain(`Cannot open events journal ${JSON.stringify(plain)}`);
+      expect(r.stderr).toContain("stop the bot first");
+      r = await bun(["-b", `events+shared:${plain}`, "stats"]);
+      expect(r.code).toBe(1);
+      expect(r.stderr).toContain("the bot uses a FileEventJournal: stop it, then open the file with events+file:");
+    } finally {
+      await held.close();
+    }
+  }, SLOW);
+
   test("usage errors exit 2 with the usage on stderr; errors name the argument", async () => {
     const file = join(tmp, "usage.db");
     await fill(new SQLiteDurability({ file }));
@@ -299,6 +308,7 @@ describe("botmesh-durable under Bun", () => {
       expect({ args, code: r.code, stdout: r.stdout }).toEqual({ args, code: 2, stdout: "" });
       expect(r.stderr).toMatch(pattern);
       expect(r.stderr).toContain("Usage: botmesh-durable");
+      expect(r.stderr).not.toContain("Accepted backend forms"); // the one usage line, not the whole help
     });
 
     const help = await bun(["--help"]);
@@ -331,7 +341,7 @@ describe("botmesh-durable under Bun", () => {
     }
     const missing = await bun(["-b", "sqlite:./nope/bot.db", "stats"]);
     expect(missing.code).toBe(1);
-    expect(missing.stderr).toContain('Backend file "./nope/bot.db" does not exist');
+    expect(missing.stderr).toContain('SQLite file "./nope/bot.db" does not exist (nor does its directory');
     const refused = await bun(["-b", "postgres://u:secret@127.0.0.1:1/db", "stats"]);
     expect(refused.code).toBe(1);
     expect(refused.stderr).toContain('Cannot open Postgres at "postgres://u:***@127.0.0.1:1/db"');

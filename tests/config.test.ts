@@ -65,6 +65,12 @@ describe("durability options are validated and named in errors", () => {
     rejects({ backend, inbox: { admitTimeoutMs: 0 } }, RangeError, "durability.inbox.admitTimeoutMs", "0");
     rejects({ backend, outbox: { backoff: { capMs: 3e9 } } }, RangeError, "durability.outbox.backoff.capMs");
   });
+  test("a tracer must have startSpan and startActiveSpan", () => {
+    rejects({ backend, tracer: {} }, TypeError, "durability.tracer");
+    rejects({ backend, tracer: { startSpan() {} } }, TypeError, "durability.tracer");
+    const tracer = { startSpan() {}, startActiveSpan() {} };
+    expect(resolveDurability({ backend, tracer } as never).tracer).toBe(tracer as never);
+  });
   test("the defaults of SPEC §7", () => {
     const resolved = resolveDurability({ backend });
     expect(resolved).toEqual({
@@ -81,6 +87,7 @@ describe("durability options are validated and named in errors", () => {
         onAmbiguous: "hold",
       },
       sweepIntervalMs: 5000,
+      tracer: null,
     });
     expect(resolveDurability({ backend, outbox: { leaseMs: 40 } }).sweepIntervalMs).toBe(20);
     expect(new Bot({ provider: new MockProvider() }).durability).toBeUndefined();

@@ -51,6 +51,12 @@ test("only src/runtime/ touches runtime-specific APIs", () => {
   expect(offenders).toEqual([]);
 });
 
+test("nothing published imports @opentelemetry: the user passes a tracer in (durability.tracer)", () => {
+  const files = [...ENTRIES, ...tsFiles(join(root, "src")), ...tsFiles(join(root, "backends")), ...tsFiles(join(root, "providers"))];
+  const pattern = /from\s+["']@opentelemetry\/|import\(\s*["']@opentelemetry\//;
+  expect(files.filter((file) => pattern.test(code(file))).map((file) => relative(root, file))).toEqual([]);
+});
+
 test("the core (src/) imports no backend, no provider and no package entry", () => {
   const offenders: string[] = [];
   const files = tsFiles(join(root, "src"));

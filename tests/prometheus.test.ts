@@ -1,79 +1,15 @@
-// prometheusMetrics: the text exposition of the counters and the journal gauges, checked with a strict parser.
+// prometheusMetrics: the text exposition of the counters, histograms and journal gauges, checked with a strict parser.
 import { describe, expect, test } from "bun:test";
 import { Bot, ProviderError } from "../mod.ts";
 import { MemoryDurability } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
 import { escapeLabelValue, prometheusMetrics } from "../src/ops/prometheus.ts";
+import { histogram, parseExposition, value } from "./support/prometheus_parser.ts";
+import { zeroMetrics } from "../src/engine.ts";
 
-interface Sample {
-  name: string;
-  labels: Record<string, string>;
-  value: number;
-}
-interface Parsed {
-  types: Map<string, string>;
-  help: Map<string, string>;
-  samples: Sample[];
-}
-
-/** A strict parser of the text format 0.0.4 (the subset we write): throws on anything else. */
-function parseExposition(text: string): Parsed {
-  if (!text.endsWith("\n")) throw new Error("the exposition must end with a newline");
-  const types = new Map<string, string>();
-  const help = new Map<string, string>();
-  const samples: Sample[] = [];
-  const NAME = "[a-zA-Z_:][a-zA-Z0-9_:]*";
-  const lines = text.slice(0, -1).split("\n");
-  for (const [i, line] of lines.entries()) {
-    const where = `line ${i + 1} ${JSON.stringify(line)}`;
-    let m: RegExpExecArray | null;
-    if ((m = new RegExp(`^# HELP (${NAME}) (.*)$`).exec(line))) {
-      if (help.has(m[1]!)) throw new Error(`${where}: second HELP`);
-      if (/\\[^\\n]|\\$/.test(m[2]!.replace(/\\\\/g, ""))) throw new Error(`${where}: bad escape in HELP`);
-      help.set(m[1]!, m[2]!);
-      continue;
-    }
-    if ((m = new RegExp(`^# TYPE (${NAME}) (counter|gauge|histogram|summary|untyped)$`).exec(line))) {
-      if (types.has(m[1]!)) throw new Error(`${where}: second TYPE`);
-      types.set(m[1]!, m[2]!);
-      continue;
-    }
-    m = new RegExp(`^(${NAME})(?:\\{(.*)\\})? (\\S+)$`).exec(line);
-    if (!m) throw new Error(`${where}: neither HELP, TYPE nor a sample`);
-    const [, name, labelText, valueText] = m;
-    if (!types.has(name!)) throw new Error(`${where}: sample of ${name} before (or without) its TYPE`);
-    if (!/^(?:[+-]?(?:\d+(?:\.\d+)?(?:e[+-]?\d+)?)|NaN|[+-]Inf)$/i.test(valueText!)) {
-      throw new Error(`${where}: value ${valueText} is not numeric`);
-    }
-    const labels: Record<string, string> = {};
-    if (labelText !== undefined) {
-      const re = /([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\\\|\\"|\\n)*)"(,|$)/y;
-      let pos = 0;
-      while (pos < labelText.length) {
-        re.lastIndex = pos;
-        const l = re.exec(labelText);
-        if (!l) throw new Error(`${where}: bad label syntax at ${pos}`);
-        if (l[1]! in labels) throw new Error(`${where}: label ${l[1]} twice`);
-        labels[l[1]!] = l[2]!.replace(/\\(\\|"|n)/g, (_, c: string) => (c === "n" ? "\n" : c));
-        pos = re.lastIndex;
-        if (l[3] === "," && pos === labelText.length) throw new Error(`${where}: trailing comma`);
-      }
-    }
-    samples.push({ name: name!, labels, value: Number(valueText!.replace(/Inf$/i, "Infinity")) });
-  }
-  for (const name of types.keys()) {
-    if (!help.has(name)) throw new Error(`${name} has a TYPE but no HELP`);
-    if (!samples.some((s) => s.name === name)) throw new Error(`${name} has a TYPE but no sample`);
-  }
-  return { types, help, samples };
-}
-
-function value(p: Parsed, name: string, labels: Record<string, string> = {}): number {
-  const found = p.samples.filter((s) =>
-    s.name === name && Object.entries(labels).every(([k, v]) => s.labels[k] === v)
-  );
-  if (found.length !== 1) throw new Error(`expected one sample ${name} ${JSON.stringify(labels)}, found ${found.length}`);
-  return found[0]!.value;
+/** A bot that is never started: its `durability` reads zero counters and empty histograms. */
+function bot0(): Bot {
+  return new Bot({ provider: new MockProvider(), durability: { backend: new MemoryDurability(), instanceId: "docs" } });
 }
 
 const COUNTER_NAMES = [
@@ -99,10 +35,21 @@ const COUNTER_NAMES = [
 describe("prometheusMetrics", () => {
   test("the parser itself refuses what is not the format", () => {
     expect(() => parseExposition("foo 1\n")).toThrow(/without\) its TYPE/);
-    expect(() => parseExposition("# TYPE foo counter\n# HELP foo x\nfoo one\n")).toThrow(/not numeric/);
+    expect(() => parseExposition("# TYPE foo gauge\n# HELP foo x\nfoo one\n")).toThrow(/not numeric/);
     expect(() => parseExposition('# TYPE foo gauge\n# HELP foo x\nfoo{a="x"y"} 1\n')).toThrow(/label syntax/);
     expect(() => parseExposition("# TYPE foo gauge\n# HELP foo x\nfoo 1")).toThrow(/newline/);
     expect(() => parseExposition("# TYPE foo gauge\n# HELP foo x\nhello\n")).toThrow(/neither/);
+    expect(() => parseExposition("# TYPE foo counter\n# HELP foo x\nfoo 1\n")).toThrow(/_total/);
+    expect(() => parseExposition("# TYPE a gauge\n# HELP a x\n# TYPE b gauge\n# HELP b x\nb 1\na 1\n")).toThrow(/outside/);
+    expect(() => parseExposition("# TYPE a gauge\n# HELP a x\na 1\na 2\n")).toThrow(/twice/);
+    const h = (lines: string) => parseExposition(`# TYPE h histogram\n# HELP h x\n${lines}`);
+    expect(() => h('h_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n')).not.toThrow();
+    expect(() => h('h_bucket{le="1"} 3\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n')).toThrow(/decreases/);
+    expect(() => h('h_bucket{le="2"} 1\nh_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 2\n')).toThrow(/not above/);
+    expect(() => h('h_bucket{le="1"} 1\nh_bucket{le="+Inf"} 2\nh_sum 3\nh_count 3\n')).toThrow(/is not _count/);
+    expect(() => h('h_bucket{le="1"} 1\nh_sum 3\nh_count 1\n')).toThrow(/\+Inf/);
+    expect(() => h('h_bucket{le="1"} 1\nh_bucket{le="+Inf"} 1\nh_count 1\n')).toThrow(/_sum/);
+    expect(() => h("h 1\n")).toThrow(/TYPE/);
   });
 
   test("exact counters and gauges after a scenario with duplicates, dead letters and an ambiguous send", async () => {
@@ -140,7 +87,8 @@ describe("prometheusMetrics", () => {
       await bot.send("c3", "invoice", { idempotencyKey: "k1" }); // answered from the outbox
       await bot.idle();
 
-      const text = await prometheusMetrics(bot, { labels: { bot: "support" } });
+      const now = Date.now();
+      const text = await prometheusMetrics(bot, { labels: { bot: "support" }, now: () => now });
       const p = parseExposition(text);
       for (const name of COUNTER_NAMES) expect(p.types.get(name)).toBe("counter");
       expect([...p.types.keys()].filter((n) => p.types.get(n) === "counter")).toEqual(COUNTER_NAMES);
@@ -178,11 +126,33 @@ describe("prometheusMetrics", () => {
       expect(["queued", "sending", "sent", "failed", "dead", "unknown"].map(outbox)).toEqual([0, 0, 2, 0, 1, 1]);
       expect(value(p, "botmesh_durable_oldest_pending_age_seconds")).toBe(0);
       expect(value(p, "botmesh_durable_records_count_cap")).toBe(1000);
+      // Provider calls: pong, the reply of m3 (refused), the invoice. Only pong is a reply recorded as sent.
+      const histograms = bot.durability!.histograms();
+      const providerCall = histogram(p, "botmesh_durable_provider_call_seconds");
+      expect(providerCall.count).toBe(3);
+      expect(histogram(p, "botmesh_durable_outbox_queued_seconds").count).toBe(3);
+      expect(histogram(p, "botmesh_durable_reply_latency_seconds").count).toBe(1);
+      expect(providerCall.buckets.map(([le]) => le)).toEqual([...histograms.providerCall.bounds, Infinity]);
+      expect(providerCall.buckets.map(([, n]) => n)).toEqual([...histograms.providerCall.cumulative, 3]);
+      expect(providerCall.sum).toBe(Math.round(histograms.providerCall.sum * 1000) / 1000);
+      expect(p.types.get("botmesh_durable_reply_latency_seconds")).toBe("histogram");
       // The same numbers through bot.durability.
-      expect(await prometheusMetrics(bot.durability!, { labels: { bot: "support" } })).toBe(text);
+      expect(await prometheusMetrics(bot.durability!, { labels: { bot: "support" }, now: () => now })).toBe(text);
     } finally {
       await bot.stop();
     }
+  });
+
+  test("docs/operations.md lists every counter of metrics() and every histogram of histograms(), in order", async () => {
+    const doc = await Bun.file(new URL("../docs/operations.md", import.meta.url)).text();
+    const table = (header: string) => {
+      const start = doc.indexOf(header);
+      if (start < 0) throw new Error(`no table "${header}" in docs/operations.md`);
+      const rows = doc.slice(start).split("\n").slice(2);
+      return rows.slice(0, rows.findIndex((line) => !line.startsWith("|"))).map((line) => /^\| `(\w+)` \|/.exec(line)?.[1]);
+    };
+    expect(table("| counter | what |")).toEqual(Object.keys(zeroMetrics()));
+    expect(table("| histogram | what |")).toEqual(Object.keys(bot0().durability!.histograms()));
   });
 
   test("a bare backend: gauges only, the age of the oldest pending record, the cap as a lower bound", async () => {
@@ -211,6 +181,31 @@ describe("prometheusMetrics", () => {
     expect(text).toContain('botmesh_durable_inbox_records{state="pending"} 3\n');
   });
 
+  test("the age of the oldest record of each state, by receivedAt and createdAt", async () => {
+    const backend = new MemoryDurability();
+    const t0 = 1_700_000_000_000;
+    const admit = (id: string, chatId: string, receivedAt: number) =>
+      backend.inbox.admit({ id, kind: "message", chatId, provider: "test", payload: {}, receivedAt });
+    await admit("late", "c1", t0 + 30_000);
+    await admit("early", "c2", t0 + 10_000); // admitted second, received first
+    await admit("gone", "c3", t0);
+    const claimed = await backend.inbox.claim("gone", { owner: "o", incarnation: "i", leaseMs: 60_000 });
+    await backend.inbox.fail("gone", claimed!.lease!.token, { error: "x", dead: true });
+    const first = await backend.outbox.reserve({ key: "k1", chatId: "c1", content: "a", contentHash: "h1", inboundId: null });
+    await backend.outbox.reserve({ key: "k2", chatId: "c2", content: "b", contentHash: "h2", inboundId: null });
+    const now = Math.max(t0 + 60_000, first.entry.createdAt + 5_000);
+    const p = parseExposition(await prometheusMetrics(backend, { now: () => now }));
+    const inboxAge = (state: string) => value(p, "botmesh_durable_inbox_oldest_age_seconds", { state });
+    const outboxAge = (state: string) => value(p, "botmesh_durable_outbox_oldest_age_seconds", { state });
+    expect(inboxAge("pending")).toBe((now - t0 - 10_000) / 1000);
+    expect(inboxAge("dead")).toBe((now - t0) / 1000);
+    expect([inboxAge("processing"), inboxAge("failed")]).toEqual([0, 0]);
+    expect(outboxAge("queued")).toBe(Math.round(now - first.entry.createdAt) / 1000);
+    expect(["sending", "failed", "dead", "unknown"].map(outboxAge)).toEqual([0, 0, 0, 0]);
+    expect(p.samples.some((s) => s.name === "botmesh_durable_inbox_oldest_age_seconds" && s.labels.state === "done")).toBe(false);
+    expect(p.samples.some((s) => s.name.endsWith("_bucket")), "a backend has no histograms").toBe(false);
+  });
+
   test('label values escape ", \\ and newline', async () => {
     const backend = new MemoryDurability();
     const raw = 'a "quoted" \\path\\ and\nnewline';
@@ -230,6 +225,7 @@ describe("prometheusMetrics", () => {
     await expect(prometheusMetrics(backend, { labels: { "1x": "x" } })).rejects.toThrow(TypeError);
     await expect(prometheusMetrics(backend, { labels: { __name__: "x" } })).rejects.toThrow(/"__name__"/);
     await expect(prometheusMetrics(backend, { labels: { state: "x" } })).rejects.toThrow(/"state"/);
+    await expect(prometheusMetrics(backend, { labels: { le: "x" } })).rejects.toThrow(/"le"/);
     await expect(prometheusMetrics(backend, { labels: { bot: 3 as unknown as string } })).rejects.toThrow(
       /Option "labels.bot" must be a string, got 3/,
     );

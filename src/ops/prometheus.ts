@@ -1,7 +1,8 @@
 /**
- * Prometheus text exposition (format 0.0.4) of a bot's durability: the 17
- * counters of `bot.durability.metrics()` and gauges of the journals (records
- * per state, age of the oldest unhandled inbound record).
+ * Prometheus text exposition (format 0.0.4) of a bot's durability: the
+ * counters of `bot.durability.metrics()`, the duration histograms of
+ * `bot.durability.histograms()` and gauges of the journals (records per
+ * state, age of the oldest record per state).
  *
  * Serve the string with `content-type: text/plain; version=0.0.4; charset=utf-8`
  * ({@link PROMETHEUS_CONTENT_TYPE}).
@@ -20,6 +21,7 @@
 import { checkKnownOptions } from "../options.ts";
 import type { DurabilityBackend, InboundState, OutboxState } from "../contract.ts";
 import type { DurabilityControl, DurabilityMetrics } from "../engine.ts";
+import type { DurabilityHistograms, HistogramSnapshot } from "../histogram.ts";
 import { showValue as show } from "../show.ts";
 
 /** The `content-type` of the text exposition format 0.0.4. */
@@ -29,6 +31,11 @@ export const PROMETHEUS_CONTENT_TYPE: string = "text/plain; version=0.0.4; chars
 export const INBOX_STATES: readonly InboundState[] = ["pending", "processing", "failed", "done", "dead"];
 /** Every outbox state, in lifecycle order. */
 export const OUTBOX_STATES: readonly OutboxState[] = ["queued", "sending", "sent", "failed", "dead", "unknown"];
+
+/** The inbound states whose oldest record's age is a gauge (`done` only grows until purged). */
+export const INBOX_AGE_STATES: readonly InboundState[] = ["pending", "processing", "failed", "dead"];
+/** The outbox states whose oldest entry's age is a gauge (`sent` only grows until purged). */
+export const OUTBOX_AGE_STATES: readonly OutboxState[] = ["queued", "sending", "failed", "dead", "unknown"];
 
 /** Default of {@link PrometheusOptions.countCap}. */
 export const DEFAULT_COUNT_CAP = 1000;
@@ -52,6 +59,69 @@ const COUNTERS: ReadonlyArray<readonly [keyof DurabilityMetrics, string]> = [
   ["conversationsReplayed", "Conversations rebuilt by replaying their handler over the recorded answers."],
   ["conversationsDiverged", "Conversation replays that did not follow the recorded transcript."],
   ["damagedRecords", "Damaged records the backend set aside (never deleted), reported by this bot."],
+];
+
+/** What the histograms are: name in `histograms()`, metric name, and its HELP text. */
+const HISTOGRAMS: ReadonlyArray<readonly [keyof DurabilityHistograms, string, string]> = [
+  [
+    "replyLatency",
+    "botmesh_durable_reply_latency_seconds",
+    "From an inbound message's receipt to each of its replies recorded as sent.",
+  ],
+  ["providerCall", "botmesh_durable_provider_call_seconds", "Duration of each provider call that sends, success or failure."],
+  [
+    "outboxQueued",
+    "botmesh_durable_outbox_queued_seconds",
+    "Time an outbox entry waited from its reservation to its first provider call.",
+  ],
+];
+
+/** One metric family: its name, type, HELP text and samples (extra labels, value). */
+interface Family {
+  name: string;
+  type: "counter" | "gauge" | "histogram";
+  help: string;
+  samples: Array<{ suffix?: string; labels?: Array<[string, string]>; value: number }>;
+}
+
+/** The gauges read from the journals, in exposition order. */
+const GAUGES: ReadonlyArray<(counts: RecordCounts, now: number) => Family> = [
+  (c) => ({
+    name: "botmesh_durable_inbox_records",
+    type: "gauge",
+    help: `Inbound records per state (counted up to ${c.cap}: a value equal to the cap is a lower bound).`,
+    samples: INBOX_STATES.map((state) => ({ labels: [["state", state]], value: c.inbox[state] })),
+  }),
+  (c) => ({
+    name: "botmesh_durable_outbox_records",
+    type: "gauge",
+    help: `Outbox entries per state (counted up to ${c.cap}: a value equal to the cap is a lower bound).`,
+    samples: OUTBOX_STATES.map((state) => ({ labels: [["state", state]], value: c.outbox[state] })),
+  }),
+  (c, now) => ({
+    name: "botmesh_durable_inbox_oldest_age_seconds",
+    type: "gauge",
+    help: "Age of the oldest inbound record in each state (by receivedAt), 0 when there is none.",
+    samples: INBOX_AGE_STATES.map((state) => ({ labels: [["state", state]], value: age(now, c.inboxOldest[state]) })),
+  }),
+  (c, now) => ({
+    name: "botmesh_durable_outbox_oldest_age_seconds",
+    type: "gauge",
+    help: "Age of the oldest outbox entry in each state (by createdAt), 0 when there is none.",
+    samples: OUTBOX_AGE_STATES.map((state) => ({ labels: [["state", state]], value: age(now, c.outboxOldest[state]) })),
+  }),
+  (c, now) => ({
+    name: "botmesh_durable_oldest_pending_age_seconds",
+    type: "gauge",
+    help: "Age of the oldest pending or failed inbound record (by receivedAt), 0 when there is none.",
+    samples: [{ value: age(now, c.oldestPendingReceivedAt) }],
+  }),
+  (c) => ({
+    name: "botmesh_durable_records_count_cap",
+    type: "gauge",
+    help: "The most records counted per state by the records gauges.",
+    samples: [{ value: c.cap }],
+  }),
 ];
 
 /** Options of {@link prometheusMetrics}. */
@@ -82,6 +152,10 @@ export interface RecordCounts {
   cap: number;
   /** `receivedAt` of the oldest `pending` or `failed` inbound record, or `null` when none. */
   oldestPendingReceivedAt: number | null;
+  /** `receivedAt` of the oldest inbound record of each state of {@link INBOX_AGE_STATES}, `null` when none. */
+  inboxOldest: Partial<Record<InboundState, number | null>>;
+  /** `createdAt` of the oldest outbox entry of each state of {@link OUTBOX_AGE_STATES}, `null` when none. */
+  outboxOldest: Partial<Record<OutboxState, number | null>>;
 }
 
 /**
@@ -100,11 +174,13 @@ const LABEL_NAME = /^[a-zA-Z_][a-zA-Z0-9_]*$/;
 
 /**
  * Counts the records of each state of both journals, with one
- * `list({ state, limit: cap })` per state (run concurrently).
+ * `list({ state, limit: cap })` per state, and finds the oldest record of
+ * each state of {@link INBOX_AGE_STATES} and {@link OUTBOX_AGE_STATES} with
+ * `list({ state, limit: 1 })` (lists are oldest first); all run concurrently.
  *
  * @param journals a backend, or `bot.durability`
  * @param cap the most records counted per state (a count equal to it is a lower bound)
- * @returns the counts and the oldest pending inbound record's `receivedAt`
+ * @returns the counts and the times of the oldest records
  * @throws {RangeError} when `cap` is not a positive integer
  * @example
  * ```ts
@@ -120,28 +196,46 @@ export async function countRecords(journals: Journals, cap: number = DEFAULT_COU
   const inboxCounts = Promise.all(INBOX_STATES.map((state) => journals.inbox.list({ state, limit: cap })));
   const outboxCounts = Promise.all(OUTBOX_STATES.map((state) => journals.outbox.list({ state, limit: cap })));
   const oldest = journals.inbox.list({ state: ["pending", "failed"], limit: 1 });
-  const [inboxLists, outboxLists, oldestList] = await Promise.all([inboxCounts, outboxCounts, oldest]);
+  const inboxFirsts = Promise.all(INBOX_AGE_STATES.map((state) => journals.inbox.list({ state, limit: 1 })));
+  const outboxFirsts = Promise.all(OUTBOX_AGE_STATES.map((state) => journals.outbox.list({ state, limit: 1 })));
+  const [inboxLists, outboxLists, oldestList, inboxFirst, outboxFirst] = await Promise.all([
+    inboxCounts,
+    outboxCounts,
+    oldest,
+    inboxFirsts,
+    outboxFirsts,
+  ]);
   const inbox = {} as Record<InboundState, number>;
   INBOX_STATES.forEach((state, i) => (inbox[state] = inboxLists[i]!.length));
   const outbox = {} as Record<OutboxState, number>;
   OUTBOX_STATES.forEach((state, i) => (outbox[state] = outboxLists[i]!.length));
-  return { inbox, outbox, cap, oldestPendingReceivedAt: oldestList[0]?.receivedAt ?? null };
+  const inboxOldest: RecordCounts["inboxOldest"] = {};
+  INBOX_AGE_STATES.forEach((state, i) => (inboxOldest[state] = inboxFirst[i]![0]?.receivedAt ?? null));
+  const outboxOldest: RecordCounts["outboxOldest"] = {};
+  OUTBOX_AGE_STATES.forEach((state, i) => (outboxOldest[state] = outboxFirst[i]![0]?.createdAt ?? null));
+  return { inbox, outbox, cap, oldestPendingReceivedAt: oldestList[0]?.receivedAt ?? null, inboxOldest, outboxOldest };
 }
 
 /**
  * The Prometheus text exposition (format 0.0.4) of a bot's durability:
  *
- * - `botmesh_durable_<counter>_total` (counter): the 17 counters of
- *   `bot.durability.metrics()`, e.g. `botmesh_durable_inbound_duplicates_total`;
+ * - `botmesh_durable_<counter>_total` (counter): every counter of
+ *   `bot.durability.metrics()` in snake case, e.g. `botmesh_durable_inbound_duplicates_total`;
+ * - `botmesh_durable_reply_latency_seconds`, `botmesh_durable_provider_call_seconds` and
+ *   `botmesh_durable_outbox_queued_seconds` (histograms, buckets from 5 ms to 10 min): the
+ *   durations of `bot.durability.histograms()`;
  * - `botmesh_durable_inbox_records{state="…"}` and
  *   `botmesh_durable_outbox_records{state="…"}` (gauges): records per state,
  *   counted up to `countCap` (a value equal to the cap is a lower bound);
+ * - `botmesh_durable_inbox_oldest_age_seconds{state="…"}` and
+ *   `botmesh_durable_outbox_oldest_age_seconds{state="…"}` (gauges): the age of the oldest
+ *   record of each unsettled state and `dead` (by `receivedAt`, `createdAt`), 0 when none;
  * - `botmesh_durable_oldest_pending_age_seconds` (gauge): the age of the
  *   oldest `pending` or `failed` inbound record by its `receivedAt`, 0 when none;
  * - `botmesh_durable_records_count_cap` (gauge): the cap used.
  *
  * Given a bare backend (no bot, so no counters), only the gauges are written.
- * The counters are this process's since `bot.start()`; the gauges read the
+ * The counters and histograms are this process's since `bot.start()`; the gauges read the
  * shared journals, so with several replicas put a `labels` value per replica
  * (or scrape the gauges from one of them only).
  *
@@ -166,49 +260,51 @@ export async function countRecords(journals: Journals, cap: number = DEFAULT_COU
  */
 export async function prometheusMetrics(source: PrometheusSource, options: PrometheusOptions = {}): Promise<string> {
   const { labels, cap, now } = resolveOptions(options);
-  const { journals, metrics } = resolveSource(source);
+  const { journals, metrics, histograms } = resolveSource(source);
   const counts = await countRecords(journals, cap);
-  const base = Object.entries(labels);
-  const lines: string[] = [];
-  const family = (name: string, type: "counter" | "gauge", help: string): void => {
-    lines.push(`# HELP ${name} ${escapeHelp(help)}`, `# TYPE ${name} ${type}`);
-  };
-  const sample = (name: string, value: number, extra: Array<[string, string]> = []): void => {
-    const all = [...base, ...extra];
-    const text = all.length === 0 ? "" : `{${all.map(([k, v]) => `${k}="${escapeLabelValue(v)}"`).join(",")}}`;
-    lines.push(`${name}${text} ${formatValue(value)}`);
-  };
-
+  const families: Family[] = [];
   if (metrics) {
     const snapshot = metrics();
     for (const [key, help] of COUNTERS) {
-      const name = `botmesh_durable_${snakeCase(key)}_total`;
-      family(name, "counter", help);
-      sample(name, snapshot[key] ?? 0);
+      families.push({ name: `botmesh_durable_${snakeCase(key)}_total`, type: "counter", help, samples: [{ value: snapshot[key] ?? 0 }] });
     }
   }
-  family(
-    "botmesh_durable_inbox_records",
-    "gauge",
-    `Inbound records per state (counted up to ${cap}: a value equal to the cap is a lower bound).`,
-  );
-  for (const state of INBOX_STATES) sample("botmesh_durable_inbox_records", counts.inbox[state], [["state", state]]);
-  family(
-    "botmesh_durable_outbox_records",
-    "gauge",
-    `Outbox entries per state (counted up to ${cap}: a value equal to the cap is a lower bound).`,
-  );
-  for (const state of OUTBOX_STATES) sample("botmesh_durable_outbox_records", counts.outbox[state], [["state", state]]);
-  family(
-    "botmesh_durable_oldest_pending_age_seconds",
-    "gauge",
-    "Age of the oldest pending or failed inbound record (by receivedAt), 0 when there is none.",
-  );
-  const oldest = counts.oldestPendingReceivedAt;
-  sample("botmesh_durable_oldest_pending_age_seconds", oldest === null ? 0 : Math.max(0, (now() - oldest) / 1000));
-  family("botmesh_durable_records_count_cap", "gauge", "The most records counted per state by the records gauges.");
-  sample("botmesh_durable_records_count_cap", cap);
+  if (histograms) {
+    const snapshot = histograms();
+    for (const [key, name, help] of HISTOGRAMS) families.push(histogramFamily(name, help, snapshot[key]));
+  }
+  const at = now();
+  for (const gauge of GAUGES) families.push(gauge(counts, at));
+  return render(families, Object.entries(labels));
+}
+
+/** The samples of a histogram: cumulative `_bucket{le}` up to `+Inf`, then `_sum` and `_count`. */
+function histogramFamily(name: string, help: string, h: HistogramSnapshot): Family {
+  const samples: Family["samples"] = h.bounds.map((bound, i) => ({
+    suffix: "_bucket",
+    labels: [["le", formatValue(bound)]],
+    value: h.cumulative[i]!,
+  }));
+  samples.push({ suffix: "_bucket", labels: [["le", "+Inf"]], value: h.count });
+  samples.push({ suffix: "_sum", value: h.sum }, { suffix: "_count", value: h.count });
+  return { name, type: "histogram", help, samples };
+}
+
+function render(families: readonly Family[], base: Array<[string, string]>): string {
+  const lines: string[] = [];
+  for (const f of families) {
+    lines.push(`# HELP ${f.name} ${escapeHelp(f.help)}`, `# TYPE ${f.name} ${f.type}`);
+    for (const s of f.samples) {
+      const all = s.labels === undefined ? base : [...base, ...s.labels];
+      const text = all.length === 0 ? "" : `{${all.map(([k, v]) => `${k}="${escapeLabelValue(v)}"`).join(",")}}`;
+      lines.push(`${f.name}${s.suffix ?? ""}${text} ${formatValue(s.value)}`);
+    }
+  }
   return lines.join("\n") + "\n";
+}
+
+function age(now: number, since: number | null | undefined): number {
+  return since === null || since === undefined ? 0 : Math.max(0, (now - since) / 1000);
 }
 
 /**
@@ -269,8 +365,10 @@ function resolveOptions(options: unknown): { labels: Record<string, string>; cap
           `Option "labels" has an invalid label name ${show(name)}: it must match ^[a-zA-Z_][a-zA-Z0-9_]*$ and not start with "__"`,
         );
       }
-      if (name === "state") {
-        throw new TypeError(`Option "labels" must not set "state": the records gauges use that label`);
+      if (name === "state" || name === "le") {
+        throw new TypeError(
+          `Option "labels" must not set ${show(name)}: the gauges use "state" and the histograms "le"`,
+        );
       }
       if (typeof value !== "string") {
         throw new TypeError(`Option "labels.${name}" must be a string, got ${show(value)}`);
@@ -287,7 +385,13 @@ function hasJournals(value: unknown): value is Journals {
   return typeof v.inbox?.list === "function" && typeof v.outbox?.list === "function";
 }
 
-function resolveSource(source: unknown): { journals: Journals; metrics: (() => DurabilityMetrics) | null } {
+interface Resolved {
+  journals: Journals;
+  metrics: (() => DurabilityMetrics) | null;
+  histograms: (() => DurabilityHistograms) | null;
+}
+
+function resolveSource(source: unknown): Resolved {
   if (typeof source === "object" && source !== null && "durability" in source && !hasJournals(source)) {
     const control = (source as { durability: unknown }).durability;
     if (control === undefined || control === null) {
@@ -296,10 +400,11 @@ function resolveSource(source: unknown): { journals: Journals; metrics: (() => D
     return resolveSource(control);
   }
   if (hasJournals(source)) {
-    const metrics = (source as { metrics?: unknown }).metrics;
+    const { metrics, histograms } = source as { metrics?: unknown; histograms?: unknown };
     return {
       journals: source,
       metrics: typeof metrics === "function" ? () => (metrics as () => DurabilityMetrics).call(source) : null,
+      histograms: typeof histograms === "function" ? () => (histograms as () => DurabilityHistograms).call(source) : null,
     };
   }
   throw new TypeError(

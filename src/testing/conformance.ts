@@ -898,6 +898,17 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(listed, "list returns whole records").toEqual(r2);
       });
 
+      it("list of one state with limit 1 is its oldest record by receivedAt, across chats", async (b) => {
+        // What the age gauges of the Prometheus exposition read.
+        await admitted(b, inbound(uid("chat"), 9_000));
+        const early = await admitted(b, inbound(uid("chat"), 2_000)); // admitted later, received earlier
+        await admitted(b, inbound(uid("chat"), 5_000));
+        const dead = await admitted(b, inbound(uid("chat"), 7_000), claimer());
+        await b.inbox.fail(dead.id, tokenOf(dead), { error: "dead", dead: true });
+        expect(ids(await b.inbox.list({ state: "pending", limit: 1 }))).toEqual([early.id]);
+        expect(ids(await b.inbox.list({ state: "dead", limit: 1 }))).toEqual([dead.id]);
+      });
+
       it("purge removes done records older than olderThanMs only", async (b) => {
         const chat = uid("chat");
         // Wide margins: on a loaded machine the writes between the recent record and the purge take time.
@@ -1890,6 +1901,15 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         for (const key of [e0.key, e1.key, e2.key, e3.key, e4.key]) expect(all.includes(key), `list() has ${key}`).toBe(true);
         expect(all.indexOf(e3.key), "reservation order across chats").toBeLessThan(all.indexOf(e4.key));
         expect((await b.outbox.list({ chatId: chat, state: "sending" }))[0], "list returns whole entries").toEqual(e2);
+      });
+
+      it("list of one state with limit 1 is its first reserved entry, across chats", async (b) => {
+        // What the age gauges of the Prometheus exposition read.
+        const first = await reserved(b, outbound(uid("chat")));
+        const second = await reserved(b, outbound(uid("chat")));
+        await reserved(b, outbound(uid("chat")));
+        expect(first.createdAt).toBeLessThanOrEqual(second.createdAt);
+        expect(keys(await b.outbox.list({ state: "queued", limit: 1 }))).toEqual([first.key]);
       });
 
       it("returned entries are copies", async (b) => {
