@@ -2,7 +2,7 @@
 // middleware runs and answered only then, redeliveries are dropped, a rerun is answered from the
 // outbox, message-creating calls are keyed <inbound id>:<n> and everything else passes straight
 // through; by webhook (std/http and node:http), grammY's long polling and @grammyjs/runner; on the
-// memory, SQLite and file backends.
+// memory, SQLite and file backends, and on Postgres and Redis when they are reachable.
 import { afterAll, afterEach, beforeEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -15,6 +15,11 @@ import { basicAuth, durabilityConsole, prometheusMetrics } from "../ops.ts";
 import type { DurabilityBackend } from "../backend.ts";
 import { SQLiteDurability } from "../backends/sqlite/mod.ts";
 import { FileDurability } from "../backends/file/mod.ts";
+import { PostgresDurability } from "../backends/postgres/mod.ts";
+import { RedisDurability } from "../backends/redis/mod.ts";
+import postgres from "postgres";
+import IORedis from "ioredis";
+import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 
@@ -56,6 +61,35 @@ const BACKENDS: Record<string, () => DurabilityBackend> = {
   sqlite: () => new SQLiteDurability({ file: join(dir, `${crypto.randomUUID()}.db`) }),
   file: () => new FileDurability({ path: join(dir, `${crypto.randomUUID()}.json`) }),
 };
+// The shared backends when their servers are reachable: a random schema or key prefix per test.
+const sql = (await serviceSkip("postgres")) === false ? postgres(POSTGRES_URL, { max: 4, onnotice: () => {} }) : undefined;
+const redis = (await serviceSkip("redis")) === false ? new IORedis(REDIS_URL) : undefined;
+const schemas: string[] = [];
+const prefixes: string[] = [];
+if (sql) {
+  BACKENDS.postgres = () => {
+    const schema = `grammy_${runId()}`;
+    schemas.push(schema);
+    return new PostgresDurability({ sql, schema });
+  };
+}
+if (redis) {
+  BACKENDS.redis = () => {
+    const keyPrefix = `bm-grammy:${runId()}:`;
+    prefixes.push(keyPrefix);
+    return new RedisDurability({ client: redis, keyPrefix });
+  };
+}
+afterAll(async () => {
+  for (const schema of schemas) await sql!.unsafe(`drop schema if exists ${schema} cascade`);
+  await sql?.end();
+  for (const prefix of prefixes) {
+    const keys = await redis!.keys(`${prefix}*`);
+    const braced = await redis!.keys(`{${prefix}}*`);
+    if (keys.length + braced.length > 0) await redis!.del(...keys, ...braced);
+  }
+  await redis?.quit();
+});
 let backendName = "memory";
 
 function setup(options: { retries?: number; admitFailures?: number } = {}) {
