@@ -313,6 +313,8 @@ for (const name of Object.keys(BACKENDS)) describe(`grammY behind the durable in
     const handle = webhookCallback(bot, "std/http");
     await safe.stop();
     await expect(handle(webhookRequest(fake.textUpdate(12, "hi")))).rejects.toThrow(/stopped/);
+    // So is a direct call of handleUpdate, when the bot is not long polling.
+    await expect(bot.handleUpdate(fake.textUpdate(12, "hi again") as never)).rejects.toThrow(/stopped/);
   });
 
   test("a node:http webhook (grammY's http adapter)", async () => {

@@ -81,6 +81,8 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   /** Updates (by `update_id`) that the journal refused, outside a webhook: `getUpdates` asks for them again. */
   readonly #refused = new Set<number>();
   #backoffMs: number = REFUSED_BACKOFF_MS[0];
+  /** Whether updates come by long polling (a `getUpdates` went through the API). */
+  #polling = false;
   /** Whether the middleware run a call descends from is a rerun (the record's second attempt or later). */
   #run: AsyncContext<{ rerun: boolean }> | null = null;
 
@@ -205,8 +207,9 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       return;
     }
     // A webhook answers with an error: Telegram delivers the update again. Long polling (grammY's or
-    // the runner's) must not stop: the next getUpdates asks Telegram for it again instead.
-    if (isWebhook) throw result.error;
+    // the runner's) must not stop: the next getUpdates asks Telegram for it again instead. Any other
+    // caller of handleUpdate is told by the error.
+    if (isWebhook || !this.#polling) throw result.error;
     this.#refused.add(updateId);
   }
 
@@ -229,7 +232,10 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   // ---- outbound --------------------------------------------------------------------
 
   readonly #transformer: Transformer = async (prev, method, payload, signal) => {
-    if (method === "getUpdates") return prev(method, (await this.#beforePoll(payload as Obj)) as typeof payload, signal);
+    if (method === "getUpdates") {
+      this.#polling = true;
+      return prev(method, (await this.#beforePoll(payload as Obj)) as typeof payload, signal);
+    }
     const p = payload as unknown as Obj;
     if (!isJournaledMethod(method)) {
       const response = await prev(method, payload, signal);
