@@ -469,6 +469,14 @@ for (const name of Object.keys(BACKENDS)) describe(`grammY behind the durable in
   });
 });
 
+test("durable() refuses a second call on the same bot, and a bot that is not one", () => {
+  const bot = new GrammyBot("123456:ABC-DEF");
+  durable(bot, { durability: { backend: new MemoryDurability() } });
+  expect(() => durable(bot, { durability: { backend: new MemoryDurability() } })).toThrow(/already durable/);
+  expect(() => durable({} as never, { durability: { backend: new MemoryDurability() } })).toThrow(/must be a grammY Bot/);
+  expect(() => durable(new GrammyBot("123456:ABC-DEF"), {} as never)).toThrow(/"durability" is required/);
+});
+
 test("which methods are journaled", () => {
   for (const m of ["sendMessage", "sendPhoto", "sendMediaGroup", "forwardMessage", "forwardMessages", "copyMessage", "copyMessages", "sendPoll"]) {
     expect(isJournaledMethod(m), m).toBe(true);

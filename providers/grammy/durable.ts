@@ -12,7 +12,6 @@ import type { DurabilityOptions } from "../../src/config.ts";
 import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { showValue as show } from "../../src/show.ts";
-import type { SessionStore } from "../../src/store.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
 import { callContent, failureOf, isJournaledMethod, minimalResult, placeholderResult } from "./methods.ts";
 import { type GrammyCall, GrammyProvider } from "./provider.ts";
@@ -24,8 +23,6 @@ import { type AsyncContext, createAsyncContext } from "../../src/runtime/async_c
 export interface DurableGrammyOptions {
   /** The durable inbox and outbox (required): a backend and an instanceId. */
   durability: DurabilityOptions;
-  /** Where the durability core keeps its own state (not grammY's sessions); default in memory. */
-  store?: SessionStore;
   /** The id of the durability core, part of the default instanceId (default `'grammy'`). */
   id?: string;
   /** Time and timers of the durability core (tests). */
@@ -61,6 +58,8 @@ export interface GrammyBotLike {
 type GrammyInternals = GrammyBot<GrammyContext>;
 type HandleUpdate = GrammyInternals["handleUpdate"];
 type Update = Parameters<HandleUpdate>[0];
+/** The grammY bots made durable (once each). */
+const APPLIED = new WeakSet<object>();
 /** The first retry of refused updates, and the most it backs off to. */
 const REFUSED_BACKOFF_MS = [500, 30_000] as const;
 
@@ -88,8 +87,8 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
 
   /**
    * @param bot the grammY bot, with or without its middleware yet
-   * @param options `durability` (required), `store`, `id`, `clock`
-   * @throws {TypeError} when `bot` is not a grammY bot, or an option is missing, unknown or of the wrong type
+   * @param options `durability` (required), `id`, `clock`
+   * @throws {TypeError} when `bot` is not a grammY bot or is already durable, or an option is missing, unknown or of the wrong type
    */
   constructor(bot: B, options: DurableGrammyOptions) {
     const b = bot as unknown as Obj;
@@ -99,9 +98,11 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
     if (typeof options !== "object" || options === null) {
       throw new TypeError(`Options of durable() must be an object, got ${show(options)}`);
     }
-    checkKnownOptions(options, ["durability", "store", "id", "clock"]);
+    checkKnownOptions(options, ["durability", "id", "clock"]);
+    if (APPLIED.has(bot)) throw new TypeError(`This grammY bot is already durable: call durable() once per bot`);
     if (options.durability === undefined) throw new TypeError(`Option "durability" is required: a backend and an instanceId`);
     this.grammy = bot;
+    APPLIED.add(bot);
     // The provider's calls go through the transformers installed so far (a throttler, say), not
     // through the outbox transformer installed below, nor anything installed after it.
     const below = bot.api.config.installedTransformers();
@@ -115,7 +116,6 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       provider: this.#provider,
       durability: options.durability,
       id: options.id ?? "grammy",
-      ...(options.store !== undefined ? { store: options.store } : {}),
       ...(options.clock !== undefined ? { clock: options.clock } : {}),
     });
     this.#handleUpdate = bot.handleUpdate as HandleUpdate;
@@ -290,7 +290,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
  * ```
  *
  * @param bot the grammY bot
- * @param options `durability` (required), `store`, `id`, `clock`
+ * @param options `durability` (required), `id`, `clock`
  * @returns the handle: `start()`, `stop()`, `idle()`, `on()`, `durability`
  * @throws {TypeError} when `bot` is not a grammY bot, or an option is missing, unknown or of the wrong type
  */
