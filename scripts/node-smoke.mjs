@@ -179,3 +179,38 @@ console.log('node-smoke: file backend ok')
   await bot.stop()
   console.log('node-smoke: whatsapp provider ok')
 }
+
+// A grammY bot made durable through the npm build: webhook (std/http adapter), keys from Node's
+// AsyncLocalStorage, a redelivery dropped, an edit passed straight through.
+{
+  const { Bot: GrammyBot, webhookCallback } = await import('grammy')
+  const { durable } = await import('../dist/providers/grammy/mod.js')
+  const calls = []
+  let nextId = 0
+  const bot = new GrammyBot('123456:smoke', {
+    botInfo: { id: 123456, is_bot: true, first_name: 'Smoke', username: 'smoke_bot' },
+    client: {
+      fetch: async (url, init) => {
+        const method = String(url).split('/').pop()
+        calls.push({ method, body: JSON.parse(init.body) })
+        return Response.json({ ok: true, result: method === 'sendMessage' ? { message_id: ++nextId, date: 0, chat: { id: 42, type: 'private' }, text: JSON.parse(init.body).text } : true })
+      },
+    },
+  })
+  bot.on('message:text', async (ctx) => {
+    const sent = await ctx.reply(`echo ${ctx.message.text}`)
+    await ctx.api.editMessageText(ctx.chat.id, sent.message_id, `echo ${ctx.message.text}!`)
+  })
+  const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: 'smoke-grammy' } })
+  await safe.start()
+  const handle = webhookCallback(bot, 'std/http')
+  const update = { update_id: 7, message: { message_id: 3, date: 0, chat: { id: 42, type: 'private' }, text: 'hi' } }
+  const post = () => handle(new Request('http://smoke/', { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(update) }))
+  assert.equal((await post()).status, 200)
+  assert.equal((await post()).status, 200) // a redelivery
+  await safe.idle()
+  assert.deepEqual(calls.map((c) => c.method), ['sendMessage', 'editMessageText'])
+  assert.deepEqual((await safe.durability.outbox.list()).map((e) => e.key), ['tg:123456:7:42:3:1'])
+  await safe.stop()
+  console.log('node-smoke: grammY plugin ok')
+}
