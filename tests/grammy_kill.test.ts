@@ -1,7 +1,9 @@
-// A grammY bot made crash-safe with @botmesh/durable/grammy (long polling, SQLite), SIGKILLed at
-// random moments while updates stream in and started again each time: at the end every update
-// got both its replies, and a reply went out twice only where the restarted process reported the
-// send as ambiguous (killed during its Bot API call; sent again under onAmbiguous: "resend").
+// A grammY bot made crash-safe with @botmesh/durable/grammy (on SQLite; by long polling, and by
+// webhook), SIGKILLed at random moments while updates stream in and started again each time: at
+// the end every update got both its replies, and a reply went out twice only where the restarted
+// process reported the send as ambiguous (killed during its Bot API call; sent again under
+// onAmbiguous: "resend"). By webhook, an update is delivered again until it is answered 200, as
+// Telegram does.
 import { afterAll, expect, test } from "bun:test";
 import { mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
@@ -19,11 +21,33 @@ afterAll(() => {
 const KILLS = Number(process.env.GRAMMY_KILLS ?? 25);
 const CHATS = [501, 502, 503, 504];
 
-test(`a grammY bot SIGKILLed ${KILLS} times while updates stream in: no update lost, no reply twice unreported`, async () => {
+async function killRun(mode: "polling" | "webhook"): Promise<void> {
   const fake = new FakeTelegram().start();
-  const db = join(dir, "bot.db");
+  const db = join(dir, `${mode}.db`);
+  /** The webhook of the process running now (webhook mode), `null` while none runs. */
+  let port: number | null = null;
+  const queues = new Map<number, Record<string, unknown>[]>(CHATS.map((c) => [c, []]));
+  let delivering = true;
+  // Telegram's side of a webhook: per chat, each update in turn, delivered again until answered 200.
+  const deliverers = mode === "polling" ? [] : CHATS.map(async (chat) => {
+    const queue = queues.get(chat)!;
+    while (delivering || queue.length > 0) {
+      const update = queue[0];
+      if (update === undefined || port === null) {
+        await Bun.sleep(10);
+        continue;
+      }
+      const ok = await fetch(`http://127.0.0.1:${port}/`, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(update),
+      }).then(async (r) => (await r.arrayBuffer(), r.ok), () => false);
+      if (ok) queue.shift();
+      else await Bun.sleep(20);
+    }
+  });
   const spawn = () => {
-    const child = Bun.spawn([process.execPath, "tests/fixtures/grammy_bot.ts", db, fake.url, fake.token], {
+    const child = Bun.spawn([process.execPath, "tests/fixtures/grammy_bot.ts", db, fake.url, fake.token, mode], {
       stdout: "pipe",
       stderr: "pipe",
     });
@@ -37,7 +61,11 @@ test(`a grammY bot SIGKILLed ${KILLS} times while updates stream in: no update l
     for (let i = 0; streaming; i++) {
       const text = `u${i}`;
       texts.push(text);
-      inboundIds.set(text, fake.inboundId(fake.push(fake.textUpdate(CHATS[i % CHATS.length]!, text))));
+      const chat = CHATS[i % CHATS.length]!;
+      const update = fake.textUpdate(chat, text);
+      if (mode === "polling") fake.push(update);
+      else queues.get(chat)!.push(update);
+      inboundIds.set(text, fake.inboundId(update));
       await Bun.sleep(5 + Math.random() * 20);
     }
   })();
@@ -46,11 +74,13 @@ test(`a grammY bot SIGKILLed ${KILLS} times while updates stream in: no update l
     while (killed < KILLS) {
       const run = spawn();
       runs.push(run);
-      await run.lines.next("ready").catch(async (error) => {
+      const ready = await run.lines.next("ready").catch(async (error) => {
         throw new Error(`${error.message}\nstderr: ${await run.stderr}`);
       });
+      if (mode === "webhook") port = Number(ready.split(" ")[1]);
       await Bun.sleep(50 + Math.random() * 400);
       run.child.kill("SIGKILL");
+      port = null;
       await run.child.exited;
       await run.lines.ended;
       if (run.child.signalCode === "SIGKILL") killed++;
@@ -59,7 +89,10 @@ test(`a grammY bot SIGKILLed ${KILLS} times while updates stream in: no update l
     await stream;
     const last = spawn();
     runs.push(last);
-    await last.lines.next("ready");
+    const ready = await last.lines.next("ready");
+    if (mode === "webhook") port = Number(ready.split(" ")[1]);
+    delivering = false;
+    await Promise.all(deliverers);
     const replies = () => new Set(fake.sent.map((s) => String(s.params.text)));
     await fake.until("every reply", () => {
       const got = replies();
@@ -86,15 +119,21 @@ test(`a grammY bot SIGKILLed ${KILLS} times while updates stream in: no update l
     const unreported = twice.filter((reply) => !ambiguous.has(`${inboundIds.get(reply.slice(2))}:${reply.slice(0, 1)}`));
     expect(unreported, "replies sent twice without an ambiguous report").toEqual([]);
     console.log(
-      `grammy kill: ${KILLS} SIGKILLs, ${texts.length} updates, ${fake.sent.length} replies, ` +
+      `grammy kill (${mode}): ${KILLS} SIGKILLs, ${texts.length} updates, ${fake.sent.length} replies, ` +
         `${ambiguous.size} ambiguous reports, ${twice.length} replies sent twice (all reported), 0 lost`,
     );
   } finally {
     streaming = false;
+    delivering = false;
+    port = null;
     for (const run of runs) run.child.kill("SIGKILL");
     await fake.stop();
   }
-}, 240_000);
+}
+
+for (const mode of ["polling", "webhook"] as const) {
+  test(`a grammY bot (${mode}) SIGKILLed ${KILLS} times while updates stream in: no update lost, no reply twice unreported`, () => killRun(mode), 240_000);
+}
 
 
 test("examples/grammy_bot.ts killed with SIGKILL mid-handler: every reply once", async () => {
