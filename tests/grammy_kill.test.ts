@@ -1,5 +1,5 @@
-// A grammY bot made crash-safe with @botmesh/durable/grammy (on SQLite; by long polling, and by
-// webhook), SIGKILLed at random moments while updates stream in and started again each time: at
+// A grammY bot made crash-safe with @botmesh/durable/grammy (on SQLite; by grammY's long polling,
+// by @grammyjs/runner, and by webhook), SIGKILLed at random moments while updates stream in and started again each time: at
 // the end every update got both its replies, and a reply went out twice only where the restarted
 // process reported the send as ambiguous (killed during its Bot API call; sent again under
 // onAmbiguous: "resend"). By webhook, an update is delivered again until it is answered 200, as
@@ -21,7 +21,7 @@ afterAll(() => {
 const KILLS = Number(process.env.GRAMMY_KILLS ?? 25);
 const CHATS = [501, 502, 503, 504];
 
-async function killRun(mode: "polling" | "webhook"): Promise<void> {
+async function killRun(mode: "polling" | "runner" | "webhook"): Promise<void> {
   const fake = new FakeTelegram().start();
   const db = join(dir, `${mode}.db`);
   /** The webhook of the process running now (webhook mode), `null` while none runs. */
@@ -29,7 +29,7 @@ async function killRun(mode: "polling" | "webhook"): Promise<void> {
   const queues = new Map<number, Record<string, unknown>[]>(CHATS.map((c) => [c, []]));
   let delivering = true;
   // Telegram's side of a webhook: per chat, each update in turn, delivered again until answered 200.
-  const deliverers = mode === "polling" ? [] : CHATS.map(async (chat) => {
+  const deliverers = mode !== "webhook" ? [] : CHATS.map(async (chat) => {
     const queue = queues.get(chat)!;
     while (delivering || queue.length > 0) {
       const update = queue[0];
@@ -63,7 +63,7 @@ async function killRun(mode: "polling" | "webhook"): Promise<void> {
       texts.push(text);
       const chat = CHATS[i % CHATS.length]!;
       const update = fake.textUpdate(chat, text);
-      if (mode === "polling") fake.push(update);
+      if (mode !== "webhook") fake.push(update);
       else queues.get(chat)!.push(update);
       inboundIds.set(text, fake.inboundId(update));
       await Bun.sleep(5 + Math.random() * 20);
@@ -131,7 +131,7 @@ async function killRun(mode: "polling" | "webhook"): Promise<void> {
   }
 }
 
-for (const mode of ["polling", "webhook"] as const) {
+for (const mode of ["polling", "runner", "webhook"] as const) {
   test(`a grammY bot (${mode}) SIGKILLed ${KILLS} times while updates stream in: no update lost, no reply twice unreported`, () => killRun(mode), 240_000);
 }
 
