@@ -116,11 +116,18 @@ export interface BotEvents {
   /** A send's outcome is unknown (its sender died during the provider call, or the call timed out): held for an operator. */
   "durability:ambiguous": { key: string; chatId: string };
   /**
-   * An ambiguous send (already reported by `durability:ambiguous`) was settled by the channel: `sent`
-   * (a delivery status carrying its key, or the provider's `confirm`), or, when `confirm` said it
-   * never arrived, `failed` (sent again after its backoff) or `dead` (its retries were spent).
+   * An ambiguous send (already reported by `durability:ambiguous`) was settled: `sent` by the channel
+   * (a delivery status carrying its key, or the provider's `confirm`) or by an operator who checked the
+   * chat (`markDelivered`, `via: "operator"`), or, when `confirm` said it never arrived, `failed` (sent
+   * again after its backoff) or `dead` (its retries were spent).
    */
-  "durability:resolved": { key: string; chatId: string; state: "sent" | "failed" | "dead"; messageId?: string; via: "status" | "confirm" };
+  "durability:resolved": {
+    key: string;
+    chatId: string;
+    state: "sent" | "failed" | "dead";
+    messageId?: string;
+    via: "status" | "confirm" | "operator";
+  };
 }
 
 /** What a send did. */
@@ -191,6 +198,16 @@ export interface DurabilityControl {
   replayInbound(id: string): Promise<boolean>;
   /** Send an entry again (dead, failed or unknown). @returns whether it was requeued. */
   retrySend(key: string): Promise<boolean>;
+  /**
+   * Record an `unknown` send as delivered without sending it again: the operator checked the chat and
+   * the message is there. The entry becomes `sent` under its own fencing token (as a late outcome of
+   * its lost call would), so it fails when anyone retried or resolved it meanwhile; counted in
+   * `outboxResolved` and told as `durability:resolved` with `via: "operator"`.
+   * @param key the entry's idempotency key
+   * @param messageId the provider's message id when the operator knows it (default `""`: not known)
+   * @returns whether it was `unknown` and is `sent` now
+   */
+  markDelivered(key: string, messageId?: string): Promise<boolean>;
   /** A snapshot of the counters. */
   metrics(): DurabilityMetrics;
   /**
@@ -1321,7 +1338,7 @@ export class DurabilityEngine {
   }
 
   /** Record an `unknown` entry as sent on the channel's word: `resolved`, or its state now (someone else acted). */
-  async #resolveSent(entry: OutboxEntry, messageId: string, via: "status" | "confirm"): Promise<"resolved" | OutboxState | "gone"> {
+  async #resolveSent(entry: OutboxEntry, messageId: string, via: "status" | "confirm" | "operator"): Promise<"resolved" | OutboxState | "gone"> {
     try {
       await this.backend.outbox.markSent(entry.key, entry.fence, messageId);
     } catch (error) {
@@ -1753,6 +1770,14 @@ export class DurabilityEngine {
         const requeued = await backend.outbox.retry(key);
         if (requeued) this.#wake(0);
         return requeued;
+      },
+      markDelivered: async (key, messageId = "") => {
+        if (typeof messageId !== "string") {
+          throw new TypeError(`markDelivered: "messageId" must be a string, got ${JSON.stringify(messageId) ?? typeof messageId}`);
+        }
+        const entry = await backend.outbox.get(key);
+        if (entry === null || entry.state !== "unknown") return false;
+        return await this.#resolveSent(entry, messageId, "operator") === "resolved";
       },
       metrics: () => ({ ...this.#metrics }),
       damaged: (options) => listDamaged(backend, options),
