@@ -158,8 +158,8 @@ for (const { name, make } of BACKENDS) {
         expect(byChat).toContain("dead-send-1");
         expect(byChat).not.toContain(enc(f.xssKey));
         const all = await (await get(f.handler, "/outbound?limit=1")).text();
-        expect(all).toContain("Showing 1 record; more exist");
-        expect(all).toContain(`href="/outbound?limit=2">Show up to 2</a>`);
+        expect(all).toContain("Records 1–1 of 3 matching every state");
+        expect(all).toMatch(/href="\/outbound\?limit=1&amp;after=\d+\.[^"]+">Next page<\/a>/);
         const none = await (await get(f.handler, "/inbound?state=pending")).text();
         expect(none).toContain("No records.");
       } finally {
@@ -176,7 +176,7 @@ for (const { name, make } of BACKENDS) {
         expect(out).toContain("<tr><th>Attempts</th><td>1</td></tr>");
         expect(out).toContain("<tr><th>Fencing token (last issued)</th><td>1</td></tr>");
         expect(out).toContain("<tr><th>Lease</th><td>none</td></tr>");
-        expect(out).toMatch(/<tr><th>Created<\/th><td>\d{4}-\d\d-\d\dT/);
+        expect(out).toMatch(/<tr><th>Created<\/th><td><time datetime="(\d{4}-\d\d-\d\dT[^"]+)" title="\1">(just now|\d+ s ago)<\/time>/);
         expect(out).toContain(`href="/outbound/retry?id=dead-send-1">Retry…</a>`);
         expect(out).toContain(`href="/outbound/discard?id=dead-send-1">Discard…</a>`);
         const inb = await (await get(f.handler, `/inbound/record?id=${enc(f.deadInboundId)}`)).text();
@@ -335,7 +335,7 @@ for (const { name, make } of BACKENDS) {
         }
         const list = await (await get(f.handler, "/outbound?state=dead")).text();
         expect(list).toContain(`href="${escapeHtml(`/outbound/record?id=${enc(f.xssKey)}`)}"`);
-        expect(list).toContain(`<td>${escapeHtml(`chat-${XSS}`)}</td>`);
+        expect(list).toContain(`<td data-label="Chat" class="id">${escapeHtml(`chat-${XSS}`)}</td>`);
         expect(list).toContain(escapeHtml(`ProviderError: rejected ${XSS}`));
         const record = await (await get(f.handler, `/inbound/record?id=${enc(f.deadInboundId)}`)).text();
         expect(record).toContain(escapeHtml(`"text": ${JSON.stringify(`boom ${XSS}`)}`));
@@ -542,14 +542,17 @@ describe("console: protocol, options and adapters", () => {
 
   test("an auth function that throws gives 500 without details; one returning junk gives 401", async () => {
     const { bot } = await f();
+    const reported: unknown[] = [];
     const throwing = durabilityConsole(bot, {
       auth: () => {
         throw new Error("db password is hunter2");
       },
+      onError: (error) => reported.push(error),
     });
     const res = await throwing(new Request(`${BASE}/`));
     expect(res.status).toBe(500);
     expect(await res.text()).not.toContain("hunter2");
+    expect(reported.map((e) => (e as Error).message), "told to the operator's log, not the page").toEqual(["db password is hunter2"]);
     const junk = durabilityConsole(bot, { auth: () => ({ user: "" }) });
     expect((await junk(new Request(`${BASE}/`))).status).toBe(401);
   });
@@ -605,7 +608,7 @@ describe("console: protocol, options and adapters", () => {
     expect(href).toBe(`/ops/dlq/outbound/record?id=${enc(odd)}`);
     const oddPage = await get(handler, href);
     expect(oddPage.status).toBe(200);
-    expect(await oddPage.text()).toContain(`<tr><th>Key</th><td>${escapeHtml(odd)}</td></tr>`);
+    expect(await oddPage.text()).toContain(`<tr><th>Key</th><td><span class="id">${escapeHtml(odd)}</span></td></tr>`);
     const replay = await confirmation(handler, `/ops/dlq/inbound/replay?id=i1`).catch((e) => e);
     expect(replay).toBeInstanceOf(Error); // pending: no replay form (409)
   });

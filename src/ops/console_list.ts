@@ -1,0 +1,196 @@
+/**
+ * The console's lists: a filter (state, chat, error text, age), the scan of
+ * the journal behind it, and the cursor that pages through it. Bulk actions
+ * use the same filter and scan, so a confirmation counts exactly what the
+ * list shows.
+ *
+ * @module
+ */
+import type { InboundRecord, InboundState, JsonValue, OutboxEntry, OutboxState } from "../contract.ts";
+import type { ConsoleOps } from "./console_ops.ts";
+import { HttpError } from "./console_render.ts";
+
+/** The two journals, as the console names them in its URLs. */
+export type Journal = "inbound" | "outbound";
+
+/** Inbound states, in the console's order. */
+export const INBOUND_STATES: readonly InboundState[] = ["pending", "processing", "failed", "done", "dead"];
+/** Outbound states, in the console's order. */
+export const OUTBOUND_STATES: readonly OutboxState[] = ["queued", "sending", "failed", "sent", "dead", "unknown"];
+/** A list looks at most at this many records of its state and chat (error and age filters apply within). */
+export const SCAN_CAP = 10_000;
+/** The longest query parameter accepted. */
+export const MAX_PARAM_CHARS = 1024;
+
+/** A filter of a list, from the query. */
+export interface ListFilter {
+  journal: Journal;
+  /** One state, or `undefined` for all. */
+  state: string | undefined;
+  /** A chat id (exact), or `""`. */
+  chat: string;
+  /** Text the error must contain (case-insensitive), or `""`. */
+  error: string;
+  /** Only records created at least this long ago (a duration like `2h`), or `""`. */
+  older: string;
+  /** Only records created at most this long ago, or `""`. */
+  newer: string;
+}
+
+/** A record of either journal, as a list shows it. */
+export interface Row {
+  id: string;
+  chatId: string;
+  state: string;
+  attempts: number;
+  error: string | null;
+  createdAt: number;
+  updatedAt: number;
+  /** The payload or content. */
+  message: JsonValue;
+  /** The position in the journal's order (`receivedAt` inbound, `seq` outbound). */
+  order: number;
+}
+
+/**
+ * A query parameter, at most {@link MAX_PARAM_CHARS} long.
+ * @throws {HttpError} 400 when longer
+ */
+export function param(query: URLSearchParams, name: string): string | null {
+  const value = query.get(name);
+  if (value !== null && value.length > MAX_PARAM_CHARS) {
+    throw new HttpError(400, `Parameter "${name}" is too long (at most ${MAX_PARAM_CHARS} characters)`);
+  }
+  return value;
+}
+
+const UNITS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+
+/**
+ * A duration like `30m`, `2h`, `7d`, in ms.
+ * @throws {HttpError} 400 naming the parameter
+ */
+export function parseAge(text: string, name: string): number {
+  const match = /^(\d{1,6})\s*([smhd])$/.exec(text.trim());
+  if (!match) throw new HttpError(400, `Parameter "${name}" must be a duration like 30m, 2h or 7d; got "${text}"`);
+  return Number(match[1]) * UNITS[match[2]!]!;
+}
+
+/**
+ * The filter of a list or bulk action, from its query.
+ * @throws {HttpError} 400 naming a bad parameter
+ */
+export function parseFilter(journal: Journal, query: URLSearchParams): ListFilter {
+  const states: readonly string[] = journal === "inbound" ? INBOUND_STATES : OUTBOUND_STATES;
+  const raw = param(query, "state");
+  let state: string | undefined;
+  if (raw !== null && raw !== "" && raw !== "all") {
+    if (!states.includes(raw)) throw new HttpError(400, `Parameter "state" must be one of ${["all", ...states].join(", ")}; got "${raw}"`);
+    state = raw;
+  }
+  const filter: ListFilter = {
+    journal,
+    state,
+    chat: param(query, "chat") ?? "",
+    error: (param(query, "error") ?? "").trim(),
+    older: (param(query, "older") ?? "").trim(),
+    newer: (param(query, "newer") ?? "").trim(),
+  };
+  if (filter.older) parseAge(filter.older, "older");
+  if (filter.newer) parseAge(filter.newer, "newer");
+  return filter;
+}
+
+/** The filter as query parameters (empty ones left out by the URL builder). */
+export function filterParams(f: ListFilter): Record<string, string | undefined> {
+  return { state: f.state, chat: f.chat, error: f.error, older: f.older, newer: f.newer };
+}
+
+/** Whether the filter narrows beyond state and chat (then the scan reads up to {@link SCAN_CAP}). */
+export function describeFilter(f: ListFilter): string {
+  const parts = [f.state ? `state ${f.state}` : "every state"];
+  if (f.chat) parts.push(`chat "${f.chat}"`);
+  if (f.error) parts.push(`error containing "${f.error}"`);
+  if (f.older) parts.push(`created more than ${f.older} ago`);
+  if (f.newer) parts.push(`created less than ${f.newer} ago`);
+  return parts.join(", ");
+}
+
+function inboundRow(r: InboundRecord): Row {
+  return {
+    id: r.id,
+    chatId: r.chatId,
+    state: r.state,
+    attempts: r.attempts,
+    error: r.error,
+    createdAt: r.receivedAt,
+    updatedAt: r.updatedAt,
+    message: r.payload,
+    order: r.receivedAt,
+  };
+}
+
+function outboundRow(e: OutboxEntry): Row {
+  return {
+    id: e.key,
+    chatId: e.chatId,
+    state: e.state,
+    attempts: e.attempts,
+    error: e.error,
+    createdAt: e.createdAt,
+    updatedAt: e.updatedAt,
+    message: e.content,
+    order: e.seq,
+  };
+}
+
+/** What a scan found. */
+export interface Scan {
+  /** The matching records, in the journal's order. */
+  rows: Row[];
+  /** More records of the state and chat exist past {@link SCAN_CAP}: they were not looked at. */
+  truncated: boolean;
+}
+
+/**
+ * Read the records matching `f`: state and chat by the backend's `list` (up
+ * to {@link SCAN_CAP}), error text and age here, measured from `now`.
+ */
+export async function scan(ops: ConsoleOps, f: ListFilter, now: number): Promise<Scan> {
+  const options = { ...(f.state ? { state: f.state } : {}), ...(f.chat ? { chatId: f.chat } : {}), limit: SCAN_CAP + 1 };
+  const all = f.journal === "inbound"
+    ? (await ops.inboxList(options as { state?: InboundState })).map(inboundRow)
+    : (await ops.outboxList(options as { state?: OutboxState })).map(outboundRow);
+  const truncated = all.length > SCAN_CAP;
+  const needle = f.error.toLowerCase();
+  const olderMs = f.older ? parseAge(f.older, "older") : null;
+  const newerMs = f.newer ? parseAge(f.newer, "newer") : null;
+  const rows = all.slice(0, SCAN_CAP).filter((r) =>
+    (needle === "" || (r.error ?? "").toLowerCase().includes(needle)) &&
+    (olderMs === null || r.createdAt <= now - olderMs) &&
+    (newerMs === null || r.createdAt >= now - newerMs)
+  );
+  return { rows, truncated };
+}
+
+/** The cursor of the page after `row`: its order and id. */
+export function cursorAfter(row: Row): string {
+  return `${row.order}.${row.id}`;
+}
+
+/**
+ * Where the page after `cursor` starts in `rows`: just after the record it
+ * names, or (that record is gone or left the filter) at the first record
+ * later in the journal's order.
+ * @throws {HttpError} 400 when the cursor is malformed
+ */
+export function pageStart(rows: readonly Row[], cursor: string | null): number {
+  if (cursor === null || cursor === "") return 0;
+  const match = /^(\d{1,16})\.([\s\S]+)$/.exec(cursor);
+  if (!match) throw new HttpError(400, `Parameter "after" is not a cursor of this console; got "${cursor}"`);
+  const order = Number(match[1]);
+  const at = rows.findIndex((r) => r.id === match[2]);
+  if (at >= 0) return at + 1;
+  const later = rows.findIndex((r) => r.order > order);
+  return later < 0 ? rows.length : later;
+}
