@@ -845,7 +845,7 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     expect(await backend.outbox.discard("k2")).toBe(true);
     const after = await (await get(handler, next)).text();
     expect([...after.matchAll(/record\?id=(k\d)"/g)].map((m) => m[1])).toEqual(["k3", "k4", "k5"]);
-    expect(first, "the message text is previewed").toContain(`<td data-label="Message" class="preview">message number 0</td>`);
+    expect(first, "the message text is previewed").toContain(`<td data-label="Message" class="preview wide">message number 0</td>`);
     expect((await get(handler, "/outbound?after=nonsense")).status).toBe(400);
   });
 

@@ -66,6 +66,7 @@ h1{font-size:20px;margin:4px 0 12px;overflow-wrap:anywhere}h2{font-size:16px;mar
 table{border-collapse:collapse;background:#fff}
 th,td{border:1px solid #dde1e8;padding:5px 9px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 th{background:#eef1f5;font-weight:600}
+table.list th{white-space:nowrap;overflow-wrap:normal}
 table.list{width:100%}
 table.record{width:100%;max-width:900px}table.record th{width:200px}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
@@ -88,20 +89,21 @@ form.filters input,form.filters select{font:inherit;padding:3px 5px;max-width:10
 .preview{color:#3b4252;overflow-wrap:anywhere}
 time{white-space:nowrap;text-decoration:underline dotted #aab}
 .toolbar{display:flex;gap:6px 14px;flex-wrap:wrap;align-items:center;margin:6px 0;font-size:13px}
-.overview{display:flex;gap:40px;flex-wrap:wrap}
-ul.keys{margin:6px 0;padding-left:20px}ul.keys li{overflow-wrap:anywhere}
+.overview{display:flex;gap:0 40px;flex-wrap:wrap}
+ul.keys{margin:6px 0;padding-left:20px}ul.keys li{overflow-wrap:anywhere;margin:0 0 4px}ul.keys .preview{display:block;font-size:13px}
 details summary{cursor:pointer;color:#2a5bd7}
 @media (max-width:720px){
 header{padding:8px 12px}header .who{margin-left:0}
 main{padding:12px}
-table.list,table.list tbody,table.list tr,table.list td{display:block;width:100%}
+table.list,table.list tbody{display:block;width:100%}
 table.list thead{display:none}
-table.list tr{border:1px solid #dde1e8;margin:0 0 10px;background:#fff}
-table.list td{border:0;border-bottom:1px solid #eef1f5;text-align:left}
+table.list tr{display:grid;grid-template-columns:1fr 1fr;border:1px solid #dde1e8;margin:0 0 10px;background:#fff}
+table.list td{display:block;border:0;border-bottom:1px solid #eef1f5;text-align:left;min-width:0}
+table.list td.wide{grid-column:1/-1}
 table.list td[data-label]::before{content:attr(data-label);display:block;font-size:11px;color:#5a6272}
-table.record th{width:auto}
 table.record,table.record tbody,table.record tr,table.record th,table.record td{display:block;width:100%}
-table.record th{border-bottom:0}
+table.record th{width:auto;font-size:11px;font-weight:400;color:#5a6272;background:#fff;border-bottom:0;padding-bottom:0}
+table.record td{border-top:0}
 }
 `;
 

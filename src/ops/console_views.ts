@@ -195,9 +195,9 @@ export function views(ctx: ViewContext): Views {
     const byJournal = (["inbox", "outbox"] as const).map((j) => found.filter((d) => d.journal === j));
     const more = byJournal.some((list) => list.length > limit);
     const rows = byJournal.flatMap((list) => list.slice(0, limit)).map((d) =>
-      html`<tr>${cell("Journal", d.journal === "inbox" ? "inbound" : "outbound")}${cell("Id", d.id, "id")}${
+      html`<tr>${cell("Journal", d.journal === "inbox" ? "inbound" : "outbound")}${cell("Id", d.id, "id wide")}${
         cell("Set aside", timeTag(d.setAsideAt, at))
-      }${cell("Reported", d.reported ? "yes" : "no")}${cell("Problem", truncate(d.problem, 400), "err")}</tr>`
+      }${cell("Reported", d.reported ? "yes" : "no")}${cell("Problem", truncate(d.problem, 400), "err wide")}</tr>`
     );
     return {
       title: "Damaged records",
@@ -212,11 +212,11 @@ ${
   };
 
   const errorCell = (state: string, error: string | null): SafeHtml => {
-    if (error === null) return cell("Last error", "");
+    if (error === null) return cell("Last error", "", "wide");
     const settled = state === "sent" || state === "done";
     return settled
-      ? cell("Last error", html`<span class="past-err">before it was ${state}: ${truncate(error.split("\n")[0]!, 200)}</span>`)
-      : cell("Last error", truncate(error.split("\n")[0]!, 200), "err");
+      ? cell("Last error", html`<span class="past-err">before it was ${state}: ${truncate(error.split("\n")[0]!, 200)}</span>`, "wide")
+      : cell("Last error", truncate(error.split("\n")[0]!, 200), "err wide");
   };
 
   const list = async (journal: Journal, query: URLSearchParams, notice: string | null): Promise<Page> => {
@@ -231,9 +231,9 @@ ${
     const shown = found.rows.slice(start, start + limit);
     const more = start + limit < found.rows.length;
     const rows = shown.map((r) =>
-      html`<tr>${cell(journal === "inbound" ? "Id" : "Key", html`<a href="${url(`/${journal}/record`, { id: r.id })}">${r.id}</a>`, "id")}${
+      html`<tr>${cell(journal === "inbound" ? "Id" : "Key", html`<a href="${url(`/${journal}/record`, { id: r.id })}">${r.id}</a>`, "id wide")}${
         cell("Chat", r.chatId, "id")
-      }${cell("State", stateBadge(r.state))}${cell("Message", preview(r.message), "preview")}${cell("Attempts", r.attempts, "num")}${
+      }${cell("State", stateBadge(r.state))}${cell("Message", preview(r.message), "preview wide")}${cell("Attempts", r.attempts, "num")}${
         cell(journal === "inbound" ? "Received" : "Created", timeTag(r.createdAt, at))
       }${cell("Updated", timeTag(r.updatedAt, at))}${errorCell(r.state, r.error)}</tr>`
     );
