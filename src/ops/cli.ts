@@ -31,6 +31,7 @@ import type {
 import { parseDuration } from "../config.ts";
 import { listDamaged } from "../engine.ts";
 import { countRecords, INBOX_STATES, OUTBOX_STATES } from "./prometheus.ts";
+import { type ConsoleServe, isConsoleCommand, runConsoleCommand } from "./console_command.ts";
 
 /** Where {@link runCli} writes. Each call gets whole lines. */
 export interface CliIo {
@@ -63,6 +64,10 @@ export interface CliOptions {
   env?: (name: string) => string | undefined;
   /** The clock, ms since epoch (default `Date.now`). */
   now?: () => number;
+  /** Serves HTTP, for the `console` command (the command line's entry gives the runtime's server). */
+  serve?: ConsoleServe;
+  /** Resolves when the `console` command should stop (the command line's entry: SIGINT or SIGTERM). */
+  untilShutdown?: () => Promise<unknown>;
 }
 
 /** The backend URL does not have any form the opener knows, or one of its parameters is bad. */
@@ -116,6 +121,7 @@ Commands:
   purge --older-than <7d|12h|30m|ms>  delete inbox "done" and outbox "sent" records older than that
   stats [--limit n]                 records per state (counted up to n, default 10000)
   damaged [--limit n]               records the backend could not read and set aside (kept, never deleted)
+  console [--port n] [--host h]     serve the web console until Ctrl-C (botmesh-durable console --help)
 
 Options:
   -b, --backend <url>   the backend (or set ${BACKEND_ENV})
@@ -216,6 +222,7 @@ function parseArgs(argv: readonly string[]): Parsed {
  * ```
  */
 export async function runCli(argv: readonly string[], io: CliIo, options: CliOptions): Promise<number> {
+  if (isConsoleCommand(argv)) return await runConsoleCommand(argv, io, options, BACKEND_ENV);
   let parsed: Parsed;
   try {
     parsed = parseArgs(argv);
