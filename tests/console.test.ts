@@ -643,7 +643,7 @@ describe("console: protocol, options and adapters", () => {
     } finally {
       await new Promise((resolve) => server.close(resolve));
     }
-  });
+  }, 60_000);
 });
 
 describe("console: bulk actions, mark as delivered, pages, ages, refresh", () => {
@@ -708,7 +708,7 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     } finally {
       await bot.stop();
     }
-  });
+  }, 60_000);
 
   test("a bulk action leaves alone what changed after its confirmation, and says how many", async () => {
     const { backend, bot, handler } = await sends();
@@ -728,7 +728,7 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     } finally {
       await bot.stop();
     }
-  });
+  }, 60_000);
 
   test("replay all by age: records newer than the cut-off are not counted; nothing to do says so without a form", async () => {
     const provider = new MockProvider();
@@ -761,7 +761,7 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     } finally {
       await bot.stop();
     }
-  });
+  }, 60_000);
 
   test("mark as delivered: an unknown send becomes sent without a new call; its old error stays, shown as before it was sent", async () => {
     const { provider, backend, bot, handler } = await sends();
@@ -800,7 +800,7 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     } finally {
       await bot.stop();
     }
-  });
+  }, 60_000);
 
   test("mark as delivered on a bare backend: markSent under the entry's fence", async () => {
     const backend = new MemoryDurability();
@@ -818,7 +818,7 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     expect(await (await get(handler, "/outbound/record?id=k")).text()).toContain(
       "<tr><th>Provider message id</th><td>not known (marked as delivered by an operator)</td></tr>",
     );
-  });
+  }, 60_000);
 
   test("pages by cursor: every record once, in order; a cursor whose record is gone goes on after it", async () => {
     const backend = new MemoryDurability();
@@ -847,7 +847,32 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     expect([...after.matchAll(/record\?id=(k\d)"/g)].map((m) => m[1])).toEqual(["k3", "k4", "k5"]);
     expect(first, "the message text is previewed").toContain(`<td data-label="Message" class="preview wide">message number 0</td>`);
     expect((await get(handler, "/outbound?after=nonsense")).status).toBe(400);
-  });
+  }, 60_000);
+
+  test("a long list reads only up to its page (more exist, bulk links without a count); its pages still see every record once", async () => {
+    const backend = new MemoryDurability();
+    const keys = Array.from({ length: 130 }, (_, i) => `k${String(i).padStart(3, "0")}`);
+    for (const key of keys) await backend.outbox.reserve({ key, chatId: "c", content: key, contentHash: "h", inboundId: null });
+    const handler = durabilityConsole(backend, { auth });
+    const seen: string[] = [];
+    const notes: string[] = [];
+    let path: string | null = "/outbound?limit=20";
+    while (path !== null) {
+      const text: string = await (await get(handler, path)).text();
+      if (seen.length === 0) {
+        expect(text).toContain(`href="/outbound/bulk/discard">Discard all…</a>`);
+        expect(text).toContain("Records 1–20; more exist");
+      }
+      seen.push(...[...text.matchAll(/record\?id=(k\d+)"/g)].map((m) => m[1]!));
+      notes.push(/Records [^ ]+(;| of \d+)/.exec(text)![0]);
+      const next: RegExpExecArray | null = /href="([^"]+)">Next page<\/a>/.exec(text);
+      path = next ? unescape(next[1]!) : null;
+    }
+    expect(seen).toEqual(keys);
+    expect(notes.at(-1)).toBe("Records 121–130 of 130");
+    const confirm = await (await get(handler, "/outbound/bulk/discard")).text();
+    expect(confirm).toContain("<h1>Discard 130 sends?</h1>");
+  }, 60_000);
 
   test("relative ages with the exact time on hover; refresh by link or meta refresh, no script", async () => {
     expect(relativeTime(1_000_000, 1_000_000 + 2_000)).toBe("just now");
@@ -870,14 +895,14 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     expect(auto).toContain(`<a href="/inbound">off</a>`);
     expect(auto).not.toContain("<script");
     expect((await get(handler, "/inbound?refresh=1")).status).toBe(400);
-  });
+  }, 60_000);
 
   test("an error's cause chain and stack lines, when the journal has them, are shown apart", () => {
     const fragment = errorDetails("Error: outer\nCaused by: TypeError: inner\n    at f (x.ts:1:1)\n    at g (y.ts:2:2)", "err").html;
     expect(fragment).toContain(`<div class="err">Error: outer</div>`);
     expect(fragment).toContain(`<ol class="err"><li>caused by TypeError: inner</li></ol>`);
     expect(fragment).toContain("<summary>Stack (2 frames)</summary><pre>at f (x.ts:1:1)\nat g (y.ts:2:2)</pre>");
-  });
+  }, 60_000);
 
   test("a backend that was not opened is opened by the console; one that cannot be opened is a 503 that says why, and logged", async () => {
     const backend = new SQLiteDurability({ file: join(dir, `${crypto.randomUUID()}.db`) });
@@ -896,5 +921,5 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     expect(reported.map((e) => (e as Error).message)).toEqual(["The memory backend could not be opened: connection refused"]);
     fail = false;
     expect((await get(console503, "/outbound")).status, "the next request tries again").toBe(200);
-  });
+  }, 60_000);
 });

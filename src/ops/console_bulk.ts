@@ -9,7 +9,7 @@
  * @module
  */
 import type { CsrfTokens } from "./console_auth.ts";
-import { filterParams, type Journal, type ListFilter, parseFilter, type Row, scan, SCAN_CAP, describeFilter } from "./console_list.ts";
+import { describeFilter, filterParams, type Journal, type ListFilter, parseFilter, type Row, scan, SCAN_CAP } from "./console_list.ts";
 import type { ConsoleOps } from "./console_ops.ts";
 import { HttpError, preview, stateBadge } from "./console_render.ts";
 import { html, SafeHtml } from "./html.ts";
@@ -81,14 +81,17 @@ function noun(spec: BulkSpec, n: number): string {
 
 /**
  * The bulk link of a list, when its action applies to some of its records.
- * @returns the link, or `null`
+ * @param rows every record of the list, or `null` when they were not all read (the link then has no count)
+ * @returns the link, or `null` when the action applies to none
  */
-export function bulkLink(ctx: BulkContext, path: string, f: ListFilter, rows: readonly Row[]): SafeHtml | null {
+export function bulkLink(ctx: BulkContext, path: string, f: ListFilter, rows: readonly Row[] | null): SafeHtml | null {
   const spec = BULK[path]!;
-  const n = eligible(rows, spec).length;
+  const n = rows === null ? null : eligible(rows, spec).length;
   if (n === 0) return null;
   const danger = spec.name === "discard" ? " danger" : " secondary";
-  return html`<a class="button${new SafeHtml(danger)}" href="${ctx.url(`/${path}`, filterParams(f))}">${spec.label} all ${n}…</a>`;
+  return html`<a class="button${new SafeHtml(danger)}" href="${ctx.url(`/${path}`, filterParams(f))}">${spec.label} all${
+    n === null ? "" : ` ${n}`
+  }…</a>`;
 }
 
 /** The confirmation page of a bulk action (a GET: changes nothing). */

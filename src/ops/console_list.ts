@@ -106,7 +106,12 @@ export function filterParams(f: ListFilter): Record<string, string | undefined> 
   return { state: f.state, chat: f.chat, error: f.error, older: f.older, newer: f.newer };
 }
 
-/** Whether the filter narrows beyond state and chat (then the scan reads up to {@link SCAN_CAP}). */
+/** Whether the filter narrows beyond what the backend's `list` filters (state, chat): error text or age. */
+export function filtersInMemory(f: ListFilter): boolean {
+  return f.error !== "" || f.older !== "" || f.newer !== "";
+}
+
+/** The filter in words, for the pages: `state dead, chat "c1", error containing "blocked"`. */
 export function describeFilter(f: ListFilter): string {
   const parts = [f.state ? `state ${f.state}` : "every state"];
   if (f.chat) parts.push(`chat "${f.chat}"`);
@@ -148,49 +153,70 @@ function outboundRow(e: OutboxEntry): Row {
 export interface Scan {
   /** The matching records, in the journal's order. */
   rows: Row[];
-  /** More records of the state and chat exist past {@link SCAN_CAP}: they were not looked at. */
+  /** Whether every record of the state and chat was read (else more exist past the ones read). */
+  complete: boolean;
+  /** Whether the scan stopped at {@link SCAN_CAP} with more records left. */
   truncated: boolean;
 }
 
 /**
- * Read the records matching `f`: state and chat by the backend's `list` (up
- * to {@link SCAN_CAP}), error text and age here, measured from `now`.
+ * Read the records matching `f`: state and chat by the backend's `list` (the
+ * first `upTo` of them, at most {@link SCAN_CAP}), error text and age here,
+ * measured from `now`.
  */
-export async function scan(ops: ConsoleOps, f: ListFilter, now: number): Promise<Scan> {
-  const options = { ...(f.state ? { state: f.state } : {}), ...(f.chat ? { chatId: f.chat } : {}), limit: SCAN_CAP + 1 };
+export async function scan(ops: ConsoleOps, f: ListFilter, now: number, upTo: number = SCAN_CAP): Promise<Scan> {
+  const cap = Math.min(upTo, SCAN_CAP);
+  const options = { ...(f.state ? { state: f.state } : {}), ...(f.chat ? { chatId: f.chat } : {}), limit: cap + 1 };
   const all = f.journal === "inbound"
     ? (await ops.inboxList(options as { state?: InboundState })).map(inboundRow)
     : (await ops.outboxList(options as { state?: OutboxState })).map(outboundRow);
-  const truncated = all.length > SCAN_CAP;
+  const complete = all.length <= cap;
   const needle = f.error.toLowerCase();
   const olderMs = f.older ? parseAge(f.older, "older") : null;
   const newerMs = f.newer ? parseAge(f.newer, "newer") : null;
-  const rows = all.slice(0, SCAN_CAP).filter((r) =>
+  const rows = all.slice(0, cap).filter((r) =>
     (needle === "" || (r.error ?? "").toLowerCase().includes(needle)) &&
     (olderMs === null || r.createdAt <= now - olderMs) &&
     (newerMs === null || r.createdAt >= now - newerMs)
   );
-  return { rows, truncated };
+  return { rows, complete, truncated: !complete && cap === SCAN_CAP };
 }
 
-/** The cursor of the page after `row`: its order and id. */
-export function cursorAfter(row: Row): string {
-  return `${row.order}.${row.id}`;
+/** A page's cursor: the last record of the page before, its place in the journal's order, and where it was in the list. */
+export interface Cursor {
+  /** `receivedAt` (inbound) or `seq` (outbound) of the record. */
+  order: number;
+  /** Its index in the list when the cursor was made (a hint of how far to read). */
+  index: number;
+  /** Its id or key. */
+  id: string;
+}
+
+/** The cursor of the page after `row`, which is at `index` in its list. */
+export function cursorAfter(row: Row, index: number): string {
+  return `${row.order}.${index}.${row.id}`;
+}
+
+/**
+ * The cursor in a query's `after`, or `null` for the first page.
+ * @throws {HttpError} 400 when it is malformed
+ */
+export function parseCursor(text: string | null): Cursor | null {
+  if (text === null || text === "") return null;
+  const match = /^(\d{1,16})\.(\d{1,7})\.([\s\S]+)$/.exec(text);
+  if (!match) throw new HttpError(400, `Parameter "after" is not a cursor of this console; got "${text}"`);
+  return { order: Number(match[1]), index: Number(match[2]), id: match[3]! };
 }
 
 /**
  * Where the page after `cursor` starts in `rows`: just after the record it
  * names, or (that record is gone or left the filter) at the first record
- * later in the journal's order.
- * @throws {HttpError} 400 when the cursor is malformed
+ * later in the journal's order; `null` when neither is among `rows`.
  */
-export function pageStart(rows: readonly Row[], cursor: string | null): number {
-  if (cursor === null || cursor === "") return 0;
-  const match = /^(\d{1,16})\.([\s\S]+)$/.exec(cursor);
-  if (!match) throw new HttpError(400, `Parameter "after" is not a cursor of this console; got "${cursor}"`);
-  const order = Number(match[1]);
-  const at = rows.findIndex((r) => r.id === match[2]);
+export function pageStart(rows: readonly Row[], cursor: Cursor | null): number | null {
+  if (cursor === null) return 0;
+  const at = rows.findIndex((r) => r.id === cursor.id);
   if (at >= 0) return at + 1;
-  const later = rows.findIndex((r) => r.order > order);
-  return later < 0 ? rows.length : later;
+  const later = rows.findIndex((r) => r.order > cursor.order);
+  return later < 0 ? null : later;
 }

@@ -15,8 +15,10 @@ import {
   INBOUND_STATES,
   type Journal,
   OUTBOUND_STATES,
+  filtersInMemory,
   pageStart,
   param,
+  parseCursor,
   parseFilter,
   scan,
   SCAN_CAP,
@@ -99,6 +101,8 @@ export interface ViewContext extends BulkContext {
 const DEFAULT_LIMIT = 50;
 const MAX_LIMIT = 1000;
 const REFRESH_CHOICES = [10, 30, 60];
+/** Records read past a page's cursor hint, for records removed before it since the cursor was made. */
+const CURSOR_MARGIN = 100;
 
 function parseLimit(query: URLSearchParams): number {
   const raw = param(query, "limit");
@@ -225,9 +229,17 @@ ${
     const limit = parseLimit(query);
     const refresh = parseRefresh(query);
     const after = param(query, "after");
+    const cursor = parseCursor(after);
     const at = now();
-    const found = await scan(ops, f, at);
-    const start = pageStart(found.rows, after);
+    // Without an error or age filter the backend's list filters everything: read only up to this page
+    // (and a margin for records removed before it); with one, or when that is not enough, up to the cap.
+    let found = await scan(ops, f, at, filtersInMemory(f) ? SCAN_CAP : (cursor?.index ?? 0) + limit + CURSOR_MARGIN);
+    let start = pageStart(found.rows, cursor);
+    if (!found.complete && (start === null || start + limit >= found.rows.length)) {
+      found = await scan(ops, f, at, SCAN_CAP);
+      start = pageStart(found.rows, cursor);
+    }
+    start ??= found.rows.length;
     const shown = found.rows.slice(start, start + limit);
     const more = start + limit < found.rows.length;
     const rows = shown.map((r) =>
@@ -242,10 +254,12 @@ ${
       html`<option value="${s}"${new SafeHtml((f.state ?? "all") === s ? " selected" : "")}>${s}</option>`
     );
     const params = { ...filterParams(f), limit: limit === DEFAULT_LIMIT ? undefined : limit };
+    // Counts only when every record was read; else the confirmation page counts them.
+    const counted = found.complete ? found.rows : null;
     const bulk = journal === "inbound"
-      ? [bulkLink(ctx, "inbound/bulk/replay", f, found.rows)]
-      : [bulkLink(ctx, "outbound/bulk/retry", f, found.rows), bulkLink(ctx, "outbound/bulk/discard", f, found.rows)];
-    const total = `${found.rows.length}${found.truncated ? "+" : ""}`;
+      ? [bulkLink(ctx, "inbound/bulk/replay", f, counted)]
+      : [bulkLink(ctx, "outbound/bulk/retry", f, counted), bulkLink(ctx, "outbound/bulk/discard", f, counted)];
+    const total = found.complete ? ` of ${found.rows.length}` : found.truncated ? ` of ${found.rows.length}+` : "; more exist";
     return {
       title: heading,
       refresh,
@@ -269,12 +283,12 @@ ${
           }</th><th>Updated</th><th>Last error</th></tr></thead><tbody>${rows}</tbody></table>`
       }
 <p class="note">${
-        shown.length > 0 ? `Records ${start + 1}–${start + shown.length} of ${total}` : `${total} records`
+        shown.length > 0 ? `Records ${start + 1}–${start + shown.length}${total}` : found.complete ? `${found.rows.length} records` : "No records on this page"
       } matching ${describeFilter(f)}, in ${journal === "inbound" ? "receipt" : "reservation"} order.${
         found.truncated ? ` Only the first ${SCAN_CAP} of this state and chat are looked at: narrow the filter to see further.` : ""
       }</p>
 <div class="actions">${start > 0 ? html`<a class="button secondary" href="${url(`/${journal}`, params)}">First page</a>` : null}${
-        more ? html`<a class="button secondary" href="${url(`/${journal}`, { ...params, after: cursorAfter(shown.at(-1)!) })}">Next page</a>` : null
+        more ? html`<a class="button secondary" href="${url(`/${journal}`, { ...params, after: cursorAfter(shown.at(-1)!, start + shown.length - 1) })}">Next page</a>` : null
       }</div>`,
     };
   };
