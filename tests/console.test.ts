@@ -921,5 +921,13 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     expect(reported.map((e) => (e as Error).message)).toEqual(["The memory backend could not be opened: connection refused"]);
     fail = false;
     expect((await get(console503, "/outbound")).status, "the next request tries again").toBe(200);
+    // A bot opens its backend in start(): before it, the page says so and the failure is logged.
+    const file = join(dir, `${crypto.randomUUID()}.db`);
+    const idle = new Bot({ provider: new MockProvider(), durability: { backend: new SQLiteDurability({ file }), instanceId: "not-started" } });
+    const logged: unknown[] = [];
+    const early = await get(durabilityConsole(idle, { auth, onError: (e) => logged.push(e) }), "/outbound");
+    expect(early.status).toBe(500);
+    expect(await early.text()).toContain("is not open: call open() first (bot.start() does)");
+    expect(logged.length).toBe(1);
   }, 60_000);
 });

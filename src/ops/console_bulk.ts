@@ -81,6 +81,9 @@ function noun(spec: BulkSpec, n: number): string {
 
 /**
  * The bulk link of a list, when its action applies to some of its records.
+ * @param ctx the handler's context
+ * @param path the action's path, a key of {@link BULK}
+ * @param f the list's filter
  * @param rows every record of the list, or `null` when they were not all read (the link then has no count)
  * @returns the link, or `null` when the action applies to none
  */
@@ -94,7 +97,15 @@ export function bulkLink(ctx: BulkContext, path: string, f: ListFilter, rows: re
   }…</a>`;
 }
 
-/** The confirmation page of a bulk action (a GET: changes nothing). */
+/**
+ * The confirmation page of a bulk action (a GET: changes nothing).
+ * @param ctx the handler's context
+ * @param path the action's path, a key of {@link BULK}
+ * @param query the list's filter
+ * @param user the operator, bound into the token
+ * @returns the page
+ * @throws {HttpError} 400 on a bad filter
+ */
 export async function bulkConfirm(
   ctx: BulkContext,
   path: string,
@@ -155,6 +166,11 @@ function integerField(form: URLSearchParams, name: string): number {
 
 /**
  * Run a confirmed bulk action (the POST).
+ * @param ctx the handler's context
+ * @param path the action's path, a key of {@link BULK}
+ * @param query the list's filter
+ * @param form the posted form (`csrf`, `at`, `cutoff`, `expected`)
+ * @param user the operator
  * @returns where to go next: the list, with a notice of what was done
  * @throws {HttpError} 403 on a bad token (nothing changed), 400 on a bad form
  */
@@ -193,6 +209,7 @@ export async function bulkPerform(
 
 /**
  * The notice after a bulk action, from its redirect's query (fixed texts and whole numbers only).
+ * @param query the query
  * @returns the text, or `null`
  */
 export function bulkNotice(query: URLSearchParams): string | null {

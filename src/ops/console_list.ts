@@ -54,6 +54,9 @@ export interface Row {
 
 /**
  * A query parameter, at most {@link MAX_PARAM_CHARS} long.
+ * @param query the query
+ * @param name the parameter
+ * @returns its value, or `null` when absent
  * @throws {HttpError} 400 when longer
  */
 export function param(query: URLSearchParams, name: string): string | null {
@@ -68,6 +71,9 @@ const UNITS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_
 
 /**
  * A duration like `30m`, `2h`, `7d`, in ms.
+ * @param text the duration
+ * @param name the parameter it came from, for the error
+ * @returns the duration in ms
  * @throws {HttpError} 400 naming the parameter
  */
 export function parseAge(text: string, name: string): number {
@@ -78,6 +84,9 @@ export function parseAge(text: string, name: string): number {
 
 /**
  * The filter of a list or bulk action, from its query.
+ * @param journal the list's journal
+ * @param query the query (`state`, `chat`, `error`, `older`, `newer`)
+ * @returns the filter
  * @throws {HttpError} 400 naming a bad parameter
  */
 export function parseFilter(journal: Journal, query: URLSearchParams): ListFilter {
@@ -101,17 +110,29 @@ export function parseFilter(journal: Journal, query: URLSearchParams): ListFilte
   return filter;
 }
 
-/** The filter as query parameters (empty ones left out by the URL builder). */
+/**
+ * The filter as query parameters (empty ones left out by the URL builder).
+ * @param f the filter
+ * @returns the parameters
+ */
 export function filterParams(f: ListFilter): Record<string, string | undefined> {
   return { state: f.state, chat: f.chat, error: f.error, older: f.older, newer: f.newer };
 }
 
-/** Whether the filter narrows beyond what the backend's `list` filters (state, chat): error text or age. */
+/**
+ * Whether the filter narrows beyond what the backend's `list` filters (state, chat): error text or age.
+ * @param f the filter
+ * @returns whether some of it is applied by the console
+ */
 export function filtersInMemory(f: ListFilter): boolean {
   return f.error !== "" || f.older !== "" || f.newer !== "";
 }
 
-/** The filter in words, for the pages: `state dead, chat "c1", error containing "blocked"`. */
+/**
+ * The filter in words, for the pages: `state dead, chat "c1", error containing "blocked"`.
+ * @param f the filter
+ * @returns the words
+ */
 export function describeFilter(f: ListFilter): string {
   const parts = [f.state ? `state ${f.state}` : "every state"];
   if (f.chat) parts.push(`chat "${f.chat}"`);
@@ -163,6 +184,11 @@ export interface Scan {
  * Read the records matching `f`: state and chat by the backend's `list` (the
  * first `upTo` of them, at most {@link SCAN_CAP}), error text and age here,
  * measured from `now`.
+ * @param ops the console's operations
+ * @param f the filter
+ * @param now the time ages are measured from
+ * @param upTo read at most this many records of the state and chat
+ * @returns what was found
  */
 export async function scan(ops: ConsoleOps, f: ListFilter, now: number, upTo: number = SCAN_CAP): Promise<Scan> {
   const cap = Math.min(upTo, SCAN_CAP);
@@ -192,13 +218,20 @@ export interface Cursor {
   id: string;
 }
 
-/** The cursor of the page after `row`, which is at `index` in its list. */
+/**
+ * The cursor of the page after `row`, which is at `index` in its list.
+ * @param row the last record of a page
+ * @param index its index in the list
+ * @returns the cursor, for `after`
+ */
 export function cursorAfter(row: Row, index: number): string {
   return `${row.order}.${index}.${row.id}`;
 }
 
 /**
- * The cursor in a query's `after`, or `null` for the first page.
+ * The cursor in a query's `after`.
+ * @param text the parameter
+ * @returns the cursor, or `null` for the first page
  * @throws {HttpError} 400 when it is malformed
  */
 export function parseCursor(text: string | null): Cursor | null {
@@ -211,7 +244,10 @@ export function parseCursor(text: string | null): Cursor | null {
 /**
  * Where the page after `cursor` starts in `rows`: just after the record it
  * names, or (that record is gone or left the filter) at the first record
- * later in the journal's order; `null` when neither is among `rows`.
+ * later in the journal's order.
+ * @param rows the records read
+ * @param cursor the cursor, or `null` for the first page
+ * @returns the index, or `null` when neither is among `rows`
  */
 export function pageStart(rows: readonly Row[], cursor: Cursor | null): number | null {
   if (cursor === null) return 0;

@@ -19,7 +19,11 @@ export const SECURITY_HEADERS: Record<string, string> = {
 
 const MAX_SHOWN_JSON = 256 * 1024;
 
-/** Whether `value` is a non-null object or function. */
+/**
+ * Whether `value` is a non-null object or function.
+ * @param value anything
+ * @returns whether it can have properties
+ */
 export function isObject(value: unknown): value is Record<string, unknown> {
   return (typeof value === "object" || typeof value === "function") && value !== null;
 }
@@ -35,7 +39,13 @@ export class HttpError extends Error {
   }
 }
 
-/** An HTML response with the security headers. */
+/**
+ * An HTML response with the security headers.
+ * @param status the status
+ * @param body the HTML, or `null`
+ * @param headers more headers
+ * @returns the response
+ */
 export function respond(status: number, body: string | null, headers: Record<string, string> = {}): Response {
   const h = new Headers({ "content-type": "text/html; charset=utf-8", ...SECURITY_HEADERS, ...headers });
   return new Response(body, { status, headers: h });
@@ -151,7 +161,11 @@ export function timeTag(ms: number | null | undefined, now: number): SafeHtml {
   return html`<time datetime="${exact}" title="${exact}">${relativeTime(ms, now)}</time>`;
 }
 
-/** `value` as indented JSON, cut at 256 KiB. */
+/**
+ * `value` as indented JSON, cut at 256 KiB.
+ * @param value the payload or content
+ * @returns the text
+ */
 export function prettyJson(value: JsonValue): string {
   let text: string;
   try {
@@ -162,13 +176,22 @@ export function prettyJson(value: JsonValue): string {
   return text.length > MAX_SHOWN_JSON ? `${text.slice(0, MAX_SHOWN_JSON)}\n… (truncated, ${text.length} characters)` : text;
 }
 
-/** `text` cut at `max` characters (with `…`); `null` is empty. */
+/**
+ * `text` cut at `max` characters (with `…`).
+ * @param text the text; `null` is empty
+ * @param max at most this many characters
+ * @returns the text
+ */
 export function truncate(text: string | null, max: number): string {
   if (text === null) return "";
   return text.length > max ? `${text.slice(0, max)}…` : text;
 }
 
-/** A state as a coloured badge. */
+/**
+ * A state as a coloured badge.
+ * @param state the state
+ * @returns the fragment
+ */
 export function stateBadge(state: string): SafeHtml {
   return html`<span class="state state-${state}">${state}</span>`;
 }

@@ -338,6 +338,7 @@ ${field("Provider", r.provider)}${field("Attempts", r.attempts)}${errorRow(r.sta
 ${field("Next attempt", timeTag(r.nextAttemptAt, at))}${leaseRows(r, at)}${field("Fencing token (last issued)", r.fence)}
 ${field("Received", timeTag(r.receivedAt, at))}${field("Updated", timeTag(r.updatedAt, at))}
 </tbody></table>
+<p class="note">The journal keeps the last error only (its name and message): stacks and causes go to the bot's <code>error</code> event and your logs.</p>
 <div class="actions">${actionButtons("inbound", r.state, r.id)}<a class="button secondary" href="${
           url("/inbound", { state: r.state })
         }">Back to the list</a></div>
