@@ -61,9 +61,9 @@ export interface DurabilityMetrics {
   /** Sends whose outcome is unknown (a sender died mid-call, a call timed out), left `unknown` for an operator and reported. */
   outboxAmbiguous: number;
   /**
-   * Ambiguous sends the channel settled without an operator: a delivery status that carried the
-   * send's key (`sent` with its message id), or the provider's `confirm` (`sent`, or certainly not
-   * delivered: queued again).
+   * Ambiguous sends settled: by the channel, a delivery status that carried the send's key (`sent`
+   * with its message id) or the provider's `confirm` (`sent`, or certainly not delivered: queued
+   * again); or by an operator who saw it arrive (`markDelivered`).
    */
   outboxResolved: number;
   /** Sends that bypassed the outbox (too large or not encodable). */
@@ -1349,7 +1349,7 @@ export class DurabilityEngine {
     return "resolved";
   }
 
-  /** An ambiguous send the channel settled: counted and told (`durability:resolved`). */
+  /** An ambiguous send settled (by the channel or an operator): counted and told (`durability:resolved`). */
   #resolved(event: BotEvents["durability:resolved"]): void {
     this.#metrics.outboxResolved++;
     this.#host.events.emit("durability:resolved", event);
