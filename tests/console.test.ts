@@ -324,6 +324,9 @@ for (const { name, make } of BACKENDS) {
           `/outbound?chat=${enc(XSS)}`,
           `/outbound/record?id=${enc(`missing ${XSS}`)}`,
           `/inbound?state=${enc(XSS)}`,
+          `/outbound?error=${enc(XSS)}`,
+          `/outbound/bulk/retry?state=dead&error=${enc(XSS)}`,
+          `/outbound/bulk/discard?chat=${enc(`chat-${XSS}`)}`,
         ];
         for (const p of pages) {
           const text = await (await get(f.handler, p)).text();
@@ -367,6 +370,10 @@ for (const { name, make } of BACKENDS) {
           `/outbound/retry?id=${enc(f.deadKey)}`,
           `/outbound/discard?id=${enc(f.deadKey)}`,
           `/outbound/retry?id=${enc(f.deadKey)}&csrf=x&_method=POST`,
+          "/outbound/bulk/retry?state=dead",
+          "/outbound/bulk/discard",
+          "/inbound/bulk/replay?state=dead",
+          "/outbound?state=dead&error=blocked&older=1s&refresh=10",
         ];
         for (const p of paths) {
           expect((await get(f.handler, p)).status).toBe(200);
