@@ -25,6 +25,7 @@ export type ConsoleAuth =
 // ---------------------------------------------------------------------------
 // Crypto helpers (Web Crypto only)
 
+/** UTF-8 encoding, shared by the console's modules. */
 export const encoder: TextEncoder = new TextEncoder();
 
 function base64url(bytes: Uint8Array): string {
@@ -115,10 +116,19 @@ export function basicAuth(user: string, password: string, options: BasicAuthOpti
 // ---------------------------------------------------------------------------
 // CSRF tokens
 
+/**
+ * CSRF tokens of the confirmation forms: `<issuedAt>.<HMAC-SHA256>` over the
+ * user, the action and what it acts on (a record id, or a bulk action's
+ * filter and count), valid for `maxAgeMs`.
+ */
 export class CsrfTokens {
   #key: Promise<CryptoKey>;
   #maxAgeMs: number;
 
+  /**
+   * @param secret the HMAC key (at least 16 bytes, checked by the caller)
+   * @param maxAgeMs how long a token stays valid
+   */
   constructor(secret: Uint8Array<ArrayBuffer>, maxAgeMs: number) {
     this.#key = crypto.subtle.importKey("raw", secret, { name: "HMAC", hash: "SHA-256" }, false, ["sign", "verify"]);
     this.#maxAgeMs = maxAgeMs;
@@ -129,12 +139,26 @@ export class CsrfTokens {
     return new Uint8Array(await crypto.subtle.sign("HMAC", await this.#key, message));
   }
 
+  /**
+   * A token for `user` to do `action` on `id`.
+   * @param user the operator
+   * @param action the action's path
+   * @param id what it acts on
+   * @returns the token
+   */
   async issue(user: string, action: string, id: string): Promise<string> {
     const issuedAt = Date.now();
     return `${issuedAt}.${base64url(await this.#mac(user, action, id, issuedAt))}`;
   }
 
-  /** @returns `null` when valid, else why not. */
+  /**
+   * Check a posted token.
+   * @param token the form's `csrf` field
+   * @param user the operator posting it
+   * @param action the action's path
+   * @param id what it acts on
+   * @returns `null` when valid, else why not
+   */
   async check(token: string | null, user: string, action: string, id: string): Promise<string | null> {
     if (!token) return "the CSRF token is missing";
     const match = /^(\d{1,16})\.([A-Za-z0-9_-]{43})$/.exec(token);
