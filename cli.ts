@@ -7,6 +7,7 @@
  * @example
  * ```sh
  * npx botmesh-durable --backend sqlite:./data/bot.db list inbox --state dead
+ * BOTMESH_CONSOLE_USER=ops BOTMESH_CONSOLE_PASSWORD=… npx botmesh-durable console --backend sqlite:./data/bot.db --port 8080
  * ```
  *
  * @module
@@ -14,11 +15,15 @@
 import { runCli } from "./src/ops/cli.ts";
 import { openBackend } from "./backends/open_url.ts";
 import { cliArgs, cliEnv, exitProcess, writeStderr, writeStdout } from "./src/runtime/cli.ts";
+import { serveHttp, untilSignal } from "./src/runtime/serve.ts";
+import { nodeHandler } from "./src/ops/node_handler.ts";
 import pkg from "./package.json" with { type: "json" };
 
 const code: number = await runCli(cliArgs(), { stdout: writeStdout, stderr: writeStderr }, {
   open: openBackend,
   version: pkg.version,
   env: cliEnv,
+  serve: (fetch, { port, hostname }) => serveHttp({ port, hostname, fetch, nodeListener: nodeHandler(fetch) }),
+  untilShutdown: untilSignal,
 });
 exitProcess(code);

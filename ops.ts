@@ -1,8 +1,9 @@
 /**
  * `@botmesh/durable/ops`: running a bot. The operations console (a fetch
- * handler with its own pages, no scripts), Prometheus metrics, the building
- * blocks of the `botmesh-durable` command line, and `nodeHandler` to serve
- * any fetch handler from Node's `http` module.
+ * handler with its own pages, no scripts; or on its own: `botmesh-durable
+ * console`), Prometheus metrics, the building blocks of the `botmesh-durable`
+ * command line, and `nodeHandler` to serve any fetch handler from Node's
+ * `http` module.
  *
  * @example
  * ```ts ignore
@@ -52,4 +53,11 @@ export {
   runCli,
   USAGE,
 } from "./src/ops/cli.ts";
+export {
+  CONSOLE_ENV,
+  CONSOLE_USAGE,
+  type ConsoleServe,
+  runConsoleCommand,
+  type ServedConsole,
+} from "./src/ops/console_command.ts";
 export { openBackend } from "./backends/open_url.ts";

@@ -63,9 +63,9 @@ export interface DurabilityMetrics {
   /** Sends whose outcome is unknown (a sender died mid-call, a call timed out), left `unknown` for an operator and reported. */
   outboxAmbiguous: number;
   /**
-   * Ambiguous sends the channel settled without an operator: a delivery status that carried the
-   * send's key (`sent` with its message id), or the provider's `confirm` (`sent`, or certainly not
-   * delivered: queued again).
+   * Ambiguous sends settled: by the channel, a delivery status that carried the send's key (`sent`
+   * with its message id) or the provider's `confirm` (`sent`, or certainly not delivered: queued
+   * again); or by an operator who saw it arrive (`markDelivered`).
    */
   outboxResolved: number;
   /** Sends that bypassed the outbox (too large or not encodable). */
@@ -118,11 +118,18 @@ export interface BotEvents {
   /** A send's outcome is unknown (its sender died during the provider call, or the call timed out): held for an operator. */
   "durability:ambiguous": { key: string; chatId: string };
   /**
-   * An ambiguous send (already reported by `durability:ambiguous`) was settled by the channel: `sent`
-   * (a delivery status carrying its key, or the provider's `confirm`), or, when `confirm` said it
-   * never arrived, `failed` (sent again after its backoff) or `dead` (its retries were spent).
+   * An ambiguous send (already reported by `durability:ambiguous`) was settled: `sent` by the channel
+   * (a delivery status carrying its key, or the provider's `confirm`) or by an operator who checked the
+   * chat (`markDelivered`, `via: "operator"`), or, when `confirm` said it never arrived, `failed` (sent
+   * again after its backoff) or `dead` (its retries were spent).
    */
-  "durability:resolved": { key: string; chatId: string; state: "sent" | "failed" | "dead"; messageId?: string; via: "status" | "confirm" };
+  "durability:resolved": {
+    key: string;
+    chatId: string;
+    state: "sent" | "failed" | "dead";
+    messageId?: string;
+    via: "status" | "confirm" | "operator";
+  };
 }
 
 /** What a send did. */
@@ -193,6 +200,16 @@ export interface DurabilityControl {
   replayInbound(id: string): Promise<boolean>;
   /** Send an entry again (dead, failed or unknown). @returns whether it was requeued. */
   retrySend(key: string): Promise<boolean>;
+  /**
+   * Record an `unknown` send as delivered without sending it again: the operator checked the chat and
+   * the message is there. The entry becomes `sent` under its own fencing token (as a late outcome of
+   * its lost call would), so it fails when anyone retried or resolved it meanwhile; counted in
+   * `outboxResolved` and told as `durability:resolved` with `via: "operator"`.
+   * @param key the entry's idempotency key
+   * @param messageId the provider's message id when the operator knows it (default `""`: not known)
+   * @returns whether it was `unknown` and is `sent` now
+   */
+  markDelivered(key: string, messageId?: string): Promise<boolean>;
   /** A snapshot of the counters. */
   metrics(): DurabilityMetrics;
   /** A snapshot of the duration histograms (this process's, since `bot.start()`). */
@@ -1335,7 +1352,7 @@ export class DurabilityEngine {
   }
 
   /** Record an `unknown` entry as sent on the channel's word: `resolved`, or its state now (someone else acted). */
-  async #resolveSent(entry: OutboxEntry, messageId: string, via: "status" | "confirm"): Promise<"resolved" | OutboxState | "gone"> {
+  async #resolveSent(entry: OutboxEntry, messageId: string, via: "status" | "confirm" | "operator"): Promise<"resolved" | OutboxState | "gone"> {
     try {
       await this.backend.outbox.markSent(entry.key, entry.fence, messageId);
     } catch (error) {
@@ -1346,7 +1363,7 @@ export class DurabilityEngine {
     return "resolved";
   }
 
-  /** An ambiguous send the channel settled: counted and told (`durability:resolved`). */
+  /** An ambiguous send settled (by the channel or an operator): counted and told (`durability:resolved`). */
   #resolved(event: BotEvents["durability:resolved"]): void {
     this.#metrics.outboxResolved++;
     this.#host.events.emit("durability:resolved", event);
@@ -1765,6 +1782,14 @@ export class DurabilityEngine {
         const requeued = await backend.outbox.retry(key);
         if (requeued) this.#wake(0);
         return requeued;
+      },
+      markDelivered: async (key, messageId = "") => {
+        if (typeof messageId !== "string") {
+          throw new TypeError(`markDelivered: "messageId" must be a string, got ${JSON.stringify(messageId) ?? typeof messageId}`);
+        }
+        const entry = await backend.outbox.get(key);
+        if (entry === null || entry.state !== "unknown") return false;
+        return await this.#resolveSent(entry, messageId, "operator") === "resolved";
       },
       metrics: () => ({ ...this.#metrics }),
       histograms: () => this.#observer.histograms(),

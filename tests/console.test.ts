@@ -13,6 +13,7 @@ import { ProviderError } from "../src/errors.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 import { basicAuth, type ConsoleHandler, durabilityConsole, nodeHandler } from "../src/ops/console.ts";
 import { escapeHtml } from "../src/ops/html.ts";
+import { errorDetails, relativeTime } from "../src/ops/console_render.ts";
 
 const dir = join(tmpdir(), `botmesh-console-tests-${crypto.randomUUID()}`);
 mkdirSync(dir, { recursive: true });
@@ -158,8 +159,8 @@ for (const { name, make } of BACKENDS) {
         expect(byChat).toContain("dead-send-1");
         expect(byChat).not.toContain(enc(f.xssKey));
         const all = await (await get(f.handler, "/outbound?limit=1")).text();
-        expect(all).toContain("Showing 1 record; more exist");
-        expect(all).toContain(`href="/outbound?limit=2">Show up to 2</a>`);
+        expect(all).toContain("Records 1–1 of 3 matching every state");
+        expect(all).toMatch(/href="\/outbound\?limit=1&amp;after=\d+\.[^"]+">Next page<\/a>/);
         const none = await (await get(f.handler, "/inbound?state=pending")).text();
         expect(none).toContain("No records.");
       } finally {
@@ -176,7 +177,7 @@ for (const { name, make } of BACKENDS) {
         expect(out).toContain("<tr><th>Attempts</th><td>1</td></tr>");
         expect(out).toContain("<tr><th>Fencing token (last issued)</th><td>1</td></tr>");
         expect(out).toContain("<tr><th>Lease</th><td>none</td></tr>");
-        expect(out).toMatch(/<tr><th>Created<\/th><td>\d{4}-\d\d-\d\dT/);
+        expect(out).toMatch(/<tr><th>Created<\/th><td><time datetime="(\d{4}-\d\d-\d\dT[^"]+)" title="\1">(just now|\d+ s ago)<\/time>/);
         expect(out).toContain(`href="/outbound/retry?id=dead-send-1">Retry…</a>`);
         expect(out).toContain(`href="/outbound/discard?id=dead-send-1">Discard…</a>`);
         const inb = await (await get(f.handler, `/inbound/record?id=${enc(f.deadInboundId)}`)).text();
@@ -323,6 +324,9 @@ for (const { name, make } of BACKENDS) {
           `/outbound?chat=${enc(XSS)}`,
           `/outbound/record?id=${enc(`missing ${XSS}`)}`,
           `/inbound?state=${enc(XSS)}`,
+          `/outbound?error=${enc(XSS)}`,
+          `/outbound/bulk/retry?state=dead&error=${enc(XSS)}`,
+          `/outbound/bulk/discard?chat=${enc(`chat-${XSS}`)}`,
         ];
         for (const p of pages) {
           const text = await (await get(f.handler, p)).text();
@@ -335,7 +339,7 @@ for (const { name, make } of BACKENDS) {
         }
         const list = await (await get(f.handler, "/outbound?state=dead")).text();
         expect(list).toContain(`href="${escapeHtml(`/outbound/record?id=${enc(f.xssKey)}`)}"`);
-        expect(list).toContain(`<td>${escapeHtml(`chat-${XSS}`)}</td>`);
+        expect(list).toContain(`<td data-label="Chat" class="id">${escapeHtml(`chat-${XSS}`)}</td>`);
         expect(list).toContain(escapeHtml(`ProviderError: rejected ${XSS}`));
         const record = await (await get(f.handler, `/inbound/record?id=${enc(f.deadInboundId)}`)).text();
         expect(record).toContain(escapeHtml(`"text": ${JSON.stringify(`boom ${XSS}`)}`));
@@ -366,6 +370,10 @@ for (const { name, make } of BACKENDS) {
           `/outbound/retry?id=${enc(f.deadKey)}`,
           `/outbound/discard?id=${enc(f.deadKey)}`,
           `/outbound/retry?id=${enc(f.deadKey)}&csrf=x&_method=POST`,
+          "/outbound/bulk/retry?state=dead",
+          "/outbound/bulk/discard",
+          "/inbound/bulk/replay?state=dead",
+          "/outbound?state=dead&error=blocked&older=1s&refresh=10",
         ];
         for (const p of paths) {
           expect((await get(f.handler, p)).status).toBe(200);
@@ -542,14 +550,17 @@ describe("console: protocol, options and adapters", () => {
 
   test("an auth function that throws gives 500 without details; one returning junk gives 401", async () => {
     const { bot } = await f();
+    const reported: unknown[] = [];
     const throwing = durabilityConsole(bot, {
       auth: () => {
         throw new Error("db password is hunter2");
       },
+      onError: (error) => reported.push(error),
     });
     const res = await throwing(new Request(`${BASE}/`));
     expect(res.status).toBe(500);
     expect(await res.text()).not.toContain("hunter2");
+    expect(reported.map((e) => (e as Error).message), "told to the operator's log, not the page").toEqual(["db password is hunter2"]);
     const junk = durabilityConsole(bot, { auth: () => ({ user: "" }) });
     expect((await junk(new Request(`${BASE}/`))).status).toBe(401);
   });
@@ -605,7 +616,7 @@ describe("console: protocol, options and adapters", () => {
     expect(href).toBe(`/ops/dlq/outbound/record?id=${enc(odd)}`);
     const oddPage = await get(handler, href);
     expect(oddPage.status).toBe(200);
-    expect(await oddPage.text()).toContain(`<tr><th>Key</th><td>${escapeHtml(odd)}</td></tr>`);
+    expect(await oddPage.text()).toContain(`<tr><th>Key</th><td><span class="id">${escapeHtml(odd)}</span></td></tr>`);
     const replay = await confirmation(handler, `/ops/dlq/inbound/replay?id=i1`).catch((e) => e);
     expect(replay).toBeInstanceOf(Error); // pending: no replay form (409)
   });
@@ -639,5 +650,291 @@ describe("console: protocol, options and adapters", () => {
     } finally {
       await new Promise((resolve) => server.close(resolve));
     }
-  });
+  }, 60_000);
+});
+
+describe("console: bulk actions, mark as delivered, pages, ages, refresh", () => {
+  const auth = basicAuth("ops", "correct horse");
+
+  /** A bot on memory with dead sends in two chats (two error texts) and one unknown send. */
+  async function sends() {
+    const provider = new MockProvider();
+    const backend = new MemoryDurability();
+    const bot = new Bot({ provider, durability: { backend, instanceId: "bulk-test", inbox: { retries: 0 }, outbox: { retries: 0 } } });
+    bot.on("error", () => {});
+    await bot.start();
+    const dead = async (chatId: string, key: string, message: string) => {
+      provider.failNext(1, new ProviderError(message, { retryable: false }));
+      expect((await bot.send(chatId, `text of ${key}`, { idempotencyKey: key })).state).toBe("dead");
+    };
+    await dead("a", "a1", "Recipient blocked the bot");
+    await dead("a", "a2", "Chat not found");
+    await dead("b", "b1", "Recipient blocked the bot");
+    provider.failNext(1, new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
+    await bot.send("b", "did it arrive?", { idempotencyKey: "maybe-1" }).catch(() => {});
+    await bot.idle();
+    expect((await backend.outbox.get("maybe-1"))?.state).toBe("unknown");
+    const handler = durabilityConsole(bot, { auth });
+    return { provider, backend, bot, handler };
+  }
+
+  async function bulkForm(handler: ConsoleHandler, path: string) {
+    const res = await get(handler, path);
+    expect(res.status).toBe(200);
+    const text = await res.text();
+    const fields = Object.fromEntries(
+      [...text.matchAll(/<input type="hidden" name="([a-z]+)" value="([^"]*)">/g)].map((m) => [m[1]!, unescape(m[2]!)]),
+    );
+    const action = unescape(/<form method="post" action="([^"]+)"/.exec(text)![1]!);
+    return { text, action, body: new URLSearchParams(fields).toString() };
+  }
+
+  test("retry all on a list filtered by state and error text: one confirmation with the count, then exactly those", async () => {
+    const { provider, backend, bot, handler } = await sends();
+    try {
+      const list = await (await get(handler, "/outbound?state=dead&error=blocked")).text();
+      expect(list).toContain("Records 1–2 of 2 matching state dead, error containing &quot;blocked&quot;");
+      expect(list).toContain(`href="/outbound/bulk/retry?state=dead&amp;error=blocked">Retry all 2…</a>`);
+      const before = provider.calls.length;
+      const { text, action, body } = await bulkForm(handler, "/outbound/bulk/retry?state=dead&error=blocked");
+      expect(text).toContain("<h1>Retry 2 sends?</h1>");
+      expect(text).toContain("The list: state dead, error containing &quot;blocked&quot;. 2 records match.");
+      expect(text).toContain("the provider is called again");
+      expect(text).toContain(`<button class="button" type="submit">Yes, retry 2 sends</button>`);
+      expect(provider.calls.length, "the confirmation page changed nothing").toBe(before);
+      // A wrong token (the filter changed under it) is refused and changes nothing.
+      const forged = await post(handler, "/outbound/bulk/retry?state=dead", body);
+      expect(forged.status).toBe(403);
+      expect(await forged.text()).toContain("Nothing was changed.");
+      const res = await post(handler, action, body);
+      expect(res.status).toBe(303);
+      expect(res.headers.get("location")).toBe("/outbound?state=dead&error=blocked&notice=bulk-retry&n=2&left=0");
+      await until("both sends", async () => (await backend.outbox.get("a1"))?.state === "sent" && (await backend.outbox.get("b1"))?.state === "sent");
+      expect((await backend.outbox.get("a2"))?.state, "another error text: left alone").toBe("dead");
+      expect(await (await get(handler, res.headers.get("location")!)).text()).toContain("Retried 2 sends.");
+    } finally {
+      await bot.stop();
+    }
+  }, 60_000);
+
+  test("a bulk action leaves alone what changed after its confirmation, and says how many", async () => {
+    const { backend, bot, handler } = await sends();
+    try {
+      const { action, body } = await bulkForm(handler, "/outbound/bulk/discard?chat=a");
+      // Counted: a1 and a2 (dead, discard applies). One is retried meanwhile, then sent: it changed.
+      await sleep(5); // a change in a later millisecond than the confirmation's newest
+      expect(await bot.durability!.retrySend("a1")).toBe(true);
+      await until("a1 sent", async () => (await backend.outbox.get("a1"))?.state === "sent");
+      const res = await post(handler, action, body);
+      expect(res.headers.get("location")).toBe("/outbound?chat=a&notice=bulk-discard&n=1&left=1");
+      expect(await backend.outbox.get("a2")).toBeNull();
+      expect((await backend.outbox.get("a1"))?.state, "changed after the confirmation: kept").toBe("sent");
+      expect(await (await get(handler, res.headers.get("location")!)).text()).toContain(
+        "Discarded 1 send. 1 had changed since the confirmation (or changed meanwhile) and was left alone.",
+      );
+    } finally {
+      await bot.stop();
+    }
+  }, 60_000);
+
+  test("replay all by age: records newer than the cut-off are not counted; nothing to do says so without a form", async () => {
+    const provider = new MockProvider();
+    const backend = new MemoryDurability();
+    const runs: string[] = [];
+    const bot = new Bot({ provider, durability: { backend, instanceId: "age-test", inbox: { retries: 0 } } });
+    bot.on("error", () => {});
+    bot.when(/boom/, (ctx) => {
+      runs.push(ctx.inboundId);
+      throw new Error("handler failed");
+    });
+    await bot.start();
+    try {
+      await provider.receive({ id: "m1", chatId: "c", text: "boom 1" });
+      await provider.receive({ id: "m2", chatId: "c", text: "boom 2" });
+      await bot.idle();
+      const handler = durabilityConsole(bot, { auth });
+      const none = await (await get(handler, "/inbound/bulk/replay?state=dead&older=1h")).text();
+      expect(none).toContain("<h1>Nothing to replay</h1>");
+      expect(none).not.toContain("<form");
+      const bad = await get(handler, "/inbound?older=soon");
+      expect(bad.status).toBe(400);
+      expect(await bad.text()).toContain("Parameter &quot;older&quot; must be a duration like 30m, 2h or 7d");
+      const { text, action, body } = await bulkForm(handler, "/inbound/bulk/replay?state=dead&newer=1h");
+      expect(text).toContain("<h1>Replay 2 records?</h1>");
+      expect((await post(handler, action, body)).status).toBe(303);
+      await until("both replayed", () => runs.length === 4);
+      expect(bot.durability!.metrics().inboundReplayed).toBe(2);
+      await bot.idle();
+    } finally {
+      await bot.stop();
+    }
+  }, 60_000);
+
+  test("mark as delivered: an unknown send becomes sent without a new call; its old error stays, shown as before it was sent", async () => {
+    const { provider, backend, bot, handler } = await sends();
+    try {
+      const resolved: unknown[] = [];
+      bot.on("durability:resolved", (e) => resolved.push(e));
+      const record = await (await get(handler, "/outbound/record?id=maybe-1")).text();
+      expect(record).toContain(`href="/outbound/delivered?id=maybe-1">Mark as delivered…</a>`);
+      expect(record).toContain(`<tr><th>Last error</th><td><div class="err">ProviderError: timed out</div></td></tr>`);
+      const { action, token } = await confirmation(handler, "/outbound/delivered?id=maybe-1");
+      const page = await (await get(handler, "/outbound/delivered?id=maybe-1")).text();
+      expect(page).toContain("<h1>Mark this send as delivered?</h1>");
+      expect(page).toContain(`<input name="messageId"`);
+      const calls = provider.calls.length;
+      const res = await post(handler, action, `csrf=${enc(token)}&messageId=wamid.42`);
+      expect(res.status).toBe(303);
+      expect(res.headers.get("location")).toBe("/outbound/record?id=maybe-1&notice=delivered");
+      const entry = await backend.outbox.get("maybe-1");
+      expect([entry?.state, entry?.messageId]).toEqual(["sent", "wamid.42"]);
+      expect(resolved).toEqual([{ key: "maybe-1", chatId: "b", state: "sent", messageId: "wamid.42", via: "operator" }]);
+      expect(bot.durability!.metrics().outboxResolved).toBe(1);
+      await bot.idle();
+      expect(provider.calls.length, "no new call").toBe(calls);
+      const after = await (await get(handler, "/outbound/record?id=maybe-1&notice=delivered")).text();
+      expect(after).toContain("Marked as delivered: the send is sent, and was not sent again.");
+      expect(after).toContain(
+        `<tr><th>Last error before it was sent</th><td><div class="past-err">ProviderError: timed out</div></td></tr>`,
+      );
+      expect(after).not.toContain(`class="err"`);
+      // Not unknown any more: the confirmation is a 409 without a form, and the old token changes nothing.
+      expect((await get(handler, "/outbound/delivered?id=maybe-1")).status).toBe(409);
+      expect((await post(handler, action, `csrf=${enc(token)}`)).status).toBe(409);
+      // In the list the old error of a sent entry is neutral too.
+      const list = await (await get(handler, "/outbound?state=sent")).text();
+      expect(list).toContain(`<span class="past-err">before it was sent: ProviderError: timed out</span>`);
+    } finally {
+      await bot.stop();
+    }
+  }, 60_000);
+
+  test("mark as delivered on a bare backend: markSent under the entry's fence", async () => {
+    const backend = new MemoryDurability();
+    await backend.outbox.reserve(
+      { key: "k", chatId: "c", content: "x", contentHash: "h", inboundId: null },
+      { owner: "gone", incarnation: "i", leaseMs: 60_000 },
+    );
+    const entry = (await backend.outbox.get("k"))!;
+    await backend.outbox.markFailed("k", entry.fence, { error: "Error: socket hang up", ambiguous: true });
+    const handler = durabilityConsole(backend, { auth });
+    const { action, token } = await confirmation(handler, "/outbound/delivered?id=k");
+    expect((await post(handler, action, `csrf=${enc(token)}`)).status).toBe(303);
+    const sent = await backend.outbox.get("k");
+    expect([sent?.state, sent?.messageId, sent?.error]).toEqual(["sent", "", "Error: socket hang up"]);
+    expect(await (await get(handler, "/outbound/record?id=k")).text()).toContain(
+      "<tr><th>Provider message id</th><td>not known (marked as delivered by an operator)</td></tr>",
+    );
+  }, 60_000);
+
+  test("pages by cursor: every record once, in order; a cursor whose record is gone goes on after it", async () => {
+    const backend = new MemoryDurability();
+    for (let i = 0; i < 7; i++) {
+      await backend.outbox.reserve({ key: `k${i}`, chatId: "c", content: { text: `message number ${i}` }, contentHash: "h", inboundId: null });
+    }
+    const handler = durabilityConsole(backend, { auth });
+    const seen: string[] = [];
+    let path: string | null = "/outbound?limit=3";
+    const notes: string[] = [];
+    while (path !== null) {
+      const text: string = await (await get(handler, path)).text();
+      seen.push(...[...text.matchAll(/record\?id=(k\d)"/g)].map((m) => m[1]!));
+      notes.push(/Records [^ ]+ of \d+/.exec(text)![0]);
+      const next: RegExpExecArray | null = /href="([^"]+)">Next page<\/a>/.exec(text);
+      path = next ? unescape(next[1]!) : null;
+      if (seen.length > 3) expect(text).toContain(`href="/outbound?limit=3">First page</a>`);
+    }
+    expect(seen).toEqual(["k0", "k1", "k2", "k3", "k4", "k5", "k6"]);
+    expect(notes).toEqual(["Records 1–3 of 7", "Records 4–6 of 7", "Records 7–7 of 7"]);
+    // The page after k2, once k2 is gone.
+    const first = await (await get(handler, "/outbound?limit=3")).text();
+    const next = unescape(/href="([^"]+)">Next page<\/a>/.exec(first)![1]!);
+    expect(await backend.outbox.discard("k2")).toBe(true);
+    const after = await (await get(handler, next)).text();
+    expect([...after.matchAll(/record\?id=(k\d)"/g)].map((m) => m[1])).toEqual(["k3", "k4", "k5"]);
+    expect(first, "the message text is previewed").toContain(`<td data-label="Message" class="preview wide">message number 0</td>`);
+    expect((await get(handler, "/outbound?after=nonsense")).status).toBe(400);
+  }, 60_000);
+
+  test("a long list reads only up to its page (more exist, bulk links without a count); its pages still see every record once", async () => {
+    const backend = new MemoryDurability();
+    const keys = Array.from({ length: 130 }, (_, i) => `k${String(i).padStart(3, "0")}`);
+    for (const key of keys) await backend.outbox.reserve({ key, chatId: "c", content: key, contentHash: "h", inboundId: null });
+    const handler = durabilityConsole(backend, { auth });
+    const seen: string[] = [];
+    const notes: string[] = [];
+    let path: string | null = "/outbound?limit=20";
+    while (path !== null) {
+      const text: string = await (await get(handler, path)).text();
+      if (seen.length === 0) {
+        expect(text).toContain(`href="/outbound/bulk/discard">Discard all…</a>`);
+        expect(text).toContain("Records 1–20; more exist");
+      }
+      seen.push(...[...text.matchAll(/record\?id=(k\d+)"/g)].map((m) => m[1]!));
+      notes.push(/Records [^ ]+(;| of \d+)/.exec(text)![0]);
+      const next: RegExpExecArray | null = /href="([^"]+)">Next page<\/a>/.exec(text);
+      path = next ? unescape(next[1]!) : null;
+    }
+    expect(seen).toEqual(keys);
+    expect(notes.at(-1)).toBe("Records 121–130 of 130");
+    const confirm = await (await get(handler, "/outbound/bulk/discard")).text();
+    expect(confirm).toContain("<h1>Discard 130 sends?</h1>");
+  }, 60_000);
+
+  test("relative ages with the exact time on hover; refresh by link or meta refresh, no script", async () => {
+    expect(relativeTime(1_000_000, 1_000_000 + 2_000)).toBe("just now");
+    expect(relativeTime(1_000_000, 1_000_000 + 42_000)).toBe("42 s ago");
+    expect(relativeTime(1_000_000, 1_000_000 + 3 * 60_000 + 5_000)).toBe("3 min ago");
+    expect(relativeTime(1_000_000, 1_000_000 + 5 * 3_600_000)).toBe("5 h ago");
+    expect(relativeTime(1_000_000, 1_000_000 + 9 * 86_400_000)).toBe("9 d ago");
+    expect(relativeTime(1_000_000 + 120_000, 1_000_000)).toBe("in 2 min");
+    const backend = new MemoryDurability();
+    const receivedAt = Date.now() - 3 * 60_000 - 10_000;
+    await backend.inbox.admit({ id: "i1", kind: "message", chatId: "c", provider: "p", payload: { text: "hello there" }, receivedAt });
+    const handler = durabilityConsole(backend, { auth });
+    const list = await (await get(handler, "/inbound")).text();
+    const exact = new Date(receivedAt).toISOString();
+    expect(list).toContain(`<td data-label="Received"><time datetime="${exact}" title="${exact}">3 min ago</time></td>`);
+    expect(list).toContain(`<a class="button secondary" href="/inbound">Refresh</a>`);
+    expect(list).not.toContain(`http-equiv="refresh"`);
+    const auto = await (await get(handler, "/inbound?refresh=30")).text();
+    expect(auto).toContain(`<meta http-equiv="refresh" content="30">`);
+    expect(auto).toContain(`<a href="/inbound">off</a>`);
+    expect(auto).not.toContain("<script");
+    expect((await get(handler, "/inbound?refresh=1")).status).toBe(400);
+  }, 60_000);
+
+  test("an error's cause chain and stack lines, when the journal has them, are shown apart", () => {
+    const fragment = errorDetails("Error: outer\nCaused by: TypeError: inner\n    at f (x.ts:1:1)\n    at g (y.ts:2:2)", "err").html;
+    expect(fragment).toContain(`<div class="err">Error: outer</div>`);
+    expect(fragment).toContain(`<ol class="err"><li>caused by TypeError: inner</li></ol>`);
+    expect(fragment).toContain("<summary>Stack (2 frames)</summary><pre>at f (x.ts:1:1)\nat g (y.ts:2:2)</pre>");
+  }, 60_000);
+
+  test("a backend that was not opened is opened by the console; one that cannot be opened is a 503 that says why, and logged", async () => {
+    const backend = new SQLiteDurability({ file: join(dir, `${crypto.randomUUID()}.db`) });
+    const handler = durabilityConsole(backend, { auth });
+    const res = await get(handler, "/");
+    expect(res.status).toBe(200);
+    await handler.close();
+    let fail = true;
+    const broken = new MemoryDurability() as MemoryDurability & { open(): Promise<void> };
+    broken.open = () => fail ? Promise.reject(new Error("connection refused")) : Promise.resolve();
+    const reported: unknown[] = [];
+    const console503 = durabilityConsole(broken, { auth, onError: (e) => reported.push(e) });
+    const down = await get(console503, "/outbound");
+    expect(down.status).toBe(503);
+    expect(await down.text()).toContain("The memory backend could not be opened: connection refused");
+    expect(reported.map((e) => (e as Error).message)).toEqual(["The memory backend could not be opened: connection refused"]);
+    fail = false;
+    expect((await get(console503, "/outbound")).status, "the next request tries again").toBe(200);
+    // A bot opens its backend in start(): before it, the page says so and the failure is logged.
+    const file = join(dir, `${crypto.randomUUID()}.db`);
+    const idle = new Bot({ provider: new MockProvider(), durability: { backend: new SQLiteDurability({ file }), instanceId: "not-started" } });
+    const logged: unknown[] = [];
+    const early = await get(durabilityConsole(idle, { auth, onError: (e) => logged.push(e) }), "/outbound");
+    expect(early.status).toBe(500);
+    expect(await early.text()).toContain("is not open: call open() first (bot.start() does)");
+    expect(logged.length).toBe(1);
+  }, 60_000);
 });

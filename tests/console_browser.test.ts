@@ -23,6 +23,8 @@ if (!available) {
 
 const root = join(import.meta.dir, "..");
 const SCREENSHOT = join(root, ".tmp", "screenshots", "console-retry.png");
+/** Screenshots of the pages at 1280 and 390 px, to look at. */
+const SHOTS = process.env.BOTMESH_CONSOLE_SHOTS ?? join(root, ".tmp", "console-shots");
 const dir = join(tmpdir(), `botmesh-console-browser-${crypto.randomUUID()}`);
 const USER = "ops";
 const PASSWORD = "browser-test-password";
@@ -239,6 +241,132 @@ describe.skipIf(!available)("the DLQ console in Chromium", () => {
       expect(await response.text()).not.toContain("order-42");
     } finally {
       await context.close();
+    }
+  }, TIMEOUT);
+
+  test("retry all on a list filtered by chat and error text: one confirmation page, then every one is sent", async () => {
+    for (const key of ["bulk-1", "bulk-2", "bulk-3"]) {
+      provider.failNext(1, new ProviderError("Bulk failure: chat muted", { retryable: false }));
+      expect((await bot!.send("bulk-chat", `bulk text ${key}`, { idempotencyKey: key })).state).toBe("dead");
+    }
+    const context = await browser!.newContext({ javaScriptEnabled: false, httpCredentials: { username: USER, password: PASSWORD } });
+    const page = await context.newPage();
+    try {
+      await page.goto(`${base}/outbound?state=dead`);
+      await page.locator('input[name="chat"]').fill("bulk-chat");
+      await page.locator('input[name="error"]').fill("muted");
+      await page.getByRole("button", { name: "Filter" }).click();
+      await page.waitForURL(/error=muted/);
+      expect(await page.locator("tbody tr").count()).toBe(3);
+      expect(await page.locator("tbody tr td.preview").first().textContent()).toBe("bulk text bulk-1");
+      const sentBefore = provider.sent.length;
+      await page.getByRole("link", { name: "Retry all 3…" }).click();
+      expect(await page.locator("h1").textContent()).toBe("Retry 3 sends?");
+      expect(await page.locator("main").textContent()).toContain("the provider is called again");
+      expect(provider.sent.length).toBe(sentBefore);
+      await page.getByRole("button", { name: "Yes, retry 3 sends" }).click();
+      await page.waitForURL(/notice=bulk-retry/);
+      expect(await page.locator(".notice").textContent()).toBe("Retried 3 sends.");
+      await until("the three sends", () => provider.sent.filter((s) => s.chatId === "bulk-chat").length === 3);
+      await page.goto(`${base}/outbound?chat=bulk-chat`);
+      expect(await page.locator("tbody .state").allTextContents()).toEqual(["sent", "sent", "sent"]);
+    } finally {
+      await context.close();
+    }
+  }, TIMEOUT);
+
+  test("mark an unknown send as delivered: sent, not sent again, the old error kept in a neutral colour", async () => {
+    provider.failNext(1, new ProviderError("timed out after the request went out", { retryable: true, maybeDelivered: true }));
+    await bot!.send("chat-2", "Did this arrive?", { idempotencyKey: "maybe-42" }).catch(() => {});
+    await bot!.idle();
+    const context = await browser!.newContext({ httpCredentials: { username: USER, password: PASSWORD } });
+    const page = await context.newPage();
+    try {
+      await page.goto(`${base}/`);
+      await page.getByRole("link", { name: "Unknown sends" }).click();
+      await page.getByRole("link", { name: "maybe-42" }).click();
+      const red = await page.locator("tr:has(th:text-is('Last error')) td div").evaluate((el) => getComputedStyle(el).color);
+      expect(red).toBe("rgb(138, 19, 8)");
+      const calls = provider.calls.length;
+      await page.getByRole("link", { name: "Mark as delivered…" }).click();
+      expect(await page.locator("h1").textContent()).toBe("Mark this send as delivered?");
+      await page.locator('input[name="messageId"]').fill("mock-msg-seen");
+      await page.getByRole("button", { name: "Yes, mark as delivered" }).click();
+      await page.waitForURL(/notice=delivered/);
+      expect(await page.locator(".notice").textContent()).toBe("Marked as delivered: the send is sent, and was not sent again.");
+      expect(await page.locator("tr:has(th:text-is('State')) td").textContent()).toBe("sent");
+      expect(await page.locator("tr:has(th:text-is('Provider message id')) td").textContent()).toBe("mock-msg-seen");
+      const past = page.locator("tr:has(th:text-is('Last error before it was sent')) td div");
+      expect(await past.textContent()).toBe("ProviderError: timed out after the request went out");
+      expect(await past.evaluate((el) => getComputedStyle(el).color)).toBe("rgb(90, 98, 114)");
+      expect(await page.getByRole("link", { name: "Mark as delivered…" }).count()).toBe(0);
+      await bot!.idle();
+      expect(provider.calls.length, "no new call").toBe(calls);
+    } finally {
+      await context.close();
+    }
+  }, TIMEOUT);
+
+  test("ages are relative with the exact time on hover; auto-refresh reloads the page without a script", async () => {
+    const context = await browser!.newContext({ javaScriptEnabled: false, httpCredentials: { username: USER, password: PASSWORD } });
+    const page = await context.newPage();
+    try {
+      await page.goto(`${base}/outbound?state=dead`);
+      const time = page.locator("tbody time").first();
+      expect(await time.textContent()).toMatch(/^(just now|\d+ (s|min) ago)$/);
+      expect(await time.getAttribute("title")).toMatch(/^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$/);
+      await page.getByRole("link", { name: "10 s" }).click();
+      await page.waitForURL(/refresh=10/);
+      let loads = 0;
+      page.on("load", () => loads++);
+      await page.waitForEvent("load", { timeout: 60_000 });
+      expect(loads).toBeGreaterThanOrEqual(1);
+      expect(page.url()).toContain("refresh=10");
+    } finally {
+      await context.close();
+    }
+  }, TIMEOUT);
+
+  test("usable at 390 px: no page scrolls sideways, long keys wrap; screenshots at 1280 and 390 px", async () => {
+    const longKey = `order-${"x".repeat(40)}:${"0123456789".repeat(8)}`;
+    provider.failNext(1, new ProviderError(`Recipient blocked the bot ${"very-long-token-".repeat(12)}`, { retryable: false }));
+    await bot!.send(`chat-${"9".repeat(60)}`, "A message with a long key and a long chat id", { idempotencyKey: longKey });
+    mkdirSync(SHOTS, { recursive: true });
+    const pages: [string, string][] = [
+      ["overview", "/"],
+      ["outbound-dead", "/outbound?state=dead"],
+      ["outbound-all", "/outbound"],
+      ["inbound-dead", "/inbound?state=dead"],
+      ["record-long-key", `/outbound/record?id=${encodeURIComponent(longKey)}`],
+      ["record-sent", `/outbound/record?id=${encodeURIComponent("order-42:confirm")}`],
+      ["confirm-retry", `/outbound/retry?id=${encodeURIComponent(longKey)}`],
+      ["bulk-discard", "/outbound/bulk/discard?state=dead"],
+      ["damaged", "/damaged"],
+    ];
+    for (const width of [1280, 390]) {
+      const context = await browser!.newContext({
+        viewport: { width, height: 844 },
+        httpCredentials: { username: USER, password: PASSWORD },
+      });
+      const page = await context.newPage();
+      try {
+        for (const [name, path] of pages) {
+          const response = await page.goto(`${base}${path}`);
+          expect(response!.status(), path).toBe(200);
+          const scrollWidth = await page.evaluate(() => document.scrollingElement!.scrollWidth);
+          expect(scrollWidth, `${path} at ${width} px`).toBeLessThanOrEqual(width);
+          await page.screenshot({ path: join(SHOTS, `${name}-${width}.png`), fullPage: true });
+        }
+        if (width === 390) {
+          // The long key wraps inside its cell instead of widening the page.
+          await page.goto(`${base}/outbound?state=dead`);
+          const box = await page.getByRole("link", { name: longKey }).boundingBox();
+          expect(box!.x + box!.width).toBeLessThanOrEqual(390);
+          expect(box!.height).toBeGreaterThan(20);
+        }
+      } finally {
+        await context.close();
+      }
     }
   }, TIMEOUT);
 });

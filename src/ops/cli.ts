@@ -36,6 +36,8 @@ import {
   statsCommand,
 } from "./cli_commands.ts";
 
+import { type ConsoleServe, isConsoleCommand, runConsoleCommand } from "./console_command.ts";
+
 export { type CliCommand, type CliFlag, type CommandContext, OperationError, UsageError } from "./cli_command.ts";
 
 /** Where {@link runCli} writes. Each call gets whole lines. */
@@ -69,6 +71,10 @@ export interface CliOptions {
   env?: (name: string) => string | undefined;
   /** The clock, ms since epoch (default `Date.now`). */
   now?: () => number;
+  /** Serves HTTP, for the `console` command (the command line's entry gives the runtime's server). */
+  serve?: ConsoleServe;
+  /** Resolves when the `console` command should stop (the command line's entry: SIGINT or SIGTERM). */
+  untilShutdown?: () => Promise<unknown>;
 }
 
 /** The backend URL does not have any form the opener knows, or one of its parameters is bad. */
@@ -125,7 +131,10 @@ const EXIT_CODES = "Exit codes: 0 done, 1 the operation failed (not found, wrong
 
 function commandList(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));
-  return COMMANDS.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`).join("\n");
+  return [
+    ...COMMANDS.map((c) => `  ${c.name.padEnd(width)}  ${c.summary}`),
+    `  ${"console".padEnd(width)}  serve the web console until Ctrl-C (${PROGRAM} console --help)`,
+  ].join("\n");
 }
 
 /** The text printed by `botmesh-durable --help`. */
@@ -321,6 +330,7 @@ function checkCommand(command: CliCommand, p: Parsed): void {
  * ```
  */
 export async function runCli(argv: readonly string[], io: CliIo, options: CliOptions): Promise<number> {
+  if (isConsoleCommand(argv)) return await runConsoleCommand(argv, io, options, BACKEND_ENV);
   const p = parseArgs(argv);
   let command: CliCommand | undefined;
   try {

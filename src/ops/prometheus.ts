@@ -52,7 +52,7 @@ const COUNTERS: ReadonlyArray<readonly [keyof DurabilityMetrics, string]> = [
   ["outboxDeferred", "Sends journaled as queued for the worker instead of going out at once."],
   ["outboxDead", "Sends moved to the outbound dead-letter queue."],
   ["outboxAmbiguous", "Sends whose outcome is unknown (sender died mid-call, call timed out), held for an operator."],
-  ["outboxResolved", "Ambiguous sends the channel settled (a delivery status or the provider's confirm)."],
+  ["outboxResolved", "Ambiguous sends settled by the channel (a delivery status, the provider's confirm) or an operator."],
   ["outboxBypassed", "Sends that bypassed the outbox (too large or not encodable)."],
   ["staleLeases", "Completions rejected because another instance had taken the record."],
   ["outboxDiverged", "Reused idempotency keys whose content differed from the journaled one."],

@@ -986,6 +986,53 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(resolvedD.map((e) => [e.key, e.state, e.via])).toEqual([["status-before-retry", "sent", "status"]]);
     });
 
+    withBackend("an operator marks an unknown send as delivered: sent without a new call, resolved via operator, refused for any other state", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) }));
+      const ambiguous = collect(bot, "durability:ambiguous");
+      const resolved = collect(bot, "durability:resolved");
+      const chatId = uid("c");
+      const key = uid("maybe");
+      provider.failNext(1, new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
+      await bot.send(chatId, "did it arrive?", { idempotencyKey: key }).catch(() => {});
+      await bot.idle();
+      const unknown = await backend.outbox.get(key);
+      expect(unknown?.state).toBe("unknown");
+      expect(ambiguous).toEqual([{ key, chatId }]);
+
+      expect(await bot.durability!.markDelivered(key, "msg-seen-by-operator")).toBe(true);
+      const sent = await backend.outbox.get(key);
+      expect([sent?.state, sent?.messageId, sent?.attempts, sent?.fence]).toEqual(["sent", "msg-seen-by-operator", unknown!.attempts, unknown!.fence]);
+      expect(sent?.error, "the last error before it was sent is kept").toBe(unknown!.error);
+      expect(resolved).toEqual([{ key, chatId, state: "sent", messageId: "msg-seen-by-operator", via: "operator" }]);
+      expect(metricsOf(bot).outboxResolved).toBe(1);
+      expect(await bot.durability!.markDelivered(key), "a sent entry is not unknown").toBe(false);
+      await bot.idle();
+      expect(provider.calls.filter((c) => c.idempotencyKey === key).length, "never called again").toBe(1);
+
+      // Without a message id, and refused once an operator retried it (queued: no longer unknown).
+      const second = uid("maybe");
+      provider.failNext(1, new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
+      await bot.send(chatId, "and this one?", { idempotencyKey: second }).catch(() => {});
+      await bot.idle();
+      expect((await backend.outbox.get(second))?.state).toBe("unknown");
+      expect(await bot.durability!.markDelivered(second)).toBe(true);
+      expect((await backend.outbox.get(second))?.messageId, "no message id known").toBe("");
+      const third = uid("maybe");
+      provider.failNext(1, new ProviderError("timed out", { retryable: true, maybeDelivered: true }));
+      await bot.send(chatId, "a third", { idempotencyKey: third }).catch(() => {});
+      await bot.idle();
+      expect(await bot.durability!.retrySend(third)).toBe(true);
+      expect(await bot.durability!.markDelivered(third), "retried: queued or sent, not unknown").toBe(false);
+      expect(await bot.durability!.markDelivered(uid("nobody")), "no such key").toBe(false);
+      await bot.idle();
+      expect((await backend.outbox.get(third))?.state).toBe("sent");
+      expect(resolved.map((e) => [e.key, e.via])).toEqual([[key, "operator"], [second, "operator"]]);
+    });
+
     withBackend("a provider's confirm settles an ambiguous send before an operator is asked: sent, sent again, or left unknown", async (
       backend,
       bots,

@@ -1,0 +1,178 @@
+// `botmesh-durable console`: the web console served on its own. In process (runCli with a fake
+// server: the refusals, the handler it serves, the shutdown) and as a real process under Bun,
+// Deno and Node 20 (bundled) on SQLite: it prints its address, asks for the credentials from the
+// environment, serves the console, and stops cleanly on SIGINT.
+import { afterAll, describe, expect, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { join } from "node:path";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
+import { MemoryDurability } from "../backends/memory/durability.ts";
+import { type CliOptions, runCli } from "../src/ops/cli.ts";
+import { CONSOLE_USAGE, isConsoleCommand } from "../src/ops/console_command.ts";
+import { runId } from "./support/services.ts";
+
+const root = join(import.meta.dir, "..");
+const bin = join(root, "node_modules", ".bin");
+const tmp = join(root, ".tmp", `console-command-${runId()}`);
+mkdirSync(tmp, { recursive: true });
+afterAll(() => rmSync(tmp, { recursive: true, force: true }));
+const SLOW = 180_000;
+const PASSWORD = "a-long-console-password";
+
+interface InProcess {
+  code: Promise<number>;
+  stdout: string[];
+  stderr: string[];
+  served: { fetch: (request: Request) => Promise<Response>; port: number; hostname: string }[];
+  closed: string[];
+  stop(): void;
+}
+
+function inProcess(argv: string[], env: Record<string, string>, backend = new MemoryDurability()): InProcess {
+  const stdout: string[] = [];
+  const stderr: string[] = [];
+  const served: InProcess["served"] = [];
+  const closed: string[] = [];
+  let stop = () => {};
+  const shutdown = new Promise<void>((resolve) => (stop = resolve));
+  const options: CliOptions = {
+    open: async (url) => ({ backend, description: `memory ${url}`, close: async () => void closed.push("backend") }),
+    env: (name) => env[name],
+    serve: async (fetch, address) => {
+      served.push({ fetch, ...address });
+      return { port: address.port === 0 ? 41234 : address.port, close: async () => void closed.push("server") };
+    },
+    untilShutdown: () => shutdown,
+  };
+  const code = runCli(argv, { stdout: (t) => void stdout.push(t), stderr: (t) => void stderr.push(t) }, options);
+  return { code, stdout, stderr, served, closed, stop: () => stop() };
+}
+
+const CREDENTIALS = { BOTMESH_CONSOLE_USER: "ops", BOTMESH_CONSOLE_PASSWORD: PASSWORD };
+const basic = (user: string, password: string) => ({ authorization: `Basic ${btoa(`${user}:${password}`)}` });
+
+describe("botmesh-durable console (in process)", () => {
+  test("the console command is recognised after a --backend flag too, and not as an argument of another command", () => {
+    expect(isConsoleCommand(["console", "--port", "1"])).toBe(true);
+    expect(isConsoleCommand(["-b", "sqlite:x.db", "console"])).toBe(true);
+    expect(isConsoleCommand(["--backend=sqlite:x.db", "console"])).toBe(true);
+    expect(isConsoleCommand(["show", "outbox", "console"])).toBe(false);
+    expect(isConsoleCommand([])).toBe(false);
+  });
+
+  test("refuses to start without credentials, with a short password, or --no-auth off loopback (exit 2, nothing served)", async () => {
+    const cases: [string[], Record<string, string>, string][] = [
+      [["console", "-b", "mem"], {}, "Refusing to start without credentials: set BOTMESH_CONSOLE_USER and BOTMESH_CONSOLE_PASSWORD"],
+      [["console", "-b", "mem"], { BOTMESH_CONSOLE_USER: "ops" }, "Refusing to start without credentials"],
+      [["console", "-b", "mem"], { BOTMESH_CONSOLE_USER: "ops", BOTMESH_CONSOLE_PASSWORD: "short" }, "BOTMESH_CONSOLE_PASSWORD must be at least 12 characters, got 5"],
+      [["console", "-b", "mem", "--no-auth", "--host", "0.0.0.0"], {}, "--no-auth is refused with --host 0.0.0.0"],
+      [["console", "-b", "mem", "--no-auth"], CREDENTIALS, "--no-auth is given but BOTMESH_CONSOLE_USER/BOTMESH_CONSOLE_PASSWORD are set"],
+      [["console"], CREDENTIALS, "Missing the backend: give --backend <url> or set BOTMESH_DURABLE_BACKEND"],
+      [["console", "-b", "mem", "--port", "99999"], CREDENTIALS, `Flag "--port" must be a port number from 0 to 65535, got "99999"`],
+      [["console", "-b", "mem", "--colour", "red"], CREDENTIALS, `Unknown flag "--colour" for "console"`],
+      [["console", "-b", "mem", "--base-path", "ops/"], CREDENTIALS, `Option "basePath" must be`],
+    ];
+    for (const [argv, env, message] of cases) {
+      const run = inProcess(argv, env);
+      expect(await run.code, argv.join(" ")).toBe(2);
+      expect(run.stderr.join(""), argv.join(" ")).toContain(message);
+      expect(run.served).toEqual([]);
+    }
+    const help = inProcess(["console", "--help"], {});
+    expect(await help.code).toBe(0);
+    expect(help.stdout.join("")).toBe(CONSOLE_USAGE);
+  });
+
+  test("serves the console for the backend behind Basic auth, prints its address, and closes server then backend on shutdown", async () => {
+    const backend = new MemoryDurability();
+    await backend.outbox.reserve({ key: "k1", chatId: "c", content: "hello", contentHash: "h", inboundId: null });
+    const run = inProcess(["console", "--backend", "mem", "--port", "0", "--base-path", "/ops"], CREDENTIALS, backend);
+    while (run.served.length === 0 || run.stdout.length === 0) await Bun.sleep(5);
+    expect(run.stdout).toEqual(["http://127.0.0.1:41234/ops/\n"]);
+    expect(run.stderr.join("")).toContain('serving memory mem for user "ops"');
+    const [{ fetch, port, hostname }] = run.served;
+    expect([port, hostname]).toEqual([0, "127.0.0.1"]);
+    expect((await fetch(new Request("http://x/ops/outbound"))).status).toBe(401);
+    expect((await fetch(new Request("http://x/ops/outbound", { headers: basic("ops", "wrong") }))).status).toBe(401);
+    const page = await fetch(new Request("http://x/ops/outbound", { headers: basic("ops", PASSWORD) }));
+    expect(page.status).toBe(200);
+    expect(await page.text()).toContain(`<a href="/ops/outbound/record?id=k1">k1</a>`);
+    run.stop();
+    expect(await run.code).toBe(0);
+    expect(run.closed).toEqual(["server", "backend"]);
+    expect(run.stderr.at(-1)).toBe("botmesh-durable console: stopped\n");
+  });
+
+  test("--no-auth on loopback serves without sign-in", async () => {
+    const run = inProcess(["console", "-b", "mem", "--no-auth", "--host", "::1", "--port", "9999"], {});
+    while (run.served.length === 0 || run.stdout.length === 0) await Bun.sleep(5);
+    expect(run.stdout).toEqual(["http://[::1]:9999/\n"]);
+    const page = await run.served[0]!.fetch(new Request("http://x/"));
+    expect(page.status).toBe(200);
+    expect(await page.text()).toContain("Signed in as local operator");
+    run.stop();
+    expect(await run.code).toBe(0);
+  });
+});
+
+/** Runs the command as a process until it prints its address; then `request` it and stop it with SIGINT. */
+async function realProcess(cmd: string[], label: string): Promise<void> {
+  const file = join(tmp, `${label}.db`);
+  const backend = new SQLiteDurability({ file });
+  await backend.open();
+  await backend.outbox.reserve({ key: `${label}-key`, chatId: "c", content: "hello", contentHash: "h", inboundId: null });
+  await backend.close();
+  const child = Bun.spawn([...cmd, "console", "--backend", `sqlite:${file}`, "--port", "0"], {
+    cwd: tmp,
+    stdout: "pipe",
+    stderr: "pipe",
+    env: { ...process.env, DENO_NO_UPDATE_CHECK: "1", BOTMESH_DURABLE_BACKEND: "", ...CREDENTIALS },
+  });
+  const stderr = new Response(child.stderr).text();
+  try {
+    const reader = child.stdout.getReader();
+    let out = "";
+    while (!out.includes("\n")) {
+      const { value, done } = await reader.read();
+      if (done) throw new Error(`${label}: exited before printing its address: ${await stderr}`);
+      out += new TextDecoder().decode(value);
+    }
+    reader.releaseLock();
+    const url = out.trim();
+    expect(url).toMatch(/^http:\/\/127\.0\.0\.1:\d+\/$/);
+    expect((await fetch(url)).status).toBe(401);
+    const page = await fetch(`${url}outbound?state=queued`, { headers: basic("ops", PASSWORD) });
+    expect(page.status).toBe(200);
+    expect(page.headers.get("content-security-policy")).toContain("default-src 'none'");
+    expect(await page.text()).toContain(`${label}-key`);
+  } finally {
+    child.kill("SIGINT");
+  }
+  expect(await child.exited, label).toBe(0);
+  expect(await stderr).toContain("botmesh-durable console: stopped");
+}
+
+describe("botmesh-durable console as a process (SQLite)", () => {
+  test("Bun (bun cli.ts console)", async () => {
+    await realProcess([join(bin, "bun"), join(root, "cli.ts")], "bun");
+  }, SLOW);
+
+  test("Deno (deno run -A cli.ts console)", async () => {
+    await realProcess([join(bin, "deno"), "run", "-A", join(root, "cli.ts")], "deno");
+  }, SLOW);
+
+  test("Node 20 (bundled with bun build --target=node)", async () => {
+    const out = join(tmp, "cli.mjs");
+    const build = Bun.spawnSync([
+      join(bin, "bun"),
+      "build",
+      join(root, "cli.ts"),
+      "--target=node",
+      "--outfile",
+      out,
+      ...["postgres", "ioredis", "@upstash/redis", "better-sqlite3"].flatMap((p) => ["--external", p]),
+    ]);
+    expect(build.exitCode).toBe(0);
+    await realProcess(["node", out], "node");
+  }, SLOW);
+});
