@@ -129,6 +129,11 @@ const GLOBAL_OPTIONS = `  -b, --backend <url>   the backend (or set ${BACKEND_EN
 
 const EXIT_CODES = "Exit codes: 0 done, 1 the operation failed (not found, wrong state, backend missing or failing), 2 bad usage.";
 
+/** The names of the commands, `console` (served by its own module) included. */
+function commandNames(): string {
+  return [...COMMANDS.map((c) => c.name), "console"].join(", ");
+}
+
 function commandList(): string {
   const width = Math.max(...COMMANDS.map((c) => c.name.length));
   return [
@@ -270,7 +275,7 @@ function parseArgs(argv: readonly string[]): Parsed {
 function findCommand(name: string): CliCommand {
   const command = COMMANDS.find((c) => c.name === name);
   if (command === undefined) {
-    throw new UsageError(`Unknown command ${JSON.stringify(name)}; commands are ${COMMANDS.map((c) => c.name).join(", ")}, help`);
+    throw new UsageError(`Unknown command ${JSON.stringify(name)}; commands are ${commandNames()}, help`);
   }
   return command;
 }
@@ -331,6 +336,9 @@ function checkCommand(command: CliCommand, p: Parsed): void {
  */
 export async function runCli(argv: readonly string[], io: CliIo, options: CliOptions): Promise<number> {
   if (isConsoleCommand(argv)) return await runConsoleCommand(argv, io, options, BACKEND_ENV);
+  if (argv.length === 2 && argv[0] === "help" && argv[1] === "console") {
+    return await runConsoleCommand(["console", "--help"], io, options, BACKEND_ENV);
+  }
   const p = parseArgs(argv);
   let command: CliCommand | undefined;
   try {
@@ -383,7 +391,7 @@ export async function runCli(argv: readonly string[], io: CliIo, options: CliOpt
 async function fail(io: CliIo, error: unknown, command: CliCommand | undefined): Promise<number> {
   if (error instanceof UsageError) {
     const hint = command === undefined
-      ? `Usage: ${PROGRAM} [--backend <url>] <command> [options]\nCommands: ${COMMANDS.map((c) => c.name).join(", ")}\n` +
+      ? `Usage: ${PROGRAM} [--backend <url>] <command> [options]\nCommands: ${commandNames()}\n` +
         `Run "${PROGRAM} --help" for more.`
       : `Usage: ${usageLine(command)}\nRun "${PROGRAM} ${command.name} --help" for more.`;
     await io.stderr(`${PROGRAM}: ${error.message}\n${hint}\n`);
