@@ -25,7 +25,7 @@ import { Deadlines } from "./deadlines.ts";
 import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
-import { errorText, isProcessDeath } from "./errors.ts";
+import { errorDetail, errorText, isProcessDeath } from "./errors.ts";
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "./rules.ts";
 import {
   type AdmitResult,
@@ -873,6 +873,8 @@ export class DurabilityEngine {
     let failure: unknown;
     let failed = false;
     let deadNow = false;
+    /** The failure is the handler's own error: journaled with its causes and stack for an operator. */
+    let handlerThrew = false;
     if (unreadable !== undefined) {
       // The provider could not parse it: journaled so that nothing a user sent vanishes, never handled.
       failed = deadNow = true;
@@ -888,6 +890,7 @@ export class DurabilityEngine {
         if (isProcessDeath(error) || this.#halted) return void this.#halt();
         failed = true;
         failure = error;
+        handlerThrew = true;
       }
     }
     if (this.#halted) return;
@@ -897,7 +900,7 @@ export class DurabilityEngine {
         await this.#recordOutcome(lease, (token) => inbox.complete(record.id, token), ["done"]);
       } else if (deadNow || record.attempts > retries) {
         const text = errorText(failure);
-        const dead = { error: text, dead: true } as const;
+        const dead = { error: handlerThrew ? errorDetail(failure) : text, dead: true } as const;
         if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, dead), ["dead"])) {
           return;
         }
@@ -908,7 +911,7 @@ export class DurabilityEngine {
           : `handler of inbound record "${record.id}" (dead after ${record.attempts} attempts)`);
       } else {
         const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
-        const outcome = { error: errorText(failure), retryInMs };
+        const outcome = { error: handlerThrew ? errorDetail(failure) : errorText(failure), retryInMs };
         if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, outcome), ["failed"])) return;
         this.#warn({
           code: "handler-retry",

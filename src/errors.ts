@@ -85,3 +85,30 @@ export function errorText(error: unknown): string {
   }
   return text.length > 2000 ? `${text.slice(0, 2000)}…` : text;
 }
+
+/** How much of a stack a journaled handler error keeps (frames). */
+const STACK_FRAMES = 12;
+
+/**
+ * Text of a handler's error for the inbound journal, where an operator reads
+ * it (console, CLI): `name: message`, then each `cause` as `Caused by: name:
+ * message`, then the first frames of the stack. Bounded to 4,000 characters.
+ *
+ * @param error what the handler threw
+ * @returns the text
+ */
+export function errorDetail(error: unknown): string {
+  if (!(error instanceof Error)) return errorText(error);
+  const lines = [errorText(error)];
+  const seen = new Set<unknown>([error]);
+  let cause: unknown = error.cause;
+  while (cause !== undefined && cause !== null && !seen.has(cause) && seen.size < 6) {
+    seen.add(cause);
+    lines.push(`Caused by: ${errorText(cause)}`);
+    cause = cause instanceof Error ? cause.cause : undefined;
+  }
+  const frames = typeof error.stack === "string" ? error.stack.split("\n").filter((line) => /^\s+at\s|^[^\s:]*@/.test(line)) : [];
+  for (const frame of frames.slice(0, STACK_FRAMES)) lines.push(`    ${frame.trim()}`);
+  const text = lines.join("\n");
+  return text.length > 4000 ? `${text.slice(0, 4000)}…` : text;
+}

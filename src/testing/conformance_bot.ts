@@ -327,7 +327,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const attempts: number[] = [];
       bot.when(ANY, async (ctx) => {
         attempts.push(ctx.attempt);
-        if (!healthy) throw new Error("handler broke");
+        if (!healthy) throw new Error("handler broke", { cause: new TypeError("the menu is missing") });
         await ctx.reply("fixed");
       });
       await start(bots, bot);
@@ -337,8 +337,12 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(attempts).toEqual([1, 2, 3]);
       const record = await backend.inbox.get(id);
       expect(record?.state).toBe("dead");
-      expect(record?.error?.includes("handler broke")).toBe(true);
-      expect(dead).toEqual([{ kind: "inbound", id, error: record!.error! }]);
+      // The journal keeps what an operator needs: the error, its causes and where it was thrown.
+      const lines = record!.error!.split("\n");
+      expect(lines.slice(0, 2)).toEqual(["Error: handler broke", "Caused by: TypeError: the menu is missing"]);
+      expect(lines.length, "the stack's frames follow").toBeGreaterThan(2);
+      expect(lines.slice(2).every((line) => line.startsWith("    ")), "each frame indented").toBe(true);
+      expect(dead, "the event carries the one-line text").toEqual([{ kind: "inbound", id, error: "Error: handler broke" }]);
       expect(errors.length).toBe(1);
       expect(metricsOf(bot).inboundDead).toBe(1);
       expect((await bot.durability!.inbox.list({ state: "dead" })).map((r) => r.id)).toEqual([id]);
