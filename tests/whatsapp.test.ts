@@ -1263,8 +1263,8 @@ describe("sends through the Graph API", () => {
   });
 
   test("classification: codes, statuses, Retry-After forms", () => {
-    expect(classifyGraphError(400, 130429, new Headers({ "retry-after": "3" }))).toEqual({ retryable: true, retryAfterMs: 3000 });
-    expect(classifyGraphError(400, 131056)).toEqual({ retryable: true, retryAfterMs: 6000 });
+    expect(classifyGraphError(400, 130429, new Headers({ "retry-after": "3" }))).toEqual({ retryable: true, retryAfterMs: 3000, rateLimited: "global" });
+    expect(classifyGraphError(400, 131056)).toEqual({ retryable: true, retryAfterMs: 6000, rateLimited: "chat" });
     expect(classifyGraphError(400, 4).retryable).toBe(true);
     expect(classifyGraphError(400, 80007).retryable).toBe(true);
     expect(classifyGraphError(400, 131048).retryable).toBe(true);
