@@ -23,7 +23,7 @@ import type {
   OutboxEntry,
   OutboxState,
 } from "../contract.ts";
-import { type DurabilityControl, listDamaged } from "../engine.ts";
+import { type DurabilityControl, type DurabilityMetrics, listDamaged } from "../engine.ts";
 import { html, type HtmlValue, SafeHtml } from "./html.ts";
 
 /** Who is using the console, as established by {@link ConsoleAuth}. */
@@ -143,6 +143,8 @@ interface Ops {
   retry(key: string): Promise<boolean>;
   discard(key: string): Promise<boolean>;
   damaged(options: { limit: number }): Promise<DamagedRecord[]>;
+  /** This process's counters (a bot only). */
+  metrics?: () => DurabilityMetrics;
 }
 
 function isObject(value: unknown): value is Record<string, unknown> {
@@ -172,6 +174,7 @@ function opsOf(target: unknown): Ops {
       retry: (key) => d().retrySend(key),
       discard: (key) => d().outbox.discard(key),
       damaged: (o) => d().damaged(o),
+      metrics: () => d().metrics(),
     };
   }
   const backend = target as unknown as DurabilityBackend;
@@ -562,6 +565,16 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
     return html`<tr><td>${stateBadge(state)}</td><td class="num"><a href="${url(`/${journal}`, { state })}">${count}</a></td></tr>`;
   };
 
+  /** The rate limiter's line and throttled sends of this process (a bot only). */
+  const rateLimits = (): SafeHtml | string => {
+    const m = ops.metrics?.();
+    if (m === undefined) return "";
+    return html`<section><h2>Rate limits (this process)</h2><table><tbody>
+<tr><td>Sends waiting for the rate limiter</td><td class="num" id="outbox-waiting-for-limit">${String(m.outboxWaitingForLimit)}</td></tr>
+<tr><td>Sends throttled since start (waited, or paused by a 429)</td><td class="num" id="outbox-throttled">${String(m.outboxThrottled)}</td></tr>
+</tbody></table></section>`;
+  };
+
   const overview = async (): Promise<Page> => {
     const inbound = await Promise.all(INBOUND_STATES.map((s) => countRow("inbound", s)));
     const outbound = await Promise.all(OUTBOUND_STATES.map((s) => countRow("outbound", s)));
@@ -574,7 +587,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
 <p><a href="${url("/inbound")}">All inbound records</a></p></section>
 <section><h2>Outbound (outbox)</h2><table><thead><tr><th>State</th><th>Sends</th></tr></thead><tbody>${outbound}</tbody></table>
 <p><a href="${url("/outbound")}">All sends</a></p></section>
-</div>`,
+</div>${rateLimits()}`,
     };
   };
 

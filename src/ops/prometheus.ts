@@ -52,6 +52,7 @@ const COUNTERS: ReadonlyArray<readonly [keyof DurabilityMetrics, string]> = [
   ["conversationsReplayed", "Conversations rebuilt by replaying their handler over the recorded answers."],
   ["conversationsDiverged", "Conversation replays that did not follow the recorded transcript."],
   ["damagedRecords", "Damaged records the backend set aside (never deleted), reported by this bot."],
+  ["outboxThrottled", "Sends that waited for the outbox's rate limiter or that the channel paused with a 429 (no attempt spent)."],
 ];
 
 /** Options of {@link prometheusMetrics}. */
@@ -131,8 +132,10 @@ export async function countRecords(journals: Journals, cap: number = DEFAULT_COU
 /**
  * The Prometheus text exposition (format 0.0.4) of a bot's durability:
  *
- * - `botmesh_durable_<counter>_total` (counter): the 17 counters of
+ * - `botmesh_durable_<counter>_total` (counter): the 18 counters of
  *   `bot.durability.metrics()`, e.g. `botmesh_durable_inbound_duplicates_total`;
+ * - `botmesh_durable_outbox_waiting_for_limit` (gauge): sends waiting for the
+ *   outbox's rate limiter now (with the counters: a bot only);
  * - `botmesh_durable_inbox_records{state="…"}` and
  *   `botmesh_durable_outbox_records{state="…"}` (gauges): records per state,
  *   counted up to `countCap` (a value equal to the cap is a lower bound);
@@ -186,6 +189,8 @@ export async function prometheusMetrics(source: PrometheusSource, options: Prome
       family(name, "counter", help);
       sample(name, snapshot[key] ?? 0);
     }
+    family("botmesh_durable_outbox_waiting_for_limit", "gauge", "Sends of this process waiting for the outbox's rate limiter now.");
+    sample("botmesh_durable_outbox_waiting_for_limit", snapshot.outboxWaitingForLimit ?? 0);
   }
   family(
     "botmesh_durable_inbox_records",
