@@ -149,15 +149,18 @@ export function bucketOf(key: string, rate: Rate): RateBucket {
 }
 
 /**
- * One GCRA step on a bucket whose state is `tat` (theoretical arrival time, ms) at `now`.
+ * One GCRA step on a bucket whose state is `tat` (theoretical arrival time, ms) at `now`. A send
+ * admitted less than one interval after its time keeps the schedule (the next one is due one interval
+ * after `tat`, not after `now`): a late timer does not cost throughput, and a quiet spell still banks
+ * nothing beyond the burst.
  * @returns the wait (0: admitted) and the state after taking
  */
 export function gcraStep(tat: number, bucket: RateBucket, now: number): { waitMs: number; next: number } {
   const interval = bucket.perMs / bucket.count;
   const tolerance = (bucket.burst - 1) * interval;
-  const from = Math.max(tat, now);
-  const waitMs = from - tolerance - now;
-  return waitMs > 0 ? { waitMs, next: tat } : { waitMs: 0, next: from + interval };
+  const waitMs = Math.max(tat, now) - tolerance - now;
+  if (waitMs > 0) return { waitMs, next: tat };
+  return { waitMs: 0, next: (now - tat >= interval ? now : tat) + interval };
 }
 
 /**

@@ -4,7 +4,6 @@
 // 400/403 → DLQ, garbage bodies), media on reprocess (memory and SQLite, across a
 // restart), callback queries, and option validation.
 import { afterAll, afterEach, describe, expect, test } from "bun:test";
-import { scaledTelegramLimits } from "./support/scaled_limits.ts";
 import { mkdirSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -14,6 +13,7 @@ import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { crashable } from "../src/testing/crashable.ts";
 import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { scaledTelegramLimits } from "./support/scaled_limits.ts";
 
 const dir = join(tmpdir(), `botmesh-telegram-tests-${crypto.randomUUID()}`);
 mkdirSync(dir, { recursive: true });

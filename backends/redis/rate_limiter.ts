@@ -25,15 +25,15 @@ export interface RedisRateLimiterOptions {
 const NOW = `local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000`;
 
-/** KEYS: the buckets; ARGV: interval and tolerance of each → {1} or {0, wait, index of the bucket}. */
+/** KEYS: the buckets; ARGV: interval and tolerance of each → {1} or {0, wait, index of the bucket} (gcraStep of src/rate_limit.ts). */
 const TAKE = `${NOW}
 local worst, at, nexts = 0, 0, {}
 for i, k in ipairs(KEYS) do
   local interval, tol = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  local from = math.max(tonumber(redis.call('GET', k) or '0'), now)
-  local wait = from - tol - now
+  local tat = tonumber(redis.call('GET', k) or '0')
+  local wait = math.max(tat, now) - tol - now
   if wait > worst then worst, at = wait, i end
-  nexts[i] = from + interval
+  if now - tat >= interval then nexts[i] = now + interval else nexts[i] = tat + interval end
 end
 if worst > 0 then return {0, string.format('%.3f', worst), at} end
 for i, k in ipairs(KEYS) do

@@ -5,12 +5,15 @@
 import type { Rate, RateLimitOptions } from "../../src/rate_limit.ts";
 import { TELEGRAM_RATE_LIMITS } from "../../providers/telegram/mod.ts";
 
-/** `rate` allowing `factor` times as many sends in the same time. */
+/** `rate` allowing `factor` times as many sends in the same time (rounded down, at least 1). */
 export function scaleRate(rate: Rate, factor: number): Rate {
-  return { ...rate, count: rate.count * factor };
+  return { ...rate, count: Math.max(1, Math.floor(rate.count * factor)) };
 }
 
-/** Telegram's limits at `factor` times their rate, as a `durability.outbox.rateLimit` option. */
+/**
+ * Telegram's limits at `factor` times their rate, as a `durability.outbox.rateLimit` option
+ * (`factor` 9: 90% of the fake's limits at 10x, the margin a bot leaves for network jitter).
+ */
 export function scaledTelegramLimits(factor: number): RateLimitOptions {
   const perChat = TELEGRAM_RATE_LIMITS.perChat as (chatId: string) => Rate | undefined;
   return {
