@@ -149,18 +149,17 @@ export function bucketOf(key: string, rate: Rate): RateBucket {
 }
 
 /**
- * One GCRA step on a bucket whose state is `tat` (theoretical arrival time, ms) at `now`. A send
- * admitted less than one interval after its time keeps the schedule (the next one is due one interval
- * after `tat`, not after `now`): a late timer does not cost throughput, and a quiet spell still banks
- * nothing beyond the burst.
+ * One GCRA step on a bucket whose state is `tat` (theoretical arrival time, ms) at `now`. With
+ * `burst` 1 the sends are at least one interval apart, so no window of `perMs` ever holds more than
+ * `count` of them (a wake-up that comes late loses its slot rather than crowd the next one).
  * @returns the wait (0: admitted) and the state after taking
  */
 export function gcraStep(tat: number, bucket: RateBucket, now: number): { waitMs: number; next: number } {
   const interval = bucket.perMs / bucket.count;
   const tolerance = (bucket.burst - 1) * interval;
-  const waitMs = Math.max(tat, now) - tolerance - now;
-  if (waitMs > 0) return { waitMs, next: tat };
-  return { waitMs: 0, next: (now - tat >= interval ? now : tat) + interval };
+  const from = Math.max(tat, now);
+  const waitMs = from - tolerance - now;
+  return waitMs > 0 ? { waitMs, next: tat } : { waitMs: 0, next: from + interval };
 }
 
 /**

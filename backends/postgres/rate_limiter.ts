@@ -106,8 +106,7 @@ export class PostgresRateLimiter implements RateLimiter {
         b AS (SELECT x.key, x.i, x.tol FROM jsonb_to_recordset($1::text::jsonb) AS x(key text, i float8, tol float8)),
         locked AS (SELECT r.key, r.tat FROM ${this.#table} r WHERE r.key IN (SELECT key FROM b) ORDER BY r.key FOR UPDATE),
         w AS (
-          SELECT b.key, greatest(l.tat, n.now) - b.tol - n.now AS wait,
-            CASE WHEN n.now - l.tat >= b.i THEN n.now ELSE l.tat END + b.i AS next
+          SELECT b.key, greatest(l.tat, n.now) - b.tol - n.now AS wait, greatest(l.tat, n.now) + b.i AS next
           FROM b JOIN locked l ON l.key = b.key CROSS JOIN n
         ),
         verdict AS (SELECT count(*) = (SELECT count(*) FROM b) AS complete, coalesce(bool_and(wait <= 0), true) AS ok FROM w),

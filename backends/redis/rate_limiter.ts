@@ -30,10 +30,10 @@ const TAKE = `${NOW}
 local worst, at, nexts = 0, 0, {}
 for i, k in ipairs(KEYS) do
   local interval, tol = tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-  local tat = tonumber(redis.call('GET', k) or '0')
-  local wait = math.max(tat, now) - tol - now
+  local from = math.max(tonumber(redis.call('GET', k) or '0'), now)
+  local wait = from - tol - now
   if wait > worst then worst, at = wait, i end
-  if now - tat >= interval then nexts[i] = now + interval else nexts[i] = tat + interval end
+  nexts[i] = from + interval
 end
 if worst > 0 then return {0, string.format('%.3f', worst), at} end
 for i, k in ipairs(KEYS) do

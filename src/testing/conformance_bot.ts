@@ -23,6 +23,7 @@ import { Bot as CoreBot, type BotOptions } from "../bot.ts";
 import type { DurabilityOptions } from "../config.ts";
 import type { BotEvents, DurabilityMetrics } from "../engine.ts";
 import { ProviderError } from "../errors.ts";
+import { MemoryRateLimiter } from "../rate_limit.ts";
 import { ANY } from "../matchers.ts";
 import { MemoryStore, type SessionStore } from "../store.ts";
 import type {
@@ -889,30 +890,42 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       bots,
     ) => {
       const perMs = Math.round(40 * scale);
-      const calls: { key: string; chatId: string; at: number }[] = [];
-      class TimedProvider extends MockProvider {
-        override send(chatId: string, content: OutboundContent, context: SendContext) {
-          calls.push({ key: context.idempotencyKey, chatId, at: time.clock.monotonic() });
-          return super.send(chatId, content, context);
-        }
-      }
-      const provider = new TimedProvider();
-      const rateLimit = { perChat: { count: 1, perMs }, global: { count: 2, perMs } };
+      // The limiter's admissions, on the bot's clock (a provider call comes later, after a journal write),
+      // in the order it decided them.
+      const inner = new MemoryRateLimiter({ clock: time.clock });
+      const admitted: { keys: string[]; at: number }[] = [];
+      const recording: RateLimiter = {
+        name: "recording",
+        scope: "process",
+        take: async (buckets) => {
+          const at = time.clock.monotonic(); // the memory limiter decides in this same turn
+          const answer = await inner.take(buckets);
+          if (answer.ok) admitted.push({ keys: buckets.map((b) => b.key), at });
+          return answer;
+        },
+        pause: (bucket, ms) => inner.pause(bucket, ms),
+      };
+      const provider = new MockProvider();
+      const rateLimit = { perChat: { count: 1, perMs }, global: { count: 2, perMs }, limiter: recording };
       const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale, { outbox: { rateLimit } }) });
       await start(bots, bot);
       for (let i = 0; i < 4; i++) {
         for (const chat of ["x", "y", "z"]) await bot.enqueue(chat, `${chat}${i}`, { idempotencyKey: `${chat}${i}` });
       }
       await bot.idle();
+      expect(admitted.length, "one admission per send").toBe(12);
+      admitted.sort((a, b) => a.at - b.at);
       for (const chat of ["x", "y", "z"]) {
-        const order = calls.filter((c) => c.chatId === chat);
-        expect(order.map((c) => c.key), `chat ${chat} in order`).toEqual([0, 1, 2, 3].map((i) => `${chat}${i}`));
-        for (let i = 1; i < order.length; i++) {
-          expect(order[i]!.at - order[i - 1]!.at, `chat ${chat}: one send per ${perMs} ms`).toBeGreaterThanOrEqual(perMs - 1);
+        const sent = provider.sent.filter((m) => m.chatId === chat).map((m) => m.idempotencyKey);
+        expect(sent, `chat ${chat} in order`).toEqual([0, 1, 2, 3].map((i) => `${chat}${i}`));
+        const times = admitted.filter((a) => a.keys.some((k) => k.endsWith(`:chat:${chat}`))).map((a) => a.at);
+        expect(times.length).toBe(4);
+        for (let i = 1; i < times.length; i++) {
+          expect(times[i]! - times[i - 1]!, `chat ${chat}: one send per ${perMs} ms`).toBeGreaterThanOrEqual(perMs - 1);
         }
       }
-      for (let i = 2; i < calls.length; i++) {
-        expect(calls[i]!.at - calls[i - 2]!.at, `two sends per ${perMs} ms in all`).toBeGreaterThanOrEqual(perMs - 1);
+      for (let i = 2; i < admitted.length; i++) {
+        expect(admitted[i]!.at - admitted[i - 2]!.at, `two sends per ${perMs} ms in all`).toBeGreaterThanOrEqual(perMs - 1);
       }
       for (const entry of await backend.outbox.list({ limit: 100 })) expect([entry.key, entry.state, entry.attempts]).toEqual([entry.key, "sent", 1]);
       expect(metricsOf(bot).outboxThrottled, "sends waited").toBeGreaterThan(0);
