@@ -503,7 +503,7 @@ async function main(): Promise<void> {
           `| ${fmtInt(r.messages)} | ${fmtInt(r.chats)} | ${fmtInt(r.rate)}/s | 1 per ${fmtInt(r.chatMs)} ms | ${fmt(r.seconds)} s | ${fmt(r.ideal)} s | **${fmt(r.ratio)}** |`
         ),
         "",
-        "A broadcast through `bot.enqueue` (MemoryDurability, an in-process provider that answers at once) under the outbox's rate limits (bench/broadcast.bench.ts): the time from the first enqueue to `bot.idle()` over the ideal (the larger of messages / rate and one chat's sends spaced by its limit). 1 would mean the limiter lost nothing; what it loses is mostly timer lateness on a busy machine (a send that is more than one interval late loses its slot). Every message is checked to have been sent exactly once, in its chat's order.",
+        "A broadcast through `bot.enqueue` (MemoryDurability, an in-process provider that answers at once) under the outbox's rate limits (bench/broadcast.bench.ts): the time from the first enqueue to `bot.idle()` over the ideal (the larger of messages / rate and one chat's sends spaced by its limit). 1 would mean the limiter lost nothing. With a burst of 1 (the default: sends evenly spaced, never more than the limit in any window) a timer that fires late loses that slot, so on a busy machine the ratio grows with the rate (at 100/s a slot is 10 ms; at Telegram's real 30/s, 33 ms). Every message is checked to have been sent exactly once, in its chat's order.",
         "",
       ]
       : []),
