@@ -180,9 +180,11 @@ export interface MemoryRateLimiterOptions {
 }
 
 /**
- * The buckets in this process: each replica has its own. A bucket first used
- * starts as if it had been emptied when the limiter was made, so a process
- * that restarts in a loop cannot burst past the rate.
+ * The buckets in this process: each replica has its own. Nothing is known
+ * of the sends before the limiter was made, so every bucket starts with one
+ * send and refills at its rate from there (not with its burst): a process
+ * that restarts in a loop cannot burst past the rate, and a chat's first
+ * reply after a restart still goes at once.
  *
  * @example
  * ```ts
@@ -213,8 +215,9 @@ export class MemoryRateLimiter implements RateLimiter {
   #state(bucket: RateBucket): number {
     const known = this.#tat.get(bucket.key);
     if (known !== undefined) return known;
-    // Empty at the start: the next send of a fresh bucket is one interval after the limiter was made.
-    return this.#startedAt + bucket.burst * (bucket.perMs / bucket.count);
+    // At the start a bucket holds one send, not its burst: a process restarting in a loop sends at most
+    // one more per bucket per start than the rate allows. Later, an unused bucket is full.
+    return this.#startedAt + (bucket.burst - 1) * (bucket.perMs / bucket.count);
   }
 
   #store(key: string, tat: number, now: number): void {

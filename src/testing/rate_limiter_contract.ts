@@ -23,11 +23,11 @@ export interface RateLimiterConformanceOptions {
   /** A reason to skip the suite (the server is not reachable); `false` or absent runs it. */
   skip?: string | false;
   /**
-   * Whether a bucket first used starts empty (the limiter keeps no state across restarts, so it
-   * assumes the worst, as `MemoryRateLimiter` does) rather than full (a shared limiter's state outlives
-   * a process).
+   * Whether a bucket first used holds one send only, not its burst (the limiter keeps no state across
+   * restarts, so it assumes the worst, as `MemoryRateLimiter` does) rather than being full (a shared
+   * limiter's state outlives a process).
    */
-  freshBucketsEmpty: boolean;
+  freshBucketsHoldOne: boolean;
 }
 
 const sleep = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
@@ -65,14 +65,17 @@ export function runRateLimiterConformance(options: RateLimiterConformanceOptions
   };
 
   describe(`rate limiter: ${options.name}`, () => {
-    run("a fresh bucket is full (a shared limiter) or empty for one interval (an in-process one)", async (limiter) => {
-      const b = bucket(300);
-      const first = await limiter.take([b]);
-      if (options.freshBucketsEmpty) {
-        expect(first.ok, "empty at the start").toBe(false);
-        if (!first.ok) expect(first.waitMs).toBeLessThanOrEqual(300);
+    run("a fresh bucket is full (a shared limiter) or holds one send (an in-process one)", async (limiter) => {
+      const b = bucket(3000, 1, 3);
+      expect((await limiter.take([b])).ok, "one send at once").toBe(true);
+      const second = await limiter.take([b]);
+      if (options.freshBucketsHoldOne) {
+        expect(second.ok, "not the burst").toBe(false);
+        if (!second.ok) expect(second.waitMs).toBeLessThanOrEqual(3000);
       } else {
-        expect(first.ok, "full at the start").toBe(true);
+        expect(second.ok, "the burst").toBe(true);
+        expect((await limiter.take([b])).ok, "the burst").toBe(true);
+        expect((await limiter.take([b])).ok, "no more than the burst").toBe(false);
       }
     });
 
