@@ -89,12 +89,14 @@ export class Throttle {
   async admit(chatId: string, gone: () => boolean): Promise<true | "waited" | false> {
     const buckets = this.bucketsOf(chatId);
     if (buckets.length === 0) return true;
+    if (this.#closed) return false;
     if (this.#line.length === 0 && !this.#knownEmpty(buckets, this.#clock.monotonic())) {
       // Nobody in line: ask at once (the common case of a bot well under its limits).
       const first = await this.#take(buckets);
       if (first === true) return true;
     }
     const admitted = await new Promise<boolean>((resolve) => {
+      if (this.#closed) return resolve(false);
       this.#line.push({ buckets, gone, resolve });
       this.#schedule(0);
     });
