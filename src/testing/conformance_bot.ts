@@ -885,6 +885,31 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(metricsOf(bot).outboxRetried, "a paused send is not a retry").toBe(0);
     });
 
+    withBackend("a 429 the channel says is global pauses every chat through the rate limiter, without spending an attempt", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({
+        clock: time.clock,
+        provider,
+        durability: fastDurability(backend, scale, { outbox: { retries: 0, rateLimit: { global: { count: 1000, perMs: 1000 } } } }),
+      });
+      await start(bots, bot);
+      const retryAfterMs = Math.round(80 * scale);
+      provider.failNext(1, new ProviderError("throughput reached", { status: 429, retryAfterMs, rateLimited: "global" }));
+      const pausedAt = time.clock.monotonic();
+      expect((await bot.send("a", "first", { idempotencyKey: "g1" })).state).toBe("failed");
+      const other = await bot.send("b", "elsewhere", { idempotencyKey: "g2" });
+      expect(other.state, "another chat waited for the pause, then went").toBe("sent");
+      expect(time.clock.monotonic() - pausedAt, "not before the channel's retry-after").toBeGreaterThanOrEqual(retryAfterMs - 1);
+      await bot.idle();
+      expect(provider.sent.map((m) => m.idempotencyKey).sort()).toEqual(["g1", "g2"]);
+      const first = await backend.outbox.get("g1");
+      expect([first?.state, first?.attempts]).toEqual(["sent", 1]);
+      expect(metricsOf(bot).outboxThrottled, "the paused send and the one that waited").toBeGreaterThanOrEqual(2);
+    });
+
     withBackend("sends wait for the rate limits in the outbox, in chat order; a wait is no attempt, and one cut short is sent again, not ambiguous", async (
       backend,
       bots,
