@@ -58,9 +58,11 @@ describe("telegram: flood limits", () => {
       expect(texts, `chat ${chat} in order`).toEqual(Array.from({ length: 10 }, (_, n) => `news ${n}`));
     }
     // Not faster than the bot's limit allows (evenly spaced, one per 1000 / globalRate ms): `total`
-    // sends span at least (total - 1) such intervals. No upper bound: the machine is shared.
+    // sends span at least (total - 1) such intervals, less what the first send may have been delayed on
+    // its way (arrivals are timed at the fake, admissions at the bot: 50 ms of slack). No upper bound:
+    // the machine is shared. (The fake's windows, which refused nothing, bound every 100 ms too.)
     const span = f.sent[total - 1]!.at - f.sent[0]!.at;
-    expect(span, "the broadcast kept to the global limit").toBeGreaterThanOrEqual((total - 1) * (1000 / globalRate) - 2);
+    expect(span, "the broadcast kept to the global limit").toBeGreaterThanOrEqual((total - 1) * (1000 / globalRate) - 50);
     expect(metrics.outboxThrottled, "sends waited for the limiter").toBeGreaterThan(0);
     expect(metrics.outboxRetried + metrics.outboxDead).toBe(0);
     const ideal = total / globalRate;
