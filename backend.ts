@@ -42,9 +42,13 @@ export {
   type OutboxEntry,
   type OutboxJournal,
   type OutboxState,
+  type RateBucket,
+  type RateLimiter,
+  type RateTake,
   type ReserveResult,
   StaleLeaseError,
 } from "./src/contract.ts";
+export { gcraPause, gcraStep } from "./src/rate_limit.ts";
 export {
   acceptsOutcome,
   ACTIVE_INBOX_STATES,

@@ -68,6 +68,8 @@ export type {
   SendInQuestion,
 } from "./src/provider.ts";
 export { ProviderError, type ProviderErrorOptions } from "./src/errors.ts";
+export { MemoryRateLimiter, type MemoryRateLimiterOptions, type Rate, type RateLimitOptions, type RateLimits } from "./src/rate_limit.ts";
+export type { RateLimiter } from "./src/contract.ts";
 export { UnencodableContentError } from "./src/content.ts";
 export {
   type LoadedMedia,

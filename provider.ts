@@ -31,6 +31,7 @@ export {
   type SendReceipt,
 } from "./src/provider.ts";
 export { isRetryableStatus, ProviderError, type ProviderErrorOptions } from "./src/errors.ts";
+export type { Rate, RateLimits } from "./src/rate_limit.ts";
 export { UnencodableContentError } from "./src/content.ts";
 export {
   checkEnvelope,

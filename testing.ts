@@ -42,6 +42,7 @@ export {
 } from "./src/testing/conformance.ts";
 export { runBotConformance, runCrashMatrix } from "./src/testing/conformance_bot.ts";
 export { runDurabilityConformance } from "./src/testing/run_conformance.ts";
+export { type RateLimiterConformanceOptions, runRateLimiterConformance } from "./src/testing/rate_limiter_contract.ts";
 export { type EventJournalContractOptions, runEventJournalContract } from "./src/testing/event_journal_contract.ts";
 export { fileDurabilityTestHooks, type FileDurabilityTestHooks } from "./backends/file/durability.ts";
 export { sharedJournalTestHooks, type SharedJournalTestHooks } from "./backends/events/shared_journal.ts";

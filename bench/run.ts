@@ -13,7 +13,7 @@
  *            --only postgres,pgboss,ceiling-postgres (durability off always runs: the × off base)
  *            --scale 1k,100k,1M  --scale-runs N (3)  --scale-max events-log=1M,redis=1M (both 100k by default:
  *            1M adds ≈ 10 min for the events journal, ≈ 7 min for Redis)  --recovery N (10000)  --ceiling-groups N (4)
- *            --no-warmup-round  --no-scale  --no-recovery  --write (RESULTS.md even with --quick)  --no-write
+ *            --no-warmup-round  --no-scale  --no-recovery  --no-broadcast  --write (RESULTS.md even with --quick)  --no-write
  *
  * Exits 1 only when a run was incorrect (a message not replied exactly once, a record left unfinished,
  * counts not the totals, a crash) or a required server is missing (BOTMESH_REQUIRE_SERVICES=1); never
@@ -54,6 +54,10 @@ const SCENARIOS = [
 ];
 const RECOVERY_RECORDS = flag("--no-recovery") ? 0 : Number(value("--recovery") ?? (QUICK ? 500 : 10_000));
 const SCALE_KINDS: Kind[] = ["sqlite-normal", "postgres", "redis", "events-log"];
+/** The broadcasts of the rate-limited broadcast table. */
+const BROADCASTS = QUICK
+  ? [{ messages: 200, chats: 20, rate: 100, chatMs: 100 }]
+  : [{ messages: 1000, chats: 100, rate: 100, chatMs: 500 }, { messages: 5000, chats: 500, rate: 300, chatMs: 100 }];
 const RECOVERY_KINDS: Kind[] = ["file", "sqlite-normal", "sqlite-full", "events", "events-log", "postgres", "redis-aof", "redis", "upstash"];
 const CHILD_TIMEOUT_MS = 15 * 60_000;
 const selected = (k: string) => !ONLY || ONLY.includes(k);
@@ -307,6 +311,25 @@ async function main(): Promise<void> {
       }
     }
   }
+  // ---- rate-limited broadcast ------------------------------------------------------------------
+
+  const broadcastRows: Record<string, number>[] = [];
+  if (!flag("--no-broadcast")) {
+    for (const config of BROADCASTS) {
+      log(`broadcast · ${config.messages} messages · ${config.rate}/s`);
+      const proc = Bun.spawn([process.execPath, join(import.meta.dir, "broadcast.bench.ts"), JSON.stringify(config)], { stdout: "pipe", stderr: "inherit" });
+      const out = await new Response(proc.stdout).text();
+      const code = await proc.exited;
+      const line = out.trim().split("\n").pop() ?? "";
+      try {
+        broadcastRows.push(JSON.parse(line));
+      } catch {
+        fail(`broadcast ${config.messages} at ${config.rate}/s: no result (${line.slice(0, 200)})`);
+        continue;
+      }
+      if (code !== 0) fail(`broadcast ${config.messages} at ${config.rate}/s: a message was not sent exactly once in its chat's order`);
+    }
+  }
   await bridge?.stop();
   await pg?.end({ timeout: 2 });
 
@@ -470,6 +493,20 @@ async function main(): Promise<void> {
     "",
     ...(scaleRows.length ? ["## Retained journal (scale)", "", ...scaleTable, "", ...scaleExplain, ""] : []),
     ...(recoveryRows.length ? ["## Restart recovery", "", ...recoveryTable, "", ...recoveryExplain, ""] : []),
+    ...(broadcastRows.length
+      ? [
+        "## Rate-limited broadcast",
+        "",
+        "| messages | chats | global rate | per chat | time | ideal | × ideal |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        ...broadcastRows.map((r) =>
+          `| ${fmtInt(r.messages)} | ${fmtInt(r.chats)} | ${fmtInt(r.rate)}/s | 1 per ${fmtInt(r.chatMs)} ms | ${fmt(r.seconds)} s | ${fmt(r.ideal)} s | **${fmt(r.ratio)}** |`
+        ),
+        "",
+        "A broadcast through `bot.enqueue` (MemoryDurability, an in-process provider that answers at once) under the outbox's rate limits (bench/broadcast.bench.ts): the time from the first enqueue to `bot.idle()` over the ideal (the larger of messages / rate and one chat's sends spaced by its limit). 1 would mean the limiter lost nothing. With a burst of 1 (the default: sends evenly spaced, never more than the limit in any window) a timer that fires late loses that slot, so on a busy machine the ratio grows with the rate (at 100/s a slot is 10 ms; at Telegram's real 30/s, 33 ms). Every message is checked to have been sent exactly once, in its chat's order.",
+        "",
+      ]
+      : []),
     "## Targets",
     "",
     `Each target with its measured value (medians, 100 chats unless it says otherwise) from the tables above.`,

@@ -9,6 +9,7 @@ import { checkKnownOptions } from "./options.ts";
 import { showValue as show } from "./show.ts";
 import { type DurabilityBackend, INBOX_JOURNAL_METHODS, OUTBOX_JOURNAL_METHODS } from "./contract.ts";
 import { isTracer, type TracerLike } from "./tracing.ts";
+import { checkRateLimitOption, type RateLimitOptions } from "./rate_limit.ts";
 
 /** Exponential backoff with full jitter: a retry waits `random(0, min(capMs, baseMs * 2^attempt))`. */
 export interface BackoffOptions {
@@ -46,6 +47,11 @@ export interface OutboxOptions {
   maxPayloadBytes?: number;
   /** What to do with a send whose sender died mid-call (default `'hold'`). */
   onAmbiguous?: "hold" | "resend";
+  /**
+   * Outbound rate limits (default: the provider's `rateLimits`, in this process): sends wait in the
+   * outbox for them. `false` turns them off; see docs/rate-limits.md.
+   */
+  rateLimit?: RateLimitOptions | false;
 }
 
 /** The `durability` option of `Bot`. */
@@ -89,6 +95,8 @@ export interface ResolvedDurability {
     leaseMs: number;
     maxPayloadBytes: number;
     onAmbiguous: "hold" | "resend";
+    /** `false`: off; otherwise the overrides of the provider's limits. */
+    rateLimit: RateLimitOptions | false;
   };
   sweepIntervalMs: number;
   tracer: TracerLike | null;
@@ -231,6 +239,7 @@ export function resolveDurability(value: unknown): ResolvedDurability {
     "leaseMs",
     "maxPayloadBytes",
     "onAmbiguous",
+    "rateLimit",
   ]);
   const inbox = {
     leaseMs: integer(inboxRaw.leaseMs, "durability.inbox.leaseMs", 60_000, 20, MAX_TIMER_MS),
@@ -248,6 +257,7 @@ export function resolveDurability(value: unknown): ResolvedDurability {
     leaseMs: integer(outboxRaw.leaseMs, "durability.outbox.leaseMs", 60_000, 20, MAX_TIMER_MS),
     maxPayloadBytes: integer(outboxRaw.maxPayloadBytes, "durability.outbox.maxPayloadBytes", 1024 * 1024, 1),
     onAmbiguous: onAmbiguous as "hold" | "resend",
+    rateLimit: checkRateLimitOption(outboxRaw.rateLimit, "durability.outbox.rateLimit"),
   };
   const derivedSweep = Math.max(10, Math.min(5000, Math.floor(Math.min(inbox.leaseMs, outbox.leaseMs) / 2)));
   const sweepIntervalMs = integer(raw.sweepIntervalMs, "durability.sweepIntervalMs", derivedSweep, 1, MAX_TIMER_MS);

@@ -183,11 +183,17 @@ export interface ClaimDueOptions extends ClaimOptions {
  *   an events journal's `fail`) refuses it with a `TypeError`: inbound records
  *   have no `unknown` state. `ambiguous` together with `dead` (or with a
  *   `retryInMs`) is a `TypeError`.
+ * - `{ error, retryInMs, throttled: true }` (`outbox.markFailed` only): the
+ *   channel refused the call for its rate limit (a 429), so nothing was sent
+ *   and no attempt was spent: `failed` and due again after `retryInMs` like a
+ *   retry, with `attempts` given back (one less, never below 0: the next claim
+ *   counts the same attempt again). `throttled` with `dead` or `ambiguous`, and
+ *   on `inbox.fail` (or an events journal's `fail`), is a `TypeError`.
  */
 export type FailOutcome =
-  | { error: string; retryInMs: number; dead?: false; ambiguous?: false }
-  | { error: string; dead: true; ambiguous?: false }
-  | { error: string; ambiguous: true; dead?: false; retryInMs?: undefined };
+  | { error: string; retryInMs: number; dead?: false; ambiguous?: false; throttled?: boolean }
+  | { error: string; dead: true; ambiguous?: false; throttled?: false }
+  | { error: string; ambiguous: true; dead?: false; retryInMs?: undefined; throttled?: false };
 
 /** A filter for `list`. */
 export interface ListOptions<S extends string> {
@@ -455,6 +461,44 @@ export interface DurabilityBackend {
   open?(): Promise<void>;
   /** Called by `bot.stop()` after in-flight work finished. */
   close?(): Promise<void>;
+}
+
+/**
+ * One token bucket of a {@link RateLimiter.take}: `count` sends per `perMs`,
+ * at most `burst` of them at once after a quiet spell. Its state lives under
+ * `key` (the limiter's, shared by every replica that uses the same limiter).
+ */
+export interface RateBucket {
+  key: string;
+  count: number;
+  perMs: number;
+  burst: number;
+}
+
+/** What {@link RateLimiter.take} answered: taken, or the bucket that holds the send back and for how long. */
+export type RateTake = { ok: true } | { ok: false; waitMs: number; key: string };
+
+/**
+ * Where the outbox's rate limits keep their buckets: in this process
+ * (`MemoryRateLimiter`, per replica) or on a server every replica shares
+ * (`PostgresRateLimiter`, `RedisRateLimiter`: atomic, on the server's clock).
+ * Every implementation passes the shared limiter conformance suite
+ * (`runRateLimiterConformance` in `@botmesh/durable/testing`).
+ */
+export interface RateLimiter {
+  /** A short name used in errors and docs (`'memory'`, `'postgres'`, `'redis'`). */
+  readonly name: string;
+  /** `process`: one replica's limits; `shared`: one set of limits for every replica on the same server. */
+  readonly scope: "process" | "shared";
+  /**
+   * Take one send from every bucket at once, or from none: when one of them
+   * is empty nothing is taken, and the answer names the bucket that holds the
+   * send back longest and how long (at least until then, no take of these
+   * buckets can succeed unless a bucket's rate changes).
+   */
+  take(buckets: readonly RateBucket[]): Promise<RateTake>;
+  /** Admit nothing from `bucket` for `ms` (a channel said to wait: a 429 with `retry_after`). */
+  pause(bucket: RateBucket, ms: number): Promise<void>;
 }
 
 /** A versioned value of a {@link DurableKv}. */

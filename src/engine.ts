@@ -39,6 +39,8 @@ import { type Clock, type ClockTimer, every, type Repeating, sleep } from "./clo
 import { hostname, randomId } from "./runtime/mod.ts";
 import type { DurabilityHistograms } from "./histogram.ts";
 import { Observer, TRACE_FIELD, withoutTrace } from "./observe.ts";
+import { MemoryRateLimiter, resolveRateLimits } from "./rate_limit.ts";
+import { Throttle } from "./throttle.ts";
 
 /** The counters of `bot.durability.metrics()`. */
 export interface DurabilityMetrics {
@@ -80,6 +82,10 @@ export interface DurabilityMetrics {
   conversationsDiverged: number;
   /** Damaged records the backend set aside, reported by this bot (each by one bot only). */
   damagedRecords: number;
+  /** Sends that waited for the outbox's rate limiter, or that the channel paused with a 429 (no attempt spent). */
+  outboxThrottled: number;
+  /** A gauge: sends waiting for the outbox's rate limiter now. */
+  outboxWaitingForLimit: number;
 }
 
 /** Codes of `warning` events. */
@@ -272,6 +278,10 @@ const DEDUPE_CAPACITY = 10_000;
 const EVER_HELD_TOKENS_PER_RECORD = 16;
 /** How long a provider's `confirm` may take before the send is left to an operator. */
 const CONFIRM_TIMEOUT_MS = 10_000;
+/** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
+const AHEAD_OF_LIMIT = 256;
+/** How long a 429 without `retry_after` holds its send back. */
+const DEFAULT_RETRY_AFTER_MS = 1000;
 
 /** `work`, or a rejection with `timeoutError()` when it has not settled within `ms` (`work` goes on). */
 function withTimeout<T>(clock: Clock, work: Promise<T>, ms: number, timeoutError: () => Error): Promise<T> {
@@ -303,6 +313,8 @@ export function zeroMetrics(): DurabilityMetrics {
     conversationsReplayed: 0,
     conversationsDiverged: 0,
     damagedRecords: 0,
+    outboxThrottled: 0,
+    outboxWaitingForLimit: 0,
   };
 }
 
@@ -400,6 +412,10 @@ export class DurabilityEngine {
   #stopping = false;
   #halted = false;
   #abort = new AbortController();
+  /** The outbox's rate limits (`null`: none). */
+  #throttle: Throttle | null = null;
+  /** Deliveries the sweeps dispatched that have not finished (under rate limits they are capped). */
+  #sweptInFlight = 0;
 
   constructor(config: ResolvedDurability, host: EngineHost) {
     this.config = config;
@@ -408,6 +424,13 @@ export class DurabilityEngine {
     this.#clock = host.clock;
     this.#deadlines = new Deadlines(host.clock);
     this.#observer = new Observer(host.clock, config.tracer);
+    const provider = host.provider;
+    const limits = resolveRateLimits(provider.rateLimits, config.outbox.rateLimit, provider.name);
+    if (limits.global !== undefined || limits.perChat !== undefined) {
+      limits.limiter ??= new MemoryRateLimiter({ clock: host.clock });
+      const prefix = `${host.botId}/${provider.connectionId ?? provider.name}`;
+      this.#throttle = new Throttle(limits, host.clock, prefix, (error) => void this.#report(error, "outbox rate limiter"));
+    }
   }
 
   /** The resolved instanceId. */
@@ -489,6 +512,7 @@ export class DurabilityEngine {
     if (this.#halted) return;
     this.#halted = true;
     this.#abort.abort(new Error("The process died"));
+    this.#throttle?.close();
     this.#clearTimers();
     this.#held.inbox.clear();
     this.#held.outbox.clear();
@@ -1183,6 +1207,7 @@ export class DurabilityEngine {
         }
         return { key, state: "sent", messageId };
       }
+      if (!await this.#admitByLimits(lease, chatId)) return await this.#notOurs(key);
       if (!await this.#announceCall(lease)) return await this.#notOurs(key);
       if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
@@ -1216,6 +1241,21 @@ export class DurabilityEngine {
       if (settled || !called) this.#calling.delete(key);
       this.#release("outbox", key, lease.token);
     }
+  }
+
+  /**
+   * Wait, holding the lease (heartbeats renew it), until the rate limits admit a send to `chatId`.
+   * Nothing is journaled meanwhile: a crash during the wait leaves the send never called, so it is sent
+   * again later without an attempt spent, never taken for an ambiguous one.
+   * @returns whether the send may go on (`false`: the lease was lost, or the process stops)
+   */
+  async #admitByLimits(lease: HeldLease, chatId: string): Promise<boolean> {
+    const throttle = this.#throttle;
+    if (throttle === null) return true;
+    const gone = () => this.#halted || this.#stopping || lease.lost || this.#held.outbox.get(lease.id) !== lease;
+    const admitted = await throttle.admit(chatId, gone);
+    if (admitted === "waited") this.#metrics.outboxThrottled++;
+    return admitted !== false && !gone();
   }
 
   /**
@@ -1416,6 +1456,9 @@ export class DurabilityEngine {
       }
       this.#reportAmbiguous(entry);
     }
+    if (classified.retryable && classified.rateLimited !== undefined && classified.maybeDelivered !== true) {
+      return await this.#throttled(lease, entry, text, classified.rateLimited, classified.retryAfterMs);
+    }
     const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
     if (dead) {
       const outcome = { error: text, dead: true } as const;
@@ -1430,6 +1473,33 @@ export class DurabilityEngine {
     const outcome = { error: text, retryInMs };
     const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["failed"]);
     if (recorded) this.#wake(retryInMs);
+    return { result: { key, state: "failed", error: text }, recorded };
+  }
+
+  /**
+   * The channel refused a send for its rate limit (nothing was sent): due again after `retryAfterMs`
+   * with its attempt given back (`throttled`). Its chat waits behind it (the journal keeps chat order);
+   * a global limit also pauses every chat through the rate limiter.
+   */
+  async #throttled(
+    lease: HeldLease,
+    entry: OutboxEntry,
+    text: string,
+    scope: "chat" | "global",
+    retryAfterMs: number | undefined,
+  ): Promise<{ result: SendResult; recorded: boolean }> {
+    const { key } = entry;
+    const retryInMs = Math.min(MAX_TIMER_MS, Math.max(0, Math.ceil(retryAfterMs ?? DEFAULT_RETRY_AFTER_MS)));
+    const bucket = scope === "global" ? this.#throttle?.globalBucket() : undefined;
+    if (bucket !== undefined) {
+      await this.#throttle!.pause(bucket, retryInMs).catch((error) => void this.#report(error, "outbox rate limiter pause"));
+    }
+    const outcome = { error: text, retryInMs, throttled: true };
+    const recorded = await this.#recordOutcome(lease, (token) => this.backend.outbox.markFailed(key, token, outcome), ["failed"]);
+    if (recorded) {
+      this.#metrics.outboxThrottled++;
+      this.#wake(retryInMs);
+    }
     return { result: { key, state: "failed", error: text }, recorded };
   }
 
@@ -1528,6 +1598,8 @@ export class DurabilityEngine {
       resendAmbiguous: this.config.outbox.onAmbiguous === "resend",
     };
     for (;;) {
+      // Under rate limits, only what the limiter may admit soon is claimed: the rest waits unleased.
+      if (this.#throttle !== null) outboxClaim.limit = Math.max(1, Math.min(SWEEP_BATCH, AHEAD_OF_LIMIT - this.#sweptInFlight));
       const claimedAt = this.#clock.monotonic();
       let claimed: Awaited<ReturnType<DurabilityBackend["outbox"]["claimDue"]>>;
       const scanStartedAt = this.#clock.now();
@@ -1565,9 +1637,16 @@ export class DurabilityEngine {
           }
           const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);
           const resend = ambiguousKeys.has(entry.key);
+          this.#sweptInFlight++;
           this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry, undefined, resend)).then(
-            () => this.#wake(0),
-            (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
+            () => {
+              this.#sweptInFlight--;
+              this.#wake(0);
+            },
+            (error) => {
+              this.#sweptInFlight--;
+              this.#report(error, `delivery of outbox entry "${entry.key}"`);
+            },
           );
         }
         unheld = false;
@@ -1744,6 +1823,8 @@ export class DurabilityEngine {
     if (this.#stopping) return;
     this.#stopping = true;
     this.#clearTimers();
+    // Sends waiting for the rate limiter stay in the journal, never called: the next start sends them.
+    this.#throttle?.close();
     if (this.#halted) return;
     // Heartbeats go on while in-flight work finishes.
     this.#heartbeatTimer = every(this.#clock, this.#heartbeatEveryMs(), () => void this.#heartbeat());
@@ -1794,7 +1875,7 @@ export class DurabilityEngine {
         if (entry === null || entry.state !== "unknown") return false;
         return await this.#resolveSent(entry, messageId, "operator") === "resolved";
       },
-      metrics: () => ({ ...this.#metrics }),
+      metrics: () => ({ ...this.#metrics, outboxWaitingForLimit: this.#throttle?.waiting ?? 0 }),
       histograms: () => this.#observer.histograms(),
       damaged: (options) => listDamaged(backend, options),
     };

@@ -29,6 +29,12 @@ export interface ProviderErrorOptions {
    * `onAmbiguous: 'resend'`), never retried silently. Default `false`.
    */
   maybeDelivered?: boolean;
+  /**
+   * The channel refused the send for its rate limit (nothing was sent): it waits `retryAfterMs`
+   * without spending an attempt. `chat`: only its chat waits (later sends of the chat wait behind it);
+   * `global`: every chat of the bot waits. Default `chat` for status 429, none otherwise.
+   */
+  rateLimited?: "chat" | "global";
   cause?: unknown;
 }
 
@@ -47,6 +53,8 @@ export class ProviderError extends Error {
   readonly status: number | undefined;
   /** Whether the request may have been delivered before it failed (see {@link ProviderErrorOptions.maybeDelivered}). */
   readonly maybeDelivered: boolean;
+  /** Refused for the channel's rate limit, and for whom (see {@link ProviderErrorOptions.rateLimited}). */
+  readonly rateLimited: "chat" | "global" | undefined;
   constructor(message: string, options: ProviderErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
     this.name = "ProviderError";
@@ -54,6 +62,7 @@ export class ProviderError extends Error {
     this.retryable = options.retryable ?? (options.status === undefined ? true : isRetryableStatus(options.status));
     this.retryAfterMs = options.retryAfterMs;
     this.maybeDelivered = options.maybeDelivered === true;
+    this.rateLimited = options.rateLimited ?? (options.status === 429 ? "chat" : undefined);
   }
 }
 

@@ -6,6 +6,7 @@
 import type { JsonValue } from "./contract.ts";
 import { isRetryableStatus, ProviderError } from "./errors.ts";
 import type { LoadedMedia, MediaLoadContext, StoredMediaRef } from "./media.ts";
+import type { RateLimits } from "./rate_limit.ts";
 
 /** The type of an inbound message; matchers such as `IMAGE` test it. */
 export type MessageType = "text" | "image" | "audio" | "video" | "document" | "interaction" | (string & {});
@@ -93,6 +94,12 @@ export interface ErrorClassification {
    * ambiguous, held as `unknown` and reported instead of retried (`onAmbiguous: 'resend'` retries it).
    */
   maybeDelivered?: boolean;
+  /**
+   * The channel refused the call for its rate limit (a 429): nothing was sent. The send waits
+   * `retryAfterMs` (1 s when absent) without spending an attempt; `chat` holds back only its chat,
+   * `global` every chat of the bot (through the outbox's rate limiter).
+   */
+  rateLimited?: "chat" | "global";
 }
 
 /** How an admitted (or refused) inbound message was taken. */
@@ -152,6 +159,12 @@ export interface Provider {
   readonly name: string;
   /** The account this provider is connected as (a phone number id, a bot token id); part of the default instanceId. */
   readonly connectionId?: string;
+  /**
+   * The channel's rate limits, the defaults of the outbox's limiter (see
+   * docs/rate-limits.md): sends wait in the outbox instead of failing.
+   * `durability.outbox.rateLimit` overrides them.
+   */
+  readonly rateLimits?: RateLimits;
   /** Start delivering inbound messages to `sink`. */
   start(sink: InboundSink): void | Promise<void>;
   /** Stop delivering inbound messages. */
@@ -190,7 +203,8 @@ export interface Provider {
 
 /**
  * The default error classification: a `ProviderError` says it itself; an
- * error with a numeric `status` is retryable for 408/425/429/5xx; a network
+ * error with a numeric `status` is retryable for 408/425/429/5xx (a 429 is
+ * `rateLimited: 'chat'`: it waits without spending an attempt); a network
  * `TypeError` (what `fetch` throws) and anything unknown is retryable. A
  * timeout (an error named `TimeoutError`, as `AbortSignal.timeout` raises) or an
  * error with `maybeDelivered: true` may have reached the channel: the engine
@@ -203,6 +217,7 @@ export function classifyProviderError(error: unknown): ErrorClassification {
   if (error instanceof ProviderError) {
     const classified: ErrorClassification = { retryable: error.retryable, retryAfterMs: error.retryAfterMs };
     if (error.maybeDelivered) classified.maybeDelivered = true;
+    if (error.rateLimited !== undefined) classified.rateLimited = error.rateLimited;
     return classified;
   }
   if (typeof error === "object" && error !== null) {
@@ -210,8 +225,14 @@ export function classifyProviderError(error: unknown): ErrorClassification {
     const after = typeof retryAfterMs === "number" && retryAfterMs >= 0 ? retryAfterMs : undefined;
     // A timeout (AbortSignal.timeout's TimeoutError) may have been delivered before it fired.
     const maybe = maybeDelivered === true || name === "TimeoutError" ? { maybeDelivered: true } : {};
-    if (typeof retryable === "boolean") return { retryable, retryAfterMs: after, ...maybe };
-    if (typeof status === "number") return { retryable: isRetryableStatus(status), retryAfterMs: after, ...maybe };
+    const scope = (error as { rateLimited?: unknown }).rateLimited;
+    const limited: Pick<ErrorClassification, "rateLimited"> = scope === "chat" || scope === "global"
+      ? { rateLimited: scope }
+      : status === 429
+      ? { rateLimited: "chat" }
+      : {};
+    if (typeof retryable === "boolean") return { retryable, retryAfterMs: after, ...maybe, ...limited };
+    if (typeof status === "number") return { retryable: isRetryableStatus(status), retryAfterMs: after, ...maybe, ...limited };
     return { retryable: true, ...maybe };
   }
   return { retryable: true };

@@ -265,11 +265,14 @@ export function failedFields(
  * or `dead` ({@link failedFields}), or for `{ error, ambiguous: true }`
  * `unknown` exactly as {@link ambiguousOutbox} makes a lost send (lease
  * dropped, `nextAttemptAt` null, fence and attempts unchanged), with `error`
- * the outcome's text.
+ * the outcome's text. A `throttled` retry gives its attempt back (one less,
+ * never below 0).
  */
 export function failedOutbox(entry: OutboxEntry, outcome: FailOutcome, now: number): OutboxEntry {
   if (outcome.ambiguous) return { ...ambiguousOutbox(entry, now), error: outcome.error };
-  return { ...entry, ...failedFields(outcome, now) };
+  const failed = { ...entry, ...failedFields(outcome, now) };
+  if (outcome.throttled === true) failed.attempts = Math.max(0, entry.attempts - 1);
+  return failed;
 }
 
 /** Whether a fenced operation with `token` may change `lease`'s record (not lapsed-and-retaken). */
@@ -572,8 +575,9 @@ export function checkClaim(options: ClaimOptions, op: string): void {
  *
  * @param outcome the outcome
  * @param op the operation, for the error
- * @param ambiguity whether `ambiguous: true` is allowed (`outbox.markFailed`
- *   only: inbound and event records have no `unknown` state)
+ * @param ambiguity whether `ambiguous: true` and `throttled: true` are allowed
+ *   (`outbox.markFailed` only: inbound and event records have no `unknown`
+ *   state, and no rate limit)
  * @throws {TypeError} naming the first bad field: `error` not a string; `dead`
  *   or `ambiguous` not a boolean; `ambiguous` where it is not allowed, or with
  *   `dead: true` or a `retryInMs`; `retryInMs` not finite for a retry
@@ -583,9 +587,17 @@ export function checkOutcome(outcome: FailOutcome, op: string, ambiguity = false
     throw new TypeError(`${op}: the outcome must be an object, got ${showValue(outcome)}`);
   }
   checkString(outcome.error, `${op}: outcome "error"`);
-  const { dead, ambiguous } = outcome as { dead?: unknown; ambiguous?: unknown };
+  const { dead, ambiguous, throttled } = outcome as { dead?: unknown; ambiguous?: unknown; throttled?: unknown };
   if (dead !== undefined && typeof dead !== "boolean") {
     throw new TypeError(`${op}: outcome "dead" must be a boolean, got ${showValue(dead)}`);
+  }
+  if (throttled !== undefined && typeof throttled !== "boolean") {
+    throw new TypeError(`${op}: outcome "throttled" must be a boolean, got ${showValue(throttled)}`);
+  }
+  if (throttled === true) {
+    if (!ambiguity) throw new TypeError(`${op}: outcome "throttled" is only for outbox.markFailed`);
+    if (dead === true) throw new TypeError(`${op}: outcome "throttled" and "dead" cannot both be true`);
+    if (ambiguous === true) throw new TypeError(`${op}: outcome "throttled" and "ambiguous" cannot both be true`);
   }
   if (ambiguous !== undefined && typeof ambiguous !== "boolean") {
     throw new TypeError(`${op}: outcome "ambiguous" must be a boolean, got ${showValue(ambiguous)}`);

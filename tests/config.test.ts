@@ -71,6 +71,19 @@ describe("durability options are validated and named in errors", () => {
     const tracer = { startSpan() {}, startActiveSpan() {} };
     expect(resolveDurability({ backend, tracer } as never).tracer).toBe(tracer as never);
   });
+
+  test("rate limit options", () => {
+    rejects({ backend, outbox: { rateLimit: true } }, TypeError, "durability.outbox.rateLimit", "true");
+    rejects({ backend, outbox: { rateLimit: { globl: { count: 1, perMs: 1 } } } }, TypeError, "durability.outbox.rateLimit", "globl");
+    rejects({ backend, outbox: { rateLimit: { global: { count: 0, perMs: 1000 } } } }, RangeError, "durability.outbox.rateLimit.global.count", "0");
+    rejects({ backend, outbox: { rateLimit: { perChat: { count: 1, perMs: 1.5 } } } }, TypeError, "durability.outbox.rateLimit.perChat.perMs", "1.5");
+    rejects({ backend, outbox: { rateLimit: { perChat: { count: 1, perMs: 1000, every: 2 } } } }, TypeError, "durability.outbox.rateLimit.perChat", "every");
+    rejects({ backend, outbox: { rateLimit: { limiter: {} } } }, TypeError, "durability.outbox.rateLimit.limiter");
+    expect(resolveDurability({ backend, outbox: { rateLimit: false } }).outbox.rateLimit).toBe(false);
+    expect(resolveDurability({ backend, outbox: { rateLimit: { global: { count: 30, perMs: 1000 }, perChat: false } } }).outbox.rateLimit)
+      .toEqual({ global: { count: 30, perMs: 1000, burst: 1 }, perChat: false });
+  });
+
   test("the defaults of SPEC §7", () => {
     const resolved = resolveDurability({ backend });
     expect(resolved).toEqual({
@@ -85,6 +98,7 @@ describe("durability options are validated and named in errors", () => {
         leaseMs: 60_000,
         maxPayloadBytes: 1024 * 1024,
         onAmbiguous: "hold",
+        rateLimit: {},
       },
       sweepIntervalMs: 5000,
       tracer: null,

@@ -141,6 +141,9 @@ for (const { name, make } of BACKENDS) {
         expect(text).toContain(`<a href="/outbound?state=sent">1</a>`);
         expect(text).toContain("Counts stop at 1000");
         expect(text).toContain("Signed in as ops");
+        // This process's rate limits: nothing waits, nothing was throttled (the mock has no limits).
+        expect(text).toContain(`<td class="num" id="outbox-waiting-for-limit">0</td>`);
+        expect(text).toContain(`<td class="num" id="outbox-throttled">0</td>`);
       } finally {
         await f.bot.stop();
       }
@@ -599,6 +602,7 @@ describe("console: protocol, options and adapters", () => {
     expect(text).toContain(`<a href="/ops/dlq/inbound?state=pending">1</a>`);
     expect(text).toContain("Counts stop at 3: a state with more records shows 3+.");
     expect(text).toContain("My &lt;ops&gt;");
+    expect(text, "a bare backend has no process counters").not.toContain("outbox-waiting-for-limit");
     expect((await get(handler, "/ops/dlq/")).status).toBe(200);
     expect((await get(handler, "/")).status).toBe(404);
     expect((await get(handler, "/ops/dlqx")).status).toBe(404);

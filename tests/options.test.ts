@@ -4,7 +4,7 @@ import { afterAll, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { Bot, MemoryDurability } from "../mod.ts";
+import { Bot, MemoryDurability, MemoryRateLimiter } from "../mod.ts";
 import { basicAuth, durabilityConsole, prometheusMetrics } from "../ops.ts";
 import { MockProvider } from "../testing.ts";
 import { KvDurability } from "../backends/kv/mod.ts";
@@ -12,8 +12,8 @@ import { MemoryKv } from "../backends/memory/mod.ts";
 import { FileDurability } from "../backends/file/mod.ts";
 import { SQLiteDurability, SQLiteStore } from "../backends/sqlite/mod.ts";
 import { EventsDurability, FileEventJournal, MemoryEventJournal, SharedFileEventJournal } from "../backends/events/mod.ts";
-import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/mod.ts";
-import { fromIoredis, RedisDurability, RedisKv, RedisStore } from "../backends/redis/mod.ts";
+import { PostgresDurability, PostgresKv, PostgresRateLimiter, PostgresStore } from "../backends/postgres/mod.ts";
+import { fromIoredis, RedisDurability, RedisKv, RedisRateLimiter, RedisStore } from "../backends/redis/mod.ts";
 import { TelegramProvider } from "../providers/telegram/mod.ts";
 import { WhatsAppProvider } from "../providers/whatsapp/mod.ts";
 import { durable } from "../providers/grammy/mod.ts";
@@ -31,6 +31,17 @@ const constructors: [string, () => unknown][] = [
   ["Bot", () => new Bot({ provider, ...bogus } as never)],
   ["Bot durability", () => new Bot({ provider, durability: { backend: new MemoryDurability(), ...bogus } } as never)],
   ["Bot durability.outbox", () => new Bot({ provider, durability: { backend: new MemoryDurability(), outbox: bogus } } as never)],
+  [
+    "Bot durability.outbox.rateLimit",
+    () => new Bot({ provider, durability: { backend: new MemoryDurability(), outbox: { rateLimit: bogus } } } as never),
+  ],
+  [
+    "Bot durability.outbox.rateLimit.global",
+    () => new Bot({ provider, durability: { backend: new MemoryDurability(), outbox: { rateLimit: { global: { count: 1, perMs: 1, ...bogus } } } } } as never),
+  ],
+  ["MemoryRateLimiter", () => new MemoryRateLimiter(bogus as never)],
+  ["PostgresRateLimiter", () => new PostgresRateLimiter({ sql, ...bogus } as never)],
+  ["RedisRateLimiter", () => new RedisRateLimiter({ client, ...bogus } as never)],
   ["MemoryDurability", () => new MemoryDurability(bogus as never)],
   ["MemoryKv", () => new MemoryKv(bogus as never)],
   ["KvDurability", () => new KvDurability(new MemoryKv(), bogus as never)],

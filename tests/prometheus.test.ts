@@ -30,6 +30,7 @@ const COUNTER_NAMES = [
   "conversations_replayed",
   "conversations_diverged",
   "damaged_records",
+  "outbox_throttled",
 ].map((n) => `botmesh_durable_${n}_total`);
 
 describe("prometheusMetrics", () => {
@@ -112,12 +113,16 @@ describe("prometheusMetrics", () => {
         conversations_replayed: 0,
         conversations_diverged: 0,
         damaged_records: 0,
+        outbox_throttled: 0,
       });
+      const { outboxWaitingForLimit, ...counted } = bot.durability!.metrics();
       expect(counters).toEqual(
         Object.fromEntries(
-          Object.entries(bot.durability!.metrics()).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`), v]),
+          Object.entries(counted).map(([k, v]) => [k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`), v]),
         ),
       );
+      expect(p.types.get("botmesh_durable_outbox_waiting_for_limit")).toBe("gauge");
+      expect(value(p, "botmesh_durable_outbox_waiting_for_limit")).toBe(outboxWaitingForLimit);
       expect(p.types.get("botmesh_durable_inbox_records")).toBe("gauge");
       expect(p.types.get("botmesh_durable_outbox_records")).toBe("gauge");
       const inbox = (state: string) => value(p, "botmesh_durable_inbox_records", { state });

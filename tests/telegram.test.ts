@@ -13,6 +13,7 @@ import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { crashable } from "../src/testing/crashable.ts";
 import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { scaledTelegramLimits } from "./support/scaled_limits.ts";
 
 const dir = join(tmpdir(), `botmesh-telegram-tests-${crypto.randomUUID()}`);
 mkdirSync(dir, { recursive: true });
@@ -78,7 +79,8 @@ async function harness(
     durability: {
       backend: backend ?? new MemoryDurability(),
       instanceId: instanceId ?? "tg-test",
-      outbox: { retries: 4, backoff: { baseMs: 10, capMs: 50 } },
+      // Telegram's limits at 10x: a test must not wait a second per message of a chat.
+      outbox: { retries: 4, backoff: { baseMs: 10, capMs: 50 }, rateLimit: scaledTelegramLimits(10) },
       inbox: { retries: 2, backoff: { baseMs: 10, capMs: 50 } },
     },
   });
@@ -671,7 +673,7 @@ describe("telegram: sends", () => {
   test("classifyError reads ProviderError; a wrong token is permanent", async () => {
     const f = fake();
     const provider = new TelegramProvider({ token: "42:wrong", apiBase: f.url, secretToken: false });
-    expect(provider.classifyError(new ProviderError("x", { status: 429, retryAfterMs: 3000 }))).toEqual({ retryable: true, retryAfterMs: 3000 });
+    expect(provider.classifyError(new ProviderError("x", { status: 429, retryAfterMs: 3000 }))).toEqual({ retryable: true, retryAfterMs: 3000, rateLimited: "chat" });
     expect(provider.classifyError(new TypeError("fetch failed"))).toEqual({ retryable: true });
     const error = await provider.send("1", "hi", { idempotencyKey: "k", attempt: 1, signal: new AbortController().signal }).catch((e) => e);
     expect(error).toBeInstanceOf(ProviderError);

@@ -93,7 +93,8 @@ async function harness(
       backend: options.backend ?? new MemoryDurability(),
       instanceId: "wa-test",
       inbox: { retries: options.inboxRetries ?? 2, backoff: { baseMs: 10, capMs: 40 } },
-      outbox: { retries: options.outboxRetries ?? 4, backoff: { baseMs: 10, capMs: 40 } },
+      // The pair limit (1 per 6 s per user) off: these tests send several messages to one chat at once.
+      outbox: { retries: options.outboxRetries ?? 4, backoff: { baseMs: 10, capMs: 40 }, rateLimit: { perChat: false } },
     },
   });
   const server = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: provider.webhook });
@@ -1263,8 +1264,8 @@ describe("sends through the Graph API", () => {
   });
 
   test("classification: codes, statuses, Retry-After forms", () => {
-    expect(classifyGraphError(400, 130429, new Headers({ "retry-after": "3" }))).toEqual({ retryable: true, retryAfterMs: 3000 });
-    expect(classifyGraphError(400, 131056)).toEqual({ retryable: true, retryAfterMs: 6000 });
+    expect(classifyGraphError(400, 130429, new Headers({ "retry-after": "3" }))).toEqual({ retryable: true, retryAfterMs: 3000, rateLimited: "global" });
+    expect(classifyGraphError(400, 131056)).toEqual({ retryable: true, retryAfterMs: 6000, rateLimited: "chat" });
     expect(classifyGraphError(400, 4).retryable).toBe(true);
     expect(classifyGraphError(400, 80007).retryable).toBe(true);
     expect(classifyGraphError(400, 131048).retryable).toBe(true);
@@ -1272,7 +1273,7 @@ describe("sends through the Graph API", () => {
     expect(classifyGraphError(400, 132001).retryable).toBe(false); // template does not exist
     expect(classifyGraphError(403, 200).retryable).toBe(false);
     expect(classifyGraphError(400, 131030).retryable).toBe(false);
-    expect(classifyGraphError(429, undefined)).toEqual({ retryable: true, retryAfterMs: undefined });
+    expect(classifyGraphError(429, undefined)).toEqual({ retryable: true, retryAfterMs: undefined, rateLimited: "global" });
     expect(classifyGraphError(503, undefined).retryable).toBe(true);
     expect(classifyGraphError(404, undefined).retryable).toBe(false);
     const usage = new Headers({
@@ -1540,6 +1541,8 @@ describe("options", () => {
 // ---- the example, as a child process --------------------------------------------------------------
 
 describe("examples/whatsapp_bun.ts", () => {
+  // The example runs with WhatsApp's default limits: its second reply to the chat, in the first
+  // seconds after the start, waits for the pair limit (one per 6 s).
   test("runs against the fake: text and image answered, SIGTERM stops it cleanly", async () => {
     const child = spawn(process.execPath, [join(import.meta.dir, "..", "examples", "whatsapp_bun.ts")], {
       stdio: ["ignore", "pipe", "pipe"],
@@ -1589,5 +1592,5 @@ describe("examples/whatsapp_bun.ts", () => {
     await lines.next("stopped");
     expect(await exited).toBe(0);
     expect(stderr).toBe("");
-  });
+  }, 30_000);
 });

@@ -216,6 +216,7 @@
  */
 export { PostgresDurability } from "./durability.ts";
 export { PostgresKv } from "./kv.ts";
+export { PostgresRateLimiter, type PostgresRateLimiterOptions } from "./rate_limiter.ts";
 export {
   type PostgresClient,
   type PostgresDurabilityOptions,

@@ -174,7 +174,7 @@ export class PgOutbox implements OutboxJournal {
     }
     const dead = outcome.dead === true;
     const retry = dead ? 0 : duration((outcome as { retryInMs: number }).retryInMs);
-    const failed = await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, textForPg(outcome.error), retry]);
+    const failed = await this.#fenced("markFailed", this.#q.markFailed, key, token, [dead, textForPg(outcome.error), retry, outcome.throttled === true]);
     this.#c.forget(this.#t, key);
     if (!failed) throw new StaleLeaseError("outbox", key, token);
   }

@@ -955,7 +955,8 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     SELECT 1 AS ok FROM u`,
     // A retry (not dead) leaves the entry the chat's head, or makes a resolved `unknown` one block its chat
     // again: its due mark is a head's, or a stray (an earlier entry blocks) that the scan re-checks, and the
-    // old head's mark becomes a stray. Dead settles it (the next head gets its mark).
+    // old head's mark becomes a stray. Dead settles it (the next head gets its mark). $6: a throttled
+    // retry (a 429: nothing was sent) gives its attempt back.
     markFailed: `WITH ${n},
     e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${OUTCOME_OF}),${chatLock},
     u AS (
@@ -964,6 +965,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         next_attempt_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END,
         error = $4, lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = n.now,
+        attempts = CASE WHEN $6::boolean THEN greatest(0, ${t.outbox}.attempts - 1) ELSE ${t.outbox}.attempts END,
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
       FROM n, lk WHERE key = $1 AND ${OUTCOME_OF} RETURNING seq, ${t.outbox}.chat_id
     ),${nextHead("$3::boolean")}

@@ -31,7 +31,8 @@ export function listArgs<S extends string>(options: ListOptions<S> | undefined):
 
 export function finishArgs(outcome: FailOutcome): string[] {
   if (outcome.ambiguous) return ["unknown", outcome.error, "0"];
-  return outcome.dead ? ["dead", outcome.error, "0"] : ["retry", outcome.error, String(outcome.retryInMs)];
+  if (outcome.dead) return ["dead", outcome.error, "0"];
+  return [outcome.throttled === true ? "throttled" : "retry", outcome.error, String(outcome.retryInMs)];
 }
 
 export async function purgeAll(runner: Runner, name: "inPurge" | "outPurge", olderThanMs: number): Promise<number> {

@@ -1233,9 +1233,10 @@ redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
 return cjson.encode({'ok'})
 `),
   /**
-   * ARGV: P, key, token, mode (sent|dead|retry|unknown), messageId or error, retryInMs. `unknown` (an
-   * ambiguous markFailed) is claimDue's move of a lost send: lease dropped, no next attempt, fence and
+   * ARGV: P, key, token, mode (sent|dead|retry|throttled|unknown), messageId or error, retryInMs. `unknown`
+   * (an ambiguous markFailed) is claimDue's move of a lost send: lease dropped, no next attempt, fence and
    * attempts kept; out_write takes it out of its chat's open set and sync_head marks the next head.
+   * `throttled` is a retry that gives its attempt back (a 429: nothing was sent).
    */
   outFinish: script("outbox.finish", [OUTBOX], `
 local now = now_ms()
@@ -1252,6 +1253,7 @@ elseif mode == 'unknown' then
   h.state = 'unknown'; h.error = ARGV[5]
 else
   h.state = 'failed'; h.error = ARGV[5]; h.nextAttemptAt = n2s(now + math.max(0, tonumber(ARGV[6])))
+  if mode == 'throttled' then h.attempts = n2s(math.max(0, num(h, 'attempts') - 1)) end
 end
 nolease(h); h.updatedAt = n2s(now)
 out_write(h)

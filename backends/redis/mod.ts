@@ -150,6 +150,7 @@
  */
 export { RedisDurability } from "./durability.ts";
 export { RedisKv } from "./kv.ts";
+export { RedisRateLimiter, type RedisRateLimiterOptions } from "./rate_limiter.ts";
 export type { RedisDurabilityOptions, RedisKvOptions, RedisOptions, RedisStoreOptions } from "./options.ts";
 export { RedisStore } from "./store.ts";
 export {

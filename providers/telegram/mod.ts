@@ -39,5 +39,5 @@
  */
 export { TELEGRAM_MAX_DOWNLOAD_BYTES, type TelegramMediaRef } from "./media.ts";
 export type { TelegramProviderOptions } from "./options.ts";
-export { TelegramProvider } from "./provider.ts";
+export { TELEGRAM_RATE_LIMITS, TelegramProvider } from "./provider.ts";
 export { type ParsedUpdate, type SkippedUpdate, TELEGRAM_HANDLED_UPDATES, TelegramUpdateError } from "./updates.ts";

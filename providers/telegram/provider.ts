@@ -15,6 +15,7 @@ import {
   type SendContext,
   type SendReceipt,
 } from "../../src/provider.ts";
+import type { RateLimits } from "../../src/rate_limit.ts";
 import { showValue as show } from "../../src/show.ts";
 import { BotApi } from "./api.ts";
 import { type Delivery, deliverUpdate } from "./delivery.ts";
@@ -24,6 +25,12 @@ import { Poller } from "./polling.ts";
 import { createsMessage, sendContent } from "./sends.ts";
 import { type ParsedUpdate, parseTelegramUpdate, type SkippedUpdate } from "./updates.ts";
 import { handleWebhook } from "./webhook.ts";
+
+/** Telegram's documented limits: 30 sends/s overall, 1/s per chat, 20/min per group (negative chat id). */
+export const TELEGRAM_RATE_LIMITS: RateLimits = {
+  global: { count: 30, perMs: 1000 },
+  perChat: (chatId) => chatId.startsWith("-") ? { count: 20, perMs: 60_000 } : { count: 1, perMs: 1000 },
+};
 
 /**
  * The Telegram Bot API as a {@link Provider}.
@@ -84,6 +91,12 @@ export class TelegramProvider implements Provider {
   readonly name: string;
   /** The bot's id: the part of the token before `:` (never the secret part). */
   readonly connectionId: string;
+  /**
+   * Telegram's limits (the outbox's defaults): about 30 messages per second
+   * in all, one per second in a chat, 20 per minute in a group, supergroup or
+   * channel (negative chat ids). Override them with `durability.outbox.rateLimit`.
+   */
+  readonly rateLimits: RateLimits = TELEGRAM_RATE_LIMITS;
   /** `'webhook'` or `'polling'`. */
   readonly mode: "webhook" | "polling";
   /**

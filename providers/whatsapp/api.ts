@@ -53,6 +53,7 @@ export class WhatsAppApiError extends ProviderError {
       fbtraceId?: string;
       retryable?: boolean;
       retryAfterMs?: number;
+      rateLimited?: "chat" | "global";
       cause?: unknown;
     } = {},
   ) {
@@ -61,6 +62,8 @@ export class WhatsAppApiError extends ProviderError {
       retryable: options.retryable,
       retryAfterMs: options.retryAfterMs,
       cause: options.cause,
+      // Graph answers some throttles with HTTP 400: only what the classification says is a rate limit.
+      rateLimited: options.rateLimited,
     });
     this.name = "WhatsAppApiError";
     this.code = options.code;
@@ -71,6 +74,8 @@ export class WhatsAppApiError extends ProviderError {
   }
 }
 
+/** The (business, consumer) pair rate limit: one recipient's messages, not the number's. */
+const PAIR_RATE_CODE = 131056;
 /** Throttling codes: retry, not before Retry-After (or the default wait here, in ms). */
 const THROTTLE_CODES: ReadonlyMap<number, number | undefined> = new Map([
   [4, 60_000], // application request limit reached
@@ -142,13 +147,15 @@ function regainAccessMs(headers: Headers): number | undefined {
 export function classifyGraphError(status: number, code: number | undefined, headers: Headers = new Headers()): ErrorClassification {
   const retryAfter = parseRetryAfter(headers.get("retry-after"));
   if (code !== undefined && THROTTLE_CODES.has(code)) {
-    return { retryable: true, retryAfterMs: retryAfter ?? regainAccessMs(headers) ?? THROTTLE_CODES.get(code) };
+    // The pair limit (131056) holds one recipient; every other throttle the whole number or account.
+    const rateLimited = code === PAIR_RATE_CODE ? "chat" : "global";
+    return { retryable: true, retryAfterMs: retryAfter ?? regainAccessMs(headers) ?? THROTTLE_CODES.get(code), rateLimited };
   }
   if (code !== undefined && TRANSIENT_CODES.has(code)) return { retryable: true, retryAfterMs: retryAfter };
   if (code !== undefined && PERMANENT_CODES.has(code)) return { retryable: false };
   if (code !== undefined && code >= 132000 && code < 133000) return { retryable: false }; // template errors
   if (code !== undefined && code >= 200 && code < 300) return { retryable: false }; // permissions
-  if (status === 429) return { retryable: true, retryAfterMs: retryAfter ?? regainAccessMs(headers) };
+  if (status === 429) return { retryable: true, retryAfterMs: retryAfter ?? regainAccessMs(headers), rateLimited: "global" };
   if (status === 408 || status === 425 || status >= 500) return { retryable: true, retryAfterMs: retryAfter };
   return { retryable: false };
 }
@@ -164,7 +171,7 @@ export function graphError(response: Response, parsed: unknown, text: string, wh
   const data = isObject(error?.error_data) ? error.error_data : undefined;
   const details = typeof data?.details === "string" ? data.details : undefined;
   const fbtraceId = typeof error?.fbtrace_id === "string" ? error.fbtrace_id : undefined;
-  const { retryable, retryAfterMs } = classifyGraphError(status, code, response.headers);
+  const { retryable, retryAfterMs, rateLimited } = classifyGraphError(status, code, response.headers);
   const head = code !== undefined ? `error ${code}${subcode !== undefined ? `/${subcode}` : ""}` : "error";
   const text2 = error
     ? `${message ?? "no message"}${details !== undefined && details !== message ? ` (${details})` : ""}${
@@ -180,6 +187,7 @@ export function graphError(response: Response, parsed: unknown, text: string, wh
     fbtraceId,
     retryable,
     retryAfterMs,
+    rateLimited,
   });
 }
 

@@ -49,5 +49,5 @@ export { classifyGraphError, parseRetryAfter, WhatsAppApiError } from "./api.ts"
 export { parseWhatsAppChatId, whatsAppChatId, type WhatsAppRecipient } from "./chat_ids.ts";
 export { DEFAULT_GRAPH_BASE, DEFAULT_GRAPH_VERSION, type WhatsAppProviderOptions } from "./options.ts";
 export { WhatsAppChangeError, WhatsAppPayloadError } from "./payloads.ts";
-export { WhatsAppProvider } from "./provider.ts";
+export { WHATSAPP_RATE_LIMITS, WhatsAppProvider } from "./provider.ts";
 export type { WhatsAppStatus } from "./statuses.ts";

@@ -15,6 +15,7 @@ import {
   type SendContext,
   type SendReceipt,
 } from "../../src/provider.ts";
+import type { RateLimits } from "../../src/rate_limit.ts";
 import { GraphApi } from "./api.ts";
 import { PayloadReader } from "./changes.ts";
 import { loadWhatsAppMedia } from "./media.ts";
@@ -22,6 +23,15 @@ import { type WhatsAppProviderOptions, whatsAppSettings } from "./options.ts";
 import { markRead, sendMessage, type Sender } from "./sends.ts";
 import type { WhatsAppStatus } from "./statuses.ts";
 import { handleWebhook, type WebhookHandling } from "./webhook.ts";
+
+/**
+ * WhatsApp Cloud API defaults: 80 messages/s per phone number (the default throughput; Meta raises it
+ * on request), and per recipient 1 message per 6 s with bursts of up to 20 (the pair rate limit).
+ */
+export const WHATSAPP_RATE_LIMITS: RateLimits = {
+  global: { count: 80, perMs: 1000 },
+  perChat: { count: 1, perMs: 6000, burst: 20 },
+};
 
 /**
  * The WhatsApp Cloud API provider: a webhook handler for inbound messages,
@@ -89,6 +99,13 @@ import { handleWebhook, type WebhookHandling } from "./webhook.ts";
 export class WhatsAppProvider implements Provider {
   readonly name: string;
   /** The phone number id. */
+  /**
+   * The outbox's default limits for one phone number: 80 messages per second
+   * (the Cloud API's default throughput), and per recipient one message per
+   * 6 s with bursts of up to 20 (Meta's pair rate limit). Override them with
+   * `durability.outbox.rateLimit` (a number upgraded to higher throughput).
+   */
+  readonly rateLimits: RateLimits = WHATSAPP_RATE_LIMITS;
   readonly connectionId: string;
   /** The phone number id this provider sends from and receives for. */
   readonly phoneNumberId: string;

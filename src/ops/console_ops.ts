@@ -15,7 +15,7 @@ import {
   type OutboxState,
   StaleLeaseError,
 } from "../contract.ts";
-import { type DurabilityControl, listDamaged } from "../engine.ts";
+import { type DurabilityControl, type DurabilityMetrics, listDamaged } from "../engine.ts";
 import { errorMessage } from "../errors.ts";
 import { isObject } from "./console_render.ts";
 
@@ -45,6 +45,8 @@ export interface ConsoleOps {
   /** An `unknown` send recorded as delivered, without a new call. */
   markDelivered(key: string, messageId: string): Promise<boolean>;
   damaged(options: { limit: number }): Promise<DamagedRecord[]>;
+  /** This process's counters (a bot only). */
+  metrics?: () => DurabilityMetrics;
   /** Undo the console's own `open()` of a bare backend (nothing for a bot). */
   close(): Promise<void>;
 }
@@ -80,6 +82,7 @@ export function opsOf(target: unknown, openBackend: boolean): ConsoleOps {
       discard: (key) => d().outbox.discard(key),
       markDelivered: (key, messageId) => d().markDelivered(key, messageId),
       damaged: (o) => d().damaged(o),
+      metrics: () => d().metrics(),
       close: () => Promise.resolve(),
     };
   }

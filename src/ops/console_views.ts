@@ -174,6 +174,16 @@ export function views(ctx: ViewContext): Views {
     return html`<tr><td>${stateBadge(state)}</td><td class="num"><a href="${url(`/${journal}`, { state })}">${count}</a></td></tr>`;
   };
 
+  /** The rate limiter's line and throttled sends of this process (a bot only). */
+  const rateLimits = (): SafeHtml | string => {
+    const m = ops.metrics?.();
+    if (m === undefined) return "";
+    return html`<section><h2>Rate limits (this process)</h2><table><tbody>
+<tr><td>Sends waiting for the rate limiter</td><td class="num" id="outbox-waiting-for-limit">${String(m.outboxWaitingForLimit)}</td></tr>
+<tr><td>Sends throttled since start (waited, or paused by a 429)</td><td class="num" id="outbox-throttled">${String(m.outboxThrottled)}</td></tr>
+</tbody></table></section>`;
+  };
+
   const overview = async (query: URLSearchParams): Promise<Page> => {
     const refresh = parseRefresh(query);
     const inbound = await Promise.all(INBOUND_STATES.map((s) => countRow("inbound", s)));
@@ -188,7 +198,7 @@ export function views(ctx: ViewContext): Views {
 <p><a href="${url("/inbound")}">All inbound records</a></p></section>
 <section><h2>Outbound (outbox)</h2><table><thead><tr><th>State</th><th>Sends</th></tr></thead><tbody>${outbound}</tbody></table>
 <p><a href="${url("/outbound")}">All sends</a></p></section>
-</div>`,
+</div>${rateLimits()}`,
     };
   };
 

@@ -59,6 +59,7 @@ const COUNTERS: ReadonlyArray<readonly [keyof DurabilityMetrics, string]> = [
   ["conversationsReplayed", "Conversations rebuilt by replaying their handler over the recorded answers."],
   ["conversationsDiverged", "Conversation replays that did not follow the recorded transcript."],
   ["damagedRecords", "Damaged records the backend set aside (never deleted), reported by this bot."],
+  ["outboxThrottled", "Sends that waited for the outbox's rate limiter or that the channel paused with a 429 (no attempt spent)."],
 ];
 
 /** What the histograms are: name in `histograms()`, metric name, and its HELP text. */
@@ -224,6 +225,8 @@ export async function countRecords(journals: Journals, cap: number = DEFAULT_COU
  * - `botmesh_durable_reply_latency_seconds`, `botmesh_durable_provider_call_seconds` and
  *   `botmesh_durable_outbox_queued_seconds` (histograms, buckets from 5 ms to 10 min): the
  *   durations of `bot.durability.histograms()`;
+ * - `botmesh_durable_outbox_waiting_for_limit` (gauge): sends waiting for the
+ *   outbox's rate limiter now (with the counters: a bot only);
  * - `botmesh_durable_inbox_records{state="…"}` and
  *   `botmesh_durable_outbox_records{state="…"}` (gauges): records per state,
  *   counted up to `countCap` (a value equal to the cap is a lower bound);
@@ -268,6 +271,12 @@ export async function prometheusMetrics(source: PrometheusSource, options: Prome
     for (const [key, help] of COUNTERS) {
       families.push({ name: `botmesh_durable_${snakeCase(key)}_total`, type: "counter", help, samples: [{ value: snapshot[key] ?? 0 }] });
     }
+    families.push({
+      name: "botmesh_durable_outbox_waiting_for_limit",
+      type: "gauge",
+      help: "Sends of this process waiting for the outbox's rate limiter now.",
+      samples: [{ value: snapshot.outboxWaitingForLimit ?? 0 }],
+    });
   }
   if (histograms) {
     const snapshot = histograms();

@@ -1199,6 +1199,39 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(retried.content).toEqual(e.content);
       });
 
+      it("markFailed throttled (a 429): failed, due after retryInMs, its attempt given back; its chat waits behind it", async (b) => {
+        const chat = uid("chat");
+        const retryInMs = ms(100);
+        const e = await reserved(b, outbound(chat, { n: 1 }), claimer());
+        const behind = await reserved(b, outbound(chat, { n: 2 }));
+        expect(e.attempts).toBe(1);
+        await b.outbox.markFailed(e.key, 1, { error: "429 Too Many Requests", retryInMs, throttled: true });
+        const paused = await mustGetOut(b, e.key);
+        expect(paused.state).toBe("failed");
+        expect(paused.error).toBe("429 Too Many Requests");
+        expect(paused.lease).toBe(null);
+        expect(paused.attempts, "the throttled call spent no attempt").toBe(0);
+        expect(paused.fence).toBe(1);
+        const delay = (paused.nextAttemptAt ?? 0) - paused.updatedAt;
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeGreaterThanOrEqual(retryInMs - 1);
+        expect(delay, "nextAttemptAt - updatedAt ≈ retryInMs").toBeLessThanOrEqual(retryInMs + 1_000);
+        expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due), "neither it nor the send behind it is due yet").toEqual([]);
+        await sleep(retryInMs + LAPSE);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
+        expect(keys(claim.due), "the paused send first, the one behind it still waits").toEqual([e.key]);
+        expect(claim.due[0]!.attempts, "the retry counts as the first attempt again").toBe(1);
+        expect(claim.due[0]!.lease?.token).toBe(2);
+        await b.outbox.markSent(e.key, 2, "m-1");
+        expect(keys((await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 })).due)).toEqual([behind.key]);
+        // Never below zero, whatever the count.
+        const again = await reserved(b, outbound(uid("chat")), claimer());
+        await b.outbox.markFailed(again.key, 1, { error: "429", retryInMs: 0, throttled: true });
+        await b.outbox.retry(again.key);
+        const requeued = (await b.outbox.claimDue({ ...claimer(), limit: 100 })).due.find((x) => x.key === again.key)!;
+        await b.outbox.markFailed(again.key, requeued.fence, { error: "429", retryInMs: 0, throttled: true });
+        expect((await mustGetOut(b, again.key)).attempts).toBe(0);
+      });
+
       it("markFailed dead: dead, never due", async (b) => {
         const e = await reserved(b, outbound(uid("chat")), claimer());
         await b.outbox.markFailed(e.key, 1, { error: "invalid recipient", dead: true });
@@ -2060,6 +2093,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           [() => b.inbox.complete(held.id, undefined as unknown as number), "token"],
           [() => b.inbox.fail(held.id, tokenOf(held), { error: 42 } as unknown as FailOutcome), "error"],
           [() => b.inbox.fail(held.id, tokenOf(held), { error: "x", retryInMs: Number.NaN }), "retryInMs"],
+          [() => b.inbox.fail(held.id, tokenOf(held), { error: "x", retryInMs: 5, throttled: true }), "throttled"],
           [() => b.inbox.heartbeat(held.id, tokenOf(held), "1s" as unknown as number), "leaseMs"],
           [() => b.inbox.list({ chatId: 5 as unknown as string }), "chatId"],
           [() => b.outbox.reserve(outbound(chat), bad({ owner: "o", incarnation: "i" })), "leaseMs"],
@@ -2088,6 +2122,9 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: true, retryInMs: 5 } as unknown as FailOutcome), "retryInMs"],
           [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: "yes" } as unknown as FailOutcome), "ambiguous"],
           [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: 7, ambiguous: true } as unknown as FailOutcome), "error"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", retryInMs: 5, throttled: "yes" } as unknown as FailOutcome), "throttled"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", dead: true, throttled: true } as unknown as FailOutcome), "throttled"],
+          [() => b.outbox.markFailed(sending.key, tokenOf(sending), { error: "x", ambiguous: true, throttled: true } as unknown as FailOutcome), "throttled"],
           [() => b.inbox.fail(held.id, tokenOf(held), { error: "x", ambiguous: true }), "ambiguous"],
         ];
         for (const [call, field] of cases) {

@@ -9,13 +9,21 @@
  */
 import { uid } from "./util.ts";
 import { SuiteTime } from "./suite_time.ts";
-import { DamagedRecordError, type DurabilityBackend, type InboxJournal, type JsonValue, type OutboxJournal } from "../contract.ts";
+import {
+  DamagedRecordError,
+  type DurabilityBackend,
+  type InboxJournal,
+  type JsonValue,
+  type OutboxJournal,
+  type RateLimiter,
+} from "../contract.ts";
 import { loadMediaOf, MediaUnavailableError } from "../media.ts";
 import { AskTimeoutError } from "../conversation.ts";
 import { Bot as CoreBot, type BotOptions } from "../bot.ts";
 import type { DurabilityOptions } from "../config.ts";
 import type { BotEvents, DurabilityMetrics } from "../engine.ts";
 import { ProviderError } from "../errors.ts";
+import { MemoryRateLimiter } from "../rate_limit.ts";
 import { ANY } from "../matchers.ts";
 import { MemoryStore, type SessionStore } from "../store.ts";
 import type {
@@ -915,6 +923,143 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect((await backend.outbox.get("announced"))?.state).toBe("unknown");
     });
 
+    withBackend("a 429 spends no attempt: with retries 0 the send still goes after it; only its chat waits behind it", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({
+        clock: time.clock,
+        provider,
+        durability: fastDurability(backend, scale, { outbox: { retries: 0, rateLimit: false } }),
+      });
+      const dead = collect(bot, "durability:dead");
+      await start(bots, bot);
+      const retryAfterMs = Math.round(60 * scale);
+      provider.failNext(1, new ProviderError("Too Many Requests: retry after 1", { status: 429, retryAfterMs }));
+      const first = await bot.send("paused", "a1", { idempotencyKey: "a1" });
+      expect(first.state, "paused, not dead").toBe("failed");
+      const behind = await bot.send("paused", "a2", { idempotencyKey: "a2" });
+      expect(behind.state, "waits behind the paused send").toBe("queued");
+      const other = await bot.send("free", "b1", { idempotencyKey: "b1" });
+      expect(other.state, "another chat is not paused").toBe("sent");
+      const paused = await backend.outbox.get("a1");
+      expect([paused?.state, paused?.attempts], "journaled as paused, its attempt given back").toEqual(["failed", 0]);
+      expect((paused?.nextAttemptAt ?? 0) - (paused?.updatedAt ?? 0)).toBeGreaterThanOrEqual(retryAfterMs - 1);
+      await bot.idle();
+      expect(provider.sent.map((m) => m.idempotencyKey), "b1 first; a1 after its pause, then a2").toEqual(["b1", "a1", "a2"]);
+      expect(provider.calls.filter((c) => c.idempotencyKey === "a1").map((c) => c.ok)).toEqual([false, true]);
+      const sent = await backend.outbox.get("a1");
+      expect([sent?.state, sent?.attempts], "sent at its first counted attempt").toEqual(["sent", 1]);
+      expect(dead).toEqual([]);
+      expect(metricsOf(bot).outboxThrottled).toBe(1);
+      expect(metricsOf(bot).outboxRetried, "a paused send is not a retry").toBe(0);
+    });
+
+    withBackend("a 429 the channel says is global pauses every chat through the rate limiter, without spending an attempt", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({
+        clock: time.clock,
+        provider,
+        durability: fastDurability(backend, scale, { outbox: { retries: 0, rateLimit: { global: { count: 1000, perMs: 1000 } } } }),
+      });
+      await start(bots, bot);
+      const retryAfterMs = Math.round(80 * scale);
+      provider.failNext(1, new ProviderError("throughput reached", { status: 429, retryAfterMs, rateLimited: "global" }));
+      const pausedAt = time.clock.monotonic();
+      expect((await bot.send("a", "first", { idempotencyKey: "g1" })).state).toBe("failed");
+      const other = await bot.send("b", "elsewhere", { idempotencyKey: "g2" });
+      expect(other.state, "another chat waited for the pause, then went").toBe("sent");
+      expect(time.clock.monotonic() - pausedAt, "not before the channel's retry-after").toBeGreaterThanOrEqual(retryAfterMs - 1);
+      await bot.idle();
+      expect(provider.sent.map((m) => m.idempotencyKey).sort()).toEqual(["g1", "g2"]);
+      const first = await backend.outbox.get("g1");
+      expect([first?.state, first?.attempts]).toEqual(["sent", 1]);
+      expect(metricsOf(bot).outboxThrottled, "the paused send and the one that waited").toBeGreaterThanOrEqual(2);
+    });
+
+    withBackend("sends wait for the rate limits in the outbox, in chat order; a wait is no attempt, and one cut short is sent again, not ambiguous", async (
+      backend,
+      bots,
+    ) => {
+      const perMs = Math.round(40 * scale);
+      // The limiter's admissions, on the bot's clock (a provider call comes later, after a journal write),
+      // in the order it decided them.
+      const inner = new MemoryRateLimiter({ clock: time.clock });
+      const admitted: { keys: string[]; at: number }[] = [];
+      const recording: RateLimiter = {
+        name: "recording",
+        scope: "process",
+        take: async (buckets) => {
+          const at = time.clock.monotonic(); // the memory limiter decides in this same turn
+          const answer = await inner.take(buckets);
+          if (answer.ok) admitted.push({ keys: buckets.map((b) => b.key), at });
+          return answer;
+        },
+        pause: (bucket, ms) => inner.pause(bucket, ms),
+      };
+      const provider = new MockProvider();
+      const rateLimit = { perChat: { count: 1, perMs }, global: { count: 2, perMs }, limiter: recording };
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale, { outbox: { rateLimit } }) });
+      await start(bots, bot);
+      for (let i = 0; i < 4; i++) {
+        for (const chat of ["x", "y", "z"]) await bot.enqueue(chat, `${chat}${i}`, { idempotencyKey: `${chat}${i}` });
+      }
+      await bot.idle();
+      expect(admitted.length, "one admission per send").toBe(12);
+      admitted.sort((a, b) => a.at - b.at);
+      for (const chat of ["x", "y", "z"]) {
+        const sent = provider.sent.filter((m) => m.chatId === chat).map((m) => m.idempotencyKey);
+        expect(sent, `chat ${chat} in order`).toEqual([0, 1, 2, 3].map((i) => `${chat}${i}`));
+        const times = admitted.filter((a) => a.keys.some((k) => k.endsWith(`:chat:${chat}`))).map((a) => a.at);
+        expect(times.length).toBe(4);
+        for (let i = 1; i < times.length; i++) {
+          expect(times[i]! - times[i - 1]!, `chat ${chat}: one send per ${perMs} ms`).toBeGreaterThanOrEqual(perMs - 1);
+        }
+      }
+      for (let i = 2; i < admitted.length; i++) {
+        expect(admitted[i]!.at - admitted[i - 2]!.at, `two sends per ${perMs} ms in all`).toBeGreaterThanOrEqual(perMs - 1);
+      }
+      for (const entry of await backend.outbox.list({ limit: 100 })) expect([entry.key, entry.state, entry.attempts]).toEqual([entry.key, "sent", 1]);
+      expect(metricsOf(bot).outboxThrottled, "sends waited").toBeGreaterThan(0);
+      expect(metricsOf(bot).outboxWaitingForLimit).toBe(0);
+
+      // A limiter that admits nothing: the send waits with its lease held, never called; stopped, it is sent by the next start.
+      const closed: RateLimiter = {
+        name: "closed",
+        scope: "process",
+        take: async (buckets) => ({ ok: false, waitMs: 10_000, key: buckets[0]!.key }),
+        pause: async () => {},
+      };
+      const instanceId = uid("inst");
+      const providerA = new MockProvider();
+      const botA = await start(bots, new Bot({
+        clock: time.clock,
+        provider: providerA,
+        durability: fastDurability(backend, scale, { instanceId, outbox: { rateLimit: { perChat: { count: 1, perMs: 1000 }, limiter: closed } } }),
+      }));
+      const waiting = botA.send("w", "held back", { idempotencyKey: "held" });
+      for (let i = 0; i < 200 && metricsOf(botA).outboxWaitingForLimit === 0; i++) await sleep(5);
+      expect(metricsOf(botA).outboxWaitingForLimit, "waiting for the limiter").toBe(1);
+      const held = await backend.outbox.get("held");
+      expect([held?.state, held?.called], "leased, no call announced").toEqual(["sending", false]);
+      await botA.stop();
+      await waiting.catch(() => {});
+      expect(providerA.calls).toEqual([]);
+      const providerB = new MockProvider();
+      const botB = new Bot({ clock: time.clock, provider: providerB, durability: fastDurability(backend, scale, { instanceId, outbox: { rateLimit: false } }) });
+      const ambiguous = collect(botB, "durability:ambiguous");
+      await start(bots, botB);
+      await botB.idle();
+      expect(ambiguous).toEqual([]);
+      expect(providerB.sent.map((m) => m.idempotencyKey)).toEqual(["held"]);
+      const sent = await backend.outbox.get("held");
+      expect([sent?.state, sent?.attempts], "sent at its first attempt").toEqual(["sent", 1]);
+    });
+
     withBackend("a delivery status carrying the key resolves an unknown send (even one reported earlier, or seen while it was in flight)", async (
       backend,
       bots,
@@ -1581,6 +1726,8 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         "outboxJournaled",
         "outboxResolved",
         "outboxRetried",
+        "outboxThrottled",
+        "outboxWaitingForLimit",
         "staleLeases",
       ]);
     });

@@ -11,8 +11,33 @@
  * faults per method: a status with Telegram's error body (429 with
  * `retry_after`, 5xx, 400/403), a hang, or a malformed body. It can also
  * deliver updates to a webhook URL as Telegram does (secret header, retried on
- * a non-2xx answer).
+ * a non-2xx answer). With `limits` it enforces Telegram's flood limits on
+ * sends (at most `count` accepted sends in any window of `perMs`: overall,
+ * per private chat, per group: a negative chat id), answering 429 with
+ * `retry_after` (whole seconds, at least 1) as Telegram does.
  */
+
+/** At most `count` sends in any window of `perMs` ms. */
+export interface FakeLimit {
+  count: number;
+  perMs: number;
+}
+
+/** The flood limits the fake enforces (Telegram's: 30/s overall, 1/s per chat, 20/min per group). */
+export interface FakeLimits {
+  global?: FakeLimit;
+  perChat?: FakeLimit;
+  perGroup?: FakeLimit;
+}
+
+/** Telegram's limits, `factor` times faster (the windows shrink). */
+export function telegramLimits(factor = 1): FakeLimits {
+  return {
+    global: { count: 30, perMs: 1000 / factor },
+    perChat: { count: 1, perMs: 1000 / factor },
+    perGroup: { count: 20, perMs: 60_000 / factor },
+  };
+}
 
 export interface FakeSend {
   method: string;
@@ -88,10 +113,47 @@ export class FakeTelegram {
   #blocked = new Set<string>();
   #hangs = new Set<() => void>();
   #callListeners: (() => void)[] = [];
+  #limits: FakeLimits | undefined;
+  /** Accepted send times (performance.now()) per limit key, oldest first. */
+  #windows = new Map<string, number[]>();
+  /** Sends answered 429 for a flood limit (not injected faults). */
+  floodRefusals = 0;
 
-  constructor(options: { token?: string } = {}) {
+  constructor(options: { token?: string; limits?: FakeLimits } = {}) {
     this.token = options.token ?? "123456789:AAH-fake_secret_token_part_0123456789";
     this.botId = Number(this.token.split(":")[0]);
+    this.#limits = options.limits;
+  }
+
+  /** Enforce `limits` from now on (`undefined`: none). */
+  enforce(limits: FakeLimits | undefined): void {
+    this.#limits = limits;
+    this.#windows.clear();
+  }
+
+  /**
+   * The flood check of a send to `chatId` arriving at `at`: `null` when accepted (and counted), else
+   * the ms until the window that refuses it frees a place.
+   */
+  #flood(chatId: string, at: number): number | null {
+    const limits = this.#limits;
+    if (!limits) return null;
+    const group = chatId.startsWith("-");
+    const checks: [string, FakeLimit | undefined][] = [
+      ["global", limits.global],
+      [`chat:${chatId}`, group ? limits.perGroup : limits.perChat],
+    ];
+    let wait = 0;
+    for (const [key, limit] of checks) {
+      if (!limit) continue;
+      const times = this.#windows.get(key) ?? [];
+      while (times.length > 0 && times[0]! <= at - limit.perMs) times.shift();
+      this.#windows.set(key, times);
+      if (times.length >= limit.count) wait = Math.max(wait, times[0]! + limit.perMs - at);
+    }
+    if (wait > 0) return wait;
+    for (const [key, limit] of checks) if (limit) this.#windows.get(key)!.push(at);
+    return null;
   }
 
   /** The apiBase for the provider. */
@@ -296,6 +358,7 @@ export class FakeTelegram {
     const m = /^\/bot([^/]*)\/([A-Za-z]+)$/.exec(url.pathname);
     if (!m) return this.#error(404);
     const [, token, method] = m as unknown as [string, string, string];
+    const arrivedAt = performance.now();
     const params = await this.#params(request, url);
     const call: FakeCall = { method, params, at: Date.now(), status: 0 };
     this.calls.push(call);
@@ -329,7 +392,7 @@ export class FakeTelegram {
       record(fault.status);
       return this.#error(fault.status, fault.description, fault.retryAfter);
     }
-    const response = await this.#method(method, params, request.signal);
+    const response = await this.#method(method, params, request.signal, arrivedAt);
     record(response.status);
     return response;
   }
@@ -367,7 +430,7 @@ export class FakeTelegram {
     return Response.json({ ok: true, result });
   }
 
-  async #method(method: string, params: Record<string, unknown>, signal: AbortSignal): Promise<Response> {
+  async #method(method: string, params: Record<string, unknown>, signal: AbortSignal, arrivedAt: number): Promise<Response> {
     if (params.__unparsable) return this.#error(400, "Bad Request: can't parse request body");
     switch (method) {
       case "getMe":
@@ -402,6 +465,12 @@ export class FakeTelegram {
         const chatId = params.chat_id;
         if (chatId === undefined || chatId === "") return this.#error(400, "Bad Request: chat_id is empty");
         if (this.#blocked.has(String(chatId))) return this.#error(403);
+        const flood = this.#flood(String(chatId), arrivedAt);
+        if (flood !== null) {
+          this.floodRefusals++;
+          const retryAfter = Math.max(1, Math.ceil(flood / 1000));
+          return this.#error(429, `Too Many Requests: retry after ${retryAfter}`, retryAfter);
+        }
         if (method === "sendMessage" && (typeof params.text !== "string" || params.text === "")) {
           return this.#error(400, "Bad Request: message text is empty");
         }

@@ -18,6 +18,7 @@ import type {
   SendInQuestion,
   SendReceipt,
 } from "../../provider.ts";
+import type { RateLimits } from "../../rate_limit.ts";
 import type { CallRecord } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
 
@@ -45,11 +46,19 @@ export class SimChannel {
   #redeliverMinMs: number;
   /** What the channel tells afterwards (see `Scenario.settles`). */
   readonly settles: { statuses: boolean; confirm: boolean };
+  /** The channel's rate limits, given to each provider (see `Scenario.rateLimits`). */
+  readonly rateLimits: RateLimits | null;
 
-  constructor(world: World, redeliverMinMs = 300, settles: { statuses: boolean; confirm: boolean } = { statuses: false, confirm: false }) {
+  constructor(
+    world: World,
+    redeliverMinMs = 300,
+    settles: { statuses: boolean; confirm: boolean } = { statuses: false, confirm: false },
+    rateLimits: RateLimits | null = null,
+  ) {
     this.world = world;
     this.#redeliverMinMs = redeliverMinMs;
     this.settles = settles;
+    this.rateLimits = rateLimits;
   }
 
   /** A delivery status for an accepted send, some time later, to a live replica (if any is up then). */
@@ -140,11 +149,14 @@ export class SimProvider implements Provider {
 
   /** Present when the scenario's channel can be asked (see `Scenario.settles`). */
   readonly confirm?: (send: SendInQuestion) => Promise<SendConfirmation | null>;
+  /** Present when the scenario has rate limits: the outbox waits for them on the simulated clock. */
+  readonly rateLimits?: RateLimits;
 
   constructor(channel: SimChannel, inc: Incarnation) {
     this.#channel = channel;
     this.#inc = inc;
     if (channel.settles.confirm) this.confirm = (send) => this.#confirm(send);
+    if (channel.rateLimits) this.rateLimits = channel.rateLimits;
   }
 
   start(sink: InboundSink): void {

@@ -116,7 +116,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   world.verbose = options.verbose ?? false;
   world.leaseMs = Math.min(scenario.inbox.leaseMs, scenario.outbox.leaseMs);
   const shared = create(world.serverNow);
-  const channel = new SimChannel(world, undefined, scenario.settles);
+  const channel = new SimChannel(world, undefined, scenario.settles, scenario.rateLimits);
   const resend = scenario.outbox.onAmbiguous === "resend";
   const bots: Bot[] = [];
   const invocations = new Map<string, number>();

@@ -7,6 +7,7 @@
  * @module
  */
 import type { Prng } from "./prng.ts";
+import type { RateLimits } from "../../rate_limit.ts";
 import type { FaultKind } from "./world.ts";
 
 /** What the handler does for one message. */
@@ -65,6 +66,8 @@ export interface Scenario {
    * way), sometimes null or a failed lookup.
    */
   settles: { statuses: boolean; confirm: boolean };
+  /** The provider's rate limits (the outbox's limiter waits on the simulated clock), or none. */
+  rateLimits: RateLimits | null;
 }
 
 /**
@@ -168,6 +171,13 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
   const providerFaultRate = rng.pick([0, 0.1, 0.2, 0.35]);
   // Drawn last, so that every earlier choice of a seed stays what it was.
   const settles = { statuses: rng.chance(0.4), confirm: rng.chance(0.4) };
+  // After that, the rate limits (drawn last for the same reason).
+  const rateLimits: RateLimits | null = rng.chance(0.5)
+    ? {
+      global: { count: rng.int(1, 5), perMs: rng.int(20, 200) },
+      perChat: { count: 1, perMs: rng.int(10, 300), burst: rng.int(1, 2) },
+    }
+    : null;
   return {
     replicas,
     chats,
@@ -179,6 +189,7 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     faultWindowMs,
     timed,
     settles,
+    rateLimits,
   };
 }
 
@@ -187,5 +198,6 @@ export function describeScenario(s: Scenario): string {
   return `${s.replicas} replica(s), ${s.chats} chats, ${s.messages.length} messages; inbox lease ${s.inbox.leaseMs}ms retries ${s.inbox.retries}; ` +
     `outbox lease ${s.outbox.leaseMs}ms retries ${s.outbox.retries} backoff ${s.outbox.backoff.baseMs}/${s.outbox.backoff.capMs} onAmbiguous ${s.outbox.onAmbiguous}; ` +
     `journal fault rate ${s.journalFaultRate}, provider fault rate ${s.providerFaultRate}; ${s.timed.length} timed fault(s)` +
-    `${s.settles.statuses ? "; delivery statuses" : ""}${s.settles.confirm ? "; provider confirm" : ""}`;
+    `${s.settles.statuses ? "; delivery statuses" : ""}${s.settles.confirm ? "; provider confirm" : ""}` +
+    `${s.rateLimits ? `; rate limits ${JSON.stringify(s.rateLimits)}` : ""}`;
 }

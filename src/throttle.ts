@@ -1,0 +1,198 @@
+/**
+ * The line of sends waiting for the outbox's rate limits. A send whose
+ * lease is held waits here before its provider call (nothing is journaled
+ * while it waits: a crash then leaves it never called, sent again later
+ * without an attempt spent). One pump asks the limiter for the sends in
+ * line, oldest first, and skips those whose bucket it knows to be empty
+ * until that bucket refills: an empty global bucket costs one take per
+ * refill, not one per waiting send, and one chat's empty bucket holds back
+ * only that chat.
+ *
+ * @module
+ */
+import type { RateBucket, RateLimiter } from "./contract.ts";
+import { type Clock, type ClockTimer } from "./clock.ts";
+import { bucketOf, type ResolvedRateLimits } from "./rate_limit.ts";
+
+interface Waiter {
+  buckets: RateBucket[];
+  /** Whether the send gave up (its lease was lost, the process stopped): it leaves the line. */
+  gone: () => boolean;
+  resolve: (admitted: boolean) => void;
+}
+
+/** How long the pump sleeps at most before it looks at the line again (a lost lease leaves it). */
+const RECHECK_MS = 250;
+
+/** The outbox's rate limits of one engine: the buckets of a send, and the line in front of the limiter. */
+export class Throttle {
+  readonly limits: ResolvedRateLimits;
+  readonly #limiter: RateLimiter;
+  readonly #clock: Clock;
+  readonly #prefix: string;
+  readonly #onError: (error: unknown) => void;
+  #line: Waiter[] = [];
+  /** Buckets known empty until this monotonic time (hints from the limiter's answers and pauses). */
+  #emptyUntil = new Map<string, number>();
+  #pumping = false;
+  #timer: ClockTimer | undefined;
+  #wakeAt = Infinity;
+  #closed = false;
+
+  /**
+   * @param limits the limits (with a limiter)
+   * @param clock the engine's clock
+   * @param prefix what the bucket keys start with (the bot and its channel account: a shared limiter serves several bots)
+   * @param onError told of a limiter error (the send waits and asks again)
+   */
+  constructor(limits: ResolvedRateLimits, clock: Clock, prefix: string, onError: (error: unknown) => void) {
+    if (limits.limiter === undefined) throw new TypeError("Throttle needs a limiter");
+    this.limits = limits;
+    this.#limiter = limits.limiter;
+    this.#clock = clock;
+    this.#prefix = prefix;
+    this.#onError = onError;
+  }
+
+  /** Sends waiting in line. */
+  get waiting(): number {
+    return this.#line.length;
+  }
+
+  /** The global bucket, if there is a global limit. */
+  globalBucket(): RateBucket | undefined {
+    return this.limits.global === undefined ? undefined : bucketOf(`${this.#prefix}:global`, this.limits.global);
+  }
+
+  /** The bucket of `chatId`, if its chat has a limit. */
+  chatBucket(chatId: string): RateBucket | undefined {
+    const rate = this.limits.perChat?.(chatId);
+    return rate === undefined ? undefined : bucketOf(`${this.#prefix}:chat:${chatId}`, rate);
+  }
+
+  /** The buckets a send to `chatId` takes from. */
+  bucketsOf(chatId: string): RateBucket[] {
+    const out: RateBucket[] = [];
+    const global = this.globalBucket();
+    const chat = this.chatBucket(chatId);
+    if (chat) out.push(chat);
+    if (global) out.push(global);
+    return out;
+  }
+
+  /**
+   * Wait in line until the limiter admits a send to `chatId`.
+   * @param chatId the send's chat
+   * @param gone whether the send gave up meanwhile
+   * @returns `true` when admitted at once (no wait), `"waited"` when admitted after a wait, `false` when it gave up
+   */
+  async admit(chatId: string, gone: () => boolean): Promise<true | "waited" | false> {
+    const buckets = this.bucketsOf(chatId);
+    if (buckets.length === 0) return true;
+    if (this.#closed) return false;
+    if (this.#line.length === 0 && !this.#knownEmpty(buckets, this.#clock.monotonic())) {
+      // Nobody in line: ask at once (the common case of a bot well under its limits).
+      const first = await this.#take(buckets);
+      if (first === true) return true;
+    }
+    const admitted = await new Promise<boolean>((resolve) => {
+      if (this.#closed) return resolve(false);
+      this.#line.push({ buckets, gone, resolve });
+      this.#schedule(0);
+    });
+    return admitted ? "waited" : false;
+  }
+
+  /**
+   * Admit nothing from `bucket` for `ms` (a 429 the channel said holds for every chat, or for one).
+   * @param bucket the bucket
+   * @param ms how long
+   */
+  async pause(bucket: RateBucket, ms: number): Promise<void> {
+    this.#hint(bucket.key, this.#clock.monotonic() + ms);
+    await this.#limiter.pause(bucket, ms);
+  }
+
+  /** Let every waiting send go without admission (the process stops or died): each gives up. */
+  close(): void {
+    this.#closed = true;
+    this.#clock.clearTimeout(this.#timer);
+    for (const waiter of this.#line.splice(0)) waiter.resolve(false);
+  }
+
+  #hint(key: string, until: number): void {
+    if ((this.#emptyUntil.get(key) ?? -Infinity) < until) this.#emptyUntil.set(key, until);
+  }
+
+  #knownEmpty(buckets: readonly RateBucket[], now: number): number {
+    let until = 0;
+    for (const bucket of buckets) {
+      const at = this.#emptyUntil.get(bucket.key);
+      if (at === undefined) continue;
+      if (at <= now) this.#emptyUntil.delete(bucket.key);
+      else until = Math.max(until, at);
+    }
+    return until;
+  }
+
+  /** One take: `true` when admitted; otherwise the empty bucket is remembered. */
+  async #take(buckets: RateBucket[]): Promise<boolean> {
+    try {
+      const answer = await this.#limiter.take(buckets);
+      if (answer.ok) return true;
+      this.#hint(answer.key, this.#clock.monotonic() + Math.max(1, answer.waitMs));
+    } catch (error) {
+      this.#onError(error);
+      // The limiter could not answer: try again a little later rather than send unmetered.
+      for (const bucket of buckets) this.#hint(bucket.key, this.#clock.monotonic() + RECHECK_MS);
+    }
+    return false;
+  }
+
+  #schedule(ms: number): void {
+    if (this.#closed) return;
+    const at = this.#clock.monotonic() + ms;
+    if (this.#pumping || at >= this.#wakeAt) return;
+    this.#clock.clearTimeout(this.#timer);
+    this.#wakeAt = at;
+    this.#timer = this.#clock.setTimeout(() => {
+      this.#wakeAt = Infinity;
+      void this.#pump();
+    }, ms);
+  }
+
+  /** Admit from the line, oldest first, every send whose buckets are not known empty; then sleep until one may be. */
+  async #pump(): Promise<void> {
+    if (this.#pumping || this.#closed) return;
+    this.#pumping = true;
+    let sleepMs = RECHECK_MS;
+    try {
+      for (let i = 0; i < this.#line.length && !this.#closed;) {
+        const waiter = this.#line[i]!;
+        if (waiter.gone()) {
+          this.#line.splice(i, 1);
+          waiter.resolve(false);
+          continue;
+        }
+        const now = this.#clock.monotonic();
+        const emptyUntil = this.#knownEmpty(waiter.buckets, now);
+        if (emptyUntil > now) {
+          sleepMs = Math.min(sleepMs, emptyUntil - now);
+          i++;
+          continue;
+        }
+        if (await this.#take(waiter.buckets)) {
+          const at = this.#line.indexOf(waiter);
+          if (at >= 0) this.#line.splice(at, 1);
+          waiter.resolve(true);
+          i = 0; // the line may have changed while the limiter answered: from the front again
+        } else {
+          i = 0;
+        }
+      }
+    } finally {
+      this.#pumping = false;
+    }
+    if (this.#line.length > 0) this.#schedule(Math.max(1, Math.ceil(sleepMs)));
+  }
+}
