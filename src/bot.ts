@@ -26,6 +26,14 @@ import { type AsyncContext, createAsyncContext } from "./runtime/async_context.t
 import { MemoryStore, type SessionStore } from "./store.ts";
 import { checkWellFormed } from "./well_formed.ts";
 
+/** A handler run as seen from what it calls: its send, until the handler has returned. */
+interface HandlerScope {
+  readonly bot: Bot;
+  readonly send: HandlerSend;
+  /** `false` once the handler returned or threw: what it left running sends on its own. */
+  open: boolean;
+}
+
 /** Options of {@link Bot}. */
 export interface BotOptions {
   /** The channel adapter. */
@@ -131,7 +139,7 @@ export class Bot {
   #timers = new Set<ClockTimer>();
   readonly #clock: Clock;
   /** The handler being run, as seen from anything it calls (`null`: the runtime has no async context). */
-  #handlerContext: AsyncContext<{ bot: Bot; send: HandlerSend }> | null | undefined;
+  #handlerContext: AsyncContext<HandlerScope> | null | undefined;
   #handlersRunning = 0;
   #warnedNoContext = false;
 
@@ -198,9 +206,13 @@ export class Bot {
       sendDirect: (chatId, content, key) => this.#sendDirect(chatId, content, key ?? `rnd:${randomId()}`),
       runHandler: (send, fn) => {
         this.#handlersRunning++;
-        const done = () => this.#handlersRunning--;
+        const scope: HandlerScope = { bot: this, send, open: true };
+        const done = () => {
+          scope.open = false;
+          this.#handlersRunning--;
+        };
         try {
-          const result = this.#handlerContext ? this.#handlerContext.run({ bot: this, send }, fn) : fn();
+          const result = this.#handlerContext ? this.#handlerContext.run(scope, fn) : fn();
           Promise.resolve(result).then(done, done);
           return result;
         } catch (error) {
@@ -272,7 +284,10 @@ export class Bot {
    * Send now. With durability the send is journaled first and retried on failure.
    * Called while a handler runs (from the handler or anything it calls), the send
    * is the handler's, as `ctx.send` would make it: keyed `<inbound id>:<n>` and
-   * awaited before the message counts as done. Where the runtime has no async
+   * awaited before the message counts as done. Sends are numbered in the order
+   * they are made: give concurrent ones (a timer, an un-awaited helper) a key
+   * of their own if that order can change between runs. A send made after the
+   * handler returned (by a timer it left behind) is not the handler's. Where the runtime has no async
    * context (a browser), such a send gets a random key: use `ctx.send` there.
    * Content the provider does not journal (an edit, a typing indicator: see
    * `Provider.isJournaled`) goes straight to the provider, without a key number.
@@ -319,7 +334,7 @@ export class Bot {
   /** The send of the handler this call descends from (its key numbering, its done check). */
   #currentHandlerSend(options: SendOptions | undefined): HandlerSend | undefined {
     const handling = this.#handlerContext?.get();
-    if (handling !== undefined && handling.bot === this) return handling.send;
+    if (handling !== undefined && handling.bot === this && handling.open) return handling.send;
     if (
       this.#handlerContext === null && options?.idempotencyKey === undefined && this.#handlersRunning > 0 && this.#engine &&
       !this.#warnedNoContext

@@ -1207,7 +1207,7 @@ export class DurabilityEngine {
         }
         return { key, state: "sent", messageId };
       }
-      if (!await this.#admitByLimits(lease, chatId)) return await this.#notOurs(key);
+      if (!await this.#admitByLimits(lease, chatId, content !== undefined)) return await this.#notOurs(key);
       if (!await this.#announceCall(lease)) return await this.#notOurs(key);
       if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
@@ -1247,13 +1247,15 @@ export class DurabilityEngine {
    * Wait, holding the lease (heartbeats renew it), until the rate limits admit a send to `chatId`.
    * Nothing is journaled meanwhile: a crash during the wait leaves the send never called, so it is sent
    * again later without an attempt spent, never taken for an ambiguous one.
+   * A send made now (a handler's reply) goes ahead of sends the worker took from the journal (a
+   * broadcast), so a reply never waits behind a backlog.
    * @returns whether the send may go on (`false`: the lease was lost, or the process stops)
    */
-  async #admitByLimits(lease: HeldLease, chatId: string): Promise<boolean> {
+  async #admitByLimits(lease: HeldLease, chatId: string, urgent: boolean): Promise<boolean> {
     const throttle = this.#throttle;
     if (throttle === null) return true;
     const gone = () => this.#halted || this.#stopping || lease.lost || this.#held.outbox.get(lease.id) !== lease;
-    const admitted = await throttle.admit(chatId, gone);
+    const admitted = await throttle.admit(chatId, gone, urgent);
     if (admitted === "waited") this.#metrics.outboxThrottled++;
     return admitted !== false && !gone();
   }
@@ -1710,7 +1712,7 @@ export class DurabilityEngine {
   #dispatchRecord(record: InboundRecord, lease: HeldLease): void {
     let message: InboundMessage;
     try {
-      message = withoutTrace(decodeContent(record.payload) as InboundMessage);
+      message = decodeContent(withoutTrace(record.payload)) as InboundMessage;
     } catch (error) {
       message = { id: record.id, chatId: record.chatId, type: "unknown" };
       this.#report(error, `payload of inbound record "${record.id}"`);

@@ -113,7 +113,8 @@ export function errorDetail(error: unknown): string {
   let cause: unknown = error.cause;
   while (cause !== undefined && cause !== null && !seen.has(cause) && seen.size < 6) {
     seen.add(cause);
-    lines.push(`Caused by: ${errorText(cause)}`);
+    // A cause that is not an Error (a response object, a config) may hold credentials: its type only.
+    lines.push(`Caused by: ${cause instanceof Error ? errorText(cause) : typeof cause === "string" ? errorText(cause) : `a value of type ${Array.isArray(cause) ? "array" : typeof cause}`}`);
     cause = cause instanceof Error ? cause.cause : undefined;
   }
   const frames = typeof error.stack === "string" ? error.stack.split("\n").filter((line) => /^\s+at\s|^[^\s:]*@/.test(line)) : [];

@@ -56,14 +56,17 @@ export function traceOf(payload: JsonValue): string | undefined {
 }
 
 /**
- * @param message a message decoded from an inbound record's payload
- * @returns the message without the journaled trace field
+ * The payload without the journaled trace field, before it is decoded: a message's own `$trace`
+ * field is journaled escaped (`$$trace`), so it is kept.
+ *
+ * @param payload an inbound record's payload, as journaled
+ * @returns the payload without the trace field
  */
-export function withoutTrace(message: InboundMessage): InboundMessage {
-  if (!(TRACE_FIELD in message)) return message;
-  const copy = { ...message } as Record<string, unknown>;
+export function withoutTrace(payload: JsonValue): JsonValue {
+  if (typeof payload !== "object" || payload === null || Array.isArray(payload) || !(TRACE_FIELD in payload)) return payload;
+  const copy = { ...payload };
   delete copy[TRACE_FIELD];
-  return copy as unknown as InboundMessage;
+  return copy;
 }
 
 /** The engine's histograms and spans. */

@@ -173,9 +173,11 @@ export interface Provider {
   send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt>;
   /**
    * Whether a send of `content` goes through the outbox (default: every send does). Answer
-   * `false` for calls that create no message (an edit, which is idempotent; a typing indicator
-   * or a draft, which are transient; a callback answer): the bot hands them straight to `send`,
-   * once, without an outbox entry, a retry or a key number, and their error goes to the caller.
+   * `false` only for calls that are idempotent (an edit) or transient (a typing indicator, a
+   * draft): the bot hands them straight to `send`, once, without an outbox entry, a retry or a
+   * key number, and their error goes to the caller. A call that would fail when repeated (a
+   * deletion) should stay journaled: a handler run again after a crash is then answered from
+   * the outbox.
    */
   isJournaled?(content: OutboundContent): boolean;
   /**

@@ -12,10 +12,12 @@
  */
 import type { RateBucket, RateLimiter } from "./contract.ts";
 import { type Clock, type ClockTimer } from "./clock.ts";
-import { bucketOf, type ResolvedRateLimits } from "./rate_limit.ts";
+import { bucketOf, MemoryRateLimiter, type ResolvedRateLimits } from "./rate_limit.ts";
 
 interface Waiter {
   buckets: RateBucket[];
+  /** A send made now (a handler's reply): it goes ahead of every send the worker took from the journal. */
+  urgent: boolean;
   /** Whether the send gave up (its lease was lost, the process stopped): it leaves the line. */
   gone: () => boolean;
   resolve: (admitted: boolean) => void;
@@ -23,6 +25,8 @@ interface Waiter {
 
 /** How long the pump sleeps at most before it looks at the line again (a lost lease leaves it). */
 const RECHECK_MS = 250;
+/** A failing limiter is reported at most this often (the first failure at once). */
+const REPORT_EVERY_MS = 60_000;
 
 /** The outbox's rate limits of one engine: the buckets of a send, and the line in front of the limiter. */
 export class Throttle {
@@ -38,6 +42,9 @@ export class Throttle {
   #timer: ClockTimer | undefined;
   #wakeAt = Infinity;
   #closed = false;
+  /** This process's own limiter, used while the configured (shared) one fails. */
+  #fallback: MemoryRateLimiter | null = null;
+  #failures = { unreported: 0, lastReportAt: -Infinity };
 
   /**
    * @param limits the limits (with a limiter)
@@ -84,20 +91,28 @@ export class Throttle {
    * Wait in line until the limiter admits a send to `chatId`.
    * @param chatId the send's chat
    * @param gone whether the send gave up meanwhile
+   * @param urgent a send made now (it goes ahead of the worker's sends in line)
    * @returns `true` when admitted at once (no wait), `"waited"` when admitted after a wait, `false` when it gave up
    */
-  async admit(chatId: string, gone: () => boolean): Promise<true | "waited" | false> {
+  async admit(chatId: string, gone: () => boolean, urgent = false): Promise<true | "waited" | false> {
     const buckets = this.bucketsOf(chatId);
     if (buckets.length === 0) return true;
     if (this.#closed) return false;
-    if (this.#line.length === 0 && !this.#knownEmpty(buckets, this.#clock.monotonic())) {
+    if ((this.#line.length === 0 || (urgent && !this.#line[0]!.urgent)) && !this.#knownEmpty(buckets, this.#clock.monotonic())) {
       // Nobody in line: ask at once (the common case of a bot well under its limits).
       const first = await this.#take(buckets);
       if (first === true) return true;
     }
     const admitted = await new Promise<boolean>((resolve) => {
       if (this.#closed) return resolve(false);
-      this.#line.push({ buckets, gone, resolve });
+      const waiter = { buckets, urgent, gone, resolve };
+      if (urgent) {
+        // After the urgent ones already waiting, before the first of the worker's.
+        const at = this.#line.findIndex((w) => !w.urgent);
+        this.#line.splice(at < 0 ? this.#line.length : at, 0, waiter);
+      } else {
+        this.#line.push(waiter);
+      }
       this.#schedule(0);
     });
     return admitted ? "waited" : false;
@@ -135,18 +150,42 @@ export class Throttle {
     return until;
   }
 
-  /** One take: `true` when admitted; otherwise the empty bucket is remembered. */
+  /**
+   * One take: `true` when admitted; otherwise the empty bucket is remembered. While the configured
+   * limiter fails (a shared one whose server is down), this process meters its sends on its own
+   * memory limiter: sends keep going at the configured rates, per replica, never unmetered.
+   */
   async #take(buckets: RateBucket[]): Promise<boolean> {
+    let answer;
     try {
-      const answer = await this.#limiter.take(buckets);
-      if (answer.ok) return true;
-      this.#hint(answer.key, this.#clock.monotonic() + Math.max(1, answer.waitMs));
+      answer = await this.#limiter.take(buckets);
     } catch (error) {
-      this.#onError(error);
-      // The limiter could not answer: try again a little later rather than send unmetered.
-      for (const bucket of buckets) this.#hint(bucket.key, this.#clock.monotonic() + RECHECK_MS);
+      this.#limiterFailed(error);
+      if (this.#limiter instanceof MemoryRateLimiter) {
+        for (const bucket of buckets) this.#hint(bucket.key, this.#clock.monotonic() + RECHECK_MS);
+        return false;
+      }
+      this.#fallback ??= new MemoryRateLimiter({ clock: this.#clock });
+      answer = await this.#fallback.take(buckets);
     }
+    if (answer.ok) return true;
+    this.#hint(answer.key, this.#clock.monotonic() + Math.max(1, answer.waitMs));
     return false;
+  }
+
+  #limiterFailed(error: unknown): void {
+    const now = this.#clock.monotonic();
+    if (now - this.#failures.lastReportAt < REPORT_EVERY_MS) {
+      this.#failures.unreported++;
+      return;
+    }
+    const more = this.#failures.unreported;
+    this.#failures = { unreported: 0, lastReportAt: now };
+    const reason = error instanceof Error ? error : new Error(String(error));
+    this.#onError(new Error(
+      `Rate limiter "${this.#limiter.name}" failed (${more} more failures since the last report); sends are metered by this process alone until it answers: ${reason.message}`,
+      { cause: error },
+    ));
   }
 
   #schedule(ms: number): void {

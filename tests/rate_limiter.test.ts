@@ -3,10 +3,10 @@
 import { afterAll, describe, expect, test } from "bun:test";
 import postgres from "postgres";
 import IORedis from "ioredis";
-import { MemoryRateLimiter } from "../mod.ts";
+import { Bot, MemoryDurability, MemoryRateLimiter } from "../mod.ts";
 import { PostgresRateLimiter } from "../backends/postgres/mod.ts";
 import { RedisRateLimiter } from "../backends/redis/mod.ts";
-import { runRateLimiterConformance } from "../testing.ts";
+import { MockProvider, runRateLimiterConformance } from "../testing.ts";
 import { gcraPause, gcraStep } from "../backend.ts";
 import type { Clock } from "../src/clock.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
@@ -75,4 +75,66 @@ describe("rate limiter arithmetic and options", () => {
     expect(() => new PostgresRateLimiter({ sql: { unsafe() {} }, purgeBatchSize: 3 } as never)).toThrow(/purgeBatchSize/);
     expect(() => new RedisRateLimiter({ client: 1 })).toThrow(/"client"/);
   });
+});
+
+describe("the outbox in front of a limiter", () => {
+  const durability = (rateLimit: unknown) => ({
+    backend: new MemoryDurability(),
+    instanceId: `rl-${runId()}`,
+    sweepIntervalMs: 20,
+    outbox: { leaseMs: 2_000, rateLimit },
+  }) as never;
+
+  test("a shared limiter that fails: sends go on, metered by this process, and the failure is reported, not once per send", async () => {
+    let takes = 0;
+    const broken = {
+      name: "broken",
+      scope: "shared" as const,
+      take: () => {
+        takes++;
+        return Promise.reject(new Error("ECONNREFUSED"));
+      },
+      pause: () => Promise.reject(new Error("ECONNREFUSED")),
+    };
+    const provider = new MockProvider();
+    const bot = new Bot({
+      provider,
+      durability: durability({ global: { count: 1000, perMs: 1000 }, perChat: { count: 1, perMs: 60_000 }, limiter: broken }),
+    });
+    const errors: string[] = [];
+    bot.on("error", (error) => errors.push(error.message));
+    await bot.start();
+    try {
+      for (let i = 0; i < 20; i++) await bot.enqueue(`c${i}`, `x${i}`);
+      const reply = await bot.send("z", "now");
+      expect(reply.state).toBe("sent");
+      const second = bot.send("z", "again"); // the chat's own limit still holds: 1 a minute
+      second.catch(() => {});
+      for (let i = 0; i < 400 && provider.sent.length < 21; i++) await new Promise((resolve) => setTimeout(resolve, 10));
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      expect(provider.sent.filter((s) => s.chatId !== "z").length, "the broadcast went out").toBe(20);
+      expect(provider.sent.filter((s) => s.chatId === "z").map((s) => s.content), "metered: the second waits for the chat's slot").toEqual(["now"]);
+      expect(takes).toBeGreaterThan(20);
+      expect(errors.length, "reported once, then at most once a minute").toBe(1);
+      expect(errors[0]).toContain('Rate limiter "broken" failed');
+    } finally {
+      await bot.stop();
+    }
+  });
+
+  test("a reply made now goes ahead of a broadcast waiting for the limiter", async () => {
+    const provider = new MockProvider();
+    const bot = new Bot({ provider, durability: durability({ global: { count: 40, perMs: 1000 }, perChat: false }) });
+    await bot.start();
+    try {
+      for (let i = 0; i < 60; i++) await bot.enqueue(`b${i}`, `broadcast ${i}`);
+      while (provider.sent.length < 2) await new Promise((resolve) => setTimeout(resolve, 5));
+      const reply = await bot.send("user", "your answer");
+      expect(reply.state).toBe("sent");
+      const position = provider.sent.findIndex((s) => s.chatId === "user");
+      expect(position, `the reply went out at position ${position} of 61, ahead of the waiting broadcast`).toBeLessThan(10);
+    } finally {
+      await bot.stop();
+    }
+  }, 30_000);
 });

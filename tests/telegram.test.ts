@@ -595,7 +595,7 @@ describe("telegram: sends", () => {
     expect(h.dead).toEqual([]);
   });
 
-  test("only content that creates a message is journaled: edits, chat actions and callback answers go straight to the Bot API", async () => {
+  test("edits, chat actions and drafts go straight to the Bot API; everything else is journaled", async () => {
     const f = fake();
     const h = await harness(f);
     const typing = await h.bot.send("9006", { method: "sendChatAction", action: "typing" }, { idempotencyKey: "typing-1" });
@@ -607,6 +607,9 @@ describe("telegram: sends", () => {
     expect(await outbox.get("typing-1")).toBeNull();
     expect(await outbox.get("edit-2")).toBeNull();
     expect((await outbox.get("poll-1"))?.state).toBe("sent");
+    const pin = await h.bot.send("9006", { method: "pinChatMessage", message_id: Number(first.messageId) }, { idempotencyKey: "pin-1" }).catch((e: Error) => e);
+    expect(await outbox.get("pin-1"), "a method that creates no message but is not idempotent stays journaled").not.toBeNull();
+    void pin;
     expect(f.calls.map((c) => c.method).filter((m) => m !== "getMe")).toEqual(["sendChatAction", "sendMessage", "editMessageText", "sendPoll"]);
     expect(f.edits).toEqual([{ chatId: "9006", messageId: Number(first.messageId), text: "edited" }]);
     // A failed direct call is the caller's error, not a dead letter, and it is not retried.

@@ -4,6 +4,7 @@ import { BasicTracerProvider, InMemorySpanExporter, type ReadableSpan, SimpleSpa
 import { Bot, type InboundMessage, MemoryDurability } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
 import { formatTraceparent, parseTraceparent } from "../src/tracing.ts";
+import type { InboundSink } from "../provider.ts";
 
 function tracing() {
   const exporter = new InMemorySpanExporter();
@@ -139,19 +140,29 @@ describe("durability.tracer", () => {
     const { tracer } = tracing();
     const backend = new MemoryDurability();
     const provider = new MockProvider();
+    let sink: InboundSink | undefined;
+    const start = provider.start.bind(provider);
+    provider.start = (s: InboundSink) => {
+      sink = s;
+      start(s);
+    };
     const bot = new Bot({ provider, durability: { backend, instanceId: "trace-own", tracer } });
     const seen: unknown[] = [];
-    bot.when(/.*/, (ctx) => void seen.push((ctx.message.extra as Record<string, unknown>)["$trace"]));
+    bot.when(/.*/, (ctx) => {
+      seen.push((ctx.message.extra as Record<string, unknown>)["$trace"]);
+      seen.push((ctx.message as unknown as Record<string, unknown>)["$trace"]);
+    });
     await bot.start();
     try {
-      await provider.receive({ id: "m4", chatId: "c4", text: "x", extra: { $trace: "mine" } });
+      // A provider may put fields of its own at the top level of a message, `$trace` too.
+      await sink!.receive({ id: "m4", chatId: "c4", type: "text", text: "x", extra: { $trace: "mine" }, $trace: "top" } as never);
       await bot.idle();
       expect(await bot.durability!.replayInbound("m4")).toBe(true);
-      await waitFor(async () => seen.length === 2);
+      await waitFor(async () => seen.length === 4);
     } finally {
       await bot.stop();
     }
-    expect(seen).toEqual(["mine", "mine"]);
+    expect(seen, "nested and top-level, on the first run and on a replay").toEqual(["mine", "top", "mine", "top"]);
   });
 
   test("traceparent values: formatted and parsed, invalid ones refused", () => {

@@ -22,7 +22,7 @@ import { type Delivery, deliverUpdate } from "./delivery.ts";
 import { loadTelegramMedia } from "./media.ts";
 import { type TelegramProviderOptions, telegramSettings } from "./options.ts";
 import { Poller } from "./polling.ts";
-import { createsMessage, sendContent } from "./sends.ts";
+import { isJournaledContent, sendContent } from "./sends.ts";
 import { type ParsedUpdate, parseTelegramUpdate, type SkippedUpdate } from "./updates.ts";
 import { handleWebhook } from "./webhook.ts";
 
@@ -249,15 +249,14 @@ export class TelegramProvider implements Provider {
    * @throws {ProviderError} retryable or permanent (see {@link TelegramProvider.call}); permanent for content of no known form
    */
   /**
-   * Whether a send goes through the outbox: only content that creates a message does. Edits
-   * (`editMessageText`, …), `sendChatAction`, `sendMessageDraft`, callback answers and other
-   * methods that create no message go straight to the Bot API, once.
+   * Whether a send goes through the outbox: everything but edits (`editMessageText`, …: idempotent),
+   * `sendChatAction` and `sendMessageDraft` (transient), which go straight to the Bot API, once.
    *
    * @param content what is sent
    * @returns whether it is journaled
    */
   isJournaled(content: OutboundContent): boolean {
-    return createsMessage(content);
+    return isJournaledContent(content);
   }
 
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {

@@ -50,24 +50,24 @@ export async function sendContent(call: BotApiCall, chatId: string, content: Out
   return { messageId: messageIdOf(method, result) };
 }
 
-/** Methods of the `send…` family that create no message. */
-const TRANSIENT_SENDS = new Set(["sendChatAction", "sendMessageDraft"]);
+/** Methods that are not journaled: typing indicators and drafts are transient. */
+const TRANSIENT_METHODS = new Set(["sendChatAction", "sendMessageDraft"]);
 
 /**
- * Whether `content` creates a message (a text, a media message, or a `send…`,
- * `forward…` or `copy…` method other than `sendChatAction` and
- * `sendMessageDraft`). Everything else (edits, callback answers, chat actions,
- * reactions, pins, …) is idempotent or transient and is not journaled.
+ * Whether `content` goes through the outbox: everything but edits (`edit…`
+ * methods, idempotent: a repeat is answered "message is not modified", which
+ * counts as done), `sendChatAction` and `sendMessageDraft` (transient). Other
+ * methods that create no message (a deletion, a callback answer, a pin) stay
+ * journaled, so that a handler run again after a crash is answered from the
+ * outbox instead of repeating a call that would now fail.
  *
  * @param content what a send carries
  * @returns whether it goes through the outbox
  */
-export function createsMessage(content: OutboundContent): boolean {
-  if (typeof content !== "object" || content === null || content.method === undefined) return true;
+export function isJournaledContent(content: OutboundContent): boolean {
+  if (typeof content !== "object" || content === null || typeof content.method !== "string") return true;
   const method = content.method;
-  if (typeof method !== "string") return true; // refused by the send, as a dead letter with its reason
-  if (TRANSIENT_SENDS.has(method)) return false;
-  return /^(send|forward|copy)[A-Z]/.test(method);
+  return !(TRANSIENT_METHODS.has(method) || /^edit[A-Z]/.test(method));
 }
 
 function badContent(message: string): never {

@@ -256,6 +256,28 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect((await backend.inbox.get(id))?.state).toBe("done");
     });
 
+    withBackend("a send made after its handler returned is not the handler's: it gets a key of its own", async (backend, bots) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
+      let release!: () => void;
+      const gate = new Promise<void>((resolve) => release = resolve);
+      let late: Promise<{ key: string }> | undefined;
+      bot.when(/x/, async (ctx) => {
+        late = gate.then(() => bot.send(ctx.chatId, "later"));
+        await ctx.reply("now");
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c1", text: "x" });
+      await bot.idle();
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      release();
+      const { key } = await late!;
+      expect(key.startsWith("rnd:"), `a timer left behind sends on its own, got key ${key}`).toBe(true);
+      await bot.idle();
+      expect(provider.sent.map((s) => [s.content, s.idempotencyKey])).toEqual([["now", `${id}:1`], ["later", key]]);
+    });
+
     withBackend("edits and typing indicators go straight to the provider, without the outbox or a key number", async (backend, bots) => {
       const provider = new MockProvider();
       const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale) });
