@@ -207,6 +207,11 @@ export class SimProvider implements Provider {
     const key = context.idempotencyKey;
     const token = ledger.claimTokens.get(`${inc.id}|${key}|${context.attempt}`);
     const now = world.sched.time;
+    // A handler's i-th reply carries the key `<message id>:<i>` however it was made (ctx.reply or bot.send).
+    const reply = typeof content === "string" ? /^reply (\d+) to (.+)$/.exec(content) : null;
+    if (reply !== null && key !== `${reply[2]}:${reply[1]}`) {
+      ledger.live.push({ invariant: "reply-key", time: now, detail: `${inc.id} sent "${content}" under the key ${key}, not ${reply[2]}:${reply[1]}` });
+    }
     if (token === undefined) {
       ledger.live.push({ invariant: "call-without-lease", time: now, detail: `${inc.id} called the provider for ${key} (attempt ${context.attempt}) without a lease the sim saw granted` });
     } else if (ledger.isOutClosed(key, token) || ledger.outFenceOf(key) > token) {

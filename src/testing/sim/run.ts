@@ -167,7 +167,9 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     if (plan.enqueue) await ctx.bot.enqueue(ctx.chatId, `queued for ${plan.id}`, { idempotencyKey: `enq:${plan.id}` });
     if (fail && !plan.throwAfter) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);
     for (let i = 1; i <= plan.replies; i++) {
-      const sent = ctx.reply(`reply ${i} to ${plan.id}`);
+      // Every second reply goes through bot.send: made while the handler runs, it is the handler's send
+      // (the same key `<id>:<i>`, in its done check), whichever way it is made.
+      const sent = i % 2 === 0 ? ctx.bot.send(ctx.chatId, `reply ${i} to ${plan.id}`) : ctx.reply(`reply ${i} to ${plan.id}`);
       if (plan.awaitReplies) await sent;
     }
     if (fail) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);

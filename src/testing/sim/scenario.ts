@@ -18,7 +18,7 @@ export interface MessagePlan {
   text: string;
   /** First delivery (virtual ms from the start). */
   at: number;
-  /** Replies via `ctx.reply` (keys `<id>:1`, `<id>:2`). */
+  /** Replies via `ctx.reply`, every second one via `bot.send` from the handler (keys `<id>:1`, `<id>:2`). */
   replies: number;
   /** The handler throws on its first `throws` invocations for this message. */
   throws: number;
