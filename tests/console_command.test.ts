@@ -107,9 +107,38 @@ describe("botmesh-durable console (in process)", () => {
     const run = inProcess(["console", "-b", "mem", "--no-auth", "--host", "::1", "--port", "9999"], {});
     while (run.served.length === 0 || run.stdout.length === 0) await Bun.sleep(5);
     expect(run.stdout).toEqual(["http://[::1]:9999/\n"]);
-    const page = await run.served[0]!.fetch(new Request("http://x/"));
+    const page = await run.served[0]!.fetch(new Request("http://[::1]:9999/"));
     expect(page.status).toBe(200);
     expect(await page.text()).toContain("Signed in as local operator");
+    run.stop();
+    expect(await run.code).toBe(0);
+  });
+
+  test("--no-auth answers only a loopback Host with its port: a DNS name rebound to 127.0.0.1 gets a 403", async () => {
+    const run = inProcess(["console", "-b", "mem", "--no-auth", "--port", "0"], {});
+    while (run.served.length === 0 || run.stdout.length === 0) await Bun.sleep(5);
+    expect(run.stdout).toEqual(["http://127.0.0.1:41234/\n"]);
+    const get = (host: string) =>
+      run.served[0]!.fetch(new Request("http://127.0.0.1:41234/outbound", { headers: { host, "sec-fetch-site": "same-origin" } }));
+    for (const host of ["127.0.0.1:41234", "localhost:41234", "LOCALHOST:41234", "[::1]:41234", "127.1.2.3:41234"]) {
+      expect([host, (await get(host)).status]).toEqual([host, 200]);
+    }
+    for (const host of ["evil.example:41234", "evil.example", "127.0.0.1", "127.0.0.1:80", "localhost:41235", "localhost.evil.example:41234", "[::2]:41234", ""]) {
+      const refused = await get(host);
+      expect([host, refused.status]).toEqual([host, 403]);
+      const text = await refused.text();
+      expect(text).toContain("without sign-in (--no-auth)");
+      expect(text).toContain("localhost, 127.0.0.1 or [::1] with its port 41234");
+    }
+    run.stop();
+    expect(await run.code).toBe(0);
+  });
+
+  test("with credentials any Host is answered (the sign-in is the guard)", async () => {
+    const run = inProcess(["console", "-b", "mem", "--port", "0"], CREDENTIALS);
+    while (run.served.length === 0 || run.stdout.length === 0) await Bun.sleep(5);
+    const page = await run.served[0]!.fetch(new Request("http://ops.example.com/", { headers: basic("ops", PASSWORD) }));
+    expect(page.status).toBe(200);
     run.stop();
     expect(await run.code).toBe(0);
   });
@@ -153,6 +182,40 @@ async function realProcess(cmd: string[], label: string): Promise<void> {
 }
 
 describe("botmesh-durable console as a process (SQLite)", () => {
+  test("--no-auth over real HTTP: a request for another Host (DNS rebinding) is refused, 127.0.0.1 and localhost served", async () => {
+    const file = join(tmp, "noauth.db");
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    await backend.close();
+    const child = Bun.spawn([join(bin, "bun"), join(root, "cli.ts"), "console", "--backend", `sqlite:${file}`, "--port", "0", "--no-auth"], {
+      cwd: tmp,
+      stdout: "pipe",
+      stderr: "pipe",
+      env: { ...process.env, BOTMESH_DURABLE_BACKEND: "", BOTMESH_CONSOLE_USER: "", BOTMESH_CONSOLE_PASSWORD: "" },
+    });
+    const stderr = new Response(child.stderr).text();
+    try {
+      const reader = child.stdout.getReader();
+      let out = "";
+      while (!out.includes("\n")) {
+        const { value, done } = await reader.read();
+        if (done) throw new Error(`exited before printing its address: ${await stderr}`);
+        out += new TextDecoder().decode(value);
+      }
+      reader.releaseLock();
+      const url = new URL(out.trim());
+      const get = (host: string) => fetch(`${url.origin}/outbound`, { headers: { host, "sec-fetch-site": "same-origin" } });
+      const rebound = await get(`evil.example:${url.port}`);
+      expect(rebound.status).toBe(403);
+      expect(await rebound.text()).toContain('not to Host "evil.example:');
+      expect((await get(`127.0.0.1:${url.port}`)).status).toBe(200);
+      expect((await get(`localhost:${url.port}`)).status).toBe(200);
+    } finally {
+      child.kill("SIGINT");
+    }
+    expect(await child.exited).toBe(0);
+  }, SLOW);
+
   test("Bun (bun cli.ts console)", async () => {
     await realProcess([join(bin, "bun"), join(root, "cli.ts")], "bun");
   }, SLOW);

@@ -7,7 +7,10 @@
  * Credentials come from the environment: `BOTMESH_CONSOLE_USER` and
  * `BOTMESH_CONSOLE_PASSWORD` (HTTP Basic, at least 12 characters). Without
  * them it refuses to start, unless `--no-auth` is given with a loopback
- * `--host` (127.0.0.1, ::1, localhost). `BOTMESH_CONSOLE_CSRF_SECRET` keeps
+ * `--host` (127.0.0.1, ::1, localhost); then it answers only requests whose
+ * `Host` is a loopback name with its port, so that a web page of another
+ * site cannot reach it through a DNS name rebound to 127.0.0.1 (403
+ * otherwise). `BOTMESH_CONSOLE_CSRF_SECRET` keeps
  * confirmation pages valid across restarts.
  *
  * @module
@@ -48,7 +51,8 @@ Options:
   --port <n>            the port (default 8080; 0: any free port)
   --host <address>      the address to listen on (default 127.0.0.1; 0.0.0.0 for every interface)
   --base-path <path>    serve under this path, e.g. /ops (default: the root)
-  --no-auth             no sign-in: only with a loopback --host (127.0.0.1, ::1, localhost)
+  --no-auth             no sign-in: only with a loopback --host (127.0.0.1, ::1, localhost); it
+                        then answers only a loopback Host (localhost, 127.0.0.1 or [::1], with the port)
   -h, --help            this help
 
 Environment:
@@ -87,6 +91,46 @@ export function isConsoleCommand(argv: readonly string[]): boolean {
 
 function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || host === "[::1]" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(host);
+}
+
+/**
+ * Whether a `Host` header names a loopback address (`localhost`, `127.x.y.z`,
+ * `[::1]`) with the port the console listens on (80 when it names none).
+ * @param host the `Host` header
+ * @param port the port the console listens on
+ * @returns whether the console without sign-in answers it
+ */
+export function isLoopbackHost(host: string, port: number): boolean {
+  const match = /^(\[[0-9a-f:.]+\]|[^:\[\]]+)(?::(\d{1,5}))?$/.exec(host.trim().toLowerCase());
+  if (!match) return false;
+  const name = match[1]!;
+  return (match[2] === undefined ? 80 : Number(match[2])) === port &&
+    (name === "localhost" || name === "[::1]" || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(name));
+}
+
+/**
+ * The console without sign-in: requests whose `Host` is not a loopback name
+ * with the console's port are refused with a 403 (a DNS name rebound to
+ * 127.0.0.1 would otherwise let a web page of another site use it).
+ * @param handler the console
+ * @param port the port it listens on, once known
+ * @returns the guarded handler
+ */
+export function loopbackOnly(
+  handler: (request: Request) => Promise<Response>,
+  port: () => number | undefined,
+): (request: Request) => Promise<Response> {
+  return async (request) => {
+    const host = request.headers.get("host") ?? new URL(request.url).host;
+    const listening = port();
+    if (listening !== undefined && isLoopbackHost(host, listening)) return await handler(request);
+    return new Response(
+      `Refused: this console runs without sign-in (--no-auth) and answers only requests to localhost, 127.0.0.1 or [::1] ` +
+        `with its port${listening === undefined ? "" : ` ${listening}`}, not to Host ${JSON.stringify(host)}. ` +
+        `Open it through one of those, or give it credentials to serve it under another name.\n`,
+      { status: 403, headers: { "content-type": "text/plain; charset=utf-8", "cache-control": "no-store", "x-content-type-options": "nosniff" } },
+    );
+  };
 }
 
 interface ConsoleArgs {
@@ -215,9 +259,10 @@ export async function runConsoleCommand(
     await io.stderr(`botmesh-durable console: ${errorMessage(error)}\n`);
     return error instanceof TypeError ? 2 : 1;
   }
-  let server: ServedConsole;
+  let server: ServedConsole | undefined;
+  const served = args.noAuth ? loopbackOnly(handler, () => server?.port) : handler;
   try {
-    server = await options.serve(handler, { port: args.port, hostname: args.host });
+    server = await options.serve(served, { port: args.port, hostname: args.host });
   } catch (error) {
     await opened.close().catch(() => {});
     await io.stderr(`botmesh-durable console: cannot listen on ${args.host}:${args.port}: ${errorMessage(error)}\n`);
