@@ -885,6 +885,110 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
     expect(confirm).toContain("<h1>Discard 130 sends?</h1>");
   }, 60_000);
 
+  for (const [{ name, make }, step] of BACKENDS.flatMap((b) => [[b, 1], [b, 7]] as const)) {
+    const admitted = step === 1 ? "in id order" : "out of id order";
+    test(`${name}, admitted ${admitted}: a millisecond's inbound records page by id; a cursor whose record left the list hides none of the rest`, async () => {
+      const backend = make();
+      await backend.open?.();
+      try {
+        const at = Date.now() - 60_000;
+        // The backend lists a millisecond's records in admission order, the console by id.
+        const ids = Array.from({ length: 30 }, (_, i) => `r${String((i * step) % 30).padStart(2, "0")}`);
+        for (const id of ids) {
+          await backend.inbox.admit({ id, kind: "message", chatId: `c-${id}`, provider: "p", payload: { text: id }, receivedAt: at });
+        }
+        await backend.inbox.admit({ id: "a-later", kind: "message", chatId: "c", provider: "p", payload: { text: "later" }, receivedAt: at + 1 });
+        const sorted = [...ids].sort();
+        const handler = durabilityConsole(backend, { auth });
+        const idsOf = (text: string) => [...text.matchAll(/record\?id=([^"&]+)"/g)].map((m) => m[1]!);
+        const nextOf = (text: string) => {
+          const next = /href="([^"]+)">Next page<\/a>/.exec(text);
+          return next ? unescape(next[1]!) : null;
+        };
+        const walk = async (from: string) => {
+          const seen: string[] = [];
+          for (let path: string | null = from; path !== null;) {
+            const text: string = await (await get(handler, path)).text();
+            seen.push(...idsOf(text));
+            path = nextOf(text);
+          }
+          return seen;
+        };
+        expect(await walk("/inbound?state=pending&limit=10")).toEqual([...sorted, "a-later"]);
+
+        // The last record of page 1 is handled (it leaves the pending list) before "Next page" is followed.
+        const first = await (await get(handler, "/inbound?state=pending&limit=10")).text();
+        expect(idsOf(first)).toEqual(sorted.slice(0, 10));
+        const next = nextOf(first)!;
+        const lease = await backend.inbox.claim("r09", { owner: "o", incarnation: "i", leaseMs: 60_000 });
+        await backend.inbox.complete("r09", lease!.lease!.token);
+        expect(await walk(next)).toEqual([...sorted.slice(10), "a-later"]);
+
+        // Records before the cursor's leave too: still none after it is hidden, none before it repeated.
+        for (const id of ["r03", "r08"]) {
+          const l = await backend.inbox.claim(id, { owner: "o", incarnation: "i", leaseMs: 60_000 });
+          await backend.inbox.complete(id, l!.lease!.token);
+        }
+        expect(await walk(next)).toEqual([...sorted.slice(10), "a-later"]);
+      } finally {
+        await backend.close?.();
+      }
+    }, 60_000);
+  }
+
+  test("a list that reads only up to its page does not cut a millisecond's records: its pages still see every record once", async () => {
+    const backend = new MemoryDurability();
+    const at = Date.now() - 60_000;
+    const ids = Array.from({ length: 150 }, (_, i) => `m${String(149 - i).padStart(3, "0")}`);
+    for (const [i, id] of ids.entries()) {
+      // 10 records in each of the first two milliseconds, then 130 in one (more than a page and its margin).
+      const receivedAt = i < 10 ? at : i < 20 ? at + 1 : at + 2;
+      await backend.inbox.admit({ id, kind: "message", chatId: "c", provider: "p", payload: { text: id }, receivedAt });
+    }
+    const expected = [...ids.slice(0, 10).sort(), ...ids.slice(10, 20).sort(), ...ids.slice(20).sort()];
+    const handler = durabilityConsole(backend, { auth });
+    const seen: string[] = [];
+    for (let path: string | null = "/inbound?limit=7"; path !== null;) {
+      const text: string = await (await get(handler, path)).text();
+      seen.push(...[...text.matchAll(/record\?id=(m\d+)"/g)].map((m) => m[1]!));
+      const next: RegExpExecArray | null = /href="([^"]+)">Next page<\/a>/.exec(text);
+      path = next ? unescape(next[1]!) : null;
+    }
+    expect(seen).toEqual(expected);
+  }, 60_000);
+
+  test("the error filter matches the message and its causes, not the stack frames a handler's error carries", async () => {
+    const provider = new MockProvider();
+    const backend = new MemoryDurability();
+    const bot = new Bot({ provider, durability: { backend, instanceId: "filter-test", inbox: { retries: 0 }, outbox: { retries: 0 } } });
+    bot.on("error", () => {});
+    bot.when(/quota/, () => {
+      throw new Error("quota exceeded", { cause: new TypeError("socket closed by peer") });
+    });
+    await bot.start();
+    try {
+      await provider.receive({ id: "in-quota", chatId: "c1", text: "quota" });
+      await bot.idle();
+      const error = (await backend.inbox.get("in-quota"))!.error!;
+      expect(error).toContain("\nCaused by: TypeError: socket closed by peer\n");
+      expect(error, "the journal has the stack frames").toMatch(/\n {4}at .*console\.test\.ts/);
+      const handler = durabilityConsole(bot, { auth });
+      const matching = async (needle: string) => {
+        const text = await (await get(handler, `/inbound?state=dead&error=${enc(needle)}`)).text();
+        return [...text.matchAll(/record\?id=([^"&]+)"/g)].map((m) => m[1]);
+      };
+      expect(await matching("QUOTA")).toEqual(["in-quota"]);
+      expect(await matching("socket closed")).toEqual(["in-quota"]);
+      expect(await matching("Caused by")).toEqual(["in-quota"]);
+      for (const frame of ["console.test", "console.test.ts:", "    at ", "at "]) expect([frame, await matching(frame)]).toEqual([frame, []]);
+      const bulk = await (await get(handler, `/inbound/bulk/replay?state=dead&error=console.test`)).text();
+      expect(bulk).not.toContain("in-quota");
+      expect(await (await get(handler, `/inbound/bulk/replay?state=dead&error=quota`)).text()).toContain("<h1>Replay 1 record?</h1>");
+    } finally {
+      await bot.stop();
+    }
+  }, 60_000);
+
   test("relative ages with the exact time on hover; refresh by link or meta refresh, no script", async () => {
     expect(relativeTime(1_000_000, 1_000_000 + 2_000)).toBe("just now");
     expect(relativeTime(1_000_000, 1_000_000 + 42_000)).toBe("42 s ago");

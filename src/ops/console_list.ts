@@ -8,6 +8,7 @@
  */
 import type { InboundRecord, InboundState, JsonValue, OutboxEntry, OutboxState } from "../contract.ts";
 import type { ConsoleOps } from "./console_ops.ts";
+import { errorWithoutStack } from "./console_error.ts";
 import { HttpError } from "./console_render.ts";
 
 /** The two journals, as the console names them in its URLs. */
@@ -29,7 +30,7 @@ export interface ListFilter {
   state: string | undefined;
   /** A chat id (exact), or `""`. */
   chat: string;
-  /** Text the error must contain (case-insensitive), or `""`. */
+  /** Text the error's message or causes must contain (case-insensitive; not its stack frames), or `""`. */
   error: string;
   /** Only records created at least this long ago (a duration like `2h`), or `""`. */
   older: string;
@@ -48,7 +49,10 @@ export interface Row {
   updatedAt: number;
   /** The payload or content. */
   message: JsonValue;
-  /** The position in the journal's order (`receivedAt` inbound, `seq` outbound). */
+  /**
+   * The position in the journal's order: `receivedAt` inbound (records of one
+   * millisecond are in id order, see {@link compareRows}), `seq` outbound.
+   */
   order: number;
 }
 
@@ -170,9 +174,23 @@ function outboundRow(e: OutboxEntry): Row {
   };
 }
 
+/**
+ * The console's order of records: by `order`, then by id. Inbound records of
+ * one millisecond are listed by the backends in admission order, which a
+ * record does not carry; the console orders them by id instead, so that a
+ * cursor names a place in the order whether or not its record is still
+ * listed. Outbound `seq`s are unique.
+ * @param a a record
+ * @param b another
+ * @returns negative when `a` comes first
+ */
+export function compareRows(a: Row, b: Row): number {
+  return a.order - b.order || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
+}
+
 /** What a scan found. */
 export interface Scan {
-  /** The matching records, in the journal's order. */
+  /** The matching records, in the console's order ({@link compareRows}). */
   rows: Row[];
   /** Whether every record of the state and chat was read (else more exist past the ones read). */
   complete: boolean;
@@ -183,7 +201,10 @@ export interface Scan {
 /**
  * Read the records matching `f`: state and chat by the backend's `list` (the
  * first `upTo` of them, at most {@link SCAN_CAP}), error text and age here,
- * measured from `now`.
+ * measured from `now`. When more records are left, the ones read that share
+ * their `order` with the first one left are left out too (the console orders
+ * a millisecond's records by id, and some of them were not read), unless
+ * that leaves nothing of a scan up to the cap.
  * @param ops the console's operations
  * @param f the filter
  * @param now the time ages are measured from
@@ -197,11 +218,18 @@ export async function scan(ops: ConsoleOps, f: ListFilter, now: number, upTo: nu
     ? (await ops.inboxList(options as { state?: InboundState })).map(inboundRow)
     : (await ops.outboxList(options as { state?: OutboxState })).map(outboundRow);
   const complete = all.length <= cap;
+  let read = all.slice(0, cap);
+  if (!complete) {
+    const left = all[cap]!.order;
+    const whole = read.filter((r) => r.order !== left);
+    if (whole.length > 0 || cap < SCAN_CAP) read = whole;
+  }
+  read.sort(compareRows);
   const needle = f.error.toLowerCase();
   const olderMs = f.older ? parseAge(f.older, "older") : null;
   const newerMs = f.newer ? parseAge(f.newer, "newer") : null;
-  const rows = all.slice(0, cap).filter((r) =>
-    (needle === "" || (r.error ?? "").toLowerCase().includes(needle)) &&
+  const rows = read.filter((r) =>
+    (needle === "" || (r.error !== null && errorWithoutStack(r.error).toLowerCase().includes(needle))) &&
     (olderMs === null || r.createdAt <= now - olderMs) &&
     (newerMs === null || r.createdAt >= now - newerMs)
   );
@@ -244,8 +272,8 @@ export function parseCursor(text: string | null): Cursor | null {
 /**
  * Where the page after `cursor` starts in `rows`: just after the record it
  * names, or (that record is gone or left the filter) at the first record
- * later in the journal's order.
- * @param rows the records read
+ * after it in the console's order ({@link compareRows}).
+ * @param rows the records read, in the console's order
  * @param cursor the cursor, or `null` for the first page
  * @returns the index, or `null` when neither is among `rows`
  */
@@ -253,6 +281,6 @@ export function pageStart(rows: readonly Row[], cursor: Cursor | null): number |
   if (cursor === null) return 0;
   const at = rows.findIndex((r) => r.id === cursor.id);
   if (at >= 0) return at + 1;
-  const later = rows.findIndex((r) => r.order > cursor.order);
+  const later = rows.findIndex((r) => r.order > cursor.order || (r.order === cursor.order && r.id > cursor.id));
   return later < 0 ? null : later;
 }

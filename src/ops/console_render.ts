@@ -6,6 +6,7 @@
  * @module
  */
 import type { JsonValue } from "../contract.ts";
+import { errorParts } from "./console_error.ts";
 import { html, SafeHtml } from "./html.ts";
 
 /** Headers on every console response: no scripts, no framing, no caching, no referrer. */
@@ -228,16 +229,7 @@ export function preview(value: JsonValue, max = 80): string {
  * @returns the fragment
  */
 export function errorDetails(text: string, className: "err" | "past-err"): SafeHtml {
-  const lines = text.split("\n");
-  const head: string[] = [];
-  const causes: string[] = [];
-  const stack: string[] = [];
-  for (const line of lines) {
-    if (/^\s*caused by:?\s*/i.test(line)) causes.push(line.replace(/^\s*caused by:?\s*/i, ""));
-    else if (/^\s+at\s/.test(line)) stack.push(line.trim());
-    else if (causes.length > 0) causes[causes.length - 1] += `\n${line}`;
-    else head.push(line);
-  }
+  const { head, causes, stack } = errorParts(text);
   return html`<div class="${className}">${head.join("\n")}</div>${
     causes.length > 0 ? html`<ol class="${className}">${causes.map((c) => html`<li>caused by ${c}</li>`)}</ol>` : null
   }${stack.length > 0 ? html`<details><summary>Stack (${stack.length} frames)</summary><pre>${stack.join("\n")}</pre></details>` : null}`;
