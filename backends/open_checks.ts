@@ -6,12 +6,20 @@
  * `?schema=`, `?tablePrefix=` or `?keyPrefix=` is refused instead, naming
  * what was not found, what is there, and how a backend is created.
  *
+ * Nor does opening one upgrade it: `open()` migrates a SQLite file or a
+ * Postgres schema of an older version of this package, under the bots of
+ * that older version that may be using it (a SQLite file upgraded under
+ * them fails their writes). A schema of another version than this
+ * package's is refused, naming both versions.
+ *
  * @module
  */
 import { errorMessage } from "../src/errors.ts";
 import { OperationError } from "../src/ops/cli_command.ts";
 import { dirName, resolvePath, statFile } from "../src/runtime/fs.ts";
 import { openSqlite } from "../src/runtime/sqlite.ts";
+import { POSTGRES_SCHEMA_VERSION } from "./postgres/sql.ts";
+import { SQLITE_SCHEMA_VERSION } from "./sqlite/schema.ts";
 
 /** How a backend comes to exist, for the errors. */
 const CREATED_BY = "a bot creates it when it starts (bot.start() calls the backend's open())";
@@ -48,20 +56,59 @@ export async function checkFile(path: string, what: string, shown: string, creat
 }
 
 /**
+ * Refuses a schema version other than the one this package writes: an older
+ * one would be upgraded by `open()` under the bots that use it, a newer one
+ * is not read by this package.
+ *
+ * @param where the backend, for the message (`SQLite file "x.db", tablePrefix "botmesh_"`)
+ * @param found the stored `schema_version`, or `undefined` when there is none
+ * @param current the version this package writes
+ * @param shown the URL as given (credentials hidden)
+ * @throws {OperationError} naming both versions and what to do
+ */
+export function checkSchemaVersion(where: string, found: unknown, current: number, shown: string): void {
+  const version = typeof found === "string" && /^\d{1,9}$/.test(found) ? Number(found) : typeof found === "number" ? found : null;
+  if (version === current) return;
+  const from = `(from ${JSON.stringify(shown)})`;
+  if (version === null) {
+    throw new OperationError(
+      `${where} has ${found === undefined || found === null ? "no schema version" : `an invalid schema version ${JSON.stringify(found)}`} ${from}: ` +
+        `is it the bot's backend? Nothing is changed here`,
+    );
+  }
+  if (version > current) {
+    throw new OperationError(
+      `${where} has schema version ${version}, written by a newer @botmesh/durable; this botmesh-durable reads schema version ` +
+        `${current} ${from}: use the botmesh-durable of the bots' version (upgrade @botmesh/durable)`,
+    );
+  }
+  throw new OperationError(
+    `${where} has schema version ${version}, of an older @botmesh/durable; this botmesh-durable needs schema version ${current} ` +
+      `${from}; it is not upgraded here, as bots of the older version may be using it: ` +
+      `use the botmesh-durable of the bots' version, or start a bot of this version (it upgrades the schema when it starts)`,
+  );
+}
+
+/**
  * Refuses a SQLite file without this backend's tables (another `tablePrefix`,
- * or not the bot's database).
+ * or not the bot's database), or of another schema version than this
+ * package's ({@link checkSchemaVersion}).
  *
  * @param file an existing file
  * @param prefix the table prefix
  * @param shown the URL as given
- * @throws {OperationError} naming the file, the prefix, and the prefixes found
+ * @throws {OperationError} naming the file, the prefix, and the prefixes found; or both schema versions
  */
 export async function checkSqliteTables(file: string, prefix: string, shown: string): Promise<void> {
   let names: string[];
+  let version: unknown;
   try {
     const db = await openSqlite(file);
     try {
       names = db.prepare("SELECT name FROM sqlite_master WHERE type = 'table'").all().map((r) => String(r.name));
+      if (names.includes(`${prefix}meta`)) {
+        version = db.prepare(`SELECT value FROM "${`${prefix}meta`.replaceAll('"', '""')}" WHERE key = 'schema_version'`).get()?.value;
+      }
     } finally {
       db.close();
     }
@@ -69,7 +116,9 @@ export async function checkSqliteTables(file: string, prefix: string, shown: str
     throw new OperationError(`Cannot read SQLite file ${JSON.stringify(file)} (from ${JSON.stringify(shown)}): ${errorMessage(error)}`);
   }
   const tables = new Set(names);
-  if (tables.has(`${prefix}meta`)) return;
+  if (tables.has(`${prefix}meta`)) {
+    return checkSchemaVersion(`SQLite file ${JSON.stringify(file)} (tablePrefix ${JSON.stringify(prefix)})`, version, SQLITE_SCHEMA_VERSION, shown);
+  }
   const found = names
     .filter((n) => n.endsWith("meta") && tables.has(`${n.slice(0, -4)}inbox`) && tables.has(`${n.slice(0, -4)}outbox`))
     .map((n) => `tablePrefix ${JSON.stringify(n.slice(0, -4))}`);
@@ -87,13 +136,14 @@ interface SqlClient {
 
 /**
  * Refuses a Postgres schema that does not exist, or has no tables of this
- * prefix (opening the backend would create them).
+ * prefix (opening the backend would create them), or is of another schema
+ * version than this package's ({@link checkSchemaVersion}).
  *
  * @param sql the client
  * @param schema the schema
  * @param prefix the table prefix
  * @param shown the URL as given (credentials hidden)
- * @throws {OperationError} naming the schema and prefix, and the ones found
+ * @throws {OperationError} naming the schema and prefix, and the ones found; or both schema versions
  */
 export async function checkPostgresTables(sql: SqlClient, schema: string, prefix: string, shown: string): Promise<void> {
   const [here] = (await sql.unsafe(
@@ -101,7 +151,19 @@ export async function checkPostgresTables(sql: SqlClient, schema: string, prefix
             to_regclass(quote_ident($1) || '.' || quote_ident($2 || 'meta')) IS NOT NULL AS tables_found`,
     [schema, prefix],
   )) as { schema_found: boolean; tables_found: boolean }[];
-  if (here?.tables_found) return;
+  if (here?.tables_found) {
+    const quote = (name: string): string => `"${name.replaceAll('"', '""')}"`;
+    const [row] = (await sql.unsafe(
+      `SELECT value FROM ${quote(schema)}.${quote(`${prefix}meta`)} WHERE key = 'schema_version'`,
+      [],
+    )) as { value: string }[];
+    return checkSchemaVersion(
+      `Postgres schema ${JSON.stringify(schema)} (tablePrefix ${JSON.stringify(prefix)})`,
+      row?.value,
+      POSTGRES_SCHEMA_VERSION,
+      shown,
+    );
+  }
   const found = ((await sql.unsafe(
     `SELECT n.nspname AS schema, left(c.relname, length(c.relname) - 4) AS prefix
        FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace

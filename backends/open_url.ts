@@ -141,14 +141,18 @@ async function openJournal(kind: "file" | "shared", path: string, shown: string)
  * Nothing is created: a file that does not exist, a SQLite file or a Postgres
  * schema without the backend's tables (of that `tablePrefix`), a Redis key
  * prefix under which nothing was journaled are refused, the error naming
- * what was not found and the backends that are there. An existing schema
- * of an older version is upgraded, as a bot of this version would.
+ * what was not found and the backends that are there. Nothing is upgraded
+ * either: a SQLite file or Postgres schema of another schema version than
+ * this package's is refused (it would be upgraded under the bots of the
+ * older version that may be using it; a bot of this version upgrades it
+ * when it starts).
  *
  * @param url the URL or path
  * @returns the open backend and how to close it (ending the client it created)
  * @throws {BackendUrlError} when the URL has no known form or a bad parameter (the message lists the forms)
  * @throws {OperationError} naming the package when the driver is not installed, what was not found when the
- *   backend does not exist, or the backend's error when it cannot be opened
+ *   backend does not exist, both versions when its schema is of another version, or the backend's error when
+ *   it cannot be opened
  * @example
  * ```ts
  * const { backend, close } = await openBackend("sqlite:./data/bot.db");

@@ -1,6 +1,8 @@
 // botmesh-durable never creates a backend: on a missing SQLite or JSON file (or directory), a SQLite file or
 // Postgres schema without the backend's tables, a Redis key prefix with nothing journaled, a missing events
 // journal, every command (reads and changes alike) exits 1 naming what was not found, and nothing is created.
+// Nor does it upgrade one: on a SQLite file or Postgres schema of an older (or newer) schema version, every
+// command exits 1 naming both versions, and the schema is left as it was.
 import { afterAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
 import { mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from "node:fs";
@@ -12,7 +14,8 @@ import { runCli } from "../src/ops/cli.ts";
 import { openBackend } from "../backends/open_url.ts";
 import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { EventsDurability, SharedFileEventJournal } from "../backends/events/mod.ts";
-import { PostgresDurability } from "../backends/postgres/mod.ts";
+import { POSTGRES_SCHEMA_VERSION, PostgresDurability } from "../backends/postgres/mod.ts";
+import { SQLITE_SCHEMA_VERSION } from "../backends/sqlite/mod.ts";
 import { RedisDurability } from "../backends/redis/durability.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge } from "./support/upstash_bridge.ts";
@@ -39,7 +42,11 @@ const EVERY_COMMAND: string[][] = [
 async function cli(argv: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
   let stdout = "";
   let stderr = "";
-  const code = await runCli(argv, { stdout: (t) => void (stdout += t), stderr: (t) => void (stderr += t) }, { open: openBackend });
+  const code = await runCli(argv, { stdout: (t) => void (stdout += t), stderr: (t) => void (stderr += t) }, {
+    open: openBackend,
+    serve: () => Promise.reject(new Error("the console must not get as far as serving")),
+    untilShutdown: () => Promise.resolve(),
+  });
   return { code, stdout, stderr };
 }
 
@@ -53,6 +60,13 @@ async function refusedByEvery(url: string, pattern: RegExp): Promise<string> {
     message = r.stderr;
   }
   return message;
+}
+
+/** The `console` command on `url` (without sign-in): exits 1 with an error matching `pattern`, before serving. */
+async function consoleRefused(url: string, pattern: RegExp): Promise<void> {
+  const r = await cli(["console", "-b", url, "--no-auth", "--port", "0"]);
+  expect({ code: r.code, stdout: r.stdout }).toEqual({ code: 1, stdout: "" });
+  expect(r.stderr).toMatch(pattern);
 }
 
 describe("files: nothing is created", () => {
@@ -118,6 +132,53 @@ describe("files: nothing is created", () => {
     expect(JSON.parse(r.stdout).inbox.dead).toBe(1);
   });
 
+  test("a SQLite file of an older or newer schema version: refused by every command and the console, not upgraded", async () => {
+    const file = join(tmp, "older.db");
+    await fill(new SQLiteDurability({ file }));
+    const older = SQLITE_SCHEMA_VERSION - 1;
+    const db = new Database(file);
+    // As a file of the version before: its schema_version, and the index this version's last migration drops.
+    db.exec(`UPDATE botmesh_meta SET value = '${older}' WHERE key = 'schema_version';
+      CREATE INDEX botmesh_inbox_owner ON botmesh_inbox (lease_owner) WHERE lease_owner IS NOT NULL;`);
+    const state = () => ({
+      version: db.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get(),
+      indexes: db.prepare("SELECT name FROM sqlite_master WHERE type = 'index' ORDER BY name").all(),
+    });
+    try {
+      const before = state();
+      const message = await refusedByEvery(
+        `sqlite:${file}`,
+        new RegExp(`SQLite file ".*older\\.db" \\(tablePrefix "botmesh_"\\) has schema version ${older}, of an older @botmesh/durable; ` +
+          `this botmesh-durable needs schema version ${SQLITE_SCHEMA_VERSION} \\(from`),
+      );
+      expect(message).toContain("it is not upgraded here, as bots of the older version may be using it");
+      expect(message).toContain("use the botmesh-durable of the bots' version, or start a bot of this version (it upgrades the schema when it starts)");
+      await consoleRefused(`sqlite:${file}`, new RegExp(`has schema version ${older}, of an older @botmesh/durable`));
+      expect(state()).toEqual(before);
+      expect(before.version).toEqual({ value: String(older) });
+
+      const newer = SQLITE_SCHEMA_VERSION + 1;
+      db.exec(`UPDATE botmesh_meta SET value = '${newer}' WHERE key = 'schema_version'`);
+      await refusedByEvery(
+        `sqlite:${file}`,
+        new RegExp(`has schema version ${newer}, written by a newer @botmesh/durable; this botmesh-durable reads schema version ` +
+          `${SQLITE_SCHEMA_VERSION} \\(from ".*older\\.db"\\): use the botmesh-durable of the bots' version`),
+      );
+
+      // A bot of this version starting on it upgrades it; then the commands work.
+      db.exec(`UPDATE botmesh_meta SET value = '${older}' WHERE key = 'schema_version'`);
+      const bot = new SQLiteDurability({ file });
+      await bot.open();
+      await bot.close();
+      expect(state().version).toEqual({ value: String(SQLITE_SCHEMA_VERSION) });
+      const r = await cli(["-b", `sqlite:${file}`, "stats", "--json"]);
+      expect([r.code, r.stderr]).toEqual([0, ""]);
+      expect(JSON.parse(r.stdout).inbox.dead).toBe(1);
+    } finally {
+      db.close();
+    }
+  });
+
   test("a file that is not a SQLite database", async () => {
     const file = join(tmp, "text.db");
     writeFileSync(file, "not a database, just some text that is long enough to have a header".repeat(4));
@@ -165,6 +226,41 @@ describe("servers: nothing is created", async () => {
     } finally {
       await sql.unsafe(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
       await sql.unsafe(`DROP SCHEMA IF EXISTS ${other} CASCADE`);
+      await sql.end();
+    }
+  }, 60_000);
+
+  test.skipIf(pgSkip !== false)("Postgres: a schema of an older or newer schema version: refused by every command and the console, not upgraded", async () => {
+    const schema = `cli_version_${runId()}`;
+    const sql = postgres(POSTGRES_URL, { max: 2, onnotice: () => {} });
+    const u = new URL(POSTGRES_URL);
+    u.searchParams.set("schema", schema);
+    const url = u.toString();
+    const version = async () => (await sql.unsafe(`SELECT value FROM ${schema}.botmesh_meta WHERE key = 'schema_version'`))[0]!.value;
+    const setVersion = (v: number) => sql.unsafe(`UPDATE ${schema}.botmesh_meta SET value = '${v}' WHERE key = 'schema_version'`);
+    try {
+      await fill(new PostgresDurability({ sql, schema }));
+      const older = POSTGRES_SCHEMA_VERSION - 1;
+      await setVersion(older);
+      const message = await refusedByEvery(
+        url,
+        new RegExp(`Postgres schema "${schema}" \\(tablePrefix "botmesh_"\\) has schema version ${older}, of an older @botmesh/durable; ` +
+          `this botmesh-durable needs schema version ${POSTGRES_SCHEMA_VERSION} \\(from`),
+      );
+      expect(message).toContain("start a bot of this version (it upgrades the schema when it starts)");
+      await consoleRefused(url, new RegExp(`has schema version ${older}, of an older @botmesh/durable`));
+      expect(await version()).toBe(String(older));
+
+      await setVersion(POSTGRES_SCHEMA_VERSION + 1);
+      await refusedByEvery(url, new RegExp(`has schema version ${POSTGRES_SCHEMA_VERSION + 1}, written by a newer @botmesh/durable`));
+      expect(await version()).toBe(String(POSTGRES_SCHEMA_VERSION + 1));
+
+      await setVersion(POSTGRES_SCHEMA_VERSION);
+      const r = await cli(["-b", url, "stats", "--json"]);
+      expect([r.code, r.stderr]).toEqual([0, ""]);
+      expect(JSON.parse(r.stdout).outbox.dead).toBe(1);
+    } finally {
+      await sql.unsafe(`DROP SCHEMA IF EXISTS ${schema} CASCADE`);
       await sql.end();
     }
   }, 60_000);
