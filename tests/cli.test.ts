@@ -14,6 +14,7 @@ import { PostgresDurability } from "../backends/postgres/mod.ts";
 import { RedisDurability } from "../backends/redis/durability.ts";
 import { Redis as Upstash } from "@upstash/redis";
 import { BackendUrlError } from "../src/ops/cli.ts";
+import { errorDetail } from "../src/errors.ts";
 import { openBackend } from "../backends/open_url.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
@@ -132,7 +133,8 @@ async function fullScenario(run: Runner, url: string, parallel = true): Promise<
   expect(outboxHuman!.stdout).toMatch(/out-dead\s+dead\s+c2\s+1\s+\d{4}-\d\d-\d\dT[\d:.]+Z\s+Invalid recipient/);
   expect(outboxHuman!.stdout).toMatch(/out-sent\s+sent\s+c3\s+1\s+\S+\s+msg-1/);
   expect(outboxHuman!.stdout).toContain("(2)\n");
-  expect(deadHuman!.stdout).toContain('Handler "boom" failed at line 2'); // newline flattened in the table
+  // A message's second line (not indented: not a stack frame) is flattened in the table.
+  expect(deadHuman!.stdout).toContain('Handler "boom" failed at line 2');
 
   expect(showSent!.code).toBe(0);
   expect(showSent!.json()).toMatchObject({ key: "out-sent", state: "sent", messageId: "msg-1", content: { text: "out-sent" } });
@@ -235,6 +237,27 @@ describe("botmesh-durable under Bun", () => {
     expect(check.prepare("SELECT payload, state FROM botmesh_inbox WHERE id = 'in-dead'").get())
       .toEqual({ payload: '{"text":', state: "dead" });
     check.close();
+  }, SLOW);
+
+  test("SQLite: a handler's error with causes and stack frames: the table shows the message and causes, show and --json all of it", async () => {
+    const file = join(tmp, "stack.db");
+    await fill(new SQLiteDurability({ file }));
+    const error = errorDetail(new Error("quota exceeded", { cause: new TypeError("socket closed") }));
+    expect(error).toMatch(/^Error: quota exceeded\nCaused by: TypeError: socket closed\n {4}at .*cli\.test\.ts/);
+    const raw = new Database(file);
+    raw.prepare(`UPDATE botmesh_inbox SET error = ? WHERE id = 'in-dead'`).run(error);
+    raw.close();
+    const b = ["-b", `sqlite:${file}`];
+    const [table, show, json] = await Promise.all([
+      bun([...b, "list", "inbox", "--state", "dead"]),
+      bun([...b, "show", "inbox", "in-dead"]),
+      bun([...b, "list", "inbox", "--state", "dead", "--json"]),
+    ]);
+    expect(table.code).toBe(0);
+    expect(table.stdout.split("\n")[1]).toMatch(/^in-dead\s+dead\s+c1\s+message\s+1\s+\S+\s+Error: quota exceeded; caused by TypeError: socket closed$/);
+    expect(table.stdout).not.toContain("cli.test.ts");
+    expect(show.stdout).toContain(`error: ${error}\n`);
+    expect(json.json()[0].error).toBe(error);
   }, SLOW);
 
   test("file backend: the same commands", async () => {

@@ -201,14 +201,18 @@ describe.skipIf(!available)("the DLQ console in Chromium", () => {
       await page.getByRole("link", { name: `key-${XSS}` }).click();
       expect(await page.locator("tr:has(th:text-is('Chat')) td").textContent()).toBe(`chat-${XSS}`);
       expect(await page.locator("tr:has(th:text-is('Last error')) td").textContent()).toBe(`ProviderError: rejected ${XSS}`);
-      expect(await page.locator("pre").textContent()).toBe(JSON.stringify(`payload ${XSS}`));
+      expect(await page.locator("h2:text-is('Content') + pre").textContent()).toBe(JSON.stringify(`payload ${XSS}`));
       expect(await page.locator("img").count()).toBe(0);
       expect(await page.locator("main script").count()).toBe(0);
 
       await page.goto(`${base}/inbound?state=dead`);
       await page.getByRole("link", { name: `in-${XSS}` }).click();
       expect(await page.locator("h1").textContent()).toBe("Inbound record");
-      expect(await page.locator("pre").textContent()).toContain(JSON.stringify(`boom ${XSS}`));
+      expect(await page.locator("h2:text-is('Payload') + pre").textContent()).toContain(JSON.stringify(`boom ${XSS}`));
+      // The handler's error: its message shown, its stack frames folded under "Stack".
+      expect(await page.locator("tr:has(th:text-is('Last error')) td div.err").textContent()).toBe(`Error: handler failed ${XSS}`);
+      expect(await page.locator("tr:has(th:text-is('Last error')) details summary").textContent()).toMatch(/^Stack \(\d+ frames\)$/);
+      expect(await page.locator("tr:has(th:text-is('Last error')) details pre").isVisible()).toBe(false);
       await page.getByRole("link", { name: "Replay…" }).click();
       expect(await page.locator("h1").textContent()).toBe("Replay this record?");
       expect(await page.locator("img").count()).toBe(0);

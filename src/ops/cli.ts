@@ -105,7 +105,9 @@ const ACCEPTED_FORMS = `Accepted backend forms:
   Redis forms take ?keyPrefix=…
   events+file:./data/events.json                a FileEventJournal (takes its lock: stop the bot first)
   events+shared:./data/events.json              a SharedFileEventJournal (alongside running bots)
-Nothing is created: a missing file, schema, tables or key prefix is an error.`;
+Nothing is created: a missing file, schema, tables or key prefix is an error.
+Nothing is upgraded: a SQLite file or Postgres schema of another schema version is an error
+(use the botmesh-durable of the bots' version; a bot of this version upgrades it when it starts).`;
 
 /**
  * The subcommands, in the order of the help. A subcommand in a file of its

@@ -7,6 +7,7 @@
 import type { InboundRecord, InboundState, ListOptions, OutboxEntry, OutboxState } from "../contract.ts";
 import { parseDuration } from "../config.ts";
 import { listDamaged } from "../engine.ts";
+import { errorOneLine } from "./console_error.ts";
 import { countRecords, INBOX_STATES, OUTBOX_STATES } from "./prometheus.ts";
 import {
   backendOf,
@@ -55,6 +56,8 @@ export const listCommand: CliCommand = {
   ],
   summary: "list inbox records or outbox entries",
   help: `Lists inbox records or outbox entries, oldest first, as a table (or a JSON array with --json).
+The ERROR column has the last error's message and causes on one line, shortened, without its stack
+frames ("show" and --json give all of it).
 Inbox states: ${INBOX_STATES.join(", ")}
 Outbox states: ${OUTBOX_STATES.join(", ")}`,
   examples: ["list inbox --state dead", "list outbox --state dead,unknown --chat 42 --json"],
@@ -80,7 +83,7 @@ Outbox states: ${OUTBOX_STATES.join(", ")}`,
       await c.io.stdout(
         records.length === 0 ? "No inbox records match.\n" : table(
           ["ID", "STATE", "CHAT", "KIND", "ATTEMPTS", "RECEIVED", "ERROR"],
-          records.map((r) => [r.id, r.state, r.chatId, r.kind, String(r.attempts), iso(r.receivedAt), r.error ?? ""]),
+          records.map((r) => [r.id, r.state, r.chatId, r.kind, String(r.attempts), iso(r.receivedAt), errorCell(r.error)]),
         ) + footer(records.length, limit),
       );
       return;
@@ -93,7 +96,7 @@ Outbox states: ${OUTBOX_STATES.join(", ")}`,
     await c.io.stdout(
       entries.length === 0 ? "No outbox entries match.\n" : table(
         ["KEY", "STATE", "CHAT", "ATTEMPTS", "CREATED", "MESSAGE ID", "ERROR"],
-        entries.map((e) => [e.key, e.state, e.chatId, String(e.attempts), iso(e.createdAt), e.messageId ?? "", e.error ?? ""]),
+        entries.map((e) => [e.key, e.state, e.chatId, String(e.attempts), iso(e.createdAt), e.messageId ?? "", errorCell(e.error)]),
       ) + footer(entries.length, limit),
     );
   },
@@ -339,6 +342,11 @@ function table(headers: string[], rows: string[][]): string {
   const widths = headers.map((h, i) => Math.max(h.length, ...cells.map((r) => r[i]!.length)));
   const line = (r: string[]): string => r.map((c, i) => (i === r.length - 1 ? c : c.padEnd(widths[i]!))).join("  ").trimEnd();
   return [line(headers), ...cells.map(line)].join("\n") + "\n";
+}
+
+/** A journaled error in a table: its message and causes on one line, without the stack frames (`show` has them). */
+function errorCell(error: string | null): string {
+  return error === null ? "" : errorOneLine(error);
 }
 
 function footer(count: number, limit: number): string {
