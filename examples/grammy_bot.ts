@@ -30,8 +30,14 @@ safe.on("durability:ambiguous", (send) => console.error("may have been sent, hel
 
 await safe.start(); // recovery: an update a crash cut off runs through the middleware again
 void bot.start({ onStart: () => console.log("running") });
-process.on("SIGINT", async () => {
+let stopping = false;
+async function shutdown(): Promise<void> {
+  if (stopping) return;
+  stopping = true;
   await safe.stop(); // stops grammY's polling, then lets the updates under way finish
   await store.close();
   process.exit(0);
-});
+}
+process.on("SIGINT", shutdown); // Ctrl-C
+process.on("SIGTERM", shutdown); // docker stop, systemd, Kubernetes
+

@@ -21,7 +21,7 @@ import postgres from "postgres";
 import IORedis from "ioredis";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
-import { FakeTelegram } from "./support/fake_telegram.ts";
+import { FakeTelegram, telegramLimits } from "./support/fake_telegram.ts";
 
 function escapeHtml(text: string): string {
   return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&#39;");
@@ -92,9 +92,8 @@ afterAll(async () => {
 });
 let backendName = "memory";
 
-function setup(options: { retries?: number; admitFailures?: number } = {}) {
-  const fake = new FakeTelegram().start();
-  const bot = new GrammyBot(fake.token, {
+function botOf(fake: FakeTelegram): GrammyBot {
+  return new GrammyBot(fake.token, {
     client: { apiRoot: fake.url },
     botInfo: {
       id: fake.botId,
@@ -111,6 +110,11 @@ function setup(options: { retries?: number; admitFailures?: number } = {}) {
       can_manage_bots: false,
     } as never,
   });
+}
+
+function setup(options: { retries?: number; admitFailures?: number } = {}) {
+  const fake = new FakeTelegram().start();
+  const bot = botOf(fake);
   const real = BACKENDS[backendName]!();
   const backend = flakyAdmit(real, { failures: options.admitFailures ?? 0 });
   const safe = durable(bot, {
@@ -118,7 +122,8 @@ function setup(options: { retries?: number; admitFailures?: number } = {}) {
       backend,
       instanceId: "grammy-test",
       inbox: { retries: options.retries ?? 3, backoff: { baseMs: 10, capMs: 20 } },
-      outbox: { backoff: { baseMs: 10, capMs: 20 } },
+      // Telegram's rate limits (the provider's default), ten times faster.
+      outbox: { backoff: { baseMs: 10, capMs: 20 }, rateLimit: { global: { count: 30, perMs: 100 }, perChat: { count: 1, perMs: 100 } } },
     },
   });
   cleanups.push(async () => {
@@ -231,6 +236,34 @@ for (const name of Object.keys(BACKENDS)) describe(`grammY behind the durable in
     expect(replies[0]).toMatchObject({ message_id: 1, chat: { id: 9, type: "private" }, text: "working" });
     expect(replies[1]).toEqual({ message_id: 1, chat: { id: 9 } });
     expect(safe.durability.metrics().outboxDeduped).toBe(1);
+  });
+
+  test("calls with no chat_id that spend Stars (sendGift to a user, a business account's transfer) are journaled: a rerun does not repeat them", async () => {
+    const { fake, bot, safe } = setup();
+    const answers: unknown[] = [];
+    let runs = 0;
+    bot.on("message:text", async (ctx) => {
+      runs++;
+      answers.push(await ctx.api.sendGift(ctx.from.id, "gift-1"));
+      answers.push(await ctx.api.transferBusinessAccountStars("bc-1", 10));
+      if (runs === 1) throw new Error("the handler failed after paying");
+    });
+    fake.inject("sendGift", { kind: "body", body: JSON.stringify({ ok: true, result: true }) } as never, 5);
+    fake.inject("transferBusinessAccountStars", { kind: "body", body: JSON.stringify({ ok: true, result: true }) } as never, 5);
+    await safe.start();
+    const update = fake.textUpdate(31, "pay");
+    expect((await webhookCallback(bot, "std/http")(webhookRequest(update))).status).toBe(200);
+    await safe.idle();
+    expect(runs).toBe(2);
+    const gifts = fake.calls.filter((c) => c.method === "sendGift");
+    expect(gifts.length).toBe(1);
+    expect(gifts[0]!.params).toMatchObject({ user_id: 31, gift_id: "gift-1" });
+    expect(gifts[0]!.params.chat_id).toBeUndefined();
+    expect(fake.calls.filter((c) => c.method === "transferBusinessAccountStars").length).toBe(1);
+    expect(answers).toEqual([true, true, true, true]);
+    const id = fake.inboundId(update);
+    const entries = await safe.durability.outbox.list();
+    expect(entries.map((e) => [e.key, e.chatId]).sort()).toEqual([[`${id}:1`, "31"], [`${id}:2`, "business:bc-1"]]);
   });
 
   test("on a rerun, a passed-through call that fails only because the first run's took effect succeeds", async () => {
@@ -478,10 +511,113 @@ test("durable() refuses a second call on the same bot, and a bot that is not one
 });
 
 test("which methods are journaled", () => {
-  for (const m of ["sendMessage", "sendPhoto", "sendMediaGroup", "forwardMessage", "forwardMessages", "copyMessage", "copyMessages", "sendPoll"]) {
+  const spending = ["sendGift", "giftPremiumSubscription", "transferBusinessAccountStars", "postStory", "repostStory", "answerGuestQuery"];
+  for (const m of ["sendMessage", "sendPhoto", "sendMediaGroup", "forwardMessage", "forwardMessages", "copyMessage", "copyMessages", "sendPoll", ...spending]) {
     expect(isJournaledMethod(m), m).toBe(true);
   }
   for (const m of ["sendChatAction", "sendMessageDraft", "editMessageText", "answerCallbackQuery", "deleteMessage", "getMe", "setMessageReaction"]) {
     expect(isJournaledMethod(m), m).toBe(false);
   }
 });
+
+test("a durable() call that fails validation leaves the bot free: the next call reports its own error, or succeeds", () => {
+  const bot = new GrammyBot("123456:ABC-DEF");
+  expect(() => durable(bot, { durability: {} } as never)).toThrow(/"durability.backend" is required/);
+  expect(() => durable(bot, { durability: { backend: new MemoryDurability(), inbox: { retries: "3" } } } as never)).toThrow(/retries/);
+  expect(() => durable(bot, { durability: { backend: new MemoryDurability() } })).not.toThrow();
+  expect(() => durable(bot, { durability: { backend: new MemoryDurability() } })).toThrow(/already durable/);
+});
+
+test("a reply made while safe.stop() drains is journaled: the rerun after the restart does not send it again", async () => {
+  const fake = new FakeTelegram().start();
+  cleanups.push(() => fake.stop());
+  const backend = new MemoryDurability();
+  let release!: () => void;
+  const gate = new Promise<void>((resolve) => (release = resolve));
+  let runs = 0;
+  const handler = async (ctx: Context) => {
+    runs++;
+    await ctx.reply("A");
+    if (runs === 1) await gate;
+    await ctx.reply("B");
+    if (runs === 1) throw new Error("the LLM call failed during shutdown");
+  };
+  const options = { durability: { backend, instanceId: "drain", inbox: { backoff: { baseMs: 10, capMs: 20 } } } };
+  const bot = botOf(fake);
+  bot.on("message", handler);
+  const safe = durable(bot, options);
+  await safe.start();
+  const update = fake.textUpdate(41, "go");
+  await bot.handleUpdate(update as never);
+  await fake.until("the first reply", () => fake.sent.length === 1);
+  const stopping = safe.stop();
+  await new Promise((resolve) => setTimeout(resolve, 50));
+  release();
+  await stopping;
+  expect((await backend.outbox.list()).map((e) => e.key).sort()).toEqual([`${fake.inboundId(update)}:1`, `${fake.inboundId(update)}:2`]);
+
+  const bot2 = botOf(fake);
+  bot2.on("message", handler);
+  const safe2 = durable(bot2, options);
+  cleanups.push(() => safe2.stop());
+  // The failed record's retry is due after its backoff: the restart's recovery takes it then.
+  await new Promise((resolve) => setTimeout(resolve, 100));
+  await safe2.start();
+  await fake.until("the rerun", () => runs === 2, 15_000);
+  await safe2.idle();
+  expect((await backend.inbox.get(fake.inboundId(update)))?.state).toBe("done");
+  expect(runs).toBe(2);
+  expect(fake.sent.map((s) => s.params.text)).toEqual(["A", "B"]);
+}, 30_000);
+
+test("@grammyjs/runner still running after safe.stop(): its getUpdates back off, they do not spin", async () => {
+  const fake = new FakeTelegram().start();
+  cleanups.push(() => fake.stop());
+  const bot = botOf(fake);
+  bot.on("message", (ctx) => ctx.reply("ok"));
+  const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "runner-stop" } });
+  await safe.start();
+  const runner = run(bot, { runner: { fetch: { timeout: 1 } } });
+  fake.push(fake.textUpdate(42, "a"));
+  await fake.until("the reply", () => fake.sent.length === 1, 15_000);
+  await safe.stop();
+  const before = fake.calls.filter((c) => c.method === "getUpdates").length;
+  fake.push(fake.textUpdate(42, "b"));
+  await new Promise((resolve) => setTimeout(resolve, 1500));
+  const polls = fake.calls.filter((c) => c.method === "getUpdates").length - before;
+  await runner.stop();
+  // The refused update is asked for again with a growing pause (0.5 s, 1 s, …), not thousands of times.
+  expect(polls).toBeLessThan(20);
+  expect(fake.sent.length).toBe(1);
+  expect(fake.pending).toBe(1); // never confirmed: the next start gets it
+});
+
+test("Telegram's rate limits by default: a burst of replies in one chat waits for its slots and gets real Messages, ahead of a queued broadcast", async () => {
+  // Telegram's limits, the windows a little shorter: a limiter running exactly at a strict limit can
+  // see the odd 429 from network jitter (it is paused and retried, see docs/rate-limits.md).
+  const fake = new FakeTelegram({ limits: telegramLimits(1.05) }).start();
+  cleanups.push(() => fake.stop());
+  const bot = botOf(fake);
+  const replies: { message_id: number }[] = [];
+  const edits: string[] = [];
+  bot.on("message", async (ctx) => {
+    for (let i = 0; i < 3; i++) {
+      const message = await ctx.reply(`part ${i}`);
+      replies.push(message);
+      await ctx.api.editMessageText(ctx.chat.id, message.message_id, `part ${i} (edited)`).then(() => edits.push(`part ${i}`));
+    }
+  });
+  const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "limits", inbox: { retries: 0 } } });
+  cleanups.push(() => safe.stop());
+  await safe.start();
+  // A broadcast of 150 sends (five seconds of the global limit) queued before the update.
+  for (let i = 0; i < 150; i++) await safe.core.enqueue(String(1000 + i), `news ${i}`);
+  await bot.handleUpdate(fake.textUpdate(43, "go") as never);
+  await safe.idle();
+  expect(replies.map((m) => m.message_id)).toEqual([1, 2, 3]);
+  expect(edits).toEqual(["part 0", "part 1", "part 2"]);
+  const order = fake.sent.map((s) => String(s.params.text));
+  expect(order.filter((t) => t.startsWith("news")).length).toBe(150);
+  // The handler's replies went ahead of the broadcast: the last one is out before its last sends.
+  expect(order.indexOf("part 2")).toBeLessThan(order.indexOf("news 149"));
+}, 60_000);

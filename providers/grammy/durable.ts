@@ -13,7 +13,7 @@ import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.
 import { checkKnownOptions } from "../../src/options.ts";
 import { showValue as show } from "../../src/show.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
-import { callContent, failureOf, isJournaledMethod, minimalResult, placeholderResult } from "./methods.ts";
+import { callContent, failureOf, isJournaledMethod, journalChatOf, minimalResult, placeholderResult } from "./methods.ts";
 import { type GrammyCall, GrammyProvider } from "./provider.ts";
 import { isAlreadyDone } from "./reruns.ts";
 import { journaledUpdate, updateRecord } from "./updates.ts";
@@ -62,6 +62,24 @@ type Update = Parameters<HandleUpdate>[0];
 const APPLIED = new WeakSet<object>();
 /** The first retry of refused updates, and the most it backs off to. */
 const REFUSED_BACKOFF_MS = [500, 30_000] as const;
+/** After a 429, how much longer than its `retry_after` a call waits for the outbox to send it. */
+const FLOOD_GRACE_MS = 5_000;
+/** How often a call paused by a 429 looks whether the outbox sent it. */
+const FLOOD_POLL_MS = 50;
+
+/** Sleep `ms`, or less when `signal` aborts (the call that follows then fails with grammY's abort error). */
+function abortableSleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
+  if (signal?.aborted) return Promise.resolve();
+  return new Promise((resolve) => {
+    const done = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", done);
+      resolve();
+    };
+    const timer = setTimeout(done, ms);
+    signal?.addEventListener("abort", done, { once: true });
+  });
+}
 
 /**
  * A grammY bot made crash-safe: see {@link durable}.
@@ -75,6 +93,10 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   readonly #handleUpdate: HandleUpdate;
   #starting: Promise<void> | undefined;
   #stopped = false;
+  /** Set once the core's `stop()` resolved: calls made from now on go straight to Telegram. */
+  #coreStopped = false;
+  /** While grammY's own `stop()` runs: its last `getUpdates` (which confirms the offset) does not back off. */
+  #pollStopping = false;
   /** Admissions under way: a `getUpdates` waits for them, so that it confirms only journaled updates. */
   readonly #admitting = new Set<Promise<unknown>>();
   /** Updates (by `update_id`) that the journal refused, outside a webhook: `getUpdates` asks for them again. */
@@ -102,7 +124,6 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
     if (APPLIED.has(bot)) throw new TypeError(`This grammY bot is already durable: call durable() once per bot`);
     if (options.durability === undefined) throw new TypeError(`Option "durability" is required: a backend and an instanceId`);
     this.grammy = bot;
-    APPLIED.add(bot);
     // The provider's calls go through the transformers installed so far (a throttler, say), not
     // through the outbox transformer installed below, nor anything installed after it.
     const below = bot.api.config.installedTransformers();
@@ -118,6 +139,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       id: options.id ?? "grammy",
       ...(options.clock !== undefined ? { clock: options.clock } : {}),
     });
+    APPLIED.add(bot);
     this.#handleUpdate = bot.handleUpdate as HandleUpdate;
     this.core.when(() => true, (ctx) => {
       const update = journaledUpdate(ctx.message) as unknown as Update;
@@ -176,9 +198,21 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   async stop(): Promise<void> {
     if (this.#stopped) return;
     this.#stopped = true;
-    if (this.grammy.isRunning()) await this.grammy.stop();
+    if (this.grammy.isRunning()) {
+      this.#pollStopping = true;
+      try {
+        await this.grammy.stop();
+      } finally {
+        this.#pollStopping = false;
+      }
+    }
     await this.#starting?.catch(() => {});
-    await this.core.stop();
+    // Until the core is stopped, handlers still running journal their calls as before.
+    try {
+      await this.core.stop();
+    } finally {
+      this.#coreStopped = true;
+    }
   }
 
   // ---- inbound ---------------------------------------------------------------------
@@ -214,7 +248,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   }
 
   /** Before a `getUpdates`: its offset must not confirm an update that is not journaled. */
-  async #beforePoll(payload: Obj): Promise<Obj> {
+  async #beforePoll(payload: Obj, signal: AbortSignal | undefined): Promise<Obj> {
     while (this.#admitting.size > 0) await Promise.allSettled([...this.#admitting]);
     if (this.#refused.size === 0 || typeof payload.offset !== "number") {
       this.#backoffMs = REFUSED_BACKOFF_MS[0];
@@ -222,8 +256,10 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
     }
     const first = Math.min(...this.#refused);
     if (payload.offset <= first) return payload;
-    if (!this.#stopped) {
-      await new Promise((resolve) => setTimeout(resolve, this.#backoffMs));
+    // Stopped, every update is refused: a poller still running (the runner) backs off too, it does not
+    // spin. Only grammY's own stop() confirms the offset at once.
+    if (!this.#pollStopping) {
+      await abortableSleep(this.#backoffMs, signal);
       this.#backoffMs = Math.min(REFUSED_BACKOFF_MS[1], this.#backoffMs * 2);
     }
     return { ...payload, offset: first };
@@ -234,7 +270,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   readonly #transformer: Transformer = async (prev, method, payload, signal) => {
     if (method === "getUpdates") {
       this.#polling = true;
-      return prev(method, (await this.#beforePoll(payload as Obj)) as typeof payload, signal);
+      return prev(method, (await this.#beforePoll(payload as Obj, signal as AbortSignal | undefined)) as typeof payload, signal);
     }
     const p = payload as unknown as Obj;
     if (!isJournaledMethod(method)) {
@@ -243,14 +279,36 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       if (this.#run?.get()?.rerun === true && isAlreadyDone(method, response)) return { ok: true, result: true } as typeof response;
       return response;
     }
-    if (!isObj(p) || p.chat_id === undefined || this.#starting === undefined || this.#stopped) {
+    const chat = isObj(p) ? journalChatOf(p) : undefined;
+    if (chat === undefined || this.#starting === undefined || this.#coreStopped) {
       return prev(method, payload, signal);
     }
     await this.#starting;
-    const result = await this.core.send(String(p.chat_id), callContent(method, p));
+    const result = await this.#afterFlood(await this.core.send(chat, callContent(method, p)));
     // deno-lint-ignore no-explicit-any
     return this.#answer(method, p, result) as any;
   };
+
+  /**
+   * A send Telegram refused for its flood limit (429) is paused in the outbox, no attempt spent: the
+   * caller waits for it to go out (the `retry_after`, then its slot) and gets the real answer, as
+   * without the outbox. It gets the placeholder if the send is not out soon after, or the bot stops.
+   */
+  async #afterFlood(result: SendResult): Promise<SendResult> {
+    if (result.state !== "queued" && result.state !== "failed") return result;
+    const retryAfterMs = this.#provider.floodWaitOf(result.key);
+    if (retryAfterMs === undefined) return result;
+    const deadline = Date.now() + retryAfterMs + FLOOD_GRACE_MS;
+    while (!this.#stopped && Date.now() < deadline) {
+      await abortableSleep(FLOOD_POLL_MS, undefined);
+      if (this.#provider.hasAnswer(result.key)) return { key: result.key, state: "sent" };
+      const entry = await this.durability.outbox.get(result.key);
+      if (entry === null) return result;
+      if (entry.state === "sent") return { key: result.key, state: "sent", messageId: entry.messageId ?? "" };
+      if (entry.state === "dead") return { key: result.key, state: "dead", ...(entry.error !== null ? { error: entry.error } : {}) };
+    }
+    return result;
+  }
 
   /** What grammY gets back for a call the outbox took. */
   #answer(method: string, payload: Obj, result: SendResult): unknown {

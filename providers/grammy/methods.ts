@@ -9,6 +9,22 @@ import { isObj, type Obj } from "../telegram/values.ts";
 
 /** Methods that look like sends but create no message a user could get twice. */
 const NOT_JOURNALED = new Set(["sendChatAction", "sendMessageDraft", "sendRichMessageDraft"]);
+/**
+ * Calls with no `chat_id` that create a message or spend Stars: journaled too, in the chat of the
+ * user they concern (`user_id`), of the business account (`business_connection_id`) or of the guest
+ * query (`guest_query_id`).
+ */
+const UNCHATTED = new Set([
+  "giftPremiumSubscription",
+  "transferBusinessAccountStars",
+  "postStory",
+  "repostStory",
+  "answerGuestQuery",
+]);
+/** Journaled methods whose answer is `true`, whatever the receipt kept. */
+const TRUE_RESULTS = new Set(["sendGift", "giftPremiumSubscription", "transferBusinessAccountStars"]);
+/** Journaled methods whose answer is a `Story` (`{ chat, id }`). */
+const STORY_RESULTS = new Set(["postStory", "repostStory"]);
 /** Message-creating methods whose answer is an array. */
 const ARRAY_RESULTS = new Set(["sendMediaGroup", "forwardMessages", "copyMessages"]);
 /** Message-creating methods whose answer is a `MessageId` (`{ message_id }`) rather than a `Message`. */
@@ -25,7 +41,28 @@ const MESSAGE_ID_RESULTS = new Set(["copyMessage", "copyMessages"]);
  */
 export function isJournaledMethod(method: string): boolean {
   if (NOT_JOURNALED.has(method)) return false;
-  return /^send[A-Z]/.test(method) || /^(forward|copy)Messages?$/.test(method);
+  return /^send[A-Z]/.test(method) || /^(forward|copy)Messages?$/.test(method) || UNCHATTED.has(method);
+}
+
+function idOf(value: unknown): string | undefined {
+  return typeof value === "number" || (typeof value === "string" && value !== "") ? String(value) : undefined;
+}
+
+/**
+ * The chat a journaled call is kept in order (and rate-limited) under: its `chat_id`; else, for a
+ * call that has none, the user it concerns (`user_id`, as that user's private chat), the business
+ * account (`business:<business_connection_id>`) or the guest query (`guest:<guest_query_id>`).
+ *
+ * @param payload the call's parameters
+ * @returns the chat, `undefined` when the call names none (it is then made directly)
+ */
+export function journalChatOf(payload: Obj): string | undefined {
+  const chat = idOf(payload.chat_id) ?? idOf(payload.user_id);
+  if (chat !== undefined) return chat;
+  const connection = idOf(payload.business_connection_id);
+  if (connection !== undefined) return `business:${connection}`;
+  const guest = idOf(payload.guest_query_id);
+  return guest === undefined ? undefined : `guest:${guest}`;
 }
 
 /** Whether a value is an upload (a grammY `InputFile`, a stream, a Blob): it cannot be journaled. */
@@ -69,13 +106,21 @@ export function callContent(method: string, payload: Obj): Obj {
  */
 export function messageIdsOf(result: unknown): string {
   const items = Array.isArray(result) ? result : [result];
-  return items.map((item) => (isObj(item) && item.message_id !== undefined ? String(item.message_id) : "")).filter((id) => id !== "").join(",");
+  const idOfItem = (item: unknown): string => {
+    if (!isObj(item)) return "";
+    if (item.message_id !== undefined) return String(item.message_id);
+    // A story (`id`), a guest query's inline message (`inline_message_id`).
+    if (typeof item.inline_message_id === "string") return item.inline_message_id;
+    return item.id !== undefined && isObj(item.chat) ? String(item.id) : "";
+  };
+  return items.map(idOfItem).filter((id) => id !== "").join(",");
 }
 
 /**
  * The answer grammY gets for a send the outbox has but whose real answer is
  * gone (sent before a crash, or by another process): a minimal `Message` of
- * `message_id` and `chat.id` per message (`MessageId` for copies), `true`
+ * `message_id` and `chat.id` per message (`MessageId` for copies), `{ id }`
+ * for a story, `{ inline_message_id }` for a guest query's answer, `true`
  * for a method that answers no message.
  *
  * @param method the Bot API method
@@ -84,6 +129,9 @@ export function messageIdsOf(result: unknown): string {
  * @returns the answer
  */
 export function minimalResult(method: string, payload: Obj, messageIds: string): unknown {
+  if (TRUE_RESULTS.has(method)) return true;
+  if (STORY_RESULTS.has(method)) return { id: Number(messageIds) || 0 };
+  if (method === "answerGuestQuery") return { inline_message_id: messageIds };
   if (messageIds === "") return ARRAY_RESULTS.has(method) ? [] : true;
   const chatId = payload.chat_id;
   const chat = { id: typeof chatId === "string" && /^-?\d+$/.test(chatId) ? Number(chatId) : chatId };
@@ -104,7 +152,7 @@ export function minimalResult(method: string, payload: Obj, messageIds: string):
  * @returns the answer
  */
 export function placeholderResult(method: string, payload: Obj): unknown {
-  return minimalResult(method, payload, ARRAY_RESULTS.has(method) || method === "sendGift" ? "" : "0");
+  return minimalResult(method, payload, ARRAY_RESULTS.has(method) || TRUE_RESULTS.has(method) || method === "answerGuestQuery" ? "" : "0");
 }
 
 /** The Bot API's error answer for a send that ended `dead`. */

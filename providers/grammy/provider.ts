@@ -15,6 +15,8 @@ import type {
   SendContext,
   SendReceipt,
 } from "../../src/provider.ts";
+import type { RateLimits } from "../../src/rate_limit.ts";
+import { TELEGRAM_RATE_LIMITS } from "../telegram/provider.ts";
 import { showValue as show } from "../../src/show.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
 import { type ApiFailure, isJournaledMethod, messageIdsOf } from "./methods.ts";
@@ -27,7 +29,8 @@ const KEPT_ANSWERS = 1_000;
 
 /**
  * Whether a send error may be retried: grammY's `GrammyError` by its
- * `error_code` (429 after `retry_after`, 5xx; other 4xx are permanent), an
+ * `error_code` (429 after `retry_after`, a pause of the chat that spends no
+ * attempt; 5xx; other 4xx are permanent), an
  * `HttpError` (the network) is retried, and held as ambiguous when it was a
  * timeout after the request went out.
  *
@@ -41,7 +44,8 @@ export function classifyGrammyError(error: unknown): ErrorClassification {
     const after = isObj(error.parameters) && typeof error.parameters.retry_after === "number"
       ? error.parameters.retry_after * 1000
       : undefined;
-    return { retryable: code === 429 || code >= 500, ...(after !== undefined ? { retryAfterMs: after } : {}) };
+    if (code === 429) return { retryable: true, rateLimited: "chat", ...(after !== undefined ? { retryAfterMs: after } : {}) };
+    return { retryable: code >= 500, ...(after !== undefined ? { retryAfterMs: after } : {}) };
   }
   if (error.name === "HttpError") {
     const cause = isObj(error.error) ? error.error : undefined;
@@ -62,6 +66,12 @@ export class GrammyProvider implements Provider {
   readonly connectionId: string;
   /** Seals media references in inbox records, as the Telegram provider does. */
   readonly seal: MediaSeal;
+  /**
+   * Telegram's limits (`TELEGRAM_RATE_LIMITS`): 30 sends a second overall, 1 a second in a private
+   * chat, 20 a minute in a group. Journaled calls wait in the outbox for their slot instead of
+   * meeting a 429. Override them with `durability.outbox.rateLimit`.
+   */
+  readonly rateLimits: RateLimits = TELEGRAM_RATE_LIMITS;
   #sink: InboundSink | undefined;
   readonly #call: GrammyCall;
   readonly #answers = new BoundedMap<string, unknown>(KEPT_ANSWERS);
@@ -124,7 +134,10 @@ export class GrammyProvider implements Provider {
     if (typeof method !== "string" || method === "") {
       throw new TypeError(`grammY content must have a "method" (a Bot API method), got ${show(method)}`);
     }
-    if (payload.chat_id === undefined) payload.chat_id = chatId;
+    // A call keyed by its user, business connection or guest query has no chat_id to fill in.
+    if (payload.chat_id === undefined && payload.user_id === undefined && payload.business_connection_id === undefined && payload.guest_query_id === undefined) {
+      payload.chat_id = chatId;
+    }
     let result: unknown;
     try {
       result = await this.#call(method, payload, context.signal);
@@ -164,6 +177,29 @@ export class GrammyProvider implements Provider {
     const answer = this.#answers.get(key);
     this.#answers.delete(key);
     return answer;
+  }
+
+  /**
+   * Whether the answer of the call made for an outbox key is here (see {@link takeAnswer}).
+   *
+   * @param key the outbox key
+   * @returns whether this process made the call and kept its answer
+   */
+  hasAnswer(key: string): boolean {
+    return this.#answers.has(key);
+  }
+
+  /**
+   * When the last call made for an outbox key met Telegram's flood limit (429): its `retry_after`.
+   *
+   * @param key the outbox key
+   * @returns the wait in ms (1 s when Telegram named none), `undefined` when the last call was no 429
+   */
+  floodWaitOf(key: string): number | undefined {
+    const failure = this.#failures.get(key);
+    if (failure?.error_code !== 429) return undefined;
+    const after = failure.parameters?.retry_after;
+    return typeof after === "number" && after >= 0 ? after * 1000 : 1000;
   }
 
   /**
