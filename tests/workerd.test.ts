@@ -144,7 +144,14 @@ ${Object.entries(bindings).map(([name, value]) => `    (name = ${capnpText(name)
   async function until(what: string, check: () => boolean): Promise<void> {
     const deadline = Date.now() + 30_000;
     while (!check()) {
-      if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}; workerd said:\n${output}`);
+      if (Date.now() > deadline) {
+        const states: string[] = [];
+        for await (const key of scan(`{${keyPrefix}}*:r:*`)) states.push(`${key}=${JSON.stringify(await redis.hgetall(key))}`);
+        throw new Error(
+          `timed out waiting for ${what}; Bot API calls: ${JSON.stringify(fake.calls.map((c) => [c.method, c.status]))}; ` +
+            `records: ${states.join(", ")}; workerd said:\n${output}`,
+        );
+      }
       await Bun.sleep(50);
     }
   }

@@ -48,7 +48,9 @@ export class BotApi {
   constructor(settings: BotApiSettings) {
     this.#token = settings.token;
     this.#apiBase = settings.apiBase;
-    this.#fetch = settings.fetch;
+    const { fetch: call } = settings;
+    // Called as a plain function: Workers' fetch throws "Illegal invocation" when called on another object.
+    this.#fetch = (input, init) => call(input, init);
     this.requestTimeoutMs = settings.requestTimeoutMs;
   }
 
