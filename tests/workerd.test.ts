@@ -47,9 +47,19 @@ function freePort(): Promise<number> {
   });
 }
 
+/** A Worker that runs the `scheduled` handler of the one bound as MAIN and answers its outcome. */
+const TRIGGER = `export default {
+  async fetch(request, env) {
+    return Response.json(await env.MAIN.scheduled({ cron: "*/5 * * * *" }));
+  },
+};
+`;
+
 /** A Worker served by workerd on loopback. */
 interface ServedWorker {
   readonly url: string;
+  /** POST here to run the Worker's `scheduled` handler (through a service binding's `scheduled()`). */
+  readonly scheduledUrl: string;
   /** What workerd printed so far. */
   output(): string;
   stop(): Promise<void>;
@@ -75,14 +85,26 @@ async function serveWorker(entry: string, bindings: Record<string, string>, flag
   if (!built.success) throw new AggregateError(built.logs, `bundling ${entry} failed`);
   await writeFile(join(dir, "worker.js"), await built.outputs[0]!.text());
   const port = await freePort();
+  const triggerPort = await freePort();
+  await writeFile(join(dir, "trigger.js"), TRIGGER);
   const text = (value: string): string => JSON.stringify(value);
   await writeFile(join(dir, "config.capnp"), `using Workerd = import "/workerd/workerd.capnp";
 const config :Workerd.Config = (
   services = [
     (name = "main", worker = .bot),
     (name = "loopback", network = (allow = ["local", "private", "public"])),
+    (name = "trigger", worker = .trigger),
   ],
-  sockets = [(name = "http", address = ${text(`127.0.0.1:${port}`)}, http = (), service = "main")],
+  sockets = [
+    (name = "http", address = ${text(`127.0.0.1:${port}`)}, http = (), service = "main"),
+    (name = "trigger", address = ${text(`127.0.0.1:${triggerPort}`)}, http = (), service = "trigger"),
+  ],
+);
+const trigger :Workerd.Worker = (
+  modules = [(name = "trigger.js", esModule = embed "trigger.js")],
+  compatibilityDate = "2025-09-01",
+  compatibilityFlags = ["service_binding_extra_handlers"],
+  bindings = [(name = "MAIN", service = "main")],
 );
 const bot :Workerd.Worker = (
   modules = [(name = "worker.js", esModule = embed "worker.js")],
@@ -95,7 +117,7 @@ ${Object.entries(bindings).map(([name, value]) => `    (name = ${text(name)}, te
 );
 `);
   let output = "";
-  const child: ChildProcess = spawn(BINARY, ["serve", join(dir, "config.capnp"), "--verbose"], { stdio: ["ignore", "pipe", "pipe"] });
+  const child: ChildProcess = spawn(BINARY, ["serve", join(dir, "config.capnp"), "--verbose", "--experimental"], { stdio: ["ignore", "pipe", "pipe"] });
   child.stdout!.on("data", (chunk: Buffer) => (output += chunk.toString()));
   child.stderr!.on("data", (chunk: Buffer) => (output += chunk.toString()));
   const exited = new Promise<void>((resolve) => child.once("exit", () => resolve()));
@@ -120,7 +142,7 @@ ${Object.entries(bindings).map(([name, value]) => `    (name = ${text(name)}, te
     }
     await Bun.sleep(100);
   }
-  return { url, output: () => output, stop };
+  return { url, scheduledUrl: `http://127.0.0.1:${triggerPort}`, output: () => output, stop };
 }
 
 const post = (url: string, update: Record<string, unknown>, secret = SECRET): Promise<Response> =>
@@ -212,6 +234,15 @@ describe.skipIf(redisSkip !== false)("workerd: a Telegram webhook Worker journal
     const outbox = await records("out");
     expect(outbox.map((r) => [r.chatId, r.state, r.called]).sort()).toEqual([["4201", "sent", "1"], ["4202", "sent", "1"]]);
   }, 60_000);
+
+  test("the scheduled handler starts a bot (its recovery sweep reads the journal over Upstash) and settles", async () => {
+    const requests = bridge.requests;
+    const sent = fake.sent.length;
+    const answer = await fetch(worker!.scheduledUrl, { method: "POST" });
+    expect(await answer.json()).toEqual({ outcome: "ok", noRetry: false });
+    expect(bridge.requests).toBeGreaterThan(requests);
+    expect(fake.sent.length).toBe(sent);
+  }, 30_000);
 
   test("a webhook with the wrong secret is refused and journals nothing", async () => {
     const before = (await records("in")).length;
