@@ -38,7 +38,7 @@ export class BotApi {
   readonly requestTimeoutMs: number;
   readonly #token: string;
   readonly #apiBase: string;
-  readonly #fetch: typeof fetch;
+  readonly #fetch: (input: string, init?: RequestInit) => Promise<Response>;
 
   /**
    * Reach the Bot API of one bot.

@@ -204,7 +204,7 @@ export interface GraphApiSettings {
 /** Requests to the Graph API with one access token. */
 export class GraphApi {
   readonly #accessToken: string;
-  readonly #fetch: typeof fetch;
+  readonly #fetch: (input: string, init?: RequestInit) => Promise<Response>;
   readonly #timeoutMs: number;
 
   /**
