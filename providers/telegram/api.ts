@@ -38,7 +38,7 @@ export class BotApi {
   readonly requestTimeoutMs: number;
   readonly #token: string;
   readonly #apiBase: string;
-  readonly #fetch: typeof fetch;
+  readonly #fetch: (input: string, init?: RequestInit) => Promise<Response>;
 
   /**
    * Reach the Bot API of one bot.
@@ -48,7 +48,9 @@ export class BotApi {
   constructor(settings: BotApiSettings) {
     this.#token = settings.token;
     this.#apiBase = settings.apiBase;
-    this.#fetch = settings.fetch;
+    const { fetch: call } = settings;
+    // Called as a plain function: Workers' fetch throws "Illegal invocation" when called on another object.
+    this.#fetch = (input, init) => call(input, init);
     this.requestTimeoutMs = settings.requestTimeoutMs;
   }
 

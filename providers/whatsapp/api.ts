@@ -204,7 +204,7 @@ export interface GraphApiSettings {
 /** Requests to the Graph API with one access token. */
 export class GraphApi {
   readonly #accessToken: string;
-  readonly #fetch: typeof fetch;
+  readonly #fetch: (input: string, init?: RequestInit) => Promise<Response>;
   readonly #timeoutMs: number;
 
   /**
@@ -214,7 +214,9 @@ export class GraphApi {
    */
   constructor(settings: GraphApiSettings) {
     this.#accessToken = settings.accessToken;
-    this.#fetch = settings.fetch;
+    const { fetch: call } = settings;
+    // Called as a plain function: Workers' fetch throws "Illegal invocation" when called on another object.
+    this.#fetch = (input, init) => call(input, init);
     this.#timeoutMs = settings.timeoutMs;
   }
 
