@@ -232,12 +232,12 @@ interface SweepCounts {
   inbound: number;
   outbound: number;
   ambiguous: number;
-  purged: boolean;
+  purges: number;
 }
 
 /** What one `bot.sweep()` did. */
 export interface SweepSummary {
-  /** Inbound records it took up (due retries, lapsed leases) and handled. */
+  /** Inbound records it took up (due retries, lapsed leases) and handled (the start's recovery included). */
   inbound: number;
   /** Outbox entries it took up (due retries, lapsed leases) and delivered or failed again. */
   outbound: number;
@@ -432,8 +432,9 @@ export class DurabilityEngine {
   #wakeTimer: ClockTimer | undefined;
   #wakeAt = Infinity;
   #lastPurge = -Infinity;
-  /** What the sweeps took up since `sweepFor()` reset it. */
-  #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purged: false };
+  /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
+  #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
+  #sweptReported: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
   #started = false;
   #ready = false;
   #stopping = false;
@@ -1725,7 +1726,7 @@ export class DurabilityEngine {
       this.#lastPurge = this.#clock.monotonic();
       await this.backend.inbox.purge(this.config.retentionMs);
       await this.backend.outbox.purge(this.config.retentionMs);
-      this.#swept.purged = true;
+      this.#swept.purges++;
     }
   }
 
@@ -1837,16 +1838,12 @@ export class DurabilityEngine {
    */
   async sweepFor(budgetMs: number): Promise<SweepSummary> {
     const startedAt = this.#clock.monotonic();
-    const total: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purged: false };
+    const taken = (c: SweepCounts) => c.inbound + c.outbound;
+    // What the start's recovery sweep (or a timer's sweep) took up since the last call counts too.
+    let seen = this.#sweptReported;
     let more = false;
     for (;;) {
-      this.#swept = { inbound: 0, outbound: 0, ambiguous: 0, purged: false };
       await this.sweep();
-      const pass = this.#swept;
-      total.inbound += pass.inbound;
-      total.outbound += pass.outbound;
-      total.ambiguous += pass.ambiguous;
-      total.purged ||= pass.purged;
       const left = budgetMs - (this.#clock.monotonic() - startedAt);
       let timer: ClockTimer | undefined;
       const settled = await Promise.race([
@@ -1856,15 +1853,27 @@ export class DurabilityEngine {
         }),
       ]);
       this.#clock.clearTimeout(timer);
-      if (this.#halted || this.#stopping) break;
-      if (pass.inbound + pass.outbound === 0) break;
+      const now = { ...this.#swept };
+      const claimed = taken(now) - taken(seen);
+      seen = now;
+      if (this.#halted || this.#stopping || claimed === 0) break;
       if (!settled || this.#clock.monotonic() - startedAt >= budgetMs) {
         more = true;
         break;
       }
     }
+    const from = this.#sweptReported;
+    this.#sweptReported = seen;
     const pending = this.#halted ? true : await this.#hasActiveWork().catch(() => true);
-    return { ...total, more, pending, ms: Math.round(this.#clock.monotonic() - startedAt) };
+    return {
+      inbound: seen.inbound - from.inbound,
+      outbound: seen.outbound - from.outbound,
+      ambiguous: seen.ambiguous - from.ambiguous,
+      purged: seen.purges > from.purges,
+      more,
+      pending,
+      ms: Math.round(this.#clock.monotonic() - startedAt),
+    };
   }
 
   /** Resolve when every admitted record is done or dead and every outbox entry is sent, dead or unknown. */
