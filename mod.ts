@@ -37,6 +37,7 @@ export type {
   DurabilityWarning,
   SendOptions,
   SendResult,
+  SweepSummary,
   WarningCode,
 } from "./src/engine.ts";
 export {

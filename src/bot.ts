@@ -15,9 +15,11 @@ import {
   type InboundJob,
   type SendOptions,
   type SendResult,
+  type SweepSummary,
 } from "./engine.ts";
 import { Conversations, type FlowContext, type HandlerSend, type StepJob } from "./conversation.ts";
 import { errorText, isProcessDeath } from "./errors.ts";
+import { showValue as show } from "./show.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
 import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./provider.ts";
 import { checkClock, type Clock, type ClockTimer, systemClock } from "./clock.ts";
@@ -409,6 +411,41 @@ export class Bot {
   async idle(): Promise<void> {
     if (this.#engine) return this.#engine.idle();
     await this.#whenLocalIdle();
+  }
+
+  /**
+   * Resolve when the work this process has under way has finished: the handlers of the messages it
+   * admitted ran and their sends were attempted. Unlike {@link Bot.idle}, it does not wait for
+   * retries: a failed send or handler stays due in the journal for a later sweep. Await it (or hand
+   * it to `waitUntil`) before a serverless request returns.
+   *
+   * @returns a promise that resolves once nothing is in flight in this process
+   */
+  settled(): Promise<void> {
+    return this.#whenLocalIdle();
+  }
+
+  /**
+   * Take up due and abandoned work now, once, within a time budget: recover lapsed leases, run due
+   * inbound retries, deliver due sends, report sends whose outcome is unknown, purge old records.
+   * Waits for the work it took up, then returns. Safe to call concurrently and from several
+   * processes (leases keep each record to one of them). Made for cron triggers on platforms where no
+   * process outlives a request (with `durability.sweepIntervalMs: 0`; see docs/serverless.md).
+   *
+   * @param options `budgetMs`: stop taking up more work after this many ms (default 10 000)
+   * @returns what it did, and whether work is left (`more`: due now; `pending`: due now or later)
+   * @throws {Error} when the bot is not running or has no `durability`
+   * @throws {RangeError} when `budgetMs` is not a positive integer
+   */
+  async sweep(options?: { budgetMs?: number }): Promise<SweepSummary> {
+    const budgetMs = options?.budgetMs ?? 10_000;
+    if (typeof budgetMs !== "number" || !Number.isInteger(budgetMs) || budgetMs <= 0 || budgetMs > MAX_TIMER_MS) {
+      throw new RangeError(`Option "budgetMs" of bot.sweep() must be a positive integer of ms, got ${show(budgetMs)}`);
+    }
+    if (!this.#engine) throw new Error("Bot.sweep() needs the durability option (a journal to sweep)");
+    await this.#starting;
+    if (this.#state !== "running") throw new Error(`Bot.sweep() was called on a bot that is ${this.#state}`);
+    return this.#engine.sweepFor(budgetMs);
   }
 
   /** Stop taking work, let in-flight work finish, release what the bot holds. */

@@ -66,7 +66,11 @@ export interface DurabilityOptions {
   failOpen?: boolean;
   inbox?: InboxOptions;
   outbox?: OutboxOptions;
-  /** How often to look for due and abandoned work (default derived from the lease times). */
+  /**
+   * How often to look for due and abandoned work (default derived from the lease times). `0`: no
+   * sweep timer and no retry timers; due work waits in the journal until `bot.sweep()` is called (a
+   * cron trigger on serverless platforms, see docs/serverless.md).
+   */
   sweepIntervalMs?: number;
   /**
    * An OpenTelemetry tracer (`trace.getTracer("my-bot")` of `@opentelemetry/api`): spans
@@ -98,6 +102,7 @@ export interface ResolvedDurability {
     /** `false`: off; otherwise the overrides of the provider's limits. */
     rateLimit: RateLimitOptions | false;
   };
+  /** `0`: sweeps and retries run only when `bot.sweep()` is called. */
   sweepIntervalMs: number;
   tracer: TracerLike | null;
 }
@@ -260,7 +265,12 @@ export function resolveDurability(value: unknown): ResolvedDurability {
     rateLimit: checkRateLimitOption(outboxRaw.rateLimit, "durability.outbox.rateLimit"),
   };
   const derivedSweep = Math.max(10, Math.min(5000, Math.floor(Math.min(inbox.leaseMs, outbox.leaseMs) / 2)));
-  const sweepIntervalMs = integer(raw.sweepIntervalMs, "durability.sweepIntervalMs", derivedSweep, 1, MAX_TIMER_MS);
+  if (raw.sweepIntervalMs !== undefined && typeof raw.sweepIntervalMs === "number" && raw.sweepIntervalMs < 0) {
+    throw new RangeError(
+      `Option "durability.sweepIntervalMs" must be 0 (no timers: sweep only when bot.sweep() is called) or a positive interval, got ${show(raw.sweepIntervalMs)}`,
+    );
+  }
+  const sweepIntervalMs = integer(raw.sweepIntervalMs, "durability.sweepIntervalMs", derivedSweep, 0, MAX_TIMER_MS);
   if (raw.tracer !== undefined && !isTracer(raw.tracer)) {
     throw new TypeError(
       `Option "durability.tracer" must be an OpenTelemetry tracer (with startSpan and startActiveSpan), got ${show(raw.tracer)}`,

@@ -228,6 +228,31 @@ export interface DurabilityControl {
 }
 
 const SWEEP_BATCH = 64;
+interface SweepCounts {
+  inbound: number;
+  outbound: number;
+  ambiguous: number;
+  purges: number;
+}
+
+/** What one `bot.sweep()` did. */
+export interface SweepSummary {
+  /** Inbound records it took up (due retries, lapsed leases) and handled (the start's recovery included). */
+  inbound: number;
+  /** Outbox entries it took up (due retries, lapsed leases) and delivered or failed again. */
+  outbound: number;
+  /** Sends whose outcome it found unknown (each reported as `durability:ambiguous`). */
+  ambiguous: number;
+  /** Whether it purged records older than the retention. */
+  purged: boolean;
+  /** The budget ran out with work due still being found or handled: call it again soon. */
+  more: boolean;
+  /** The journals still hold unfinished work (due now or later, e.g. a retry waiting for its backoff). */
+  pending: boolean;
+  /** How long it took, in ms. */
+  ms: number;
+}
+
 /** Damaged records reported per journal per sweep tick (the rest at the next ticks). */
 const DAMAGED_REPORT_BATCH = 100;
 
@@ -407,6 +432,9 @@ export class DurabilityEngine {
   #wakeTimer: ClockTimer | undefined;
   #wakeAt = Infinity;
   #lastPurge = -Infinity;
+  /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
+  #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
+  #sweptReported: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
   #started = false;
   #ready = false;
   #stopping = false;
@@ -478,10 +506,12 @@ export class DurabilityEngine {
       if (isProcessDeath(error)) this.#halt();
       throw error;
     }
-    this.#sweepTimer = every(this.#clock, this.config.sweepIntervalMs, () => {
-      void this.sweep();
-      void this.#reportDamaged();
-    });
+    if (this.config.sweepIntervalMs > 0) {
+      this.#sweepTimer = every(this.#clock, this.config.sweepIntervalMs, () => {
+        void this.sweep();
+        void this.#reportDamaged();
+      });
+    }
     void this.#reportDamaged();
     this.#heartbeatTimer = every(this.#clock, this.#heartbeatEveryMs(), () => void this.#heartbeat());
   }
@@ -712,7 +742,8 @@ export class DurabilityEngine {
   }
 
   #wake(inMs: number): void {
-    if (this.#halted || this.#stopping) return;
+    // Without timers (sweepIntervalMs 0), due work waits in the journal for the next bot.sweep().
+    if (this.#halted || this.#stopping || this.config.sweepIntervalMs === 0) return;
     inMs = Math.min(Math.max(0, inMs), MAX_TIMER_MS);
     const at = this.#clock.monotonic() + inMs;
     if (at >= this.#wakeAt) return;
@@ -1520,7 +1551,7 @@ export class DurabilityEngine {
         if (this.#stopping) break;
         const earlier = await this.backend.outbox.list({ chatId, state: BLOCKING_OUTBOX_STATES, limit: 1 });
         if (earlier.length === 0) break;
-        await sleep(this.#clock, this.config.sweepIntervalMs);
+        await sleep(this.#clock, Math.max(20, this.config.sweepIntervalMs));
       }
       return this.#inChatOrder(chatId, async () => {
         const call = { key, chatId, attempt: 1, inboundId: null };
@@ -1588,6 +1619,7 @@ export class DurabilityEngine {
           continue;
         }
         const lease = this.#hold("inbox", record.id, record.fence, claimedAt);
+        this.#swept.inbound++;
         if (record.attempts > 1 && record.error === null) this.#metrics.inboundReplayed++;
         this.#dispatchRecord(record, lease);
       }
@@ -1638,6 +1670,7 @@ export class DurabilityEngine {
             continue;
           }
           const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);
+          this.#swept.outbound++;
           const resend = ambiguousKeys.has(entry.key);
           this.#sweptInFlight++;
           this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry, undefined, resend)).then(
@@ -1654,6 +1687,7 @@ export class DurabilityEngine {
         unheld = false;
         this.#claimsInFlight--;
         for (const entry of ambiguous) {
+          this.#swept.ambiguous++;
           const mine = mineBefore.get(entry.key);
           // A reservation whose answer is still on its way may be ours too, or another process's entry
           // that it only found: it cannot tell, so that one is reported.
@@ -1692,6 +1726,7 @@ export class DurabilityEngine {
       this.#lastPurge = this.#clock.monotonic();
       await this.backend.inbox.purge(this.config.retentionMs);
       await this.backend.outbox.purge(this.config.retentionMs);
+      this.#swept.purges++;
     }
   }
 
@@ -1795,6 +1830,50 @@ export class DurabilityEngine {
       this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 }),
     ]);
     return inbound.length > 0 || outbound.length > 0;
+  }
+
+  /**
+   * Sweep until nothing due is left or `budgetMs` has passed, waiting for the work each pass took up
+   * (see `Bot.sweep()`).
+   */
+  async sweepFor(budgetMs: number): Promise<SweepSummary> {
+    const startedAt = this.#clock.monotonic();
+    const taken = (c: SweepCounts) => c.inbound + c.outbound;
+    // What the start's recovery sweep (or a timer's sweep) took up since the last call counts too.
+    let seen = this.#sweptReported;
+    let more = false;
+    for (;;) {
+      await this.sweep();
+      const left = budgetMs - (this.#clock.monotonic() - startedAt);
+      let timer: ClockTimer | undefined;
+      const settled = await Promise.race([
+        this.#host.whenLocalIdle().then(() => true),
+        new Promise<boolean>((resolve) => {
+          timer = this.#clock.setTimeout(() => resolve(false), Math.max(0, left));
+        }),
+      ]);
+      this.#clock.clearTimeout(timer);
+      const now = { ...this.#swept };
+      const claimed = taken(now) - taken(seen);
+      seen = now;
+      if (this.#halted || this.#stopping || claimed === 0) break;
+      if (!settled || this.#clock.monotonic() - startedAt >= budgetMs) {
+        more = true;
+        break;
+      }
+    }
+    const from = this.#sweptReported;
+    this.#sweptReported = seen;
+    const pending = this.#halted ? true : await this.#hasActiveWork().catch(() => true);
+    return {
+      inbound: seen.inbound - from.inbound,
+      outbound: seen.outbound - from.outbound,
+      ambiguous: seen.ambiguous - from.ambiguous,
+      purged: seen.purges > from.purges,
+      more,
+      pending,
+      ms: Math.round(this.#clock.monotonic() - startedAt),
+    };
   }
 
   /** Resolve when every admitted record is done or dead and every outbox entry is sent, dead or unknown. */

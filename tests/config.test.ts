@@ -65,6 +65,10 @@ describe("durability options are validated and named in errors", () => {
     rejects({ backend, inbox: { admitTimeoutMs: 0 } }, RangeError, "durability.inbox.admitTimeoutMs", "0");
     rejects({ backend, outbox: { backoff: { capMs: 3e9 } } }, RangeError, "durability.outbox.backoff.capMs");
   });
+  test("sweepIntervalMs 0 turns the timers off; a negative one is refused naming the choice", () => {
+    expect(resolveDurability({ backend, sweepIntervalMs: 0 }).sweepIntervalMs).toBe(0);
+    rejects({ backend, sweepIntervalMs: -5 }, RangeError, "durability.sweepIntervalMs", "bot.sweep()");
+  });
   test("a tracer must have startSpan and startActiveSpan", () => {
     rejects({ backend, tracer: {} }, TypeError, "durability.tracer");
     rejects({ backend, tracer: { startSpan() {} } }, TypeError, "durability.tracer");

@@ -669,6 +669,72 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       for (const id of [id1, id2]) expect((await backend.inbox.get(id))?.state).toBe("done");
     });
 
+    withBackend("without timers (sweepIntervalMs 0) due work waits in the journal; bot.sweep() takes it up, lapsed leases too, once", async (
+      backend,
+      bots,
+    ) => {
+      const lease = Math.round(250 * scale);
+      const durability = (b: DurabilityBackend, instanceId: string) =>
+        fastDurability(b, scale, { instanceId, sweepIntervalMs: 0, inbox: { leaseMs: lease }, outbox: { leaseMs: lease } });
+      // A process that dies holding a message (evicted right after it answered the request).
+      const a = crashable(backend);
+      const botA = new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: durability(a, uid("evicted")) });
+      botA.when(ANY, () => new Promise(() => {}));
+      await start(bots, botA);
+      const lost = uid("m");
+      await (botA.provider as CrashableProvider).receive({ id: lost, chatId: "c0", text: "lost" });
+      a.crashBefore("inbox.complete");
+      a.crashBefore("inbox.heartbeat");
+      await sleep(lease / 3 + 20);
+      expect(a.crashed).toBe(true);
+
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: durability(backend, uid("cron")) });
+      const refused = (p: Promise<unknown>) => p.then(() => "resolved", (error: Error) => `${error.name}: ${error.message}`);
+      expect(await refused(bot.sweep())).toBe("Error: Bot.sweep() was called on a bot that is new");
+      expect(await refused(bot.sweep({ budgetMs: 0 }))).toBe(
+        "RangeError: Option \"budgetMs\" of bot.sweep() must be a positive integer of ms, got 0",
+      );
+      let failHandler = true;
+      bot.when(ANY, async (ctx) => {
+        if (ctx.message.text === "flaky" && failHandler) {
+          failHandler = false;
+          throw new Error("fails once");
+        }
+        await ctx.reply(`re ${ctx.message.text}`);
+      });
+      await start(bots, bot);
+      provider.failNext(1);
+      const m1 = uid("m");
+      const m2 = uid("m");
+      await provider.receive({ id: m1, chatId: "c1", text: "send fails" });
+      await provider.receive({ id: m2, chatId: "c2", text: "flaky" });
+      await bot.settled();
+      await sleep(Math.round(100 * scale)); // past both backoffs (at most 10 ms)
+      expect(provider.sent.length, "no retry without a sweep").toBe(0);
+      expect((await backend.outbox.get(`${m1}:1`))?.state).toBe("failed");
+      expect((await backend.inbox.get(m2))?.state).not.toBe("done");
+
+      const first = await bot.sweep();
+      expect(provider.sent.map((s) => s.content).sort()).toEqual(["re flaky", "re send fails"]);
+      expect(first.outbound).toBeGreaterThanOrEqual(1);
+      expect(first.inbound).toBeGreaterThanOrEqual(1);
+      expect(first.more).toBe(false);
+      expect(first.pending, "the evicted process's message is still leased").toBe(true);
+      expect((await backend.inbox.get(lost))?.state).toBe("processing");
+
+      await sleep(lease + 50); // its lease lapses
+      const second = await bot.sweep({ budgetMs: 5_000 });
+      expect(second.inbound).toBe(1);
+      expect(second.pending).toBe(false);
+      expect(provider.sent.map((s) => s.content).sort()).toEqual(["re flaky", "re lost", "re send fails"]);
+
+      const third = await bot.sweep();
+      expect([third.inbound, third.outbound, third.ambiguous, third.more, third.pending]).toEqual([0, 0, 0, false, false]);
+      expect(provider.sent.length, "a sweep with nothing due sends nothing").toBe(3);
+      for (const id of [lost, m1, m2]) expect((await backend.inbox.get(id))?.state).toBe("done");
+    });
+
     withBackend("a slow send keeps its lease through heartbeats and is never taken for abandoned", async (
       backend,
       bots,

@@ -186,6 +186,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
         instanceId: replica.name,
         inbox: scenario.inbox,
         outbox: scenario.outbox,
+        ...(scenario.cronMs !== null ? { sweepIntervalMs: 0 } : {}),
       },
     });
     inc.bot = bot;
@@ -243,6 +244,22 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
 
   for (let i = 0; i < scenario.replicas; i++) world.addReplica(`r${i + 1}`, root);
   for (const replica of world.replicas) start(replica);
+
+  if (scenario.cronMs !== null) {
+    const cronMs = scenario.cronMs;
+    const cron = () => {
+      for (const replica of world.replicas) {
+        const inc = replica.current;
+        if (!inc?.alive || !inc.bot || world.frozen(replica)) continue;
+        inc.bot.sweep({ budgetMs: cronMs }).then(
+          (s) => world.log(inc.id, `cron sweep: inbound ${s.inbound}, outbound ${s.outbound}, ambiguous ${s.ambiguous}${s.more ? ", more" : ""}`),
+          (error) => world.log(inc.id, `cron sweep refused: ${errorText(error)}`),
+        );
+      }
+      sched.after(cronMs, cron);
+    };
+    sched.after(cronMs, cron);
+  }
 
   const message = (m: MessagePlan): SimMessage => ({ id: m.id, chatId: m.chatId, chatIndex: m.chatIndex, text: m.text });
   for (const m of scenario.messages) {

@@ -68,6 +68,11 @@ export interface Scenario {
   settles: { statuses: boolean; confirm: boolean };
   /** The provider's rate limits (the outbox's limiter waits on the simulated clock), or none. */
   rateLimits: RateLimits | null;
+  /**
+   * Serverless shape: no sweep or retry timers (`sweepIntervalMs: 0`); every live replica's
+   * `bot.sweep()` is called every `cronMs` instead. `null`: the timers run.
+   */
+  cronMs: number | null;
 }
 
 /**
@@ -190,6 +195,8 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     timed,
     settles,
     rateLimits,
+    // Drawn from its own stream, so the scenarios of existing seeds stay as they were.
+    cronMs: rng.fork("cron").chance(0.25) ? rng.fork("cron-ms").int(200, 3000) : null,
   };
 }
 
@@ -199,5 +206,6 @@ export function describeScenario(s: Scenario): string {
     `outbox lease ${s.outbox.leaseMs}ms retries ${s.outbox.retries} backoff ${s.outbox.backoff.baseMs}/${s.outbox.backoff.capMs} onAmbiguous ${s.outbox.onAmbiguous}; ` +
     `journal fault rate ${s.journalFaultRate}, provider fault rate ${s.providerFaultRate}; ${s.timed.length} timed fault(s)` +
     `${s.settles.statuses ? "; delivery statuses" : ""}${s.settles.confirm ? "; provider confirm" : ""}` +
-    `${s.rateLimits ? `; rate limits ${JSON.stringify(s.rateLimits)}` : ""}`;
+    `${s.rateLimits ? `; rate limits ${JSON.stringify(s.rateLimits)}` : ""}` +
+    `${s.cronMs !== null ? `; no timers, bot.sweep() every ${s.cronMs}ms` : ""}`;
 }
