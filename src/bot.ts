@@ -426,21 +426,31 @@ export class Bot {
   }
 
   /**
-   * Take up due and abandoned work now, once, within a time budget: recover lapsed leases, run due
+   * Take up due and abandoned work now, within a time budget: recover lapsed leases, run due
    * inbound retries, deliver due sends, report sends whose outcome is unknown, purge old records.
-   * Waits for the work it took up, then returns. Safe to call concurrently and from several
-   * processes (leases keep each record to one of them). Made for cron triggers on platforms where no
+   * It works in passes, each taking up what is due and waiting until that work is finished, and
+   * starts no new pass once `budgetMs` is spent: the budget bounds how long it keeps looking, and
+   * a pass that started finishes first (so a function that ends when this resolves cuts off no
+   * send). Calls of one bot run one after another; several processes may sweep at once (leases
+   * keep each record to one of them). Made for cron triggers on platforms where no
    * process outlives a request (with `durability.sweepIntervalMs: 0`; see docs/serverless.md).
    *
    * @param options `budgetMs`: stop taking up more work after this many ms (default 10 000)
    * @returns what it did, and whether work is left (`more`: due now; `pending`: due now or later)
    * @throws {Error} when the bot is not running or has no `durability`
+   * @throws {TypeError} when `options` is not an object or has an unknown key
    * @throws {RangeError} when `budgetMs` is not a positive integer
    */
   async sweep(options?: { budgetMs?: number }): Promise<SweepSummary> {
+    if (options !== undefined) {
+      if (typeof options !== "object" || options === null) {
+        throw new TypeError(`Argument "options" of bot.sweep() must be an object like { budgetMs: 10000 }, got ${show(options)}`);
+      }
+      checkKnownOptions(options, ["budgetMs"], "bot.sweep() option");
+    }
     const budgetMs = options?.budgetMs ?? 10_000;
     if (typeof budgetMs !== "number" || !Number.isInteger(budgetMs) || budgetMs <= 0 || budgetMs > MAX_TIMER_MS) {
-      throw new RangeError(`Option "budgetMs" of bot.sweep() must be a positive integer of ms, got ${show(budgetMs)}`);
+      throw new RangeError(`Option "budgetMs" of bot.sweep() must be a positive integer of ms up to ${MAX_TIMER_MS}, got ${show(budgetMs)}`);
     }
     if (!this.#engine) throw new Error("Bot.sweep() needs the durability option (a journal to sweep)");
     await this.#starting;

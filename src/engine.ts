@@ -239,13 +239,13 @@ interface SweepCounts {
 export interface SweepSummary {
   /** Inbound records it took up (due retries, lapsed leases) and handled (the start's recovery included). */
   inbound: number;
-  /** Outbox entries it took up (due retries, lapsed leases) and delivered or failed again. */
+  /** Outbox entries it took up (due retries, lapsed leases) and tried to deliver (sent, or failed again and due later). */
   outbound: number;
-  /** Sends whose outcome it found unknown (each reported as `durability:ambiguous`). */
+  /** Sends reported as `durability:ambiguous` meanwhile (their outcome is unknown). */
   ambiguous: number;
   /** Whether it purged records older than the retention. */
   purged: boolean;
-  /** The budget ran out with work due still being found or handled: call it again soon. */
+  /** The budget ran out while each pass still found due work: call it again soon. */
   more: boolean;
   /** The journals still hold unfinished work (due now or later, e.g. a retry waiting for its backoff). */
   pending: boolean;
@@ -435,6 +435,7 @@ export class DurabilityEngine {
   /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
   #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
   #sweptReported: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
+  #sweepForTail: Promise<void> = Promise.resolve();
   #started = false;
   #ready = false;
   #stopping = false;
@@ -1450,6 +1451,7 @@ export class DurabilityEngine {
       this.#reported.add(`${entry.key}#${entry.fence}`);
     }
     this.#metrics.outboxAmbiguous++;
+    this.#swept.ambiguous++;
     this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
   }
 
@@ -1551,6 +1553,9 @@ export class DurabilityEngine {
         if (this.#stopping) break;
         const earlier = await this.backend.outbox.list({ chatId, state: BLOCKING_OUTBOX_STATES, limit: 1 });
         if (earlier.length === 0) break;
+        // Without timers an earlier send is retried only by the next bot.sweep(), after this request
+        // is over: waiting would hold the request to its end. It goes now, ahead of them.
+        if (this.config.sweepIntervalMs === 0) break;
         await sleep(this.#clock, Math.max(20, this.config.sweepIntervalMs));
       }
       return this.#inChatOrder(chatId, async () => {
@@ -1687,7 +1692,6 @@ export class DurabilityEngine {
         unheld = false;
         this.#claimsInFlight--;
         for (const entry of ambiguous) {
-          this.#swept.ambiguous++;
           const mine = mineBefore.get(entry.key);
           // A reservation whose answer is still on its way may be ours too, or another process's entry
           // that it only found: it cannot tell, so that one is reported.
@@ -1836,7 +1840,14 @@ export class DurabilityEngine {
    * Sweep until nothing due is left or `budgetMs` has passed, waiting for the work each pass took up
    * (see `Bot.sweep()`).
    */
-  async sweepFor(budgetMs: number): Promise<SweepSummary> {
+  sweepFor(budgetMs: number): Promise<SweepSummary> {
+    // One at a time: each call reports what was taken up since the previous one.
+    const run = this.#sweepForTail.then(() => this.#sweepFor(budgetMs));
+    this.#sweepForTail = run.then(() => {}, () => {});
+    return run;
+  }
+
+  async #sweepFor(budgetMs: number): Promise<SweepSummary> {
     const startedAt = this.#clock.monotonic();
     const taken = (c: SweepCounts) => c.inbound + c.outbound;
     // What the start's recovery sweep (or a timer's sweep) took up since the last call counts too.
@@ -1844,20 +1855,14 @@ export class DurabilityEngine {
     let more = false;
     for (;;) {
       await this.sweep();
-      const left = budgetMs - (this.#clock.monotonic() - startedAt);
-      let timer: ClockTimer | undefined;
-      const settled = await Promise.race([
-        this.#host.whenLocalIdle().then(() => true),
-        new Promise<boolean>((resolve) => {
-          timer = this.#clock.setTimeout(() => resolve(false), Math.max(0, left));
-        }),
-      ]);
-      this.#clock.clearTimeout(timer);
+      // The work it took up is finished before it returns (or looks for more): a cron function that
+      // ends when this resolves must not cut off a send under way, which would leave it ambiguous.
+      await this.#host.whenLocalIdle();
       const now = { ...this.#swept };
       const claimed = taken(now) - taken(seen);
       seen = now;
       if (this.#halted || this.#stopping || claimed === 0) break;
-      if (!settled || this.#clock.monotonic() - startedAt >= budgetMs) {
+      if (this.#clock.monotonic() - startedAt >= budgetMs) {
         more = true;
         break;
       }

@@ -2,8 +2,9 @@
  * Serverless eviction, with real processes: every webhook request runs in a process that is killed
  * with SIGKILL right after it answered (tests/fixtures/serverless_bot.ts), its Bot API fails often
  * (502s, 429s) and sometimes kills the process right after a message went out. Nothing runs on a
- * timer: retries and the recovery of what the killed processes held come only from cron-style
- * `bot.sweep()` calls, each in a fresh process killed right after it returned. At the end every
+ * timer: retries and the recovery of what the killed processes held come from cron-style
+ * `bot.sweep()` calls, each in a fresh process killed right after it returned, and from the recovery
+ * sweep of each new process's `bot.start()`. At the end every
  * message has its reply, none went out twice without a `durability:ambiguous` report, and every
  * retried call happened no earlier than the journal's `nextAttemptAt` for it.
  */

@@ -693,8 +693,10 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const refused = (p: Promise<unknown>) => p.then(() => "resolved", (error: Error) => `${error.name}: ${error.message}`);
       expect(await refused(bot.sweep())).toBe("Error: Bot.sweep() was called on a bot that is new");
       expect(await refused(bot.sweep({ budgetMs: 0 }))).toBe(
-        "RangeError: Option \"budgetMs\" of bot.sweep() must be a positive integer of ms, got 0",
+        "RangeError: Option \"budgetMs\" of bot.sweep() must be a positive integer of ms up to 2147483647, got 0",
       );
+      expect((await refused(bot.sweep({ budget: 5 } as never))).startsWith('TypeError: Unknown bot.sweep() option "budget"')).toBe(true);
+      expect((await refused(bot.sweep(5000 as never))).startsWith('TypeError: Argument "options" of bot.sweep() must be an object')).toBe(true);
       let failHandler = true;
       bot.when(ANY, async (ctx) => {
         if (ctx.message.text === "flaky" && failHandler) {
@@ -733,6 +735,56 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect([third.inbound, third.outbound, third.ambiguous, third.more, third.pending]).toEqual([0, 0, 0, false, false]);
       expect(provider.sent.length, "a sweep with nothing due sends nothing").toBe(3);
       for (const id of [lost, m1, m2]) expect((await backend.inbox.get(id))?.state).toBe("done");
+    });
+
+    withBackend("without timers, bot.sweep() returns only once the work it took up is finished, however small its budget", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(backend, scale, { sweepIntervalMs: 0 }) });
+      let failing = true;
+      bot.when(ANY, async (ctx) => {
+        if (failing) throw new Error("down for now");
+        await sleep(Math.round(30 * scale)); // a slow handler
+        await ctx.reply(`re ${ctx.message.text}`);
+      });
+      await start(bots, bot);
+      const ids = [uid("m"), uid("m"), uid("m")];
+      for (const [i, id] of ids.entries()) await provider.receive({ id, chatId: `c${i}`, text: `m${i}` });
+      await bot.settled();
+      await sleep(Math.round(50 * scale)); // past the backoffs
+      failing = false;
+      const summary = await bot.sweep({ budgetMs: 1 });
+      for (const id of ids) expect((await backend.inbox.get(id))?.state, "finished before sweep() resolved").toBe("done");
+      expect(provider.sent.map((s) => s.content).sort()).toEqual(["re m0", "re m1", "re m2"]);
+      expect(summary.inbound).toBe(3);
+    });
+
+    withBackend("without timers, a send that bypasses the outbox does not wait for an earlier send of its chat that only a sweep retries", async (
+      backend,
+      bots,
+    ) => {
+      const provider = new MockProvider();
+      const bot = new Bot({
+        clock: time.clock,
+        provider,
+        durability: fastDurability(backend, scale, { sweepIntervalMs: 0, outbox: { maxPayloadBytes: 200 } }),
+      });
+      bot.on("warning", () => {});
+      bot.when(ANY, (ctx) => ctx.reply(ctx.message.text === "big" ? "x".repeat(500) : "small"));
+      await start(bots, bot);
+      provider.failNext(1);
+      await provider.receive({ chatId: "c1", text: "first" });
+      await bot.settled();
+      await provider.receive({ chatId: "c1", text: "big" });
+      let settled = false;
+      void bot.settled().then(() => settled = true);
+      for (let i = 0; i < 50 && !settled; i++) await sleep(Math.round(10 * scale));
+      expect(settled, "the request can end: the bypassed send went out").toBe(true);
+      expect(provider.sent.map((s) => (s.content as string).length)).toEqual([500]);
+      await bot.sweep();
+      expect(provider.sent.map((s) => (s.content as string).length), "the sweep delivers the earlier one").toEqual([500, 5]);
     });
 
     withBackend("a slow send keeps its lease through heartbeats and is never taken for abandoned", async (
