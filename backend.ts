@@ -48,7 +48,7 @@ export {
   type ReserveResult,
   StaleLeaseError,
 } from "./src/contract.ts";
-export { gcraPause, gcraStep } from "./src/rate_limit.ts";
+export { gcraParams, gcraPause, gcraStep } from "./src/rate_limit.ts";
 export {
   acceptsOutcome,
   ACTIVE_INBOX_STATES,

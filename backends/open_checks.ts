@@ -18,7 +18,7 @@ import { errorMessage } from "../src/errors.ts";
 import { OperationError } from "../src/ops/cli_command.ts";
 import { dirName, resolvePath, statFile } from "../src/runtime/fs.ts";
 import { openSqlite } from "../src/runtime/sqlite.ts";
-import { POSTGRES_SCHEMA_VERSION } from "./postgres/sql.ts";
+import { POSTGRES_SCHEMA_VERSION, tables } from "./postgres/sql.ts";
 import { SQLITE_SCHEMA_VERSION } from "./sqlite/schema.ts";
 
 /** How a backend comes to exist, for the errors. */
@@ -152,9 +152,8 @@ export async function checkPostgresTables(sql: SqlClient, schema: string, prefix
     [schema, prefix],
   )) as { schema_found: boolean; tables_found: boolean }[];
   if (here?.tables_found) {
-    const quote = (name: string): string => `"${name.replaceAll('"', '""')}"`;
     const [row] = (await sql.unsafe(
-      `SELECT value FROM ${quote(schema)}.${quote(`${prefix}meta`)} WHERE key = 'schema_version'`,
+      `SELECT value FROM ${tables(schema, prefix).meta} WHERE key = 'schema_version'`,
       [],
     )) as { value: string }[];
     return checkSchemaVersion(

@@ -359,11 +359,8 @@ export class Bot {
 
   /** Content the provider does not journal: one provider call, no outbox, no retries. */
   #sendDirect(chatId: string, content: OutboundContent, key: string): Promise<SendResult> {
-    if (this.#engine) return this.#engine.sendDirect(chatId, content, key);
-    const work = this.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: new AbortController().signal })
-      .then((receipt): SendResult => ({ key, state: "sent", messageId: String(receipt?.messageId ?? "") }));
-    this.#track(work.catch(() => {}));
-    return work;
+    // Without durability every send is a direct one.
+    return this.#engine ? this.#engine.sendDirect(chatId, content, key) : this.#send(chatId, content, key, null, "now");
   }
 
   #send(

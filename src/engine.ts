@@ -1955,7 +1955,7 @@ export class DurabilityEngine {
       },
       markDelivered: async (key, messageId = "") => {
         if (typeof messageId !== "string") {
-          throw new TypeError(`markDelivered: "messageId" must be a string, got ${JSON.stringify(messageId) ?? typeof messageId}`);
+          throw new TypeError(`Argument "messageId" of markDelivered() must be a string, got ${JSON.stringify(messageId) ?? typeof messageId}`);
         }
         const entry = await backend.outbox.get(key);
         if (entry === null || entry.state !== "unknown") return false;

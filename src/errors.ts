@@ -97,6 +97,10 @@ export function errorText(error: unknown): string {
 
 /** How much of a stack a journaled handler error keeps (frames). */
 const STACK_FRAMES = 12;
+/** What starts each cause's line in {@link errorDetail}'s text. */
+const CAUSE_PREFIX = "Caused by: ";
+/** A stack frame: V8's `at fn (file:1:2)`, or `fn@file:1:2`; journaled indented. */
+const FRAME = /^\s*(at\s|[^\s:]*@)/;
 
 /**
  * Text of a handler's error for the inbound journal, where an operator reads
@@ -114,11 +118,41 @@ export function errorDetail(error: unknown): string {
   while (cause !== undefined && cause !== null && !seen.has(cause) && seen.size < 6) {
     seen.add(cause);
     // A cause that is not an Error (a response object, a config) may hold credentials: its type only.
-    lines.push(`Caused by: ${cause instanceof Error ? errorText(cause) : typeof cause === "string" ? errorText(cause) : `a value of type ${Array.isArray(cause) ? "array" : typeof cause}`}`);
+    const known = cause instanceof Error || typeof cause === "string";
+    lines.push(`${CAUSE_PREFIX}${known ? errorText(cause) : `a value of type ${Array.isArray(cause) ? "array" : typeof cause}`}`);
     cause = cause instanceof Error ? cause.cause : undefined;
   }
-  const frames = typeof error.stack === "string" ? error.stack.split("\n").filter((line) => /^\s+at\s|^[^\s:]*@/.test(line)) : [];
+  // The stack's first line repeats the message; its frames follow (indented in V8, not in Firefox).
+  const frames = typeof error.stack === "string" ? error.stack.split("\n").slice(1).filter((line) => FRAME.test(line)) : [];
   for (const frame of frames.slice(0, STACK_FRAMES)) lines.push(`    ${frame.trim()}`);
   const text = lines.join("\n");
   return text.length > 4000 ? `${text.slice(0, 4000)}…` : text;
+}
+
+/** A journaled error split in its parts (see {@link errorParts}). */
+export interface ErrorParts {
+  /** The message (its lines). */
+  head: string[];
+  /** Each cause, without its `Caused by:` (a cause's continuation lines appended to it). */
+  causes: string[];
+  /** The stack frames, trimmed. */
+  stack: string[];
+}
+
+/**
+ * Splits an error journaled by {@link errorDetail} into its message, its causes and its stack
+ * frames (indented lines that read as frames).
+ *
+ * @param text the error as journaled
+ * @returns its parts
+ */
+export function errorParts(text: string): ErrorParts {
+  const parts: ErrorParts = { head: [], causes: [], stack: [] };
+  for (const line of text.split("\n")) {
+    if (line.startsWith(CAUSE_PREFIX)) parts.causes.push(line.slice(CAUSE_PREFIX.length));
+    else if (/^\s/.test(line) && FRAME.test(line)) parts.stack.push(line.trim());
+    else if (parts.causes.length > 0) parts.causes[parts.causes.length - 1] += `\n${line}`;
+    else parts.head.push(line);
+  }
+  return parts;
 }

@@ -10,7 +10,7 @@
  * handler writes at once) to 10 minutes (a send waiting out a channel's rate
  * limit or retries).
  */
-export const DURATION_BUCKETS_SECONDS: readonly number[] = Object.freeze([
+const DURATION_BUCKETS_SECONDS: readonly number[] = Object.freeze([
   0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600,
 ]);
 

@@ -49,7 +49,7 @@ export interface ProviderCall {
  * @param payload an inbound record's payload
  * @returns the `traceparent` journaled with it, if any
  */
-export function traceOf(payload: JsonValue): string | undefined {
+function traceOf(payload: JsonValue): string | undefined {
   if (typeof payload !== "object" || payload === null || Array.isArray(payload)) return undefined;
   const value = payload[TRACE_FIELD];
   return typeof value === "string" ? value : undefined;
@@ -158,13 +158,9 @@ export class Observer {
     const h = this.#histograms;
     if (call.createdAt !== undefined && call.attempt === 1) h.outboxQueued.observe((clock.now() - call.createdAt) / 1000);
     const started = clock.monotonic();
-    const timed = async (): Promise<T> => {
-      try {
-        return await run();
-      } finally {
-        h.providerCall.observe((clock.monotonic() - started) / 1000);
-      }
-    };
+    // A provider that throws instead of rejecting still gives a rejected promise.
+    const timed = (): Promise<T> =>
+      new Promise<T>((resolve) => resolve(run())).finally(() => h.providerCall.observe((clock.monotonic() - started) / 1000));
     const tracer = this.#tracer;
     if (tracer === null) return timed();
     const options: SpanOptionsLike = {
@@ -176,7 +172,7 @@ export class Observer {
     const fn = (span: SpanLike) => ended(span, timed());
     return parent === null
       ? tracer.startActiveSpan("botmesh.send", options, fn)
-      : tracer.startActiveSpan("botmesh.send", options, contextWithParent(parent) as ContextLike, fn);
+      : tracer.startActiveSpan("botmesh.send", options, contextWithParent(parent), fn);
   }
 
   /**

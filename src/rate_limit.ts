@@ -155,8 +155,7 @@ export function bucketOf(key: string, rate: Rate): RateBucket {
  * @returns the wait (0: admitted) and the state after taking
  */
 export function gcraStep(tat: number, bucket: RateBucket, now: number): { waitMs: number; next: number } {
-  const interval = bucket.perMs / bucket.count;
-  const tolerance = (bucket.burst - 1) * interval;
+  const { interval, tolerance } = gcraParams(bucket);
   const from = Math.max(tat, now);
   const waitMs = from - tolerance - now;
   return waitMs > 0 ? { waitMs, next: tat } : { waitMs: 0, next: from + interval };
@@ -167,8 +166,17 @@ export function gcraStep(tat: number, bucket: RateBucket, now: number): { waitMs
  * @returns the new theoretical arrival time
  */
 export function gcraPause(tat: number, bucket: RateBucket, now: number, ms: number): number {
+  return Math.max(tat, now + ms + gcraParams(bucket).tolerance);
+}
+
+/**
+ * A bucket's GCRA parameters, as the shared limiters hand them to their SQL and Lua.
+ * @param bucket the bucket
+ * @returns `interval`: ms between two sends at the rate; `tolerance`: how far ahead a burst may take
+ */
+export function gcraParams(bucket: RateBucket): { interval: number; tolerance: number } {
   const interval = bucket.perMs / bucket.count;
-  return Math.max(tat, now + ms + (bucket.burst - 1) * interval);
+  return { interval, tolerance: (bucket.burst - 1) * interval };
 }
 
 /** Options of {@link MemoryRateLimiter}. */
@@ -217,7 +225,7 @@ export class MemoryRateLimiter implements RateLimiter {
     if (known !== undefined) return known;
     // At the start a bucket holds one send, not its burst: a process restarting in a loop sends at most
     // one more per bucket per start than the rate allows. Later, an unused bucket is full.
-    return this.#startedAt + (bucket.burst - 1) * (bucket.perMs / bucket.count);
+    return this.#startedAt + gcraParams(bucket).tolerance;
   }
 
   #store(key: string, tat: number, now: number): void {

@@ -12,7 +12,7 @@
  */
 import type { RateBucket, RateLimiter } from "./contract.ts";
 import { type Clock, type ClockTimer } from "./clock.ts";
-import { bucketOf, MemoryRateLimiter, type ResolvedRateLimits } from "./rate_limit.ts";
+import { bucketOf, checkRate, MemoryRateLimiter, type ResolvedRateLimits } from "./rate_limit.ts";
 
 interface Waiter {
   buckets: RateBucket[];
@@ -71,10 +71,20 @@ export class Throttle {
     return this.limits.global === undefined ? undefined : bucketOf(`${this.#prefix}:global`, this.limits.global);
   }
 
-  /** The bucket of `chatId`, if its chat has a limit. */
+  /**
+   * The bucket of `chatId`, if its chat has a limit. A rate the user's `perChat` function gives is
+   * checked like a configured one; a bad one is reported and the chat goes without a chat limit
+   * (the global limit still holds), rather than leave its send stuck.
+   */
   chatBucket(chatId: string): RateBucket | undefined {
     const rate = this.limits.perChat?.(chatId);
-    return rate === undefined ? undefined : bucketOf(`${this.#prefix}:chat:${chatId}`, rate);
+    if (rate === undefined) return undefined;
+    try {
+      return bucketOf(`${this.#prefix}:chat:${chatId}`, checkRate(rate, `durability.outbox.rateLimit.perChat(${JSON.stringify(chatId)})`));
+    } catch (error) {
+      this.#onError(error);
+      return undefined;
+    }
   }
 
   /** The buckets a send to `chatId` takes from. */

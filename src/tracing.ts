@@ -88,7 +88,7 @@ class BareContext implements ContextLike {
 }
 
 /** An empty context: a span started in it is a root span. */
-export const EMPTY_CONTEXT: ContextLike = new BareContext();
+const EMPTY_CONTEXT: ContextLike = new BareContext();
 
 /** The stand-in the API puts in a context for a parent known only by its ids (a `NonRecordingSpan`). */
 function parentSpan(ids: SpanContextLike): SpanLike & { isRecording(): boolean } {

@@ -9,6 +9,7 @@
  */
 import type { RateBucket, RateLimiter, RateTake } from "../../src/contract.ts";
 import { checkKnownOptions } from "../../src/options.ts";
+import { gcraParams } from "../../src/rate_limit.ts";
 import { showValue as show } from "../../src/show.ts";
 import { type PostgresClient, resolveOptions } from "./options.ts";
 
@@ -85,8 +86,8 @@ export class PostgresRateLimiter implements RateLimiter {
 
   static #params(buckets: readonly RateBucket[]): string {
     return JSON.stringify(buckets.map((b) => {
-      const interval = b.perMs / b.count;
-      return { key: b.key, i: interval, tol: (b.burst - 1) * interval };
+      const { interval, tolerance } = gcraParams(b);
+      return { key: b.key, i: interval, tol: tolerance };
     }));
   }
 
@@ -94,7 +95,8 @@ export class PostgresRateLimiter implements RateLimiter {
   async take(buckets: readonly RateBucket[]): Promise<RateTake> {
     if (buckets.length === 0) return { ok: true };
     await this.#setup();
-    if (++this.#takes % PURGE_EVERY === 0) await this.#purge();
+    // Idle rows go now and then, off the send's path (a row purged under a take is put back below).
+    if (++this.#takes % PURGE_EVERY === 0) void this.#purge().catch(() => {});
     const params = PostgresRateLimiter.#params(buckets);
     if (buckets.some((b) => !this.#known.has(b.key))) await this.#insertMissing(params, buckets);
     for (let round = 0;; round++) {
@@ -150,13 +152,12 @@ export class PostgresRateLimiter implements RateLimiter {
       [IDLE_MS],
       { prepare: true },
     );
-    this.#known.clear();
   }
 
   /** @inheritdoc */
   async pause(bucket: RateBucket, ms: number): Promise<void> {
     await this.#setup();
-    const tolerance = (bucket.burst - 1) * (bucket.perMs / bucket.count);
+    const { tolerance } = gcraParams(bucket);
     await this.#sql.unsafe(
       `INSERT INTO ${this.#table} AS r (key, tat) VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000)::float8 + $2::float8)
       ON CONFLICT (key) DO UPDATE SET tat = greatest(r.tat, EXCLUDED.tat)`,

@@ -8,10 +8,11 @@
  * @module
  */
 import type { RateBucket, RateLimiter, RateTake } from "../../src/contract.ts";
-import { errorMessage } from "../../src/errors.ts";
 import { checkKnownOptions } from "../../src/options.ts";
+import { gcraParams } from "../../src/rate_limit.ts";
 import { showValue as show } from "../../src/show.ts";
 import type { RedisCommands } from "./clients.ts";
+import { evalScript, sha1Hex } from "./runner.ts";
 import { resolveOptions } from "./options.ts";
 
 /** Options of {@link RedisRateLimiter}. */
@@ -46,13 +47,6 @@ const PAUSE = `${NOW}
 local v = math.max(tonumber(redis.call('GET', KEYS[1]) or '0'), now + tonumber(ARGV[1]) + tonumber(ARGV[2]))
 redis.call('SET', KEYS[1], string.format('%.3f', v), 'PX', math.ceil(v - now) + 1000)
 return {1}`;
-
-async function sha1Hex(text: string): Promise<string> {
-  const digest = await crypto.subtle.digest("SHA-1", new TextEncoder().encode(text));
-  let out = "";
-  for (const b of new Uint8Array(digest)) out += b.toString(16).padStart(2, "0");
-  return out;
-}
 
 /**
  * The rate-limit buckets of every replica in Redis.
@@ -90,13 +84,7 @@ export class RedisRateLimiter implements RateLimiter {
   async #eval(script: string, keys: string[], args: string[]): Promise<unknown> {
     let sha = this.#shas.get(script);
     if (sha === undefined) this.#shas.set(script, sha = sha1Hex(script));
-    try {
-      return await this.#commands.evalsha(await sha, keys, args);
-    } catch (error) {
-      if (!/NOSCRIPT/.test(errorMessage(error))) throw error;
-      await this.#commands.scriptLoad(script);
-      return await this.#commands.evalsha(await sha, keys, args);
-    }
+    return await evalScript(this.#commands, script, await sha, keys, args);
   }
 
   /** @inheritdoc */
@@ -104,8 +92,8 @@ export class RedisRateLimiter implements RateLimiter {
     if (buckets.length === 0) return { ok: true };
     const args: string[] = [];
     for (const b of buckets) {
-      const interval = b.perMs / b.count;
-      args.push(String(interval), String((b.burst - 1) * interval));
+      const { interval, tolerance } = gcraParams(b);
+      args.push(String(interval), String(tolerance));
     }
     const reply = await this.#eval(TAKE, buckets.map((b) => this.#tag + b.key), args);
     if (!Array.isArray(reply)) throw new Error(`RedisRateLimiter: unexpected reply ${show(reply)}`);
@@ -116,7 +104,7 @@ export class RedisRateLimiter implements RateLimiter {
 
   /** @inheritdoc */
   async pause(bucket: RateBucket, ms: number): Promise<void> {
-    const tolerance = (bucket.burst - 1) * (bucket.perMs / bucket.count);
+    const { tolerance } = gcraParams(bucket);
     await this.#eval(PAUSE, [this.#tag + bucket.key], [String(Math.max(0, ms)), String(tolerance)]);
   }
 }

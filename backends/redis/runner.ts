@@ -14,7 +14,12 @@ import type { Resolved } from "./options.ts";
 
 const shaCache = new WeakMap<LuaScript, Promise<string>>();
 
-async function sha1Hex(text: string): Promise<string> {
+/**
+ * The SHA-1 of a script's text, as `EVALSHA` names it.
+ * @param text the script
+ * @returns its SHA-1 in hex
+ */
+export async function sha1Hex(text: string): Promise<string> {
   const digest = await crypto.subtle.digest("SHA-1", new TextEncoder().encode(text));
   let out = "";
   for (const b of new Uint8Array(digest)) out += b.toString(16).padStart(2, "0");
@@ -28,6 +33,25 @@ function shaOf(script: LuaScript): Promise<string> {
     shaCache.set(script, sha);
   }
   return sha;
+}
+
+/**
+ * `EVALSHA` of a script; a `NOSCRIPT` answer (a restarted or flushed server) loads it and runs it again.
+ * @param commands the client
+ * @param text the script
+ * @param sha its SHA-1 ({@link sha1Hex})
+ * @param keys its keys
+ * @param argv its arguments
+ * @returns the script's reply
+ */
+export async function evalScript(commands: RedisCommands, text: string, sha: string, keys: string[], argv: string[]): Promise<unknown> {
+  try {
+    return await commands.evalsha(sha, keys, argv);
+  } catch (error) {
+    if (!/NOSCRIPT/.test(errorMessage(error))) throw error;
+    await commands.scriptLoad(text);
+    return await commands.evalsha(sha, keys, argv);
+  }
 }
 
 const BATCHABLE: ReadonlySet<string> = new Set<string>(BATCHED);
@@ -77,13 +101,7 @@ export class Runner {
   async #eval(script: LuaScript, keys: string[], argv: string[]): Promise<unknown> {
     const sha = this.#sha.get(script) ?? await shaOf(script);
     this.#sha.set(script, sha);
-    try {
-      return await this.commands.evalsha(sha, keys, argv);
-    } catch (error) {
-      if (!/NOSCRIPT/.test(errorMessage(error))) throw error;
-      await this.commands.scriptLoad(script.text);
-      return await this.commands.evalsha(sha, keys, argv);
-    }
+    return await evalScript(this.commands, script.text, sha, keys, argv);
   }
 
   /**

@@ -6,6 +6,7 @@
  * @module
  */
 import { BoundedMap } from "../../src/bounded_map.ts";
+import { isRetryableStatus } from "../../src/errors.ts";
 import { MediaSeal } from "../../src/media.ts";
 import type {
   ErrorClassification,
@@ -44,8 +45,12 @@ export function classifyGrammyError(error: unknown): ErrorClassification {
     const after = isObj(error.parameters) && typeof error.parameters.retry_after === "number"
       ? error.parameters.retry_after * 1000
       : undefined;
-    if (code === 429) return { retryable: true, rateLimited: "chat", ...(after !== undefined ? { retryAfterMs: after } : {}) };
-    return { retryable: code >= 500, ...(after !== undefined ? { retryAfterMs: after } : {}) };
+    // The statuses read as the Telegram provider reads them (408, 425, 429 and 5xx retry; a 429 waits without an attempt).
+    return {
+      retryable: isRetryableStatus(code),
+      ...(code === 429 ? { rateLimited: "chat" as const } : {}),
+      ...(after !== undefined ? { retryAfterMs: after } : {}),
+    };
   }
   if (error.name === "HttpError") {
     const cause = isObj(error.error) ? error.error : undefined;

@@ -240,15 +240,6 @@ export class TelegramProvider implements Provider {
   // ---- sends ---------------------------------------------------------------------
 
   /**
-   * Send content to a chat (see the class docs for the content forms).
-   *
-   * @param chatId the chat (`chat_id`)
-   * @param content a string or an object
-   * @param context the outbox key, attempt and abort signal
-   * @returns Telegram's `message_id`
-   * @throws {ProviderError} retryable or permanent (see {@link TelegramProvider.call}); permanent for content of no known form
-   */
-  /**
    * Whether a send goes through the outbox: everything but edits (`editMessageText`, …: idempotent),
    * `sendChatAction` and `sendMessageDraft` (transient), which go straight to the Bot API, once.
    *
@@ -259,6 +250,15 @@ export class TelegramProvider implements Provider {
     return isJournaledContent(content);
   }
 
+  /**
+   * Send content to a chat (see the class docs for the content forms).
+   *
+   * @param chatId the chat (`chat_id`)
+   * @param content a string or an object
+   * @param context the outbox key, attempt and abort signal
+   * @returns Telegram's `message_id`
+   * @throws {ProviderError} retryable or permanent (see {@link TelegramProvider.call}); permanent for content of no known form
+   */
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     return await sendContent((method, params, options) => this.call(method, params, options), chatId, content, context);
   }

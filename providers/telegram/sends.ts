@@ -38,16 +38,36 @@ export async function sendContent(call: BotApiCall, chatId: string, content: Out
   try {
     result = await call(method, params, { signal: context.signal });
   } catch (error) {
-    // An edit whose content is already there (a retry after a lost answer, say) has taken effect.
-    if (
-      method.startsWith("edit") && error instanceof ProviderError && error.status === 400 &&
-      /message is not modified/i.test(error.message)
-    ) {
+    // A call whose effect is already there (a retry after a lost answer, say) has taken effect.
+    if (error instanceof ProviderError && error.status !== undefined && isAlreadyDone(method, error.status, error.message)) {
       return { messageId: params.message_id === undefined ? "" : String(params.message_id) };
     }
     throw error;
   }
   return { messageId: messageIdOf(method, result) };
+}
+
+/** Per method family, the Bot API errors (400) that say the call's effect is already there. */
+const ALREADY_DONE: readonly { method: RegExp; description: RegExp }[] = [
+  // An edit to the text (markup, caption, …) it already has.
+  { method: /^edit/, description: /message is not modified/i },
+  // A button press already answered.
+  { method: /^answerCallbackQuery$/, description: /query is too old|query id is invalid/i },
+  // A message already deleted.
+  { method: /^deleteMessages?$/, description: /message to delete not found/i },
+];
+
+/**
+ * Whether a Bot API error says only that the call's effect is already there: a repeat of a call that
+ * took effect (a retry after its answer was lost, a handler run again), answered as success.
+ *
+ * @param method the Bot API method
+ * @param status the error's code
+ * @param description Telegram's description
+ * @returns whether the call has taken effect
+ */
+export function isAlreadyDone(method: string, status: number, description: string): boolean {
+  return status === 400 && ALREADY_DONE.some((rule) => rule.method.test(method) && rule.description.test(description));
 }
 
 /** Methods that are not journaled: typing indicators and drafts are transient. */

@@ -98,7 +98,6 @@ export const WHATSAPP_RATE_LIMITS: RateLimits = {
  */
 export class WhatsAppProvider implements Provider {
   readonly name: string;
-  /** The phone number id. */
   /**
    * The outbox's default limits for one phone number: 80 messages per second
    * (the Cloud API's default throughput), and per recipient one message per
@@ -106,6 +105,7 @@ export class WhatsAppProvider implements Provider {
    * `durability.outbox.rateLimit` (a number upgraded to higher throughput).
    */
   readonly rateLimits: RateLimits = WHATSAPP_RATE_LIMITS;
+  /** The phone number id. */
   readonly connectionId: string;
   /** The phone number id this provider sends from and receives for. */
   readonly phoneNumberId: string;

@@ -297,13 +297,13 @@ prometheusMetrics(bot).`,
         note,
       }));
     }
-    const show = (n: number): string => (n >= cap ? `>=${n}` : String(n));
+    const capped = (n: number): string => (n >= cap ? `>=${n}` : String(n));
     const lines = [
       `Backend: ${c.opened!.description}`,
       "",
-      table(["INBOX", "RECORDS"], INBOX_STATES.map((s) => [s, show(counts.inbox[s])])).trimEnd(),
+      table(["INBOX", "RECORDS"], INBOX_STATES.map((s) => [s, capped(counts.inbox[s])])).trimEnd(),
       "",
-      table(["OUTBOX", "ENTRIES"], OUTBOX_STATES.map((s) => [s, show(counts.outbox[s])])).trimEnd(),
+      table(["OUTBOX", "ENTRIES"], OUTBOX_STATES.map((s) => [s, capped(counts.outbox[s])])).trimEnd(),
       "",
       oldest === null
         ? "Oldest pending inbound record: none"

@@ -14,7 +14,7 @@
  * @module
  */
 import { checkKnownOptions } from "../options.ts";
-import { errorMessage } from "../errors.ts";
+import { errorText } from "../errors.ts";
 import { type ConsoleAuth, type ConsoleIdentity, CsrfTokens, encoder } from "./console_auth.ts";
 import { BULK, bulkConfirm, type BulkContext, bulkNotice, bulkPerform } from "./console_bulk.ts";
 import { type Journal, param } from "./console_list.ts";
@@ -323,8 +323,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
       }
       report(error);
       if (error instanceof BackendUnavailableError) return errorPage(503, error.message, user);
-      const message = error instanceof Error ? `${error.name}: ${errorMessage(error)}` : String(error);
-      return errorPage(500, `The backend failed: ${message}`, user);
+      return errorPage(500, `The backend failed: ${errorText(error)}`, user);
     }
   };
   return Object.assign(handler, { close: () => ops.close() });

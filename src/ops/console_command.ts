@@ -100,7 +100,7 @@ function isLoopback(host: string): boolean {
  * @param port the port the console listens on
  * @returns whether the console without sign-in answers it
  */
-export function isLoopbackHost(host: string, port: number): boolean {
+function isLoopbackHost(host: string, port: number): boolean {
   const match = /^(\[[0-9a-f:.]+\]|[^:\[\]]+)(?::(\d{1,5}))?$/.exec(host.trim().toLowerCase());
   if (!match) return false;
   const name = match[1]!;
@@ -116,7 +116,7 @@ export function isLoopbackHost(host: string, port: number): boolean {
  * @param port the port it listens on, once known
  * @returns the guarded handler
  */
-export function loopbackOnly(
+function loopbackOnly(
   handler: (request: Request) => Promise<Response>,
   port: () => number | undefined,
 ): (request: Request) => Promise<Response> {

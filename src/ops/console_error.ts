@@ -8,35 +8,7 @@
  * @module
  */
 
-/** A journaled error split in its parts. */
-export interface ErrorParts {
-  /** The message (its lines). */
-  head: string[];
-  /** Each cause, without its `Caused by:` (a cause's continuation lines appended to it). */
-  causes: string[];
-  /** The stack frames, trimmed. */
-  stack: string[];
-}
-
-const CAUSED_BY = /^\s*caused by:?\s*/i;
-/** An indented stack frame: V8's `at fn (file:1:2)`, or `fn@file:1:2`. */
-const FRAME = /^\s+(at\s|[^\s:]*@)/;
-
-/**
- * Splits a journaled error into its message, its causes and its stack frames.
- * @param text the error as journaled
- * @returns its parts
- */
-export function errorParts(text: string): ErrorParts {
-  const parts: ErrorParts = { head: [], causes: [], stack: [] };
-  for (const line of text.split("\n")) {
-    if (CAUSED_BY.test(line)) parts.causes.push(line.replace(CAUSED_BY, ""));
-    else if (FRAME.test(line)) parts.stack.push(line.trim());
-    else if (parts.causes.length > 0) parts.causes[parts.causes.length - 1] += `\n${line}`;
-    else parts.head.push(line);
-  }
-  return parts;
-}
+import { errorParts } from "../errors.ts";
 
 /**
  * A journaled error without its stack frames: its message and its
@@ -46,7 +18,8 @@ export function errorParts(text: string): ErrorParts {
  * @returns the text without frame lines
  */
 export function errorWithoutStack(text: string): string {
-  return text.split("\n").filter((line) => !FRAME.test(line)).join("\n");
+  const { head, causes } = errorParts(text);
+  return [...head, ...causes.map((c) => `Caused by: ${c}`)].join("\n");
 }
 
 /**

@@ -10,6 +10,7 @@ import type { InboundRecord, InboundState, JsonValue, OutboxEntry, OutboxState }
 import type { ConsoleOps } from "./console_ops.ts";
 import { errorWithoutStack } from "./console_error.ts";
 import { HttpError } from "./console_render.ts";
+import { parseDuration } from "../config.ts";
 
 /** The two journals, as the console names them in its URLs. */
 export type Journal = "inbound" | "outbound";
@@ -21,7 +22,7 @@ export const OUTBOUND_STATES: readonly OutboxState[] = ["queued", "sending", "fa
 /** A list looks at most at this many records of its state and chat (error and age filters apply within). */
 export const SCAN_CAP = 10_000;
 /** The longest query parameter accepted. */
-export const MAX_PARAM_CHARS = 1024;
+const MAX_PARAM_CHARS = 1024;
 
 /** A filter of a list, from the query. */
 export interface ListFilter {
@@ -71,19 +72,20 @@ export function param(query: URLSearchParams, name: string): string | null {
   return value;
 }
 
-const UNITS: Record<string, number> = { s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
-
 /**
- * A duration like `30m`, `2h`, `7d`, in ms.
+ * A duration like `30m`, `2h`, `7d`, in ms (the grammar of the durations of the configuration and
+ * the command line).
  * @param text the duration
  * @param name the parameter it came from, for the error
  * @returns the duration in ms
  * @throws {HttpError} 400 naming the parameter
  */
-export function parseAge(text: string, name: string): number {
-  const match = /^(\d{1,6})\s*([smhd])$/.exec(text.trim());
-  if (!match) throw new HttpError(400, `Parameter "${name}" must be a duration like 30m, 2h or 7d; got "${text}"`);
-  return Number(match[1]) * UNITS[match[2]!]!;
+function parseAge(text: string, name: string): number {
+  try {
+    return parseDuration(text, name);
+  } catch {
+    throw new HttpError(400, `Parameter "${name}" must be a duration like 30m, 2h or 7d; got "${text}"`);
+  }
 }
 
 /**
@@ -184,7 +186,7 @@ function outboundRow(e: OutboxEntry): Row {
  * @param b another
  * @returns negative when `a` comes first
  */
-export function compareRows(a: Row, b: Row): number {
+function compareRows(a: Row, b: Row): number {
   return a.order - b.order || (a.id < b.id ? -1 : a.id > b.id ? 1 : 0);
 }
 

@@ -6,7 +6,7 @@
  * @module
  */
 import type { JsonValue } from "../contract.ts";
-import { errorParts } from "./console_error.ts";
+import { errorParts } from "../errors.ts";
 import { html, SafeHtml } from "./html.ts";
 
 /** Headers on every console response: no scripts, no framing, no caching, no referrer. */

@@ -194,27 +194,30 @@ const LABEL_NAME = /^[a-zA-Z_][a-zA-Z0-9_]*$/;
  */
 export async function countRecords(journals: Journals, cap: number = DEFAULT_COUNT_CAP): Promise<RecordCounts> {
   checkCap(cap, "cap");
-  const inboxCounts = Promise.all(INBOX_STATES.map((state) => journals.inbox.list({ state, limit: cap })));
-  const outboxCounts = Promise.all(OUTBOX_STATES.map((state) => journals.outbox.list({ state, limit: cap })));
-  const oldest = journals.inbox.list({ state: ["pending", "failed"], limit: 1 });
-  const inboxFirsts = Promise.all(INBOX_AGE_STATES.map((state) => journals.inbox.list({ state, limit: 1 })));
-  const outboxFirsts = Promise.all(OUTBOX_AGE_STATES.map((state) => journals.outbox.list({ state, limit: 1 })));
-  const [inboxLists, outboxLists, oldestList, inboxFirst, outboxFirst] = await Promise.all([
-    inboxCounts,
-    outboxCounts,
-    oldest,
-    inboxFirsts,
-    outboxFirsts,
+  // One list per state: its length is the count, its first record the oldest (lists are oldest first).
+  const [inboxLists, outboxLists] = await Promise.all([
+    Promise.all(INBOX_STATES.map((state) => journals.inbox.list({ state, limit: cap }))),
+    Promise.all(OUTBOX_STATES.map((state) => journals.outbox.list({ state, limit: cap }))),
   ]);
   const inbox = {} as Record<InboundState, number>;
-  INBOX_STATES.forEach((state, i) => (inbox[state] = inboxLists[i]!.length));
+  const inboxFirst = {} as Record<InboundState, number | null>;
+  INBOX_STATES.forEach((state, i) => {
+    inbox[state] = inboxLists[i]!.length;
+    inboxFirst[state] = inboxLists[i]![0]?.receivedAt ?? null;
+  });
   const outbox = {} as Record<OutboxState, number>;
-  OUTBOX_STATES.forEach((state, i) => (outbox[state] = outboxLists[i]!.length));
+  const outboxFirst = {} as Record<OutboxState, number | null>;
+  OUTBOX_STATES.forEach((state, i) => {
+    outbox[state] = outboxLists[i]!.length;
+    outboxFirst[state] = outboxLists[i]![0]?.createdAt ?? null;
+  });
   const inboxOldest: RecordCounts["inboxOldest"] = {};
-  INBOX_AGE_STATES.forEach((state, i) => (inboxOldest[state] = inboxFirst[i]![0]?.receivedAt ?? null));
+  for (const state of INBOX_AGE_STATES) inboxOldest[state] = inboxFirst[state];
   const outboxOldest: RecordCounts["outboxOldest"] = {};
-  OUTBOX_AGE_STATES.forEach((state, i) => (outboxOldest[state] = outboxFirst[i]![0]?.createdAt ?? null));
-  return { inbox, outbox, cap, oldestPendingReceivedAt: oldestList[0]?.receivedAt ?? null, inboxOldest, outboxOldest };
+  for (const state of OUTBOX_AGE_STATES) outboxOldest[state] = outboxFirst[state];
+  const waiting = [inboxFirst.pending, inboxFirst.failed].filter((t): t is number => t !== null);
+  const oldestPendingReceivedAt = waiting.length === 0 ? null : Math.min(...waiting);
+  return { inbox, outbox, cap, oldestPendingReceivedAt, inboxOldest, outboxOldest };
 }
 
 /**
