@@ -122,6 +122,20 @@ describe("the outbox in front of a limiter", () => {
     }
   });
 
+  test("a bad rate from a perChat function is reported naming the chat and field; the send still goes out", async () => {
+    const provider = new MockProvider();
+    const bot = new Bot({ provider, durability: durability({ perChat: () => ({ count: 0, perMs: 1000 }) }) });
+    const errors: string[] = [];
+    bot.on("error", (error) => errors.push(error.message));
+    await bot.start();
+    try {
+      expect((await bot.send("c1", "hi")).state).toBe("sent");
+      expect(errors.some((m) => m.includes('Option "durability.outbox.rateLimit.perChat("c1").count" must be between 1')), errors.join(" | ")).toBe(true);
+    } finally {
+      await bot.stop();
+    }
+  });
+
   test("a reply made now goes ahead of a broadcast waiting for the limiter", async () => {
     const provider = new MockProvider();
     const bot = new Bot({ provider, durability: durability({ global: { count: 40, perMs: 1000 }, perChat: false }) });
