@@ -4,6 +4,7 @@
  *
  * @module
  */
+import type { JsonValue } from "./contract.ts";
 import { checkKnownOptions } from "./options.ts";
 import { type DurabilityOptions, resolveDurability } from "./config.ts";
 import { Emitter } from "./emitter.ts";
@@ -231,6 +232,7 @@ export class Bot {
       deadlinesKey: () => `botmesh:conversation-deadlines:${this.id}:${engine?.control().instanceId ?? "local"}`,
       count: (metric) => engine?.count(metric),
       isFinalAttempt: (job) => !(job as InboundJob).record || job.record!.attempts > (engine?.config.inbox.retries ?? 0),
+      ...(engine ? { scheduleTimer: (id: string, chatId: string, at: number, data: JsonValue) => engine.scheduleTimer(id, chatId, at, data) } : {}),
       schedule: (chatId, at, run) => {
         const arm = (delayMs: number) => {
           const timer = clock.setTimeout(() => {
@@ -544,6 +546,7 @@ export class Bot {
     let outcomes: PromiseSettledResult<SendResult>[] = [];
     try {
       if (job.run) await job.run(job);
+      else if (job.timer) await this.#conversations.fire(job as StepJob, job.timer.at, job.timer.data);
       else await this.#conversations.handle(job as StepJob);
     } finally {
       // Even a failing handler's sends settle before its outcome is recorded.

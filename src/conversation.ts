@@ -164,8 +164,13 @@ export interface ConversationHost {
   count(metric: "conversationsReplayed" | "conversationsDiverged"): void;
   /** The session key of this instance's armed deadlines. */
   deadlinesKey(): string;
-  /** Queue a timeout on the chat's queue at `at`. */
+  /** Queue a timeout on the chat's queue at `at` (a timer of this process; used without a journal). */
   schedule(chatId: string, at: number, run: (job: StepJob) => Promise<void>): void;
+  /**
+   * Journal a timer of the chat due at `at` (see `DurabilityEngine.scheduleTimer`): any process's
+   * sweep fires it through {@link Conversations.fire}. Absent without a journal.
+   */
+  scheduleTimer?: (id: string, chatId: string, at: number, data: JsonValue) => Promise<void>;
 }
 
 const CACHE_CAPACITY = 10_000;
@@ -439,7 +444,9 @@ export class Conversations {
     if (state && consumed(state, message.id)) {
       // Its step is recorded (a reprocess after a crash); the timer of the ask it left may not be.
       const deadline = state.state === "waiting" ? state.asks.at(-1)?.deadline ?? null : null;
-      if (deadline !== null && this.#deadlines.get(chatId) !== deadline) await this.#arm(chatId, deadline);
+      if (deadline !== null && (this.#host.scheduleTimer || this.#deadlines.get(chatId) !== deadline)) {
+        await this.#arm(chatId, firstOf(state).id, state.steps.length, deadline);
+      }
       return;
     }
     if (state?.state === "waiting" && queuedOf(state).length === 0) {
@@ -633,12 +640,21 @@ export class Conversations {
     }
     lruSet(this.#live, chatId, flow);
     const deadline = flow.asks.at(-1)!.deadline;
-    if (deadline !== null) await this.#arm(chatId, deadline);
+    if (deadline !== null) await this.#arm(chatId, flow.flowId, flow.steps.length, deadline);
     else await this.#disarm(chatId);
   }
 
-  /** Arm the timer of the chat's waiting ask, and record it in the index before the step is done. */
-  async #arm(chatId: string, deadline: number): Promise<void> {
+  /**
+   * Arm the timer of the chat's waiting ask before the step is done: journaled
+   * (due in the inbox, for any process's sweep), or without a journal a timer
+   * of this process recorded in this instance's deadline index.
+   * @param flowId the conversation's first message id
+   * @param step the step the timeout would be (the number of steps so far)
+   */
+  async #arm(chatId: string, flowId: string, step: number, deadline: number): Promise<void> {
+    if (this.#host.scheduleTimer) {
+      return this.#host.scheduleTimer(inputId({ timeout: { at: deadline, timeoutMs: 0 } }, flowId, step), chatId, deadline, { step });
+    }
     if (this.#deadlines.get(chatId) !== deadline) {
       this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
       this.#deadlines.set(chatId, deadline);
@@ -648,6 +664,24 @@ export class Conversations {
 
   async #disarm(chatId: string): Promise<void> {
     if (this.#deadlines.delete(chatId)) await this.#writeDeadline(chatId, null);
+  }
+
+  /**
+   * A journaled timer fired (see {@link ConversationHost.scheduleTimer}): the
+   * ask it was armed for times out, unless the conversation moved on.
+   * @param job the timer's job
+   * @param at its deadline
+   * @param data what it was armed with
+   */
+  async fire(job: StepJob, at: number, data: JsonValue): Promise<void> {
+    const chatId = job.message.chatId;
+    // Another process may have moved the conversation on since this one last read it.
+    this.#states.delete(chatId);
+    const state = await this.#load(chatId);
+    const step = (data as { step?: unknown } | null)?.step;
+    if (state?.state !== "waiting" || state.steps.length !== step || state.asks.at(-1)?.deadline !== at) return;
+    if (queuedOf(state).length > 0) return; // an answer is in: it is handled first
+    await this.#timeOut(chatId, state, job);
   }
 
   async #onDeadline(chatId: string, deadline: number, job: StepJob): Promise<void> {
@@ -696,6 +730,7 @@ export class Conversations {
    * (its deadlines are stored under its instanceId).
    */
   async restore(): Promise<void> {
+    if (this.#host.scheduleTimer) return; // journaled: due in the inbox
     const key = this.#host.deadlinesKey();
     const raw = await this.#host.store.get(key);
     if (raw === undefined || raw === null) return;

@@ -26,7 +26,7 @@ import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
 import { errorDetail, errorText, isProcessDeath } from "./errors.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "./rules.ts";
+import { BLOCKING_OUTBOX_STATES } from "./rules.ts";
 import {
   type AdmitResult,
   classifyProviderError,
@@ -171,7 +171,19 @@ export interface InboundJob {
   sendCount: number;
   /** A job of the bot itself (an ask's timeout) instead of a message for the handlers. */
   run?: (job: InboundJob) => Promise<void>;
+  /** For a journaled timer (see `DurabilityEngine.scheduleTimer`): when it is due, and what it carries. */
+  timer?: JournaledTimer;
 }
+
+/** A timer journaled as an inbox record of its chat, due at `at` (wall-clock ms). */
+export interface JournaledTimer {
+  at: number;
+  /** What the timer's owner needs when it fires (JSON). */
+  data: JsonValue;
+}
+
+/** The payload field of an inbox record that makes it a timer rather than a message. */
+const TIMER_FIELD = "$timer";
 
 /** What the engine needs from the bot. */
 export interface EngineHost {
@@ -298,6 +310,11 @@ const RECLAIM_BATCH = 1024;
 const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
+/**
+ * Failed inbox records an idle check reads to tell retries from timers not due yet; past this many
+ * timers in a row, a retry behind them is not seen (idle resolves before it).
+ */
+const ACTIVE_FAILED_LOOK = 200;
 const DEDUPE_CAPACITY = 10_000;
 /** Tokens of one record this incarnation remembers having held (the latest ones). */
 const EVER_HELD_TOKENS_PER_RECORD = 16;
@@ -861,6 +878,49 @@ export class DurabilityEngine {
   }
 
   /**
+   * Journal a timer as an inbox record of `chatId` that becomes due at `at`
+   * (wall-clock ms): admitted leased to this process, then failed with a
+   * retry at the deadline, so that it holds back nothing of its chat, and any
+   * process's sweep (a `bot.sweep()` of a cron trigger too) takes it up once
+   * due. It comes back as a job with `timer` set. Idempotent: a timer whose id
+   * is journaled already is left as it is. A crash between the two writes
+   * leaves it leased; once its lease lapses a sweep takes it, finds it not due
+   * and arms it again (as for a timer taken up early anywhere).
+   * @param id the record id (unique in the inbox: derive it from the message the timer belongs to)
+   * @param chatId the chat whose queue runs it
+   * @param at when it is due
+   * @param data what the timer's job needs when it fires
+   * @throws the journal's error when the admission failed (the caller's step fails and is retried)
+   */
+  async scheduleTimer(id: string, chatId: string, at: number, data: JsonValue): Promise<void> {
+    const record = await this.backend.inbox.admit({
+      id,
+      kind: "message",
+      chatId,
+      provider: this.#host.provider.name,
+      payload: { id, chatId, type: "timeout", [TIMER_FIELD]: { at, data } },
+      receivedAt: this.#nextReceivedAt(),
+    }, this.#claim("inbox"));
+    // Journaled already (armed by an earlier run of the step), or pending behind its chat: a due scan
+    // takes it and arms it (see process()).
+    if (record === null || record.state !== "processing") return;
+    await this.#armTimer(id, record.fence, at).catch((error) => {
+      if (isProcessDeath(error)) throw error;
+      // It is journaled: once its lease lapses, a sweep arms it.
+    });
+  }
+
+  /** Make a leased timer record `failed`, due again at `at`. */
+  async #armTimer(id: string, token: number, at: number): Promise<void> {
+    const retryInMs = Math.max(0, Math.round(at - this.#clock.now()));
+    await this.backend.inbox.fail(id, token, {
+      error: `Not a failure: a timer, due at ${new Date(at).toISOString()}`,
+      retryInMs,
+    });
+    this.#wake(retryInMs);
+  }
+
+  /**
    * The record of `id` when an earlier admission by this very incarnation
    * landed but its reply was lost (a connection cut after the commit, or a
    * client that retried the write): it is leased to us and nobody works on it,
@@ -925,7 +985,20 @@ export class DurabilityEngine {
     }
     // The job's lease, whose token a sweep of this incarnation may hand on while the handler runs.
     const lease = this.#jobLeases.get(job) ?? this.#held.inbox.get(record.id) ?? this.#hold("inbox", record.id, record.fence);
+    if (job.timer && job.timer.at > this.#clock.now()) {
+      // Taken up before it is due (admitted behind its chat, a lease lost before it was armed, an
+      // operator's replay, a clock of another process ahead of this one): armed again, not run.
+      const at = job.timer.at;
+      try {
+        await this.#recordOutcome(lease, (token) => this.#armTimer(record.id, token, at), ["failed"]);
+      } finally {
+        this.#release("inbox", record.id, lease.token);
+      }
+      return;
+    }
     const retries = this.config.inbox.retries;
+    // A timer's admission was a claim that ran nothing.
+    const attempts = job.timer ? Math.max(1, record.attempts - 1) : record.attempts;
     let failure: unknown;
     let failed = false;
     let deadNow = false;
@@ -935,10 +1008,10 @@ export class DurabilityEngine {
       // The provider could not parse it: journaled so that nothing a user sent vanishes, never handled.
       failed = deadNow = true;
       failure = new Error(`Unreadable ${record.provider} message: ${unreadable}`);
-    } else if (record.attempts > retries + 1 + POISON_ALLOWANCE) {
+    } else if (attempts > retries + 1 + POISON_ALLOWANCE) {
       // Claimed over and over without an outcome: it takes the process down with it.
       failed = true;
-      failure = new Error(`Processing was cut off (crash or lost lease) in ${record.attempts - 1} attempts`);
+      failure = new Error(`Processing was cut off (crash or lost lease) in ${attempts - 1} attempts`);
     } else {
       try {
         await this.#observer.handle(job.message, record, handle);
@@ -954,7 +1027,7 @@ export class DurabilityEngine {
     try {
       if (!failed) {
         await this.#recordOutcome(lease, (token) => inbox.complete(record.id, token), ["done"]);
-      } else if (deadNow || record.attempts > retries) {
+      } else if (deadNow || attempts > retries) {
         const text = errorText(failure);
         const dead = { error: handlerThrew ? errorDetail(failure) : text, dead: true } as const;
         if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, dead), ["dead"])) {
@@ -964,15 +1037,15 @@ export class DurabilityEngine {
         this.#host.events.emit("durability:dead", { kind: "inbound", id: record.id, error: text });
         this.#report(failure, deadNow
           ? `inbound record "${record.id}" (dead-lettered unread; the record keeps what the channel sent)`
-          : `handler of inbound record "${record.id}" (dead after ${record.attempts} attempts)`);
+          : `handler of inbound record "${record.id}" (dead after ${attempts} attempts)`);
       } else {
-        const retryInMs = retryDelay(record.attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
+        const retryInMs = retryDelay(attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
         const outcome = { error: handlerThrew ? errorDetail(failure) : errorText(failure), retryInMs };
         if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, outcome), ["failed"])) return;
         this.#warn({
           code: "handler-retry",
           id: record.id,
-          message: `The handler of inbound record "${record.id}" failed (attempt ${record.attempts} of ${
+          message: `The handler of inbound record "${record.id}" failed (attempt ${attempts} of ${
             retries + 1
           }); retrying in ${retryInMs} ms: ${errorText(failure)}`,
         });
@@ -1750,13 +1823,16 @@ export class DurabilityEngine {
   /** Dispatch a claimed record as a job that runs under `lease`. */
   #dispatchRecord(record: InboundRecord, lease: HeldLease): void {
     let message: InboundMessage;
+    const timer = timerOf(record.payload);
     try {
-      message = decodeContent(withoutTrace(record.payload)) as InboundMessage;
+      message = timer
+        ? { id: record.id, chatId: record.chatId, type: "timeout" }
+        : decodeContent(withoutTrace(record.payload)) as InboundMessage;
     } catch (error) {
       message = { id: record.id, chatId: record.chatId, type: "unknown" };
       this.#report(error, `payload of inbound record "${record.id}"`);
     }
-    const job: InboundJob = { message, record, sends: [], sendCount: 0 };
+    const job: InboundJob = { message, record, sends: [], sendCount: 0, ...(timer ? { timer } : {}) };
     this.#jobLeases.set(job, lease);
     this.#host.dispatch(job);
   }
@@ -1829,11 +1905,14 @@ export class DurabilityEngine {
   // ---- settling and stopping -------------------------------------------------
 
   async #hasActiveWork(): Promise<boolean> {
-    const [inbound, outbound] = await Promise.all([
-      this.backend.inbox.list({ state: ACTIVE_INBOX_STATES, limit: 1 }),
+    const [inbound, failed, outbound] = await Promise.all([
+      this.backend.inbox.list({ state: ["pending", "processing"], limit: 1 }),
+      this.backend.inbox.list({ state: "failed", limit: ACTIVE_FAILED_LOOK }),
       this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 }),
     ]);
-    return inbound.length > 0 || outbound.length > 0;
+    // A timer not due yet (an ask waiting for its answer) is not work under way.
+    const now = this.#clock.now();
+    return inbound.length > 0 || outbound.length > 0 || failed.some((r) => (timerOf(r.payload)?.at ?? -Infinity) <= now);
   }
 
   /**
@@ -1983,4 +2062,12 @@ function checkConfirmation(answer: unknown, provider: string): SendConfirmation 
       JSON.stringify(a?.delivered) ?? "undefined"
     }`,
   );
+}
+
+/** The timer an inbox record's payload carries, or `undefined` for a message. */
+function timerOf(payload: JsonValue): JournaledTimer | undefined {
+  if (typeof payload !== "object" || payload === null || Array.isArray(payload)) return undefined;
+  const timer = payload[TIMER_FIELD] as { at?: unknown; data?: JsonValue } | undefined;
+  if (typeof timer !== "object" || timer === null || typeof timer.at !== "number" || !Number.isFinite(timer.at)) return undefined;
+  return { at: timer.at, data: timer.data ?? null };
 }

@@ -45,8 +45,9 @@ function makeBot(
   store: SessionStore | undefined,
   handler: Form = form,
   provider = new MockProvider(),
+  instanceId?: string,
 ) {
-  const bot = new Bot({ provider, store, ...(backend ? { durability: fast(backend) } : {}) });
+  const bot = new Bot({ provider, store, ...(backend ? { durability: fast(backend, instanceId) } : {}) });
   const warnings: BotEvents["warning"][] = [];
   const errors: Error[] = [];
   bot.on("warning", (w) => warnings.push(w));
@@ -210,7 +211,7 @@ describe("ctx.ask", () => {
     await b.bot.stop();
   });
 
-  test("a restart arms the timers of the asks it left waiting: the timeout fires with no new message", async () => {
+  test("an ask's timeout is journaled: a process with another instanceId fires it after a restart, with no new message", async () => {
     const handler: Form = async (ctx) => {
       try {
         await ctx.ask("Name?", { timeoutMs: 250 });
@@ -224,21 +225,19 @@ describe("ctx.ask", () => {
     const a = makeBot(backend, store, handler);
     await a.bot.start();
     await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
-    await a.bot.idle();
+    await a.bot.idle(); // an ask waiting for its answer is not work under way
     await a.bot.stop();
-    expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toEqual({ c: expect.any(Number) });
-    const b = makeBot(backend, store, handler);
+    const timer = await backend.inbox.get("m0:t1");
+    expect(timer?.state, "due in the inbox at the deadline, blocking nothing").toBe("failed");
+    expect(timer?.chatId).toBe("c");
+    const b = makeBot(backend, store, handler, new MockProvider(), "conv-2");
     await b.bot.start();
     const end = Date.now() + 5000;
     while (b.provider.sent.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
     await b.bot.idle();
     expect(sent(b.provider)).toEqual([["m0:t1:1", "Timed out; send form to start again."]]);
-    // The timed-out ask is disarmed in the stored index too.
-    const endIndex = Date.now() + 2000;
-    while (Object.keys(await store.get("botmesh:conversation-deadlines:bot:conv-1") as object).length > 0 && Date.now() < endIndex) {
-      await new Promise((r) => setTimeout(r, 10));
-    }
-    expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toEqual({});
+    expect((await backend.inbox.get("m0:t1"))?.state).toBe("done");
+    expect(await store.get("botmesh:conversation:bot:c")).toMatchObject({ state: "ended", endedBy: "m0:t1" });
     await b.bot.stop();
   });
 
@@ -426,70 +425,76 @@ describe("ctx.ask", () => {
     await bot.stop();
   });
 
-  test("a crash between the transcript write and the deadline index write: the reprocess arms the timer", async () => {
+  for (const [point, at, when] of [
+    ["store.set", 1, "after"], // the transcript is written, the timer not yet journaled
+    ["inbox.admit", 2, "before"], // 1: the message, 2: the timer
+    ["inbox.admit", 2, "after"], // journaled leased, not armed: its lease lapses, a sweep arms it
+    ["inbox.fail", 1, "before"],
+    ["inbox.fail", 1, "after"], // armed, the step not yet done: the reprocess finds it journaled
+  ] as const) {
+    test(`a crash ${when} ${point} (${at}) while an ask's timer is journaled: the timeout fires once after recovery`, async () => {
+      const handler: Form = async (ctx) => {
+        try {
+          await ctx.ask("Name?", { timeoutMs: 200 });
+        } catch (error) {
+          if (!(error instanceof AskTimeoutError)) throw error;
+          await ctx.reply("timed out");
+        }
+      };
+      const shared = new MemoryDurability();
+      const store = new KeptStore();
+      const a = crashable(shared);
+      if (when === "before") a.crashBefore(point, { at });
+      else a.crashAfter(point, { at });
+      const botA = makeBot(a, crashableStore(a, store), handler);
+      await botA.bot.start();
+      await botA.provider.receive({ id: "m0", chatId: "c", text: "form" });
+      const end = Date.now() + 3000;
+      while (!a.crashed && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
+      expect(a.crashed).toBe(true);
+      await botA.bot.stop().catch(() => {});
+
+      const b = makeBot(shared, store, handler);
+      await b.bot.start(); // recovery reprocesses m0 (its step recorded or not) or arms the lapsed timer
+      const until = Date.now() + 3000;
+      while (!b.provider.sent.some((s) => s.content === "timed out") && Date.now() < until) {
+        await new Promise((r) => setTimeout(r, 10));
+      }
+      await b.bot.idle();
+      const all = [...sent(botA.provider), ...sent(b.provider)];
+      expect(all.filter(([, content]) => content === "timed out")).toEqual([["m0:t1:1", "timed out"]]);
+      expect(all.filter(([, content]) => content === "Name?").length, "the question once (or a reported resend)").toBeGreaterThanOrEqual(1);
+      expect((await shared.inbox.get("m0:t1"))?.state).toBe("done");
+      expect((await shared.inbox.get("m0"))?.state).toBe("done");
+      await b.bot.stop();
+    });
+  }
+
+  test("a timer taken up before its deadline (an operator's replay) is armed again, not run early", async () => {
     const handler: Form = async (ctx) => {
       try {
-        await ctx.ask("Name?", { timeoutMs: 200 });
+        await ctx.ask("Name?", { timeoutMs: 400 });
       } catch (error) {
         if (!(error instanceof AskTimeoutError)) throw error;
         await ctx.reply("timed out");
       }
     };
-    const shared = new MemoryDurability();
-    const store = new KeptStore();
-    const a = crashable(shared);
-    a.crashBefore("store.set", { at: 2 }); // 1: the transcript, 2: the deadline index
-    const botA = makeBot(a, crashableStore(a, store), handler);
-    await botA.bot.start();
-    await botA.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    const backend = new MemoryDurability();
+    const { bot, provider } = makeBot(backend, new KeptStore(), handler);
+    await bot.start();
+    const started = Date.now();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await bot.idle();
+    expect(await bot.durability!.replayInbound("m0:t1")).toBe(true); // pending: due at once
+    await new Promise((r) => setTimeout(r, 100));
+    expect(sent(provider)).toEqual([["m0:1", "Name?"]]);
+    expect((await backend.inbox.get("m0:t1"))?.state, "armed again").toBe("failed");
     const end = Date.now() + 3000;
-    while (!a.crashed && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
-    expect(a.crashed).toBe(true);
-    await botA.bot.stop().catch(() => {});
-    expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toBe(undefined);
-
-    const b = makeBot(shared, store, handler);
-    await b.bot.start(); // recovery reprocesses m0: its step is recorded, its timer is armed again
-    const until = Date.now() + 3000;
-    while (b.provider.sent.length === 0 && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
-    await b.bot.idle();
-    expect(sent(b.provider)).toEqual([["m0:t1:1", "timed out"]]);
-    await b.bot.stop();
-  });
-
-  test("deadlines armed by recovered work do not overwrite the stored ones a restart has still to arm", async () => {
-    const handler: Form = async (ctx) => {
-      try {
-        await ctx.ask(`Name, ${ctx.chatId}?`, { timeoutMs: ctx.chatId === "t" ? 250 : 60_000 });
-      } catch (error) {
-        if (!(error instanceof AskTimeoutError)) throw error;
-        await ctx.reply(`timed out ${ctx.chatId}`);
-      }
-    };
-    const shared = new MemoryDurability();
-    const store = new KeptStore();
-    const a = crashable(shared);
-    const botA = makeBot(a, crashableStore(a, store), handler);
-    await botA.bot.start();
-    await botA.provider.receive({ id: "t0", chatId: "t", text: "form" });
-    await botA.bot.idle();
-    a.crashBefore("outbox.reserve"); // chat g's prompt: its record stays unfinished for the restart
-    await botA.provider.receive({ id: "g0", chatId: "g", text: "form" });
-    const end = Date.now() + 3000;
-    while (!a.crashed && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
-    await botA.bot.stop().catch(() => {});
-    expect(Object.keys(await store.get("botmesh:conversation-deadlines:bot:conv-1") as object)).toEqual(["t"]);
-
-    const b = makeBot(shared, store, handler);
-    await b.bot.start(); // recovery runs g0, which arms g and writes the index
-    const until = Date.now() + 3000;
-    while (!b.provider.sent.some((x) => x.content === "timed out t") && Date.now() < until) {
-      await new Promise((r) => setTimeout(r, 10));
-    }
-    await b.bot.idle();
-    expect(sent(b.provider)).toEqual([["g0:1", "Name, g?"], ["t0:t1:1", "timed out t"]]);
-    expect(Object.keys(await store.get("botmesh:conversation-deadlines:bot:conv-1") as object)).toEqual(["g"]);
-    await b.bot.stop();
+    while (provider.sent.length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    expect(Date.now() - started).toBeGreaterThanOrEqual(400);
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Name?"], ["m0:t1:1", "timed out"]]);
+    await bot.stop();
   });
 
   test("a timeoutMs beyond the retention is refused (the transcript would expire first)", async () => {

@@ -68,7 +68,7 @@ async function run(open: () => Promise<Opened>) {
   const life = async (work: (provider: MockProvider, bot: Bot) => Promise<void>) => {
     const opened = await open();
     const provider = new MockProvider();
-    const bot = new Bot({ provider, store: opened.store, durability: { backend: opened.backend, instanceId: "stores-1" } });
+    const bot = new Bot({ provider, store: opened.store, durability: { backend: opened.backend, instanceId: "stores-1", sweepIntervalMs: 50 } });
     bot.when("form", form);
     bot.when(() => true, (ctx) => ctx.reply(`echo ${ctx.message.text}`));
     await bot.start();
@@ -92,7 +92,7 @@ async function run(open: () => Promise<Opened>) {
     replayed = bot.durability!.metrics().conversationsReplayed;
   });
   await life(async (provider, bot) => {
-    // No message: the deadline of "City?" was stored, and this restart arms it again.
+    // No message: the timeout of "City?" is due in the journal, and this restart's sweep fires it.
     const end = Date.now() + 5000;
     while (provider.sent.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 20));
     await bot.idle();
@@ -107,7 +107,9 @@ async function run(open: () => Promise<Opened>) {
   const last = await open();
   try {
     expect(await last.store.get("botmesh:conversation:bot:u")).toMatchObject({ state: "ended", endedBy: "m0:t3" });
-    expect(await last.store.get("botmesh:conversation-deadlines:bot:stores-1")).toEqual({});
+    // The timeout was journaled as an inbox record of its own, done once it fired.
+    await last.backend.open?.();
+    expect((await last.backend.inbox.get("m0:t3"))?.state).toBe("done");
   } finally {
     await last.close();
   }

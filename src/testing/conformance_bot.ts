@@ -521,7 +521,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(metricsOf(botA).outboxDiverged).toBe(1);
     });
 
-    withBackend("an ask's timeout fires in the handler, and a restart arms the deadline it left", async (backend, bots) => {
+    withBackend("an ask's timeout fires in the handler, and after a restart the next process fires the one it left", async (backend, bots) => {
       const store = new MemoryStore(); // outlives the "process", as a durable store would
       const timeoutMs = Math.round(150 * scale);
       const make = () => {
@@ -735,6 +735,73 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect([third.inbound, third.outbound, third.ambiguous, third.more, third.pending]).toEqual([0, 0, 0, false, false]);
       expect(provider.sent.length, "a sweep with nothing due sends nothing").toBe(3);
       for (const id of [lost, m1, m2]) expect((await backend.inbox.get(id))?.state).toBe("done");
+    });
+
+    withBackend("without timers, an ask's timeout is due in the journal: a sweep of another process fires it once, not before its deadline", async (
+      backend,
+      bots,
+    ) => {
+      const store = new MemoryStore(); // outlives the "processes", as a durable store would
+      const timeoutMs = Math.round(300 * scale);
+      const make = () => {
+        const provider = new MockProvider();
+        const bot = new Bot({
+          clock: time.clock,
+          provider,
+          store,
+          durability: fastDurability(backend, scale, { instanceId: uid("fn"), sweepIntervalMs: 0 }),
+        });
+        bot.on("warning", () => {}); // the memory store is not durable: warned once
+        bot.when("order", async (ctx) => {
+          try {
+            const size = await ctx.ask("Size?", { timeoutMs });
+            await ctx.reply(`size ${size.text}`);
+          } catch (error) {
+            if (!(error instanceof AskTimeoutError)) throw error;
+            await ctx.reply(`no answer in ${error.timeoutMs} ms`);
+          }
+        });
+        return { bot, provider };
+      };
+      // A webhook process asks, answers its request, and is gone.
+      const asker = make();
+      await start(bots, asker.bot);
+      const asked = uid("m");
+      const answered = uid("m");
+      const askedAt = time.clock.now();
+      await asker.provider.receive({ id: asked, chatId: "c1", text: "order" });
+      await asker.provider.receive({ id: answered, chatId: "c2", text: "order" });
+      await asker.bot.settled();
+      await asker.bot.stop();
+      expect(asker.provider.sent.map((s) => s.idempotencyKey).sort()).toEqual([`${answered}:1`, `${asked}:1`].sort());
+      expect((await backend.inbox.get(`${asked}:t1`))?.state, "the timeout is journaled, due at the deadline").toBe("failed");
+      // The answer in c2 comes to another process before the deadline.
+      const answering = make();
+      await start(bots, answering.bot);
+      await answering.provider.receive({ id: uid("m"), chatId: "c2", text: "M" });
+      await answering.bot.settled();
+      expect(answering.provider.sent.map((s) => s.content)).toEqual(["size M"]);
+      // A cron sweep before the deadline fires nothing.
+      const early = await answering.bot.sweep();
+      if (time.clock.now() - askedAt < timeoutMs) {
+        expect(answering.provider.sent.length, "not before the deadline").toBe(1);
+        expect(early.pending, "a timer not due is no work under way").toBe(false);
+      }
+      await answering.bot.stop();
+      await sleep(timeoutMs + Math.round(50 * scale));
+      // Fresh cron processes after the deadline: the first fires c1's timeout; c2's finds its ask answered.
+      const cron = make();
+      await start(bots, cron.bot);
+      await cron.bot.sweep();
+      expect(cron.provider.sent.map((s) => [s.idempotencyKey, s.content])).toEqual([[`${asked}:t1:1`, `no answer in ${timeoutMs} ms`]]);
+      await cron.bot.stop();
+      const again = make();
+      await start(bots, again.bot);
+      await again.bot.sweep();
+      expect(again.provider.sent.length, "fired once").toBe(0);
+      for (const id of [`${asked}:t1`, `${answered}:t1`]) expect((await backend.inbox.get(id))?.state).toBe("done");
+      const transcript = await store.get(`botmesh:conversation:${cron.bot.id}:c1`) as { state?: string; endedBy?: string };
+      expect([transcript.state, transcript.endedBy]).toEqual(["ended", `${asked}:t1`]);
     });
 
     withBackend("without timers, bot.sweep() returns only once the work it took up is finished, however small its budget", async (
