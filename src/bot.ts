@@ -231,7 +231,13 @@ export class Bot {
       reportError: (error) => this.#emitError(error),
       deadlinesKey: () => `botmesh:conversation-deadlines:${this.id}:${engine?.control().instanceId ?? "local"}`,
       count: (metric) => engine?.count(metric),
-      isFinalAttempt: (job) => !(job as InboundJob).record || job.record!.attempts > (engine?.config.inbox.retries ?? 0),
+      isFinalAttempt: (job) => {
+        const record = (job as InboundJob).record;
+        if (!record) return true;
+        // A timer's admission was a claim that ran nothing (see DurabilityEngine.process).
+        const attempts = (job as InboundJob).timer ? record.attempts - 1 : record.attempts;
+        return attempts > (engine?.config.inbox.retries ?? 0);
+      },
       ...(engine ? { scheduleTimer: (id: string, chatId: string, at: number, data: JsonValue) => engine.scheduleTimer(id, chatId, at, data) } : {}),
       schedule: (chatId, at, run) => {
         const arm = (delayMs: number) => {
@@ -546,7 +552,7 @@ export class Bot {
     let outcomes: PromiseSettledResult<SendResult>[] = [];
     try {
       if (job.run) await job.run(job);
-      else if (job.timer) await this.#conversations.fire(job as StepJob, job.timer.at, job.timer.data);
+      else if (job.timer) await this.#conversations.fire(job as StepJob, job.timer.data);
       else await this.#conversations.handle(job as StepJob);
     } finally {
       // Even a failing handler's sends settle before its outcome is recorded.

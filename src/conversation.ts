@@ -670,16 +670,19 @@ export class Conversations {
    * A journaled timer fired (see {@link ConversationHost.scheduleTimer}): the
    * ask it was armed for times out, unless the conversation moved on.
    * @param job the timer's job
-   * @param at its deadline
    * @param data what it was armed with
    */
-  async fire(job: StepJob, at: number, data: JsonValue): Promise<void> {
+  async fire(job: StepJob, data: JsonValue): Promise<void> {
     const chatId = job.message.chatId;
     // Another process may have moved the conversation on since this one last read it.
     this.#states.delete(chatId);
     const state = await this.#load(chatId);
     const step = (data as { step?: unknown } | null)?.step;
-    if (state?.state !== "waiting" || state.steps.length !== step || state.asks.at(-1)?.deadline !== at) return;
+    // The ask it was armed for is still waiting at the same step. Its stored deadline may differ from
+    // `at` when two processes ran the step at once (a lease lost to a stall): the transcript written
+    // last and the timer journaled first can come from different runs. It times out now all the same:
+    // no other timer is armed for this step.
+    if (state?.state !== "waiting" || state.steps.length !== step || state.asks.at(-1)?.deadline === null) return;
     if (queuedOf(state).length > 0) return; // an answer is in: it is handled first
     await this.#timeOut(chatId, state, job);
   }
@@ -746,9 +749,10 @@ export class Conversations {
 
   /**
    * The waiting ask's deadline passed: the handler gets an
-   * {@link AskTimeoutError}. A timeout step that fails ends the conversation
-   * (reported): it has no message to retry it, and running it again would
-   * fail the same way.
+   * {@link AskTimeoutError}. A timeout step that fails is retried with the
+   * record that ran it (the timer's, or the message that found the deadline
+   * passed); on its last attempt, or without a journal, it ends the
+   * conversation (reported) so that the chat is not stuck at a dead ask.
    */
   async #timeOut(chatId: string, state: StoredConversation, job: StepJob): Promise<void> {
     const ask = state.asks.at(-1)!;
@@ -760,7 +764,9 @@ export class Conversations {
       const suspension = await flow.feed(input, job);
       await this.#settleStep(flow, suspension, job, inputId(input, flow.flowId, step), true, []);
     } catch (error) {
-      if (isProcessDeath(error)) throw error;
+      // Journaled (a timer's record, or the message that found the deadline passed): retried like
+      // any step until its last attempt; the transcript still has the ask waiting.
+      if (isProcessDeath(error) || !this.#host.isFinalAttempt(job)) throw error;
       const current = this.#states.get(chatId);
       if (current?.state === "waiting") await this.#end(chatId, current, `${firstOf(current).id}:t${current.steps.length}`);
       this.#host.reportError(

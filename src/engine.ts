@@ -288,6 +288,8 @@ interface HeldLease {
    * mean the lease looked lapsed before the write landed).
    */
   settling?: "retry" | "final";
+  /** The record's attempts under `token`, once a re-lease handed it on (else the claimed record's). */
+  attempts?: number;
 }
 /**
  * Records one lost-reply adoption lists per state (it runs only after a claim or reservation failed).
@@ -647,9 +649,10 @@ export class DurabilityEngine {
   }
 
   /** Hand a re-leased record's new token to the work under way on it (known from now on, like a claim). */
-  #handOn(lease: HeldLease, token: number, confirmedAt: number): void {
+  #handOn(lease: HeldLease, token: number, confirmedAt: number, attempts: number): void {
     lease.token = token;
     lease.confirmedAt = confirmedAt;
+    lease.attempts = attempts;
     this.#learnLease(lease.kind, lease.id, token);
   }
 
@@ -1283,7 +1286,7 @@ export class DurabilityEngine {
    */
   async #deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent, resend = false): Promise<SendResult> {
     const { key, chatId } = entry;
-    const attempt = entry.attempts;
+    let attempt = entry.attempts;
     const provider = this.#host.provider;
     let called = false;
     let settled = false;
@@ -1314,6 +1317,9 @@ export class DurabilityEngine {
       }
       if (!await this.#admitByLimits(lease, chatId, content !== undefined)) return await this.#notOurs(key);
       if (!await this.#announceCall(lease)) return await this.#notOurs(key);
+      // Re-leased to this process while it waited (its own sweep took the lease for lapsed): the call
+      // is the attempt of the token it announced under.
+      attempt = lease.attempts ?? attempt;
       if (attempt > 1) this.#metrics.outboxRetried++;
       let messageId: string;
       try {
@@ -1693,7 +1699,7 @@ export class DurabilityEngine {
         const mine = this.#held.inbox.get(record.id);
         if (mine !== undefined && !mine.lost && mine.settling !== "retry") {
           // Still being handled here: its lease only looked lapsed (a server clock step). Carry on under the new token.
-          this.#handOn(mine, record.fence, claimedAt);
+          this.#handOn(mine, record.fence, claimedAt, record.attempts);
           continue;
         }
         const lease = this.#hold("inbox", record.id, record.fence, claimedAt);
@@ -1744,7 +1750,7 @@ export class DurabilityEngine {
           // A held send being settled that comes back due without being ambiguous is a new attempt: its
           // failure was recorded (the reply lost) and its retry is due.
           if (mine !== undefined && (mine.settling !== "retry" || ambiguousKeys.has(entry.key))) {
-            this.#handOn(mine, entry.fence, claimedAt); // re-leased while still ours
+            this.#handOn(mine, entry.fence, claimedAt, entry.attempts); // re-leased while still ours
             continue;
           }
           const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);

@@ -212,6 +212,11 @@ export class SimProvider implements Provider {
     if (reply !== null && key !== `${reply[2]}:${reply[1]}`) {
       ledger.live.push({ invariant: "reply-key", time: now, detail: `${inc.id} sent "${content}" under the key ${key}, not ${reply[2]}:${reply[1]}` });
     }
+    // An ask's timeout step is keyed by the timeout (`<first message id>:t1`), wherever it fired.
+    const timeout = typeof content === "string" ? /^timeout of (.+)$/.exec(content) : null;
+    if (timeout !== null && key !== `${timeout[1]}:t1:1`) {
+      ledger.live.push({ invariant: "reply-key", time: now, detail: `${inc.id} sent "${content}" under the key ${key}, not ${timeout[1]}:t1:1` });
+    }
     if (token === undefined) {
       ledger.live.push({ invariant: "call-without-lease", time: now, detail: `${inc.id} called the provider for ${key} (attempt ${context.attempt}) without a lease the sim saw granted` });
     } else if (ledger.isOutClosed(key, token) || ledger.outFenceOf(key) > token) {

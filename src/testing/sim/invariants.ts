@@ -91,6 +91,23 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
       continue;
     }
     if (!records.has(m.id)) fail("inbound-lost", `message ${m.id} was acknowledged but is not in the journal`);
+    // (A conversation the bot ended and reported, a step of it having failed on the last attempt of the
+    // record that ran it, may have no timer and no timeout reply.)
+    if (m.askTimeoutMs !== undefined && record?.state === "done" && !ledger.conversationsEnded.has(m.id)) {
+      // Its handler asked (the step is done only once the ask and its timer are recorded): the timeout
+      // fired, as a journaled timer of its own, and its step's reply was made. A timer record may end
+      // dead like any record (its step failed on every attempt): the dead-letter checks below cover it.
+      const timer = records.get(`${m.id}:t1`);
+      const reply = `${m.id}:t1:1`;
+      if (timer?.state !== "done" && timer?.state !== "dead") {
+        fail("ask-timeout-lost", `${m.id} asked, but its timeout record is ${timer ? timer.state : "missing"}`);
+      } else if (timer.state === "done") {
+        if (!ledger.timedOut.has(m.id)) fail("ask-timeout-lost", `${m.id} asked, but its handler never saw the ask time out`);
+        if (!outbox.some((e) => e.key === reply) && !ledger.operatorDiscarded.has(reply)) {
+          fail("ask-timeout-lost", `${m.id} timed out, but its reply ${reply} is not in the outbox (nor discarded by an operator)`);
+        }
+      }
+    }
   }
   for (const r of inbox) {
     if (!SETTLED_IN.has(r.state)) fail("not-settled", `inbox record ${r.id} is ${r.state}`);

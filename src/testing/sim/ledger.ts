@@ -128,6 +128,10 @@ export class Ledger {
   ambiguousEvents: { key: string; inc: string; time: number }[] = [];
   /** Inbound ids whose handler ran (as the handler saw them). */
   handled: Set<string> = new Set();
+  /** Ask plans whose handler saw its ask time out (in any incarnation, replays included). */
+  timedOut: Set<string> = new Set();
+  /** Conversations (by first message id) the bot ended and reported: a step failed on its last attempt. */
+  conversationsEnded: Set<string> = new Set();
   /** Outbox claim scans that failed without an answer (error or lost reply), by incarnation. */
   unansweredOutboxScans: { inc: string; time: number }[] = [];
   deadEvents: { kind: "inbound" | "outbound"; id: string; inc: string; error: string }[] = [];

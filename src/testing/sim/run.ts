@@ -8,6 +8,9 @@ import type { DurabilityBackend, InboundRecord, OutboxEntry } from "../../contra
 import { Bot } from "../../bot.ts";
 import { type DurabilityMetrics, zeroMetrics } from "../../engine.ts";
 import { errorText, isProcessDeath } from "../../errors.ts";
+import { AskTimeoutError } from "../../conversation.ts";
+import type { JsonValue } from "../../contract.ts";
+import type { SessionStore } from "../../store.ts";
 import { HOSTILE_EXTRA_TEXT, SimChannel, type SimMessage } from "./channel.ts";
 import { faultyBackend } from "./faulty_backend.ts";
 import { checkInvariants, type SimFailure } from "./invariants.ts";
@@ -123,6 +126,8 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   const handlersRunning = new Set<string>();
   const plans = new Map(scenario.messages.map((m) => [m.id, m]));
   const jitter = root.fork("jitter");
+  // Conversation transcripts outlive every incarnation, as a durable store's would.
+  const store = new SimStore();
   world.log("sim", `seed ${seed}: ${describeScenario(scenario)}`);
 
   const handler = (inc: Incarnation) => async (ctx: import("../../bot.ts").Context) => {
@@ -132,9 +137,10 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     invocations.set(plan.id, n);
     world.log(inc.id, `handler ${plan.id} invocation ${n} (attempt ${ctx.attempt})`);
     // One process runs a message's handler once at a time (a second run while the first is under way
-    // means it took its own live work for abandoned).
+    // means it took its own live work for abandoned). A flow waiting at an ask is not under way: a
+    // process replays it when its transcript moved on elsewhere.
     const running = `${inc.id}|${plan.id}`;
-    if (handlersRunning.has(running)) {
+    if (handlersRunning.has(running) && plan.askTimeoutMs === undefined) {
       world.ledger.live.push({
         invariant: "double-handling",
         time: world.sched.time,
@@ -163,6 +169,16 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   };
 
   const runPlan = async (plan: MessagePlan, n: number, ctx: import("../../bot.ts").Context) => {
+    if (plan.askTimeoutMs !== undefined) {
+      try {
+        await ctx.ask(`question of ${plan.id}`, { timeoutMs: plan.askTimeoutMs, match: () => false });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        world.ledger.timedOut.add(plan.id);
+        await ctx.reply(`timeout of ${plan.id}`);
+      }
+      return;
+    }
     const fail = n <= plan.throws;
     if (plan.enqueue) await ctx.bot.enqueue(ctx.chatId, `queued for ${plan.id}`, { idempotencyKey: `enq:${plan.id}` });
     if (fail && !plan.throwAfter) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);
@@ -181,6 +197,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       provider: channel.provider(inc),
       clock: inc.clock,
       id: "sim",
+      store,
       durability: {
         backend: faultyBackend(world, inc, shared, resend),
         instanceId: replica.name,
@@ -192,6 +209,8 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     inc.bot = bot;
     bots.push(bot);
     bot.on("error", (error) => {
+      const ended = /^The conversation started by message "(.+?)" was ended/.exec(error.message);
+      if (ended) world.ledger.conversationsEnded.add(ended[1]!);
       if (!isProcessDeath(error)) world.log(inc.id, `error event: ${errorText(error)}`);
     });
     bot.on("warning", (w) => {
@@ -437,4 +456,21 @@ function stateCounts(records: { state: string }[]): string {
   const counts: Record<string, number> = {};
   for (const r of records) counts[r.state] = (counts[r.state] ?? 0) + 1;
   return Object.entries(counts).map(([s, n]) => `${s} ${n}`).join(", ") || "empty";
+}
+
+/** A session store shared by every incarnation of a run (no TTLs: a run lasts minutes of virtual time). */
+class SimStore implements SessionStore {
+  readonly #values = new Map<string, string>();
+  get(key: string): Promise<JsonValue | undefined> {
+    const text = this.#values.get(key);
+    return Promise.resolve(text === undefined ? undefined : JSON.parse(text));
+  }
+  set(key: string, value: JsonValue): Promise<void> {
+    this.#values.set(key, JSON.stringify(value));
+    return Promise.resolve();
+  }
+  delete(key: string): Promise<void> {
+    this.#values.delete(key);
+    return Promise.resolve();
+  }
 }

@@ -32,6 +32,11 @@ export interface MessagePlan {
   duplicates: number[];
   /** Its id is not well-formed Unicode (a lone surrogate): the bot must refuse it, never journal it. */
   malformed?: boolean;
+  /**
+   * The handler asks a question no message answers (`match` refuses every one) with this timeout,
+   * and replies `timeout of <id>` when it times out (no other replies; never throws).
+   */
+  askTimeoutMs?: number;
 }
 
 /** A fault at a planned moment. */
@@ -183,6 +188,28 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
       perChat: { count: 1, perMs: rng.int(10, 300), burst: rng.int(1, 2) },
     }
     : null;
+  // Asks that time out, drawn from their own stream so that the scenarios of existing seeds stay as they were.
+  const asks = rng.fork("asks");
+  // Each in a chat of its own: a chat has one conversation, and a second ask there would replace the first.
+  const firstAskChat = asks.int(0, chats - 1);
+  const askChats = asks.chance(0.5) ? (asks.chance(0.5) ? [0] : [0, 1]).map((i) => (i + firstAskChat) % chats) : [];
+  for (const [n, chatIndex] of askChats.entries()) {
+    const i = n + 1;
+    messages.push({
+      id: `a${i}`,
+      chatId: `c${chatIndex + 1}`,
+      chatIndex,
+      text: `ask ${i}`,
+      at: asks.int(0, Math.floor(faultWindowMs * 0.6)),
+      replies: 0,
+      throws: 0,
+      throwAfter: false,
+      enqueue: false,
+      awaitReplies: true,
+      duplicates: enabled.has("redelivery") && asks.chance(0.5) ? [asks.int(0, faultWindowMs)] : [],
+      askTimeoutMs: asks.chance(0.5) ? asks.int(100, lease) : asks.int(lease, 4 * lease),
+    });
+  }
   return {
     replicas,
     chats,
@@ -207,5 +234,6 @@ export function describeScenario(s: Scenario): string {
     `journal fault rate ${s.journalFaultRate}, provider fault rate ${s.providerFaultRate}; ${s.timed.length} timed fault(s)` +
     `${s.settles.statuses ? "; delivery statuses" : ""}${s.settles.confirm ? "; provider confirm" : ""}` +
     `${s.rateLimits ? `; rate limits ${JSON.stringify(s.rateLimits)}` : ""}` +
-    `${s.cronMs !== null ? `; no timers, bot.sweep() every ${s.cronMs}ms` : ""}`;
+    `${s.cronMs !== null ? `; no timers, bot.sweep() every ${s.cronMs}ms` : ""}` +
+    `${s.messages.some((m) => m.askTimeoutMs) ? `; asks timing out after ${s.messages.filter((m) => m.askTimeoutMs).map((m) => `${m.askTimeoutMs}ms`).join(", ")}` : ""}`;
 }
