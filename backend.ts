@@ -23,6 +23,7 @@ export {
   type ClaimOptions,
   type DamagedListOptions,
   type DamagedRecord,
+  type OpenWarning,
   DamagedRecordError,
   type DamagedRecords,
   type DurabilityBackend,

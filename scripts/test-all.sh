@@ -12,7 +12,7 @@ step "bun test (the Postgres and Redis suites in a second process, side by side 
 # The server-backed suites spend most of their time waiting on real-time leases; the rest run on
 # simulated time or real files and processes. Two processes, one per core, each with its own schemas
 # and key prefixes.
-SERVER_TESTS=(conformance_postgres conformance_redis postgres_backend redis_backend postgres_outage redis_outage)
+SERVER_TESTS=(conformance_postgres conformance_redis conformance_pgbouncer postgres_backend redis_backend postgres_outage redis_outage)
 server_files=()
 other_files=()
 for f in tests/*.test.ts tests/runtimes/*.test.ts; do

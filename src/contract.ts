@@ -450,6 +450,16 @@ export const OUTBOX_JOURNAL_METHODS: readonly (keyof OutboxJournal)[] = [
  */
 export type BackendScope = "process" | "host" | "shared";
 
+/**
+ * What a backend's `open` found about its server: `journal-not-durable` when
+ * the server is configured so that a write it confirmed can be lost (no
+ * persistence, fsync off, asynchronous commits).
+ */
+export interface OpenWarning {
+  code: "journal-not-durable";
+  message: string;
+}
+
 /** A durability backend: an inbox and an outbox journal. */
 export interface DurabilityBackend {
   /** A short name used in errors (`'memory'`, `'postgres'`, …). */
@@ -457,8 +467,12 @@ export interface DurabilityBackend {
   readonly scope: BackendScope;
   readonly inbox: InboxJournal;
   readonly outbox: OutboxJournal;
-  /** Called by `bot.start()` before the first sweep. */
-  open?(): Promise<void>;
+  /**
+   * Called by `bot.start()` before the first sweep.
+   * @param warn receives what the backend found about its server that an operator should know (the bot
+   *   emits each as a `warning` event), e.g. a database configured to lose committed writes
+   */
+  open?(warn?: (warning: OpenWarning) => void): Promise<void>;
   /** Called by `bot.stop()` after in-flight work finished. */
   close?(): Promise<void>;
 }

@@ -99,7 +99,8 @@ export type WarningCode =
   | "default-instance-id"
   | "conversation-diverged"
   | "conversation-not-durable"
-  | "send-without-context";
+  | "send-without-context"
+  | "journal-not-durable";
 
 /** The payload of a `warning` event. */
 export interface DurabilityWarning {
@@ -508,7 +509,7 @@ export class DurabilityEngine {
     this.#ready = true;
     this.#lastRound = { monotonic: this.#clock.monotonic(), wall: this.#clock.now() };
     try {
-      await this.backend.open?.();
+      await this.backend.open?.((warning) => this.#warn({ code: warning.code, message: warning.message }));
       // A journal hiccup during recovery (an error, a lost reply) is retried a few times before start()
       // gives up: a recovery scan whose reply was lost may have made sends unknown that only the next
       // scan of this incarnation can still report.

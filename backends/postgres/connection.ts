@@ -87,6 +87,34 @@ function rolledBack(error: unknown): boolean {
  */
 const GROUP_GUARD = "SET LOCAL idle_in_transaction_session_timeout = 5000";
 
+/**
+ * Whether the client prepares statements: porsager's `prepare` option (on by default). Off, every
+ * statement is sent unnamed, which a pooler in transaction mode (PgBouncer) needs.
+ * @param sql the client
+ * @returns `false` only for a client created with `prepare: false`
+ */
+export function clientPrepares(sql: PostgresClient): boolean {
+  return (sql as { options?: { prepare?: unknown } }).options?.prepare !== false;
+}
+
+/** SQLSTATEs of a named prepared statement the server does not have (26000) or already has (42P05). */
+const LOST_STATEMENT = /^(26000|42P05)$/;
+
+/**
+ * A statement's error as text; a prepared statement the server lost or already has (a pooler in
+ * transaction mode hands each transaction another server connection) says what to change.
+ */
+export function statementError(error: unknown): string {
+  const message = errorMessage(error);
+  const code = (error as { code?: unknown } | null)?.code;
+  if (typeof code === "string" && LOST_STATEMENT.test(code) || /prepared statement "[^"]*" (does not|already) exists?/.test(message)) {
+    return `${message} (the client prepares statements, and the server connection changed between them: ` +
+      `behind a pooler in transaction mode such as PgBouncer's pool_mode=transaction, create the client with ` +
+      `postgres(url, { prepare: false }), or pool in session mode)`;
+  }
+  return message;
+}
+
 /** A connection failure reported by porsager (`CONNECTION_CLOSED`, `CONNECT_TIMEOUT`…) or the socket (`ECONNRESET`…). */
 function connectionLost(error: unknown): boolean {
   const code = (error as { code?: unknown } | null)?.code;
@@ -98,6 +126,8 @@ export class Context {
   readonly sql: PostgresClient;
   readonly t: Tables;
   readonly purgeBatch: number;
+  /** Whether statements are prepared: as the client is configured (`prepare: false` behind a transaction pooler). */
+  readonly prepare: boolean;
   readonly #lanes: { queued: QueuedWrite[]; busy: boolean; scheduled: boolean }[];
   /** The chat of each record this process admitted, claimed or reserved and has not settled (`table\0id`). */
   readonly #chats = new Map<string, string>();
@@ -106,6 +136,7 @@ export class Context {
     this.sql = options.sql;
     this.t = tables(options.schema, options.prefix);
     this.purgeBatch = options.purgeBatch;
+    this.prepare = clientPrepares(options.sql);
     this.#lanes = Array.from({ length: options.lanes }, () => ({ queued: [] as QueuedWrite[], busy: false, scheduled: false }));
   }
 
@@ -250,7 +281,7 @@ export class Context {
         for (const w of group) await alone(w); // one after another, in call order
         return;
       }
-      const message = errorMessage(error);
+      const message = statementError(error);
       for (const w of group) {
         w.reject(new Error(`Postgres ${w.op} on ${w.table} failed: ${message}`, { cause: error }));
       }
@@ -276,7 +307,7 @@ export class Context {
         // Row locks are held until COMMIT: a replica frozen before it (a pause, a partition) must not hold
         // them, and every write waiting on them, for ever.
         void tx.unsafe(GROUP_GUARD).then(() => {}, () => {});
-        void Promise.allSettled(statements.map((st) => tx.unsafe(st.text, st.params, { prepare: true }))).then((outcomes) => {
+        void Promise.allSettled(statements.map((st) => tx.unsafe(st.text, st.params, { prepare: this.prepare }))).then((outcomes) => {
           // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
           // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
           if (outcomes.some((o) => o.status === "rejected" && connectionLost(o.reason))) return;
@@ -291,10 +322,9 @@ export class Context {
   async run(op: string, table: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
     await this.ready();
     try {
-      return await this.sql.unsafe(text, params, { prepare: true });
+      return await this.sql.unsafe(text, params, { prepare: this.prepare });
     } catch (error) {
-      const message = errorMessage(error);
-      throw new Error(`Postgres ${op} on ${table} failed: ${message}`, { cause: error });
+      throw new Error(`Postgres ${op} on ${table} failed: ${statementError(error)}`, { cause: error });
     }
   }
 }

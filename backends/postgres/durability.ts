@@ -4,11 +4,12 @@
  *
  * @module
  */
-import type { DurabilityBackend, InboxJournal, OutboxJournal } from "../../src/contract.ts";
+import type { DurabilityBackend, InboxJournal, OpenWarning, OutboxJournal } from "../../src/contract.ts";
 import { Context } from "./connection.ts";
 import { PgInbox } from "./inbox.ts";
 import { type PostgresDurabilityOptions, resolveOptions } from "./options.ts";
 import { PgOutbox } from "./outbox.ts";
+import { checkPostgresServer } from "./server_checks.ts";
 
 /**
  * A durability backend in PostgreSQL: the inbox and outbox journals, shared
@@ -77,11 +78,14 @@ export class PostgresDurability implements DurabilityBackend {
   }
 
   /**
-   * Creates or upgrades the schema (once per client, schema and prefix; later calls resolve at once).
+   * Creates or upgrades the schema (once per client, schema and prefix; later calls resolve at once),
+   * then reports a server configured to lose committed writes (`fsync` or `synchronous_commit` off).
+   * @param warn receives what the bot reports as a `warning` (`journal-not-durable`)
    * @throws {Error} naming the schema when it cannot be set up or was written by a newer version of the library
    */
-  open(): Promise<void> {
-    return this.#c.ready();
+  async open(warn?: (warning: OpenWarning) => void): Promise<void> {
+    await this.#c.ready();
+    if (warn) await checkPostgresServer(this.#c.sql, this.#c.where, this.#c.prepare, warn);
   }
 
   /** Nothing to release: the client stays open (it is the caller's). */

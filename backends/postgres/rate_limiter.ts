@@ -11,6 +11,7 @@ import type { RateBucket, RateLimiter, RateTake } from "../../src/contract.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { gcraParams } from "../../src/rate_limit.ts";
 import { showValue as show } from "../../src/show.ts";
+import { clientPrepares } from "./connection.ts";
 import { type PostgresClient, resolveOptions } from "./options.ts";
 
 /** Options of {@link PostgresRateLimiter}. */
@@ -45,6 +46,7 @@ export class PostgresRateLimiter implements RateLimiter {
   readonly name = "postgres";
   readonly scope = "shared" as const;
   readonly #sql: PostgresClient;
+  readonly #prepare: boolean;
   readonly #table: string;
   readonly #schema: string;
   #ready: Promise<void> | null = null;
@@ -63,6 +65,7 @@ export class PostgresRateLimiter implements RateLimiter {
     checkKnownOptions(options, ["sql", "schema", "tablePrefix"], "PostgresRateLimiter option");
     const resolved = resolveOptions(options);
     this.#sql = resolved.sql;
+    this.#prepare = clientPrepares(resolved.sql);
     this.#schema = resolved.schema;
     this.#table = `"${resolved.schema}"."${resolved.prefix}rate_limits"`;
   }
@@ -120,7 +123,7 @@ export class PostgresRateLimiter implements RateLimiter {
           (SELECT w.key FROM w ORDER BY w.wait DESC LIMIT 1) AS key, (SELECT max(w.wait) FROM w) AS wait
         FROM verdict v`,
         [params],
-        { prepare: true },
+        { prepare: this.#prepare },
       );
       const row = rows[0] as { complete: boolean; ok: boolean; key: string | null; wait: number | string | null };
       if (!row.complete) {
@@ -140,7 +143,7 @@ export class PostgresRateLimiter implements RateLimiter {
       `INSERT INTO ${this.#table} (key, tat) SELECT x.key, 0 FROM jsonb_to_recordset($1::text::jsonb) AS x(key text) ORDER BY x.key
       ON CONFLICT (key) DO NOTHING`,
       [params],
-      { prepare: true },
+      { prepare: this.#prepare },
     );
     if (this.#known.size + buckets.length > KNOWN_KEYS) this.#known.clear();
     for (const b of buckets) this.#known.add(b.key);
@@ -150,7 +153,7 @@ export class PostgresRateLimiter implements RateLimiter {
     await this.#sql.unsafe(
       `DELETE FROM ${this.#table} WHERE tat < (extract(epoch FROM clock_timestamp()) * 1000)::float8 - $1::float8`,
       [IDLE_MS],
-      { prepare: true },
+      { prepare: this.#prepare },
     );
   }
 
@@ -162,7 +165,7 @@ export class PostgresRateLimiter implements RateLimiter {
       `INSERT INTO ${this.#table} AS r (key, tat) VALUES ($1, (extract(epoch FROM clock_timestamp()) * 1000)::float8 + $2::float8)
       ON CONFLICT (key) DO UPDATE SET tat = greatest(r.tat, EXCLUDED.tat)`,
       [bucket.key, Math.max(0, ms) + tolerance],
-      { prepare: true },
+      { prepare: this.#prepare },
     );
     this.#known.add(bucket.key);
   }

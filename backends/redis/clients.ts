@@ -25,6 +25,13 @@ export interface RedisCommands {
    * @returns the script's SHA-1 (hex)
    */
   scriptLoad(script: string): Promise<unknown>;
+  /**
+   * Any other command (`CONFIG GET` at open, to check the server's configuration), where the client
+   * can send one. Optional: without it the configuration is not checked.
+   * @param args the command and its arguments, e.g. `["CONFIG", "GET", "maxmemory-policy"]`
+   * @returns the reply
+   */
+  command?(args: string[]): Promise<unknown>;
 }
 
 /** The part of an `@upstash/redis` client the adapter uses. */
@@ -89,6 +96,7 @@ export function fromUpstash(client: UpstashLike): RedisCommands {
 export function fromIoredis(client: IoredisLike): RedisCommands {
   return {
     evalsha: (sha, keys, args) => client.evalsha(sha, keys.length, ...keys, ...args),
+    command: (args) => client.call(args[0]!, ...args.slice(1)),
     // A Cluster routes a keyless SCRIPT LOAD to a random node, not the one the EVALSHA goes to
     // (the key prefix's slot): load it on every master, so whichever holds the slot (now, or after
     // a failover or resharding) has it.
@@ -118,6 +126,7 @@ export function fromNodeRedis(client: NodeRedisLike): RedisCommands {
   return {
     evalsha: (sha, keys, args) => client.evalSha(sha, { keys, arguments: args }),
     scriptLoad: (script) => client.scriptLoad(script),
+    command: (args) => client.sendCommand(args),
   };
 }
 
@@ -136,6 +145,7 @@ export function fromBunRedis(client: BunRedisLike): RedisCommands {
   return {
     evalsha: (sha, keys, args) => client.send("EVALSHA", [sha, String(keys.length), ...keys, ...args]),
     scriptLoad: (script) => client.send("SCRIPT", ["LOAD", script]),
+    command: (args) => client.send(args[0]!, args.slice(1)),
   };
 }
 

@@ -4,11 +4,12 @@
  *
  * @module
  */
-import type { DamagedRecords, DurabilityBackend, InboxJournal, OutboxJournal } from "../../src/contract.ts";
+import type { DamagedRecords, DurabilityBackend, InboxJournal, OpenWarning, OutboxJournal } from "../../src/contract.ts";
 import { RedisInbox } from "./inbox.ts";
 import { type RedisDurabilityOptions, resolveOptions } from "./options.ts";
 import { RedisOutbox } from "./outbox.ts";
 import { Runner } from "./runner.ts";
+import { checkRedisServer } from "./server_checks.ts";
 
 /**
  * The options objects made by {@link durabilityOn}, with the runner each
@@ -109,11 +110,16 @@ export class RedisDurability implements DurabilityBackend {
   }
 
   /**
-   * Checks that Redis answers and runs the backend's scripts (loading them when needed).
-   * @throws {Error} naming the key prefix and the client's error when it does not
+   * Checks that Redis answers and runs the backend's scripts (loading them when needed), then the
+   * server's configuration where `CONFIG GET` is allowed: an evicting `maxmemory-policy` is refused
+   * (unless `allowEviction`), and a server that keeps nothing on disk is reported to `warn`.
+   * @param warn receives what the bot reports as a `warning` (`journal-not-durable`)
+   * @throws {Error} naming the key prefix and the client's error when Redis does not answer, or the
+   *   eviction policy when it evicts keys
    */
-  async open(): Promise<void> {
+  async open(warn?: (warning: OpenWarning) => void): Promise<void> {
     await this.#runner.now();
+    await checkRedisServer(this.#runner.commands, `(key prefix ${JSON.stringify(this.keyPrefix)})`, this.#runner.allowEviction, warn);
   }
 
   /** Nothing to release: the client is the caller's. */

@@ -20,6 +20,12 @@ export interface RedisOptions {
    * characters, without `{` or `}`. Give each bot (tenant, test run) its own.
    */
   keyPrefix?: string;
+  /**
+   * Accept a server whose `maxmemory-policy` evicts keys (anything but
+   * `noeviction`), which `open()` otherwise refuses: evicted journal records
+   * vanish without a trace. Default `false`.
+   */
+  allowEviction?: boolean;
 }
 
 /** Options of {@link RedisDurability}. */
@@ -29,12 +35,13 @@ export type RedisStoreOptions = RedisOptions;
 /** Options of {@link RedisKv}. */
 export type RedisKvOptions = RedisOptions;
 
-const OPTION_NAMES = ["client", "keyPrefix"] as const;
+const OPTION_NAMES = ["client", "keyPrefix", "allowEviction"] as const;
 
 /** The options checked: the client as commands, and the key prefix. */
 export interface Resolved {
   commands: RedisCommands;
   keyPrefix: string;
+  allowEviction: boolean;
 }
 
 /** The options of the class `what` (named in errors), checked. */
@@ -54,5 +61,9 @@ export function resolveOptions(options: unknown, what: string): Resolved {
       `Redis option "keyPrefix" must be 1 to 128 characters without "{" or "}", got ${show(keyPrefix)}`,
     );
   }
-  return { commands, keyPrefix };
+  const allowEviction = o.allowEviction ?? false;
+  if (typeof allowEviction !== "boolean") {
+    throw new TypeError(`Redis option "allowEviction" must be a boolean, got ${show(allowEviction)}`);
+  }
+  return { commands, keyPrefix, allowEviction };
 }

@@ -80,6 +80,8 @@ export class Runner {
   readonly keyPrefix: string;
   /** The hash-tagged prefix every key starts with. */
   readonly tag: string;
+  /** Accept an evicting `maxmemory-policy` (see `RedisOptions.allowEviction`). */
+  readonly allowEviction: boolean;
   #queue: Pending[] = [];
   #inFlight = 0;
   #scheduled = false;
@@ -89,6 +91,7 @@ export class Runner {
     this.commands = resolved.commands;
     this.keyPrefix = resolved.keyPrefix;
     this.tag = `{${resolved.keyPrefix}}`;
+    this.allowEviction = resolved.allowEviction;
   }
 
   #failure(name: string, error: unknown): Error {
