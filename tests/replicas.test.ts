@@ -49,6 +49,7 @@ import {
 } from "./support/replica_harness.ts";
 import { serviceSkip } from "./support/services.ts";
 import { startUpstashBridge } from "./support/upstash_bridge.ts";
+import { pgbouncerSkip, startPgBouncer } from "./support/pgbouncer.ts";
 
 const LEASE_MS = 1200;
 const CONFIG: ReplicaConfig = { leaseMs: LEASE_MS, thinkMs: [30, 130], sendMs: 4, slowSend: { ms: 400, oneIn: 8 } };
@@ -69,11 +70,18 @@ interface Target {
   /** A reason to skip, or false. */
   skip: string | false;
   upstash?: () => Promise<{ url: string; token: string; stop(): Promise<void> | void }>;
+  pgbouncer?: () => Promise<{ url: string; stop(): Promise<void> }>;
 }
 
 const targets: Target[] = [
   { kind: "sqlite", label: "SQLite (one host)", skip: false },
   { kind: "postgres", label: "Postgres", skip: await serviceSkip("postgres") },
+  {
+    kind: "pgbouncer",
+    label: "Postgres through PgBouncer (transaction pooling)",
+    skip: (await serviceSkip("postgres")) || pgbouncerSkip(),
+    pgbouncer: () => startPgBouncer("transaction"),
+  },
   { kind: "redis", label: "Redis (ioredis)", skip: await serviceSkip("redis") },
   {
     kind: "upstash",
@@ -91,8 +99,9 @@ async function withCluster<T>(
   run: (cluster: Cluster, reader: DurabilityBackend) => Promise<T>,
 ): Promise<T> {
   const bridge = target.upstash ? await target.upstash() : undefined;
-  const ns: Namespace = createNamespace(target.kind, label, bridge && { url: bridge.url, token: bridge.token });
-  const cluster = new Cluster(ns, { ...CONFIG, upstash: ns.upstash });
+  const pooler = target.pgbouncer ? await target.pgbouncer() : undefined;
+  const ns: Namespace = createNamespace(target.kind, label, bridge && { url: bridge.url, token: bridge.token }, pooler?.url);
+  const cluster = new Cluster(ns, { ...CONFIG, upstash: ns.upstash, pgbouncer: ns.pgbouncer });
   clusters.push(cluster);
   let reader: { backend: DurabilityBackend; close(): Promise<void> } | undefined;
   try {
@@ -110,6 +119,7 @@ async function withCluster<T>(
     const left = await namespaceLeftovers(ns);
     if (left !== 0) throw new Error(`namespace ${ns.name} not dropped: ${left} left`);
     await bridge?.stop();
+    await pooler?.stop();
   }
 }
 

@@ -108,7 +108,8 @@ export async function startPgBouncer(mode: "session" | "transaction", poolSize =
           await new Promise((r) => setTimeout(r, 20));
         }
       }
-      rmSync(dir, { recursive: true, force: true });
+      if (process.env.BOTMESH_KEEP_PGBOUNCER === "1") console.warn(`pgbouncer log kept in ${dir}`);
+      else rmSync(dir, { recursive: true, force: true });
     },
   };
 }

@@ -21,8 +21,11 @@ import type { DurabilityBackend } from "../../src/contract.ts";
 import type { DurabilityMetrics } from "../../src/engine.ts";
 import { POSTGRES_URL, REDIS_URL, runId } from "./services.ts";
 
-/** The backends a replica can run on. `redis` is ioredis, `upstash` is @upstash/redis over the bridge, `node-redis` is `redis`. */
-export type BackendKind = "sqlite" | "file" | "postgres" | "redis" | "upstash" | "node-redis";
+/**
+ * The backends a replica can run on. `redis` is ioredis, `upstash` is @upstash/redis over the bridge, `node-redis` is `redis`,
+ * `pgbouncer` is Postgres through a PgBouncer in transaction mode (the client with `prepare: false`).
+ */
+export type BackendKind = "sqlite" | "file" | "postgres" | "pgbouncer" | "redis" | "upstash" | "node-redis";
 
 /** Where one test's journals live. */
 export interface Namespace {
@@ -31,6 +34,8 @@ export interface Namespace {
   name: string;
   /** For `upstash`: the bridge's REST endpoint. */
   upstash?: { url: string; token: string };
+  /** For `pgbouncer`: the URL through the pooler. */
+  pgbouncer?: string;
 }
 
 /** A backend and how to let go of it (and of the client under it). */
@@ -63,6 +68,14 @@ export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
       const backend = new PostgresDurability({ sql, schema: ns.name });
       return { backend, close: () => sql.end({ timeout: 2 }) };
     }
+    case "pgbouncer": {
+      if (!ns.pgbouncer) throw new Error("pgbouncer namespace without the pooler's url");
+      const { default: postgres } = await import("postgres");
+      const { PostgresDurability } = await import("../../backends/postgres/mod.ts");
+      const sql = postgres(ns.pgbouncer, { max: 4, prepare: false, onnotice: () => {} });
+      const backend = new PostgresDurability({ sql, schema: ns.name });
+      return { backend, close: () => sql.end({ timeout: 2 }) };
+    }
     case "redis": {
       const { default: Redis } = await import("ioredis");
       const { RedisDurability } = await import("../../backends/redis/durability.ts");
@@ -90,7 +103,12 @@ export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
 }
 
 /** A fresh namespace for one test (a temp directory, a schema name, a key prefix). */
-export function createNamespace(kind: BackendKind, label: string, upstash?: { url: string; token: string }): Namespace {
+export function createNamespace(
+  kind: BackendKind,
+  label: string,
+  upstash?: { url: string; token: string },
+  pgbouncer?: string,
+): Namespace {
   const id = runId();
   switch (kind) {
     case "sqlite":
@@ -98,6 +116,8 @@ export function createNamespace(kind: BackendKind, label: string, upstash?: { ur
       return { kind, name: mkdtempSync(join(tmpdir(), `botmesh-replicas-${label}-`)) };
     case "postgres":
       return { kind, name: `replicas_${label.replace(/\W/g, "_")}_${id}` };
+    case "pgbouncer":
+      return { kind, name: `replicas_pgb_${label.replace(/\W/g, "_")}_${id}`, pgbouncer };
     default:
       return { kind, name: `botmesh-replicas:${label}:${id}:`, upstash };
   }
@@ -111,6 +131,7 @@ export async function dropNamespace(ns: Namespace): Promise<void> {
       rmSync(ns.name, { recursive: true, force: true });
       return;
     case "postgres":
+    case "pgbouncer":
       return await dropPostgresSchema(ns.name);
     default:
       // Upstash runs through the bridge onto the same Redis server: delete over TCP.
@@ -162,7 +183,8 @@ export async function namespaceLeftovers(ns: Namespace): Promise<number> {
     case "sqlite":
     case "file":
       return existsSync(ns.name) ? 1 : 0;
-    case "postgres": {
+    case "postgres":
+    case "pgbouncer": {
       const { default: postgres } = await import("postgres");
       const sql = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
       try {
@@ -220,6 +242,8 @@ export interface ReplicaConfig {
   sweepIntervalMs?: number;
   /** For `upstash`. */
   upstash?: { url: string; token: string };
+  /** For `pgbouncer`. */
+  pgbouncer?: string;
 }
 
 /** The child's metrics line. */
