@@ -537,6 +537,7 @@ for (const label of [...new Set(rows.map((r) => r.s.label))]) {
 console.log(
   `\nserver = every \`postgres\` process (shared: other sessions count too; "our backends" = this run's replicas' connections) or the redis-server process (shared); ` +
     `parent = this process (routing, reading the replicas' lines${WITH_UPSTASH ? ", the Upstash bridge" : ""}); other = the machine's busy time minus these. ` +
+    `Each column is its own median over the runs (so a row's parts need not add up exactly). ` +
     `CLK_TCK ${CLK_TCK}. Load average at the end: ${load()}.`,
 );
 process.exit(0);
