@@ -284,6 +284,9 @@ export class Replica {
     this.name = name;
     this.#onLine = onLine;
     this.proc = Bun.spawn([process.execPath, REPLICA_CHILD, ns.kind, ns.name, name, JSON.stringify(config)], {
+      // The environment as it is now (Bun's default is the one this process started with): the replica
+      // bench sets PGAPPNAME to find its replicas' Postgres backends.
+      env: { ...process.env },
       stdin: "pipe",
       stdout: "pipe",
       stderr: "pipe",
