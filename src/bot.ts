@@ -132,7 +132,8 @@ export class Bot {
   #handlers: { matcher: Matcher; handler: Handler }[] = [];
   #engine: DurabilityEngine | undefined;
   /** Per chat, jobs in arrival order; a promise is a slot kept for a message whose journal write is under way. */
-  #chats = new Map<string, (InboundJob | Promise<InboundJob | null>)[]>();
+  /** Per chat: the jobs to run in order (a slot while its message is being journaled), each with when it was received. */
+  #chats = new Map<string, QueuedJob[]>();
   #starting: Promise<void> | undefined;
   /** Admissions and chat drains under way (a count: a Set of their promises cost a hash per message). */
   #inFlight = 0;
@@ -182,7 +183,9 @@ export class Bot {
         provider: this.provider,
         botId: this.id,
         events: this.#events,
-        dispatch: (job) => this.#dispatch(job),
+        // A record a sweep claimed takes its place by when it was received: ahead of a later message
+        // whose slot was queued while the claim's answer was on its way.
+        dispatch: (job) => this.#dispatch(job, job.message.chatId, job.record?.receivedAt),
         whenLocalIdle: () => this.#whenLocalIdle(),
         track: (work) => this.#track(work),
         clock,
@@ -518,16 +521,24 @@ export class Bot {
 
   // ---- per-chat dispatch -----------------------------------------------------
 
+  /**
+   * Queue a job on its chat. Without `receivedAt` it goes last; with it (a record a sweep claimed), it
+   * goes ahead of the queued jobs not started yet that were received after it.
+   */
   #dispatch(
     job: InboundJob | Promise<InboundJob | null>,
     chatId: string = (job as InboundJob).message.chatId,
+    receivedAt?: number,
   ): void {
+    const entry: QueuedJob = { job, at: receivedAt ?? this.#clock.now(), started: false };
     const queue = this.#chats.get(chatId);
     if (queue) {
-      queue.push(job);
+      let at = queue.length;
+      if (receivedAt !== undefined) while (at > 0 && !queue[at - 1]!.started && queue[at - 1]!.at > receivedAt) at--;
+      queue.splice(at, 0, entry);
       return;
     }
-    this.#chats.set(chatId, [job]);
+    this.#chats.set(chatId, [entry]);
     this.#track(this.#drainChat(chatId));
   }
 
@@ -535,7 +546,11 @@ export class Bot {
     const queue = this.#chats.get(chatId)!;
     try {
       while (queue.length > 0) {
-        const job = await queue[0]!;
+        const head = queue[0]!;
+        const job = await head.job;
+        // A record received before it was queued ahead of it while it waited for its journal: that first.
+        if (queue[0] !== head) continue;
+        head.started = true;
         if (job !== null) {
           if (this.#engine) await this.#engine.process(job, () => this.#handle(job));
           else await this.#handle(job).catch((error) => this.#emitError(error));
@@ -581,4 +596,12 @@ export class Bot {
     if (this.#inFlight === 0) return Promise.resolve();
     return new Promise((resolve) => this.#idleWaiters.push(resolve));
   }
+}
+
+/** A job on its chat's queue, and when its message was received (wall clock). */
+interface QueuedJob {
+  job: InboundJob | Promise<InboundJob | null>;
+  at: number;
+  /** Taken off to run: nothing goes ahead of it any more. */
+  started: boolean;
 }

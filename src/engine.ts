@@ -873,6 +873,10 @@ export class DurabilityEngine {
       this.#wake(0);
       return { status: "admitted", id };
     }
+    // Leased: nothing of its chat comes first in the journal but records leased to this very process.
+    // A claim scan of this process whose answer is still on its way may hold earlier records of the
+    // chat: let them reach the chat's queue first (they go ahead of this message there).
+    if (this.#claimsInFlight > 0) await this.#claimScansHeld();
     // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
     if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
     const job: InboundJob = { message, record, sends: [], sendCount: 0 };
@@ -908,10 +912,19 @@ export class DurabilityEngine {
     // Journaled already (armed by an earlier run of the step), or pending behind its chat: a due scan
     // takes it and arms it (see process()).
     if (record === null || record.state !== "processing") return;
-    await this.#armTimer(id, record.fence, at).catch((error) => {
+    // Taken up already by this process as lost work (its admission's answer came late): that job arms
+    // it, or fires it when due.
+    if (this.#held.inbox.has(id)) return;
+    // Held while it is armed, so that nothing of this process takes it for lost work meanwhile.
+    const lease = this.#hold("inbox", id, record.fence);
+    try {
+      await this.#recordOutcome(lease, (token) => this.#armTimer(id, token, at), ["failed"]);
+    } catch (error) {
       if (isProcessDeath(error)) throw error;
       // It is journaled: once its lease lapses, a sweep arms it.
-    });
+    } finally {
+      this.#release("inbox", id, lease.token);
+    }
   }
 
   /** Make a leased timer record `failed`, due again at `at`. */

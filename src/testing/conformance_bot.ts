@@ -804,6 +804,54 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect([transcript.state, transcript.endedBy]).toEqual(["ended", `${asked}:t1`]);
     });
 
+    withBackend("a message that arrives while a sweep's claim of an earlier record of its chat is on its way is handled after it", async (
+      backend,
+      bots,
+    ) => {
+      // The claim scan's answer is held back (a slow network): the record it leased to this process
+      // reaches the chat's queue after a later message of the chat was journaled, leased too.
+      let gate: Promise<void> | null = null;
+      let release!: () => void;
+      let scanning!: () => void;
+      const scanStarted = new Promise<void>((resolve) => scanning = resolve);
+      const slow = intercept(backend, {
+        claimDue: async (o) => {
+          const claimed = await backend.inbox.claimDue(o);
+          if (gate && claimed.length > 0) {
+            scanning();
+            await gate;
+          }
+          return claimed;
+        },
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(slow, scale, { sweepIntervalMs: 0 }) });
+      const handled: string[] = [];
+      bot.when(ANY, async (ctx) => {
+        handled.push(ctx.message.text ?? "");
+        await ctx.reply(`re ${ctx.message.text}`);
+      });
+      await start(bots, bot);
+      // The first message of the chat, journaled by a process that is gone before handling it.
+      const first = uid("m");
+      const payload = { id: first, chatId: "c1", type: "text", text: "first" };
+      expect(await backend.inbox.admit({ id: first, kind: "message", chatId: "c1", provider: provider.name, payload, receivedAt: time.clock.now() - 1000 }))
+        .not.toBe(null);
+      gate = new Promise<void>((resolve) => release = resolve);
+      const sweeping = bot.sweep();
+      await scanStarted; // leased to this process in the journal, the answer not back yet
+      const second = uid("m");
+      const admitted = provider.receive({ id: second, chatId: "c1", text: "second" });
+      await sleep(Math.round(60 * scale));
+      release();
+      expect((await admitted).status).toBe("admitted");
+      await sweeping;
+      await bot.settled();
+      await bot.idle();
+      expect(handled).toEqual(["first", "second"]);
+      expect(provider.sent.map((s) => s.content)).toEqual(["re first", "re second"]);
+    });
+
     withBackend("without timers, bot.sweep() returns only once the work it took up is finished, however small its budget", async (
       backend,
       bots,
