@@ -4,11 +4,12 @@
  *
  * @module
  */
-import type { JsonValue } from "./contract.ts";
+import type { InboundRecord, JsonValue } from "./contract.ts";
 import { checkKnownOptions } from "./options.ts";
 import { type DurabilityOptions, resolveDurability } from "./config.ts";
 import { Emitter } from "./emitter.ts";
 import {
+  attemptsOf,
   type BotEvents,
   type DurabilityControl,
   DurabilityEngine,
@@ -235,11 +236,8 @@ export class Bot {
       deadlinesKey: () => `botmesh:conversation-deadlines:${this.id}:${engine?.control().instanceId ?? "local"}`,
       count: (metric) => engine?.count(metric),
       isFinalAttempt: (job) => {
-        const record = (job as InboundJob).record;
-        if (!record) return true;
-        // A timer's admission was a claim that ran nothing (see DurabilityEngine.process).
-        const attempts = (job as InboundJob).timer ? record.attempts - 1 : record.attempts;
-        return attempts > (engine?.config.inbox.retries ?? 0);
+        const inbound = job as InboundJob;
+        return inbound.record === null || attemptsOf(inbound as InboundJob & { record: InboundRecord }) > (engine?.config.inbox.retries ?? 0);
       },
       ...(engine ? { scheduleTimer: (id: string, chatId: string, at: number, data: JsonValue) => engine.scheduleTimer(id, chatId, at, data) } : {}),
       schedule: (chatId, at, run) => {

@@ -653,7 +653,7 @@ export class Conversations {
    */
   async #arm(chatId: string, flowId: string, step: number, deadline: number): Promise<void> {
     if (this.#host.scheduleTimer) {
-      return this.#host.scheduleTimer(inputId({ timeout: { at: deadline, timeoutMs: 0 } }, flowId, step), chatId, deadline, { step });
+      return this.#host.scheduleTimer(inputId({ timeout: { at: deadline, timeoutMs: 0 } }, flowId, step), chatId, deadline, { flow: flowId, step });
     }
     if (this.#deadlines.get(chatId) !== deadline) {
       this.#host.schedule(chatId, deadline, (job) => this.#onDeadline(chatId, deadline, job));
@@ -677,12 +677,14 @@ export class Conversations {
     // Another process may have moved the conversation on since this one last read it.
     this.#states.delete(chatId);
     const state = await this.#load(chatId);
-    const step = (data as { step?: unknown } | null)?.step;
+    const { flow, step } = (data ?? {}) as { flow?: unknown; step?: unknown };
     // The ask it was armed for is still waiting at the same step. Its stored deadline may differ from
     // `at` when two processes ran the step at once (a lease lost to a stall): the transcript written
     // last and the timer journaled first can come from different runs. It times out now all the same:
     // no other timer is armed for this step.
-    if (state?.state !== "waiting" || state.steps.length !== step || state.asks.at(-1)?.deadline === null) return;
+    if (state?.state !== "waiting" || firstOf(state).id !== flow || state.steps.length !== step || state.asks.at(-1)?.deadline === null) {
+      return;
+    }
     if (queuedOf(state).length > 0) return; // an answer is in: it is handled first
     await this.#timeOut(chatId, state, job);
   }
@@ -733,12 +735,23 @@ export class Conversations {
    * (its deadlines are stored under its instanceId).
    */
   async restore(): Promise<void> {
-    if (this.#host.scheduleTimer) return; // journaled: due in the inbox
     const key = this.#host.deadlinesKey();
     const raw = await this.#host.store.get(key);
     if (raw === undefined || raw === null) return;
     if (typeof raw !== "object" || Array.isArray(raw)) {
       throw new TypeError(`Stored ask deadlines ${JSON.stringify(key)} are damaged: expected an object, got ${show(raw)}`);
+    }
+    if (this.#host.scheduleTimer) {
+      // An index an earlier version wrote (it kept timers in the process): journal each waiting ask's
+      // timer, then drop the index.
+      for (const [chatId, deadline] of Object.entries(raw)) {
+        if (typeof deadline !== "number") continue;
+        const state = await this.#load(chatId);
+        if (state?.state !== "waiting" || state.asks.at(-1)?.deadline !== deadline) continue;
+        await this.#arm(chatId, firstOf(state).id, state.steps.length, deadline);
+      }
+      await this.#host.store.delete(key);
+      return;
     }
     for (const [chatId, deadline] of Object.entries(raw)) {
       if (typeof deadline !== "number" || this.#deadlines.has(chatId)) continue;
@@ -749,10 +762,11 @@ export class Conversations {
 
   /**
    * The waiting ask's deadline passed: the handler gets an
-   * {@link AskTimeoutError}. A timeout step that fails is retried with the
-   * record that ran it (the timer's, or the message that found the deadline
-   * passed); on its last attempt, or without a journal, it ends the
-   * conversation (reported) so that the chat is not stuck at a dead ask.
+   * {@link AskTimeoutError}. A timeout step run by its journaled timer that
+   * fails is retried with the timer's record; on its last attempt, when the
+   * handler let the `AskTimeoutError` through, when a message that found the
+   * deadline passed ran it, or without a journal, it ends the conversation
+   * (reported) so that the chat is not stuck at a dead ask.
    */
   async #timeOut(chatId: string, state: StoredConversation, job: StepJob): Promise<void> {
     const ask = state.asks.at(-1)!;
@@ -764,9 +778,13 @@ export class Conversations {
       const suspension = await flow.feed(input, job);
       await this.#settleStep(flow, suspension, job, inputId(input, flow.flowId, step), true, []);
     } catch (error) {
-      // Journaled (a timer's record, or the message that found the deadline passed): retried like
-      // any step until its last attempt; the transcript still has the ask waiting.
-      if (isProcessDeath(error) || !this.#host.isFinalAttempt(job)) throw error;
+      if (isProcessDeath(error)) throw error;
+      // Run by its journaled timer: retried like any step until its last attempt (the transcript still
+      // has the ask waiting), unless the handler let the AskTimeoutError through (that is its answer).
+      // Run by a message that found the deadline passed, it ends here: that message is handled next.
+      if ((job as { timer?: unknown }).timer !== undefined && !(error instanceof AskTimeoutError) && !this.#host.isFinalAttempt(job)) {
+        throw error;
+      }
       const current = this.#states.get(chatId);
       if (current?.state === "waiting") await this.#end(chatId, current, `${firstOf(current).id}:t${current.steps.length}`);
       this.#host.reportError(

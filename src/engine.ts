@@ -36,6 +36,7 @@ import {
   type SendConfirmation,
 } from "./provider.ts";
 import { type Clock, type ClockTimer, every, type Repeating, sleep } from "./clock.ts";
+import { MinHeap } from "./min_heap.ts";
 import { hostname, randomId } from "./runtime/mod.ts";
 import type { DurabilityHistograms } from "./histogram.ts";
 import { Observer, TRACE_FIELD, withoutTrace } from "./observe.ts";
@@ -313,11 +314,8 @@ const RECLAIM_BATCH = 1024;
 const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
-/**
- * Failed inbox records an idle check reads to tell retries from timers not due yet; past this many
- * timers in a row, a retry behind them is not seen (idle resolves before it).
- */
-const ACTIVE_FAILED_LOOK = 200;
+/** How many failed inbox records an idle check reads, in turn, to tell retries from timers not due yet. */
+const ACTIVE_FAILED_LOOKS = [200, 5_000, 100_000];
 const DEDUPE_CAPACITY = 10_000;
 /** Tokens of one record this incarnation remembers having held (the latest ones). */
 const EVER_HELD_TOKENS_PER_RECORD = 16;
@@ -420,6 +418,8 @@ export class DurabilityEngine {
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
   #claimsInFlight = 0;
+  /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
+  #inboxScan: Promise<void> | null = null;
   /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
   #jobLeases = new WeakMap<InboundJob, HeldLease>();
   /** Sends a sweep of this process made `unknown` (and reported) that it did not hold: key → fence. */
@@ -451,6 +451,8 @@ export class DurabilityEngine {
   #heartbeatTimer: Repeating | undefined;
   #wakeTimer: ClockTimer | undefined;
   #wakeAt = Infinity;
+  /** The wake-ups asked for and not reached yet (monotonic times). */
+  readonly #wakeTimes = new MinHeap<number>((a, b) => a < b);
   #lastPurge = -Infinity;
   /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
   #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
@@ -574,6 +576,7 @@ export class DurabilityEngine {
     this.#heartbeatTimer?.stop();
     this.#clock.clearTimeout(this.#wakeTimer);
     this.#wakeAt = Infinity;
+    this.#wakeTimes.retain(() => false);
     this.#deadlines.close();
   }
 
@@ -768,13 +771,22 @@ export class DurabilityEngine {
     if (this.#halted || this.#stopping || this.config.sweepIntervalMs === 0) return;
     inMs = Math.min(Math.max(0, inMs), MAX_TIMER_MS);
     const at = this.#clock.monotonic() + inMs;
-    if (at >= this.#wakeAt) return;
+    // Every wake-up asked for is kept (a retry's, a timer's): one timer, armed for the earliest.
+    this.#wakeTimes.push(at);
+    if (at < this.#wakeAt) this.#armWake(at);
+  }
+
+  #armWake(at: number): void {
     this.#clock.clearTimeout(this.#wakeTimer);
     this.#wakeAt = at;
     this.#wakeTimer = this.#clock.setTimeout(() => {
       this.#wakeAt = Infinity;
+      const now = this.#clock.monotonic();
+      for (let next = this.#wakeTimes.peek(); next !== undefined && next <= now + 1; next = this.#wakeTimes.peek()) this.#wakeTimes.pop();
+      const next = this.#wakeTimes.peek();
+      if (next !== undefined && !this.#halted && !this.#stopping) this.#armWake(next);
       void this.sweep();
-    }, inMs + 1);
+    }, Math.max(0, at - this.#clock.monotonic()) + 1);
   }
 
   // ---- inbox -----------------------------------------------------------------
@@ -876,7 +888,11 @@ export class DurabilityEngine {
     // Leased: nothing of its chat comes first in the journal but records leased to this very process.
     // A claim scan of this process whose answer is still on its way may hold earlier records of the
     // chat: let them reach the chat's queue first (they go ahead of this message there).
-    if (this.#claimsInFlight > 0) await this.#claimScansHeld();
+    const scan = this.#inboxScan;
+    if (scan !== null) {
+      // Bounded: a scan that hangs must not hold the channel's answer (the order is then at the scan's mercy).
+      await this.#deadlines.within(scan, Math.min(2000, this.config.inbox.leaseMs / 4), () => new Error("slow claim scan")).catch(() => {});
+    }
     // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
     if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
     const job: InboundJob = { message, record, sends: [], sendCount: 0 };
@@ -909,9 +925,19 @@ export class DurabilityEngine {
       payload: { id, chatId, type: "timeout", [TIMER_FIELD]: { at, data } },
       receivedAt: this.#nextReceivedAt(),
     }, this.#claim("inbox"));
-    // Journaled already (armed by an earlier run of the step), or pending behind its chat: a due scan
-    // takes it and arms it (see process()).
-    if (record === null || record.state !== "processing") return;
+    if (record === null) {
+      // Journaled already (armed by an earlier run of the step), unless a message took its id.
+      const existing = await this.backend.inbox.get(id).catch(() => null);
+      if (existing !== null && timerOf(existing.payload) === undefined) {
+        this.#report(
+          new Error(`The timer "${id}" (an ask's timeout) was not journaled: an inbound message has that id; the ask times out only when its chat's next message arrives`),
+          `timer "${id}"`,
+        );
+      }
+      return;
+    }
+    // Pending behind its chat: a due scan takes it and arms it (see process()).
+    if (record.state !== "processing") return;
     // Taken up already by this process as lost work (its admission's answer came late): that job arms
     // it, or fires it when due.
     if (this.#held.inbox.has(id)) return;
@@ -1014,8 +1040,7 @@ export class DurabilityEngine {
       return;
     }
     const retries = this.config.inbox.retries;
-    // A timer's admission was a claim that ran nothing.
-    const attempts = job.timer ? Math.max(1, record.attempts - 1) : record.attempts;
+    const attempts = attemptsOf(job as InboundJob & { record: InboundRecord });
     let failure: unknown;
     let failed = false;
     let deadNow = false;
@@ -1118,11 +1143,19 @@ export class DurabilityEngine {
         // The write may have committed with its reply lost: look before the record moves on.
         if (await this.#outcomeLanded(kind, id, token, landed) === true) return true;
         const held = this.#held[kind].get(id);
-        if (!held || held.lost || (this.#stopping && attempt >= 3)) return false;
+        if (!held || (this.#stopping && attempt >= 3)) return false;
+        // A lost lease gives up, unless its late outcome still resolves the send (unknown under this token).
+        if (held.lost && !(kind === "outbox" && await this.#resolvableLate(id, token))) return false;
         await sleep(this.#clock, Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
         if (this.#halted) return false;
       }
     }
+  }
+
+  /** Whether an outbox entry is `unknown` under `token`: a late outcome of that call still resolves it. */
+  async #resolvableLate(key: string, token: number): Promise<boolean> {
+    const entry = await this.backend.outbox.get(key).catch(() => null);
+    return entry !== null && entry.state === "unknown" && entry.fence === token;
   }
 
   /**
@@ -1700,11 +1733,18 @@ export class DurabilityEngine {
       const claimedAt = this.#clock.monotonic();
       let records: InboundRecord[];
       this.#claimsInFlight++;
+      let scanned!: () => void;
+      const scan = this.#inboxScan = new Promise<void>((resolve) => scanned = resolve);
+      const scanDone = () => {
+        if (this.#inboxScan === scan) this.#inboxScan = null;
+        scanned();
+      };
       try {
         // A sweep must never take work this very process is doing: leases that may look lapsed are renewed first.
         records = await this.#claimScan(() => this.backend.inbox.claimDue(inboxClaim));
       } catch (error) {
         this.#claimsInFlight--;
+        scanDone();
         await this.#afterUnansweredClaim(error);
         throw error;
       }
@@ -1721,6 +1761,7 @@ export class DurabilityEngine {
         if (record.attempts > 1 && record.error === null) this.#metrics.inboundReplayed++;
         this.#dispatchRecord(record, lease);
       }
+      scanDone();
       if (records.length < batch) break;
     }
     const outboxClaim = {
@@ -1925,14 +1966,20 @@ export class DurabilityEngine {
   // ---- settling and stopping -------------------------------------------------
 
   async #hasActiveWork(): Promise<boolean> {
-    const [inbound, failed, outbound] = await Promise.all([
+    const [inbound, outbound] = await Promise.all([
       this.backend.inbox.list({ state: ["pending", "processing"], limit: 1 }),
-      this.backend.inbox.list({ state: "failed", limit: ACTIVE_FAILED_LOOK }),
       this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 }),
     ]);
-    // A timer not due yet (an ask waiting for its answer) is not work under way.
+    if (inbound.length > 0 || outbound.length > 0) return true;
+    // A timer not due yet (an ask waiting for its answer) is not work under way; a retry is. Failed
+    // records list in arrival order, timers among them: read on until one that is work, or the end.
     const now = this.#clock.now();
-    return inbound.length > 0 || outbound.length > 0 || failed.some((r) => (timerOf(r.payload)?.at ?? -Infinity) <= now);
+    for (const limit of ACTIVE_FAILED_LOOKS) {
+      const failed = await this.backend.inbox.list({ state: "failed", limit });
+      if (failed.some((r) => (timerOf(r.payload)?.at ?? -Infinity) <= now)) return true;
+      if (failed.length < limit) return false;
+    }
+    return true; // more waiting asks than it reads: counted as work, never as idle by mistake
   }
 
   /**
@@ -2082,6 +2129,16 @@ function checkConfirmation(answer: unknown, provider: string): SendConfirmation 
       JSON.stringify(a?.delivered) ?? "undefined"
     }`,
   );
+}
+
+/**
+ * The attempt a journaled job is on: its record's claims, less the claim that admitted a timer (which
+ * ran nothing).
+ * @param job a job with its record
+ * @returns at least 1
+ */
+export function attemptsOf(job: InboundJob & { record: InboundRecord }): number {
+  return job.timer ? Math.max(1, job.record.attempts - 1) : job.record.attempts;
 }
 
 /** The timer an inbox record's payload carries, or `undefined` for a message. */

@@ -470,6 +470,152 @@ describe("ctx.ask", () => {
     });
   }
 
+  test("a timer left by an ended conversation does not time out the next one at the same step", async () => {
+    const started: Record<string, number> = {};
+    const handler: Form = async (ctx) => {
+      started[ctx.inboundId] = Date.now();
+      try {
+        const a = await ctx.ask("Name?", { timeoutMs: 400 });
+        await ctx.reply(`hi ${a.text}`);
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        await ctx.reply(`timed out after ${Date.now() - started[ctx.inboundId]!} ms`);
+      }
+    };
+    const backend = new MemoryDurability();
+    const { bot, provider } = makeBot(backend, new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "f1", chatId: "c", text: "form" });
+    await provider.receive({ id: "f2", chatId: "c", text: "Ann" }); // answered: f1's conversation ends
+    await bot.idle();
+    await new Promise((r) => setTimeout(r, 200));
+    await provider.receive({ id: "g1", chatId: "c", text: "form" }); // asks at step 1, as f1 did
+    const end = Date.now() + 3000;
+    while (!provider.sent.some((s) => String(s.content).startsWith("timed out")) && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    await bot.idle();
+    const timedOut = provider.sent.find((s) => String(s.content).startsWith("timed out"))!;
+    expect(timedOut.idempotencyKey).toBe("g1:t1:1");
+    expect(Number(/after (\d+) ms/.exec(String(timedOut.content))![1]), "g1's own deadline, not f1's").toBeGreaterThanOrEqual(390);
+    expect((await backend.inbox.get("f1:t1"))?.state, "f1's timer fired and found nothing to do").toBe("done");
+    await bot.stop();
+  });
+
+  test("a handler that lets AskTimeoutError through ends its conversation at once: no retries, the next message is not held up", async () => {
+    const handler: Form = async (ctx) => {
+      await ctx.ask("Name?", { timeoutMs: 100 }); // an uncaught AskTimeoutError is the handler's answer
+    };
+    const backend = new MemoryDurability();
+    const { bot, provider, warnings, errors } = makeBot(backend, new KeptStore(), handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    const end = Date.now() + 3000;
+    while ((await backend.inbox.get("m0:t1"))?.state !== "done" && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    expect((await backend.inbox.get("m0:t1"))?.state).toBe("done");
+    expect(warnings.filter((w) => w.code === "handler-retry")).toEqual([]);
+    expect(errors.map((e) => e.message).filter((m) => m.includes("was ended"))).toHaveLength(1);
+    await provider.receive({ id: "m1", chatId: "c", text: "hello" });
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Name?"], ["m1:1", "echo hello"]]);
+    await bot.stop();
+  });
+
+  test("timers armed in one process fire on time whatever order they were armed in (sweep interval far longer)", async () => {
+    const fired: Record<string, number> = {};
+    const asked: Record<string, number> = {};
+    const bot = new Bot({
+      provider: new MockProvider(),
+      store: new KeptStore(),
+      durability: { backend: new MemoryDurability(), instanceId: "timers", sweepIntervalMs: 60_000 },
+    });
+    bot.when("form", async (ctx) => {
+      const timeoutMs = ctx.chatId === "late" ? 700 : 200;
+      asked[ctx.chatId] = Date.now();
+      try {
+        await ctx.ask("Name?", { timeoutMs });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        fired[ctx.chatId] = Date.now() - asked[ctx.chatId]!;
+      }
+    });
+    await bot.start();
+    const provider = bot.provider as MockProvider;
+    await provider.receive({ id: "l0", chatId: "late", text: "form" }); // armed first, due last
+    await provider.receive({ id: "s0", chatId: "soon", text: "form" });
+    const end = Date.now() + 5000;
+    while (Object.keys(fired).length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    expect(fired.soon).toBeGreaterThanOrEqual(190);
+    expect(fired.late).toBeGreaterThanOrEqual(690);
+    expect(fired.late, "not left for the next periodic sweep (60 s)").toBeLessThan(3000);
+    await bot.stop();
+  });
+
+  test("idle() sees a retry behind more waiting asks than one read of the failed records holds", async () => {
+    let failOnce = true;
+    const bot = new Bot({ provider: new MockProvider(), store: new KeptStore(), durability: fast(new MemoryDurability()) });
+    bot.on("warning", () => {});
+    bot.when("form", async (ctx) => {
+      await ctx.ask("Name?", { timeoutMs: 3_600_000 }).catch(() => {});
+    });
+    bot.when(() => true, async (ctx) => {
+      if (failOnce) {
+        failOnce = false;
+        throw new Error("fails once");
+      }
+      await ctx.reply("done");
+    });
+    await bot.start();
+    const provider = bot.provider as MockProvider;
+    for (let i = 0; i < 205; i++) await provider.receive({ id: `a${String(i).padStart(3, "0")}`, chatId: `c${i}`, text: "form" });
+    await bot.idle(); // 205 timers waiting: not work
+    await provider.receive({ id: "z", chatId: "late", text: "hello" }); // fails once: a retry behind them all
+    await bot.idle();
+    expect(provider.sent.filter((s) => s.content === "done").length, "idle() waited for the retry").toBe(1);
+    await bot.stop();
+  });
+
+  test("deadlines an earlier version kept in its index are journaled at start, and the index dropped", async () => {
+    const handler: Form = async (ctx) => {
+      try {
+        await ctx.ask("Name?", { timeoutMs: 250 });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        await ctx.reply("timed out");
+      }
+    };
+    const journaled = new MemoryDurability();
+    // As an earlier version ran: no timer journaled (its admission dropped), the deadline in the instance's index.
+    const inbox = journaled.inbox;
+    const older = {
+      name: journaled.name,
+      scope: journaled.scope,
+      outbox: journaled.outbox,
+      inbox: new Proxy(inbox, {
+        get: (target, prop) =>
+          prop === "admit"
+            ? (record: { id: string }, lease?: unknown) => (record.id.endsWith(":t1") ? Promise.resolve(null) : inbox.admit(record as never, lease as never))
+            : (Reflect.get(target, prop) as (...args: unknown[]) => unknown).bind(target),
+      }),
+    };
+    const store = new KeptStore();
+    const a = makeBot(older, store, handler);
+    await a.bot.start();
+    await a.provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await a.bot.idle();
+    await a.bot.stop();
+    expect(await journaled.inbox.get("m0:t1")).toBe(null);
+    const transcript = await store.get("botmesh:conversation:bot:c") as { asks: { deadline: number }[] };
+    await store.set("botmesh:conversation-deadlines:bot:conv-1", { c: transcript.asks[0]!.deadline });
+    const b = makeBot(journaled, store, handler);
+    await b.bot.start();
+    expect((await journaled.inbox.get("m0:t1"))?.state).toBe("failed");
+    expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toBe(undefined);
+    const end = Date.now() + 3000;
+    while (b.provider.sent.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
+    await b.bot.idle();
+    expect(sent(b.provider)).toEqual([["m0:t1:1", "timed out"]]);
+    await b.bot.stop();
+  });
+
   test("a timer taken up before its deadline (an operator's replay) is armed again, not run early", async () => {
     const handler: Form = async (ctx) => {
       try {

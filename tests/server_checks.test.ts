@@ -2,7 +2,10 @@
 // keeps nothing on disk and a Postgres with fsync or synchronous_commit off are reported as warnings.
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { spawn, type ChildProcess } from "node:child_process";
+import { mkdtempSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import Redis from "ioredis";
 import postgres from "postgres";
 import { Bot, MemoryDurability } from "../mod.ts";
@@ -57,6 +60,7 @@ const redisSkip = redisBinary ? false : (() => {
 describe.skipIf(redisSkip !== false)("Redis configured to evict or to keep nothing", () => {
   let server: ChildProcess;
   let port = 0;
+  let dir = "";
   const clients: Redis[] = [];
   const client = () => {
     const c = new Redis({ host: "127.0.0.1", port, lazyConnect: false, maxRetriesPerRequest: 2 });
@@ -65,20 +69,24 @@ describe.skipIf(redisSkip !== false)("Redis configured to evict or to keep nothi
   };
   beforeAll(async () => {
     port = await freePort();
-    server = spawn(redisBinary!, ["--bind", "127.0.0.1", "--port", String(port), "--save", "", "--appendonly", "no", "--maxmemory-policy", "allkeys-lru"], {
-      stdio: "ignore",
-    });
+    dir = mkdtempSync(join(tmpdir(), "botmesh-redis-checks-"));
+    server = spawn(
+      redisBinary!,
+      ["--bind", "127.0.0.1", "--port", String(port), "--dir", dir, "--save", "", "--appendonly", "no", "--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"],
+      { stdio: "ignore" },
+    );
     for (let i = 0; i < 100 && !(await tcpReachable("127.0.0.1", port, 200)); i++) await Bun.sleep(50);
   });
   afterAll(async () => {
     for (const c of clients) c.disconnect();
     server?.kill("SIGKILL");
+    if (dir) rmSync(dir, { recursive: true, force: true });
   });
 
   test("an evicting maxmemory-policy is refused at open, naming the policy and the way out", async () => {
     const backend = new RedisDurability({ client: client(), keyPrefix: `checks:${runId()}:` });
     const error = await backend.open().then(() => null, (e: Error) => e);
-    expect(error?.message).toContain('maxmemory-policy "allkeys-lru"');
+    expect(error?.message).toContain('maxmemory-policy "allkeys-lru", maxmemory 104857600');
     expect(error?.message).toContain("noeviction");
     expect(error?.message).toContain("allowEviction: true");
     // A bot does not start on it either.
@@ -113,6 +121,17 @@ describe.skipIf(redisSkip !== false)("Redis configured to evict or to keep nothi
     // The same server through a client that can send CONFIG is refused.
     const refused = await new RedisDurability({ client: c, keyPrefix: `checks:${runId()}:` }).open().then(() => null, (e: Error) => e.message);
     expect(refused).toContain('maxmemory-policy "volatile-lru"');
+  });
+
+  test("without a memory limit (maxmemory 0) no policy evicts: nothing is refused", async () => {
+    const c = client();
+    await c.config("SET", "maxmemory-policy", "allkeys-lru");
+    await c.config("SET", "maxmemory", "0");
+    try {
+      await new RedisDurability({ client: c, keyPrefix: `checks:${runId()}:` }).open();
+    } finally {
+      await c.config("SET", "maxmemory", "100mb");
+    }
   });
 
   test("allowEviction must be a boolean", () => {

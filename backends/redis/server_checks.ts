@@ -49,10 +49,11 @@ export async function checkRedisServer(
       return undefined; // CONFIG not allowed (ACLs, a managed service): nothing to check
     }
   };
-  const policy = await get("maxmemory-policy");
-  if (policy !== undefined && policy !== "noeviction" && !allowEviction) {
+  const [policy, maxmemory] = await Promise.all([get("maxmemory-policy"), get("maxmemory")]);
+  // Without a memory limit (maxmemory 0) nothing is ever evicted, whatever the policy.
+  if (policy !== undefined && policy !== "noeviction" && maxmemory !== "0" && !allowEviction) {
     throw new Error(
-      `Redis ${where} evicts keys under memory pressure (maxmemory-policy "${policy}"): journal records could ` +
+      `Redis ${where} evicts keys under memory pressure (maxmemory-policy "${policy}", maxmemory ${maxmemory ?? "unknown"}): journal records could ` +
         `vanish without a trace. Set maxmemory-policy to "noeviction" (redis.conf, or CONFIG SET maxmemory-policy ` +
         `noeviction), or pass allowEviction: true to accept it`,
     );
