@@ -27,6 +27,7 @@ export interface ClusterNode {
 export interface RedisClusterHandle {
   /** `127.0.0.1:port` of every node (masters first, as created). */
   readonly addresses: string[];
+  /** Every node, those added by `addMaster` too. */
   readonly nodes: ClusterNode[];
   /** The dir of its files (removed by `stop`). */
   readonly dir: string;
@@ -47,6 +48,8 @@ export interface RedisClusterHandle {
   moveSlot(slot: number, toPort: number, options?: { batch?: number; pauseMs?: number; onBatch?: (moved: number) => void }): Promise<{ keys: number; batches: number }>;
   /** `CLUSTER FAILOVER` on a replica of the master at `masterPort`; resolves once the replica is master. @returns its port */
   failover(masterPort: number): Promise<number>;
+  /** Starts one more node and adds it as a master without slots (CLUSTER MEET); resolves once every node knows it. @returns its port */
+  addMaster(): Promise<number>;
   /** Kills every node and removes the dir. */
   stop(): Promise<void>;
 }
@@ -167,7 +170,7 @@ export async function startRedisCluster(options: { masters?: number; replicasPer
     rmSync(dir, { recursive: true, force: true });
   };
   try {
-    for (const port of ports) {
+    const startNode = (port: number) => {
       const child = spawn("redis-server", [
         "--port", String(port),
         "--bind", "127.0.0.1",
@@ -181,7 +184,9 @@ export async function startRedisCluster(options: { masters?: number; replicasPer
         "--daemonize", "no",
       ], { stdio: "ignore" });
       processes.push(child);
-    }
+      return child;
+    };
+    for (const port of ports) startNode(port);
     for (const port of ports) await waitFor(`node ${port} to answer PING`, 10_000, async () => (await node(port).ping()) === "PONG");
     const created = await run("redis-cli", [
       "--cluster", "create", ...ports.map((p) => `127.0.0.1:${p}`),
@@ -273,6 +278,22 @@ export async function startRedisCluster(options: { masters?: number; replicasPer
           return role[0] === "master";
         });
         return replica;
+      },
+      async addMaster() {
+        const port = await freePort(taken);
+        const child = startNode(port);
+        await waitFor(`node ${port} to answer PING`, 10_000, async () => (await node(port).ping()) === "PONG");
+        await node(port).cluster("MEET", "127.0.0.1", ports[0]!);
+        const id = String(await node(port).cluster("MYID"));
+        nodes.push({ port, id, process: child });
+        await waitFor(`every node to know ${port}`, 30_000, async () => {
+          for (const n of live()) {
+            const known = String(await node(n.port).cluster("NODES"));
+            if (!known.includes(id) || /handshake|noaddr/.test(known)) return false;
+          }
+          return /cluster_state:ok/.test(String(await node(port).cluster("INFO")));
+        });
+        return port;
       },
       stop,
     };
