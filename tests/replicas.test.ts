@@ -50,6 +50,7 @@ import {
 import { serviceSkip } from "./support/services.ts";
 import { startUpstashBridge } from "./support/upstash_bridge.ts";
 import { pgbouncerSkip, startPgBouncer } from "./support/pgbouncer.ts";
+import { clusterSkip, type RedisClusterHandle, startRedisCluster } from "./support/redis_cluster.ts";
 
 const LEASE_MS = 1200;
 const CONFIG: ReplicaConfig = { leaseMs: LEASE_MS, thinkMs: [30, 130], sendMs: 4, slowSend: { ms: 400, oneIn: 8 } };
@@ -71,6 +72,8 @@ interface Target {
   skip: string | false;
   upstash?: () => Promise<{ url: string; token: string; stop(): Promise<void> | void }>;
   pgbouncer?: () => Promise<{ url: string; stop(): Promise<void> }>;
+  /** For `redis-cluster`: starts a cluster for one scenario. */
+  redisCluster?: () => Promise<RedisClusterHandle>;
 }
 
 const targets: Target[] = [
@@ -89,6 +92,12 @@ const targets: Target[] = [
     skip: await serviceSkip("redis"),
     upstash: () => startUpstashBridge(),
   },
+  {
+    kind: "redis-cluster",
+    label: "Redis Cluster (ioredis Cluster, 3 masters with a replica each)",
+    skip: clusterSkip(),
+    redisCluster: () => startRedisCluster({ masters: 3, replicasPerMaster: 1 }),
+  },
 ];
 for (const t of targets) if (t.skip) console.warn(`replicas: ${t.label}: skipped: ${t.skip}`);
 
@@ -96,12 +105,14 @@ for (const t of targets) if (t.skip) console.warn(`replicas: ${t.label}: skipped
 async function withCluster<T>(
   target: Target,
   label: string,
-  run: (cluster: Cluster, reader: DurabilityBackend) => Promise<T>,
+  run: (cluster: Cluster, reader: DurabilityBackend, redis: RedisClusterHandle | undefined) => Promise<T>,
+  config: ReplicaConfig = CONFIG,
 ): Promise<T> {
   const bridge = target.upstash ? await target.upstash() : undefined;
   const pooler = target.pgbouncer ? await target.pgbouncer() : undefined;
-  const ns: Namespace = createNamespace(target.kind, label, bridge && { url: bridge.url, token: bridge.token }, pooler?.url);
-  const cluster = new Cluster(ns, { ...CONFIG, upstash: ns.upstash, pgbouncer: ns.pgbouncer });
+  const redis = target.redisCluster ? await target.redisCluster() : undefined;
+  const ns: Namespace = createNamespace(target.kind, label, bridge && { url: bridge.url, token: bridge.token }, pooler?.url, redis?.addresses);
+  const cluster = new Cluster(ns, { ...config, upstash: ns.upstash, pgbouncer: ns.pgbouncer, redisCluster: ns.redisCluster });
   clusters.push(cluster);
   let reader: { backend: DurabilityBackend; close(): Promise<void> } | undefined;
   try {
@@ -109,7 +120,7 @@ async function withCluster<T>(
     reader = await openBackend(ns);
     await reader.backend.open?.();
     await cluster.start(NAMES);
-    return await run(cluster, reader.backend);
+    return await run(cluster, reader.backend, redis);
   } finally {
     for (const r of cluster.replicas) r.proc.kill("SIGKILL");
     await Promise.all(cluster.replicas.map((r) => r.exited));
@@ -120,6 +131,7 @@ async function withCluster<T>(
     if (left !== 0) throw new Error(`namespace ${ns.name} not dropped: ${left} left`);
     await bridge?.stop();
     await pooler?.stop();
+    await redis?.stop();
   }
 }
 
@@ -352,5 +364,107 @@ for (const target of targets) {
         expect(sum([...stats, victimStats], "outboxAmbiguous")).toBe(v.ambiguousEvents.length);
       });
     }, 60_000);
+
+    if (target.kind === "redis-cluster") clusterScenarios(target);
   });
+}
+
+/** How many errors (`error` events, printed by the children) each replica's bot reported, and their distinct messages (3 at most). */
+function errorsOf(cluster: Cluster): Record<string, { count: number; first: string[] }> {
+  const out: Record<string, { count: number; first: string[] }> = {};
+  for (const r of cluster.replicas) {
+    const lines = r.stderr.split("\n");
+    const messages = new Set(lines.filter((l) => /^error: /.test(l)).map((l) => l.slice(0, 200)));
+    out[r.name] = { count: lines.filter((l) => /^\[\w+\] error:/.test(l)).length, first: [...messages].slice(0, 3) };
+  }
+  return out;
+}
+
+/**
+ * The cluster's own failovers while the stream is handled: the key prefix's hash slot moved to another
+ * master and back (IMPORTING/MIGRATING, MIGRATE in batches, SETSLOT NODE), and the slot's master
+ * replaced by its replica (CLUSTER FAILOVER). No replica dies: the checks are those of the kills.
+ */
+function clusterScenarios(target: Target): void {
+  /** The leases of the resharding scenario: longer than its slow move. */
+  const RESHARD_LEASE_MS = 8_000;
+
+  test.skipIf(target.skip !== false)("the prefix's hash slot migrated to another master mid-stream, and back", async () => {
+    await withCluster(target, "reshard", async (cluster, reader, redis) => {
+      const plan = planMessages(MESSAGES, CHATS, 31);
+      const slot = await redis!.keyslot(`{${cluster.ns.name}}`);
+      const moves: { from: number; to: number; keys: number; batches: number; startedAt: number; ms: number }[] = [];
+      let moving: Promise<void> = Promise.resolve();
+      // The first move is quick (batches of 20 keys); the second slow (batches of 10, 20 ms apart: 2 to 4
+      // s, longer than ioredis' own TRYAGAIN retries, 16 of 100 ms: the runner's go on). The calls wait
+      // meanwhile, heartbeats too: the leases are longer than the moves here (RESHARD_LEASE_MS).
+      const move = async () => {
+        const from = await redis!.masterOf(slot);
+        const to = moves[0]?.from ?? (await redis!.masters()).find((p) => p !== from)!;
+        const startedAt = performance.now();
+        const done = await redis!.moveSlot(slot, to, moves.length === 0 ? { batch: 20, pauseMs: 5 } : { batch: 10, pauseMs: 20 });
+        moves.push({ from, to, ...done, startedAt, ms: performance.now() - startedAt });
+      };
+      await stream(cluster, plan, async (i) => {
+        if (i === 100 || i === 200) {
+          await moving;
+          moving = move();
+        }
+      });
+      await moving;
+      await settle(cluster, plan, NAMES[0]!);
+      const v = await verify(plan, cluster, reader);
+      const stats = await Promise.all(NAMES.map((n) => cluster.replica(n).stop()));
+      const errors = errorsOf(cluster);
+      // What the stream asked of the replicas while the slot was half moved.
+      const during = (t: number) => moves.some((m) => t >= m.startedAt && t <= m.startedAt + m.ms);
+      const acksDuring = [...cluster.acked.values()].filter((a) => during(a.at)).length;
+      const sentDuring = cluster.sink.filter((l) => during(l.seenAt)).length;
+      console.log(
+        `[${target.label}] reshard: ${summary(v)}; slot ${slot} moved ${moves.map((m) => `${m.from}->${m.to}: ${m.keys} keys in ` +
+          `${m.batches} MIGRATE calls, ${m.ms.toFixed(0)} ms`).join("; ")}; ${acksDuring} acks and ${sentDuring} provider ` +
+          `calls during the moves; nacks ${cluster.nacks}; staleLeases ${sum(stats, "staleLeases")}, inboundReplayed ` +
+          `${sum(stats, "inboundReplayed")}, outboxAmbiguous ${sum(stats, "outboxAmbiguous")} (ambiguous events ` +
+          `${v.ambiguousEvents.length}); bot errors ` +
+          `${JSON.stringify(errors)}`,
+      );
+      expectClean(v, plan, cluster);
+      expect(moves.length).toBe(2);
+      for (const m of moves) expect(m.keys).toBeGreaterThan(MESSAGES / 2); // the journal's keys moved, batch by batch
+      expect(moves[1]!.to).toBe(moves[0]!.from);
+      expect(await redis!.masterOf(slot)).toBe(moves[1]!.to);
+      expect(moves[1]!.ms).toBeGreaterThan(1_600);
+      expect(moves[1]!.ms).toBeLessThan(RESHARD_LEASE_MS);
+      // No lease lapsed: nothing was taken over, fenced off or reported ambiguous.
+      expect(sum(stats, "staleLeases")).toBe(0);
+      expect(sum(stats, "outboxAmbiguous")).toBe(0);
+      expect(v.ambiguousEvents).toEqual([]);
+    }, { ...CONFIG, leaseMs: RESHARD_LEASE_MS });
+  }, 120_000);
+
+  test.skipIf(target.skip !== false)("the slot's master replaced by its replica (CLUSTER FAILOVER) mid-stream", async () => {
+    await withCluster(target, "failover", async (cluster, reader, redis) => {
+      const plan = planMessages(MESSAGES, CHATS, 37);
+      const slot = await redis!.keyslot(`{${cluster.ns.name}}`);
+      const old = await redis!.masterOf(slot);
+      let promoted: Promise<{ port: number; ms: number }> | undefined;
+      await stream(cluster, plan, (i) => {
+        if (i !== 150) return;
+        const t = performance.now();
+        promoted = redis!.failover(old).then((port) => ({ port, ms: performance.now() - t }));
+      });
+      const p = await promoted!;
+      await settle(cluster, plan, NAMES[0]!);
+      const v = await verify(plan, cluster, reader);
+      const stats = await Promise.all(NAMES.map((n) => cluster.replica(n).stop()));
+      console.log(
+        `[${target.label}] master failover: ${summary(v)}; slot ${slot}: master ${old} replaced by ${p.port} in ` +
+          `${p.ms.toFixed(0)} ms; nacks ${cluster.nacks}; staleLeases ${sum(stats, "staleLeases")}, outboxAmbiguous ` +
+          `${sum(stats, "outboxAmbiguous")}; bot errors ${JSON.stringify(errorsOf(cluster))}`,
+      );
+      expectClean(v, plan, cluster);
+      expect(await redis!.masterOf(slot)).toBe(p.port);
+      expect(sum(stats, "outboxAmbiguous")).toBe(v.unknown.length);
+    });
+  }, 120_000);
 }

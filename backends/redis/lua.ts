@@ -27,9 +27,33 @@ function luaSet(states: readonly string[]): string {
   return states.map((state) => `${state} = true`).join(", ");
 }
 
+/**
+ * The first statement of every script (after `P`): in a Redis Cluster, while this node migrates or
+ * imports the key prefix's slot (a resharding), some of the prefix's keys are on the other node. A
+ * script run there would read a key that is not here as missing (on the importing node, which an
+ * `ASK` sends the call to: a record, a lease, an index silently absent), or fail at such a key after
+ * its first writes (on the migrating node: "Script attempted to access a non local key", and Lua does
+ * not roll back); a key it writes on the importing node makes the operator's MIGRATE of that key fail
+ * (BUSYKEY). A two-key EXISTS of keys that never exist fails exactly then (inside a script, Redis
+ * refuses it on both nodes) and answers 0 everywhere else (a single server too). So the script answers
+ * TRYAGAIN before it reads or writes anything: the client retries (ioredis' Cluster does, after
+ * `retryDelayOnTryAgain`; the runner too, see {@link TRYAGAIN_RETRY_MS}), and once the slot is settled
+ * on one node the call runs there, on every key.
+ */
+export function slotGuard(tag: string): string {
+  return `do
+  local guard = redis.pcall('EXISTS', ${tag} .. 'slot-guard:1', ${tag} .. 'slot-guard:2')
+  if type(guard) == 'table' and guard.err then
+    return redis.error_reply('TRYAGAIN botmesh: the hash slot of the key prefix ' .. ${tag} ..
+      ' is being migrated to or from this node (' .. tostring(guard.err) .. '): the script did nothing; retry')
+  end
+end
+`;
+}
+
 const PRELUDE = `
 local P = ARGV[1]
--- One TIME per script run (a batch of operations shares it: the run is atomic).
+${slotGuard("P")}-- One TIME per script run (a batch of operations shares it: the run is atomic).
 local NOW
 local function now_ms()
   if not NOW then

@@ -13,6 +13,7 @@ import { gcraParams } from "../../src/rate_limit.ts";
 import { showValue as show } from "../../src/show.ts";
 import type { RedisCommands } from "./clients.ts";
 import { evalScript, sha1Hex } from "./runner.ts";
+import { slotGuard } from "./lua.ts";
 import { resolveOptions } from "./options.ts";
 
 /** Options of {@link RedisRateLimiter}. */
@@ -23,7 +24,9 @@ export interface RedisRateLimiterOptions {
   keyPrefix?: string;
 }
 
-const NOW = `local t = redis.call('TIME')
+/** The slot guard of the backend's scripts (see `slotGuard`), on the tag of the first bucket's key, then the server's clock. */
+const NOW = `local TAG = string.match(KEYS[1], '^{[^}]*}')
+${slotGuard("TAG")}local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000`;
 
 /** KEYS: the buckets; ARGV: interval and tolerance of each → {1} or {0, wait, index of the bucket} (gcraStep of src/rate_limit.ts). */

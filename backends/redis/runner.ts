@@ -36,7 +36,9 @@ function shaOf(script: LuaScript): Promise<string> {
 }
 
 /**
- * `EVALSHA` of a script; a `NOSCRIPT` answer (a restarted or flushed server) loads it and runs it again.
+ * `EVALSHA` of a script; a `NOSCRIPT` answer (a restarted or flushed server, a replica promoted by a
+ * failover) loads it and runs it again; a `TRYAGAIN` answer (see {@link TRYAGAIN_RETRY_MS}) sends it
+ * again, for up to that long.
  * @param commands the client
  * @param text the script
  * @param sha its SHA-1 ({@link sha1Hex})
@@ -45,6 +47,29 @@ function shaOf(script: LuaScript): Promise<string> {
  * @returns the script's reply
  */
 export async function evalScript(commands: RedisCommands, text: string, sha: string, keys: string[], argv: string[]): Promise<unknown> {
+  const started = Date.now();
+  for (let attempt = 0;; attempt++) {
+    try {
+      return await evalLoading(commands, text, sha, keys, argv);
+    } catch (error) {
+      // A TRYAGAIN answer (the slot guard of the scripts, or Redis refusing a multi-key call during a
+      // slot migration) comes before the script ran: running it again is safe. So does ioredis'
+      // Cluster "Too many Cluster redirections" once its own retries are spent (it counts MOVED, ASK,
+      // TRYAGAIN and CLUSTERDOWN answers only: a call sent on from node to node, never run).
+      if (!RETRIED.test(errorMessage(error)) || Date.now() - started >= TRYAGAIN_RETRY_MS) throw error;
+      await new Promise((resolve) => setTimeout(resolve, Math.min(50 * 2 ** attempt, 1_000)));
+    }
+  }
+}
+
+/**
+ * How long (ms) a script answered `TRYAGAIN` (its hash slot being migrated between two nodes of a
+ * Redis Cluster, see `slotGuard` in lua.ts) is sent again before the error is thrown.
+ */
+export const TRYAGAIN_RETRY_MS = 10_000;
+const RETRIED = /\bTRYAGAIN\b|Too many Cluster redirections/;
+
+async function evalLoading(commands: RedisCommands, text: string, sha: string, keys: string[], argv: string[]): Promise<unknown> {
   try {
     return await commands.evalsha(sha, keys, argv);
   } catch (error) {

@@ -22,10 +22,11 @@ import type { DurabilityMetrics } from "../../src/engine.ts";
 import { POSTGRES_URL, REDIS_URL, runId } from "./services.ts";
 
 /**
- * The backends a replica can run on. `redis` is ioredis, `upstash` is @upstash/redis over the bridge, `node-redis` is `redis`,
- * `pgbouncer` is Postgres through a PgBouncer in transaction mode (the client with `prepare: false`).
+ * The backends a replica can run on. `redis` is ioredis, `upstash` is @upstash/redis over the bridge, `node-redis` is
+ * `redis`, `pgbouncer` is Postgres through a PgBouncer in transaction mode (the client with `prepare: false`),
+ * `redis-cluster` is ioredis' `Cluster` on the nodes of {@link Namespace.redisCluster}.
  */
-export type BackendKind = "sqlite" | "file" | "postgres" | "pgbouncer" | "redis" | "upstash" | "node-redis";
+export type BackendKind = "sqlite" | "file" | "postgres" | "pgbouncer" | "redis" | "upstash" | "node-redis" | "redis-cluster";
 
 /** Where one test's journals live. */
 export interface Namespace {
@@ -36,6 +37,8 @@ export interface Namespace {
   upstash?: { url: string; token: string };
   /** For `pgbouncer`: the URL through the pooler. */
   pgbouncer?: string;
+  /** For `redis-cluster`: `host:port` of the cluster's nodes (tests/support/redis_cluster.ts). */
+  redisCluster?: string[];
 }
 
 /** A backend and how to let go of it (and of the client under it). */
@@ -91,6 +94,12 @@ export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
       const backend = new RedisDurability({ client, keyPrefix: ns.name });
       return { backend, close: async () => void await client.quit().catch(() => {}) };
     }
+    case "redis-cluster": {
+      const { RedisDurability } = await import("../../backends/redis/durability.ts");
+      const client = await redisClusterClient(ns);
+      const backend = new RedisDurability({ client, keyPrefix: ns.name });
+      return { backend, close: async () => void await client.quit().catch(() => client.disconnect()) };
+    }
     case "upstash": {
       if (!ns.upstash) throw new Error("upstash namespace without the bridge's url and token");
       const { Redis } = await import("@upstash/redis");
@@ -102,12 +111,23 @@ export async function openBackend(ns: Namespace): Promise<OpenedBackend> {
   }
 }
 
+/** An ioredis `Cluster` client of a `redis-cluster` namespace's nodes. */
+async function redisClusterClient(ns: Namespace) {
+  if (!ns.redisCluster?.length) throw new Error(`redis-cluster namespace ${ns.name} without the cluster's node addresses`);
+  const { default: Redis } = await import("ioredis");
+  return new Redis.Cluster(
+    ns.redisCluster.map((a) => ({ host: a.slice(0, a.lastIndexOf(":")), port: Number(a.slice(a.lastIndexOf(":") + 1)) })),
+    { redisOptions: { maxRetriesPerRequest: 3 } },
+  );
+}
+
 /** A fresh namespace for one test (a temp directory, a schema name, a key prefix). */
 export function createNamespace(
   kind: BackendKind,
   label: string,
   upstash?: { url: string; token: string },
   pgbouncer?: string,
+  redisCluster?: string[],
 ): Namespace {
   const id = runId();
   switch (kind) {
@@ -118,6 +138,8 @@ export function createNamespace(
       return { kind, name: `replicas_${label.replace(/\W/g, "_")}_${id}` };
     case "pgbouncer":
       return { kind, name: `replicas_pgb_${label.replace(/\W/g, "_")}_${id}`, pgbouncer };
+    case "redis-cluster":
+      return { kind, name: `botmesh-replicas:${label}:${id}:`, redisCluster };
     default:
       return { kind, name: `botmesh-replicas:${label}:${id}:`, upstash };
   }
@@ -133,6 +155,8 @@ export async function dropNamespace(ns: Namespace): Promise<void> {
     case "postgres":
     case "pgbouncer":
       return await dropPostgresSchema(ns.name);
+    case "redis-cluster":
+      return await clusterKeysOf(ns, (keys, node) => node.unlink(...keys));
     default:
       // Upstash runs through the bridge onto the same Redis server: delete over TCP.
       return await dropRedisKeys(ns.name);
@@ -166,6 +190,30 @@ export async function redisKeysOf(prefix: string, each: (keys: string[]) => Prom
   }
 }
 
+/** The keys of a `redis-cluster` namespace, master by master (a key's node is given to `each`). */
+async function clusterKeysOf(
+  ns: Namespace,
+  each: (keys: string[], node: import("ioredis").Redis) => Promise<unknown>,
+): Promise<void> {
+  const client = await redisClusterClient(ns);
+  try {
+    await new Promise<void>((resolve, reject) => {
+      client.once("ready", () => resolve());
+      client.once("error", reject);
+    });
+    for (const node of client.nodes("master")) {
+      let cursor = "0";
+      do {
+        const [next, keys] = await node.scan(cursor, "MATCH", `{${ns.name}}*`, "COUNT", 5000);
+        cursor = next;
+        if (keys.length > 0) await each(keys, node);
+      } while (cursor !== "0");
+    }
+  } finally {
+    await client.quit().catch(() => client.disconnect());
+  }
+}
+
 /** Deletes every key that holds `prefix`. */
 export async function dropRedisKeys(prefix: string): Promise<void> {
   const { default: Redis } = await import("ioredis");
@@ -193,6 +241,11 @@ export async function namespaceLeftovers(ns: Namespace): Promise<number> {
       } finally {
         await sql.end({ timeout: 2 });
       }
+    }
+    case "redis-cluster": {
+      let count = 0;
+      await clusterKeysOf(ns, async (keys) => count += keys.length);
+      return count;
     }
     default: {
       let count = 0;
@@ -244,6 +297,8 @@ export interface ReplicaConfig {
   upstash?: { url: string; token: string };
   /** For `pgbouncer`. */
   pgbouncer?: string;
+  /** For `redis-cluster`: the nodes' `host:port`. */
+  redisCluster?: string[];
 }
 
 /** The child's metrics line. */
