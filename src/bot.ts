@@ -507,7 +507,8 @@ export class Bot {
     let fill!: (job: InboundJob | null) => void;
     const slot = new Promise<InboundJob | null>((resolve) => fill = resolve);
     this.#dispatch(slot, message.chatId);
-    const admission = this.#engine.admit(message, fill).finally(() => fill(null));
+    // The engine fills the slot once: with the job, or null (after a late confirmation, if one is due).
+    const admission = this.#engine.admit(message, fill);
     this.#track(admission);
     return admission;
   }

@@ -420,6 +420,8 @@ export class DurabilityEngine {
   #claimsInFlight = 0;
   /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
   #inboxScan: Promise<void> | null = null;
+  /** Admissions answered `rejected` after `admitTimeoutMs` whose write is still on its way, by id. */
+  readonly #lateAdmissions = new Map<string, Promise<void>>();
   /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
   #jobLeases = new WeakMap<InboundJob, HeldLease>();
   /** Sends a sweep of this process made `unknown` (and reported) that it did not hold: key → fence. */
@@ -794,15 +796,65 @@ export class DurabilityEngine {
   /**
    * Admit an inbound message: dedupe, journal (leased to this instance), dispatch.
    * @param message the provider's message
-   * @param dispatch where the admitted job goes (its place in the bot's per-chat queue)
+   * @param dispatch where the admitted job goes (its place in the bot's per-chat queue): called once
+   *   with the job, or with `null` when there is none; for an admission the journal confirms only after
+   *   `admitTimeoutMs` (answered `rejected`), after that confirmation, so that the message keeps its
+   *   place in its chat ahead of the messages that came after it
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
-  admit(message: InboundMessage, dispatch: (job: InboundJob) => void): Promise<AdmitResult> {
-    return this.#observer.admit(message, (traceparent) => this.#admit(message, dispatch, traceparent));
+  admit(message: InboundMessage, dispatch: (job: InboundJob | null) => void): Promise<AdmitResult> {
+    const slot: { late: Promise<void> | null } = { late: null };
+    const result = this.#observer.admit(message, (traceparent) => this.#admit(message, dispatch, traceparent, slot));
+    const release = () => {
+      if (slot.late === null) dispatch(null);
+      else void slot.late.then(() => dispatch(null));
+    };
+    result.then(release, release);
+    return result;
   }
 
-  async #admit(message: InboundMessage, dispatch: (job: InboundJob) => void, traceparent?: string): Promise<AdmitResult> {
+  /**
+   * An admission answered `rejected` after `admitTimeoutMs` whose write was still on its way: when it
+   * lands leased to this process, its job runs in the place its message had in the chat's queue.
+   */
+  async #lateAdmission(
+    message: InboundMessage,
+    writing: Promise<InboundRecord | null>,
+    dispatch: (job: InboundJob) => void,
+    open: () => boolean,
+  ): Promise<void> {
     const id = message.id;
+    let record: InboundRecord | null;
+    try {
+      record = await writing;
+    } catch {
+      return; // not journaled: the channel delivers it again
+    }
+    if (record === null || record.state !== "processing" || this.#halted || this.#stopping || !open()) return;
+    if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return; // taken up meanwhile (a redelivery)
+    this.#remember(id);
+    this.#metrics.inboundJournaled++;
+    const job: InboundJob = { message, record, sends: [], sendCount: 0 };
+    this.#jobLeases.set(job, this.#hold("inbox", id, record.fence));
+    dispatch(job);
+  }
+
+  async #admit(
+    message: InboundMessage,
+    dispatch: (job: InboundJob) => void,
+    traceparent: string | undefined,
+    slot: { late: Promise<void> | null },
+  ): Promise<AdmitResult> {
+    const id = message.id;
+    // A redelivery of a message whose late admission is still on its way waits for it.
+    const late = this.#lateAdmissions.get(id);
+    if (late !== undefined) {
+      await late;
+      if (this.#dedupe.has(id)) {
+        this.#metrics.inboundDuplicates++;
+        return { status: "duplicate", id };
+      }
+    }
     if (this.#halted || this.#stopping) {
       return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
     }
@@ -815,7 +867,7 @@ export class DurabilityEngine {
         return { status: "duplicate", id };
       }
     }
-    const admission = this.#admitOnce(message, dispatch, traceparent);
+    const admission = this.#admitOnce(message, dispatch, traceparent, slot);
     this.#admitting.set(id, admission);
     try {
       return await admission;
@@ -824,7 +876,12 @@ export class DurabilityEngine {
     }
   }
 
-  async #admitOnce(message: InboundMessage, dispatch: (job: InboundJob) => void, traceparent?: string): Promise<AdmitResult> {
+  async #admitOnce(
+    message: InboundMessage,
+    dispatch: (job: InboundJob) => void,
+    traceparent: string | undefined,
+    slot: { late: Promise<void> | null },
+  ): Promise<AdmitResult> {
     const id = message.id;
     if (this.#halted || this.#stopping) {
       return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
@@ -846,23 +903,23 @@ export class DurabilityEngine {
     }
     let record: InboundRecord | null;
     const admittedAt = this.#clock.monotonic();
+    const writing = this.backend.inbox.admit({
+      id,
+      kind: message.type === "interaction" ? "interaction" : "message",
+      chatId: message.chatId,
+      provider: this.#host.provider.name,
+      payload,
+      receivedAt: this.#nextReceivedAt(),
+    }, this.#claim("inbox"));
+    let timedOut = false;
     try {
-      record = await this.#deadlines.within(
-        this.backend.inbox.admit({
-          id,
-          kind: message.type === "interaction" ? "interaction" : "message",
-          chatId: message.chatId,
-          provider: this.#host.provider.name,
-          payload,
-          receivedAt: this.#nextReceivedAt(),
-        }, this.#claim("inbox")),
-        this.config.inbox.admitTimeoutMs,
-        () =>
-          new Error(
-            `The journal did not confirm the admission of "${id}" within ${this.config.inbox.admitTimeoutMs} ms ` +
-              `(durability.inbox.admitTimeoutMs); answered rejected so that the channel delivers it again`,
-          ),
-      );
+      record = await this.#deadlines.within(writing, this.config.inbox.admitTimeoutMs, () => {
+        timedOut = true;
+        return new Error(
+          `The journal did not confirm the admission of "${id}" within ${this.config.inbox.admitTimeoutMs} ms ` +
+            `(durability.inbox.admitTimeoutMs); answered rejected so that the channel delivers it again`,
+        );
+      });
     } catch (error) {
       this.#dedupe.delete(id);
       const err = asError(error);
@@ -870,6 +927,18 @@ export class DurabilityEngine {
       if (this.config.failOpen) {
         dispatch({ message, record: null, sends: [], sendCount: 0 });
         return { status: "unjournaled", id, error: err };
+      }
+      if (timedOut) {
+        // The write may still land, leased to this process: its message keeps its chat's place until then.
+        // Bounded by a lease: past it, the record (if it landed) is a sweep's to take, and the chat moves on.
+        let open = true;
+        const late = this.#lateAdmission(message, writing, dispatch, () => open);
+        const tracked = this.#deadlines.within(late, this.config.inbox.leaseMs, () => new Error("late admission")).catch(() => {}).then(() => {
+          open = false;
+          if (this.#lateAdmissions.get(id) === tracked) this.#lateAdmissions.delete(id);
+        });
+        this.#lateAdmissions.set(id, tracked);
+        slot.late = tracked;
       }
       return { status: "rejected", id, error: err };
     }

@@ -852,6 +852,49 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(provider.sent.map((s) => s.content)).toEqual(["re first", "re second"]);
     });
 
+    withBackend("an admission the journal confirms after admitTimeoutMs keeps its message's place: later messages of its chat wait for it", async (
+      backend,
+      bots,
+    ) => {
+      // The first message's write lands at once, its answer comes after the admission timeout (a stalled
+      // connection): the channel is told "rejected", and the next message of the chat arrives meanwhile.
+      const slowIds = new Set<string>();
+      const stalled = intercept(backend, {
+        admit: async (record, lease) => {
+          const landed = await backend.inbox.admit(record, lease);
+          if (slowIds.has(record.id)) await sleep(Math.round(150 * scale));
+          return landed;
+        },
+      });
+      const provider = new MockProvider();
+      const bot = new Bot({
+        clock: time.clock,
+        provider,
+        durability: fastDurability(stalled, scale, { inbox: { admitTimeoutMs: Math.round(40 * scale) } }),
+      });
+      bot.on("error", () => {});
+      const handled: string[] = [];
+      bot.when(ANY, async (ctx) => {
+        handled.push(ctx.message.text ?? "");
+        await ctx.reply(`re ${ctx.message.text}`);
+      });
+      await start(bots, bot);
+      const first = uid("m");
+      slowIds.add(first);
+      const firstAnswer = provider.receive({ id: first, chatId: "c1", text: "first" });
+      await sleep(Math.round(5 * scale));
+      const second = await provider.receive({ id: uid("m"), chatId: "c1", text: "second" });
+      expect((await firstAnswer).status, "past admitTimeoutMs: the channel will deliver it again").toBe("rejected");
+      expect(second.status).toBe("admitted");
+      await bot.settled();
+      await bot.idle();
+      expect(handled).toEqual(["first", "second"]);
+      // The channel's redelivery finds it handled.
+      expect((await provider.receive({ id: first, chatId: "c1", text: "first" })).status).toBe("duplicate");
+      await bot.idle();
+      expect(provider.sent.map((s) => s.content)).toEqual(["re first", "re second"]);
+    });
+
     withBackend("without timers, bot.sweep() returns only once the work it took up is finished, however small its budget", async (
       backend,
       bots,
