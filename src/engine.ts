@@ -184,6 +184,11 @@ export interface JournaledTimer {
   data: JsonValue;
 }
 
+/** One admission's place in its chat: `late` while a write answered after its timeout may still land. */
+interface AdmissionSlot {
+  late: Promise<void> | null;
+}
+
 /** The payload field of an inbox record that makes it a timer rather than a message. */
 const TIMER_FIELD = "$timer";
 
@@ -803,7 +808,7 @@ export class DurabilityEngine {
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
   admit(message: InboundMessage, dispatch: (job: InboundJob | null) => void): Promise<AdmitResult> {
-    const slot: { late: Promise<void> | null } = { late: null };
+    const slot: AdmissionSlot = { late: null };
     const result = this.#observer.admit(message, (traceparent) => this.#admit(message, dispatch, traceparent, slot));
     const release = () => {
       if (slot.late === null) dispatch(null);
@@ -843,7 +848,7 @@ export class DurabilityEngine {
     message: InboundMessage,
     dispatch: (job: InboundJob) => void,
     traceparent: string | undefined,
-    slot: { late: Promise<void> | null },
+    slot: AdmissionSlot,
   ): Promise<AdmitResult> {
     const id = message.id;
     // A redelivery of a message whose late admission is still on its way waits for it.
@@ -880,7 +885,7 @@ export class DurabilityEngine {
     message: InboundMessage,
     dispatch: (job: InboundJob) => void,
     traceparent: string | undefined,
-    slot: { late: Promise<void> | null },
+    slot: AdmissionSlot,
   ): Promise<AdmitResult> {
     const id = message.id;
     if (this.#halted || this.#stopping) {

@@ -3,7 +3,6 @@
 import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { spawn, type ChildProcess } from "node:child_process";
 import { mkdtempSync, rmSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import Redis from "ioredis";
@@ -15,18 +14,8 @@ import { RedisDurability } from "../backends/redis/mod.ts";
 import { PostgresDurability } from "../backends/postgres/mod.ts";
 import { checkPostgresServer } from "../backends/postgres/server_checks.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
-import { POSTGRES_URL, runId, serviceSkip, SERVICES_REQUIRED, tcpReachable } from "./support/services.ts";
+import { freePort, POSTGRES_URL, runId, serviceSkip, SERVICES_REQUIRED, tcpReachable } from "./support/services.ts";
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const port = (server.address() as { port: number }).port;
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 describe("a backend's warnings at open reach the bot", () => {
   test("each is emitted as a warning event before the bot runs", async () => {

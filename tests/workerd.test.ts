@@ -11,13 +11,12 @@ import { afterAll, beforeAll, describe, expect, test } from "bun:test";
 import { spawn, spawnSync, type ChildProcess } from "node:child_process";
 import { existsSync } from "node:fs";
 import { mkdtemp, rm, writeFile } from "node:fs/promises";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { RedisClient } from "bun";
 import postgres from "postgres";
 import { FakeTelegram } from "./support/fake_telegram.ts";
-import { POSTGRES_URL, REDIS_URL, runId, SERVICES_REQUIRED, serviceSkip } from "./support/services.ts";
+import { freePort, POSTGRES_URL, REDIS_URL, runId, SERVICES_REQUIRED, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
 
 const ROOT = join(import.meta.dir, "..");
@@ -36,16 +35,6 @@ function workerdSkip(): string | false {
   return why;
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const { port } = server.address() as { port: number };
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 /** A Worker that runs the `scheduled` handler of the one bound as MAIN and answers its outcome. */
 const TRIGGER = `export default {

@@ -5,10 +5,9 @@
  */
 import { spawnSync } from "node:child_process";
 import { chmodSync, existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
-import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { POSTGRES_URL, SERVICES_REQUIRED, tcpReachable } from "./services.ts";
+import { freePort, POSTGRES_URL, SERVICES_REQUIRED, tcpReachable } from "./services.ts";
 
 /** A running PgBouncer. */
 export interface PgBouncer {
@@ -30,16 +29,6 @@ export function pgbouncerSkip(): string | false {
   return reason;
 }
 
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.once("error", reject);
-    server.listen(0, "127.0.0.1", () => {
-      const port = (server.address() as { port: number }).port;
-      server.close(() => resolve(port));
-    });
-  });
-}
 
 /**
  * Starts PgBouncer in `mode` in front of the tests' PostgreSQL.

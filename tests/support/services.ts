@@ -4,7 +4,7 @@
  * with `BOTMESH_REQUIRE_SERVICES=1` (set by `.ci/run`) a missing server fails
  * the run instead.
  */
-import { connect } from "node:net";
+import { connect, createServer } from "node:net";
 
 /** Where the tests find PostgreSQL (`BOTMESH_PG_URL` overrides; trust auth, database `test`). */
 export const POSTGRES_URL: string = process.env.BOTMESH_PG_URL ?? "postgres://postgres@127.0.0.1:5432/test";
@@ -67,4 +67,16 @@ export async function serviceSkip(service: "postgres" | "redis"): Promise<string
 /** A random name part for one test run's schema, table prefix or key prefix. */
 export function runId(): string {
   return crypto.randomUUID().replaceAll("-", "").slice(0, 12);
+}
+
+/** A TCP port on loopback that nothing listens on now (the OS picks it). */
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.once("error", reject);
+    server.listen(0, "127.0.0.1", () => {
+      const { port } = server.address() as { port: number };
+      server.close(() => resolve(port));
+    });
+  });
 }
