@@ -814,8 +814,14 @@ export class DurabilityEngine {
       if (slot.late === null) dispatch(null);
       else void slot.late.then(() => dispatch(null));
     };
-    result.then(release, release);
-    return result;
+    // The slot is settled (or handed to the late write) before the channel gets its answer.
+    return result.then((answer) => {
+      release();
+      return answer;
+    }, (error: unknown) => {
+      release();
+      throw error;
+    });
   }
 
   /**
