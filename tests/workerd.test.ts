@@ -218,6 +218,11 @@ describe.skipIf(redisSkip !== false)("workerd: a Telegram webhook Worker journal
       ["sendMessage", "4202", "You said: second chat"],
     ]);
     expect(fake.calls.filter((c) => c.method === "sendMessage")).toHaveLength(2);
+    // The Worker answers the webhook first; the outcome of each update is written under waitUntil after
+    // its reply went out.
+    for (const deadline = Date.now() + 10_000; Date.now() < deadline; await Bun.sleep(50)) {
+      if ((await records("in")).every((r) => r.state === "done")) break;
+    }
     const inbox = await records("in");
     expect(inbox.map((r) => [r.chatId, r.state]).sort()).toEqual([["4201", "done"], ["4202", "done"]]);
     const outbox = await records("out");
@@ -280,6 +285,11 @@ describe.skipIf(pgSkip !== false)("workerd: the Worker journaling in PostgreSQL 
       ["sendMessage", "4301", "You said: hello over a socket"],
       ["sendMessage", "4302", "You said: second chat"],
     ]);
+    // The outcomes are written under waitUntil, after the replies went out.
+    const settled = () => sql!.unsafe(`SELECT count(*)::int AS n FROM "${schema}".botmesh_inbox WHERE state <> 'done'`);
+    for (const deadline = Date.now() + 10_000; Date.now() < deadline; await Bun.sleep(50)) {
+      if ((await settled())[0]!.n === 0) break;
+    }
     const inbox = await sql!.unsafe(`SELECT chat_id, state FROM "${schema}".botmesh_inbox ORDER BY chat_id`);
     expect(inbox.map((r) => [r.chat_id, r.state])).toEqual([["4301", "done"], ["4302", "done"]]);
     const outbox = await sql!.unsafe(`SELECT chat_id, state FROM "${schema}".botmesh_outbox ORDER BY chat_id`);
