@@ -86,7 +86,7 @@ export interface NewInboundRecord {
 /** An inbound record as journaled. */
 export interface InboundRecord extends NewInboundRecord {
   state: InboundState;
-  /** How many times it was claimed. */
+  /** How many runs of its handler began (see `InboxJournal.start`); claims are not counted. */
   attempts: number;
   /** For `failed`: when it may be claimed again (backend clock). */
   nextAttemptAt: number | null;
@@ -258,8 +258,11 @@ export interface DamagedRecords {
 export interface InboxJournal extends DamagedRecords {
   /**
    * Journal a new inbound record: `pending`, or with `lease` already leased
-   * to the caller (`processing`, attempts 1, fencing token 1) so that no other
-   * instance takes it while it waits in the caller's per-chat queue. With
+   * to the caller (`processing`, fencing token 1) so that no other
+   * instance takes it while it waits in the caller's per-chat queue. A leased
+   * record with no active record of its chat before it runs at once: its
+   * admission counts its first run (attempts 1); behind one (a backlog in the
+   * caller's queue) it has attempts 0, and its run is counted by `start`. With
    * `lease`, the record is leased only when nothing of its chat comes first:
    * while an active record of its chat is held elsewhere (see `claimDue`) or
    * would be taken first by a due scan (pending, a retry that is due, a
@@ -274,8 +277,8 @@ export interface InboxJournal extends DamagedRecords {
   admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null>;
   /**
    * Lease one record: `pending`, `failed` and due, `processing` with a lapsed
-   * lease, or reclaimable under `reclaimOwn`. Increments `attempts` and issues
-   * a new fencing token.
+   * lease, or reclaimable under `reclaimOwn`. Issues a new fencing token;
+   * `attempts` is unchanged (a claim is not a run: see `start`).
    * @returns the leased record, or `null` when it is not claimable.
    */
   claim(id: string, options: ClaimOptions): Promise<InboundRecord | null>;
@@ -298,6 +301,14 @@ export interface InboxJournal extends DamagedRecords {
   claimDue(options: ClaimDueOptions): Promise<InboundRecord[]>;
   /** Extend a lease. @returns `false` when `token` is no longer the holder's. */
   heartbeat(id: string, token: number, leaseMs: number): Promise<boolean>;
+  /**
+   * Journal that run `attempt` of the record's handler begins under `token`:
+   * `attempts` becomes `max(attempts, attempt)`, so a repeat (after a lost
+   * reply) changes nothing. Only runs are counted: a record claimed and left
+   * waiting behind its chat, or taken up before it is due, spends nothing.
+   * @returns `false` when `token` is no longer the holder's (nothing changes).
+   */
+  start(id: string, token: number, attempt: number): Promise<boolean>;
   /** `processing` → `done`. @throws {StaleLeaseError} when `token` is stale. */
   complete(id: string, token: number): Promise<void>;
   /**

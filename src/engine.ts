@@ -175,6 +175,11 @@ export interface InboundJob {
   run?: (job: InboundJob) => Promise<void>;
   /** For a journaled timer (see `DurabilityEngine.scheduleTimer`): when it is due, and what it carries. */
   timer?: JournaledTimer;
+  /**
+   * Whether the record's `attempts` counts this run already (its admission leased it with nothing of its
+   * chat before it, so it runs at once); otherwise the run is journaled (`inbox.start`) when it begins.
+   */
+  runCounted?: boolean;
 }
 
 /** A timer journaled as an inbox record of its chat, due at `at` (wall-clock ms). */
@@ -845,7 +850,7 @@ export class DurabilityEngine {
     if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return; // taken up meanwhile (a redelivery)
     this.#remember(id);
     this.#metrics.inboundJournaled++;
-    const job: InboundJob = { message, record, sends: [], sendCount: 0 };
+    const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
     this.#jobLeases.set(job, this.#hold("inbox", id, record.fence));
     dispatch(job);
   }
@@ -975,7 +980,7 @@ export class DurabilityEngine {
     }
     // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
     if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
-    const job: InboundJob = { message, record, sends: [], sendCount: 0 };
+    const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
     this.#jobLeases.set(job, this.#hold("inbox", id, record.fence, admittedAt));
     dispatch(job);
     return { status: "admitted", id };
@@ -1120,7 +1125,8 @@ export class DurabilityEngine {
       return;
     }
     const retries = this.config.inbox.retries;
-    const attempts = attemptsOf(job as InboundJob & { record: InboundRecord });
+    // This run's number: an admission that ran it at once counted it; otherwise it is journaled now.
+    const attempts = job.runCounted === true ? Math.max(1, record.attempts) : record.attempts + 1;
     let failure: unknown;
     let failed = false;
     let deadNow = false;
@@ -1131,10 +1137,17 @@ export class DurabilityEngine {
       failed = deadNow = true;
       failure = new Error(`Unreadable ${record.provider} message: ${unreadable}`);
     } else if (attempts > retries + 1 + POISON_ALLOWANCE) {
-      // Claimed over and over without an outcome: it takes the process down with it.
+      // Its handler began that many runs, none with an outcome: it takes the process down with it.
       failed = true;
       failure = new Error(`Processing was cut off (crash or lost lease) in ${attempts - 1} attempts`);
+    } else if (job.runCounted !== true && !await this.#startRun(lease, record.id, attempts)) {
+      // Not journaled as begun (the lease was lost, or the journal failed): not run here. Its lease lapses
+      // and a sweep takes it up again.
+      this.#release("inbox", record.id, lease.token);
+      return;
     } else {
+      record.attempts = attempts;
+      job.runCounted = true;
       try {
         await this.#observer.handle(job.message, record, handle);
       } catch (error) {
@@ -1175,6 +1188,28 @@ export class DurabilityEngine {
       }
     } finally {
       this.#release("inbox", record.id, lease.token);
+    }
+  }
+
+  /**
+   * Journal that run `attempt` of an inbox record's handler begins (`inbox.start`), retrying a journal
+   * error while this process holds the lease (a repeat after a lost reply changes nothing).
+   * @returns whether it is journaled; `false` when the lease was lost or the journal kept failing
+   */
+  async #startRun(lease: HeldLease, id: string, attempt: number): Promise<boolean> {
+    for (let tries = 1;; tries++) {
+      const token = lease.token;
+      try {
+        if (await this.backend.inbox.start(id, token, attempt)) return true;
+        // Re-leased to this very process meanwhile (a sweep handed the work a new token): again with it.
+        if (lease.token !== token && !lease.lost && this.#held.inbox.get(id) === lease) continue;
+        return false;
+      } catch (error) {
+        if (this.#report(error, `journal of inbox record "${id}" (start of run ${attempt}, try ${tries})`)) return false;
+        if (lease.lost || this.#stopping || this.#held.inbox.get(id) !== lease || tries >= 5) return false;
+        await sleep(this.#clock, Math.min(Math.max(5, Math.floor(this.config.inbox.leaseMs / 4)), 50 * 2 ** tries));
+        if (this.#halted) return false;
+      }
     }
   }
 
@@ -2212,13 +2247,12 @@ function checkConfirmation(answer: unknown, provider: string): SendConfirmation 
 }
 
 /**
- * The attempt a journaled job is on: its record's claims, less the claim that admitted a timer (which
- * ran nothing).
+ * The run a journaled job is on, once it began (the runs its record's handler began, this one included).
  * @param job a job with its record
  * @returns at least 1
  */
 export function attemptsOf(job: InboundJob & { record: InboundRecord }): number {
-  return job.timer ? Math.max(1, job.record.attempts - 1) : job.record.attempts;
+  return Math.max(1, job.record.attempts);
 }
 
 /** The timer an inbox record's payload carries, or `undefined` for a message. */

@@ -127,11 +127,16 @@ export function outboxDueAt(entry: OutboxEntry): number | null {
   }
 }
 
-/** A fresh inbox record, leased when `lease` is given. */
+/**
+ * A fresh inbox record, leased when `lease` is given. A leased record counts its first run (attempts 1)
+ * unless `queued`: an active record of its chat comes before it, so it waits in the caller's queue and
+ * its run is counted when it starts ({@link startedInbound}).
+ */
 export function newInboundRecord(
   input: NewInboundRecord,
   now: number,
   lease?: ClaimOptions,
+  queued = false,
 ): InboundRecord {
   return {
     id: input.id,
@@ -141,7 +146,7 @@ export function newInboundRecord(
     payload: input.payload,
     receivedAt: input.receivedAt,
     state: lease ? "processing" : "pending",
-    attempts: lease ? 1 : 0,
+    attempts: lease && !queued ? 1 : 0,
     nextAttemptAt: null,
     lease: lease ? newLease(lease, 1, now) : null,
     fence: lease ? 1 : 0,
@@ -161,18 +166,31 @@ export interface LeasedLifecycle {
   updatedAt: number;
 }
 
-/** `record` claimed under `options`: a copy with a new lease and token. */
+/** `record` claimed under `options`: a copy with a new lease and token, attempts unchanged (a claim is not a run). */
 export function claimedInbound<R extends LeasedLifecycle>(record: R, now: number, options: ClaimOptions): R {
   const token = record.fence + 1;
   return {
     ...record,
     state: "processing",
-    attempts: record.attempts + 1,
     nextAttemptAt: null,
     lease: newLease(options, token, now),
     fence: token,
     updatedAt: now,
   };
+}
+
+/**
+ * Whether an admission leased to the caller waits behind its chat: an active record of the chat received
+ * no later than it is there (the caller's own lease, or a retry not due yet). Its run is then counted
+ * when it starts, not by the admission (see {@link newInboundRecord}).
+ */
+export function queuesBehind(record: { state: InboundState }): boolean {
+  return ACTIVE_INBOX_STATES.includes(record.state);
+}
+
+/** `record` whose run `attempt` begins under its lease (`start`): attempts `max(attempts, attempt)`. */
+export function startedInbound<R extends LeasedLifecycle>(record: R, attempt: number, now: number): R {
+  return record.attempts >= attempt ? record : { ...record, attempts: attempt, updatedAt: now };
 }
 
 /** A fresh outbox entry with sequence `seq`: leased when `lease` is given and the chat is clear. */
@@ -550,6 +568,19 @@ export function checkId(value: unknown, what: string): string {
 export function checkFinite(value: unknown, what: string): number {
   if (typeof value !== "number" || !Number.isFinite(value)) {
     throw new TypeError(`${what} must be a finite number, got ${showValue(value)}`);
+  }
+  return value;
+}
+
+/**
+ * @param value the `attempt` of a `start`
+ * @param op the operation, for the error
+ * @returns `value`
+ * @throws {RangeError} when `value` is not a positive integer
+ */
+export function checkAttempt(value: unknown, op: string): number {
+  if (typeof value !== "number" || !Number.isInteger(value) || value < 1) {
+    throw new RangeError(`${op}: "attempt" must be a positive integer, got ${showValue(value)}`);
   }
   return value;
 }

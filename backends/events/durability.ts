@@ -230,6 +230,11 @@ class EventsInbox implements InboxJournal, DamagedRecords {
     return await this.#journal.heartbeat(id, token, leaseMs);
   }
 
+  async start(id: string, token: number, attempt: number): Promise<boolean> {
+    checkId(id, `inbox.start: "id"`);
+    return await this.#journal.start(id, token, attempt);
+  }
+
   async complete(id: string, token: number): Promise<void> {
     checkId(id, `inbox.complete: "id"`);
     return await this.#journal.complete(id, token);

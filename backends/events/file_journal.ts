@@ -452,6 +452,11 @@ export class FileEventJournal implements LeasedEventJournal {
     return this.#run("events.heartbeat", (m) => m.heartbeat(id, token, leaseMs));
   }
 
+  /** Journals that run `attempt` of the record's handler begins under `token`. @returns `false` when it is no longer held */
+  start(id: string, token: number, attempt: number): Promise<boolean> {
+    return this.#run("events.start", (m) => m.start(id, token, attempt));
+  }
+
   /** `done`. @throws {StaleLeaseError} when `token` is not the current lease */
   complete(id: string, token: number): Promise<void> {
     return this.#run("events.complete", (m) => m.complete(id, token));

@@ -22,7 +22,10 @@ import {
   admitsLeased,
   checkClaim,
   checkDamagedList,
+  checkAttempt,
   claimedInbound,
+  queuesBehind,
+  startedInbound,
   doneInbound,
   isInboxClaimable,
   replayedInbound,
@@ -636,11 +639,14 @@ export class MemoryEventJournal implements LeasedEventJournal {
    * under `lease`: an active record of its key that comes before it (`createdAt` no later: the new record is
    * appended last) does not let it lease (see `admitsLeased`). One look at the key's active records.
    */
-  #heldAtAppend(channel: string | null, orderKey: string, createdAt: number, now: number, lease: ClaimOptions): boolean {
+  #heldAtAppend(channel: string | null, orderKey: string, createdAt: number, now: number, lease: ClaimOptions): "held" | "queued" | "clear" {
+    let order: "queued" | "clear" = "clear";
     for (const slot of this.#groups.get(channel)?.get(orderKey) ?? []) {
-      if (slot.record.createdAt <= createdAt && !admitsLeased(slot.record, now, lease)) return true;
+      if (slot.record.createdAt > createdAt) continue;
+      if (!admitsLeased(slot.record, now, lease)) return "held";
+      if (queuesBehind(slot.record)) order = "queued";
     }
-    return false;
+    return order;
   }
 
   /** The first (by `createdAt`, then append order) active record of a key that holds it back from `options`, or `null`. */
@@ -690,9 +696,11 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const now = this.#now();
     const createdAt = input.createdAt ?? now;
     // Leased only when nothing of its key comes first; otherwise journaled as an append without a lease.
-    if (lease !== undefined && input.orderKey !== null && this.#heldAtAppend(input.channel, input.orderKey, createdAt, now, lease)) {
-      lease = undefined;
-    }
+    // Leased behind an active record of its key, it waits in the caller's queue: its run is counted by `start`.
+    const order = lease !== undefined && input.orderKey !== null
+      ? this.#heldAtAppend(input.channel, input.orderKey, createdAt, now, lease)
+      : "clear";
+    if (order === "held") lease = undefined;
     const record: EventRecord = {
       id: input.id,
       channel: input.channel,
@@ -701,7 +709,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
       payload: input.payload,
       createdAt,
       state: lease ? "processing" : "pending",
-      attempts: lease ? 1 : 0,
+      attempts: lease && order === "clear" ? 1 : 0,
       nextAttemptAt: null,
       lease: lease ? newLease(lease, 1, now) : null,
       fence: lease ? 1 : 0,
@@ -789,6 +797,22 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const slot = this.#held(id, token);
     if (!slot) return false;
     this.#store(extendedLease(slot.record, this.#now(), leaseMs), slot, true);
+    return true;
+  }
+
+  /**
+   * Journals that run `attempt` of the record's handler begins under `token` (see {@link EventJournal.start}).
+   * @returns `false` when `token` no longer holds the record
+   */
+  async start(id: string, token: number, attempt: number): Promise<boolean> {
+    this.#assertOpen("events.start");
+    checkString(id, `events.start: "id"`);
+    checkFinite(token, `events.start: "token"`);
+    checkAttempt(attempt, "events.start");
+    const slot = this.#held(id, token);
+    if (!slot) return false;
+    const next = startedInbound(slot.record, attempt, this.#now());
+    if (next !== slot.record) this.#store(next, slot);
     return true;
   }
 

@@ -429,6 +429,11 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     return this.#enqueue("events.heartbeat", (j) => j.heartbeat(id, token, leaseMs));
   }
 
+  /** Journals that run `attempt` of the record's handler begins under `token`. @returns `false` when it is no longer held */
+  start(id: string, token: number, attempt: number): Promise<boolean> {
+    return this.#enqueue("events.start", (j) => j.start(id, token, attempt));
+  }
+
   complete(id: string, token: number): Promise<void> {
     return this.#enqueue("events.complete", (j) => j.complete(id, token));
   }

@@ -598,6 +598,9 @@ class FileInbox implements InboxJournal, DamagedRecords {
     // Written with the next change.
     return this.#run((m) => m.inbox.heartbeat(id, token, leaseMs), () => false, (r, c) => r && c.touchInbox(id));
   }
+  start(id: string, token: number, attempt: number): Promise<boolean> {
+    return this.#run((m) => m.inbox.start(id, token, attempt), (r) => r, (r, c) => r && c.touchInbox(id));
+  }
   complete(id: string, token: number): Promise<void> {
     return this.#run((m) => m.inbox.complete(id, token), () => true, (_, c) => c.touchInbox(id));
   }

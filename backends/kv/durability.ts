@@ -38,7 +38,10 @@ import {
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   callingOutbox,
+  checkAttempt,
   claimedInbound,
+  queuesBehind,
+  startedInbound,
   claimedOutbox,
   cloneJson,
   doneInbound,
@@ -617,16 +620,19 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     listed: { entry: KvEntry; id: string }[],
     now: number,
     lease: ClaimOptions,
-  ): Promise<boolean> {
+  ): Promise<{ leased: boolean; queued: boolean }> {
+    let queued = false;
     for (let i = 0; i < listed.length; i += PAGE) {
       const page = await Promise.all(listed.slice(i, i + PAGE).map(({ entry, id }) => this.check(entry, id, now)));
       for (const cur of page) {
         if (!cur || cur.rec.chatId !== chatId || !ACTIVE_INBOX_STATES.includes(cur.rec.state)) continue;
         // The same receivedAt: the record already there came first.
-        if (cur.rec.receivedAt <= receivedAt && !admitsLeased(cur.rec, now, lease)) return false;
+        if (cur.rec.receivedAt > receivedAt) continue;
+        if (!admitsLeased(cur.rec, now, lease)) return { leased: false, queued: true };
+        queued ||= queuesBehind(cur.rec);
       }
     }
-    return true;
+    return { leased: true, queued };
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
@@ -638,11 +644,10 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
       this.kv.now(),
       lease === undefined ? null : this.#listedBefore(input.chatId, input.receivedAt),
     ]);
-    const leased = lease !== undefined && listed !== null &&
-        await this.#admitsLeased(input.chatId, input.receivedAt, listed, now, lease)
-      ? lease
-      : undefined;
-    const written = await this.write(null, newInboundRecord(input, now, leased), now, since);
+    const order = lease !== undefined && listed !== null
+      ? await this.#admitsLeased(input.chatId, input.receivedAt, listed, now, lease)
+      : { leased: false, queued: false };
+    const written = await this.write(null, newInboundRecord(input, now, order.leased ? lease : undefined, order.queued), now, since);
     return written ? cloneJson(written.rec) : null;
   }
 
@@ -704,6 +709,15 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const { written } = await this.mutate(id, (rec, now) =>
       isLeasedWith(rec, token) ? extendedLease(rec, now, leaseMs) : null);
+    return written !== null;
+  }
+
+  async start(id: string, token: number, attempt: number): Promise<boolean> {
+    checkId(id, `inbox.start: "id"`);
+    checkFinite(token, `inbox.start: "token"`);
+    checkAttempt(attempt, "inbox.start");
+    const { written } = await this.mutate(id, (rec, now) =>
+      isLeasedWith(rec, token) ? startedInbound(rec, attempt, now) : null);
     return written !== null;
   }
 

@@ -26,7 +26,10 @@ import {
   checkId,
   checkNewInbound,
   checkOutcome,
+  checkAttempt,
   claimedInbound,
+  queuesBehind,
+  startedInbound,
   doneInbound,
   extendedLease,
   failedFields,
@@ -158,9 +161,11 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
     if (this.#slots.has(input.id) || this.#aside.has(input.id)) return null;
     const now = this.#now();
     // Only what comes before it counts: the active records of its chat received no later (it is admitted last).
-    const held = lease !== undefined &&
-      (this.#chats.get(input.chatId) ?? []).some((slot) => slot.record.receivedAt <= input.receivedAt && !admitsLeased(slot.record, now, lease));
-    const next = newInboundRecord(input, now, held ? undefined : lease);
+    const before = lease === undefined
+      ? []
+      : (this.#chats.get(input.chatId) ?? []).filter((slot) => slot.record.receivedAt <= input.receivedAt);
+    const held = before.some((slot) => !admitsLeased(slot.record, now, lease!));
+    const next = newInboundRecord(input, now, held ? undefined : lease, before.some((slot) => queuesBehind(slot.record)));
     this.#store(next);
     return copy(next);
   }
@@ -223,6 +228,17 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
     const slot = this.#held(id, token);
     if (!slot) return false;
     this.#store(extendedLease(slot.record, this.#now(), leaseMs), slot);
+    return true;
+  }
+
+  async start(id: string, token: number, attempt: number): Promise<boolean> {
+    checkId(id, `inbox.start: "id"`);
+    checkFinite(token, `inbox.start: "token"`);
+    checkAttempt(attempt, "inbox.start");
+    const slot = this.#held(id, token);
+    if (!slot) return false;
+    const next = startedInbound(slot.record, attempt, this.#now());
+    if (next !== slot.record) this.#store(next, slot);
     return true;
   }
 

@@ -17,7 +17,7 @@ import {
   type NewInboundRecord,
   StaleLeaseError,
 } from "../../src/contract.ts";
-import { checkFinite, checkOutcome } from "../../src/rules.ts";
+import { checkAttempt, checkFinite, checkOutcome } from "../../src/rules.ts";
 import { Aside, DAMAGED_ROUNDS, leasedBy, listed } from "./aside.ts";
 import type { Context, ManyRows, Row } from "./connection.ts";
 import {
@@ -134,6 +134,11 @@ export class PgInbox implements InboxJournal {
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const ms = duration(leaseMs);
     return await this.#fenced("heartbeat", this.#q.heartbeat, id, token, [ms], [this.#q.heartbeatMany, { lease_ms: ms }]);
+  }
+
+  async start(id: string, token: number, attempt: number): Promise<boolean> {
+    checkAttempt(attempt, "inbox.start");
+    return await this.#fenced("start", this.#q.start, id, token, [Math.min(attempt, 2 ** 31 - 1)]);
   }
 
   async complete(id: string, token: number): Promise<void> {

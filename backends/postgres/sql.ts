@@ -283,8 +283,8 @@ function inboxClaimable(reclaimOwn: boolean, r = "", now = "n.now"): string {
     OR (${r}state = 'processing' AND ${abandoned}))`;
 }
 
-/** The SET list of a claim: leased to ($1, $2) for $3 ms with token fence+1. */
-const CLAIM_SET = `state = 'processing', attempts = attempts + 1, next_attempt_at = NULL,
+/** The SET list of a claim: leased to ($1, $2) for $3 ms with token fence+1, attempts unchanged (a claim is not a run). */
+const CLAIM_SET = `state = 'processing', next_attempt_at = NULL,
   lease_owner = $1, lease_incarnation = $2, lease_token = fence + 1, lease_expires_at = n.now + $3::bigint,
   fence = fence + 1, updated_at = n.now, due_at = n.now + $3::bigint`;
 
@@ -312,6 +312,8 @@ export interface InboxSql {
   claimDue: string;
   claimDueReclaim: string;
   heartbeat: string;
+  /** `start`: $3 the run's attempt number (attempts become the greater of the two). */
+  start: string;
   /** `heartbeat` of several records: `$1` a JSON array of `{ id, token, lease_ms }`; returns the renewed ids as `mkey`. */
   heartbeatMany: string;
   complete: string;
@@ -456,6 +458,11 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
             OR (b.state = 'processing'
               AND (b.lease_expires_at > n.now AND b.lease_owner = ${owner} AND b.lease_incarnation = ${inc}) IS NOT TRUE))
         OFFSET 0)`;
+  // An admission leased behind an active record of its chat (received no later) waits in the caller's queue: its
+  // run is counted when it starts (queuesBehind of rules.ts), not by the admission.
+  const queued = (chat: string, at: string) => `EXISTS (
+        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = ${chat} AND b.state IN (${ACTIVE}) AND b.${KEPT} AND b.received_at <= ${at}
+        OFFSET 0)`;
   return {
     // One statement: the insert, leased when $7 is true and no active record of its chat comes first (see
     // heldBack), or nothing when the id is known. The check (a subplan inside CASE) runs only when $7 is true, and
@@ -465,7 +472,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
       SELECT $1, $2, $3::text, $4, $5, $6::double precision,
         CASE WHEN g.leased THEN 'processing' ELSE 'pending' END,
-        CASE WHEN g.leased THEN 1 ELSE 0 END,
+        CASE WHEN g.leased AND NOT g.queued THEN 1 ELSE 0 END,
         NULL,
         CASE WHEN g.leased THEN $8::text END,
         CASE WHEN g.leased THEN $9::text END,
@@ -475,7 +482,8 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         NULL, n.now,
         CASE WHEN g.leased THEN n.now + $10::bigint ELSE 0 END
       FROM n, (
-        SELECT CASE WHEN $7::boolean THEN NOT ${heldBack("$3::text", "$6::double precision", "$8::text", "$9::text")} ELSE false END AS leased
+        SELECT CASE WHEN $7::boolean THEN NOT ${heldBack("$3::text", "$6::double precision", "$8::text", "$9::text")} ELSE false END AS leased,
+          CASE WHEN $7::boolean THEN ${queued("$3::text", "$6::double precision")} ELSE true END AS queued
         FROM n OFFSET 0
       ) g
       ON CONFLICT (id) DO NOTHING
@@ -495,7 +503,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
       SELECT g.id, g.kind, g.chat_id, g.provider, g.payload, g.received_at,
         CASE WHEN g.ok THEN 'processing' ELSE 'pending' END,
-        CASE WHEN g.ok THEN 1 ELSE 0 END,
+        CASE WHEN g.ok AND NOT g.queued THEN 1 ELSE 0 END,
         NULL,
         CASE WHEN g.ok THEN g.owner END,
         CASE WHEN g.ok THEN g.inc END,
@@ -512,11 +520,14 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
                 AND NOT (v.leased AND v.lease_ms > 0 AND v.owner = w.owner AND v.inc = w.inc)
                 AND NOT EXISTS (SELECT 1 FROM ${t.inbox} x WHERE x.id = v.id)) THEN false
             ELSE NOT ${heldBack("w.chat_id", "w.received_at", "w.owner", "w.inc")}
-          END AS ok
+          END AS ok,
+          -- Behind an earlier row of its chat in this statement, or an active record of it: counted when it starts.
+          (w.earlier OR ${queued("w.chat_id", "w.received_at")}) AS queued
         FROM n, (
           SELECT u.*, COALESCE(bool_or(NOT (u.leased AND u.lease_ms > 0)) OVER e
             OR min(u.owner) OVER e <> u.owner OR max(u.owner) OVER e <> u.owner
-            OR min(u.inc) OVER e <> u.inc OR max(u.inc) OVER e <> u.inc, false) AS mixed
+            OR min(u.inc) OVER e <> u.inc OR max(u.inc) OVER e <> u.inc, false) AS mixed,
+            count(*) OVER e > 0 AS earlier
           FROM u WINDOW e AS (PARTITION BY u.chat_id ORDER BY u.received_at, u.i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         ) w
         OFFSET 0
@@ -532,6 +543,8 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
     setAside: `WITH ${n} UPDATE ${t.inbox} SET ${asideSet(t)}
       FROM n WHERE ord = $1::bigint AND ${t.inbox}.xmin = $2::text::xid AND ${KEPT} RETURNING 1 AS ok`,
     heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
+      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+    start: `WITH ${n} UPDATE ${t.inbox} SET attempts = greatest(attempts, $3::integer), updated_at = n.now
       FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     heartbeatMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint, lease_ms bigint))
       UPDATE ${t.inbox} AS r SET lease_expires_at = n.now + u.lease_ms, due_at = n.now + u.lease_ms

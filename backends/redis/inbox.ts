@@ -17,7 +17,7 @@ import {
   type NewInboundRecord,
   StaleLeaseError,
 } from "../../src/contract.ts";
-import { checkClaim, checkFinite, checkId, checkListFilter, checkNewInbound, checkOutcome } from "../../src/rules.ts";
+import { checkAttempt, checkClaim, checkFinite, checkId, checkListFilter, checkNewInbound, checkOutcome } from "../../src/rules.ts";
 import { Aside } from "./aside.ts";
 import { checkLimit, claimArgs, finishArgs, leaseArgs, listArgs, listRead, purgeAll } from "./journal_calls.ts";
 import { inboundOf } from "./records.ts";
@@ -36,7 +36,7 @@ export class RedisInbox implements InboxJournal {
     const rec = checkNewInbound(input);
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const payload = JSON.stringify(rec.payload);
-    const [status, state, updatedAt, leaseExp] = strings(
+    const [status, state, updatedAt, leaseExp, attempts] = strings(
       await this.#r.run("inAdmit", [
         rec.id,
         rec.kind,
@@ -59,7 +59,7 @@ export class RedisInbox implements InboxJournal {
       payload: JSON.parse(payload) as JsonValue,
       receivedAt: rec.receivedAt,
       state: leased ? "processing" : "pending",
-      attempts: leased ? 1 : 0,
+      attempts: leased && attempts !== "0" ? 1 : 0,
       nextAttemptAt: null,
       lease: leased ? { owner: lease!.owner, incarnation: lease!.incarnation, token: 1, expiresAt: Number(leaseExp) } : null,
       fence: leased ? 1 : 0,
@@ -94,6 +94,14 @@ export class RedisInbox implements InboxJournal {
     checkFinite(token, `inbox.heartbeat: "token"`);
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     const [status] = list(await this.#r.run("inHeartbeat", [id, String(token), String(leaseMs)]));
+    return status === "ok";
+  }
+
+  async start(id: string, token: number, attempt: number): Promise<boolean> {
+    checkId(id, `inbox.start: "id"`);
+    checkFinite(token, `inbox.start: "token"`);
+    checkAttempt(attempt, "inbox.start");
+    const [status] = list(await this.#r.run("inStart", [id, String(token), String(attempt)]));
     return status === "ok";
   }
 

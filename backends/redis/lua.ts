@@ -424,12 +424,11 @@ local function in_claimable(h, now, o)
   if s == 'processing' then return abandoned(h, now, o) end
   return false
 end
--- claimedInbound
+-- claimedInbound (attempts unchanged: a claim is not a run)
 local function in_claim(h, now, o)
   local token = num(h, 'fence') + 1
-  local attempts = num(h, 'attempts') + 1
   in_unindex(h)
-  h.state = 'processing'; h.attempts = n2s(attempts); h.nextAttemptAt = false
+  h.state = 'processing'; h.nextAttemptAt = false
   lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)
   in_write(h)
 end
@@ -716,6 +715,7 @@ return reply
 /** The name of a script of {@link SCRIPTS}. */
 export type ScriptName =
   | "inAdmit"
+  | "inStart"
   | "inClaim"
   | "inClaimDue"
   | "inHeartbeat"
@@ -754,7 +754,7 @@ export const SCRIPTS: { readonly [K in ScriptName]: LuaScript } = {
   // ---- inbox ----------------------------------------------------------------
   /**
    * ARGV: P, id, kind, chatId, provider, payload, receivedAt, leased(0|1), owner, inc, leaseMs
-   * → ['ok', state, updatedAt, leaseExp or ''] or ['exists'].
+   * → ['ok', state, updatedAt, leaseExp or '', attempts] or ['exists'].
    * Leased, the record is leased only when every active record of its chat that comes first
    * (in:act:<chat> up to its receivedAt: the new one is admitted last, so equal scores come first) admits
    * it (in_admits); the walk stops at the first that does not, and the record is admitted pending.
@@ -766,6 +766,7 @@ if redis.call('EXISTS', key) == 1 then return cjson.encode({'exists'}) end
 local now = now_ms()
 local chat = ARGV[4]
 local leased = ARGV[8] == '1'
+local queued = false
 if leased then
   local o, akey, pos = opts(9), act_key(chat), 0
   while leased do
@@ -781,6 +782,7 @@ if leased then
         redis.call('ZREM', akey, om) -- set aside, or a stale entry: the later ones move up a rank
       elseif h.own or in_admits(h, now, o) then
         pos = pos + 1
+        queued = true -- leased behind an active record of its chat: its run is counted when it starts
       else
         leased = false
         break
@@ -794,12 +796,12 @@ local h = {_key = key, id = id, kind = ARGV[3], chatId = chat, provider = ARGV[5
   receivedAt = ARGV[7], state = 'pending', attempts = '0', fence = '0', updatedAt = n2s(now),
   om = string.format('%016d', ord) .. id}
 if leased then
-  h.state = 'processing'; h.attempts = '1'; h.fence = '1'; lease(h, opts(9), 1, now)
+  h.state = 'processing'; h.attempts = queued and '0' or '1'; h.fence = '1'; lease(h, opts(9), 1, now)
 end
 in_write(h)
 redis.call('ZADD', P .. 'in:chat:' .. h.chatId, h.receivedAt, h.om)
 -- the caller has every other field: no copy of the record in the reply (nor under the request key)
-return cjson.encode({'ok', h.state, h.updatedAt, h.leaseExp or ''})
+return cjson.encode({'ok', h.state, h.updatedAt, h.leaseExp or '', h.attempts})
 `, true),
   /** ARGV: P, id, owner, inc, leaseMs, reclaim */
   inClaim: script("inbox.claim", [INBOX], `
@@ -1013,6 +1015,17 @@ if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
 h.leaseExp = n2s(now + tonumber(ARGV[4]))
 save(h, {'leaseExp'})
 redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
+return cjson.encode({'ok'})
+`, true),
+  /** ARGV: P, id, token, attempt: startedInbound (attempts max(attempts, attempt)) under the lease */
+  inStart: script("inbox.start", [INBOX], `
+local now = now_ms()
+local h = in_read(ARGV[2], now)
+if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+if num(h, 'attempts') < tonumber(ARGV[4]) then
+  h.attempts = ARGV[4]; h.updatedAt = n2s(now)
+  save(h, {'attempts', 'updatedAt'})
+end
 return cjson.encode({'ok'})
 `, true),
   /** ARGV: P, id, token, mode (done|dead|retry), error, retryInMs */
@@ -1452,6 +1465,7 @@ return cjson.encode(out)
  */
 export const BATCHED: readonly BatchedName[] = [
   "inAdmit",
+  "inStart",
   "inHeartbeat",
   "inFinish",
   "outReserve",
@@ -1463,6 +1477,7 @@ export const BATCHED: readonly BatchedName[] = [
 /** The name of an operation {@link BATCH} runs. */
 export type BatchedName =
   | "inAdmit"
+  | "inStart"
   | "inHeartbeat"
   | "inFinish"
   | "outReserve"

@@ -25,7 +25,9 @@ import {
   checkListFilter,
   checkNewInbound,
   checkOutcome,
+  checkAttempt,
   claimedInbound,
+  startedInbound,
   doneInbound,
   extendedLease,
   failedFields,
@@ -70,6 +72,8 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #damaged: DamagedRows<InboundRecord>;
   /** The statements of `#comesFirst`: whether any row matches, the first from the chat's start, the next after a row. */
   readonly #comesFirstSql: readonly [string, string, string];
+  /** Whether any active record of a chat was received no later (a leased admission then waits behind it: `queuesBehind`). */
+  readonly #queuedSql: string;
 
   constructor(gate: Gate) {
     this.#gate = gate;
@@ -90,6 +94,8 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
       comesFirstSql(this.#t, ""),
       comesFirstSql(this.#t, " AND (received_at, ord) > (?, ?)"),
     ];
+    this.#queuedSql = `SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat_active
+      WHERE chat_id = ? AND state IN (${ACTIVE_SQL}) AND set_aside_seq IS NULL AND received_at <= ? LIMIT 1`;
   }
 
   /** In a write: the record of `id`, or `null` when there is none or it is damaged (set aside, now if not yet). */
@@ -170,8 +176,10 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
     const payload = JSON.stringify(input.payload);
     const c = await this.#gate.ready();
     return c.write((now) => {
-      const held = lease !== undefined && this.#comesFirst(c, input, now, lease);
-      const next = newInboundRecord(input, now, held ? undefined : lease);
+      // No active record of the chat before it (the usual case): one probe, and it is leased as its first run.
+      const queued = lease !== undefined && c.stmt(this.#queuedSql).get(input.chatId, input.receivedAt) !== undefined;
+      const held = queued && this.#comesFirst(c, input, now, lease!);
+      const next = newInboundRecord(input, now, held ? undefined : lease, queued);
       const { changes } = c.stmt(
         this.#sql.insert,
       ).run(
@@ -273,6 +281,11 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
       }
       return out;
     });
+  }
+
+  async start(id: string, token: number, attempt: number): Promise<boolean> {
+    checkAttempt(attempt, "inbox.start");
+    return await this.#fenced("start", id, token, (rec, now) => startedInbound(rec, attempt, now));
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {

@@ -178,6 +178,11 @@ export interface LeasedEventJournal {
   claimDue(options: EventClaimOptions & { limit: number }): Promise<EventRecord[]>;
   /** Extends the lease held under `token`; `false` when it is no longer held. */
   heartbeat(id: string, token: number, leaseMs: number): Promise<boolean>;
+  /**
+   * Journals that run `attempt` of the record's handler begins under `token`: `attempts`
+   * becomes `max(attempts, attempt)` (a claim counts nothing). `false` when `token` is no longer held.
+   */
+  start(id: string, token: number, attempt: number): Promise<boolean>;
   /** `done`. @throws {StaleLeaseError} when `token` is not the current lease */
   complete(id: string, token: number): Promise<void>;
   /** `failed` (claimable again after `retryInMs`) or `dead`. @throws {StaleLeaseError} */

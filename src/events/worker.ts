@@ -62,14 +62,14 @@ export interface EventWorkerEvents {
   /**
    * Something went wrong: the handler threw (`phase: 'handler'`, the event is
    * retried or dead), or a journal call failed (`'claim'`, `'complete'`,
-   * `'fail'`, `'heartbeat'`).
+   * `'fail'`, `'heartbeat'`, `'start'`).
    */
-  error: { error: unknown; phase: "handler" | "claim" | "complete" | "fail" | "heartbeat"; event: EventRecord | null };
+  error: { error: unknown; phase: "handler" | "claim" | "start" | "complete" | "fail" | "heartbeat"; event: EventRecord | null };
   /**
    * The worker lost the lease of an event (it lapsed and another claimer
    * took it): a heartbeat was refused, or the outcome was fenced off.
    */
-  stale: { event: EventRecord; phase: "heartbeat" | "complete" | "fail" };
+  stale: { event: EventRecord; phase: "start" | "heartbeat" | "complete" | "fail" };
   /** (An index signature, so that the emitter accepts this map.) */
   [key: string]: unknown;
 }
@@ -403,7 +403,22 @@ export class EventWorker {
     try {
       if (before) await before.catch(() => {});
       if (lost) return; // the lease lapsed while the event waited for its key
-      await this.#handler(event, { token, attempt: event.attempts, signal: controller.signal });
+      // Only runs count: the claim counted nothing, the run is journaled as it begins.
+      const attempt = event.attempts + 1;
+      let started: boolean;
+      try {
+        started = await this.#journal.start(event.id, token, attempt);
+      } catch (error) {
+        this.#emitter.emit("error", { error, phase: "start", event });
+        return; // not run: its lease lapses and a scan takes it up again
+      }
+      if (!started) {
+        lost = true;
+        this.#emitter.emit("stale", { event, phase: "start" });
+        return;
+      }
+      event = { ...event, attempts: attempt };
+      await this.#handler(event, { token, attempt, signal: controller.signal });
     } catch (error) {
       failure = { error };
     } finally {

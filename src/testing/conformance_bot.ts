@@ -2306,6 +2306,7 @@ const stubBackend: DurabilityBackend = {
     admit: unused,
     claim: unused,
     claimDue: unused,
+    start: unused,
     heartbeat: unused,
     complete: unused,
     fail: unused,

@@ -16,6 +16,7 @@ import type { SessionStore } from "../store.ts";
 export const CRASH_POINTS = [
   "inbox.admit",
   "inbox.claim",
+  "inbox.start",
   "inbox.heartbeat",
   "inbox.complete",
   "inbox.fail",
@@ -58,6 +59,7 @@ const INBOX_POINTS: Record<keyof InboxJournal, CrashPoint | null> = {
   admit: "inbox.admit",
   claim: "inbox.claim",
   claimDue: "inbox.claim",
+  start: "inbox.start",
   heartbeat: "inbox.heartbeat",
   complete: "inbox.complete",
   fail: "inbox.fail",
