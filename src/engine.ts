@@ -1873,7 +1873,7 @@ export class DurabilityEngine {
         }
         const lease = this.#hold("inbox", record.id, record.fence, claimedAt);
         this.#swept.inbound++;
-        if (record.attempts > 1 && record.error === null) this.#metrics.inboundReplayed++;
+        if (record.attempts > 0 && record.error === null) this.#metrics.inboundReplayed++; // a run began, no outcome
         this.#dispatchRecord(record, lease);
       }
       scanDone();

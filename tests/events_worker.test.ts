@@ -169,6 +169,7 @@ describe("EventWorker", () => {
     // A journal whose heartbeats are refused: the lease is taken by another claimer meanwhile.
     const refusing: LeasedEventJournal = Object.assign(Object.create(journal) as LeasedEventJournal, {
       heartbeat: async () => false,
+      start: (id: string, token: number, attempt: number) => journal.start(id, token, attempt),
       claimDue: (o: Parameters<LeasedEventJournal["claimDue"]>[0]) => journal.claimDue(o),
       complete: (id: string, token: number) => journal.complete(id, token),
       fail: (id: string, token: number, outcome: Parameters<LeasedEventJournal["fail"]>[2]) => journal.fail(id, token, outcome),

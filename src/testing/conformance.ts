@@ -419,13 +419,13 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(results.filter((r) => r !== null).length).toBe(1);
       });
 
-      it("claim leases a pending record, increments attempts and issues token fence+1", async (b) => {
+      it("claim leases a pending record and issues token fence+1; a claim counts no run", async (b) => {
         const chat = uid("chat");
         const r = await admitted(b, inbound(chat));
         const c = claimer("owner-a", LONG, "inc-a");
         const claimed = await mustClaim(b, r.id, c);
         expect(claimed.state).toBe("processing");
-        expect(claimed.attempts).toBe(1);
+        expect(claimed.attempts, "a claim is not a run").toBe(0);
         expect(claimed.fence).toBe(1);
         expect(claimed.lease?.token).toBe(1);
         expect(claimed.lease?.owner).toBe("owner-a");
@@ -439,16 +439,52 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(await b.inbox.claim(r.id, claimer()), "a done record is not claimable").toBe(null);
       });
 
+      it("start counts a run: once per attempt, under the lease; an admission counts the run only when nothing of its chat is before it", async (b) => {
+        const chat = uid("chat");
+        const owner = claimer(uid("owner"), LONG, "inc-1");
+        const first = await admitted(b, inbound(chat, 1_000), owner);
+        expect(first.state).toBe("processing");
+        expect(first.attempts, "leased with nothing of its chat before it: it runs at once").toBe(1);
+        const behind = await admitted(b, inbound(chat, 1_001), owner);
+        expect(behind.state, "behind the caller's own lease: leased too").toBe("processing");
+        expect(behind.attempts, "it waits in the caller's queue: no run yet").toBe(0);
+        expect(await b.inbox.start(behind.id, 1, 1)).toBe(true);
+        expect((await mustGetIn(b, behind.id)).attempts).toBe(1);
+        expect(await b.inbox.start(behind.id, 1, 1), "a repeat (lost reply) changes nothing").toBe(true);
+        expect((await mustGetIn(b, behind.id)).attempts).toBe(1);
+        expect(await b.inbox.start(behind.id, 2, 2), "a token that is not the lease's").toBe(false);
+        expect((await mustGetIn(b, behind.id)).attempts).toBe(1);
+        expect(await b.inbox.start(uid("in"), 1, 1), "unknown id").toBe(false);
+        await b.inbox.complete(behind.id, 1);
+        expect(await b.inbox.start(behind.id, 1, 2), "a done record").toBe(false);
+        // A claim after a run cut off counts nothing; the next start counts the second run.
+        const again = await mustClaim(b, first.id, { ...owner, incarnation: "inc-2", reclaimOwn: true });
+        expect(again.attempts).toBe(1);
+        expect(await b.inbox.start(first.id, again.fence, 2)).toBe(true);
+        expect((await mustGetIn(b, first.id)).attempts).toBe(2);
+        for (const bad of [0, -1, 1.5, Number.NaN, "1"]) {
+          await expect(b.inbox.start(first.id, again.fence, bad as number), `attempt ${String(bad)}`).rejects.toThrow(/attempt/);
+        }
+        expect((await mustGetIn(b, first.id)).attempts).toBe(2);
+        // A retry waiting for its time comes before a new admission too: the new one is counted when it starts.
+        await b.inbox.fail(first.id, again.fence, { error: "once", retryInMs: 3_600_000 });
+        const third = await admitted(b, inbound(chat, 1_002), owner);
+        expect(third.state).toBe("processing");
+        expect(third.attempts).toBe(0);
+        const other = await admitted(b, inbound(uid("chat"), 1_003), owner);
+        expect(other.attempts, "another chat: counted at once").toBe(1);
+      });
+
       it("every claim issues a greater token; stale completions throw and change nothing", async (b) => {
         const owner = uid("owner");
         const r = await admitted(b, inbound(uid("chat")), claimer(owner));
         const second = await mustClaim(b, r.id, { ...claimer(owner), reclaimOwn: true });
         expect(second.fence).toBe(2);
-        expect(second.attempts).toBe(2);
+        expect(second.attempts, "the admission counted its run; the claim counts none").toBe(1);
         const third = await mustClaim(b, r.id, { ...claimer(owner), reclaimOwn: true });
         expect(third.fence).toBe(3);
         expect(tokenOf(third)).toBe(3);
-        expect(third.attempts).toBe(3);
+        expect(third.attempts).toBe(1);
 
         const before = await mustGetIn(b, r.id);
         for (const stale of [1, 2]) {
@@ -465,7 +501,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const done = await mustGetIn(b, r.id);
         expect(done.state).toBe("done");
         expect(done.lease).toBe(null);
-        expect(done.attempts).toBe(3);
+        expect(done.attempts, "one run (its admission's); the claims counted none").toBe(1);
         expect(done.fence).toBe(3);
       });
 
@@ -521,7 +557,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(taken.lease?.incarnation).toBe("inc-b");
         expect(taken.lease?.token).toBe(2);
         expect(taken.fence).toBe(2);
-        expect(taken.attempts).toBe(2);
+        expect(taken.attempts, "taken over: the run its admission counted, no more").toBe(1);
         expect(await b.inbox.get(short.id)).toEqual(taken);
 
         await expectStale(expect, () => b.inbox.complete(short.id, 1), "the old owner's completion");
@@ -580,7 +616,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const taken = await mustClaim(b, r1.id, { ...next, reclaimOwn: true });
         expect(taken.lease?.incarnation).toBe("inc-2");
         expect(taken.lease?.token).toBe(2);
-        expect(taken.attempts).toBe(2);
+        expect(taken.attempts).toBe(1);
         await expectStale(expect, () => b.inbox.complete(r1.id, 1), "the old incarnation's completion");
 
         const due = await b.inbox.claimDue({ ...next, reclaimOwn: true, limit: 100 });
@@ -662,7 +698,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(again.state).toBe("processing");
         expect(again.lease?.owner).toBe("owner-c");
         expect(again.lease?.token).toBe(2);
-        expect(again.attempts).toBe(2);
+        expect(again.attempts, "the retry's claim counts no run").toBe(1);
         expect(again.nextAttemptAt).toBe(null);
         expect((await mustGetIn(b, later.id)).state, "a later retry stays failed").toBe("failed");
       });
@@ -692,7 +728,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           expect(r.state).toBe("processing");
           expect(r.lease?.owner).toBe("owner-a");
           expect(r.lease?.token).toBe(1);
-          expect(r.attempts).toBe(1);
+          expect(r.attempts).toBe(0);
         }
         expect(ids(await b.inbox.claimDue({ ...c, limit: 100 }))).toEqual([recs[2], recs[3], recs[4]]);
         expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })), "nothing left").toEqual([]);
@@ -866,7 +902,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const due = await b.inbox.claimDue({ ...claimer(), limit: 100 });
         expect(ids(due), "replayed records are due").toEqual([done, dead.id, failed.id]);
         for (const r of due) {
-          expect(r.attempts).toBe(1);
+          expect(r.attempts, "reset by the replay; the claim counts no run").toBe(0);
           expect(tokenOf(r), "tokens keep increasing across a replay").toBe(2);
         }
       });

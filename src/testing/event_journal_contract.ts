@@ -305,18 +305,25 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         expect(await j.claimDue({ ...claimer(), limit: 0 })).toEqual([]);
       });
 
-      it("a claim increments attempts and issues a greater fencing token each time", async (j) => {
+      it("a claim issues a greater fencing token each time and counts no run; start counts one, once", async (j) => {
         const r = await appended(j, event());
         const c1 = (await j.claim(r.id, claimer()))!;
         expect(c1.state).toBe("processing");
-        expect(c1.attempts).toBe(1);
+        expect(c1.attempts, "a claim is not a run").toBe(0);
         expect(tokenOf(c1)).toBe(1);
         expect(c1.fence).toBe(1);
+        expect(await j.start(r.id, tokenOf(c1), 1)).toBe(true);
+        expect(await j.start(r.id, tokenOf(c1), 1), "a repeat changes nothing").toBe(true);
+        expect((await j.get(r.id))!.attempts).toBe(1);
         await j.fail(r.id, tokenOf(c1), { error: "boom", retryInMs: 0 });
+        expect(await j.start(r.id, tokenOf(c1), 2), "no longer held").toBe(false);
         const c2 = (await j.claim(r.id, claimer()))!;
-        expect(c2.attempts).toBe(2);
+        expect(c2.attempts).toBe(1);
         expect(tokenOf(c2)).toBe(2);
         expect(c2.fence).toBe(2);
+        expect(await j.start(r.id, tokenOf(c1), 2), "a stale token").toBe(false);
+        expect(await j.start(r.id, tokenOf(c2), 2)).toBe(true);
+        expect((await j.get(r.id))!.attempts).toBe(2);
       });
 
       it("a live lease is not taken by another owner, nor by the same incarnation", async (j) => {
@@ -424,8 +431,8 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         const key = uid("key");
         const held = await appended(j, keyed(key, 1_000), x);
         const own = await appended(j, keyed(key, 2_000), x);
-        expect([own.state, own.lease?.owner, own.attempts, own.fence], "the caller's own live lease holds nothing back")
-          .toEqual(["processing", "owner-x", 1, 1]);
+        expect([own.state, own.lease?.owner, own.attempts, own.fence], "the caller's own live lease holds nothing back (it waits behind it: no run yet)")
+          .toEqual(["processing", "owner-x", 0, 1]);
         const behind = await appended(j, keyed(key, 3_000), claimer("owner-y"));
         expect([behind.state, behind.lease, behind.attempts, behind.fence], "behind another owner's lease: pending")
           .toEqual(["pending", null, 0, 0]);
@@ -601,7 +608,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         await sleep(LAPSE);
         const again = await j.claimDue({ ...claimer(), limit: 10 });
         expect(ids(again)).toEqual([s.id]);
-        expect(again[0].attempts).toBe(2);
+        expect(again[0].attempts, "the run its append counted; the claim counts none").toBe(1);
         expect(again[0].error).toBe("soon");
       });
 
