@@ -33,7 +33,6 @@ import type { SetAsideRecord } from "../memory/aside.ts";
 import { MemoryDurability, type MemoryRecords } from "../memory/durability.ts";
 import {
   type AppendFile,
-  createExclusive,
   dirName,
   ensureDir,
   openAppendFile,
@@ -49,6 +48,7 @@ import { FileLock, FileLockedError } from "./lock.ts";
 import { DEFAULT_STALE_LOCK_MS, MIN_STALE_LOCK_MS } from "./lock_file.ts";
 import { frameLogRecord, scanLogRecords } from "./log_records.ts";
 import { claimOpenFile, releaseOpenFile } from "./open_files.ts";
+import { setAsideTornTail } from "./torn_tail.ts";
 import { NEW_FILE_MODE, parseJsonBytes, snapshotFileMode, writeSnapshot } from "./snapshot.ts";
 import { showValue as show } from "../../src/show.ts";
 import {
@@ -1108,15 +1108,8 @@ class FileLog {
    * `<file>.log.torn-<n>` (the first free `n`), flushed before the log is cut.
    * @returns the file written
    */
-  async setAsideTail(tail: Uint8Array): Promise<string> {
-    const file = this.#file();
-    for (let n = 1; n <= 10_000; n++) {
-      const aside = `${file}.log.torn-${n}`;
-      if (!(await createExclusive(aside, tail, { fsync: this.#fsync, mode: this.#mode() }))) continue;
-      if (this.#fsync) await syncDirectory(await dirName(file));
-      return aside;
-    }
-    throw new Error(`${file}.log.torn-1 to ${file}.log.torn-10000 all exist: remove the ones you have looked at`);
+  setAsideTail(tail: Uint8Array): Promise<string> {
+    return setAsideTornTail(`${this.#file()}.log`, tail, { fsync: this.#fsync, mode: this.#mode() });
   }
 
   /** Opens the log for appending; its directory entry is flushed (it may have just been created). */
