@@ -462,12 +462,14 @@ export const OUTBOX_JOURNAL_METHODS: readonly (keyof OutboxJournal)[] = [
 export type BackendScope = "process" | "host" | "shared";
 
 /**
- * What a backend's `open` found about its server: `journal-not-durable` when
- * the server is configured so that a write it confirmed can be lost (no
- * persistence, fsync off, asynchronous commits).
+ * What a backend's `open` found that an operator should know:
+ * `journal-not-durable` when the server is configured so that a write it
+ * confirmed can be lost (no persistence, fsync off, asynchronous commits);
+ * `journal-torn-tail` when a file journal's log ended in a torn write (the
+ * last append before a crash), cut off and set aside in a file beside it.
  */
 export interface OpenWarning {
-  code: "journal-not-durable";
+  code: "journal-not-durable" | "journal-torn-tail";
   message: string;
 }
 

@@ -101,7 +101,8 @@ export type WarningCode =
   | "conversation-diverged"
   | "conversation-not-durable"
   | "send-without-context"
-  | "journal-not-durable";
+  | "journal-not-durable"
+  | "journal-torn-tail";
 
 /** The payload of a `warning` event. */
 export interface DurabilityWarning {

@@ -1,4 +1,4 @@
-import { afterEach, describe, expect, test } from "bun:test";
+import { afterEach, describe, expect, spyOn, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
@@ -671,6 +671,49 @@ describe("taking over a file of a SharedFileEventJournal", () => {
     expect(disk.outbox.map((e) => e.key)).toEqual(["k1"]);
     // The outbox lease of the replayed entry holds.
     await j.outbox.markSent("k1", 1, "mid");
+  });
+
+  test("a last log line whose middle was never written (zeros, newline in place) is a torn end: set aside beside the log, warned, earlier lines replayed", async () => {
+    const path = freshPath();
+    const lines = await changeLines([(m) => m.append(ev("a")), (m) => m.append(ev("b")), (m) => m.append(ev("c"))], 1);
+    const text = Buffer.from(lines.join("\n") + "\n");
+    const last = text.length - Buffer.byteLength(lines[2]!) - 1;
+    const torn = Buffer.from(text);
+    torn.fill(0, last + 10, text.length - 10); // page writeback left the line's start, end and newline, not its middle
+    writeFileSync(`${path}.log`, torn);
+    const warnings: unknown[][] = [];
+    const warn = spyOn(console, "warn").mockImplementation((...args: unknown[]) => void warnings.push(args));
+    let j: FileEventJournal;
+    try {
+      j = await openAt(path);
+    } finally {
+      warn.mockRestore();
+    }
+    expect((await j.list()).map((e) => e.id)).toEqual(["a", "b"]);
+    expect(j.stats.replayedLogEntries).toBe(2);
+    expect(readFileSync(`${path}.log.torn-1`).equals(torn.subarray(last)), "the torn bytes, as they were").toBe(true);
+    expect(existsSync(`${path}.log`)).toBe(false);
+    expect(warnings.length).toBe(1);
+    const message = String(warnings[0]![0]);
+    expect(message).toContain(`${path}.log ended in a torn write at byte ${last}`);
+    expect(message).toContain(`set aside in ${path}.log.torn-1`);
+    expect(onDisk(path).events.map((e) => e.id)).toEqual(["a", "b"]);
+  });
+
+  test("a log line whose middle was never written, with a JSON line after it, is damage: open() fails naming the log and the offset, nothing set aside", async () => {
+    const path = freshPath();
+    const lines = await changeLines([(m) => m.append(ev("a")), (m) => m.append(ev("b")), (m) => m.append(ev("c"))], 1);
+    const text = Buffer.from(lines.join("\n") + "\n");
+    const second = Buffer.byteLength(lines[0]!) + 1;
+    const damaged = Buffer.from(text);
+    damaged.fill(0, second + 10, second + Buffer.byteLength(lines[1]!) - 10);
+    writeFileSync(`${path}.log`, damaged);
+    const error = await rejection(openAt(path));
+    expect(error).toBeInstanceOf(FileCorruptError);
+    expect(error.message).toContain(`${path}.log is damaged at byte ${second + 10}: line 2:`);
+    expect((error as FileCorruptError).offset).toBe(second + 10);
+    expect(readFileSync(`${path}.log`).equals(damaged)).toBe(true);
+    expect(existsSync(`${path}.log.torn-1`)).toBe(false);
   });
 
   test("log lines written before `called` existed: their outbox entries read as called", async () => {

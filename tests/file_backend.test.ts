@@ -25,7 +25,7 @@ import {
   simulateCrash,
 } from "../backends/file/durability.ts";
 import { MemoryDurability } from "../backends/memory/durability.ts";
-import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/contract.ts";
+import type { ClaimOptions, NewInboundRecord, NewOutboxEntry, OpenWarning } from "../src/contract.ts";
 
 const dirs: string[] = [];
 const opened: FileDurability[] = [];
@@ -1125,15 +1125,28 @@ describe("the log beside the snapshot", () => {
     expect((await c.outbox.get("k1"))?.messageId).toBe("mid-1");
   });
 
-  test("a torn last record (a kill mid-append) is dropped and cut off; what is before it is kept", async () => {
+  /** Opens `path`, collecting the warnings of `open()`. */
+  async function openWarned(path: string, warnings: OpenWarning[]): Promise<FileDurability> {
+    const b = backendAt(path);
+    await b.open((w) => warnings.push(w));
+    return b;
+  }
+
+  test("a torn last record (a kill mid-append) is cut off, set aside beside the log and warned; what is before it is kept", async () => {
     const path = join(tempDir(), "bot.json");
     await crashedStore(path, ["m1", "m2", "m3"]);
     const log = readFileSync(`${path}.log`);
     const lastStart = log.lastIndexOf("\nR ", log.length - 2) + 1;
-    writeFileSync(`${path}.log`, log.subarray(0, lastStart + Math.floor((log.length - lastStart) / 2))); // m3's record cut
-    const b = await openAt(path);
+    const cut = lastStart + Math.floor((log.length - lastStart) / 2);
+    writeFileSync(`${path}.log`, log.subarray(0, cut)); // m3's record cut
+    const warnings: OpenWarning[] = [];
+    const b = await openWarned(path, warnings);
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
     expect(readFileSync(`${path}.log`).length, "the torn record is cut off").toBe(lastStart);
+    expect(readFileSync(`${path}.log.torn-1`).equals(log.subarray(lastStart, cut))).toBe(true);
+    expect(warnings.map((w) => [w.code, w.message.includes(`${path}.log ended in a torn write at byte ${lastStart}`)])).toEqual([
+      ["journal-torn-tail", true],
+    ]);
     await b.inbox.admit(msg("m4"));
     await simulateCrash(b);
     const c = await openAt(path);
@@ -1145,16 +1158,19 @@ describe("the log beside the snapshot", () => {
     await crashedStore(path, ["m1", "m2"]);
     const log = readFileSync(`${path}.log`);
     const lastStart = log.lastIndexOf("\nR ", log.length - 2) + 1;
+    const warnings: OpenWarning[] = [];
     for (let cut = lastStart; cut < log.length; cut += 7) {
       writeFileSync(`${path}.log`, log.subarray(0, cut));
-      const b = await openAt(path);
+      const b = await openWarned(path, warnings);
       expect((await b.inbox.list()).map((r) => r.id), `cut at ${cut}`).toEqual(["m1"]);
+      expect(warnings.splice(0).length, `cut at ${cut}: warned unless nothing was cut`).toBe(cut === lastStart ? 0 : 1);
       await simulateCrash(b);
     }
     writeFileSync(`${path}.log`, Buffer.concat([log, Buffer.alloc(4096)]));
-    const b = await openAt(path);
+    const b = await openWarned(path, warnings);
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
     expect(readFileSync(`${path}.log`).equals(log)).toBe(true);
+    expect(warnings.map((w) => w.code)).toEqual(["journal-torn-tail"]);
   });
 
   test("a damaged record with intact records after it: open() fails naming the log and the offset, files untouched", async () => {
@@ -1175,20 +1191,59 @@ describe("the log beside the snapshot", () => {
     expect(readFileSync(path).equals(snapshot)).toBe(true);
   });
 
-  test("a whole last log record whose checksum fails is damage, not a torn write: open() fails, files untouched", async () => {
-    const path = join(tempDir(), "bot.json");
-    await crashedStore(path, ["m1", "m2", "m3"]); // m3's record, acknowledged, is the log's last
+  test("a whole last log record whose middle was never written (zeros: its checksum fails) is a torn tail: set aside beside the log, warned, earlier records kept", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    const b0 = await openAt(path);
+    await b0.inbox.admit(msg("m1")); // the snapshot
+    await b0.inbox.admit(msg("m2"));
+    await b0.inbox.admit(msg("m3", "c1", { text: "x".repeat(300) })); // the log's last record
+    await simulateCrash(b0);
     const log = readFileSync(`${path}.log`);
     const last = log.lastIndexOf("\nR ", log.length - 2) + 1;
+    const torn = Buffer.from(log);
+    torn.fill(0, last + 40, log.length - 40); // page writeback left the frame's length and final newline, not its middle
+    writeFileSync(`${path}.log`, torn);
+    const warnings: OpenWarning[] = [];
+    const b = await openWarned(path, warnings);
+    expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
+    expect(readFileSync(`${path}.log`).equals(log.subarray(0, last)), "the torn frame is cut off, the rest kept").toBe(true);
+    const aside = `${path}.log.torn-1`;
+    expect(readFileSync(aside).equals(torn.subarray(last)), "the cut-off bytes, as they were").toBe(true);
+    expect(warnings.map((w) => w.code)).toEqual(["journal-torn-tail"]);
+    expect(warnings[0]!.message).toContain(`${path}.log`);
+    expect(warnings[0]!.message).toContain(`byte ${last}`);
+    expect(warnings[0]!.message).toContain(aside);
+    await b.inbox.admit(msg("m4"));
+    await simulateCrash(b);
+    const again = readFileSync(`${path}.log`);
+    const m4 = again.lastIndexOf("\nR ", again.length - 2) + 1;
+    writeFileSync(`${path}.log`, again.subarray(0, again.length - 10)); // m4's frame cut short
+    const c = await openWarned(path, warnings);
+    expect((await c.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
+    expect(readFileSync(`${path}.log.torn-2`).equals(again.subarray(m4, again.length - 10)), "the next one beside it").toBe(true);
+    expect(readFileSync(aside).equals(torn.subarray(last)), "the first one kept").toBe(true);
+  });
+
+  test("a whole log record with a zeroed middle and an intact record after it is damage: open() fails naming the log and the offset, nothing set aside", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    await crashedStore(path, ["m1", "m2", "m3", "m4"]); // m1 in the snapshot, m2 to m4 in the log
+    const log = readFileSync(`${path}.log`);
+    const second = log.indexOf("\nR ") + 1;
+    const third = log.indexOf("\nR ", second) + 1;
     const damaged = Buffer.from(log);
-    const inPayload = damaged.indexOf('"m3"', last);
-    damaged[inPayload + 1] ^= 0x01; // one bit flipped; the frame's length and final newline are intact
+    damaged.fill(0, second + 40, third - 40); // m3's frame: length and newline intact, checksum fails; m4's follows
     writeFileSync(`${path}.log`, damaged);
-    const error = await rejection(backendAt(path).open());
+    const warnings: unknown[] = [];
+    const error = await rejection(backendAt(path).open((w) => warnings.push(w)));
     expect(error).toBeInstanceOf(FileCorruptError);
+    expect(error.message).toContain(`${path}.log is damaged at byte ${second}:`);
     expect(error.message).toContain("log record 2 is damaged");
-    expect((error as FileCorruptError).offset).toBe(last);
+    expect((error as FileCorruptError).offset).toBe(second);
     expect(readFileSync(`${path}.log`).equals(damaged)).toBe(true);
+    expect(readdirSync(dir).filter((name) => name.includes("torn"))).toEqual([]);
+    expect(warnings).toEqual([]);
   });
 
   test("a log left behind (a kill between close()'s plain snapshot and the log's removal, then a downgrade) is never replayed over a later snapshot", async () => {

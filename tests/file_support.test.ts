@@ -430,5 +430,10 @@ describe("the framed log", () => {
     expect(error).toBeInstanceOf(FileCorruptError);
     expect((error as InstanceType<typeof FileCorruptError>).offset).toBe(a.length);
     expect((error as Error).message).toContain("log record 2 is damaged");
+    const lastZeroed = whole.slice();
+    lastZeroed.fill(0, a.length + b.length + 14, whole.length - 2); // c whole (header, length, newline), its middle zeros
+    const scanned = scanLogRecords("/x.log", lastZeroed, "T");
+    expect(scanned.records.map((r) => r.value)).toEqual([{ n: 1 }, { n: 2 }]);
+    expect(scanned.end).toBe(a.length + b.length);
   });
 });

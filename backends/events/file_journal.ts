@@ -68,6 +68,7 @@ import { FileMutex } from "../file/mutex.ts";
 import { claimOpenFile, releaseOpenFile } from "../file/open_files.ts";
 import { NEW_FILE_MODE, snapshotFileMode } from "../file/snapshot.ts";
 import { SnapshotCommitter } from "../file/snapshot_committer.ts";
+import { setAsideTornTail } from "../file/torn_tail.ts";
 import { parseEventSnapshot, serializeEventSnapshot } from "./snapshot.ts";
 
 export { FileCorruptError, FileLockedError };
@@ -155,8 +156,10 @@ const CONSTRUCT = Symbol("FileEventJournal.construct");
  * lock is broken at once), and loads the file. If a `SharedFileEventJournal`
  * used the file, the load runs under its mutex `<path>.mutex`, and the
  * entries of its append log `<path>.log` past the snapshot's `logSeq` are
- * replayed (a torn last line is ignored), written into a fresh snapshot, and
- * the log removed. A file (or log line) that is not JSON, or not the
+ * replayed, written into a fresh snapshot, and the log removed. A torn end
+ * of the log (a last line with no newline, or one that is not JSON with no
+ * JSON line after it: its middle never reached the disk) is not replayed: its
+ * bytes are kept in `<path>.log.torn-<n>` and a `console.warn` names them. A file (or log line) that is not JSON, or not the
  * journal's format → {@link FileCorruptError} naming the file and the byte
  * offset or the field; nothing is written.
  *
@@ -232,6 +235,7 @@ export class FileEventJournal implements LeasedEventJournal {
   readonly outbox: OutboxJournal;
 
   readonly #staleLockMs: number;
+  readonly #fsync: boolean;
   readonly #memOptions: MemoryEventJournalOptions;
   /** Permission bits of the file, kept across rewrites. */
   #mode = NEW_FILE_MODE;
@@ -261,6 +265,7 @@ export class FileEventJournal implements LeasedEventJournal {
     this.file = file;
     this.locked = options.lock;
     this.#staleLockMs = options.staleLockMs;
+    this.#fsync = options.fsync;
     this.#memOptions = { heartbeatChanges: false, name: "file-events", ...(options.clock ? { clock: options.clock } : {}) };
     this.#commit = new SnapshotCommitter<MemoryEventJournal>({
       label: LABEL,
@@ -378,7 +383,20 @@ export class FileEventJournal implements LeasedEventJournal {
       ({ journal: mem, logSeq } = parseEventSnapshot(file, bytes, LABEL, this.#memOptions));
     }
     const log = await step(file, `cannot read ${logPath}`, () => readFileBytes(logPath));
-    const replayed = log === null ? 0 : replayLog(logPath, log, mem, logSeq);
+    const replayed = log === null ? { applied: 0, tornAt: null } : replayLog(logPath, log, mem, logSeq);
+    if (replayed.tornAt !== null) {
+      const tail = log!.subarray(replayed.tornAt);
+      const aside = await step(
+        file,
+        `cannot set aside the torn end of ${logPath}`,
+        () => setAsideTornTail(logPath, tail, { fsync: this.#fsync, mode: this.#mode }),
+      );
+      console.warn(
+        `[@botmesh/durable] ${LABEL}: ${logPath} ended in a torn write at byte ${replayed.tornAt} (${tail.length} bytes ` +
+          `that are not a whole JSON line, with none after them: the last append before a crash). The lines before it ` +
+          `were replayed; the torn bytes were set aside in ${aside}`,
+      );
+    }
     mem.takeChanges(); // loading is not a change
     this.#commit.attach(mem);
     // A new file: written now, so a bad path or permission shows at open. A log: its entries go into the snapshot.
@@ -386,7 +404,7 @@ export class FileEventJournal implements LeasedEventJournal {
     if (log !== null) {
       // Removed only once the snapshot holds it all; a crash before this replays it again (idempotent).
       await step(file, `cannot remove ${logPath}`, () => removeFile(logPath));
-      this.#replayedLogEntries = replayed;
+      this.#replayedLogEntries = replayed.applied;
     }
   }
 
@@ -631,18 +649,43 @@ function isBlank(bytes: Uint8Array): boolean {
   return true;
 }
 
+/** Whether a line after `from` parses as JSON (an intact entry, not a torn write). */
+function jsonLineAfter(bytes: Uint8Array, from: number): boolean {
+  for (let start = from; start < bytes.length;) {
+    const end = bytes.indexOf(0x0a, start);
+    if (end === -1) return false;
+    const chunk = bytes.subarray(start, end);
+    start = end + 1;
+    if (isBlank(chunk)) continue;
+    try {
+      JSON.parse(fatalDecoder.decode(chunk));
+      return true;
+    } catch {
+      // not JSON either
+    }
+  }
+  return false;
+}
+
 /**
  * Applies the entries of a `SharedFileEventJournal` append log to `mem`:
  * one JSON line per write, `{ seq, events, removedEvents, outbox,
  * removedOutbox, outboxSeq }` (a `takeChanges()` change set with its log
  * position). Entries with `seq <= logSeq` are in the snapshot already and
- * skipped, and so is an entry not above the last one applied; a torn last
- * line (no newline: a write cut short, never acknowledged) is ignored.
+ * skipped, and so is an entry not above the last one applied. A torn end (a
+ * write cut short, never acknowledged: a last line with no newline, or one
+ * that is not JSON, its middle never written, with no JSON line after it) is
+ * not applied: `tornAt` is where it starts.
  *
- * @returns how many entries were applied
+ * @returns how many entries were applied, and where the torn end starts (`null`: none)
  * @throws {FileCorruptError} naming the log file and the byte offset of a damaged line
  */
-function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, logSeq: number): number {
+function replayLog(
+  logPath: string,
+  bytes: Uint8Array,
+  mem: MemoryEventJournal,
+  logSeq: number,
+): { applied: number; tornAt: number | null } {
   let start = 0;
   let line = 0;
   let last = logSeq;
@@ -655,8 +698,7 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     const at = start;
     const chunk = bytes.subarray(start, end);
     start = end + 1;
-    // A torn last line (no newline: its write was cut short, never acknowledged) is ignored, as the shared journal trims it.
-    if (!terminated) break;
+    if (!terminated) return { applied, tornAt: isBlank(chunk) ? null : at };
     if (isBlank(chunk)) continue;
     const bad = (offset: number, detail: string): never => {
       throw new FileCorruptError(logPath, offset, `line ${line}: ${detail}`, LABEL);
@@ -665,6 +707,7 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     try {
       doc = JSON.parse(fatalDecoder.decode(chunk));
     } catch {
+      if (!jsonLineAfter(bytes, start)) return { applied, tornAt: at };
       const problem = findJsonSyntaxError(chunk);
       bad(at + (problem?.offset ?? 0), problem?.reason ?? "the JSON parser rejected it");
     }
@@ -684,5 +727,5 @@ function replayLog(logPath: string, bytes: Uint8Array, mem: MemoryEventJournal, 
     last = seq as number;
     applied++;
   }
-  return applied;
+  return { applied, tornAt: null };
 }

@@ -25,6 +25,7 @@ import {
   type OutboxJournal,
   type OutboxState,
   type JsonValue,
+  type OpenWarning,
   type ReserveResult,
 } from "../../src/contract.ts";
 import { SnapshotCommitter } from "./snapshot_committer.ts";
@@ -47,6 +48,7 @@ import { FileLock, FileLockedError } from "./lock.ts";
 import { DEFAULT_STALE_LOCK_MS, MIN_STALE_LOCK_MS } from "./lock_file.ts";
 import { frameLogRecord, scanLogRecords } from "./log_records.ts";
 import { claimOpenFile, releaseOpenFile } from "./open_files.ts";
+import { setAsideTornTail } from "./torn_tail.ts";
 import { NEW_FILE_MODE, parseJsonBytes, snapshotFileMode, writeSnapshot } from "./snapshot.ts";
 import { showValue as show } from "../../src/show.ts";
 import {
@@ -417,15 +419,17 @@ export class FileDurability implements DurabilityBackend {
    * written at once). Counted: only the first call of a series loads; each
    * call needs a matching {@link close}.
    *
+   * @param warn receives what the bot reports as a `warning`: `journal-torn-tail` when the log ended in
+   *   a torn write, cut off and set aside in `<path>.log.torn-<n>` (default: `console.warn`)
    * @throws {FileLockedError} when another process holds `<path>.lock`
-   * @throws {FileCorruptError} when the file is not a snapshot (the file is
-   *   left untouched); damaged records in a snapshot are set aside instead
+   * @throws {FileCorruptError} when the file is not a snapshot, or a damaged log record has intact
+   *   records after it (the files are left untouched); damaged records in a snapshot are set aside instead
    * @throws {Error} when the file is already open through another
    *   `FileDurability` of this process, or cannot be read or created (the
    *   message starts with `FileDurability: <file>:`, the runtime's error is its `cause`)
    */
-  open(): Promise<void> {
-    return this.#serial(() => this.#open());
+  open(warn?: (warning: OpenWarning) => void): Promise<void> {
+    return this.#serial(() => this.#open(warn));
   }
 
   /**
@@ -447,7 +451,7 @@ export class FileDurability implements DurabilityBackend {
     return run;
   }
 
-  async #open(): Promise<void> {
+  async #open(warn: ((warning: OpenWarning) => void) | undefined): Promise<void> {
     if (this.#commit.crashed) throw new Error(`FileDurability ${this.file} was let go by simulateCrash(): create a new one`);
     if (this.#refs > 0) {
       this.#refs++;
@@ -471,7 +475,20 @@ export class FileDurability implements DurabilityBackend {
       await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
       const read = await step(file, "cannot read it", () => readStore(file));
       const loaded = read === null ? { mem: this.#newMemory(), setAside: 0 } : this.#loadMemory(file, read);
+      const torn = read === null || read.tail.length === 0
+        ? null
+        : await step(file, `cannot set aside the torn end of its log ${file}.log`, () => this.#log.setAsideTail(read.tail));
       await step(file, `cannot open its log ${file}.log`, () => this.#log.attach(loaded.mem, read));
+      if (torn !== null) {
+        const warning: OpenWarning = {
+          code: "journal-torn-tail",
+          message: `${LABEL}: ${file}.log ended in a torn write at byte ${read!.logEnd} (${read!.tail.length} bytes that are not ` +
+            `a whole intact record, with none after them: the last append before a crash, never acknowledged). The records ` +
+            `before it were loaded; the torn bytes were cut off and set aside in ${torn}`,
+        };
+        if (warn === undefined) console.warn(`[@botmesh/durable] ${warning.message}`);
+        else warn(warning);
+      }
       this.#commit.attach(loaded.mem);
       // A new file: written now, so that a bad path or permission shows at start. Records just set aside:
       // written now, so that they keep the time they were set aside.
@@ -945,6 +962,8 @@ interface StoreRead {
   logEnd: number;
   /** The log's length as found. */
   logSize: number;
+  /** What follows the log's last whole record (empty when nothing). */
+  tail: Uint8Array;
   /** The log holds records of another generation (left by a compaction that could not reset it): it is reset. */
   staleLog: boolean;
 }
@@ -958,7 +977,7 @@ async function readStore(file: string): Promise<StoreRead | null> {
   const bytes = await readFileBytes(file);
   if (bytes === null) return null;
   const { snap, logGen } = readSnapshotObject(file, bytes);
-  const read: StoreRead = { snap, logGen, snapshotBytes: bytes.length, logEnd: 0, logSize: 0, staleLog: false };
+  const read: StoreRead = { snap, logGen, snapshotBytes: bytes.length, logEnd: 0, logSize: 0, tail: new Uint8Array(0), staleLog: false };
   if (logGen === 0) return read;
   const logFile = `${file}.log`;
   const log = await readFileBytes(logFile);
@@ -966,6 +985,7 @@ async function readStore(file: string): Promise<StoreRead | null> {
   const scanned = scanLogRecords(logFile, log, LABEL);
   read.logEnd = scanned.end;
   read.logSize = log.length;
+  read.tail = log.subarray(scanned.end);
   const inbox = new Replayed(snap.inbox as unknown[], "id");
   const outbox = new Replayed(snap.outbox as unknown[], "key");
   const damaged = (snap.damaged ?? []) as Record<string, unknown>[];
@@ -1084,6 +1104,15 @@ class FileLog {
       if (entry !== null && entry.seq > this.#outboxSeq) this.#outboxSeq = entry.seq;
     });
     this.#observed = mem;
+  }
+
+  /**
+   * Copies the torn end of the log (what follows its last whole record) to a new file beside it,
+   * `<file>.log.torn-<n>` (the first free `n`), flushed before the log is cut.
+   * @returns the file written
+   */
+  setAsideTail(tail: Uint8Array): Promise<string> {
+    return setAsideTornTail(`${this.#file()}.log`, tail, { fsync: this.#fsync, mode: this.#mode() });
   }
 
   /** Opens the log for appending; its directory entry is flushed (it may have just been created). */

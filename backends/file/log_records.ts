@@ -59,12 +59,11 @@ export interface ScannedLog {
 }
 
 /**
- * The record at `pos`, or `null` when there is no whole, intact record there; `"complete"` when a
- * whole frame is there (header, length and final newline all in place) but its payload fails the
- * checksum or is not JSON: damage, not a torn write (an append cut short by a crash never ends on
- * the newline the frame's own length points at).
+ * The record at `pos`, or `null` when there is no whole, intact record there; `"whole"` when a whole
+ * frame is there (header, length and final newline all in place) but its payload fails the checksum
+ * or is not JSON.
  */
-function recordAt(bytes: Uint8Array, pos: number): { value: unknown; next: number } | "complete" | null {
+function recordAt(bytes: Uint8Array, pos: number): { value: unknown; next: number } | "whole" | null {
   const n = bytes.length;
   if (bytes[pos] !== 0x52 || bytes[pos + 1] !== 0x20) return null; // "R "
   let i = pos + 2;
@@ -81,55 +80,50 @@ function recordAt(bytes: Uint8Array, pos: number): { value: unknown; next: numbe
   const end = i + length;
   if (end >= n || bytes[end] !== 10) return null;
   const payload = bytes.subarray(i, end);
-  if (crc32(payload) !== crc) return "complete";
+  if (crc32(payload) !== crc) return "whole";
   try {
     return { value: JSON.parse(new TextDecoder("utf-8", { fatal: true }).decode(payload)), next: end + 1 };
   } catch {
-    return "complete";
+    return "whole";
   }
 }
 
+/** Whether an intact record starts after `pos`, at the start of a line. */
+function intactRecordAfter(bytes: Uint8Array, pos: number): boolean {
+  for (let nl = bytes.indexOf(10, pos); nl >= 0 && nl + 1 < bytes.length; nl = bytes.indexOf(10, nl + 1)) {
+    const next = recordAt(bytes, nl + 1);
+    if (next !== null && next !== "whole") return true;
+  }
+  return false;
+}
+
 /**
- * Reads a framed log (see {@link frameLogRecord}). A record that is cut
- * off with no intact record after it is the torn last write of a process
- * that died mid-append (never acknowledged): it ends the log
- * ({@link ScannedLog.end}). One with intact records after it is damage, and
- * so is a whole frame whose payload fails its checksum, wherever it is.
+ * Reads a framed log (see {@link frameLogRecord}). A record with no intact
+ * record after it that is cut off, or whole but failing its checksum, is
+ * the torn last write of a process or machine that died mid-append (never
+ * acknowledged: page writeback can leave a whole frame whose middle never
+ * reached the disk): it ends the log ({@link ScannedLog.end}). A damaged
+ * record with intact records after it is damage.
  *
  * @param file the log file, named in errors
  * @param bytes its content
  * @param label the backend named in errors
  * @returns the intact records and where they end
- * @throws {FileCorruptError} at the offset of a damaged record: a whole one, or one that intact records follow
+ * @throws {FileCorruptError} at the offset of a damaged record that intact records follow
  */
 export function scanLogRecords(file: string, bytes: Uint8Array, label: string): ScannedLog {
   const records: { offset: number; value: unknown }[] = [];
   let pos = 0;
   while (pos < bytes.length) {
     const found = recordAt(bytes, pos);
-    if (found !== null && found !== "complete") {
+    if (found !== null && found !== "whole") {
       records.push({ offset: pos, value: found.value });
       pos = found.next;
       continue;
     }
-    if (found === "complete") {
-      throw new FileCorruptError(
-        file,
-        pos,
-        `log record ${records.length + 1} is damaged: a whole record whose checksum does not match (not a write cut short)`,
-        label,
-      );
-    }
-    for (let nl = bytes.indexOf(10, pos); nl >= 0 && nl + 1 < bytes.length; nl = bytes.indexOf(10, nl + 1)) {
-      const next = recordAt(bytes, nl + 1);
-      if (next !== null && next !== "complete") {
-        throw new FileCorruptError(
-          file,
-          pos,
-          `log record ${records.length + 1} is damaged (cut short, or its checksum does not match) and intact records follow it`,
-          label,
-        );
-      }
+    if (intactRecordAfter(bytes, pos)) {
+      const what = found === "whole" ? "a whole record whose checksum does not match" : "cut short, or its checksum does not match";
+      throw new FileCorruptError(file, pos, `log record ${records.length + 1} is damaged (${what}) and intact records follow it`, label);
     }
     break; // a torn last write
   }

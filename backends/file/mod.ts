@@ -12,10 +12,14 @@
  *   directory) naming a new generation of the log, and empties the log.
  *   `open()` reads the snapshot and replays the log records of its
  *   generation (others are left over from before a compaction, and skipped).
- * - Each log record carries its length and a CRC-32: a torn last record (a
- *   crash mid-append; it was never acknowledged) is dropped and cut off at
- *   `open()`; a damaged record with intact records after it makes `open()`
- *   fail naming the log and the byte offset (both files left untouched).
+ * - Each log record carries its length and a CRC-32. A torn end of the log
+ *   (the last append before a crash, never acknowledged: a record cut short,
+ *   or a whole one whose middle never reached the disk, failing its
+ *   checksum; no intact record after it) is cut off at `open()`, its bytes
+ *   kept in `<path>.log.torn-<n>` beside the log, and reported to `open()`'s
+ *   `warn` as `journal-torn-tail`. A damaged record with intact records
+ *   after it makes `open()` fail naming the log and the byte offset (both
+ *   files left untouched).
  * - `close()` writes a last snapshot without a log (and deletes the log), so
  *   a closed store is one snapshot, as earlier versions wrote it and read it;
  *   a snapshot with a log beside it is format version 3, which earlier

@@ -170,20 +170,21 @@ export async function syncDirectory(dir: string): Promise<void> {
  * write `text` into it.
  *
  * @param path the file
- * @param text its content (UTF-8)
- * @param options `fsync`: flush it before resolving (default `false`)
+ * @param text its content (a string is written as UTF-8)
+ * @param options `fsync`: flush it before resolving (default `false`); `mode`: permission bits of the new
+ *   file, less the umask (default `0o666`)
  * @returns `true` when created, `false` when the file already exists
  * @throws {Error} any other error (the directory is missing, permissions)
  */
 export async function createExclusive(
   path: string,
-  text: string,
-  options: { fsync?: boolean } = {},
+  text: string | Uint8Array,
+  options: { fsync?: boolean; mode?: number } = {},
 ): Promise<boolean> {
   const f = await fs();
   let handle: Awaited<ReturnType<FsPromises["open"]>>;
   try {
-    handle = await f.open(path, "wx");
+    handle = await f.open(path, "wx", options.mode ?? 0o666);
   } catch (error) {
     if (errorCode(error) === "EEXIST") return false;
     throw error;
