@@ -128,16 +128,18 @@ export interface BotEvents {
   "durability:ambiguous": { key: string; chatId: string };
   /**
    * An ambiguous send (already reported by `durability:ambiguous`) was settled: `sent` by the channel
-   * (a delivery status carrying its key, or the provider's `confirm`) or by an operator who checked the
-   * chat (`markDelivered`, `via: "operator"`), or, when `confirm` said it never arrived, `failed` (sent
-   * again after its backoff) or `dead` (its retries were spent).
+   * (a delivery status carrying its key, or the provider's `confirm`), by the late outcome of the call
+   * itself (`via: "call"`: its lease looked lost during the call, after a stall or a clock step of the
+   * journal, and the call then succeeded) or by an operator who checked the chat (`markDelivered`,
+   * `via: "operator"`), or, when `confirm` said it never arrived, `failed` (sent again after its backoff)
+   * or `dead` (its retries were spent).
    */
   "durability:resolved": {
     key: string;
     chatId: string;
     state: "sent" | "failed" | "dead";
     messageId?: string;
-    via: "status" | "confirm" | "operator";
+    via: "status" | "confirm" | "call" | "operator";
   };
 }
 
@@ -1505,7 +1507,14 @@ export class DurabilityEngine {
         return failed.result;
       }
       settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
-      if (settled) this.#observer.replySent(entry.inboundId);
+      if (settled) {
+        this.#observer.replySent(entry.inboundId);
+        // Recorded late: the send had been taken for lost during the call and reported ambiguous (by a sweep
+        // of this process, or of another, which refused this lease's heartbeat); its outcome settles the alert.
+        if (lease.lost || this.#reported.has(`${key}#${lease.token}`)) {
+          this.#resolved({ key, chatId, state: "sent", messageId, via: "call" });
+        }
+      }
       this.#confirmed.delete(key);
       return { key, state: "sent", messageId };
     } catch (error) {

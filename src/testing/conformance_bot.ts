@@ -1030,6 +1030,7 @@ export function runBotConformance(options: BackendConformanceOptions): void {
           }),
         );
         const ambiguous = collect(bot, "durability:ambiguous");
+        const resolved = collect(bot, "durability:resolved");
         const warnings = collect(bot, "warning");
         let runs = 0;
         bot.when(ANY, async (ctx) => {
@@ -1050,6 +1051,11 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         // process died during the call, nobody else would); the call's outcome then resolved it to sent.
         // 'resend': it was re-leased to the process, which carried on under the new token: nothing to report.
         expect(ambiguous.length, `${policy}: reports`).toBe(policy === "hold" ? 1 : 0);
+        // The report is settled by the call's late outcome: no operator alert is left hanging.
+        expect(resolved, `${policy}: resolved`).toEqual(policy === "hold"
+          ? [{ key: `${id}:1`, chatId: entry!.chatId, state: "sent", messageId: provider.sent[0]!.messageId, via: "call" }]
+          : []);
+        expect(metricsOf(bot).outboxResolved).toBe(resolved.length);
         expect(warnings.filter((w) => w.code === "stale-lease")).toEqual([]);
         expect(metricsOf(bot).staleLeases).toBe(0);
         expect(metricsOf(bot).outboxAmbiguous).toBe(ambiguous.length);
