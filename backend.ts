@@ -57,6 +57,7 @@ export {
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
   callingOutbox,
+  checkAttempt,
   checkClaim,
   checkDamagedList,
   checkedJson,
@@ -90,6 +91,7 @@ export {
   replayedInbound,
   requeuedOutbox,
   sentOutbox,
+  startedInbound,
 } from "./src/rules.ts";
 export { describeJsonKind, storedInboundProblem, storedOutboxProblem } from "./src/stored_records.ts";
 export { type SessionStore, sessionEntry } from "./src/store.ts";

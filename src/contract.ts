@@ -258,11 +258,9 @@ export interface DamagedRecords {
 export interface InboxJournal extends DamagedRecords {
   /**
    * Journal a new inbound record: `pending`, or with `lease` already leased
-   * to the caller (`processing`, fencing token 1) so that no other
-   * instance takes it while it waits in the caller's per-chat queue. A leased
-   * record with no active record of its chat before it runs at once: its
-   * admission counts its first run (attempts 1); behind one (a backlog in the
-   * caller's queue) it has attempts 0, and its run is counted by `start`. With
+   * to the caller (`processing`, attempts 1: the run the caller makes of it,
+   * fencing token 1) so that no other instance takes it while it waits in the
+   * caller's per-chat queue. With
    * `lease`, the record is leased only when nothing of its chat comes first:
    * while an active record of its chat is held elsewhere (see `claimDue`) or
    * would be taken first by a due scan (pending, a retry that is due, a

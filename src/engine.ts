@@ -1511,7 +1511,7 @@ export class DurabilityEngine {
         this.#observer.replySent(entry.inboundId);
         // Recorded late: the send had been taken for lost during the call and reported ambiguous (by a sweep
         // of this process, or of another, which refused this lease's heartbeat); its outcome settles the alert.
-        if (lease.lost || this.#reported.has(`${key}#${lease.token}`)) {
+        if (!resend && (lease.lost || this.#reported.has(`${key}#${lease.token}`))) {
           this.#resolved({ key, chatId, state: "sent", messageId, via: "call" });
         }
       }

@@ -128,15 +128,13 @@ export function outboxDueAt(entry: OutboxEntry): number | null {
 }
 
 /**
- * A fresh inbox record, leased when `lease` is given. A leased record counts its first run (attempts 1)
- * unless `queued`: an active record of its chat comes before it, so it waits in the caller's queue and
- * its run is counted when it starts ({@link startedInbound}).
+ * A fresh inbox record, leased when `lease` is given. A leased record counts its first run (attempts 1):
+ * the caller runs it in its per-chat queue without another write.
  */
 export function newInboundRecord(
   input: NewInboundRecord,
   now: number,
   lease?: ClaimOptions,
-  queued = false,
 ): InboundRecord {
   return {
     id: input.id,
@@ -146,7 +144,7 @@ export function newInboundRecord(
     payload: input.payload,
     receivedAt: input.receivedAt,
     state: lease ? "processing" : "pending",
-    attempts: lease && !queued ? 1 : 0,
+    attempts: lease ? 1 : 0,
     nextAttemptAt: null,
     lease: lease ? newLease(lease, 1, now) : null,
     fence: lease ? 1 : 0,
@@ -177,15 +175,6 @@ export function claimedInbound<R extends LeasedLifecycle>(record: R, now: number
     fence: token,
     updatedAt: now,
   };
-}
-
-/**
- * Whether an admission leased to the caller waits behind its chat: an active record of the chat received
- * no later than it is there (the caller's own lease, or a retry not due yet). Its run is then counted
- * when it starts, not by the admission (see {@link newInboundRecord}).
- */
-export function queuesBehind(record: { state: InboundState }): boolean {
-  return ACTIVE_INBOX_STATES.includes(record.state);
 }
 
 /** `record` whose run `attempt` begins under its lease (`start`): attempts `max(attempts, attempt)`. */

@@ -97,10 +97,15 @@ async function killRun(mode: "polling" | "runner" | "webhook"): Promise<void> {
     await fake.until("every reply", () => {
       const got = replies();
       return texts.every((t) => got.has(`1 ${t}`) && got.has(`2 ${t}`));
-    }, 60_000).catch((error) => {
+    }, 60_000).catch(async (error) => {
       const got = replies();
       const missing = texts.filter((t) => !got.has(`1 ${t}`) || !got.has(`2 ${t}`));
-      throw new Error(`${error.message}: missing ${JSON.stringify(missing.map((t) => [t, inboundIds.get(t), got.has(`1 ${t}`), got.has(`2 ${t}`)]))}`);
+      const dead = runs.flatMap((r) => r.lines.all()).filter((l) => l.startsWith("dead ")).slice(0, 5);
+      last.child.kill("SIGKILL");
+      throw new Error(
+        `${error.message}: ${missing.length} missing, the first ${JSON.stringify(missing.slice(0, 10).map((t) => [t, inboundIds.get(t), got.has(`1 ${t}`), got.has(`2 ${t}`)]))}; ` +
+          `dead: ${JSON.stringify(dead)}; stderr of the last run: ${(await last.stderr.catch(() => "")).slice(-2000)}`,
+      );
     });
     await Bun.sleep(500); // a duplicate would come now
     last.child.kill("SIGTERM");

@@ -24,7 +24,6 @@ import {
   checkDamagedList,
   checkAttempt,
   claimedInbound,
-  queuesBehind,
   startedInbound,
   doneInbound,
   isInboxClaimable,
@@ -639,14 +638,11 @@ export class MemoryEventJournal implements LeasedEventJournal {
    * under `lease`: an active record of its key that comes before it (`createdAt` no later: the new record is
    * appended last) does not let it lease (see `admitsLeased`). One look at the key's active records.
    */
-  #heldAtAppend(channel: string | null, orderKey: string, createdAt: number, now: number, lease: ClaimOptions): "held" | "queued" | "clear" {
-    let order: "queued" | "clear" = "clear";
+  #heldAtAppend(channel: string | null, orderKey: string, createdAt: number, now: number, lease: ClaimOptions): boolean {
     for (const slot of this.#groups.get(channel)?.get(orderKey) ?? []) {
-      if (slot.record.createdAt > createdAt) continue;
-      if (!admitsLeased(slot.record, now, lease)) return "held";
-      if (queuesBehind(slot.record)) order = "queued";
+      if (slot.record.createdAt <= createdAt && !admitsLeased(slot.record, now, lease)) return true;
     }
-    return order;
+    return false;
   }
 
   /** The first (by `createdAt`, then append order) active record of a key that holds it back from `options`, or `null`. */
@@ -696,11 +692,9 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const now = this.#now();
     const createdAt = input.createdAt ?? now;
     // Leased only when nothing of its key comes first; otherwise journaled as an append without a lease.
-    // Leased behind an active record of its key, it waits in the caller's queue: its run is counted by `start`.
-    const order = lease !== undefined && input.orderKey !== null
-      ? this.#heldAtAppend(input.channel, input.orderKey, createdAt, now, lease)
-      : "clear";
-    if (order === "held") lease = undefined;
+    if (lease !== undefined && input.orderKey !== null && this.#heldAtAppend(input.channel, input.orderKey, createdAt, now, lease)) {
+      lease = undefined;
+    }
     const record: EventRecord = {
       id: input.id,
       channel: input.channel,
@@ -709,7 +703,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
       payload: input.payload,
       createdAt,
       state: lease ? "processing" : "pending",
-      attempts: lease && order === "clear" ? 1 : 0,
+      attempts: lease ? 1 : 0,
       nextAttemptAt: null,
       lease: lease ? newLease(lease, 1, now) : null,
       fence: lease ? 1 : 0,

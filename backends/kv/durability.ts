@@ -40,7 +40,6 @@ import {
   callingOutbox,
   checkAttempt,
   claimedInbound,
-  queuesBehind,
   startedInbound,
   claimedOutbox,
   cloneJson,
@@ -620,19 +619,16 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     listed: { entry: KvEntry; id: string }[],
     now: number,
     lease: ClaimOptions,
-  ): Promise<{ leased: boolean; queued: boolean }> {
-    let queued = false;
+  ): Promise<boolean> {
     for (let i = 0; i < listed.length; i += PAGE) {
       const page = await Promise.all(listed.slice(i, i + PAGE).map(({ entry, id }) => this.check(entry, id, now)));
       for (const cur of page) {
         if (!cur || cur.rec.chatId !== chatId || !ACTIVE_INBOX_STATES.includes(cur.rec.state)) continue;
         // The same receivedAt: the record already there came first.
-        if (cur.rec.receivedAt > receivedAt) continue;
-        if (!admitsLeased(cur.rec, now, lease)) return { leased: false, queued: true };
-        queued ||= queuesBehind(cur.rec);
+        if (cur.rec.receivedAt <= receivedAt && !admitsLeased(cur.rec, now, lease)) return false;
       }
     }
-    return { leased: true, queued };
+    return true;
   }
 
   async admit(record: NewInboundRecord, lease?: ClaimOptions): Promise<InboundRecord | null> {
@@ -644,10 +640,11 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
       this.kv.now(),
       lease === undefined ? null : this.#listedBefore(input.chatId, input.receivedAt),
     ]);
-    const order = lease !== undefined && listed !== null
-      ? await this.#admitsLeased(input.chatId, input.receivedAt, listed, now, lease)
-      : { leased: false, queued: false };
-    const written = await this.write(null, newInboundRecord(input, now, order.leased ? lease : undefined, order.queued), now, since);
+    const leased = lease !== undefined && listed !== null &&
+        await this.#admitsLeased(input.chatId, input.receivedAt, listed, now, lease)
+      ? lease
+      : undefined;
+    const written = await this.write(null, newInboundRecord(input, now, leased), now, since);
     return written ? cloneJson(written.rec) : null;
   }
 

@@ -28,7 +28,6 @@ import {
   checkOutcome,
   checkAttempt,
   claimedInbound,
-  queuesBehind,
   startedInbound,
   doneInbound,
   extendedLease,
@@ -161,11 +160,9 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
     if (this.#slots.has(input.id) || this.#aside.has(input.id)) return null;
     const now = this.#now();
     // Only what comes before it counts: the active records of its chat received no later (it is admitted last).
-    const before = lease === undefined
-      ? []
-      : (this.#chats.get(input.chatId) ?? []).filter((slot) => slot.record.receivedAt <= input.receivedAt);
-    const held = before.some((slot) => !admitsLeased(slot.record, now, lease!));
-    const next = newInboundRecord(input, now, held ? undefined : lease, before.some((slot) => queuesBehind(slot.record)));
+    const held = lease !== undefined &&
+      (this.#chats.get(input.chatId) ?? []).some((slot) => slot.record.receivedAt <= input.receivedAt && !admitsLeased(slot.record, now, lease));
+    const next = newInboundRecord(input, now, held ? undefined : lease);
     this.#store(next);
     return copy(next);
   }

@@ -458,11 +458,6 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
             OR (b.state = 'processing'
               AND (b.lease_expires_at > n.now AND b.lease_owner = ${owner} AND b.lease_incarnation = ${inc}) IS NOT TRUE))
         OFFSET 0)`;
-  // An admission leased behind an active record of its chat (received no later) waits in the caller's queue: its
-  // run is counted when it starts (queuesBehind of rules.ts), not by the admission.
-  const queued = (chat: string, at: string) => `EXISTS (
-        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = ${chat} AND b.state IN (${ACTIVE}) AND b.${KEPT} AND b.received_at <= ${at}
-        OFFSET 0)`;
   return {
     // One statement: the insert, leased when $7 is true and no active record of its chat comes first (see
     // heldBack), or nothing when the id is known. The check (a subplan inside CASE) runs only when $7 is true, and
@@ -472,7 +467,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
       SELECT $1, $2, $3::text, $4, $5, $6::double precision,
         CASE WHEN g.leased THEN 'processing' ELSE 'pending' END,
-        CASE WHEN g.leased AND NOT g.queued THEN 1 ELSE 0 END,
+        CASE WHEN g.leased THEN 1 ELSE 0 END,
         NULL,
         CASE WHEN g.leased THEN $8::text END,
         CASE WHEN g.leased THEN $9::text END,
@@ -482,8 +477,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         NULL, n.now,
         CASE WHEN g.leased THEN n.now + $10::bigint ELSE 0 END
       FROM n, (
-        SELECT CASE WHEN $7::boolean THEN NOT ${heldBack("$3::text", "$6::double precision", "$8::text", "$9::text")} ELSE false END AS leased,
-          CASE WHEN $7::boolean THEN ${queued("$3::text", "$6::double precision")} ELSE true END AS queued
+        SELECT CASE WHEN $7::boolean THEN NOT ${heldBack("$3::text", "$6::double precision", "$8::text", "$9::text")} ELSE false END AS leased
         FROM n OFFSET 0
       ) g
       ON CONFLICT (id) DO NOTHING
@@ -503,7 +497,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         next_attempt_at, lease_owner, lease_incarnation, lease_token, lease_expires_at, fence, error, updated_at, due_at)
       SELECT g.id, g.kind, g.chat_id, g.provider, g.payload, g.received_at,
         CASE WHEN g.ok THEN 'processing' ELSE 'pending' END,
-        CASE WHEN g.ok AND NOT g.queued THEN 1 ELSE 0 END,
+        CASE WHEN g.ok THEN 1 ELSE 0 END,
         NULL,
         CASE WHEN g.ok THEN g.owner END,
         CASE WHEN g.ok THEN g.inc END,
@@ -520,14 +514,11 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
                 AND NOT (v.leased AND v.lease_ms > 0 AND v.owner = w.owner AND v.inc = w.inc)
                 AND NOT EXISTS (SELECT 1 FROM ${t.inbox} x WHERE x.id = v.id)) THEN false
             ELSE NOT ${heldBack("w.chat_id", "w.received_at", "w.owner", "w.inc")}
-          END AS ok,
-          -- Behind an earlier row of its chat in this statement, or an active record of it: counted when it starts.
-          (w.earlier OR ${queued("w.chat_id", "w.received_at")}) AS queued
+          END AS ok
         FROM n, (
           SELECT u.*, COALESCE(bool_or(NOT (u.leased AND u.lease_ms > 0)) OVER e
             OR min(u.owner) OVER e <> u.owner OR max(u.owner) OVER e <> u.owner
-            OR min(u.inc) OVER e <> u.inc OR max(u.inc) OVER e <> u.inc, false) AS mixed,
-            count(*) OVER e > 0 AS earlier
+            OR min(u.inc) OVER e <> u.inc OR max(u.inc) OVER e <> u.inc, false) AS mixed
           FROM u WINDOW e AS (PARTITION BY u.chat_id ORDER BY u.received_at, u.i ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
         ) w
         OFFSET 0

@@ -36,7 +36,7 @@ export class RedisInbox implements InboxJournal {
     const rec = checkNewInbound(input);
     if (lease !== undefined) checkClaim(lease, "inbox.admit");
     const payload = JSON.stringify(rec.payload);
-    const [status, state, updatedAt, leaseExp, attempts] = strings(
+    const [status, state, updatedAt, leaseExp] = strings(
       await this.#r.run("inAdmit", [
         rec.id,
         rec.kind,
@@ -59,7 +59,7 @@ export class RedisInbox implements InboxJournal {
       payload: JSON.parse(payload) as JsonValue,
       receivedAt: rec.receivedAt,
       state: leased ? "processing" : "pending",
-      attempts: leased && attempts !== "0" ? 1 : 0,
+      attempts: leased ? 1 : 0,
       nextAttemptAt: null,
       lease: leased ? { owner: lease!.owner, incarnation: lease!.incarnation, token: 1, expiresAt: Number(leaseExp) } : null,
       fence: leased ? 1 : 0,

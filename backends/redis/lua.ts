@@ -754,7 +754,7 @@ export const SCRIPTS: { readonly [K in ScriptName]: LuaScript } = {
   // ---- inbox ----------------------------------------------------------------
   /**
    * ARGV: P, id, kind, chatId, provider, payload, receivedAt, leased(0|1), owner, inc, leaseMs
-   * → ['ok', state, updatedAt, leaseExp or '', attempts] or ['exists'].
+   * → ['ok', state, updatedAt, leaseExp or ''] or ['exists'].
    * Leased, the record is leased only when every active record of its chat that comes first
    * (in:act:<chat> up to its receivedAt: the new one is admitted last, so equal scores come first) admits
    * it (in_admits); the walk stops at the first that does not, and the record is admitted pending.
@@ -766,7 +766,6 @@ if redis.call('EXISTS', key) == 1 then return cjson.encode({'exists'}) end
 local now = now_ms()
 local chat = ARGV[4]
 local leased = ARGV[8] == '1'
-local queued = false
 if leased then
   local o, akey, pos = opts(9), act_key(chat), 0
   while leased do
@@ -782,7 +781,6 @@ if leased then
         redis.call('ZREM', akey, om) -- set aside, or a stale entry: the later ones move up a rank
       elseif h.own or in_admits(h, now, o) then
         pos = pos + 1
-        queued = true -- leased behind an active record of its chat: its run is counted when it starts
       else
         leased = false
         break
@@ -796,12 +794,12 @@ local h = {_key = key, id = id, kind = ARGV[3], chatId = chat, provider = ARGV[5
   receivedAt = ARGV[7], state = 'pending', attempts = '0', fence = '0', updatedAt = n2s(now),
   om = string.format('%016d', ord) .. id}
 if leased then
-  h.state = 'processing'; h.attempts = queued and '0' or '1'; h.fence = '1'; lease(h, opts(9), 1, now)
+  h.state = 'processing'; h.attempts = '1'; h.fence = '1'; lease(h, opts(9), 1, now)
 end
 in_write(h)
 redis.call('ZADD', P .. 'in:chat:' .. h.chatId, h.receivedAt, h.om)
 -- the caller has every other field: no copy of the record in the reply (nor under the request key)
-return cjson.encode({'ok', h.state, h.updatedAt, h.leaseExp or '', h.attempts})
+return cjson.encode({'ok', h.state, h.updatedAt, h.leaseExp or ''})
 `, true),
   /** ARGV: P, id, owner, inc, leaseMs, reclaim */
   inClaim: script("inbox.claim", [INBOX], `

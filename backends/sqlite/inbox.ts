@@ -72,8 +72,6 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #damaged: DamagedRows<InboundRecord>;
   /** The statements of `#comesFirst`: whether any row matches, the first from the chat's start, the next after a row. */
   readonly #comesFirstSql: readonly [string, string, string];
-  /** Whether any active record of a chat was received no later (a leased admission then waits behind it: `queuesBehind`). */
-  readonly #queuedSql: string;
 
   constructor(gate: Gate) {
     this.#gate = gate;
@@ -94,8 +92,6 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
       comesFirstSql(this.#t, ""),
       comesFirstSql(this.#t, " AND (received_at, ord) > (?, ?)"),
     ];
-    this.#queuedSql = `SELECT 1 AS x FROM ${this.#t} INDEXED BY ${this.#t}_chat_active
-      WHERE chat_id = ? AND state IN (${ACTIVE_SQL}) AND set_aside_seq IS NULL AND received_at <= ? LIMIT 1`;
   }
 
   /** In a write: the record of `id`, or `null` when there is none or it is damaged (set aside, now if not yet). */
@@ -176,10 +172,8 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
     const payload = JSON.stringify(input.payload);
     const c = await this.#gate.ready();
     return c.write((now) => {
-      // No active record of the chat before it (the usual case): one probe, and it is leased as its first run.
-      const queued = lease !== undefined && c.stmt(this.#queuedSql).get(input.chatId, input.receivedAt) !== undefined;
-      const held = queued && this.#comesFirst(c, input, now, lease!);
-      const next = newInboundRecord(input, now, held ? undefined : lease, queued);
+      const held = lease !== undefined && this.#comesFirst(c, input, now, lease);
+      const next = newInboundRecord(input, now, held ? undefined : lease);
       const { changes } = c.stmt(
         this.#sql.insert,
       ).run(

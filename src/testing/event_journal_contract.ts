@@ -431,8 +431,8 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         const key = uid("key");
         const held = await appended(j, keyed(key, 1_000), x);
         const own = await appended(j, keyed(key, 2_000), x);
-        expect([own.state, own.lease?.owner, own.attempts, own.fence], "the caller's own live lease holds nothing back (it waits behind it: no run yet)")
-          .toEqual(["processing", "owner-x", 0, 1]);
+        expect([own.state, own.lease?.owner, own.attempts, own.fence], "the caller's own live lease holds nothing back")
+          .toEqual(["processing", "owner-x", 1, 1]);
         const behind = await appended(j, keyed(key, 3_000), claimer("owner-y"));
         expect([behind.state, behind.lease, behind.attempts, behind.fence], "behind another owner's lease: pending")
           .toEqual(["pending", null, 0, 0]);
