@@ -424,6 +424,7 @@ export const INBOX_JOURNAL_METHODS: readonly (keyof InboxJournal)[] = [
   "admit",
   "claim",
   "claimDue",
+  "start",
   "heartbeat",
   "complete",
   "fail",
