@@ -13,9 +13,11 @@ export async function fill(backend: DurabilityBackend): Promise<void> {
   await admit("in-pending", t - 120_000);
   await admit("in-dead", t - 60_000);
   const dead = await backend.inbox.claim("in-dead", OWNER);
+  await backend.inbox.start("in-dead", dead!.lease!.token, 1); // its handler ran once, as the bot journals it
   await backend.inbox.fail("in-dead", dead!.lease!.token, { error: 'Handler "boom" failed\nat line 2', dead: true });
   await admit("in-done", t - 30_000);
   const done = await backend.inbox.claim("in-done", OWNER);
+  await backend.inbox.start("in-done", done!.lease!.token, 1);
   await backend.inbox.complete("in-done", done!.lease!.token);
 
   const reserve = (key: string, chatId: string) =>
