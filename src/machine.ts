@@ -320,3 +320,33 @@ function noteOf(t: StateTraits): string {
   const flags = (["leased", "blocksChat", "settled", "acceptsLateOutcome"] as const).filter((f) => t[f]);
   return [due, ...flags].filter((x) => x !== "").join(", ") || "-";
 }
+
+/** `column <> 'a'` or `column NOT IN ('a', 'b')`. */
+export function sqlNotIn(column: string, states: readonly string[]): string {
+  return states.length === 1 ? `${column} <> '${states[0]}'` : `${column} NOT IN (${sqlStates(states)})`;
+}
+
+const DUE_ORDER: readonly DueBy[] = ["always", "nextAttemptAt", "leaseExpiry", "never"];
+
+/**
+ * An SQL condition over the states of `table` by when they are due: for each
+ * kind of {@link DueBy} in `when` (in the order always, nextAttemptAt,
+ * leaseExpiry, never), its states, and its condition when one is given (`""`:
+ * none), joined by OR. E.g. claimable: `{ always: "", nextAttemptAt: "… <= now",
+ * leaseExpiry: "<lease abandoned>" }`.
+ */
+export function sqlByDue<S extends string>(
+  table: StateTable<S>,
+  column: string,
+  when: { readonly [D in DueBy]?: string },
+): string {
+  const terms: string[] = [];
+  for (const due of DUE_ORDER) {
+    const condition = when[due];
+    const states = statesDueBy(table, due);
+    if (condition === undefined || states.length === 0) continue;
+    terms.push(condition === "" ? sqlIn(column, states) : `(${sqlIn(column, states)} AND ${condition})`);
+  }
+  if (terms.length === 0) throw new Error("sqlByDue needs at least one kind of due with states");
+  return `(${terms.join(" OR ")})`;
+}
