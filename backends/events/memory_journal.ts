@@ -667,7 +667,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
   /** The slot of a `processing` record whose lease carries `token`, or `null`. */
   #held(id: string, token: number): Slot | null {
     const slot = this.#slots.get(id);
-    if (!slot || slot.damage || slot.record.state !== "processing" || !holdsLease(slot.record.lease, token)) return null;
+    if (!slot || slot.damage || !INBOX[slot.record.state].leased || !holdsLease(slot.record.lease, token)) return null;
     return slot;
   }
 

@@ -237,7 +237,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
         return existing === null || existing instanceof Damage ? DAMAGED : { status: "exists", entry: existing };
       }
       const entry: OutboxEntry = { ...draft, seq: num(row.seq) }; // its content is the checked copy
-      return { status: entry.state === "sending" ? "leased" : "queued", entry };
+      return { status: OUTBOX[entry.state].leased ? "leased" : "queued", entry };
     }, true);
   }
 
