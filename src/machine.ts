@@ -102,6 +102,11 @@ export const OUTBOX: StateTable<OutboxStateName> = {
   },
 };
 
+/** The traits of `state` in `table`, or `undefined` when it is not one of its states (a damaged record's). */
+export function traitsOf<S extends string>(table: StateTable<S>, state: string): StateTraits | undefined {
+  return Object.prototype.hasOwnProperty.call(table, state) ? table[state as S] : undefined;
+}
+
 /** The states of `table`, in table order, that have `flag` (or, given a predicate, pass it). */
 export function statesWhere<S extends string>(
   table: StateTable<S>,
