@@ -284,13 +284,6 @@ export function luaSet(states: readonly string[]): string {
   return states.map((s) => `${s} = true`).join(", ");
 }
 
-/** `(x == 'a' or x == 'b')`: whether the Lua expression `expr` is one of `states`. */
-export function luaIs(expr: string, states: readonly string[]): string {
-  if (states.length === 0) return "false";
-  const parts = states.map((s) => `${expr} == '${s}'`);
-  return parts.length === 1 ? parts[0]! : `(${parts.join(" or ")})`;
-}
-
 /**
  * The Mermaid `stateDiagram-v2` of `machine`: one arrow per operation and
  * from-state (operations of one pair on one arrow), `[*]` for creation and deletion.

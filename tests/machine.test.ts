@@ -7,7 +7,7 @@ import {
   INBOX,
   INBOX_MACHINE,
   INBOX_STATES,
-  luaIs,
+  luaSet,
   mermaidDiagram,
   OUTBOX,
   OUTBOX_MACHINE,
@@ -60,7 +60,7 @@ test("the renderings: SQL lists and conditions, Lua tests", () => {
   expect(sqlIn("s", ["a"])).toBe("s = 'a'");
   expect(sqlIn("s", ["a", "b"])).toBe("s IN ('a', 'b')");
   expect(sqlNotIn("s", ["a"])).toBe("s <> 'a'");
-  expect(luaIs("x", ["a", "b"])).toBe("(x == 'a' or x == 'b')");
+  expect(luaSet(["a", "b"])).toBe("a = true, b = true");
   expect(sqlByDue(INBOX, "r.state", { always: "", nextAttemptAt: "N", leaseExpiry: "L" }))
     .toBe("(r.state = 'pending' OR (r.state = 'failed' AND N) OR (r.state = 'processing' AND L))");
   expect(statesWhere(OUTBOX, "blocksChat")).toEqual(["queued", "sending", "failed"]);
