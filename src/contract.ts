@@ -21,6 +21,8 @@
  * @module
  */
 
+import type { InboxStateName, OutboxStateName } from "./machine.ts";
+
 /** A JSON value as stored in a journal. */
 export type JsonValue =
   | string
@@ -38,7 +40,7 @@ export type InboundKind = "message" | "interaction";
  * `pending` admitted, not yet claimed; `processing` leased to an instance;
  * `failed` the handler threw, retried at `nextAttemptAt`; `done`; `dead` (inbound DLQ).
  */
-export type InboundState = "pending" | "processing" | "failed" | "done" | "dead";
+export type InboundState = InboxStateName;
 
 /**
  * Outbox entry states.
@@ -55,7 +57,7 @@ export type InboundState = "pending" | "processing" | "failed" | "done" | "dead"
  * token). An `unknown` entry does not block its chat; resolved to `failed` it
  * blocks it again.
  */
-export type OutboxState = "queued" | "sending" | "sent" | "failed" | "dead" | "unknown";
+export type OutboxState = OutboxStateName;
 
 /** The lease an instance holds on a record while it works on it. */
 export interface Lease {

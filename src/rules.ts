@@ -1,7 +1,8 @@
 /**
  * The state rules of the contract as pure functions, shared by backends that
- * keep records as objects (memory, the generic kv, file). SQL and Lua backends
- * restate them in their own language; the conformance suite keeps them equal.
+ * keep records as objects (memory, the generic kv, file). The state sets and
+ * preconditions come from the state table (`machine.ts`), as do the state lists
+ * of the SQL and Lua backends; the conformance suite keeps them equal.
  *
  * @module
  */
@@ -19,13 +20,14 @@ import type {
   OutboxEntry,
   OutboxState,
 } from "./contract.ts";
+import { type DueBy, INBOX, OUTBOX, statesWhere } from "./machine.ts";
 import { showValue } from "./show.ts";
 import { checkWellFormed } from "./well_formed.ts";
 
 /** Outbox states that hold back later sends of the same chat. */
-export const BLOCKING_OUTBOX_STATES: readonly OutboxState[] = ["queued", "sending", "failed"];
+export const BLOCKING_OUTBOX_STATES: readonly OutboxState[] = statesWhere(OUTBOX, "blocksChat");
 /** Inbox states that are still to be worked on. */
-export const ACTIVE_INBOX_STATES: readonly InboundState[] = ["pending", "processing", "failed"];
+export const ACTIVE_INBOX_STATES: readonly InboundState[] = statesWhere(INBOX, "active");
 
 /** A new lease for `options` with fencing token `token`, at backend time `now`. */
 export function newLease(options: ClaimOptions, token: number, now: number): Lease {
@@ -50,12 +52,12 @@ export function isInboxClaimable(
   now: number,
   options: ClaimOptions,
 ): boolean {
-  switch (record.state) {
-    case "pending":
+  switch (INBOX[record.state]?.due) {
+    case "always":
       return true;
-    case "failed":
+    case "nextAttemptAt":
       return (record.nextAttemptAt ?? 0) <= now;
-    case "processing":
+    case "leaseExpiry":
       return isLeaseAbandoned(record.lease, now, options);
     default:
       return false;
@@ -72,7 +74,7 @@ export function holdsChat(
   now: number,
   options: ClaimOptions,
 ): boolean {
-  if (record.state !== "processing" || record.lease === null) return false;
+  if (INBOX[record.state]?.leased !== true || record.lease === null) return false;
   if (record.lease.owner === options.owner && record.lease.incarnation === options.incarnation) return false;
   return !isLeaseAbandoned(record.lease, now, options);
 }
@@ -87,13 +89,13 @@ export function admitsLeased(
   now: number,
   options: ClaimOptions,
 ): boolean {
-  switch (record.state) {
-    case "failed":
+  switch (INBOX[record.state]?.due ?? "never") {
+    case "nextAttemptAt":
       return (record.nextAttemptAt ?? 0) > now;
-    case "processing":
+    case "leaseExpiry":
       return record.lease !== null && record.lease.expiresAt > now &&
         record.lease.owner === options.owner && record.lease.incarnation === options.incarnation;
-    case "pending":
+    case "always":
       return false;
     default:
       return true;
@@ -102,12 +104,16 @@ export function admitsLeased(
 
 /** When an active inbox record next becomes claimable by a due scan (`null`: never by time). */
 export function inboxDueAt(record: InboundRecord): number | null {
-  switch (record.state) {
-    case "pending":
+  return dueAt(INBOX[record.state]?.due, record);
+}
+
+function dueAt(due: DueBy | undefined, record: { nextAttemptAt: number | null; lease: Lease | null }): number | null {
+  switch (due) {
+    case "always":
       return 0; // always due, whatever the admitting replica's clock said
-    case "failed":
+    case "nextAttemptAt":
       return record.nextAttemptAt ?? 0;
-    case "processing":
+    case "leaseExpiry":
       return record.lease ? record.lease.expiresAt : 0;
     default:
       return null;
@@ -116,15 +122,7 @@ export function inboxDueAt(record: InboundRecord): number | null {
 
 /** When an outbox entry next needs the worker (`null`: settled, or held by a live lease forever). */
 export function outboxDueAt(entry: OutboxEntry): number | null {
-  switch (entry.state) {
-    case "queued":
-    case "failed":
-      return entry.nextAttemptAt ?? 0;
-    case "sending":
-      return entry.lease ? entry.lease.expiresAt : 0;
-    default:
-      return null;
-  }
+  return dueAt(OUTBOX[entry.state]?.due, entry);
 }
 
 /**
@@ -353,7 +351,9 @@ export function isLeasedWith(
   record: { state: InboundState | OutboxState; lease: Lease | null },
   token: number,
 ): boolean {
-  return (record.state === "processing" || record.state === "sending") && holdsLease(record.lease, token);
+  const traits = (INBOX as Record<string, { leased: boolean } | undefined>)[record.state] ??
+    (OUTBOX as Record<string, { leased: boolean } | undefined>)[record.state];
+  return traits?.leased === true && holdsLease(record.lease, token);
 }
 
 /**
@@ -368,8 +368,9 @@ export function acceptsOutcome(
   entry: { state: OutboxState; lease: Lease | null; fence: number },
   token: number,
 ): boolean {
-  if (entry.state === "unknown") return entry.fence === token;
-  return entry.state === "sending" && holdsLease(entry.lease, token);
+  const traits = OUTBOX[entry.state];
+  if (traits?.acceptsLateOutcome) return entry.fence === token;
+  return traits?.leased === true && holdsLease(entry.lease, token);
 }
 
 /** `record` with its lease extended by `leaseMs` from backend time `now`. */
@@ -389,13 +390,13 @@ export function sentOutbox(entry: OutboxEntry, messageId: string, now: number): 
 
 /** `record` made `pending` again by an operator (attempts reset), or `null` when it is not done, failed or dead. */
 export function replayedInbound<R extends LeasedLifecycle>(record: R, now: number): R | null {
-  if (record.state !== "done" && record.state !== "failed" && record.state !== "dead") return null;
+  if (INBOX[record.state]?.retryable !== true) return null;
   return { ...record, state: "pending", attempts: 0, nextAttemptAt: null, lease: null, error: null, updatedAt: now };
 }
 
 /** `entry` queued again by an operator (due now, attempts reset), or `null` when it is not dead, failed or unknown. */
 export function requeuedOutbox(entry: OutboxEntry, now: number): OutboxEntry | null {
-  if (entry.state !== "dead" && entry.state !== "failed" && entry.state !== "unknown") return null;
+  if (OUTBOX[entry.state]?.retryable !== true) return null;
   return { ...entry, state: "queued", nextAttemptAt: now, attempts: 0, lease: null, updatedAt: now };
 }
 

@@ -5,6 +5,7 @@
  * @module
  */
 import type { InboundRecord, JsonValue, OutboxEntry } from "./contract.ts";
+import { INBOX, INBOX_STATES, OUTBOX, OUTBOX_STATES } from "./machine.ts";
 import { showValue as show } from "./show.ts";
 
 /**
@@ -48,7 +49,7 @@ const INBOUND_FIELDS: readonly (readonly [string, FieldCheck])[] = [
   ["provider", str],
   ["payload", json],
   ["receivedAt", time],
-  ["state", oneOf(["pending", "processing", "failed", "done", "dead"])],
+  ["state", oneOf(INBOX_STATES)],
   ["attempts", count],
   ["nextAttemptAt", timeOrNull],
   ["lease", lease],
@@ -63,7 +64,7 @@ const OUTBOUND_FIELDS: readonly (readonly [string, FieldCheck])[] = [
   ["content", json],
   ["contentHash", str],
   ["inboundId", strOrNull],
-  ["state", oneOf(["queued", "sending", "sent", "failed", "dead", "unknown"])],
+  ["state", oneOf(OUTBOX_STATES)],
   ["attempts", count],
   ["nextAttemptAt", timeOrNull],
   ["lease", lease],
@@ -101,9 +102,9 @@ export function storedInboundProblem(value: unknown): string | null {
   const problem = checkFields(value, INBOUND_FIELDS);
   if (problem) return problem;
   const r = value as InboundRecord;
-  if ((r.state === "processing") !== (r.lease !== null)) {
+  if (INBOX[r.state].leased !== (r.lease !== null)) {
     return r.lease === null
-      ? `field "lease" must be a lease object in state "processing", got null`
+      ? `field "lease" must be a lease object in state ${JSON.stringify(r.state)}, got null`
       : `field "lease" must be null in state ${JSON.stringify(r.state)}`;
   }
   if (r.lease !== null && r.lease.token > r.fence) return `field "fence" (${r.fence}) is below the lease token ${r.lease.token}`;
@@ -120,9 +121,9 @@ export function storedOutboxProblem(value: unknown): string | null {
   const problem = checkFields(value, OUTBOUND_FIELDS);
   if (problem) return problem;
   const e = value as OutboxEntry;
-  if ((e.state === "sending") !== (e.lease !== null)) {
+  if (OUTBOX[e.state].leased !== (e.lease !== null)) {
     return e.lease === null
-      ? `field "lease" must be a lease object in state "sending", got null`
+      ? `field "lease" must be a lease object in state ${JSON.stringify(e.state)}, got null`
       : `field "lease" must be null in state ${JSON.stringify(e.state)}`;
   }
   if (e.lease !== null && e.lease.token > e.fence) return `field "fence" (${e.fence}) is below the lease token ${e.lease.token}`;

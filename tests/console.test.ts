@@ -498,7 +498,7 @@ describe("console: protocol, options and adapters", () => {
     const retry = await get(handler, `/outbound/retry?id=${enc(sent.key)}`);
     expect(retry.status).toBe(409);
     const text = await retry.text();
-    expect(text).toContain("The record is sent; retry needs one of: dead, failed, unknown.");
+    expect(text).toContain("The record is sent; retry needs one of: failed, dead, unknown.");
     expect(text).not.toContain("<form method=\"post\"");
     expect((await get(handler, `/outbound/retry?id=missing`)).status).toBe(404);
   });

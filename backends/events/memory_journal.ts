@@ -39,6 +39,7 @@ import {
   holdsLease,
   newLease,
 } from "../../src/rules.ts";
+import { INBOX, INBOX_STATES } from "../../src/machine.ts";
 import { showValue as show } from "../../src/show.ts";
 import { describeJsonKind, storedOutboxProblem } from "../../src/stored_records.ts";
 import { MemoryDurability } from "../memory/durability.ts";
@@ -155,11 +156,11 @@ interface Slot {
   damage: Damage | null;
 }
 
-const EVENT_STATES: readonly EventState[] = ["pending", "processing", "failed", "done", "dead"];
+const EVENT_STATES: readonly EventState[] = INBOX_STATES;
 
 /** Whether `state` is still to be worked on (kept in the active index). */
 function isActive(state: EventState): boolean {
-  return state === "pending" || state === "processing" || state === "failed";
+  return INBOX[state].active;
 }
 
 
@@ -258,7 +259,7 @@ function storedEventProblem(value: unknown): string | null {
   if (r.error !== null && r.error !== undefined && typeof r.error !== "string") {
     return `field "error" must be a string or null, got ${describeJsonKind(r.error)}`;
   }
-  if (r.state === "processing" && (r.lease === null || r.lease === undefined)) return `field "lease" is missing: a processing event must have a lease`;
+  if (INBOX[r.state as EventState].leased && (r.lease === null || r.lease === undefined)) return `field "lease" is missing: a ${r.state} event must have a lease`;
   const lease = r.lease === null || r.lease === undefined ? null : leaseProblem(r.lease);
   if (lease !== null) return `field "lease" ${lease}`;
   return null;
@@ -602,7 +603,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
   #index(slot: Slot): void {
     if (slot.damage) return;
     const { state, channel, orderKey } = slot.record;
-    const index = isActive(state) ? this.#active : state === "done" ? this.#done : null;
+    const index = isActive(state) ? this.#active : INBOX[state].purgeable ? this.#done : null;
     if (!index) return;
     let set = index.get(channel);
     if (!set) index.set(channel, set = new Set());
@@ -618,7 +619,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
   #unindex(slot: Slot): void {
     if (slot.damage) return;
     const { state, channel, orderKey } = slot.record;
-    const index = isActive(state) ? this.#active : state === "done" ? this.#done : null;
+    const index = isActive(state) ? this.#active : INBOX[state].purgeable ? this.#done : null;
     const set = index?.get(channel);
     if (!set) return;
     set.delete(slot);
@@ -668,7 +669,7 @@ export class MemoryEventJournal implements LeasedEventJournal {
   /** The slot of a `processing` record whose lease carries `token`, or `null`. */
   #held(id: string, token: number): Slot | null {
     const slot = this.#slots.get(id);
-    if (!slot || slot.damage || slot.record.state !== "processing" || !holdsLease(slot.record.lease, token)) return null;
+    if (!slot || slot.damage || !INBOX[slot.record.state].leased || !holdsLease(slot.record.lease, token)) return null;
     return slot;
   }
 

@@ -69,6 +69,7 @@ import {
   sentOutbox,
   checkDamagedList,
 } from "../../src/rules.ts";
+import { INBOX, OUTBOX, theState, traitsOf } from "../../src/machine.ts";
 import { describeJsonKind, storedInboundProblem, storedOutboxProblem, withStoredCalled } from "../../src/stored_records.ts";
 
 /** Options of {@link KvDurability}. */
@@ -551,7 +552,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
 
   protected hintsFor(rec: InboundRecord): string[] {
     const id = esc(rec.id);
-    const time = rec.state === "done" ? rec.updatedAt : rec.receivedAt;
+    const time = INBOX[rec.state].purgeable ? rec.updatedAt : rec.receivedAt;
     const hints = [`${this.statePrefix}${rec.state}/${pad(time)}/${id}`];
     const dueAt = inboxDueAt(rec);
     if (dueAt !== null) hints.push(`${this.duePrefix}${pad(dueAt)}/${pad(rec.receivedAt)}/${rec.state}/${id}`);
@@ -663,7 +664,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     if (!(options.limit > 0)) return [];
     const now = await this.kv.now();
-    const hints = await this.dueHints(now, options.reclaimOwn === true, "processing");
+    const hints = await this.dueHints(now, options.reclaimOwn === true, theState(INBOX, "leased"));
     const chats = new Map<string, ChatTurn>();
     const out: InboundRecord[] = [];
     const claim = (rec: InboundRecord, at: number) =>
@@ -743,7 +744,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   list(options?: ListOptions<InboundState>): Promise<InboundRecord[]> {
-    return this.listRecords(normalizeList(options), byArrival, (state) => state !== "done");
+    return this.listRecords(normalizeList(options), byArrival, (state) => traitsOf(INBOX, state)?.purgeable !== true);
   }
 
   async replay(id: string): Promise<boolean> {
@@ -754,7 +755,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   }
 
   purge(olderThanMs: number): Promise<number> {
-    return this.purgeState("done", olderThanMs);
+    return this.purgeState(theState(INBOX, "purgeable"), olderThanMs);
   }
 }
 
@@ -808,7 +809,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
 
   protected hintsFor(entry: OutboxEntry): string[] {
     const key = esc(entry.key);
-    const time = entry.state === "sent" ? entry.updatedAt : entry.seq;
+    const time = OUTBOX[entry.state].purgeable ? entry.updatedAt : entry.seq;
     const hints = [`${this.statePrefix}${entry.state}/${pad(time)}/${key}`];
     const dueAt = outboxDueAt(entry);
     if (dueAt !== null) {
@@ -897,9 +898,9 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     const ambiguous: OutboxEntry[] = [];
     const resend = options.resendAmbiguous === true;
     const now = await this.kv.now();
-    const hints = await this.dueHints(now, options.reclaimOwn === true, "sending");
+    const hints = await this.dueHints(now, options.reclaimOwn === true, theState(OUTBOX, "leased"));
     const lost = (rec: OutboxEntry, at: number): boolean =>
-      rec.state === "sending" && isLeaseAbandoned(rec.lease, at, options);
+      OUTBOX[rec.state].due === "leaseExpiry" && isLeaseAbandoned(rec.lease, at, options);
 
     // (1) Abandoned `sending` entries, each resolved exactly once (the CAS decides): one whose call
     // was never announced is leased again as due work; an announced one becomes `unknown`, or with
@@ -911,7 +912,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       return due.length < options.limit ? claimedOutbox(rec, at, options) : null;
     };
     for (const hint of hints) {
-      if (hint.state !== "sending") continue;
+      if (traitsOf(OUTBOX, hint.state)?.due !== "leaseExpiry") continue;
       if (resend && due.length >= options.limit) break; // every lost entry would be leased: none fits
       const cur = await this.check(hint.entry, hint.id, now);
       if (!cur || resolved(cur.rec, now) === null) continue;
@@ -929,18 +930,18 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     const seen = new Set<string>(); // chats whose first due entry was looked at
     for (const hint of hints) {
       if (due.length >= options.limit) break;
-      if (hint.state !== "queued" && hint.state !== "failed") continue;
+      if (traitsOf(OUTBOX, hint.state)?.due !== "nextAttemptAt") continue;
       if (hint.chatId !== null && seen.has(hint.chatId)) continue;
       const cur = await this.check(hint.entry, hint.id, now);
       if (!cur) continue;
       const entry = cur.rec;
-      if ((entry.state !== "queued" && entry.state !== "failed") || (entry.nextAttemptAt ?? 0) > now) continue;
+      if (OUTBOX[entry.state].due !== "nextAttemptAt" || (entry.nextAttemptAt ?? 0) > now) continue;
       seen.add(entry.chatId);
       if (await this.#chatBlocked(entry.chatId, entry.seq, now)) continue;
       const { written } = await this.mutate(
         hint.id,
         (rec, at) =>
-          (rec.state === "queued" || rec.state === "failed") && (rec.nextAttemptAt ?? 0) <= at
+          OUTBOX[rec.state].due === "nextAttemptAt" && (rec.nextAttemptAt ?? 0) <= at
             ? claimedOutbox(rec, at, options)
             : null,
         { cur, now },
@@ -998,7 +999,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     return this.listRecords(
       normalizeList(options),
       (a, b) => a.seq - b.seq || compareStrings(a.key, b.key),
-      (state) => state !== "sent",
+      (state) => traitsOf(OUTBOX, state)?.purgeable !== true,
     );
   }
 
@@ -1013,7 +1014,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
     checkId(key, `outbox.discard: "key"`);
     for (let race = 0;; race++) {
       const cur = await this.load(key);
-      if (!cur || cur.rec.state === "sending") return false;
+      if (!cur || !OUTBOX[cur.rec.state].discardable) return false;
       if (await this.remove(cur)) return true;
       if (race >= MAX_RACES) {
         throw new Error(`kv durability: gave up discarding "${key}" after ${MAX_RACES} lost compare-and-sets`);
@@ -1022,7 +1023,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   }
 
   purge(olderThanMs: number): Promise<number> {
-    return this.purgeState("sent", olderThanMs);
+    return this.purgeState(theState(OUTBOX, "purgeable"), olderThanMs);
   }
 }
 

@@ -41,13 +41,14 @@ import {
   normalizeList,
   replayedInbound,
 } from "../../src/rules.ts";
+import { INBOX } from "../../src/machine.ts";
 import { MinHeap } from "../../src/min_heap.ts";
 import { AsideList, type SetAsideRecord } from "./aside.ts";
 import { COMPACT_MIN, copy, earlier, type HeapItem, indexAdd, indexRemove, type Slot, StateCounts } from "./slots.ts";
 
 /** When a due scan must look at an inbox record; `pending` is claimable whatever its `receivedAt`. */
 function inboxHeapKey(record: InboundRecord): number | null {
-  return record.state === "pending" ? Number.NEGATIVE_INFINITY : inboxDueAt(record);
+  return INBOX[record.state].due === "always" ? Number.NEGATIVE_INFINITY : inboxDueAt(record);
 }
 
 /** Arrival order of inbox slots: `receivedAt`, then admission order. */
@@ -116,7 +117,7 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
     if (!wasActive && active) this.#chatInsert(slot);
     const at = inboxHeapKey(next);
     if (at !== null) this.#due.push({ at, id: next.id, version });
-    if (next.state === "done") this.#done.push({ at: next.updatedAt, id: next.id, version });
+    if (INBOX[next.state].purgeable) this.#done.push({ at: next.updatedAt, id: next.id, version });
     this.#compact();
     return slot;
   }
@@ -326,9 +327,9 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
     for (let top = this.#done.peek(); top !== undefined && top.at <= cutoff; top = this.#done.peek()) {
       this.#done.pop();
       const slot = this.#slots.get(top.id);
-      if (!slot || slot.version !== top.version || slot.record.state !== "done") continue;
+      if (!slot || slot.version !== top.version || !INBOX[slot.record.state].purgeable) continue;
       this.#slots.delete(top.id);
-      this.#states.move("done", undefined);
+      this.#states.move(slot.record.state, undefined);
       count++;
     }
     return count;

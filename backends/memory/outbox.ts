@@ -43,6 +43,7 @@ import {
   requeuedOutbox,
   sentOutbox,
 } from "../../src/rules.ts";
+import { OUTBOX } from "../../src/machine.ts";
 import { MinHeap } from "../../src/min_heap.ts";
 import { AsideList, type SetAsideRecord } from "./aside.ts";
 import { COMPACT_MIN, copy, earlier, type HeapItem, indexAdd, indexRemove, type Slot, StateCounts } from "./slots.ts";
@@ -100,7 +101,7 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
 
   /** Whether a due scan must see `entry`: leased, or a blocking chat head. */
   #watched(entry: OutboxEntry): boolean {
-    return entry.state === "sending" || (blocking(entry.state) && this.#isHead(entry));
+    return OUTBOX[entry.state].leased || (blocking(entry.state) && this.#isHead(entry));
   }
 
   #chatInsert(entry: OutboxEntry): void {
@@ -123,7 +124,7 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
     const entry = slot.record;
     const at = this.#watched(entry) ? outboxDueAt(entry) : null;
     if (at !== null) this.#due.push({ at, id: entry.key, version });
-    if (entry.state === "sent") this.#sent.push({ at: entry.updatedAt, id: entry.key, version });
+    if (OUTBOX[entry.state].purgeable) this.#sent.push({ at: entry.updatedAt, id: entry.key, version });
   }
 
   /**
@@ -222,7 +223,7 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
       clear ? lease : undefined,
     );
     this.#store(next);
-    return { status: next.state === "sending" ? "leased" : "queued", entry: copy(next) };
+    return { status: OUTBOX[next.state].leased ? "leased" : "queued", entry: copy(next) };
   }
 
   /** Pops every valid item due at `now` into `popped` (by key). */
@@ -246,7 +247,7 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
     const sending = new Map<string, Slot<OutboxEntry>>();
     for (const key of popped.keys()) {
       const slot = this.#slots.get(key)!;
-      if (slot.record.state === "sending") sending.set(key, slot);
+      if (OUTBOX[slot.record.state].due === "leaseExpiry") sending.set(key, slot);
     }
     if (options.reclaimOwn) {
       for (const key of this.#leased.get(options.owner) ?? []) sending.set(key, this.#slots.get(key)!);
@@ -282,7 +283,7 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
       if (!slot || slot.version !== item.version) continue;
       const entry = slot.record;
       if (
-        (entry.state === "queued" || entry.state === "failed") && this.#isHead(entry) &&
+        OUTBOX[entry.state].due === "nextAttemptAt" && this.#isHead(entry) &&
         (entry.nextAttemptAt ?? 0) <= now
       ) heads.push(slot);
     }
@@ -384,7 +385,7 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
   async discard(key: string): Promise<boolean> {
     checkId(key, `outbox.discard: "key"`);
     const slot = this.#slots.get(key);
-    if (!slot || slot.record.state === "sending") return false;
+    if (!slot || !OUTBOX[slot.record.state].discardable) return false;
     this.#store(null, slot);
     return true;
   }
@@ -428,9 +429,10 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
     let count = 0;
     for (let top = this.#sent.peek(); top !== undefined && top.at <= cutoff; top = this.#sent.peek()) {
       this.#sent.pop();
-      if (!this.#valid(top) || this.#slots.get(top.id)!.record.state !== "sent") continue;
+      const state = this.#valid(top) ? this.#slots.get(top.id)!.record.state : null;
+      if (state === null || !OUTBOX[state].purgeable) continue;
       this.#slots.delete(top.id);
-      this.#states.move("sent", undefined);
+      this.#states.move(state, undefined);
       this.#observer?.(top.id, null);
       count++;
     }

@@ -19,6 +19,7 @@ import {
   type ReserveResult,
   StaleLeaseError,
 } from "../../src/contract.ts";
+import { OUTBOX } from "../../src/machine.ts";
 import { checkFinite, checkOutcome } from "../../src/rules.ts";
 import { Aside, DAMAGED_ROUNDS, leasedBy, listed } from "./aside.ts";
 import type { Context, ManyRows, Row } from "./connection.ts";
@@ -89,8 +90,9 @@ export class PgOutbox implements OutboxJournal {
     const row = rows[0];
     if (row && row.status === "new") {
       const created = written(outboxOf(row, input.content), this.#t);
-      if (created.state === "sending") this.#c.know(this.#t, created.key, created.chatId);
-      return { status: created.state === "sending" ? "leased" : "queued", entry: created };
+      const leased = OUTBOX[created.state].leased;
+      if (leased) this.#c.know(this.#t, created.key, created.chatId);
+      return { status: leased ? "leased" : "queued", entry: created };
     }
     const known = row ? await this.#aside.settle("reserve", row) : null;
     if (known instanceof DamagedRecordError) throw known;

@@ -4,11 +4,13 @@
  * and the kv run. Each statement is built once per schema and table prefix
  * and prepared by the driver (one round trip per call after the first).
  *
- * The state rules of `src/rules.ts` are restated here in SQL; the
- * conformance suite keeps the two equal.
+ * The state sets and preconditions come from the state table
+ * (`src/machine.ts`), rendered as SQL; the conformance suite keeps the
+ * statements equal to the rules of `src/rules.ts`.
  *
  * @module
  */
+import { INBOX, OUTBOX, sqlByDue, sqlIn, sqlNotIn, sqlStates, statesDueBy, statesWhere } from "../../src/machine.ts";
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
 
 /** The schema version this version of the library writes. */
@@ -41,6 +43,17 @@ function literal(text: string): string {
 
 const BLOCKING = BLOCKING_OUTBOX_STATES.map((s) => literal(s)).join(", ");
 const ACTIVE = ACTIVE_INBOX_STATES.map((s) => literal(s)).join(", ");
+/** The leased inbox state(s) (`processing`). */
+const IN_LEASED = statesWhere(INBOX, "leased");
+/** The leased outbox state(s) (`sending`). */
+const OUT_LEASED = statesWhere(OUTBOX, "leased");
+/** Outbox states due at their `next_attempt_at` once first in their chat (`queued`, `failed`). */
+const OUT_WAITING = sqlStates(statesDueBy(OUTBOX, "nextAttemptAt"));
+/** `acceptsOutcome` of rules.ts for the token `token` (columns prefixed by `r`). */
+const outcomeOf = (r: string, token: string) =>
+  `((${sqlIn(`${r}state`, OUT_LEASED)} AND ${r}lease_token = ${token}) OR (${
+    sqlIn(`${r}state`, statesWhere(OUTBOX, "acceptsLateOutcome"))
+  } AND ${r}fence = ${token}))`;
 
 /**
  * A row not set aside as damaged (schema version 5: `set_aside_seq` is set on a row set aside, NULL on every
@@ -140,7 +153,7 @@ function migrations(t: Tables): string[] {
     CREATE INDEX ${i("inbox_received")} ON ${t.inbox} (received_at, ord);
     CREATE INDEX ${i("inbox_chat")} ON ${t.inbox} (chat_id, received_at, ord);
     CREATE INDEX ${i("inbox_state")} ON ${t.inbox} (state, received_at, ord);
-    CREATE INDEX ${i("inbox_done")} ON ${t.inbox} (updated_at) WHERE state = 'done';
+    CREATE INDEX ${i("inbox_done")} ON ${t.inbox} (updated_at) WHERE ${sqlIn("state", statesWhere(INBOX, "purgeable"))};
 
     CREATE TABLE ${t.outbox} (
       seq bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -168,7 +181,7 @@ function migrations(t: Tables): string[] {
     CREATE INDEX ${i("outbox_chat_active")} ON ${t.outbox} (chat_id, seq) WHERE state IN (${BLOCKING});
     CREATE INDEX ${i("outbox_chat_all")} ON ${t.outbox} (chat_id, seq);
     CREATE INDEX ${i("outbox_state")} ON ${t.outbox} (state, seq);
-    CREATE INDEX ${i("outbox_sent")} ON ${t.outbox} (updated_at) WHERE state = 'sent';
+    CREATE INDEX ${i("outbox_sent")} ON ${t.outbox} (updated_at) WHERE ${sqlIn("state", statesWhere(OUTBOX, "purgeable"))};
 
     CREATE SEQUENCE ${t.chatVersion};
     CREATE TABLE ${t.chat} (
@@ -199,7 +212,7 @@ function migrations(t: Tables): string[] {
     ALTER TABLE ${t.chat} ADD COLUMN resync boolean NOT NULL DEFAULT false;
     CREATE INDEX ${i("outbox_chat_resync")} ON ${t.chat} (chat_id) WHERE resync;
     UPDATE ${t.outbox} o SET due_at = NULL
-      WHERE o.due_at IS NOT NULL AND o.state IN ('queued', 'failed')
+      WHERE o.due_at IS NOT NULL AND o.state IN (${OUT_WAITING})
         AND EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.seq < o.seq);
     `,
     // Version 3: the outbox entry's `called` flag (see OUTBOX_COLUMNS). The existing rows get NULL (no
@@ -279,8 +292,11 @@ function inboxClaimable(reclaimOwn: boolean, r = "", now = "n.now"): string {
   const abandoned = `(${r}lease_owner IS NULL OR ${r}lease_expires_at <= ${now}${
     reclaimOwn ? ` OR (${r}lease_owner = $1 AND ${r}lease_incarnation <> $2)` : ""
   })`;
-  return `(${r}state = 'pending' OR (${r}state = 'failed' AND coalesce(${r}next_attempt_at, 0) <= ${now})
-    OR (${r}state = 'processing' AND ${abandoned}))`;
+  return sqlByDue(INBOX, `${r}state`, {
+    always: "",
+    nextAttemptAt: `coalesce(${r}next_attempt_at, 0) <= ${now}`,
+    leaseExpiry: abandoned,
+  });
 }
 
 /** The SET list of a claim: leased to ($1, $2) for $3 ms with token fence+1, attempts unchanged (a claim is not a run). */
@@ -410,7 +426,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
     ),${reclaim ? `
     p2 AS (
       SELECT ${cols} FROM ${t.inbox} i
-      WHERE i.lease_owner = $1 AND i.state = 'processing' AND i.lease_incarnation <> $2 AND i.${KEPT} AND ${free}
+      WHERE i.lease_owner = $1 AND ${sqlIn("i.state", IN_LEASED)} AND i.lease_incarnation <> $2 AND i.${KEPT} AND ${free}
       ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
     ),` : ""}
     pick AS (
@@ -454,9 +470,11 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
   // keeps it a probe. Another admission of the chat racing on another replica is not seen (documented).
   const heldBack = (chat: string, at: string, owner: string, inc: string) => `EXISTS (
         SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = ${chat} AND b.state IN (${ACTIVE}) AND b.${KEPT} AND b.received_at <= ${at}
-          AND (b.state = 'pending' OR (b.state = 'failed' AND COALESCE(b.next_attempt_at, 0) <= n.now)
-            OR (b.state = 'processing'
-              AND (b.lease_expires_at > n.now AND b.lease_owner = ${owner} AND b.lease_incarnation = ${inc}) IS NOT TRUE))
+          AND ${sqlByDue(INBOX, "b.state", {
+    always: "",
+    nextAttemptAt: "COALESCE(b.next_attempt_at, 0) <= n.now",
+    leaseExpiry: `(b.lease_expires_at > n.now AND b.lease_owner = ${owner} AND b.lease_incarnation = ${inc}) IS NOT TRUE`,
+  })}
         OFFSET 0)`;
   return {
     // One statement: the insert, leased when $7 is true and no active record of its chat comes first (see
@@ -534,19 +552,19 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
     setAside: `WITH ${n} UPDATE ${t.inbox} SET ${asideSet(t)}
       FROM n WHERE ord = $1::bigint AND ${t.inbox}.xmin = $2::text::xid AND ${KEPT} RETURNING 1 AS ok`,
     heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
-      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     start: `WITH ${n} UPDATE ${t.inbox} SET attempts = greatest(attempts, $3::integer), updated_at = n.now
-      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     heartbeatMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint, lease_ms bigint))
       UPDATE ${t.inbox} AS r SET lease_expires_at = n.now + u.lease_ms, due_at = n.now + u.lease_ms
-      FROM n, u WHERE r.id = u.id AND r.state = 'processing' AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
+      FROM n, u WHERE r.id = u.id AND ${sqlIn("r.state", IN_LEASED)} AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
     complete: `WITH ${n} UPDATE ${t.inbox} SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     completeMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint))
       UPDATE ${t.inbox} AS r SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n, u WHERE r.id = u.id AND r.state = 'processing' AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
+      FROM n, u WHERE r.id = u.id AND ${sqlIn("r.state", IN_LEASED)} AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
     // $3: dead; $4: error; $5: retry delay (ms).
     fail: `WITH ${n} UPDATE ${t.inbox} SET
         state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,
@@ -554,17 +572,17 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         error = $4, lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         updated_at = n.now,
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
-      FROM n WHERE id = $1 AND state = 'processing' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     get: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = $1`,
     replay: `WITH ${n} UPDATE ${t.inbox} SET state = 'pending', attempts = 0, next_attempt_at = NULL,
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         error = NULL, updated_at = n.now, due_at = 0
-      FROM n WHERE id = $1 AND state IN ('done', 'failed', 'dead') AND ${KEPT} RETURNING 1 AS ok`,
+      FROM n WHERE id = $1 AND ${sqlIn("state", statesWhere(INBOX, "retryable"))} AND ${KEPT} RETURNING 1 AS ok`,
     // One bounded batch ($2 rows) of `done` records changed more than $1 ms ago, oldest first. `= ANY(ARRAY(…))`
     // (not `IN (…)`, which the planner may hash-join against the whole table) deletes them by the primary key.
     purge: `DELETE FROM ${t.inbox} WHERE ord = ANY(ARRAY(
         SELECT ord FROM ${t.inbox}
-        WHERE state = 'done' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint AND ${KEPT}
+        WHERE ${sqlIn("state", statesWhere(INBOX, "purgeable"))} AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint AND ${KEPT}
         ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
     list: (chat, states) => listSql(t.inbox, `${INBOX_COLUMNS}, ${ASIDE_READ}`, "received_at, ord", chat, states),
   };
@@ -646,7 +664,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
   const n = `n AS (SELECT ${NOW_MS} AS now)`;
   // acceptsOutcome of rules.ts ($2 the token): leased with it, or `unknown` with it still the fence
   // (a late outcome of the call whose lease was taken for lost resolves the entry).
-  const OUTCOME_OF = `((state = 'sending' AND lease_token = $2) OR (state = 'unknown' AND fence = $2)) AND ${KEPT}`;
+  const OUTCOME_OF = `${outcomeOf("", "$2")} AND ${KEPT}`;
   const cols = (alias: string) => OUTBOX_COLUMNS.split(", ").map((c) => `${alias}.${c}`).join(", ");
   const nextVer = `nextval('${t.chatVersion.replaceAll("'", "''")}')`;
   // The chat lock of a statement whose entry is the one row of CTE `e` (seq, chat_id, in the snapshot):
@@ -666,7 +684,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
   const renewMany = (set: string) => `WITH ${n},
     w AS (SELECT * FROM json_to_recordset($1::text::json) AS w(key text, token bigint, lease_ms bigint))
     UPDATE ${t.outbox} AS o SET lease_expires_at = n.now + w.lease_ms, due_at = n.now + w.lease_ms${set}
-    FROM n, w WHERE o.key = w.key AND o.state = 'sending' AND o.lease_token = w.token AND o.${KEPT} RETURNING o.key AS mkey`;
+    FROM n, w WHERE o.key = w.key AND ${sqlIn("o.state", OUT_LEASED)} AND o.lease_token = w.token AND o.${KEPT} RETURNING o.key AS mkey`;
   // After the settle `u` (seq, chat_id) of an entry: the chat's next head (the first entry that blocks,
   // other than the settled one, in the snapshot) gets its due mark when it has none.
   const nextHead = (when = "true") => `
@@ -677,7 +695,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         WHERE ${when} AND b.chat_id = u.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq <> u.seq
         ORDER BY b.seq LIMIT 1
       ) h
-      WHERE o.seq = h.seq AND o.state IN ('queued', 'failed') AND o.due_at IS NULL
+      WHERE o.seq = h.seq AND o.state IN (${OUT_WAITING}) AND o.due_at IS NULL
       RETURNING 1
     )`;
   // claimDue. `lost0`: the abandoned `sending` entries (lease lapsed: a sending entry's due mark is its
@@ -711,7 +729,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         WHERE b.chat_id = lcu.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq NOT IN (SELECT seq FROM called)
         ORDER BY b.seq LIMIT 1
       ) h
-      WHERE lcu.current AND h.state IN ('queued', 'failed')
+      WHERE lcu.current AND h.state IN (${OUT_WAITING})
     ),`;
     // With resend every lost entry is leased again (the uncalled ones reported as due only); without, the
     // called ones go `unknown` (those whose chat row was locked) and up to $4 uncalled ones are leased again.
@@ -729,7 +747,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     return `WITH ${n},
     lost0 AS (
       SELECT o.seq, o.chat_id, coalesce(o.uncalled_fence = o.fence, false) AS uncalled FROM ${t.outbox} o
-      WHERE o.state = 'sending' AND o.${KEPT} AND (o.due_at <= ${NOW}${
+      WHERE ${sqlIn("o.state", statesDueBy(OUTBOX, "leaseExpiry"))} AND o.${KEPT} AND (o.due_at <= ${NOW}${
       reclaim ? ` OR (o.lease_owner = $1 AND o.lease_incarnation <> $2)` : ""
     })
       ORDER BY o.seq${resend ? " LIMIT $4" : ""}
@@ -759,7 +777,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         SELECT b.seq, b.state FROM ${t.outbox} b
         WHERE b.chat_id = rsc.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} ORDER BY b.seq LIMIT 1
       ) h
-      WHERE h.state IN ('queued', 'failed')
+      WHERE h.state IN (${OUT_WAITING})
     ),
     rsm AS (
       UPDATE ${t.outbox} AS m SET due_at = coalesce(m.next_attempt_at, n.now) FROM n
@@ -771,7 +789,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     ),
     heads AS (
       SELECT o.seq FROM ${t.outbox} o
-      WHERE o.due_at IS NOT NULL AND o.due_at <= ${NOW} AND o.state IN ('queued', 'failed') AND o.${KEPT}
+      WHERE o.due_at IS NOT NULL AND o.due_at <= ${NOW} AND o.state IN (${OUT_WAITING}) AND o.${KEPT}
         AND NOT EXISTS (
           SELECT 1 FROM ${t.outbox} b
           WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq < o.seq)
@@ -901,11 +919,11 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     ),${nextHead(`u.state IN (${BLOCKING})`)}
     SELECT 1 AS ok FROM u`,
     heartbeat: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
-      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+      FROM n WHERE key = $1 AND ${sqlIn("state", OUT_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     // A heartbeat that also journals the provider call (called: uncalled_fence no longer the fence).
     markCalling: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint,
         uncalled_fence = NULL
-      FROM n WHERE key = $1 AND state = 'sending' AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+      FROM n WHERE key = $1 AND ${sqlIn("state", OUT_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     heartbeatMany: renewMany(""),
     markCallingMany: renewMany(", uncalled_fence = NULL"),
     // markSent of several entries, as they would be one after another in one transaction: the chats of the
@@ -916,7 +934,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     w AS (SELECT * FROM json_to_recordset($1::text::json) AS w(key text, token bigint, message_id text)),
     e AS (
       SELECT o.seq, o.chat_id, w.key, w.token, w.message_id FROM ${t.outbox} o, w
-      WHERE o.key = w.key AND ((o.state = 'sending' AND o.lease_token = w.token) OR (o.state = 'unknown' AND o.fence = w.token))
+      WHERE o.key = w.key AND ${outcomeOf("o.", "w.token")}
         AND o.${KEPT}
     ),
     snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM e)),
@@ -932,7 +950,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
         updated_at = n.now, due_at = NULL
       FROM n, e, lk WHERE o.seq = e.seq AND lk.chat_id = e.chat_id
-        AND ((o.state = 'sending' AND o.lease_token = e.token) OR (o.state = 'unknown' AND o.fence = e.token)) AND o.${KEPT}
+        AND ${outcomeOf("o.", "e.token")} AND o.${KEPT}
       RETURNING o.seq, o.chat_id, e.key
     ),
     nx AS (
@@ -944,7 +962,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
           ORDER BY b.seq LIMIT 1
         ) h
       ) h
-      WHERE o.seq = h.seq AND o.state IN ('queued', 'failed') AND o.due_at IS NULL
+      WHERE o.seq = h.seq AND o.state IN (${OUT_WAITING}) AND o.due_at IS NULL
       RETURNING 1
     )
     SELECT key AS mkey FROM u`,
@@ -990,25 +1008,25 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     // one does not lease past it). Due-marked when it is the chat's head in the snapshot; an old head
     // keeps its mark (a stray, re-checked by the scan).
     retry: `WITH ${n},
-    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state IN ('dead', 'failed', 'unknown') AND ${KEPT}),${chatLock},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${sqlIn("state", statesWhere(OUTBOX, "retryable"))} AND ${KEPT}),${chatLock},
     r AS (
       UPDATE ${t.outbox} AS o SET state = 'queued', next_attempt_at = n.now, attempts = 0, lease_owner = NULL,
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, updated_at = n.now,
         due_at = CASE WHEN NOT EXISTS (
           SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT} AND b.seq < o.seq
         ) THEN n.now END
-      FROM n, lk WHERE o.key = $1 AND o.state IN ('dead', 'failed', 'unknown') AND o.${KEPT} RETURNING o.chat_id
+      FROM n, lk WHERE o.key = $1 AND ${sqlIn("o.state", statesWhere(OUTBOX, "retryable"))} AND o.${KEPT} RETURNING o.chat_id
     )
     SELECT count(*)::int AS n FROM r`,
     discard: `WITH ${n},
-    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND state <> 'sending' AND ${KEPT}),${chatLock},
+    e AS (SELECT seq, chat_id FROM ${t.outbox} WHERE key = $1 AND ${sqlNotIn("state", statesWhere(OUTBOX, (t) => !t.discardable))} AND ${KEPT}),${chatLock},
     u AS (
-      DELETE FROM ${t.outbox} USING lk WHERE key = $1 AND state <> 'sending' AND ${KEPT} RETURNING seq, ${t.outbox}.chat_id
+      DELETE FROM ${t.outbox} USING lk WHERE key = $1 AND ${sqlNotIn("state", statesWhere(OUTBOX, (t) => !t.discardable))} AND ${KEPT} RETURNING seq, ${t.outbox}.chat_id
     ),${nextHead()}
     SELECT 1 AS ok FROM u`,
     purge: `DELETE FROM ${t.outbox} WHERE seq = ANY(ARRAY(
         SELECT seq FROM ${t.outbox}
-        WHERE state = 'sent' AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint AND ${KEPT}
+        WHERE ${sqlIn("state", statesWhere(OUTBOX, "purgeable"))} AND updated_at <= (SELECT ${NOW_MS}) - $1::bigint AND ${KEPT}
         ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
     // Chat rows untouched for $1 ms whose chat has no entry left.
     purgeChats: `DELETE FROM ${t.chat} WHERE chat_id = ANY(ARRAY(

@@ -17,6 +17,7 @@ import {
   type NewInboundRecord,
   StaleLeaseError,
 } from "../../src/contract.ts";
+import { INBOX } from "../../src/machine.ts";
 import { checkAttempt, checkClaim, checkFinite, checkId, checkListFilter, checkNewInbound, checkOutcome } from "../../src/rules.ts";
 import { Aside } from "./aside.ts";
 import { checkLimit, claimArgs, finishArgs, leaseArgs, listArgs, listRead, purgeAll } from "./journal_calls.ts";
@@ -49,7 +50,7 @@ export class RedisInbox implements InboxJournal {
     );
     if (status !== "ok") return null;
     // The record as the script wrote it: the script answers only what it chose (state, times).
-    const leased = state === "processing";
+    const leased = INBOX[state as InboundState]?.leased === true;
     if (leased && lease === undefined) throw new Error(`Redis inbox.admit: ${JSON.stringify(rec.id)} was leased without a lease`);
     return {
       id: rec.id,

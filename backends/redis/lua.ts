@@ -20,11 +20,30 @@
  *
  * @module
  */
+import {
+  INBOX as INBOX_TABLE,
+  INBOX_STATES,
+  luaSet,
+  OUTBOX as OUTBOX_TABLE,
+  OUTBOX_STATES,
+  type StateFlag,
+  type StateTable,
+  statesWhere,
+  theState,
+} from "../../src/machine.ts";
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
 
-/** A Lua set literal's body (`a = true, b = true`) of the rules' state list, so the scripts follow the rules. */
-function luaSet(states: readonly string[]): string {
-  return states.map((state) => `${state} = true`).join(", ");
+/**
+ * A journal's state table as a Lua table, so that the scripts follow it: `leased` the leased state,
+ * `due[state]` when a state is due ('always', 'nextAttemptAt', 'leaseExpiry'; nil: never), and the sets
+ * `retryable`, `purgeable`, `discardable`, `late` (accepts a late outcome).
+ */
+function luaMachine<S extends string>(table: StateTable<S>): string {
+  const set = (flag: StateFlag) => `{${luaSet(statesWhere(table, flag))}}`;
+  const due = statesWhere(table, (t) => t.due !== "never").map((s) => `${s} = '${table[s].due}'`).join(", ");
+  return `{leased = '${theState(table, "leased")}', due = {${due}}, retryable = ${set("retryable")}, purgeable = ${
+    set("purgeable")
+  }, discardable = ${set("discardable")}, late = ${set("acceptsLateOutcome")}}`;
 }
 
 /**
@@ -335,7 +354,8 @@ local function act_key(chat) return P .. 'in:act:' .. chat end
 -- in:incs:<owner> lists the incarnations that have such a set. (in:owner:<owner>, one set per
 -- owner, is what older versions wrote: moved into these by the first reclaiming scan.)
 local function own_key(owner, inc) return P .. 'in:own:' .. #owner .. ':' .. owner .. ':' .. inc end
-local IN_STATES = {pending = true, processing = true, failed = true, done = true, dead = true}
+local IN_STATES = {${luaSet(INBOX_STATES)}}
+local INM = ${luaMachine(INBOX_TABLE)}
 local ACTIVE = {${luaSet(ACTIVE_INBOX_STATES)}}
 local IN_KINDS = {message = true, interaction = true}
 -- What is damaged in an inbox record, or nil (every field the reader checks, and the index fields).
@@ -344,7 +364,7 @@ local function in_problem(h, id)
   local p = need_is(h, 'id', id) or need_one(h, 'kind', IN_KINDS) or need_str(h, 'chatId') or need_str(h, 'provider')
     or need_num(h, 'receivedAt') or need_one(h, 'state', IN_STATES) or need_num(h, 'attempts', false, 'count')
     or need_num(h, 'nextAttemptAt', true) or need_num(h, 'fence', false, 'count') or need_num(h, 'updatedAt')
-    or need_lease(h, 'processing') or quarantined(h)
+    or need_lease(h, INM.leased) or quarantined(h)
   if p then return p end
   if type(h.om) ~= 'string' or string.sub(h.om, 17) ~= id or not tonumber(string.sub(h.om, 1, 16)) then
     return bad(h, 'om', shown(tostring(h.om or '(none)')))
@@ -394,8 +414,9 @@ end
 -- Takes a (validated) record out of the indexes of its state; in_write puts it in those of its new one.
 local function in_unindex(h)
   redis.call('ZREM', P .. 'in:st:' .. h.state, h.om)
-  if h.state == 'failed' or h.state == 'processing' then redis.call('ZREM', P .. 'in:timed', h.id) end
-  if h.state == 'done' then redis.call('ZREM', P .. 'in:done', h.id) end
+  local due = INM.due[h.state]
+  if due == 'nextAttemptAt' or due == 'leaseExpiry' then redis.call('ZREM', P .. 'in:timed', h.id) end
+  if INM.purgeable[h.state] then redis.call('ZREM', P .. 'in:done', h.id) end
   if h.leaseOwner then redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), h.om) end
 end
 local function in_write(h)
@@ -406,22 +427,22 @@ local function in_write(h)
   else
     redis.call('ZREM', act_key(h.chatId), h.om)
   end
-  if h.state == 'failed' then
+  if INM.due[h.state] == 'nextAttemptAt' then
     redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', h.id)
-  elseif h.state == 'processing' then
+  elseif h.state == INM.leased then
     redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
     redis.call('ZADD', own_key(h.leaseOwner, h.leaseInc), h.receivedAt, h.om)
     redis.call('SADD', P .. 'in:incs:' .. h.leaseOwner, h.leaseInc)
-  elseif h.state == 'done' then
+  elseif INM.purgeable[h.state] then
     redis.call('ZADD', P .. 'in:done', h.updatedAt, h.id)
   end
 end
 -- isInboxClaimable
 local function in_claimable(h, now, o)
-  local s = h.state
-  if s == 'pending' then return true end
-  if s == 'failed' then return num(h, 'nextAttemptAt', 0) <= now end
-  if s == 'processing' then return abandoned(h, now, o) end
+  local due = INM.due[h.state]
+  if due == 'always' then return true end
+  if due == 'nextAttemptAt' then return num(h, 'nextAttemptAt', 0) <= now end
+  if due == 'leaseExpiry' then return abandoned(h, now, o) end
   return false
 end
 -- claimedInbound (attempts unchanged: a claim is not a run)
@@ -432,17 +453,17 @@ local function in_claim(h, now, o)
   lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)
   in_write(h)
 end
-local function in_held(h, token) return h ~= nil and h.state == 'processing' and h.leaseToken == token end
+local function in_held(h, token) return h ~= nil and h.state == INM.leased and h.leaseToken == token end
 -- admitsLeased: whether a record of the chat that comes first lets an admission of the caller (o) lease
 -- the new one: a retry not due yet, or the caller's own live lease (same owner and incarnation)
 local function in_admits(h, now, o)
-  local s = h.state
-  if s == 'failed' then return num(h, 'nextAttemptAt', 0) > now end
-  if s == 'processing' then
+  local due = INM.due[h.state]
+  if due == 'nextAttemptAt' then return num(h, 'nextAttemptAt', 0) > now end
+  if due == 'leaseExpiry' then
     return h.leaseOwner ~= nil and h.leaseOwner ~= false and num(h, 'leaseExp') > now
       and h.leaseOwner == o.owner and h.leaseInc == o.inc
   end
-  return s ~= 'pending'
+  return due ~= 'always'
 end
 -- Whether the record of om (a member of chat's in:act) is a live lease of the caller's own incarnation,
 -- read from the few fields that say so (no whole record): a walk steps over those, which neither hold
@@ -450,12 +471,12 @@ end
 local function own_live(om, chat, now, o)
   local f = fields(in_key(string.sub(om, 17)), 'state', 'leaseOwner', 'leaseInc', 'leaseExp', 'om', 'chatId')
   local exp = tonumber(f[4])
-  return f[1] == 'processing' and f[2] == o.owner and f[3] == o.inc and exp ~= nil and exp > now and f[5] == om
+  return f[1] == INM.leased and f[2] == o.owner and f[3] == o.inc and exp ~= nil and exp > now and f[5] == om
     and f[6] == chat
 end
 -- holdsChat: processing under a live lease that is neither the caller's own nor reclaimable by it
 local function in_holds(h, now, o)
-  if h.state ~= 'processing' or not h.leaseOwner then return false end
+  if h.state ~= INM.leased or not h.leaseOwner then return false end
   if h.leaseOwner == o.owner and h.leaseInc == o.inc then return false end
   return not abandoned(h, now, o)
 end
@@ -466,6 +487,7 @@ local OUT_FIELDS = {'key', 'chatId', 'content', 'contentHash', 'inboundId', 'sta
   'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'called', 'messageId', 'error', 'seq', 'createdAt',
   'updatedAt'}
 local BLOCKING = {${luaSet(BLOCKING_OUTBOX_STATES)}}
+local OUTM = ${luaMachine(OUTBOX_TABLE)}
 local function out_key(k) return P .. 'out:r:' .. k end
 local function open_key(chat) return P .. 'out:open:' .. chat end
 -- Takes a (validated) entry out of the indexes of its state (a due mark left on an entry that is not
@@ -473,9 +495,9 @@ local function open_key(chat) return P .. 'out:open:' .. chat end
 local function out_unindex(h)
   local s = h.state
   redis.call('ZREM', P .. 'out:st:' .. s, h.key)
-  if s == 'queued' or s == 'failed' then redis.call('ZREM', P .. 'out:due', h.key) end
-  if s == 'sending' then redis.call('ZREM', P .. 'out:lease', h.key) end
-  if s == 'sent' then redis.call('ZREM', P .. 'out:sent', h.key) end
+  if OUTM.due[s] == 'nextAttemptAt' then redis.call('ZREM', P .. 'out:due', h.key) end
+  if s == OUTM.leased then redis.call('ZREM', P .. 'out:lease', h.key) end
+  if OUTM.purgeable[s] then redis.call('ZREM', P .. 'out:sent', h.key) end
   if h.leaseOwner then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, h.key) end
 end
 local function out_write(h)
@@ -486,14 +508,14 @@ local function out_write(h)
   else
     redis.call('ZREM', open_key(h.chatId), h.key)
   end
-  if h.state == 'sending' then
+  if h.state == OUTM.leased then
     redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
     redis.call('SADD', P .. 'out:owner:' .. h.leaseOwner, h.key)
-  elseif h.state == 'sent' then
+  elseif OUTM.purgeable[h.state] then
     redis.call('ZADD', P .. 'out:sent', h.updatedAt, h.key)
   end
 end
-local OUT_STATES = {queued = true, sending = true, sent = true, failed = true, dead = true, unknown = true}
+local OUT_STATES = {${luaSet(OUTBOX_STATES)}}
 local FLAGS = {['0'] = true, ['1'] = true}
 -- The called flag (see OutboxEntry.called): '1' a provider call may have started under the current
 -- fence, '0' none did. An entry written before the flag existed has none: read as called.
@@ -504,7 +526,7 @@ local function out_problem(h, k)
   return need_is(h, 'key', k) or need_str(h, 'chatId') or need_str(h, 'contentHash') or need_one(h, 'state', OUT_STATES)
     or need_num(h, 'seq', false, 'pos') or need_num(h, 'attempts', false, 'count') or need_num(h, 'fence', false, 'count')
     or need_num(h, 'nextAttemptAt', true) or (h.called ~= nil and need_one(h, 'called', FLAGS)) or need_num(h, 'createdAt')
-    or need_num(h, 'updatedAt') or need_lease(h, 'sending') or quarantined(h) or need_json(h, 'content')
+    or need_num(h, 'updatedAt') or need_lease(h, OUTM.leased) or quarantined(h) or need_json(h, 'content')
 end
 -- Sets a damaged entry aside (once): its hash stays as it is, and it leaves every index it can be found
 -- in (via_chat: the chat it was met by, its chatId field may be the damaged one). The caller moves its
@@ -550,7 +572,7 @@ sync_head = function(chat, now)
     now = now or now_ms()
     local h = out_read(head, now, chat, true)
     if h then
-      if h.state == 'queued' or h.state == 'failed' then
+      if OUTM.due[h.state] == 'nextAttemptAt' then
         redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)
       end
       return head
@@ -572,11 +594,11 @@ local function out_claim(h, now, o)
   lease(h, o, token, now); h.fence = n2s(token); h.called = still_called and '1' or '0'; h.updatedAt = n2s(now)
   out_write(h)
 end
-local function out_held(h, token) return h ~= nil and h.state == 'sending' and h.leaseToken == token end
+local function out_held(h, token) return h ~= nil and h.state == OUTM.leased and h.leaseToken == token end
 -- acceptsOutcome of rules.ts: leased with the token, or unknown with the token still its fence
 -- (the late outcome of the call whose lease was taken for lost resolves it)
 local function out_resolvable(h, token)
-  return out_held(h, token) or (h ~= nil and h.state == 'unknown' and h.fence == token)
+  return out_held(h, token) or (h ~= nil and OUTM.late[h.state] and h.fence == token)
 end
 `;
 
@@ -773,7 +795,7 @@ if leased then
     for _, om in ipairs(oms) do
       local h = nil
       if own_live(om, chat, now, o) then
-        h = {om = om, chatId = chat, state = 'processing', own = true}
+        h = {om = om, chatId = chat, state = INM.leased, own = true}
       else
         h = in_read(string.sub(om, 17), now, om, chat)
       end
@@ -822,7 +844,7 @@ local o = opts(2)
 local limit = tonumber(ARGV[6])
 local now = now_ms()
 if redis.call('EXISTS', P .. 'in:actv') == 0 then
-  for _, s in ipairs({'pending', 'processing', 'failed'}) do
+  for _, s in ipairs({${ACTIVE_INBOX_STATES.map((s) => `'${s}'`).join(", ")}}) do
     local start = 0
     repeat
       local oms = redis.call('ZRANGE', P .. 'in:st:' .. s, start, start + 999)
@@ -882,8 +904,8 @@ local function consider(id, from, via_om, own)
       w.left = w.left + 1
     end
   elseif from == 'timed' then
-    if h.state == 'failed' then redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', id)
-    elseif h.state == 'processing' then redis.call('ZADD', P .. 'in:timed', h.leaseExp, id)
+    if INM.due[h.state] == 'nextAttemptAt' then redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', id)
+    elseif INM.due[h.state] == 'leaseExpiry' then redis.call('ZADD', P .. 'in:timed', h.leaseExp, id)
     else redis.call('ZREM', P .. 'in:timed', id) end
   end
 end
@@ -944,7 +966,7 @@ if o.reclaim then
     for _, id in ipairs(redis.call('SMEMBERS', legacy)) do
       local f = fields(in_key(id), 'state', 'leaseOwner', 'leaseInc', 'receivedAt', 'om')
       local r = tonumber(f[4])
-      if f[1] == 'processing' and f[2] == o.owner and type(f[3]) == 'string' and type(f[5]) == 'string'
+      if f[1] == INM.leased and f[2] == o.owner and type(f[3]) == 'string' and type(f[5]) == 'string'
         and string.sub(f[5], 17) == id and r and r == r and r ~= math.huge and r ~= -math.huge then
         redis.call('ZADD', own_key(o.owner, f[3]), n2s(r), f[5])
         redis.call('SADD', incs, f[3])
@@ -1049,7 +1071,7 @@ return cjson.encode({'ok'})
   inReplay: script("inbox.replay", [INBOX], `
 local now = now_ms()
 local h = in_read(ARGV[2], now)
-if not h or (h.state ~= 'done' and h.state ~= 'failed' and h.state ~= 'dead') then return cjson.encode({'no'}) end
+if not h or not INM.retryable[h.state] then return cjson.encode({'no'}) end
 in_unindex(h)
 h.state = 'pending'; h.attempts = '0'; h.nextAttemptAt = false; nolease(h); h.error = false; h.updatedAt = n2s(now)
 in_write(h)
@@ -1064,7 +1086,7 @@ local n = 0
 for _, id in ipairs(ids) do
   local h = in_read(id, now)
   redis.call('ZREM', P .. 'in:done', id)
-  if h and h.state == 'done' then
+  if h and INM.purgeable[h.state] then
     redis.call('ZREM', P .. 'in:all', h.om)
     redis.call('ZREM', P .. 'in:chat:' .. h.chatId, h.om)
     redis.call('ZREM', P .. 'in:st:done', h.om)
@@ -1175,10 +1197,10 @@ local function consider(k, windowed)
     if windowed then redis.call('ZREM', P .. 'out:lease', k) else redis.call('SREM', P .. 'out:owner:' .. o.owner, k) end
     return
   end
-  if h.state == 'sending' and abandoned(h, now, o) then
+  if OUTM.due[h.state] == 'leaseExpiry' and abandoned(h, now, o) then
     lost[#lost + 1] = h
   elseif windowed then
-    if h.state == 'sending' then redis.call('ZADD', P .. 'out:lease', h.leaseExp, k) else redis.call('ZREM', P .. 'out:lease', k) end
+    if OUTM.due[h.state] == 'leaseExpiry' then redis.call('ZADD', P .. 'out:lease', h.leaseExp, k) else redis.call('ZREM', P .. 'out:lease', k) end
   end
 end
 -- lapsed leases (every one abandoned, this incarnation's own too)
@@ -1225,7 +1247,7 @@ while #due < limit do
       -- gone, or set aside (its chat moved on: read the range again)
       redis.call('ZREM', P .. 'out:due', k)
       moved = true
-    elseif (h.state == 'queued' or h.state == 'failed') and head == k then
+    elseif OUTM.due[h.state] == 'nextAttemptAt' and head == k then
       if num(h, 'nextAttemptAt', 0) <= now then
         out_claim(h, now, o)
         due[#due + 1] = flat_of(h)
@@ -1299,7 +1321,7 @@ return cjson.encode({'ok'})
   outRetry: script("outbox.retry", [OUTBOX], `
 local now = now_ms()
 local h = out_read(ARGV[2], now)
-if not h or (h.state ~= 'dead' and h.state ~= 'failed' and h.state ~= 'unknown') then return cjson.encode({'no'}) end
+if not h or not OUTM.retryable[h.state] then return cjson.encode({'no'}) end
 out_unindex(h)
 h.state = 'queued'; h.nextAttemptAt = n2s(now); h.attempts = '0'; nolease(h); h.updatedAt = n2s(now)
 out_write(h)
@@ -1310,7 +1332,7 @@ return cjson.encode({'ok'})
   outDiscard: script("outbox.discard", [OUTBOX], `
 local now = now_ms()
 local h = out_read(ARGV[2], now)
-if not h or h.state == 'sending' then return cjson.encode({'no'}) end
+if not h or not OUTM.discardable[h.state] then return cjson.encode({'no'}) end
 out_unindex(h)
 redis.call('ZREM', open_key(h.chatId), h.key)
 redis.call('ZREM', P .. 'out:all', h.key)
@@ -1328,7 +1350,7 @@ local n = 0
 for _, k in ipairs(ks) do
   local h = out_read(k, now)
   redis.call('ZREM', P .. 'out:sent', k)
-  if h and h.state == 'sent' then
+  if h and OUTM.purgeable[h.state] then
     redis.call('ZREM', P .. 'out:all', k)
     redis.call('ZREM', P .. 'out:chat:' .. h.chatId, k)
     redis.call('ZREM', P .. 'out:st:sent', k)

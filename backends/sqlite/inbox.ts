@@ -43,7 +43,8 @@ import type { Connection, Gate } from "./connection.ts";
 import { DamagedRows } from "./damaged_rows.ts";
 import { listRows, PURGE_BATCH, purgeInBatches } from "./journal_queries.ts";
 import { arrival, INBOX_COLUMNS, inboundOf, leaseParams, num, type Row } from "./rows.ts";
-import { ACTIVE_SQL } from "./schema.ts";
+import { INBOX, sqlByDue } from "../../src/machine.ts";
+import { ACTIVE_SQL, IN_LEASED_SQL, IN_PURGEABLE_SQL } from "./schema.ts";
 
 // Every value bound to a statement is checked first, so that a caller gets a
 // TypeError naming the argument (the same on every driver: bun:sqlite binds
@@ -57,9 +58,11 @@ import { ACTIVE_SQL } from "./schema.ts";
 function comesFirstSql(t: string, after: string, columns = INBOX_COLUMNS, order = "ORDER BY received_at, ord LIMIT 1"): string {
   return `SELECT ${columns} FROM ${t} INDEXED BY ${t}_chat_active
     WHERE chat_id = ? AND state IN (${ACTIVE_SQL}) AND set_aside_seq IS NULL AND received_at <= ?${after}
-      AND (state = 'pending'
-        OR (state = 'failed' AND COALESCE(next_attempt_at, 0) <= ?)
-        OR (state = 'processing' AND NOT COALESCE(lease_owner = ? AND lease_incarnation = ? AND lease_expires_at > ?, 0)))
+      AND ${sqlByDue(INBOX, "state", {
+    always: "",
+    nextAttemptAt: "COALESCE(next_attempt_at, 0) <= ?",
+    leaseExpiry: "NOT COALESCE(lease_owner = ? AND lease_incarnation = ? AND lease_expires_at > ?, 0)",
+  })}
     ${order}`;
 }
 
@@ -225,7 +228,7 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
         timed.push(
           ...c.stmt(
             `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
-            WHERE due_at IS NOT NULL AND lease_owner = ? AND state = 'processing' AND lease_incarnation <> ? AND set_aside_seq IS NULL`,
+            WHERE due_at IS NOT NULL AND lease_owner = ? AND ${IN_LEASED_SQL} AND lease_incarnation <> ? AND set_aside_seq IS NULL`,
           ).all(options.owner, options.incarnation),
         );
       }
@@ -246,7 +249,7 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
         if (hold === undefined) {
           const leased = c.stmt(
             `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_chat_leased
-            WHERE chat_id = ? AND state = 'processing' AND set_aside_seq IS NULL ORDER BY received_at, ord`,
+            WHERE chat_id = ? AND ${IN_LEASED_SQL} AND set_aside_seq IS NULL ORDER BY received_at, ord`,
           ).all(chat);
           hold = leased.find((r) => {
             const cur = this.#damaged.current(c, r, now);
@@ -342,7 +345,7 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
       olderThanMs,
       `DELETE FROM ${this.#t} WHERE ord IN (
         SELECT ord FROM ${this.#t} INDEXED BY ${this.#t}_done
-        WHERE state = 'done' AND updated_at <= ? AND set_aside_seq IS NULL LIMIT ${PURGE_BATCH})`,
+        WHERE ${IN_PURGEABLE_SQL} AND updated_at <= ? AND set_aside_seq IS NULL LIMIT ${PURGE_BATCH})`,
     );
   }
 }

@@ -43,7 +43,8 @@ import type { Connection, Gate } from "./connection.ts";
 import { DamagedRows } from "./damaged_rows.ts";
 import { listRows, PURGE_BATCH, purgeInBatches } from "./journal_queries.ts";
 import { leaseParams, num, numOrNull, OUTBOX_COLUMNS, outboxOf, uncalledFence } from "./rows.ts";
-import { BLOCKING_SQL } from "./schema.ts";
+import { OUTBOX, sqlIn, statesDueBy } from "../../src/machine.ts";
+import { BLOCKING_SQL, OUT_DISCARDABLE_SQL, OUT_LEASED_SQL, OUT_PURGEABLE_SQL, OUT_UNLEASED_SQL } from "./schema.ts";
 
 // Every value bound to a statement is checked first, so that a caller gets a
 // TypeError naming the argument (the same on every driver: bun:sqlite binds
@@ -78,7 +79,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
           updated_at, due_at)
         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (key) DO NOTHING RETURNING seq`,
       markCalling: `UPDATE ${this.#t} SET uncalled_fence = NULL, lease_expires_at = ?, due_at = ?
-        WHERE key = ? AND state = 'sending' AND lease_token = ? AND set_aside_seq IS NULL`,
+        WHERE key = ? AND ${OUT_LEASED_SQL} AND lease_token = ? AND set_aside_seq IS NULL`,
       setDue: `UPDATE ${this.#t} SET due_at = ? WHERE seq = ?`,
     };
     // An entry set aside no longer blocks its chat: the next one becomes the chat's head.
@@ -125,14 +126,14 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
       next.messageId,
       next.error,
       next.updatedAt,
-      next.state === "sending" ? (next.lease?.expiresAt ?? 0) : null,
+      OUTBOX[next.state].leased ? (next.lease?.expiresAt ?? 0) : null,
       prev.key,
       prev.state,
       prev.fence,
       prev.lease?.token ?? null,
     );
     if (changes !== 1) return false;
-    if (next.state !== "sending") this.#syncHead(c, next.chatId);
+    if (!OUTBOX[next.state].leased) this.#syncHead(c, next.chatId);
     return true;
   }
 
@@ -143,7 +144,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
     const head = c.stmt(
       this.#sql.head,
     ).get(chatId);
-    if (!head || head.state === "sending") return;
+    if (!head || OUTBOX[head.state as OutboxState]?.leased) return;
     const dueAt = numOrNull(head.next_attempt_at) ?? 0;
     if (head.due_at !== dueAt) c.stmt(this.#sql.setDue).run(dueAt, head.seq);
   }
@@ -167,7 +168,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
       const cur = this.#select(c, key, now);
       if (!cur || !(outcome ? acceptsOutcome(cur, token) : isLeasedWith(cur, token))) return false;
       const next = change(cur, now);
-      if (cur.state === "unknown" && next.state === "failed") {
+      if (!OUTBOX[cur.state].blocksChat && OUTBOX[next.state].blocksChat) {
         // It blocks its chat again: later queued/failed entries of its chat are no longer first.
         this.#unmarkBehind(c, cur.chatId, cur.seq);
       }
@@ -179,7 +180,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
   #unmarkBehind(c: Connection, chatId: string, seq: number): void {
     c.stmt(
       `UPDATE ${this.#t} INDEXED BY ${this.#t}_chat SET due_at = NULL
-      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq > ? AND state <> 'sending' AND due_at IS NOT NULL`,
+      WHERE chat_id = ? AND state IN (${BLOCKING_SQL}) AND seq > ? AND ${OUT_UNLEASED_SQL} AND due_at IS NOT NULL`,
     ).run(chatId, seq);
   }
 
@@ -209,7 +210,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
       // The insert comes first (it writes nothing when the key exists): one statement fewer in the usual case.
       const clear = !this.#hasUnsettled(c, input.chatId);
       const draft = newOutboxEntry(input, 0, now, clear ? lease : undefined);
-      const dueAt = draft.state === "sending" ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
+      const dueAt = OUTBOX[draft.state].leased ? draft.lease!.expiresAt : clear ? (draft.nextAttemptAt ?? 0) : null;
       const row = c.stmt(
         this.#sql.insert,
       ).get(
@@ -236,7 +237,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
         return existing === null || existing instanceof Damage ? DAMAGED : { status: "exists", entry: existing };
       }
       const entry: OutboxEntry = { ...draft, seq: num(row.seq) }; // its content is the checked copy
-      return { status: entry.state === "sending" ? "leased" : "queued", entry };
+      return { status: OUTBOX[entry.state].leased ? "leased" : "queued", entry };
     }, true);
   }
 
@@ -250,12 +251,12 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
 
       // (1) Abandoned `sending` entries: lapsed leases, and the previous incarnation's under reclaimOwn.
       const rows = c.stmt(
-        `SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due WHERE due_at <= ? AND state = 'sending'`,
+        `SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due WHERE due_at <= ? AND ${sqlIn("state", statesDueBy(OUTBOX, "leaseExpiry"))}`,
       ).all(now);
       if (options.reclaimOwn) {
         rows.push(
           ...c.stmt(`SELECT ${OUTBOX_COLUMNS} FROM ${this.#t} INDEXED BY ${this.#t}_due
-            WHERE due_at IS NOT NULL AND lease_owner = ? AND state = 'sending' AND set_aside_seq IS NULL`).all(options.owner),
+            WHERE due_at IS NOT NULL AND lease_owner = ? AND ${OUT_LEASED_SQL} AND set_aside_seq IS NULL`).all(options.owner),
         );
       }
       const seen = new Set<number>();
@@ -290,7 +291,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
       scan: while (due.length < options.limit) {
         const heads = c.stmt(
           `SELECT ${OUTBOX_COLUMNS}, due_at FROM ${this.#t} INDEXED BY ${this.#t}_due
-          WHERE due_at <= ? AND state <> 'sending' AND seq > ? ORDER BY seq LIMIT ?`,
+          WHERE due_at <= ? AND ${OUT_UNLEASED_SQL} AND seq > ? ORDER BY seq LIMIT ?`,
         ).all(now, after, page);
         for (const row of heads) {
           if (due.length >= options.limit) break;
@@ -299,7 +300,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
           // Set aside: the next entry of its chat may be its head now, due: read on from here.
           if (!cur) continue scan;
           if (
-            (cur.state !== "queued" && cur.state !== "failed") || (cur.nextAttemptAt ?? 0) > now ||
+            OUTBOX[cur.state]?.due !== "nextAttemptAt" || (cur.nextAttemptAt ?? 0) > now ||
             this.#blocked(c, cur.chatId, cur.seq)
           ) {
             // Not (or no longer) first in its chat: drop the stale due mark.
@@ -403,8 +404,8 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
     const c = await this.#gate.ready();
     return c.write((now) => {
       const cur = this.#select(c, key, now);
-      if (!cur || cur.state === "sending") return false;
-      c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND state <> 'sending'`).run(key);
+      if (!cur || OUTBOX[cur.state]?.discardable !== true) return false;
+      c.stmt(`DELETE FROM ${this.#t} WHERE key = ? AND ${OUT_DISCARDABLE_SQL}`).run(key);
       this.#syncHead(c, cur.chatId);
       return true;
     });
@@ -416,7 +417,7 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
       olderThanMs,
       `DELETE FROM ${this.#t} WHERE seq IN (
         SELECT seq FROM ${this.#t} INDEXED BY ${this.#t}_sent
-        WHERE state = 'sent' AND updated_at <= ? AND set_aside_seq IS NULL LIMIT ${PURGE_BATCH})`,
+        WHERE ${OUT_PURGEABLE_SQL} AND updated_at <= ? AND set_aside_seq IS NULL LIMIT ${PURGE_BATCH})`,
     );
   }
 }

@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { INBOX, OUTBOX, sqlIn, sqlNotIn, sqlStates, statesDueBy, statesWhere } from "../../src/machine.ts";
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
 import type { SqliteDatabase } from "../../src/runtime/sqlite.ts";
 import { showValue as show } from "../../src/show.ts";
@@ -21,6 +22,28 @@ interface Migration {
 export const BLOCKING_SQL: string = BLOCKING_OUTBOX_STATES.map((s) => `'${s}'`).join(", ");
 /** The active inbox states, as an SQL list. */
 export const ACTIVE_SQL: string = ACTIVE_INBOX_STATES.map((s) => `'${s}'`).join(", ");
+/** `state = 'processing'`: the leased inbox state. */
+export const IN_LEASED_SQL: string = sqlIn("state", statesWhere(INBOX, "leased"));
+/** `state = 'sending'`: the leased outbox state. */
+export const OUT_LEASED_SQL: string = sqlIn("state", statesWhere(OUTBOX, "leased"));
+/** `state <> 'sending'`: an outbox entry that is not leased. */
+export const OUT_UNLEASED_SQL: string = sqlNotIn("state", statesWhere(OUTBOX, "leased"));
+/** `state = 'done'`: what an inbox purge deletes. */
+export const IN_PURGEABLE_SQL: string = sqlIn("state", statesWhere(INBOX, "purgeable"));
+/** `state = 'sent'`: what an outbox purge deletes. */
+export const OUT_PURGEABLE_SQL: string = sqlIn("state", statesWhere(OUTBOX, "purgeable"));
+/** `state <> 'sending'`: what an outbox discard may delete. */
+export const OUT_DISCARDABLE_SQL: string = sqlNotIn("state", statesWhere(OUTBOX, (t) => !t.discardable));
+
+/** `CASE state WHEN … END`: a record's due time by its state (NULL: never due). */
+function dueCase(table: typeof INBOX | typeof OUTBOX): string {
+  const value = { always: "0", nextAttemptAt: "COALESCE(next_attempt_at, 0)", leaseExpiry: "COALESCE(lease_expires_at, 0)" };
+  const whens = (Object.keys(table) as (keyof typeof table)[]).flatMap((s) => {
+    const due = (table as Record<string, { due: keyof typeof value | "never" }>)[s]!.due;
+    return due === "never" ? [] : [`WHEN '${s}' THEN ${value[due]}`];
+  });
+  return `CASE state ${whens.join(" ")} END`;
+}
 
 /**
  * The ordered migrations. Never edit a shipped one: append a new one (its
@@ -88,21 +111,17 @@ const MIGRATIONS: readonly Migration[] = [
         CREATE INDEX ${p}inbox_due ON ${p}inbox (due_at) WHERE due_at IS NOT NULL;
         CREATE INDEX ${p}inbox_owner ON ${p}inbox (lease_owner) WHERE lease_owner IS NOT NULL;
         CREATE INDEX ${p}inbox_state ON ${p}inbox (state, received_at, ord);
-        CREATE INDEX ${p}inbox_done ON ${p}inbox (updated_at) WHERE state = 'done';
+        CREATE INDEX ${p}inbox_done ON ${p}inbox (updated_at) WHERE ${IN_PURGEABLE_SQL};
         CREATE INDEX ${p}outbox_due ON ${p}outbox (due_at) WHERE due_at IS NOT NULL;
         CREATE INDEX ${p}outbox_owner ON ${p}outbox (lease_owner) WHERE lease_owner IS NOT NULL;
         CREATE INDEX ${p}outbox_chat ON ${p}outbox (chat_id, seq) WHERE state IN (${BLOCKING_SQL});
         CREATE INDEX ${p}outbox_state ON ${p}outbox (state, seq);
-        CREATE INDEX ${p}outbox_sent ON ${p}outbox (updated_at) WHERE state = 'sent';
+        CREATE INDEX ${p}outbox_sent ON ${p}outbox (updated_at) WHERE ${OUT_PURGEABLE_SQL};
         CREATE INDEX ${p}session_expiry ON ${p}session (expires_at) WHERE expires_at IS NOT NULL;
-        UPDATE ${p}inbox SET due_at = CASE state
-          WHEN 'pending' THEN 0
-          WHEN 'failed' THEN COALESCE(next_attempt_at, 0)
-          WHEN 'processing' THEN COALESCE(lease_expires_at, 0)
-        END;
-        UPDATE ${p}outbox SET due_at = COALESCE(lease_expires_at, 0) WHERE state = 'sending';
+        UPDATE ${p}inbox SET due_at = ${dueCase(INBOX)};
+        UPDATE ${p}outbox SET due_at = COALESCE(lease_expires_at, 0) WHERE ${OUT_LEASED_SQL};
         UPDATE ${p}outbox AS o SET due_at = COALESCE(next_attempt_at, 0)
-          WHERE state IN ('queued', 'failed') AND NOT EXISTS (
+          WHERE state IN (${sqlStates(statesDueBy(OUTBOX, "nextAttemptAt"))}) AND NOT EXISTS (
             SELECT 1 FROM ${p}outbox AS b
             WHERE b.chat_id = o.chat_id AND b.state IN (${BLOCKING_SQL}) AND b.seq < o.seq);
       `);
@@ -139,7 +158,7 @@ const MIGRATIONS: readonly Migration[] = [
     // held elsewhere holds back the later ones) without reading the chat's settled history.
     version: 5,
     up(db, p) {
-      db.exec(`CREATE INDEX ${p}inbox_chat_leased ON ${p}inbox (chat_id, received_at, ord) WHERE state = 'processing';`);
+      db.exec(`CREATE INDEX ${p}inbox_chat_leased ON ${p}inbox (chat_id, received_at, ord) WHERE ${IN_LEASED_SQL};`);
     },
   },
   {

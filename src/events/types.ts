@@ -5,6 +5,7 @@
  *
  * @module
  */
+import type { InboxStateName } from "../machine.ts";
 import type { ClaimOptions, DamagedListOptions, FailOutcome, JsonValue, Lease, OutboxJournal } from "../contract.ts";
 
 /** The channel of the bot's inbox records in an events journal. */
@@ -15,7 +16,7 @@ export const INBOUND_MESSAGE_EVENT = "botwa.inbound.message";
 export const INBOUND_INTERACTION_EVENT = "botwa.inbound.interaction";
 
 /** Where an event is in its processing. Same lifecycle as an inbox record. */
-export type EventState = "pending" | "processing" | "failed" | "done" | "dead";
+export type EventState = InboxStateName;
 
 /** What a caller appends. */
 export interface NewEventRecord {

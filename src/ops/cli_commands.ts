@@ -8,7 +8,13 @@ import type { InboundRecord, InboundState, ListOptions, OutboxEntry, OutboxState
 import { parseDuration } from "../config.ts";
 import { listDamaged } from "../engine.ts";
 import { errorOneLine } from "./console_error.ts";
+import { INBOX_MACHINE, OUTBOX_MACHINE } from "../machine.ts";
 import { countRecords, INBOX_STATES, OUTBOX_STATES } from "./prometheus.ts";
+
+/** `"a"`, `"a" or "b"`: states for a help line. */
+function quoted(states: readonly string[]): string {
+  return states.map((s) => JSON.stringify(s)).join(" or ");
+}
 import {
   backendOf,
   type CliCommand,
@@ -207,7 +213,9 @@ export const purgeCommand: CliCommand = {
   args: [],
   flags: [{ name: "older-than", value: "7d|12h|30m|ms", help: "records last changed more than this long ago", required: true }],
   changes: true,
-  summary: 'delete inbox "done" and outbox "sent" records older than that',
+  summary: `delete inbox ${quoted(INBOX_MACHINE.transitions.purge.from)} and outbox ${
+    quoted(OUTBOX_MACHINE.transitions.purge.from)
+  } records older than that`,
   help: `Deletes inbox records that are done and outbox entries that are sent, last changed more than
 --older-than ago, in batches (progress on stderr). Nothing else is ever purged.`,
   examples: ["purge --older-than 7d", "purge --older-than 3600000 --json"],

@@ -11,6 +11,7 @@
 import type { CsrfTokens } from "./console_auth.ts";
 import { describeFilter, filterParams, type Journal, type ListFilter, parseFilter, type Row, scan, SCAN_CAP } from "./console_list.ts";
 import type { ConsoleOps } from "./console_ops.ts";
+import { INBOX_MACHINE, OUTBOX_MACHINE } from "../machine.ts";
 import { HttpError, preview, stateBadge } from "./console_render.ts";
 import { html, SafeHtml } from "./html.ts";
 
@@ -32,7 +33,7 @@ export const BULK: Record<string, BulkSpec> = {
     journal: "inbound",
     name: "replay",
     label: "Replay",
-    allowed: ["done", "failed", "dead"],
+    allowed: INBOX_MACHINE.transitions.replay.from,
     explain: "Each record is made pending again (attempts reset) and its handler runs again, in each chat's order.",
     done: "Replayed",
   },
@@ -40,7 +41,7 @@ export const BULK: Record<string, BulkSpec> = {
     journal: "outbound",
     name: "retry",
     label: "Retry",
-    allowed: ["dead", "failed", "unknown"],
+    allowed: OUTBOX_MACHINE.transitions.retry.from,
     explain:
       "Each send is queued again (attempts reset) and the provider is called again. An unknown send among them may reach its chat twice: check the chat and mark it as delivered instead when it arrived.",
     done: "Retried",
@@ -49,7 +50,7 @@ export const BULK: Record<string, BulkSpec> = {
     journal: "outbound",
     name: "discard",
     label: "Discard",
-    allowed: ["queued", "failed", "sent", "dead", "unknown"],
+    allowed: OUTBOX_MACHINE.transitions.discard.from,
     explain: "Each entry is deleted from the outbox: it will not be sent, and its idempotency key is forgotten. This cannot be undone.",
     done: "Discarded",
   },

@@ -8,6 +8,7 @@
  */
 import type { InboundRecord, InboundState, JsonValue, OutboxEntry, OutboxState } from "../contract.ts";
 import type { ConsoleOps } from "./console_ops.ts";
+import { INBOX, OUTBOX, operatorOrder } from "../machine.ts";
 import { errorWithoutStack } from "./console_error.ts";
 import { HttpError } from "./console_render.ts";
 import { parseDuration } from "../config.ts";
@@ -16,9 +17,9 @@ import { parseDuration } from "../config.ts";
 export type Journal = "inbound" | "outbound";
 
 /** Inbound states, in the console's order. */
-export const INBOUND_STATES: readonly InboundState[] = ["pending", "processing", "failed", "done", "dead"];
+export const INBOUND_STATES: readonly InboundState[] = operatorOrder(INBOX);
 /** Outbound states, in the console's order. */
-export const OUTBOUND_STATES: readonly OutboxState[] = ["queued", "sending", "failed", "sent", "dead", "unknown"];
+export const OUTBOUND_STATES: readonly OutboxState[] = operatorOrder(OUTBOX);
 /** A list looks at most at this many records of its state and chat (error and age filters apply within). */
 export const SCAN_CAP = 10_000;
 /** The longest query parameter accepted. */

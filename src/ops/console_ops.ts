@@ -17,6 +17,7 @@ import {
 } from "../contract.ts";
 import { type DurabilityControl, type DurabilityMetrics, listDamaged } from "../engine.ts";
 import { errorMessage } from "../errors.ts";
+import { OUTBOX_MACHINE } from "../machine.ts";
 import { isObject } from "./console_render.ts";
 
 /** The part of a `Bot` the console uses: its operator surface. */
@@ -113,7 +114,7 @@ export function opsOf(target: unknown, openBackend: boolean): ConsoleOps {
     discard: withBackend((key) => backend.outbox.discard(key)),
     markDelivered: withBackend(async (key: string, messageId: string) => {
       const entry = await backend.outbox.get(key);
-      if (entry === null || entry.state !== "unknown") return false;
+      if (entry === null || !OUTBOX_MACHINE.transitions.markDelivered.from.includes(entry.state)) return false;
       try {
         // A late outcome under the entry's own fence: refused if anyone retried or resolved it since.
         await backend.outbox.markSent(key, entry.fence, messageId);

@@ -24,6 +24,7 @@ import {
   SCAN_CAP,
 } from "./console_list.ts";
 import type { ConsoleOps } from "./console_ops.ts";
+import { INBOX, INBOX_MACHINE, OUTBOX, OUTBOX_MACHINE } from "../machine.ts";
 import { errorDetails, fmtTime, HttpError, prettyJson, preview, stateBadge, timeTag, truncate } from "./console_render.ts";
 import { html, type HtmlValue, SafeHtml } from "./html.ts";
 
@@ -49,6 +50,13 @@ export interface ActionSpec {
   notice: string;
 }
 
+/** Whether `state` is a journal's finished-well state (`done`, `sent`): an error on it is history. */
+function isPurgeable(state: string): boolean {
+  const traits = (INBOX as Record<string, { purgeable: boolean } | undefined>)[state] ??
+    (OUTBOX as Record<string, { purgeable: boolean } | undefined>)[state];
+  return traits?.purgeable === true;
+}
+
 /** The actions on one record, by path. */
 export const ACTIONS: Record<string, ActionSpec> = {
   "inbound/replay": {
@@ -56,7 +64,7 @@ export const ACTIONS: Record<string, ActionSpec> = {
     name: "replay",
     label: "Replay",
     verb: "replay",
-    allowed: ["done", "failed", "dead"],
+    allowed: INBOX_MACHINE.transitions.replay.from,
     explain: "The record is made pending again (attempts reset) and its handler runs again.",
     notice: "Replayed: the record is pending again.",
   },
@@ -65,7 +73,7 @@ export const ACTIONS: Record<string, ActionSpec> = {
     name: "retry",
     label: "Retry",
     verb: "retry",
-    allowed: ["dead", "failed", "unknown"],
+    allowed: OUTBOX_MACHINE.transitions.retry.from,
     explain:
       "The send is queued again (attempts reset) and the provider is called again. For an unknown send the message may be delivered twice.",
     notice: "Retried: the send is queued again.",
@@ -75,7 +83,7 @@ export const ACTIONS: Record<string, ActionSpec> = {
     name: "delivered",
     label: "Mark as delivered",
     verb: "mark as delivered",
-    allowed: ["unknown"],
+    allowed: OUTBOX_MACHINE.transitions.markDelivered.from,
     explain:
       "You checked the chat and the message is there: the entry becomes sent without calling the provider again. Do this only when you saw it arrive; if it did not, retry instead.",
     notice: "Marked as delivered: the send is sent, and was not sent again.",
@@ -85,7 +93,7 @@ export const ACTIONS: Record<string, ActionSpec> = {
     name: "discard",
     label: "Discard",
     verb: "discard",
-    allowed: ["queued", "failed", "sent", "dead", "unknown"],
+    allowed: OUTBOX_MACHINE.transitions.discard.from,
     explain: "The entry is deleted from the outbox. It will not be sent, and its idempotency key is forgotten.",
     notice: "Discarded.",
   },
@@ -227,7 +235,7 @@ ${
 
   const errorCell = (state: string, error: string | null): SafeHtml => {
     if (error === null) return cell("Last error", "", "wide");
-    const settled = state === "sent" || state === "done";
+    const settled = isPurgeable(state);
     return settled
       ? cell("Last error", html`<span class="past-err">before it was ${state}: ${truncate(error.split("\n")[0]!, 200)}</span>`, "wide")
       : cell("Last error", truncate(error.split("\n")[0]!, 200), "err wide");
@@ -322,7 +330,7 @@ ${
 
   const errorRow = (state: string, error: string | null): SafeHtml => {
     if (error === null) return field("Last error", "—");
-    if (state === "sent" || state === "done") {
+    if (isPurgeable(state)) {
       return field(`Last error before it was ${state}`, errorDetails(error, "past-err"));
     }
     return field("Last error", errorDetails(error, "err"));

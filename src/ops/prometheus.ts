@@ -20,6 +20,7 @@
  */
 import { checkKnownOptions } from "../options.ts";
 import type { DurabilityBackend, InboundState, OutboxState } from "../contract.ts";
+import { INBOX, INBOX_STATES as INBOX_TABLE_STATES, OUTBOX, OUTBOX_STATES as OUTBOX_TABLE_STATES, statesWhere } from "../machine.ts";
 import type { DurabilityControl, DurabilityMetrics } from "../engine.ts";
 import type { DurabilityHistograms, HistogramSnapshot } from "../histogram.ts";
 import { showValue as show } from "../show.ts";
@@ -28,14 +29,14 @@ import { showValue as show } from "../show.ts";
 export const PROMETHEUS_CONTENT_TYPE: string = "text/plain; version=0.0.4; charset=utf-8";
 
 /** Every inbound state, in lifecycle order. */
-export const INBOX_STATES: readonly InboundState[] = ["pending", "processing", "failed", "done", "dead"];
+export const INBOX_STATES: readonly InboundState[] = INBOX_TABLE_STATES;
 /** Every outbox state, in lifecycle order. */
-export const OUTBOX_STATES: readonly OutboxState[] = ["queued", "sending", "sent", "failed", "dead", "unknown"];
+export const OUTBOX_STATES: readonly OutboxState[] = OUTBOX_TABLE_STATES;
 
 /** The inbound states whose oldest record's age is a gauge (`done` only grows until purged). */
-export const INBOX_AGE_STATES: readonly InboundState[] = ["pending", "processing", "failed", "dead"];
+export const INBOX_AGE_STATES: readonly InboundState[] = statesWhere(INBOX, (t) => !t.purgeable);
 /** The outbox states whose oldest entry's age is a gauge (`sent` only grows until purged). */
-export const OUTBOX_AGE_STATES: readonly OutboxState[] = ["queued", "sending", "failed", "dead", "unknown"];
+export const OUTBOX_AGE_STATES: readonly OutboxState[] = statesWhere(OUTBOX, (t) => !t.purgeable);
 
 /** Default of {@link PrometheusOptions.countCap}. */
 export const DEFAULT_COUNT_CAP = 1000;

@@ -21,15 +21,19 @@ import { SuiteTime } from "./suite_time.ts";
 import type { TestClock } from "./test_clock.ts";
 import { expectExactJson, hostile } from "./exact_json.ts";
 import { DamagedRecordError, StaleLeaseError } from "../contract.ts";
+import { INBOX_MACHINE, type Machine, OUTBOX_MACHINE, type Refusal, type Transition } from "../machine.ts";
 import type {
   ClaimOptions,
   DurabilityBackend,
   FailOutcome,
   InboundRecord,
+  InboundState,
   JsonValue,
   NewInboundRecord,
   NewOutboxEntry,
+  OutboxClaim,
   OutboxEntry,
+  OutboxState,
   ReserveResult,
 } from "../contract.ts";
 
@@ -351,7 +355,322 @@ export function runBackendContract(options: BackendConformanceOptions): void {
     return mustGetOut(b, e.key);
   }
 
+
+  // ---- the state machine matrix ------------------------------------------------------------------
+  // Every operation of src/machine.ts on a record in every state (leased states also with a lapsed
+  // lease, the outbox's also lapsed after its call was announced), each record in a chat of its own,
+  // put there through the journal's public operations. The outcome is compared with the table: the new
+  // state (or gone), or the refusal the contract names, the record unchanged. Attempts are not looked at.
+
+  /** A record put into a state: its state, whether it is due now, and for a lost send whether its call was announced. */
+  interface Variant<S> {
+    name: string;
+    state: S;
+    due: boolean;
+    calledLost: boolean;
+    id: string;
+    /** The last fencing token issued for it: its lease's token, or the fence an outcome would carry. */
+    token: number;
+  }
+
+  /** How to put an inbox record into each state (`lapsed`: its lease lapses during the test's sleep). */
+  const INBOX_RECIPES: { [S in InboundState]: (b: DurabilityBackend, lapsed: boolean) => Promise<InboundRecord> } = {
+    pending: (b) => admitted(b, inbound(uid("chat"))),
+    processing: (b, lapsed) => admitted(b, inbound(uid("chat")), claimer(uid("holder"), lapsed ? SHORT : LONG)),
+    failed: async (b) => {
+      const r = await admitted(b, inbound(uid("chat")), claimer());
+      await b.inbox.fail(r.id, tokenOf(r), { error: "boom", retryInMs: 0 });
+      return mustGetIn(b, r.id);
+    },
+    done: async (b) => mustGetIn(b, await doneRecord(b, uid("chat"))),
+    dead: async (b) => {
+      const r = await admitted(b, inbound(uid("chat")), claimer());
+      await b.inbox.fail(r.id, tokenOf(r), { error: "boom", dead: true });
+      return mustGetIn(b, r.id);
+    },
+  };
+
+  /** How to put an outbox entry into each state (`lapsed`: its lease lapses; `called`: its call was announced). */
+  const OUTBOX_RECIPES: {
+    [S in OutboxState]: (b: DurabilityBackend, lapsed: boolean, called: boolean) => Promise<OutboxEntry>;
+  } = {
+    queued: async (b) => (await b.outbox.reserve(outbound(uid("chat")))).entry,
+    sending: async (b, lapsed, called) => {
+      const lease = claimer(uid("holder"), lapsed ? SHORT : LONG);
+      const { entry } = await b.outbox.reserve(outbound(uid("chat")), lease);
+      if (called && !await b.outbox.markCalling(entry.key, tokenOf(entry), lease.leaseMs)) throw new Error("markCalling refused");
+      return mustGetOut(b, entry.key);
+    },
+    sent: async (b) => {
+      const e = await reserved(b, outbound(uid("chat")), claimer());
+      await b.outbox.markSent(e.key, tokenOf(e), "m-1");
+      return mustGetOut(b, e.key);
+    },
+    failed: async (b) => {
+      const e = await reserved(b, outbound(uid("chat")), claimer());
+      await b.outbox.markFailed(e.key, tokenOf(e), { error: "boom", retryInMs: 0 });
+      return mustGetOut(b, e.key);
+    },
+    dead: async (b) => {
+      const e = await reserved(b, outbound(uid("chat")), claimer());
+      await b.outbox.markFailed(e.key, tokenOf(e), { error: "boom", dead: true });
+      return mustGetOut(b, e.key);
+    },
+    unknown: async (b) => {
+      const e = await reserved(b, outbound(uid("chat")), claimer());
+      await b.outbox.markFailed(e.key, tokenOf(e), { error: "maybe", ambiguous: true });
+      return mustGetOut(b, e.key);
+    },
+  };
+
+  /** One record per state of `machine` (a leased state twice: live and lapsed; the outbox's lapsed one also announced), then the lapse. */
+  async function variants<S extends string, R extends { state: string; fence: number }>(
+    machine: Machine<S, string>,
+    make: (state: S, lapsed: boolean, called: boolean) => Promise<R>,
+    idOf: (r: R) => string,
+  ): Promise<Variant<S>[]> {
+    const out: Variant<S>[] = [];
+    let lapses = false;
+    for (const state of Object.keys(machine.states) as S[]) {
+      const traits = machine.states[state];
+      const kinds: { lapsed: boolean; called: boolean; name: string }[] = [{ lapsed: false, called: false, name: state }];
+      if (traits.due === "leaseExpiry") {
+        lapses = true;
+        kinds.push({ lapsed: true, called: false, name: `${state} (lease lapsed)` });
+        if (machine.journal === "outbox") kinds.push({ lapsed: true, called: true, name: `${state} (lease lapsed, call announced)` });
+      }
+      for (const kind of kinds) {
+        const r = await make(state, kind.lapsed, kind.called);
+        if (r.state !== state) throw new Error(`the recipe for ${kind.name} made a ${r.state} record`);
+        const due = traits.due === "always" || traits.due === "nextAttemptAt" || (traits.due === "leaseExpiry" && kind.lapsed);
+        out.push({ name: kind.name, state, due, calledLost: kind.called, id: idOf(r), token: r.fence });
+      }
+    }
+    if (lapses) await sleep(LAPSE);
+    return out;
+  }
+
+  /** What the table expects of `transition` (outcome `outcome`) on `v`: the new state, `deleted`, or the refusal. */
+  function expected<S extends string>(
+    t: Transition<S>,
+    outcome: string,
+    v: Variant<S>,
+  ): { to: S | "deleted" } | { refused: Refusal } {
+    if (!t.from.includes(v.state)) return { refused: t.refusal };
+    if (t.guard === "due" && !v.due) return { refused: t.refusal };
+    const only = t.outcomeFrom?.[outcome];
+    if (only !== undefined && !only.includes(v.state)) return { refused: t.refusal };
+    return { to: t.to[outcome]! };
+  }
+
+  /** Runs `apply` on every variant and checks its answer and the record's state against the table. */
+  async function checkMatrix<S extends string>(
+    machine: Machine<S, string>,
+    name: string,
+    outcome: string,
+    vs: readonly Variant<S>[],
+    read: (id: string) => Promise<{ state: string } | null>,
+    apply: (v: Variant<S>) => Promise<unknown>,
+    /** For a scan: the outcome a variant takes (default `outcome`), and whether the answer lists it. */
+    scan?: { outcomeOf: (v: Variant<S>) => string; listed: (answer: unknown, v: Variant<S>) => boolean; answer: unknown },
+  ): Promise<void> {
+    const t = machine.transitions[name]!;
+    for (const v of vs) {
+      const want = expected(t, scan ? scan.outcomeOf(v) : outcome, v);
+      const what = `${machine.journal}.${name}${outcome === "ok" ? "" : ` (${outcome})`} on ${v.name}`;
+      let answer: unknown;
+      let error: unknown = null;
+      if (scan) {
+        answer = scan.listed(scan.answer, v);
+      } else {
+        try {
+          answer = await apply(v);
+        } catch (e) {
+          error = e;
+        }
+      }
+      const after = await read(v.id);
+      if ("refused" in want) {
+        switch (want.refused) {
+          case "stale":
+            expect(error instanceof StaleLeaseError, `${what}: a StaleLeaseError, got ${String(error)}`).toBe(true);
+            break;
+          case "null":
+            expect(error, `${what}: no error`).toBe(null);
+            expect(answer, `${what}: null`).toBe(null);
+            break;
+          case "false":
+          case "skipped":
+          case "kept":
+            expect(error, `${what}: no error`).toBe(null);
+            expect(answer, `${what}: ${want.refused}`).toBe(false);
+            break;
+          case "exists":
+            expect(error, `${what}: no error`).toBe(null);
+            expect((answer as ReserveResult).status, `${what}: exists`).toBe("exists");
+            break;
+        }
+        expect(after?.state, `${what}: unchanged`).toBe(v.state);
+      } else {
+        expect(error, `${what}: no error`).toBe(null);
+        if (answer === false || answer === null) throw new Error(`${what}: refused (${String(answer)}), the table says ${want.to}`);
+        expect(want.to === "deleted" ? null : after?.state, `${what}: ${want.to}`).toBe(want.to === "deleted" ? null : want.to);
+      }
+    }
+  }
+
+  function stateMatrix(): void {
+    const IM = INBOX_MACHINE;
+    const OM = OUTBOX_MACHINE;
+    const inboxVariants = (b: DurabilityBackend) =>
+      variants(IM, (s, lapsed) => INBOX_RECIPES[s](b, lapsed), (r) => r.id);
+    const outboxVariants = (b: DurabilityBackend) =>
+      variants(OM, (s, lapsed, called) => OUTBOX_RECIPES[s](b, lapsed, called), (e) => e.key);
+    const readIn = (b: DurabilityBackend) => (id: string) => b.inbox.get(id);
+    const readOut = (b: DurabilityBackend) => (key: string) => b.outbox.get(key);
+
+    describe("inbox", () => {
+      it("admit: a new record is pending, or leased processing; an existing id in any state is refused", async (b) => {
+        expect((await admitted(b, inbound(uid("chat")))).state, "admit").toBe(IM.transitions.admit.to.plain);
+        expect((await admitted(b, inbound(uid("chat")), claimer())).state, "admit leased").toBe(IM.transitions.admit.to.leased);
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "admit", "plain", vs, readIn(b), async (v) => {
+          const r = await b.inbox.admit({ ...inbound(uid("chat")), id: v.id });
+          return r;
+        });
+      });
+      it("claim", async (b) => {
+        const vs = await inboxVariants(b);
+        const c = claimer();
+        await checkMatrix(IM, "claim", "ok", vs, readIn(b), (v) => b.inbox.claim(v.id, c));
+      });
+      it("claimDue", async (b) => {
+        const vs = await inboxVariants(b);
+        const taken = await b.inbox.claimDue({ ...claimer(), limit: 100 });
+        await checkMatrix(IM, "claimDue", "ok", vs, readIn(b), () => Promise.resolve(), {
+          answer: taken,
+          outcomeOf: () => "ok",
+          listed: (answer, v) => ids(answer as InboundRecord[]).includes(v.id),
+        });
+      });
+      it("start", async (b) => {
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "start", "ok", vs, readIn(b), (v) => b.inbox.start(v.id, v.token, 9));
+      });
+      it("heartbeat", async (b) => {
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "heartbeat", "ok", vs, readIn(b), (v) => b.inbox.heartbeat(v.id, v.token, LONG));
+      });
+      it("complete", async (b) => {
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "complete", "ok", vs, readIn(b), (v) => b.inbox.complete(v.id, v.token));
+      });
+      it("fail: a retry", async (b) => {
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "fail", "retry", vs, readIn(b), (v) => b.inbox.fail(v.id, v.token, { error: "x", retryInMs: LONG }));
+      });
+      it("fail: dead", async (b) => {
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "fail", "dead", vs, readIn(b), (v) => b.inbox.fail(v.id, v.token, { error: "x", dead: true }));
+      });
+      it("replay", async (b) => {
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "replay", "ok", vs, readIn(b), (v) => b.inbox.replay(v.id));
+      });
+      it("purge", async (b) => {
+        const vs = await inboxVariants(b);
+        const purged = await b.inbox.purge(0);
+        expect(purged, "purged").toBe(vs.filter((v) => IM.transitions.purge.from.includes(v.state)).length);
+        const gone = new Set<string>();
+        for (const v of vs) if (await readIn(b)(v.id) === null) gone.add(v.id);
+        await checkMatrix(IM, "purge", "ok", vs, readIn(b), () => Promise.resolve(), {
+          answer: gone,
+          outcomeOf: () => "ok",
+          listed: (answer, v) => (answer as Set<string>).has(v.id),
+        });
+      });
+    });
+
+    describe("outbox", () => {
+      it("reserve: a new entry is queued, or leased sending; an existing key in any state is refused", async (b) => {
+        expect((await b.outbox.reserve(outbound(uid("chat")))).entry.state, "reserve").toBe(OM.transitions.reserve.to.plain);
+        expect((await b.outbox.reserve(outbound(uid("chat")), claimer())).entry.state, "reserve leased")
+          .toBe(OM.transitions.reserve.to.leased);
+        const vs = await outboxVariants(b);
+        await checkMatrix(OM, "reserve", "plain", vs, readOut(b), async (v) => {
+          const e = (await mustGetOut(b, v.id));
+          return b.outbox.reserve({ key: v.id, chatId: e.chatId, content: e.content, contentHash: e.contentHash, inboundId: e.inboundId });
+        });
+      });
+      for (const resend of [false, true]) {
+        it(`claimDue${resend ? " with resendAmbiguous" : ""}`, async (b) => {
+          const vs = await outboxVariants(b);
+          const claim = await b.outbox.claimDue({ ...claimer(), limit: 100, resendAmbiguous: resend });
+          await checkMatrix(OM, "claimDue", "ok", vs, readOut(b), () => Promise.resolve(), {
+            answer: claim,
+            outcomeOf: (v) => v.calledLost ? (resend ? "lostCalledResend" : "lostCalled") : "ok",
+            listed: (answer, v) => {
+              const { due, ambiguous } = answer as OutboxClaim;
+              const inDue = keys(due).includes(v.id);
+              const inAmbiguous = keys(ambiguous).includes(v.id);
+              // A lost announced send is reported ambiguous (and, re-leased, due as well); any other taken one due only.
+              if (v.calledLost) expect(inDue, `claimDue on ${v.name}: in due`).toBe(resend && inAmbiguous);
+              else expect(inAmbiguous, `claimDue on ${v.name}: not ambiguous`).toBe(false);
+              return v.calledLost ? inAmbiguous : inDue;
+            },
+          });
+        });
+      }
+      it("heartbeat", async (b) => {
+        const vs = await outboxVariants(b);
+        await checkMatrix(OM, "heartbeat", "ok", vs, readOut(b), (v) => b.outbox.heartbeat(v.id, v.token, LONG));
+      });
+      it("markCalling", async (b) => {
+        const vs = await outboxVariants(b);
+        await checkMatrix(OM, "markCalling", "ok", vs, readOut(b), (v) => b.outbox.markCalling(v.id, v.token, LONG));
+      });
+      it("markSent", async (b) => {
+        const vs = await outboxVariants(b);
+        await checkMatrix(OM, "markSent", "ok", vs, readOut(b), (v) => b.outbox.markSent(v.id, v.token, "m-2"));
+      });
+      const outcomes: Record<string, FailOutcome> = {
+        retry: { error: "x", retryInMs: LONG },
+        throttled: { error: "x", retryInMs: LONG, throttled: true },
+        dead: { error: "x", dead: true },
+        ambiguous: { error: "x", ambiguous: true },
+      };
+      for (const [outcome, fail] of Object.entries(outcomes)) {
+        it(`markFailed: ${outcome}`, async (b) => {
+          const vs = await outboxVariants(b);
+          await checkMatrix(OM, "markFailed", outcome, vs, readOut(b), (v) => b.outbox.markFailed(v.id, v.token, fail));
+        });
+      }
+      it("retry", async (b) => {
+        const vs = await outboxVariants(b);
+        await checkMatrix(OM, "retry", "ok", vs, readOut(b), (v) => b.outbox.retry(v.id));
+      });
+      it("discard", async (b) => {
+        const vs = await outboxVariants(b);
+        await checkMatrix(OM, "discard", "ok", vs, readOut(b), (v) => b.outbox.discard(v.id));
+      });
+      it("purge", async (b) => {
+        const vs = await outboxVariants(b);
+        const purged = await b.outbox.purge(0);
+        expect(purged, "purged").toBe(vs.filter((v) => OM.transitions.purge.from.includes(v.state)).length);
+        const gone = new Set<string>();
+        for (const v of vs) if (await readOut(b)(v.id) === null) gone.add(v.id);
+        await checkMatrix(OM, "purge", "ok", vs, readOut(b), () => Promise.resolve(), {
+          answer: gone,
+          outcomeOf: () => "ok",
+          listed: (answer, v) => (answer as Set<string>).has(v.id),
+        });
+      });
+    });
+  }
+
   describe(title, () => {
+    describe("state machine matrix", () => stateMatrix());
+
     test("has a name, a scope and both journals", async () => {
       await withBackend(async (b) => {
         expect(typeof b.name === "string" && b.name.length > 0, "name").toBe(true);
