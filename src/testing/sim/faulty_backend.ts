@@ -466,6 +466,7 @@ export function faultyBackend(
       throw world.death();
     }
     if (fault.kind === "delay" && fault.after > 0) await world.sched.sleep(fault.after);
+    if (op === "inbox.claimDue" && world.claimLagMs > 0) await world.sched.sleep(world.claimLagMs);
     await world.thaw(inc.replica);
     if (!inc.alive) {
       deliver("crash");

@@ -120,6 +120,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   world.providerFaultRate = scenario.providerFaultRate;
   world.verbose = options.verbose ?? false;
   world.leaseMs = Math.min(scenario.inbox.leaseMs, scenario.outbox.leaseMs);
+  world.claimLagMs = scenario.claimLagMs ?? 0;
   const shared = create(world.serverNow);
   const channel = new SimChannel(world, undefined, scenario.settles, scenario.rateLimits);
   const resend = scenario.outbox.onAmbiguous === "resend";

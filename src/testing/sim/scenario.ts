@@ -97,6 +97,8 @@ export interface Scenario {
    * restart. `null` for the other seeds.
    */
   crashLoop: CrashLoop | null;
+  /** How long every inbox claim scan's reply takes after it committed (a slow journal), or `null` (at once). */
+  claimLagMs: number | null;
 }
 
 /**
@@ -232,6 +234,7 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
   // Backlog through a crash loop, drawn from its own stream (the scenarios of existing seeds stay as they were).
   const backlog = rng.fork("backlog");
   let crashLoop: CrashLoop | null = null;
+  let claimLagMs: number | null = null;
   if (backlog.chance(0.12) && enabled.has("crash")) {
     const chatIndex = backlog.int(0, chats - 1);
     const count = backlog.int(4, 8);
@@ -260,6 +263,29 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
       kills,
       afterMs: Array.from({ length: kills - 1 }, () => backlog.int(50, 600)),
     };
+    // More of the chat's messages while the loop goes on (the channel gives them to another replica while
+    // the looping one is down), and a journal slow to answer claim scans: a scan's records are leased
+    // before the scanner learns of them, the window in which a later message of the chat must wait.
+    const more = backlog.int(2, 5);
+    for (let i = 1; i <= more; i++) {
+      messages.push({
+        id: `b${count + i}`,
+        chatId: `c${chatIndex + 1}`,
+        chatIndex,
+        text: `backlog ${count + i}`,
+        at: crashLoop.firstAt + backlog.int(0, 8000),
+        replies: 1,
+        throws: 0,
+        throwAfter: false,
+        enqueue: false,
+        awaitReplies: true,
+        duplicates: [],
+        slowMs: backlog.int(400, 1500),
+      });
+    }
+    // Below the quarter lease an admission waits for a claim scan of its process (past it, the engine lets
+    // the message go ahead of the scan's records: the scan is taken for hung).
+    claimLagMs = backlog.int(20, Math.min(400, inbox.leaseMs / 4 - 50));
   }
   return {
     replicas,
@@ -276,6 +302,7 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     // Drawn from its own stream, so the scenarios of existing seeds stay as they were.
     cronMs: rng.fork("cron").chance(0.25) ? rng.fork("cron-ms").int(200, 3000) : null,
     crashLoop,
+    claimLagMs,
   };
 }
 
@@ -288,5 +315,6 @@ export function describeScenario(s: Scenario): string {
     `${s.rateLimits ? `; rate limits ${JSON.stringify(s.rateLimits)}` : ""}` +
     `${s.cronMs !== null ? `; no timers, bot.sweep() every ${s.cronMs}ms` : ""}` +
     `${s.crashLoop ? `; backlog of ${s.messages.filter((m) => m.slowMs !== undefined).length} slow messages through a crash loop of r${s.crashLoop.replica + 1} (${s.crashLoop.kills} kills)` : ""}` +
+    `${s.claimLagMs !== null ? `; inbox claim scans answer ${s.claimLagMs}ms after they commit` : ""}` +
     `${s.messages.some((m) => m.askTimeoutMs) ? `; asks timing out after ${s.messages.filter((m) => m.askTimeoutMs).map((m) => `${m.askTimeoutMs}ms`).join(", ")}` : ""}`;
 }
