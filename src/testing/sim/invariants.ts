@@ -19,6 +19,28 @@
  *   died before its reply arrived (nothing can report it then).
  * - no transition is reported twice: per key, `durability:ambiguous` events <= ambiguity
  *   transitions, `durability:dead` events <= dead transitions (`reported-twice`).
+ * Order, time and attempts, from the harness's own record of every handler run the engine starts
+ * (a tracer: its `botmesh.handle` span opens where a run starts, after a timer's not-due check, never
+ * for a record dead-lettered unread or cut off; runs of a dead process are not counted):
+ * - `chat-order`: a chat's messages are ordered by the commit of their admissions in true time (the
+ *   journal's receipt; timer records are not messages and are left out). For messages j before k, the
+ *   first run of j must start before the first run of k. Any later run (a retry after a failure, a rerun
+ *   after a crash or a lost lease, an operator's replay) may come after k's: once j has started, it never
+ *   holds k back. Not judged: a j that never ran (see `dead-never-ran`), a j an operator replayed, and a
+ *   pair whose `receivedAt` (the admitting processes' wall clocks, the journal's arrival order) is the
+ *   other way round (a wall-clock step between two replicas). The detail says when j's admission
+ *   committed with its reply lost (the engine answered the channel "rejected" and holds no job for it).
+ * - `timer-early`: a timer record's deadline is `$timer.at`, wall-clock ms of the process that armed it.
+ *   A run of it that starts at true time t on a process whose injected clock offset is then o fires early
+ *   when t + o < at: the only clock the firing process has is its own, so it is judged by it (with no
+ *   clock step, t < at). The arming process's offset is not subtracted: a process whose clock runs ahead
+ *   may fire a timer earlier in true time, never earlier on its own clock.
+ * - `dead-never-ran`: an inbox record left `dead` whose handler never started is a failure (an unreadable
+ *   message, dead-lettered unread by design, aside); a poison record whose runs were cut off is explained
+ *   only once its handler started at least once.
+ * - `silent-resend`: every accepted provider call of a key after its first (by start) needs a
+ *   `durability:ambiguous` event for that key at or before the call's start, unless an operator retried
+ *   or discarded the key.
  * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
  * reservation whose reply was lost is journaled but counted by nobody), `outboxDeduped`,
  * `inboundDuplicates`, `inboundReplayed`, `outboxRetried`, `outboxDeferred`.
