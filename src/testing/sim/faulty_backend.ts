@@ -21,7 +21,7 @@ import {
   INBOX_JOURNAL_METHODS,
   OUTBOX_JOURNAL_METHODS,
 } from "../../contract.ts";
-import type { AmbiguityRecord, LeaseGrant, LostBy } from "./ledger.ts";
+import type { AdmissionRecord, AmbiguityRecord, LeaseGrant, LostBy } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";
 
@@ -185,6 +185,22 @@ export function faultyBackend(
         case "inbox.admit": {
           const r = result as InboundRecord | null;
           if (r && args[1] !== undefined) ledger.grantIn(r.id, r.fence, grant());
+          if (r && !ledger.admissions.has(r.id)) {
+            const timerAt = timerAtOf(r.payload);
+            const admission: AdmissionRecord = {
+              id: r.id,
+              chatId: r.chatId,
+              commit: ledger.admissions.size,
+              time: now,
+              receivedAt: r.receivedAt,
+              inc: inc.id,
+              ...(timerAt !== undefined ? { timerAt } : {}),
+              delivered: true,
+              lostBy: null,
+            };
+            ledger.admissions.set(r.id, admission);
+            grants.push(admission);
+          }
           break;
         }
         case "inbox.claim":
@@ -450,6 +466,7 @@ export function faultyBackend(
       throw world.death();
     }
     if (fault.kind === "delay" && fault.after > 0) await world.sched.sleep(fault.after);
+    if (op === "inbox.claimDue" && world.claimLagMs > 0) await world.sched.sleep(world.claimLagMs);
     await world.thaw(inc.replica);
     if (!inc.alive) {
       deliver("crash");
@@ -482,6 +499,16 @@ export function faultyBackend(
       if (!inc.alive) throw world.death();
     },
   };
+}
+
+/**
+ * The deadline of a timer record (`DurabilityEngine.scheduleTimer` journals it with its payload's
+ * `$timer.at`, wall-clock ms of the arming process), or `undefined` for a message.
+ */
+export function timerAtOf(payload: unknown): number | undefined {
+  if (typeof payload !== "object" || payload === null || Array.isArray(payload)) return undefined;
+  const timer = (payload as Record<string, unknown>)["$timer"] as { at?: unknown } | undefined;
+  return typeof timer === "object" && timer !== null && typeof timer.at === "number" ? timer.at : undefined;
 }
 
 /** For type users: the claim options of a lease. */

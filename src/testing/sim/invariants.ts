@@ -19,6 +19,28 @@
  *   died before its reply arrived (nothing can report it then).
  * - no transition is reported twice: per key, `durability:ambiguous` events <= ambiguity
  *   transitions, `durability:dead` events <= dead transitions (`reported-twice`).
+ * Order, time and attempts, from the harness's own record of every handler run the engine starts
+ * (a tracer: its `botmesh.handle` span opens where a run starts, after a timer's not-due check, never
+ * for a record dead-lettered unread or cut off; runs of a dead process are not counted):
+ * - `chat-order`: a chat's messages are ordered by the commit of their admissions in true time (the
+ *   journal's receipt; timer records are not messages and are left out). For messages j before k, the
+ *   first run of j must start before the first run of k. Any later run (a retry after a failure, a rerun
+ *   after a crash or a lost lease, an operator's replay) may come after k's: once j has started, it never
+ *   holds k back. Not judged: a j that never ran (see `dead-never-ran`), a j an operator replayed, and a
+ *   pair whose `receivedAt` (the admitting processes' wall clocks, the journal's arrival order) is the
+ *   other way round (a wall-clock step between two replicas). The detail says when j's admission
+ *   committed with its reply lost (the engine answered the channel "rejected" and holds no job for it).
+ * - `timer-early`: a timer record's deadline is `$timer.at`, wall-clock ms of the process that armed it.
+ *   A run of it that starts at true time t on a process whose injected clock offset is then o fires early
+ *   when t + o < at: the only clock the firing process has is its own, so it is judged by it (with no
+ *   clock step, t < at). The arming process's offset is not subtracted: a process whose clock runs ahead
+ *   may fire a timer earlier in true time, never earlier on its own clock.
+ * - `dead-never-ran`: an inbox record left `dead` whose handler never started is a failure (an unreadable
+ *   message, dead-lettered unread by design, aside); a poison record whose runs were cut off is explained
+ *   only once its handler started at least once.
+ * - `silent-resend`: every accepted provider call of a key after its first (by start) needs a
+ *   `durability:ambiguous` event for that key at or before the call's start, unless an operator retried
+ *   or discarded the key.
  * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
  * reservation whose reply was lost is journaled but counted by nobody), `outboxDeduped`,
  * `inboundDuplicates`, `inboundReplayed`, `outboxRetried`, `outboxDeferred`.
@@ -28,7 +50,7 @@
 import type { InboundRecord, OutboxEntry } from "../../contract.ts";
 import type { DurabilityMetrics } from "../../engine.ts";
 import type { SimChannel } from "./channel.ts";
-import type { LostBy } from "./ledger.ts";
+import type { AdmissionRecord, HandleStart, LostBy } from "./ledger.ts";
 import type { Scenario } from "./scenario.ts";
 import type { World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";
@@ -150,6 +172,10 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     }
   }
 
+  // The first start of each record's handler (the harness's tracer sees every run the engine starts).
+  const firstStart = new Map<string, HandleStart>();
+  for (const s of ledger.handleStarts) if (!firstStart.has(s.id)) firstStart.set(s.id, s);
+
   // Every final state is explained and reported.
   const ambiguousEventKeys = new Set(ledger.ambiguousEvents.map((e) => e.key));
   const deadEventIds = new Set(ledger.deadEvents.map((e) => `${e.kind}:${e.id}`));
@@ -217,7 +243,79 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     if (!deadEventIds.has(`inbound:${r.id}`) && !diedUnaware(last)) {
       fail("silent-dead", `inbox record ${r.id} is dead but no durability:dead event reported it (the dead write's reply was ${last?.lostBy ?? "delivered"})`);
     }
-    if (!EXPLAINED_INBOUND.test(r.error ?? "")) fail("unexplained-dead", `inbox record ${r.id} is dead: ${r.error}`);
+    const unreadable = /^Unreadable /.test(r.error ?? "");
+    if (!unreadable && !firstStart.has(r.id)) {
+      const claims = [...ledger.inLeases.keys()].filter((k) => k.startsWith(`${r.id}#`)).length;
+      fail("dead-never-ran", `inbox record ${r.id} is dead (${r.error}) but its handler never started (${claims} claim(s), attempts ${r.attempts})`);
+    } else if (!EXPLAINED_INBOUND.test(r.error ?? "")) {
+      fail("unexplained-dead", `inbox record ${r.id} is dead: ${r.error}`);
+    }
+  }
+
+  // Each chat's messages first start their handlers in receipt order.
+  const received = new Map<string, AdmissionRecord[]>();
+  for (const a of ledger.admissions.values()) {
+    if (a.timerAt !== undefined) continue;
+    const list = received.get(a.chatId) ?? [];
+    list.push(a);
+    received.set(a.chatId, list);
+  }
+  for (const [chat, list] of received) {
+    list.sort((a, b) => a.commit - b.commit);
+    check: for (let k = 1; k < list.length; k++) {
+      const later = list[k]!;
+      const laterStart = firstStart.get(later.id);
+      if (laterStart === undefined) continue;
+      for (let j = 0; j < k; j++) {
+        const earlier = list[j]!;
+        const earlierStart = firstStart.get(earlier.id);
+        if (earlierStart === undefined || earlierStart.seq < laterStart.seq) continue;
+        // The journal's arrival order is the admitting processes' wall clocks: a clock step may put them the other way round.
+        if (earlier.receivedAt > later.receivedAt || ledger.operatorReplayed.has(earlier.id)) continue;
+        fail(
+          "chat-order",
+          `chat ${chat}: ${earlier.id} (received ${j + 1}${ordinal(j + 1)}, at ${at(earlier.time)} by ${earlier.inc}) first started at ${
+            at(earlierStart.time)
+          } on ${earlierStart.inc}, after ${later.id} (received ${k + 1}${ordinal(k + 1)}, at ${at(later.time)} by ${later.inc}) had started at ${
+            at(laterStart.time)
+          } on ${laterStart.inc}${
+            earlier.lostBy === "lost-reply" ? ` (${earlier.id}'s admission committed, leased to ${earlier.inc}, but its reply was lost)` : ""
+          }`,
+        );
+        break check;
+      }
+    }
+  }
+
+  // A timer never fires before its deadline on the clock of the process that fires it.
+  const early = new Set<string>();
+  for (const s of ledger.handleStarts) {
+    const deadline = ledger.admissions.get(s.id)?.timerAt;
+    if (deadline === undefined || s.wall >= deadline || early.has(s.id)) continue;
+    early.add(s.id);
+    fail(
+      "timer-early",
+      `timer ${s.id} (deadline ${at(deadline)} wall) fired on ${s.inc} at ${at(s.time)} true time, its clock reading ${at(s.wall)} (offset ${
+        s.wall - s.time
+      }ms): ${deadline - s.wall}ms early`,
+    );
+  }
+
+  // Every second copy of a send that reached the channel was reported ambiguous before it went out.
+  for (const [key, n] of acceptedBy) {
+    if (n < 2 || ledger.operatorRetried.has(key) || ledger.operatorDiscarded.has(key)) continue;
+    const calls = ledger.calls.filter((c) => c.key === key && c.accepted).sort((a, b) => a.start - b.start);
+    if (!input.strictTimeouts && calls.some((c) => c.outcome.startsWith("provider-timeout"))) continue;
+    for (const c of calls.slice(1)) {
+      if (ledger.ambiguousEvents.some((e) => e.key === key && e.time <= c.start)) continue;
+      fail(
+        "silent-resend",
+        `${key} reached the channel again by call #${c.n} (${c.inc} at ${at(c.start)}) with no durability:ambiguous event for it before (first copy: call #${
+          calls[0]!.n
+        } by ${calls[0]!.inc} at ${at(calls[0]!.start)}; events: ${ledger.ambiguousEvents.filter((e) => e.key === key).map((e) => `${e.inc} at ${at(e.time)}`).join(", ") || "none"})`,
+      );
+      break;
+    }
   }
 
   // Replies of one chat leave in order (by journal seq).
@@ -325,4 +423,8 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     );
   }
   return failures;
+}
+
+function ordinal(n: number): string {
+  return n % 100 >= 11 && n % 100 <= 13 ? "th" : ["th", "st", "nd", "rd"][n % 10] ?? "th";
 }

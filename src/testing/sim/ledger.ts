@@ -76,6 +76,37 @@ export interface AmbiguityRecord {
   detail: string;
 }
 
+/** An inbox record created by an admission that committed (the journal's receipt of it). */
+export interface AdmissionRecord {
+  id: string;
+  chatId: string;
+  /** Position among the run's committed admissions (the true order of receipt). */
+  commit: number;
+  time: number;
+  /** The `receivedAt` the admitting process gave it (its wall clock): the journal's arrival order. */
+  receivedAt: number;
+  inc: string;
+  /** A timer record (`scheduleTimer`): its deadline, wall-clock ms of the process that armed it. */
+  timerAt?: number;
+  /** Whether the admission's reply reached the engine (`lostBy` why not). */
+  delivered: boolean;
+  lostBy: LostBy;
+}
+
+/** One handler run that started (the engine's `botmesh.handle` span of a journaled record). */
+export interface HandleStart {
+  id: string;
+  inc: string;
+  /** True (virtual) time. */
+  time: number;
+  /** The starting process's wall clock then (virtual time plus its injected clock offset). */
+  wall: number;
+  /** Position among the run's handler starts. */
+  seq: number;
+  /** The record's `attempts` as the engine held it. */
+  attempts: number;
+}
+
 /** A completion rejected as stale that reached the engine. */
 export interface StaleRecord {
   kind: "inbox" | "outbox";
@@ -126,6 +157,10 @@ export class Ledger {
   chatOf: Map<string, string> = new Map();
   ambiguities: AmbiguityRecord[] = [];
   ambiguousEvents: { key: string; inc: string; time: number }[] = [];
+  /** Inbox records created, by id (the first creation; ids are not reused in a run). */
+  admissions: Map<string, AdmissionRecord> = new Map();
+  /** Every handler run that started, in order. */
+  handleStarts: HandleStart[] = [];
   /** Inbound ids whose handler ran (as the handler saw them). */
   handled: Set<string> = new Set();
   /** Ask plans whose handler saw its ask time out (in any incarnation, replays included). */

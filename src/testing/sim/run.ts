@@ -11,6 +11,7 @@ import { errorText, isProcessDeath } from "../../errors.ts";
 import { AskTimeoutError } from "../../conversation.ts";
 import type { JsonValue } from "../../contract.ts";
 import type { SessionStore } from "../../store.ts";
+import type { SpanContextLike, SpanLike, SpanOptionsLike, TracerLike } from "../../tracing.ts";
 import { HOSTILE_EXTRA_TEXT, SimChannel, type SimMessage } from "./channel.ts";
 import { faultyBackend } from "./faulty_backend.ts";
 import { checkInvariants, type SimFailure } from "./invariants.ts";
@@ -103,6 +104,7 @@ async function withRealTimerWatch<T>(fn: () => Promise<T>): Promise<T> {
  */
 export async function runSimulation(create: BackendFactory, options: SimOptions): Promise<SimResult> {
   realTimerLeaks = [];
+  spanCount = 0;
   return await withRealTimerWatch(() => simulate(create, options));
 }
 
@@ -118,6 +120,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
   world.providerFaultRate = scenario.providerFaultRate;
   world.verbose = options.verbose ?? false;
   world.leaseMs = Math.min(scenario.inbox.leaseMs, scenario.outbox.leaseMs);
+  world.claimLagMs = scenario.claimLagMs ?? 0;
   const shared = create(world.serverNow);
   const channel = new SimChannel(world, undefined, scenario.settles, scenario.rateLimits);
   const resend = scenario.outbox.onAmbiguous === "resend";
@@ -162,6 +165,10 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       });
     }
     try {
+      if (plan.slowMs !== undefined) {
+        // On its process's clock: a process that dies never wakes it (its handler never finishes).
+        await new Promise<void>((resolve) => inc.clock.setTimeout(resolve, plan.slowMs!));
+      }
       await runPlan(plan, n, ctx);
     } finally {
       handlersRunning.delete(running);
@@ -200,6 +207,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       store,
       durability: {
         backend: faultyBackend(world, inc, shared, resend),
+        tracer: handleRecorder(world, inc),
         instanceId: replica.name,
         inbox: scenario.inbox,
         outbox: scenario.outbox,
@@ -241,6 +249,11 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     });
     bot.when(() => true, handler(inc));
     world.log(inc.id, "start");
+    const loop = scenario.crashLoop;
+    if (loop !== null && replica.index === loop.replica && loopKills > 0 && loopKills < loop.kills) {
+      // Killed again shortly after this restart, before it can drain its backlog.
+      sched.after(loop.afterMs[loopKills - 1]!, () => loopKill(inc));
+    }
     bot.start().then(
       () => world.log(inc.id, "started"),
       (error) => {
@@ -251,6 +264,22 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       },
     );
   };
+
+  // The crash loop (see `Scenario.crashLoop`): kills so far.
+  let loopKills = 0;
+  const loopKill = (inc: Incarnation) => {
+    if (!inc.alive || !world.faultsActive) return;
+    loopKills++;
+    world.count("crash-loop");
+    world.crash(inc, `crash loop, kill ${loopKills} of ${scenario.crashLoop!.kills}`);
+  };
+  if (scenario.crashLoop !== null) {
+    const loop = scenario.crashLoop;
+    sched.at(SIM_EPOCH + loop.firstAt, () => {
+      const inc = world.replicas[loop.replica]!.current;
+      if (inc?.alive) loopKill(inc);
+    });
+  }
 
   world.onCrash = (inc) => {
     const replica = inc.replica;
@@ -451,6 +480,42 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     scenario: describeScenario(scenario),
   };
 }
+
+/**
+ * A tracer that records every handler run the engine starts (its `botmesh.handle` span, opened where a
+ * handler run starts: after the not-due check of a timer, never for a record dead-lettered unread or
+ * cut off) in the ledger, with the true time and the process's wall clock. Span ids are a counter.
+ */
+function handleRecorder(world: World, inc: Incarnation): TracerLike {
+  const ids = (): SpanContextLike => {
+    const n = ++spanCount;
+    return { traceId: n.toString(16).padStart(32, "0"), spanId: n.toString(16).padStart(16, "0"), traceFlags: 1 };
+  };
+  const span = (): SpanLike => {
+    const context = ids();
+    return { spanContext: () => context, setAttribute: () => {}, setStatus: () => {}, recordException: () => {}, end: () => {} };
+  };
+  return {
+    startSpan: () => span(),
+    startActiveSpan: (name: string, options: SpanOptionsLike, ...rest: unknown[]) => {
+      const fn = rest.at(-1) as (span: SpanLike) => unknown;
+      const id = options.attributes?.["botmesh.message_id"];
+      // A dead process runs nothing (the sim cannot stop its code, but nothing of it counts).
+      if (name === "botmesh.handle" && typeof id === "string" && inc.alive) {
+        world.ledger.handleStarts.push({
+          id,
+          inc: inc.id,
+          time: world.sched.time,
+          wall: inc.clock.now(),
+          seq: world.ledger.handleStarts.length,
+          attempts: Number(options.attributes?.["botmesh.attempt"] ?? 0),
+        });
+      }
+      return fn(span());
+    },
+  } as TracerLike;
+}
+let spanCount = 0;
 
 function stateCounts(records: { state: string }[]): string {
   const counts: Record<string, number> = {};

@@ -37,6 +37,19 @@ export interface MessagePlan {
    * and replies `timeout of <id>` when it times out (no other replies; never throws).
    */
   askTimeoutMs?: number;
+  /** The handler takes this long (virtual ms, on its process's clock) before it replies: a slow handler. */
+  slowMs?: number;
+}
+
+/**
+ * A crash loop: the replica is killed `kills` times, first at `firstAt`, then each time `afterMs[i]`
+ * after it restarted (before it can drain its backlog). Not limited by the run's crash budget.
+ */
+export interface CrashLoop {
+  replica: number;
+  firstAt: number;
+  kills: number;
+  afterMs: number[];
 }
 
 /** A fault at a planned moment. */
@@ -78,6 +91,14 @@ export interface Scenario {
    * `bot.sweep()` is called every `cronMs` instead. `null`: the timers run.
    */
   cronMs: number | null;
+  /**
+   * Backlog through a crash loop: the messages of one chat come faster than its slow handler answers
+   * (several queued), and the replica that holds the chat is killed over and over shortly after each
+   * restart. `null` for the other seeds.
+   */
+  crashLoop: CrashLoop | null;
+  /** How long every inbox claim scan's reply takes after it committed (a slow journal), or `null` (at once). */
+  claimLagMs: number | null;
 }
 
 /**
@@ -210,6 +231,62 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
       askTimeoutMs: asks.chance(0.5) ? asks.int(100, lease) : asks.int(lease, 4 * lease),
     });
   }
+  // Backlog through a crash loop, drawn from its own stream (the scenarios of existing seeds stay as they were).
+  const backlog = rng.fork("backlog");
+  let crashLoop: CrashLoop | null = null;
+  let claimLagMs: number | null = null;
+  if (backlog.chance(0.12) && enabled.has("crash")) {
+    const chatIndex = backlog.int(0, chats - 1);
+    const count = backlog.int(4, 8);
+    const start = backlog.int(0, 3000);
+    const gap = backlog.int(20, 150);
+    for (let i = 1; i <= count; i++) {
+      messages.push({
+        id: `b${i}`,
+        chatId: `c${chatIndex + 1}`,
+        chatIndex,
+        text: `backlog ${i}`,
+        at: start + (i - 1) * gap,
+        replies: 1,
+        throws: 0,
+        throwAfter: false,
+        enqueue: false,
+        awaitReplies: true,
+        duplicates: [],
+        slowMs: backlog.int(400, 1500),
+      });
+    }
+    const kills = backlog.int(6, 10);
+    crashLoop = {
+      replica: chatIndex % replicas,
+      firstAt: start + count * gap + backlog.int(50, 400),
+      kills,
+      afterMs: Array.from({ length: kills - 1 }, () => backlog.int(50, 600)),
+    };
+    // More of the chat's messages while the loop goes on (the channel gives them to another replica while
+    // the looping one is down), and a journal slow to answer claim scans: a scan's records are leased
+    // before the scanner learns of them, the window in which a later message of the chat must wait.
+    const more = backlog.int(2, 5);
+    for (let i = 1; i <= more; i++) {
+      messages.push({
+        id: `b${count + i}`,
+        chatId: `c${chatIndex + 1}`,
+        chatIndex,
+        text: `backlog ${count + i}`,
+        at: crashLoop.firstAt + backlog.int(0, 8000),
+        replies: 1,
+        throws: 0,
+        throwAfter: false,
+        enqueue: false,
+        awaitReplies: true,
+        duplicates: [],
+        slowMs: backlog.int(400, 1500),
+      });
+    }
+    // Below the quarter lease an admission waits for a claim scan of its process (past it, the engine lets
+    // the message go ahead of the scan's records: the scan is taken for hung).
+    claimLagMs = backlog.int(20, Math.min(400, inbox.leaseMs / 4 - 50));
+  }
   return {
     replicas,
     chats,
@@ -224,6 +301,8 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     rateLimits,
     // Drawn from its own stream, so the scenarios of existing seeds stay as they were.
     cronMs: rng.fork("cron").chance(0.25) ? rng.fork("cron-ms").int(200, 3000) : null,
+    crashLoop,
+    claimLagMs,
   };
 }
 
@@ -235,5 +314,7 @@ export function describeScenario(s: Scenario): string {
     `${s.settles.statuses ? "; delivery statuses" : ""}${s.settles.confirm ? "; provider confirm" : ""}` +
     `${s.rateLimits ? `; rate limits ${JSON.stringify(s.rateLimits)}` : ""}` +
     `${s.cronMs !== null ? `; no timers, bot.sweep() every ${s.cronMs}ms` : ""}` +
+    `${s.crashLoop ? `; backlog of ${s.messages.filter((m) => m.slowMs !== undefined).length} slow messages through a crash loop of r${s.crashLoop.replica + 1} (${s.crashLoop.kills} kills)` : ""}` +
+    `${s.claimLagMs !== null ? `; inbox claim scans answer ${s.claimLagMs}ms after they commit` : ""}` +
     `${s.messages.some((m) => m.askTimeoutMs) ? `; asks timing out after ${s.messages.filter((m) => m.askTimeoutMs).map((m) => `${m.askTimeoutMs}ms`).join(", ")}` : ""}`;
 }

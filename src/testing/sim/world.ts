@@ -84,6 +84,8 @@ export class World {
   providerFaultRate = 0;
   crashes = 0;
   maxCrashes = 4;
+  /** How long an inbox claim scan's reply takes after it committed (`Scenario.claimLagMs`). */
+  claimLagMs = 0;
   /** Lease lengths (for delays "longer than a lease"). */
   leaseMs = 1000;
   /** Called when an incarnation dies (the run schedules its restart). */
