@@ -947,11 +947,14 @@ export class DurabilityEngine {
         dispatch({ message, record: null, sends: [], sendCount: 0 });
         return { status: "unjournaled", id, error: err };
       }
-      if (timedOut) {
-        // The write may still land, leased to this process: its message keeps its chat's place until then.
-        // Bounded by a lease: past it, the record (if it landed) is a sweep's to take, and the chat moves on.
+      {
+        // The write may still land (a timeout), or may have landed with its reply lost (an error after the
+        // commit: read back), leased to this process: its message keeps its chat's place until that is known,
+        // so that the chat's later messages never run before it. Bounded by a lease: past it, the record (if
+        // it landed) is a sweep's to take, and the chat moves on.
+        const landing = timedOut ? writing : this.#readBackAdmission(id);
         let open = true;
-        const late = this.#lateAdmission(message, writing, dispatch, () => open);
+        const late = this.#lateAdmission(message, landing, dispatch, () => open);
         const tracked = this.#deadlines.within(late, this.config.inbox.leaseMs, () => new Error("late admission")).catch(() => {}).then(() => {
           open = false;
           if (this.#lateAdmissions.get(id) === tracked) this.#lateAdmissions.delete(id);
@@ -987,6 +990,25 @@ export class DurabilityEngine {
     this.#jobLeases.set(job, this.#hold("inbox", id, record.fence, admittedAt));
     dispatch(job);
     return { status: "admitted", id };
+  }
+
+  /**
+   * After an admission whose reply was an error: the record, if the write committed leased to this very
+   * incarnation (its reply lost), else `null`. Read until the journal answers, within the caller's bound.
+   */
+  async #readBackAdmission(id: string): Promise<InboundRecord | null> {
+    for (let read = 0; !this.#halted && !this.#stopping; read++) {
+      try {
+        const record = await this.backend.inbox.get(id);
+        const lease = record?.lease;
+        if (!record || record.state !== "processing" || !lease || record.fence !== 1) return null;
+        return lease.owner === this.#instanceId && lease.incarnation === this.incarnation ? record : null;
+      } catch (error) {
+        if (isProcessDeath(error)) return null;
+        await sleep(this.#clock, Math.min(Math.max(5, Math.floor(this.config.inbox.leaseMs / 8)), 25 * 2 ** Math.min(read, 6)));
+      }
+    }
+    return null;
   }
 
   /**
@@ -1381,11 +1403,14 @@ export class DurabilityEngine {
       const landed = await this.backend.outbox.get(entry.key).catch(() => null);
       if (landed === null || !this.#sameSend(landed, entry) || !this.#isOwnUncalled(landed)) throw error;
       this.#metrics.outboxJournaled++;
+      this.#reportIfCalledBefore(landed);
       return this.#deliver(this.#hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
     }
     const journaled = result.entry;
     if (result.status === "exists" && this.#sameSend(journaled, entry) && this.#isOwnUncalled(journaled)) {
-      // Reserved by this incarnation, its reply lost (the handler retried): never sent, ours to send now.
+      // Reserved by this incarnation, its reply lost (the handler retried): never sent, ours to send now;
+      // or re-leased to it by an unanswered claim scan ('resend') after a dead holder's announced call.
+      this.#reportIfCalledBefore(journaled);
       return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
     }
     if (result.status === "exists") {
@@ -1432,6 +1457,15 @@ export class DurabilityEngine {
     return this.#claimsInFlight === 0 && !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
       lease.incarnation === this.incarnation && lease.token === entry.fence &&
       !this.#held.outbox.has(entry.key) && !this.#calling.has(entry.key) && !this.#knewLease("outbox", entry.key, entry.fence);
+  }
+
+  /**
+   * An entry leased to this incarnation without its knowing (a reply lost) that is `called` was re-leased
+   * by a claim scan with `resendAmbiguous` after a holder's announced call: that call may have arrived, so
+   * it is reported before the send goes again (a lease of its own starts uncalled).
+   */
+  #reportIfCalledBefore(entry: OutboxEntry): void {
+    if (entry.called) this.#reportAmbiguous(entry);
   }
 
   #resultOf(entry: OutboxEntry): SendResult {
@@ -2072,7 +2106,7 @@ export class DurabilityEngine {
         // With 'resend', a lost scan re-leases abandoned sends to us instead of making them unknown:
         // one that was called before may have been delivered, so it is reported before it goes again
         // (perhaps one that had only failed: a report too many rather than a silent resend).
-        if (lostScanSince !== null && this.config.outbox.onAmbiguous === "resend" && entry.attempts > 1) {
+        if (entry.called || (lostScanSince !== null && this.config.outbox.onAmbiguous === "resend" && entry.attempts > 1)) {
           this.#reportAmbiguous(entry);
         }
         const lease = this.#hold("outbox", entry.key, entry.fence, -Infinity);
