@@ -435,6 +435,12 @@ export class DurabilityEngine {
   #inboxScan: Promise<void> | null = null;
   /** Admissions answered `rejected` after `admitTimeoutMs` whose write is still on its way, by id. */
   readonly #lateAdmissions = new Map<string, Promise<void>>();
+  /**
+   * The `receivedAt` of admissions answered `rejected` whose write may have been issued, by id: the channel's
+   * redelivery is journaled with it, so that the journal keeps the chat's receipt order (a later message of
+   * the chat admitted meanwhile comes after it there too, as in the chat's queue).
+   */
+  readonly #rejectedReceivedAt = new Map<string, number>();
   /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
   #jobLeases = new WeakMap<InboundJob, HeldLease>();
   /** Sends a sweep of this process made `unknown` (and reported) that it did not hold: key → fence. */
@@ -922,13 +928,15 @@ export class DurabilityEngine {
     }
     let record: InboundRecord | null;
     const admittedAt = this.#clock.monotonic();
+    const receivedAt = this.#rejectedReceivedAt.get(id) ?? this.#nextReceivedAt();
+    this.#rejectedReceivedAt.delete(id);
     const writing = this.backend.inbox.admit({
       id,
       kind: message.type === "interaction" ? "interaction" : "message",
       chatId: message.chatId,
       provider: this.#host.provider.name,
       payload,
-      receivedAt: this.#nextReceivedAt(),
+      receivedAt,
     }, this.#claim("inbox"));
     let timedOut = false;
     try {
@@ -961,6 +969,8 @@ export class DurabilityEngine {
         });
         this.#lateAdmissions.set(id, tracked);
         slot.late = tracked;
+        this.#rejectedReceivedAt.set(id, receivedAt);
+        if (this.#rejectedReceivedAt.size > DEDUPE_CAPACITY) this.#rejectedReceivedAt.delete(this.#rejectedReceivedAt.keys().next().value!);
       }
       return { status: "rejected", id, error: err };
     }
@@ -1226,6 +1236,9 @@ export class DurabilityEngine {
       const token = lease.token;
       try {
         if (await this.backend.inbox.start(id, token, attempt)) return true;
+        // A claim scan of this process may have re-leased it (its lease looked lapsed: a server clock step)
+        // with the answer still on its way: that scan hands this job the new token.
+        if (lease.token === token && this.#claimsInFlight > 0) await this.#claimScansHeld();
         // Re-leased to this very process meanwhile (a sweep handed the work a new token): again with it.
         if (lease.token !== token && !lease.lost && this.#held.inbox.get(id) === lease) continue;
         return false;
@@ -1465,7 +1478,8 @@ export class DurabilityEngine {
    * it is reported before the send goes again (a lease of its own starts uncalled).
    */
   #reportIfCalledBefore(entry: OutboxEntry): void {
-    if (entry.called) this.#reportAmbiguous(entry);
+    // A lease of this process's own whose `markCalling` reply was lost is `called` too, but on its first attempt.
+    if (entry.called && entry.attempts > 1) this.#reportAmbiguous(entry);
   }
 
   #resultOf(entry: OutboxEntry): SendResult {
@@ -2106,7 +2120,7 @@ export class DurabilityEngine {
         // With 'resend', a lost scan re-leases abandoned sends to us instead of making them unknown:
         // one that was called before may have been delivered, so it is reported before it goes again
         // (perhaps one that had only failed: a report too many rather than a silent resend).
-        if (entry.called || (lostScanSince !== null && this.config.outbox.onAmbiguous === "resend" && entry.attempts > 1)) {
+        if (lostScanSince !== null && this.config.outbox.onAmbiguous === "resend" && entry.attempts > 1) {
           this.#reportAmbiguous(entry);
         }
         const lease = this.#hold("outbox", entry.key, entry.fence, -Infinity);
