@@ -26,7 +26,7 @@ import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
 import { errorDetail, errorText, isProcessDeath } from "./errors.ts";
-import { BLOCKING_OUTBOX_STATES } from "./rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "./rules.ts";
 import {
   type AdmitResult,
   classifyProviderError,
@@ -328,7 +328,7 @@ const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
 /** How many failed inbox records an idle check reads, in turn, to tell retries from timers not due yet. */
-const ACTIVE_FAILED_LOOKS = [200, 5_000, 100_000];
+const ACTIVE_FAILED_LOOKS = [1, 200, 5_000, 100_000];
 const DEDUPE_CAPACITY = 10_000;
 /** Tokens of one record this incarnation remembers having held (the latest ones). */
 const EVER_HELD_TOKENS_PER_RECORD = 16;
@@ -2139,18 +2139,19 @@ export class DurabilityEngine {
   // ---- settling and stopping -------------------------------------------------
 
   async #hasActiveWork(): Promise<boolean> {
-    const [inbound, outbound] = await Promise.all([
-      this.backend.inbox.list({ state: ["pending", "processing"], limit: 1 }),
-      this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 }),
-    ]);
-    if (inbound.length > 0 || outbound.length > 0) return true;
-    // A timer not due yet (an ask waiting for its answer) is not work under way; a retry is. Failed
-    // records list in arrival order, timers among them: read on until one that is work, or the end.
+    // A claim scan whose answer is on its way holds records this process is about to work on.
+    if (this.#claimsInFlight > 0) return true;
+    const outbound = await this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 });
+    if (outbound.length > 0) return true;
+    // The active inbox states in one read: a record moving from one to another between two reads (a
+    // retry claimed: failed, then processing) would be missed by both. A timer not due yet (an ask
+    // waiting for its answer) is not work under way; a retry is. Records list in arrival order, timers
+    // among them: read on until one that is work, or the end.
     const now = this.#clock.now();
     for (const limit of ACTIVE_FAILED_LOOKS) {
-      const failed = await this.backend.inbox.list({ state: "failed", limit });
-      if (failed.some((r) => (timerOf(r.payload)?.at ?? -Infinity) <= now)) return true;
-      if (failed.length < limit) return false;
+      const active = await this.backend.inbox.list({ state: ACTIVE_INBOX_STATES, limit });
+      if (active.some((r) => r.state !== "failed" || (timerOf(r.payload)?.at ?? -Infinity) <= now)) return true;
+      if (active.length < limit) return false;
     }
     return true; // more waiting asks than it reads: counted as work, never as idle by mistake
   }

@@ -175,9 +175,12 @@ export function claimedInbound<R extends LeasedLifecycle>(record: R, now: number
   };
 }
 
-/** `record` whose run `attempt` begins under its lease (`start`): attempts `max(attempts, attempt)`. */
-export function startedInbound<R extends LeasedLifecycle>(record: R, attempt: number, now: number): R {
-  return record.attempts >= attempt ? record : { ...record, attempts: attempt, updatedAt: now };
+/**
+ * `record` whose run `attempt` begins under its lease (`start`): attempts `max(attempts, attempt)`,
+ * `updatedAt` kept (a run's start changes no state; lists and purges go by `updatedAt`).
+ */
+export function startedInbound<R extends LeasedLifecycle>(record: R, attempt: number, _now?: number): R {
+  return record.attempts >= attempt ? record : { ...record, attempts: attempt };
 }
 
 /** A fresh outbox entry with sequence `seq`: leased when `lease` is given and the chat is clear. */

@@ -553,7 +553,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
       FROM n WHERE ord = $1::bigint AND ${t.inbox}.xmin = $2::text::xid AND ${KEPT} RETURNING 1 AS ok`,
     heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
-    start: `WITH ${n} UPDATE ${t.inbox} SET attempts = greatest(attempts, $3::integer), updated_at = n.now
+    start: `WITH ${n} UPDATE ${t.inbox} SET attempts = greatest(attempts, $3::integer)
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     heartbeatMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint, lease_ms bigint))
       UPDATE ${t.inbox} AS r SET lease_expires_at = n.now + u.lease_ms, due_at = n.now + u.lease_ms

@@ -1043,8 +1043,8 @@ local now = now_ms()
 local h = in_read(ARGV[2], now)
 if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
 if num(h, 'attempts') < tonumber(ARGV[4]) then
-  h.attempts = ARGV[4]; h.updatedAt = n2s(now)
-  save(h, {'attempts', 'updatedAt'})
+  h.attempts = ARGV[4] -- updatedAt is kept: the lists' indexes are by it, and a run's start changes no state
+  save(h, {'attempts'})
 end
 return cjson.encode({'ok'})
 `, true),

@@ -364,8 +364,8 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const id = uid("m");
       await provider.receive({ id, chatId: "c", text: "x" });
       await bot.idle();
-      expect(attempts).toEqual([1, 2, 3]);
       const record = await backend.inbox.get(id);
+      expect(attempts, `handler runs (the record: ${JSON.stringify([record?.state, record?.attempts, record?.error?.split("\n")[0]])}; errors: ${errors.map(String).join("; ")})`).toEqual([1, 2, 3]);
       expect(record?.state).toBe("dead");
       // The journal keeps what an operator needs: the error, its causes and where it was thrown.
       const lines = record!.error!.split("\n");
