@@ -998,6 +998,15 @@ export class DurabilityEngine {
     if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
     const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
     this.#jobLeases.set(job, this.#hold("inbox", id, record.fence, admittedAt));
+    const slow = this.#inboxScan;
+    if (slow !== null) {
+      // The scan (or the adoption after its lost reply) is still on its way: the channel has its answer
+      // now, and the job takes its place in the chat's queue once what the scan leased to this process is
+      // queued ahead of it (bounded by a lease: the job is held, and heartbeated, meanwhile).
+      slot.late = this.#deadlines.within(slow, this.config.inbox.leaseMs, () => new Error("slow claim scan")).catch(() => {})
+        .then(() => dispatch(job));
+      return { status: "admitted", id };
+    }
     dispatch(job);
     return { status: "admitted", id };
   }
@@ -1007,7 +1016,8 @@ export class DurabilityEngine {
    * incarnation (its reply lost), else `null`. Read until the journal answers, within the caller's bound.
    */
   async #readBackAdmission(id: string): Promise<InboundRecord | null> {
-    for (let read = 0; !this.#halted && !this.#stopping; read++) {
+    const until = this.#clock.monotonic() + this.config.inbox.leaseMs;
+    for (let read = 0; !this.#halted && !this.#stopping && this.#clock.monotonic() < until; read++) {
       try {
         const record = await this.backend.inbox.get(id);
         const lease = record?.lease;
@@ -1160,8 +1170,10 @@ export class DurabilityEngine {
       return;
     }
     const retries = this.config.inbox.retries;
-    // This run's number: an admission that ran it at once counted it; otherwise it is journaled now.
-    const attempts = job.runCounted === true ? Math.max(1, record.attempts) : record.attempts + 1;
+    // This run's number in the journal: an admission that ran it at once counted it; otherwise it is
+    // journaled now. A timer's leased admission counted a run that was only its arming: its runs are one less.
+    const journaled = job.runCounted === true ? Math.max(1, record.attempts) : record.attempts + 1;
+    const attempts = job.timer ? Math.max(1, journaled - 1) : journaled;
     let failure: unknown;
     let failed = false;
     let deadNow = false;
@@ -1175,13 +1187,13 @@ export class DurabilityEngine {
       // Its handler began that many runs, none with an outcome: it takes the process down with it.
       failed = true;
       failure = new Error(`Processing was cut off (crash or lost lease) in ${attempts - 1} attempts`);
-    } else if (job.runCounted !== true && !await this.#startRun(lease, record.id, attempts)) {
+    } else if (job.runCounted !== true && !await this.#startRun(lease, record.id, journaled)) {
       // Not journaled as begun (the lease was lost, or the journal failed): not run here. Its lease lapses
       // and a sweep takes it up again.
       this.#release("inbox", record.id, lease.token);
       return;
     } else {
-      record.attempts = attempts;
+      record.attempts = journaled;
       job.runCounted = true;
       try {
         await this.#observer.handle(job.message, record, handle);
@@ -1229,7 +1241,7 @@ export class DurabilityEngine {
   /**
    * Journal that run `attempt` of an inbox record's handler begins (`inbox.start`), retrying a journal
    * error while this process holds the lease (a repeat after a lost reply changes nothing).
-   * @returns whether it is journaled; `false` when the lease was lost or the journal kept failing
+   * @returns whether it is journaled; `false` when the lease was lost (or the bot stops while the journal fails)
    */
   async #startRun(lease: HeldLease, id: string, attempt: number): Promise<boolean> {
     for (let tries = 1;; tries++) {
@@ -1244,7 +1256,9 @@ export class DurabilityEngine {
         return false;
       } catch (error) {
         if (this.#report(error, `journal of inbox record "${id}" (start of run ${attempt}, try ${tries})`)) return false;
-        if (lease.lost || this.#stopping || this.#held.inbox.get(id) !== lease || tries >= 5) return false;
+        // Retried while the lease is held (heartbeats keep it): giving up would let the chat's next message
+        // run first, and a start that committed with its reply lost would count a run never made.
+        if (lease.lost || this.#held.inbox.get(id) !== lease || (this.#stopping && tries >= 3)) return false;
         await sleep(this.#clock, Math.min(Math.max(5, Math.floor(this.config.inbox.leaseMs / 4)), 50 * 2 ** tries));
         if (this.#halted) return false;
       }
@@ -1917,8 +1931,12 @@ export class DurabilityEngine {
         records = await this.#claimScan(() => this.backend.inbox.claimDue(inboxClaim));
       } catch (error) {
         this.#claimsInFlight--;
-        scanDone();
-        await this.#afterUnansweredClaim(error);
+        try {
+          // An admission meanwhile waits (bounded) for the adoption of what the scan may have leased to us.
+          await this.#afterUnansweredClaim(error);
+        } finally {
+          scanDone();
+        }
         throw error;
       }
       this.#claimsInFlight--; // the loop below holds them all before it yields
@@ -2306,12 +2324,13 @@ function checkConfirmation(answer: unknown, provider: string): SendConfirmation 
 }
 
 /**
- * The run a journaled job is on, once it began (the runs its record's handler began, this one included).
+ * The run a journaled job is on, once it began (the runs its record's handler began, this one included;
+ * for a timer, less the run its leased admission counted, which was only its arming).
  * @param job a job with its record
  * @returns at least 1
  */
 export function attemptsOf(job: InboundJob & { record: InboundRecord }): number {
-  return Math.max(1, job.record.attempts);
+  return job.timer ? Math.max(1, job.record.attempts - 1) : Math.max(1, job.record.attempts);
 }
 
 /** The timer an inbox record's payload carries, or `undefined` for a message. */

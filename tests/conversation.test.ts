@@ -470,6 +470,50 @@ describe("ctx.ask", () => {
     });
   }
 
+  test("a timer taken up before its deadline spends none of its step's attempts: with inbox.retries 1 a timeout step that fails once is retried", async () => {
+    let timeouts = 0;
+    const handler: Form = async (ctx) => {
+      try {
+        await ctx.ask("Name?", { timeoutMs: 900 });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        if (++timeouts === 1) throw new Error("the timeout step fails once");
+        await ctx.reply("timed out");
+      }
+    };
+    const shared = new MemoryDurability();
+    const store = new KeptStore();
+    const retryOnce = { leaseMs: 300, retries: 1, backoff: { baseMs: 20, capMs: 20 } };
+    // The process dies right after journaling the timer, before arming it: its lease lapses long before
+    // the deadline, and the next process's sweep takes it up early (and arms it again).
+    const a = crashable(shared);
+    a.crashAfter("inbox.admit", { at: 2 });
+    const providerA = new MockProvider();
+    const botA = new Bot({ provider: providerA, store: crashableStore(a, store), durability: { ...fast(a), inbox: retryOnce } });
+    botA.on("error", () => {});
+    botA.when("form", handler);
+    await botA.start();
+    await providerA.receive({ id: "m0", chatId: "c", text: "form" });
+    const end = Date.now() + 3000;
+    while (!a.crashed && Date.now() < end) await new Promise((r) => setTimeout(r, 5));
+    expect(a.crashed).toBe(true);
+    await botA.stop().catch(() => {});
+
+    const provider = new MockProvider();
+    const errors: Error[] = [];
+    const bot = new Bot({ provider, store, durability: { ...fast(shared), inbox: retryOnce } });
+    bot.on("error", (e) => errors.push(e));
+    bot.when("form", handler);
+    await bot.start();
+    const until = Date.now() + 5000;
+    while (!provider.sent.some((m) => m.content === "timed out") && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+    await bot.idle();
+    expect(timeouts, "the timeout step ran twice: its first run failed, its retry replied").toBe(2);
+    expect(sent(provider).filter(([, content]) => content === "timed out")).toEqual([["m0:t1:1", "timed out"]]);
+    expect((await shared.inbox.get("m0:t1"))?.state).toBe("done");
+    await bot.stop();
+  });
+
   test("a timer left by an ended conversation does not time out the next one at the same step", async () => {
     const started: Record<string, number> = {};
     const handler: Form = async (ctx) => {

@@ -121,7 +121,12 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
       // dead like any record (its step failed on every attempt): the dead-letter checks below cover it.
       const timer = records.get(`${m.id}:t1`);
       const reply = `${m.id}:t1:1`;
-      if (timer?.state !== "done" && timer?.state !== "dead") {
+      // An ask whose timer could not be journaled (its step failed there) and whose deadline passed before
+      // the step's retry is timed out by that retry, in line, with no timer record: not lost if it fired.
+      const firedInLine = timer === undefined && ledger.timedOut.has(m.id) && outbox.some((e) => e.key === reply);
+      if (firedInLine) {
+        // checked: the handler saw the timeout and its reply is journaled
+      } else if (timer?.state !== "done" && timer?.state !== "dead") {
         fail("ask-timeout-lost", `${m.id} asked, but its timeout record is ${timer ? timer.state : "missing"}`);
       } else if (timer.state === "done") {
         if (!ledger.timedOut.has(m.id)) fail("ask-timeout-lost", `${m.id} asked, but its handler never saw the ask time out`);
