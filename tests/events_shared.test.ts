@@ -5,7 +5,7 @@
  * same file (refused in both orders).
  */
 import { childLines } from "./support/child_lines.ts";
-import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { afterAll, afterEach, describe, expect, spyOn, test } from "bun:test";
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -15,6 +15,8 @@ import {
   sharedJournalTestHooks,
 } from "../backends/events/shared_journal.ts";
 import { FileLockedError } from "../backends/file/lock.ts";
+import { FileCorruptError } from "../backends/file/corrupt_error.ts";
+import { MemoryEventJournal } from "../backends/events/memory_journal.ts";
 import type { EventRecord } from "../src/events/types.ts";
 
 const FIXTURE = join(import.meta.dir, "fixtures", "shared_events_worker.ts");
@@ -649,3 +651,52 @@ describe("SharedFileEventJournal in one process", () => {
     }
   });
 });
+
+describe("taking over the log of a FileEventJournal whose last line was torn", () => {
+  /** Log lines of three appends (`a`, `b`, `c`), in the format both file journals write. */
+  async function threeLines(): Promise<string[]> {
+    const m = new MemoryEventJournal();
+    const lines: string[] = [];
+    for (const id of ["a", "b", "c"]) {
+      await m.append({ id, eventType: "job", payload: null });
+      lines.push(JSON.stringify({ seq: lines.length + 1, ...m.takeChanges() }));
+    }
+    return lines;
+  }
+
+  test("a last line whose middle was never written (zeros, newline in place) is a torn end: the lines before it applied, warned", async () => {
+    const file = freshFile();
+    const lines = await threeLines();
+    const text = Buffer.from(lines.join("\n") + "\n");
+    const last = text.length - Buffer.byteLength(lines[2]!) - 1;
+    const torn = Buffer.from(text);
+    torn.fill(0, last + 10, text.length - 10);
+    writeFileSync(`${file}.log`, torn);
+    const warnings: unknown[][] = [];
+    const warn = spyOn(console, "warn").mockImplementation((...args: unknown[]) => void warnings.push(args));
+    let journal: SharedFileEventJournal;
+    try {
+      journal = await openJournal(file, {});
+    } finally {
+      warn.mockRestore();
+    }
+    expect((await journal.list()).map((e) => e.id)).toEqual(["a", "b"]);
+    expect(warnings.map((w) => String(w[0])).filter((w) => w.includes("torn write"))).toEqual([
+      `[@botmesh/durable] SharedFileEventJournal: ${file}.log ends in a torn write at byte ${last} (${text.length - last} bytes that are not a whole JSON line, with none after them); the lines before it were applied`,
+    ]);
+  });
+
+  test("a line whose middle was never written, with a JSON line after it, is damage: open() fails", async () => {
+    const file = freshFile();
+    const lines = await threeLines();
+    const text = Buffer.from(lines.join("\n") + "\n");
+    const second = Buffer.byteLength(lines[0]!) + 1;
+    const damaged = Buffer.from(text);
+    damaged.fill(0, second + 10, second + Buffer.byteLength(lines[1]!) - 10);
+    writeFileSync(`${file}.log`, damaged);
+    const error = await SharedFileEventJournal.open(file, {}).then(() => null, (e: unknown) => e);
+    expect(error).toBeInstanceOf(FileCorruptError);
+    expect(String((error as Error).message)).toContain(`${file}.log`);
+  });
+});
+

@@ -649,8 +649,13 @@ function isBlank(bytes: Uint8Array): boolean {
   return true;
 }
 
-/** Whether a line after `from` parses as JSON (an intact entry, not a torn write). */
-function jsonLineAfter(bytes: Uint8Array, from: number): boolean {
+/**
+ * Whether a line after `from` parses as JSON (an intact entry, not a torn write).
+ * @param bytes a log
+ * @param from where to look from
+ * @returns whether such a line is there
+ */
+export function jsonLineAfter(bytes: Uint8Array, from: number): boolean {
   for (let start = from; start < bytes.length;) {
     const end = bytes.indexOf(0x0a, start);
     if (end === -1) return false;

@@ -9,6 +9,7 @@ import { checkKnownOptions } from "../../src/options.ts";
 import type { ClaimDueOptions, ClaimOptions, DamagedListOptions, DamagedRecord, FailOutcome, ListOptions } from "../../src/contract.ts";
 import type { NewOutboxEntry, OutboxClaim, OutboxEntry, OutboxJournal, OutboxState, ReserveResult } from "../../src/contract.ts";
 import { MemoryEventJournal, type MemoryEventJournalOptions } from "./memory_journal.ts";
+import { jsonLineAfter } from "./file_journal.ts";
 import type {
   DamagedEvent,
   DamagedEventListOptions,
@@ -753,7 +754,18 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       const end = log.indexOf(10, pos);
       if (end < 0) break; // a torn last line (its writer died mid-write) was never acknowledged
       line++;
-      if (end > pos) last = applyLogLine(journal, log.subarray(pos, end), this.logPath, pos, line, last, null);
+      try {
+        if (end > pos) last = applyLogLine(journal, log.subarray(pos, end), this.logPath, pos, line, last, null);
+      } catch (error) {
+        // A last line that is not JSON (its middle never written: a crash during its flush), with no intact
+        // line after it, was never acknowledged either: a torn end, not applied. Before a good line: damage.
+        if (!(error instanceof FileCorruptError) || jsonLineAfter(log, end + 1)) throw error;
+        console.warn(
+          `[@botmesh/durable] SharedFileEventJournal: ${this.logPath} ends in a torn write at byte ${pos} ` +
+            `(${log.length - pos} bytes that are not a whole JSON line, with none after them); the lines before it were applied`,
+        );
+        break;
+      }
       pos = end + 1;
     }
     return journal;
