@@ -240,21 +240,23 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     const count = backlog.int(4, 8);
     const start = backlog.int(0, 3000);
     const gap = backlog.int(20, 150);
+    /** Message `b<n>` of the backlog's chat, arriving at `at`, whose handler is slow. */
+    const backlogMessage = (n: number, at: number): MessagePlan => ({
+      id: `b${n}`,
+      chatId: `c${chatIndex + 1}`,
+      chatIndex,
+      text: `backlog ${n}`,
+      at,
+      replies: 1,
+      throws: 0,
+      throwAfter: false,
+      enqueue: false,
+      awaitReplies: true,
+      duplicates: [],
+      slowMs: backlog.int(400, 1500),
+    });
     for (let i = 1; i <= count; i++) {
-      messages.push({
-        id: `b${i}`,
-        chatId: `c${chatIndex + 1}`,
-        chatIndex,
-        text: `backlog ${i}`,
-        at: start + (i - 1) * gap,
-        replies: 1,
-        throws: 0,
-        throwAfter: false,
-        enqueue: false,
-        awaitReplies: true,
-        duplicates: [],
-        slowMs: backlog.int(400, 1500),
-      });
+      messages.push(backlogMessage(i, start + (i - 1) * gap));
     }
     const kills = backlog.int(6, 10);
     crashLoop = {
@@ -268,23 +270,10 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     // before the scanner learns of them, the window in which a later message of the chat must wait.
     const more = backlog.int(2, 5);
     for (let i = 1; i <= more; i++) {
-      messages.push({
-        id: `b${count + i}`,
-        chatId: `c${chatIndex + 1}`,
-        chatIndex,
-        text: `backlog ${count + i}`,
-        at: crashLoop.firstAt + backlog.int(0, 8000),
-        replies: 1,
-        throws: 0,
-        throwAfter: false,
-        enqueue: false,
-        awaitReplies: true,
-        duplicates: [],
-        slowMs: backlog.int(400, 1500),
-      });
+      messages.push(backlogMessage(count + i, crashLoop.firstAt + backlog.int(0, 8000)));
     }
-    // Below the quarter lease an admission waits for a claim scan of its process (past it, the engine lets
-    // the message go ahead of the scan's records: the scan is taken for hung).
+    // Below the quarter lease an admission holds the channel's answer for a claim scan of its process; past
+    // it, the message still waits for the scan's records in its chat's queue (bounded by a lease).
     claimLagMs = backlog.int(20, Math.min(400, inbox.leaseMs / 4 - 50));
   }
   return {
