@@ -673,7 +673,8 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       backend,
       bots,
     ) => {
-      const lease = Math.round(250 * scale);
+      // Long enough that the dead process's lease outlasts the first sweep on a loaded machine (real time on servers).
+      const lease = Math.round(1000 * scale);
       const durability = (b: DurabilityBackend, instanceId: string) =>
         fastDurability(b, scale, { instanceId, sweepIntervalMs: 0, inbox: { leaseMs: lease }, outbox: { leaseMs: lease } });
       // A process that dies holding a message (evicted right after it answered the request).
