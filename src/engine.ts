@@ -179,8 +179,8 @@ export interface InboundJob {
   /** For a journaled timer (see `DurabilityEngine.scheduleTimer`): when it is due, and what it carries. */
   timer?: JournaledTimer;
   /**
-   * Whether the record's `attempts` counts this run already (its admission leased it with nothing of its
-   * chat before it, so it runs at once); otherwise the run is journaled (`inbox.start`) when it begins.
+   * Whether the record's `attempts` counts this run already (a leased admission counts the run its
+   * process makes of it); otherwise the run is journaled (`inbox.start`) when it begins.
    */
   runCounted?: boolean;
 }
@@ -433,7 +433,7 @@ export class DurabilityEngine {
   #claimsInFlight = 0;
   /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
   #inboxScan: Promise<void> | null = null;
-  /** Admissions answered `rejected` after `admitTimeoutMs` whose write is still on its way, by id. */
+  /** Admissions answered `rejected` whose write may still land (a timeout) or be read back (an error), by id. */
   readonly #lateAdmissions = new Map<string, Promise<void>>();
   /**
    * The `receivedAt` of admissions answered `rejected` whose write may have been issued, by id: the channel's
@@ -839,8 +839,9 @@ export class DurabilityEngine {
   }
 
   /**
-   * An admission answered `rejected` after `admitTimeoutMs` whose write was still on its way: when it
-   * lands leased to this process, its job runs in the place its message had in the chat's queue.
+   * An admission answered `rejected` whose write was still on its way (`admitTimeoutMs`) or whose error
+   * may hide a commit (read back): when it landed leased to this process, its job runs in the place its
+   * message had in the chat's queue.
    */
   async #lateAdmission(
     message: InboundMessage,
@@ -955,23 +956,21 @@ export class DurabilityEngine {
         dispatch({ message, record: null, sends: [], sendCount: 0 });
         return { status: "unjournaled", id, error: err };
       }
-      {
-        // The write may still land (a timeout), or may have landed with its reply lost (an error after the
-        // commit: read back), leased to this process: its message keeps its chat's place until that is known,
-        // so that the chat's later messages never run before it. Bounded by a lease: past it, the record (if
-        // it landed) is a sweep's to take, and the chat moves on.
-        const landing = timedOut ? writing : this.#readBackAdmission(id);
-        let open = true;
-        const late = this.#lateAdmission(message, landing, dispatch, () => open);
-        const tracked = this.#deadlines.within(late, this.config.inbox.leaseMs, () => new Error("late admission")).catch(() => {}).then(() => {
-          open = false;
-          if (this.#lateAdmissions.get(id) === tracked) this.#lateAdmissions.delete(id);
-        });
-        this.#lateAdmissions.set(id, tracked);
-        slot.late = tracked;
-        this.#rejectedReceivedAt.set(id, receivedAt);
-        if (this.#rejectedReceivedAt.size > DEDUPE_CAPACITY) this.#rejectedReceivedAt.delete(this.#rejectedReceivedAt.keys().next().value!);
-      }
+      // The write may still land (a timeout), or may have landed with its reply lost (an error after the
+      // commit: read back), leased to this process: its message keeps its chat's place until that is known,
+      // so that the chat's later messages never run before it. Bounded by a lease: past it, the record (if
+      // it landed) is a sweep's to take, and the chat moves on.
+      const landing = timedOut ? writing : this.#readBackAdmission(id);
+      let open = true;
+      const late = this.#lateAdmission(message, landing, dispatch, () => open);
+      const tracked = this.#deadlines.within(late, this.config.inbox.leaseMs, () => new Error("late admission")).catch(() => {}).then(() => {
+        open = false;
+        if (this.#lateAdmissions.get(id) === tracked) this.#lateAdmissions.delete(id);
+      });
+      this.#lateAdmissions.set(id, tracked);
+      slot.late = tracked;
+      this.#rejectedReceivedAt.set(id, receivedAt);
+      if (this.#rejectedReceivedAt.size > DEDUPE_CAPACITY) this.#rejectedReceivedAt.delete(this.#rejectedReceivedAt.keys().next().value!);
       return { status: "rejected", id, error: err };
     }
     if (record === null) record = await this.#ownLostAdmission(id);
@@ -1173,7 +1172,7 @@ export class DurabilityEngine {
     // This run's number in the journal: an admission that ran it at once counted it; otherwise it is
     // journaled now. A timer's leased admission counted a run that was only its arming: its runs are one less.
     const journaled = job.runCounted === true ? Math.max(1, record.attempts) : record.attempts + 1;
-    const attempts = job.timer ? Math.max(1, journaled - 1) : journaled;
+    const attempts = runOf(journaled, job.timer !== undefined);
     let failure: unknown;
     let failed = false;
     let deadNow = false;
@@ -2330,7 +2329,12 @@ function checkConfirmation(answer: unknown, provider: string): SendConfirmation 
  * @returns at least 1
  */
 export function attemptsOf(job: InboundJob & { record: InboundRecord }): number {
-  return job.timer ? Math.max(1, job.record.attempts - 1) : Math.max(1, job.record.attempts);
+  return runOf(job.record.attempts, job.timer !== undefined);
+}
+
+/** The run number of a record whose journal counts `attempts` runs (a timer's arming admission is not one). */
+function runOf(attempts: number, timer: boolean): number {
+  return Math.max(1, timer ? attempts - 1 : attempts);
 }
 
 /** The timer an inbox record's payload carries, or `undefined` for a message. */
