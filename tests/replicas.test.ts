@@ -300,7 +300,9 @@ for (const target of targets) {
           inFlightAtStop = cluster.inFlightOf(victim).length;
           let at: number;
           // SQLite: a process stopped inside a write transaction keeps the file's write lock and
-          // stalls the whole host (no lease helps there); freeze it outside one (continue and retry).
+          // stalls the whole host (no lease helps there); Postgres: one stopped before a group's
+          // COMMIT keeps its rows locked for the server's 5 s idle-in-transaction timeout, past the
+          // survivors' own leases. Freeze it outside one (continue and retry).
           for (;;) {
             at = performance.now();
             await cluster.replica(victim).freeze();

@@ -258,9 +258,12 @@ export async function namespaceLeftovers(ns: Namespace): Promise<number> {
 /**
  * For SQLite: whether the database's write lock is free (a `BEGIN IMMEDIATE` gets it within 100 ms).
  * A process stopped (SIGSTOP) inside a write transaction keeps the lock and stalls every other
- * process of the host until it is continued: leases cannot help there. Always true for the others.
+ * process of the host until it is continued: leases cannot help there. For Postgres: whether no
+ * group transaction of the schema was left open by the stop (see `noGroupLeftOpen`). Always true
+ * for the others.
  */
 export async function writeLockFree(ns: Namespace): Promise<boolean> {
+  if (ns.kind === "postgres" || ns.kind === "pgbouncer") return await noGroupLeftOpen(ns.name);
   if (ns.kind !== "sqlite") return true;
   const { Database } = await import("bun:sqlite");
   const db = new Database(join(ns.name, "bot.db"));
@@ -273,6 +276,30 @@ export async function writeLockFree(ns: Namespace): Promise<boolean> {
     return false;
   } finally {
     db.close();
+  }
+}
+
+/**
+ * Postgres: whether no transaction holding a lock on the schema's tables has sat idle for 100 ms (a
+ * group whose client was stopped before its COMMIT keeps its row locks until the server's
+ * `idle_in_transaction_session_timeout`, 5 s, ends it; a live replica's group is idle between its
+ * statements for far less). Asked 150 ms after the stop, once what reached the server has run.
+ */
+async function noGroupLeftOpen(schema: string): Promise<boolean> {
+  const { default: postgres } = await import("postgres");
+  const sql = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
+  try {
+    await Bun.sleep(150);
+    const rows = await sql`
+      select count(*)::int as n from pg_locks l
+      join pg_class c on c.oid = l.relation
+      join pg_namespace n on n.oid = c.relnamespace
+      join pg_stat_activity a on a.pid = l.pid
+      where n.nspname = ${schema} and a.state like 'idle in transaction%'
+        and a.state_change < clock_timestamp() - interval '100 milliseconds'`;
+    return rows[0]!.n === 0;
+  } finally {
+    await sql.end({ timeout: 2 });
   }
 }
 
