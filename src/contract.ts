@@ -309,6 +309,16 @@ export interface InboxJournal extends DamagedRecords {
    * @returns `false` when `token` is no longer the holder's (nothing changes).
    */
   start(id: string, token: number, attempt: number): Promise<boolean>;
+  /**
+   * `processing` → `scheduled`: a timer, due at its deadline `dueInMs` from
+   * now (backend time), when a due scan takes it like any due record.
+   * Attempts unchanged: arming a timer (again, when it was taken up before
+   * its deadline) is not a run. A `scheduled` record holds back nothing of
+   * its chat until it is due.
+   * @throws {StaleLeaseError} when `token` is stale.
+   * @throws {TypeError} naming `dueInMs` when it is not a finite number.
+   */
+  schedule(id: string, token: number, dueInMs: number): Promise<void>;
   /** `processing` → `done`. @throws {StaleLeaseError} when `token` is stale. */
   complete(id: string, token: number): Promise<void>;
   /**
@@ -428,6 +438,7 @@ export const INBOX_JOURNAL_METHODS: readonly (keyof InboxJournal)[] = [
   "claimDue",
   "start",
   "heartbeat",
+  "schedule",
   "complete",
   "fail",
   "get",

@@ -26,7 +26,7 @@ import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
 import { errorDetail, errorText, isProcessDeath } from "./errors.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "./rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, TIMER_STATE } from "./rules.ts";
 import {
   type AdmitResult,
   classifyProviderError,
@@ -327,7 +327,9 @@ const RECLAIM_BATCH = 1024;
 const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
-/** How many failed inbox records an idle check reads, in turn, to tell retries from timers not due yet. */
+/** The active inbox states that are work for `idle()`: all but a timer's (`scheduled`). */
+const WORK_INBOX_STATES = ACTIVE_INBOX_STATES.filter((state) => state !== TIMER_STATE);
+/** How many failed inbox records an idle check reads, in turn, past timers that an older version journaled as failures. */
 const ACTIVE_FAILED_LOOKS = [1, 200, 5_000, 100_000];
 const DEDUPE_CAPACITY = 10_000;
 /** Tokens of one record this incarnation remembers having held (the latest ones). */
@@ -1032,8 +1034,8 @@ export class DurabilityEngine {
 
   /**
    * Journal a timer as an inbox record of `chatId` that becomes due at `at`
-   * (wall-clock ms): admitted leased to this process, then failed with a
-   * retry at the deadline, so that it holds back nothing of its chat, and any
+   * (wall-clock ms): admitted leased to this process, then `scheduled` at
+   * the deadline (`inbox.schedule`), so that it holds back nothing of its chat, and any
    * process's sweep (a `bot.sweep()` of a cron trigger too) takes it up once
    * due. It comes back as a job with `timer` set. Idempotent: a timer whose id
    * is journaled already is left as it is. A crash between the two writes
@@ -1073,7 +1075,7 @@ export class DurabilityEngine {
     // Held while it is armed, so that nothing of this process takes it for lost work meanwhile.
     const lease = this.#hold("inbox", id, record.fence);
     try {
-      await this.#recordOutcome(lease, (token) => this.#armTimer(id, token, at), ["failed"]);
+      await this.#recordOutcome(lease, (token) => this.#armTimer(id, token, at), [TIMER_STATE]);
     } catch (error) {
       if (isProcessDeath(error)) throw error;
       // It is journaled: once its lease lapses, a sweep arms it.
@@ -1082,14 +1084,11 @@ export class DurabilityEngine {
     }
   }
 
-  /** Make a leased timer record `failed`, due again at `at`. */
+  /** Make a leased timer record `scheduled`, due at `at` (attempts unchanged: arming is not a run). */
   async #armTimer(id: string, token: number, at: number): Promise<void> {
-    const retryInMs = Math.max(0, Math.round(at - this.#clock.now()));
-    await this.backend.inbox.fail(id, token, {
-      error: `Not a failure: a timer, due at ${new Date(at).toISOString()}`,
-      retryInMs,
-    });
-    this.#wake(retryInMs);
+    const dueInMs = Math.max(0, Math.ceil(at - this.#clock.now()));
+    await this.backend.inbox.schedule(id, token, dueInMs);
+    this.#wake(dueInMs);
   }
 
   /**
@@ -1162,7 +1161,7 @@ export class DurabilityEngine {
       // operator's replay, a clock of another process ahead of this one): armed again, not run.
       const at = job.timer.at;
       try {
-        await this.#recordOutcome(lease, (token) => this.#armTimer(record.id, token, at), ["failed"]);
+        await this.#recordOutcome(lease, (token) => this.#armTimer(record.id, token, at), [TIMER_STATE]);
       } finally {
         this.#release("inbox", record.id, lease.token);
       }
@@ -1280,7 +1279,7 @@ export class DurabilityEngine {
   async #recordOutcome(lease: HeldLease, write: (token: number) => Promise<void>, landed: readonly string[]): Promise<boolean> {
     const { kind, id } = lease;
     const leaseMs = kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
-    lease.settling = landed.includes("failed") ? "retry" : "final";
+    lease.settling = landed.some((state) => state === "failed" || state === TIMER_STATE) ? "retry" : "final";
     // Whether an earlier attempt failed in a way that may hide a commit (a lost reply).
     let uncertain = false;
     for (let attempt = 1;; attempt++) {
@@ -2160,13 +2159,14 @@ export class DurabilityEngine {
     if (this.#claimsInFlight > 0) return true;
     const outbound = await this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 });
     if (outbound.length > 0) return true;
-    // The active inbox states in one read: a record moving from one to another between two reads (a
-    // retry claimed: failed, then processing) would be missed by both. A timer not due yet (an ask
-    // waiting for its answer) is not work under way; a retry is. Records list in arrival order, timers
-    // among them: read on until one that is work, or the end.
+    // The active inbox states but a timer's in one read: a record moving from one to another between
+    // two reads (a retry claimed: failed, then processing) would be missed by both. A `scheduled` timer
+    // (an ask waiting for its answer) is not work under way until a sweep takes it up; a retry is. A
+    // timer armed by a version that journaled timers as `failed` ("Not a failure: a timer") is told
+    // apart by its payload: read on past those until one that is work, or the end.
     const now = this.#clock.now();
     for (const limit of ACTIVE_FAILED_LOOKS) {
-      const active = await this.backend.inbox.list({ state: ACTIVE_INBOX_STATES, limit });
+      const active = await this.backend.inbox.list({ state: WORK_INBOX_STATES, limit });
       if (active.some((r) => r.state !== "failed" || (timerOf(r.payload)?.at ?? -Infinity) <= now)) return true;
       if (active.length < limit) return false;
     }

@@ -11,7 +11,7 @@
  */
 
 /** Every inbound state, in lifecycle order. */
-export const INBOX_STATES = ["pending", "processing", "failed", "done", "dead"] as const;
+export const INBOX_STATES = ["pending", "processing", "scheduled", "failed", "done", "dead"] as const;
 /** Every outbox state, in lifecycle order. */
 export const OUTBOX_STATES = ["queued", "sending", "sent", "failed", "dead", "unknown"] as const;
 
@@ -72,6 +72,7 @@ const no = {
 export const INBOX: StateTable<InboxStateName> = {
   pending: { ...no, active: true, due: "always", doc: "admitted, not yet claimed" },
   processing: { ...no, active: true, leased: true, due: "leaseExpiry", doc: "leased to an instance" },
+  scheduled: { ...no, active: true, due: "nextAttemptAt", doc: "a timer: due at nextAttemptAt, its deadline" },
   failed: { ...no, active: true, due: "nextAttemptAt", retryable: true, doc: "the handler threw; retried at nextAttemptAt" },
   done: { ...no, settled: true, retryable: true, purgeable: true, doc: "handled" },
   dead: { ...no, settled: true, retryable: true, doc: "the inbound dead-letter queue" },
@@ -191,7 +192,17 @@ export interface Machine<S extends string, T extends string> {
 }
 
 /** The operations of the inbox journal that change a record. */
-export type InboxTransitionName = "admit" | "claim" | "claimDue" | "start" | "heartbeat" | "complete" | "fail" | "replay" | "purge";
+export type InboxTransitionName =
+  | "admit"
+  | "claim"
+  | "claimDue"
+  | "start"
+  | "heartbeat"
+  | "schedule"
+  | "complete"
+  | "fail"
+  | "replay"
+  | "purge";
 /** The operations of the outbox journal (and the console) that change an entry. */
 export type OutboxTransitionName =
   | "reserve"
@@ -218,6 +229,8 @@ export const INBOX_MACHINE: Machine<InboxStateName, InboxTransitionName> = {
     claimDue: { from: INBOX_DUE, to: { ok: "processing" }, guard: "due", refusal: "skipped", operator: false },
     start: { from: INBOX_LEASED, to: { ok: "processing" }, guard: "token", refusal: "false", operator: false },
     heartbeat: { from: INBOX_LEASED, to: { ok: "processing" }, guard: "token", refusal: "false", operator: false },
+    // A timer armed (or armed again, when taken up before its deadline): attempts unchanged.
+    schedule: { from: INBOX_LEASED, to: { ok: "scheduled" }, guard: "token", refusal: "stale", operator: false },
     complete: { from: INBOX_LEASED, to: { ok: "done" }, guard: "token", refusal: "stale", operator: false },
     fail: { from: INBOX_LEASED, to: { retry: "failed", dead: "dead" }, guard: "token", refusal: "stale", operator: false },
     replay: { from: statesWhere(INBOX, "retryable"), to: { ok: "pending" }, guard: "none", refusal: "false", operator: true },

@@ -20,7 +20,7 @@ import type {
   OutboxEntry,
   OutboxState,
 } from "./contract.ts";
-import { type DueBy, INBOX, OUTBOX, statesWhere } from "./machine.ts";
+import { type DueBy, INBOX, INBOX_MACHINE, OUTBOX, statesWhere } from "./machine.ts";
 import { showValue } from "./show.ts";
 import { checkWellFormed } from "./well_formed.ts";
 
@@ -181,6 +181,28 @@ export function claimedInbound<R extends LeasedLifecycle>(record: R, now: number
  */
 export function startedInbound<R extends LeasedLifecycle>(record: R, attempt: number, _now?: number): R {
   return record.attempts >= attempt ? record : { ...record, attempts: attempt };
+}
+
+/** The state of an armed timer: where `inbox.schedule` leads. */
+export const TIMER_STATE: InboundState = theTarget(INBOX_MACHINE.transitions.schedule.to.ok);
+
+/**
+ * How versions before the `scheduled` state journaled an armed timer: a `failed` record whose error
+ * starts with this. The schema migrations turn such records into `scheduled` ones.
+ */
+export const LEGACY_TIMER_ERROR = "Not a failure: a timer";
+
+function theTarget(to: InboundState | "deleted"): InboundState {
+  if (to === "deleted") throw new Error("inbox.schedule deletes nothing");
+  return to;
+}
+
+/**
+ * `record` armed as a timer (`inbox.schedule`): `scheduled`, due `dueInMs`
+ * from `now` (never before `now`), lease dropped, no error; attempts unchanged.
+ */
+export function scheduledInbound<R extends LeasedLifecycle>(record: R, dueInMs: number, now: number): R {
+  return { ...record, state: TIMER_STATE, nextAttemptAt: now + Math.max(0, dueInMs), lease: null, error: null, updatedAt: now };
 }
 
 /** A fresh outbox entry with sequence `seq`: leased when `lease` is given and the chat is clear. */

@@ -228,7 +228,8 @@ describe("ctx.ask", () => {
     await a.bot.idle(); // an ask waiting for its answer is not work under way
     await a.bot.stop();
     const timer = await backend.inbox.get("m0:t1");
-    expect(timer?.state, "due in the inbox at the deadline, blocking nothing").toBe("failed");
+    expect(timer?.state, "due in the inbox at the deadline, blocking nothing").toBe("scheduled");
+    expect(timer?.error, "not a failure").toBe(null);
     expect(timer?.chatId).toBe("c");
     const b = makeBot(backend, store, handler, new MockProvider(), "conv-2");
     await b.bot.start();
@@ -429,8 +430,8 @@ describe("ctx.ask", () => {
     ["store.set", 1, "after"], // the transcript is written, the timer not yet journaled
     ["inbox.admit", 2, "before"], // 1: the message, 2: the timer
     ["inbox.admit", 2, "after"], // journaled leased, not armed: its lease lapses, a sweep arms it
-    ["inbox.fail", 1, "before"],
-    ["inbox.fail", 1, "after"], // armed, the step not yet done: the reprocess finds it journaled
+    ["inbox.schedule", 1, "before"],
+    ["inbox.schedule", 1, "after"], // armed, the step not yet done: the reprocess finds it journaled
   ] as const) {
     test(`a crash ${when} ${point} (${at}) while an ask's timer is journaled: the timeout fires once after recovery`, async () => {
       const handler: Form = async (ctx) => {
@@ -651,7 +652,7 @@ describe("ctx.ask", () => {
     await store.set("botmesh:conversation-deadlines:bot:conv-1", { c: transcript.asks[0]!.deadline });
     const b = makeBot(journaled, store, handler);
     await b.bot.start();
-    expect((await journaled.inbox.get("m0:t1"))?.state).toBe("failed");
+    expect((await journaled.inbox.get("m0:t1"))?.state).toBe("scheduled");
     expect(await store.get("botmesh:conversation-deadlines:bot:conv-1")).toBe(undefined);
     const end = Date.now() + 3000;
     while (b.provider.sent.length === 0 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
@@ -660,7 +661,7 @@ describe("ctx.ask", () => {
     await b.bot.stop();
   });
 
-  test("a timer taken up before its deadline (an operator's replay) is armed again, not run early", async () => {
+  test("a timer is not an operator's to run early: a replay of it is refused, and it fires once at its deadline", async () => {
     const handler: Form = async (ctx) => {
       try {
         await ctx.ask("Name?", { timeoutMs: 400 });
@@ -675,10 +676,8 @@ describe("ctx.ask", () => {
     const started = Date.now();
     await provider.receive({ id: "m0", chatId: "c", text: "form" });
     await bot.idle();
-    expect(await bot.durability!.replayInbound("m0:t1")).toBe(true); // pending: due at once
-    await new Promise((r) => setTimeout(r, 100));
-    expect(sent(provider)).toEqual([["m0:1", "Name?"]]);
-    expect((await backend.inbox.get("m0:t1"))?.state, "armed again").toBe("failed");
+    expect(await bot.durability!.replayInbound("m0:t1")).toBe(false);
+    expect((await backend.inbox.get("m0:t1"))?.state).toBe("scheduled");
     const end = Date.now() + 3000;
     while (provider.sent.length < 2 && Date.now() < end) await new Promise((r) => setTimeout(r, 10));
     expect(Date.now() - started).toBeGreaterThanOrEqual(400);

@@ -434,7 +434,7 @@ describe("damaged files are never overwritten", () => {
     ]);
     expect(problems.every(([, , backend, reported]) => backend === "file" && reported === false)).toBe(true);
     const text = problems.map(([, , , , problem]) => problem).join("\n");
-    expect(text).toContain('field "state" must be one of pending, processing, failed, done, dead, got "bogus"');
+    expect(text).toContain('field "state" must be one of pending, processing, scheduled, failed, done, dead, got "bogus"');
     expect(text).toMatch(/field "lease" must be null or a lease object|lease whose "token"/);
     expect(text).toContain('field "id" must be a string, got 42');
     expect(text).toContain("the id appears twice");
@@ -1311,7 +1311,7 @@ describe("the log beside the snapshot", () => {
     const b = await openAt(path);
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1"]);
     expect((await b.inbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
-      ["m2", 'field "state" must be one of pending, processing, failed, done, dead, got "bogus"'],
+      ["m2", 'field "state" must be one of pending, processing, scheduled, failed, done, dead, got "bogus"'],
     ]);
     expect((await stored(path)).damaged.map((d: { record: unknown }) => d.record), "written at once, as it was").toEqual([bad]);
     expect(await b.inbox.reportDamaged("m2")).toBe(true);

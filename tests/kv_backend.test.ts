@@ -145,7 +145,7 @@ class HeldDeletesKv extends WrapKv {
   }
 }
 
-const ACTIVE = new Set(["pending", "processing", "failed", "queued", "sending"]);
+const ACTIVE = new Set(["pending", "processing", "scheduled", "failed", "queued", "sending"]);
 
 /** Every hint a record lists exists, and exactly the active records list a due hint. */
 async function expectHintsIntact(kv: DurableKv, prefix = ""): Promise<void> {

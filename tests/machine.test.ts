@@ -62,7 +62,7 @@ test("the renderings: SQL lists and conditions, Lua tests", () => {
   expect(sqlNotIn("s", ["a"])).toBe("s <> 'a'");
   expect(luaSet(["a", "b"])).toBe("a = true, b = true");
   expect(sqlByDue(INBOX, "r.state", { always: "", nextAttemptAt: "N", leaseExpiry: "L" }))
-    .toBe("(r.state = 'pending' OR (r.state = 'failed' AND N) OR (r.state = 'processing' AND L))");
+    .toBe("(r.state = 'pending' OR (r.state IN ('scheduled', 'failed') AND N) OR (r.state = 'processing' AND L))");
   expect(statesWhere(OUTBOX, "blocksChat")).toEqual(["queued", "sending", "failed"]);
 });
 

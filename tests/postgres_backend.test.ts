@@ -187,11 +187,11 @@ describe("PostgresDurability statements", () => {
       ["outbox.purge", outbox.purge, [1000, 1000], ["botmesh_outbox_sent", "botmesh_outbox_pkey"]],
       ["outbox.purge (chat rows)", outbox.purgeChats, [3_600_000, 1000], ["botmesh_outbox_chat_touched", "botmesh_outbox_chat_all"]],
       ["outbox.reserve", outbox.reserve, ["k", "chat1", "{}", "h", null, true, "o", "i", 1000], ["botmesh_outbox_chat_active"]],
-      ["inbox.admit (leased)", inbox.admit, ["m", "message", "chat1", "p", "{}", 1700000020000, true, "o", "i", 1000], ["botmesh_inbox_chat_active"]],
+      ["inbox.admit (leased)", inbox.admit, ["m", "message", "chat1", "p", "{}", 1700000020000, true, "o", "i", 1000], ["botmesh_inbox_chat_live"]],
       ["inbox.admit (several, leased)", inbox.admitMany, [JSON.stringify([1, 2].map((i) => ({
         i, id: `m${i}`, kind: "message", chat_id: `chat${i}`, provider: "p", payload: "{}", received_at: 1700000020000, leased: true,
         owner: "o", inc: "i", lease_ms: 1000,
-      })))], ["botmesh_inbox_chat_active"]],
+      })))], ["botmesh_inbox_chat_live"]],
     ];
     for (const [name, text, params, indexes] of statements) {
       const plan = (await sql.unsafe(`EXPLAIN ${text}`, params as never[])).map((row) => row["QUERY PLAN"]).join("\n");
@@ -748,7 +748,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
     expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
-    expect(POSTGRES_SCHEMA_VERSION).toBe(5);
+    expect(POSTGRES_SCHEMA_VERSION).toBe(6);
     const [column] = await sql.unsafe(
       `SELECT count(*)::int AS n FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_outbox' AND column_name = 'uncalled_fence'`,
       [schema],
@@ -795,13 +795,48 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     const upgraded = new PostgresDurability({ sql: client(), schema });
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
-    expect(meta?.value).toBe("5");
+    expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
     const indexes = await sql.unsafe(`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND (indexname LIKE '%aside' OR indexname LIKE '%unreported') ORDER BY 1`, [schema]);
     expect(indexes.map((r) => r.indexname)).toEqual(["botmesh_inbox_aside", "botmesh_inbox_unreported", "botmesh_outbox_aside", "botmesh_outbox_unreported"]);
     expect((await upgraded.inbox.list({ state: "dead" })).map((r) => r.id), "out of the dead letters").toEqual([]);
     expect((await upgraded.inbox.damaged()).map((d) => [d.id, d.reported])).toEqual([["buried", false]]);
     expect((await upgraded.inbox.claimDue({ ...lease("v"), limit: 10 })).map((r) => r.id)).toEqual(["good"]);
     expect((await upgraded.outbox.claimDue({ ...lease("v"), limit: 10 })).due.map((e) => e.key)).toEqual(["k"]);
+  });
+
+  it("a version 5 schema is upgraded in place: a timer armed as a failed record becomes scheduled, due when it was; a real failure stays failed", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const t = tables(schema, "botmesh_");
+    const timer = (await b.inbox.admit(inbound("m0:t1", "c1"), lease("a")))!;
+    const soon = (await b.inbox.admit(inbound("m1:t1", "c2"), lease("a")))!;
+    const failing = (await b.inbox.admit(inbound("m2", "c3"), lease("a")))!;
+    await b.inbox.schedule(timer.id, timer.fence, 3_600_000);
+    await b.inbox.schedule(soon.id, soon.fence, 0);
+    await b.inbox.fail(failing.id, failing.fence, { error: "boom", retryInMs: 3_600_000 });
+    const before = await b.inbox.get(timer.id);
+    // Back to version 5 by hand: version 5 armed a timer as a failed record, and indexed the active
+    // records of a chat (pending, processing, failed) under the old name.
+    await sql.unsafe(`UPDATE ${t.inbox} SET state = 'failed', error = 'Not a failure: a timer, due at 2026-12-06T10:00:00.000Z'
+      WHERE id IN ('m0:t1', 'm1:t1')`);
+    await sql.unsafe(`DROP INDEX ${schema}.botmesh_inbox_chat_live`);
+    await sql.unsafe(`CREATE INDEX botmesh_inbox_chat_active ON ${t.inbox} (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'failed')`);
+    await sql.unsafe(`UPDATE ${t.meta} SET value = '5' WHERE key = 'schema_version'`);
+    expect((await b.inbox.get(timer.id))?.state).toBe("failed");
+    const upgraded = new PostgresDurability({ sql: client(), schema });
+    await upgraded.open();
+    const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
+    expect(meta?.value).toBe("6");
+    const indexes = await sql.unsafe(`SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%chat_%' AND tablename = 'botmesh_inbox'`, [schema]);
+    expect(indexes.map((r) => r.indexname)).toEqual(["botmesh_inbox_chat_live"]);
+    expect(String(indexes[0]!.indexdef)).toContain("'scheduled'");
+    const after = (await upgraded.inbox.get(timer.id))!;
+    expect([after.state, after.error, after.nextAttemptAt, after.attempts]).toEqual(["scheduled", null, before!.nextAttemptAt, 1]);
+    expect((await upgraded.inbox.get(failing.id))?.state, "a failure stays a failure").toBe("failed");
+    expect((await upgraded.inbox.list({ state: "scheduled" })).map((r) => r.id).sort()).toEqual(["m0:t1", "m1:t1"]);
+    // Due when it was: the one due now is taken, the other not before its deadline.
+    expect((await upgraded.inbox.claimDue({ ...lease("v"), limit: 10 })).map((r) => r.id)).toEqual(["m1:t1"]);
   });
 
   it("a send claimed by a replica still on the previous library (it raises the fence, not the flag) reads as called", async () => {

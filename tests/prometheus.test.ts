@@ -127,7 +127,7 @@ describe("prometheusMetrics", () => {
       expect(p.types.get("botmesh_durable_outbox_records")).toBe("gauge");
       const inbox = (state: string) => value(p, "botmesh_durable_inbox_records", { state });
       const outbox = (state: string) => value(p, "botmesh_durable_outbox_records", { state });
-      expect(["pending", "processing", "failed", "done", "dead"].map(inbox)).toEqual([0, 0, 0, 2, 1]);
+      expect(["pending", "processing", "scheduled", "failed", "done", "dead"].map(inbox)).toEqual([0, 0, 0, 0, 2, 1]);
       expect(["queued", "sending", "sent", "failed", "dead", "unknown"].map(outbox)).toEqual([0, 0, 2, 0, 1, 1]);
       expect(value(p, "botmesh_durable_oldest_pending_age_seconds")).toBe(0);
       expect(value(p, "botmesh_durable_records_count_cap")).toBe(1000);

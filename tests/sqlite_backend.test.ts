@@ -970,7 +970,7 @@ describe("sqlite: schema versions", () => {
       value: String(SQLITE_SCHEMA_VERSION),
     });
     expect(check.prepare("SELECT sql FROM sqlite_master WHERE name = 'botmesh_inbox_chat_active'").get()).toEqual({
-      sql: "CREATE INDEX botmesh_inbox_chat_active ON botmesh_inbox (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'failed')",
+      sql: "CREATE INDEX botmesh_inbox_chat_active ON botmesh_inbox (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'scheduled', 'failed')",
     });
     check.close();
   });
@@ -1019,6 +1019,47 @@ describe("sqlite: schema versions", () => {
     const indexes = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'index'").all() as { name: string }[]).map((r) => r.name);
     expect(indexes).not.toContain("botmesh_inbox_owner");
     expect(indexes).not.toContain("botmesh_outbox_owner");
+    check.close();
+  });
+
+  test("a file at version 8 is upgraded: a timer armed as a failed record becomes scheduled, due when it was; a real failure stays failed", async () => {
+    const file = tempFile();
+    const first = new SQLiteDurability({ file });
+    await first.open();
+    const timer = (await first.inbox.admit(inbound("m0:t1", { chatId: "c1" }), lease("A")))!;
+    const soon = (await first.inbox.admit(inbound("m1:t1", { chatId: "c2" }), lease("A")))!;
+    const failing = (await first.inbox.admit(inbound("m2", { chatId: "c3" }), lease("A")))!;
+    await first.inbox.schedule(timer.id, timer.fence, 3_600_000);
+    await first.inbox.schedule(soon.id, soon.fence, 0);
+    await first.inbox.fail(failing.id, failing.fence, { error: "boom", retryInMs: 3_600_000 });
+    const before = (await first.inbox.get(timer.id))!;
+    await first.close();
+    // Version 8 armed a timer as a failed record, and its index of a chat's active records had no timer state.
+    const raw = new Database(file);
+    raw.exec(`
+      UPDATE botmesh_inbox SET state = 'failed', error = 'Not a failure: a timer, due at 2026-12-06T10:00:00.000Z'
+        WHERE id IN ('m0:t1', 'm1:t1');
+      DROP INDEX botmesh_inbox_chat_active;
+      CREATE INDEX botmesh_inbox_chat_active ON botmesh_inbox (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'failed');
+      UPDATE botmesh_meta SET value = '8' WHERE key = 'schema_version';`);
+    raw.close();
+
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    const after = (await backend.inbox.get(timer.id))!;
+    expect([after.state, after.error, after.nextAttemptAt, after.attempts]).toEqual(["scheduled", null, before.nextAttemptAt, 1]);
+    expect((await backend.inbox.get(failing.id))?.state, "a failure stays a failure").toBe("failed");
+    expect((await backend.inbox.list({ state: "scheduled" })).map((r) => r.id)).toEqual(["m0:t1", "m1:t1"]);
+    // Due when it was: the one due now is taken, the other not before its deadline; a leased admit of
+    // the timer's chat goes by the index built again (a timer not due holds back nothing).
+    expect((await backend.inbox.claimDue({ ...lease("B"), limit: 10 })).map((r) => r.id)).toEqual(["m1:t1"]);
+    expect((await backend.inbox.admit(inbound("m3", { chatId: "c1" }), lease("A")))?.state).toBe("processing");
+    await backend.close();
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "9" });
+    expect(check.prepare("SELECT sql FROM sqlite_master WHERE name = 'botmesh_inbox_chat_active'").get()).toEqual({
+      sql: "CREATE INDEX botmesh_inbox_chat_active ON botmesh_inbox (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'scheduled', 'failed')",
+    });
     check.close();
   });
 
@@ -1372,7 +1413,7 @@ describe("sqlite: damaged rows", () => {
     expect((await backend.inbox.claimDue({ ...lease("A"), limit: 10 })).map((r) => r.id)).toEqual(["good"]);
     expect((await backend.outbox.claimDue({ ...lease("A"), limit: 10 })).due.map((e) => e.key)).toEqual(["k-next"]);
     expect((await backend.inbox.damaged()).map((d) => [d.id, d.problem])).toEqual([
-      ["state", 'column state must be one of pending, processing, failed, done, dead, got "archived"'],
+      ["state", 'column state must be one of pending, processing, scheduled, failed, done, dead, got "archived"'],
       ["attempts", 'column attempts must be a non-negative integer, got "many"'],
       ["lease", "column lease_owner must be a string (the lease columns are all set or all NULL), got null"],
       [`ord:${blobOrd}`, "column id holds a BLOB"],

@@ -235,6 +235,11 @@ class EventsInbox implements InboxJournal, DamagedRecords {
     return await this.#journal.start(id, token, attempt);
   }
 
+  async schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    checkId(id, `inbox.schedule: "id"`);
+    return await this.#journal.schedule(id, token, dueInMs);
+  }
+
   async complete(id: string, token: number): Promise<void> {
     checkId(id, `inbox.complete: "id"`);
     return await this.#journal.complete(id, token);

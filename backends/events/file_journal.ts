@@ -475,6 +475,11 @@ export class FileEventJournal implements LeasedEventJournal {
     return this.#run("events.start", (m) => m.start(id, token, attempt));
   }
 
+  /** `scheduled`: a timer, due in `dueInMs`. @throws {StaleLeaseError} when `token` is not the current lease */
+  schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    return this.#run("events.schedule", (m) => m.schedule(id, token, dueInMs));
+  }
+
   /** `done`. @throws {StaleLeaseError} when `token` is not the current lease */
   complete(id: string, token: number): Promise<void> {
     return this.#run("events.complete", (m) => m.complete(id, token));

@@ -24,6 +24,7 @@ import {
   checkDamagedList,
   checkAttempt,
   claimedInbound,
+  scheduledInbound,
   startedInbound,
   doneInbound,
   isInboxClaimable,
@@ -809,6 +810,22 @@ export class MemoryEventJournal implements LeasedEventJournal {
     const next = startedInbound(slot.record, attempt, this.#now());
     if (next !== slot.record) this.#store(next, slot);
     return true;
+  }
+
+  /**
+   * `processing` → `scheduled`: a timer, claimable once `dueInMs` have passed (attempts unchanged).
+   *
+   * @throws {StaleLeaseError} when `token` is not the current lease (nothing changes)
+   * @throws {TypeError} naming a bad argument
+   */
+  async schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    this.#assertOpen("events.schedule");
+    checkString(id, `events.schedule: "id"`);
+    checkFinite(token, `events.schedule: "token"`);
+    checkFinite(dueInMs, `events.schedule: "dueInMs"`);
+    const slot = this.#held(id, token);
+    if (!slot) throw new StaleLeaseError("event", id, token);
+    this.#store(scheduledInbound(slot.record, dueInMs, this.#now()), slot);
   }
 
   /**

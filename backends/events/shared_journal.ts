@@ -435,6 +435,11 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     return this.#enqueue("events.start", (j) => j.start(id, token, attempt));
   }
 
+  /** `scheduled`: a timer, due in `dueInMs`. @throws {StaleLeaseError} when `token` is not the current lease */
+  schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    return this.#enqueue("events.schedule", (j) => j.schedule(id, token, dueInMs));
+  }
+
   complete(id: string, token: number): Promise<void> {
     return this.#enqueue("events.complete", (j) => j.complete(id, token));
   }

@@ -618,6 +618,9 @@ class FileInbox implements InboxJournal, DamagedRecords {
   start(id: string, token: number, attempt: number): Promise<boolean> {
     return this.#run((m) => m.inbox.start(id, token, attempt), (r) => r, (r, c) => r && c.touchInbox(id));
   }
+  schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    return this.#run((m) => m.inbox.schedule(id, token, dueInMs), () => true, (_, c) => c.touchInbox(id));
+  }
   complete(id: string, token: number): Promise<void> {
     return this.#run((m) => m.inbox.complete(id, token), () => true, (_, c) => c.touchInbox(id));
   }

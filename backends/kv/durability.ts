@@ -40,6 +40,7 @@ import {
   callingOutbox,
   checkAttempt,
   claimedInbound,
+  scheduledInbound,
   startedInbound,
   claimedOutbox,
   cloneJson,
@@ -717,6 +718,15 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
     const { written } = await this.mutate(id, (rec, now) =>
       isLeasedWith(rec, token) ? startedInbound(rec, attempt, now) : null);
     return written !== null;
+  }
+
+  async schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    checkId(id, `inbox.schedule: "id"`);
+    checkFinite(token, `inbox.schedule: "token"`);
+    checkFinite(dueInMs, `inbox.schedule: "dueInMs"`);
+    const { written } = await this.mutate(id, (rec, now) =>
+      isLeasedWith(rec, token) ? scheduledInbound(rec, dueInMs, now) : null);
+    if (!written) throw new StaleLeaseError("inbox", id, token);
   }
 
   async complete(id: string, token: number): Promise<void> {

@@ -28,6 +28,7 @@ import {
   checkOutcome,
   checkAttempt,
   claimedInbound,
+  scheduledInbound,
   startedInbound,
   doneInbound,
   extendedLease,
@@ -238,6 +239,15 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
     const next = startedInbound(slot.record, attempt, this.#now());
     if (next !== slot.record) this.#store(next, slot);
     return true;
+  }
+
+  async schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    checkId(id, `inbox.schedule: "id"`);
+    checkFinite(token, `inbox.schedule: "token"`);
+    checkFinite(dueInMs, `inbox.schedule: "dueInMs"`);
+    const slot = this.#held(id, token);
+    if (!slot) throw new StaleLeaseError("inbox", id, token);
+    this.#store(scheduledInbound(slot.record, dueInMs, this.#now()), slot);
   }
 
   async complete(id: string, token: number): Promise<void> {

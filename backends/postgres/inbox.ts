@@ -141,6 +141,13 @@ export class PgInbox implements InboxJournal {
     return await this.#fenced("start", this.#q.start, id, token, [Math.min(attempt, 2 ** 31 - 1)]);
   }
 
+  async schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    checkFinite(dueInMs, `inbox.schedule: "dueInMs"`);
+    const armed = await this.#fenced("schedule", this.#q.schedule, id, token, [duration(dueInMs)]);
+    this.#c.forget(this.#t, id);
+    if (!armed) throw new StaleLeaseError("inbox", id, token);
+  }
+
   async complete(id: string, token: number): Promise<void> {
     const done = await this.#fenced("complete", this.#q.complete, id, token, [], [this.#q.completeMany, {}]);
     this.#c.forget(this.#t, id);

@@ -56,7 +56,14 @@
  * for its damage is set aside by the first read that meets it, and leaves
  * the dead letters. A replica still running an older library ignores the
  * set-aside columns: until it is upgraded it may still claim a set-aside row
- * by id, and makes a damaged row it claims `dead` as before.
+ * by id, and makes a damaged row it claims `dead` as before. Schema version
+ * 6 gives timers a state of their own, `scheduled`: the timers an older
+ * version armed as `failed` records become `scheduled`, due when they were,
+ * and each chat's active records are indexed again, as
+ * `<prefix>inbox_chat_live` (it holds the new state; build it beforehand
+ * `CONCURRENTLY` on a large inbox), replacing `<prefix>inbox_chat_active`.
+ * A replica still running an older library does not know the state: stop
+ * the older replicas before a bot of this version starts.
  *
  * ## Statements
  * Every operation is one statement (prepared by the client), with the state

@@ -11,10 +11,10 @@
  * @module
  */
 import { INBOX, OUTBOX, sqlByDue, sqlIn, sqlNotIn, sqlStates, statesDueBy, statesWhere } from "../../src/machine.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, LEGACY_TIMER_ERROR, TIMER_STATE } from "../../src/rules.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 5;
+export const POSTGRES_SCHEMA_VERSION: number = 6;
 
 /** The server clock in ms since epoch (the replicas' clocks are never used). */
 export const NOW_MS: string = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -240,6 +240,16 @@ function migrations(t: Tables): string[] {
     CREATE INDEX IF NOT EXISTS ${i("outbox_aside")} ON ${t.outbox} (set_aside_seq) WHERE set_aside_seq IS NOT NULL;
     CREATE INDEX IF NOT EXISTS ${i("outbox_unreported")} ON ${t.outbox} (set_aside_seq) WHERE damage_reported = false;
     `,
+    // Version 6: timers are a state of their own, `scheduled` (see src/machine.ts). It is active, so each
+    // chat's active records are indexed again under a new name that holds it (IF NOT EXISTS: an operator
+    // may build it beforehand, CONCURRENTLY), and the old index goes. A timer an older version armed as a
+    // `failed` record ("Not a failure: a timer, due at …") becomes `scheduled`, due when it was.
+    `
+    UPDATE ${t.inbox} SET state = '${TIMER_STATE}', error = NULL
+      WHERE state = 'failed' AND error LIKE '${LEGACY_TIMER_ERROR}%' AND set_aside_seq IS NULL;
+    CREATE INDEX IF NOT EXISTS ${i("inbox_chat_live")} ON ${t.inbox} (chat_id, received_at, ord) WHERE state IN (${ACTIVE});
+    DROP INDEX IF EXISTS ${ident(t.schema)}.${i("inbox_chat_active")};
+    `,
   ];
 }
 
@@ -330,6 +340,8 @@ export interface InboxSql {
   heartbeat: string;
   /** `start`: $3 the run's attempt number (attempts become the greater of the two). */
   start: string;
+  /** `schedule`: $3 ms until the timer is due (`scheduled`, lease dropped, attempts unchanged). */
+  schedule: string;
   /** `heartbeat` of several records: `$1` a JSON array of `{ id, token, lease_ms }`; returns the renewed ids as `mkey`. */
   heartbeatMany: string;
   complete: string;
@@ -554,6 +566,11 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
     heartbeat: `WITH ${n} UPDATE ${t.inbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     start: `WITH ${n} UPDATE ${t.inbox} SET attempts = greatest(attempts, $3::integer)
+      FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+    schedule: `WITH ${n} UPDATE ${t.inbox} SET state = '${TIMER_STATE}',
+        next_attempt_at = n.now + $3::bigint, error = NULL,
+        lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
+        updated_at = n.now, due_at = n.now + $3::bigint
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     heartbeatMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint, lease_ms bigint))
       UPDATE ${t.inbox} AS r SET lease_expires_at = n.now + u.lease_ms, due_at = n.now + u.lease_ms

@@ -106,6 +106,14 @@ export class RedisInbox implements InboxJournal {
     return status === "ok";
   }
 
+  async schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    checkId(id, `inbox.schedule: "id"`);
+    checkFinite(token, `inbox.schedule: "token"`);
+    checkFinite(dueInMs, `inbox.schedule: "dueInMs"`);
+    const [status] = list(await this.#r.run("inFinish", [id, String(token), "schedule", "", String(Math.max(0, Math.ceil(dueInMs)))]));
+    if (status !== "ok") throw new StaleLeaseError("inbox", id, token);
+  }
+
   async complete(id: string, token: number): Promise<void> {
     checkId(id, `inbox.complete: "id"`);
     checkFinite(token, `inbox.complete: "token"`);

@@ -31,7 +31,7 @@ import {
   statesWhere,
   theState,
 } from "../../src/machine.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, TIMER_STATE } from "../../src/rules.ts";
 
 /**
  * A journal's state table as a Lua table, so that the scripts follow it: `leased` the leased state,
@@ -1048,7 +1048,7 @@ if num(h, 'attempts') < tonumber(ARGV[4]) then
 end
 return cjson.encode({'ok'})
 `, true),
-  /** ARGV: P, id, token, mode (done|dead|retry), error, retryInMs */
+  /** ARGV: P, id, token, mode (done|dead|retry|schedule), error, retryInMs (schedule: ms until the timer is due) */
   inFinish: script("inbox.finish", [INBOX], `
 local now = now_ms()
 local h = in_read(ARGV[2], now)
@@ -1060,6 +1060,8 @@ if mode == 'done' then
   h.state = 'done'
 elseif mode == 'dead' then
   h.state = 'dead'; h.error = ARGV[5]
+elseif mode == 'schedule' then
+  h.state = '${TIMER_STATE}'; h.error = false; h.nextAttemptAt = n2s(now + math.max(0, tonumber(ARGV[6])))
 else
   h.state = 'failed'; h.error = ARGV[5]; h.nextAttemptAt = n2s(now + math.max(0, tonumber(ARGV[6])))
 end

@@ -27,6 +27,7 @@ import {
   checkOutcome,
   checkAttempt,
   claimedInbound,
+  scheduledInbound,
   startedInbound,
   doneInbound,
   extendedLease,
@@ -288,6 +289,12 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
     checkFinite(leaseMs, `inbox.heartbeat: "leaseMs"`);
     return await this.#fenced("heartbeat", id, token, (rec, now) => extendedLease(rec, now, leaseMs));
+  }
+
+  async schedule(id: string, token: number, dueInMs: number): Promise<void> {
+    checkFinite(dueInMs, `inbox.schedule: "dueInMs"`);
+    const done = await this.#fenced("schedule", id, token, (rec, now) => scheduledInbound(rec, dueInMs, now));
+    if (!done) throw new StaleLeaseError("inbox", id, token);
   }
 
   async complete(id: string, token: number): Promise<void> {

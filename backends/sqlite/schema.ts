@@ -5,12 +5,12 @@
  * @module
  */
 import { INBOX, OUTBOX, sqlIn, sqlNotIn, sqlStates, statesDueBy, statesWhere } from "../../src/machine.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, LEGACY_TIMER_ERROR, TIMER_STATE } from "../../src/rules.ts";
 import type { SqliteDatabase } from "../../src/runtime/sqlite.ts";
 import { showValue as show } from "../../src/show.ts";
 
 /** The schema version this version of the library writes. */
-export const SQLITE_SCHEMA_VERSION: number = 8;
+export const SQLITE_SCHEMA_VERSION: number = 9;
 
 /** One step of the schema: run in the open transaction, on a file at `version - 1`. */
 interface Migration {
@@ -196,6 +196,20 @@ const MIGRATIONS: readonly Migration[] = [
     version: 8,
     up(db, p) {
       db.exec(`DROP INDEX IF EXISTS ${p}inbox_owner; DROP INDEX IF EXISTS ${p}outbox_owner;`);
+    },
+  },
+  {
+    // Timers are a state of their own, `scheduled` (see src/machine.ts): an active state, so the index of
+    // each chat's active records is built again to hold it. A timer an older version armed as a `failed`
+    // record ("Not a failure: a timer, due at …") becomes `scheduled`, due when it was.
+    version: 9,
+    up(db, p) {
+      db.exec(`
+        UPDATE ${p}inbox SET state = '${TIMER_STATE}', error = NULL
+          WHERE state = 'failed' AND error LIKE '${LEGACY_TIMER_ERROR}%' AND set_aside_seq IS NULL;
+        DROP INDEX IF EXISTS ${p}inbox_chat_active;
+        CREATE INDEX ${p}inbox_chat_active ON ${p}inbox (chat_id, received_at, ord) WHERE state IN (${ACTIVE_SQL});
+      `);
     },
   },
 ];

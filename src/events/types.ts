@@ -184,6 +184,11 @@ export interface LeasedEventJournal {
    * becomes `max(attempts, attempt)` (a claim counts nothing). `false` when `token` is no longer held.
    */
   start(id: string, token: number, attempt: number): Promise<boolean>;
+  /**
+   * `scheduled`: a timer, claimable once `dueInMs` have passed (attempts unchanged).
+   * @throws {StaleLeaseError} when `token` is not the current lease
+   */
+  schedule(id: string, token: number, dueInMs: number): Promise<void>;
   /** `done`. @throws {StaleLeaseError} when `token` is not the current lease */
   complete(id: string, token: number): Promise<void>;
   /** `failed` (claimable again after `retryInMs`) or `dead`. @throws {StaleLeaseError} */

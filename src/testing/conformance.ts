@@ -377,6 +377,11 @@ export function runBackendContract(options: BackendConformanceOptions): void {
   const INBOX_RECIPES: { [S in InboundState]: (b: DurabilityBackend, lapsed: boolean) => Promise<InboundRecord> } = {
     pending: (b) => admitted(b, inbound(uid("chat"))),
     processing: (b, lapsed) => admitted(b, inbound(uid("chat")), claimer(uid("holder"), lapsed ? SHORT : LONG)),
+    scheduled: async (b) => {
+      const r = await admitted(b, inbound(uid("chat")), claimer());
+      await b.inbox.schedule(r.id, tokenOf(r), 0);
+      return mustGetIn(b, r.id);
+    },
     failed: async (b) => {
       const r = await admitted(b, inbound(uid("chat")), claimer());
       await b.inbox.fail(r.id, tokenOf(r), { error: "boom", retryInMs: 0 });
@@ -560,6 +565,10 @@ export function runBackendContract(options: BackendConformanceOptions): void {
       it("heartbeat", async (b) => {
         const vs = await inboxVariants(b);
         await checkMatrix(IM, "heartbeat", "ok", vs, readIn(b), (v) => b.inbox.heartbeat(v.id, v.token, LONG));
+      });
+      it("schedule", async (b) => {
+        const vs = await inboxVariants(b);
+        await checkMatrix(IM, "schedule", "ok", vs, readIn(b), (v) => b.inbox.schedule(v.id, v.token, LONG));
       });
       it("complete", async (b) => {
         const vs = await inboxVariants(b);
@@ -786,6 +795,51 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           expect(error instanceof RangeError && /"attempt"/.test(error.message), `attempt ${String(bad)}: ${String(error)}`).toBe(true);
         }
         expect((await mustGetIn(b, first.id)).attempts).toBe(2);
+      });
+
+      it("schedule arms a timer: due at its deadline, never before, holding back nothing of its chat until then; attempts unchanged", async (b) => {
+        const chat = uid("chat");
+        const owner = claimer(uid("owner"), LONG);
+        const timer = await admitted(b, inbound(chat, 1_000), owner);
+        expect(timer.attempts).toBe(1);
+        await b.inbox.schedule(timer.id, tokenOf(timer), LONG);
+        const armed = await mustGetIn(b, timer.id);
+        expect(armed.state).toBe("scheduled");
+        expect(armed.attempts, "arming is not a run").toBe(1);
+        expect(armed.lease).toBe(null);
+        expect(armed.error, "a timer is not a failure").toBe(null);
+        expect(armed.nextAttemptAt! - armed.updatedAt, "due dueInMs after the backend's now").toBe(LONG);
+        expect(await b.inbox.claim(timer.id, claimer()), "not claimable before its deadline").toBe(null);
+        expect(ids(await b.inbox.claimDue({ ...claimer(), limit: 100 })).includes(timer.id), "nor taken by a due scan").toBe(false);
+        expect(ids(await b.inbox.list({ state: "scheduled", chatId: chat }))).toEqual([timer.id]);
+        expect(await b.inbox.replay(timer.id), "not an operator's to replay").toBe(false);
+        expect(await b.inbox.purge(0), "not purged").toBe(0);
+        // The chat's next message is admitted leased: the timer holds back nothing until it is due.
+        const next = await admitted(b, inbound(chat, 2_000), owner);
+        expect(next.state).toBe("processing");
+        await b.inbox.complete(next.id, tokenOf(next));
+        // Stale and bad calls change nothing.
+        const stale = await b.inbox.schedule(timer.id, tokenOf(timer), 0).then(() => null, (e: unknown) => e);
+        expect(stale instanceof StaleLeaseError, `schedule of a scheduled record: ${String(stale)}`).toBe(true);
+        const unknown = await b.inbox.schedule(uid("in"), 1, 0).then(() => null, (e: unknown) => e);
+        expect(unknown instanceof StaleLeaseError, `schedule of an unknown id: ${String(unknown)}`).toBe(true);
+        expect(await mustGetIn(b, timer.id)).toEqual(armed);
+        // Armed again at no cost, due at once this time: a claim takes it, attempts still those of its admission.
+        const early = await admitted(b, inbound(uid("chat"), 3_000), owner);
+        for (const bad of [Number.NaN, Infinity, "5", null]) {
+          const error = await b.inbox.schedule(early.id, tokenOf(early), bad as number).then(() => null, (e: unknown) => e);
+          expect(error instanceof TypeError && /"dueInMs"/.test(error.message), `dueInMs ${String(bad)}: ${String(error)}`).toBe(true);
+        }
+        expect((await mustGetIn(b, early.id)).state, "a refused schedule leaves it leased").toBe("processing");
+        await b.inbox.schedule(early.id, tokenOf(early), 0);
+        const taken = await mustClaim(b, early.id, claimer());
+        expect(taken.attempts, "taken up: still no run of its own").toBe(1);
+        await b.inbox.schedule(early.id, tokenOf(taken), ms(60));
+        expect(await b.inbox.claim(early.id, claimer()), "armed again: not before its deadline").toBe(null);
+        await sleep(ms(120));
+        const due = await b.inbox.claimDue({ ...claimer(), limit: 100 });
+        expect(ids(due).includes(early.id), "due at its deadline: a due scan takes it").toBe(true);
+        expect(due.find((r) => r.id === early.id)!.attempts).toBe(1);
       });
 
       it("every claim issues a greater token; stale completions throw and change nothing", async (b) => {

@@ -9,6 +9,7 @@ import { Bot } from "../../bot.ts";
 import { type DurabilityMetrics, zeroMetrics } from "../../engine.ts";
 import { errorText, isProcessDeath } from "../../errors.ts";
 import { AskTimeoutError } from "../../conversation.ts";
+import { ACTIVE_INBOX_STATES } from "../../rules.ts";
 import type { JsonValue } from "../../contract.ts";
 import type { SessionStore } from "../../store.ts";
 import type { SpanContextLike, SpanLike, SpanOptionsLike, TracerLike } from "../../tracing.ts";
@@ -413,7 +414,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       const all = world.replicas.every((r) => r.current?.alive);
       const acked = scenario.messages.every((m) => channel.acked.has(m.id));
       const quiet = channel.inFlight === 0 && channel.callsInFlight === 0;
-      const inbox = await shared.inbox.list({ state: ["pending", "processing", "failed"], limit: 1 });
+      const inbox = await shared.inbox.list({ state: ACTIVE_INBOX_STATES, limit: 1 });
       const outbox = await shared.outbox.list({ state: ["queued", "sending", "failed"], limit: 1 });
       const settled = all && acked && quiet && inbox.length === 0 && outbox.length === 0;
       if (!settled) settledAt = null;
