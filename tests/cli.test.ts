@@ -109,14 +109,14 @@ async function fullScenario(run: Runner, url: string, parallel = true): Promise<
   expect(statsJson!.stderr).toBe("");
   expect(statsJson!.code).toBe(0);
   let stats = statsJson!.json();
-  expect(stats.inbox).toEqual({ pending: 1, processing: 0, failed: 0, done: 1, dead: 1 });
+  expect(stats.inbox).toEqual({ pending: 1, processing: 0, scheduled: 0, failed: 0, done: 1, dead: 1 });
   expect(stats.outbox).toEqual({ queued: 0, sending: 0, sent: 1, failed: 0, dead: 1, unknown: 0 });
   expect(stats.counters).toBeNull();
   expect(stats.note).toContain("no counters");
   expect(stats.oldestPendingAgeSeconds).toBeGreaterThanOrEqual(119);
 
   expect(statsHuman!.code).toBe(0);
-  expect(statsHuman!.stdout).toMatch(/INBOX\s+RECORDS\npending\s+1\nprocessing\s+0\nfailed\s+0\ndone\s+1\ndead\s+1\n/);
+  expect(statsHuman!.stdout).toMatch(/INBOX\s+RECORDS\npending\s+1\nprocessing\s+0\nscheduled\s+0\nfailed\s+0\ndone\s+1\ndead\s+1\n/);
   expect(statsHuman!.stdout).toContain("Counters: none. A bare backend has no counters");
 
   expect(deadJson!.code).toBe(0);
@@ -183,7 +183,7 @@ async function fullScenario(run: Runner, url: string, parallel = true): Promise<
 
   r = await run([...b, "stats", "--json"]);
   stats = r.json();
-  expect(stats.inbox).toEqual({ pending: 2, processing: 0, failed: 0, done: 0, dead: 0 });
+  expect(stats.inbox).toEqual({ pending: 2, processing: 0, scheduled: 0, failed: 0, done: 0, dead: 0 });
   expect(stats.outbox).toEqual({ queued: 0, sending: 0, sent: 0, failed: 0, dead: 0, unknown: 0 });
 }
 
@@ -462,7 +462,7 @@ describe("botmesh-durable on other runtimes (SQLite)", () => {
     await fill(new SQLiteDurability({ file }));
     let r = await run(["-b", `sqlite:${file}`, "stats", "--json"]);
     expect({ code: r.code, stderr: r.stderr }).toEqual({ code: 0, stderr: "" });
-    expect(r.json().inbox).toEqual({ pending: 1, processing: 0, failed: 0, done: 1, dead: 1 });
+    expect(r.json().inbox).toEqual({ pending: 1, processing: 0, scheduled: 0, failed: 0, done: 1, dead: 1 });
     r = await run(["-b", `sqlite:${file}`, "list", "inbox", "--state", "dead", "--json"]);
     expect(r.json().map((x: { id: string }) => x.id)).toEqual(["in-dead"]);
     r = await run(["-b", `sqlite:${file}`, "replay", "in-dead"]);

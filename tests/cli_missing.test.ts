@@ -101,7 +101,7 @@ describe("files: nothing is created", () => {
     expect(readFileSync(`${path}.log`, "utf8")).toBe(log);
     const r = await cli(["-b", `events+shared:${path}`, "stats", "--json"]);
     expect([r.code, r.stderr]).toEqual([0, ""]);
-    expect(JSON.parse(r.stdout).inbox).toEqual({ pending: 1, processing: 0, failed: 0, done: 1, dead: 1 });
+    expect(JSON.parse(r.stdout).inbox).toEqual({ pending: 1, processing: 0, scheduled: 0, failed: 0, done: 1, dead: 1 });
   });
 
   test("a directory instead of a file", async () => {
