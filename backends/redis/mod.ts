@@ -19,7 +19,7 @@
  * connects or closes the client: close it yourself after `bot.stop()`.
  *
  * ## Atomicity, time and fencing
- * Every operation is ONE Lua script (see `lua.ts`), loaded once and
+ * Every operation is ONE Lua script (`lua/*.lua`, assembled by `lua.ts`), loaded once and
  * run with `EVALSHA`; when the server answers `NOSCRIPT` (after a
  * `SCRIPT FLUSH`, a restart or a failover) it is loaded again and re-run.
  * The writes of the hot path (admit, heartbeats, finishing, reserve,

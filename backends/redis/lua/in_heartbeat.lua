@@ -1,0 +1,14 @@
+-- botmesh redis script: inbox.heartbeat
+-- include: inbox
+-- once: yes (mutating: answered from KEYS[2], the request id, when run again)
+-- KEYS: [1] a key of the prefix's hash slot, [2] the request id (optional)
+-- ARGV: P, id, token, leaseMs
+--
+
+local now = now_ms()
+local h = in_read(ARGV[2], now)
+if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
+h.leaseExp = n2s(now + tonumber(ARGV[4]))
+save(h, {'leaseExp'})
+redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
+return cjson.encode({'ok'})

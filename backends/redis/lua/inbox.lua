@@ -1,0 +1,141 @@
+-- botmesh redis include: inbox
+-- The inbox records: keys, fields, indexes, and the rules of src/rules.ts restated (see docs/architecture.md).
+--
+
+local IN_FIELDS = {'id', 'kind', 'chatId', 'provider', 'payload', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
+  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
+local function in_key(id) return P .. 'in:r:' .. id end
+-- The chat's active (pending/processing/failed) records in arrival order: score receivedAt, member om
+-- (the zero-padded admission order, then the id), so equal scores sort by admission order.
+local function act_key(chat) return P .. 'in:act:' .. chat end
+-- The records one incarnation of an owner leases (score receivedAt, member om), for reclaimOwn: a
+-- restart takes back its previous incarnations' records batch by batch, reading each one once.
+-- in:incs:<owner> lists the incarnations that have such a set. (in:owner:<owner>, one set per
+-- owner, is what older versions wrote: moved into these by the first reclaiming scan.)
+local function own_key(owner, inc) return P .. 'in:own:' .. #owner .. ':' .. owner .. ':' .. inc end
+local IN_STATES = {{{INBOX_STATES_SET}}}
+local INM = {{INBOX_MACHINE}}
+local ACTIVE = {{{ACTIVE_INBOX_STATES_SET}}}
+local IN_KINDS = {message = true, interaction = true}
+-- What is damaged in an inbox record, or nil (every field the reader checks, and the index fields).
+local function in_problem(h, id)
+  if h._bad then return h._bad end
+  local p = need_is(h, 'id', id) or need_one(h, 'kind', IN_KINDS) or need_str(h, 'chatId') or need_str(h, 'provider')
+    or need_num(h, 'receivedAt') or need_one(h, 'state', IN_STATES) or need_num(h, 'attempts', false, 'count')
+    or need_num(h, 'nextAttemptAt', true) or need_num(h, 'fence', false, 'count') or need_num(h, 'updatedAt')
+    or need_lease(h, INM.leased) or quarantined(h)
+  if p then return p end
+  if type(h.om) ~= 'string' or string.sub(h.om, 17) ~= id or not tonumber(string.sub(h.om, 1, 16)) then
+    return bad(h, 'om', shown(tostring(h.om or '(none)')))
+  end
+  return need_json(h, 'payload')
+end
+-- Sets a damaged record aside (once): its hash stays as it is, and it leaves every index it can be
+-- found in, so that it holds nothing back. via_om and via_chat: the index member and chat it was met
+-- by (its own om and chatId fields may be the damaged ones; an index member that is left stale reads
+-- as set aside and is dropped when met).
+local function in_aside(id, h, via_om, via_chat, problem, now)
+  if not put_aside('in', id, problem, now) then return end
+  local oms, chats = {}, {}
+  if via_om then oms[#oms + 1] = via_om end
+  if type(h.om) == 'string' and string.sub(h.om, 17) == id and h.om ~= via_om then oms[#oms + 1] = h.om end
+  if via_chat then chats[#chats + 1] = via_chat end
+  if type(h.chatId) == 'string' and h.chatId ~= via_chat then chats[#chats + 1] = h.chatId end
+  for _, om in ipairs(oms) do
+    for s, _ in pairs(IN_STATES) do redis.call('ZREM', P .. 'in:st:' .. s, om) end
+    redis.call('ZREM', P .. 'in:all', om)
+    for _, chat in ipairs(chats) do
+      redis.call('ZREM', P .. 'in:chat:' .. chat, om)
+      redis.call('ZREM', act_key(chat), om)
+    end
+  end
+  redis.call('ZREM', P .. 'in:timed', id)
+  redis.call('ZREM', P .. 'in:done', id)
+  if type(h.leaseOwner) == 'string' then
+    redis.call('SREM', P .. 'in:owner:' .. h.leaseOwner, id)
+    if type(h.leaseInc) == 'string' then
+      for _, om in ipairs(oms) do redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), om) end
+    end
+  end
+end
+-- The record of id, or nil when there is none or it is set aside (a damaged one is set aside now).
+local function in_read(id, now, via_om, via_chat)
+  if is_aside('in', id) then return nil end
+  local h = load(in_key(id))
+  if not h then return nil end
+  local problem = in_problem(h, id)
+  if problem then
+    in_aside(id, h, via_om, via_chat, problem, now)
+    return nil
+  end
+  return h
+end
+-- Takes a (validated) record out of the indexes of its state; in_write puts it in those of its new one.
+local function in_unindex(h)
+  redis.call('ZREM', P .. 'in:st:' .. h.state, h.om)
+  local due = INM.due[h.state]
+  if due == 'nextAttemptAt' or due == 'leaseExpiry' then redis.call('ZREM', P .. 'in:timed', h.id) end
+  if INM.purgeable[h.state] then redis.call('ZREM', P .. 'in:done', h.id) end
+  if h.leaseOwner then redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), h.om) end
+end
+local function in_write(h)
+  save(h, IN_FIELDS)
+  redis.call('ZADD', P .. 'in:st:' .. h.state, h.receivedAt, h.om)
+  if ACTIVE[h.state] then
+    redis.call('ZADD', act_key(h.chatId), h.receivedAt, h.om)
+  else
+    redis.call('ZREM', act_key(h.chatId), h.om)
+  end
+  if INM.due[h.state] == 'nextAttemptAt' then
+    redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', h.id)
+  elseif h.state == INM.leased then
+    redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
+    redis.call('ZADD', own_key(h.leaseOwner, h.leaseInc), h.receivedAt, h.om)
+    redis.call('SADD', P .. 'in:incs:' .. h.leaseOwner, h.leaseInc)
+  elseif INM.purgeable[h.state] then
+    redis.call('ZADD', P .. 'in:done', h.updatedAt, h.id)
+  end
+end
+-- isInboxClaimable
+local function in_claimable(h, now, o)
+  local due = INM.due[h.state]
+  if due == 'always' then return true end
+  if due == 'nextAttemptAt' then return num(h, 'nextAttemptAt', 0) <= now end
+  if due == 'leaseExpiry' then return abandoned(h, now, o) end
+  return false
+end
+-- claimedInbound (attempts unchanged: a claim is not a run)
+local function in_claim(h, now, o)
+  local token = num(h, 'fence') + 1
+  in_unindex(h)
+  h.state = 'processing'; h.nextAttemptAt = false
+  lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)
+  in_write(h)
+end
+local function in_held(h, token) return h ~= nil and h.state == INM.leased and h.leaseToken == token end
+-- admitsLeased: whether a record of the chat that comes first lets an admission of the caller (o) lease
+-- the new one: a retry not due yet, or the caller's own live lease (same owner and incarnation)
+local function in_admits(h, now, o)
+  local due = INM.due[h.state]
+  if due == 'nextAttemptAt' then return num(h, 'nextAttemptAt', 0) > now end
+  if due == 'leaseExpiry' then
+    return h.leaseOwner ~= nil and h.leaseOwner ~= false and num(h, 'leaseExp') > now
+      and h.leaseOwner == o.owner and h.leaseInc == o.inc
+  end
+  return due ~= 'always'
+end
+-- Whether the record of om (a member of chat's in:act) is a live lease of the caller's own incarnation,
+-- read from the few fields that say so (no whole record): a walk steps over those, which neither hold
+-- the chat nor can be taken, so that a queue of the caller's own leases costs one small read each.
+local function own_live(om, chat, now, o)
+  local f = fields(in_key(string.sub(om, 17)), 'state', 'leaseOwner', 'leaseInc', 'leaseExp', 'om', 'chatId')
+  local exp = tonumber(f[4])
+  return f[1] == INM.leased and f[2] == o.owner and f[3] == o.inc and exp ~= nil and exp > now and f[5] == om
+    and f[6] == chat
+end
+-- holdsChat: processing under a live lease that is neither the caller's own nor reclaimable by it
+local function in_holds(h, now, o)
+  if h.state ~= INM.leased or not h.leaseOwner then return false end
+  if h.leaseOwner == o.owner and h.leaseInc == o.inc then return false end
+  return not abandoned(h, now, o)
+end

@@ -1,0 +1,273 @@
+-- botmesh redis include: prelude (first in every script)
+-- P (ARGV[1], the key prefix), the slot guard, the script run's time, and the helpers of every script.
+--
+
+local P = ARGV[1]
+{{SLOT_GUARD}}-- One TIME per script run (a batch of operations shares it: the run is atomic).
+local NOW
+local function now_ms()
+  if not NOW then
+    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return NOW
+end
+local function n2s(x)
+  if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
+  return string.format('%.17g', x)
+end
+-- A record's hash as a table (nil when absent). A key of another type reads as a record whose _bad
+-- names the problem: a damaged one, set aside like any other.
+local function load(key)
+  local flat = redis.pcall('HGETALL', key)
+  if flat.err then return {_key = key, _bad = 'the key "' .. key .. '" holds no hash (' .. flat.err .. ')'} end
+  if #flat == 0 then return nil end
+  -- _o: the fields as stored, so that save writes only what changed
+  local h, o = {}, {}
+  for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1]; o[flat[i]] = flat[i + 1] end
+  h._key = key
+  h._o = o
+  return h
+end
+-- HMGET that reads a key of another type as a hash without the fields.
+local function fields(key, ...)
+  local r = redis.pcall('HMGET', key, ...)
+  if r.err then return {} end
+  return r
+end
+-- A record as its HGETALL array, from the table load made.
+local function flat_of(h)
+  local f = {}
+  for k, v in pairs(h) do
+    if type(v) == 'string' and k ~= '_key' and k ~= '_bad' then f[#f + 1] = k; f[#f + 1] = v end
+  end
+  return f
+end
+local function num(h, field, default)
+  local v = h[field]
+  if v == nil or v == false then
+    if default ~= nil then return default end
+    error({err = 'ERR botmesh: the record at key "' .. h._key .. '" has no field "' .. field .. '"'})
+  end
+  local n = tonumber(v)
+  if n == nil then
+    error({err = 'ERR botmesh: the record at key "' .. h._key .. '" has a bad field "' .. field .. '": not a number: ' .. v})
+  end
+  return n
+end
+-- Writes the fields that differ from the stored ones (all of them for a new record: no _o).
+local function save(h, fields)
+  local set, del, o = {}, {}, h._o
+  for _, f in ipairs(fields) do
+    local v = h[f]
+    if v == nil or v == false then
+      if o and o[f] ~= nil then del[#del + 1] = f; o[f] = nil end
+    elseif not o or o[f] ~= v then
+      set[#set + 1] = f; set[#set + 1] = v
+      if o then o[f] = v end
+    end
+  end
+  if #set > 0 then redis.call('HSET', h._key, unpack(set)) end
+  if #del > 0 then redis.call('HDEL', h._key, unpack(del)) end
+  if not o then h._o = {} for _, f in ipairs(fields) do if type(h[f]) == 'string' then h._o[f] = h[f] end end end
+end
+local function opts(i)
+  return { owner = ARGV[i], inc = ARGV[i + 1], leaseMs = tonumber(ARGV[i + 2]), reclaim = ARGV[i + 3] == '1' }
+end
+local function lease(h, o, token, now)
+  h.leaseOwner = o.owner; h.leaseInc = o.inc; h.leaseToken = n2s(token); h.leaseExp = n2s(now + o.leaseMs)
+end
+local function nolease(h) h.leaseOwner = false; h.leaseInc = false; h.leaseToken = false; h.leaseExp = false end
+-- isLeaseAbandoned of rules.ts: a lapsed lease is abandoned whoever asks (the holder's own
+-- incarnation too: a claim whose reply was lost must not strand the record); a live one only to the
+-- owner's other incarnations under reclaimOwn, never to the very incarnation that holds it.
+local function abandoned(h, now, o)
+  if not h.leaseOwner then return true end
+  if num(h, 'leaseExp') <= now then return true end
+  if h.leaseOwner == o.owner and h.leaseInc == o.inc then return false end
+  return o.reclaim and h.leaseOwner == o.owner
+end
+-- Validation before the first write (Lua does not roll back): the first problem of a field a
+-- record needs, as text naming the key and the field, or nil. It restates the reader's check
+-- (stored_records.ts), so that a record the reader cannot read is never claimed.
+local function shown(v) if #v > 80 then return string.sub(v, 1, 80) .. '...' end return v end
+local function bad(h, f, what) return 'the record at key "' .. h._key .. '" has a bad field "' .. f .. '": ' .. what end
+local function need_str(h, f)
+  if type(h[f]) ~= 'string' then return 'the record at key "' .. h._key .. '" has no field "' .. f .. '"' end
+end
+-- kind: nil (any finite number), 'count' (a safe integer >= 0) or 'pos' (a safe integer > 0)
+local function need_num(h, f, optional, kind)
+  local v = h[f]
+  if v == nil or v == false then
+    if optional then return nil end
+    return 'the record at key "' .. h._key .. '" has no field "' .. f .. '"'
+  end
+  local n = tonumber(v)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge
+    or (kind and (n < (kind == 'pos' and 1 or 0) or n ~= math.floor(n) or n > 9007199254740991)) then
+    return bad(h, f, 'not a number: ' .. shown(v))
+  end
+end
+local function need_is(h, f, want)
+  local p = need_str(h, f)
+  if p then return p end
+  if h[f] ~= want then return bad(h, f, shown(h[f]) .. ', expected ' .. shown(want)) end
+end
+local function need_one(h, f, set)
+  local p = need_str(h, f)
+  if p then return p end
+  if not set[h[f]] then return bad(h, f, shown(h[f])) end
+end
+-- Whether s is one JSON text as JSON.parse reads it (RFC 8259; any \u escape, a lone surrogate too,
+-- and any depth: cjson would refuse both). string.find skips the plain runs in C.
+local STR_STOP = '["' .. string.char(92) .. '%z' .. string.char(1) .. '-' .. string.char(31) .. ']'
+local ESCAPES = {['"'] = true, ['/'] = true, b = true, f = true, n = true, r = true, t = true}
+ESCAPES[string.char(92)] = true
+local function json_ok(s)
+  local i, n, depth, stack = 1, #s, 0, {}
+  local function skip() i = string.find(s, '[^ \t\n\r]', i) or n + 1 end
+  local function str()
+    i = i + 1
+    while true do
+      local j = string.find(s, STR_STOP, i)
+      if not j then return false end
+      local c = string.byte(s, j)
+      if c == 34 then i = j + 1; return true end
+      if c ~= 92 then return false end
+      local e = string.sub(s, j + 1, j + 1)
+      if e == 'u' then
+        if not string.find(s, '^%x%x%x%x', j + 2) then return false end
+        i = j + 6
+      elseif ESCAPES[e] then
+        i = j + 2
+      else
+        return false
+      end
+    end
+  end
+  local function digits(j) return string.find(s, '[^0-9]', j) or n + 1 end
+  local function number()
+    local j = i
+    if string.byte(s, j) == 45 then j = j + 1 end
+    local c = string.byte(s, j)
+    if c == 48 then j = j + 1
+    elseif c and c >= 49 and c <= 57 then j = digits(j)
+    else return false end
+    if string.byte(s, j) == 46 then
+      local k = digits(j + 1)
+      if k == j + 1 then return false end
+      j = k
+    end
+    c = string.byte(s, j)
+    if c == 101 or c == 69 then
+      j = j + 1
+      c = string.byte(s, j)
+      if c == 43 or c == 45 then j = j + 1 end
+      local k = digits(j)
+      if k == j then return false end
+      j = k
+    end
+    i = j
+    return true
+  end
+  -- an object's next member name and colon
+  local function name()
+    if string.byte(s, i) ~= 34 or not str() then return false end
+    skip()
+    if string.byte(s, i) ~= 58 then return false end
+    i = i + 1
+    skip()
+    return true
+  end
+  skip()
+  while true do
+    local c, opened = string.byte(s, i), false
+    if c == 123 or c == 91 then
+      i = i + 1
+      skip()
+      local close = c == 123 and 125 or 93
+      if string.byte(s, i) == close then
+        i = i + 1
+      else
+        if c == 123 and not name() then return false end
+        depth = depth + 1
+        stack[depth] = close
+        opened = true
+      end
+    elseif c == 34 then
+      if not str() then return false end
+    elseif c == 116 and string.sub(s, i, i + 3) == 'true' then i = i + 4
+    elseif c == 102 and string.sub(s, i, i + 4) == 'false' then i = i + 5
+    elseif c == 110 and string.sub(s, i, i + 3) == 'null' then i = i + 4
+    elseif not number() then
+      return false
+    end
+    if not opened then
+      -- after a value: close containers until a comma asks for the next value
+      while true do
+        skip()
+        if depth == 0 then return i > n end
+        c = string.byte(s, i)
+        if c == 44 then
+          i = i + 1
+          skip()
+          if stack[depth] == 125 and not name() then return false end
+          break
+        elseif c == stack[depth] then
+          i = i + 1
+          depth = depth - 1
+        else
+          return false
+        end
+      end
+    end
+  end
+end
+local function need_json(h, f)
+  local p = need_str(h, f)
+  if p then return p end
+  if not json_ok(h[f]) then return bad(h, f, 'not JSON: ' .. shown(h[f])) end
+end
+-- The lease fields: all four in the leased state, none in another (the reader's "lease" field).
+local function need_lease(h, leased)
+  if h.state == leased then
+    local p = need_str(h, 'leaseOwner') or need_str(h, 'leaseInc') or need_num(h, 'leaseToken', false, 'pos')
+      or need_num(h, 'leaseExp')
+    if p then return p end
+    if tonumber(h.leaseToken) > tonumber(h.fence) then return bad(h, 'fence', 'below the lease token ' .. h.leaseToken) end
+  elseif h.leaseOwner then
+    return bad(h, 'leaseOwner', 'a lease in state "' .. shown(h.state) .. '"')
+  end
+end
+-- An older version marked a damaged record it met dead, the problem in its error field after this:
+-- read now as the damaged record it was, and set aside.
+local QUARANTINED = 'botmesh: quarantined as damaged: '
+local function quarantined(h)
+  if h.state == 'dead' and type(h.error) == 'string' and string.sub(h.error, 1, #QUARANTINED) == QUARANTINED then
+    return string.sub(h.error, #QUARANTINED + 1)
+  end
+end
+-- Records set aside as damaged, per journal j ('in', 'out'): their hashes are kept as they are;
+-- <j>:dmg lists the ids in the order they were set aside (score from the counter <j>:dmgn),
+-- <j>:dmgu those not reported yet, <j>:dmg:<id> holds problem, at (server time) and reported (0|1).
+-- Whether <j>:dmg exists is read once per run: while none is set aside, no id is looked up.
+local ANY_ASIDE = {}
+local function is_aside(j, id)
+  local any = ANY_ASIDE[j]
+  if any == nil then
+    any = redis.call('EXISTS', P .. j .. ':dmg') == 1
+    ANY_ASIDE[j] = any
+  end
+  return any and redis.call('ZSCORE', P .. j .. ':dmg', id) ~= false
+end
+local function put_aside(j, id, problem, now)
+  if is_aside(j, id) then return false end
+  ANY_ASIDE[j] = true
+  local n = redis.call('INCR', P .. j .. ':dmgn')
+  redis.call('ZADD', P .. j .. ':dmg', n, id)
+  redis.call('ZADD', P .. j .. ':dmgu', n, id)
+  redis.call('HSET', P .. j .. ':dmg:' .. id, 'problem', problem, 'at', n2s(now), 'reported', '0')
+  return true
+end
+local function aside_problem(j, id) return redis.call('HGET', P .. j .. ':dmg:' .. id, 'problem') or '' end
+local function ord_of(om) return tonumber(string.sub(om, 1, 16)) end
