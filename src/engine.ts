@@ -15,12 +15,11 @@ import {
   type JsonValue,
   type NewOutboxEntry,
   type OutboxEntry,
-  type OutboxState,
   DamagedRecordError,
   StaleLeaseError,
 } from "./contract.ts";
 import { retryDelay } from "./backoff.ts";
-import { BoundedMap, BoundedSet } from "./bounded_map.ts";
+import { BoundedSet } from "./bounded_map.ts";
 import { Deadlines } from "./deadlines.ts";
 import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
@@ -33,226 +32,55 @@ import {
   type InboundMessage,
   type OutboundContent,
   type Provider,
-  type SendConfirmation,
 } from "./provider.ts";
-import { type Clock, type ClockTimer, every, type Repeating, sleep } from "./clock.ts";
-import { MinHeap } from "./min_heap.ts";
+import { type Clock, every, type Repeating, sleep } from "./clock.ts";
 import { hostname, randomId } from "./runtime/mod.ts";
 import type { DurabilityHistograms } from "./histogram.ts";
 import { Observer, TRACE_FIELD, withoutTrace } from "./observe.ts";
 import { MemoryRateLimiter, resolveRateLimits } from "./rate_limit.ts";
 import { Throttle } from "./throttle.ts";
+import {
+  type BotEvents,
+  type DurabilityControl,
+  type DurabilityMetrics,
+  type DurabilityWarning,
+  asError,
+  emitError,
+  type EngineHost,
+  type InboundJob,
+  type JournaledTimer,
+  listDamaged,
+  type SendOptions,
+  type SendResult,
+  type SweepSummary,
+  zeroMetrics,
+} from "./engine/types.ts";
+import { attemptsOf, runOf, TIMER_FIELD, timerOf } from "./engine/jobs.ts";
+import { MAX_TIMER_MS, Wakeups } from "./engine/wakeups.ts";
+import { type HeldLease, Leases } from "./engine/leases.ts";
+import { Ambiguity } from "./engine/ambiguity.ts";
 
-/** The counters of `bot.durability.metrics()`. */
-export interface DurabilityMetrics {
-  /** Inbound records journaled. */
-  inboundJournaled: number;
-  /** Redeliveries of known inbound ids, dropped. */
-  inboundDuplicates: number;
-  /** Inbound records processed again after a crash, a lapsed lease or an operator replay. */
-  inboundReplayed: number;
-  /** Inbound records moved to the inbound DLQ. */
-  inboundDead: number;
-  /** Sends journaled in the outbox. */
-  outboxJournaled: number;
-  /** Sends answered from the outbox (key already journaled with the same content). */
-  outboxDeduped: number;
-  /** Provider calls that retried a failed send. */
-  outboxRetried: number;
-  /** Sends journaled as queued for the worker instead of going out at once. */
-  outboxDeferred: number;
-  /** Sends moved to the outbound DLQ. */
-  outboxDead: number;
-  /** Sends whose outcome is unknown (a sender died mid-call, a call timed out), left `unknown` for an operator and reported. */
-  outboxAmbiguous: number;
-  /**
-   * Ambiguous sends settled: by the channel, a delivery status that carried the send's key (`sent`
-   * with its message id) or the provider's `confirm` (`sent`, or certainly not delivered: queued
-   * again); or by an operator who saw it arrive (`markDelivered`).
-   */
-  outboxResolved: number;
-  /** Sends that bypassed the outbox (too large or not encodable). */
-  outboxBypassed: number;
-  /** Completions rejected because another instance had taken the record. */
-  staleLeases: number;
-  /** Reused keys whose content differed from the journaled one. */
-  outboxDiverged: number;
-  /** Conversations rebuilt by replaying their handler over the recorded answers (after a restart or a failed step). */
-  conversationsReplayed: number;
-  /** Conversation replays that did not follow the recorded transcript (the handler was not deterministic). */
-  conversationsDiverged: number;
-  /** Damaged records the backend set aside, reported by this bot (each by one bot only). */
-  damagedRecords: number;
-  /** Sends that waited for the outbox's rate limiter, or that the channel paused with a 429 (no attempt spent). */
-  outboxThrottled: number;
-  /** A gauge: sends waiting for the outbox's rate limiter now. */
-  outboxWaitingForLimit: number;
-}
-
-/** Codes of `warning` events. */
-export type WarningCode =
-  | "outbox-diverged"
-  | "outbox-bypassed"
-  | "stale-lease"
-  | "lease-lost"
-  | "provider-receipt"
-  | "handler-retry"
-  | "default-instance-id"
-  | "conversation-diverged"
-  | "conversation-not-durable"
-  | "send-without-context"
-  | "journal-not-durable"
-  | "journal-torn-tail";
-
-/** The payload of a `warning` event. */
-export interface DurabilityWarning {
-  code: WarningCode;
-  message: string;
-  /** The outbox key, for outbound warnings. */
-  key?: string;
-  /** The inbound record id, for inbound warnings. */
-  id?: string;
-  /** The chat, for conversation warnings. */
-  chatId?: string;
-}
-
-/** The events a bot emits. */
-export interface BotEvents {
-  [event: string]: unknown;
-  /** Something failed that the bot could not hand back to a caller (a journal error, a handler crash). */
-  error: Error;
-  warning: DurabilityWarning;
-  /** A record reached a DLQ. `id` is the inbound id or the outbox key. */
-  "durability:dead": { kind: "inbound" | "outbound"; id: string; error: string };
-  /** A send's outcome is unknown (its sender died during the provider call, or the call timed out): held for an operator. */
-  "durability:ambiguous": { key: string; chatId: string };
-  /**
-   * An ambiguous send (already reported by `durability:ambiguous`) was settled: `sent` by the channel
-   * (a delivery status carrying its key, or the provider's `confirm`), by the late outcome of the call
-   * itself (`via: "call"`: its lease looked lost during the call, after a stall or a clock step of the
-   * journal, and the call then succeeded) or by an operator who checked the chat (`markDelivered`,
-   * `via: "operator"`), or, when `confirm` said it never arrived, `failed` (sent again after its backoff)
-   * or `dead` (its retries were spent).
-   */
-  "durability:resolved": {
-    key: string;
-    chatId: string;
-    state: "sent" | "failed" | "dead";
-    messageId?: string;
-    via: "status" | "confirm" | "call" | "operator";
-  };
-}
-
-/** What a send did. */
-export interface SendResult {
-  /** The idempotency key. */
-  key: string;
-  /** The entry's state after this call (`queued`/`failed`: the worker delivers it). */
-  state: OutboxState;
-  /** The provider's message id once sent. */
-  messageId?: string;
-  /** `true` when the key was already journaled and nothing new was sent. */
-  deduped?: boolean;
-  /** `true` when the content bypassed the outbox (sent once, without journal or retries). */
-  bypassed?: boolean;
-  /** The last error, for `failed` and `dead`. */
-  error?: string;
-}
-
-/** Options of a send. */
-export interface SendOptions {
-  /** The idempotency key; see the README for the defaults. */
-  idempotencyKey?: string;
-}
-
-/** An inbound message ready to be handled: journaled and leased, or unjournaled under `failOpen`. */
-export interface InboundJob {
-  message: InboundMessage;
-  /** The leased record; `null` when processed without the journal. */
-  record: InboundRecord | null;
-  /** Sends made while handling it (their promises), awaited before it is done. */
-  sends: Promise<SendResult>[];
-  /** How many sends were made (for the `<id>:<n>` keys). */
-  sendCount: number;
-  /** A job of the bot itself (an ask's timeout) instead of a message for the handlers. */
-  run?: (job: InboundJob) => Promise<void>;
-  /** For a journaled timer (see `DurabilityEngine.scheduleTimer`): when it is due, and what it carries. */
-  timer?: JournaledTimer;
-  /**
-   * Whether the record's `attempts` counts this run already (a leased admission counts the run its
-   * process makes of it); otherwise the run is journaled (`inbox.start`) when it begins.
-   */
-  runCounted?: boolean;
-}
-
-/** A timer journaled as an inbox record of its chat, due at `at` (wall-clock ms). */
-export interface JournaledTimer {
-  at: number;
-  /** What the timer's owner needs when it fires (JSON). */
-  data: JsonValue;
-}
+export type {
+  BotEvents,
+  DurabilityControl,
+  DurabilityMetrics,
+  DurabilityWarning,
+  EngineHost,
+  InboundJob,
+  JournaledTimer,
+  SendOptions,
+  SendResult,
+  SweepSummary,
+  WarningCode,
+} from "./engine/types.ts";
+export { emitError, listDamaged, zeroMetrics } from "./engine/types.ts";
+export { attemptsOf } from "./engine/jobs.ts";
 
 /** One admission's place in its chat: `late` while a write answered after its timeout may still land. */
 interface AdmissionSlot {
   late: Promise<void> | null;
 }
 
-/** The payload field of an inbox record that makes it a timer rather than a message. */
-const TIMER_FIELD = "$timer";
-
-/** What the engine needs from the bot. */
-export interface EngineHost {
-  provider: Provider;
-  botId: string;
-  events: Emitter<BotEvents>;
-  /** Queue a job on its chat's queue. */
-  dispatch(job: InboundJob): void;
-  /** Resolves when the bot has no job queued or running. */
-  whenLocalIdle(): Promise<void>;
-  /** Count a promise as in-flight work until it settles. */
-  track(work: Promise<unknown>): void;
-  /** Time, timers and jitter. */
-  clock: Clock;
-}
-
-/** The operator surface: `bot.durability`. */
-export interface DurabilityControl {
-  /** This replica's instanceId (known after `start()`). */
-  readonly instanceId: string;
-  readonly inbox: {
-    list: DurabilityBackend["inbox"]["list"];
-    get: DurabilityBackend["inbox"]["get"];
-  };
-  readonly outbox: {
-    list: DurabilityBackend["outbox"]["list"];
-    get: DurabilityBackend["outbox"]["get"];
-    /** Forget an entry (not while it is being sent). */
-    discard(key: string): Promise<boolean>;
-  };
-  /** Process an inbound record again (done, failed or dead). @returns whether it was requeued. */
-  replayInbound(id: string): Promise<boolean>;
-  /** Send an entry again (dead, failed or unknown). @returns whether it was requeued. */
-  retrySend(key: string): Promise<boolean>;
-  /**
-   * Record an `unknown` send as delivered without sending it again: the operator checked the chat and
-   * the message is there. The entry becomes `sent` under its own fencing token (as a late outcome of
-   * its lost call would), so it fails when anyone retried or resolved it meanwhile; counted in
-   * `outboxResolved` and told as `durability:resolved` with `via: "operator"`.
-   * @param key the entry's idempotency key
-   * @param messageId the provider's message id when the operator knows it (default `""`: not known)
-   * @returns whether it was `unknown` and is `sent` now
-   */
-  markDelivered(key: string, messageId?: string): Promise<boolean>;
-  /** A snapshot of the counters. */
-  metrics(): DurabilityMetrics;
-  /** A snapshot of the duration histograms (this process's, since `bot.start()`). */
-  histograms(): DurabilityHistograms;
-  /**
-   * The records the backend set aside as damaged (kept, never deleted), inbox first, at most
-   * `limit` (default 100) per journal.
-   */
-  damaged(options?: DamagedListOptions): Promise<DamagedRecord[]>;
-}
 
 const SWEEP_BATCH = 64;
 interface SweepCounts {
@@ -262,50 +90,9 @@ interface SweepCounts {
   purges: number;
 }
 
-/** What one `bot.sweep()` did. */
-export interface SweepSummary {
-  /** Inbound records it took up (due retries, lapsed leases) and handled (the start's recovery included). */
-  inbound: number;
-  /** Outbox entries it took up (due retries, lapsed leases) and tried to deliver (sent, or failed again and due later). */
-  outbound: number;
-  /** Sends reported as `durability:ambiguous` meanwhile (their outcome is unknown). */
-  ambiguous: number;
-  /** Whether it purged records older than the retention. */
-  purged: boolean;
-  /** The budget ran out while each pass still found due work: call it again soon. */
-  more: boolean;
-  /** The journals still hold unfinished work (due now or later, e.g. a retry waiting for its backoff). */
-  pending: boolean;
-  /** How long it took, in ms. */
-  ms: number;
-}
-
 /** Damaged records reported per journal per sweep tick (the rest at the next ticks). */
 const DAMAGED_REPORT_BATCH = 100;
 
-/**
- * A lease this incarnation holds, from the claim until its outcome is
- * written (heartbeats extend it). One object per held record: when a sweep of
- * this incarnation re-leases a record it is still working on (its lease looked
- * lapsed after a clock step), the new token is written into this object, so
- * the work under way carries on with it.
- */
-interface HeldLease {
-  kind: "inbox" | "outbox";
-  id: string;
-  token: number;
-  lost: boolean;
-  /** Monotonic time at which the backend last confirmed the lease (the start of the claim or heartbeat call). */
-  confirmedAt: number;
-  /**
-   * Its outcome is being written: `retry` (a failure to retry later: once it lands, the record is due
-   * again and a claim of it is a new attempt) or `final` (done, sent, dead: a claim of it can only
-   * mean the lease looked lapsed before the write landed).
-   */
-  settling?: "retry" | "final";
-  /** The record's attempts under `token`, once a re-lease handed it on (else the claimed record's). */
-  attempts?: number;
-}
 /**
  * Records one lost-reply adoption lists per state (it runs only after a claim or reservation failed).
  * A backend's list has no time order filter: past this many `unknown` entries waiting for an operator,
@@ -319,12 +106,8 @@ const START_SWEEP_ATTEMPTS = 3;
  * made unknown (wide: a missed one would be silent, an extra one is only a second report).
  */
 const LOST_SCAN_SLACK_MS = 60_000;
-/** A wall-clock step larger than this (against the monotonic clock) renews every held lease before a sweep claims. */
-const CLOCK_STEP_MS = 1000;
 /** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
 const RECLAIM_BATCH = 1024;
-/** setTimeout's largest delay. */
-const MAX_TIMER_MS = 2_147_483_647;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
 /** The active inbox states that are work for `idle()`: all but a timer's (`scheduled`). */
@@ -332,77 +115,11 @@ const WORK_INBOX_STATES = ACTIVE_INBOX_STATES.filter((state) => state !== TIMER_
 /** How many failed inbox records an idle check reads, in turn, past timers that an older version journaled as failures. */
 const ACTIVE_FAILED_LOOKS = [1, 200, 5_000, 100_000];
 const DEDUPE_CAPACITY = 10_000;
-/** Tokens of one record this incarnation remembers having held (the latest ones). */
-const EVER_HELD_TOKENS_PER_RECORD = 16;
-/** How long a provider's `confirm` may take before the send is left to an operator. */
-const CONFIRM_TIMEOUT_MS = 10_000;
 /** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
 const AHEAD_OF_LIMIT = 256;
 /** How long a 429 without `retry_after` holds its send back. */
 const DEFAULT_RETRY_AFTER_MS = 1000;
 
-/** `work`, or a rejection with `timeoutError()` when it has not settled within `ms` (`work` goes on). */
-function withTimeout<T>(clock: Clock, work: Promise<T>, ms: number, timeoutError: () => Error): Promise<T> {
-  let timer: ClockTimer | undefined;
-  const timeout = new Promise<never>((_, reject) => {
-    timer = clock.setTimeout(() => reject(timeoutError()), ms);
-  });
-  work.catch(() => {}); // a late failure after the timeout is nobody's to handle
-  return Promise.race([work, timeout]).finally(() => clock.clearTimeout(timer));
-}
-
-/** @returns every counter of {@link DurabilityMetrics} at zero */
-export function zeroMetrics(): DurabilityMetrics {
-  return {
-    inboundJournaled: 0,
-    inboundDuplicates: 0,
-    inboundReplayed: 0,
-    inboundDead: 0,
-    outboxJournaled: 0,
-    outboxDeduped: 0,
-    outboxRetried: 0,
-    outboxDeferred: 0,
-    outboxDead: 0,
-    outboxAmbiguous: 0,
-    outboxResolved: 0,
-    outboxBypassed: 0,
-    staleLeases: 0,
-    outboxDiverged: 0,
-    conversationsReplayed: 0,
-    conversationsDiverged: 0,
-    damagedRecords: 0,
-    outboxThrottled: 0,
-    outboxWaitingForLimit: 0,
-  };
-}
-
-/**
- * Emit `error`, or print it when nobody listens (an unheard error must not vanish).
- * @param events the bot's events
- * @param error what failed
- * @param context where, for the printed form
- */
-export function emitError(events: Emitter<BotEvents>, error: unknown, context: string): void {
-  const err = asError(error);
-  if (events.listenerCount("error") === 0) console.error(`[@botmesh/durable] ${context}:`, err);
-  else events.emit("error", err);
-}
-
-function asError(error: unknown): Error {
-  return error instanceof Error ? error : new Error(errorText(error));
-}
-
-/**
- * The records `backend` set aside as damaged, inbox first, at most `options.limit` (default 100) per journal.
- * @param backend the backend
- * @param options filter and limit, as for each journal's `damaged`
- * @returns the damaged records of both journals
- */
-export async function listDamaged(backend: DurabilityBackend, options?: DamagedListOptions): Promise<DamagedRecord[]> {
-  const found: DamagedRecord[] = [];
-  for (const journal of [backend.inbox, backend.outbox]) found.push(...await journal.damaged(options));
-  return found;
-}
 
 /** The durability engine behind a `Bot` with `durability` options. */
 export class DurabilityEngine {
@@ -419,16 +136,12 @@ export class DurabilityEngine {
   #deadlines: Deadlines;
   /** Admissions being journaled, by inbound id. */
   #admitting = new Map<string, Promise<AdmitResult>>();
-  /** Leases this incarnation holds, by kind and id (two maps: no key to build per lookup). */
-  #held = { inbox: new Map<string, HeldLease>(), outbox: new Map<string, HeldLease>() };
   /**
    * Outbox keys whose provider call this incarnation started and whose outcome is not recorded: the
    * only ones of its own leases that may have reached the channel. Kept when the outcome could not be
    * written, so that such a key is never taken for one that was never sent.
    */
   #calling = new BoundedSet<string>(DEDUPE_CAPACITY);
-  /** Keys the channel confirmed delivered while their entry was still on its way: key → message id. */
-  #confirmed = new Map<string, string>();
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
@@ -447,8 +160,6 @@ export class DurabilityEngine {
   #jobLeases = new WeakMap<InboundJob, HeldLease>();
   /** Sends a sweep of this process made `unknown` (and reported) that it did not hold: key → fence. */
   #madeUnknown = new Map<string, number>();
-  /** `kind:id#token` of the leases this incarnation held, the latest ones (a stale list must not revive them). */
-  #everHeld = { inbox: new BoundedMap<string, number[]>(DEDUPE_CAPACITY), outbox: new BoundedMap<string, number[]>(DEDUPE_CAPACITY) };
   /** Keys being reserved (a reservation leases to us before its answer arrives). */
   #reserving = new Map<string, number>();
   /**
@@ -456,14 +167,6 @@ export class DurabilityEngine {
    * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
    */
   #lostScanSince: { from: number; to: number } | null = null;
-  /** `key#fence` of the sends this incarnation reported ambiguous (a lost scan's report must not repeat them). */
-  #reported = new BoundedSet<string>(DEDUPE_CAPACITY);
-  /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
-  #lastRound = { monotonic: 0, wall: 0 };
-  /** Claim scans run one at a time. */
-  #leaseOps: Promise<unknown> = Promise.resolve();
-  /** The heartbeat round under way (a claim scan waits for it: it would find a lease lapsed that the round is extending). */
-  #renewing: Promise<void> | null = null;
   #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
   #sweepAgain = false;
@@ -472,10 +175,12 @@ export class DurabilityEngine {
   #reportingDamaged: Promise<void> | null = null;
   #lastReceivedAt = Number.NEGATIVE_INFINITY;
   #heartbeatTimer: Repeating | undefined;
-  #wakeTimer: ClockTimer | undefined;
-  #wakeAt = Infinity;
-  /** The wake-ups asked for and not reached yet (monotonic times). */
-  readonly #wakeTimes = new MinHeap<number>((a, b) => a < b);
+  /** The sweeper's wake-ups (a retry's backoff, a timer's deadline). */
+  readonly #wakeups: Wakeups;
+  /** The leases this incarnation holds, and their renewal. */
+  readonly #leases: Leases;
+  /** The sends reported ambiguous, and how they settle. */
+  readonly #ambiguity: Ambiguity;
   #lastPurge = -Infinity;
   /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
   #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
@@ -497,6 +202,27 @@ export class DurabilityEngine {
     this.#host = host;
     this.#clock = host.clock;
     this.#deadlines = new Deadlines(host.clock);
+    this.#leases = new Leases({
+      backend: this.backend,
+      clock: host.clock,
+      leaseMs: { inbox: config.inbox.leaseMs, outbox: config.outbox.leaseMs },
+      halted: () => this.#halted,
+      warn: (warning) => this.#warn(warning),
+      report: (error, context) => void this.#report(error, context),
+    });
+    this.#ambiguity = new Ambiguity({
+      backend: this.backend,
+      config,
+      host,
+      clock: host.clock,
+      metrics: this.#metrics,
+      signal: this.#abort.signal,
+      halted: () => this.#halted,
+      report: (error, context) => void this.#report(error, context),
+      wake: (inMs) => this.#wake(inMs),
+      countAmbiguous: () => void this.#swept.ambiguous++,
+    });
+    this.#wakeups = new Wakeups(host.clock, () => void this.sweep(), () => !this.#halted && !this.#stopping);
     this.#observer = new Observer(host.clock, config.tracer);
     const provider = host.provider;
     const limits = resolveRateLimits(provider.rateLimits, config.outbox.rateLimit, provider.name);
@@ -532,7 +258,7 @@ export class DurabilityEngine {
       });
     }
     this.#ready = true;
-    this.#lastRound = { monotonic: this.#clock.monotonic(), wall: this.#clock.now() };
+    this.#leases.startRounds();
     try {
       await this.backend.open?.((warning) => this.#warn({ code: warning.code, message: warning.message }));
       // A journal hiccup during recovery (an error, a lost reply) is retried a few times before start()
@@ -559,12 +285,7 @@ export class DurabilityEngine {
       });
     }
     void this.#reportDamaged();
-    this.#heartbeatTimer = every(this.#clock, this.#heartbeatEveryMs(), () => void this.#heartbeat());
-  }
-
-  /** Heartbeats run three times per (shorter) lease. */
-  #heartbeatEveryMs(): number {
-    return Math.max(5, Math.floor(Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs) / 3));
+    this.#heartbeatTimer = every(this.#clock, this.#leases.heartbeatEveryMs, () => void this.#leases.heartbeat());
   }
 
   async #defaultInstanceId(): Promise<string> {
@@ -590,16 +311,13 @@ export class DurabilityEngine {
     this.#abort.abort(new Error("The process died"));
     this.#throttle?.close();
     this.#clearTimers();
-    this.#held.inbox.clear();
-    this.#held.outbox.clear();
+    this.#leases.clear();
   }
 
   #clearTimers(): void {
     this.#sweepTimer?.stop();
     this.#heartbeatTimer?.stop();
-    this.#clock.clearTimeout(this.#wakeTimer);
-    this.#wakeAt = Infinity;
-    this.#wakeTimes.retain(() => false);
+    this.#wakeups.clear();
     this.#deadlines.close();
   }
 
@@ -662,154 +380,10 @@ export class DurabilityEngine {
     });
   }
 
-  /**
-   * Hold a lease from the moment it was claimed until its outcome is written.
-   * @param confirmedAt monotonic time at which the claim was made (default: now)
-   */
-  #hold(kind: "inbox" | "outbox", id: string, token: number, confirmedAt = this.#clock.monotonic()): HeldLease {
-    const existing = this.#held[kind].get(id);
-    if (existing !== undefined && existing.token === token) return existing;
-    const lease: HeldLease = { kind, id, token, lost: false, confirmedAt };
-    this.#held[kind].set(id, lease);
-    this.#learnLease(kind, id, token);
-    return lease;
-  }
-
-  /** Hand a re-leased record's new token to the work under way on it (known from now on, like a claim). */
-  #handOn(lease: HeldLease, token: number, confirmedAt: number, attempts: number): void {
-    lease.token = token;
-    lease.confirmedAt = confirmedAt;
-    lease.attempts = attempts;
-    this.#learnLease(lease.kind, lease.id, token);
-  }
-
-  /** Keyed by the record's own id, not a built `id#token` string: JSC hashes a new string on every lookup. */
-  #learnLease(kind: "inbox" | "outbox", id: string, token: number): void {
-    const everHeld = this.#everHeld[kind];
-    const tokens = everHeld.get(id);
-    if (tokens === undefined) everHeld.set(id, [token]);
-    else if (!tokens.includes(token)) {
-      tokens.push(token);
-      if (tokens.length > EVER_HELD_TOKENS_PER_RECORD) tokens.shift();
-      // A new lease makes the record one of the latest again (kept as long as one first held now).
-      everHeld.delete(id);
-      everHeld.set(id, tokens);
-    }
-  }
-
-  /** Whether this incarnation ever held the lease of `id` under `token` (adoption takes only leases it never learned of). */
-  #knewLease(kind: "inbox" | "outbox", id: string, token: number): boolean {
-    return this.#everHeld[kind].get(id)?.includes(token) ?? false;
-  }
-
-  #release(kind: "inbox" | "outbox", id: string, token: number): void {
-    const held = this.#held[kind];
-    if (held.get(id)?.token === token) held.delete(id);
-  }
-
-  /** A heartbeat round. It never waits for a claim scan (a slow scan must not cost leases); scans wait for it. */
-  #heartbeat(): Promise<void> {
-    const round = this.#renewAll();
-    const settled = round.catch(() => {}).then(() => {
-      if (this.#renewing === settled) this.#renewing = null;
-    });
-    this.#renewing = settled;
-    return round;
-  }
-
-  async #renewAll(): Promise<void> {
-    if (this.#halted) return;
-    this.#lastRound = { monotonic: this.#clock.monotonic(), wall: this.#clock.now() };
-    const held = [...this.#held.inbox.values(), ...this.#held.outbox.values()].filter((h) => !h.lost);
-    await Promise.all(held.map((h) => this.#renewOnce(h)));
-  }
-
-  /** Run `op` after the claim scan under way. */
-  #oneLeaseOpAtATime<T>(op: () => Promise<T>): Promise<T> {
-    const run = this.#leaseOps.then(op, op);
-    this.#leaseOps = run.catch(() => {});
-    return run;
-  }
-
-  /**
-   * A claim scan, after the heartbeat round under way and after renewing this incarnation's leases if
-   * they may look lapsed (a stall, a clock step): a scan never races a renewal of its own leases.
-   */
-  #claimScan<T>(claim: () => Promise<T>): Promise<T> {
-    return this.#oneLeaseOpAtATime(async () => {
-      if (this.#renewing !== null) {
-        // A hung heartbeat call must not stop the sweeps: wait for the round at most half a lease.
-        const leaseMs = Math.min(this.config.inbox.leaseMs, this.config.outbox.leaseMs);
-        let timer: ClockTimer | undefined;
-        await Promise.race([this.#renewing, new Promise<void>((resolve) => timer = this.#clock.setTimeout(resolve, leaseMs / 2))]);
-        this.#clock.clearTimeout(timer);
-      }
-      if (this.#leasesNeedRenewal()) await this.#heartbeat();
-      return await claim();
-    });
-  }
-
-  /** Extend one held lease: `held`, `lost` (another instance has it, or it settled) or `error` (unknown). */
-  async #renewOnce(h: HeldLease, announceCall = false): Promise<"held" | "lost" | "error"> {
-    const journal = h.kind === "inbox" ? this.backend.inbox : this.backend.outbox;
-    const leaseMs = h.kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
-    const startedAt = this.#clock.monotonic();
-    const token = h.token;
-    try {
-      const held = announceCall
-        ? await this.backend.outbox.markCalling(h.id, token, leaseMs)
-        : await journal.heartbeat(h.id, token, leaseMs);
-      if (held) {
-        if (h.token === token) h.confirmedAt = Math.max(h.confirmedAt, startedAt);
-        return "held";
-      }
-      if (this.#held[h.kind].get(h.id) !== h || h.token !== token) return "lost"; // settled or re-leased meanwhile
-      if (h.settling !== undefined) return "lost"; // its outcome write landed first (the heartbeat found it settled)
-      h.lost = true;
-      this.#warn({
-        code: "lease-lost",
-        message: `Lost the lease on ${h.kind} record "${h.id}" (fencing token ${token}): another instance took it`,
-        ...(h.kind === "inbox" ? { id: h.id } : { key: h.id }),
-      });
-      return "lost";
-    } catch (error) {
-      this.#report(error, `${announceCall ? "call announcement" : "heartbeat"} of ${h.kind} record "${h.id}"`);
-      return "error";
-    }
-  }
-
-  /**
-   * Whether held leases may look lapsed to the backend: the heartbeat round is overdue (a stall, a
-   * timer that fired late) or the wall clock stepped against the monotonic one since it ran.
-   */
-  #leasesNeedRenewal(): boolean {
-    if (this.#held.inbox.size === 0 && this.#held.outbox.size === 0) return false;
-    const elapsed = this.#clock.monotonic() - this.#lastRound.monotonic;
-    const wallElapsed = this.#clock.now() - this.#lastRound.wall;
-    return elapsed >= this.#heartbeatEveryMs() || Math.abs(wallElapsed - elapsed) > CLOCK_STEP_MS;
-  }
-
   #wake(inMs: number): void {
     // Without timers (sweepIntervalMs 0), due work waits in the journal for the next bot.sweep().
-    if (this.#halted || this.#stopping || this.config.sweepIntervalMs === 0) return;
-    inMs = Math.min(Math.max(0, inMs), MAX_TIMER_MS);
-    const at = this.#clock.monotonic() + inMs;
-    // Every wake-up asked for is kept (a retry's, a timer's): one timer, armed for the earliest.
-    this.#wakeTimes.push(at);
-    if (at < this.#wakeAt) this.#armWake(at);
-  }
-
-  #armWake(at: number): void {
-    this.#clock.clearTimeout(this.#wakeTimer);
-    this.#wakeAt = at;
-    this.#wakeTimer = this.#clock.setTimeout(() => {
-      this.#wakeAt = Infinity;
-      const now = this.#clock.monotonic();
-      for (let next = this.#wakeTimes.peek(); next !== undefined && next <= now + 1; next = this.#wakeTimes.peek()) this.#wakeTimes.pop();
-      const next = this.#wakeTimes.peek();
-      if (next !== undefined && !this.#halted && !this.#stopping) this.#armWake(next);
-      void this.sweep();
-    }, Math.max(0, at - this.#clock.monotonic()) + 1);
+    if (this.config.sweepIntervalMs === 0) return;
+    this.#wakeups.wake(inMs);
   }
 
   // ---- inbox -----------------------------------------------------------------
@@ -859,11 +433,11 @@ export class DurabilityEngine {
       return; // not journaled: the channel delivers it again
     }
     if (record === null || record.state !== "processing" || this.#halted || this.#stopping || !open()) return;
-    if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return; // taken up meanwhile (a redelivery)
+    if ((this.#leases.get("inbox", id)?.token ?? 0) >= record.fence) return; // taken up meanwhile (a redelivery)
     this.#remember(id);
     this.#metrics.inboundJournaled++;
     const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
-    this.#jobLeases.set(job, this.#hold("inbox", id, record.fence));
+    this.#jobLeases.set(job, this.#leases.hold("inbox", id, record.fence));
     dispatch(job);
   }
 
@@ -996,9 +570,9 @@ export class DurabilityEngine {
       await this.#deadlines.within(scan, Math.min(2000, this.config.inbox.leaseMs / 4), () => new Error("slow claim scan")).catch(() => {});
     }
     // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
-    if ((this.#held.inbox.get(id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
+    if ((this.#leases.get("inbox", id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
     const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
-    this.#jobLeases.set(job, this.#hold("inbox", id, record.fence, admittedAt));
+    this.#jobLeases.set(job, this.#leases.hold("inbox", id, record.fence, admittedAt));
     const slow = this.#inboxScan;
     if (slow !== null) {
       // The scan (or the adoption after its lost reply) is still on its way: the channel has its answer
@@ -1071,16 +645,16 @@ export class DurabilityEngine {
     if (record.state !== "processing") return;
     // Taken up already by this process as lost work (its admission's answer came late): that job arms
     // it, or fires it when due.
-    if (this.#held.inbox.has(id)) return;
+    if (this.#leases.has("inbox", id)) return;
     // Held while it is armed, so that nothing of this process takes it for lost work meanwhile.
-    const lease = this.#hold("inbox", id, record.fence);
+    const lease = this.#leases.hold("inbox", id, record.fence);
     try {
       await this.#recordOutcome(lease, (token) => this.#armTimer(id, token, at), [TIMER_STATE]);
     } catch (error) {
       if (isProcessDeath(error)) throw error;
       // It is journaled: once its lease lapses, a sweep arms it.
     } finally {
-      this.#release("inbox", id, lease.token);
+      this.#leases.release("inbox", id, lease.token);
     }
   }
 
@@ -1099,7 +673,7 @@ export class DurabilityEngine {
    */
   async #ownLostAdmission(id: string): Promise<InboundRecord | null> {
     await this.#claimScansHeld();
-    if (this.#held.inbox.has(id)) return null;
+    if (this.#leases.has("inbox", id)) return null;
     let existing: InboundRecord | null;
     try {
       existing = await this.backend.inbox.get(id);
@@ -1109,12 +683,12 @@ export class DurabilityEngine {
     const lease = existing?.lease;
     if (!existing || existing.state !== "processing" || !lease) return null;
     if (lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) return null;
-    if (this.#held.inbox.has(id)) return null; // dispatched while we read
+    if (this.#leases.has("inbox", id)) return null; // dispatched while we read
     if (this.#claimsInFlight > 0) {
       this.#adoptPending = true; // a scan may be about to take it; if not, the next sweep does
       return null;
     }
-    if (this.#knewLease("inbox", id, existing.fence)) return null; // handled here already
+    if (this.#leases.knew("inbox", id, existing.fence)) return null; // handled here already
     return existing;
   }
 
@@ -1155,7 +729,7 @@ export class DurabilityEngine {
       return;
     }
     // The job's lease, whose token a sweep of this incarnation may hand on while the handler runs.
-    const lease = this.#jobLeases.get(job) ?? this.#held.inbox.get(record.id) ?? this.#hold("inbox", record.id, record.fence);
+    const lease = this.#jobLeases.get(job) ?? this.#leases.get("inbox", record.id) ?? this.#leases.hold("inbox", record.id, record.fence);
     if (job.timer && job.timer.at > this.#clock.now()) {
       // Taken up before it is due (admitted behind its chat, a lease lost before it was armed, an
       // operator's replay, a clock of another process ahead of this one): armed again, not run.
@@ -1163,7 +737,7 @@ export class DurabilityEngine {
       try {
         await this.#recordOutcome(lease, (token) => this.#armTimer(record.id, token, at), [TIMER_STATE]);
       } finally {
-        this.#release("inbox", record.id, lease.token);
+        this.#leases.release("inbox", record.id, lease.token);
       }
       return;
     }
@@ -1188,7 +762,7 @@ export class DurabilityEngine {
     } else if (job.runCounted !== true && !await this.#startRun(lease, record.id, journaled)) {
       // Not journaled as begun (the lease was lost, or the journal failed): not run here. Its lease lapses
       // and a sweep takes it up again.
-      this.#release("inbox", record.id, lease.token);
+      this.#leases.release("inbox", record.id, lease.token);
       return;
     } else {
       record.attempts = journaled;
@@ -1232,7 +806,7 @@ export class DurabilityEngine {
         this.#wake(retryInMs);
       }
     } finally {
-      this.#release("inbox", record.id, lease.token);
+      this.#leases.release("inbox", record.id, lease.token);
     }
   }
 
@@ -1250,13 +824,13 @@ export class DurabilityEngine {
         // with the answer still on its way: that scan hands this job the new token.
         if (lease.token === token && this.#claimsInFlight > 0) await this.#claimScansHeld();
         // Re-leased to this very process meanwhile (a sweep handed the work a new token): again with it.
-        if (lease.token !== token && !lease.lost && this.#held.inbox.get(id) === lease) continue;
+        if (lease.token !== token && !lease.lost && this.#leases.get("inbox", id) === lease) continue;
         return false;
       } catch (error) {
         if (this.#report(error, `journal of inbox record "${id}" (start of run ${attempt}, try ${tries})`)) return false;
         // Retried while the lease is held (heartbeats keep it): giving up would let the chat's next message
         // run first, and a start that committed with its reply lost would count a run never made.
-        if (lease.lost || this.#held.inbox.get(id) !== lease || (this.#stopping && tries >= 3)) return false;
+        if (lease.lost || this.#leases.get("inbox", id) !== lease || (this.#stopping && tries >= 3)) return false;
         await sleep(this.#clock, Math.min(Math.max(5, Math.floor(this.config.inbox.leaseMs / 4)), 50 * 2 ** tries));
         if (this.#halted) return false;
       }
@@ -1290,7 +864,7 @@ export class DurabilityEngine {
       } catch (error) {
         if (error instanceof StaleLeaseError) {
           // Re-leased to this very process meanwhile (a sweep handed the work the new token): write again.
-          if (lease.token !== token && !lease.lost && this.#held[kind].get(id) === lease) continue;
+          if (lease.token !== token && !lease.lost && this.#leases.get(kind, id) === lease) continue;
           // Read until the answer is known: a dead-letter or an ambiguity whose write landed must be reported.
           let outcome = await this.#outcomeLanded(kind, id, token, landed);
           for (let read = 1; outcome === undefined && read < 5 && !this.#halted; read++) {
@@ -1307,7 +881,7 @@ export class DurabilityEngine {
         if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
         // The write may have committed with its reply lost: look before the record moves on.
         if (await this.#outcomeLanded(kind, id, token, landed) === true) return true;
-        const held = this.#held[kind].get(id);
+        const held = this.#leases.get(kind, id);
         if (!held || (this.#stopping && attempt >= 3)) return false;
         // A lost lease gives up, unless its late outcome still resolves the send (unknown under this token).
         if (held.lost && !(kind === "outbox" && await this.#resolvableLate(id, token))) return false;
@@ -1429,14 +1003,14 @@ export class DurabilityEngine {
       if (landed === null || !this.#sameSend(landed, entry) || !this.#isOwnUncalled(landed)) throw error;
       this.#metrics.outboxJournaled++;
       this.#reportIfCalledBefore(landed);
-      return this.#deliver(this.#hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
+      return this.#deliver(this.#leases.hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
     }
     const journaled = result.entry;
     if (result.status === "exists" && this.#sameSend(journaled, entry) && this.#isOwnUncalled(journaled)) {
       // Reserved by this incarnation, its reply lost (the handler retried): never sent, ours to send now;
       // or re-leased to it by an unanswered claim scan ('resend') after a dead holder's announced call.
       this.#reportIfCalledBefore(journaled);
-      return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
+      return this.#deliver(this.#leases.hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
     }
     if (result.status === "exists") {
       if (journaled.contentHash !== entry.contentHash) {
@@ -1458,13 +1032,13 @@ export class DurabilityEngine {
       this.#wake(0);
       return this.#resultOf(journaled);
     }
-    const taken = this.#held.outbox.get(journaled.key);
+    const taken = this.#leases.get("outbox", journaled.key);
     if (taken !== undefined && taken.token >= journaled.fence) {
       // Taken up while the reservation's answer was on its way (a sweep re-leased it, or a concurrent
       // send of the same key adopted it): that delivery sends it.
       return { key: journaled.key, state: "sending", deduped: true };
     }
-    return this.#deliver(this.#hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);
+    return this.#deliver(this.#leases.hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);
   }
 
   /** Whether a journaled entry is the send `entry` describes (same chat and content), not another use of its key. */
@@ -1481,7 +1055,7 @@ export class DurabilityEngine {
     // A claim scan under way may have leased it to us and not be holding it yet.
     return this.#claimsInFlight === 0 && !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
       lease.incarnation === this.incarnation && lease.token === entry.fence &&
-      !this.#held.outbox.has(entry.key) && !this.#calling.has(entry.key) && !this.#knewLease("outbox", entry.key, entry.fence);
+      !this.#leases.has("outbox", entry.key) && !this.#calling.has(entry.key) && !this.#leases.knew("outbox", entry.key, entry.fence);
   }
 
   /**
@@ -1491,7 +1065,7 @@ export class DurabilityEngine {
    */
   #reportIfCalledBefore(entry: OutboxEntry): void {
     // A lease of this process's own whose `markCalling` reply was lost is `called` too, but on its first attempt.
-    if (entry.called && entry.attempts > 1) this.#reportAmbiguous(entry);
+    if (entry.called && entry.attempts > 1) this.#ambiguity.report(entry);
   }
 
   #resultOf(entry: OutboxEntry): SendResult {
@@ -1516,11 +1090,11 @@ export class DurabilityEngine {
     let called = false;
     let settled = false;
     try {
-      let confirmed = this.#confirmed.get(key);
+      let confirmed = this.#ambiguity.confirmedId(key);
       let via: "status" | "confirm" = "status";
       if (confirmed === undefined && resend && provider.confirm !== undefined) {
         // 'resend' of an ambiguous send: ask the channel first whether the lost call arrived.
-        const answer = await this.#askConfirm(entry).catch((error) => {
+        const answer = await this.#ambiguity.askConfirm(entry).catch((error) => {
           if (!this.#halted) this.#report(error, `confirmation of ambiguous send "${key}" by provider "${provider.name}"`);
           return null;
         });
@@ -1532,11 +1106,11 @@ export class DurabilityEngine {
       }
       if (confirmed !== undefined) {
         // The channel already said an earlier attempt arrived (a delivery status, or confirm): no second call.
-        this.#confirmed.delete(key);
+        this.#ambiguity.forgetConfirmed(key);
         const messageId = confirmed;
         settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
         if (settled) {
-          this.#resolved({ key, chatId, state: "sent", messageId, via });
+          this.#ambiguity.resolved({ key, chatId, state: "sent", messageId, via });
         }
         return { key, state: "sent", messageId };
       }
@@ -1571,18 +1145,18 @@ export class DurabilityEngine {
         this.#observer.replySent(entry.inboundId);
         // Recorded late: the send had been taken for lost during the call and reported ambiguous (by a sweep
         // of this process, or of another, which refused this lease's heartbeat); its outcome settles the alert.
-        if (!resend && (lease.lost || this.#reported.has(`${key}#${lease.token}`))) {
-          this.#resolved({ key, chatId, state: "sent", messageId, via: "call" });
+        if (!resend && (lease.lost || this.#ambiguity.wasReported(key, lease.token))) {
+          this.#ambiguity.resolved({ key, chatId, state: "sent", messageId, via: "call" });
         }
       }
-      this.#confirmed.delete(key);
+      this.#ambiguity.forgetConfirmed(key);
       return { key, state: "sent", messageId };
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
       throw error;
     } finally {
       if (settled || !called) this.#calling.delete(key);
-      this.#release("outbox", key, lease.token);
+      this.#leases.release("outbox", key, lease.token);
     }
   }
 
@@ -1597,7 +1171,7 @@ export class DurabilityEngine {
   async #admitByLimits(lease: HeldLease, chatId: string, urgent: boolean): Promise<boolean> {
     const throttle = this.#throttle;
     if (throttle === null) return true;
-    const gone = () => this.#halted || this.#stopping || lease.lost || this.#held.outbox.get(lease.id) !== lease;
+    const gone = () => this.#halted || this.#stopping || lease.lost || this.#leases.get("outbox", lease.id) !== lease;
     const admitted = await throttle.admit(chatId, gone, urgent);
     if (admitted === "waited") this.#metrics.outboxThrottled++;
     return admitted !== false && !gone();
@@ -1611,7 +1185,7 @@ export class DurabilityEngine {
    */
   async #announceCall(lease: HeldLease): Promise<boolean> {
     if (this.#halted) return false;
-    if (lease.lost || this.#held.outbox.get(lease.id) !== lease) return false;
+    if (lease.lost || this.#leases.get("outbox", lease.id) !== lease) return false;
     if (this.#madeUnknown.get(lease.id) === lease.token) {
       // This process's own sweep already made this lease unknown (its answer came late): no call under it.
       // It was never called, so it goes back in the queue (already reported, an operator sees it).
@@ -1623,7 +1197,7 @@ export class DurabilityEngine {
     // A journal error leaves it unknown whether the lease holds (a renewal whose reply was lost): ask again.
     for (let attempt = 1; attempt <= 3; attempt++) {
       const token = lease.token;
-      const renewed = await this.#renewOnce(lease, true);
+      const renewed = await this.#leases.renew(lease, true);
       if (this.#halted) return false;
       // Re-leased to this process meanwhile (a sweep handed it the new token): announce under that one.
       if (renewed === "lost" && lease.token !== token && !lease.lost) continue;
@@ -1631,14 +1205,13 @@ export class DurabilityEngine {
       // than the lease itself: then it is renewed again before a call goes out under it.
       if (renewed === "held" && this.#clock.monotonic() - lease.confirmedAt >= leaseMs / 2 && !lease.lost && lease.token === token) continue;
       // Held, and still ours here: a sweep may have given it up (requeued it) while the renewal was out.
-      if (renewed === "held") return this.#held.outbox.get(lease.id) === lease && !lease.lost && lease.token === token;
+      if (renewed === "held") return this.#leases.get("outbox", lease.id) === lease && !lease.lost && lease.token === token;
       if (renewed === "lost") return false;
       if (this.#clock.monotonic() - lease.confirmedAt >= leaseMs) break;
       await sleep(this.#clock, Math.max(1, Math.floor(leaseMs / 10)));
     }
     // Still leased to us, perhaps: a later sweep takes it up again (as a lease it never confirmed).
-    const tokens = this.#everHeld.outbox.get(lease.id);
-    if (tokens?.includes(lease.token)) tokens.splice(tokens.indexOf(lease.token), 1);
+    this.#leases.forget(lease);
     this.#adoptPending = true;
     return false;
   }
@@ -1655,115 +1228,8 @@ export class DurabilityEngine {
    * `unknown` entry becomes `sent`; one still on its way is remembered, so that if its outcome is
    * lost the ambiguity resolves at once. See `InboundSink.confirmSent`.
    */
-  async confirmSent(key: string, messageId: string): Promise<boolean> {
-    if (typeof key !== "string" || key === "") throw new TypeError(`confirmSent: "key" must be a non-empty string, got ${JSON.stringify(key) ?? "undefined"}`);
-    if (typeof messageId !== "string") {
-      throw new TypeError(`confirmSent: "messageId" must be a string, got ${JSON.stringify(messageId) ?? "undefined"}`);
-    }
-    if (this.#halted) return false;
-    // Remembered before the entry is read: a sweep that makes it unknown after the read finds it here.
-    this.#confirmed.set(key, messageId);
-    if (this.#confirmed.size > DEDUPE_CAPACITY) this.#confirmed.delete(this.#confirmed.keys().next().value!);
-    const entry = await this.backend.outbox.get(key);
-    if (entry === null || entry.state === "sent" || entry.state === "dead") {
-      this.#confirmed.delete(key);
-      return false;
-    }
-    if (entry.state !== "unknown") return false; // on its way: its next call, or its ambiguity, uses it
-    this.#confirmed.delete(key);
-    return await this.#resolveSent(entry, messageId, "status") === "resolved";
-  }
-
-  /**
-   * An entry that just became `unknown`: reported at once (the report must not wait on anything a
-   * crash could cut short), then settled if the channel can tell: a delivery status seen earlier, or
-   * the provider's `confirm`.
-   */
-  #settleAmbiguous(entry: OutboxEntry): void {
-    this.#reportAmbiguous(entry);
-    const provider = this.#host.provider;
-    const stashed = this.#confirmed.get(entry.key);
-    if (stashed === undefined && provider.confirm === undefined) return;
-    const work = this.#resolveAmbiguous(entry, stashed).catch((error) => {
-      if (!this.#halted) this.#report(error, `confirmation of ambiguous send "${entry.key}" by provider "${provider.name}"`);
-    });
-    this.#host.track(work);
-  }
-
-  async #resolveAmbiguous(entry: OutboxEntry, stashed: string | undefined): Promise<void> {
-    if (stashed !== undefined) {
-      this.#confirmed.delete(entry.key);
-      if (await this.#resolveSent(entry, stashed, "status") !== "unknown") return;
-    }
-    const provider = this.#host.provider;
-    if (provider.confirm === undefined) return;
-    const answer = await this.#askConfirm(entry);
-    if (answer === null || this.#halted) return;
-    if (answer.delivered) {
-      await this.#resolveSent(entry, answer.messageId, "confirm");
-      return;
-    }
-    // It certainly never arrived: a failed attempt like any other, retried after its backoff under the
-    // same retry budget (dead once spent), and only while nobody acted on the entry since (fenced).
-    const error = `Provider "${provider.name}" confirmed that the send never arrived`;
-    const dead = entry.attempts > this.config.outbox.retries;
-    const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, undefined, () => this.#clock.random());
-    const outcome = dead ? { error, dead: true } as const : { error, retryInMs };
-    try {
-      await this.backend.outbox.markFailed(entry.key, entry.fence, outcome);
-    } catch (failure) {
-      if (failure instanceof StaleLeaseError) return; // resolved or retried meanwhile
-      throw failure;
-    }
-    this.#resolved({ key: entry.key, chatId: entry.chatId, state: dead ? "dead" : "failed", via: "confirm" });
-    if (dead) {
-      this.#metrics.outboxDead++;
-      this.#host.events.emit("durability:dead", { kind: "outbound", id: entry.key, error });
-    } else {
-      this.#wake(retryInMs);
-    }
-  }
-
-  /** The provider's `confirm` answer for `entry`, checked, within {@link CONFIRM_TIMEOUT_MS}. */
-  async #askConfirm(entry: OutboxEntry): Promise<SendConfirmation | null> {
-    const provider = this.#host.provider;
-    const asked = provider.confirm!({
-      idempotencyKey: entry.key,
-      chatId: entry.chatId,
-      content: decodeContent(entry.content) as OutboundContent,
-      signal: this.#abort.signal,
-    });
-    return checkConfirmation(
-      await withTimeout(this.#clock, Promise.resolve(asked), CONFIRM_TIMEOUT_MS, () => new Error(`no answer within ${CONFIRM_TIMEOUT_MS} ms`)),
-      provider.name,
-    );
-  }
-
-  /** Record an `unknown` entry as sent on the channel's word: `resolved`, or its state now (someone else acted). */
-  async #resolveSent(entry: OutboxEntry, messageId: string, via: "status" | "confirm" | "operator"): Promise<"resolved" | OutboxState | "gone"> {
-    try {
-      await this.backend.outbox.markSent(entry.key, entry.fence, messageId);
-    } catch (error) {
-      if (!(error instanceof StaleLeaseError)) throw error;
-      return (await this.backend.outbox.get(entry.key))?.state ?? "gone";
-    }
-    this.#resolved({ key: entry.key, chatId: entry.chatId, state: "sent", messageId, via });
-    return "resolved";
-  }
-
-  /** An ambiguous send settled (by the channel or an operator): counted and told (`durability:resolved`). */
-  #resolved(event: BotEvents["durability:resolved"]): void {
-    this.#metrics.outboxResolved++;
-    this.#host.events.emit("durability:resolved", event);
-  }
-
-  #reportAmbiguous(entry: { key: string; chatId: string; fence?: number }): void {
-    if (entry.fence !== undefined) {
-      this.#reported.add(`${entry.key}#${entry.fence}`);
-    }
-    this.#metrics.outboxAmbiguous++;
-    this.#swept.ambiguous++;
-    this.#host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
+  confirmSent(key: string, messageId: string): Promise<boolean> {
+    return this.#ambiguity.confirmSent(key, messageId);
   }
 
   #messageIdOf(receipt: unknown, key: string): string {
@@ -1797,10 +1263,10 @@ export class DurabilityEngine {
       if (this.config.outbox.onAmbiguous === "hold") {
         const outcome = { error: text, ambiguous: true } as const;
         const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["unknown"]);
-        if (recorded) this.#settleAmbiguous({ ...entry, state: "unknown", fence: lease.token });
+        if (recorded) this.#ambiguity.settle({ ...entry, state: "unknown", fence: lease.token });
         return { result: { key, state: "unknown", error: text }, recorded };
       }
-      this.#reportAmbiguous(entry);
+      this.#ambiguity.report(entry);
     }
     if (classified.retryable && classified.rateLimited !== undefined && classified.maybeDelivered !== true) {
       return await this.#throttled(lease, entry, text, classified.rateLimited, classified.retryAfterMs);
@@ -1926,7 +1392,7 @@ export class DurabilityEngine {
       };
       try {
         // A sweep must never take work this very process is doing: leases that may look lapsed are renewed first.
-        records = await this.#claimScan(() => this.backend.inbox.claimDue(inboxClaim));
+        records = await this.#leases.claimScan(() => this.backend.inbox.claimDue(inboxClaim));
       } catch (error) {
         this.#claimsInFlight--;
         try {
@@ -1939,13 +1405,13 @@ export class DurabilityEngine {
       }
       this.#claimsInFlight--; // the loop below holds them all before it yields
       for (const record of records) {
-        const mine = this.#held.inbox.get(record.id);
+        const mine = this.#leases.get("inbox", record.id);
         if (mine !== undefined && !mine.lost && mine.settling !== "retry") {
           // Still being handled here: its lease only looked lapsed (a server clock step). Carry on under the new token.
-          this.#handOn(mine, record.fence, claimedAt, record.attempts);
+          this.#leases.handOn(mine, record.fence, claimedAt, record.attempts);
           continue;
         }
-        const lease = this.#hold("inbox", record.id, record.fence, claimedAt);
+        const lease = this.#leases.hold("inbox", record.id, record.fence, claimedAt);
         this.#swept.inbound++;
         if (record.attempts > 0 && record.error === null) this.#metrics.inboundReplayed++; // a run began, no outcome
         this.#dispatchRecord(record, lease);
@@ -1967,7 +1433,7 @@ export class DurabilityEngine {
       const scanStartedAt = this.#clock.now();
       this.#claimsInFlight++;
       try {
-        claimed = await this.#claimScan(() => this.backend.outbox.claimDue(outboxClaim));
+        claimed = await this.#leases.claimScan(() => this.backend.outbox.claimDue(outboxClaim));
       } catch (error) {
         this.#claimsInFlight--;
         const scanEndedAt = this.#clock.now();
@@ -1982,7 +1448,7 @@ export class DurabilityEngine {
         // Which of them this process was working on (its lease only looked lapsed: a server clock step).
         const mineBefore = new Map<string, HeldLease>();
         for (const entry of [...due, ...ambiguous]) {
-          const mine = this.#held.outbox.get(entry.key);
+          const mine = this.#leases.get("outbox", entry.key);
           if (mine !== undefined && !mine.lost) mineBefore.set(entry.key, mine);
         }
         const dueKeys = new Set(due.map((entry) => entry.key));
@@ -1994,10 +1460,10 @@ export class DurabilityEngine {
           // A held send being settled that comes back due without being ambiguous is a new attempt: its
           // failure was recorded (the reply lost) and its retry is due.
           if (mine !== undefined && (mine.settling !== "retry" || ambiguousKeys.has(entry.key))) {
-            this.#handOn(mine, entry.fence, claimedAt, entry.attempts); // re-leased while still ours
+            this.#leases.handOn(mine, entry.fence, claimedAt, entry.attempts); // re-leased while still ours
             continue;
           }
-          const lease = this.#hold("outbox", entry.key, entry.fence, claimedAt);
+          const lease = this.#leases.hold("outbox", entry.key, entry.fence, claimedAt);
           this.#swept.outbound++;
           const resend = ambiguousKeys.has(entry.key);
           this.#sweptInFlight++;
@@ -2019,8 +1485,8 @@ export class DurabilityEngine {
           // A reservation whose answer is still on its way may be ours too, or another process's entry
           // that it only found: it cannot tell, so that one is reported.
           if (mine === undefined) {
-            if (entry.state === "unknown") this.#settleAmbiguous(entry);
-            else this.#reportAmbiguous(entry);
+            if (entry.state === "unknown") this.#ambiguity.settle(entry);
+            else this.#ambiguity.report(entry);
             // A reservation of ours whose answer is still on its way may hold this very lease: it must not call.
             if (entry.state === "unknown") this.#madeUnknown.set(entry.key, entry.fence);
             if (this.#madeUnknown.size > DEDUPE_CAPACITY) this.#madeUnknown.delete(this.#madeUnknown.keys().next().value!);
@@ -2030,17 +1496,17 @@ export class DurabilityEngine {
           if (this.#calling.has(entry.key)) {
             // Its call is under way: reported now (were this process to die during the call, nobody else
             // would), and the call's outcome still resolves the entry (a late outcome is accepted).
-            this.#reportAmbiguous(entry);
+            this.#ambiguity.report(entry);
             continue;
           }
           // Its call never started: nothing to report, send it again in its turn.
-          if (this.#held.outbox.get(entry.key) === mine) this.#held.outbox.delete(entry.key);
+          this.#leases.drop(mine);
           const requeued = await this.backend.outbox.retry(entry.key).catch((error) => {
             this.#report(error, `requeue of outbox entry "${entry.key}"`);
             return false;
           });
           if (requeued) this.#wake(0);
-          else if (!this.#halted) this.#reportAmbiguous(entry); // left unknown: an operator must see it
+          else if (!this.#halted) this.#ambiguity.report(entry); // left unknown: an operator must see it
         }
       } finally {
         if (unheld) this.#claimsInFlight--;
@@ -2115,8 +1581,8 @@ export class DurabilityEngine {
         for (const entry of await this.backend.outbox.list({ state: "unknown", limit: ADOPT_LIST_LIMIT })) {
           if (entry.updatedAt < lostScanSince.from - LOST_SCAN_SLACK_MS) continue;
           if (entry.updatedAt > lostScanSince.to + LOST_SCAN_SLACK_MS) continue;
-          if (this.#reported.has(`${entry.key}#${entry.fence}`)) continue;
-          this.#settleAmbiguous(entry);
+          if (this.#ambiguity.wasReported(entry.key, entry.fence)) continue;
+          this.#ambiguity.settle(entry);
         }
       }
       const [records, entries] = await Promise.all([
@@ -2126,10 +1592,10 @@ export class DurabilityEngine {
       for (const record of records) {
         const lease = record.lease;
         if (!lease || lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) continue;
-        if (lease.token !== record.fence || this.#held.inbox.has(record.id) || this.#claimsInFlight > 0) continue;
+        if (lease.token !== record.fence || this.#leases.has("inbox", record.id) || this.#claimsInFlight > 0) continue;
         if (this.#admitting.has(record.id)) continue; // its admission's answer is on its way
-        if (this.#knewLease("inbox", record.id, record.fence)) continue; // handled here already (the list is stale)
-        this.#dispatchRecord(record, this.#hold("inbox", record.id, record.fence, -Infinity));
+        if (this.#leases.knew("inbox", record.id, record.fence)) continue; // handled here already (the list is stale)
+        this.#dispatchRecord(record, this.#leases.hold("inbox", record.id, record.fence, -Infinity));
       }
       for (const entry of entries) {
         if (!this.#isOwnUncalled(entry)) continue;
@@ -2137,9 +1603,9 @@ export class DurabilityEngine {
         // one that was called before may have been delivered, so it is reported before it goes again
         // (perhaps one that had only failed: a report too many rather than a silent resend).
         if (lostScanSince !== null && this.config.outbox.onAmbiguous === "resend" && entry.attempts > 1) {
-          this.#reportAmbiguous(entry);
+          this.#ambiguity.report(entry);
         }
-        const lease = this.#hold("outbox", entry.key, entry.fence, -Infinity);
+        const lease = this.#leases.hold("outbox", entry.key, entry.fence, -Infinity);
         this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
           () => this.#wake(0),
           (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
@@ -2250,7 +1716,7 @@ export class DurabilityEngine {
     this.#throttle?.close();
     if (this.#halted) return;
     // Heartbeats go on while in-flight work finishes.
-    this.#heartbeatTimer = every(this.#clock, this.#heartbeatEveryMs(), () => void this.#heartbeat());
+    this.#heartbeatTimer = every(this.#clock, this.#leases.heartbeatEveryMs, () => void this.#leases.heartbeat());
     try {
       await this.#host.whenLocalIdle();
     } finally {
@@ -2296,7 +1762,7 @@ export class DurabilityEngine {
         }
         const entry = await backend.outbox.get(key);
         if (entry === null || entry.state !== "unknown") return false;
-        return await this.#resolveSent(entry, messageId, "operator") === "resolved";
+        return await this.#ambiguity.resolveSent(entry, messageId, "operator") === "resolved";
       },
       metrics: () => ({ ...this.#metrics, outboxWaitingForLimit: this.#throttle?.waiting ?? 0 }),
       histograms: () => this.#observer.histograms(),
@@ -2305,42 +1771,6 @@ export class DurabilityEngine {
   }
 }
 
-/** A provider's `confirm` answer, checked: `null`, or a well-formed {@link SendConfirmation}. */
-function checkConfirmation(answer: unknown, provider: string): SendConfirmation | null {
-  if (answer === null || answer === undefined) return null;
-  const a = answer as { delivered?: unknown; messageId?: unknown };
-  if (typeof answer === "object" && a.delivered === false) return { delivered: false };
-  if (typeof answer === "object" && a.delivered === true) {
-    if (typeof a.messageId === "string") return { delivered: true, messageId: a.messageId };
-    if (typeof a.messageId === "number" && Number.isFinite(a.messageId)) return { delivered: true, messageId: String(a.messageId) };
-    throw new TypeError(`Provider "${provider}" confirm() answered delivered without a usable "messageId" (got ${JSON.stringify(a.messageId) ?? "undefined"})`);
-  }
-  throw new TypeError(
-    `Provider "${provider}" confirm() must answer null, { delivered: false } or { delivered: true, messageId }, got field "delivered" ${
-      JSON.stringify(a?.delivered) ?? "undefined"
-    }`,
-  );
-}
 
-/**
- * The run a journaled job is on, once it began (the runs its record's handler began, this one included;
- * for a timer, less the run its leased admission counted, which was only its arming).
- * @param job a job with its record
- * @returns at least 1
- */
-export function attemptsOf(job: InboundJob & { record: InboundRecord }): number {
-  return runOf(job.record.attempts, job.timer !== undefined);
-}
 
-/** The run number of a record whose journal counts `attempts` runs (a timer's arming admission is not one). */
-function runOf(attempts: number, timer: boolean): number {
-  return Math.max(1, timer ? attempts - 1 : attempts);
-}
 
-/** The timer an inbox record's payload carries, or `undefined` for a message. */
-function timerOf(payload: JsonValue): JournaledTimer | undefined {
-  if (typeof payload !== "object" || payload === null || Array.isArray(payload)) return undefined;
-  const timer = payload[TIMER_FIELD] as { at?: unknown; data?: JsonValue } | undefined;
-  if (typeof timer !== "object" || timer === null || typeof timer.at !== "number" || !Number.isFinite(timer.at)) return undefined;
-  return { at: timer.at, data: timer.data ?? null };
-}

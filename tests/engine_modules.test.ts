@@ -1,0 +1,165 @@
+// The engine's modules alone, on TestClock with MemoryDurability: the sweeper's wake-ups and the
+// leases (hold, hand on, renew, lose, the claim-scan gate).
+import { describe, expect, test } from "bun:test";
+import { MemoryDurability } from "../mod.ts";
+import { TestClock } from "../testing.ts";
+import { Leases } from "../src/engine/leases.ts";
+import type { DurabilityWarning } from "../src/engine/types.ts";
+import { Wakeups } from "../src/engine/wakeups.ts";
+
+function setup(leaseMs = 300) {
+  const clock = new TestClock({ start: 1_700_000_000_000 });
+  const backend = new MemoryDurability({ clock: () => clock.now() });
+  const warnings: DurabilityWarning[] = [];
+  const errors: string[] = [];
+  let halted = false;
+  const leases = new Leases({
+    backend,
+    clock,
+    leaseMs: { inbox: leaseMs, outbox: leaseMs },
+    halted: () => halted,
+    warn: (w) => warnings.push(w),
+    report: (error, context) => errors.push(`${context}: ${String(error)}`),
+  });
+  const claimer = (owner = "me") => ({ owner, incarnation: "i1", leaseMs });
+  const message = (id: string, chatId = "c") => ({ id, kind: "message" as const, chatId, provider: "p", payload: {}, receivedAt: clock.now() });
+  return { clock, backend, leases, warnings, errors, claimer, message, halt: () => halted = true };
+}
+
+describe("Wakeups", () => {
+  test("one timer for many wake-ups: each fires at its time, none early, the earliest first; clear() forgets them", async () => {
+    const clock = new TestClock({ start: 0 });
+    try {
+      const fired: number[] = [];
+      let active = true;
+      const w = new Wakeups(clock, () => fired.push(clock.monotonic()), () => active);
+      w.wake(500);
+      w.wake(100);
+      w.wake(300);
+      await clock.sleep(1_000);
+      expect(fired.length).toBe(3);
+      expect(fired[0]!).toBeGreaterThanOrEqual(100);
+      expect(fired[1]!).toBeGreaterThanOrEqual(300);
+      expect(fired[2]!).toBeGreaterThanOrEqual(500);
+      w.wake(200);
+      w.clear();
+      await clock.sleep(1_000);
+      expect(fired.length, "cleared").toBe(3);
+      active = false;
+      w.wake(0);
+      await clock.sleep(100);
+      expect(fired.length, "not active: nothing armed").toBe(3);
+    } finally {
+      clock.stop();
+    }
+  });
+});
+
+describe("Leases", () => {
+  test("hold returns the held lease of that token; handOn moves it to a new token; both are remembered", async () => {
+    const { clock, leases } = setup();
+    try {
+      const a = leases.hold("inbox", "m1", 1);
+      expect(leases.hold("inbox", "m1", 1)).toBe(a);
+      expect(leases.get("inbox", "m1")).toBe(a);
+      expect(leases.has("outbox", "m1")).toBe(false);
+      leases.handOn(a, 2, clock.monotonic(), 1);
+      expect([a.token, a.attempts]).toEqual([2, 1]);
+      expect([leases.knew("inbox", "m1", 1), leases.knew("inbox", "m1", 2), leases.knew("inbox", "m1", 3)]).toEqual([true, true, false]);
+      leases.release("inbox", "m1", 1);
+      expect(leases.get("inbox", "m1"), "a release under an old token keeps the lease").toBe(a);
+      leases.release("inbox", "m1", 2);
+      expect(leases.get("inbox", "m1")).toBe(undefined);
+      expect(leases.knew("inbox", "m1", 2), "still known after release").toBe(true);
+      leases.forget(a);
+      expect(leases.knew("inbox", "m1", 2), "forgotten").toBe(false);
+    } finally {
+      clock.stop();
+    }
+  });
+
+  test("heartbeat rounds keep a held lease alive past its length; a lease taken elsewhere is lost and warned about once", async () => {
+    const { clock, backend, leases, warnings, claimer, message } = setup(300);
+    try {
+      const r = (await backend.inbox.admit(message("m1"), claimer()))!;
+      const lease = leases.hold("inbox", "m1", r.fence);
+      for (let i = 0; i < 6; i++) {
+        await clock.sleep(leases.heartbeatEveryMs);
+        await leases.heartbeat();
+      }
+      expect(clock.monotonic()).toBeGreaterThan(300);
+      expect(await backend.inbox.claim("m1", claimer("other")), "renewed: not claimable elsewhere").toBe(null);
+      expect(lease.lost).toBe(false);
+      // Another owner takes it once it lapses.
+      await clock.sleep(400);
+      expect(await backend.inbox.claim("m1", claimer("other"))).not.toBe(null);
+      expect(await leases.renew(lease)).toBe("lost");
+      expect(lease.lost).toBe(true);
+      expect(warnings.map((w) => w.code)).toEqual(["lease-lost"]);
+      await leases.heartbeat();
+      expect(warnings.length, "a lost lease is not renewed again").toBe(1);
+    } finally {
+      clock.stop();
+    }
+  });
+
+  test("a renewal that finds the record settled by its own outcome is lost without a warning", async () => {
+    const { clock, backend, leases, warnings, claimer, message } = setup();
+    try {
+      const r = (await backend.inbox.admit(message("m1"), claimer()))!;
+      const lease = leases.hold("inbox", "m1", r.fence);
+      lease.settling = "final";
+      await backend.inbox.complete("m1", r.fence);
+      expect(await leases.renew(lease)).toBe("lost");
+      expect(warnings).toEqual([]);
+    } finally {
+      clock.stop();
+    }
+  });
+
+  test("a claim scan renews leases first when the wall clock stepped, and scans run one at a time", async () => {
+    const { clock, backend, leases, claimer, message } = setup(300);
+    try {
+      const r = (await backend.inbox.admit(message("m1"), claimer()))!;
+      leases.hold("inbox", "m1", r.fence);
+      leases.startRounds();
+      const renewed: string[] = [];
+      const heartbeat = backend.inbox.heartbeat.bind(backend.inbox);
+      backend.inbox.heartbeat = (id, token, ms) => {
+        renewed.push(id);
+        return heartbeat(id, token, ms);
+      };
+      await leases.claimScan(async () => null);
+      expect(renewed, "no step, no overdue round: no renewal").toEqual([]);
+      (clock as unknown as { now: () => number }).now = ((now) => () => now() + 5_000)(clock.now.bind(clock));
+      await leases.claimScan(async () => null);
+      expect(renewed, "a wall step: renewed before the scan").toEqual(["m1"]);
+      const order: string[] = [];
+      let release!: () => void;
+      const first = leases.claimScan(() => new Promise<void>((resolve) => { order.push("first"); release = resolve; }));
+      const second = leases.claimScan(async () => void order.push("second"));
+      await clock.sleep(10);
+      expect(order).toEqual(["first"]);
+      release();
+      await Promise.all([first, second]);
+      expect(order).toEqual(["first", "second"]);
+    } finally {
+      clock.stop();
+    }
+  });
+
+  test("a halted engine renews nothing", async () => {
+    const { clock, backend, leases, claimer, message, halt } = setup();
+    try {
+      const r = (await backend.inbox.admit(message("m1"), claimer()))!;
+      leases.hold("inbox", "m1", r.fence);
+      halt();
+      let calls = 0;
+      backend.inbox.heartbeat = async () => (calls++, true);
+      await leases.heartbeat();
+      expect(calls).toBe(0);
+    } finally {
+      clock.stop();
+    }
+  });
+});
