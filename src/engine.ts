@@ -49,7 +49,6 @@ import {
   type EngineHost,
   type InboundJob,
   type JournaledTimer,
-  listDamaged,
   type SendOptions,
   type SendResult,
   type SweepSummary,
@@ -59,6 +58,8 @@ import { attemptsOf, runOf, TIMER_FIELD, timerOf } from "./engine/jobs.ts";
 import { MAX_TIMER_MS, Wakeups } from "./engine/wakeups.ts";
 import { type HeldLease, Leases } from "./engine/leases.ts";
 import { Ambiguity } from "./engine/ambiguity.ts";
+import { Outcomes } from "./engine/outcomes.ts";
+import { operatorControl } from "./engine/control.ts";
 
 export type {
   BotEvents,
@@ -181,6 +182,8 @@ export class DurabilityEngine {
   readonly #leases: Leases;
   /** The sends reported ambiguous, and how they settle. */
   readonly #ambiguity: Ambiguity;
+  /** Outcome writes under leases. */
+  readonly #outcomes: Outcomes;
   #lastPurge = -Infinity;
   /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
   #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
@@ -209,6 +212,17 @@ export class DurabilityEngine {
       halted: () => this.#halted,
       warn: (warning) => this.#warn(warning),
       report: (error, context) => void this.#report(error, context),
+    });
+    this.#outcomes = new Outcomes({
+      backend: this.backend,
+      clock: host.clock,
+      leases: this.#leases,
+      leaseMs: { inbox: config.inbox.leaseMs, outbox: config.outbox.leaseMs },
+      halted: () => this.#halted,
+      stopping: () => this.#stopping,
+      halt: () => this.#halt(),
+      report: (error, context) => this.#report(error, context),
+      stale: (kind, id, error) => this.#stale(kind, id, error),
     });
     this.#ambiguity = new Ambiguity({
       backend: this.backend,
@@ -649,7 +663,7 @@ export class DurabilityEngine {
     // Held while it is armed, so that nothing of this process takes it for lost work meanwhile.
     const lease = this.#leases.hold("inbox", id, record.fence);
     try {
-      await this.#recordOutcome(lease, (token) => this.#armTimer(id, token, at), [TIMER_STATE]);
+      await this.#outcomes.record(lease, (token) => this.#armTimer(id, token, at), [TIMER_STATE]);
     } catch (error) {
       if (isProcessDeath(error)) throw error;
       // It is journaled: once its lease lapses, a sweep arms it.
@@ -735,7 +749,7 @@ export class DurabilityEngine {
       // operator's replay, a clock of another process ahead of this one): armed again, not run.
       const at = job.timer.at;
       try {
-        await this.#recordOutcome(lease, (token) => this.#armTimer(record.id, token, at), [TIMER_STATE]);
+        await this.#outcomes.record(lease, (token) => this.#armTimer(record.id, token, at), [TIMER_STATE]);
       } finally {
         this.#leases.release("inbox", record.id, lease.token);
       }
@@ -780,11 +794,11 @@ export class DurabilityEngine {
     const inbox = this.backend.inbox;
     try {
       if (!failed) {
-        await this.#recordOutcome(lease, (token) => inbox.complete(record.id, token), ["done"]);
+        await this.#outcomes.record(lease, (token) => inbox.complete(record.id, token), ["done"]);
       } else if (deadNow || attempts > retries) {
         const text = errorText(failure);
         const dead = { error: handlerThrew ? errorDetail(failure) : text, dead: true } as const;
-        if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, dead), ["dead"])) {
+        if (!await this.#outcomes.record(lease, (token) => inbox.fail(record.id, token, dead), ["dead"])) {
           return;
         }
         this.#metrics.inboundDead++;
@@ -795,7 +809,7 @@ export class DurabilityEngine {
       } else {
         const retryInMs = retryDelay(attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
         const outcome = { error: handlerThrew ? errorDetail(failure) : errorText(failure), retryInMs };
-        if (!await this.#recordOutcome(lease, (token) => inbox.fail(record.id, token, outcome), ["failed"])) return;
+        if (!await this.#outcomes.record(lease, (token) => inbox.fail(record.id, token, outcome), ["failed"])) return;
         this.#warn({
           code: "handler-retry",
           id: record.id,
@@ -836,81 +850,6 @@ export class DurabilityEngine {
       }
     }
   }
-
-  /**
-   * Record the outcome of held work (complete, fail, markSent, markFailed). A
-   * journal error is retried while this process holds the lease (heartbeats
-   * keep it), so a live process never leaves a record half-settled; it gives
-   * up when the lease is lost, the process dies, or the bot stops. A write
-   * that committed but whose reply was lost is recognised on the retry: the
-   * record is in the outcome's state under this very token, so it counts as
-   * recorded, not as a stale lease.
-   * @param lease the held lease (its current token is used)
-   * @param write the write, given the token
-   * @param landed the states the write leaves the record in
-   * @returns whether the outcome was recorded
-   */
-  async #recordOutcome(lease: HeldLease, write: (token: number) => Promise<void>, landed: readonly string[]): Promise<boolean> {
-    const { kind, id } = lease;
-    const leaseMs = kind === "inbox" ? this.config.inbox.leaseMs : this.config.outbox.leaseMs;
-    lease.settling = landed.some((state) => state === "failed" || state === TIMER_STATE) ? "retry" : "final";
-    // Whether an earlier attempt failed in a way that may hide a commit (a lost reply).
-    let uncertain = false;
-    for (let attempt = 1;; attempt++) {
-      const token = lease.token;
-      try {
-        await write(token);
-        return true;
-      } catch (error) {
-        if (error instanceof StaleLeaseError) {
-          // Re-leased to this very process meanwhile (a sweep handed the work the new token): write again.
-          if (lease.token !== token && !lease.lost && this.#leases.get(kind, id) === lease) continue;
-          // Read until the answer is known: a dead-letter or an ambiguity whose write landed must be reported.
-          let outcome = await this.#outcomeLanded(kind, id, token, landed);
-          for (let read = 1; outcome === undefined && read < 5 && !this.#halted; read++) {
-            await sleep(this.#clock, Math.min(Math.max(5, Math.floor(leaseMs / 8)), 25 * 2 ** read));
-            outcome = await this.#outcomeLanded(kind, id, token, landed);
-          }
-          if (outcome === true) return true;
-          // After an unanswered attempt, a record that moved on may have moved on from our own write
-          // (a failure recorded, then retried): not counted as a stale lease, nothing is claimed of it.
-          if (!uncertain && outcome === false) this.#stale(kind, id, error);
-          return false;
-        }
-        uncertain = true;
-        if (this.#report(error, `journal of ${kind} record "${id}" (write attempt ${attempt})`)) return false;
-        // The write may have committed with its reply lost: look before the record moves on.
-        if (await this.#outcomeLanded(kind, id, token, landed) === true) return true;
-        const held = this.#leases.get(kind, id);
-        if (!held || (this.#stopping && attempt >= 3)) return false;
-        // A lost lease gives up, unless its late outcome still resolves the send (unknown under this token).
-        if (held.lost && !(kind === "outbox" && await this.#resolvableLate(id, token))) return false;
-        await sleep(this.#clock, Math.min(Math.max(5, Math.floor(leaseMs / 4)), 50 * 2 ** attempt));
-        if (this.#halted) return false;
-      }
-    }
-  }
-
-  /** Whether an outbox entry is `unknown` under `token`: a late outcome of that call still resolves it. */
-  async #resolvableLate(key: string, token: number): Promise<boolean> {
-    const entry = await this.backend.outbox.get(key).catch(() => null);
-    return entry !== null && entry.state === "unknown" && entry.fence === token;
-  }
-
-  /**
-   * Whether a fenced write with `token` already took effect (an earlier attempt committed, its reply
-   * was lost). @returns `undefined` when the record could not be read
-   */
-  async #outcomeLanded(kind: "inbox" | "outbox", id: string, token: number, states: readonly string[]): Promise<boolean | undefined> {
-    try {
-      const record = kind === "inbox" ? await this.backend.inbox.get(id) : await this.backend.outbox.get(id);
-      return record !== null && record.fence === token && states.includes(record.state);
-    } catch (error) {
-      if (isProcessDeath(error)) this.#halt();
-      return undefined;
-    }
-  }
-
   // ---- outbox ----------------------------------------------------------------
 
   /**
@@ -1108,7 +1047,7 @@ export class DurabilityEngine {
         // The channel already said an earlier attempt arrived (a delivery status, or confirm): no second call.
         this.#ambiguity.forgetConfirmed(key);
         const messageId = confirmed;
-        settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
+        settled = await this.#outcomes.record(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
         if (settled) {
           this.#ambiguity.resolved({ key, chatId, state: "sent", messageId, via });
         }
@@ -1140,7 +1079,7 @@ export class DurabilityEngine {
         settled = failed.recorded;
         return failed.result;
       }
-      settled = await this.#recordOutcome(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
+      settled = await this.#outcomes.record(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
       if (settled) {
         this.#observer.replySent(entry.inboundId);
         // Recorded late: the send had been taken for lost during the call and reported ambiguous (by a sweep
@@ -1262,7 +1201,7 @@ export class DurabilityEngine {
       // its sender had died during it. Held as unknown and reported; 'resend' reports it and retries.
       if (this.config.outbox.onAmbiguous === "hold") {
         const outcome = { error: text, ambiguous: true } as const;
-        const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["unknown"]);
+        const recorded = await this.#outcomes.record(lease, (token) => outbox.markFailed(key, token, outcome), ["unknown"]);
         if (recorded) this.#ambiguity.settle({ ...entry, state: "unknown", fence: lease.token });
         return { result: { key, state: "unknown", error: text }, recorded };
       }
@@ -1274,7 +1213,7 @@ export class DurabilityEngine {
     const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
     if (dead) {
       const outcome = { error: text, dead: true } as const;
-      const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["dead"]);
+      const recorded = await this.#outcomes.record(lease, (token) => outbox.markFailed(key, token, outcome), ["dead"]);
       if (recorded) {
         this.#metrics.outboxDead++;
         this.#host.events.emit("durability:dead", { kind: "outbound", id: key, error: text });
@@ -1283,7 +1222,7 @@ export class DurabilityEngine {
     }
     const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs, () => this.#clock.random());
     const outcome = { error: text, retryInMs };
-    const recorded = await this.#recordOutcome(lease, (token) => outbox.markFailed(key, token, outcome), ["failed"]);
+    const recorded = await this.#outcomes.record(lease, (token) => outbox.markFailed(key, token, outcome), ["failed"]);
     if (recorded) this.#wake(retryInMs);
     return { result: { key, state: "failed", error: text }, recorded };
   }
@@ -1307,7 +1246,7 @@ export class DurabilityEngine {
       await this.#throttle!.pause(bucket, retryInMs).catch((error) => void this.#report(error, "outbox rate limiter pause"));
     }
     const outcome = { error: text, retryInMs, throttled: true };
-    const recorded = await this.#recordOutcome(lease, (token) => this.backend.outbox.markFailed(key, token, outcome), ["failed"]);
+    const recorded = await this.#outcomes.record(lease, (token) => this.backend.outbox.markFailed(key, token, outcome), ["failed"]);
     if (recorded) {
       this.#metrics.outboxThrottled++;
       this.#wake(retryInMs);
@@ -1724,53 +1663,21 @@ export class DurabilityEngine {
     }
     await this.backend.close?.();
   }
-
-  /** The operator surface. */
+  /** The operator surface, `bot.durability`. */
   control(): DurabilityControl {
-    const backend = this.backend;
     const engine = this;
-    return {
-      get instanceId() {
-        return engine.#instanceId;
+    return operatorControl({
+      backend: this.backend,
+      instanceId: () => engine.#instanceId,
+      replayed: (id) => {
+        this.#metrics.inboundReplayed++;
+        this.#dedupe.delete(id);
+        this.#wake(0);
       },
-      inbox: {
-        list: (options) => backend.inbox.list(options),
-        get: (id) => backend.inbox.get(id),
-      },
-      outbox: {
-        list: (options) => backend.outbox.list(options),
-        get: (key) => backend.outbox.get(key),
-        discard: (key) => backend.outbox.discard(key),
-      },
-      replayInbound: async (id) => {
-        const replayed = await backend.inbox.replay(id);
-        if (replayed) {
-          this.#metrics.inboundReplayed++;
-          this.#dedupe.delete(id);
-          this.#wake(0);
-        }
-        return replayed;
-      },
-      retrySend: async (key) => {
-        const requeued = await backend.outbox.retry(key);
-        if (requeued) this.#wake(0);
-        return requeued;
-      },
-      markDelivered: async (key, messageId = "") => {
-        if (typeof messageId !== "string") {
-          throw new TypeError(`Argument "messageId" of markDelivered() must be a string, got ${JSON.stringify(messageId) ?? typeof messageId}`);
-        }
-        const entry = await backend.outbox.get(key);
-        if (entry === null || entry.state !== "unknown") return false;
-        return await this.#ambiguity.resolveSent(entry, messageId, "operator") === "resolved";
-      },
+      requeued: () => this.#wake(0),
+      resolveSent: (entry, messageId) => this.#ambiguity.resolveSent(entry, messageId, "operator"),
       metrics: () => ({ ...this.#metrics, outboxWaitingForLimit: this.#throttle?.waiting ?? 0 }),
       histograms: () => this.#observer.histograms(),
-      damaged: (options) => listDamaged(backend, options),
-    };
+    });
   }
 }
-
-
-
-

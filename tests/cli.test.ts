@@ -134,7 +134,8 @@ async function fullScenario(run: Runner, url: string, parallel = true): Promise<
   expect(outboxHuman!.stdout).toMatch(/out-sent\s+sent\s+c3\s+1\s+\S+\s+msg-1/);
   expect(outboxHuman!.stdout).toContain("(2)\n");
   // A message's second line (not indented: not a stack frame) is flattened in the table.
-  expect(deadHuman!.stdout).toContain('Handler "boom" failed at line 2');
+  expect([deadHuman!.code, deadHuman!.stderr], "list inbox --state dead: exit code and stderr").toEqual([0, ""]);
+  expect(deadHuman!.stdout, `list inbox --state dead printed:\n${deadHuman!.stdout}`).toContain('Handler "boom" failed at line 2');
 
   expect(showSent!.code).toBe(0);
   expect(showSent!.json()).toMatchObject({ key: "out-sent", state: "sent", messageId: "msg-1", content: { text: "out-sent" } });

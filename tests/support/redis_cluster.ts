@@ -277,6 +277,15 @@ export async function startRedisCluster(options: { masters?: number; replicasPer
           const role = (await node(replica).role()) as unknown[];
           return role[0] === "master";
         });
+        // The other nodes learn of it by gossip: wait until every one maps the old master's slots to it.
+        const slots = (await slotMap(node(replica))).filter(([, , port]) => port === replica);
+        await waitFor(`every node to see ${replica} as the master of its slots`, 30_000, async () => {
+          for (const n of live()) {
+            const map = await slotMap(node(n.port));
+            if (!slots.every(([from]) => map.some(([f, to, port]) => from >= f && from <= to && port === replica))) return false;
+          }
+          return true;
+        });
         return replica;
       },
       async addMaster() {
