@@ -25,7 +25,7 @@ import type { ResolvedDurability } from "./config.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
 import { errorDetail, errorText, isProcessDeath } from "./errors.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, TIMER_STATE } from "./rules.ts";
+import { BLOCKING_OUTBOX_STATES, TIMER_STATE } from "./rules.ts";
 import {
   type AdmitResult,
   classifyProviderError,
@@ -54,12 +54,13 @@ import {
   type SweepSummary,
   zeroMetrics,
 } from "./engine/types.ts";
-import { attemptsOf, runOf, TIMER_FIELD, timerOf } from "./engine/jobs.ts";
+import { runOf, TIMER_FIELD, timerOf } from "./engine/jobs.ts";
 import { MAX_TIMER_MS, Wakeups } from "./engine/wakeups.ts";
 import { type HeldLease, Leases } from "./engine/leases.ts";
 import { Ambiguity } from "./engine/ambiguity.ts";
 import { Outcomes } from "./engine/outcomes.ts";
 import { operatorControl } from "./engine/control.ts";
+import { Settling, type SweepCounts } from "./engine/settling.ts";
 
 export type {
   BotEvents,
@@ -84,12 +85,6 @@ interface AdmissionSlot {
 
 
 const SWEEP_BATCH = 64;
-interface SweepCounts {
-  inbound: number;
-  outbound: number;
-  ambiguous: number;
-  purges: number;
-}
 
 /** Damaged records reported per journal per sweep tick (the rest at the next ticks). */
 const DAMAGED_REPORT_BATCH = 100;
@@ -111,10 +106,6 @@ const LOST_SCAN_SLACK_MS = 60_000;
 const RECLAIM_BATCH = 1024;
 /** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
 const POISON_ALLOWANCE = 3;
-/** The active inbox states that are work for `idle()`: all but a timer's (`scheduled`). */
-const WORK_INBOX_STATES = ACTIVE_INBOX_STATES.filter((state) => state !== TIMER_STATE);
-/** How many failed inbox records an idle check reads, in turn, past timers that an older version journaled as failures. */
-const ACTIVE_FAILED_LOOKS = [1, 200, 5_000, 100_000];
 const DEDUPE_CAPACITY = 10_000;
 /** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
 const AHEAD_OF_LIMIT = 256;
@@ -184,11 +175,11 @@ export class DurabilityEngine {
   readonly #ambiguity: Ambiguity;
   /** Outcome writes under leases. */
   readonly #outcomes: Outcomes;
+  /** idle() and sweepFor(): when the journals hold no work under way. */
+  readonly #settling: Settling;
   #lastPurge = -Infinity;
   /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
   #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
-  #sweptReported: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
-  #sweepForTail: Promise<void> = Promise.resolve();
   #started = false;
   #ready = false;
   #stopping = false;
@@ -235,6 +226,17 @@ export class DurabilityEngine {
       report: (error, context) => void this.#report(error, context),
       wake: (inMs) => this.#wake(inMs),
       countAmbiguous: () => void this.#swept.ambiguous++,
+    });
+    this.#settling = new Settling({
+      backend: this.backend,
+      clock: host.clock,
+      claimsInFlight: () => this.#claimsInFlight,
+      swept: () => this.#swept,
+      sweep: () => this.sweep(),
+      whenLocalIdle: () => host.whenLocalIdle(),
+      halted: () => this.#halted,
+      stopping: () => this.#stopping,
+      report: (error, context) => this.#report(error, context),
     });
     this.#wakeups = new Wakeups(host.clock, () => void this.sweep(), () => !this.#halted && !this.#stopping);
     this.#observer = new Observer(host.clock, config.tracer);
@@ -1559,91 +1561,17 @@ export class DurabilityEngine {
 
   // ---- settling and stopping -------------------------------------------------
 
-  async #hasActiveWork(): Promise<boolean> {
-    // A claim scan whose answer is on its way holds records this process is about to work on.
-    if (this.#claimsInFlight > 0) return true;
-    const outbound = await this.backend.outbox.list({ state: BLOCKING_OUTBOX_STATES, limit: 1 });
-    if (outbound.length > 0) return true;
-    // The active inbox states but a timer's in one read: a record moving from one to another between
-    // two reads (a retry claimed: failed, then processing) would be missed by both. A `scheduled` timer
-    // (an ask waiting for its answer) is not work under way until a sweep takes it up; a retry is. A
-    // timer armed by a version that journaled timers as `failed` ("Not a failure: a timer") is told
-    // apart by its payload: read on past those until one that is work, or the end.
-    const now = this.#clock.now();
-    for (const limit of ACTIVE_FAILED_LOOKS) {
-      const active = await this.backend.inbox.list({ state: WORK_INBOX_STATES, limit });
-      if (active.some((r) => r.state !== "failed" || (timerOf(r.payload)?.at ?? -Infinity) <= now)) return true;
-      if (active.length < limit) return false;
-    }
-    return true; // more waiting asks than it reads: counted as work, never as idle by mistake
-  }
-
   /**
    * Sweep until nothing due is left or `budgetMs` has passed, waiting for the work each pass took up
    * (see `Bot.sweep()`).
    */
   sweepFor(budgetMs: number): Promise<SweepSummary> {
-    // One at a time: each call reports what was taken up since the previous one.
-    const run = this.#sweepForTail.then(() => this.#sweepFor(budgetMs));
-    this.#sweepForTail = run.then(() => {}, () => {});
-    return run;
-  }
-
-  async #sweepFor(budgetMs: number): Promise<SweepSummary> {
-    const startedAt = this.#clock.monotonic();
-    const taken = (c: SweepCounts) => c.inbound + c.outbound;
-    // What the start's recovery sweep (or a timer's sweep) took up since the last call counts too.
-    let seen = this.#sweptReported;
-    let more = false;
-    for (;;) {
-      await this.sweep();
-      // The work it took up is finished before it returns (or looks for more): a cron function that
-      // ends when this resolves must not cut off a send under way, which would leave it ambiguous.
-      await this.#host.whenLocalIdle();
-      const now = { ...this.#swept };
-      const claimed = taken(now) - taken(seen);
-      seen = now;
-      if (this.#halted || this.#stopping || claimed === 0) break;
-      if (this.#clock.monotonic() - startedAt >= budgetMs) {
-        more = true;
-        break;
-      }
-    }
-    const from = this.#sweptReported;
-    this.#sweptReported = seen;
-    const pending = this.#halted ? true : await this.#hasActiveWork().catch(() => true);
-    return {
-      inbound: seen.inbound - from.inbound,
-      outbound: seen.outbound - from.outbound,
-      ambiguous: seen.ambiguous - from.ambiguous,
-      purged: seen.purges > from.purges,
-      more,
-      pending,
-      ms: Math.round(this.#clock.monotonic() - startedAt),
-    };
+    return this.#settling.sweepFor(budgetMs);
   }
 
   /** Resolve when every admitted record is done or dead and every outbox entry is sent, dead or unknown. */
-  async idle(): Promise<void> {
-    let pause = 1;
-    for (;;) {
-      await this.#host.whenLocalIdle();
-      if (this.#halted) return;
-      let active: boolean;
-      try {
-        active = await this.#hasActiveWork();
-      } catch (error) {
-        if (this.#report(error, "idle check")) return;
-        active = true;
-      }
-      if (!active) {
-        await this.#host.whenLocalIdle();
-        if (!await this.#hasActiveWork().catch(() => true)) return;
-      }
-      await this.sweep();
-      await sleep(this.#clock, pause);
-      pause = Math.min(pause * 2, 50);
-    }
+  idle(): Promise<void> {
+    return this.#settling.idle();
   }
 
   /** Stop taking work, let in-flight work finish, close the backend. */

@@ -6,6 +6,8 @@ import { TestClock } from "../testing.ts";
 import { Leases } from "../src/engine/leases.ts";
 import type { DurabilityWarning } from "../src/engine/types.ts";
 import { Wakeups } from "../src/engine/wakeups.ts";
+import { Settling } from "../src/engine/settling.ts";
+import { Outcomes } from "../src/engine/outcomes.ts";
 
 function setup(leaseMs = 300) {
   const clock = new TestClock({ start: 1_700_000_000_000 });
@@ -21,7 +23,7 @@ function setup(leaseMs = 300) {
     warn: (w) => warnings.push(w),
     report: (error, context) => errors.push(`${context}: ${String(error)}`),
   });
-  const claimer = (owner = "me") => ({ owner, incarnation: "i1", leaseMs });
+  const claimer = (owner = "me", ms = leaseMs) => ({ owner, incarnation: "i1", leaseMs: ms });
   const message = (id: string, chatId = "c") => ({ id, kind: "message" as const, chatId, provider: "p", payload: {}, receivedAt: clock.now() });
   return { clock, backend, leases, warnings, errors, claimer, message, halt: () => halted = true };
 }
@@ -160,6 +162,91 @@ describe("Leases", () => {
       expect(calls).toBe(0);
     } finally {
       clock.stop();
+    }
+  });
+});
+
+describe("Settling", () => {
+  const settlingOf = (backend: MemoryDurability, clock: TestClock, claims = 0) =>
+    new Settling({
+      backend,
+      clock,
+      claimsInFlight: () => claims,
+      swept: () => ({ inbound: 0, outbound: 0, ambiguous: 0, purges: 0 }),
+      sweep: async () => {},
+      whenLocalIdle: async () => {},
+      halted: () => false,
+      stopping: () => false,
+      report: () => false,
+    });
+
+  test("a scheduled timer is no work; a pending record, a retry and a timer an older version armed as failed but now due are", async () => {
+    const { clock, backend, claimer, message } = setup();
+    try {
+      const settling = settlingOf(backend, clock);
+      expect(await settling.hasActiveWork()).toBe(false);
+      const timer = (await backend.inbox.admit(message("t1"), claimer()))!;
+      await backend.inbox.schedule("t1", timer.fence, 60_000);
+      expect(await settling.hasActiveWork(), "a timer waiting for its deadline").toBe(false);
+      // As an older version armed one: failed, its deadline in its payload.
+      const legacy = (await backend.inbox.admit({ ...message("t2"), payload: { $timer: { at: clock.now() + 60_000 } } }, claimer()))!;
+      await backend.inbox.fail("t2", legacy.fence, { error: "Not a failure: a timer, due at …", retryInMs: 60_000 });
+      expect(await settling.hasActiveWork(), "an older version's timer, not due").toBe(false);
+      await clock.sleep(61_000);
+      expect(await settling.hasActiveWork(), "an older version's timer, due").toBe(true);
+      const r = (await backend.inbox.claim("t2", claimer()))!;
+      await backend.inbox.complete("t2", r.fence);
+      expect(await settling.hasActiveWork()).toBe(false);
+      await backend.inbox.admit(message("m1", "c2"));
+      expect(await settling.hasActiveWork(), "a pending message").toBe(true);
+      expect(await settlingOf(new MemoryDurability({ clock: () => clock.now() }), clock, 1).hasActiveWork(), "a claim scan on its way").toBe(true);
+    } finally {
+      clock.stop();
+    }
+  });
+});
+
+describe("Outcomes", () => {
+  function outcomesOf(s: ReturnType<typeof setup>) {
+    const stale: string[] = [];
+    const outcomes = new Outcomes({
+      backend: s.backend,
+      clock: s.clock,
+      leases: s.leases,
+      leaseMs: { inbox: 300, outbox: 300 },
+      halted: () => false,
+      stopping: () => false,
+      halt: () => {},
+      report: () => false,
+      stale: (_kind, id) => void stale.push(id),
+    });
+    return { outcomes, stale };
+  }
+
+  test("a write whose reply was lost after it committed is read back as landed; one refused for a lease taken elsewhere is stale", async () => {
+    const s = setup();
+    try {
+      const { outcomes, stale } = outcomesOf(s);
+      const r = (await s.backend.inbox.admit(s.message("m1"), s.claimer()))!;
+      const lease = s.leases.hold("inbox", "m1", r.fence);
+      let calls = 0;
+      const lostReply = async (token: number) => {
+        calls++;
+        await s.backend.inbox.complete("m1", token);
+        if (calls === 1) throw new Error("connection reset after the commit");
+      };
+      expect(await outcomes.record(lease, lostReply, ["done"])).toBe(true);
+      expect(calls, "read back, not written again").toBe(1);
+      expect(stale).toEqual([]);
+      const r2 = (await s.backend.inbox.admit(s.message("m2", "c2"), s.claimer("me", 20)))!;
+      const lease2 = s.leases.hold("inbox", "m2", r2.fence);
+      await s.clock.sleep(50);
+      await s.backend.inbox.claim("m2", s.claimer("other"));
+      expect(await outcomes.record(lease2, (token) => s.backend.inbox.complete("m2", token), ["done"])).toBe(false);
+      expect(stale).toEqual(["m2"]);
+      expect(lease2.settling, "a completion is final").toBe("final");
+    } finally {
+      s.clock.stop();
     }
   });
 });
