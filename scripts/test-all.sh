@@ -46,11 +46,13 @@ step "deno check";               deno check mod.ts backend.ts provider.ts ops.ts
 step "deno check --doc-only (the JSDoc examples)"
 deno check --doc-only mod.ts backend.ts provider.ts ops.ts testing.ts $(find src backends providers -name '*.ts' | sort)
 step "deno smoke: examples/echo.ts"; deno run --no-prompt examples/echo.ts
+# The runtime seam: the journal contract of each backend on the runtime's file system, SQLite driver and
+# sockets; the whole suite (a real bot: async context, timers) on the file backend.
 step "conformance on Deno (file, sqlite via node:sqlite, events journals, postgres via porsager)"
-deno run -A tests/runtimes/conformance.ts file sqlite events-file events-shared postgres
+deno run -A tests/runtimes/conformance.ts file:full sqlite events-file events-shared postgres
 step "conformance on Node $(node --version) (file, sqlite via better-sqlite3, events journals, postgres via porsager)"
 rm -rf .tmp/rt && bun build tests/runtimes/conformance.ts --target=node --outdir .tmp/rt --external better-sqlite3 --external postgres >/dev/null
-node .tmp/rt/conformance.js file sqlite events-file events-shared postgres
+node .tmp/rt/conformance.js file:full sqlite events-file events-shared postgres
 step "build (tsup)";             tsup
 step "node smoke";               node scripts/node-smoke.mjs; node dist/cli.js --version
 step "sqlite smoke of the npm build: Node, Deno, Bun"

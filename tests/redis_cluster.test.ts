@@ -124,7 +124,7 @@ function suite(
   });
 }
 
-suite("RedisDurability", (client, keyPrefix) => new RedisDurability({ client, keyPrefix }), runDurabilityConformance, damageState);
+suite("RedisDurability", (client, keyPrefix) => new RedisDurability({ client, keyPrefix }), runBackendContract, damageState);
 suite("RedisStore#durability", (client, keyPrefix) => new RedisStore({ client, keyPrefix }).durability(), runBackendContract, damageState);
 suite("new KvDurability(RedisKv)", (client, keyPrefix) => new KvDurability(new RedisKv({ client, keyPrefix })), runBackendContract, damageKv);
 

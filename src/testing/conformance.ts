@@ -1862,7 +1862,11 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           Array.from({ length: 4 }, (_, i) => b.outbox.claimDue({ ...claimer(`owner-${i}`), limit: 10 })),
         );
         expect(claims.flatMap((c) => keys(c.ambiguous)), "the lost call is ambiguous, once").toEqual([head.key]);
-        const due = claims.flatMap((c) => keys(c.due));
+        let due = claims.flatMap((c) => keys(c.due));
+        expect(due.length <= 1 && due.every((k) => k === second.key), `at most the next send of the chat, by one claimer: ${due}`).toBe(true);
+        // Scans that all began before one of them made the head unknown may each find the chat still
+        // held (as in "a lapsed send becomes unknown…"): then the next scan takes the next send.
+        if (due.length === 0) due = keys((await b.outbox.claimDue({ ...claimer("owner-next"), limit: 10 })).due);
         expect(due, "only the next send of the chat is leased, by one claimer").toEqual([second.key]);
         const holder = (await mustGetOut(b, second.key)).lease!;
         expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 10 })).due), "nothing while it is held").toEqual([]);

@@ -1,9 +1,11 @@
 /**
- * Runs the whole conformance suite outside bun:test, to prove the backends on
- * the other runtimes and their drivers (Node 20: better-sqlite3; Deno:
- * node:sqlite and Deno's file system).
+ * Runs the conformance suite outside bun:test, to prove the backends on the
+ * other runtimes and their drivers (Node 20: better-sqlite3; Deno:
+ * node:sqlite and Deno's file system). A backend named alone runs the journal
+ * contract; `<name>:full` runs the whole suite (the bot's rules and the crash
+ * matrix too: the runtime's async context and timers under a real bot).
  *
- *   deno run -A tests/runtimes/conformance.ts memory file sqlite
+ *   deno run -A tests/runtimes/conformance.ts memory file:full sqlite
  *   bun build tests/runtimes/conformance.ts --target=node --outdir .tmp/rt --external better-sqlite3
  *   node .tmp/rt/conformance.js memory file sqlite
  *   deno run -A tests/runtimes/conformance.ts postgres
@@ -34,7 +36,7 @@ import {
   SharedFileEventJournal,
 } from "../../backends/events/mod.ts";
 import { simulateCrash as simulateJournalCrash } from "../../backends/events/file_journal.ts";
-import { runDurabilityConformance } from "../../testing.ts";
+import { runBackendContract, runDurabilityConformance } from "../../testing.ts";
 import type { BackendConformanceOptions } from "../../src/testing/conformance.ts";
 import { createHarness } from "./harness.ts";
 
@@ -251,16 +253,18 @@ const runtime = "Deno" in globalThis ? "deno" : "Bun" in globalThis ? "bun" : `n
 const wanted = process.argv.slice(2).filter((a) => !a.startsWith("-"));
 if (wanted.length === 0) wanted.push(...Object.keys(setups));
 let failures = 0;
-for (const name of wanted) {
+for (const arg of wanted) {
+  const [name, mode = "contract"] = arg.split(":") as [string, string?];
   const setup = setups[name];
   if (!setup) throw new TypeError(`Unknown backend "${name}": use ${Object.keys(setups).join(", ")}`);
+  if (mode !== "contract" && mode !== "full") throw new TypeError(`Unknown mode "${mode}" of "${arg}": use ${name} or ${name}:full`);
   const harness = createHarness();
-  runDurabilityConformance({ ...setup(), harness });
+  (mode === "full" ? runDurabilityConformance : runBackendContract)({ ...setup(), harness });
   const started = Date.now();
   const result = await harness.run();
   failures += result.failed.length;
   console.log(
-    `${runtime}: conformance of ${name}: ${result.passed} passed, ${result.failed.length} failed, ${result.skipped} skipped (${
+    `${runtime}: conformance (${mode === "full" ? "whole suite" : "journal contract"}) of ${name}: ${result.passed} passed, ${result.failed.length} failed, ${result.skipped} skipped (${
       ((Date.now() - started) / 1000).toFixed(1)
     } s)`,
   );
