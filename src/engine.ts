@@ -13,8 +13,6 @@ import {
   type DurabilityBackend,
   type InboundRecord,
   type JsonValue,
-  type NewOutboxEntry,
-  type OutboxEntry,
   DamagedRecordError,
   StaleLeaseError,
 } from "./contract.ts";
@@ -22,13 +20,12 @@ import { retryDelay } from "./backoff.ts";
 import { BoundedSet } from "./bounded_map.ts";
 import { Deadlines } from "./deadlines.ts";
 import type { ResolvedDurability } from "./config.ts";
-import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "./content.ts";
+import { decodeContent, encodeContent } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
 import { errorDetail, errorText, isProcessDeath } from "./errors.ts";
-import { BLOCKING_OUTBOX_STATES, TIMER_STATE } from "./rules.ts";
+import { TIMER_STATE } from "./rules.ts";
 import {
   type AdmitResult,
-  classifyProviderError,
   type InboundMessage,
   type OutboundContent,
   type Provider,
@@ -55,12 +52,13 @@ import {
   zeroMetrics,
 } from "./engine/types.ts";
 import { runOf, TIMER_FIELD, timerOf } from "./engine/jobs.ts";
-import { MAX_TIMER_MS, Wakeups } from "./engine/wakeups.ts";
+import { Wakeups } from "./engine/wakeups.ts";
 import { type HeldLease, Leases } from "./engine/leases.ts";
 import { Ambiguity } from "./engine/ambiguity.ts";
 import { Outcomes } from "./engine/outcomes.ts";
 import { operatorControl } from "./engine/control.ts";
 import { Settling, type SweepCounts } from "./engine/settling.ts";
+import { Outbound } from "./engine/outbound.ts";
 
 export type {
   BotEvents,
@@ -109,8 +107,6 @@ const POISON_ALLOWANCE = 3;
 const DEDUPE_CAPACITY = 10_000;
 /** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
 const AHEAD_OF_LIMIT = 256;
-/** How long a 429 without `retry_after` holds its send back. */
-const DEFAULT_RETRY_AFTER_MS = 1000;
 
 
 /** The durability engine behind a `Bot` with `durability` options. */
@@ -128,12 +124,6 @@ export class DurabilityEngine {
   #deadlines: Deadlines;
   /** Admissions being journaled, by inbound id. */
   #admitting = new Map<string, Promise<AdmitResult>>();
-  /**
-   * Outbox keys whose provider call this incarnation started and whose outcome is not recorded: the
-   * only ones of its own leases that may have reached the channel. Kept when the outcome could not be
-   * written, so that such a key is never taken for one that was never sent.
-   */
-  #calling = new BoundedSet<string>(DEDUPE_CAPACITY);
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
@@ -150,16 +140,11 @@ export class DurabilityEngine {
   readonly #rejectedReceivedAt = new Map<string, number>();
   /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
   #jobLeases = new WeakMap<InboundJob, HeldLease>();
-  /** Sends a sweep of this process made `unknown` (and reported) that it did not hold: key → fence. */
-  #madeUnknown = new Map<string, number>();
-  /** Keys being reserved (a reservation leases to us before its answer arrives). */
-  #reserving = new Map<string, number>();
   /**
    * Wall time at the start of the earliest outbox claim scan that failed without an answer since the
    * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
    */
   #lostScanSince: { from: number; to: number } | null = null;
-  #chatTails = new Map<string, Promise<unknown>>();
   #sweeping: Promise<void> | null = null;
   #sweepAgain = false;
   #clock: Clock;
@@ -177,6 +162,8 @@ export class DurabilityEngine {
   readonly #outcomes: Outcomes;
   /** idle() and sweepFor(): when the journals hold no work under way. */
   readonly #settling: Settling;
+  /** Sends: reserve, announce, call, record. */
+  readonly #outbound: Outbound;
   #lastPurge = -Infinity;
   /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
   #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
@@ -196,6 +183,14 @@ export class DurabilityEngine {
     this.#host = host;
     this.#clock = host.clock;
     this.#deadlines = new Deadlines(host.clock);
+    this.#observer = new Observer(host.clock, config.tracer);
+    const provider = host.provider;
+    const limits = resolveRateLimits(provider.rateLimits, config.outbox.rateLimit, provider.name);
+    if (limits.global !== undefined || limits.perChat !== undefined) {
+      limits.limiter ??= new MemoryRateLimiter({ clock: host.clock });
+      const prefix = `${host.botId}/${provider.connectionId ?? provider.name}`;
+      this.#throttle = new Throttle(limits, host.clock, prefix, (error) => void this.#report(error, "outbox rate limiter"));
+    }
     this.#leases = new Leases({
       backend: this.backend,
       clock: host.clock,
@@ -227,6 +222,32 @@ export class DurabilityEngine {
       wake: (inMs) => this.#wake(inMs),
       countAmbiguous: () => void this.#swept.ambiguous++,
     });
+    this.#outbound = new Outbound({
+      backend: this.backend,
+      config,
+      host,
+      clock: host.clock,
+      metrics: this.#metrics,
+      leases: this.#leases,
+      outcomes: this.#outcomes,
+      ambiguity: this.#ambiguity,
+      observer: this.#observer,
+      throttle: this.#throttle,
+      signal: this.#abort.signal,
+      incarnation: this.incarnation,
+      instanceId: () => this.#instanceId,
+      ready: () => this.#ready,
+      halted: () => this.#halted,
+      stopping: () => this.#stopping,
+      halt: () => this.#halt(),
+      report: (error, context) => this.#report(error, context),
+      warn: (warning) => this.#warn(warning),
+      wake: (inMs) => this.#wake(inMs),
+      claim: () => this.#claim("outbox"),
+      claimsInFlight: () => this.#claimsInFlight,
+      claimScansHeld: () => this.#claimScansHeld(),
+      adoptLater: () => void (this.#adoptPending = true),
+    });
     this.#settling = new Settling({
       backend: this.backend,
       clock: host.clock,
@@ -239,14 +260,7 @@ export class DurabilityEngine {
       report: (error, context) => this.#report(error, context),
     });
     this.#wakeups = new Wakeups(host.clock, () => void this.sweep(), () => !this.#halted && !this.#stopping);
-    this.#observer = new Observer(host.clock, config.tracer);
-    const provider = host.provider;
-    const limits = resolveRateLimits(provider.rateLimits, config.outbox.rateLimit, provider.name);
-    if (limits.global !== undefined || limits.perChat !== undefined) {
-      limits.limiter ??= new MemoryRateLimiter({ clock: host.clock });
-      const prefix = `${host.botId}/${provider.connectionId ?? provider.name}`;
-      this.#throttle = new Throttle(limits, host.clock, prefix, (error) => void this.#report(error, "outbox rate limiter"));
-    }
+
   }
 
   /** The resolved instanceId. */
@@ -864,34 +878,8 @@ export class DurabilityEngine {
    * @param mode `now` sends now; `enqueue` leaves it to the worker
    * @returns what happened
    */
-  async send(
-    chatId: string,
-    content: OutboundContent,
-    key: string,
-    inboundId: string | null,
-    mode: "now" | "enqueue",
-  ): Promise<SendResult> {
-    if (this.#halted) throw new Error("The process died");
-    if (!this.#ready) throw new Error("Call bot.start() before sending: the outbox needs the instanceId");
-    let json: JsonValue;
-    let text: string;
-    try {
-      json = encodeContent(content);
-      text = JSON.stringify(json);
-    } catch (error) {
-      if (!(error instanceof UnencodableContentError)) throw error;
-      return this.#bypass(chatId, content, key, error.message);
-    }
-    if (isOverUtf8Limit(text, this.config.outbox.maxPayloadBytes)) {
-      return this.#bypass(
-        chatId,
-        content,
-        key,
-        `the content is larger than outbox.maxPayloadBytes (${this.config.outbox.maxPayloadBytes}); send large media by URL or path`,
-      );
-    }
-    const entry: NewOutboxEntry = { key, chatId, content: json, contentHash: hashText(text), inboundId };
-    return this.#inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode));
+  send(chatId: string, content: OutboundContent, key: string, inboundId: string | null, mode: "now" | "enqueue"): Promise<SendResult> {
+    return this.#outbound.send(chatId, content, key, inboundId, mode);
   }
 
   /**
@@ -899,269 +887,7 @@ export class DurabilityEngine {
    * no outbox entry, no retry; its error goes to the caller.
    */
   sendDirect(chatId: string, content: OutboundContent, key: string): Promise<SendResult> {
-    if (this.#halted) return Promise.reject(new Error("The process died"));
-    const call = { key, chatId, attempt: 1, inboundId: null };
-    const work = this.#observer.providerCall(call, () => this.#host.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: this.#abort.signal }))
-      .then((receipt): SendResult => ({ key, state: "sent", messageId: String(receipt?.messageId ?? "") }));
-    this.#host.track(work.catch(() => {}));
-    return work;
-  }
-
-  /** Run sends of one chat one after another, in call order. */
-  #inChatOrder<T>(chatId: string, fn: () => Promise<T>): Promise<T> {
-    const previous = this.#chatTails.get(chatId) ?? Promise.resolve();
-    const run = previous.then(fn, fn);
-    const tail = run.then(() => {}, () => {});
-    this.#chatTails.set(chatId, tail);
-    void tail.then(() => {
-      if (this.#chatTails.get(chatId) === tail) this.#chatTails.delete(chatId);
-    });
-    this.#host.track(tail);
-    return run;
-  }
-
-  async #reserveAndDeliver(entry: NewOutboxEntry, content: OutboundContent, mode: "now" | "enqueue"): Promise<SendResult> {
-    let result;
-    const reservedAt = this.#clock.monotonic();
-    const reserved = () => {
-      const n = (this.#reserving.get(entry.key) ?? 1) - 1;
-      if (n > 0) this.#reserving.set(entry.key, n);
-      else this.#reserving.delete(entry.key);
-    };
-    this.#reserving.set(entry.key, (this.#reserving.get(entry.key) ?? 0) + 1);
-    try {
-      result = await this.backend.outbox.reserve(entry, mode === "now" ? this.#claim("outbox") : undefined);
-      reserved();
-    } catch (error) {
-      reserved();
-      if (isProcessDeath(error)) this.#halt();
-      if (this.#halted) throw error;
-      // The reservation may have committed with its reply lost: then the entry is leased to this
-      // incarnation and nobody else will send it before the lease lapses. Look, and send it if so.
-      this.#adoptPending = true;
-      await this.#claimScansHeld();
-      const landed = await this.backend.outbox.get(entry.key).catch(() => null);
-      if (landed === null || !this.#sameSend(landed, entry) || !this.#isOwnUncalled(landed)) throw error;
-      this.#metrics.outboxJournaled++;
-      this.#reportIfCalledBefore(landed);
-      return this.#deliver(this.#leases.hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
-    }
-    const journaled = result.entry;
-    if (result.status === "exists" && this.#sameSend(journaled, entry) && this.#isOwnUncalled(journaled)) {
-      // Reserved by this incarnation, its reply lost (the handler retried): never sent, ours to send now;
-      // or re-leased to it by an unanswered claim scan ('resend') after a dead holder's announced call.
-      this.#reportIfCalledBefore(journaled);
-      return this.#deliver(this.#leases.hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
-    }
-    if (result.status === "exists") {
-      if (journaled.contentHash !== entry.contentHash) {
-        this.#metrics.outboxDiverged++;
-        this.#warn({
-          code: "outbox-diverged",
-          key: entry.key,
-          message:
-            `Idempotency key "${entry.key}" was reused with different content; the journaled send stands and nothing was sent (is the handler deterministic?)`,
-        });
-      } else {
-        this.#metrics.outboxDeduped++;
-      }
-      return { ...this.#resultOf(journaled), deduped: true };
-    }
-    this.#metrics.outboxJournaled++;
-    if (result.status === "queued") {
-      this.#metrics.outboxDeferred++;
-      this.#wake(0);
-      return this.#resultOf(journaled);
-    }
-    const taken = this.#leases.get("outbox", journaled.key);
-    if (taken !== undefined && taken.token >= journaled.fence) {
-      // Taken up while the reservation's answer was on its way (a sweep re-leased it, or a concurrent
-      // send of the same key adopted it): that delivery sends it.
-      return { key: journaled.key, state: "sending", deduped: true };
-    }
-    return this.#deliver(this.#leases.hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);
-  }
-
-  /** Whether a journaled entry is the send `entry` describes (same chat and content), not another use of its key. */
-  #sameSend(journaled: OutboxEntry, entry: NewOutboxEntry): boolean {
-    return journaled.chatId === entry.chatId && journaled.contentHash === entry.contentHash;
-  }
-
-  /**
-   * Whether `entry` is `sending` under a lease of this very incarnation that it does not hold and
-   * whose provider call it never started: a reservation or claim whose reply was lost. Nobody sent it.
-   */
-  #isOwnUncalled(entry: OutboxEntry): boolean {
-    const lease = entry.lease;
-    // A claim scan under way may have leased it to us and not be holding it yet.
-    return this.#claimsInFlight === 0 && !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#instanceId &&
-      lease.incarnation === this.incarnation && lease.token === entry.fence &&
-      !this.#leases.has("outbox", entry.key) && !this.#calling.has(entry.key) && !this.#leases.knew("outbox", entry.key, entry.fence);
-  }
-
-  /**
-   * An entry leased to this incarnation without its knowing (a reply lost) that is `called` was re-leased
-   * by a claim scan with `resendAmbiguous` after a holder's announced call: that call may have arrived, so
-   * it is reported before the send goes again (a lease of its own starts uncalled).
-   */
-  #reportIfCalledBefore(entry: OutboxEntry): void {
-    // A lease of this process's own whose `markCalling` reply was lost is `called` too, but on its first attempt.
-    if (entry.called && entry.attempts > 1) this.#ambiguity.report(entry);
-  }
-
-  #resultOf(entry: OutboxEntry): SendResult {
-    const result: SendResult = { key: entry.key, state: entry.state };
-    if (entry.messageId !== null) result.messageId = entry.messageId;
-    if (entry.error !== null && entry.state !== "sent") result.error = entry.error;
-    return result;
-  }
-
-  /**
-   * Call the provider for a leased entry and record the outcome. The lease is
-   * held (heartbeated) from its claim on; the call is first journaled
-   * (`markCalling`, which renews the lease), and made only if that answered
-   * within half a lease that the lease is still ours. A channel that already
-   * confirmed the send (a delivery status; with `resend`, `confirm`) spares
-   * the call.
-   */
-  async #deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent, resend = false): Promise<SendResult> {
-    const { key, chatId } = entry;
-    let attempt = entry.attempts;
-    const provider = this.#host.provider;
-    let called = false;
-    let settled = false;
-    try {
-      let confirmed = this.#ambiguity.confirmedId(key);
-      let via: "status" | "confirm" = "status";
-      if (confirmed === undefined && resend && provider.confirm !== undefined) {
-        // 'resend' of an ambiguous send: ask the channel first whether the lost call arrived.
-        const answer = await this.#ambiguity.askConfirm(entry).catch((error) => {
-          if (!this.#halted) this.#report(error, `confirmation of ambiguous send "${key}" by provider "${provider.name}"`);
-          return null;
-        });
-        if (this.#halted) throw new Error("The process died");
-        if (answer?.delivered) {
-          confirmed = answer.messageId;
-          via = "confirm";
-        }
-      }
-      if (confirmed !== undefined) {
-        // The channel already said an earlier attempt arrived (a delivery status, or confirm): no second call.
-        this.#ambiguity.forgetConfirmed(key);
-        const messageId = confirmed;
-        settled = await this.#outcomes.record(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
-        if (settled) {
-          this.#ambiguity.resolved({ key, chatId, state: "sent", messageId, via });
-        }
-        return { key, state: "sent", messageId };
-      }
-      if (!await this.#admitByLimits(lease, chatId, content !== undefined)) return await this.#notOurs(key);
-      if (!await this.#announceCall(lease)) return await this.#notOurs(key);
-      // Re-leased to this process while it waited (its own sweep took the lease for lapsed): the call
-      // is the attempt of the token it announced under.
-      attempt = lease.attempts ?? attempt;
-      if (attempt > 1) this.#metrics.outboxRetried++;
-      let messageId: string;
-      try {
-        this.#calling.add(key);
-        called = true;
-        const call = { key, chatId, attempt, inboundId: entry.inboundId, createdAt: entry.createdAt };
-        const receipt = await this.#observer.providerCall(call, () => provider.send(
-          chatId,
-          content ?? decodeContent(entry.content) as OutboundContent,
-          { idempotencyKey: key, attempt, signal: this.#abort.signal },
-        ));
-        messageId = this.#messageIdOf(receipt, key);
-      } catch (error) {
-        if (isProcessDeath(error) || this.#halted) {
-          this.#halt();
-          throw error;
-        }
-        const failed = await this.#sendFailed(lease, entry, error);
-        settled = failed.recorded;
-        return failed.result;
-      }
-      settled = await this.#outcomes.record(lease, (token) => this.backend.outbox.markSent(key, token, messageId), ["sent"]);
-      if (settled) {
-        this.#observer.replySent(entry.inboundId);
-        // Recorded late: the send had been taken for lost during the call and reported ambiguous (by a sweep
-        // of this process, or of another, which refused this lease's heartbeat); its outcome settles the alert.
-        if (!resend && (lease.lost || this.#ambiguity.wasReported(key, lease.token))) {
-          this.#ambiguity.resolved({ key, chatId, state: "sent", messageId, via: "call" });
-        }
-      }
-      this.#ambiguity.forgetConfirmed(key);
-      return { key, state: "sent", messageId };
-    } catch (error) {
-      if (isProcessDeath(error)) this.#halt();
-      throw error;
-    } finally {
-      if (settled || !called) this.#calling.delete(key);
-      this.#leases.release("outbox", key, lease.token);
-    }
-  }
-
-  /**
-   * Wait, holding the lease (heartbeats renew it), until the rate limits admit a send to `chatId`.
-   * Nothing is journaled meanwhile: a crash during the wait leaves the send never called, so it is sent
-   * again later without an attempt spent, never taken for an ambiguous one.
-   * A send made now (a handler's reply) goes ahead of sends the worker took from the journal (a
-   * broadcast), so a reply never waits behind a backlog.
-   * @returns whether the send may go on (`false`: the lease was lost, or the process stops)
-   */
-  async #admitByLimits(lease: HeldLease, chatId: string, urgent: boolean): Promise<boolean> {
-    const throttle = this.#throttle;
-    if (throttle === null) return true;
-    const gone = () => this.#halted || this.#stopping || lease.lost || this.#leases.get("outbox", lease.id) !== lease;
-    const admitted = await throttle.admit(chatId, gone, urgent);
-    if (admitted === "waited") this.#metrics.outboxThrottled++;
-    return admitted !== false && !gone();
-  }
-
-  /**
-   * Journal the provider call under an outbox `lease` (`markCalling`, which also renews it) and say
-   * whether the call may go out now: still held, not lost, and answered within half a lease. A lease
-   * lost before the announcement was never called, so recovery sends it again instead of holding it
-   * as ambiguous.
-   */
-  async #announceCall(lease: HeldLease): Promise<boolean> {
-    if (this.#halted) return false;
-    if (lease.lost || this.#leases.get("outbox", lease.id) !== lease) return false;
-    if (this.#madeUnknown.get(lease.id) === lease.token) {
-      // This process's own sweep already made this lease unknown (its answer came late): no call under it.
-      // It was never called, so it goes back in the queue (already reported, an operator sees it).
-      this.#madeUnknown.delete(lease.id);
-      if (await this.backend.outbox.retry(lease.id).catch(() => false)) this.#wake(0);
-      return false;
-    }
-    const leaseMs = this.config.outbox.leaseMs;
-    // A journal error leaves it unknown whether the lease holds (a renewal whose reply was lost): ask again.
-    for (let attempt = 1; attempt <= 3; attempt++) {
-      const token = lease.token;
-      const renewed = await this.#leases.renew(lease, true);
-      if (this.#halted) return false;
-      // Re-leased to this process meanwhile (a sweep handed it the new token): announce under that one.
-      if (renewed === "lost" && lease.token !== token && !lease.lost) continue;
-      // Held when the backend answered; an answer that came late (a stall, a slow network) may be older
-      // than the lease itself: then it is renewed again before a call goes out under it.
-      if (renewed === "held" && this.#clock.monotonic() - lease.confirmedAt >= leaseMs / 2 && !lease.lost && lease.token === token) continue;
-      // Held, and still ours here: a sweep may have given it up (requeued it) while the renewal was out.
-      if (renewed === "held") return this.#leases.get("outbox", lease.id) === lease && !lease.lost && lease.token === token;
-      if (renewed === "lost") return false;
-      if (this.#clock.monotonic() - lease.confirmedAt >= leaseMs) break;
-      await sleep(this.#clock, Math.max(1, Math.floor(leaseMs / 10)));
-    }
-    // Still leased to us, perhaps: a later sweep takes it up again (as a lease it never confirmed).
-    this.#leases.forget(lease);
-    this.#adoptPending = true;
-    return false;
-  }
-
-  /** The answer for a send whose lease another instance took before the provider call: it is theirs now. */
-  async #notOurs(key: string): Promise<SendResult> {
-    if (this.#halted) throw new Error("The process died");
-    const current = await this.backend.outbox.get(key).catch(() => null);
-    return current === null ? { key, state: "queued" } : { ...this.#resultOf(current), deduped: true };
+    return this.#outbound.sendDirect(chatId, content, key);
   }
 
   /**
@@ -1171,121 +897,6 @@ export class DurabilityEngine {
    */
   confirmSent(key: string, messageId: string): Promise<boolean> {
     return this.#ambiguity.confirmSent(key, messageId);
-  }
-
-  #messageIdOf(receipt: unknown, key: string): string {
-    const messageId = (receipt as { messageId?: unknown } | null | undefined)?.messageId;
-    if (typeof messageId === "string" && messageId !== "") return messageId;
-    if (typeof messageId === "number" && Number.isFinite(messageId)) return String(messageId);
-    this.#warn({
-      code: "provider-receipt",
-      key,
-      message: `Provider "${this.#host.provider.name}" returned no usable "messageId" for send "${key}" (got ${
-        JSON.stringify(messageId) ?? "undefined"
-      }); recorded as sent without a message id`,
-    });
-    return "";
-  }
-
-  async #sendFailed(lease: HeldLease, entry: OutboxEntry, error: unknown): Promise<{ result: SendResult; recorded: boolean }> {
-    const { key } = entry;
-    const provider = this.#host.provider;
-    let classified;
-    try {
-      classified = (provider.classifyError ?? classifyProviderError)(error);
-    } catch {
-      classified = classifyProviderError(error);
-    }
-    const text = errorText(error);
-    const outbox = this.backend.outbox;
-    if (classified.retryable && classified.maybeDelivered === true) {
-      // The call may have reached the channel (a timeout after the request went out): ambiguous, as if
-      // its sender had died during it. Held as unknown and reported; 'resend' reports it and retries.
-      if (this.config.outbox.onAmbiguous === "hold") {
-        const outcome = { error: text, ambiguous: true } as const;
-        const recorded = await this.#outcomes.record(lease, (token) => outbox.markFailed(key, token, outcome), ["unknown"]);
-        if (recorded) this.#ambiguity.settle({ ...entry, state: "unknown", fence: lease.token });
-        return { result: { key, state: "unknown", error: text }, recorded };
-      }
-      this.#ambiguity.report(entry);
-    }
-    if (classified.retryable && classified.rateLimited !== undefined && classified.maybeDelivered !== true) {
-      return await this.#throttled(lease, entry, text, classified.rateLimited, classified.retryAfterMs);
-    }
-    const dead = !classified.retryable || entry.attempts > this.config.outbox.retries;
-    if (dead) {
-      const outcome = { error: text, dead: true } as const;
-      const recorded = await this.#outcomes.record(lease, (token) => outbox.markFailed(key, token, outcome), ["dead"]);
-      if (recorded) {
-        this.#metrics.outboxDead++;
-        this.#host.events.emit("durability:dead", { kind: "outbound", id: key, error: text });
-      }
-      return { result: { key, state: "dead", error: text }, recorded };
-    }
-    const retryInMs = retryDelay(entry.attempts, this.config.outbox.backoff, classified.retryAfterMs, () => this.#clock.random());
-    const outcome = { error: text, retryInMs };
-    const recorded = await this.#outcomes.record(lease, (token) => outbox.markFailed(key, token, outcome), ["failed"]);
-    if (recorded) this.#wake(retryInMs);
-    return { result: { key, state: "failed", error: text }, recorded };
-  }
-
-  /**
-   * The channel refused a send for its rate limit (nothing was sent): due again after `retryAfterMs`
-   * with its attempt given back (`throttled`). Its chat waits behind it (the journal keeps chat order);
-   * a global limit also pauses every chat through the rate limiter.
-   */
-  async #throttled(
-    lease: HeldLease,
-    entry: OutboxEntry,
-    text: string,
-    scope: "chat" | "global",
-    retryAfterMs: number | undefined,
-  ): Promise<{ result: SendResult; recorded: boolean }> {
-    const { key } = entry;
-    const retryInMs = Math.min(MAX_TIMER_MS, Math.max(0, Math.ceil(retryAfterMs ?? DEFAULT_RETRY_AFTER_MS)));
-    const bucket = scope === "global" ? this.#throttle?.globalBucket() : undefined;
-    if (bucket !== undefined) {
-      await this.#throttle!.pause(bucket, retryInMs).catch((error) => void this.#report(error, "outbox rate limiter pause"));
-    }
-    const outcome = { error: text, retryInMs, throttled: true };
-    const recorded = await this.#outcomes.record(lease, (token) => this.backend.outbox.markFailed(key, token, outcome), ["failed"]);
-    if (recorded) {
-      this.#metrics.outboxThrottled++;
-      this.#wake(retryInMs);
-    }
-    return { result: { key, state: "failed", error: text }, recorded };
-  }
-
-  async #bypass(chatId: string, content: OutboundContent, key: string, reason: string): Promise<SendResult> {
-    this.#metrics.outboxBypassed++;
-    this.#warn({
-      code: "outbox-bypassed",
-      key,
-      message: `Send "${key}" bypassed the outbox (sent once, no journal, no retries): ${reason}`,
-    });
-    const run = async (): Promise<SendResult> => {
-      // Not journaled, so it cannot queue behind earlier sends of the chat: it waits for them here.
-      for (;;) {
-        await this.#chatTails.get(chatId);
-        if (this.#halted) throw new Error("The process died");
-        if (this.#stopping) break;
-        const earlier = await this.backend.outbox.list({ chatId, state: BLOCKING_OUTBOX_STATES, limit: 1 });
-        if (earlier.length === 0) break;
-        // Without timers an earlier send is retried only by the next bot.sweep(), after this request
-        // is over: waiting would hold the request to its end. It goes now, ahead of them.
-        if (this.config.sweepIntervalMs === 0) break;
-        await sleep(this.#clock, Math.max(20, this.config.sweepIntervalMs));
-      }
-      return this.#inChatOrder(chatId, async () => {
-        const call = { key, chatId, attempt: 1, inboundId: null };
-        const receipt = await this.#observer.providerCall(call, () =>
-          this.#host.provider.send(chatId, content, { idempotencyKey: key, attempt: 1, signal: this.#abort.signal }));
-        return { key, state: "sent" as const, messageId: this.#messageIdOf(receipt, key), bypassed: true };
-      });
-    };
-    const result = run();
-    this.#host.track(result);
-    return result;
   }
 
   // ---- sweeps ----------------------------------------------------------------
@@ -1408,7 +1019,7 @@ export class DurabilityEngine {
           this.#swept.outbound++;
           const resend = ambiguousKeys.has(entry.key);
           this.#sweptInFlight++;
-          this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry, undefined, resend)).then(
+          this.#outbound.inChatOrder(entry.chatId, () => this.#outbound.deliver(lease, entry, undefined, resend)).then(
             () => {
               this.#sweptInFlight--;
               this.#wake(0);
@@ -1429,12 +1040,11 @@ export class DurabilityEngine {
             if (entry.state === "unknown") this.#ambiguity.settle(entry);
             else this.#ambiguity.report(entry);
             // A reservation of ours whose answer is still on its way may hold this very lease: it must not call.
-            if (entry.state === "unknown") this.#madeUnknown.set(entry.key, entry.fence);
-            if (this.#madeUnknown.size > DEDUPE_CAPACITY) this.#madeUnknown.delete(this.#madeUnknown.keys().next().value!);
+            if (entry.state === "unknown") this.#outbound.rememberMadeUnknown(entry.key, entry.fence);
             continue;
           }
           if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token
-          if (this.#calling.has(entry.key)) {
+          if (this.#outbound.calling.has(entry.key)) {
             // Its call is under way: reported now (were this process to die during the call, nobody else
             // would), and the call's outcome still resolves the entry (a late outcome is accepted).
             this.#ambiguity.report(entry);
@@ -1539,7 +1149,7 @@ export class DurabilityEngine {
         this.#dispatchRecord(record, this.#leases.hold("inbox", record.id, record.fence, -Infinity));
       }
       for (const entry of entries) {
-        if (!this.#isOwnUncalled(entry)) continue;
+        if (!this.#outbound.isOwnUncalled(entry)) continue;
         // With 'resend', a lost scan re-leases abandoned sends to us instead of making them unknown:
         // one that was called before may have been delivered, so it is reported before it goes again
         // (perhaps one that had only failed: a report too many rather than a silent resend).
@@ -1547,7 +1157,7 @@ export class DurabilityEngine {
           this.#ambiguity.report(entry);
         }
         const lease = this.#leases.hold("outbox", entry.key, entry.fence, -Infinity);
-        this.#inChatOrder(entry.chatId, () => this.#deliver(lease, entry)).then(
+        this.#outbound.inChatOrder(entry.chatId, () => this.#outbound.deliver(lease, entry)).then(
           () => this.#wake(0),
           (error) => void this.#report(error, `delivery of outbox entry "${entry.key}"`),
         );
