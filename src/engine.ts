@@ -16,14 +16,11 @@ import {
   DamagedRecordError,
   StaleLeaseError,
 } from "./contract.ts";
-import { retryDelay } from "./backoff.ts";
-import { BoundedSet } from "./bounded_map.ts";
 import { Deadlines } from "./deadlines.ts";
 import type { ResolvedDurability } from "./config.ts";
-import { decodeContent, encodeContent } from "./content.ts";
+import { decodeContent } from "./content.ts";
 import type { Emitter } from "./emitter.ts";
-import { errorDetail, errorText, isProcessDeath } from "./errors.ts";
-import { TIMER_STATE } from "./rules.ts";
+import { isProcessDeath } from "./errors.ts";
 import {
   type AdmitResult,
   type InboundMessage,
@@ -33,7 +30,7 @@ import {
 import { type Clock, every, type Repeating, sleep } from "./clock.ts";
 import { hostname, randomId } from "./runtime/mod.ts";
 import type { DurabilityHistograms } from "./histogram.ts";
-import { Observer, TRACE_FIELD, withoutTrace } from "./observe.ts";
+import { Observer, withoutTrace } from "./observe.ts";
 import { MemoryRateLimiter, resolveRateLimits } from "./rate_limit.ts";
 import { Throttle } from "./throttle.ts";
 import {
@@ -41,7 +38,6 @@ import {
   type DurabilityControl,
   type DurabilityMetrics,
   type DurabilityWarning,
-  asError,
   emitError,
   type EngineHost,
   type InboundJob,
@@ -51,7 +47,7 @@ import {
   type SweepSummary,
   zeroMetrics,
 } from "./engine/types.ts";
-import { runOf, TIMER_FIELD, timerOf } from "./engine/jobs.ts";
+import { timerOf } from "./engine/jobs.ts";
 import { Wakeups } from "./engine/wakeups.ts";
 import { type HeldLease, Leases } from "./engine/leases.ts";
 import { Ambiguity } from "./engine/ambiguity.ts";
@@ -59,6 +55,7 @@ import { Outcomes } from "./engine/outcomes.ts";
 import { operatorControl } from "./engine/control.ts";
 import { Settling, type SweepCounts } from "./engine/settling.ts";
 import { Outbound } from "./engine/outbound.ts";
+import { Inbound } from "./engine/inbound.ts";
 
 export type {
   BotEvents,
@@ -76,10 +73,6 @@ export type {
 export { emitError, listDamaged, zeroMetrics } from "./engine/types.ts";
 export { attemptsOf } from "./engine/jobs.ts";
 
-/** One admission's place in its chat: `late` while a write answered after its timeout may still land. */
-interface AdmissionSlot {
-  late: Promise<void> | null;
-}
 
 
 const SWEEP_BATCH = 64;
@@ -102,9 +95,6 @@ const START_SWEEP_ATTEMPTS = 3;
 const LOST_SCAN_SLACK_MS = 60_000;
 /** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
 const RECLAIM_BATCH = 1024;
-/** Claims beyond the handler retries that a record may take without an outcome (crashes) before it is dead. */
-const POISON_ALLOWANCE = 3;
-const DEDUPE_CAPACITY = 10_000;
 /** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
 const AHEAD_OF_LIMIT = 256;
 
@@ -119,27 +109,14 @@ export class DurabilityEngine {
   #host: EngineHost;
   #metrics: DurabilityMetrics = zeroMetrics();
   #observer: Observer;
-  #dedupe = new BoundedSet<string>(DEDUPE_CAPACITY);
   /** The admission timeouts (one timer for all: a timer per admission cost more than a memory admit). */
   #deadlines: Deadlines;
-  /** Admissions being journaled, by inbound id. */
-  #admitting = new Map<string, Promise<AdmitResult>>();
   /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
   #adoptPending = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
   #claimsInFlight = 0;
   /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
   #inboxScan: Promise<void> | null = null;
-  /** Admissions answered `rejected` whose write may still land (a timeout) or be read back (an error), by id. */
-  readonly #lateAdmissions = new Map<string, Promise<void>>();
-  /**
-   * The `receivedAt` of admissions answered `rejected` whose write may have been issued, by id: the channel's
-   * redelivery is journaled with it, so that the journal keeps the chat's receipt order (a later message of
-   * the chat admitted meanwhile comes after it there too, as in the chat's queue).
-   */
-  readonly #rejectedReceivedAt = new Map<string, number>();
-  /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
-  #jobLeases = new WeakMap<InboundJob, HeldLease>();
   /**
    * Wall time at the start of the earliest outbox claim scan that failed without an answer since the
    * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
@@ -150,7 +127,6 @@ export class DurabilityEngine {
   #clock: Clock;
   #sweepTimer: Repeating | undefined;
   #reportingDamaged: Promise<void> | null = null;
-  #lastReceivedAt = Number.NEGATIVE_INFINITY;
   #heartbeatTimer: Repeating | undefined;
   /** The sweeper's wake-ups (a retry's backoff, a timer's deadline). */
   readonly #wakeups: Wakeups;
@@ -164,6 +140,8 @@ export class DurabilityEngine {
   readonly #settling: Settling;
   /** Sends: reserve, announce, call, record. */
   readonly #outbound: Outbound;
+  /** Messages and timers: admit, run, record. */
+  readonly #inbound: Inbound;
   #lastPurge = -Infinity;
   /** What the sweeps of this process took up, and the part of it `sweepFor()` already reported. */
   #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
@@ -221,6 +199,30 @@ export class DurabilityEngine {
       report: (error, context) => void this.#report(error, context),
       wake: (inMs) => this.#wake(inMs),
       countAmbiguous: () => void this.#swept.ambiguous++,
+    });
+    this.#inbound = new Inbound({
+      backend: this.backend,
+      config,
+      host,
+      clock: host.clock,
+      metrics: this.#metrics,
+      leases: this.#leases,
+      outcomes: this.#outcomes,
+      observer: this.#observer,
+      deadlines: this.#deadlines,
+      incarnation: this.incarnation,
+      instanceId: () => this.#instanceId,
+      halted: () => this.#halted,
+      stopping: () => this.#stopping,
+      halt: () => this.#halt(),
+      report: (error, context) => this.#report(error, context),
+      warn: (warning) => this.#warn(warning),
+      wake: (inMs) => this.#wake(inMs),
+      claim: () => this.#claim("inbox"),
+      claimsInFlight: () => this.#claimsInFlight,
+      claimScansHeld: () => this.#claimScansHeld(),
+      inboxScan: () => this.#inboxScan,
+      adoptLater: () => void (this.#adoptPending = true),
     });
     this.#outbound = new Outbound({
       backend: this.backend,
@@ -422,319 +424,19 @@ export class DurabilityEngine {
    * Admit an inbound message: dedupe, journal (leased to this instance), dispatch.
    * @param message the provider's message
    * @param dispatch where the admitted job goes (its place in the bot's per-chat queue): called once
-   *   with the job, or with `null` when there is none; for an admission the journal confirms only after
-   *   `admitTimeoutMs` (answered `rejected`), after that confirmation, so that the message keeps its
-   *   place in its chat ahead of the messages that came after it
+   *   with the job, or with `null` when there is none
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
   admit(message: InboundMessage, dispatch: (job: InboundJob | null) => void): Promise<AdmitResult> {
-    const slot: AdmissionSlot = { late: null };
-    const result = this.#observer.admit(message, (traceparent) => this.#admit(message, dispatch, traceparent, slot));
-    const release = () => {
-      if (slot.late === null) dispatch(null);
-      else void slot.late.then(() => dispatch(null));
-    };
-    // The slot is settled (or handed to the late write) before the channel gets its answer.
-    return result.then((answer) => {
-      release();
-      return answer;
-    }, (error: unknown) => {
-      release();
-      throw error;
-    });
+    return this.#inbound.admit(message, dispatch);
   }
 
   /**
-   * An admission answered `rejected` whose write was still on its way (`admitTimeoutMs`) or whose error
-   * may hide a commit (read back): when it landed leased to this process, its job runs in the place its
-   * message had in the chat's queue.
+   * Journal a timer as an inbox record of `chatId`, `scheduled` until `at` (wall-clock ms); see
+   * `Inbound.scheduleTimer`.
    */
-  async #lateAdmission(
-    message: InboundMessage,
-    writing: Promise<InboundRecord | null>,
-    dispatch: (job: InboundJob) => void,
-    open: () => boolean,
-  ): Promise<void> {
-    const id = message.id;
-    let record: InboundRecord | null;
-    try {
-      record = await writing;
-    } catch {
-      return; // not journaled: the channel delivers it again
-    }
-    if (record === null || record.state !== "processing" || this.#halted || this.#stopping || !open()) return;
-    if ((this.#leases.get("inbox", id)?.token ?? 0) >= record.fence) return; // taken up meanwhile (a redelivery)
-    this.#remember(id);
-    this.#metrics.inboundJournaled++;
-    const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
-    this.#jobLeases.set(job, this.#leases.hold("inbox", id, record.fence));
-    dispatch(job);
-  }
-
-  async #admit(
-    message: InboundMessage,
-    dispatch: (job: InboundJob) => void,
-    traceparent: string | undefined,
-    slot: AdmissionSlot,
-  ): Promise<AdmitResult> {
-    const id = message.id;
-    // A redelivery of a message whose late admission is still on its way waits for it.
-    const late = this.#lateAdmissions.get(id);
-    if (late !== undefined) {
-      await late;
-      if (this.#dedupe.has(id)) {
-        this.#metrics.inboundDuplicates++;
-        return { status: "duplicate", id };
-      }
-    }
-    if (this.#halted || this.#stopping) {
-      return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
-    }
-    // A redelivery that arrives while the first delivery is still being journaled waits for it: it is a
-    // duplicate only once that one is journaled. Were it answered "duplicate" at once, the channel would
-    // take it as delivered, and a failure of the first write would lose the message.
-    for (let first = this.#admitting.get(id); first !== undefined; first = this.#admitting.get(id)) {
-      if ((await first).status !== "rejected") {
-        this.#metrics.inboundDuplicates++;
-        return { status: "duplicate", id };
-      }
-    }
-    const admission = this.#admitOnce(message, dispatch, traceparent, slot);
-    this.#admitting.set(id, admission);
-    try {
-      return await admission;
-    } finally {
-      if (this.#admitting.get(id) === admission) this.#admitting.delete(id);
-    }
-  }
-
-  async #admitOnce(
-    message: InboundMessage,
-    dispatch: (job: InboundJob) => void,
-    traceparent: string | undefined,
-    slot: AdmissionSlot,
-  ): Promise<AdmitResult> {
-    const id = message.id;
-    if (this.#halted || this.#stopping) {
-      return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
-    }
-    if (this.#dedupe.has(id)) {
-      this.#metrics.inboundDuplicates++;
-      return { status: "duplicate", id };
-    }
-    this.#remember(id);
-    let payload: JsonValue;
-    try {
-      payload = encodeContent(message, "message");
-      if (traceparent !== undefined) payload = { ...payload as Record<string, JsonValue>, [TRACE_FIELD]: traceparent };
-    } catch (error) {
-      this.#dedupe.delete(id);
-      const err = asError(error);
-      this.#report(err, `admission of inbound message "${id}"`);
-      return { status: "rejected", id, error: err };
-    }
-    let record: InboundRecord | null;
-    const admittedAt = this.#clock.monotonic();
-    const receivedAt = this.#rejectedReceivedAt.get(id) ?? this.#nextReceivedAt();
-    this.#rejectedReceivedAt.delete(id);
-    const writing = this.backend.inbox.admit({
-      id,
-      kind: message.type === "interaction" ? "interaction" : "message",
-      chatId: message.chatId,
-      provider: this.#host.provider.name,
-      payload,
-      receivedAt,
-    }, this.#claim("inbox"));
-    let timedOut = false;
-    try {
-      record = await this.#deadlines.within(writing, this.config.inbox.admitTimeoutMs, () => {
-        timedOut = true;
-        return new Error(
-          `The journal did not confirm the admission of "${id}" within ${this.config.inbox.admitTimeoutMs} ms ` +
-            `(durability.inbox.admitTimeoutMs); answered rejected so that the channel delivers it again`,
-        );
-      });
-    } catch (error) {
-      this.#dedupe.delete(id);
-      const err = asError(error);
-      if (this.#report(error, `journal of inbound message "${id}"`)) return { status: "rejected", id, error: err };
-      if (this.config.failOpen) {
-        dispatch({ message, record: null, sends: [], sendCount: 0 });
-        return { status: "unjournaled", id, error: err };
-      }
-      // The write may still land (a timeout), or may have landed with its reply lost (an error after the
-      // commit: read back), leased to this process: its message keeps its chat's place until that is known,
-      // so that the chat's later messages never run before it. Bounded by a lease: past it, the record (if
-      // it landed) is a sweep's to take, and the chat moves on.
-      const landing = timedOut ? writing : this.#readBackAdmission(id);
-      let open = true;
-      const late = this.#lateAdmission(message, landing, dispatch, () => open);
-      const tracked = this.#deadlines.within(late, this.config.inbox.leaseMs, () => new Error("late admission")).catch(() => {}).then(() => {
-        open = false;
-        if (this.#lateAdmissions.get(id) === tracked) this.#lateAdmissions.delete(id);
-      });
-      this.#lateAdmissions.set(id, tracked);
-      slot.late = tracked;
-      this.#rejectedReceivedAt.set(id, receivedAt);
-      if (this.#rejectedReceivedAt.size > DEDUPE_CAPACITY) this.#rejectedReceivedAt.delete(this.#rejectedReceivedAt.keys().next().value!);
-      return { status: "rejected", id, error: err };
-    }
-    if (record === null) record = await this.#ownLostAdmission(id);
-    if (record === null) {
-      this.#metrics.inboundDuplicates++;
-      return { status: "duplicate", id };
-    }
-    this.#metrics.inboundJournaled++;
-    if (record.state === "pending") {
-      // Journaled behind a record of its chat that comes first (held by another replica, or due): a sweep
-      // takes the chat in order once it is free. Look now, in case it already is.
-      this.#wake(0);
-      return { status: "admitted", id };
-    }
-    // Leased: nothing of its chat comes first in the journal but records leased to this very process.
-    // A claim scan of this process whose answer is still on its way may hold earlier records of the
-    // chat: let them reach the chat's queue first (they go ahead of this message there).
-    const scan = this.#inboxScan;
-    if (scan !== null) {
-      // Bounded: a scan that hangs must not hold the channel's answer (the order is then at the scan's mercy).
-      await this.#deadlines.within(scan, Math.min(2000, this.config.inbox.leaseMs / 4), () => new Error("slow claim scan")).catch(() => {});
-    }
-    // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
-    if ((this.#leases.get("inbox", id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
-    const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
-    this.#jobLeases.set(job, this.#leases.hold("inbox", id, record.fence, admittedAt));
-    const slow = this.#inboxScan;
-    if (slow !== null) {
-      // The scan (or the adoption after its lost reply) is still on its way: the channel has its answer
-      // now, and the job takes its place in the chat's queue once what the scan leased to this process is
-      // queued ahead of it (bounded by a lease: the job is held, and heartbeated, meanwhile).
-      slot.late = this.#deadlines.within(slow, this.config.inbox.leaseMs, () => new Error("slow claim scan")).catch(() => {})
-        .then(() => dispatch(job));
-      return { status: "admitted", id };
-    }
-    dispatch(job);
-    return { status: "admitted", id };
-  }
-
-  /**
-   * After an admission whose reply was an error: the record, if the write committed leased to this very
-   * incarnation (its reply lost), else `null`. Read until the journal answers, within the caller's bound.
-   */
-  async #readBackAdmission(id: string): Promise<InboundRecord | null> {
-    const until = this.#clock.monotonic() + this.config.inbox.leaseMs;
-    for (let read = 0; !this.#halted && !this.#stopping && this.#clock.monotonic() < until; read++) {
-      try {
-        const record = await this.backend.inbox.get(id);
-        const lease = record?.lease;
-        if (!record || record.state !== "processing" || !lease || record.fence !== 1) return null;
-        return lease.owner === this.#instanceId && lease.incarnation === this.incarnation ? record : null;
-      } catch (error) {
-        if (isProcessDeath(error)) return null;
-        await sleep(this.#clock, Math.min(Math.max(5, Math.floor(this.config.inbox.leaseMs / 8)), 25 * 2 ** Math.min(read, 6)));
-      }
-    }
-    return null;
-  }
-
-  /**
-   * Journal a timer as an inbox record of `chatId` that becomes due at `at`
-   * (wall-clock ms): admitted leased to this process, then `scheduled` at
-   * the deadline (`inbox.schedule`), so that it holds back nothing of its chat, and any
-   * process's sweep (a `bot.sweep()` of a cron trigger too) takes it up once
-   * due. It comes back as a job with `timer` set. Idempotent: a timer whose id
-   * is journaled already is left as it is. A crash between the two writes
-   * leaves it leased; once its lease lapses a sweep takes it, finds it not due
-   * and arms it again (as for a timer taken up early anywhere).
-   * @param id the record id (unique in the inbox: derive it from the message the timer belongs to)
-   * @param chatId the chat whose queue runs it
-   * @param at when it is due
-   * @param data what the timer's job needs when it fires
-   * @throws the journal's error when the admission failed (the caller's step fails and is retried)
-   */
-  async scheduleTimer(id: string, chatId: string, at: number, data: JsonValue): Promise<void> {
-    const record = await this.backend.inbox.admit({
-      id,
-      kind: "message",
-      chatId,
-      provider: this.#host.provider.name,
-      payload: { id, chatId, type: "timeout", [TIMER_FIELD]: { at, data } },
-      receivedAt: this.#nextReceivedAt(),
-    }, this.#claim("inbox"));
-    if (record === null) {
-      // Journaled already (armed by an earlier run of the step), unless a message took its id.
-      const existing = await this.backend.inbox.get(id).catch(() => null);
-      if (existing !== null && timerOf(existing.payload) === undefined) {
-        this.#report(
-          new Error(`The timer "${id}" (an ask's timeout) was not journaled: an inbound message has that id; the ask times out only when its chat's next message arrives`),
-          `timer "${id}"`,
-        );
-      }
-      return;
-    }
-    // Pending behind its chat: a due scan takes it and arms it (see process()).
-    if (record.state !== "processing") return;
-    // Taken up already by this process as lost work (its admission's answer came late): that job arms
-    // it, or fires it when due.
-    if (this.#leases.has("inbox", id)) return;
-    // Held while it is armed, so that nothing of this process takes it for lost work meanwhile.
-    const lease = this.#leases.hold("inbox", id, record.fence);
-    try {
-      await this.#outcomes.record(lease, (token) => this.#armTimer(id, token, at), [TIMER_STATE]);
-    } catch (error) {
-      if (isProcessDeath(error)) throw error;
-      // It is journaled: once its lease lapses, a sweep arms it.
-    } finally {
-      this.#leases.release("inbox", id, lease.token);
-    }
-  }
-
-  /** Make a leased timer record `scheduled`, due at `at` (attempts unchanged: arming is not a run). */
-  async #armTimer(id: string, token: number, at: number): Promise<void> {
-    const dueInMs = Math.max(0, Math.ceil(at - this.#clock.now()));
-    await this.backend.inbox.schedule(id, token, dueInMs);
-    this.#wake(dueInMs);
-  }
-
-  /**
-   * The record of `id` when an earlier admission by this very incarnation
-   * landed but its reply was lost (a connection cut after the commit, or a
-   * client that retried the write): it is leased to us and nobody works on it,
-   * so it is ours to dispatch now rather than after its lease lapses.
-   */
-  async #ownLostAdmission(id: string): Promise<InboundRecord | null> {
-    await this.#claimScansHeld();
-    if (this.#leases.has("inbox", id)) return null;
-    let existing: InboundRecord | null;
-    try {
-      existing = await this.backend.inbox.get(id);
-    } catch {
-      return null; // a duplicate all the same; the lease lapses and a sweep takes it
-    }
-    const lease = existing?.lease;
-    if (!existing || existing.state !== "processing" || !lease) return null;
-    if (lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) return null;
-    if (this.#leases.has("inbox", id)) return null; // dispatched while we read
-    if (this.#claimsInFlight > 0) {
-      this.#adoptPending = true; // a scan may be about to take it; if not, the next sweep does
-      return null;
-    }
-    if (this.#leases.knew("inbox", id, existing.fence)) return null; // handled here already
-    return existing;
-  }
-
-  /**
-   * The wall time of an admission, strictly after this process's previous one: messages of one chat
-   * that arrive in the same millisecond keep their arrival order in every backend's due scan, whose
-   * order is `receivedAt` (a backend without an admission counter breaks ties by id).
-   */
-  #nextReceivedAt(): number {
-    const now = this.#clock.now();
-    this.#lastReceivedAt = now > this.#lastReceivedAt ? now : this.#lastReceivedAt + 1;
-    return this.#lastReceivedAt;
-  }
-
-  #remember(id: string): void {
-    this.#dedupe.add(id);
+  scheduleTimer(id: string, chatId: string, at: number, data: JsonValue): Promise<void> {
+    return this.#inbound.scheduleTimer(id, chatId, at, data);
   }
 
   /**
@@ -743,129 +445,10 @@ export class DurabilityEngine {
    * @param job the job
    * @param handle runs the handler and awaits the sends it made
    */
-  async process(job: InboundJob, handle: () => Promise<void>): Promise<void> {
-    const record = job.record;
-    if (this.#halted) return;
-    const unreadable = job.message.unreadable;
-    if (record === null) {
-      if (unreadable !== undefined) {
-        return void this.#report(new Error(`Unreadable inbound message "${job.message.id}": ${unreadable}`), "unjournaled message");
-      }
-      try {
-        await this.#observer.handle(job.message, null, handle);
-      } catch (error) {
-        this.#report(error, `handler of unjournaled message "${job.message.id}"`);
-      }
-      return;
-    }
-    // The job's lease, whose token a sweep of this incarnation may hand on while the handler runs.
-    const lease = this.#jobLeases.get(job) ?? this.#leases.get("inbox", record.id) ?? this.#leases.hold("inbox", record.id, record.fence);
-    if (job.timer && job.timer.at > this.#clock.now()) {
-      // Taken up before it is due (admitted behind its chat, a lease lost before it was armed, an
-      // operator's replay, a clock of another process ahead of this one): armed again, not run.
-      const at = job.timer.at;
-      try {
-        await this.#outcomes.record(lease, (token) => this.#armTimer(record.id, token, at), [TIMER_STATE]);
-      } finally {
-        this.#leases.release("inbox", record.id, lease.token);
-      }
-      return;
-    }
-    const retries = this.config.inbox.retries;
-    // This run's number in the journal: an admission that ran it at once counted it; otherwise it is
-    // journaled now. A timer's leased admission counted a run that was only its arming: its runs are one less.
-    const journaled = job.runCounted === true ? Math.max(1, record.attempts) : record.attempts + 1;
-    const attempts = runOf(journaled, job.timer !== undefined);
-    let failure: unknown;
-    let failed = false;
-    let deadNow = false;
-    /** The failure is the handler's own error: journaled with its causes and stack for an operator. */
-    let handlerThrew = false;
-    if (unreadable !== undefined) {
-      // The provider could not parse it: journaled so that nothing a user sent vanishes, never handled.
-      failed = deadNow = true;
-      failure = new Error(`Unreadable ${record.provider} message: ${unreadable}`);
-    } else if (attempts > retries + 1 + POISON_ALLOWANCE) {
-      // Its handler began that many runs, none with an outcome: it takes the process down with it.
-      failed = true;
-      failure = new Error(`Processing was cut off (crash or lost lease) in ${attempts - 1} attempts`);
-    } else if (job.runCounted !== true && !await this.#startRun(lease, record.id, journaled)) {
-      // Not journaled as begun (the lease was lost, or the journal failed): not run here. Its lease lapses
-      // and a sweep takes it up again.
-      this.#leases.release("inbox", record.id, lease.token);
-      return;
-    } else {
-      record.attempts = journaled;
-      job.runCounted = true;
-      try {
-        await this.#observer.handle(job.message, record, handle);
-      } catch (error) {
-        if (isProcessDeath(error) || this.#halted) return void this.#halt();
-        failed = true;
-        failure = error;
-        handlerThrew = true;
-      }
-    }
-    if (this.#halted) return;
-    const inbox = this.backend.inbox;
-    try {
-      if (!failed) {
-        await this.#outcomes.record(lease, (token) => inbox.complete(record.id, token), ["done"]);
-      } else if (deadNow || attempts > retries) {
-        const text = errorText(failure);
-        const dead = { error: handlerThrew ? errorDetail(failure) : text, dead: true } as const;
-        if (!await this.#outcomes.record(lease, (token) => inbox.fail(record.id, token, dead), ["dead"])) {
-          return;
-        }
-        this.#metrics.inboundDead++;
-        this.#host.events.emit("durability:dead", { kind: "inbound", id: record.id, error: text });
-        this.#report(failure, deadNow
-          ? `inbound record "${record.id}" (dead-lettered unread; the record keeps what the channel sent)`
-          : `handler of inbound record "${record.id}" (dead after ${attempts} attempts)`);
-      } else {
-        const retryInMs = retryDelay(attempts, this.config.inbox.backoff, undefined, () => this.#clock.random());
-        const outcome = { error: handlerThrew ? errorDetail(failure) : errorText(failure), retryInMs };
-        if (!await this.#outcomes.record(lease, (token) => inbox.fail(record.id, token, outcome), ["failed"])) return;
-        this.#warn({
-          code: "handler-retry",
-          id: record.id,
-          message: `The handler of inbound record "${record.id}" failed (attempt ${attempts} of ${
-            retries + 1
-          }); retrying in ${retryInMs} ms: ${errorText(failure)}`,
-        });
-        this.#wake(retryInMs);
-      }
-    } finally {
-      this.#leases.release("inbox", record.id, lease.token);
-    }
+  process(job: InboundJob, handle: () => Promise<void>): Promise<void> {
+    return this.#inbound.process(job, handle);
   }
 
-  /**
-   * Journal that run `attempt` of an inbox record's handler begins (`inbox.start`), retrying a journal
-   * error while this process holds the lease (a repeat after a lost reply changes nothing).
-   * @returns whether it is journaled; `false` when the lease was lost (or the bot stops while the journal fails)
-   */
-  async #startRun(lease: HeldLease, id: string, attempt: number): Promise<boolean> {
-    for (let tries = 1;; tries++) {
-      const token = lease.token;
-      try {
-        if (await this.backend.inbox.start(id, token, attempt)) return true;
-        // A claim scan of this process may have re-leased it (its lease looked lapsed: a server clock step)
-        // with the answer still on its way: that scan hands this job the new token.
-        if (lease.token === token && this.#claimsInFlight > 0) await this.#claimScansHeld();
-        // Re-leased to this very process meanwhile (a sweep handed the work a new token): again with it.
-        if (lease.token !== token && !lease.lost && this.#leases.get("inbox", id) === lease) continue;
-        return false;
-      } catch (error) {
-        if (this.#report(error, `journal of inbox record "${id}" (start of run ${attempt}, try ${tries})`)) return false;
-        // Retried while the lease is held (heartbeats keep it): giving up would let the chat's next message
-        // run first, and a start that committed with its reply lost would count a run never made.
-        if (lease.lost || this.#leases.get("inbox", id) !== lease || (this.#stopping && tries >= 3)) return false;
-        await sleep(this.#clock, Math.min(Math.max(5, Math.floor(this.config.inbox.leaseMs / 4)), 50 * 2 ** tries));
-        if (this.#halted) return false;
-      }
-    }
-  }
   // ---- outbox ----------------------------------------------------------------
 
   /**
@@ -1100,7 +683,7 @@ export class DurabilityEngine {
       this.#report(error, `payload of inbound record "${record.id}"`);
     }
     const job: InboundJob = { message, record, sends: [], sendCount: 0, ...(timer ? { timer } : {}) };
-    this.#jobLeases.set(job, lease);
+    this.#inbound.jobLeases.set(job, lease);
     this.#host.dispatch(job);
   }
 
@@ -1144,7 +727,7 @@ export class DurabilityEngine {
         const lease = record.lease;
         if (!lease || lease.owner !== this.#instanceId || lease.incarnation !== this.incarnation) continue;
         if (lease.token !== record.fence || this.#leases.has("inbox", record.id) || this.#claimsInFlight > 0) continue;
-        if (this.#admitting.has(record.id)) continue; // its admission's answer is on its way
+        if (this.#inbound.admitting.has(record.id)) continue; // its admission's answer is on its way
         if (this.#leases.knew("inbox", record.id, record.fence)) continue; // handled here already (the list is stale)
         this.#dispatchRecord(record, this.#leases.hold("inbox", record.id, record.fence, -Infinity));
       }
@@ -1209,7 +792,7 @@ export class DurabilityEngine {
       instanceId: () => engine.#instanceId,
       replayed: (id) => {
         this.#metrics.inboundReplayed++;
-        this.#dedupe.delete(id);
+        this.#inbound.forget(id);
         this.#wake(0);
       },
       requeued: () => this.#wake(0),
