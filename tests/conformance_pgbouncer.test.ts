@@ -9,9 +9,6 @@ import { runBackendContract, runDurabilityConformance } from "../testing.ts";
 import { type PgBouncer, pgbouncerSkip, startPgBouncer } from "./support/pgbouncer.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 
-/** Run beside the other suites (two cores busy), through one more hop: leases get more room. */
-const SHARED_RUN_MARGIN = 1.5;
-
 const skip = (await serviceSkip("postgres")) || pgbouncerSkip();
 const bouncer: PgBouncer | null = skip ? null : await startPgBouncer("transaction");
 type Sql = ReturnType<typeof postgres>;
@@ -24,20 +21,24 @@ afterAll(async () => {
 
 const homes = new WeakMap<DurabilityBackend, { schema: string; sql: Sql }>();
 
-function setup(name: string, run: typeof runDurabilityConformance, open: (sql: Sql, schema: string) => DurabilityBackend | Promise<DurabilityBackend>) {
-  const over = async (schema: string) => {
+function setup(
+  name: string,
+  run: typeof runDurabilityConformance,
+  open: (sql: Sql, schema: string, clock: () => number) => DurabilityBackend | Promise<DurabilityBackend>,
+) {
+  const over = async (schema: string, clock: () => number) => {
     const sql = postgres(bouncer!.url, { max: 10, prepare: false, onnotice: () => {} });
-    const backend = await open(sql, schema);
+    const backend = await open(sql, schema, clock);
     homes.set(backend, { schema, sql });
     return backend;
   };
   run({
     name,
-    create: () => over(`bm_pgb_${runId()}`),
-    reopen: async (old) => {
+    create: ({ now }) => over(`bm_pgb_${runId()}`, now),
+    reopen: async (old, { now }) => {
       const home = homes.get(old)!;
       await home.sql.end({ timeout: 2 });
-      return over(home.schema);
+      return over(home.schema, now);
     },
     cleanup: async (backend) => {
       const home = homes.get(backend)!;
@@ -46,13 +47,15 @@ function setup(name: string, run: typeof runDurabilityConformance, open: (sql: S
     },
     harness: { describe, test, expect },
     skip,
-    timeScale: 3 * SHARED_RUN_MARGIN,
+    timeScale: 3,
+    // The statements' time comes from the test's clock (option `clock`): leases lapse in simulated time.
+    simulatedTime: true,
   });
 }
 
 // A pooler in front of the same statements: the journal contract (every statement, group commits
 // included) through it; the bot's rules and the crash matrix run on Postgres directly.
-setup("postgres through PgBouncer, transaction pooling (PostgresDurability)", runBackendContract, (sql, schema) => new PostgresDurability({ sql, schema }));
+setup("postgres through PgBouncer, transaction pooling (PostgresDurability)", runBackendContract, (sql, schema, clock) => new PostgresDurability({ sql, schema, clock }));
 
 describe("a prepared statement lost between server connections", () => {
   test("is reported with what to change (prepare: false, or session pooling)", () => {

@@ -6,13 +6,6 @@ import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postg
 import { runBackendContract, runDurabilityConformance } from "../testing.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 
-/**
- * npm test runs this suite in a second process beside the others (two cores busy): its real-time
- * leases get half as much again of margin.
- */
-const SHARED_RUN_MARGIN = 1.5;
-
-
 const skip = await serviceSkip("postgres");
 
 type Sql = ReturnType<typeof postgres>;
@@ -75,23 +68,23 @@ const homes = new WeakMap<DurabilityBackend, { schema: string; sql: Sql }>();
 function setup(
   name: string,
   timeScale: number,
-  open: (sql: Sql, schema: string) => DurabilityBackend | Promise<DurabilityBackend>,
+  open: (sql: Sql, schema: string, clock: () => number) => DurabilityBackend | Promise<DurabilityBackend>,
   run: typeof runDurabilityConformance = runDurabilityConformance,
   hurt?: typeof damage,
 ) {
-  const over = async (schema: string) => {
+  const over = async (schema: string, clock: () => number) => {
     const sql = client();
-    const backend = await open(sql, schema);
+    const backend = await open(sql, schema, clock);
     homes.set(backend, { schema, sql });
     return backend;
   };
   run({
     name,
-    create: () => over(`bm_conf_${runId()}`),
-    reopen: async (old) => {
+    create: ({ now }) => over(`bm_conf_${runId()}`, now),
+    reopen: async (old, { now }) => {
       const home = homes.get(old)!;
       await kill(home.sql);
-      return over(home.schema);
+      return over(home.schema, now);
     },
     cleanup: async (backend) => {
       const home = homes.get(backend)!;
@@ -101,20 +94,22 @@ function setup(
     ...(hurt ? { damage: hurt } : {}),
     harness: { describe, test, expect },
     skip,
-    timeScale: timeScale * SHARED_RUN_MARGIN,
+    timeScale,
+    // The statements' time comes from the test's clock (option `clock`): leases lapse in simulated time.
+    simulatedTime: true,
   });
 }
 
-setup("postgres (PostgresDurability)", 3, (sql, schema) => new PostgresDurability({ sql, schema }), runDurabilityConformance, damage);
+setup("postgres (PostgresDurability)", 3, (sql, schema, clock) => new PostgresDurability({ sql, schema, clock }), runDurabilityConformance, damage);
 
 // The store's backend and the kv run the same statements and the generic kv layer (whose bot rules
 // and crash matrix run over MemoryKv): the journal contract is enough for them.
-setup("postgres (PostgresStore#durability)", 3, async (sql, schema) => {
-  const store = new PostgresStore({ sql, schema, tablePrefix: "bot_" });
+setup("postgres (PostgresStore#durability)", 3, async (sql, schema, clock) => {
+  const store = new PostgresStore({ sql, schema, tablePrefix: "bot_", clock });
   if ((await store.get("greeting")) === undefined) await store.set("greeting", "hello"); // the same client holds both
   expect(await store.get("greeting")).toBe("hello");
   return store.durability();
 }, runBackendContract, damage);
 
 // The generic kv layer takes several round trips per journal operation: its short leases get more room.
-setup("postgres (KvDurability over PostgresKv)", 6, (sql, schema) => new KvDurability(new PostgresKv({ sql, schema }), { prefix: "bot:" }), runBackendContract, kvDamage);
+setup("postgres (KvDurability over PostgresKv)", 6, (sql, schema, clock) => new KvDurability(new PostgresKv({ sql, schema, clock }), { prefix: "bot:" }), runBackendContract, kvDamage);

@@ -1095,6 +1095,17 @@ describe("PostgresDurability group commit", () => {
     await expect(async () => new PostgresDurability({ sql: wrapped, groupLanes: 0 })).toThrow(/"groupLanes" must be an integer from 1 to 16/);
   });
 
+  it("option clock: every statement's time is the clock's (leases, due times); a bad one is refused naming it", async () => {
+    let now = 1_900_000_000_000;
+    const b = new PostgresDurability({ sql: client(), schema: freshSchema(), clock: () => now });
+    const r = (await b.inbox.admit(inbound("m1"), lease("a", 1_000)))!;
+    expect([r.updatedAt, r.lease!.expiresAt]).toEqual([now, now + 1_000]);
+    expect(await b.inbox.claim("m1", lease("b")), "a live lease on the clock").toBe(null);
+    now += 1_001;
+    expect((await b.inbox.claim("m1", lease("b")))?.lease?.owner, "lapsed on the clock, not the server's").toBe("b");
+    expect(() => new PostgresDurability({ sql: client(), clock: 5 as never })).toThrow(/Postgres option "clock" must be a function/);
+  });
+
   it("leased admits of one group keep the chat order among themselves: each is held back by an earlier one of its chat as if admitted alone", async () => {
     const { wrapped, seen } = watched(client());
     const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });

@@ -8,7 +8,7 @@
 import { errorMessage } from "../../src/errors.ts";
 import { nextTurn } from "../../src/runtime/mod.ts";
 import type { PostgresClient, Resolved } from "./options.ts";
-import { migrationSql, NEWER_SCHEMA_MARK, POSTGRES_SCHEMA_VERSION, tables, type Tables } from "./sql.ts";
+import { migrationSql, NEWER_SCHEMA_MARK, NOW_MS, POSTGRES_SCHEMA_VERSION, tables, type Tables } from "./sql.ts";
 
 export type Row = Record<string, unknown>;
 
@@ -131,12 +131,15 @@ export class Context {
   readonly #lanes: { queued: QueuedWrite[]; busy: boolean; scheduled: boolean }[];
   /** The chat of each record this process admitted, claimed or reserved and has not settled (`table\0id`). */
   readonly #chats = new Map<string, string>();
+  /** The test clock (option `clock`), or `undefined`: statements use the server's. */
+  readonly #clock: (() => number) | undefined;
 
   constructor(options: Resolved) {
     this.sql = options.sql;
     this.t = tables(options.schema, options.prefix);
     this.purgeBatch = options.purgeBatch;
-    this.prepare = clientPrepares(options.sql);
+    this.#clock = options.clock;
+    this.prepare = options.clock === undefined && clientPrepares(options.sql);
     this.#lanes = Array.from({ length: options.lanes }, () => ({ queued: [] as QueuedWrite[], busy: false, scheduled: false }));
   }
 
@@ -307,7 +310,7 @@ export class Context {
         // Row locks are held until COMMIT: a replica frozen before it (a pause, a partition) must not hold
         // them, and every write waiting on them, for ever.
         void tx.unsafe(GROUP_GUARD).then(() => {}, () => {});
-        void Promise.allSettled(statements.map((st) => tx.unsafe(st.text, st.params, { prepare: this.prepare }))).then((outcomes) => {
+        void Promise.allSettled(statements.map((st) => tx.unsafe(this.#timed(st.text), st.params, { prepare: this.prepare }))).then((outcomes) => {
           // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
           // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
           if (outcomes.some((o) => o.status === "rejected" && connectionLost(o.reason))) return;
@@ -322,9 +325,14 @@ export class Context {
   async run(op: string, table: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
     await this.ready();
     try {
-      return await this.sql.unsafe(text, params, { prepare: this.prepare });
+      return await this.sql.unsafe(this.#timed(text), params, { prepare: this.prepare });
     } catch (error) {
       throw new Error(`Postgres ${op} on ${table} failed: ${statementError(error)}`, { cause: error });
     }
+  }
+
+  /** `text` with the server's time replaced by the test clock's, when there is one. */
+  #timed(text: string): string {
+    return this.#clock === undefined ? text : text.replaceAll(NOW_MS, `(${Math.floor(this.#clock())})::bigint`);
   }
 }

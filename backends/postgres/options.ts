@@ -45,6 +45,12 @@ export interface PostgresOptions {
    * each chat's writes go to one of them (see "Statements" in the module documentation).
    */
   groupLanes?: number;
+  /**
+   * The time every statement uses, in ms since epoch (default: the server's clock,
+   * `clock_timestamp()`). For tests on simulated time (a `TestClock`): every process on the schema must
+   * use the same clock. Statements then carry the time as text and are not prepared.
+   */
+  clock?: () => number;
 }
 
 /** Options of {@link PostgresDurability}. */
@@ -54,7 +60,7 @@ export type PostgresStoreOptions = PostgresOptions;
 /** Options of {@link PostgresKv}. */
 export type PostgresKvOptions = PostgresOptions;
 
-const OPTION_NAMES = ["sql", "schema", "tablePrefix", "purgeBatchSize", "groupLanes"] as const;
+const OPTION_NAMES = ["sql", "schema", "tablePrefix", "purgeBatchSize", "groupLanes", "clock"] as const;
 const DEFAULT_PURGE_BATCH = 1000;
 const MAX_PURGE_BATCH = 100_000;
 /** Postgres cuts identifiers at 63 bytes; the prefix leaves room for the longest table/index suffix. */
@@ -71,6 +77,8 @@ export interface Resolved {
   prefix: string;
   purgeBatch: number;
   lanes: number;
+  /** The test clock, or `undefined`: the server's. */
+  clock?: () => number;
 }
 
 /** Checks the options of a Postgres class (a TypeError or RangeError naming the option) and applies the defaults. */
@@ -115,5 +123,9 @@ export function resolveOptions(options: unknown): Resolved {
   if (!Number.isInteger(lanes) || lanes < 1 || lanes > MAX_LANES) {
     throw new RangeError(`Postgres option "groupLanes" must be an integer from 1 to ${MAX_LANES}, got ${show(lanes)}`);
   }
-  return { sql: sql as PostgresClient, schema, prefix, purgeBatch: batch, lanes };
+  const clock = o.clock;
+  if (clock !== undefined && typeof clock !== "function") {
+    throw new TypeError(`Postgres option "clock" must be a function returning ms since epoch, got ${show(clock)}`);
+  }
+  return { sql: sql as PostgresClient, schema, prefix, purgeBatch: batch, lanes, ...(clock ? { clock: clock as () => number } : {}) };
 }

@@ -80,6 +80,7 @@ export class PostgresStore implements SessionStore {
       tablePrefix: this.#options.prefix,
       purgeBatchSize: this.#options.purgeBatch,
       groupLanes: this.#options.lanes,
+      ...(this.#options.clock ? { clock: this.#options.clock } : {}),
     });
     return this.#durability;
   }
