@@ -21,6 +21,7 @@ import {
   type DurabilityMetrics,
   type DurabilityWarning,
   emitError,
+  type EngineCore,
   type EngineHost,
   type InboundJob,
   type SendResult,
@@ -117,6 +118,18 @@ export class DurabilityEngine {
       const prefix = `${host.botId}/${provider.connectionId ?? provider.name}`;
       this.#throttle = new Throttle(limits, host.clock, prefix, (error) => void this.#report(error, "outbox rate limiter"));
     }
+    const core: EngineCore = {
+      backend: this.backend,
+      config,
+      host,
+      clock: host.clock,
+      metrics: this.#metrics,
+      halted: () => this.#halted,
+      stopping: () => this.#stopping,
+      report: (error, context) => this.#report(error, context),
+      warn: (warning) => this.#warn(warning),
+      wake: (inMs) => this.#wake(inMs),
+    };
     this.#leases = new Leases({
       backend: this.backend,
       clock: host.clock,
@@ -149,23 +162,14 @@ export class DurabilityEngine {
       countAmbiguous: () => this.#sweeper.countAmbiguous(),
     });
     this.#inbound = new Inbound({
-      backend: this.backend,
-      config,
-      host,
-      clock: host.clock,
-      metrics: this.#metrics,
+      ...core,
       leases: this.#leases,
       outcomes: this.#outcomes,
       observer: this.#observer,
       deadlines: this.#deadlines,
       incarnation: this.incarnation,
       instanceId: () => this.#instanceId,
-      halted: () => this.#halted,
-      stopping: () => this.#stopping,
       halt: () => this.#halt(),
-      report: (error, context) => this.#report(error, context),
-      warn: (warning) => this.#warn(warning),
-      wake: (inMs) => this.#wake(inMs),
       claim: () => this.#claim("inbox"),
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
@@ -173,11 +177,7 @@ export class DurabilityEngine {
       adoptLater: () => this.#sweeper.adoptLater(),
     });
     this.#outbound = new Outbound({
-      backend: this.backend,
-      config,
-      host,
-      clock: host.clock,
-      metrics: this.#metrics,
+      ...core,
       leases: this.#leases,
       outcomes: this.#outcomes,
       ambiguity: this.#ambiguity,
@@ -187,23 +187,14 @@ export class DurabilityEngine {
       incarnation: this.incarnation,
       instanceId: () => this.#instanceId,
       ready: () => this.#ready,
-      halted: () => this.#halted,
-      stopping: () => this.#stopping,
       halt: () => this.#halt(),
-      report: (error, context) => this.#report(error, context),
-      warn: (warning) => this.#warn(warning),
-      wake: (inMs) => this.#wake(inMs),
       claim: () => this.#claim("outbox"),
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
       adoptLater: () => this.#sweeper.adoptLater(),
     });
     this.#sweeper = new Sweeper({
-      backend: this.backend,
-      config,
-      host,
-      clock: host.clock,
-      metrics: this.#metrics,
+      ...core,
       leases: this.#leases,
       inbound: this.#inbound,
       outbound: this.#outbound,
@@ -212,10 +203,6 @@ export class DurabilityEngine {
       incarnation: this.incarnation,
       instanceId: () => this.#instanceId,
       started: () => this.#started,
-      halted: () => this.#halted,
-      stopping: () => this.#stopping,
-      report: (error, context) => this.#report(error, context),
-      wake: (inMs) => this.#wake(inMs),
       claim: (kind) => this.#claim(kind),
     });
     this.#damaged = new DamagedReports({

@@ -13,11 +13,6 @@ import { runBackendContract, runDurabilityConformance } from "../testing.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
 
-/**
- * npm test runs this suite in a second process beside the others (two cores busy): its real-time
- * leases get half as much again of margin.
- */
-const SHARED_RUN_MARGIN = 1.5;
 
 
 const skip = await serviceSkip("redis");
@@ -87,9 +82,14 @@ interface Held {
 }
 const held = new WeakMap<object, Held>();
 
-async function over(kind: ClientKind, keyPrefix: string, build: (client: unknown, keyPrefix: string) => DurabilityBackend) {
+async function over(
+  kind: ClientKind,
+  keyPrefix: string,
+  build: (client: unknown, keyPrefix: string, clock: () => number) => DurabilityBackend,
+  clock: () => number,
+) {
   const client = await kind.open();
-  const backend = build(client, keyPrefix);
+  const backend = build(client, keyPrefix, clock);
   held.set(backend, { client, keyPrefix, kind });
   return backend;
 }
@@ -122,18 +122,18 @@ async function damageKv(backend: DurabilityBackend, journal: "inbox" | "outbox",
 function suite(
   title: string,
   kind: ClientKind,
-  build: (client: unknown, keyPrefix: string) => DurabilityBackend,
+  build: (client: unknown, keyPrefix: string, clock: () => number) => DurabilityBackend,
   run: typeof runDurabilityConformance = runDurabilityConformance,
   damage: "json" | "state" | "kv" = "json",
 ): void {
   run({
     name: `redis (${title}, ${kind.name})`,
     skip,
-    create: () => over(kind, `bm-conf:${runId()}:`, build),
-    reopen: async (old) => {
+    create: ({ now }) => over(kind, `bm-conf:${runId()}:`, build, now),
+    reopen: async (old, { now }) => {
       const h = held.get(old)!;
       await h.kind.close(h.client);
-      h.next = await over(kind, h.keyPrefix, build);
+      h.next = await over(kind, h.keyPrefix, build, now);
       return h.next;
     },
     // Given the first backend of a test that reopened (the damaged-records tests do), the client to
@@ -146,18 +146,20 @@ function suite(
     },
     damage: damage === "kv" ? damageKv : damageOf(damage),
     harness,
-    timeScale: kind.timeScale * SHARED_RUN_MARGIN,
+    timeScale: kind.timeScale,
+    // The scripts' time comes from the test's clock (option `clock`): leases lapse in simulated time.
+    simulatedTime: true,
   });
 }
 
-const durability = (client: unknown, keyPrefix: string) => new RedisDurability({ client, keyPrefix });
+const durability = (client: unknown, keyPrefix: string, clock: () => number) => new RedisDurability({ client, keyPrefix, clock });
 
 // The whole suite (journal contract, the bot's rules, the crash matrix) once, over ioredis. The other
 // clients and wrappers run the same scripts: the journal contract is enough for them.
 suite("RedisDurability", ioredis, durability, runDurabilityConformance, "state");
 suite("RedisDurability", upstash(false), durability, runBackendContract);
 suite("RedisDurability", upstash(true), durability, runBackendContract);
-suite("RedisStore#durability", ioredis, (client, keyPrefix) => new RedisStore({ client, keyPrefix }).durability(), runBackendContract);
-suite("new KvDurability(RedisKv)", upstash(false), (client, keyPrefix) => new KvDurability(new RedisKv({ client, keyPrefix })), runBackendContract, "kv");
+suite("RedisStore#durability", ioredis, (client, keyPrefix, clock) => new RedisStore({ client, keyPrefix, clock }).durability(), runBackendContract);
+suite("new KvDurability(RedisKv)", upstash(false), (client, keyPrefix, clock) => new KvDurability(new RedisKv({ client, keyPrefix, clock })), runBackendContract, "kv");
 suite("RedisDurability", nodeRedis, durability, runBackendContract);
 suite("RedisDurability", bunRedis, durability, runBackendContract);

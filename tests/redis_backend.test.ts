@@ -220,6 +220,17 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     }
   });
 
+  test("option clock: every script's time is the clock's (leases, due times), batched writes too; a bad one is refused naming it", async () => {
+    let now = 1_900_000_000_000;
+    const backend = new RedisDurability({ client: client(), keyPrefix: prefix(), clock: () => now });
+    const [a, b] = await Promise.all([backend.inbox.admit(inbound("c1"), claimer("o", 1_000)), backend.inbox.admit(inbound("c2", "c2"), claimer("o", 1_000))]);
+    expect([a!.updatedAt, a!.lease!.expiresAt, b!.updatedAt]).toEqual([now, now + 1_000, now]);
+    expect(await backend.inbox.claim("c1", claimer("other")), "a live lease on the clock").toBe(null);
+    now += 1_001;
+    expect((await backend.inbox.claim("c1", claimer("other")))?.lease?.owner, "lapsed on the clock, not the server's").toBe("other");
+    expect(() => new RedisDurability({ client: client(), keyPrefix: prefix(), clock: "now" as never })).toThrow(/Redis option "clock" must be a function/);
+  });
+
   test("claimDue is O(due): 20k settled records and 3 due ones, only the due are read", async () => {
     const keyPrefix = prefix();
     const io = client();

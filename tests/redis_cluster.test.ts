@@ -73,9 +73,11 @@ interface Held {
 }
 const held = new WeakMap<object, Held>();
 
-function over(keyPrefix: string, build: (client: Cluster, keyPrefix: string) => DurabilityBackend): DurabilityBackend {
+type Build = (client: Cluster, keyPrefix: string, clock: () => number) => DurabilityBackend;
+
+function over(keyPrefix: string, build: Build, clock: () => number): DurabilityBackend {
   const client = clusterClient();
-  const backend = build(client, keyPrefix);
+  const backend = build(client, keyPrefix, clock);
   held.set(backend, { client, keyPrefix });
   return backend;
 }
@@ -98,18 +100,18 @@ async function damageKv(backend: DurabilityBackend, journal: "inbox" | "outbox",
 
 function suite(
   title: string,
-  build: (client: Cluster, keyPrefix: string) => DurabilityBackend,
+  build: Build,
   run: typeof runDurabilityConformance,
   damage: typeof damageState,
 ): void {
   run({
     name: `redis cluster (${title}, ioredis Cluster)`,
     skip,
-    create: () => over(`bm-cluster:${runId()}:`, build),
-    reopen: (old) => {
+    create: ({ now }) => over(`bm-cluster:${runId()}:`, build, now),
+    reopen: (old, { now }) => {
       const h = held.get(old)!;
       h.client.disconnect();
-      h.next = over(h.keyPrefix, build);
+      h.next = over(h.keyPrefix, build, now);
       return h.next;
     },
     cleanup: async (backend) => {
@@ -121,12 +123,14 @@ function suite(
     damage,
     harness,
     timeScale: TIME_SCALE,
+    // The scripts' time comes from the test's clock (option `clock`): leases lapse in simulated time.
+    simulatedTime: true,
   });
 }
 
-suite("RedisDurability", (client, keyPrefix) => new RedisDurability({ client, keyPrefix }), runBackendContract, damageState);
-suite("RedisStore#durability", (client, keyPrefix) => new RedisStore({ client, keyPrefix }).durability(), runBackendContract, damageState);
-suite("new KvDurability(RedisKv)", (client, keyPrefix) => new KvDurability(new RedisKv({ client, keyPrefix })), runBackendContract, damageKv);
+suite("RedisDurability", (client, keyPrefix, clock) => new RedisDurability({ client, keyPrefix, clock }), runBackendContract, damageState);
+suite("RedisStore#durability", (client, keyPrefix, clock) => new RedisStore({ client, keyPrefix, clock }).durability(), runBackendContract, damageState);
+suite("new KvDurability(RedisKv)", (client, keyPrefix, clock) => new KvDurability(new RedisKv({ client, keyPrefix, clock })), runBackendContract, damageKv);
 
 runRateLimiterConformance({
   name: "redis cluster (ioredis Cluster)",

@@ -256,3 +256,25 @@ export const BATCH: LuaScript = {
     OPS: BATCHED.map((name) => `  ${name} = function()\n${SCRIPTS[name].body}\n  end,`).join("\n"),
   }),
 };
+
+/** The prelude's reading of the server's clock, which {@link withTestClock} replaces. */
+const SERVER_TIME = `    local t = redis.call('TIME')
+    NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)`;
+const testClockVariants = new WeakMap<LuaScript, LuaScript>();
+
+/**
+ * `script` reading the time from its first key (`<prefix>clock:<ms>`) instead of the server's clock:
+ * the variant a backend with a test clock (option `clock`) runs.
+ * @param script a script of {@link SCRIPTS}, or {@link BATCH}
+ * @returns its variant (one per script)
+ */
+export function withTestClock(script: LuaScript): LuaScript {
+  let variant = testClockVariants.get(script);
+  if (variant === undefined) {
+    if (script.text.split(SERVER_TIME).length !== 2) throw new Error(`the script ${script.name} does not read the server's clock once`);
+    // A replacer function: the text holds "$'", which a replacement string would expand.
+    variant = { ...script, text: script.text.replace(SERVER_TIME, () => "    NOW = tonumber(string.match(KEYS[1], 'clock:(%d+)$'))") };
+    testClockVariants.set(script, variant);
+  }
+  return variant;
+}

@@ -26,6 +26,12 @@ export interface RedisOptions {
    * vanish without a trace. Default `false`.
    */
   allowEviction?: boolean;
+  /**
+   * The time every script uses, in ms since epoch (default: the server's clock, `TIME`). For tests on
+   * simulated time (a `TestClock`): every process on the prefix must use the same clock. The scripts
+   * then run in a variant that reads the time from the call's first key.
+   */
+  clock?: () => number;
 }
 
 /** Options of {@link RedisDurability}. */
@@ -35,13 +41,15 @@ export type RedisStoreOptions = RedisOptions;
 /** Options of {@link RedisKv}. */
 export type RedisKvOptions = RedisOptions;
 
-const OPTION_NAMES = ["client", "keyPrefix", "allowEviction"] as const;
+const OPTION_NAMES = ["client", "keyPrefix", "allowEviction", "clock"] as const;
 
 /** The options checked: the client as commands, and the key prefix. */
 export interface Resolved {
   commands: RedisCommands;
   keyPrefix: string;
   allowEviction: boolean;
+  /** The test clock, or `undefined`: the server's. */
+  clock?: () => number;
 }
 
 /** The options of the class `what` (named in errors), checked. */
@@ -65,5 +73,9 @@ export function resolveOptions(options: unknown, what: string): Resolved {
   if (typeof allowEviction !== "boolean") {
     throw new TypeError(`Redis option "allowEviction" must be a boolean, got ${show(allowEviction)}`);
   }
-  return { commands, keyPrefix, allowEviction };
+  const clock = o.clock;
+  if (clock !== undefined && typeof clock !== "function") {
+    throw new TypeError(`Redis option "clock" must be a function returning ms since epoch, got ${show(clock)}`);
+  }
+  return { commands, keyPrefix, allowEviction, ...(clock ? { clock: clock as () => number } : {}) };
 }

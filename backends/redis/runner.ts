@@ -8,7 +8,7 @@
  */
 import { errorMessage } from "../../src/errors.ts";
 import { showValue as show } from "../../src/show.ts";
-import { BATCH, BATCHED, type BatchedName, type LuaScript, type ScriptName, SCRIPTS } from "./lua.ts";
+import { BATCH, BATCHED, type BatchedName, type LuaScript, type ScriptName, SCRIPTS, withTestClock } from "./lua.ts";
 import type { RedisCommands } from "./clients.ts";
 import type { Resolved } from "./options.ts";
 
@@ -111,12 +111,15 @@ export class Runner {
   #inFlight = 0;
   #scheduled = false;
   #sha = new Map<LuaScript, string>();
+  /** The test clock (option `clock`), or `undefined`: scripts use the server's. */
+  readonly #clock: (() => number) | undefined;
 
   constructor(resolved: Resolved) {
     this.commands = resolved.commands;
     this.keyPrefix = resolved.keyPrefix;
     this.tag = `{${resolved.keyPrefix}}`;
     this.allowEviction = resolved.allowEviction;
+    this.#clock = resolved.clock;
   }
 
   #failure(name: string, error: unknown): Error {
@@ -127,6 +130,11 @@ export class Runner {
 
   /** `EVALSHA` of `script`; a `NOSCRIPT` answer loads it and runs it again. */
   async #eval(script: LuaScript, keys: string[], argv: string[]): Promise<unknown> {
+    if (this.#clock !== undefined) {
+      // The test clock's time travels as the first key (in the prefix's slot), read by the script's variant.
+      script = withTestClock(script);
+      keys = [`${this.tag}clock:${Math.floor(this.#clock())}`, ...keys.slice(1)];
+    }
     const sha = this.#sha.get(script) ?? await shaOf(script);
     this.#sha.set(script, sha);
     return await evalScript(this.commands, script.text, sha, keys, argv);

@@ -8,10 +8,9 @@
  */
 import { retryDelay } from "../backoff.ts";
 import { BoundedSet } from "../bounded_map.ts";
-import { type Clock, sleep } from "../clock.ts";
-import type { ResolvedDurability } from "../config.ts";
+import { sleep } from "../clock.ts";
 import { encodeContent } from "../content.ts";
-import type { ClaimOptions, DurabilityBackend, InboundRecord, JsonValue } from "../contract.ts";
+import type { ClaimOptions, InboundRecord, JsonValue } from "../contract.ts";
 import type { Deadlines } from "../deadlines.ts";
 import { errorDetail, errorText, isProcessDeath } from "../errors.ts";
 import { type Observer, TRACE_FIELD } from "../observe.ts";
@@ -20,7 +19,7 @@ import { TIMER_STATE } from "../rules.ts";
 import { runOf, TIMER_FIELD, timerOf } from "./jobs.ts";
 import type { HeldLease, Leases } from "./leases.ts";
 import type { Outcomes } from "./outcomes.ts";
-import { asError, type DurabilityMetrics, type DurabilityWarning, type EngineHost, type InboundJob } from "./types.ts";
+import { asError, type EngineCore, type InboundJob } from "./types.ts";
 
 /** Inbound ids remembered as admitted here (the latest ones). */
 const DEDUPE_CAPACITY = 10_000;
@@ -33,13 +32,7 @@ interface AdmissionSlot {
 }
 
 /** What the inbound side needs from the engine. */
-export interface InboundHost {
-  backend: DurabilityBackend;
-  config: ResolvedDurability;
-  host: EngineHost;
-  clock: Clock;
-  /** The engine's counters (updated in place). */
-  metrics: DurabilityMetrics;
+export interface InboundHost extends EngineCore {
   leases: Leases;
   outcomes: Outcomes;
   observer: Observer;
@@ -48,14 +41,8 @@ export interface InboundHost {
   /** This engine start's incarnation. */
   incarnation: string;
   instanceId(): string;
-  halted(): boolean;
-  stopping(): boolean;
   /** Stop the engine: a simulated process death. */
   halt(): void;
-  /** Report an error that has no caller; `true` when it was a process death. */
-  report(error: unknown, context: string): boolean;
-  warn(warning: DurabilityWarning): void;
-  wake(inMs: number): void;
   /** The lease options of an inbox claim or admission of this incarnation. */
   claim(): ClaimOptions;
   /** Claim scans whose records are not all held yet. */

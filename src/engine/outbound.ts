@@ -8,10 +8,9 @@
  */
 import { retryDelay } from "../backoff.ts";
 import { BoundedSet } from "../bounded_map.ts";
-import { type Clock, sleep } from "../clock.ts";
-import type { ResolvedDurability } from "../config.ts";
+import { sleep } from "../clock.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "../content.ts";
-import type { ClaimOptions, DurabilityBackend, JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
+import type { ClaimOptions, JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
 import { errorText, isProcessDeath } from "../errors.ts";
 import type { Observer } from "../observe.ts";
 import { classifyProviderError, type OutboundContent } from "../provider.ts";
@@ -20,7 +19,7 @@ import type { Throttle } from "../throttle.ts";
 import type { Ambiguity } from "./ambiguity.ts";
 import type { HeldLease, Leases } from "./leases.ts";
 import type { Outcomes } from "./outcomes.ts";
-import type { DurabilityMetrics, DurabilityWarning, EngineHost, SendResult } from "./types.ts";
+import type { EngineCore, SendResult } from "./types.ts";
 import { MAX_TIMER_MS } from "./wakeups.ts";
 
 /** Keys remembered as called or made unknown (the latest ones). */
@@ -29,13 +28,7 @@ const REMEMBERED = 10_000;
 const DEFAULT_RETRY_AFTER_MS = 1000;
 
 /** What sending needs from the engine. */
-export interface OutboundHost {
-  backend: DurabilityBackend;
-  config: ResolvedDurability;
-  host: EngineHost;
-  clock: Clock;
-  /** The engine's counters (updated in place). */
-  metrics: DurabilityMetrics;
+export interface OutboundHost extends EngineCore {
   leases: Leases;
   outcomes: Outcomes;
   ambiguity: Ambiguity;
@@ -49,14 +42,8 @@ export interface OutboundHost {
   instanceId(): string;
   /** Whether the engine started (the instanceId is known). */
   ready(): boolean;
-  halted(): boolean;
-  stopping(): boolean;
   /** Stop the engine: a simulated process death. */
   halt(): void;
-  /** Report an error that has no caller; `true` when it was a process death. */
-  report(error: unknown, context: string): boolean;
-  warn(warning: DurabilityWarning): void;
-  wake(inMs: number): void;
   /** The lease options of an outbox claim or reservation of this incarnation. */
   claim(): ClaimOptions;
   /** Claim scans whose records are not all held yet. */

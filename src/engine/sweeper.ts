@@ -5,8 +5,7 @@
  *
  * @module
  */
-import { type Clock, sleep } from "../clock.ts";
-import type { ResolvedDurability } from "../config.ts";
+import { sleep } from "../clock.ts";
 import { decodeContent } from "../content.ts";
 import type { ClaimOptions, DurabilityBackend, InboundRecord } from "../contract.ts";
 import { isProcessDeath } from "../errors.ts";
@@ -19,7 +18,7 @@ import { timerOf } from "./jobs.ts";
 import type { HeldLease, Leases } from "./leases.ts";
 import type { Outbound } from "./outbound.ts";
 import type { SweepCounts } from "./settling.ts";
-import type { DurabilityMetrics, EngineHost, InboundJob } from "./types.ts";
+import type { EngineCore, InboundJob } from "./types.ts";
 
 /** Records a sweep takes per claim scan. */
 const SWEEP_BATCH = 64;
@@ -40,13 +39,7 @@ const RECLAIM_BATCH = 1024;
 const AHEAD_OF_LIMIT = 256;
 
 /** What the sweeper needs from the engine. */
-export interface SweeperHost {
-  backend: DurabilityBackend;
-  config: ResolvedDurability;
-  host: EngineHost;
-  clock: Clock;
-  /** The engine's counters (updated in place). */
-  metrics: DurabilityMetrics;
+export interface SweeperHost extends EngineCore {
   leases: Leases;
   inbound: Inbound;
   outbound: Outbound;
@@ -58,11 +51,6 @@ export interface SweeperHost {
   instanceId(): string;
   /** Whether the engine started (sweeps before that do nothing). */
   started(): boolean;
-  halted(): boolean;
-  stopping(): boolean;
-  /** Report an error that has no caller; `true` when it was a process death. */
-  report(error: unknown, context: string): boolean;
-  wake(inMs: number): void;
   /** The lease options of a claim of this incarnation. */
   claim(kind: "inbox" | "outbox"): ClaimOptions;
 }

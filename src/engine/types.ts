@@ -6,6 +6,7 @@
  */
 import type { DamagedListOptions, DamagedRecord, DurabilityBackend, InboundRecord, JsonValue, OutboxState } from "../contract.ts";
 import type { Clock } from "../clock.ts";
+import type { ResolvedDurability } from "../config.ts";
 import type { Emitter } from "../emitter.ts";
 import { errorText } from "../errors.ts";
 import type { DurabilityHistograms } from "../histogram.ts";
@@ -284,4 +285,23 @@ export async function listDamaged(backend: DurabilityBackend, options?: DamagedL
   const found: DamagedRecord[] = [];
   for (const journal of [backend.inbox, backend.outbox]) found.push(...await journal.damaged(options));
   return found;
+}
+
+/** What every module of the engine gets from it: the journals, the settings, the bot, time, the counters, and its state. */
+export interface EngineCore {
+  backend: DurabilityBackend;
+  config: ResolvedDurability;
+  host: EngineHost;
+  clock: Clock;
+  /** The engine's counters (updated in place). */
+  metrics: DurabilityMetrics;
+  /** Whether a simulated process death stopped the engine. */
+  halted(): boolean;
+  /** Whether the engine is stopping (it takes no new work). */
+  stopping(): boolean;
+  /** Report an error that has no caller; `true` when it was a process death. */
+  report(error: unknown, context: string): boolean;
+  warn(warning: DurabilityWarning): void;
+  /** Ask the sweeper to look for work `inMs` from now. */
+  wake(inMs: number): void;
 }
