@@ -9,10 +9,10 @@ step() { printf '\n==> %s\n' "$*"; }
 
 step "typecheck (tsc)";          tsc -p tsconfig.json
 step "bun test (the Postgres and Redis suites in a second process, side by side with the rest)"
-# The server-backed suites spend most of their time waiting on real-time leases; the rest run on
-# simulated time or real files and processes. Two processes, one per core, each with its own schemas
-# and key prefixes.
-SERVER_TESTS=(conformance_postgres conformance_redis conformance_pgbouncer postgres_backend redis_backend postgres_outage redis_outage)
+# Two processes, one per core, each with its own schemas and key prefixes: the suites on the Postgres
+# and Redis servers (their conformance on simulated time, the replica processes, the cluster) in one,
+# the rest in the other, about as long.
+SERVER_TESTS=(conformance_postgres conformance_redis conformance_pgbouncer postgres_backend redis_backend postgres_outage redis_outage redis_cluster replicas)
 server_files=()
 other_files=()
 for f in tests/*.test.ts tests/runtimes/*.test.ts; do
