@@ -661,6 +661,28 @@ describe("ctx.ask", () => {
     await b.bot.stop();
   });
 
+  test("without timers (sweepIntervalMs 0), idle() after the deadline fires the due timer: a waiting timer is no work, a due one is", async () => {
+    const handler: Form = async (ctx) => {
+      try {
+        await ctx.ask("Name?", { timeoutMs: 100 });
+      } catch (error) {
+        if (!(error instanceof AskTimeoutError)) throw error;
+        await ctx.reply("timed out");
+      }
+    };
+    const provider = new MockProvider();
+    const bot = new Bot({ provider, store: new KeptStore(), durability: { ...fast(new MemoryDurability()), sweepIntervalMs: 0 } });
+    bot.when("form", handler);
+    await bot.start();
+    await provider.receive({ id: "m0", chatId: "c", text: "form" });
+    await bot.idle(); // the ask waits for its answer: no work
+    expect(sent(provider)).toEqual([["m0:1", "Name?"]]);
+    await new Promise((r) => setTimeout(r, 200));
+    await bot.idle();
+    expect(sent(provider)).toEqual([["m0:1", "Name?"], ["m0:t1:1", "timed out"]]);
+    await bot.stop();
+  });
+
   test("a timer is not an operator's to run early: a replay of it is refused, and it fires once at its deadline", async () => {
     const handler: Form = async (ctx) => {
       try {

@@ -611,5 +611,9 @@ describe("EventsDurability", () => {
     expect(() => new EventsDurability(undefined as unknown as EventsDurabilityOptions)).toThrow(TypeError);
     expect(() => new EventsDurability({ journal: {} as LeasedEventJournal })).toThrow(/journal/);
     expect(() => new EventsDurability({ journal: new MemoryEventJournal(), outbox: 5 as unknown as MemoryKv })).toThrow(/outbox/);
+    // A journal written before timers had a state of their own lacks schedule: refused, naming it.
+    const journal = new MemoryEventJournal();
+    const older = new Proxy(journal, { get: (target, key) => (key === "schedule" ? undefined : Reflect.get(target, key, target)) });
+    expect(() => new EventsDurability({ journal: older })).toThrow(/has no method "schedule" of a LeasedEventJournal/);
   });
 });

@@ -40,6 +40,7 @@ import {
   type EventRecord,
   INBOUND_INTERACTION_EVENT,
   INBOUND_MESSAGE_EVENT,
+  LEASED_EVENT_JOURNAL_METHODS,
   type LeasedEventJournal,
   type NewEventRecord,
 } from "../../src/events/types.ts";
@@ -440,6 +441,10 @@ export class EventsDurability implements DurabilityBackend {
       typeof journal.append !== "function" || typeof journal.name !== "string"
     ) {
       throw new TypeError(`EventsDurability option "journal" must be a LeasedEventJournal, got ${show(journal)}`);
+    }
+    const missing = LEASED_EVENT_JOURNAL_METHODS.find((name) => typeof (journal as unknown as Record<string, unknown>)[name] !== "function");
+    if (missing !== undefined) {
+      throw new TypeError(`EventsDurability option "journal": ${journal.name} has no method "${missing}" of a LeasedEventJournal`);
     }
     if ((journal as { locked?: unknown }).locked === false) {
       // Without the pid lock a second process could open the file and overwrite the bot's records.

@@ -51,7 +51,10 @@ export class Settling {
     this.#h = host;
   }
 
-  /** Whether the journals hold work under way (or this process has a claim scan on its way). */
+  /**
+   * Whether the journals hold work under way (or this process has a claim scan on its way). A
+   * `scheduled` timer is not, due or not: a sweep takes a due one up (`idle()` begins with one).
+   */
   async hasActiveWork(): Promise<boolean> {
     // A claim scan whose answer is on its way holds records this process is about to work on.
     if (this.#h.claimsInFlight() > 0) return true;
@@ -116,8 +119,13 @@ export class Settling {
     };
   }
 
-  /** Resolve when every admitted record is done or dead and every outbox entry is sent, dead or unknown. */
+  /**
+   * Resolve when every admitted record is done or dead and every outbox entry is sent, dead or unknown.
+   * A timer waiting for its deadline is no work; one already due is taken up by the sweep this begins
+   * with (it is work from then on), so that it fires before `idle()` resolves, with or without timers.
+   */
   async idle(): Promise<void> {
+    await this.#h.sweep();
     let pause = 1;
     for (;;) {
       await this.#h.whenLocalIdle();

@@ -223,4 +223,21 @@ export interface LeasedEventJournal {
   close(): Promise<void>;
 }
 
+/** The methods every {@link LeasedEventJournal} has (its optional ones left out). */
+export const LEASED_EVENT_JOURNAL_METHODS: readonly (keyof LeasedEventJournal)[] = [
+  "append",
+  "claim",
+  "claimDue",
+  "heartbeat",
+  "start",
+  "schedule",
+  "complete",
+  "fail",
+  "get",
+  "list",
+  "replay",
+  "purge",
+  "close",
+];
+
 export type { FailOutcome };
