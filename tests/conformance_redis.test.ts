@@ -85,8 +85,8 @@ const held = new WeakMap<object, Held>();
 async function over(
   kind: ClientKind,
   keyPrefix: string,
-  build: (client: unknown, keyPrefix: string, clock: () => number) => DurabilityBackend,
-  clock: () => number,
+  build: (client: unknown, keyPrefix: string, clock: (() => number) | undefined) => DurabilityBackend,
+  clock: (() => number) | undefined,
 ) {
   const client = await kind.open();
   const backend = build(client, keyPrefix, clock);
@@ -122,18 +122,21 @@ async function damageKv(backend: DurabilityBackend, journal: "inbox" | "outbox",
 function suite(
   title: string,
   kind: ClientKind,
-  build: (client: unknown, keyPrefix: string, clock: () => number) => DurabilityBackend,
+  build: (client: unknown, keyPrefix: string, clock: (() => number) | undefined) => DurabilityBackend,
   run: typeof runDurabilityConformance = runDurabilityConformance,
   damage: "json" | "state" | "kv" = "json",
+  /** `server`: the production scripts on the server's clock, in real time (leases and sleeps scaled). */
+  time: "simulated" | "server" = "simulated",
 ): void {
+  const simulated = time === "simulated";
   run({
-    name: `redis (${title}, ${kind.name})`,
+    name: `redis (${title}, ${kind.name}${simulated ? "" : ", the server's clock"})`,
     skip,
-    create: ({ now }) => over(kind, `bm-conf:${runId()}:`, build, now),
+    create: ({ now }) => over(kind, `bm-conf:${runId()}:`, build, simulated ? now : undefined),
     reopen: async (old, { now }) => {
       const h = held.get(old)!;
       await h.kind.close(h.client);
-      h.next = await over(kind, h.keyPrefix, build, now);
+      h.next = await over(kind, h.keyPrefix, build, simulated ? now : undefined);
       return h.next;
     },
     // Given the first backend of a test that reopened (the damaged-records tests do), the client to
@@ -146,13 +149,14 @@ function suite(
     },
     damage: damage === "kv" ? damageKv : damageOf(damage),
     harness,
-    timeScale: kind.timeScale,
-    // The scripts' time comes from the test's clock (option `clock`): leases lapse in simulated time.
-    simulatedTime: true,
+    // Simulated: the scripts' time comes from the test's clock (option `clock`), leases lapse in simulated
+    // time. On the server's clock, run beside the other suites (two cores busy): leases get more room.
+    timeScale: simulated ? kind.timeScale : kind.timeScale * 1.5,
+    simulatedTime: simulated,
   });
 }
 
-const durability = (client: unknown, keyPrefix: string, clock: () => number) => new RedisDurability({ client, keyPrefix, clock });
+const durability = (client: unknown, keyPrefix: string, clock: (() => number) | undefined) => new RedisDurability({ client, keyPrefix, clock });
 
 // The whole suite (journal contract, the bot's rules, the crash matrix) once, over ioredis. The other
 // clients and wrappers run the same scripts: the journal contract is enough for them.
@@ -163,3 +167,5 @@ suite("RedisStore#durability", ioredis, (client, keyPrefix, clock) => new RedisS
 suite("new KvDurability(RedisKv)", upstash(false), (client, keyPrefix, clock) => new KvDurability(new RedisKv({ client, keyPrefix, clock })), runBackendContract, "kv");
 suite("RedisDurability", nodeRedis, durability, runBackendContract);
 suite("RedisDurability", bunRedis, durability, runBackendContract);
+// The production scripts (the server's TIME) and real leases: the journal contract once more.
+suite("RedisDurability", ioredis, durability, runBackendContract, "state", "server");
