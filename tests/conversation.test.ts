@@ -4,7 +4,11 @@ import { describe, expect, test } from "bun:test";
 import { AskTimeoutError, Bot, type Context, MemoryDurability, MemoryStore, type SessionStore, TEXT } from "../mod.ts";
 import type { DurabilityBackend } from "../src/contract.ts";
 import type { BotEvents } from "../src/engine.ts";
-import { crashable, crashableStore } from "../src/testing/crashable.ts";
+import { type CrashPoint, crashable, crashableStore } from "../src/testing/crashable.ts";
+import { SQLiteDurability } from "../backends/sqlite/durability.ts";
+import { mkdtempSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 
 const fast = (backend: DurabilityBackend, instanceId = "conv-1") => ({
@@ -426,14 +430,27 @@ describe("ctx.ask", () => {
     await bot.stop();
   });
 
-  for (const [point, at, when] of [
+  // Each on an in-process journal, and on a SQLite file that the recovering process opens anew.
+  const journals: Record<string, () => { first: DurabilityBackend; next: () => DurabilityBackend; done: () => void }> = {
+    memory: () => {
+      const shared = new MemoryDurability();
+      return { first: shared, next: () => shared, done: () => {} };
+    },
+    sqlite: () => {
+      const dir = mkdtempSync(join(tmpdir(), "botmesh-conv-"));
+      const file = join(dir, "bot.db");
+      return { first: new SQLiteDurability({ file }), next: () => new SQLiteDurability({ file }), done: () => rmSync(dir, { recursive: true, force: true }) };
+    },
+  };
+  const timerCrashes: readonly (readonly [CrashPoint, number, "before" | "after"])[] = [
     ["store.set", 1, "after"], // the transcript is written, the timer not yet journaled
     ["inbox.admit", 2, "before"], // 1: the message, 2: the timer
     ["inbox.admit", 2, "after"], // journaled leased, not armed: its lease lapses, a sweep arms it
     ["inbox.schedule", 1, "before"],
     ["inbox.schedule", 1, "after"], // armed, the step not yet done: the reprocess finds it journaled
-  ] as const) {
-    test(`a crash ${when} ${point} (${at}) while an ask's timer is journaled: the timeout fires once after recovery`, async () => {
+  ];
+  for (const [journal, [point, at, when]] of Object.keys(journals).flatMap((journal) => timerCrashes.map((c) => [journal, c] as const))) {
+    test(`${journal}: a crash ${when} ${point} (${at}) while an ask's timer is journaled: the timeout fires once after recovery`, async () => {
       const handler: Form = async (ctx) => {
         try {
           await ctx.ask("Name?", { timeoutMs: 200 });
@@ -442,9 +459,9 @@ describe("ctx.ask", () => {
           await ctx.reply("timed out");
         }
       };
-      const shared = new MemoryDurability();
+      const opened = journals[journal]!();
       const store = new KeptStore();
-      const a = crashable(shared);
+      const a = crashable(opened.first);
       if (when === "before") a.crashBefore(point, { at });
       else a.crashAfter(point, { at });
       const botA = makeBot(a, crashableStore(a, store), handler);
@@ -455,6 +472,7 @@ describe("ctx.ask", () => {
       expect(a.crashed).toBe(true);
       await botA.bot.stop().catch(() => {});
 
+      const shared = opened.next();
       const b = makeBot(shared, store, handler);
       await b.bot.start(); // recovery reprocesses m0 (its step recorded or not) or arms the lapsed timer
       const until = Date.now() + 3000;
@@ -468,6 +486,8 @@ describe("ctx.ask", () => {
       expect((await shared.inbox.get("m0:t1"))?.state).toBe("done");
       expect((await shared.inbox.get("m0"))?.state).toBe("done");
       await b.bot.stop();
+      await opened.first.close?.();
+      opened.done();
     });
   }
 
