@@ -259,8 +259,8 @@ export async function namespaceLeftovers(ns: Namespace): Promise<number> {
  * For SQLite: whether the database's write lock is free (a `BEGIN IMMEDIATE` gets it within 100 ms).
  * A process stopped (SIGSTOP) inside a write transaction keeps the lock and stalls every other
  * process of the host until it is continued: leases cannot help there. For Postgres: whether no
- * group transaction of the schema was left open by the stop (see `noGroupLeftOpen`). Always true
- * for the others.
+ * server session of the schema was left stuck by the stop (see `noGroupLeftOpen`). Always true for
+ * the others.
  */
 export async function writeLockFree(ns: Namespace): Promise<boolean> {
   if (ns.kind === "postgres" || ns.kind === "pgbouncer") return await noGroupLeftOpen(ns.name);
@@ -280,10 +280,13 @@ export async function writeLockFree(ns: Namespace): Promise<boolean> {
 }
 
 /**
- * Postgres: whether no transaction holding a lock on the schema's tables has sat idle for 100 ms (a
- * group whose client was stopped before its COMMIT keeps its row locks until the server's
- * `idle_in_transaction_session_timeout`, 5 s, ends it; a live replica's group is idle between its
- * statements for far less). Asked 150 ms after the stop, once what reached the server has run.
+ * Postgres: whether no server session of the schema has been stuck for 100 ms: a group transaction
+ * left open by the stop (idle in transaction: its row locks stay until the server's
+ * `idle_in_transaction_session_timeout`, 5 s, ends it), or a statement whose result the stopped
+ * client does not read (active, writing to its client: behind PgBouncer in transaction pooling its
+ * server connection stays assigned to the stopped client for good, and a small pool runs dry). A live
+ * replica's statements and groups last far less. Asked 150 ms after the stop, once what reached the
+ * server has run.
  */
 async function noGroupLeftOpen(schema: string): Promise<boolean> {
   const { default: postgres } = await import("postgres");
@@ -291,12 +294,10 @@ async function noGroupLeftOpen(schema: string): Promise<boolean> {
   try {
     await Bun.sleep(150);
     const rows = await sql`
-      select count(*)::int as n from pg_locks l
-      join pg_class c on c.oid = l.relation
-      join pg_namespace n on n.oid = c.relnamespace
-      join pg_stat_activity a on a.pid = l.pid
-      where n.nspname = ${schema} and a.state like 'idle in transaction%'
-        and a.state_change < clock_timestamp() - interval '100 milliseconds'`;
+      select count(*)::int as n from pg_stat_activity a
+      where a.datname = current_database() and a.pid <> pg_backend_pid() and a.backend_type = 'client backend'
+        and a.state <> 'idle' and a.state_change < clock_timestamp() - interval '100 milliseconds'
+        and position(${schema} in a.query) > 0`;
     return rows[0]!.n === 0;
   } finally {
     await sql.end({ timeout: 2 });
