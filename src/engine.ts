@@ -118,6 +118,14 @@ export class DurabilityEngine {
       const prefix = `${host.botId}/${provider.connectionId ?? provider.name}`;
       this.#throttle = new Throttle(limits, host.clock, prefix, (error) => void this.#report(error, "outbox rate limiter"));
     }
+    this.#leases = new Leases({
+      backend: this.backend,
+      clock: host.clock,
+      leaseMs: { inbox: config.inbox.leaseMs, outbox: config.outbox.leaseMs },
+      halted: () => this.#halted,
+      warn: (warning) => this.#warn(warning),
+      report: (error, context) => void this.#report(error, context),
+    });
     const core: EngineCore = {
       backend: this.backend,
       config,
@@ -129,15 +137,11 @@ export class DurabilityEngine {
       report: (error, context) => this.#report(error, context),
       warn: (warning) => this.#warn(warning),
       wake: (inMs) => this.#wake(inMs),
+      leases: this.#leases,
+      incarnation: this.incarnation,
+      instanceId: () => this.#instanceId,
+      claim: (kind) => this.#claim(kind),
     };
-    this.#leases = new Leases({
-      backend: this.backend,
-      clock: host.clock,
-      leaseMs: { inbox: config.inbox.leaseMs, outbox: config.outbox.leaseMs },
-      halted: () => this.#halted,
-      warn: (warning) => this.#warn(warning),
-      report: (error, context) => void this.#report(error, context),
-    });
     this.#outcomes = new Outcomes({
       backend: this.backend,
       clock: host.clock,
@@ -163,14 +167,10 @@ export class DurabilityEngine {
     });
     this.#inbound = new Inbound({
       ...core,
-      leases: this.#leases,
       outcomes: this.#outcomes,
       observer: this.#observer,
       deadlines: this.#deadlines,
-      incarnation: this.incarnation,
-      instanceId: () => this.#instanceId,
       halt: () => this.#halt(),
-      claim: () => this.#claim("inbox"),
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
       inboxScan: () => this.#sweeper.inboxScan,
@@ -178,30 +178,23 @@ export class DurabilityEngine {
     });
     this.#outbound = new Outbound({
       ...core,
-      leases: this.#leases,
       outcomes: this.#outcomes,
       ambiguity: this.#ambiguity,
       observer: this.#observer,
       throttle: this.#throttle,
       signal: this.#abort.signal,
-      incarnation: this.incarnation,
-      instanceId: () => this.#instanceId,
       ready: () => this.#ready,
       halt: () => this.#halt(),
-      claim: () => this.#claim("outbox"),
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
       adoptLater: () => this.#sweeper.adoptLater(),
     });
     this.#sweeper = new Sweeper({
       ...core,
-      leases: this.#leases,
       inbound: this.#inbound,
       outbound: this.#outbound,
       ambiguity: this.#ambiguity,
       throttle: this.#throttle,
-      incarnation: this.incarnation,
-      instanceId: () => this.#instanceId,
       started: () => this.#started,
       claim: (kind) => this.#claim(kind),
     });

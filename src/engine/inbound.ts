@@ -10,14 +10,14 @@ import { retryDelay } from "../backoff.ts";
 import { BoundedSet } from "../bounded_map.ts";
 import { sleep } from "../clock.ts";
 import { encodeContent } from "../content.ts";
-import type { ClaimOptions, InboundRecord, JsonValue } from "../contract.ts";
+import type { InboundRecord, JsonValue } from "../contract.ts";
 import type { Deadlines } from "../deadlines.ts";
 import { errorDetail, errorText, isProcessDeath } from "../errors.ts";
 import { type Observer, TRACE_FIELD } from "../observe.ts";
 import type { AdmitResult, InboundMessage } from "../provider.ts";
 import { TIMER_STATE } from "../rules.ts";
 import { runOf, TIMER_FIELD, timerOf } from "./jobs.ts";
-import type { HeldLease, Leases } from "./leases.ts";
+import type { HeldLease } from "./leases.ts";
 import type { Outcomes } from "./outcomes.ts";
 import { asError, type EngineCore, type InboundJob } from "./types.ts";
 
@@ -31,20 +31,19 @@ interface AdmissionSlot {
   late: Promise<void> | null;
 }
 
+/** The answer to a message that arrives while the bot stops: the channel delivers it again. */
+function stoppingAnswer(id: string): AdmitResult {
+  return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
+}
+
 /** What the inbound side needs from the engine. */
 export interface InboundHost extends EngineCore {
-  leases: Leases;
   outcomes: Outcomes;
   observer: Observer;
   /** The admission timeouts. */
   deadlines: Deadlines;
-  /** This engine start's incarnation. */
-  incarnation: string;
-  instanceId(): string;
   /** Stop the engine: a simulated process death. */
   halt(): void;
-  /** The lease options of an inbox claim or admission of this incarnation. */
-  claim(): ClaimOptions;
   /** Claim scans whose records are not all held yet. */
   claimsInFlight(): number;
   /** Resolves once the claim scans under way hold their records. */
@@ -75,6 +74,12 @@ export class Inbound {
 
   constructor(host: InboundHost) {
     this.#h = host;
+  }
+
+  /** A redelivery of a message journaled already: counted, answered `duplicate`. */
+  #duplicate(id: string): AdmitResult {
+    this.#h.metrics.inboundDuplicates++;
+    return { status: "duplicate", id };
   }
 
   /** Forget that `id` was admitted here (an operator's replay makes its redelivery a new message). */
@@ -146,22 +151,14 @@ export class Inbound {
     const late = this.#lateAdmissions.get(id);
     if (late !== undefined) {
       await late;
-      if (this.#dedupe.has(id)) {
-        this.#h.metrics.inboundDuplicates++;
-        return { status: "duplicate", id };
-      }
+      if (this.#dedupe.has(id)) return this.#duplicate(id);
     }
-    if (this.#h.halted() || this.#h.stopping()) {
-      return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
-    }
+    if (this.#h.halted() || this.#h.stopping()) return stoppingAnswer(id);
     // A redelivery that arrives while the first delivery is still being journaled waits for it: it is a
     // duplicate only once that one is journaled. Were it answered "duplicate" at once, the channel would
     // take it as delivered, and a failure of the first write would lose the message.
     for (let first = this.admitting.get(id); first !== undefined; first = this.admitting.get(id)) {
-      if ((await first).status !== "rejected") {
-        this.#h.metrics.inboundDuplicates++;
-        return { status: "duplicate", id };
-      }
+      if ((await first).status !== "rejected") return this.#duplicate(id);
     }
     const admission = this.#admitOnce(message, dispatch, traceparent, slot);
     this.admitting.set(id, admission);
@@ -179,13 +176,8 @@ export class Inbound {
     slot: AdmissionSlot,
   ): Promise<AdmitResult> {
     const id = message.id;
-    if (this.#h.halted() || this.#h.stopping()) {
-      return { status: "rejected", id, error: new Error("The bot is stopping; the message was not admitted") };
-    }
-    if (this.#dedupe.has(id)) {
-      this.#h.metrics.inboundDuplicates++;
-      return { status: "duplicate", id };
-    }
+    if (this.#h.halted() || this.#h.stopping()) return stoppingAnswer(id);
+    if (this.#dedupe.has(id)) return this.#duplicate(id);
     this.#remember(id);
     let payload: JsonValue;
     try {
@@ -208,7 +200,7 @@ export class Inbound {
       provider: this.#h.host.provider.name,
       payload,
       receivedAt,
-    }, this.#h.claim());
+    }, this.#h.claim("inbox"));
     let timedOut = false;
     try {
       record = await this.#h.deadlines.within(writing, this.#h.config.inbox.admitTimeoutMs, () => {
@@ -244,10 +236,7 @@ export class Inbound {
       return { status: "rejected", id, error: err };
     }
     if (record === null) record = await this.#ownLostAdmission(id);
-    if (record === null) {
-      this.#h.metrics.inboundDuplicates++;
-      return { status: "duplicate", id };
-    }
+    if (record === null) return this.#duplicate(id);
     this.#h.metrics.inboundJournaled++;
     if (record.state === "pending") {
       // Journaled behind a record of its chat that comes first (held by another replica, or due): a sweep
@@ -323,7 +312,7 @@ export class Inbound {
       provider: this.#h.host.provider.name,
       payload: { id, chatId, type: "timeout", [TIMER_FIELD]: { at, data } },
       receivedAt: this.#nextReceivedAt(),
-    }, this.#h.claim());
+    }, this.#h.claim("inbox"));
     if (record === null) {
       // Journaled already (armed by an earlier run of the step), unless a message took its id.
       const existing = await this.#h.backend.inbox.get(id).catch(() => null);

@@ -10,14 +10,14 @@ import { retryDelay } from "../backoff.ts";
 import { BoundedSet } from "../bounded_map.ts";
 import { sleep } from "../clock.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "../content.ts";
-import type { ClaimOptions, JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
+import type { JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
 import { errorText, isProcessDeath } from "../errors.ts";
 import type { Observer } from "../observe.ts";
 import { classifyProviderError, type OutboundContent } from "../provider.ts";
 import { BLOCKING_OUTBOX_STATES } from "../rules.ts";
 import type { Throttle } from "../throttle.ts";
 import type { Ambiguity } from "./ambiguity.ts";
-import type { HeldLease, Leases } from "./leases.ts";
+import type { HeldLease } from "./leases.ts";
 import type { Outcomes } from "./outcomes.ts";
 import type { EngineCore, SendResult } from "./types.ts";
 import { MAX_TIMER_MS } from "./wakeups.ts";
@@ -29,7 +29,6 @@ const DEFAULT_RETRY_AFTER_MS = 1000;
 
 /** What sending needs from the engine. */
 export interface OutboundHost extends EngineCore {
-  leases: Leases;
   outcomes: Outcomes;
   ambiguity: Ambiguity;
   observer: Observer;
@@ -37,15 +36,10 @@ export interface OutboundHost extends EngineCore {
   throttle: Throttle | null;
   /** The signal of the process's calls (aborted when it dies). */
   signal: AbortSignal;
-  /** This engine start's incarnation. */
-  incarnation: string;
-  instanceId(): string;
   /** Whether the engine started (the instanceId is known). */
   ready(): boolean;
   /** Stop the engine: a simulated process death. */
   halt(): void;
-  /** The lease options of an outbox claim or reservation of this incarnation. */
-  claim(): ClaimOptions;
   /** Claim scans whose records are not all held yet. */
   claimsInFlight(): number;
   /** Resolves once the claim scans under way hold their records. */
@@ -155,7 +149,7 @@ export class Outbound {
     };
     this.#reserving.set(entry.key, (this.#reserving.get(entry.key) ?? 0) + 1);
     try {
-      result = await this.#h.backend.outbox.reserve(entry, mode === "now" ? this.#h.claim() : undefined);
+      result = await this.#h.backend.outbox.reserve(entry, mode === "now" ? this.#h.claim("outbox") : undefined);
       reserved();
     } catch (error) {
       reserved();

@@ -7,7 +7,7 @@
  */
 import { sleep } from "../clock.ts";
 import { decodeContent } from "../content.ts";
-import type { ClaimOptions, DurabilityBackend, InboundRecord } from "../contract.ts";
+import type { DurabilityBackend, InboundRecord } from "../contract.ts";
 import { isProcessDeath } from "../errors.ts";
 import { withoutTrace } from "../observe.ts";
 import type { InboundMessage } from "../provider.ts";
@@ -15,7 +15,7 @@ import type { Throttle } from "../throttle.ts";
 import type { Ambiguity } from "./ambiguity.ts";
 import type { Inbound } from "./inbound.ts";
 import { timerOf } from "./jobs.ts";
-import type { HeldLease, Leases } from "./leases.ts";
+import type { HeldLease } from "./leases.ts";
 import type { Outbound } from "./outbound.ts";
 import type { SweepCounts } from "./settling.ts";
 import type { EngineCore, InboundJob } from "./types.ts";
@@ -40,19 +40,13 @@ const AHEAD_OF_LIMIT = 256;
 
 /** What the sweeper needs from the engine. */
 export interface SweeperHost extends EngineCore {
-  leases: Leases;
   inbound: Inbound;
   outbound: Outbound;
   ambiguity: Ambiguity;
   /** The outbox's rate limits (`null`: none). */
   throttle: Throttle | null;
-  /** This engine start's incarnation. */
-  incarnation: string;
-  instanceId(): string;
   /** Whether the engine started (sweeps before that do nothing). */
   started(): boolean;
-  /** The lease options of a claim of this incarnation. */
-  claim(kind: "inbox" | "outbox"): ClaimOptions;
 }
 
 /** The sweeps of one engine. */

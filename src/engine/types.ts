@@ -4,7 +4,8 @@
  *
  * @module
  */
-import type { DamagedListOptions, DamagedRecord, DurabilityBackend, InboundRecord, JsonValue, OutboxState } from "../contract.ts";
+import type { ClaimOptions, DamagedListOptions, DamagedRecord, DurabilityBackend, InboundRecord, JsonValue, OutboxState } from "../contract.ts";
+import type { Leases } from "./leases.ts";
 import type { Clock } from "../clock.ts";
 import type { ResolvedDurability } from "../config.ts";
 import type { Emitter } from "../emitter.ts";
@@ -304,4 +305,11 @@ export interface EngineCore {
   warn(warning: DurabilityWarning): void;
   /** Ask the sweeper to look for work `inMs` from now. */
   wake(inMs: number): void;
+  /** The leases this incarnation holds. */
+  leases: Leases;
+  /** This engine start's incarnation. */
+  incarnation: string;
+  instanceId(): string;
+  /** The lease options of a claim, admission or reservation of this incarnation. */
+  claim(kind: "inbox" | "outbox"): ClaimOptions;
 }
