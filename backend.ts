@@ -47,8 +47,10 @@ export {
   type RateLimiter,
   type RateTake,
   type ReserveResult,
+  SCAN_ANSWER_KEEP_MS,
   StaleLeaseError,
 } from "./src/contract.ts";
+export { ScanAnswers } from "./src/scan_answers.ts";
 export { gcraParams, gcraPause, gcraStep } from "./src/rate_limit.ts";
 export {
   acceptsOutcome,

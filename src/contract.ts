@@ -167,7 +167,30 @@ export interface ClaimOptions {
 /** A due scan: at most `limit` records. */
 export interface ClaimDueOptions extends ClaimOptions {
   limit: number;
+  /**
+   * Names this scan so that its answer can be asked for again with
+   * `repeat` when its reply never arrives (an error that may hide a
+   * commit). A fresh id for each scan. A backend keeps a scan's answer for
+   * at least {@link SCAN_ANSWER_KEEP_MS} (a scan that took nothing may keep
+   * nothing: its repeat answers nothing all the same).
+   */
+  requestId?: string;
+  /**
+   * Change nothing: answer what the earlier scan named `requestId` answered
+   * (the records it leased to the caller; on the outbox, the entries it made
+   * ambiguous too), or nothing (`[]`, no entries) when that scan committed
+   * nothing or took nothing. A record that changed since may be answered as
+   * that scan answered it: its fencing token is then stale. A backend whose
+   * scan is not one atomic step (the generic kv: one compare-and-set per
+   * record) answers the records whose claims it had confirmed when the
+   * error came; one whose own claim lost its reply is taken again once its
+   * lease lapses.
+   */
+  repeat?: boolean;
 }
+
+/** How long (ms) a backend keeps a due scan's answer for a repeat (see {@link ClaimDueOptions.requestId}). */
+export const SCAN_ANSWER_KEEP_MS = 120_000;
 
 /**
  * How a failure is recorded: retry after a delay, dead, or (outbox only)

@@ -44,6 +44,7 @@ import {
 } from "../../src/rules.ts";
 import { INBOX } from "../../src/machine.ts";
 import { MinHeap } from "../../src/min_heap.ts";
+import { ScanAnswers } from "../../src/scan_answers.ts";
 import { AsideList, type SetAsideRecord } from "./aside.ts";
 import { COMPACT_MIN, copy, earlier, type HeapItem, indexAdd, indexRemove, type Slot, StateCounts } from "./slots.ts";
 
@@ -92,8 +93,11 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
   #version = 0;
   #order = 0;
 
+  readonly #answers: ScanAnswers<InboundRecord[]>;
+
   constructor(now: () => number) {
     this.#now = now;
+    this.#answers = new ScanAnswers<InboundRecord[]>(() => [], (a) => a.length === 0, now);
   }
 
   #valid = (item: HeapItem): boolean => this.#slots.get(item.id)?.version === item.version;
@@ -183,6 +187,10 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     checkClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
+    return this.#answers.answer(options, () => this.#scanDue(options), (a) => a.map(copy));
+  }
+
+  #scanDue(options: ClaimDueOptions): InboundRecord[] {
     const now = this.#now();
     const popped: HeapItem[] = [];
     const candidates = new Map<string, Slot<InboundRecord>>();

@@ -45,6 +45,7 @@ import {
 } from "../../src/rules.ts";
 import { OUTBOX } from "../../src/machine.ts";
 import { MinHeap } from "../../src/min_heap.ts";
+import { copyClaim, isEmptyClaim, ScanAnswers } from "../../src/scan_answers.ts";
 import { AsideList, type SetAsideRecord } from "./aside.ts";
 import { COMPACT_MIN, copy, earlier, type HeapItem, indexAdd, indexRemove, type Slot, StateCounts } from "./slots.ts";
 
@@ -85,8 +86,11 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
   /** Told synchronously of every entry stored or deleted (see {@link MemoryDurability.observeOutbox}). */
   #observer: OutboxObserver | null = null;
 
+  readonly #answers: ScanAnswers<OutboxClaim>;
+
   constructor(now: () => number) {
     this.#now = now;
+    this.#answers = new ScanAnswers<OutboxClaim>(() => ({ due: [], ambiguous: [] }), isEmptyClaim, now);
   }
 
   #valid = (item: HeapItem): boolean => this.#slots.get(item.id)?.version === item.version;
@@ -237,6 +241,10 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     checkClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
+    return this.#answers.answer(options, () => this.#scanDue(options), copyClaim);
+  }
+
+  #scanDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): OutboxClaim {
     const now = this.#now();
     const due: OutboxEntry[] = [];
     const ambiguous: OutboxEntry[] = [];

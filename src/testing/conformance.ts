@@ -963,6 +963,48 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect((await b.outbox.get(sent.key))?.state).toBe("unknown");
       });
 
+      it("a due scan asked again by its requestId (repeat) answers what it took and changes nothing", async (b) => {
+        const me = claimer("owner-q", LONG, "inc-q");
+        const chat = uid("chat");
+        const first = await admitted(b, inbound(chat, 1_000));
+        const second = await admitted(b, inbound(chat, 2_000));
+        const scan = uid("scan");
+        const took = await b.inbox.claimDue({ ...me, limit: 1, requestId: scan });
+        expect(ids(took)).toEqual([first.id]);
+        const again = await b.inbox.claimDue({ ...me, limit: 10, requestId: scan, repeat: true });
+        expect(ids(again), "the repeat answers the first answer").toEqual([first.id]);
+        expect(again[0]?.lease?.token, "under the token the scan issued").toBe(took[0]?.lease?.token);
+        expect(again[0]?.lease?.owner).toBe("owner-q");
+        expect((await mustGetIn(b, second.id)).state, "the repeat claims nothing more").toBe("pending");
+        expect(await b.inbox.get(first.id), "nor changes what it took").toEqual(took[0]);
+        expect(await b.inbox.claimDue({ ...me, limit: 10, requestId: uid("scan"), repeat: true }), "a scan never run").toEqual([]);
+        const nothing = uid("scan");
+        expect(await b.inbox.claimDue({ ...claimer(), limit: 10, requestId: nothing }), "another owner's scan: the chat is held")
+          .toEqual([]);
+        expect(await b.inbox.claimDue({ ...me, limit: 10, requestId: nothing, repeat: true }), "a scan that took nothing").toEqual([]);
+        expect((await mustGetIn(b, second.id)).state).toBe("pending");
+        expect(ids(await b.inbox.claimDue({ ...me, limit: 10, requestId: uid("scan") })), "a new scan takes the rest").toEqual([second.id]);
+
+        // The outbox: a due entry leased, and a lost announced send made ambiguous, by one scan.
+        const queued = await reserved(b, outbound(uid("chat")));
+        const lost = await reserved(b, outbound(uid("chat")), claimer("owner-gone", SHORT));
+        await sleep(LAPSE);
+        const later = await reserved(b, outbound(uid("chat")));
+        const outScan = uid("scan");
+        const claim = await b.outbox.claimDue({ ...me, limit: 1, requestId: outScan });
+        expect(keys(claim.due), "the due head, the limit reached").toEqual([queued.key]);
+        expect(keys(claim.ambiguous)).toEqual([lost.key]);
+        const repeated = await b.outbox.claimDue({ ...me, limit: 10, requestId: outScan, repeat: true });
+        expect(keys(repeated.due), "the repeat answers the first answer").toEqual([queued.key]);
+        expect(repeated.due[0]?.lease?.token).toBe(claim.due[0]?.lease?.token);
+        expect(keys(repeated.ambiguous)).toEqual([lost.key]);
+        expect((await mustGetOut(b, later.key)).state, "the repeat leases nothing more").toBe("queued");
+        expect((await mustGetOut(b, lost.key)).state).toBe("unknown");
+        expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: uid("scan"), repeat: true }), "a scan never run")
+          .toEqual({ due: [], ambiguous: [] });
+        expect(keys((await b.outbox.claimDue({ ...me, limit: 10, requestId: uid("scan") })).due)).toEqual([later.key]);
+      });
+
       it("reclaimOwn: the next incarnation takes back at once; other owners and the same incarnation cannot", async (b) => {
         const chat = uid("chat");
         const old = claimer("owner-o", LONG, "inc-1");

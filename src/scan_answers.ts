@@ -1,0 +1,78 @@
+/**
+ * The answers of due scans kept in the process, so that a scan whose reply
+ * was lost can be asked again (`ClaimDueOptions.repeat`): for a backend
+ * whose scan runs in the caller's process (memory, file, SQLite, an events
+ * journal), where the answer is known the moment the scan commits.
+ *
+ * @module
+ */
+import { type ClaimDueOptions, type OutboxClaim, SCAN_ANSWER_KEEP_MS } from "./contract.ts";
+
+/** Answers kept at most (the oldest go first past it, whatever their age). */
+const KEPT = 4096;
+
+/**
+ * Keeps the non-empty answers of named scans for {@link SCAN_ANSWER_KEEP_MS}
+ * (and at most the latest 4,096), and answers a repeat from them.
+ *
+ * @example
+ * ```ts
+ * import { ScanAnswers } from "@botmesh/durable/backend";
+ *
+ * const answers = new ScanAnswers<string[]>(() => [], (a) => a.length === 0, () => Date.now());
+ * const options = { owner: "o", incarnation: "i", leaseMs: 1000, limit: 10, requestId: "r1" };
+ * await answers.answer(options, async () => ["a"]);
+ * console.log(await answers.answer({ ...options, repeat: true }, async () => ["never run"])); // ["a"]
+ * ```
+ */
+export class ScanAnswers<T> {
+  readonly #kept = new Map<string, { answer: T; at: number }>();
+  readonly #empty: () => T;
+  readonly #isEmpty: (answer: T) => boolean;
+  readonly #now: () => number;
+
+  /**
+   * @param empty the answer to a repeat of a scan that took nothing (or is no longer kept)
+   * @param isEmpty whether an answer took nothing (such answers are not kept)
+   * @param now the backend's clock
+   */
+  constructor(empty: () => T, isEmpty: (answer: T) => boolean, now: () => number) {
+    this.#empty = empty;
+    this.#isEmpty = isEmpty;
+    this.#now = now;
+  }
+
+  /**
+   * Run `scan` and keep its answer under `options.requestId`; with
+   * `options.repeat`, answer the kept one instead (or the empty answer) and
+   * run nothing. `copy` gives the caller its own copy of a kept answer.
+   */
+  async answer(options: ClaimDueOptions, scan: () => Promise<T> | T, copy: (answer: T) => T = (a) => a): Promise<T> {
+    const id = options.requestId;
+    if (id !== undefined && (typeof id !== "string" || id === "")) {
+      throw new TypeError(`claimDue: option "requestId" must be a non-empty string, got ${JSON.stringify(id) ?? String(id)}`);
+    }
+    if (options.repeat === true) {
+      if (id === undefined) throw new TypeError(`claimDue: option "repeat" needs a "requestId"`);
+      const kept = this.#kept.get(id);
+      return kept !== undefined && this.#now() - kept.at <= SCAN_ANSWER_KEEP_MS ? copy(kept.answer) : this.#empty();
+    }
+    const answer = await scan();
+    if (id !== undefined && !this.#isEmpty(answer)) {
+      this.#kept.delete(id);
+      this.#kept.set(id, { answer: copy(answer), at: this.#now() });
+      if (this.#kept.size > KEPT) this.#kept.delete(this.#kept.keys().next().value!);
+    }
+    return answer;
+  }
+}
+
+/** Whether an outbox scan took nothing. */
+export function isEmptyClaim(claim: OutboxClaim): boolean {
+  return claim.due.length === 0 && claim.ambiguous.length === 0;
+}
+
+/** A deep copy of an outbox scan's answer (an entry in both lists stays one object in the copy). */
+export function copyClaim(claim: OutboxClaim): OutboxClaim {
+  return structuredClone(claim);
+}
