@@ -172,7 +172,9 @@ export interface ClaimDueOptions extends ClaimOptions {
    * `repeat` when its reply never arrives (an error that may hide a
    * commit). A fresh id for each scan. A backend keeps a scan's answer for
    * at least {@link SCAN_ANSWER_KEEP_MS} (a scan that took nothing may keep
-   * nothing: its repeat answers nothing all the same).
+   * nothing: its repeat answers nothing all the same); one whose scans run
+   * in the caller's process may keep only the latest 256 answers (the
+   * caller repeats a scan at once, and again before its next scan).
    */
   requestId?: string;
   /**

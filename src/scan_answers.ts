@@ -8,12 +8,12 @@
  */
 import { type ClaimDueOptions, type OutboxClaim, SCAN_ANSWER_KEEP_MS } from "./contract.ts";
 
-/** Answers kept at most (the oldest go first past it, whatever their age). */
-const KEPT = 4096;
+/** Answers kept at most (the oldest go first past it, whatever their age): a caller repeats a scan at once. */
+const KEPT = 256;
 
 /**
  * Keeps the non-empty answers of named scans for {@link SCAN_ANSWER_KEEP_MS}
- * (and at most the latest 4,096), and answers a repeat from them.
+ * (and at most the latest 256), and answers a repeat from them.
  *
  * @example
  * ```ts
@@ -29,14 +29,14 @@ export class ScanAnswers<T> {
   readonly #kept = new Map<string, { answer: T; at: number }>();
   readonly #empty: () => T;
   readonly #isEmpty: (answer: T) => boolean;
-  readonly #now: () => number;
+  readonly #now: (() => number) | undefined;
 
   /**
    * @param empty the answer to a repeat of a scan that took nothing (or is no longer kept)
    * @param isEmpty whether an answer took nothing (such answers are not kept)
-   * @param now the backend's clock
+   * @param now the backend's clock (without it, answers are kept by count alone)
    */
-  constructor(empty: () => T, isEmpty: (answer: T) => boolean, now: () => number) {
+  constructor(empty: () => T, isEmpty: (answer: T) => boolean, now?: () => number) {
     this.#empty = empty;
     this.#isEmpty = isEmpty;
     this.#now = now;
@@ -55,15 +55,24 @@ export class ScanAnswers<T> {
     if (options.repeat === true) {
       if (id === undefined) throw new TypeError(`claimDue: option "repeat" needs a "requestId"`);
       const kept = this.#kept.get(id);
-      return kept !== undefined && this.#now() - kept.at <= SCAN_ANSWER_KEEP_MS ? copy(kept.answer) : this.#empty();
+      const fresh = kept !== undefined && (this.#now === undefined || this.#now() - kept.at <= SCAN_ANSWER_KEEP_MS);
+      return fresh ? copy(kept.answer) : this.#empty();
     }
     const answer = await scan();
-    if (id !== undefined && !this.#isEmpty(answer)) {
-      this.#kept.delete(id);
-      this.#kept.set(id, { answer: copy(answer), at: this.#now() });
-      if (this.#kept.size > KEPT) this.#kept.delete(this.#kept.keys().next().value!);
-    }
+    this.keep(options, answer, copy);
     return answer;
+  }
+
+  /**
+   * Keep `answer` (a copy, by `copy`) under `options.requestId`, unless it took nothing: for a scan that
+   * is not one atomic step, what it had confirmed when it failed.
+   */
+  keep(options: ClaimDueOptions, answer: T, copy: (answer: T) => T = (a) => a): void {
+    const id = options.requestId;
+    if (id === undefined || options.repeat === true || this.#isEmpty(answer)) return;
+    this.#kept.delete(id);
+    this.#kept.set(id, { answer: copy(answer), at: this.#now?.() ?? 0 });
+    if (this.#kept.size > KEPT) this.#kept.delete(this.#kept.keys().next().value!);
   }
 }
 

@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { copyClaim, isEmptyClaim, ScanAnswers } from "../../src/scan_answers.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import {
   type ClaimDueOptions,
@@ -152,6 +153,7 @@ function renamed(error: unknown, backend: string): unknown {
 /** The inbox of {@link EventsDurability}: the journal's records in {@link BOT_CHANNEL}. */
 class EventsInbox implements InboxJournal, DamagedRecords {
   readonly #journal: LeasedEventJournal;
+  readonly #inboxAnswers = new ScanAnswers<InboundRecord[]>(() => [], (a) => a.length === 0);
   /** The backend's name, in damaged records. */
   readonly #backend: string;
 
@@ -223,7 +225,12 @@ class EventsInbox implements InboxJournal, DamagedRecords {
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     checkClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
-    return this.#mapClaimed(await this.#journal.claimDue({ ...options, channel: BOT_CHANNEL }));
+    const { requestId: _, repeat: __, ...scan } = options;
+    return await this.#inboxAnswers.answer(
+      options,
+      async () => this.#mapClaimed(await this.#journal.claimDue({ ...scan, channel: BOT_CHANNEL })),
+      (a) => structuredClone(a),
+    );
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
@@ -323,6 +330,8 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
   readonly #inner: OutboxJournal;
   readonly #backend: string;
 
+  readonly #answers = new ScanAnswers<OutboxClaim>(() => ({ due: [], ambiguous: [] }), isEmptyClaim);
+
   constructor(inner: OutboxJournal, backend: string) {
     this.#inner = inner;
     this.#backend = backend;
@@ -332,7 +341,8 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
     return this.#inner.reserve(entry, lease).catch((error) => Promise.reject(renamed(error, this.#backend)));
   }
   claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
-    return this.#inner.claimDue(options);
+    const { requestId: _, repeat: __, ...scan } = options;
+    return this.#answers.answer(options, () => this.#inner.claimDue(scan), copyClaim);
   }
   heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     return this.#inner.heartbeat(key, token, leaseMs);

@@ -609,7 +609,8 @@ class FileInbox implements InboxJournal, DamagedRecords {
     return this.#run((m) => m.inbox.claim(id, options), (r) => r !== null, (r, c) => r !== null && c.touchInbox(id));
   }
   claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
-    return this.#run((m) => m.inbox.claimDue(options), (r) => r.length > 0, (r, c) => r.forEach((x) => c.touchInbox(x.id)));
+    // A repeat is answered by the memory model's kept answer and changes nothing.
+    return this.#run((m) => m.inbox.claimDue(options), (r) => options.repeat !== true && r.length > 0, (r, c) => r.forEach((x) => c.touchInbox(x.id)));
   }
   heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
     // Written with the next change.
@@ -657,7 +658,7 @@ class FileOutbox implements OutboxJournal, DamagedRecords {
     return this.#run((m) => m.outbox.reserve(entry, lease), (r) => r.status !== "exists");
   }
   claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
-    return this.#run((m) => m.outbox.claimDue(options), (r) => r.due.length > 0 || r.ambiguous.length > 0);
+    return this.#run((m) => m.outbox.claimDue(options), (r) => options.repeat !== true && (r.due.length > 0 || r.ambiguous.length > 0));
   }
   heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {
     return this.#run((m) => m.outbox.heartbeat(key, token, leaseMs), () => false); // written with the next change

@@ -31,6 +31,7 @@ import {
   StaleLeaseError,
 } from "../../src/contract.ts";
 import { delay } from "../../src/runtime/mod.ts";
+import { isEmptyClaim, ScanAnswers } from "../../src/scan_answers.ts";
 import {
   acceptsOutcome,
   ACTIVE_INBOX_STATES,
@@ -535,6 +536,7 @@ interface ChatTurn {
 }
 
 class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
+  readonly #answers = new ScanAnswers<InboundRecord[]>(() => [], (a) => a.length === 0);
   constructor(kv: DurableKv, prefix: string, backend: string) {
     super(kv, prefix, "in", backend);
   }
@@ -663,11 +665,21 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     checkClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
+    if (options.repeat === true) return await this.#answers.answer(options, () => [], cloneJson);
+    // Each record is claimed by its own compare-and-set: a scan that fails keeps what it had confirmed.
+    const out: InboundRecord[] = [];
+    try {
+      return (await this.#scanDue(options, out)).sort(byArrival);
+    } finally {
+      this.#answers.keep(options, [...out].sort(byArrival), cloneJson);
+    }
+  }
+
+  async #scanDue(options: ClaimDueOptions, out: InboundRecord[]): Promise<InboundRecord[]> {
     if (!(options.limit > 0)) return [];
     const now = await this.kv.now();
     const hints = await this.dueHints(now, options.reclaimOwn === true, theState(INBOX, "leased"));
     const chats = new Map<string, ChatTurn>();
-    const out: InboundRecord[] = [];
     const claim = (rec: InboundRecord, at: number) =>
       isInboxClaimable(rec, at, options) ? claimedInbound(rec, at, options) : null;
     for (const hint of hints) {
@@ -699,7 +711,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
         out.push(written.rec);
       }
     }
-    return out.sort(byArrival);
+    return out;
   }
 
   async heartbeat(id: string, token: number, leaseMs: number): Promise<boolean> {
@@ -774,6 +786,7 @@ function isBlocking(state: OutboxState): boolean {
 }
 
 class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
+  readonly #answers = new ScanAnswers<OutboxClaim>(() => ({ due: [], ambiguous: [] }), isEmptyClaim);
   readonly #counter: string;
   #seqTurn: Promise<unknown> = Promise.resolve();
   /** chatId → the tail of this instance's queue of reserves for that chat. */
@@ -904,8 +917,18 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     checkClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
-    const due: OutboxEntry[] = [];
-    const ambiguous: OutboxEntry[] = [];
+    if (options.repeat === true) return await this.#answers.answer(options, () => ({ due: [], ambiguous: [] }), cloneJson);
+    // Each entry is resolved by its own compare-and-set: a scan that fails keeps what it had confirmed.
+    const claim: OutboxClaim = { due: [], ambiguous: [] };
+    try {
+      return await this.#scanDue(options, claim);
+    } finally {
+      this.#answers.keep(options, claim, cloneJson);
+    }
+  }
+
+  async #scanDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }, claim: OutboxClaim): Promise<OutboxClaim> {
+    const { due, ambiguous } = claim;
     const resend = options.resendAmbiguous === true;
     const now = await this.kv.now();
     const hints = await this.dueHints(now, options.reclaimOwn === true, theState(OUTBOX, "leased"));
@@ -958,7 +981,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       );
       if (written) due.push(written.rec);
     }
-    return { due, ambiguous };
+    return claim;
   }
 
   async heartbeat(key: string, token: number, leaseMs: number): Promise<boolean> {

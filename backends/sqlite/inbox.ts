@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { ScanAnswers } from "../../src/scan_answers.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
@@ -76,6 +77,8 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #damaged: DamagedRows<InboundRecord>;
   /** The statements of `#comesFirst`: whether any row matches, the first from the chat's start, the next after a row. */
   readonly #comesFirstSql: readonly [string, string, string];
+
+  readonly #answers = new ScanAnswers<InboundRecord[]>(() => [], (a) => a.length === 0);
 
   constructor(gate: Gate) {
     this.#gate = gate;
@@ -215,6 +218,10 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     checkClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
+    return await this.#answers.answer(options, () => this.#scanDue(options), (a) => structuredClone(a));
+  }
+
+  async #scanDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     const c = await this.#gate.ready();
     if (!(options.limit > 0)) return [];
     const t = this.#t;

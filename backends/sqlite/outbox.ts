@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { copyClaim, isEmptyClaim, ScanAnswers } from "../../src/scan_answers.ts";
 import {
   type ClaimDueOptions,
   type ClaimOptions,
@@ -60,6 +61,8 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
   readonly #sql: Readonly<Record<"select" | "update" | "hasUnsettled" | "head" | "insert" | "markCalling" | "setDue", string>>;
   readonly #t: string;
   readonly #damaged: DamagedRows<OutboxEntry>;
+
+  readonly #answers = new ScanAnswers<OutboxClaim>(() => ({ due: [], ambiguous: [] }), isEmptyClaim);
 
   constructor(gate: Gate) {
     this.#gate = gate;
@@ -244,6 +247,10 @@ export class SqliteOutbox implements OutboxJournal, DamagedRecords {
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     checkClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
+    return await this.#answers.answer(options, () => this.#scanDue(options), copyClaim);
+  }
+
+  async #scanDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     const c = await this.#gate.ready();
     return c.write((now) => {
       const due: OutboxEntry[] = [];
