@@ -174,7 +174,7 @@ export class DurabilityEngine {
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
       inboxScan: () => this.#sweeper.inboxScan,
-      adoptLater: () => this.#sweeper.adoptLater(),
+      inboxScansUnanswered: () => this.#sweeper.inboxScansUnanswered,
     });
     this.#outbound = new Outbound({
       ...core,
@@ -187,7 +187,6 @@ export class DurabilityEngine {
       halt: () => this.#halt(),
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
-      adoptLater: () => this.#sweeper.adoptLater(),
     });
     this.#sweeper = new Sweeper({
       ...core,

@@ -50,8 +50,8 @@ export interface InboundHost extends EngineCore {
   claimScansHeld(): Promise<void>;
   /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
   inboxScan(): Promise<void> | null;
-  /** An admission failed without an answer: the next sweep looks for leases of ours we do not know of. */
-  adoptLater(): void;
+  /** Whether an inbox claim scan of this process went unanswered (it is asked again by the sweeps). */
+  inboxScansUnanswered(): boolean;
 }
 
 /** The inbound side of the engine. */
@@ -132,6 +132,11 @@ export class Inbound {
       return; // not journaled: the channel delivers it again
     }
     if (record === null || record.state !== "processing" || this.#h.halted() || this.#h.stopping() || !open()) return;
+    // A claim scan of this process whose answer is still on its way may hold earlier records of the chat:
+    // they go first (past the late admission's bound, its lease lapses and a sweep takes it in order).
+    const scan = this.#h.inboxScan();
+    if (scan !== null) await scan;
+    if (this.#h.halted() || this.#h.stopping() || !open()) return;
     if ((this.#h.leases.get("inbox", id)?.token ?? 0) >= record.fence) return; // taken up meanwhile (a redelivery)
     this.#remember(id);
     this.#h.metrics.inboundJournaled++;
@@ -200,7 +205,9 @@ export class Inbound {
       provider: this.#h.host.provider.name,
       payload,
       receivedAt,
-    }, this.#h.claim("inbox"));
+    // While a scan of this process is unanswered, what it leased here is not queued yet: journaled
+    // pending, the message is taken in its chat's order by a later scan.
+    }, this.#h.inboxScansUnanswered() ? undefined : this.#h.claim("inbox"));
     let timedOut = false;
     try {
       record = await this.#h.deadlines.within(writing, this.#h.config.inbox.admitTimeoutMs, () => {
@@ -367,10 +374,9 @@ export class Inbound {
     if (!existing || existing.state !== "processing" || !lease) return null;
     if (lease.owner !== this.#h.instanceId() || lease.incarnation !== this.#h.incarnation) return null;
     if (this.#h.leases.has("inbox", id)) return null; // dispatched while we read
-    if (this.#h.claimsInFlight() > 0) {
-      this.#h.adoptLater(); // a scan may be about to take it; if not, the next sweep does
-      return null;
-    }
+    // A scan of this process, under way or unanswered, may have leased it here: its answer (or its
+    // repeat) takes it up; failing that, its lease lapses and a sweep takes it.
+    if (this.#h.claimsInFlight() > 0) return null;
     if (this.#h.leases.knew("inbox", id, existing.fence)) return null; // handled here already
     return existing;
   }

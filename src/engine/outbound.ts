@@ -44,8 +44,6 @@ export interface OutboundHost extends EngineCore {
   claimsInFlight(): number;
   /** Resolves once the claim scans under way hold their records. */
   claimScansHeld(): Promise<void>;
-  /** A reservation or call announcement failed without an answer: the next sweep looks for leases of ours we do not know of. */
-  adoptLater(): void;
 }
 
 /** The outbound side of the engine. */
@@ -156,8 +154,8 @@ export class Outbound {
       if (isProcessDeath(error)) this.#h.halt();
       if (this.#h.halted()) throw error;
       // The reservation may have committed with its reply lost: then the entry is leased to this
-      // incarnation and nobody else will send it before the lease lapses. Look, and send it if so.
-      this.#h.adoptLater();
+      // incarnation and nobody else will send it before the lease lapses. Look (its key names the
+      // call: a first reservation's token under this incarnation is this one's), and send it if so.
       await this.#h.claimScansHeld();
       const landed = await this.#h.backend.outbox.get(entry.key).catch(() => null);
       if (landed === null || !this.#sameSend(landed, entry) || !this.isOwnUncalled(landed)) throw error;
@@ -370,9 +368,9 @@ export class Outbound {
       if (this.#h.clock.monotonic() - lease.confirmedAt >= leaseMs) break;
       await sleep(this.#h.clock, Math.max(1, Math.floor(leaseMs / 10)));
     }
-    // Still leased to us, perhaps: a later sweep takes it up again (as a lease it never confirmed).
+    // Still leased to us, perhaps: a send of its key takes it up again (as a lease it never confirmed),
+    // or a sweep once its lease lapses.
     this.#h.leases.forget(lease);
-    this.#h.adoptLater();
     return false;
   }
 

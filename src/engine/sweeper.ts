@@ -1,14 +1,17 @@
 /**
  * The sweeper: due and abandoned work taken up (inbox and outbox claim scans, in chat order), lost sends
- * found and reported, leases of this incarnation that a lost reply hid adopted, old records purged.
- * Sweeps run one at a time; a sweep asked for during one runs once after it.
+ * found and reported, old records purged. Each scan is named (`requestId`): one whose reply never came
+ * (an error that may hide a commit) is asked again (`repeat`) until it answers, so that what it leased
+ * to this process is taken up and what it made ambiguous is reported. Sweeps run one at a time; a
+ * sweep asked for during one runs once after it.
  *
  * @module
  */
 import { sleep } from "../clock.ts";
 import { decodeContent } from "../content.ts";
-import type { DurabilityBackend, InboundRecord } from "../contract.ts";
+import type { ClaimDueOptions, InboundRecord, OutboxClaim } from "../contract.ts";
 import { isProcessDeath } from "../errors.ts";
+import { SCAN_ANSWER_KEEP_MS } from "../contract.ts";
 import { withoutTrace } from "../observe.ts";
 import type { InboundMessage } from "../provider.ts";
 import type { Throttle } from "../throttle.ts";
@@ -22,17 +25,8 @@ import type { EngineCore, InboundJob } from "./types.ts";
 
 /** Records a sweep takes per claim scan. */
 const SWEEP_BATCH = 64;
-/**
- * Records one lost-reply adoption lists per state (it runs only after a claim or reservation failed).
- * A backend's list has no time order filter: past this many `unknown` entries waiting for an operator,
- * a send a lost scan made unknown may go unreported.
- */
-const ADOPT_LIST_LIMIT = 10_000;
-/**
- * How far apart this process's clock and the backend's may be when looking for the sends a lost scan
- * made unknown (wide: a missed one would be silent, an extra one is only a second report).
- */
-const LOST_SCAN_SLACK_MS = 60_000;
+/** Tries of a scan's repeat right after its reply was lost (the rest wait for the next sweep). */
+const REPEAT_TRIES = 3;
 /** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
 const RECLAIM_BATCH = 1024;
 /** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
@@ -49,21 +43,26 @@ export interface SweeperHost extends EngineCore {
   started(): boolean;
 }
 
+/** A scan whose reply never came: asked again until it answers. */
+interface UnansweredScan {
+  journal: "inbox" | "outbox";
+  options: ClaimDueOptions & { resendAmbiguous?: boolean };
+  /** When it was sent (monotonic): the leases it issued date from then. */
+  claimedAt: number;
+}
+
 /** The sweeps of one engine. */
 export class Sweeper {
   readonly #h: SweeperHost;
-  /** A claim or reservation failed without an answer: its records may be leased to this incarnation unknown to it. */
-  #adoptPending = false;
+  /** Scans whose reply never came, oldest first. */
+  #unanswered: UnansweredScan[] = [];
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
   #claims = 0;
   /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
   #inboxScan: Promise<void> | null = null;
-  /**
-   * Wall time at the start of the earliest outbox claim scan that failed without an answer since the
-   * last adoption: it may have moved sends to `unknown` whose report was lost with its reply.
-   */
-  #lostScanSince: { from: number; to: number } | null = null;
   #sweeping: Promise<void> | null = null;
+  /** Scans named so far. */
+  #requests = 0;
   #sweepAgain = false;
   #lastPurge = -Infinity;
   /** What the sweeps of this process took up. */
@@ -75,9 +74,14 @@ export class Sweeper {
     this.#h = host;
   }
 
-  /** Claim scans whose records are not all held yet. */
+  /** Claim scans whose records are not all held yet: those under way, and those whose reply never came. */
   get claimsInFlight(): number {
-    return this.#claims;
+    return this.#claims + this.#unanswered.length;
+  }
+
+  /** Whether an inbox claim scan went unanswered (what it leased here is not queued yet). */
+  get inboxScansUnanswered(): boolean {
+    return this.#unanswered.some((scan) => scan.journal === "inbox");
   }
 
   /** The inbox claim scan under way, or null. */
@@ -95,10 +99,6 @@ export class Sweeper {
     this.#swept.ambiguous++;
   }
 
-  /** A claim, reservation or call announcement failed without an answer: the next sweep adopts what it may have leased to us. */
-  adoptLater(): void {
-    this.#adoptPending = true;
-  }
 
   /** Look for due and abandoned work now. Concurrent calls share one sweep (and ask for one more). */
   sweep(): Promise<void> {
@@ -124,16 +124,17 @@ export class Sweeper {
     return this.#sweeping;
   }
 
-  /** One sweep: adoption of lost leases if needed, inbox and outbox claim scans, a purge when due (`first`: the start's recovery). */
+  /** One sweep: the repeats of unanswered scans, inbox and outbox claim scans, a purge when due (`first`: the start's recovery). */
   async sweepOnce(first: boolean): Promise<void> {
     if (this.#h.stopping() && !first) return;
-    if (this.#adoptPending) await this.#adoptOwnLost();
+    if (this.#unanswered.length > 0) await this.#repeatUnanswered();
     // A restart takes back everything the previous incarnation held at once: its backlog can be large, and
     // each reclaiming scan reads the owner's records (those already taken back too), so fewer, larger batches.
     const batch = first ? RECLAIM_BATCH : SWEEP_BATCH;
     const inboxClaim = { ...this.#h.claim("inbox"), reclaimOwn: first, limit: batch };
     for (;;) {
       const claimedAt = this.#h.clock.monotonic();
+      const options = { ...inboxClaim, requestId: this.#nextRequestId() };
       let records: InboundRecord[];
       this.#claims++;
       let scanned!: () => void;
@@ -144,30 +145,19 @@ export class Sweeper {
       };
       try {
         // A sweep must never take work this very process is doing: leases that may look lapsed are renewed first.
-        records = await this.#h.leases.claimScan(() => this.#h.backend.inbox.claimDue(inboxClaim));
+        records = await this.#h.leases.claimScan(() => this.#h.backend.inbox.claimDue(options));
       } catch (error) {
         this.#claims--;
         try {
-          // An admission meanwhile waits (bounded) for the adoption of what the scan may have leased to us.
-          await this.#afterUnansweredClaim(error);
+          // An admission meanwhile waits (bounded) for what the scan may have leased to this process.
+          await this.#unansweredScan({ journal: "inbox", options, claimedAt }, error);
         } finally {
           scanDone();
         }
         throw error;
       }
-      this.#claims--; // the loop below holds them all before it yields
-      for (const record of records) {
-        const mine = this.#h.leases.get("inbox", record.id);
-        if (mine !== undefined && !mine.lost && mine.settling !== "retry") {
-          // Still being handled here: its lease only looked lapsed (a server clock step). Carry on under the new token.
-          this.#h.leases.handOn(mine, record.fence, claimedAt, record.attempts);
-          continue;
-        }
-        const lease = this.#h.leases.hold("inbox", record.id, record.fence, claimedAt);
-        this.#swept.inbound++;
-        if (record.attempts > 0 && record.error === null) this.#h.metrics.inboundReplayed++; // a run began, no outcome
-        this.#dispatchRecord(record, lease);
-      }
+      this.#claims--; // #takeInbound holds them all before it yields
+      this.#takeInbound(records, claimedAt);
       scanDone();
       if (records.length < batch) break;
     }
@@ -181,89 +171,20 @@ export class Sweeper {
       // Under rate limits, only what the limiter may admit soon is claimed: the rest waits unleased.
       if (this.#h.throttle !== null) outboxClaim.limit = Math.max(1, Math.min(SWEEP_BATCH, AHEAD_OF_LIMIT - this.#sweptInFlight));
       const claimedAt = this.#h.clock.monotonic();
-      let claimed: Awaited<ReturnType<DurabilityBackend["outbox"]["claimDue"]>>;
-      const scanStartedAt = this.#h.clock.now();
+      const options = { ...outboxClaim, requestId: this.#nextRequestId() };
+      let claimed: OutboxClaim;
       this.#claims++;
       try {
-        claimed = await this.#h.leases.claimScan(() => this.#h.backend.outbox.claimDue(outboxClaim));
+        claimed = await this.#h.leases.claimScan(() => this.#h.backend.outbox.claimDue(options));
       } catch (error) {
         this.#claims--;
-        const scanEndedAt = this.#h.clock.now();
-        this.#widenLostScan(Math.min(scanStartedAt, scanEndedAt), Math.max(scanStartedAt, scanEndedAt));
-        await this.#afterUnansweredClaim(error);
+        await this.#unansweredScan({ journal: "outbox", options, claimedAt }, error);
         throw error;
       }
-      const { due, ambiguous } = claimed;
       outboxClaim.reclaimOwn = false;
-      let unheld = true;
-      try {
-        // Which of them this process was working on (its lease only looked lapsed: a server clock step).
-        const mineBefore = new Map<string, HeldLease>();
-        for (const entry of [...due, ...ambiguous]) {
-          const mine = this.#h.leases.get("outbox", entry.key);
-          if (mine !== undefined && !mine.lost) mineBefore.set(entry.key, mine);
-        }
-        const dueKeys = new Set(due.map((entry) => entry.key));
-        const ambiguousKeys = new Set(ambiguous.map((entry) => entry.key));
-        // Deliveries run on their own (a hung provider call must not stall the sweeps); once one
-        // settles, the next entry of its chat may be due, so look again. The lease is held from here on.
-        for (const entry of due) {
-          const mine = mineBefore.get(entry.key);
-          // A held send being settled that comes back due without being ambiguous is a new attempt: its
-          // failure was recorded (the reply lost) and its retry is due.
-          if (mine !== undefined && (mine.settling !== "retry" || ambiguousKeys.has(entry.key))) {
-            this.#h.leases.handOn(mine, entry.fence, claimedAt, entry.attempts); // re-leased while still ours
-            continue;
-          }
-          const lease = this.#h.leases.hold("outbox", entry.key, entry.fence, claimedAt);
-          this.#swept.outbound++;
-          const resend = ambiguousKeys.has(entry.key);
-          this.#sweptInFlight++;
-          this.#h.outbound.inChatOrder(entry.chatId, () => this.#h.outbound.deliver(lease, entry, undefined, resend)).then(
-            () => {
-              this.#sweptInFlight--;
-              this.#h.wake(0);
-            },
-            (error) => {
-              this.#sweptInFlight--;
-              this.#h.report(error, `delivery of outbox entry "${entry.key}"`);
-            },
-          );
-        }
-        unheld = false;
-        this.#claims--;
-        for (const entry of ambiguous) {
-          const mine = mineBefore.get(entry.key);
-          // A reservation whose answer is still on its way may be ours too, or another process's entry
-          // that it only found: it cannot tell, so that one is reported.
-          if (mine === undefined) {
-            if (entry.state === "unknown") this.#h.ambiguity.settle(entry);
-            else this.#h.ambiguity.report(entry);
-            // A reservation of ours whose answer is still on its way may hold this very lease: it must not call.
-            if (entry.state === "unknown") this.#h.outbound.rememberMadeUnknown(entry.key, entry.fence);
-            continue;
-          }
-          if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token
-          if (this.#h.outbound.calling.has(entry.key)) {
-            // Its call is under way: reported now (were this process to die during the call, nobody else
-            // would), and the call's outcome still resolves the entry (a late outcome is accepted).
-            this.#h.ambiguity.report(entry);
-            continue;
-          }
-          // Its call never started: nothing to report, send it again in its turn.
-          this.#h.leases.drop(mine);
-          const requeued = await this.#h.backend.outbox.retry(entry.key).catch((error) => {
-            this.#h.report(error, `requeue of outbox entry "${entry.key}"`);
-            return false;
-          });
-          if (requeued) this.#h.wake(0);
-          else if (!this.#h.halted()) this.#h.ambiguity.report(entry); // left unknown: an operator must see it
-        }
-      } finally {
-        if (unheld) this.#claims--;
-      }
+      await this.#takeOutbound(claimed, claimedAt); // (its claim counted until the due entries are held)
       if (this.#h.halted()) return;
-      if (due.length < SWEEP_BATCH && ambiguous.length < SWEEP_BATCH) break;
+      if (claimed.due.length < SWEEP_BATCH && claimed.ambiguous.length < SWEEP_BATCH) break;
     }
     const purgeEvery = Math.min(this.#h.config.retentionMs / 10, 3_600_000);
     if (this.#h.clock.monotonic() - this.#lastPurge >= purgeEvery) {
@@ -274,17 +195,168 @@ export class Sweeper {
     }
   }
 
+  /** A fresh name for a scan (unique within this incarnation, and across incarnations by its prefix). */
+  #nextRequestId(): string {
+    return `${this.#h.incarnation}:${++this.#requests}`;
+  }
+
+  /** Hold and dispatch the records an inbox scan leased to this process (all of them before it yields). */
+  #takeInbound(records: readonly InboundRecord[], claimedAt: number): void {
+    for (const record of records) {
+      const mine = this.#h.leases.get("inbox", record.id);
+      if (mine !== undefined && !mine.lost && mine.settling !== "retry") {
+        // Still being handled here: its lease only looked lapsed (a server clock step). Carry on under the new token.
+        if (record.fence > mine.token) this.#h.leases.handOn(mine, record.fence, claimedAt, record.attempts);
+        continue;
+      }
+      if (mine !== undefined && mine.token >= record.fence) continue; // an answer older than what is held here
+      const lease = this.#h.leases.hold("inbox", record.id, record.fence, claimedAt);
+      this.#swept.inbound++;
+      if (record.attempts > 0 && record.error === null) this.#h.metrics.inboundReplayed++; // a run began, no outcome
+      this.#dispatchRecord(record, lease);
+    }
+  }
+
+  /**
+   * Take up what an outbox scan answered: deliver the due entries leased to this process, report the
+   * ambiguous ones. The caller counted the scan in `#claims`: released once the due entries are held.
+   */
+  async #takeOutbound(claimed: OutboxClaim, claimedAt: number): Promise<void> {
+    const { due, ambiguous } = claimed;
+    let unheld = true;
+    try {
+      // Which of them this process was working on (its lease only looked lapsed: a server clock step).
+      const mineBefore = new Map<string, HeldLease>();
+      for (const entry of [...due, ...ambiguous]) {
+        const mine = this.#h.leases.get("outbox", entry.key);
+        if (mine !== undefined && !mine.lost) mineBefore.set(entry.key, mine);
+      }
+      const dueKeys = new Set(due.map((entry) => entry.key));
+      const ambiguousKeys = new Set(ambiguous.map((entry) => entry.key));
+      // Deliveries run on their own (a hung provider call must not stall the sweeps); once one
+      // settles, the next entry of its chat may be due, so look again. The lease is held from here on.
+      for (const entry of due) {
+        const mine = mineBefore.get(entry.key);
+        // A held send being settled that comes back due without being ambiguous is a new attempt: its
+        // failure was recorded (the reply lost) and its retry is due.
+        if (mine !== undefined && (mine.settling !== "retry" || ambiguousKeys.has(entry.key))) {
+          if (entry.fence > mine.token) this.#h.leases.handOn(mine, entry.fence, claimedAt, entry.attempts); // re-leased while still ours
+          continue;
+        }
+        const held = this.#h.leases.get("outbox", entry.key);
+        if (held !== undefined && held.token >= entry.fence) continue; // an answer older than what is held here
+        const lease = this.#h.leases.hold("outbox", entry.key, entry.fence, claimedAt);
+        this.#swept.outbound++;
+        const resend = ambiguousKeys.has(entry.key);
+        this.#sweptInFlight++;
+        this.#h.outbound.inChatOrder(entry.chatId, () => this.#h.outbound.deliver(lease, entry, undefined, resend)).then(
+          () => {
+            this.#sweptInFlight--;
+            this.#h.wake(0);
+          },
+          (error) => {
+            this.#sweptInFlight--;
+            this.#h.report(error, `delivery of outbox entry "${entry.key}"`);
+          },
+        );
+      }
+      unheld = false;
+      this.#claims--;
+      for (const entry of ambiguous) {
+        const mine = mineBefore.get(entry.key);
+        // A reservation whose answer is still on its way may be ours too, or another process's entry
+        // that it only found: it cannot tell, so that one is reported.
+        if (mine === undefined) {
+          if (this.#h.ambiguity.wasReported(entry.key, entry.fence)) continue; // a repeated answer
+          if (entry.state === "unknown") this.#h.ambiguity.settle(entry);
+          else this.#h.ambiguity.report(entry);
+          // A reservation of ours whose answer is still on its way may hold this very lease: it must not call.
+          if (entry.state === "unknown") this.#h.outbound.rememberMadeUnknown(entry.key, entry.fence);
+          continue;
+        }
+        if (dueKeys.has(entry.key)) continue; // re-leased to us ('resend'): the work under way took the new token
+        if (this.#h.outbound.calling.has(entry.key)) {
+          // Its call is under way: reported now (were this process to die during the call, nobody else
+          // would), and the call's outcome still resolves the entry (a late outcome is accepted).
+          this.#h.ambiguity.report(entry);
+          continue;
+        }
+        // Its call never started: nothing to report, send it again in its turn.
+        this.#h.leases.drop(mine);
+        const requeued = await this.#h.backend.outbox.retry(entry.key).catch((error) => {
+          this.#h.report(error, `requeue of outbox entry "${entry.key}"`);
+          return false;
+        });
+        if (requeued) this.#h.wake(0);
+        else if (!this.#h.halted()) this.#h.ambiguity.report(entry); // left unknown: an operator must see it
+      }
+    } finally {
+      if (unheld) this.#claims--;
+    }
+  }
+
+  /**
+   * A scan failed: it may have committed with its reply lost. Ask it again at once (what it leased to
+   * this process is taken up before those leases lapse, what it made ambiguous is reported); when it
+   * still does not answer, the next sweep asks first.
+   */
+  async #unansweredScan(scan: UnansweredScan, error: unknown): Promise<void> {
+    if (isProcessDeath(error) || this.#h.halted()) return; // nothing of this process's is taken up any more
+    this.#unanswered.push(scan);
+    for (let tries = 0; tries < REPEAT_TRIES && this.#unanswered.length > 0; tries++) {
+      if (tries > 0) await sleep(this.#h.clock, 10 * 2 ** tries);
+      if (this.#h.halted()) return;
+      try {
+        await this.#repeatUnanswered();
+      } catch (again) {
+        if (isProcessDeath(again)) return;
+      }
+    }
+  }
+
+  /** Ask the unanswered scans again, oldest first, and take up their answers. @throws the journal's error when one still does not answer */
+  async #repeatUnanswered(): Promise<void> {
+    while (this.#unanswered.length > 0 && !this.#h.halted()) {
+      const scan = this.#unanswered[0]!;
+      if (this.#h.clock.monotonic() - scan.claimedAt > SCAN_ANSWER_KEEP_MS) {
+        this.#unanswered.shift(); // its answer is no longer kept, and its leases lapsed long ago
+        continue;
+      }
+      const options = { ...scan.options, repeat: true };
+      this.#claims++;
+      if (scan.journal === "inbox") {
+        let records: InboundRecord[];
+        try {
+          records = await this.#h.backend.inbox.claimDue(options);
+        } finally {
+          this.#claims--;
+        }
+        if (this.#unanswered[0] !== scan) continue; // taken up by a concurrent repeat
+        this.#unanswered.shift();
+        this.#takeInbound(records, scan.claimedAt);
+      } else {
+        let claimed: OutboxClaim;
+        try {
+          claimed = await this.#h.backend.outbox.claimDue(options);
+        } catch (error) {
+          this.#claims--;
+          throw error;
+        }
+        if (this.#unanswered[0] !== scan) {
+          this.#claims--;
+          continue;
+        }
+        this.#unanswered.shift();
+        await this.#takeOutbound(claimed, scan.claimedAt);
+      }
+    }
+  }
+
   /** Wait (briefly) until no claim scan of this process has results it is not holding yet. */
   async claimScansHeld(): Promise<void> {
     for (let waited = 0; this.#claims > 0 && waited < 50 && !this.#h.halted(); waited++) {
       await sleep(this.#h.clock, 5);
     }
-  }
-
-  /** Add the wall-time span of an unanswered outbox claim scan to the span the next adoption looks at. */
-  #widenLostScan(from: number, to: number): void {
-    const span = this.#lostScanSince;
-    this.#lostScanSince = span === null ? { from, to } : { from: Math.min(span.from, from), to: Math.max(span.to, to) };
   }
 
   /** Dispatch a claimed record as a job that runs under `lease`. */
@@ -302,70 +374,5 @@ export class Sweeper {
     const job: InboundJob = { message, record, sends: [], sendCount: 0, ...(timer ? { timer } : {}) };
     this.#h.inbound.jobLeases.set(job, lease);
     this.#h.host.dispatch(job);
-  }
-
-  /**
-   * A claim scan failed: it may have committed with its reply lost. Take up what it leased to this
-   * incarnation at once (before those leases lapse); if that fails too, the next sweep tries again.
-   */
-  async #afterUnansweredClaim(error: unknown): Promise<void> {
-    this.#adoptPending = true;
-    if (isProcessDeath(error) || this.#h.halted()) return;
-    await this.#adoptOwnLost().catch(() => {});
-  }
-
-  /**
-   * After a claim or reservation failed without an answer, take up what it may have leased to this
-   * incarnation: records `processing`/`sending` under this incarnation's lease that it does not hold.
-   * Nothing was done with them here, so they are handled and sent now instead of waiting for their
-   * leases to lapse (and, for a send, instead of being taken for an ambiguous one).
-   */
-  async #adoptOwnLost(): Promise<void> {
-    this.#adoptPending = false;
-    const lostScanSince = this.#lostScanSince;
-    this.#lostScanSince = null;
-    try {
-      if (lostScanSince !== null) {
-        // A scan that moved sends to `unknown` reports them; its reply was lost, so report the sends
-        // that became unknown since it started (another replica may report one of them too: better twice
-        // than never). The slack covers a backend clock that runs behind this one.
-        for (const entry of await this.#h.backend.outbox.list({ state: "unknown", limit: ADOPT_LIST_LIMIT })) {
-          if (entry.updatedAt < lostScanSince.from - LOST_SCAN_SLACK_MS) continue;
-          if (entry.updatedAt > lostScanSince.to + LOST_SCAN_SLACK_MS) continue;
-          if (this.#h.ambiguity.wasReported(entry.key, entry.fence)) continue;
-          this.#h.ambiguity.settle(entry);
-        }
-      }
-      const [records, entries] = await Promise.all([
-        this.#h.backend.inbox.list({ state: "processing", limit: ADOPT_LIST_LIMIT }),
-        this.#h.backend.outbox.list({ state: "sending", limit: ADOPT_LIST_LIMIT }),
-      ]);
-      for (const record of records) {
-        const lease = record.lease;
-        if (!lease || lease.owner !== this.#h.instanceId() || lease.incarnation !== this.#h.incarnation) continue;
-        if (lease.token !== record.fence || this.#h.leases.has("inbox", record.id) || this.#claims > 0) continue;
-        if (this.#h.inbound.admitting.has(record.id)) continue; // its admission's answer is on its way
-        if (this.#h.leases.knew("inbox", record.id, record.fence)) continue; // handled here already (the list is stale)
-        this.#dispatchRecord(record, this.#h.leases.hold("inbox", record.id, record.fence, -Infinity));
-      }
-      for (const entry of entries) {
-        if (!this.#h.outbound.isOwnUncalled(entry)) continue;
-        // With 'resend', a lost scan re-leases abandoned sends to us instead of making them unknown:
-        // one that was called before may have been delivered, so it is reported before it goes again
-        // (perhaps one that had only failed: a report too many rather than a silent resend).
-        if (lostScanSince !== null && this.#h.config.outbox.onAmbiguous === "resend" && entry.attempts > 1) {
-          this.#h.ambiguity.report(entry);
-        }
-        const lease = this.#h.leases.hold("outbox", entry.key, entry.fence, -Infinity);
-        this.#h.outbound.inChatOrder(entry.chatId, () => this.#h.outbound.deliver(lease, entry)).then(
-          () => this.#h.wake(0),
-          (error) => void this.#h.report(error, `delivery of outbox entry "${entry.key}"`),
-        );
-      }
-    } catch (error) {
-      this.#adoptPending = true;
-      if (lostScanSince !== null) this.#widenLostScan(lostScanSince.from, lostScanSince.to);
-      throw error;
-    }
   }
 }

@@ -361,12 +361,9 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     ? ledger.calls.filter((c) => c.outcome.startsWith("provider-timeout")).map((c) => c.key)
     : [];
   const transitions = perKey([...ledger.ambiguities.map((a) => a.key), ...timedOut]);
-  // An engine whose outbox claim scan went unanswered reports, from a list, the sends that became
-  // unknown meanwhile: the transitions of its lost scan, and perhaps one another replica reported
-  // too. Such a report may repeat one (at least once beats never); any other repeat is a failure.
-  const afterLostScan = (e: { inc: string; time: number }) =>
-    ledger.unansweredOutboxScans.some((s) => s.inc === e.inc && s.time <= e.time);
-  for (const [key, n] of perKey(ledger.ambiguousEvents.filter((e) => !afterLostScan(e)).map((e) => e.key))) {
+  // A scan whose reply was lost is asked again by its request id: its transitions are reported from its
+  // answer, once, like any scan's. Every repeat is a failure.
+  for (const [key, n] of perKey(ledger.ambiguousEvents.map((e) => e.key))) {
     if (n > (transitions.get(key) ?? 0)) {
       fail("reported-twice", `${key}: ${n} durability:ambiguous events for ${transitions.get(key) ?? 0} ambiguity transition(s) (by ${
         ledger.ambiguousEvents.filter((e) => e.key === key).map((e) => `${e.inc} at ${at(e.time)}`).join(", ")
