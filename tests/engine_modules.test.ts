@@ -58,7 +58,7 @@ describe("Wakeups", () => {
 });
 
 describe("Leases", () => {
-  test("hold returns the held lease of that token; handOn moves it to a new token; both are remembered", async () => {
+  test("hold returns the held lease of that token; handOn moves it to a new token; a lease given up uncalled is remembered", async () => {
     const { clock, leases } = setup();
     try {
       const a = leases.hold("inbox", "m1", 1);
@@ -67,14 +67,14 @@ describe("Leases", () => {
       expect(leases.has("outbox", "m1")).toBe(false);
       leases.handOn(a, 2, clock.monotonic(), 1);
       expect([a.token, a.attempts]).toEqual([2, 1]);
-      expect([leases.knew("inbox", "m1", 1), leases.knew("inbox", "m1", 2), leases.knew("inbox", "m1", 3)]).toEqual([true, true, false]);
       leases.release("inbox", "m1", 1);
       expect(leases.get("inbox", "m1"), "a release under an old token keeps the lease").toBe(a);
       leases.release("inbox", "m1", 2);
       expect(leases.get("inbox", "m1")).toBe(undefined);
-      expect(leases.knew("inbox", "m1", 2), "still known after release").toBe(true);
-      leases.forget(a);
-      expect(leases.knew("inbox", "m1", 2), "forgotten").toBe(false);
+      const b = leases.hold("outbox", "k1", 3);
+      expect(leases.givenUpUncalled("k1", 3), "held, not given up").toBe(false);
+      leases.giveUpUncalled(b);
+      expect([leases.givenUpUncalled("k1", 3), leases.givenUpUncalled("k1", 4)]).toEqual([true, false]);
     } finally {
       clock.stop();
     }

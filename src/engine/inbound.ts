@@ -377,7 +377,9 @@ export class Inbound {
     // A scan of this process, under way or unanswered, may have leased it here: its answer (or its
     // repeat) takes it up; failing that, its lease lapses and a sweep takes it.
     if (this.#h.claimsInFlight() > 0) return null;
-    if (this.#h.leases.knew("inbox", id, existing.fence)) return null; // handled here already
+    // Its admission's token: only the admission issues token 1. (Had this process run it and then lost
+    // its outcome, running it now rather than once its lease lapses is the rerun a sweep would make.)
+    if (existing.fence !== 1) return null;
     return existing;
   }
 

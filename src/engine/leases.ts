@@ -11,10 +11,8 @@ import { BoundedMap } from "../bounded_map.ts";
 import type { Clock, ClockTimer } from "../clock.ts";
 import type { DurabilityWarning } from "./types.ts";
 
-/** Records whose tokens are remembered (the latest ones). */
-const EVER_HELD_CAPACITY = 10_000;
-/** Tokens of one record this incarnation remembers having held (the latest ones). */
-const EVER_HELD_TOKENS_PER_RECORD = 16;
+/** Outbox leases given up before their provider call that this process remembers (the latest ones). */
+const GIVEN_UP_CAPACITY = 1024;
 /** A wall-clock step larger than this (against the monotonic clock) renews every held lease before a sweep claims. */
 const CLOCK_STEP_MS = 1000;
 
@@ -63,11 +61,8 @@ export class Leases {
   readonly #host: LeaseHost;
   /** Leases held, by kind and id (two maps: no key to build per lookup). */
   readonly #held = { inbox: new Map<string, HeldLease>(), outbox: new Map<string, HeldLease>() };
-  /** The tokens held per record, the latest ones; keyed by id, not a built `id#token` string (JSC hashes a new string per lookup). */
-  readonly #everHeld = {
-    inbox: new BoundedMap<string, number[]>(EVER_HELD_CAPACITY),
-    outbox: new BoundedMap<string, number[]>(EVER_HELD_CAPACITY),
-  };
+  /** Outbox leases given up before their provider call (an announcement unanswered): key → token. */
+  readonly #givenUpUncalled = new BoundedMap<string, number>(GIVEN_UP_CAPACITY);
   /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
   #lastRound = { monotonic: 0, wall: 0 };
   /** Claim scans run one at a time. */
@@ -93,7 +88,6 @@ export class Leases {
     if (existing !== undefined && existing.token === token) return existing;
     const lease: HeldLease = { kind, id, token, lost: false, confirmedAt };
     this.#held[kind].set(id, lease);
-    this.#learn(kind, id, token);
     return lease;
   }
 
@@ -102,7 +96,6 @@ export class Leases {
     lease.token = token;
     lease.confirmedAt = confirmedAt;
     lease.attempts = attempts;
-    this.#learn(lease.kind, lease.id, token);
   }
 
   /** Let go of the lease of `id` when it is still the one of `token`. */
@@ -126,15 +119,17 @@ export class Leases {
     return this.#held[kind].has(id);
   }
 
-  /** Whether this incarnation ever held the lease of `id` under `token` (adoption takes only leases it never learned of). */
-  knew(kind: LeaseKind, id: string, token: number): boolean {
-    return this.#everHeld[kind].get(id)?.includes(token) ?? false;
+  /**
+   * Whether the outbox lease of `key` under `token` was given up before its provider call: still
+   * leased to this incarnation, nobody called under it, so a send of its key may take it up.
+   */
+  givenUpUncalled(key: string, token: number): boolean {
+    return this.#givenUpUncalled.get(key) === token;
   }
 
-  /** Forget that `lease`'s token was ever held (a later scan may adopt the record as a lease it never learned of). */
-  forget(lease: HeldLease): void {
-    const tokens = this.#everHeld[lease.kind].get(lease.id);
-    if (tokens?.includes(lease.token)) tokens.splice(tokens.indexOf(lease.token), 1);
+  /** Give up an outbox lease whose call announcement went unanswered (no call was made under it). */
+  giveUpUncalled(lease: HeldLease): void {
+    this.#givenUpUncalled.set(lease.id, lease.token);
   }
 
   /** Forget every held lease (the engine stopped). */
@@ -227,18 +222,5 @@ export class Leases {
     const elapsed = clock.monotonic() - this.#lastRound.monotonic;
     const wallElapsed = clock.now() - this.#lastRound.wall;
     return elapsed >= this.heartbeatEveryMs || Math.abs(wallElapsed - elapsed) > CLOCK_STEP_MS;
-  }
-
-  #learn(kind: LeaseKind, id: string, token: number): void {
-    const everHeld = this.#everHeld[kind];
-    const tokens = everHeld.get(id);
-    if (tokens === undefined) everHeld.set(id, [token]);
-    else if (!tokens.includes(token)) {
-      tokens.push(token);
-      if (tokens.length > EVER_HELD_TOKENS_PER_RECORD) tokens.shift();
-      // A new lease makes the record one of the latest again (kept as long as one first held now).
-      everHeld.delete(id);
-      everHeld.set(id, tokens);
-    }
   }
 }

@@ -206,14 +206,17 @@ export class Outbound {
 
   /**
    * Whether `entry` is `sending` under a lease of this very incarnation that it does not hold and
-   * whose provider call it never started: a reservation or claim whose reply was lost. Nobody sent it.
+   * under which nobody called the provider: never announced (a reservation whose reply was lost), or
+   * given up here before the call (its announcement unanswered). Nobody sent it under that lease.
+   * A lease this process gave up after its call (its outcome unrecorded) is neither: it is not sent again.
    */
   isOwnUncalled(entry: OutboxEntry): boolean {
     const lease = entry.lease;
-    // A claim scan under way may have leased it to us and not be holding it yet.
+    // A claim scan under way (or unanswered) may have leased it to us and not be holding it yet.
     return this.#h.claimsInFlight() === 0 && !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#h.instanceId() &&
       lease.incarnation === this.#h.incarnation && lease.token === entry.fence &&
-      !this.#h.leases.has("outbox", entry.key) && !this.calling.has(entry.key) && !this.#h.leases.knew("outbox", entry.key, entry.fence);
+      !this.#h.leases.has("outbox", entry.key) && !this.calling.has(entry.key) &&
+      (!entry.called || this.#h.leases.givenUpUncalled(entry.key, entry.fence));
   }
 
   /**
@@ -370,7 +373,7 @@ export class Outbound {
     }
     // Still leased to us, perhaps: a send of its key takes it up again (as a lease it never confirmed),
     // or a sweep once its lease lapses.
-    this.#h.leases.forget(lease);
+    this.#h.leases.giveUpUncalled(lease);
     return false;
   }
 
