@@ -10,6 +10,7 @@ import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { childLines } from "./support/child_lines.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { untilQuiescent } from "./support/quiescence.ts";
 
 const dir = join(tmpdir(), `botmesh-grammy-kill-${crypto.randomUUID()}`);
 mkdirSync(dir, { recursive: true });
@@ -107,7 +108,12 @@ async function killRun(mode: "polling" | "runner" | "webhook"): Promise<void> {
           `dead: ${JSON.stringify(dead)}; stderr of the last run: ${(await last.stderr.catch(() => "")).slice(-2000)}`,
       );
     });
-    await Bun.sleep(500); // a duplicate would come now
+    // Every update settled, no send under way or due, every send journaled as sent at the fake: the
+    // last run sends nothing more, so a duplicate would already be counted below.
+    await untilQuiescent(db, fake, inboundIds.values(), 30_000).catch(async (error) => {
+      last.child.kill("SIGKILL");
+      throw new Error(`${error.message}; stderr of the last run: ${(await last.stderr.catch(() => "")).slice(-2000)}`);
+    });
     last.child.kill("SIGTERM");
     expect(await last.child.exited, await last.stderr).toBe(0);
     await last.lines.ended;
@@ -154,7 +160,7 @@ test("examples/grammy_bot.ts killed with SIGKILL mid-handler: every reply once",
   let child = spawn();
   try {
     await childLines(child.stdout, "grammy_bot.ts", 15_000).next("running");
-    fake.push(fake.textUpdate(4242, "hello"));
+    const update = fake.push(fake.textUpdate(4242, "hello"));
     await fake.until("the first reply", () => texts().length === 1, 15_000);
     child.kill("SIGKILL"); // inside the handler's 3 s wait: "Done." was never sent
     await child.exited;
@@ -162,7 +168,7 @@ test("examples/grammy_bot.ts killed with SIGKILL mid-handler: every reply once",
     child = spawn();
     await childLines(child.stdout, "grammy_bot.ts (restarted)", 15_000).next("running");
     await fake.until("the second reply", () => texts().length === 2, 15_000);
-    await Bun.sleep(500); // a duplicate would come now
+    await untilQuiescent(db, fake, [fake.inboundId(update)], 15_000); // past it, a duplicate would be in texts()
     expect(texts()).toEqual(['Working on "hello"…', "Done."]);
     expect(fake.calls.filter((c) => c.method === "sendChatAction").length).toBe(2); // passed straight through, each run
   } finally {

@@ -292,10 +292,10 @@ export class FakeTelegram {
     this.#faults.set(method, list);
   }
 
-  /** Resolves once `check()` holds, re-checked after each API call (and every 50 ms). */
-  async until(what: string, check: () => boolean, timeoutMs = 10_000): Promise<void> {
+  /** Resolves once `check()` holds (or resolves to true), re-checked after each API call (and every 50 ms). */
+  async until(what: string, check: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {
     const end = Date.now() + timeoutMs;
-    while (!check()) {
+    while (!(await check())) {
       if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
       await new Promise<void>((resolve) => {
         const timer = setTimeout(done, 50);
