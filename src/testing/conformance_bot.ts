@@ -1100,6 +1100,58 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(provider.sent.filter((s) => s.idempotencyKey === key).length).toBe(1);
     });
 
+    withBackend("claim scans whose reply was lost are asked again: their records handled at once, their ambiguous send reported once", async (
+      backend,
+      bots,
+    ) => {
+      // A process that is gone left a message journaled and a send whose call it had announced.
+      const chat = uid("c");
+      const id = uid("m");
+      const payload = { id, chatId: chat, type: "text", text: "left behind" };
+      expect(await backend.inbox.admit({ id, kind: "message", chatId: chat, provider: "mock", payload, receivedAt: time.clock.now() - 1000 }))
+        .not.toBe(null);
+      const gone = { owner: uid("gone"), incarnation: uid("inc"), leaseMs: Math.round(20 * scale) };
+      const called = await backend.outbox.reserve({ key: uid("k"), chatId: uid("c"), content: { text: "hi" }, contentHash: "h", inboundId: null }, gone);
+      expect(await backend.outbox.markCalling(called.entry.key, 1, gone.leaseMs)).toBe(true);
+      await sleep(Math.round(60 * scale));
+      // Each journal loses the reply of its first scan that took something: the scan committed.
+      const lostOnce = { inbox: 0, outbox: 0 };
+      const repeats = { inbox: 0, outbox: 0 };
+      const lossy = intercept(backend, {
+        claimDue: async (o) => {
+          if (o.repeat) repeats.inbox++;
+          const claimed = await backend.inbox.claimDue(o);
+          if (!o.repeat && claimed.length > 0 && lostOnce.inbox++ === 0) throw new Error("read ECONNRESET (after the commit)");
+          return claimed;
+        },
+      }, {
+        claimDue: async (o) => {
+          if (o.repeat) repeats.outbox++;
+          const claimed = await backend.outbox.claimDue(o);
+          if (!o.repeat && claimed.due.length + claimed.ambiguous.length > 0 && lostOnce.outbox++ === 0) {
+            throw new Error("read ECONNRESET (after the commit)");
+          }
+          return claimed;
+        },
+      });
+      const provider = new MockProvider();
+      // Leases of a minute: taken up only after they lapse, the record would wait that long.
+      const durability = fastDurability(lossy, scale, { inbox: { leaseMs: 60_000 }, outbox: { leaseMs: 60_000 } });
+      const bot = new Bot({ clock: time.clock, provider, durability });
+      const ambiguous = collect(bot, "durability:ambiguous");
+      bot.when(ANY, (ctx) => ctx.reply(`re ${ctx.message.text}`));
+      await start(bots, bot);
+      const deadline = time.now() + 5_000 * scale;
+      while ((await backend.inbox.get(id))?.state !== "done" && time.now() < deadline) await sleep(10);
+      await bot.idle();
+      expect([lostOnce.inbox, lostOnce.outbox].map((n) => n > 0), "both scans lost their reply").toEqual([true, true]);
+      expect(repeats.inbox > 0 && repeats.outbox > 0, "and were asked again").toBe(true);
+      expect((await backend.inbox.get(id))?.state, "handled well before its lease lapsed").toBe("done");
+      expect(provider.sent.map((s) => s.content)).toEqual(["re left behind"]);
+      expect(ambiguous.map((a) => a.key), "the lost send, reported once").toEqual([called.entry.key]);
+      expect((await backend.outbox.get(called.entry.key))?.state).toBe("unknown");
+    });
+
     withBackend("outcome writes whose reply was lost reach their outcome, with no stale lease counted", async (
       backend,
       bots,
