@@ -430,89 +430,6 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
   const claimOne = (reclaim: boolean) =>
     `WITH ${n} UPDATE ${t.inbox} SET ${CLAIM_SET} FROM n WHERE id = $4 AND ${inboxClaimable(reclaim)} AND ${KEPT}
       RETURNING ${INBOX_COLUMNS}, ${asideRead(t.inbox)}`;
-  // Due records in arrival order, in LIMITed branches that each read an index in order (so a
-  // backlog of settled rows, or a long pending queue, is never walked): `p0` the pending records
-  // (due at 0) in receipt order from the due index; `p1` those due at a time that has come
-  // (retries, lapsed leases) by a range of the due index; with reclaimOwn `p2` the records leased
-  // by the owner's other incarnations (owner index). Each branch locks what it reads
-  // (FOR UPDATE SKIP LOCKED: concurrent claimers take disjoint sets) and leaves out a record that an
-  // earlier one of its chat holds back in the statement's snapshot (`free`, by the chat's active
-  // records: so a chat held elsewhere does not fill the batch); `pick` keeps the oldest $4 of them.
-  // `p1` sorts by expressions (`+ 0`) so that the planner reads the due range rather than walk the
-  // receipt index in order (its estimate of that range is poor). The branches' other rows (at most
-  // 2 × $4) stay locked until the statement ends, then are free.
-  //
-  // Chat order (holdsChat of rules.ts) is then checked on the latest row versions, which the
-  // snapshot may not hold: a concurrent scan may have leased an earlier record of the chat and
-  // committed, or be leasing it now. `c` is the pick (read by several parts). `seen` lists, per chat
-  // of the pick, its other active records up to its last picked one (the snapshot's); `locked` locks
-  // them (FOR KEY SHARE SKIP LOCKED: a lock reads the latest version; it waits for nothing and does
-  // not hold up a heartbeat or a completion). A picked record is taken only when no earlier one of its
-  // chat is `bad`: held elsewhere (latest version), claimable but not picked (another scan may be
-  // taking it), or not locked (another scan has it locked). The picked records themselves are locked
-  // by their branch, which rechecked them on their latest version. So of two concurrent scans that
-  // pick from one chat, the one whose picks come later in the chat finds the other's earlier picks
-  // locked, or leased elsewhere once the other committed, or still claimable, and leaves the rest of
-  // the chat to a later scan. The UPDATE leases what is taken, the claimable check repeated.
-  const claimDue = (reclaim: boolean) => {
-    // holdsChat: a live lease (only a processing record has one) neither the caller's nor one it may take.
-    const held = (b: string) =>
-      `${b}.lease_expires_at > ${NOW} AND (${b}.lease_owner IS DISTINCT FROM $1${
-        reclaim ? "" : ` OR ${b}.lease_incarnation IS DISTINCT FROM $2`
-      })`;
-    // A probe of the chat's active records (their index: no state or owner test another index could
-    // serve) per row; OFFSET 0 keeps it one (not a join with every leased record).
-    const free = `NOT EXISTS (
-        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = i.chat_id AND b.state IN (${ACTIVE}) AND b.${KEPT}
-          AND (b.received_at, b.ord) < (i.received_at, i.ord) AND ${held("b")} OFFSET 0)`;
-    const cols = "i.ord, i.chat_id, i.received_at";
-    return `WITH ${n},
-    p0 AS (
-      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at = 0 AND i.${KEPT} AND ${free}
-      ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
-    ),
-    p1 AS (
-      SELECT ${cols} FROM ${t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW} AND i.${KEPT} AND ${free}
-      ORDER BY i.received_at + 0, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
-    ),${reclaim ? `
-    p2 AS (
-      SELECT ${cols} FROM ${t.inbox} i
-      WHERE i.lease_owner = $1 AND ${sqlIn("i.state", IN_LEASED)} AND i.lease_incarnation <> $2 AND i.${KEPT} AND ${free}
-      ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED
-    ),` : ""}
-    pick AS (
-      SELECT u.ord, u.chat_id, u.received_at FROM (SELECT * FROM p0 UNION SELECT * FROM p1${reclaim ? " UNION SELECT * FROM p2" : ""}) u
-      ORDER BY u.received_at, u.ord LIMIT $4
-    ),
-    c AS MATERIALIZED (SELECT pick.chat_id, pick.received_at, pick.ord FROM pick),
-    seen AS MATERIALIZED (
-      SELECT s.ord, s.chat_id, s.received_at
-      FROM (SELECT DISTINCT ON (c.chat_id) c.chat_id, c.received_at, c.ord FROM c ORDER BY c.chat_id, c.received_at DESC, c.ord DESC) l
-      CROSS JOIN LATERAL (
-        SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
-        WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND e.${KEPT} AND (e.received_at, e.ord) <= (l.received_at, l.ord)
-      ) s
-      WHERE s.ord NOT IN (SELECT ord FROM c)
-    ),
-    locked AS MATERIALIZED (
-      SELECT k.ord, k.chat_id, k.received_at, k.state, k.next_attempt_at, k.lease_owner, k.lease_incarnation, k.lease_expires_at,
-        k.set_aside_seq
-      FROM ${t.inbox} k WHERE k.ord = ANY(ARRAY(SELECT ord FROM seen))
-      FOR KEY SHARE OF k SKIP LOCKED
-    ),
-    bad AS (
-      SELECT k.chat_id, k.received_at, k.ord FROM locked k WHERE k.${KEPT} AND ((${held("k")}) OR ${inboxClaimable(reclaim, "k.", NOW)})
-      UNION ALL
-      SELECT s.chat_id, s.received_at, s.ord FROM seen s WHERE s.ord NOT IN (SELECT ord FROM locked)
-    ),
-    take AS (
-      SELECT c.ord FROM c WHERE NOT EXISTS (
-        SELECT 1 FROM bad WHERE bad.chat_id = c.chat_id AND (bad.received_at, bad.ord) < (c.received_at, c.ord))
-    )
-    UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM take, n
-    WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")} AND r.${KEPT}
-    RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}, ${asideRead("r")}`;
-  };
   // Chat order at admission (admitsLeased of rules.ts): a leased admit of chat `chat` received at `at`,
   // for the lease (`owner`, `inc`), is held back by an active record of its chat that comes before it (received
   // at or before `at`: an equal one was admitted earlier) and comes first in a due scan (pending, a retry that is
@@ -597,8 +514,8 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
       RETURNING ${INBOX_META_COLUMNS}, id AS mkey`,
     claim: claimOne(false),
     claimReclaim: claimOne(true),
-    claimDue: claimDue(false),
-    claimDueReclaim: claimDue(true),
+    claimDue: inboxClaimDueSql(t, false),
+    claimDueReclaim: inboxClaimDueSql(t, true),
     ...asideSql(t.inbox, "ord", "id", INBOX_COLUMNS),
     setAside: `WITH ${n} UPDATE ${t.inbox} SET ${asideSet(t)}
       FROM n WHERE ord = $1::bigint AND ${t.inbox}.xmin = $2::text::xid AND ${KEPT} RETURNING 1 AS ok`,
@@ -642,6 +559,184 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         ORDER BY updated_at LIMIT $2 FOR UPDATE SKIP LOCKED))`,
     list: (chat, states) => listSql(t.inbox, `${INBOX_COLUMNS}, ${ASIDE_READ}`, "received_at, ord", chat, states),
   };
+}
+
+// ---- inbox claimDue, in parts --------------------------------------------------------
+// As outbox claimDue's (see SqlPart). $1 owner, $2 incarnation, $3 lease ms, $4 limit.
+
+/** What the parts of inbox claimDue are built for: the tables and reclaimOwn. */
+interface InboxScan {
+  t: Tables;
+  reclaim: boolean;
+}
+
+/** holdsChat of rules.ts for the record `b` (an alias): a live lease (only a processing record has one) neither the caller's nor one it may take. */
+const heldElsewhere = (b: string, reclaim: boolean) =>
+  `${b}.lease_expires_at > ${NOW} AND (${b}.lease_owner IS DISTINCT FROM $1${
+    reclaim ? "" : ` OR ${b}.lease_incarnation IS DISTINCT FROM $2`
+  })`;
+
+/**
+ * That no earlier record of the chat of `i` is held elsewhere in the snapshot, so a chat held elsewhere does
+ * not fill the batch. A probe of the chat's active records (their index: no state or owner test another index
+ * could serve) per row; OFFSET 0 keeps it one (not a join with every leased record).
+ */
+const chatFree = ({ t, reclaim }: InboxScan) =>
+  `NOT EXISTS (
+        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = i.chat_id AND b.state IN (${ACTIVE}) AND b.${KEPT}
+          AND (b.received_at, b.ord) < (i.received_at, i.ord) AND ${heldElsewhere("b", reclaim)} OFFSET 0)`;
+
+/** The columns of a branch (`p0`, `p1`, `p2`). */
+const BRANCH_COLUMNS = "i.ord, i.chat_id, i.received_at";
+
+/** `p0`: the pending records (due at 0) whose chat is free, oldest first from the due index, $4, locked. */
+function pendingDue(s: InboxScan): SqlPart {
+  return {
+    name: "p0",
+    reads: ["n"],
+    rows: "ord, chat_id, received_at",
+    text: `SELECT ${BRANCH_COLUMNS} FROM ${s.t.inbox} i WHERE i.due_at = 0 AND i.${KEPT} AND ${chatFree(s)}
+      ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED`,
+  };
+}
+
+/**
+ * `p1`: the records due at a time that has come (retries, timers, lapsed leases) whose chat is free, by a range
+ * of the due index, $4, locked. It sorts by expressions (`+ 0`) so that the planner reads the due range rather
+ * than walk the receipt index in order (its estimate of that range is poor).
+ */
+function timedDue(s: InboxScan): SqlPart {
+  return {
+    name: "p1",
+    reads: ["n"],
+    rows: "ord, chat_id, received_at",
+    text: `SELECT ${BRANCH_COLUMNS} FROM ${s.t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW} AND i.${KEPT} AND ${chatFree(s)}
+      ORDER BY i.received_at + 0, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED`,
+  };
+}
+
+/** `p2` (reclaimOwn): the records leased by the owner's other incarnations whose chat is free (owner index), $4, locked. */
+function otherIncarnations(s: InboxScan): SqlPart {
+  return {
+    name: "p2",
+    reads: ["n"],
+    rows: "ord, chat_id, received_at",
+    text: `SELECT ${BRANCH_COLUMNS} FROM ${s.t.inbox} i
+      WHERE i.lease_owner = $1 AND ${sqlIn("i.state", IN_LEASED)} AND i.lease_incarnation <> $2 AND i.${KEPT} AND ${chatFree(s)}
+      ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED`,
+  };
+}
+
+/** `pick`: the oldest $4 of the branches. */
+function picked({ reclaim }: InboxScan): SqlPart {
+  return {
+    name: "pick",
+    reads: reclaim ? ["p0", "p1", "p2"] : ["p0", "p1"],
+    rows: "ord, chat_id, received_at",
+    text: `SELECT u.ord, u.chat_id, u.received_at FROM (SELECT * FROM p0 UNION SELECT * FROM p1${reclaim ? " UNION SELECT * FROM p2" : ""}) u
+      ORDER BY u.received_at, u.ord LIMIT $4`,
+  };
+}
+
+/** `c`: the pick, materialized (several parts read it). */
+const PICK_KEPT: SqlPart = {
+  name: "c",
+  reads: ["pick"],
+  rows: "chat_id, received_at, ord",
+  materialized: true,
+  text: "SELECT pick.chat_id, pick.received_at, pick.ord FROM pick",
+};
+
+/** `seen`: per chat of the pick, its other active records up to its last picked one (in the snapshot). */
+function earlierSeen({ t }: InboxScan): SqlPart {
+  return {
+    name: "seen",
+    reads: ["c"],
+    rows: "ord, chat_id, received_at",
+    materialized: true,
+    text: `SELECT s.ord, s.chat_id, s.received_at
+      FROM (SELECT DISTINCT ON (c.chat_id) c.chat_id, c.received_at, c.ord FROM c ORDER BY c.chat_id, c.received_at DESC, c.ord DESC) l
+      CROSS JOIN LATERAL (
+        SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
+        WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND e.${KEPT} AND (e.received_at, e.ord) <= (l.received_at, l.ord)
+      ) s
+      WHERE s.ord NOT IN (SELECT ord FROM c)`,
+  };
+}
+
+/**
+ * `locked`: the records of `seen` locked FOR KEY SHARE SKIP LOCKED, which reads their latest version; it waits
+ * for nothing and does not hold up a heartbeat or a completion.
+ */
+function earlierLocked({ t }: InboxScan): SqlPart {
+  return {
+    name: "locked",
+    reads: ["seen"],
+    rows: "ord, chat_id, received_at and what holdsChat and the claimable check read",
+    materialized: true,
+    text: `SELECT k.ord, k.chat_id, k.received_at, k.state, k.next_attempt_at, k.lease_owner, k.lease_incarnation, k.lease_expires_at,
+        k.set_aside_seq
+      FROM ${t.inbox} k WHERE k.ord = ANY(ARRAY(SELECT ord FROM seen))
+      FOR KEY SHARE OF k SKIP LOCKED`,
+  };
+}
+
+/**
+ * `bad`: the records of `seen` that keep the later picks of their chat from being taken: held elsewhere (latest
+ * version), claimable but not picked (another scan may be taking it), or not locked (another scan has it locked).
+ */
+function earlierBlocking({ reclaim }: InboxScan): SqlPart {
+  return {
+    name: "bad",
+    reads: ["locked", "seen", "n"],
+    rows: "chat_id, received_at, ord",
+    text: `SELECT k.chat_id, k.received_at, k.ord FROM locked k WHERE k.${KEPT} AND ((${heldElsewhere("k", reclaim)}) OR ${
+      inboxClaimable(reclaim, "k.", NOW)
+    })
+      UNION ALL
+      SELECT s.chat_id, s.received_at, s.ord FROM seen s WHERE s.ord NOT IN (SELECT ord FROM locked)`,
+  };
+}
+
+/** `take`: the picks with no `bad` record before them in their chat. */
+const TAKEN: SqlPart = {
+  name: "take",
+  reads: ["c", "bad"],
+  rows: "ord",
+  text: `SELECT c.ord FROM c WHERE NOT EXISTS (
+        SELECT 1 FROM bad WHERE bad.chat_id = c.chat_id AND (bad.received_at, bad.ord) < (c.received_at, c.ord))`,
+};
+
+/**
+ * The parts of inbox claimDue, in statement order. Due records in arrival order, in LIMITed branches that each
+ * read an index in order (so a backlog of settled rows, or a long pending queue, is never walked): `p0`, `p1`
+ * and with reclaimOwn `p2`. Each branch locks what it reads (FOR UPDATE SKIP LOCKED: concurrent claimers take
+ * disjoint sets) and leaves out a record that an earlier one of its chat holds back in the statement's snapshot;
+ * `pick` keeps the oldest $4 of them. The branches' other rows (at most 2 × $4) stay locked until the statement
+ * ends, then are free.
+ *
+ * Chat order (holdsChat of rules.ts) is then checked on the latest row versions, which the snapshot may not
+ * hold: a concurrent scan may have leased an earlier record of the chat and committed, or be leasing it now.
+ * A picked record is taken only when no earlier record of its chat (`seen`, `locked`) is `bad`. The picked
+ * records themselves are locked by their branch, which rechecked them on their latest version. So of two
+ * concurrent scans that pick from one chat, the one whose picks come later in the chat finds the other's
+ * earlier picks locked, or leased elsewhere once the other committed, or still claimable, and leaves the rest
+ * of the chat to a later scan.
+ */
+export function inboxClaimDueParts(t: Tables, reclaim: boolean): SqlPart[] {
+  const s: InboxScan = { t, reclaim };
+  const branches = reclaim ? [pendingDue(s), timedDue(s), otherIncarnations(s)] : [pendingDue(s), timedDue(s)];
+  return [NOW_PART, ...branches, picked(s), PICK_KEPT, earlierSeen(s), earlierLocked(s), earlierBlocking(s), TAKEN];
+}
+
+/** Inbox claimDue: its parts, then the UPDATE that leases what is taken, the claimable check repeated. */
+export function inboxClaimDueSql(t: Tables, reclaim: boolean): string {
+  return withParts(
+    inboxClaimDueParts(t, reclaim),
+    `UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM take, n
+    WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")} AND r.${KEPT}
+    RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}, ${asideRead("r")}`,
+  );
 }
 
 /** A list of the rows not set aside: optional chat ($1), states ($2…), the limit last. */
