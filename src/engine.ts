@@ -92,7 +92,7 @@ export class DurabilityEngine {
   readonly #outbound: Outbound;
   /** Messages and timers: admit, run, record. */
   readonly #inbound: Inbound;
-  /** Due and abandoned work taken up; lost leases adopted; old records purged. */
+  /** Due and abandoned work taken up (a scan whose reply was lost asked again); old records purged. */
   readonly #sweeper: Sweeper;
   /** The damaged records this bot reports. */
   readonly #damaged: DamagedReports;

@@ -259,13 +259,13 @@ export class Inbound {
       // Bounded: a scan that hangs must not hold the channel's answer (the order is then at the scan's mercy).
       await this.#h.deadlines.within(scan, Math.min(2000, this.#h.config.inbox.leaseMs / 4), () => new Error("slow claim scan")).catch(() => {});
     }
-    // Taken up meanwhile (adopted, or re-claimed by a sweep after a clock step): that job handles it.
+    // Taken up meanwhile (a redelivery read it back, or a sweep re-claimed it after a clock step): that job handles it.
     if ((this.#h.leases.get("inbox", id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
     const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
     this.jobLeases.set(job, this.#h.leases.hold("inbox", id, record.fence, admittedAt));
     const slow = this.#h.inboxScan();
     if (slow !== null) {
-      // The scan (or the adoption after its lost reply) is still on its way: the channel has its answer
+      // The scan (or its repeat after a lost reply) is still on its way: the channel has its answer
       // now, and the job takes its place in the chat's queue once what the scan leased to this process is
       // queued ahead of it (bounded by a lease: the job is held, and heartbeated, meanwhile).
       slot.late = this.#h.deadlines.within(slow, this.#h.config.inbox.leaseMs, () => new Error("slow claim scan")).catch(() => {})

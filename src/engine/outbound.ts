@@ -193,7 +193,7 @@ export class Outbound {
     const taken = this.#h.leases.get("outbox", journaled.key);
     if (taken !== undefined && taken.token >= journaled.fence) {
       // Taken up while the reservation's answer was on its way (a sweep re-leased it, or a concurrent
-      // send of the same key adopted it): that delivery sends it.
+      // send of the same key took it up): that delivery sends it.
       return { key: journaled.key, state: "sending", deduped: true };
     }
     return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);

@@ -428,10 +428,6 @@ export function faultyBackend(
       if (fault.kind === "error-before" && method === "heartbeat") world.leaseThreats++;
       world.log(inc.id, `fault ${faultName(fault)} at ${op}`);
     }
-    if ((fault.kind === "error-before" || fault.kind === "lost-reply") && op === "outbox.claimDue") {
-      // The engine cannot tell these apart: either may hide ambiguity transitions it then reports from a list.
-      world.ledger.unansweredOutboxScans.push({ inc: inc.id, time: world.sched.time });
-    }
     if (fault.kind === "error-before") throw new ConnectionRefused(op);
     if (fault.kind === "crash" && fault.when === "before") {
       world.crashes++;

@@ -167,8 +167,6 @@ export class Ledger {
   timedOut: Set<string> = new Set();
   /** Conversations (by first message id) the bot ended and reported: a step failed on its last attempt. */
   conversationsEnded: Set<string> = new Set();
-  /** Outbox claim scans that failed without an answer (error or lost reply), by incarnation. */
-  unansweredOutboxScans: { inc: string; time: number }[] = [];
   deadEvents: { kind: "inbound" | "outbound"; id: string; inc: string; error: string }[] = [];
   /** Dead transitions the backend committed. */
   outDead: { key: string; token: number; delivered: boolean; lostBy: LostBy; error: string; inc: string; time: number }[] = [];
