@@ -48,13 +48,9 @@ export class ScanAnswers<T> {
    * run nothing. `copy` gives the caller its own copy of a kept answer.
    */
   async answer(options: ClaimDueOptions, scan: () => Promise<T> | T, copy: (answer: T) => T = (a) => a): Promise<T> {
-    const id = options.requestId;
-    if (id !== undefined && (typeof id !== "string" || id === "")) {
-      throw new TypeError(`claimDue: option "requestId" must be a non-empty string, got ${JSON.stringify(id) ?? String(id)}`);
-    }
+    const id = checkScanRequest(options);
     if (options.repeat === true) {
-      if (id === undefined) throw new TypeError(`claimDue: option "repeat" needs a "requestId"`);
-      const kept = this.#kept.get(id);
+      const kept = this.#kept.get(id!);
       const fresh = kept !== undefined && (this.#now === undefined || this.#now() - kept.at <= SCAN_ANSWER_KEEP_MS);
       return fresh ? copy(kept.answer) : this.#empty();
     }
@@ -74,6 +70,22 @@ export class ScanAnswers<T> {
     this.#kept.set(id, { answer: copy(answer), at: this.#now?.() ?? 0 });
     if (this.#kept.size > KEPT) this.#kept.delete(this.#kept.keys().next().value!);
   }
+}
+
+/**
+ * Checks a due scan's `requestId` and `repeat` (`repeat` needs a `requestId`).
+ * @param options the scan's options
+ * @param op the operation, for the error (e.g. `"inbox.claimDue"`)
+ * @returns the `requestId`, or `undefined` when the scan has none
+ * @throws {TypeError} naming the option
+ */
+export function checkScanRequest(options: ClaimDueOptions, op = "claimDue"): string | undefined {
+  const id: unknown = options.requestId;
+  if (id !== undefined && (typeof id !== "string" || id === "")) {
+    throw new TypeError(`${op}: option "requestId" must be a non-empty string, got ${JSON.stringify(id) ?? String(id)}`);
+  }
+  if (options.repeat === true && id === undefined) throw new TypeError(`${op}: option "repeat" needs a "requestId"`);
+  return id;
 }
 
 /** Whether an outbox scan took nothing. */

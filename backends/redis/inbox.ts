@@ -19,6 +19,7 @@ import {
 } from "../../src/contract.ts";
 import { INBOX } from "../../src/machine.ts";
 import { checkAttempt, checkClaim, checkFinite, checkId, checkListFilter, checkNewInbound, checkOutcome } from "../../src/rules.ts";
+import { checkScanRequest } from "../../src/scan_answers.ts";
 import { Aside } from "./aside.ts";
 import { checkLimit, claimArgs, finishArgs, leaseArgs, listArgs, listRead, purgeAll } from "./journal_calls.ts";
 import { inboundOf } from "./records.ts";
@@ -79,8 +80,16 @@ export class RedisInbox implements InboxJournal {
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     checkClaim(options, "inbox.claimDue");
     const limit = checkLimit(options.limit, "inbox.claimDue");
-    if (limit === 0) return [];
-    const out = list(await this.#r.run("inClaimDue", [...claimArgs(options), String(limit)]));
+    const requestId = checkScanRequest(options, "inbox.claimDue");
+    // A named scan's reply stays under its request key (see REQUEST_TTL_MS): a repeat reads it there.
+    const key = requestId === undefined ? undefined : this.#r.scanKey("in", requestId);
+    let out: unknown[];
+    if (options.repeat === true) {
+      out = list(await this.#r.run("scanAnswer", [], key));
+    } else {
+      if (limit === 0) return [];
+      out = list(await this.#r.run("inClaimDue", [...claimArgs(options), String(limit)], key));
+    }
     // Each record is read on its own: one that cannot be read is set aside, the others are returned.
     const records: InboundRecord[] = [];
     for (const flat of out) {

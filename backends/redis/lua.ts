@@ -105,6 +105,10 @@ export interface LuaScript {
  * second time. The reads (get, list, damaged, time; a get or list that
  * meets a damaged record sets it aside, which a second run finds done) and
  * the naturally idempotent session-store writes store nothing.
+ *
+ * A due scan named by the caller (`ClaimDueOptions.requestId`) gets the request key
+ * `<prefix>rq:scan:<in|out>:<requestId>` instead of a random one, so that its reply can be read again
+ * by a repeat (`scanAnswer`) for this long: at least `SCAN_ANSWER_KEEP_MS`.
  */
 export const REQUEST_TTL_MS = 120_000;
 
@@ -198,6 +202,7 @@ const SCRIPT_NAMES = [
   "kvDelete",
   "kvList",
   "time",
+  "scanAnswer",
 ] as const;
 
 /** The name of a script of {@link SCRIPTS}. */

@@ -29,6 +29,7 @@ import {
   checkOutcome,
   checkString,
 } from "../../src/rules.ts";
+import { checkScanRequest } from "../../src/scan_answers.ts";
 import { Aside } from "./aside.ts";
 import { checkLimit, claimArgs, finishArgs, leaseArgs, listArgs, listRead, purgeAll } from "./journal_calls.ts";
 import { fieldsOf, outboxOf } from "./records.ts";
@@ -102,8 +103,13 @@ export class RedisOutbox implements OutboxJournal {
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     checkClaim(options, "outbox.claimDue");
     const limit = checkLimit(options.limit, "outbox.claimDue");
+    const requestId = checkScanRequest(options, "outbox.claimDue");
+    // A named scan's reply stays under its request key (see REQUEST_TTL_MS): a repeat reads it there.
+    const key = requestId === undefined ? undefined : this.#r.scanKey("out", requestId);
     const [due, ambiguous] = list(
-      await this.#r.run("outClaimDue", [...claimArgs(options), options.resendAmbiguous === true ? "1" : "0", String(limit)]),
+      options.repeat === true
+        ? await this.#r.run("scanAnswer", [], key)
+        : await this.#r.run("outClaimDue", [...claimArgs(options), options.resendAmbiguous === true ? "1" : "0", String(limit)], key),
     );
     // Each entry is read on its own: one that cannot be read is set aside, the others are returned. With
     // resendAmbiguous an entry is in both lists: read once, one object in both.

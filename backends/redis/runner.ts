@@ -143,8 +143,12 @@ export class Runner {
   /**
    * Runs script `name` with `args` (after the prefix) and returns its decoded
    * reply. A `NOSCRIPT` answer loads the script and runs it again.
+   * @param requestKey `KEYS[2]` (see {@link scanKey}): the request key of a script run once per
+   *   request, instead of a random one, or the key the `scanAnswer` script reads; the call is then
+   *   never batched
    */
-  run(name: ScriptName, args: readonly string[]): Promise<unknown> {
+  run(name: ScriptName, args: readonly string[], requestKey?: string): Promise<unknown> {
+    if (requestKey !== undefined) return this.#runAlone(name, args, requestKey);
     if (BATCHABLE.has(name)) {
       return new Promise((resolve, reject) => {
         this.#queue.push({ name: name as BatchedName, args, resolve, reject });
@@ -154,10 +158,20 @@ export class Runner {
     return this.#runAlone(name, args);
   }
 
-  async #runAlone(name: ScriptName, args: readonly string[]): Promise<unknown> {
+  /**
+   * The request key of a due scan of `journal` named `requestId` (`ClaimDueOptions.requestId`): in the
+   * prefix's hash slot, apart from the random request keys (a UUID never starts with `scan:`), and from
+   * the other journal's scans.
+   */
+  scanKey(journal: "in" | "out", requestId: string): string {
+    return `${this.tag}rq:scan:${journal}:${requestId}`;
+  }
+
+  async #runAlone(name: ScriptName, args: readonly string[], requestKey?: string): Promise<unknown> {
     const script = SCRIPTS[name];
     // A mutating script runs once per call: a re-sent call (after a lost reply) gets the first run's reply.
-    const keys = script.once ? [this.tag, `${this.tag}rq:${crypto.randomUUID()}`] : [this.tag];
+    const rq = requestKey ?? (script.once ? `${this.tag}rq:${crypto.randomUUID()}` : undefined);
+    const keys = rq === undefined ? [this.tag] : [this.tag, rq];
     let reply: unknown;
     try {
       reply = await this.#eval(script, keys, [this.tag, ...args]);
