@@ -623,6 +623,85 @@ describe.skipIf(Boolean(skip))("lost leases and lost replies", () => {
   });
 });
 
+describe.skipIf(Boolean(skip))("due scans asked again (requestId, repeat)", () => {
+  /** Commands over a client of their own whose next reply can be lost after the server ran the script. */
+  function lossy(): { commands: RedisCommands; loseNextReply(): void } {
+    const real = fromIoredis(client());
+    let lose = false;
+    return {
+      commands: {
+        evalsha: async (sha, keys, args) => {
+          const reply = await real.evalsha(sha, keys, args);
+          if (lose) {
+            lose = false;
+            throw new Error("connection reset (the reply never arrived)");
+          }
+          return reply;
+        },
+        scriptLoad: (script) => real.scriptLoad(script),
+      },
+      loseNextReply: () => void (lose = true),
+    };
+  }
+
+  test("a named scan whose reply was lost: the repeat, from another client, answers what it took under the same tokens, from the server", async () => {
+    const keyPrefix = prefix();
+    const first = lossy();
+    const a = new RedisDurability({ client: first.commands, keyPrefix });
+    const b = new RedisDurability({ client: client(), keyPrefix }); // another process: nothing of a's memory
+    const me = claimer("A");
+    for (const id of ["m1", "m2", "m3"]) await a.inbox.admit(inbound(id, `c-${id}`));
+    first.loseNextReply();
+    expect((await rejection(() => a.inbox.claimDue({ ...me, limit: 2, requestId: "scan-in" }))).message).toContain("reply never arrived");
+    const held = await Promise.all(["m1", "m2"].map((id) => b.inbox.get(id)));
+    expect(held.map((r) => [r?.state, r?.lease?.owner, r?.lease?.token]), "the scan committed").toEqual([["processing", "A", 1], ["processing", "A", 1]]);
+    const again = await b.inbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true });
+    expect(again.map((r) => [r.id, r.lease?.token]), "the records the lost reply held").toEqual([["m1", 1], ["m2", 1]]);
+    expect(again).toEqual(held as NonNullable<(typeof held)[number]>[]);
+    expect(await a.inbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true }), "the scanner's own repeat").toEqual(again);
+    expect((await b.inbox.get("m3"))?.state, "a repeat takes nothing more").toBe("pending");
+    expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true }), "the outbox's scans are apart")
+      .toEqual({ due: [], ambiguous: [] });
+    // The reply stays in the prefix's hash slot, for the request keys' time to live.
+    const kept = `{${keyPrefix}}rq:scan:in:scan-in`;
+    const ttl = await admin!.pttl(kept);
+    expect(ttl).toBeGreaterThan(0);
+    expect(ttl).toBeLessThanOrEqual(120_000);
+    await admin!.del(kept); // gone (expired): the repeat answers nothing
+    expect(await b.inbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true })).toEqual([]);
+
+    // The outbox: a due entry leased and a lost announced send made ambiguous, by a scan whose reply was lost.
+    await a.outbox.reserve({ key: "k1", chatId: "x", content: 1, contentHash: "h", inboundId: null });
+    const gone = await a.outbox.reserve({ key: "k2", chatId: "y", content: 2, contentHash: "h", inboundId: null }, claimer("B", 100));
+    expect(await a.outbox.markCalling("k2", gone.entry.lease!.token, 100)).toBe(true);
+    await Bun.sleep(200);
+    first.loseNextReply();
+    expect((await rejection(() => a.outbox.claimDue({ ...me, limit: 10, requestId: "scan-out" }))).message).toContain("reply never arrived");
+    const claim = await b.outbox.claimDue({ ...me, limit: 10, requestId: "scan-out", repeat: true });
+    expect(claim.due.map((e) => [e.key, e.state, e.lease?.token])).toEqual([["k1", "sending", 1]]);
+    expect(claim.ambiguous.map((e) => [e.key, e.state])).toEqual([["k2", "unknown"]]);
+    expect(claim.due[0]).toEqual((await b.outbox.get("k1"))!);
+    expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: "never-run", repeat: true })).toEqual({ due: [], ambiguous: [] });
+  });
+
+  test("without a requestId a scan keeps nothing; repeat without one is a TypeError naming the option", async () => {
+    const keyPrefix = prefix();
+    const backend = new RedisDurability({ client: client(), keyPrefix });
+    await backend.inbox.admit(inbound("m1"));
+    expect((await backend.inbox.claimDue({ ...claimer(), limit: 10 })).map((r) => r.id)).toEqual(["m1"]);
+    expect(await admin!.keys(`{${keyPrefix}}rq:scan:*`)).toEqual([]);
+    for (const call of [
+      () => backend.inbox.claimDue({ ...claimer(), limit: 10, repeat: true }),
+      () => backend.outbox.claimDue({ ...claimer(), limit: 10, repeat: true }),
+    ]) {
+      const error = await rejection(call);
+      expect(error).toBeInstanceOf(TypeError);
+      expect(error.message).toContain(`option "repeat" needs a "requestId"`);
+    }
+    expect((await rejection(() => backend.inbox.claimDue({ ...claimer(), limit: 10, requestId: "" }))).message).toContain(`option "requestId"`);
+  });
+});
+
 describe.skipIf(Boolean(skip))("damaged records in due scans", () => {
   /** Every key under the prefix that holds `member` (a sorted-set or set member), but the damaged lists. */
   async function indexesOf(keyPrefix: string, member: string): Promise<string[]> {
