@@ -4,7 +4,14 @@ import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts"
 import { MemoryKv } from "../backends/memory/kv.ts";
 import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/mod.ts";
 import { inboxSql, outboxSql, POSTGRES_SCHEMA_VERSION, tables } from "../backends/postgres/sql.ts";
-import { type ClaimOptions, DamagedRecordError, type NewInboundRecord, type NewOutboxEntry, StaleLeaseError } from "../src/contract.ts";
+import {
+  type ClaimOptions,
+  DamagedRecordError,
+  type NewInboundRecord,
+  type NewOutboxEntry,
+  SCAN_ANSWER_KEEP_MS,
+  StaleLeaseError,
+} from "../src/contract.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
 
 const skip = await serviceSkip("postgres");
@@ -748,7 +755,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
     expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
-    expect(POSTGRES_SCHEMA_VERSION).toBe(6);
+    expect(POSTGRES_SCHEMA_VERSION).toBe(7);
     const [column] = await sql.unsafe(
       `SELECT count(*)::int AS n FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_outbox' AND column_name = 'uncalled_fence'`,
       [schema],
@@ -827,7 +834,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     const upgraded = new PostgresDurability({ sql: client(), schema });
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
-    expect(meta?.value).toBe("6");
+    expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
     const indexes = await sql.unsafe(`SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = $1 AND indexname LIKE '%chat_%' AND tablename = 'botmesh_inbox'`, [schema]);
     expect(indexes.map((r) => r.indexname)).toEqual(["botmesh_inbox_chat_live"]);
     expect(String(indexes[0]!.indexdef)).toContain("'scheduled'");
@@ -837,6 +844,37 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     expect((await upgraded.inbox.list({ state: "scheduled" })).map((r) => r.id).sort()).toEqual(["m0:t1", "m1:t1"]);
     // Due when it was: the one due now is taken, the other not before its deadline.
     expect((await upgraded.inbox.claimDue({ ...lease("v"), limit: 10 })).map((r) => r.id)).toEqual(["m1:t1"]);
+  });
+
+  it("a version 6 schema is upgraded in place: the table of scan answers is added, and nothing else changes", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const t = tables(schema, "botmesh_");
+    await b.inbox.admit(inbound("m1", "c1"));
+    await b.outbox.reserve(outbound("k1", "c1"));
+    // Back to version 6 by hand: no table of scan answers.
+    await sql.unsafe(`DROP TABLE ${t.scanAnswer}`);
+    await sql.unsafe(`UPDATE ${t.meta} SET value = '6' WHERE key = 'schema_version'`);
+    const before = [await b.inbox.list(), await b.outbox.list()];
+    const upgraded = new PostgresDurability({ sql: client(), schema });
+    await upgraded.open();
+    const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
+    expect(meta?.value).toBe("7");
+    const columns = await sql.unsafe(
+      `SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_scan_answer' ORDER BY ordinal_position`,
+      [schema],
+    );
+    expect(columns.map((r) => r.column_name)).toEqual(["journal", "id", "answer", "stored_at"]);
+    const indexes = await sql.unsafe(`SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND tablename = 'botmesh_scan_answer' ORDER BY 1`, [schema]);
+    expect(indexes.map((r) => r.indexname)).toEqual(["botmesh_scan_answer_at", "botmesh_scan_answer_pkey"]);
+    expect([await upgraded.inbox.list(), await upgraded.outbox.list()], "the journals as they were").toEqual(before);
+    const took = await upgraded.inbox.claimDue({ ...lease("v"), limit: 10, requestId: "after-upgrade" });
+    expect(took.map((r) => r.id)).toEqual(["m1"]);
+    expect(await upgraded.inbox.claimDue({ ...lease("v"), limit: 10, requestId: "after-upgrade", repeat: true })).toEqual(took);
+    // A later open of a current schema changes nothing (the kept answer included).
+    await new PostgresDurability({ sql: client(), schema }).open();
+    expect(await b.inbox.claimDue({ ...lease("v"), limit: 10, requestId: "after-upgrade", repeat: true })).toEqual(took);
   });
 
   it("a send claimed by a replica still on the previous library (it raises the fence, not the flag) reads as called", async () => {
@@ -950,6 +988,126 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
       expect(result.sent).toBeGreaterThan(50);
     }
   }, 60_000);
+});
+
+describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
+  type Client = { unsafe: Sql["unsafe"]; begin?: (fn: (tx: never) => PromiseLike<unknown>) => PromiseLike<unknown> };
+  /** A client whose next transaction commits, and then its reply is lost. */
+  function lossy(sql: Sql): { client: Client; loseNextCommit(): void } {
+    let lose = false;
+    return {
+      client: {
+        unsafe: sql.unsafe.bind(sql),
+        begin: async (fn) => {
+          const result = await sql.begin(fn as never);
+          if (lose) {
+            lose = false;
+            throw Object.assign(new Error("read ECONNRESET (the commit's reply never arrived)"), { code: "ECONNRESET" });
+          }
+          return result;
+        },
+      },
+      loseNextCommit: () => void (lose = true),
+    };
+  }
+
+  it("a named scan whose reply was lost: the repeat, from another backend on the schema, answers what it took under the same tokens", async () => {
+    const schema = freshSchema();
+    const first = lossy(client());
+    const a = new PostgresDurability({ sql: first.client as never, schema });
+    const b = new PostgresDurability({ sql: client(), schema }); // another process: nothing of a's memory
+    for (const id of ["m1", "m2", "m3"]) await a.inbox.admit(inbound(id, `c-${id}`));
+    first.loseNextCommit();
+    expect((await messageOf(() => a.inbox.claimDue({ ...lease("A"), limit: 2, requestId: "scan-in" }))).message).toContain("ECONNRESET");
+    const held = await Promise.all(["m1", "m2"].map((id) => b.inbox.get(id)));
+    expect(held.map((r) => [r?.state, r?.lease?.owner, r?.lease?.token]), "the scan committed").toEqual([["processing", "A", 1], ["processing", "A", 1]]);
+    const again = await b.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-in", repeat: true });
+    expect(again.map((r) => [r.id, r.lease?.token]), "the records the lost reply held").toEqual([["m1", 1], ["m2", 1]]);
+    expect(again).toEqual(held as NonNullable<(typeof held)[number]>[]);
+    expect(await a.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-in", repeat: true }), "the scanner's own repeat").toEqual(again);
+    expect((await b.inbox.get("m3"))?.state, "a repeat takes nothing more").toBe("pending");
+    expect(await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-in", repeat: true }), "the outbox's scans are apart")
+      .toEqual({ due: [], ambiguous: [] });
+
+    // The outbox: a due entry leased and a lost announced send made ambiguous, by a scan whose reply was lost.
+    await a.outbox.reserve(outbound("k1", "x"));
+    const gone = await a.outbox.reserve(outbound("k2", "y"), lease("B", 100));
+    expect(await a.outbox.markCalling("k2", gone.entry.lease!.token, 100)).toBe(true);
+    await Bun.sleep(200);
+    first.loseNextCommit();
+    expect((await messageOf(() => a.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-out" }))).message).toContain("ECONNRESET");
+    const claim = await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-out", repeat: true });
+    expect(claim.due.map((e) => [e.key, e.state, e.lease?.token])).toEqual([["k1", "sending", 1]]);
+    expect(claim.ambiguous.map((e) => [e.key, e.state])).toEqual([["k2", "unknown"]]);
+    expect(claim.due[0]).toEqual((await b.outbox.get("k1"))!);
+    expect(await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "never-run", repeat: true })).toEqual({ due: [], ambiguous: [] });
+    // Any requestId fits (its SHA-256 is the key): long, or with a NUL.
+    const odd = `x\u0000${"y".repeat(10_000)}`;
+    await b.inbox.admit(inbound("m4", "c-m4"));
+    const took = await b.inbox.claimDue({ ...lease("A"), limit: 1, requestId: odd });
+    expect(took.map((r) => r.id)).toEqual(["m3"]);
+    expect(await b.inbox.claimDue({ ...lease("A"), limit: 1, requestId: odd, repeat: true })).toEqual(took);
+  });
+
+  it("the scan and the storing of its answer are one transaction: when the store fails, nothing was taken", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const failing: Client = {
+      unsafe: sql.unsafe.bind(sql),
+      begin: (fn) =>
+        sql.begin((tx) =>
+          (fn as (tx: unknown) => PromiseLike<unknown>)({
+            unsafe: (text: string, params?: unknown[], options?: { prepare?: boolean }) =>
+              text.includes("scan_answer") ? Promise.reject(new Error("the store failed")) : tx.unsafe(text, params as never, options),
+          })
+        ),
+    };
+    const b = new PostgresDurability({ sql: failing as never, schema });
+    await b.inbox.admit(inbound("m1"));
+    expect((await messageOf(() => b.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "r" }))).message).toContain("the store failed");
+    const record = await b.inbox.get("m1");
+    expect([record?.state, record?.fence], "rolled back with it").toEqual(["pending", 0]);
+    expect(await b.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "r", repeat: true })).toEqual([]);
+    // Unnamed, the scan runs as before (no transaction of its own, no answer stored).
+    expect((await b.inbox.claimDue({ ...lease("A"), limit: 10 })).map((r) => r.id)).toEqual(["m1"]);
+    // A client without begin: the answer is stored by a statement of its own, after the scan.
+    const plain = new PostgresDurability({ sql: { unsafe: sql.unsafe.bind(sql) } as never, schema });
+    await plain.outbox.reserve(outbound("k1"));
+    const claim = await plain.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "p" });
+    expect(claim.due.map((e) => e.key)).toEqual(["k1"]);
+    expect(await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "p", repeat: true })).toEqual(claim);
+  });
+
+  it("answers are kept for SCAN_ANSWER_KEEP_MS by the database's clock (option clock), then gone; stores and purge delete old ones", async () => {
+    const schema = freshSchema();
+    const t = tables(schema, "botmesh_");
+    let now = 1_800_000_000_000;
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema, clock: () => now });
+    expect(await b.inbox.claimDue({ ...lease("A", 3_600_000), limit: 10, requestId: "r-empty" })).toEqual([]);
+    for (let i = 0; i < 3; i++) await b.inbox.admit(inbound(`m${i}`, `c${i}`));
+    const took = await b.inbox.claimDue({ ...lease("A", 3_600_000), limit: 1, requestId: "r0" });
+    expect(took.map((r) => r.id)).toEqual(["m0"]);
+    const stored = await sql.unsafe(`SELECT journal, stored_at FROM ${t.scanAnswer}`);
+    expect(stored.map((r) => [r.journal, Number(r.stored_at)]), "kept on the clock; a scan that took nothing keeps nothing").toEqual([["inbox", now]]);
+    now += SCAN_ANSWER_KEEP_MS;
+    expect(await b.inbox.claimDue({ ...lease("A", 3_600_000), limit: 10, requestId: "r0", repeat: true }), "kept this long").toEqual(took);
+    now += 1;
+    expect(await b.inbox.claimDue({ ...lease("A", 3_600_000), limit: 10, requestId: "r0", repeat: true }), "then gone").toEqual([]);
+    // The next store deletes the old answer.
+    expect((await b.inbox.claimDue({ ...lease("A", 3_600_000), limit: 1, requestId: "r1" })).map((r) => r.id)).toEqual(["m1"]);
+    expect((await sql.unsafe(`SELECT id FROM ${t.scanAnswer}`)).length).toBe(1);
+    // purge deletes its journal's old answers.
+    const outTook = await b.outbox.claimDue({ ...lease("A", 3_600_000), limit: 1, requestId: "o0" });
+    expect(outTook.due).toEqual([]);
+    await b.outbox.reserve(outbound("k1"));
+    expect((await b.outbox.claimDue({ ...lease("A", 3_600_000), limit: 1, requestId: "o1" })).due.map((e) => e.key)).toEqual(["k1"]);
+    now += SCAN_ANSWER_KEEP_MS + 1;
+    await b.inbox.purge(86_400_000);
+    expect((await sql.unsafe(`SELECT journal FROM ${t.scanAnswer}`)).map((r) => r.journal)).toEqual(["outbox"]);
+    await b.outbox.purge(86_400_000);
+    expect((await sql.unsafe(`SELECT journal FROM ${t.scanAnswer}`)).length).toBe(0);
+  });
 });
 
 describe("PostgresDurability group commit", () => {

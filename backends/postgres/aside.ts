@@ -27,6 +27,9 @@ function damagedOptions(options: DamagedListOptions | undefined, op: string): { 
   return { unreported, limit };
 }
 
+/** Runs one statement of a journal (`op` without the journal's name): see `Context.run` and `Context.transaction`. */
+export type JournalRun = (op: string, text: string, params: unknown[]) => Promise<Row[] & { count?: number }>;
+
 /** Reads of a journal's rows that stop at a damaged row: a due scan or list runs again for what it left, this many times at most. */
 export const DAMAGED_ROUNDS = 10;
 /** A row that changed between its read and its set-aside is read again, this many times at most. */
@@ -64,18 +67,19 @@ export class Aside<T> {
    * when it is damaged, the error naming it, once it is set aside (by this
    * call or another); `null` when the row is gone. The set-aside applies to
    * the version read only: a row that changed since is read again (a few
-   * times: one that never stops changing is named but left for a later call).
+   * times: one that never stops changing is named but left for a later call). `run` runs its
+   * statements (a transaction's, see `Context.transaction`; by default each its own).
    */
-  async settle(op: string, row: Row): Promise<T | DamagedRecordError | null> {
+  async settle(op: string, row: Row, run: JournalRun = (o, text, params) => this.#run(o, text, params)): Promise<T | DamagedRecordError | null> {
     let r: Row | undefined = row;
     for (let tries = 1; r; tries++) {
       if (r.set_aside_seq !== null && r.set_aside_seq !== undefined) return this.#error(r, r.damage);
       const read = this.#read(r);
       if (!(read instanceof Damage)) return read;
       const at: unknown[] = [String(r[this.#pk])];
-      if ((await this.#run(op, this.#q.setAside, [...at, String(r.xv), read.problem])).length === 1) return this.#error(r, read.problem);
+      if ((await run(op, this.#q.setAside, [...at, String(r.xv), read.problem])).length === 1) return this.#error(r, read.problem);
       if (tries === SETTLE_TRIES) return this.#error(r, read.problem); // still changing: a later call sets it aside
-      r = (await this.#run(op, this.#q.row, at))[0];
+      r = (await run(op, this.#q.row, at))[0];
     }
     return null;
   }

@@ -12,6 +12,9 @@ import { migrationSql, NEWER_SCHEMA_MARK, NOW_MS, POSTGRES_SCHEMA_VERSION, table
 
 export type Row = Record<string, unknown>;
 
+/** Runs one statement (`op` and `table` name it in errors): {@link Context.run}, or one of a {@link Context.transaction}. */
+export type RunStatement = (op: string, table: string, text: string, params: unknown[]) => Promise<Row[] & { count?: number }>;
+
 /** Schema setups under way or done, per client and schema + prefix (one per process for all backends on them). */
 const setups = new WeakMap<object, Map<string, Promise<void>>>();
 
@@ -319,6 +322,37 @@ export class Context {
         });
       })
     );
+  }
+
+  /**
+   * Runs `fn` in one transaction on one connection (`begin`), after the schema setup: `fn` runs its
+   * statements with the `run` it is given, and the transaction commits when `fn` resolves (rolls back
+   * when it rejects). Like a group commit, the transaction sets `idle_in_transaction_session_timeout`,
+   * so that a client frozen before its COMMIT does not hold row locks for ever. A client without
+   * `begin` runs each statement as its own transaction. `op` and `table` name a failed COMMIT.
+   */
+  async transaction<T>(op: string, table: string, fn: (run: RunStatement) => Promise<T>): Promise<T> {
+    await this.ready();
+    if (typeof this.sql.begin !== "function") return await fn((o, t, text, params) => this.run(o, t, text, params));
+    const named = new WeakSet<object>();
+    try {
+      return await this.sql.begin(async (tx) => {
+        // Pipelined before fn's first statement, as in a group (its failure fails that statement).
+        void tx.unsafe(GROUP_GUARD).then(() => {}, () => {});
+        return await fn(async (o, t, text, params) => {
+          try {
+            return await tx.unsafe(this.#timed(text), params, { prepare: this.prepare });
+          } catch (error) {
+            const failure = new Error(`Postgres ${o} on ${t} failed: ${statementError(error)}`, { cause: error });
+            named.add(failure);
+            throw failure;
+          }
+        });
+      }) as T;
+    } catch (error) {
+      if (typeof error === "object" && error !== null && named.has(error)) throw error;
+      throw new Error(`Postgres ${op} on ${table} failed: ${statementError(error)}`, { cause: error });
+    }
   }
 
   /** Runs one prepared statement (`op` and `table` name it in errors) after the schema setup. */

@@ -18,7 +18,8 @@ import {
   StaleLeaseError,
 } from "../../src/contract.ts";
 import { checkAttempt, checkFinite, checkOutcome } from "../../src/rules.ts";
-import { Aside, DAMAGED_ROUNDS, leasedBy, listed } from "./aside.ts";
+import { checkScanRequest } from "../../src/scan_answers.ts";
+import { Aside, DAMAGED_ROUNDS, type JournalRun, leasedBy, listed } from "./aside.ts";
 import type { Context, ManyRows, Row } from "./connection.ts";
 import {
   duration,
@@ -34,6 +35,7 @@ import {
   tokenOk,
   written,
 } from "./rows.ts";
+import { PgScanAnswers } from "./scan_answers.ts";
 import { type AsideSql, inboxSql, type InboxSql } from "./sql.ts";
 
 export class PgInbox implements InboxJournal {
@@ -41,12 +43,14 @@ export class PgInbox implements InboxJournal {
   readonly #q: InboxSql & AsideSql;
   readonly #t: string;
   readonly #aside: Aside<InboundRecord>;
+  readonly #answers: PgScanAnswers;
 
   constructor(c: Context) {
     this.#c = c;
     this.#q = inboxSql(c.t);
     this.#t = c.t.inbox;
     this.#aside = new Aside(c, "inbox", this.#t, this.#q, (row) => inboundOf(row));
+    this.#answers = new PgScanAnswers(c, "inbox", this.#t);
   }
 
   #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
@@ -98,7 +102,20 @@ export class PgInbox implements InboxJournal {
   async claimDue(options: ClaimDueOptions): Promise<InboundRecord[]> {
     pgClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
+    const requestId = checkScanRequest(options, "inbox.claimDue");
+    if (options.repeat === true) {
+      const kept = await this.#answers.repeat(requestId!);
+      if (kept !== null && !Array.isArray(kept)) throw new Error(`Postgres inbox.claimDue on ${this.#t}: the answer kept for requestId ${JSON.stringify(requestId)} is not a list`);
+      return (kept ?? []) as InboundRecord[];
+    }
     if (!(options.limit > 0)) return [];
+    // A named scan runs in one transaction with the storing of its answer (see `scan_answers.ts`).
+    if (requestId !== undefined) return await this.#answers.kept(requestId, (run) => this.#scanDue(options, run), (a) => a.length === 0);
+    return await this.#scanDue(options, (op, text, params) => this.#run(op, text, params));
+  }
+
+  /** The due scan of {@link claimDue}, its statements run by `run`. */
+  async #scanDue(options: ClaimDueOptions, run: JournalRun): Promise<InboundRecord[]> {
     const text = options.reclaimOwn ? this.#q.claimDueReclaim : this.#q.claimDue;
     const limit = Math.min(Math.ceil(options.limit), 1_000_000);
     const good: { ord: number; record: InboundRecord }[] = [];
@@ -106,9 +123,9 @@ export class PgInbox implements InboxJournal {
     // others are returned, and the scan runs again for what it left.
     for (let round = 0, damaged = true; damaged && good.length < limit && round < DAMAGED_ROUNDS; round++) {
       damaged = false;
-      const rows = await this.#run("claimDue", text, [options.owner, options.incarnation, duration(options.leaseMs), limit - good.length]);
+      const rows = await run("claimDue", text, [options.owner, options.incarnation, duration(options.leaseMs), limit - good.length]);
       for (const row of rows) {
-        const read = await this.#aside.settle("claimDue", row);
+        const read = await this.#aside.settle("claimDue", row, run);
         if (read instanceof DamagedRecordError) damaged = true;
         const record = leasedBy(read, row);
         if (record) {
@@ -187,7 +204,9 @@ export class PgInbox implements InboxJournal {
     checkFinite(olderThanMs, `inbox.purge: "olderThanMs"`);
     const older = Math.max(-MAX_DURATION_MS, Math.min(MAX_DURATION_MS, Math.floor(olderThanMs)));
     const batch = this.#c.purgeBatch;
-    return await inBatches(batch, async () => (await this.#run("purge", this.#q.purge, [older, batch])).count ?? 0);
+    const total = await inBatches(batch, async () => (await this.#run("purge", this.#q.purge, [older, batch])).count ?? 0);
+    await this.#answers.sweep(); // the answers of named due scans no longer kept
+    return total;
   }
 
   damaged(options?: DamagedListOptions): Promise<DamagedRecord[]> {

@@ -26,7 +26,8 @@
  *
  * ## Schema
  * Tables `<prefix>meta`, `<prefix>inbox`, `<prefix>outbox`,
- * `<prefix>outbox_chat`, `<prefix>session`, `<prefix>kv` and two sequences in
+ * `<prefix>outbox_chat`, `<prefix>session`, `<prefix>kv`,
+ * `<prefix>scan_answer` and two sequences in
  * `schema` (default `public`; `tablePrefix` default `botmesh_`). They are
  * created or upgraded on first use (`open()`, or the first call) by one `DO`
  * block: one statement, one transaction, under a transaction-scoped advisory
@@ -63,7 +64,11 @@
  * `<prefix>inbox_chat_live` (it holds the new state; build it beforehand
  * `CONCURRENTLY` on a large inbox), replacing `<prefix>inbox_chat_active`.
  * A replica still running an older library does not know the state: stop
- * the older replicas before a bot of this version starts.
+ * the older replicas before a bot of this version starts. Schema version 7
+ * adds the table `<prefix>scan_answer` (and its index
+ * `<prefix>scan_answer_at`), where named due scans keep their answers (see
+ * "Due scans asked again"); nothing else changes, and a replica still running
+ * an older library neither reads nor writes it.
  *
  * ## Statements
  * Every operation is one statement (prepared by the client), with the state
@@ -143,6 +148,18 @@
  *   again as due work, its attempts unchanged, before the due heads and
  *   within `limit`; one whose call was announced is ambiguous (`unknown`, or
  *   with `resendAmbiguous` leased again as well).
+ * - A due scan named by a `requestId` (`ClaimDueOptions`) runs in one
+ *   transaction (`sql.begin`, with the same `idle_in_transaction_session_timeout`
+ *   as a group) with the storing of its answer, as JSON text, in
+ *   `<prefix>scan_answer` (keyed by the journal and the SHA-256 of the
+ *   `requestId`, stamped with the server's time): the answer is there exactly
+ *   when the scan committed, so a `repeat` (one `SELECT` of that table, by any
+ *   replica) answers what a scan whose reply was lost took, under the same
+ *   fencing tokens. Answers older than `SCAN_ANSWER_KEEP_MS` (120 s) by the
+ *   server's clock count as gone: each store deletes up to 16 of them, and
+ *   `purge` the rest of its journal's. A scan without a `requestId` runs as
+ *   before. A client without `begin` stores the answer by a statement of its
+ *   own after the scan (a reply lost between the two loses the answer).
  * - `purge` deletes in bounded batches (`purgeBatchSize`, 1000 by default),
  *   one statement each, oldest first, by a partial index of `done`/`sent`
  *   records. Retention itself is the Bot's `durability.retention` (7 days by

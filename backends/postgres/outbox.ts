@@ -21,7 +21,8 @@ import {
 } from "../../src/contract.ts";
 import { OUTBOX } from "../../src/machine.ts";
 import { checkFinite, checkOutcome } from "../../src/rules.ts";
-import { Aside, DAMAGED_ROUNDS, leasedBy, listed } from "./aside.ts";
+import { checkScanRequest, isEmptyClaim } from "../../src/scan_answers.ts";
+import { Aside, DAMAGED_ROUNDS, type JournalRun, leasedBy, listed } from "./aside.ts";
 import type { Context, ManyRows, Row } from "./connection.ts";
 import {
   duration,
@@ -38,6 +39,7 @@ import {
   tokenOk,
   written,
 } from "./rows.ts";
+import { PgScanAnswers } from "./scan_answers.ts";
 import { type AsideSql, outboxSql, type OutboxSql } from "./sql.ts";
 
 /** Chat rows are dropped by `purge` only when untouched for at least this long. */
@@ -48,12 +50,14 @@ export class PgOutbox implements OutboxJournal {
   readonly #q: OutboxSql & AsideSql;
   readonly #t: string;
   readonly #aside: Aside<OutboxEntry>;
+  readonly #answers: PgScanAnswers;
 
   constructor(c: Context) {
     this.#c = c;
     this.#q = outboxSql(c.t);
     this.#t = c.t.outbox;
     this.#aside = new Aside(c, "outbox", this.#t, this.#q, (row) => outboxOf(row));
+    this.#answers = new PgScanAnswers(c, "outbox", this.#t);
   }
 
   #run(op: string, text: string, params: unknown[]): Promise<Row[] & { count?: number }> {
@@ -106,6 +110,22 @@ export class PgOutbox implements OutboxJournal {
   async claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
     pgClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
+    const requestId = checkScanRequest(options, "outbox.claimDue");
+    if (options.repeat === true) {
+      const kept = await this.#answers.repeat(requestId!) as OutboxClaim | null;
+      if (kept === null) return { due: [], ambiguous: [] };
+      if (typeof kept !== "object" || !Array.isArray(kept.due) || !Array.isArray(kept.ambiguous)) {
+        throw new Error(`Postgres outbox.claimDue on ${this.#t}: the answer kept for requestId ${JSON.stringify(requestId)} is not {due, ambiguous}`);
+      }
+      return { due: kept.due, ambiguous: kept.ambiguous };
+    }
+    // A named scan runs in one transaction with the storing of its answer (see `scan_answers.ts`).
+    if (requestId !== undefined) return await this.#answers.kept(requestId, (run) => this.#scanDue(options, run), isEmptyClaim);
+    return await this.#scanDue(options, (op, text, params) => this.#run(op, text, params));
+  }
+
+  /** The due scan of {@link claimDue}, its statements run by `run`. */
+  async #scanDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }, run: JournalRun): Promise<OutboxClaim> {
     const limit = Math.max(0, Math.min(Math.ceil(options.limit), 1_000_000));
     const text = this.#q.claimDue(options.reclaimOwn === true, options.resendAmbiguous === true);
     const due: OutboxEntry[] = [];
@@ -115,9 +135,9 @@ export class PgOutbox implements OutboxJournal {
     // what it left (the first round runs whatever the limit: it resolves the lost sends).
     for (let round = 0, damaged = true; damaged && (round === 0 || due.length < limit) && round < DAMAGED_ROUNDS; round++) {
       damaged = false;
-      const rows = await this.#run("claimDue", text, [options.owner, options.incarnation, duration(options.leaseMs), limit - due.length]);
+      const rows = await run("claimDue", text, [options.owner, options.incarnation, duration(options.leaseMs), limit - due.length]);
       for (const row of rows) {
-        const read = await this.#aside.settle("claimDue", row);
+        const read = await this.#aside.settle("claimDue", row, run);
         if (read instanceof DamagedRecordError) damaged = true;
         const entry = leasedBy(read, row);
         if (!entry) continue;
@@ -215,6 +235,7 @@ export class PgOutbox implements OutboxJournal {
     // Chat rows of chats with no entry left (see "Per-chat order" in `mod.ts`).
     const chatAge = Math.max(older, CHAT_ROW_MIN_AGE_MS);
     await inBatches(batch, async () => (await this.#c.run("outbox.purge", this.#c.t.chat, this.#q.purgeChats, [chatAge, batch])).count ?? 0);
+    await this.#answers.sweep(); // the answers of named due scans no longer kept
     return total;
   }
 

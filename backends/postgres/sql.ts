@@ -14,7 +14,7 @@ import { INBOX, OUTBOX, sqlByDue, sqlIn, sqlNotIn, sqlStates, statesDueBy, state
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, LEGACY_TIMER_ERROR, TIMER_STATE } from "../../src/rules.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 6;
+export const POSTGRES_SCHEMA_VERSION: number = 7;
 
 /** The server clock in ms since epoch (the replicas' clocks are never used). */
 export const NOW_MS: string = "(extract(epoch from clock_timestamp()) * 1000)::bigint";
@@ -133,6 +133,8 @@ export interface Tables {
   kvVersion: string;
   /** The sequence of `set_aside_seq` (both journals). */
   asideSeq: string;
+  /** The answers of named due scans, kept for their repeats (schema version 7, see `scan_answers.ts`). */
+  scanAnswer: string;
 }
 
 /** The quoted, schema-qualified names of the tables and sequences under `prefix`. */
@@ -150,6 +152,7 @@ export function tables(schema: string, prefix: string): Tables {
     kv: q("kv"),
     kvVersion: q("kv_version"),
     asideSeq: q("aside_seq"),
+    scanAnswer: q("scan_answer"),
   };
 }
 
@@ -288,6 +291,18 @@ function migrations(t: Tables): string[] {
       WHERE state = 'failed' AND error LIKE '${LEGACY_TIMER_ERROR}%' AND set_aside_seq IS NULL;
     CREATE INDEX IF NOT EXISTS ${i("inbox_chat_live")} ON ${t.inbox} (chat_id, received_at, ord) WHERE state IN (${ACTIVE});
     DROP INDEX IF EXISTS ${ident(t.schema)}.${i("inbox_chat_active")};
+    `,
+    // Version 7: the answers of due scans named by a requestId, kept for a while so that a scan whose
+    // reply was lost can be asked again (see scan_answers.ts). A new table: nothing else changes.
+    `
+    CREATE TABLE IF NOT EXISTS ${t.scanAnswer} (
+      journal text COLLATE "C" NOT NULL,
+      id text COLLATE "C" NOT NULL,
+      answer text NOT NULL,
+      stored_at bigint NOT NULL,
+      PRIMARY KEY (journal, id)
+    );
+    CREATE INDEX IF NOT EXISTS ${i("scan_answer_at")} ON ${t.scanAnswer} (stored_at);
     `,
   ];
 }
