@@ -97,6 +97,14 @@
  * a new reservation answers the state, times and number the script chose
  * (the caller has the rest of the record), never a copy of the record.
  *
+ * A due scan named by a `requestId` (`ClaimDueOptions`) is run under the
+ * request key `rq:scan:<in|out>:<requestId>` instead of a random one (in the
+ * prefix's hash slot like every key), so its reply stays there for the 120 s
+ * (`SCAN_ANSWER_KEEP_MS`); a `repeat` reads that key (a read-only script:
+ * the reply, or nothing when it is missing) and decodes it as the scan's own
+ * reply, by any replica. A scan whose reply was lost is thus answered under
+ * the fencing tokens it issued.
+ *
  * ## Stored data of older versions
  * Older versions also wrote `in:all`/`out:all` (every record, in list
  * order) and `in:owner:<owner>` (one set of every lease of an owner, which a
