@@ -343,6 +343,9 @@ export class Context {
           try {
             return await tx.unsafe(this.#timed(text), params, { prepare: this.prepare });
           } catch (error) {
+            // The connection was lost: issue nothing more on it (porsager would write the ROLLBACK to a
+            // closed socket and throw out of a timer); `begin` rejects with the loss on its own.
+            if (connectionLost(error)) return await new Promise<never>(() => {});
             const failure = new Error(`Postgres ${o} on ${t} failed: ${statementError(error)}`, { cause: error });
             named.add(failure);
             throw failure;
