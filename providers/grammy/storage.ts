@@ -141,15 +141,14 @@ export class DurableStorage<T> implements DurableStorageAdapter<T> {
     return (await this.read(key)) !== undefined;
   }
 
-  write(key: string, value: T): Promise<void> {
+  async write(key: string, value: T): Promise<void> {
     checkKey(key);
-    if (value === undefined) return this.delete(key);
-    return this.#put(key, value as JsonValue);
+    await this.#put(key, value === undefined ? undefined : value as JsonValue);
   }
 
-  delete(key: string): Promise<void> {
+  async delete(key: string): Promise<void> {
     checkKey(key);
-    return this.#put(key, undefined);
+    await this.#put(key, undefined);
   }
 
   async #put(key: string, value: JsonValue | undefined): Promise<void> {
