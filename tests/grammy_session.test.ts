@@ -138,7 +138,7 @@ for (const name of Object.keys(KINDS)) describe(`durableStorage (${name})`, () =
   });
 
   test("a dead-lettered update's session write never takes effect; a replay applies it once", async () => {
-    const { fake, bot, safe, store } = setup({ retries: 2 });
+    const { fake, bot, safe, store } = setup<Context & SessionFlavor<{ count: number; texts: string[] }>>({ retries: 2 });
     let failing = true;
     bot.use(async (ctx, next) => {
       await next();

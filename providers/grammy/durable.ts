@@ -193,7 +193,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
    * A grammY storage adapter on `store` whose writes take effect with the update that makes them: see
    * {@link durableStorage}.
    *
-   * @param store the session store (`SQLiteStore`, `MemoryStore`, `PostgresStore`, `RedisStore`, …)
+   * @param store the session store (`SQLiteStore`, `PostgresStore`, `RedisStore`, `MemoryStore`, …)
    * @param options `ttlMs`: each write expires after that long
    * @returns the adapter, for `session({ storage })` or `conversations({ storage })`
    * @throws {TypeError} when `store` is not a session store, or an option is unknown or of the wrong type
