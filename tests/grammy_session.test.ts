@@ -47,7 +47,17 @@ function botOf<C extends Context>(fake: FakeTelegram): GrammyBot<C> {
 function setup<C extends Context = Counting>(options: { retries?: number } = {}) {
   const fake = new FakeTelegram().start();
   const bot = botOf<C>(fake);
-  const { backend, store, close } = KINDS[kind]!();
+  const { backend, store: inner, close } = KINDS[kind]!();
+  // Counted: the store's reads and writes, the inbox reads (what a session read and write cost).
+  const counts = { get: 0, set: 0, delete: 0, inboxGet: 0 };
+  const store: SessionStore = {
+    get: (key) => (counts.get++, inner.get(key)),
+    set: (key, value, options) => (counts.set++, inner.set(key, value, options)),
+    delete: (key) => (counts.delete++, inner.delete(key)),
+  };
+  const inbox = backend.inbox as { get: DurabilityBackend["inbox"]["get"] };
+  const get = inbox.get.bind(inbox);
+  inbox.get = (id) => (counts.inboxGet++, get(id));
   const safe = durable(bot, {
     durability: {
       backend,
@@ -63,7 +73,7 @@ function setup<C extends Context = Counting>(options: { retries?: number } = {})
     await close();
     await fake.stop();
   });
-  return { fake, bot, safe, store };
+  return { fake, bot, safe, store, counts };
 }
 
 /** Deliver `updates` as Telegram would (journaled by handleUpdate), and wait until all are handled. */
@@ -94,6 +104,31 @@ for (const name of Object.keys(KINDS)) describe(`durableStorage (${name})`, () =
     // Stored as an envelope: the value, the update that wrote it, the value before it.
     const last = updates[6]!;
     expect(await store.get("1")).toEqual({ [MARK]: 1, v: { count: 4 }, by: fake.inboundId(last), prev: { count: 3 } });
+  });
+
+  test("cost: per update, one store read, one store write and at most one inbox read; a run's reads share one", async () => {
+    const { fake, bot, safe, store, counts } = setup();
+    bot.use(session({ initial: () => ({ count: 0 }), storage: safe.storage(store) }));
+    const reads: unknown[] = [];
+    const storage = safe.storage<{ count: number }>(store);
+    bot.on("message:text", async (ctx) => {
+      ctx.session.count++;
+      reads.push(...await Promise.all([storage.read("other"), storage.read("other")]));
+    });
+    await safe.start();
+    await storage.write("other", { count: 7 });
+    await deliver(bot as never, safe, [fake.textUpdate(11, "a")]);
+    const per: (typeof counts)[] = [];
+    for (const text of ["b", "c", "d"]) {
+      const before = { ...counts };
+      await deliver(bot as never, safe, [fake.textUpdate(11, text)]);
+      per.push({ get: counts.get - before.get, set: counts.set - before.set, delete: counts.delete - before.delete, inboxGet: counts.inboxGet - before.inboxGet });
+    }
+    // The session: one read, one write, one inbox read (its writer, the previous update, not yet seen
+    // done). "other": one read shared by the run's two reads, no inbox read (written outside an update).
+    expect(per).toEqual(Array(3).fill({ get: 2, set: 1, delete: 0, inboxGet: 1 }));
+    expect(reads).toEqual(Array(8).fill({ count: 7 }));
+    expect(await storage.read("11")).toEqual({ count: 4 });
   });
 
   test("a handler that throws after the session was written: retried, the counter applied once when it succeeds", async () => {

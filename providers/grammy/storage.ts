@@ -119,7 +119,7 @@ export class DurableStorage<T> implements DurableStorageAdapter<T> {
   /** Records found done (or purged): what they wrote has taken effect for good. */
   readonly #done = new BoundedSet<string>(DONE_CACHE);
   /** Per run, the keys it has read or written: a second read in the same run sees the run's own write. */
-  readonly #runs = new WeakMap<StorageRun, Map<string, Touched>>();
+  readonly #runs = new WeakMap<StorageRun, Map<string, Promise<Touched>>>();
 
   /**
    * @param store the session store (checked by the caller)
@@ -167,16 +167,23 @@ export class DurableStorage<T> implements DurableStorageAdapter<T> {
     touched.current = copy(value);
   }
 
-  /** What `run` has of `key`, read from the store the first time. */
-  async #touch(key: string, run: StorageRun | undefined): Promise<Touched> {
-    const seen = run === undefined ? undefined : this.#runs.get(run);
-    const known = seen?.get(key);
-    if (known !== undefined) return known;
-    const base = await this.#resolve(key, run);
-    const touched = { base, current: base };
-    if (run !== undefined) {
-      if (seen === undefined) this.#runs.set(run, new Map([[key, touched]]));
-      else seen.set(key, touched);
+  /** What `run` has of `key`, read from the store the first time (calls at once share that read). */
+  #touch(key: string, run: StorageRun | undefined): Promise<Touched> {
+    const load = async (): Promise<Touched> => {
+      const base = await this.#resolve(key, run);
+      return { base, current: base };
+    };
+    if (run === undefined) return load();
+    let seen = this.#runs.get(run);
+    if (seen === undefined) this.#runs.set(run, seen = new Map());
+    let touched = seen.get(key);
+    if (touched === undefined) {
+      touched = load();
+      seen.set(key, touched);
+      // A failed read is not kept: the next call reads again.
+      touched.catch(() => {
+        if (seen.get(key) === touched) seen.delete(key);
+      });
     }
     return touched;
   }
