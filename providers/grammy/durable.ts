@@ -18,6 +18,8 @@ import { type GrammyCall, GrammyProvider } from "./provider.ts";
 import { isAlreadyDone } from "./reruns.ts";
 import { journaledUpdate, updateRecord } from "./updates.ts";
 import { type AsyncContext, createAsyncContext } from "../../src/runtime/async_context.ts";
+import type { SessionStore } from "../../src/store.ts";
+import { checkStorageArguments, DurableStorage, type DurableStorageAdapter, type DurableStorageOptions } from "./storage.ts";
 
 /** Options of {@link durable}. */
 export interface DurableGrammyOptions {
@@ -104,8 +106,11 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   #backoffMs: number = REFUSED_BACKOFF_MS[0];
   /** Whether updates come by long polling (a `getUpdates` went through the API). */
   #polling = false;
-  /** Whether the middleware run a call descends from is a rerun (the record's second attempt or later). */
-  #run: AsyncContext<{ rerun: boolean }> | null = null;
+  /**
+   * The middleware run a call descends from (one object per run): its inbound record id, and whether it
+   * is a rerun (the record's second attempt or later).
+   */
+  #run: AsyncContext<{ readonly id: string; readonly rerun: boolean }> | null = null;
 
   /**
    * @param bot the grammY bot, with or without its middleware yet
@@ -144,7 +149,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
     this.core.when(() => true, (ctx) => {
       const update = journaledUpdate(ctx.message) as unknown as Update;
       const run = () => this.#handleUpdate.call(bot, update);
-      return this.#run === null ? run() : this.#run.run({ rerun: ctx.attempt > 1 }, run);
+      return this.#run === null ? run() : this.#run.run({ id: ctx.message.id, rerun: ctx.attempt > 1 }, run);
     });
     bot.api.config.use(this.#transformer);
     bot.handleUpdate = (update, webhookReplyEnvelope) => this.#admit(update as Update, webhookReplyEnvelope !== undefined);
@@ -182,6 +187,24 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       await this.core.start();
     })();
     return this.#starting;
+  }
+
+  /**
+   * A grammY storage adapter on `store` whose writes take effect with the update that makes them: see
+   * {@link durableStorage}.
+   *
+   * @param store the session store (`SQLiteStore`, `PostgresStore`, `RedisStore`, `MemoryStore`, …)
+   * @param options `ttlMs`: each write expires after that long
+   * @returns the adapter, for `session({ storage })` or `conversations({ storage })`
+   * @throws {TypeError} when `store` is not a session store, or an option is unknown or of the wrong type
+   * @throws {RangeError} when `ttlMs` is not a positive number
+   */
+  storage<T = unknown>(store: SessionStore, options?: DurableStorageOptions): DurableStorageAdapter<T> {
+    const ttlMs = checkStorageArguments(store, options);
+    return new DurableStorage<T>(store, {
+      current: () => this.#run?.get(),
+      stateOf: async (id) => (await this.durability.inbox.get(id))?.state ?? null,
+    }, ttlMs);
   }
 
   /** Resolve when every admitted update is handled (or dead-lettered) and every send settled. */
@@ -354,4 +377,48 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
  */
 export function durable<B extends GrammyBotLike>(bot: B, options: DurableGrammyOptions): DurableGrammy<B> {
   return new DurableGrammy(bot, options);
+}
+
+/**
+ * A grammY storage adapter on a {@link SessionStore} your bot already has,
+ * whose writes made while an update is handled take effect with that
+ * update's done mark: use it as the `storage` of grammY's `session()` or of
+ * `@grammyjs/conversations` v2. A rerun of an update (after a crash, or a
+ * retry after a throw) sees the session as it was before the update; a
+ * finished update's write is never lost; a dead-lettered update's write never
+ * takes effect. Each value is stored as an envelope with the record that
+ * wrote it and the value before it; a read costs one store read, plus one
+ * inbox read the first time a record is seen done. See docs/grammy.md.
+ *
+ * @example
+ * ```ts
+ * import { Bot, type Context, session, type SessionFlavor } from "grammy";
+ * import { MemoryDurability, MemoryStore } from "@botmesh/durable";
+ * import { durable, durableStorage } from "@botmesh/durable/grammy";
+ *
+ * type MyContext = Context & SessionFlavor<{ likes: number }>;
+ * const bot = new Bot<MyContext>("123:fake-token");
+ * const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+ * bot.use(session({ initial: () => ({ likes: 0 }), storage: durableStorage(safe, new MemoryStore()) }));
+ * bot.on("message:text", (ctx) => {
+ *   ctx.session.likes++; // applied exactly once per update, even across a kill -9
+ * });
+ * ```
+ *
+ * @param safe the durable grammY bot ({@link durable}'s handle)
+ * @param store the session store
+ * @param options `ttlMs`: each write expires after that long
+ * @returns the adapter
+ * @throws {TypeError} when `safe` is not a durable grammY bot, `store` not a session store, or an option is unknown or of the wrong type
+ * @throws {RangeError} when `ttlMs` is not a positive number
+ */
+export function durableStorage<T = unknown>(
+  safe: DurableGrammy<GrammyBotLike>,
+  store: SessionStore,
+  options?: DurableStorageOptions,
+): DurableStorageAdapter<T> {
+  if (!(safe instanceof DurableGrammy)) {
+    throw new TypeError(`Argument "safe" must be the durable grammY bot that durable() returns, got ${show(safe)}`);
+  }
+  return safe.storage<T>(store, options);
 }

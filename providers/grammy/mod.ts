@@ -26,6 +26,7 @@
  *
  * @module
  */
-export { durable, DurableGrammy, type DurableGrammyOptions, type GrammyBotLike } from "./durable.ts";
+export { durable, DurableGrammy, type DurableGrammyOptions, durableStorage, type GrammyBotLike } from "./durable.ts";
+export type { DurableStorageAdapter, DurableStorageOptions } from "./storage.ts";
 export { isJournaledMethod } from "./methods.ts";
 export { classifyGrammyError } from "./provider.ts";
