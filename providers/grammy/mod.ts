@@ -26,7 +26,15 @@
  *
  * @module
  */
-export { durable, DurableGrammy, type DurableGrammyOptions, durableStorage, type GrammyBotLike } from "./durable.ts";
+export {
+  type ConversationPlugin,
+  durable,
+  durableConversations,
+  DurableGrammy,
+  type DurableGrammyOptions,
+  durableStorage,
+  type GrammyBotLike,
+} from "./durable.ts";
 export type { DurableStorageAdapter, DurableStorageOptions } from "./storage.ts";
 export { isJournaledMethod } from "./methods.ts";
 export { classifyGrammyError } from "./provider.ts";
