@@ -471,14 +471,14 @@ export function durableStorage<T = unknown>(
  *
  * @example
  * ```ts
- * import { Bot, type Context } from "grammy";
- * import { type ConversationFlavor, conversations } from "@grammyjs/conversations";
+ * import { Bot } from "grammy";
  * import { MemoryDurability, MemoryStore } from "@botmesh/durable";
  * import { durable, durableConversations, durableStorage } from "@botmesh/durable/grammy";
  *
- * const bot = new Bot<ConversationFlavor<Context>>("123:fake-token");
+ * const bot = new Bot("123:fake-token");
  * const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
- * bot.use(conversations({ storage: durableStorage(safe, new MemoryStore()), plugins: [durableConversations(safe)] }));
+ * // The options of conversations() of @grammyjs/conversations v2: bot.use(conversations(options))
+ * const options = { storage: durableStorage(safe, new MemoryStore()), plugins: [durableConversations(safe)] };
  * ```
  *
  * @param safe the durable grammY bot ({@link durable}'s handle)
