@@ -222,6 +222,49 @@ for (const name of Object.keys(KINDS)) describe(`conversations v2 through the ou
       [`${fake.inboundId(first)}:1`, `${fake.inboundId(second)}:1`].sort(),
     );
   });
+
+  test("a conversational menu: rendered before the outbox journals the reply, its button's handler replies through the outbox", async () => {
+    const fake = new FakeTelegram().start();
+    const bot = new GrammyBot<ConversationFlavor<Context>>(fake.token, {
+      client: { apiRoot: fake.url },
+      botInfo: { id: fake.botId, is_bot: true, first_name: "Fake", username: "fake_bot" } as never,
+    });
+    const { backend, store, close } = KINDS[kind]!();
+    const safe = durable(bot, {
+      durability: { backend, instanceId: "grammy-conversations-menu", inbox: { backoff: { baseMs: 10, capMs: 20 } }, outbox: { rateLimit: false } },
+    });
+    safe.on("error", () => {});
+    cleanups.push(async () => {
+      await safe.stop();
+      await close();
+      await fake.stop();
+    });
+    let pressRuns = 0;
+    bot.use(async (ctx, next) => {
+      await next();
+      if (ctx.callbackQuery !== undefined && ++pressRuns === 1) throw new Error("cut off before the done mark");
+    });
+    bot.use(conversations({ storage: durableStorage(safe, store), plugins: [durableConversations(safe)] }));
+    bot.use(createConversation(async (conversation: Conversation<ConversationFlavor<Context>, Context>, ctx: Context) => {
+      const menu = conversation.menu("pick").text("Tea", (c) => c.reply("Tea it is"));
+      await ctx.reply("Tea?", { reply_markup: menu });
+      await conversation.waitFor("message:text");
+      await ctx.reply("Bye");
+    }, "menu"));
+    bot.command("start", (ctx) => ctx.conversation.enter("menu"));
+    await safe.start();
+    await step(fake, bot as never, safe, fake.textUpdate(CHAT, "/start", START));
+    const markup = fake.sent[0]!.params.reply_markup as { inline_keyboard: { text: string; callback_data: string }[][] };
+    expect(markup.inline_keyboard[0]![0]!.text).toBe("Tea");
+    const press = fake.callbackUpdate(CHAT, markup.inline_keyboard[0]![0]!.callback_data);
+    (press.callback_query as { message: { message_id: number } }).message.message_id = fake.sent[0]!.messageId;
+    await step(fake, bot as never, safe, press);
+    await step(fake, bot as never, safe, fake.textUpdate(CHAT, "done"));
+    // The press was run twice (its first run cut off): its reply went out once.
+    expect(pressRuns).toBe(2);
+    expect(fake.sent.map((s) => s.params.text)).toEqual(["Tea?", "Tea it is", "Bye"]);
+    expect((await safe.durability.outbox.get(`${fake.inboundId(press)}:1`))?.state).toBe("sent");
+  });
 });
 
 test("durableConversations names a wrong argument", () => {
