@@ -227,11 +227,12 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   }
 
   /**
-   * Conversations v2 gives each context of a conversation an `Api` of its own, whose only transformer
-   * (installed first) answers the calls of replayed steps from the conversation's log, and makes the
-   * others. The plugin replaces that `Api` with one that has the same transformers on top of the
-   * outbox transformer: a replayed call is answered from the log before it reaches the outbox; a call
-   * of the update being handled reaches it, and is journaled under that update's key sequence.
+   * Conversations v2 gives each context of a conversation an `Api` of its own, whose first transformer
+   * answers the calls of replayed steps from the conversation's log and makes the others (a menu's
+   * may follow). A transformer installed after it would see every call, replayed or not. The plugin
+   * replaces that `Api` with one that has the same transformers on top of the outbox transformer: a
+   * replayed call is answered from the log before it reaches the outbox; a call of the update being
+   * handled reaches it, and is journaled under that update's key sequence.
    */
   readonly #conversationPlugin: ConversationPlugin = (ctx, next) => {
     const api = ctx.api as unknown as ConversationApi;
