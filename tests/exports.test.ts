@@ -147,5 +147,5 @@ test("./grammy: grammy is an optional peer dependency, imported for its types on
     }
   }
   const entry = await import("../providers/grammy/mod.ts");
-  expect(Object.keys(entry).sort()).toEqual(["DurableGrammy", "classifyGrammyError", "durable", "durableStorage", "isJournaledMethod"]);
+  expect(Object.keys(entry).sort()).toEqual(["DurableGrammy", "classifyGrammyError", "durable", "durableConversations", "durableStorage", "isJournaledMethod"]);
 });

@@ -58,6 +58,15 @@ export interface GrammyBotLike {
 }
 
 type GrammyInternals = GrammyBot<GrammyContext>;
+/** A grammY middleware, as conversations v2 takes it in `plugins`. */
+export type ConversationPlugin = (ctx: GrammyContext, next: () => Promise<void>) => Promise<void>;
+/** What the conversation plugin uses of a conversation context's `Api`. */
+interface ConversationApi {
+  readonly token: string;
+  readonly options?: unknown;
+  readonly config: { use(...transformers: Transformer[]): unknown; installedTransformers(): Transformer[] };
+}
+
 type HandleUpdate = GrammyInternals["handleUpdate"];
 type Update = Parameters<HandleUpdate>[0];
 /** The grammY bots made durable (once each). */
@@ -206,6 +215,36 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       stateOf: async (id) => (await this.durability.inbox.get(id))?.state ?? null,
     }, ttlMs);
   }
+
+  /**
+   * The plugin that puts the calls of `@grammyjs/conversations` v2 through the outbox: pass it in
+   * `plugins` of `conversations()` (or of `createConversation`). See {@link durableConversations}.
+   *
+   * @returns the conversation plugin (a grammY middleware)
+   */
+  conversationPlugin(): ConversationPlugin {
+    return this.#conversationPlugin;
+  }
+
+  /**
+   * Conversations v2 gives each context of a conversation an `Api` of its own, whose first transformer
+   * answers the calls of replayed steps from the conversation's log and makes the others (a menu's
+   * may follow). A transformer installed after it would see every call, replayed or not. The plugin
+   * replaces that `Api` with one that has the same transformers on top of the outbox transformer: a
+   * replayed call is answered from the log before it reaches the outbox; a call of the update being
+   * handled reaches it, and is journaled under that update's key sequence.
+   */
+  readonly #conversationPlugin: ConversationPlugin = (ctx, next) => {
+    const api = ctx.api as unknown as ConversationApi;
+    const installed = api.config.installedTransformers();
+    if (!installed.includes(this.#transformer)) {
+      const ApiClass = api.constructor as new (token: string, options?: unknown) => ConversationApi;
+      const own = new ApiClass(api.token, api.options);
+      own.config.use(this.#transformer, ...installed);
+      (ctx as { api: unknown }).api = own;
+    }
+    return next();
+  };
 
   /** Resolve when every admitted update is handled (or dead-lettered) and every send settled. */
   async idle(): Promise<void> {
@@ -421,4 +460,35 @@ export function durableStorage<T = unknown>(
     throw new TypeError(`Argument "safe" must be the durable grammY bot that durable() returns, got ${show(safe)}`);
   }
   return safe.storage<T>(store, options);
+}
+
+/**
+ * The `@grammyjs/conversations` v2 plugin of a durable grammY bot: the calls a conversation makes
+ * through its `ctx` go through the outbox like the bot's own. A step replayed from the conversation's
+ * log is answered from that log and makes no call; a call made while an update is handled is journaled
+ * under that update's keys, so a rerun of the update (after a crash, or a retry) is answered from the
+ * outbox instead of sending again. Pass it in `plugins` of `conversations()`, with
+ * {@link durableStorage} as its `storage`. See docs/grammy.md.
+ *
+ * @example
+ * ```ts
+ * import { Bot } from "grammy";
+ * import { MemoryDurability, MemoryStore } from "@botmesh/durable";
+ * import { durable, durableConversations, durableStorage } from "@botmesh/durable/grammy";
+ *
+ * const bot = new Bot("123:fake-token");
+ * const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+ * // The options of conversations() of @grammyjs/conversations v2: bot.use(conversations(options))
+ * const options = { storage: durableStorage(safe, new MemoryStore()), plugins: [durableConversations(safe)] };
+ * ```
+ *
+ * @param safe the durable grammY bot ({@link durable}'s handle)
+ * @returns the plugin (a grammY middleware)
+ * @throws {TypeError} when `safe` is not a durable grammY bot
+ */
+export function durableConversations(safe: DurableGrammy<GrammyBotLike>): ConversationPlugin {
+  if (!(safe instanceof DurableGrammy)) {
+    throw new TypeError(`Argument "safe" must be the durable grammY bot that durable() returns, got ${show(safe)}`);
+  }
+  return safe.conversationPlugin();
 }

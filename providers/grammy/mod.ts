@@ -7,8 +7,10 @@
  * messages (`ctx.reply`, `ctx.replyWith*`, `send*`, `forwardMessage(s)`,
  * `copyMessage(s)`, on `ctx.api` and `bot.api`) go through the outbox keyed
  * `<inbound id>:<n>`, so a rerun is answered from the outbox instead of
- * sending twice. grammY is an optional peer dependency: nothing here loads it;
- * your bot does. See docs/grammy.md.
+ * sending twice; `durableConversations(safe)`, a plugin of
+ * `@grammyjs/conversations` v2, does the same for the calls of conversations.
+ * grammY is an optional peer dependency: nothing here loads it; your bot
+ * does. See docs/grammy.md.
  *
  * @example Long polling on SQLite
  * ```ts ignore
@@ -26,7 +28,15 @@
  *
  * @module
  */
-export { durable, DurableGrammy, type DurableGrammyOptions, durableStorage, type GrammyBotLike } from "./durable.ts";
+export {
+  type ConversationPlugin,
+  durable,
+  durableConversations,
+  DurableGrammy,
+  type DurableGrammyOptions,
+  durableStorage,
+  type GrammyBotLike,
+} from "./durable.ts";
 export type { DurableStorageAdapter, DurableStorageOptions } from "./storage.ts";
 export { isJournaledMethod } from "./methods.ts";
 export { classifyGrammyError } from "./provider.ts";
