@@ -124,6 +124,8 @@ export class GrammyProvider implements Provider {
   constructor(token: string, call: GrammyCall, options: GrammyProviderOptions = {}) {
     this.name = options.name ?? "grammy";
     this.#errors = options.errors ?? GRAMMY_ERRORS;
+    // The outbox calls it detached from the provider.
+    this.classifyError = this.classifyError.bind(this);
     const match = /^(\d+):/.exec(typeof token === "string" ? token : "");
     if (match === null) throw new TypeError(`The grammY bot's token must look like "<bot id>:<secret>", got ${show(typeof token === "string" ? `${token.slice(0, 12)}…` : token)}`);
     this.connectionId = match[1]!;

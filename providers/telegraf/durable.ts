@@ -266,7 +266,8 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
    * @throws {TypeError} when `store` is not a session store, or an option is unknown or of the wrong type
    * @throws {RangeError} when `ttlMs` is not a positive number
    */
-  storage<T = unknown>(store: SessionStore, options?: DurableStorageOptions): DurableSessionStore<T> {
+  // deno-lint-ignore no-explicit-any
+  storage<T = any>(store: SessionStore, options?: DurableStorageOptions): DurableSessionStore<NoInfer<T>> {
     const ttlMs = checkStorageArguments(store, options);
     const adapter = new DurableStorage<T>(store, {
       current: () => this.#run?.get(),
@@ -409,7 +410,16 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
   async #callApi(direct: CallApi, method: string, payload: Obj, options: { signal?: AbortSignal }): Promise<unknown> {
     if (method === "getUpdates") {
       this.#polling = true;
-      const poll = (async () => direct(method, await this.#beforePoll(payload, options.signal), options))();
+      const poll = (async () => {
+        try {
+          return await direct(method, await this.#beforePoll(payload, options.signal), options);
+        } catch (error) {
+          // Where fetch's abort error cannot be renamed (Bun), Telegraf throws a TypeError instead, and
+          // its polling would end with it: an abort (stop()) ends it cleanly.
+          if (options.signal?.aborted === true) throw Object.assign(new Error("getUpdates was aborted"), { name: "AbortError" });
+          throw error;
+        }
+      })();
       this.#polls.add(poll);
       try {
         return await poll;
@@ -536,11 +546,13 @@ export function durable<B extends TelegrafBotLike>(bot: B, options: DurableTeleg
  * @throws {TypeError} when `safe` is not a durable Telegraf bot, `store` not a session store, or an option is unknown or of the wrong type
  * @throws {RangeError} when `ttlMs` is not a positive number
  */
-export function durableStorage<T = unknown>(
+// The session type comes from the bot's context (Telegraf's `session()` infers it), not from here.
+// deno-lint-ignore no-explicit-any
+export function durableStorage<T = any>(
   safe: DurableTelegraf<TelegrafBotLike>,
   store: SessionStore,
   options?: DurableStorageOptions,
-): DurableSessionStore<T> {
+): DurableSessionStore<NoInfer<T>> {
   if (!(safe instanceof DurableTelegraf)) {
     throw new TypeError(`Argument "safe" must be the durable Telegraf bot that durable() returns, got ${show(safe)}`);
   }
