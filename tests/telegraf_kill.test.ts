@@ -145,3 +145,34 @@ async function killRun(mode: "polling" | "webhook"): Promise<void> {
 for (const mode of ["polling", "webhook"] as const) {
   test(`a Telegraf bot (${mode}) SIGKILLed ${KILLS} times while updates stream in: no update lost, no reply twice unreported`, () => killRun(mode), 120_000);
 }
+
+test("examples/telegraf_bot.ts killed with SIGKILL mid-handler: every reply once", async () => {
+  const fake = new FakeTelegram().start();
+  const db = join(dir, "example.db");
+  const spawn = () =>
+    Bun.spawn([process.execPath, "examples/telegraf_bot.ts"], {
+      env: { ...process.env, TELEGRAM_TOKEN: fake.token, TELEGRAM_API: fake.url, BOT_DB: db },
+      stdout: "pipe",
+      stderr: "pipe",
+    });
+  const texts = () => fake.sent.filter((s) => s.method === "sendMessage").map((s) => String(s.params.text));
+  let child = spawn();
+  try {
+    await childLines(child.stdout, "telegraf_bot.ts", 15_000).next("running");
+    const update = fake.push(fake.textUpdate(4242, "hello"));
+    await fake.until("the first reply", () => texts().length === 1, 15_000);
+    child.kill("SIGKILL"); // inside the handler's 3 s wait: "Done." was never sent
+    await child.exited;
+    expect(texts()).toEqual(['Working on "hello"…']);
+    child = spawn();
+    await childLines(child.stdout, "telegraf_bot.ts (restarted)", 15_000).next("running");
+    await fake.until("the second reply", () => texts().length === 2, 15_000);
+    await untilQuiescent(db, fake, [fake.inboundId(update)], 15_000); // past it, a duplicate would be in texts()
+    expect(texts()).toEqual(['Working on "hello"…', "Done."]);
+    expect(fake.calls.filter((c) => c.method === "sendChatAction").length).toBe(2); // passed straight through, each run
+  } finally {
+    child.kill("SIGINT");
+    expect(await child.exited).toBe(0);
+    await fake.stop();
+  }
+}, 60_000);
