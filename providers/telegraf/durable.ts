@@ -128,6 +128,25 @@ function abortableSleep(ms: number, signal: AbortSignal | undefined): Promise<vo
   });
 }
 
+/**
+ * The payload of a call the outbox makes: binary it journaled comes back as `Uint8Array`, and Telegraf
+ * uploads only a `Buffer` (it silently leaves out any other `source`), so each one becomes a `Buffer`
+ * again (a view of the same bytes).
+ */
+function withBuffers(value: unknown): unknown {
+  const BufferClass = (globalThis as { Buffer?: { isBuffer(v: unknown): boolean; from(b: ArrayBufferLike, o: number, n: number): Uint8Array } }).Buffer;
+  if (BufferClass === undefined) return value;
+  const walk = (v: unknown): unknown => {
+    if (v instanceof Uint8Array) return BufferClass.isBuffer(v) ? v : BufferClass.from(v.buffer, v.byteOffset, v.byteLength);
+    if (Array.isArray(v)) return v.map(walk);
+    if (!isObj(v) || (Object.getPrototypeOf(v) !== Object.prototype && Object.getPrototypeOf(v) !== null)) return v;
+    const out: Obj = {};
+    for (const [key, item] of Object.entries(v)) out[key] = walk(item);
+    return out;
+  };
+  return walk(value);
+}
+
 function isResponse(value: unknown): value is WebhookResponse {
   return isObj(value) && typeof value.end === "function";
 }
@@ -197,7 +216,7 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
     const caller = new this.#Telegram(token, b.telegram.options);
     const call: GrammyCall = async (method, payload, signal) => {
       try {
-        return await caller.callApi(method, payload, signal === undefined ? {} : { signal });
+        return await caller.callApi(method, withBuffers(payload) as Obj, signal === undefined ? {} : { signal });
       } catch (error) {
         if (this.#errorClass === undefined && telegrafFailureOf(error) !== undefined) {
           this.#errorClass = (error as object).constructor as TelegramErrorClass;
