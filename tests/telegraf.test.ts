@@ -257,6 +257,20 @@ for (const name of Object.keys(BACKENDS)) describe(`Telegraf behind the durable 
     expect(keys.filter((k) => !k.startsWith("rnd:"))).toEqual([`${fake.inboundId(press)}:1`]);
   });
 
+  test("a send refused by the flood limit (429) waits in the outbox for its retry_after and resolves with the real Message", async () => {
+    const { fake, bot, safe } = setup();
+    const replies: unknown[] = [];
+    bot.on("text", async (ctx) => {
+      replies.push(await ctx.reply("after the flood"));
+    });
+    await safe.start();
+    fake.inject("sendMessage", { kind: "status", status: 429, description: "Too Many Requests: retry after 1", retryAfter: 1 });
+    await bot.handleUpdate(fake.textUpdate(19, "go") as never);
+    await safe.idle();
+    expect(fake.calls.filter((c) => c.method === "sendMessage").map((c) => c.status)).toEqual([429, 200]);
+    expect(replies).toEqual([expect.objectContaining({ message_id: 1, chat: expect.objectContaining({ id: 19 }), text: "after the flood" })]);
+  });
+
   test("a send that ends dead throws the TelegramError Telegraf would have thrown", async () => {
     const { fake, bot, safe } = setup({ retries: 0 });
     const errors: unknown[] = [];

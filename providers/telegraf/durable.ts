@@ -30,6 +30,7 @@ import { type GrammyCall, GrammyProvider } from "../grammy/provider.ts";
 import { isAlreadyDone } from "../grammy/reruns.ts";
 import { checkStorageArguments, DurableStorage, type DurableStorageOptions } from "../grammy/storage.ts";
 import { journaledUpdate, updateRecord } from "../grammy/updates.ts";
+import { abortableSleep, afterFlood, REFUSED_BACKOFF_MS } from "../grammy/waits.ts";
 import { TELEGRAF_ERRORS, TelegrafApiError, type TelegramErrorClass, telegrafFailureOf } from "./errors.ts";
 
 /** Options of {@link durable}. */
@@ -106,27 +107,7 @@ interface WebhookResponse {
 
 /** The Telegraf bots made durable (once each). */
 const APPLIED = new WeakSet<object>();
-/** The first retry of refused updates, and the most it backs off to. */
-const REFUSED_BACKOFF_MS = [500, 30_000] as const;
-/** After a 429, how much longer than its `retry_after` a call waits for the outbox to send it. */
-const FLOOD_GRACE_MS = 5_000;
-/** How often a call paused by a 429 looks whether the outbox sent it. */
-const FLOOD_POLL_MS = 50;
 const noop = (): Promise<void> => Promise.resolve();
-
-/** Sleep `ms`, or less when `signal` aborts (the call that follows then fails with Telegraf's abort error). */
-function abortableSleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  if (signal?.aborted) return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener("abort", done, { once: true });
-  });
-}
 
 /**
  * The payload of a call the outbox makes: binary it journaled comes back as `Uint8Array`, and Telegraf
@@ -452,6 +433,7 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
       } catch (error) {
         // A rerun makes such calls again: one that fails only because the first run's took effect has succeeded.
         const failure = telegrafFailureOf(error);
+        if (failure !== undefined) this.#errorClass ??= (error as object).constructor as TelegramErrorClass;
         if (failure !== undefined && this.#run?.get()?.rerun === true && isAlreadyDone(method, failure)) return true;
         throw error;
       }
@@ -459,29 +441,9 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
     const chat = isObj(payload) ? journalChatOf(payload) : undefined;
     if (chat === undefined || this.#starting === undefined || this.#coreStopped) return direct(method, payload, options);
     await this.#starting;
-    const result = await this.#afterFlood(await this.core.send(chat, callContent(method, payload)));
+    const sent = await this.core.send(chat, callContent(method, payload));
+    const result = await afterFlood(sent, this.#provider, this.durability.outbox, () => this.#stopped);
     return this.#answer(method, payload, result);
-  }
-
-  /**
-   * A send Telegram refused for its flood limit (429) is paused in the outbox, no attempt spent: the
-   * caller waits for it to go out (the `retry_after`, then its slot) and gets the real answer, as
-   * without the outbox. It gets the placeholder if the send is not out soon after, or the bot stops.
-   */
-  async #afterFlood(result: SendResult): Promise<SendResult> {
-    if (result.state !== "queued" && result.state !== "failed") return result;
-    const retryAfterMs = this.#provider.floodWaitOf(result.key);
-    if (retryAfterMs === undefined) return result;
-    const deadline = Date.now() + retryAfterMs + FLOOD_GRACE_MS;
-    while (!this.#stopped && Date.now() < deadline) {
-      await abortableSleep(FLOOD_POLL_MS, undefined);
-      if (this.#provider.hasAnswer(result.key)) return { key: result.key, state: "sent" };
-      const entry = await this.durability.outbox.get(result.key);
-      if (entry === null) return result;
-      if (entry.state === "sent") return { key: result.key, state: "sent", messageId: entry.messageId ?? "" };
-      if (entry.state === "dead") return { key: result.key, state: "dead", ...(entry.error !== null ? { error: entry.error } : {}) };
-    }
-    return result;
   }
 
   /** What Telegraf's call resolves with (or throws) for a call the outbox took. */
