@@ -21,10 +21,11 @@ export default defineConfig({
     "providers/telegram/mod": "providers/telegram/mod.ts",
     "providers/whatsapp/mod": "providers/whatsapp/mod.ts",
     "providers/grammy/mod": "providers/grammy/mod.ts",
+    "providers/telegraf/mod": "providers/telegraf/mod.ts",
   },
   // The SQLite drivers and the client packages are imported lazily, by the runtime or the kind of
   // backend URL that needs them: never bundled.
-  external: ["bun:sqlite", "node:sqlite", "better-sqlite3", "postgres", "ioredis", "@upstash/redis", "grammy"],
+  external: ["bun:sqlite", "node:sqlite", "better-sqlite3", "postgres", "ioredis", "@upstash/redis", "grammy", "telegraf"],
   outDir: "dist",
   format: ["esm"],
   target: "node20",

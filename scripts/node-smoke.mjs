@@ -214,3 +214,50 @@ console.log('node-smoke: file backend ok')
   await safe.stop()
   console.log('node-smoke: grammY plugin ok')
 }
+
+// A Telegraf bot made durable through the npm build: Telegraf's webhookCallback on node:http, its calls
+// to a Bot API on node:http, keys from Node's AsyncLocalStorage, a redelivery dropped, an edit passed
+// straight through.
+{
+  const { createServer } = await import('node:http')
+  const { Telegraf } = await import('telegraf')
+  const { durable } = await import('../dist/providers/telegraf/mod.js')
+  const listen = async (server) => {
+    await new Promise((resolve) => server.listen(0, '127.0.0.1', resolve))
+    return `http://127.0.0.1:${server.address().port}`
+  }
+  const calls = []
+  let nextId = 0
+  const api = createServer(async (req, res) => {
+    let body = ''
+    for await (const chunk of req) body += chunk
+    const method = String(req.url).split('/').pop()
+    const params = body === '' ? {} : JSON.parse(body)
+    calls.push({ method, params })
+    const result = method === 'getMe'
+      ? { id: 123456, is_bot: true, first_name: 'Smoke', username: 'smoke_bot' }
+      : method === 'sendMessage' ? { message_id: ++nextId, date: 0, chat: { id: 42, type: 'private' }, text: params.text } : true
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ ok: true, result }))
+  })
+  const bot = new Telegraf('123456:smoke', { telegram: { apiRoot: await listen(api) } })
+  bot.on('text', async (ctx) => {
+    const sent = await ctx.reply(`echo ${ctx.message.text}`)
+    await ctx.telegram.editMessageText(ctx.chat.id, sent.message_id, undefined, `echo ${ctx.message.text}!`)
+  })
+  const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: 'smoke-telegraf' } })
+  await safe.start()
+  const hook = createServer(bot.webhookCallback('/'))
+  const url = await listen(hook)
+  const update = { update_id: 7, message: { message_id: 3, date: 0, chat: { id: 42, type: 'private' }, text: 'hi' } }
+  const post = () => fetch(url, { method: 'POST', headers: { 'content-type': 'application/json' }, body: JSON.stringify(update) })
+  assert.equal((await post()).status, 200)
+  assert.equal((await post()).status, 200) // a redelivery
+  await safe.idle()
+  assert.deepEqual(calls.map((c) => c.method), ['getMe', 'sendMessage', 'editMessageText'])
+  assert.deepEqual((await safe.durability.outbox.list()).map((e) => e.key), ['tg:123456:7:42:3:1'])
+  await safe.stop()
+  hook.close()
+  api.close()
+  console.log('node-smoke: Telegraf plugin ok')
+}

@@ -149,3 +149,23 @@ test("./grammy: grammy is an optional peer dependency, imported for its types on
   const entry = await import("../providers/grammy/mod.ts");
   expect(Object.keys(entry).sort()).toEqual(["DurableGrammy", "classifyGrammyError", "durable", "durableConversations", "durableStorage", "isJournaledMethod"]);
 });
+
+test("./telegraf: telegraf is an optional peer dependency, imported for its types only", async () => {
+  const manifest = pkg as { peerDependencies?: Record<string, string>; peerDependenciesMeta?: Record<string, { optional?: boolean }> };
+  expect(manifest.peerDependencies?.telegraf).toBeDefined();
+  expect(manifest.peerDependenciesMeta?.telegraf?.optional).toBe(true);
+  expect(exportMap("deno.json", deno)["./telegraf"]).toBe("./providers/telegraf/mod.ts");
+  const dir = root + "providers/telegraf/";
+  for (const name of readdirSync(dir).filter((n) => n.endsWith(".ts"))) {
+    const code = readFileSync(dir + name, "utf8");
+    expect(code, `providers/telegraf/${name} loads a module at run time`).not.toMatch(/import\(/);
+    const imports = [...code.matchAll(/^import\s+(type\s+)?[^;]*?from\s+["']([^"']+)["']/gm)];
+    for (const [, isType, from] of imports) {
+      if (from === "telegraf" || from!.startsWith("telegraf/") || from!.startsWith("@telegraf/")) {
+        expect(isType, `providers/telegraf/${name} imports ${from} at run time`).toBe("type ");
+      }
+    }
+  }
+  const entry = await import("../providers/telegraf/mod.ts");
+  expect(Object.keys(entry).sort()).toEqual(["DurableTelegraf", "TelegrafApiError", "classifyTelegrafError", "durable", "durableStorage", "isJournaledMethod"]);
+});

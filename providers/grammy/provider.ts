@@ -60,13 +60,45 @@ export function classifyGrammyError(error: unknown): ErrorClassification {
   return { retryable: true };
 }
 
+/** The Bot API error answer a grammY `GrammyError` carries, `undefined` for another error (the network). */
+function grammyFailureOf(error: unknown): ApiFailure | undefined {
+  if (!isObj(error) || error.name !== "GrammyError" || typeof error.error_code !== "number") return undefined;
+  return {
+    ok: false,
+    error_code: error.error_code,
+    description: String(error.description ?? error.message),
+    ...(isObj(error.parameters) ? { parameters: error.parameters } : {}),
+  };
+}
+
+/**
+ * How the provider reads the errors its calls throw: grammY's by default; a bot library that makes
+ * its Bot API calls differently (Telegraf) brings its own.
+ */
+export interface CallErrors {
+  /** The Bot API's error answer an error carries, `undefined` for another error (the network). */
+  failureOf(error: unknown): ApiFailure | undefined;
+  /** Whether a failed call may be retried. */
+  classify(error: unknown): ErrorClassification;
+}
+
+const GRAMMY_ERRORS: CallErrors = { failureOf: grammyFailureOf, classify: classifyGrammyError };
+
+/** Options of a {@link GrammyProvider} made for another bot library than grammY. */
+export interface GrammyProviderOptions {
+  /** The provider's name (default `'grammy'`): also the media seal's. */
+  name?: string;
+  /** How errors of calls are read (default: grammY's). */
+  errors?: CallErrors;
+}
+
 /**
  * The provider of a crash-safe grammY bot. Content is a Bot API call:
  * `{ method, ...payload }` (a string is a `sendMessage` of that text).
  */
 export class GrammyProvider implements Provider {
-  /** `'grammy'`. */
-  readonly name = "grammy";
+  /** `'grammy'` (or the name it was given). */
+  readonly name: string;
   /** The bot's id: the part of the token before `:`. */
   readonly connectionId: string;
   /** Seals media references in inbox records, as the Telegram provider does. */
@@ -79,15 +111,21 @@ export class GrammyProvider implements Provider {
   readonly rateLimits: RateLimits = TELEGRAM_RATE_LIMITS;
   #sink: InboundSink | undefined;
   readonly #call: GrammyCall;
+  readonly #errors: CallErrors;
   readonly #answers = new BoundedMap<string, unknown>(KEPT_ANSWERS);
   readonly #failures = new BoundedMap<string, ApiFailure>(KEPT_ANSWERS);
 
   /**
    * @param token the bot's token
    * @param call makes one Bot API call
+   * @param options `name` and `errors`, for another bot library than grammY
    * @throws {TypeError} when the token has no numeric bot id before `:`
    */
-  constructor(token: string, call: GrammyCall) {
+  constructor(token: string, call: GrammyCall, options: GrammyProviderOptions = {}) {
+    this.name = options.name ?? "grammy";
+    this.#errors = options.errors ?? GRAMMY_ERRORS;
+    // The outbox calls it detached from the provider.
+    this.classifyError = this.classifyError.bind(this);
     const match = /^(\d+):/.exec(typeof token === "string" ? token : "");
     if (match === null) throw new TypeError(`The grammY bot's token must look like "<bot id>:<secret>", got ${show(typeof token === "string" ? `${token.slice(0, 12)}…` : token)}`);
     this.connectionId = match[1]!;
@@ -147,14 +185,8 @@ export class GrammyProvider implements Provider {
     try {
       result = await this.#call(method, payload, context.signal);
     } catch (error) {
-      if (isObj(error) && error.name === "GrammyError" && typeof error.error_code === "number") {
-        this.#failures.set(context.idempotencyKey, {
-          ok: false,
-          error_code: error.error_code,
-          description: String(error.description ?? error.message),
-          ...(isObj(error.parameters) ? { parameters: error.parameters } : {}),
-        });
-      }
+      const failure = this.#errors.failureOf(error);
+      if (failure !== undefined) this.#failures.set(context.idempotencyKey, failure);
       throw error;
     }
     this.#answers.set(context.idempotencyKey, result);
@@ -163,13 +195,13 @@ export class GrammyProvider implements Provider {
   }
 
   /**
-   * Say whether a failed call may be retried ({@link classifyGrammyError}).
+   * Say whether a failed call may be retried ({@link classifyGrammyError}, or the `errors` given).
    *
    * @param error what the call threw
    * @returns the classification
    */
   classifyError(error: unknown): ErrorClassification {
-    return classifyGrammyError(error);
+    return this.#errors.classify(error);
   }
 
   /**

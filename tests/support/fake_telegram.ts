@@ -401,6 +401,13 @@ export class FakeTelegram {
     const params: Record<string, unknown> = Object.fromEntries(url.searchParams);
     if (request.method !== "POST") return params;
     const type = request.headers.get("content-type") ?? "";
+    // Telegraf's node-fetch under Bun gzips request bodies (`compress: true`).
+    if (request.headers.get("content-encoding") === "gzip" && request.body !== null) {
+      const headers = new Headers(request.headers);
+      headers.delete("content-encoding");
+      headers.delete("content-length");
+      request = new Request(request.url, { method: request.method, headers, body: Bun.gunzipSync(new Uint8Array(await request.arrayBuffer())) });
+    }
     try {
       if (type.includes("application/json")) {
         const text = await request.text();
