@@ -17,6 +17,7 @@ import { callContent, failureOf, isJournaledMethod, journalChatOf, minimalResult
 import { type GrammyCall, GrammyProvider } from "./provider.ts";
 import { isAlreadyDone } from "./reruns.ts";
 import { journaledUpdate, updateRecord } from "./updates.ts";
+import { abortableSleep, afterFlood, REFUSED_BACKOFF_MS } from "./waits.ts";
 import { type AsyncContext, createAsyncContext } from "../../src/runtime/async_context.ts";
 import type { SessionStore } from "../../src/store.ts";
 import { checkStorageArguments, DurableStorage, type DurableStorageAdapter, type DurableStorageOptions } from "./storage.ts";
@@ -71,27 +72,6 @@ type HandleUpdate = GrammyInternals["handleUpdate"];
 type Update = Parameters<HandleUpdate>[0];
 /** The grammY bots made durable (once each). */
 const APPLIED = new WeakSet<object>();
-/** The first retry of refused updates, and the most it backs off to. */
-const REFUSED_BACKOFF_MS = [500, 30_000] as const;
-/** After a 429, how much longer than its `retry_after` a call waits for the outbox to send it. */
-const FLOOD_GRACE_MS = 5_000;
-/** How often a call paused by a 429 looks whether the outbox sent it. */
-const FLOOD_POLL_MS = 50;
-
-/** Sleep `ms`, or less when `signal` aborts (the call that follows then fails with grammY's abort error). */
-function abortableSleep(ms: number, signal: AbortSignal | undefined): Promise<void> {
-  if (signal?.aborted) return Promise.resolve();
-  return new Promise((resolve) => {
-    const done = () => {
-      clearTimeout(timer);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    };
-    const timer = setTimeout(done, ms);
-    signal?.addEventListener("abort", done, { once: true });
-  });
-}
-
 /**
  * A grammY bot made crash-safe: see {@link durable}.
  */
@@ -346,31 +326,11 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       return prev(method, payload, signal);
     }
     await this.#starting;
-    const result = await this.#afterFlood(await this.core.send(chat, callContent(method, p)));
+    const sent = await this.core.send(chat, callContent(method, p));
+    const result = await afterFlood(sent, this.#provider, this.durability.outbox, () => this.#stopped);
     // deno-lint-ignore no-explicit-any
     return this.#answer(method, p, result) as any;
   };
-
-  /**
-   * A send Telegram refused for its flood limit (429) is paused in the outbox, no attempt spent: the
-   * caller waits for it to go out (the `retry_after`, then its slot) and gets the real answer, as
-   * without the outbox. It gets the placeholder if the send is not out soon after, or the bot stops.
-   */
-  async #afterFlood(result: SendResult): Promise<SendResult> {
-    if (result.state !== "queued" && result.state !== "failed") return result;
-    const retryAfterMs = this.#provider.floodWaitOf(result.key);
-    if (retryAfterMs === undefined) return result;
-    const deadline = Date.now() + retryAfterMs + FLOOD_GRACE_MS;
-    while (!this.#stopped && Date.now() < deadline) {
-      await abortableSleep(FLOOD_POLL_MS, undefined);
-      if (this.#provider.hasAnswer(result.key)) return { key: result.key, state: "sent" };
-      const entry = await this.durability.outbox.get(result.key);
-      if (entry === null) return result;
-      if (entry.state === "sent") return { key: result.key, state: "sent", messageId: entry.messageId ?? "" };
-      if (entry.state === "dead") return { key: result.key, state: "dead", ...(entry.error !== null ? { error: entry.error } : {}) };
-    }
-    return result;
-  }
 
   /** What grammY gets back for a call the outbox took. */
   #answer(method: string, payload: Obj, result: SendResult): unknown {

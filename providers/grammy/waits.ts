@@ -1,7 +1,6 @@
 /**
  * The waits of a bot library's plugin (grammY's, Telegraf's): the backoff of long polling while the
  * journal refuses updates, and a journaled call's wait for a send Telegram's flood limit paused.
- * `durable.ts` keeps copies of its own for now; the Telegraf plugin uses these.
  *
  * @module
  */
