@@ -15,6 +15,13 @@
  * sends (at most `count` accepted sends in any window of `perMs`: overall,
  * per private chat, per group: a negative chat id), answering 429 with
  * `retry_after` (whole seconds, at least 1) as Telegram does.
+ *
+ * It keeps each sent message's text and inline keyboard, which `editMessageText` and
+ * `editMessageReplyMarkup` change (an edit of the text without `reply_markup` removes the keyboard, as
+ * on Telegram); `pressUpdate` makes a button press of a message as it is now. With `repeats: true`
+ * it refuses what Telegram refuses to a repeat: a second answer of a callback query ("query is too
+ * old"), an edit to the content the message already has ("message is not modified"); with
+ * `queryTtlMs`, an answer of a query (of `callbackUpdate`/`pressUpdate`) older than that too.
  */
 
 /** At most `count` sends in any window of `perMs` ms. */
@@ -85,6 +92,16 @@ const DESCRIPTIONS: Record<number, string> = {
   502: "Bad Gateway",
 };
 
+/** A sent message as it is now (after its edits). */
+export interface FakeMessage {
+  text?: string;
+  reply_markup?: unknown;
+}
+
+const NOT_MODIFIED =
+  "Bad Request: message is not modified: specified new message content and reply markup are exactly the same as a content and reply markup of the current message";
+const QUERY_TOO_OLD = "Bad Request: query is too old and response timeout expired or query ID is invalid";
+
 export class FakeTelegram {
   readonly token: string;
   readonly botId: number;
@@ -96,6 +113,8 @@ export class FakeTelegram {
   readonly answeredCallbacks: string[] = [];
   /** Successful `editMessageText` calls. */
   readonly edits: { chatId: string; messageId: number; text: string }[] = [];
+  /** Successful `editMessageReplyMarkup` calls. */
+  readonly markupEdits: { chatId: string; messageId: number; reply_markup: unknown }[] = [];
   /** The offsets getUpdates was called with (undefined when none was given). */
   readonly offsets: (number | undefined)[] = [];
   /** The highest offset a getUpdates confirmed. */
@@ -118,11 +137,27 @@ export class FakeTelegram {
   #windows = new Map<string, number[]>();
   /** Sends answered 429 for a flood limit (not injected faults). */
   floodRefusals = 0;
+  /** Each sent message as it is now, by `<chat id>:<message_id>`. */
+  #messages = new Map<string, FakeMessage>();
+  /** Refuse repeated answers and edits as Telegram does. */
+  #repeats: boolean;
+  #queryTtlMs: number | undefined;
+  /** When each callback query of `callbackUpdate`/`pressUpdate` was made (ms since epoch). */
+  #queries = new Map<string, number>();
+  #answered = new Set<string>();
 
-  constructor(options: { token?: string; limits?: FakeLimits } = {}) {
+  constructor(options: { token?: string; limits?: FakeLimits; repeats?: boolean; queryTtlMs?: number } = {}) {
     this.token = options.token ?? "123456789:AAH-fake_secret_token_part_0123456789";
     this.botId = Number(this.token.split(":")[0]);
     this.#limits = options.limits;
+    this.#repeats = options.repeats ?? false;
+    this.#queryTtlMs = options.queryTtlMs;
+  }
+
+  /** A sent message as it is now (its text and inline keyboard after the edits), if it was sent. */
+  message(chatId: string | number, messageId: number): FakeMessage | undefined {
+    const m = this.#messages.get(`${chatId}:${messageId}`);
+    return m === undefined ? undefined : { ...m };
   }
 
   /** Enforce `limits` from now on (`undefined`: none). */
@@ -241,12 +276,41 @@ export class FakeTelegram {
   /** A new callback_query update (not queued). */
   callbackUpdate(chatId: number, data: string): Record<string, unknown> {
     const queryId = `cbq-${crypto.randomUUID().slice(0, 8)}`;
+    this.#queries.set(queryId, Date.now());
     return {
       update_id: this.#nextUpdateId++,
       callback_query: {
         id: queryId,
         from: { id: chatId, is_bot: false, first_name: "Ada" },
         message: { message_id: 1, date: Math.floor(Date.now() / 1000), chat: { id: chatId, type: "private" }, text: "Pick one" },
+        chat_instance: "-42",
+        data,
+      },
+    };
+  }
+
+  /**
+   * A new callback_query update (not queued): a press of the button with `data` of the sent message
+   * `messageId`, as the message is now (its text and keyboard).
+   */
+  pressUpdate(chatId: number, messageId: number, data: string): Record<string, unknown> {
+    const m = this.#messages.get(`${chatId}:${messageId}`);
+    if (m === undefined) throw new Error(`no message ${messageId} was sent to chat ${chatId}`);
+    const queryId = `cbq-${crypto.randomUUID().slice(0, 8)}`;
+    this.#queries.set(queryId, Date.now());
+    return {
+      update_id: this.#nextUpdateId++,
+      callback_query: {
+        id: queryId,
+        from: { id: chatId, is_bot: false, first_name: "Ada" },
+        message: {
+          message_id: messageId,
+          date: Math.floor(Date.now() / 1000),
+          chat: { id: chatId, type: "private" },
+          from: { id: this.botId, is_bot: true, first_name: "Fake" },
+          ...(m.text !== undefined ? { text: m.text } : {}),
+          ...(m.reply_markup !== undefined ? { reply_markup: m.reply_markup } : {}),
+        },
         chat_instance: "-42",
         data,
       },
@@ -450,9 +514,15 @@ export class FakeTelegram {
         return this.#ok(true);
       case "getUpdates":
         return await this.#getUpdates(params, signal);
-      case "answerCallbackQuery":
-        this.answeredCallbacks.push(String(params.callback_query_id));
+      case "answerCallbackQuery": {
+        const id = String(params.callback_query_id);
+        const made = this.#queries.get(id);
+        if (this.#repeats && this.#answered.has(id)) return this.#error(400, QUERY_TOO_OLD);
+        if (this.#queryTtlMs !== undefined && made !== undefined && Date.now() - made > this.#queryTtlMs) return this.#error(400, QUERY_TOO_OLD);
+        this.#answered.add(id);
+        this.answeredCallbacks.push(id);
         return this.#ok(true);
+      }
       case "getFile": {
         const stored = this.#files.get(String(params.file_id ?? ""));
         if (!stored) return this.#error(400, "Bad Request: wrong file_id or the file is temporarily unavailable");
@@ -464,8 +534,30 @@ export class FakeTelegram {
         const chatId = String(params.chat_id ?? "");
         const edited = this.sent.find((m) => m.chatId === chatId && m.messageId === Number(params.message_id));
         if (!edited) return this.#error(400, "Bad Request: message to edit not found");
+        const key = `${chatId}:${edited.messageId}`;
+        const now: FakeMessage = { text: String(params.text ?? ""), reply_markup: params.reply_markup };
+        if (this.#repeats && sameMessage(this.#messages.get(key), now)) return this.#error(400, NOT_MODIFIED);
+        this.#messages.set(key, now);
         this.edits.push({ chatId, messageId: edited.messageId, text: String(params.text ?? "") });
         return this.#ok({ message_id: edited.messageId, date: Math.floor(edited.at / 1000), chat: { id: Number(chatId), type: "private" }, text: params.text });
+      }
+      case "editMessageReplyMarkup": {
+        const chatId = String(params.chat_id ?? "");
+        const edited = this.sent.find((m) => m.chatId === chatId && m.messageId === Number(params.message_id));
+        if (!edited) return this.#error(400, "Bad Request: message to edit not found");
+        const key = `${chatId}:${edited.messageId}`;
+        const before = this.#messages.get(key) ?? {};
+        const now: FakeMessage = { ...before, reply_markup: params.reply_markup };
+        if (this.#repeats && sameMessage(before, now)) return this.#error(400, NOT_MODIFIED);
+        this.#messages.set(key, now);
+        this.markupEdits.push({ chatId, messageId: edited.messageId, reply_markup: params.reply_markup });
+        return this.#ok({
+          message_id: edited.messageId,
+          date: Math.floor(edited.at / 1000),
+          chat: { id: Number(chatId), type: "private" },
+          ...(now.text !== undefined ? { text: now.text } : {}),
+          ...(now.reply_markup !== undefined ? { reply_markup: now.reply_markup } : {}),
+        });
       }
       default: {
         if (!/^(send[A-Z]\w*|copyMessage|forwardMessage)$/.test(method)) return this.#error(404);
@@ -484,6 +576,10 @@ export class FakeTelegram {
         const next = (this.#nextMessageId.get(String(chatId)) ?? 0) + 1;
         this.#nextMessageId.set(String(chatId), next);
         this.sent.push({ method, chatId: String(chatId), params, messageId: next, at: Date.now() });
+        this.#messages.set(`${chatId}:${next}`, {
+          ...(typeof params.text === "string" ? { text: params.text } : {}),
+          ...(params.reply_markup !== undefined ? { reply_markup: params.reply_markup } : {}),
+        });
         return this.#ok({
           message_id: next,
           date: Math.floor(Date.now() / 1000),
@@ -535,4 +631,10 @@ export class FakeTelegram {
     if (conflicted) return this.#error(409);
     return this.#ok(this.#queue.slice(0, limit));
   }
+}
+
+/** Whether an edit leaves a message as it was (its text and keyboard): Telegram's "message is not modified". */
+function sameMessage(before: FakeMessage | undefined, after: FakeMessage): boolean {
+  if (before === undefined) return false;
+  return before.text === after.text && JSON.stringify(before.reply_markup ?? null) === JSON.stringify(after.reply_markup ?? null);
 }
