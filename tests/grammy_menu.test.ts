@@ -49,8 +49,8 @@ interface Options {
   countInLabel?: boolean;
 }
 
-function setup(options: Options = {}) {
-  const fake = new FakeTelegram({ repeats: true }).start();
+function setup(options: Options & { queryTtlMs?: number } = {}) {
+  const fake = new FakeTelegram({ repeats: true, ...(options.queryTtlMs !== undefined ? { queryTtlMs: options.queryTtlMs } : {}) }).start();
   const bot = new GrammyBot<C>(fake.token, {
     client: { apiRoot: fake.url },
     botInfo: { id: fake.botId, is_bot: true, first_name: "Fake", username: "fake_bot" } as never,
@@ -290,5 +290,22 @@ for (const name of Object.keys(KINDS)) describe(`@grammyjs/menu (${name})`, () =
     await deliver(fake, bot, safe, p);
     expect(fake.edits.map((e) => e.text)).toEqual(["Count: 1", "Count: 2"]);
     expect(await store.get(String(CHAT))).toEqual({ count: 2 });
+  });
+
+  test("a press whose query expired before its first run (it waited in the journal): the answer fails, the update is retried, the rerun goes on without it", async () => {
+    const { fake, bot, safe, storage, runs, errors } = setup({ queryTtlMs: 200 });
+    await safe.start();
+    const menu = await start(fake, bot, safe);
+    const p = press(fake, menu, "+1");
+    await Bun.sleep(250);
+    await deliver(fake, bot, safe, p);
+    expect(runs.get(p.update_id as number)).toBe(2);
+    expect(fake.calls.filter((c) => c.method === "answerCallbackQuery").map((c) => c.status)).toEqual([400, 400]);
+    expect(fake.answeredCallbacks).toEqual([]);
+    // The first run's session write never took effect (its update failed): the counter is applied once.
+    expect(await storage.read(String(CHAT))).toEqual({ count: 1 });
+    expect(fake.edits.map((e) => e.text)).toEqual(["Count: 1"]);
+    expect((await safe.durability.inbox.get(fake.inboundId(p)))?.state).toBe("done");
+    expect(errors).toEqual([]);
   });
 });
