@@ -3,7 +3,7 @@
 // outbox, message-creating calls are keyed <inbound id>:<n> and everything else passes straight
 // through; by webhook (std/http and node:http), grammY's long polling and @grammyjs/runner; on the
 // memory, SQLite and file backends, and on Postgres and Redis when they are reachable.
-import { afterAll, afterEach, beforeEach, describe, expect, test } from "bun:test";
+import { afterAll, beforeEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -20,39 +20,16 @@ import { RedisDurability } from "../backends/redis/mod.ts";
 import postgres from "postgres";
 import IORedis from "ioredis";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
-import { durable, type DurableGrammy, isJournaledMethod } from "../providers/grammy/mod.ts";
+import { durable, isJournaledMethod } from "../providers/grammy/mod.ts";
 import { FakeTelegram, telegramLimits } from "./support/fake_telegram.ts";
+import { flakyAdmit } from "./support/flaky_admit.ts";
+import { cleanupsAfterEach, outboxKeys, pluginTestDurability } from "./support/plugin_tests.ts";
 
 function escapeHtml(text: string): string {
   return text.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;").replace(/"/g, "&quot;").replace(/'/g, "&#39;");
 }
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
-
-/** A backend whose inbox.admit throws the next `state.failures` times. */
-function flakyAdmit(backend: DurabilityBackend, state: { failures: number }): DurabilityBackend {
-  const bind = <T extends object>(target: T, override: Record<PropertyKey, unknown>): T =>
-    new Proxy(target, {
-      get(t, p) {
-        if (p in override) return override[p];
-        const v = Reflect.get(t, p, t);
-        return typeof v === "function" ? v.bind(t) : v;
-      },
-    });
-  const inbox = bind(backend.inbox, {
-    admit: async (...args: Parameters<DurabilityBackend["inbox"]["admit"]>) => {
-      if (state.failures > 0) {
-        state.failures--;
-        throw new Error("journal unavailable (injected)");
-      }
-      return backend.inbox.admit(...args);
-    },
-  });
-  return bind(backend, { inbox });
-}
+const cleanups = cleanupsAfterEach();
 
 const dir = mkdtempSync(join(tmpdir(), "botmesh-grammy-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -117,15 +94,7 @@ function setup(options: { retries?: number; admitFailures?: number } = {}) {
   const bot = botOf(fake);
   const real = BACKENDS[backendName]!();
   const backend = flakyAdmit(real, { failures: options.admitFailures ?? 0 });
-  const safe = durable(bot, {
-    durability: {
-      backend,
-      instanceId: "grammy-test",
-      inbox: { retries: options.retries ?? 3, backoff: { baseMs: 10, capMs: 20 } },
-      // Telegram's rate limits (the provider's default), ten times faster.
-      outbox: { backoff: { baseMs: 10, capMs: 20 }, rateLimit: { global: { count: 30, perMs: 100 }, perChat: { count: 1, perMs: 100 } } },
-    },
-  });
+  const safe = durable(bot, { durability: pluginTestDurability(backend, "grammy-test", options.retries ?? 3) });
   cleanups.push(async () => {
     await safe.stop();
     await real.close?.();
@@ -140,10 +109,6 @@ function webhookRequest(update: Record<string, unknown>): Request {
     headers: { "content-type": "application/json" },
     body: JSON.stringify(update),
   });
-}
-
-async function outboxKeys(safe: DurableGrammy): Promise<string[]> {
-  return (await safe.durability.outbox.list()).map((e) => e.key).sort();
 }
 
 for (const name of Object.keys(BACKENDS)) describe(`grammY behind the durable inbox (${name})`, () => {

@@ -6,38 +6,23 @@
 // At the end: no update lost, no reply sent twice unless the restarted process reported its send
 // ambiguous (killed during its Bot API call; sent again under onAmbiguous: "resend"), and every
 // conversation completed exactly once (its order counted once in the session).
-import { afterAll, expect, test } from "bun:test";
-import { mkdirSync, rmSync } from "node:fs";
-import { tmpdir } from "node:os";
+import { expect, test } from "bun:test";
 import { join } from "node:path";
 import { openBackend } from "../ops.ts";
 import { SQLiteStore } from "../backends/sqlite/mod.ts";
-import { childLines } from "./support/child_lines.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { KillRuns, killTestDir, sentCounts, spawnFixture } from "./support/kill_harness.ts";
+import { SESSION_MARK } from "./support/plugin_kills.ts";
 import { untilQuiescent } from "./support/quiescence.ts";
 
-const dir = join(tmpdir(), `botmesh-grammy-conversation-kill-${crypto.randomUUID()}`);
-mkdirSync(dir, { recursive: true });
-afterAll(() => {
-  if (!process.env.GRAMMY_KEEP) rmSync(dir, { recursive: true, force: true });
-  else console.log(`kept ${dir}`);
-});
-
+const dir = killTestDir("grammy-conversation-kill", "GRAMMY_KEEP");
 const KILLS = Number(process.env.GRAMMY_KILLS ?? 20);
 const USERS = Array.from({ length: 12 }, (_, i) => 701 + i);
-const MARK = "@botmesh/durable:session";
 
 test(`grammY conversations v2, the bot SIGKILLed ${KILLS} times while ${USERS.length} users walk through them: none lost, none twice`, async () => {
   const fake = new FakeTelegram().start();
   const db = join(dir, "conversations.db");
-  const spawn = () => {
-    const child = Bun.spawn([process.execPath, "tests/fixtures/grammy_conversation_bot.ts", db, fake.url, fake.token], {
-      stdout: "pipe",
-      stderr: "pipe",
-    });
-    return { child, lines: childLines(child.stdout, "grammY conversation bot", 20_000), stderr: new Response(child.stderr).text() };
-  };
-  const runs: ReturnType<typeof spawn>[] = [];
+  const runs = new KillRuns(() => spawnFixture(["tests/fixtures/grammy_conversation_bot.ts", db, fake.url, fake.token], "grammY conversation bot"));
   const inboundIds: string[] = [];
   /** Each reply the bot owes → the outbox key it goes out under: <inbound id of its update>:<n>. */
   const keyOf = new Map<string, string>();
@@ -68,43 +53,18 @@ test(`grammY conversations v2, the bot SIGKILLed ${KILLS} times while ${USERS.le
   };
   let walkers: Promise<void[]> | undefined;
   try {
-    let killed = 0;
-    while (killed < KILLS) {
-      const run = spawn();
-      runs.push(run);
-      await run.lines.next("ready").catch(async (error) => {
-        throw new Error(`${error.message}\nstderr: ${await run.stderr}`);
-      });
-      walkers ??= Promise.all(USERS.map(walk));
-      await Bun.sleep(50 + Math.random() * 400);
-      run.child.kill("SIGKILL");
-      await run.child.exited;
-      await run.lines.ended;
-      if (run.child.signalCode === "SIGKILL") killed++;
-    }
+    await runs.killRepeatedly(KILLS, { ready: () => (walkers ??= Promise.all(USERS.map(walk))) });
     walking = false;
-    const last = spawn();
-    runs.push(last);
-    await last.lines.next("ready");
+    await runs.startLast();
     // Each user finishes the conversation under way; then every update is settled and every reply sent:
     // a duplicate would already be at the fake.
-    await walkers!.catch(async (error) => {
-      last.child.kill("SIGKILL");
-      throw new Error(`${error.message}; stderr of the last run: ${(await last.stderr.catch(() => "")).slice(-2000)}`);
-    });
-    await untilQuiescent(db, fake, inboundIds, 30_000).catch(async (error) => {
-      last.child.kill("SIGKILL");
-      throw new Error(`${error.message}; stderr of the last run: ${(await last.stderr.catch(() => "")).slice(-2000)}`);
-    });
-    last.child.kill("SIGTERM");
-    expect(await last.child.exited, await last.stderr).toBe(0);
-    await last.lines.ended;
+    await runs.orKillLast(walkers!);
+    await runs.orKillLast(untilQuiescent(db, fake, inboundIds, 30_000));
+    await runs.stopLast();
 
-    const lines = runs.flatMap((r) => r.lines.all());
-    expect(lines.filter((l) => l.startsWith("dead "))).toEqual([]);
-    const ambiguous = new Set(lines.filter((l) => l.startsWith("ambiguous ")).map((l) => l.slice("ambiguous ".length)));
-    const counts = new Map<string, number>();
-    for (const sent of fake.sent) counts.set(String(sent.params.text), (counts.get(String(sent.params.text)) ?? 0) + 1);
+    expect(runs.deadLines()).toEqual([]);
+    const ambiguous = runs.ambiguousKeys();
+    const counts = sentCounts(fake);
     const unexpected = [...counts.keys()].filter((text) => !keyOf.has(text));
     expect(unexpected, "replies no update asked for").toEqual([]);
     const lost = [...keyOf.keys()].filter((text) => !counts.has(text));
@@ -120,7 +80,7 @@ test(`grammY conversations v2, the bot SIGKILLed ${KILLS} times while ${USERS.le
     const resolved = async (key: string) => {
       const stored = (await store.get(key)) as Record<string, unknown> | undefined;
       if (stored === undefined) return undefined;
-      expect(stored[MARK], `${key}: an envelope`).toBe(1);
+      expect(stored[SESSION_MARK], `${key}: an envelope`).toBe(1);
       expect((await opened.backend.inbox.get(String(stored.by)))?.state ?? "done", `${key}: its last writer`).toBe("done");
       return stored.v;
     };
@@ -142,7 +102,7 @@ test(`grammY conversations v2, the bot SIGKILLed ${KILLS} times while ${USERS.le
     );
   } finally {
     walking = false;
-    for (const run of runs) run.child.kill("SIGKILL");
+    runs.killAll();
     await fake.stop();
   }
 }, 120_000);

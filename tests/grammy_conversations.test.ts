@@ -5,34 +5,22 @@
 // the prompt was sent, before the update was done, as after a crash) is answered from the outbox and
 // the conversation goes on; the replays of earlier steps make no API call and journal nothing. On the
 // memory backend with a MemoryStore and on SQLite.
-import { afterAll, afterEach, beforeEach, describe, expect, test } from "bun:test";
+import { afterAll, beforeEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Bot as GrammyBot, type Context, InlineKeyboard, session, type SessionFlavor } from "grammy";
 import { type Conversation, type ConversationFlavor, conversations, createConversation } from "@grammyjs/conversations";
-import { MemoryDurability, MemoryStore, type SessionStore } from "../mod.ts";
-import type { DurabilityBackend } from "../backend.ts";
-import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import { durable, durableConversations, type DurableGrammy, durableStorage } from "../providers/grammy/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { cleanupsAfterEach, sessionBackends } from "./support/plugin_tests.ts";
 
 const dir = mkdtempSync(join(tmpdir(), "botmesh-grammy-conversations-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = cleanupsAfterEach();
 
-type Stores = { backend: DurabilityBackend; store: SessionStore; close: () => Promise<void> | void };
-const KINDS: Record<string, () => Stores> = {
-  memory: () => ({ backend: new MemoryDurability(), store: new MemoryStore(), close: () => {} }),
-  sqlite: () => {
-    const store = new SQLiteStore({ file: join(dir, `${crypto.randomUUID()}.db`) });
-    return { backend: store.durability(), store, close: () => store.close() };
-  },
-};
+const KINDS = sessionBackends(dir);
 let kind = "memory";
 
 type Outer = ConversationFlavor<Context & SessionFlavor<{ orders: number }>>;

@@ -3,36 +3,26 @@
 // a recovery after a crash) sees the session as it was before the update; a dead-lettered update's
 // write never takes effect; a finished update's write is never lost. On the memory backend with a
 // MemoryStore and on SQLite (SQLiteStore for the journal and the sessions).
-import { afterAll, afterEach, beforeEach, describe, expect, test } from "bun:test";
+import { afterAll, beforeEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { Bot as GrammyBot, type Context, session, type SessionFlavor } from "grammy";
 import { type Conversation, type ConversationFlavor, conversations, createConversation } from "@grammyjs/conversations";
-import { MemoryDurability, MemoryStore, type SessionStore } from "../mod.ts";
+import type { SessionStore } from "../mod.ts";
 import type { DurabilityBackend } from "../backend.ts";
-import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import { durable, durableConversations, type DurableGrammy, durableStorage } from "../providers/grammy/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { cleanupsAfterEach, sessionBackends } from "./support/plugin_tests.ts";
 
 const MARK = "@botmesh/durable:session";
 
 const dir = mkdtempSync(join(tmpdir(), "botmesh-grammy-session-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
+const cleanups = cleanupsAfterEach();
 
-type Sessions = { backend: DurabilityBackend; store: SessionStore; close: () => Promise<void> | void };
-const KINDS: Record<string, () => Sessions> = {
-  memory: () => ({ backend: new MemoryDurability(), store: new MemoryStore(), close: () => {} }),
-  sqlite: () => {
-    const store = new SQLiteStore({ file: join(dir, `${crypto.randomUUID()}.db`) });
-    return { backend: store.durability(), store, close: () => store.close() };
-  },
-};
+const KINDS = sessionBackends(dir);
 let kind = "memory";
 
 type Counting = Context & SessionFlavor<{ count: number }>;

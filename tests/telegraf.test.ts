@@ -4,7 +4,7 @@
 // from the outbox, message-creating calls on ctx.telegram and bot.telegram are keyed <inbound id>:<n>
 // and everything else passes straight through; sessions through durableStorage are applied once. On the
 // memory and SQLite backends.
-import { afterAll, afterEach, beforeEach, describe, expect, test } from "bun:test";
+import { afterAll, beforeEach, describe, expect, test } from "bun:test";
 import { mkdtempSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
@@ -13,35 +13,12 @@ import { type Context, Markup, session, Telegraf, Telegram, TelegramError } from
 import { MemoryDurability, MemoryStore } from "../mod.ts";
 import type { DurabilityBackend } from "../backend.ts";
 import { SQLiteDurability } from "../backends/sqlite/mod.ts";
-import { classifyTelegrafError, durable, type DurableTelegraf, durableStorage, isJournaledMethod } from "../providers/telegraf/mod.ts";
+import { classifyTelegrafError, durable, durableStorage, isJournaledMethod } from "../providers/telegraf/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { flakyAdmit } from "./support/flaky_admit.ts";
+import { cleanupsAfterEach, outboxKeys, pluginTestDurability } from "./support/plugin_tests.ts";
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  for (const cleanup of cleanups.splice(0).reverse()) await cleanup();
-});
-
-/** A backend whose inbox.admit throws the next `state.failures` times. */
-function flakyAdmit(backend: DurabilityBackend, state: { failures: number }): DurabilityBackend {
-  const bind = <T extends object>(target: T, override: Record<PropertyKey, unknown>): T =>
-    new Proxy(target, {
-      get(t, p) {
-        if (p in override) return override[p];
-        const v = Reflect.get(t, p, t);
-        return typeof v === "function" ? v.bind(t) : v;
-      },
-    });
-  const inbox = bind(backend.inbox, {
-    admit: async (...args: Parameters<DurabilityBackend["inbox"]["admit"]>) => {
-      if (state.failures > 0) {
-        state.failures--;
-        throw new Error("journal unavailable (injected)");
-      }
-      return backend.inbox.admit(...args);
-    },
-  });
-  return bind(backend, { inbox });
-}
+const cleanups = cleanupsAfterEach();
 
 const dir = mkdtempSync(join(tmpdir(), "botmesh-telegraf-"));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));
@@ -58,24 +35,13 @@ function setup(options: { retries?: number; admitFailures?: number } = {}) {
   const bot = new Telegraf<SessionContext>(fake.token, { telegram: { apiRoot: fake.url } });
   const real = BACKENDS[backendName]!();
   const backend = flakyAdmit(real, { failures: options.admitFailures ?? 0 });
-  const safe = durable(bot, {
-    durability: {
-      backend,
-      instanceId: "telegraf-test",
-      inbox: { retries: options.retries ?? 3, backoff: { baseMs: 10, capMs: 20 } },
-      outbox: { backoff: { baseMs: 10, capMs: 20 }, rateLimit: { global: { count: 30, perMs: 100 }, perChat: { count: 1, perMs: 100 } } },
-    },
-  });
+  const safe = durable(bot, { durability: pluginTestDurability(backend, "telegraf-test", options.retries ?? 3) });
   cleanups.push(async () => {
     await safe.stop();
     await real.close?.();
     await fake.stop();
   });
   return { fake, bot, safe };
-}
-
-async function outboxKeys(safe: DurableTelegraf): Promise<string[]> {
-  return (await safe.durability.outbox.list()).map((e) => e.key).sort();
 }
 
 /** Telegraf's webhookCallback on a node:http server on a free port. */

@@ -13,6 +13,7 @@ import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { crashable } from "../src/testing/crashable.ts";
 import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/mod.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
+import { flakyAdmit } from "./support/flaky_admit.ts";
 import { scaledTelegramLimits } from "./support/scaled_limits.ts";
 
 const dir = join(tmpdir(), `botmesh-telegram-tests-${crypto.randomUUID()}`);
@@ -92,28 +93,6 @@ async function harness(
   await bot.start();
   cleanups.push(() => bot.stop());
   return { bot, provider, errors, botErrors, dead, received };
-}
-
-/** A backend whose inbox.admit throws the next `state.failures` times. */
-function flakyAdmit(backend: DurabilityBackend, state: { failures: number }): DurabilityBackend {
-  const bind = <T extends object>(target: T, override: Record<PropertyKey, unknown>): T =>
-    new Proxy(target, {
-      get(t, p) {
-        if (p in override) return override[p];
-        const v = Reflect.get(t, p, t);
-        return typeof v === "function" ? v.bind(t) : v;
-      },
-    });
-  const inbox = bind(backend.inbox, {
-    admit: async (...args: Parameters<DurabilityBackend["inbox"]["admit"]>) => {
-      if (state.failures > 0) {
-        state.failures--;
-        throw new Error("journal unavailable (injected)");
-      }
-      return backend.inbox.admit(...args);
-    },
-  });
-  return bind(backend, { inbox });
 }
 
 function webhookRequest(body: string | Record<string, unknown>, init: { secret?: string | null; method?: string } = {}): Request {

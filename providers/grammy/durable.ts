@@ -9,18 +9,18 @@ import type { ApiClientOptions, Bot as GrammyBot, Context as GrammyContext, Tran
 import { Bot } from "../../src/bot.ts";
 import type { Clock } from "../../src/clock.ts";
 import type { DurabilityOptions } from "../../src/config.ts";
-import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.ts";
+import type { BotEvents, DurabilityControl } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { showValue as show } from "../../src/show.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
-import { callContent, failureOf, isJournaledMethod, journalChatOf, minimalResult, placeholderResult } from "./methods.ts";
+import { UpdateAdmission } from "./admission.ts";
+import { sendJournaled } from "./answers.ts";
+import { isJournaledMethod, journalChatOf } from "./methods.ts";
 import { type GrammyCall, GrammyProvider } from "./provider.ts";
 import { isAlreadyDone } from "./reruns.ts";
-import { journaledUpdate, updateRecord } from "./updates.ts";
-import { abortableSleep, afterFlood, REFUSED_BACKOFF_MS } from "./waits.ts";
-import { type AsyncContext, createAsyncContext } from "../../src/runtime/async_context.ts";
+import { MiddlewareRuns } from "./runs.ts";
 import type { SessionStore } from "../../src/store.ts";
-import { checkStorageArguments, DurableStorage, type DurableStorageAdapter, type DurableStorageOptions } from "./storage.ts";
+import type { DurableStorageAdapter, DurableStorageOptions } from "./storage.ts";
 
 /** Options of {@link durable}. */
 export interface DurableGrammyOptions {
@@ -86,20 +86,8 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   #stopped = false;
   /** Set once the core's `stop()` resolved: calls made from now on go straight to Telegram. */
   #coreStopped = false;
-  /** While grammY's own `stop()` runs: its last `getUpdates` (which confirms the offset) does not back off. */
-  #pollStopping = false;
-  /** Admissions under way: a `getUpdates` waits for them, so that it confirms only journaled updates. */
-  readonly #admitting = new Set<Promise<unknown>>();
-  /** Updates (by `update_id`) that the journal refused, outside a webhook: `getUpdates` asks for them again. */
-  readonly #refused = new Set<number>();
-  #backoffMs: number = REFUSED_BACKOFF_MS[0];
-  /** Whether updates come by long polling (a `getUpdates` went through the API). */
-  #polling = false;
-  /**
-   * The middleware run a call descends from (one object per run): its inbound record id, and whether it
-   * is a rerun (the record's second attempt or later).
-   */
-  #run: AsyncContext<{ readonly id: string; readonly rerun: boolean }> | null = null;
+  readonly #admission: UpdateAdmission;
+  readonly #runs = new MiddlewareRuns();
 
   /**
    * @param bot the grammY bot, with or without its middleware yet
@@ -134,14 +122,18 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       ...(options.clock !== undefined ? { clock: options.clock } : {}),
     });
     APPLIED.add(bot);
-    this.#handleUpdate = bot.handleUpdate as HandleUpdate;
-    this.core.when(() => true, (ctx) => {
-      const update = journaledUpdate(ctx.message) as unknown as Update;
-      const run = () => this.#handleUpdate.call(bot, update);
-      return this.#run === null ? run() : this.#run.run({ id: ctx.message.id, rerun: ctx.attempt > 1 }, run);
+    this.#admission = new UpdateAdmission({
+      provider: this.#provider,
+      library: "grammY",
+      stopped: () => this.#stopped,
+      start: () => this.start(),
     });
+    this.#handleUpdate = bot.handleUpdate as HandleUpdate;
+    this.#runs.route(this.core, (update) => this.#handleUpdate.call(bot, update as unknown as Update));
     bot.api.config.use(this.#transformer);
-    bot.handleUpdate = (update, webhookReplyEnvelope) => this.#admit(update as Update, webhookReplyEnvelope !== undefined);
+    // grammY's handleUpdate from now on: resolves once the update is journaled (or a duplicate).
+    bot.handleUpdate = (update, webhookReplyEnvelope) =>
+      this.#admission.track(this.#admission.admit(update, webhookReplyEnvelope !== undefined));
   }
 
   /** The operator surface of the inbox and outbox (metrics, dead letters, replays). */
@@ -171,7 +163,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
    */
   start(): Promise<void> {
     this.#starting ??= (async () => {
-      this.#run = await createAsyncContext();
+      await this.#runs.init();
       await this.grammy.init();
       await this.core.start();
     })();
@@ -189,11 +181,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
    * @throws {RangeError} when `ttlMs` is not a positive number
    */
   storage<T = unknown>(store: SessionStore, options?: DurableStorageOptions): DurableStorageAdapter<T> {
-    const ttlMs = checkStorageArguments(store, options);
-    return new DurableStorage<T>(store, {
-      current: () => this.#run?.get(),
-      stateOf: async (id) => (await this.durability.inbox.get(id))?.state ?? null,
-    }, ttlMs);
+    return this.#runs.storage<T>(this.core, store, options);
   }
 
   /**
@@ -228,7 +216,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
 
   /** Resolve when every admitted update is handled (or dead-lettered) and every send settled. */
   async idle(): Promise<void> {
-    await Promise.allSettled([...this.#admitting]);
+    await Promise.allSettled(this.#admission.underWay());
     await this.core.idle();
   }
 
@@ -240,14 +228,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
   async stop(): Promise<void> {
     if (this.#stopped) return;
     this.#stopped = true;
-    if (this.grammy.isRunning()) {
-      this.#pollStopping = true;
-      try {
-        await this.grammy.stop();
-      } finally {
-        this.#pollStopping = false;
-      }
-    }
+    if (this.grammy.isRunning()) await this.#admission.stoppingPolls(() => this.grammy.stop());
     await this.#starting?.catch(() => {});
     // Until the core is stopped, handlers still running journal their calls as before.
     try {
@@ -257,68 +238,17 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
     }
   }
 
-  // ---- inbound ---------------------------------------------------------------------
-
-  /** grammY's `handleUpdate` from now on: resolves once the update is journaled (or a duplicate). */
-  async #admit(update: Update, isWebhook: boolean): Promise<void> {
-    const work = this.#admitOnce(update, isWebhook);
-    this.#admitting.add(work);
-    try {
-      await work;
-    } finally {
-      this.#admitting.delete(work);
-    }
-  }
-
-  async #admitOnce(update: Update, isWebhook: boolean): Promise<void> {
-    if (!this.#stopped) await this.start();
-    const message = await updateRecord(update, this.#provider.connectionId, this.#provider.seal);
-    const sink = this.#provider.sink;
-    const result = sink === undefined
-      ? { status: "rejected" as const, error: new Error("The durable grammY bot is stopped; Telegram delivers the update again") }
-      : await sink.receive(message);
-    const updateId = update.update_id;
-    if (result.status !== "rejected") {
-      this.#refused.delete(updateId);
-      return;
-    }
-    // A webhook answers with an error: Telegram delivers the update again. Long polling (grammY's or
-    // the runner's) must not stop: the next getUpdates asks Telegram for it again instead. Any other
-    // caller of handleUpdate is told by the error.
-    if (isWebhook || !this.#polling) throw result.error;
-    this.#refused.add(updateId);
-  }
-
-  /** Before a `getUpdates`: its offset must not confirm an update that is not journaled. */
-  async #beforePoll(payload: Obj, signal: AbortSignal | undefined): Promise<Obj> {
-    while (this.#admitting.size > 0) await Promise.allSettled([...this.#admitting]);
-    if (this.#refused.size === 0 || typeof payload.offset !== "number") {
-      this.#backoffMs = REFUSED_BACKOFF_MS[0];
-      return payload;
-    }
-    const first = Math.min(...this.#refused);
-    if (payload.offset <= first) return payload;
-    // Stopped, every update is refused: a poller still running (the runner) backs off too, it does not
-    // spin. Only grammY's own stop() confirms the offset at once.
-    if (!this.#pollStopping) {
-      await abortableSleep(this.#backoffMs, signal);
-      this.#backoffMs = Math.min(REFUSED_BACKOFF_MS[1], this.#backoffMs * 2);
-    }
-    return { ...payload, offset: first };
-  }
-
   // ---- outbound --------------------------------------------------------------------
 
   readonly #transformer: Transformer = async (prev, method, payload, signal) => {
     if (method === "getUpdates") {
-      this.#polling = true;
-      return prev(method, (await this.#beforePoll(payload as Obj, signal as AbortSignal | undefined)) as typeof payload, signal);
+      return prev(method, (await this.#admission.beforePoll(payload as Obj, signal as AbortSignal | undefined)) as typeof payload, signal);
     }
     const p = payload as unknown as Obj;
     if (!isJournaledMethod(method)) {
       const response = await prev(method, payload, signal);
       // A rerun makes such calls again: one that fails only because the first run's took effect has succeeded.
-      if (this.#run?.get()?.rerun === true && isAlreadyDone(method, response)) return { ok: true, result: true } as typeof response;
+      if (this.#runs.current()?.rerun === true && isAlreadyDone(method, response)) return { ok: true, result: true } as typeof response;
       return response;
     }
     const chat = isObj(p) ? journalChatOf(p) : undefined;
@@ -326,21 +256,10 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       return prev(method, payload, signal);
     }
     await this.#starting;
-    const sent = await this.core.send(chat, callContent(method, p));
-    const result = await afterFlood(sent, this.#provider, this.durability.outbox, () => this.#stopped);
+    // grammY turns an error answer into a GrammyError itself.
     // deno-lint-ignore no-explicit-any
-    return this.#answer(method, p, result) as any;
+    return (await sendJournaled(this.core, this.#provider, chat, method, p, () => this.#stopped)) as any;
   };
-
-  /** What grammY gets back for a call the outbox took. */
-  #answer(method: string, payload: Obj, result: SendResult): unknown {
-    const answer = this.#provider.takeAnswer(result.key);
-    if (result.state === "dead") return failureOf(result, this.#provider.takeFailure(result.key));
-    if (answer !== undefined) return { ok: true, result: answer };
-    if (result.state === "sent") return { ok: true, result: minimalResult(method, payload, result.messageId ?? "") };
-    // Queued for a retry, being sent by another process, or of unknown outcome: the outbox has it.
-    return { ok: true, result: placeholderResult(method, payload) };
-  }
 }
 
 /**

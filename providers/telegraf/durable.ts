@@ -2,7 +2,8 @@
  * An existing Telegraf 4 bot behind the durable inbox and outbox: its updates
  * are journaled before its middleware runs, its message-creating calls go
  * through the outbox. Built from the grammY plugin's pieces (the method
- * table, the provider, the update records, the session envelopes); nothing of
+ * table, the provider, the update records, the admission of updates, the
+ * answers of journaled calls, the session envelopes); nothing of
  * Telegraf is patched beyond the bot instance given (its `handleUpdate` and
  * its `telegram`'s `callApi`) and the `Telegram` instance made for each update.
  *
@@ -11,26 +12,18 @@
 import { Bot } from "../../src/bot.ts";
 import type { Clock } from "../../src/clock.ts";
 import type { DurabilityOptions } from "../../src/config.ts";
-import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.ts";
+import type { BotEvents, DurabilityControl } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { showValue as show } from "../../src/show.ts";
 import type { SessionStore } from "../../src/store.ts";
-import { type AsyncContext, createAsyncContext } from "../../src/runtime/async_context.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
-import {
-  type ApiFailure,
-  callContent,
-  failureOf,
-  isJournaledMethod,
-  journalChatOf,
-  minimalResult,
-  placeholderResult,
-} from "../grammy/methods.ts";
+import { UpdateAdmission } from "../grammy/admission.ts";
+import { sendJournaled } from "../grammy/answers.ts";
+import { isJournaledMethod, journalChatOf } from "../grammy/methods.ts";
 import { type GrammyCall, GrammyProvider } from "../grammy/provider.ts";
 import { isAlreadyDone } from "../grammy/reruns.ts";
-import { checkStorageArguments, DurableStorage, type DurableStorageOptions } from "../grammy/storage.ts";
-import { journaledUpdate, updateRecord } from "../grammy/updates.ts";
-import { abortableSleep, afterFlood, REFUSED_BACKOFF_MS } from "../grammy/waits.ts";
+import { MiddlewareRuns } from "../grammy/runs.ts";
+import type { DurableStorageOptions } from "../grammy/storage.ts";
 import { TELEGRAF_ERRORS, TelegrafApiError, type TelegramErrorClass, telegrafFailureOf } from "./errors.ts";
 
 /** Options of {@link durable}. */
@@ -147,24 +140,12 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
   #stopped = false;
   /** Set once the core's `stop()` resolved: calls made from now on go straight to Telegram. */
   #coreStopped = false;
-  /** While `stop()` ends Telegraf's polling: its last `getUpdates` (which confirms the offset) does not back off. */
-  #pollStopping = false;
-  /** Admissions under way: a `getUpdates` waits for them, so that it confirms only journaled updates. */
-  readonly #admitting = new Set<Promise<unknown>>();
+  readonly #admission: UpdateAdmission;
   /** `getUpdates` calls under way. */
   readonly #polls = new Set<Promise<unknown>>();
-  /** Updates (by `update_id`) that the journal refused, under long polling: `getUpdates` asks for them again. */
-  readonly #refused = new Set<number>();
-  #backoffMs: number = REFUSED_BACKOFF_MS[0];
-  /** Whether updates come by long polling (a `getUpdates` went through the bot's `telegram`). */
-  #polling = false;
   /** Telegraf's `TelegramError`, once a call of this process threw one. */
   #errorClass: TelegramErrorClass | undefined;
-  /**
-   * The middleware run a call descends from (one object per run): its inbound record id, and whether it
-   * is a rerun (the record's second attempt or later).
-   */
-  #run: AsyncContext<{ readonly id: string; readonly rerun: boolean }> | null = null;
+  readonly #runs = new MiddlewareRuns();
 
   /**
    * @param bot the Telegraf bot, with or without its middleware yet
@@ -213,13 +194,16 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
       ...(options.clock !== undefined ? { clock: options.clock } : {}),
     });
     APPLIED.add(bot);
-    this.core.when(() => true, (ctx) => {
-      const update = journaledUpdate(ctx.message);
-      const run = () => this.#handle(update);
-      return this.#run === null ? run() : this.#run.run({ id: ctx.message.id, rerun: ctx.attempt > 1 }, run);
+    this.#admission = new UpdateAdmission({
+      provider: this.#provider,
+      library: "Telegraf",
+      stopped: () => this.#stopped,
+      start: () => this.start(),
     });
+    this.#runs.route(this.core, (update) => this.#handle(update));
     this.#journal(b.telegram);
-    b.handleUpdate = (update, webhookResponse) => this.#admit(update, webhookResponse);
+    // Telegraf's handleUpdate from now on: resolves once the update is journaled (or a duplicate).
+    b.handleUpdate = (update, webhookResponse) => this.#admission.track(this.#admit(update, webhookResponse));
   }
 
   /** The operator surface of the inbox and outbox (metrics, dead letters, replays). */
@@ -249,7 +233,7 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
    */
   start(): Promise<void> {
     this.#starting ??= (async () => {
-      this.#run = await createAsyncContext();
+      await this.#runs.init();
       this.#bot.botInfo ??= await this.#bot.telegram.callApi("getMe", {});
       await this.core.start();
     })();
@@ -268,11 +252,7 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
    */
   // deno-lint-ignore no-explicit-any
   storage<T = any>(store: SessionStore, options?: DurableStorageOptions): DurableSessionStore<NoInfer<T>> {
-    const ttlMs = checkStorageArguments(store, options);
-    const adapter = new DurableStorage<T>(store, {
-      current: () => this.#run?.get(),
-      stateOf: async (id) => (await this.durability.inbox.get(id))?.state ?? null,
-    }, ttlMs);
+    const adapter = this.#runs.storage<T>(this.core, store, options);
     return {
       get: (name) => adapter.read(name),
       set: (name, value) => adapter.write(name, value),
@@ -282,7 +262,7 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
 
   /** Resolve when every admitted update is handled (or dead-lettered) and every send settled. */
   async idle(): Promise<void> {
-    await Promise.allSettled([...this.#admitting]);
+    await Promise.allSettled(this.#admission.underWay());
     await this.core.idle();
   }
 
@@ -297,18 +277,15 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
     const bot = this.#bot;
     const polling = bot.polling !== undefined && bot.polling.abortController?.signal?.aborted !== true;
     if (polling || bot.webhookServer?.listening === true) {
-      this.#pollStopping = true;
-      try {
+      await this.#admission.stoppingPolls(async () => {
         bot.stop("durable stop");
         // The aborted getUpdates, then the one Telegraf confirms the offset with.
         for (let i = 0; i < 2; i++) {
-          await Promise.allSettled([...this.#polls, ...this.#admitting]);
+          await Promise.allSettled([...this.#polls, ...this.#admission.underWay()]);
           await new Promise((resolve) => setTimeout(resolve, 0));
         }
         await Promise.allSettled([...this.#polls]);
-      } finally {
-        this.#pollStopping = false;
-      }
+      });
     }
     await this.#starting?.catch(() => {});
     // Until the core is stopped, handlers still running journal their calls as before.
@@ -321,52 +298,22 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
 
   // ---- inbound ---------------------------------------------------------------------
 
-  /** Telegraf's `handleUpdate` from now on: resolves once the update is journaled (or a duplicate). */
+  /** Admit an update; a webhook is answered 200 once it is journaled, 500 when it is not. */
   async #admit(update: unknown, webhookResponse: unknown): Promise<void> {
-    const work = this.#admitOnce(update, webhookResponse);
-    this.#admitting.add(work);
-    try {
-      await work;
-    } finally {
-      this.#admitting.delete(work);
-    }
-  }
-
-  async #admitOnce(update: unknown, webhookResponse: unknown): Promise<void> {
     const response = isResponse(webhookResponse) ? webhookResponse : undefined;
-    let refusal: unknown;
     try {
-      if (!this.#stopped) await this.start();
-      const message = await updateRecord(update, this.#provider.connectionId, this.#provider.seal);
-      const sink = this.#provider.sink;
-      const result = sink === undefined
-        ? { status: "rejected" as const, error: new Error("The durable Telegraf bot is stopped; Telegram delivers the update again") }
-        : await sink.receive(message);
-      const updateId = (update as { update_id: number }).update_id;
-      if (result.status !== "rejected") {
-        this.#refused.delete(updateId);
-        // A webhook is answered 200 only now.
-        if (response?.writableEnded === false) response.end();
-        return;
-      }
-      // Long polling must not stop (Telegraf confirms the offset when it does): the next getUpdates
-      // asks Telegram for the update again instead.
-      if (response === undefined && this.#polling) {
-        this.#refused.add(updateId);
-        return;
-      }
-      refusal = result.error;
+      await this.#admission.admit(update, response !== undefined);
     } catch (error) {
       if (response === undefined) throw error;
-      refusal = error;
+      // Telegraf's webhookCallback does not catch what handleUpdate throws, so it is answered here:
+      // Telegram delivers the update again.
+      if (response.writableEnded === false) {
+        if (response.headersSent !== true) response.statusCode = 500;
+        response.end();
+      }
+      return;
     }
-    // A webhook is answered 500: Telegram delivers the update again. Telegraf's webhookCallback does not
-    // catch what handleUpdate throws, so it is answered here. Any other caller is told by the error.
-    if (response === undefined) throw refusal;
-    if (response.writableEnded === false) {
-      if (response.headersSent !== true) response.statusCode = 500;
-      response.end();
-    }
+    if (response?.writableEnded === false) response.end();
   }
 
   /** Run the bot's middleware for a journaled update, as Telegraf's `handleUpdate` does, without its error handler. */
@@ -381,22 +328,6 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
     await bot.middleware()(ctx, noop);
   }
 
-  /** Before a `getUpdates`: its offset must not confirm an update that is not journaled. */
-  async #beforePoll(payload: Obj, signal: AbortSignal | undefined): Promise<Obj> {
-    while (this.#admitting.size > 0) await Promise.allSettled([...this.#admitting]);
-    if (this.#refused.size === 0 || typeof payload.offset !== "number") {
-      this.#backoffMs = REFUSED_BACKOFF_MS[0];
-      return payload;
-    }
-    const first = Math.min(...this.#refused);
-    if (payload.offset <= first) return payload;
-    if (!this.#pollStopping) {
-      await abortableSleep(this.#backoffMs, signal);
-      this.#backoffMs = Math.min(REFUSED_BACKOFF_MS[1], this.#backoffMs * 2);
-    }
-    return { ...payload, offset: first };
-  }
-
   // ---- outbound --------------------------------------------------------------------
 
   /** Route the calls of a Telegram instance (the bot's, or an update's) through the journal. */
@@ -409,10 +340,9 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
 
   async #callApi(direct: CallApi, method: string, payload: Obj, options: { signal?: AbortSignal }): Promise<unknown> {
     if (method === "getUpdates") {
-      this.#polling = true;
       const poll = (async () => {
         try {
-          return await direct(method, await this.#beforePoll(payload, options.signal), options);
+          return await direct(method, await this.#admission.beforePoll(payload, options.signal), options);
         } catch (error) {
           // Where fetch's abort error cannot be renamed (Bun), Telegraf throws a TypeError instead, and
           // its polling would end with it: an abort (stop()) ends it cleanly.
@@ -434,29 +364,17 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
         // A rerun makes such calls again: one that fails only because the first run's took effect has succeeded.
         const failure = telegrafFailureOf(error);
         if (failure !== undefined) this.#errorClass ??= (error as object).constructor as TelegramErrorClass;
-        if (failure !== undefined && this.#run?.get()?.rerun === true && isAlreadyDone(method, failure)) return true;
+        if (failure !== undefined && this.#runs.current()?.rerun === true && isAlreadyDone(method, failure)) return true;
         throw error;
       }
     }
     const chat = isObj(payload) ? journalChatOf(payload) : undefined;
     if (chat === undefined || this.#starting === undefined || this.#coreStopped) return direct(method, payload, options);
     await this.#starting;
-    const sent = await this.core.send(chat, callContent(method, payload));
-    const result = await afterFlood(sent, this.#provider, this.durability.outbox, () => this.#stopped);
-    return this.#answer(method, payload, result);
-  }
-
-  /** What Telegraf's call resolves with (or throws) for a call the outbox took. */
-  #answer(method: string, payload: Obj, result: SendResult): unknown {
-    const answer = this.#provider.takeAnswer(result.key);
-    if (result.state === "dead") {
-      const failure: ApiFailure = failureOf(result, this.#provider.takeFailure(result.key));
-      throw new (this.#errorClass ?? TelegrafApiError)(failure, { method, payload });
-    }
-    if (answer !== undefined) return answer;
-    if (result.state === "sent") return minimalResult(method, payload, result.messageId ?? "");
-    // Queued for a retry, being sent by another process, or of unknown outcome: the outbox has it.
-    return placeholderResult(method, payload);
+    const answer = await sendJournaled(this.core, this.#provider, chat, method, payload, () => this.#stopped);
+    // Telegraf's call resolves with the result, or throws its TelegramError.
+    if (!answer.ok) throw new (this.#errorClass ?? TelegrafApiError)(answer, { method, payload });
+    return answer.result;
   }
 }
 
