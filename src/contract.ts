@@ -170,11 +170,12 @@ export interface ClaimDueOptions extends ClaimOptions {
   /**
    * Names this scan so that its answer can be asked for again with
    * `repeat` when its reply never arrives (an error that may hide a
-   * commit). A fresh id for each scan. A backend keeps a scan's answer for
-   * at least {@link SCAN_ANSWER_KEEP_MS} (a scan that took nothing may keep
-   * nothing: its repeat answers nothing all the same); one whose scans run
-   * in the caller's process may keep only the latest 256 answers (the
-   * caller repeats a scan at once, and again before its next scan).
+   * commit). A fresh id for each scan. A caller asks again before it scans
+   * again, so a backend keeps at least the latest answer of each caller
+   * (owner and incarnation), for at least {@link SCAN_ANSWER_KEEP_MS} (a scan
+   * that took nothing may keep nothing: its repeat answers nothing all the
+   * same). A repeat closes the request: a scan of that id that had not
+   * committed when its repeat was answered never commits.
    */
   requestId?: string;
   /**
@@ -191,8 +192,13 @@ export interface ClaimDueOptions extends ClaimOptions {
   repeat?: boolean;
 }
 
-/** How long (ms) a backend keeps a due scan's answer for a repeat (see {@link ClaimDueOptions.requestId}). */
-export const SCAN_ANSWER_KEEP_MS = 120_000;
+/**
+ * How long (ms) a backend keeps a due scan's answer for a repeat (see {@link ClaimDueOptions.requestId}):
+ * a journal that stays unreachable longer than this after a scan lost its reply leaves the sends that
+ * scan made ambiguous `unknown` without a `durability:ambiguous` event (they are listed, counted and
+ * shown like every `unknown` send).
+ */
+export const SCAN_ANSWER_KEEP_MS = 600_000;
 
 /**
  * How a failure is recorded: retry after a delay, dead, or (outbox only)

@@ -173,8 +173,8 @@ export class DurabilityEngine {
       halt: () => this.#halt(),
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
-      inboxScan: () => this.#sweeper.inboxScan,
       inboxScansUnanswered: () => this.#sweeper.inboxScansUnanswered,
+      inboxScansPending: () => this.#sweeper.inboxScansPending(),
     });
     this.#outbound = new Outbound({
       ...core,
@@ -298,6 +298,7 @@ export class DurabilityEngine {
     this.#throttle?.close();
     this.#clearTimers();
     this.#leases.clear();
+    this.#sweeper.stopWaiting();
   }
 
   #clearTimers(): void {
@@ -436,6 +437,7 @@ export class DurabilityEngine {
     if (this.#stopping) return;
     this.#stopping = true;
     this.#clearTimers();
+    this.#sweeper.stopWaiting();
     // Sends waiting for the rate limiter stay in the journal, never called: the next start sends them.
     this.#throttle?.close();
     if (this.#halted) return;
@@ -443,6 +445,7 @@ export class DurabilityEngine {
     this.#heartbeatTimer = every(this.#clock, this.#leases.heartbeatEveryMs, () => void this.#leases.heartbeat());
     try {
       await this.#host.whenLocalIdle();
+      await this.#sweeper.reportUnanswered();
     } finally {
       this.#heartbeatTimer.stop();
     }

@@ -6,40 +6,39 @@
  *
  * @module
  */
-import { type ClaimDueOptions, type OutboxClaim, SCAN_ANSWER_KEEP_MS } from "./contract.ts";
+import type { ClaimDueOptions, OutboxClaim } from "./contract.ts";
 
-/** Answers kept at most (the oldest go first past it, whatever their age): a caller repeats a scan at once. */
-const KEPT = 256;
+/** Callers whose latest answer is kept (the least recently scanning go first past it). */
+const CALLERS = 256;
 
 /**
- * Keeps the non-empty answers of named scans for {@link SCAN_ANSWER_KEEP_MS}
- * (and at most the latest 256), and answers a repeat from them.
+ * Keeps the latest non-empty answer of each caller's named scans (owner and
+ * incarnation: a caller asks again before it scans again) and answers a
+ * repeat from it. In the process, a scan has committed when its promise
+ * settles, so a repeat (made after that) closes nothing.
  *
  * @example
  * ```ts
  * import { ScanAnswers } from "@botmesh/durable/backend";
  *
- * const answers = new ScanAnswers<string[]>(() => [], (a) => a.length === 0, () => Date.now());
+ * const answers = new ScanAnswers<string[]>(() => [], (a) => a.length === 0);
  * const options = { owner: "o", incarnation: "i", leaseMs: 1000, limit: 10, requestId: "r1" };
  * await answers.answer(options, async () => ["a"]);
  * console.log(await answers.answer({ ...options, repeat: true }, async () => ["never run"])); // ["a"]
  * ```
  */
 export class ScanAnswers<T> {
-  readonly #kept = new Map<string, { answer: T; at: number }>();
+  readonly #kept = new Map<string, { id: string; answer: T }>();
   readonly #empty: () => T;
   readonly #isEmpty: (answer: T) => boolean;
-  readonly #now: (() => number) | undefined;
 
   /**
    * @param empty the answer to a repeat of a scan that took nothing (or is no longer kept)
    * @param isEmpty whether an answer took nothing (such answers are not kept)
-   * @param now the backend's clock (without it, answers are kept by count alone)
    */
-  constructor(empty: () => T, isEmpty: (answer: T) => boolean, now?: () => number) {
+  constructor(empty: () => T, isEmpty: (answer: T) => boolean) {
     this.#empty = empty;
     this.#isEmpty = isEmpty;
-    this.#now = now;
   }
 
   /**
@@ -48,11 +47,10 @@ export class ScanAnswers<T> {
    * run nothing. `copy` gives the caller its own copy of a kept answer.
    */
   async answer(options: ClaimDueOptions, scan: () => Promise<T> | T, copy: (answer: T) => T = (a) => a): Promise<T> {
-    const id = checkScanRequest(options);
+    checkScanRequest(options, "claimDue");
     if (options.repeat === true) {
-      const kept = this.#kept.get(id!);
-      const fresh = kept !== undefined && (this.#now === undefined || this.#now() - kept.at <= SCAN_ANSWER_KEEP_MS);
-      return fresh ? copy(kept.answer) : this.#empty();
+      const kept = this.#kept.get(callerOf(options));
+      return kept !== undefined && kept.id === options.requestId ? copy(kept.answer) : this.#empty();
     }
     const answer = await scan();
     this.keep(options, answer, copy);
@@ -60,16 +58,22 @@ export class ScanAnswers<T> {
   }
 
   /**
-   * Keep `answer` (a copy, by `copy`) under `options.requestId`, unless it took nothing: for a scan that
-   * is not one atomic step, what it had confirmed when it failed.
+   * Keep `answer` (a copy, by `copy`) as the caller's latest under `options.requestId`, unless it took
+   * nothing: for a scan that is not one atomic step, what it had confirmed when it failed.
    */
   keep(options: ClaimDueOptions, answer: T, copy: (answer: T) => T = (a) => a): void {
     const id = options.requestId;
-    if (id === undefined || options.repeat === true || this.#isEmpty(answer)) return;
-    this.#kept.delete(id);
-    this.#kept.set(id, { answer: copy(answer), at: this.#now?.() ?? 0 });
-    if (this.#kept.size > KEPT) this.#kept.delete(this.#kept.keys().next().value!);
+    if (id === undefined || options.repeat === true) return;
+    const caller = callerOf(options);
+    this.#kept.delete(caller);
+    if (this.#isEmpty(answer)) return;
+    this.#kept.set(caller, { id, answer: copy(answer) });
+    if (this.#kept.size > CALLERS) this.#kept.delete(this.#kept.keys().next().value!);
   }
+}
+
+function callerOf(options: ClaimDueOptions): string {
+  return `${options.owner}\u0000${options.incarnation}`;
 }
 
 /**

@@ -332,8 +332,11 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
 
   readonly #answers = new ScanAnswers<OutboxClaim>(() => ({ due: [], ambiguous: [] }), isEmptyClaim);
 
-  constructor(inner: OutboxJournal, backend: string) {
+  readonly #innerAnswersRepeats: boolean;
+
+  constructor(inner: OutboxJournal, backend: string, innerAnswersRepeats: boolean) {
     this.#inner = inner;
+    this.#innerAnswersRepeats = innerAnswersRepeats;
     this.#backend = backend;
   }
 
@@ -341,6 +344,8 @@ class EventsOutbox implements OutboxJournal, DamagedRecords {
     return this.#inner.reserve(entry, lease).catch((error) => Promise.reject(renamed(error, this.#backend)));
   }
   claimDue(options: ClaimDueOptions & { resendAmbiguous?: boolean }): Promise<OutboxClaim> {
+    // A kv's outbox answers repeats itself (with what it had confirmed when a scan failed); a sidecar here.
+    if (this.#innerAnswersRepeats) return this.#inner.claimDue(options);
     const { requestId: _, repeat: __, ...scan } = options;
     return this.#answers.answer(options, () => this.#inner.claimDue(scan), copyClaim);
   }
@@ -479,7 +484,7 @@ export class EventsDurability implements DurabilityBackend {
     this.name = `events(${journal.name})`;
     this.scope = journal.scope;
     this.inbox = new EventsInbox(journal, this.name);
-    this.outbox = new EventsOutbox(outbox, this.name);
+    this.outbox = new EventsOutbox(outbox, this.name, kv !== undefined);
   }
 
   /** Nothing to open: the caller opened the journal. */

@@ -535,6 +535,13 @@ interface ChatTurn {
   stopped: boolean;
 }
 
+/** Whether `rec` is leased to the caller of `options` under `token` (a claim of its that committed). */
+function leasedBy(rec: InboundRecord | OutboxEntry, options: ClaimOptions, token: number): boolean {
+  const lease = rec.lease;
+  return lease !== null && lease.owner === options.owner && lease.incarnation === options.incarnation && lease.token === token &&
+    rec.fence === token;
+}
+
 class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
   readonly #answers = new ScanAnswers<InboundRecord[]>(() => [], (a) => a.length === 0);
   constructor(kv: DurableKv, prefix: string, backend: string) {
@@ -703,7 +710,12 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
       // Its chat's earlier claimable records first (the due index orders ties of a millisecond by id, not exactly).
       while (turn.next <= at && out.length < options.limit) {
         const item = turn.queue[turn.next++];
-        const { written } = await this.mutate(item.rec.id, claim, { cur: item, now });
+        const { written } = await this.mutate(item.rec.id, claim, { cur: item, now }).catch(async (error) => {
+          // The write's reply was lost: read it back, so that the scan's answer holds it if it committed.
+          const back = await this.get(item.rec.id).catch(() => null);
+          if (back !== null && leasedBy(back, options, item.rec.fence + 1)) out.push(back);
+          throw error;
+        });
         if (!written) {
           turn.stopped = true;
           break;
@@ -949,7 +961,17 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       if (resend && due.length >= options.limit) break; // every lost entry would be leased: none fits
       const cur = await this.check(hint.entry, hint.id, now);
       if (!cur || resolved(cur.rec, now) === null) continue;
-      const { seen, written } = await this.mutate(hint.id, resolved, { cur, now });
+      const { seen, written } = await this.mutate(hint.id, resolved, { cur, now }).catch(async (error) => {
+        // The write's reply was lost: read it back, so that the scan's answer holds it if it committed.
+        const back = await this.get(hint.id).catch(() => null);
+        if (back !== null && leasedBy(back, options, cur.rec.fence + 1)) {
+          if (cur.rec.called) ambiguous.push(back);
+          due.push(cloneJson(back));
+        } else if (back !== null && back.state === "unknown" && back.fence === cur.rec.fence && cur.rec.state !== "unknown") {
+          ambiguous.push(back); // made unknown by this scan (or one racing it: reported twice rather than never)
+        }
+        throw error;
+      });
       if (!written) continue;
       if (!seen!.called) {
         due.push(written.rec);
@@ -978,7 +1000,12 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
             ? claimedOutbox(rec, at, options)
             : null,
         { cur, now },
-      );
+      ).catch(async (error) => {
+        // The write's reply was lost: read it back, so that the scan's answer holds it if it committed.
+        const back = await this.get(hint.id).catch(() => null);
+        if (back !== null && leasedBy(back, options, cur.rec.fence + 1)) due.push(back);
+        throw error;
+      });
       if (written) due.push(written.rec);
     }
     return claim;

@@ -97,7 +97,7 @@ export class MemoryInbox implements InboxJournal, DamagedRecords {
 
   constructor(now: () => number) {
     this.#now = now;
-    this.#answers = new ScanAnswers<InboundRecord[]>(() => [], (a) => a.length === 0, now);
+    this.#answers = new ScanAnswers<InboundRecord[]>(() => [], (a) => a.length === 0);
   }
 
   #valid = (item: HeapItem): boolean => this.#slots.get(item.id)?.version === item.version;

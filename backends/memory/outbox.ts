@@ -90,7 +90,7 @@ export class MemoryOutbox implements OutboxJournal, DamagedRecords {
 
   constructor(now: () => number) {
     this.#now = now;
-    this.#answers = new ScanAnswers<OutboxClaim>(() => ({ due: [], ambiguous: [] }), isEmptyClaim, now);
+    this.#answers = new ScanAnswers<OutboxClaim>(() => ({ due: [], ambiguous: [] }), isEmptyClaim);
   }
 
   #valid = (item: HeapItem): boolean => this.#slots.get(item.id)?.version === item.version;

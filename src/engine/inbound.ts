@@ -48,10 +48,10 @@ export interface InboundHost extends EngineCore {
   claimsInFlight(): number;
   /** Resolves once the claim scans under way hold their records. */
   claimScansHeld(): Promise<void>;
-  /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
-  inboxScan(): Promise<void> | null;
   /** Whether an inbox claim scan of this process went unanswered (it is asked again by the sweeps). */
   inboxScansUnanswered(): boolean;
+  /** Resolves once no inbox scan of this process is under way or unanswered; `null` when none is. */
+  inboxScansPending(): Promise<void> | null;
 }
 
 /** The inbound side of the engine. */
@@ -132,10 +132,13 @@ export class Inbound {
       return; // not journaled: the channel delivers it again
     }
     if (record === null || record.state !== "processing" || this.#h.halted() || this.#h.stopping() || !open()) return;
-    // A claim scan of this process whose answer is still on its way may hold earlier records of the chat:
-    // they go first (past the late admission's bound, its lease lapses and a sweep takes it in order).
-    const scan = this.#h.inboxScan();
-    if (scan !== null) await scan;
+    // A claim scan of this process whose answer is still on its way (or unanswered: asked again) may hold
+    // earlier records of the chat: they go first (past the late admission's bound, its lease lapses and
+    // a sweep takes it in order).
+    const pending = this.#h.inboxScansPending();
+    if (pending !== null) {
+      await this.#h.deadlines.within(pending, this.#h.config.inbox.leaseMs, () => new Error("unanswered claim scan")).catch(() => {});
+    }
     if (this.#h.halted() || this.#h.stopping() || !open()) return;
     if ((this.#h.leases.get("inbox", id)?.token ?? 0) >= record.fence) return; // taken up meanwhile (a redelivery)
     this.#remember(id);
@@ -252,24 +255,31 @@ export class Inbound {
       return { status: "admitted", id };
     }
     // Leased: nothing of its chat comes first in the journal but records leased to this very process.
-    // A claim scan of this process whose answer is still on its way may hold earlier records of the
-    // chat: let them reach the chat's queue first (they go ahead of this message there).
-    const scan = this.#h.inboxScan();
+    // A claim scan of this process whose answer is still on its way (or unanswered: asked again) may
+    // hold earlier records of the chat: let them reach the chat's queue first (they go ahead of this
+    // message there).
+    const scan = this.#h.inboxScansPending();
     if (scan !== null) {
-      // Bounded: a scan that hangs must not hold the channel's answer (the order is then at the scan's mercy).
+      // Bounded: a scan that hangs must not hold the channel's answer.
       await this.#h.deadlines.within(scan, Math.min(2000, this.#h.config.inbox.leaseMs / 4), () => new Error("slow claim scan")).catch(() => {});
     }
     // Taken up meanwhile (a redelivery read it back, or a sweep re-claimed it after a clock step): that job handles it.
     if ((this.#h.leases.get("inbox", id)?.token ?? 0) >= record.fence) return { status: "admitted", id };
     const job: InboundJob = { message, record, sends: [], sendCount: 0, runCounted: record.attempts > 0 };
-    this.jobLeases.set(job, this.#h.leases.hold("inbox", id, record.fence, admittedAt));
-    const slow = this.#h.inboxScan();
+    const lease = this.#h.leases.hold("inbox", id, record.fence, admittedAt);
+    this.jobLeases.set(job, lease);
+    const slow = this.#h.inboxScansPending();
     if (slow !== null) {
       // The scan (or its repeat after a lost reply) is still on its way: the channel has its answer
       // now, and the job takes its place in the chat's queue once what the scan leased to this process is
-      // queued ahead of it (bounded by a lease: the job is held, and heartbeated, meanwhile).
-      slot.late = this.#h.deadlines.within(slow, this.#h.config.inbox.leaseMs, () => new Error("slow claim scan")).catch(() => {})
-        .then(() => dispatch(job));
+      // queued ahead of it (the job is held, and heartbeated, meanwhile: let go, its lease would hold
+      // back nothing of its chat for this process, whose later messages would then run first).
+      slot.late = slow.then(() => {
+        if (!this.#h.halted() && !this.#h.stopping()) return dispatch(job);
+        // Stopping: its lease lapses, and the next start takes it back.
+        this.jobLeases.delete(job);
+        this.#h.leases.release("inbox", id, lease.token);
+      });
       return { status: "admitted", id };
     }
     dispatch(job);

@@ -56,6 +56,9 @@ export class Sweeper {
   readonly #h: SweeperHost;
   /** Scans whose reply never came, oldest first. */
   #unanswered: UnansweredScan[] = [];
+  /** Admissions waiting for the inbox scans under way or unanswered (see {@link inboxScansPending}). */
+  #inboxWaiters: (() => void)[] = [];
+  #waitingStopped = false;
   /** Claim scans whose results are not all held yet (their records are leased to us but look unheld). */
   #claims = 0;
   /** The inbox claim scan under way (settled once what it claimed is on the chats' queues), or null. */
@@ -84,10 +87,44 @@ export class Sweeper {
     return this.#unanswered.some((scan) => scan.journal === "inbox");
   }
 
-  /** The inbox claim scan under way, or null. */
-  get inboxScan(): Promise<void> | null {
-    return this.#inboxScan;
+  /**
+   * Resolves once no inbox scan of this process is under way or unanswered (what they leased here is
+   * on the chats' queues); `null` when none is.
+   */
+  inboxScansPending(): Promise<void> | null {
+    if (this.#inboxScansQuiet() || this.#waitingStopped) return null;
+    return new Promise((resolve) => this.#inboxWaiters.push(resolve));
   }
+
+  /** The engine stops (or died): nothing waits for the inbox scans any more. */
+  stopWaiting(): void {
+    this.#waitingStopped = true;
+    for (const resolve of this.#inboxWaiters.splice(0)) resolve();
+  }
+
+  #inboxScansQuiet(): boolean {
+    return this.#inboxScan === null && !this.inboxScansUnanswered;
+  }
+
+  #wakeInboxWaiters(): void {
+    if (this.#inboxScansQuiet()) for (const resolve of this.#inboxWaiters.splice(0)) resolve();
+  }
+
+  /**
+   * At stop: what the unanswered outbox scans made ambiguous is reported now (the next incarnation
+   * cannot ask for their answers). What they leased here lapses, and the next start takes it.
+   */
+  async reportUnanswered(): Promise<void> {
+    for (const scan of this.#unanswered.splice(0)) {
+      if (scan.journal !== "outbox") continue;
+      const claimed = await this.#h.backend.outbox.claimDue({ ...scan.options, repeat: true }).catch(() => null);
+      for (const entry of claimed?.ambiguous ?? []) {
+        if (!this.#h.ambiguity.wasReported(entry.key, entry.fence)) this.#h.ambiguity.report(entry);
+      }
+    }
+    this.#wakeInboxWaiters();
+  }
+
 
   /** What the sweeps took up so far. */
   get swept(): SweepCounts {
@@ -142,6 +179,7 @@ export class Sweeper {
       const scanDone = () => {
         if (this.#inboxScan === scan) this.#inboxScan = null;
         scanned();
+        this.#wakeInboxWaiters();
       };
       try {
         // A sweep must never take work this very process is doing: leases that may look lapsed are renewed first.
@@ -320,6 +358,7 @@ export class Sweeper {
       const scan = this.#unanswered[0]!;
       if (this.#h.clock.monotonic() - scan.claimedAt > SCAN_ANSWER_KEEP_MS) {
         this.#unanswered.shift(); // its answer is no longer kept, and its leases lapsed long ago
+        this.#wakeInboxWaiters();
         continue;
       }
       const options = { ...scan.options, repeat: true };
@@ -334,6 +373,7 @@ export class Sweeper {
         if (this.#unanswered[0] !== scan) continue; // taken up by a concurrent repeat
         this.#unanswered.shift();
         this.#takeInbound(records, scan.claimedAt);
+        this.#wakeInboxWaiters();
       } else {
         let claimed: OutboxClaim;
         try {

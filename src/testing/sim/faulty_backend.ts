@@ -180,7 +180,32 @@ export function faultyBackend(
         }s in true time); server clock offset ${world.serverOffset}ms`);
       }
     };
-    if (error === undefined) {
+    const isRepeat = (op === "inbox.claimDue" || op === "outbox.claimDue") && (args[0] as { repeat?: boolean } | undefined)?.repeat === true;
+    if (error === undefined && isRepeat) {
+      // A repeat changes nothing: it delivers the grants and transitions of the scan it asks about, it makes none.
+      world.count(op === "inbox.claimDue" ? "repeat-in" : "repeat-out");
+      if (op === "inbox.claimDue") {
+        for (const r of result as InboundRecord[]) {
+          const g = ledger.inLease(r.id, r.fence);
+          if (g) grants.push(g);
+          else world.count("repeat-unknown-grant");
+        }
+      } else {
+        const { due, ambiguous } = result as OutboxClaim;
+        if (ambiguous.length > 0) world.count("repeat-out-ambiguous");
+        for (const e of ambiguous) {
+          const token = resendAmbiguous ? e.fence - 1 : e.fence;
+          const a = [...ledger.ambiguities].reverse().find((x) => x.key === e.key && x.token === token);
+          if (a) grants.push(a);
+          else world.count("repeat-unknown-ambiguity");
+        }
+        for (const e of due) {
+          const g = ledger.outLease(e.key, e.fence);
+          if (g) grants.push(g);
+          else world.count("repeat-unknown-grant");
+        }
+      }
+    } else if (error === undefined) {
       switch (op) {
         case "inbox.admit": {
           const r = result as InboundRecord | null;
