@@ -160,14 +160,12 @@ export class Outbound {
       const landed = await this.#h.backend.outbox.get(entry.key).catch(() => null);
       if (landed === null || !this.#sameSend(landed, entry) || !this.isOwnUncalled(landed)) throw error;
       this.#h.metrics.outboxJournaled++;
-      this.#reportIfCalledBefore(landed);
       return this.deliver(this.#h.leases.hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
     }
     const journaled = result.entry;
     if (result.status === "exists" && this.#sameSend(journaled, entry) && this.isOwnUncalled(journaled)) {
-      // Reserved by this incarnation, its reply lost (the handler retried): never sent, ours to send now;
-      // or re-leased to it by an unanswered claim scan ('resend') after a dead holder's announced call.
-      this.#reportIfCalledBefore(journaled);
+      // Reserved by this incarnation, its reply lost (the handler retried), or given up here before its
+      // call: never sent under this lease, ours to send now.
       return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
     }
     if (result.status === "exists") {
@@ -217,16 +215,6 @@ export class Outbound {
       lease.incarnation === this.#h.incarnation && lease.token === entry.fence &&
       !this.#h.leases.has("outbox", entry.key) && !this.calling.has(entry.key) &&
       (!entry.called || this.#h.leases.givenUpUncalled(entry.key, entry.fence));
-  }
-
-  /**
-   * An entry leased to this incarnation without its knowing (a reply lost) that is `called` was re-leased
-   * by a claim scan with `resendAmbiguous` after a holder's announced call: that call may have arrived, so
-   * it is reported before the send goes again (a lease of its own starts uncalled).
-   */
-  #reportIfCalledBefore(entry: OutboxEntry): void {
-    // A lease of this process's own whose `markCalling` reply was lost is `called` too, but on its first attempt.
-    if (entry.called && entry.attempts > 1) this.#h.ambiguity.report(entry);
   }
 
   #resultOf(entry: OutboxEntry): SendResult {
