@@ -1107,15 +1107,26 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
     };
   }
 
+  /** Clients of one test, ended by {@link endOwn} (the file's clients stay open until its end: few connections are left). */
+  const owned: Sql[] = [];
+  function own(): Sql {
+    const sql = postgres(POSTGRES_URL, { max: 2, onnotice: () => {} });
+    owned.push(sql);
+    return sql;
+  }
+  async function endOwn(): Promise<void> {
+    await Promise.all(owned.splice(0).map((sql) => sql.end({ timeout: 1 })));
+  }
+
   it("a repeat asked while the lost scan's COMMIT is still on its way waits for it, and answers what it took", async () => {
     const schema = freshSchema();
     const t = tables(schema, "botmesh_");
-    const b = new PostgresDurability({ sql: client(), schema });
+    const b = new PostgresDurability({ sql: own(), schema });
     await b.open();
     await b.inbox.admit(inbound("m1"));
     await b.outbox.reserve(outbound("k1"));
     // A slow COMMIT (synchronous replication, an fsync stall): a deferred trigger on the answers sleeps at COMMIT.
-    const sql = client();
+    const sql = own();
     await sql.unsafe(`CREATE FUNCTION "${schema}".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$`);
     await sql.unsafe(
       `CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON ${t.scanAnswer} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "${schema}".slow()`,
@@ -1140,11 +1151,12 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
       p.close();
       await viaProxy.end({ timeout: 0 }).catch(() => {});
     }
+    await endOwn();
   });
 
   it("a repeat that comes before the lost scan stored its answer closes the request: the scan fails and rolls back", async () => {
     const schema = freshSchema();
-    const sql = client();
+    const sql = own();
     let stalled: Promise<void> | null = null;
     let arrived = () => {};
     const reached = new Promise<void>((r) => (arrived = r));
@@ -1165,7 +1177,7 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
         ),
     };
     const a = new PostgresDurability({ sql: slow as never, schema });
-    const b = new PostgresDurability({ sql: client(), schema });
+    const b = new PostgresDurability({ sql: own(), schema });
     await b.inbox.admit(inbound("m1"));
     await b.outbox.reserve(outbound("k1"));
     for (const journal of ["inbox", "outbox"] as const) {
@@ -1193,12 +1205,13 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
     }
     // A fresh request takes them.
     expect((await a.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "next" })).map((r) => r.id)).toEqual(["m1"]);
+    await endOwn();
   });
 
   it("a repeat answers the scan's records still as it left them, read again; the stored answer holds references only", async () => {
     const schema = freshSchema();
     const t = tables(schema, "botmesh_");
-    const sql = client();
+    const sql = own();
     const b = new PostgresDurability({ sql, schema });
     for (const id of ["m1", "m2", "m3"]) await b.inbox.admit(inbound(id, `c-${id}`, { text: "x".repeat(1000) }));
     const took = await b.inbox.claimDue({ ...lease("A"), limit: 3, requestId: "refs" });
@@ -1242,6 +1255,7 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
     const resent = await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "resend", resendAmbiguous: true, repeat: true });
     expect(resent).toEqual(resend);
     expect(resent.due.find((e) => e.key === "k4")).not.toBe(resent.ambiguous.find((e) => e.key === "k4")); // two objects, as the scan's
+    await endOwn();
   });
 
   it("answers are kept for SCAN_ANSWER_KEEP_MS by the database's clock (option clock), then gone; stores and purge delete old ones", async () => {
