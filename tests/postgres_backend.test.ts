@@ -1,4 +1,5 @@
 import { afterAll, describe, expect, test } from "bun:test";
+import net from "node:net";
 import postgres from "postgres";
 import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts";
 import { MemoryKv } from "../backends/memory/kv.ts";
@@ -1076,6 +1077,185 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
     const claim = await plain.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "p" });
     expect(claim.due.map((e) => e.key)).toEqual(["k1"]);
     expect(await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "p", repeat: true })).toEqual(claim);
+  });
+
+  /** A TCP proxy to Postgres whose `cut()` drops the client side only: the server carries on. */
+  async function proxy(): Promise<{ url: string; cut(): void; close(): void }> {
+    const pairs: { client: net.Socket; upstream: net.Socket }[] = [];
+    const target = new URL(POSTGRES_URL);
+    const server = net.createServer((client) => {
+      const upstream = net.connect(Number(target.port || 5432), target.hostname);
+      client.on("data", (d) => upstream.write(d));
+      upstream.on("data", (d) => {
+        if (!client.destroyed) client.write(d);
+      });
+      client.on("error", () => {});
+      upstream.on("error", () => {});
+      pairs.push({ client, upstream });
+    });
+    await new Promise<void>((r) => server.listen(0, "127.0.0.1", r));
+    const url = new URL(POSTGRES_URL);
+    url.hostname = "127.0.0.1";
+    url.port = String((server.address() as net.AddressInfo).port);
+    return {
+      url: url.toString(),
+      cut: () => pairs.forEach((p) => p.client.destroy()),
+      close: () => {
+        pairs.forEach((p) => p.upstream.destroy());
+        server.close();
+      },
+    };
+  }
+
+  /** Clients of one test, ended by {@link endOwn} (the file's clients stay open until its end: few connections are left). */
+  const owned: Sql[] = [];
+  function own(): Sql {
+    const sql = postgres(POSTGRES_URL, { max: 2, onnotice: () => {} });
+    owned.push(sql);
+    return sql;
+  }
+  async function endOwn(): Promise<void> {
+    await Promise.all(owned.splice(0).map((sql) => sql.end({ timeout: 1 })));
+  }
+
+  it("a repeat asked while the lost scan's COMMIT is still on its way waits for it, and answers what it took", async () => {
+    const schema = freshSchema();
+    const t = tables(schema, "botmesh_");
+    const b = new PostgresDurability({ sql: own(), schema });
+    await b.open();
+    await b.inbox.admit(inbound("m1"));
+    await b.outbox.reserve(outbound("k1"));
+    // A slow COMMIT (synchronous replication, an fsync stall): a deferred trigger on the answers sleeps at COMMIT.
+    const sql = own();
+    await sql.unsafe(`CREATE FUNCTION "${schema}".slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$`);
+    await sql.unsafe(
+      `CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON ${t.scanAnswer} DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION "${schema}".slow()`,
+    );
+    for (const journal of ["inbox", "outbox"] as const) {
+      const p = await proxy();
+      const viaProxy = postgres(p.url, { max: 1, onnotice: () => {} });
+      const a = new PostgresDurability({ sql: viaProxy, schema });
+      const options = { ...lease("A"), limit: 10, requestId: `scan-${journal}` };
+      const scan = (journal === "inbox" ? a.inbox.claimDue(options) : a.outbox.claimDue(options)).then(() => "answered", (e) => `failed: ${(e as Error).message}`);
+      await Bun.sleep(400); // the COMMIT was sent and is being processed
+      p.cut();
+      expect(await scan, "the scan's reply is lost").toStartWith("failed");
+      if (journal === "inbox") {
+        const again = await b.inbox.claimDue({ ...options, repeat: true });
+        expect(again.map((r) => [r.id, r.state, r.lease?.owner]), "the repeat waited for the commit").toEqual([["m1", "processing", "A"]]);
+        expect(again[0]).toEqual((await b.inbox.get("m1"))!);
+      } else {
+        const again = await b.outbox.claimDue({ ...options, repeat: true });
+        expect(again.due.map((e) => [e.key, e.state, e.lease?.owner]), "the repeat waited for the commit").toEqual([["k1", "sending", "A"]]);
+      }
+      p.close();
+      await viaProxy.end({ timeout: 0 }).catch(() => {});
+    }
+    await endOwn();
+  });
+
+  it("a repeat that comes before the lost scan stored its answer closes the request: the scan fails and rolls back", async () => {
+    const schema = freshSchema();
+    const sql = own();
+    let stalled: Promise<void> | null = null;
+    let arrived = () => {};
+    const reached = new Promise<void>((r) => (arrived = r));
+    // The scan's store waits for `stalled` (the scan has run, its leases are not committed).
+    const slow: Client = {
+      unsafe: sql.unsafe.bind(sql),
+      begin: (fn) =>
+        sql.begin((tx) =>
+          (fn as (tx: unknown) => PromiseLike<unknown>)({
+            unsafe: async (text: string, params?: unknown[], options?: { prepare?: boolean }) => {
+              if (text.includes("scan_answer") && stalled) {
+                arrived();
+                await stalled;
+              }
+              return await tx.unsafe(text, params as never, options);
+            },
+          })
+        ),
+    };
+    const a = new PostgresDurability({ sql: slow as never, schema });
+    const b = new PostgresDurability({ sql: own(), schema });
+    await b.inbox.admit(inbound("m1"));
+    await b.outbox.reserve(outbound("k1"));
+    for (const journal of ["inbox", "outbox"] as const) {
+      let go = () => {};
+      stalled = new Promise<void>((r) => (go = r));
+      const options = { ...lease("A"), limit: 10, requestId: `late-${journal}` };
+      const scan = messageOf(() => journal === "inbox" ? a.inbox.claimDue(options) : a.outbox.claimDue(options));
+      await reached;
+      const again = journal === "inbox" ? await b.inbox.claimDue({ ...options, repeat: true }) : await b.outbox.claimDue({ ...options, repeat: true });
+      expect(again, "nothing committed yet: the repeat answers nothing").toEqual(journal === "inbox" ? [] : { due: [], ambiguous: [] });
+      go();
+      const error = await scan;
+      expect(error.message).toContain(`Postgres ${journal}.claimDue on`);
+      expect(error.message).toContain(`a repeat of requestId "late-${journal}" closed the request first`);
+      stalled = null;
+      if (journal === "inbox") {
+        const record = await b.inbox.get("m1");
+        expect([record?.state, record?.fence, record?.lease], "the scan rolled back").toEqual(["pending", 0, null]);
+        expect(await b.inbox.claimDue({ ...options, repeat: true }), "the placeholder answers nothing").toEqual([]);
+      } else {
+        const entry = await b.outbox.get("k1");
+        expect([entry?.state, entry?.fence, entry?.lease], "the scan rolled back").toEqual(["queued", 0, null]);
+        expect(await b.outbox.claimDue({ ...options, repeat: true }), "the placeholder answers nothing").toEqual({ due: [], ambiguous: [] });
+      }
+    }
+    // A fresh request takes them.
+    expect((await a.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "next" })).map((r) => r.id)).toEqual(["m1"]);
+    await endOwn();
+  });
+
+  it("a repeat answers the scan's records still as it left them, read again; the stored answer holds references only", async () => {
+    const schema = freshSchema();
+    const t = tables(schema, "botmesh_");
+    const sql = own();
+    const b = new PostgresDurability({ sql, schema });
+    for (const id of ["m1", "m2", "m3"]) await b.inbox.admit(inbound(id, `c-${id}`, { text: "x".repeat(1000) }));
+    const took = await b.inbox.claimDue({ ...lease("A"), limit: 3, requestId: "refs" });
+    const [row] = await sql.unsafe(`SELECT answer FROM ${t.scanAnswer} WHERE journal = 'inbox'`);
+    expect(JSON.parse(String(row?.answer))).toEqual(took.map((r) => ({ id: r.id, token: r.lease!.token })));
+    await b.inbox.heartbeat("m1", took[0]!.lease!.token, 120_000); // still leased under that token: answered as it is now
+    await b.inbox.complete("m2", took[1]!.lease!.token); // settled since: left out
+    const again = await b.inbox.claimDue({ ...lease("A"), limit: 3, requestId: "refs", repeat: true });
+    expect(again.map((r) => r.id)).toEqual(["m1", "m3"]);
+    expect(again[0]).toEqual((await b.inbox.get("m1"))!);
+    expect(await b.inbox.claimDue({ ...lease("A"), incarnation: "inc-2", limit: 3, requestId: "refs", repeat: true }), "another incarnation's repeat")
+      .toEqual([]);
+
+    // The outbox: an entry made ambiguous, one due; with resendAmbiguous, one in both lists.
+    await b.outbox.reserve(outbound("k1", "x"));
+    for (const [key, chat] of [["k2", "y"], ["k3", "z"]]) {
+      const gone = await b.outbox.reserve(outbound(key!, chat), lease("B", 100));
+      expect(await b.outbox.markCalling(key!, gone.entry.lease!.token, 100)).toBe(true);
+    }
+    await Bun.sleep(200);
+    const claim = await b.outbox.claimDue({ ...lease("A"), limit: 1, requestId: "out-refs" });
+    expect([claim.due.map((e) => e.key), claim.ambiguous.map((e) => e.key)]).toEqual([["k1"], ["k2", "k3"]]);
+    const [outRow] = await sql.unsafe(`SELECT answer FROM ${t.scanAnswer} WHERE journal = 'outbox'`);
+    expect(JSON.parse(String(outRow?.answer))).toEqual({
+      due: [{ key: "k1", token: claim.due[0]!.lease!.token }],
+      ambiguous: claim.ambiguous.map((e) => ({ key: e.key, fence: e.fence })),
+    });
+    expect(await b.outbox.claimDue({ ...lease("A"), limit: 1, requestId: "out-refs", repeat: true })).toEqual(claim);
+    expect(await b.outbox.retry("k3")).toBe(true); // moved on since: left out
+    const later = await b.outbox.claimDue({ ...lease("A"), limit: 1, requestId: "out-refs", repeat: true });
+    expect([later.due.map((e) => e.key), later.ambiguous.map((e) => e.key)]).toEqual([["k1"], ["k2"]]);
+
+    await b.outbox.discard("k1");
+    await b.outbox.discard("k2");
+    await b.outbox.discard("k3");
+    const lost = await b.outbox.reserve(outbound("k4", "w"), lease("B", 100));
+    expect(await b.outbox.markCalling("k4", lost.entry.lease!.token, 100)).toBe(true);
+    await Bun.sleep(200);
+    const resend = await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "resend", resendAmbiguous: true });
+    expect([resend.due.map((e) => [e.key, e.state]), resend.ambiguous.map((e) => [e.key, e.state])]).toEqual([[["k4", "sending"]], [["k4", "sending"]]]);
+    const resent = await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "resend", resendAmbiguous: true, repeat: true });
+    expect(resent).toEqual(resend);
+    expect(resent.due.find((e) => e.key === "k4")).not.toBe(resent.ambiguous.find((e) => e.key === "k4")); // two objects, as the scan's
+    await endOwn();
   });
 
   it("answers are kept for SCAN_ANSWER_KEEP_MS by the database's clock (option clock), then gone; stores and purge delete old ones", async () => {

@@ -6,7 +6,7 @@ import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
-import { DamagedRecordError, StaleLeaseError } from "../src/contract.ts";
+import { DamagedRecordError, SCAN_ANSWER_KEEP_MS, StaleLeaseError } from "../src/contract.ts";
 import {
   fromBunRedis,
   fromIoredis,
@@ -18,6 +18,7 @@ import {
   RedisStore,
 } from "../backends/redis/mod.ts";
 import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts";
+import { REQUEST_TTL_MS } from "../backends/redis/lua.ts";
 import { runBackendContract } from "../testing.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
@@ -662,11 +663,14 @@ describe.skipIf(Boolean(skip))("due scans asked again (requestId, repeat)", () =
     expect((await b.inbox.get("m3"))?.state, "a repeat takes nothing more").toBe("pending");
     expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true }), "the outbox's scans are apart")
       .toEqual({ due: [], ambiguous: [] });
-    // The reply stays in the prefix's hash slot, for the request keys' time to live.
+    // The reply stays in the prefix's hash slot, for SCAN_ANSWER_KEEP_MS (the other request keys: REQUEST_TTL_MS).
     const kept = `{${keyPrefix}}rq:scan:in:scan-in`;
     const ttl = await admin!.pttl(kept);
-    expect(ttl).toBeGreaterThan(0);
-    expect(ttl).toBeLessThanOrEqual(120_000);
+    expect(ttl).toBeGreaterThan(SCAN_ANSWER_KEEP_MS - 10_000);
+    expect(ttl).toBeLessThanOrEqual(SCAN_ANSWER_KEEP_MS);
+    const others = (await admin!.keys(`{${keyPrefix}}rq:*`)).filter((k) => !k.includes("rq:scan:"));
+    expect(others.length).toBeGreaterThan(0);
+    for (const k of others) expect(await admin!.pttl(k)).toBeLessThanOrEqual(REQUEST_TTL_MS);
     await admin!.del(kept); // gone (expired): the repeat answers nothing
     expect(await b.inbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true })).toEqual([]);
 
@@ -682,6 +686,52 @@ describe.skipIf(Boolean(skip))("due scans asked again (requestId, repeat)", () =
     expect(claim.ambiguous.map((e) => [e.key, e.state])).toEqual([["k2", "unknown"]]);
     expect(claim.due[0]).toEqual((await b.outbox.get("k1"))!);
     expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: "never-run", repeat: true })).toEqual({ due: [], ambiguous: [] });
+  });
+
+  test("a repeat that comes before its scan closes the request: the scan, arriving late, answers nothing and changes nothing", async () => {
+    const keyPrefix = prefix();
+    // Commands whose calls wait for `held` before they are sent (a scan still on its way).
+    const real = fromIoredis(client());
+    let held: Promise<void> | null = null;
+    let sent = () => {};
+    const waiting = new Promise<void>((r) => (sent = r));
+    const slow: RedisCommands = {
+      evalsha: async (sha, keys, args) => {
+        if (held) {
+          sent();
+          await held;
+        }
+        return await real.evalsha(sha, keys, args);
+      },
+      scriptLoad: (script) => real.scriptLoad(script),
+    };
+    const a = new RedisDurability({ client: slow, keyPrefix });
+    const b = new RedisDurability({ client: client(), keyPrefix });
+    const me = claimer("A");
+    await b.inbox.admit(inbound("m1"));
+    await b.outbox.reserve({ key: "k1", chatId: "x", content: 1, contentHash: "h", inboundId: null });
+    const gone = await b.outbox.reserve({ key: "k2", chatId: "y", content: 2, contentHash: "h", inboundId: null }, claimer("B", 100));
+    expect(await b.outbox.markCalling("k2", gone.entry.lease!.token, 100)).toBe(true);
+    await Bun.sleep(200);
+    const before = [await b.inbox.list(), await b.outbox.list()];
+    let go = () => {};
+    held = new Promise<void>((r) => (go = r));
+    const lateIn = a.inbox.claimDue({ ...me, limit: 10, requestId: "late-in" });
+    await waiting;
+    expect(await b.inbox.claimDue({ ...me, limit: 10, requestId: "late-in", repeat: true }), "nothing ran yet").toEqual([]);
+    expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: "late-out", repeat: true }), "nothing ran yet").toEqual({ due: [], ambiguous: [] });
+    const kept = `{${keyPrefix}}rq:scan:out:late-out`;
+    expect(await admin!.pttl(kept), "the placeholder is kept as an answer is").toBeGreaterThan(SCAN_ANSWER_KEEP_MS - 10_000);
+    go();
+    held = null;
+    expect(await lateIn, "the late scan answers the placeholder").toEqual([]);
+    expect(await a.outbox.claimDue({ ...me, limit: 10, requestId: "late-out" }), "the late scan answers the placeholder").toEqual({ due: [], ambiguous: [] });
+    expect([await b.inbox.list(), await b.outbox.list()], "and changes nothing").toEqual(before);
+    expect(await b.inbox.claimDue({ ...me, limit: 10, requestId: "late-in", repeat: true })).toEqual([]);
+    // A fresh request takes them.
+    expect((await a.inbox.claimDue({ ...me, limit: 10, requestId: "next" })).map((r) => r.id)).toEqual(["m1"]);
+    const next = await a.outbox.claimDue({ ...me, limit: 10, requestId: "next" });
+    expect([next.due.map((e) => e.key), next.ambiguous.map((e) => e.key)]).toEqual([["k1"], ["k2"]]);
   });
 
   test("without a requestId a scan keeps nothing; repeat without one is a TypeError naming the option", async () => {

@@ -17,6 +17,7 @@ import {
   type NewInboundRecord,
   StaleLeaseError,
 } from "../../src/contract.ts";
+import { INBOX } from "../../src/machine.ts";
 import { checkAttempt, checkFinite, checkOutcome } from "../../src/rules.ts";
 import { checkScanRequest } from "../../src/scan_answers.ts";
 import { Aside, DAMAGED_ROUNDS, type JournalRun, leasedBy, listed } from "./aside.ts";
@@ -37,6 +38,14 @@ import {
 } from "./rows.ts";
 import { PgScanAnswers } from "./scan_answers.ts";
 import { type AsideSql, inboxSql, type InboxSql } from "./sql.ts";
+
+/** A record a named scan answered: `{id, token}` (or, kept by an earlier version, the record itself). */
+function inboxRef(item: unknown): { id: string; token: number } | null {
+  const o = item as { id?: unknown; token?: unknown; lease?: { token?: unknown } | null } | null;
+  if (typeof o !== "object" || o === null || typeof o.id !== "string") return null;
+  const token = o.token ?? o.lease?.token;
+  return typeof token === "number" ? { id: o.id, token } : null;
+}
 
 export class PgInbox implements InboxJournal {
   readonly #c: Context;
@@ -103,15 +112,45 @@ export class PgInbox implements InboxJournal {
     pgClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     const requestId = checkScanRequest(options, "inbox.claimDue");
-    if (options.repeat === true) {
-      const kept = await this.#answers.repeat(requestId!);
-      if (kept !== null && !Array.isArray(kept)) throw new Error(`Postgres inbox.claimDue on ${this.#t}: the answer kept for requestId ${JSON.stringify(requestId)} is not a list`);
-      return (kept ?? []) as InboundRecord[];
-    }
+    if (options.repeat === true) return await this.#repeat(options, requestId!);
     if (!(options.limit > 0)) return [];
-    // A named scan runs in one transaction with the storing of its answer (see `scan_answers.ts`).
-    if (requestId !== undefined) return await this.#answers.kept(requestId, (run) => this.#scanDue(options, run), (a) => a.length === 0);
+    // A named scan runs in one transaction with the storing of its answer's references (see `scan_answers.ts`).
+    if (requestId !== undefined) {
+      return await this.#answers.kept(
+        requestId,
+        (run) => this.#scanDue(options, run),
+        (a) => a.length === 0 ? null : a.map((r) => ({ id: r.id, token: r.lease!.token })),
+      );
+    }
     return await this.#scanDue(options, (op, text, params) => this.#run(op, text, params));
+  }
+
+  /**
+   * The repeat of the scan named `requestId`: the records it leased that are still as it left them
+   * (`processing`, leased to the caller under the token it issued), read again, in its order.
+   */
+  async #repeat(options: ClaimDueOptions, requestId: string): Promise<InboundRecord[]> {
+    const kept = await this.#answers.repeat(requestId, "[]");
+    if (kept === null) return [];
+    const refs = Array.isArray(kept) ? kept.map(inboxRef) : null;
+    if (refs === null || refs.includes(null)) {
+      throw new Error(`Postgres inbox.claimDue on ${this.#t}: the answer kept for requestId ${JSON.stringify(requestId)} is not a list of {id, token}`);
+    }
+    if (refs.length === 0) return [];
+    const rows = await this.#run("claimDue", this.#q.getMany, [JSON.stringify(refs.map((r) => r!.id))]);
+    const byId = new Map(rows.map((row) => [String(row.id), row]));
+    const out: InboundRecord[] = [];
+    for (const ref of refs) {
+      const row = byId.get(ref!.id);
+      // Each row is read on its own: a damaged one is set aside and left out, as a scan does.
+      const read = row ? await this.#aside.settle("claimDue", row) : null;
+      if (read === null || read instanceof DamagedRecordError || !INBOX[read.state].leased) continue;
+      const lease = read.lease;
+      if (lease?.owner !== options.owner || lease.incarnation !== options.incarnation || lease.token !== ref!.token) continue;
+      this.#c.know(this.#t, read.id, read.chatId);
+      out.push(read);
+    }
+    return out;
   }
 
   /** The due scan of {@link claimDue}, its statements run by `run`. */

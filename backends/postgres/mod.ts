@@ -150,12 +150,15 @@
  *   with `resendAmbiguous` leased again as well).
  * - A due scan named by a `requestId` (`ClaimDueOptions`) runs in one
  *   transaction (`sql.begin`, with the same `idle_in_transaction_session_timeout`
- *   as a group) with the storing of its answer, as JSON text, in
- *   `<prefix>scan_answer` (keyed by the journal and the SHA-256 of the
- *   `requestId`, stamped with the server's time): the answer is there exactly
- *   when the scan committed, so a `repeat` (one `SELECT` of that table, by any
- *   replica) answers what a scan whose reply was lost took, under the same
- *   fencing tokens. Answers older than `SCAN_ANSWER_KEEP_MS` (120 s) by the
+ *   as a group) with the storing of its answer's references (ids or keys with
+ *   their tokens or fences, as JSON text), in `<prefix>scan_answer` (keyed by
+ *   the journal and the SHA-256 of the `requestId`, stamped with the server's
+ *   time): the answer is there exactly when the scan committed. A `repeat` (by
+ *   any replica) closes the request first (a placeholder row: a scan that had
+ *   not stored its answer fails on the key and rolls back; one committing is
+ *   waited for), then reads the answer and the rows it names, and answers those
+ *   still as the scan left them, under the same fencing tokens (see
+ *   `scan_answers.ts`). Answers older than `SCAN_ANSWER_KEEP_MS` by the
  *   server's clock count as gone: each store deletes up to 16 of them, and
  *   `purge` the rest of its journal's. A scan without a `requestId` runs as
  *   before. A client without `begin` stores the answer by a statement of its

@@ -45,6 +45,20 @@ import { type AsideSql, outboxSql, type OutboxSql } from "./sql.ts";
 /** Chat rows are dropped by `purge` only when untouched for at least this long. */
 const CHAT_ROW_MIN_AGE_MS = 3_600_000;
 
+/** The placeholder a repeat keeps when its scan kept nothing: the empty answer. */
+const EMPTY_CLAIM = JSON.stringify({ due: [], ambiguous: [] });
+
+/**
+ * An entry a named scan answered: `{key, token}` (due) or `{key, fence}` (ambiguous), as `n`; or, kept by
+ * an earlier version, the entry itself (its lease's token, its fence).
+ */
+function outboxRef(item: unknown, field: "token" | "fence"): { key: string; n: number } | null {
+  const o = item as { key?: unknown; token?: unknown; fence?: unknown; lease?: { token?: unknown } | null } | null;
+  if (typeof o !== "object" || o === null || typeof o.key !== "string") return null;
+  const n = field === "fence" ? o.fence : o.token ?? o.lease?.token;
+  return typeof n === "number" ? { key: o.key, n } : null;
+}
+
 export class PgOutbox implements OutboxJournal {
   readonly #c: Context;
   readonly #q: OutboxSql & AsideSql;
@@ -111,17 +125,62 @@ export class PgOutbox implements OutboxJournal {
     pgClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
     const requestId = checkScanRequest(options, "outbox.claimDue");
-    if (options.repeat === true) {
-      const kept = await this.#answers.repeat(requestId!) as OutboxClaim | null;
-      if (kept === null) return { due: [], ambiguous: [] };
-      if (typeof kept !== "object" || !Array.isArray(kept.due) || !Array.isArray(kept.ambiguous)) {
-        throw new Error(`Postgres outbox.claimDue on ${this.#t}: the answer kept for requestId ${JSON.stringify(requestId)} is not {due, ambiguous}`);
-      }
-      return { due: kept.due, ambiguous: kept.ambiguous };
+    if (options.repeat === true) return await this.#repeat(options, requestId!);
+    // A named scan runs in one transaction with the storing of its answer's references (see `scan_answers.ts`).
+    if (requestId !== undefined) {
+      return await this.#answers.kept(requestId, (run) => this.#scanDue(options, run), (a) =>
+        isEmptyClaim(a) ? null : {
+          due: a.due.map((e) => ({ key: e.key, token: e.lease!.token })),
+          ambiguous: a.ambiguous.map((e) => ({ key: e.key, fence: e.fence })),
+        });
     }
-    // A named scan runs in one transaction with the storing of its answer (see `scan_answers.ts`).
-    if (requestId !== undefined) return await this.#answers.kept(requestId, (run) => this.#scanDue(options, run), isEmptyClaim);
     return await this.#scanDue(options, (op, text, params) => this.#run(op, text, params));
+  }
+
+  /**
+   * The repeat of the scan named `requestId`: the entries it answered that are still as it left them,
+   * read again, in its order. Due: `sending`, leased to the caller under the token it issued.
+   * Ambiguous: `unknown` with the fence it left, or (with resendAmbiguous, also in due) still leased as due.
+   */
+  async #repeat(options: ClaimDueOptions, requestId: string): Promise<OutboxClaim> {
+    const kept = await this.#answers.repeat(requestId, EMPTY_CLAIM) as { due?: unknown; ambiguous?: unknown } | null;
+    if (kept === null) return { due: [], ambiguous: [] };
+    const due = Array.isArray(kept?.due) ? kept.due.map((e) => outboxRef(e, "token")) : null;
+    const ambiguous = Array.isArray(kept?.ambiguous) ? kept.ambiguous.map((e) => outboxRef(e, "fence")) : null;
+    if (due === null || ambiguous === null || due.includes(null) || ambiguous.includes(null)) {
+      throw new Error(
+        `Postgres outbox.claimDue on ${this.#t}: the answer kept for requestId ${JSON.stringify(requestId)} is not {due: [{key, token}], ambiguous: [{key, fence}]}`,
+      );
+    }
+    if (due.length === 0 && ambiguous.length === 0) return { due: [], ambiguous: [] };
+    const keys = [...new Set([...due, ...ambiguous].map((r) => r!.key))];
+    const rows = await this.#run("claimDue", this.#q.getMany, [JSON.stringify(keys)]);
+    const byKey = new Map(rows.map((row) => [String(row.key), row]));
+    const read = new Map<string, OutboxEntry | null>();
+    // Each row is read on its own: a damaged one is set aside and left out, as a scan does.
+    for (const key of keys) {
+      const row = byKey.get(key);
+      const entry = row ? await this.#aside.settle("claimDue", row) : null;
+      read.set(key, entry instanceof DamagedRecordError ? null : entry);
+    }
+    const dueToken = new Map(due.map((r) => [r!.key, r!.n]));
+    const leasedAs = (e: OutboxEntry | null | undefined, token: number | undefined): e is OutboxEntry =>
+      e !== null && e !== undefined && token !== undefined && OUTBOX[e.state].leased && e.lease?.token === token &&
+      e.lease.owner === options.owner && e.lease.incarnation === options.incarnation;
+    const claim: OutboxClaim = { due: [], ambiguous: [] };
+    for (const ref of ambiguous) {
+      const e = read.get(ref!.key);
+      if ((e?.state === "unknown" && e.fence === ref!.n) || leasedAs(e, dueToken.get(ref!.key))) claim.ambiguous.push(e!);
+    }
+    const answered = new Set(claim.ambiguous.map((e) => e.key));
+    for (const ref of due) {
+      const e = read.get(ref!.key);
+      if (!leasedAs(e, ref!.n)) continue;
+      // With resendAmbiguous an entry is in both lists: a copy in due, as the scan answers it.
+      claim.due.push(answered.has(e.key) ? structuredClone(e) : e);
+    }
+    for (const e of [...claim.ambiguous, ...claim.due]) if (OUTBOX[e.state].leased) this.#c.know(this.#t, e.key, e.chatId);
+    return claim;
   }
 
   /** The due scan of {@link claimDue}, its statements run by `run`. */

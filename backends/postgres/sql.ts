@@ -39,6 +39,8 @@ export interface InboxSql {
   completeMany: string;
   fail: string;
   get: string;
+  /** The rows of the ids in `$1`, a JSON array of them (the repeat of a named due scan). */
+  getMany: string;
   replay: string;
   purge: string;
   list(chat: boolean, states: number): string;
@@ -198,6 +200,8 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     get: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = $1`,
+    getMany: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox}
+      WHERE id IN (SELECT json_array_elements_text($1::text::json) COLLATE "C")`,
     replay: `WITH ${n} UPDATE ${t.inbox} SET state = 'pending', attempts = 0, next_attempt_at = NULL,
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         error = NULL, updated_at = n.now, due_at = 0
@@ -246,6 +250,8 @@ export interface OutboxSql {
   markFailed: string;
   markAmbiguous: string;
   get: string;
+  /** The rows of the keys in `$1`, a JSON array of them (the repeat of a named due scan). */
+  getMany: string;
   retry: string;
   discard: string;
   purge: string;
@@ -522,6 +528,8 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     ),${nextHead()}
     SELECT 1 AS ok FROM u`,
     get: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = $1`,
+    getMany: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox}
+      WHERE key IN (SELECT json_array_elements_text($1::text::json) COLLATE "C")`,
     // The entry becomes unsettled again (chat lock: a reserve of the chat whose snapshot predates this
     // one does not lease past it). Due-marked when it is the chat's head in the snapshot; an old head
     // keeps its mark (a stray, re-checked by the scan).

@@ -81,11 +81,11 @@ export class RedisInbox implements InboxJournal {
     checkClaim(options, "inbox.claimDue");
     const limit = checkLimit(options.limit, "inbox.claimDue");
     const requestId = checkScanRequest(options, "inbox.claimDue");
-    // A named scan's reply stays under its request key (see REQUEST_TTL_MS): a repeat reads it there.
+    // A named scan's reply stays under its request key (see REQUEST_TTL_MS in lua.ts): a repeat closes the request and reads it there.
     const key = requestId === undefined ? undefined : this.#r.scanKey("in", requestId);
     let out: unknown[];
     if (options.repeat === true) {
-      out = list(await this.#r.run("scanAnswer", [], key));
+      out = list(await this.#r.run("scanAnswer", ["in"], key));
     } else {
       if (limit === 0) return [];
       out = list(await this.#r.run("inClaimDue", [...claimArgs(options), String(limit)], key));

@@ -31,6 +31,7 @@ import {
   statesWhere,
   theState,
 } from "../../src/machine.ts";
+import { SCAN_ANSWER_KEEP_MS } from "../../src/contract.ts";
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, TIMER_STATE } from "../../src/rules.ts";
 import { LUA_FILES } from "./lua_files.ts";
 
@@ -108,7 +109,9 @@ export interface LuaScript {
  *
  * A due scan named by the caller (`ClaimDueOptions.requestId`) gets the request key
  * `<prefix>rq:scan:<in|out>:<requestId>` instead of a random one, so that its reply can be read again
- * by a repeat (`scanAnswer`) for this long: at least `SCAN_ANSWER_KEEP_MS`.
+ * by a repeat (`scanAnswer`); that key is kept for `SCAN_ANSWER_KEEP_MS` instead. A repeat closes
+ * the request: it sets the key to the journal's empty answer unless it is there (`SET NX`), so that a
+ * late run of the scan answers that without running.
  */
 export const REQUEST_TTL_MS = 120_000;
 
@@ -140,6 +143,7 @@ const VALUES: { readonly [name: string]: string } = {
   OUTBOX_STATES_SET: luaSet(OUTBOX_STATES),
   TIMER_STATE,
   REQUEST_TTL_MS: String(REQUEST_TTL_MS),
+  SCAN_ANSWER_KEEP_MS: String(SCAN_ANSWER_KEEP_MS),
 };
 
 /** `text` with each `{{NAME}}` replaced by its value (one pass: a value is not scanned again). */

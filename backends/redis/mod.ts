@@ -99,11 +99,14 @@
  *
  * A due scan named by a `requestId` (`ClaimDueOptions`) is run under the
  * request key `rq:scan:<in|out>:<requestId>` instead of a random one (in the
- * prefix's hash slot like every key), so its reply stays there for the 120 s
- * (`SCAN_ANSWER_KEEP_MS`); a `repeat` reads that key (a read-only script:
- * the reply, or nothing when it is missing) and decodes it as the scan's own
- * reply, by any replica. A scan whose reply was lost is thus answered under
- * the fencing tokens it issued.
+ * prefix's hash slot like every key), so its reply stays there for
+ * `SCAN_ANSWER_KEEP_MS`; a `repeat` closes the request and reads that key
+ * (one script: it sets the journal's empty answer there unless the key is
+ * set, then answers what is there) and decodes it as the scan's own reply,
+ * by any replica. A scan whose reply was lost is thus answered under the
+ * fencing tokens it issued; a scan that had not run yet when the repeat came
+ * (it was still on its way) finds the key when it arrives and answers the
+ * empty answer without running: the repeat's answer is final.
  *
  * ## Stored data of older versions
  * Older versions also wrote `in:all`/`out:all` (every record, in list

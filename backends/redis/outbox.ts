@@ -104,11 +104,11 @@ export class RedisOutbox implements OutboxJournal {
     checkClaim(options, "outbox.claimDue");
     const limit = checkLimit(options.limit, "outbox.claimDue");
     const requestId = checkScanRequest(options, "outbox.claimDue");
-    // A named scan's reply stays under its request key (see REQUEST_TTL_MS): a repeat reads it there.
+    // A named scan's reply stays under its request key (see REQUEST_TTL_MS in lua.ts): a repeat closes the request and reads it there.
     const key = requestId === undefined ? undefined : this.#r.scanKey("out", requestId);
     const [due, ambiguous] = list(
       options.repeat === true
-        ? await this.#r.run("scanAnswer", [], key)
+        ? await this.#r.run("scanAnswer", ["out"], key)
         : await this.#r.run("outClaimDue", [...claimArgs(options), options.resendAmbiguous === true ? "1" : "0", String(limit)], key),
     );
     // Each entry is read on its own: one that cannot be read is set aside, the others are returned. With
