@@ -20,7 +20,7 @@ import type {
   OutboxEntry,
   OutboxState,
 } from "./contract.ts";
-import { type DueBy, INBOX, INBOX_MACHINE, OUTBOX, statesWhere } from "./machine.ts";
+import { type DueBy, INBOX, INBOX_MACHINE, OUTBOX, statesWhere, theState } from "./machine.ts";
 import { showValue } from "./show.ts";
 import { checkWellFormed } from "./well_formed.ts";
 
@@ -28,6 +28,8 @@ import { checkWellFormed } from "./well_formed.ts";
 export const BLOCKING_OUTBOX_STATES: readonly OutboxState[] = statesWhere(OUTBOX, "blocksChat");
 /** Inbox states that are still to be worked on. */
 export const ACTIVE_INBOX_STATES: readonly InboundState[] = statesWhere(INBOX, "active");
+/** The state of a send whose call may have reached the channel (`ambiguousOutbox`): the one a late outcome still resolves. */
+export const AMBIGUOUS_OUTBOX_STATE: OutboxState = theState(OUTBOX, "acceptsLateOutcome");
 
 /** A new lease for `options` with fencing token `token`, at backend time `now`. */
 export function newLease(options: ClaimOptions, token: number, now: number): Lease {

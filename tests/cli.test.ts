@@ -115,7 +115,7 @@ async function fullScenario(run: Runner, url: string, parallel = true): Promise<
   expect(stats.note).toContain("no counters");
   expect(stats.oldestPendingAgeSeconds).toBeGreaterThanOrEqual(119);
 
-  expect(statsHuman!.code).toBe(0);
+  expect(statsHuman!.code, statsHuman!.stderr).toBe(0);
   expect(statsHuman!.stdout).toMatch(/INBOX\s+RECORDS\npending\s+1\nprocessing\s+0\nscheduled\s+0\nfailed\s+0\ndone\s+1\ndead\s+1\n/);
   expect(statsHuman!.stdout).toContain("Counters: none. A bare backend has no counters");
 

@@ -35,6 +35,7 @@ import { isEmptyClaim, ScanAnswers } from "../../src/scan_answers.ts";
 import {
   acceptsOutcome,
   ACTIVE_INBOX_STATES,
+  AMBIGUOUS_OUTBOX_STATE,
   admitsLeased,
   ambiguousOutbox,
   BLOCKING_OUTBOX_STATES,
@@ -967,7 +968,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
         if (back !== null && leasedBy(back, options, cur.rec.fence + 1)) {
           if (cur.rec.called) ambiguous.push(back);
           due.push(cloneJson(back));
-        } else if (back !== null && back.state === "unknown" && back.fence === cur.rec.fence && cur.rec.state !== "unknown") {
+        } else if (back !== null && back.state === AMBIGUOUS_OUTBOX_STATE && back.fence === cur.rec.fence && cur.rec.state !== back.state) {
           ambiguous.push(back); // made unknown by this scan (or one racing it: reported twice rather than never)
         }
         throw error;

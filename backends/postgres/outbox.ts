@@ -20,7 +20,7 @@ import {
   StaleLeaseError,
 } from "../../src/contract.ts";
 import { OUTBOX } from "../../src/machine.ts";
-import { checkFinite, checkOutcome } from "../../src/rules.ts";
+import { AMBIGUOUS_OUTBOX_STATE, checkFinite, checkOutcome } from "../../src/rules.ts";
 import { checkScanRequest, isEmptyClaim } from "../../src/scan_answers.ts";
 import { Aside, DAMAGED_ROUNDS, type JournalRun, leasedBy, listed } from "./aside.ts";
 import type { Context, ManyRows, Row } from "./connection.ts";
@@ -170,7 +170,7 @@ export class PgOutbox implements OutboxJournal {
     const claim: OutboxClaim = { due: [], ambiguous: [] };
     for (const ref of ambiguous) {
       const e = read.get(ref!.key);
-      if ((e?.state === "unknown" && e.fence === ref!.n) || leasedAs(e, dueToken.get(ref!.key))) claim.ambiguous.push(e!);
+      if ((e?.state === AMBIGUOUS_OUTBOX_STATE && e.fence === ref!.n) || leasedAs(e, dueToken.get(ref!.key))) claim.ambiguous.push(e!);
     }
     const answered = new Set(claim.ambiguous.map((e) => e.key));
     for (const ref of due) {
