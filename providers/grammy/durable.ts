@@ -60,7 +60,7 @@ export interface GrammyBotLike {
 
 type GrammyInternals = GrammyBot<GrammyContext>;
 /** A grammY middleware, as conversations v2 takes it in `plugins`. */
-export type ConversationPlugin = (ctx: GrammyContext, next: () => Promise<void>) => Promise<void>;
+export type ConversationPlugin = (ctx: { api: object }, next: () => Promise<void>) => Promise<void>;
 /** What the conversation plugin uses of a conversation context's `Api`. */
 interface ConversationApi {
   readonly token: string;
