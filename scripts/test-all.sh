@@ -10,9 +10,9 @@ step() { printf '\n==> %s\n' "$*"; }
 step "typecheck (tsc)";          tsc -p tsconfig.json
 step "bun test (the Postgres and Redis suites in a second process, side by side with the rest)"
 # Two processes, one per core, each with its own schemas and key prefixes: the suites on the Postgres
-# and Redis servers (their conformance on simulated time, the replica processes, the cluster, the due
-# scans' SQL parts) and the events stress test in one, the rest in the other, about as long.
-SERVER_TESTS=(conformance_postgres conformance_redis conformance_pgbouncer postgres_backend redis_backend postgres_outage redis_outage redis_cluster replicas postgres_claim_due_parts events_shared_stress)
+# and Redis servers (their conformance on simulated time, the replica processes, the cluster) in one,
+# the rest in the other, about as long.
+SERVER_TESTS=(conformance_postgres conformance_redis conformance_pgbouncer postgres_backend redis_backend postgres_outage redis_outage redis_cluster replicas)
 server_files=()
 other_files=()
 for f in tests/*.test.ts tests/runtimes/*.test.ts; do
