@@ -1208,7 +1208,7 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
     await endOwn();
   });
 
-  it("a repeat answers the scan's records still as it left them, read again; the stored answer holds references only", async () => {
+  it("a repeat answers the scan's due records still as it left them and every entry it made ambiguous, read again; the stored answer holds references only", async () => {
     const schema = freshSchema();
     const t = tables(schema, "botmesh_");
     const sql = own();
@@ -1240,9 +1240,10 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
       ambiguous: claim.ambiguous.map((e) => ({ key: e.key, fence: e.fence })),
     });
     expect(await b.outbox.claimDue({ ...lease("A"), limit: 1, requestId: "out-refs", repeat: true })).toEqual(claim);
-    expect(await b.outbox.retry("k3")).toBe(true); // moved on since: left out
+    expect(await b.outbox.retry("k3")).toBe(true); // moved on since: still answered (its report is owed), as it is now
+    await b.outbox.markFailed("k1", claim.due[0]!.lease!.token, { error: "x", retryInMs: 60_000 }); // settled since: left out
     const later = await b.outbox.claimDue({ ...lease("A"), limit: 1, requestId: "out-refs", repeat: true });
-    expect([later.due.map((e) => e.key), later.ambiguous.map((e) => e.key)]).toEqual([["k1"], ["k2"]]);
+    expect([later.due.map((e) => e.key), later.ambiguous.map((e) => [e.key, e.state])]).toEqual([[], [["k2", "unknown"], ["k3", "queued"]]]);
 
     await b.outbox.discard("k1");
     await b.outbox.discard("k2");

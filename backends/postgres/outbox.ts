@@ -20,7 +20,7 @@ import {
   StaleLeaseError,
 } from "../../src/contract.ts";
 import { OUTBOX } from "../../src/machine.ts";
-import { AMBIGUOUS_OUTBOX_STATE, checkFinite, checkOutcome } from "../../src/rules.ts";
+import { checkFinite, checkOutcome } from "../../src/rules.ts";
 import { checkScanRequest, isEmptyClaim } from "../../src/scan_answers.ts";
 import { Aside, DAMAGED_ROUNDS, type JournalRun, leasedBy, listed } from "./aside.ts";
 import type { Context, ManyRows, Row } from "./connection.ts";
@@ -140,7 +140,7 @@ export class PgOutbox implements OutboxJournal {
   /**
    * The repeat of the scan named `requestId`: the entries it answered that are still as it left them,
    * read again, in its order. Due: `sending`, leased to the caller under the token it issued.
-   * Ambiguous: `unknown` with the fence it left, or (with resendAmbiguous, also in due) still leased as due.
+   * Ambiguous: every entry it made ambiguous, whatever its state now (its report is owed).
    */
   async #repeat(options: ClaimDueOptions, requestId: string): Promise<OutboxClaim> {
     const kept = await this.#answers.repeat(requestId, EMPTY_CLAIM) as { due?: unknown; ambiguous?: unknown } | null;
@@ -168,9 +168,11 @@ export class PgOutbox implements OutboxJournal {
       e !== null && e !== undefined && token !== undefined && OUTBOX[e.state].leased && e.lease?.token === token &&
       e.lease.owner === options.owner && e.lease.incarnation === options.incarnation;
     const claim: OutboxClaim = { due: [], ambiguous: [] };
+    // Every entry the scan made ambiguous is answered, as it is now: the scan let the later sends of its
+    // chat go ahead of it, so its report is owed even when a late outcome (or an operator) settled it since.
     for (const ref of ambiguous) {
       const e = read.get(ref!.key);
-      if ((e?.state === AMBIGUOUS_OUTBOX_STATE && e.fence === ref!.n) || leasedAs(e, dueToken.get(ref!.key))) claim.ambiguous.push(e!);
+      if (e !== null && e !== undefined) claim.ambiguous.push(e);
     }
     const answered = new Set(claim.ambiguous.map((e) => e.key));
     for (const ref of due) {

@@ -1000,6 +1000,14 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(keys(repeated.ambiguous)).toEqual([lost.key]);
         expect((await mustGetOut(b, later.key)).state, "the repeat leases nothing more").toBe("queued");
         expect((await mustGetOut(b, lost.key)).state).toBe("unknown");
+        // The lost sender's late outcome settles it: a repeat still answers it ambiguous (the scan made it
+        // unknown, and so let the later sends of its chat go first: the report is owed whatever came after).
+        await b.outbox.markSent(lost.key, lost.fence, "late-id");
+        expect((await mustGetOut(b, lost.key)).state).toBe("sent");
+        const afterLate = await b.outbox.claimDue({ ...me, limit: 10, requestId: outScan, repeat: true });
+        expect(keys(afterLate.ambiguous), "made ambiguous by the scan, settled since").toEqual([lost.key]);
+        expect(afterLate.ambiguous[0]?.fence).toBe(lost.fence);
+        expect(keys(afterLate.due)).toEqual([queued.key]);
         expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: uid("scan"), repeat: true }), "a scan never run")
           .toEqual({ due: [], ambiguous: [] });
         expect(keys((await b.outbox.claimDue({ ...me, limit: 10, requestId: uid("scan") })).due)).toEqual([later.key]);
