@@ -23,7 +23,8 @@ type Sql = ReturnType<typeof postgres>;
 const clients: Sql[] = [];
 /** A client ended after the file. */
 function client(options: Parameters<typeof postgres>[1] = {}): Sql {
-  const sql = postgres(POSTGRES_URL, { max: 4, onnotice: () => {}, ...options });
+  // Idle connections close after a second: the file's clients stay open until its end, and together would exceed max_connections.
+  const sql = postgres(POSTGRES_URL, { max: 4, idle_timeout: 1, onnotice: () => {}, ...options });
   clients.push(sql);
   return sql;
 }

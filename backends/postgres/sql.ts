@@ -183,14 +183,14 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     heartbeatMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint, lease_ms bigint))
       UPDATE ${t.inbox} AS r SET lease_expires_at = n.now + u.lease_ms, due_at = n.now + u.lease_ms
-      FROM n, u WHERE r.id = u.id AND ${sqlIn("r.state", IN_LEASED)} AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
+      FROM n, u WHERE r.id = ANY(ARRAY(SELECT id FROM u)) AND r.id = u.id AND ${sqlIn("r.state", IN_LEASED)} AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
     complete: `WITH ${n} UPDATE ${t.inbox} SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     completeMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint))
       UPDATE ${t.inbox} AS r SET state = 'done', lease_owner = NULL, lease_incarnation = NULL,
         lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL, updated_at = n.now, due_at = NULL
-      FROM n, u WHERE r.id = u.id AND ${sqlIn("r.state", IN_LEASED)} AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
+      FROM n, u WHERE r.id = ANY(ARRAY(SELECT id FROM u)) AND r.id = u.id AND ${sqlIn("r.state", IN_LEASED)} AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
     // $3: dead; $4: error; $5: retry delay (ms).
     fail: `WITH ${n} UPDATE ${t.inbox} SET
         state = CASE WHEN $3::boolean THEN 'dead' ELSE 'failed' END,
@@ -201,7 +201,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     get: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = $1`,
     getMany: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox}
-      WHERE id IN (SELECT json_array_elements_text($1::text::json) COLLATE "C")`,
+      WHERE id = ANY(ARRAY(SELECT json_array_elements_text($1::text::json) COLLATE "C"))`,
     replay: `WITH ${n} UPDATE ${t.inbox} SET state = 'pending', attempts = 0, next_attempt_at = NULL,
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         error = NULL, updated_at = n.now, due_at = 0
@@ -316,7 +316,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
   const renewMany = (set: string) => `WITH ${n},
     w AS (SELECT * FROM json_to_recordset($1::text::json) AS w(key text, token bigint, lease_ms bigint))
     UPDATE ${t.outbox} AS o SET lease_expires_at = n.now + w.lease_ms, due_at = n.now + w.lease_ms${set}
-    FROM n, w WHERE o.key = w.key AND ${sqlIn("o.state", OUT_LEASED)} AND o.lease_token = w.token AND o.${KEPT} RETURNING o.key AS mkey`;
+    FROM n, w WHERE o.key = ANY(ARRAY(SELECT key FROM w)) AND o.key = w.key AND ${sqlIn("o.state", OUT_LEASED)} AND o.lease_token = w.token AND o.${KEPT} RETURNING o.key AS mkey`;
   // After the settle `u` (seq, chat_id) of an entry: the chat's next head (the first entry that blocks,
   // other than the settled one, in the snapshot) gets its due mark when it has none.
   const nextHead = (when = "true") => `
@@ -388,7 +388,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       SELECT * FROM json_to_recordset($1::text::json) AS w(i integer, key text, chat_id text, content text, content_hash text,
         inbound_id text, leased boolean, owner text, inc text, lease_ms bigint)
     ),
-    old AS (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key IN (SELECT key FROM w)),
+    old AS (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = ANY(ARRAY(SELECT key FROM w))),
     snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM w)),
     lk AS (
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
@@ -458,7 +458,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     w AS (SELECT * FROM json_to_recordset($1::text::json) AS w(key text, token bigint, message_id text)),
     e AS (
       SELECT o.seq, o.chat_id, w.key, w.token, w.message_id FROM ${t.outbox} o, w
-      WHERE o.key = w.key AND ${outcomeOf("o.", "w.token")}
+      WHERE o.key = ANY(ARRAY(SELECT key FROM w)) AND o.key = w.key AND ${outcomeOf("o.", "w.token")}
         AND o.${KEPT}
     ),
     snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM e)),
@@ -473,7 +473,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       UPDATE ${t.outbox} AS o SET state = 'sent', message_id = e.message_id, lease_owner = NULL,
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
         updated_at = n.now, due_at = NULL
-      FROM n, e, lk WHERE o.seq = e.seq AND lk.chat_id = e.chat_id
+      FROM n, e, lk WHERE o.seq = ANY(ARRAY(SELECT seq FROM e)) AND o.seq = e.seq AND lk.chat_id = e.chat_id
         AND ${outcomeOf("o.", "e.token")} AND o.${KEPT}
       RETURNING o.seq, o.chat_id, e.key
     ),
@@ -529,7 +529,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     SELECT 1 AS ok FROM u`,
     get: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = $1`,
     getMany: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox}
-      WHERE key IN (SELECT json_array_elements_text($1::text::json) COLLATE "C")`,
+      WHERE key = ANY(ARRAY(SELECT json_array_elements_text($1::text::json) COLLATE "C"))`,
     // The entry becomes unsettled again (chat lock: a reserve of the chat whose snapshot predates this
     // one does not lease past it). Due-marked when it is the chat's head in the snapshot; an old head
     // keeps its mark (a stray, re-checked by the scan).

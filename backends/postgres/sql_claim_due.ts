@@ -90,11 +90,17 @@ const PICK_KEPT: SqlPart = {
   text: "SELECT pick.chat_id, pick.received_at, pick.ord FROM pick",
 };
 
-/** `seen`: per chat of the pick, its other active records up to its last picked one (in the snapshot). */
+/**
+ * `seen`: per chat of the pick, its other active records up to its last picked one (in the snapshot), but those
+ * the caller itself holds with at least half of its lease length ($3) left. Such a record neither holds the
+ * chat nor is claimable, and nobody else can take it before its lease lapses, which is longer than this
+ * statement runs: locking it tells nothing. Leaving them out keeps a scan's work to what it may take, not
+ * to everything the caller already holds (a restart's backlog would make each scan lock all earlier picks).
+ */
 function earlierSeen({ t }: InboxScan): SqlPart {
   return {
     name: "seen",
-    reads: ["c"],
+    reads: ["c", "n"],
     rows: "ord, chat_id, received_at",
     materialized: true,
     text: `SELECT s.ord, s.chat_id, s.received_at
@@ -102,6 +108,8 @@ function earlierSeen({ t }: InboxScan): SqlPart {
       CROSS JOIN LATERAL (
         SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
         WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND e.${KEPT} AND (e.received_at, e.ord) <= (l.received_at, l.ord)
+          AND NOT (${sqlIn("e.state", IN_LEASED)} AND e.lease_owner = $1 AND e.lease_incarnation = $2
+            AND e.lease_expires_at > ${NOW} + $3::bigint / 2)
       ) s
       WHERE s.ord NOT IN (SELECT ord FROM c)`,
   };
