@@ -1,6 +1,7 @@
 /**
  * The `botmesh-durable` command line: inspect and repair the inbox and outbox
- * of a durability backend (list, show, replay, retry, discard, purge, stats).
+ * of a durability backend (list, show, replay, retry, mark-delivered, discard,
+ * purge, stats, damaged).
  *
  * This module is Web-standard: {@link runCli} gets the arguments, an output
  * writer and a backend opener, and returns the exit code. The runtime entry
@@ -29,6 +30,7 @@ import {
   damagedCommand,
   discardCommand,
   listCommand,
+  markDeliveredCommand,
   purgeCommand,
   replayCommand,
   retryCommand,
@@ -118,6 +120,7 @@ export const COMMANDS: readonly CliCommand[] = [
   showCommand,
   replayCommand,
   retryCommand,
+  markDeliveredCommand,
   discardCommand,
   purgeCommand,
   statsCommand,
