@@ -39,6 +39,7 @@ import {
 } from "./cli_commands.ts";
 
 import { type ConsoleServe, isConsoleCommand, runConsoleCommand } from "./console_command.ts";
+import { escapeControls } from "./terminal_text.ts";
 
 export { type CliCommand, type CliFlag, type CommandContext, OperationError, UsageError } from "./cli_command.ts";
 
@@ -339,7 +340,12 @@ function checkCommand(command: CliCommand, p: Parsed): void {
  * }, { open: openBackend });
  * ```
  */
-export async function runCli(argv: readonly string[], io: CliIo, options: CliOptions): Promise<number> {
+export async function runCli(argv: readonly string[], rawIo: CliIo, options: CliOptions): Promise<number> {
+  // Everything written passes here: journal data never reaches the terminal with its control characters.
+  const io: CliIo = {
+    stdout: (text) => rawIo.stdout(escapeControls(text, true)),
+    stderr: (text) => rawIo.stderr(escapeControls(text, true)),
+  };
   if (isConsoleCommand(argv)) return await runConsoleCommand(argv, io, options, BACKEND_ENV);
   if (argv.length === 2 && argv[0] === "help" && argv[1] === "console") {
     return await runConsoleCommand(["console", "--help"], io, options, BACKEND_ENV);

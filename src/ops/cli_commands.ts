@@ -10,6 +10,7 @@ import { listDamaged } from "../engine.ts";
 import { errorOneLine } from "./console_error.ts";
 import { INBOX_MACHINE, OUTBOX_MACHINE } from "../machine.ts";
 import { MAX_MESSAGE_ID_LENGTH, markDeliveredInJournal } from "./mark_delivered.ts";
+import { escapeControls } from "./terminal_text.ts";
 import { countRecords, INBOX_STATES, OUTBOX_STATES } from "./prometheus.ts";
 
 /** `"a"`, `"a" or "b"`: states for a help line. */
@@ -393,8 +394,10 @@ function duration(ms: number): string {
 }
 
 function cell(text: string, max = 60): string {
-  const flat = text.replace(/[\r\n\t]+/g, " ");
-  return flat.length > max ? flat.slice(0, max - 1) + "…" : flat;
+  const flat = escapeControls(text);
+  if (flat.length <= max) return flat;
+  const kept = flat.slice(0, max - 1);
+  return kept.replace(/\\u[0-9a-f]{0,3}$/, "") + "…"; // no escape cut in two
 }
 
 function table(headers: string[], rows: string[][]): string {
@@ -420,7 +423,9 @@ function describe(record: InboundRecord | OutboxEntry): string {
     if (value === null || value === undefined) text = "-";
     else if (key.endsWith("At") && typeof value === "number") text = `${iso(value)} (${value})`;
     else if (typeof value === "object") text = JSON.stringify(value, null, 2).replace(/\n/g, "\n  ");
-    else text = String(value);
+    // A journaled error keeps its lines (causes, stack frames), indented so that none passes for a field.
+    else if (key === "error") text = String(value).replace(/\n/g, "\n  ");
+    else text = escapeControls(String(value));
     lines.push(`${key}: ${text}`);
   }
   return lines.join("\n") + "\n";
