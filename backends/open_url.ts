@@ -18,6 +18,7 @@ import { checkFile, checkPostgresTables, checkRedisPrefix, checkSqliteTables, ty
 import { PostgresDurability } from "./postgres/mod.ts";
 import { RedisDurability } from "./redis/mod.ts";
 import { SQLiteDurability } from "./sqlite/mod.ts";
+import { hideCredentials } from "./url_credentials.ts";
 /**
  * What a failed import of a client package throws. Each package is imported
  * only when a URL of its kind is opened (the npm build keeps it external;
@@ -32,14 +33,6 @@ function notLoaded(name: string, forWhat: string): (error: unknown) => never {
       }`,
     );
   };
-}
-
-function hideCredentials(url: string): string {
-  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)([^@/?#]*)@/i, (_, scheme: string, auth: string) => {
-    if (scheme.toLowerCase().startsWith("redis+upstash")) return `${scheme}***@`;
-    const colon = auth.indexOf(":");
-    return colon === -1 ? `${scheme}${auth}@` : `${scheme}${auth.slice(0, colon)}:***@`;
-  });
 }
 
 function splitQuery(text: string, shown: string, allowed: readonly string[]): { rest: string; params: Map<string, string> } {
