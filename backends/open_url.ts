@@ -16,6 +16,7 @@ import { FileEventJournal } from "./events/file_journal.ts";
 import { SharedFileEventJournal } from "./events/shared_journal.ts";
 import { checkFile, checkPostgresTables, checkRedisPrefix, checkSqliteTables, type RedisProbe } from "./open_checks.ts";
 import { PostgresDurability } from "./postgres/mod.ts";
+import { loginFailure } from "./postgres/login_error.ts";
 import { RedisDurability } from "./redis/mod.ts";
 import { SQLiteDurability } from "./sqlite/mod.ts";
 import { hideCredentials } from "./url_credentials.ts";
@@ -228,6 +229,8 @@ async function openPostgres(url: string, shown: string): Promise<OpenedBackend> 
     await sql.end({ timeout: 0 }).catch(() => {});
     if (error instanceof TypeError || error instanceof RangeError) throw new BackendUrlError(shown, errorMessage(error));
     if (error instanceof OperationError) throw error;
+    const login = loginFailure(error, sql);
+    if (login !== null) throw new OperationError(`${login} (from ${JSON.stringify(shown)})`);
     throw new OperationError(`Cannot open Postgres at ${JSON.stringify(shown)}: ${errorMessage(error)}`);
   }
 }
