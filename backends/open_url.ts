@@ -16,8 +16,10 @@ import { FileEventJournal } from "./events/file_journal.ts";
 import { SharedFileEventJournal } from "./events/shared_journal.ts";
 import { checkFile, checkPostgresTables, checkRedisPrefix, checkSqliteTables, type RedisProbe } from "./open_checks.ts";
 import { PostgresDurability } from "./postgres/mod.ts";
+import { loginFailure } from "./postgres/login_error.ts";
 import { RedisDurability } from "./redis/mod.ts";
 import { SQLiteDurability } from "./sqlite/mod.ts";
+import { hideCredentials } from "./url_credentials.ts";
 /**
  * What a failed import of a client package throws. Each package is imported
  * only when a URL of its kind is opened (the npm build keeps it external;
@@ -32,14 +34,6 @@ function notLoaded(name: string, forWhat: string): (error: unknown) => never {
       }`,
     );
   };
-}
-
-function hideCredentials(url: string): string {
-  return url.replace(/^([a-z][a-z0-9+.-]*:\/\/)([^@/?#]*)@/i, (_, scheme: string, auth: string) => {
-    if (scheme.toLowerCase().startsWith("redis+upstash")) return `${scheme}***@`;
-    const colon = auth.indexOf(":");
-    return colon === -1 ? `${scheme}${auth}@` : `${scheme}${auth.slice(0, colon)}:***@`;
-  });
 }
 
 function splitQuery(text: string, shown: string, allowed: readonly string[]): { rest: string; params: Map<string, string> } {
@@ -235,6 +229,8 @@ async function openPostgres(url: string, shown: string): Promise<OpenedBackend> 
     await sql.end({ timeout: 0 }).catch(() => {});
     if (error instanceof TypeError || error instanceof RangeError) throw new BackendUrlError(shown, errorMessage(error));
     if (error instanceof OperationError) throw error;
+    const login = loginFailure(error, sql);
+    if (login !== null) throw new OperationError(`${login} (from ${JSON.stringify(shown)})`);
     throw new OperationError(`Cannot open Postgres at ${JSON.stringify(shown)}: ${errorMessage(error)}`);
   }
 }

@@ -257,7 +257,7 @@ describe("botmesh-durable under Bun", () => {
     expect(table.code).toBe(0);
     expect(table.stdout.split("\n")[1]).toMatch(/^in-dead\s+dead\s+c1\s+message\s+1\s+\S+\s+Error: quota exceeded; caused by TypeError: socket closed$/);
     expect(table.stdout).not.toContain("cli.test.ts");
-    expect(show.stdout).toContain(`error: ${error}\n`);
+    expect(show.stdout).toContain(`error: ${error.replace(/\n/g, "\n  ")}\n`); // its lines indented under the field
     expect(json.json()[0].error).toBe(error);
   }, SLOW);
 

@@ -156,14 +156,14 @@ describe("usage errors: exit 2, the message, the command's one usage line, nothi
   test("no command, or an unknown one: the general usage line and the list of commands", async () => {
     for (const [argv, message] of [
       [[], "Missing the command"],
-      [["frobnicate"], 'Unknown command "frobnicate"; commands are list, show, replay, retry, discard, purge, stats, damaged, console, help'],
+      [["frobnicate"], 'Unknown command "frobnicate"; commands are list, show, replay, retry, mark-delivered, discard, purge, stats, damaged, console, help'],
       [["-x"], 'Unknown flag "-x"'],
     ] as [string[], string][]) {
       const r = await cli(argv);
       expect({ argv, code: r.code, stdout: r.stdout }).toEqual({ argv, code: 2, stdout: "" });
       expect(r.stderr).toBe(
         `botmesh-durable: ${message}\nUsage: botmesh-durable [--backend <url>] <command> [options]\n` +
-          `Commands: list, show, replay, retry, discard, purge, stats, damaged, console\nRun "botmesh-durable --help" for more.\n`,
+          `Commands: list, show, replay, retry, mark-delivered, discard, purge, stats, damaged, console\nRun "botmesh-durable --help" for more.\n`,
       );
     }
   });

@@ -35,6 +35,7 @@ const EVERY_COMMAND: string[][] = [
   ["damaged"],
   ["replay", "x"],
   ["retry", "x"],
+  ["mark-delivered", "x"],
   ["discard", "x"],
   ["purge", "--older-than", "0"],
 ];

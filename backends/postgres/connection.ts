@@ -7,6 +7,7 @@
  */
 import { errorMessage } from "../../src/errors.ts";
 import { nextTurn } from "../../src/runtime/mod.ts";
+import { loginFailure } from "./login_error.ts";
 import type { PostgresClient, Resolved } from "./options.ts";
 import { migrationSql, NEWER_SCHEMA_MARK, NOW_MS, POSTGRES_SCHEMA_VERSION, tables, type Tables } from "./sql.ts";
 
@@ -185,6 +186,8 @@ export class Context {
           { cause: error },
         );
       }
+      const login = loginFailure(error, this.sql);
+      if (login !== null) throw new Error(`${login}; cannot set up ${this.where}`, { cause: error });
       throw new Error(`Postgres: cannot set up ${this.where}: ${message}`, { cause: error });
     }
     const probe = await this.sql.unsafe("SELECT 1 AS botmesh_probe", []);

@@ -1,6 +1,7 @@
 /**
  * The `botmesh-durable` command line: inspect and repair the inbox and outbox
- * of a durability backend (list, show, replay, retry, discard, purge, stats).
+ * of a durability backend (list, show, replay, retry, mark-delivered, discard,
+ * purge, stats, damaged).
  *
  * This module is Web-standard: {@link runCli} gets the arguments, an output
  * writer and a backend opener, and returns the exit code. The runtime entry
@@ -29,6 +30,7 @@ import {
   damagedCommand,
   discardCommand,
   listCommand,
+  markDeliveredCommand,
   purgeCommand,
   replayCommand,
   retryCommand,
@@ -37,6 +39,7 @@ import {
 } from "./cli_commands.ts";
 
 import { type ConsoleServe, isConsoleCommand, runConsoleCommand } from "./console_command.ts";
+import { escapeControls } from "./terminal_text.ts";
 
 export { type CliCommand, type CliFlag, type CommandContext, OperationError, UsageError } from "./cli_command.ts";
 
@@ -118,6 +121,7 @@ export const COMMANDS: readonly CliCommand[] = [
   showCommand,
   replayCommand,
   retryCommand,
+  markDeliveredCommand,
   discardCommand,
   purgeCommand,
   statsCommand,
@@ -336,7 +340,12 @@ function checkCommand(command: CliCommand, p: Parsed): void {
  * }, { open: openBackend });
  * ```
  */
-export async function runCli(argv: readonly string[], io: CliIo, options: CliOptions): Promise<number> {
+export async function runCli(argv: readonly string[], rawIo: CliIo, options: CliOptions): Promise<number> {
+  // Everything written passes here: journal data never reaches the terminal with its control characters.
+  const io: CliIo = {
+    stdout: (text) => rawIo.stdout(escapeControls(text, true)),
+    stderr: (text) => rawIo.stderr(escapeControls(text, true)),
+  };
   if (isConsoleCommand(argv)) return await runConsoleCommand(argv, io, options, BACKEND_ENV);
   if (argv.length === 2 && argv[0] === "help" && argv[1] === "console") {
     return await runConsoleCommand(["console", "--help"], io, options, BACKEND_ENV);

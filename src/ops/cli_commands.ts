@@ -1,6 +1,6 @@
 /**
  * The built-in subcommands of `botmesh-durable`: list, show, replay, retry,
- * discard, purge, stats, damaged (each a {@link CliCommand}).
+ * mark-delivered, discard, purge, stats, damaged (each a {@link CliCommand}).
  *
  * @module
  */
@@ -9,6 +9,8 @@ import { parseDuration } from "../config.ts";
 import { listDamaged } from "../engine.ts";
 import { errorOneLine } from "./console_error.ts";
 import { INBOX_MACHINE, OUTBOX_MACHINE } from "../machine.ts";
+import { MAX_MESSAGE_ID_LENGTH, markDeliveredInJournal } from "./mark_delivered.ts";
+import { escapeControls } from "./terminal_text.ts";
 import { countRecords, INBOX_STATES, OUTBOX_STATES } from "./prometheus.ts";
 
 /** `"a"`, `"a" or "b"`: states for a help line. */
@@ -184,6 +186,57 @@ Exits 1 when the entry does not exist or is in another state.`,
   },
 };
 
+/** `mark-delivered <key>`. */
+export const markDeliveredCommand: CliCommand = {
+  name: "mark-delivered",
+  args: ["<key>"],
+  flags: [{ name: "message-id", value: "id", help: "the provider's message id, if you know it" }],
+  changes: true,
+  summary: "record an unknown send as delivered, without sending it again",
+  help: `Records an outbox entry that is unknown (the send may or may not have arrived) as sent, without calling
+the provider again: for when you checked the chat and the message is there. --message-id gives the
+provider's message id, if you know it. The entry is written under its own fencing token, as a late
+outcome of the lost call would be: if it was retried or settled meanwhile, nothing changes. It acts
+on the journal alone: a running bot counts nothing and emits no event for it.
+Exits 1 when the entry does not exist or is in another state than unknown.`,
+  examples: ["mark-delivered 9f1c2a:0", "mark-delivered 9f1c2a:0 --message-id 4711 --json"],
+  check({ flags }) {
+    messageIdFlag(flags);
+  },
+  async run(c) {
+    const backend = backendOf(c);
+    const key = c.positionals[0]!;
+    const messageId = messageIdFlag(c.flags);
+    const marked = await markDeliveredInJournal(backend, key, messageId);
+    const entry = await backend.outbox.get(key);
+    const why = marked ? null : entry === null
+      ? `Outbox entry ${JSON.stringify(key)} not found`
+      : `Outbox entry ${JSON.stringify(key)} is ${entry.state}: only ${
+        quoted(OUTBOX_MACHINE.transitions.markDelivered.from)
+      } entries can be marked as delivered`;
+    if (c.json) {
+      await out(c, { command: "mark-delivered", key, ok: marked, state: entry?.state ?? null, messageId, error: why });
+    }
+    if (why !== null) throw new OperationError(why);
+    if (!c.json) {
+      await c.io.stdout(
+        `Outbox entry ${JSON.stringify(key)} is marked as delivered (sent${
+          messageId === "" ? "" : `, message id ${JSON.stringify(messageId)}`
+        }): it is not sent again.\n`,
+      );
+    }
+  },
+};
+
+/** `--message-id`, trimmed (`""` when not given). */
+function messageIdFlag(flags: Map<string, string>): string {
+  const id = (flags.get("message-id") ?? "").trim();
+  if (id.length > MAX_MESSAGE_ID_LENGTH) {
+    throw new UsageError(`Flag "--message-id" is too long: ${id.length} characters, at most ${MAX_MESSAGE_ID_LENGTH}`);
+  }
+  return id;
+}
+
 /** `discard <key>`. */
 export const discardCommand: CliCommand = {
   name: "discard",
@@ -341,8 +394,10 @@ function duration(ms: number): string {
 }
 
 function cell(text: string, max = 60): string {
-  const flat = text.replace(/[\r\n\t]+/g, " ");
-  return flat.length > max ? flat.slice(0, max - 1) + "…" : flat;
+  const flat = escapeControls(text);
+  if (flat.length <= max) return flat;
+  const kept = flat.slice(0, max - 1);
+  return kept.replace(/\\u[0-9a-f]{0,3}$/, "") + "…"; // no escape cut in two
 }
 
 function table(headers: string[], rows: string[][]): string {
@@ -368,7 +423,9 @@ function describe(record: InboundRecord | OutboxEntry): string {
     if (value === null || value === undefined) text = "-";
     else if (key.endsWith("At") && typeof value === "number") text = `${iso(value)} (${value})`;
     else if (typeof value === "object") text = JSON.stringify(value, null, 2).replace(/\n/g, "\n  ");
-    else text = String(value);
+    // A journaled error keeps its lines (causes, stack frames), indented so that none passes for a field.
+    else if (key === "error") text = String(value).replace(/\n/g, "\n  ");
+    else text = escapeControls(String(value));
     lines.push(`${key}: ${text}`);
   }
   return lines.join("\n") + "\n";

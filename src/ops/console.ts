@@ -19,6 +19,7 @@ import { type ConsoleAuth, type ConsoleIdentity, CsrfTokens, encoder } from "./c
 import { BULK, bulkConfirm, type BulkContext, bulkNotice, bulkPerform } from "./console_bulk.ts";
 import { type Journal, param } from "./console_list.ts";
 import { BackendUnavailableError, type ConsoleTarget, opsOf } from "./console_ops.ts";
+import { MAX_MESSAGE_ID_LENGTH } from "./mark_delivered.ts";
 import { HttpError, isObject, respond, STATUS_TEXT, STYLE } from "./console_render.ts";
 import { ACTIONS, type Page, type ViewContext, views } from "./console_views.ts";
 import { html, SafeHtml } from "./html.ts";
@@ -225,7 +226,9 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
     let done = false;
     if (spec.allowed.includes(state)) {
       const messageId = (form.get("messageId") ?? "").trim();
-      if (messageId.length > 512) throw new HttpError(400, `Form field "messageId" is too long (at most 512 characters); nothing was changed`);
+      if (messageId.length > MAX_MESSAGE_ID_LENGTH) {
+        throw new HttpError(400, `Form field "messageId" is too long (at most ${MAX_MESSAGE_ID_LENGTH} characters); nothing was changed`);
+      }
       done = spec.name === "replay"
         ? await ops.replay(id)
         : spec.name === "retry"

@@ -5,19 +5,18 @@
  *
  * @module
  */
-import {
-  type DamagedRecord,
-  type DurabilityBackend,
-  type InboundRecord,
-  type InboundState,
-  type ListOptions,
-  type OutboxEntry,
-  type OutboxState,
-  StaleLeaseError,
+import type {
+  DamagedRecord,
+  DurabilityBackend,
+  InboundRecord,
+  InboundState,
+  ListOptions,
+  OutboxEntry,
+  OutboxState,
 } from "../contract.ts";
 import { type DurabilityControl, type DurabilityMetrics, listDamaged } from "../engine.ts";
 import { errorMessage } from "../errors.ts";
-import { OUTBOX_MACHINE } from "../machine.ts";
+import { markDeliveredInJournal } from "./mark_delivered.ts";
 import { isObject } from "./console_render.ts";
 
 /** The part of a `Bot` the console uses: its operator surface. */
@@ -112,18 +111,7 @@ export function opsOf(target: unknown, openBackend: boolean): ConsoleOps {
     replay: withBackend((id) => backend.inbox.replay(id)),
     retry: withBackend((key) => backend.outbox.retry(key)),
     discard: withBackend((key) => backend.outbox.discard(key)),
-    markDelivered: withBackend(async (key: string, messageId: string) => {
-      const entry = await backend.outbox.get(key);
-      if (entry === null || !OUTBOX_MACHINE.transitions.markDelivered.from.includes(entry.state)) return false;
-      try {
-        // A late outcome under the entry's own fence: refused if anyone retried or resolved it since.
-        await backend.outbox.markSent(key, entry.fence, messageId);
-        return true;
-      } catch (error) {
-        if (error instanceof StaleLeaseError) return false;
-        throw error;
-      }
-    }),
+    markDelivered: withBackend((key: string, messageId: string) => markDeliveredInJournal(backend, key, messageId)),
     damaged: withBackend((o) => listDamaged(backend, o)),
     close: async () => {
       const opened = opening !== undefined && await opening.catch(() => false);
