@@ -93,9 +93,11 @@ const PICK_KEPT: SqlPart = {
 /**
  * `seen`: per chat of the pick, its other active records up to its last picked one (in the snapshot), but those
  * the caller itself holds with at least half of its lease length ($3) left. Such a record neither holds the
- * chat nor is claimable, and nobody else can take it before its lease lapses, which is longer than this
- * statement runs: locking it tells nothing. Leaving them out keeps a scan's work to what it may take, not
- * to everything the caller already holds (a restart's backlog would make each scan lock all earlier picks).
+ * chat nor is claimable, and no other owner can take it before its lease lapses, which is longer than this
+ * statement runs: locking it tells nothing. (A next incarnation of the owner, under reclaimOwn, may take it
+ * at any time, but then takes the caller's later records too, and fencing settles the rest.) Leaving them
+ * out keeps a scan's work to what it may take, not to everything the caller already holds: a restart's
+ * backlog made each scan lock every record taken by the scans before it.
  */
 function earlierSeen({ t }: InboxScan): SqlPart {
   return {
