@@ -409,6 +409,40 @@ describe("telegram: webhook", () => {
     expect(dead).toContain(`tg:${f.botId}:9:-:1`);
   });
 
+  test("408 when the body does not arrive within bodyTimeoutMs: a body that never ends holds nothing", async () => {
+    const f = fake();
+    const provider = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET, bodyTimeoutMs: 150, onError: () => {} });
+    const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "wh-slow" } });
+    await bot.start();
+    cleanups.push(() => bot.stop());
+    let cancelled = false;
+    const endless = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(bytes('{"update_id":1,"message":'));
+      },
+      cancel() {
+        cancelled = true;
+      },
+    });
+    const started = performance.now();
+    const response = await provider.webhook(
+      new Request("http://bot.test/telegram", {
+        method: "POST",
+        headers: { "x-telegram-bot-api-secret-token": SECRET },
+        body: endless,
+        duplex: "half",
+      } as RequestInit),
+    );
+    const took = performance.now() - started;
+    expect(response.status).toBe(408);
+    expect(await response.text()).toContain("150 ms (bodyTimeoutMs)");
+    expect(took).toBeGreaterThanOrEqual(140);
+    expect(took).toBeLessThan(5_000);
+    expect(cancelled).toBe(true);
+    expect((await provider.webhook(webhookRequest(f.textUpdate(7002, "hi")))).status).toBe(200);
+    expect(() => new TelegramProvider({ token: f.token, secretToken: SECRET, bodyTimeoutMs: 0 })).toThrow(/bodyTimeoutMs/);
+  });
+
   test("without onError, a malformed update is the bot's error event", async () => {
     const f = fake();
     const provider = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET });

@@ -254,6 +254,45 @@ describe("webhook verification and request checks", () => {
     expect(huge.status).toBe(413);
   });
 
+  test("408 when the body does not arrive within bodyTimeoutMs: a body that never ends holds nothing", async () => {
+    const { provider, errors } = sinkProvider({ bodyTimeoutMs: 150 });
+    let cancelled: unknown = "not cancelled";
+    const endless = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new TextEncoder().encode('{"object":"whatsapp_business_account","entry":['));
+      },
+      cancel(reason) {
+        cancelled = reason;
+      },
+    });
+    const started = performance.now();
+    const response = await provider.webhook(
+      new Request("http://localhost/hook", {
+        method: "POST",
+        headers: { "x-hub-signature-256": `sha256=${"0".repeat(64)}` },
+        body: endless,
+        duplex: "half",
+      } as RequestInit),
+    );
+    const took = performance.now() - started;
+    expect(response.status).toBe(408);
+    expect(await response.text()).toContain("150 ms (bodyTimeoutMs)");
+    expect(took).toBeGreaterThanOrEqual(140);
+    expect(took).toBeLessThan(5_000);
+    expect(String(cancelled), "the body is cancelled").toContain("150 ms");
+    expect(errors).toEqual([]);
+    // A body that ends in time is read as before (a wrong signature: 401, not 408).
+    const ok = await provider.webhook(
+      new Request("http://localhost/hook", {
+        method: "POST",
+        headers: { "x-hub-signature-256": `sha256=${"0".repeat(64)}` },
+        body: "{}",
+      }),
+    );
+    expect(ok.status).toBe(401);
+    expect(() => sinkProvider({ bodyTimeoutMs: 0 })).toThrow('Option "bodyTimeoutMs"');
+  });
+
   test("405 with Allow for other methods; 503 while the bot is not started", async () => {
     const h = await harness({ start: false });
     const put = await fetch(h.hook, { method: "PUT", body: "x" });
