@@ -256,7 +256,7 @@ function evaluate(node: Node, t: number): Vector {
           const total = buckets[buckets.length - 1]![1];
           if (!(total > 0)) continue;
           const rank = q * total;
-          let k = buckets.findIndex(([, c]) => c >= rank);
+          const k = buckets.findIndex(([, c]) => c >= rank);
           if (buckets[k]![0] === Infinity) {
             out.push({ labels, value: buckets[buckets.length - 2]![0] });
             continue;
@@ -264,7 +264,6 @@ function evaluate(node: Node, t: number): Vector {
           const [upper, count] = buckets[k]!;
           const [lower, below] = k > 0 ? buckets[k - 1]! : [0, 0];
           out.push({ labels, value: lower + (upper - lower) * ((rank - below) / Math.max(count - below, 1e-12)) });
-          k++;
         }
         return out;
       }

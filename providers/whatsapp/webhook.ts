@@ -110,7 +110,7 @@ async function post(request: Request, handling: WebhookHandling): Promise<Respon
     raw = await readCapped(request.body, maxBodyBytes, { timeoutMs: handling.bodyTimeoutMs });
   } catch (error) {
     if (error instanceof ReadTimeoutError) {
-      return plain(408, `Webhook body did not arrive within ${handling.bodyTimeoutMs} ms (bodyTimeoutMs)`, { connection: "close" });
+      return plain(408, `Webhook body did not arrive within ${handling.bodyTimeoutMs} ms (bodyTimeoutMs)`);
     }
     return plain(400, `Webhook body could not be read: ${(error as Error)?.message ?? String(error)}`);
   }
