@@ -32,7 +32,7 @@ export {
 } from "./src/provider.ts";
 export { isRetryableStatus, ProviderError, type ProviderErrorOptions } from "./src/errors.ts";
 export type { Rate, RateLimits } from "./src/rate_limit.ts";
-export { UnencodableContentError } from "./src/content.ts";
+export { CUT_NESTING_MARK, cutDeepNesting, MAX_CONTENT_DEPTH, UnencodableContentError } from "./src/content.ts";
 export {
   checkEnvelope,
   type LoadedMedia,

@@ -10,6 +10,18 @@ import { setOwn } from "./rules.ts";
 
 const BYTES = "$bytes";
 
+/**
+ * The deepest nesting of objects and arrays the journal takes (the value itself is level 1). Encoding,
+ * decoding, hashing and the backends' `JSON.stringify` all recurse once per level: without a bound, a
+ * value nested some thousands of levels deep (a 40 KB `[[[[…]]]]`) overflows the stack on the way in,
+ * so that its admission fails the same way on every redelivery. Real content nests a dozen levels at
+ * most; 64 leaves room to spare and stays far below any runtime's stack.
+ */
+export const MAX_CONTENT_DEPTH = 64;
+
+/** What {@link cutDeepNesting} puts in place of an object or array nested too deep. */
+export const CUT_NESTING_MARK = "[cut: nested too deep]";
+
 /** Content that cannot be journaled, and why (names the field). */
 export class UnencodableContentError extends TypeError {
   /** The path of the offending field, such as `content.media.data`. */
@@ -41,7 +53,7 @@ function isPlainObject(value: object): boolean {
   return proto === Object.prototype || proto === null;
 }
 
-function encodeValue(value: unknown, path: string, seen: Set<object>): JsonValue {
+function encodeValue(value: unknown, path: string, seen: Set<object>, depth: number): JsonValue {
   switch (typeof value) {
     case "string":
     case "boolean":
@@ -61,9 +73,12 @@ function encodeValue(value: unknown, path: string, seen: Set<object>): JsonValue
   if (value instanceof ArrayBuffer) return { [BYTES]: toBase64(new Uint8Array(value)) };
   if (value instanceof Date) return value.toISOString();
   if (seen.has(value)) throw new UnencodableContentError(path, "it refers to itself");
+  if (depth > MAX_CONTENT_DEPTH) {
+    throw new UnencodableContentError(path, `it nests deeper than ${MAX_CONTENT_DEPTH} levels of objects and arrays (MAX_CONTENT_DEPTH)`);
+  }
   seen.add(value);
   try {
-    if (Array.isArray(value)) return value.map((item, i) => encodeValue(item, `${path}[${i}]`, seen));
+    if (Array.isArray(value)) return value.map((item, i) => encodeValue(item, `${path}[${i}]`, seen, depth + 1));
     if (!isPlainObject(value)) {
       const kind = (value as { constructor?: { name?: string } }).constructor?.name ?? "object";
       throw new UnencodableContentError(path, `a ${kind} is not plain data (send large or streamed media by URL or path)`);
@@ -72,7 +87,7 @@ function encodeValue(value: unknown, path: string, seen: Set<object>): JsonValue
     for (const [key, item] of Object.entries(value)) {
       if (item === undefined) continue;
       // Escape user keys that start with "$" so that they never collide with the binary marker.
-      setOwn(out, key.startsWith("$") ? `$${key}` : key, encodeValue(item, `${path}.${key}`, seen));
+      setOwn(out, key.startsWith("$") ? `$${key}` : key, encodeValue(item, `${path}.${key}`, seen, depth + 1));
     }
     return out;
   } finally {
@@ -86,10 +101,61 @@ function encodeValue(value: unknown, path: string, seen: Set<object>): JsonValue
  * @param content a string or a plain object (binary as `Uint8Array`)
  * @param root the name of the value in error messages
  * @returns the JSON form
- * @throws {UnencodableContentError} naming the field that is not data
+ * @throws {UnencodableContentError} naming the field that is not data, or the first one nested deeper
+ *   than {@link MAX_CONTENT_DEPTH} levels
  */
 export function encodeContent(content: unknown, root = "content"): JsonValue {
-  return encodeValue(content, root, new Set());
+  return encodeValue(content, root, new Set(), 1);
+}
+
+/**
+ * A copy of parsed JSON (`JSON.parse`'s output: a tree) whose objects and arrays nested deeper than
+ * `maxDepth` levels are replaced by {@link CUT_NESTING_MARK}, without recursion (a value nested
+ * hundreds of thousands of levels deep is copied in bounded stack). The providers keep what they cannot
+ * read of an update this way, so that it can be journaled.
+ *
+ * @param value parsed JSON
+ * @param maxDepth the deepest nesting kept (the value itself is level 1), a positive integer
+ * @param root how `cutAt` names the value itself (`""`: paths start at its fields)
+ * @returns the copy, and the path of the first object or array cut (in document order), `undefined` when none was
+ * @example
+ * ```ts
+ * import { cutDeepNesting } from "./content.ts";
+ * cutDeepNesting({ a: [[1]] }, 2); // { value: { a: ["[cut: nested too deep]"] }, cutAt: "a[0]" }
+ * ```
+ */
+export function cutDeepNesting(value: unknown, maxDepth: number, root = ""): { value: unknown; cutAt: string | undefined } {
+  if (typeof value !== "object" || value === null) return { value, cutAt: undefined };
+  if (maxDepth < 1) return { value: CUT_NESTING_MARK, cutAt: root };
+  type Frame = { from: object; into: Record<string, unknown> | unknown[]; depth: number; path: string };
+  const top: Record<string, unknown> | unknown[] = Array.isArray(value) ? [] : {};
+  const stack: Frame[] = [{ from: value, into: top, depth: 1, path: root }];
+  let cutAt: string | undefined;
+  while (stack.length > 0) {
+    const frame = stack.pop()!;
+    const children: Frame[] = [];
+    const items: Array<[string | number, unknown]> = Array.isArray(frame.from)
+      ? frame.from.map((item, i) => [i, item])
+      : Object.entries(frame.from);
+    for (const [key, item] of items) {
+      const path = typeof key === "number" ? `${frame.path}[${key}]` : frame.path === "" ? key : `${frame.path}.${key}`;
+      let copy: unknown = item;
+      if (typeof item === "object" && item !== null) {
+        if (frame.depth >= maxDepth) {
+          cutAt ??= path;
+          copy = CUT_NESTING_MARK;
+        } else {
+          copy = Array.isArray(item) ? [] : {};
+          children.push({ from: item, into: copy as Frame["into"], depth: frame.depth + 1, path });
+        }
+      }
+      if (Array.isArray(frame.into)) frame.into.push(copy);
+      else setOwn(frame.into, key as string, copy);
+    }
+    // Depth first, in document order: the first child is taken next.
+    for (let i = children.length - 1; i >= 0; i--) stack.push(children[i]!);
+  }
+  return { value: top, cutAt };
 }
 
 /**

@@ -183,7 +183,11 @@ export function gcraParams(bucket: RateBucket): { interval: number; tolerance: n
 export interface MemoryRateLimiterOptions {
   /** Its clock (default the system's); the bucket times are its `monotonic()`. */
   clock?: Clock;
-  /** Buckets kept at most (default 100 000; the ones idle longest go first, a full bucket loses nothing). */
+  /**
+   * Buckets kept at most, a positive integer (default 100 000). Past it the bucket used least recently
+   * goes: forgetting a full bucket changes nothing; a bucket forgotten before it refilled starts full
+   * again (its chat may get one burst early).
+   */
   maxKeys?: number;
 }
 
@@ -216,7 +220,11 @@ export class MemoryRateLimiter implements RateLimiter {
   constructor(options: MemoryRateLimiterOptions = {}) {
     checkKnownOptions(options, ["clock", "maxKeys"], "MemoryRateLimiter option");
     this.#clock = options.clock ?? systemClock;
-    this.#maxKeys = options.maxKeys ?? 100_000;
+    const maxKeys = options.maxKeys ?? 100_000;
+    if (typeof maxKeys !== "number" || !Number.isSafeInteger(maxKeys) || maxKeys < 1) {
+      throw new RangeError(`MemoryRateLimiter option "maxKeys" must be a positive integer, got ${show(maxKeys)}`);
+    }
+    this.#maxKeys = maxKeys;
     this.#startedAt = this.#clock.monotonic();
   }
 
@@ -228,14 +236,20 @@ export class MemoryRateLimiter implements RateLimiter {
     return this.#startedAt + gcraParams(bucket).tolerance;
   }
 
-  #store(key: string, tat: number, now: number): void {
+  /** The buckets kept now (at most `maxKeys`). */
+  get size(): number {
+    return this.#tat.size;
+  }
+
+  #store(key: string, tat: number): void {
     this.#tat.delete(key);
-    this.#tat.set(key, tat);
-    if (this.#tat.size <= this.#maxKeys) return;
-    for (const [old, at] of this.#tat) {
+    this.#tat.set(key, tat); // the map's order is the order of last use: the first is the one idle longest
+    // A hard bound: the buckets idle longest go, full or not (a bucket still refilling that goes starts
+    // full again). Stopping at the first bucket not yet full let a burst of distinct keys at a slow
+    // rate grow the map without bound.
+    for (const old of this.#tat.keys()) {
       if (this.#tat.size <= this.#maxKeys) break;
-      if (at <= now) this.#tat.delete(old); // a full bucket: forgetting it changes nothing
-      else break;
+      this.#tat.delete(old);
     }
   }
 
@@ -250,13 +264,13 @@ export class MemoryRateLimiter implements RateLimiter {
       next.push(step.next);
     }
     if (!worst.ok) return worst;
-    buckets.forEach((bucket, i) => this.#store(bucket.key, next[i]!, now));
+    buckets.forEach((bucket, i) => this.#store(bucket.key, next[i]!));
     return worst;
   }
 
   /** @inheritdoc */
   async pause(bucket: RateBucket, ms: number): Promise<void> {
     const now = this.#clock.monotonic();
-    this.#store(bucket.key, gcraPause(this.#state(bucket), bucket, now, ms), now);
+    this.#store(bucket.key, gcraPause(this.#state(bucket), bucket, now, ms));
   }
 }

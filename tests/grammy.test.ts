@@ -143,6 +143,27 @@ for (const name of Object.keys(BACKENDS)) describe(`grammY behind the durable in
     expect((await safe.durability.inbox.get(fake.inboundId(update)))?.state).toBe("done");
   });
 
+  test("an update nested some thousands of levels deep is dead-lettered (kept cut at the limit), answered 200; the next one runs", async () => {
+    const { fake, bot, safe } = setup();
+    const seen: string[] = [];
+    bot.on("message:text", (ctx) => void seen.push(ctx.message.text));
+    bot.on("my_chat_member", () => void seen.push("member"));
+    await safe.start();
+    const handle = webhookCallback(bot, "std/http");
+    const deep = () => JSON.parse("[".repeat(20_000) + "]".repeat(20_000)) as unknown;
+    const message = { update_id: 9001, message: { message_id: 2, date: 1, chat: { id: 31, type: "private" }, text: "x", a: deep() } };
+    const member = { update_id: 9002, my_chat_member: { chat: { id: 31, type: "private" }, a: deep() } };
+    expect((await handle(webhookRequest(message))).status).toBe(200);
+    expect((await handle(webhookRequest(member))).status).toBe(200);
+    const next = fake.textUpdate(31, "next");
+    expect((await handle(webhookRequest(next))).status).toBe(200);
+    await safe.idle();
+    expect(seen).toEqual(["next"]);
+    const records = [await safe.durability.inbox.get(`tg:${fake.botId}:9001:31:2`), await safe.durability.inbox.get(`tg:${fake.botId}:9002:my_chat_member`)];
+    expect(records.map((r) => [r?.state, r?.chatId])).toEqual([["dead", "31"], ["dead", "31"]]);
+    expect((records[1]!.payload as { unreadable: string }).unreadable).toContain('"my_chat_member.a[0][0]');
+  });
+
   test("message-creating calls are keyed <inbound id>:<n> and get the real Message; edits, chat actions and callback answers pass straight through", async () => {
     const { fake, bot, safe } = setup();
     const results: unknown[] = [];

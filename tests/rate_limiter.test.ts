@@ -77,6 +77,43 @@ describe("rate limiter arithmetic and options", () => {
   });
 });
 
+describe("MemoryRateLimiter's maxKeys", () => {
+  test("the buckets kept never pass maxKeys under a burst of distinct keys, one by one or concurrent", async () => {
+    let t = 1_000_000;
+    const clock: Clock = { now: () => t, monotonic: () => t, setTimeout: () => 0, clearTimeout: () => {}, random: () => 0 };
+    const limiter = new MemoryRateLimiter({ clock, maxKeys: 50 });
+    // A slow rate: every bucket taken stays not yet full for a minute, none is free to forget.
+    const chat = (i: number) => ({ key: `chat:${i}`, count: 1, perMs: 60_000, burst: 1 });
+    const global = { key: "global", count: 1000, perMs: 1000, burst: 1 };
+    let most = 0;
+    for (let i = 0; i < 500; i++) {
+      t += 1;
+      expect((await limiter.take([global, chat(i)])).ok).toBe(true);
+      most = Math.max(most, limiter.size);
+    }
+    const results = await Promise.all(
+      Array.from({ length: 2_000 }, (_, i) => limiter.take([chat(500 + i)]).then((r) => (most = Math.max(most, limiter.size), r))),
+    );
+    expect(results.every((r) => r.ok)).toBe(true);
+    for (let i = 0; i < 20; i++) {
+      await limiter.pause(chat(10_000 + i), 5_000);
+      most = Math.max(most, limiter.size);
+    }
+    expect(most).toBe(50);
+    // The buckets used last are kept (the chat just taken still waits its minute), the ones idle longest went.
+    expect(await limiter.take([chat(2_499)])).toMatchObject({ ok: false, key: "chat:2499" });
+    expect(await limiter.take([chat(10_019)])).toMatchObject({ ok: false, key: "chat:10019" });
+    expect((await limiter.take([chat(0)])).ok, "a bucket forgotten starts full").toBe(true);
+  });
+
+  test("maxKeys must be a positive integer, the error names it", () => {
+    for (const bad of [0, -1, 1.5, Number.NaN, "10"]) {
+      expect(() => new MemoryRateLimiter({ maxKeys: bad as never })).toThrow(/"maxKeys" must be a positive integer, got/);
+    }
+    expect(new MemoryRateLimiter({ maxKeys: 1 }).size).toBe(0);
+  });
+});
+
 describe("the outbox in front of a limiter", () => {
   const durability = (rateLimit: unknown) => ({
     backend: new MemoryDurability(),

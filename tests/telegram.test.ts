@@ -11,7 +11,8 @@ import { Bot, ANY, type Context, type DurabilityBackend, IMAGE, type InboundMess
 import { type AdmitResult, type InboundSink } from "../provider.ts";
 import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { crashable } from "../src/testing/crashable.ts";
-import { TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/mod.ts";
+import { TELEGRAM_MAX_UPDATE_DEPTH, TelegramProvider, type TelegramProviderOptions, TelegramUpdateError } from "../providers/telegram/mod.ts";
+import { CUT_NESTING_MARK } from "../src/content.ts";
 import { FakeTelegram } from "./support/fake_telegram.ts";
 import { flakyAdmit } from "./support/flaky_admit.ts";
 import { scaledTelegramLimits } from "./support/scaled_limits.ts";
@@ -361,6 +362,66 @@ describe("telegram: long polling", () => {
   });
 });
 
+describe("telegram: an update nested some thousands of levels deep", () => {
+  // 20 000 levels of arrays, 40 KB of JSON: encoding it for the journal once overflowed the stack, so that
+  // its admission failed the same way on every delivery (the webhook answered 503 for ever, polling stalled).
+  const deep = () => JSON.parse("[".repeat(20_000) + "]".repeat(20_000)) as unknown;
+  const cutPath = `message.a${"[0]".repeat(TELEGRAM_MAX_UPDATE_DEPTH - 2)}`;
+
+  test("webhook: answered 200, the update journaled as unreadable (kept cut at the limit, named) and dead-lettered", async () => {
+    const f = fake();
+    const h = await harness(f, { setup: (bot) => bot.when(/.*/, (ctx) => ctx.reply(`ok ${ctx.message.text}`)) });
+    const update = { update_id: 8001, message: { message_id: 3, date: 1, chat: { id: 5001, type: "private" }, a: deep() } };
+    const response = await h.provider.webhook(webhookRequest(JSON.stringify(update)));
+    expect(response.status).toBe(200);
+    const text = await response.text();
+    expect(text).toStartWith(`ok (journaled as unreadable: Telegram update field "${cutPath}" nests deeper than ${TELEGRAM_MAX_UPDATE_DEPTH} levels`);
+    const id = `tg:${f.botId}:8001:5001:3`;
+    await h.bot.idle();
+    const record = await h.bot.durability!.inbox.get(id);
+    expect(record?.state).toBe("dead");
+    const payload = record!.payload as { type: string; unreadable: string; extra: { raw: { message: { a: unknown } } } };
+    expect(payload.type).toBe("unreadable");
+    expect(payload.unreadable).toContain(`"${cutPath}"`);
+    // The update is kept, cut at TELEGRAM_MAX_UPDATE_DEPTH levels.
+    let kept: unknown = payload.extra.raw.message.a;
+    let levels = 2;
+    while (Array.isArray(kept)) {
+      kept = kept[0];
+      levels++;
+    }
+    expect([kept, levels]).toEqual([CUT_NESTING_MARK, TELEGRAM_MAX_UPDATE_DEPTH]);
+    expect(h.dead.map((d) => d.id)).toEqual([id]);
+    const fields = h.errors.filter((e): e is TelegramUpdateError => e instanceof TelegramUpdateError).map((e) => e.field);
+    expect(fields).toEqual([cutPath]);
+    // Without an integer update_id (its id is then a hash of the update) and not a user's update: the same, no overflow.
+    const noId = await h.provider.webhook(webhookRequest(JSON.stringify({ update_id: "x", message: { message_id: 4, chat: { id: 5001 }, a: deep() } })));
+    expect(noId.status).toBe(200);
+    const other = await h.provider.webhook(webhookRequest(JSON.stringify({ update_id: 8002, my_chat_member: { a: deep() } })));
+    expect(other.status).toBe(200);
+    expect(await other.text()).toContain("update skipped: Telegram update field \"my_chat_member.a[0]");
+    const ok = await h.provider.webhook(webhookRequest(f.textUpdate(5001, "next")));
+    expect(ok.status).toBe(200);
+    await f.until("the reply to the next one", () => f.sent.length === 1);
+    expect(f.sent[0]!.params.text).toBe("ok next");
+  });
+
+  test("polling: the poller dead-letters it and goes on to the next update", async () => {
+    const f = fake();
+    const h = await harness(f, { mode: "polling", setup: (bot) => bot.when(/.*/, (ctx) => ctx.reply(`ok ${ctx.message.text}`)) });
+    const bad = f.push({ message: { message_id: 3, date: 1, chat: { id: 5002, type: "private" }, a: deep() } });
+    const skipped = f.push({ my_chat_member: { a: deep() } });
+    const last = f.push(f.textUpdate(5002, "after"));
+    await f.until("the reply to the next update", () => f.sent.length === 1);
+    await f.until("all confirmed", () => f.confirmedOffset > (last.update_id as number));
+    expect(f.sent[0]!.params.text).toBe("ok after");
+    await h.bot.idle();
+    expect((await h.bot.durability!.inbox.get(`tg:${f.botId}:${bad.update_id}:5002:3`))?.state).toBe("dead");
+    const fields = h.errors.filter((e): e is TelegramUpdateError => e instanceof TelegramUpdateError).map((e) => [e.field, e.updateId]);
+    expect(fields).toEqual([[cutPath, bad.update_id as number], [`my_chat_member.a${"[0]".repeat(TELEGRAM_MAX_UPDATE_DEPTH - 2)}`, skipped.update_id as number]]);
+  });
+});
+
 describe("telegram: webhook", () => {
   test("405, 401, 413, 400 for a body that is not an update, a malformed update reported; 503 while not started", async () => {
     const f = fake();
@@ -407,6 +468,40 @@ describe("telegram: webhook", () => {
     expect(runs).toEqual(["hi"]);
     expect((await bot.durability!.inbox.get(`tg:${f.botId}:9:-:1`))?.state).toBe("dead");
     expect(dead).toContain(`tg:${f.botId}:9:-:1`);
+  });
+
+  test("408 when the body does not arrive within bodyTimeoutMs: a body that never ends holds nothing", async () => {
+    const f = fake();
+    const provider = new TelegramProvider({ token: f.token, apiBase: f.url, secretToken: SECRET, bodyTimeoutMs: 150, onError: () => {} });
+    const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: "wh-slow" } });
+    await bot.start();
+    cleanups.push(() => bot.stop());
+    let cancelled = false;
+    const endless = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(bytes('{"update_id":1,"message":'));
+      },
+      cancel() {
+        cancelled = true;
+      },
+    });
+    const started = performance.now();
+    const response = await provider.webhook(
+      new Request("http://bot.test/telegram", {
+        method: "POST",
+        headers: { "x-telegram-bot-api-secret-token": SECRET },
+        body: endless,
+        duplex: "half",
+      } as RequestInit),
+    );
+    const took = performance.now() - started;
+    expect(response.status).toBe(408);
+    expect(await response.text()).toContain("150 ms (bodyTimeoutMs)");
+    expect(took).toBeGreaterThanOrEqual(140);
+    expect(took).toBeLessThan(5_000);
+    expect(cancelled).toBe(true);
+    expect((await provider.webhook(webhookRequest(f.textUpdate(7002, "hi")))).status).toBe(200);
+    expect(() => new TelegramProvider({ token: f.token, secretToken: SECRET, bodyTimeoutMs: 0 })).toThrow(/bodyTimeoutMs/);
   });
 
   test("without onError, a malformed update is the bot's error event", async () => {

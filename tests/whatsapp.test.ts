@@ -17,10 +17,12 @@ import {
   WhatsAppChangeError,
   whatsAppChatId,
   WhatsAppPayloadError,
+  WHATSAPP_MAX_MESSAGE_DEPTH,
   WhatsAppProvider,
   type WhatsAppProviderOptions,
   type WhatsAppStatus,
 } from "../providers/whatsapp/mod.ts";
+import { CUT_NESTING_MARK } from "../src/content.ts";
 import { childLines } from "./support/child_lines.ts";
 import { addressedTo, corpusPayload, FakeWhatsApp, inbound, makeWamid, statusUpdate, webhookPayload } from "./support/fake_whatsapp.ts";
 
@@ -254,6 +256,45 @@ describe("webhook verification and request checks", () => {
     expect(huge.status).toBe(413);
   });
 
+  test("408 when the body does not arrive within bodyTimeoutMs: a body that never ends holds nothing", async () => {
+    const { provider, errors } = sinkProvider({ bodyTimeoutMs: 150 });
+    let cancelled: unknown = "not cancelled";
+    const endless = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new TextEncoder().encode('{"object":"whatsapp_business_account","entry":['));
+      },
+      cancel(reason) {
+        cancelled = reason;
+      },
+    });
+    const started = performance.now();
+    const response = await provider.webhook(
+      new Request("http://localhost/hook", {
+        method: "POST",
+        headers: { "x-hub-signature-256": `sha256=${"0".repeat(64)}` },
+        body: endless,
+        duplex: "half",
+      } as RequestInit),
+    );
+    const took = performance.now() - started;
+    expect(response.status).toBe(408);
+    expect(await response.text()).toContain("150 ms (bodyTimeoutMs)");
+    expect(took).toBeGreaterThanOrEqual(140);
+    expect(took).toBeLessThan(5_000);
+    expect(String(cancelled), "the body is cancelled").toContain("150 ms");
+    expect(errors).toEqual([]);
+    // A body that ends in time is read as before (a wrong signature: 401, not 408).
+    const ok = await provider.webhook(
+      new Request("http://localhost/hook", {
+        method: "POST",
+        headers: { "x-hub-signature-256": `sha256=${"0".repeat(64)}` },
+        body: "{}",
+      }),
+    );
+    expect(ok.status).toBe(401);
+    expect(() => sinkProvider({ bodyTimeoutMs: 0 })).toThrow('Option "bodyTimeoutMs"');
+  });
+
   test("405 with Allow for other methods; 503 while the bot is not started", async () => {
     const h = await harness({ start: false });
     const put = await fetch(h.hook, { method: "PUT", body: "x" });
@@ -350,6 +391,44 @@ describe("inbound messages", () => {
     expect(await h.bot.durability!.inbox.list()).toHaveLength(0);
     expect(h.statuses).toHaveLength(1);
     expect(h.bot.durability!.metrics().inboundJournaled).toBe(0);
+  });
+
+  test("a message nested some thousands of levels deep: answered 200, journaled as unreadable (cut at the limit, named), dead-lettered", async () => {
+    // 20 000 levels of arrays, 40 KB of JSON: encoding it for the journal once overflowed the stack, so that the
+    // POST was answered 503 on every redelivery and its other messages never got in.
+    const deep = () => JSON.parse("[".repeat(20_000) + "]".repeat(20_000)) as unknown;
+    const h = await harness();
+    const bad: Record<string, unknown> = { ...inbound.text(USER, "deep"), context: { a: deep() } };
+    const noId = { from: USER2, type: "text", text: { body: "x" }, b: deep() }; // its id is then a hash of the message
+    const good = inbound.text(USER, "fine");
+    const res = await fake.post(h.hook, payload([bad, noId, good]));
+    expect(res.status).toBe(200);
+    const summary = JSON.parse(res.text);
+    expect(summary).toMatchObject({ ok: true, admitted: 3, unreadable: 2 });
+    const cutAt = `context.a${"[0]".repeat(WHATSAPP_MAX_MESSAGE_DEPTH - 2)}`;
+    expect(summary.errors[0]).toBe(
+      `WhatsApp webhook entry[0].changes[0].value.messages[0]: field "${cutAt}" nests deeper than ${WHATSAPP_MAX_MESSAGE_DEPTH} levels ` +
+        "of objects and arrays (WHATSAPP_MAX_MESSAGE_DEPTH): the message is kept cut at that depth",
+    );
+    expect(h.errors.filter((e) => e instanceof WhatsAppPayloadError).map((e) => (e as WhatsAppPayloadError).field)).toEqual([
+      cutAt,
+      `b${"[0]".repeat(WHATSAPP_MAX_MESSAGE_DEPTH - 1)}`,
+    ]);
+    await h.bot.idle();
+    expect(h.seen.map((m) => m.text)).toEqual(["fine"]);
+    const record = await h.bot.durability!.inbox.get(bad.id as string);
+    expect(record?.state).toBe("dead");
+    let kept: unknown = (record!.payload as { extra: { raw: { context: { a: unknown } } } }).extra.raw.context.a;
+    let levels = 2;
+    while (Array.isArray(kept)) {
+      kept = kept[0];
+      levels++;
+    }
+    expect([kept, levels]).toEqual([CUT_NESTING_MARK, WHATSAPP_MAX_MESSAGE_DEPTH]);
+    const deadIds = h.dead.map((d) => d.id);
+    expect(deadIds).toHaveLength(2);
+    expect(deadIds).toContain(bad.id as string);
+    expect(deadIds.find((id) => id !== bad.id)).toMatch(/^unreadable:sha256:[0-9a-f]{64}$/);
   });
 
   test("a batch with malformed messages admits the others; each malformed one is journaled as unreadable, never lost", async () => {

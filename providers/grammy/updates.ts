@@ -9,7 +9,8 @@ import type { JsonValue } from "../../src/contract.ts";
 import type { MediaSeal } from "../../src/media.ts";
 import type { InboundMessage } from "../../src/provider.ts";
 import { showValue as show } from "../../src/show.ts";
-import { parseTelegramUpdate, TelegramUpdateError, unreadableUpdate } from "../telegram/updates.ts";
+import { cutDeepNesting } from "../../src/content.ts";
+import { parseTelegramUpdate, TELEGRAM_MAX_UPDATE_DEPTH, TelegramUpdateError, unreadableUpdate } from "../telegram/updates.ts";
 import { asError, isObj, type Obj } from "../telegram/values.ts";
 
 /** Where the raw update is kept in an inbox record's `extra`. */
@@ -64,9 +65,21 @@ export async function updateRecord(update: unknown, botId: string, seal: MediaSe
       };
     }
   } catch (error) {
-    const unreadable = await unreadableUpdate(update, asError(error), botId);
-    if (unreadable === undefined) throw error;
-    return unreadable; // the update is in extra.raw; its middleware never runs
+    const err = asError(error);
+    const unreadable = await unreadableUpdate(update, err, botId);
+    if (unreadable !== undefined) return unreadable; // the update is in extra.raw; its middleware never runs
+    if (!(err instanceof TelegramUpdateError)) throw error;
+    // Another kind the parser refused (nested too deep): unreadable as well, dead-lettered with the
+    // update kept cut at TELEGRAM_MAX_UPDATE_DEPTH, never refused on every delivery.
+    const cut = cutDeepNesting(update, TELEGRAM_MAX_UPDATE_DEPTH).value as Obj;
+    const kind = Object.keys(cut).find((key) => key !== "update_id") ?? "update";
+    return {
+      id: `tg:${botId}:${update.update_id}:${kind}`,
+      chatId: chatOf(cut[kind]) ?? `tg:${botId}:${kind}`,
+      type: "unreadable",
+      unreadable: err.message,
+      extra: { updateKind: kind, updateId: update.update_id as number, raw: cut as JsonValue },
+    };
   }
   const extra = isObj(message.extra) ? message.extra : {};
   return { ...message, extra: { ...extra, [UPDATE_FIELD]: update as JsonValue } };

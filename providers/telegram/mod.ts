@@ -40,4 +40,10 @@
 export { TELEGRAM_MAX_DOWNLOAD_BYTES, type TelegramMediaRef } from "./media.ts";
 export type { TelegramProviderOptions } from "./options.ts";
 export { TELEGRAM_RATE_LIMITS, TelegramProvider } from "./provider.ts";
-export { type ParsedUpdate, type SkippedUpdate, TELEGRAM_HANDLED_UPDATES, TelegramUpdateError } from "./updates.ts";
+export {
+  type ParsedUpdate,
+  type SkippedUpdate,
+  TELEGRAM_HANDLED_UPDATES,
+  TELEGRAM_MAX_UPDATE_DEPTH,
+  TelegramUpdateError,
+} from "./updates.ts";

@@ -50,6 +50,8 @@ export interface TelegramProviderOptions {
   pollBackoff?: { baseMs?: number; capMs?: number };
   /** Webhook request bodies larger than this are refused with 413 (default 1 MiB). */
   maxBodyBytes?: number;
+  /** The most time a webhook body may take to arrive, in ms (default 10 000); a body still arriving then is answered 408. */
+  bodyTimeoutMs?: number;
   /**
    * Problems no caller sees: a malformed update, a failed `getUpdates`, a
    * failed `answerCallbackQuery` (default: the bot's `error` event while the
@@ -74,6 +76,7 @@ const OPTION_NAMES = [
   "deleteWebhookOnStart",
   "pollBackoff",
   "maxBodyBytes",
+  "bodyTimeoutMs",
   "onError",
   "onSkippedUpdate",
 ] as const;
@@ -105,6 +108,8 @@ export interface TelegramSettings {
   requestTimeoutMs: number;
   /** The largest webhook body accepted. */
   maxBodyBytes: number;
+  /** The most time a webhook body may take to arrive, in ms. */
+  bodyTimeoutMs: number;
   /** `allowed_updates` of `getUpdates` and `setWebhook`. */
   allowedUpdates: readonly string[];
   /** Polling mode: call `deleteWebhook` before the first `getUpdates`. */
@@ -175,6 +180,7 @@ export function telegramSettings(options: TelegramProviderOptions, defaultOnErro
   const pollTimeoutSec = intOption(o, "pollTimeoutSec", 30, 0, 50);
   const requestTimeoutMs = intOption(o, "requestTimeoutMs", 30_000, 100, 600_000);
   const maxBodyBytes = intOption(o, "maxBodyBytes", 1024 * 1024, 1024, 64 * 1024 * 1024);
+  const bodyTimeoutMs = intOption(o, "bodyTimeoutMs", 10_000, 1, 600_000);
   const allowed = o.allowedUpdates ?? TELEGRAM_HANDLED_UPDATES;
   if (!Array.isArray(allowed) || !allowed.every((k) => typeof k === "string" && /^[a-z_]+$/.test(k))) {
     fail("allowedUpdates", 'an array of update kinds like ["message", "callback_query"]', allowed);
@@ -203,6 +209,7 @@ export function telegramSettings(options: TelegramProviderOptions, defaultOnErro
     pollTimeoutSec,
     requestTimeoutMs,
     maxBodyBytes,
+    bodyTimeoutMs,
     allowedUpdates: [...allowed],
     deleteWebhookOnStart: del,
     backoff: { baseMs, capMs },

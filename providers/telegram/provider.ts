@@ -157,6 +157,7 @@ export class TelegramProvider implements Provider {
       mode: settings.mode,
       secret: settings.secret,
       maxBodyBytes: settings.maxBodyBytes,
+      bodyTimeoutMs: settings.bodyTimeoutMs,
       sink: () => this.#sink,
       deliver,
     };

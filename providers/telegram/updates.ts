@@ -8,6 +8,7 @@
 import type { JsonValue } from "../../src/contract.ts";
 import type { MediaSeal } from "../../src/media.ts";
 import type { InboundMessage, MessageType } from "../../src/provider.ts";
+import { cutDeepNesting, MAX_CONTENT_DEPTH } from "../../src/content.ts";
 import { sha256Hex } from "../../src/sha256_hex.ts";
 import { showValue as show } from "../../src/show.ts";
 import { sealMediaRef, type TelegramMediaRef } from "./media.ts";
@@ -30,6 +31,15 @@ export interface SkippedUpdate {
   /** The update as Telegram sent it. */
   update: Record<string, unknown>;
 }
+
+/**
+ * The deepest nesting of objects and arrays an update may have (the update itself is level 1); a deeper
+ * one is unreadable (the error names where), and its record keeps it cut at this depth. Telegram's own
+ * updates nest about ten levels; an update is kept in its record two levels down (`extra.raw`), well
+ * within the journal's bound ({@link MAX_CONTENT_DEPTH}, 64), which keeps a `[[[[…]]]]` some thousands
+ * of levels deep from overflowing the stack where the journal encodes it.
+ */
+export const TELEGRAM_MAX_UPDATE_DEPTH = 32;
 
 /**
  * A malformed Telegram update: `field` names what is wrong. The provider
@@ -195,6 +205,15 @@ function sender(from: unknown): { from?: string; username?: string } {
 export async function parseTelegramUpdate(update: unknown, botId: string, seal: MediaSeal): Promise<ParsedUpdate> {
   const u = needObj(update, "update");
   const updateId = needInt(u.update_id, "update_id");
+  const { cutAt } = cutDeepNesting(u, TELEGRAM_MAX_UPDATE_DEPTH);
+  if (cutAt !== undefined) {
+    throw new TelegramUpdateError(
+      cutAt,
+      `Telegram update field "${cutAt}" nests deeper than ${TELEGRAM_MAX_UPDATE_DEPTH} levels of objects and arrays ` +
+        `(TELEGRAM_MAX_UPDATE_DEPTH): the update is kept cut at that depth`,
+      updateId,
+    );
+  }
   if (u.callback_query !== undefined) {
     const q = needObj(u.callback_query, "callback_query", updateId);
     const queryId = q.id;
@@ -304,7 +323,8 @@ export async function parseTelegramUpdate(update: unknown, botId: string, seal: 
 
 /**
  * The record for a user's update that {@link parseTelegramUpdate} could not parse:
- * journaled with `unreadable` (the reason) and the update in `extra.raw`, so
+ * journaled with `unreadable` (the reason) and the update in `extra.raw` (cut at
+ * {@link TELEGRAM_MAX_UPDATE_DEPTH} levels), so
  * that the bot dead-letters it instead of it being acknowledged and lost. Its
  * id is stable across redeliveries: the usual
  * `tg:<bot id>:<update_id>:<chat id>:<message_id>` (or `…:cb:<query id>`),
@@ -317,8 +337,10 @@ export async function parseTelegramUpdate(update: unknown, botId: string, seal: 
  * @param botId the bot's id
  * @returns the message, or `undefined` when the update is certainly not a user's (not an object, or of no message-carrying kind)
  */
-export async function unreadableUpdate(update: unknown, error: Error, botId: string): Promise<InboundMessage | undefined> {
-  if (!isObj(update)) return undefined;
+export async function unreadableUpdate(received: unknown, error: Error, botId: string): Promise<InboundMessage | undefined> {
+  if (!isObj(received)) return undefined;
+  // Kept (and hashed) cut at TELEGRAM_MAX_UPDATE_DEPTH: an update nested deeper could be neither journaled nor hashed.
+  const update = cutDeepNesting(received, TELEGRAM_MAX_UPDATE_DEPTH).value as Obj;
   const kind = USER_UPDATES.find((k) => update[k] !== undefined);
   if (kind === undefined) return undefined;
   const intOf = (v: unknown) => (typeof v === "number" && Number.isSafeInteger(v) ? v : undefined);

@@ -6,7 +6,7 @@
  * @module
  */
 import type { InboundSink } from "../../src/provider.ts";
-import { readCapped } from "../../src/read_capped.ts";
+import { readCapped, ReadTimeoutError } from "../../src/read_capped.ts";
 import { showValue as show } from "../../src/show.ts";
 import type { Delivery } from "./delivery.ts";
 import { asError } from "./values.ts";
@@ -21,6 +21,8 @@ export interface WebhookHandling {
   secret: string | false;
   /** The largest body accepted. */
   maxBodyBytes: number;
+  /** The most time the body may take to arrive, in ms. */
+  bodyTimeoutMs: number;
   /** The bot, while the provider is started. */
   sink(): InboundSink | undefined;
   /** Hands an update to the bot. */
@@ -30,7 +32,7 @@ export interface WebhookHandling {
 /**
  * Answer one webhook request: `404` in polling mode, `405` unless POST, `401`
  * on a wrong secret, `503` while the bot is not started, `413` on a body over
- * `maxBodyBytes`, `400` on a body that is not an update, `503` when the
+ * `maxBodyBytes`, `408` on a body that did not arrive within `bodyTimeoutMs`, `400` on a body that is not an update, `503` when the
  * journal refused the update, else `200`.
  *
  * @param request Telegram's request
@@ -64,8 +66,11 @@ export async function handleWebhook(request: Request, handling: WebhookHandling)
   }
   let bytes: Uint8Array | null;
   try {
-    bytes = await readCapped(request.body, maxBodyBytes);
-  } catch {
+    bytes = await readCapped(request.body, maxBodyBytes, { timeoutMs: handling.bodyTimeoutMs });
+  } catch (error) {
+    if (error instanceof ReadTimeoutError) {
+      return textResponse(408, `Request timeout: the body did not arrive within ${handling.bodyTimeoutMs} ms (bodyTimeoutMs)`);
+    }
     return textResponse(400, "Bad request: the body could not be read");
   }
   if (bytes === null) return textResponse(413, `Request body too large (over ${maxBodyBytes} bytes)`);

@@ -4,12 +4,22 @@
  *
  * @module
  */
+import { cutDeepNesting, MAX_CONTENT_DEPTH } from "../../src/content.ts";
 import { showValue as show } from "../../src/show.ts";
 import { contactsOf, type MessageEntry, parseMessage } from "./messages.ts";
 import { PHONE_NUMBER_ID } from "./options.ts";
 import { WhatsAppChangeError, WhatsAppPayloadError } from "./payloads.ts";
 import { parseStatus, type WhatsAppStatus } from "./statuses.ts";
 import { brief, isObject } from "./values.ts";
+
+/**
+ * The deepest nesting of objects and arrays a message may have (the message object itself is level 1);
+ * a deeper one is journaled as unreadable (the reason names where), kept cut at this depth, as is any
+ * unreadable part of a payload. Meta's messages nest a few levels; a record keeps an unreadable one two
+ * levels down (`extra.raw`), well within the journal's bound ({@link MAX_CONTENT_DEPTH}, 64), which keeps
+ * a `[[[[…]]]]` some thousands of levels deep from overflowing the stack where the journal encodes it.
+ */
+export const WHATSAPP_MAX_MESSAGE_DEPTH = 32;
 
 /** What the reader says about a payload while it reads it. */
 export interface PayloadProblems {
@@ -61,7 +71,7 @@ export class PayloadReader {
     /** A part of the payload that may hold a user message but cannot be read: journaled as unreadable. */
     const unreadable = (raw: unknown, error: WhatsAppPayloadError) => {
       problems.fail(error);
-      entries.push({ raw, error });
+      entries.push({ raw: cutDeepNesting(raw, WHATSAPP_MAX_MESSAGE_DEPTH).value, error });
     };
     entryList.forEach((entry, e) => {
       const ePath = `entry[${e}]`;
@@ -138,8 +148,22 @@ export class PayloadReader {
             );
           } else {
             value.messages.forEach((m, i) => {
+              const mPath = `${cPath}.value.messages[${i}]`;
+              const { cutAt } = cutDeepNesting(m, WHATSAPP_MAX_MESSAGE_DEPTH);
+              if (cutAt !== undefined) {
+                unreadable(
+                  m,
+                  new WhatsAppPayloadError(
+                    mPath,
+                    cutAt,
+                    `field "${cutAt}" nests deeper than ${WHATSAPP_MAX_MESSAGE_DEPTH} levels of objects and arrays ` +
+                      `(WHATSAPP_MAX_MESSAGE_DEPTH): the message is kept cut at that depth`,
+                  ),
+                );
+                return;
+              }
               try {
-                entries.push({ parsed: parseMessage(m, `${cPath}.value.messages[${i}]`, contacts) });
+                entries.push({ parsed: parseMessage(m, mPath, contacts) });
               } catch (error) {
                 if (!(error instanceof WhatsAppPayloadError)) throw error;
                 unreadable(m, error);

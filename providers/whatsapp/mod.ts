@@ -48,6 +48,7 @@
 export { classifyGraphError, parseRetryAfter, WhatsAppApiError } from "./api.ts";
 export { parseWhatsAppChatId, whatsAppChatId, type WhatsAppRecipient } from "./chat_ids.ts";
 export { DEFAULT_GRAPH_BASE, DEFAULT_GRAPH_VERSION, type WhatsAppProviderOptions } from "./options.ts";
+export { WHATSAPP_MAX_MESSAGE_DEPTH } from "./changes.ts";
 export { WhatsAppChangeError, WhatsAppPayloadError } from "./payloads.ts";
 export { WHATSAPP_RATE_LIMITS, WhatsAppProvider } from "./provider.ts";
 export type { WhatsAppStatus } from "./statuses.ts";

@@ -43,6 +43,11 @@ export interface WhatsAppProviderOptions {
   name?: string;
   /** The largest webhook body accepted, in bytes (default 1 MiB); a bigger one is answered 413. */
   maxBodyBytes?: number;
+  /**
+   * The most time a webhook body may take to arrive, in ms (default 10 000); a body still arriving then
+   * is answered 408 before its signature is checked, so a client that never ends its body holds nothing.
+   */
+  bodyTimeoutMs?: number;
   /** The largest media download accepted, in bytes (default 100 MiB, WhatsApp's largest document). */
   maxMediaBytes?: number;
   /**
@@ -88,6 +93,7 @@ const OPTION_NAMES = [
   "requestTimeoutMs",
   "name",
   "maxBodyBytes",
+  "bodyTimeoutMs",
   "maxMediaBytes",
   "onStatus",
   "onError",
@@ -116,6 +122,8 @@ export interface WhatsAppSettings {
   timeoutMs: number;
   /** The largest webhook body accepted. */
   maxBodyBytes: number;
+  /** The most time a webhook body may take to arrive, in ms. */
+  bodyTimeoutMs: number;
   /** The largest media download accepted. */
   maxMediaBytes: number;
   /** The provider name. */
@@ -171,6 +179,7 @@ export function whatsAppSettings(options: WhatsAppProviderOptions, defaultOnErro
   if (typeof f !== "function") throw new TypeError(`Option "fetch" is required: this runtime has no global fetch`);
   const timeoutMs = checkPositiveInt(o, "requestTimeoutMs", 30_000);
   const maxBodyBytes = checkPositiveInt(o, "maxBodyBytes", 1024 * 1024);
+  const bodyTimeoutMs = checkPositiveInt(o, "bodyTimeoutMs", 10_000);
   const maxMediaBytes = checkPositiveInt(o, "maxMediaBytes", 100 * 1024 * 1024);
   const name = checkString(o, "name", false) ?? "whatsapp";
   for (const option of ["onStatus", "onError"] as const) {
@@ -208,6 +217,7 @@ export function whatsAppSettings(options: WhatsAppProviderOptions, defaultOnErro
     fetch: f,
     timeoutMs,
     maxBodyBytes,
+    bodyTimeoutMs,
     maxMediaBytes,
     name,
     onStatus,

@@ -38,7 +38,8 @@ export const WHATSAPP_RATE_LIMITS: RateLimits = {
  * sends through the Graph API, and media loaded again on reprocess.
  *
  * Webhook answers: GET verification 200 (the challenge) or 403; POST 401 when
- * the `X-Hub-Signature-256` is missing or wrong, 413 over `maxBodyBytes`, 400
+ * the `X-Hub-Signature-256` is missing or wrong, 413 over `maxBodyBytes`, 408 when the
+ * body did not arrive within `bodyTimeoutMs`, 400
  * for a body that is not JSON or not a WhatsApp webhook payload, 503 when the
  * bot is not started, a message was not admitted, `sink.confirmSent` failed or
  * `onStatus` threw (Meta redelivers), else 200 with a JSON summary; other
@@ -165,6 +166,7 @@ export class WhatsAppProvider implements Provider {
       verifyToken: settings.verifyToken,
       appSecret: settings.appSecretKey,
       maxBodyBytes: settings.maxBodyBytes,
+      bodyTimeoutMs: settings.bodyTimeoutMs,
       phoneNumberId: this.phoneNumberId,
       seal: this.#seal,
       reader: new PayloadReader(this.phoneNumberId, report),

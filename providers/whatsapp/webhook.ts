@@ -7,7 +7,7 @@
  */
 import type { MediaSeal } from "../../src/media.ts";
 import type { AdmitResult, InboundMessage, InboundSink } from "../../src/provider.ts";
-import { readCapped } from "../../src/read_capped.ts";
+import { readCapped, ReadTimeoutError } from "../../src/read_capped.ts";
 import { showValue as show } from "../../src/show.ts";
 import { isWellFormed } from "../../src/well_formed.ts";
 import type { PayloadReader } from "./changes.ts";
@@ -26,6 +26,8 @@ export interface WebhookHandling {
   appSecret: Promise<CryptoKey>;
   /** The largest body accepted. */
   maxBodyBytes: number;
+  /** The most time the body may take to arrive, in ms. */
+  bodyTimeoutMs: number;
   /** The business phone number id. */
   phoneNumberId: string;
   /** Seals media references. */
@@ -103,7 +105,15 @@ async function post(request: Request, handling: WebhookHandling): Promise<Respon
     await request.body?.cancel().catch(() => {});
     return plain(401, "Missing X-Hub-Signature-256 header");
   }
-  const raw = await readCapped(request.body, maxBodyBytes);
+  let raw: Uint8Array | null;
+  try {
+    raw = await readCapped(request.body, maxBodyBytes, { timeoutMs: handling.bodyTimeoutMs });
+  } catch (error) {
+    if (error instanceof ReadTimeoutError) {
+      return plain(408, `Webhook body did not arrive within ${handling.bodyTimeoutMs} ms (bodyTimeoutMs)`);
+    }
+    return plain(400, `Webhook body could not be read: ${(error as Error)?.message ?? String(error)}`);
+  }
   if (raw === null) return plain(413, `Webhook body is over the limit of ${maxBodyBytes} bytes`);
   const match = /^sha256=([0-9a-fA-F]{64})$/.exec(header.trim());
   const signature = match ? hexToBytes(match[1]) : null;
