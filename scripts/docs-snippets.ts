@@ -18,6 +18,9 @@
  *   assumes from the text around it (e.g. `declare const bot: Bot;`), prepended to it for the
  *   check only. Lines of the prelude are not counted in the reported line numbers.
  *
+ * The globals of Deno, Cloudflare Workers and Vercel that snippets for those platforms call are
+ * declared, minimally, in scripts/.docs-snippets/platform.d.ts.
+ *
  * Exits 0 when every snippet checks, 1 otherwise (2 on a bad setup).
  *
  * @module
@@ -133,7 +136,7 @@ function main(): number {
       baseUrl: root,
       paths: exportPaths(),
     },
-    files: [...sources.keys()],
+    files: [join(root, "scripts", ".docs-snippets", "platform.d.ts"), ...sources.keys()],
   };
   writeFileSync(join(out, "tsconfig.json"), JSON.stringify(tsconfig, null, 2));
   const tsc = spawnSync(join(root, "node_modules", ".bin", "tsc"), ["-p", join(out, "tsconfig.json"), "--pretty", "false"], {
