@@ -30,7 +30,8 @@ import { spawnSync } from "node:child_process";
 import { basename, join, relative, resolve } from "node:path";
 
 const root = resolve(import.meta.dirname ?? new URL(".", import.meta.url).pathname, "..");
-const out = join(root, ".tmp", "snippets");
+/** Where the snippets and their tsconfig are written (`DOCS_SNIPPETS_OUT` for another folder). */
+const out = process.env.DOCS_SNIPPETS_OUT ? resolve(process.env.DOCS_SNIPPETS_OUT) : join(root, ".tmp", "snippets");
 
 /** One snippet of a markdown file. */
 export interface Snippet {
