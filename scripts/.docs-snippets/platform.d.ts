@@ -3,6 +3,11 @@
 // dependencies of this repository). Nothing of @botmesh/durable is declared here.
 declare namespace Deno {
   function serve(handler: (request: Request) => Response | Promise<Response>): unknown;
+  function serve(
+    options: { port?: number; hostname?: string; onListen?: (addr: { port: number }) => void },
+    handler: (request: Request) => Response | Promise<Response>,
+  ): unknown;
+  const env: { get(name: string): string | undefined };
   const cron: ((name: string, schedule: string, handler: () => Promise<void> | void) => Promise<void>) | undefined;
 }
 interface ExecutionContext {
