@@ -7,7 +7,8 @@
  * @example
  * ```sh
  * npx botmesh-durable --backend sqlite:./data/bot.db list inbox --state dead
- * BOTMESH_CONSOLE_USER=ops BOTMESH_CONSOLE_PASSWORD=… npx botmesh-durable console --backend sqlite:./data/bot.db --port 8080
+ * # the console runs until SIGTERM: start the bin itself (npx would not pass the signal on)
+ * BOTMESH_CONSOLE_USER=ops BOTMESH_CONSOLE_PASSWORD=… node_modules/.bin/botmesh-durable console --backend sqlite:./data/bot.db --port 8080
  * ```
  *
  * @module

@@ -2,7 +2,7 @@
  * An existing grammY bot made crash-safe with one call: long polling, journaling in SQLite. Kill it
  * with `kill -9` at any moment and start it again: every message gets its replies, none twice.
  *
- *   TELEGRAM_TOKEN=123:abc npx bun examples/grammy_bot.ts
+ *   TELEGRAM_TOKEN=123:abc node_modules/.bin/bun examples/grammy_bot.ts
  *
  * Optional: TELEGRAM_API (another Bot API server), BOT_DB (the SQLite file, default ./bot.db).
  * In your project the imports are `@botmesh/durable/grammy` and `@botmesh/durable/sqlite`.

@@ -2,8 +2,8 @@
  * A Telegram bot (long polling) journaling in SQLite. Kill it with `kill -9` at any moment and start
  * it again: every message gets its replies, and no reply goes out twice.
  *
- *   TELEGRAM_TOKEN=123:abc npx bun examples/telegram_sqlite.ts
- *   TELEGRAM_TOKEN=123:abc npx deno run -A examples/telegram_sqlite.ts
+ *   TELEGRAM_TOKEN=123:abc node_modules/.bin/bun examples/telegram_sqlite.ts
+ *   TELEGRAM_TOKEN=123:abc node_modules/.bin/deno run -A examples/telegram_sqlite.ts
  *
  * Optional: TELEGRAM_API (another Bot API server), BOT_DB (the SQLite file, default ./bot.db).
  * The README shows this bot with the package's import paths.

@@ -54,6 +54,7 @@ step "conformance on Node $(node --version) (file, sqlite via better-sqlite3, ev
 rm -rf .tmp/rt && bun build tests/runtimes/conformance.ts --target=node --outdir .tmp/rt --external better-sqlite3 --external postgres >/dev/null
 node .tmp/rt/conformance.js file:full sqlite events-file events-shared postgres
 step "build (tsup)";             tsup
+step "docs snippets (type-checked against the build)"; bun scripts/docs-snippets.ts
 step "node smoke";               node scripts/node-smoke.mjs; node dist/cli.js --version
 step "sqlite smoke of the npm build: Node, Deno, Bun"
 node scripts/sqlite-smoke.mjs

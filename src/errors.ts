@@ -96,7 +96,7 @@ export function errorText(error: unknown): string {
 }
 
 /** How much of a stack a journaled handler error keeps (frames). */
-const STACK_FRAMES = 12;
+export const STACK_FRAMES = 12;
 /** What starts each cause's line in {@link errorDetail}'s text. */
 const CAUSE_PREFIX = "Caused by: ";
 /** A stack frame: V8's `at fn (file:1:2)`, or `fn@file:1:2`; journaled indented. */

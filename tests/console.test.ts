@@ -981,6 +981,13 @@ describe("console: bulk actions, mark as delivered, pages, ages, refresh", () =>
       expect(await matching("socket closed")).toEqual(["in-quota"]);
       expect(await matching("Caused by")).toEqual(["in-quota"]);
       for (const frame of ["console.test", "console.test.ts:", "    at ", "at "]) expect([frame, await matching(frame)]).toEqual([frame, []]);
+      // The record page shows the journaled causes and frames, and its note says the journal has them.
+      const page = await (await get(handler, `/inbound/record?id=in-quota`)).text();
+      expect(page).toContain("<li>caused by TypeError: socket closed by peer</li>");
+      expect(page).toMatch(/<summary>Stack \(\d+ frames\)<\/summary>/);
+      const note = /<p class="note">The journal keeps the last error[^<]*/.exec(page)?.[0] ?? "";
+      expect(note).toContain("with its causes and the first 12 frames of its stack");
+      expect(note).not.toMatch(/stacks (and causes )?go to/);
       const bulk = await (await get(handler, `/inbound/bulk/replay?state=dead&error=console.test`)).text();
       expect(bulk).not.toContain("in-quota");
       expect(await (await get(handler, `/inbound/bulk/replay?state=dead&error=quota`)).text()).toContain("<h1>Replay 1 record?</h1>");

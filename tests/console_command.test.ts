@@ -1,7 +1,7 @@
 // `botmesh-durable console`: the web console served on its own. In process (runCli with a fake
 // server: the refusals, the handler it serves, the shutdown) and as a real process under Bun,
 // Deno and Node 20 (bundled) on SQLite: it prints its address, asks for the credentials from the
-// environment, serves the console, and stops cleanly on SIGINT.
+// environment, serves the console, and stops cleanly on SIGINT and on SIGTERM (its port closed).
 import { afterAll, describe, expect, test } from "bun:test";
 import { mkdirSync, rmSync } from "node:fs";
 import { join } from "node:path";
@@ -180,6 +180,74 @@ async function realProcess(cmd: string[], label: string): Promise<void> {
   expect(await child.exited, label).toBe(0);
   expect(await stderr).toContain("botmesh-durable console: stopped");
 }
+
+/**
+ * Runs the command as a process (no sign-in, any port) until it serves; then SIGTERM: it must close
+ * its server and exit 0 within a few seconds, and the port must refuse connections.
+ */
+async function stopsOnSigterm(cmd: string[], label: string): Promise<void> {
+  const file = join(tmp, `${label}-sigterm.db`);
+  const backend = new SQLiteDurability({ file });
+  await backend.open();
+  await backend.close();
+  const child = Bun.spawn([...cmd, "console", "--backend", `sqlite:${file}`, "--port", "0", "--no-auth"], {
+    cwd: tmp,
+    stdout: "pipe",
+    stderr: "pipe",
+    env: { ...process.env, DENO_NO_UPDATE_CHECK: "1", BOTMESH_DURABLE_BACKEND: "", BOTMESH_CONSOLE_USER: "", BOTMESH_CONSOLE_PASSWORD: "" },
+  });
+  const stderr = new Response(child.stderr).text();
+  let url: URL;
+  try {
+    const reader = child.stdout.getReader();
+    let out = "";
+    while (!out.includes("\n")) {
+      const { value, done } = await reader.read();
+      if (done) throw new Error(`${label}: exited before printing its address: ${await stderr}`);
+      out += new TextDecoder().decode(value);
+    }
+    reader.releaseLock();
+    url = new URL(out.trim());
+    expect((await fetch(`${url.origin}/outbound`, { headers: { "sec-fetch-site": "same-origin" } })).status).toBe(200);
+  } catch (error) {
+    child.kill("SIGKILL");
+    throw error;
+  }
+  const sent = performance.now();
+  child.kill("SIGTERM");
+  const exited = await Promise.race([child.exited, Bun.sleep(5_000).then(() => "still running after 5 s")]);
+  if (exited !== 0) child.kill("SIGKILL");
+  expect(exited, `${label}: the exit after SIGTERM (stderr: ${await Promise.race([stderr, Bun.sleep(100).then(() => "")])})`).toBe(0);
+  expect(performance.now() - sent).toBeLessThan(5_000);
+  expect(await stderr).toContain("botmesh-durable console: stopped");
+  const after = await fetch(`${url.origin}/outbound`).then((r) => `answered ${r.status}`, () => "refused");
+  expect(after, `${label}: the port after SIGTERM`).toBe("refused");
+}
+
+describe("botmesh-durable console stops on SIGTERM: the server closed, exit 0", () => {
+  test("Bun (bun cli.ts console)", async () => {
+    await stopsOnSigterm([join(bin, "bun"), join(root, "cli.ts")], "bun");
+  }, SLOW);
+
+  test("Deno (deno run -A cli.ts console)", async () => {
+    await stopsOnSigterm([join(bin, "deno"), "run", "-A", join(root, "cli.ts")], "deno");
+  }, SLOW);
+
+  test("Node 20 (bundled with bun build --target=node)", async () => {
+    const out = join(tmp, "cli-sigterm.mjs");
+    const build = Bun.spawnSync([
+      join(bin, "bun"),
+      "build",
+      join(root, "cli.ts"),
+      "--target=node",
+      "--outfile",
+      out,
+      ...["postgres", "ioredis", "@upstash/redis", "better-sqlite3"].flatMap((p) => ["--external", p]),
+    ]);
+    expect(build.exitCode).toBe(0);
+    await stopsOnSigterm(["node", out], "node");
+  }, SLOW);
+});
 
 describe("botmesh-durable console as a process (SQLite)", () => {
   test("--no-auth over real HTTP: a request for another Host (DNS rebinding) is refused, 127.0.0.1 and localhost served", async () => {

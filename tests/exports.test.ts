@@ -1,6 +1,7 @@
 /**
- * The export maps of package.json (npm, built files in dist/) and deno.json
- * (JSR and Deno, source files) must describe the same package.
+ * The export maps of package.json (npm, built files in dist/), deno.json
+ * (Deno's config, which `deno publish` and Deno's `links` read) and jsr.json
+ * (the JSR manifest, source files) must describe the same package.
  */
 import { describe, expect, test } from "bun:test";
 import { existsSync, readdirSync, readFileSync } from "node:fs";
@@ -33,13 +34,14 @@ function sourceOf(distPath: string): string {
 
 const pkg = load("package.json");
 const deno = load("deno.json");
+const jsr = load("jsr.json");
 const pkgExports = exportMap("package.json", pkg);
-const others = { "deno.json": deno } as const;
+const others = { "deno.json": deno, "jsr.json": jsr } as const;
 /** JSR-only entries: `deno run -A jsr:@botmesh/durable/cli` runs the CLI; npm users have the `bin`, and an import of it would run it. */
 const JSR_ONLY: readonly string[] = ["./cli"];
 
 describe("package manifests agree", () => {
-  test("name and version agree in package.json and deno.json", () => {
+  test("name and version agree in package.json, deno.json and jsr.json", () => {
     for (const [file, m] of Object.entries(others)) {
       expect(m.name, `${file} "name" differs from package.json`).toBe(pkg.name);
       expect(m.version, `${file} "version" differs from package.json`).toBe(pkg.version);
@@ -47,7 +49,7 @@ describe("package manifests agree", () => {
   });
 
   for (const [subpath, target] of Object.entries(pkgExports)) {
-    test(`package.json export "${subpath}" matches deno.json`, () => {
+    test(`package.json export "${subpath}" matches deno.json and jsr.json`, () => {
       const t = target as { import?: string; types?: string };
       expect(typeof t.import, `package.json exports["${subpath}"].import must be a string`).toBe("string");
       const source = sourceOf(t.import!);
@@ -104,6 +106,15 @@ describe("the export maps cover the tree", () => {
       expect(include.some((i) => i === file || (i.endsWith("/") && file.startsWith(i))), `deno.json publish.include misses ${file}`).toBe(true);
     }
     expect((pkg as { files?: string[] }).files).toContain("dist");
+  });
+
+  test("jsr.json and deno.json agree on the whole JSR manifest (exports, license, publish include and exclude)", () => {
+    const fields = (m: Manifest) => {
+      const { name, version, exports, license, publish } = m as Manifest & { license?: string; publish?: unknown };
+      return { name, version, exports, license, publish };
+    };
+    expect(fields(jsr)).toEqual(fields(deno));
+    expect(Object.keys(jsr).filter((k) => !["name", "version", "exports", "license", "publish"].includes(k)), "jsr.json holds the JSR fields only").toEqual([]);
   });
 });
 

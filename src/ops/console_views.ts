@@ -27,6 +27,7 @@ import type { ConsoleOps } from "./console_ops.ts";
 import { INBOX, INBOX_MACHINE, OUTBOX, OUTBOX_MACHINE } from "../machine.ts";
 import { errorDetails, fmtTime, HttpError, prettyJson, preview, stateBadge, timeTag, truncate } from "./console_render.ts";
 import { html, type HtmlValue, SafeHtml } from "./html.ts";
+import { STACK_FRAMES } from "../errors.ts";
 
 /** A page of the console. */
 export interface Page {
@@ -356,7 +357,7 @@ ${field("Provider", r.provider)}${field("Attempts", r.attempts)}${errorRow(r.sta
 ${field("Next attempt", timeTag(r.nextAttemptAt, at))}${leaseRows(r, at)}${field("Fencing token (last issued)", r.fence)}
 ${field("Received", timeTag(r.receivedAt, at))}${field("Updated", timeTag(r.updatedAt, at))}
 </tbody></table>
-<p class="note">The journal keeps the last error only (its name and message): stacks and causes go to the bot's <code>error</code> event and your logs.</p>
+<p class="note">The journal keeps the last error only: a handler's error with its causes and the first ${STACK_FRAMES} frames of its stack, a send's error as its name and message. The whole error goes to the bot's <code>error</code> event and your logs.</p>
 <div class="actions">${actionButtons("inbound", r.state, r.id)}<a class="button secondary" href="${
           url("/inbound", { state: r.state })
         }">Back to the list</a></div>
@@ -381,7 +382,7 @@ ${field("Next attempt", timeTag(e.nextAttemptAt, at))}${leaseRows(e, at)}${field
 ${field("Sequence", e.seq)}${field("Content hash", html`<span class="id">${e.contentHash}</span>`)}
 ${field("Created", timeTag(e.createdAt, at))}${field("Updated", timeTag(e.updatedAt, at))}
 </tbody></table>
-<p class="note">The journal keeps the last error only (its name and message): stacks and causes go to the bot's <code>error</code> event and your logs.</p>
+<p class="note">The journal keeps the last error only: a send's error as its name and message (a handler's error also with its causes and stack frames, on its inbound record). The whole error goes to the bot's <code>error</code> event and your logs.</p>
 <div class="actions">${actionButtons("outbound", e.state, e.key)}<a class="button secondary" href="${
         url("/outbound", { state: e.state })
       }">Back to the list</a></div>
