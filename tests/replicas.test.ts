@@ -192,7 +192,14 @@ function expectClean(v: Verdict, plan: ReturnType<typeof planMessages>, cluster:
   expect(v.ambiguousDuplicates).toEqual([]); // held (onAmbiguous 'hold'): never resent
   expect(v.unexpected).toEqual([]);
   expect(v.wrongText).toEqual([]);
-  expect(v.orderBreaks.map((b) => b.text)).toEqual([]);
+  // Each break with what happened to its two keys (a CI log keeps only the lines before the failure).
+  const story = (key: string) => {
+    const sent = cluster.sink.filter((l) => l.key === key).map((l) => `sent by ${l.by} at ${l.seenAt.toFixed(0)}`);
+    const ambiguous = cluster.ambiguousEvents.filter((e) => e.key === key).map((e) => `reported by ${e.by}`);
+    return `${key}: ${[...sent, ...ambiguous].join(", ") || "-"}${v.unknown.includes(key) ? ", unknown at the end" : ""}`;
+  };
+  const failovers = cluster.failovers.map((f) => `${f.how} ${f.replica} at ${f.at.toFixed(0)}`).join("; ") || "no failover";
+  expect(v.orderBreaks.map((b) => `${b.text} [${story(b.first.key)}; ${story(b.overtaken.key)}; ${failovers}]`)).toEqual([]);
   const atSink = new Set(v.reported);
   for (const k of plan.flatMap(keysOf)) if (!v.reported.has(k)) atSink.add(k);
   expect(atSink.size).toBe(v.expectedKeys);
