@@ -187,7 +187,9 @@ interface FixtureReport {
   openUnchecked: Record<string, unknown>;
   outboxBefore: Record<string, unknown>;
   admit: Record<string, unknown>;
+  reserve: Record<string, unknown>;
   outboxAfter: Record<string, unknown>;
+  reopened: Record<string, unknown>;
   unchanged: boolean;
 }
 
@@ -223,8 +225,10 @@ describe("sqlite: every driver", () => {
       expect(report.openUnchecked).toEqual({ ok: true });
       expect(report.outboxBefore).toEqual({ ok: true }); // the outbox is intact
       expect(report.admit).toMatchObject(damaged);
+      expect(report.reserve).toMatchObject(damaged); // in the admit's group commit: rolled back with it
       // Once met, every operation refuses: what the file answers can no longer be trusted.
       expect(report.outboxAfter).toMatchObject(damaged);
+      expect(report.reopened).toEqual({ ok: true }); // until the file is opened again
       expect(report.unchanged).toBe(true);
     }, 60_000);
   }

@@ -176,8 +176,8 @@ export class Connection {
     if (!statement) {
       const db = this.#db;
       if (!db) throw new Error(`SQLite file ${JSON.stringify(this.file)} was closed during the operation`);
-      const raw = this.#guard(false, () => db.prepare(sql));
       const control = CONTROL_SQL.has(sql);
+      const raw = this.#guard(control, () => db.prepare(sql));
       statement = {
         run: (...params) => this.#guard(control, () => raw.run(...params)),
         get: (...params) => this.#guard(control, () => raw.get(...params)),
