@@ -141,7 +141,7 @@
  *
  * ## Damaged file
  * Opening checks every page of the file (`PRAGMA quick_check`: it reads the
- * whole file, about 0.85 s for 400 MB; `checkOnOpen: false` skips it) and
+ * whole file, about 1 s for 400 MB; `checkOnOpen: false` skips it) and
  * refuses a damaged file with a `DamagedStorageError` naming the file and
  * what to do. `SQLITE_CORRUPT` or `SQLITE_NOTADB` met later, from any driver,
  * is the same error, and every later operation of the connection rejects
