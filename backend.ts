@@ -25,6 +25,8 @@ export {
   type DamagedRecord,
   type OpenWarning,
   DamagedRecordError,
+  DamagedStorageError,
+  damagedStorageOf,
   type DamagedRecords,
   type DurabilityBackend,
   type DurableKv,

@@ -413,6 +413,7 @@ export class Bot {
   /**
    * Resolve when all work has settled: every admitted record done or dead,
    * every outbox entry sent, dead or unknown (waits through pending retries).
+   * @throws {DamagedStorageError} once the backend reported its storage damaged (nothing settles then)
    */
   async idle(): Promise<void> {
     if (this.#engine) return this.#engine.idle();
@@ -514,7 +515,8 @@ export class Bot {
   }
 
   #emitError(error: unknown): void {
-    if (!isProcessDeath(error)) emitError(this.#events, error, "bot");
+    if (isProcessDeath(error) || this.#engine?.reportDamage(error, "bot")) return;
+    emitError(this.#events, error, "bot");
   }
 
 

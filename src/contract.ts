@@ -638,3 +638,41 @@ export class DamagedRecordError extends Error {
     this.problem = record.problem;
   }
 }
+
+/**
+ * A backend's storage is damaged (a corrupt database file): nothing it answers can be trusted. A backend
+ * throws it from `open()` and from every operation once it has met the damage. A bot that meets it
+ * reports it once (an `error` event), admits no message from then on (each is answered `rejected`, so
+ * that the channel delivers it again), records no outcome (nothing is dead-lettered for it: the leases
+ * lapse) and takes up no work, until the storage is repaired and the bot started again.
+ */
+export class DamagedStorageError extends Error {
+  /** The backend's name. */
+  readonly backend: string;
+  /** Where the storage is: a file's path. */
+  readonly location: string;
+  /**
+   * @param message what is damaged, where, and what to do about it
+   * @param options the backend, the location, and the driver's error as `cause`
+   */
+  constructor(message: string, options: { backend: string; location: string; cause?: unknown }) {
+    super(message, options.cause === undefined ? undefined : { cause: options.cause });
+    this.name = "DamagedStorageError";
+    this.backend = options.backend;
+    this.location = options.location;
+  }
+}
+
+/**
+ * The {@link DamagedStorageError} that `error` is, or that is among its causes (a handler may wrap it).
+ * @param error anything thrown
+ * @returns the damage, or `undefined`
+ */
+export function damagedStorageOf(error: unknown): DamagedStorageError | undefined {
+  let cause = error;
+  for (let depth = 0; depth < 8 && cause instanceof Error; depth++) {
+    if (cause instanceof DamagedStorageError) return cause;
+    cause = cause.cause;
+  }
+  return undefined;
+}

@@ -13,7 +13,7 @@
  *
  * @module
  */
-import type { JsonValue } from "./contract.ts";
+import { damagedStorageOf, type JsonValue } from "./contract.ts";
 import { encodeContent, hashText } from "./content.ts";
 import type { SendOptions, SendResult } from "./engine.ts";
 import { assertMatcher, type Matcher, matches } from "./matchers.ts";
@@ -525,7 +525,8 @@ export class Conversations {
     try {
       return await work();
     } catch (error) {
-      if (isProcessDeath(error)) throw error;
+      // Damaged storage is no failure of the flow: the job gives up as it is, whatever message failed.
+      if (isProcessDeath(error) || damagedStorageOf(error) !== undefined) throw error;
       if (input.id !== job.message.id) return DEFERRED;
       if (!this.#host.isFinalAttempt(job)) throw error;
       const state = this.#states.get(chatId);

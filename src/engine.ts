@@ -6,7 +6,14 @@
  *
  * @module
  */
-import { type ClaimOptions, type DurabilityBackend, type JsonValue, StaleLeaseError } from "./contract.ts";
+import {
+  type ClaimOptions,
+  type DamagedStorageError,
+  damagedStorageOf,
+  type DurabilityBackend,
+  type JsonValue,
+  StaleLeaseError,
+} from "./contract.ts";
 import { Deadlines } from "./deadlines.ts";
 import type { ResolvedDurability } from "./config.ts";
 import { isProcessDeath } from "./errors.ts";
@@ -100,6 +107,10 @@ export class DurabilityEngine {
   #ready = false;
   #stopping = false;
   #halted = false;
+  /** The damage a backend reported: from then on nothing is admitted, taken up or recorded. */
+  #damage: DamagedStorageError | null = null;
+  /** start()'s recovery sweep is over: what goes wrong from now on has no caller. */
+  #recovered = false;
   #abort = new AbortController();
   /** The outbox's rate limits (`null`: none). */
   #throttle: Throttle | null = null;
@@ -135,6 +146,7 @@ export class DurabilityEngine {
       halted: () => this.#halted,
       stopping: () => this.#stopping,
       report: (error, context) => this.#report(error, context),
+      damaged: () => this.#damage,
       warn: (warning) => this.#warn(warning),
       wake: (inMs) => this.#wake(inMs),
       leases: this.#leases,
@@ -212,10 +224,11 @@ export class DurabilityEngine {
       sweep: () => this.sweep(),
       whenLocalIdle: () => host.whenLocalIdle(),
       halted: () => this.#halted,
+      damaged: () => this.#damage,
       stopping: () => this.#stopping,
       report: (error, context) => this.#report(error, context),
     });
-    this.#wakeups = new Wakeups(host.clock, () => void this.sweep(), () => !this.#halted && !this.#stopping);
+    this.#wakeups = new Wakeups(host.clock, () => void this.sweep(), () => !this.#halted && !this.#stopping && this.#damage === null);
 
   }
 
@@ -255,15 +268,18 @@ export class DurabilityEngine {
           await this.#sweeper.sweepOnce(true);
           break;
         } catch (error) {
-          if (isProcessDeath(error) || this.#halted || attempt >= START_SWEEP_ATTEMPTS) throw error;
+          if (isProcessDeath(error) || this.#halted || attempt >= START_SWEEP_ATTEMPTS || damagedStorageOf(error)) throw error;
           this.#report(error, `recovery sweep (attempt ${attempt} of ${START_SWEEP_ATTEMPTS})`);
           await sleep(this.#clock, 50 * 2 ** attempt);
         }
       }
+      // Damage met by the recovery is start()'s error (reported by it, not as an event as well).
+      if (this.#damage !== null) throw this.#damage;
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
       throw error;
     }
+    this.#recovered = true;
     if (this.config.sweepIntervalMs > 0) {
       this.#sweepTimer = every(this.#clock, this.config.sweepIntervalMs, () => {
         void this.sweep();
@@ -308,15 +324,36 @@ export class DurabilityEngine {
     this.#deadlines.close();
   }
 
-  /** Report an error that has no caller; returns `true` when it was a process death (the caller must stop). */
+  /**
+   * Report an error that has no caller; returns `true` when the caller must give up: a process death, or
+   * damaged storage. The damage is reported once; from then on nothing is admitted, taken up or recorded
+   * (an outcome written to damaged storage cannot be trusted, and none is dead-lettered for it).
+   */
   #report(error: unknown, context: string): boolean {
     if (isProcessDeath(error)) {
       this.#halt();
       return true;
     }
-    if (this.#halted) return true;
+    if (this.#halted || this.reportDamage(error, context)) return true;
     emitError(this.#host.events, error, context);
     return false;
+  }
+
+  /**
+   * When `error` is (or is caused by) a `DamagedStorageError`: from now on nothing is admitted, taken up
+   * or recorded, and the damage is reported, once (the first one met).
+   * @returns whether it was damage
+   */
+  reportDamage(error: unknown, context: string): boolean {
+    const damage = damagedStorageOf(error);
+    if (damage === undefined) return false;
+    if (this.#damage === null) {
+      this.#damage = damage;
+      this.#sweepTimer?.stop();
+      this.#wakeups.clear();
+      if (this.#recovered) emitError(this.#host.events, damage, context);
+    }
+    return true;
   }
 
   /**

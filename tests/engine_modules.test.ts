@@ -177,6 +177,7 @@ describe("Settling", () => {
       whenLocalIdle: async () => {},
       halted: () => false,
       stopping: () => false,
+      damaged: () => null,
       report: () => false,
     });
 

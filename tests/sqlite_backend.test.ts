@@ -2,7 +2,7 @@
 // group commit, open/close semantics, schema versions and migrations, query plans, options, bad files, damaged rows.
 import { afterAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
-import { mkdirSync, rmSync, writeFileSync } from "node:fs";
+import { mkdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DamagedRecordError, StaleLeaseError } from "../src/contract.ts";
@@ -1154,6 +1154,7 @@ describe("sqlite: bad files and options", () => {
       [{ file, driver: "sqlite3" }, RangeError, /option "driver" must be .*"better-sqlite3", got "sqlite3"/],
       [{ file, tablePrefix: "a-b" }, RangeError, /option "tablePrefix" .*got "a-b"/],
       [{ file, tablePrefix: 1 }, TypeError, /option "tablePrefix" must be a string, got 1/],
+      [{ file, checkOnOpen: "yes" }, TypeError, /option "checkOnOpen" must be a boolean, got "yes"/],
       [{ file, bogus: true }, TypeError, /Unknown SQLite option "bogus"; known options are "file"/],
     ];
     for (const [options, type, message] of cases) {
@@ -1624,8 +1625,6 @@ describe("sqlite: 1M rows (SQLITE_BENCH=1)", () => {
       COMMIT;`);
     const fillMs = performance.now() - t;
     raw.close();
-    const b = new SQLiteDurability({ file });
-    await b.open();
     const time = async <T>(what: string, run: () => Promise<T>): Promise<T> => {
       const start = performance.now();
       const result = await run();
@@ -1633,6 +1632,15 @@ describe("sqlite: 1M rows (SQLITE_BENCH=1)", () => {
       return result;
     };
     console.log(`1M done inbox records + 1M sent outbox entries filled in ${fillMs.toFixed(0)} ms`);
+    // The page check at open (checkOnOpen, the default) reads the whole file.
+    const mb = (statSync(file).size / 1e6).toFixed(0);
+    for (const checkOnOpen of [false, true]) {
+      const probe = new SQLiteDurability({ file, checkOnOpen });
+      await time(`open with checkOnOpen: ${checkOnOpen} (${mb} MB file)`, () => probe.open());
+      await probe.close();
+    }
+    const b = new SQLiteDurability({ file });
+    await b.open();
     await time("inbox.claimDue, nothing due", () => b.inbox.claimDue({ ...lease("A"), limit: 100, reclaimOwn: true }));
     await time("outbox.claimDue, nothing due", () => b.outbox.claimDue({ ...lease("A"), limit: 100, reclaimOwn: true }));
     for (let i = 0; i < 1000; i++) await b.inbox.admit(inbound(`p${i}`, { receivedAt: now + i }));

@@ -4,14 +4,17 @@
  *
  * @module
  */
+import { DamagedStorageError } from "../../src/contract.ts";
 import { errorMessage } from "../../src/errors.ts";
 import { nextTurn } from "../../src/runtime/mod.ts";
 import {
+  isDamageError,
   openSqlite,
   type SqliteDatabase,
   type SqliteDriverName,
   type SqliteStatement,
 } from "../../src/runtime/sqlite.ts";
+import { checkPages, damagedFile } from "./damage.ts";
 import type { ResolvedOptions } from "./options.ts";
 import { migrate, SQLITE_SCHEMA_VERSION } from "./schema.ts";
 
@@ -73,6 +76,8 @@ const SAVEPOINT = "botmesh_op";
 const SAVEPOINT_SQL = `SAVEPOINT ${SAVEPOINT}`;
 const RELEASE_SQL = `RELEASE ${SAVEPOINT}`;
 const ROLLBACK_TO_SQL = `ROLLBACK TO ${SAVEPOINT}`;
+/** The statements that end a transaction or savepoint: they still run once the file is found damaged. */
+const CONTROL_SQL: ReadonlySet<string> = new Set(["BEGIN IMMEDIATE", "COMMIT", "ROLLBACK", SAVEPOINT_SQL, RELEASE_SQL, ROLLBACK_TO_SQL]);
 
 /** One database connection, shared by a store and its backend, opened while anyone holds it. */
 export class Connection {
@@ -85,6 +90,11 @@ export class Connection {
   #pending: PendingOp[] = [];
   #scheduled = false;
   #stats: SQLiteStats = { commits: 0, operations: 0, failedBatches: 0, largestBatch: 0 };
+  /**
+   * The damage a statement met (`SQLITE_CORRUPT`, `SQLITE_NOTADB`): from then on, until the connection is
+   * opened again, every operation rejects with it, as what the file answers cannot be trusted.
+   */
+  #damage: DamagedStorageError | null = null;
 
   /** The batch's schema version check (built once: statements are looked up by their text). */
   readonly #versionSql: string;
@@ -113,7 +123,10 @@ export class Connection {
   /** Takes a reference; the first one opens the database. */
   acquire(): Promise<void> {
     return this.#serial(async () => {
-      if (this.#refs === 0) this.#db = await this.#open();
+      if (this.#refs === 0) {
+        this.#db = await this.#open();
+        this.#damage = null;
+      }
       this.#refs++;
     });
   }
@@ -141,6 +154,7 @@ export class Connection {
       db.exec(`PRAGMA busy_timeout = ${busyTimeoutMs}`);
       await enableWal(db, busyTimeoutMs);
       db.exec(`PRAGMA synchronous = ${synchronous === "full" ? "FULL" : "NORMAL"}`);
+      if (this.options.checkOnOpen) checkPages(db, file);
       migrate(db, prefix, file);
       return db;
     } catch (error) {
@@ -153,15 +167,42 @@ export class Connection {
     }
   }
 
-  /** A cached prepared statement. */
+  /**
+   * A cached prepared statement. A driver error that reports damage is thrown as the connection's
+   * {@link DamagedStorageError}, which every statement but a transaction's end throws from then on.
+   */
   stmt(sql: string): SqliteStatement {
     let statement = this.#statements.get(sql);
     if (!statement) {
-      if (!this.#db) throw new Error(`SQLite file ${JSON.stringify(this.file)} was closed during the operation`);
-      statement = this.#db.prepare(sql);
+      const db = this.#db;
+      if (!db) throw new Error(`SQLite file ${JSON.stringify(this.file)} was closed during the operation`);
+      const control = CONTROL_SQL.has(sql);
+      const raw = this.#guard(control, () => db.prepare(sql));
+      statement = {
+        run: (...params) => this.#guard(control, () => raw.run(...params)),
+        get: (...params) => this.#guard(control, () => raw.get(...params)),
+        all: (...params) => this.#guard(control, () => raw.all(...params)),
+      };
       this.#statements.set(sql, statement);
     }
     return statement;
+  }
+
+  /** Runs a driver call, unless the file was found damaged (`control`: runs all the same); see {@link stmt}. */
+  #guard<T>(control: boolean, call: () => T): T {
+    if (this.#damage !== null && !control) throw this.#damage;
+    try {
+      return call();
+    } catch (error) {
+      if (!isDamageError(error)) throw error;
+      this.#damage ??= damagedFile(this.file, errorMessage(error), { cause: error });
+      throw this.#damage;
+    }
+  }
+
+  /** The damage a statement met since the connection was opened, or `null`. */
+  get damage(): DamagedStorageError | null {
+    return this.#damage;
   }
 
   /** Counters of this connection's write transactions (see {@link SQLiteStats}). */
@@ -187,6 +228,10 @@ export class Connection {
     return new Promise<T>((resolve, reject) => {
       if (!this.#db) {
         reject(new Error(`SQLite file ${JSON.stringify(this.file)} is closed`));
+        return;
+      }
+      if (this.#damage !== null) {
+        reject(this.#damage);
         return;
       }
       this.#pending.push({ work, single, resolve: resolve as (value: unknown) => void, reject });
@@ -218,6 +263,10 @@ export class Connection {
     if (!this.#db) {
       const ops = this.#pending.splice(0);
       for (const op of ops) op.reject(new Error(`SQLite file ${JSON.stringify(this.file)} was closed during the operation`));
+      return;
+    }
+    if (this.#damage !== null) {
+      for (const op of this.#pending.splice(0)) op.reject(this.#damage);
       return;
     }
     try {
@@ -301,6 +350,8 @@ export class Connection {
       }
     }
     this.#pending.splice(0, taken);
+    // Damage met by an operation: none of the batch is committed (what it read cannot be trusted).
+    if (lost === undefined && this.#damage !== null) lost = this.#damage;
     if (lost === undefined) {
       try {
         this.stmt("COMMIT").run();
@@ -332,6 +383,7 @@ export class Connection {
   }
 
   #batchError(what: string, count: number, cause: unknown): Error {
+    if (this.#damage !== null) return this.#damage;
     const message = errorMessage(cause);
     const ops = count === 1 ? "its operation" : `its ${count} operations`;
     return new Error(
@@ -343,9 +395,10 @@ export class Connection {
 
 function wrapOpenError(file: string, driver: SqliteDriverName | null, error: unknown): Error {
   const message = errorMessage(error);
-  if (message.includes("newer @botmesh/durable") || message.startsWith("No SQLite driver")) {
+  if (error instanceof DamagedStorageError || message.includes("newer @botmesh/durable") || message.startsWith("No SQLite driver")) {
     return error as Error;
   }
+  if (isDamageError(error)) return damagedFile(file, message, { cause: error, opening: true, driver, unreadable: true });
   const via = driver ? ` (${driver})` : "";
   const hint = /not a database|file is encrypted|malformed/i.test(message) ? ": it is not a SQLite database, or it is damaged" : "";
   return new Error(`Cannot open SQLite file ${JSON.stringify(file)}${via}${hint}: ${message}`, { cause: error });

@@ -79,7 +79,7 @@ export class SQLiteDurability implements DurabilityBackend {
   #lifecycle: Promise<unknown> = Promise.resolve();
 
   /**
-   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`, `clock`
+   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`, `clock`, `checkOnOpen`
    * @throws {TypeError|RangeError} naming the option when one is invalid
    */
   constructor(options: SQLiteDurabilityOptions) {
@@ -132,8 +132,9 @@ export class SQLiteDurability implements DurabilityBackend {
    * Opens the database (creating or upgrading its schema) on the first call;
    * later calls only count. `open()` and `close()` take effect in call order:
    * a `close()` called while an `open()` is still pending undoes that open.
-   * @throws {Error} naming the file when it cannot be opened, is not a SQLite
-   *   database, or has a newer schema; naming what to install when no driver is found
+   * @throws {DamagedStorageError} naming the file when it is damaged (or not a SQLite database)
+   * @throws {Error} naming the file when it cannot be opened or has a newer schema; naming what to
+   *   install when no driver is found
    */
   open(): Promise<void> {
     return this.#step(async () => {

@@ -139,6 +139,22 @@
  * (other states skipped), one state's by (state, order); several states run
  * one query per state and merge.
  *
+ * ## Damaged file
+ * Opening checks every page of the file (`PRAGMA quick_check`: it reads the
+ * whole file, about 1 s for 400 MB; `checkOnOpen: false` skips it) and
+ * refuses a damaged file with a `DamagedStorageError` naming the file and
+ * what to do. `SQLITE_CORRUPT` or `SQLITE_NOTADB` met later, from any driver,
+ * is the same error, and every later operation of the connection rejects
+ * with it until the file is opened again: a bot then admits no message
+ * (each is answered `rejected`), records no outcome and reports the damage
+ * once. Stop every process that uses the file, then restore it from a backup,
+ * or recover it (`sqlite3 bot.db ".recover" | sqlite3 bot.db.recovered`, move
+ * that in its place, delete `bot.db-wal` and `bot.db-shm`).
+ *
+ * ## Files
+ * A new database file is created with mode 0600 (SQLite gives its `-wal` and
+ * `-shm` files the same mode); an existing file keeps its mode.
+ *
  * ## Damaged records
  * A journal row that does not read back as a record (its payload or content
  * not JSON, a column of the wrong type, such as a BLOB or text in a number

@@ -30,6 +30,12 @@ export interface SQLiteOptions {
    * tests in simulated time. It must return a finite number.
    */
   clock?: () => number;
+  /**
+   * Check every page of the file when it is opened (`PRAGMA quick_check`), so that a damaged file is
+   * refused at once (default `true`). It reads the whole file: about 1 s for a 400 MB file of two
+   * million records. Without it, damage is found by the first statement that meets it.
+   */
+  checkOnOpen?: boolean;
 }
 
 /** Options of {@link SQLiteStore}. */
@@ -37,7 +43,7 @@ export type SQLiteStoreOptions = SQLiteOptions;
 /** Options of {@link SQLiteDurability}. */
 export type SQLiteDurabilityOptions = SQLiteOptions;
 
-const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock"] as const;
+const OPTION_NAMES = ["file", "busyTimeoutMs", "synchronous", "driver", "tablePrefix", "clock", "checkOnOpen"] as const;
 const DEFAULT_BUSY_TIMEOUT_MS = 5000;
 
 /** The checked options, with their defaults. */
@@ -49,6 +55,7 @@ export interface ResolvedOptions {
   prefix: string;
   /** The checked clock. */
   clock: () => number;
+  checkOnOpen: boolean;
 }
 
 /** Checks `options` (a TypeError or RangeError naming the option) and fills in the defaults. */
@@ -101,5 +108,9 @@ export function resolveOptions(options: unknown): ResolvedOptions {
     }
     return time;
   };
-  return { file, busyTimeoutMs: busy, synchronous, driver: driver as ResolvedOptions["driver"], prefix, clock: checked };
+  const checkOnOpen = o.checkOnOpen ?? true;
+  if (typeof checkOnOpen !== "boolean") {
+    throw new TypeError(`SQLite option "checkOnOpen" must be a boolean, got ${show(checkOnOpen)}`);
+  }
+  return { file, busyTimeoutMs: busy, synchronous, driver: driver as ResolvedOptions["driver"], prefix, clock: checked, checkOnOpen };
 }

@@ -85,7 +85,7 @@ export class SQLiteStore implements SessionStore {
   #lastSweep = 0;
 
   /**
-   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`, `clock`
+   * @param options `file` (required), `busyTimeoutMs`, `synchronous`, `driver`, `tablePrefix`, `clock`, `checkOnOpen`
    * @throws {TypeError|RangeError} naming the option when one is invalid
    */
   constructor(options: SQLiteStoreOptions) {
@@ -118,7 +118,7 @@ export class SQLiteStore implements SessionStore {
 
   /**
    * Opens the database now (otherwise the first get/set/delete does).
-   * @throws {Error} naming the file when it cannot be opened
+   * @throws {Error} naming the file when it cannot be opened (a `DamagedStorageError` when it is damaged)
    */
   open(): Promise<void> {
     if (!this.#held) {

@@ -10,7 +10,7 @@ import { retryDelay } from "../backoff.ts";
 import { BoundedSet } from "../bounded_map.ts";
 import { sleep } from "../clock.ts";
 import { encodeContent } from "../content.ts";
-import type { InboundRecord, JsonValue } from "../contract.ts";
+import { damagedStorageOf, type InboundRecord, type JsonValue } from "../contract.ts";
 import type { Deadlines } from "../deadlines.ts";
 import { errorDetail, errorText, isProcessDeath } from "../errors.ts";
 import { type Observer, TRACE_FIELD } from "../observe.ts";
@@ -162,6 +162,9 @@ export class Inbound {
       if (this.#dedupe.has(id)) return this.#duplicate(id);
     }
     if (this.#h.halted() || this.#h.stopping()) return stoppingAnswer(id);
+    // Damaged storage answers nothing that can be trusted: the channel keeps the message (failOpen too).
+    const damage = this.#h.damaged();
+    if (damage !== null) return { status: "rejected", id, error: damage };
     // A redelivery that arrives while the first delivery is still being journaled waits for it: it is a
     // duplicate only once that one is journaled. Were it answered "duplicate" at once, the channel would
     // take it as delivered, and a failure of the first write would lose the message.
@@ -431,6 +434,11 @@ export class Inbound {
     }
     // The job's lease, whose token a sweep of this incarnation may hand on while the handler runs.
     const lease = this.jobLeases.get(job) ?? this.#h.leases.get("inbox", record.id) ?? this.#h.leases.hold("inbox", record.id, record.fence);
+    if (this.#h.damaged() !== null) {
+      // Not run on damaged storage: its lease lapses, and it runs once the storage is repaired.
+      this.#h.leases.release("inbox", record.id, lease.token);
+      return;
+    }
     if (job.timer && job.timer.at > this.#h.clock.now()) {
       // Taken up before it is due (admitted behind its chat, a lease lost before it was armed, an
       // operator's replay, a clock of another process ahead of this one): armed again, not run.
@@ -472,6 +480,12 @@ export class Inbound {
         await this.#h.observer.handle(job.message, record, handle);
       } catch (error) {
         if (isProcessDeath(error) || this.#h.halted()) return void this.#h.halt();
+        if (damagedStorageOf(error) !== undefined) {
+          // Its store is damaged, not the handler wrong: no outcome (never a dead-letter); its lease lapses.
+          this.#h.report(error, `handler of inbound record "${record.id}"`);
+          this.#h.leases.release("inbox", record.id, lease.token);
+          return;
+        }
         failed = true;
         failure = error;
         handlerThrew = true;

@@ -5,7 +5,7 @@
  * @module
  */
 import { type Clock, sleep } from "../clock.ts";
-import type { DurabilityBackend } from "../contract.ts";
+import type { DamagedStorageError, DurabilityBackend } from "../contract.ts";
 import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, TIMER_STATE } from "../rules.ts";
 import { timerOf } from "./jobs.ts";
 import type { SweepSummary } from "./types.ts";
@@ -36,7 +36,9 @@ export interface SettlingHost {
   whenLocalIdle(): Promise<void>;
   halted(): boolean;
   stopping(): boolean;
-  /** Report an error that has no caller; `true` when it was a process death. */
+  /** The damage a backend reported: no work is taken up or finished any more. */
+  damaged(): DamagedStorageError | null;
+  /** Report an error that has no caller; `true` when the caller must give up. */
   report(error: unknown, context: string): boolean;
 }
 
@@ -74,6 +76,12 @@ export class Settling {
     return true; // more waiting asks than it reads: counted as work, never as idle by mistake
   }
 
+  /** Damaged storage settles nothing: what is under way stays so until it is repaired. */
+  #throwDamage(): void {
+    const damage = this.#h.damaged();
+    if (damage !== null) throw damage;
+  }
+
   /**
    * Sweep until nothing due is left or `budgetMs` has passed, waiting for the work each pass took up
    * (see `Bot.sweep()`).
@@ -92,6 +100,7 @@ export class Settling {
     let seen = this.#reported;
     let more = false;
     for (;;) {
+      this.#throwDamage();
       await this.#h.sweep();
       // The work it took up is finished before it returns (or looks for more): a cron function that
       // ends when this resolves must not cut off a send under way, which would leave it ambiguous.
@@ -105,6 +114,7 @@ export class Settling {
         break;
       }
     }
+    this.#throwDamage();
     const from = this.#reported;
     this.#reported = seen;
     const pending = this.#h.halted() ? true : await this.hasActiveWork().catch(() => true);
@@ -123,6 +133,7 @@ export class Settling {
    * Resolve when every admitted record is done or dead and every outbox entry is sent, dead or unknown.
    * A timer waiting for its deadline is no work; one already due is taken up by the sweep this begins
    * with (it is work from then on), so that it fires before `idle()` resolves, with or without timers.
+   * Rejects with the `DamagedStorageError` once a backend reported its storage damaged.
    */
   async idle(): Promise<void> {
     await this.#h.sweep();
@@ -130,11 +141,12 @@ export class Settling {
     for (;;) {
       await this.#h.whenLocalIdle();
       if (this.#h.halted()) return;
+      this.#throwDamage();
       let active: boolean;
       try {
         active = await this.hasActiveWork();
       } catch (error) {
-        if (this.#h.report(error, "idle check")) return;
+        if (this.#h.report(error, "idle check")) return this.#throwDamage();
         active = true;
       }
       if (!active) {

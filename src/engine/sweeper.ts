@@ -139,7 +139,7 @@ export class Sweeper {
 
   /** Look for due and abandoned work now. Concurrent calls share one sweep (and ask for one more). */
   sweep(): Promise<void> {
-    if (this.#h.halted() || !this.#h.started()) return Promise.resolve();
+    if (this.#h.halted() || !this.#h.started() || this.#h.damaged() !== null) return Promise.resolve();
     if (this.#sweeping) {
       this.#sweepAgain = true;
       return this.#sweeping;

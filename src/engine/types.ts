@@ -4,7 +4,7 @@
  *
  * @module
  */
-import type { ClaimOptions, DamagedListOptions, DamagedRecord, DurabilityBackend, InboundRecord, JsonValue, OutboxState } from "../contract.ts";
+import type { ClaimOptions, DamagedListOptions, DamagedRecord, DamagedStorageError, DurabilityBackend, InboundRecord, JsonValue, OutboxState } from "../contract.ts";
 import type { Leases } from "./leases.ts";
 import type { Clock } from "../clock.ts";
 import type { ResolvedDurability } from "../config.ts";
@@ -300,8 +300,13 @@ export interface EngineCore {
   halted(): boolean;
   /** Whether the engine is stopping (it takes no new work). */
   stopping(): boolean;
-  /** Report an error that has no caller; `true` when it was a process death. */
+  /**
+   * Report an error that has no caller; `true` when the caller must give up: a process death, or damaged
+   * storage (see {@link EngineCore.damaged}).
+   */
   report(error: unknown, context: string): boolean;
+  /** The damage a backend reported (reported once): from then on nothing is admitted, run or recorded. */
+  damaged(): DamagedStorageError | null;
   warn(warning: DurabilityWarning): void;
   /** Ask the sweeper to look for work `inMs` from now. */
   wake(inMs: number): void;

@@ -180,10 +180,47 @@ export async function ensureParentDir(file: string): Promise<void> {
 }
 
 /**
+ * Creates `file` empty, readable and writable by its owner only (0600), when
+ * it does not exist (`:memory:` and `file:` URIs are left alone): the driver
+ * then opens a private file, and SQLite gives the `-wal` and `-shm` files it
+ * creates beside it the same mode. Best effort, like {@link ensureParentDir}.
+ *
+ * @param file the database path
+ */
+async function createPrivateFile(file: string): Promise<void> {
+  if (file === ":memory:" || file === "" || file.startsWith("file:")) return;
+  try {
+    const { closeSync, openSync } = await import("node:fs");
+    closeSync(openSync(file, "wx", 0o600));
+  } catch {
+    // It exists (its mode is kept), or the open reports why it cannot be created.
+  }
+}
+
+/** SQLite's primary result codes that mean the file is damaged: SQLITE_CORRUPT and SQLITE_NOTADB. */
+const DAMAGE_CODES: ReadonlySet<number> = new Set([11, 26]);
+
+/**
+ * Whether a driver's error says that the database file is damaged:
+ * `SQLITE_CORRUPT` (and its extended codes, such as `SQLITE_CORRUPT_INDEX`) or
+ * `SQLITE_NOTADB`. bun:sqlite and better-sqlite3 name the code in `code`;
+ * node:sqlite gives its number in `errcode` (`code` is `ERR_SQLITE_ERROR`).
+ *
+ * @param error what a driver threw
+ * @returns whether it reports damage
+ */
+export function isDamageError(error: unknown): boolean {
+  if (typeof error !== "object" || error === null) return false;
+  const { code, errcode } = error as { code?: unknown; errcode?: unknown };
+  if (typeof code === "string" && /^SQLITE_(CORRUPT|NOTADB)(_|$)/.test(code)) return true;
+  return typeof errcode === "number" && DAMAGE_CODES.has(errcode & 0xff);
+}
+
+/**
  * Opens a SQLite database with the driver of the running runtime, or the
  * one asked for.
  *
- * @param file the database path (created when missing)
+ * @param file the database path (created when missing, with mode 0600)
  * @param driver `"auto"` (default) or a driver name
  * @returns the open connection
  * @throws {Error} naming what to install when no driver can be loaded, or
@@ -202,6 +239,7 @@ export async function openSqlite(file: string, driver: SqliteDriverName | "auto"
       continue;
     }
     await ensureParentDir(file);
+    await createPrivateFile(file);
     return wrap(name, new Database(file));
   }
   const hint = driver === "auto" && runtimeGlobals.Bun === undefined && runtimeGlobals.Deno === undefined
