@@ -18,6 +18,7 @@ import { errorDetail } from "../src/errors.ts";
 import { openBackend } from "../backends/open_url.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
+import { bundleCliForNode } from "./support/cli_bundle.ts";
 import { fill } from "./support/cli_fill.ts";
 
 const root = join(import.meta.dir, "..");
@@ -484,17 +485,7 @@ describe("botmesh-durable on other runtimes (SQLite)", () => {
   }, SLOW);
 
   test("Node 20 (bundled with bun build --target=node, better-sqlite3)", async () => {
-    const out = join(tmp, "cli.mjs");
-    const build = await spawn([
-      join(bin, "bun"),
-      "build",
-      join(root, "cli.ts"),
-      "--target=node",
-      "--outfile",
-      out,
-      ...["postgres", "ioredis", "@upstash/redis", "better-sqlite3"].flatMap((p) => ["--external", p]),
-    ]);
-    expect(build.code).toBe(0);
+    const out = bundleCliForNode(join(tmp, "cli.mjs"));
     // Inside the repository the externals resolve from node_modules.
     await shortScenario((args) => spawn(["node", out, ...args]), "node");
     const v = await spawn(["node", "--version"]);

@@ -9,6 +9,7 @@ import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { MemoryDurability } from "../backends/memory/durability.ts";
 import { type CliOptions, runCli } from "../src/ops/cli.ts";
 import { CONSOLE_USAGE, isConsoleCommand } from "../src/ops/console_command.ts";
+import { bundleCliForNode } from "./support/cli_bundle.ts";
 import { runId } from "./support/services.ts";
 
 const root = join(import.meta.dir, "..");
@@ -234,17 +235,7 @@ describe("botmesh-durable console stops on SIGTERM: the server closed, exit 0", 
   }, SLOW);
 
   test("Node 20 (bundled with bun build --target=node)", async () => {
-    const out = join(tmp, "cli-sigterm.mjs");
-    const build = Bun.spawnSync([
-      join(bin, "bun"),
-      "build",
-      join(root, "cli.ts"),
-      "--target=node",
-      "--outfile",
-      out,
-      ...["postgres", "ioredis", "@upstash/redis", "better-sqlite3"].flatMap((p) => ["--external", p]),
-    ]);
-    expect(build.exitCode).toBe(0);
+    const out = bundleCliForNode(join(tmp, "cli-sigterm.mjs"));
     await stopsOnSigterm(["node", out], "node");
   }, SLOW);
 });
@@ -293,17 +284,7 @@ describe("botmesh-durable console as a process (SQLite)", () => {
   }, SLOW);
 
   test("Node 20 (bundled with bun build --target=node)", async () => {
-    const out = join(tmp, "cli.mjs");
-    const build = Bun.spawnSync([
-      join(bin, "bun"),
-      "build",
-      join(root, "cli.ts"),
-      "--target=node",
-      "--outfile",
-      out,
-      ...["postgres", "ioredis", "@upstash/redis", "better-sqlite3"].flatMap((p) => ["--external", p]),
-    ]);
-    expect(build.exitCode).toBe(0);
+    const out = bundleCliForNode(join(tmp, "cli.mjs"));
     await realProcess(["node", out], "node");
   }, SLOW);
 });
