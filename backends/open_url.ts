@@ -19,7 +19,7 @@ import { PostgresDurability } from "./postgres/mod.ts";
 import { loginFailure } from "./postgres/login_error.ts";
 import { RedisDurability } from "./redis/mod.ts";
 import { SQLiteDurability } from "./sqlite/mod.ts";
-import { hideCredentials } from "./url_credentials.ts";
+import { hideCredentials } from "../src/ops/url_credentials.ts";
 /**
  * What a failed import of a client package throws. Each package is imported
  * only when a URL of its kind is opened (the npm build keeps it external;

@@ -89,8 +89,8 @@ describe("the export maps cover the tree", () => {
     expect(entries.filter((e) => !sources.has(e))).toEqual([]);
   });
 
-  /** The backend opener of the CLI (exported by ./ops), the checks it makes and how it hides a URL's password: the backends' loose modules. */
-  const OPENER = ["./backends/open_url.ts", "./backends/open_checks.ts", "./backends/url_credentials.ts"];
+  /** The backend opener of the CLI (exported by ./ops) and the checks it makes: the backends' loose modules. */
+  const OPENER = ["./backends/open_url.ts", "./backends/open_checks.ts"];
 
   test("only the entries of the package sit at the top level of backends/ and providers/", () => {
     const loose = ["backends", "providers"].flatMap((dir) =>

@@ -40,6 +40,7 @@ import {
 
 import { type ConsoleServe, isConsoleCommand, runConsoleCommand } from "./console_command.ts";
 import { escapeControls } from "./terminal_text.ts";
+import { hideCredentials } from "./url_credentials.ts";
 
 export { type CliCommand, type CliFlag, type CommandContext, OperationError, UsageError } from "./cli_command.ts";
 
@@ -405,7 +406,8 @@ async function fail(io: CliIo, error: unknown, command: CliCommand | undefined):
       ? `Usage: ${PROGRAM} [--backend <url>] <command> [options]\nCommands: ${commandNames()}\n` +
         `Run "${PROGRAM} --help" for more.`
       : `Usage: ${usageLine(command)}\nRun "${PROGRAM} ${command.name} --help" for more.`;
-    await io.stderr(`${PROGRAM}: ${error.message}\n${hint}\n`);
+    // The message quotes arguments as typed: a mistyped flag or a misplaced backend URL carries its password.
+    await io.stderr(`${PROGRAM}: ${hideCredentials(error.message)}\n${hint}\n`);
     return 2;
   }
   if (error instanceof BackendUrlError) {

@@ -18,6 +18,7 @@
 import { errorMessage } from "../errors.ts";
 import type { CliIo, CliOptions, OpenedBackend } from "./cli.ts";
 import { basicAuth, type ConsoleAuth, durabilityConsole } from "./console.ts";
+import { hideCredentials } from "./url_credentials.ts";
 
 /** A server the command listens with (the runtime's: `Bun.serve`, `Deno.serve`, Node `http`). */
 export interface ServedConsole {
@@ -198,7 +199,7 @@ export async function runConsoleCommand(
   backendEnv: string,
 ): Promise<number> {
   const usage = async (message: string): Promise<number> => {
-    await io.stderr(`botmesh-durable console: ${message}\n\n${CONSOLE_USAGE}`);
+    await io.stderr(`botmesh-durable console: ${hideCredentials(message)}\n\n${CONSOLE_USAGE}`);
     return 2;
   };
   let args: ConsoleArgs;
