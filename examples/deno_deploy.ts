@@ -53,13 +53,22 @@ const sweep = async () => {
 };
 Deno.cron?.("botmesh sweep", "* * * * *", sweep);
 
+/** Whether two texts are equal, compared in constant time (through SHA-256: the length does not leak either). */
+async function sameText(a: string, b: string): Promise<boolean> {
+  const digest = async (text: string) => new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(text)));
+  const [x, y] = await Promise.all([digest(a), digest(b)]);
+  let diff = 0;
+  for (let i = 0; i < x.length; i++) diff |= x[i]! ^ y[i]!;
+  return diff === 0;
+}
+
 const sweepPath = env("SWEEP_PATH");
 const sweepSecret = env("SWEEP_SECRET");
 if (sweepPath && !sweepSecret) throw new Error("SWEEP_PATH needs SWEEP_SECRET (the sweep endpoint must not be open to anyone)");
 Deno.serve({ port: Number(env("PORT") ?? 8000), onListen: ({ port }: { port: number }) => console.log(`listening on ${port}`) }, async (request) => {
   await ready;
   if (sweepPath && request.method === "POST" && new URL(request.url).pathname === sweepPath) {
-    if (request.headers.get("authorization") !== `Bearer ${sweepSecret}`) return new Response("forbidden\n", { status: 403 });
+    if (!(await sameText(request.headers.get("authorization") ?? "", `Bearer ${sweepSecret}`))) return new Response("forbidden\n", { status: 403 });
     await sweep();
     return new Response("swept\n");
   }

@@ -68,7 +68,8 @@ export async function readCapped(
       if (done) break;
       size += value.byteLength;
       if (size > maxBytes) {
-        await reader.cancel().catch(() => {});
+        // Not awaited, as after the deadline: a source whose cancel never settles must not hold the answer.
+        reader.cancel().catch(() => {});
         return null;
       }
       chunks.push(value);

@@ -4,6 +4,7 @@ import { describe, expect, test } from "bun:test";
 import { Bot, MemoryDurability } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
 import { CUT_NESTING_MARK, cutDeepNesting, encodeContent, MAX_CONTENT_DEPTH, UnencodableContentError } from "../src/content.ts";
+import { jsonText } from "../src/sha256_hex.ts";
 
 /** Arrays nested `levels` deep around `inner`. */
 function nested(levels: number, inner: unknown = 1): unknown {
@@ -43,6 +44,18 @@ describe("the journal's bound on nesting", () => {
     const deep = JSON.parse(`{"m":${"[".repeat(300_000)}${"]".repeat(300_000)}}`);
     const cut = cutDeepNesting(deep, 4, "update");
     expect(cut).toEqual({ value: { m: [[[CUT_NESTING_MARK]]] }, cutAt: "update.m[0][0][0]" });
+  });
+
+  test("jsonText: JSON.stringify's text of parsed JSON, at any depth (what an unreadable payload's id hashes)", () => {
+    const text = '{"a":1,"b":[{"c":[["\\u2028\\"x"]]},null,true,-0.5e-7],"__proto__":{"d":{}},"2":[]}';
+    const value = JSON.parse(text);
+    expect(jsonText(value)).toBe(JSON.stringify(value));
+    expect([jsonText({ a: undefined, b: [undefined] }), jsonText(undefined), jsonText("s")]).toEqual(['{"b":[null]}', undefined, '"s"']);
+    const deep = `${"[".repeat(300_000)}{"k":"v"}${"]".repeat(300_000)}`;
+    expect(jsonText(JSON.parse(deep))).toBe(deep);
+    const loop: Record<string, unknown> = {};
+    loop.self = loop;
+    expect(() => jsonText(loop)).toThrow(TypeError);
   });
 
   test("a bot: a message nested too deep is refused at admission with the field named; a send is bypassed, not journaled", async () => {

@@ -406,6 +406,21 @@ describe("telegram: an update nested some thousands of levels deep", () => {
     expect(f.sent[0]!.params.text).toBe("ok next");
   });
 
+  test("two updates without an integer update_id that differ only below the cut: two ids, each the same on a redelivery", async () => {
+    const f = fake();
+    const h = await harness(f);
+    const deepTo = (leaf: string) => JSON.parse(`${"[".repeat(5_000)}"${leaf}"${"]".repeat(5_000)}`) as unknown;
+    const update = (leaf: string) => JSON.stringify({ update_id: "x", message: { message_id: 4, chat: { id: 5001 }, a: deepTo(leaf) } });
+    for (const body of [update("first"), update("second"), update("first")]) {
+      expect((await h.provider.webhook(webhookRequest(body))).status).toBe(200);
+    }
+    await h.bot.idle();
+    const ids = h.dead.map((d) => d.id);
+    expect(ids).toHaveLength(2);
+    expect(new Set(ids).size).toBe(2);
+    for (const id of ids) expect(id).toMatch(new RegExp(`^tg:${f.botId}:h[0-9a-f]{32}:5001:4$`));
+  });
+
   test("polling: the poller dead-letters it and goes on to the next update", async () => {
     const f = fake();
     const h = await harness(f, { mode: "polling", setup: (bot) => bot.when(/.*/, (ctx) => ctx.reply(`ok ${ctx.message.text}`)) });

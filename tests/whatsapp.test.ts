@@ -122,6 +122,19 @@ async function harness(
   return h;
 }
 
+/** The levels of objects and arrays in a value (the value itself is level 1), counted without recursion. */
+function depthOf(value: unknown): number {
+  let max = 0;
+  const stack: [unknown, number][] = [[value, 1]];
+  while (stack.length > 0) {
+    const [v, d] = stack.pop()!;
+    if (typeof v !== "object" || v === null) continue;
+    max = Math.max(max, d);
+    for (const item of Object.values(v)) stack.push([item, d + 1]);
+  }
+  return max;
+}
+
 const payload = (messages: unknown[], statuses?: unknown[]) =>
   webhookPayload(PHONE, { contacts: [{ profile: { name: "Sheena Nelson" }, wa_id: USER }], messages, ...(statuses ? { statuses } : {}) });
 
@@ -429,6 +442,47 @@ describe("inbound messages", () => {
     expect(deadIds).toHaveLength(2);
     expect(deadIds).toContain(bad.id as string);
     expect(deadIds.find((id) => id !== bad.id)).toMatch(/^unreadable:sha256:[0-9a-f]{64}$/);
+  });
+
+  test("two messages without an id that differ only below the cut: two ids, each the same on a redelivery", async () => {
+    const h = await harness();
+    const deep = (leaf: string) => JSON.parse(`${"[".repeat(5_000)}"${leaf}"${"]".repeat(5_000)}`) as unknown;
+    const first = { from: USER, type: "text", text: { body: "x" }, b: deep("first") };
+    const second = { from: USER, type: "text", text: { body: "x" }, b: deep("second") };
+    const res = await fake.post(h.hook, payload([first, second]));
+    expect(JSON.parse(res.text)).toMatchObject({ ok: true, admitted: 2, duplicates: 0, unreadable: 2 });
+    const again = await fake.post(h.hook, payload([first, second]));
+    expect(JSON.parse(again.text)).toMatchObject({ ok: true, admitted: 0, duplicates: 2, unreadable: 2 });
+    await h.bot.idle();
+    const ids = h.dead.map((d) => d.id);
+    expect(ids).toHaveLength(2);
+    expect(new Set(ids).size).toBe(2);
+    for (const id of ids) expect(id).toMatch(/^unreadable:sha256:[0-9a-f]{64}$/);
+  });
+
+  test("a status and a change-level error nested some thousands of levels deep reach onStatus and onError cut, the field named", async () => {
+    const h = await harness();
+    const deep = () => JSON.parse("[".repeat(20_000) + "]".repeat(20_000)) as unknown;
+    const wamid = makeWamid();
+    const body = webhookPayload(PHONE, {
+      statuses: [statusUpdate(wamid, "failed", USER, { errors: [{ code: 131026, x: deep() }] })],
+      errors: [{ code: 131000, title: "Something went wrong", x: deep() }],
+    });
+    const res = await fake.post(h.hook, body);
+    expect(res.status).toBe(200);
+    const cutAt = `errors[0].x${"[0]".repeat(WHATSAPP_MAX_MESSAGE_DEPTH - 3)}`;
+    expect(JSON.parse(res.text).errors).toContain(
+      `WhatsApp webhook entry[0].changes[0].value.statuses[0]: field "${cutAt}" nests deeper than ${WHATSAPP_MAX_MESSAGE_DEPTH} levels ` +
+        "of objects and arrays (WHATSAPP_MAX_MESSAGE_DEPTH): the status is kept cut at that depth",
+    );
+    expect(h.statuses.map((s) => [s.id, s.status])).toEqual([[wamid, "failed"]]);
+    const status = h.statuses[0]!;
+    expect(depthOf(status.raw)).toBe(WHATSAPP_MAX_MESSAGE_DEPTH);
+    expect(depthOf(status.errors)).toBe(WHATSAPP_MAX_MESSAGE_DEPTH - 1);
+    expect(JSON.stringify(status.raw)).toContain(CUT_NESTING_MARK);
+    const changeError = h.errors.find((e): e is WhatsAppChangeError => e instanceof WhatsAppChangeError)!;
+    expect(changeError.code).toBe(131000);
+    expect(depthOf(changeError.raw)).toBe(WHATSAPP_MAX_MESSAGE_DEPTH);
   });
 
   test("a batch with malformed messages admits the others; each malformed one is journaled as unreadable, never lost", async () => {

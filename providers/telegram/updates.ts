@@ -9,7 +9,7 @@ import type { JsonValue } from "../../src/contract.ts";
 import type { MediaSeal } from "../../src/media.ts";
 import type { InboundMessage, MessageType } from "../../src/provider.ts";
 import { cutDeepNesting, MAX_CONTENT_DEPTH } from "../../src/content.ts";
-import { sha256Hex } from "../../src/sha256_hex.ts";
+import { jsonText, sha256Hex } from "../../src/sha256_hex.ts";
 import { showValue as show } from "../../src/show.ts";
 import { sealMediaRef, type TelegramMediaRef } from "./media.ts";
 import { isObj, type Obj } from "./values.ts";
@@ -339,13 +339,14 @@ export async function parseTelegramUpdate(update: unknown, botId: string, seal: 
  */
 export async function unreadableUpdate(received: unknown, error: Error, botId: string): Promise<InboundMessage | undefined> {
   if (!isObj(received)) return undefined;
-  // Kept (and hashed) cut at TELEGRAM_MAX_UPDATE_DEPTH: an update nested deeper could be neither journaled nor hashed.
+  // Kept cut at TELEGRAM_MAX_UPDATE_DEPTH: an update nested deeper could not be journaled.
   const update = cutDeepNesting(received, TELEGRAM_MAX_UPDATE_DEPTH).value as Obj;
   const kind = USER_UPDATES.find((k) => update[k] !== undefined);
   if (kind === undefined) return undefined;
   const intOf = (v: unknown) => (typeof v === "number" && Number.isSafeInteger(v) ? v : undefined);
   const updateId = intOf(update.update_id);
-  const idPart = updateId !== undefined ? String(updateId) : `h${(await sha256Hex(JSON.stringify(update))).slice(0, 32)}`;
+  // Of the update as sent, not as kept: two updates cut to the same copy are still two updates.
+  const idPart = updateId !== undefined ? String(updateId) : `h${(await sha256Hex(jsonText(received)!)).slice(0, 32)}`;
   const body = update[kind];
   const m = kind === "callback_query" ? (isObj(body) ? body.message : undefined) : body;
   let chat = isObj(m) && isObj(m.chat) ? intOf(m.chat.id) : undefined;

@@ -18,6 +18,7 @@ import { brief, isObject } from "./values.ts";
  * unreadable part of a payload. Meta's messages nest a few levels; a record keeps an unreadable one two
  * levels down (`extra.raw`), well within the journal's bound ({@link MAX_CONTENT_DEPTH}, 64), which keeps
  * a `[[[[…]]]]` some thousands of levels deep from overflowing the stack where the journal encodes it.
+ * A status, and a change-level error, deeper than this reaches `onStatus` (`onError`) cut at this depth.
  */
 export const WHATSAPP_MAX_MESSAGE_DEPTH = 32;
 
@@ -71,7 +72,7 @@ export class PayloadReader {
     /** A part of the payload that may hold a user message but cannot be read: journaled as unreadable. */
     const unreadable = (raw: unknown, error: WhatsAppPayloadError) => {
       problems.fail(error);
-      entries.push({ raw: cutDeepNesting(raw, WHATSAPP_MAX_MESSAGE_DEPTH).value, error });
+      entries.push({ raw: cutDeepNesting(raw, WHATSAPP_MAX_MESSAGE_DEPTH).value, received: raw, error });
     };
     entryList.forEach((entry, e) => {
       const ePath = `entry[${e}]`;
@@ -177,8 +178,20 @@ export class PayloadReader {
           } else {
             value.statuses.forEach((s, i) => {
               const path = `${cPath}.value.statuses[${i}]`;
+              // Cut as a message is, before it reaches onStatus (which may well log or store it).
+              const { value: status, cutAt } = cutDeepNesting(s, WHATSAPP_MAX_MESSAGE_DEPTH);
+              if (cutAt !== undefined) {
+                problems.fail(
+                  new WhatsAppPayloadError(
+                    path,
+                    cutAt,
+                    `field "${cutAt}" nests deeper than ${WHATSAPP_MAX_MESSAGE_DEPTH} levels of objects and arrays ` +
+                      `(WHATSAPP_MAX_MESSAGE_DEPTH): the status is kept cut at that depth`,
+                  ),
+                );
+              }
               try {
-                statuses.push({ status: parseStatus(s, path), path });
+                statuses.push({ status: parseStatus(status, path), path });
               } catch (error) {
                 problems.fail(error as Error);
               }
@@ -190,7 +203,9 @@ export class PayloadReader {
           if (!Array.isArray(value.errors)) {
             problems.fail(new WhatsAppPayloadError(`${cPath}.value`, "errors", `field "errors" must be an array, got ${brief(value.errors)}`));
           } else {
-            value.errors.forEach((raw, i) => problems.fail(new WhatsAppChangeError(`${cPath}.value.errors[${i}]`, raw)));
+            value.errors.forEach((raw, i) =>
+              problems.fail(new WhatsAppChangeError(`${cPath}.value.errors[${i}]`, cutDeepNesting(raw, WHATSAPP_MAX_MESSAGE_DEPTH).value))
+            );
           }
         }
       });

@@ -7,7 +7,7 @@
 import type { JsonValue } from "../../src/contract.ts";
 import type { MediaSeal } from "../../src/media.ts";
 import type { InboundMessage, Interaction } from "../../src/provider.ts";
-import { sha256Hex } from "../../src/sha256_hex.ts";
+import { jsonText, sha256Hex } from "../../src/sha256_hex.ts";
 import { GROUP_PREFIX, MAX_PREFIXED_ID, USER_PREFIX } from "./chat_ids.ts";
 import { MEDIA_TYPES } from "./media.ts";
 import { optionalString, parseTimestamp, requireString, usableString, WhatsAppPayloadError } from "./payloads.ts";
@@ -20,7 +20,13 @@ export interface ParsedMessage {
 }
 
 /** A message entry of a webhook POST: parsed, or not parseable (journaled as unreadable). */
-export type MessageEntry = { parsed: ParsedMessage } | { raw: unknown; error: WhatsAppPayloadError };
+export type MessageEntry = { parsed: ParsedMessage } | {
+  /** The entry as it is kept (cut at `WHATSAPP_MAX_MESSAGE_DEPTH`). */
+  raw: unknown;
+  /** The entry as Meta sent it, whole. */
+  received: unknown;
+  error: WhatsAppPayloadError;
+};
 
 /** What the `contacts` array of a change says about each sender, by phone number and by user id. */
 export interface ContactInfo {
@@ -212,15 +218,17 @@ export function parseMessage(raw: unknown, path: string, contacts: Map<string, C
  * A user message that could not be parsed, as it is journaled: `unreadable`
  * says why (naming the field), `extra.raw` keeps Meta's object. Its id is the
  * `wamid` when the message has a usable one, else `unreadable:sha256:` and the
- * SHA-256 of the message's JSON, so a redelivery of the POST is a duplicate.
+ * SHA-256 of the message's JSON (whole, as Meta sent it), so a redelivery of the POST is a duplicate.
  * Its chat is whatever sender or group field is usable, else
  * `wa:<phone number id>:unreadable`.
  */
-async function unreadableMessage(raw: unknown, error: WhatsAppPayloadError, phoneNumberId: string): Promise<InboundMessage> {
+async function unreadableMessage(entry: { raw: unknown; received: unknown; error: WhatsAppPayloadError }, phoneNumberId: string): Promise<InboundMessage> {
+  const { raw, error } = entry;
   const m = isObject(raw) ? raw : {};
   let id = usableString(m.id, 512);
   if (id === undefined) {
-    id = `unreadable:sha256:${await sha256Hex(JSON.stringify(raw) ?? "undefined")}`;
+    // Of the message as sent, not as kept: two messages cut to the same copy are still two messages.
+    id = `unreadable:sha256:${await sha256Hex(jsonText(entry.received) ?? "undefined")}`;
   }
   const groupId = usableString(m.group_id, MAX_PREFIXED_ID);
   const phone = usableString(m.from, 512);
@@ -251,7 +259,7 @@ async function unreadableMessage(raw: unknown, error: WhatsAppPayloadError, phon
  * @returns the message for the bot
  */
 export async function inboundMessageOf(entry: MessageEntry, seal: MediaSeal, phoneNumberId: string): Promise<InboundMessage> {
-  if ("error" in entry) return await unreadableMessage(entry.raw, entry.error, phoneNumberId);
+  if ("error" in entry) return await unreadableMessage(entry, phoneNumberId);
   const p = entry.parsed;
   if (p.media === undefined) return p.message as InboundMessage;
   const media = "ref" in p.media ? await seal.seal(p.media.ref) : seal.notDurable(p.media.why);

@@ -61,7 +61,7 @@ export class WhatsAppChangeError extends Error {
   readonly title: string | undefined;
   /** `error_data.details`: Meta's explanation. */
   readonly details: string | undefined;
-  /** The error object as Meta sent it. */
+  /** The error object as Meta sent it (cut at `WHATSAPP_MAX_MESSAGE_DEPTH` levels). */
   readonly raw: JsonValue;
   /**
    * Make the error of one change-level error object.

@@ -31,9 +31,9 @@ export interface WhatsAppStatus {
   timestamp?: number;
   /** The `biz_opaque_callback_data` of the send: its outbox idempotency key, unless `callbackData: false`. */
   callbackData?: string;
-  /** The errors of a `failed` status, as Meta sent them. */
+  /** The errors of a `failed` status, as Meta sent them (cut at `WHATSAPP_MAX_MESSAGE_DEPTH` levels, as `raw` is). */
   errors?: JsonValue;
-  /** The status object as Meta sent it. */
+  /** The status object as Meta sent it; nested deeper than `WHATSAPP_MAX_MESSAGE_DEPTH` levels, it is cut there. */
   raw: JsonValue;
 }
 

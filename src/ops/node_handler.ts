@@ -59,13 +59,15 @@ export function nodeHandler(
   if (!Number.isInteger(maxBodyBytes) || maxBodyBytes < 0) {
     throw new RangeError(`Option "maxBodyBytes" must be a non-negative integer, got ${String(maxBodyBytes)}`);
   }
-  const send = (res: NodeResponseLike, status: number, text: string): void => {
+  const send = (res: NodeResponseLike, status: number, text: string, unread: boolean): void => {
     res.statusCode = status;
+    if (unread) res.setHeader("connection", "close");
     res.setHeader("content-type", "text/plain; charset=utf-8");
     for (const [name, value] of Object.entries(SECURITY_HEADERS)) res.setHeader(name, value);
     res.end(encoder.encode(text));
   };
   return async (req, res) => {
+    let unread = false;
     try {
       const method = (req.method ?? "GET").toUpperCase();
       const host = typeof req.headers.host === "string" && req.headers.host !== "" ? req.headers.host : "localhost";
@@ -73,7 +75,7 @@ export function nodeHandler(
       try {
         url = new URL(req.url ?? "/", `${isObject(req.socket) && req.socket.encrypted === true ? "https" : "http"}://${host}`);
       } catch {
-        send(res, 400, "Bad request URL");
+        send(res, 400, "Bad request URL", false);
         return;
       }
       const headers = new Headers();
@@ -81,27 +83,44 @@ export function nodeHandler(
         if (value === undefined || name.startsWith(":") || HOP_BY_HOP.has(name.toLowerCase())) continue;
         for (const v of Array.isArray(value) ? value : [value]) headers.append(name, v);
       }
-      let body: Uint8Array<ArrayBuffer> | undefined;
+      // The body is handed on as a stream, read as the handler reads it: a provider's deadline and size cap
+      // then apply to it, and a handler that answers without reading it (a wrong secret) answers at once.
+      let body: ReadableStream<Uint8Array> | undefined;
+      let tooLarge = false;
       if (method !== "GET" && method !== "HEAD") {
-        const chunks: Uint8Array[] = [];
+        const chunks = req[Symbol.asyncIterator]();
         let size = 0;
-        for await (const chunk of req) {
-          const bytes = typeof chunk === "string" ? encoder.encode(chunk) : new Uint8Array(chunk as Uint8Array);
-          size += bytes.length;
-          if (size > maxBodyBytes) {
-            send(res, 413, "Request body too large");
-            return;
-          }
-          chunks.push(bytes);
-        }
-        body = new Uint8Array(size);
-        let offset = 0;
-        for (const c of chunks) {
-          body.set(c, offset);
-          offset += c.length;
-        }
+        unread = true;
+        body = new ReadableStream<Uint8Array>({
+          async pull(controller) {
+            const { done, value } = await chunks.next();
+            if (done) {
+              unread = false;
+              controller.close();
+              return;
+            }
+            const bytes = typeof value === "string" ? encoder.encode(value) : new Uint8Array(value as Uint8Array);
+            size += bytes.length;
+            if (size > maxBodyBytes) {
+              tooLarge = true;
+              controller.error(new RangeError(`The request body is over maxBodyBytes (${maxBodyBytes} bytes)`));
+              return;
+            }
+            controller.enqueue(bytes);
+          },
+        });
       }
-      const response = await handler(new Request(url, { method, headers, ...(body ? { body } : {}) }));
+      let response: Response | undefined;
+      try {
+        response = await handler(new Request(url, { method, headers, ...(body ? { body, duplex: "half" } : {}) } as RequestInit));
+      } catch (error) {
+        if (!tooLarge) throw error;
+      }
+      // Over maxBodyBytes is a 413, whatever the handler made of its body's failing.
+      if (tooLarge || response === undefined) {
+        send(res, 413, "Request body too large", unread);
+        return;
+      }
       res.statusCode = response.status;
       const cookies: string[] = [];
       response.headers.forEach((value, name) => {
@@ -109,10 +128,14 @@ export function nodeHandler(
         else res.setHeader(name, value);
       });
       if (cookies.length > 0) res.setHeader("set-cookie", cookies);
-      res.end(method === "HEAD" ? undefined : new Uint8Array(await response.arrayBuffer()));
+      const answer = method === "HEAD" ? undefined : new Uint8Array(await response.arrayBuffer());
+      // What is left of the body is not waited for: the answer closes the connection, as Node does once the answer is
+      // written (on a keep-alive connection it would read the rest first, however long that takes).
+      if (unread) res.setHeader("connection", "close");
+      res.end(answer);
     } catch {
       try {
-        send(res, 500, "Internal error");
+        send(res, 500, "Internal error", unread);
       } catch {
         // the response was already under way; nothing more to do
       }

@@ -406,7 +406,7 @@ const nowSeconds = () => String(Math.floor(Date.now() / 1000));
 /** A `messages` webhook payload for one phone number id. */
 export function webhookPayload(
   phoneNumberId: string,
-  value: { messages?: unknown[]; statuses?: unknown[]; contacts?: unknown[] },
+  value: { messages?: unknown[]; statuses?: unknown[]; contacts?: unknown[]; errors?: unknown[] },
   field = "messages",
 ): Record<string, unknown> {
   return {
