@@ -9,6 +9,7 @@ import { errorLogText } from "../src/errors.ts";
 import { MockProvider } from "../src/testing/mock_provider.ts";
 import { TelegramProvider } from "../providers/telegram/mod.ts";
 import { TelegramUpdateError } from "../providers/telegram/updates.ts";
+import { WhatsAppProvider } from "../providers/whatsapp/mod.ts";
 
 /** Anything a terminal acts on, or shows as nothing or reordered, but the newline. */
 const RAW = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\p{Cf}\u2028\u2029]/u;
@@ -113,5 +114,24 @@ test("a bot without an error listener prints a handler's error escaped", async (
     await bot.stop();
   }
   expect(logged.join("\n")).toContain("handler failed on \\u001b]0;pwned\\u0007\\u001b[2J\\u009b31m\\u202e");
+  expect(logged.filter((l) => RAW.test(l))).toEqual([]);
+});
+
+test("a WhatsApp webhook problem, with a sink that takes no reports, is printed escaped", async () => {
+  const logged = captureConsole();
+  const appSecret = "an-app-secret-for-the-default-logs";
+  const provider = new WhatsAppProvider({ accessToken: "token", phoneNumberId: "1000", appSecret, verifyToken: "verify" });
+  provider.start({ receive: async () => ({ admitted: true }) as never });
+  const body = JSON.stringify({
+    object: "whatsapp_business_account",
+    entry: [{ id: "1", changes: [{ field: "messages", value: { metadata: { phone_number_id: `2000${EVIL}` }, messages: [{ id: "m" }] } }] }],
+  });
+  const key = await crypto.subtle.importKey("raw", new TextEncoder().encode(appSecret), { name: "HMAC", hash: "SHA-256" }, false, ["sign"]);
+  const mac = new Uint8Array(await crypto.subtle.sign("HMAC", key, new TextEncoder().encode(body)));
+  const signature = `sha256=${[...mac].map((b) => b.toString(16).padStart(2, "0")).join("")}`;
+  await provider.webhook(new Request("http://bot.test/wa", { method: "POST", headers: { "content-type": "application/json", "x-hub-signature-256": signature }, body }));
+  await until("the problem logged", () => logged.length > 0);
+  provider.stop();
+  expect(logged.join("\n")).toContain("2000\\u001b]0;pwned");
   expect(logged.filter((l) => RAW.test(l))).toEqual([]);
 });
