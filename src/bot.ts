@@ -20,7 +20,7 @@ import {
   type SweepSummary,
 } from "./engine.ts";
 import { Conversations, type FlowContext, type HandlerSend, type StepJob } from "./conversation.ts";
-import { errorText, isProcessDeath } from "./errors.ts";
+import { errorLogText, errorText, isProcessDeath } from "./errors.ts";
 import { showValue as show } from "./show.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
 import type { AdmitResult, InboundMessage, OutboundContent, Provider } from "./provider.ts";
@@ -175,7 +175,7 @@ export class Bot {
     this.id = options.id ?? "bot";
     this.#events = new Emitter<BotEvents>((error, event) => {
       // A throwing listener must not break the bot; report it once, without recursion.
-      if (event === "error") console.error("[@botmesh/durable] an error listener threw:", error);
+      if (event === "error") console.error(errorLogText("[@botmesh/durable] an error listener threw:", error));
       else this.#events.emit("error", error instanceof Error ? error : new Error(errorText(error)));
     });
     if (options.durability !== undefined) {

@@ -6,6 +6,7 @@
  * @module
  */
 import type { JsonValue } from "./contract.ts";
+import { escapeControls } from "./controls.ts";
 import { setOwn } from "./rules.ts";
 
 const BYTES = "$bytes";
@@ -21,6 +22,20 @@ export const MAX_CONTENT_DEPTH = 64;
 
 /** What {@link cutDeepNesting} puts in place of an object or array nested too deep. */
 export const CUT_NESTING_MARK = "[cut: nested too deep]";
+
+/**
+ * The path of field `key` of the value at `parent` (`""`: the top): `a.b`
+ * for a name, `a["two words"]` for any other key. The key comes from the
+ * data and the path goes into error messages and logs: quoted, it cannot
+ * pass for other fields, and it carries no control or invisible character.
+ * @param parent the value's path
+ * @param key the field
+ * @returns the path
+ */
+export function fieldPath(parent: string, key: string): string {
+  if (/^[A-Za-z_$][\w$]*$/.test(key)) return parent === "" ? key : `${parent}.${key}`;
+  return `${parent}[${escapeControls(JSON.stringify(key))}]`;
+}
 
 /** Content that cannot be journaled, and why (names the field). */
 export class UnencodableContentError extends TypeError {
@@ -87,7 +102,7 @@ function encodeValue(value: unknown, path: string, seen: Set<object>, depth: num
     for (const [key, item] of Object.entries(value)) {
       if (item === undefined) continue;
       // Escape user keys that start with "$" so that they never collide with the binary marker.
-      setOwn(out, key.startsWith("$") ? `$${key}` : key, encodeValue(item, `${path}.${key}`, seen, depth + 1));
+      setOwn(out, key.startsWith("$") ? `$${key}` : key, encodeValue(item, fieldPath(path, key), seen, depth + 1));
     }
     return out;
   } finally {
@@ -138,7 +153,7 @@ export function cutDeepNesting(value: unknown, maxDepth: number, root = ""): { v
       ? frame.from.map((item, i) => [i, item])
       : Object.entries(frame.from);
     for (const [key, item] of items) {
-      const path = typeof key === "number" ? `${frame.path}[${key}]` : frame.path === "" ? key : `${frame.path}.${key}`;
+      const path = typeof key === "number" ? `${frame.path}[${key}]` : fieldPath(frame.path, key);
       let copy: unknown = item;
       if (typeof item === "object" && item !== null) {
         if (frame.depth >= maxDepth) {

@@ -3,6 +3,7 @@
  *
  * @module
  */
+import { escapeControls } from "./controls.ts";
 
 /**
  * Marks an error as the death of the process (the crash harness throws one).
@@ -93,6 +94,21 @@ export function errorText(error: unknown): string {
     }
   }
   return text.length > 2000 ? `${text.slice(0, 2000)}…` : text;
+}
+
+/**
+ * What the library prints for an error that nobody handles (no `error`
+ * listener, no `onError`): `prefix`, then the error as {@link errorDetail}
+ * gives it, with every control, format or separator character but the
+ * newline as a `\u` escape. The text comes partly from the bot's users and
+ * lands in a terminal (`docker logs -f`); the error itself stays as it is.
+ *
+ * @param prefix what prints first (`[@botmesh/durable] …:`)
+ * @param error what failed
+ * @returns the text to print
+ */
+export function errorLogText(prefix: string, error: unknown): string {
+  return escapeControls(`${prefix} ${errorDetail(error)}`, true);
 }
 
 /** How much of a stack a journaled handler error keeps (frames). */

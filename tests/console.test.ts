@@ -503,6 +503,50 @@ describe("console: protocol, options and adapters", () => {
     expect((await get(handler, `/outbound/retry?id=missing`)).status).toBe(404);
   });
 
+  test("bidi and invisible characters of journal data show as \\u escapes; links and forms still carry the real id", async () => {
+    // "in-\u202egnp.exe" would display as "in-exe.png": an operator would confirm an action on an id that reads as another.
+    const backend = new MemoryDurability();
+    const owner = { owner: "o", incarnation: "i", leaseMs: 60_000 };
+    const id = "in-\u202egnp.exe";
+    await backend.inbox.admit({ id, kind: "message", chatId: "42\u200b", provider: "mock", payload: { text: "x\u2067y\u200e" }, receivedAt: Date.now() });
+    const claim = await backend.inbox.claim(id, owner);
+    await backend.inbox.start(id, claim!.lease!.token, 1);
+    await backend.inbox.fail(id, claim!.lease!.token, { error: "Error: \u202eevil\u061c", dead: true });
+    const handler = durabilityConsole(backend, { auth: basicAuth("ops", "correct horse") });
+    try {
+      const shown = "in-\\u202egnp.exe";
+      const pages = ["/inbound?state=dead", `/inbound/record?id=${enc(id)}`, `/inbound/replay?id=${enc(id)}`];
+      for (const path of pages) {
+        const res = await get(handler, path);
+        expect(res.status).toBe(200);
+        const text = await res.text();
+        const raw = /[\p{Cf}\u2028\u2029]/u.exec(text);
+        expect({ path, raw: raw ? text.slice(Math.max(0, raw.index - 40), raw.index + 10) : null }).toEqual({ path, raw: null });
+        expect({ path, shown: text.includes(shown) }).toEqual({ path, shown: true });
+      }
+      const list = await (await get(handler, "/inbound?state=dead")).text();
+      expect(list).toContain(`href="${escapeHtml(`/inbound/record?id=${enc(id)}`, true)}">${shown}</a>`);
+      expect(list).toContain(`<td data-label="Chat" class="id">42\\u200b</td>`);
+      const record = await (await get(handler, `/inbound/record?id=${enc(id)}`)).text();
+      expect(record).toContain(`<title>Inbound ${shown} · `);
+      expect(record).toContain(`<tr><th>Message</th><td>x\\u2067y\\u200e</td></tr>`);
+      expect(record).toContain(escapeHtml(`"text": "x\\u2067y\\u200e"`));
+      expect(record).toContain(`Error: \\u202eevil\\u061c`);
+      // The confirmation's form acts on the record itself, not on the id as shown.
+      const { action, token } = await confirmation(handler, `/inbound/replay?id=${enc(id)}`);
+      expect(new URL(action, BASE).searchParams.get("id")).toBe(id);
+      expect((await post(handler, action, `csrf=${enc(token)}`)).status).toBe(303);
+      expect((await backend.inbox.get(id))?.state).toBe("pending");
+      // In an attribute a format character is a character reference: the field keeps its value.
+      const filtered = await (await get(handler, `/inbound?chat=${enc("42\u200b")}`)).text();
+      expect(filtered).toContain(`name="chat" value="42&#x200b;"`);
+      expect(escapeHtml("a\u202eb")).toBe("a\\u202eb");
+      expect(escapeHtml("a\u202eb\u0085", true)).toBe("a&#x202e;b\u0085");
+    } finally {
+      await handler.close();
+    }
+  });
+
   test("tokens are bound to the user: another operator cannot use one", async () => {
     const { bot, deadKey } = await f();
     const users: Record<string, string> = { "token-a": "alice", "token-b": "bob" };

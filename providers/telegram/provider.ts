@@ -16,6 +16,7 @@ import {
   type SendReceipt,
 } from "../../src/provider.ts";
 import type { RateLimits } from "../../src/rate_limit.ts";
+import { errorLogText } from "../../src/errors.ts";
 import { showValue as show } from "../../src/show.ts";
 import { BotApi } from "./api.ts";
 import { type Delivery, deliverUpdate } from "./delivery.ts";
@@ -131,7 +132,7 @@ export class TelegramProvider implements Provider {
   constructor(options: TelegramProviderOptions) {
     const settings = telegramSettings(options, (error) => {
       if (this.#sink?.reportError) this.#sink.reportError(error);
-      else console.error("[@botmesh/durable/telegram]", error);
+      else console.error(errorLogText("[@botmesh/durable/telegram]", error));
     });
     this.connectionId = settings.botId;
     this.mode = settings.mode;

@@ -15,6 +15,7 @@ import {
   type SendContext,
   type SendReceipt,
 } from "../../src/provider.ts";
+import { escapeControls } from "../../src/controls.ts";
 import type { RateLimits } from "../../src/rate_limit.ts";
 import { GraphApi } from "./api.ts";
 import { PayloadReader } from "./changes.ts";
@@ -143,7 +144,7 @@ export class WhatsAppProvider implements Provider {
   constructor(options: WhatsAppProviderOptions) {
     const settings = whatsAppSettings(options, (error) => {
       if (this.#sink?.reportError) this.#sink.reportError(error);
-      else console.warn(`[@botmesh/durable/whatsapp] ${error.message}`);
+      else console.warn(escapeControls(`[@botmesh/durable/whatsapp] ${error.message}`, true));
     });
     this.phoneNumberId = settings.phoneNumberId;
     this.connectionId = settings.phoneNumberId;

@@ -9,7 +9,7 @@ import type { Leases } from "./leases.ts";
 import type { Clock } from "../clock.ts";
 import type { ResolvedDurability } from "../config.ts";
 import type { Emitter } from "../emitter.ts";
-import { errorText } from "../errors.ts";
+import { errorLogText, errorText } from "../errors.ts";
 import type { DurabilityHistograms } from "../histogram.ts";
 import type { InboundMessage, Provider } from "../provider.ts";
 
@@ -267,7 +267,7 @@ export function zeroMetrics(): DurabilityMetrics {
  */
 export function emitError(events: Emitter<BotEvents>, error: unknown, context: string): void {
   const err = asError(error);
-  if (events.listenerCount("error") === 0) console.error(`[@botmesh/durable] ${context}:`, err);
+  if (events.listenerCount("error") === 0) console.error(errorLogText(`[@botmesh/durable] ${context}:`, err));
   else events.emit("error", err);
 }
 

@@ -5,7 +5,7 @@
  *
  * @module
  */
-import { errorMessage } from "../errors.ts";
+import { errorLogText, errorMessage } from "../errors.ts";
 import { StaleLeaseError } from "../contract.ts";
 import { retryDelay } from "../backoff.ts";
 import { Emitter } from "../emitter.ts";
@@ -230,7 +230,7 @@ export class EventWorker {
     this.#pollIntervalMs = positive(options.pollIntervalMs ?? 1000, "pollIntervalMs", false, 1);
     this.#random = random;
     this.#emitter = new Emitter<EventWorkerEvents>((error, event) => {
-      console.error(`EventWorker: a "${String(event)}" listener threw:`, error);
+      console.error(errorLogText(`EventWorker: a "${String(event)}" listener threw:`, error));
     });
   }
 

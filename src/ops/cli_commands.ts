@@ -10,7 +10,7 @@ import { listDamaged } from "../engine.ts";
 import { errorOneLine } from "./console_error.ts";
 import { INBOX_MACHINE, OUTBOX_MACHINE } from "../machine.ts";
 import { MAX_MESSAGE_ID_LENGTH, markDeliveredInJournal } from "./mark_delivered.ts";
-import { escapeControls } from "./terminal_text.ts";
+import { escapeControls, foldSpaces } from "./terminal_text.ts";
 import { countRecords, INBOX_STATES, OUTBOX_STATES } from "./prometheus.ts";
 
 /** `"a"`, `"a" or "b"`: states for a help line. */
@@ -422,10 +422,10 @@ function describe(record: InboundRecord | OutboxEntry): string {
     let text: string;
     if (value === null || value === undefined) text = "-";
     else if (key.endsWith("At") && typeof value === "number") text = `${iso(value)} (${value})`;
-    else if (typeof value === "object") text = JSON.stringify(value, null, 2).replace(/\n/g, "\n  ");
+    else if (typeof value === "object") text = foldSpaces(JSON.stringify(value, null, 2), true).replace(/\n/g, "\n  ");
     // A journaled error keeps its lines (causes, stack frames), indented so that none passes for a field.
-    else if (key === "error") text = String(value).replace(/\n/g, "\n  ");
-    else text = escapeControls(String(value));
+    else if (key === "error") text = foldSpaces(String(value)).replace(/\n/g, "\n  ");
+    else text = foldSpaces(escapeControls(String(value)));
     lines.push(`${key}: ${text}`);
   }
   return lines.join("\n") + "\n";

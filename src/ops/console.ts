@@ -14,7 +14,7 @@
  * @module
  */
 import { checkKnownOptions } from "../options.ts";
-import { errorText } from "../errors.ts";
+import { errorLogText, errorText } from "../errors.ts";
 import { type ConsoleAuth, type ConsoleIdentity, CsrfTokens, encoder } from "./console_auth.ts";
 import { BULK, bulkConfirm, type BulkContext, bulkNotice, bulkPerform } from "./console_bulk.ts";
 import { type Journal, param } from "./console_list.ts";
@@ -137,7 +137,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
   const auth = options.auth;
   const openBackend = options.openBackend ?? true;
   if (typeof openBackend !== "boolean") throw new TypeError(`Option "openBackend" must be a boolean, got ${typeof openBackend}`);
-  const onError = options.onError ?? ((error: unknown) => console.error("[@botmesh/durable] durability console:", error));
+  const onError = options.onError ?? ((error: unknown) => console.error(errorLogText("[@botmesh/durable] durability console:", error)));
   if (typeof onError !== "function") throw new TypeError(`Option "onError" must be a function, got ${typeof onError}`);
   const report = (error: unknown): void => {
     try {
