@@ -18,7 +18,7 @@ import { errorDetail } from "../src/errors.ts";
 import { openBackend } from "../backends/open_url.ts";
 import { POSTGRES_URL, REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
-import { bundleCliForNode } from "./support/cli_bundle.ts";
+import { bundleCliForNode } from "./support/cli_process.ts";
 import { fill } from "./support/cli_fill.ts";
 
 const root = join(import.meta.dir, "..");

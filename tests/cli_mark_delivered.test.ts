@@ -14,28 +14,14 @@ import { usageLine } from "../src/ops/cli_command.ts";
 import { markDeliveredCommand } from "../src/ops/cli_commands.ts";
 import { OWNER } from "./support/cli_fill.ts";
 import { POSTGRES_URL, runId, serviceSkip } from "./support/services.ts";
+import { type CliRun, runCliProcess } from "./support/cli_process.ts";
 
 const root = join(import.meta.dir, "..");
 const tmp = join(root, ".tmp", `cli-delivered-${runId()}`);
 mkdirSync(tmp, { recursive: true });
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));
 
-interface Run {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-async function cli(args: string[]): Promise<Run> {
-  const child = Bun.spawn([join(root, "node_modules", ".bin", "bun"), join(root, "cli.ts"), ...args], {
-    cwd: tmp,
-    stdout: "pipe",
-    stderr: "pipe",
-    env: { ...process.env, BOTMESH_DURABLE_BACKEND: "" },
-  });
-  const [stdout, stderr, code] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text(), child.exited]);
-  return { code, stdout, stderr };
-}
+const cli = (args: string[]): Promise<CliRun> => runCliProcess(tmp, args);
 
 /** Two unknown sends (`maybe-1`, `maybe-2`: the call may have arrived) and a dead one (`dead-1`). */
 async function fillSends(backend: DurabilityBackend): Promise<void> {
@@ -124,7 +110,7 @@ describe("Postgres", async () => {
 });
 
 describe("in process", () => {
-  async function run(argv: string[], backend: DurabilityBackend): Promise<Run> {
+  async function run(argv: string[], backend: DurabilityBackend): Promise<CliRun> {
     let stdout = "";
     let stderr = "";
     const code = await runCli(argv, { stdout: (t) => void (stdout += t), stderr: (t) => void (stderr += t) }, {

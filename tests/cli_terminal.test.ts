@@ -12,6 +12,7 @@ import { runCli } from "../src/ops/cli.ts";
 import { escapeControls } from "../src/ops/terminal_text.ts";
 import { OWNER } from "./support/cli_fill.ts";
 import { runId } from "./support/services.ts";
+import { type CliRun, runCliProcess } from "./support/cli_process.ts";
 
 const root = join(import.meta.dir, "..");
 const tmp = join(root, ".tmp", `cli-terminal-${runId()}`);
@@ -23,16 +24,7 @@ const EVIL = "a\x1b[2Jb\x1b]0;title\x07c\rd\x9b31me\u202ef\ng\x7fh\t";
 /** Every character a terminal may act on, but the newline that ends the output's lines. */
 const RAW_CONTROL = /[\u0000-\u0009\u000b-\u001f\u007f-\u009f\u202a-\u202e\u2066-\u2069]/;
 
-async function cli(args: string[]): Promise<{ code: number; stdout: string; stderr: string }> {
-  const child = Bun.spawn([join(root, "node_modules", ".bin", "bun"), join(root, "cli.ts"), ...args], {
-    cwd: tmp,
-    stdout: "pipe",
-    stderr: "pipe",
-    env: { ...process.env, BOTMESH_DURABLE_BACKEND: "" },
-  });
-  const [stdout, stderr, code] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text(), child.exited]);
-  return { code, stdout, stderr };
-}
+const cli = (args: string[]): Promise<CliRun> => runCliProcess(tmp, args);
 
 test("escapeControls: C0 (the newline too, unless kept), DEL, C1 and bidi controls as \\u escapes; other text as it is", () => {
   expect(escapeControls(EVIL)).toBe(

@@ -9,7 +9,7 @@ import { SQLiteDurability } from "../backends/sqlite/durability.ts";
 import { MemoryDurability } from "../backends/memory/durability.ts";
 import { type CliOptions, runCli } from "../src/ops/cli.ts";
 import { CONSOLE_USAGE, isConsoleCommand } from "../src/ops/console_command.ts";
-import { bundleCliForNode } from "./support/cli_bundle.ts";
+import { bundleCliForNode } from "./support/cli_process.ts";
 import { runId } from "./support/services.ts";
 
 const root = join(import.meta.dir, "..");
