@@ -6,6 +6,7 @@
  */
 import type { InboundRecord, JsonValue, OutboxEntry } from "./contract.ts";
 import { INBOX, INBOX_STATES, OUTBOX, OUTBOX_STATES } from "./machine.ts";
+import { MAX_STORED_DEPTH, nestsDeeperThan } from "./content.ts";
 import { showValue as show } from "./show.ts";
 
 /**
@@ -29,7 +30,12 @@ const timeOrNull: FieldCheck = (v) => v === null || (typeof v === "number" && Nu
 const count: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) >= 0 ? null : "a non-negative integer";
 const positive: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0 ? null : "a positive integer";
 const boolOrMissing: FieldCheck = (v) => v === undefined || typeof v === "boolean" ? null : "a boolean";
-const json: FieldCheck = (v) => v === undefined ? "a JSON value" : null;
+const json: FieldCheck = (v) =>
+  v === undefined
+    ? "a JSON value"
+    : nestsDeeperThan(v, MAX_STORED_DEPTH)
+    ? `a JSON value nested at most ${MAX_STORED_DEPTH} levels deep (MAX_STORED_DEPTH)`
+    : null;
 const oneOf = (values: readonly string[]): FieldCheck => (v) =>
   typeof v === "string" && values.includes(v) ? null : `one of ${values.join(", ")}`;
 const lease: FieldCheck = (v) => {
