@@ -84,6 +84,10 @@ const OUTBOUND_FIELDS: readonly (readonly [string, FieldCheck])[] = [
   ["updatedAt", time],
 ];
 
+/** {@link show} of a field's value, except one nested too deep to print (JSON.stringify would overflow the stack, or take seconds). */
+const shown = (value: unknown): string =>
+  nestsDeeperThan(value, MAX_STORED_DEPTH) ? `${describeJsonKind(value)} nested deeper` : show(value);
+
 function checkFields(value: unknown, fields: readonly (readonly [string, FieldCheck])[]): string | null {
   if (typeof value !== "object" || value === null || Array.isArray(value)) return `expected an object, got ${describeJsonKind(value)}`;
   const record = value as Record<string, unknown>;
@@ -91,7 +95,7 @@ function checkFields(value: unknown, fields: readonly (readonly [string, FieldCh
     const expected = check(record[name]);
     if (expected !== null) {
       return name in record
-        ? `field "${name}" must be ${expected}, got ${show(record[name])}`
+        ? `field "${name}" must be ${expected}, got ${shown(record[name])}`
         : `field "${name}" is missing (must be ${expected})`;
     }
   }
