@@ -20,6 +20,36 @@ const BYTES = "$bytes";
  */
 export const MAX_CONTENT_DEPTH = 64;
 
+/**
+ * The deepest nesting a payload or content read back from a journal may have: {@link MAX_CONTENT_DEPTH}, and
+ * one level more for the `{ "$bytes": … }` object that binary at the deepest level is journaled as. A stored
+ * value nested deeper was not written by the journal (a hand edit, another writer, a row older than the
+ * bound): its record is set aside as damaged, since decoding or printing it would overflow the stack.
+ */
+export const MAX_STORED_DEPTH: number = MAX_CONTENT_DEPTH + 1;
+
+/**
+ * Whether `value` nests objects and arrays deeper than `maxDepth` levels (the value itself is level 1),
+ * found without recursion, so that a value nested hundreds of thousands of levels deep is checked in
+ * bounded stack.
+ *
+ * @param value parsed JSON
+ * @param maxDepth the deepest nesting allowed
+ * @returns whether some object or array lies deeper
+ */
+export function nestsDeeperThan(value: unknown, maxDepth: number): boolean {
+  if (typeof value !== "object" || value === null) return false;
+  const stack: Array<[object, number]> = [[value, 1]];
+  while (stack.length > 0) {
+    const [item, depth] = stack.pop()!;
+    if (depth > maxDepth) return true;
+    for (const child of Array.isArray(item) ? item : Object.values(item)) {
+      if (typeof child === "object" && child !== null) stack.push([child, depth + 1]);
+    }
+  }
+  return false;
+}
+
 /** What {@link cutDeepNesting} puts in place of an object or array nested too deep. */
 export const CUT_NESTING_MARK = "[cut: nested too deep]";
 
@@ -177,15 +207,24 @@ export function cutDeepNesting(value: unknown, maxDepth: number, root = ""): { v
  * Decode journaled content: the inverse of {@link encodeContent}.
  *
  * @param json the JSON form
+ * @param root the name of the value in error messages
  * @returns the content, binary as `Uint8Array`
+ * @throws {TypeError} when it nests deeper than {@link MAX_STORED_DEPTH} levels (the journal writes none such)
  */
-export function decodeContent(json: JsonValue): unknown {
+export function decodeContent(json: JsonValue, root = "content"): unknown {
+  if (nestsDeeperThan(json, MAX_STORED_DEPTH)) {
+    throw new TypeError(`Field "${root}" cannot be decoded: it nests deeper than ${MAX_STORED_DEPTH} levels of objects and arrays (MAX_STORED_DEPTH)`);
+  }
+  return decodeValue(json);
+}
+
+function decodeValue(json: JsonValue): unknown {
   if (json === null || typeof json !== "object") return json;
-  if (Array.isArray(json)) return json.map(decodeContent);
+  if (Array.isArray(json)) return json.map(decodeValue);
   const keys = Object.keys(json);
   if (keys.length === 1 && keys[0] === BYTES && typeof json[BYTES] === "string") return fromBase64(json[BYTES]);
   const out: Record<string, unknown> = {};
-  for (const key of keys) setOwn(out, key.startsWith("$$") ? key.slice(1) : key, decodeContent(json[key]!));
+  for (const key of keys) setOwn(out, key.startsWith("$$") ? key.slice(1) : key, decodeValue(json[key]!));
   return out;
 }
 

@@ -6,6 +6,7 @@
  */
 import type { InboundRecord, JsonValue, OutboxEntry } from "./contract.ts";
 import { INBOX, INBOX_STATES, OUTBOX, OUTBOX_STATES } from "./machine.ts";
+import { MAX_STORED_DEPTH, nestsDeeperThan } from "./content.ts";
 import { showValue as show } from "./show.ts";
 
 /**
@@ -29,7 +30,12 @@ const timeOrNull: FieldCheck = (v) => v === null || (typeof v === "number" && Nu
 const count: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) >= 0 ? null : "a non-negative integer";
 const positive: FieldCheck = (v) => Number.isSafeInteger(v) && (v as number) > 0 ? null : "a positive integer";
 const boolOrMissing: FieldCheck = (v) => v === undefined || typeof v === "boolean" ? null : "a boolean";
-const json: FieldCheck = (v) => v === undefined ? "a JSON value" : null;
+const json: FieldCheck = (v) =>
+  v === undefined
+    ? "a JSON value"
+    : nestsDeeperThan(v, MAX_STORED_DEPTH)
+    ? `a JSON value nested at most ${MAX_STORED_DEPTH} levels deep (MAX_STORED_DEPTH)`
+    : null;
 const oneOf = (values: readonly string[]): FieldCheck => (v) =>
   typeof v === "string" && values.includes(v) ? null : `one of ${values.join(", ")}`;
 const lease: FieldCheck = (v) => {
@@ -78,6 +84,10 @@ const OUTBOUND_FIELDS: readonly (readonly [string, FieldCheck])[] = [
   ["updatedAt", time],
 ];
 
+/** {@link show} of a field's value, except one nested too deep to print (JSON.stringify would overflow the stack, or take seconds). */
+const shown = (value: unknown): string =>
+  nestsDeeperThan(value, MAX_STORED_DEPTH) ? `${describeJsonKind(value)} nested deeper` : show(value);
+
 function checkFields(value: unknown, fields: readonly (readonly [string, FieldCheck])[]): string | null {
   if (typeof value !== "object" || value === null || Array.isArray(value)) return `expected an object, got ${describeJsonKind(value)}`;
   const record = value as Record<string, unknown>;
@@ -85,7 +95,7 @@ function checkFields(value: unknown, fields: readonly (readonly [string, FieldCh
     const expected = check(record[name]);
     if (expected !== null) {
       return name in record
-        ? `field "${name}" must be ${expected}, got ${show(record[name])}`
+        ? `field "${name}" must be ${expected}, got ${shown(record[name])}`
         : `field "${name}" is missing (must be ${expected})`;
     }
   }

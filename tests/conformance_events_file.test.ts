@@ -69,8 +69,13 @@ runDurabilityConformance({
     const records: Record<string, unknown>[] = journal === "inbox" ? doc.events : doc.outbox;
     const record = records.find((r) => r[journal === "inbox" ? "id" : "key"] === id);
     if (!record) throw new Error(`no ${journal} record ${id} in ${old.file}`);
-    record.state = "exploded";
-    writeFileSync(old.file, JSON.stringify(doc));
+    // An inbox record's message nested deeper than the journal writes (MAX_STORED_DEPTH; not so deep that the
+    // event journal's copies overflow the stack); an outbox entry's unknown state.
+    const text = journal === "inbox"
+      ? JSON.stringify(doc).replace(JSON.stringify(record), JSON.stringify({ ...record, payload: { ...(record.payload as object), message: "@DEEP@" } }))
+        .replace('"@DEEP@"', "[".repeat(1_000) + "]".repeat(1_000))
+      : JSON.stringify({ ...doc, outbox: records.map((r) => r === record ? { ...r, state: "exploded" } : r) });
+    writeFileSync(old.file, text);
     return over(await openJournal(old.path, now));
   },
   cleanup: (backend: DurabilityBackend) => dispose(journalOf.get(backend)!),

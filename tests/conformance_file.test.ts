@@ -21,15 +21,15 @@ runDurabilityConformance({
     return new FileDurability({ path: (old as FileDurability).path, clock: now });
   },
   // A hand edit: the backend is closed, the record given a state this library does not know (an inbox
-  // record) or a field of the wrong type (an outbox entry), and the file opened again.
+  // record) or a content nested far deeper than the journal writes (an outbox entry), and the file opened again.
   damage: async (backend: DurabilityBackend, journal, id, { now }) => {
     const file = backend as FileDurability;
     await file.close();
     const snap = JSON.parse(readFileSync(file.path, "utf8"));
     const record = snap[journal].find((r: { id?: string; key?: string }) => (journal === "inbox" ? r.id : r.key) === id);
     if (journal === "inbox") record.state = "archived";
-    else record.attempts = "2";
-    writeFileSync(file.path, JSON.stringify(snap));
+    else record.content = "@DEEP@";
+    writeFileSync(file.path, JSON.stringify(snap).replace('"@DEEP@"', "[".repeat(300_000) + "]".repeat(300_000)));
     return new FileDurability({ path: file.path, clock: now });
   },
   cleanup: (backend: DurabilityBackend) => {

@@ -17,13 +17,13 @@ runDurabilityConformance({
   name: "kv (MemoryKv)",
   create: ({ now }) => over(new MemoryKv({ clock: now })),
   reopen: (old) => over(storeOf.get(old)!),
-  // Values overwritten in place: an inbox record given a state this library does not know (its index keys
-  // kept), an outbox entry's value replaced by text that is not a record at all.
+  // Values overwritten in place: an inbox record given a payload nested deeper than the journal writes
+  // (MAX_STORED_DEPTH; its index keys kept), an outbox entry's value replaced by text that is not a record at all.
   damage: async (backend, journal, id) => {
     const kv = storeOf.get(backend)!;
     const key = `r/${journal === "inbox" ? "in" : "out"}/${id.replace(/[%/]/g, (c) => (c === "%" ? "%25" : "%2F"))}`;
     const stored = (await kv.get(key))!.value as { rec: Record<string, unknown>; hints: string[] };
-    await kv.set(key, journal === "inbox" ? { ...stored, rec: { ...stored.rec, state: "archived" } } : "{not json");
+    await kv.set(key, journal === "inbox" ? { ...stored, rec: { ...stored.rec, payload: JSON.parse("[".repeat(1_000) + "]".repeat(1_000)) } } : "{not json");
     return backend;
   },
   harness: { describe, test, expect },

@@ -30,13 +30,16 @@ afterAll(async () => {
 });
 
 /**
- * Damages a record of a {@link PostgresDurability} as a hand edit would: its payload (content) made
- * text that is not JSON, the rest of the row as it was.
+ * Damages a record of a {@link PostgresDurability} as a hand edit would: its payload made JSON nested too
+ * deep (its content text that is not JSON), the rest of the row as it was.
  */
 async function damage(backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Promise<DurabilityBackend> {
   const { schema, tablePrefix } = backend as PostgresDurability;
-  const [column, key] = journal === "inbox" ? ["payload", "id"] : ["content", "key"];
-  const rows = await admin!.unsafe(`UPDATE "${schema}"."${tablePrefix}${journal}" SET ${column} = '{not json' WHERE ${key} = $1`, [id]);
+  // The inbox record's payload nested far deeper than the journal writes (MAX_STORED_DEPTH); the outbox entry's not JSON.
+  const [column, key, value] = journal === "inbox"
+    ? ["payload", "id", "[".repeat(300_000) + "]".repeat(300_000)]
+    : ["content", "key", "{not json"];
+  const rows = await admin!.unsafe(`UPDATE "${schema}"."${tablePrefix}${journal}" SET ${column} = $2 WHERE ${key} = $1`, [id, value]);
   if (rows.count !== 1) throw new Error(`no ${journal} row ${id} to damage`);
   return backend;
 }

@@ -95,14 +95,19 @@ async function over(
 }
 
 /**
- * A damaged-records tests' hook: the record's payload (inbox) or content (outbox) made invalid JSON in
- * place, as a hand edit or a bug elsewhere would leave it; or (`"state"`) its state an unknown word.
+ * A damaged-records tests' hook: the record's payload (inbox) made too deep or content (outbox) made invalid
+ * JSON in place, as a hand edit or a bug elsewhere would leave it; or (`"state"`) its state an unknown word.
  */
 const damageOf = (what: "json" | "state") =>
 async (backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): Promise<DurabilityBackend> => {
   const { keyPrefix } = held.get(backend)!;
   const key = `{${keyPrefix}}${journal === "inbox" ? "in" : "out"}:r:${id}`;
-  const [field, value] = what === "state" ? ["state", "lost"] : [journal === "inbox" ? "payload" : "content", "{not json"];
+  // The inbox record's payload nested far deeper than the journal writes (MAX_STORED_DEPTH); the outbox entry's not JSON.
+  const [field, value] = what === "state"
+    ? ["state", "lost"]
+    : journal === "inbox"
+    ? ["payload", "[".repeat(300_000) + "]".repeat(300_000)]
+    : ["content", "{not json"];
   if ((await admin!.hset(key, field, value)) !== 0) throw new Error(`no record at ${key}`);
   return backend;
 };

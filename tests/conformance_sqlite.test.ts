@@ -28,15 +28,16 @@ async function letGo(backend: DurabilityBackend): Promise<void> {
 }
 
 /**
- * Damages a record in place through a connection of its own, as a hand edit of the file would: `column`
- * of its row (the inbox record `id`, the outbox entry of key `id`) is set to `value`.
+ * Damages a record in place through a connection of its own, as a hand edit of the file would: a column
+ * of its row (the inbox record `id`, the outbox entry of key `id`) is set to a value, per journal.
  */
-function damageRow(column: { inbox: string; outbox: string }, value: string) {
+function damageRow(set: { inbox: readonly [string, string]; outbox: readonly [string, string] }) {
   return (backend: DurabilityBackend, journal: "inbox" | "outbox", id: string): DurabilityBackend => {
+    const [column, value] = set[journal];
     const raw = new Database(files.get(backend)!);
     try {
       const { changes } = raw.prepare(
-        `UPDATE botmesh_${journal} SET ${column[journal]} = ? WHERE ${journal === "inbox" ? "id" : "key"} = ?`,
+        `UPDATE botmesh_${journal} SET ${column} = ? WHERE ${journal === "inbox" ? "id" : "key"} = ?`,
       ).run(value, id);
       if (changes !== 1) throw new Error(`no ${journal} row ${id} to damage`);
     } finally {
@@ -45,6 +46,9 @@ function damageRow(column: { inbox: string; outbox: string }, value: string) {
     return backend;
   };
 }
+
+/** Valid JSON nested far deeper than the journal writes (MAX_STORED_DEPTH): walking it recursively would overflow the stack. */
+const tooDeep = "[".repeat(300_000) + "]".repeat(300_000);
 
 runDurabilityConformance({
   name: "sqlite (SQLiteDurability)",
@@ -65,7 +69,7 @@ runDurabilityConformance({
     await letGo(backend);
     removeDb(files.get(backend)!);
   },
-  damage: damageRow({ inbox: "payload", outbox: "content" }, "{not json"),
+  damage: damageRow({ inbox: ["payload", tooDeep], outbox: ["content", "{not json"] }),
   harness: { describe, test, expect },
   simulatedTime: true,
 });
@@ -95,7 +99,7 @@ runDurabilityConformance({
     await letGo(backend);
     removeDb(files.get(backend)!);
   },
-  damage: damageRow({ inbox: "state", outbox: "state" }, "archived"),
+  damage: damageRow({ inbox: ["state", "archived"], outbox: ["content", tooDeep] }),
   harness: { describe, test, expect },
   simulatedTime: true,
 });

@@ -2,13 +2,13 @@
 // group commit, open/close semantics, schema versions and migrations, query plans, options, bad files, damaged rows.
 import { afterAll, describe, expect, test } from "bun:test";
 import { Database } from "bun:sqlite";
-import { mkdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import { mkdirSync, readdirSync, rmSync, statSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { DamagedRecordError, StaleLeaseError } from "../src/contract.ts";
 import type { ClaimOptions, NewInboundRecord, NewOutboxEntry } from "../src/contract.ts";
 import { SQLITE_SCHEMA_VERSION, SQLiteDurability, SQLiteStore } from "../backends/sqlite/mod.ts";
-import { openSqlite } from "../src/runtime/sqlite.ts";
+import { createdSqlitePath, openSqlite } from "../src/runtime/sqlite.ts";
 
 const dir = join(tmpdir(), `botmesh-sqlite-tests-${crypto.randomUUID()}`);
 mkdirSync(dir, { recursive: true });
@@ -1696,4 +1696,58 @@ describe("sqlite: 1M rows (SQLITE_BENCH=1)", () => {
     await time("inbox.claimDue limit 100 of a 200k pending backlog", () => c.inbox.claimDue({ ...lease("B"), limit: 100 }));
     await c.close();
   }, 600_000);
+});
+
+describe("sqlite: file modes", () => {
+  /** The mode of each file in `where`, as `name 600`. */
+  const modes = (where: string): string[] =>
+    readdirSync(where).sort().map((f) => `${f} ${(statSync(join(where, f)).mode & 0o777).toString(8)}`);
+
+  test("a new journal, its -wal and -shm are 0600, named by a path or by a file: URI of a local path", async () => {
+    const names = [
+      (d: string) => join(d, "bot.db"),
+      (d: string) => `file:${join(d, "bot.db")}?mode=rwc`,
+      (d: string) => `file://localhost${encodeURI(join(d, "bot.db"))}`,
+    ];
+    for (const name of names) {
+      const where = join(dir, `modes-${crypto.randomUUID()}`);
+      mkdirSync(where, { recursive: true });
+      const backend = new SQLiteDurability({ file: name(where) });
+      await backend.open();
+      const store = new SQLiteStore({ file: name(where).replace("bot.db", "store.db") });
+      await store.set("chat:1", { secret: "x" });
+      try {
+        expect(modes(where), name(where)).toEqual(
+          ["bot.db 600", "bot.db-shm 600", "bot.db-wal 600", "store.db 600", "store.db-shm 600", "store.db-wal 600"],
+        );
+      } finally {
+        await backend.close();
+        await store.close();
+      }
+    }
+  });
+
+  test("the file a name creates: a path, the path of a local file: URI; none for a database in memory or opened without creating", () => {
+    expect(createdSqlitePath("/data/bot.db")).toBe("/data/bot.db");
+    expect(createdSqlitePath("data/bot.db")).toBe("data/bot.db");
+    expect(createdSqlitePath("file:/data/bot.db?mode=rwc&cache=shared")).toBe("/data/bot.db");
+    expect(createdSqlitePath("file:///data/my%20bot.db#x")).toBe("/data/my bot.db");
+    expect(createdSqlitePath("file://localhost/data/bot.db")).toBe("/data/bot.db");
+    expect(createdSqlitePath("file:bot.db")).toBe("bot.db");
+    for (const none of [":memory:", "", "file::memory:", "file:/data/bot.db?mode=memory", "file:/data/bot.db?mode=ro", "file://host/data/bot.db", "file:?mode=rwc"]) {
+      expect(createdSqlitePath(none), none).toBeNull();
+    }
+  });
+
+  test("a file: URI of a database in memory creates no file", async () => {
+    const where = join(dir, `modes-${crypto.randomUUID()}`);
+    mkdirSync(where, { recursive: true });
+    const backend = new SQLiteDurability({ file: `file:${join(where, "mem.db")}?mode=memory` });
+    await backend.open();
+    try {
+      expect(modes(where)).toEqual([]);
+    } finally {
+      await backend.close();
+    }
+  });
 });

@@ -34,6 +34,7 @@ import {
 import { checkClaim, checkFinite, checkId, checkNewInbound, checkOutcome, matchesList, normalizeList } from "../../src/rules.ts";
 import { showValue as show } from "../../src/show.ts";
 import { describeJsonKind } from "../../src/stored_records.ts";
+import { MAX_STORED_DEPTH, nestsDeeperThan } from "../../src/content.ts";
 import { KvDurability } from "../kv/durability.ts";
 import {
   BOT_CHANNEL,
@@ -106,6 +107,9 @@ function inboundProblem(event: EventRecord): string | null {
   }
   for (const field of ["chatId", "provider"]) {
     if (typeof p[field] !== "string") return `field "payload.${field}" must be a string, got ${describeJsonKind(p[field])}`;
+  }
+  if (nestsDeeperThan(p.message, MAX_STORED_DEPTH)) {
+    return `field "payload.message" must be a JSON value nested at most ${MAX_STORED_DEPTH} levels deep (MAX_STORED_DEPTH)`;
   }
   return null;
 }

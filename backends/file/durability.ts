@@ -51,6 +51,7 @@ import { claimOpenFile, releaseOpenFile } from "./open_files.ts";
 import { setAsideTornTail } from "./torn_tail.ts";
 import { NEW_FILE_MODE, parseJsonBytes, snapshotFileMode, writeSnapshot } from "./snapshot.ts";
 import { showValue as show } from "../../src/show.ts";
+import { cutDeepNesting, MAX_STORED_DEPTH } from "../../src/content.ts";
 import {
   describeJsonKind as kindOf,
   storedCalled,
@@ -785,7 +786,11 @@ function checkSnapshot(file: string, snap: Record<string, unknown>, now: () => n
   let at: number | undefined;
   const setAside = (journal: "inbox" | "outbox", id: string, problem: string, stored: unknown): void => {
     at ??= now();
-    damaged.push({ journal, id, backend: NAME, problem, setAsideAt: at, reported: false, stored: stored as JsonValue });
+    // Kept as read, except what nests too deep to be written back (JSON.stringify would overflow the stack):
+    // the record's payload or content is one level below it.
+    const { value, cutAt } = cutDeepNesting(stored, MAX_STORED_DEPTH + 1, journal);
+    const kept = cutAt === undefined ? problem : `${problem}; kept cut from ${cutAt} on`;
+    damaged.push({ journal, id, backend: NAME, problem: kept, setAsideAt: at, reported: false, stored: value as JsonValue });
   };
 
   const inbox: InboundRecord[] = [];

@@ -9,7 +9,7 @@ import { showValue as show } from "../../src/show.ts";
 
 /** Options of {@link SQLiteStore} and {@link SQLiteDurability}. */
 export interface SQLiteOptions {
-  /** Path of the database file (created, with its directory, when missing). Required. */
+  /** Path of the database file (created 0600, with its directory, when missing), or a SQLite `file:` URI. Required. */
   file: string;
   /** How long a statement waits for another process's write lock, in ms (default 5000). */
   busyTimeoutMs?: number;

@@ -406,7 +406,7 @@ export class Sweeper {
     try {
       message = timer
         ? { id: record.id, chatId: record.chatId, type: "timeout" }
-        : decodeContent(withoutTrace(record.payload)) as InboundMessage;
+        : decodeContent(withoutTrace(record.payload), "payload") as InboundMessage;
     } catch (error) {
       message = { id: record.id, chatId: record.chatId, type: "unknown" };
       this.#h.report(error, `payload of inbound record "${record.id}"`);

@@ -8,6 +8,7 @@ import type { InboundRecord, InboundState, ListOptions, OutboxEntry, OutboxState
 import { parseDuration } from "../config.ts";
 import { listDamaged } from "../engine.ts";
 import { errorOneLine } from "./console_error.ts";
+import { cutForShow } from "./console_render.ts";
 import { INBOX_MACHINE, OUTBOX_MACHINE } from "../machine.ts";
 import { MAX_MESSAGE_ID_LENGTH, markDeliveredInJournal } from "./mark_delivered.ts";
 import { escapeControls, foldSpaces } from "./terminal_text.ts";
@@ -130,8 +131,11 @@ export const showCommand: CliCommand = {
         journal === "inbox" ? `Inbox record ${JSON.stringify(id)} not found` : `Outbox entry ${JSON.stringify(id)} not found`,
       );
     }
-    if (c.json) return void (await out(c, record));
-    await c.io.stdout(describe(record));
+    const [field, value] = "payload" in record ? ["payload", record.payload] as const : ["content", record.content] as const;
+    const { value: shown, note } = cutForShow(value, field);
+    const cut = { ...record, [field]: shown };
+    if (c.json) return void (await out(c, cut));
+    await c.io.stdout(describe(cut as InboundRecord | OutboxEntry) + (note === "" ? "" : `${note}\n`));
   },
 };
 

@@ -6,6 +6,7 @@
  * @module
  */
 import type { JsonValue } from "../contract.ts";
+import { cutDeepNesting, MAX_STORED_DEPTH } from "../content.ts";
 import { errorParts } from "../errors.ts";
 import { html, SafeHtml } from "./html.ts";
 
@@ -163,18 +164,32 @@ export function timeTag(ms: number | null | undefined, now: number): SafeHtml {
 }
 
 /**
- * `value` as indented JSON, cut at 256 KiB.
+ * A payload or content to print: its objects and arrays nested deeper than {@link MAX_STORED_DEPTH} (which
+ * `JSON.stringify` would overflow the stack on) replaced by `CUT_NESTING_MARK`, with a note naming the
+ * first one cut, or `""` when none was.
  * @param value the payload or content
+ * @param name how the note names the value (`payload`)
+ * @returns the value to print and the note
+ */
+export function cutForShow(value: JsonValue, name: string): { value: JsonValue; note: string } {
+  const { value: kept, cutAt } = cutDeepNesting(value, MAX_STORED_DEPTH, name);
+  return {
+    value: kept as JsonValue,
+    note: cutAt === undefined ? "" : `(${name} cut: nested deeper than ${MAX_STORED_DEPTH} levels, first at ${cutAt})`,
+  };
+}
+
+/**
+ * `value` as indented JSON, cut at 256 KiB and at {@link MAX_STORED_DEPTH} levels (see {@link cutForShow}).
+ * @param value the payload or content
+ * @param name how a note on a cut names the value
  * @returns the text
  */
-export function prettyJson(value: JsonValue): string {
-  let text: string;
-  try {
-    text = JSON.stringify(value, null, 2) ?? "null";
-  } catch {
-    text = String(value);
-  }
-  return text.length > MAX_SHOWN_JSON ? `${text.slice(0, MAX_SHOWN_JSON)}\n… (truncated, ${text.length} characters)` : text;
+export function prettyJson(value: JsonValue, name = "value"): string {
+  const { value: kept, note } = cutForShow(value, name);
+  let text = JSON.stringify(kept, null, 2) ?? "null";
+  text = text.length > MAX_SHOWN_JSON ? `${text.slice(0, MAX_SHOWN_JSON)}\n… (truncated, ${text.length} characters)` : text;
+  return note === "" ? text : `${text}\n${note}`;
 }
 
 /**

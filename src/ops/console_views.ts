@@ -361,7 +361,7 @@ ${field("Received", timeTag(r.receivedAt, at))}${field("Updated", timeTag(r.upda
 <div class="actions">${actionButtons("inbound", r.state, r.id)}<a class="button secondary" href="${
           url("/inbound", { state: r.state })
         }">Back to the list</a></div>
-<h2>Payload</h2><pre>${prettyJson(r.payload)}</pre>`,
+<h2>Payload</h2><pre>${prettyJson(r.payload, "payload")}</pre>`,
       };
     }
     const e = await ops.outboxGet(id);
@@ -386,7 +386,7 @@ ${field("Created", timeTag(e.createdAt, at))}${field("Updated", timeTag(e.update
 <div class="actions">${actionButtons("outbound", e.state, e.key)}<a class="button secondary" href="${
         url("/outbound", { state: e.state })
       }">Back to the list</a></div>
-<h2>Content</h2><pre>${prettyJson(e.content)}</pre>`,
+<h2>Content</h2><pre>${prettyJson(e.content, "content")}</pre>`,
     };
   };
 

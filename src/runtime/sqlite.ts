@@ -84,7 +84,7 @@ type RawStatement = {
   all(...params: unknown[]): unknown[];
 };
 type RawDatabase = { exec(sql: string): unknown; prepare(sql: string): RawStatement; close(): unknown };
-type DatabaseClass = new (file: string, options?: Record<string, unknown>) => RawDatabase;
+type DatabaseClass = new (file: string, options?: Record<string, unknown> | number) => RawDatabase;
 
 /**
  * Refuses a parameter that is not a {@link SqliteValue}, the same way on every
@@ -180,18 +180,52 @@ export async function ensureParentDir(file: string): Promise<void> {
 }
 
 /**
- * Creates `file` empty, readable and writable by its owner only (0600), when
- * it does not exist (`:memory:` and `file:` URIs are left alone): the driver
- * then opens a private file, and SQLite gives the `-wal` and `-shm` files it
- * creates beside it the same mode. Best effort, like {@link ensureParentDir}.
+ * The local file that a database name lets the driver create: the path itself, or the path of a
+ * `file:` URI (`file:/data/bot.db?mode=rwc`, `file:///data/bot.db`, `file:bot.db`, percent-escapes
+ * decoded). `null` when it creates none: `:memory:`, `""` (a temporary database), a URI of an
+ * in-memory database (`file::memory:`, `mode=memory`), one opened without creating (`mode=ro`,
+ * `mode=rw`), or one naming another host.
  *
- * @param file the database path
+ * @param file the database name given to the driver
+ * @returns the path, or `null`
+ */
+export function createdSqlitePath(file: string): string | null {
+  if (file === ":memory:" || file === "") return null;
+  if (!file.startsWith("file:")) return file;
+  let rest = file.slice("file:".length).split("#", 1)[0]!;
+  const query = rest.indexOf("?");
+  const params = new URLSearchParams(query === -1 ? "" : rest.slice(query + 1));
+  if (query !== -1) rest = rest.slice(0, query);
+  if ((params.get("mode") ?? "rwc") !== "rwc") return null;
+  if (rest.startsWith("//")) {
+    const slash = rest.indexOf("/", 2);
+    const authority = rest.slice(2, slash === -1 ? rest.length : slash);
+    if (authority !== "" && authority !== "localhost") return null;
+    rest = slash === -1 ? "" : rest.slice(slash);
+  }
+  let path: string;
+  try {
+    path = decodeURIComponent(rest);
+  } catch {
+    return null; // a bad escape: the driver reports it
+  }
+  return path === "" || path === ":memory:" ? null : path;
+}
+
+/**
+ * Creates the file that opening `file` would create (see {@link createdSqlitePath}) empty,
+ * readable and writable by its owner only (0600), when it does not exist: the driver then
+ * opens a private file, and SQLite gives the `-wal` and `-shm` files it creates beside it
+ * the same mode. Best effort, like {@link ensureParentDir}.
+ *
+ * @param file the database path or `file:` URI
  */
 async function createPrivateFile(file: string): Promise<void> {
-  if (file === ":memory:" || file === "" || file.startsWith("file:")) return;
+  const path = createdSqlitePath(file);
+  if (path === null) return;
   try {
     const { closeSync, openSync } = await import("node:fs");
-    closeSync(openSync(file, "wx", 0o600));
+    closeSync(openSync(path, "wx", 0o600));
   } catch {
     // It exists (its mode is kept), or the open reports why it cannot be created.
   }
@@ -240,7 +274,9 @@ export async function openSqlite(file: string, driver: SqliteDriverName | "auto"
     }
     await ensureParentDir(file);
     await createPrivateFile(file);
-    return wrap(name, new Database(file));
+    // bun:sqlite reads a name as a URI only when asked to (SQLITE_OPEN_READWRITE | CREATE | URI).
+    const raw = name === "bun:sqlite" && file.startsWith("file:") ? new Database(file, 0x02 | 0x04 | 0x40) : new Database(file);
+    return wrap(name, raw);
   }
   const hint = driver === "auto" && runtimeGlobals.Bun === undefined && runtimeGlobals.Deno === undefined
     ? "install better-sqlite3 (npm install better-sqlite3), or run on Node 22.13 or later (node:sqlite; 22.5 with --experimental-sqlite)"
