@@ -7,6 +7,7 @@ import { Redis as Upstash } from "@upstash/redis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
 import { DamagedRecordError, SCAN_ANSWER_KEEP_MS, StaleLeaseError } from "../src/contract.ts";
+import { MAX_STORED_DEPTH } from "../src/content.ts";
 import {
   fromBunRedis,
   fromIoredis,
@@ -342,21 +343,23 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     expect(bad.message).toBe(`inbox.damaged: option "limit" must be a non-negative integer, got -1`);
   });
 
-  test("payload syntax is checked as JSON.parse reads it: lone surrogates and deep nesting are JSON, near misses are not", async () => {
+  test("payload syntax is checked as JSON.parse reads it: lone surrogates and nesting up to MAX_STORED_DEPTH are JSON, near misses and deeper nesting are not", async () => {
     const keyPrefix = prefix();
     const backend = new RedisDurability({ client: client(), keyPrefix });
-    const deep = "[".repeat(3_000) + "]".repeat(3_000);
+    const deep = "[".repeat(MAX_STORED_DEPTH) + "]".repeat(MAX_STORED_DEPTH);
+    const tooDeep = "[".repeat(3_000) + "]".repeat(3_000);
     const samples = [
       `"\\ud800"`, `"\\udc00x\\ud83d\\ude00"`, deep, `{"a":[1,-2.5e-3,{"b":null}],"c":"q\\"\\\\\\/\\b\\f\\n\\r\\t"}`,
       ` \t\r\n1 `, `-0`, `0.0E+00`, `1e999`, `""`, `{}`, `[]`, `true`, `false`, `null`, `"é \u{1F600} \x7f"`,
       `{bad`, ``, ` `, `01`, `1.`, `.5`, `+1`, `-`, `1e`, `1e+`, `NaN`, `Infinity`, `0x10`, `[1,]`, `{"a":1,}`, `{"a" 1}`,
       `{a:1}`, `'a'`, `"\\x"`, `"\\u12"`, `"\\u12g4"`, `"a`, `"a\tb"`, `"a\u0000b"`, `tru`, `nul`, `[1 2]`, `1 2`,
-      `{"a":1}}`, `[`, `]`, `[[]`, `{"a":[}`, `\u00a01`, `\ufeff1`, `"\\`, `{"a":1 "b":2}`, `[,1]`, `{,}`, `truex`,
+      `{"a":1}}`, `[`, `]`, `[[]`, `{"a":[}`, `\u00a01`, `\ufeff1`, `"\\`, `{"a":1 "b":2}`, `[,1]`, `{,}`, `truex`, tooDeep,
     ];
+    // JSON as JSON.parse reads it, nested no deeper than a stored value may be.
     const parses = (text: string) => {
       try {
         JSON.parse(text);
-        return true;
+        return text !== tooDeep;
       } catch {
         return false;
       }
