@@ -87,9 +87,11 @@ function rolledBack(error: unknown): boolean {
  * The first statement of a group's transaction: the server ends a session
  * left idle in it (its client frozen or cut off before COMMIT) after 5 s,
  * releasing its row locks (the transaction rolls back; its writes were not
- * acknowledged).
+ * acknowledged). And no JIT compilation: a due scan's cost estimate grows
+ * with a backlog past `jit_above_cost`, and compiling it took about 1 s
+ * where running it took tens of ms (each scan of a restart's recovery).
  */
-const GROUP_GUARD = "SET LOCAL idle_in_transaction_session_timeout = 5000";
+const GROUP_GUARD = "SELECT set_config('idle_in_transaction_session_timeout', '5000', true), set_config('jit', 'off', true)";
 
 /**
  * Whether the client prepares statements: porsager's `prepare` option (on by default). Off, every
