@@ -12,6 +12,7 @@ import type { DurabilityOptions } from "../../src/config.ts";
 import type { BotEvents, DurabilityControl } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { showValue as show } from "../../src/show.ts";
+import { withoutToken } from "../telegram/redact.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
 import { UpdateAdmission } from "./admission.ts";
 import { sendJournaled } from "./answers.ts";
@@ -129,7 +130,10 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
       start: () => this.start(),
     });
     this.#handleUpdate = bot.handleUpdate as HandleUpdate;
-    this.#runs.route(this.core, (update) => this.#handleUpdate.call(bot, update as unknown as Update));
+    // A call the middleware makes directly throws grammY's own error to it (an HttpError may quote the
+    // URL, the token in it); one the middleware lets through is journaled and reported without the token.
+    const token = bot.token;
+    this.#runs.route(this.core, (update) => withoutToken(token, () => this.#handleUpdate.call(bot, update as unknown as Update)));
     bot.api.config.use(this.#transformer);
     // grammY's handleUpdate from now on: resolves once the update is journaled (or a duplicate).
     bot.handleUpdate = (update, webhookReplyEnvelope) =>

@@ -5,6 +5,7 @@
  * @module
  */
 import type { SendResult } from "../../src/engine.ts";
+import { setOwn } from "../../src/rules.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
 
 /** Methods that look like sends but create no message a user could get twice. */
@@ -81,7 +82,7 @@ function plain(value: unknown): unknown {
   // A grammY Keyboard or InlineKeyboard: what grammY would put on the wire is its JSON.
   if (proto !== Object.prototype && proto !== null) return JSON.parse(JSON.stringify(value));
   const out: Obj = {};
-  for (const [key, item] of Object.entries(value)) if (item !== undefined) out[key] = plain(item);
+  for (const [key, item] of Object.entries(value)) if (item !== undefined) setOwn(out, key, plain(item));
   return out;
 }
 

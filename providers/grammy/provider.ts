@@ -19,6 +19,7 @@ import type {
 import type { RateLimits } from "../../src/rate_limit.ts";
 import { TELEGRAM_RATE_LIMITS } from "../telegram/provider.ts";
 import { showValue as show } from "../../src/show.ts";
+import { redactError } from "../telegram/redact.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
 import { type ApiFailure, isJournaledMethod, messageIdsOf } from "./methods.ts";
 
@@ -53,7 +54,8 @@ export function classifyGrammyError(error: unknown): ErrorClassification {
     };
   }
   if (error.name === "HttpError") {
-    const cause = isObj(error.error) ? error.error : undefined;
+    // grammY keeps the network's error in `error`; a redacted copy (see `redactError`) in `cause`.
+    const cause = isObj(error.error) ? error.error : isObj(error.cause) ? error.cause : undefined;
     const timedOut = /timed out/i.test(String(error.message)) || cause?.name === "TimeoutError";
     return { retryable: true, ...(timedOut ? { maybeDelivered: true } : {}) };
   }
@@ -114,6 +116,9 @@ export class GrammyProvider implements Provider {
   readonly #errors: CallErrors;
   readonly #answers = new BoundedMap<string, unknown>(KEPT_ANSWERS);
   readonly #failures = new BoundedMap<string, ApiFailure>(KEPT_ANSWERS);
+  readonly #token: string;
+  /** How each error `send` threw (a redacted copy) was classified, read from the call's own error. */
+  readonly #classified = new WeakMap<object, ErrorClassification>();
 
   /**
    * @param token the bot's token
@@ -129,6 +134,7 @@ export class GrammyProvider implements Provider {
     const match = /^(\d+):/.exec(typeof token === "string" ? token : "");
     if (match === null) throw new TypeError(`The grammY bot's token must look like "<bot id>:<secret>", got ${show(typeof token === "string" ? `${token.slice(0, 12)}…` : token)}`);
     this.connectionId = match[1]!;
+    this.#token = token;
     this.seal = new MediaSeal({ provider: this.name, key: `botmesh/telegram-media/v1/${token}` });
     this.#call = call;
   }
@@ -170,7 +176,9 @@ export class GrammyProvider implements Provider {
    * @param content `{ method, ...payload }`, or a text
    * @param context the outbox key and the abort signal
    * @returns the message id(s), comma-separated
-   * @throws what grammY threw (`GrammyError`, `HttpError`)
+   * @throws a copy of what the call threw (`GrammyError`, `HttpError`, Telegraf's `TelegramError`,
+   *   `FetchError`) without the token: of the same `name`, message, stack and causes redacted (see
+   *   `redactError`); the outbox journals its message. It is classified as the call's own error was.
    */
   async send(chatId: string, content: OutboundContent, context: SendContext): Promise<SendReceipt> {
     const { method, ...payload } = typeof content === "string" ? { method: "sendMessage", text: content } : content;
@@ -187,7 +195,15 @@ export class GrammyProvider implements Provider {
     } catch (error) {
       const failure = this.#errors.failureOf(error);
       if (failure !== undefined) this.#failures.set(context.idempotencyKey, failure);
-      throw error;
+      // Its message may quote the URL, and the URL holds the token (node-fetch's FetchError, a
+      // grammY HttpError's cause): what the outbox journals, the events and the logs show is a copy.
+      const safe = redactError(error, this.#token);
+      try {
+        this.#classified.set(safe, this.#classify(error));
+      } catch {
+        // A classifier that throws is the outbox's to handle: it classifies the copy then.
+      }
+      throw safe;
     }
     this.#answers.set(context.idempotencyKey, result);
     this.#failures.delete(context.idempotencyKey);
@@ -201,6 +217,10 @@ export class GrammyProvider implements Provider {
    * @returns the classification
    */
   classifyError(error: unknown): ErrorClassification {
+    return (isObj(error) || error instanceof Error ? this.#classified.get(error) : undefined) ?? this.#classify(error);
+  }
+
+  #classify(error: unknown): ErrorClassification {
     return this.#errors.classify(error);
   }
 

@@ -14,8 +14,10 @@ import type { Clock } from "../../src/clock.ts";
 import type { DurabilityOptions } from "../../src/config.ts";
 import type { BotEvents, DurabilityControl } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
+import { setOwn } from "../../src/rules.ts";
 import { showValue as show } from "../../src/show.ts";
 import type { SessionStore } from "../../src/store.ts";
+import { withoutToken } from "../telegram/redact.ts";
 import { isObj, type Obj } from "../telegram/values.ts";
 import { UpdateAdmission } from "../grammy/admission.ts";
 import { sendJournaled } from "../grammy/answers.ts";
@@ -115,7 +117,7 @@ function withBuffers(value: unknown): unknown {
     if (Array.isArray(v)) return v.map(walk);
     if (!isObj(v) || (Object.getPrototypeOf(v) !== Object.prototype && Object.getPrototypeOf(v) !== null)) return v;
     const out: Obj = {};
-    for (const [key, item] of Object.entries(v)) out[key] = walk(item);
+    for (const [key, item] of Object.entries(v)) setOwn(out, key, walk(item));
     return out;
   };
   return walk(value);
@@ -200,7 +202,10 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
       stopped: () => this.#stopped,
       start: () => this.start(),
     });
-    this.#runs.route(this.core, (update) => this.#handle(update));
+    // A call the middleware makes directly throws Telegraf's own error to it (node-fetch's FetchError
+    // quotes the URL, the token in it); one the middleware lets through is journaled and reported
+    // without the token.
+    this.#runs.route(this.core, (update) => withoutToken(token, () => this.#handle(update)));
     this.#journal(b.telegram);
     // Telegraf's handleUpdate from now on: resolves once the update is journaled (or a duplicate).
     b.handleUpdate = (update, webhookResponse) => this.#admission.track(this.#admit(update, webhookResponse));

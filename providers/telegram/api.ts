@@ -7,6 +7,7 @@
  */
 import { isRetryableStatus, ProviderError } from "../../src/errors.ts";
 import { showValue as show } from "../../src/show.ts";
+import { redactError, redactToken } from "./redact.ts";
 import { asError, isObj } from "./values.ts";
 
 /** A Bot API method name: `getMe`, `sendMessage`, … */
@@ -134,28 +135,25 @@ export class BotApi {
   }
 
   /**
-   * A text without the token.
+   * A text without the token (see `redactToken`: also its percent-encoded form, and any `bot<id>:<secret>`).
    *
    * @param text a message or a body that may quote the URL
    * @returns the text with `<token>` in place of the token
    */
   redact(text: string): string {
-    return text.replaceAll(this.#token, "<token>");
+    return redactToken(text, this.#token);
   }
 
   /**
    * A `fetch` error without what could carry the token (the URL holds it: a
-   * runtime may keep it in a `path` or `url` property): name and redacted
-   * message only.
+   * runtime may keep it in a `path` or `url` property): see `redactError` (name,
+   * redacted message, stack and causes, no other property).
    *
    * @param error what `fetch` threw
    * @returns an error safe to keep as a `cause`
    */
   safe(error: unknown): Error {
-    const e = asError(error);
-    const safe = new Error(this.redact(e.message));
-    safe.name = e.name;
-    return safe;
+    return redactError(error, this.#token);
   }
 }
 
