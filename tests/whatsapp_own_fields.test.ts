@@ -67,7 +67,7 @@ describe("message types named like Object.prototype members", () => {
   test(`type "constructor" with a "constructor" field: the field is kept in extra`, () => {
     const raw = JSON.parse(`{"id":"wamid.x","from":"16505551234","type":"constructor","constructor":{"a":1}}`);
     const { message } = parseMessage(raw, "p", new Map());
-    expect((message.extra as Record<string, unknown>).constructor).toEqual({ a: 1 });
+    expect(Object.getOwnPropertyDescriptor(message.extra, "constructor")?.value).toEqual({ a: 1 });
   });
 
   test("an interactive reply whose type names an Object.prototype member keeps no inherited function", () => {
