@@ -15,7 +15,7 @@
  */
 import { checkKnownOptions } from "../options.ts";
 import { errorLogText, errorText } from "../errors.ts";
-import { type ConsoleAuth, type ConsoleIdentity, CsrfTokens, encoder } from "./console_auth.ts";
+import { type ConsoleAuth, type ConsoleIdentity, CsrfTokens, encoder, SignInLimitedError } from "./console_auth.ts";
 import { BULK, bulkConfirm, type BulkContext, bulkNotice, bulkPerform } from "./console_bulk.ts";
 import { type Journal, param } from "./console_list.ts";
 import { BackendUnavailableError, type ConsoleTarget, opsOf } from "./console_ops.ts";
@@ -25,7 +25,7 @@ import { ACTIONS, type Page, type ViewContext, views } from "./console_views.ts"
 import { html, SafeHtml } from "./html.ts";
 import { readCapped, ReadTimeoutError } from "../read_capped.ts";
 
-export { basicAuth, type BasicAuthOptions, type ConsoleAuth, type ConsoleIdentity } from "./console_auth.ts";
+export { basicAuth, type BasicAuthOptions, type ConsoleAuth, type ConsoleIdentity, SignInLimitedError } from "./console_auth.ts";
 export { type ConsoleBot, type ConsoleTarget } from "./console_ops.ts";
 export { nodeHandler, type NodeHandlerOptions, type NodeRequestLike, type NodeResponseLike } from "./node_handler.ts";
 
@@ -293,6 +293,10 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
       try {
         identity = await auth(request);
       } catch (error) {
+        if (error instanceof SignInLimitedError) {
+          const seconds = Math.max(1, Math.ceil(error.retryAfterMs / 1000));
+          throw new HttpError(429, `Too many failed sign-ins: try again in ${seconds} s.`, { "retry-after": String(seconds) });
+        }
         report(error);
         throw new HttpError(500, "Authentication failed with an error");
       }
