@@ -34,6 +34,7 @@ export {
   type NodeHandlerOptions,
   type NodeRequestLike,
   type NodeResponseLike,
+  SignInLimitedError,
 } from "./src/ops/console.ts";
 export {
   countRecords,

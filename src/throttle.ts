@@ -27,6 +27,8 @@ interface Waiter {
 const RECHECK_MS = 250;
 /** A failing limiter is reported at most this often (the first failure at once). */
 const REPORT_EVERY_MS = 60_000;
+/** The most buckets known empty that are remembered (a hint forgotten costs one take, nothing more). */
+export const MAX_EMPTY_HINTS = 10_000;
 
 /** The outbox's rate limits of one engine: the buckets of a send, and the line in front of the limiter. */
 export class Throttle {
@@ -38,6 +40,8 @@ export class Throttle {
   #line: Waiter[] = [];
   /** Buckets known empty until this monotonic time (hints from the limiter's answers and pauses). */
   #emptyUntil = new Map<string, number>();
+  /** The size at which the next new hint first drops the expired ones (amortized: twice the size left). */
+  #pruneAt = 64;
   #pumping = false;
   #timer: ClockTimer | undefined;
   #wakeAt = Infinity;
@@ -145,8 +149,29 @@ export class Throttle {
     for (const waiter of this.#line.splice(0)) waiter.resolve(false);
   }
 
+  /** Buckets known empty remembered now (at most {@link MAX_EMPTY_HINTS}). */
+  get emptyHints(): number {
+    return this.#emptyUntil.size;
+  }
+
   #hint(key: string, until: number): void {
-    if ((this.#emptyUntil.get(key) ?? -Infinity) < until) this.#emptyUntil.set(key, until);
+    const known = this.#emptyUntil.get(key);
+    if (known !== undefined) {
+      if (known < until) this.#emptyUntil.set(key, until);
+      return;
+    }
+    // A new bucket (every chat has its own: their ids are the senders' to choose): the hints of
+    // buckets no one asked about again since they refilled go first, and past the bound the oldest.
+    if (this.#emptyUntil.size >= this.#pruneAt) {
+      const now = this.#clock.monotonic();
+      for (const [old, at] of this.#emptyUntil) if (at <= now) this.#emptyUntil.delete(old);
+      this.#pruneAt = Math.max(64, 2 * this.#emptyUntil.size);
+    }
+    for (const old of this.#emptyUntil.keys()) {
+      if (this.#emptyUntil.size < MAX_EMPTY_HINTS) break;
+      this.#emptyUntil.delete(old);
+    }
+    this.#emptyUntil.set(key, until);
   }
 
   #knownEmpty(buckets: readonly RateBucket[], now: number): number {

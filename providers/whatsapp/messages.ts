@@ -7,6 +7,7 @@
 import type { JsonValue } from "../../src/contract.ts";
 import type { MediaSeal } from "../../src/media.ts";
 import type { InboundMessage, Interaction } from "../../src/provider.ts";
+import { setOwn } from "../../src/rules.ts";
 import { jsonText, sha256Hex } from "../../src/sha256_hex.ts";
 import { GROUP_PREFIX, MAX_PREFIXED_ID, USER_PREFIX } from "./chat_ids.ts";
 import { MEDIA_TYPES } from "./media.ts";
@@ -27,6 +28,16 @@ export type MessageEntry = { parsed: ParsedMessage } | {
   received: unknown;
   error: WhatsAppPayloadError;
 };
+
+/**
+ * The field `key` of an object from the payload, when it is the object's own:
+ * a key the sender names (a message's `type`, an interactive reply's `type`)
+ * never reads a member of `Object.prototype` (`constructor`, `toString`,
+ * `__proto__`, …).
+ */
+function ownField(object: Record<string, unknown>, key: string): unknown {
+  return Object.hasOwn(object, key) ? object[key] : undefined;
+}
 
 /** What the `contacts` array of a change says about each sender, by phone number and by user id. */
 export interface ContactInfo {
@@ -130,7 +141,7 @@ export function parseMessage(raw: unknown, path: string, contacts: Map<string, C
   if (sender.from !== undefined) message.from = sender.from;
   if (timestamp !== undefined) message.timestamp = timestamp;
   let media: ParsedMessage["media"];
-  const body = raw[type];
+  const body = ownField(raw, type);
 
   if (type === "text") {
     if (!isObject(body) || typeof body.body !== "string") {
@@ -153,12 +164,12 @@ export function parseMessage(raw: unknown, path: string, contacts: Map<string, C
     for (const key of ["mime_type", "filename", "voice", "animated"]) {
       if (body[key] !== undefined) info[key] = body[key] as JsonValue;
     }
-    extra[type] = info;
+    setOwn(extra, type, info);
   } else if (type === "interactive") {
     if (!isObject(body) || typeof body.type !== "string") {
       throw new WhatsAppPayloadError(path, "interactive.type", `field "interactive.type" must be a string, got ${brief(isObject(body) ? body.type : body)}`);
     }
-    const reply = body[body.type];
+    const reply = ownField(body, body.type);
     let interaction: Interaction;
     if (body.type === "button_reply" || body.type === "list_reply") {
       if (!isObject(reply) || typeof reply.id !== "string" || reply.id === "") {
@@ -208,7 +219,9 @@ export function parseMessage(raw: unknown, path: string, contacts: Map<string, C
       const label = [body.name, body.address].filter((s) => typeof s === "string" && s !== "").join(", ");
       if (label !== "") message.text = label;
     }
-    if (body !== undefined) extra[type] = body as JsonValue;
+    // A type naming a member of Object.prototype with no such field reads as null, not as the member.
+    if (body !== undefined) setOwn(extra, type, body as JsonValue);
+    else if (type in extra) setOwn(extra, type, null);
   }
   message.extra = extra;
   return media === undefined ? { message } : { message, media };

@@ -15,7 +15,7 @@
  */
 import { checkKnownOptions } from "../options.ts";
 import { errorLogText, errorText } from "../errors.ts";
-import { type ConsoleAuth, type ConsoleIdentity, CsrfTokens, encoder } from "./console_auth.ts";
+import { type ConsoleAuth, type ConsoleIdentity, CsrfTokens, encoder, SignInLimitedError } from "./console_auth.ts";
 import { BULK, bulkConfirm, type BulkContext, bulkNotice, bulkPerform } from "./console_bulk.ts";
 import { type Journal, param } from "./console_list.ts";
 import { BackendUnavailableError, type ConsoleTarget, opsOf } from "./console_ops.ts";
@@ -23,8 +23,9 @@ import { MAX_MESSAGE_ID_LENGTH } from "./mark_delivered.ts";
 import { HttpError, isObject, respond, STATUS_TEXT, STYLE } from "./console_render.ts";
 import { ACTIONS, type Page, type ViewContext, views } from "./console_views.ts";
 import { html, SafeHtml } from "./html.ts";
+import { readCapped, ReadTimeoutError } from "../read_capped.ts";
 
-export { basicAuth, type BasicAuthOptions, type ConsoleAuth, type ConsoleIdentity } from "./console_auth.ts";
+export { basicAuth, type BasicAuthOptions, type ConsoleAuth, type ConsoleIdentity, SignInLimitedError } from "./console_auth.ts";
 export { type ConsoleBot, type ConsoleTarget } from "./console_ops.ts";
 export { nodeHandler, type NodeHandlerOptions, type NodeRequestLike, type NodeResponseLike } from "./node_handler.ts";
 
@@ -49,6 +50,8 @@ export interface DurabilityConsoleOptions {
   countCap?: number;
   /** How long a confirmation page's token stays valid, in ms (default 1 hour, 1 s…24 h). */
   tokenMaxAgeMs?: number;
+  /** How long reading a form body may take, in ms (default 10 s, 1 ms…10 min); a slower body is answered 408. */
+  bodyTimeoutMs?: number;
   /**
    * For a bare backend: open it (`backend.open()`) before the first request
    * is served (default `true`; backends count their opens, so one opened
@@ -72,7 +75,7 @@ export type ConsoleHandler = ((request: Request) => Promise<Response>) & {
 
 const MAX_FORM_BYTES = 16 * 1024;
 
-async function readForm(request: Request): Promise<URLSearchParams> {
+async function readForm(request: Request, bodyTimeoutMs: number): Promise<URLSearchParams> {
   const site = request.headers.get("sec-fetch-site");
   if (site !== null && site !== "same-origin") {
     throw new HttpError(403, `Cross-site form posts are refused (Sec-Fetch-Site: ${site})`);
@@ -83,9 +86,16 @@ async function readForm(request: Request): Promise<URLSearchParams> {
   }
   const declared = Number(request.headers.get("content-length") ?? "0");
   if (declared > MAX_FORM_BYTES) throw new HttpError(413, `The form is larger than ${MAX_FORM_BYTES} bytes`);
-  const text = await request.text();
-  if (text.length > MAX_FORM_BYTES) throw new HttpError(413, `The form is larger than ${MAX_FORM_BYTES} bytes`);
-  return new URLSearchParams(text);
+  let bytes: Uint8Array | null;
+  try {
+    // Read up to the limit only: a body without Content-Length (chunked) is cut there, and a slow one at the deadline.
+    bytes = await readCapped(request.body, MAX_FORM_BYTES, { timeoutMs: bodyTimeoutMs });
+  } catch (error) {
+    if (error instanceof ReadTimeoutError) throw new HttpError(408, `The form did not arrive within ${bodyTimeoutMs} ms`);
+    throw new HttpError(400, `The form could not be read: ${errorText(error)}`);
+  }
+  if (bytes === null) throw new HttpError(413, `The form is larger than ${MAX_FORM_BYTES} bytes`);
+  return new URLSearchParams(new TextDecoder().decode(bytes));
 }
 
 /**
@@ -109,11 +119,11 @@ async function readForm(request: Request): Promise<URLSearchParams> {
  *
  * @param target a `Bot` with durability (actions go through `bot.durability`,
  *   so metrics stay right and the worker wakes at once) or a bare `DurabilityBackend`
- * @param options `auth` (required), `basePath`, `csrfSecret`, `title`, `countCap`, `tokenMaxAgeMs`, `openBackend`, `onError`
+ * @param options `auth` (required), `basePath`, `csrfSecret`, `title`, `countCap`, `tokenMaxAgeMs`, `bodyTimeoutMs`, `openBackend`, `onError`
  * @returns the handler, for `Bun.serve({ fetch })`, `Deno.serve(handler)` or {@link nodeHandler}
  * @throws {TypeError} when `target` is neither a bot with durability nor a backend,
  *   `options.auth` is missing or not a function, or an option has the wrong type
- * @throws {RangeError} when `csrfSecret` is shorter than 16 bytes, or `countCap`/`tokenMaxAgeMs` is out of range
+ * @throws {RangeError} when `csrfSecret` is shorter than 16 bytes, or `countCap`/`tokenMaxAgeMs`/`bodyTimeoutMs` is out of range
  * @example
  * ```ts ignore
  * import { basicAuth, durabilityConsole } from "@botmesh/durable/ops";
@@ -125,7 +135,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
   if (!isObject(options)) {
     throw new TypeError(`Argument "options" is required: durabilityConsole(target, { auth }) — "auth" must be given`);
   }
-  checkKnownOptions(options, ["basePath", "auth", "csrfSecret", "title", "countCap", "tokenMaxAgeMs", "openBackend", "onError"]);
+  checkKnownOptions(options, ["basePath", "auth", "csrfSecret", "title", "countCap", "tokenMaxAgeMs", "bodyTimeoutMs", "openBackend", "onError"]);
   if (options.auth === undefined || options.auth === null) {
     throw new TypeError(
       `Option "auth" is required: a function (request) => { user } | null (for example basicAuth(user, password)); the console allows no anonymous access`,
@@ -163,6 +173,10 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
   const tokenMaxAgeMs = options.tokenMaxAgeMs ?? 3_600_000;
   if (!Number.isInteger(tokenMaxAgeMs) || tokenMaxAgeMs < 1000 || tokenMaxAgeMs > 86_400_000) {
     throw new RangeError(`Option "tokenMaxAgeMs" must be an integer from 1000 to 86400000, got ${String(tokenMaxAgeMs)}`);
+  }
+  const bodyTimeoutMs = options.bodyTimeoutMs ?? 10_000;
+  if (!Number.isInteger(bodyTimeoutMs) || bodyTimeoutMs < 1 || bodyTimeoutMs > 600_000) {
+    throw new RangeError(`Option "bodyTimeoutMs" must be an integer from 1 to 600000, got ${String(bodyTimeoutMs)}`);
   }
   let secret: Uint8Array<ArrayBuffer>;
   if (options.csrfSecret === undefined) {
@@ -216,7 +230,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
 
   const performAction = async (path: string, request: Request, query: URLSearchParams, user: string): Promise<Response> => {
     const spec = ACTIONS[path]!;
-    const form = await readForm(request);
+    const form = await readForm(request, bodyTimeoutMs);
     const id = param(query, "id");
     if (id === null || id === "") throw new HttpError(400, `Parameter "id" is required`);
     const problem = await csrf.check(form.get("csrf"), user, path, id);
@@ -279,6 +293,10 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
       try {
         identity = await auth(request);
       } catch (error) {
+        if (error instanceof SignInLimitedError) {
+          const seconds = Math.max(1, Math.ceil(error.retryAfterMs / 1000));
+          throw new HttpError(429, `Too many failed sign-ins: try again in ${seconds} s.`, { "retry-after": String(seconds) });
+        }
         report(error);
         throw new HttpError(500, "Authentication failed with an error");
       }
@@ -310,7 +328,7 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
         if (method !== "GET" && method !== "HEAD") throw new HttpError(405, `Method ${method} is not allowed here`, { allow: "GET, HEAD, POST" });
         page = await v.confirm(view, query, user);
       } else if (Object.hasOwn(BULK, view)) {
-        if (method === "POST") return respond(303, null, { location: await bulkPerform(ctx, view, query, await readForm(request), user) });
+        if (method === "POST") return respond(303, null, { location: await bulkPerform(ctx, view, query, await readForm(request, bodyTimeoutMs), user) });
         if (method !== "GET" && method !== "HEAD") throw new HttpError(405, `Method ${method} is not allowed here`, { allow: "GET, HEAD, POST" });
         page = await bulkConfirm(ctx, view, query, user);
       } else {

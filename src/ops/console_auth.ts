@@ -5,6 +5,8 @@
  *
  * @module
  */
+import { BoundedMap } from "../bounded_map.ts";
+import { checkClock, type Clock, systemClock } from "../clock.ts";
 
 /** Who is using the console, as established by {@link ConsoleAuth}. */
 export interface ConsoleIdentity {
@@ -49,23 +51,63 @@ async function sha256(text: string): Promise<Uint8Array> {
 // ---------------------------------------------------------------------------
 // Basic auth
 
+/**
+ * Thrown by {@link basicAuth}'s function while a client may not try to sign in
+ * (too many failed attempts): the console answers 429 with `Retry-After`.
+ */
+export class SignInLimitedError extends Error {
+  /** How long until the client may try again, in ms. */
+  readonly retryAfterMs: number;
+  /**
+   * @param retryAfterMs how long until the client may try again, in ms
+   */
+  constructor(retryAfterMs: number) {
+    super(`Too many failed sign-ins: try again in ${Math.ceil(retryAfterMs / 1000)} s`);
+    this.name = "SignInLimitedError";
+    this.retryAfterMs = retryAfterMs;
+  }
+}
+
+/** The most clients whose failed sign-ins are counted at once (the oldest are forgotten past it). */
+const MAX_SIGN_IN_CLIENTS = 10_000;
+
 /** Options of {@link basicAuth}. */
 export interface BasicAuthOptions {
   /** The realm shown by the browser (default `"Durability console"`). */
   realm?: string;
+  /**
+   * Failed sign-ins a client may make within `failureWindowMs` (default 10, 1…1000); past them
+   * every attempt, right or wrong, is refused (429) until the window ends. A sign-in that succeeds
+   * clears the client's count.
+   */
+  maxFailures?: number;
+  /** The window of `maxFailures`, from a client's first failure, in ms (default 15 minutes, 1 s…24 h). */
+  failureWindowMs?: number;
+  /**
+   * Which client a request comes from, e.g. the remote address your server reports. Default (or
+   * when it gives `null`): the user name tried, the right one or any other (so the operator's
+   * account is held back while someone guesses its password).
+   */
+  clientKey?: (request: Request) => string | null | undefined;
+  /** The clock of the window (default the system's). */
+  clock?: Clock;
 }
 
 /**
  * HTTP Basic authentication for one operator account, for {@link durabilityConsole}'s
  * `auth`. Credentials are compared in constant time (SHA-256 digests of both
  * sides); a refused request gets `WWW-Authenticate: Basic realm="…", charset="UTF-8"`.
+ * After `maxFailures` failed sign-ins of one client (by default: of the user name
+ * tried) within `failureWindowMs`, its attempts are refused with 429 and `Retry-After`
+ * until the window ends ({@link SignInLimitedError}).
  * Use it only over HTTPS (or on localhost): Basic credentials are not encrypted.
  *
  * @param user the expected user name (non-empty, no `:`)
  * @param password the expected password (non-empty)
- * @param options `realm`
+ * @param options `realm`, `maxFailures`, `failureWindowMs`, `clientKey`, `clock`
  * @returns an auth function whose identity is `{ user }`
- * @throws {TypeError} when `user` or `password` is not a non-empty string, or `user` contains `:`
+ * @throws {TypeError} when `user` or `password` is not a non-empty string, or `user` contains `:`, or an option has the wrong type
+ * @throws {RangeError} when `maxFailures` or `failureWindowMs` is out of range
  * @example
  * ```ts
  * import { Bot, MemoryDurability } from "@botmesh/durable";
@@ -86,6 +128,21 @@ export function basicAuth(user: string, password: string, options: BasicAuthOpti
   if (typeof realm !== "string" || /["\\\r\n]/.test(realm)) {
     throw new TypeError(`Option "realm" must be a string without quotes, backslashes or line breaks`);
   }
+  const maxFailures = options.maxFailures ?? 10;
+  if (!Number.isInteger(maxFailures) || maxFailures < 1 || maxFailures > 1000) {
+    throw new RangeError(`Option "maxFailures" must be an integer from 1 to 1000, got ${String(maxFailures)}`);
+  }
+  const failureWindowMs = options.failureWindowMs ?? 900_000;
+  if (!Number.isInteger(failureWindowMs) || failureWindowMs < 1000 || failureWindowMs > 86_400_000) {
+    throw new RangeError(`Option "failureWindowMs" must be an integer from 1000 to 86400000, got ${String(failureWindowMs)}`);
+  }
+  const clientKey = options.clientKey;
+  if (clientKey !== undefined && typeof clientKey !== "function") {
+    throw new TypeError(`Option "clientKey" must be a function (request) => string | null, got ${typeof clientKey}`);
+  }
+  const clock = options.clock === undefined ? systemClock : checkClock(options.clock, "clock");
+  /** Failed sign-ins per client: how many, since when. */
+  const failures = new BoundedMap<string, { count: number; since: number }>(MAX_SIGN_IN_CLIENTS);
   const expected = Promise.all([sha256(`u:${user}`), sha256(`p:${password}`)]);
   const check = async (request: Request): Promise<ConsoleIdentity | null> => {
     const header = request.headers.get("authorization");
@@ -108,7 +165,23 @@ export function basicAuth(user: string, password: string, options: BasicAuthOpti
     // Both comparisons always run (no short circuit).
     const userOk = constantTimeEqual(wantUser, gotUser);
     const passwordOk = constantTimeEqual(wantPassword, gotPassword);
-    return userOk && passwordOk ? { user } : null;
+    // Every wrong user name counts under one key: guesses with it cannot succeed, and they must not push
+    // the operator's count out of the map.
+    const key = clientKey?.(request) ?? (userOk ? "user:" : "other users:");
+    const now = clock.now();
+    let failed = failures.get(key);
+    if (failed !== undefined && now - failed.since >= failureWindowMs) {
+      failures.delete(key);
+      failed = undefined;
+    }
+    if (failed !== undefined && failed.count >= maxFailures) throw new SignInLimitedError(failed.since + failureWindowMs - now);
+    if (userOk && passwordOk) {
+      failures.delete(key);
+      return { user };
+    }
+    if (failed === undefined) failures.set(key, { count: 1, since: now });
+    else failed.count++;
+    return null;
   };
   return Object.assign(check, { challenge: `Basic realm="${realm}", charset="UTF-8"` });
 }

@@ -60,9 +60,11 @@ export const STATUS_TEXT: Record<number, string> = {
   403: "Forbidden",
   404: "Not found",
   405: "Method not allowed",
+  408: "Request timeout",
   409: "Conflict",
   413: "Request too large",
   415: "Unsupported media type",
+  429: "Too many requests",
   500: "Internal error",
   503: "Backend unavailable",
 };
