@@ -1,11 +1,25 @@
 import { afterEach, describe, expect, spyOn, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmdirSync, rmSync, statSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  utimesSync,
+  writeFileSync,
+} from "node:fs";
 import { hostname, tmpdir } from "node:os";
 import { join } from "node:path";
 import { FileCorruptError, FileEventJournal, FileLockedError, simulateCrash } from "../backends/events/file_journal.ts";
 import { SharedFileEventJournal } from "../backends/events/shared_journal.ts";
 import { serializeEventSnapshot } from "../backends/events/snapshot.ts";
 import { FileMutex } from "../backends/file/mutex.ts";
+import { snapshotWriteTestHooks } from "../backends/file/snapshot.ts";
 import { type ClaimOptions, type NewOutboxEntry, StaleLeaseError } from "../src/contract.ts";
 import { MemoryEventJournal } from "../backends/events/memory_journal.ts";
 import { BOT_CHANNEL, type NewEventRecord } from "../src/events/types.ts";
@@ -14,6 +28,7 @@ const dirs: string[] = [];
 const opened: FileEventJournal[] = [];
 
 afterEach(async () => {
+  snapshotWriteTestHooks.beforeWrite = undefined;
   for (const j of opened.splice(0)) if (!j.closed) await j.close().catch(() => {});
   for (const dir of dirs.splice(0)) rmSync(dir, { recursive: true, force: true });
 });
@@ -26,6 +41,21 @@ function tempDir(): string {
 
 function freshPath(): string {
   return join(tempDir(), "events.json");
+}
+
+/** Makes every snapshot write fail with ENOSPC (as a full disk) until the returned function is called. */
+function failWrites(): () => void {
+  snapshotWriteTestHooks.beforeWrite = () => {
+    throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+  };
+  return () => {
+    snapshotWriteTestHooks.beforeWrite = undefined;
+  };
+}
+
+/** The temporary files beside `path` (`<path>.tmp`, `<path>.<random>.tmp`). */
+function temps(path: string): string[] {
+  return readdirSync(join(path, "..")).filter((name) => name.endsWith(".tmp"));
 }
 
 async function openAt(path: string, options: Partial<Parameters<typeof FileEventJournal.open>[1]> = {}) {
@@ -351,7 +381,7 @@ describe("group commit and durability", () => {
     const j = await openAt(path, { fsync: false });
     await j.append(ev("e1"));
     expect(onDisk(path).events.map((e) => e.id)).toEqual(["e1"]);
-    expect(existsSync(`${path}.tmp`)).toBe(false);
+    expect(temps(path)).toEqual([]);
   });
 });
 
@@ -361,7 +391,7 @@ describe("a failed rewrite", () => {
     const j = await openAt(path);
     const head = (await j.outbox.reserve(send("k0"), A)).entry;
     await j.append(ev("e0"));
-    mkdirSync(`${path}.tmp`); // the next rewrite fails (EISDIR), as ENOSPC or EACCES would
+    const healed = failWrites(); // the next rewrite fails, as on a full disk
     const first = j.append(ev("e1"));
     await Promise.resolve();
     const later = [j.append(ev("e2")), j.outbox.markSent("k0", head.lease!.token, "mid"), j.outbox.reserve(send("k1"))];
@@ -370,7 +400,7 @@ describe("a failed rewrite", () => {
     const error = (results[0] as PromiseRejectedResult).reason as Error;
     expect(error.message).toContain(`FileEventJournal could not write ${path}`);
     expect(j.stats.failedRewrites).toBe(1);
-    rmdirSync(`${path}.tmp`);
+    healed();
     expect((await j.list()).map((e) => e.id)).toEqual(["e0"]);
     expect((await j.outbox.list()).map((e) => [e.key, e.state])).toEqual([["k0", "sending"]]);
     await j.outbox.markSent("k0", head.lease!.token, "mid"); // the lease on disk still works
@@ -457,10 +487,41 @@ describe("restart from disk", () => {
     const j = await openAt(path);
     await j.append(ev("e1"));
     await j.close();
-    writeFileSync(`${path}.tmp`, '{"format":"@botmesh/durable/events","ver');
+    writeFileSync(`${path}.tmp`, '{"format":"@botmesh/durable/events","ver'); // as earlier versions named it
+    const leftover = `${path}.${crypto.randomUUID()}.tmp`;
+    writeFileSync(leftover, '{"format":"@botmesh/durable/events","ver'); // however young: the lock is ours
     const k = await openAt(path);
     expect((await k.list()).map((e) => e.id)).toEqual(["e1"]);
-    expect(existsSync(`${path}.tmp`)).toBe(false);
+    expect(temps(path)).toEqual([]);
+    await k.close();
+    // Without the lock (another process may be writing): only one older than staleLockMs is removed.
+    const young = `${path}.${crypto.randomUUID()}.tmp`;
+    const old = `${path}.${crypto.randomUUID()}.tmp`;
+    writeFileSync(young, "x");
+    writeFileSync(old, "x");
+    const hourAgo = new Date(Date.now() - 3_600_000);
+    utimesSync(old, hourAgo, hourAgo);
+    const unlocked = await openAt(path, { lock: false });
+    await unlocked.close();
+    expect(existsSync(young)).toBe(true);
+    expect(existsSync(old)).toBe(false);
+  });
+
+  test("a symlink planted at <path>.tmp after open is never written through nor chmod'ed", async () => {
+    const path = freshPath();
+    const victim = join(path, "..", "victim");
+    writeFileSync(victim, "root:x:0:0:root:/root:/bin/bash\n");
+    chmodSync(victim, 0o644);
+    const j = await openAt(path);
+    await j.append(ev("e0"));
+    symlinkSync(victim, `${path}.tmp`);
+    await j.append({ ...ev("e1"), payload: { card: "4111 1111 1111 1111" } });
+    await j.close();
+    expect(readFileSync(victim, "utf8")).toBe("root:x:0:0:root:/root:/bin/bash\n");
+    expect(statSync(victim).mode & 0o777).toBe(0o644);
+    expect(lstatSync(path).isSymbolicLink()).toBe(false);
+    expect(onDisk(path).events.map((e) => e.id)).toEqual(["e0", "e1"]);
+    expect(temps(path), "only the planted link").toEqual(["events.json.tmp"]);
   });
 });
 
@@ -850,11 +911,11 @@ describe("close()", () => {
     const path = freshPath();
     const j = await openAt(path);
     await j.append(ev("e1"));
-    mkdirSync(`${path}.tmp`);
+    const healed = failWrites();
     const pending = rejection(j.append(ev("e2")));
     await j.close(); // nothing is left unwritten: the state was reloaded from the file
     expect((await pending).message).toContain(`FileEventJournal could not write ${path}`);
-    rmdirSync(`${path}.tmp`);
+    healed();
     expect(existsSync(`${path}.lock`)).toBe(false);
     const k = await openAt(path);
     expect((await k.list()).map((e) => e.id)).toEqual(["e1"]);

@@ -6,7 +6,20 @@
  */
 import { childLines } from "./support/child_lines.ts";
 import { afterAll, afterEach, describe, expect, spyOn, test } from "bun:test";
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync, utimesSync, writeFileSync } from "node:fs";
+import {
+  chmodSync,
+  existsSync,
+  lstatSync,
+  mkdirSync,
+  mkdtempSync,
+  readdirSync,
+  readFileSync,
+  rmSync,
+  statSync,
+  symlinkSync,
+  utimesSync,
+  writeFileSync,
+} from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import {
@@ -577,6 +590,25 @@ describe("SharedFileEventJournal in one process", () => {
     for (const path of old) expect(existsSync(path), path).toBe(false);
     expect(existsSync(young), "a live writer's (younger than staleLockMs) is kept").toBe(true);
     expect(existsSync(unrelated)).toBe(true);
+  });
+
+  test("appendLog: a symlink planted at <file>.log is never appended to, truncated nor chmod'ed", async () => {
+    const file = freshFile();
+    const victim = join(file, "..", "victim");
+    writeFileSync(victim, "root:x:0:0:root:/root:/bin/bash\n");
+    chmodSync(victim, 0o644);
+    const journal = await openJournal(file, { appendLog: { compactEvery: 3 } });
+    await journal.append({ id: "e0", eventType: "order.paid", payload: { card: "4111 1111 1111 1111" } });
+    rmSync(`${file}.log`, { force: true });
+    symlinkSync(victim, `${file}.log`);
+    // Appends mirrored as log lines, and compactions that rewrite the mirror and empty its log.
+    for (let i = 1; i < 8; i++) await journal.append({ id: `e${i}`, eventType: "order.paid", payload: { card: "4111 1111 1111 1111" } });
+    await journal.close();
+    expect(readFileSync(victim, "utf8")).toBe("root:x:0:0:root:/root:/bin/bash\n");
+    expect(statSync(victim).mode & 0o777).toBe(0o644);
+    expect(lstatSync(`${file}.log`).isSymbolicLink(), "the planted link is left alone").toBe(true);
+    const again = await openJournal(file, { appendLog: true });
+    expect((await again.list()).map((e) => e.id)).toEqual(["e0", "e1", "e2", "e3", "e4", "e5", "e6", "e7"]);
   });
 
   test("appendLog: markCalling is a change: one line with `called` is appended before it resolves", async () => {

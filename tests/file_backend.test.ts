@@ -24,6 +24,7 @@ import {
   readFileDurabilityState,
   simulateCrash,
 } from "../backends/file/durability.ts";
+import { snapshotWriteTestHooks } from "../backends/file/snapshot.ts";
 import { MemoryDurability } from "../backends/memory/durability.ts";
 import type { ClaimOptions, NewInboundRecord, NewOutboxEntry, OpenWarning } from "../src/contract.ts";
 
@@ -32,6 +33,7 @@ const opened: FileDurability[] = [];
 
 afterEach(async () => {
   fileDurabilityTestHooks.beforeWrite = undefined;
+  snapshotWriteTestHooks.beforeWrite = undefined;
   for (const b of opened.splice(0)) {
     while (b.isOpen) await b.close().catch(() => {});
   }
@@ -154,7 +156,7 @@ describe("open and close", () => {
     expect(b.stats.rewrites).toBe(1);
     await b.close();
     expect(existsSync(`${path}.lock`)).toBe(false);
-    expect(existsSync(`${path}.tmp`)).toBe(false);
+    expect(readdirSync(dir).filter((name) => name.endsWith(".tmp"))).toEqual([]);
   });
 
   test("open/close are counted on one instance: loaded at the first open, released at the last close", async () => {
@@ -472,9 +474,14 @@ describe("damaged files are never overwritten", () => {
   test("a leftover temporary file from a crash mid-write is ignored and removed", async () => {
     const path = join(tempDir(), "bot.json");
     await validFile(path);
-    writeFileSync(`${path}.tmp`, '{"format":"@botmesh/durable/file","vers');
+    const leftover = `${path}.${crypto.randomUUID()}.tmp`;
+    writeFileSync(`${path}.tmp`, '{"format":"@botmesh/durable/file","vers'); // as earlier versions named it
+    writeFileSync(leftover, '{"format":"@botmesh/durable/file","vers'); // however young: the lock is ours
+    writeFileSync(`${path}.notes.txt`, "kept");
     const b = await openAt(path);
     expect(existsSync(`${path}.tmp`)).toBe(false);
+    expect(existsSync(leftover)).toBe(false);
+    expect(existsSync(`${path}.notes.txt`)).toBe(true);
     expect((await b.inbox.list()).map((r) => r.id)).toEqual(["m1", "m2"]);
   });
 });
@@ -808,11 +815,13 @@ describe("a failed rewrite never leaves its change in memory", () => {
   test("a snapshot write (the first write after open starts the log) that fails is handled the same way", async () => {
     const path = join(tempDir(), "bot.json");
     const b = await openAt(path);
-    mkdirSync(`${path}.tmp`); // the snapshot write fails (EISDIR), as ENOSPC or EACCES would
+    snapshotWriteTestHooks.beforeWrite = () => { // the snapshot write fails, as on a full disk
+      throw Object.assign(new Error("ENOSPC: no space left on device, write"), { code: "ENOSPC" });
+    };
     const error = await rejection(b.inbox.admit(msg("m0"), A));
     expect(error.message).toContain(`FileDurability could not write ${path}`);
-    expect((error.cause as { code?: string }).code).toBe("EISDIR");
-    rmdirSync(`${path}.tmp`);
+    expect((error.cause as { code?: string }).code).toBe("ENOSPC");
+    snapshotWriteTestHooks.beforeWrite = undefined;
     expect(await b.inbox.list()).toEqual([]);
     expect((await b.inbox.admit(msg("m0"), A))?.lease?.token).toBe(1);
     expect((await stored(path)).inbox.map((r: { id: string }) => r.id)).toEqual(["m0"]);
@@ -926,6 +935,50 @@ describe("symlinks, modes, errors naming the file", () => {
     const error = await rejection(backendAt(path).open());
     expect(error.message).toStartWith(`FileDurability: ${path}: cannot create its directory: `);
     expect(["ENOTDIR", "EEXIST"]).toContain(String((error.cause as { code?: string }).code));
+  });
+
+  test("a symlink planted at <path>.tmp or <path>.log after open() is never written through nor chmod'ed", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    const victims = ["victim-tmp", "victim-log"].map((name) => {
+      writeFileSync(join(dir, name), "root:x:0:0:root:/root:/bin/bash\n");
+      chmodSync(join(dir, name), 0o644);
+      return join(dir, name);
+    });
+    const b = await openAt(path); // a new file: written plain, without a log
+    symlinkSync(victims[0], `${path}.tmp`);
+    symlinkSync(victims[1], `${path}.log`);
+    // The next write is a snapshot (to a new <path>.<random>.tmp) starting a new log: the link is replaced.
+    await b.inbox.admit(msg("m1", "c1", { text: "secret chat text" }));
+    expect(lstatSync(`${path}.log`).isSymbolicLink()).toBe(false);
+    await b.inbox.admit(msg("m2"));
+    await b.close(); // the last write is a plain snapshot
+    for (const victim of victims) {
+      expect(readFileSync(victim, "utf8")).toBe("root:x:0:0:root:/root:/bin/bash\n");
+      expect(statSync(victim).mode & 0o777).toBe(0o644);
+    }
+    expect(lstatSync(path).isSymbolicLink()).toBe(false);
+    expect(lstatSync(`${path}.tmp`).isSymbolicLink(), "the planted link is left alone").toBe(true);
+    expect(readdirSync(dir).filter((name) => name.endsWith(".tmp"))).toEqual(["bot.json.tmp"]);
+    expect((await stored(path)).inbox.map((r: { id: string }) => r.id)).toEqual(["m1", "m2"]);
+  });
+
+  test("a symlink planted at <path>.log while closed: open() refuses it, and never truncates nor chmods its target", async () => {
+    const dir = tempDir();
+    const path = join(dir, "bot.json");
+    const victim = join(dir, "victim");
+    writeFileSync(victim, "root:x:0:0:root:/root:/bin/bash\n");
+    chmodSync(victim, 0o644);
+    const b = await openAt(path);
+    await b.inbox.admit(msg("m1")); // the snapshot now names a log
+    await simulateCrash(b); // no final plain write: the log stays
+    rmSync(`${path}.log`);
+    symlinkSync(victim, `${path}.log`);
+    const error = await rejection(backendAt(path).open());
+    expect(error.message).toContain(`cannot open its log ${path}.log`);
+    expect((error.cause as { code?: string }).code).toBe("ELOOP");
+    expect(readFileSync(victim, "utf8")).toBe("root:x:0:0:root:/root:/bin/bash\n");
+    expect(statSync(victim).mode & 0o777).toBe(0o644);
   });
 
   test("a new file gets mode 0600; rewrites keep an existing file's mode", async () => {

@@ -5,7 +5,7 @@
  * every operation the child reported as acknowledged must be there.
  */
 import { afterAll, expect, test } from "bun:test";
-import { existsSync, mkdtempSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
 import { FileDurability } from "../backends/file/durability.ts";
@@ -50,6 +50,11 @@ function record(line: string): void {
   }
 }
 
+/** The snapshot rewrites' temporary files (`bot.json.<random>.tmp`) in the directory. */
+function snapshotTemps(): string[] {
+  return readdirSync(dir).filter((name) => /^bot\.json\.[0-9A-Za-z_-]+\.tmp$/.test(name));
+}
+
 test(`SIGKILL at random moments (${KILLS} kills): the file stays readable and keeps every acknowledged operation`, async () => {
   const path = join(dir, "bot.json");
   let roundsWithAcks = 0;
@@ -75,12 +80,13 @@ test(`SIGKILL at random moments (${KILLS} kills): the file stays readable and ke
     for (const line of lines) record(line);
     if (lines.length > 1) roundsWithAcks++;
     if (existsSync(`${path}.lock`)) leftoverLocks++;
-    if (existsSync(`${path}.tmp`)) leftoverTemps++;
+    if (snapshotTemps().length > 0) leftoverTemps++;
 
     // A restarted process: opens the file (breaking the dead child's lock) and finds everything acknowledged.
     if (!existsSync(path)) continue; // killed before it ever wrote
     const backend = new FileDurability({ path });
     await backend.open();
+    expect(snapshotTemps(), "a killed rewrite's temporary file is removed at open").toEqual([]);
     try {
       for (const id of acked.admitted) {
         const r = await backend.inbox.get(id);

@@ -15,6 +15,7 @@ import {
   readFileSync,
   rmSync,
   statSync,
+  symlinkSync,
   utimesSync,
   writeFileSync,
 } from "node:fs";
@@ -32,6 +33,14 @@ import {
 } from "../backends/file/mutex.ts";
 import { claimOpenFile, openFileOwner, releaseOpenFile } from "../backends/file/open_files.ts";
 import { parseJsonBytes, readJsonSnapshot, writeSnapshot } from "../backends/file/snapshot.ts";
+import { removeLeftoverFiles } from "../backends/file/leftovers.ts";
+import {
+  appendToFile,
+  openAppendFile,
+  truncateFile,
+  writeFileAtomic,
+  writeFilePinned,
+} from "../src/runtime/fs.ts";
 
 const FIXTURE = join(import.meta.dir, "fixtures", "mutex_holder.ts");
 const root = mkdtempSync(join(tmpdir(), "botmesh-file-support-"));
@@ -390,6 +399,83 @@ describe("snapshot helpers", () => {
     expect(error.message).toStartWith(`FileEventJournal: ${file} is damaged at byte 7`);
     const bad = new Uint8Array([0x5b, 0x22, 0xff, 0x22, 0x5d]);
     expect(() => parseJsonBytes(file, bad)).toThrow(/at byte 2: invalid UTF-8/);
+  });
+});
+
+describe("a symlink planted beside a file is never written through nor chmod'ed", () => {
+  const VICTIM = "root:x:0:0:root:/root:/bin/bash\n";
+
+  /** A file of the bot's user (mode 0644) and a symlink to it at `link`. */
+  function plant(link: string): string {
+    const victim = join(link, "..", `victim-${counter++}`);
+    writeFileSync(victim, VICTIM);
+    chmodSync(victim, 0o644);
+    symlinkSync(victim, link);
+    return victim;
+  }
+
+  function expectUntouched(victim: string): void {
+    expect(readFileSync(victim, "utf8")).toBe(VICTIM);
+    expect(statSync(victim).mode & 0o777).toBe(0o644);
+  }
+
+  test("writeSnapshot: a rewrite goes to a new <file>.<random>.tmp, never to a planted <file>.tmp", async () => {
+    const file = freshFile();
+    await writeSnapshot(file, '{"a":1}', { fsync: false });
+    const victim = plant(`${file}.tmp`);
+    await writeSnapshot(file, '{"secret":"chat text"}', { mode: 0o600 });
+    expectUntouched(victim);
+    expect(readFileSync(file, "utf8")).toBe('{"secret":"chat text"}');
+    expect(statSync(file).mode & 0o777).toBe(0o600);
+    const left = readdirSync(join(file, "..")).filter((name) => name.endsWith(".tmp"));
+    expect(left, "only the planted link").toEqual(["journal.json.tmp"]);
+  });
+
+  test("writeFileAtomic: a temporary name that exists (a symlink) is refused with EEXIST and left alone", async () => {
+    const file = freshFile();
+    const victim = plant(`${file}.given.tmp`);
+    const error = await rejection(writeFileAtomic(file, "x", { tempPath: `${file}.given.tmp`, mode: 0o600 }));
+    expect((error as { code?: string }).code).toBe("EEXIST");
+    expectUntouched(victim);
+    expect(readFileSync(`${file}.given.tmp`, "utf8"), "the link is not removed").toBe(VICTIM);
+    expect(existsSync(file)).toBe(false);
+  });
+
+  test("writeFileAtomic: a failed rename removes the temporary file", async () => {
+    const file = freshFile();
+    mkdirSync(file);
+    writeFileSync(join(file, "inside"), "x"); // a non-empty directory: the rename over it fails
+    const error = await rejection(writeFileAtomic(file, "x", { fsync: false }));
+    expect(["EISDIR", "ENOTEMPTY", "EEXIST"]).toContain(String((error as { code?: string }).code));
+    expect(readdirSync(join(file, "..")).filter((name) => name.endsWith(".tmp"))).toEqual([]);
+  });
+
+  test("appendToFile, openAppendFile, truncateFile, writeFilePinned refuse a symlink at the name", async () => {
+    const file = freshFile();
+    const victim = plant(`${file}.log`);
+    await rejection(appendToFile(`${file}.log`, "secret chat text\n", { fsync: false, mode: 0o600 }));
+    await rejection(openAppendFile(`${file}.log`, 0o600));
+    await rejection(truncateFile(`${file}.log`, 0, { fsync: false }));
+    expect(((await rejection(writeFilePinned(`${file}.log`, "secret", { mode: 0o600 }))) as { code?: string }).code)
+      .toBe("EEXIST");
+    expectUntouched(victim);
+  });
+
+  test("openAppendFile sets the mode on the open file; removeLeftoverFiles with ownTempsOlderThanMs 0 removes young temps", async () => {
+    const file = freshFile();
+    writeFileSync(`${file}.log`, "");
+    chmodSync(`${file}.log`, 0o644);
+    const log = await openAppendFile(`${file}.log`, 0o600);
+    await log.append(new TextEncoder().encode("a\n"), false);
+    await log.close();
+    expect(statSync(`${file}.log`).mode & 0o777).toBe(0o600);
+    const young = `${file}.${crypto.randomUUID()}.tmp`;
+    const lockTemp = `${file}.lock.n1.tmp`;
+    writeFileSync(young, "x");
+    writeFileSync(lockTemp, "x");
+    expect(await removeLeftoverFiles(file, 60_000)).toEqual([]);
+    expect(await removeLeftoverFiles(file, 60_000, { ownTempsOlderThanMs: 0 })).toEqual([young]);
+    expect(existsSync(lockTemp), "another's temp younger than olderThanMs is kept").toBe(true);
   });
 });
 

@@ -64,6 +64,7 @@ import { fileStep } from "../file/file_step.ts";
 import { findJsonSyntaxError } from "../file/json_error.ts";
 import { FileLock, FileLockedError } from "../file/lock.ts";
 import { DEFAULT_STALE_LOCK_MS } from "../file/lock_file.ts";
+import { removeLeftoverFiles } from "../file/leftovers.ts";
 import { FileMutex } from "../file/mutex.ts";
 import { claimOpenFile, releaseOpenFile } from "../file/open_files.ts";
 import { NEW_FILE_MODE, snapshotFileMode } from "../file/snapshot.ts";
@@ -373,7 +374,13 @@ export class FileEventJournal implements LeasedEventJournal {
     const file = this.file;
     const logPath = `${file}.log`;
     // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
+    // `<file>.<random>.tmp` (and `<file>.tmp` of earlier versions); without the lock, only old ones (a writer's are young).
     await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
+    await step(
+      file,
+      `cannot remove the leftover temporary files ${file}.*.tmp`,
+      () => removeLeftoverFiles(file, this.#staleLockMs, { ownTempsOlderThanMs: this.locked ? 0 : this.#staleLockMs }),
+    );
     const bytes = await step(file, "cannot read it", () => readFileBytes(file));
     let mem: MemoryEventJournal;
     let logSeq = 0;

@@ -36,6 +36,8 @@ import {
   statIdentity,
   syncDirectory,
   truncateFile,
+  uniqueTempPath,
+  writeFileAtomic,
   writeFilePinned,
 } from "../../src/runtime/fs.ts";
 import { showValue as show } from "../../src/show.ts";
@@ -879,7 +881,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
     for (const old of await this.#listGenerations()) if (old < gen) await removeFile(this.#genPath(old)).catch(() => {});
     await this.#step("mirror", kind, this.path);
     if ((await statIdentity(this.#genPath(gen + 1))) !== null) return; // a newer commit mirrors itself
-    const temp = `${this.path}.${randomId()}.tmp`;
+    const temp = uniqueTempPath(this.path);
     if (!(await linkFile(this.#genPath(gen), temp))) return;
     try {
       await renameFile(temp, this.path);
@@ -903,14 +905,7 @@ export class SharedFileEventJournal implements LeasedEventJournal {
       this.#mirrorDirty = true;
       return;
     }
-    const temp = `${this.path}.${randomId()}.tmp`;
-    const pin = await writeFilePinned(temp, this.#snapshotBytes(journal, gen, this.#adopted), { fsync: this.#fsync, mode: this.#mode });
-    await pin.close().catch(() => {});
-    try {
-      await renameFile(temp, this.path);
-    } finally {
-      await removeFile(temp).catch(() => {});
-    }
+    await writeFileAtomic(this.path, this.#snapshotBytes(journal, gen, this.#adopted), { fsync: this.#fsync, mode: this.#mode });
     this.#pathSeen = await this.#pathKey();
     await truncateFile(this.logPath, 0, { fsync: false });
     this.#mirrorDirty = true;

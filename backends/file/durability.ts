@@ -44,6 +44,7 @@ import {
 } from "../../src/runtime/fs.ts";
 import { FileCorruptError } from "./corrupt_error.ts";
 import { fileStep } from "./file_step.ts";
+import { removeLeftoverFiles } from "./leftovers.ts";
 import { FileLock, FileLockedError } from "./lock.ts";
 import { DEFAULT_STALE_LOCK_MS, MIN_STALE_LOCK_MS } from "./lock_file.ts";
 import { frameLogRecord, scanLogRecords } from "./log_records.ts";
@@ -66,8 +67,8 @@ export interface FileDurabilityOptions {
   /**
    * The snapshot file, e.g. `./data/bot.json` (relative paths are resolved
    * against the current directory at `open()`, and symlinks to their target).
-   * Its directory is created when missing. `<path>.lock` and `<path>.tmp`
-   * live next to the real file. A new file is created with mode `0o600`;
+   * Its directory is created when missing. `<path>.lock`, `<path>.log` and the
+   * temporary `<path>.<random>.tmp` live next to the real file. A new file is created with mode `0o600`;
    * an existing file keeps its mode across rewrites.
    */
   path: string;
@@ -473,7 +474,13 @@ export class FileDurability implements DurabilityBackend {
       locked = true;
       this.#mode = (await step(file, "cannot read it", () => snapshotFileMode(file, LABEL))).mode;
       // A temporary file left by a crash during a rewrite is an unfinished write: the snapshot is the truth.
+      // `<file>.<random>.tmp` (and `<file>.tmp` of earlier versions): only this backend writes them, under the lock.
       await step(file, `cannot remove the leftover ${file}.tmp`, () => removeFile(`${file}.tmp`));
+      await step(
+        file,
+        `cannot remove the leftover temporary files ${file}.*.tmp`,
+        () => removeLeftoverFiles(file, this.#staleLockMs, { ownTempsOlderThanMs: 0 }),
+      );
       const read = await step(file, "cannot read it", () => readStore(file));
       const loaded = read === null ? { mem: this.#newMemory(), setAside: 0 } : this.#loadMemory(file, read);
       const torn = read === null || read.tail.length === 0
@@ -1192,7 +1199,12 @@ class FileLog {
       this.#logBytes = 0;
       this.#snapshotBytes = text.length;
       if (kind === "compact") {
-        this.#log ??= await this.#openLog();
+        if (this.#log === null) {
+          // The old log's content is obsolete: the file is replaced, not opened (a symlink planted at its
+          // name is removed, never written through).
+          await removeFile(`${file}.log`);
+          this.#log = await this.#openLog();
+        }
         await this.#log.truncate(0, this.#fsync);
       } else {
         await this.close();

@@ -7,9 +7,10 @@
  *   appends one record to the log `<path>.log` (the records it changed, as
  *   they are now), flushed with `fdatasync`: its cost does not grow with the
  *   journals. Once the log holds twice the snapshot's bytes (at least
- *   256 KiB), the next commit writes a new snapshot instead (a temporary file
- *   `<path>.tmp`, `fsync`, an atomic rename over `<path>`, an `fsync` of the
- *   directory) naming a new generation of the log, and empties the log.
+ *   256 KiB), the next commit writes a new snapshot instead (a new temporary
+ *   file `<path>.<random>.tmp`, created exclusively, `fsync`, an atomic
+ *   rename over `<path>`, an `fsync` of the directory) naming a new
+ *   generation of the log, and empties the log.
  *   `open()` reads the snapshot and replays the log records of its
  *   generation (others are left over from before a compaction, and skipped).
  * - Each log record carries its length and a CRC-32. A torn end of the log

@@ -25,17 +25,29 @@ export interface SnapshotWriteOptions {
    * them from `open()` passes them and saves the `stat`.
    */
   mode?: number;
-  /** The temporary file (default `<file>.tmp`; same directory). */
+  /** The temporary file (default `<file>.<random>.tmp`, created exclusively; same directory). */
   tempPath?: string;
 }
 
 /**
- * Replace a snapshot file atomically: write `text` to `<file>.tmp`, `fsync`,
- * rename it over `file`, `fsync` the directory. A reader, or a restart after
- * a crash at any moment, sees the previous content or the new one, never a
- * mix. The permission bits are kept (a new file gets `0o600`); they are set
- * on the temporary file before the rename, so the file never exists with
- * wider ones. On an error `file` is left as it was.
+ * Test hooks of the snapshot writes of every file backend in the process
+ * (`FileDurability`, `FileEventJournal`): set by tests only, reset after.
+ */
+export const snapshotWriteTestHooks: {
+  /** Before each snapshot write: throw to make it fail, as a full disk would. */
+  beforeWrite?: (file: string) => void | Promise<void>;
+} = {};
+
+/**
+ * Replace a snapshot file atomically: write `text` to a new temporary file
+ * `<file>.<random>.tmp` (created exclusively, never through a symlink planted
+ * beside `file`), `fsync`, rename it over `file`, `fsync` the directory. A
+ * reader, or a restart after a crash at any moment, sees the previous content
+ * or the new one, never a mix. The permission bits are kept (a new file gets
+ * `0o600`); they are set on the open temporary file before the rename, so the
+ * file never exists with wider ones. On an error `file` is left as it was and
+ * the temporary file is removed (one left by a crash is removed when the
+ * backend next opens `file`, by `removeLeftoverFiles` of `./leftovers.ts`).
  *
  * @param file the snapshot file (its real path: a symlink would be replaced)
  * @param text the new content
@@ -43,6 +55,7 @@ export interface SnapshotWriteOptions {
  * @throws {Error} the runtime's error (`ENOSPC`, `EACCES`, …)
  */
 export async function writeSnapshot(file: string, text: string | Uint8Array, options: SnapshotWriteOptions = {}): Promise<void> {
+  await snapshotWriteTestHooks.beforeWrite?.(file);
   const mode = options.mode ?? (await statFile(file))?.mode ?? NEW_FILE_MODE;
   await writeFileAtomic(file, text, { fsync: options.fsync ?? true, mode, tempPath: options.tempPath });
 }

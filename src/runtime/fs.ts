@@ -29,6 +29,36 @@ function paths(): Promise<PathModule> {
   return pathModule ??= import("node:path");
 }
 
+/**
+ * Open flags, as numbers: `O_NOFOLLOW` where the platform has it (not
+ * Windows, where creating a symlink takes a privilege), so that a symlink
+ * planted at the name is refused (`ELOOP`) instead of followed.
+ */
+interface OpenFlags {
+  /** Create a new file, write only; fails (`EEXIST`) when the name exists, a symlink included (`O_EXCL`). */
+  createNew: number;
+  /** {@link OpenFlags.createNew}, read and write. */
+  createNewReadWrite: number;
+  /** Append, creating the file when missing; a symlink is refused. */
+  append: number;
+  /** Read and write an existing file; a symlink is refused. */
+  readWrite: number;
+}
+
+let openFlagsValue: OpenFlags | undefined;
+
+async function openFlags(): Promise<OpenFlags> {
+  if (openFlagsValue !== undefined) return openFlagsValue;
+  const c = (await fs()).constants;
+  const noFollow = c.O_NOFOLLOW ?? 0;
+  return openFlagsValue = {
+    createNew: c.O_WRONLY | c.O_CREAT | c.O_EXCL | noFollow,
+    createNewReadWrite: c.O_RDWR | c.O_CREAT | c.O_EXCL | noFollow,
+    append: c.O_WRONLY | c.O_CREAT | c.O_APPEND | noFollow,
+    readWrite: c.O_RDWR | noFollow,
+  };
+}
+
 async function proc(): Promise<ProcessModule> {
   processModule ??= import("node:process");
   const mod = await processModule;
@@ -84,33 +114,52 @@ export async function readFileBytes(path: string): Promise<Uint8Array | null> {
   }
 }
 
+/**
+ * A fresh temporary name next to `path`: `<path>.<random>.tmp` (a random
+ * UUID, so nobody can plant a file or a symlink there beforehand). The file
+ * backends remove such names left by a crash when they open `path`.
+ *
+ * @param path the file the temporary one will replace
+ * @returns the temporary path (same directory)
+ */
+export function uniqueTempPath(path: string): string {
+  return `${path}.${crypto.randomUUID()}.tmp`;
+}
+
 /** Options of {@link writeFileAtomic}. */
 export interface AtomicWriteOptions {
   /** Flush the file and its directory to the disk before resolving (default `true`). */
   fsync?: boolean;
-  /** The temporary file to write first (default `<path>.tmp`); it must be on the same file system. */
+  /**
+   * The temporary file to write first (default {@link uniqueTempPath}:
+   * `<path>.<random>.tmp`); it must be on the same file system. It is
+   * created exclusively: when the name exists (a symlink included) the write
+   * fails with `EEXIST` and that file is left alone.
+   */
   tempPath?: string;
   /**
-   * Permission bits of the new file (e.g. `0o600`), set on the temporary
-   * file with `chmod` before the rename, so the umask does not apply and the
-   * file never exists with wider permissions. Default: the runtime's default
-   * for a new file (`0o666` minus the umask).
+   * Permission bits of the new file (e.g. `0o600`), set on the open
+   * temporary file (`fchmod`) before the rename, so the umask does not apply
+   * and the file never exists with wider permissions. Default: the runtime's
+   * default for a new file (`0o666` minus the umask).
    */
   mode?: number;
 }
 
 /**
- * Replace `path` atomically: write `data` to a temporary file, flush it
- * (`fsync`), rename it over `path`, then flush the directory so the rename
- * itself is durable (skipped where the runtime or the OS cannot open a
- * directory, e.g. Windows). A reader sees the old content or the new, never
- * a mix. On an error the temporary file is removed (best effort) and `path`
- * is left as it was.
+ * Replace `path` atomically: write `data` to a new temporary file (created
+ * with `O_CREAT | O_EXCL | O_NOFOLLOW` under a random name, so a symlink
+ * planted beside `path` is never written through), flush it (`fsync`),
+ * rename it over `path`, then flush the directory so the rename itself is
+ * durable (skipped where the runtime or the OS cannot open a directory, e.g.
+ * Windows). A reader sees the old content or the new, never a mix. The mode
+ * is set on the open handle, never by name. On an error the temporary file
+ * is removed (best effort) and `path` is left as it was.
  *
- * @param path the file to replace
+ * @param path the file to replace (a symlink at `path` is replaced, not followed)
  * @param data the new content (a string is written as UTF-8)
- * @param options `fsync` (default `true`), `tempPath` (default `<path>.tmp`) and `mode`
- * @throws {Error} a write, flush or rename error of the runtime (`ENOSPC`, `EACCES`, `ENOENT`, …)
+ * @param options `fsync` (default `true`), `tempPath` (default `<path>.<random>.tmp`) and `mode`
+ * @throws {Error} a create, write, flush or rename error of the runtime (`ENOSPC`, `EACCES`, `EEXIST`, …)
  */
 export async function writeFileAtomic(
   path: string,
@@ -119,12 +168,13 @@ export async function writeFileAtomic(
 ): Promise<void> {
   const f = await fs();
   const sync = options.fsync ?? true;
-  const temp = options.tempPath ?? `${path}.tmp`;
+  const temp = options.tempPath ?? uniqueTempPath(path);
+  // When this fails the name is not ours (EEXIST): nothing to remove.
+  const handle = await f.open(temp, (await openFlags()).createNew, options.mode ?? 0o666);
   let renamed = false;
   try {
-    const handle = await f.open(temp, "w", options.mode ?? 0o666);
     try {
-      if (options.mode !== undefined) await f.chmod(temp, options.mode); // also when the temporary file existed
+      if (options.mode !== undefined) await handle.chmod(options.mode); // the umask does not apply
       await handle.writeFile(data);
       if (sync) await handle.sync();
     } finally {
@@ -133,7 +183,7 @@ export async function writeFileAtomic(
     await f.rename(temp, path);
     renamed = true;
   } finally {
-    if (!renamed) await f.rm(temp, { force: true }).catch(() => {});
+    if (!renamed) await f.unlink(temp).catch(() => {});
   }
   if (sync) await syncDirectory(await dirName(path));
 }
@@ -184,7 +234,7 @@ export async function createExclusive(
   const f = await fs();
   let handle: Awaited<ReturnType<FsPromises["open"]>>;
   try {
-    handle = await f.open(path, "wx", options.mode ?? 0o666);
+    handle = await f.open(path, (await openFlags()).createNew, options.mode ?? 0o666);
   } catch (error) {
     if (errorCode(error) === "EEXIST") return false;
     throw error;
@@ -215,7 +265,7 @@ export async function createExclusive(
 export async function createExclusiveLinked(path: string, text: string, tempPath: string): Promise<boolean> {
   const f = await fs();
   try {
-    await f.writeFile(tempPath, text, { flag: "wx" });
+    await f.writeFile(tempPath, text, { flag: (await openFlags()).createNew });
     try {
       await f.link(tempPath, path);
       return true;
@@ -472,15 +522,16 @@ function pinned(handle: Awaited<ReturnType<FsPromises["open"]>>): PinnedFile {
 }
 
 /**
- * Create (or truncate) `path`, write `data`, flush it when `fsync`, and
- * return it still open (see {@link PinnedFile}), e.g. to rename it into
- * place afterwards and keep its inode pinned.
+ * Create `path`, a new file (`O_CREAT | O_EXCL | O_NOFOLLOW`: fails with
+ * `EEXIST` when the name exists, a symlink included), write `data`, flush
+ * it when `fsync`, and return it still open (see {@link PinnedFile}), e.g.
+ * to rename or link it into place afterwards and keep its inode pinned.
  *
- * @param path the file to write
+ * @param path the file to create (a fresh name, e.g. {@link uniqueTempPath})
  * @param data the content (a string is written as UTF-8)
- * @param options `fsync` (default `true`) and `mode` (permission bits, set with `chmod`)
+ * @param options `fsync` (default `true`) and `mode` (permission bits, set on the open handle)
  * @returns the open file
- * @throws {Error} a write or flush error of the runtime (the file may be left partly written)
+ * @throws {Error} a create, write or flush error of the runtime (the file may be left partly written)
  */
 export async function writeFilePinned(
   path: string,
@@ -488,9 +539,9 @@ export async function writeFilePinned(
   options: { fsync?: boolean; mode?: number } = {},
 ): Promise<PinnedFile> {
   const f = await fs();
-  const handle = await f.open(path, "w+", options.mode ?? 0o666);
+  const handle = await f.open(path, (await openFlags()).createNewReadWrite, options.mode ?? 0o666);
   try {
-    if (options.mode !== undefined) await f.chmod(path, options.mode);
+    if (options.mode !== undefined) await handle.chmod(options.mode);
     await handle.writeFile(data);
     if (options.fsync ?? true) await handle.sync();
   } catch (error) {
@@ -502,7 +553,8 @@ export async function writeFilePinned(
 
 /**
  * Append `data` to `path` (created when missing, with `mode`) in one write
- * call, and flush it when `fsync`.
+ * call, and flush it when `fsync`. A symlink at `path` is refused (`ELOOP`,
+ * where the platform has `O_NOFOLLOW`), not written through.
  *
  * @param path the file
  * @param data the bytes (a string is written as UTF-8)
@@ -515,7 +567,7 @@ export async function appendToFile(
   options: { fsync?: boolean; mode?: number } = {},
 ): Promise<void> {
   const f = await fs();
-  const handle = await f.open(path, "a", options.mode ?? 0o600);
+  const handle = await f.open(path, (await openFlags()).append, options.mode ?? 0o600);
   try {
     const bytes = typeof data === "string" ? new TextEncoder().encode(data) : data;
     let done = 0;
@@ -561,7 +613,9 @@ export async function readFileRange(path: string, start: number, end: number): P
 }
 
 /**
- * Cut `path` to `length` bytes (`truncate(2)`), and flush it when `fsync`.
+ * Cut `path` to `length` bytes (`ftruncate(2)`), and flush it when `fsync`.
+ * A symlink at `path` is refused (`ELOOP`, where the platform has
+ * `O_NOFOLLOW`), not followed.
  *
  * @param path the file
  * @param length the new size
@@ -572,7 +626,7 @@ export async function readFileRange(path: string, start: number, end: number): P
 export async function truncateFile(path: string, length: number, options: { fsync?: boolean } = {}): Promise<boolean> {
   let handle: Awaited<ReturnType<FsPromises["open"]>>;
   try {
-    handle = await (await fs()).open(path, "r+");
+    handle = await (await fs()).open(path, (await openFlags()).readWrite);
   } catch (error) {
     if (errorCode(error) === "ENOENT") return false;
     throw error;
@@ -617,19 +671,20 @@ export interface AppendFile {
 /**
  * Open `path` for appending (`O_APPEND`; created when missing), and keep it
  * open: each append is one write and, when asked, one `fdatasync`, with no
- * open or close per write.
+ * open or close per write. A symlink at `path` is refused (`ELOOP`, where
+ * the platform has `O_NOFOLLOW`), not followed.
  *
  * @param path the file
- * @param mode the permission bits, set with `chmod`
+ * @param mode the permission bits, set on the open handle (`fchmod`)
  * @returns the open file
- * @throws {Error} an open error of the runtime (permissions, a missing directory)
+ * @throws {Error} an open error of the runtime (permissions, a missing directory, `ELOOP` for a symlink)
  */
 export async function openAppendFile(path: string, mode: number): Promise<AppendFile> {
   const f = await fs();
-  const handle = await f.open(path, "a", mode);
+  const handle = await f.open(path, (await openFlags()).append, mode);
   let closed = false;
   try {
-    await f.chmod(path, mode);
+    await handle.chmod(mode);
   } catch (error) {
     await handle.close().catch(() => {});
     throw error;
