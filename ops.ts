@@ -36,6 +36,7 @@ export {
   type NodeResponseLike,
   SignInLimitedError,
 } from "./src/ops/console.ts";
+export { remoteAddressOf } from "./src/runtime/remote_address.ts";
 export {
   countRecords,
   PROMETHEUS_CONTENT_TYPE,

@@ -10,6 +10,9 @@ import { MemoryDurability } from "../backends/memory/durability.ts";
 import { type CliOptions, runCli } from "../src/ops/cli.ts";
 import { CONSOLE_USAGE, isConsoleCommand } from "../src/ops/console_command.ts";
 import { bundleCliForNode } from "./support/cli_process.ts";
+import { noteRemoteAddress, remoteAddressOf } from "../src/runtime/remote_address.ts";
+import { serveHttp } from "../src/runtime/serve.ts";
+import { nodeHandler } from "../src/ops/node_handler.ts";
 import { runId } from "./support/services.ts";
 
 const root = join(import.meta.dir, "..");
@@ -102,6 +105,25 @@ describe("botmesh-durable console (in process)", () => {
     expect(await run.code).toBe(0);
     expect(run.closed).toEqual(["server", "backend"]);
     expect(run.stderr.at(-1)).toBe("botmesh-durable console: stopped\n");
+  });
+
+  test("failed sign-ins are counted per client address: a guesser is refused, the operator elsewhere still gets in", async () => {
+    const run = inProcess(["console", "--backend", "mem", "--port", "0"], CREDENTIALS);
+    while (run.served.length === 0 || run.stdout.length === 0) await Bun.sleep(5);
+    const [{ fetch }] = run.served;
+    const from = (address: string, password: string) => {
+      const request = new Request("http://x/outbound", { headers: basic("ops", password) });
+      noteRemoteAddress(request, address);
+      return fetch(request);
+    };
+    const statuses: number[] = [];
+    for (let i = 0; i < 11; i++) statuses.push((await from("203.0.113.9", `guess-${i}`)).status);
+    expect(statuses.slice(0, 10)).toEqual(Array(10).fill(401));
+    expect(statuses[10], "the guesser's 11th attempt").toBe(429);
+    expect((await from("203.0.113.9", PASSWORD)).status, "the guesser's address, even with the password").toBe(429);
+    expect((await from("198.51.100.7", PASSWORD)).status, "the operator from another address").toBe(200);
+    run.stop();
+    expect(await run.code).toBe(0);
   });
 
   test("--no-auth on loopback serves without sign-in", async () => {
@@ -287,4 +309,32 @@ describe("botmesh-durable console as a process (SQLite)", () => {
     const out = bundleCliForNode(join(tmp, "cli.mjs"));
     await realProcess(["node", out], "node");
   }, SLOW);
+});
+
+describe("the client address of a request", () => {
+  test("serveHttp (Bun.serve here) records it for the handler", async () => {
+    const handler = (request: Request) => Promise.resolve(new Response(remoteAddressOf(request) ?? "none"));
+    const server = await serveHttp({ port: 0, hostname: "127.0.0.1", fetch: handler, nodeListener: nodeHandler(handler) as never });
+    try {
+      expect(await (await fetch(`http://127.0.0.1:${server.port}/`)).text()).toBe("127.0.0.1");
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("nodeHandler records the socket's remote address", async () => {
+    let seen: string | undefined = "unset";
+    const listener = nodeHandler((request) => {
+      seen = remoteAddressOf(request);
+      return Promise.resolve(new Response("ok"));
+    });
+    const headers: Record<string, string> = {};
+    const ended = new Promise<void>((resolve) => {
+      const res = { statusCode: 0, setHeader: (name: string, value: string) => void (headers[name] = value), end: () => resolve() };
+      const req = { method: "GET", url: "/", headers: { host: "x" }, socket: { remoteAddress: "192.0.2.44" }, [Symbol.asyncIterator]: async function* () {} };
+      void listener(req as never, res as never);
+    });
+    await ended;
+    expect(seen).toBe("192.0.2.44");
+  });
 });

@@ -19,6 +19,7 @@ import { errorMessage } from "../errors.ts";
 import type { CliIo, CliOptions, OpenedBackend } from "./cli.ts";
 import { basicAuth, type ConsoleAuth, durabilityConsole } from "./console.ts";
 import { hideCredentials } from "./url_credentials.ts";
+import { remoteAddressOf } from "../runtime/remote_address.ts";
 
 /** A server the command listens with (the runtime's: `Bun.serve`, `Deno.serve`, Node `http`). */
 export interface ServedConsole {
@@ -234,7 +235,8 @@ export async function runConsoleCommand(
       return await usage(`${CONSOLE_ENV.password} must be at least ${MIN_PASSWORD} characters, got ${password.length}`);
     }
     try {
-      auth = basicAuth(user, password);
+      // Failed sign-ins count per client address (else per user name: a guesser would lock the operator out too).
+      auth = basicAuth(user, password, { clientKey: (request) => remoteAddressOf(request) ?? null });
     } catch (error) {
       return await usage(`${CONSOLE_ENV.user}: ${errorMessage(error)}`);
     }

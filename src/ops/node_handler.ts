@@ -5,6 +5,7 @@
  *
  * @module
  */
+import { noteRemoteAddress } from "../runtime/remote_address.ts";
 import { isObject, SECURITY_HEADERS } from "./console_render.ts";
 
 const encoder = new TextEncoder();
@@ -112,7 +113,9 @@ export function nodeHandler(
       }
       let response: Response | undefined;
       try {
-        response = await handler(new Request(url, { method, headers, ...(body ? { body, duplex: "half" } : {}) } as RequestInit));
+        const request = new Request(url, { method, headers, ...(body ? { body, duplex: "half" } : {}) } as RequestInit);
+        noteRemoteAddress(request, isObject(req.socket) && typeof req.socket.remoteAddress === "string" ? req.socket.remoteAddress : undefined);
+        response = await handler(request);
       } catch (error) {
         if (!tooLarge) throw error;
       }

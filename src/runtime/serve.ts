@@ -6,6 +6,7 @@
  *
  * @module
  */
+import { noteRemoteAddress } from "./remote_address.ts";
 
 /** A listening server. */
 export interface HttpServer {
@@ -28,7 +29,11 @@ export interface ServeHttpOptions {
 }
 
 interface BunServe {
-  serve(options: { port: number; hostname: string; fetch: (request: Request) => Promise<Response> }): {
+  serve(options: {
+    port: number;
+    hostname: string;
+    fetch: (request: Request, server: { requestIP(request: Request): { address: string } | null }) => Promise<Response>;
+  }): {
     port: number;
     stop(closeActive?: boolean): unknown;
   };
@@ -37,7 +42,7 @@ interface BunServe {
 interface DenoServe {
   serve(
     options: { port: number; hostname: string; onListen?: (addr: unknown) => void },
-    handler: (request: Request) => Promise<Response>,
+    handler: (request: Request, info: { remoteAddr?: { hostname?: string } }) => Promise<Response>,
   ): { addr: { port: number }; shutdown(): Promise<void> };
   addSignalListener(signal: string, handler: () => void): void;
   removeSignalListener(signal: string, handler: () => void): void;
@@ -49,6 +54,7 @@ interface NodeSignals {
 }
 
 const g = globalThis as unknown as { Bun?: BunServe; Deno?: DenoServe; process?: NodeSignals };
+
 
 /**
  * Listen for HTTP on `hostname:port` with the runtime's own server.
@@ -65,11 +71,21 @@ const g = globalThis as unknown as { Bun?: BunServe; Deno?: DenoServe; process?:
 export async function serveHttp(options: ServeHttpOptions): Promise<HttpServer> {
   const { port, hostname, fetch } = options;
   if (g.Bun !== undefined) {
-    const server = g.Bun.serve({ port, hostname, fetch });
+    const server = g.Bun.serve({
+      port,
+      hostname,
+      fetch: (request, bun) => {
+        noteRemoteAddress(request, bun.requestIP(request)?.address);
+        return fetch(request);
+      },
+    });
     return { port: server.port, close: async () => void server.stop(true) };
   }
   if (g.Deno !== undefined) {
-    const server = g.Deno.serve({ port, hostname, onListen: () => {} }, fetch);
+    const server = g.Deno.serve({ port, hostname, onListen: () => {} }, (request, info) => {
+      noteRemoteAddress(request, info?.remoteAddr?.hostname);
+      return fetch(request);
+    });
     return { port: server.addr.port, close: () => server.shutdown() };
   }
   const http = await import("node:http");
