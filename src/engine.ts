@@ -6,14 +6,7 @@
  *
  * @module
  */
-import {
-  type ClaimOptions,
-  type DamagedStorageError,
-  damagedStorageOf,
-  type DurabilityBackend,
-  type JsonValue,
-  StaleLeaseError,
-} from "./contract.ts";
+import { type ClaimOptions, damagedStorageOf, type DurabilityBackend, type JsonValue, StaleLeaseError } from "./contract.ts";
 import { Deadlines } from "./deadlines.ts";
 import type { ResolvedDurability } from "./config.ts";
 import { isProcessDeath } from "./errors.ts";
@@ -45,6 +38,7 @@ import { Outbound } from "./engine/outbound.ts";
 import { Inbound } from "./engine/inbound.ts";
 import { Sweeper } from "./engine/sweeper.ts";
 import { DamagedReports } from "./engine/damaged.ts";
+import { StorageDamage } from "./engine/storage_damage.ts";
 
 export type {
   BotEvents,
@@ -108,9 +102,11 @@ export class DurabilityEngine {
   #stopping = false;
   #halted = false;
   /** The damage a backend reported: from then on nothing is admitted, taken up or recorded. */
-  #damage: DamagedStorageError | null = null;
-  /** start()'s recovery sweep is over: what goes wrong from now on has no caller. */
-  #recovered = false;
+  readonly #damage = new StorageDamage((damage, context, tell) => {
+    this.#sweepTimer?.stop();
+    this.#wakeups.clear();
+    if (tell) emitError(this.#host.events, damage, context);
+  });
   #abort = new AbortController();
   /** The outbox's rate limits (`null`: none). */
   #throttle: Throttle | null = null;
@@ -146,7 +142,7 @@ export class DurabilityEngine {
       halted: () => this.#halted,
       stopping: () => this.#stopping,
       report: (error, context) => this.#report(error, context),
-      damaged: () => this.#damage,
+      damaged: () => this.#damage.current,
       warn: (warning) => this.#warn(warning),
       wake: (inMs) => this.#wake(inMs),
       leases: this.#leases,
@@ -224,11 +220,11 @@ export class DurabilityEngine {
       sweep: () => this.sweep(),
       whenLocalIdle: () => host.whenLocalIdle(),
       halted: () => this.#halted,
-      damaged: () => this.#damage,
+      damaged: () => this.#damage.current,
       stopping: () => this.#stopping,
       report: (error, context) => this.#report(error, context),
     });
-    this.#wakeups = new Wakeups(host.clock, () => void this.sweep(), () => !this.#halted && !this.#stopping && this.#damage === null);
+    this.#wakeups = new Wakeups(host.clock, () => void this.sweep(), () => !this.#halted && !this.#stopping && this.#damage.current === null);
 
   }
 
@@ -274,12 +270,12 @@ export class DurabilityEngine {
         }
       }
       // Damage met by the recovery is start()'s error (reported by it, not as an event as well).
-      if (this.#damage !== null) throw this.#damage;
+      if (this.#damage.current !== null) throw this.#damage.current;
     } catch (error) {
       if (isProcessDeath(error)) this.#halt();
       throw error;
     }
-    this.#recovered = true;
+    this.#damage.recovered();
     if (this.config.sweepIntervalMs > 0) {
       this.#sweepTimer = every(this.#clock, this.config.sweepIntervalMs, () => {
         void this.sweep();
@@ -339,21 +335,9 @@ export class DurabilityEngine {
     return false;
   }
 
-  /**
-   * When `error` is (or is caused by) a `DamagedStorageError`: from now on nothing is admitted, taken up
-   * or recorded, and the damage is reported, once (the first one met).
-   * @returns whether it was damage
-   */
+  /** When `error` is (or is caused by) damaged storage: see {@link StorageDamage.note}. @returns whether it was damage */
   reportDamage(error: unknown, context: string): boolean {
-    const damage = damagedStorageOf(error);
-    if (damage === undefined) return false;
-    if (this.#damage === null) {
-      this.#damage = damage;
-      this.#sweepTimer?.stop();
-      this.#wakeups.clear();
-      if (this.#recovered) emitError(this.#host.events, damage, context);
-    }
-    return true;
+    return this.#damage.note(error, context);
   }
 
   /**

@@ -20,7 +20,7 @@ import { BULK, bulkConfirm, type BulkContext, bulkNotice, bulkPerform } from "./
 import { type Journal, param } from "./console_list.ts";
 import { BackendUnavailableError, type ConsoleTarget, opsOf } from "./console_ops.ts";
 import { MAX_MESSAGE_ID_LENGTH } from "./mark_delivered.ts";
-import { HttpError, isObject, respond, STATUS_TEXT, STYLE } from "./console_render.ts";
+import { HttpError, integerOption, isObject, respond, STATUS_TEXT, STYLE } from "./console_render.ts";
 import { ACTIONS, type Page, type ViewContext, views } from "./console_views.ts";
 import { html, SafeHtml } from "./html.ts";
 import { readCapped, ReadTimeoutError } from "../read_capped.ts";
@@ -166,18 +166,9 @@ export function durabilityConsole(target: ConsoleTarget, options: DurabilityCons
   }
   const title = options.title ?? "Durability console";
   if (typeof title !== "string" || title === "") throw new TypeError(`Option "title" must be a non-empty string`);
-  const countCap = options.countCap ?? 1000;
-  if (!Number.isInteger(countCap) || countCap < 1 || countCap > 100_000) {
-    throw new RangeError(`Option "countCap" must be an integer from 1 to 100000, got ${String(countCap)}`);
-  }
-  const tokenMaxAgeMs = options.tokenMaxAgeMs ?? 3_600_000;
-  if (!Number.isInteger(tokenMaxAgeMs) || tokenMaxAgeMs < 1000 || tokenMaxAgeMs > 86_400_000) {
-    throw new RangeError(`Option "tokenMaxAgeMs" must be an integer from 1000 to 86400000, got ${String(tokenMaxAgeMs)}`);
-  }
-  const bodyTimeoutMs = options.bodyTimeoutMs ?? 10_000;
-  if (!Number.isInteger(bodyTimeoutMs) || bodyTimeoutMs < 1 || bodyTimeoutMs > 600_000) {
-    throw new RangeError(`Option "bodyTimeoutMs" must be an integer from 1 to 600000, got ${String(bodyTimeoutMs)}`);
-  }
+  const countCap = integerOption(options.countCap, "countCap", 1000, 1, 100_000);
+  const tokenMaxAgeMs = integerOption(options.tokenMaxAgeMs, "tokenMaxAgeMs", 3_600_000, 1000, 86_400_000);
+  const bodyTimeoutMs = integerOption(options.bodyTimeoutMs, "bodyTimeoutMs", 10_000, 1, 600_000);
   let secret: Uint8Array<ArrayBuffer>;
   if (options.csrfSecret === undefined) {
     secret = crypto.getRandomValues(new Uint8Array(32));

@@ -7,6 +7,7 @@
  */
 import { BoundedMap } from "../bounded_map.ts";
 import { checkClock, type Clock, systemClock } from "../clock.ts";
+import { integerOption } from "./console_render.ts";
 
 /** Who is using the console, as established by {@link ConsoleAuth}. */
 export interface ConsoleIdentity {
@@ -128,14 +129,8 @@ export function basicAuth(user: string, password: string, options: BasicAuthOpti
   if (typeof realm !== "string" || /["\\\r\n]/.test(realm)) {
     throw new TypeError(`Option "realm" must be a string without quotes, backslashes or line breaks`);
   }
-  const maxFailures = options.maxFailures ?? 10;
-  if (!Number.isInteger(maxFailures) || maxFailures < 1 || maxFailures > 1000) {
-    throw new RangeError(`Option "maxFailures" must be an integer from 1 to 1000, got ${String(maxFailures)}`);
-  }
-  const failureWindowMs = options.failureWindowMs ?? 900_000;
-  if (!Number.isInteger(failureWindowMs) || failureWindowMs < 1000 || failureWindowMs > 86_400_000) {
-    throw new RangeError(`Option "failureWindowMs" must be an integer from 1000 to 86400000, got ${String(failureWindowMs)}`);
-  }
+  const maxFailures = integerOption(options.maxFailures, "maxFailures", 10, 1, 1000);
+  const failureWindowMs = integerOption(options.failureWindowMs, "failureWindowMs", 900_000, 1000, 86_400_000);
   const clientKey = options.clientKey;
   if (clientKey !== undefined && typeof clientKey !== "function") {
     throw new TypeError(`Option "clientKey" must be a function (request) => string | null, got ${typeof clientKey}`);

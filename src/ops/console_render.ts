@@ -22,6 +22,18 @@ export const SECURITY_HEADERS: Record<string, string> = {
 const MAX_SHOWN_JSON = 256 * 1024;
 
 /**
+ * An integer option of the console, `fallback` when not given.
+ * @throws {RangeError} naming the option when it is not an integer from `min` to `max`
+ */
+export function integerOption(value: number | undefined, name: string, fallback: number, min: number, max: number): number {
+  const n = value ?? fallback;
+  if (!Number.isInteger(n) || n < min || n > max) {
+    throw new RangeError(`Option "${name}" must be an integer from ${min} to ${max}, got ${String(n)}`);
+  }
+  return n;
+}
+
+/**
  * Whether `value` is a non-null object or function.
  * @param value anything
  * @returns whether it can have properties
