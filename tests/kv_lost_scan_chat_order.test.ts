@@ -5,28 +5,22 @@ import { ANY, Bot } from "../mod.ts";
 import { KvDurability } from "../backends/kv/durability.ts";
 import { MemoryKv } from "../backends/memory/kv.ts";
 import { MockProvider } from "../testing.ts";
+import { proxied, until } from "./support/lossy.ts";
 
-const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
 test("kv: chat order after an inbox claim CAS whose reply was lost", async () => {
   const mem = new MemoryKv();
   let armed = false;
   let lostOnce = false;
-  const kv = new Proxy(mem, {
-    get(target, prop, receiver) {
-      if (prop === "set") {
-        return async (key: string, value: unknown, expect?: string | null) => {
-          const r = await target.set(key, value as never, expect);
-          const rec = (value as { rec?: { id?: string; state?: string } } | null)?.rec;
-          if (armed && !lostOnce && r !== null && rec?.id === "m1" && rec.state === "processing") {
-            lostOnce = true;
-            throw new Error("read ECONNRESET (after the commit)");
-          }
-          return r;
-        };
+  const kv = proxied(mem, {
+    set: async (key: string, value: unknown, expect?: string | null) => {
+      const r = await mem.set(key, value as never, expect);
+      const rec = (value as { rec?: { id?: string; state?: string } } | null)?.rec;
+      if (armed && !lostOnce && r !== null && rec?.id === "m1" && rec.state === "processing") {
+        lostOnce = true;
+        throw new Error("read ECONNRESET (after the commit)");
       }
-      const v = Reflect.get(target, prop, receiver);
-      return typeof v === "function" ? v.bind(target) : v;
+      return r;
     },
   });
   const backend = new KvDurability(kv as MemoryKv);
@@ -44,12 +38,11 @@ test("kv: chat order after an inbox claim CAS whose reply was lost", async () =>
   try {
     armed = true;
     await backend.inbox.admit({ id: "m1", kind: "message", chatId: "c", provider: "mock", payload: { id: "m1", chatId: "c", type: "text", text: "one" }, receivedAt: Date.now() - 1000 });
-    while (!lostOnce) await sleep(5);
-    await sleep(200); // the repeats answered
+    await until(() => lostOnce, "the lost compare-and-set");
+    await until(() => starts.includes("m1"), "m1 taken up from the repeat");
     const answer = await provider.receive({ id: "m2", chatId: "c", text: "two" });
-    const deadline = Date.now() + 6000;
-    while (starts.length < 2 && Date.now() < deadline) await sleep(10);
-    console.log({ answer: answer.status, starts });
+    expect(answer.status).toBe("admitted");
+    await until(() => starts.length === 2, "both handlers");
     expect(starts).toEqual(["m1", "m2"]);
   } finally {
     await bot.stop();

@@ -4,18 +4,10 @@ import { expect, test } from "bun:test";
 import { ANY, Bot, MemoryDurability } from "../mod.ts";
 import { MockProvider } from "../testing.ts";
 import type { ClaimDueOptions, ClaimOptions, DurabilityBackend, InboxJournal, NewInboundRecord } from "../src/contract.ts";
+import { proxied, until } from "./support/lossy.ts";
 
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-function proxied<J extends object>(journal: J, overrides: Record<string, unknown>): J {
-  return new Proxy(journal, {
-    get(target, prop, receiver) {
-      if (prop in overrides) return overrides[prop as string];
-      const value = Reflect.get(target, prop, receiver);
-      return typeof value === "function" ? value.bind(target) : value;
-    },
-  });
-}
 
 test("chat order: a later message admitted leased during a lost inbox scan runs before the earlier one it leased", async () => {
   const inner = new MemoryDurability();
@@ -93,9 +85,7 @@ test("chat order: a later message admitted leased during a lost inbox scan runs 
     log.push(`m2 answered ${answer.status}`);
     await sleep(100);
     repeatsFail = false;
-    const deadline = Date.now() + 3000;
-    while (starts.length < 2 && Date.now() < deadline) await sleep(10);
-    console.log("handler starts:", starts);
+    await until(() => starts.length === 2, `both handlers (${log.join("; ")})`);
     expect(starts).toEqual(["m1", "m2"]);
   } finally {
     await bot.stop();
