@@ -191,16 +191,31 @@ describe("sqlite: several connections on one file", () => {
     writeFileSync(
       script,
       `import { SQLiteDurability } from ${JSON.stringify(join(import.meta.dir, "..", "backends", "sqlite", "durability.ts"))};
-const [file, owner, startAt] = process.argv.slice(2);
+import { existsSync, writeFileSync } from "node:fs";
+const [file, owner, all] = process.argv.slice(2);
+const owners = all.split(",");
+// A barrier on marker files: every worker reaches a point before any goes past it.
+const barrier = async (stage) => {
+  writeFileSync(\`\${file}.\${stage}.\${owner}\`, "");
+  const until = Date.now() + 20_000;
+  while (!owners.every((o) => existsSync(\`\${file}.\${stage}.\${o}\`))) {
+    if (Date.now() > until) throw new Error(\`barrier \${stage}: not every worker arrived\`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+};
 const b = new SQLiteDurability({ file });
 await b.open();
-while (Date.now() < Number(startAt)) await new Promise((r) => setTimeout(r, 5)); // all start together
+await barrier("opened");
 const claim = { owner, incarnation: owner, leaseMs: 60_000, limit: 5 };
 const inbox = [], outbox = [];
 let idle = 0;
+let first = true;
 while (idle < 20) {
   const got = await b.inbox.claimDue(claim);
   const out = await b.outbox.claimDue(claim);
+  // Each worker holds its first claims until every worker has claimed once, so all of them race.
+  if (first) await barrier("claimed");
+  first = false;
   for (const r of got) { inbox.push(r.id); await b.inbox.complete(r.id, r.lease.token); }
   for (const e of out.due) { outbox.push(e.key); await b.outbox.markSent(e.key, e.lease.token, owner); }
   idle = got.length + out.due.length === 0 ? idle + 1 : 0;
@@ -210,9 +225,9 @@ await b.close();
 console.log(JSON.stringify({ inbox, outbox }));
 `,
     );
-    const startAt = Date.now() + 2000;
-    const procs = ["P1", "P2", "P3"].map((owner) =>
-      Bun.spawn([process.execPath, script, file, owner, String(startAt)], { stdout: "pipe", stderr: "pipe" })
+    const owners = ["P1", "P2", "P3"];
+    const procs = owners.map((owner) =>
+      Bun.spawn([process.execPath, script, file, owner, owners.join(",")], { stdout: "pipe", stderr: "pipe" })
     );
     const results = await Promise.all(procs.map(async (p) => {
       const [out, err, code] = await Promise.all([new Response(p.stdout).text(), new Response(p.stderr).text(), p.exited]);
@@ -226,7 +241,8 @@ console.log(JSON.stringify({ inbox, outbox }));
     expect(inboxIds.length).toBe(n);
     expect(new Set(outboxKeys).size).toBe(outboxKeys.length);
     expect(outboxKeys.length).toBe(n);
-    expect(results.filter((r) => r.inbox.length + r.outbox.length > 0).length).toBeGreaterThan(1);
+    // The barrier makes every worker claim before any finishes its first claims: all three took part.
+    for (const r of results) expect(r.inbox.length + r.outbox.length).toBeGreaterThan(0);
     const check = new SQLiteDurability({ file });
     await check.open();
     expect((await check.inbox.list({ state: "done", limit: 1000 })).length).toBe(n);
