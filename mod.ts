@@ -29,7 +29,8 @@
  */
 export { Bot, type BotOptions, type Context, type Handler } from "./src/bot.ts";
 export { type Clock, type ClockTimer, systemClock } from "./src/clock.ts";
-export { type AskOptions, AskTimeoutError, type FlowContext, type StepInput, type StoredConversation } from "./src/conversation.ts";
+export { type AskOptions, AskTimeoutError, type FlowContext, type HandlerStep, type StepInput, type StoredConversation } from "./src/conversation.ts";
+export { type StepCall, StepAmbiguousError, StepFailedError, type StepOptions } from "./src/engine/steps.ts";
 export type {
   BotEvents,
   DurabilityControl,

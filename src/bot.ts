@@ -19,7 +19,8 @@ import {
   type SendResult,
   type SweepSummary,
 } from "./engine.ts";
-import { Conversations, type FlowContext, type HandlerSend, type StepJob } from "./conversation.ts";
+import { Conversations, type FlowContext, type HandlerSend, type HandlerStep, type StepJob } from "./conversation.ts";
+import type { StepCall, StepOptions } from "./engine/steps.ts";
 import { errorLogText, errorText, isProcessDeath } from "./errors.ts";
 import { showValue as show } from "./show.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
@@ -34,6 +35,7 @@ import { checkWellFormed } from "./well_formed.ts";
 interface HandlerScope {
   readonly bot: Bot;
   readonly send: HandlerSend;
+  readonly step: HandlerStep;
   /** `false` once the handler returned or threw: what it left running sends on its own. */
   open: boolean;
 }
@@ -211,9 +213,17 @@ export class Bot {
       checkSend: checkSendArgs,
       journals: (content) => this.#journals(content),
       sendDirect: (chatId, content, key) => this.#sendDirect(chatId, content, key ?? `rnd:${randomId()}`),
-      runHandler: (send, fn) => {
+      step: (job, chatId, key, name, fn, options) => {
+        const record = (job as InboundJob).record;
+        if (engine === undefined || record === null) {
+          // No journal: the step simply runs.
+          return Promise.resolve().then(() => fn({ idempotencyKey: key, attempt: 1, signal: new AbortController().signal }));
+        }
+        return engine.step({ recordId: record.id, chatId, key, name, fn, options });
+      },
+      runHandler: (send, step, fn) => {
         this.#handlersRunning++;
-        const scope: HandlerScope = { bot: this, send, open: true };
+        const scope: HandlerScope = { bot: this, send, step, open: true };
         const done = () => {
           scope.open = false;
           this.#handlersRunning--;
@@ -316,6 +326,24 @@ export class Bot {
     const key = options?.idempotencyKey ?? `rnd:${randomId()}`;
     if (!this.#journals(content)) return this.#sendDirect(chatId, content, key);
     return this.#send(chatId, content, key, null, "now");
+  }
+
+  /**
+   * A durable step of the handler this call descends from, as `ctx.step` makes it (see
+   * `FlowContext.step`): for code that has no `ctx` of this bot, e.g. grammY or Telegraf middleware.
+   *
+   * @param name the step's name, once per message
+   * @param fn the step: its result must be JSON
+   * @param options `key`, `idempotent`, `retries`
+   * @returns the step's result as journaled
+   * @throws {Error} when called outside a handler of this bot (a step needs the message it belongs to)
+   */
+  step<T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions): Promise<Awaited<T>> {
+    const handling = this.#handlerContext?.get();
+    if (handling === undefined || handling.bot !== this || !handling.open) {
+      return Promise.reject(new Error(`bot.step("${String(name)}") was called outside a handler of this bot: a step belongs to the message being handled`));
+    }
+    return handling.step(name, fn, options);
   }
 
   /**

@@ -21,6 +21,7 @@ import type { InboundMessage, OutboundContent } from "./provider.ts";
 import { isProcessDeath } from "./errors.ts";
 import { showValue as show } from "./show.ts";
 import type { SessionStore } from "./store.ts";
+import { checkStepArguments, type StepCall, type StepOptions } from "./engine/steps.ts";
 
 /**
  * Thrown by `ctx.ask()` when no answer came within its `timeoutMs`.
@@ -98,6 +99,12 @@ export type HandlerSend = (
   mode: "now" | "enqueue",
 ) => Promise<SendResult>;
 
+/**
+ * A durable step of the handler being run: keyed `<id>:step:<name>` unless `options` gives a key.
+ * Resolves to the step's result as journaled (its JSON round trip).
+ */
+export type HandlerStep = <T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions) => Promise<Awaited<T>>;
+
 /** What a handler gets (the bot adds `bot`: see `Context`). */
 export interface FlowContext {
   /** The inbound message or interaction that started this handler. */
@@ -120,6 +127,30 @@ export interface FlowContext {
    * @throws {AskTimeoutError} when `timeoutMs` passes without an answer
    */
   ask(prompt: OutboundContent | null, options?: AskOptions): Promise<InboundMessage>;
+  /**
+   * Run `fn` once for this message: its result (JSON) is journaled before the handler goes on, and a
+   * rerun of the message (after a crash, a retry, a conversation's replay) gets the journaled result back
+   * without calling `fn` again. A failure is retried with backoff, then journaled for good
+   * ({@link StepFailedError}); a run cut off during `fn` whose outcome is unknown is reported and held
+   * ({@link StepAmbiguousError}) unless the step is `idempotent`. Key `<id>:step:<name>` unless `key` is
+   * given, `<id>` the message that fed the current step (see `ask`); each name once per such step.
+   * Without durability, `fn` simply runs.
+   *
+   * @example
+   * ```ts
+   * import { Bot, MemoryDurability } from "@botmesh/durable";
+   * import { MockProvider } from "@botmesh/durable/testing";
+   * const bot = new Bot({ provider: new MockProvider(), durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+   * bot.when(/.+/, async (ctx) => {
+   *   const answer = await ctx.step("llm", async ({ idempotencyKey }) => {
+   *     // e.g. fetch("https://llm.example/v1/chat", { headers: { "Idempotency-Key": idempotencyKey }, … })
+   *     return `You said ${ctx.message.text}`;
+   *   });
+   *   await ctx.reply(answer);
+   * });
+   * ```
+   */
+  step<T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions): Promise<Awaited<T>>;
 }
 
 type Suspension = { kind: "ask" } | { kind: "ended" } | { kind: "threw"; error: unknown };
@@ -152,8 +183,10 @@ export interface ConversationHost {
   journals(content: OutboundContent): boolean;
   /** Call the provider straight away for content it does not journal. */
   sendDirect(chatId: string, content: OutboundContent, key: string | undefined): Promise<SendResult>;
-  /** Run a handler with `send` as the handling context of everything it calls (see `Bot.send`). */
-  runHandler(send: HandlerSend, fn: () => unknown): unknown;
+  /** Run a handler with `send` and `step` as the handling context of everything it calls (see `Bot.send`). */
+  runHandler(send: HandlerSend, step: HandlerStep, fn: () => unknown): unknown;
+  /** Run a durable step of the job's handler under `key` (without a journal: `fn` once). */
+  step(job: StepJob, chatId: string, key: string, name: string, fn: (call: StepCall) => unknown, options: StepOptions | undefined): Promise<unknown>;
   checkSend(chatId: unknown, options: SendOptions | undefined): void;
   /** A context for the handler; the bot adds `bot`. */
   makeContext(base: FlowContext): unknown;
@@ -199,6 +232,8 @@ class Flow {
   job: StepJob;
   keyPrefix = "";
   sendCount = 0;
+  /** The step names used since the current input (each once). */
+  stepNames = new Set<string>();
   askCount = 0;
   pending: { index: number; match: Matcher | undefined; resolve(m: InboundMessage): void; reject(e: unknown): void } | null =
     null;
@@ -226,6 +261,7 @@ class Flow {
     this.job = job;
     this.keyPrefix = inputId(this.steps[step]!, this.flowId, step);
     this.sendCount = 0;
+    this.stepNames = new Set();
   }
 
   /** Run the handler from the start; resolves at its first live ask or its end. */
@@ -240,6 +276,21 @@ class Flow {
     };
     const send = (chatId: string, content: OutboundContent, options?: SendOptions): Promise<SendResult> =>
       handlerSend(chatId, content, options, "now");
+    const handlerStep = (<T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions): Promise<Awaited<T>> => {
+      try {
+        checkStepArguments(name, fn, options);
+        if (options?.key === undefined) {
+          if (this.stepNames.has(name)) {
+            throw new TypeError(`Step name "${name}" was used twice for one message: give each step of a handler its own name (an index in a loop)`);
+          }
+          this.stepNames.add(name);
+        }
+      } catch (error) {
+        return Promise.reject(error);
+      }
+      const key = options?.key ?? `${this.keyPrefix}:step:${name}`;
+      return this.#host.step(this.job, this.chatId, key, name, fn, options) as Promise<Awaited<T>>;
+    }) as HandlerStep;
     const flow = this;
     const ctx = this.#host.makeContext({
       message: first,
@@ -251,8 +302,9 @@ class Flow {
       reply: (content, options) => send(first.chatId, content, options),
       send,
       ask: (prompt, options) => this.#ask(prompt, options, send),
+      step: handlerStep,
     });
-    Promise.resolve().then(() => this.#host.runHandler(handlerSend, () => handler(ctx as never))).then(
+    Promise.resolve().then(() => this.#host.runHandler(handlerSend, handlerStep, () => handler(ctx as never))).then(
       () => this.#settle({ kind: "ended" }),
       (error) => this.#settle({ kind: "threw", error }),
     );

@@ -39,6 +39,7 @@ import { Inbound } from "./engine/inbound.ts";
 import { Sweeper } from "./engine/sweeper.ts";
 import { DamagedReports } from "./engine/damaged.ts";
 import { StorageDamage } from "./engine/storage_damage.ts";
+import { type StepRequest, Steps } from "./engine/steps.ts";
 
 export type {
   BotEvents,
@@ -93,6 +94,7 @@ export class DurabilityEngine {
   readonly #outbound: Outbound;
   /** Messages and timers: admit, run, record. */
   readonly #inbound: Inbound;
+  readonly #steps: Steps;
   /** Due and abandoned work taken up (a scan whose reply was lost asked again); old records purged. */
   readonly #sweeper: Sweeper;
   /** The damaged records this bot reports. */
@@ -196,6 +198,7 @@ export class DurabilityEngine {
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
     });
+    this.#steps = new Steps({ ...core, outcomes: this.#outcomes, ambiguity: this.#ambiguity, signal: this.#abort.signal, halt: () => this.#halt() });
     this.#sweeper = new Sweeper({
       ...core,
       inbound: this.#inbound,
@@ -412,6 +415,11 @@ export class DurabilityEngine {
    */
   send(chatId: string, content: OutboundContent, key: string, inboundId: string | null, mode: "now" | "enqueue"): Promise<SendResult> {
     return this.#outbound.send(chatId, content, key, inboundId, mode);
+  }
+
+  /** Run a handler's step, or return the result a run of it recorded (see `Steps.run`). */
+  step(request: StepRequest): Promise<JsonValue | undefined> {
+    return this.#steps.run(request);
   }
 
   /**

@@ -13,6 +13,7 @@ import { decodeContent } from "../content.ts";
 import { type DurabilityBackend, type OutboxEntry, type OutboxState, StaleLeaseError } from "../contract.ts";
 import type { OutboundContent, SendConfirmation } from "../provider.ts";
 import { checkConfirmation, withTimeout } from "./calls.ts";
+import { stepOf } from "./steps.ts";
 import type { BotEvents, DurabilityMetrics, EngineHost } from "./types.ts";
 
 /** How long a provider's `confirm` may take before the send is left to an operator. */
@@ -95,6 +96,7 @@ export class Ambiguity {
    */
   settle(entry: OutboxEntry): void {
     this.report(entry);
+    if (stepOf(entry) !== undefined) return; // a step: only its own code could tell, an operator settles it
     const provider = this.#a.host.provider;
     const stashed = this.#confirmed.get(entry.key);
     if (stashed === undefined && provider.confirm === undefined) return;
@@ -104,14 +106,18 @@ export class Ambiguity {
     this.#a.host.track(work);
   }
 
-  /** Report a send as ambiguous: counted and told (`durability:ambiguous`). */
-  report(entry: { key: string; chatId: string; fence?: number }): void {
+  /** Report a send (or a step) as ambiguous: counted and told (`durability:ambiguous`). */
+  report(entry: { key: string; chatId: string; fence?: number; content?: OutboxEntry["content"] }): void {
     if (entry.fence !== undefined) {
       this.#reported.add(`${entry.key}#${entry.fence}`);
     }
     this.#a.metrics.outboxAmbiguous++;
     this.#a.countAmbiguous();
-    this.#a.host.events.emit("durability:ambiguous", { key: entry.key, chatId: entry.chatId });
+    const step = entry.content === undefined ? undefined : stepOf({ chatId: entry.chatId, content: entry.content });
+    this.#a.host.events.emit(
+      "durability:ambiguous",
+      step === undefined ? { key: entry.key, chatId: entry.chatId } : { key: entry.key, chatId: step.chatId, step: step.name },
+    );
   }
 
   /** The provider's `confirm` answer for `entry`, checked, within {@link CONFIRM_TIMEOUT_MS}. */

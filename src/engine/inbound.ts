@@ -19,6 +19,7 @@ import { TIMER_STATE } from "../rules.ts";
 import { runOf, TIMER_FIELD, timerOf } from "./jobs.ts";
 import type { HeldLease } from "./leases.ts";
 import type { Outcomes } from "./outcomes.ts";
+import { isStepOutcomeError } from "./steps.ts";
 import { asError, type EngineCore, type InboundJob } from "./types.ts";
 
 /** Inbound ids remembered as admitted here (the latest ones). */
@@ -489,6 +490,8 @@ export class Inbound {
         failed = true;
         failure = error;
         handlerThrew = true;
+        // A step's journaled failure or ambiguity: every rerun would end the same way, so it is dead now.
+        if (isStepOutcomeError(error)) deadNow = true;
       }
     }
     if (this.#h.halted()) return;
@@ -505,7 +508,9 @@ export class Inbound {
         this.#h.metrics.inboundDead++;
         this.#h.host.events.emit("durability:dead", { kind: "inbound", id: record.id, error: text });
         this.#h.report(failure, deadNow
-          ? `inbound record "${record.id}" (dead-lettered unread; the record keeps what the channel sent)`
+          ? handlerThrew
+            ? `handler of inbound record "${record.id}" (dead-lettered at once: a step's outcome is journaled)`
+            : `inbound record "${record.id}" (dead-lettered unread; the record keeps what the channel sent)`
           : `handler of inbound record "${record.id}" (dead after ${attempts} attempts)`);
       } else {
         const retryInMs = retryDelay(attempts, this.#h.config.inbox.backoff, undefined, () => this.#h.clock.random());

@@ -19,6 +19,7 @@ import type { Throttle } from "../throttle.ts";
 import type { Ambiguity } from "./ambiguity.ts";
 import type { HeldLease } from "./leases.ts";
 import type { Outcomes } from "./outcomes.ts";
+import { settleAbandonedStep, stepOf } from "./steps.ts";
 import type { EngineCore, SendResult } from "./types.ts";
 import { MAX_TIMER_MS } from "./wakeups.ts";
 
@@ -239,6 +240,11 @@ export class Outbound {
     let called = false;
     let settled = false;
     try {
+      if (stepOf(entry) !== undefined) {
+        // A step's attempt: only its message's handler can run it.
+        const state = await settleAbandonedStep(this.#h, lease, entry, resend);
+        return { key, state: state === "lost" ? entry.state : state };
+      }
       let confirmed = this.#h.ambiguity.confirmedId(key);
       let via: "status" | "confirm" = "status";
       if (confirmed === undefined && resend && provider.confirm !== undefined) {

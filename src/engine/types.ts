@@ -92,10 +92,13 @@ export interface BotEvents {
   /** Something failed that the bot could not hand back to a caller (a journal error, a handler crash). */
   error: Error;
   warning: DurabilityWarning;
-  /** A record reached a DLQ. `id` is the inbound id or the outbox key. */
-  "durability:dead": { kind: "inbound" | "outbound"; id: string; error: string };
-  /** A send's outcome is unknown (its sender died during the provider call, or the call timed out): held for an operator. */
-  "durability:ambiguous": { key: string; chatId: string };
+  /** A record reached a DLQ: `id` is the inbound id or the outbox key (a step's: the key of its attempt). */
+  "durability:dead": { kind: "inbound" | "outbound" | "step"; id: string; error: string };
+  /**
+   * A send's outcome is unknown (its sender died during the provider call, or the call timed out): held
+   * for an operator. For a step (`ctx.step`), `step` is its name and `key` its attempt's outbox key.
+   */
+  "durability:ambiguous": { key: string; chatId: string; step?: string };
   /**
    * An ambiguous send (already reported by `durability:ambiguous`) was settled: `sent` by the channel
    * (a delivery status carrying its key, or the provider's `confirm`), by the late outcome of the call

@@ -29,6 +29,7 @@ export const CRASH_POINTS = [
   "outbox.heartbeat",
   "outbox.markCalling",
   "provider.send",
+  "step.call",
   "outbox.markSent",
   "outbox.markFailed",
   "outbox.retry",

@@ -167,7 +167,7 @@ export class Ledger {
   timedOut: Set<string> = new Set();
   /** Conversations (by first message id) the bot ended and reported: a step failed on its last attempt. */
   conversationsEnded: Set<string> = new Set();
-  deadEvents: { kind: "inbound" | "outbound"; id: string; inc: string; error: string }[] = [];
+  deadEvents: { kind: "inbound" | "outbound" | "step"; id: string; inc: string; error: string }[] = [];
   /** Dead transitions the backend committed. */
   outDead: { key: string; token: number; delivered: boolean; lostBy: LostBy; error: string; inc: string; time: number }[] = [];
   inDead: { id: string; token: number; delivered: boolean; lostBy: LostBy; error: string; inc: string; time: number }[] = [];

@@ -1,0 +1,384 @@
+/**
+ * Durable steps: a handler's other effects (an LLM call, a payment, a write to the bot's own database)
+ * journaled in the outbox as sends are, so that a rerun of the message gets the recorded result back
+ * instead of running the step again.
+ *
+ * A step is a sequence of outbox entries, its attempts: `<key>` first, then `<key>#2`, `<key>#3`, … Each
+ * attempt is reserved leased (its own chat `step:<key>`, so nothing else ever queues behind it), the
+ * call announced (`markCalling`) before the step's function runs, and its result recorded with
+ * `markSent` (the result's JSON is the entry's `messageId`). A failure the step gives up on is recorded
+ * `dead`; a call that may have had its effect when its outcome was lost becomes `unknown` (the same rule
+ * as a send: a lapsed lease after `markCalling`) and is reported. A lapsed attempt that never announced
+ * its call, or one an operator requeued, is settled by the sweep that finds it as `sent` with the
+ * {@link STEP_NOT_RUN} mark: the next run of the message starts the next attempt.
+ *
+ * @module
+ */
+import { retryDelay } from "../backoff.ts";
+import { sleep } from "../clock.ts";
+import { hashText, isOverUtf8Limit } from "../content.ts";
+import type { JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
+import { errorText, isProcessDeath } from "../errors.ts";
+import { classifyProviderError } from "../provider.ts";
+import { showValue as show } from "../show.ts";
+import { checkWellFormed } from "../well_formed.ts";
+import type { Ambiguity } from "./ambiguity.ts";
+import type { HeldLease } from "./leases.ts";
+import type { Outcomes } from "./outcomes.ts";
+import type { EngineCore } from "./types.ts";
+
+/** The `kind` of a step entry's content. */
+export const STEP_KIND = "botmesh:step";
+/** The `messageId` of a step attempt that never ran (settled by a sweep): the next attempt runs the step. */
+export const STEP_NOT_RUN = "botmesh:step-not-run";
+/** The chat of a step's attempts: `step:<key>`. */
+export const STEP_CHAT_PREFIX = "step:";
+/** The longest step name. */
+const MAX_NAME = 200;
+
+/** What a step's function is given. */
+export interface StepCall {
+  /**
+   * The step's key, the same on every run and retry: pass it to a callee that deduplicates (Stripe's
+   * `Idempotency-Key` header, an upsert's id), then the step is safe to run again (`idempotent: true`).
+   */
+  readonly idempotencyKey: string;
+  /** 1 on the first call, more on a retry (of this run, or of a new attempt after an interruption). */
+  readonly attempt: number;
+  /** Aborted when the process stops under the step. */
+  readonly signal: AbortSignal;
+}
+
+/** Options of `ctx.step()`. */
+export interface StepOptions {
+  /** The step's key (default `<message id>:step:<name>`, the message that fed the handler's current step). */
+  key?: string;
+  /**
+   * Running the step again after an interruption whose outcome is unknown does no harm (it is idempotent
+   * by nature, or its callee honours `idempotencyKey`). Default `false`: such a step is held and
+   * reported ({@link StepAmbiguousError}), never run a second time on its own.
+   */
+  idempotent?: boolean;
+  /**
+   * How often a failed call is retried (with `durability.outbox.backoff`) before the step fails for
+   * good (default `durability.outbox.retries`). An error is retried when it is retryable as a send's
+   * would be: anything but an error with `retryable: false` (or a non-retryable `status`); an error that
+   * may have taken effect (`maybeDelivered: true`, a `TimeoutError`) is retried only by an idempotent step.
+   */
+  retries?: number;
+}
+
+/**
+ * The step failed for good (its error was not retryable, or its retries were spent): journaled, so a
+ * rerun of the message throws this again without calling the step. Escaping the handler, it
+ * dead-letters the message at once.
+ */
+export class StepFailedError extends Error {
+  /** The step's key. */
+  readonly key: string;
+  /** The step's name. */
+  readonly step: string;
+  /**
+   * @param step the step's name
+   * @param key the step's key
+   * @param error the journaled error text
+   * @param cause the error itself, when this run made the call
+   */
+  constructor(step: string, key: string, error: string, cause?: unknown) {
+    super(`Step "${step}" failed: ${error}`, cause === undefined ? undefined : { cause });
+    this.name = "StepFailedError";
+    this.step = step;
+    this.key = key;
+  }
+}
+
+/**
+ * The step may have had its effect, but its result was not recorded (the process died during it, or it
+ * timed out), and it is not `idempotent`: it is not run again. Reported as `durability:ambiguous`;
+ * escaping the handler, it dead-letters the message. An operator checks what happened and either
+ * confirms the step (`markDelivered`, optionally with its result as JSON) or lets it run again
+ * (`retry`), then replays the message.
+ */
+export class StepAmbiguousError extends Error {
+  /** The step's key. */
+  readonly key: string;
+  /** The step's name. */
+  readonly step: string;
+  /** The key of the attempt held as `unknown`. */
+  readonly attemptKey: string;
+  /**
+   * @param step the step's name
+   * @param key the step's key
+   * @param attemptKey the attempt's outbox key
+   * @param cause the error of the call, when this run made it
+   */
+  constructor(step: string, key: string, attemptKey: string, cause?: unknown) {
+    super(
+      `Step "${step}" may have run without its result being recorded (outbox entry "${attemptKey}" is unknown); ` +
+        `it is not run again: confirm it or retry it, then replay the message`,
+      cause === undefined ? undefined : { cause },
+    );
+    this.name = "StepAmbiguousError";
+    this.step = step;
+    this.key = key;
+    this.attemptKey = attemptKey;
+  }
+}
+
+/** Whether an error escaping a handler is a step's settled outcome (the message is dead-lettered at once). */
+export function isStepOutcomeError(error: unknown): boolean {
+  return error instanceof StepFailedError || error instanceof StepAmbiguousError;
+}
+
+/** The content of a step's attempt entry. */
+interface StepContent {
+  kind: typeof STEP_KIND;
+  name: string;
+  chatId: string;
+  key: string;
+}
+
+/** The step content of an outbox entry, or `undefined` for a send. */
+export function stepOf(entry: Pick<OutboxEntry, "chatId" | "content">): StepContent | undefined {
+  const content = entry.content;
+  if (!entry.chatId.startsWith(STEP_CHAT_PREFIX) || typeof content !== "object" || content === null || Array.isArray(content)) return undefined;
+  const c = content as Record<string, JsonValue>;
+  if (c.kind !== STEP_KIND || typeof c.name !== "string" || typeof c.chatId !== "string" || typeof c.key !== "string") return undefined;
+  return c as unknown as StepContent;
+}
+
+/** The result a step entry recorded: `{ value }` (no `value`: `undefined`), or `undefined` when it holds none. */
+export function stepResultOf(messageId: string | null): { value: JsonValue | undefined } | undefined {
+  if (messageId === null || messageId === STEP_NOT_RUN) return undefined;
+  try {
+    const parsed = JSON.parse(messageId) as unknown;
+    if (typeof parsed === "object" && parsed !== null && !Array.isArray(parsed)) {
+      return { value: (parsed as { v?: JsonValue }).v };
+    }
+  } catch {
+    // an operator's confirmation without a result: the step returns undefined
+  }
+  return { value: undefined };
+}
+
+/** One step call of a handler. */
+export interface StepRequest {
+  /** The inbound record whose handler runs the step. */
+  recordId: string;
+  /** Its chat. */
+  chatId: string;
+  key: string;
+  name: string;
+  fn: (call: StepCall) => unknown;
+  options: StepOptions | undefined;
+}
+
+/** What steps need from the engine. */
+export interface StepsHost extends EngineCore {
+  outcomes: Outcomes;
+  ambiguity: Ambiguity;
+  /** The signal of the process's calls (aborted when it dies). */
+  signal: AbortSignal;
+  /** Stop the engine: a simulated process death. */
+  halt(): void;
+}
+
+/**
+ * Check a step's arguments.
+ * @throws {TypeError} naming the argument or option that is wrong
+ * @throws {RangeError} when `retries` is out of range
+ */
+export function checkStepArguments(name: unknown, fn: unknown, options: unknown): void {
+  if (typeof name !== "string" || name === "" || name.length > MAX_NAME) {
+    throw new TypeError(`Argument "name" of ctx.step() must be a non-empty string of at most ${MAX_NAME} characters, got ${show(name)}`);
+  }
+  checkWellFormed(name, `Argument "name" of ctx.step()`);
+  if (typeof fn !== "function") throw new TypeError(`Argument "fn" of ctx.step("${name}") must be a function, got ${show(fn)}`);
+  if (options === undefined) return;
+  if (typeof options !== "object" || options === null) throw new TypeError(`Options of ctx.step("${name}") must be an object, got ${show(options)}`);
+  for (const field of Object.keys(options)) {
+    if (!["key", "idempotent", "retries"].includes(field)) throw new TypeError(`Unknown option "${field}" of ctx.step("${name}")`);
+  }
+  const { key, idempotent, retries } = options as StepOptions;
+  if (key !== undefined && (typeof key !== "string" || key === "" || key.length > 512)) {
+    throw new TypeError(`Option "key" of ctx.step("${name}") must be a non-empty string of at most 512 characters, got ${show(key)}`);
+  }
+  if (key !== undefined) checkWellFormed(key, `Option "key" of ctx.step("${name}")`);
+  if (idempotent !== undefined && typeof idempotent !== "boolean") {
+    throw new TypeError(`Option "idempotent" of ctx.step("${name}") must be a boolean, got ${show(idempotent)}`);
+  }
+  if (retries !== undefined && (typeof retries !== "number" || !Number.isInteger(retries) || retries < 0 || retries > 1000)) {
+    throw new RangeError(`Option "retries" of ctx.step("${name}") must be an integer from 0 to 1000, got ${show(retries)}`);
+  }
+}
+
+/** The attempts' outbox key: `<key>`, then `<key>#<n>`. */
+function attemptKey(key: string, n: number): string {
+  return n === 1 ? key : `${key}#${n}`;
+}
+
+/** Runs steps for handlers. */
+export class Steps {
+  readonly #h: StepsHost;
+
+  constructor(host: StepsHost) {
+    this.#h = host;
+  }
+
+  /**
+   * Run a step of a handler, or return the result a run of it recorded.
+   * @returns the step's result as recorded (its JSON round trip)
+   * @throws {StepFailedError} when the step failed for good (now or on an earlier run)
+   * @throws {StepAmbiguousError} when an earlier run may have had its effect and the step is not idempotent
+   */
+  async run(request: StepRequest): Promise<JsonValue | undefined> {
+    const { key, name } = request;
+    const idempotent = request.options?.idempotent === true;
+    for (let n = 1, waited = 0;;) {
+      this.#alive(request);
+      const attempt = attemptKey(key, n);
+      let entry = await this.#h.backend.outbox.get(attempt);
+      if (entry === null) {
+        const reservedAt = this.#h.clock.monotonic();
+        const reserved = await this.#h.backend.outbox.reserve(this.#entryOf(request, attempt), this.#h.claim("outbox"));
+        if (reserved.status === "leased") {
+          return await this.#runAttempt(request, reserved.entry, this.#h.leases.hold("outbox", attempt, reserved.entry.fence, reservedAt), n);
+        }
+        entry = reserved.entry;
+      }
+      const step = stepOf(entry);
+      if (step === undefined || step.key !== key) {
+        throw new TypeError(`The key "${attempt}" of step "${name}" is journaled for something else (a send, or another step): give the step a key of its own`);
+      }
+      if (entry.state === "sent") {
+        const result = stepResultOf(entry.messageId);
+        if (result !== undefined) return result.value;
+        n++; // an attempt that never ran
+        continue;
+      }
+      if (entry.state === "dead") throw new StepFailedError(name, key, entry.error ?? "failed");
+      if (entry.state === "unknown") {
+        if (!idempotent) throw new StepAmbiguousError(name, key, attempt);
+        n++; // safe to run again: the next attempt
+        continue;
+      }
+      // Another run has it (or had it: its lease lapses, and a sweep settles it). Wait a while for that.
+      const leaseMs = this.#h.config.outbox.leaseMs;
+      if (waited > 2 * leaseMs) throw new Error(`Step "${name}" is still held by an earlier run of its message (outbox entry "${attempt}" is ${entry.state})`);
+      const pause = Math.max(5, Math.min(1000, Math.floor(leaseMs / 4)));
+      this.#h.wake(0);
+      await sleep(this.#h.clock, pause);
+      waited += pause;
+    }
+  }
+
+  #entryOf(request: StepRequest, attempt: string): NewOutboxEntry {
+    const content: StepContent = { kind: STEP_KIND, name: request.name, chatId: request.chatId, key: request.key };
+    return {
+      key: attempt,
+      chatId: `${STEP_CHAT_PREFIX}${request.key}`,
+      content: content as unknown as JsonValue,
+      contentHash: hashText(JSON.stringify(content)),
+      inboundId: request.recordId,
+    };
+  }
+
+  /** Throws when the handler's message is no longer this process's (its lease lost) or the process stops. */
+  #alive(request: StepRequest): void {
+    if (this.#h.halted()) throw new Error("The process died");
+    const inbound = this.#h.leases.get("inbox", request.recordId);
+    if (inbound?.lost === true) throw new Error(`Step "${request.name}": the lease on inbound record "${request.recordId}" was lost; its next run takes the step up`);
+  }
+
+  async #runAttempt(request: StepRequest, entry: OutboxEntry, lease: HeldLease, n: number): Promise<JsonValue | undefined> {
+    const { key, name, fn } = request;
+    const idempotent = request.options?.idempotent === true;
+    const retries = request.options?.retries ?? this.#h.config.outbox.retries;
+    const outbox = this.#h.backend.outbox;
+    try {
+      for (let tries = 1;; tries++) {
+        this.#alive(request);
+        const renewed = await this.#h.leases.renew(lease, true);
+        if (this.#h.halted()) throw new Error("The process died");
+        if (renewed !== "held") {
+          throw new Error(`Step "${name}": its call could not be announced (outbox entry "${entry.key}", ${renewed === "lost" ? "lease lost" : "journal error"})`);
+        }
+        let value: unknown;
+        try {
+          value = await fn({ idempotencyKey: key, attempt: n - 1 + tries, signal: this.#h.signal });
+        } catch (error) {
+          if (isProcessDeath(error) || this.#h.halted()) {
+            this.#h.halt();
+            throw error;
+          }
+          const classified = classifyProviderError(error);
+          const text = errorText(error);
+          if (classified.retryable && classified.maybeDelivered === true && !idempotent) {
+            // It may have taken effect: held as unknown and reported, never run again on its own.
+            const outcome = { error: text, ambiguous: true } as const;
+            if (await this.#h.outcomes.record(lease, (token) => outbox.markFailed(entry.key, token, outcome), ["unknown"])) {
+              this.#h.ambiguity.report({ ...entry, fence: lease.token });
+            }
+            throw new StepAmbiguousError(name, key, entry.key, error);
+          }
+          if (classified.retryable && tries <= retries) {
+            await sleep(this.#h.clock, retryDelay(tries, this.#h.config.outbox.backoff, classified.retryAfterMs, () => this.#h.clock.random()));
+            continue;
+          }
+          await this.#failed(lease, entry.key, text);
+          throw new StepFailedError(name, key, text, error);
+        }
+        let text: string | undefined;
+        let refusal: string | undefined;
+        try {
+          text = JSON.stringify(value === undefined ? {} : { v: value });
+        } catch (error) {
+          refusal = `its result is not JSON (${errorText(error)})`;
+        }
+        if (text !== undefined && isOverUtf8Limit(text, this.#h.config.outbox.maxPayloadBytes)) {
+          refusal = `its result is larger than outbox.maxPayloadBytes (${this.#h.config.outbox.maxPayloadBytes})`;
+        }
+        if (refusal !== undefined || text === undefined) {
+          // It ran: it must not run again. Recorded as failed for good, with the reason.
+          await this.#failed(lease, entry.key, `Step "${name}" ran, but ${refusal}`);
+          throw new TypeError(`Step "${name}" ran, but ${refusal}; return JSON (or store it elsewhere and return its id)`);
+        }
+        const resultText = text;
+        if (!await this.#h.outcomes.record(lease, (token) => outbox.markSent(entry.key, token, resultText), ["sent"])) {
+          throw new Error(`Step "${name}" ran, but its result could not be recorded (outbox entry "${entry.key}"): the step is reported ambiguous`);
+        }
+        return stepResultOf(resultText)!.value;
+      }
+    } finally {
+      this.#h.leases.release("outbox", entry.key, lease.token);
+    }
+  }
+
+  async #failed(lease: HeldLease, attempt: string, error: string): Promise<void> {
+    const outcome = { error, dead: true } as const;
+    if (await this.#h.outcomes.record(lease, (token) => this.#h.backend.outbox.markFailed(attempt, token, outcome), ["dead"])) {
+      this.#h.host.events.emit("durability:dead", { kind: "step", id: attempt, error });
+    }
+  }
+}
+
+/**
+ * A step attempt a sweep leased as due work (its run died before it announced the call, or an operator
+ * requeued it): nobody can run it but its message's handler, so it is settled as never run
+ * ({@link STEP_NOT_RUN}); with `resend` (it was called, re-leased by `onAmbiguous: 'resend'`) it is held
+ * as `unknown` instead, as a step's ambiguity is never resent.
+ * @returns the state it was left in
+ */
+export async function settleAbandonedStep(
+  host: { backend: EngineCore["backend"]; outcomes: Outcomes },
+  lease: HeldLease,
+  entry: OutboxEntry,
+  resend: boolean,
+): Promise<"sent" | "unknown" | "lost"> {
+  const outbox = host.backend.outbox;
+  if (resend) {
+    const outcome = { error: "A step's call may have run; its result was not recorded", ambiguous: true } as const;
+    return await host.outcomes.record(lease, (token) => outbox.markFailed(entry.key, token, outcome), ["unknown"]) ? "unknown" : "lost";
+  }
+  return await host.outcomes.record(lease, (token) => outbox.markSent(entry.key, token, STEP_NOT_RUN), ["sent"]) ? "sent" : "lost";
+}
