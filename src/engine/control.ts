@@ -4,6 +4,7 @@
  *
  * @module
  */
+import { stepOf, stepResultText } from "./steps.ts";
 import type { DurabilityBackend, OutboxEntry, OutboxState } from "../contract.ts";
 import type { DurabilityHistograms } from "../histogram.ts";
 import { type DurabilityControl, type DurabilityMetrics, listDamaged } from "./types.ts";
@@ -58,7 +59,9 @@ export function operatorControl(h: ControlHost): DurabilityControl {
       }
       const entry = await backend.outbox.get(key);
       if (entry === null || entry.state !== "unknown") return false;
-      return await h.resolveSent(entry, messageId) === "resolved";
+      // A step's attempt: `messageId` is the step's result as JSON ("": none, the step returns undefined).
+      const recorded = stepOf(entry) === undefined ? messageId : stepResultText(messageId, key);
+      return await h.resolveSent(entry, recorded) === "resolved";
     },
     metrics: () => h.metrics(),
     histograms: () => h.histograms(),

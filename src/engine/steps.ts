@@ -161,6 +161,19 @@ export function stepResultOf(messageId: string | null): { value: JsonValue | und
   return { value: undefined };
 }
 
+/**
+ * What an operator's confirmation of a step records: its result given as JSON text (`""`: none).
+ * @throws {TypeError} when `result` is not JSON
+ */
+export function stepResultText(result: string, key: string): string {
+  if (result === "") return "{}";
+  try {
+    return JSON.stringify({ v: JSON.parse(result) as JsonValue });
+  } catch {
+    throw new TypeError(`The result confirmed for step "${key}" must be JSON (or empty for none), got ${show(result)}`);
+  }
+}
+
 /** One step call of a handler. */
 export interface StepRequest {
   /** The inbound record whose handler runs the step. */
