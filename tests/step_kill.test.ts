@@ -241,7 +241,7 @@ async function killRun(name: string, options: { count: number; chats: number; ki
   const plan = kinds.map((kind) => ({
     kind,
     /** random: ms after ready; early: ms after the spawn; in-call: the fraction of the call's delay. */
-    moment: kind === "random" ? random() * 400 : kind === "early" ? 50 + random() * 600 : random(),
+    moment: kind === "random" ? random() * 400 : kind === "early" ? 10 + random() * 140 : random(),
     pauses: Array.from({ length: 8 }, () => random() * 60),
   }));
 
@@ -366,6 +366,8 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
   const opened = await openBackend(`sqlite:${db}`);
   let done = 0;
   let ambiguous = 0;
+  const deadIds = new Set<string>();
+  let notRun = 0;
   try {
     for (const m of messages) {
       const where = `message ${m.id} (seed ${SEED})`;
@@ -379,6 +381,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
       const final = attempts.at(-1)!;
       // Earlier attempts were cut off before their call (settled as never run): the next one called.
       for (const early of attempts.slice(0, -1)) expect(early.messageId, `${where}: an earlier attempt never ran`).toBe("botmesh:step-not-run");
+      if (attempts.length > 1) notRun++;
       expect(calls.length, `${where}: the LLM is never called twice for a step that is not idempotent`).toBeLessThanOrEqual(1);
       if (record!.state === "done") {
         done++;
@@ -390,6 +393,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
         expect(replies[0]!.chatId).toBe(m.chatId);
       } else {
         ambiguous++;
+        deadIds.add(m.id);
         expect(record!.error ?? "", `${where}: dead only for an ambiguous step`).toStartWith(`StepAmbiguousError: Step "llm" may have run`);
         expect(final.state, `${where}: the step's attempt is held as unknown`).toBe("unknown");
         expect(reportedSteps.has(final.key), `${where}: the ambiguity was reported (durability:ambiguous, step "llm")`).toBe(true);
@@ -406,14 +410,19 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
   }
   expect([...world.sends.keys()].every((k) => messages.some((m) => k === `${m.id}:1`))).toBe(true);
   // A kill that landed while an LLM call was unanswered: that step must be the ambiguous one.
+  // (The LLM sees the step's key; a report names the attempt: `<key>`, or `<key>#<n>` after attempts that never ran.)
   const landed = kills.flatMap((k) => k.inCall);
-  for (const key of landed) expect(reportedSteps.has(key), `step ${key} killed inside its LLM call is reported`).toBe(true);
+  const reportedStepKeys = new Set([...reportedSteps].map((attempt) => attempt.replace(/#\d+$/, "")));
+  for (const key of landed) {
+    expect(deadIds.has(key.slice(0, key.indexOf(":"))), `the message of step ${key}, killed inside its LLM call, is dead`).toBe(true);
+    expect(reportedStepKeys.has(key), `step ${key}, killed inside its LLM call, is reported`).toBe(true);
+  }
   const calls = world.allCalls().length;
   const replySendsAmbiguous = reports.filter((r) => r.step === undefined).length;
   console.log(
     `step kill (seed ${SEED}): ${kills.length} SIGKILLs (${kills.filter((k) => k.kind === "in-call").length} aimed inside an LLM call, ` +
       `${kills.filter((k) => k.inCall.length > 0).length} landed inside one, ${kills.filter((k) => !k.ready).length} before ready), ` +
-      `${messages.length} messages: ${done} done, ${ambiguous} dead as ambiguous steps (${reportedSteps.size} step reports); ` +
+      `${messages.length} messages: ${done} done, ${ambiguous} dead as ambiguous steps (${reportedSteps.size} step reports), ${notRun} steps run by a later attempt (one cut off before its call); ` +
       `${calls} LLM calls, ${[...world.sends.values()].flat().length} reply sends (${replySendsAmbiguous} reply sends ambiguous, confirmed by the channel); ` +
       `${(ms / 1000).toFixed(1)} s`,
   );
@@ -422,11 +431,11 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
   // within 5 s is killed anyway, hence "at least one").
   expect(landed.length).toBeGreaterThanOrEqual(1);
   expect(ambiguous).toBeGreaterThanOrEqual(1);
-  expect(done).toBeGreaterThan(messages.length / 2);
+  expect(done).toBeGreaterThanOrEqual(1);
 }, 120_000);
 
-test(`an idempotent step SIGKILLed 10 times while 24 messages stream in: every message done, its reply once, the LLM called again only after a cut-off call (seed ${SEED})`, async () => {
-  const { messages, kills, lines, world, db, ms } = await killRun("idempotent", { count: 24, chats: 3, kills: 10, idempotent: true, seed: SEED + 1 });
+test(`an idempotent step SIGKILLed 12 times while 30 messages stream in: every message done, its reply once, the LLM called again only after a cut-off call (seed ${SEED})`, async () => {
+  const { messages, kills, lines, world, db, ms } = await killRun("idempotent", { count: 30, chats: 3, kills: 12, idempotent: true, seed: SEED + 1 });
   const reports = ambiguousReports(lines);
   const opened = await openBackend(`sqlite:${db}`);
   let again = 0;
@@ -452,6 +461,7 @@ test(`an idempotent step SIGKILLed 10 times while 24 messages stream in: every m
       const cutOff = attempts.filter((a) => a.state === "unknown");
       expect(calls.length - 1, `${where}: calls beyond the first, each after a cut-off attempt`).toBeLessThanOrEqual(cutOff.length);
       for (const call of calls.slice(0, -1)) expect(kills.some((k) => k.round === call.incarnation), `${where}: the run of an earlier call was killed`).toBe(true);
+      expect(new Set(calls.map((c) => c.incarnation)).size, `${where}: no run called the LLM twice for it`).toBe(calls.length);
       for (const a of cutOff) expect(reports.some((r) => r.key === a.key && r.step === "llm"), `${where}: attempt ${a.key} reported`).toBe(true);
       if (calls.length > 1) again++;
       maxCalls = Math.max(maxCalls, calls.length);
