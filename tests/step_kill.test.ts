@@ -332,6 +332,9 @@ async function killRun(name: string, options: { count: number; chats: number; ki
   } finally {
     for (const run of runs) run.child.kill("SIGKILL");
     await world.stop();
+    // What each run printed and how it was killed, next to its file (kept with STEP_KILL_KEEP=1).
+    const log = runs.map((run) => [`--- run ${run.round}: ${JSON.stringify(kills.find((k) => k.round === run.round) ?? "last")}`, ...run.lines.all()].join("\n"));
+    await Bun.write(`${db}.log`, `${log.join("\n")}\n--- LLM calls\n${world.allCalls().map((c) => JSON.stringify(c)).join("\n")}\n`);
   }
 }
 
