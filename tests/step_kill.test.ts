@@ -200,6 +200,14 @@ interface Message {
 type KillKind = "random" | "in-call" | "early";
 const CYCLE: readonly KillKind[] = ["random", "in-call", "random", "early", "in-call", "random"];
 
+/**
+ * Runs begun (journaled) by a message's handler from which the kills spare it: once it has that many, a
+ * kill waits until it is settled. The bot's crash-loop guard (default `inbox.retries`, kept) dead-letters
+ * a message whose handler began 7 runs without an outcome, and kills at random moments with a backlog
+ * would now and then cut the head of a chat's queue that often.
+ */
+const SPARE_AFTER = 4;
+
 /** A kill, as it landed. */
 interface Kill {
   round: number;
@@ -208,6 +216,8 @@ interface Kill {
   inCall: string[];
   /** Whether the run had printed `ready`. */
   ready: boolean;
+  /** Whether it waited for a message cut off {@link SPARE_AFTER} times to settle first. */
+  spared: boolean;
 }
 
 /** What a kill run leaves for the checks. */
@@ -277,6 +287,18 @@ async function killRun(name: string, options: { count: number; chats: number; ki
       if (!run.command({ op: "msg", ...m })) return;
     }
   };
+  let journal: Awaited<ReturnType<typeof openBackend>> | null = null;
+  /** Wait until no unsettled message has begun {@link SPARE_AFTER} runs (at most 15 s); whether it had to. */
+  const spare = async (run: Run): Promise<boolean> => {
+    if (journal === null) return false;
+    const until = Date.now() + 15_000;
+    for (let waited = false;; waited = true) {
+      const records = await journal.backend.inbox.list({ limit: 10_000 });
+      const often = records.some((r) => r.state !== "done" && r.state !== "dead" && r.attempts >= SPARE_AFTER);
+      if (!often || run.child.exitCode !== null || Date.now() > until) return waited;
+      await world.waitFor(() => undefined, 25); // a poll of the journal
+    }
+  };
   const failWith = async (run: Run, error: unknown): Promise<never> => {
     run.child.kill("SIGKILL");
     throw new Error(`${(error as Error).message}\nstderr of run ${run.round}: ${(await run.stderr).slice(-3000)}`);
@@ -308,14 +330,17 @@ async function killRun(name: string, options: { count: number; chats: number; ki
           }
         }
       }
+      const spared = await spare(run);
       killed = true;
       run.child.kill("SIGKILL");
       const inCall = world.allCalls().filter((c) => c.incarnation === round && !c.answered).map((c) => c.key);
+      for (const key of inCall) aimedAt.add(key); // an aimed kill picks a step no kill cut off before
       await run.child.exited;
       await run.lines.ended;
       await feeding;
       if (run.child.signalCode !== "SIGKILL") await failWith(run, new Error(`run ${round} ended by itself (${run.child.exitCode})`));
-      kills.push({ round, kind, inCall, ready: run.lines.all().includes("ready") });
+      kills.push({ round, kind, inCall, ready: run.lines.all().includes("ready"), spared });
+      journal ??= await openBackend(`sqlite:${db}`); // (its tables exist once a run was ready)
     }
 
     // The last run: everything still unacknowledged (and anything never given) is delivered, then it drains.
@@ -338,6 +363,7 @@ async function killRun(name: string, options: { count: number; chats: number; ki
   } finally {
     for (const run of runs) run.child.kill("SIGKILL");
     await world.stop();
+    await journal?.close();
     // What each run printed and how it was killed, next to its file (kept with STEP_KILL_KEEP=1).
     const log = runs.map((run) => [`--- run ${run.round}: ${JSON.stringify(kills.find((k) => k.round === run.round) ?? "last")}`, ...run.lines.all()].join("\n"));
     await Bun.write(`${db}.log`, `${log.join("\n")}\n--- LLM calls\n${world.allCalls().map((c) => JSON.stringify(c)).join("\n")}\n`);
@@ -444,7 +470,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
   const replySendsAmbiguous = reports.filter((r) => r.step === undefined).length;
   console.log(
     `step kill (seed ${SEED}): ${kills.length} SIGKILLs (${kills.filter((k) => k.kind === "in-call").length} aimed inside an LLM call, ` +
-      `${kills.filter((k) => k.inCall.length > 0).length} landed inside one, ${kills.filter((k) => !k.ready).length} before ready), ` +
+      `${kills.filter((k) => k.inCall.length > 0).length} landed inside one, ${kills.filter((k) => !k.ready).length} before ready, ${kills.filter((k) => k.spared).length} put off for a message cut off ${SPARE_AFTER} times), ` +
       `${messages.length} messages: ${done} done, ${ambiguous} dead as ambiguous steps (${reportedSteps.size} step reports), ${notRun} steps run by a later attempt (one cut off before its call); ` +
       `${calls} LLM calls, ${world.sends.size} replies delivered (${[...world.sends.values()].flat().length} requests; ${replySendsAmbiguous} reply sends reported ambiguous); ` +
       `${(ms / 1000).toFixed(1)} s`,
@@ -496,7 +522,7 @@ test(`an idempotent step SIGKILLed 12 times while 30 messages stream in: every m
   const landed = kills.flatMap((k) => k.inCall);
   for (const key of landed) expect((world.calls.get(key) ?? []).length, `step ${key} killed inside its call ran again`).toBeGreaterThanOrEqual(2);
   console.log(
-    `idempotent step kill (seed ${SEED + 1}): ${kills.length} SIGKILLs (${kills.filter((k) => k.inCall.length > 0).length} inside an LLM call), ` +
+    `idempotent step kill (seed ${SEED + 1}): ${kills.length} SIGKILLs (${kills.filter((k) => k.inCall.length > 0).length} inside an LLM call, ${kills.filter((k) => k.spared).length} put off for a message cut off ${SPARE_AFTER} times), ` +
       `${messages.length} messages all done, ${world.allCalls().length} LLM calls, ${again} steps called again (at most ${maxCalls} calls for one key), ` +
       `${reports.length} ambiguous reports; ${(ms / 1000).toFixed(1)} s`,
   );
