@@ -271,7 +271,12 @@ export class Steps {
       }
       if (entry.state === "dead") throw new StepFailedError(name, key, entry.error ?? "failed");
       if (entry.state === "unknown") {
-        if (!idempotent) throw new StepAmbiguousError(name, key, attempt);
+        if (!idempotent) {
+          // Reported here too: the report of the scan that made it unknown is lost when its process died
+          // right after that scan's commit, and this run dead-letters the message. (Once per process.)
+          if (!this.#h.ambiguity.wasReported(entry.key, entry.fence)) this.#h.ambiguity.report(entry);
+          throw new StepAmbiguousError(name, key, attempt);
+        }
         n++; // safe to run again: the next attempt
         continue;
       }
