@@ -11,14 +11,14 @@
 // `idempotent: true` must end every message done, the LLM (which deduplicates by key, as a provider
 // honouring an Idempotency-Key does) called again only for an attempt cut off by a kill.
 //
-// The channel is the same fake server: a reply is a POST with its outbox key, and the channel
-// deduplicates by that key (as an API honouring an Idempotency-Key does); the bot runs with the default
-// durability settings but `outbox.onAmbiguous: "resend"` (as the plugins' kill tests do), its provider
-// asking the channel (`confirm`) whether a reply cut off by a kill arrived before sending it again. So
-// each reply reaches the chat once; the channel got a second request for it only where a run reported
-// that send ambiguous (a killed run's request still on its way when the next one asked). Under the
-// default `"hold"`, a reply cut off by a kill is left `unknown` when the run that found it dies before
-// `confirm` answers: it is then never sent (see tests/fixtures/step_llm_bot.ts).
+// The channel is the same fake server: a reply is a POST with its outbox key (the channel keeps each
+// request), and the provider's `confirm` asks it whether a reply cut off by a kill arrived. The main
+// test keeps every durability default (`onAmbiguous: "hold"`): a reply cut off during its call is then
+// settled by `confirm` (sent again if it never arrived), or, when the run that found it was killed
+// before `confirm` answered, held `unknown` for an operator, never sent twice. The idempotent variant
+// runs with `onAmbiguous: "resend"` (as the plugins' kill tests do), under which every reply must arrive.
+// A reply requested twice is allowed only where a run reported that send ambiguous (a killed run's
+// request still on its way when the next one asked).
 // STEP_KILL_SEED=<n> replays a kill schedule (the timings on a loaded machine vary).
 import type { Subprocess } from "bun";
 import { expect, test } from "bun:test";
@@ -167,8 +167,8 @@ interface Run {
   command(command: object): boolean;
 }
 
-function spawnBot(db: string, url: string, round: number, idempotent: boolean): Run {
-  const child = Bun.spawn([process.execPath, FIXTURE, db, url, String(round), idempotent ? "1" : "0"], {
+function spawnBot(db: string, url: string, round: number, idempotent: boolean, onAmbiguous: OnAmbiguous): Run {
+  const child = Bun.spawn([process.execPath, FIXTURE, db, url, String(round), idempotent ? "1" : "0", onAmbiguous], {
     stdin: "pipe",
     stdout: "pipe",
     stderr: "pipe",
@@ -189,6 +189,8 @@ function spawnBot(db: string, url: string, round: number, idempotent: boolean): 
     },
   };
 }
+
+type OnAmbiguous = "hold" | "resend";
 
 interface Message {
   id: string;
@@ -234,7 +236,10 @@ interface KillRunResult {
  * Run the bot `kills` times, each killed with SIGKILL, then once more to drain, while `count` messages
  * in `chats` chats reach it (each delivered again to each run until a run acknowledged it).
  */
-async function killRun(name: string, options: { count: number; chats: number; kills: number; idempotent: boolean; seed: number }): Promise<KillRunResult> {
+async function killRun(
+  name: string,
+  options: { count: number; chats: number; kills: number; idempotent: boolean; onAmbiguous: OnAmbiguous; seed: number },
+): Promise<KillRunResult> {
   const started = performance.now();
   const random = prng(options.seed);
   const world = new FakeWorld(options.seed ^ 0x5eed, options.idempotent);
@@ -306,7 +311,7 @@ async function killRun(name: string, options: { count: number; chats: number; ki
 
   try {
     for (const [round, { kind, moment, pauses }] of plan.entries()) {
-      const run = spawnBot(db, world.url, round, options.idempotent);
+      const run = spawnBot(db, world.url, round, options.idempotent, options.onAmbiguous);
       runs.push(run);
       let killed = false;
       let feeding: Promise<void> = Promise.resolve();
@@ -344,7 +349,7 @@ async function killRun(name: string, options: { count: number; chats: number; ki
     }
 
     // The last run: everything still unacknowledged (and anything never given) is delivered, then it drains.
-    const last = spawnBot(db, world.url, plan.length, options.idempotent);
+    const last = spawnBot(db, world.url, plan.length, options.idempotent, options.onAmbiguous);
     runs.push(last);
     await last.lines.next("ready").catch((error) => failWith(last, error));
     for (const m of messages) if (!introduced.includes(m)) introduced.push(m);
@@ -395,11 +400,21 @@ function ambiguousReports(lines: readonly string[]): { key: string; chatId: stri
 }
 
 /**
- * The reply of a message that is done: at the channel (which deduplicates by key), with the recorded
- * answer, in its chat; requested twice only where the send was reported ambiguous.
+ * The reply of a message that is done: at the channel once, with the recorded answer, in its chat
+ * (requested twice only where the send was reported ambiguous); under `hold`, possibly held `unknown`
+ * instead (cut off during its call, the channel's answer to `confirm` lost with the run that asked).
+ * @returns whether it was held
  */
-function checkReply(where: string, m: Message, replies: readonly ChannelSend[], answer: string, reports: ReturnType<typeof ambiguousReports>): void {
-  expect(replies.length, `${where}: its reply went out`).toBeGreaterThanOrEqual(1);
+function checkReply(
+  where: string,
+  m: Message,
+  replies: readonly ChannelSend[],
+  answer: string,
+  reports: ReturnType<typeof ambiguousReports>,
+  entry: OutboxEntry | null,
+  onAmbiguous: OnAmbiguous,
+): boolean {
+  expect(entry, `${where}: its reply is journaled`).not.toBe(null);
   for (const reply of replies) {
     expect(reply.content, `${where}: the reply is the recorded answer`).toBe(answer);
     expect(reply.chatId).toBe(m.chatId);
@@ -408,10 +423,14 @@ function checkReply(where: string, m: Message, replies: readonly ChannelSend[], 
     expect(replies.length, `${where}: a reply requested again once at most`).toBe(2);
     expect(reports.some((r) => r.key === replies[0]!.key && r.step === undefined), `${where}: a reply requested twice was reported ambiguous`).toBe(true);
   }
+  if (replies.length > 0) return false;
+  expect(onAmbiguous, `${where}: its reply went out`).toBe("hold");
+  expect(entry!.state, `${where}: a reply that did not go out is held as unknown`).toBe("unknown");
+  return true;
 }
 
 test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats stream in: each LLM call once or reported ambiguous, each reply once (seed ${SEED})`, async () => {
-  const { messages, kills, lines, world, db, ms } = await killRun("steps", { count: 60, chats: 4, kills: 26, idempotent: false, seed: SEED });
+  const { messages, kills, lines, world, db, ms } = await killRun("steps", { count: 60, chats: 4, kills: 26, idempotent: false, onAmbiguous: "hold", seed: SEED });
   const reports = ambiguousReports(lines);
   const reportedSteps = new Set(reports.filter((r) => r.step !== undefined).map((r) => r.key));
   const opened = await openBackend(`sqlite:${db}`);
@@ -419,6 +438,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
   let ambiguous = 0;
   const deadIds = new Set<string>();
   let notRun = 0;
+  let held = 0;
   try {
     for (const m of messages) {
       const where = `message ${m.id} (seed ${SEED})`;
@@ -439,7 +459,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
         expect(final.state, `${where}: its step's result is recorded`).toBe("sent");
         expect(calls.length, `${where}: the LLM was called once`).toBe(1);
         expect(resultOf(final), `${where}: the recorded result is the LLM's answer`).toBe(calls[0]!.answer);
-        checkReply(where, m, replies, calls[0]!.answer, reports);
+        if (checkReply(where, m, replies, calls[0]!.answer, reports, await opened.backend.outbox.get(`${m.id}:1`), "hold")) held++;
       } else {
         ambiguous++;
         deadIds.add(m.id);
@@ -472,7 +492,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
     `step kill (seed ${SEED}): ${kills.length} SIGKILLs (${kills.filter((k) => k.kind === "in-call").length} aimed inside an LLM call, ` +
       `${kills.filter((k) => k.inCall.length > 0).length} landed inside one, ${kills.filter((k) => !k.ready).length} before ready, ${kills.filter((k) => k.spared).length} put off for a message cut off ${SPARE_AFTER} times), ` +
       `${messages.length} messages: ${done} done, ${ambiguous} dead as ambiguous steps (${reportedSteps.size} step reports), ${notRun} steps run by a later attempt (one cut off before its call); ` +
-      `${calls} LLM calls, ${world.sends.size} replies delivered (${[...world.sends.values()].flat().length} requests; ${replySendsAmbiguous} reply sends reported ambiguous); ` +
+      `${calls} LLM calls, ${world.sends.size} replies delivered (${[...world.sends.values()].flat().length} requests; ${replySendsAmbiguous} reply sends reported ambiguous, ${held} held unknown); ` +
       `${(ms / 1000).toFixed(1)} s`,
   );
   // The aimed kills wait for a call of the run to reach the LLM and kill it before the LLM answers, so
@@ -484,7 +504,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
 }, 120_000);
 
 test(`an idempotent step SIGKILLed 12 times while 30 messages stream in: every message done, its reply once, the LLM called again only after a cut-off call (seed ${SEED})`, async () => {
-  const { messages, kills, lines, world, db, ms } = await killRun("idempotent", { count: 30, chats: 3, kills: 12, idempotent: true, seed: SEED + 1 });
+  const { messages, kills, lines, world, db, ms } = await killRun("idempotent", { count: 30, chats: 3, kills: 12, idempotent: true, onAmbiguous: "resend", seed: SEED + 1 });
   const reports = ambiguousReports(lines);
   const opened = await openBackend(`sqlite:${db}`);
   let again = 0;
@@ -503,7 +523,7 @@ test(`an idempotent step SIGKILLed 12 times while 30 messages stream in: every m
       expect(calls.length, `${where}: the LLM was called`).toBeGreaterThanOrEqual(1);
       expect(new Set(calls.map((c) => c.answer)).size, `${where}: the LLM deduplicated by key`).toBe(1);
       expect(resultOf(final), `${where}: the recorded result is the LLM's answer`).toBe(calls[0]!.answer);
-      checkReply(where, m, replies, calls[0]!.answer, reports);
+      checkReply(where, m, replies, calls[0]!.answer, reports, await opened.backend.outbox.get(`${m.id}:1`), "resend");
       // A call beyond the first only after an attempt whose call was cut off (journaled unknown, reported),
       // each made by a run that was then killed.
       const cutOff = attempts.filter((a) => a.state === "unknown");
