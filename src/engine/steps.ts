@@ -360,6 +360,10 @@ export class Steps {
         if (!await this.#h.outcomes.record(lease, (token) => outbox.markSent(entry.key, token, resultText), ["sent"])) {
           throw new Error(`Step "${name}" ran, but its result could not be recorded (outbox entry "${entry.key}"): the step is reported ambiguous`);
         }
+        if (lease.lost || this.#h.ambiguity.wasReported(entry.key, lease.token)) {
+          // Taken for lost during the call (a stall) and reported: its recorded result settles the alert.
+          this.#h.ambiguity.resolved({ key: entry.key, chatId: request.chatId, state: "sent", via: "call" });
+        }
         return stepResultOf(resultText)!.value;
       }
     } finally {
