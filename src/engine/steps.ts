@@ -265,11 +265,17 @@ export class Steps {
       }
       if (entry.state === "sent") {
         const result = stepResultOf(entry.messageId);
-        if (result !== undefined) return result.value;
+        if (result !== undefined) {
+          this.#h.metrics.stepsReplayed++;
+          return result.value;
+        }
         n++; // an attempt that never ran
         continue;
       }
-      if (entry.state === "dead") throw new StepFailedError(name, key, entry.error ?? "failed");
+      if (entry.state === "dead") {
+        this.#h.metrics.stepsReplayed++;
+        throw new StepFailedError(name, key, entry.error ?? "failed");
+      }
       if (entry.state === "unknown") {
         if (!idempotent) throw new StepAmbiguousError(name, key, attempt);
         n++; // safe to run again: the next attempt
@@ -317,6 +323,7 @@ export class Steps {
           throw new Error(`Step "${name}": its call could not be announced (outbox entry "${entry.key}", ${renewed === "lost" ? "lease lost" : "journal error"})`);
         }
         let value: unknown;
+        this.#h.metrics.stepsCalled++;
         try {
           value = await fn({ idempotencyKey: key, attempt: n - 1 + tries, signal: this.#h.signal });
         } catch (error) {
@@ -374,6 +381,7 @@ export class Steps {
   async #failed(lease: HeldLease, attempt: string, error: string): Promise<void> {
     const outcome = { error, dead: true } as const;
     if (await this.#h.outcomes.record(lease, (token) => this.#h.backend.outbox.markFailed(attempt, token, outcome), ["dead"])) {
+      this.#h.metrics.stepsFailed++;
       this.#h.host.events.emit("durability:dead", { kind: "step", id: attempt, error });
     }
   }

@@ -57,6 +57,12 @@ export interface DurabilityMetrics {
   outboxThrottled: number;
   /** A gauge: sends waiting for the outbox's rate limiter now. */
   outboxWaitingForLimit: number;
+  /** Calls of a step's function (`ctx.step`) this process made, retries included. */
+  stepsCalled: number;
+  /** Steps answered from the journal (a rerun got the recorded result or failure back without a call). */
+  stepsReplayed: number;
+  /** Steps that failed for good (their error journaled; `durability:dead` of kind `step`). */
+  stepsFailed: number;
 }
 
 /** Codes of `warning` events. */
@@ -259,6 +265,9 @@ export function zeroMetrics(): DurabilityMetrics {
     damagedRecords: 0,
     outboxThrottled: 0,
     outboxWaitingForLimit: 0,
+    stepsCalled: 0,
+    stepsReplayed: 0,
+    stepsFailed: 0,
   };
 }
 
