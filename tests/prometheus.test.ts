@@ -148,7 +148,7 @@ describe("prometheusMetrics", () => {
       const inbox = (state: string) => value(p, "botmesh_durable_inbox_records", { state });
       const outbox = (state: string) => value(p, "botmesh_durable_outbox_records", { state });
       expect(["pending", "processing", "scheduled", "failed", "done", "dead"].map(inbox)).toEqual([0, 0, 0, 0, 3, 1]);
-      expect(["queued", "sending", "sent", "failed", "dead", "unknown"].map(outbox)).toEqual([0, 0, 4, 0, 1, 1]); // sent: pong, price 42, the invoice, the step's entry
+      expect(["queued", "sending", "sent", "failed", "dead", "unknown"].map(outbox)).toEqual([0, 0, 5, 0, 1, 1]); // sent: pong, price 42, the invoice, the step's two attempts (the failed one superseded)
       expect(value(p, "botmesh_durable_oldest_pending_age_seconds")).toBe(0);
       expect(value(p, "botmesh_durable_records_count_cap")).toBe(1000);
       // Provider calls: pong, the reply of m3 (refused), price 42, the invoice (a step is no provider call).

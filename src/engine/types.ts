@@ -111,14 +111,15 @@ export interface BotEvents {
    * itself (`via: "call"`: its lease looked lost during the call, after a stall or a clock step of the
    * journal, and the call then succeeded) or by an operator who checked the chat (`markDelivered`,
    * `via: "operator"`), or, when `confirm` said it never arrived, `failed` (sent again after its backoff)
-   * or `dead` (its retries were spent).
+   * or `dead` (its retries were spent). An idempotent step's cut-off attempt is settled by the step
+   * running again (`via: "rerun"`).
    */
   "durability:resolved": {
     key: string;
     chatId: string;
     state: "sent" | "failed" | "dead";
     messageId?: string;
-    via: "status" | "confirm" | "call" | "operator";
+    via: "status" | "confirm" | "call" | "operator" | "rerun";
   };
 }
 
