@@ -10,7 +10,9 @@
  * `dead`; a call that may have had its effect when its outcome was lost becomes `unknown` (the same rule
  * as a send: a lapsed lease after `markCalling`) and is reported. A lapsed attempt that never announced
  * its call, or one an operator requeued, is settled by the sweep that finds it as `sent` with the
- * {@link STEP_NOT_RUN} mark: the next run of the message starts the next attempt.
+ * {@link STEP_NOT_RUN} mark: the next run of the message starts the next attempt. An attempt whose
+ * `markCalling` went unanswered (no call made) is given up as uncalled, and the next run of its message
+ * in this process takes it up under the same lease, as a send's retry does.
  *
  * @module
  */
