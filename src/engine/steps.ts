@@ -10,7 +10,9 @@
  * `dead`; a call that may have had its effect when its outcome was lost becomes `unknown` (the same rule
  * as a send: a lapsed lease after `markCalling`) and is reported. A lapsed attempt that never announced
  * its call, or one an operator requeued, is settled by the sweep that finds it as `sent` with the
- * {@link STEP_NOT_RUN} mark: the next run of the message starts the next attempt.
+ * {@link STEP_NOT_RUN} mark: the next run of the message starts the next attempt. An attempt whose
+ * `markCalling` went unanswered (no call made) is given up as uncalled, and the next run of its message
+ * in this process takes it up under the same lease, as a send's retry does.
  *
  * @module
  */
@@ -195,6 +197,8 @@ export interface StepsHost extends EngineCore {
   ambiguity: Ambiguity;
   /** Outbox keys whose call this incarnation started and whose outcome is not recorded (shared with sends). */
   calling: BoundedSet<string>;
+  /** Whether `entry` is leased to this incarnation, not held here, and nobody called under its lease (shared with sends). */
+  ownUncalled(entry: OutboxEntry): boolean;
   /** The signal of the process's calls (aborted when it dies). */
   signal: AbortSignal;
   /** Stop the engine: a simulated process death. */
@@ -289,6 +293,15 @@ export class Steps {
           // Safe to run again: the cut-off attempt is settled as superseded (so its alert closes, and a late
           // outcome of it can no longer stand for the step), then the next attempt runs.
           if (!await this.#supersede(request, entry)) continue;
+        } else if (entry.state === "sending" && this.#h.ownUncalled(entry)) {
+          // An earlier run of this process gave it up before its call (its announcement unanswered): its
+          // lease is still ours and nothing ran under it, so this run takes it up (no lapse into an ambiguity).
+          const lease = this.#h.leases.hold("outbox", entry.key, entry.fence, -Infinity);
+          const outcome = await this.#call(request, entry, lease, n, failedCalls < retries);
+          if ("value" in outcome) return outcome.value;
+          failedCalls++;
+          await sleep(this.#h.clock, outcome.retryInMs);
+          continue;
         } else {
           // Another run has it (or had it: once its lease lapses, a sweep settles it).
           const leaseMs = this.#h.config.outbox.leaseMs;
@@ -376,6 +389,8 @@ export class Steps {
     let settled = false;
     try {
       if (!await this.#announce(lease)) {
+        // Nothing ran under this lease: a rerun of the message in this process may take it up.
+        this.#h.leases.giveUpUncalled(lease);
         throw new Error(`Step "${name}": its call could not be journaled (outbox entry "${entry.key}"); not called, retried later`);
       }
       calling.add(entry.key);
