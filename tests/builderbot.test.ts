@@ -60,7 +60,12 @@ function flows(seen: Seen) {
       seen.captured.push(`qty=${ctx.body}`);
       await flowDynamic(`Pedido: talla ${state.get("size")}, color ${state.get("color")}, ${ctx.body} unidades`);
     });
-  return createFlow([welcome, order]);
+  const media = addKeyword(EVENTS.MEDIA).addAction(async (ctx, { provider, flowDynamic }) => {
+    const file = await (provider as DurableMetaProvider).saveFile(ctx, { path: dir });
+    seen.captured.push(`file=${file}`);
+    await flowDynamic(`Imagen recibida (${ctx.caption ?? "sin texto"})`);
+  });
+  return createFlow([welcome, order, media]);
 }
 
 interface Harness {
@@ -232,6 +237,22 @@ describe("BuilderBot on DurableMetaProvider", () => {
     expect(await verify.text()).toBe("42");
     await say(h, USER2, "pedido");
     expect(textsTo(USER2, since)).toEqual(["¿Qué talla?"]);
+  });
+});
+
+describe("media", () => {
+  test("an image runs the EVENTS.MEDIA flow; saveFile downloads it again through the Graph API", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    const bytes = new Uint8Array([0x89, 0x50, 0x4e, 0x47, 1, 2, 3]);
+    const mediaId = await fake.addMedia(bytes, "image/png");
+    const payload = webhookPayload(PHONE, { messages: [inbound.media("image", USER2, { id: mediaId, mime_type: "image/png", caption: "mira" })] });
+    expect(await fake.deliver(h.hook, payload)).toEqual([200]);
+    await h.provider.idle();
+    expect(textsTo(USER2, since)).toEqual(["Imagen recibida (mira)"]);
+    const file = h.seen.captured[0]!.slice("file=".length);
+    expect(file.endsWith(".png")).toBe(true);
+    expect(new Uint8Array(await Bun.file(file).arrayBuffer())).toEqual(bytes);
   });
 });
 

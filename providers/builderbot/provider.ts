@@ -19,6 +19,9 @@ import { Bot, type Context } from "../../src/bot.ts";
 import type { Clock } from "../../src/clock.ts";
 import type { DurabilityOptions } from "../../src/config.ts";
 import type { JsonValue } from "../../src/contract.ts";
+import { type LoadedMedia, loadMediaOf } from "../../src/media.ts";
+import type { InboundMessage } from "../../src/provider.ts";
+import { writeFileAtomic } from "../../src/runtime/fs.ts";
 import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { nodeHandler } from "../../src/ops/node_handler.ts";
@@ -388,13 +391,34 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
   }
 
   /**
-   * Not supported: the media of a journaled message is loaded again with `loadMediaOf` of
-   * `@botmesh/durable` in a handler of `provider.core`, or through `provider.whatsapp`.
+   * The media of a message BuilderBot's flow got (an image, a voice note, a document: its `ctx`),
+   * downloaded again through the Graph API, on the first run or on a rerun after a crash.
    *
-   * @throws {Error} always
+   * @param ctx the context BuilderBot's callback got
+   * @returns the bytes and the MIME type
+   * @throws {MediaUnavailableError} when the message has no media or Meta no longer has it (about 30 days)
    */
-  saveFile(_ctx: unknown, _options?: { path: string }): Promise<string> {
-    return Promise.reject(new Error("DurableMetaProvider.saveFile is not supported: see docs/builderbot.md (media)"));
+  async loadMedia(ctx: { inbound?: InboundMessage }): Promise<LoadedMedia> {
+    if (!isObj(ctx) || !isObj(ctx.inbound)) throw new TypeError(`Argument "ctx" must be the context of a message of this provider, got ${show(ctx)}`);
+    return (await loadMediaOf({ message: ctx.inbound, bot: this.core }, { throwOnError: true }))!;
+  }
+
+  /**
+   * BuilderBot's `saveFile`: the media of the message (see {@link loadMedia}) written to a file in
+   * `options.path` (default: the working directory), named after its wamid.
+   *
+   * @param ctx the context BuilderBot's callback got
+   * @param options `path`: the folder
+   * @returns the file's path
+   */
+  async saveFile(ctx: unknown, options?: { path: string }): Promise<string> {
+    const media = await this.loadMedia(ctx as { inbound?: InboundMessage });
+    const inbound = (ctx as { inbound: InboundMessage }).inbound;
+    const ext = /\/([a-z0-9.+-]+)/i.exec(media.mimeType?.split(";")[0] ?? "")?.[1]?.replace(/^(x-|vnd\.)/, "") ?? "bin";
+    const name = `${inbound.id.replace(/[^A-Za-z0-9_-]/g, "_").slice(-64)}.${ext}`;
+    const file = `${(options?.path ?? ".").replace(/\/+$/, "")}/${name}`;
+    await writeFileAtomic(file, media.data);
+    return file;
   }
 
   // ---- the history and the state ----------------------------------------------------
