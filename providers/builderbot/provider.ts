@@ -312,10 +312,10 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
    * @returns resolves once started
    * @throws {Error} when no bot is attached yet
    */
-  start(): Promise<void>;
+  override start(): Promise<void>;
   /** @deprecated BuilderBot's `ProviderClass.start(vendor, cb)`, which starts its HTTP server: `bot.httpServer(port)` calls it. */
-  start(vendor: unknown, cb?: (arg?: unknown) => void): void;
-  start(vendor?: unknown, cb?: (arg?: unknown) => void): Promise<void> | void {
+  override start(vendor: unknown, cb?: (arg?: unknown) => void): void;
+  override start(vendor?: unknown, cb?: (arg?: unknown) => void): Promise<void> | void {
     if (vendor !== undefined) return super.start(vendor as never, cb as never);
     this.#starting ??= (async () => {
       if (this.#refs === undefined) {
