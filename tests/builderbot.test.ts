@@ -65,7 +65,12 @@ function flows(seen: Seen) {
     seen.captured.push(`file=${file}`);
     await flowDynamic(`Imagen recibida (${ctx.caption ?? "sin texto"})`);
   });
-  return createFlow([welcome, order, media]);
+  const cancel = addKeyword(["cancelar"]).addAnswer("¿Seguro?", { capture: true }, async (ctx, { endFlow }) => {
+    seen.captured.push(`sure=${ctx.body}`);
+    // endFlow sends its message without BuilderBot awaiting it: the handling still waits for it.
+    if (ctx.body === "sí") return endFlow("Pedido cancelado");
+  });
+  return createFlow([welcome, order, media, cancel]);
 }
 
 interface Harness {
@@ -237,6 +242,20 @@ describe("BuilderBot on DurableMetaProvider", () => {
     expect(await verify.text()).toBe("42");
     await say(h, USER2, "pedido");
     expect(textsTo(USER2, since)).toEqual(["¿Qué talla?"]);
+  });
+});
+
+describe("endFlow", () => {
+  test("endFlow's message (which BuilderBot does not await) is the handling's send; the flow is over after it", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    await say(h, USER2, "cancelar");
+    const id = await say(h, USER2, "sí");
+    await say(h, USER2, "hola");
+    expect(textsTo(USER2, since)).toEqual(["¿Seguro?", "Pedido cancelado", "Bienvenido: escribe pedido para comprar"]);
+    const entries = await h.provider.durability.outbox.list({ limit: 100 });
+    expect(entries.find((e) => e.key.startsWith(id))?.key).toBe(`${id}:1`);
+    expect(entries.filter((e) => !/^wamid\..+:\d+$/.test(e.key)).map((e) => e.key), "sends with a random key").toEqual([]);
   });
 });
 
