@@ -6,7 +6,7 @@ import { afterAll, afterEach, describe, expect, test } from "bun:test";
 import { mkdirSync, rmSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { addKeyword, createBot, createFlow, EVENTS } from "@builderbot/bot";
+import { addKeyword, createBot, createFlow, EVENTS, utils } from "@builderbot/bot";
 import { type DurabilityBackend, MemoryDurability, MemoryStore, type SessionStore } from "../mod.ts";
 import { SQLiteStore } from "../backends/sqlite/mod.ts";
 import { FileDurability } from "../backends/file/mod.ts";
@@ -70,11 +70,16 @@ function flows(seen: Seen) {
     // endFlow sends its message without BuilderBot awaiting it: the handling still waits for it.
     if (ctx.body === "sí") return endFlow("Pedido cancelado");
   });
-  return createFlow([welcome, order, media, cancel]);
+  const register = addKeyword(utils.setEvent("REGISTRO")).addAnswer("¿Tu nombre?", { capture: true }, async (ctx, { flowDynamic }) => {
+    seen.captured.push(`name=${ctx.body}`);
+    await flowDynamic(`Registrado: ${ctx.body}`);
+  });
+  return createFlow([welcome, order, media, cancel, register]);
 }
 
 interface Harness {
   provider: DurableMetaProvider;
+  bot: Awaited<ReturnType<typeof createBot>>;
   hook: string;
   seen: Seen;
   dead: unknown[];
@@ -120,6 +125,7 @@ async function harness(backend: DurabilityBackend, store: SessionStore, options:
   let stopped = false;
   const h: Harness = {
     provider,
+    bot,
     hook,
     seen,
     dead,
@@ -242,6 +248,53 @@ describe("BuilderBot on DurableMetaProvider", () => {
     expect(await verify.text()).toBe("42");
     await say(h, USER2, "pedido");
     expect(textsTo(USER2, since)).toEqual(["¿Qué talla?"]);
+  });
+});
+
+describe("dispatch", () => {
+  test("bot.dispatch from an HTTP route is journaled: its flow runs from the inbox, its sends keyed by its record", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { serve: "builderbot" });
+    const since = fake.attempts.length;
+    h.provider.server.post(
+      "/v1/register",
+      h.bot.handleCtx(async (bot, req, res) => {
+        await bot!.dispatch("REGISTRO", { from: (req as unknown as { body: { number: string } }).body.number, name: "Ana" });
+        res.end("ok");
+      }),
+    );
+    const route = h.hook.replace("/webhook", "/v1/register");
+    const answer = await fetch(route, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ number: USER }) });
+    expect(await answer.text()).toBe("ok");
+    await h.provider.idle();
+    expect(textsTo(USER, since)).toEqual(["¿Tu nombre?"]);
+    const records = await h.provider.durability.inbox.list({ limit: 100 });
+    const dispatched = records.find((r) => r.id.startsWith("bb-dispatch:"))!;
+    expect(dispatched.state).toBe("done");
+    expect((await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key)).toContain(`${dispatched.id}:1`);
+    await say(h, USER, "Ana");
+    expect(textsTo(USER, since)).toEqual(["¿Tu nombre?", "Registrado: Ana"]);
+    expect(h.seen.captured).toEqual(["name=Ana"]);
+  });
+
+  test("provider.dispatch resolves once the event is journaled; its flow runs from the inbox", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    expect(await h.provider.dispatch("REGISTRO", { from: `+${USER2}`, name: "Ana" }, { id: "req-1" })).toBe("admitted");
+    expect(await h.provider.dispatch("REGISTRO", { from: USER2, name: "Ana" }, { id: "req-1" })).toBe("duplicate"); // the request retried
+    expect((await h.provider.durability.inbox.list({ limit: 100 })).filter((r) => r.id.startsWith("bb-dispatch:")).map((r) => r.id)).toEqual(["bb-dispatch:req-1"]);
+    await h.provider.idle();
+    await say(h, USER2, "Luis");
+    expect(textsTo(USER2, since)).toEqual(["¿Tu nombre?", "Registrado: Luis"]);
+    await h.stop();
+    await expect(h.provider.dispatch("REGISTRO", { from: USER2 })).rejects.toThrow(/not started/);
+  });
+
+  test("a custom event's flow keeps its stable names although BuilderBot encrypts its keyword with a key of each start", () => {
+    // Two "processes": the same flow, its keyword encrypted under two keys (stood in for by two prefixes).
+    const step = (keyword: string) => ({ flowSerialize: [{ ref: `key_${keyword}`, keyword, options: {}, refSerialize: `rs-${keyword}` }] });
+    const one = new StableRefs(step("AAAA"), (k) => (k === "AAAA" ? "_event_custom_X_" : undefined));
+    const two = new StableRefs(step("BBBB"), (k) => (k === "BBBB" ? "_event_custom_X_" : undefined));
+    expect(two.decode(one.encode({ ref: "key_AAAA", refSerialize: "rs-AAAA" }))).toEqual({ ref: "key_BBBB", refSerialize: "rs-BBBB" });
   });
 });
 

@@ -1,7 +1,8 @@
 // A BuilderBot bot on DurableMetaProvider (tests/fixtures/builderbot_bot.ts, on SQLite) SIGKILLed at
 // random moments while users go through a capture flow of three questions (size, colour, quantity),
-// their messages delivered as Meta does (signed, again until answered 200), and started again each
-// time. At the end: no message lost, no reply sent twice (but a send cut off during its Graph call,
+// their messages delivered as Meta does (signed, again until answered 200), every other order started
+// by a custom event (provider.dispatch: its keyword encrypted with a key of each start), and started
+// again each time. At the end: no message lost, no reply sent twice (but a send cut off during its Graph call,
 // reported ambiguous and sent again), never the welcome flow, and each user's replies exactly the
 // questions and order summaries of their orders, in order, with the answers they gave.
 import { expect, test } from "bun:test";
@@ -65,15 +66,18 @@ test(`a BuilderBot bot SIGKILLed ${KILLS} times mid-flow: 0 lost, 0 duplicate re
   const expected = new Map<string, string[]>();
   const users = Array.from({ length: USERS }, (_, i) => `1650555${String(1000 + i)}`);
 
-  /** Deliver one text as Meta does: signed, again (after a pause) until answered 200. */
+  /** Deliver one text as Meta does (signed, again after a pause until answered 200), or dispatch the PEDIDO event so. */
   const deliver = async (user: string, text: string): Promise<void> => {
     const id = makeWamid();
-    ids.push(id);
+    if (text !== "PEDIDO") ids.push(id);
     const payload = webhookPayload(PHONE, { messages: [inbound.text(user, text, id)], contacts: [{ wa_id: user, profile: { name: user } }] });
     for (;;) {
       if (aborted) throw new Error("the test ended");
       if (port !== null) {
-        const status = await fake.post(`http://127.0.0.1:${port}/webhook`, payload).then((r) => r.status, () => 0);
+        const post = text === "PEDIDO"
+          ? fetch(`http://127.0.0.1:${port}/dispatch?from=${user}&id=${id}`, { method: "POST" }).then(async (r) => (await r.arrayBuffer(), r.status))
+          : fake.post(`http://127.0.0.1:${port}/webhook`, payload).then((r) => r.status);
+        const status = await post.catch(() => 0);
         if (status === 200) return;
       }
       await Bun.sleep(20);
@@ -85,7 +89,8 @@ test(`a BuilderBot bot SIGKILLed ${KILLS} times mid-flow: 0 lost, 0 duplicate re
     expected.set(user, replies);
     for (let o = 0; killing || o === 0; o++) {
       const [size, colour, qty] = [`T${u}-${o}`, `c${u}-${o}`, String(u * 10 + o + 1)];
-      for (const text of ["pedido", size, colour, qty]) {
+      // Every other order starts with the custom event (bot.dispatch from an HTTP route) instead of the text.
+      for (const text of [o % 2 === 0 ? "pedido" : "PEDIDO", size, colour, qty]) {
         await deliver(user, text);
         await Bun.sleep(20 + Math.random() * 150);
       }

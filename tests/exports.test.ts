@@ -193,8 +193,8 @@ test("./builderbot: @builderbot/bot is an optional peer dependency, loaded by th
     const imports = [...code.matchAll(/^import\s+(type\s+)?([^;]*?)from\s+["']([^"']+)["']/gm)];
     for (const [, isType, what, from] of imports) {
       if (from!.startsWith("@builderbot/")) {
-        // Only ProviderClass, which BuilderBot's createBot needs its provider to extend.
-        if (isType !== "type ") expect([name, what!.trim()]).toEqual(["provider.ts", "{ ProviderClass }"]);
+        // Only ProviderClass, which BuilderBot's createBot needs its provider to extend, and utils (its custom events).
+        if (isType !== "type ") expect([name, what!.trim()]).toEqual(["provider.ts", "{ ProviderClass, utils }"]);
       }
     }
   }

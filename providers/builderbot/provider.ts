@@ -14,13 +14,14 @@
  *
  * @module
  */
-import { ProviderClass } from "@builderbot/bot";
+import { ProviderClass, utils } from "@builderbot/bot";
 import { Bot, type Context } from "../../src/bot.ts";
 import type { Clock } from "../../src/clock.ts";
 import type { DurabilityOptions } from "../../src/config.ts";
 import type { JsonValue } from "../../src/contract.ts";
 import { type LoadedMedia, loadMediaOf } from "../../src/media.ts";
-import type { InboundMessage } from "../../src/provider.ts";
+import type { InboundMessage, InboundSink, Provider } from "../../src/provider.ts";
+import { randomId } from "../../src/runtime/mod.ts";
 import { writeFileAtomic } from "../../src/runtime/fs.ts";
 import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
@@ -187,6 +188,39 @@ function jsonOf(value: unknown): JsonValue | undefined {
   return JSON.parse(JSON.stringify(value)) as JsonValue;
 }
 
+/** The type of an inbound record of BuilderBot's `dispatch`. */
+const DISPATCH_TYPE = "builderbot-dispatch";
+
+/**
+ * The name of a custom event body (`utils.setEvent(name)`: `_event_custom_<name>_`, encrypted with a
+ * key BuilderBot makes at each start), `undefined` for any other body. Only what looks like its output
+ * (base64 of hex) is decrypted: BuilderBot's `decryptData` logs every failure.
+ */
+export function customEventOf(body: string): string | undefined {
+  if (body.length < 24 || body.length > 4096 || !/^[A-Za-z0-9+/]+={0,2}$/.test(body)) return undefined;
+  let hex: string;
+  try {
+    hex = atob(body);
+  } catch {
+    return undefined;
+  }
+  if (hex.length % 32 !== 0 || !/^[0-9a-f]+$/.test(hex)) return undefined;
+  const plain = utils.decryptData(body);
+  return plain.startsWith("_event_custom_") ? plain : undefined;
+}
+
+/** The context BuilderBot gets for a journaled `dispatch`: what was dispatched, its event encrypted with this process's key. */
+function dispatchedMessage(message: InboundMessage): Record<string, unknown> {
+  const extra = isObj(message.extra) ? message.extra : {};
+  const text = message.text ?? "";
+  return {
+    ...(isObj(extra.payload) ? extra.payload : {}),
+    from: message.chatId,
+    body: extra.custom === true ? utils.encryptData(text) : text,
+    inbound: message,
+  };
+}
+
 /** A polka request, as the webhook middleware reads it. */
 interface PolkaRequest {
   method?: string;
@@ -222,6 +256,9 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
   #starting: Promise<void> | undefined;
   /** Writes made outside any message's handling (an HTTP route's `state.update`), under way. */
   readonly #loose = new Set<Promise<unknown>>();
+  /** The core's inbound sink, once started: BuilderBot's dispatched events are journaled through it. */
+  #sink: InboundSink | undefined;
+  #stopping = false;
 
   /**
    * @param options `whatsapp`, `durability` and `store` (required); `keyPrefix`, `ttlMs`, `settleMs`,
@@ -253,7 +290,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     this.whatsapp = new WhatsAppProvider(options.whatsapp);
     this.webhook = this.whatsapp.webhook;
     this.core = new Bot({
-      provider: this.whatsapp,
+      provider: this.#journalProvider(),
       durability: options.durability,
       id: options.id ?? "builderbot",
       ...(options.clock !== undefined ? { clock: options.clock } : {}),
@@ -298,7 +335,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
       throw new TypeError(`Argument "bot": its database is not this provider's: createBot({ database: provider.database }) keeps the flow position durable`);
     }
     if (this.#refs !== undefined) throw new TypeError(`Argument "bot": a bot is already attached to this provider`);
-    this.#refs = new StableRefs(bot.flowClass);
+    this.#refs = new StableRefs(bot.flowClass, customEventOf);
     // BuilderBot reads `this.stateHandler` at each message: an own property of this bot, nothing global.
     bot.stateHandler = this.state;
     return bot;
@@ -334,6 +371,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
 
   /** Stop: the HTTP server of `bot.httpServer(port)` when it runs, then the core (messages under way finish). */
   override async stop(): Promise<void> {
+    this.#stopping = true;
     const server = (this.server as unknown as { server?: { listening?: boolean; close(cb: (err?: Error) => void): void } }).server;
     if (server?.listening === true) await new Promise<void>((resolve) => server.close(() => resolve()));
     await this.#starting?.catch(() => {});
@@ -419,6 +457,97 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     const file = `${(options?.path ?? ".").replace(/\/+$/, "")}/${name}`;
     await writeFileAtomic(file, media.data);
     return file;
+  }
+
+  /**
+   * BuilderBot's `emit`. A `message` it emits itself (`dispatch` from an HTTP route, `dispatchInside`) is
+   * journaled in the inbox like a WhatsApp message, and runs the flows from there, keyed
+   * `bb-dispatch:<id>:<n>`; when the journal refuses it (or before `start()`), it runs at once, as in
+   * BuilderBot.
+   */
+  override emit(...args: Parameters<ProviderClass["emit"]>): void {
+    const [event, payload] = args as unknown as [string, unknown];
+    if (event !== "message" || this.#sink === undefined || this.#stopping || !isObj(payload) || typeof payload.from !== "string" || payload.from === "") {
+      return super.emit(...args);
+    }
+    const admitted = this.#journalDispatched(payload as { from: string });
+    this.#loose.add(admitted);
+    admitted.then(() => this.#loose.delete(admitted), () => {
+      this.#loose.delete(admitted);
+      super.emit(...args); // not journaled: run it now, as BuilderBot would have
+    });
+  }
+
+  /**
+   * BuilderBot's `dispatch(event, payload)` (what an HTTP route's `bot.dispatch` does), resolving once
+   * the event is journaled: answer the request only then, and a crash cannot lose it. The flow of
+   * `addKeyword(utils.setEvent(event))` runs from the inbox, its sends keyed `bb-dispatch:<id>:<n>`.
+   *
+   * With `options.id` (the request's own id, say), a second dispatch of the same id is dropped as a
+   * duplicate, as a redelivered WhatsApp message is: give one when the caller may retry the request.
+   *
+   * @param event the custom event's name
+   * @param payload `from` (the chat: a phone number, `+` and spaces dropped) and `name`, and anything else the flow reads in `ctx`
+   * @param options `id`: the event's id (the record is `bb-dispatch:<id>`); a random one when omitted
+   * @returns `"duplicate"` when an event of that id was journaled already, else `"admitted"`
+   * @throws {Error} when the provider is not started or the journal refuses it
+   */
+  async dispatch(
+    event: string,
+    payload: { from: string; name?: string; [key: string]: unknown },
+    options: { id?: string } = {},
+  ): Promise<"admitted" | "duplicate"> {
+    if (typeof event !== "string" || event === "") throw new TypeError(`Argument "event" must be a non-empty string, got ${show(event)}`);
+    if (!isObj(payload) || typeof payload.from !== "string" || payload.from === "") {
+      throw new TypeError(`Argument "payload" must be an object with "from" (the chat), got ${show(payload)}`);
+    }
+    const id = options.id;
+    if (id !== undefined && (typeof id !== "string" || id === "" || id.length > 400)) {
+      throw new TypeError(`Option "id" must be a non-empty string of at most 400 characters, got ${show(id)}`);
+    }
+    return await this.#journalDispatched({ ...payload, body: utils.setEvent(event), from: utils.removePlus(payload.from) }, id);
+  }
+
+  async #journalDispatched(payload: { from: string; body?: unknown }, id: string = randomId()): Promise<"admitted" | "duplicate"> {
+    const sink = this.#sink;
+    if (sink === undefined || this.#stopping) throw new Error("DurableMetaProvider is not started (or is stopping): the event was not journaled");
+    const body = typeof payload.body === "string" ? payload.body : "";
+    const custom = customEventOf(body);
+    const rest: Record<string, unknown> = { ...payload };
+    delete rest.body;
+    delete rest.from;
+    const message: InboundMessage = {
+      id: `bb-dispatch:${id}`,
+      chatId: payload.from,
+      type: DISPATCH_TYPE,
+      text: custom ?? body,
+      extra: { custom: custom !== undefined, payload: jsonOf(rest) ?? {} },
+    };
+    const result = await sink.receive(message);
+    if (result.status === "rejected") throw result.error;
+    // "unjournaled" (inbox.failOpen): processed without the journal, as the webhook's messages then are.
+    return result.status === "duplicate" ? "duplicate" : "admitted";
+  }
+
+  /** The WhatsApp provider as the core sees it: the same, but that its inbound sink is kept for `dispatch`. */
+  #journalProvider(): Provider {
+    const wa = this.whatsapp;
+    return {
+      name: wa.name,
+      connectionId: wa.connectionId,
+      rateLimits: wa.rateLimits,
+      start: (sink) => {
+        this.#sink = sink;
+        return wa.start(sink);
+      },
+      stop: () => {
+        this.#sink = undefined;
+        return wa.stop();
+      },
+      send: (chatId, content, context) => wa.send(chatId, content, context),
+      classifyError: (error) => wa.classifyError(error),
+      loadMedia: (media, context) => wa.loadMedia(media, context),
+    };
   }
 
   // ---- the history and the state ----------------------------------------------------
@@ -514,7 +643,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     this.state.load(from, state);
     this.#runs.set(from, run);
     try {
-      const payload = builderBotMessage(ctx.message, this.whatsapp.phoneNumberId);
+      const payload = ctx.message.type === DISPATCH_TYPE ? dispatchedMessage(ctx.message) : builderBotMessage(ctx.message, this.whatsapp.phoneNumberId);
       // BuilderBot's core listens to "message" (handleMsg): each listener is called and awaited here,
       // where the provider's emit would not wait for it.
       const emitter = (this as unknown as { emitter: { listeners(event: string): ((...args: unknown[]) => unknown)[] } }).emitter;

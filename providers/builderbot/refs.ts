@@ -55,8 +55,12 @@ export class StableRefs {
 
   /**
    * @param flow BuilderBot's `FlowClass` of the bot (`bot.flowClass`)
+   * @param keywordName the name of a keyword that BuilderBot makes anew at each start (a custom event:
+   *   `utils.setEvent(name)`), `undefined` for the others
    */
-  constructor(flow: FlowClassLike) {
+  constructor(flow: FlowClassLike, keywordName: (keyword: string) => string | undefined = () => undefined) {
+    const named = (keyword: unknown): unknown =>
+      typeof keyword === "string" ? keywordName(keyword) ?? keyword : Array.isArray(keyword) ? keyword.map(named) : keyword;
     const steps: Obj[] = [];
     const serials: { step: Obj; index: number; scope: string }[] = [];
     // Every step, in flowSerialize and (recursively) in the nested flows of its steps' options.
@@ -86,7 +90,7 @@ export class StableRefs {
         ? nameOf(step.keyword, depth + 1)
         : undefined;
       const own = parent === undefined
-        ? `k${fingerprint(withoutEventIds(JSON.stringify([step.keyword ?? null, isObj(step.options) ? [step.options.sensitive ?? null, step.options.regex ?? null] : null])))}`
+        ? `k${fingerprint(withoutEventIds(JSON.stringify([named(step.keyword) ?? null, isObj(step.options) ? [step.options.sensitive ?? null, step.options.regex ?? null] : null])))}`
         : `${parent}>${fingerprint(JSON.stringify([step.answer ?? null, isObj(step.options) ? step.options.capture ?? null : null]))}`;
       // The same text twice (two flows alike): told apart by the order they were defined in.
       const n = taken.get(own) ?? 0;
