@@ -7,10 +7,11 @@
  * (BuilderBot's history: `getPrevByNumber`) and the per-user `state` are kept
  * in a session store and take effect with the message's done mark.
  *
- * This module loads `@builderbot/bot` (its `ProviderClass`): BuilderBot's
- * `createBot` takes as its provider only a subclass of it (its protected
- * members make the type nominal), and the HTTP server that `httpServer(port)`
- * starts, with the routes a bot adds to `provider.server`, is that class's.
+ * This module loads `@builderbot/bot` (its `ProviderClass`, and `utils` for
+ * its custom events): BuilderBot's `createBot` takes as its provider only a
+ * subclass of it (its private and protected members make the type nominal),
+ * and the HTTP server that `httpServer(port)` starts, with the routes a bot
+ * adds to `provider.server`, is that class's.
  *
  * @module
  */
