@@ -143,7 +143,8 @@ export class Ambiguity {
       if (!(error instanceof StaleLeaseError)) throw error;
       return (await this.#a.backend.outbox.get(entry.key))?.state ?? "gone";
     }
-    this.resolved({ key: entry.key, chatId: entry.chatId, state: "sent", messageId, via });
+    const step = stepOf(entry);
+    this.resolved({ key: entry.key, chatId: step?.chatId ?? entry.chatId, state: "sent", messageId, via });
     return "resolved";
   }
 
