@@ -524,9 +524,12 @@ test(`an idempotent step SIGKILLed 12 times while 30 messages stream in: every m
       expect(new Set(calls.map((c) => c.answer)).size, `${where}: the LLM deduplicated by key`).toBe(1);
       expect(resultOf(final), `${where}: the recorded result is the LLM's answer`).toBe(calls[0]!.answer);
       checkReply(where, m, replies, calls[0]!.answer, reports, await opened.backend.outbox.get(`${m.id}:1`), "resend");
-      // A call beyond the first only after an attempt whose call was cut off (journaled unknown, reported),
-      // each made by a run that was then killed.
-      const cutOff = attempts.filter((a) => a.state === "unknown");
+      // A call beyond the first only after an attempt whose call was cut off (journaled unknown and
+      // reported, then settled as superseded when the step ran again), each made by a run then killed.
+      const cutOff = attempts.slice(0, -1).filter((a) => a.state === "sent" && a.messageId === "botmesh:step-superseded");
+      for (const a of attempts.slice(0, -1)) {
+        expect(a.messageId, `${where}: an earlier attempt never ran, or was cut off and superseded`).toBeOneOf(["botmesh:step-not-run", "botmesh:step-superseded"]);
+      }
       expect(calls.length - 1, `${where}: calls beyond the first, each after a cut-off attempt`).toBeLessThanOrEqual(cutOff.length);
       for (const call of calls.slice(0, -1)) expect(kills.some((k) => k.round === call.incarnation), `${where}: the run of an earlier call was killed`).toBe(true);
       expect(new Set(calls.map((c) => c.incarnation)).size, `${where}: no run called the LLM twice for it`).toBe(calls.length);
