@@ -278,7 +278,7 @@ describe("baileys: sends", () => {
   });
 
   test("errors are classified: closed, lost and timed-out queries retry, logged out waits, bad content is permanent, the provider's own timeout is maybe delivered", () => {
-    expect(classifyBaileysError(boom("Connection Closed", 428))).toEqual({ retryable: true });
+    expect(classifyBaileysError(boom("Connection Closed", 428))).toEqual({ retryable: true, rateLimited: "chat", retryAfterMs: 1000 });
     expect(classifyBaileysError(boom("Timed Out", 408))).toEqual({ retryable: true });
     expect(classifyBaileysError(boom("Connection Replaced", 440))).toEqual({ retryable: true });
     expect(classifyBaileysError(boom("Stream Errored (restart required)", 515))).toEqual({ retryable: true });

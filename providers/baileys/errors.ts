@@ -21,6 +21,9 @@ export function baileysStatusOf(error: unknown): number | undefined {
   if (isObj(e.output) && typeof e.output.statusCode === "number") return e.output.statusCode;
   if (typeof e.statusCode === "number") return e.statusCode;
   if (typeof e.status === "number") return e.status;
+  // an AxiosError (a media download) carries the HTTP answer in `response`
+  const response = (error as { response?: unknown }).response;
+  if (isObj(response) && typeof response.status === "number") return response.status;
   return undefined;
 }
 
@@ -29,9 +32,10 @@ export function baileysStatusOf(error: unknown): number | undefined {
  *
  * - an error the provider marks `maybeDelivered` (its own timeout: `sendMessage` did not return
  *   within `sendTimeoutMs`, so the stanza may have left) is held as ambiguous;
- * - Boom 428 (Connection Closed: the socket was not open, nothing was written), 408 (a query
- *   before the relay timed out, or the connection was lost), 440, 500, 503, 515 and other 5xx
- *   are retried: nothing left before the relay's last step;
+ * - Boom 428 (Connection Closed: the socket was not open, nothing was written) waits a second
+ *   without spending an attempt (`rateLimited: "chat"`), so a long reconnect costs no reply its retries;
+ * - 408 (a query before the relay timed out, or the connection was lost), 440, 500, 503, 515 and
+ *   other 5xx are retried: nothing left before the relay's last step;
  * - 401 (logged out) and 403 are retried after a minute: the account must be linked again;
  * - 429 waits without spending an attempt;
  * - any other 4xx (400 "Invalid media type", 404, 406) is permanent;
@@ -52,7 +56,8 @@ export function classifyBaileysError(error: unknown): ErrorClassification {
   if (status === undefined) return { retryable: true };
   if (status === 429) return { retryable: true, rateLimited: "chat" };
   if (status === 401 || status === 403) return { retryable: true, retryAfterMs: 60_000 };
-  if (status === 408 || status === 425 || status === 428 || status === 440 || status >= 500) return { retryable: true };
+  if (status === 428) return { retryable: true, rateLimited: "chat", retryAfterMs: 1_000 };
+  if (status === 408 || status === 425 || status === 440 || status >= 500) return { retryable: true };
   if (status >= 400) return { retryable: false };
   return { retryable: true };
 }

@@ -80,6 +80,8 @@ export interface BaileysProviderOptions {
   onError?: (error: Error) => void;
 }
 
+/** How long a send waits, without spending an attempt, while no socket is open. */
+export const DISCONNECTED_WAIT_MS = 1_000;
 /** Receipts and keys remembered (the latest ones). */
 const REMEMBERED = 10_000;
 /** Backoff of an admission the journal refused: first and largest wait. */
@@ -450,7 +452,12 @@ export class BaileysProvider implements Provider {
     if ((this.#receipts.get(messageId) ?? 0) >= BAILEYS_STATUS.SERVER_ACK) return { messageId };
     const socket = this.#socket;
     if (socket === undefined || this.#connection === "close") {
-      throw new ProviderError("No open Baileys socket: the send waits for the reconnect (attach the new socket)", { retryable: true });
+      // Nothing was sent: the send waits for the reconnect without spending an attempt.
+      throw new ProviderError("No open Baileys socket: the send waits for the reconnect (attach the new socket)", {
+        retryable: true,
+        rateLimited: "chat",
+        retryAfterMs: DISCONNECTED_WAIT_MS,
+      });
     }
     const payload = this.#prepareContent(content, chatId);
     let timer: ReturnType<typeof setTimeout> | undefined;
