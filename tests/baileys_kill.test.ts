@@ -110,11 +110,16 @@ class FakeServer {
   }
 }
 
-test(`a Baileys bot SIGKILLed ${KILLS} times while messages stream in: none lost outside Baileys' ack window, no reply twice`, async () => {
+/**
+ * The run: `kills` SIGKILLs, the child emitting each message `emitDelayMs` after acknowledging it.
+ *
+ * @returns how many messages were lost in the ack window
+ */
+async function killRun(kills: number, emitDelayMs: number): Promise<number> {
   const started = Date.now();
   const server = new FakeServer();
-  const db = join(dir, "baileys.db");
-  const runs = new KillRuns(() => spawnFixture(["tests/fixtures/baileys_bot.ts", db, server.url], "Baileys bot"));
+  const db = join(dir, `baileys-${emitDelayMs}.db`);
+  const runs = new KillRuns(() => spawnFixture(["tests/fixtures/baileys_bot.ts", db, server.url, String(emitDelayMs)], "Baileys bot"));
   const messages: WireMessage[] = [];
   const stopStream = streamUpdates((i) => {
     const chat = CHATS[i % CHATS.length]!;
@@ -127,7 +132,7 @@ test(`a Baileys bot SIGKILLed ${KILLS} times while messages stream in: none lost
     server.push(msg);
   }, 20);
   try {
-    await runs.killRepeatedly(KILLS);
+    await runs.killRepeatedly(kills);
     await stopStream();
     await runs.startLast();
     const ids = messages.map((m) => messageKeyId(m.key));
@@ -176,13 +181,22 @@ test(`a Baileys bot SIGKILLed ${KILLS} times while messages stream in: none lost
     const resent = [...sends].filter(([, n]) => n > 1).map(([id]) => id);
     expect(resent.filter((id) => !ambiguousIds.has(id)), "a message id sent twice without an ambiguous report").toEqual([]);
     console.log(
-      `baileys kill: ${KILLS} SIGKILLs, ${messages.length} messages, ${server.sent.length} sends, ${ambiguous.size} ambiguous reports, ` +
+      `baileys kill (emit ${emitDelayMs} ms after the ack): ${kills} SIGKILLs, ${messages.length} messages, ${server.sent.length} sends, ${ambiguous.size} ambiguous reports, ` +
         `${resent.length} resent with the same id (all reported), ${lost.length} lost in the ack window, 0 lost otherwise, ` +
         `${((Date.now() - started) / 1000).toFixed(1)} s`,
     );
+    return lost.length;
   } finally {
     void stopStream();
     runs.killAll();
     server.stop();
   }
+}
+
+test(`a Baileys bot SIGKILLed ${KILLS} times while messages stream in: none lost outside Baileys' ack window, no reply twice`, async () => {
+  await killRun(KILLS, 0);
+}, 120_000);
+
+test("the window is real: with the emit 150 ms after the ack, kills lose acknowledged messages, and only those", async () => {
+  expect(await killRun(6, 150)).toBeGreaterThan(0);
 }, 120_000);
