@@ -119,8 +119,9 @@ export async function baileysMessageIdFor(key: string): Promise<string> {
  * Inbound: every `messages.upsert` of type `notify` or `append` is read; a
  * user's message (not `fromMe`, not `status@broadcast`, not a stub or a
  * protocol message) is handed to the bot with its key (`remoteJid,fromMe,id`)
- * as id, so a redelivery is a duplicate. Messages of one chat are admitted in
- * order. Baileys has already acknowledged the message to WhatsApp when it
+ * as id, so a redelivery is a duplicate. Messages of one chat reach the bot in
+ * the order Baileys emitted them, without waiting for each other's journal
+ * write. Baileys has already acknowledged the message to WhatsApp when it
  * emits it, so a refused admission is retried here (with backoff) until the
  * journal takes it; messages that come while the bot is stopped wait in
  * memory for `start`.
@@ -146,8 +147,12 @@ export class BaileysProvider implements Provider {
   #sink: InboundSink | undefined;
   /** Messages that came while no sink was there, in order. */
   #pending: { message: BaileysWAMessage; upsertType: string }[] = [];
-  /** Per chat, the admission under way (messages of a chat are admitted in order). */
+  /** Per chat, the conversions under way (a chat's messages reach the bot in order). */
   readonly #chains = new Map<string, Promise<void>>();
+  /** Per chat, a refused admission being tried again: the chat's later messages wait behind it. */
+  readonly #retrying = new Map<string, Promise<void>>();
+  /** Admissions under way. */
+  readonly #inflight = new Set<Promise<void>>();
   /** Message id we sent → outbox key. */
   readonly #keys = new BoundedMap<string, string>(REMEMBERED);
   /** Message id → the best status a receipt gave, for ids whose key is not known yet. */
@@ -320,8 +325,17 @@ export class BaileysProvider implements Provider {
       return;
     }
     const chat = message.key.remoteJid!;
+    // The conversions of a chat run in order, so its messages reach the bot in the order Baileys
+    // emitted them; the admissions themselves are not waited for (the bot keeps each message's place
+    // in its chat while it is journaled), so a burst (the offline replay) is journaled as fast as the
+    // journal takes it: Baileys acknowledged every one of them already.
     const previous = this.#chains.get(chat) ?? Promise.resolve();
-    const next = previous.then(() => this.#admit(message, upsertType)).catch((error) => {
+    const next = previous.then(async () => {
+      const inbound = await this.#convert(message, upsertType);
+      const retrying = this.#retrying.get(chat);
+      if (retrying !== undefined) await retrying; // behind a refused message of the chat
+      this.#deliver(chat, message, upsertType, inbound);
+    }).catch((error) => {
       this.#report(error instanceof Error ? error : new Error(String(error)));
     });
     this.#chains.set(chat, next);
@@ -330,14 +344,13 @@ export class BaileysProvider implements Provider {
     });
   }
 
-  async #admit(message: BaileysWAMessage, upsertType: string): Promise<void> {
-    let inbound: InboundMessage;
+  async #convert(message: BaileysWAMessage, upsertType: string): Promise<InboundMessage> {
     try {
-      inbound = await toInbound(message, { seal: this.#seal, upsertType });
+      return await toInbound(message, { seal: this.#seal, upsertType });
     } catch (error) {
       const reason = `The Baileys message could not be read: ${error instanceof Error ? error.message : String(error)}`;
       this.#report(new Error(`${reason} (${messageKeyId(message.key)})`));
-      inbound = {
+      return {
         id: messageKeyId(message.key),
         chatId: message.key.remoteJid!,
         type: "other",
@@ -345,28 +358,56 @@ export class BaileysProvider implements Provider {
         extra: { raw: toJson(message, 24) },
       };
     }
+  }
+
+  /** Hand one message to the bot; a refusal is tried again, holding the chat's later messages behind it. */
+  #deliver(chat: string, message: BaileysWAMessage, upsertType: string, inbound: InboundMessage): void {
+    const sink = this.#sink;
+    if (sink === undefined) {
+      this.#pending.push({ message, upsertType });
+      return;
+    }
+    const admission = this.#receiveOnce(sink, inbound).then(async (error) => {
+      if (error === undefined) return;
+      const before = this.#retrying.get(chat) ?? Promise.resolve();
+      const retry = before.then(() => this.#retry(message, upsertType, inbound, error));
+      this.#retrying.set(chat, retry);
+      await retry;
+      if (this.#retrying.get(chat) === retry) this.#retrying.delete(chat);
+    }).catch((error) => {
+      this.#report(error instanceof Error ? error : new Error(String(error)));
+    });
+    this.#inflight.add(admission);
+    void admission.then(() => this.#inflight.delete(admission));
+  }
+
+  /** One `sink.receive`: `undefined` once taken (admitted, a duplicate, unjournaled), else why it was refused. */
+  async #receiveOnce(sink: InboundSink, inbound: InboundMessage): Promise<Error | undefined> {
+    try {
+      const result = await sink.receive(inbound);
+      return result.status === "rejected" ? result.error : undefined;
+    } catch (thrown) {
+      return thrown instanceof Error ? thrown : new Error(String(thrown));
+    }
+  }
+
+  async #retry(message: BaileysWAMessage, upsertType: string, inbound: InboundMessage, first: Error): Promise<void> {
+    let error: Error | undefined = first;
     let delay: number = ADMIT_RETRY_MS[0];
-    for (;;) {
-      const sink = this.#sink;
-      if (sink === undefined) {
-        this.#pending.push({ message, upsertType });
-        return;
-      }
-      let error: Error | undefined;
-      try {
-        const result = await sink.receive(inbound);
-        if (result.status !== "rejected") return;
-        error = result.error;
-      } catch (thrown) {
-        error = thrown instanceof Error ? thrown : new Error(String(thrown));
-      }
+    while (error !== undefined) {
       this.#report(
-        new Error(`The journal refused WhatsApp message ${inbound.id}; Baileys acknowledged it already, so it is tried again in ${delay} ms: ${error?.message}`, {
+        new Error(`The journal refused WhatsApp message ${inbound.id}; Baileys acknowledged it already, so it is tried again in ${delay} ms: ${error.message}`, {
           cause: error,
         }),
       );
       await this.#wait(delay);
       delay = Math.min(delay * 2, ADMIT_RETRY_MS[1]);
+      const sink = this.#sink;
+      if (sink === undefined) {
+        this.#pending.push({ message, upsertType });
+        return;
+      }
+      error = await this.#receiveOnce(sink, inbound);
     }
   }
 
@@ -391,7 +432,9 @@ export class BaileysProvider implements Provider {
    * For tests and graceful shutdowns.
    */
   async idle(): Promise<void> {
-    while (this.#chains.size > 0) await Promise.all([...this.#chains.values()]);
+    while (this.#chains.size > 0 || this.#inflight.size > 0 || this.#retrying.size > 0) {
+      await Promise.all([...this.#chains.values(), ...this.#inflight, ...this.#retrying.values()]);
+    }
   }
 
   // ---- receipts -------------------------------------------------------------------
