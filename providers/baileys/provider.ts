@@ -275,7 +275,7 @@ export class BaileysProvider implements Provider {
     for (const { message, upsertType } of pending) this.#enqueue(message, upsertType);
   }
 
-  /** Called by `bot.stop()`: later messages wait in memory for the next `start` (Baileys acknowledged them already). */
+  /** Called by `bot.stop()`: later messages wait in memory for the next `start` (a bot made with this provider): Baileys acknowledged them already. */
   stop(): void {
     this.#sink = undefined;
     for (const wait of this.#waits) {
