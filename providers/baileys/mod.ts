@@ -11,7 +11,7 @@
  * ```ts ignore
  * import makeWASocket, { downloadMediaMessage, useMultiFileAuthState } from "baileys";
  * import { Bot } from "@botmesh/durable";
- * import { SqliteDurability } from "@botmesh/durable/sqlite";
+ * import { SQLiteDurability } from "@botmesh/durable/sqlite";
  * import { BaileysProvider } from "@botmesh/durable/baileys";
  *
  * const { state, saveCreds } = await useMultiFileAuthState("auth");
@@ -19,7 +19,7 @@
  *   mediaKey: process.env.MEDIA_KEY!,
  *   downloadMedia: (m) => downloadMediaMessage(m as never, "buffer", {}),
  * });
- * const bot = new Bot({ provider, durability: { backend: new SqliteDurability({ path: "bot.db" }), instanceId: "wa-1" } });
+ * const bot = new Bot({ provider, durability: { backend: new SQLiteDurability({ file: "bot.db" }), instanceId: "wa-1" } });
  * bot.when(/.+/, (ctx) => ctx.reply(`You said: ${ctx.message.text}`));
  * await bot.start();
  *
