@@ -140,7 +140,8 @@ export class BaileysProvider implements Provider {
   readonly #prepareContent: (content: OutboundContent, chatId: string) => unknown;
   readonly #onSkipped: BaileysProviderOptions["onSkipped"];
   readonly #onError: BaileysProviderOptions["onError"];
-  #connectionId: string | undefined;
+  /** The account: the `connectionId` option, else the socket's user id (without its device) once one was known. */
+  connectionId?: string;
   #socket: BaileysSocketLike | undefined;
   #connection: string | undefined;
   #detach: (() => void) | undefined;
@@ -192,13 +193,8 @@ export class BaileysProvider implements Provider {
     this.#prepareContent = options.prepareContent ?? ((content) => typeof content === "string" ? { text: content } : content);
     this.#onSkipped = options.onSkipped;
     this.#onError = options.onError;
-    this.#connectionId = options.connectionId;
+    if (options.connectionId !== undefined) this.connectionId = options.connectionId;
     if (options.socket !== undefined) this.attach(options.socket);
-  }
-
-  /** The account: the `connectionId` option, else the socket's user id (without its device) when one was known. */
-  get connectionId(): string | undefined {
-    return this.#connectionId;
   }
 
   /** The socket sends go through now (the last one attached). */
@@ -228,7 +224,7 @@ export class BaileysProvider implements Provider {
     const onReceipt = (receipts: BaileysReceiptUpdate[]) => this.#onReceipts(receipts);
     const onConnection = (update: BaileysConnectionUpdate) => {
       if (this.#socket === socket && isObj(update) && typeof update.connection === "string") this.#connection = update.connection;
-      if (this.#connectionId === undefined && typeof socket.user?.id === "string") this.#connectionId = bareJid(socket.user.id);
+      if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
     };
     socket.ev.on("messages.upsert", onUpsert);
     socket.ev.on("messages.update", onUpdate);
@@ -236,7 +232,7 @@ export class BaileysProvider implements Provider {
     socket.ev.on("connection.update", onConnection);
     this.#socket = socket;
     this.#connection = undefined;
-    if (this.#connectionId === undefined && typeof socket.user?.id === "string") this.#connectionId = bareJid(socket.user.id);
+    if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
     this.#detach = () => {
       socket.ev.off("messages.upsert", onUpsert);
       socket.ev.off("messages.update", onUpdate);
