@@ -494,11 +494,18 @@ function checkSteps(input: CheckInput, fail: (invariant: string, detail: string)
       }
     }
     // An attempt settled as never run must never have run: the next attempt would run the step again.
-    for (const s of settled) {
-      if (s.messageId !== STEP_NOT_RUN) continue;
-      const ran = calls.filter((c) => c.attemptKey === s.attempt && c.effect && c.start <= s.time);
+    // (Each settlement seen, and the attempts left so in the end.)
+    const notRun = [
+      ...settled.filter((s) => s.messageId === STEP_NOT_RUN).map((s) => ({ attempt: s.attempt, time: s.time, by: `by ${s.inc} at ${at(s.time)}` })),
+      ...outbox.filter((e) => stepOf(e)?.key === key && e.state === "sent" && e.messageId === STEP_NOT_RUN)
+        .map((e) => ({ attempt: e.key, time: Infinity, by: "in the end" })),
+    ];
+    for (const s of notRun) {
+      const gen = ledger.genOf(s.attempt);
+      const ran = calls.filter((c) => c.attemptKey === s.attempt && c.gen === gen && c.effect && c.start <= s.time);
       if (ran.length > 0 && !touched(key)) {
-        fail("step-not-run-called", `step ${key}: attempt ${s.attempt} was settled as never run by ${s.inc} at ${at(s.time)}, but call ${callText(ran[0]!)} had taken effect`);
+        fail("step-not-run-called", `step ${key}: attempt ${s.attempt} was settled as never run (${s.by}), but call ${callText(ran[0]!)} had taken effect`);
+        break;
       }
     }
     const inbound = inbox.find((r) => r.id === plan.id);
