@@ -41,6 +41,38 @@
  * - `silent-resend`: every accepted provider call of a key after its first (by start) needs a
  *   `durability:ambiguous` event for that key at or before the call's start, unless an operator retried
  *   or discarded the key.
+ * Durable steps (`ctx.step`, see `service.ts`): a handler of a message with a step first runs step "svc"
+ * (key `<id>:step:svc`), whose function calls the world's fake service, and every reply carries the
+ * result it got (`[svc=<result>]`). The service records every call (its attempt and token, whether it took
+ * effect, the result `svc-<n>` it returned). A step's attempts are outbox entries: the send checks above
+ * skip what is a send's own (channel acceptance, message ids, provider-call explanations); a step's
+ * dead-letter is reported with kind "step" (counted in `reported-twice` and `silent-dead` under that
+ * kind, and never in `outboxDead`). Every check below is skipped for a step one of whose attempts an
+ * operator retried or discarded (that lets it run again, by the operator's choice):
+ * - `step-effect-twice`: a step that is not idempotent takes effect at most once. An interruption whose
+ *   outcome is unknown (reported `durability:ambiguous` with `step`) never lets it run again on its own:
+ *   stricter than "at most once unless reported ambiguous", as the engine holds such a step.
+ * - `step-repeat-unexplained`: an idempotent step is called again after an earlier call took effect only
+ *   when that call's outcome was lost to the engine: the call timed out (maybe delivered) and the same
+ *   attempt under the same token retries it, or the call's attempt was made `unknown` (an ambiguity
+ *   transition of its token: its lease lost after the call was announced, by a crash, a stall, lost
+ *   heartbeats) before the new call started. Both are what a lost lease or an ambiguity report means.
+ * - `step-call-after-result`: no call of a step starts once a result of it was journaled (a rerun gets
+ *   the result back instead).
+ * - `step-not-run-called`: an attempt settled as never run (`STEP_NOT_RUN`, when written or in the end)
+ *   had no call under it that took effect (else the next attempt repeats the effect).
+ * - `step-result-twice`, `step-result-unexplained`: in the end at most one attempt of a step holds a
+ *   result, and every result journaled is one the service returned to a call of that attempt.
+ * - `step-reply-result`, `step-results-reached-user`: the replies that reached the channel carry one
+ *   result per step, the one journaled; `handler-diverged`: no handler rerun makes a reply (a key) with
+ *   content other than the journaled one (it got another result of its step).
+ * - `step-done-without-result`: a message that is done has its step's result journaled.
+ * - `step-ambiguous-event`, `step-ambiguous-not-held`: a `durability:ambiguous` event of a step's attempt
+ *   names the step and the message's chat; its message ends dead-lettered (held for an operator) unless
+ *   the step was settled after all (a late outcome, an idempotent step's next attempt).
+ * - `unexplained-dead` for a dead step attempt: a permanent error, or more failed calls than its retries.
+ * Live: `step-call-without-lease`, `step-call-under-lost-lease` (a call under an attempt's token that had
+ * ended or was superseded), `step-key` (the function got the step's key as `idempotencyKey`).
  * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
  * reservation whose reply was lost is journaled but counted by nobody), `outboxDeduped`,
  * `inboundDuplicates`, `inboundReplayed`, `outboxRetried`, `outboxDeferred`.
