@@ -53,8 +53,8 @@
  *   outcome is unknown (reported `durability:ambiguous` with `step`) never lets it run again on its own:
  *   stricter than "at most once unless reported ambiguous", as the engine holds such a step.
  * - `step-repeat-unexplained`: an idempotent step is called again after an earlier call took effect only
- *   when that call's outcome was lost to the engine: the call timed out (maybe delivered) and the same
- *   attempt under the same token retries it, or the call's attempt was made `unknown` (an ambiguity
+ *   when that call's outcome was lost to the engine: the call timed out (maybe delivered; each call is an
+ *   attempt of its own, so the retry is the next attempt), or the call's attempt was made `unknown` (an ambiguity
  *   transition of its token: its lease lost after the call was announced, by a crash, a stall, lost
  *   heartbeats) before the new call started. Both are what a lost lease or an ambiguity report means.
  * - `step-call-after-result`: no call of a step starts once a result of it was journaled (a rerun gets
@@ -70,7 +70,8 @@
  * - `step-ambiguous-event`, `step-ambiguous-not-held`: a `durability:ambiguous` event of a step's attempt
  *   names the step and the message's chat; its message ends dead-lettered (held for an operator) unless
  *   the step was settled after all (a late outcome, an idempotent step's next attempt).
- * - `unexplained-dead` for a dead step attempt: a permanent error, or more failed calls than its retries.
+ * - `unexplained-dead` for a dead step attempt: a failed call of its own, and a permanent error or more
+ *   failed calls of the step than its retries.
  * Live: `step-call-without-lease`, `step-call-under-lost-lease` (a call under an attempt's token that had
  * ended or was superseded), `step-key` (the function got the step's key as `idempotencyKey`).
  * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
@@ -500,9 +501,11 @@ function checkSteps(input: CheckInput, fail: (invariant: string, detail: string)
       const plan = scenario.messages.find((m) => stepKeyOf(m) === step.key);
       const retries = plan?.step?.retries ?? retriesDefault;
       const gen = ledger.genOf(e.key);
+      // Each call is an attempt of its own: the step's failed calls (of every attempt) count against its retries.
       const failed = ledger.stepCalls.filter((c) => c.attemptKey === e.key && c.gen === gen && c.end !== null && c.outcome !== "ok" && !c.outcome.startsWith("crash"));
-      if (!failed.some((c) => c.outcome === "provider-permanent") && failed.length <= retries) {
-        fail("unexplained-dead", `step attempt ${e.key} is dead (${e.error}) after ${failed.length} failed call(s), retries ${retries}`);
+      const spent = ledger.stepCalls.filter((c) => c.stepKey === step.key && c.end !== null && c.outcome !== "ok" && !c.outcome.startsWith("crash")).length;
+      if (failed.length === 0 || (!failed.some((c) => c.outcome === "provider-permanent") && spent <= retries)) {
+        fail("unexplained-dead", `step attempt ${e.key} is dead (${e.error}) after ${failed.length} failed call(s) of its own, ${spent} of the step's, retries ${retries}`);
       }
     }
   }
@@ -519,7 +522,7 @@ function checkSteps(input: CheckInput, fail: (invariant: string, detail: string)
     const settled = ledger.stepSettled.filter((s) => ledger.stepOfAttempt.get(s.attempt) === key);
     // The journaled result is one the service returned to a call of that attempt.
     for (const s of settled) {
-      if (s.messageId === STEP_NOT_RUN) continue;
+      if (stepResultOf(s.messageId) === undefined) continue; // not run, or superseded: no result
       const value = stepResultOf(s.messageId)?.value;
       if (!calls.some((c) => c.attemptKey === s.attempt && c.result !== null && c.result === value)) {
         fail("step-result-unexplained", `step ${key}: attempt ${s.attempt} journaled ${s.messageId}, a result no call of that attempt returned`);
@@ -564,7 +567,7 @@ function checkSteps(input: CheckInput, fail: (invariant: string, detail: string)
     }
     if (touched(key)) continue;
     // No call of a step starts once a result of it was journaled: a rerun gets the result back.
-    const resultAt = settled.filter((s) => s.messageId !== STEP_NOT_RUN).map((s) => s.time).sort((a, b) => a - b)[0];
+    const resultAt = settled.filter((s) => stepResultOf(s.messageId) !== undefined).map((s) => s.time).sort((a, b) => a - b)[0];
     const late = resultAt === undefined ? undefined : calls.find((c) => c.start >= resultAt);
     if (late !== undefined) {
       fail("step-call-after-result", `step ${key} was called again (${callText(late)}) after its result was journaled at ${at(resultAt!)}`);
@@ -584,7 +587,8 @@ function checkSteps(input: CheckInput, fail: (invariant: string, detail: string)
       for (const c2 of calls) {
         const c1 = effects.filter((c) => c.start < c2.start).at(-1);
         if (c1 === undefined) continue;
-        const retried = c1.outcome === "provider-timeout" && c1.attemptKey === c2.attemptKey && c1.token === c2.token;
+        // (Each call is an attempt of its own: a timed-out call's retry is the next attempt.)
+        const retried = c1.outcome === "provider-timeout";
         const lost = ledger.ambiguities.some((a) => a.key === c1.attemptKey && a.token === c1.token && a.time <= c2.start);
         if (!retried && !lost) {
           fail("step-repeat-unexplained", `idempotent step ${key} was called again (${callText(c2)}) after call ${callText(c1)} took effect, with no timeout retried nor its attempt made unknown before`);
