@@ -18,10 +18,18 @@ const isStep = (entry: Pick<OutboxEntry, "chatId">) => entry.chatId.startsWith(S
  */
 function forgetsUnknown(serverNow: () => number): DurabilityBackend {
   const inner = create(serverNow);
+  const forget = (entry: OutboxEntry): OutboxEntry =>
+    isStep(entry) && entry.state === "unknown" ? { ...entry, state: "sent", messageId: STEP_NOT_RUN, error: null } : entry;
   const get = inner.outbox.get.bind(inner.outbox);
   inner.outbox.get = async (key: string) => {
     const entry = await get(key);
-    return entry !== null && isStep(entry) && entry.state === "unknown" ? { ...entry, state: "sent", messageId: STEP_NOT_RUN, error: null } : entry;
+    return entry === null ? null : forget(entry);
+  };
+  // The engine reads a step's attempts by their chat (the harness's own listing of everything stays true).
+  const list = inner.outbox.list.bind(inner.outbox);
+  inner.outbox.list = async (options) => {
+    const entries = await list(options);
+    return options?.chatId?.startsWith(STEP_CHAT_PREFIX) === true ? entries.map(forget) : entries;
   };
   return inner;
 }
@@ -57,7 +65,7 @@ async function firstFailing(factory: (serverNow: () => number) => DurabilityBack
 
 describe("simulation: durable steps", () => {
   test("the scenario runs steps: calls, effects and results reach the trace", async () => {
-    const result = await runSimulation(create, { seed: 2458 });
+    const result = await runSimulation(create, { seed: 23 });
     expect(result.failures).toEqual([]);
     expect(result.scenario).toContain("steps in");
     expect(result.trace.some((line) => /step call #\d+ .* -> ok svc-\d+/.test(line))).toBe(true);
