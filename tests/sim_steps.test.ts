@@ -53,6 +53,21 @@ function settlesCalledAsNotRun(serverNow: () => number): DurabilityBackend {
   return inner;
 }
 
+/**
+ * A rerun that does not get the journaled result back: the step's attempts, read by their chat, show
+ * another result than the one recorded.
+ */
+function misreadsResult(serverNow: () => number): DurabilityBackend {
+  const inner = create(serverNow);
+  const list = inner.outbox.list.bind(inner.outbox);
+  inner.outbox.list = async (options) => {
+    const entries = await list(options);
+    if (options?.chatId?.startsWith(STEP_CHAT_PREFIX) !== true) return entries;
+    return entries.map((e) => e.state === "sent" && e.messageId?.startsWith("{") === true ? { ...e, messageId: JSON.stringify({ v: "forged" }) } : e);
+  };
+  return inner;
+}
+
 /** The first seed from `from` whose run reports `invariant`, within `count` seeds. */
 async function firstFailing(factory: (serverNow: () => number) => DurabilityBackend, invariant: string, from: number, count: number) {
   for (let seed = from; seed < from + count; seed++) {
@@ -77,6 +92,14 @@ describe("simulation: durable steps", () => {
     expect(found).toBeDefined();
     console.log(`forgetsUnknown: seed ${found!.seed}: ${found!.failure.detail}`);
     // The same seed with the engine as it is holds every invariant.
+    expect((await runSimulation(create, { seed: found!.seed })).failures).toEqual([]);
+  }, 120_000);
+
+  test("a rerun that gets another result than the journaled one is caught (a reply carries it)", async () => {
+    const found = await firstFailing(misreadsResult, "step-reply-result", 1, 400);
+    expect(found).toBeDefined();
+    console.log(`misreadsResult: seed ${found!.seed}: ${found!.failure.detail}`);
+    expect(found!.result.failures.map((f) => f.invariant)).toContain("handler-diverged");
     expect((await runSimulation(create, { seed: found!.seed })).failures).toEqual([]);
   }, 120_000);
 
