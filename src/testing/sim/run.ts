@@ -58,6 +58,8 @@ export interface SimResult {
   /** Duplicate sends allowed because the channel accepted a call that then timed out (the engine retried it). */
   timeoutDuplicates: number;
   providerCalls: number;
+  /** Calls of step functions at the fake service, those that took effect, and steps reported ambiguous. */
+  stepCalls: { calls: number; effects: number; ambiguous: number };
   virtualMs: number;
   steps: number;
   scenario: string;
@@ -492,6 +494,11 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     ambiguity,
     timeoutDuplicates: notes.timeoutDuplicates,
     providerCalls: world.ledger.calls.length,
+    stepCalls: {
+      calls: world.ledger.stepCalls.length,
+      effects: world.ledger.stepCalls.filter((c) => c.effect).length,
+      ambiguous: world.ledger.ambiguousEvents.filter((e) => e.step !== undefined).length,
+    },
     virtualMs: sched.elapsed,
     steps: sched.steps,
     scenario: describeScenario(scenario),
