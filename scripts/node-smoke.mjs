@@ -311,3 +311,34 @@ console.log('node-smoke: file backend ok')
   graph.close()
   console.log('node-smoke: BuilderBot provider ok')
 }
+
+// The Baileys provider through the npm build, over a socket shaped like makeWASocket's: an upsert
+// journaled and answered with the message id derived from the outbox key, its offline replay dropped.
+{
+  const { BaileysProvider, baileysMessageIdFor } = await import('../dist/providers/baileys/mod.js')
+  const { EventEmitter } = await import('node:events')
+  const ev = new EventEmitter()
+  const sends = []
+  const sock = {
+    ev,
+    user: { id: '15550000000:7@s.whatsapp.net' },
+    sendMessage: async (jid, content, options) => {
+      sends.push({ jid, content, options })
+      return { key: { remoteJid: jid, fromMe: true, id: options.messageId } }
+    },
+  }
+  const provider = new BaileysProvider({ socket: sock, mediaKey: 'a media key of sixteen bytes' })
+  const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: 'smoke-baileys' } })
+  bot.when(/ping/, (ctx) => ctx.reply('pong'))
+  await bot.start()
+  const msg = { key: { remoteJid: '4917@s.whatsapp.net', fromMe: false, id: '3A01' }, message: { conversation: 'ping' }, messageTimestamp: 1700000000 }
+  ev.emit('messages.upsert', { messages: [msg], type: 'notify' })
+  ev.emit('messages.upsert', { messages: [structuredClone(msg)], type: 'append' })
+  await provider.idle()
+  await bot.idle()
+  assert.equal(sends.length, 1)
+  assert.deepEqual(sends[0].content, { text: 'pong' })
+  assert.equal(sends[0].options.messageId, await baileysMessageIdFor('4917@s.whatsapp.net,0,3A01:1'))
+  await bot.stop()
+  console.log('node-smoke: baileys provider ok')
+}

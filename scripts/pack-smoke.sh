@@ -30,7 +30,7 @@ for f in package/package.json package/README.md package/LICENSE package/dist/mod
   package/dist/cli.js package/dist/cli.d.ts package/dist/backends/sqlite/mod.d.ts package/dist/testing.js; do
   grep -qx "$f" <<<"$listing" || fail "the tarball has no $f"
 done
-if grep -v '^package/\(dist/\|docs/[a-z-]*\.md$\|docs/grafana/[a-z-]*\.\(json\|png\)$\|package\.json$\|README\.md$\|LICENSE$\)' <<<"$listing"; then
+if grep -v '^package/\(dist/\|docs/[a-z-]*\.md$\|docs/es/[A-Za-z-]*\.md$\|docs/grafana/[a-z-]*\.\(json\|png\)$\|package\.json$\|README\.md$\|LICENSE$\)' <<<"$listing"; then
   fail "the tarball holds files outside dist/ and docs/ (listed above)"
 fi
 echo "pack smoke: $(basename "$tarball"), $(wc -l <<<"$listing") files (${SECONDS} s)"

@@ -207,3 +207,19 @@ test("./builderbot: @builderbot/bot is an optional peer dependency, loaded by th
   const entry = await import("../providers/builderbot/mod.ts");
   expect(Object.keys(entry).sort()).toEqual(["DurableBuilderBotDatabase", "DurableBuilderBotState", "DurableMetaProvider", "bodyOf", "whatsAppContent"]);
 });
+
+test("./baileys: baileys is an optional peer dependency, and nothing of it is imported (the socket is typed structurally)", async () => {
+  const manifest = pkg as { peerDependencies?: Record<string, string>; peerDependenciesMeta?: Record<string, { optional?: boolean }> };
+  expect(manifest.peerDependencies?.baileys).toBeDefined();
+  expect(manifest.peerDependenciesMeta?.baileys?.optional).toBe(true);
+  expect(exportMap("deno.json", deno)["./baileys"]).toBe("./providers/baileys/mod.ts");
+  const dir = root + "providers/baileys/";
+  for (const name of readdirSync(dir).filter((n) => n.endsWith(".ts"))) {
+    const code = readFileSync(dir + name, "utf8");
+    expect(code, `providers/baileys/${name} loads a module at run time`).not.toMatch(/import\(/);
+    const imports = [...code.matchAll(/^import\s+(?:type\s+)?[^;]*?from\s+["']([^"']+)["']/gm)].map((m) => m[1]!);
+    expect(imports.filter((from) => !from.startsWith(".")), `providers/baileys/${name} imports a package`).toEqual([]);
+  }
+  const entry = await import("../providers/baileys/mod.ts");
+  expect(Object.keys(entry).sort()).toEqual(["BAILEYS_STATUS", "BaileysProvider", "baileysMessageIdFor", "classifyBaileysError", "messageKeyId"]);
+});
