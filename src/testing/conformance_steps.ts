@@ -200,6 +200,52 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       expect(warnings.filter((w) => w.code === "handler-retry").length, "one handler retry").toBe(1);
     });
 
+    withBackend("a step slower than its lease keeps it (heartbeats): no other process's sweep reports it, one call", async (backend, bots) => {
+      const { bot, provider, ambiguous } = rig(bots, backend);
+      const other = rig(bots, backend); // sweeps the same journal meanwhile
+      const leaseMs = Math.round(300 * scale); // the suite's lease (fastDurability)
+      let calls = 0;
+      bot.when(ANY, async (ctx) => {
+        const answer = await ctx.step("llm", async ({ signal }) => {
+          calls++;
+          await time.sleep(Math.round(leaseMs * 2.5));
+          return `slow answer${signal.aborted ? " (aborted)" : ""}`;
+        });
+        await ctx.reply(answer);
+      });
+      await bot.start();
+      await other.bot.start();
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c1", text: "think" });
+      await bot.idle();
+      await other.bot.idle();
+      expect(calls).toBe(1);
+      expect([...ambiguous, ...other.ambiguous], "nothing reported").toEqual([]);
+      expect(provider.sent.map((s) => s.content)).toEqual(["slow answer"]);
+      expect((await backend.outbox.get(`${id}:step:llm`))?.state).toBe("sent");
+      expect((await inboxOf(backend, id)).state).toBe("done");
+    });
+
+    withBackend("a step keyed by the caller (option key) runs once for every message that uses its key", async (backend, bots) => {
+      const { bot, provider } = rig(bots, backend);
+      const key = `${uid("order")}:charge`;
+      const calls: string[] = [];
+      bot.when(ANY, async (ctx) => {
+        const charge = await ctx.step("charge", ({ idempotencyKey }) => (calls.push(ctx.inboundId), { by: ctx.inboundId, idempotencyKey }), { key });
+        // The same name again, under a key of its own: allowed.
+        const again = await ctx.step("charge", () => "receipt", { key: `${key}:receipt` });
+        await ctx.reply(`${charge.by} ${charge.idempotencyKey} ${again}`);
+      });
+      await bot.start();
+      const ids = [uid("m"), uid("m"), uid("m")];
+      for (const [i, id] of ids.entries()) await provider.receive({ id, chatId: `c${i}`, text: "pay" });
+      await bot.idle();
+      expect(calls.length, "one call for the key").toBe(1);
+      expect(provider.sent.map((s) => s.content), "every message got the recorded result").toEqual(ids.map(() => `${calls[0]} ${key} receipt`));
+      expect((await backend.outbox.get(key))?.state).toBe("sent");
+      for (const id of ids) expect((await inboxOf(backend, id)).state).toBe("done");
+    });
+
     withBackend("a step that fails for good: StepFailedError, its entry dead, the message dead at once; a replay throws it again without a call", async (backend, bots) => {
       const { bot, provider, dead, warnings } = rig(bots, backend);
       let calls = 0;
