@@ -148,6 +148,105 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     return record!;
   };
 
+  /**
+   * The crash matrix's run: bot A dies at `point` during a step of its handler, bot B (another instance, on
+   * the same state, reopened when the backend can be) recovers, and the outcome is checked.
+   */
+  const crashAndRecover = async (
+    backend: DurabilityBackend,
+    bots: Bot[],
+    held: { backend: DurabilityBackend },
+    point: (typeof STEP_CRASH_POINTS)[number],
+    when: "before" | "after",
+    idempotent: boolean,
+    onAmbiguous: "hold" | "resend" = "hold",
+  ): Promise<void> => {
+    const expected = expectedOutcome(point, when, idempotent);
+    const failing = point === "outbox.markFailed";
+    let effects = 0;
+    const ambiguous: string[] = [];
+    const a = crashable(backend);
+    if (when === "before") a.crashBefore(point as CrashPoint);
+    else a.crashAfter(point as CrashPoint);
+    /** The step's function, the same in both processes; A's runs through the crash point `step.call`. */
+    const pay = (id: string) => async (): Promise<{ paid: string }> => {
+      effects++;
+      if (failing) throw new ProviderError("declined", { retryable: false });
+      return { paid: id };
+    };
+    const make = (over: DurabilityBackend, provider: CoreMockProvider | CrashableProvider, crash: boolean) => {
+      const bot = new Bot({
+        provider,
+        durability: fastDurability(over, scale, {
+          instanceId: uid("crash"),
+          inbox: { leaseMs: Math.round(60 * scale) },
+          outbox: { leaseMs: Math.round(60 * scale) },
+        }),
+      });
+      bots.push(bot);
+      bot.on("error", () => {});
+      bot.on("warning", () => {});
+      bot.on("durability:ambiguous", (e) => {
+        if (e.step === "pay") ambiguous.push(e.key);
+      });
+      bot.when(ANY, async (ctx) => {
+        const fn = pay(ctx.inboundId);
+        const result = await ctx.step("pay", crash ? () => a.step("step.call", fn) : fn, { idempotent });
+        await ctx.reply(`paid ${result.paid}`);
+      });
+      return bot;
+    };
+    const providerA = new CrashableProvider(a, new MockProvider());
+    const botA = make(a, providerA, true);
+    const id = uid("m");
+    const message = { id, chatId: "c1", text: "pay" };
+    try {
+      await botA.start();
+      await providerA.receive(message);
+      for (let i = 0; i < 400 && !a.crashed; i++) await time.sleep(Math.round(10 * scale));
+    } catch (error) {
+      if (!a.crashed) throw error; // only the simulated death may end the first process
+    }
+    expect(a.crashed, `the step reached "${point}" (hits: ${JSON.stringify(a.hits)})`).toBe(true);
+    await botA.stop().catch(() => {});
+    // A second process, on the same state.
+    let over = backend;
+    if (options.reopen) {
+      over = held.backend = await time.reopen(options.reopen, backend);
+      await over.open?.();
+    }
+    const providerB = new MockProvider();
+    const botB = make(over, providerB, false);
+    await botB.start();
+    await providerB.receive(message); // the channel redelivers what was not acknowledged
+    await botB.idle();
+    await botB.stop();
+
+    const key = `${id}:step:pay`;
+    const record = await over.inbox.get(id);
+    const state = expected.outcome === "done" ? "done" : "dead";
+    expect(record?.state, `inbound after a crash ${when} ${point}: ${record?.error}`).toBe(state);
+    if (expected.outcome !== "done") {
+      const error = expected.outcome === "ambiguous" ? "StepAmbiguousError" : "StepFailedError";
+      expect(record?.error?.includes(error), `dead with ${error}: ${record?.error}`).toBe(true);
+    }
+    expect(effects, "the step's effects").toBe(expected.effects);
+    expect(effects, "never more than once, twice when idempotent").toBeLessThanOrEqual(idempotent ? 2 : 1);
+    expect(ambiguous, "reported ambiguous when its call was announced").toEqual(expected.reported ? [key] : []);
+    const first = await over.outbox.get(key);
+    expect(first?.state, "the first attempt").toBe(expected.reported ? "unknown" : failing ? "dead" : "sent");
+    // A second attempt: after one that never ran (settled by a sweep), or one held unknown of an idempotent step.
+    const neverRan = (point === "outbox.reserve" && when === "after") || (point === "outbox.markCalling" && when === "before");
+    if (neverRan) expect(first?.messageId, "the attempt that never ran").toBe(STEP_NOT_RUN);
+    const second = await over.outbox.get(`${key}#2`);
+    expect(second?.state, "the second attempt").toBe(
+      neverRan || (expected.reported && idempotent) ? (failing ? "dead" : "sent") : undefined,
+    );
+    const replies = [...providerA.sent, ...providerB.sent].filter((s) => s.idempotencyKey === `${id}:1`);
+    expect(replies.map((s) => s.content), "the reply went out once when the message is done")
+      .toEqual(state === "done" ? [`paid ${id}`] : []);
+  };
+
   describe(title, () => {
     withBackend("a step runs once across a handler retry: the rerun gets what the first run got (its JSON round trip)", async (backend, bots) => {
       const { bot, provider, warnings } = rig(bots, backend);
@@ -534,94 +633,19 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     for (const point of STEP_CRASH_POINTS) {
       for (const when of ["before", "after"] as const) {
         for (const idempotent of [false, true]) {
-          withBackend(`crash ${when} ${point} in a${idempotent ? "n idempotent" : ""} step, then recover`, async (backend, bots, held) => {
-            const expected = expectedOutcome(point, when, idempotent);
-            const failing = point === "outbox.markFailed";
-            let effects = 0;
-            const ambiguous: string[] = [];
-            const a = crashable(backend);
-            if (when === "before") a.crashBefore(point as CrashPoint);
-            else a.crashAfter(point as CrashPoint);
-            /** The step's function, the same in both processes; A's runs through the crash point `step.call`. */
-            const pay = (id: string) => async (): Promise<{ paid: string }> => {
-              effects++;
-              if (failing) throw new ProviderError("declined", { retryable: false });
-              return { paid: id };
-            };
-            const make = (over: DurabilityBackend, provider: CoreMockProvider | CrashableProvider, crash: boolean) => {
-              const bot = new Bot({
-                provider,
-                durability: fastDurability(over, scale, {
-                  instanceId: uid("crash"),
-                  inbox: { leaseMs: Math.round(60 * scale) },
-                  outbox: { leaseMs: Math.round(60 * scale) },
-                }),
-              });
-              bots.push(bot);
-              bot.on("error", () => {});
-              bot.on("warning", () => {});
-              bot.on("durability:ambiguous", (e) => {
-                if (e.step === "pay") ambiguous.push(e.key);
-              });
-              bot.when(ANY, async (ctx) => {
-                const fn = pay(ctx.inboundId);
-                const result = await ctx.step("pay", crash ? () => a.step("step.call", fn) : fn, { idempotent });
-                await ctx.reply(`paid ${result.paid}`);
-              });
-              return bot;
-            };
-            const providerA = new CrashableProvider(a, new MockProvider());
-            const botA = make(a, providerA, true);
-            const id = uid("m");
-            const message = { id, chatId: "c1", text: "pay" };
-            try {
-              await botA.start();
-              await providerA.receive(message);
-              for (let i = 0; i < 400 && !a.crashed; i++) await time.sleep(Math.round(10 * scale));
-            } catch (error) {
-              if (!a.crashed) throw error; // only the simulated death may end the first process
-            }
-            expect(a.crashed, `the step reached "${point}" (hits: ${JSON.stringify(a.hits)})`).toBe(true);
-            await botA.stop().catch(() => {});
-            // A second process, on the same state.
-            let over = backend;
-            if (options.reopen) {
-              over = held.backend = await time.reopen(options.reopen, backend);
-              await over.open?.();
-            }
-            const providerB = new MockProvider();
-            const botB = make(over, providerB, false);
-            await botB.start();
-            await providerB.receive(message); // the channel redelivers what was not acknowledged
-            await botB.idle();
-            await botB.stop();
-
-            const key = `${id}:step:pay`;
-            const record = await over.inbox.get(id);
-            const state = expected.outcome === "done" ? "done" : "dead";
-            expect(record?.state, `inbound after a crash ${when} ${point}: ${record?.error}`).toBe(state);
-            if (expected.outcome !== "done") {
-              const error = expected.outcome === "ambiguous" ? "StepAmbiguousError" : "StepFailedError";
-              expect(record?.error?.includes(error), `dead with ${error}: ${record?.error}`).toBe(true);
-            }
-            expect(effects, "the step's effects").toBe(expected.effects);
-            expect(effects, "never more than once, twice when idempotent").toBeLessThanOrEqual(idempotent ? 2 : 1);
-            expect(ambiguous, "reported ambiguous when its call was announced").toEqual(expected.reported ? [key] : []);
-            const first = await over.outbox.get(key);
-            expect(first?.state, "the first attempt").toBe(expected.reported ? "unknown" : failing ? "dead" : "sent");
-            // A second attempt: after one that never ran (settled by a sweep), or one held unknown of an idempotent step.
-            const neverRan = (point === "outbox.reserve" && when === "after") || (point === "outbox.markCalling" && when === "before");
-            if (neverRan) expect(first?.messageId, "the attempt that never ran").toBe(STEP_NOT_RUN);
-            const second = await over.outbox.get(`${key}#2`);
-            expect(second?.state, "the second attempt").toBe(
-              neverRan || (expected.reported && idempotent) ? (failing ? "dead" : "sent") : undefined,
-            );
-            const replies = [...providerA.sent, ...providerB.sent].filter((s) => s.idempotencyKey === `${id}:1`);
-            expect(replies.map((s) => s.content), "the reply went out once when the message is done")
-              .toEqual(state === "done" ? [`paid ${id}`] : []);
-          });
+          withBackend(
+            `crash ${when} ${point} in a${idempotent ? "n idempotent" : ""} step, then recover`,
+            (backend, bots, held) => crashAndRecover(backend, bots, held, point, when, idempotent),
+          );
         }
       }
+    }
+    // A step's call is never made again by a sweep, even where sends that may have been delivered are.
+    for (const [point, when] of [["outbox.markCalling", "after"], ["step.call", "after"]] as const) {
+      withBackend(
+        `crash ${when} ${point} in a step with onAmbiguous: "resend", then recover: held all the same`,
+        (backend, bots, held) => crashAndRecover(backend, bots, held, point, when, false, "resend"),
+      );
     }
   });
 }
