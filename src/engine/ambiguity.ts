@@ -143,7 +143,8 @@ export class Ambiguity {
       if (!(error instanceof StaleLeaseError)) throw error;
       return (await this.#a.backend.outbox.get(entry.key))?.state ?? "gone";
     }
-    this.resolved({ key: entry.key, chatId: entry.chatId, state: "sent", messageId, via });
+    // A step's attempt is told in its message's chat, as its ambiguity was (not its own `step:` chat).
+    this.resolved({ key: entry.key, chatId: stepOf(entry)?.chatId ?? entry.chatId, state: "sent", messageId, via });
     return "resolved";
   }
 

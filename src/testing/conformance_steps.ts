@@ -469,8 +469,9 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       expect((await inboxOf(backend, ids.idem)).state).toBe("done");
     });
 
-    withBackend("an operator settles an ambiguous step: markDelivered with its result, or retrySend to run it again; then a replay", async (backend, bots) => {
+    withBackend("an operator settles an ambiguous step: markDelivered with its result (or none), or retrySend to run it again; then a replay", async (backend, bots) => {
       const { bot, provider, ambiguous } = rig(bots, backend);
+      const resolved = collect(bot, "durability:resolved");
       const calls: [string, number, string][] = [];
       let healed = false;
       const got = new Map<string, unknown>();
@@ -481,37 +482,43 @@ export function runStepConformance(options: BackendConformanceOptions): void {
           return { ok: 2 };
         });
         got.set(ctx.inboundId, result);
-        await ctx.reply(JSON.stringify(result));
+        await ctx.reply(String(JSON.stringify(result)));
       });
       await bot.start();
-      const [confirmed, retried] = [uid("m"), uid("m")];
-      await provider.receive({ id: confirmed, chatId: "c1", text: "pay" });
-      await provider.receive({ id: retried, chatId: "c2", text: "pay" });
+      const [confirmed, bare, retried] = [uid("m"), uid("m"), uid("m")];
+      const ids = [confirmed, bare, retried];
+      for (const [i, id] of ids.entries()) await provider.receive({ id, chatId: `c${i}`, text: "pay" });
       await bot.idle();
-      const [keyC, keyR] = [`${confirmed}:step:pay`, `${retried}:step:pay`];
-      expect(ambiguous.map((a) => a.key).sort()).toEqual([keyC, keyR].sort());
-      for (const id of [confirmed, retried]) expect((await inboxOf(backend, id)).state).toBe("dead");
+      const [keyC, keyB, keyR] = ids.map((id) => `${id}:step:pay`);
+      expect(ambiguous.map((a) => a.key).sort()).toEqual([keyC!, keyB!, keyR!].sort());
+      for (const id of ids) expect((await inboxOf(backend, id)).state).toBe("dead");
       healed = true;
       const d = bot.durability!;
-      const refused = await caught(d.markDelivered(keyC, "{not json"));
+      const refused = await caught(d.markDelivered(keyC!, "{not json"));
       expect(refused instanceof TypeError, `a result that is not JSON is refused: ${told(refused)}`).toBe(true);
-      expect((await backend.outbox.get(keyC))?.state).toBe("unknown");
-      expect(await d.markDelivered(keyC, JSON.stringify({ ok: 1 }))).toBe(true);
-      expect(await d.retrySend(keyR)).toBe(true);
-      expect(await d.replayInbound(confirmed)).toBe(true);
-      expect(await d.replayInbound(retried)).toBe(true);
+      expect((await backend.outbox.get(keyC!))?.state).toBe("unknown");
+      expect(await d.markDelivered(keyC!, JSON.stringify({ ok: 1 }))).toBe(true);
+      expect(await d.markDelivered(keyB!), "confirmed without a result").toBe(true);
+      expect(await d.markDelivered(keyC!, "{}"), "settled already").toBe(false);
+      expect(resolved.map((r) => [r.key, r.chatId, r.state, r.via]), "told as the ambiguity was: in the message's chat").toEqual([
+        [keyC, "c0", "sent", "operator"],
+        [keyB, "c1", "sent", "operator"],
+      ]);
+      expect(await d.retrySend(keyR!)).toBe(true);
+      for (const id of ids) expect(await d.replayInbound(id)).toBe(true);
       await bot.idle();
       expect(got.get(confirmed), "the confirmed result, without a call").toEqual({ ok: 1 });
+      expect([got.has(bare), got.get(bare)], "confirmed without a result: undefined").toEqual([true, undefined]);
       expect(got.get(retried), "the step ran again").toEqual({ ok: 2 });
-      expect(calls.filter(([id]) => id === confirmed).length).toBe(1);
+      expect(calls.filter(([id]) => id !== retried).length, "the confirmed steps were not called again").toBe(2);
       expect(calls.filter(([id]) => id === retried)).toEqual([[retried, 1, keyR], [retried, 2, keyR]]);
-      expect((await backend.outbox.get(keyC))?.state).toBe("sent");
-      const abandoned = await backend.outbox.get(keyR);
+      for (const key of [keyC!, keyB!]) expect((await backend.outbox.get(key))?.state).toBe("sent");
+      const abandoned = await backend.outbox.get(keyR!);
       expect([abandoned?.state, abandoned?.messageId], "the requeued attempt is settled as never run").toEqual(["sent", STEP_NOT_RUN]);
       expect((await backend.outbox.get(`${keyR}#2`))?.state, "its next attempt ran").toBe("sent");
-      for (const id of [confirmed, retried]) expect((await inboxOf(backend, id)).state).toBe("done");
+      for (const id of ids) expect((await inboxOf(backend, id)).state).toBe("done");
       expect(provider.sent.map((s) => [s.idempotencyKey, s.content]).sort()).toEqual(
-        [[`${confirmed}:1`, `{"ok":1}`], [`${retried}:1`, `{"ok":2}`]].sort(),
+        [[`${confirmed}:1`, `{"ok":1}`], [`${bare}:1`, "undefined"], [`${retried}:1`, `{"ok":2}`]].sort(),
       );
     });
 
