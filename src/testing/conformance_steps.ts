@@ -150,7 +150,8 @@ export function runStepConformance(options: BackendConformanceOptions): void {
 
   /**
    * The crash matrix's run: bot A dies at `point` during a step of its handler, bot B (another instance, on
-   * the same state, reopened when the backend can be) recovers, and the outcome is checked.
+   * the same state, reopened when the backend can be) recovers, and the outcome is checked. With `sweeps`,
+   * B has no timers (a serverless process): only its `bot.sweep()` calls take the work up.
    */
   const crashAndRecover = async (
     backend: DurabilityBackend,
@@ -159,8 +160,9 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     point: (typeof STEP_CRASH_POINTS)[number],
     when: "before" | "after",
     idempotent: boolean,
-    onAmbiguous: "hold" | "resend" = "hold",
+    { onAmbiguous = "hold", sweeps = false }: { onAmbiguous?: "hold" | "resend"; sweeps?: boolean } = {},
   ): Promise<void> => {
+    const leaseMs = Math.round(60 * scale);
     const expected = expectedOutcome(point, when, idempotent);
     const failing = point === "outbox.markFailed";
     let effects = 0;
@@ -179,8 +181,9 @@ export function runStepConformance(options: BackendConformanceOptions): void {
         provider,
         durability: fastDurability(over, scale, {
           instanceId: uid("crash"),
-          inbox: { leaseMs: Math.round(60 * scale) },
-          outbox: { leaseMs: Math.round(60 * scale) },
+          ...(sweeps && !crash ? { sweepIntervalMs: 0 } : {}),
+          inbox: { leaseMs },
+          outbox: { leaseMs, onAmbiguous },
         }),
       });
       bots.push(bot);
@@ -219,6 +222,16 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     const botB = make(over, providerB, false);
     await botB.start();
     await providerB.receive(message); // the channel redelivers what was not acknowledged
+    if (sweeps) {
+      // A cron's sweeps, a lease apart, until the message is settled.
+      for (let i = 0; i < 40 && !["done", "dead"].includes((await over.inbox.get(id))?.state ?? ""); i++) {
+        await time.sleep(leaseMs);
+        await botB.sweep();
+        await botB.settled();
+      }
+      const settledBySweeps = (await over.inbox.get(id))?.state;
+      expect(settledBySweeps === "done" || settledBySweeps === "dead", `settled by the sweeps: ${settledBySweeps}`).toBe(true);
+    }
     await botB.idle();
     await botB.stop();
 
@@ -651,7 +664,14 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     for (const [point, when] of [["outbox.markCalling", "after"], ["step.call", "after"]] as const) {
       withBackend(
         `crash ${when} ${point} in a step with onAmbiguous: "resend", then recover: held all the same`,
-        (backend, bots, held) => crashAndRecover(backend, bots, held, point, when, false, "resend"),
+        (backend, bots, held) => crashAndRecover(backend, bots, held, point, when, false, { onAmbiguous: "resend" }),
+      );
+    }
+    // A serverless process recovers with its sweeps alone.
+    for (const [point, when, idempotent] of [["outbox.reserve", "after", false], ["step.call", "after", false], ["step.call", "after", true]] as const) {
+      withBackend(
+        `crash ${when} ${point} in a${idempotent ? "n idempotent" : ""} step, then a process without timers recovers by its sweeps`,
+        (backend, bots, held) => crashAndRecover(backend, bots, held, point, when, idempotent, { sweeps: true }),
       );
     }
   });
