@@ -166,13 +166,16 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     const expected = expectedOutcome(point, when, idempotent);
     const failing = point === "outbox.markFailed";
     let effects = 0;
+    /** The `attempt` each call of the step's function was given. */
+    const attempts: number[] = [];
     const ambiguous: string[] = [];
     const a = crashable(backend);
     if (when === "before") a.crashBefore(point as CrashPoint);
     else a.crashAfter(point as CrashPoint);
     /** The step's function, the same in both processes; A's runs through the crash point `step.call`. */
-    const pay = (id: string) => async (): Promise<{ paid: string }> => {
+    const pay = (id: string) => async ({ attempt }: StepCall): Promise<{ paid: string }> => {
       effects++;
+      attempts.push(attempt);
       if (failing) throw new ProviderError("declined", { retryable: false });
       return { paid: id };
     };
@@ -194,7 +197,7 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       });
       bot.when(ANY, async (ctx) => {
         const fn = pay(ctx.inboundId);
-        const result = await ctx.step("pay", crash ? () => a.step("step.call", fn) : fn, { idempotent });
+        const result = await ctx.step("pay", crash ? (call) => a.step("step.call", () => fn(call)) : fn, { idempotent });
         await ctx.reply(`paid ${result.paid}`);
       });
       return bot;
@@ -251,9 +254,11 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     // A second attempt: after one that never ran (settled by a sweep), or one held unknown of an idempotent step.
     const neverRan = (point === "outbox.reserve" && when === "after") || (point === "outbox.markCalling" && when === "before");
     if (neverRan) expect(first?.messageId, "the attempt that never ran").toBe(STEP_NOT_RUN);
+    const secondRan = neverRan || (expected.reported && idempotent);
     const second = await over.outbox.get(`${key}#2`);
-    expect(second?.state, "the second attempt").toBe(
-      neverRan || (expected.reported && idempotent) ? (failing ? "dead" : "sent") : undefined,
+    expect(second?.state, "the second attempt").toBe(secondRan ? (failing ? "dead" : "sent") : undefined);
+    expect(attempts, "the attempt each call was given").toEqual(
+      secondRan ? [...Array(effects - 1).fill(1), 2] : Array(effects).fill(1),
     );
     const replies = [...providerA.sent, ...providerB.sent].filter((s) => s.idempotencyKey === `${id}:1`);
     expect(replies.map((s) => s.content), "the reply went out once when the message is done")
@@ -358,16 +363,20 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       for (const id of ids) expect((await inboxOf(backend, id)).state).toBe("done");
     });
 
-    withBackend("a step that fails for good: StepFailedError, its entry dead, the message dead at once; a replay throws it again without a call", async (backend, bots) => {
+    withBackend("a step that fails for good: StepFailedError, its entry dead, the message dead at once; a replay throws it again without a call, unless the attempt is requeued", async (backend, bots) => {
       const { bot, provider, dead, warnings } = rig(bots, backend);
       let calls = 0;
+      let fixed = false;
       const seen: unknown[] = [];
       bot.when(ANY, async (ctx) => {
-        seen.push(await caught(ctx.step("charge", () => {
+        const charged = await caught(ctx.step("charge", ({ attempt }) => {
           calls++;
+          if (fixed) return `charged on attempt ${attempt}`;
           throw new ProviderError("declined", { retryable: false });
-        })));
-        throw seen.at(-1);
+        }));
+        seen.push(charged);
+        if (charged !== undefined) throw charged;
+        await ctx.reply("charged");
       });
       await bot.start();
       const id = uid("m");
@@ -397,6 +406,15 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       expect([again instanceof StepFailedError, again.cause, again.message.includes("declined")]).toEqual([true, undefined, true]);
       expect((await inboxOf(backend, id)).state).toBe("dead");
       expect(provider.sent.length).toBe(0);
+      // The operator had the cause fixed: the dead attempt requeued (a sweep settles it as never run), then a replay.
+      fixed = true;
+      expect(await bot.durability!.retrySend(key)).toBe(true);
+      expect(await bot.durability!.replayInbound(id)).toBe(true);
+      await bot.idle();
+      expect([calls, seen.length, seen[2]], "the step ran once more").toEqual([2, 3, undefined]);
+      expect([(await backend.outbox.get(key))?.messageId, (await backend.outbox.get(`${key}#2`))?.state]).toEqual([STEP_NOT_RUN, "sent"]);
+      expect(provider.sent.map((s) => s.content)).toEqual(["charged"]);
+      expect((await inboxOf(backend, id)).state).toBe("done");
     });
 
     withBackend("retryable failures are retried in the run with attempt 1, 2, 3; spent retries fail the step for good", async (backend, bots) => {
