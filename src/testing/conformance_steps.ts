@@ -160,8 +160,9 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     point: (typeof STEP_CRASH_POINTS)[number],
     when: "before" | "after",
     idempotent: boolean,
-    { onAmbiguous = "hold", sweeps = false }: { onAmbiguous?: "hold" | "resend"; sweeps?: boolean } = {},
+    { onAmbiguous = "hold", sweeps = false, restart = false }: { onAmbiguous?: "hold" | "resend"; sweeps?: boolean; restart?: boolean } = {},
   ): Promise<void> => {
+    const instanceId = uid("crash");
     const leaseMs = Math.round(60 * scale);
     const expected = expectedOutcome(point, when, idempotent);
     const failing = point === "outbox.markFailed";
@@ -183,7 +184,7 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       const bot = new Bot({
         provider,
         durability: fastDurability(over, scale, {
-          instanceId: uid("crash"),
+          instanceId: restart ? instanceId : uid("crash"),
           ...(sweeps && !crash ? { sweepIntervalMs: 0 } : {}),
           inbox: { leaseMs },
           outbox: { leaseMs, onAmbiguous },
@@ -684,6 +685,15 @@ export function runStepConformance(options: BackendConformanceOptions): void {
         `crash ${when} ${point} in a step with onAmbiguous: "resend", then recover: held all the same`,
         (backend, bots, held) => crashAndRecover(backend, bots, held, point, when, false, { onAmbiguous: "resend" }),
       );
+    }
+    // The same instance restarted: it takes its previous incarnation's leases up at once.
+    for (const point of STEP_CRASH_POINTS) {
+      for (const when of ["before", "after"] as const) {
+        withBackend(
+          `crash ${when} ${point} in a step, then the same instance restarted recovers`,
+          (backend, bots, held) => crashAndRecover(backend, bots, held, point, when, false, { restart: true }),
+        );
+      }
     }
     // A serverless process recovers with its sweeps alone.
     for (const [point, when, idempotent] of [["outbox.reserve", "after", false], ["step.call", "after", false], ["step.call", "after", true]] as const) {
