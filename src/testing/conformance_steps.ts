@@ -38,8 +38,11 @@ function told(error: unknown): string {
   return error instanceof Error ? `${error.name}: ${error.message}` : String(error);
 }
 
-/** The journal steps of a step where the crash matrix kills the process (`outbox.markFailed`: a failing step). */
-const STEP_CRASH_POINTS = ["outbox.reserve", "outbox.markCalling", "step.call", "outbox.markSent", "outbox.markFailed"] as const;
+/**
+ * The journal steps of a step where the crash matrix kills the process (`outbox.markFailed`: a failing
+ * step; `outbox.heartbeat`: a step slower than its lease, the process dies during its call).
+ */
+const STEP_CRASH_POINTS = ["outbox.reserve", "outbox.markCalling", "step.call", "outbox.heartbeat", "outbox.markSent", "outbox.markFailed"] as const;
 
 /** How a crash matrix run ends: the message done, or dead with the step ambiguous, or dead with the step failed. */
 interface MatrixOutcome {
@@ -57,8 +60,8 @@ interface MatrixOutcome {
  */
 function expectedOutcome(point: (typeof STEP_CRASH_POINTS)[number], when: "before" | "after", idempotent: boolean): MatrixOutcome {
   const failing = point === "outbox.markFailed";
-  const ranInA = (point === "step.call" && when === "after") || point === "outbox.markSent" || failing ? 1 : 0;
-  const announced = (point === "outbox.markCalling" && when === "after") || point === "step.call" ||
+  const ranInA = (point === "step.call" && when === "after") || point === "outbox.heartbeat" || point === "outbox.markSent" || failing ? 1 : 0;
+  const announced = (point === "outbox.markCalling" && when === "after") || point === "step.call" || point === "outbox.heartbeat" ||
     (point === "outbox.markSent" && when === "before") || (point === "outbox.markFailed" && when === "before");
   if (announced) {
     if (!idempotent) return { outcome: "ambiguous", effects: ranInA, reported: true };
@@ -177,6 +180,7 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     const pay = (id: string) => async ({ attempt }: StepCall): Promise<{ paid: string }> => {
       effects++;
       attempts.push(attempt);
+      if (point === "outbox.heartbeat") await time.sleep(leaseMs * 2); // its lease is heartbeated meanwhile
       if (failing) throw new ProviderError("declined", { retryable: false });
       return { paid: id };
     };
