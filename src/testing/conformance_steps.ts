@@ -13,6 +13,7 @@ import type { DurabilityBackend, InboundRecord } from "../contract.ts";
 import { Bot as CoreBot, type BotOptions } from "../bot.ts";
 import type { DurabilityOptions } from "../config.ts";
 import { ProviderError } from "../errors.ts";
+import { AskTimeoutError } from "../conversation.ts";
 import { ANY } from "../matchers.ts";
 import { MemoryStore, type SessionStore } from "../store.ts";
 import { STEP_NOT_RUN, StepAmbiguousError, StepFailedError, type StepCall } from "../engine/steps.ts";
@@ -670,6 +671,38 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       expect(providerB.sent.length, "nothing else went out").toBe(0);
       for (const key of [`${order}:step:quote`, chargeKey]) expect((await over.outbox.get(key))?.state, key).toBe("sent");
       for (const id of [order, answer]) expect((await over.inbox.get(id))?.state, id).toBe("done");
+    });
+
+    withBackend("a step after an ask's timeout is keyed by the timeout and runs once across a retry", async (backend, bots) => {
+      const timeoutMs = Math.round(150 * scale);
+      const { bot, provider } = rig(bots, backend, {}, { store: new MemoryStore() });
+      let calls = 0;
+      let failOnce = true;
+      bot.when("order", async (ctx) => {
+        try {
+          const size = await ctx.ask("Size?", { timeoutMs });
+          await ctx.reply(`size ${size.text}`);
+        } catch (error) {
+          if (!(error instanceof AskTimeoutError)) throw error;
+          const note = await ctx.step("remind", ({ idempotencyKey }) => (calls++, idempotencyKey));
+          if (failOnce) {
+            failOnce = false;
+            throw new Error("fails after the step");
+          }
+          await ctx.reply(`reminded as ${note}`);
+        }
+      });
+      await bot.start();
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c1", text: "order" });
+      for (let i = 0; i < 400 && provider.sent.length < 2; i++) await time.sleep(Math.round(10 * scale));
+      await bot.idle();
+      expect(calls).toBe(1);
+      expect(provider.sent.map((s) => [s.idempotencyKey, s.content])).toEqual([
+        [`${id}:1`, "Size?"],
+        [`${id}:t1:1`, `reminded as ${id}:t1:step:remind`],
+      ]);
+      expect((await backend.outbox.get(`${id}:t1:step:remind`))?.state).toBe("sent");
     });
 
     // ---- the crash matrix of a step --------------------------------------------------------------
