@@ -349,6 +349,31 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       expect((await inboxOf(backend, id)).state).toBe("done");
     });
 
+    withBackend("a bot stopped during a step lets it finish: its result recorded, the message done", async (backend, bots) => {
+      const { bot, provider, ambiguous } = rig(bots, backend);
+      let calls = 0;
+      let started!: () => void;
+      const running = new Promise<void>((resolve) => started = resolve);
+      bot.when(ANY, async (ctx) => {
+        const answer = await ctx.step("slow", async () => {
+          calls++;
+          started();
+          await time.sleep(Math.round(500 * scale));
+          return "finished";
+        });
+        await ctx.reply(answer);
+      });
+      await bot.start();
+      const id = uid("m");
+      await provider.receive({ id, chatId: "c1", text: "go" });
+      await running;
+      await bot.stop();
+      expect([calls, ambiguous.length]).toEqual([1, 0]);
+      expect(provider.sent.map((s) => s.content)).toEqual(["finished"]);
+      expect((await backend.outbox.get(`${id}:step:slow`))?.state).toBe("sent");
+      expect((await inboxOf(backend, id)).state).toBe("done");
+    });
+
     withBackend("a step keyed by the caller (option key) runs once for every message that uses its key", async (backend, bots) => {
       const { bot, provider } = rig(bots, backend);
       const key = `${uid("order")}:charge`;
