@@ -1,9 +1,14 @@
 /**
  * The steps part of the conformance suite: durable steps (`ctx.step()`, `bot.step()`) journaled on the
- * backend under test, driven through a real `Bot`: a step's result recorded once and given back to every
- * rerun, its failures retried then journaled, a call cut off held and reported (or run again when it is
- * idempotent), the operator's ways out, misuse refused, a crash matrix over the journal steps of a step,
- * and steps inside a conversation across a restart. Each test counts the calls of the step's function.
+ * backend under test, driven through a real `Bot`. A step's result is recorded once and given back to
+ * every rerun (its JSON round trip); a failure is retried in the run, then journaled; a call that may have
+ * had its effect is held `unknown` and reported, or run again when the step is idempotent; an operator
+ * confirms (with a result), requeues or replays; misuse is refused by name; a step slower than its lease
+ * keeps it, and a graceful stop lets it finish; a key shared by messages runs once; steps sit around an
+ * ask (and after its timeout) across restarts. The crash matrix kills a bot at each journal step of a
+ * step (and at the step's own call), before and after, and a second bot recovers: a bot of another
+ * instance, the same instance restarted, a process without timers (sweeps only), and with
+ * `onAmbiguous: "resend"`. Every test counts the calls of the step's function.
  *
  * @module
  */
