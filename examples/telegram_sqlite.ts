@@ -26,13 +26,19 @@ const bot = new Bot({
   durability: { backend: store.durability(), instanceId: "telegram-sqlite" },
 });
 
+async function askModel(text = ""): Promise<string> {
+  await new Promise((resolve) => setTimeout(resolve, 3000)); // a slow LLM call: kill -9 the bot now
+  return `You said "${text}".`;
+}
+
 bot.when(TEXT, async (ctx) => {
   await ctx.reply(`Working on "${ctx.message.text}"…`);
-  await new Promise((resolve) => setTimeout(resolve, 3000)); // a slow LLM call, say: kill -9 the bot now
-  await ctx.reply("Done."); // after the restart this goes out, and "Working on…" is not sent again
+  // A step: its result is journaled before the handler goes on; a rerun gets it back without a call.
+  const answer = await ctx.step("llm", () => askModel(ctx.message.text), { idempotent: true });
+  await ctx.reply(answer); // after the restart this goes out, and "Working on…" is not sent again
 });
 bot.on("durability:dead", (dead) => console.error("dead letter:", dead));
-bot.on("durability:ambiguous", (send) => console.error("may have been sent, held for an operator:", send));
+bot.on("durability:ambiguous", (event) => console.error("outcome unknown, reported:", event));
 
 await bot.start();
 console.log("running");

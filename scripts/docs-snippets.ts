@@ -1,5 +1,5 @@
 /**
- * Type-checks every ```ts / ```typescript snippet of README.md and docs/*.md against the package as
+ * Type-checks every ```ts / ```typescript snippet of README.md, docs/*.md and docs/<language>/*.md against the package as
  * users get it: the declarations tsup built in dist/, resolved by the subpaths of package.json's
  * "exports" (`@botmesh/durable`, `@botmesh/durable/sqlite`, …); grammy, telegraf, postgres and the
  * other clients resolve from node_modules. Run it after `tsup`:
@@ -101,7 +101,10 @@ function exportPaths(): Record<string, string[]> {
 function markdownFiles(args: string[]): string[] {
   if (args.length > 0) return args.map((a) => relative(root, resolve(a)));
   const docs = readdirSync(join(root, "docs")).filter((n) => n.endsWith(".md")).sort().map((n) => `docs/${n}`);
-  return ["README.md", ...docs];
+  // The translations (docs/es/) hold the same kind of snippets.
+  const translated = readdirSync(join(root, "docs"), { withFileTypes: true }).filter((d) => d.isDirectory() && d.name !== "grafana")
+    .flatMap((d) => readdirSync(join(root, "docs", d.name)).filter((n) => n.endsWith(".md")).sort().map((n) => `docs/${d.name}/${n}`));
+  return ["README.md", ...docs, ...translated];
 }
 
 function main(): number {

@@ -369,6 +369,19 @@ const ROWS: Array<{ title: string; panels: PanelSpec[] }> = [
       },
       {
         type: "timeseries",
+        title: "Durable steps",
+        description: "Per second: calls of steps' functions (ctx.step, retries included), steps answered from the journal by a rerun, and steps that failed for good.",
+        targets: [
+          { expr: rate("steps_called"), legend: "called" },
+          { expr: rate("steps_replayed"), legend: "answered from the journal" },
+          { expr: rate("steps_failed"), legend: "failed" },
+        ],
+        unit: "reqps",
+        w: 6,
+        h: 8,
+      },
+      {
+        type: "timeseries",
         title: "Damaged records",
         description: "Damaged records the backend set aside per interval (never deleted: see them in the console's damaged page).",
         targets: [{ expr: `sum(increase(${P}damaged_records_total{${SEL}}[$__rate_interval]))`, legend: "damaged" }],

@@ -20,7 +20,7 @@ import {
   type SweepSummary,
 } from "./engine.ts";
 import { Conversations, type FlowContext, type HandlerSend, type HandlerStep, type StepJob } from "./conversation.ts";
-import type { StepCall, StepOptions } from "./engine/steps.ts";
+import { type StepCall, type StepOptions, stepResultOf } from "./engine/steps.ts";
 import { errorLogText, errorText, isProcessDeath } from "./errors.ts";
 import { showValue as show } from "./show.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
@@ -214,12 +214,14 @@ export class Bot {
       journals: (content) => this.#journals(content),
       sendDirect: (chatId, content, key) => this.#sendDirect(chatId, content, key ?? `rnd:${randomId()}`),
       step: (job, chatId, key, name, fn, options) => {
-        const record = (job as InboundJob).record;
-        if (engine === undefined || record === null) {
-          // No journal: the step simply runs.
-          return Promise.resolve().then(() => fn({ idempotencyKey: key, attempt: 1, signal: new AbortController().signal }));
+        if (engine === undefined) {
+          // No journal: the step simply runs (its result is the same JSON round trip as a journaled one's).
+          return Promise.resolve().then(() => fn({ idempotencyKey: key, attempt: 1, signal: new AbortController().signal }))
+            .then((value) => stepResultOf(JSON.stringify(value === undefined ? {} : { v: value }))!.value);
         }
-        return engine.step({ recordId: record.id, chatId, key, name, fn, options });
+        // A message handled without its record (admitted while the journal failed) still journals its steps.
+        const record = (job as InboundJob).record;
+        return engine.step({ recordId: record?.id ?? job.message.id, chatId, key, name, fn, options });
       },
       runHandler: (send, step, fn) => {
         this.#handlersRunning++;

@@ -21,7 +21,7 @@ import type { InboundMessage, OutboundContent } from "./provider.ts";
 import { isProcessDeath } from "./errors.ts";
 import { showValue as show } from "./show.ts";
 import type { SessionStore } from "./store.ts";
-import { checkStepArguments, type StepCall, type StepOptions } from "./engine/steps.ts";
+import { checkStepArguments, isStepOutcomeError, type StepCall, type StepOptions } from "./engine/steps.ts";
 
 /**
  * Thrown by `ctx.ask()` when no answer came within its `timeoutMs`.
@@ -278,6 +278,7 @@ class Flow {
       handlerSend(chatId, content, options, "now");
     const handlerStep = (<T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions): Promise<Awaited<T>> => {
       try {
+        if (this.finished) throw new Error(`ctx.step("${String(name)}") was called after the handler returned: await each step in the handler`);
         checkStepArguments(name, fn, options);
         if (options?.key === undefined) {
           if (this.stepNames.has(name)) {
@@ -580,7 +581,8 @@ export class Conversations {
       // Damaged storage is no failure of the flow: the job gives up as it is, whatever message failed.
       if (isProcessDeath(error) || damagedStorageOf(error) !== undefined) throw error;
       if (input.id !== job.message.id) return DEFERRED;
-      if (!this.#host.isFinalAttempt(job)) throw error;
+      // A step's journaled failure or ambiguity dead-letters the message at once: it is final too.
+      if (!this.#host.isFinalAttempt(job) && !isStepOutcomeError(error)) throw error;
       const state = this.#states.get(chatId);
       if (state?.state === "waiting") {
         await this.#end(chatId, state);

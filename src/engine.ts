@@ -198,7 +198,7 @@ export class DurabilityEngine {
       claimsInFlight: () => this.#sweeper.claimsInFlight,
       claimScansHeld: () => this.#sweeper.claimScansHeld(),
     });
-    this.#steps = new Steps({ ...core, outcomes: this.#outcomes, ambiguity: this.#ambiguity, signal: this.#abort.signal, halt: () => this.#halt() });
+    this.#steps = new Steps({ ...core, outcomes: this.#outcomes, ambiguity: this.#ambiguity, calling: this.#outbound.calling, ownUncalled: (entry) => this.#outbound.isOwnUncalled(entry), signal: this.#abort.signal, halt: () => this.#halt() });
     this.#sweeper = new Sweeper({
       ...core,
       inbound: this.#inbound,

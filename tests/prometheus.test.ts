@@ -31,6 +31,9 @@ const COUNTER_NAMES = [
   "conversations_diverged",
   "damaged_records",
   "outbox_throttled",
+  "steps_called",
+  "steps_replayed",
+  "steps_failed",
 ].map((n) => `botmesh_durable_${n}_total`);
 
 describe("prometheusMetrics", () => {
@@ -66,13 +69,22 @@ describe("prometheusMetrics", () => {
     const provider = new MockProvider();
     const bot = new Bot({
       provider,
-      durability: { backend, instanceId: "prom-1", inbox: { retries: 0 } },
+      durability: { backend, instanceId: "prom-1", inbox: { retries: 0 }, outbox: { backoff: { baseMs: 1, capMs: 2 } } },
     });
     bot.on("error", () => {});
     bot.on("warning", () => {});
     bot.when("ping", (ctx) => ctx.reply("pong"));
     bot.when("boom", () => {
       throw new Error("handler failed");
+    });
+    let quoteCalls = 0;
+    bot.when("quote", async (ctx) => {
+      // Fails once (retried within the step), then journals 42; a replay is answered from the journal.
+      const price = await ctx.step("price", () => {
+        if (++quoteCalls === 1) throw new Error("quote service busy");
+        return 42;
+      }, { retries: 1 });
+      await ctx.reply(`price ${price}`);
     });
     await bot.start();
     try {
@@ -84,6 +96,11 @@ describe("prometheusMetrics", () => {
       provider.failNext(1, new ProviderError("Invalid recipient", { retryable: false }));
       await provider.receive({ id: "m3", chatId: "c2", text: "ping" }); // its reply is dead
       await bot.idle();
+      await provider.receive({ id: "m4", chatId: "c4", text: "quote" });
+      await bot.idle();
+      expect(await bot.durability!.replayInbound("m4")).toBe(true);
+      await bot.idle();
+      expect(quoteCalls).toBe(2);
       await bot.send("c3", "invoice", { idempotencyKey: "k1" });
       await bot.send("c3", "invoice", { idempotencyKey: "k1" }); // answered from the outbox
       await bot.idle();
@@ -96,12 +113,12 @@ describe("prometheusMetrics", () => {
       for (const s of p.samples) expect(s.labels.bot).toBe("support");
       const counters = Object.fromEntries(COUNTER_NAMES.map((n) => [n.slice(16, -6), value(p, n)]));
       expect(counters).toEqual({
-        inbound_journaled: 3,
+        inbound_journaled: 4,
         inbound_duplicates: 1,
-        inbound_replayed: 0,
+        inbound_replayed: 1,
         inbound_dead: 1,
-        outbox_journaled: 3,
-        outbox_deduped: 1,
+        outbox_journaled: 4,
+        outbox_deduped: 2,
         outbox_retried: 0,
         outbox_deferred: 0,
         outbox_dead: 1,
@@ -114,6 +131,9 @@ describe("prometheusMetrics", () => {
         conversations_diverged: 0,
         damaged_records: 0,
         outbox_throttled: 0,
+        steps_called: 2,
+        steps_replayed: 1,
+        steps_failed: 0,
       });
       const { outboxWaitingForLimit, ...counted } = bot.durability!.metrics();
       expect(counters).toEqual(
@@ -127,18 +147,19 @@ describe("prometheusMetrics", () => {
       expect(p.types.get("botmesh_durable_outbox_records")).toBe("gauge");
       const inbox = (state: string) => value(p, "botmesh_durable_inbox_records", { state });
       const outbox = (state: string) => value(p, "botmesh_durable_outbox_records", { state });
-      expect(["pending", "processing", "scheduled", "failed", "done", "dead"].map(inbox)).toEqual([0, 0, 0, 0, 2, 1]);
-      expect(["queued", "sending", "sent", "failed", "dead", "unknown"].map(outbox)).toEqual([0, 0, 2, 0, 1, 1]);
+      expect(["pending", "processing", "scheduled", "failed", "done", "dead"].map(inbox)).toEqual([0, 0, 0, 0, 3, 1]);
+      expect(["queued", "sending", "sent", "failed", "dead", "unknown"].map(outbox)).toEqual([0, 0, 5, 0, 1, 1]); // sent: pong, price 42, the invoice, the step's two attempts (the failed one superseded)
       expect(value(p, "botmesh_durable_oldest_pending_age_seconds")).toBe(0);
       expect(value(p, "botmesh_durable_records_count_cap")).toBe(1000);
-      // Provider calls: pong, the reply of m3 (refused), the invoice. Only pong is a reply recorded as sent.
+      // Provider calls: pong, the reply of m3 (refused), price 42, the invoice (a step is no provider call).
+      // Pong and price 42 are replies recorded as sent.
       const histograms = bot.durability!.histograms();
       const providerCall = histogram(p, "botmesh_durable_provider_call_seconds");
-      expect(providerCall.count).toBe(3);
-      expect(histogram(p, "botmesh_durable_outbox_queued_seconds").count).toBe(3);
-      expect(histogram(p, "botmesh_durable_reply_latency_seconds").count).toBe(1);
+      expect(providerCall.count).toBe(4);
+      expect(histogram(p, "botmesh_durable_outbox_queued_seconds").count).toBe(4);
+      expect(histogram(p, "botmesh_durable_reply_latency_seconds").count).toBe(2);
       expect(providerCall.buckets.map(([le]) => le)).toEqual([...histograms.providerCall.bounds, Infinity]);
-      expect(providerCall.buckets.map(([, n]) => n)).toEqual([...histograms.providerCall.cumulative, 3]);
+      expect(providerCall.buckets.map(([, n]) => n)).toEqual([...histograms.providerCall.cumulative, 4]);
       expect(providerCall.sum).toBe(Math.round(histograms.providerCall.sum * 1000) / 1000);
       expect(p.types.get("botmesh_durable_reply_latency_seconds")).toBe("histogram");
       // The same numbers through bot.durability.

@@ -509,7 +509,7 @@ describe("inbound messages", () => {
       chatId: `wa:${PHONE}:unreadable`,
       type: "text",
       unreadable:
-        'The message has no sender: field "from" (the phone number) is undefined and field "from_user_id" (the business-scoped user id) is undefined',
+        'The message has no sender: field "from" (the phone number) is undefined, field "from_user_id" (the business-scoped user id) is undefined, and the change has no sole contact with a "user_id"',
       extra: { raw: noSender, field: "from_user_id", path: "entry[0].changes[0].value.messages[1]", waType: "text" },
     });
     const garbage = rec.received.find((m) => m.id.startsWith("unreadable:sha256:"))!;
@@ -528,7 +528,7 @@ describe("inbound messages", () => {
     const [e1, e2, e3, e4] = errors as WhatsAppPayloadError[];
     expect(e1.message).toBe(
       "WhatsApp webhook entry[0].changes[0].value.messages[1]: the message has no sender: field \"from\" (the phone number) is " +
-        'undefined and field "from_user_id" (the business-scoped user id) is undefined',
+        'undefined, field "from_user_id" (the business-scoped user id) is undefined, and the change has no sole contact with a "user_id"',
     );
     expect(e1.field).toBe("from_user_id");
     expect(e2.message).toContain("messages[2]: a message must be an object");
@@ -873,27 +873,52 @@ describe("real payloads (tests/corpus/whatsapp): usernames, groups, change-level
     );
   });
 
-  test("a change-level 131000 beside an interactive message Meta could not render: onError, and the message is journaled as unreadable", async () => {
+  test("a change-level 131000 beside an interactive message Meta could not render: the message is skipped with an error naming its path, nothing journaled", async () => {
     const { provider, errors } = sinkProvider();
     const rec = recordingSink();
     provider.start(rec.sink);
     const sample = addressedTo(await corpusPayload("pywa.json", "message:interactive_message_with_err"), PHONE);
     const res = await postSigned(provider, sample);
     expect(res.status).toBe(200);
-    expect(await res.json()).toMatchObject({ admitted: 1, unreadable: 1 });
-    expect(rec.received).toHaveLength(1);
-    expect(rec.received[0]).toMatchObject({
-      id: "wamid.wegrchytvwcggt=",
-      chatId: "972987654321",
-      type: "interactive",
-      unreadable: 'Field "interactive.type" must be a string, got undefined',
-      extra: { raw: sample.entry[0].changes[0].value.messages[0], field: "interactive.type" },
-    });
+    expect(await res.json()).toMatchObject({ admitted: 0, unreadable: 0, duplicates: 0 });
+    expect(rec.received).toHaveLength(0);
     expect(errors.map((e) => e.name)).toEqual(["WhatsAppPayloadError", "WhatsAppChangeError"]);
+    const skipped = errors[0] as WhatsAppPayloadError;
+    expect(skipped.path).toBe("entry[0].changes[0].value.messages[0]");
+    expect(skipped.field).toBe("interactive.type");
+    expect(skipped.skipped).toBe(true);
+    expect(skipped.message).toBe(
+      'WhatsApp webhook entry[0].changes[0].value.messages[0]: Field "interactive.type" must be a string, got undefined; ' +
+        "Meta reported the change as failed, so the message is skipped",
+    );
     expect((errors[1] as WhatsAppChangeError).code).toBe(131000);
     expect(errors[1].message).toContain('error 131000 "Something went wrong": Unsupported webhook payload');
-    // redelivered: a duplicate, not a second record
-    expect(await (await postSigned(provider, sample)).json()).toMatchObject({ admitted: 0, duplicates: 1 });
+    // The same message without Meta's error beside it is a message we cannot read: journaled as unreadable.
+    const alone = structuredClone(sample);
+    delete alone.entry[0].changes[0].value.errors;
+    expect(await (await postSigned(provider, alone)).json()).toMatchObject({ admitted: 1, unreadable: 1 });
+    expect(rec.received[0]).toMatchObject({ id: "wamid.wegrchytvwcggt=", unreadable: 'Field "interactive.type" must be a string, got undefined' });
+  });
+
+  test("a message that names no sender, in a change with one contact: handled in the bsuid: chat of that contact", async () => {
+    const { provider, errors } = sinkProvider();
+    const rec = recordingSink();
+    provider.start(rec.sink);
+    const sample = addressedTo(await corpusPayload("meta-docs.json", "bsuid: incoming text from a user with a username, phone number withheld, parent BSUIDs enabled"), PHONE);
+    const value = sample.entry[0].changes[0].value;
+    const message = value.messages[0];
+    delete message.from;
+    delete message.from_user_id;
+    delete message.from_parent_user_id;
+    const res = await postSigned(provider, sample);
+    expect(await res.json()).toMatchObject({ admitted: 1, unreadable: 0 });
+    expect(errors).toEqual([]);
+    expect(rec.received[0]).toMatchObject({ chatId: "bsuid:US.13491208655302741918", from: "bsuid:US.13491208655302741918", extra: { userId: "US.13491208655302741918", username: "realsheenanelson" } });
+    // Two contacts: whose it is cannot be told, so it stays unreadable (journaled, naming the field).
+    const two = structuredClone(sample);
+    two.entry[0].changes[0].value.contacts.push({ profile: { name: "Other" }, user_id: "US.99" });
+    two.entry[0].changes[0].value.messages[0].id = "wamid.second";
+    expect(await (await postSigned(provider, two)).json()).toMatchObject({ admitted: 1, unreadable: 1 });
   });
 
   test("a change whose metadata or phone_number_id is missing or malformed: each message is journaled as unreadable, never dropped", async () => {

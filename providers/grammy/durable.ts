@@ -10,6 +10,7 @@ import { Bot } from "../../src/bot.ts";
 import type { Clock } from "../../src/clock.ts";
 import type { DurabilityOptions } from "../../src/config.ts";
 import type { BotEvents, DurabilityControl } from "../../src/engine.ts";
+import { isStepOutcomeError, type StepCall, type StepOptions } from "../../src/engine/steps.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { showValue as show } from "../../src/show.ts";
 import { withoutToken } from "../telegram/redact.ts";
@@ -59,6 +60,23 @@ export interface GrammyBotLike {
   stop(): Promise<void>;
 }
 
+/**
+ * The context flavor of {@link DurableGrammy.steps}: `ctx.step(name, fn, options?)` in grammY
+ * middleware, a durable step of the update being handled (see {@link DurableGrammy.step}).
+ */
+export interface StepFlavor {
+  /**
+   * Run `fn` once for this update: its result (JSON) is journaled before the middleware goes on, and
+   * a rerun of the update gets it back without calling `fn` again. See {@link DurableGrammy.step}.
+   *
+   * @param name the step's name, once per update
+   * @param fn the step: its result must be JSON
+   * @param options `key`, `idempotent`, `retries`
+   * @returns the step's result as journaled (its JSON round trip)
+   */
+  step<T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions): Promise<Awaited<T>>;
+}
+
 type GrammyInternals = GrammyBot<GrammyContext>;
 /** A grammY middleware, as conversations v2 takes it in `plugins`. */
 export type ConversationPlugin = (ctx: { api: object }, next: () => Promise<void>) => Promise<void>;
@@ -70,6 +88,16 @@ interface ConversationApi {
 }
 
 type HandleUpdate = GrammyInternals["handleUpdate"];
+
+/**
+ * grammY wraps what the middleware throws in a `BotError` (its `error`): a step's settled outcome
+ * (`StepFailedError`, `StepAmbiguousError`) is handed to the core as itself, which dead-letters the
+ * update at once instead of rerunning it to the same end.
+ */
+function unwrapStep(error: unknown): never {
+  const inner = isObj(error) ? (error as { error?: unknown }).error : undefined;
+  throw isStepOutcomeError(inner) ? inner : error;
+}
 type Update = Parameters<HandleUpdate>[0];
 /** The grammY bots made durable (once each). */
 const APPLIED = new WeakSet<object>();
@@ -133,7 +161,7 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
     // A call the middleware makes directly throws grammY's own error to it (an HttpError may quote the
     // URL, the token in it); one the middleware lets through is journaled and reported without the token.
     const token = bot.token;
-    this.#runs.route(this.core, (update) => withoutToken(token, () => this.#handleUpdate.call(bot, update as unknown as Update)));
+    this.#runs.route(this.core, (update) => withoutToken(token, () => this.#handleUpdate.call(bot, update as unknown as Update).catch(unwrapStep)));
     bot.api.config.use(this.#transformer);
     // grammY's handleUpdate from now on: resolves once the update is journaled (or a duplicate).
     bot.handleUpdate = (update, webhookReplyEnvelope) =>
@@ -217,6 +245,73 @@ export class DurableGrammy<B extends GrammyBotLike = GrammyBotLike> {
     }
     return next();
   };
+
+  /**
+   * A durable step of the update being handled: `fn` runs once for it, its result (JSON) journaled
+   * in the outbox before the middleware goes on; a rerun of the update (after a crash, or a retry
+   * after a throw) gets the journaled result back without calling `fn` again. A failure is retried
+   * with backoff, then journaled for good (`StepFailedError`); a run cut off during `fn` is reported
+   * (`durability:ambiguous`) and not run again (`StepAmbiguousError`) unless the step is
+   * `idempotent`. Key `<inbound id>:step:<name>` unless `key` is given. Callable from any code the
+   * middleware runs (it finds the update through the async context); inside a conversation, wrap it in
+   * `conversation.external()`. See docs/steps.md.
+   *
+   * @example
+   * ```ts
+   * import { Bot } from "grammy";
+   * import { MemoryDurability } from "@botmesh/durable";
+   * import { durable } from "@botmesh/durable/grammy";
+   *
+   * const bot = new Bot("123:fake-token");
+   * const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+   * bot.on("message:text", async (ctx) => {
+   *   const answer = await safe.step("llm", async ({ idempotencyKey }) => {
+   *     // e.g. fetch("https://llm.example/v1/chat", { headers: { "Idempotency-Key": idempotencyKey }, … })
+   *     return `You said: ${ctx.message.text}`;
+   *   });
+   *   await ctx.reply(answer); // a rerun of the update is answered from the outbox too
+   * });
+   * ```
+   *
+   * @param name the step's name, once per update
+   * @param fn the step: its result must be JSON
+   * @param options `key`, `idempotent`, `retries`
+   * @returns the step's result as journaled (its JSON round trip)
+   * @throws {Error} when called outside the middleware of an update of this bot
+   * @throws {StepFailedError} when the step failed for good (now or on an earlier run)
+   * @throws {StepAmbiguousError} when an earlier run may have had its effect and the step is not idempotent
+   */
+  step<T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions): Promise<Awaited<T>> {
+    return this.core.step(name, fn, options);
+  }
+
+  /**
+   * A middleware that gives each context `ctx.step(name, fn, options?)`, the same as
+   * {@link DurableGrammy.step}: `bot.use(safe.steps())`, with {@link StepFlavor} in the context type.
+   *
+   * @example
+   * ```ts
+   * import { Bot, type Context } from "grammy";
+   * import { MemoryDurability } from "@botmesh/durable";
+   * import { durable, type StepFlavor } from "@botmesh/durable/grammy";
+   *
+   * const bot = new Bot<Context & StepFlavor>("123:fake-token");
+   * const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+   * bot.use(safe.steps());
+   * bot.on("message:text", async (ctx) => {
+   *   const answer = await ctx.step("llm", () => `You said: ${ctx.message.text}`);
+   *   await ctx.reply(answer);
+   * });
+   * ```
+   *
+   * @returns the middleware
+   */
+  steps(): (ctx: object, next: () => Promise<void>) => Promise<void> {
+    return (ctx, next) => {
+      (ctx as StepFlavor).step = (name, fn, options) => this.core.step(name, fn, options);
+      return next();
+    };
+  }
 
   /** Resolve when every admitted update is handled (or dead-lettered) and every send settled. */
   async idle(): Promise<void> {

@@ -9,6 +9,8 @@
  * `<inbound id>:<n>`, so a rerun is answered from the outbox instead of
  * sending twice; `durableConversations(safe)`, a plugin of
  * `@grammyjs/conversations` v2, does the same for the calls of conversations.
+ * `safe.step(name, fn)` (or `ctx.step` with `bot.use(safe.steps())`) runs
+ * the middleware's other effects (an LLM call, a payment) once per update.
  * grammY is an optional peer dependency: nothing here loads it; your bot
  * does. See docs/grammy.md.
  *
@@ -36,7 +38,9 @@ export {
   type DurableGrammyOptions,
   durableStorage,
   type GrammyBotLike,
+  type StepFlavor,
 } from "./durable.ts";
+export type { StepCall, StepOptions } from "../../src/engine/steps.ts";
 export type { DurableStorageAdapter, DurableStorageOptions } from "./storage.ts";
 export { isJournaledMethod } from "./methods.ts";
 export { classifyGrammyError } from "./provider.ts";

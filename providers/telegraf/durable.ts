@@ -13,6 +13,7 @@ import { Bot } from "../../src/bot.ts";
 import type { Clock } from "../../src/clock.ts";
 import type { DurabilityOptions } from "../../src/config.ts";
 import type { BotEvents, DurabilityControl } from "../../src/engine.ts";
+import type { StepCall, StepOptions } from "../../src/engine/steps.ts";
 import { checkKnownOptions } from "../../src/options.ts";
 import { setOwn } from "../../src/rules.ts";
 import { showValue as show } from "../../src/show.ts";
@@ -263,6 +264,44 @@ export class DurableTelegraf<B extends TelegrafBotLike = TelegrafBotLike> {
       set: (name, value) => adapter.write(name, value),
       delete: (name) => adapter.delete(name),
     };
+  }
+
+  /**
+   * A durable step of the update being handled: `fn` runs once for it, its result (JSON) journaled
+   * in the outbox before the middleware goes on; a rerun of the update (after a crash, or a retry
+   * after a throw) gets the journaled result back without calling `fn` again. A failure is retried
+   * with backoff, then journaled for good (`StepFailedError`); a run cut off during `fn` is reported
+   * (`durability:ambiguous`) and not run again (`StepAmbiguousError`) unless the step is
+   * `idempotent`. Key `<inbound id>:step:<name>` unless `key` is given. Callable from any code the
+   * middleware runs (it finds the update through the async context). See docs/steps.md.
+   *
+   * @example
+   * ```ts
+   * import { Telegraf } from "telegraf";
+   * import { MemoryDurability } from "@botmesh/durable";
+   * import { durable } from "@botmesh/durable/telegraf";
+   *
+   * const bot = new Telegraf("123:fake-token");
+   * const safe = durable(bot, { durability: { backend: new MemoryDurability(), instanceId: "bot-1" } });
+   * bot.on("text", async (ctx) => {
+   *   const answer = await safe.step("llm", async ({ idempotencyKey }) => {
+   *     // e.g. fetch("https://llm.example/v1/chat", { headers: { "Idempotency-Key": idempotencyKey }, … })
+   *     return `You said: ${ctx.message.text}`;
+   *   });
+   *   await ctx.reply(answer); // a rerun of the update is answered from the outbox too
+   * });
+   * ```
+   *
+   * @param name the step's name, once per update
+   * @param fn the step: its result must be JSON
+   * @param options `key`, `idempotent`, `retries`
+   * @returns the step's result as journaled (its JSON round trip)
+   * @throws {Error} when called outside the middleware of an update of this bot
+   * @throws {StepFailedError} when the step failed for good (now or on an earlier run)
+   * @throws {StepAmbiguousError} when an earlier run may have had its effect and the step is not idempotent
+   */
+  step<T>(name: string, fn: (call: StepCall) => T | Promise<T>, options?: StepOptions): Promise<Awaited<T>> {
+    return this.core.step(name, fn, options);
   }
 
   /** Resolve when every admitted update is handled (or dead-lettered) and every send settled. */

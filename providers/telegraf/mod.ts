@@ -7,7 +7,8 @@
  * messages (`ctx.reply`, `ctx.replyWith*`, `send*`, `forwardMessage(s)`,
  * `copyMessage(s)`, on `ctx.telegram` and `bot.telegram`) go through the
  * outbox keyed `<inbound id>:<n>`, so a rerun is answered from the outbox
- * instead of sending twice. Telegraf is an optional peer dependency: nothing
+ * instead of sending twice; `safe.step(name, fn)` runs the middleware's other
+ * effects (an LLM call, a payment) once per update. Telegraf is an optional peer dependency: nothing
  * here loads it; your bot does. See docs/telegraf.md.
  *
  * @example Long polling on SQLite
@@ -35,5 +36,6 @@ export {
   type TelegrafBotLike,
 } from "./durable.ts";
 export type { DurableStorageOptions } from "../grammy/storage.ts";
+export type { StepCall, StepOptions } from "../../src/engine/steps.ts";
 export { isJournaledMethod } from "../grammy/methods.ts";
 export { classifyTelegrafError, TelegrafApiError } from "./errors.ts";

@@ -6,7 +6,7 @@
  */
 import { cutDeepNesting, MAX_CONTENT_DEPTH } from "../../src/content.ts";
 import { showValue as show } from "../../src/show.ts";
-import { contactsOf, type MessageEntry, parseMessage } from "./messages.ts";
+import { contactsOf, type MessageEntry, parseMessage, soleContactUserId } from "./messages.ts";
 import { PHONE_NUMBER_ID } from "./options.ts";
 import { WhatsAppChangeError, WhatsAppPayloadError } from "./payloads.ts";
 import { parseStatus, type WhatsAppStatus } from "./statuses.ts";
@@ -141,6 +141,8 @@ export class PayloadReader {
           );
         }
         const contacts = contactsOf(value);
+        const soleUserId = soleContactUserId(value);
+        const metaFailed = Array.isArray(value.errors) && value.errors.length > 0;
         if (value.messages !== undefined) {
           if (!Array.isArray(value.messages)) {
             unreadable(
@@ -164,9 +166,17 @@ export class PayloadReader {
                 return;
               }
               try {
-                entries.push({ parsed: parseMessage(m, mPath, contacts) });
+                entries.push({ parsed: parseMessage(m, mPath, contacts, soleUserId) });
               } catch (error) {
                 if (!(error instanceof WhatsAppPayloadError)) throw error;
+                if (metaFailed && isBodyless(m)) {
+                  // Meta could not read it either (its change carries errors, e.g. 131000 "Unsupported webhook
+                  // payload"): a message of a type without its body holds nothing to keep or handle. Reported, not journaled.
+                  problems.fail(
+                    new WhatsAppPayloadError(mPath, error.field, `${error.reason}; Meta reported the change as failed, so the message is skipped`, true),
+                  );
+                  return;
+                }
                 unreadable(m, error);
               }
             });
@@ -212,6 +222,12 @@ export class PayloadReader {
     });
     return { entries, statuses };
   }
+}
+
+/** Whether a message names a type whose body (the field of that name) is absent: `{ type: "interactive" }` without `interactive`. */
+function isBodyless(m: unknown): boolean {
+  if (!isObject(m) || typeof m.type !== "string" || m.type === "") return false;
+  return m[m.type] === undefined || m[m.type] === null;
 }
 
 /**

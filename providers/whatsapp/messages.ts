@@ -64,6 +64,16 @@ export function contactsOf(value: Record<string, unknown>): Map<string, ContactI
 }
 
 /**
+ * The business-scoped user id of a change's only contact (`contacts[0].user_id`, else its
+ * `parent_user_id`), when the change has exactly one: the sender of a message that names none itself.
+ */
+export function soleContactUserId(value: Record<string, unknown>): string | undefined {
+  if (!Array.isArray(value.contacts) || value.contacts.length !== 1 || !isObject(value.contacts[0])) return undefined;
+  const contact = value.contacts[0];
+  return usableString(contact.user_id, MAX_PREFIXED_ID) ?? usableString(contact.parent_user_id, MAX_PREFIXED_ID);
+}
+
+/**
  * The sender of a message and the chat it belongs to. The chat id rule: a
  * group message's chat is `group:<group_id>`; otherwise the chat is the
  * sender's phone number (`from`) whenever Meta gives it, and `bsuid:<user id>`
@@ -82,9 +92,11 @@ interface Sender {
   groupId?: string;
 }
 
-function senderOf(raw: Record<string, unknown>, path: string): Sender {
+function senderOf(raw: Record<string, unknown>, path: string, soleUserId: string | undefined): Sender {
   const phone = optionalString(raw, "from", path);
-  const userId = optionalString(raw, "from_user_id", path, MAX_PREFIXED_ID);
+  // A message that names no sender of its own belongs to the change's only contact, when there is one.
+  const userId = optionalString(raw, "from_user_id", path, MAX_PREFIXED_ID) ??
+    (raw.from === undefined && raw.from_parent_user_id === undefined ? soleUserId : undefined);
   const parentUserId = optionalString(raw, "from_parent_user_id", path, MAX_PREFIXED_ID);
   const groupId = raw.group_id === undefined || raw.group_id === null
     ? undefined
@@ -98,8 +110,8 @@ function senderOf(raw: Record<string, unknown>, path: string): Sender {
       throw new WhatsAppPayloadError(
         path,
         "from_user_id",
-        `the message has no sender: field "from" (the phone number) is ${brief(raw.from)} and field "from_user_id" ` +
-          `(the business-scoped user id) is ${brief(raw.from_user_id)}`,
+        `the message has no sender: field "from" (the phone number) is ${brief(raw.from)}, field "from_user_id" ` +
+          `(the business-scoped user id) is ${brief(raw.from_user_id)}, and the change has no sole contact with a "user_id"`,
       );
     })();
   if (participant !== undefined) sender.from = participant;
@@ -115,13 +127,14 @@ function senderOf(raw: Record<string, unknown>, path: string): Sender {
  * @param raw the entry as Meta sent it
  * @param path where it is in the payload
  * @param contacts the contacts of its change
+ * @param soleUserId the user id of the change's only contact (see {@link soleContactUserId}): the sender of a message that names none
  * @returns the message, its media not yet sealed
  * @throws {WhatsAppPayloadError} naming the field when a required one is missing or invalid
  */
-export function parseMessage(raw: unknown, path: string, contacts: Map<string, ContactInfo>): ParsedMessage {
+export function parseMessage(raw: unknown, path: string, contacts: Map<string, ContactInfo>, soleUserId?: string): ParsedMessage {
   if (!isObject(raw)) throw new WhatsAppPayloadError(path, "", `a message must be an object, got ${brief(raw)}`);
   const id = requireString(raw, "id", path);
-  const sender = senderOf(raw, path);
+  const sender = senderOf(raw, path, soleUserId);
   const type = requireString(raw, "type", path);
   const timestamp = parseTimestamp(raw.timestamp, path);
   const extra: { [key: string]: JsonValue } = { waType: type };

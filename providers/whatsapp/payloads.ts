@@ -29,18 +29,25 @@ export class WhatsAppPayloadError extends Error {
   /** What is wrong, in sentence case and without the path: the `unreadable` reason of the journaled message. */
   readonly reason: string;
   /**
+   * The message was not journaled: Meta failed its change (`errors` beside it) and it carries no body
+   * for its type, so nothing it holds could be kept or handled.
+   */
+  readonly skipped: boolean;
+  /**
    * Make the error of one payload entry.
    *
    * @param path where in the payload
    * @param field the field
    * @param message what is wrong
+   * @param skipped the message was skipped, not journaled (see {@link WhatsAppPayloadError.skipped})
    */
-  constructor(path: string, field: string, message: string) {
+  constructor(path: string, field: string, message: string, skipped = false) {
     super(`WhatsApp webhook ${path}: ${message}`);
     this.name = "WhatsAppPayloadError";
     this.path = path;
     this.field = field;
     this.reason = message.charAt(0).toUpperCase() + message.slice(1);
+    this.skipped = skipped;
   }
 }
 

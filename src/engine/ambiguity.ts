@@ -143,8 +143,8 @@ export class Ambiguity {
       if (!(error instanceof StaleLeaseError)) throw error;
       return (await this.#a.backend.outbox.get(entry.key))?.state ?? "gone";
     }
-    // A step's attempt is told in its message's chat, as its ambiguity was (not its own `step:` chat).
-    this.resolved({ key: entry.key, chatId: stepOf(entry)?.chatId ?? entry.chatId, state: "sent", messageId, via });
+    const step = stepOf(entry);
+    this.resolved({ key: entry.key, chatId: step?.chatId ?? entry.chatId, state: "sent", messageId, via });
     return "resolved";
   }
 

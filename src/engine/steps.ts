@@ -10,14 +10,17 @@
  * `dead`; a call that may have had its effect when its outcome was lost becomes `unknown` (the same rule
  * as a send: a lapsed lease after `markCalling`) and is reported. A lapsed attempt that never announced
  * its call, or one an operator requeued, is settled by the sweep that finds it as `sent` with the
- * {@link STEP_NOT_RUN} mark: the next run of the message starts the next attempt.
+ * {@link STEP_NOT_RUN} mark: the next run of the message starts the next attempt. An attempt whose
+ * `markCalling` went unanswered (no call made) is given up as uncalled, and the next run of its message
+ * in this process takes it up under the same lease, as a send's retry does.
  *
  * @module
  */
 import { retryDelay } from "../backoff.ts";
 import { sleep } from "../clock.ts";
 import { hashText, isOverUtf8Limit } from "../content.ts";
-import type { JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
+import type { BoundedSet } from "../bounded_map.ts";
+import { type JsonValue, type NewOutboxEntry, type OutboxEntry, StaleLeaseError } from "../contract.ts";
 import { errorText, isProcessDeath } from "../errors.ts";
 import { classifyProviderError } from "../provider.ts";
 import { showValue as show } from "../show.ts";
@@ -31,6 +34,8 @@ import type { EngineCore } from "./types.ts";
 export const STEP_KIND = "botmesh:step";
 /** The `messageId` of a step attempt that never ran (settled by a sweep): the next attempt runs the step. */
 export const STEP_NOT_RUN = "botmesh:step-not-run";
+/** The `messageId` of a step attempt that ran (or may have) but whose result is not the step's: the next attempt's is. */
+export const STEP_SUPERSEDED = "botmesh:step-superseded";
 /** The chat of a step's attempts: `step:<key>`. */
 export const STEP_CHAT_PREFIX = "step:";
 /** The longest step name. */
@@ -45,7 +50,7 @@ export interface StepCall {
   readonly idempotencyKey: string;
   /** 1 on the first call, more on a retry (of this run, or of a new attempt after an interruption). */
   readonly attempt: number;
-  /** Aborted when the process stops under the step. */
+  /** Aborted when the process dies under the step (a test's simulated death); `bot.stop()` waits for the step instead. */
   readonly signal: AbortSignal;
 }
 
@@ -149,7 +154,7 @@ export function stepOf(entry: Pick<OutboxEntry, "chatId" | "content">): StepCont
 
 /** The result a step entry recorded: `{ value }` (no `value`: `undefined`), or `undefined` when it holds none. */
 export function stepResultOf(messageId: string | null): { value: JsonValue | undefined } | undefined {
-  if (messageId === null || messageId === STEP_NOT_RUN) return undefined;
+  if (messageId === null || messageId === STEP_NOT_RUN || messageId === STEP_SUPERSEDED) return undefined;
   try {
     const parsed = JSON.parse(messageId) as unknown;
     if (typeof parsed === "object" && parsed !== null && !Array.isArray(parsed)) {
@@ -190,6 +195,10 @@ export interface StepRequest {
 export interface StepsHost extends EngineCore {
   outcomes: Outcomes;
   ambiguity: Ambiguity;
+  /** Outbox keys whose call this incarnation started and whose outcome is not recorded (shared with sends). */
+  calling: BoundedSet<string>;
+  /** Whether `entry` is leased to this incarnation, not held here, and nobody called under its lease (shared with sends). */
+  ownUncalled(entry: OutboxEntry): boolean;
   /** The signal of the process's calls (aborted when it dies). */
   signal: AbortSignal;
   /** Stop the engine: a simulated process death. */
@@ -230,6 +239,17 @@ function attemptKey(key: string, n: number): string {
   return n === 1 ? key : `${key}#${n}`;
 }
 
+/** The number of the attempt `entryKey` of the step `key` (`undefined`: not one of its attempts). */
+function attemptNumber(entryKey: string, key: string): number | undefined {
+  if (entryKey === key) return 1;
+  if (!entryKey.startsWith(`${key}#`)) return undefined;
+  const n = Number(entryKey.slice(key.length + 1));
+  return Number.isInteger(n) && n >= 2 ? n : undefined;
+}
+
+/** How the call of one attempt ended, when the step goes on: its result, or a retry after `delayMs`. */
+type CallOutcome = { value: JsonValue | undefined } | { retryInMs: number };
+
 /** Runs steps for handlers. */
 export class Steps {
   readonly #h: StepsHost;
@@ -239,7 +259,8 @@ export class Steps {
   }
 
   /**
-   * Run a step of a handler, or return the result a run of it recorded.
+   * Run a step of a handler, or return the result a run of it recorded. The step's state is its latest
+   * attempt (the highest number of those journaled: an earlier one may have been purged).
    * @returns the step's result as recorded (its JSON round trip)
    * @throws {StepFailedError} when the step failed for good (now or on an earlier run)
    * @throws {StepAmbiguousError} when an earlier run may have had its effect and the step is not idempotent
@@ -247,42 +268,93 @@ export class Steps {
   async run(request: StepRequest): Promise<JsonValue | undefined> {
     const { key, name } = request;
     const idempotent = request.options?.idempotent === true;
-    for (let n = 1, waited = 0;;) {
+    const retries = request.options?.retries ?? this.#h.config.outbox.retries;
+    const outbox = this.#h.backend.outbox;
+    let failedCalls = 0;
+    for (let waited = 0;;) {
       this.#alive(request);
-      const attempt = attemptKey(key, n);
-      let entry = await this.#h.backend.outbox.get(attempt);
-      if (entry === null) {
-        const reservedAt = this.#h.clock.monotonic();
-        const reserved = await this.#h.backend.outbox.reserve(this.#entryOf(request, attempt), this.#h.claim("outbox"));
-        if (reserved.status === "leased") {
-          return await this.#runAttempt(request, reserved.entry, this.#h.leases.hold("outbox", attempt, reserved.entry.fence, reservedAt), n);
+      const latest = await this.#latest(request);
+      let next = 1;
+      if (latest !== undefined) {
+        const { n, entry } = latest;
+        next = n + 1;
+        if (entry.state === "sent") {
+          const result = stepResultOf(entry.messageId);
+          if (result !== undefined) {
+            this.#h.metrics.stepsReplayed++;
+            return result.value;
+          }
+          // no result in it (never run, or superseded): the next attempt
+        } else if (entry.state === "dead") {
+          this.#h.metrics.stepsReplayed++;
+          throw new StepFailedError(name, key, entry.error ?? "failed");
+        } else if (entry.state === "unknown") {
+          if (!idempotent) throw new StepAmbiguousError(name, key, entry.key);
+          // Safe to run again: the cut-off attempt is settled as superseded (so its alert closes, and a late
+          // outcome of it can no longer stand for the step), then the next attempt runs.
+          if (!await this.#supersede(request, entry)) continue;
+        } else if (entry.state === "sending" && this.#h.ownUncalled(entry)) {
+          // An earlier run of this process gave it up before its call (its announcement unanswered): its
+          // lease is still ours and nothing ran under it, so this run takes it up (no lapse into an ambiguity).
+          const lease = this.#h.leases.hold("outbox", entry.key, entry.fence, -Infinity);
+          const outcome = await this.#call(request, entry, lease, n, failedCalls < retries);
+          if ("value" in outcome) return outcome.value;
+          failedCalls++;
+          await sleep(this.#h.clock, outcome.retryInMs);
+          continue;
+        } else {
+          // Another run has it (or had it: once its lease lapses, a sweep settles it).
+          const leaseMs = this.#h.config.outbox.leaseMs;
+          if (this.#h.config.sweepIntervalMs === 0 || waited > 2 * leaseMs) {
+            throw new Error(`Step "${name}" is held by an earlier run of its message (outbox entry "${entry.key}" is ${entry.state}); retried later`);
+          }
+          const pause = Math.max(5, Math.min(1000, Math.floor(leaseMs / 4)));
+          this.#h.wake(0);
+          await sleep(this.#h.clock, pause);
+          waited += pause;
+          continue;
         }
-        entry = reserved.entry;
       }
-      const step = stepOf(entry);
-      if (step === undefined || step.key !== key) {
-        throw new TypeError(`The key "${attempt}" of step "${name}" is journaled for something else (a send, or another step): give the step a key of its own`);
-      }
-      if (entry.state === "sent") {
-        const result = stepResultOf(entry.messageId);
-        if (result !== undefined) return result.value;
-        n++; // an attempt that never ran
+      const attempt = attemptKey(key, next);
+      const reservedAt = this.#h.clock.monotonic();
+      const reserved = await outbox.reserve(this.#entryOf(request, attempt), this.#h.claim("outbox"));
+      if (reserved.status !== "leased") {
+        // Journaled meanwhile (a concurrent run of the message, or a repeat of a reservation whose reply was lost).
+        if (stepOf(reserved.entry)?.key !== key) {
+          throw new TypeError(`The key "${attempt}" of step "${name}" is journaled for something else (a send, or another step): give the step a key of its own`);
+        }
         continue;
       }
-      if (entry.state === "dead") throw new StepFailedError(name, key, entry.error ?? "failed");
-      if (entry.state === "unknown") {
-        if (!idempotent) throw new StepAmbiguousError(name, key, attempt);
-        n++; // safe to run again: the next attempt
-        continue;
-      }
-      // Another run has it (or had it: its lease lapses, and a sweep settles it). Wait a while for that.
-      const leaseMs = this.#h.config.outbox.leaseMs;
-      if (waited > 2 * leaseMs) throw new Error(`Step "${name}" is still held by an earlier run of its message (outbox entry "${attempt}" is ${entry.state})`);
-      const pause = Math.max(5, Math.min(1000, Math.floor(leaseMs / 4)));
-      this.#h.wake(0);
-      await sleep(this.#h.clock, pause);
-      waited += pause;
+      const lease = this.#h.leases.hold("outbox", attempt, reserved.entry.fence, reservedAt);
+      const outcome = await this.#call(request, reserved.entry, lease, next, failedCalls < retries);
+      if ("value" in outcome) return outcome.value;
+      failedCalls++;
+      await sleep(this.#h.clock, outcome.retryInMs);
     }
+  }
+
+  /** The step's latest journaled attempt. */
+  async #latest(request: StepRequest): Promise<{ n: number; entry: OutboxEntry } | undefined> {
+    const entries = await this.#h.backend.outbox.list({ chatId: `${STEP_CHAT_PREFIX}${request.key}`, limit: 10_000 });
+    let latest: { n: number; entry: OutboxEntry } | undefined;
+    for (const entry of entries) {
+      const n = attemptNumber(entry.key, request.key);
+      if (n !== undefined && stepOf(entry)?.key === request.key && (latest === undefined || n > latest.n)) latest = { n, entry };
+    }
+    // (None: its first attempt's key may still be journaled by something else, a send; the reservation says so.)
+    return latest;
+  }
+
+  /** Settle an `unknown` attempt of an idempotent step as superseded. @returns `false` when it changed meanwhile (look again) */
+  async #supersede(request: StepRequest, entry: OutboxEntry): Promise<boolean> {
+    try {
+      await this.#h.backend.outbox.markSent(entry.key, entry.fence, STEP_SUPERSEDED);
+    } catch (error) {
+      if (error instanceof StaleLeaseError) return false;
+      throw error;
+    }
+    this.#h.ambiguity.resolved({ key: entry.key, chatId: request.chatId, state: "sent", via: "rerun" });
+    return true;
   }
 
   #entryOf(request: StepRequest, attempt: string): NewOutboxEntry {
@@ -303,75 +375,119 @@ export class Steps {
     if (inbound?.lost === true) throw new Error(`Step "${request.name}": the lease on inbound record "${request.recordId}" was lost; its next run takes the step up`);
   }
 
-  async #runAttempt(request: StepRequest, entry: OutboxEntry, lease: HeldLease, n: number): Promise<JsonValue | undefined> {
+  /**
+   * Journal the call of a leased attempt (`markCalling`, asked again when its answer is lost or late),
+   * make it, and record how it ended: the result; failed for good; `unknown` (it may have taken effect);
+   * or, for a failure to retry, superseded (the next attempt retries it), so that a crash during the
+   * backoff leaves nothing ambiguous behind.
+   */
+  async #call(request: StepRequest, entry: OutboxEntry, lease: HeldLease, n: number, mayRetry: boolean): Promise<CallOutcome> {
     const { key, name, fn } = request;
     const idempotent = request.options?.idempotent === true;
-    const retries = request.options?.retries ?? this.#h.config.outbox.retries;
     const outbox = this.#h.backend.outbox;
+    const calling = this.#h.calling;
+    let settled = false;
     try {
-      for (let tries = 1;; tries++) {
-        this.#alive(request);
-        const renewed = await this.#h.leases.renew(lease, true);
-        if (this.#h.halted()) throw new Error("The process died");
-        if (renewed !== "held") {
-          throw new Error(`Step "${name}": its call could not be announced (outbox entry "${entry.key}", ${renewed === "lost" ? "lease lost" : "journal error"})`);
-        }
-        let value: unknown;
-        try {
-          value = await fn({ idempotencyKey: key, attempt: n - 1 + tries, signal: this.#h.signal });
-        } catch (error) {
-          if (isProcessDeath(error) || this.#h.halted()) {
-            this.#h.halt();
-            throw error;
-          }
-          const classified = classifyProviderError(error);
-          const text = errorText(error);
-          if (classified.retryable && classified.maybeDelivered === true && !idempotent) {
-            // It may have taken effect: held as unknown and reported, never run again on its own.
-            const outcome = { error: text, ambiguous: true } as const;
-            if (await this.#h.outcomes.record(lease, (token) => outbox.markFailed(entry.key, token, outcome), ["unknown"])) {
-              this.#h.ambiguity.report({ ...entry, fence: lease.token });
-            }
-            throw new StepAmbiguousError(name, key, entry.key, error);
-          }
-          if (classified.retryable && tries <= retries) {
-            await sleep(this.#h.clock, retryDelay(tries, this.#h.config.outbox.backoff, classified.retryAfterMs, () => this.#h.clock.random()));
-            continue;
-          }
-          await this.#failed(lease, entry.key, text);
-          throw new StepFailedError(name, key, text, error);
-        }
-        let text: string | undefined;
-        let refusal: string | undefined;
-        try {
-          text = JSON.stringify(value === undefined ? {} : { v: value });
-        } catch (error) {
-          refusal = `its result is not JSON (${errorText(error)})`;
-        }
-        if (text !== undefined && isOverUtf8Limit(text, this.#h.config.outbox.maxPayloadBytes)) {
-          refusal = `its result is larger than outbox.maxPayloadBytes (${this.#h.config.outbox.maxPayloadBytes})`;
-        }
-        if (refusal !== undefined || text === undefined) {
-          // It ran: it must not run again. Recorded as failed for good, with the reason.
-          await this.#failed(lease, entry.key, `Step "${name}" ran, but ${refusal}`);
-          throw new TypeError(`Step "${name}" ran, but ${refusal}; return JSON (or store it elsewhere and return its id)`);
-        }
-        const resultText = text;
-        if (!await this.#h.outcomes.record(lease, (token) => outbox.markSent(entry.key, token, resultText), ["sent"])) {
-          throw new Error(`Step "${name}" ran, but its result could not be recorded (outbox entry "${entry.key}"): the step is reported ambiguous`);
-        }
-        return stepResultOf(resultText)!.value;
+      if (!await this.#announce(lease)) {
+        // Nothing ran under this lease: a rerun of the message in this process may take it up.
+        this.#h.leases.giveUpUncalled(lease);
+        throw new Error(`Step "${name}": its call could not be journaled (outbox entry "${entry.key}"); not called, retried later`);
       }
+      calling.add(entry.key);
+      let value: unknown;
+      this.#h.metrics.stepsCalled++;
+      try {
+        value = await fn({ idempotencyKey: key, attempt: n, signal: this.#h.signal });
+      } catch (error) {
+        if (isProcessDeath(error) || this.#h.halted()) {
+          this.#h.halt();
+          throw error;
+        }
+        const classified = classifyProviderError(error);
+        const text = errorText(error);
+        const maybeDone = classified.maybeDelivered === true;
+        if (classified.retryable && maybeDone && !idempotent) {
+          // It may have taken effect: held as unknown and reported, never run again on its own.
+          const outcome = { error: text, ambiguous: true } as const;
+          settled = await this.#h.outcomes.record(lease, (token) => outbox.markFailed(entry.key, token, outcome), ["unknown"]);
+          if (settled) this.#h.ambiguity.report({ ...entry, fence: lease.token });
+          throw new StepAmbiguousError(name, key, entry.key, error);
+        }
+        if (classified.retryable && mayRetry && !this.#h.stopping()) {
+          settled = await this.#h.outcomes.record(lease, (token) => outbox.markSent(entry.key, token, STEP_SUPERSEDED), ["sent"]);
+          if (!settled) throw error;
+          const { backoff } = this.#h.config.outbox;
+          const delay = retryDelay(n, backoff, classified.retryAfterMs, () => this.#h.clock.random());
+          return { retryInMs: Math.min(delay, backoff.capMs) };
+        }
+        settled = await this.#failed(lease, entry.key, text);
+        throw new StepFailedError(name, key, text, error);
+      }
+      let text: string | undefined;
+      let refusal: string | undefined;
+      try {
+        text = JSON.stringify(value === undefined ? {} : { v: value });
+      } catch (error) {
+        refusal = `its result is not JSON (${errorText(error)})`;
+      }
+      if (text !== undefined && isOverUtf8Limit(text, this.#h.config.outbox.maxPayloadBytes)) {
+        refusal = `its result is larger than outbox.maxPayloadBytes (${this.#h.config.outbox.maxPayloadBytes})`;
+      }
+      if (refusal !== undefined || text === undefined) {
+        // It ran: it must not run again. Recorded as failed for good, with the reason.
+        settled = await this.#failed(lease, entry.key, `Step "${name}" ran, but ${refusal}`);
+        throw new TypeError(`Step "${name}" ran, but ${refusal}; return JSON (or store it elsewhere and return its id)`);
+      }
+      const resultText = text;
+      settled = await this.#h.outcomes.record(lease, (token) => outbox.markSent(entry.key, token, resultText), ["sent"]);
+      // A write taken for ours after a lost reply may be a rerun's (an idempotent step's attempt superseded
+      // under the same fence): the result is ours only if the entry holds it.
+      const now = await outbox.get(entry.key).catch(() => null);
+      if (settled && now !== null && now.messageId !== resultText) settled = false;
+      if (!settled) {
+        throw new Error(
+          `Step "${name}" ran, but its result could not be recorded: its attempt (outbox entry "${entry.key}") was taken over ` +
+            `(${now === null ? "gone" : `now ${now.state}`})`,
+        );
+      }
+      if (lease.lost || this.#h.ambiguity.wasReported(entry.key, lease.token)) {
+        // Taken for lost during the call (a stall) and reported: its recorded result settles the alert.
+        this.#h.ambiguity.resolved({ key: entry.key, chatId: request.chatId, state: "sent", via: "call" });
+      }
+      return { value: stepResultOf(resultText)!.value };
     } finally {
+      // An attempt whose outcome is not recorded stays "calling": this process's sweep reports it, never requeues it.
+      if (settled) calling.delete(entry.key);
       this.#h.leases.release("outbox", entry.key, lease.token);
     }
   }
 
-  async #failed(lease: HeldLease, attempt: string, error: string): Promise<void> {
+  /**
+   * `markCalling` under the attempt's lease, asked again when its answer is lost (a repeat under the same
+   * token answers `true` again) or came later than half a lease.
+   * @returns whether the call may go out now
+   */
+  async #announce(lease: HeldLease): Promise<boolean> {
+    const leaseMs = this.#h.config.outbox.leaseMs;
+    for (let tries = 1; tries <= 3; tries++) {
+      const token = lease.token;
+      const renewed = await this.#h.leases.renew(lease, true);
+      if (this.#h.halted()) throw new Error("The process died");
+      if (renewed === "lost" || lease.lost || lease.token !== token) return false;
+      if (renewed === "held" && this.#h.clock.monotonic() - lease.confirmedAt < leaseMs / 2) return true;
+      if (renewed === "error") await sleep(this.#h.clock, Math.max(1, Math.floor(leaseMs / 10)));
+    }
+    return false;
+  }
+
+  async #failed(lease: HeldLease, attempt: string, error: string): Promise<boolean> {
     const outcome = { error, dead: true } as const;
-    if (await this.#h.outcomes.record(lease, (token) => this.#h.backend.outbox.markFailed(attempt, token, outcome), ["dead"])) {
+    const recorded = await this.#h.outcomes.record(lease, (token) => this.#h.backend.outbox.markFailed(attempt, token, outcome), ["dead"]);
+    if (recorded) {
+      this.#h.metrics.stepsFailed++;
       this.#h.host.events.emit("durability:dead", { kind: "step", id: attempt, error });
     }
+    return recorded;
   }
 }
 

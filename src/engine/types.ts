@@ -57,6 +57,12 @@ export interface DurabilityMetrics {
   outboxThrottled: number;
   /** A gauge: sends waiting for the outbox's rate limiter now. */
   outboxWaitingForLimit: number;
+  /** Calls of a step's function (`ctx.step`) this process made, retries included. */
+  stepsCalled: number;
+  /** Steps answered from the journal (a rerun got the recorded result or failure back without a call). */
+  stepsReplayed: number;
+  /** Steps that failed for good (their error journaled; `durability:dead` of kind `step`). */
+  stepsFailed: number;
 }
 
 /** Codes of `warning` events. */
@@ -105,14 +111,15 @@ export interface BotEvents {
    * itself (`via: "call"`: its lease looked lost during the call, after a stall or a clock step of the
    * journal, and the call then succeeded) or by an operator who checked the chat (`markDelivered`,
    * `via: "operator"`), or, when `confirm` said it never arrived, `failed` (sent again after its backoff)
-   * or `dead` (its retries were spent).
+   * or `dead` (its retries were spent). An idempotent step's cut-off attempt is settled by the step
+   * running again (`via: "rerun"`).
    */
   "durability:resolved": {
     key: string;
     chatId: string;
     state: "sent" | "failed" | "dead";
     messageId?: string;
-    via: "status" | "confirm" | "call" | "operator";
+    via: "status" | "confirm" | "call" | "operator" | "rerun";
   };
 }
 
@@ -259,6 +266,9 @@ export function zeroMetrics(): DurabilityMetrics {
     damagedRecords: 0,
     outboxThrottled: 0,
     outboxWaitingForLimit: 0,
+    stepsCalled: 0,
+    stepsReplayed: 0,
+    stepsFailed: 0,
   };
 }
 

@@ -61,6 +61,9 @@ const COUNTERS: ReadonlyArray<readonly [keyof DurabilityMetrics, string]> = [
   ["conversationsDiverged", "Conversation replays that did not follow the recorded transcript."],
   ["damagedRecords", "Damaged records the backend set aside (never deleted), reported by this bot."],
   ["outboxThrottled", "Sends that waited for the outbox's rate limiter or that the channel paused with a 429 (no attempt spent)."],
+  ["stepsCalled", "Calls of a durable step's function (ctx.step), retries included."],
+  ["stepsReplayed", "Durable steps answered from the journal without a call (a rerun of their message)."],
+  ["stepsFailed", "Durable steps that failed for good (their error journaled)."],
 ];
 
 /** What the histograms are: name in `histograms()`, metric name, and its HELP text. */

@@ -2088,6 +2088,9 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         "outboxThrottled",
         "outboxWaitingForLimit",
         "staleLeases",
+        "stepsCalled",
+        "stepsFailed",
+        "stepsReplayed",
       ]);
     });
 
@@ -2513,8 +2516,8 @@ export function runCrashMatrix(options: BackendConformanceOptions): void {
     // A damaged record's report is not reached by this scenario (no record is damaged in it): its crash
     // points recover in the damaged-records test of runDurabilityConformance, on backends that can damage one.
     // Nor is a timer's arming (no conversation asks here): `inbox.schedule` recovers in the conversation
-    // suite's crash tests of a journaled ask timer. Nor is a step's call (no handler here runs a step):
-    // `step.call` recovers in the crash matrix of steps (runStepConformance).
+    // suite's crash tests of a journaled ask timer. Nor is a durable step's call (no step here): `step.call`
+    // recovers in the steps suite's crash matrix.
     for (const point of CRASH_POINTS.filter((p) => !p.endsWith(".reportDamaged") && p !== "inbox.schedule" && p !== "step.call")) {
       for (const when of ["before", "after"] as const) {
         test(`crash ${when} ${point}, then recover`, async () => {
