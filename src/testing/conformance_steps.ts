@@ -21,7 +21,7 @@ import { ProviderError } from "../errors.ts";
 import { AskTimeoutError } from "../conversation.ts";
 import { ANY } from "../matchers.ts";
 import { MemoryStore, type SessionStore } from "../store.ts";
-import { STEP_NOT_RUN, StepAmbiguousError, StepFailedError, type StepCall } from "../engine/steps.ts";
+import { STEP_NOT_RUN, STEP_SUPERSEDED, StepAmbiguousError, StepFailedError, type StepCall } from "../engine/steps.ts";
 import type { BackendConformanceOptions } from "./conformance.ts";
 import { collect, fastDurability } from "./conformance_bot.ts";
 import { crashable, CrashableProvider, crashableStore, type CrashPoint } from "./crashable.ts";
@@ -179,6 +179,7 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     /** The `attempt` each call of the step's function was given. */
     const attempts: number[] = [];
     const ambiguous: string[] = [];
+    const resolved: string[] = [];
     const a = crashable(backend);
     if (when === "before") a.crashBefore(point as CrashPoint);
     else a.crashAfter(point as CrashPoint);
@@ -206,6 +207,7 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       bot.on("durability:ambiguous", (e) => {
         if (e.step === "pay") ambiguous.push(e.key);
       });
+      bot.on("durability:resolved", (e) => resolved.push(`${e.key} ${e.chatId} ${e.via}`));
       bot.when(ANY, async (ctx) => {
         const fn = pay(ctx.inboundId);
         const result = await ctx.step("pay", crash ? (call) => a.step("step.call", () => fn(call)) : fn, { idempotent });
@@ -261,7 +263,10 @@ export function runStepConformance(options: BackendConformanceOptions): void {
     expect(effects, "never more than once, twice when idempotent").toBeLessThanOrEqual(idempotent ? 2 : 1);
     expect(ambiguous, "reported ambiguous when its call was announced").toEqual(expected.reported ? [key] : []);
     const first = await over.outbox.get(key);
-    expect(first?.state, "the first attempt").toBe(expected.reported ? "unknown" : failing ? "dead" : "sent");
+    // An idempotent step's cut-off attempt is superseded by the rerun that runs the step again.
+    expect(first?.state, "the first attempt").toBe(expected.reported && !idempotent ? "unknown" : failing && !expected.reported ? "dead" : "sent");
+    if (expected.reported && idempotent) expect(first?.messageId, "superseded by the next attempt").toBe(STEP_SUPERSEDED);
+    expect(resolved, "the alert closed when the rerun superseded it").toEqual(expected.reported && idempotent ? [`${key} c1 rerun`] : []);
     // A second attempt: after one that never ran (settled by a sweep), or one held unknown of an idempotent step.
     const neverRan = (point === "outbox.reserve" && when === "after") || (point === "outbox.markCalling" && when === "before");
     if (neverRan) expect(first?.messageId, "the attempt that never ran").toBe(STEP_NOT_RUN);
@@ -480,12 +485,18 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       await bot.idle();
       expect(calls.map((c) => [c.attempt, c.idempotencyKey])).toEqual([1, 2, 3].map((n) => [n, `${flaky}:step:llm`]));
       expect(provider.sent.map((s) => [s.content, s.idempotencyKey])).toEqual([["answer 3", `${flaky}:1`]]);
-      expect((await backend.outbox.get(`${flaky}:step:llm`))?.state).toBe("sent");
+      // Each call is an attempt of its own: a failed one to retry is closed as superseded, the last holds the result.
+      const attemptsOf = async (key: string, n: number) => {
+        const entries = await Promise.all([1, 2, 3].slice(0, n).map((i) => backend.outbox.get(i === 1 ? key : `${key}#${i}`)));
+        return entries.map((e) => [e?.state, e?.messageId === STEP_SUPERSEDED ? "superseded" : e?.state === "sent" ? "result" : null]);
+      };
+      expect(await attemptsOf(`${flaky}:step:llm`, 3)).toEqual([["sent", "superseded"], ["sent", "superseded"], ["sent", "result"]]);
+      expect(await backend.outbox.get(`${flaky}:step:llm#4`)).toBe(null);
       expect((await inboxOf(backend, flaky)).state).toBe("done");
       expect(downCalls, "retries: 1 is two calls").toBe(2);
       expect(seen.length === 1 && seen[0] instanceof StepFailedError, told(seen[0])).toBe(true);
       expect((seen[0] as Error).message.includes("connection reset")).toBe(true);
-      expect((await backend.outbox.get(`${down}:step:llm`))?.state).toBe("dead");
+      expect(await attemptsOf(`${down}:step:llm`, 2)).toEqual([["sent", "superseded"], ["dead", null]]);
       expect((await inboxOf(backend, down)).state).toBe("dead");
     });
 
