@@ -547,6 +547,34 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       expect((await inboxOf(backend, ids.idem)).state).toBe("done");
     });
 
+    withBackend("a step's state is its latest attempt: a discarded earlier attempt does not let a held step run again", async (backend, bots) => {
+      const { bot, provider } = rig(bots, backend);
+      const attempts: number[] = [];
+      const seen: unknown[] = [];
+      bot.when(ANY, async (ctx) => {
+        seen.push(await caught(ctx.step("pay", ({ attempt }) => {
+          attempts.push(attempt);
+          throw attempt === 1 ? new ProviderError("busy", { status: 503 }) : new ProviderError("timed out", { maybeDelivered: true });
+        })));
+        throw seen.at(-1);
+      });
+      await bot.start();
+      const id = uid("m");
+      const key = `${id}:step:pay`;
+      await provider.receive({ id, chatId: "c1", text: "pay" });
+      await bot.idle();
+      expect(attempts, "a retry, then a call that may have had its effect").toEqual([1, 2]);
+      expect([(await backend.outbox.get(key))?.messageId, (await backend.outbox.get(`${key}#2`))?.state]).toEqual([STEP_SUPERSEDED, "unknown"]);
+      expect(seen[0] instanceof StepAmbiguousError && (seen[0] as StepAmbiguousError).attemptKey === `${key}#2`, told(seen[0])).toBe(true);
+      // The first attempt is forgotten (discarded, or purged with the sent entries): the step is still held.
+      expect(await bot.durability!.outbox.discard(key)).toBe(true);
+      expect(await bot.durability!.replayInbound(id)).toBe(true);
+      await bot.idle();
+      expect(attempts, "not called again").toEqual([1, 2]);
+      expect(seen[1] instanceof StepAmbiguousError && (seen[1] as StepAmbiguousError).attemptKey === `${key}#2`, told(seen[1])).toBe(true);
+      expect((await inboxOf(backend, id)).state).toBe("dead");
+    });
+
     withBackend("an operator settles an ambiguous step: markDelivered with its result (or none), or retrySend to run it again; then a replay", async (backend, bots) => {
       const { bot, provider, ambiguous } = rig(bots, backend);
       const resolved = collect(bot, "durability:resolved");
@@ -712,6 +740,41 @@ export function runStepConformance(options: BackendConformanceOptions): void {
       expect(providerB.sent.length, "nothing else went out").toBe(0);
       for (const key of [`${order}:step:quote`, chargeKey]) expect((await over.outbox.get(key))?.state, key).toBe("sent");
       for (const id of [order, answer]) expect((await over.inbox.get(id))?.state, id).toBe("done");
+    });
+
+    withBackend("a step that fails for good after an ask ends the conversation: the chat's next message is a new one", async (backend, bots) => {
+      const store = new MemoryStore();
+      const { bot, provider } = rig(bots, backend, {}, { store });
+      let calls = 0;
+      let kept: { step: (name: string, fn: () => unknown) => Promise<unknown> } | undefined;
+      bot.when("order", async (ctx) => {
+        const size = await ctx.ask("Size?");
+        await ctx.step("charge", () => {
+          calls++;
+          throw new ProviderError(`declined for ${size.text}`, { retryable: false });
+        });
+      });
+      bot.when(ANY, async (ctx) => {
+        await ctx.reply(`new: ${ctx.message.text}`);
+        kept = ctx; // its step is refused once the handler has returned
+      });
+      await bot.start();
+      const [order, answer, next] = [uid("m"), uid("m"), uid("m")];
+      await provider.receive({ id: order, chatId: "c1", text: "order" });
+      await bot.idle();
+      await provider.receive({ id: answer, chatId: "c1", text: "M" });
+      await bot.idle();
+      expect(calls).toBe(1);
+      const record = await inboxOf(backend, answer);
+      expect([record.state, record.attempts, record.error?.includes("StepFailedError")], "dead at once").toEqual(["dead", 1, true]);
+      const transcript = await store.get(`botmesh:conversation:${bot.id}:c1`) as { state?: string } | undefined;
+      expect(transcript?.state, "the conversation ended").toBe("ended");
+      await provider.receive({ id: next, chatId: "c1", text: "hello" });
+      await bot.idle();
+      expect(provider.sent.map((s) => s.content)).toEqual(["Size?", "new: hello"]);
+      const refused = await caught(kept!.step("late", () => 1));
+      expect(refused instanceof Error && refused.message.includes("after the handler returned"), told(refused)).toBe(true);
+      expect(await backend.outbox.get(`${next}:step:late`)).toBe(null);
     });
 
     withBackend("a step after an ask's timeout is keyed by the timeout and runs once across a retry", async (backend, bots) => {
