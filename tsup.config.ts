@@ -22,10 +22,12 @@ export default defineConfig({
     "providers/whatsapp/mod": "providers/whatsapp/mod.ts",
     "providers/grammy/mod": "providers/grammy/mod.ts",
     "providers/telegraf/mod": "providers/telegraf/mod.ts",
+    "providers/builderbot/mod": "providers/builderbot/mod.ts",
+    "providers/baileys/mod": "providers/baileys/mod.ts",
   },
   // The SQLite drivers and the client packages are imported lazily, by the runtime or the kind of
   // backend URL that needs them: never bundled.
-  external: ["bun:sqlite", "node:sqlite", "better-sqlite3", "postgres", "ioredis", "@upstash/redis", "grammy", "telegraf"],
+  external: ["bun:sqlite", "node:sqlite", "better-sqlite3", "postgres", "ioredis", "@upstash/redis", "grammy", "telegraf", "@builderbot/bot", "baileys"],
   outDir: "dist",
   format: ["esm"],
   target: "node20",

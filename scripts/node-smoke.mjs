@@ -261,3 +261,84 @@ console.log('node-smoke: file backend ok')
   api.close()
   console.log('node-smoke: Telegraf plugin ok')
 }
+
+// A BuilderBot bot on DurableMetaProvider through the npm build: the webhook on BuilderBot's own Polka
+// server (bot.httpServer), signed POSTs, the Graph API on node:http, a capture flow, a redelivery dropped.
+{
+  const { createServer } = await import('node:http')
+  const { createHmac } = await import('node:crypto')
+  const { addKeyword, createBot, createFlow } = await import('@builderbot/bot')
+  const { DurableMetaProvider } = await import('../dist/providers/builderbot/mod.js')
+  const { MemoryStore } = await import('../dist/mod.js')
+  const sends = []
+  const graph = createServer(async (req, res) => {
+    let body = ''
+    for await (const chunk of req) body += chunk
+    sends.push(JSON.parse(body))
+    res.writeHead(200, { 'content-type': 'application/json' })
+    res.end(JSON.stringify({ messaging_product: 'whatsapp', contacts: [{ input: '34600000001', wa_id: '34600000001' }], messages: [{ id: `wamid.out${sends.length}` }] }))
+  })
+  await new Promise((resolve) => graph.listen(0, '127.0.0.1', resolve))
+  const provider = new DurableMetaProvider({
+    whatsapp: { accessToken: 'EAAG-smoke', phoneNumberId: '1065', appSecret: 'smoke-secret', verifyToken: 'v', graphBase: `http://127.0.0.1:${graph.address().port}` },
+    durability: { backend: new MemoryDurability(), instanceId: 'smoke-builderbot' },
+    store: new MemoryStore(),
+  })
+  const flow = addKeyword('pedido').addAnswer('¿Qué talla?', { capture: true }, async (ctx, { state, flowDynamic }) => {
+    await state.update({ size: ctx.body })
+    await flowDynamic(`talla ${ctx.body}`)
+  })
+  const bot = await createBot({ flow: createFlow([flow]), provider, database: provider.database })
+  provider.attach(bot)
+  bot.httpServer(0)
+  await provider.start()
+  while (provider.server.server?.listening !== true) await new Promise((resolve) => setTimeout(resolve, 5))
+  const hook = `http://127.0.0.1:${provider.server.server.address().port}/webhook`
+  const post = (id, text) => {
+    const body = JSON.stringify({ object: 'whatsapp_business_account', entry: [{ id: '1', changes: [{ field: 'messages', value: { messaging_product: 'whatsapp', metadata: { display_phone_number: '1', phone_number_id: '1065' }, messages: [{ from: '34600000001', id, timestamp: '1', type: 'text', text: { body: text } }] } }] }] })
+    const signature = `sha256=${createHmac('sha256', 'smoke-secret').update(body).digest('hex')}`
+    return fetch(hook, { method: 'POST', headers: { 'content-type': 'application/json', 'x-hub-signature-256': signature }, body })
+  }
+  assert.equal((await post('wamid.in1', 'pedido')).status, 200)
+  await provider.idle()
+  assert.equal((await post('wamid.in2', 'M')).status, 200)
+  assert.equal((await post('wamid.in2', 'M')).status, 200) // a redelivery
+  await provider.idle()
+  assert.deepEqual(sends.map((s) => s.text.body), ['¿Qué talla?', 'talla M'])
+  assert.deepEqual(sends.map((s) => s.biz_opaque_callback_data), ['wamid.in1:1', 'wamid.in2:1'])
+  assert.equal(provider.state.getMyState('34600000001')().size, 'M')
+  await provider.stop()
+  graph.close()
+  console.log('node-smoke: BuilderBot provider ok')
+}
+
+// The Baileys provider through the npm build, over a socket shaped like makeWASocket's: an upsert
+// journaled and answered with the message id derived from the outbox key, its offline replay dropped.
+{
+  const { BaileysProvider, baileysMessageIdFor } = await import('../dist/providers/baileys/mod.js')
+  const { EventEmitter } = await import('node:events')
+  const ev = new EventEmitter()
+  const sends = []
+  const sock = {
+    ev,
+    user: { id: '15550000000:7@s.whatsapp.net' },
+    sendMessage: async (jid, content, options) => {
+      sends.push({ jid, content, options })
+      return { key: { remoteJid: jid, fromMe: true, id: options.messageId } }
+    },
+  }
+  const provider = new BaileysProvider({ socket: sock, mediaKey: 'a media key of sixteen bytes' })
+  const bot = new Bot({ provider, durability: { backend: new MemoryDurability(), instanceId: 'smoke-baileys' } })
+  bot.when(/ping/, (ctx) => ctx.reply('pong'))
+  await bot.start()
+  const msg = { key: { remoteJid: '4917@s.whatsapp.net', fromMe: false, id: '3A01' }, message: { conversation: 'ping' }, messageTimestamp: 1700000000 }
+  ev.emit('messages.upsert', { messages: [msg], type: 'notify' })
+  ev.emit('messages.upsert', { messages: [structuredClone(msg)], type: 'append' })
+  await provider.idle()
+  await bot.idle()
+  assert.equal(sends.length, 1)
+  assert.deepEqual(sends[0].content, { text: 'pong' })
+  assert.equal(sends[0].options.messageId, await baileysMessageIdFor('4917@s.whatsapp.net,0,3A01:1'))
+  await bot.stop()
+  console.log('node-smoke: baileys provider ok')
+}

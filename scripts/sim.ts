@@ -114,6 +114,7 @@ interface Row {
   ambiguity: SimResult["ambiguity"];
   timeoutDuplicates: number;
   calls: number;
+  steps: SimResult["stepCalls"];
 }
 
 if (args.worker) {
@@ -121,7 +122,7 @@ if (args.worker) {
   for (let i = 0; i < (args.seeds ?? 0); i++) {
     const seed = args.from + i * args.stride;
     const r = await run(seed);
-    const row: Row = { seed, failures: r.failures, faults: r.faults, ambiguity: r.ambiguity, timeoutDuplicates: r.timeoutDuplicates, calls: r.providerCalls };
+    const row: Row = { seed, failures: r.failures, faults: r.faults, ambiguity: r.ambiguity, timeoutDuplicates: r.timeoutDuplicates, calls: r.providerCalls, steps: r.stepCalls };
     out.push(JSON.stringify(row));
     if (out.length >= 50) {
       process.stdout.write(out.join("\n") + "\n");
@@ -137,7 +138,7 @@ if (args.seed !== undefined) {
   if (!args.quiet) for (const line of r.trace) console.log(line);
   console.log("");
   console.log(`seed ${r.seed}: ${r.ok ? "ok" : `FAILED (${r.failures.length})`} — ${r.scenario}`);
-  console.log(`virtual ${(r.virtualMs / 1000).toFixed(1)}s, ${r.steps} timer steps, ${r.providerCalls} provider calls`);
+  console.log(`virtual ${(r.virtualMs / 1000).toFixed(1)}s, ${r.steps} timer steps, ${r.providerCalls} provider calls, ${r.stepCalls.calls} step calls (${r.stepCalls.effects} took effect, ${r.stepCalls.ambiguous} ambiguity reports)`);
   console.log(`faults: ${JSON.stringify(r.faults)}; ambiguity: ${JSON.stringify(r.ambiguity)}; duplicates after an accepted timeout: ${r.timeoutDuplicates}`);
   for (const f of r.failures) console.log(`  ${f.invariant}: ${f.detail}`);
   if (!r.ok) console.log(`replay: ${replay(r.seed)}`);
@@ -157,7 +158,7 @@ if (workers === 1) {
   for (let i = 0; i < total; i++) {
     const seed = args.from + i;
     const r = await run(seed);
-    rows.push({ seed, failures: r.failures, faults: r.faults, ambiguity: r.ambiguity, timeoutDuplicates: r.timeoutDuplicates, calls: r.providerCalls });
+    rows.push({ seed, failures: r.failures, faults: r.faults, ambiguity: r.ambiguity, timeoutDuplicates: r.timeoutDuplicates, calls: r.providerCalls, steps: r.stepCalls });
   }
 } else {
   const children = [];
@@ -197,8 +198,12 @@ const ambiguity: Record<string, number> = {};
 let failed = 0;
 let calls = 0;
 let timeoutDuplicates = 0;
+const steps = { calls: 0, effects: 0, ambiguous: 0 };
 for (const row of rows) {
   calls += row.calls;
+  steps.calls += row.steps.calls;
+  steps.effects += row.steps.effects;
+  steps.ambiguous += row.steps.ambiguous;
   timeoutDuplicates += row.timeoutDuplicates;
   for (const [k, n] of Object.entries(row.faults)) faultTotals[k] = (faultTotals[k] ?? 0) + n;
   for (const [k, n] of Object.entries(row.ambiguity)) ambiguity[k] = (ambiguity[k] ?? 0) + n;
@@ -215,6 +220,7 @@ for (const row of rows) {
 
 console.log(`seeds ${args.from}..${args.from + total - 1}: ${total - failed} ok, ${failed} failed`);
 console.log(`wall ${(wallMs / 1000).toFixed(1)}s, ${(total / (wallMs / 1000)).toFixed(0)} seeds/s (${workers} worker(s)), ${calls} provider calls`);
+console.log(`step calls at the fake service: ${steps.calls} (${steps.effects} took effect); steps reported ambiguous: ${steps.ambiguous}`);
 console.log(`faults injected: ${Object.entries(faultTotals).sort().map(([k, n]) => `${k} ${n}`).join(", ") || "none"}`);
 const amb = (k: string) => ambiguity[k] ?? 0;
 console.log(

@@ -41,7 +41,7 @@ if [ "$others_status" -ne 0 ] || [ "$servers_status" -ne 0 ]; then
   echo "bun test failed (other suites: exit $others_status; Postgres and Redis suites: exit $servers_status)" >&2
   exit 1
 fi
-step "deno check";               deno check mod.ts backend.ts provider.ts ops.ts testing.ts cli.ts backends/memory/mod.ts backends/kv/mod.ts backends/file/mod.ts backends/sqlite/mod.ts backends/events/mod.ts backends/postgres/mod.ts backends/redis/mod.ts providers/telegram/mod.ts providers/whatsapp/mod.ts providers/grammy/mod.ts providers/telegraf/mod.ts
+step "deno check";               deno check mod.ts backend.ts provider.ts ops.ts testing.ts cli.ts backends/memory/mod.ts backends/kv/mod.ts backends/file/mod.ts backends/sqlite/mod.ts backends/events/mod.ts backends/postgres/mod.ts backends/redis/mod.ts providers/telegram/mod.ts providers/whatsapp/mod.ts providers/grammy/mod.ts providers/telegraf/mod.ts providers/builderbot/mod.ts providers/baileys/mod.ts
 # Every JSDoc example of the published code type-checks (a snippet that cannot stand alone says `ts ignore`).
 step "deno check --doc-only (the JSDoc examples)"
 deno check --doc-only mod.ts backend.ts provider.ts ops.ts testing.ts $(find src backends providers -name '*.ts' | sort)

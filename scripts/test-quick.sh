@@ -12,7 +12,7 @@ QUICK_TESTS=(
   machine config options layout exports error_detail deadlines crashable media mock_provider tracing
   test_clock engine_modules prometheus memory_backend kv_backend events_memory events_worker console clock_step
   conversation conversation_stores conformance_memory conformance_kv conformance_file conformance_sqlite
-  conformance_events_file sqlite_backend telegram_corpus whatsapp_corpus
+  conformance_events_file sqlite_backend telegram_corpus whatsapp_corpus baileys
 )
 files=()
 for name in "${QUICK_TESTS[@]}"; do files+=("./tests/$name.test.ts"); done

@@ -180,3 +180,46 @@ test("./telegraf: telegraf is an optional peer dependency, imported for its type
   const entry = await import("../providers/telegraf/mod.ts");
   expect(Object.keys(entry).sort()).toEqual(["DurableTelegraf", "TelegrafApiError", "classifyTelegrafError", "durable", "durableStorage", "isJournaledMethod"]);
 });
+
+test("./builderbot: @builderbot/bot is an optional peer dependency, loaded by the provider module alone (its ProviderClass)", async () => {
+  const manifest = pkg as { peerDependencies?: Record<string, string>; peerDependenciesMeta?: Record<string, { optional?: boolean }> };
+  expect(manifest.peerDependencies?.["@builderbot/bot"]).toBeDefined();
+  expect(manifest.peerDependenciesMeta?.["@builderbot/bot"]?.optional).toBe(true);
+  expect(exportMap("deno.json", deno)["./builderbot"]).toBe("./providers/builderbot/mod.ts");
+  const dir = root + "providers/builderbot/";
+  for (const name of readdirSync(dir).filter((n) => n.endsWith(".ts"))) {
+    const code = readFileSync(dir + name, "utf8");
+    expect(code, `providers/builderbot/${name} loads a module at run time`).not.toMatch(/import\(/);
+    const imports = [...code.matchAll(/^import\s+(type\s+)?([^;]*?)from\s+["']([^"']+)["']/gm)];
+    for (const [, isType, what, from] of imports) {
+      if (from!.startsWith("@builderbot/")) {
+        // Only ProviderClass, which BuilderBot's createBot needs its provider to extend, and utils (its custom events).
+        if (isType !== "type ") expect([name, what!.trim()]).toEqual(["provider.ts", "{ ProviderClass, utils }"]);
+      }
+    }
+  }
+  // Nothing else of the package loads BuilderBot.
+  for (const dir of ["src", "providers/whatsapp", "providers/grammy", "providers/telegraf", "providers/telegram", "backends"]) {
+    for (const name of readdirSync(root + dir, { recursive: true }).map(String).filter((n) => n.endsWith(".ts"))) {
+      expect(readFileSync(`${root}${dir}/${name}`, "utf8"), `${dir}/${name} mentions @builderbot`).not.toMatch(/from\s+["']@builderbot/);
+    }
+  }
+  const entry = await import("../providers/builderbot/mod.ts");
+  expect(Object.keys(entry).sort()).toEqual(["DurableBuilderBotDatabase", "DurableBuilderBotState", "DurableMetaProvider", "bodyOf", "whatsAppContent"]);
+});
+
+test("./baileys: baileys is an optional peer dependency, and nothing of it is imported (the socket is typed structurally)", async () => {
+  const manifest = pkg as { peerDependencies?: Record<string, string>; peerDependenciesMeta?: Record<string, { optional?: boolean }> };
+  expect(manifest.peerDependencies?.baileys).toBeDefined();
+  expect(manifest.peerDependenciesMeta?.baileys?.optional).toBe(true);
+  expect(exportMap("deno.json", deno)["./baileys"]).toBe("./providers/baileys/mod.ts");
+  const dir = root + "providers/baileys/";
+  for (const name of readdirSync(dir).filter((n) => n.endsWith(".ts"))) {
+    const code = readFileSync(dir + name, "utf8");
+    expect(code, `providers/baileys/${name} loads a module at run time`).not.toMatch(/import\(/);
+    const imports = [...code.matchAll(/^import\s+(?:type\s+)?[^;]*?from\s+["']([^"']+)["']/gm)].map((m) => m[1]!);
+    expect(imports.filter((from) => !from.startsWith(".")), `providers/baileys/${name} imports a package`).toEqual([]);
+  }
+  const entry = await import("../providers/baileys/mod.ts");
+  expect(Object.keys(entry).sort()).toEqual(["BAILEYS_STATUS", "BaileysProvider", "baileysMessageIdFor", "classifyBaileysError", "messageKeyId"]);
+});

@@ -469,9 +469,12 @@ export class Inbound {
       // Its handler began that many runs, none with an outcome: it takes the process down with it.
       failed = true;
       failure = new Error(`Processing was cut off (crash or lost lease) in ${attempts - 1} attempts`);
-    } else if (job.runCounted !== true && !await this.#startRun(lease, record.id, journaled)) {
-      // Not journaled as begun (the lease was lost, or the journal failed): not run here. Its lease lapses
-      // and a sweep takes it up again.
+    } else if (
+      job.runCounted !== true ? !await this.#startRun(lease, record.id, journaled) : lease.lost || this.#h.leases.get("inbox", record.id) !== lease
+    ) {
+      // Not journaled as begun (the lease was lost, or the journal failed), or, begun by its admission, its
+      // lease lost while it waited in its chat's queue: not run here. Its lease lapses (or was taken) and a
+      // sweep takes it up again.
       this.#h.leases.release("inbox", record.id, lease.token);
       return;
     } else {

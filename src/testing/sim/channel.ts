@@ -208,7 +208,8 @@ export class SimProvider implements Provider {
     const token = ledger.claimTokens.get(`${inc.id}|${key}|${context.attempt}`);
     const now = world.sched.time;
     // A handler's i-th reply carries the key `<message id>:<i>` however it was made (ctx.reply or bot.send).
-    const reply = typeof content === "string" ? /^reply (\d+) to (.+)$/.exec(content) : null;
+    // (A reply of a handler that ran a step carries its result: `reply <i> to <id> [svc=<result>]`.)
+    const reply = typeof content === "string" ? /^reply (\d+) to (\S+)(?: \[svc=[^\]]*\])?$/.exec(content) : null;
     if (reply !== null && key !== `${reply[2]}:${reply[1]}`) {
       ledger.live.push({ invariant: "reply-key", time: now, detail: `${inc.id} sent "${content}" under the key ${key}, not ${reply[2]}:${reply[1]}` });
     }

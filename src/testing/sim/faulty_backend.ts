@@ -21,6 +21,7 @@ import {
   INBOX_JOURNAL_METHODS,
   OUTBOX_JOURNAL_METHODS,
 } from "../../contract.ts";
+import { stepOf } from "../../engine/steps.ts";
 import type { AdmissionRecord, AmbiguityRecord, LeaseGrant, LostBy } from "./ledger.ts";
 import type { Incarnation, World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";
@@ -277,9 +278,13 @@ export function faultyBackend(
           seqs.push(e.seq);
           ledger.seqs.set(e.key, seqs);
           ledger.chatOf.set(e.key, e.chatId);
+          const step = stepOf(e);
+          if (step !== undefined) ledger.stepOfAttempt.set(e.key, step.key);
           if (r.status === "leased") {
             ledger.grantOut(e.key, e.fence, grant());
             ledger.claimTokens.set(`${inc.id}|${e.key}|${e.attempts}`, e.fence);
+            // The attempt the step's function runs under, if this process goes on to call it.
+            if (step !== undefined) ledger.stepHeld.set(`${inc.id}|${step.key}`, { attempt: e.key, token: e.fence });
           }
           break;
         }
@@ -299,7 +304,9 @@ export function faultyBackend(
                 (c.token ?? 0) < token
               )
               : [];
-            const calls = [...ledger.callsOf(e.key, token), ...handedOn];
+            // A step's attempt: its "call" is a call of the step's function at the fake service.
+            const stepCalls = ledger.stepCallsOf(e.key, token);
+            const calls = [...ledger.callsOf(e.key, token), ...handedOn, ...stepCalls];
             let verdict: AmbiguityRecord["verdict"];
             let detail: string;
             if (calls.length > 0) {
@@ -379,11 +386,19 @@ export function faultyBackend(
             if (!resent.has(e.key)) selfSteal("outbox", e.key, e.fence);
             ledger.grantOut(e.key, e.fence, grant());
             ledger.claimTokens.set(`${inc.id}|${e.key}|${e.attempts}`, e.fence);
+            // A step attempt this process holds, re-leased to it (its lease only looked lapsed): the engine
+            // hands the new token on to the step under way, whose call then runs under it.
+            const step = stepOf(e);
+            const held = step === undefined ? undefined : ledger.stepHeld.get(`${inc.id}|${step.key}`);
+            if (held !== undefined && held.attempt === e.key && e.fence > held.token) held.token = e.fence;
           }
           break;
         }
         case "outbox.markSent":
           ledger.closeOut(args[0] as string, args[1] as number, true);
+          if (ledger.stepOfAttempt.has(args[0] as string)) {
+            ledger.stepSettled.push({ attempt: args[0] as string, token: args[1] as number, messageId: args[2] as string, inc: inc.id, time: now });
+          }
           break;
         case "outbox.markFailed": {
           const [key, token, outcome] = args as [string, number, FailOutcome];

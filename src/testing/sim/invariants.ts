@@ -41,6 +41,39 @@
  * - `silent-resend`: every accepted provider call of a key after its first (by start) needs a
  *   `durability:ambiguous` event for that key at or before the call's start, unless an operator retried
  *   or discarded the key.
+ * Durable steps (`ctx.step`, see `service.ts`): a handler of a message with a step first runs step "svc"
+ * (key `<id>:step:svc`), whose function calls the world's fake service, and every reply carries the
+ * result it got (`[svc=<result>]`). The service records every call (its attempt and token, whether it took
+ * effect, the result `svc-<n>` it returned). A step's attempts are outbox entries: the send checks above
+ * skip what is a send's own (channel acceptance, message ids, provider-call explanations); a step's
+ * dead-letter is reported with kind "step" (counted in `reported-twice` and `silent-dead` under that
+ * kind, and never in `outboxDead`). Every check below is skipped for a step one of whose attempts an
+ * operator retried or discarded (that lets it run again, by the operator's choice):
+ * - `step-effect-twice`: a step that is not idempotent takes effect at most once. An interruption whose
+ *   outcome is unknown (reported `durability:ambiguous` with `step`) never lets it run again on its own:
+ *   stricter than "at most once unless reported ambiguous", as the engine holds such a step.
+ * - `step-repeat-unexplained`: an idempotent step is called again after an earlier call took effect only
+ *   when that call's outcome was lost to the engine: the call timed out (maybe delivered; each call is an
+ *   attempt of its own, so the retry is the next attempt), or the call's attempt was made `unknown` (an ambiguity
+ *   transition of its token: its lease lost after the call was announced, by a crash, a stall, lost
+ *   heartbeats) before the new call started. Both are what a lost lease or an ambiguity report means.
+ * - `step-call-after-result`: no call of a step starts once a result of it was journaled (a rerun gets
+ *   the result back instead).
+ * - `step-not-run-called`: an attempt settled as never run (`STEP_NOT_RUN`, when written or in the end)
+ *   had no call under it that took effect (else the next attempt repeats the effect).
+ * - `step-result-twice`, `step-result-unexplained`: in the end at most one attempt of a step holds a
+ *   result, and every result journaled is one the service returned to a call of that attempt.
+ * - `step-reply-result`, `step-results-reached-user`: the replies that reached the channel carry one
+ *   result per step, the one journaled; `handler-diverged`: no handler rerun makes a reply (a key) with
+ *   content other than the journaled one (it got another result of its step).
+ * - `step-done-without-result`: a message that is done has its step's result journaled.
+ * - `step-ambiguous-event`, `step-ambiguous-not-held`: a `durability:ambiguous` event of a step's attempt
+ *   names the step and the message's chat; its message ends dead-lettered (held for an operator) unless
+ *   the step was settled after all (a late outcome, an idempotent step's next attempt).
+ * - `unexplained-dead` for a dead step attempt: a failed call of its own, and a permanent error or more
+ *   failed calls of the step than its retries.
+ * Live: `step-call-without-lease`, `step-call-under-lost-lease` (a call under an attempt's token that had
+ * ended or was superseded), `step-key` (the function got the step's key as `idempotencyKey`).
  * Not exact, so not checked: `inboundJournaled`/`outboxJournaled` (an admission or
  * reservation whose reply was lost is journaled but counted by nobody), `outboxDeduped`,
  * `inboundDuplicates`, `inboundReplayed`, `outboxRetried`, `outboxDeferred`.
@@ -50,8 +83,9 @@
 import type { InboundRecord, OutboxEntry } from "../../contract.ts";
 import type { DurabilityMetrics } from "../../engine.ts";
 import type { SimChannel } from "./channel.ts";
-import type { AdmissionRecord, HandleStart, LostBy } from "./ledger.ts";
-import type { Scenario } from "./scenario.ts";
+import type { AdmissionRecord, HandleStart, LostBy, StepCallRecord } from "./ledger.ts";
+import { type Scenario, stepKeyOf } from "./scenario.ts";
+import { STEP_NOT_RUN, stepOf, stepResultOf } from "../../engine/steps.ts";
 import type { World } from "./world.ts";
 import { SIM_EPOCH } from "./scheduler.ts";
 
@@ -80,7 +114,7 @@ const SETTLED_OUT = new Set(["sent", "dead", "unknown"]);
 const SETTLED_IN = new Set(["done", "dead"]);
 /** Handler failures the scenario causes on purpose or through injected faults. */
 const EXPLAINED_INBOUND =
-  /sim handler failure|ConnectionRefused|ConnectionReset|Processing was cut off|journal did not confirm/;
+  /sim handler failure|ConnectionRefused|ConnectionReset|Processing was cut off|journal did not confirm|Step "svc"/;
 
 /**
  * Check every invariant.
@@ -194,8 +228,10 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     return died !== undefined && died - t.time <= world.leaseMs;
   };
   for (const e of outbox) {
-    if (e.state === "sent" && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
-    if (e.state === "sent") {
+    // A step's attempt: no provider call; its own checks are in checkSteps.
+    const isStep = stepOf(e) !== undefined;
+    if (e.state === "sent" && !isStep && !acceptedBy.has(e.key)) fail("sent-not-accepted", `${e.key} is sent but the channel never accepted it`);
+    if (e.state === "sent" && !isStep) {
       // Its message id is that of a call of this key the channel accepted (also when a status or confirm resolved it).
       const n = /^msg-(\d+)$/.exec(e.messageId ?? "")?.[1];
       const call = n === undefined ? undefined : ledger.calls[Number(n) - 1];
@@ -210,6 +246,7 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
       const died = lastAmbiguity ? ledger.diedAt.get(lastAmbiguity.by) : undefined;
       const cutShort = lastAmbiguity !== undefined && died !== undefined && (
         ledger.calls.some((c) => c.key === e.key && c.inc === lastAmbiguity.by && (c.end === null || c.end >= died)) ||
+        ledger.stepCalls.some((c) => c.attemptKey === e.key && c.inc === lastAmbiguity.by && (c.end === null || c.end >= died)) ||
         ((ledger.outcomeStarted.get(`${e.key}#${lastAmbiguity.token}`) ?? Infinity) <= died &&
           !ledger.isOutRecorded(e.key, lastAmbiguity.token))
       );
@@ -225,9 +262,10 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
     }
     if (e.state === "dead") {
       const last = [...ledger.outDead].reverse().find((d) => d.key === e.key);
-      if (!deadEventIds.has(`outbound:${e.key}`) && !diedUnaware(last)) {
+      if (!deadEventIds.has(`${isStep ? "step" : "outbound"}:${e.key}`) && !diedUnaware(last)) {
         fail("silent-dead", `outbox entry ${e.key} is dead but no durability:dead event reported it (the dead write's reply was ${last?.lostBy ?? "delivered"})`);
       }
+      if (isStep) continue; // explained in checkSteps
       const failedCalls = last ? ledger.callsOf(e.key, last.token).filter((c) => c.outcome !== "ok" && c.end !== null) : [];
       const call = failedCalls.at(-1);
       const explained = failedCalls.some((c) => c.outcome.startsWith("provider-permanent")) ||
@@ -370,12 +408,18 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
       })`);
     }
   }
-  const deadTransitions = perKey([...ledger.outDead.map((d) => `outbound:${d.key}`), ...ledger.inDead.map((d) => `inbound:${d.id}`)]);
+  // A step attempt's dead-letter is reported with kind "step" (and not counted in `outboxDead`).
+  const deadTransitions = perKey([
+    ...ledger.outDead.map((d) => `${ledger.stepOfAttempt.has(d.key) ? "step" : "outbound"}:${d.key}`),
+    ...ledger.inDead.map((d) => `inbound:${d.id}`),
+  ]);
   for (const [id, n] of perKey(ledger.deadEvents.map((e) => `${e.kind}:${e.id}`))) {
     if (n > (deadTransitions.get(id) ?? 0)) {
       fail("reported-twice", `${id}: ${n} durability:dead events for ${deadTransitions.get(id) ?? 0} dead transition(s)`);
     }
   }
+
+  checkSteps(input, fail, at);
 
   // Metrics against what happened.
   const events = {
@@ -429,4 +473,153 @@ export function checkInvariants(input: CheckInput): SimFailure[] {
 
 function ordinal(n: number): string {
   return n % 100 >= 11 && n % 100 <= 13 ? "th" : ["th", "st", "nd", "rd"][n % 10] ?? "th";
+}
+
+/** The step checks (see the module comment, "Durable steps"). */
+function checkSteps(input: CheckInput, fail: (invariant: string, detail: string) => void, at: (t: number) => string): void {
+  const { world, scenario, inbox, outbox } = input;
+  const ledger = world.ledger;
+  const retriesDefault = scenario.outbox.retries;
+  const callText = (c: StepCallRecord) =>
+    `#${c.n} by ${c.inc} (${c.attemptKey ?? "?"} t${c.token ?? "?"}) at ${at(c.start)} ${c.outcome}${c.effect ? ", took effect" : ""}`;
+  const attemptsOf = (key: string) => [...ledger.stepOfAttempt].filter(([, k]) => k === key).map(([a]) => a);
+  // An operator retried or discarded one of its attempts: the step may run again, by the operator's choice.
+  const touched = (key: string) => attemptsOf(key).some((a) => ledger.operatorRetried.has(a) || ledger.operatorDiscarded.has(a));
+  /** The results journaled in the end (state `sent`, not the not-run mark), by step key. */
+  const journaled = new Map<string, { attempt: string; value: string }[]>();
+  for (const e of outbox) {
+    const step = stepOf(e);
+    if (step === undefined) continue;
+    const result = e.state === "sent" ? stepResultOf(e.messageId) : undefined;
+    if (result !== undefined) {
+      const list = journaled.get(step.key) ?? [];
+      list.push({ attempt: e.key, value: JSON.stringify(result.value) });
+      journaled.set(step.key, list);
+    }
+    if (e.state === "dead") {
+      // Dead only for a failure the step gives up on: a permanent error, or its retries spent.
+      const plan = scenario.messages.find((m) => stepKeyOf(m) === step.key);
+      const retries = plan?.step?.retries ?? retriesDefault;
+      const gen = ledger.genOf(e.key);
+      // Each call is an attempt of its own: the step's failed calls (of every attempt) count against its retries.
+      const failed = ledger.stepCalls.filter((c) => c.attemptKey === e.key && c.gen === gen && c.end !== null && c.outcome !== "ok" && !c.outcome.startsWith("crash"));
+      const spent = ledger.stepCalls.filter((c) => c.stepKey === step.key && c.end !== null && c.outcome !== "ok" && !c.outcome.startsWith("crash")).length;
+      if (failed.length === 0 || (!failed.some((c) => c.outcome === "provider-permanent") && spent <= retries)) {
+        fail("unexplained-dead", `step attempt ${e.key} is dead (${e.error}) after ${failed.length} failed call(s) of its own, ${spent} of the step's, retries ${retries}`);
+      }
+    }
+  }
+
+  for (const plan of scenario.messages) {
+    if (plan.step === undefined || plan.malformed) continue;
+    const key = stepKeyOf(plan);
+    const { idempotent } = plan.step;
+    const results = journaled.get(key) ?? [];
+    if (results.length > 1) {
+      fail("step-result-twice", `step ${key} has results journaled by ${results.length} attempts: ${results.map((r) => `${r.attempt} ${r.value}`).join(", ")}`);
+    }
+    const calls = ledger.stepCalls.filter((c) => c.stepKey === key);
+    const settled = ledger.stepSettled.filter((s) => ledger.stepOfAttempt.get(s.attempt) === key);
+    // The journaled result is one the service returned to a call of that attempt.
+    for (const s of settled) {
+      if (stepResultOf(s.messageId) === undefined) continue; // not run, or superseded: no result
+      const value = stepResultOf(s.messageId)?.value;
+      if (!calls.some((c) => c.attemptKey === s.attempt && c.result !== null && c.result === value)) {
+        fail("step-result-unexplained", `step ${key}: attempt ${s.attempt} journaled ${s.messageId}, a result no call of that attempt returned`);
+      }
+    }
+    // An attempt settled as never run must never have run: the next attempt would run the step again.
+    // (Each settlement seen, and the attempts left so in the end.)
+    const notRun = [
+      ...settled.filter((s) => s.messageId === STEP_NOT_RUN).map((s) => ({ attempt: s.attempt, time: s.time, by: `by ${s.inc} at ${at(s.time)}` })),
+      ...outbox.filter((e) => stepOf(e)?.key === key && e.state === "sent" && e.messageId === STEP_NOT_RUN)
+        .map((e) => ({ attempt: e.key, time: Infinity, by: "in the end" })),
+    ];
+    for (const s of notRun) {
+      const gen = ledger.genOf(s.attempt);
+      const ran = calls.filter((c) => c.attemptKey === s.attempt && c.gen === gen && c.effect && c.start <= s.time);
+      if (ran.length > 0 && !touched(key)) {
+        fail("step-not-run-called", `step ${key}: attempt ${s.attempt} was settled as never run (${s.by}), but call ${callText(ran[0]!)} had taken effect`);
+        break;
+      }
+    }
+    const inbound = inbox.find((r) => r.id === plan.id);
+    // A done message's handler went past its step: the step's result is journaled.
+    if (inbound?.state === "done" && results.length === 0 && !touched(key)) {
+      fail("step-done-without-result", `message ${plan.id} is done but its step ${key} has no journaled result (calls: ${calls.map(callText).join("; ") || "none"})`);
+    }
+    // Replies carry the journaled result, one result per step.
+    const carried = new Set<string>();
+    for (const c of ledger.calls) {
+      if (!c.accepted || typeof c.content !== "string") continue;
+      const m = /^reply \d+ to (\S+) \[svc=(.*)\]$/.exec(c.content);
+      if (m === null || m[1] !== plan.id) continue;
+      carried.add(m[2]!);
+    }
+    if (!touched(key)) {
+      if (carried.size > 1) fail("step-results-reached-user", `replies of ${plan.id} carried ${carried.size} different results of step ${key}: ${[...carried].join(", ")}`);
+      for (const r of carried) {
+        if (results.length === 0 || results.every((j) => j.value !== JSON.stringify(r))) {
+          fail("step-reply-result", `a reply of ${plan.id} carried ${r}, not the result journaled for step ${key} (${results.map((j) => j.value).join(", ") || "none"})`);
+          break;
+        }
+      }
+    }
+    if (touched(key)) continue;
+    // No call of a step starts once a result of it was journaled: a rerun gets the result back.
+    const resultAt = settled.filter((s) => stepResultOf(s.messageId) !== undefined).map((s) => s.time).sort((a, b) => a - b)[0];
+    const late = resultAt === undefined ? undefined : calls.find((c) => c.start >= resultAt);
+    if (late !== undefined) {
+      fail("step-call-after-result", `step ${key} was called again (${callText(late)}) after its result was journaled at ${at(resultAt!)}`);
+    }
+    const effects = calls.filter((c) => c.effect);
+    if (!idempotent) {
+      // A step that is not idempotent takes effect at most once: an interruption whose outcome is unknown
+      // is held and reported, never run again but by an operator.
+      if (effects.length > 1) {
+        const reports = ledger.ambiguousEvents.filter((e) => ledger.stepOfAttempt.get(e.key) === key).map((e) => `${e.key} by ${e.inc} at ${at(e.time)}`);
+        fail("step-effect-twice", `step ${key} (not idempotent) took effect ${effects.length} times: ${effects.map(callText).join("; ")} (ambiguity reports: ${reports.join(", ") || "none"})`);
+      }
+    } else {
+      // An idempotent step runs again after an earlier call took effect only when that call's outcome was
+      // lost: it timed out and the same attempt retries it, or its attempt was made unknown (its lease
+      // lost after the call was announced: a crash, a stall, a lost heartbeat) before the new call.
+      for (const c2 of calls) {
+        const c1 = effects.filter((c) => c.start < c2.start).at(-1);
+        if (c1 === undefined) continue;
+        // (Each call is an attempt of its own: a timed-out call's retry is the next attempt.)
+        const retried = c1.outcome === "provider-timeout";
+        const lost = ledger.ambiguities.some((a) => a.key === c1.attemptKey && a.token === c1.token && a.time <= c2.start);
+        if (!retried && !lost) {
+          fail("step-repeat-unexplained", `idempotent step ${key} was called again (${callText(c2)}) after call ${callText(c1)} took effect, with no timeout retried nor its attempt made unknown before`);
+          break;
+        }
+      }
+    }
+  }
+
+  // A step reported ambiguous names itself and its message's chat, and its message is dead-lettered
+  // (held for an operator), unless the step was settled after all (a late outcome, an idempotent step's
+  // next attempt) or an operator took it up.
+  for (const e of ledger.ambiguousEvents) {
+    const key = ledger.stepOfAttempt.get(e.key);
+    if (key === undefined) continue;
+    const plan = scenario.messages.find((m) => m.step !== undefined && stepKeyOf(m) === key);
+    if (plan === undefined) continue;
+    if (e.step !== "svc" || e.chatId !== plan.chatId) {
+      fail("step-ambiguous-event", `durability:ambiguous for step attempt ${e.key} by ${e.inc} named step ${JSON.stringify(e.step)} in chat ${e.chatId}, not "svc" in ${plan.chatId}`);
+    }
+    const record = inbox.find((r) => r.id === plan.id);
+    if (record?.state !== "dead" && !journaled.has(key) && !touched(key)) {
+      fail("step-ambiguous-not-held", `step attempt ${e.key} was reported ambiguous (${e.inc} at ${at(e.time)}), but message ${plan.id} is ${record?.state ?? "missing"} and the step has no result`);
+    }
+  }
+
+  // A handler that ran again made the same replies (with steps: it got the same result back).
+  for (const d of ledger.diverged) {
+    const id = d.key.replace(/^enq:/, "").replace(/:\d+$/, "");
+    const plan = scenario.messages.find((m) => m.id === id);
+    if (plan?.step !== undefined && touched(stepKeyOf(plan))) continue;
+    fail("handler-diverged", `${d.inc} made ${d.key} again at ${at(d.time)} with content different from the journaled one`);
+  }
 }

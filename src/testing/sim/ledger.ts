@@ -31,6 +31,34 @@ export interface CallRecord {
   acceptedIndex: number | null;
 }
 
+/**
+ * One call of a step's function (`ctx.step`) at the world's fake external service: the step's "effect".
+ * The service records every call it receives with the idempotency key it was given, whether it took
+ * effect (an `ok` call, a timeout after the effect, a crash after the effect) and the result it
+ * returned (`svc-<n>`, unique per call, so a reply shows which call's result it carries).
+ */
+export interface StepCallRecord {
+  n: number;
+  /** The step's key (`idempotencyKey` as the function got it). */
+  stepKey: string;
+  /** The attempt's outbox key and fencing token the calling incarnation held (from its reservation or a hand-on). */
+  attemptKey: string | undefined;
+  token: number | undefined;
+  /** The attempt key's generation (a discarded attempt reserved again starts a new one). */
+  gen: number;
+  inc: string;
+  idempotent: boolean;
+  /** `StepCall.attempt`. */
+  attempt: number;
+  start: number;
+  end: number | null;
+  outcome: string;
+  /** Whether the call took effect at the service. */
+  effect: boolean;
+  /** The result it returned (only an `ok` call returns one). */
+  result: string | null;
+}
+
 /** Why a reply never reached the engine: its process died, or the connection was reset after the commit. */
 export type LostBy = "crash" | "lost-reply" | null;
 
@@ -156,7 +184,17 @@ export class Ledger {
   seqs: Map<string, number[]> = new Map();
   chatOf: Map<string, string> = new Map();
   ambiguities: AmbiguityRecord[] = [];
-  ambiguousEvents: { key: string; inc: string; time: number }[] = [];
+  ambiguousEvents: { key: string; inc: string; time: number; chatId?: string; step?: string }[] = [];
+  /** Calls of step functions at the fake service (see {@link StepCallRecord}). */
+  stepCalls: StepCallRecord[] = [];
+  /** `inc|stepKey` → the step attempt (outbox key, token) the incarnation last leased for the step. */
+  stepHeld: Map<string, { attempt: string; token: number }> = new Map();
+  /** Step attempt outbox key → its step's key (every attempt reserved in the run). */
+  stepOfAttempt: Map<string, string> = new Map();
+  /** Step attempts' `markSent` writes that committed: the result (or the not-run mark) journaled, and when. */
+  stepSettled: { attempt: string; token: number; messageId: string; inc: string; time: number }[] = [];
+  /** `outbox-diverged` warnings: a key reused with different content (a handler rerun that made another reply). */
+  diverged: { key: string; inc: string; time: number }[] = [];
   /** Inbox records created, by id (the first creation; ids are not reused in a run). */
   admissions: Map<string, AdmissionRecord> = new Map();
   /** Every handler run that started, in order. */
@@ -253,6 +291,12 @@ export class Ledger {
 
   isDead(inc: string): boolean {
     return this.diedAt.has(inc);
+  }
+
+  /** Step calls under the attempt `key`'s `token` (of its current generation). */
+  stepCallsOf(key: string, token: number): StepCallRecord[] {
+    const gen = this.genOf(key);
+    return this.stepCalls.filter((c) => c.attemptKey === key && c.token === token && c.gen === gen);
   }
 
   /** Provider calls for `key` under `token` (of its current generation). */

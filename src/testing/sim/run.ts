@@ -17,7 +17,8 @@ import { HOSTILE_EXTRA_TEXT, SimChannel, type SimMessage } from "./channel.ts";
 import { faultyBackend } from "./faulty_backend.ts";
 import { checkInvariants, type SimFailure } from "./invariants.ts";
 import { Prng } from "./prng.ts";
-import { describeScenario, drawScenario, type MessagePlan, type Scenario } from "./scenario.ts";
+import { describeScenario, drawScenario, type MessagePlan, type Scenario, stepKeyOf } from "./scenario.ts";
+import { callService } from "./service.ts";
 import { SIM_EPOCH, SimScheduler } from "./scheduler.ts";
 import { FAULT_KINDS, type FaultKind, type Incarnation, type Replica, World } from "./world.ts";
 
@@ -57,6 +58,8 @@ export interface SimResult {
   /** Duplicate sends allowed because the channel accepted a call that then timed out (the engine retried it). */
   timeoutDuplicates: number;
   providerCalls: number;
+  /** Calls of step functions at the fake service, those that took effect, and steps reported ambiguous. */
+  stepCalls: { calls: number; effects: number; ambiguous: number };
   virtualMs: number;
   steps: number;
   scenario: string;
@@ -170,13 +173,13 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
         // On its process's clock: a process that dies never wakes it (its handler never finishes).
         await new Promise<void>((resolve) => inc.clock.setTimeout(resolve, plan.slowMs!));
       }
-      await runPlan(plan, n, ctx);
+      await runPlan(plan, n, ctx, inc);
     } finally {
       handlersRunning.delete(running);
     }
   };
 
-  const runPlan = async (plan: MessagePlan, n: number, ctx: import("../../bot.ts").Context) => {
+  const runPlan = async (plan: MessagePlan, n: number, ctx: import("../../bot.ts").Context, inc: Incarnation) => {
     if (plan.askTimeoutMs !== undefined) {
       try {
         await ctx.ask(`question of ${plan.id}`, { timeoutMs: plan.askTimeoutMs, match: () => false });
@@ -188,12 +191,26 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
       return;
     }
     const fail = n <= plan.throws;
+    // A durable step first: its result is journaled before the handler goes on, and a rerun (a retry after
+    // the failure below, a crash, a replay) gets it back. Every reply carries it.
+    let carried = "";
+    if (plan.step !== undefined) {
+      const { idempotent, retries } = plan.step;
+      const key = stepKeyOf(plan);
+      const result = await ctx.step("svc", (call) => callService(world, inc, key, idempotent, call), {
+        idempotent,
+        ...(retries !== undefined ? { retries } : {}),
+      });
+      world.log(inc.id, `handler ${plan.id} invocation ${n}: step ${key} -> ${JSON.stringify(result)}`);
+      carried = ` [svc=${String(result)}]`;
+    }
     if (plan.enqueue) await ctx.bot.enqueue(ctx.chatId, `queued for ${plan.id}`, { idempotencyKey: `enq:${plan.id}` });
     if (fail && !plan.throwAfter) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);
     for (let i = 1; i <= plan.replies; i++) {
       // Every second reply goes through bot.send: made while the handler runs, it is the handler's send
       // (the same key `<id>:<i>`, in its done check), whichever way it is made.
-      const sent = i % 2 === 0 ? ctx.bot.send(ctx.chatId, `reply ${i} to ${plan.id}`) : ctx.reply(`reply ${i} to ${plan.id}`);
+      const text = `reply ${i} to ${plan.id}${carried}`;
+      const sent = i % 2 === 0 ? ctx.bot.send(ctx.chatId, text) : ctx.reply(text);
       if (plan.awaitReplies) await sent;
     }
     if (fail) throw new Error(`sim handler failure (${plan.id}, invocation ${n})`);
@@ -224,6 +241,7 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     });
     bot.on("warning", (w) => {
       world.log(inc.id, `warning ${w.code}: ${w.key ?? w.id ?? ""}`);
+      if (w.code === "outbox-diverged") world.ledger.diverged.push({ key: w.key ?? "", inc: inc.id, time: sched.time });
       if (w.code === "stale-lease") {
         const token = /fencing token (\d+)/.exec(w.message);
         world.ledger.staleWarnings.push({
@@ -235,10 +253,10 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
         });
       }
     });
-    bot.on("durability:ambiguous", ({ key }) => {
-      world.ledger.ambiguousEvents.push({ key, inc: inc.id, time: sched.time });
+    bot.on("durability:ambiguous", ({ key, chatId, step }) => {
+      world.ledger.ambiguousEvents.push({ key, inc: inc.id, time: sched.time, chatId, ...(step !== undefined ? { step } : {}) });
 
-      world.log(inc.id, `event durability:ambiguous ${key}`);
+      world.log(inc.id, `event durability:ambiguous ${key}${step !== undefined ? ` (step ${step}, chat ${chatId})` : ""}`);
     });
     bot.on("durability:resolved", ({ key, state, messageId, via }) => {
       world.ledger.resolvedEvents.push({ key, inc: inc.id, time: sched.time, state, via });
@@ -476,6 +494,11 @@ async function simulate(create: BackendFactory, options: SimOptions): Promise<Si
     ambiguity,
     timeoutDuplicates: notes.timeoutDuplicates,
     providerCalls: world.ledger.calls.length,
+    stepCalls: {
+      calls: world.ledger.stepCalls.length,
+      effects: world.ledger.stepCalls.filter((c) => c.effect).length,
+      ambiguous: world.ledger.ambiguousEvents.filter((e) => e.step !== undefined).length,
+    },
     virtualMs: sched.elapsed,
     steps: sched.steps,
     scenario: describeScenario(scenario),

@@ -39,6 +39,24 @@ export interface MessagePlan {
   askTimeoutMs?: number;
   /** The handler takes this long (virtual ms, on its process's clock) before it replies: a slow handler. */
   slowMs?: number;
+  /**
+   * The handler first runs a durable step, `ctx.step("svc", …)` (key `<id>:step:svc`), that calls the
+   * world's fake service (see `service.ts`), and every reply carries the step's result (`[svc=<result>]`).
+   */
+  step?: StepPlan;
+}
+
+/** A handler's durable step. */
+export interface StepPlan {
+  /** `idempotent: true`: run again (a next attempt) after an interruption whose outcome is unknown. */
+  idempotent: boolean;
+  /** The step's `retries` option (default: `outbox.retries`). */
+  retries?: number;
+}
+
+/** The key of a plan's step (the default key of `ctx.step("svc")` for the message). */
+export function stepKeyOf(plan: Pick<MessagePlan, "id">): string {
+  return `${plan.id}:step:svc`;
 }
 
 /**
@@ -276,6 +294,15 @@ export function drawScenario(rng: Prng, enabled: ReadonlySet<FaultKind>, faultWi
     // it, the message still waits for the scan's records in its chat's queue (bounded by a lease).
     claimLagMs = backlog.int(20, Math.min(400, inbox.leaseMs / 4 - 50));
   }
+  // Durable steps, drawn from their own stream (the scenarios of existing seeds stay as they were).
+  const steps = rng.fork("steps");
+  if (steps.chance(0.75)) {
+    for (const m of messages) {
+      if (m.askTimeoutMs !== undefined || m.malformed || !steps.chance(0.5)) continue;
+      const retries = steps.weighted({ default: 3, none: 1, one: 1 });
+      m.step = { idempotent: steps.chance(0.5), ...(retries === "default" ? {} : { retries: retries === "none" ? 0 : 1 }) };
+    }
+  }
   return {
     replicas,
     chats,
@@ -305,5 +332,6 @@ export function describeScenario(s: Scenario): string {
     `${s.cronMs !== null ? `; no timers, bot.sweep() every ${s.cronMs}ms` : ""}` +
     `${s.crashLoop ? `; backlog of ${s.messages.filter((m) => m.slowMs !== undefined).length} slow messages through a crash loop of r${s.crashLoop.replica + 1} (${s.crashLoop.kills} kills)` : ""}` +
     `${s.claimLagMs !== null ? `; inbox claim scans answer ${s.claimLagMs}ms after they commit` : ""}` +
+    `${s.messages.some((m) => m.step) ? `; steps in ${s.messages.filter((m) => m.step).map((m) => `${m.id}${m.step!.idempotent ? " (idempotent)" : ""}`).join(", ")}` : ""}` +
     `${s.messages.some((m) => m.askTimeoutMs) ? `; asks timing out after ${s.messages.filter((m) => m.askTimeoutMs).map((m) => `${m.askTimeoutMs}ms`).join(", ")}` : ""}`;
 }

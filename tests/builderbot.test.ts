@@ -1,0 +1,368 @@
+// A real BuilderBot bot (@builderbot/bot 1.3) on DurableMetaProvider, driven through the fake WhatsApp
+// Cloud API (signed webhooks in, Graph API sends out): a capture flow of three questions, a redelivered
+// webhook, a restart mid-flow with new process objects (new flows, so new random BuilderBot refs) on the
+// same SQLite or file store, a crash of the handler after its sends, and BuilderBot's own HTTP server.
+import { afterAll, afterEach, describe, expect, test } from "bun:test";
+import { mkdirSync, rmSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { addKeyword, createBot, createFlow, EVENTS, utils } from "@builderbot/bot";
+import { type DurabilityBackend, MemoryDurability, MemoryStore, type SessionStore } from "../mod.ts";
+import { SQLiteStore } from "../backends/sqlite/mod.ts";
+import { FileDurability } from "../backends/file/mod.ts";
+import { bodyOf, DurableMetaProvider } from "../providers/builderbot/mod.ts";
+import { StableRefs } from "../providers/builderbot/refs.ts";
+import { FakeWhatsApp, inbound, makeWamid, webhookPayload } from "./support/fake_whatsapp.ts";
+
+const dir = join(tmpdir(), `botmesh-builderbot-tests-${crypto.randomUUID()}`);
+mkdirSync(dir, { recursive: true });
+afterAll(() => rmSync(dir, { recursive: true, force: true }));
+
+const TOKEN = "EAAG-test-access-token";
+const PHONE = "106540352242922";
+const SECRET = "app-secret-0123456789abcdef";
+const VERIFY = "verify-me-please";
+const USER = "16505551234";
+const USER2 = "16505550000";
+
+const fake = FakeWhatsApp.start({ accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET });
+afterAll(() => fake.close());
+
+const cleanups: (() => Promise<void> | void)[] = [];
+afterEach(async () => {
+  while (cleanups.length > 0) await cleanups.pop()!();
+});
+
+/** What the flows saw, per process: the answers each callback captured. */
+interface Seen {
+  captured: string[];
+  /** Set to make the callback of the n-th question throw once after its answer was captured (a crash). */
+  throwOnce?: string;
+}
+
+/** The shop's flows, made anew for each "process": BuilderBot's refs are random per definition. */
+function flows(seen: Seen) {
+  const welcome = addKeyword(EVENTS.WELCOME).addAnswer("Bienvenido: escribe pedido para comprar");
+  const order = addKeyword(["pedido"])
+    .addAnswer("¿Qué talla?", { capture: true }, async (ctx, { state }) => {
+      seen.captured.push(`size=${ctx.body}`);
+      await state.update({ size: ctx.body });
+    })
+    .addAnswer("¿Qué color?", { capture: true }, async (ctx, { state }) => {
+      seen.captured.push(`color=${ctx.body}`);
+      await state.update({ color: ctx.body });
+      if (seen.throwOnce === "color") {
+        seen.throwOnce = undefined;
+        throw new Error("crash after the colour was captured");
+      }
+    })
+    .addAnswer("¿Cuántas?", { capture: true }, async (ctx, { state, flowDynamic }) => {
+      seen.captured.push(`qty=${ctx.body}`);
+      await flowDynamic(`Pedido: talla ${state.get("size")}, color ${state.get("color")}, ${ctx.body} unidades`);
+    });
+  const media = addKeyword(EVENTS.MEDIA).addAction(async (ctx, { provider, flowDynamic }) => {
+    const file = await (provider as DurableMetaProvider).saveFile(ctx, { path: dir });
+    seen.captured.push(`file=${file}`);
+    await flowDynamic(`Imagen recibida (${ctx.caption ?? "sin texto"})`);
+  });
+  const cancel = addKeyword(["cancelar"]).addAnswer("¿Seguro?", { capture: true }, async (ctx, { endFlow }) => {
+    seen.captured.push(`sure=${ctx.body}`);
+    // endFlow sends its message without BuilderBot awaiting it: the handling still waits for it.
+    if (ctx.body === "sí") return endFlow("Pedido cancelado");
+  });
+  const register = addKeyword(utils.setEvent("REGISTRO")).addAnswer("¿Tu nombre?", { capture: true }, async (ctx, { flowDynamic }) => {
+    seen.captured.push(`name=${ctx.body}`);
+    await flowDynamic(`Registrado: ${ctx.body}`);
+  });
+  return createFlow([welcome, order, media, cancel, register]);
+}
+
+interface Harness {
+  provider: DurableMetaProvider;
+  bot: Awaited<ReturnType<typeof createBot>>;
+  hook: string;
+  seen: Seen;
+  dead: unknown[];
+  errors: unknown[];
+  stop(): Promise<void>;
+}
+
+async function harness(backend: DurabilityBackend, store: SessionStore, options: { serve?: "bun" | "builderbot" } = {}): Promise<Harness> {
+  const seen: Seen = { captured: [] };
+  const provider = new DurableMetaProvider({
+    whatsapp: { accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET, verifyToken: VERIFY, graphBase: fake.url, requestTimeoutMs: 2_000 },
+    durability: {
+      backend,
+      instanceId: "builderbot-test",
+      inbox: { retries: 3, backoff: { baseMs: 10, capMs: 40 } },
+      outbox: { retries: 4, backoff: { baseMs: 10, capMs: 40 }, rateLimit: { perChat: false } },
+    },
+    store,
+    settleMs: 10,
+  });
+  const dead: unknown[] = [];
+  const errors: unknown[] = [];
+  provider.onDurability("durability:dead", (d) => dead.push(d));
+  provider.onDurability("error", (e) => errors.push(e));
+  const bot = await createBot({ flow: flows(seen), provider, database: provider.database });
+  provider.attach(bot);
+  let hook: string;
+  let stopServer: () => void | Promise<void>;
+  if (options.serve === "builderbot") {
+    bot.httpServer(0);
+    await provider.start();
+    const app = provider.server as unknown as { server?: { listening: boolean; address(): { port: number } } };
+    // httpServer() starts the journal, then listens (BuilderBot does not wait for it).
+    while (app.server?.listening !== true) await new Promise((r) => setTimeout(r, 5));
+    hook = `http://127.0.0.1:${app.server.address().port}/webhook`;
+    stopServer = () => {};
+  } else {
+    await provider.start();
+    const server = Bun.serve({ hostname: "127.0.0.1", port: 0, fetch: provider.webhook });
+    hook = `http://127.0.0.1:${server.port}/webhook`;
+    stopServer = () => server.stop(true);
+  }
+  let stopped = false;
+  const h: Harness = {
+    provider,
+    bot,
+    hook,
+    seen,
+    dead,
+    errors,
+    async stop() {
+      if (stopped) return;
+      stopped = true;
+      await stopServer();
+      await provider.stop();
+    },
+  };
+  cleanups.push(() => h.stop());
+  return h;
+}
+
+/** The texts the fake received for `user`, in order, from attempt `since` on. */
+function textsTo(user: string, since = 0): string[] {
+  return fake.sent.slice(since).filter((a) => a.body.to === user).map((a) => a.body.text?.body ?? JSON.stringify(a.body));
+}
+
+/** Send one text the way Meta does and wait until the bot handled it. */
+async function say(h: Harness, user: string, text: string, id: string = makeWamid()): Promise<string> {
+  const statuses = await fake.deliver(h.hook, webhookPayload(PHONE, { messages: [inbound.text(user, text, id)], contacts: [{ wa_id: user, profile: { name: "Ana" } }] }));
+  expect(statuses.at(-1)).toBe(200);
+  await h.provider.idle();
+  return id;
+}
+
+const FLOW = ["¿Qué talla?", "¿Qué color?", "¿Cuántas?", "Pedido: talla M, color rojo, 2 unidades"];
+
+describe("BuilderBot on DurableMetaProvider", () => {
+  test("a capture flow of three questions: each answer is captured once, the replies are keyed by the message", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    const first = await say(h, USER, "hola");
+    expect(textsTo(USER, since)).toEqual(["Bienvenido: escribe pedido para comprar"]);
+    await say(h, USER, "pedido");
+    await say(h, USER, "M");
+    await say(h, USER, "rojo");
+    const last = await say(h, USER, "2");
+    expect(textsTo(USER, since).slice(1)).toEqual(FLOW);
+    expect(h.seen.captured).toEqual(["size=M", "color=rojo", "qty=2"]);
+    // The outbox keys are the inbound wamid and the send's number within its handling.
+    const keys = (await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key);
+    expect(keys).toContain(`${first}:1`);
+    expect(keys).toContain(`${last}:1`);
+    // The state was written with the last message's done mark.
+    expect(h.provider.state.getMyState(USER)()).toMatchObject({ size: "M", color: "rojo" });
+    expect(h.dead).toEqual([]);
+    expect(h.errors).toEqual([]);
+  });
+
+  test("a redelivered webhook is not run twice: the answer is captured once and the next question asked once", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    await say(h, USER2, "pedido");
+    const id = await say(h, USER2, "L");
+    // Meta delivers the same message again (its answer was lost, say), twice, then once more concurrently.
+    await say(h, USER2, "L", id);
+    await Promise.all([say(h, USER2, "L", id), say(h, USER2, "L", id)]);
+    expect(h.seen.captured).toEqual(["size=L"]);
+    expect(textsTo(USER2, since)).toEqual(["¿Qué talla?", "¿Qué color?"]);
+    await say(h, USER2, "azul");
+    expect(textsTo(USER2, since)).toEqual(["¿Qué talla?", "¿Qué color?", "¿Cuántas?"]);
+  });
+
+  for (const kind of ["sqlite", "file"] as const) {
+    test(`a restart mid-flow (${kind}): new process objects continue the flow with the right answers`, async () => {
+      const make = (): { backend: DurabilityBackend; store: SessionStore; close(): Promise<void> | void } => {
+        if (kind === "sqlite") {
+          const store = new SQLiteStore({ file: join(dir, "restart.db") });
+          return { backend: store.durability(), store, close: () => store.close() };
+        }
+        // The journal in a file of its own, the flow position and the state in SQLite.
+        const store = new SQLiteStore({ file: join(dir, "restart-state.db") });
+        return { backend: new FileDurability({ path: join(dir, "restart.journal") }), store, close: () => store.close() };
+      };
+      const since = fake.attempts.length;
+      const one = make();
+      const a = await harness(one.backend, one.store);
+      await say(a, USER, "pedido");
+      await say(a, USER, "M");
+      expect(textsTo(USER, since)).toEqual(["¿Qué talla?", "¿Qué color?"]);
+      await a.stop();
+      await one.close();
+
+      // A new process: new flows (other random refs), a new provider and bot, the same files.
+      const two = make();
+      const b = await harness(two.backend, two.store);
+      expect(b.provider.state.getMyState(USER)()).toBeUndefined(); // nothing in memory yet
+      await say(b, USER, "rojo");
+      await say(b, USER, "2");
+      expect(textsTo(USER, since)).toEqual(FLOW);
+      expect(b.seen.captured).toEqual(["color=rojo", "qty=2"]);
+      await b.stop();
+      await two.close();
+    });
+  }
+
+  test("a handling that throws after its sends runs again without sending twice, on the state from before it", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    await say(h, USER, "pedido");
+    await say(h, USER, "S");
+    h.seen.throwOnce = "color";
+    await say(h, USER, "verde");
+    // The first run captured the colour and threw: the second captured it again, from the same position.
+    expect(h.seen.captured).toEqual(["size=S", "color=verde", "color=verde"]);
+    await say(h, USER, "3");
+    expect(textsTo(USER, since)).toEqual(["¿Qué talla?", "¿Qué color?", "¿Cuántas?", "Pedido: talla S, color verde, 3 unidades"]);
+    expect(h.dead).toEqual([]);
+  });
+
+  test("bot.httpServer(port): the webhook is served by BuilderBot's server, signature checked on the raw body", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { serve: "builderbot" });
+    const since = fake.attempts.length;
+    const bad = await fake.post(h.hook, webhookPayload(PHONE, { messages: [inbound.text(USER2, "pedido")] }), { signature: "sha256=00" });
+    expect(bad.status).toBe(401);
+    const verify = await fetch(`${h.hook}?hub.mode=subscribe&hub.verify_token=${VERIFY}&hub.challenge=42`);
+    expect(await verify.text()).toBe("42");
+    await say(h, USER2, "pedido");
+    expect(textsTo(USER2, since)).toEqual(["¿Qué talla?"]);
+  });
+});
+
+describe("dispatch", () => {
+  test("bot.dispatch from an HTTP route is journaled: its flow runs from the inbox, its sends keyed by its record", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { serve: "builderbot" });
+    const since = fake.attempts.length;
+    h.provider.server.post(
+      "/v1/register",
+      h.bot.handleCtx(async (bot, req, res) => {
+        await bot!.dispatch("REGISTRO", { from: (req as unknown as { body: { number: string } }).body.number, name: "Ana" });
+        res.end("ok");
+      }),
+    );
+    const route = h.hook.replace("/webhook", "/v1/register");
+    const answer = await fetch(route, { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify({ number: USER }) });
+    expect(await answer.text()).toBe("ok");
+    await h.provider.idle();
+    expect(textsTo(USER, since)).toEqual(["¿Tu nombre?"]);
+    const records = await h.provider.durability.inbox.list({ limit: 100 });
+    const dispatched = records.find((r) => r.id.startsWith("bb-dispatch:"))!;
+    expect(dispatched.state).toBe("done");
+    expect((await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key)).toContain(`${dispatched.id}:1`);
+    await say(h, USER, "Ana");
+    expect(textsTo(USER, since)).toEqual(["¿Tu nombre?", "Registrado: Ana"]);
+    expect(h.seen.captured).toEqual(["name=Ana"]);
+  });
+
+  test("provider.dispatch resolves once the event is journaled; its flow runs from the inbox", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    expect(await h.provider.dispatch("REGISTRO", { from: `+${USER2}`, name: "Ana" }, { id: "req-1" })).toBe("admitted");
+    expect(await h.provider.dispatch("REGISTRO", { from: USER2, name: "Ana" }, { id: "req-1" })).toBe("duplicate"); // the request retried
+    expect((await h.provider.durability.inbox.list({ limit: 100 })).filter((r) => r.id.startsWith("bb-dispatch:")).map((r) => r.id)).toEqual(["bb-dispatch:req-1"]);
+    await h.provider.idle();
+    await say(h, USER2, "Luis");
+    expect(textsTo(USER2, since)).toEqual(["¿Tu nombre?", "Registrado: Luis"]);
+    await h.stop();
+    await expect(h.provider.dispatch("REGISTRO", { from: USER2 })).rejects.toThrow(/not started/);
+  });
+
+  test("a custom event's flow keeps its stable names although BuilderBot encrypts its keyword with a key of each start", () => {
+    // Two "processes": the same flow, its keyword encrypted under two keys (stood in for by two prefixes).
+    const step = (keyword: string) => ({ flowSerialize: [{ ref: `key_${keyword}`, keyword, options: {}, refSerialize: `rs-${keyword}` }] });
+    const one = new StableRefs(step("AAAA"), (k) => (k === "AAAA" ? "_event_custom_X_" : undefined));
+    const two = new StableRefs(step("BBBB"), (k) => (k === "BBBB" ? "_event_custom_X_" : undefined));
+    expect(two.decode(one.encode({ ref: "key_AAAA", refSerialize: "rs-AAAA" }))).toEqual({ ref: "key_BBBB", refSerialize: "rs-BBBB" });
+  });
+});
+
+describe("endFlow", () => {
+  test("endFlow's message (which BuilderBot does not await) is the handling's send; the flow is over after it", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    await say(h, USER2, "cancelar");
+    const id = await say(h, USER2, "sí");
+    await say(h, USER2, "hola");
+    expect(textsTo(USER2, since)).toEqual(["¿Seguro?", "Pedido cancelado", "Bienvenido: escribe pedido para comprar"]);
+    const entries = await h.provider.durability.outbox.list({ limit: 100 });
+    expect(entries.find((e) => e.key.startsWith(id))?.key).toBe(`${id}:1`);
+    expect(entries.filter((e) => !/^wamid\..+:\d+$/.test(e.key)).map((e) => e.key), "sends with a random key").toEqual([]);
+  });
+});
+
+describe("media", () => {
+  test("an image runs the EVENTS.MEDIA flow; saveFile downloads it again through the Graph API", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    const bytes = new Uint8Array([0x89, 0x50, 0x4e, 0x47, 1, 2, 3]);
+    const mediaId = await fake.addMedia(bytes, "image/png");
+    const payload = webhookPayload(PHONE, { messages: [inbound.media("image", USER2, { id: mediaId, mime_type: "image/png", caption: "mira" })] });
+    expect(await fake.deliver(h.hook, payload)).toEqual([200]);
+    await h.provider.idle();
+    expect(textsTo(USER2, since)).toEqual(["Imagen recibida (mira)"]);
+    const file = h.seen.captured[0]!.slice("file=".length);
+    expect(file.endsWith(".png")).toBe(true);
+    expect(new Uint8Array(await Bun.file(file).arrayBuffer())).toEqual(bytes);
+  });
+});
+
+describe("the pieces", () => {
+  test("stable refs: two definitions of the same flows name their steps alike", () => {
+    type Steps = { flowSerialize: { ref: string; refSerialize: string; keyword: string }[] };
+    const f1 = flows({ captured: [] }) as unknown as Steps;
+    const f2 = flows({ captured: [] }) as unknown as Steps;
+    const one = new StableRefs(f1);
+    const two = new StableRefs(f2);
+    expect(one.size).toBeGreaterThan(8);
+    for (const i of [0, 2, 3, 5]) {
+      const [s1, s2] = [f1.flowSerialize[i]!, f2.flowSerialize[i]!];
+      expect(s1.ref).not.toBe(s2.ref); // BuilderBot's refs are random per definition
+      const stored = one.encode({ ref: s1.ref, refSerialize: s1.refSerialize, keyword: s1.keyword, answer: "M", f: () => 1 });
+      expect(JSON.stringify(stored)).not.toContain(s1.ref);
+      expect(two.decode(stored)).toEqual({ ref: s2.ref, refSerialize: s2.refSerialize, keyword: s2.keyword, answer: "M" });
+      expect(one.decode(stored)).toEqual({ ref: s1.ref, refSerialize: s1.refSerialize, keyword: s1.keyword, answer: "M" });
+    }
+  });
+
+  test("bodies: media and locations become BuilderBot's event bodies, the same on every run", () => {
+    const image = { id: "wamid.1", chatId: USER, type: "image", extra: { waType: "image" } };
+    expect(bodyOf(image)).toMatch(/^_event_media__[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
+    expect(bodyOf(image)).toBe(bodyOf({ ...image }));
+    expect(bodyOf({ id: "wamid.2", chatId: USER, type: "location", text: "x", extra: { waType: "location" } })).toMatch(/^_event_location__/);
+    expect(bodyOf({ id: "wamid.3", chatId: USER, type: "interaction", interaction: { id: "b1", value: { kind: "button_reply", title: "Sí" } } })).toBe("Sí");
+  });
+
+  test("attach refuses a bot made with another database, and start() needs an attached bot", async () => {
+    const provider = new DurableMetaProvider({
+      whatsapp: { accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET, verifyToken: VERIFY, graphBase: fake.url },
+      durability: { backend: new MemoryDurability(), instanceId: "x" },
+      store: new MemoryStore(),
+    });
+    await expect(provider.start()).rejects.toThrow(/attach the bot first/);
+    const { MemoryDB } = await import("@builderbot/bot");
+    const bot = await createBot({ flow: flows({ captured: [] }), provider, database: new MemoryDB() });
+    expect(() => provider.attach(bot)).toThrow(/database/);
+  });
+});
