@@ -302,6 +302,13 @@ export class Steps {
           // An earlier run of this process gave it up before its call (its announcement unanswered): its
           // lease is still ours and nothing ran under it, so this run takes it up (no lapse into an ambiguity).
           const lease = this.#h.leases.hold("outbox", entry.key, entry.fence, -Infinity);
+          // What was read may be stale: a sweep of this process may have settled it since (an operator's
+          // requeue, settled as never run) and let its lease go. Held here now, it is looked at again.
+          const fresh = await outbox.get(entry.key).catch(() => null);
+          if (fresh?.state !== "sending" || fresh.fence !== entry.fence || (fresh.called && !this.#h.leases.givenUpUncalled(entry.key, entry.fence))) {
+            this.#h.leases.release("outbox", entry.key, lease.token);
+            continue;
+          }
           const outcome = await this.#call(request, entry, lease, n, failedCalls < retries);
           if ("value" in outcome) return outcome.value;
           failedCalls++;

@@ -86,7 +86,7 @@ class RawProvider extends MockProvider {
 }
 
 /** Fast settings for tests, scaled. */
-function fastDurability(backend: DurabilityBackend, scale: number, extra: Partial<DurabilityOptions> = {}) {
+export function fastDurability(backend: DurabilityBackend, scale: number, extra: Partial<DurabilityOptions> = {}): DurabilityOptions {
   const { inbox, outbox, ...rest } = extra;
   return {
     backend,
@@ -98,7 +98,8 @@ function fastDurability(backend: DurabilityBackend, scale: number, extra: Partia
   } satisfies DurabilityOptions;
 }
 
-function collect<K extends keyof BotEvents & string>(bot: Bot, event: K): BotEvents[K][] {
+/** Every payload of `event` the bot emits from now on. */
+export function collect<K extends keyof BotEvents & string>(bot: Bot, event: K): BotEvents[K][] {
   const seen: BotEvents[K][] = [];
   bot.on(event, (payload) => seen.push(payload));
   return seen;

@@ -5,10 +5,12 @@
  */
 import { type BackendConformanceOptions, runBackendContract } from "./conformance.ts";
 import { runBotConformance, runCrashMatrix } from "./conformance_bot.ts";
+import { runStepConformance } from "./conformance_steps.ts";
 
 /**
  * Registers the whole conformance suite for a backend: the journal contract,
- * the durability rules driven through a `Bot`, and the crash matrix. Every
+ * the durability rules driven through a `Bot`, the crash matrix, and durable
+ * steps (`ctx.step()`, with a crash matrix of their own). Every
  * backend of this library runs it; third-party backends can too.
  *
  * @param options name, `create`, the test runner's `describe`/`test`/`expect`, and optionally `reopen`, `cleanup`, `skip`,
@@ -30,4 +32,5 @@ export function runDurabilityConformance(options: BackendConformanceOptions): vo
   runBackendContract(options);
   runBotConformance(options);
   runCrashMatrix(options);
+  runStepConformance(options);
 }
