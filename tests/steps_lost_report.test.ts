@@ -1,8 +1,9 @@
 // A step cut off during its call is reported `durability:ambiguous` by the process whose scan makes it
-// `unknown`; when that process dies right after the scan's commit, before its report (found by
+// `unknown`, once. When that process dies right after the scan's commit, before its report (found by
 // tests/step_kill.test.ts: a restarted bot SIGKILLed during its recovery), the attempt is already
-// `unknown` for the next one, which no scan reports again. The run that dead-letters the message for
-// it reports it then (once per process), so a held step is never dead-lettered unreported.
+// `unknown` for the next one, which no scan reports again; the run that dead-letters the message then
+// says it in the message's dead letter (`durability:dead`, the StepAmbiguousError naming the attempt), so a
+// held step is never dead-lettered silently, and a step is never reported ambiguous twice.
 import { afterEach, expect, test } from "bun:test";
 import { Bot, MemoryDurability } from "../mod.ts";
 import type { DurabilityBackend } from "../src/contract.ts";
@@ -23,7 +24,7 @@ afterEach(async () => {
   for (const bot of running.splice(0)) await bot.stop().catch(() => {});
 });
 
-test("a step's ambiguity whose report died with the recovery that found it is reported by the run that dead-letters its message", async () => {
+test("a step's ambiguity whose report died with the recovery that found it is told by the message's dead letter", async () => {
   const shared = new MemoryDurability();
   const provider = new MockProvider();
   let calls = 0;
@@ -58,10 +59,12 @@ test("a step's ambiguity whose report died with the recovery that found it is re
   expect((await shared.outbox.get("m1:step:pay"))?.state).toBe("unknown");
   expect(reportsB).toEqual([]);
 
-  // C, the next restart: the rerun dead-letters the message, and reports the step.
+  // C, the next restart: the rerun dead-letters the message, naming the step's attempt.
   const botC = new Bot({ provider, durability: config(shared) });
   const reports: unknown[] = [];
+  const dead: { kind: string; id: string; error: string }[] = [];
   botC.on("durability:ambiguous", (e) => reports.push(e));
+  botC.on("durability:dead", (e) => dead.push(e));
   botC.on("error", () => {});
   botC.when(() => true, handler(null));
   running.push(botC);
@@ -71,6 +74,9 @@ test("a step's ambiguity whose report died with the recovery that found it is re
   const record = await shared.inbox.get("m1");
   expect(record?.state).toBe("dead");
   expect(record?.error ?? "").toStartWith("StepAmbiguousError");
-  expect(reports).toEqual([{ key: "m1:step:pay", chatId: "c1", step: "pay" }]);
+  expect(reports, "not reported a second time").toEqual([]);
+  expect(dead).toHaveLength(1);
+  expect(dead[0]).toMatchObject({ kind: "inbound", id: "m1" });
+  expect(dead[0]!.error).toStartWith('StepAmbiguousError: Step "pay" may have run without its result being recorded (outbox entry "m1:step:pay" is unknown)');
   expect(provider.sent).toEqual([]);
 });

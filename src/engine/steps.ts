@@ -289,12 +289,8 @@ export class Steps {
           this.#h.metrics.stepsReplayed++;
           throw new StepFailedError(name, key, entry.error ?? "failed");
         } else if (entry.state === "unknown") {
-          if (!idempotent) {
-            // Reported here too: the report of the scan that made it unknown is lost when that process died
-            // right after the scan's commit, and this run dead-letters the message. (Once per process.)
-            if (!this.#h.ambiguity.wasReported(entry.key, entry.fence)) this.#h.ambiguity.report(entry);
-            throw new StepAmbiguousError(name, key, entry.key);
-          }
+          // Not run again. (Reported once, by whoever made it unknown; the message's dead letter names it too.)
+          if (!idempotent) throw new StepAmbiguousError(name, key, entry.key);
           // Safe to run again: the cut-off attempt is settled as superseded (so its alert closes, and a late
           // outcome of it can no longer stand for the step), then the next attempt runs.
           if (!await this.#supersede(request, entry)) continue;

@@ -264,6 +264,8 @@ export async function runConsoleCommand(
   }
   let server: ServedConsole | undefined;
   const served = args.noAuth ? loopbackOnly(handler, () => server?.port) : handler;
+  // Listening for the stop signal before serving: a SIGTERM right after the address is printed stops it cleanly.
+  const shutdown = options.untilShutdown();
   try {
     server = await options.serve(served, { port: args.port, hostname: args.host });
   } catch (error) {
@@ -276,7 +278,7 @@ export async function runConsoleCommand(
     `botmesh-durable console: serving ${opened.description} ${args.noAuth ? "without sign-in (loopback only)" : `for user ${JSON.stringify(user)}`}; stop with Ctrl-C\n`,
   );
   await io.stdout(`http://${host}:${server.port}${args.basePath}/\n`);
-  await options.untilShutdown();
+  await shutdown;
   await server.close().catch(() => {});
   await opened.close().catch(async (error) => {
     await io.stderr(`botmesh-durable console: warning: closing ${opened.description} failed: ${errorMessage(error)}\n`);
