@@ -233,11 +233,12 @@ function decodeValue(json: JsonValue): unknown {
  * idempotency key carries different content; not a security measure.
  *
  * @param text the text
+ * @param seed another seed gives another hash of the same text (default 0)
  * @returns 14 hex digits
  */
-export function hashText(text: string): string {
-  let h1 = 0xdeadbeef;
-  let h2 = 0x41c6ce57;
+export function hashText(text: string, seed = 0): string {
+  let h1 = 0xdeadbeef ^ seed;
+  let h2 = 0x41c6ce57 ^ seed;
   for (let i = 0; i < text.length; i++) {
     const ch = text.charCodeAt(i);
     h1 = Math.imul(h1 ^ ch, 2654435761);

@@ -15,24 +15,14 @@
  * @module
  */
 import { isObj, type Obj } from "../telegram/values.ts";
+import { hashText } from "../../src/content.ts";
 
 /** Marks a stored ref (`\u0001r:<stable>`) and a stored refSerialize (`\u0001s:<stable>`). */
 const REF = "\u0001r:";
 const SERIAL = "\u0001s:";
 
-/** A 53-bit string hash (cyrb53), as 14 hex digits: a short fingerprint of a step's text. */
-export function fingerprint(text: string, seed = 0): string {
-  let h1 = 0xdeadbeef ^ seed;
-  let h2 = 0x41c6ce57 ^ seed;
-  for (let i = 0; i < text.length; i++) {
-    const ch = text.charCodeAt(i);
-    h1 = Math.imul(h1 ^ ch, 2654435761);
-    h2 = Math.imul(h2 ^ ch, 1597334677);
-  }
-  h1 = Math.imul(h1 ^ (h1 >>> 16), 2246822507) ^ Math.imul(h2 ^ (h2 >>> 13), 3266489909);
-  h2 = Math.imul(h2 ^ (h2 >>> 16), 2246822507) ^ Math.imul(h1 ^ (h1 >>> 13), 3266489909);
-  return (4294967296 * (2097151 & h2) + (h1 >>> 0)).toString(16).padStart(14, "0");
-}
+/** A short fingerprint of a step's text (14 hex digits; `seed` gives another one of the same text). */
+export const fingerprint: (text: string, seed?: number) => string = hashText;
 
 /**
  * BuilderBot's event keywords (`EVENTS.WELCOME`, `EVENTS.MEDIA`, …) are made random at each start

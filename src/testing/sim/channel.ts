@@ -133,14 +133,6 @@ export class SimChannel {
   }
 }
 
-type Outcome =
-  | "ok"
-  | "provider-timeout"
-  | "provider-transient"
-  | "provider-permanent"
-  | "provider-retry-after"
-  | "provider-crash";
-
 /** One incarnation's view of the channel. */
 export class SimProvider implements Provider {
   readonly name = "sim";
@@ -246,26 +238,7 @@ export class SimProvider implements Provider {
       acceptedIndex: null,
     };
     ledger.calls.push(call);
-    let outcome: Outcome = "ok";
-    let latency = world.plan.int(1, 40);
-    if (world.faultsActive && world.plan.chance(world.providerFaultRate)) {
-      const picked = world.plan.weighted({
-        "provider-timeout": world.can("provider-timeout") ? 2 : 0,
-        "provider-transient": world.can("provider-transient") ? 2 : 0,
-        "provider-permanent": world.can("provider-permanent") ? 0.5 : 0,
-        "provider-retry-after": world.can("provider-retry-after") ? 1 : 0,
-        "provider-slow": world.can("provider-slow") ? 2 : 0,
-        "provider-crash": world.can("provider-crash") ? 0.7 : 0,
-        ok: 0.001,
-      });
-      if (picked === "provider-slow") {
-        latency = world.plan.int(Math.floor(world.leaseMs / 3), Math.floor(world.leaseMs * 2.5));
-        world.count(latency > world.leaseMs ? "provider-slow(>lease)" : "provider-slow");
-      } else {
-        outcome = picked;
-        if (picked !== "ok") world.count(picked);
-      }
-    }
+    const { outcome, latency } = world.pickCallFault("provider");
     world.log(inc.id, `provider call #${call.n} ${key} t${token ?? "?"} attempt ${context.attempt}${outcome !== "ok" ? ` [${outcome}]` : ""}${latency > 100 ? ` (${latency}ms)` : ""}`);
     this.#channel.callsInFlight++;
     const accept = () => {

@@ -58,26 +58,7 @@ export async function callService(world: World, inc: Incarnation, stepKey: strin
     result: null,
   };
   ledger.stepCalls.push(record);
-  let outcome = "ok";
-  let latency = world.plan.int(1, 40);
-  if (world.faultsActive && world.plan.chance(world.providerFaultRate)) {
-    const picked = world.plan.weighted({
-      "provider-timeout": world.can("provider-timeout") ? 2 : 0,
-      "provider-transient": world.can("provider-transient") ? 2 : 0,
-      "provider-permanent": world.can("provider-permanent") ? 0.5 : 0,
-      "provider-retry-after": world.can("provider-retry-after") ? 1 : 0,
-      "provider-slow": world.can("provider-slow") ? 2 : 0,
-      "provider-crash": world.can("provider-crash") ? 0.7 : 0,
-      ok: 0.001,
-    });
-    if (picked === "provider-slow") {
-      latency = world.plan.int(Math.floor(world.leaseMs / 3), Math.floor(world.leaseMs * 2.5));
-      world.count(latency > world.leaseMs ? "step-slow(>lease)" : "step-slow");
-    } else {
-      outcome = picked;
-      if (picked !== "ok") world.count(picked.replace(/^provider-/, "step-"));
-    }
-  }
+  const { outcome, latency } = world.pickCallFault("step");
   const where = `step call #${record.n} ${stepKey} (${held ? `${held.attempt} t${held.token}` : "no attempt"}, attempt ${call.attempt}${
     idempotent ? ", idempotent" : ""
   })`;

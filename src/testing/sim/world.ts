@@ -63,6 +63,9 @@ export interface Replica {
 }
 
 /** The world of one run. */
+/** What an outside call of the simulation does: succeed, or one of the provider faults. */
+export type CallFault = "ok" | "provider-timeout" | "provider-transient" | "provider-permanent" | "provider-retry-after" | "provider-crash";
+
 export class World {
   readonly sched: SimScheduler;
   /** Fault-plan decisions made while the run goes on. */
@@ -113,6 +116,34 @@ export class World {
 
   can(kind: FaultKind): boolean {
     return this.faultsActive && this.enabled.has(kind) && (kind !== "crash" && kind !== "provider-crash" || this.crashes < this.maxCrashes);
+  }
+
+  /**
+   * The fault of one outside call (a provider send, a step's call to the fake service) and its latency,
+   * drawn from the plan; counted under `<prefix>-<kind>`.
+   */
+  pickCallFault(prefix: "provider" | "step"): { outcome: CallFault; latency: number } {
+    let outcome: CallFault = "ok";
+    let latency = this.plan.int(1, 40);
+    if (this.faultsActive && this.plan.chance(this.providerFaultRate)) {
+      const picked = this.plan.weighted({
+        "provider-timeout": this.can("provider-timeout") ? 2 : 0,
+        "provider-transient": this.can("provider-transient") ? 2 : 0,
+        "provider-permanent": this.can("provider-permanent") ? 0.5 : 0,
+        "provider-retry-after": this.can("provider-retry-after") ? 1 : 0,
+        "provider-slow": this.can("provider-slow") ? 2 : 0,
+        "provider-crash": this.can("provider-crash") ? 0.7 : 0,
+        ok: 0.001,
+      });
+      if (picked === "provider-slow") {
+        latency = this.plan.int(Math.floor(this.leaseMs / 3), Math.floor(this.leaseMs * 2.5));
+        this.count(latency > this.leaseMs ? `${prefix}-slow(>lease)` : `${prefix}-slow`);
+      } else {
+        outcome = picked;
+        if (picked !== "ok") this.count(picked.replace(/^provider-/, `${prefix}-`));
+      }
+    }
+    return { outcome, latency };
   }
 
   addReplica(name: string, random: Prng): Replica {
