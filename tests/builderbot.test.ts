@@ -90,7 +90,7 @@ interface Harness {
 async function harness(
   backend: DurabilityBackend,
   store: SessionStore,
-  options: { serve?: "bun" | "builderbot"; flow?: ReturnType<typeof createFlow> } = {},
+  options: { serve?: "bun" | "builderbot"; flow?: ReturnType<typeof createFlow>; args?: Parameters<typeof createBot>[1] } = {},
 ): Promise<Harness> {
   const seen: Seen = { captured: [] };
   const provider = new DurableMetaProvider({
@@ -108,7 +108,7 @@ async function harness(
   const errors: unknown[] = [];
   provider.onDurability("durability:dead", (d) => dead.push(d));
   provider.onDurability("error", (e) => errors.push(e));
-  const bot = await createBot({ flow: options.flow ?? flows(seen), provider, database: provider.database });
+  const bot = await createBot({ flow: options.flow ?? flows(seen), provider, database: provider.database }, options.args);
   provider.attach(bot);
   let hook: string;
   let stopServer: () => void | Promise<void>;
@@ -526,5 +526,38 @@ describe("review fixes", () => {
     expect(textsTo(USER2, since)).toEqual(["Enlace de pago enviado"]);
     const dispatched = (await h.provider.durability.inbox.list({ limit: 100 })).filter((r) => r.id.startsWith("bb-dispatch:")).map((r) => r.id);
     expect(dispatched).toEqual([`bb-dispatch:${id}:dispatch:1`]);
+  });
+
+  test("a callback slower than BuilderBot's queue timeout is still the handling's: it ends after the callback's send and state", async () => {
+    const flow = createFlow([
+      addKeyword(EVENTS.WELCOME).addAnswer("hi"),
+      addKeyword("pregunta").addAction(async (_ctx, { flowDynamic, state }) => {
+        await new Promise((r) => setTimeout(r, 300)); // the work (a model's call), longer than the queue timeout
+        await state.update({ answered: true });
+        await flowDynamic("respuesta del modelo");
+      }),
+    ]);
+    const store = new MemoryStore();
+    const h = await harness(new MemoryDurability(), store, { flow, args: { queue: { timeout: 50, concurrencyLimit: 15 } } });
+    const since = fake.attempts.length;
+    const id = await say(h, USER, "pregunta");
+    expect((await h.provider.durability.inbox.get(id))?.state).toBe("done");
+    expect(textsTo(USER, since)).toEqual(["respuesta del modelo"]);
+    expect((await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key)).toContain(`${id}:1`);
+    expect(((await store.get(`builderbot:state:${USER}`)) as { v?: Record<string, unknown> } | undefined)?.v?.answered).toBe(true);
+  });
+
+  test("an unawaited flowDynamic held back by BuilderBot's delay is still the handling's send", async () => {
+    const flow = createFlow([
+      addKeyword(EVENTS.WELCOME).addAnswer("hi"),
+      addKeyword("info").addAction(async (_ctx, { flowDynamic }) => {
+        void flowDynamic("aquí tienes la info");
+      }),
+    ]);
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { flow, args: { delay: 150 } });
+    const since = fake.attempts.length;
+    const id = await say(h, USER2, "info");
+    expect(textsTo(USER2, since)).toEqual(["aquí tienes la info"]);
+    expect((await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key)).toEqual([`${id}:1`]);
   });
 });

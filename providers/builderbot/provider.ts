@@ -352,7 +352,41 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     this.#refs = new StableRefs(bot.flowClass, customEventOf);
     // BuilderBot reads `this.stateHandler` at each message: an own property of this bot, nothing global.
     bot.stateHandler = this.state;
+    this.#wrapCallbacks(bot.flowClass as FlowClassLike & { allCallbacks?: unknown });
     return bot;
+  }
+
+  /**
+   * Each step's callback of the bot counts, while it runs, as work of the handling it runs for, and so
+   * do the `flowDynamic`, `endFlow`, `fallBack` and `gotoFlow` it calls (awaited or not: BuilderBot's
+   * `delay` holds their sends back): the handling does not end before them, although BuilderBot's
+   * queue timeout resolves `handleMsg` earlier.
+   */
+  #wrapCallbacks(flowClass: { allCallbacks?: unknown }): void {
+    const callbacks = flowClass.allCallbacks;
+    if (!isObj(callbacks)) return;
+    const table = callbacks as Record<string, unknown>;
+    for (const [ref, callback] of Object.entries(table)) {
+      if (typeof callback !== "function") continue;
+      table[ref] = (ctx: unknown, args: unknown) => {
+        const from = isObj(ctx) && typeof ctx.from === "string" ? ctx.from : undefined;
+        const run = from === undefined ? this.#currentRun() : (this.#runFor(from) ?? this.#currentRun());
+        if (run === undefined || !isObj(args)) return (callback as (c: unknown, a: unknown) => unknown)(ctx, args);
+        const tracked: Record<string, unknown> = { ...args };
+        for (const name of ["flowDynamic", "endFlow", "fallBack", "gotoFlow"]) {
+          const fn = args[name];
+          if (typeof fn !== "function") continue;
+          tracked[name] = (...a: unknown[]) => {
+            const result = (fn as (...a: unknown[]) => unknown)(...a);
+            if (result instanceof Promise) void this.#track(run, result).catch(() => {});
+            return result;
+          };
+        }
+        const result = (callback as (c: unknown, a: unknown) => unknown)(ctx, tracked);
+        if (result instanceof Promise) void this.#track(run, result).catch(() => {});
+        return result;
+      };
+    }
   }
 
   /**
