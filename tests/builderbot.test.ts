@@ -560,4 +560,16 @@ describe("review fixes", () => {
     expect(textsTo(USER2, since)).toEqual(["aquí tienes la info"]);
     expect((await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key)).toEqual([`${id}:1`]);
   });
+
+  test("options: settleMs above a timer's limit, and a name or port of the wrong type, are refused naming the option", () => {
+    const base = {
+      whatsapp: { accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET, verifyToken: VERIFY, graphBase: fake.url },
+      durability: { backend: new MemoryDurability(), instanceId: "x" },
+      store: new MemoryStore(),
+    };
+    expect(() => new DurableMetaProvider({ ...base, settleMs: 2 ** 31 })).toThrow(RangeError);
+    expect(() => new DurableMetaProvider({ ...base, settleMs: 2 ** 31 })).toThrow(/settleMs/);
+    expect(() => new DurableMetaProvider({ ...base, name: 42 as unknown as string })).toThrow(/Option "name"/);
+    expect(() => new DurableMetaProvider({ ...base, port: "3000" as unknown as number })).toThrow(/Option "port"/);
+  });
 });

@@ -291,9 +291,16 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     if (typeof settle !== "number" || !(settle >= 0) || !Number.isFinite(settle)) {
       throw new TypeError(`Option "settleMs" must be a non-negative number, got ${show(settle)}`);
     }
+    if (settle > 2 ** 31 - 1) throw new RangeError(`Option "settleMs" must be at most ${2 ** 31 - 1} (a timer's limit), got ${settle}`);
     this.#settleMs = settle;
     const path = options.webhookPath ?? "/webhook";
     if (typeof path !== "string" || !path.startsWith("/")) throw new TypeError(`Option "webhookPath" must be a path starting with "/", got ${show(path)}`);
+    if (options.name !== undefined && (typeof options.name !== "string" || options.name === "")) {
+      throw new TypeError(`Option "name" must be a non-empty string, got ${show(options.name)}`);
+    }
+    if (options.port !== undefined && (typeof options.port !== "number" || !Number.isInteger(options.port) || options.port < 0 || options.port > 65535)) {
+      throw new TypeError(`Option "port" must be an integer from 0 to 65535, got ${show(options.port)}`);
+    }
     this.globalVendorArgs = { name: options.name ?? "bot", writeMyself: "none", webhookPath: path };
     if (options.port !== undefined) this.globalVendorArgs.port = options.port;
     this.whatsapp = new WhatsAppProvider(options.whatsapp);
