@@ -87,7 +87,11 @@ interface Harness {
   stop(): Promise<void>;
 }
 
-async function harness(backend: DurabilityBackend, store: SessionStore, options: { serve?: "bun" | "builderbot" } = {}): Promise<Harness> {
+async function harness(
+  backend: DurabilityBackend,
+  store: SessionStore,
+  options: { serve?: "bun" | "builderbot"; flow?: ReturnType<typeof createFlow>; args?: Parameters<typeof createBot>[1] } = {},
+): Promise<Harness> {
   const seen: Seen = { captured: [] };
   const provider = new DurableMetaProvider({
     whatsapp: { accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET, verifyToken: VERIFY, graphBase: fake.url, requestTimeoutMs: 2_000 },
@@ -104,7 +108,7 @@ async function harness(backend: DurabilityBackend, store: SessionStore, options:
   const errors: unknown[] = [];
   provider.onDurability("durability:dead", (d) => dead.push(d));
   provider.onDurability("error", (e) => errors.push(e));
-  const bot = await createBot({ flow: flows(seen), provider, database: provider.database });
+  const bot = await createBot({ flow: options.flow ?? flows(seen), provider, database: provider.database }, options.args);
   provider.attach(bot);
   let hook: string;
   let stopServer: () => void | Promise<void>;
@@ -364,5 +368,208 @@ describe("the pieces", () => {
     const { MemoryDB } = await import("@builderbot/bot");
     const bot = await createBot({ flow: flows({ captured: [] }), provider, database: new MemoryDB() });
     expect(() => provider.attach(bot)).toThrow(/database/);
+  });
+});
+
+/** Wait (polling) until `condition` holds: a condition, not a fixed delay, is what the tests wait for. */
+async function until(condition: () => boolean, what: string, timeoutMs = 10_000): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (!condition()) {
+    if (Date.now() > deadline) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
+/** Deliver a text the way Meta does, without waiting for its handling. */
+async function deliver(h: Harness, user: string, text: string, id: string = makeWamid()): Promise<string> {
+  const statuses = await fake.deliver(h.hook, webhookPayload(PHONE, { messages: [inbound.text(user, text, id)], contacts: [{ wa_id: user, profile: { name: "Ana" } }] }));
+  expect(statuses.at(-1)).toBe(200);
+  return id;
+}
+
+describe("review fixes", () => {
+  test("bot.sendMessage from BuilderBot's /v1/messages route sends (BuilderBot passes it unbound)", async () => {
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { serve: "builderbot" });
+    const since = fake.attempts.length;
+    h.provider.server.post(
+      "/v1/messages",
+      h.bot.handleCtx(async (bot, req, res) => {
+        const { number, message, urlMedia } = (req as unknown as { body: { number: string; message: string; urlMedia?: string } }).body;
+        await bot!.sendMessage(number, message, { media: urlMedia ?? null });
+        return res.end("sended");
+      }),
+    );
+    const answer = await fetch(h.hook.replace("/webhook", "/v1/messages"), {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify({ number: USER, message: "hola desde la API" }),
+    });
+    expect(answer.status).toBe(200);
+    expect(await answer.text()).toBe("sended");
+    await h.provider.idle();
+    expect(textsTo(USER, since)).toEqual(["hola desde la API"]);
+  });
+
+  test("a reaction (and a system or unsupported message) is not given to the flows: a 👍 does not answer a question", async () => {
+    expect(bodyOf({ id: "wamid.r", chatId: USER, type: "reaction", text: "👍", extra: { waType: "reaction" } })).toBe("");
+    expect(bodyOf({ id: "wamid.s", chatId: USER, type: "system", text: "changed number", extra: { waType: "system" } })).toBe("");
+    expect(bodyOf({ id: "wamid.u", chatId: USER, type: "unsupported", text: "x", extra: { waType: "unsupported" } })).toBe("");
+    const h = await harness(new MemoryDurability(), new MemoryStore());
+    const since = fake.attempts.length;
+    await say(h, USER2, "pedido");
+    await fake.deliver(h.hook, webhookPayload(PHONE, { messages: [inbound.other(USER2, "reaction", { message_id: "wamid.prev", emoji: "👍" })] }));
+    await h.provider.idle();
+    expect(textsTo(USER2, since)).toEqual(["¿Qué talla?"]);
+    expect(h.seen.captured).toEqual([]);
+    await say(h, USER2, "M");
+    expect(h.seen.captured).toEqual(["size=M"]);
+    expect(textsTo(USER2, since)).toEqual(["¿Qué talla?", "¿Qué color?"]);
+  });
+
+  test("a route's state(number).update after a restart keeps the stored answers (merged with the store, not the empty memory)", async () => {
+    const backend = new MemoryDurability();
+    const store = new MemoryStore();
+    const a = await harness(backend, store);
+    const since = fake.attempts.length;
+    await say(a, USER, "pedido");
+    await say(a, USER, "M");
+    await a.stop();
+    const b = await harness(backend, store, { serve: "builderbot" });
+    b.provider.server.post(
+      "/vip",
+      b.bot.handleCtx(async (bot, _req, res) => {
+        await bot!.state(USER).update({ vip: true });
+        res.end("ok");
+      }),
+    );
+    expect(await (await fetch(b.hook.replace("/webhook", "/vip"), { method: "POST" })).text()).toBe("ok");
+    await b.provider.idle();
+    expect(b.provider.state.getMyState(USER)()).toMatchObject({ size: "M", vip: true });
+    await say(b, USER, "rojo");
+    await say(b, USER, "2");
+    expect(textsTo(USER, since)).toEqual(FLOW);
+    expect(b.provider.state.getMyState(USER)()).toMatchObject({ size: "M", color: "rojo", vip: true });
+  });
+
+  test("a dead-lettered handling's state change stays out of memory: a later route update does not persist it", async () => {
+    const flow = createFlow([
+      addKeyword(EVENTS.WELCOME).addAnswer("hi"),
+      addKeyword("pedido").addAnswer("¿Qué talla?", { capture: true }, async (ctx, { state }) => {
+        await state.update({ size: ctx.body });
+        throw new Error("stock API down");
+      }),
+    ]);
+    const store = new MemoryStore();
+    const h = await harness(new MemoryDurability(), store, { flow });
+    await say(h, USER2, "pedido");
+    await deliver(h, USER2, "XL");
+    await until(() => h.dead.length === 1, "the dead letter");
+    await h.provider.idle();
+    expect(h.provider.state.getMyState(USER2)()?.size).toBeUndefined();
+    await h.provider.state.updateState({ from: USER2 })({ vip: true });
+    await h.provider.idle();
+    const stored = (await store.get(`builderbot:state:${USER2}`)) as { v?: Record<string, unknown> } | undefined;
+    expect(stored?.v?.vip).toBe(true);
+    expect(stored?.v?.size).toBeUndefined();
+  });
+
+  test("a flow's notice to another chat, while that chat's message is handled, is keyed by the flow's own message", async () => {
+    const ADMIN = "16505559999";
+    let reports = 0;
+    let release!: () => void;
+    const gate = new Promise<void>((r) => (release = r));
+    const flow = createFlow([
+      addKeyword(EVENTS.WELCOME).addAnswer("hi"),
+      addKeyword("pedido").addAction(async (ctx, { provider, flowDynamic }) => {
+        await (provider as DurableMetaProvider).sendMessage(ADMIN, `nuevo pedido de ${ctx.from}`, {});
+        await flowDynamic("gracias");
+      }),
+      addKeyword("informe").addAction(async (_ctx, { flowDynamic }) => {
+        reports++;
+        await gate;
+        if (reports === 1) throw new Error("transient failure");
+        await flowDynamic("informe listo");
+      }),
+    ]);
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { flow });
+    const since = fake.attempts.length;
+    const adminId = await deliver(h, ADMIN, "informe");
+    await until(() => reports === 1, "the admin's handling to start");
+    const userId = await deliver(h, USER, "pedido");
+    await until(() => textsTo(USER, since).length === 1, "the user's reply");
+    release();
+    await h.provider.idle();
+    expect(textsTo(USER, since)).toEqual(["gracias"]);
+    expect(textsTo(ADMIN, since).sort()).toEqual(["informe listo", `nuevo pedido de ${USER}`]);
+    const entries = await h.provider.durability.outbox.list({ limit: 100 });
+    const key = (text: string) => entries.find((e) => JSON.stringify(e.content) === JSON.stringify(text))?.key;
+    expect(key(`nuevo pedido de ${USER}`)?.startsWith(`${userId}:`)).toBe(true);
+    expect(key("informe listo")?.startsWith(`${adminId}:`)).toBe(true);
+    expect(h.dead).toEqual([]);
+  });
+
+  test("a dispatch made in a handling is keyed by it: a rerun of the handling does not dispatch again", async () => {
+    let runs = 0;
+    const flow = createFlow([
+      addKeyword(EVENTS.WELCOME).addAnswer("hi"),
+      addKeyword("pagar").addAction(async (ctx, { provider }) => {
+        (provider as DurableMetaProvider).dispatchInside({ from: ctx.from, name: "Ana", body: utils.setEvent("PAGO") });
+        if (++runs === 1) throw new Error("transient error after the dispatch");
+      }),
+      addKeyword(utils.setEvent("PAGO")).addAnswer("Enlace de pago enviado"),
+    ]);
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { flow });
+    const since = fake.attempts.length;
+    const id = await say(h, USER2, "pagar");
+    await until(() => runs === 2, "the rerun");
+    await h.provider.idle();
+    expect(textsTo(USER2, since)).toEqual(["Enlace de pago enviado"]);
+    const dispatched = (await h.provider.durability.inbox.list({ limit: 100 })).filter((r) => r.id.startsWith("bb-dispatch:")).map((r) => r.id);
+    expect(dispatched).toEqual([`bb-dispatch:${id}:dispatch:1`]);
+  });
+
+  test("a callback slower than BuilderBot's queue timeout is still the handling's: it ends after the callback's send and state", async () => {
+    const flow = createFlow([
+      addKeyword(EVENTS.WELCOME).addAnswer("hi"),
+      addKeyword("pregunta").addAction(async (_ctx, { flowDynamic, state }) => {
+        await new Promise((r) => setTimeout(r, 300)); // the work (a model's call), longer than the queue timeout
+        await state.update({ answered: true });
+        await flowDynamic("respuesta del modelo");
+      }),
+    ]);
+    const store = new MemoryStore();
+    const h = await harness(new MemoryDurability(), store, { flow, args: { queue: { timeout: 50, concurrencyLimit: 15 } } });
+    const since = fake.attempts.length;
+    const id = await say(h, USER, "pregunta");
+    expect((await h.provider.durability.inbox.get(id))?.state).toBe("done");
+    expect(textsTo(USER, since)).toEqual(["respuesta del modelo"]);
+    expect((await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key)).toContain(`${id}:1`);
+    expect(((await store.get(`builderbot:state:${USER}`)) as { v?: Record<string, unknown> } | undefined)?.v?.answered).toBe(true);
+  });
+
+  test("an unawaited flowDynamic held back by BuilderBot's delay is still the handling's send", async () => {
+    const flow = createFlow([
+      addKeyword(EVENTS.WELCOME).addAnswer("hi"),
+      addKeyword("info").addAction(async (_ctx, { flowDynamic }) => {
+        void flowDynamic("aquí tienes la info");
+      }),
+    ]);
+    const h = await harness(new MemoryDurability(), new MemoryStore(), { flow, args: { delay: 150 } });
+    const since = fake.attempts.length;
+    const id = await say(h, USER2, "info");
+    expect(textsTo(USER2, since)).toEqual(["aquí tienes la info"]);
+    expect((await h.provider.durability.outbox.list({ limit: 100 })).map((e) => e.key)).toEqual([`${id}:1`]);
+  });
+
+  test("options: settleMs above a timer's limit, and a name or port of the wrong type, are refused naming the option", () => {
+    const base = {
+      whatsapp: { accessToken: TOKEN, phoneNumberId: PHONE, appSecret: SECRET, verifyToken: VERIFY, graphBase: fake.url },
+      durability: { backend: new MemoryDurability(), instanceId: "x" },
+      store: new MemoryStore(),
+    };
+    expect(() => new DurableMetaProvider({ ...base, settleMs: 2 ** 31 })).toThrow(RangeError);
+    expect(() => new DurableMetaProvider({ ...base, settleMs: 2 ** 31 })).toThrow(/settleMs/);
+    expect(() => new DurableMetaProvider({ ...base, name: 42 as unknown as string })).toThrow(/Option "name"/);
+    expect(() => new DurableMetaProvider({ ...base, port: "3000" as unknown as number })).toThrow(/Option "port"/);
   });
 });

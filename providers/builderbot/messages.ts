@@ -63,6 +63,8 @@ function uuidOf(id: string): string {
 export function bodyOf(message: InboundMessage): string {
   const extra = isObj(message.extra) ? message.extra : {};
   const waType = typeof extra.waType === "string" ? extra.waType : message.type;
+  // provider-meta gives the flows none of these: a 👍 must not answer a question.
+  if (waType === "reaction" || waType === "system" || waType === "unsupported") return "";
   const event = EVENT_OF[waType];
   if (event !== undefined) return `${event}_${uuidOf(message.id)}`;
   if (message.type === "interaction" && message.interaction !== undefined) {

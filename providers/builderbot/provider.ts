@@ -23,6 +23,7 @@ import type { JsonValue } from "../../src/contract.ts";
 import { type LoadedMedia, loadMediaOf } from "../../src/media.ts";
 import type { InboundMessage, InboundSink, Provider } from "../../src/provider.ts";
 import { randomId } from "../../src/runtime/mod.ts";
+import { type AsyncContext, createAsyncContext } from "../../src/runtime/async_context.ts";
 import { writeFileAtomic } from "../../src/runtime/fs.ts";
 import type { BotEvents, DurabilityControl, SendResult } from "../../src/engine.ts";
 import { checkKnownOptions } from "../../src/options.ts";
@@ -93,6 +94,8 @@ interface Run extends StorageRun {
   prev: JsonValue | undefined;
   prevChanged: boolean;
   stateChanged: boolean;
+  /** The dispatches made by the run so far (their ids are `<run id>:dispatch:<n>`). */
+  dispatches: number;
 }
 
 /** The BuilderBot database (`createBot({ database })`) of a {@link DurableMetaProvider}: see `provider.database`. */
@@ -146,8 +149,7 @@ export class DurableBuilderBotState {
   }
 
   updateState: (ctx?: { from: string }) => (keyValue: StateValue) => Promise<void> = (ctx = { from: "" }) => (keyValue) => {
-    this.STATE.set(ctx.from, { ...this.STATE.get(ctx.from), ...keyValue });
-    return this.#host.stateChanged(ctx.from);
+    return this.#host.changeState(ctx.from, keyValue);
   };
 
   getMyState: (from: string) => () => StateValue | undefined = (from) => () => this.STATE.get(from);
@@ -165,15 +167,13 @@ export class DurableBuilderBotState {
   getAllState: () => IterableIterator<StateValue> = () => this.STATE.values();
 
   clear: (from: string) => () => boolean = (from) => () => {
-    const had = this.STATE.delete(from);
-    void this.#host.stateChanged(from);
+    const had = this.STATE.has(from);
+    void this.#host.changeState(from, null).catch(() => {});
     return had;
   };
 
   clearAll: () => void = () => {
-    const chats = [...this.STATE.keys()];
-    this.STATE.clear();
-    for (const from of chats) void this.#host.stateChanged(from);
+    for (const from of [...this.STATE.keys()]) void this.#host.changeState(from, null).catch(() => {});
   };
 
   /** Set what the store holds for `from` (a message's handling starts). */
@@ -188,6 +188,9 @@ function jsonOf(value: unknown): JsonValue | undefined {
   if (value === undefined) return undefined;
   return JSON.parse(JSON.stringify(value)) as JsonValue;
 }
+
+/** WhatsApp types provider-meta does not give the flows (their body is empty). */
+const IGNORED_TYPES = new Set(["reaction", "system", "unsupported"]);
 
 /** The type of an inbound record of BuilderBot's `dispatch`. */
 const DISPATCH_TYPE = "builderbot-dispatch";
@@ -260,6 +263,11 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
   /** The core's inbound sink, once started: BuilderBot's dispatched events are journaled through it. */
   #sink: InboundSink | undefined;
   #stopping = false;
+  /** The run a call descends from (`null`: the runtime has no async context; the chat's run is used then). */
+  #context: AsyncContext<Run> | null | undefined;
+  readonly #contextReady: Promise<void>;
+  /** Each chat's state writes made outside any handling, one after the other. */
+  readonly #stateChains = new Map<string, Promise<void>>();
 
   /**
    * @param options `whatsapp`, `durability` and `store` (required); `keyPrefix`, `ttlMs`, `settleMs`,
@@ -283,9 +291,16 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     if (typeof settle !== "number" || !(settle >= 0) || !Number.isFinite(settle)) {
       throw new TypeError(`Option "settleMs" must be a non-negative number, got ${show(settle)}`);
     }
+    if (settle > 2 ** 31 - 1) throw new RangeError(`Option "settleMs" must be at most ${2 ** 31 - 1} (a timer's limit), got ${settle}`);
     this.#settleMs = settle;
     const path = options.webhookPath ?? "/webhook";
     if (typeof path !== "string" || !path.startsWith("/")) throw new TypeError(`Option "webhookPath" must be a path starting with "/", got ${show(path)}`);
+    if (options.name !== undefined && (typeof options.name !== "string" || options.name === "")) {
+      throw new TypeError(`Option "name" must be a non-empty string, got ${show(options.name)}`);
+    }
+    if (options.port !== undefined && (typeof options.port !== "number" || !Number.isInteger(options.port) || options.port < 0 || options.port > 65535)) {
+      throw new TypeError(`Option "port" must be an integer from 0 to 65535, got ${show(options.port)}`);
+    }
     this.globalVendorArgs = { name: options.name ?? "bot", writeMyself: "none", webhookPath: path };
     if (options.port !== undefined) this.globalVendorArgs.port = options.port;
     this.whatsapp = new WhatsAppProvider(options.whatsapp);
@@ -299,6 +314,11 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     this.database = new DurableBuilderBotDatabase(this);
     this.state = new DurableBuilderBotState(this);
     this.core.when(() => true, (ctx) => this.#handle(ctx));
+    // BuilderBot's initAll hands routes `sendMessage: this.sendMessage`, unbound.
+    this.sendMessage = this.sendMessage.bind(this);
+    this.#contextReady = createAsyncContext<Run>().then((context) => {
+      this.#context = context;
+    });
   }
 
   /** The operator surface of the inbox and outbox (metrics, dead letters, replays). */
@@ -339,7 +359,41 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     this.#refs = new StableRefs(bot.flowClass, customEventOf);
     // BuilderBot reads `this.stateHandler` at each message: an own property of this bot, nothing global.
     bot.stateHandler = this.state;
+    this.#wrapCallbacks(bot.flowClass as FlowClassLike & { allCallbacks?: unknown });
     return bot;
+  }
+
+  /**
+   * Each step's callback of the bot counts, while it runs, as work of the handling it runs for, and so
+   * do the `flowDynamic`, `endFlow`, `fallBack` and `gotoFlow` it calls (awaited or not: BuilderBot's
+   * `delay` holds their sends back): the handling does not end before them, although BuilderBot's
+   * queue timeout resolves `handleMsg` earlier.
+   */
+  #wrapCallbacks(flowClass: { allCallbacks?: unknown }): void {
+    const callbacks = flowClass.allCallbacks;
+    if (!isObj(callbacks)) return;
+    const table = callbacks as Record<string, unknown>;
+    for (const [ref, callback] of Object.entries(table)) {
+      if (typeof callback !== "function") continue;
+      table[ref] = (ctx: unknown, args: unknown) => {
+        const from = isObj(ctx) && typeof ctx.from === "string" ? ctx.from : undefined;
+        const run = from === undefined ? this.#currentRun() : (this.#runFor(from) ?? this.#currentRun());
+        if (run === undefined || !isObj(args)) return (callback as (c: unknown, a: unknown) => unknown)(ctx, args);
+        const tracked: Record<string, unknown> = { ...args };
+        for (const name of ["flowDynamic", "endFlow", "fallBack", "gotoFlow"]) {
+          const fn = args[name];
+          if (typeof fn !== "function") continue;
+          tracked[name] = (...a: unknown[]) => {
+            const result = (fn as (...a: unknown[]) => unknown)(...a);
+            if (result instanceof Promise) void this.#track(run, result).catch(() => {});
+            return result;
+          };
+        }
+        const result = (callback as (c: unknown, a: unknown) => unknown)(ctx, tracked);
+        if (result instanceof Promise) void this.#track(run, result).catch(() => {});
+        return result;
+      };
+    }
   }
 
   /**
@@ -359,6 +413,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
       if (this.#refs === undefined) {
         throw new Error("DurableMetaProvider: attach the bot first: provider.attach(await createBot({ flow, provider, database: provider.database }))");
       }
+      await this.#contextReady;
       await this.core.start();
     })();
     return this.#starting;
@@ -424,9 +479,13 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
    */
   async sendMessage<K = SendResult>(userId: string, message: unknown, args?: unknown): Promise<K> {
     const content = whatsAppContent(message, args);
-    const run = this.#runs.get(userId);
-    if (run === undefined) return await this.core.send(userId, content) as K;
-    return await this.#track(run, run.ctx.send(userId, content)) as K;
+    const run = this.#runFor(userId);
+    if (run !== undefined) return await this.#track(run, run.ctx.send(userId, content)) as K;
+    // Another chat (an admin notified from a flow), or outside any handling: the core keys the send
+    // by the handler the call descends from, if any; the run waits for it all the same.
+    const current = this.#currentRun();
+    const sent = this.core.send(userId, content);
+    return await (current !== undefined ? this.#track(current, sent) : sent) as K;
   }
 
   /**
@@ -471,7 +530,9 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     if (event !== "message" || this.#sink === undefined || this.#stopping || !isObj(payload) || typeof payload.from !== "string" || payload.from === "") {
       return super.emit(...args);
     }
-    const admitted = this.#journalDispatched(payload as { from: string });
+    const run = this.#currentRun();
+    const admitted = this.#journalDispatched(payload as { from: string }, run !== undefined ? this.#dispatchId(run) : undefined);
+    if (run !== undefined) void this.#track(run, admitted).catch(() => {});
     this.#loose.add(admitted);
     admitted.then(() => this.#loose.delete(admitted), () => {
       this.#loose.delete(admitted);
@@ -506,7 +567,17 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     if (id !== undefined && (typeof id !== "string" || id === "" || id.length > 400)) {
       throw new TypeError(`Option "id" must be a non-empty string of at most 400 characters, got ${show(id)}`);
     }
-    return await this.#journalDispatched({ ...payload, body: utils.setEvent(event), from: utils.removePlus(payload.from) }, id);
+    const run = id === undefined ? this.#currentRun() : undefined;
+    const work = this.#journalDispatched(
+      { ...payload, body: utils.setEvent(event), from: utils.removePlus(payload.from) },
+      id ?? (run !== undefined ? this.#dispatchId(run) : undefined),
+    );
+    return await (run !== undefined ? this.#track(run, work) : work);
+  }
+
+  /** The id of a dispatch made by `run`: the same on a rerun of the handling, so the rerun's is a duplicate. */
+  #dispatchId(run: Run): string {
+    return `${run.id}:dispatch:${++run.dispatches}`;
   }
 
   async #journalDispatched(payload: { from: string; body?: unknown }, id: string = randomId()): Promise<"admitted" | "duplicate"> {
@@ -567,7 +638,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
   /** @internal {@link DurableBuilderBotDatabase.getPrevByNumber} */
   async prevOf(from: string): Promise<unknown> {
     const refs = this.#refs;
-    const run = this.#runs.get(from);
+    const run = this.#runFor(String(from));
     const stored = run !== undefined ? run.prev : await this.#storage(undefined).read(this.#key("prev", String(from)));
     if (stored === undefined || stored === null) return undefined;
     return refs === undefined ? structuredClone(stored) : refs.decode(stored);
@@ -577,7 +648,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
   async savePrev(ctx: unknown): Promise<void> {
     if (!isObj(ctx) || !ctx.keyword || typeof ctx.from !== "string") return; // not a flow position (MemoryDB's rule)
     const encoded = (this.#refs?.encode(ctx) ?? jsonOf(ctx)) as JsonValue;
-    const run = this.#runs.get(ctx.from);
+    const run = this.#runFor(ctx.from);
     if (run !== undefined) {
       run.activity++;
       run.prev = encoded;
@@ -587,19 +658,65 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     await this.#loosely(this.#storage(undefined).write(this.#key("prev", ctx.from), encoded));
   }
 
-  /** @internal the state of `from` changed ({@link DurableBuilderBotState}) */
-  stateChanged(from: string): Promise<void> {
-    const run = this.#runs.get(from);
+  /**
+   * @internal a change of the state of `from` ({@link DurableBuilderBotState}): `keyValue` merged in,
+   * or `null` to clear it. Within the chat's handling it changes the memory, written with the done
+   * mark; outside (an HTTP route's `state(number).update`) it is merged into what the store holds,
+   * written at once, and the memory becomes that.
+   */
+  changeState(from: string, keyValue: StateValue | null): Promise<void> {
+    const run = this.#runFor(from);
     if (run !== undefined) {
+      if (keyValue === null) this.state.STATE.delete(from);
+      else this.state.STATE.set(from, { ...this.state.STATE.get(from), ...keyValue });
       run.activity++;
       run.stateChanged = true;
       return Promise.resolve();
     }
-    // Outside any message (an HTTP route's state(number).update): takes effect at once.
-    const value = jsonOf(this.state.STATE.get(from));
     const storage = this.#storage(undefined);
     const key = this.#key("state", from);
-    return this.#loosely(value === undefined ? storage.delete(key) : storage.write(key, value));
+    const previous = this.#stateChains.get(from) ?? Promise.resolve();
+    const work = previous.catch(() => {}).then(async () => {
+      let value: JsonValue | undefined;
+      if (keyValue === null) {
+        await storage.delete(key);
+      } else {
+        const stored = await storage.read(key);
+        value = jsonOf({ ...(isObj(stored) ? stored : {}), ...keyValue });
+        await storage.write(key, value!);
+      }
+      // A handling of the chat under way keeps its own copy; it gets the change too.
+      const running = this.#runs.get(from);
+      if (running !== undefined) {
+        if (value === undefined) this.state.STATE.delete(from);
+        else this.state.STATE.set(from, { ...this.state.STATE.get(from), ...keyValue });
+      } else {
+        this.state.load(from, value);
+      }
+    });
+    this.#stateChains.set(from, work);
+    const forget = () => {
+      if (this.#stateChains.get(from) === work) this.#stateChains.delete(from);
+    };
+    work.then(forget, forget);
+    return this.#loosely(work);
+  }
+
+  /** The handling the caller descends from, if any (`undefined` without an async context). */
+  #currentRun(): Run | undefined {
+    const run = this.#context?.get();
+    return run !== undefined && this.#runs.get(run.from) === run ? run : undefined;
+  }
+
+  /**
+   * The handling a send, history write or state change for `chat` belongs to: the one the caller
+   * descends from, when it handles `chat`. Where the runtime has no async context, the handling of
+   * `chat` under way, if any.
+   */
+  #runFor(chat: string): Run | undefined {
+    if (this.#context === null || this.#context === undefined) return this.#runs.get(chat);
+    const run = this.#currentRun();
+    return run !== undefined && run.from === chat ? run : undefined;
   }
 
   #loosely(work: Promise<void>): Promise<void> {
@@ -636,6 +753,7 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
       prev: undefined,
       prevChanged: false,
       stateChanged: false,
+      dispatches: 0,
     };
     (run as { storage: DurableStorage<JsonValue> }).storage = this.#storage(run);
     // What the chat's earlier messages left (a rerun of this one sees the values from before it).
@@ -643,24 +761,38 @@ export class DurableMetaProvider extends ProviderClass<WhatsAppProvider> {
     run.prev = prev;
     this.state.load(from, state);
     this.#runs.set(from, run);
+    let committed: JsonValue | undefined = state;
+    let ok = false;
     try {
       const payload = ctx.message.type === DISPATCH_TYPE ? dispatchedMessage(ctx.message) : builderBotMessage(ctx.message, this.whatsapp.phoneNumberId);
+      // A reaction, a system message, an unsupported one: not for the flows (as provider-meta).
+      if (payload.body === "" && IGNORED_TYPES.has(String(payload.type))) {
+        ok = true;
+        return;
+      }
       // BuilderBot's core listens to "message" (handleMsg): each listener is called and awaited here,
-      // where the provider's emit would not wait for it.
+      // where the provider's emit would not wait for it, under the run (what it sends is the run's).
       const emitter = (this as unknown as { emitter: { listeners(event: string): ((...args: unknown[]) => unknown)[] } }).emitter;
-      await Promise.all(emitter.listeners("message").map((listener) => listener(payload)));
+      const listen = () => Promise.all(emitter.listeners("message").map((listener) => listener(payload)));
+      await (this.#context ? this.#context.run(run, listen) : listen());
       await this.#settle(run);
       const writes: Promise<void>[] = [];
       if (run.prevChanged) {
         writes.push(run.prev === undefined ? run.storage.delete(this.#key("prev", from)) : run.storage.write(this.#key("prev", from), run.prev));
       }
+      let value = committed;
       if (run.stateChanged) {
-        const value = jsonOf(this.state.STATE.get(from));
+        value = jsonOf(this.state.STATE.get(from));
         writes.push(value === undefined ? run.storage.delete(this.#key("state", from)) : run.storage.write(this.#key("state", from), value));
       }
       await Promise.all(writes);
+      committed = value;
+      ok = true;
     } finally {
       this.#runs.delete(from);
+      // The memory holds only committed values: a failed (or dead-lettered) handling's changes are dropped.
+      if (ok) this.state.load(from, committed);
+      else this.state.STATE.delete(from);
     }
   }
 
