@@ -13,6 +13,7 @@ import type { InboundMessage } from "../provider.ts";
 import type { DurabilityBackend } from "../backend.ts";
 import { SQLiteDurability } from "../backends/sqlite/mod.ts";
 import { crashable } from "../src/testing/crashable.ts";
+import { UnencodableContentError } from "../src/content.ts";
 import {
   BaileysProvider,
   type BaileysProviderOptions,
@@ -215,6 +216,65 @@ describe("baileys: inbound", () => {
     await until(() => handled.length === 1, "the held message");
     expect(handled).toEqual(["while stopped"]);
     expect(h.provider.pendingCount).toBe(0);
+  });
+
+  test("a flow reply the journal could not take as parsed (1e999 is Infinity, nesting past 64) is sanitised; the chat goes on", async () => {
+    const handled: { type: string; text?: string; value?: unknown }[] = [];
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push({ type: ctx.message.type, text: ctx.message.text, value: ctx.message.interaction?.value })));
+    const deep = "[".repeat(100) + "]".repeat(100);
+    const flow = (id: string, paramsJson: string) => ({
+      key: { remoteJid: ALICE, fromMe: false, id },
+      message: { interactiveResponseMessage: { nativeFlowResponseMessage: { name: "flow", paramsJson } } },
+      messageTimestamp: 1,
+    });
+    h.sock.upsert([flow("3AINF", '{"x":1e999,"y":2}'), flow("3ADEEP", `{"d":${deep}}`), flow("3APROTO", '{"__proto__":{"a":1}}')]);
+    h.sock.upsert([h.server.text(ALICE, "hello after")]);
+    await until(() => handled.length === 4, "all four messages");
+    expect(handled.slice(0, 1)).toEqual([{ type: "interaction", text: undefined, value: { x: null, y: 2 } }]);
+    let depth = 0;
+    for (let v = (handled[1]!.value as { d: unknown }).d; Array.isArray(v); v = v[0]) depth++;
+    expect(depth).toBeGreaterThan(10);
+    expect(depth).toBeLessThan(64);
+    expect(Object.keys(handled[2]!.value as object)).toEqual(["__proto__"]);
+    expect(handled[3]).toEqual({ type: "text", text: "hello after", value: undefined });
+    expect(h.errors.filter((e) => /journal refused/.test(e.message))).toEqual([]);
+  });
+
+  test("a message the bot refuses for good (unencodable, or its inbound checks) is journaled as unreadable and dead-lettered, not retried; the chat goes on", async () => {
+    const handled: string[] = [];
+    const refusals: string[] = [];
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push(ctx.message.text!)), { start: false });
+    const start = h.provider.start.bind(h.provider);
+    h.provider.start = (sink) =>
+      start({
+        ...sink,
+        receive: (m) => {
+          if (m.unreadable === undefined && m.id.endsWith("POISON1")) {
+            refusals.push(m.id);
+            return Promise.resolve({ status: "rejected", id: m.id, error: new UnencodableContentError("message.extra.x", "Infinity is not a finite number") });
+          }
+          if (m.unreadable === undefined && m.id.endsWith("POISON2")) {
+            refusals.push(m.id);
+            return Promise.resolve({ status: "rejected", id: m.id, error: new TypeError('Inbound message field "text" must be a string, got 1') });
+          }
+          return sink.receive(m);
+        },
+      });
+    await h.bot.start();
+    h.sock.upsert([h.server.text(ALICE, "poison 1", { id: "3APOISON1" }), h.server.text(ALICE, "poison 2", { id: "3APOISON2" }), h.server.text(ALICE, "after")]);
+    await until(() => handled.length === 1 && h.events.dead.length === 2, "the later message and two dead letters");
+    await h.provider.idle();
+    await h.bot.idle();
+    expect(handled).toEqual(["after"]);
+    expect(refusals).toEqual([`${ALICE},0,3APOISON1`, `${ALICE},0,3APOISON2`]);
+    for (const id of ["3APOISON1", "3APOISON2"]) {
+      const record = await h.bot.durability!.inbox.get(`${ALICE},0,${id}`);
+      expect(record?.state).toBe("dead");
+      const payload = record!.payload as unknown as InboundMessage;
+      expect(payload.unreadable).toMatch(/cannot take the Baileys message/);
+      expect(((payload.extra as { raw: { key: { id: string } } }).raw).key.id).toBe(id);
+    }
+    expect(h.errors.filter((e) => /journal refused/.test(e.message))).toEqual([]);
   });
 });
 

@@ -8,6 +8,7 @@
  * @module
  */
 import { BoundedMap } from "../../src/bounded_map.ts";
+import { UnencodableContentError } from "../../src/content.ts";
 import { ProviderError } from "../../src/errors.ts";
 import { type LoadedMedia, type MediaLoadContext, MediaSeal, MediaUnavailableError, type StoredMediaRef } from "../../src/media.ts";
 import {
@@ -363,10 +364,22 @@ export class BaileysProvider implements Provider {
       this.#pending.push({ message, upsertType });
       return;
     }
-    const admission = this.#receiveOnce(sink, inbound).then(async (error) => {
+    const admission = this.#receiveOnce(sink, inbound).then(async (refused) => {
+      let error = refused;
+      if (error !== undefined && isPermanentRefusal(error) && inbound.unreadable === undefined) {
+        // Never journaled as it is, however often it is tried: journaled as unreadable instead (the core
+        // dead-letters it), so that it is kept and its chat goes on.
+        inbound = this.#unreadable(message, error);
+        error = await this.#receiveOnce(sink, inbound);
+      }
       if (error === undefined) return;
+      if (isPermanentRefusal(error)) {
+        this.#report(new Error(`WhatsApp message ${inbound.id} cannot be journaled, even as unreadable: dropped (${error.message})`, { cause: error }));
+        return;
+      }
+      const refusal = error;
       const before = this.#retrying.get(chat) ?? Promise.resolve();
-      const retry = before.then(() => this.#retry(message, upsertType, inbound, error));
+      const retry = before.then(() => this.#retry(message, upsertType, inbound, refusal));
       this.#retrying.set(chat, retry);
       await retry;
       if (this.#retrying.get(chat) === retry) this.#retrying.delete(chat);
@@ -387,7 +400,8 @@ export class BaileysProvider implements Provider {
     }
   }
 
-  async #retry(message: BaileysWAMessage, upsertType: string, inbound: InboundMessage, first: Error): Promise<void> {
+  async #retry(message: BaileysWAMessage, upsertType: string, given: InboundMessage, first: Error): Promise<void> {
+    let inbound = given;
     let error: Error | undefined = first;
     let delay: number = ADMIT_RETRY_MS[0];
     while (error !== undefined) {
@@ -404,7 +418,28 @@ export class BaileysProvider implements Provider {
         return;
       }
       error = await this.#receiveOnce(sink, inbound);
+      if (error !== undefined && isPermanentRefusal(error)) {
+        if (inbound.unreadable !== undefined) {
+          this.#report(new Error(`WhatsApp message ${inbound.id} cannot be journaled, even as unreadable: dropped (${error.message})`, { cause: error }));
+          return;
+        }
+        inbound = this.#unreadable(message, error);
+        error = await this.#receiveOnce(sink, inbound);
+      }
     }
+  }
+
+  /** The message as unreadable (the reason, and the raw `WAMessage` as JSON): what the journal takes of one it refused for good. */
+  #unreadable(message: BaileysWAMessage, error: Error): InboundMessage {
+    const reason = `The journal cannot take the Baileys message as read: ${error.message}`;
+    this.#report(new Error(`${reason} (${messageKeyId(message.key)}); journaled as unreadable`, { cause: error }));
+    return {
+      id: messageKeyId(message.key),
+      chatId: message.key.remoteJid!,
+      type: "other",
+      unreadable: reason,
+      extra: { raw: toJson(message, 24) },
+    };
   }
 
   #wait(ms: number): Promise<void> {
@@ -592,6 +627,15 @@ export class BaileysProvider implements Provider {
     if (typeof ref.node.fileName === "string") out.fileName = ref.node.fileName;
     return out;
   }
+}
+
+/**
+ * Whether the bot refused a message for good: content the journal cannot encode, or the bot's own checks
+ * of an inbound message (a `TypeError` naming an "Inbound message field"). Trying again cannot help.
+ */
+function isPermanentRefusal(error: Error): boolean {
+  return error instanceof UnencodableContentError || error.name === "UnencodableContentError" ||
+    (error instanceof TypeError && error.message.startsWith("Inbound message"));
 }
 
 /** `123:4@s.whatsapp.net` → `123@s.whatsapp.net` (the account, without the device). */
