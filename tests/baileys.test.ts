@@ -276,6 +276,29 @@ describe("baileys: inbound", () => {
     }
     expect(h.errors.filter((e) => /journal refused/.test(e.message))).toEqual([]);
   });
+
+  test("across bot.stop() a chat keeps its order: a message still being sealed is not overtaken by a later one held for the next start", async () => {
+    const handled: string[] = [];
+    const backend = new MemoryDurability();
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push(ctx.message.text!)), { backend });
+    const stop = h.provider.stop.bind(h.provider);
+    h.provider.stop = () => {
+      stop();
+      h.sock.upsert([h.server.text(ALICE, "B (text, second)")]); // right after the bot let go
+    };
+    h.sock.upsert([h.server.image(ALICE, new Uint8Array([1, 2, 3]), { caption: "A (image, first)" })]); // its media reference is sealed (async)
+    await h.bot.stop();
+    await h.provider.idle();
+    expect(h.provider.pendingCount).toBe(2);
+    expect(h.errors.some((e) => /stopped while WhatsApp messages were still held/.test(e.message))).toBe(true);
+    h.provider.stop = stop;
+    const next = new Bot({ provider: h.provider, durability: { backend, instanceId: "baileys-test" } });
+    next.when(() => true, (ctx) => void handled.push(ctx.message.text!));
+    await next.start();
+    cleanups.push(() => next.stop());
+    await until(() => handled.length === 2, "both messages");
+    expect(handled).toEqual(["A (image, first)", "B (text, second)"]);
+  });
 });
 
 describe("baileys: sends", () => {

@@ -274,6 +274,14 @@ export class BaileysProvider implements Provider {
 
   /** Called by `bot.stop()`: later messages wait in memory for the next `start` (a bot made with this provider): Baileys acknowledged them already. */
   stop(): void {
+    if (this.#pending.length > 0 || this.#chains.size > 0 || this.#inflight.size > 0 || this.#retrying.size > 0) {
+      this.#report(
+        new Error(
+          "The bot stopped while WhatsApp messages were still held in the provider's memory (Baileys acknowledged them, " +
+            "the journal does not have them yet): they wait for the next bot started with this provider, and are lost if the process ends first",
+        ),
+      );
+    }
     this.#sink = undefined;
     for (const wait of this.#waits) {
       clearTimeout(wait.timer);
@@ -317,21 +325,25 @@ export class BaileysProvider implements Provider {
   }
 
   #enqueue(message: BaileysWAMessage, upsertType: string): void {
-    if (this.#sink === undefined) {
+    const chat = message.key.remoteJid!;
+    if (this.#sink === undefined && !this.#chains.has(chat) && !this.#retrying.has(chat)) {
+      // Nothing of the chat under way: straight to the messages waiting for `start`. (Else behind what
+      // is under way, which joins them when it finds no bot: a message still being sealed keeps its place.)
       this.#pending.push({ message, upsertType });
       return;
     }
-    const chat = message.key.remoteJid!;
     // The conversions of a chat run in order, so its messages reach the bot in the order Baileys
     // emitted them; the admissions themselves are not waited for (the bot keeps each message's place
     // in its chat while it is journaled), so a burst (the offline replay) is journaled as fast as the
     // journal takes it: Baileys acknowledged every one of them already.
     const previous = this.#chains.get(chat) ?? Promise.resolve();
     const next = previous.then(async () => {
-      const inbound = await this.#convert(message, upsertType);
+      // No bot (stopped): converted again at the next start.
+      const inbound = this.#sink === undefined ? undefined : await this.#convert(message, upsertType);
       const retrying = this.#retrying.get(chat);
       if (retrying !== undefined) await retrying; // behind a refused message of the chat
-      this.#deliver(chat, message, upsertType, inbound);
+      if (inbound === undefined) this.#pending.push({ message, upsertType });
+      else this.#deliver(chat, message, upsertType, inbound);
     }).catch((error) => {
       this.#report(error instanceof Error ? error : new Error(String(error)));
     });
