@@ -299,6 +299,39 @@ describe("baileys: inbound", () => {
     await until(() => handled.length === 2, "both messages");
     expect(handled).toEqual(["A (image, first)", "B (text, second)"]);
   });
+
+  test("a disconnect in the middle of the buffered offline replay loses nothing it acknowledged: the old socket's buffer is flushed on close and it stays listened to", async () => {
+    const handled: string[] = [];
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push(ctx.message.text!)));
+    // a logged-in socket buffers until the offline queue is drained; each message is acked, then upserted (into the buffer)
+    h.sock.ev.buffer();
+    h.sock.upsert([h.server.text(ALICE, "offline 1")], "append");
+    h.sock.upsert([h.server.text(GROUP, "offline 2", { participant: "4917000000000@s.whatsapp.net" })], "append");
+    expect(handled).toEqual([]);
+    h.sock.close(); // connection.update is never buffered; Baileys' end() does not flush
+    const second = h.server.socket();
+    h.provider.attach(second);
+    second.open();
+    await until(() => handled.length === 2, "both acknowledged messages");
+    expect(handled.sort()).toEqual(["offline 1", "offline 2"]);
+    // a socket replaced without a close event: its buffer is flushed by attach()
+    second.ev.buffer();
+    second.upsert([h.server.text(ALICE, "offline 3")], "append");
+    const third = h.server.socket();
+    h.provider.attach(third);
+    await until(() => handled.length === 3, "the third message");
+    // an old socket without flush() (a message whose processing was under way) still reaches the bot
+    delete (second.ev as { flush?: unknown }).flush;
+    second.upsert([h.server.text(ALICE, "late")]);
+    await until(() => handled.length === 4, "the late message");
+    // detach() flushes and lets go of every socket
+    third.ev.buffer();
+    third.upsert([h.server.text(ALICE, "offline 4")], "append");
+    h.provider.detach();
+    await until(() => handled.length === 5, "the message flushed by detach()");
+    expect([h.sock, second, third].map((s) => s.listenerCount("messages.upsert"))).toEqual([0, 0, 0]);
+    expect(handled.slice(2)).toEqual(["offline 3", "late", "offline 4"]);
+  });
 });
 
 describe("baileys: sends", () => {
@@ -312,7 +345,7 @@ describe("baileys: sends", () => {
     const callsOnDead = h.sock.calls.length;
     const next = h.server.socket(); // the user's reconnect loop
     h.provider.attach(next);
-    expect(h.sock.listenerCount("messages.upsert")).toBe(0);
+    expect(h.sock.listenerCount("messages.upsert"), "the old socket is still listened to: it may still emit what it acknowledged").toBe(1);
     next.open();
     await until(() => h.server.delivered.length === 1, "the reply on the new socket", 8000);
     await h.bot.idle();
@@ -322,12 +355,15 @@ describe("baileys: sends", () => {
     expect(ids.size, "every attempt carries the same message id").toBe(1);
     const [entry] = await h.bot.durability!.outbox.list();
     expect(entry!.state).toBe("sent");
-    // a message on the old socket after the reconnect is not the provider's any more
-    h.sock.upsert([h.server.text(ALICE, "ghost")]);
+    // a message the old socket still emits after the reconnect (Baileys acknowledged it) is journaled; its reply goes through the new socket
+    const late = h.server.text(ALICE, "late on the old socket");
+    h.sock.upsert([late]);
+    next.upsert([structuredClone(late)], "append"); // the same message again: a duplicate
     next.upsert([h.server.text(ALICE, "ping again")]);
-    await until(() => h.server.delivered.length === 2, "the second reply");
+    await until(() => h.server.delivered.length === 3, "the other two replies");
     await h.bot.idle();
-    expect((await h.bot.durability!.inbox.list()).map((r) => (r.payload as unknown as InboundMessage).text).sort()).toEqual(["ping", "ping again"]);
+    expect((await h.bot.durability!.inbox.list()).map((r) => (r.payload as unknown as InboundMessage).text).sort()).toEqual(["late on the old socket", "ping", "ping again"]);
+    expect(h.server.delivered.map((d) => d.socket)).toEqual([next.number, next.number, next.number]);
   });
 
   test("a send cut off after the stanza went out is held as ambiguous, and the receipt settles it without a second message", async () => {

@@ -83,6 +83,8 @@ export interface BaileysProviderOptions {
 
 /** How long a send waits, without spending an attempt, while no socket is open. */
 export const DISCONNECTED_WAIT_MS = 1_000;
+/** How many sockets the provider listens to: the current one and the latest previous ones (a dying socket may still emit). */
+export const KEPT_SOCKETS = 4;
 /** Receipts and keys remembered (the latest ones). */
 const REMEMBERED = 10_000;
 /** Backoff of an admission the journal refused: first and largest wait. */
@@ -145,7 +147,8 @@ export class BaileysProvider implements Provider {
   connectionId?: string;
   #socket: BaileysSocketLike | undefined;
   #connection: string | undefined;
-  #detach: (() => void) | undefined;
+  /** The sockets listened to: the current one last, and the latest previous ones. */
+  #listening: { socket: BaileysSocketLike; remove: () => void }[] = [];
   #sink: InboundSink | undefined;
   /** Messages that came while no sink was there, in order. */
   #pending: { message: BaileysWAMessage; upsertType: string }[] = [];
@@ -206,12 +209,13 @@ export class BaileysProvider implements Provider {
   // ---- the socket -----------------------------------------------------------------
 
   /**
-   * Use `socket` from now on: its events reach the bot, and sends go through
-   * it; the previous socket's listeners are removed. Call it with every socket
-   * your reconnect loop makes, right after `makeWASocket` (before any event
-   * can be emitted). Nothing is lost in between: sends fail as retryable while
-   * no open socket is there (the outbox sends them again), and admissions
-   * already under way finish.
+   * Use `socket` from now on for sends. Call it with every socket your reconnect loop makes, right after
+   * `makeWASocket` (before any event can be emitted). The provider keeps listening to the previous
+   * sockets' messages and receipts (the latest {@link KEPT_SOCKETS}): Baileys acknowledged every message
+   * it emits, including the ones a dying socket still emits (its offline replay's buffer, flushed here
+   * when it closes, or a message whose processing was under way); a copy that also comes through another
+   * socket is dropped as a duplicate by its key. Sends fail as retryable while no open socket is there
+   * (the outbox sends them again), and admissions already under way finish.
    *
    * @param socket the socket `makeWASocket` returned
    */
@@ -219,41 +223,66 @@ export class BaileysProvider implements Provider {
     if (!isObj(socket) || !isObj(socket.ev) || typeof socket.ev.on !== "function" || typeof socket.sendMessage !== "function") {
       throw new TypeError(`attach() needs a Baileys socket (with "ev.on" and "sendMessage"), got ${show(socket)}`);
     }
-    this.detach();
+    const previous = this.#socket;
+    this.#socket = socket;
+    this.#connection = undefined;
+    if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
+    // What the previous socket still holds in its event buffer (acknowledged already) comes out now.
+    if (previous !== undefined && previous !== socket) this.#flush(previous);
+    if (this.#listening.some((entry) => entry.socket === socket)) return;
     const onUpsert = (upsert: BaileysUpsert) => this.#onUpsert(upsert);
     const onUpdate = (updates: BaileysMessageUpdate[]) => this.#onUpdates(updates);
     const onReceipt = (receipts: BaileysReceiptUpdate[]) => this.#onReceipts(receipts);
     const onConnection = (update: BaileysConnectionUpdate) => {
       if (this.#socket === socket && isObj(update) && typeof update.connection === "string") this.#connection = update.connection;
       if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
+      // Baileys' end() never flushes: messages of an offline replay cut short (each acknowledged) would stay in the buffer.
+      if (isObj(update) && update.connection === "close") this.#flush(socket);
     };
     socket.ev.on("messages.upsert", onUpsert);
     socket.ev.on("messages.update", onUpdate);
     socket.ev.on("message-receipt.update", onReceipt);
     socket.ev.on("connection.update", onConnection);
-    this.#socket = socket;
-    this.#connection = undefined;
-    if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
-    this.#detach = () => {
-      socket.ev.off("messages.upsert", onUpsert);
-      socket.ev.off("messages.update", onUpdate);
-      socket.ev.off("message-receipt.update", onReceipt);
-      socket.ev.off("connection.update", onConnection);
-    };
+    this.#listening.push({
+      socket,
+      remove: () => {
+        socket.ev.off("messages.upsert", onUpsert);
+        socket.ev.off("messages.update", onUpdate);
+        socket.ev.off("message-receipt.update", onReceipt);
+        socket.ev.off("connection.update", onConnection);
+      },
+    });
+    while (this.#listening.length > KEPT_SOCKETS) this.#unlisten(this.#listening.shift()!);
   }
 
-  /** Stop listening to the current socket; sends fail as retryable until the next {@link attach}. */
+  /**
+   * Stop listening to every socket (what their event buffers hold is flushed first); sends fail as
+   * retryable until the next {@link attach}.
+   */
   detach(): void {
-    const detach = this.#detach;
-    this.#detach = undefined;
     this.#socket = undefined;
     this.#connection = undefined;
-    if (detach !== undefined) {
-      try {
-        detach();
-      } catch (error) {
-        this.#report(error instanceof Error ? error : new Error(String(error)));
-      }
+    const listening = this.#listening;
+    this.#listening = [];
+    for (const entry of listening) this.#unlisten(entry);
+  }
+
+  #unlisten(entry: { socket: BaileysSocketLike; remove: () => void }): void {
+    this.#flush(entry.socket);
+    try {
+      entry.remove();
+    } catch (error) {
+      this.#report(error instanceof Error ? error : new Error(String(error)));
+    }
+  }
+
+  /** `ev.flush(true)`: the events Baileys buffered are emitted now (to the listeners still there). */
+  #flush(socket: BaileysSocketLike): void {
+    if (typeof socket.ev?.flush !== "function") return;
+    try {
+      socket.ev.flush(true);
+    } catch (error) {
+      this.#report(error instanceof Error ? error : new Error(String(error)));
     }
   }
 

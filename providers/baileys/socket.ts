@@ -3,7 +3,7 @@
  * structurally: nothing here imports Baileys. The shapes follow Baileys
  * 6.17's published types (`lib/Types/Events.d.ts`, `lib/Types/Message.d.ts`,
  * `WAProto/index.d.ts`): a real `WASocket` is assignable to
- * {@link BaileysSocketLike} (checked by `tests/baileys_types_check.ts`).
+ * {@link BaileysSocketLike} (checked by `compat/baileys/types_check.ts`).
  *
  * @module
  */
@@ -93,6 +93,11 @@ export interface BaileysEventsLike {
   on(event: any, listener: (arg: any) => void): unknown;
   // deno-lint-ignore no-explicit-any
   off(event: any, listener: (arg: any) => void): unknown;
+  /**
+   * Emit what is buffered now (Baileys' `flush(force)`): called with `true` when a socket closes or is
+   * let go, since Baileys' `end()` leaves an offline replay cut short in the buffer, acknowledged.
+   */
+  flush?(force?: boolean): unknown;
 }
 
 /** The options of `sock.sendMessage` the provider sets (`MiscMessageGenerationOptions`). */
