@@ -396,6 +396,31 @@ describe("baileys: sends", () => {
     expect(h.server.delivered.length).toBe(1);
   });
 
+  test("a receipt Baileys' event buffer merged into the echo of our own send (its status, or userReceipt) settles the ambiguous send", async () => {
+    const h = await harness((bot) => bot.when(/.*/, (ctx) => ctx.reply("answer")));
+    h.sock.plan.push("hang-after-write", "hang-after-write");
+    h.sock.upsert([h.server.text(ALICE, "question")]);
+    await until(() => h.events.ambiguous.length === 1, "the first ambiguity");
+    const echo = (jid: string, id: string, extra: Record<string, unknown>) => ({
+      key: { remoteJid: jid, fromMe: true, id },
+      message: { extendedTextMessage: { text: "answer" } },
+      ...extra,
+    });
+    const first = h.server.delivered[0]!.messageId;
+    h.sock.upsert([echo(ALICE, first, { status: STATUS.PENDING })], "append"); // the plain echo settles nothing
+    h.sock.upsert([echo(ALICE, first, { status: STATUS.DELIVERY_ACK })], "append");
+    await until(() => h.events.resolved.length === 1, "the first settlement");
+    expect(h.events.resolved[0]).toMatchObject({ state: "sent", via: "status", messageId: first });
+    h.sock.upsert([h.server.text(GROUP, "hi all", { participant: "4917000000000@s.whatsapp.net" })]);
+    await until(() => h.events.ambiguous.length === 2, "the second ambiguity");
+    const second = h.server.delivered[1]!.messageId;
+    h.sock.upsert([echo(GROUP, second, { status: STATUS.PENDING, userReceipt: [{ userJid: "4917000000000@s.whatsapp.net", receiptTimestamp: 1_760_000_000 }] })], "append");
+    await until(() => h.events.resolved.length === 2, "the second settlement");
+    expect(h.events.resolved[1]).toMatchObject({ state: "sent", via: "status", messageId: second });
+    expect(h.server.delivered.length).toBe(2);
+    expect(h.skipped.map((s) => s.reason)).toEqual(["from-me", "from-me", "from-me"]);
+  });
+
   test("errors are classified: closed, lost and timed-out queries retry, logged out waits, bad content is permanent, the provider's own timeout is maybe delivered", () => {
     expect(classifyBaileysError(boom("Connection Closed", 428))).toEqual({ retryable: true, rateLimited: "chat", retryAfterMs: 1000 });
     expect(classifyBaileysError(boom("Timed Out", 408))).toEqual({ retryable: true });

@@ -338,6 +338,9 @@ export class BaileysProvider implements Provider {
     }
     const type = String(upsert.type);
     for (const message of upsert.messages) {
+      // Baileys' event buffer merges a receipt that came while buffering into the upsert of our own
+      // echo (its status, its userReceipt): read it before the echo is skipped as from-me.
+      if (isObj(message) && isObj(message.key) && message.key.fromMe === true && typeof message.key.id === "string") this.#echoReceipt(message);
       const reason: SkipReason | undefined = skipReason(message) ?? (this.#upsertTypes.has(type) ? undefined : "upsert-type");
       if (reason !== undefined) {
         if (this.#onSkipped !== undefined) {
@@ -527,6 +530,19 @@ export class BaileysProvider implements Provider {
       if (!isObj(entry) || !isObj(entry.key) || entry.key.fromMe !== true || typeof entry.key.id !== "string") continue;
       const read = isObj(entry.receipt) && entry.receipt.readTimestamp !== undefined && entry.receipt.readTimestamp !== null;
       this.#receipt(entry.key.id, read ? BAILEYS_STATUS.READ : BAILEYS_STATUS.DELIVERY_ACK);
+    }
+  }
+
+  /** The receipts an upsert of one of our own messages carries (`status`, `userReceipt`). */
+  #echoReceipt(message: BaileysWAMessage): void {
+    const id = message.key.id!;
+    if (typeof message.status === "number") this.#receipt(id, message.status);
+    if (!Array.isArray(message.userReceipt)) return;
+    for (const entry of message.userReceipt) {
+      if (!isObj(entry)) continue;
+      const set = (v: unknown) => v !== undefined && v !== null && v !== 0;
+      if (set(entry.readTimestamp) || set(entry.playedTimestamp)) this.#receipt(id, BAILEYS_STATUS.READ);
+      else if (set(entry.receiptTimestamp)) this.#receipt(id, BAILEYS_STATUS.DELIVERY_ACK);
     }
   }
 

@@ -42,6 +42,8 @@ export interface BaileysWAMessage {
   pushName?: string | null;
   participant?: string | null;
   status?: number | null;
+  /** Receipts of our own message (a group's members), as Baileys' event buffer merges them into its upsert. */
+  userReceipt?: { userJid?: string | null; receiptTimestamp?: unknown; readTimestamp?: unknown; playedTimestamp?: unknown }[] | null;
   messageStubType?: number | null;
   messageStubParameters?: (string | null)[] | null;
   broadcast?: boolean | null;
