@@ -421,6 +421,40 @@ describe("baileys: sends", () => {
     expect(h.skipped.map((s) => s.reason)).toEqual(["from-me", "from-me", "from-me"]);
   });
 
+  test("a sendMessage cut off by sendTimeoutMs is still watched: a late pre-send failure (Boom 408) is confirmed not delivered and sent again, a late success settles the send", async () => {
+    const h = await harness((bot) => bot.when(/.*/, (ctx) => ctx.reply(`re: ${ctx.message.text}`)));
+    const original = h.sock.sendMessage;
+    let gate!: () => void;
+    const plan: ("fail-late" | "ok-late")[] = ["fail-late"];
+    h.sock.sendMessage = async (jid, content, options) => {
+      const behaviour = plan.shift();
+      if (behaviour === undefined) return await original(jid, content, options);
+      await new Promise<void>((resolve) => gate = resolve); // longer than sendTimeoutMs (150 ms)
+      if (behaviour === "fail-late") throw boom("Timed Out", 408); // a usync query before the relay: nothing went out
+      return await original(jid, content, options);
+    };
+    h.sock.upsert([h.server.text(ALICE, "one")]);
+    await until(() => h.events.ambiguous.length === 1, "the first send cut off");
+    gate();
+    await until(() => h.events.resolved.length === 1, "the confirmation that it never went out");
+    expect(h.events.resolved[0]).toMatchObject({ state: "failed", via: "confirm" });
+    await until(() => h.server.delivered.length === 1, "the resend");
+    await h.bot.idle();
+    expect(h.server.textsTo(ALICE)).toEqual(["re: one"]);
+    expect((await h.bot.durability!.outbox.list()).map((e) => e.state)).toEqual(["sent"]);
+
+    plan.push("ok-late");
+    h.sock.upsert([h.server.text(ALICE, "two")]);
+    await until(() => h.events.ambiguous.length === 2, "the second send cut off");
+    gate();
+    await until(() => h.events.resolved.length === 2, "the late success settling it");
+    expect(h.events.resolved[1]).toMatchObject({ state: "sent", via: "status" });
+    await h.bot.idle();
+    expect(h.server.textsTo(ALICE)).toEqual(["re: one", "re: two"]);
+    expect(h.server.delivered.length).toBe(2);
+    expect((await h.bot.durability!.outbox.list()).map((e) => e.state)).toEqual(["sent", "sent"]);
+  });
+
   test("errors are classified: closed, lost and timed-out queries retry, logged out waits, bad content is permanent, the provider's own timeout is maybe delivered", () => {
     expect(classifyBaileysError(boom("Connection Closed", 428))).toEqual({ retryable: true, rateLimited: "chat", retryAfterMs: 1000 });
     expect(classifyBaileysError(boom("Timed Out", 408))).toEqual({ retryable: true });

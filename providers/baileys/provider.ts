@@ -71,7 +71,10 @@ export interface BaileysProviderOptions {
    * messages WhatsApp queued while the socket was away (the offline replay) as `append`.
    */
   upsertTypes?: readonly string[];
-  /** How long `sendMessage` may take before the send is held as ambiguous (default 60 000 ms). */
+  /**
+   * How long `sendMessage` may take before the send is held as ambiguous (default 180 000 ms, well above
+   * Baileys' 60 s query timeout; at most 2^31−1). A `sendMessage` cut off is still watched: its late outcome settles the send.
+   */
   sendTimeoutMs?: number;
   /** Turn the bot's content into Baileys' `AnyMessageContent` (default: a string is `{ text }`, an object goes as it is). */
   prepareContent?: (content: OutboundContent, chatId: string) => unknown;
@@ -87,6 +90,10 @@ export const DISCONNECTED_WAIT_MS = 1_000;
 export const KEPT_SOCKETS = 4;
 /** Receipts and keys remembered (the latest ones). */
 const REMEMBERED = 10_000;
+/** How long `confirm` waits for a cut-off `sendMessage` to tell how it ended (the bot waits 10 s for the answer). */
+const CONFIRM_WAIT_MS = 5_000;
+/** Default of `sendTimeoutMs`: well above Baileys' own query timeout (`defaultQueryTimeoutMs`, 60 s), so a query before the relay fails first. */
+const DEFAULT_SEND_TIMEOUT_MS = 180_000;
 /** Backoff of an admission the journal refused: first and largest wait. */
 const ADMIT_RETRY_MS = [250, 30_000] as const;
 
@@ -162,6 +169,10 @@ export class BaileysProvider implements Provider {
   readonly #keys = new BoundedMap<string, string>(REMEMBERED);
   /** Message id → the best status a receipt gave, for ids whose key is not known yet. */
   readonly #receipts = new BoundedMap<string, number>(REMEMBERED);
+  /** Message id → a cut-off `sendMessage` still watched. */
+  readonly #late = new Map<string, Promise<void>>();
+  /** Message id → the status of the Boom a cut-off `sendMessage` failed with later, before anything went out. */
+  readonly #notSent = new BoundedMap<string, number>(REMEMBERED);
   readonly #waits = new Set<{ timer: ReturnType<typeof setTimeout>; resolve: () => void }>();
 
   /**
@@ -184,7 +195,7 @@ export class BaileysProvider implements Provider {
     fn("onError");
     this.name = options.name ?? "baileys";
     if (typeof this.name !== "string" || this.name === "") throw new TypeError(`Option "name" must be a non-empty string, got ${show(this.name)}`);
-    const timeout = options.sendTimeoutMs ?? 60_000;
+    const timeout = options.sendTimeoutMs ?? DEFAULT_SEND_TIMEOUT_MS;
     if (typeof timeout !== "number" || !(timeout > 0)) throw new TypeError(`Option "sendTimeoutMs" must be a positive number, got ${show(timeout)}`);
     this.#sendTimeoutMs = timeout;
     const types = options.upsertTypes ?? ["notify", "append"];
@@ -601,10 +612,15 @@ export class BaileysProvider implements Provider {
       onAbort = () => reject(new ProviderError("The bot stopped during sendMessage: it may have gone out", { maybeDelivered: true }));
       context.signal?.addEventListener("abort", onAbort, { once: true });
     });
+    this.#notSent.delete(messageId);
+    const sending = socket.sendMessage(chatId, payload, { messageId });
     try {
-      const sent = await Promise.race([socket.sendMessage(chatId, payload, { messageId }), cut]);
+      const sent = await Promise.race([sending, cut]);
       const id = isObj(sent) && isObj(sent.key) && typeof sent.key.id === "string" ? sent.key.id : messageId;
       return { messageId: id };
+    } catch (error) {
+      if (error instanceof ProviderError && error.maybeDelivered) this.#watchLate(messageId, sending);
+      throw error;
     } finally {
       clearTimeout(timer);
       if (onAbort !== undefined) context.signal?.removeEventListener("abort", onAbort);
@@ -621,7 +637,35 @@ export class BaileysProvider implements Provider {
   async confirm(send: SendInQuestion): Promise<SendConfirmation | null> {
     const messageId = await baileysMessageIdFor(send.idempotencyKey);
     this.#keys.set(messageId, send.idempotencyKey);
-    return (this.#receipts.get(messageId) ?? 0) >= BAILEYS_STATUS.SERVER_ACK ? { delivered: true, messageId } : null;
+    const late = this.#late.get(messageId);
+    if (late !== undefined && (this.#receipts.get(messageId) ?? 0) < BAILEYS_STATUS.SERVER_ACK) {
+      // The cut-off sendMessage may still tell: wait a little for it (the bot waits 10 s for this answer).
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      await Promise.race([late, new Promise<void>((resolve) => timer = setTimeout(resolve, CONFIRM_WAIT_MS))]);
+      clearTimeout(timer);
+    }
+    if ((this.#receipts.get(messageId) ?? 0) >= BAILEYS_STATUS.SERVER_ACK) return { delivered: true, messageId };
+    return this.#notSent.has(messageId) ? { delivered: false } : null;
+  }
+
+  /**
+   * A `sendMessage` cut off by the timeout (or the bot's stop) is still watched: resolving later, it went
+   * out (settled like a receipt); failing later with a Boom Baileys throws before the stanza leaves (408,
+   * 428, another 4xx), it did not, and {@link confirm} says so.
+   */
+  #watchLate(messageId: string, sending: Promise<unknown>): void {
+    const late = sending.then(
+      () => this.#receipt(messageId, BAILEYS_STATUS.SERVER_ACK),
+      (error) => {
+        const status = baileysStatusOf(error);
+        if (status !== undefined && status >= 400 && status < 500 && status !== 401 && status !== 403) {
+          this.#notSent.set(messageId, status);
+        }
+      },
+    ).finally(() => {
+      if (this.#late.get(messageId) === late) this.#late.delete(messageId);
+    });
+    this.#late.set(messageId, late);
   }
 
   /**
