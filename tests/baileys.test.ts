@@ -470,6 +470,16 @@ describe("baileys: sends", () => {
 
   test("options are checked", () => {
     expect(() => new BaileysProvider({ sendTimeoutMs: 0 })).toThrow(/sendTimeoutMs/);
+    for (const sendTimeoutMs of [Infinity, NaN, 3_000_000_000, -1]) {
+      expect(() => new BaileysProvider({ sendTimeoutMs }), String(sendTimeoutMs)).toThrow(RangeError);
+      expect(() => new BaileysProvider({ sendTimeoutMs }), String(sendTimeoutMs)).toThrow(/sendTimeoutMs/);
+    }
+    expect(() => new BaileysProvider({ sendTimeoutMs: "5" as never })).toThrow(/sendTimeoutMs/);
+    expect(new BaileysProvider({ sendTimeoutMs: 2 ** 31 - 1 })).toBeDefined();
+    for (const upsertTypes of [[], ["notfy"], ["notify", 1], "notify"]) {
+      expect(() => new BaileysProvider({ upsertTypes: upsertTypes as never }), JSON.stringify(upsertTypes)).toThrow(/upsertTypes/);
+    }
+    expect(new BaileysProvider({ upsertTypes: ["append"] })).toBeDefined();
     expect(() => new BaileysProvider({ nope: 1 } as never)).toThrow(/Unknown BaileysProvider option "nope"/);
     expect(() => new BaileysProvider({ mediaKey: "short" })).toThrow(RangeError);
     expect(() => new BaileysProvider().attach({} as never)).toThrow(/attach\(\) needs a Baileys socket/);

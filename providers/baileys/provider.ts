@@ -67,7 +67,7 @@ export interface BaileysProviderOptions {
    */
   downloadMedia?: (message: BaileysWAMessage, context: { signal?: AbortSignal }) => Promise<Uint8Array>;
   /**
-   * The `messages.upsert` types handled (default both `notify` and `append`): Baileys emits the
+   * The `messages.upsert` types handled, a non-empty list of `"notify"` and `"append"` (default both): Baileys emits the
    * messages WhatsApp queued while the socket was away (the offline replay) as `append`.
    */
   upsertTypes?: readonly string[];
@@ -90,6 +90,8 @@ export const DISCONNECTED_WAIT_MS = 1_000;
 export const KEPT_SOCKETS = 4;
 /** Receipts and keys remembered (the latest ones). */
 const REMEMBERED = 10_000;
+/** setTimeout's largest delay. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 /** How long `confirm` waits for a cut-off `sendMessage` to tell how it ended (the bot waits 10 s for the answer). */
 const CONFIRM_WAIT_MS = 5_000;
 /** Default of `sendTimeoutMs`: well above Baileys' own query timeout (`defaultQueryTimeoutMs`, 60 s), so a query before the relay fails first. */
@@ -196,11 +198,14 @@ export class BaileysProvider implements Provider {
     this.name = options.name ?? "baileys";
     if (typeof this.name !== "string" || this.name === "") throw new TypeError(`Option "name" must be a non-empty string, got ${show(this.name)}`);
     const timeout = options.sendTimeoutMs ?? DEFAULT_SEND_TIMEOUT_MS;
-    if (typeof timeout !== "number" || !(timeout > 0)) throw new TypeError(`Option "sendTimeoutMs" must be a positive number, got ${show(timeout)}`);
+    if (typeof timeout !== "number") throw new TypeError(`Option "sendTimeoutMs" must be a number of ms, got ${show(timeout)}`);
+    if (!Number.isFinite(timeout) || !(timeout > 0) || timeout > MAX_TIMER_MS) {
+      throw new RangeError(`Option "sendTimeoutMs" must be a positive finite number of ms up to ${MAX_TIMER_MS} (2^31-1), got ${show(timeout)}`);
+    }
     this.#sendTimeoutMs = timeout;
     const types = options.upsertTypes ?? ["notify", "append"];
-    if (!Array.isArray(types) || types.some((t) => typeof t !== "string")) {
-      throw new TypeError(`Option "upsertTypes" must be an array of strings, got ${show(types)}`);
+    if (!Array.isArray(types) || types.length === 0 || types.some((t) => t !== "notify" && t !== "append")) {
+      throw new TypeError(`Option "upsertTypes" must be a non-empty array of "notify" and "append", got ${show(types)}`);
     }
     this.#upsertTypes = new Set(types);
     this.#seal = new MediaSeal({ provider: this.name, key: options.mediaKey ?? `botmesh/baileys-media/v1/${this.name}` });
