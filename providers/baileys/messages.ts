@@ -118,8 +118,9 @@ export function skipReason(message: BaileysWAMessage): SkipReason | undefined {
 }
 
 /**
- * The journal id of a message: its key, `remoteJid`, `fromMe` and `id`, as
- * Baileys' `stringifyMessageKey` joins them. A redelivery (the offline replay
+ * The journal id of a message: its key, `remoteJid`, `fromMe` and `id`, joined
+ * with commas (not the order of Baileys' `stringifyMessageKey`, which is
+ * `remoteJid,id,fromMe`). A redelivery (the offline replay
  * of a message not yet acknowledged, a placeholder resend) has the same key.
  *
  * @param key the message key
