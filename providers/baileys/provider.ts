@@ -175,6 +175,8 @@ export class BaileysProvider implements Provider {
   readonly #late = new Map<string, Promise<void>>();
   /** Message id → the status of the Boom a cut-off `sendMessage` failed with later, before anything went out. */
   readonly #notSent = new BoundedMap<string, number>(REMEMBERED);
+  /** Message id → `confirm` calls waiting for a cut-off `sendMessage` that a receipt answers as well. */
+  readonly #receiptWaiters = new Map<string, Set<() => void>>();
   readonly #waits = new Set<{ timer: ReturnType<typeof setTimeout>; resolve: () => void }>();
 
   /**
@@ -571,6 +573,8 @@ export class BaileysProvider implements Provider {
     if (status < BAILEYS_STATUS.SERVER_ACK) return;
     const best = Math.max(status, this.#receipts.get(messageId) ?? 0);
     this.#receipts.set(messageId, best);
+    const waiters = this.#receiptWaiters.get(messageId);
+    if (waiters !== undefined) for (const wake of [...waiters]) wake();
     if (key === undefined) return;
     const sink = this.#sink;
     if (sink?.confirmSent === undefined) return;
@@ -644,10 +648,20 @@ export class BaileysProvider implements Provider {
     this.#keys.set(messageId, send.idempotencyKey);
     const late = this.#late.get(messageId);
     if (late !== undefined && (this.#receipts.get(messageId) ?? 0) < BAILEYS_STATUS.SERVER_ACK) {
-      // The cut-off sendMessage may still tell: wait a little for it (the bot waits 10 s for this answer).
+      // The cut-off sendMessage may still tell: wait a little for it, or for a receipt (the bot waits 10 s for this answer).
       let timer: ReturnType<typeof setTimeout> | undefined;
-      await Promise.race([late, new Promise<void>((resolve) => timer = setTimeout(resolve, CONFIRM_WAIT_MS))]);
+      let wake: (() => void) | undefined;
+      const waiters = this.#receiptWaiters.get(messageId) ?? new Set<() => void>();
+      this.#receiptWaiters.set(messageId, waiters);
+      await Promise.race([late, new Promise<void>((resolve) => {
+        wake = resolve;
+        waiters.add(resolve);
+        timer = setTimeout(resolve, CONFIRM_WAIT_MS);
+        send.signal?.addEventListener("abort", () => resolve(), { once: true });
+      })]);
       clearTimeout(timer);
+      waiters.delete(wake!);
+      if (waiters.size === 0 && this.#receiptWaiters.get(messageId) === waiters) this.#receiptWaiters.delete(messageId);
     }
     if ((this.#receipts.get(messageId) ?? 0) >= BAILEYS_STATUS.SERVER_ACK) return { delivered: true, messageId };
     return this.#notSent.has(messageId) ? { delivered: false } : null;
