@@ -654,12 +654,13 @@ export class BaileysProvider implements Provider {
       const waiters = this.#receiptWaiters.get(messageId) ?? new Set<() => void>();
       this.#receiptWaiters.set(messageId, waiters);
       await Promise.race([late, new Promise<void>((resolve) => {
-        wake = resolve;
-        waiters.add(resolve);
-        timer = setTimeout(resolve, CONFIRM_WAIT_MS);
-        send.signal?.addEventListener("abort", () => resolve(), { once: true });
+        wake = () => resolve();
+        waiters.add(wake);
+        timer = setTimeout(wake, CONFIRM_WAIT_MS);
+        send.signal?.addEventListener("abort", wake, { once: true });
       })]);
       clearTimeout(timer);
+      if (wake !== undefined) send.signal?.removeEventListener("abort", wake);
       waiters.delete(wake!);
       if (waiters.size === 0 && this.#receiptWaiters.get(messageId) === waiters) this.#receiptWaiters.delete(messageId);
     }
