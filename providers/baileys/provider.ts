@@ -135,13 +135,17 @@ export async function baileysMessageIdFor(key: string): Promise<string> {
  * the order Baileys emitted them, without waiting for each other's journal
  * write. Baileys has already acknowledged the message to WhatsApp when it
  * emits it, so a refused admission is retried here (with backoff) until the
- * journal takes it; messages that come while the bot is stopped wait in
- * memory for `start`.
+ * journal takes it, and one refused for good (content the journal cannot
+ * encode, the bot's inbound checks) is handed over again as `unreadable`, to be
+ * journaled and dead-lettered; messages that come while the bot is stopped wait
+ * in memory for `start`, each chat in its order.
  *
  * Outbound: `sock.sendMessage(chatId, content, { messageId })`, the id derived
  * from the outbox key ({@link baileysMessageIdFor}). A receipt
  * (`messages.update` status ≥ `SERVER_ACK`, or `message-receipt.update`) for
- * that id calls `sink.confirmSent`, which settles a send left ambiguous.
+ * that id, or one merged into the echo of our own send, calls
+ * `sink.confirmSent`, which settles a send left ambiguous; a `sendMessage` cut
+ * off by `sendTimeoutMs` is still watched, and its late outcome settles it too.
  */
 export class BaileysProvider implements Provider {
   readonly name: string;
