@@ -13,6 +13,7 @@ import type { InboundMessage } from "../provider.ts";
 import type { DurabilityBackend } from "../backend.ts";
 import { SQLiteDurability } from "../backends/sqlite/mod.ts";
 import { crashable } from "../src/testing/crashable.ts";
+import { UnencodableContentError } from "../src/content.ts";
 import {
   BaileysProvider,
   type BaileysProviderOptions,
@@ -216,6 +217,121 @@ describe("baileys: inbound", () => {
     expect(handled).toEqual(["while stopped"]);
     expect(h.provider.pendingCount).toBe(0);
   });
+
+  test("a flow reply the journal could not take as parsed (1e999 is Infinity, nesting past 64) is sanitised; the chat goes on", async () => {
+    const handled: { type: string; text?: string; value?: unknown }[] = [];
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push({ type: ctx.message.type, text: ctx.message.text, value: ctx.message.interaction?.value })));
+    const deep = "[".repeat(100) + "]".repeat(100);
+    const flow = (id: string, paramsJson: string) => ({
+      key: { remoteJid: ALICE, fromMe: false, id },
+      message: { interactiveResponseMessage: { nativeFlowResponseMessage: { name: "flow", paramsJson } } },
+      messageTimestamp: 1,
+    });
+    h.sock.upsert([flow("3AINF", '{"x":1e999,"y":2}'), flow("3ADEEP", `{"d":${deep}}`), flow("3APROTO", '{"__proto__":{"a":1}}')]);
+    h.sock.upsert([h.server.text(ALICE, "hello after")]);
+    await until(() => handled.length === 4, "all four messages");
+    expect(handled.slice(0, 1)).toEqual([{ type: "interaction", text: undefined, value: { x: null, y: 2 } }]);
+    let depth = 0;
+    for (let v = (handled[1]!.value as { d: unknown }).d; Array.isArray(v); v = v[0]) depth++;
+    expect(depth).toBeGreaterThan(10);
+    expect(depth).toBeLessThan(64);
+    expect(Object.keys(handled[2]!.value as object)).toEqual(["__proto__"]);
+    expect(handled[3]).toEqual({ type: "text", text: "hello after", value: undefined });
+    expect(h.errors.filter((e) => /journal refused/.test(e.message))).toEqual([]);
+  });
+
+  test("a message the bot refuses for good (unencodable, or its inbound checks) is journaled as unreadable and dead-lettered, not retried; the chat goes on", async () => {
+    const handled: string[] = [];
+    const refusals: string[] = [];
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push(ctx.message.text!)), { start: false });
+    const start = h.provider.start.bind(h.provider);
+    h.provider.start = (sink) =>
+      start({
+        ...sink,
+        receive: (m) => {
+          if (m.unreadable === undefined && m.id.endsWith("POISON1")) {
+            refusals.push(m.id);
+            return Promise.resolve({ status: "rejected", id: m.id, error: new UnencodableContentError("message.extra.x", "Infinity is not a finite number") });
+          }
+          if (m.unreadable === undefined && m.id.endsWith("POISON2")) {
+            refusals.push(m.id);
+            return Promise.resolve({ status: "rejected", id: m.id, error: new TypeError('Inbound message field "text" must be a string, got 1') });
+          }
+          return sink.receive(m);
+        },
+      });
+    await h.bot.start();
+    h.sock.upsert([h.server.text(ALICE, "poison 1", { id: "3APOISON1" }), h.server.text(ALICE, "poison 2", { id: "3APOISON2" }), h.server.text(ALICE, "after")]);
+    await until(() => handled.length === 1 && h.events.dead.length === 2, "the later message and two dead letters");
+    await h.provider.idle();
+    await h.bot.idle();
+    expect(handled).toEqual(["after"]);
+    expect(refusals).toEqual([`${ALICE},0,3APOISON1`, `${ALICE},0,3APOISON2`]);
+    for (const id of ["3APOISON1", "3APOISON2"]) {
+      const record = await h.bot.durability!.inbox.get(`${ALICE},0,${id}`);
+      expect(record?.state).toBe("dead");
+      const payload = record!.payload as unknown as InboundMessage;
+      expect(payload.unreadable).toMatch(/cannot take the Baileys message/);
+      expect(((payload.extra as { raw: { key: { id: string } } }).raw).key.id).toBe(id);
+    }
+    expect(h.errors.filter((e) => /journal refused/.test(e.message))).toEqual([]);
+  });
+
+  test("across bot.stop() a chat keeps its order: a message still being sealed is not overtaken by a later one held for the next start", async () => {
+    const handled: string[] = [];
+    const backend = new MemoryDurability();
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push(ctx.message.text!)), { backend });
+    const stop = h.provider.stop.bind(h.provider);
+    h.provider.stop = () => {
+      stop();
+      h.sock.upsert([h.server.text(ALICE, "B (text, second)")]); // right after the bot let go
+    };
+    h.sock.upsert([h.server.image(ALICE, new Uint8Array([1, 2, 3]), { caption: "A (image, first)" })]); // its media reference is sealed (async)
+    await h.bot.stop();
+    await h.provider.idle();
+    expect(h.provider.pendingCount).toBe(2);
+    expect(h.errors.some((e) => /stopped while WhatsApp messages were still held/.test(e.message))).toBe(true);
+    h.provider.stop = stop;
+    const next = new Bot({ provider: h.provider, durability: { backend, instanceId: "baileys-test" } });
+    next.when(() => true, (ctx) => void handled.push(ctx.message.text!));
+    await next.start();
+    cleanups.push(() => next.stop());
+    await until(() => handled.length === 2, "both messages");
+    expect(handled).toEqual(["A (image, first)", "B (text, second)"]);
+  });
+
+  test("a disconnect in the middle of the buffered offline replay loses nothing it acknowledged: the old socket's buffer is flushed on close and it stays listened to", async () => {
+    const handled: string[] = [];
+    const h = await harness((bot) => bot.when(() => true, (ctx) => void handled.push(ctx.message.text!)));
+    // a logged-in socket buffers until the offline queue is drained; each message is acked, then upserted (into the buffer)
+    h.sock.ev.buffer();
+    h.sock.upsert([h.server.text(ALICE, "offline 1")], "append");
+    h.sock.upsert([h.server.text(GROUP, "offline 2", { participant: "4917000000000@s.whatsapp.net" })], "append");
+    expect(handled).toEqual([]);
+    h.sock.close(); // connection.update is never buffered; Baileys' end() does not flush
+    const second = h.server.socket();
+    h.provider.attach(second);
+    second.open();
+    await until(() => handled.length === 2, "both acknowledged messages");
+    expect(handled.sort()).toEqual(["offline 1", "offline 2"]);
+    // a socket replaced without a close event: its buffer is flushed by attach()
+    second.ev.buffer();
+    second.upsert([h.server.text(ALICE, "offline 3")], "append");
+    const third = h.server.socket();
+    h.provider.attach(third);
+    await until(() => handled.length === 3, "the third message");
+    // an old socket without flush() (a message whose processing was under way) still reaches the bot
+    delete (second.ev as { flush?: unknown }).flush;
+    second.upsert([h.server.text(ALICE, "late")]);
+    await until(() => handled.length === 4, "the late message");
+    // detach() flushes and lets go of every socket
+    third.ev.buffer();
+    third.upsert([h.server.text(ALICE, "offline 4")], "append");
+    h.provider.detach();
+    await until(() => handled.length === 5, "the message flushed by detach()");
+    expect([h.sock, second, third].map((s) => s.listenerCount("messages.upsert"))).toEqual([0, 0, 0]);
+    expect(handled.slice(2)).toEqual(["offline 3", "late", "offline 4"]);
+  });
 });
 
 describe("baileys: sends", () => {
@@ -229,7 +345,7 @@ describe("baileys: sends", () => {
     const callsOnDead = h.sock.calls.length;
     const next = h.server.socket(); // the user's reconnect loop
     h.provider.attach(next);
-    expect(h.sock.listenerCount("messages.upsert")).toBe(0);
+    expect(h.sock.listenerCount("messages.upsert"), "the old socket is still listened to: it may still emit what it acknowledged").toBe(1);
     next.open();
     await until(() => h.server.delivered.length === 1, "the reply on the new socket", 8000);
     await h.bot.idle();
@@ -239,12 +355,15 @@ describe("baileys: sends", () => {
     expect(ids.size, "every attempt carries the same message id").toBe(1);
     const [entry] = await h.bot.durability!.outbox.list();
     expect(entry!.state).toBe("sent");
-    // a message on the old socket after the reconnect is not the provider's any more
-    h.sock.upsert([h.server.text(ALICE, "ghost")]);
+    // a message the old socket still emits after the reconnect (Baileys acknowledged it) is journaled; its reply goes through the new socket
+    const late = h.server.text(ALICE, "late on the old socket");
+    h.sock.upsert([late]);
+    next.upsert([structuredClone(late)], "append"); // the same message again: a duplicate
     next.upsert([h.server.text(ALICE, "ping again")]);
-    await until(() => h.server.delivered.length === 2, "the second reply");
+    await until(() => h.server.delivered.length === 3, "the other two replies");
     await h.bot.idle();
-    expect((await h.bot.durability!.inbox.list()).map((r) => (r.payload as unknown as InboundMessage).text).sort()).toEqual(["ping", "ping again"]);
+    expect((await h.bot.durability!.inbox.list()).map((r) => (r.payload as unknown as InboundMessage).text).sort()).toEqual(["late on the old socket", "ping", "ping again"]);
+    expect(h.server.delivered.map((d) => d.socket)).toEqual([next.number, next.number, next.number]);
   });
 
   test("a send cut off after the stanza went out is held as ambiguous, and the receipt settles it without a second message", async () => {
@@ -277,6 +396,65 @@ describe("baileys: sends", () => {
     expect(h.server.delivered.length).toBe(1);
   });
 
+  test("a receipt Baileys' event buffer merged into the echo of our own send (its status, or userReceipt) settles the ambiguous send", async () => {
+    const h = await harness((bot) => bot.when(/.*/, (ctx) => ctx.reply("answer")));
+    h.sock.plan.push("hang-after-write", "hang-after-write");
+    h.sock.upsert([h.server.text(ALICE, "question")]);
+    await until(() => h.events.ambiguous.length === 1, "the first ambiguity");
+    const echo = (jid: string, id: string, extra: Record<string, unknown>) => ({
+      key: { remoteJid: jid, fromMe: true, id },
+      message: { extendedTextMessage: { text: "answer" } },
+      ...extra,
+    });
+    const first = h.server.delivered[0]!.messageId;
+    h.sock.upsert([echo(ALICE, first, { status: STATUS.PENDING })], "append"); // the plain echo settles nothing
+    h.sock.upsert([echo(ALICE, first, { status: STATUS.DELIVERY_ACK })], "append");
+    await until(() => h.events.resolved.length === 1, "the first settlement");
+    expect(h.events.resolved[0]).toMatchObject({ state: "sent", via: "status", messageId: first });
+    h.sock.upsert([h.server.text(GROUP, "hi all", { participant: "4917000000000@s.whatsapp.net" })]);
+    await until(() => h.events.ambiguous.length === 2, "the second ambiguity");
+    const second = h.server.delivered[1]!.messageId;
+    h.sock.upsert([echo(GROUP, second, { status: STATUS.PENDING, userReceipt: [{ userJid: "4917000000000@s.whatsapp.net", receiptTimestamp: 1_760_000_000 }] })], "append");
+    await until(() => h.events.resolved.length === 2, "the second settlement");
+    expect(h.events.resolved[1]).toMatchObject({ state: "sent", via: "status", messageId: second });
+    expect(h.server.delivered.length).toBe(2);
+    expect(h.skipped.map((s) => s.reason)).toEqual(["from-me", "from-me", "from-me"]);
+  });
+
+  test("a sendMessage cut off by sendTimeoutMs is still watched: a late pre-send failure (Boom 408) is confirmed not delivered and sent again, a late success settles the send", async () => {
+    const h = await harness((bot) => bot.when(/.*/, (ctx) => ctx.reply(`re: ${ctx.message.text}`)));
+    const original = h.sock.sendMessage;
+    let gate!: () => void;
+    const plan: ("fail-late" | "ok-late")[] = ["fail-late"];
+    h.sock.sendMessage = async (jid, content, options) => {
+      const behaviour = plan.shift();
+      if (behaviour === undefined) return await original(jid, content, options);
+      await new Promise<void>((resolve) => gate = resolve); // longer than sendTimeoutMs (150 ms)
+      if (behaviour === "fail-late") throw boom("Timed Out", 408); // a usync query before the relay: nothing went out
+      return await original(jid, content, options);
+    };
+    h.sock.upsert([h.server.text(ALICE, "one")]);
+    await until(() => h.events.ambiguous.length === 1, "the first send cut off");
+    gate();
+    await until(() => h.events.resolved.length === 1, "the confirmation that it never went out");
+    expect(h.events.resolved[0]).toMatchObject({ state: "failed", via: "confirm" });
+    await until(() => h.server.delivered.length === 1, "the resend");
+    await h.bot.idle();
+    expect(h.server.textsTo(ALICE)).toEqual(["re: one"]);
+    expect((await h.bot.durability!.outbox.list()).map((e) => e.state)).toEqual(["sent"]);
+
+    plan.push("ok-late");
+    h.sock.upsert([h.server.text(ALICE, "two")]);
+    await until(() => h.events.ambiguous.length === 2, "the second send cut off");
+    gate();
+    await until(() => h.events.resolved.length === 2, "the late success settling it");
+    expect(h.events.resolved[1]).toMatchObject({ state: "sent", via: "status" });
+    await h.bot.idle();
+    expect(h.server.textsTo(ALICE)).toEqual(["re: one", "re: two"]);
+    expect(h.server.delivered.length).toBe(2);
+    expect((await h.bot.durability!.outbox.list()).map((e) => e.state)).toEqual(["sent", "sent"]);
+  });
+
   test("errors are classified: closed, lost and timed-out queries retry, logged out waits, bad content is permanent, the provider's own timeout is maybe delivered", () => {
     expect(classifyBaileysError(boom("Connection Closed", 428))).toEqual({ retryable: true, rateLimited: "chat", retryAfterMs: 1000 });
     expect(classifyBaileysError(boom("Timed Out", 408))).toEqual({ retryable: true });
@@ -292,6 +470,16 @@ describe("baileys: sends", () => {
 
   test("options are checked", () => {
     expect(() => new BaileysProvider({ sendTimeoutMs: 0 })).toThrow(/sendTimeoutMs/);
+    for (const sendTimeoutMs of [Infinity, NaN, 3_000_000_000, -1]) {
+      expect(() => new BaileysProvider({ sendTimeoutMs }), String(sendTimeoutMs)).toThrow(RangeError);
+      expect(() => new BaileysProvider({ sendTimeoutMs }), String(sendTimeoutMs)).toThrow(/sendTimeoutMs/);
+    }
+    expect(() => new BaileysProvider({ sendTimeoutMs: "5" as never })).toThrow(/sendTimeoutMs/);
+    expect(new BaileysProvider({ sendTimeoutMs: 2 ** 31 - 1 })).toBeDefined();
+    for (const upsertTypes of [[], ["notfy"], ["notify", 1], "notify"]) {
+      expect(() => new BaileysProvider({ upsertTypes: upsertTypes as never }), JSON.stringify(upsertTypes)).toThrow(/upsertTypes/);
+    }
+    expect(new BaileysProvider({ upsertTypes: ["append"] })).toBeDefined();
     expect(() => new BaileysProvider({ nope: 1 } as never)).toThrow(/Unknown BaileysProvider option "nope"/);
     expect(() => new BaileysProvider({ mediaKey: "short" })).toThrow(RangeError);
     expect(() => new BaileysProvider().attach({} as never)).toThrow(/attach\(\) needs a Baileys socket/);

@@ -8,6 +8,7 @@
 import type { JsonValue } from "../../src/contract.ts";
 import type { MediaSeal, StoredMediaRef } from "../../src/media.ts";
 import type { InboundMessage } from "../../src/provider.ts";
+import { setOwn } from "../../src/rules.ts";
 import type { BaileysLong, BaileysMessageKey, BaileysWAMessage } from "./socket.ts";
 
 /** A plain object. */
@@ -117,8 +118,9 @@ export function skipReason(message: BaileysWAMessage): SkipReason | undefined {
 }
 
 /**
- * The journal id of a message: its key, `remoteJid`, `fromMe` and `id`, as
- * Baileys' `stringifyMessageKey` joins them. A redelivery (the offline replay
+ * The journal id of a message: its key, `remoteJid`, `fromMe` and `id`, joined
+ * with commas (not the order of Baileys' `stringifyMessageKey`, which is
+ * `remoteJid,id,fromMe`). A redelivery (the offline replay
  * of a message not yet acknowledged, a placeholder resend) has the same key.
  *
  * @param key the message key
@@ -193,7 +195,7 @@ export function toJson(value: unknown, maxDepth = 24): JsonValue {
     for (const name of Object.keys(obj)) {
       if (DROPPED.has(name)) continue;
       const item = walk(obj[name], depth + 1);
-      if (item !== undefined) out[name] = item;
+      if (item !== undefined) setOwn(out, name, item); // "__proto__" (from JSON.parse) kept as a key
     }
     return out;
   };
@@ -235,6 +237,12 @@ function textOf(kind: string, node: unknown): string | undefined {
   return undefined;
 }
 
+/**
+ * How deep a flow reply's parsed `paramsJson` is kept (deeper objects become `null`): the journal takes
+ * 64 levels (`MAX_CONTENT_DEPTH`) and the value sits at level 3 of the message.
+ */
+export const INTERACTION_VALUE_DEPTH = 24;
+
 /** A button press, list choice or flow reply. */
 function interactionOf(kind: string, node: unknown): InboundMessage["interaction"] {
   if (!isObj(node)) return undefined;
@@ -248,7 +256,9 @@ function interactionOf(kind: string, node: unknown): InboundMessage["interaction
     const params = typeof flow?.paramsJson === "string" ? flow.paramsJson : undefined;
     let value: JsonValue | undefined;
     try {
-      value = params === undefined ? undefined : JSON.parse(params) as JsonValue;
+      // Sanitised like the rest of the message: a number JSON.parse reads as Infinity ("1e999") becomes
+      // null, nesting past INTERACTION_VALUE_DEPTH is cut, so the journal can always take it.
+      value = params === undefined ? undefined : toJson(JSON.parse(params), INTERACTION_VALUE_DEPTH);
     } catch {
       value = params;
     }

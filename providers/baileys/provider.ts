@@ -8,6 +8,7 @@
  * @module
  */
 import { BoundedMap } from "../../src/bounded_map.ts";
+import { UnencodableContentError } from "../../src/content.ts";
 import { ProviderError } from "../../src/errors.ts";
 import { type LoadedMedia, type MediaLoadContext, MediaSeal, MediaUnavailableError, type StoredMediaRef } from "../../src/media.ts";
 import {
@@ -66,11 +67,14 @@ export interface BaileysProviderOptions {
    */
   downloadMedia?: (message: BaileysWAMessage, context: { signal?: AbortSignal }) => Promise<Uint8Array>;
   /**
-   * The `messages.upsert` types handled (default both `notify` and `append`): Baileys emits the
+   * The `messages.upsert` types handled, a non-empty list of `"notify"` and `"append"` (default both): Baileys emits the
    * messages WhatsApp queued while the socket was away (the offline replay) as `append`.
    */
   upsertTypes?: readonly string[];
-  /** How long `sendMessage` may take before the send is held as ambiguous (default 60 000 ms). */
+  /**
+   * How long `sendMessage` may take before the send is held as ambiguous (default 180 000 ms, well above
+   * Baileys' 60 s query timeout; at most 2^31−1). A `sendMessage` cut off is still watched: its late outcome settles the send.
+   */
   sendTimeoutMs?: number;
   /** Turn the bot's content into Baileys' `AnyMessageContent` (default: a string is `{ text }`, an object goes as it is). */
   prepareContent?: (content: OutboundContent, chatId: string) => unknown;
@@ -82,8 +86,16 @@ export interface BaileysProviderOptions {
 
 /** How long a send waits, without spending an attempt, while no socket is open. */
 export const DISCONNECTED_WAIT_MS = 1_000;
+/** How many sockets the provider listens to: the current one and the latest previous ones (a dying socket may still emit). */
+export const KEPT_SOCKETS = 4;
 /** Receipts and keys remembered (the latest ones). */
 const REMEMBERED = 10_000;
+/** setTimeout's largest delay. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+/** How long `confirm` waits for a cut-off `sendMessage` to tell how it ended (the bot waits 10 s for the answer). */
+const CONFIRM_WAIT_MS = 5_000;
+/** Default of `sendTimeoutMs`: well above Baileys' own query timeout (`defaultQueryTimeoutMs`, 60 s), so a query before the relay fails first. */
+const DEFAULT_SEND_TIMEOUT_MS = 180_000;
 /** Backoff of an admission the journal refused: first and largest wait. */
 const ADMIT_RETRY_MS = [250, 30_000] as const;
 
@@ -123,13 +135,17 @@ export async function baileysMessageIdFor(key: string): Promise<string> {
  * the order Baileys emitted them, without waiting for each other's journal
  * write. Baileys has already acknowledged the message to WhatsApp when it
  * emits it, so a refused admission is retried here (with backoff) until the
- * journal takes it; messages that come while the bot is stopped wait in
- * memory for `start`.
+ * journal takes it, and one refused for good (content the journal cannot
+ * encode, the bot's inbound checks) is handed over again as `unreadable`, to be
+ * journaled and dead-lettered; messages that come while the bot is stopped wait
+ * in memory for `start`, each chat in its order.
  *
  * Outbound: `sock.sendMessage(chatId, content, { messageId })`, the id derived
  * from the outbox key ({@link baileysMessageIdFor}). A receipt
  * (`messages.update` status ≥ `SERVER_ACK`, or `message-receipt.update`) for
- * that id calls `sink.confirmSent`, which settles a send left ambiguous.
+ * that id, or one merged into the echo of our own send, calls
+ * `sink.confirmSent`, which settles a send left ambiguous; a `sendMessage` cut
+ * off by `sendTimeoutMs` is still watched, and its late outcome settles it too.
  */
 export class BaileysProvider implements Provider {
   readonly name: string;
@@ -144,7 +160,8 @@ export class BaileysProvider implements Provider {
   connectionId?: string;
   #socket: BaileysSocketLike | undefined;
   #connection: string | undefined;
-  #detach: (() => void) | undefined;
+  /** The sockets listened to: the current one last, and the latest previous ones. */
+  #listening: { socket: BaileysSocketLike; remove: () => void }[] = [];
   #sink: InboundSink | undefined;
   /** Messages that came while no sink was there, in order. */
   #pending: { message: BaileysWAMessage; upsertType: string }[] = [];
@@ -158,6 +175,12 @@ export class BaileysProvider implements Provider {
   readonly #keys = new BoundedMap<string, string>(REMEMBERED);
   /** Message id → the best status a receipt gave, for ids whose key is not known yet. */
   readonly #receipts = new BoundedMap<string, number>(REMEMBERED);
+  /** Message id → a cut-off `sendMessage` still watched. */
+  readonly #late = new Map<string, Promise<void>>();
+  /** Message id → the status of the Boom a cut-off `sendMessage` failed with later, before anything went out. */
+  readonly #notSent = new BoundedMap<string, number>(REMEMBERED);
+  /** Message id → `confirm` calls waiting for a cut-off `sendMessage` that a receipt answers as well. */
+  readonly #receiptWaiters = new Map<string, Set<() => void>>();
   readonly #waits = new Set<{ timer: ReturnType<typeof setTimeout>; resolve: () => void }>();
 
   /**
@@ -180,12 +203,15 @@ export class BaileysProvider implements Provider {
     fn("onError");
     this.name = options.name ?? "baileys";
     if (typeof this.name !== "string" || this.name === "") throw new TypeError(`Option "name" must be a non-empty string, got ${show(this.name)}`);
-    const timeout = options.sendTimeoutMs ?? 60_000;
-    if (typeof timeout !== "number" || !(timeout > 0)) throw new TypeError(`Option "sendTimeoutMs" must be a positive number, got ${show(timeout)}`);
+    const timeout = options.sendTimeoutMs ?? DEFAULT_SEND_TIMEOUT_MS;
+    if (typeof timeout !== "number") throw new TypeError(`Option "sendTimeoutMs" must be a number of ms, got ${show(timeout)}`);
+    if (!Number.isFinite(timeout) || !(timeout > 0) || timeout > MAX_TIMER_MS) {
+      throw new RangeError(`Option "sendTimeoutMs" must be a positive finite number of ms up to ${MAX_TIMER_MS} (2^31-1), got ${show(timeout)}`);
+    }
     this.#sendTimeoutMs = timeout;
     const types = options.upsertTypes ?? ["notify", "append"];
-    if (!Array.isArray(types) || types.some((t) => typeof t !== "string")) {
-      throw new TypeError(`Option "upsertTypes" must be an array of strings, got ${show(types)}`);
+    if (!Array.isArray(types) || types.length === 0 || types.some((t) => t !== "notify" && t !== "append")) {
+      throw new TypeError(`Option "upsertTypes" must be a non-empty array of "notify" and "append", got ${show(types)}`);
     }
     this.#upsertTypes = new Set(types);
     this.#seal = new MediaSeal({ provider: this.name, key: options.mediaKey ?? `botmesh/baileys-media/v1/${this.name}` });
@@ -205,12 +231,13 @@ export class BaileysProvider implements Provider {
   // ---- the socket -----------------------------------------------------------------
 
   /**
-   * Use `socket` from now on: its events reach the bot, and sends go through
-   * it; the previous socket's listeners are removed. Call it with every socket
-   * your reconnect loop makes, right after `makeWASocket` (before any event
-   * can be emitted). Nothing is lost in between: sends fail as retryable while
-   * no open socket is there (the outbox sends them again), and admissions
-   * already under way finish.
+   * Use `socket` from now on for sends. Call it with every socket your reconnect loop makes, right after
+   * `makeWASocket` (before any event can be emitted). The provider keeps listening to the previous
+   * sockets' messages and receipts (the latest {@link KEPT_SOCKETS}): Baileys acknowledged every message
+   * it emits, including the ones a dying socket still emits (its offline replay's buffer, flushed here
+   * when it closes, or a message whose processing was under way); a copy that also comes through another
+   * socket is dropped as a duplicate by its key. Sends fail as retryable while no open socket is there
+   * (the outbox sends them again), and admissions already under way finish.
    *
    * @param socket the socket `makeWASocket` returned
    */
@@ -218,41 +245,66 @@ export class BaileysProvider implements Provider {
     if (!isObj(socket) || !isObj(socket.ev) || typeof socket.ev.on !== "function" || typeof socket.sendMessage !== "function") {
       throw new TypeError(`attach() needs a Baileys socket (with "ev.on" and "sendMessage"), got ${show(socket)}`);
     }
-    this.detach();
+    const previous = this.#socket;
+    this.#socket = socket;
+    this.#connection = undefined;
+    if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
+    // What the previous socket still holds in its event buffer (acknowledged already) comes out now.
+    if (previous !== undefined && previous !== socket) this.#flush(previous);
+    if (this.#listening.some((entry) => entry.socket === socket)) return;
     const onUpsert = (upsert: BaileysUpsert) => this.#onUpsert(upsert);
     const onUpdate = (updates: BaileysMessageUpdate[]) => this.#onUpdates(updates);
     const onReceipt = (receipts: BaileysReceiptUpdate[]) => this.#onReceipts(receipts);
     const onConnection = (update: BaileysConnectionUpdate) => {
       if (this.#socket === socket && isObj(update) && typeof update.connection === "string") this.#connection = update.connection;
       if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
+      // Baileys' end() never flushes: messages of an offline replay cut short (each acknowledged) would stay in the buffer.
+      if (isObj(update) && update.connection === "close") this.#flush(socket);
     };
     socket.ev.on("messages.upsert", onUpsert);
     socket.ev.on("messages.update", onUpdate);
     socket.ev.on("message-receipt.update", onReceipt);
     socket.ev.on("connection.update", onConnection);
-    this.#socket = socket;
-    this.#connection = undefined;
-    if (this.connectionId === undefined && typeof socket.user?.id === "string") this.connectionId = bareJid(socket.user.id);
-    this.#detach = () => {
-      socket.ev.off("messages.upsert", onUpsert);
-      socket.ev.off("messages.update", onUpdate);
-      socket.ev.off("message-receipt.update", onReceipt);
-      socket.ev.off("connection.update", onConnection);
-    };
+    this.#listening.push({
+      socket,
+      remove: () => {
+        socket.ev.off("messages.upsert", onUpsert);
+        socket.ev.off("messages.update", onUpdate);
+        socket.ev.off("message-receipt.update", onReceipt);
+        socket.ev.off("connection.update", onConnection);
+      },
+    });
+    while (this.#listening.length > KEPT_SOCKETS) this.#unlisten(this.#listening.shift()!);
   }
 
-  /** Stop listening to the current socket; sends fail as retryable until the next {@link attach}. */
+  /**
+   * Stop listening to every socket (what their event buffers hold is flushed first); sends fail as
+   * retryable until the next {@link attach}.
+   */
   detach(): void {
-    const detach = this.#detach;
-    this.#detach = undefined;
     this.#socket = undefined;
     this.#connection = undefined;
-    if (detach !== undefined) {
-      try {
-        detach();
-      } catch (error) {
-        this.#report(error instanceof Error ? error : new Error(String(error)));
-      }
+    const listening = this.#listening;
+    this.#listening = [];
+    for (const entry of listening) this.#unlisten(entry);
+  }
+
+  #unlisten(entry: { socket: BaileysSocketLike; remove: () => void }): void {
+    this.#flush(entry.socket);
+    try {
+      entry.remove();
+    } catch (error) {
+      this.#report(error instanceof Error ? error : new Error(String(error)));
+    }
+  }
+
+  /** `ev.flush(true)`: the events Baileys buffered are emitted now (to the listeners still there). */
+  #flush(socket: BaileysSocketLike): void {
+    if (typeof socket.ev?.flush !== "function") return;
+    try {
+      socket.ev.flush(true);
+    } catch (error) {
+      this.#report(error instanceof Error ? error : new Error(String(error)));
     }
   }
 
@@ -273,6 +325,14 @@ export class BaileysProvider implements Provider {
 
   /** Called by `bot.stop()`: later messages wait in memory for the next `start` (a bot made with this provider): Baileys acknowledged them already. */
   stop(): void {
+    if (this.#pending.length > 0 || this.#chains.size > 0 || this.#inflight.size > 0 || this.#retrying.size > 0) {
+      this.#report(
+        new Error(
+          "The bot stopped while WhatsApp messages were still held in the provider's memory (Baileys acknowledged them, " +
+            "the journal does not have them yet): they wait for the next bot started with this provider, and are lost if the process ends first",
+        ),
+      );
+    }
     this.#sink = undefined;
     for (const wait of this.#waits) {
       clearTimeout(wait.timer);
@@ -300,6 +360,9 @@ export class BaileysProvider implements Provider {
     }
     const type = String(upsert.type);
     for (const message of upsert.messages) {
+      // Baileys' event buffer merges a receipt that came while buffering into the upsert of our own
+      // echo (its status, its userReceipt): read it before the echo is skipped as from-me.
+      if (isObj(message) && isObj(message.key) && message.key.fromMe === true && typeof message.key.id === "string") this.#echoReceipt(message);
       const reason: SkipReason | undefined = skipReason(message) ?? (this.#upsertTypes.has(type) ? undefined : "upsert-type");
       if (reason !== undefined) {
         if (this.#onSkipped !== undefined) {
@@ -316,21 +379,25 @@ export class BaileysProvider implements Provider {
   }
 
   #enqueue(message: BaileysWAMessage, upsertType: string): void {
-    if (this.#sink === undefined) {
+    const chat = message.key.remoteJid!;
+    if (this.#sink === undefined && !this.#chains.has(chat) && !this.#retrying.has(chat)) {
+      // Nothing of the chat under way: straight to the messages waiting for `start`. (Else behind what
+      // is under way, which joins them when it finds no bot: a message still being sealed keeps its place.)
       this.#pending.push({ message, upsertType });
       return;
     }
-    const chat = message.key.remoteJid!;
     // The conversions of a chat run in order, so its messages reach the bot in the order Baileys
     // emitted them; the admissions themselves are not waited for (the bot keeps each message's place
     // in its chat while it is journaled), so a burst (the offline replay) is journaled as fast as the
     // journal takes it: Baileys acknowledged every one of them already.
     const previous = this.#chains.get(chat) ?? Promise.resolve();
     const next = previous.then(async () => {
-      const inbound = await this.#convert(message, upsertType);
+      // No bot (stopped): converted again at the next start.
+      const inbound = this.#sink === undefined ? undefined : await this.#convert(message, upsertType);
       const retrying = this.#retrying.get(chat);
       if (retrying !== undefined) await retrying; // behind a refused message of the chat
-      this.#deliver(chat, message, upsertType, inbound);
+      if (inbound === undefined) this.#pending.push({ message, upsertType });
+      else this.#deliver(chat, message, upsertType, inbound);
     }).catch((error) => {
       this.#report(error instanceof Error ? error : new Error(String(error)));
     });
@@ -363,10 +430,22 @@ export class BaileysProvider implements Provider {
       this.#pending.push({ message, upsertType });
       return;
     }
-    const admission = this.#receiveOnce(sink, inbound).then(async (error) => {
+    const admission = this.#receiveOnce(sink, inbound).then(async (refused) => {
+      let error = refused;
+      if (error !== undefined && isPermanentRefusal(error) && inbound.unreadable === undefined) {
+        // Never journaled as it is, however often it is tried: journaled as unreadable instead (the core
+        // dead-letters it), so that it is kept and its chat goes on.
+        inbound = this.#unreadable(message, error);
+        error = await this.#receiveOnce(sink, inbound);
+      }
       if (error === undefined) return;
+      if (isPermanentRefusal(error)) {
+        this.#report(new Error(`WhatsApp message ${inbound.id} cannot be journaled, even as unreadable: dropped (${error.message})`, { cause: error }));
+        return;
+      }
+      const refusal = error;
       const before = this.#retrying.get(chat) ?? Promise.resolve();
-      const retry = before.then(() => this.#retry(message, upsertType, inbound, error));
+      const retry = before.then(() => this.#retry(message, upsertType, inbound, refusal));
       this.#retrying.set(chat, retry);
       await retry;
       if (this.#retrying.get(chat) === retry) this.#retrying.delete(chat);
@@ -387,7 +466,8 @@ export class BaileysProvider implements Provider {
     }
   }
 
-  async #retry(message: BaileysWAMessage, upsertType: string, inbound: InboundMessage, first: Error): Promise<void> {
+  async #retry(message: BaileysWAMessage, upsertType: string, given: InboundMessage, first: Error): Promise<void> {
+    let inbound = given;
     let error: Error | undefined = first;
     let delay: number = ADMIT_RETRY_MS[0];
     while (error !== undefined) {
@@ -404,7 +484,28 @@ export class BaileysProvider implements Provider {
         return;
       }
       error = await this.#receiveOnce(sink, inbound);
+      if (error !== undefined && isPermanentRefusal(error)) {
+        if (inbound.unreadable !== undefined) {
+          this.#report(new Error(`WhatsApp message ${inbound.id} cannot be journaled, even as unreadable: dropped (${error.message})`, { cause: error }));
+          return;
+        }
+        inbound = this.#unreadable(message, error);
+        error = await this.#receiveOnce(sink, inbound);
+      }
     }
+  }
+
+  /** The message as unreadable (the reason, and the raw `WAMessage` as JSON): what the journal takes of one it refused for good. */
+  #unreadable(message: BaileysWAMessage, error: Error): InboundMessage {
+    const reason = `The journal cannot take the Baileys message as read: ${error.message}`;
+    this.#report(new Error(`${reason} (${messageKeyId(message.key)}); journaled as unreadable`, { cause: error }));
+    return {
+      id: messageKeyId(message.key),
+      chatId: message.key.remoteJid!,
+      type: "other",
+      unreadable: reason,
+      extra: { raw: toJson(message, 24) },
+    };
   }
 
   #wait(ms: number): Promise<void> {
@@ -454,6 +555,19 @@ export class BaileysProvider implements Provider {
     }
   }
 
+  /** The receipts an upsert of one of our own messages carries (`status`, `userReceipt`). */
+  #echoReceipt(message: BaileysWAMessage): void {
+    const id = message.key.id!;
+    if (typeof message.status === "number") this.#receipt(id, message.status);
+    if (!Array.isArray(message.userReceipt)) return;
+    for (const entry of message.userReceipt) {
+      if (!isObj(entry)) continue;
+      const set = (v: unknown) => v !== undefined && v !== null && v !== 0;
+      if (set(entry.readTimestamp) || set(entry.playedTimestamp)) this.#receipt(id, BAILEYS_STATUS.READ);
+      else if (set(entry.receiptTimestamp)) this.#receipt(id, BAILEYS_STATUS.DELIVERY_ACK);
+    }
+  }
+
   #receipt(messageId: string, status: number): void {
     const key = this.#keys.get(messageId);
     if (status === BAILEYS_STATUS.ERROR) {
@@ -463,6 +577,8 @@ export class BaileysProvider implements Provider {
     if (status < BAILEYS_STATUS.SERVER_ACK) return;
     const best = Math.max(status, this.#receipts.get(messageId) ?? 0);
     this.#receipts.set(messageId, best);
+    const waiters = this.#receiptWaiters.get(messageId);
+    if (waiters !== undefined) for (const wake of [...waiters]) wake();
     if (key === undefined) return;
     const sink = this.#sink;
     if (sink?.confirmSent === undefined) return;
@@ -509,10 +625,15 @@ export class BaileysProvider implements Provider {
       onAbort = () => reject(new ProviderError("The bot stopped during sendMessage: it may have gone out", { maybeDelivered: true }));
       context.signal?.addEventListener("abort", onAbort, { once: true });
     });
+    this.#notSent.delete(messageId);
+    const sending = socket.sendMessage(chatId, payload, { messageId });
     try {
-      const sent = await Promise.race([socket.sendMessage(chatId, payload, { messageId }), cut]);
+      const sent = await Promise.race([sending, cut]);
       const id = isObj(sent) && isObj(sent.key) && typeof sent.key.id === "string" ? sent.key.id : messageId;
       return { messageId: id };
+    } catch (error) {
+      if (error instanceof ProviderError && error.maybeDelivered) this.#watchLate(messageId, sending);
+      throw error;
     } finally {
       clearTimeout(timer);
       if (onAbort !== undefined) context.signal?.removeEventListener("abort", onAbort);
@@ -529,7 +650,46 @@ export class BaileysProvider implements Provider {
   async confirm(send: SendInQuestion): Promise<SendConfirmation | null> {
     const messageId = await baileysMessageIdFor(send.idempotencyKey);
     this.#keys.set(messageId, send.idempotencyKey);
-    return (this.#receipts.get(messageId) ?? 0) >= BAILEYS_STATUS.SERVER_ACK ? { delivered: true, messageId } : null;
+    const late = this.#late.get(messageId);
+    if (late !== undefined && (this.#receipts.get(messageId) ?? 0) < BAILEYS_STATUS.SERVER_ACK) {
+      // The cut-off sendMessage may still tell: wait a little for it, or for a receipt (the bot waits 10 s for this answer).
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      let wake: (() => void) | undefined;
+      const waiters = this.#receiptWaiters.get(messageId) ?? new Set<() => void>();
+      this.#receiptWaiters.set(messageId, waiters);
+      await Promise.race([late, new Promise<void>((resolve) => {
+        wake = () => resolve();
+        waiters.add(wake);
+        timer = setTimeout(wake, CONFIRM_WAIT_MS);
+        send.signal?.addEventListener("abort", wake, { once: true });
+      })]);
+      clearTimeout(timer);
+      if (wake !== undefined) send.signal?.removeEventListener("abort", wake);
+      waiters.delete(wake!);
+      if (waiters.size === 0 && this.#receiptWaiters.get(messageId) === waiters) this.#receiptWaiters.delete(messageId);
+    }
+    if ((this.#receipts.get(messageId) ?? 0) >= BAILEYS_STATUS.SERVER_ACK) return { delivered: true, messageId };
+    return this.#notSent.has(messageId) ? { delivered: false } : null;
+  }
+
+  /**
+   * A `sendMessage` cut off by the timeout (or the bot's stop) is still watched: resolving later, it went
+   * out (settled like a receipt); failing later with a Boom Baileys throws before the stanza leaves (408,
+   * 428, another 4xx), it did not, and {@link confirm} says so.
+   */
+  #watchLate(messageId: string, sending: Promise<unknown>): void {
+    const late = sending.then(
+      () => this.#receipt(messageId, BAILEYS_STATUS.SERVER_ACK),
+      (error) => {
+        const status = baileysStatusOf(error);
+        if (status !== undefined && status >= 400 && status < 500 && status !== 401 && status !== 403) {
+          this.#notSent.set(messageId, status);
+        }
+      },
+    ).finally(() => {
+      if (this.#late.get(messageId) === late) this.#late.delete(messageId);
+    });
+    this.#late.set(messageId, late);
   }
 
   /**
@@ -592,6 +752,15 @@ export class BaileysProvider implements Provider {
     if (typeof ref.node.fileName === "string") out.fileName = ref.node.fileName;
     return out;
   }
+}
+
+/**
+ * Whether the bot refused a message for good: content the journal cannot encode, or the bot's own checks
+ * of an inbound message (a `TypeError` naming an "Inbound message field"). Trying again cannot help.
+ */
+function isPermanentRefusal(error: Error): boolean {
+  return error instanceof UnencodableContentError || error.name === "UnencodableContentError" ||
+    (error instanceof TypeError && error.message.startsWith("Inbound message"));
 }
 
 /** `123:4@s.whatsapp.net` → `123@s.whatsapp.net` (the account, without the device). */

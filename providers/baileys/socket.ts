@@ -3,7 +3,7 @@
  * structurally: nothing here imports Baileys. The shapes follow Baileys
  * 6.17's published types (`lib/Types/Events.d.ts`, `lib/Types/Message.d.ts`,
  * `WAProto/index.d.ts`): a real `WASocket` is assignable to
- * {@link BaileysSocketLike} (checked by `tests/baileys_types_check.ts`).
+ * {@link BaileysSocketLike} (checked by `compat/baileys/types_check.ts`).
  *
  * @module
  */
@@ -42,6 +42,8 @@ export interface BaileysWAMessage {
   pushName?: string | null;
   participant?: string | null;
   status?: number | null;
+  /** Receipts of our own message (a group's members), as Baileys' event buffer merges them into its upsert. */
+  userReceipt?: { userJid?: string | null; receiptTimestamp?: unknown; readTimestamp?: unknown; playedTimestamp?: unknown }[] | null;
   messageStubType?: number | null;
   messageStubParameters?: (string | null)[] | null;
   broadcast?: boolean | null;
@@ -93,6 +95,11 @@ export interface BaileysEventsLike {
   on(event: any, listener: (arg: any) => void): unknown;
   // deno-lint-ignore no-explicit-any
   off(event: any, listener: (arg: any) => void): unknown;
+  /**
+   * Emit what is buffered now (Baileys' `flush(force)`): called with `true` when a socket closes or is
+   * let go, since Baileys' `end()` leaves an offline replay cut short in the buffer, acknowledged.
+   */
+  flush?(force?: boolean): unknown;
 }
 
 /** The options of `sock.sendMessage` the provider sets (`MiscMessageGenerationOptions`). */

@@ -49,6 +49,9 @@ export function boom(message: string, statusCode: number): Error {
 
 type Listener = (arg: unknown) => void;
 
+/** The events Baileys' event buffer holds (`connection.update` is never buffered). */
+const BUFFERED_EVENTS = new Set(["messages.upsert", "messages.update", "message-receipt.update"]);
+
 /** What a send did on the "server". */
 export interface Delivered {
   jid: string;
@@ -180,7 +183,18 @@ export class FakeSocket {
   readonly calls: { jid: string; content: unknown; options: Record<string, unknown> | undefined }[] = [];
   isOpen = false;
   user: { id: string; name?: string } | undefined;
-  readonly ev: { on(event: string, listener: Listener): void; off(event: string, listener: Listener): void; emit(event: string, arg: unknown): void };
+  readonly ev: {
+    on(event: string, listener: Listener): void;
+    off(event: string, listener: Listener): void;
+    emit(event: string, arg: unknown): void;
+    /** Baileys' `ev.buffer()`: message events wait (a logged-in socket buffers until the offline queue is drained). */
+    buffer(): void;
+    /** Baileys' `ev.flush(force)`: what waited is emitted, in order (without Baileys' merging of events). */
+    flush(force?: boolean): boolean;
+  };
+  /** Whether the socket's events are being buffered (`ev.buffer()` until `ev.flush()`). */
+  buffering = false;
+  readonly #buffered: [string, unknown][] = [];
 
   constructor(server: FakeWhatsApp, number: number) {
     this.server = server;
@@ -194,7 +208,20 @@ export class FakeSocket {
         this.listeners.get(event)?.delete(listener);
       },
       emit: (event, arg) => {
+        if (this.buffering && BUFFERED_EVENTS.has(event)) {
+          this.#buffered.push([event, arg]);
+          return;
+        }
         for (const listener of [...(this.listeners.get(event) ?? [])]) listener(arg);
+      },
+      buffer: () => {
+        this.buffering = true;
+      },
+      flush: () => {
+        if (!this.buffering) return false;
+        this.buffering = false;
+        for (const [event, arg] of this.#buffered.splice(0)) this.ev.emit(event, arg);
+        return true;
       },
     };
   }
