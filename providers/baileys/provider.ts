@@ -413,13 +413,7 @@ export class BaileysProvider implements Provider {
     } catch (error) {
       const reason = `The Baileys message could not be read: ${error instanceof Error ? error.message : String(error)}`;
       this.#report(new Error(`${reason} (${messageKeyId(message.key)})`));
-      return {
-        id: messageKeyId(message.key),
-        chatId: message.key.remoteJid!,
-        type: "other",
-        unreadable: reason,
-        extra: { raw: toJson(message, 24) },
-      };
+      return unreadableOf(message, reason);
     }
   }
 
@@ -499,13 +493,7 @@ export class BaileysProvider implements Provider {
   #unreadable(message: BaileysWAMessage, error: Error): InboundMessage {
     const reason = `The journal cannot take the Baileys message as read: ${error.message}`;
     this.#report(new Error(`${reason} (${messageKeyId(message.key)}); journaled as unreadable`, { cause: error }));
-    return {
-      id: messageKeyId(message.key),
-      chatId: message.key.remoteJid!,
-      type: "other",
-      unreadable: reason,
-      extra: { raw: toJson(message, 24) },
-    };
+    return unreadableOf(message, reason);
   }
 
   #wait(ms: number): Promise<void> {
@@ -766,4 +754,9 @@ function isPermanentRefusal(error: Error): boolean {
 /** `123:4@s.whatsapp.net` → `123@s.whatsapp.net` (the account, without the device). */
 function bareJid(jid: string): string {
   return jid.replace(/:\d+(?=@)/, "");
+}
+
+/** A message journaled as unreadable: the reason, and the raw `WAMessage` as JSON. */
+function unreadableOf(message: BaileysWAMessage, reason: string): InboundMessage {
+  return { id: messageKeyId(message.key), chatId: message.key.remoteJid!, type: "other", unreadable: reason, extra: { raw: toJson(message, 24) } };
 }
