@@ -20,7 +20,7 @@ import {
   type SweepSummary,
 } from "./engine.ts";
 import { Conversations, type FlowContext, type HandlerSend, type HandlerStep, type StepJob } from "./conversation.ts";
-import { type StepCall, type StepOptions, stepResultOf } from "./engine/steps.ts";
+import { encodeStepResult, type StepCall, type StepOptions, stepResultOf } from "./engine/steps.ts";
 import { errorLogText, errorText, isProcessDeath } from "./errors.ts";
 import { showValue as show } from "./show.ts";
 import { assertMatcher, type Matcher } from "./matchers.ts";
@@ -217,7 +217,7 @@ export class Bot {
         if (engine === undefined) {
           // No journal: the step simply runs (its result is the same JSON round trip as a journaled one's).
           return Promise.resolve().then(() => fn({ idempotencyKey: key, attempt: 1, signal: new AbortController().signal }))
-            .then((value) => stepResultOf(JSON.stringify(value === undefined ? {} : { v: value }))!.value);
+            .then((value) => stepResultOf(encodeStepResult(value))!.value);
         }
         // A message handled without its record (admitted while the journal failed) still journals its steps.
         const record = (job as InboundJob).record;

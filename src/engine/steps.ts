@@ -152,6 +152,14 @@ export function stepOf(entry: Pick<OutboxEntry, "chatId" | "content">): StepCont
   return c as unknown as StepContent;
 }
 
+/**
+ * A step's result as its entry records it: `{"v": <result>}`, `{}` for `undefined`.
+ * @throws {TypeError} when it is not JSON (a `BigInt`, a cycle)
+ */
+export function encodeStepResult(value: unknown): string {
+  return JSON.stringify(value === undefined ? {} : { v: value });
+}
+
 /** The result a step entry recorded: `{ value }` (no `value`: `undefined`), or `undefined` when it holds none. */
 export function stepResultOf(messageId: string | null): { value: JsonValue | undefined } | undefined {
   if (messageId === null || messageId === STEP_NOT_RUN || messageId === STEP_SUPERSEDED) return undefined;
@@ -171,9 +179,9 @@ export function stepResultOf(messageId: string | null): { value: JsonValue | und
  * @throws {TypeError} when `result` is not JSON
  */
 export function stepResultText(result: string, key: string): string {
-  if (result === "") return "{}";
+  if (result === "") return encodeStepResult(undefined);
   try {
-    return JSON.stringify({ v: JSON.parse(result) as JsonValue });
+    return encodeStepResult(JSON.parse(result) as JsonValue);
   } catch {
     throw new TypeError(`The result confirmed for step "${key}" must be JSON (or empty for none), got ${show(result)}`);
   }
@@ -434,7 +442,7 @@ export class Steps {
       let text: string | undefined;
       let refusal: string | undefined;
       try {
-        text = JSON.stringify(value === undefined ? {} : { v: value });
+        text = encodeStepResult(value);
       } catch (error) {
         refusal = `its result is not JSON (${errorText(error)})`;
       }
@@ -447,10 +455,14 @@ export class Steps {
         throw new TypeError(`Step "${name}" ran, but ${refusal}; return JSON (or store it elsewhere and return its id)`);
       }
       const resultText = text;
-      settled = await this.#h.outcomes.record(lease, (token) => outbox.markSent(entry.key, token, resultText), ["sent"]);
-      // A write taken for ours after a lost reply may be a rerun's (an idempotent step's attempt superseded
-      // under the same fence): the result is ours only if the entry holds it.
-      const now = await outbox.get(entry.key).catch(() => null);
+      let answered = false;
+      settled = await this.#h.outcomes.record(lease, async (token) => {
+        await outbox.markSent(entry.key, token, resultText);
+        answered = true;
+      }, ["sent"]);
+      // A write taken for ours after a lost reply (no answer) may be a rerun's (an idempotent step's attempt
+      // superseded under the same fence): then the result is ours only if the entry holds it.
+      const now = answered ? null : await outbox.get(entry.key).catch(() => null);
       if (settled && now !== null && now.messageId !== resultText) settled = false;
       if (!settled) {
         throw new Error(
