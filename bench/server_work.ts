@@ -73,7 +73,10 @@ async function runOnce(kind: WorkKind, seconds: number, redisUrl: string | undef
     const marks: Awaited<ReturnType<typeof sample>>[] = [];
     let last = "", buf = "";
     const decoder = new TextDecoder();
-    for await (const chunk of proc.stdout) {
+    const reader = proc.stdout.getReader();
+    for (;;) {
+      const { done, value: chunk } = await reader.read();
+      if (done) break;
       buf += decoder.decode(chunk, { stream: true });
       for (let i = buf.indexOf("\n"); i >= 0; i = buf.indexOf("\n")) {
         const line = buf.slice(0, i).trim();
