@@ -15,6 +15,7 @@ import { type BotEvents, zeroMetrics } from "../src/engine/types.ts";
 import { Emitter } from "../src/emitter.ts";
 import { resolveDurability } from "../src/config.ts";
 import { MockProvider } from "../testing.ts";
+import type { SendInQuestion, Provider } from "../src/provider.ts";
 
 function setup(leaseMs = 300) {
   const clock = new TestClock({ start: 1_700_000_000_000 });
@@ -262,8 +263,8 @@ describe("Outcomes", () => {
 describe("Ambiguity", () => {
   /** An Ambiguity over the setup's journals, with a provider that confirms (or not) and its events collected. */
   function ambiguityOf(s: ReturnType<typeof setup>, confirm?: (key: string) => { delivered: boolean; messageId?: string }) {
-    const provider = new MockProvider();
-    if (confirm) provider.confirm = async ({ idempotencyKey }) => {
+    const provider: MockProvider & Pick<Provider, "confirm"> = new MockProvider();
+    if (confirm) provider.confirm = async ({ idempotencyKey }: SendInQuestion) => {
       const answer = confirm(idempotencyKey);
       return answer.delivered ? { delivered: true, messageId: answer.messageId ?? "" } : { delivered: false };
     };
