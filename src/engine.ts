@@ -195,8 +195,6 @@ export class DurabilityEngine {
       signal: this.#abort.signal,
       ready: () => this.#ready,
       halt: () => this.#halt(),
-      claimsInFlight: () => this.#sweeper.claimsInFlight,
-      claimScansHeld: () => this.#sweeper.claimScansHeld(),
     });
     this.#steps = new Steps({ ...core, outcomes: this.#outcomes, ambiguity: this.#ambiguity, calling: this.#outbound.calling, ownUncalled: (entry) => this.#outbound.isOwnUncalled(entry), signal: this.#abort.signal, halt: () => this.#halt() });
     this.#sweeper = new Sweeper({

@@ -31,6 +31,23 @@ export const ACTIVE_INBOX_STATES: readonly InboundState[] = statesWhere(INBOX, "
 /** The state of a send whose call may have reached the channel (`ambiguousOutbox`): the one a late outcome still resolves. */
 export const AMBIGUOUS_OUTBOX_STATE: OutboxState = theState(OUTBOX, "acceptsLateOutcome");
 
+/**
+ * The fencing token an admission or a reservation leases its new record under. A claim never issues it
+ * ({@link claimToken}), so a record leased under it is still as its writer left it: a caller whose
+ * write lost its reply finds its own lease there by the record's id, and a lease of its own under any
+ * other token came from a claim.
+ */
+export const WRITER_TOKEN = 1;
+
+/**
+ * The fencing token a claim issues: above the record's fence, and above {@link WRITER_TOKEN} (a record
+ * written pending or queued, fence 0, is first claimed under token 2).
+ * @param fence the record's fence before the claim
+ */
+export function claimToken(fence: number): number {
+  return Math.max(fence, WRITER_TOKEN) + 1;
+}
+
 /** A new lease for `options` with fencing token `token`, at backend time `now`. */
 export function newLease(options: ClaimOptions, token: number, now: number): Lease {
   return { owner: options.owner, incarnation: options.incarnation, token, expiresAt: now + options.leaseMs };
@@ -147,7 +164,7 @@ export function newInboundRecord(
     attempts: lease ? 1 : 0,
     nextAttemptAt: null,
     lease: lease ? newLease(lease, 1, now) : null,
-    fence: lease ? 1 : 0,
+    fence: lease ? WRITER_TOKEN : 0,
     error: null,
     updatedAt: now,
   };
@@ -166,7 +183,7 @@ export interface LeasedLifecycle {
 
 /** `record` claimed under `options`: a copy with a new lease and token, attempts unchanged (a claim is not a run). */
 export function claimedInbound<R extends LeasedLifecycle>(record: R, now: number, options: ClaimOptions): R {
-  const token = record.fence + 1;
+  const token = claimToken(record.fence);
   return {
     ...record,
     state: "processing",
@@ -224,7 +241,7 @@ export function newOutboxEntry(
     attempts: lease ? 1 : 0,
     nextAttemptAt: lease ? null : now,
     lease: lease ? newLease(lease, 1, now) : null,
-    fence: lease ? 1 : 0,
+    fence: lease ? WRITER_TOKEN : 0,
     called: false,
     messageId: null,
     error: null,
@@ -236,7 +253,7 @@ export function newOutboxEntry(
 
 /** `entry` leased for a provider call under `options`. */
 export function claimedOutbox(entry: OutboxEntry, now: number, options: ClaimOptions): OutboxEntry {
-  const token = entry.fence + 1;
+  const token = claimToken(entry.fence);
   // A lost lease that never announced its call started no attempt: the new lease takes its number.
   // One that did (re-leased by resendAmbiguous) keeps `called`: that call may still reach the channel,
   // so the new lease lost before its own call is ambiguous again, not silently sent a third time.

@@ -556,7 +556,7 @@ describe("EventsDurability", () => {
     expect(await journal.replay("m1")).toBe(true);
     const again = await backend.inbox.claimDue({ owner: "bot", incarnation: "i", leaseMs: 1_000, limit: 10 });
     expect(again.map((x) => x.id)).toEqual(["m1"]);
-    expect(again[0].lease?.token).toBe(2);
+    expect(again[0].lease?.token).toBe(3);
   });
 
   test("an event of the bot's channel that is not an inbound message is a damaged inbox record: set aside, reported once", async () => {

@@ -161,7 +161,7 @@ describe("EventWorker", () => {
     expect(stale).toEqual([]);
     const record = (await journal.get("slow"))!;
     expect(record.state).toBe("done");
-    expect(record.fence).toBe(1);
+    expect(record.fence).toBe(2); // its one claim (an append without a lease is claimed under 2)
   });
 
   test("a lost lease aborts the handler's signal, emits 'stale' and writes no outcome", async () => {
@@ -215,7 +215,7 @@ describe("EventWorker", () => {
     const record = (await journal.get("e"))!;
     expect(record.state).toBe("processing");
     expect(record.lease?.incarnation).toBe("next");
-    expect(record.fence).toBe(2);
+    expect(record.fence).toBe(3);
   });
 
   test("concurrency bounds the handlers running at once", async () => {

@@ -660,9 +660,9 @@ describe("restart from disk", () => {
     const reclaim = await c.outbox.claimDue({ owner: "A", incarnation: "a2", leaseMs: 60_000, limit: 10, reclaimOwn: true });
     expect(reclaim.ambiguous.map((e) => e.key)).toEqual(["o1"]);
     expect(reclaim.due.map((e) => e.key)).toEqual(["o2"]);
-    expect(reclaim.due[0].lease!.token).toBe(1); // o2 was queued, never leased
+    expect(reclaim.due[0].lease!.token).toBe(2); // o2 was queued, never leased: its first claim
     expect((await c.outbox.get("o1"))!.fence).toBe(head.fence);
-    // Inbox fencing continues: the leased record's next claim gets token fence + 1; the old token is stale.
+    // Inbox fencing continues: the leased record's next claim gets a greater token; the old token is stale.
     const retaken = (await c.inbox.claim("leased", { owner: "A", incarnation: "a2", leaseMs: 1_000, reclaimOwn: true }))!;
     expect(retaken.lease!.token).toBe(leased.fence + 1);
     await expect(c.inbox.complete("leased", leased.lease!.token)).rejects.toThrow(/Stale lease/);

@@ -270,10 +270,10 @@ describe("KvDurability", () => {
     const claiming = new KvDurability(slow).inbox.claim("m1", A); // stalls after its CAS, before dropping hints
     for (let i = 0; i < 100 && slow.held.length === 0; i++) await Promise.resolve();
     expect(slow.held.length).toBeGreaterThan(0);
-    await fast.inbox.fail("m1", 1, { error: "x", dead: true });
+    await fast.inbox.fail("m1", 2, { error: "x", dead: true });
     expect(await fast.inbox.replay("m1")).toBe(true); // pending again: the same due position as at first
     slow.release();
-    expect((await claiming)?.lease?.token).toBe(1);
+    expect((await claiming)?.lease?.token).toBe(2);
     await expectHintsIntact(kv);
     expect((await fast.inbox.claimDue({ ...B, limit: 10 })).map((r) => r.id)).toEqual(["m1"]);
   });
@@ -304,7 +304,7 @@ describe("KvDurability", () => {
       const results = await Promise.all([one.inbox.claim("m1", A), two.inbox.claim("m1", B)]);
       const winners = results.filter((r) => r !== null);
       expect(winners.length).toBe(1);
-      expect(winners[0]!.lease!.token).toBe(1);
+      expect(winners[0]!.lease!.token).toBe(2);
       const stored = await one.inbox.get("m1");
       expect(stored!.lease!.owner).toBe(winners[0]!.lease!.owner);
       expect(stored!.attempts, "a claim counts no run").toBe(0);

@@ -61,20 +61,20 @@ describe("inbox", () => {
     const { inbox, clock } = setup();
     await inbox.admit(msg("m1"));
     const first = (await inbox.claim("m1", A))!;
-    expect(first.lease!.token).toBe(1);
+    expect(first.lease!.token).toBe(2) // a claim never issues 1, the token of a leased admission;
     expect(await inbox.claim("m1", B)).toBeNull();
     clock.now += 1_000; // lease lapses
     const second = (await inbox.claim("m1", B))!;
-    expect(second.lease!.token).toBe(2);
+    expect(second.lease!.token).toBe(3);
     expect(second.attempts, "claims count no run").toBe(0);
-    await expect(inbox.complete("m1", 1)).rejects.toBeInstanceOf(StaleLeaseError);
-    await expect(inbox.fail("m1", 1, { error: "x", retryInMs: 0 })).rejects.toBeInstanceOf(StaleLeaseError);
-    expect(await inbox.heartbeat("m1", 1, 1_000)).toBe(false);
-    expect(await inbox.heartbeat("m1", 2, 5_000)).toBe(true);
-    expect((await inbox.get("m1"))!.lease!.expiresAt).toBe(clock.now + 5_000);
-    await inbox.complete("m1", 2);
-    expect((await inbox.get("m1"))!.state).toBe("done");
     await expect(inbox.complete("m1", 2)).rejects.toBeInstanceOf(StaleLeaseError);
+    await expect(inbox.fail("m1", 2, { error: "x", retryInMs: 0 })).rejects.toBeInstanceOf(StaleLeaseError);
+    expect(await inbox.heartbeat("m1", 2, 1_000)).toBe(false);
+    expect(await inbox.heartbeat("m1", 3, 5_000)).toBe(true);
+    expect((await inbox.get("m1"))!.lease!.expiresAt).toBe(clock.now + 5_000);
+    await inbox.complete("m1", 3);
+    expect((await inbox.get("m1"))!.state).toBe("done");
+    await expect(inbox.complete("m1", 3)).rejects.toBeInstanceOf(StaleLeaseError);
     await expect(inbox.complete("nope", 1)).rejects.toBeInstanceOf(StaleLeaseError);
   });
 
@@ -90,11 +90,11 @@ describe("inbox", () => {
     clock.now += 100;
     // Lapsed: whoever sweeps first takes it, its own incarnation too (a claim whose reply was lost).
     const taken = await inbox.claimDue({ ...B, limit: 10 });
-    expect(taken.map((x) => [x.id, x.lease!.owner, x.lease!.token])).toEqual([["m1", "B", 2]]);
+    expect(taken.map((x) => [x.id, x.lease!.owner, x.lease!.token])).toEqual([["m1", "B", 3]]);
     expect(await inbox.claimDue({ ...A, limit: 10 }), "B's live lease holds").toEqual([]);
     clock.now += 60_001;
     const back = await inbox.claimDue({ ...B, limit: 10 });
-    expect(back.map((x) => [x.id, x.lease!.owner, x.lease!.token]), "B takes back its own lapsed lease").toEqual([["m1", "B", 3]]);
+    expect(back.map((x) => [x.id, x.lease!.owner, x.lease!.token]), "B takes back its own lapsed lease").toEqual([["m1", "B", 4]]);
   });
 
   test("reclaimOwn takes the previous incarnation's leases at once", async () => {
@@ -119,13 +119,13 @@ describe("inbox", () => {
     expect(two.map((x) => x.id)).toEqual(["early", "tie"]);
     const rest = await inbox.claimDue({ ...A, limit: 10 });
     expect(rest.map((x) => x.id)).toEqual(["late", "future"]);
-    await inbox.fail("early", 1, { error: "boom", retryInMs: 500 });
+    await inbox.fail("early", 2, { error: "boom", retryInMs: 500 });
     expect(await inbox.get("early")).toMatchObject({ state: "failed", error: "boom", nextAttemptAt: 1_500, lease: null });
     expect(await inbox.claimDue({ ...A, limit: 10 })).toEqual([]);
     clock.now += 500;
     const again = await inbox.claimDue({ ...A, limit: 10 });
-    expect(again.map((x) => [x.id, x.attempts, x.fence])).toEqual([["early", 0, 2]]);
-    await inbox.fail("early", 2, { error: "fatal", dead: true });
+    expect(again.map((x) => [x.id, x.attempts, x.fence])).toEqual([["early", 0, 3]]);
+    await inbox.fail("early", 3, { error: "fatal", dead: true });
     expect((await inbox.get("early"))!.state).toBe("dead");
   });
 
@@ -142,9 +142,9 @@ describe("inbox", () => {
     expect(await inbox.replay("a")).toBe(false);
     await inbox.fail("a", r.lease!.token, { error: "e", dead: true });
     expect(await inbox.replay("a")).toBe(true);
-    expect(await inbox.get("a")).toMatchObject({ state: "pending", attempts: 0, error: null, fence: 1 });
+    expect(await inbox.get("a")).toMatchObject({ state: "pending", attempts: 0, error: null, fence: 2 });
     const again = (await inbox.claim("a", A))!;
-    expect(again.lease!.token).toBe(2); // tokens keep increasing across replays
+    expect(again.lease!.token).toBe(3); // tokens keep increasing across replays
     expect(await inbox.replay("b")).toBe(false);
     expect(await inbox.replay("missing")).toBe(false);
   });
@@ -242,16 +242,16 @@ describe("outbox", () => {
     expect(await outbox.get("k1")).toMatchObject({ state: "sent", messageId: "p1", lease: null });
     claim = await outbox.claimDue({ ...A, limit: 10 });
     expect(claim.due.map((x) => x.key)).toEqual(["k2"]);
-    await outbox.markFailed("k2", 1, { error: "400", dead: true });
+    await outbox.markFailed("k2", 2, { error: "400", dead: true });
     claim = await outbox.claimDue({ ...A, limit: 10 });
     expect(claim.due.map((x) => x.key)).toEqual(["k3"]);
-    await expect(outbox.markSent("k2", 1, "x")).rejects.toBeInstanceOf(StaleLeaseError);
+    await expect(outbox.markSent("k2", 2, "x")).rejects.toBeInstanceOf(StaleLeaseError);
     // Retrying the dead k2 puts it back in front of later sends.
     expect(await outbox.retry("k2")).toBe(true);
     expect(await outbox.get("k2")).toMatchObject({ state: "queued", attempts: 0, error: "400", nextAttemptAt: clock.now });
     const k4 = await outbox.reserve(send("k4"), A);
     expect(k4.status).toBe("queued");
-    await outbox.markSent("k3", 1, "p3");
+    await outbox.markSent("k3", 2, "p3");
     claim = await outbox.claimDue({ ...A, limit: 10 });
     expect(claim.due.map((x) => x.key)).toEqual(["k2"]);
     expect((await outbox.list({ chatId: "c1" })).map((x) => x.key)).toEqual(["k1", "k2", "k3", "k4"]);

@@ -774,7 +774,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     await Bun.sleep(300);
     const claim = await upgraded.outbox.claimDue({ ...lease("v"), limit: 10 });
     expect(claim.ambiguous.map((e) => [e.key, e.state, e.called])).toEqual([["old-sending", "unknown", true]]);
-    expect(claim.due.map((e) => [e.key, e.called, e.attempts, e.fence])).toEqual([["old-queued", false, 1, 1]]);
+    expect(claim.due.map((e) => [e.key, e.called, e.attempts, e.fence])).toEqual([["old-queued", false, 1, 2]]);
     expect((await upgraded.outbox.get("old-queued"))?.called).toBe(false);
     // New writes carry the flag; a later open changes nothing.
     const fresh = await upgraded.outbox.reserve(outbound("new", "n"), lease("v"));
@@ -1022,9 +1022,9 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
     first.loseNextCommit();
     expect((await messageOf(() => a.inbox.claimDue({ ...lease("A"), limit: 2, requestId: "scan-in" }))).message).toContain("ECONNRESET");
     const held = await Promise.all(["m1", "m2"].map((id) => b.inbox.get(id)));
-    expect(held.map((r) => [r?.state, r?.lease?.owner, r?.lease?.token]), "the scan committed").toEqual([["processing", "A", 1], ["processing", "A", 1]]);
+    expect(held.map((r) => [r?.state, r?.lease?.owner, r?.lease?.token]), "the scan committed").toEqual([["processing", "A", 2], ["processing", "A", 2]]);
     const again = await b.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-in", repeat: true });
-    expect(again.map((r) => [r.id, r.lease?.token]), "the records the lost reply held").toEqual([["m1", 1], ["m2", 1]]);
+    expect(again.map((r) => [r.id, r.lease?.token]), "the records the lost reply held").toEqual([["m1", 2], ["m2", 2]]);
     expect(again).toEqual(held as NonNullable<(typeof held)[number]>[]);
     expect(await a.inbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-in", repeat: true }), "the scanner's own repeat").toEqual(again);
     expect((await b.inbox.get("m3"))?.state, "a repeat takes nothing more").toBe("pending");
@@ -1039,7 +1039,7 @@ describe("PostgresDurability due scans asked again (requestId, repeat)", () => {
     first.loseNextCommit();
     expect((await messageOf(() => a.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-out" }))).message).toContain("ECONNRESET");
     const claim = await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "scan-out", repeat: true });
-    expect(claim.due.map((e) => [e.key, e.state, e.lease?.token])).toEqual([["k1", "sending", 1]]);
+    expect(claim.due.map((e) => [e.key, e.state, e.lease?.token])).toEqual([["k1", "sending", 2]]);
     expect(claim.ambiguous.map((e) => [e.key, e.state])).toEqual([["k2", "unknown"]]);
     expect(claim.due[0]).toEqual((await b.outbox.get("k1"))!);
     expect(await b.outbox.claimDue({ ...lease("A"), limit: 10, requestId: "never-run", repeat: true })).toEqual({ due: [], ambiguous: [] });

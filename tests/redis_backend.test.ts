@@ -335,8 +335,8 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     expect((await backend.outbox.damaged()).map((d) => d.id)).toEqual(["bad-state", "bad-content"]);
     expect((await backend.inbox.list()).map((r) => r.id)).toEqual(["good"]);
     expect((await backend.inbox.get("good"))?.state).toBe("pending");
-    expect((await backend.inbox.claim("good", claimer()))?.lease?.token).toBe(1);
-    await backend.inbox.complete("good", 1);
+    expect((await backend.inbox.claim("good", claimer()))?.lease?.token).toBe(2);
+    await backend.inbox.complete("good", 2);
     expect((await backend.inbox.get("good"))?.state).toBe("done");
     const bad = await rejection(() => backend.inbox.damaged({ limit: -1 }));
     expect(bad).toBeInstanceOf(RangeError);
@@ -658,9 +658,9 @@ describe.skipIf(Boolean(skip))("due scans asked again (requestId, repeat)", () =
     first.loseNextReply();
     expect((await rejection(() => a.inbox.claimDue({ ...me, limit: 2, requestId: "scan-in" }))).message).toContain("reply never arrived");
     const held = await Promise.all(["m1", "m2"].map((id) => b.inbox.get(id)));
-    expect(held.map((r) => [r?.state, r?.lease?.owner, r?.lease?.token]), "the scan committed").toEqual([["processing", "A", 1], ["processing", "A", 1]]);
+    expect(held.map((r) => [r?.state, r?.lease?.owner, r?.lease?.token]), "the scan committed").toEqual([["processing", "A", 2], ["processing", "A", 2]]);
     const again = await b.inbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true });
-    expect(again.map((r) => [r.id, r.lease?.token]), "the records the lost reply held").toEqual([["m1", 1], ["m2", 1]]);
+    expect(again.map((r) => [r.id, r.lease?.token]), "the records the lost reply held").toEqual([["m1", 2], ["m2", 2]]);
     expect(again).toEqual(held as NonNullable<(typeof held)[number]>[]);
     expect(await a.inbox.claimDue({ ...me, limit: 10, requestId: "scan-in", repeat: true }), "the scanner's own repeat").toEqual(again);
     expect((await b.inbox.get("m3"))?.state, "a repeat takes nothing more").toBe("pending");
@@ -685,7 +685,7 @@ describe.skipIf(Boolean(skip))("due scans asked again (requestId, repeat)", () =
     first.loseNextReply();
     expect((await rejection(() => a.outbox.claimDue({ ...me, limit: 10, requestId: "scan-out" }))).message).toContain("reply never arrived");
     const claim = await b.outbox.claimDue({ ...me, limit: 10, requestId: "scan-out", repeat: true });
-    expect(claim.due.map((e) => [e.key, e.state, e.lease?.token])).toEqual([["k1", "sending", 1]]);
+    expect(claim.due.map((e) => [e.key, e.state, e.lease?.token])).toEqual([["k1", "sending", 2]]);
     expect(claim.ambiguous.map((e) => [e.key, e.state])).toEqual([["k2", "unknown"]]);
     expect(claim.due[0]).toEqual((await b.outbox.get("k1"))!);
     expect(await b.outbox.claimDue({ ...me, limit: 10, requestId: "never-run", repeat: true })).toEqual({ due: [], ambiguous: [] });
@@ -970,7 +970,7 @@ describe.skipIf(Boolean(skip))("the called flag", () => {
       ["legacy", "unknown", 1, 1, true],
       ["legacy-resend", "unknown", 1, 1, true],
     ]);
-    expect(claim.due.map((e) => [e.key, e.attempts, e.fence, e.called])).toEqual([["legacy-queued", 1, 1, false]]);
+    expect(claim.due.map((e) => [e.key, e.attempts, e.fence, e.called])).toEqual([["legacy-queued", 1, 2, false]]);
     expect(await admin!.hget(`{${keyPrefix}}out:r:legacy-queued`, "called")).toBe("0");
     expect(await admin!.hget(`{${keyPrefix}}out:r:legacy`, "called"), "an unknown entry keeps its (missing) flag").toBe(null);
     expect((await backend.outbox.get("legacy"))?.called).toBe(true);

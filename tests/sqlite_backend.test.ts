@@ -59,7 +59,7 @@ describe("sqlite: several connections on one file", () => {
     );
     const ids = claims.flat().map((r) => r.id);
     expect(new Set(ids).size).toBe(ids.length);
-    for (const r of claims.flat()) expect(r.lease!.token).toBe(1);
+    for (const r of claims.flat()) expect(r.lease!.token).toBe(2);
     // Each chat went to one holder, which took a prefix of it.
     const holders = new Map<string, Set<string>>();
     const taken = new Map<string, number[]>();
@@ -786,7 +786,7 @@ describe("sqlite: schema versions", () => {
     const { due } = await backend.outbox.claimDue({ ...lease("A"), limit: 10 });
     expect(due.map((e) => e.key)).toEqual(["c1-first", "c2-failed"]);
     expect((await backend.outbox.get("c3-sent"))?.messageId).toBe("msg-1");
-    await backend.outbox.markSent("c1-first", 1, "m");
+    await backend.outbox.markSent("c1-first", due[0]!.fence, "m");
     expect((await backend.outbox.claimDue({ ...lease("A"), limit: 10 })).due.map((e) => e.key)).toEqual(["c1-second"]);
     // New records get seqs after the old ones.
     const fresh = await backend.outbox.reserve(outbound("new", "c9"));
@@ -888,7 +888,7 @@ describe("sqlite: schema versions", () => {
     expect(check.prepare("SELECT key, fence, uncalled_fence FROM botmesh_outbox ORDER BY seq").all()).toEqual([
       { key: "lapsed", fence: 1, uncalled_fence: null },
       { key: "live", fence: 1, uncalled_fence: null },
-      { key: "queued", fence: 1, uncalled_fence: 1 },
+      { key: "queued", fence: 2, uncalled_fence: 2 },
       { key: "fresh", fence: 1, uncalled_fence: 1 },
     ]);
     check.close();
@@ -1349,8 +1349,8 @@ describe("sqlite: chat order at admission", () => {
     // Settled records never count; the caller's own live lease and a retry not yet due do not come first.
     const clear = await backend.inbox.claimDue({ ...a, limit: 10 });
     expect(clear.map((r) => r.id)).toEqual(["later", "after-later"]);
-    await backend.inbox.complete("later", 1);
-    await backend.inbox.fail("after-later", 1, { error: "x", retryInMs: 500 });
+    await backend.inbox.complete("later", clear[0]!.fence);
+    await backend.inbox.fail("after-later", clear[1]!.fence, { error: "x", retryInMs: 500 });
     expect(await admit("mine", 7_000, a)).toBe("processing");
     expect(await admit("other-incarnation", 7_500, lease("A", 1_000, "i2"))).toBe("pending");
     // The clock is the backend's: the retry falls due and the leases lapse.
@@ -1536,8 +1536,8 @@ describe("sqlite: query plans", () => {
       await backend.inbox.admit(inbound("m1"));
       await backend.inbox.admit(inbound("m2", { chatId: "c2" }), a); // its own chat: leased, m1 pending does not come first
       await backend.inbox.claim("m1", a);
-      await backend.inbox.heartbeat("m1", 1, 1000);
-      await backend.inbox.fail("m1", 1, { error: "x", retryInMs: 0 });
+      await backend.inbox.heartbeat("m1", 2, 1000);
+      await backend.inbox.fail("m1", 2, { error: "x", retryInMs: 0 });
       await backend.inbox.claimDue({ ...lease("A", 1000, "i2"), limit: 10, reclaimOwn: true });
       await backend.inbox.complete("m2", 2);
       await backend.inbox.replay("m2");
@@ -1549,7 +1549,7 @@ describe("sqlite: query plans", () => {
       await backend.outbox.markFailed("k1", 1, { error: "x", retryInMs: 0 });
       await backend.outbox.claimDue({ ...lease("A", 1000, "i2"), limit: 10, reclaimOwn: true });
       await backend.outbox.markSent("k1", 2, "m");
-      await backend.outbox.markFailed("k3", 1, { error: "x", dead: true });
+      await backend.outbox.markFailed("k3", 2, { error: "x", dead: true });
       await backend.outbox.retry("k3");
       await backend.outbox.discard("k3");
       await backend.outbox.purge(0);

@@ -42,6 +42,7 @@ import {
   callingOutbox,
   checkAttempt,
   claimedInbound,
+  claimToken,
   scheduledInbound,
   startedInbound,
   claimedOutbox,
@@ -714,7 +715,7 @@ class KvInbox extends KvJournal<InboundRecord> implements InboxJournal {
         const { written } = await this.mutate(item.rec.id, claim, { cur: item, now }).catch(async (error) => {
           // The write's reply was lost: read it back, so that the scan's answer holds it if it committed.
           const back = await this.get(item.rec.id).catch(() => null);
-          if (back !== null && leasedBy(back, options, item.rec.fence + 1)) out.push(back);
+          if (back !== null && leasedBy(back, options, claimToken(item.rec.fence))) out.push(back);
           throw error;
         });
         if (!written) {
@@ -965,7 +966,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       const { seen, written } = await this.mutate(hint.id, resolved, { cur, now }).catch(async (error) => {
         // The write's reply was lost: read it back, so that the scan's answer holds it if it committed.
         const back = await this.get(hint.id).catch(() => null);
-        if (back !== null && leasedBy(back, options, cur.rec.fence + 1)) {
+        if (back !== null && leasedBy(back, options, claimToken(cur.rec.fence))) {
           if (cur.rec.called) ambiguous.push(back);
           due.push(cloneJson(back));
         } else if (back !== null && back.state === AMBIGUOUS_OUTBOX_STATE && back.fence === cur.rec.fence && cur.rec.state !== back.state) {
@@ -1004,7 +1005,7 @@ class KvOutbox extends KvJournal<OutboxEntry> implements OutboxJournal {
       ).catch(async (error) => {
         // The write's reply was lost: read it back, so that the scan's answer holds it if it committed.
         const back = await this.get(hint.id).catch(() => null);
-        if (back !== null && leasedBy(back, options, cur.rec.fence + 1)) due.push(back);
+        if (back !== null && leasedBy(back, options, claimToken(cur.rec.fence))) due.push(back);
         throw error;
       });
       if (written) due.push(written.rec);

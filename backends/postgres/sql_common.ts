@@ -7,7 +7,7 @@
  * @module
  */
 import { INBOX, OUTBOX, sqlByDue, sqlIn, sqlStates, statesDueBy, statesWhere } from "../../src/machine.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES } from "../../src/rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, WRITER_TOKEN } from "../../src/rules.ts";
 import type { InboundState, OutboxState } from "../../src/contract.ts";
 
 /** The server clock in ms since epoch (the replicas' clocks are never used). */
@@ -172,21 +172,24 @@ export function inboxClaimable(reclaimOwn: boolean, r = "", now = "n.now"): stri
   });
 }
 
-/** The SET list of a claim: leased to ($1, $2) for $3 ms with token fence+1, attempts unchanged (a claim is not a run). */
+/** The token a claim issues (claimToken of rules.ts: above the fence and above the writer's token). */
+const CLAIM_TOKEN = `GREATEST(fence, ${WRITER_TOKEN}) + 1`;
+
+/** The SET list of a claim: leased to ($1, $2) for $3 ms with a new token (CLAIM_TOKEN), attempts unchanged (a claim is not a run). */
 export const CLAIM_SET: string = `state = 'processing', next_attempt_at = NULL,
-  lease_owner = $1, lease_incarnation = $2, lease_token = fence + 1, lease_expires_at = n.now + $3::bigint,
-  fence = fence + 1, updated_at = n.now, due_at = n.now + $3::bigint`;
+  lease_owner = $1, lease_incarnation = $2, lease_token = ${CLAIM_TOKEN}, lease_expires_at = n.now + $3::bigint,
+  fence = ${CLAIM_TOKEN}, updated_at = n.now, due_at = n.now + $3::bigint`;
 
 /**
  * The SET list of an outbox claim (claimedOutbox of rules.ts): leased to ($1, $2) for $3 ms with
- * token fence+1, uncalled under it, except a lost `sending` entry whose call was announced (re-leased by
+ * a new token (CLAIM_TOKEN), uncalled under it, except a lost `sending` entry whose call was announced (re-leased by
  * resendAmbiguous): it stays called. A lost `sending` entry whose call was never announced (uncalled under
  * its fence) started no attempt: the new lease keeps its number.
  */
 export const OUT_CLAIM_SET: string = `state = 'sending',
   attempts = CASE WHEN state = 'sending' AND uncalled_fence = fence THEN attempts ELSE attempts + 1 END,
-  next_attempt_at = NULL, lease_owner = $1, lease_incarnation = $2, lease_token = fence + 1,
-  lease_expires_at = n.now + $3::bigint, fence = fence + 1,
-  uncalled_fence = CASE WHEN state = 'sending' AND uncalled_fence IS DISTINCT FROM fence THEN NULL ELSE fence + 1 END,
+  next_attempt_at = NULL, lease_owner = $1, lease_incarnation = $2, lease_token = ${CLAIM_TOKEN},
+  lease_expires_at = n.now + $3::bigint, fence = ${CLAIM_TOKEN},
+  uncalled_fence = CASE WHEN state = 'sending' AND uncalled_fence IS DISTINCT FROM fence THEN NULL ELSE ${CLAIM_TOKEN} END,
   updated_at = n.now,
   due_at = n.now + $3::bigint`;

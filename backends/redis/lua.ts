@@ -32,7 +32,7 @@ import {
   theState,
 } from "../../src/machine.ts";
 import { SCAN_ANSWER_KEEP_MS } from "../../src/contract.ts";
-import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, TIMER_STATE } from "../../src/rules.ts";
+import { ACTIVE_INBOX_STATES, BLOCKING_OUTBOX_STATES, TIMER_STATE, WRITER_TOKEN } from "../../src/rules.ts";
 import { LUA_FILES } from "./lua_files.ts";
 
 /**
@@ -142,6 +142,7 @@ const VALUES: { readonly [name: string]: string } = {
   OUTBOX_MACHINE: luaMachine(OUTBOX_TABLE),
   OUTBOX_STATES_SET: luaSet(OUTBOX_STATES),
   TIMER_STATE,
+  WRITER_TOKEN: String(WRITER_TOKEN),
   REQUEST_TTL_MS: String(REQUEST_TTL_MS),
   SCAN_ANSWER_KEEP_MS: String(SCAN_ANSWER_KEEP_MS),
 };

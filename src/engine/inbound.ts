@@ -15,7 +15,7 @@ import type { Deadlines } from "../deadlines.ts";
 import { errorDetail, errorText, isProcessDeath } from "../errors.ts";
 import { type Observer, TRACE_FIELD } from "../observe.ts";
 import type { AdmitResult, InboundMessage } from "../provider.ts";
-import { TIMER_STATE } from "../rules.ts";
+import { TIMER_STATE, WRITER_TOKEN } from "../rules.ts";
 import { runOf, TIMER_FIELD, timerOf } from "./jobs.ts";
 import type { HeldLease } from "./leases.ts";
 import type { Outcomes } from "./outcomes.ts";
@@ -300,7 +300,7 @@ export class Inbound {
       try {
         const record = await this.#h.backend.inbox.get(id);
         const lease = record?.lease;
-        if (!record || record.state !== "processing" || !lease || record.fence !== 1) return null;
+        if (!record || record.state !== "processing" || !lease || record.fence !== WRITER_TOKEN) return null;
         return lease.owner === this.#h.instanceId() && lease.incarnation === this.#h.incarnation ? record : null;
       } catch (error) {
         if (isProcessDeath(error)) return null;
@@ -345,8 +345,8 @@ export class Inbound {
         return;
       }
       // Admitted by an earlier run of the step whose reply was lost, and not armed: still leased to this
-      // incarnation by that admission (its token), held by nothing here. Armed now, not a lease later.
-      if (existing === null || existing.fence !== 1 || !this.#isOwnUnheld(existing)) return;
+      // incarnation by that admission, held by nothing here. Armed now, not a lease later.
+      if (existing === null || !this.#isOwnAdmission(existing)) return;
       record = existing;
     }
     // Pending behind its chat: a due scan takes it and arms it (see process()).
@@ -380,7 +380,6 @@ export class Inbound {
    * so it is ours to dispatch now rather than after its lease lapses.
    */
   async #ownLostAdmission(id: string): Promise<InboundRecord | null> {
-    await this.#h.claimScansHeld();
     if (this.#h.leases.has("inbox", id)) return null;
     let existing: InboundRecord | null;
     try {
@@ -388,21 +387,19 @@ export class Inbound {
     } catch {
       return null; // a duplicate all the same; the lease lapses and a sweep takes it
     }
-    // Token 1 is its admission's, or a claim's of a record admitted pending: a claim of this process is
-    // under way, unanswered or held then (#isOwnUnheld). (Had this process run it and then lost its
-    // outcome, running it now rather than once its lease lapses is the rerun a sweep would make.)
-    if (!existing || existing.fence !== 1 || !this.#isOwnUnheld(existing)) return null;
-    return existing;
+    // (Had this process run it and then lost its outcome, running it now rather than once its lease
+    // lapses is the rerun a sweep would make.)
+    return existing !== null && this.#isOwnAdmission(existing) ? existing : null;
   }
 
   /**
-   * Whether `record` is leased to this very incarnation and held by nothing here: no job has it, and no
-   * claim scan of this process (under way, or unanswered and to be asked again) may have leased it.
+   * Whether `record` is still leased by this very incarnation's admission (the writer's token: no claim
+   * issues it) and held by nothing here: the admission's lost reply is its answer.
    */
-  #isOwnUnheld(record: InboundRecord): boolean {
+  #isOwnAdmission(record: InboundRecord): boolean {
     const lease = record.lease;
-    return record.state === "processing" && lease !== null && lease.owner === this.#h.instanceId() &&
-      lease.incarnation === this.#h.incarnation && !this.#h.leases.has("inbox", record.id) && this.#h.claimsInFlight() === 0;
+    return record.state === "processing" && lease !== null && lease.token === WRITER_TOKEN && record.fence === WRITER_TOKEN &&
+      lease.owner === this.#h.instanceId() && lease.incarnation === this.#h.incarnation && !this.#h.leases.has("inbox", record.id);
   }
 
   /**

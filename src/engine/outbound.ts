@@ -14,7 +14,7 @@ import type { JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
 import { errorText, isProcessDeath } from "../errors.ts";
 import type { Observer } from "../observe.ts";
 import { classifyProviderError, type OutboundContent } from "../provider.ts";
-import { BLOCKING_OUTBOX_STATES } from "../rules.ts";
+import { BLOCKING_OUTBOX_STATES, WRITER_TOKEN } from "../rules.ts";
 import type { Throttle } from "../throttle.ts";
 import type { Ambiguity } from "./ambiguity.ts";
 import type { HeldLease } from "./leases.ts";
@@ -41,10 +41,6 @@ export interface OutboundHost extends EngineCore {
   ready(): boolean;
   /** Stop the engine: a simulated process death. */
   halt(): void;
-  /** Claim scans whose records are not all held yet. */
-  claimsInFlight(): number;
-  /** Resolves once the claim scans under way hold their records. */
-  claimScansHeld(): Promise<void>;
 }
 
 /** The outbound side of the engine. */
@@ -156,8 +152,7 @@ export class Outbound {
       if (this.#h.halted()) throw error;
       // The reservation may have committed with its reply lost: then the entry is leased to this
       // incarnation and nobody else will send it before the lease lapses. Look (its key names the
-      // call: a first reservation's token under this incarnation is this one's), and send it if so.
-      await this.#h.claimScansHeld();
+      // call: the writer's token under this incarnation is this reservation's), and send it if so.
       const landed = await this.#h.backend.outbox.get(entry.key).catch(() => null);
       if (landed === null || !this.#sameSend(landed, entry)) throw error;
       this.#h.metrics.outboxJournaled++;
@@ -210,17 +205,18 @@ export class Outbound {
 
   /**
    * Whether `entry` is `sending` under a lease of this very incarnation that it does not hold and
-   * under which nobody called the provider: never announced (a reservation whose reply was lost), or
-   * given up here before the call (its announcement unanswered). Nobody sent it under that lease.
-   * A lease this process gave up after its call (its outcome unrecorded) is neither: it is not sent again.
+   * under which nobody called the provider: its reservation's (the writer's token, which no claim
+   * issues), never announced (a reservation whose reply was lost), or one given up here before the
+   * call (its announcement unanswered). Nobody sent it under that lease. A lease this process gave up
+   * after its call (its outcome unrecorded) is neither: it is not sent again; nor is one of its own
+   * claims, which the claim's scan takes up.
    */
   isOwnUncalled(entry: OutboxEntry): boolean {
     const lease = entry.lease;
-    // A claim scan under way (or unanswered) may have leased it to us and not be holding it yet.
-    return this.#h.claimsInFlight() === 0 && !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#h.instanceId() &&
+    return !this.#reserving.has(entry.key) && entry.state === "sending" && lease !== null && lease.owner === this.#h.instanceId() &&
       lease.incarnation === this.#h.incarnation && lease.token === entry.fence &&
       !this.#h.leases.has("outbox", entry.key) && !this.calling.has(entry.key) &&
-      (!entry.called || this.#h.leases.givenUpUncalled(entry.key, entry.fence));
+      ((entry.fence === WRITER_TOKEN && !entry.called) || this.#h.leases.givenUpUncalled(entry.key, entry.fence));
   }
 
   #resultOf(entry: OutboxEntry): SendResult {

@@ -37,6 +37,12 @@ import type {
   ReserveResult,
 } from "../contract.ts";
 
+/**
+ * The token of the first claim of a record written pending or queued (fence 0): 2, never the token an
+ * admission or a reservation leases under (1), so that a lease under token 1 is always its writer's.
+ */
+const FIRST_CLAIM = 2;
+
 /** The matchers the suite uses (a subset of jest's / bun:test's). */
 export interface ConformanceMatchers {
   toBe(expected: unknown): void;
@@ -747,15 +753,15 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(results.filter((r) => r !== null).length).toBe(1);
       });
 
-      it("claim leases a pending record and issues token fence+1; a claim counts no run", async (b) => {
+      it("claim leases a pending record and issues a token above its fence and above the one an admission leases under (claimToken); a claim counts no run", async (b) => {
         const chat = uid("chat");
         const r = await admitted(b, inbound(chat));
         const c = claimer("owner-a", LONG, "inc-a");
         const claimed = await mustClaim(b, r.id, c);
         expect(claimed.state).toBe("processing");
         expect(claimed.attempts, "a claim is not a run").toBe(0);
-        expect(claimed.fence).toBe(1);
-        expect(claimed.lease?.token).toBe(1);
+        expect(claimed.fence).toBe(FIRST_CLAIM);
+        expect(claimed.lease?.token).toBe(FIRST_CLAIM);
         expect(claimed.lease?.owner).toBe("owner-a");
         expect(claimed.lease?.incarnation).toBe("inc-a");
         expect(claimed.payload).toEqual(r.payload);
@@ -763,7 +769,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(await b.inbox.claim(r.id, claimer()), "a live lease is not taken by another owner").toBe(null);
         expect(await b.inbox.claim(r.id, claimer("owner-a")), "nor by another incarnation without reclaimOwn").toBe(null);
         expect(await b.inbox.claim(uid("in"), claimer()), "unknown id").toBe(null);
-        await b.inbox.complete(r.id, 1);
+        await b.inbox.complete(r.id, FIRST_CLAIM);
         expect(await b.inbox.claim(r.id, claimer()), "a done record is not claimable").toBe(null);
       });
 
@@ -1144,7 +1150,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         for (const r of first) {
           expect(r.state).toBe("processing");
           expect(r.lease?.owner).toBe("owner-a");
-          expect(r.lease?.token).toBe(1);
+          expect(r.lease?.token).toBe(FIRST_CLAIM);
           expect(r.attempts).toBe(0);
         }
         expect(ids(await b.inbox.claimDue({ ...c, limit: 100 }))).toEqual([recs[2], recs[3], recs[4]]);
@@ -1165,7 +1171,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           for (const r of results[i]!) {
             const now = await mustGetIn(b, r.id);
             expect(now.lease?.owner, "the journal agrees with the winner").toBe(`owner-${i}`);
-            expect(now.fence).toBe(1);
+            expect(now.fence).toBe(FIRST_CLAIM);
           }
         }
       });
@@ -1469,7 +1475,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(e.state).toBe("sending");
         expect(e.attempts).toBe(1);
         expect(e.lease?.owner).toBe("owner-a");
-        expect(e.lease?.token).toBe(1);
+        expect(e.lease?.token).toBe(FIRST_CLAIM);
         expect(await b.outbox.get(e.key)).toEqual(e);
       });
 
@@ -1535,9 +1541,9 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         await b.outbox.markSent(a.entry.key, 1, "m-1");
         const claim2 = await b.outbox.claimDue({ ...claimer("owner-b"), limit: 100 });
         expect(keys(claim2.due), "after the first is sent the second is due, not the third").toEqual([second.entry.key]);
-        expect(claim2.due[0]!.lease?.token).toBe(1);
+        expect(claim2.due[0]!.lease?.token).toBe(FIRST_CLAIM);
         expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([]);
-        await b.outbox.markSent(second.entry.key, 1, "m-2");
+        await b.outbox.markSent(second.entry.key, FIRST_CLAIM, "m-2");
         expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 100 })).due)).toEqual([third.entry.key]);
       });
 
@@ -1986,7 +1992,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         const claim = await b.outbox.claimDue({ ...claimer(owner), reclaimOwn: true, resendAmbiguous: true, limit: 100 });
         expect(keys(claim.ambiguous), "claimDue does not report it again").toEqual([]);
         expect(keys(claim.due), "the next entry of its chat is due at once; the unknown one is not").toEqual([behind.key]);
-        expect(tokenOf(claim.due[0]!)).toBe(1);
+        expect(tokenOf(claim.due[0]!)).toBe(FIRST_CLAIM);
         expect(await b.outbox.get(sending.key), "the scan left it alone").toEqual(unknown);
         await b.outbox.markSent(behind.key, tokenOf(claim.due[0]!), "m-2");
         expect((await b.outbox.reserve(outbound(chat), claimer())).status, "an unknown entry does not block its chat").toBe("leased");
@@ -2459,7 +2465,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           for (const e of results[i]!.due) {
             const now = await mustGetOut(b, e.key);
             expect(now.lease?.owner, "the journal agrees with the winner").toBe(`owner-${i}`);
-            expect(now.fence).toBe(1);
+            expect(now.fence).toBe(FIRST_CLAIM);
           }
         }
       });
@@ -3015,12 +3021,12 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           expect((await mustGetOut(b, uncalled.key)).called, "an unannounced one after reopen").toBe(false);
           expect((await mustGetIn(b, done)).state).toBe("done");
 
-          // Leases and fences go on: the holder completes, a stale token is refused, a new claim gets fence+1.
+          // Leases and fences go on: the holder completes, a stale token is refused, a new claim gets a greater token.
           await expectStale(expect, () => b.inbox.complete(failing.id, tokenOf(failing)), "stale inbox token after reopen");
           await b.inbox.complete(processing.id, tokenOf(processing));
           expect((await mustGetIn(b, processing.id)).state).toBe("done");
           const retaken = await mustClaim(b, pending.id, claimer());
-          expect(tokenOf(retaken)).toBe(pending.fence + 1);
+          expect(tokenOf(retaken)).toBe(Math.max(pending.fence, 1) + 1);
           // Per-chat order survives: `queued` waits behind `sending` until it is sent.
           expect(keys((await b.outbox.claimDue({ ...claimer(), limit: 10 })).due)).toEqual([]);
           await b.outbox.markSent(sending.key, tokenOf(sending), "mid-2");

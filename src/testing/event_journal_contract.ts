@@ -305,13 +305,13 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         expect(await j.claimDue({ ...claimer(), limit: 0 })).toEqual([]);
       });
 
-      it("a claim issues a greater fencing token each time and counts no run; start counts one, once", async (j) => {
+      it("a claim issues a greater fencing token each time (never the token a leased append issues, 1) and counts no run; start counts one, once", async (j) => {
         const r = await appended(j, event());
         const c1 = (await j.claim(r.id, claimer()))!;
         expect(c1.state).toBe("processing");
         expect(c1.attempts, "a claim is not a run").toBe(0);
-        expect(tokenOf(c1)).toBe(1);
-        expect(c1.fence).toBe(1);
+        expect(tokenOf(c1)).toBe(2);
+        expect(c1.fence).toBe(2);
         expect(await j.start(r.id, tokenOf(c1), 1)).toBe(true);
         expect(await j.start(r.id, tokenOf(c1), 1), "a repeat changes nothing").toBe(true);
         expect((await j.get(r.id))!.attempts).toBe(1);
@@ -319,8 +319,8 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         expect(await j.start(r.id, tokenOf(c1), 2), "no longer held").toBe(false);
         const c2 = (await j.claim(r.id, claimer()))!;
         expect(c2.attempts).toBe(1);
-        expect(tokenOf(c2)).toBe(2);
-        expect(c2.fence).toBe(2);
+        expect(tokenOf(c2)).toBe(3);
+        expect(c2.fence).toBe(3);
         expect(await j.start(r.id, tokenOf(c1), 2), "a stale token").toBe(false);
         expect(await j.start(r.id, tokenOf(c2), 2)).toBe(true);
         expect((await j.get(r.id))!.attempts).toBe(2);
@@ -532,7 +532,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         // Leased by claim(id): appended leased behind another owner's record, they would be pending.
         const own = await appended(j, keyed(key, 2_000));
         const own2 = await appended(j, keyed(key, 3_000));
-        for (const r of [own, own2]) expect((await j.claim(r.id, mine))?.fence).toBe(1);
+        for (const r of [own, own2]) expect((await j.claim(r.id, mine))?.fence).toBe(2);
         const reclaim = { ...claimer("owner-r", LONG, "inc-2"), reclaimOwn: true, limit: 100 };
         expect(ids(await j.claimDue(reclaim)), "held back by another owner's earlier record").toEqual([]);
         await j.complete(theirs.id, tokenOf(theirs));
@@ -739,7 +739,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         expect(listed.payload).toEqual({ list: [1, 2], nested: { a: "x" } });
         const [claimedRecord] = await j.claimDue({ ...claimer(), limit: 1 });
         claimedRecord.lease!.token = 99;
-        expect(tokenOf(await mustGet(j, r.id))).toBe(1);
+        expect(tokenOf(await mustGet(j, r.id))).toBe(2);
       });
     });
 
@@ -761,7 +761,7 @@ export function runEventJournalContract(options: EventJournalContractOptions): v
         const r = await appended(j, event(null));
         const results = await Promise.all(Array.from({ length: 10 }, () => j.claim(r.id, claimer())));
         expect(results.filter((x) => x !== null).length).toBe(1);
-        expect((await mustGet(j, r.id)).fence).toBe(1);
+        expect((await mustGet(j, r.id)).fence).toBe(2);
       });
     });
 

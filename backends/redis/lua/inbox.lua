@@ -106,7 +106,7 @@ local function in_claimable(h, now, o)
 end
 -- claimedInbound (attempts unchanged: a claim is not a run)
 local function in_claim(h, now, o)
-  local token = num(h, 'fence') + 1
+  local token = math.max(num(h, 'fence'), {{WRITER_TOKEN}}) + 1 -- claimToken
   in_unindex(h)
   h.state = 'processing'; h.nextAttemptAt = false
   lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)

@@ -104,7 +104,7 @@ end
 -- attempt, so the new lease takes its number; a claim starts uncalled, except a lost sending entry
 -- that was called (re-leased by resendAmbiguous): its call may still reach the channel.
 local function out_claim(h, now, o)
-  local token = num(h, 'fence') + 1
+  local token = math.max(num(h, 'fence'), {{WRITER_TOKEN}}) + 1 -- claimToken
   local attempts = num(h, 'attempts')
   local still_called = h.state == 'sending' and out_called(h)
   if h.state ~= 'sending' or out_called(h) then attempts = attempts + 1 end
