@@ -94,7 +94,10 @@ export interface InboundRecord extends NewInboundRecord {
   nextAttemptAt: number | null;
   /** Set while `processing`. */
   lease: Lease | null;
-  /** The last fencing token issued for this record (0 before the first claim). */
+  /**
+   * The last fencing token issued for this record: 1 when it was admitted leased, 0 when admitted
+   * pending and never claimed. A claim issues `max(fence, 1) + 1` (`claimToken`), never 1.
+   */
   fence: number;
   /** The last handler error, as text. */
   error: string | null;
@@ -124,6 +127,10 @@ export interface OutboxEntry extends NewOutboxEntry {
   nextAttemptAt: number | null;
   /** Set while `sending`. */
   lease: Lease | null;
+  /**
+   * The last fencing token issued for this entry: 1 when it was reserved leased, 0 when reserved
+   * queued and never claimed. A claim issues `max(fence, 1) + 1` (`claimToken`), never 1.
+   */
   fence: number;
   /**
    * Whether a provider call may have started under the entry's current fence:
