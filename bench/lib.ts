@@ -8,7 +8,6 @@ import { join } from "node:path";
 import type { DurabilityBackend } from "../src/contract.ts";
 import type { OutboundContent, SendContext, SendReceipt } from "../src/provider.ts";
 import { MockProvider } from "../testing.ts";
-import { dropPostgresSchema } from "../tests/support/replica_harness.ts";
 import { POSTGRES_URL, REDIS_URL, runId } from "../tests/support/services.ts";
 
 /** Our rows. `off` = durability off; `redis-aof` = ioredis on the bench's own AOF (everysec) redis-server. */
@@ -27,13 +26,21 @@ export const KINDS = [
 ] as const;
 export type Kind = (typeof KINDS)[number];
 /**
- * The comparison rows: BullMQ and pg-boss doing equal work (an inbound job whose processor adds a reply
- * job keyed by the idempotency key, a reply worker that sends it) or one job per message (`-1`); the
- * ceilings: our protocol's writes as plain statements/commands on the same client.
+ * The comparison rows: BullMQ, pg-boss and graphile-worker doing equal work (an inbound job whose
+ * processor adds a reply job keyed by the idempotency key, a reply worker that sends it) or one job per
+ * message (`-1`); DBOS doing equal work as a workflow per message (id = the message id) of two steps;
+ * `-node`: the same anchor under Node instead of Bun; the ceilings: our protocol's writes as plain
+ * statements/commands on the same client.
  */
 export const OTHERS = [
   "pgboss",
   "pgboss-1",
+  "graphile",
+  "graphile-1",
+  "graphile-node",
+  "graphile-node-1",
+  "dbos",
+  "dbos-node",
   "bullmq-aof",
   "bullmq-aof-1",
   "bullmq",
@@ -61,6 +68,12 @@ export const LABELS: Record<AnyKind, string> = {
   upstash: "Redis (@upstash/redis, REST bridge), not durable",
   pgboss: "pg-boss, equal work",
   "pgboss-1": "pg-boss, one job",
+  graphile: "graphile-worker, equal work",
+  "graphile-1": "graphile-worker, one job",
+  "graphile-node": "graphile-worker (Node), equal work",
+  "graphile-node-1": "graphile-worker (Node), one job",
+  dbos: "DBOS, equal work",
+  "dbos-node": "DBOS (Node), equal work",
   "bullmq-aof": "BullMQ AOF everysec, equal work",
   "bullmq-aof-1": "BullMQ AOF everysec, one job",
   bullmq: "BullMQ not durable, equal work",
@@ -75,7 +88,7 @@ export type Server = "postgres" | "redis" | "redis-aof";
 
 /** Which server a kind needs. */
 export function serverOf(kind: AnyKind): Server | null {
-  if (kind === "postgres" || kind.startsWith("pgboss") || kind === "ceiling-postgres") return "postgres";
+  if (kind === "postgres" || kind.startsWith("pgboss") || kind.startsWith("graphile") || kind.startsWith("dbos") || kind === "ceiling-postgres") return "postgres";
   if (kind === "redis-aof" || kind.startsWith("bullmq-aof") || kind === "ceiling-redis-aof") return "redis-aof";
   if (kind === "redis" || kind === "upstash" || kind.startsWith("bullmq") || kind === "ceiling-redis") return "redis";
   return null;
@@ -85,8 +98,15 @@ export function serverOf(kind: AnyKind): Server | null {
 export function scriptOf(kind: AnyKind): string {
   if (kind.startsWith("bullmq")) return "anchors/bullmq.ts";
   if (kind.startsWith("pgboss")) return "anchors/pgboss.ts";
+  if (kind.startsWith("graphile")) return "anchors/graphile.ts";
+  if (kind.startsWith("dbos")) return "anchors/dbos.ts";
   if (kind.startsWith("ceiling-")) return kind === "ceiling-postgres" ? "ceilings/postgres.ts" : "ceilings/redis.ts";
   return "row.ts";
+}
+
+/** Which runtime runs a kind's child: Bun, or Node for the `-node` anchor rows (their users' runtime). */
+export function runtimeOf(kind: AnyKind): "bun" | "node" {
+  return /-node(-|$)/.test(kind) ? "node" : "bun";
 }
 
 /**
@@ -122,7 +142,12 @@ export function pgUrl(ns: Ns): string {
 export async function dropNs(ns: Ns): Promise<void> {
   const server = serverOf(ns.kind);
   if (server === null) return rmSync(ns.name, { recursive: true, force: true });
-  if (server === "postgres") return await dropPostgresSchema(ns.name);
+  if (server === "postgres") {
+    // Imported here, not at the top: the anchors import this module under Node too (bundled), and the
+    // harness module reads Bun's `import.meta.dir` when it loads.
+    const { dropPostgresSchema } = await import("../tests/support/replica_harness.ts");
+    return await dropPostgresSchema(ns.name);
+  }
   const { default: Redis } = await import("ioredis");
   const client = new Redis(ns.redisUrl ?? REDIS_URL);
   try {

@@ -1,16 +1,19 @@
 /**
  * The benchmark harness: one durable bot message (admitted, handled, one reply through the outbox, done)
- * per backend, side by side with BullMQ and pg-boss doing the same work (an inbound job whose processor
- * adds a reply job keyed by the idempotency key, a reply worker that sends it) and doing one job, and
- * with a ceiling per server (our protocol's writes as plain statements/commands on the same client);
- * scale rows (retained journal) and restart recovery. Every run is its own child process (bench/row.ts,
- * bench/anchors/*.ts, bench/ceilings/*.ts) on a fresh store; runs are interleaved across rows (round
- * robin), after one discarded warm-up round.
+ * per backend, side by side with BullMQ, pg-boss and graphile-worker doing the same work (an inbound job
+ * whose processor adds a reply job keyed by the idempotency key, a reply worker that sends it) and doing
+ * one job, with DBOS doing it as a workflow of two steps per message, and with a ceiling per server (our
+ * protocol's writes as plain statements/commands on the same client); scale rows (retained journal) and
+ * restart recovery. Every run is its own child process (bench/row.ts, bench/anchors/*.ts,
+ * bench/ceilings/*.ts) on a fresh store; runs are interleaved across rows (round robin), after one
+ * discarded warm-up round. The graphile-worker and DBOS anchors also run under Node (rows "(Node)"):
+ * Bun.build bundles the anchor for Node (packages left external) into node_modules/.cache/botmesh-bench/.
  *
  *   bun bench/run.ts                      full run (≈ 30 min on the shared 2-core machine), writes bench/RESULTS.md
  *   bun bench/run.ts --quick              smoke (CI): 0.2 s runs, 1 round, scale 2k, recovery 500, no RESULTS.md
  *   options: --runs N (5)  --seconds S (2: each measured run)  --warm S (0.5: each child's own warm-up)
- *            --only postgres,pgboss,ceiling-postgres (durability off always runs: the × off base)
+ *            --only postgres,pgboss,ceiling-postgres (durability off always runs: the × off base; the row
+ *            names are OTHERS and KINDS in bench/lib.ts, e.g. graphile, graphile-node-1, dbos, dbos-node)
  *            --scale 1k,100k,1M  --scale-runs N (3)  --scale-max events-log=1M,redis=1M (both 100k by default:
  *            1M adds ≈ 10 min for the events journal, ≈ 7 min for Redis)  --recovery N (10000)  --ceiling-groups N (4)
  *            --no-warmup-round  --no-scale  --no-recovery  --no-broadcast  --write (RESULTS.md even with --quick)  --no-write
@@ -20,12 +23,12 @@
  * because of a slow number.
  */
 import { execFileSync } from "node:child_process";
-import { readFileSync, writeFileSync } from "node:fs";
+import { readFileSync, rmSync, writeFileSync } from "node:fs";
 import { cpus, release, totalmem } from "node:os";
 import { join } from "node:path";
 import { POSTGRES_URL, REDIS_URL, SERVICES_REQUIRED, tcpReachable } from "../tests/support/services.ts";
 import { type UpstashBridge, startUpstashBridge } from "../tests/support/upstash_bridge.ts";
-import { type AnyKind, createNs, dropNs, type Kind, KINDS, LABELS, type Ns, OTHERS, type RowResult, scriptOf, type Server, serverOf } from "./lib.ts";
+import { type AnyKind, createNs, dropNs, type Kind, KINDS, LABELS, type Ns, OTHERS, type RowResult, runtimeOf, scriptOf, type Server, serverOf } from "./lib.ts";
 import { type AofRedis, cpuBetween, type CpuSample, postgresCpu, redisCpu, redisInfo, startAofRedis } from "./servers.ts";
 
 // ---- options -----------------------------------------------------------------------
@@ -95,6 +98,30 @@ const fail = (what: string) => {
 const started = Date.now();
 const command = `bun bench/run.ts${argv.length ? " " + argv.join(" ") : ""}`;
 const notes: string[] = [];
+/** Node on the PATH runs the "(Node)" anchor rows; without it they are left out. */
+const NODE_VERSION = sh("node", ["--version"]);
+const hasNode = NODE_VERSION !== "?";
+if (!hasNode && [...OTHERS].some((k) => runtimeOf(k) === "node" && selected(k))) notes.push("node is not on the PATH: the (Node) rows are left out.");
+/** Where the anchors bundled for Node go (this run's own folder, removed at the end). */
+const NODE_OUT = join(import.meta.dir, "..", "node_modules", ".cache", "botmesh-bench", `run-${process.pid}`);
+const nodeBuilds = new Map<string, Promise<string>>();
+/**
+ * A bench script bundled for Node, once per run: Bun.build, target node, ESM, every package left external
+ * (imported from node_modules as Node resolves it, the packages' own Node builds); our TypeScript
+ * (bench/lib.ts, the mock provider) compiled in.
+ */
+function forNode(script: string): Promise<string> {
+  let p = nodeBuilds.get(script);
+  if (!p) {
+    p = Bun.build({ entrypoints: [join(import.meta.dir, script)], outdir: NODE_OUT, target: "node", format: "esm", packages: "external", naming: "[name].mjs" })
+      .then((out) => {
+        if (!out.success || !out.outputs[0]) throw new Error(`bundling ${script} for Node failed: ${out.logs.map(String).join("; ")}`);
+        return out.outputs[0].path;
+      });
+    nodeBuilds.set(script, p);
+  }
+  return p;
+}
 const up: Record<Server, boolean> = { postgres: false, redis: false, "redis-aof": false };
 for (const [server, url, port] of [["postgres", POSTGRES_URL, 5432], ["redis", REDIS_URL, 6379]] as const) {
   const u = new URL(url);
@@ -145,9 +172,9 @@ async function main(): Promise<void> {
   })())?.[1] ?? "?";
   const header = [
     `CPU: ${model}, ${cpus().length} cores; RAM ${(totalmem() / 2 ** 30).toFixed(1)} GiB; ${os}, Linux ${release()}`,
-    `Bun ${process.versions.bun}, Node ${sh("node", ["--version"])}, PostgreSQL ${pgInfo.version}, Redis ${redisServers.redis?.version ?? redisServers["redis-aof"]?.version ?? "not reachable"}`,
-    `packages: bullmq ${pkg("bullmq")}, pg-boss ${pkg("pg-boss")}, pg ${pkg("pg")}, postgres ${pkg("postgres")}, ioredis ${pkg("ioredis")}, @upstash/redis ${pkg("@upstash/redis")}`,
-    `Postgres (${new URL(POSTGRES_URL).host}): ${pg ? pgInfo.persistence : "not reachable"} (SHOW); the rows on it: ours, pg-boss, its ceiling`,
+    `Bun ${process.versions.bun}, Node ${NODE_VERSION}, PostgreSQL ${pgInfo.version}, Redis ${redisServers.redis?.version ?? redisServers["redis-aof"]?.version ?? "not reachable"}`,
+    `packages: bullmq ${pkg("bullmq")}, pg-boss ${pkg("pg-boss")}, graphile-worker ${pkg("graphile-worker")}, @dbos-inc/dbos-sdk ${pkg("@dbos-inc/dbos-sdk")}, pg ${pkg("pg")}, postgres ${pkg("postgres")}, ioredis ${pkg("ioredis")}, @upstash/redis ${pkg("@upstash/redis")}`,
+    `Postgres (${new URL(POSTGRES_URL).host}): ${pg ? pgInfo.persistence : "not reachable"} (SHOW); the rows on it: ours, pg-boss, graphile-worker, DBOS, its ceiling`,
     `Redis, durable (${aof ? `${new URL(aof.url).host}, started by the bench in a temp dir` : "not started"}): ${
       redisServers["redis-aof"]?.persistence ?? "–"
     } (CONFIG GET); the rows on it: ours "AOF everysec", BullMQ "AOF everysec", its ceiling`,
@@ -168,7 +195,16 @@ async function main(): Promise<void> {
    */
   async function child(script: string, config: Record<string, unknown> & { ns: Ns }, what: string): Promise<RowResult | null> {
     const server = serverOf(config.ns.kind);
-    const proc = Bun.spawn([process.execPath, join(import.meta.dir, script), JSON.stringify(config)], {
+    let argv0 = [process.execPath, join(import.meta.dir, script)];
+    if (runtimeOf(config.ns.kind) === "node") {
+      try {
+        argv0 = ["node", await forNode(script)];
+      } catch (error) {
+        fail(`${what}: ${error instanceof Error ? error.message : String(error)}`);
+        return null;
+      }
+    }
+    const proc = Bun.spawn([...argv0, JSON.stringify(config)], {
       stdin: "pipe",
       stdout: "pipe",
       stderr: "inherit",
@@ -219,11 +255,12 @@ async function main(): Promise<void> {
     });
   const available = (k: AnyKind) => {
     const s = serverOf(k);
-    return s === null || up[s];
+    return (s === null || up[s]) && (runtimeOf(k) !== "node" || hasNode);
   };
   const configOf = (kind: AnyKind, chats: number, seconds: number): Record<string, unknown> => {
     const base = { mode: "load", chats, seconds, warmSeconds: WARM };
     if (kind.startsWith("pgboss")) return { ...base, batchSize: chats === 1 ? 1 : 100, oneJob: kind.endsWith("-1") };
+    if (kind.startsWith("graphile")) return { ...base, concurrency: chats, oneJob: kind.endsWith("-1") };
     if (kind.startsWith("bullmq")) return { ...base, oneJob: kind.endsWith("-1") };
     if (kind === "ceiling-postgres") return { ...base, groups: CEILING_GROUPS };
     return base;
@@ -340,16 +377,26 @@ async function main(): Promise<void> {
     const rs = runsOf(kind, scenario);
     return rs.length ? medianOf(rs, (x) => x.msgPerSec) : null;
   };
-  /** The rows a row is compared with: equal-work anchor, one-job anchor, ceiling. */
-  const compare: Partial<Record<AnyKind, [AnyKind, AnyKind, AnyKind]>> = {
-    postgres: ["pgboss", "pgboss-1", "ceiling-postgres"],
-    "redis-aof": ["bullmq-aof", "bullmq-aof-1", "ceiling-redis-aof"],
-    redis: ["bullmq", "bullmq-1", "ceiling-redis"],
-    upstash: ["bullmq", "bullmq-1", "ceiling-redis"],
+  /** The rows a row is compared with: its equal-work anchors, its one-job anchors, its ceiling. */
+  const compare: Partial<Record<AnyKind, { equal: AnyKind[]; one: AnyKind[]; ceiling: AnyKind }>> = {
+    postgres: {
+      equal: ["pgboss", "graphile", "graphile-node", "dbos", "dbos-node"],
+      one: ["pgboss-1", "graphile-1", "graphile-node-1"],
+      ceiling: "ceiling-postgres",
+    },
+    "redis-aof": { equal: ["bullmq-aof"], one: ["bullmq-aof-1"], ceiling: "ceiling-redis-aof" },
+    redis: { equal: ["bullmq"], one: ["bullmq-1"], ceiling: "ceiling-redis" },
+    upstash: { equal: ["bullmq"], one: ["bullmq-1"], ceiling: "ceiling-redis" },
   };
   const ceilingOf: Partial<Record<AnyKind, AnyKind>> = {
     pgboss: "ceiling-postgres",
     "pgboss-1": "ceiling-postgres",
+    graphile: "ceiling-postgres",
+    "graphile-1": "ceiling-postgres",
+    "graphile-node": "ceiling-postgres",
+    "graphile-node-1": "ceiling-postgres",
+    dbos: "ceiling-postgres",
+    "dbos-node": "ceiling-postgres",
     "bullmq-aof": "ceiling-redis-aof",
     "bullmq-aof-1": "ceiling-redis-aof",
     bullmq: "ceiling-redis",
@@ -358,6 +405,16 @@ async function main(): Promise<void> {
   const ratio = (a: RowResult | null, b: AnyKind | undefined, scenario: string) => {
     const r = b ? med(b, scenario) : null;
     return a && r ? fmt(a.msgPerSec / r.msgPerSec) : "";
+  };
+  /** A peer in a list of ratios: its label without the kind of work ("graphile-worker (Node)"). */
+  const peerName = (k: AnyKind) => LABELS[k].replace(/, (equal work|one job)$/, "");
+  /** The ratios of a row to several peers, each named ("3.06 pg-boss, 2.50 DBOS"); one peer: the bare ratio. */
+  const ratios = (a: RowResult | null, peers: AnyKind[], scenario: string) => {
+    if (peers.length === 1) return ratio(a, peers[0], scenario);
+    return peers.flatMap((b) => {
+      const r = med(b, scenario);
+      return a && r ? [`${fmt(a.msgPerSec / r.msgPerSec)} ${peerName(b)}`] : [];
+    }).join(", ");
   };
   const runsShown = `${RUNS} run${RUNS === 1 ? "" : "s"}`;
   const mainTables: string[] = [];
@@ -377,7 +434,7 @@ async function main(): Promise<void> {
       mainTables.push(
         `| ${LABELS[kind]} | ${m ? `**${fmtInt(m.msgPerSec)}**${span}` : "FAILED"} | ${fmt(m?.p50)} | ${fmt(m?.p99)} | ${fmt(m?.cpuUsPerMsg, 0)} | ${fmt(m?.serverUsPerMsg, 0)} | ${fmt(m?.rssMb, 0)} | ${
           kind !== "off" && m && off && (KINDS as readonly string[]).includes(kind) ? fmt(m.msgPerSec / off.msgPerSec) : ""
-        } | ${cmp ? ratio(m, cmp[0], sc.name) : ""} | ${cmp ? ratio(m, cmp[1], sc.name) : ""} | ${ratio(m, cmp ? cmp[2] : ceilingOf[kind], sc.name)} |`,
+        } | ${cmp ? ratios(m, cmp.equal, sc.name) : ""} | ${cmp ? ratios(m, cmp.one, sc.name) : ""} | ${ratio(m, cmp ? cmp.ceiling : ceilingOf[kind], sc.name)} |`,
       );
     }
     mainTables.push("");
@@ -425,7 +482,20 @@ async function main(): Promise<void> {
   };
   const rate = (k: AnyKind, sc = hundred) => med(k, sc)?.msgPerSec ?? null;
   const times = (x: number) => `${fmt(x)}×`;
+  /** A row over the faster (median msg/s) of a peer's rows under Bun and under Node, and which that was. */
+  const relFaster = (a: AnyKind, peers: AnyKind[], sc = hundred) => {
+    const x = med(a, sc);
+    const ys = peers.flatMap((b) => {
+      const y = med(b, sc);
+      return y ? [{ b, y }] : [];
+    }).sort((p, q) => q.y.msgPerSec - p.y.msgPerSec);
+    return x && ys[0] ? { x: x.msgPerSec / ys[0].y.msgPerSec, against: runtimeOf(ys[0].b) === "node" ? "Node" : "Bun" } : null;
+  };
   judge("Postgres ≥ 2× pg-boss, equal work (100 chats)", rel("postgres", "pgboss"), (x) => x >= 2, times);
+  for (const [name, peers] of [["graphile-worker", ["graphile", "graphile-node"]], ["DBOS", ["dbos", "dbos-node"]]] as const) {
+    const r = relFaster("postgres", [...peers]);
+    judge(`Postgres ≥ 2× ${name}, equal work (100 chats${r ? `; against its faster runtime, ${r.against}` : ""})`, r?.x ?? null, (x) => x >= 2, times);
+  }
   judge("Postgres ≥ 1.5× pg-boss, one job (100 chats)", rel("postgres", "pgboss-1"), (x) => x >= 1.5, times);
   judge("Postgres ≥ 0.6 of the Postgres ceiling (100 chats)", rel("postgres", "ceiling-postgres"), (x) => x >= 0.6, times);
   judge("Redis AOF everysec ≥ 2× BullMQ AOF everysec, equal work (100 chats)", rel("redis-aof", "bullmq-aof"), (x) => x >= 2, times);
@@ -463,20 +533,22 @@ async function main(): Promise<void> {
   }
 
   const pgNote = med("pgboss", hundred)?.note ?? "see bench/anchors/pgboss.ts";
+  const gwNote = (med("graphile", hundred) ?? med("graphile-node", hundred))?.note ?? "see bench/anchors/graphile.ts";
+  const dbosNote = (med("dbos", hundred) ?? med("dbos-node", hundred))?.note ?? "see bench/anchors/dbos.ts";
   const explain = [
     `Every row runs ${runsShown} of at least ${SECONDS} s each (after a ${WARM} s warm-up in the same process, drained and not measured)${
       WARMUP_ROUND ? `, after one discarded warm-up round (${WARMUP_SECONDS} s runs)` : ""
     }. Rounds go round robin: run 1 of every row, then run 2 of every row, and so on, so a slow minute of this shared 2-core machine falls on every row alike. The bold number is the median run's; p50/p99, client CPU, server CPU and peak RSS are those of the median run.`,
     "",
     "- A message (ours): `provider.receive()` admits it (journaled), the handler calls `ctx.reply()` once, the reply goes out through the outbox (journaled, leased) to an in-process mock provider that answers at once (BenchProvider, bench/lib.ts), it is marked sent, the record done. Closed loop: each chat sends its next message once the reply to its previous one was sent; the measured interval runs until the deadline, then waits for the work in flight (`bot.idle()`).",
-    "- Equal-work anchors: per message an inbound job; its processor adds a reply job with `jobId` (BullMQ) / `id` (pg-boss, a uuid derived from the key) = the idempotency key, so a retried processor adds no second reply; a reply worker sends it to the same mock provider; both jobs completed (the interval ends once both queues' jobs are all completed). The closed loop closes on that send, as ours does. One-job anchors: one job per message, nothing sent; the loop closes on the job's completion (BullMQ `completed` event) or its handler having run (pg-boss); they do half our durable work and are labelled so.",
-    `- BullMQ: one \`Worker\` per queue with concurrency = chats, defaults otherwise (completed jobs kept). pg-boss 10: one \`work()\` per queue, ${pgNote} (batchSize 1 for 1 chat); supervise/schedule off. pg-boss's worker sleeps \`pollingInterval\` (≥ 0.5 s) after every fetch unless \`notifyWorker()\` wakes it, so every send notifies its queue's worker in-process.`,
+    "- Equal-work anchors: per message an inbound job; its processor adds a reply job with `jobId` (BullMQ) / `id` (pg-boss, a uuid derived from the key) / `jobKey` (graphile-worker) = the idempotency key, so a retried processor adds no second reply; a reply worker sends it to the same mock provider; both jobs completed (the interval ends once both queues' jobs are all completed; graphile-worker deletes completed jobs: once its job table is empty). DBOS: per message a workflow started with workflow ID = the message id (its idempotency key), of two checkpointed steps, handle the message and send the reply to the same mock provider; the interval ends once every workflow's result is recorded. The closed loop closes on that send, as ours does. One-job anchors: one job per message, nothing sent; the loop closes on the job's completion (BullMQ `completed` event) or its handler having run (pg-boss, graphile-worker); they do half our durable work and are labelled so.",
+    `- BullMQ: one \`Worker\` per queue with concurrency = chats, defaults otherwise (completed jobs kept). pg-boss 10: one \`work()\` per queue, ${pgNote} (batchSize 1 for 1 chat); supervise/schedule off. pg-boss's worker sleeps \`pollingInterval\` (≥ 0.5 s) after every fetch unless \`notifyWorker()\` wakes it, so every send notifies its queue's worker in-process. graphile-worker: one runner for both tasks, in its own schema, ${gwNote} (the batching its docs recommend for a high-throughput queue; concurrentJobs 1 for 1 chat); LISTEN/NOTIFY wakes it. DBOS: \`DBOS.launch()\` with its system database in its own schema of the same database (\`systemDatabaseSchemaName\`), ${dbosNote}.`,
     `- Ceilings (bench/ceilings/): the fewest writes our protocol needs per message (admit, reserve, markSent, complete), each as one plain statement (Postgres: INSERT, INSERT, UPDATE … WHERE lease_token, UPDATE … WHERE lease_token) or one HSET with its index ZADD/ZREMs (Redis), on tables/keys with only the indexes the protocol reads (due records, a chat's active records); same client (porsager postgres / ioredis), same closed loop and mock provider, the writes of one turn batched as our backends do (Postgres: one transaction per turn, one multi-row statement per kind, BEGIN…COMMIT pipelined, ${CEILING_GROUPS} groups in flight; Redis: one MULTI/EXEC per turn, up to 8 pipelined). No chat-order probe, retries, payload or damage checks. × ceiling = how close a row is to what the server can do for this protocol from this client.`,
-    "- Verification (any failure exits 1): every message replied exactly once; nothing left unfinished; the journals' done inbound records and sent replies of the run (listed by state) equal the totals; anchors: the completed counts of both queues equal the totals and nothing is waiting, active or failed; ceilings: every row/key done and sent.",
+    "- Verification (any failure exits 1): every message replied exactly once; nothing left unfinished; the journals' done inbound records and sent replies of the run (listed by state) equal the totals; anchors: the completed counts of both queues equal the totals and nothing is waiting, active or failed (graphile-worker: both tasks' successes equal the totals and its job table is empty; DBOS: every workflow SUCCESS and each of its two steps recorded once per message); ceilings: every row/key done and sent.",
     "- client CPU µs/msg: the child process's own CPU time (user + system, all threads: `process.cpuUsage()`) over the measured interval, per message. server CPU µs/msg: the server's CPU time over the same interval (the child signals the orchestrator when it starts and ends measuring and waits while it samples /proc on this host): Postgres = the run's own backends (by application_name) plus the server's background processes (WAL writer, checkpointer…, shared with anything else using the server); Redis = the redis-server process. The not-durable Redis and Postgres are shared with other work on this machine; the AOF Redis is the bench's alone.",
-    "- × off: msg/s over durability off, same scenario. × equal-work / one-job anchor / ceiling: Postgres over pg-boss and the Postgres ceiling; Redis AOF over BullMQ AOF and the AOF ceiling; the not-durable Redis rows over the not-durable BullMQ and ceiling; anchors over their server's ceiling.",
+    "- × off: msg/s over durability off, same scenario. × equal-work / one-job anchor / ceiling: Postgres over each of pg-boss, graphile-worker and DBOS (each named) and the Postgres ceiling; Redis AOF over BullMQ AOF and the AOF ceiling; the not-durable Redis rows over the not-durable BullMQ and ceiling; anchors over their server's ceiling.",
     "- With 100 chats in a closed loop the latency is mostly queueing (p50 ≈ chats / msg/s); the latency targets are judged on the 1-chat rows.",
-    "- Anchors run under Bun; the Upstash REST bridge runs in the orchestrator process (its CPU is in neither CPU column).",
+    `- Anchors run under Bun; graphile-worker and DBOS also under Node ${NODE_VERSION} (the rows marked "(Node)", their users' runtime): the same anchor file, bundled for Node by Bun.build (target node, every package external, so Node loads the packages' own builds from node_modules). The Upstash REST bridge runs in the orchestrator process (its CPU is in neither CPU column).`,
   ];
   const scaleExplain = [
     `Cost per message on the 100-chat shape (${SCALE_RUNS} runs of ≥ ${SECONDS} s on one prefilled store, each run with new message ids; median, min – max) with N finished messages (a \`done\` inbound record and its \`sent\` reply each) already retained, on the same chat ids c0…c99 the measured runs use. Prefill (bench/prefill.ts): SQLite/Postgres 1,000 through the backend's API then bulk INSERT…SELECT copies, then Postgres \`VACUUM ANALYZE\` + \`CHECKPOINT\`, SQLite \`PRAGMA wal_checkpoint(TRUNCATE)\`; Redis (the not-durable server) 1,000 through the API then pipelined copies of the keys it wrote; the events journal through the API into one snapshot. In this run the events journal stops at ${fmtInt(scaleMax.get("events-log"))} and Redis at ${fmtInt(scaleMax.get("redis"))} (\`--scale-max\`; 100k by default: their 1M prefill takes minutes on this machine). A store over 10,000 retained is not listed by state after a run (the rest of verify runs; the 1,000 size runs it all).`,
@@ -543,5 +615,6 @@ try {
   fail(`the harness: ${error instanceof Error ? error.stack ?? error.message : String(error)}`);
 } finally {
   await aof?.stop();
+  rmSync(NODE_OUT, { recursive: true, force: true });
 }
 process.exit(failures > 0 ? 1 : 0);
