@@ -2,9 +2,10 @@
  * Ceiling: the fewest Postgres statements our protocol needs per message, on the same client
  * (porsager `postgres`) with the same batching as our backend and no library logic.
  *
- * Per message, four writes: admit (INSERT the inbound record, leased), reserve (INSERT the reply,
- * leased), markSent (UPDATE the reply: sent, fenced by its lease token), complete (UPDATE the record:
- * done, fenced). The writes called in one turn go in one transaction (BEGIN, one multi-row statement per
+ * Per message, four writes, every one our protocol makes for a message whose reply goes out at once:
+ * admit (INSERT the inbound record, leased), reserve with the call's announcement (INSERT the reply,
+ * leased, `called` set: the write that tells a crash after it from a crash before the call), markSent
+ * (UPDATE the reply: sent, fenced by its lease token), complete (UPDATE the record: done, fenced). The writes called in one turn go in one transaction (BEGIN, one multi-row statement per
  * kind via `json_to_recordset($1::text::json)`, COMMIT, pipelined on one connection: one round trip); a lone
  * write is one statement. Tables: the primary key plus the two indexes the protocol reads (due records,
  * a chat's active records), partial on the unfinished rows. No chat-order probe, no retries, no damage
@@ -32,7 +33,7 @@ childMain(async (): Promise<RowResult> => {
     CREATE INDEX ON ${s}.inbox (lease_until) WHERE state <> 'done';
     CREATE INDEX ON ${s}.inbox (chat_id, received_at) WHERE state <> 'done';
     CREATE TABLE ${s}.outbox (key text PRIMARY KEY, chat_id text NOT NULL, inbound_id text, state text NOT NULL, content jsonb NOT NULL,
-      receipt text, lease_token bigint, lease_until bigint, updated_at bigint NOT NULL);
+      called boolean NOT NULL, receipt text, lease_token bigint, lease_until bigint, updated_at bigint NOT NULL);
     CREATE INDEX ON ${s}.outbox (lease_until) WHERE state <> 'sent';
     CREATE INDEX ON ${s}.outbox (chat_id, updated_at) WHERE state <> 'sent';
   `);
@@ -40,8 +41,8 @@ childMain(async (): Promise<RowResult> => {
     admit: `INSERT INTO ${s}.inbox (id, chat_id, state, payload, received_at, lease_token, lease_until, updated_at)
       SELECT id, chat_id, 'processing', payload, at, token, until, at FROM json_to_recordset($1::text::json)
       AS r(id text, chat_id text, payload jsonb, at bigint, token bigint, until bigint)`,
-    reserve: `INSERT INTO ${s}.outbox (key, chat_id, inbound_id, state, content, lease_token, lease_until, updated_at)
-      SELECT key, chat_id, inbound_id, 'sending', content, token, until, at FROM json_to_recordset($1::text::json)
+    reserve: `INSERT INTO ${s}.outbox (key, chat_id, inbound_id, state, content, called, lease_token, lease_until, updated_at)
+      SELECT key, chat_id, inbound_id, 'sending', content, true, token, until, at FROM json_to_recordset($1::text::json)
       AS r(key text, chat_id text, inbound_id text, content jsonb, at bigint, token bigint, until bigint)`,
     sent: `UPDATE ${s}.outbox o SET state = 'sent', receipt = r.receipt, lease_token = NULL, lease_until = NULL, updated_at = r.at
       FROM json_to_recordset($1::text::json) AS r(key text, token bigint, receipt text, at bigint) WHERE o.key = r.key AND o.lease_token = r.token`,

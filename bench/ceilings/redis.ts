@@ -4,8 +4,10 @@
  * one MULTI/EXEC: one round trip, atomic as a script call; up to `inFlight`, 8, such batches pipelined)
  * and no library logic.
  *
- * Per message, four writes of three commands each: admit (HSET the inbound record, leased; ZADD it to
- * the due index and to its chat's active index), reserve (the same for the reply), markSent (HSET sent;
+ * Per message, four writes of three commands each, every one our protocol makes for a message whose
+ * reply goes out at once: admit (HSET the inbound record, leased; ZADD it to the due index and to its
+ * chat's active index), reserve with the call's announcement (the same for the reply, its `called`
+ * field set in the same HSET), markSent (HSET sent;
  * ZREM from both indexes), complete (HSET done; ZREM from both). No script, no fencing check (a script
  * would be needed for one), no payload checks, no chat-order read, no damage indexes.
  *
@@ -33,7 +35,7 @@ childMain(async (): Promise<RowResult> => {
         m.zadd(`${P}in:due`, s(r.until), s(r.id));
         m.zadd(`${P}in:act:${r.chat}`, s(r.at), s(r.id));
       } else if (kind === "reserve") {
-        m.hset(`${P}out:${r.key}`, "chatId", s(r.chat), "inboundId", s(r.id), "state", "sending", "content", s(r.content), "token", s(r.token), "until", s(r.until));
+        m.hset(`${P}out:${r.key}`, "chatId", s(r.chat), "inboundId", s(r.id), "state", "sending", "content", s(r.content), "called", "1", "token", s(r.token), "until", s(r.until));
         m.zadd(`${P}out:due`, s(r.until), s(r.key));
         m.zadd(`${P}out:act:${r.chat}`, s(r.at), s(r.key));
       } else if (kind === "sent") {
