@@ -2179,7 +2179,9 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(keys(claim.ambiguous), "announced, its sender lost: ambiguous").toEqual([res.entry.key]);
         const unknown = await mustGetOut(b, res.entry.key);
         expect([unknown.state, unknown.lease, unknown.fence, unknown.attempts]).toEqual(["unknown", null, 1, 1]);
-        expect(keys(claim.due), "no longer blocking its chat").toEqual([behind.key]);
+        // (The same scan, or the next one, takes the entry behind it.)
+        const next = claim.due.length > 0 ? claim : await b.outbox.claimDue({ ...claimer("owner-b", LONG, "inc-b"), limit: 100 });
+        expect(keys(next.due), "no longer blocking its chat").toEqual([behind.key]);
         // Its sender was alive after all (a stall): the late outcome settles it.
         await b.outbox.markSent(res.entry.key, 1, "late");
         expect((await mustGetOut(b, res.entry.key)).state).toBe("sent");
