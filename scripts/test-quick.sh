@@ -13,6 +13,8 @@ QUICK_TESTS=(
   test_clock engine_modules prometheus memory_backend kv_backend events_memory events_worker console clock_step
   conversation conversation_stores conformance_memory conformance_kv conformance_file conformance_sqlite
   conformance_events_file sqlite_backend telegram_corpus whatsapp_corpus baileys
+  lost_scan_chat_order lost_scan_outage kv_lost_scan_chat_order kv_lost_scan_partial events_kv_lost_scan
+  steps_faults steps_lost_report sim_steps damaged_storage throttle_hints
 )
 files=()
 for name in "${QUICK_TESTS[@]}"; do files+=("./tests/$name.test.ts"); done

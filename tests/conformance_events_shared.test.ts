@@ -7,7 +7,7 @@ import type { DurabilityBackend } from "../src/contract.ts";
 import { EventsDurability } from "../backends/events/durability.ts";
 import type { LeasedEventJournal } from "../src/events/types.ts";
 import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
-import { runDurabilityConformance } from "../testing.ts";
+import { runBackendContract } from "../testing.ts";
 
 /**
  * How each variant damages a record: an unknown state (the journal sets the record aside), or for the
@@ -86,7 +86,8 @@ for (const { name, options, hurt } of variants) {
     simulatedTime: true,
   });
 
-  runDurabilityConformance({
+  // (the whole suite runs once for the events family, on the file journal: conformance_events_file)
+  runBackendContract({
     name: `events(${name})`,
     create: async ({ now }) => over(await freshJournal({ ...options, clock: now })),
     // A restart: the old journal is closed, a new one opens the same file (and loads it from disk).

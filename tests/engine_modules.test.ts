@@ -1,5 +1,6 @@
 // The engine's modules alone, on TestClock with MemoryDurability: the sweeper's wake-ups and the
-// leases (hold, hand on, renew, lose, the claim-scan gate).
+// leases (hold, hand on, renew, lose, the claim-scan gate), settling, outcome writes, the ambiguity
+// handling (report, settle by a delivery status or the provider's confirm) and the operator surface.
 import { describe, expect, test } from "bun:test";
 import { MemoryDurability } from "../mod.ts";
 import { TestClock } from "../testing.ts";
@@ -8,6 +9,13 @@ import type { DurabilityWarning } from "../src/engine/types.ts";
 import { Wakeups } from "../src/engine/wakeups.ts";
 import { Settling } from "../src/engine/settling.ts";
 import { Outcomes } from "../src/engine/outcomes.ts";
+import { Ambiguity } from "../src/engine/ambiguity.ts";
+import { operatorControl } from "../src/engine/control.ts";
+import { type BotEvents, zeroMetrics } from "../src/engine/types.ts";
+import { Emitter } from "../src/emitter.ts";
+import { resolveDurability } from "../src/config.ts";
+import { MockProvider } from "../testing.ts";
+import type { SendInQuestion, Provider } from "../src/provider.ts";
 
 function setup(leaseMs = 300) {
   const clock = new TestClock({ start: 1_700_000_000_000 });
@@ -250,4 +258,132 @@ describe("Outcomes", () => {
       s.clock.stop();
     }
   });
+});
+
+describe("Ambiguity", () => {
+  /** An Ambiguity over the setup's journals, with a provider that confirms (or not) and its events collected. */
+  function ambiguityOf(s: ReturnType<typeof setup>, confirm?: (key: string) => { delivered: boolean; messageId?: string }) {
+    const provider: MockProvider & Pick<Provider, "confirm"> = new MockProvider();
+    if (confirm) provider.confirm = async ({ idempotencyKey }: SendInQuestion) => {
+      const answer = confirm(idempotencyKey);
+      return answer.delivered ? { delivered: true, messageId: answer.messageId ?? "" } : { delivered: false };
+    };
+    const events = new Emitter<BotEvents>(() => {});
+    const seen: string[] = [];
+    events.on("durability:ambiguous", (e) => void seen.push(`ambiguous ${e.key}`));
+    events.on("durability:resolved", (e) => void seen.push(`resolved ${e.key} ${e.state} via ${e.via}`));
+    const metrics = zeroMetrics();
+    const woken: number[] = [];
+    let counted = 0;
+    const work: Promise<unknown>[] = [];
+    const ambiguity = new Ambiguity({
+      backend: s.backend,
+      config: resolveDurability({ backend: s.backend, outbox: { retries: 3, backoff: { baseMs: 10, capMs: 10 } } }),
+      host: { provider, botId: "b", events, dispatch: () => {}, whenLocalIdle: async () => {}, track: (p) => void work.push(p), clock: s.clock },
+      clock: s.clock,
+      metrics,
+      signal: new AbortController().signal,
+      halted: () => false,
+      report: (error) => void s.errors.push(String(error)),
+      wake: (ms) => void woken.push(ms),
+      countAmbiguous: () => void counted++,
+    });
+    return { ambiguity, seen, metrics, woken, counted: () => counted, settled: () => Promise.all(work) };
+  }
+
+  /** A send whose holder announced its call and was lost: `unknown` after a scan once its lease lapsed. */
+  async function unknownEntry(s: ReturnType<typeof setup>, key: string, meanwhile: () => Promise<unknown> = async () => {}) {
+    const { entry } = await s.backend.outbox.reserve(
+      { key, chatId: "c", content: { text: "hi" }, contentHash: "h", inboundId: null },
+      s.claimer("gone", 100),
+    );
+    await s.backend.outbox.markCalling(key, entry.fence, 100);
+    await meanwhile();
+    await s.clock.sleep(200);
+    const claim = await s.backend.outbox.claimDue({ ...s.claimer(), limit: 10 });
+    expect(claim.ambiguous.map((e) => [e.key, e.state])).toEqual([[key, "unknown"]]);
+    return claim.ambiguous[0]!;
+  }
+
+  test("a delivery status seen while the send was on its way settles it as sent once it turns unknown: reported, then resolved", async () => {
+    const s = setup();
+    try {
+      const a = ambiguityOf(s);
+      const entry = await unknownEntry(s, "k1", async () => {
+        expect(await a.ambiguity.confirmSent("k1", "tg-7"), "on its way: remembered, nothing settled").toBe(false);
+      });
+      a.ambiguity.settle(entry);
+      await a.settled();
+      expect(a.seen).toEqual(["ambiguous k1", "resolved k1 sent via status"]);
+      expect(await s.backend.outbox.get("k1")).toMatchObject({ state: "sent", messageId: "tg-7" });
+      expect([a.metrics.outboxAmbiguous, a.metrics.outboxResolved, a.counted()]).toEqual([1, 1, 1]);
+      expect(a.ambiguity.wasReported("k1", entry.fence)).toBe(true);
+      expect(a.ambiguity.wasReported("k1", entry.fence + 1)).toBe(false);
+    } finally {
+      s.clock.stop();
+    }
+  });
+
+  test("a provider that confirms the send never arrived: a failed attempt retried after its backoff (woken), not sent", async () => {
+    const s = setup();
+    try {
+      const a = ambiguityOf(s, () => ({ delivered: false }));
+      const entry = await unknownEntry(s, "k2");
+      a.ambiguity.settle(entry);
+      await a.settled();
+      expect(a.seen).toEqual(["ambiguous k2", "resolved k2 failed via confirm"]);
+      expect((await s.backend.outbox.get("k2"))?.state).toBe("failed");
+      expect(a.woken.length).toBe(1);
+      expect(a.woken[0]!).toBeLessThanOrEqual(10); // the backoff (jittered)
+      expect(s.errors).toEqual([]);
+    } finally {
+      s.clock.stop();
+    }
+  });
+});
+
+describe("operatorControl", () => {
+  test("replays and retries tell the engine; markDelivered settles only an unknown send, and a step's result must be JSON", async () => {
+    const s = setup();
+    try {
+      const told: string[] = [];
+      const resolvedWith: string[] = [];
+      const control = operatorControl({
+        backend: s.backend,
+        instanceId: () => "me",
+        replayed: (id) => void told.push(`replayed ${id}`),
+        requeued: () => void told.push("requeued"),
+        resolveSent: async (entry, messageId) => {
+          resolvedWith.push(`${entry.key} ${messageId}`);
+          await s.backend.outbox.markSent(entry.key, entry.fence, messageId);
+          return "resolved";
+        },
+        metrics: () => zeroMetrics(),
+        histograms: () => ({}) as never,
+      });
+      const r = (await s.backend.inbox.admit(s.message("m1"), s.claimer()))!;
+      await s.backend.inbox.fail("m1", r.fence, { error: "boom", dead: true });
+      expect(await control.replayInbound("m1")).toBe(true);
+      expect(await control.replayInbound("nope")).toBe(false);
+      const { entry } = await s.backend.outbox.reserve({ key: "k1", chatId: "c", content: { text: "x" }, contentHash: "h", inboundId: null }, s.claimer());
+      expect(await control.markDelivered("k1", "tg-1"), "sending, not unknown: left alone").toBe(false);
+      await s.backend.outbox.markFailed("k1", entry.fence, { error: "bad", dead: true });
+      expect(await control.retrySend("k1")).toBe(true);
+      expect(told).toEqual(["replayed m1", "requeued"]);
+      await unknownOf(s, "k2");
+      expect(await control.markDelivered("k2", "tg-2")).toBe(true);
+      expect(resolvedWith).toEqual(["k2 tg-2"]);
+      await expect(control.markDelivered("k2", 5 as unknown as string)).rejects.toThrow(/"messageId"/);
+    } finally {
+      s.clock.stop();
+    }
+  });
+
+  async function unknownOf(s: ReturnType<typeof setup>, key: string) {
+    const { entry } = await s.backend.outbox.reserve({ key, chatId: "c2", content: { text: "y" }, contentHash: "h", inboundId: null }, s.claimer("gone", 100));
+    await s.backend.outbox.markCalling(key, entry.fence, 100);
+    await s.clock.sleep(200);
+    await s.backend.outbox.claimDue({ ...s.claimer(), limit: 10 });
+    expect((await s.backend.outbox.get(key))?.state).toBe("unknown");
+  }
 });

@@ -12,7 +12,7 @@ import {
   type LeasedEventJournal,
 } from "../src/events/types.ts";
 import { runEventJournalContract } from "../src/testing/event_journal_contract.ts";
-import { runDurabilityConformance } from "../testing.ts";
+import { runBackendContract } from "../testing.ts";
 
 /** The journal under each backend, so that a "restarted process" gets a journal loaded from a snapshot of it. */
 const journalOf = new WeakMap<DurabilityBackend, MemoryEventJournal>();
@@ -30,7 +30,9 @@ function reloaded(old: MemoryEventJournal, clock?: () => number): MemoryEventJou
   return MemoryEventJournal.fromState(JSON.parse(JSON.stringify(old.exportState())) as EventJournalState, clock ? { clock } : undefined);
 }
 
-runDurabilityConformance({
+// The whole suite runs once for the events family, on the file journal (conformance_events_file): over
+// the other journals, EventsDurability runs the journal contract, and each journal its own contract.
+runBackendContract({
   name: "events(memory-events)",
   create: ({ now }) => over(new MemoryEventJournal({ clock: now })),
   reopen: (old, { now }) => over(reloaded(journalOf.get(old)!, now)),
@@ -38,7 +40,7 @@ runDurabilityConformance({
   simulatedTime: true,
 });
 
-runDurabilityConformance({
+runBackendContract({
   name: "events(memory-events) + kv outbox",
   create: ({ now }) => over(new MemoryEventJournal({ clock: now }), new MemoryKv({ clock: now })),
   reopen: (old, { now }) => over(reloaded(journalOf.get(old)!, now), kvOf.get(old)!),

@@ -326,7 +326,7 @@ export class Inbound {
    * @throws the journal's error when the admission failed (the caller's step fails and is retried)
    */
   async scheduleTimer(id: string, chatId: string, at: number, data: JsonValue): Promise<void> {
-    const record = await this.#h.backend.inbox.admit({
+    let record = await this.#h.backend.inbox.admit({
       id,
       kind: "message",
       chatId,
@@ -342,8 +342,12 @@ export class Inbound {
           new Error(`The timer "${id}" (an ask's timeout) was not journaled: an inbound message has that id; the ask times out only when its chat's next message arrives`),
           `timer "${id}"`,
         );
+        return;
       }
-      return;
+      // Admitted by an earlier run of the step whose reply was lost, and not armed: still leased to this
+      // incarnation by that admission (its token), held by nothing here. Armed now, not a lease later.
+      if (existing === null || existing.fence !== 1 || !this.#isOwnUnheld(existing)) return;
+      record = existing;
     }
     // Pending behind its chat: a due scan takes it and arms it (see process()).
     if (record.state !== "processing") return;
@@ -384,17 +388,21 @@ export class Inbound {
     } catch {
       return null; // a duplicate all the same; the lease lapses and a sweep takes it
     }
-    const lease = existing?.lease;
-    if (!existing || existing.state !== "processing" || !lease) return null;
-    if (lease.owner !== this.#h.instanceId() || lease.incarnation !== this.#h.incarnation) return null;
-    if (this.#h.leases.has("inbox", id)) return null; // dispatched while we read
-    // A scan of this process, under way or unanswered, may have leased it here: its answer (or its
-    // repeat) takes it up; failing that, its lease lapses and a sweep takes it.
-    if (this.#h.claimsInFlight() > 0) return null;
-    // Its admission's token: only the admission issues token 1. (Had this process run it and then lost
-    // its outcome, running it now rather than once its lease lapses is the rerun a sweep would make.)
-    if (existing.fence !== 1) return null;
+    // Token 1 is its admission's, or a claim's of a record admitted pending: a claim of this process is
+    // under way, unanswered or held then (#isOwnUnheld). (Had this process run it and then lost its
+    // outcome, running it now rather than once its lease lapses is the rerun a sweep would make.)
+    if (!existing || existing.fence !== 1 || !this.#isOwnUnheld(existing)) return null;
     return existing;
+  }
+
+  /**
+   * Whether `record` is leased to this very incarnation and held by nothing here: no job has it, and no
+   * claim scan of this process (under way, or unanswered and to be asked again) may have leased it.
+   */
+  #isOwnUnheld(record: InboundRecord): boolean {
+    const lease = record.lease;
+    return record.state === "processing" && lease !== null && lease.owner === this.#h.instanceId() &&
+      lease.incarnation === this.#h.incarnation && !this.#h.leases.has("inbox", record.id) && this.#h.claimsInFlight() === 0;
   }
 
   /**

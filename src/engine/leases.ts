@@ -1,8 +1,8 @@
 /**
- * The leases this incarnation holds: which records it works on under which fencing token, the tokens
- * it ever held (a stale list must not revive them), the heartbeat rounds that extend them, and the
- * gate that keeps a claim scan from racing a renewal of its own leases (BullMQ's `LockManager` plays
- * this part there).
+ * The leases this incarnation holds: which records it works on under which fencing token, the outbox
+ * leases it gave up before their provider call (only this process knows no call was made under them),
+ * the heartbeat rounds that extend them, and the gate that keeps a claim scan from racing a renewal of
+ * its own leases (BullMQ's `LockManager` plays this part there).
  *
  * @module
  */

@@ -167,9 +167,14 @@ export class Outbound {
       // call: a first reservation's token under this incarnation is this one's), and send it if so.
       await this.#h.claimScansHeld();
       const landed = await this.#h.backend.outbox.get(entry.key).catch(() => null);
-      if (landed === null || !this.#sameSend(landed, entry) || !this.isOwnUncalled(landed)) throw error;
+      if (landed === null || !this.#sameSend(landed, entry)) throw error;
       this.#h.metrics.outboxJournaled++;
-      return this.deliver(this.#h.leases.hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
+      if (this.isOwnUncalled(landed)) return this.deliver(this.#h.leases.hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
+      // Journaled all the same (queued behind its chat, or taken up by a sweep meanwhile): the send
+      // stands and goes out in its turn, so the handler is answered with it, as a reservation answered
+      // in time would have been.
+      if (landed.state === "queued") this.#h.wake(0);
+      return this.#resultOf(landed);
     }
     const journaled = result.entry;
     if (result.status === "exists" && this.#sameSend(journaled, entry) && this.isOwnUncalled(journaled)) {

@@ -898,6 +898,39 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(provider.sent.map((s) => s.content)).toEqual(["re first", "re second"]);
     });
 
+    withBackend("an ask's timeout whose admission committed but lost its reply is armed by the step's retry under its admission's lease, not a lease later", async (
+      backend,
+      bots,
+    ) => {
+      let lost = 0;
+      const flaky = intercept(backend, {
+        admit: async (record, lease) => {
+          const result = await backend.inbox.admit(record, lease);
+          if (record.id.endsWith(":t1") && lost++ === 0) throw new Error("read ECONNRESET (after the commit)");
+          return result;
+        },
+      });
+      const provider = new MockProvider();
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, store: new MemoryStore(), durability: fastDurability(flaky, scale) }));
+      bot.on("warning", () => {}); // the memory store is not durable: warned once
+      bot.when("order", async (ctx) => {
+        const size = await ctx.ask("Size?", { timeoutMs: Math.round(60_000 * scale) });
+        await ctx.reply(`size ${size.text}`);
+      });
+      const id = uid("m");
+      await provider.receive({ id, chatId: uid("c"), text: "order" });
+      let timer = await backend.inbox.get(`${id}:t1`);
+      for (let i = 0; i < 400 && timer?.state !== "scheduled"; i++) {
+        await sleep(Math.round(10 * scale));
+        timer = await backend.inbox.get(`${id}:t1`);
+      }
+      expect(lost, "the timer's admissions: the lost one, then the step's retry").toBe(2);
+      // Armed under the admission's token 1: a sweep that took it up once its lease lapsed would hold token 2.
+      expect([timer?.state, timer?.fence]).toEqual(["scheduled", 1]);
+      expect(provider.sent.map((s) => s.content)).toEqual(["Size?"]);
+      await bot.stop();
+    });
+
     withBackend("without timers, bot.sweep() returns only once the work it took up is finished, however small its budget", async (
       backend,
       bots,
@@ -1100,6 +1133,50 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       const key = uid("k");
       expect((await bot.send(uid("c"), "direct", { idempotencyKey: key })).state).toBe("sent");
       expect(provider.sent.filter((s) => s.idempotencyKey === key).length).toBe(1);
+    });
+
+    withBackend("a reservation that committed queued (its chat held elsewhere) but whose reply was lost answers the handler with the queued send: one run, one send", async (
+      backend,
+      bots,
+    ) => {
+      const chat = uid("c");
+      // Another process holds a send of the chat (its lease lapses soon): the reply is journaled queued behind it.
+      await backend.outbox.reserve(
+        { key: uid("other"), chatId: chat, content: { text: "before" }, contentHash: "h0", inboundId: null },
+        { owner: uid("other"), incarnation: "x", leaseMs: Math.round(100 * scale) },
+      );
+      let lost = 0;
+      const states: string[] = [];
+      const flaky = intercept(backend, {}, {
+        reserve: async (entry, lease) => {
+          const result = await backend.outbox.reserve(entry, lease);
+          if (entry.chatId === chat && lost++ === 0) {
+            states.push(result.entry.state);
+            throw new Error("read ECONNRESET (after the commit)");
+          }
+          return result;
+        },
+      });
+      const provider = new MockProvider();
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale) }));
+      const ambiguous = collect(bot, "durability:ambiguous");
+      const runs: string[] = [];
+      const answers: string[] = [];
+      bot.when(ANY, async (ctx) => {
+        runs.push(ctx.message.id);
+        answers.push((await ctx.reply("the answer")).state);
+      });
+      const id = uid("m");
+      await provider.receive({ id, chatId: chat, text: "x" });
+      for (let i = 0; i < 400 && !provider.sent.some((s) => s.idempotencyKey === `${id}:1`); i++) await sleep(Math.round(10 * scale));
+      await bot.idle();
+      expect(states).toEqual(["queued"]);
+      expect(runs).toEqual([id]);
+      expect(answers).toEqual(["queued"]);
+      expect(provider.sent.filter((s) => s.idempotencyKey === `${id}:1`).length).toBe(1);
+      const record = await backend.inbox.get(id);
+      expect([record?.state, record?.attempts]).toEqual(["done", 1]);
+      expect(ambiguous).toEqual([]);
     });
 
     withBackend("claim scans whose reply was lost are asked again: their records handled at once, their ambiguous send reported once", async (
