@@ -48,6 +48,7 @@ export {
   type RateBucket,
   type RateLimiter,
   type RateTake,
+  type ReserveOptions,
   type ReserveResult,
   SCAN_ANSWER_KEEP_MS,
   StaleLeaseError,

@@ -378,6 +378,20 @@ export interface InboxJournal extends DamagedRecords {
   purge(olderThanMs: number): Promise<number>;
 }
 
+/** The lease options of {@link OutboxJournal.reserve}. */
+export interface ReserveOptions extends ClaimOptions {
+  /**
+   * The caller will call the provider as soon as the reservation answers
+   * (the send goes out at once): an entry leased by this reservation is
+   * written with its call announced (`called: true`, as {@link OutboxJournal.markCalling}
+   * would write it), so the call needs no journal write of its own. Lost
+   * before its call, such an entry is ambiguous, as one lost after
+   * `markCalling`. Optional for a backend: one that ignores it writes the
+   * entry uncalled, and the engine announces the call with `markCalling`.
+   */
+  calling?: boolean;
+}
+
 /** What {@link OutboxJournal.reserve} did. */
 export type ReserveResult =
   /** New entry, leased to the caller (`sending`): call the provider now. */
@@ -409,9 +423,15 @@ export interface OutboxJournal extends DamagedRecords {
   /**
    * Journal a send under its idempotency key, before the provider is called.
    * With `lease`, the entry is leased to the caller at once unless an earlier
-   * entry of the same chat is `queued`, `sending` or `failed`.
+   * entry of the same chat is `queued`, `sending` or `failed`. With
+   * `lease.calling`, an entry leased at once is also written with its
+   * provider call announced (`called: true`), in the same write, as if
+   * {@link markCalling} had followed under its lease; a queued entry is
+   * written uncalled, as without it. A backend that ignores `calling`
+   * (writes the entry uncalled) stays correct: the engine sees `called:
+   * false` on the leased entry and announces the call with `markCalling`.
    */
-  reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult>;
+  reserve(entry: NewOutboxEntry, lease?: ReserveOptions): Promise<ReserveResult>;
   /**
    * Lease up to `limit` due `queued`/`failed` entries that are first in their
    * chat (no earlier `queued`/`sending`/`failed` entry), and resolve abandoned

@@ -19,6 +19,7 @@ import type {
   NewOutboxEntry,
   OutboxEntry,
   OutboxState,
+  ReserveOptions,
 } from "./contract.ts";
 import { type DueBy, INBOX, INBOX_MACHINE, OUTBOX, statesWhere, theState } from "./machine.ts";
 import { showValue } from "./show.ts";
@@ -224,12 +225,16 @@ export function scheduledInbound<R extends LeasedLifecycle>(record: R, dueInMs: 
   return { ...record, state: TIMER_STATE, nextAttemptAt: now + Math.max(0, dueInMs), lease: null, error: null, updatedAt: now };
 }
 
-/** A fresh outbox entry with sequence `seq`: leased when `lease` is given and the chat is clear. */
+/**
+ * A fresh outbox entry with sequence `seq`: leased when `lease` is given and the chat is clear (the
+ * caller passes `undefined` otherwise); a leased entry is written with its call announced (`called`,
+ * as {@link callingOutbox} would make it) when `lease.calling` is `true`.
+ */
 export function newOutboxEntry(
   input: NewOutboxEntry,
   seq: number,
   now: number,
-  lease: ClaimOptions | undefined,
+  lease: ReserveOptions | undefined,
 ): OutboxEntry {
   return {
     key: input.key,
@@ -242,7 +247,7 @@ export function newOutboxEntry(
     nextAttemptAt: lease ? null : now,
     lease: lease ? newLease(lease, 1, now) : null,
     fence: lease ? WRITER_TOKEN : 0,
-    called: false,
+    called: lease?.calling === true,
     messageId: null,
     error: null,
     seq,

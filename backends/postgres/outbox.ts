@@ -16,6 +16,7 @@ import {
   type OutboxEntry,
   type OutboxJournal,
   type OutboxState,
+  type ReserveOptions,
   type ReserveResult,
   StaleLeaseError,
 } from "../../src/contract.ts";
@@ -83,7 +84,7 @@ export class PgOutbox implements OutboxJournal {
     return this.#c.write(`outbox.${op}`, this.#t, text, params, many, chat);
   }
 
-  async reserve(entry: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+  async reserve(entry: NewOutboxEntry, lease?: ReserveOptions): Promise<ReserveResult> {
     const input = pgOutbound(entry); // a TypeError naming the field, before anything is written
     if (lease !== undefined) pgClaim(lease, "outbox.reserve");
     const params = [
@@ -96,13 +97,14 @@ export class PgOutbox implements OutboxJournal {
       lease?.owner ?? null,
       lease?.incarnation ?? null,
       duration(lease?.leaseMs ?? 0),
+      lease?.calling === true,
     ] as const;
-    const [key, chat_id, content, content_hash, inbound_id, leased, owner, inc, lease_ms] = params;
+    const [key, chat_id, content, content_hash, inbound_id, leased, owner, inc, lease_ms, calling] = params;
     const rows = await this.#write("reserve", this.#q.reserve, [...params], {
       kind: "outbox.reserve",
       text: this.#q.reserveMany,
       key,
-      row: { key, chat_id, content, content_hash, inbound_id, leased, owner, inc, lease_ms },
+      row: { key, chat_id, content, content_hash, inbound_id, leased, owner, inc, lease_ms, calling },
       partition: chat_id,
     }, chat_id);
     const row = rows[0];

@@ -339,7 +339,8 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     // since the snapshot (prev = snap) and the snapshot has no unsettled entry of the chat: only
     // then is it due-marked, and leased when $6. The seq is drawn after the chat row is locked,
     // so a chat's seqs follow the order its reserves took the lock.
-    // $1 key, $2 chat, $3 content, $4 hash, $5 inbound id, $6 lease?, $7 owner, $8 incarnation, $9 lease ms.
+    // $1 key, $2 chat, $3 content, $4 hash, $5 inbound id, $6 lease?, $7 owner, $8 incarnation, $9 lease ms,
+    // $10 calling? (a leased entry is written with its call announced: `uncalled_fence` NULL, see newOutboxEntry).
     reserve: `WITH ${n},
     old AS (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = $1),
     snap AS (SELECT ver FROM ${t.chat} WHERE chat_id = $2),
@@ -369,7 +370,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         CASE WHEN d.leased THEN 1 END,
         CASE WHEN d.leased THEN d.now + $9::bigint END,
         CASE WHEN d.leased THEN 1 ELSE 0 END,
-        CASE WHEN d.leased THEN 1 ELSE 0 END,
+        CASE WHEN d.leased AND $10::boolean THEN NULL WHEN d.leased THEN 1 ELSE 0 END,
         NULL, NULL, d.now, d.now,
         CASE WHEN d.leased THEN d.now + $9::bigint WHEN d.head THEN d.now END
       FROM d
@@ -386,7 +387,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     reserveMany: `WITH ${n},
     w AS (
       SELECT * FROM json_to_recordset($1::text::json) AS w(i integer, key text, chat_id text, content text, content_hash text,
-        inbound_id text, leased boolean, owner text, inc text, lease_ms bigint)
+        inbound_id text, leased boolean, owner text, inc text, lease_ms bigint, calling boolean)
     ),
     old AS (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = ANY(ARRAY(SELECT key FROM w))),
     snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM w)),
@@ -400,7 +401,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       RETURNING c.chat_id, c.prev
     ),
     h AS MATERIALIZED (
-      SELECT w.i, w.key, w.chat_id, w.content, w.content_hash, w.inbound_id, w.leased, w.owner, w.inc, w.lease_ms, n.now,
+      SELECT w.i, w.key, w.chat_id, w.content, w.content_hash, w.inbound_id, w.leased, w.owner, w.inc, w.lease_ms, w.calling, n.now,
         (lk.prev IS NOT DISTINCT FROM (SELECT s.ver FROM snap s WHERE s.chat_id = w.chat_id)
           AND NOT EXISTS (SELECT 1 FROM ${t.outbox} b WHERE b.chat_id = w.chat_id AND b.state IN (${BLOCKING}) AND b.${KEPT})) AS head
       FROM w JOIN lk ON lk.chat_id = w.chat_id, n
@@ -419,7 +420,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
         CASE WHEN d.dl THEN 1 END,
         CASE WHEN d.dl THEN d.now + d.lease_ms END,
         CASE WHEN d.dl THEN 1 ELSE 0 END,
-        CASE WHEN d.dl THEN 1 ELSE 0 END,
+        CASE WHEN d.dl AND d.calling IS TRUE THEN NULL WHEN d.dl THEN 1 ELSE 0 END,
         NULL, NULL, d.now, d.now,
         CASE WHEN d.dl THEN d.now + d.lease_ms WHEN d.head THEN d.now END
       FROM d ORDER BY d.i

@@ -17,6 +17,7 @@ import {
   type OutboxEntry,
   type OutboxJournal,
   type OutboxState,
+  type ReserveOptions,
   type ReserveResult,
   StaleLeaseError,
 } from "../../src/contract.ts";
@@ -44,7 +45,7 @@ export class RedisOutbox implements OutboxJournal {
     this.#aside = new Aside(runner, "outbox");
   }
 
-  async reserve(input: NewOutboxEntry, lease?: ClaimOptions): Promise<ReserveResult> {
+  async reserve(input: NewOutboxEntry, lease?: ReserveOptions): Promise<ReserveResult> {
     const e = checkNewOutbox(input);
     if (lease !== undefined) checkClaim(lease, "outbox.reserve");
     const content = JSON.stringify(e.content);
@@ -57,13 +58,14 @@ export class RedisOutbox implements OutboxJournal {
         e.inboundId === null ? "0" : "1",
         e.inboundId ?? "",
         ...leaseArgs(lease),
+        ...(lease?.calling === true ? ["1"] : []),
       ]),
     );
     const [status, flat] = reply;
     if (status === "aside") throw this.#aside.error(e.key, String(flat));
     if (status === "leased" || status === "queued") {
       // A new entry, as the script wrote it: the script answers only what it chose (seq, time, lease).
-      const [, seq, at, leaseExp] = strings(reply);
+      const [, seq, at, leaseExp, called] = strings(reply);
       const leased = status === "leased";
       if (leased && lease === undefined) throw new Error(`Redis outbox.reserve: ${JSON.stringify(e.key)} was leased without a lease`);
       const now = Number(at);
@@ -78,7 +80,7 @@ export class RedisOutbox implements OutboxJournal {
         nextAttemptAt: leased ? null : now,
         lease: leased ? { owner: lease!.owner, incarnation: lease!.incarnation, token: 1, expiresAt: Number(leaseExp) } : null,
         fence: leased ? 1 : 0,
-        called: false,
+        called: called === "1",
         messageId: null,
         error: null,
         seq: Number(seq),

@@ -129,7 +129,12 @@ export class Leases {
 
   /** Give up an outbox lease whose call announcement went unanswered (no call was made under it). */
   giveUpUncalled(lease: HeldLease): void {
-    this.#givenUpUncalled.set(lease.id, lease.token);
+    this.markUncalled(lease.id, lease.token);
+  }
+
+  /** Remember that no call was made under the lease `token` of outbox `key` (e.g. a reservation's, its answer lost). */
+  markUncalled(key: string, token: number): void {
+    this.#givenUpUncalled.set(key, token);
   }
 
   /** Forget every held lease (the engine stopped). */

@@ -142,12 +142,18 @@ export class Outbound {
       if (n > 0) this.#reserving.set(entry.key, n);
       else this.#reserving.delete(entry.key);
     };
+    const claim = mode === "now" ? this.#h.claim("outbox") : undefined;
+    // Sent at once if leased: the reservation announces the call too (one journal write fewer).
+    const calling = claim !== undefined && this.#callsAtOnce(entry.key);
     this.#reserving.set(entry.key, (this.#reserving.get(entry.key) ?? 0) + 1);
     try {
-      result = await this.#h.backend.outbox.reserve(entry, mode === "now" ? this.#h.claim("outbox") : undefined);
+      result = await this.#h.backend.outbox.reserve(entry, calling ? { ...claim, calling: true } : claim);
       reserved();
     } catch (error) {
       reserved();
+      // Its reply lost, the reservation may have committed leased to us with the call announced: no call
+      // was made under its lease (token 1), so it is ours to send, not an ambiguous send.
+      if (calling) this.#h.leases.markUncalled(entry.key, WRITER_TOKEN);
       if (isProcessDeath(error)) this.#h.halt();
       if (this.#h.halted()) throw error;
       // The reservation may have committed with its reply lost: then the entry is leased to this
@@ -195,7 +201,20 @@ export class Outbound {
       // send of the same key took it up): that delivery sends it.
       return { key: journaled.key, state: "sending", deduped: true };
     }
-    return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content);
+    // Reserved with its call announced (a backend that ignores `calling` wrote it uncalled: then
+    // `deliver` announces it with markCalling, as for any lease).
+    const announced = calling && journaled.called;
+    return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content, false, announced);
+  }
+
+  /**
+   * Whether a send made now goes to the provider as soon as its reservation leases it, so that the
+   * reservation may announce the call: nothing but the journal can hold it back (no rate limit to wait
+   * for, no delivery status that spares the call). Its chat's earlier sends are the journal's to tell:
+   * an entry queued behind them is written uncalled.
+   */
+  #callsAtOnce(key: string): boolean {
+    return this.#h.throttle === null && this.#h.ambiguity.confirmedId(key) === undefined && !this.#h.stopping();
   }
 
   /** Whether a journaled entry is the send `entry` describes (same chat and content), not another use of its key. */
@@ -234,7 +253,7 @@ export class Outbound {
    * confirmed the send (a delivery status; with `resend`, `confirm`) spares
    * the call.
    */
-  async deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent, resend = false): Promise<SendResult> {
+  async deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent, resend = false, announced = false): Promise<SendResult> {
     const { key, chatId } = entry;
     let attempt = entry.attempts;
     const provider = this.#h.host.provider;
@@ -271,7 +290,9 @@ export class Outbound {
         return { key, state: "sent", messageId };
       }
       if (!await this.#admitByLimits(lease, chatId, content !== undefined)) return await this.#notOurs(key);
-      if (!await this.#announceCall(lease)) return await this.#notOurs(key);
+      // Announced by its reservation: the call goes out now, unless that answer came too late (then the
+      // announcement is made again, renewing the lease, as after a late markCalling answer).
+      if (!(announced && this.#freshlyAnnounced(lease)) && !await this.#announceCall(lease)) return await this.#notOurs(key);
       // Re-leased to this process while it waited (its own sweep took the lease for lapsed): the call
       // is the attempt of the token it announced under.
       attempt = lease.attempts ?? attempt;
@@ -370,6 +391,18 @@ export class Outbound {
     // or a sweep once its lease lapses.
     this.#h.leases.giveUpUncalled(lease);
     return false;
+  }
+
+  /**
+   * Whether a lease whose reservation announced its call may be called now without another journal
+   * write: still held and not lost, not made unknown here meanwhile, and the reservation answered
+   * within half a lease (`confirmedAt` is when it was asked), as {@link #announceCall} requires of a
+   * markCalling answer.
+   */
+  #freshlyAnnounced(lease: HeldLease): boolean {
+    return !this.#h.halted() && !lease.lost && this.#h.leases.get("outbox", lease.id) === lease &&
+      this.madeUnknown.get(lease.id) !== lease.token &&
+      this.#h.clock.monotonic() - lease.confirmedAt < this.#h.config.outbox.leaseMs / 2;
   }
 
   /** The answer for a send whose lease another instance took before the provider call: it is theirs now. */

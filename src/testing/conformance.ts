@@ -2142,6 +2142,64 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         expect(await b.outbox.markCalling(uid("out"), 1, LONG), "an unknown key").toBe(false);
       });
 
+      it("reserve with calling: leased at once, it is written called (as markCalling would); queued, uncalled; a known key changes nothing", async (b) => {
+        const chat = uid("chat");
+        const res = await b.outbox.reserve(outbound(chat, { n: 1 }), { ...claimer("owner-a", SHORT, "inc-a"), calling: true });
+        expect(res.status).toBe("leased");
+        const e = res.entry;
+        expect([e.state, e.attempts, e.fence, e.lease?.token, e.lease?.owner, e.called], "leased, token 1, its call announced")
+          .toEqual(["sending", 1, 1, 1, "owner-a", true]);
+        const expiresIn = (e.lease?.expiresAt ?? 0) - e.updatedAt;
+        expect(expiresIn, "a fresh lease of leaseMs").toBeGreaterThanOrEqual(SHORT - 1);
+        expect(await b.outbox.get(e.key), "as answered").toEqual(e);
+        // Behind it in its chat: queued, and not announced (its call is not made now).
+        const behind = await b.outbox.reserve(outbound(chat, { n: 2 }), { ...claimer("owner-a", LONG, "inc-a"), calling: true });
+        expect([behind.status, behind.entry.state, behind.entry.called, behind.entry.lease]).toEqual(["queued", "queued", false, null]);
+        // Without a lease `calling` means nothing: queued, uncalled.
+        const plain = await b.outbox.reserve(outbound(uid("chat")), undefined);
+        expect(plain.entry.called).toBe(false);
+        // A repeat of the key (a lost reply) answers the entry as it is.
+        const again = await b.outbox.reserve({ ...outbound(chat, { n: 1 }), key: e.key }, { ...claimer("owner-b"), calling: true });
+        expect(again.status).toBe("exists");
+        expect(again.entry).toEqual(e);
+        // markCalling under its lease is a repeat: true, still called, the lease renewed.
+        expect(await b.outbox.markCalling(e.key, 1, LONG)).toBe(true);
+        const renewed = await mustGetOut(b, e.key);
+        expect([renewed.called, renewed.fence]).toEqual([true, 1]);
+        expect(renewed.lease!.expiresAt).toBeGreaterThan(e.lease!.expiresAt);
+        await b.outbox.markSent(e.key, 1, "m-1");
+        const sent = await mustGetOut(b, e.key);
+        expect([sent.state, sent.messageId, sent.lease]).toEqual(["sent", "m-1", null]);
+        // The chat goes on: the entry behind it is due, and leased uncalled.
+        const next = await b.outbox.claimDue({ ...claimer("owner-a"), limit: 100 });
+        expect(next.due.filter((d) => d.chatId === chat).map((d) => [d.key, d.called])).toEqual([[behind.entry.key, false]]);
+      });
+
+      it("reserve with calling, its lease lapsed before any outcome: ambiguous (unknown), exactly as after markCalling", async (b) => {
+        const chat = uid("chat");
+        const res = await b.outbox.reserve(outbound(chat, { n: 1 }), { ...claimer("owner-a", SHORT, "inc-a"), calling: true });
+        expect(res.entry.called).toBe(true);
+        const behind = await reserved(b, outbound(chat, { n: 2 }));
+        await sleep(LAPSE);
+        const claim = await b.outbox.claimDue({ ...claimer("owner-b", LONG, "inc-b"), limit: 100 });
+        expect(keys(claim.ambiguous), "announced, its sender lost: ambiguous").toEqual([res.entry.key]);
+        const unknown = await mustGetOut(b, res.entry.key);
+        expect([unknown.state, unknown.lease, unknown.fence, unknown.attempts]).toEqual(["unknown", null, 1, 1]);
+        // (The same scan, or the next one, takes the entry behind it.)
+        const next = claim.due.length > 0 ? claim : await b.outbox.claimDue({ ...claimer("owner-b", LONG, "inc-b"), limit: 100 });
+        expect(keys(next.due), "no longer blocking its chat").toEqual([behind.key]);
+        // Its sender was alive after all (a stall): the late outcome settles it.
+        await b.outbox.markSent(res.entry.key, 1, "late");
+        expect((await mustGetOut(b, res.entry.key)).state).toBe("sent");
+        // With resendAmbiguous, leased again and kept called (its call may still reach the channel).
+        const other = await b.outbox.reserve(outbound(uid("chat")), { ...claimer("owner-a", SHORT, "inc-a"), calling: true });
+        await sleep(LAPSE);
+        const resent = await b.outbox.claimDue({ ...claimer("owner-b", LONG, "inc-b"), limit: 100, resendAmbiguous: true });
+        expect(keys(resent.ambiguous)).toEqual([other.entry.key]);
+        expect(keys(resent.due)).toEqual([other.entry.key]);
+        expect([resent.due[0]!.called, resent.due[0]!.fence, resent.due[0]!.attempts]).toEqual([true, 2, 2]);
+      });
+
       it("a lapsed send whose call was never announced is not ambiguous: leased again as due, attempts unchanged, ahead of its chat", async (b) => {
         const chat = uid("chat");
         const res = await b.outbox.reserve(outbound(chat, { n: 1 }), claimer("owner-a", SHORT, "inc-a"));
@@ -3005,10 +3063,11 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           await b.outbox.markFailed(deadOut.key, tokenOf(deadOut), { error: "403", dead: true });
           const unknown = await unknownEntry(b, uid("chat"));
           const uncalled = (await b.outbox.reserve(outbound(uid("chat")), owner)).entry;
+          const reservedCalling = (await b.outbox.reserve(outbound(uid("chat")), { ...owner, calling: true })).entry;
           const inboxBefore = await b.inbox.list();
           const outboxBefore = await b.outbox.list();
           expect(inboxBefore.length).toBe(5);
-          expect(outboxBefore.length).toBe(7);
+          expect(outboxBefore.length).toBe(8);
 
           b = await time.reopen(reopen, b);
           await b.open?.();
@@ -3019,6 +3078,7 @@ export function runBackendContract(options: BackendConformanceOptions): void {
           expect((await mustGetOut(b, unknown.key)).state).toBe("unknown");
           expect((await mustGetOut(b, sending.key)).called, "an announced call after reopen").toBe(true);
           expect((await mustGetOut(b, uncalled.key)).called, "an unannounced one after reopen").toBe(false);
+          expect((await mustGetOut(b, reservedCalling.key)).called, "a call announced by its reservation after reopen").toBe(true);
           expect((await mustGetIn(b, done)).state).toBe("done");
 
           // Leases and fences go on: the holder completes, a stale token is refused, a new claim gets a greater token.

@@ -16,6 +16,7 @@ import {
   type JsonValue,
   type OutboxJournal,
   type RateLimiter,
+  type ReserveOptions,
 } from "../contract.ts";
 import { loadMediaOf, MediaUnavailableError } from "../media.ts";
 import { AskTimeoutError } from "../conversation.ts";
@@ -1321,13 +1322,19 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       backend,
       bots,
     ) => {
-      for (const point of ["outbox.reserve", "outbox.markCalling"] as const) {
+      // A rate limit: the send waits for it after its reservation, which does not announce the call.
+      const limited = { rateLimit: { global: { count: 1000, perMs: 1000 } } };
+      const cases = [
+        { point: "outbox.reserve", when: "after", outbox: limited },
+        { point: "outbox.markCalling", when: "before", outbox: limited },
+      ] as const;
+      for (const { point, when, outbox } of cases) {
         const a = crashable(backend);
-        if (point === "outbox.reserve") a.crashAfter(point);
+        if (when === "after") a.crashAfter(point);
         else a.crashBefore(point);
         const providerA = new CrashableProvider(a);
         const instanceId = uid("inst");
-        const botA = await start(bots, new Bot({ clock: time.clock, provider: providerA, durability: fastDurability(a, scale, { instanceId }) }));
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: providerA, durability: fastDurability(a, scale, { instanceId, outbox }) }));
         const key = `uncalled-${point}`;
         await botA.send("c", "surely", { idempotencyKey: key }).catch(() => {});
         expect(a.crashed, point).toBe(true);
@@ -1337,25 +1344,173 @@ export function runBotConformance(options: BackendConformanceOptions): void {
         const events = collect(botB, "durability:ambiguous");
         await start(bots, botB);
         await botB.idle();
-        expect(events, `not ambiguous after a crash at ${point}`).toEqual([]);
+        expect(events, `not ambiguous after a crash ${when} ${point}`).toEqual([]);
         expect(metricsOf(botB).outboxAmbiguous).toBe(0);
         expect(providerB.sent.map((m) => m.idempotencyKey), "recovery sent it once").toEqual([key]);
         const entry = await backend.outbox.get(key);
         expect([entry?.state, entry?.attempts], "sent at its first attempt").toEqual(["sent", 1]);
       }
-      // A crash after the announcement, before the call, cannot be told from one during the call.
-      const a = crashable(backend);
-      a.crashAfter("outbox.markCalling");
+      {
+        // A reply that goes out at once: its reservation announces the call. A crash before it leaves
+        // nothing journaled of the reply: the message is handled again and the reply sent once.
+        const a = crashable(backend);
+        a.crashBefore("outbox.reserveCalling");
+        const instanceId = uid("inst");
+        const providerA = new CrashableProvider(a);
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: providerA, durability: fastDurability(a, scale, { instanceId }) }));
+        botA.on("error", () => {});
+        botA.when(ANY, (ctx) => ctx.reply("the answer"));
+        const id = uid("m");
+        await providerA.receive({ id, chatId: uid("c"), text: "x" }).catch(() => {});
+        await botA.idle().catch(() => {});
+        expect(a.crashed, "crashed before the reply's reservation").toBe(true);
+        expect(await backend.outbox.get(`${id}:1`), "nothing journaled").toBe(null);
+        const providerB = new MockProvider();
+        const botB = new Bot({ clock: time.clock, provider: providerB, durability: fastDurability(backend, scale, { instanceId }) });
+        const events = collect(botB, "durability:ambiguous");
+        botB.when(ANY, (ctx) => ctx.reply("the answer"));
+        await start(bots, botB);
+        await botB.idle();
+        expect(events).toEqual([]);
+        expect(providerB.sent.map((m) => m.idempotencyKey), "the reply sent once").toEqual([`${id}:1`]);
+        expect((await backend.inbox.get(id))?.state).toBe("done");
+      }
+      // A crash after the announcement, before the call, cannot be told from one during the call: after
+      // markCalling (a rate-limited send), or after a reservation that announced it (a send made at once).
+      for (const { point, outbox } of [{ point: "outbox.markCalling", outbox: limited }, { point: "outbox.reserveCalling", outbox: {} }] as const) {
+        const a = crashable(backend);
+        a.crashAfter(point);
+        const instanceId = uid("inst");
+        const providerA = new CrashableProvider(a);
+        const botA = await start(bots, new Bot({ clock: time.clock, provider: providerA, durability: fastDurability(a, scale, { instanceId, outbox }) }));
+        const key = `announced-${point}`;
+        await botA.send("c2", "maybe", { idempotencyKey: key }).catch(() => {});
+        expect(a.crashed).toBe(true);
+        expect(providerA.sent.length, `no call before the crash after ${point}`).toBe(0);
+        expect(a.announced.has(key), "announced in the journal").toBe(true);
+        const providerB = new MockProvider();
+        const botB = new Bot({ clock: time.clock, provider: providerB, durability: fastDurability(backend, scale, { instanceId }) });
+        const events = collect(botB, "durability:ambiguous");
+        await start(bots, botB);
+        await botB.idle();
+        expect(events, `ambiguous after a crash after ${point}`).toEqual([{ key, chatId: "c2" }]);
+        expect(providerB.sent.length, "not sent again").toBe(0);
+        const entry = await backend.outbox.get(key);
+        expect([entry?.state, entry?.attempts, entry?.called]).toEqual(["unknown", 1, true]);
+      }
+    });
+
+    withBackend("a send made at once is reserved with its call announced: one journal write before the call; queued or rate-limited sends announce it with markCalling", async (
+      backend,
+      bots,
+    ) => {
+      const calls: string[] = [];
+      const counting = intercept(backend, {}, {
+        reserve: (entry, lease) => {
+          calls.push(`reserve${(lease as ReserveOptions | undefined)?.calling === true ? "+calling" : lease ? "+lease" : ""}`);
+          return backend.outbox.reserve(entry, lease);
+        },
+        markCalling: (key, token, leaseMs) => {
+          calls.push("markCalling");
+          return backend.outbox.markCalling(key, token, leaseMs);
+        },
+      });
+      const provider = new MockProvider();
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(counting, scale) }));
+      const chat = uid("c");
+      expect((await bot.send(chat, "one", { idempotencyKey: uid("k") })).state).toBe("sent");
+      expect(calls, "one write before the call").toEqual(["reserve+calling"]);
+      expect(metricsOf(bot).outboxAmbiguous).toBe(0);
+      // Deferred: queued uncalled, then leased by the worker and announced.
+      calls.length = 0;
+      const deferred = uid("k");
+      await bot.enqueue(chat, "later", { idempotencyKey: deferred });
+      await bot.idle();
+      expect((await backend.outbox.get(deferred))?.state).toBe("sent");
+      expect(calls).toEqual(["reserve", "markCalling"]);
+      await bot.stop();
+
+      // With a rate limit, the reservation does not announce the call: the send may wait for the limiter.
+      calls.length = 0;
+      const limitedProvider = new MockProvider();
+      const limited = await start(bots, new Bot({
+        clock: time.clock,
+        provider: limitedProvider,
+        durability: fastDurability(counting, scale, { outbox: { rateLimit: { global: { count: 1000, perMs: 1000 } } } }),
+      }));
+      expect((await limited.send(uid("c"), "limited", { idempotencyKey: uid("k") })).state).toBe("sent");
+      expect(calls).toEqual(["reserve+lease", "markCalling"]);
+    });
+
+    withBackend("a backend that ignores calling (writes the reservation uncalled) still works: the engine announces the call with markCalling", async (
+      backend,
+      bots,
+    ) => {
+      let markCalling = 0;
+      const older = intercept(backend, {}, {
+        reserve: (entry, lease) => {
+          const { calling: _ignored, ...claim } = (lease ?? {}) as ReserveOptions;
+          return backend.outbox.reserve(entry, lease === undefined ? undefined : claim);
+        },
+        markCalling: (key, token, leaseMs) => {
+          markCalling++;
+          return backend.outbox.markCalling(key, token, leaseMs);
+        },
+      });
+      const provider = new MockProvider();
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(older, scale) }));
+      const key = uid("k");
+      expect((await bot.send(uid("c"), "hi", { idempotencyKey: key })).state).toBe("sent");
+      expect(markCalling, "announced with markCalling").toBe(1);
+      expect(provider.sent.map((m) => m.idempotencyKey)).toEqual([key]);
+      // Its crash after the reservation is not ambiguous (the entry was written uncalled).
+      const a = crashable(older);
+      a.crashAfter("outbox.reserve");
       const instanceId = uid("inst");
-      const botA = await start(bots, new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: fastDurability(a, scale, { instanceId }) }));
-      await botA.send("c2", "maybe", { idempotencyKey: "announced" }).catch(() => {});
+      await start(bots, new Bot({ clock: time.clock, provider: new CrashableProvider(a), durability: fastDurability(a, scale, { instanceId }) }))
+        .then((botA) => botA.send("c3", "x", { idempotencyKey: "older-uncalled" }).catch(() => {}));
       expect(a.crashed).toBe(true);
-      const botB = new Bot({ clock: time.clock, provider: new MockProvider(), durability: fastDurability(backend, scale, { instanceId }) });
+      const providerB = new MockProvider();
+      const botB = new Bot({ clock: time.clock, provider: providerB, durability: fastDurability(backend, scale, { instanceId }) });
       const events = collect(botB, "durability:ambiguous");
       await start(bots, botB);
       await botB.idle();
-      expect(events).toEqual([{ key: "announced", chatId: "c2" }]);
-      expect((await backend.outbox.get("announced"))?.state).toBe("unknown");
+      expect(events).toEqual([]);
+      expect(providerB.sent.map((m) => m.idempotencyKey)).toEqual(["older-uncalled"]);
+    });
+
+    withBackend("a reservation that announced its call and whose reply and read-back were lost is sent once by the handler's retry, not held as ambiguous", async (
+      backend,
+      bots,
+    ) => {
+      let lose = true;
+      const flaky = intercept(backend, {}, {
+        reserve: async (entry, lease) => {
+          const result = await backend.outbox.reserve(entry, lease);
+          if (lose) throw new Error("read ECONNRESET (after the commit)");
+          return result;
+        },
+        get: async (key) => {
+          if (lose) {
+            lose = false;
+            throw new Error("read ECONNRESET");
+          }
+          return await backend.outbox.get(key);
+        },
+      });
+      const provider = new MockProvider();
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale) }));
+      const ambiguous = collect(bot, "durability:ambiguous");
+      bot.on("error", () => {});
+      bot.when(ANY, (ctx) => ctx.reply("the answer"));
+      const id = uid("m");
+      await provider.receive({ id, chatId: uid("c"), text: "x" });
+      await bot.idle();
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([`${id}:1`]);
+      const entry = await backend.outbox.get(`${id}:1`);
+      expect([entry?.state, entry?.attempts]).toEqual(["sent", 1]);
+      expect((await backend.inbox.get(id))?.state).toBe("done");
+      expect(ambiguous).toEqual([]);
     });
 
     withBackend("a 429 spends no attempt: with retries 0 the send still goes after it; only its chat waits behind it", async (

@@ -25,6 +25,7 @@ export const CRASH_POINTS = [
   "inbox.purge",
   "inbox.reportDamaged",
   "outbox.reserve",
+  "outbox.reserveCalling",
   "outbox.claim",
   "outbox.heartbeat",
   "outbox.markCalling",
@@ -39,7 +40,11 @@ export const CRASH_POINTS = [
   "store.set",
 ] as const;
 
-/** A step at which the harness can crash. */
+/**
+ * A step at which the harness can crash. `outbox.reserve` is every reservation; `outbox.reserveCalling`
+ * only one that announces its call in the same write (`reserve` with `calling: true`, a send that goes
+ * out at once): it is both points.
+ */
 export type CrashPoint = (typeof CRASH_POINTS)[number];
 
 /** What every operation throws once the simulated process has died. */
@@ -116,8 +121,8 @@ export interface CrashableBackend extends DurabilityBackend {
   readonly landedAfterCrash: readonly { point: CrashPoint; id: string }[];
   /**
    * Outbox keys whose provider call was announced in the journal (`markCalling` took effect with
-   * `true`), whether or not the process lived to see it: the only sends of this process that may
-   * become ambiguous without a provider call.
+   * `true`, or a reservation wrote its entry leased with `called`), whether or not the process lived
+   * to see it: the only sends of this process that may become ambiguous without a provider call.
    */
   readonly announced: ReadonlySet<string>;
   /** Run `fn` as the step `point` (used by {@link CrashableProvider} for `'provider.send'`). */
@@ -156,18 +161,21 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
     throw new SimulatedCrash(point, when);
   };
 
-  const step = async <T>(point: CrashPoint | null, fn: () => Promise<T>, id?: unknown): Promise<T> => {
+  const step = async <T>(points: CrashPoint | readonly CrashPoint[] | null, fn: () => Promise<T>, id?: unknown): Promise<T> => {
     if (crashed) throw new SimulatedCrash(crashedAt, "dead");
     let plan: { when: "before" | "after"; at: number } | undefined;
-    if (point !== null) {
-      hits[point] = (hits[point] ?? 0) + 1;
-      const p = plans.get(point);
-      if (p && --p.at <= 0) {
-        plans.delete(point);
-        plan = p;
+    let point: CrashPoint | null = null;
+    for (const p of points === null ? [] : typeof points === "string" ? [points] : points) {
+      point ??= p;
+      hits[p] = (hits[p] ?? 0) + 1;
+      const planned = plans.get(p);
+      if (planned && --planned.at <= 0 && plan === undefined) {
+        plans.delete(p);
+        plan = planned;
+        point = p;
       }
-      if (plan?.when === "before") die(point, "before");
     }
+    if (point !== null && plan?.when === "before") die(point, "before");
     let result: T;
     try {
       result = await fn();
@@ -192,10 +200,16 @@ export function crashable(backend: DurabilityBackend): CrashableBackend {
       if (typeof journal[method] !== "function") continue; // an optional method the backend lacks
       wrapped[method] = (...args: unknown[]) =>
         step(
-          points[method],
+          points[method] === "outbox.reserve" && (args[1] as { calling?: unknown } | undefined)?.calling === true
+            ? ["outbox.reserve", "outbox.reserveCalling"]
+            : points[method],
           async () => {
             const result = await (journal[method] as (...a: unknown[]) => Promise<unknown>).apply(journal, args);
             if (points[method] === "outbox.markCalling" && result === true) announced.add(args[0] as string);
+            if (points[method] === "outbox.reserve") {
+              const reserved = result as { status?: string; entry?: { key?: string; called?: boolean } };
+              if (reserved.status === "leased" && reserved.entry?.called === true) announced.add(reserved.entry.key!);
+            }
             return result;
           },
           typeof args[0] === "object" && args[0] !== null

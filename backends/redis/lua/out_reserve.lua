@@ -2,7 +2,8 @@
 -- include: outbox
 -- once: yes (mutating: answered from KEYS[2], the request id, when run again)
 -- KEYS: [1] a key of the prefix's hash slot, [2] the request id (optional)
--- ARGV: P, key, chatId, content, contentHash, hasInbound, inboundId, leased(0|1), owner, inc, leaseMs
+-- ARGV: P, key, chatId, content, contentHash, hasInbound, inboundId, leased(0|1), owner, inc, leaseMs, reclaim,
+--   calling(0|1: a leased entry is written with its call announced, called = '1'; newOutboxEntry of rules.ts)
 -- → [leased|queued, seq, createdAt, leaseExp or ''], ['exists', entry] or ['aside', problem]
 --
 
@@ -23,10 +24,11 @@ local h = {_key = key, key = ARGV[2], chatId = chat, content = ARGV[4], contentH
 local status = 'queued'
 if ARGV[8] == '1' and clear then
   h.state = 'sending'; h.attempts = '1'; h.nextAttemptAt = false; h.fence = '1'; lease(h, opts(9), 1, now)
+  if ARGV[13] == '1' then h.called = '1' end
   status = 'leased'
 end
 out_write(h)
 redis.call('ZADD', P .. 'out:chat:' .. chat, h.seq, h.key)
 -- the chat's head is unchanged, or it is the new entry
 if clear and h.state == 'queued' then redis.call('ZADD', P .. 'out:due', h.nextAttemptAt, h.key) end
-return cjson.encode({status, h.seq, h.createdAt, h.leaseExp or ''})
+return cjson.encode({status, h.seq, h.createdAt, h.leaseExp or '', h.called})

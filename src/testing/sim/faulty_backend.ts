@@ -282,6 +282,12 @@ export function faultyBackend(
           if (step !== undefined) ledger.stepOfAttempt.set(e.key, step.key);
           if (r.status === "leased") {
             ledger.grantOut(e.key, e.fence, grant());
+            if (e.called) {
+              // Reserved with its call announced (a send that goes out at once): as a markCalling under its lease.
+              const rec = { inc: inc.id, time: now, delivered: true, lostBy: null as LostBy, pending: true };
+              ledger.announced.set(`${e.key}#${e.fence}`, rec);
+              grants.push(rec);
+            }
             ledger.claimTokens.set(`${inc.id}|${e.key}|${e.attempts}`, e.fence);
             // The attempt the step's function runs under, if this process goes on to call it.
             if (step !== undefined) ledger.stepHeld.set(`${inc.id}|${step.key}`, { attempt: e.key, token: e.fence });

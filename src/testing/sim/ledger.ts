@@ -159,7 +159,7 @@ const tk = (id: string, token: number) => `${id}#${token}`;
 export class Ledger {
   calls: CallRecord[] = [];
   /**
-   * Every provider call announced in the journal (a `markCalling` that committed), by `key#token`:
+   * Every provider call announced in the journal (a `markCalling` that committed, or a reservation written with its call announced), by `key#token`:
    * who, when, and whether its reply reached the engine (`pending` while it is on its way).
    */
   announced: Map<string, { inc: string; time: number; delivered: boolean; lostBy: LostBy; pending: boolean }> = new Map();
