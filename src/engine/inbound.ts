@@ -7,7 +7,7 @@
  * @module
  */
 import { retryDelay } from "../backoff.ts";
-import { BoundedSet } from "../bounded_map.ts";
+import { BoundedMap, BoundedSet } from "../bounded_map.ts";
 import { sleep } from "../clock.ts";
 import { encodeContent } from "../content.ts";
 import { damagedStorageOf, type InboundRecord, type JsonValue } from "../contract.ts";
@@ -63,6 +63,11 @@ export class Inbound {
   /** The lease each dispatched job runs under (a later claim of the record holds a new one). */
   readonly jobLeases: WeakMap<InboundJob, HeldLease> = new WeakMap<InboundJob, HeldLease>();
   readonly #dedupe = new BoundedSet<string>(DEDUPE_CAPACITY);
+  /**
+   * Chats with a record this process took up but did not run (its lease lost or left to lapse): the
+   * latest such record's `receivedAt`, and the order of the last lease held when it was let go.
+   */
+  readonly #notRun = new BoundedMap<string, { receivedAt: number; order: number }>(DEDUPE_CAPACITY);
   /** Admissions answered `rejected` whose write may still land (a timeout) or be read back (an error), by id. */
   readonly #lateAdmissions = new Map<string, Promise<void>>();
   /**
@@ -418,6 +423,16 @@ export class Inbound {
   }
 
   /**
+   * A record taken up here that is not run here: its lease let go (it lapses, or another process holds
+   * it), and the later records of its chat this process holds already are not run here either (a sweep
+   * takes them in their chat's order once it comes to them).
+   */
+  #letGo(record: InboundRecord, lease: HeldLease): void {
+    this.#notRun.set(record.chatId, { receivedAt: record.receivedAt, order: this.#h.leases.lastOrder });
+    this.#h.leases.release("inbox", record.id, lease.token);
+  }
+
+  /**
    * Run a job's handler under its lease, then record the outcome: done, a
    * retry with backoff, or dead.
    * @param job the job
@@ -456,6 +471,13 @@ export class Inbound {
       }
       return;
     }
+    const ahead = this.#notRun.get(record.chatId);
+    if (ahead !== undefined && record.receivedAt > ahead.receivedAt && lease.order <= ahead.order) {
+      // Taken up here before an earlier record of its chat that was then not run here (its lease lost,
+      // another replica may hold it): that one comes first, wherever it runs. Not run here either: its
+      // lease lapses and a sweep takes it in its chat's order.
+      return this.#letGo(record, lease);
+    }
     const retries = this.#h.config.inbox.retries;
     // This run's number in the journal: an admission that ran it at once counted it; otherwise it is
     // journaled now. A timer's leased admission counted a run that was only its arming: its runs are one less.
@@ -480,8 +502,7 @@ export class Inbound {
       // Not journaled as begun (the lease was lost, or the journal failed), or, begun by its admission, its
       // lease lost while it waited in its chat's queue: not run here. Its lease lapses (or was taken) and a
       // sweep takes it up again.
-      this.#h.leases.release("inbox", record.id, lease.token);
-      return;
+      return this.#letGo(record, lease);
     } else {
       record.attempts = journaled;
       job.runCounted = true;

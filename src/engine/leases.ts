@@ -33,6 +33,8 @@ export interface HeldLease {
   lost: boolean;
   /** Monotonic time at which the backend last confirmed the lease (the start of the claim or heartbeat call). */
   confirmedAt: number;
+  /** When this process first held it, as an order among its leases ({@link Leases.lastOrder}): kept when the token is handed on. */
+  readonly order: number;
   /**
    * Its outcome is being written: `retry` (a failure to retry later: once it lands, the record is due
    * again and a claim of it is a new attempt) or `final` (done, sent, dead: a claim of it can only
@@ -63,6 +65,8 @@ export class Leases {
   readonly #held = { inbox: new Map<string, HeldLease>(), outbox: new Map<string, HeldLease>() };
   /** Outbox leases given up before their provider call (an announcement unanswered): key → token. */
   readonly #givenUpUncalled = new BoundedMap<string, number>(GIVEN_UP_CAPACITY);
+  /** The order of the latest lease first held. */
+  #order = 0;
   /** Clocks at the start of the last heartbeat round (monotonic and wall), to tell a stall or a clock step. */
   #lastRound = { monotonic: 0, wall: 0 };
   /** Claim scans run one at a time. */
@@ -86,7 +90,7 @@ export class Leases {
   hold(kind: LeaseKind, id: string, token: number, confirmedAt: number = this.#host.clock.monotonic()): HeldLease {
     const existing = this.#held[kind].get(id);
     if (existing !== undefined && existing.token === token) return existing;
-    const lease: HeldLease = { kind, id, token, lost: false, confirmedAt };
+    const lease: HeldLease = { kind, id, token, lost: false, confirmedAt, order: ++this.#order };
     this.#held[kind].set(id, lease);
     return lease;
   }
@@ -96,6 +100,11 @@ export class Leases {
     lease.token = token;
     lease.confirmedAt = confirmedAt;
     lease.attempts = attempts;
+  }
+
+  /** The order of the lease held last: every lease held so far has an order at most this. */
+  get lastOrder(): number {
+    return this.#order;
   }
 
   /** Let go of the lease of `id` when it is still the one of `token`. */
