@@ -537,9 +537,10 @@ export class Bot {
     // journal write never lets a later message of the chat overtake it.
     let fill!: (job: InboundJob | null) => void;
     const slot = new Promise<InboundJob | null>((resolve) => fill = resolve);
-    this.#dispatch(slot, message.chatId);
-    // The engine fills the slot once: with the job, or null (after a late confirmation, if one is due).
-    const admission = this.#engine.admit(message, fill);
+    // Queued at once, in the order the engine gives its arrival (its receivedAt): a record a sweep
+    // claims goes ahead of it when received before it. The engine fills the slot once: with the job,
+    // or null (after a late confirmation, if one is due).
+    const admission = this.#engine.admit(message, fill, (receivedAt) => this.#dispatch(slot, message.chatId, receivedAt));
     this.#track(admission);
     return admission;
   }

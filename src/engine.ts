@@ -377,8 +377,8 @@ export class DurabilityEngine {
    *   with the job, or with `null` when there is none
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
-  admit(message: InboundMessage, dispatch: (job: InboundJob | null) => void): Promise<AdmitResult> {
-    return this.#inbound.admit(message, dispatch);
+  admit(message: InboundMessage, dispatch: (job: InboundJob | null) => void, place?: (receivedAt: number) => void): Promise<AdmitResult> {
+    return this.#inbound.admit(message, dispatch, place);
   }
 
   /**

@@ -30,6 +30,8 @@ const POISON_ALLOWANCE = 3;
 /** One admission's place in its chat: `late` while a write answered after its timeout may still land. */
 interface AdmissionSlot {
   late: Promise<void> | null;
+  /** The message's `receivedAt`, given when it arrives (its place in its chat's order). */
+  receivedAt: number;
 }
 
 /** The answer to a message that arrives while the bot stops: the channel delivers it again. */
@@ -100,10 +102,13 @@ export class Inbound {
    *   with the job, or with `null` when there is none; for an admission the journal confirms only after
    *   `admitTimeoutMs` (answered `rejected`), after that confirmation, so that the message keeps its
    *   place in its chat ahead of the messages that came after it
+   * @param place called at once with the message's `receivedAt` (this process's arrival order: after
+   *   every earlier admission here, also across a step back of the wall clock), for its queue's place
    * @returns what happened; `rejected` means "let the channel redeliver"
    */
-  admit(message: InboundMessage, dispatch: (job: InboundJob | null) => void): Promise<AdmitResult> {
-    const slot: AdmissionSlot = { late: null };
+  admit(message: InboundMessage, dispatch: (job: InboundJob | null) => void, place: (receivedAt: number) => void = () => {}): Promise<AdmitResult> {
+    const slot: AdmissionSlot = { late: null, receivedAt: this.#rejectedReceivedAt.get(message.id) ?? this.#nextReceivedAt() };
+    place(slot.receivedAt);
     const result = this.#h.observer.admit(message, (traceparent) => this.#admit(message, dispatch, traceparent, slot));
     const release = () => {
       if (slot.late === null) dispatch(null);
@@ -208,7 +213,7 @@ export class Inbound {
     }
     let record: InboundRecord | null;
     const admittedAt = this.#h.clock.monotonic();
-    const receivedAt = this.#rejectedReceivedAt.get(id) ?? this.#nextReceivedAt();
+    const receivedAt = slot.receivedAt;
     this.#rejectedReceivedAt.delete(id);
     const writing = this.#h.backend.inbox.admit({
       id,
@@ -428,7 +433,11 @@ export class Inbound {
    * takes them in their chat's order once it comes to them).
    */
   #letGo(record: InboundRecord, lease: HeldLease): void {
-    this.#notRun.set(record.chatId, { receivedAt: record.receivedAt, order: this.#h.leases.lastOrder });
+    const held = this.#h.leases.get("inbox", record.id);
+    // (A job of an older lease of a record this process holds again, under a newer one: that one runs it.)
+    if (held === undefined || held === lease) {
+      this.#notRun.set(record.chatId, { receivedAt: record.receivedAt, order: this.#h.leases.lastOrder });
+    }
     this.#h.leases.release("inbox", record.id, lease.token);
   }
 
