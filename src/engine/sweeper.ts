@@ -27,8 +27,10 @@ import type { EngineCore, InboundJob } from "./types.ts";
 const SWEEP_BATCH = 64;
 /** Tries of a scan's repeat right after its reply was lost (the rest wait for the next sweep). */
 const REPEAT_TRIES = 3;
-/** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
+/** Records the first inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
 const RECLAIM_BATCH = 1024;
+/** What the first sweep's inbox scans grow to (each full batch doubles the next one). */
+const RECLAIM_BATCH_MAX = 8192;
 /** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
 const AHEAD_OF_LIMIT = 256;
 
@@ -165,11 +167,13 @@ export class Sweeper {
   async sweepOnce(first: boolean): Promise<void> {
     if (this.#h.stopping() && !first) return;
     if (this.#unanswered.length > 0) await this.#repeatUnanswered();
-    // A restart takes back everything the previous incarnation held at once: its backlog can be large, and
-    // each reclaiming scan reads the owner's records (those already taken back too), so fewer, larger batches.
-    const batch = first ? RECLAIM_BATCH : SWEEP_BATCH;
+    // A restart takes back everything the previous incarnation held at once: its backlog can be large, so
+    // larger batches, growing while they come back full (fewer scans, each with its fixed cost; the first
+    // stays small, so that the first replies go out soon).
+    let batch = first ? RECLAIM_BATCH : SWEEP_BATCH;
     const inboxClaim = { ...this.#h.claim("inbox"), reclaimOwn: first, limit: batch };
     for (;;) {
+      inboxClaim.limit = batch;
       const claimedAt = this.#h.clock.monotonic();
       const options = { ...inboxClaim, requestId: this.#nextRequestId() };
       let records: InboundRecord[];
@@ -198,6 +202,7 @@ export class Sweeper {
       this.#takeInbound(records, claimedAt);
       scanDone();
       if (records.length < batch) break;
+      if (first) batch = Math.min(RECLAIM_BATCH_MAX, batch * 2);
     }
     const outboxClaim = {
       ...this.#h.claim("outbox"),
