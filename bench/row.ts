@@ -85,17 +85,19 @@ async function recovery(cfg: Config): Promise<RowResult> {
   const dead = first.backend!;
   await dead.open?.();
   const lease = { owner: "bench", incarnation: "dead-incarnation", leaseMs: 3_600_000 };
-  const ids = Array.from({ length: n }, (_, i) => `rec-m-${i}`);
-  for (let i = 0; i < n; i += 500) {
-    await Promise.all(ids.slice(i, i + 500).map((id, j) => {
-      const chatId = `rc${(i + j) % 100}`;
+  // Record i is received at t0 + i, and admitted last first: a leased admission looks at the chat's
+  // records received before it (none yet), so seeding a large backlog stays linear.
+  const t0 = Date.now() - n;
+  for (let end = n; end > 0; end -= 500) {
+    await Promise.all(Array.from({ length: Math.min(500, end) }, (_, k) => {
+      const i = end - 1 - k, id = `rec-m-${i}`, chatId = `rc${i % 100}`;
       return dead.inbox.admit({
         id,
         kind: "message",
         chatId,
         provider: "mock",
         payload: encodeContent({ id, chatId, type: "text", text: id }, "message"),
-        receivedAt: Date.now(),
+        receivedAt: t0 + i,
       }, lease);
     }));
   }

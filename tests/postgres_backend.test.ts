@@ -757,7 +757,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
     expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
-    expect(POSTGRES_SCHEMA_VERSION).toBe(7);
+    expect(POSTGRES_SCHEMA_VERSION).toBe(8);
     const [column] = await sql.unsafe(
       `SELECT count(*)::int AS n FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_outbox' AND column_name = 'uncalled_fence'`,
       [schema],
@@ -848,6 +848,31 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     expect((await upgraded.inbox.claimDue({ ...lease("v"), limit: 10 })).map((r) => r.id)).toEqual(["m1:t1"]);
   });
 
+  it("a version 7 schema gets the inbox indexes by lease holder: a restart reclaims its own leases in order, a lease held elsewhere still holds back its chat", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    const t = tables(schema, "botmesh_");
+    await b.inbox.admit(inbound("a1", "c1"), { ...lease("A", 3_600_000), incarnation: "old" });
+    await b.inbox.admit(inbound("a2", "c1"), { ...lease("A", 3_600_000), incarnation: "old" });
+    await b.inbox.admit(inbound("b1", "c2"), { ...lease("B", 3_600_000), incarnation: "other" });
+    await b.inbox.admit(inbound("b2", "c2"));
+    // Back to version 7 by hand: no indexes by holder.
+    await sql.unsafe(`DROP INDEX ${schema}.botmesh_inbox_lease; DROP INDEX ${schema}.botmesh_inbox_holder_chat`);
+    await sql.unsafe(`UPDATE ${t.meta} SET value = '7' WHERE key = 'schema_version'`);
+    const upgraded = new PostgresDurability({ sql: client(), schema });
+    await upgraded.open();
+    const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
+    expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
+    const indexes = await sql.unsafe(
+      `SELECT indexname FROM pg_indexes WHERE schemaname = $1 AND indexname IN ('botmesh_inbox_lease', 'botmesh_inbox_holder_chat') ORDER BY 1`,
+      [schema],
+    );
+    expect(indexes.map((r) => r.indexname)).toEqual(["botmesh_inbox_holder_chat", "botmesh_inbox_lease"]);
+    expect((await upgraded.inbox.claimDue({ ...lease("A"), incarnation: "new", reclaimOwn: true, limit: 10 })).map((r) => r.id)).toEqual(["a1", "a2"]);
+    expect((await upgraded.inbox.claimDue({ ...lease("C"), limit: 10 })).map((r) => r.id), "b1 is held by B: b2 waits").toEqual([]);
+  });
+
   it("a version 6 schema is upgraded in place: the table of scan answers is added, and nothing else changes", async () => {
     const schema = freshSchema();
     const sql = client();
@@ -862,7 +887,7 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     const upgraded = new PostgresDurability({ sql: client(), schema });
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
-    expect(meta?.value).toBe("7");
+    expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
     const columns = await sql.unsafe(
       `SELECT column_name FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_scan_answer' ORDER BY ordinal_position`,
       [schema],

@@ -1072,10 +1072,41 @@ describe("sqlite: schema versions", () => {
     expect((await backend.inbox.admit(inbound("m3", { chatId: "c1" }), lease("A")))?.state).toBe("processing");
     await backend.close();
     const check = new Database(file);
-    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: "9" });
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: String(SQLITE_SCHEMA_VERSION) });
     expect(check.prepare("SELECT sql FROM sqlite_master WHERE name = 'botmesh_inbox_chat_active'").get()).toEqual({
       sql: "CREATE INDEX botmesh_inbox_chat_active ON botmesh_inbox (chat_id, received_at, ord) WHERE state IN ('pending', 'processing', 'scheduled', 'failed')",
     });
+    check.close();
+  });
+
+  test("a file at version 9 gets the lease indexes: a restart reclaims its own leases in order, and a lease held elsewhere still holds back its chat", async () => {
+    const file = tempFile();
+    const first = new SQLiteDurability({ file });
+    await first.open();
+    await first.inbox.admit(inbound("a1", { chatId: "c1" }), lease("A", 3_600_000, "old"));
+    await first.inbox.admit(inbound("a2", { chatId: "c1" }), lease("A", 3_600_000, "old"));
+    await first.inbox.admit(inbound("b1", { chatId: "c2" }), lease("B", 3_600_000, "other"));
+    await first.inbox.admit(inbound("b2", { chatId: "c2" }));
+    await first.close();
+    // Version 9 read a chat's leases by its index of processing records, and had no index by holder.
+    const raw = new Database(file);
+    raw.exec(`
+      DROP INDEX botmesh_inbox_chat_lease;
+      DROP INDEX botmesh_inbox_lease;
+      CREATE INDEX botmesh_inbox_chat_leased ON botmesh_inbox (chat_id, received_at, ord) WHERE state = 'processing';
+      UPDATE botmesh_meta SET value = '9' WHERE key = 'schema_version';`);
+    raw.close();
+
+    const backend = new SQLiteDurability({ file });
+    await backend.open();
+    expect((await backend.inbox.claimDue({ ...lease("A", 60_000, "new"), reclaimOwn: true, limit: 10 })).map((r) => r.id)).toEqual(["a1", "a2"]);
+    expect((await backend.inbox.claimDue({ ...lease("C"), limit: 10 })).map((r) => r.id), "b1 is held by B: b2 waits").toEqual([]);
+    await backend.close();
+    const check = new Database(file);
+    expect(check.prepare("SELECT value FROM botmesh_meta WHERE key = 'schema_version'").get()).toEqual({ value: String(SQLITE_SCHEMA_VERSION) });
+    const indexes = (check.prepare("SELECT name FROM sqlite_master WHERE type = 'index' AND name LIKE 'botmesh_inbox_%lease%'").all() as { name: string }[])
+      .map((r) => r.name).sort();
+    expect(indexes).toEqual(["botmesh_inbox_chat_lease", "botmesh_inbox_lease"]);
     check.close();
   });
 

@@ -68,7 +68,15 @@
  * adds the table `<prefix>scan_answer` (and its index
  * `<prefix>scan_answer_at`), where named due scans keep their answers (see
  * "Due scans asked again"); nothing else changes, and a replica still running
- * an older library neither reads nor writes it.
+ * an older library neither reads nor writes it. Schema version 8 adds two
+ * partial indexes of the inbox by lease holder, `<prefix>inbox_lease`
+ * (owner, incarnation, receipt, of the `processing` records) and
+ * `<prefix>inbox_holder_chat` (chat, owner, incarnation, receipt, of the
+ * active records): a due scan reads a chat's records holder by holder and a
+ * restart's reclaim its previous incarnations' records in receipt order, so
+ * neither ever reads the leases the caller holds (build them beforehand
+ * `CONCURRENTLY` on a large inbox). A replica still running an older library
+ * keeps them up to date and goes on as before.
  *
  * ## Statements
  * Every operation is one statement (prepared by the client), with the state

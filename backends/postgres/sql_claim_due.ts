@@ -20,14 +20,47 @@ const heldElsewhere = (b: string, reclaim: boolean) =>
   })`;
 
 /**
- * That no earlier record of the chat of `i` is held elsewhere in the snapshot, so a chat held elsewhere does
- * not fill the batch. A probe of the chat's active records (their index: no state or owner test another index
- * could serve) per row; OFFSET 0 keeps it one (not a join with every leased record).
+ * `g`: the holders of leases, each (owner, incarnation) of a `processing` record once, found by a loose scan of
+ * the lease index (one probe per holder). The chat-order checks go by holder, each an index range of one
+ * holder's records in one chat: the leases the caller itself holds are never read in them. A record with a
+ * partial lease (an owner without an incarnation) is damaged, and holds nothing back.
+ */
+function holders({ t }: InboxScan): SqlPart {
+  const leased = (alias: string) => `${sqlIn(`${alias}.state`, IN_LEASED)} AND ${alias}.lease_owner IS NOT NULL AND ${alias}.lease_incarnation IS NOT NULL`;
+  return {
+    name: "g",
+    reads: [],
+    rows: "owner, inc",
+    materialized: true,
+    text: `WITH RECURSIVE h(owner, inc) AS (
+        (SELECT a.lease_owner, a.lease_incarnation FROM ${t.inbox} a WHERE ${leased("a")}
+          ORDER BY a.lease_owner, a.lease_incarnation LIMIT 1)
+        UNION ALL
+        SELECT x.lease_owner, x.lease_incarnation FROM h CROSS JOIN LATERAL (
+          SELECT a.lease_owner, a.lease_incarnation FROM ${t.inbox} a
+          WHERE ${leased("a")} AND (a.lease_owner, a.lease_incarnation) > (h.owner, h.inc)
+          ORDER BY a.lease_owner, a.lease_incarnation LIMIT 1) x
+      )
+      SELECT h.owner, h.inc FROM h`,
+  };
+}
+
+/** Whether holder `g` holds its leases elsewhere than the caller: another owner, or (without reclaimOwn) another incarnation. */
+const elsewhere = (g: string, reclaim: boolean) => reclaim ? `${g}.owner <> $1` : `(${g}.owner <> $1 OR ${g}.inc <> $2)`;
+
+/**
+ * That no earlier record of the chat of `i` is held elsewhere in the snapshot (holdsChat of rules.ts: a live
+ * lease neither the caller's nor one it may take), so a chat held elsewhere does not fill the batch. Per holder
+ * held elsewhere, a probe of its records of that chat (the holder index): the caller's own are not read.
  */
 const chatFree = ({ t, reclaim }: InboxScan) =>
   `NOT EXISTS (
-        SELECT 1 FROM ${t.inbox} b WHERE b.chat_id = i.chat_id AND b.state IN (${ACTIVE}) AND b.${KEPT}
-          AND (b.received_at, b.ord) < (i.received_at, i.ord) AND ${heldElsewhere("b", reclaim)} OFFSET 0)`;
+        SELECT 1 FROM g CROSS JOIN LATERAL (
+          SELECT 1 FROM ${t.inbox} b
+          WHERE b.chat_id = i.chat_id AND b.state IN (${ACTIVE}) AND ${sqlIn("b.state", IN_LEASED)} AND b.lease_owner = g.owner
+            AND b.lease_incarnation = g.inc AND b.${KEPT} AND (b.received_at, b.ord) < (i.received_at, i.ord)
+            AND b.lease_expires_at > ${NOW} LIMIT 1) b
+        WHERE ${elsewhere("g", reclaim)})`;
 
 /** The columns of a branch (`p0`, `p1`, `p2`). */
 const BRANCH_COLUMNS = "i.ord, i.chat_id, i.received_at";
@@ -36,7 +69,7 @@ const BRANCH_COLUMNS = "i.ord, i.chat_id, i.received_at";
 function pendingDue(s: InboxScan): SqlPart {
   return {
     name: "p0",
-    reads: ["n"],
+    reads: ["n", "g"],
     rows: "ord, chat_id, received_at",
     text: `SELECT ${BRANCH_COLUMNS} FROM ${s.t.inbox} i WHERE i.due_at = 0 AND i.${KEPT} AND ${chatFree(s)}
       ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED`,
@@ -51,22 +84,28 @@ function pendingDue(s: InboxScan): SqlPart {
 function timedDue(s: InboxScan): SqlPart {
   return {
     name: "p1",
-    reads: ["n"],
+    reads: ["n", "g"],
     rows: "ord, chat_id, received_at",
     text: `SELECT ${BRANCH_COLUMNS} FROM ${s.t.inbox} i WHERE i.due_at > 0 AND i.due_at <= ${NOW} AND i.${KEPT} AND ${chatFree(s)}
       ORDER BY i.received_at + 0, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED`,
   };
 }
 
-/** `p2` (reclaimOwn): the records leased by the owner's other incarnations whose chat is free (owner index), $4, locked. */
+/**
+ * `p2` (reclaimOwn): the records leased by the owner's other incarnations whose chat is free: of each such
+ * incarnation (`g`), its oldest $4 by the lease index, locked. A restart's reclaim reads O($4) records per
+ * scan, never the ones it took back before.
+ */
 function otherIncarnations(s: InboxScan): SqlPart {
   return {
     name: "p2",
-    reads: ["n"],
+    reads: ["n", "g"],
     rows: "ord, chat_id, received_at",
-    text: `SELECT ${BRANCH_COLUMNS} FROM ${s.t.inbox} i
-      WHERE i.lease_owner = $1 AND ${sqlIn("i.state", IN_LEASED)} AND i.lease_incarnation <> $2 AND i.${KEPT} AND ${chatFree(s)}
-      ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED`,
+    text: `SELECT o.ord, o.chat_id, o.received_at FROM g CROSS JOIN LATERAL (
+        SELECT ${BRANCH_COLUMNS} FROM ${s.t.inbox} i
+        WHERE i.lease_owner = g.owner AND i.lease_incarnation = g.inc AND ${sqlIn("i.state", IN_LEASED)} AND i.${KEPT} AND ${chatFree(s)}
+        ORDER BY i.received_at, i.ord LIMIT $4 FOR UPDATE OF i SKIP LOCKED) o
+      WHERE g.owner = $1 AND g.inc <> $2`,
   };
 }
 
@@ -91,27 +130,54 @@ const PICK_KEPT: SqlPart = {
 };
 
 /**
+ * `soon`: the caller's own leases that lapse within half of its lease length ($3), by the due index (a
+ * `processing` record is due at its lease's expiry). Normally none: heartbeats extend them long before.
+ */
+function ownLapsingSoon({ t }: InboxScan): SqlPart {
+  return {
+    name: "soon",
+    reads: ["n"],
+    rows: "ord, chat_id, received_at",
+    materialized: true,
+    text: `SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
+      WHERE e.due_at > 0 AND e.due_at <= ${NOW} + $3::bigint / 2 AND ${sqlIn("e.state", IN_LEASED)} AND e.lease_owner = $1
+        AND e.lease_incarnation = $2 AND e.lease_expires_at <= ${NOW} + $3::bigint / 2 AND e.${KEPT}`,
+  };
+}
+
+/**
  * `seen`: per chat of the pick, its other active records up to its last picked one (in the snapshot), but those
  * the caller itself holds with at least half of its lease length ($3) left. Such a record neither holds the
  * chat nor is claimable, and no other owner can take it before its lease lapses, which is longer than this
  * statement runs: locking it tells nothing. (A next incarnation of the owner, under reclaimOwn, may take it
- * at any time, but then takes the caller's later records too, and fencing settles the rest.) Leaving them
- * out keeps a scan's work to what it may take, not to everything the caller already holds: a restart's
- * backlog made each scan lock every record taken by the scans before it.
+ * at any time, but then takes the caller's later records too, and fencing settles the rest.) They are read
+ * by holder from the holder index: the chat's unleased records, the records of each holder but the caller,
+ * and the caller's own from `soon`; what the caller holds is never read, so a scan's work is what it may
+ * take, not everything the caller already holds (a restart's backlog made each scan read, and lock, every
+ * record taken by the scans before it). OFFSET 0 keeps each holder's read a probe of its own range (not a
+ * join of the chat's active records, the caller's among them, with the holders).
  */
 function earlierSeen({ t }: InboxScan): SqlPart {
+  const upTo = (e: string) => `(${e}.received_at, ${e}.ord) <= (l.received_at, l.ord)`;
   return {
     name: "seen",
-    reads: ["c", "n"],
+    reads: ["c", "g", "soon"],
     rows: "ord, chat_id, received_at",
     materialized: true,
     text: `SELECT s.ord, s.chat_id, s.received_at
       FROM (SELECT DISTINCT ON (c.chat_id) c.chat_id, c.received_at, c.ord FROM c ORDER BY c.chat_id, c.received_at DESC, c.ord DESC) l
       CROSS JOIN LATERAL (
         SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
-        WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND e.${KEPT} AND (e.received_at, e.ord) <= (l.received_at, l.ord)
-          AND NOT (${sqlIn("e.state", IN_LEASED)} AND e.lease_owner = $1 AND e.lease_incarnation = $2
-            AND e.lease_expires_at > ${NOW} + $3::bigint / 2)
+        WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND e.lease_owner IS NULL AND e.lease_incarnation IS NULL AND e.${KEPT}
+          AND ${upTo("e")}
+        UNION ALL
+        SELECT e.ord, e.chat_id, e.received_at FROM g CROSS JOIN LATERAL (
+          SELECT e.ord, e.chat_id, e.received_at FROM ${t.inbox} e
+          WHERE e.chat_id = l.chat_id AND e.state IN (${ACTIVE}) AND e.lease_owner = g.owner AND e.lease_incarnation = g.inc
+            AND e.${KEPT} AND ${upTo("e")} OFFSET 0) e
+        WHERE g.owner <> $1 OR g.inc <> $2
+        UNION ALL
+        SELECT o.ord, o.chat_id, o.received_at FROM soon o WHERE o.chat_id = l.chat_id AND ${upTo("o")}
       ) s
       WHERE s.ord NOT IN (SELECT ord FROM c)`,
   };
@@ -179,15 +245,15 @@ const TAKEN: SqlPart = {
 export function inboxClaimDueParts(t: Tables, reclaim: boolean): SqlPart[] {
   const s: InboxScan = { t, reclaim };
   const branches = reclaim ? [pendingDue(s), timedDue(s), otherIncarnations(s)] : [pendingDue(s), timedDue(s)];
-  return [NOW_PART, ...branches, picked(s), PICK_KEPT, earlierSeen(s), earlierLocked(s), earlierBlocking(s), TAKEN];
+  return [NOW_PART, holders(s), ...branches, picked(s), PICK_KEPT, ownLapsingSoon(s), earlierSeen(s), earlierLocked(s), earlierBlocking(s), TAKEN];
 }
 
 /** Inbox claimDue: its parts, then the UPDATE that leases what is taken, the claimable check repeated. */
 export function inboxClaimDueSql(t: Tables, reclaim: boolean): string {
   return withParts(
     inboxClaimDueParts(t, reclaim),
-    `UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM take, n
-    WHERE r.ord = take.ord AND ${inboxClaimable(reclaim, "r.")} AND r.${KEPT}
+    `UPDATE ${t.inbox} AS r SET ${CLAIM_SET} FROM n
+    WHERE r.ord = ANY(ARRAY(SELECT ord FROM take)) AND ${inboxClaimable(reclaim, "r.")} AND r.${KEPT}
     RETURNING ${INBOX_COLUMNS.split(", ").map((c) => `r.${c}`).join(", ")}, ${asideRead("r")}`,
   );
 }

@@ -9,7 +9,7 @@ import { LEGACY_TIMER_ERROR, TIMER_STATE } from "../../src/rules.ts";
 import { ACTIVE, BLOCKING, ident, literal, NEWER_SCHEMA_MARK, OUT_WAITING, type Tables } from "./sql_common.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 7;
+export const POSTGRES_SCHEMA_VERSION: number = 8;
 
 /**
  * The ordered migrations, as PL/pgSQL statements run inside the migration
@@ -155,6 +155,17 @@ function migrations(t: Tables): string[] {
       PRIMARY KEY (journal, id)
     );
     CREATE INDEX IF NOT EXISTS ${i("scan_answer_at")} ON ${t.scanAnswer} (stored_at);
+    `,
+    // Version 8: the inbox by lease holder, so that a due scan never reads the leases the caller itself holds:
+    // the holders (owner, incarnation) of leases, each an index range (a reclaim reads each other incarnation's
+    // oldest records), and per chat its active records by holder (the unleased ones first), for the chat-order
+    // checks. A restart's backlog is then reclaimed in work linear in its size. IF NOT EXISTS: an operator may
+    // build them beforehand, CONCURRENTLY, under these names.
+    `
+    CREATE INDEX IF NOT EXISTS ${i("inbox_lease")} ON ${t.inbox} (lease_owner, lease_incarnation, received_at, ord)
+      WHERE ${sqlIn("state", statesWhere(INBOX, "leased"))};
+    CREATE INDEX IF NOT EXISTS ${i("inbox_holder_chat")} ON ${t.inbox} (chat_id, lease_owner, lease_incarnation, received_at, ord)
+      WHERE state IN (${ACTIVE});
     `,
   ];
 }

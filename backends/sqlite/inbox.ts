@@ -68,6 +68,19 @@ function comesFirstSql(t: string, after: string, columns = INBOX_COLUMNS, order 
     ${order}`;
 }
 
+/** Rows in arrival order, read a page at a time (`next`: the page after a row; null: all read at once). */
+interface Stream {
+  rows: Row[];
+  at: number;
+  next: ((last: Row) => Row[]) | null;
+}
+
+/** The next row of `s` (its next page read once its page of `size` is used up), or undefined at its end. */
+function head(s: Stream, size: number): Row | undefined {
+  if (s.at === s.rows.length && s.next !== null && s.rows.length === size) [s.rows, s.at] = [s.next(s.rows[s.at - 1]!), 0];
+  return s.rows[s.at];
+}
+
 /** The inbox journal of a {@link SQLiteDurability}. */
 export class SqliteInbox implements InboxJournal, DamagedRecords {
   readonly #gate: Gate;
@@ -225,29 +238,34 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
     const c = await this.#gate.ready();
     if (!(options.limit > 0)) return [];
     const t = this.#t;
+    const size = Math.ceil(options.limit);
     return c.write((now) => {
-      // Due records in arrival order (lapsed leases too, this incarnation's own included): those due at
-      // a time (retries, lapsed leases) and the previous incarnations' are all read and sorted; pending
-      // ones (due at 0: a backlog may be large) are read in order from the index a page at a time, as
-      // the merge reaches them (records of held chats are skipped, so a page may not be enough).
+      // Due records in arrival order, merged from streams that each yield theirs in that order: those due
+      // at a time (retries, lapsed leases, this incarnation's own included: all read and sorted), the
+      // pending ones (due at 0: a backlog may be large) and, under reclaimOwn, the records leased by each
+      // of the owner's other incarnations (by the lease index). The last two are read a page at a time as
+      // the merge reaches them (records of held chats are skipped, so a page may not be enough). None of
+      // them reads the leases the caller holds: a restart's backlog is reclaimed in linear work.
       const timed = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due WHERE due_at > 0 AND due_at <= ?`)
-        .all(now);
+        .all(now).sort(arrival);
+      const streams: Stream[] = [
+        { rows: timed, at: 0, next: null },
+        this.#paged(size, (after) =>
+          c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
+          WHERE due_at = 0${after ? " AND (received_at, ord) > (?, ?)" : ""} ORDER BY received_at, ord LIMIT ?`)
+            .all(...(after ? [after.received_at, after.ord] : []), size)),
+      ];
       if (options.reclaimOwn) {
-        timed.push(
-          ...c.stmt(
-            `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
-            WHERE due_at IS NOT NULL AND lease_owner = ? AND ${IN_LEASED_SQL} AND lease_incarnation <> ? AND set_aside_seq IS NULL`,
-          ).all(options.owner, options.incarnation),
-        );
+        for (const inc of this.#incarnations(c, options.owner)) {
+          if (inc === options.incarnation) continue;
+          streams.push(this.#paged(size, (after) =>
+            c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_lease
+              WHERE lease_owner = ? AND lease_incarnation = ? AND ${IN_LEASED_SQL} AND set_aside_seq IS NULL${
+              after ? " AND (received_at, ord) > (?, ?)" : ""
+            } ORDER BY received_at, ord LIMIT ?`).all(options.owner, inc, ...(after ? [after.received_at, after.ord] : []), size)
+          ));
+        }
       }
-      timed.sort(arrival);
-      const size = Math.ceil(options.limit);
-      let page = c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
-        WHERE due_at = 0 ORDER BY received_at, ord LIMIT ?`).all(size);
-      const nextPage = (last: Row) =>
-        c.stmt(`SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_due
-          WHERE due_at = 0 AND (received_at, ord) > (?, ?) ORDER BY received_at, ord LIMIT ?`)
-          .all(last.received_at, last.ord, size);
       // Per chat looked at: its first record processing under a lease held elsewhere (null: none). A
       // damaged one holds nothing back: it is set aside here.
       const holds = new Map<SqliteValue, Row | null>();
@@ -255,26 +273,21 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
         const chat = row.chat_id;
         let hold = holds.get(chat);
         if (hold === undefined) {
-          const leased = c.stmt(
-            `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_chat_leased
-            WHERE chat_id = ? AND ${IN_LEASED_SQL} AND set_aside_seq IS NULL ORDER BY received_at, ord`,
-          ).all(chat);
-          hold = leased.find((r) => {
-            const cur = this.#damaged.current(c, r, now);
-            return cur !== null && holdsChat(cur, now, options);
-          }) ?? null;
+          hold = this.#holder(c, chat, now, options);
           holds.set(chat, hold);
         }
         return hold !== null && arrival(hold, row) < 0;
       };
       const seen = new Set<number>();
       const out: InboundRecord[] = [];
-      let i = 0, j = 0;
       while (out.length < options.limit) {
-        if (j === page.length && j === size) [page, j] = [nextPage(page[j - 1]!), 0];
-        const a = timed[i], b = page[j];
-        if (a === undefined && b === undefined) break;
-        const row = b === undefined || (a !== undefined && arrival(a, b) < 0) ? timed[i++]! : page[j++]!;
+        let from: Stream | undefined, row: Row | undefined;
+        for (const s of streams) {
+          const r = head(s, size);
+          if (r !== undefined && (row === undefined || arrival(r, row) < 0)) [from, row] = [s, r];
+        }
+        if (from === undefined || row === undefined) break;
+        from.at++;
         if (seen.has(num(row.ord))) continue;
         seen.add(num(row.ord));
         if (heldBack(row)) continue;
@@ -286,6 +299,67 @@ export class SqliteInbox implements InboxJournal, DamagedRecords {
       }
       return out;
     });
+  }
+
+  /** A stream read `size` rows at a time by `page` (after the last row read, or from the start). */
+  #paged(size: number, page: (after: Row | null) => Row[]): Stream {
+    return { rows: page(null), at: 0, next: (last) => page(last) };
+  }
+
+  /** The incarnations of `owner` that hold leases, by the lease index (one step per incarnation). */
+  #incarnations(c: Connection, owner: string): string[] {
+    const t = this.#t;
+    const out: string[] = [];
+    let row = c.stmt(`SELECT lease_incarnation FROM ${t} INDEXED BY ${t}_lease
+      WHERE lease_owner = ? AND ${IN_LEASED_SQL} AND lease_incarnation IS NOT NULL ORDER BY lease_incarnation LIMIT 1`).get(owner);
+    while (row !== undefined) {
+      const inc = row.lease_incarnation as string;
+      out.push(inc);
+      row = c.stmt(`SELECT lease_incarnation FROM ${t} INDEXED BY ${t}_lease
+        WHERE lease_owner = ? AND ${IN_LEASED_SQL} AND lease_incarnation > ? ORDER BY lease_incarnation LIMIT 1`).get(owner, inc);
+    }
+    return out;
+  }
+
+  /**
+   * In a due scan: the first record of `chat` processing under a lease held elsewhere (holdsChat of the
+   * rules), or null. The chat's lease index is read by holder (owner and incarnation), one step per
+   * holder: the leases of the caller (under reclaimOwn, of its owner: none of them holds the chat) are
+   * passed over without being read, and of every other holder only its first live lease is read (and
+   * the next ones while those are damaged: a damaged one holds nothing back, it is set aside).
+   */
+  #holder(c: Connection, chat: SqliteValue, now: number, options: ClaimDueOptions): Row | null {
+    const t = this.#t;
+    const groupSql = (after: "" | "owner" | "holder") =>
+      `SELECT lease_owner, lease_incarnation FROM ${t} INDEXED BY ${t}_chat_lease
+      WHERE chat_id = ? AND ${IN_LEASED_SQL} AND lease_owner IS NOT NULL AND lease_incarnation IS NOT NULL${
+        after === "owner" ? " AND lease_owner > ?" : after === "holder" ? " AND (lease_owner, lease_incarnation) > (?, ?)" : ""
+      }
+      ORDER BY lease_owner, lease_incarnation LIMIT 1`;
+    const firstSql = (after: boolean) =>
+      `SELECT ${INBOX_COLUMNS} FROM ${t} INDEXED BY ${t}_chat_lease
+      WHERE chat_id = ? AND lease_owner = ? AND lease_incarnation = ? AND ${IN_LEASED_SQL} AND set_aside_seq IS NULL
+        AND lease_expires_at > ?${after ? " AND (received_at, ord) > (?, ?)" : ""}
+      ORDER BY received_at, ord LIMIT 1`;
+    let first: Row | null = null;
+    let group = c.stmt(groupSql("")).get(chat);
+    while (group !== undefined) {
+      const owner = group.lease_owner, inc = group.lease_incarnation;
+      const ownerSkipped = options.reclaimOwn === true && owner === options.owner;
+      if (!ownerSkipped && !(owner === options.owner && inc === options.incarnation)) {
+        let row = c.stmt(firstSql(false)).get(chat, owner, inc, now);
+        while (row !== undefined && (first === null || arrival(row, first) < 0)) {
+          const cur = this.#damaged.current(c, row, now);
+          if (cur !== null && holdsChat(cur, now, options)) {
+            first = row;
+            break;
+          }
+          row = c.stmt(firstSql(true)).get(chat, owner, inc, now, row.received_at, row.ord);
+        }
+      }
+      group = ownerSkipped ? c.stmt(groupSql("owner")).get(chat, owner) : c.stmt(groupSql("holder")).get(chat, owner, inc);
+    }
+    return first;
   }
 
   async start(id: string, token: number, attempt: number): Promise<boolean> {

@@ -123,6 +123,11 @@ export class Leases {
     return this.#held[kind].get(id);
   }
 
+  /** How many leases of `kind` are held. */
+  count(kind: LeaseKind): number {
+    return this.#held[kind].size;
+  }
+
   /** Whether a lease is held on `id`. */
   has(kind: LeaseKind, id: string): boolean {
     return this.#held[kind].has(id);

@@ -7,7 +7,7 @@
  *
  * @module
  */
-import { sleep } from "../clock.ts";
+import { type ClockTimer, sleep } from "../clock.ts";
 import { decodeContent } from "../content.ts";
 import type { ClaimDueOptions, InboundRecord, OutboxClaim } from "../contract.ts";
 import { isProcessDeath } from "../errors.ts";
@@ -27,8 +27,19 @@ import type { EngineCore, InboundJob } from "./types.ts";
 const SWEEP_BATCH = 64;
 /** Tries of a scan's repeat right after its reply was lost (the rest wait for the next sweep). */
 const REPEAT_TRIES = 3;
-/** Records one inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
+/** Records the first inbox scan of the first sweep after a start (the one that reclaims) takes at most. */
 const RECLAIM_BATCH = 1024;
+/** What the first sweep's inbox scans grow to (each full batch doubles the next one). */
+const RECLAIM_BATCH_MAX = 8192;
+/**
+ * Inbox leases held beyond which a restart's reclaim takes no more for now: every held lease is renewed
+ * each heartbeat round, so a backlog taken all at once would cost a renewal per record per round until
+ * it is worked off (work growing with the square of the backlog). The rest stays in the journal, leased
+ * to the previous incarnation, and later sweeps reclaim it as the work taken drains.
+ */
+const RECLAIM_AHEAD = 8192;
+/** While a reclaim waits for the work it took to drain, how often it looks again (ms). */
+const RECLAIM_POLL_MS = 50;
 /** Under rate limits, deliveries the sweeps keep claimed ahead of the limiter (the rest wait in the journal, unleased). */
 const AHEAD_OF_LIMIT = 256;
 
@@ -72,6 +83,10 @@ export class Sweeper {
   readonly #swept: SweepCounts = { inbound: 0, outbound: 0, ambiguous: 0, purges: 0 };
   /** Deliveries the sweeps dispatched that have not finished (under rate limits they are capped). */
   #sweptInFlight = 0;
+  /** A restart's reclaim stopped at {@link RECLAIM_AHEAD} leases held: later sweeps go on with it. */
+  #reclaiming = false;
+  /** The timer of a reclaim waiting for the work it took to drain. */
+  #reclaimTimer: ClockTimer | undefined;
 
   constructor(host: SweeperHost) {
     this.#h = host;
@@ -165,11 +180,20 @@ export class Sweeper {
   async sweepOnce(first: boolean): Promise<void> {
     if (this.#h.stopping() && !first) return;
     if (this.#unanswered.length > 0) await this.#repeatUnanswered();
-    // A restart takes back everything the previous incarnation held at once: its backlog can be large, and
-    // each reclaiming scan reads the owner's records (those already taken back too), so fewer, larger batches.
-    const batch = first ? RECLAIM_BATCH : SWEEP_BATCH;
-    const inboxClaim = { ...this.#h.claim("inbox"), reclaimOwn: first, limit: batch };
+    // A restart takes back everything the previous incarnation held at once: its backlog can be large, so
+    // larger batches, growing while they come back full (fewer scans, each with its fixed cost; the first
+    // stays small, so that the first replies go out soon).
+    const reclaim = first || this.#reclaiming;
+    let batch = reclaim ? RECLAIM_BATCH : SWEEP_BATCH;
+    const inboxClaim = { ...this.#h.claim("inbox"), reclaimOwn: reclaim, limit: batch };
     for (;;) {
+      if (reclaim && this.#h.leases.count("inbox") >= RECLAIM_AHEAD) {
+        // Taken faster than it is worked off: the rest waits (in the journal, under the previous incarnation's leases).
+        this.#reclaiming = true;
+        this.#awaitDrain();
+        break;
+      }
+      inboxClaim.limit = batch;
       const claimedAt = this.#h.clock.monotonic();
       const options = { ...inboxClaim, requestId: this.#nextRequestId() };
       let records: InboundRecord[];
@@ -197,7 +221,11 @@ export class Sweeper {
       this.#claims--; // #takeInbound holds them all before it yields
       this.#takeInbound(records, claimedAt);
       scanDone();
-      if (records.length < batch) break;
+      if (records.length < batch) {
+        if (reclaim) this.#reclaiming = false;
+        break;
+      }
+      if (reclaim) batch = Math.min(RECLAIM_BATCH_MAX, batch * 2);
     }
     const outboxClaim = {
       ...this.#h.claim("outbox"),
@@ -231,6 +259,21 @@ export class Sweeper {
       await this.#h.backend.outbox.purge(this.#h.config.retentionMs);
       this.#swept.purges++;
     }
+  }
+
+  /**
+   * A reclaim waits: once half of the inbox leases held at its stop are worked off, a sweep goes on with it
+   * (without sweep timers, the next `bot.sweep()` does).
+   */
+  #awaitDrain(): void {
+    if (this.#reclaimTimer !== undefined || this.#h.config.sweepIntervalMs === 0) return;
+    const check = () => {
+      this.#reclaimTimer = undefined;
+      if (this.#h.halted() || this.#h.stopping() || !this.#reclaiming) return;
+      if (this.#h.started() && this.#h.leases.count("inbox") < RECLAIM_AHEAD / 2) void this.sweep();
+      else this.#reclaimTimer = this.#h.clock.setTimeout(check, RECLAIM_POLL_MS);
+    };
+    this.#reclaimTimer = this.#h.clock.setTimeout(check, RECLAIM_POLL_MS);
   }
 
   /** A fresh name for a scan (unique within this incarnation, and across incarnations by its prefix). */

@@ -1096,6 +1096,36 @@ export function runBackendContract(options: BackendConformanceOptions): void {
         for (const r of records) expect((await mustGetIn(b, r.id)).lease?.incarnation).toBe("inc-4");
       });
 
+      it("reclaimOwn in batches, another owner holding a chat midway: its later records wait, the rest go in order, each once", async (b) => {
+        const [chatA, chatB] = [uid("chat"), uid("chat")];
+        const owner = uid("owner");
+        const old = claimer(owner, LONG, "inc-1");
+        const other = claimer(uid("owner"), LONG, "inc-p");
+        // Chat B: another owner holds the record of 3,500; the previous incarnation's record before it is
+        // leased, the ones after it were admitted pending (a lease held elsewhere came first).
+        const held = await admitted(b, inbound(chatB, 3_500), other);
+        const a = [];
+        for (const t of [1_000, 2_000, 5_000, 6_000]) a.push(await admitted(b, inbound(chatA, t), old));
+        const b3 = await admitted(b, inbound(chatB, 3_000), old);
+        const after = [await admitted(b, inbound(chatB, 4_000), old), await admitted(b, inbound(chatB, 7_000), old)];
+        expect(after.map((r) => r.state), "admitted behind a lease held elsewhere").toEqual(["pending", "pending"]);
+        const next = claimer(owner, LONG, "inc-2");
+        const batches: string[][] = [];
+        for (let i = 0; i < 6; i++) {
+          const due = await b.inbox.claimDue({ ...next, reclaimOwn: true, limit: 2 });
+          batches.push(ids(due));
+          if (due.length < 2) break;
+        }
+        expect(batches, "oldest first, chat B's records after the held one left out").toEqual([
+          [a[0]!.id, a[1]!.id],
+          [b3.id, a[2]!.id],
+          [a[3]!.id],
+        ]);
+        // Once the holder is done, the chat's later records are due, in order.
+        await b.inbox.complete(held.id, held.fence);
+        expect(ids(await b.inbox.claimDue({ ...next, reclaimOwn: true, limit: 10 }))).toEqual(after.map((r) => r.id));
+      });
+
       it("fail with a retry: failed, not claimable until nextAttemptAt, then claimable", async (b) => {
         const chat = uid("chat");
         const retryInMs = ms(100);
