@@ -390,6 +390,15 @@ export class Outbound {
     // Still leased to us, perhaps: a send of its key takes it up again (as a lease it never confirmed),
     // or a sweep once its lease lapses.
     this.#h.leases.giveUpUncalled(lease);
+    // Its call may be journaled (by the reservation, or by an announcement above whose answer came late or
+    // not at all) though none was made: taken back as a retry that gives its attempt back, so that a sweep
+    // does not take the lapsed lease for an ambiguous call (failing that, it is reported ambiguous, never
+    // sent twice silently).
+    const error = "The call announced for this send was not made: its lease was not confirmed in time";
+    if (await this.#h.backend.outbox.markFailed(lease.id, lease.token, { error, retryInMs: 0, throttled: true }).then(() => true, () => false)) {
+      this.#h.leases.drop(lease);
+      this.#h.wake(0);
+    }
     return false;
   }
 

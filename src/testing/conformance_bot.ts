@@ -1135,6 +1135,45 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(provider.sent.filter((s) => s.idempotencyKey === key).length).toBe(1);
     });
 
+    withBackend("an announcement answered late and then refused is taken back (a retry): the send goes out once, never reported ambiguous", async (
+      backend,
+      bots,
+    ) => {
+      const leaseMs = Math.round(300 * scale);
+      let calls = 0;
+      const flaky = intercept(backend, {}, {
+        // Heartbeats fail meanwhile too: nothing confirms the lease after the announcement was asked.
+        heartbeat: async (key, token, ms) => {
+          if (calls < 4) throw new Error("connect ECONNREFUSED (sim)");
+          return backend.outbox.heartbeat(key, token, ms);
+        },
+        markCalling: async (key, token, ms) => {
+          calls++;
+          if (calls === 1) {
+            // It commits (the entry is called), and its answer comes after half a lease.
+            const held = await backend.outbox.markCalling(key, token, ms);
+            await time.sleep(Math.round(leaseMs * 0.6));
+            return held;
+          }
+          if (calls <= 4) throw new Error("connect ECONNREFUSED (sim)");
+          return backend.outbox.markCalling(key, token, ms);
+        },
+      });
+      const provider = new MockProvider();
+      // Enqueued: a sweep delivers it, announcing its call on its own (markCalling).
+      const bot = await start(bots, new Bot({ clock: time.clock, provider, durability: fastDurability(flaky, scale) }));
+      const ambiguous = collect(bot, "durability:ambiguous");
+      bot.on("error", () => {});
+      const key = uid("k");
+      await bot.enqueue(uid("c"), "hello", { idempotencyKey: key });
+      for (let i = 0; i < 400 && provider.sent.length === 0; i++) await sleep(Math.round(10 * scale));
+      await bot.idle();
+      expect(calls, "the late answer, three refusals, then the announcement of the retry").toBeGreaterThanOrEqual(5);
+      expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([key]);
+      expect((await backend.outbox.get(key))?.state).toBe("sent");
+      expect(ambiguous).toEqual([]);
+    });
+
     withBackend("a reservation that committed queued (its chat held elsewhere) but whose reply was lost answers the handler with the queued send: one run, one send", async (
       backend,
       bots,
