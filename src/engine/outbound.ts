@@ -11,6 +11,7 @@ import { BoundedSet } from "../bounded_map.ts";
 import { sleep } from "../clock.ts";
 import { decodeContent, encodeContent, hashText, isOverUtf8Limit, UnencodableContentError } from "../content.ts";
 import type { JsonValue, NewOutboxEntry, OutboxEntry } from "../contract.ts";
+import { StaleLeaseError } from "../contract.ts";
 import { errorText, isProcessDeath } from "../errors.ts";
 import type { Observer } from "../observe.ts";
 import { classifyProviderError, type OutboundContent } from "../provider.ts";
@@ -395,9 +396,18 @@ export class Outbound {
     // does not take the lapsed lease for an ambiguous call (failing that, it is reported ambiguous, never
     // sent twice silently).
     const error = "The call announced for this send was not made: its lease was not confirmed in time";
-    if (await this.#h.backend.outbox.markFailed(lease.id, lease.token, { error, retryInMs: 0, throttled: true }).then(() => true, () => false)) {
-      this.#h.leases.drop(lease);
-      this.#h.wake(0);
+    for (let tries = 0; tries < 3 && !this.#h.halted(); tries++) {
+      if (tries > 0) await sleep(this.#h.clock, Math.max(1, Math.floor(leaseMs / 10)));
+      const written = await this.#h.backend.outbox.markFailed(lease.id, lease.token, { error, retryInMs: 0, throttled: true }).then(
+        () => true,
+        (failure) => failure instanceof StaleLeaseError ? null : false, // null: taken or settled meanwhile
+      );
+      if (written === false) continue;
+      if (written) {
+        this.#h.leases.drop(lease);
+        this.#h.wake(0);
+      }
+      break;
     }
     return false;
   }
