@@ -437,7 +437,7 @@ describe("restart from disk", () => {
     await j.fail(claimed.id, claimed.lease!.token, { error: "boom", retryInMs: 0 });
     const [again] = await j.claimDue({ ...A, limit: 1 });
     expect(again.id).toBe("a");
-    expect(again.fence).toBe(2);
+    expect(again.fence).toBe(3);
     const c = (await j.claim("c", B))!;
     await j.complete("c", c.lease!.token);
     await j.outbox.reserve(send("k1"));
@@ -454,9 +454,9 @@ describe("restart from disk", () => {
     expect(await k.list()).toEqual(events);
     expect(await k.outbox.list()).toEqual(outbox);
     await expect(k.complete("a", 1)).rejects.toBeInstanceOf(StaleLeaseError); // fence survives
-    await k.complete("a", 2);
+    await k.complete("a", 3);
     expect((await k.replay("c"))).toBe(true);
-    expect((await k.claim("c", B))?.fence).toBe(2); // the next token follows the stored fence
+    expect((await k.claim("c", B))?.fence).toBe(3); // the next token follows the stored fence
     expect((await k.outbox.reserve(send("k4"))).entry.seq).toBe(4); // the seq counter continues past the discarded k2
     expect((await k.list({ channel: BOT_CHANNEL })).map((e) => e.id)).toEqual(["b"]);
   });
@@ -713,7 +713,7 @@ describe("taking over a file of a SharedFileEventJournal", () => {
       JSON.stringify({ seq: 1, events: [{ ...base.exportState().events[0], id: "ghost" }], removedEvents: [], outbox: [], removedOutbox: [], outboxSeq: 0 }),
       JSON.stringify({ seq: 2, events: [], removedEvents: ["e1"], outbox: [], removedOutbox: [], outboxSeq: 0 }),
     ];
-    await mem.complete("e1", 1);
+    await mem.complete("e1", 2);
     lines.push(JSON.stringify({ seq: 3, ...mem.takeChanges() }));
     await mem.append(ev("e2", BOT_CHANNEL));
     await mem.outbox.reserve(send("k1"), A);
@@ -804,7 +804,7 @@ describe("taking over a file of a SharedFileEventJournal", () => {
       (m) => m.append(ev("b")),
       (m) => m.claim("a", A),
       (m) => m.purge(0), // nothing done yet
-      (m) => m.complete("a", 1),
+      (m) => m.complete("a", 2),
       (m) => m.purge(-1), // a purged
       (m) => m.append(ev("a")), // appended again, after b
       (m) => m.outbox.reserve(send("k1")),

@@ -195,7 +195,7 @@ describe("PostgresDurability statements", () => {
       ["outbox.claimDue reclaimOwn resend", outbox.claimDue(true, true), claim, ["botmesh_outbox_due", "botmesh_outbox_chat_active"]],
       ["outbox.purge", outbox.purge, [1000, 1000], ["botmesh_outbox_sent", "botmesh_outbox_pkey"]],
       ["outbox.purge (chat rows)", outbox.purgeChats, [3_600_000, 1000], ["botmesh_outbox_chat_touched", "botmesh_outbox_chat_all"]],
-      ["outbox.reserve", outbox.reserve, ["k", "chat1", "{}", "h", null, true, "o", "i", 1000], ["botmesh_outbox_chat_active"]],
+      ["outbox.reserve", outbox.reserve, ["k", "chat1", "{}", "h", null, true, "o", "i", 1000, true], ["botmesh_outbox_chat_active"]],
       ["inbox.admit (leased)", inbox.admit, ["m", "message", "chat1", "p", "{}", 1700000020000, true, "o", "i", 1000], ["botmesh_inbox_chat_live"]],
       ["inbox.admit (several, leased)", inbox.admitMany, [JSON.stringify([1, 2].map((i) => ({
         i, id: `m${i}`, kind: "message", chat_id: `chat${i}`, provider: "p", payload: "{}", received_at: 1700000020000, leased: true,

@@ -17,10 +17,12 @@ const skip = await serviceSkip("postgres");
 const admin = skip ? null : postgres(POSTGRES_URL, { max: 2, onnotice: () => {} });
 const databases: string[] = [];
 
+// Dropping the test's databases waits for the server to end their sessions: on a loaded machine, longer
+// than the default hook timeout.
 afterAll(async () => {
   for (const db of databases) await admin!.unsafe(`DROP DATABASE IF EXISTS "${db}" WITH (FORCE)`);
   await admin?.end();
-});
+}, 60_000);
 
 async function until(what: string, check: () => boolean | Promise<boolean>, timeoutMs = 10_000): Promise<void> {
   const end = Date.now() + timeoutMs;
