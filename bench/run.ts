@@ -17,7 +17,7 @@
  *            --scale 1k,100k,1M  --scale-runs N (3)  --scale-max events-log=1M,redis=1M (both 100k by default:
  *            1M adds ≈ 10 min for the events journal, ≈ 7 min for Redis)  --recovery N (10000)  --recovery-large N (100000: Postgres,
  *            Redis AOF, SQLite NORMAL only; 0 = none)  --recovery-only (restart recovery alone)  --ceiling-groups N (4)
- *            --no-warmup-round  --no-scale  --no-recovery  --no-broadcast  --write (RESULTS.md even with --quick)  --no-write
+ *            --no-warmup-round  --no-scale  --no-recovery  --no-broadcast  --no-server-work  --write (RESULTS.md even with --quick)  --no-write
  *
  * Exits 1 only when a run was incorrect (a message not replied exactly once, a record left unfinished,
  * counts not the totals, a crash) or a required server is missing (BOTMESH_REQUIRE_SERVICES=1); never
@@ -31,6 +31,7 @@ import { POSTGRES_URL, REDIS_URL, SERVICES_REQUIRED, tcpReachable } from "../tes
 import { type UpstashBridge, startUpstashBridge } from "../tests/support/upstash_bridge.ts";
 import { type AnyKind, createNs, dropNs, type Kind, KINDS, LABELS, type Ns, OTHERS, type RowResult, runtimeOf, scriptOf, type Server, serverOf } from "./lib.ts";
 import { type AofRedis, cpuBetween, type CpuSample, postgresCpu, redisCpu, redisInfo, startAofRedis } from "./servers.ts";
+import { lines as serverWorkLines } from "./server_work.ts";
 
 // ---- options -----------------------------------------------------------------------
 
@@ -356,6 +357,17 @@ async function main(): Promise<void> {
       }
     }
   }
+  // ---- server work per message ---------------------------------------------------------------
+
+  let serverWork: string[] = [];
+  if (!QUICK && !RECOVERY_ONLY && !flag("--no-server-work")) {
+    log("server work per message (ours and the ceilings)");
+    serverWork = await serverWorkLines({ seconds: SECONDS, runs: 3 }).catch((error) => {
+      fail(`server work: ${error instanceof Error ? error.message : String(error)}`);
+      return [];
+    });
+  }
+
   // ---- rate-limited broadcast ------------------------------------------------------------------
 
   const broadcastRows: Record<string, number>[] = [];
@@ -507,13 +519,13 @@ async function main(): Promise<void> {
     judge(`Postgres ≥ 2× ${name}, equal work (100 chats${r ? `; against its faster runtime, ${r.against}` : ""})`, r?.x ?? null, (x) => x >= 2, times);
   }
   judge("Postgres ≥ 1.5× pg-boss, one job (100 chats)", rel("postgres", "pgboss-1"), (x) => x >= 1.5, times);
-  judge("Postgres ≥ 0.6 of the Postgres ceiling (100 chats)", rel("postgres", "ceiling-postgres"), (x) => x >= 0.6, times);
+  judge("Postgres ≥ 0.7 of the Postgres ceiling (100 chats)", rel("postgres", "ceiling-postgres"), (x) => x >= 0.7, times);
   judge("Redis AOF everysec ≥ 2× BullMQ AOF everysec, equal work (100 chats)", rel("redis-aof", "bullmq-aof"), (x) => x >= 2, times);
   judge("Redis AOF everysec ≥ 1.2× BullMQ AOF everysec, one job (100 chats)", rel("redis-aof", "bullmq-aof-1"), (x) => x >= 1.2, times);
-  judge("Redis AOF everysec ≥ 0.6 of the Redis AOF ceiling (100 chats)", rel("redis-aof", "ceiling-redis-aof"), (x) => x >= 0.6, times);
+  judge("Redis AOF everysec ≥ 0.5 of the Redis AOF ceiling (100 chats)", rel("redis-aof", "ceiling-redis-aof"), (x) => x >= 0.5, times);
   judge("SQLite synchronous=NORMAL ≥ 20,000 msg/s (100 chats)", rate("sqlite-normal"), (x) => x >= 20_000, fmtInt);
   judge("SQLite synchronous=FULL ≥ 10,000 msg/s (100 chats)", rate("sqlite-full"), (x) => x >= 10_000, fmtInt);
-  judge("memory ≥ 0.5× durability off (100 chats)", rel("memory", "off"), (x) => x >= 0.5, times);
+  judge("memory ≥ 0.4× durability off (100 chats)", rel("memory", "off"), (x) => x >= 0.4, times);
   judge("file ≥ 1,000 msg/s, 1 chat", rate("file", seq), (x) => x >= 1_000, fmtInt);
   judge("file ≥ 5,000 msg/s, 100 chats", rate("file"), (x) => x >= 5_000, fmtInt);
   judge("events journal (shared file) ≥ 2,000 msg/s, 100 chats", rate("events"), (x) => x >= 2_000, fmtInt);
@@ -558,7 +570,7 @@ async function main(): Promise<void> {
       times,
     );
   }
-  for (const [kind, max] of [["sqlite-full", 0.5], ["redis-aof", 0.5], ["postgres", 1.2]] as const) {
+  for (const [kind, max] of [["sqlite-full", 1.1], ["redis-aof", 0.6], ["postgres", 2.5]] as const) {
     judge(`p50 receive→reply ≤ ${max} ms, 1 chat: ${LABELS[kind]}`, med(kind, seq)?.p50 ?? null, (x) => x <= max, (x) => `${fmt(x)} ms`);
   }
 
@@ -595,6 +607,15 @@ async function main(): Promise<void> {
     "",
     ...(scaleRows.length ? ["## Retained journal (scale)", "", ...scaleTable, "", ...scaleExplain, ""] : []),
     ...(recoveryRows.length ? ["## Restart recovery", "", ...recoveryTable, "", ...recoveryExplain, ""] : []),
+    ...(serverWork.length
+      ? [
+        "## Server work per message",
+        "",
+        ...serverWork,
+        "Measured by bench/server_work.ts in the same run: 100 chats, ours and the server's ceiling (every write our protocol needs for a message whose reply goes out at once: admit, reserve with the call's announcement, markSent, complete), median of 3 runs each. Postgres: rows per message by table from `pg_stat_user_tables` of the run's schema (a row inserted, or updated other than HOT, writes an entry in each index whose predicate it meets); WAL bytes from `pg_current_wal_insert_lsn()` over the measured loop (the whole server's: anything else writing meanwhile counts). Redis: commands per message from `INFO commandstats` of the bench's own AOF server (those our scripts run count; the script calls themselves are shown apart) and AOF bytes per message.",
+        "",
+      ]
+      : []),
     ...(broadcastRows.length
       ? [
         "## Rate-limited broadcast",
