@@ -40,7 +40,7 @@ try {
   assert.equal(await a.inbox.admit({ ...admitted, payload: {} }), null, 'a redelivery is not journaled twice')
   const [claimed] = await a.inbox.claimDue({ ...owner('A'), limit: 10 })
   assert.equal(claimed.id, 'm1')
-  assert.equal(claimed.lease.token, 1)
+  assert.equal(claimed.lease.token, 2) // claims never issue the writer's token 1
 
   const reserved = await a.outbox.reserve({ key: 'm1:1', chatId: 'c1', content: { text: 'hello' }, contentHash: 'h', inboundId: 'm1' }, owner('A'))
   assert.equal(reserved.status, 'leased')
@@ -54,7 +54,7 @@ try {
   const other = await b.outbox.claimDue({ ...owner('B'), limit: 10 })
   assert.deepEqual([other.due.length, other.ambiguous.length], [0, 0])
   assert.equal((await b.outbox.reserve({ key: 'm1:1', chatId: 'c1', content: { text: 'hello' }, contentHash: 'h', inboundId: 'm1' }, owner('B'))).status, 'exists')
-  await assert.rejects(b.inbox.complete('m1', 2), { name: 'StaleLeaseError' })
+  await assert.rejects(b.inbox.complete('m1', claimed.lease.token + 1), { name: 'StaleLeaseError' })
 
   await a.outbox.markSent('m1:1', reserved.entry.lease.token, 'provider-msg-1')
   await a.inbox.complete('m1', claimed.lease.token)
