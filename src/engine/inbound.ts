@@ -309,9 +309,7 @@ export class Inbound {
     for (let read = 0; !this.#h.halted() && !this.#h.stopping() && this.#h.clock.monotonic() < until; read++) {
       try {
         const record = await this.#h.backend.inbox.get(id);
-        const lease = record?.lease;
-        if (!record || record.state !== "processing" || !lease || record.fence !== WRITER_TOKEN) return null;
-        return lease.owner === this.#h.instanceId() && lease.incarnation === this.#h.incarnation ? record : null;
+        return record !== null && this.#leasedByOwnAdmission(record) ? record : null;
       } catch (error) {
         if (isProcessDeath(error)) return null;
         await sleep(this.#h.clock, Math.min(Math.max(5, Math.floor(this.#h.config.inbox.leaseMs / 8)), 25 * 2 ** Math.min(read, 6)));
@@ -407,9 +405,14 @@ export class Inbound {
    * issues it) and held by nothing here: the admission's lost reply is its answer.
    */
   #isOwnAdmission(record: InboundRecord): boolean {
+    return this.#leasedByOwnAdmission(record) && !this.#h.leases.has("inbox", record.id);
+  }
+
+  /** Whether `record` is still leased by this very incarnation's admission (the writer's token, which no claim issues). */
+  #leasedByOwnAdmission(record: InboundRecord): boolean {
     const lease = record.lease;
     return record.state === "processing" && lease !== null && lease.token === WRITER_TOKEN && record.fence === WRITER_TOKEN &&
-      lease.owner === this.#h.instanceId() && lease.incarnation === this.#h.incarnation && !this.#h.leases.has("inbox", record.id);
+      lease.owner === this.#h.instanceId() && lease.incarnation === this.#h.incarnation;
   }
 
   /**
