@@ -807,12 +807,15 @@ export class Cluster {
       this.#held.set(m.chatId, held);
     }
     for (const id of admitted) {
+      // One a survivor already handled during the reads above blocks nothing (its handled line came before this set).
+      if ((this.handled.get(id) ?? []).some((e) => e.by !== name && e.at >= at)) continue;
       const chat = this.#messages.get(id)!.chatId;
       const set = this.#blocking.get(chat) ?? new Set();
       set.add(id);
       this.#blocking.set(chat, set);
     }
     this.failovers.push(failover);
+    this.#takeoverProgress(failover);
     // Chats with nothing to wait for move at once.
     for (const chat of [...this.#held.keys()]) this.#release(chat);
     return failover;
@@ -821,26 +824,22 @@ export class Cluster {
   #unblock(id: string): void {
     const m = this.#messages.get(id);
     if (!m) return;
-    for (const f of this.failovers) {
-      if (f.held.includes(id)) {
-        const by = this.handled.get(id)!.at(-1)!;
-        if (f.firstTakeoverMs === null && by.by !== f.replica) {
-          // The first start of a held message by another replica.
-          const firstStart = f.held.flatMap((h) => this.starts.get(h) ?? []).filter((s) => s.by !== f.replica && s.at >= f.at)
-            .sort((a, b) => a.at - b.at)[0];
-          if (firstStart) f.firstTakeoverMs = firstStart.at - f.at;
-        }
-        if (
-          f.allTakenMs === null &&
-          f.held.every((h) => (this.handled.get(h) ?? []).some((e) => e.by !== f.replica && e.at >= f.at))
-        ) {
-          f.allTakenMs = performance.now() - f.at;
-        }
-      }
-    }
+    for (const f of this.failovers) if (f.held.includes(id)) this.#takeoverProgress(f);
     const set = this.#blocking.get(m.chatId);
     if (!set?.delete(id)) return;
     if (set.size === 0) this.#release(m.chatId);
+  }
+
+  /** Records how far the survivors got with `f`'s held messages (also right after the failover: some may have been taken during its reads). */
+  #takeoverProgress(f: Failover): void {
+    const takenBy = (h: string) => (this.handled.get(h) ?? []).some((e) => e.by !== f.replica && e.at >= f.at);
+    if (f.firstTakeoverMs === null && f.held.some(takenBy)) {
+      // The first start of a held message by another replica.
+      const firstStart = f.held.flatMap((h) => this.starts.get(h) ?? []).filter((s) => s.by !== f.replica && s.at >= f.at)
+        .sort((a, b) => a.at - b.at)[0];
+      if (firstStart) f.firstTakeoverMs = firstStart.at - f.at;
+    }
+    if (f.allTakenMs === null && f.held.every(takenBy)) f.allTakenMs = performance.now() - f.at;
   }
 
   #release(chat: string): void {
