@@ -131,6 +131,8 @@ describe.skipIf(Boolean(skip))("postgres outage", () => {
 
       // (3) Back: the client reconnects on its own; redeliveries and new messages are processed by the same bot.
       await admin!.unsafe(`ALTER DATABASE "${db}" ALLOW_CONNECTIONS true`);
+      const errorsBack = errors.length;
+      const answers: string[] = [];
       // A connection attempt or a connection killed during the outage may still fail one more statement.
       // Under load (the suites share two cores) the pool's first good connection can take over 10 s.
       await until("the client to reconnect", () => backend.inbox.get("m1").then(() => true, () => false), 25_000);
@@ -141,6 +143,7 @@ describe.skipIf(Boolean(skip))("postgres outage", () => {
         for (let attempt = 0; attempt < 5 && status !== "admitted"; attempt++) {
           const r = await provider.receive({ id: id!, chatId: chatId!, text: text! });
           status = r.status;
+          answers.push(`${id} ${r.status}`);
           // Refused by the server, or a query the client left unsettled (admitTimeoutMs): redelivered either way.
           if (r.status === "rejected") expect(r.error.message).toMatch(/Postgres inbox\.admit|durability\.inbox\.admitTimeoutMs/);
         }
@@ -148,7 +151,9 @@ describe.skipIf(Boolean(skip))("postgres outage", () => {
       }
       await bot.idle();
       await until("the replies to be sent", async () => (await backend.outbox.list({ state: "sent" })).length === 5);
-      expect([...handled].sort(), "each refused message ran once, after its redelivery").toEqual(["m1", "m2", "m3", "m4", "m5"]);
+      // (On failure: the order the handlers ran in, and what the bot reported since the server came back.)
+      const story = `answers ${answers.join(", ")}; handled ${handled.join(",")}; bot errors since: ${errors.slice(errorsBack).map((e) => e.message).join(" | ") || "-"}`;
+      expect([...handled].sort(), `each refused message ran once, after its redelivery (${story})`).toEqual(["m1", "m2", "m3", "m4", "m5"]);
       expect(provider.sent.filter((s) => s.chatId === "c1").map((s) => s.content)).toEqual([
         "echo one",
         "echo two",

@@ -196,9 +196,18 @@ function expectClean(v: Verdict, plan: ReturnType<typeof planMessages>, cluster:
   const story = (key: string) => {
     const sent = cluster.sink.filter((l) => l.key === key).map((l) => `sent by ${l.by} at ${l.seenAt.toFixed(0)}`);
     const ambiguous = cluster.ambiguousEvents.filter((e) => e.key === key).map((e) => `reported by ${e.by}`);
-    return `${key}: ${[...sent, ...ambiguous].join(", ") || "-"}${v.unknown.includes(key) ? ", unknown at the end" : ""}`;
+    // Its message's own story too: who admitted it, and every handler start and end.
+    const id = key.slice(0, key.lastIndexOf(":"));
+    const ack = cluster.acked.get(id);
+    const admitted = ack ? [`acked by ${ack.by} at ${ack.at.toFixed(0)}${cluster.admittedBy.has(id) ? "" : " (duplicate)"}`] : ["never acked"];
+    const starts = (cluster.starts.get(id) ?? []).map((s) => `started by ${s.by} at ${s.at.toFixed(0)} (attempt ${s.attempt})`);
+    const handled = (cluster.handled.get(id) ?? []).map((h) => `handled by ${h.by} at ${h.at.toFixed(0)}`);
+    return `${key}: ${[...sent, ...ambiguous].join(", ") || "-"}${v.unknown.includes(key) ? ", unknown at the end" : ""} (${
+      [...admitted, ...starts, ...handled].join(", ")
+    })`;
   };
-  const failovers = cluster.failovers.map((f) => `${f.how} ${f.replica} at ${f.at.toFixed(0)}`).join("; ") || "no failover";
+  const failovers = cluster.failovers.map((f) => `${f.how} ${f.replica} at ${f.at.toFixed(0)} holding ${f.held.join(",") || "-"}`).join("; ") ||
+    "no failover";
   expect(v.orderBreaks.map((b) => `${b.text} [${story(b.first.key)}; ${story(b.overtaken.key)}; ${failovers}]`)).toEqual([]);
   const atSink = new Set(v.reported);
   for (const k of plan.flatMap(keysOf)) if (!v.reported.has(k)) atSink.add(k);
