@@ -374,7 +374,11 @@ for (const target of targets) {
         // Its late completions were refused by fencing, each counted and warned about.
         expect(victimStats.metrics.staleLeases).toBeGreaterThan(0);
         expect(staleWarnings).toBe(victimStats.metrics.staleLeases);
-        expect(sum(stats, "staleLeases")).toBe(0);
+        // (On failure: when the survivors lost leases, counted from the stop, and the thaw.)
+        const survivorsStale = cluster.warnings.filter((w) => w.by !== victim && w.code === "stale-lease")
+          .map((w) => `${w.id} by ${w.by} at +${(w.at - f.at).toFixed(0)} ms`);
+        expect(sum(stats, "staleLeases"), `survivors' stale leases (thawed at +${(resumedAt - f.at).toFixed(0)} ms): ${survivorsStale.join(", ")}`)
+          .toBe(0);
         // A late provider call is one the survivors had reported ambiguous (under way at the freeze), or
         // one whose lease nobody had taken yet (its call announced under a token still current): either
         // way the only delivery of its key.

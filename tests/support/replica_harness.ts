@@ -585,7 +585,7 @@ export class Cluster {
   readonly replicas: Replica[] = [];
   readonly sink: SinkLine[] = [];
   readonly ambiguousEvents: { key: string; chatId: string; by: string }[] = [];
-  readonly warnings: { code: string; id: string; by: string }[] = [];
+  readonly warnings: { code: string; id: string; by: string; at: number }[] = [];
   /** id → the replica that admitted it (ack `admitted`). */
   readonly admittedBy: Map<string, string> = new Map();
   /** `ack … duplicate` lines: redeliveries the journal (or a dedupe) dropped. */
@@ -687,7 +687,7 @@ export class Cluster {
         this.ambiguousEvents.push({ key: rest[0]!, chatId: rest[1]!, by: r.name });
         break;
       case "warning":
-        this.warnings.push({ code: rest[0]!, id: rest[1]!, by: r.name });
+        this.warnings.push({ code: rest[0]!, id: rest[1]!, by: r.name, at });
         break;
     }
     const waiters = this.#changed;
@@ -863,6 +863,10 @@ export class Cluster {
     }
     for (const [id, list] of this.handled) if (ids.has(id)) for (const h of list) events.push({ at: h.at, what: `handled ${id} by ${h.by}` });
     for (const e of this.ambiguousEvents) if (e.chatId === chatId) events.push({ at: NaN, what: `ambiguous ${e.key} by ${e.by}` });
+    for (const w of this.warnings) {
+      const id = w.id.includes(":") ? w.id.slice(0, w.id.lastIndexOf(":")) : w.id;
+      if (ids.has(id)) events.push({ at: w.at, what: `warning ${w.code} ${w.id} by ${w.by}` });
+    }
     for (const f of this.failovers) events.push({ at: f.at, what: `${f.how} ${f.replica} (held ${f.held.join(",")})` });
     return events.sort((a, b) => a.at - b.at).map((e) => `${e.at.toFixed(1)} ${e.what}`);
   }
