@@ -12,7 +12,7 @@ export function scaleRate(rate: Rate, factor: number): Rate {
 
 /**
  * Telegram's limits at `factor` times their rate, as a `durability.outbox.rateLimit` option
- * (`factor` 9: 90% of the fake's limits at 10x, the margin a bot leaves for network jitter).
+ * (`factor` 8: 80% of the fake's limits at 10x, the margin a bot leaves for network jitter).
  */
 export function scaledTelegramLimits(factor: number): RateLimitOptions {
   const perChat = TELEGRAM_RATE_LIMITS.perChat as (chatId: string) => Rate | undefined;
