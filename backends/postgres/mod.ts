@@ -200,6 +200,8 @@
  * A reserve that does not see a settle yet only queues where it could have
  * leased, which is safe. `purge` drops chat rows
  * with no entry that were untouched for an hour (or the retention, if longer).
+ * A stamp renews the row's `touched_at` only once it is a minute old, so that
+ * the stamp changes no indexed column and is a HOT update (no index entry).
  *
  * ## JSON
  * Payloads, content, session values and kv values are stored as `text`

@@ -12,7 +12,7 @@
  */
 import { INBOX, OUTBOX, sqlByDue, sqlIn, sqlNotIn, statesWhere } from "../../src/machine.ts";
 import { TIMER_STATE } from "../../src/rules.ts";
-import { ACTIVE, ASIDE_READ, asideRead, BLOCKING, CLAIM_SET, IN_LEASED, INBOX_COLUMNS, INBOX_META_COLUMNS, inboxClaimable, KEPT, nextChatVersion, NOW_MS, OUT_LEASED, OUT_WAITING, OUTBOX_COLUMNS, OUTBOX_META_COLUMNS, outcomeOf, type Tables } from "./sql_common.ts";
+import { ACTIVE, ASIDE_READ, asideRead, BLOCKING, chatTouchedAt, CLAIM_SET, IN_LEASED, INBOX_COLUMNS, INBOX_META_COLUMNS, inboxClaimable, KEPT, nextChatVersion, NOW_MS, OUT_LEASED, OUT_WAITING, OUTBOX_COLUMNS, OUTBOX_META_COLUMNS, outcomeOf, type Tables } from "./sql_common.ts";
 import { inboxClaimDueSql, outboxClaimDueSql } from "./sql_claim_due.ts";
 export * from "./sql_common.ts";
 export * from "./sql_schema.ts";
@@ -308,7 +308,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     lk AS (
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
       SELECT e.chat_id, ${nextVer}, NULL, n.now, true FROM e, n
-      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = ${chatTouchedAt("c", "EXCLUDED.touched_at")},
         resync = c.resync OR c.ver IS DISTINCT FROM (SELECT ver FROM snap)
       RETURNING c.chat_id
     )`;
@@ -347,7 +347,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     lk AS (
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
       SELECT $2, ${nextVer}, NULL, n.now, (SELECT ver FROM snap) IS NOT NULL FROM n WHERE NOT EXISTS (SELECT 1 FROM old)
-      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = ${chatTouchedAt("c", "EXCLUDED.touched_at")},
         resync = c.resync OR c.ver IS DISTINCT FROM (SELECT ver FROM snap)
       RETURNING c.prev
     ),
@@ -396,7 +396,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       SELECT w.chat_id, ${nextVer}, NULL, n.now, EXISTS (SELECT 1 FROM snap s WHERE s.chat_id = w.chat_id) FROM w, n
       WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.key = w.key)
       ORDER BY w.chat_id
-      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = ${chatTouchedAt("c", "EXCLUDED.touched_at")},
         resync = c.resync OR c.ver IS DISTINCT FROM (SELECT s.ver FROM snap s WHERE s.chat_id = c.chat_id)
       RETURNING c.chat_id, c.prev
     ),
@@ -466,7 +466,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     lk AS (
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
       SELECT ec.chat_id, ${nextVer}, NULL, n.now, true FROM (SELECT DISTINCT chat_id FROM e) ec, n ORDER BY ec.chat_id
-      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = EXCLUDED.touched_at,
+      ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = ${chatTouchedAt("c", "EXCLUDED.touched_at")},
         resync = c.resync OR c.ver IS DISTINCT FROM (SELECT s.ver FROM snap s WHERE s.chat_id = c.chat_id)
       RETURNING c.chat_id
     ),

@@ -6,7 +6,7 @@
  * @module
  */
 import { OUTBOX, sqlIn, statesDueBy } from "../../src/machine.ts";
-import { ACTIVE, asideRead, BLOCKING, CLAIM_SET, IN_LEASED, INBOX_COLUMNS, inboxClaimable, KEPT, nextChatVersion, NOW, NOW_PART, OUT_CLAIM_SET, OUT_WAITING, OUTBOX_COLUMNS, type SqlPart, type Tables, withParts } from "./sql_common.ts";
+import { ACTIVE, asideRead, BLOCKING, chatTouchedAt, CLAIM_SET, IN_LEASED, INBOX_COLUMNS, inboxClaimable, KEPT, nextChatVersion, NOW, NOW_PART, OUT_CLAIM_SET, OUT_WAITING, OUTBOX_COLUMNS, type SqlPart, type Tables, withParts } from "./sql_common.ts";
 /** What the parts of inbox claimDue are built for: the tables and reclaimOwn. */
 interface InboxScan {
   t: Tables;
@@ -322,7 +322,7 @@ function calledChatsStamped({ t }: OutboxScan): SqlPart {
     name: "lcu",
     reads: ["lc", "n"],
     rows: "chat_id, current",
-    text: `UPDATE ${t.chat} AS c SET ver = ${nextChatVersion(t)}, prev = c.ver, touched_at = n.now,
+    text: `UPDATE ${t.chat} AS c SET ver = ${nextChatVersion(t)}, prev = c.ver, touched_at = ${chatTouchedAt("c", "n.now")},
         resync = c.resync OR c.ver IS DISTINCT FROM (SELECT s.ver FROM ${t.chat} s WHERE s.chat_id = c.chat_id)
       FROM lc, n WHERE c.chat_id = lc.chat_id
       RETURNING c.chat_id, c.prev IS NOT DISTINCT FROM (SELECT s.ver FROM ${t.chat} s WHERE s.chat_id = c.chat_id) AS current`,
