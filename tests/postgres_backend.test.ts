@@ -757,7 +757,11 @@ describe("PostgresDurability outbox due scan (chat heads only)", () => {
     await upgraded.open();
     const [meta] = await sql.unsafe(`SELECT value FROM ${t.meta} WHERE key = 'schema_version'`);
     expect(meta?.value).toBe(String(POSTGRES_SCHEMA_VERSION));
-    expect(POSTGRES_SCHEMA_VERSION).toBe(8);
+    expect(POSTGRES_SCHEMA_VERSION).toBe(9);
+    // Version 9: the indexes of leases by owner alone went (the lease-holder indexes of version 8 stay).
+    const indexes = (await sql.unsafe(`SELECT indexname FROM pg_indexes WHERE schemaname = $1`, [schema])).map((r) => String(r.indexname));
+    expect(indexes.filter((i) => /_owner$/.test(i)), "no index of leases by owner alone").toEqual([]);
+    expect(indexes).toContain("botmesh_inbox_lease");
     const [column] = await sql.unsafe(
       `SELECT count(*)::int AS n FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'botmesh_outbox' AND column_name = 'uncalled_fence'`,
       [schema],
@@ -1395,7 +1399,7 @@ describe("PostgresDurability group commit", () => {
       b.outbox.reserve(outbound("r-c1", "rc")), // no lease: queued, due
       b.outbox.reserve(outbound("r-d1", "rd"), lease()),
     ]);
-    expect(seen.statements.slice(before), "the guard, [a1 b1 known], [a2 c1 d1]").toEqual([3]);
+    expect(seen.statements.slice(before), "the guard, the chat rows' lock, [a1 b1 known], [a2 c1 d1]").toEqual([4]);
     expect(results.map((r) => [r.status, r.entry.key, r.entry.state])).toEqual([
       ["leased", "r-a1", "sending"],
       ["queued", "r-b1", "queued"],
@@ -1430,7 +1434,7 @@ describe("PostgresDurability group commit", () => {
       b.outbox.markCalling("mc-0", 99, 60_000),
     ]);
     expect(calling).toEqual([true, true, true, true, false]);
-    expect(seen.statements.slice(before), "the guard, the merged four, the stale one alone (same key)").toEqual([3]);
+    expect(seen.statements.slice(before), "the guard, the chat rows' lock, the merged four, the stale one alone (same key)").toEqual([4]);
     for (const e of entries) expect((await b.outbox.get(e.key))?.called).toBe(true);
     const sent = await Promise.allSettled([
       ...entries.slice(0, 3).map((e) => b.outbox.markSent(e.key, e.lease!.token, `m-${e.key}`)),
@@ -1608,6 +1612,54 @@ describe("PostgresDurability group commit", () => {
     expect(await other.inbox.get("late"), "and did not commit").toBe(null);
     await Bun.sleep(2500); // the late statement is issued on the dead session: nothing may throw
   }, 20_000);
+
+  it("two replicas' groups that lock the same chat rows in opposite statement order do not deadlock: each locks them in chat order first", async () => {
+    const schema = freshSchema();
+    const a = watched(client());
+    const b = watched(client());
+    const ra = new PostgresDurability({ sql: a.wrapped, schema, groupLanes: 1 });
+    const rb = new PostgresDurability({ sql: b.wrapped, schema, groupLanes: 1 });
+    await ra.open();
+    await rb.open();
+    // Replica a holds a send in chat x, replica b one in chat y.
+    const ax = (await ra.outbox.reserve(outbound("dl-ax", "dl-x"), lease("a"))).entry;
+    const by = (await rb.outbox.reserve(outbound("dl-by", "dl-y"), lease("b"))).entry;
+    const t = tables(schema, "botmesh_");
+    // A third session holds both chat rows, so that each group's first lock waits; released, the groups go
+    // on together. Statement by statement, a's reserve would take y and b's reserve x, then each markSent
+    // would wait for the other's: a deadlock, broken by the server after deadlock_timeout.
+    const holder = client({ max: 1 });
+    let release!: () => void;
+    const held = new Promise<void>((resolve) => release = resolve);
+    let locked!: () => void;
+    const isLocked = new Promise<void>((resolve) => locked = resolve);
+    const holding = holder.begin(async (tx) => {
+      await tx.unsafe(`SELECT 1 FROM ${t.chat} WHERE chat_id IN ('dl-x', 'dl-y') ORDER BY chat_id FOR UPDATE`);
+      locked();
+      await held;
+    });
+    await isLocked;
+    const aloneBefore = [a.seen.alone, b.seen.alone];
+    const groupA = Promise.all([ra.outbox.reserve(outbound("dl-ay", "dl-y"), lease("a")), ra.outbox.markSent("dl-ax", ax.lease!.token, "m-ax")]);
+    const groupB = Promise.all([rb.outbox.reserve(outbound("dl-bx", "dl-x"), lease("b")), rb.outbox.markSent("dl-by", by.lease!.token, "m-by")]);
+    const admin = client({ max: 1 });
+    for (let i = 0; i < 200; i++) {
+      const [row] = await admin.unsafe(
+        `SELECT count(*)::int AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%' || $1 || '%'`,
+        [schema],
+      );
+      if (row!.n >= 2) break;
+      await Bun.sleep(10);
+    }
+    release();
+    await holding;
+    const [[ay], [bx]] = await Promise.all([groupA, groupB]);
+    expect([a.seen.alone - aloneBefore[0]!, b.seen.alone - aloneBefore[1]!], "no group was rolled back and run again alone").toEqual([0, 0]);
+    expect([a.seen.statements.at(-1), b.seen.statements.at(-1)], "the guard, the chat rows' lock, the reserve, the markSent").toEqual([4, 4]);
+    expect([(await ra.outbox.get("dl-ax"))?.state, (await rb.outbox.get("dl-by"))?.state]).toEqual(["sent", "sent"]);
+    // Queued behind the other replica's send, or leased when that one was sent first (whichever group committed first).
+    expect([ay.entry.key, bx.entry.key, ["queued", "leased"].includes(ay.status), ["queued", "leased"].includes(bx.status)]).toEqual(["dl-ay", "dl-bx", true, true]);
+  });
 
   it("a group the server rolled back (an error in one statement) runs each write again alone", async () => {
     // The group: the guard, a heartbeat, then the five admits in one multi-row statement, which fails on the server.

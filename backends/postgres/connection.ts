@@ -27,6 +27,8 @@ interface QueuedWrite {
   params: unknown[];
   /** How this write joins the other writes of its kind in one multi-row statement, when it can. */
   many?: ManyRows;
+  /** Its record's chat, when known. */
+  chat?: string;
   resolve: (rows: Row[] & { count?: number }) => void;
   reject: (error: unknown) => void;
 }
@@ -91,6 +93,7 @@ function rolledBack(error: unknown): boolean {
  * with a backlog past `jit_above_cost`, and compiling it took about 1 s
  * where running it took tens of ms (each scan of a restart's recovery).
  */
+
 const GROUP_GUARD = "SELECT set_config('idle_in_transaction_session_timeout', '5000', true), set_config('jit', 'off', true)";
 
 /**
@@ -131,6 +134,8 @@ function connectionLost(error: unknown): boolean {
 export class Context {
   readonly sql: PostgresClient;
   readonly t: Tables;
+  /** Locks the outbox chat rows of a group's writes, in chat order (see `#commit`). */
+  readonly #chatRowsLock: string;
   readonly purgeBatch: number;
   /** Whether statements are prepared: as the client is configured (`prepare: false` behind a transaction pooler). */
   readonly prepare: boolean;
@@ -147,6 +152,9 @@ export class Context {
     this.#clock = options.clock;
     this.prepare = options.clock === undefined && clientPrepares(options.sql);
     this.#lanes = Array.from({ length: options.lanes }, () => ({ queued: [] as QueuedWrite[], busy: false, scheduled: false }));
+    // (Sorted before they are locked: LockRows runs above the Sort. `$1` a JSON array of chat ids.)
+    this.#chatRowsLock = `SELECT 1 FROM ${this.t.chat} c WHERE c.chat_id IN (SELECT json_array_elements_text($1::text::json))
+      ORDER BY c.chat_id FOR UPDATE OF c`;
   }
 
   /** `"schema"."prefix*"`, for errors. */
@@ -216,9 +224,10 @@ export class Context {
    */
   write(op: string, table: string, text: string, params: unknown[], many?: ManyRows, chat?: string): Promise<Row[] & { count?: number }> {
     if (typeof this.sql.begin !== "function") return this.run(op, table, text, params);
-    const lane = this.#lanes[laneOf(chat ?? this.#chats.get(`${table}\u0000${String(params[0])}`), this.#lanes.length)]!;
+    const known = chat ?? this.#chats.get(`${table}\u0000${String(params[0])}`);
+    const lane = this.#lanes[laneOf(known, this.#lanes.length)]!;
     return new Promise((resolve, reject) => {
-      lane.queued.push({ op, table, text, params, ...(many ? { many } : {}), resolve, reject });
+      lane.queued.push({ op, table, text, params, ...(many ? { many } : {}), ...(known !== undefined ? { chat: known } : {}), resolve, reject });
       this.#schedule(lane);
     });
   }
@@ -282,6 +291,16 @@ export class Context {
       if (st.writes.length < 2) continue;
       st.text = st.writes[0]!.many!.text;
       st.params = [JSON.stringify(st.writes.map((w, i) => ({ ...w.many!.row, i })))];
+    }
+    // A statement that settles or reserves a send locks its chat's outbox row, then the chat's entries (its
+    // own, the next head); the others lock entries. Two statements of a group lock theirs one after the other,
+    // so another replica's group could hold what this one waits for and wait for what it holds: a deadlock,
+    // which the server breaks after deadlock_timeout (1 s, a stall of both groups' heartbeats too). Such a
+    // group first locks the outbox rows of every chat it writes to, in chat order: chat rows before entries,
+    // and chat rows in chat order, in every group.
+    if (statements.filter((st) => st.writes.some((w) => w.table === this.t.outbox)).length > 1) {
+      const chats = [...new Set(group.filter((w) => w.table === this.t.outbox && w.chat !== undefined).map((w) => w.chat!))];
+      if (chats.length > 0) statements.unshift({ text: this.#chatRowsLock, params: [JSON.stringify(chats)], writes: [] });
     }
     let results: (Row[] & { count?: number })[];
     try {

@@ -9,7 +9,7 @@ import { LEGACY_TIMER_ERROR, TIMER_STATE } from "../../src/rules.ts";
 import { ACTIVE, BLOCKING, ident, literal, NEWER_SCHEMA_MARK, OUT_WAITING, type Tables } from "./sql_common.ts";
 
 /** The schema version this version of the library writes. */
-export const POSTGRES_SCHEMA_VERSION: number = 8;
+export const POSTGRES_SCHEMA_VERSION: number = 9;
 
 /**
  * The ordered migrations, as PL/pgSQL statements run inside the migration
@@ -166,6 +166,13 @@ function migrations(t: Tables): string[] {
       WHERE ${sqlIn("state", statesWhere(INBOX, "leased"))};
     CREATE INDEX IF NOT EXISTS ${i("inbox_holder_chat")} ON ${t.inbox} (chat_id, lease_owner, lease_incarnation, received_at, ord)
       WHERE state IN (${ACTIVE});
+    `,
+    // Version 9: the indexes of leases by owner alone go. No statement reads them (the inbox's leases are read
+    // by holder, version 8; the outbox's lost sends by state), and each lease written (an admission, a
+    // reservation, a claim, a heartbeat) wrote an entry in them.
+    `
+    DROP INDEX IF EXISTS ${ident(t.schema)}.${i("inbox_owner")};
+    DROP INDEX IF EXISTS ${ident(t.schema)}.${i("outbox_owner")};
     `,
   ];
 }
