@@ -76,7 +76,11 @@
  * restart's reclaim its previous incarnations' records in receipt order, so
  * neither ever reads the leases the caller holds (build them beforehand
  * `CONCURRENTLY` on a large inbox). A replica still running an older library
- * keeps them up to date and goes on as before.
+ * keeps them up to date and goes on as before. Schema version 9 drops the
+ * indexes `<prefix>inbox_owner` and `<prefix>outbox_owner` (leases by owner
+ * alone), which no statement reads since version 8 and which every lease
+ * written (an admission, a reservation, a claim, a heartbeat) wrote an entry
+ * in; a replica still running an older library goes on as before.
  *
  * ## Statements
  * Every operation is one statement (prepared by the client), with the state
@@ -96,10 +100,15 @@
  * heartbeats, markCallings, markSents, inbox completions; reserves of one
  * chat never share one), chat rows locked in chat order; a write joins its
  * kind's statement only when no earlier write of the group touched its
- * record. Each write still settles on its own (a stale token fails only its
+ * record. A group of several statements that write to the outbox first locks
+ * the outbox rows of their chats, in chat order (one `SELECT … FOR UPDATE`),
+ * so that every group locks a chat's row before the chat's entries and chat
+ * rows in chat order: two replicas' groups then never deadlock on them. Each
+ * write still settles on its own (a stale token fails only its
  * own call): a group the server rolled back (a deadlock with another
- * replica's group: the server picks one after `deadlock_timeout`, 1 s by
- * default) runs each of its writes again alone, in call order; a group whose
+ * replica's group, on rows of a chat the group did not know: the server picks
+ * one after `deadlock_timeout`, 1 s by default) runs each of its writes again
+ * alone, in call order; a group whose
  * commit's fate is unknown (a lost connection) rejects each write with that
  * error, as a lone statement would. Row locks are held until a group
  * commits, so each group sets `idle_in_transaction_session_timeout` (5 s)
