@@ -395,7 +395,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
       SELECT w.chat_id, ${nextVer}, NULL, n.now, EXISTS (SELECT 1 FROM snap s WHERE s.chat_id = w.chat_id) FROM w, n
       WHERE NOT EXISTS (SELECT 1 FROM old WHERE old.key = w.key)
-      ORDER BY w.chat_id
+      ORDER BY w.chat_id COLLATE "C"
       ON CONFLICT (chat_id) DO UPDATE SET ver = EXCLUDED.ver, prev = c.ver, touched_at = ${chatTouchedAt("c", "EXCLUDED.touched_at")},
         resync = c.resync OR c.ver IS DISTINCT FROM (SELECT s.ver FROM snap s WHERE s.chat_id = c.chat_id)
       RETURNING c.chat_id, c.prev
