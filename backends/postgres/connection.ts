@@ -85,6 +85,9 @@ function rolledBack(error: unknown): boolean {
     /^[0-9A-Z]{5}$/.test(code) && !code.startsWith("08") && (!code.startsWith("57") || code === "57014");
 }
 
+/** The group writes whose statement locks their chat's outbox row (in chat order, `COLLATE "C"`, as the column). */
+const LOCKS_CHAT_ROW = new Set(["outbox.reserve", "outbox.markSent", "outbox.markFailed"]);
+
 /**
  * The first statement of a group's transaction: the server ends a session
  * left idle in it (its client frozen or cut off before COMMIT) after 5 s,
@@ -93,10 +96,6 @@ function rolledBack(error: unknown): boolean {
  * with a backlog past `jit_above_cost`, and compiling it took about 1 s
  * where running it took tens of ms (each scan of a restart's recovery).
  */
-
-/** The group writes whose statement locks their chat's outbox row (in chat order, `COLLATE "C"`, as the column). */
-const LOCKS_CHAT_ROW = new Set(["outbox.reserve", "outbox.markSent", "outbox.markFailed"]);
-
 const GROUP_GUARD = "SELECT set_config('idle_in_transaction_session_timeout', '5000', true), set_config('jit', 'off', true)";
 
 /**
@@ -297,11 +296,11 @@ export class Context {
     }
     // A statement that settles or reserves a send locks its chat's outbox row, then the chat's entries (its
     // own, the next head); heartbeats and announcements lock only entries this process holds, which no other
-    // replica's write waits for. Two statements of a group lock theirs one after the other,
-    // so another replica's group could hold what this one waits for and wait for what it holds: a deadlock,
-    // which the server breaks after deadlock_timeout (1 s, a stall of both groups' heartbeats too). Such a
-    // group first locks the outbox rows of every chat it writes to, in chat order: chat rows before entries,
-    // and chat rows in chat order, in every group.
+    // replica's write waits for. Two statements of a group lock theirs one after the other, so another
+    // replica's group could hold what this one waits for and wait for what it holds: a deadlock, which the
+    // server breaks after deadlock_timeout (1 s, a stall of both groups' heartbeats too). Such a group first
+    // locks the outbox rows of every chat it writes to, in chat order: chat rows before entries, and chat
+    // rows in chat order, in every group.
     const outboxStatements = statements.filter((st) => st.writes.some((w) => w.table === this.t.outbox));
     if (outboxStatements.length > 1 && outboxStatements.some((st) => st.writes.some((w) => LOCKS_CHAT_ROW.has(w.op)))) {
       const chats = [...new Set(group.filter((w) => w.table === this.t.outbox && w.chat !== undefined).map((w) => w.chat!))];

@@ -141,12 +141,10 @@ export class Leases {
     return this.#givenUpUncalled.get(key) === token;
   }
 
-  /** Give up an outbox lease whose call announcement went unanswered (no call was made under it). */
-  giveUpUncalled(lease: HeldLease): void {
-    this.markUncalled(lease.id, lease.token);
-  }
-
-  /** Remember that no call was made under the lease `token` of outbox `key` (e.g. a reservation's, its answer lost). */
+  /**
+   * Remember that no call was made under the lease `token` of outbox `key`: given up before its call (its
+   * announcement unanswered), or a reservation's whose answer was lost.
+   */
   markUncalled(key: string, token: number): void {
     this.#givenUpUncalled.set(key, token);
   }

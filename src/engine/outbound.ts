@@ -390,7 +390,7 @@ export class Outbound {
     }
     // Still leased to us, perhaps: a send of its key takes it up again (as a lease it never confirmed),
     // or a sweep once its lease lapses.
-    this.#h.leases.giveUpUncalled(lease);
+    this.#h.leases.markUncalled(lease.id, lease.token);
     // Its call may be journaled (by the reservation, or by an announcement above whose answer came late or
     // not at all) though none was made: taken back as a retry that gives its attempt back, so that a sweep
     // does not take the lapsed lease for an ambiguous call (failing that, it is reported ambiguous, never

@@ -406,7 +406,7 @@ export class Steps {
     try {
       if (!await this.#announce(lease)) {
         // Nothing ran under this lease: a rerun of the message in this process may take it up.
-        this.#h.leases.giveUpUncalled(lease);
+        this.#h.leases.markUncalled(lease.id, lease.token);
         throw new Error(`Step "${name}": its call could not be journaled (outbox entry "${entry.key}"); not called, retried later`);
       }
       calling.add(entry.key);
