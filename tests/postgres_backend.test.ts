@@ -5,6 +5,7 @@ import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts"
 import { MemoryKv } from "../backends/memory/kv.ts";
 import { PostgresDurability, PostgresKv, PostgresStore } from "../backends/postgres/mod.ts";
 import { inboxSql, outboxSql, POSTGRES_SCHEMA_VERSION, tables } from "../backends/postgres/sql.ts";
+import { TableStats } from "../backends/postgres/table_stats.ts";
 import {
   type ClaimOptions,
   DamagedRecordError,
@@ -217,6 +218,52 @@ describe("PostgresDurability statements", () => {
     expect((await b.outbox.claimDue({ ...lease(), limit: 1000 })).due.length).toBe(200);
     expect(await b.inbox.purge(0)).toBe(19_800);
   });
+
+  it("a burst of writes that outgrows the statistics gets the tables analyzed, and cached plans follow (no Seq Scan)", async () => {
+    const schema = freshSchema();
+    const sql = client({ max: 1 }); // one session: its prepared statement, its plan cache
+    const b = new PostgresDurability({ sql, schema });
+    await b.open();
+    const t = tables(schema, "botmesh_");
+    // No autovacuum here: every ANALYZE below is the backend's.
+    await sql.unsafe(`ALTER TABLE ${t.inbox} SET (autovacuum_enabled = false); ALTER TABLE ${t.outbox} SET (autovacuum_enabled = false)`).simple();
+    const rows = JSON.stringify([1, 2].map((i) => ({
+      i, key: `k${i}`, chat_id: `c${i}`, content: "{}", content_hash: "h", inbound_id: null, leased: true, owner: "o", inc: "i",
+      lease_ms: 1000, calling: true,
+    })));
+    // The plan the server keeps for a prepared statement after a few runs (a generic plan), made on the empty table.
+    await sql.unsafe(`SET plan_cache_mode = force_generic_plan`);
+    await sql.unsafe(`PREPARE reserve_many(text) AS ${outboxSql(t).reserveMany}`);
+    const plan = async () => (await sql.unsafe(`EXPLAIN EXECUTE reserve_many('${rows}')`)).map((r) => r["QUERY PLAN"]).join("\n");
+    expect(await plan(), "made on an empty table: it reads the table").toMatch(/Seq Scan on botmesh_outbox\b/);
+    // A burst: the table grows by 20k rows within autovacuum's naptime. The kept plan does not change with it.
+    await sql.unsafe(`INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, state, attempts, fence, created_at, updated_at)
+      SELECT 's' || g, 'c' || (g % 100), '{}', 'h', 'sent', 1, 1, 1, 1 FROM generate_series(1, 20000) g`);
+    await sql.unsafe(`SELECT pg_stat_force_next_flush()`);
+    expect(await plan(), "the kept plan still reads the table").toMatch(/Seq Scan on botmesh_outbox\b/);
+    const stats = new TableStats(sql, [t.inbox, t.outbox], () => b.open());
+    let analyzed: string[] = [];
+    for (const until = Date.now() + 15_000; analyzed.length === 0 && Date.now() < until;) {
+      analyzed = await stats.analyzeStale(); // (the server's counters may lag behind the writes a moment)
+      if (analyzed.length === 0) await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(analyzed, "the outbox changed more than its rows at its last ANALYZE (never)").toEqual([t.outbox]);
+    expect(await plan(), "planned again on the new statistics").not.toMatch(/Seq Scan on botmesh_outbox\b/);
+    expect(await stats.analyzeStale(), "once analyzed, not again until it doubles").toEqual([]);
+    await sql.unsafe(`DEALLOCATE reserve_many; RESET plan_cache_mode`).simple();
+    // The backend checks from its claim scans, in the background (at most every few seconds).
+    await sql.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at)
+      SELECT 'd' || g, 'message', 'c' || (g % 100), 'p', '{}', g, 'done', 1, 1, 1 FROM generate_series(1, 3000) g`);
+    await sql.unsafe(`SELECT pg_stat_force_next_flush()`);
+    const lastAnalyze = async () =>
+      (await sql.unsafe(`SELECT last_analyze FROM pg_stat_user_tables WHERE relid = to_regclass($1)`, [t.inbox]))[0]!.last_analyze;
+    expect(await lastAnalyze()).toBe(null);
+    for (const until = Date.now() + 15_000; await lastAnalyze() === null && Date.now() < until;) {
+      await b.inbox.claimDue({ ...lease(), limit: 1 });
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    expect(await lastAnalyze(), "a claim scan had the grown inbox analyzed").not.toBe(null);
+  }, 40_000);
 
   it("times come from the server clock, not the replica's Date.now()", async () => {
     const sql = client();

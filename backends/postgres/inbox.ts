@@ -112,6 +112,7 @@ export class PgInbox implements InboxJournal {
     pgClaim(options, "inbox.claimDue");
     checkFinite(options.limit, `inbox.claimDue: option "limit"`);
     const requestId = checkScanRequest(options, "inbox.claimDue");
+    this.#c.stats.check();
     if (options.repeat === true) return await this.#repeat(options, requestId!);
     if (!(options.limit > 0)) return [];
     // A named scan runs in one transaction with the storing of its answer's references (see `scan_answers.ts`).

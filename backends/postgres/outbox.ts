@@ -127,6 +127,7 @@ export class PgOutbox implements OutboxJournal {
     pgClaim(options, "outbox.claimDue");
     checkFinite(options.limit, `outbox.claimDue: option "limit"`);
     const requestId = checkScanRequest(options, "outbox.claimDue");
+    this.#c.stats.check();
     if (options.repeat === true) return await this.#repeat(options, requestId!);
     // A named scan runs in one transaction with the storing of its answer's references (see `scan_answers.ts`).
     if (requestId !== undefined) {
