@@ -461,6 +461,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       SELECT o.seq, o.chat_id, w.key, w.token, w.message_id FROM ${t.outbox} o, w
       WHERE o.key = ANY(ARRAY(SELECT key FROM w)) AND o.key = w.key AND ${outcomeOf("o.", "w.token")}
         AND o.${KEPT}
+      ORDER BY o.seq
     ),
     snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM e)),
     lk AS (
@@ -474,7 +475,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       UPDATE ${t.outbox} AS o SET state = 'sent', message_id = e.message_id, lease_owner = NULL,
         lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL, next_attempt_at = NULL,
         updated_at = n.now, due_at = NULL
-      FROM n, e, lk WHERE o.seq = ANY(ARRAY(SELECT seq FROM e)) AND o.seq = e.seq AND lk.chat_id = e.chat_id
+      FROM n, e WHERE o.seq = e.seq AND e.chat_id = ANY(ARRAY(SELECT chat_id FROM lk))
         AND ${outcomeOf("o.", "e.token")} AND o.${KEPT}
       RETURNING o.seq, o.chat_id, e.key
     ),
