@@ -184,6 +184,16 @@
  *   one statement each, oldest first, by a partial index of `done`/`sent`
  *   records. Retention itself is the Bot's `durability.retention` (7 days by
  *   default): the engine calls `purge`.
+ * - The server keeps one plan per prepared statement, made with the table
+ *   statistics of that moment. A journal table that outgrew its statistics
+ *   (a burst within autovacuum's naptime: a first start under load, a
+ *   restart's backlog) is analyzed by the backend, from its claim scans, at
+ *   most every 5 s (see `table_stats.ts`).
+ * - The multi-row `markSent` finds each entry it settles by its seq, from
+ *   the list of those it may settle, and checks that its chat row was locked
+ *   in an array (not by a join of two CTEs): the server estimates that list
+ *   at one row, and a nested loop of two CTE scans costs the square of the
+ *   group (100 sends: 10,000 rows read twice).
  *
  * ## Per-chat order across replicas
  * A `reserve` with a lease may lease only when no earlier entry of its chat
