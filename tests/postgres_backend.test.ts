@@ -1431,6 +1431,25 @@ describe("PostgresDurability group commit", () => {
     expect(seen.alone).toBe(aloneAfter + 1);
   });
 
+  it("markSent of 200 sends in one statement reads each once: no nested loop over two CTE scans (the square of the group)", async () => {
+    const schema = freshSchema();
+    const sql = client();
+    const b = new PostgresDurability({ sql, schema });
+    await b.open();
+    const t = tables(schema, "botmesh_");
+    const entries = await Promise.all(Array.from({ length: 200 }, (_, i) => b.outbox.reserve(outbound(`ms${i}`, `msc${i}`), lease())));
+    expect(entries.every((e) => e.status === "leased")).toBe(true);
+    const rows = JSON.stringify(entries.map((e) => ({ key: e.entry.key, token: e.entry.lease!.token, message_id: "m" })));
+    let plan = "";
+    await sql.begin(async (tx) => {
+      plan = (await tx.unsafe(`EXPLAIN (ANALYZE) ${outboxSql(t).markSentMany}`, [rows])).map((r) => r["QUERY PLAN"]).join("\n");
+      throw new Error("rolled back");
+    }).catch((error) => expect((error as Error).message).toBe("rolled back"));
+    expect(plan, plan).toMatch(/Update on botmesh_outbox \S+ +\(cost=[^)]*\) \(actual time=[^)]* rows=200 loops=1\)/);
+    const removed = [...plan.matchAll(/Rows Removed by (?:Join )?Filter: (\d+)/g)].map((m) => Number(m[1]));
+    expect(Math.max(0, ...removed), plan).toBeLessThan(1000);
+  });
+
   it("reserves of one group share a statement per run of distinct chats, each answered as a lone reserve would be", async () => {
     const { wrapped, seen } = watched(client());
     const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
