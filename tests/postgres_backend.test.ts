@@ -36,10 +36,15 @@ function freshSchema(): string {
   schemas.push(schema);
   return schema;
 }
+/** Roles a test created, dropped after the file. */
+const roles: string[] = [];
 afterAll(async () => {
   if (skip) return;
   const admin = postgres(POSTGRES_URL, { max: 1, onnotice: () => {} });
   for (const schema of schemas) await admin.unsafe(`DROP SCHEMA IF EXISTS "${schema}" CASCADE`);
+  await Promise.all(clients.map((sql) => sql.end({ timeout: 1 })));
+  clients.length = 0;
+  for (const role of roles) await admin.unsafe(`DROP OWNED BY ${role}; DROP ROLE IF EXISTS ${role}`).simple();
   await admin.end();
   await Promise.all(clients.map((sql) => sql.end({ timeout: 1 })));
 });
@@ -251,18 +256,73 @@ describe("PostgresDurability statements", () => {
     expect(await plan(), "planned again on the new statistics").not.toMatch(/Seq Scan on botmesh_outbox\b/);
     expect(await stats.analyzeStale(), "once analyzed, not again until it doubles").toEqual([]);
     await sql.unsafe(`DEALLOCATE reserve_many; RESET plan_cache_mode`).simple();
-    // The backend checks from its claim scans, in the background (at most every few seconds).
-    await sql.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at)
-      SELECT 'd' || g, 'message', 'c' || (g % 100), 'p', '{}', g, 'done', 1, 1, 1 FROM generate_series(1, 3000) g`);
-    await sql.unsafe(`SELECT pg_stat_force_next_flush()`);
-    const lastAnalyze = async () =>
-      (await sql.unsafe(`SELECT last_analyze FROM pg_stat_user_tables WHERE relid = to_regclass($1)`, [t.inbox]))[0]!.last_analyze;
-    expect(await lastAnalyze()).toBe(null);
-    for (const until = Date.now() + 15_000; await lastAnalyze() === null && Date.now() < until;) {
-      await b.inbox.claimDue({ ...lease(), limit: 1 });
-      await new Promise((r) => setTimeout(r, 200));
+  }, 40_000);
+
+  /** A fresh schema (autovacuum off) whose inbox grew by 3,000 rows since its last ANALYZE (never), counted by the server. */
+  async function grownInbox(sql: Sql): Promise<{ b: PostgresDurability; t: ReturnType<typeof tables> }> {
+    const schema = freshSchema();
+    const b = new PostgresDurability({ sql, schema });
+    await b.open();
+    const t = tables(schema, "botmesh_");
+    await sql.unsafe(`ALTER TABLE ${t.inbox} SET (autovacuum_enabled = false); ALTER TABLE ${t.outbox} SET (autovacuum_enabled = false)`).simple();
+    await sql.begin(async (tx) => {
+      await tx.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at)
+        SELECT 'd' || g, 'message', 'c' || (g % 100), 'p', '{}', g, 'done', 1, 1, 1 FROM generate_series(1, 3000) g`);
+      await tx.unsafe(`SELECT pg_stat_force_next_flush()`);
+    });
+    return { b, t };
+  }
+  const lastAnalyze = async (sql: Sql, table: string) =>
+    (await sql.unsafe(`SELECT pg_stat_get_last_analyze_time(to_regclass($1)) AS at`, [table]))[0]!.at;
+
+  it("each journal's claim scan has a grown table analyzed, in the background", async () => {
+    const sql = client();
+    for (const journal of ["inbox", "outbox"] as const) {
+      const { b, t } = await grownInbox(sql);
+      expect(await lastAnalyze(sql, t.inbox)).toBe(null);
+      for (const until = Date.now() + 15_000; await lastAnalyze(sql, t.inbox) === null && Date.now() < until;) {
+        await b[journal].claimDue({ ...lease(), limit: 1 });
+        await new Promise((r) => setTimeout(r, 100));
+      }
+      expect(await lastAnalyze(sql, t.inbox), `${journal}.claimDue had the grown inbox analyzed`).not.toBe(null);
     }
-    expect(await lastAnalyze(), "a claim scan had the grown inbox analyzed").not.toBe(null);
+  }, 40_000);
+
+  it("a grown table is not analyzed by a role that does not own it, nor while a lock ANALYZE would wait for is held; no warning either way", async () => {
+    const sql = client();
+    const { t } = await grownInbox(sql);
+    const role = `bm_pgt_role_${runId()}`;
+    roles.push(role);
+    await sql.unsafe(`CREATE ROLE ${role} LOGIN; GRANT USAGE ON SCHEMA "${t.schema}" TO ${role};
+      GRANT ALL ON ALL TABLES IN SCHEMA "${t.schema}" TO ${role}`).simple();
+    const notices: string[] = [];
+    const onnotice = (n: { message?: string }) => void notices.push(String(n.message));
+    const other = client({ username: role, onnotice });
+    expect(await new TableStats(other, [t.inbox, t.outbox], async () => {}).analyzeStale(), "not its owner").toEqual([]);
+    expect(await lastAnalyze(sql, t.inbox)).toBe(null);
+    // The owner, while another session holds a lock that ANALYZE would wait for (as a VACUUM does).
+    const owner = client({ onnotice });
+    const locker = client({ max: 1 });
+    let release!: () => void;
+    const held = new Promise<void>((r) => release = r);
+    let locked!: () => void;
+    const isLocked = new Promise<void>((r) => locked = r);
+    const lock = locker.begin(async (tx) => {
+      await tx.unsafe(`LOCK TABLE ${t.inbox} IN SHARE UPDATE EXCLUSIVE MODE`);
+      locked();
+      await held;
+    });
+    await isLocked;
+    const stats = new TableStats(owner, [t.inbox, t.outbox], async () => {});
+    try {
+      expect(await stats.analyzeStale(), "locked").toEqual([]);
+    } finally {
+      release();
+      await lock;
+    }
+    expect(await stats.analyzeStale(), "the lock released").toEqual([t.inbox]);
+    expect(await lastAnalyze(sql, t.inbox)).not.toBe(null);
+    expect(notices).toEqual([]);
   }, 40_000);
 
   it("times come from the server clock, not the replica's Date.now()", async () => {
