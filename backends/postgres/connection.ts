@@ -157,8 +157,8 @@ export class Context {
     this.#clock = options.clock;
     this.prepare = options.clock === undefined && clientPrepares(options.sql);
     this.#lanes = Array.from({ length: options.lanes }, () => ({ queued: [] as QueuedWrite[], busy: false, scheduled: false }));
-    // (Sorted before they are locked: LockRows runs above the Sort. `$1` a JSON array of chat ids.)
     this.stats = new TableStats(this.sql, [this.t.inbox, this.t.outbox], () => this.ready());
+    // (Sorted before they are locked: LockRows runs above the Sort. `$1` a JSON array of chat ids.)
     this.#chatRowsLock = `SELECT 1 FROM ${this.t.chat} c WHERE c.chat_id IN (SELECT json_array_elements_text($1::text::json))
       ORDER BY c.chat_id FOR UPDATE OF c`;
   }

@@ -30,6 +30,7 @@
  *
  * @module
  */
+import { BoundedMap } from "../../src/bounded_map.ts";
 import type { PostgresClient } from "./options.ts";
 
 /** The least time between two checks of one set of tables, in one process. */
@@ -64,7 +65,7 @@ interface Checks {
   next: number;
   running: boolean;
 }
-const checksByTables = new Map<string, Checks>();
+const checksByTables = new BoundedMap<string, Checks>(MAX_REMEMBERED);
 
 /**
  * Analyzes the tables whose statistics a burst of writes left behind (see the module documentation).
@@ -82,7 +83,8 @@ export class TableStats {
   readonly #ready: () => Promise<void>;
   readonly #now: () => number;
 
-  constructor(sql: PostgresClient, tables: readonly string[], ready: () => Promise<void>, now: () => number = () => Date.now()) {
+  /** `now`: a monotonic clock in ms (a wall clock stepped back would hold the checks back by the step). */
+  constructor(sql: PostgresClient, tables: readonly string[], ready: () => Promise<void>, now: () => number = () => performance.now()) {
     this.#sql = sql;
     this.#tables = new Set(tables);
     this.#names = JSON.stringify(tables);
@@ -95,7 +97,6 @@ export class TableStats {
     if (checks === undefined) {
       checks = { next: -Infinity, running: false };
       checksByTables.set(this.#names, checks);
-      if (checksByTables.size > MAX_REMEMBERED) checksByTables.delete(checksByTables.keys().next().value!);
     }
     return checks;
   }
@@ -107,19 +108,15 @@ export class TableStats {
     if (checks.running || now < checks.next) return;
     checks.next = now + CHECK_EVERY_MS;
     checks.running = true;
-    void this.#analyzeStale().catch(() => {
-      checks.next = this.#now() + RETRY_AFTER_ERROR_MS; // (a server before 13, a lost connection: autovacuum still runs)
+    void this.analyzeStale().catch(() => {
+      checks.next = this.#now() + RETRY_AFTER_ERROR_MS; // (a server before 12, a lost connection: autovacuum still runs)
     }).finally(() => {
       checks.running = false;
     });
   }
 
-  /** Runs one check now (tests): the tables it analyzed. */
+  /** Runs one check now, whenever the last one ran (`check` runs it in the background): the tables it analyzed. */
   async analyzeStale(): Promise<string[]> {
-    return await this.#analyzeStale();
-  }
-
-  async #analyzeStale(): Promise<string[]> {
     await this.#ready();
     const rows = await this.#sql.unsafe(STALE_SQL, [this.#names, MIN_CHANGES], { prepare: false }) as Record<string, unknown>[];
     const analyzed: string[] = [];
