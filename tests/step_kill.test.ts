@@ -444,6 +444,8 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
   const deadIds = new Set<string>();
   let notRun = 0;
   let held = 0;
+  /** Step attempts whose ambiguity the message's dead letter names. */
+  const deadLetteredAttempts = new Set<string>();
   try {
     for (const m of messages) {
       const where = `message ${m.id} (seed ${SEED})`;
@@ -473,6 +475,7 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
         // Reported: by durability:ambiguous (step "llm"), or, when the process that made it unknown was killed
         // before it told, by the message's own dead letter, which names the attempt.
         const deadLetter = deadReports(lines).some((d) => d.kind === "inbound" && d.id === m.id && d.error.includes(`"${final.key}"`));
+        if (deadLetter) deadLetteredAttempts.add(final.key);
         expect(reportedSteps.has(final.key) || deadLetter, `${where}: the ambiguity was reported (durability:ambiguous, or the dead letter)`).toBe(true);
         expect(replies, `${where}: no reply for a message whose step is in question`).toEqual([]);
       }
@@ -486,10 +489,11 @@ test(`a step calling an LLM, SIGKILLed 26 times while 60 messages of 4 chats str
     expect(messages.some((m) => r.key.startsWith(`${m.id}:step:llm`))).toBe(true);
   }
   expect([...world.sends.keys()].every((k) => messages.some((m) => k === `${m.id}:1`))).toBe(true);
-  // A kill that landed while an LLM call was unanswered: that step must be the ambiguous one.
+  // A kill that landed while an LLM call was unanswered: that step must be the ambiguous one, reported
+  // as above (durability:ambiguous, or the dead letter when the run that made it unknown died first).
   // (The LLM sees the step's key; a report names the attempt: `<key>`, or `<key>#<n>` after attempts that never ran.)
   const landed = kills.flatMap((k) => k.inCall);
-  const reportedStepKeys = new Set([...reportedSteps].map((attempt) => attempt.replace(/#\d+$/, "")));
+  const reportedStepKeys = new Set([...reportedSteps, ...deadLetteredAttempts].map((attempt) => attempt.replace(/#\d+$/, "")));
   for (const key of landed) {
     expect(deadIds.has(key.slice(0, key.indexOf(":"))), `the message of step ${key}, killed inside its LLM call, is dead`).toBe(true);
     expect(reportedStepKeys.has(key), `step ${key}, killed inside its LLM call, is reported`).toBe(true);
