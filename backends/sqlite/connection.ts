@@ -22,6 +22,13 @@ import { migrate, SQLITE_SCHEMA_VERSION } from "./schema.ts";
 const MAX_BATCH_OPS = 256;
 /** A batch takes no further operation once it has held the write lock this long (ms). */
 const MAX_BATCH_MS = 5;
+/**
+ * WAL pages (4 KiB) after which a commit copies the WAL back into the file (SQLite's default is 1,000).
+ * Each message rewrites its rows and their index entries several times over a few commits; a longer
+ * WAL lets a checkpoint copy each page once for many of those writes (a 100,000-message backlog
+ * drained about 30% faster), for a WAL file that grows to about 40 MB between checkpoints.
+ */
+const WAL_AUTOCHECKPOINT_PAGES = 10_000;
 
 /**
  * Switches a new connection to WAL. Another process opening the same file at
@@ -154,6 +161,7 @@ export class Connection {
       db.exec(`PRAGMA busy_timeout = ${busyTimeoutMs}`);
       await enableWal(db, busyTimeoutMs);
       db.exec(`PRAGMA synchronous = ${synchronous === "full" ? "FULL" : "NORMAL"}`);
+      db.exec(`PRAGMA wal_autocheckpoint = ${WAL_AUTOCHECKPOINT_PAGES}`);
       if (this.options.checkOnOpen) checkPages(db, file);
       migrate(db, prefix, file);
       return db;
