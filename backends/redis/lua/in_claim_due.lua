@@ -145,19 +145,22 @@ if o.reclaim then
     end
     redis.call('DEL', legacy)
   end
-  local light = {}
+  local light, sets = {}, 0
   for _, inc in ipairs(redis.call('SMEMBERS', incs)) do
     if inc ~= o.inc then
       local own = own_key(o.owner, inc)
       local r = redis.call('ZRANGE', own, 0, limit - 1, 'WITHSCORES')
-      if #r == 0 then redis.call('SREM', incs, inc) end
+      if #r == 0 then redis.call('SREM', incs, inc) else sets = sets + 1 end
       for i = 1, #r, 2 do light[#light + 1] = {om = r[i], r = tonumber(r[i + 1]), own = own} end
     end
   end
-  table.sort(light, function(a, b)
-    if a.r ~= b.r then return a.r < b.r end
-    return a.om < b.om
-  end)
+  -- (one set is in this order already: by score, then member; the usual restart has one incarnation before it)
+  if sets > 1 then
+    table.sort(light, function(a, b)
+      if a.r ~= b.r then return a.r < b.r end
+      return a.om < b.om
+    end)
+  end
   local taken = 0
   for _, l in ipairs(light) do
     if taken >= limit then break end
@@ -181,10 +184,13 @@ while n_allowed < limit and read < limit + 1000 do
   start = math.max(0, start + #oms - (before - redis.call('ZCARD', pkey)))
   page = math.max(limit, 100)
 end
+-- (the sort keys read once per candidate, not once per comparison)
+local sort_r, sort_o = {}, {}
+for _, h in ipairs(cands) do sort_r[h] = num(h, 'receivedAt'); sort_o[h] = ord_of(h.om) end
 table.sort(cands, function(a, b)
-  local ra, rb = num(a, 'receivedAt'), num(b, 'receivedAt')
+  local ra, rb = sort_r[a], sort_r[b]
   if ra ~= rb then return ra < rb end
-  return ord_of(a.om) < ord_of(b.om)
+  return sort_o[a] < sort_o[b]
 end)
 local out = {}
 for _, h in ipairs(cands) do
