@@ -6,7 +6,9 @@
 // drains everything (`bot.idle()`). Then, per message, from the fake servers' counts and the journal:
 //   - the LLM was called once for it and its reply (that answer) went out once, or
 //   - its step was cut off during the call: the attempt is `unknown`, reported `durability:ambiguous`
-//     with `step: "llm"`, the message dead with StepAmbiguousError, no second call, no reply;
+//     with `step: "llm"` (or, when the run that made it unknown was killed before it told, by the
+//     message's dead letter naming the attempt), the message dead with StepAmbiguousError, no second
+//     call, no reply;
 // nothing else (nothing lost, nothing dead for another reason, no reply twice). The variant with
 // `idempotent: true` must end every message done, the LLM (which deduplicates by key, as a provider
 // honouring an Idempotency-Key does) called again only for an attempt cut off by a kill.

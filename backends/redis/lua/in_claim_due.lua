@@ -154,7 +154,8 @@ if o.reclaim then
       for i = 1, #r, 2 do light[#light + 1] = {om = r[i], r = tonumber(r[i + 1]), own = own} end
     end
   end
-  -- (one set is in this order already: by score, then member; the usual restart has one incarnation before it)
+  -- (one set gives at most limit records, every one of them considered below, and the candidates are sorted
+  -- again before they are taken: their order here matters only when several sets give more than limit)
   if sets > 1 then
     table.sort(light, function(a, b)
       if a.r ~= b.r then return a.r < b.r end
