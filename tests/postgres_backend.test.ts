@@ -29,12 +29,43 @@ function client(options: Parameters<typeof postgres>[1] = {}): Sql {
   clients.push(sql);
   return sql;
 }
+/**
+ * Runs `statement` in a transaction of a session of its own and keeps that transaction open (its locks
+ * held) until the returned `release` is called; resolves once the statement ran.
+ */
+async function holdLocks(statement: string): Promise<{ release(): Promise<void> }> {
+  const holder = client({ max: 1 });
+  let end!: () => void;
+  const ended = new Promise<void>((resolve) => end = resolve);
+  let ran!: () => void;
+  const running = new Promise<void>((resolve) => ran = resolve);
+  const transaction = holder.begin(async (tx) => {
+    await tx.unsafe(statement);
+    ran();
+    await ended;
+  });
+  await Promise.race([running, transaction]);
+  return {
+    async release() {
+      end();
+      await transaction;
+    },
+  };
+}
 const schemas: string[] = [];
 /** A fresh schema name, dropped after the file. */
 function freshSchema(): string {
   const schema = `bm_pgt_${runId()}`;
   schemas.push(schema);
   return schema;
+}
+/** A backend opened on a fresh schema, with its client and its tables' names. */
+async function openFresh(): Promise<{ schema: string; sql: Sql; b: PostgresDurability; t: ReturnType<typeof tables> }> {
+  const schema = freshSchema();
+  const sql = client();
+  const b = new PostgresDurability({ sql, schema });
+  await b.open();
+  return { schema, sql, b, t: tables(schema, "botmesh_") };
 }
 /** Roles a test created, dropped after the file. */
 const roles: string[] = [];
@@ -172,11 +203,7 @@ describe("PostgresDurability schema", () => {
 
 describe("PostgresDurability statements", () => {
   it("due scans and purges read indexes, not the whole table (20k settled rows, ANALYZE)", async () => {
-    const schema = freshSchema();
-    const sql = client();
-    const b = new PostgresDurability({ sql, schema });
-    await b.open();
-    const t = tables(schema, "botmesh_");
+    const { sql, b, t } = await openFresh();
     await sql.unsafe(`
       INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
         SELECT 'in' || g, 'message', 'chat' || (g % 500), 'p', '{}', g, CASE WHEN g % 100 = 0 THEN 'pending' ELSE 'done' END,
@@ -302,23 +329,12 @@ describe("PostgresDurability statements", () => {
     expect(await lastAnalyze(sql, t.inbox)).toBe(null);
     // The owner, while another session holds a lock that ANALYZE would wait for (as a VACUUM does).
     const owner = client({ onnotice });
-    const locker = client({ max: 1 });
-    let release!: () => void;
-    const held = new Promise<void>((r) => release = r);
-    let locked!: () => void;
-    const isLocked = new Promise<void>((r) => locked = r);
-    const lock = locker.begin(async (tx) => {
-      await tx.unsafe(`LOCK TABLE ${t.inbox} IN SHARE UPDATE EXCLUSIVE MODE`);
-      locked();
-      await held;
-    });
-    await isLocked;
+    const lock = await holdLocks(`LOCK TABLE ${t.inbox} IN SHARE UPDATE EXCLUSIVE MODE`);
     const stats = new TableStats(owner, [t.inbox, t.outbox], async () => {});
     try {
       expect(await stats.analyzeStale(), "locked").toEqual([]);
     } finally {
-      release();
-      await lock;
+      await lock.release();
     }
     expect(await stats.analyzeStale(), "the lock released").toEqual([t.inbox]);
     expect(await lastAnalyze(sql, t.inbox)).not.toBe(null);
@@ -699,11 +715,7 @@ describe("PostgresDurability fixes", () => {
   });
 
   it("inbox.claimDue reads only what is due with a backlog of 200k done and 20k pending (Buffers)", async () => {
-    const schema = freshSchema();
-    const sql = client();
-    const b = new PostgresDurability({ sql, schema });
-    await b.open();
-    const t = tables(schema, "botmesh_");
+    const { sql, b, t } = await openFresh();
     await sql.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
       SELECT 'd' || g, 'message', 'c' || (g % 1000), 'p', '{}', g, 'done', 1, 1, 1, NULL FROM generate_series(1, 200000) g`);
     await sql.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at, due_at)
@@ -1492,11 +1504,7 @@ describe("PostgresDurability group commit", () => {
   });
 
   it("markSent of 200 sends in one statement reads each once: no nested loop over two CTE scans (the square of the group)", async () => {
-    const schema = freshSchema();
-    const sql = client();
-    const b = new PostgresDurability({ sql, schema });
-    await b.open();
-    const t = tables(schema, "botmesh_");
+    const { sql, b, t } = await openFresh();
     const entries = await Promise.all(Array.from({ length: 200 }, (_, i) => b.outbox.reserve(outbound(`ms${i}`, `msc${i}`), lease())));
     expect(entries.every((e) => e.status === "leased")).toBe(true);
     const rows = JSON.stringify(entries.map((e) => ({ key: e.entry.key, token: e.entry.lease!.token, message_id: "m" })));
@@ -1665,24 +1673,13 @@ describe("PostgresDurability group commit", () => {
     const { wrapped } = watched(client({ connection: { statement_timeout: 300 } }));
     const b = new PostgresDurability({ sql: wrapped, schema, groupLanes: 1 });
     await b.open();
-    const locker = client({ max: 1 });
-    let release!: () => void;
-    const released = new Promise<void>((resolve) => release = resolve);
-    let locked!: () => void;
-    const isLocked = new Promise<void>((resolve) => locked = resolve);
-    const holding = locker.begin(async (tx) => {
-      await tx.unsafe(`SELECT 1 FROM "${schema}".botmesh_inbox WHERE id = 'locked' FOR UPDATE`);
-      locked();
-      await released;
-    });
-    await isLocked;
+    const holding = await holdLocks(`SELECT 1 FROM "${schema}".botmesh_inbox WHERE id = 'locked' FOR UPDATE`);
     const outcomes = await Promise.allSettled([
       b.inbox.heartbeat("locked", held!.lease!.token, 60_000),
       b.inbox.admit(inbound("free-1"), lease()),
       b.inbox.admit(inbound("free-2"), lease()),
     ]);
-    release();
-    await holding;
+    await holding.release();
     expect(outcomes[0]!.status, "the heartbeat waited on the lock past statement_timeout").toBe("rejected");
     expect(String((outcomes[0] as PromiseRejectedResult).reason.message)).toContain("statement timeout");
     expect(outcomes.slice(1).map((o) => o.status), "the admits ran again alone").toEqual(["fulfilled", "fulfilled"]);
@@ -1754,17 +1751,7 @@ describe("PostgresDurability group commit", () => {
     // A third session holds both chat rows, so that each group's first lock waits; released, the groups go
     // on together. Statement by statement, a's reserve would take y and b's reserve x, then each markSent
     // would wait for the other's: a deadlock, broken by the server after deadlock_timeout.
-    const holder = client({ max: 1 });
-    let release!: () => void;
-    const held = new Promise<void>((resolve) => release = resolve);
-    let locked!: () => void;
-    const isLocked = new Promise<void>((resolve) => locked = resolve);
-    const holding = holder.begin(async (tx) => {
-      await tx.unsafe(`SELECT 1 FROM ${t.chat} WHERE chat_id IN ('dl-x', 'dl-y') ORDER BY chat_id FOR UPDATE`);
-      locked();
-      await held;
-    });
-    await isLocked;
+    const holding = await holdLocks(`SELECT 1 FROM ${t.chat} WHERE chat_id IN ('dl-x', 'dl-y') ORDER BY chat_id FOR UPDATE`);
     const aloneBefore = [a.seen.alone, b.seen.alone];
     const groupA = Promise.all([ra.outbox.reserve(outbound("dl-ay", "dl-y"), lease("a")), ra.outbox.markSent("dl-ax", ax.lease!.token, "m-ax")]);
     const groupB = Promise.all([rb.outbox.reserve(outbound("dl-bx", "dl-x"), lease("b")), rb.outbox.markSent("dl-by", by.lease!.token, "m-by")]);
@@ -1777,8 +1764,7 @@ describe("PostgresDurability group commit", () => {
       if (row!.n >= 2) break;
       await Bun.sleep(10);
     }
-    release();
-    await holding;
+    await holding.release();
     const [[ay], [bx]] = await Promise.all([groupA, groupB]);
     expect([a.seen.alone - aloneBefore[0]!, b.seen.alone - aloneBefore[1]!], "no group was rolled back and run again alone").toEqual([0, 0]);
     expect([a.seen.statements.at(-1), b.seen.statements.at(-1)], "the guard, the chat rows' lock, the reserve, the markSent").toEqual([4, 4]);
