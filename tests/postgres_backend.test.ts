@@ -251,6 +251,53 @@ describe("PostgresDurability statements", () => {
     expect(await b.inbox.purge(0)).toBe(19_800);
   });
 
+  it("the multi-row writes' kept plans read indexes, even plans made on empty tables (no Seq Scan as the tables grow)", async () => {
+    const schema = freshSchema();
+    const sql = client({ max: 1 }); // one session: its prepared statements, its plan cache
+    const b = new PostgresDurability({ sql, schema });
+    await b.open();
+    const t = tables(schema, "botmesh_");
+    await sql.unsafe(`ALTER TABLE ${t.inbox} SET (autovacuum_enabled = false); ALTER TABLE ${t.outbox} SET (autovacuum_enabled = false);
+      ALTER TABLE ${t.chat} SET (autovacuum_enabled = false)`).simple();
+    const inbox = inboxSql(t), outbox = outboxSql(t);
+    const statements: [string, string][] = [
+      ["inbox.admitMany", inbox.admitMany],
+      ["inbox.startMany", inbox.startMany],
+      ["inbox.heartbeatMany", inbox.heartbeatMany],
+      ["inbox.completeMany", inbox.completeMany],
+      ["inbox.getMany", inbox.getMany],
+      ["outbox.reserveMany", outbox.reserveMany],
+      ["outbox.heartbeatMany", outbox.heartbeatMany],
+      ["outbox.markCallingMany", outbox.markCallingMany],
+      ["outbox.markSentMany", outbox.markSentMany],
+      ["outbox.getMany", outbox.getMany],
+      ["outbox.lockChats", outbox.lockChats],
+    ];
+    // (The due scans' plans follow the statistics, which the backend keeps in step: the test below.)
+    // The plans the server keeps for prepared statements after a few runs (generic plans), made on the empty tables.
+    await sql.unsafe(`SET plan_cache_mode = force_generic_plan`);
+    const plan = async (i: number) => (await sql.unsafe(`EXPLAIN EXECUTE many_${i}('[]')`)).map((r) => r["QUERY PLAN"]).join("\n");
+    for (const [i, [, text]] of statements.entries()) {
+      await sql.unsafe(`PREPARE many_${i}(text) AS ${text}`);
+      await plan(i);
+    }
+    // A burst: every table grows by 20k rows within autovacuum's naptime; the kept plans are the same.
+    await sql.unsafe(`
+      INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at)
+        SELECT 'd' || g, 'message', 'c' || g, 'p', '{}', g, 'done', 1, 1, 1 FROM generate_series(1, 20000) g;
+      INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, state, attempts, fence, created_at, updated_at)
+        SELECT 's' || g, 'c' || g, '{}', 'h', 'sent', 1, 1, 1, 1 FROM generate_series(1, 20000) g;
+      INSERT INTO ${t.chat} (chat_id, ver, touched_at) SELECT 'c' || g, g, 1 FROM generate_series(1, 20000) g;
+    `).simple();
+    const scanning: string[] = [];
+    for (const [i, [name]] of statements.entries()) {
+      const kept = await plan(i);
+      if (/Seq Scan on botmesh_(inbox|outbox|outbox_chat)\b/.test(kept)) scanning.push(`${name}:\n${kept}`);
+    }
+    expect(scanning, scanning.join("\n\n")).toEqual([]);
+    await sql.unsafe(`DEALLOCATE ALL; RESET plan_cache_mode`).simple();
+  }, 40_000);
+
   it("a burst of writes that outgrows the statistics gets the tables analyzed, and cached plans follow (no Seq Scan)", async () => {
     const schema = freshSchema();
     const sql = client({ max: 1 }); // one session: its prepared statement, its plan cache
@@ -259,14 +306,10 @@ describe("PostgresDurability statements", () => {
     const t = tables(schema, "botmesh_");
     // No autovacuum here: every ANALYZE below is the backend's.
     await sql.unsafe(`ALTER TABLE ${t.inbox} SET (autovacuum_enabled = false); ALTER TABLE ${t.outbox} SET (autovacuum_enabled = false)`).simple();
-    const rows = JSON.stringify([1, 2].map((i) => ({
-      i, key: `k${i}`, chat_id: `c${i}`, content: "{}", content_hash: "h", inbound_id: null, leased: true, owner: "o", inc: "i",
-      lease_ms: 1000, calling: true,
-    })));
-    // The plan the server keeps for a prepared statement after a few runs (a generic plan), made on the empty table.
+    // A statement whose plan follows the statistics (a lookup of several keys), kept as a generic plan made on the empty table.
     await sql.unsafe(`SET plan_cache_mode = force_generic_plan`);
-    await sql.unsafe(`PREPARE reserve_many(text) AS ${outboxSql(t).reserveMany}`);
-    const plan = async () => (await sql.unsafe(`EXPLAIN EXECUTE reserve_many('${rows}')`)).map((r) => r["QUERY PLAN"]).join("\n");
+    await sql.unsafe(`PREPARE by_keys(text[]) AS SELECT key FROM ${t.outbox} WHERE key = ANY($1)`);
+    const plan = async () => (await sql.unsafe(`EXPLAIN EXECUTE by_keys('{k1,k2}')`)).map((r) => r["QUERY PLAN"]).join("\n");
     expect(await plan(), "made on an empty table: it reads the table").toMatch(/Seq Scan on botmesh_outbox\b/);
     // A burst: the table grows by 20k rows within autovacuum's naptime. The kept plan does not change with it.
     await sql.unsafe(`INSERT INTO ${t.outbox} (key, chat_id, content, content_hash, state, attempts, fence, created_at, updated_at)
@@ -282,7 +325,7 @@ describe("PostgresDurability statements", () => {
     expect(analyzed, "the outbox changed more than its rows at its last ANALYZE (never)").toEqual([t.outbox]);
     expect(await plan(), "planned again on the new statistics").not.toMatch(/Seq Scan on botmesh_outbox\b/);
     expect(await stats.analyzeStale(), "once analyzed, not again until it doubles").toEqual([]);
-    await sql.unsafe(`DEALLOCATE reserve_many; RESET plan_cache_mode`).simple();
+    await sql.unsafe(`DEALLOCATE by_keys; RESET plan_cache_mode`).simple();
   }, 40_000);
 
   /** A fresh schema (autovacuum off) whose inbox grew by 3,000 rows since its last ANALYZE (never), counted by the server. */
@@ -1501,6 +1544,23 @@ describe("PostgresDurability group commit", () => {
     await b.inbox.admit(inbound("gc-alone"), lease());
     expect(seen.begins).toBe(2);
     expect(seen.alone).toBe(aloneAfter + 1);
+  });
+
+  it("starts of one group share a statement, each answered as a lone start would be (a stale token, a repeat)", async () => {
+    const { wrapped, seen } = watched(client());
+    const b = new PostgresDurability({ sql: wrapped, schema: freshSchema(), groupLanes: 1 });
+    await b.open();
+    const admitted = await Promise.all(Array.from({ length: 20 }, (_, i) => b.inbox.admit(inbound(`st-${i}`, `chat-${i % 5}`), lease())));
+    const before = seen.statements.length;
+    const started = await Promise.all([
+      ...admitted.map((r, i) => b.inbox.start(r!.id, r!.lease!.token, i % 2 === 0 ? 2 : 3)),
+      b.inbox.start(admitted[0]!.id, admitted[0]!.lease!.token + 1, 4), // not its token
+      b.inbox.start(admitted[1]!.id, admitted[1]!.lease!.token, 2), // a repeat with a lower attempt
+    ]);
+    expect(started).toEqual([...admitted.map(() => true), false, true]);
+    expect(seen.statements.slice(before), "the guard, the merged 20, the stale and the repeat alone (same records)").toEqual([4]);
+    const attempts = await Promise.all(admitted.map(async (r) => (await b.inbox.get(r!.id))!.attempts));
+    expect(attempts, "attempts become the greater of the two").toEqual(admitted.map((_, i) => (i % 2 === 0 ? 2 : 3)));
   });
 
   it("markSent of 200 sends in one statement reads each once: no nested loop over two CTE scans (the square of the group)", async () => {

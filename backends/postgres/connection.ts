@@ -10,7 +10,7 @@ import { nextTurn } from "../../src/runtime/mod.ts";
 import { loginFailure } from "./login_error.ts";
 import type { PostgresClient, Resolved } from "./options.ts";
 import { TableStats } from "./table_stats.ts";
-import { migrationSql, NEWER_SCHEMA_MARK, NOW_MS, POSTGRES_SCHEMA_VERSION, tables, type Tables } from "./sql.ts";
+import { migrationSql, NEWER_SCHEMA_MARK, NOW_MS, outboxSql, POSTGRES_SCHEMA_VERSION, tables, type Tables } from "./sql.ts";
 
 export type Row = Record<string, unknown>;
 
@@ -158,9 +158,7 @@ export class Context {
     this.prepare = options.clock === undefined && clientPrepares(options.sql);
     this.#lanes = Array.from({ length: options.lanes }, () => ({ queued: [] as QueuedWrite[], busy: false, scheduled: false }));
     this.stats = new TableStats(this.sql, [this.t.inbox, this.t.outbox], () => this.ready());
-    // (Sorted before they are locked: LockRows runs above the Sort. `$1` a JSON array of chat ids.)
-    this.#chatRowsLock = `SELECT 1 FROM ${this.t.chat} c WHERE c.chat_id IN (SELECT json_array_elements_text($1::text::json))
-      ORDER BY c.chat_id FOR UPDATE OF c`;
+    this.#chatRowsLock = outboxSql(this.t).lockChats;
   }
 
   /** `"schema"."prefix*"`, for errors. */

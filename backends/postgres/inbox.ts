@@ -195,7 +195,8 @@ export class PgInbox implements InboxJournal {
 
   async start(id: string, token: number, attempt: number): Promise<boolean> {
     checkAttempt(attempt, "inbox.start");
-    return await this.#fenced("start", this.#q.start, id, token, [Math.min(attempt, 2 ** 31 - 1)]);
+    const run = Math.min(attempt, 2 ** 31 - 1);
+    return await this.#fenced("start", this.#q.start, id, token, [run], [this.#q.startMany, { attempt: run }]);
   }
 
   async schedule(id: string, token: number, dueInMs: number): Promise<void> {

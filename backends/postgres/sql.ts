@@ -30,6 +30,8 @@ export interface InboxSql {
   heartbeat: string;
   /** `start`: $3 the run's attempt number (attempts become the greater of the two). */
   start: string;
+  /** `start` of several records: `$1` a JSON array of `{id, token, attempt}`. */
+  startMany: string;
   /** `schedule`: $3 ms until the timer is due (`scheduled`, lease dropped, attempts unchanged). */
   schedule: string;
   /** `heartbeat` of several records: `$1` a JSON array of `{ id, token, lease_ms }`; returns the renewed ids as `mkey`. */
@@ -176,6 +178,9 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     start: `WITH ${n} UPDATE ${t.inbox} SET attempts = greatest(attempts, $3::integer)
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+    startMany: `WITH ${n}, u AS (SELECT * FROM json_to_recordset($1::text::json) AS u(id text, token bigint, attempt integer))
+      UPDATE ${t.inbox} AS r SET attempts = greatest(r.attempts, u.attempt)
+      FROM n, u WHERE r.id = ANY(ARRAY(SELECT id FROM u)) AND r.id = u.id AND ${sqlIn("r.state", IN_LEASED)} AND r.lease_token = u.token AND r.${KEPT} RETURNING r.id AS mkey`,
     schedule: `WITH ${n} UPDATE ${t.inbox} SET state = '${TIMER_STATE}',
         next_attempt_at = n.now + $3::bigint, error = NULL,
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
@@ -200,8 +205,8 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
         due_at = CASE WHEN $3::boolean THEN NULL ELSE n.now + $5::bigint END
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     get: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = $1`,
-    getMany: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox}
-      WHERE id = ANY(ARRAY(SELECT json_array_elements_text($1::text::json) COLLATE "C"))`,
+    getMany: `SELECT r.* FROM (SELECT DISTINCT json_array_elements_text($1::text::json) COLLATE "C" AS id) k
+      CROSS JOIN LATERAL (SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = k.id LIMIT 1) r`,
     replay: `WITH ${n} UPDATE ${t.inbox} SET state = 'pending', attempts = 0, next_attempt_at = NULL,
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         error = NULL, updated_at = n.now, due_at = 0
@@ -247,6 +252,8 @@ export interface OutboxSql {
   markSent: string;
   /** `markSent` of several entries: `$1` a JSON array of `{ key, token, message_id }`; returns the sent keys as `mkey`. */
   markSentMany: string;
+  /** Locks the chat rows of `$1` (a JSON array of chat ids) in chat order: a group's first statement (see `connection.ts`). */
+  lockChats: string;
   markFailed: string;
   markAmbiguous: string;
   get: string;
@@ -383,14 +390,16 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content, set_aside_seq, damage, xv FROM old`,
     // `reserve` of entries of distinct chats (the caller never puts two of one chat, or of one key, in one
     // statement), each exactly as a lone reserve: `old`, `snap`, `lk` (the chat rows locked in chat order),
-    // `h` per entry; the entries are inserted in call order (`i`), so their seqs follow it.
+    // `h` per entry; the entries are inserted in call order (`i`), so their seqs follow it. `old` looks each
+    // key up by its index: a plan made while the table was small (a prepared statement keeps it) would scan
+    // the whole table for \`key = ANY(…)\` once it has grown, and a probe per key stays the cheaper plan.
     reserveMany: `WITH ${n},
     w AS (
       SELECT * FROM json_to_recordset($1::text::json) AS w(i integer, key text, chat_id text, content text, content_hash text,
         inbound_id text, leased boolean, owner text, inc text, lease_ms bigint, calling boolean)
     ),
-    old AS (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = ANY(ARRAY(SELECT key FROM w))),
-    snap AS (SELECT c.chat_id, c.ver FROM ${t.chat} c WHERE c.chat_id IN (SELECT chat_id FROM w)),
+    old AS (SELECT o.* FROM w CROSS JOIN LATERAL (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = w.key LIMIT 1) o),
+    snap AS (SELECT c.chat_id, c.ver FROM w CROSS JOIN LATERAL (SELECT chat_id, ver FROM ${t.chat} WHERE chat_id = w.chat_id LIMIT 1) c),
     lk AS (
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
       SELECT w.chat_id, ${nextVer}, NULL, n.now, EXISTS (SELECT 1 FROM snap s WHERE s.chat_id = w.chat_id) FROM w, n
@@ -449,6 +458,9 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     markCalling: `WITH ${n} UPDATE ${t.outbox} SET lease_expires_at = n.now + $3::bigint, due_at = n.now + $3::bigint,
         uncalled_fence = NULL
       FROM n WHERE key = $1 AND ${sqlIn("state", OUT_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
+    // (Each row locked by its own probe, the probes made in chat order.)
+    lockChats: `WITH k AS MATERIALIZED (SELECT DISTINCT json_array_elements_text($1::text::json) COLLATE "C" AS chat_id ORDER BY 1)
+      SELECT 1 FROM k CROSS JOIN LATERAL (SELECT 1 FROM ${t.chat} c WHERE c.chat_id = k.chat_id FOR UPDATE OF c) l`,
     heartbeatMany: renewMany(""),
     markCallingMany: renewMany(", uncalled_fence = NULL"),
     // markSent of several entries, as they would be one after another in one transaction: the chats of the
@@ -530,8 +542,8 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     ),${nextHead()}
     SELECT 1 AS ok FROM u`,
     get: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = $1`,
-    getMany: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox}
-      WHERE key = ANY(ARRAY(SELECT json_array_elements_text($1::text::json) COLLATE "C"))`,
+    getMany: `SELECT o.* FROM (SELECT DISTINCT json_array_elements_text($1::text::json) COLLATE "C" AS key) k
+      CROSS JOIN LATERAL (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = k.key LIMIT 1) o`,
     // The entry becomes unsettled again (chat lock: a reserve of the chat whose snapshot predates this
     // one does not lease past it). Due-marked when it is the chat's head in the snapshot; an old head
     // keeps its mark (a stray, re-checked by the scan).
