@@ -105,8 +105,11 @@ describe("simulation: durable steps", () => {
     const found = await firstFailing(misreadsResult, "step-reply-result", 1, 400);
     expect(found).toBeDefined();
     console.log(`misreadsResult: seed ${found!.seed}: ${found!.failure.detail}`);
-    expect(found!.result.failures.map((f) => f.invariant)).toContain("handler-diverged");
     expect((await runSimulation(create, { seed: found!.seed })).failures).toEqual([]);
+    // Where the rerun's reply had already been journaled with the true result, the journal refuses the new content.
+    const diverged = await firstFailing(misreadsResult, "handler-diverged", 1, 400);
+    expect(diverged).toBeDefined();
+    expect((await runSimulation(create, { seed: diverged!.seed })).failures).toEqual([]);
   }, 120_000);
 
   test("settling called step attempts as never run is caught", async () => {

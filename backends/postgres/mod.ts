@@ -90,7 +90,7 @@
  * transaction, their statements pipelined on one connection (`sql.begin`),
  * so a busy bot pays one commit (one WAL flush) per group instead of one per
  * write; a lone write is one statement as before. Groups go in lanes
- * (`groupLanes`, 1 by default), one group in flight per lane, so one group's
+ * (`groupLanes`, 2 by default), one group in flight per lane, so one group's
  * commit overlaps the next one's statements: each chat's writes go to one
  * lane (a hash of the chat id, known from the write or, for a write by id,
  * from the admit, claim or reserve that gave this process the record; lane 0

@@ -41,7 +41,7 @@ export interface PostgresOptions {
   /** Rows one purge statement deletes at most (default 1000; 1 to 100000). */
   purgeBatchSize?: number;
   /**
-   * Group commits of journal writes under way at once (default 1; 1 to 16), each on its own connection;
+   * Group commits of journal writes under way at once (default 2; 1 to 16), each on its own connection;
    * each chat's writes go to one of them (see "Statements" in the module documentation).
    */
   groupLanes?: number;
@@ -67,7 +67,7 @@ const MAX_PURGE_BATCH = 100_000;
 const MAX_PREFIX = 63 - LONGEST_SUFFIX - 4;
 
 /** Option `groupLanes`: its default and its most (see `laneOf` in `connection.ts`). */
-const DEFAULT_LANES = 1;
+const DEFAULT_LANES = 2;
 const MAX_LANES = 16;
 
 /** The options, checked, with their defaults. */

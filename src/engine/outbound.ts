@@ -106,7 +106,11 @@ export class Outbound {
       );
     }
     const entry: NewOutboxEntry = { key, chatId, content: json, contentHash: hashText(text), inboundId };
-    return this.inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode));
+    // The caller has its answer once the provider answered: the outcome's journal write goes on (the
+    // chat's next send waits for it), so a handler's outcome is written alongside, not after, it.
+    let answered!: (result: SendResult) => void;
+    const early = new Promise<SendResult>((resolve) => answered = resolve);
+    return Promise.race([early, this.inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode, answered))]);
   }
 
   /**
@@ -135,7 +139,12 @@ export class Outbound {
     return run;
   }
 
-  async #reserveAndDeliver(entry: NewOutboxEntry, content: OutboundContent, mode: "now" | "enqueue"): Promise<SendResult> {
+  async #reserveAndDeliver(
+    entry: NewOutboxEntry,
+    content: OutboundContent,
+    mode: "now" | "enqueue",
+    answered: (result: SendResult) => void,
+  ): Promise<SendResult> {
     let result;
     const reservedAt = this.#h.clock.monotonic();
     const reserved = () => {
@@ -163,7 +172,9 @@ export class Outbound {
       const landed = await this.#h.backend.outbox.get(entry.key).catch(() => null);
       if (landed === null || !this.#sameSend(landed, entry)) throw error;
       this.#h.metrics.outboxJournaled++;
-      if (this.isOwnUncalled(landed)) return this.deliver(this.#h.leases.hold("outbox", landed.key, landed.fence, -Infinity), landed, content);
+      if (this.isOwnUncalled(landed)) {
+        return this.deliver(this.#h.leases.hold("outbox", landed.key, landed.fence, -Infinity), landed, content, false, false, answered);
+      }
       // Journaled all the same (queued behind its chat, or taken up by a sweep meanwhile): the send
       // stands and goes out in its turn, so the handler is answered with it, as a reservation answered
       // in time would have been.
@@ -174,7 +185,7 @@ export class Outbound {
     if (result.status === "exists" && this.#sameSend(journaled, entry) && this.isOwnUncalled(journaled)) {
       // Reserved by this incarnation, its reply lost (the handler retried), or given up here before its
       // call: never sent under this lease, ours to send now.
-      return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content);
+      return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, -Infinity), journaled, content, false, false, answered);
     }
     if (result.status === "exists") {
       if (journaled.contentHash !== entry.contentHash) {
@@ -205,7 +216,7 @@ export class Outbound {
     // Reserved with its call announced (a backend that ignores `calling` wrote it uncalled: then
     // `deliver` announces it with markCalling, as for any lease).
     const announced = calling && journaled.called;
-    return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content, false, announced);
+    return this.deliver(this.#h.leases.hold("outbox", journaled.key, journaled.fence, reservedAt), journaled, content, false, announced, answered);
   }
 
   /**
@@ -252,9 +263,16 @@ export class Outbound {
    * (`markCalling`, which renews the lease), and made only if that answered
    * within half a lease that the lease is still ours. A channel that already
    * confirmed the send (a delivery status; with `resend`, `confirm`) spares
-   * the call.
+   * the call. `answered` is told the result as soon as the provider answered, before its journal write.
    */
-  async deliver(lease: HeldLease, entry: OutboxEntry, content?: OutboundContent, resend = false, announced = false): Promise<SendResult> {
+  async deliver(
+    lease: HeldLease,
+    entry: OutboxEntry,
+    content?: OutboundContent,
+    resend = false,
+    announced = false,
+    answered?: (result: SendResult) => void,
+  ): Promise<SendResult> {
     const { key, chatId } = entry;
     let attempt = entry.attempts;
     const provider = this.#h.host.provider;
@@ -309,6 +327,7 @@ export class Outbound {
           { idempotencyKey: key, attempt, signal: this.#h.signal },
         ));
         messageId = this.#messageIdOf(receipt, key);
+        answered?.({ key, state: "sent", messageId });
       } catch (error) {
         if (isProcessDeath(error) || this.#h.halted()) {
           this.#h.halt();
