@@ -8,6 +8,7 @@
  */
 import { errorMessage } from "../../src/errors.ts";
 import { showValue as show } from "../../src/show.ts";
+import { nextTurn } from "../../src/runtime/mod.ts";
 import { BATCH, BATCHED, type BatchedName, type LuaScript, type ScriptName, SCRIPTS, withTestClock } from "./lua.ts";
 import type { RedisCommands } from "./clients.ts";
 import type { Resolved } from "./options.ts";
@@ -184,7 +185,7 @@ export class Runner {
   #schedule(): void {
     if (this.#scheduled || this.#inFlight >= BATCH_IN_FLIGHT || this.#queue.length === 0) return;
     this.#scheduled = true;
-    queueMicrotask(() => {
+    nextTurn(() => {
       this.#scheduled = false;
       while (this.#inFlight < BATCH_IN_FLIGHT && this.#queue.length > 0) {
         void this.#flush(this.#queue.splice(0, BATCH_MAX));

@@ -66,7 +66,8 @@ export function delay(ms: number, signal?: AbortSignal): Promise<void> {
 /**
  * Run `fn` on the next turn of the event loop, after the pending microtasks
  * (`setImmediate` where the runtime has it, else `setTimeout(fn, 0)`): the
- * group commits of the SQLite and Postgres backends gather what one turn called.
+ * group commits of the SQLite and Postgres backends and the Redis backend's batched script
+ * calls gather what one turn called.
  *
  * @param fn what to run
  */
