@@ -295,6 +295,13 @@ describe("PostgresDurability statements", () => {
       if (/Seq Scan on botmesh_(inbox|outbox|outbox_chat)\b/.test(kept)) scanning.push(`${name}:\n${kept}`);
     }
     expect(scanning, scanning.join("\n\n")).toEqual([]);
+    // The chat rows are locked in chat order (no deadlock between two groups): a probe per chat, driven by the sorted chat ids.
+    const lock = statements.findIndex(([name]) => name === "outbox.lockChats");
+    const [{ "QUERY PLAN": [{ Plan: top }] }] = await sql.unsafe(`EXPLAIN (FORMAT JSON) EXECUTE many_${lock}('[]')`) as never as [
+      { "QUERY PLAN": [{ Plan: { "Node Type": string; Plans: { "Node Type": string; "Parent Relationship": string; "CTE Name"?: string }[] } }] },
+    ];
+    const outer = top.Plans.find((p) => p["Parent Relationship"] === "Outer");
+    expect([top["Node Type"], outer?.["Node Type"], outer?.["CTE Name"]]).toEqual(["Nested Loop", "CTE Scan", "k"]);
     await sql.unsafe(`DEALLOCATE ALL; RESET plan_cache_mode`).simple();
   }, 40_000);
 

@@ -95,7 +95,10 @@
  * lane (a hash of the chat id, known from the write or, for a write by id,
  * from the admit, claim or reserve that gave this process the record; lane 0
  * when unknown), and every row a write locks is its chat's, so two lanes
- * never lock the same rows and never deadlock on each other. Within a group,
+ * never lock the same rows and never deadlock on each other, but for a write
+ * whose chat this process does not know (a record it never held, or one past
+ * the 100,000 chats it remembers): that one may meet another lane's group as
+ * another replica's would (below). Within a group,
  * the writes of one kind go in one multi-row statement (admits, reserves,
  * heartbeats, markCallings, markSents, inbox completions; reserves of one
  * chat never share one), chat rows locked in chat order; a write joins its
@@ -106,7 +109,7 @@
  * rows in chat order: two replicas' groups then never deadlock on them. Each
  * write still settles on its own (a stale token fails only its
  * own call): a group the server rolled back (a deadlock with another
- * replica's group, on rows of a chat the group did not know: the server picks
+ * replica's group or another lane's, on rows of a chat the group did not know: the server picks
  * one after `deadlock_timeout`, 1 s by default) runs each of its writes again
  * alone, in call order; a group whose
  * commit's fate is unknown (a lost connection) rejects each write with that

@@ -185,7 +185,9 @@ export class Runner {
   #schedule(): void {
     if (this.#scheduled || this.#inFlight >= BATCH_IN_FLIGHT || this.#queue.length === 0) return;
     this.#scheduled = true;
-    nextTurn(() => {
+    // With nothing in flight, the call waits for the end of the turn to take what the rest of it issues
+    // (a handler's done mark with its reply's outcome); behind a call in flight, what waits goes at once.
+    (this.#inFlight > 0 ? queueMicrotask : nextTurn)(() => {
       this.#scheduled = false;
       while (this.#inFlight < BATCH_IN_FLIGHT && this.#queue.length > 0) {
         void this.#flush(this.#queue.splice(0, BATCH_MAX));

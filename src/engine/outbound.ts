@@ -106,8 +106,12 @@ export class Outbound {
       );
     }
     const entry: NewOutboxEntry = { key, chatId, content: json, contentHash: hashText(text), inboundId };
-    // The caller has its answer once the provider answered: the outcome's journal write goes on (the
-    // chat's next send waits for it), so a handler's outcome is written alongside, not after, it.
+    if (inboundId === null) {
+      // Not a handler's: answered once its outcome is journaled (a script may end right after it).
+      return this.inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode, () => {}));
+    }
+    // A handler's send answers it once the provider answered: the outcome's journal write goes on (the
+    // chat's next send waits for it), so the message's done mark is written alongside it, not after.
     let answered!: (result: SendResult) => void;
     const early = new Promise<SendResult>((resolve) => answered = resolve);
     return Promise.race([early, this.inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode, answered))]);
