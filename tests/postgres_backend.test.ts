@@ -251,14 +251,20 @@ describe("PostgresDurability statements", () => {
     expect(await b.inbox.purge(0)).toBe(19_800);
   });
 
-  it("the multi-row writes' kept plans read indexes, even plans made on empty tables (no Seq Scan as the tables grow)", async () => {
+  /** A backend on a fresh schema over one session (its prepared statements, its plan cache), autovacuum off. */
+  async function oneSession(): Promise<{ sql: Sql; b: PostgresDurability; t: ReturnType<typeof tables> }> {
     const schema = freshSchema();
-    const sql = client({ max: 1 }); // one session: its prepared statements, its plan cache
+    const sql = client({ max: 1 });
     const b = new PostgresDurability({ sql, schema });
     await b.open();
     const t = tables(schema, "botmesh_");
     await sql.unsafe(`ALTER TABLE ${t.inbox} SET (autovacuum_enabled = false); ALTER TABLE ${t.outbox} SET (autovacuum_enabled = false);
       ALTER TABLE ${t.chat} SET (autovacuum_enabled = false)`).simple();
+    return { sql, b, t };
+  }
+
+  it("the multi-row writes' kept plans read indexes, even plans made on empty tables (no Seq Scan as the tables grow)", async () => {
+    const { sql, t } = await oneSession();
     const inbox = inboxSql(t), outbox = outboxSql(t);
     const statements: [string, string][] = [
       ["inbox.admitMany", inbox.admitMany],
@@ -306,13 +312,7 @@ describe("PostgresDurability statements", () => {
   }, 40_000);
 
   it("a burst of writes that outgrows the statistics gets the tables analyzed, and cached plans follow (no Seq Scan)", async () => {
-    const schema = freshSchema();
-    const sql = client({ max: 1 }); // one session: its prepared statement, its plan cache
-    const b = new PostgresDurability({ sql, schema });
-    await b.open();
-    const t = tables(schema, "botmesh_");
-    // No autovacuum here: every ANALYZE below is the backend's.
-    await sql.unsafe(`ALTER TABLE ${t.inbox} SET (autovacuum_enabled = false); ALTER TABLE ${t.outbox} SET (autovacuum_enabled = false)`).simple();
+    const { sql, b, t } = await oneSession(); // (no autovacuum: every ANALYZE below is the backend's)
     // A statement whose plan follows the statistics (a lookup of several keys), kept as a generic plan made on the empty table.
     await sql.unsafe(`SET plan_cache_mode = force_generic_plan`);
     await sql.unsafe(`PREPARE by_keys(text[]) AS SELECT key FROM ${t.outbox} WHERE key = ANY($1)`);
