@@ -14,7 +14,7 @@ QUICK_TESTS=(
   conversation conversation_stores conformance_memory conformance_kv conformance_file conformance_sqlite
   conformance_events_file sqlite_backend telegram_corpus whatsapp_corpus baileys
   lost_scan_chat_order lost_scan_outage kv_lost_scan_chat_order kv_lost_scan_partial events_kv_lost_scan
-  steps_faults steps_lost_report sim_steps damaged_storage throttle_hints chat_order_lost_lease reply_answer
+  steps_faults steps_lost_report sim_steps damaged_storage throttle_hints chat_order_lost_lease
 )
 files=()
 for name in "${QUICK_TESTS[@]}"; do files+=("./tests/$name.test.ts"); done

@@ -251,10 +251,9 @@ describe("PostgresDurability statements", () => {
     expect(await b.inbox.purge(0)).toBe(19_800);
   });
 
-  /** A backend on a fresh schema over one session (its prepared statements, its plan cache), autovacuum off. */
-  async function oneSession(): Promise<{ sql: Sql; b: PostgresDurability; t: ReturnType<typeof tables> }> {
+  /** A backend on a fresh schema, autovacuum off, over `sql` (by default one session: its prepared statements, its plan cache). */
+  async function oneSession(sql: Sql = client({ max: 1 })): Promise<{ sql: Sql; b: PostgresDurability; t: ReturnType<typeof tables> }> {
     const schema = freshSchema();
-    const sql = client({ max: 1 });
     const b = new PostgresDurability({ sql, schema });
     await b.open();
     const t = tables(schema, "botmesh_");
@@ -337,11 +336,7 @@ describe("PostgresDurability statements", () => {
 
   /** A fresh schema (autovacuum off) whose inbox grew by 3,000 rows since its last ANALYZE (never), counted by the server. */
   async function grownInbox(sql: Sql): Promise<{ b: PostgresDurability; t: ReturnType<typeof tables> }> {
-    const schema = freshSchema();
-    const b = new PostgresDurability({ sql, schema });
-    await b.open();
-    const t = tables(schema, "botmesh_");
-    await sql.unsafe(`ALTER TABLE ${t.inbox} SET (autovacuum_enabled = false); ALTER TABLE ${t.outbox} SET (autovacuum_enabled = false)`).simple();
+    const { b, t } = await oneSession(sql);
     await sql.begin(async (tx) => {
       await tx.unsafe(`INSERT INTO ${t.inbox} (id, kind, chat_id, provider, payload, received_at, state, attempts, fence, updated_at)
         SELECT 'd' || g, 'message', 'c' || (g % 100), 'p', '{}', g, 'done', 1, 1, 1 FROM generate_series(1, 3000) g`);

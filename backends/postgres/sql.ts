@@ -12,7 +12,7 @@
  */
 import { INBOX, OUTBOX, sqlByDue, sqlIn, sqlNotIn, statesWhere } from "../../src/machine.ts";
 import { TIMER_STATE } from "../../src/rules.ts";
-import { ACTIVE, ASIDE_READ, asideRead, BLOCKING, chatTouchedAt, CLAIM_SET, IN_LEASED, INBOX_COLUMNS, INBOX_META_COLUMNS, inboxClaimable, KEPT, nextChatVersion, NOW_MS, OUT_LEASED, OUT_WAITING, OUTBOX_COLUMNS, OUTBOX_META_COLUMNS, outcomeOf, type Tables } from "./sql_common.ts";
+import { ACTIVE, ASIDE_READ, asideRead, BLOCKING, chatTouchedAt, CLAIM_SET, IN_LEASED, INBOX_COLUMNS, INBOX_META_COLUMNS, inboxClaimable, KEPT, nextChatVersion, NOW_MS, OUT_LEASED, OUT_WAITING, OUTBOX_COLUMNS, OUTBOX_META_COLUMNS, outcomeOf, probe, type Tables } from "./sql_common.ts";
 import { inboxClaimDueSql, outboxClaimDueSql } from "./sql_claim_due.ts";
 export * from "./sql_common.ts";
 export * from "./sql_schema.ts";
@@ -206,7 +206,7 @@ export function inboxSql(t: Tables): InboxSql & AsideSql {
       FROM n WHERE id = $1 AND ${sqlIn("state", IN_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     get: `SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = $1`,
     getMany: `SELECT r.* FROM (SELECT DISTINCT json_array_elements_text($1::text::json) COLLATE "C" AS id) k
-      CROSS JOIN LATERAL (SELECT ${INBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.inbox} WHERE id = k.id LIMIT 1) r`,
+      CROSS JOIN ${probe(t.inbox, `${INBOX_COLUMNS}, ${ASIDE_READ}`, "id", "k.id")} r`,
     replay: `WITH ${n} UPDATE ${t.inbox} SET state = 'pending', attempts = 0, next_attempt_at = NULL,
         lease_owner = NULL, lease_incarnation = NULL, lease_token = NULL, lease_expires_at = NULL,
         error = NULL, updated_at = n.now, due_at = 0
@@ -390,16 +390,14 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     SELECT 'exists' AS status, ${OUTBOX_META_COLUMNS}, content, set_aside_seq, damage, xv FROM old`,
     // `reserve` of entries of distinct chats (the caller never puts two of one chat, or of one key, in one
     // statement), each exactly as a lone reserve: `old`, `snap`, `lk` (the chat rows locked in chat order),
-    // `h` per entry; the entries are inserted in call order (`i`), so their seqs follow it. `old` looks each
-    // key up by its index: a plan made while the table was small (a prepared statement keeps it) would scan
-    // the whole table for \`key = ANY(…)\` once it has grown, and a probe per key stays the cheaper plan.
+    // `h` per entry; the entries are inserted in call order (`i`), so their seqs follow it.
     reserveMany: `WITH ${n},
     w AS (
       SELECT * FROM json_to_recordset($1::text::json) AS w(i integer, key text, chat_id text, content text, content_hash text,
         inbound_id text, leased boolean, owner text, inc text, lease_ms bigint, calling boolean)
     ),
-    old AS (SELECT o.* FROM w CROSS JOIN LATERAL (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = w.key LIMIT 1) o),
-    snap AS (SELECT c.chat_id, c.ver FROM w CROSS JOIN LATERAL (SELECT chat_id, ver FROM ${t.chat} WHERE chat_id = w.chat_id LIMIT 1) c),
+    old AS (SELECT o.* FROM w CROSS JOIN ${probe(t.outbox, `${OUTBOX_COLUMNS}, ${ASIDE_READ}`, "key", "w.key")} o),
+    snap AS (SELECT c.chat_id, c.ver FROM w CROSS JOIN ${probe(t.chat, "chat_id, ver", "chat_id", "w.chat_id")} c),
     lk AS (
       INSERT INTO ${t.chat} AS c (chat_id, ver, prev, touched_at, resync)
       SELECT w.chat_id, ${nextVer}, NULL, n.now, EXISTS (SELECT 1 FROM snap s WHERE s.chat_id = w.chat_id) FROM w, n
@@ -460,7 +458,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
       FROM n WHERE key = $1 AND ${sqlIn("state", OUT_LEASED)} AND lease_token = $2 AND ${KEPT} RETURNING 1 AS ok`,
     // (Each row locked by its own probe, the probes made in chat order.)
     lockChats: `WITH k AS MATERIALIZED (SELECT DISTINCT json_array_elements_text($1::text::json) COLLATE "C" AS chat_id ORDER BY 1)
-      SELECT 1 FROM k CROSS JOIN LATERAL (SELECT 1 FROM ${t.chat} c WHERE c.chat_id = k.chat_id FOR UPDATE OF c) l`,
+      SELECT 1 FROM k CROSS JOIN ${probe(t.chat, "1", "chat_id", "k.chat_id", "FOR UPDATE")} l`,
     heartbeatMany: renewMany(""),
     markCallingMany: renewMany(", uncalled_fence = NULL"),
     // markSent of several entries, as they would be one after another in one transaction: the chats of the
@@ -543,7 +541,7 @@ export function outboxSql(t: Tables): OutboxSql & AsideSql {
     SELECT 1 AS ok FROM u`,
     get: `SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = $1`,
     getMany: `SELECT o.* FROM (SELECT DISTINCT json_array_elements_text($1::text::json) COLLATE "C" AS key) k
-      CROSS JOIN LATERAL (SELECT ${OUTBOX_COLUMNS}, ${ASIDE_READ} FROM ${t.outbox} WHERE key = k.key LIMIT 1) o`,
+      CROSS JOIN ${probe(t.outbox, `${OUTBOX_COLUMNS}, ${ASIDE_READ}`, "key", "k.key")} o`,
     // The entry becomes unsettled again (chat lock: a reserve of the chat whose snapshot predates this
     // one does not lease past it). Due-marked when it is the chat's head in the snapshot; an old head
     // keeps its mark (a stray, re-checked by the scan).

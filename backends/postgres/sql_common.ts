@@ -91,6 +91,17 @@ export const outcomeOf = (r: string, token: string): string =>
  * hold back a chat, never change (the due scans' chat order checks included).
  */
 export const KEPT = "set_aside_seq IS NULL";
+
+/**
+ * A LATERAL FROM item: the row of `table` whose unique `column` equals `value` (a column of the rows
+ * before it), read by its own index probe. A multi-row statement looks its keys up this way, not with
+ * `column = ANY(…)`: the plan a prepared statement keeps was made when the table may have been empty,
+ * and for a lookup of all keys at once that plan reads the whole table however much it has grown,
+ * while a probe per key is the cheaper plan at any size.
+ */
+export function probe(table: string, columns: string, column: string, value: string, lock = ""): string {
+  return `LATERAL (SELECT ${columns} FROM ${table} WHERE ${column} = ${value} ${lock || "LIMIT 1"})`;
+}
 /**
  * What a read returns besides a row's columns: its set-aside mark and problem, and its version (`xmin`), which
  * fences the statement that sets it aside (it applies only to the version read: see `setAside`).

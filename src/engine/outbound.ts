@@ -106,15 +106,14 @@ export class Outbound {
       );
     }
     const entry: NewOutboxEntry = { key, chatId, content: json, contentHash: hashText(text), inboundId };
-    if (inboundId === null) {
-      // Not a handler's: answered once its outcome is journaled (a script may end right after it).
-      return this.inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode, () => {}));
-    }
+    const run = (answered?: (result: SendResult) => void) => this.inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode, answered));
+    // Not a handler's: answered once its outcome is journaled (a script may end right after it).
+    if (inboundId === null) return run();
     // A handler's send answers it once the provider answered: the outcome's journal write goes on (the
     // chat's next send waits for it), so the message's done mark is written alongside it, not after.
     let answered!: (result: SendResult) => void;
     const early = new Promise<SendResult>((resolve) => answered = resolve);
-    return Promise.race([early, this.inChatOrder(chatId, () => this.#reserveAndDeliver(entry, content, mode, answered))]);
+    return Promise.race([early, run(answered)]);
   }
 
   /**
@@ -147,7 +146,7 @@ export class Outbound {
     entry: NewOutboxEntry,
     content: OutboundContent,
     mode: "now" | "enqueue",
-    answered: (result: SendResult) => void,
+    answered?: (result: SendResult) => void,
   ): Promise<SendResult> {
     let result;
     const reservedAt = this.#h.clock.monotonic();

@@ -494,6 +494,84 @@ export function runBotConformance(options: BackendConformanceOptions): void {
       expect(provider.sent.map((s) => s.idempotencyKey)).toEqual([`${id}:1`]);
     });
 
+    /** `backend` with its markSent held until `release()`, and the order the engine asked for markSent and complete. */
+    const heldMarkSent = (backend: DurabilityBackend) => {
+      const calls: string[] = [];
+      let release!: () => void;
+      const released = new Promise<void>((resolve) => (release = resolve));
+      const held = intercept(backend, {
+        complete: (id, token) => {
+          calls.push(`complete ${id}`);
+          return backend.inbox.complete(id, token);
+        },
+      }, {
+        markSent: async (key, token, messageId) => {
+          calls.push(`markSent ${key}`);
+          await released;
+          return backend.outbox.markSent(key, token, messageId);
+        },
+      });
+      const until = async (done: () => boolean) => {
+        for (let i = 0; i < 200 && !done(); i++) await sleep(5);
+      };
+      return { held, calls, release, until };
+    };
+
+    withBackend("a handler's send answers once the provider answered; the done mark is asked right after its sent mark", async (backend, bots) => {
+      const { held, calls, release, until } = heldMarkSent(backend);
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(held, scale) });
+      const seen: { messageId?: string; state?: string }[] = [];
+      bot.when(ANY, async (ctx) => {
+        const result = await ctx.reply("pong");
+        // Answered while its outcome's write waits: the journal still says the call is under way.
+        seen.push({ messageId: result.messageId, state: (await backend.outbox.get(result.key))?.state });
+      });
+      await start(bots, bot);
+      const id = uid("m");
+      try {
+        await provider.receive({ id, chatId: "c", text: "ping" });
+        await until(() => calls.length >= 2);
+        expect(seen).toEqual([{ messageId: provider.sent[0]!.messageId, state: "sending" }]);
+        expect(calls, "the sent mark first, the done mark right after it (one group commit)").toEqual([`markSent ${id}:1`, `complete ${id}`]);
+        let idle = false;
+        const waiting = bot.idle().then(() => (idle = true));
+        await sleep(20);
+        expect(idle, "bot.idle() waits for the outcome's write").toBe(false);
+        release();
+        await waiting;
+        expect((await backend.outbox.get(`${id}:1`))?.state).toBe("sent");
+        expect((await backend.inbox.get(id))?.state).toBe("done");
+      } finally {
+        release();
+      }
+    });
+
+    withBackend("a send from outside a handler answers only once its outcome is journaled (a script may end right after it)", async (backend, bots) => {
+      const { held, calls, release, until } = heldMarkSent(backend);
+      const provider = new MockProvider();
+      const bot = new Bot({ clock: time.clock, provider, durability: fastDurability(held, scale) });
+      await start(bots, bot);
+      const key = uid("k");
+      try {
+        let answered = false;
+        const sending = bot.send("c", "hello", { idempotencyKey: key }).then((r) => {
+          answered = true;
+          return r;
+        });
+        await until(() => calls.length >= 1);
+        expect(calls).toEqual([`markSent ${key}`]);
+        expect(provider.sent.length, "the call was made").toBe(1);
+        await sleep(20);
+        expect(answered, "not answered while the outcome's write waits").toBe(false);
+        release();
+        expect((await sending).state).toBe("sent");
+        expect((await backend.outbox.get(key))?.state).toBe("sent");
+      } finally {
+        release();
+      }
+    });
+
     withBackend("a stale completion is rejected and counted; the new owner's work stands", async (backend, bots) => {
       // A is frozen: its heartbeats never land and its sweeps find nothing (so B, not A itself, takes the lapsed lease).
       const frozen = intercept(backend, { heartbeat: () => Promise.resolve(true), claimDue: () => Promise.resolve([]) });
