@@ -20,6 +20,7 @@ import {
 } from "../backends/redis/mod.ts";
 import { EventsDurability, MemoryEventJournal } from "../backends/events/mod.ts";
 import { REQUEST_TTL_MS } from "../backends/redis/lua.ts";
+import { LUA_FILES } from "../backends/redis/lua_files.ts";
 import { runBackendContract } from "../testing.ts";
 import { REDIS_URL, runId, serviceSkip } from "./support/services.ts";
 import { startUpstashBridge, type UpstashBridge } from "./support/upstash_bridge.ts";
@@ -376,6 +377,82 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     expect((await backend.inbox.get("m0"))?.payload).toBe("\ud800");
     expect(((await backend.inbox.get("m2"))?.payload as unknown[]).length).toBe(1);
     expect((await backend.inbox.claimDue({ ...claimer(), limit: 1_000 })).map((r) => r.id)).toEqual(good);
+  });
+
+  test("the scripts' JSON check agrees with JSON.parse on thousands of near-JSON texts (seeded)", async () => {
+    // The prelude's json_ok run on its own: one call checks every text.
+    const prelude = LUA_FILES.prelude!;
+    const check = prelude.slice(prelude.indexOf("\n--\n") + 4).replace("{{SLOT_GUARD}}", "") +
+      "\nlocal out = {}\nfor i = 2, #ARGV do out[#out + 1] = json_ok(ARGV[i]) and 1 or 0 end\nreturn out\n";
+    let seed = 20261207;
+    const rand = (n: number) => {
+      // mulberry32
+      seed = (seed + 0x6d2b79f5) | 0;
+      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+      return Math.floor((((t ^ (t >>> 14)) >>> 0) / 4294967296) * n);
+    };
+    const pick = <T>(xs: readonly T[]): T => xs[rand(xs.length)]!;
+    const STRINGS = ["", "a", "é \u{1F600}", "q\"\\/\b\f\n\r\t", "\ud800", "x\udc00y", "1e5", "true", "[{}]", "\u007f\u0001"];
+    const NUMBERS = ["0", "-0", "7", "-12", "3.25", "0.5e-3", "1E+9", "-1.0e10", "1e999", "123456789012345678"];
+    const ws = () => pick(["", "", "", " ", "\n", "\t ", "\r\n"]);
+    // A JSON value as tokens (whitespace its own tokens), so that an edit can be a token's.
+    const value = (depth: number): string[] => {
+      const kind = depth > 3 ? rand(4) : rand(7);
+      if (kind === 0) return [JSON.stringify(pick(STRINGS))];
+      if (kind === 1) return [pick(NUMBERS)];
+      if (kind === 2) return [pick(["true", "false", "null"])];
+      if (kind === 3) return [`"${pick(["\\u12ab", "\\/", "\\\\", "a\\\"b", "\\ud83d\\ude00"])}"`];
+      const items = Array.from({ length: rand(4) }, () =>
+        kind === 4 ? value(depth + 1) : [JSON.stringify(pick(STRINGS)), ws(), ":", ws(), ...value(depth + 1)]
+      );
+      const [open, close] = kind === 4 ? ["[", "]"] : ["{", "}"];
+      return [open, ws(), ...items.flatMap((item, i) => i === 0 ? item : [ws(), ",", ws(), ...item]), ws(), close];
+    };
+    // near misses of every part of the grammar, and the characters the check itself gives a meaning
+    const EDITS = [
+      "[", "]", "{", "}", ",", ":", '"', "\\", " ", '"a"', "1", "01", "1.", ".5", "-", "+1", "1e", "e5", "E", "tru", "truex", "nul",
+      "\\/", "\\n", "\\u0041", "\\u00g1", "1\\/5", "\\n1", '"\\x"', "\x01", "\x02", "\x7f", "\t", "é", "#", "m", "NaN",
+    ];
+    const edit = () => rand(2) === 0 ? pick(["[", "]", "{", "}", ",", ":", '"'] as const) : pick(EDITS);
+    const mutate = (tokens: string[]): string[] => {
+      const at = rand(tokens.length + 1);
+      const out = [...tokens];
+      const op = rand(5);
+      if (op === 0) out.splice(at, 1);
+      else if (op === 1) out.splice(at, 0, edit());
+      else if (op === 2) out.splice(at, 1, edit());
+      else if (op === 3) out.splice(at, 0, ...tokens.slice(rand(tokens.length), rand(tokens.length + 1)));
+      else {
+        // a character's edit inside a token
+        const t = out[at] ?? "";
+        const i = rand(t.length + 1);
+        out[at] = rand(2) === 0 ? t.slice(0, i) + t.slice(i + 1) : t.slice(0, i) + edit() + t.slice(i);
+      }
+      return out;
+    };
+    const texts: string[] = [];
+    for (let i = 0; i < 20_000; i++) {
+      let tokens = value(0);
+      for (let m = 1 + rand(3); m > 0 && i % 3 !== 0; m--) tokens = mutate(tokens);
+      texts.push(tokens.join(""));
+    }
+    // nested deeper than the reductions go: read by the walker
+    texts.push("[".repeat(40) + "1" + "]".repeat(40), "[".repeat(40) + "1," + "]".repeat(40), `${"{\"a\":".repeat(50)}0${"}".repeat(50)}`);
+    const parses = (text: string) => {
+      try {
+        JSON.parse(text);
+        return 1;
+      } catch {
+        return 0;
+      }
+    };
+    const got = await admin!.eval(check, 0, "{p}", ...texts) as number[];
+    const disagree = texts.flatMap((text, i) => got[i] === parses(text) ? [] : [JSON.stringify(text)]);
+    expect(disagree.slice(0, 10)).toEqual([]);
+    const valid = texts.filter((t) => parses(t) === 1).length;
+    expect(valid).toBeGreaterThan(5_000);
+    expect(texts.length - valid).toBeGreaterThan(5_000);
   });
 
   test("a key of another type, and a record an older version quarantined (dead, the problem in its error), are set aside", async () => {

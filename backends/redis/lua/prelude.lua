@@ -118,12 +118,12 @@ local function need_one(h, f, set)
   if p then return p end
   if not set[h[f]] then return bad(h, f, shown(h[f])) end
 end
--- Whether s is one JSON text as JSON.parse reads it (RFC 8259; any \u escape, a lone surrogate too,
--- and any depth: cjson would refuse both). string.find skips the plain runs in C.
+-- json_walk: whether s is one JSON text, read character by character (any depth). string.find skips
+-- the plain runs in C.
 local STR_STOP = '["' .. string.char(92) .. '%z' .. string.char(1) .. '-' .. string.char(31) .. ']'
 local ESCAPES = {['"'] = true, ['/'] = true, b = true, f = true, n = true, r = true, t = true}
 ESCAPES[string.char(92)] = true
-local function json_ok(s)
+local function json_walk(s)
   local i, n, depth, stack = 1, #s, 0, {}
   local function skip() i = string.find(s, '[^ \t\n\r]', i) or n + 1 end
   local function str()
@@ -222,6 +222,70 @@ local function json_ok(s)
       end
     end
   end
+end
+-- Whether s is one JSON text as JSON.parse reads it (RFC 8259; any \u escape, a lone surrogate too,
+-- and any depth: cjson would refuse both). Read by reductions that run in C (gsub): the escapes of
+-- strings, then each string becomes \1 and each literal or number \2, whitespace goes, and the innermost
+-- array or object becomes \2 while its members are well formed, until one value is left. A raw control
+-- character is JSON nowhere (but whitespace \t \n \r): one in a string leaves its quotes unread, one
+-- elsewhere is never reduced, and a text holding a marker is refused first. A text nested deeper than
+-- JSON_PASSES is read by json_walk.
+local JSON_PASSES = 32
+local J_STR, J_VAL = string.char(1), string.char(2)
+local J_STRING = '"[^"' .. string.char(92) .. '%z' .. string.char(1) .. '-' .. string.char(31) .. ']*"'
+local J_ESCAPE = string.char(92) .. '(.)(%x?%x?%x?%x?)'
+local J_MEMBER = J_STR .. ':[' .. J_STR .. J_VAL .. ']'
+-- an escape becomes DEL: a character a string may hold raw, and no literal, number or whitespace may
+local J_ESCAPED = string.char(127)
+local j_bad = false
+local function j_escape(c, hex)
+  if c == 'u' then
+    if #hex == 4 then return J_ESCAPED end
+  elseif ESCAPES[c] then
+    return J_ESCAPED .. hex
+  end
+  j_bad = true
+end
+local function j_token(t)
+  if t == 'true' or t == 'false' or t == 'null' then return J_VAL end
+  local p = string.match(t, '^%-?0()') or string.match(t, '^%-?[1-9]%d*()')
+  if p then
+    p = string.match(t, '^%.%d+()', p) or p
+    p = string.match(t, '^[eE][%+%-]?%d+()', p) or p
+    if p == #t + 1 then return J_VAL end
+  end
+  j_bad = true
+end
+-- members: one, then ", one" each (the content of an innermost container, its members made one character)
+local function j_list(c, one)
+  if string.sub(c, 1, 1) ~= one then return false end
+  return string.gsub(string.sub(c, 2), ',' .. one, '') == ''
+end
+local function j_array(c)
+  if c == '' or j_list(string.gsub(c, '[' .. J_STR .. J_VAL .. ']', 'v'), 'v') then return J_VAL end
+  j_bad = true
+end
+local function j_object(c)
+  if c == '' or j_list(string.gsub(c, J_MEMBER, 'm'), 'm') then return J_VAL end
+  j_bad = true
+end
+local function json_ok(s)
+  if string.find(s, J_STR, 1, true) or string.find(s, J_VAL, 1, true) then return false end
+  local t = s
+  j_bad = false
+  if string.find(t, string.char(92), 1, true) then t = string.gsub(t, J_ESCAPE, j_escape) end
+  t = string.gsub(string.gsub(t, J_STRING, J_STR), '[%w%.%+%-]+', j_token)
+  if j_bad then return false end
+  t = string.gsub(t, '[ \t\n\r]+', '')
+  for _ = 1, JSON_PASSES do
+    if t == J_STR or t == J_VAL then return true end
+    local a, b
+    t, a = string.gsub(t, '%[([^%[%]{}]*)%]', j_array)
+    t, b = string.gsub(t, '{([^%[%]{}]*)}', j_object)
+    if j_bad or a + b == 0 then return false end
+  end
+  if t == J_STR or t == J_VAL then return true end
+  return json_walk(s)
 end
 local function need_json(h, f)
   local p = need_str(h, f)
