@@ -10,6 +10,8 @@
  *   `KEYS[1]` is one such key, so that a cluster client routes the call.
  * - Time is `redis.call('TIME')` (the server's clock), in ms.
  * - A record is a hash whose fields are strings; a `null` field is absent.
+ *   Scripts read it with one `HMGET` of its journal's field list (`IN_FIELDS`,
+ *   `OUT_FIELDS`): a field of neither list is neither read nor returned.
  *   Payloads and contents are JSON text that Lua never decodes; it checks
  *   their syntax only (`json_ok`), with every other field the reader checks,
  *   so that a record the reader cannot read is set aside, never claimed.

@@ -61,7 +61,7 @@ end
 -- The record of id, or nil when there is none or it is set aside (a damaged one is set aside now).
 local function in_read(id, now, via_om, via_chat)
   if is_aside('in', id) then return nil end
-  local h = load(in_key(id))
+  local h = load(in_key(id), IN_FIELDS)
   if not h then return nil end
   local problem = in_problem(h, id)
   if problem then

@@ -67,7 +67,7 @@ local sync_head
 -- chat moves on unless the caller is sync_head, which does it itself).
 local function out_read(k, now, via_chat, syncing)
   if is_aside('out', k) then return nil end
-  local h = load(out_key(k))
+  local h = load(out_key(k), OUT_FIELDS)
   if not h then return nil end
   local problem = out_problem(h, k)
   if problem then

@@ -16,17 +16,30 @@ local function n2s(x)
   if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
   return string.format('%.17g', x)
 end
--- A record's hash as a table (nil when absent). A key of another type reads as a record whose _bad
--- names the problem: a damaged one, set aside like any other.
-local function load(key)
-  local flat = redis.pcall('HGETALL', key)
-  if flat.err then return {_key = key, _bad = 'the key "' .. key .. '" holds no hash (' .. flat.err .. ')'} end
-  if #flat == 0 then return nil end
-  -- _o: the fields as stored, so that save writes only what changed
-  local h, o = {}, {}
-  for i = 1, #flat, 2 do h[flat[i]] = flat[i + 1]; o[flat[i]] = flat[i + 1] end
-  h._key = key
-  h._o = o
+-- Each field list's positions (field name -> its index in the list), made once per list and run.
+local POSITIONS = {}
+local function positions(fields)
+  local ix = POSITIONS[fields]
+  if not ix then
+    ix = {}
+    for i, f in ipairs(fields) do ix[f] = i end
+    POSITIONS[fields] = ix
+  end
+  return ix
+end
+-- A record's fields (the list of its journal) as a table, nil when there is no key. A key of another
+-- type reads as a record whose _bad names the problem: a damaged one, set aside like any other; so
+-- does a hash without any of the fields.
+local function load(key, fields)
+  local r = redis.pcall('HMGET', key, unpack(fields))
+  if r.err then return {_key = key, _bad = 'the key "' .. key .. '" holds no hash (' .. r.err .. ')'} end
+  -- _o: the values as stored, by position in _fields, so that save writes only what changed
+  local h, any = {_key = key, _o = r, _fields = fields}, false
+  for i = 1, #fields do
+    local v = r[i]
+    if v then h[fields[i]] = v; any = true end
+  end
+  if not any and redis.call('EXISTS', key) == 0 then return nil end
   return h
 end
 -- HMGET that reads a key of another type as a hash without the fields.
@@ -55,21 +68,32 @@ local function num(h, field, default)
   end
   return n
 end
--- Writes the fields that differ from the stored ones (all of them for a new record: no _o).
+-- Writes the fields (of the record's list) that differ from the stored ones; a new record (no _o),
+-- every one it has.
 local function save(h, fields)
   local set, del, o = {}, {}, h._o
+  local ix = o and positions(h._fields)
   for _, f in ipairs(fields) do
     local v = h[f]
-    if v == nil or v == false then
-      if o and o[f] ~= nil then del[#del + 1] = f; o[f] = nil end
-    elseif not o or o[f] ~= v then
+    if o then
+      local i = ix[f]
+      if v == nil or v == false then
+        if o[i] then del[#del + 1] = f; o[i] = false end
+      elseif o[i] ~= v then
+        set[#set + 1] = f; set[#set + 1] = v; o[i] = v
+      end
+    elseif v ~= nil and v ~= false then
       set[#set + 1] = f; set[#set + 1] = v
-      if o then o[f] = v end
     end
   end
   if #set > 0 then redis.call('HSET', h._key, unpack(set)) end
   if #del > 0 then redis.call('HDEL', h._key, unpack(del)) end
-  if not o then h._o = {} for _, f in ipairs(fields) do if type(h[f]) == 'string' then h._o[f] = h[f] end end end
+  if not o then
+    o = {}
+    for i, f in ipairs(fields) do o[i] = type(h[f]) == 'string' and h[f] or false end
+    h._o = o
+    h._fields = fields
+  end
 end
 local function opts(i)
   return { owner = ARGV[i], inc = ARGV[i + 1], leaseMs = tonumber(ARGV[i + 2]), reclaim = ARGV[i + 3] == '1' }
