@@ -16,17 +16,6 @@ local function n2s(x)
   if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
   return string.format('%.17g', x)
 end
--- Each field list's positions (field name -> its index in the list), made once per list and run.
-local POSITIONS = {}
-local function positions(fields)
-  local ix = POSITIONS[fields]
-  if not ix then
-    ix = {}
-    for i, f in ipairs(fields) do ix[f] = i end
-    POSITIONS[fields] = ix
-  end
-  return ix
-end
 -- A record's fields (the list of its journal) as a table, nil when there is no key. A key of another
 -- type reads as a record whose _bad names the problem: a damaged one, set aside like any other; so
 -- does a hash without any of the fields.
@@ -71,12 +60,16 @@ end
 -- Writes the fields (of the record's list) that differ from the stored ones; a new record (no _o),
 -- every one it has.
 local function save(h, fields)
-  local set, del, o = {}, {}, h._o
-  local ix = o and positions(h._fields)
-  for _, f in ipairs(fields) do
+  local set, del, o, all = {}, {}, h._o, h._fields
+  for k, f in ipairs(fields) do
     local v = h[f]
     if o then
-      local i = ix[f]
+      -- the field's position in the record's list (a save of a few fields looks it up)
+      local i = k
+      if fields ~= all then
+        i = 1
+        while all[i] ~= f do i = i + 1 end
+      end
       if v == nil or v == false then
         if o[i] then del[#del + 1] = f; o[i] = false end
       elseif o[i] ~= v then
@@ -142,18 +135,17 @@ local function need_one(h, f, set)
   if p then return p end
   if not set[h[f]] then return bad(h, f, shown(h[f])) end
 end
+-- The constants of the JSON check are literals in the functions' bodies: a script builds every local
+-- and closure of its includes on each call, and a literal costs nothing then.
 -- json_walk: whether s is one JSON text, read character by character (any depth). string.find skips
 -- the plain runs in C.
-local STR_STOP = '["' .. string.char(92) .. '%z' .. string.char(1) .. '-' .. string.char(31) .. ']'
-local ESCAPES = {['"'] = true, ['/'] = true, b = true, f = true, n = true, r = true, t = true}
-ESCAPES[string.char(92)] = true
 local function json_walk(s)
   local i, n, depth, stack = 1, #s, 0, {}
   local function skip() i = string.find(s, '[^ \t\n\r]', i) or n + 1 end
   local function str()
     i = i + 1
     while true do
-      local j = string.find(s, STR_STOP, i)
+      local j = string.find(s, '["\\%z\1-\31]', i)
       if not j then return false end
       local c = string.byte(s, j)
       if c == 34 then i = j + 1; return true end
@@ -162,7 +154,7 @@ local function json_walk(s)
       if e == 'u' then
         if not string.find(s, '^%x%x%x%x', j + 2) then return false end
         i = j + 6
-      elseif ESCAPES[e] then
+      elseif e ~= '' and string.find('"\\/bfnrt', e, 1, true) then
         i = j + 2
       else
         return false
@@ -253,62 +245,56 @@ end
 -- array or object becomes \2 while its members are well formed, until one value is left. A raw control
 -- character is JSON nowhere (but whitespace \t \n \r): one in a string leaves its quotes unread, one
 -- elsewhere is never reduced, and a text holding a marker is refused first. A text nested deeper than
--- JSON_PASSES is read by json_walk.
-local JSON_PASSES = 32
-local J_STR, J_VAL = string.char(1), string.char(2)
-local J_STRING = '"[^"' .. string.char(92) .. '%z' .. string.char(1) .. '-' .. string.char(31) .. ']*"'
-local J_ESCAPE = string.char(92) .. '(.)(%x?%x?%x?%x?)'
-local J_MEMBER = J_STR .. ':[' .. J_STR .. J_VAL .. ']'
--- an escape becomes DEL: a character a string may hold raw, and no literal, number or whitespace may
-local J_ESCAPED = string.char(127)
+-- 32 is read by json_walk.
 local j_bad = false
+-- an escape becomes DEL (\127): a character a string may hold raw, and no literal, number or whitespace may
 local function j_escape(c, hex)
   if c == 'u' then
-    if #hex == 4 then return J_ESCAPED end
-  elseif ESCAPES[c] then
-    return J_ESCAPED .. hex
+    if #hex == 4 then return '\127' end
+  elseif string.find('"\\/bfnrt', c, 1, true) then
+    return '\127' .. hex
   end
   j_bad = true
 end
 local function j_token(t)
-  if t == 'true' or t == 'false' or t == 'null' then return J_VAL end
+  if t == 'true' or t == 'false' or t == 'null' then return '\2' end
   local p = string.match(t, '^%-?0()') or string.match(t, '^%-?[1-9]%d*()')
   if p then
     p = string.match(t, '^%.%d+()', p) or p
     p = string.match(t, '^[eE][%+%-]?%d+()', p) or p
-    if p == #t + 1 then return J_VAL end
+    if p == #t + 1 then return '\2' end
   end
   j_bad = true
 end
 -- members: one, then ", one" each (the content of an innermost container, its members made one character)
-local function j_list(c, one)
+local function j_list(c, one, more)
   if string.sub(c, 1, 1) ~= one then return false end
-  return string.gsub(string.sub(c, 2), ',' .. one, '') == ''
+  return string.gsub(string.sub(c, 2), more, '') == ''
 end
 local function j_array(c)
-  if c == '' or j_list(string.gsub(c, '[' .. J_STR .. J_VAL .. ']', 'v'), 'v') then return J_VAL end
+  if c == '' or j_list(string.gsub(c, '[\1\2]', 'v'), 'v', ',v') then return '\2' end
   j_bad = true
 end
 local function j_object(c)
-  if c == '' or j_list(string.gsub(c, J_MEMBER, 'm'), 'm') then return J_VAL end
+  if c == '' or j_list(string.gsub(c, '\1:[\1\2]', 'm'), 'm', ',m') then return '\2' end
   j_bad = true
 end
 local function json_ok(s)
-  if string.find(s, J_STR, 1, true) or string.find(s, J_VAL, 1, true) then return false end
+  if string.find(s, '\1', 1, true) or string.find(s, '\2', 1, true) then return false end
   local t = s
   j_bad = false
-  if string.find(t, string.char(92), 1, true) then t = string.gsub(t, J_ESCAPE, j_escape) end
-  t = string.gsub(string.gsub(t, J_STRING, J_STR), '[%w%.%+%-]+', j_token)
+  if string.find(t, '\\', 1, true) then t = string.gsub(t, '\\(.)(%x?%x?%x?%x?)', j_escape) end
+  t = string.gsub(string.gsub(t, '"[^"\\%z\1-\31]*"', '\1'), '[%w%.%+%-]+', j_token)
   if j_bad then return false end
   t = string.gsub(t, '[ \t\n\r]+', '')
-  for _ = 1, JSON_PASSES do
-    if t == J_STR or t == J_VAL then return true end
+  for _ = 1, 32 do
+    if t == '\1' or t == '\2' then return true end
     local a, b
     t, a = string.gsub(t, '%[([^%[%]{}]*)%]', j_array)
     t, b = string.gsub(t, '{([^%[%]{}]*)}', j_object)
     if j_bad or a + b == 0 then return false end
   end
-  if t == J_STR or t == J_VAL then return true end
+  if t == '\1' or t == '\2' then return true end
   return json_walk(s)
 end
 local function need_json(h, f)
