@@ -265,7 +265,7 @@ export const BATCH: LuaScript = {
   text: fill("batch", source("batch").body, {
     ...VALUES,
     INCLUDES: include("prelude") + include("inbox") + include("outbox"),
-    OPS: BATCHED.map((name) => `  ${name} = function()\n${SCRIPTS[name].body}\n  end,`).join("\n"),
+    OPS: BATCHED.map((name, i) => `      ${i === 0 ? "if" : "elseif"} name == '${name}' then f = function()\n${SCRIPTS[name].body}\n      end`).join("\n") + "\n      end",
   }),
 };
 

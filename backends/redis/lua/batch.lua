@@ -1,17 +1,17 @@
 -- botmesh redis wrapper: batch
 -- Several operations in one script call (the hot path's writes of one turn of the event loop).
 -- ARGV: P, then per operation its name, once (0|1), the number of its arguments, and its arguments
--- (after P). {{INCLUDES}} is the prelude and the inbox and outbox includes; {{OPS}} the table of the
--- batched scripts' bodies, each a function. With KEYS[2], the replies of the `once` operations are
--- kept there (joined by newlines) and a second run answers them from it.
+-- (after P). {{INCLUDES}} is the prelude and the inbox and outbox includes; {{OPS}} makes the function
+-- of a batched script's body (f) from its name, the first time the call runs one: a script builds
+-- each of its closures on every call, so the operations a call does not run are never built. With
+-- KEYS[2], the replies of the `once` operations are kept there (joined by newlines) and a second run
+-- answers them from it.
 --
 -- botmesh redis backend: batch
 local BATCH = ARGV
 local ARGV = {BATCH[1]}
 {{INCLUDES}}
-local OPS = {
-{{OPS}}
-}
+local OPS = {}
 local RQ = KEYS[2]
 local stored = nil
 if RQ then
@@ -34,7 +34,12 @@ while i <= #BATCH do
   end
   if not r then
     ARGV = a
-    local ok, res = pcall(OPS[name])
+    local f = OPS[name]
+    if not f then
+{{OPS}}
+      OPS[name] = f
+    end
+    local ok, res = pcall(f)
     if ok then
       r = res
     else
