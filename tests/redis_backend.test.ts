@@ -51,6 +51,12 @@ async function dropPrefix(keyPrefix: string): Promise<void> {
   } while (cursor !== "0");
 }
 
+/** A script of the prelude's functions (without its slot guard) and then `body`. */
+function withPrelude(body: string): string {
+  const prelude = LUA_FILES.prelude!;
+  return `${prelude.slice(prelude.indexOf("\n--\n") + 4).replace("{{SLOT_GUARD}}", "")}\n${body}\n`;
+}
+
 // Scans the whole keyspace once per prefix (the O(due) test also leaves ~80k request keys, expiring on their own).
 afterAll(async () => {
   for (const p of prefixes) await dropPrefix(p);
@@ -380,11 +386,24 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     expect((await backend.inbox.claimDue({ ...claimer(), limit: 1_000 })).map((r) => r.id)).toEqual(good);
   });
 
+  test("a save of a field outside the record's field list is an error, never a loop", async () => {
+    const script = withPrelude(`local h = {_key = P .. 'k', _o = {'1', false}, _fields = {'a', 'b'}, a = '2', b = '3', c = '4'}
+save(h, {'b'})
+local first = redis.call('HGET', P .. 'k', 'b')
+local ok, err = pcall(save, h, {'c'})
+redis.call('DEL', P .. 'k')
+return {first, tostring(ok), type(err) == 'table' and err.err or tostring(err)}`);
+    const keyPrefix = prefix();
+    expect(await admin!.eval(script, 1, `{${keyPrefix}}k`, `{${keyPrefix}}`)).toEqual([
+      "3",
+      "false",
+      `ERR botmesh: the field "c" is not one of the record at key "{${keyPrefix}}k"`,
+    ]);
+  });
+
   test("the scripts' JSON check agrees with JSON.parse on thousands of near-JSON texts (seeded)", async () => {
     // The prelude's json_ok run on its own: one call checks every text.
-    const prelude = LUA_FILES.prelude!;
-    const check = prelude.slice(prelude.indexOf("\n--\n") + 4).replace("{{SLOT_GUARD}}", "") +
-      "\nlocal out = {}\nfor i = 2, #ARGV do out[#out + 1] = json_ok(ARGV[i]) and 1 or 0 end\nreturn out\n";
+    const check = withPrelude("local out = {}\nfor i = 2, #ARGV do out[#out + 1] = json_ok(ARGV[i]) and 1 or 0 end\nreturn out");
     let seed = 20261207;
     const rand = (n: number) => {
       // mulberry32
@@ -438,8 +457,18 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
       for (let m = 1 + rand(3); m > 0 && i % 3 !== 0; m--) tokens = mutate(tokens);
       texts.push(tokens.join(""));
     }
-    // nested deeper than the reductions go: read by the walker
-    texts.push("[".repeat(40) + "1" + "]".repeat(40), "[".repeat(40) + "1," + "]".repeat(40), `${"{\"a\":".repeat(50)}0${"}".repeat(50)}`);
+    // Nested as deep as the reductions go (32) and deeper (the walker reads those), valid and not, with the
+    // error innermost and outermost; and bytes the generator never makes.
+    const nest = (depth: number, inner: string, outer = "") => "[".repeat(depth) + inner + "]".repeat(depth) + outer;
+    for (const depth of [31, 32, 33, 40]) {
+      texts.push(nest(depth, "1"), nest(depth, "1,"), nest(depth, "{}", ","), `[1 ${nest(depth - 1, '"x"')}]`, nest(depth, "[]]"));
+      texts.push(`${'{"a":'.repeat(depth)}0${"}".repeat(depth)}`, `${'{"a":'.repeat(depth)}0${"}".repeat(depth - 1)}`);
+      texts.push(`${'{"a":'.repeat(depth)}0${"}".repeat(depth - 1)},1}`, `${'{"a":'.repeat(depth)}01${"}".repeat(depth)}`);
+    }
+    texts.push(
+      '"a\\u00"', '"\\uABCD"', '"\\uAbC"', "\\", '"\\"', '["a\\"]', '"a"\\', "1\\", "\ufeff1", "\u00a01", "1\u00a0", "[1,\f2]", "[1,\v2]",
+      '"\x00"', '"\x1f"', "1\x00", "[\x00]", '"\x7f"', "\x7f", '"\u2028"', "[1]\n", "\r\n[1]", "{\"\":0}",
+    );
     const parses = (text: string) => {
       try {
         JSON.parse(text);
@@ -448,6 +477,8 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
         return 0;
       }
     };
+    const walked = texts.filter((t) => t.startsWith("[".repeat(33)) || t.startsWith('{"a":'.repeat(33)));
+    expect(walked.filter((t) => parses(t) === 0).length, "invalid texts the walker reads").toBeGreaterThan(5);
     const got = await admin!.eval(check, 0, "{p}", ...texts) as number[];
     const disagree = texts.flatMap((text, i) => got[i] === parses(text) ? [] : [JSON.stringify(text)]);
     expect(disagree.slice(0, 10)).toEqual([]);

@@ -16,9 +16,9 @@
  *   their syntax only (`json_ok`), with every other field the reader checks,
  *   so that a record the reader cannot read is set aside, never claimed.
  * - Every script returns ONE string, `cjson.encode` of a table of strings (a
- *   record is its `HGETALL` array). Lua numbers are formatted by `n2s` first,
- *   so nothing numeric goes through cjson. An empty table encodes as `{}`:
- *   the caller reads it as an empty array.
+ *   record is its field-value array, as `HGETALL` answers). Lua numbers are
+ *   formatted by `n2s` first, so nothing numeric goes through cjson. An empty
+ *   table encodes as `{}`: the caller reads it as an empty array.
  *
  * @module
  */

@@ -68,7 +68,10 @@ local function save(h, fields)
       local i = k
       if fields ~= all then
         i = 1
-        while all[i] ~= f do i = i + 1 end
+        while all[i] ~= f do
+          if i >= #all then error({err = 'ERR botmesh: the field "' .. f .. '" is not one of the record at key "' .. h._key .. '"'}) end
+          i = i + 1
+        end
       end
       if v == nil or v == false then
         if o[i] then del[#del + 1] = f; o[i] = false end
@@ -82,6 +85,7 @@ local function save(h, fields)
   if #set > 0 then redis.call('HSET', h._key, unpack(set)) end
   if #del > 0 then redis.call('HDEL', h._key, unpack(del)) end
   if not o then
+    -- a new record is saved whole first: later saves find their fields' places in this list
     o = {}
     for i, f in ipairs(fields) do o[i] = type(h[f]) == 'string' and h[f] or false end
     h._o = o
