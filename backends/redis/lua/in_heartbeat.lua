@@ -6,7 +6,7 @@
 --
 
 local now = now_ms()
-local h = in_read(ARGV[2], now)
+local h = in_read(ARGV[2], now, nil, nil, true)
 if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
 h.leaseExp = n2s(now + tonumber(ARGV[4]))
 save(h, {'leaseExp'})

@@ -6,7 +6,7 @@
 --
 
 local now = now_ms()
-local h = in_read(ARGV[2], now)
+local h = in_read(ARGV[2], now, nil, nil, true)
 if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
 if num(h, 'attempts') < tonumber(ARGV[4]) then
   h.attempts = ARGV[4] -- updatedAt is kept: the lists' indexes are by it, and a run's start changes no state

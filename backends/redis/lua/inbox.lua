@@ -4,6 +4,9 @@
 
 local IN_FIELDS = {'id', 'kind', 'chatId', 'provider', 'payload', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
   'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
+-- A held read's fields: all but the payload, which a held operation neither hands out nor writes (see in_read).
+local IN_HELD = {'id', 'kind', 'chatId', 'provider', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
+  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
 local function in_key(id) return P .. 'in:r:' .. id end
 -- The chat's active (pending/processing/failed) records in arrival order: score receivedAt, member om
 -- (the zero-padded admission order, then the id), so equal scores sort by admission order.
@@ -17,8 +20,9 @@ local IN_STATES = {{{INBOX_STATES_SET}}}
 local INM = {{INBOX_MACHINE}}
 local ACTIVE = {{{ACTIVE_INBOX_STATES_SET}}}
 local IN_KINDS = {message = true, interaction = true}
--- What is damaged in an inbox record, or nil (every field the reader checks, and the index fields).
-local function in_problem(h, id)
+-- What is damaged in an inbox record, or nil (every field the reader checks, and the index fields; the
+-- payload unless held: a held read did not load it).
+local function in_problem(h, id, held)
   if h._bad then return h._bad end
   local p = need_is(h, 'id', id) or need_one(h, 'kind', IN_KINDS) or need_str(h, 'chatId') or need_str(h, 'provider')
     or need_num(h, 'receivedAt') or need_one(h, 'state', IN_STATES) or need_num(h, 'attempts', false, 'count')
@@ -28,7 +32,7 @@ local function in_problem(h, id)
   if type(h.om) ~= 'string' or string.sub(h.om, 17) ~= id or not tonumber(string.sub(h.om, 1, 16)) then
     return bad(h, 'om', shown(tostring(h.om or '(none)')))
   end
-  return need_json(h, 'payload')
+  if not held then return need_json(h, 'payload') end
 end
 -- Sets a damaged record aside (once): its hash stays as it is, and it leaves every index it can be
 -- found in, so that it holds nothing back. via_om and via_chat: the index member and chat it was met
@@ -59,11 +63,15 @@ local function in_aside(id, h, via_om, via_chat, problem, now)
   end
 end
 -- The record of id, or nil when there is none or it is set aside (a damaged one is set aside now).
-local function in_read(id, now, via_om, via_chat)
+-- held: a read that hands no payload out (the holder's start, heartbeat and finish) reads every field
+-- but the payload, and checks those: the reads that hand a record out (claims, get, list) check its
+-- payload, so a damaged one is never handed out nor leased, and one whose holder (which read it when it
+-- took the record) finished it is set aside by the next of those that meets it.
+local function in_read(id, now, via_om, via_chat, held)
   if is_aside('in', id) then return nil end
-  local h = load(in_key(id), IN_FIELDS)
+  local h = load(in_key(id), held and IN_HELD or IN_FIELDS)
   if not h then return nil end
-  local problem = in_problem(h, id)
+  local problem = in_problem(h, id, held)
   if problem then
     in_aside(id, h, via_om, via_chat, problem, now)
     return nil
@@ -79,7 +87,7 @@ local function in_unindex(h)
   if h.leaseOwner then redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), h.om) end
 end
 local function in_write(h)
-  save(h, IN_FIELDS)
+  save(h, h._fields or IN_FIELDS)
   redis.call('ZADD', P .. 'in:st:' .. h.state, h.receivedAt, h.om)
   if ACTIVE[h.state] then
     redis.call('ZADD', act_key(h.chatId), h.receivedAt, h.om)

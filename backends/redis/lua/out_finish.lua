@@ -9,7 +9,7 @@
 --
 
 local now = now_ms()
-local h = out_read(ARGV[2], now)
+local h = out_read(ARGV[2], now, nil, nil, true)
 if not out_resolvable(h, ARGV[3]) then return cjson.encode({'stale'}) end
 local mode = ARGV[4]
 out_unindex(h)

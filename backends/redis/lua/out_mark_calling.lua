@@ -8,7 +8,7 @@
 --
 
 local now = now_ms()
-local h = out_read(ARGV[2], now)
+local h = out_read(ARGV[2], now, nil, nil, true)
 if not out_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
 h.leaseExp = n2s(now + tonumber(ARGV[4]))
 redis.call('HSET', h._key, 'leaseExp', h.leaseExp, 'called', '1')

@@ -5,6 +5,10 @@
 local OUT_FIELDS = {'key', 'chatId', 'content', 'contentHash', 'inboundId', 'state', 'attempts', 'nextAttemptAt',
   'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'called', 'messageId', 'error', 'seq', 'createdAt',
   'updatedAt'}
+-- A held read's fields: all but the content, which a held operation neither hands out nor writes (see out_read).
+local OUT_HELD = {'key', 'chatId', 'contentHash', 'inboundId', 'state', 'attempts', 'nextAttemptAt',
+  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'called', 'messageId', 'error', 'seq', 'createdAt',
+  'updatedAt'}
 local BLOCKING = {{{BLOCKING_OUTBOX_STATES_SET}}}
 local OUTM = {{OUTBOX_MACHINE}}
 local function out_key(k) return P .. 'out:r:' .. k end
@@ -20,7 +24,7 @@ local function out_unindex(h)
   if h.leaseOwner then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, h.key) end
 end
 local function out_write(h)
-  save(h, OUT_FIELDS)
+  save(h, h._fields or OUT_FIELDS)
   redis.call('ZADD', P .. 'out:st:' .. h.state, h.seq, h.key)
   if BLOCKING[h.state] then
     redis.call('ZADD', open_key(h.chatId), h.seq, h.key)
@@ -39,13 +43,14 @@ local FLAGS = {['0'] = true, ['1'] = true}
 -- The called flag (see OutboxEntry.called): '1' a provider call may have started under the current
 -- fence, '0' none did. An entry written before the flag existed has none: read as called.
 local function out_called(h) return h.called ~= '0' end
--- What is damaged in an outbox entry, or nil (every field the reader checks, and the index fields).
-local function out_problem(h, k)
+-- What is damaged in an outbox entry, or nil (every field the reader checks, and the index fields; the
+-- content unless held: a held read did not load it).
+local function out_problem(h, k, held)
   if h._bad then return h._bad end
   return need_is(h, 'key', k) or need_str(h, 'chatId') or need_str(h, 'contentHash') or need_one(h, 'state', OUT_STATES)
     or need_num(h, 'seq', false, 'pos') or need_num(h, 'attempts', false, 'count') or need_num(h, 'fence', false, 'count')
     or need_num(h, 'nextAttemptAt', true) or (h.called ~= nil and need_one(h, 'called', FLAGS)) or need_num(h, 'createdAt')
-    or need_num(h, 'updatedAt') or need_lease(h, OUTM.leased) or quarantined(h) or need_json(h, 'content')
+    or need_num(h, 'updatedAt') or need_lease(h, OUTM.leased) or quarantined(h) or (not held and need_json(h, 'content')) or nil
 end
 -- Sets a damaged entry aside (once): its hash stays as it is, and it leaves every index it can be found
 -- in (via_chat: the chat it was met by, its chatId field may be the damaged one). The caller moves its
@@ -64,12 +69,15 @@ local function out_aside(k, h, via_chat, problem, now)
 end
 local sync_head
 -- The entry of k, or nil when there is none or it is set aside (a damaged one is set aside now, and its
--- chat moves on unless the caller is sync_head, which does it itself).
-local function out_read(k, now, via_chat, syncing)
+-- chat moves on unless the caller is sync_head, which does it itself). held: a read that hands no content
+-- out (the holder's heartbeat, markCalling and outcome, sync_head's look at a chat's head) reads every
+-- field but the content, and checks those: the reads that hand an entry out (due scans, get, list, a
+-- reserve that finds its key) check its content, so a damaged one is never handed out nor leased.
+local function out_read(k, now, via_chat, syncing, held)
   if is_aside('out', k) then return nil end
-  local h = load(out_key(k), OUT_FIELDS)
+  local h = load(out_key(k), held and OUT_HELD or OUT_FIELDS)
   if not h then return nil end
-  local problem = out_problem(h, k)
+  local problem = out_problem(h, k, held)
   if problem then
     out_aside(k, h, via_chat, problem, now)
     if not syncing then
@@ -89,7 +97,7 @@ sync_head = function(chat, now)
     local head = redis.call('ZRANGE', open_key(chat), 0, 0)[1]
     if not head then return nil end
     now = now or now_ms()
-    local h = out_read(head, now, chat, true)
+    local h = out_read(head, now, chat, true, true)
     if h then
       if OUTM.due[h.state] == 'nextAttemptAt' then
         redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)

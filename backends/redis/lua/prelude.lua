@@ -283,7 +283,7 @@ local function j_object(c)
   if c == '' or j_list(string.gsub(c, '\1:[\1\2]', 'm'), 'm', ',m') then return '\2' end
   j_bad = true
 end
-local function json_ok(s)
+local function json_reduce(s)
   if string.find(s, '\1', 1, true) or string.find(s, '\2', 1, true) then return false end
   local t = s
   j_bad = false
@@ -300,6 +300,22 @@ local function json_ok(s)
   end
   if t == '\1' or t == '\2' then return true end
   return json_walk(s)
+end
+-- json_ok: whether s is one JSON text as JSON.parse reads it. Most texts are decided by Redis' cjson.decode
+-- (C): its parse is strict on structure, strings and escapes, and lenient in two things only, which are
+-- checked here: raw control bytes and NUL (a text holding any goes to json_reduce), and numbers (strtod:
+-- a leading + or zeros, 1., hex, inf, nan), whose tokens, once the strings are dropped, j_token reads as
+-- JSON does. A text cjson refuses is decided by json_reduce (JSON.parse takes a lone surrogate escape, or
+-- deeper nesting, that cjson does not).
+local function json_ok(s)
+  if string.find(s, '[%z\1-\31]') or not pcall(cjson.decode, s) then return json_reduce(s) end
+  local t = s
+  if string.find(t, '\\', 1, true) then t = string.gsub(t, '\\.', '') end
+  t = string.gsub(t, '"[^"]*"', '')
+  if not string.find(t, '[%w%.%+%-]') then return true end
+  j_bad = false
+  string.gsub(t, '[%w%.%+%-]+', j_token)
+  return not j_bad
 end
 local function need_json(h, f)
   local p = need_str(h, f)
