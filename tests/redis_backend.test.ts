@@ -386,6 +386,27 @@ describe.skipIf(Boolean(skip))("redis backend", () => {
     expect((await backend.inbox.claimDue({ ...claimer(), limit: 1_000 })).map((r) => r.id)).toEqual(good);
   });
 
+  test("the numeric field check: what the journal writes passes at once, anything else is read by tonumber as before", async () => {
+    // need_num's verdict (1: a problem) for each value, with no kind (any finite number), 'count' (a safe
+    // integer >= 0) and 'pos' (a safe integer > 0).
+    const script = withPrelude(`local out = {}
+for i = 2, #ARGV do
+  for _, kind in ipairs({false, 'count', 'pos'}) do
+    out[#out + 1] = need_num({_key = 'k', f = ARGV[i]}, 'f', false, kind or nil) and 1 or 0
+  end
+end
+return out`);
+    const cases: [string, [number, number, number]][] = [
+      ["0", [0, 0, 1]], ["1", [0, 0, 0]], ["1733567890123", [0, 0, 0]], ["999999999999999", [0, 0, 0]],
+      ["9007199254740991", [0, 0, 0]], ["9007199254740992", [0, 1, 1]], ["007", [0, 0, 0]], ["00", [0, 0, 1]],
+      ["1.5", [0, 1, 1]], ["1e3", [0, 0, 0]], ["-3", [0, 1, 1]], ["-0", [0, 0, 1]], ["0x10", [0, 0, 0]], [" 5", [0, 0, 0]],
+      ["5 ", [0, 0, 0]], ["", [1, 1, 1]], ["abc", [1, 1, 1]], ["1a", [1, 1, 1]], ["inf", [1, 1, 1]], ["nan", [1, 1, 1]],
+      ["1e400", [1, 1, 1]], ["123456789012345678901", [0, 1, 1]],
+    ];
+    const got = await admin!.eval(script, 0, "{p}", ...cases.map(([v]) => v)) as number[];
+    expect(cases.map(([v], i) => [v, got.slice(3 * i, 3 * i + 3)])).toEqual(cases);
+  });
+
   test("a save of a field outside the record's field list is an error, never a loop", async () => {
     const script = withPrelude(`local h = {_key = P .. 'k', _o = {'1', false}, _fields = {'a', 'b'}, a = '2', b = '3', c = '4'}
 save(h, {'b'})

@@ -2,11 +2,9 @@
 -- The inbox records: keys, fields, indexes, and the rules of src/rules.ts restated (see docs/architecture.md).
 --
 
-local IN_FIELDS = {'id', 'kind', 'chatId', 'provider', 'payload', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
-  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
--- A held read's fields: all but the payload, which a held operation neither hands out nor writes (see in_read).
-local IN_HELD = {'id', 'kind', 'chatId', 'provider', 'receivedAt', 'state', 'attempts', 'nextAttemptAt',
-  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'error', 'updatedAt', 'om'}
+-- IN_FIELDS (a record's fields), IN_FIELDS_HELD (a held read's: all but the payload, see in_read), and
+-- the functions that make a record's table of each (load)
+{{INBOX_FIELDS}}
 local function in_key(id) return P .. 'in:r:' .. id end
 -- The chat's active (pending/processing/failed) records in arrival order: score receivedAt, member om
 -- (the zero-padded admission order, then the id), so equal scores sort by admission order.
@@ -69,7 +67,7 @@ end
 -- took the record) finished it is set aside by the next of those that meets it.
 local function in_read(id, now, via_om, via_chat, held)
   if is_aside('in', id) then return nil end
-  local h = load(in_key(id), held and IN_HELD or IN_FIELDS)
+  local h = load(in_key(id), held and IN_FIELDS_HELD or IN_FIELDS, held and IN_FIELDS_HELD_MAKE or IN_FIELDS_MAKE)
   if not h then return nil end
   local problem = in_problem(h, id, held)
   if problem then

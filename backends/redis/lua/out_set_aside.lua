@@ -7,7 +7,7 @@
 --
 
 local k = ARGV[2]
-local h = load(out_key(k), OUT_FIELDS)
+local h = load(out_key(k), OUT_FIELDS, OUT_FIELDS_MAKE)
 if not h or is_aside('out', k) then return cjson.encode({'no'}) end
 if (h.fence or '') ~= ARGV[4] or (h.updatedAt or '') ~= ARGV[5] then return cjson.encode({'changed'}) end
 local now = now_ms()

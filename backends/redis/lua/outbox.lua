@@ -2,13 +2,9 @@
 -- The outbox entries: keys, fields, indexes, and the rules of src/rules.ts restated (see docs/architecture.md).
 --
 
-local OUT_FIELDS = {'key', 'chatId', 'content', 'contentHash', 'inboundId', 'state', 'attempts', 'nextAttemptAt',
-  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'called', 'messageId', 'error', 'seq', 'createdAt',
-  'updatedAt'}
--- A held read's fields: all but the content, which a held operation neither hands out nor writes (see out_read).
-local OUT_HELD = {'key', 'chatId', 'contentHash', 'inboundId', 'state', 'attempts', 'nextAttemptAt',
-  'leaseOwner', 'leaseInc', 'leaseToken', 'leaseExp', 'fence', 'called', 'messageId', 'error', 'seq', 'createdAt',
-  'updatedAt'}
+-- OUT_FIELDS (an entry's fields), OUT_FIELDS_HELD (a held read's: all but the content, see out_read), and
+-- the functions that make an entry's table of each (load)
+{{OUTBOX_FIELDS}}
 local BLOCKING = {{{BLOCKING_OUTBOX_STATES_SET}}}
 local OUTM = {{OUTBOX_MACHINE}}
 local function out_key(k) return P .. 'out:r:' .. k end
@@ -49,7 +45,7 @@ local function out_problem(h, k, held)
   if h._bad then return h._bad end
   return need_is(h, 'key', k) or need_str(h, 'chatId') or need_str(h, 'contentHash') or need_one(h, 'state', OUT_STATES)
     or need_num(h, 'seq', false, 'pos') or need_num(h, 'attempts', false, 'count') or need_num(h, 'fence', false, 'count')
-    or need_num(h, 'nextAttemptAt', true) or (h.called ~= nil and need_one(h, 'called', FLAGS)) or need_num(h, 'createdAt')
+    or need_num(h, 'nextAttemptAt', true) or (h.called and need_one(h, 'called', FLAGS)) or need_num(h, 'createdAt')
     or need_num(h, 'updatedAt') or need_lease(h, OUTM.leased) or quarantined(h) or (not held and need_json(h, 'content')) or nil
 end
 -- Sets a damaged entry aside (once): its hash stays as it is, and it leaves every index it can be found
@@ -75,7 +71,7 @@ local sync_head
 -- reserve that finds its key) check its content, so a damaged one is never handed out nor leased.
 local function out_read(k, now, via_chat, syncing, held)
   if is_aside('out', k) then return nil end
-  local h = load(out_key(k), held and OUT_HELD or OUT_FIELDS)
+  local h = load(out_key(k), held and OUT_FIELDS_HELD or OUT_FIELDS, held and OUT_FIELDS_HELD_MAKE or OUT_FIELDS_MAKE)
   if not h then return nil end
   local problem = out_problem(h, k, held)
   if problem then

@@ -16,19 +16,20 @@ local function n2s(x)
   if x == math.floor(x) and x > -1e15 and x < 1e15 then return string.format('%d', x) end
   return string.format('%.17g', x)
 end
--- A record's fields (the list of its journal) as a table, nil when there is no key. A key of another
--- type reads as a record whose _bad names the problem: a damaged one, set aside like any other; so
--- does a hash without any of the fields.
-local function load(key, fields)
+-- A record's fields (the list of its journal) as a table, made by make from the HMGET reply (a field
+-- the hash lacks is false), nil when there is no key. A key of another type reads as a record whose
+-- _bad names the problem: a damaged one, set aside like any other; so does a hash without any of the
+-- fields. _o: the values as stored, by position in _fields, so that save writes only what changed.
+local function load(key, fields, make)
   local r = redis.pcall('HMGET', key, unpack(fields))
   if r.err then return {_key = key, _bad = 'the key "' .. key .. '" holds no hash (' .. r.err .. ')'} end
-  -- _o: the values as stored, by position in _fields, so that save writes only what changed
-  local h, any = {_key = key, _o = r, _fields = fields}, false
+  local any = false
   for i = 1, #fields do
-    local v = r[i]
-    if v then h[fields[i]] = v; any = true end
+    if r[i] then any = true; break end
   end
   if not any and redis.call('EXISTS', key) == 0 then return nil end
+  local h = make(r)
+  h._key = key
   return h
 end
 -- HMGET that reads a key of another type as a hash without the fields.
@@ -123,6 +124,8 @@ local function need_num(h, f, optional, kind)
     if optional then return nil end
     return 'the record at key "' .. h._key .. '" has no field "' .. f .. '"'
   end
+  -- what the journal writes (digits, no leading zero, at most 15: a safe integer) without tonumber
+  if #v < 16 and string.find(v, '^[1-9]%d*$') or (v == '0' and kind ~= 'pos') then return nil end
   local n = tonumber(v)
   if n == nil or n ~= n or n == math.huge or n == -math.huge
     or (kind and (n < (kind == 'pos' and 1 or 0) or n ~= math.floor(n) or n > 9007199254740991)) then
