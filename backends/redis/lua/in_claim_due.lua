@@ -150,7 +150,7 @@ if o.reclaim then
     if inc ~= o.inc then
       local own = own_key(o.owner, inc)
       local r = redis.call('ZRANGE', own, 0, limit - 1, 'WITHSCORES')
-      if #r == 0 then redis.call('SREM', incs, inc) else sets = sets + 1 end
+      if #r == 0 then redis.call('SREM', incs, inc); incs_owner = nil else sets = sets + 1 end
       for i = 1, #r, 2 do light[#light + 1] = {om = r[i], r = tonumber(r[i + 1]), own = own} end
     end
   end
@@ -188,11 +188,18 @@ end
 -- (the sort keys read once per candidate, not once per comparison)
 local sort_r, sort_o = {}, {}
 for _, h in ipairs(cands) do sort_r[h] = num(h, 'receivedAt'); sort_o[h] = ord_of(h.om) end
-table.sort(cands, function(a, b)
+local function before(a, b)
   local ra, rb = sort_r[a], sort_r[b]
   if ra ~= rb then return ra < rb end
   return sort_o[a] < sort_o[b]
-end)
+end
+-- (a restart's reclaim finds them in order already: one pass says so)
+for i = 2, #cands do
+  if not before(cands[i - 1], cands[i]) then
+    table.sort(cands, before)
+    break
+  end
+end
 local out = {}
 for _, h in ipairs(cands) do
   if #out >= limit then break end

@@ -84,6 +84,9 @@ local function in_unindex(h)
   if INM.purgeable[h.state] then redis.call('ZREM', P .. 'in:done', h.id) end
   if h.leaseOwner then redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), h.om) end
 end
+-- The incarnation this script run last added to its owner's in:incs (a batch of admissions, or a
+-- reclaim, adds it once); claimDue forgets it when it drops an incarnation from the set.
+local incs_owner, incs_inc = nil, nil
 local function in_write(h)
   save(h, h._fields or IN_FIELDS)
   redis.call('ZADD', P .. 'in:st:' .. h.state, h.receivedAt, h.om)
@@ -97,7 +100,10 @@ local function in_write(h)
   elseif h.state == INM.leased then
     redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
     redis.call('ZADD', own_key(h.leaseOwner, h.leaseInc), h.receivedAt, h.om)
-    redis.call('SADD', P .. 'in:incs:' .. h.leaseOwner, h.leaseInc)
+    if h.leaseOwner ~= incs_owner or h.leaseInc ~= incs_inc then
+      redis.call('SADD', P .. 'in:incs:' .. h.leaseOwner, h.leaseInc)
+      incs_owner, incs_inc = h.leaseOwner, h.leaseInc
+    end
   elseif INM.purgeable[h.state] then
     redis.call('ZADD', P .. 'in:done', h.updatedAt, h.id)
   end

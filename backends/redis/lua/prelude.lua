@@ -264,7 +264,9 @@ local function j_escape(c, hex)
   j_bad = true
 end
 local function j_token(t)
-  if t == 'true' or t == 'false' or t == 'null' then return '\2' end
+  if t == 'true' or t == 'false' or t == 'null' or string.find(t, '^%-?[1-9]%d*$') or t == '0' or t == '-0' then
+    return '\2'
+  end
   local p = string.match(t, '^%-?0()') or string.match(t, '^%-?[1-9]%d*()')
   if p then
     p = string.match(t, '^%.%d+()', p) or p
@@ -305,16 +307,18 @@ local function json_reduce(s)
   return json_walk(s)
 end
 -- json_ok: whether s is one JSON text as JSON.parse reads it. Most texts are decided by Redis' cjson.decode
--- (C): its parse is strict on structure, strings and escapes, and lenient in two things only, which are
--- checked here: raw control bytes and NUL (a text holding any goes to json_reduce), and numbers (strtod:
--- a leading + or zeros, 1., hex, inf, nan), whose tokens, once the strings are dropped, j_token reads as
--- JSON does. A text cjson refuses is decided by json_reduce (JSON.parse takes a lone surrogate escape, or
--- deeper nesting, that cjson does not).
+-- (C): its parse is strict on structure, strings and escapes, and lenient in three things only, which
+-- are checked here: a NUL ends its text, raw control characters pass in strings (a text holding either
+-- goes to json_reduce: the strings dropped here hold none, and one that does is left with its quotes),
+-- and numbers (strtod: a leading + or zeros, 1., hex, inf, nan), whose tokens, once the strings are
+-- dropped, j_token reads as JSON does. A text cjson refuses is decided by json_reduce (JSON.parse takes a
+-- lone surrogate escape, or deeper nesting, that cjson does not).
 local function json_ok(s)
-  if string.find(s, '[%z\1-\31]') or not pcall(cjson.decode, s) then return json_reduce(s) end
+  if string.find(s, '\0', 1, true) or not pcall(cjson.decode, s) then return json_reduce(s) end
   local t = s
   if string.find(t, '\\', 1, true) then t = string.gsub(t, '\\.', '') end
-  t = string.gsub(t, '"[^"]*"', '')
+  t = string.gsub(t, '"[^"%c]*"', '')
+  if string.find(t, '"', 1, true) then return json_reduce(s) end
   if not string.find(t, '[%w%.%+%-]') then return true end
   j_bad = false
   string.gsub(t, '[%w%.%+%-]+', j_token)
