@@ -11,10 +11,13 @@
  * - Time is `redis.call('TIME')` (the server's clock), in ms.
  * - A record is a hash whose fields are strings; a `null` field is absent.
  *   Scripts read it with one `HMGET` of its journal's field list (`IN_FIELDS`,
- *   `OUT_FIELDS`): a field of neither list is neither read nor returned.
- *   Payloads and contents are JSON text that Lua never decodes; it checks
- *   their syntax only (`json_ok`), with every other field the reader checks,
- *   so that a record the reader cannot read is set aside, never claimed.
+ *   `OUT_FIELDS`, rendered from `INBOX_FIELDS` and `OUTBOX_FIELDS` below):
+ *   a field of neither list is neither read nor returned. Payloads and
+ *   contents are JSON text whose syntax the reads that hand a record out check
+ *   (`json_ok`), with every other field the reader checks, so that a record
+ *   the reader cannot read is set aside, never claimed; the lease holder's own
+ *   writes read all but the payload or content (`IN_FIELDS_HELD`,
+ *   `OUT_FIELDS_HELD`) and check those.
  * - Every script returns ONE string, `cjson.encode` of a table of strings (a
  *   record is its field-value array, as `HGETALL` answers). Lua numbers are
  *   formatted by `n2s` first, so nothing numeric goes through cjson. An empty

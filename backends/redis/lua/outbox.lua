@@ -66,9 +66,10 @@ end
 local sync_head
 -- The entry of k, or nil when there is none or it is set aside (a damaged one is set aside now, and its
 -- chat moves on unless the caller is sync_head, which does it itself). held: a read that hands no content
--- out (the holder's heartbeat, markCalling and outcome, sync_head's look at a chat's head) reads every
--- field but the content, and checks those: the reads that hand an entry out (due scans, get, list, a
--- reserve that finds its key) check its content, so a damaged one is never handed out nor leased.
+-- out (the holder's heartbeat, markCalling and outcome) reads every field but the content, and checks
+-- those: the reads that hand an entry out (due scans, get, list, a reserve that finds its key) check its
+-- content, so a damaged one is never handed out nor leased; sync_head reads a chat's head whole, so that
+-- a damaged head is set aside as soon as it is met, and holds no later send of its chat back.
 local function out_read(k, now, via_chat, syncing, held)
   if is_aside('out', k) then return nil end
   local h = load(out_key(k), held and OUT_FIELDS_HELD or OUT_FIELDS, held and OUT_FIELDS_HELD_MAKE or OUT_FIELDS_MAKE)
@@ -93,7 +94,7 @@ sync_head = function(chat, now)
     local head = redis.call('ZRANGE', open_key(chat), 0, 0)[1]
     if not head then return nil end
     now = now or now_ms()
-    local h = out_read(head, now, chat, true, true)
+    local h = out_read(head, now, chat, true)
     if h then
       if OUTM.due[h.state] == 'nextAttemptAt' then
         redis.call('ZADD', P .. 'out:due', h.nextAttemptAt or '0', head)
