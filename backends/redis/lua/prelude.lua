@@ -312,7 +312,8 @@ end
 -- goes to json_reduce: the strings dropped here hold none, and one that does is left with its quotes),
 -- and numbers (strtod: a leading + or zeros, 1., hex, inf, nan), whose tokens, once the strings are
 -- dropped, j_token reads as JSON does. A text cjson refuses is decided by json_reduce (JSON.parse takes a
--- lone surrogate escape, or deeper nesting, that cjson does not).
+-- lone surrogate escape, or deeper nesting, that cjson does not). That is the cjson Redis and Valkey
+-- bundle (lua-cjson); the differential test of json_ok runs on the server the tests use.
 local function json_ok(s)
   if string.find(s, '\0', 1, true) or not pcall(cjson.decode, s) then return json_reduce(s) end
   local t = s
