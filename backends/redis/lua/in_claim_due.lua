@@ -150,7 +150,7 @@ if o.reclaim then
     if inc ~= o.inc then
       local own = own_key(o.owner, inc)
       local r = redis.call('ZRANGE', own, 0, limit - 1, 'WITHSCORES')
-      if #r == 0 then redis.call('SREM', incs, inc); incs_owner = nil else sets = sets + 1 end
+      if #r == 0 then redis.call('SREM', incs, inc) else sets = sets + 1 end
       for i = 1, #r, 2 do light[#light + 1] = {om = r[i], r = tonumber(r[i + 1]), own = own} end
     end
   end

@@ -85,7 +85,8 @@ local function in_unindex(h)
   if h.leaseOwner then redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), h.om) end
 end
 -- The incarnation this script run last added to its owner's in:incs (a batch of admissions, or a
--- reclaim, adds it once); claimDue forgets it when it drops an incarnation from the set.
+-- reclaim, adds it once). Only claimDue drops an incarnation from the set, and never the caller's own,
+-- the only one a run leases to, so what a run added stays there.
 local incs_owner, incs_inc = nil, nil
 local function in_write(h)
   save(h, h._fields or IN_FIELDS)
