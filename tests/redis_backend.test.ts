@@ -6,7 +6,9 @@ import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
-import { DamagedRecordError, SCAN_ANSWER_KEEP_MS, StaleLeaseError } from "../src/contract.ts";
+import { DamagedRecordError, type InboundRecord, type InboundState, SCAN_ANSWER_KEEP_MS, StaleLeaseError } from "../src/contract.ts";
+import { INBOX as INBOX_TABLE } from "../src/machine.ts";
+import { ACTIVE_INBOX_STATES } from "../src/rules.ts";
 import { MAX_STORED_DEPTH } from "../src/content.ts";
 import {
   fromBunRedis,
@@ -1074,6 +1076,113 @@ describe.skipIf(Boolean(skip))("the chat index of records written before it", ()
     await backend.inbox.complete("held", 1);
     expect((await backend.inbox.claimDue({ ...b, limit: 10 })).map((r) => r.id), "c is free").toEqual(["next", "later"]);
   });
+});
+
+describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
+  /** Each index entry of the inbox's records, as `key member score`: what is stored, or what each record's state and lease call for. */
+  async function indexEntries(keyPrefix: string): Promise<{ stored: string[]; expected: string[]; incsMissing: string[] }> {
+    const tag = `{${keyPrefix}}`;
+    const stored: string[] = [], expected: string[] = [], incsMissing: string[] = [];
+    for (const key of await admin!.keys(`${tag}in:*`)) {
+      const name = key.slice(tag.length);
+      if (name.startsWith("in:r:") || /^in:dmg/.test(name) || (await admin!.type(key)) !== "zset") continue;
+      const r = await admin!.zrange(key, 0, -1, "WITHSCORES");
+      for (let i = 0; i < r.length; i += 2) stored.push(`${name} ${r[i]} ${Number(r[i + 1])}`);
+    }
+    for (const key of await admin!.keys(`${tag}in:r:*`)) {
+      const h = await admin!.hgetall(key);
+      const id = key.slice(`${tag}in:r:`.length), state = h.state as InboundState, at = Number(h.receivedAt);
+      expected.push(`in:st:${state} ${h.om} ${at}`, `in:chat:${h.chatId} ${h.om} ${at}`);
+      if (ACTIVE_INBOX_STATES.includes(state)) expected.push(`in:act:${h.chatId} ${h.om} ${at}`);
+      const due = INBOX_TABLE[state].due;
+      if (due === "nextAttemptAt") expected.push(`in:timed ${id} ${Number(h.nextAttemptAt ?? 0)}`);
+      if (due === "leaseExpiry") expected.push(`in:timed ${id} ${Number(h.leaseExp)}`);
+      if (INBOX_TABLE[state].leased) {
+        expected.push(`in:own:${h.leaseOwner!.length}:${h.leaseOwner}:${h.leaseInc} ${h.om} ${at}`);
+        if (!(await admin!.sismember(`${tag}in:incs:${h.leaseOwner}`, h.leaseInc!))) incsMissing.push(`${id}: ${h.leaseOwner}/${h.leaseInc}`);
+      }
+      if (INBOX_TABLE[state].purgeable) expected.push(`in:done ${id} ${Number(h.updatedAt)}`);
+    }
+    return { stored: stored.sort(), expected: expected.sort(), incsMissing };
+  }
+
+  test("through every transition, each record is in exactly the indexes its state and lease call for (seeded random operations)", async () => {
+    for (const seed of [1, 2, 3]) {
+      const keyPrefix = prefix();
+      let now = 1_800_000_000_000;
+      const backend = new RedisDurability({ client: client(), keyPrefix, clock: () => now });
+      const inbox = backend.inbox;
+      let x = seed * 0x9e3779b9;
+      const rand = () => ((x = (x * 1_103_515_245 + 12_345) >>> 0) / 2 ** 32);
+      const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+      const owners = { A: ["a1", "a2", "a3"], B: ["b1"] };
+      let aInc = 0;
+      const held = new Map<string, number>();
+      const hold = (records: (InboundRecord | null)[]) => {
+        for (const r of records) if (r?.lease) held.set(r.id, r.lease.token);
+      };
+      const kinds = new Map<string, number>();
+      let ids = 0;
+      for (let step = 0; step < 250; step++) {
+        const op = rand();
+        const owner = rand() < 0.7 ? "A" : "B";
+        const lease = { owner, incarnation: owner === "A" ? owners.A[aInc]! : "b1", leaseMs: 30_000 };
+        const heldId = held.size > 0 ? pick([...held.keys()]) : undefined;
+        const stale = (e: unknown) => {
+          if (!(e instanceof StaleLeaseError)) throw e;
+        };
+        let kind: string;
+        if (op < 0.25) {
+          kind = "admit";
+          const id = `m${ids++}`;
+          hold([await inbox.admit(inbound(id, `c${Math.floor(rand() * 4)}`, now - Math.floor(rand() * 1000)), rand() < 0.5 ? lease : undefined)]);
+        } else if (op < 0.4) {
+          kind = "claimDue";
+          hold(await inbox.claimDue({ ...lease, limit: 1 + Math.floor(rand() * 5), reclaimOwn: rand() < 0.5 }));
+        } else if (op < 0.45) {
+          kind = "claim";
+          hold([await inbox.claim(`m${Math.floor(rand() * Math.max(ids, 1))}`, lease)]);
+        } else if (op < 0.75 && heldId !== undefined) {
+          const token = held.get(heldId)!;
+          kind = pick(["start", "heartbeat", "complete", "fail", "dead", "schedule"]);
+          if (kind === "start") await inbox.start(heldId, token, 1 + Math.floor(rand() * 3));
+          else if (kind === "heartbeat") await inbox.heartbeat(heldId, token, 30_000);
+          else {
+            held.delete(heldId);
+            const finish = kind === "complete"
+              ? inbox.complete(heldId, token)
+              : kind === "fail"
+              ? inbox.fail(heldId, token, { error: "e", retryInMs: Math.floor(rand() * 20_000) })
+              : kind === "dead"
+              ? inbox.fail(heldId, token, { error: "e", dead: true })
+              : inbox.schedule(heldId, token, Math.floor(rand() * 20_000));
+            await finish.catch(stale);
+          }
+        } else if (op < 0.85) {
+          kind = "replay";
+          await inbox.replay(`m${Math.floor(rand() * Math.max(ids, 1))}`);
+        } else if (op < 0.95) {
+          kind = "time";
+          now += Math.floor(rand() * 40_000);
+        } else {
+          kind = "restart";
+          aInc = Math.min(aInc + 1, owners.A.length - 1);
+        }
+        kinds.set(kind, (kinds.get(kind) ?? 0) + 1);
+        if (step % 10 === 9) {
+          const { stored, expected, incsMissing } = await indexEntries(keyPrefix);
+          expect(stored, `seed ${seed}, after step ${step} (${kind})`).toEqual(expected);
+          expect(incsMissing, `seed ${seed}, after step ${step}: leases of an incarnation in:incs lacks`).toEqual([]);
+        }
+      }
+      // Every transition was exercised, reclaims of lapsed and of one's own earlier incarnation's leases among them.
+      for (const k of ["admit", "claimDue", "claim", "start", "heartbeat", "complete", "fail", "dead", "schedule", "replay", "time", "restart"]) {
+        expect(kinds.get(k) ?? 0, `seed ${seed}: ${k}`).toBeGreaterThan(0);
+      }
+      const states = new Set((await inbox.list({ limit: 1000 })).map((r) => r.state));
+      expect([...states].sort(), `seed ${seed}: the states the records ended in`).toEqual(["dead", "done", "failed", "pending", "processing", "scheduled"]);
+    }
+  }, 60_000);
 });
 
 describe.skipIf(Boolean(skip))("chat order at admission", () => {

@@ -9,7 +9,7 @@ local now = now_ms()
 local h = in_read(ARGV[2], now, nil, nil, true)
 if not in_held(h, ARGV[3]) then return cjson.encode({'stale'}) end
 local mode = ARGV[4]
-in_unindex(h)
+local was = in_was(h)
 h.nextAttemptAt = false
 if mode == 'done' then
   h.state = 'done'
@@ -21,5 +21,5 @@ else
   h.state = 'failed'; h.error = ARGV[5]; h.nextAttemptAt = n2s(now + math.max(0, tonumber(ARGV[6])))
 end
 nolease(h); h.updatedAt = n2s(now)
-in_write(h)
+in_write(h, was)
 return cjson.encode({'ok'})

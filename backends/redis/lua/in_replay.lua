@@ -8,7 +8,7 @@
 local now = now_ms()
 local h = in_read(ARGV[2], now)
 if not h or not INM.retryable[h.state] then return cjson.encode({'no'}) end
-in_unindex(h)
+local was = in_was(h)
 h.state = 'pending'; h.attempts = '0'; h.nextAttemptAt = false; nolease(h); h.error = false; h.updatedAt = n2s(now)
-in_write(h)
+in_write(h, was)
 return cjson.encode({'ok'})

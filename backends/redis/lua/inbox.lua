@@ -76,37 +76,52 @@ local function in_read(id, now, via_om, via_chat, held)
   end
   return h
 end
--- Takes a (validated) record out of the indexes of its state; in_write puts it in those of its new one.
-local function in_unindex(h)
-  redis.call('ZREM', P .. 'in:st:' .. h.state, h.om)
-  local due = INM.due[h.state]
-  if due == 'nextAttemptAt' or due == 'leaseExpiry' then redis.call('ZREM', P .. 'in:timed', h.id) end
-  if INM.purgeable[h.state] then redis.call('ZREM', P .. 'in:done', h.id) end
-  if h.leaseOwner then redis.call('ZREM', own_key(h.leaseOwner, h.leaseInc), h.om) end
-end
+-- What in_write needs to know of a (validated) record before a change: the state and lease it is
+-- indexed by. Its arrival (receivedAt, om) and chat never change.
+local function in_was(h) return {state = h.state, owner = h.leaseOwner, inc = h.leaseInc} end
 -- The incarnation this script run last added to its owner's in:incs (a batch of admissions, or a
 -- reclaim, adds it once). Only claimDue drops an incarnation from the set, and never the caller's own,
 -- the only one a run leases to, so what a run added stays there.
 local incs_owner, incs_inc = nil, nil
-local function in_write(h)
+-- Saves h and moves it from the indexes of was (in_was before the change; nil: a new record) to those of
+-- its state now, writing only the entries that change: a lease taken over (a reclaim) stays in its
+-- state's and its chat's indexes and moves in in:timed and between incarnations' sets.
+local function in_write(h, was)
   save(h, h._fields or IN_FIELDS)
-  redis.call('ZADD', P .. 'in:st:' .. h.state, h.receivedAt, h.om)
-  if ACTIVE[h.state] then
-    redis.call('ZADD', act_key(h.chatId), h.receivedAt, h.om)
-  else
-    redis.call('ZREM', act_key(h.chatId), h.om)
+  local s, ws = h.state, was and was.state
+  if s ~= ws then
+    if ws then redis.call('ZREM', P .. 'in:st:' .. ws, h.om) end
+    redis.call('ZADD', P .. 'in:st:' .. s, h.receivedAt, h.om)
+    if ACTIVE[s] then
+      if not (ws and ACTIVE[ws]) then redis.call('ZADD', act_key(h.chatId), h.receivedAt, h.om) end
+    elseif ws and ACTIVE[ws] then
+      redis.call('ZREM', act_key(h.chatId), h.om)
+    end
   end
-  if INM.due[h.state] == 'nextAttemptAt' then
+  local due, wdue = INM.due[s], ws and INM.due[ws]
+  if due == 'nextAttemptAt' then
     redis.call('ZADD', P .. 'in:timed', h.nextAttemptAt or '0', h.id)
-  elseif h.state == INM.leased then
+  elseif due == 'leaseExpiry' then
     redis.call('ZADD', P .. 'in:timed', h.leaseExp, h.id)
+  elseif wdue == 'nextAttemptAt' or wdue == 'leaseExpiry' then
+    redis.call('ZREM', P .. 'in:timed', h.id)
+  end
+  local owned = s == INM.leased and h.leaseOwner
+  local was_owned = was and ws == INM.leased and was.owner
+  if was_owned and not (owned and was.owner == h.leaseOwner and was.inc == h.leaseInc) then
+    redis.call('ZREM', own_key(was.owner, was.inc), h.om)
+  end
+  if owned and not (was_owned and was.owner == h.leaseOwner and was.inc == h.leaseInc) then
     redis.call('ZADD', own_key(h.leaseOwner, h.leaseInc), h.receivedAt, h.om)
     if h.leaseOwner ~= incs_owner or h.leaseInc ~= incs_inc then
       redis.call('SADD', P .. 'in:incs:' .. h.leaseOwner, h.leaseInc)
       incs_owner, incs_inc = h.leaseOwner, h.leaseInc
     end
-  elseif INM.purgeable[h.state] then
+  end
+  if INM.purgeable[s] then
     redis.call('ZADD', P .. 'in:done', h.updatedAt, h.id)
+  elseif ws and INM.purgeable[ws] then
+    redis.call('ZREM', P .. 'in:done', h.id)
   end
 end
 -- isInboxClaimable
@@ -120,10 +135,10 @@ end
 -- claimedInbound (attempts unchanged: a claim is not a run)
 local function in_claim(h, now, o)
   local token = math.max(num(h, 'fence'), {{WRITER_TOKEN}}) + 1 -- claimToken
-  in_unindex(h)
+  local was = in_was(h)
   h.state = 'processing'; h.nextAttemptAt = false
   lease(h, o, token, now); h.fence = n2s(token); h.updatedAt = n2s(now)
-  in_write(h)
+  in_write(h, was)
 end
 local function in_held(h, token) return h ~= nil and h.state == INM.leased and h.leaseToken == token end
 -- admitsLeased: whether a record of the chat that comes first lets an admission of the caller (o) lease
