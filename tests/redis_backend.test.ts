@@ -6,8 +6,16 @@ import IORedis from "ioredis";
 import { Redis as Upstash } from "@upstash/redis";
 import { createClient } from "redis";
 import { RedisClient } from "bun";
-import { DamagedRecordError, type InboundRecord, type InboundState, SCAN_ANSWER_KEEP_MS, StaleLeaseError } from "../src/contract.ts";
-import { INBOX as INBOX_TABLE } from "../src/machine.ts";
+import {
+  DamagedRecordError,
+  type InboundRecord,
+  type InboundState,
+  type OutboxEntry,
+  type OutboxState,
+  SCAN_ANSWER_KEEP_MS,
+  StaleLeaseError,
+} from "../src/contract.ts";
+import { INBOX as INBOX_TABLE, OUTBOX as OUTBOX_TABLE } from "../src/machine.ts";
 import { ACTIVE_INBOX_STATES } from "../src/rules.ts";
 import { MAX_STORED_DEPTH } from "../src/content.ts";
 import {
@@ -1181,6 +1189,125 @@ describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
       }
       const states = new Set((await inbox.list({ limit: 1000 })).map((r) => r.state));
       expect([...states].sort(), `seed ${seed}: the states the records ended in`).toEqual(["dead", "done", "failed", "pending", "processing", "scheduled"]);
+    }
+  }, 60_000);
+});
+
+describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
+  /**
+   * Each index entry of the outbox's entries, as `key member [score]`: what is stored, or what each
+   * entry's state and lease call for; and the chats whose head (first unsettled entry) is due by its
+   * retry time without its mark in out:due (other marks may be stale: due scans drop those).
+   */
+  async function outboxEntries(keyPrefix: string): Promise<{ stored: string[]; expected: string[]; unmarkedHeads: string[] }> {
+    const tag = `{${keyPrefix}}`;
+    const stored: string[] = [], expected: string[] = [], unmarkedHeads: string[] = [];
+    for (const key of await admin!.keys(`${tag}out:*`)) {
+      const name = key.slice(tag.length);
+      if (name.startsWith("out:r:") || /^out:dmg/.test(name) || name === "out:due" || name === "out:seq") continue;
+      const type = await admin!.type(key);
+      if (type === "set") for (const m of await admin!.smembers(key)) stored.push(`${name} ${m}`);
+      if (type !== "zset") continue;
+      const r = await admin!.zrange(key, 0, -1, "WITHSCORES");
+      for (let i = 0; i < r.length; i += 2) stored.push(`${name} ${r[i]} ${Number(r[i + 1])}`);
+    }
+    const heads = new Map<string, Record<string, string>>();
+    for (const key of await admin!.keys(`${tag}out:r:*`)) {
+      const h = await admin!.hgetall(key);
+      const k = h.key!, state = h.state as OutboxState, seq = Number(h.seq), row = OUTBOX_TABLE[state];
+      expected.push(`out:st:${state} ${k} ${seq}`, `out:chat:${h.chatId} ${k} ${seq}`);
+      if (row.blocksChat) {
+        expected.push(`out:open:${h.chatId} ${k} ${seq}`);
+        const head = heads.get(h.chatId!);
+        if (!head || Number(head.seq) > seq) heads.set(h.chatId!, h);
+      }
+      if (row.leased) expected.push(`out:lease ${k} ${Number(h.leaseExp)}`, `out:owner:${h.leaseOwner} ${k}`);
+      if (row.purgeable) expected.push(`out:sent ${k} ${Number(h.updatedAt)}`);
+    }
+    for (const [chat, h] of heads) {
+      if (OUTBOX_TABLE[h.state as OutboxState].due !== "nextAttemptAt") continue;
+      const mark = await admin!.zscore(`${tag}out:due`, h.key!);
+      if (mark === null || Number(mark) !== Number(h.nextAttemptAt ?? 0)) unmarkedHeads.push(`${chat}: ${h.key} ${h.state} due ${h.nextAttemptAt}, marked ${mark}`);
+    }
+    return { stored: stored.sort(), expected: expected.sort(), unmarkedHeads };
+  }
+
+  test("through every transition, each entry is in exactly the indexes its state and lease call for, and each due head is marked (seeded random operations)", async () => {
+    for (const seed of [1, 2, 3]) {
+      const keyPrefix = prefix();
+      let now = 1_800_000_000_000;
+      const backend = new RedisDurability({ client: client(), keyPrefix, clock: () => now });
+      const outbox = backend.outbox;
+      let x = seed * 0x9e3779b9;
+      const rand = () => ((x = (x * 1_103_515_245 + 12_345) >>> 0) / 2 ** 32);
+      const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+      const held = new Map<string, number>();
+      const hold = (entries: OutboxEntry[]) => {
+        for (const e of entries) if (e.lease && e.state === "sending") held.set(e.key, e.lease.token);
+      };
+      const kinds = new Map<string, number>();
+      const visited = new Set<OutboxState>();
+      let keys = 0;
+      for (let step = 0; step < 250; step++) {
+        const op = rand();
+        const owner = rand() < 0.7 ? "A" : "B";
+        const lease = { owner, incarnation: `${owner}1`, leaseMs: 30_000 };
+        const heldKey = held.size > 0 ? pick([...held.keys()]) : undefined;
+        const someKey = `k${Math.floor(rand() * Math.max(keys, 1))}`;
+        const stale = (e: unknown) => {
+          if (!(e instanceof StaleLeaseError)) throw e;
+        };
+        let kind: string;
+        if (op < 0.25) {
+          kind = "reserve";
+          const key = `k${keys++}`;
+          const r = await outbox.reserve(
+            { key, chatId: `c${Math.floor(rand() * 3)}`, content: { text: key }, contentHash: "h", inboundId: null },
+            rand() < 0.6 ? { ...lease, calling: rand() < 0.5 } : undefined,
+          );
+          hold([r.entry]);
+        } else if (op < 0.37) {
+          kind = "claimDue";
+          const claim = await outbox.claimDue({ ...lease, limit: 1 + Math.floor(rand() * 4), resendAmbiguous: rand() < 0.3 });
+          hold(claim.due);
+        } else if (op < 0.7 && heldKey !== undefined) {
+          const token = held.get(heldKey)!;
+          kind = pick(["markCalling", "heartbeat", "sent", "retry later", "dead", "ambiguous"]);
+          if (kind === "markCalling") await outbox.markCalling(heldKey, token, 30_000);
+          else if (kind === "heartbeat") await outbox.heartbeat(heldKey, token, 30_000);
+          else {
+            held.delete(heldKey);
+            const outcome = kind === "sent"
+              ? outbox.markSent(heldKey, token, `msg-${step}`)
+              : kind === "retry later"
+              ? outbox.markFailed(heldKey, token, { error: "e", retryInMs: Math.floor(rand() * 20_000) })
+              : kind === "dead"
+              ? outbox.markFailed(heldKey, token, { error: "e", dead: true })
+              : outbox.markFailed(heldKey, token, { error: "e", ambiguous: true });
+            await outcome.catch(stale);
+          }
+        } else if (op < 0.8) {
+          kind = "retry";
+          await outbox.retry(someKey);
+        } else if (op < 0.85) {
+          kind = "discard";
+          if (await outbox.discard(someKey)) held.delete(someKey);
+        } else {
+          kind = "time";
+          now += Math.floor(rand() * 40_000);
+        }
+        kinds.set(kind, (kinds.get(kind) ?? 0) + 1);
+        if (step % 10 === 9) {
+          const { stored, expected, unmarkedHeads } = await outboxEntries(keyPrefix);
+          expect(stored, `seed ${seed}, after step ${step} (${kind})`).toEqual(expected);
+          expect(unmarkedHeads, `seed ${seed}, after step ${step} (${kind}): due heads without their mark`).toEqual([]);
+          for (const e of await outbox.list({ limit: 1000 })) visited.add(e.state);
+        }
+      }
+      for (const k of ["reserve", "claimDue", "markCalling", "heartbeat", "sent", "retry later", "dead", "ambiguous", "retry", "discard", "time"]) {
+        expect(kinds.get(k) ?? 0, `seed ${seed}: ${k}`).toBeGreaterThan(0);
+      }
+      expect([...visited].sort(), `seed ${seed}: the states audited`).toEqual(["dead", "failed", "queued", "sending", "sent", "unknown"]);
     }
   }, 60_000);
 });
