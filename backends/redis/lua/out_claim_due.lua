@@ -50,11 +50,11 @@ for _, h in ipairs(lost) do
       due[#due + 1] = f
     end
   else
-    out_unindex(h)
+    local was = out_was(h)
     h.state = 'unknown'; nolease(h); h.nextAttemptAt = false
     if not h.error then h.error = 'the sender was lost during the provider call' end
     h.updatedAt = n2s(now)
-    out_write(h)
+    out_write(h, was)
     sync_head(h.chatId, now)
     amb[#amb + 1] = flat_of(h)
   end

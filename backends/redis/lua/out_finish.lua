@@ -12,7 +12,7 @@ local now = now_ms()
 local h = out_read(ARGV[2], now, nil, nil, true)
 if not out_resolvable(h, ARGV[3]) then return cjson.encode({'stale'}) end
 local mode = ARGV[4]
-out_unindex(h)
+local was = out_was(h)
 h.nextAttemptAt = false
 if mode == 'sent' then
   h.state = 'sent'; h.messageId = ARGV[5]
@@ -25,6 +25,6 @@ else
   if mode == 'throttled' then h.attempts = n2s(math.max(0, num(h, 'attempts') - 1)) end
 end
 nolease(h); h.updatedAt = n2s(now)
-out_write(h)
+out_write(h, was)
 sync_head(h.chatId, now)
 return cjson.encode({'ok'})

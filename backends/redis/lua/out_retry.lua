@@ -8,8 +8,8 @@
 local now = now_ms()
 local h = out_read(ARGV[2], now)
 if not h or not OUTM.retryable[h.state] then return cjson.encode({'no'}) end
-out_unindex(h)
+local was = out_was(h)
 h.state = 'queued'; h.nextAttemptAt = n2s(now); h.attempts = '0'; nolease(h); h.updatedAt = n2s(now)
-out_write(h)
+out_write(h, was)
 sync_head(h.chatId, now)
 return cjson.encode({'ok'})

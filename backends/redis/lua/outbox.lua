@@ -9,8 +9,12 @@ local BLOCKING = {{{BLOCKING_OUTBOX_STATES_SET}}}
 local OUTM = {{OUTBOX_MACHINE}}
 local function out_key(k) return P .. 'out:r:' .. k end
 local function open_key(chat) return P .. 'out:open:' .. chat end
--- Takes a (validated) entry out of the indexes of its state (a due mark left on an entry that is not
--- queued or failed is stale: due scans drop those).
+-- What out_write needs to know of a (validated) entry before a change: the state and lease it is
+-- indexed by. Its seq and chat never change. (A due mark in out:due is set by sync_head, on its chat's
+-- head only, and dropped when the entry leaves its state; one left on an entry that is no longer queued
+-- or failed is stale: due scans drop those.)
+local function out_was(h) return {state = h.state, owner = h.leaseOwner} end
+-- Takes a (validated) entry out of the indexes of its state, before it is deleted (discard).
 local function out_unindex(h)
   local s = h.state
   redis.call('ZREM', P .. 'out:st:' .. s, h.key)
@@ -19,19 +23,34 @@ local function out_unindex(h)
   if OUTM.purgeable[s] then redis.call('ZREM', P .. 'out:sent', h.key) end
   if h.leaseOwner then redis.call('SREM', P .. 'out:owner:' .. h.leaseOwner, h.key) end
 end
-local function out_write(h)
+-- Saves h and moves it from the indexes of was (out_was before the change; nil: a new entry) to those of
+-- its state now, writing only the entries that change.
+local function out_write(h, was)
   save(h, h._fields or OUT_FIELDS)
-  redis.call('ZADD', P .. 'out:st:' .. h.state, h.seq, h.key)
-  if BLOCKING[h.state] then
-    redis.call('ZADD', open_key(h.chatId), h.seq, h.key)
-  else
-    redis.call('ZREM', open_key(h.chatId), h.key)
+  local s, ws = h.state, was and was.state
+  if s ~= ws then
+    if ws then redis.call('ZREM', P .. 'out:st:' .. ws, h.key) end
+    redis.call('ZADD', P .. 'out:st:' .. s, h.seq, h.key)
+    if ws and OUTM.due[ws] == 'nextAttemptAt' then redis.call('ZREM', P .. 'out:due', h.key) end
+    if BLOCKING[s] then
+      if not (ws and BLOCKING[ws]) then redis.call('ZADD', open_key(h.chatId), h.seq, h.key) end
+    elseif ws and BLOCKING[ws] then
+      redis.call('ZREM', open_key(h.chatId), h.key)
+    end
   end
-  if h.state == OUTM.leased then
+  if s == OUTM.leased then
     redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
-    redis.call('SADD', P .. 'out:owner:' .. h.leaseOwner, h.key)
-  elseif OUTM.purgeable[h.state] then
+  elseif ws == OUTM.leased then
+    redis.call('ZREM', P .. 'out:lease', h.key)
+  end
+  local owner = s == OUTM.leased and h.leaseOwner
+  local was_owner = was and ws == OUTM.leased and was.owner
+  if was_owner and was_owner ~= owner then redis.call('SREM', P .. 'out:owner:' .. was_owner, h.key) end
+  if owner and owner ~= was_owner then redis.call('SADD', P .. 'out:owner:' .. owner, h.key) end
+  if OUTM.purgeable[s] then
     redis.call('ZADD', P .. 'out:sent', h.updatedAt, h.key)
+  elseif ws and OUTM.purgeable[ws] then
+    redis.call('ZREM', P .. 'out:sent', h.key)
   end
 end
 local OUT_STATES = {{{OUTBOX_STATES_SET}}}
@@ -113,10 +132,10 @@ local function out_claim(h, now, o)
   local attempts = num(h, 'attempts')
   local still_called = h.state == 'sending' and out_called(h)
   if h.state ~= 'sending' or out_called(h) then attempts = attempts + 1 end
-  out_unindex(h)
+  local was = out_was(h)
   h.state = 'sending'; h.attempts = n2s(attempts); h.nextAttemptAt = false
   lease(h, o, token, now); h.fence = n2s(token); h.called = still_called and '1' or '0'; h.updatedAt = n2s(now)
-  out_write(h)
+  out_write(h, was)
 end
 local function out_held(h, token) return h ~= nil and h.state == OUTM.leased and h.leaseToken == token end
 -- acceptsOutcome of rules.ts: leased with the token, or unknown with the token still its fence
