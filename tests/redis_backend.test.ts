@@ -17,6 +17,7 @@ import {
 } from "../src/contract.ts";
 import { INBOX as INBOX_TABLE, OUTBOX as OUTBOX_TABLE } from "../src/machine.ts";
 import { ACTIVE_INBOX_STATES } from "../src/rules.ts";
+import { Prng } from "../src/testing/sim/prng.ts";
 import { MAX_STORED_DEPTH } from "../src/content.ts";
 import {
   fromBunRedis,
@@ -1126,9 +1127,8 @@ describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
       let now = 1_800_000_000_000;
       const backend = new RedisDurability({ client: client(), keyPrefix, clock: () => now });
       const inbox = backend.inbox;
-      let x = seed * 0x9e3779b9;
-      const rand = () => ((x = (x * 1_103_515_245 + 12_345) >>> 0) / 2 ** 32);
-      const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+      const prng = new Prng(seed);
+      const rand = () => prng.next(), pick = <T>(xs: readonly T[]): T => prng.pick(xs);
       let aInc = 1;
       const visited = new Set<InboundState>();
       const held = new Map<string, number>();
@@ -1267,9 +1267,8 @@ describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
       let now = 1_800_000_000_000;
       const backend = new RedisDurability({ client: client(), keyPrefix, clock: () => now });
       const outbox = backend.outbox;
-      let x = seed * 0x9e3779b9;
-      const rand = () => ((x = (x * 1_103_515_245 + 12_345) >>> 0) / 2 ** 32);
-      const pick = <T>(xs: readonly T[]): T => xs[Math.floor(rand() * xs.length)]!;
+      const prng = new Prng(seed);
+      const rand = () => prng.next(), pick = <T>(xs: readonly T[]): T => prng.pick(xs);
       let aInc = 1;
       const held = new Map<string, number>();
       const lastLease = new Map<string, { owner: string; incarnation: string }>();
