@@ -10,6 +10,7 @@ import {
   DamagedRecordError,
   type InboundRecord,
   type InboundState,
+  type Lease,
   type OutboxEntry,
   type OutboxState,
   SCAN_ANSWER_KEEP_MS,
@@ -1087,10 +1088,42 @@ describe.skipIf(Boolean(skip))("the chat index of records written before it", ()
   });
 });
 
-/** How a lease moved from its last holder to its new one: the transition the index audits below count. */
-function takeover(last: { owner: string; incarnation: string }, next: { owner: string; incarnation: string }): string {
-  if (last.owner !== next.owner) return "taken by another owner";
-  return last.incarnation !== next.incarnation ? "taken from an earlier incarnation" : "lapsed, taken again by its holder";
+/**
+ * The leases an index audit's operations hold (id → token), and how each one moved when it was taken
+ * over while held (counted by `count`): by another owner, by its owner's next incarnation, or by its own
+ * holder once it lapsed.
+ */
+class HeldLeases {
+  readonly tokens = new Map<string, number>();
+  readonly #holders = new Map<string, { owner: string; incarnation: string }>();
+  constructor(readonly count: (kind: string) => void) {}
+
+  take(id: string, lease: Lease): void {
+    const last = this.#holders.get(id);
+    if (last && this.tokens.has(id)) {
+      this.count(
+        last.owner !== lease.owner
+          ? "taken by another owner"
+          : last.incarnation !== lease.incarnation
+          ? "taken from an earlier incarnation"
+          : "lapsed, taken again by its holder",
+      );
+    }
+    this.tokens.set(id, lease.token);
+    this.#holders.set(id, { owner: lease.owner, incarnation: lease.incarnation });
+  }
+
+  /** A held id drawn by `prng`, or `undefined` when none is held. */
+  any(prng: Prng): string | undefined {
+    return this.tokens.size > 0 ? prng.pick([...this.tokens.keys()]) : undefined;
+  }
+}
+
+/** A backend under a new key prefix on a test clock (`clock.now`), for one seed of an index audit. */
+function auditBackend(): { keyPrefix: string; backend: RedisDurability; clock: { now: number } } {
+  const keyPrefix = prefix();
+  const clock = { now: 1_800_000_000_000 };
+  return { keyPrefix, backend: new RedisDurability({ client: client(), keyPrefix, clock: () => clock.now }), clock };
 }
 
 describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
@@ -1123,36 +1156,24 @@ describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
 
   test("through every transition, each record is in exactly the indexes its state and lease call for (seeded random operations)", async () => {
     for (const seed of [1, 2, 3]) {
-      const keyPrefix = prefix();
-      let now = 1_800_000_000_000;
-      const backend = new RedisDurability({ client: client(), keyPrefix, clock: () => now });
+      const { keyPrefix, backend, clock } = auditBackend();
       const inbox = backend.inbox;
       const prng = new Prng(seed);
       const rand = () => prng.next(), pick = <T>(xs: readonly T[]): T => prng.pick(xs);
       let aInc = 1;
       const visited = new Set<InboundState>();
-      const held = new Map<string, number>();
       const kinds = new Map<string, number>();
       const count = (kind: string) => kinds.set(kind, (kinds.get(kind) ?? 0) + 1);
-      // Who held each record last: a lease taken from it is counted by how it moves (owner, incarnation).
-      const lastLease = new Map<string, { owner: string; incarnation: string }>();
+      const held = new HeldLeases(count);
       const hold = (records: (InboundRecord | null)[]) => {
-        for (const r of records) {
-          if (!r?.lease) continue;
-          const last = lastLease.get(r.id);
-          if (last && held.has(r.id)) {
-            count(takeover(last, r.lease));
-          }
-          held.set(r.id, r.lease.token);
-          lastLease.set(r.id, { owner: r.lease.owner, incarnation: r.lease.incarnation });
-        }
+        for (const r of records) if (r?.lease) held.take(r.id, r.lease);
       };
       let ids = 0;
       for (let step = 0; step < 300; step++) {
         const op = rand();
         const owner = rand() < 0.7 ? "A" : "B";
         const lease = { owner, incarnation: owner === "A" ? `a${aInc}` : "b1", leaseMs: 30_000 };
-        const heldId = held.size > 0 ? pick([...held.keys()]) : undefined;
+        const heldId = held.any(prng);
         const stale = (e: unknown) => {
           if (!(e instanceof StaleLeaseError)) throw e;
         };
@@ -1160,7 +1181,7 @@ describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
         if (op < 0.25) {
           kind = "admit";
           const id = `m${ids++}`;
-          hold([await inbox.admit(inbound(id, `c${Math.floor(rand() * 4)}`, now - Math.floor(rand() * 1000)), rand() < 0.5 ? lease : undefined)]);
+          hold([await inbox.admit(inbound(id, `c${Math.floor(rand() * 4)}`, clock.now - Math.floor(rand() * 1000)), rand() < 0.5 ? lease : undefined)]);
         } else if (op < 0.4) {
           kind = "claimDue";
           hold(await inbox.claimDue({ ...lease, limit: 1 + Math.floor(rand() * 5), reclaimOwn: rand() < 0.5 }));
@@ -1168,12 +1189,12 @@ describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
           kind = "claim";
           hold([await inbox.claim(`m${Math.floor(rand() * Math.max(ids, 1))}`, lease)]);
         } else if (op < 0.75 && heldId !== undefined) {
-          const token = held.get(heldId)!;
+          const token = held.tokens.get(heldId)!;
           kind = pick(["start", "heartbeat", "complete", "fail", "dead", "schedule"]);
           if (kind === "start") await inbox.start(heldId, token, 1 + Math.floor(rand() * 3));
           else if (kind === "heartbeat") await inbox.heartbeat(heldId, token, 30_000);
           else {
-            held.delete(heldId);
+            held.tokens.delete(heldId);
             const finish = kind === "complete"
               ? inbox.complete(heldId, token)
               : kind === "fail"
@@ -1188,7 +1209,7 @@ describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
           await inbox.replay(`m${Math.floor(rand() * Math.max(ids, 1))}`);
         } else if (op < 0.95) {
           kind = "time";
-          now += Math.floor(rand() * 40_000);
+          clock.now += Math.floor(rand() * 40_000);
         } else {
           kind = "restart";
           aInc++;
@@ -1263,23 +1284,14 @@ describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
     const kinds = new Map<string, number>();
     const count = (kind: string) => kinds.set(kind, (kinds.get(kind) ?? 0) + 1);
     for (const seed of [1, 2, 3]) {
-      const keyPrefix = prefix();
-      let now = 1_800_000_000_000;
-      const backend = new RedisDurability({ client: client(), keyPrefix, clock: () => now });
+      const { keyPrefix, backend, clock } = auditBackend();
       const outbox = backend.outbox;
       const prng = new Prng(seed);
       const rand = () => prng.next(), pick = <T>(xs: readonly T[]): T => prng.pick(xs);
       let aInc = 1;
-      const held = new Map<string, number>();
-      const lastLease = new Map<string, { owner: string; incarnation: string }>();
+      const held = new HeldLeases(count);
       const hold = (entries: OutboxEntry[]) => {
-        for (const e of entries) {
-          if (!e.lease || e.state !== "sending") continue;
-          const last = lastLease.get(e.key);
-          if (last && held.has(e.key)) count(takeover(last, e.lease));
-          held.set(e.key, e.lease.token);
-          lastLease.set(e.key, { owner: e.lease.owner, incarnation: e.lease.incarnation });
-        }
+        for (const e of entries) if (e.lease && e.state === "sending") held.take(e.key, e.lease);
       };
       const visited = new Set<OutboxState>();
       let keys = 0;
@@ -1287,7 +1299,7 @@ describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
         const op = rand();
         const owner = rand() < 0.7 ? "A" : "B";
         const lease = { owner, incarnation: owner === "A" ? `A${aInc}` : "B1", leaseMs: 30_000 };
-        const heldKey = held.size > 0 ? pick([...held.keys()]) : undefined;
+        const heldKey = held.any(prng);
         const someKey = `k${Math.floor(rand() * Math.max(keys, 1))}`;
         const stale = (e: unknown) => {
           if (!(e instanceof StaleLeaseError)) throw e;
@@ -1307,12 +1319,12 @@ describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
           const claim = await outbox.claimDue({ ...lease, limit, reclaimOwn: rand() < 0.5, resendAmbiguous: rand() < 0.3 });
           hold(claim.due);
         } else if (op < 0.7 && heldKey !== undefined) {
-          const token = held.get(heldKey)!;
+          const token = held.tokens.get(heldKey)!;
           kind = pick(["markCalling", "heartbeat", "sent", "retry later", "dead", "ambiguous"]);
           if (kind === "markCalling") await outbox.markCalling(heldKey, token, 30_000);
           else if (kind === "heartbeat") await outbox.heartbeat(heldKey, token, 30_000);
           else {
-            held.delete(heldKey);
+            held.tokens.delete(heldKey);
             // the late outcome of a send whose lease was taken for lost (unknown), under its token still its fence
             if ((await outbox.get(heldKey))?.state === "unknown") count("late outcome");
             const outcome = kind === "sent"
@@ -1329,10 +1341,10 @@ describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
           await outbox.retry(someKey);
         } else if (op < 0.85) {
           kind = "discard";
-          if (await outbox.discard(someKey)) held.delete(someKey);
+          if (await outbox.discard(someKey)) held.tokens.delete(someKey);
         } else if (op < 0.96) {
           kind = "time";
-          now += Math.floor(rand() * 40_000);
+          clock.now += Math.floor(rand() * 40_000);
         } else {
           // a restart: the owner's next incarnation takes back what its last one held (a bot's first sweep)
           kind = "restart";

@@ -90,13 +90,9 @@ local function in_write(h, was)
   save(h, h._fields or IN_FIELDS)
   local s, ws = h.state, was and was.state
   if s ~= ws then
-    if ws then redis.call('ZREM', P .. 'in:st:' .. ws, h.om) end
-    redis.call('ZADD', P .. 'in:st:' .. s, h.receivedAt, h.om)
-    if ACTIVE[s] then
-      if not (ws and ACTIVE[ws]) then redis.call('ZADD', act_key(h.chatId), h.receivedAt, h.om) end
-    elseif ws and ACTIVE[ws] then
-      redis.call('ZREM', act_key(h.chatId), h.om)
-    end
+    restate(P .. 'in:st:', h.om, h.receivedAt, s, ws)
+    zkeep(act_key(h.chatId), h.om, h.receivedAt, ACTIVE, s, ws)
+    zkeep(P .. 'in:done', h.id, h.updatedAt, INM.purgeable, s, ws)
   end
   local due, wdue = INM.due[s], ws and INM.due[ws]
   if due == 'nextAttemptAt' then
@@ -117,11 +113,6 @@ local function in_write(h, was)
       redis.call('SADD', P .. 'in:incs:' .. h.leaseOwner, h.leaseInc)
       incs_owner, incs_inc = h.leaseOwner, h.leaseInc
     end
-  end
-  if INM.purgeable[s] then
-    redis.call('ZADD', P .. 'in:done', h.updatedAt, h.id)
-  elseif ws and INM.purgeable[ws] then
-    redis.call('ZREM', P .. 'in:done', h.id)
   end
 end
 -- isInboxClaimable

@@ -29,14 +29,10 @@ local function out_write(h, was)
   save(h, h._fields or OUT_FIELDS)
   local s, ws = h.state, was and was.state
   if s ~= ws then
-    if ws then redis.call('ZREM', P .. 'out:st:' .. ws, h.key) end
-    redis.call('ZADD', P .. 'out:st:' .. s, h.seq, h.key)
+    restate(P .. 'out:st:', h.key, h.seq, s, ws)
     if ws and OUTM.due[ws] == 'nextAttemptAt' then redis.call('ZREM', P .. 'out:due', h.key) end
-    if BLOCKING[s] then
-      if not (ws and BLOCKING[ws]) then redis.call('ZADD', open_key(h.chatId), h.seq, h.key) end
-    elseif ws and BLOCKING[ws] then
-      redis.call('ZREM', open_key(h.chatId), h.key)
-    end
+    zkeep(open_key(h.chatId), h.key, h.seq, BLOCKING, s, ws)
+    zkeep(P .. 'out:sent', h.key, h.updatedAt, OUTM.purgeable, s, ws)
   end
   if s == OUTM.leased then
     redis.call('ZADD', P .. 'out:lease', h.leaseExp, h.key)
@@ -47,11 +43,6 @@ local function out_write(h, was)
   local was_owner = was and ws == OUTM.leased and was.owner
   if was_owner and was_owner ~= owner then redis.call('SREM', P .. 'out:owner:' .. was_owner, h.key) end
   if owner and owner ~= was_owner then redis.call('SADD', P .. 'out:owner:' .. owner, h.key) end
-  if OUTM.purgeable[s] then
-    redis.call('ZADD', P .. 'out:sent', h.updatedAt, h.key)
-  elseif ws and OUTM.purgeable[ws] then
-    redis.call('ZREM', P .. 'out:sent', h.key)
-  end
 end
 local OUT_STATES = {{{OUTBOX_STATES_SET}}}
 local FLAGS = {['0'] = true, ['1'] = true}

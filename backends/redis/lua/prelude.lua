@@ -93,6 +93,18 @@ local function save(h, fields)
     h._fields = fields
   end
 end
+-- A record's move from state ws (nil: a new record) to state s, in the index of each state (<st><state>).
+local function restate(st, member, score, s, ws)
+  if ws then redis.call('ZREM', st .. ws, member) end
+  redis.call('ZADD', st .. s, score, member)
+end
+-- The same move for the sorted set key that holds the records of some states (kept[state]): the record
+-- enters it or leaves it; between two of those states its member and score stay.
+local function zkeep(key, member, score, kept, s, ws)
+  local is, was = kept[s], ws and kept[ws]
+  if is and not was then redis.call('ZADD', key, score, member)
+  elseif was and not is then redis.call('ZREM', key, member) end
+end
 local function opts(i)
   return { owner = ARGV[i], inc = ARGV[i + 1], leaseMs = tonumber(ARGV[i + 2]), reclaim = ARGV[i + 3] == '1' }
 end
