@@ -1126,17 +1126,31 @@ function auditBackend(): { keyPrefix: string; backend: RedisDurability; clock: {
   return { keyPrefix, backend: new RedisDurability({ client: client(), keyPrefix, clock: () => clock.now }), clock };
 }
 
+/**
+ * The index entries stored under a journal's keys (`in` or `out`), as `key member score` (sorted set)
+ * or `key member` (set, when `sets`): every key but the records, the damaged marks and `leaveOut`.
+ */
+async function storedIndexEntries(keyPrefix: string, journal: "in" | "out", opts: { sets: boolean; leaveOut: string[] }): Promise<string[]> {
+  const tag = `{${keyPrefix}}`;
+  const stored: string[] = [];
+  for (const key of await admin!.keys(`${tag}${journal}:*`)) {
+    const name = key.slice(tag.length);
+    if (name.startsWith(`${journal}:r:`) || name.startsWith(`${journal}:dmg`) || opts.leaveOut.includes(name)) continue;
+    const type = await admin!.type(key);
+    if (type === "set" && opts.sets) for (const m of await admin!.smembers(key)) stored.push(`${name} ${m}`);
+    if (type !== "zset") continue;
+    const r = await admin!.zrange(key, 0, -1, "WITHSCORES");
+    for (let i = 0; i < r.length; i += 2) stored.push(`${name} ${r[i]} ${Number(r[i + 1])}`);
+  }
+  return stored.sort();
+}
+
 describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
   /** Each index entry of the inbox's records, as `key member score`: what is stored, or what each record's state and lease call for. */
   async function indexEntries(keyPrefix: string): Promise<{ stored: string[]; expected: string[]; incsMissing: string[] }> {
     const tag = `{${keyPrefix}}`;
-    const stored: string[] = [], expected: string[] = [], incsMissing: string[] = [];
-    for (const key of await admin!.keys(`${tag}in:*`)) {
-      const name = key.slice(tag.length);
-      if (name.startsWith("in:r:") || /^in:dmg/.test(name) || (await admin!.type(key)) !== "zset") continue;
-      const r = await admin!.zrange(key, 0, -1, "WITHSCORES");
-      for (let i = 0; i < r.length; i += 2) stored.push(`${name} ${r[i]} ${Number(r[i + 1])}`);
-    }
+    const expected: string[] = [], incsMissing: string[] = [];
+    const stored = await storedIndexEntries(keyPrefix, "in", { sets: false, leaveOut: [] });
     for (const key of await admin!.keys(`${tag}in:r:*`)) {
       const h = await admin!.hgetall(key);
       const id = key.slice(`${tag}in:r:`.length), state = h.state as InboundState, at = Number(h.receivedAt);
@@ -1151,7 +1165,7 @@ describe.skipIf(Boolean(skip))("the inbox's indexes", () => {
       }
       if (INBOX_TABLE[state].purgeable) expected.push(`in:done ${id} ${Number(h.updatedAt)}`);
     }
-    return { stored: stored.sort(), expected: expected.sort(), incsMissing };
+    return { stored, expected: expected.sort(), incsMissing };
   }
 
   test("through every transition, each record is in exactly the indexes its state and lease call for (seeded random operations)", async () => {
@@ -1245,16 +1259,8 @@ describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
    */
   async function outboxEntries(keyPrefix: string): Promise<{ stored: string[]; expected: string[]; unmarkedHeads: string[] }> {
     const tag = `{${keyPrefix}}`;
-    const stored: string[] = [], expected: string[] = [], unmarkedHeads: string[] = [];
-    for (const key of await admin!.keys(`${tag}out:*`)) {
-      const name = key.slice(tag.length);
-      if (name.startsWith("out:r:") || /^out:dmg/.test(name) || name === "out:due" || name === "out:seq") continue;
-      const type = await admin!.type(key);
-      if (type === "set") for (const m of await admin!.smembers(key)) stored.push(`${name} ${m}`);
-      if (type !== "zset") continue;
-      const r = await admin!.zrange(key, 0, -1, "WITHSCORES");
-      for (let i = 0; i < r.length; i += 2) stored.push(`${name} ${r[i]} ${Number(r[i + 1])}`);
-    }
+    const expected: string[] = [], unmarkedHeads: string[] = [];
+    const stored = await storedIndexEntries(keyPrefix, "out", { sets: true, leaveOut: ["out:due", "out:seq"] });
     const heads = new Map<string, Record<string, string>>();
     for (const key of await admin!.keys(`${tag}out:r:*`)) {
       const h = await admin!.hgetall(key);
@@ -1275,7 +1281,7 @@ describe.skipIf(Boolean(skip))("the outbox's indexes", () => {
         unmarkedHeads.push(`${chat}: ${h.key} ${h.state} due ${h.nextAttemptAt}, marked ${mark}`);
       }
     }
-    return { stored: stored.sort(), expected: expected.sort(), unmarkedHeads };
+    return { stored, expected: expected.sort(), unmarkedHeads };
   }
 
   test("through every transition, each entry is in exactly the indexes its state and lease call for, each due head marked", async () => {
