@@ -303,6 +303,7 @@ for (const target of targets) {
         let failover: Failover | undefined;
         let inFlightAtStop = 0;
         let refrozen = 0;
+        let attempts = 0;
         let cutOff: SinkLine | undefined;
         let resumedAt = 0;
         let thawed: Promise<void> = Promise.resolve();
@@ -311,23 +312,33 @@ for (const target of targets) {
           const slow = slowCallUnderWay(cluster, victim);
           if (!slow) return;
           cutOff = slow;
-          cluster.drain(victim); // its chats wait; nothing unacknowledged is left behind in it
+          const drained = cluster.drain(victim); // its chats wait; nothing unacknowledged is left behind in it
           await cluster.waitFor(`${victim}'s acknowledgements`, 5_000, () => cluster.unackedOf(victim) === 0);
           inFlightAtStop = cluster.inFlightOf(victim).length;
           // SQLite: a process stopped inside a write transaction keeps the file's write lock and
           // stalls the whole host (no lease helps there); Postgres: one stopped before a group's
           // COMMIT keeps its rows locked for the server's 5 s idle-in-transaction timeout, past the
-          // survivors' own leases. Freeze it outside one (continue and retry). The freeze counts from
-          // the first stop: the thaws between two stops are too short to be sure of a heartbeat, so
-          // its leases may lapse as soon as 2/3 of a lease after the first stop (not the last one).
+          // survivors' own leases. Freeze it outside one (continue and retry). A thaw lasts 20-80 ms:
+          // a group behind PgBouncer takes several round trips, and the thawed process first runs the
+          // timers that came due while it was stopped. The freeze counts from the first stop: the
+          // thaws are too short to be sure of a heartbeat, so its leases may lapse as soon as 2/3 of a
+          // lease after the first stop (not the last one).
           let at: number | undefined;
+          refrozen = 0;
           for (;;) {
             at ??= performance.now();
             await cluster.replica(victim).freeze();
             if (await writeLockFree(cluster.ns)) break;
             refrozen++;
             cluster.replica(victim).signal("SIGCONT");
-            await Bun.sleep(hash01(`retry${refrozen}`) * 20);
+            await Bun.sleep(20 + hash01(`retry${attempts}:${refrozen}`) * 60);
+          }
+          attempts++;
+          if (cluster.inFlightOf(victim).length === 0) {
+            // It finished all it held in the thaws: nothing would fail over. Resume it and try later.
+            cluster.replica(victim).signal("SIGCONT");
+            cluster.undrain(victim, drained);
+            return;
           }
           failover = await cluster.failOver(victim, "frozen", at, reader);
           // Thaw it once the others have handled all it held (its leases lapsed), while the stream goes on.
@@ -356,7 +367,7 @@ for (const target of targets) {
         console.log(
           `[${target.label}] freeze: ${summary(v)}; ${victim} had ${inFlightAtStop} in flight and was stopped ` +
             `${(f.at - cutOff!.seenAt).toFixed(0)} ms into the call ${cutOff!.key}: ${describeFailover(f)}; ` +
-            `frozen for ${(resumedAt - f.at).toFixed(0)} ms (stopped again ${refrozen} times: write lock held); after SIGCONT it started ${lateStarts} handlers, made ` +
+            `frozen for ${(resumedAt - f.at).toFixed(0)} ms (stopped again ${refrozen} times: write lock held; attempt ${attempts}); after SIGCONT it started ${lateStarts} handlers, made ` +
             `${lateCalls.length} provider calls (${lateCalls.map((l) => l.key).join(",") || "-"}); its staleLeases ` +
             `${victimStats.metrics.staleLeases} (stale-lease warnings ${staleWarnings}), outboxDeduped ` +
             `${victimStats.metrics.outboxDeduped}`,

@@ -742,14 +742,26 @@ export class Cluster {
     return [...this.admittedBy].filter(([id, by]) => by === name && !this.handled.has(id)).map(([id]) => id);
   }
 
-  /** Stop routing to `name`: its chats are held (new messages wait) until {@link failOver}. */
-  drain(name: string): void {
+  /** Stop routing to `name`: its chats are held (new messages wait) until {@link failOver} or {@link undrain}. Returns those chats. */
+  drain(name: string): string[] {
     this.#live.delete(name);
+    const chats: string[] = [];
     for (const [chat, to] of this.#route) {
       if (to === name) {
         this.#route.delete(chat);
+        chats.push(chat);
         if (!this.#held.has(chat)) this.#held.set(chat, []);
       }
+    }
+    return chats;
+  }
+
+  /** Undoes a {@link drain} that no failover followed: `name` is live again and gets its chats back, their held messages in order. */
+  undrain(name: string, chats: string[]): void {
+    this.#live.add(name);
+    for (const chat of chats) {
+      this.#route.set(chat, name);
+      this.#release(chat);
     }
   }
 
